@@ -1,0 +1,171 @@
+/*
+ * zerod_plugin.h — the plugin ABI, version 1.
+ *
+ * A plugin is a shared object that zerod loads with dlopen. It exports one C
+ * function, zd_plugin_descriptors(), returning a NULL-terminated array of
+ * const descriptors: one per (kind, ABI version) the plugin supports. Every
+ * descriptor begins with zd_plugin_header. The host takes the newest version
+ * of the kind it wants that it understands, and refuses a plugin that offers
+ * none with "expected X, got Y".
+ *
+ * A plugin never links the engine: what it needs from the host (logging, and
+ * in later versions memory in a tier and communication) comes in the
+ * zd_host_services table passed to its create function. A plugin never lets a
+ * C++ exception escape.
+ */
+#ifndef ZEROD_ZEROD_PLUGIN_H
+#define ZEROD_ZEROD_PLUGIN_H
+
+#include <zerod/zerod.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the plugin's one exported function. */
+#define ZD_PLUGIN_EXPORT __attribute__((visibility("default")))
+
+/* The name of the exported function, and its type. */
+#define ZD_PLUGIN_ENTRY_SYMBOL "zd_plugin_descriptors"
+typedef const struct zd_plugin_header* const* (*zd_plugin_entry_fn)(void);
+
+/* What a plugin defines (declared here so the compiler checks its signature;
+ * the host finds it with dlsym, never by linking). */
+ZD_PLUGIN_EXPORT const struct zd_plugin_header* const* zd_plugin_descriptors(void);
+
+typedef int32_t zd_plugin_kind;
+enum {
+  ZD_PLUGIN_OPTIMIZER = 1,
+  ZD_PLUGIN_PARTITIONER = 2,
+  ZD_PLUGIN_TIER = 3,
+  ZD_PLUGIN_COMM = 4
+};
+
+/* The descriptor versions this header defines, per kind. */
+#define ZD_OPTIMIZER_ABI_VERSION 1
+
+typedef struct zd_plugin_header {
+  zd_plugin_kind kind;
+  uint32_t struct_size;     /* sizeof the whole descriptor */
+  uint32_t abi_version;     /* the layout version of this kind's descriptor */
+  uint32_t plugin_version;  /* the plugin's own release, (major << 16) | minor */
+  const char* name;         /* e.g. "adamw"; what job scripts name */
+  const char* description;  /* one line, for `zerod check` and logs */
+} zd_plugin_header;
+
+/* ------------------------------------------------------------------------ */
+/* Host services                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef int32_t zd_log_level;
+enum { ZD_LOG_ERROR = 0, ZD_LOG_WARN = 1, ZD_LOG_INFO = 2, ZD_LOG_DEBUG = 3 };
+
+typedef struct zd_host_services {
+  uint32_t struct_size;
+  uint32_t abi_version;  /* ZD_ABI_VERSION of the host */
+  void* host;            /* pass back as the first argument */
+  void (*log)(void* host, zd_log_level level, const char* plugin, const char* message);
+} zd_host_services;
+
+/* ------------------------------------------------------------------------ */
+/* Hyperparameters a plugin accepts from the job script                      */
+/* ------------------------------------------------------------------------ */
+/* The host checks the job script's table against these specs (unknown keys,
+ * types, ranges) and reports errors with file:line; the plugin receives the
+ * resolved values, defaults filled in, as doubles in spec order (a spec with
+ * count n takes n consecutive doubles; bools are 0 or 1). A bound that does
+ * not apply is -INFINITY / INFINITY. create() reports a value or combination
+ * it refuses with ZD_ERR_CONFIG and a message naming the hyperparameter. */
+
+typedef int32_t zd_hparam_type;
+enum { ZD_HPARAM_NUMBER = 1, ZD_HPARAM_INTEGER = 2, ZD_HPARAM_BOOL = 3 };
+
+enum {
+  ZD_HPARAM_MIN_EXCLUSIVE = 1u << 0, /* value > min rather than >= min */
+  ZD_HPARAM_MAX_EXCLUSIVE = 1u << 1  /* value < max rather than <= max */
+};
+
+#define ZD_HPARAM_MAX_COUNT 4
+
+typedef struct zd_hparam_spec {
+  const char* name;
+  zd_hparam_type type;
+  int32_t count;                          /* 1, or a fixed-length list (e.g. 2 for betas) */
+  double defaults[ZD_HPARAM_MAX_COUNT];
+  double min;                             /* per element */
+  double max;
+  uint32_t flags;
+  const char* help;
+} zd_hparam_spec;
+
+/* ------------------------------------------------------------------------ */
+/* Optimizer plugins (kind ZD_PLUGIN_OPTIMIZER, version 1)                   */
+/* ------------------------------------------------------------------------ */
+
+#define ZD_OPTIMIZER_MAX_STATE 4
+
+/* Kernel instruction sets. ZD_ISA_AUTO picks the best the CPU has. */
+typedef int32_t zd_isa;
+enum { ZD_ISA_AUTO = 0, ZD_ISA_SCALAR = 1, ZD_ISA_AVX2 = 2, ZD_ISA_AVX512 = 3 };
+
+/* One update of a contiguous range of elements. The host splits a shard into
+ * ranges and may call update() on disjoint ranges from several threads at
+ * once; a range's element i of every array belongs to the same parameter
+ * element. Pointers are CPU memory for update(), device memory for
+ * update_cuda(). */
+typedef struct zd_optimizer_update {
+  uint32_t struct_size;
+  uint32_t reserved;
+  uint64_t count;           /* elements in the range */
+  float* master;            /* fp32 master values, updated in place */
+  const void* grad;         /* gradients, grad_dtype */
+  void* work;               /* working copy written in the same pass, or NULL */
+  float* state[ZD_OPTIMIZER_MAX_STATE]; /* fp32 state slots, state_slots() of them */
+  zd_dtype grad_dtype;
+  zd_dtype work_dtype;      /* ignored when work is NULL */
+  double grad_scale;        /* multiply each gradient by this first (unscale, average, clip) */
+  double lr;                /* the learning rate to use: the job's schedule, else its
+                               "lr" hyperparameter; a plugin always uses this one */
+  int64_t step;             /* 1 for the first update, counting only applied steps */
+} zd_optimizer_update;
+
+typedef struct zd_optimizer_v1 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_OPTIMIZER, abi_version 1 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  /* Makes an instance from resolved hyperparameters. On failure writes a
+   * message naming the hyperparameter into err (err_size bytes). */
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+
+  /* fp32 state arrays needed per element (0..ZD_OPTIMIZER_MAX_STATE); the
+   * host allocates them zeroed. */
+  uint32_t (*state_slots)(const void* instance);
+  /* Names of the state slots, e.g. "exp_avg"; used for accounting and
+   * checkpoints. */
+  const char* (*state_name)(const void* instance, uint32_t slot);
+
+  /* Whether this plugin and CPU can run a kernel of that instruction set. */
+  int32_t (*supports_isa)(zd_isa isa);
+
+  /* Applies one update on the CPU. Thread-safe on disjoint ranges.
+   * ZD_ERR_NOT_IMPLEMENTED if isa is not supported; ZD_ERR_INVALID_ARGUMENT
+   * for a dtype it cannot handle. */
+  zd_status (*update)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+
+  /* The same on a CUDA stream (cudaStream_t passed as void*), or NULL when
+   * the plugin was built without CUDA. */
+  zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
+} zd_optimizer_v1;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZEROD_ZEROD_PLUGIN_H */

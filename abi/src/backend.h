@@ -1,0 +1,66 @@
+// What a zd_client and a zd_model talk to. Embedded mode implements these
+// with the engine in this process; daemon mode (not built yet) will
+// implement them over the socket. The C functions in zerod.cpp see only
+// these interfaces, so the ABI behaves the same in both modes.
+#pragma once
+
+#include "model.h"
+#include "registry.h"
+
+#include <zerod/zerod.h>
+
+#include <memory>
+#include <string>
+
+namespace zerod::abi {
+
+struct ScriptOptions {
+  std::string path;
+  std::string text;
+  std::string name;
+  bool allow_io = false;
+};
+
+struct MemoryFigures {
+  uint64_t current = 0;
+  uint64_t peak = 0;
+  uint64_t budget = 0;
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  virtual zd_param_id register_param(const std::string& name, const std::string& module,
+                                     zd_dtype dtype, std::vector<int64_t> shape, const void* init,
+                                     zd_dtype init_dtype) = 0;
+  virtual void finalize() = 0;
+  // The parameters and modules, as registered (names, shapes, modules).
+  virtual const Registry& registry() const = 0;
+
+  virtual void forward_begin(zd_module_id m) = 0;
+  virtual void forward_end(zd_module_id m) = 0;
+  virtual void backward_begin(zd_module_id m) = 0;
+  virtual void backward_end(zd_module_id m) = 0;
+  virtual ViewInfo param_view(zd_param_id p) = 0;
+  virtual ViewInfo grad_view(zd_param_id p) = 0;
+  virtual StepFigures step() = 0;
+  virtual double loss_scale() const = 0;
+
+  virtual void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) = 0;
+  virtual void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) = 0;
+  // rank -1 is the caller's own rank.
+  virtual MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const = 0;
+};
+
+class ClientBackend {
+ public:
+  virtual ~ClientBackend() = default;
+  virtual zd_client_info info() const = 0;
+  virtual std::unique_ptr<ModelBackend> create_model(const ScriptOptions& script) = 0;
+};
+
+// The engine in this process, one rank.
+std::unique_ptr<ClientBackend> make_embedded_client();
+
+}  // namespace zerod::abi

@@ -1,0 +1,81 @@
+// Embedded mode: the engine runs inside the trainer's process, as rank 0 of
+// a one-rank job. The job script's sandbox lives as long as the model, so
+// its lr() hook can be called at every step.
+#include "backend.h"
+
+#include "error.h"
+#include "job_script.h"
+
+namespace zerod::abi {
+
+namespace {
+
+class EmbeddedModel final : public ModelBackend {
+ public:
+  explicit EmbeddedModel(const ScriptOptions& s) {
+    scripting::ScriptSource src;
+    src.path = s.path;
+    src.text = s.text;
+    src.name = s.name;
+    src.allow_io = s.allow_io;
+    script_ = scripting::JobScript::load(src);
+    model_ = std::make_unique<Model>(script_->config(), script_->take_optimizer(), script_.get(), 1);
+  }
+  ~EmbeddedModel() override {
+    model_.reset();  // before the script its policy points into
+  }
+
+  zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
+                             std::vector<int64_t> shape, const void* init,
+                             zd_dtype init_dtype) override {
+    return model_->register_param(name, module, dtype, std::move(shape), init, init_dtype);
+  }
+  void finalize() override { model_->finalize(); }
+  const Registry& registry() const override { return model_->registry(); }
+
+  void forward_begin(zd_module_id m) override { model_->forward_begin(0, m); }
+  void forward_end(zd_module_id m) override { model_->forward_end(0, m); }
+  void backward_begin(zd_module_id m) override { model_->backward_begin(0, m); }
+  void backward_end(zd_module_id m) override { model_->backward_end(0, m); }
+  ViewInfo param_view(zd_param_id p) override { return model_->param_view(0, p); }
+  ViewInfo grad_view(zd_param_id p) override { return model_->grad_view(0, p); }
+  StepFigures step() override { return model_->step(0); }
+  double loss_scale() const override { return model_->loss_scale(); }
+
+  void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override {
+    model_->read_param(p, dt, dst, bytes);
+  }
+  void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override {
+    model_->write_param(p, dt, src, bytes);
+  }
+  MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override {
+    const MemoryLedger& l = model_->ledger(rank < 0 ? 0 : rank);
+    return {l.current(tier, kind), l.peak(tier, kind), l.budget(tier)};
+  }
+
+ private:
+  std::unique_ptr<scripting::JobScript> script_;
+  std::unique_ptr<Model> model_;
+};
+
+class EmbeddedClient final : public ClientBackend {
+ public:
+  zd_client_info info() const override {
+    zd_client_info i{};
+    i.struct_size = sizeof i;
+    i.rank = 0;
+    i.world_size = 1;
+    i.local_rank = 0;
+    i.embedded = 1;
+    return i;
+  }
+  std::unique_ptr<ModelBackend> create_model(const ScriptOptions& script) override {
+    return std::make_unique<EmbeddedModel>(script);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ClientBackend> make_embedded_client() { return std::make_unique<EmbeddedClient>(); }
+
+}  // namespace zerod::abi

@@ -1,0 +1,70 @@
+// Built with -O3 (the loops must vectorise), once per ISA level and picked at
+// run time, so the yardsticks use the same vector width as the kernel they
+// are compared with. Plain functions and __builtin_cpu_supports rather than
+// target_clones: an ifunc resolver runs before the sanitizer runtimes start
+// and crashes instrumented builds.
+#include "traffic.h"
+
+namespace zerod::bench {
+namespace {
+
+using TriadFn = void (*)(double*, const double*, const double*, double, size_t);
+using ProxyFn = void (*)(float*, const float*, float*, float*, float, size_t);
+
+#define ZEROD_TRAFFIC_LOOPS(suffix, attr)                                                                   \
+  attr void triad_##suffix(double* __restrict a, const double* __restrict b, const double* __restrict c,    \
+                           double s, size_t n) {                                                            \
+    for (size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];                                                  \
+  }                                                                                                          \
+  attr void proxy_##suffix(float* __restrict p, const float* __restrict g, float* __restrict m,             \
+                           float* __restrict v, float k, size_t n) {                                        \
+    for (size_t i = 0; i < n; ++i) {                                                                         \
+      const float gi = g[i];                                                                                 \
+      const float mi = m[i] * k + gi;                                                                        \
+      const float vi = v[i] * k + gi;                                                                        \
+      m[i] = mi;                                                                                             \
+      v[i] = vi;                                                                                             \
+      p[i] = p[i] + k * (mi + vi);                                                                           \
+    }                                                                                                        \
+  }
+
+ZEROD_TRAFFIC_LOOPS(base, )
+#if defined(__x86_64__)
+ZEROD_TRAFFIC_LOOPS(v3, __attribute__((target("arch=x86-64-v3"))))
+ZEROD_TRAFFIC_LOOPS(v4, __attribute__((target("arch=x86-64-v4"))))
+
+int level() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd")) {
+    return 4;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2")) return 3;
+  return 0;
+}
+#else
+int level() { return 0; }
+#endif
+
+}  // namespace
+
+void triad(double* a, const double* b, const double* c, double s, size_t n) {
+#if defined(__x86_64__)
+  static const TriadFn fn = level() == 4 ? triad_v4 : level() == 3 ? triad_v3 : triad_base;
+#else
+  static const TriadFn fn = triad_base;
+#endif
+  fn(a, b, c, s, n);
+}
+
+void adam_proxy(float* p, const float* g, float* m, float* v, float k, size_t n) {
+#if defined(__x86_64__)
+  static const ProxyFn fn = level() == 4 ? proxy_v4 : level() == 3 ? proxy_v3 : proxy_base;
+#else
+  static const ProxyFn fn = proxy_base;
+#endif
+  fn(p, g, m, v, k, n);
+}
+
+}  // namespace zerod::bench

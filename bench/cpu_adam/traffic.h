@@ -1,0 +1,19 @@
+// Memory-traffic yardsticks for the Adam benchmark: a STREAM-style triad and
+// a pure-traffic Adam proxy (the loads and stores of an Adam step, FMAs only).
+#ifndef ZEROD_BENCH_TRAFFIC_H
+#define ZEROD_BENCH_TRAFFIC_H
+
+#include <cstddef>
+
+namespace zerod::bench {
+
+// a[i] = b[i] + s * c[i]. STREAM counts 24 bytes per element.
+void triad(double* a, const double* b, const double* c, double s, size_t n);
+
+// Reads p, g, m, v and writes p, m, v in place: 28 bytes per parameter,
+// the traffic of an fp32 Adam step, with none of its arithmetic cost.
+void adam_proxy(float* p, const float* g, float* m, float* v, float k, size_t n);
+
+}  // namespace zerod::bench
+
+#endif  // ZEROD_BENCH_TRAFFIC_H

@@ -1,0 +1,19 @@
+# zerod_add_plugin(<kind> <name> SOURCES ... [LIBS ...])
+# Builds zd_<kind>_<name>.so into the plugin folder, where libzerod looks for
+# it; only zd_plugin_descriptors is exported.
+function(zerod_add_plugin kind name)
+  cmake_parse_arguments(P "" "" "SOURCES;LIBS" ${ARGN})
+  set(target zd_${kind}_${name})
+  add_library(${target} MODULE ${P_SOURCES})
+  set_target_properties(${target} PROPERTIES
+    PREFIX ""
+    LIBRARY_OUTPUT_DIRECTORY "${ZEROD_PLUGIN_OUTPUT_DIR}"
+    C_VISIBILITY_PRESET hidden
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/abi/include")
+  target_link_libraries(${target} PRIVATE ${P_LIBS})
+  target_link_options(${target} PRIVATE "-Wl,--no-undefined")
+  zerod_warnings(${target})
+  install(TARGETS ${target} LIBRARY DESTINATION "${ZEROD_PLUGIN_SUBDIR}")
+endfunction()

@@ -1,0 +1,48 @@
+#include "grad_math.h"
+
+#include "dtype.h"
+
+#include <cmath>
+
+namespace zerod {
+
+void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
+    const float* s = static_cast<const float*>(src);
+    float* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += s[i];
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    const float v = load_as_float(dst, dst_dt, i) + load_as_float(src, src_dt, i);
+    switch (dst_dt) {
+      case ZD_DTYPE_F32: static_cast<float*>(dst)[i] = v; break;
+      case ZD_DTYPE_BF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(v); break;
+      default: static_cast<uint16_t*>(dst)[i] = float_to_f16(v); break;
+    }
+  }
+}
+
+GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n) {
+  // Four partial sums let the loop pipeline; their order is fixed, so the
+  // result is the same on every run.
+  double acc[4] = {0, 0, 0, 0};
+  uint64_t i = 0;
+  if (dt == ZD_DTYPE_F32) {
+    const float* p = static_cast<const float*>(data);
+    for (; i + 4 <= n; i += 4)
+      for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(p[i + k]) * p[i + k];
+    for (; i < n; ++i) acc[0] += static_cast<double>(p[i]) * p[i];
+  } else {
+    for (; i < n; ++i) {
+      const double v = load_as_float(data, dt, i);
+      acc[i & 3] += v * v;
+    }
+  }
+  GradStats s;
+  s.sumsq = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  s.finite = std::isfinite(s.sumsq);
+  return s;
+}
+
+}  // namespace zerod

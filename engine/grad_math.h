@@ -1,0 +1,25 @@
+// Elementwise gradient arithmetic the engine does itself (the optimizer
+// plugin does the update): adding a contribution into an accumulator, and
+// the sum of squares that gives the global norm and the overflow check.
+#pragma once
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+
+namespace zerod {
+
+// dst[i] += src[i] for n elements; any pair of dtypes. 16-bit results are
+// rounded to nearest even.
+void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
+
+struct GradStats {
+  double sumsq = 0.0;
+  bool finite = true;  // no inf or NaN among the values
+};
+
+// Squares are summed in double: an fp32 value squared cannot overflow it, so
+// any inf or NaN shows up as a non-finite sum.
+GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n);
+
+}  // namespace zerod

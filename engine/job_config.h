@@ -1,0 +1,44 @@
+// What a job script resolves to: plain data the engine runs from. The
+// scripting layer fills it (after checking the script against the schema);
+// tests may fill it directly.
+#pragma once
+
+#include "ledger.h"
+#include "loss_scaler.h"
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+struct JobConfig {
+  std::string source;                   // script path or name, for messages
+  zd_dtype precision = ZD_DTYPE_F32;    // the 16-bit type params may use, or f32
+  // Gradient accumulation buffers: 0 = the parameter's working dtype (what
+  // DeepSpeed does for fp16), or ZD_DTYPE_F32 for exact accumulation.
+  zd_dtype grad_accum_dtype = 0;
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;       // max global L2 norm; 0 = off
+  LossScaleConfig loss_scale;           // enabled when precision is fp16
+  int zero_stage = 0;
+  uint32_t threads = 0;                 // CPU threads for the optimizer; 0 = all available
+  uint64_t device_budget = MemoryLedger::kNoBudget;  // bytes per rank
+  std::vector<std::string> plugin_path; // absolute directories
+  std::string optimizer;                // plugin name
+  std::vector<double> optimizer_values; // resolved hyperparameters, spec order
+};
+
+// The parts of a job that are code: called by the engine at a few points.
+class JobPolicy {
+ public:
+  virtual ~JobPolicy() = default;
+  // The learning rate for the update that follows `step` applied updates
+  // (0 for the first), or nothing to use the optimizer's own lr.
+  virtual std::optional<double> lr(int64_t step) = 0;
+};
+
+}  // namespace zerod

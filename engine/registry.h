@@ -1,0 +1,85 @@
+// The parameters and modules a trainer registered, and where each parameter's
+// shard sits in the flat per-group buffers.
+//
+// Parameters are grouped by working dtype (one flat buffer per group, so the
+// optimizer runs over long contiguous ranges and writes the working copy in
+// the same pass). Every parameter is split into world_size shards of
+// ceil(numel / world_size) elements; rank r owns elements [r*s, (r+1)*s) and
+// the last rank's tail is zero padding. Shards start 64-byte aligned in the
+// flat buffers; the gaps are zero and stay zero under every optimizer.
+#pragma once
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+#include <string>
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+namespace zerod {
+
+struct ParamRecord {
+  std::string name;
+  zd_module_id module = 0;
+  zd_dtype dtype = ZD_DTYPE_F32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int group = 0;               // index into Registry::groups()
+  uint64_t shard_numel = 0;    // ceil(numel / world_size)
+  uint64_t flat_offset = 0;    // element offset of this rank's shard in the group's flat buffers
+  uint64_t full_offset = 0;    // element offset of the whole parameter in the group's full buffer
+  std::vector<float> staged_init;  // initial values held until finalize (empty = zeros)
+
+  // Elements of the real parameter inside rank r's shard (the rest is padding).
+  uint64_t shard_real(int rank) const;
+};
+
+struct ModuleRecord {
+  std::string name;
+  std::vector<zd_param_id> params;
+};
+
+struct ParamGroup {
+  zd_dtype dtype = ZD_DTYPE_F32;  // working dtype
+  std::vector<zd_param_id> params;
+  uint64_t flat_numel = 0;  // per-rank shard buffer length (elements, aligned)
+  uint64_t full_numel = 0;  // whole-parameter buffer length (elements, aligned)
+};
+
+class Registry {
+ public:
+  explicit Registry(int world_size) : world_size_(world_size) {}
+
+  // Throws with a message naming the parameter on a duplicate or bad input.
+  zd_param_id add(const std::string& name, const std::string& module, zd_dtype dtype,
+                  std::vector<int64_t> shape, std::vector<float> init);
+
+  // Assigns groups and offsets. Called once, at finalize.
+  void lay_out();
+
+  int world_size() const { return world_size_; }
+  const std::deque<ParamRecord>& params() const { return params_; }
+  std::deque<ParamRecord>& params() { return params_; }
+  const std::deque<ModuleRecord>& modules() const { return modules_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+
+  const ParamRecord& param(zd_param_id id) const;  // throws ZD_ERR_NOT_FOUND
+  const ModuleRecord& module(zd_module_id id) const;
+  zd_param_id find_param(const std::string& name) const;    // -1 if absent
+  zd_module_id find_module(const std::string& name) const;  // -1 if absent
+  uint64_t total_numel() const;
+
+  // Elements per alignment unit of a flat buffer (64 bytes of the narrowest type).
+  static constexpr uint64_t kAlignElems = 32;
+
+ private:
+  int world_size_;
+  std::deque<ParamRecord> params_;  // a deque: names stay put as params are added
+  std::deque<ModuleRecord> modules_;
+  std::vector<ParamGroup> groups_;
+  std::unordered_map<std::string, zd_param_id> param_by_name_;
+  std::unordered_map<std::string, zd_module_id> module_by_name_;
+};
+
+}  // namespace zerod

@@ -1,0 +1,108 @@
+#include "adam_family.h"
+
+#include <new>
+
+#if defined(ZEROD_HAVE_CUDA)
+#include <zerod/optim/kernels_cuda.h>
+#endif
+
+namespace zerod::optim::adam_family {
+namespace {
+
+struct Instance {
+  AdamParams hp;  // lr, step and grad_scale come with each update
+  glue::Host host;
+  const char* plugin;
+};
+
+// Reads the update and the per-step values into a range and parameters.
+zd_status prepare(const void* instance, const zd_optimizer_update* u, Range* r, AdamParams* hp, AdamState* s) {
+  if (instance == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+  const zd_status st = glue::read_update(u, 2, r);
+  if (st != ZD_OK) return st;
+  *hp = static_cast<const Instance*>(instance)->hp;
+  hp->lr = u->lr;
+  hp->step = u->step;
+  hp->grad_scale = u->grad_scale;
+  s->exp_avg = u->state[0];
+  s->exp_avg_sq = u->state[1];
+  return ZD_OK;
+}
+
+}  // namespace
+
+zd_status create(bool decoupled, const char* plugin, const zd_hparam_spec* specs, uint32_t spec_count,
+                 const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
+                 char* err, size_t err_size) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (out_instance == nullptr) {
+      glue::set_error(err, err_size, "out_instance is NULL");
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
+    *out_instance = nullptr;
+    const zd_status st = glue::check_values(specs, spec_count, values, value_count, err, err_size);
+    if (st != ZD_OK) return st;
+    auto* inst = new (std::nothrow) Instance{};
+    if (inst == nullptr) {
+      glue::set_error(err, err_size, "out of memory");
+      return ZD_ERR_OUT_OF_MEMORY;
+    }
+    inst->hp.lr = values[0];
+    inst->hp.beta1 = values[1];
+    inst->hp.beta2 = values[2];
+    inst->hp.eps = values[3];
+    inst->hp.weight_decay = values[4];
+    inst->hp.bias_correction = values[5] != 0.0;
+    inst->hp.decoupled = decoupled;
+    inst->host = glue::copy_host(host);
+    inst->plugin = plugin;
+    *out_instance = inst;
+    return ZD_OK;
+  });
+}
+
+void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }
+
+uint32_t state_slots(const void*) noexcept { return 2; }
+
+const char* state_name(const void*, uint32_t slot) noexcept {
+  switch (slot) {
+    case 0: return "exp_avg";
+    case 1: return "exp_avg_sq";
+    default: return nullptr;
+  }
+}
+
+zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    Range r;
+    AdamParams hp;
+    AdamState s;
+    zd_status st = prepare(instance, u, &r, &hp, &s);
+    if (st != ZD_OK) return st;
+    Isa k;
+    st = glue::resolve_isa(isa, &k);
+    if (st != ZD_OK) return st;
+    return adam_update(k, hp, r, s) ? ZD_OK : ZD_ERR_INTERNAL;
+  });
+}
+
+#if defined(ZEROD_HAVE_CUDA)
+zd_status update_cuda(const void* instance, const zd_optimizer_update* u, void* stream) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    Range r;
+    AdamParams hp;
+    AdamState s;
+    const zd_status st = prepare(instance, u, &r, &hp, &s);
+    if (st != ZD_OK) return st;
+    const int rc = cuda::adam_update(hp, r, s, stream);
+    if (rc == 0) return ZD_OK;
+    const auto* inst = static_cast<const Instance*>(instance);
+    glue::log(inst->host, ZD_LOG_ERROR, inst->plugin, "CUDA update of %llu elements failed: %s",
+              static_cast<unsigned long long>(r.count), cuda::error_string(rc));
+    return rc == cuda::kBadDtype ? ZD_ERR_INVALID_ARGUMENT : ZD_ERR_INTERNAL;
+  });
+}
+#endif
+
+}  // namespace zerod::optim::adam_family

@@ -1,0 +1,81 @@
+// What every optimizer plugin shares between the plugin ABI (zerod_plugin.h)
+// and the kernels: spec building and checking, error text, host logging,
+// reading a zd_optimizer_update, ISA resolution, and the exception guard.
+#ifndef ZEROD_OPTIM_GLUE_H
+#define ZEROD_OPTIM_GLUE_H
+
+#include <zerod/optim/kernels.h>
+#include <zerod/zerod_plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zerod::optim::glue {
+
+constexpr double kUnbounded = __builtin_huge_val();
+
+constexpr zd_hparam_spec number_spec(const char* name, double def, double min, double max, uint32_t flags,
+                                     const char* help) {
+  return {name, ZD_HPARAM_NUMBER, 1, {def, 0, 0, 0}, min, max, flags, help};
+}
+
+constexpr zd_hparam_spec pair_spec(const char* name, double def0, double def1, double min, double max,
+                                   uint32_t flags, const char* help) {
+  return {name, ZD_HPARAM_NUMBER, 2, {def0, def1, 0, 0}, min, max, flags, help};
+}
+
+constexpr zd_hparam_spec bool_spec(const char* name, bool def, const char* help) {
+  return {name, ZD_HPARAM_BOOL, 1, {def ? 1.0 : 0.0, 0, 0, 0}, 0.0, 1.0, 0, help};
+}
+
+// The number of doubles a spec list takes.
+size_t value_count(const zd_hparam_spec* specs, uint32_t count);
+
+// Writes a formatted message into err (truncated, always terminated).
+void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// Checks resolved values against their specs (the host does this too; a
+// plugin does not rely on it). ZD_ERR_INVALID_ARGUMENT for a wrong count or
+// NULL values, ZD_ERR_CONFIG with the hyperparameter named for a bad value.
+zd_status check_values(const zd_hparam_spec* specs, uint32_t count, const double* values,
+                       size_t value_count, char* err, size_t err_size);
+
+// The part of zd_host_services a plugin instance keeps.
+struct Host {
+  void* host = nullptr;
+  void (*log)(void* host, zd_log_level level, const char* plugin, const char* message) = nullptr;
+};
+
+// Copies what the table holds; a NULL or short table gives no logging.
+Host copy_host(const zd_host_services* services);
+
+void log(const Host& host, zd_log_level level, const char* plugin, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+// Reads and checks an update for `slots` state arrays into r.
+// ZD_ERR_INVALID_ARGUMENT for a NULL or short struct, a dtype the kernels do
+// not know, a missing array, step < 1, a negative or non-finite lr, or a
+// non-finite grad_scale.
+zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r);
+
+// ZD_ISA_AUTO becomes the best supported ISA; an ISA this CPU or build lacks
+// (or an unknown value) is ZD_ERR_NOT_IMPLEMENTED.
+zd_status resolve_isa(zd_isa isa, Isa* out);
+
+// zd_optimizer_v1::supports_isa for every optimizer built on the kernels.
+int32_t supports_isa(zd_isa isa) noexcept;
+
+// Runs f and turns any exception into ZD_ERR_INTERNAL: nothing may unwind
+// through the C ABI.
+template <typename F>
+zd_status guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (...) {
+    return ZD_ERR_INTERNAL;
+  }
+}
+
+}  // namespace zerod::optim::glue
+
+#endif  // ZEROD_OPTIM_GLUE_H

@@ -1,0 +1,161 @@
+// AVX2 + FMA + F16C paths. Built with -mavx2 -mfma -mf16c; called only after
+// isa_supported(Isa::avx2). Bodies of 2 and 1 vectors, then the scalar loop:
+// wider unrolling spills the 16 YMM registers (deepspeed-internals.md §1.3).
+#include <immintrin.h>
+
+#include "element.h"
+
+namespace zerod::optim {
+namespace {
+
+using detail::Work;
+constexpr size_t kLanes = 8;
+
+template <Dtype G>
+inline __m256 load_grad(const void* g, size_t i) {
+  if constexpr (G == Dtype::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(g) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(g) + i));
+    if constexpr (G == Dtype::f16) {
+      return _mm256_cvtph_ps(h);
+    } else {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+// Round to nearest even into the low 16 bits of each lane; NaN -> 0x7FC0.
+inline __m256i bf16_round(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+}
+
+template <Work W>
+inline void store_work(void* w, size_t i, __m256 p) {
+  if constexpr (W == Work::f32) {
+    _mm256_storeu_ps(static_cast<float*>(w) + i, p);
+  } else if constexpr (W == Work::f16) {
+    const __m128i h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), h);
+  } else if constexpr (W == Work::bf16) {
+    // packus works within 128-bit lanes; the permute gathers both halves low.
+    const __m256i r = bf16_round(p);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i),
+                     _mm256_castsi256_si128(packed));
+  }
+}
+
+struct AdamVec {
+  explicit AdamVec(const detail::AdamConsts& c)
+      : grad_scale(_mm256_set1_ps(c.grad_scale)),
+        beta1(_mm256_set1_ps(c.beta1)),
+        one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)),
+        beta2(_mm256_set1_ps(c.beta2)),
+        one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
+        eps(_mm256_set1_ps(c.eps)),
+        inv_sqrt_bc2(_mm256_set1_ps(c.inv_sqrt_bc2)),
+        neg_step(_mm256_set1_ps(c.neg_step)),
+        l2_decay(_mm256_set1_ps(c.l2_decay)),
+        neg_lr_decay(_mm256_set1_ps(c.neg_lr_decay)),
+        l2(c.l2),
+        decoupled(c.decoupled) {}
+  __m256 grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2, neg_step,
+      l2_decay, neg_lr_decay;
+  bool l2, decoupled;
+};
+
+template <int S, Dtype G, Work W>
+inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, size_t i) {
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    const size_t o = i + j * kLanes;
+    __m256 p = _mm256_loadu_ps(r.master + o);
+    __m256 g = _mm256_mul_ps(load_grad<G>(r.grad, o), k.grad_scale);
+    __m256 m = _mm256_loadu_ps(s.exp_avg + o);
+    __m256 v = _mm256_loadu_ps(s.exp_avg_sq + o);
+    if (k.l2) g = _mm256_fmadd_ps(k.l2_decay, p, g);
+    m = _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(k.beta1, m));
+    v = _mm256_fmadd_ps(k.one_minus_beta2, _mm256_mul_ps(g, g), _mm256_mul_ps(k.beta2, v));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+    if (k.decoupled) p = _mm256_fmadd_ps(k.neg_lr_decay, p, p);
+    p = _mm256_fmadd_ps(k.neg_step, _mm256_div_ps(m, denom), p);
+    _mm256_storeu_ps(r.master + o, p);
+    _mm256_storeu_ps(s.exp_avg + o, m);
+    _mm256_storeu_ps(s.exp_avg_sq + o, v);
+    store_work<W>(r.work, o, p);
+  }
+}
+
+template <Dtype G, Work W>
+void adam_run(const detail::AdamConsts& c, const Range& r, const AdamState& s) {
+  const AdamVec k(c);
+  size_t i = 0;
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W>(k, r, s, i);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W>(k, r, s, i);
+  detail::adam_loop<G, W>(c, r, s, i);
+}
+
+struct SgdVec {
+  explicit SgdVec(const detail::SgdConsts& c)
+      : grad_scale(_mm256_set1_ps(c.grad_scale)),
+        decay(_mm256_set1_ps(c.decay)),
+        momentum(_mm256_set1_ps(c.momentum)),
+        one_minus_dampening(_mm256_set1_ps(c.one_minus_dampening)),
+        neg_lr(_mm256_set1_ps(c.neg_lr)),
+        has_decay(c.has_decay),
+        has_momentum(c.has_momentum),
+        first_step(c.first_step),
+        nesterov(c.nesterov) {}
+  __m256 grad_scale, decay, momentum, one_minus_dampening, neg_lr;
+  bool has_decay, has_momentum, first_step, nesterov;
+};
+
+template <int S, Dtype G, Work W>
+inline void sgd_block(const SgdVec& k, const Range& r, float* buf, size_t i) {
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    const size_t o = i + j * kLanes;
+    __m256 p = _mm256_loadu_ps(r.master + o);
+    __m256 g = _mm256_mul_ps(load_grad<G>(r.grad, o), k.grad_scale);
+    if (k.has_decay) g = _mm256_fmadd_ps(k.decay, p, g);
+    if (k.has_momentum) {
+      const __m256 b = k.first_step ? g
+                                    : _mm256_fmadd_ps(k.one_minus_dampening, g,
+                                                      _mm256_mul_ps(k.momentum, _mm256_loadu_ps(buf + o)));
+      _mm256_storeu_ps(buf + o, b);
+      g = k.nesterov ? _mm256_fmadd_ps(k.momentum, b, g) : b;
+    }
+    p = _mm256_fmadd_ps(k.neg_lr, g, p);
+    _mm256_storeu_ps(r.master + o, p);
+    store_work<W>(r.work, o, p);
+  }
+}
+
+template <Dtype G, Work W>
+void sgd_run(const detail::SgdConsts& c, const Range& r, float* buf) {
+  const SgdVec k(c);
+  size_t i = 0;
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) sgd_block<2, G, W>(k, r, buf, i);
+  for (; i + kLanes <= r.count; i += kLanes) sgd_block<1, G, W>(k, r, buf, i);
+  detail::sgd_loop<G, W>(c, r, buf, i);
+}
+
+}  // namespace
+
+bool adam_avx2(const AdamParams& hp, const Range& r, const AdamState& s) {
+  const detail::AdamConsts c = detail::prepare_adam(hp);
+  return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W>(c, r, s); });
+}
+
+bool sgd_avx2(const SgdParams& hp, const Range& r, float* momentum_buffer) {
+  const detail::SgdConsts c = detail::prepare_sgd(hp);
+  return detail::with_types(r, [&]<Dtype G, Work W>() { sgd_run<G, W>(c, r, momentum_buffer); });
+}
+
+}  // namespace zerod::optim

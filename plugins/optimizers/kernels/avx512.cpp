@@ -1,0 +1,193 @@
+// AVX-512 F/BW/VL paths. Built with -mavx512f -mavx512bw -mavx512vl (and the
+// AVX2 set); called only after isa_supported(Isa::avx512). Bodies of 4 and 1
+// vectors (32 ZMM registers leave room), then one masked vector for the tail,
+// so no element takes the scalar loop. bf16 is rounded with integer ops,
+// which needs no AVX512-BF16.
+
+// GCC 12.2's AVX-512 headers build their "undefined" vectors as `__m512 __Y =
+// __Y;`, which -Wmaybe-uninitialized reports at every inlined intrinsic (GCC
+// PR 105593, fixed in 12.3). The state must be set before the header.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include "element.h"
+
+namespace zerod::optim {
+namespace {
+
+using detail::Work;
+constexpr size_t kLanes = 16;
+constexpr __mmask16 kAll = 0xFFFF;
+
+// With a partial mask, masked-off lanes read as zero and are never written.
+template <bool Masked>
+inline __m512 load_f32(const float* p, __mmask16 k) {
+  if constexpr (Masked) return _mm512_maskz_loadu_ps(k, p);
+  else return _mm512_loadu_ps(p);
+}
+
+template <bool Masked>
+inline void store_f32(float* p, __mmask16 k, __m512 x) {
+  if constexpr (Masked) _mm512_mask_storeu_ps(p, k, x);
+  else _mm512_storeu_ps(p, x);
+}
+
+template <bool Masked>
+inline __m256i load_u16(const uint16_t* p, __mmask16 k) {
+  if constexpr (Masked) return _mm256_maskz_loadu_epi16(k, p);
+  else return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+template <Dtype G, bool Masked>
+inline __m512 load_grad(const void* g, size_t i, __mmask16 k) {
+  if constexpr (G == Dtype::f32) {
+    return load_f32<Masked>(static_cast<const float*>(g) + i, k);
+  } else {
+    const __m256i h = load_u16<Masked>(static_cast<const uint16_t*>(g) + i, k);
+    if constexpr (G == Dtype::f16) {
+      return _mm512_cvtph_ps(h);
+    } else {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+// Round to nearest even into the low 16 bits of each lane; NaN -> 0x7FC0.
+inline __m512i bf16_round(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+}
+
+template <Work W, bool Masked>
+inline void store_work(void* w, size_t i, __mmask16 k, __m512 p) {
+  if constexpr (W == Work::f32) {
+    store_f32<Masked>(static_cast<float*>(w) + i, k, p);
+  } else if constexpr (W == Work::f16) {
+    const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    uint16_t* dst = static_cast<uint16_t*>(w) + i;
+    if constexpr (Masked) _mm256_mask_storeu_epi16(dst, k, h);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+  } else if constexpr (W == Work::bf16) {
+    const __m512i r = bf16_round(p);
+    uint16_t* dst = static_cast<uint16_t*>(w) + i;
+    if constexpr (Masked) _mm512_mask_cvtepi32_storeu_epi16(dst, k, r);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+  }
+}
+
+struct AdamVec {
+  explicit AdamVec(const detail::AdamConsts& c)
+      : grad_scale(_mm512_set1_ps(c.grad_scale)),
+        beta1(_mm512_set1_ps(c.beta1)),
+        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
+        beta2(_mm512_set1_ps(c.beta2)),
+        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        eps(_mm512_set1_ps(c.eps)),
+        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bc2)),
+        neg_step(_mm512_set1_ps(c.neg_step)),
+        l2_decay(_mm512_set1_ps(c.l2_decay)),
+        neg_lr_decay(_mm512_set1_ps(c.neg_lr_decay)),
+        l2(c.l2),
+        decoupled(c.decoupled) {}
+  __m512 grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2, neg_step,
+      l2_decay, neg_lr_decay;
+  bool l2, decoupled;
+};
+
+template <int S, bool Masked, Dtype G, Work W>
+inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, size_t i, __mmask16 k) {
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    const size_t o = i + j * kLanes;
+    __m512 p = load_f32<Masked>(r.master + o, k);
+    __m512 g = _mm512_mul_ps(load_grad<G, Masked>(r.grad, o, k), c.grad_scale);
+    __m512 m = load_f32<Masked>(s.exp_avg + o, k);
+    __m512 v = load_f32<Masked>(s.exp_avg_sq + o, k);
+    if (c.l2) g = _mm512_fmadd_ps(c.l2_decay, p, g);
+    m = _mm512_fmadd_ps(c.one_minus_beta1, g, _mm512_mul_ps(c.beta1, m));
+    v = _mm512_fmadd_ps(c.one_minus_beta2, _mm512_mul_ps(g, g), _mm512_mul_ps(c.beta2, v));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), c.inv_sqrt_bc2, c.eps);
+    if (c.decoupled) p = _mm512_fmadd_ps(c.neg_lr_decay, p, p);
+    p = _mm512_fmadd_ps(c.neg_step, _mm512_div_ps(m, denom), p);
+    store_f32<Masked>(r.master + o, k, p);
+    store_f32<Masked>(s.exp_avg + o, k, m);
+    store_f32<Masked>(s.exp_avg_sq + o, k, v);
+    store_work<W, Masked>(r.work, o, k, p);
+  }
+}
+
+inline __mmask16 tail_mask(size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+template <Dtype G, Work W>
+void adam_run(const detail::AdamConsts& consts, const Range& r, const AdamState& s) {
+  const AdamVec c(consts);
+  size_t i = 0;
+  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W>(c, r, s, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W>(c, r, s, i, kAll);
+  if (i < r.count) adam_block<1, true, G, W>(c, r, s, i, tail_mask(r.count - i));
+}
+
+struct SgdVec {
+  explicit SgdVec(const detail::SgdConsts& c)
+      : grad_scale(_mm512_set1_ps(c.grad_scale)),
+        decay(_mm512_set1_ps(c.decay)),
+        momentum(_mm512_set1_ps(c.momentum)),
+        one_minus_dampening(_mm512_set1_ps(c.one_minus_dampening)),
+        neg_lr(_mm512_set1_ps(c.neg_lr)),
+        has_decay(c.has_decay),
+        has_momentum(c.has_momentum),
+        first_step(c.first_step),
+        nesterov(c.nesterov) {}
+  __m512 grad_scale, decay, momentum, one_minus_dampening, neg_lr;
+  bool has_decay, has_momentum, first_step, nesterov;
+};
+
+template <int S, bool Masked, Dtype G, Work W>
+inline void sgd_block(const SgdVec& c, const Range& r, float* buf, size_t i, __mmask16 k) {
+#pragma GCC unroll 4
+  for (int j = 0; j < S; ++j) {
+    const size_t o = i + j * kLanes;
+    __m512 p = load_f32<Masked>(r.master + o, k);
+    __m512 g = _mm512_mul_ps(load_grad<G, Masked>(r.grad, o, k), c.grad_scale);
+    if (c.has_decay) g = _mm512_fmadd_ps(c.decay, p, g);
+    if (c.has_momentum) {
+      const __m512 b = c.first_step ? g
+                                    : _mm512_fmadd_ps(c.one_minus_dampening, g,
+                                                      _mm512_mul_ps(c.momentum, load_f32<Masked>(buf + o, k)));
+      store_f32<Masked>(buf + o, k, b);
+      g = c.nesterov ? _mm512_fmadd_ps(c.momentum, b, g) : b;
+    }
+    p = _mm512_fmadd_ps(c.neg_lr, g, p);
+    store_f32<Masked>(r.master + o, k, p);
+    store_work<W, Masked>(r.work, o, k, p);
+  }
+}
+
+template <Dtype G, Work W>
+void sgd_run(const detail::SgdConsts& consts, const Range& r, float* buf) {
+  const SgdVec c(consts);
+  size_t i = 0;
+  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) sgd_block<4, false, G, W>(c, r, buf, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) sgd_block<1, false, G, W>(c, r, buf, i, kAll);
+  if (i < r.count) sgd_block<1, true, G, W>(c, r, buf, i, tail_mask(r.count - i));
+}
+
+}  // namespace
+
+bool adam_avx512(const AdamParams& hp, const Range& r, const AdamState& s) {
+  const detail::AdamConsts c = detail::prepare_adam(hp);
+  return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W>(c, r, s); });
+}
+
+bool sgd_avx512(const SgdParams& hp, const Range& r, float* momentum_buffer) {
+  const detail::SgdConsts c = detail::prepare_sgd(hp);
+  return detail::with_types(r, [&]<Dtype G, Work W>() { sgd_run<G, W>(c, r, momentum_buffer); });
+}
+
+}  // namespace zerod::optim

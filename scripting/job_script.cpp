@@ -1,0 +1,244 @@
+#include "job_script.h"
+
+#include "dtype.h"
+#include "error.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace zerod::scripting {
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ZD_ERR_IO, "cannot read the job script " + path + ": " + errno_text(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+}
+
+// Names of the plugins of a kind found on the search path, for messages.
+std::vector<std::string> available_plugins(zd_plugin_kind kind, const std::vector<std::string>& dirs) {
+  const std::string prefix = std::string("zd_") + plugin_kind_name(kind) + "_";
+  std::vector<std::string> names;
+  for (const auto& d : dirs) {
+    DIR* dir = opendir(d.c_str());
+    if (!dir) continue;
+    while (dirent* e = readdir(dir)) {
+      const std::string f = e->d_name;
+      if (f.rfind(prefix, 0) == 0 && f.size() > prefix.size() + 3 && f.substr(f.size() - 3) == ".so")
+        names.push_back(f.substr(prefix.size(), f.size() - prefix.size() - 3));
+    }
+    closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+}  // namespace
+
+JobScript::~JobScript() {
+  if (sandbox_ && lr_ref_ != LUA_NOREF) luaL_unref(sandbox_->L(), LUA_REGISTRYINDEX, lr_ref_);
+}
+
+std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
+  std::unique_ptr<JobScript> js(new JobScript());
+  std::string text;
+  if (!source.path.empty()) {
+    text = read_file(source.path);
+    js->source_name_ = source.path;
+  } else {
+    text = source.text;
+    js->source_name_ = source.name.empty() ? "job.lua" : source.name;
+  }
+  const std::string script_dir = source.path.empty() ? "." : dir_of(source.path);
+
+  SandboxLimits limits;
+  limits.allow_io = source.allow_io;
+  js->sandbox_ = std::make_unique<Sandbox>(limits);
+  lua_State* L = js->sandbox_->L();
+  std::string err;
+  if (!js->sandbox_->load(text, "@" + js->source_name_, &err)) fail(ZD_ERR_CONFIG, err);
+  if (!js->sandbox_->call(0, 1, &err)) fail(ZD_ERR_CONFIG, err);
+
+  SourceMap map(text);
+  if (!lua_istable(L, -1)) {
+    const int line = map.return_line();
+    fail(ZD_ERR_CONFIG, js->source_name_ + (line ? ":" + std::to_string(line) : std::string()) +
+                            ": a job script must return a table of settings, it returned " +
+                            (lua_isnone(L, -1) ? std::string("nothing") : luaL_typename(L, -1)));
+  }
+  ConfigReader r(L, lua_gettop(L), &map, js->source_name_);
+  js->config_.source = js->source_name_;
+  js->read_config(r, script_dir);
+  r.finish();
+  lua_settop(L, 0);
+  if (!r.issues().empty()) {
+    const bool only_plugin = r.issues().size() == 1 && js->optimizer_error_ != ZD_OK;
+    fail(only_plugin ? js->optimizer_error_ : ZD_ERR_CONFIG, r.report());
+  }
+  js->resolved_ = r.resolved();
+  return js;
+}
+
+void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
+  JobConfig& c = config_;
+  // The plugin path first: the optimizer plugin is looked up on it.
+  for (std::string d : r.strings("plugin_path")) {
+    if (d.empty() || d[0] != '/') d = script_dir + "/" + d;
+    c.plugin_path.push_back(d);
+  }
+
+  const std::string precision = r.choice("precision", "fp32", {"fp32", "bf16", "fp16"});
+  c.precision = dtype_from_name(precision);
+  const std::string accum = r.choice("grad_accum_dtype", "working", {"working", "fp32"});
+  c.grad_accum_dtype = accum == "fp32" ? ZD_DTYPE_F32 : 0;
+  c.gradient_accumulation_steps = r.integer("gradient_accumulation_steps", 1, 1, 1 << 30);
+  NumberRange non_negative;
+  non_negative.min = 0;
+  c.gradient_clipping = r.number("gradient_clipping", 0.0, non_negative);
+  c.threads = static_cast<uint32_t>(r.integer("threads", 0, 0, 4096));
+
+  // fp16 loss scaling (DeepSpeed's keys and defaults).
+  c.loss_scale.enabled = c.precision == ZD_DTYPE_F16;
+  const bool fp16_given = r.present("fp16");
+  if (fp16_given && c.precision != ZD_DTYPE_F16)
+    r.issue("fp16", "loss-scaling settings are given but precision is \"" + precision +
+                        "\"; set precision = \"fp16\" or remove them");
+  if (r.enter("fp16")) {
+    c.loss_scale.static_scale = r.number("loss_scale", 0.0, non_negative);
+    c.loss_scale.initial_scale_power = static_cast<int>(r.integer("initial_scale_power", 16, 0, 64));
+    c.loss_scale.window = r.integer("loss_scale_window", 1000, 1, int64_t{1} << 40);
+    c.loss_scale.hysteresis = static_cast<int>(r.integer("hysteresis", 2, 1, 1 << 20));
+    c.loss_scale.consecutive_hysteresis = r.boolean("consecutive_hysteresis", false);
+    NumberRange positive;
+    positive.min = 0;
+    positive.min_exclusive = true;
+    c.loss_scale.min_scale = r.number("min_loss_scale", 1.0, positive);
+    r.leave();
+  }
+
+  if (r.enter("zero")) {
+    c.zero_stage = static_cast<int>(r.integer("stage", 0, 0, 3));
+    r.leave();
+  } else {
+    r.note("zero.stage", "0", false);
+  }
+
+  if (r.enter("budgets")) {
+    if (auto b = r.size("device")) c.device_budget = *b;
+    r.leave();
+  } else {
+    r.note("budgets.device", "none", false);
+  }
+
+  read_optimizer(r);
+  lr_ref_ = r.function("lr", &lr_where_, "describe");
+  if (lr_ref_ == LUA_NOREF) r.note("lr", "the optimizer's lr (no schedule)", false);
+}
+
+void JobScript::read_optimizer(ConfigReader& r) {
+  const bool given = r.enter("optimizer");
+  std::string name = "adamw";
+  if (given) {
+    if (auto t = r.string("type", true)) name = *t;
+  } else {
+    r.note("optimizer.type", "\"adamw\"", false);
+  }
+  const auto search = plugin_search_path(config_.plugin_path);
+  try {
+    plugin_ = OptimizerPlugin::load(name, search);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    optimizer_error_ = e.code() == ZD_ERR_NOT_FOUND ? ZD_ERR_CONFIG : e.code();
+    if (e.code() == ZD_ERR_NOT_FOUND) {
+      std::string list;
+      for (const auto& n : available_plugins(ZD_PLUGIN_OPTIMIZER, search))
+        list += (list.empty() ? "" : ", ") + n;
+      msg = "no optimizer plugin named '" + name + "'" +
+            (list.empty() ? " (no optimizer plugins were found; is ZEROD_PLUGIN_PATH right?)"
+                          : " (available: " + list + ")");
+    }
+    if (given) {
+      r.issue("type", msg);
+      r.accept_all();
+      r.leave();
+    } else {
+      r.issue("optimizer", msg);
+    }
+    return;
+  }
+  config_.optimizer = name;
+  std::vector<double> values;
+  for (const zd_hparam_spec& s : plugin_->hparams()) {
+    std::vector<double> defs(s.defaults, s.defaults + s.count);
+    NumberRange range;
+    range.min = s.min;
+    range.max = s.max;
+    range.min_exclusive = s.flags & ZD_HPARAM_MIN_EXCLUSIVE;
+    range.max_exclusive = s.flags & ZD_HPARAM_MAX_EXCLUSIVE;
+    range.integer = s.type == ZD_HPARAM_INTEGER;
+    std::vector<double> v;
+    if (given) {
+      v = r.numbers(s.name, s.count, defs, range, s.type == ZD_HPARAM_BOOL);
+    } else {
+      v = defs;
+      std::string text;
+      for (size_t i = 0; i < v.size(); ++i)
+        text += (i ? ", " : "") + (s.type == ZD_HPARAM_BOOL ? std::string(v[i] != 0 ? "true" : "false")
+                                                            : format_number(v[i]));
+      r.note(std::string("optimizer.") + s.name, s.count > 1 ? "{" + text + "}" : text, false);
+    }
+    values.insert(values.end(), v.begin(), v.end());
+  }
+  config_.optimizer_values = values;
+  if (r.issues().empty()) {
+    try {
+      optimizer_ = plugin_->create(values);
+    } catch (const Error& e) {  // a refused hyperparameter: a config error
+      r.issue(given ? "" : "optimizer", e.what());
+    }
+  }
+  if (given) r.leave();
+}
+
+std::unique_ptr<OptimizerInstance> JobScript::take_optimizer() {
+  if (!optimizer_) fail(ZD_ERR_INTERNAL, "the job's optimizer was already taken");
+  return std::move(optimizer_);
+}
+
+std::optional<double> JobScript::lr(int64_t step) {
+  if (lr_ref_ == LUA_NOREF) return std::nullopt;
+  lua_State* L = sandbox_->L();
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lr_ref_);
+  lua_pushinteger(L, step);
+  std::string err;
+  if (!sandbox_->call(1, 1, &err))
+    fail(ZD_ERR_CONFIG, "the job's lr(" + std::to_string(step) + ") failed: " + err);
+  if (lua_type(L, -1) != LUA_TNUMBER) {
+    const std::string got = luaL_typename(L, -1);
+    lua_pop(L, 1);
+    fail(ZD_ERR_CONFIG, lr_where_ + ": lr(" + std::to_string(step) + ") returned a " + got +
+                            "; it must return a number");
+  }
+  const double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  if (!std::isfinite(v) || v < 0)
+    fail(ZD_ERR_CONFIG, lr_where_ + ": lr(" + std::to_string(step) + ") returned " +
+                            format_number(v) + "; a learning rate must be finite and >= 0");
+  return v;
+}
+
+}  // namespace zerod::scripting

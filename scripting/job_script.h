@@ -1,0 +1,64 @@
+// A loaded, checked job script: the resolved JobConfig, the optimizer it
+// names (loaded and configured), and the script's hooks, kept alive in their
+// sandbox for the engine to call (lr(step) once per applied step).
+#pragma once
+
+#include "config_reader.h"
+#include "sandbox.h"
+
+#include "job_config.h"
+#include "plugin_host.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zerod::scripting {
+
+struct ScriptSource {
+  std::string path;   // read from this file, or
+  std::string text;   // use this text
+  std::string name;   // the name errors use for text ("job.lua" if empty)
+  bool allow_io = false;
+};
+
+class JobScript final : public JobPolicy {
+ public:
+  // Loads and checks the script. Throws zerod::Error: ZD_ERR_IO when the file
+  // cannot be read, ZD_ERR_CONFIG with every problem found (one per line,
+  // each with file:line) otherwise.
+  static std::unique_ptr<JobScript> load(const ScriptSource& source);
+  ~JobScript() override;
+
+  const JobConfig& config() const { return config_; }
+  const std::string& source_name() const { return source_name_; }
+  const OptimizerPlugin& optimizer_plugin() const { return *plugin_; }
+  // The configured optimizer; the model takes it (once).
+  std::unique_ptr<OptimizerInstance> take_optimizer();
+  // Every setting with its resolved value and where it came from.
+  const std::vector<ResolvedValue>& resolved() const { return resolved_; }
+  bool has_lr_schedule() const { return lr_ref_ != LUA_NOREF; }
+
+  // JobPolicy. Throws ZD_ERR_CONFIG naming file:line when the hook fails.
+  std::optional<double> lr(int64_t step) override;
+
+ private:
+  JobScript() = default;
+  void read_config(ConfigReader& r, const std::string& script_dir);
+  void read_optimizer(ConfigReader& r);
+
+  std::unique_ptr<Sandbox> sandbox_;
+  std::string source_name_;
+  JobConfig config_;
+  std::shared_ptr<OptimizerPlugin> plugin_;
+  std::unique_ptr<OptimizerInstance> optimizer_;
+  std::vector<ResolvedValue> resolved_;
+  // The status of a failed optimizer load, reported as the load's status when
+  // it is the script's only problem (ZD_ERR_VERSION says more than CONFIG).
+  zd_status optimizer_error_ = ZD_OK;
+  int lr_ref_ = LUA_NOREF;
+  std::string lr_where_;
+};
+
+}  // namespace zerod::scripting

@@ -1,0 +1,155 @@
+-- The `zerod` library that job scripts see: size literals and the usual
+-- learning-rate schedules. A schedule is a function of the step (the number
+-- of optimizer updates already applied, 0 for the first) that returns the
+-- learning rate; assign one to the job's `lr` field.
+--
+-- Errors blame the line of the script that called the library: level 2
+-- from a schedule constructor, level 3 from check() inside one.
+local zerod = ...  -- the table the host made, holding size() and the units
+
+local function fail(msg) error(msg, 4) end  -- from check(): past check and the constructor
+
+-- What each schedule function is, for `zerod check` ("zerod.cosine{...}").
+local described = setmetatable({}, {__mode = "k"})
+function zerod.describe(f) return described[f] end
+
+local function remember(fname, args, f)
+  local keys = {}
+  for k in pairs(args) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for _, k in ipairs(keys) do parts[#parts + 1] = k .. " = " .. tostring(args[k]) end
+  described[f] = ("zerod.%s{ %s }"):format(fname, table.concat(parts, ", "))
+  return f
+end
+
+-- Checks a schedule's argument table against a spec {name = {kind, default}}
+-- where kind is "number", "count" (integer >= 0) or a table of choices; a
+-- default of false makes the argument optional.
+local function check(fname, args, spec)
+  if type(args) ~= "table" then
+    error(("zerod.%s expects a table of arguments, e.g. zerod.%s{ ... }"):format(fname, fname), 3)
+  end
+  for k in pairs(args) do
+    if spec[k] == nil then
+      local known = {}
+      for name in pairs(spec) do known[#known + 1] = name end
+      table.sort(known)
+      fail(("zerod.%s: unknown argument '%s' (known: %s)"):format(fname, tostring(k), table.concat(known, ", ")))
+    end
+  end
+  local out = {}
+  for name, s in pairs(spec) do
+    local kind, default = s[1], s[2]
+    local v = args[name]
+    if v == nil then
+      if default == nil then fail(("zerod.%s: argument '%s' is required"):format(fname, name)) end
+      v = default
+    end
+    if v == false then
+      -- optional and absent
+    elseif type(kind) == "table" then
+      local ok = false
+      for _, c in ipairs(kind) do ok = ok or v == c end
+      if not ok then
+        fail(("zerod.%s: %s must be one of %s, got %s"):format(fname, name, table.concat(kind, ", "), tostring(v)))
+      end
+    elseif type(v) ~= "number" or v ~= v then
+      fail(("zerod.%s: %s must be a number, got %s"):format(fname, name, type(v)))
+    elseif kind == "count" and (v < 0 or math.floor(v) ~= v) then
+      fail(("zerod.%s: %s must be a whole number >= 0, got %s"):format(fname, name, tostring(v)))
+    elseif kind == "number" and v < 0 then
+      fail(("zerod.%s: %s must be >= 0, got %s"):format(fname, name, tostring(v)))
+    end
+    if v ~= false then out[name] = v end
+  end
+  return out
+end
+
+local warmup_types = {"linear", "log"}
+
+-- The warm-up fraction at step t of w warm-up steps (DeepSpeed's WarmupLR).
+local function warmup_gamma(t, w, kind)
+  if t >= w then return 1.0 end
+  if kind == "log" then
+    if w < 2 then return 1.0 end
+    return math.log(t + 1) / math.log(w)
+  end
+  return t / w
+end
+
+-- Constant learning rate.
+function zerod.constant(args)
+  local a = check("constant", args, {lr = {"number"}})
+  return remember("constant", a, function(_) return a.lr end)
+end
+
+-- min_lr rising to max_lr over warmup_steps, then max_lr.
+function zerod.warmup_linear(args)
+  local a = check("warmup_linear", args, {warmup_steps = {"count"}, max_lr = {"number"},
+    min_lr = {"number", 0.0}, warmup_type = {warmup_types, "linear"}})
+  return remember("warmup_linear", a, function(t)
+    return a.min_lr + (a.max_lr - a.min_lr) * warmup_gamma(t, a.warmup_steps, a.warmup_type)
+  end)
+end
+
+-- Warm-up, then a straight line down to min_lr at total_steps.
+function zerod.warmup_decay(args)
+  local a = check("warmup_decay", args, {warmup_steps = {"count"}, total_steps = {"count"},
+    max_lr = {"number"}, min_lr = {"number", 0.0}, warmup_type = {warmup_types, "linear"}})
+  if a.total_steps <= a.warmup_steps then
+    error("zerod.warmup_decay: total_steps must be greater than warmup_steps", 2)
+  end
+  return remember("warmup_decay", a, function(t)
+    if t < a.warmup_steps then
+      return a.min_lr + (a.max_lr - a.min_lr) * warmup_gamma(t, a.warmup_steps, a.warmup_type)
+    end
+    local left = math.max(0, a.total_steps - t) / (a.total_steps - a.warmup_steps)
+    return a.min_lr + (a.max_lr - a.min_lr) * left
+  end)
+end
+
+-- Warm-up, then half a cosine from max_lr down to min_lr at total_steps.
+function zerod.cosine(args)
+  local a = check("cosine", args, {warmup_steps = {"count", 0}, total_steps = {"count"},
+    max_lr = {"number"}, min_lr = {"number", 0.0}, warmup_type = {warmup_types, "linear"}})
+  if a.total_steps <= a.warmup_steps then
+    error("zerod.cosine: total_steps must be greater than warmup_steps", 2)
+  end
+  return remember("cosine", a, function(t)
+    if t < a.warmup_steps then
+      return a.min_lr + (a.max_lr - a.min_lr) * warmup_gamma(t, a.warmup_steps, a.warmup_type)
+    end
+    local span = a.total_steps - a.warmup_steps
+    local s = math.min(t - a.warmup_steps, span)
+    return a.min_lr + (a.max_lr - a.min_lr) * (1 + math.cos(math.pi * s / span)) / 2
+  end)
+end
+
+-- One cycle (DeepSpeed's OneCycle): min_lr up to max_lr over first_steps,
+-- back down over second_steps, then min_lr decayed by decay_rate every
+-- decay_steps.
+function zerod.one_cycle(args)
+  local a = check("one_cycle", args, {min_lr = {"number"}, max_lr = {"number"},
+    first_steps = {"count"}, second_steps = {"count", false}, decay_rate = {"number", 0.0},
+    decay_steps = {"count", 0}})
+  local second = a.second_steps or a.first_steps
+  if a.first_steps < 1 or second < 1 then
+    error("zerod.one_cycle: first_steps and second_steps must be at least 1", 2)
+  end
+  local total = a.first_steps + second
+  local ratio = a.first_steps / total
+  return remember("one_cycle", a, function(t)
+    if t <= total then
+      local x = t / total
+      x = x - math.floor(x)  -- back to 0 (min_lr) when the cycle ends
+      local f = x <= ratio and x / ratio or (x - 1) / (ratio - 1)
+      return a.min_lr + (a.max_lr - a.min_lr) * f
+    end
+    if a.decay_rate == 0 or a.decay_steps == 0 then return a.min_lr end
+    local k = t - total
+    return a.min_lr / (1 + a.decay_rate * k / a.decay_steps)
+  end)
+end
+
+return zerod

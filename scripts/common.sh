@@ -1,0 +1,44 @@
+# Shared by the scripts in this folder: installs the Debian packages zerod
+# needs when they are missing, and configures and builds the tree.
+# Source it; do not run it.
+
+ZEROD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ZEROD_BUILD_DIR=${ZEROD_BUILD_DIR:-$ZEROD_ROOT/build}
+ZEROD_JOBS=${ZEROD_JOBS:-$(nproc)}
+
+# Everything zerod builds and tests with, from Debian 12's archive.
+ZEROD_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  liblua5.4-dev libhwloc-dev libaio-dev libprotobuf-dev protobuf-compiler
+  libgtest-dev abigail-tools
+)
+
+zerod_log() { printf '\033[1m[zerod]\033[0m %s\n' "$*"; }
+
+# Installs the named packages that are not installed yet (apt-get, as root;
+# through sudo when not root).
+zerod_install_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  zerod_log "installing missing Debian packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "need root (or sudo) to apt-get install: ${missing[*]}" >&2; return 1; }
+    sudo="sudo"
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# Configures (once) and builds the given targets (default: all).
+zerod_build() {
+  if [ ! -f "$ZEROD_BUILD_DIR/build.ninja" ]; then
+    zerod_log "configuring $ZEROD_BUILD_DIR"
+    cmake -S "$ZEROD_ROOT" -B "$ZEROD_BUILD_DIR" -G Ninja ${ZEROD_CMAKE_ARGS:-}
+  fi
+  zerod_log "building ${*:-everything} with $ZEROD_JOBS jobs"
+  cmake --build "$ZEROD_BUILD_DIR" -j "$ZEROD_JOBS" ${1:+--target "$@"}
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test: installs what is missing, builds everything, runs ctest: unit,
+# kernel, ABI (with the abidiff check against abi/baseline), plugin, script,
+# example and install tests. Exits non-zero if anything fails.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+zerod_install_packages "${ZEROD_PACKAGES[@]}"
+zerod_build
+zerod_log "running the tests"
+ctest --test-dir "$ZEROD_BUILD_DIR" -j "$ZEROD_JOBS" --output-on-failure --timeout 900
+zerod_log "all tests passed"

@@ -1,0 +1,91 @@
+// Connecting, versions, status names, option structs.
+#include "abi_fixture.h"
+
+#include <cstring>
+
+using namespace zerod_test;
+
+TEST(Connect, EmbeddedWorksAndReportsOneRank) {
+  zd_client* c = nullptr;
+  ASSERT_EQ(zd_connect("embedded:", nullptr, &c), ZD_OK) << last();
+  zd_client_info info = ZD_CLIENT_INFO_INIT;
+  ASSERT_EQ(zd_client_get_info(c, &info), ZD_OK) << last();
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.embedded, 1);
+  zd_disconnect(c);
+}
+
+TEST(Connect, NoUriReadsTheEnvironmentThenFallsBackToEmbedded) {
+  unsetenv("ZEROD_ENDPOINT");
+  zd_client* c = nullptr;
+  ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
+  zd_disconnect(c);
+  setenv("ZEROD_ENDPOINT", "bogus:thing", 1);
+  EXPECT_EQ(zd_connect(nullptr, nullptr, &c), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("bogus:thing"), std::string::npos) << last();
+  EXPECT_EQ(c, nullptr);
+  unsetenv("ZEROD_ENDPOINT");
+}
+
+TEST(Connect, UnixUriSaysTheDaemonIsNotBuiltYet) {
+  zd_client* c = reinterpret_cast<zd_client*>(0x1);
+  EXPECT_EQ(zd_connect("unix:/tmp/zerod-test.sock", nullptr, &c), ZD_ERR_NOT_IMPLEMENTED);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(last().find("not built yet"), std::string::npos) << last();
+}
+
+TEST(Connect, UnknownSchemeIsRefusedByName) {
+  zd_client* c = nullptr;
+  EXPECT_EQ(zd_connect("tcp://host:1", nullptr, &c), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("tcp://host:1"), std::string::npos) << last();
+}
+
+TEST(Connect, RefusesACallerBuiltAgainstANewerMajor) {
+  zd_connect_options o = ZD_CONNECT_OPTIONS_INIT;
+  o.abi_version = (ZD_ABI_VERSION_MAJOR + 1) << 16;
+  zd_client* c = nullptr;
+  EXPECT_EQ(zd_connect("embedded:", &o, &c), ZD_ERR_VERSION);
+  EXPECT_NE(last().find("ABI 2.0"), std::string::npos) << last();
+  // An older minor of the same major is fine.
+  o.abi_version = ZD_ABI_VERSION_MAJOR << 16;
+  ASSERT_EQ(zd_connect("embedded:", &o, &c), ZD_OK) << last();
+  zd_disconnect(c);
+}
+
+TEST(Connect, AnOptionsStructWithoutItsSizeIsRefused) {
+  zd_connect_options o{};
+  zd_client* c = nullptr;
+  EXPECT_EQ(zd_connect("embedded:", &o, &c), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("struct_size"), std::string::npos) << last();
+}
+
+TEST(Connect, AShorterOptionsStructFromAnOlderCallerIsAccepted) {
+  // A caller that knew only the first two fields.
+  zd_connect_options o = ZD_CONNECT_OPTIONS_INIT;
+  o.struct_size = 8;
+  o.timeout_ms = 0xdeadbeef;  // beyond its size: must be ignored
+  zd_client* c = nullptr;
+  ASSERT_EQ(zd_connect("embedded:", &o, &c), ZD_OK) << last();
+  zd_disconnect(c);
+}
+
+TEST(Versions, LibraryReportsItsAbiAndVersion) {
+  EXPECT_EQ(zd_abi_version(), static_cast<uint32_t>(ZD_ABI_VERSION));
+  EXPECT_GT(std::strlen(zd_version()), 0u);
+}
+
+TEST(Versions, EveryStatusHasAName) {
+  EXPECT_STREQ(zd_status_str(ZD_OK), "ZD_OK");
+  EXPECT_STREQ(zd_status_str(ZD_ERR_CONFIG), "ZD_ERR_CONFIG");
+  EXPECT_STREQ(zd_status_str(ZD_ERR_INTERNAL), "ZD_ERR_INTERNAL");
+  for (zd_status s = ZD_OK; s <= ZD_ERR_INTERNAL; ++s)
+    EXPECT_EQ(std::strncmp(zd_status_str(s), "ZD_", 3), 0) << s;
+  EXPECT_STREQ(zd_status_str(12345), "ZD_ERR_UNKNOWN");
+}
+
+TEST(Versions, DestroyingNullIsANoOp) {
+  zd_disconnect(nullptr);
+  zd_model_destroy(nullptr);
+  EXPECT_STREQ(zd_model_last_error(nullptr), "");
+}

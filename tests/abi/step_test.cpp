@@ -1,0 +1,344 @@
+// The training step as a trainer drives it: call order, gradient views,
+// accumulation, clipping, loss scaling, schedules, whole-parameter access.
+// SGD without momentum keeps every expected value computable by hand.
+#include "abi_fixture.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+using namespace zerod_test;
+
+class StepTest : public AbiTest {
+ protected:
+  // One parameter "w" of 3 elements in module "layer".
+  zd_model* one_param(const std::string& job, std::vector<float> init = {1, 2, 3}) {
+    zd_model* m = model(job);
+    p_ = add(m, "w", "layer", {3}, init);
+    EXPECT_EQ(zd_model_finalize(m), ZD_OK) << last();
+    mod_ = module_id(m, "layer");
+    return m;
+  }
+  zd_param_id p_ = -1;
+  zd_module_id mod_ = -1;
+};
+
+TEST_F(StepTest, SgdUpdateIsExact) {
+  zd_model* m = one_param(sgd_job("", 0.5));
+  const zd_step_result r = micro_step(m, mod_, p_, {0.5f, -1.0f, 2.0f});
+  EXPECT_TRUE(r.flags & ZD_STEP_BOUNDARY);
+  EXPECT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_FALSE(r.flags & ZD_STEP_SKIPPED);
+  EXPECT_EQ(r.step, 1);
+  EXPECT_EQ(r.micro_step, 1);
+  EXPECT_DOUBLE_EQ(r.lr, 0.5);
+  EXPECT_DOUBLE_EQ(r.loss_scale, 1.0);
+  EXPECT_NEAR(r.grad_norm, std::sqrt(0.25 + 1 + 4), 1e-6);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{0.75f, 2.5f, 2.0f}));
+  // The working copy the trainer sees agrees with the master.
+  ASSERT_EQ(zd_forward_begin(m, mod_), ZD_OK);
+  zd_view v = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_param_view(m, p_, &v), ZD_OK) << last();
+  EXPECT_TRUE(v.flags & ZD_VIEW_READ_ONLY);
+  EXPECT_EQ(v.dtype, ZD_DTYPE_F32);
+  EXPECT_EQ(v.ndim, 1);
+  EXPECT_EQ(v.shape[0], 3);
+  EXPECT_EQ(v.nbytes, 12u);
+  EXPECT_EQ(v.device_type, ZD_DEVICE_CPU);
+  const float* w = static_cast<const float*>(v.data);
+  EXPECT_EQ(std::vector<float>(w, w + 3), (std::vector<float>{0.75f, 2.5f, 2.0f}));
+  ASSERT_EQ(zd_forward_end(m, mod_), ZD_OK);
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, GradientsAreAveragedOverAnAccumulationWindow) {
+  zd_model* m = one_param(sgd_job("gradient_accumulation_steps = 2", 1.0));
+  zd_step_result r = micro_step(m, mod_, p_, {1, 2, 3});
+  EXPECT_FALSE(r.flags & ZD_STEP_BOUNDARY);
+  EXPECT_EQ(r.step, 0);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{1, 2, 3}));  // nothing applied yet
+  r = micro_step(m, mod_, p_, {3, 2, 1});
+  EXPECT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(r.step, 1);
+  EXPECT_EQ(r.micro_step, 2);
+  // mean gradient {2, 2, 2}
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-1, 0, 1}));
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, GradientViewsStartAtZeroAndContributionsAdd) {
+  zd_model* m = one_param(sgd_job("gradient_accumulation_steps = 2", 1.0), {0, 0, 0});
+  // Micro-batch 1: the module runs twice (weight tying): contributions add.
+  for (int rep = 0; rep < 2; ++rep) {
+    ASSERT_EQ(zd_backward_begin(m, mod_), ZD_OK) << last();
+    zd_view g = ZD_VIEW_INIT;
+    ASSERT_EQ(zd_grad_view(m, p_, &g), ZD_OK) << last();
+    EXPECT_FALSE(g.flags & ZD_VIEW_READ_ONLY);
+    float* gd = static_cast<float*>(g.data);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(gd[i], 0.0f) << "view not zero at begin, rep " << rep;
+    for (int i = 0; i < 3; ++i) gd[i] = 1.0f;
+    ASSERT_EQ(zd_backward_end(m, mod_), ZD_OK) << last();
+  }
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  ASSERT_EQ(zd_step(m, &r), ZD_OK);
+  // Micro-batch 2: the trainer *writes* (=) its contribution; the view
+  // started at zero, so nothing earlier is lost.
+  ASSERT_EQ(zd_backward_begin(m, mod_), ZD_OK);
+  zd_view g = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_grad_view(m, p_, &g), ZD_OK);
+  float* gd = static_cast<float*>(g.data);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(gd[i], 0.0f);
+    gd[i] = 4.0f;
+  }
+  ASSERT_EQ(zd_backward_end(m, mod_), ZD_OK);
+  ASSERT_EQ(zd_step(m, &r), ZD_OK);
+  ASSERT_TRUE(r.flags & ZD_STEP_APPLIED);
+  // (1 + 1 + 4) / 2 = 3 per element.
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-3, -3, -3}));
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, ClippingScalesTheUpdateToTheMaxNorm) {
+  zd_model* m = one_param(sgd_job("gradient_clipping = 1.0", 1.0), {0, 0, 0});
+  const zd_step_result r = micro_step(m, mod_, p_, {3, 4, 0});  // norm 5
+  EXPECT_NEAR(r.grad_norm, 5.0, 1e-9);  // reported before clipping
+  const auto w = read(m, p_, 3);
+  EXPECT_NEAR(w[0], -0.6f, 1e-6);
+  EXPECT_NEAR(w[1], -0.8f, 1e-6);
+  EXPECT_EQ(w[2], 0.0f);
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, CallOrderErrorsChangeNothing) {
+  zd_model* m = one_param(sgd_job("", 1.0));
+  EXPECT_EQ(zd_forward_end(m, mod_), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("module 'layer' is not in forward"), std::string::npos) << last();
+  EXPECT_EQ(zd_backward_end(m, mod_), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("without zd_backward_begin"), std::string::npos) << last();
+  EXPECT_EQ(zd_forward_begin(m, 99), ZD_ERR_NOT_FOUND);
+  EXPECT_NE(last().find("no module with id 99"), std::string::npos) << last();
+  zd_view v = ZD_VIEW_INIT;
+  EXPECT_EQ(zd_param_view(m, p_, &v), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("'w' is not resident"), std::string::npos) << last();
+
+  ASSERT_EQ(zd_forward_begin(m, mod_), ZD_OK);
+  EXPECT_EQ(zd_forward_begin(m, mod_), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("already in forward"), std::string::npos) << last();
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  EXPECT_EQ(zd_step(m, &r), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("zd_step while module 'layer' is still in forward"), std::string::npos)
+      << last();
+  EXPECT_EQ(zd_backward_begin(m, mod_), ZD_ERR_INVALID_STATE);
+  EXPECT_EQ(zd_grad_view(m, p_, &v), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("no gradient buffer now"), std::string::npos) << last();
+  ASSERT_EQ(zd_forward_end(m, mod_), ZD_OK);
+
+  ASSERT_EQ(zd_backward_begin(m, mod_), ZD_OK);
+  EXPECT_EQ(zd_backward_begin(m, mod_), ZD_ERR_INVALID_STATE);
+  EXPECT_EQ(zd_step(m, &r), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(last().find("still in backward"), std::string::npos) << last();
+  EXPECT_EQ(zd_param_write(m, p_, ZD_DTYPE_F32, "\0\0\0\0\0\0\0\0\0\0\0", 12), ZD_ERR_INVALID_STATE);
+  ASSERT_EQ(zd_grad_view(m, p_, &v), ZD_OK);
+  static_cast<float*>(v.data)[0] = 1.0f;
+  ASSERT_EQ(zd_backward_end(m, mod_), ZD_OK);
+
+  // After all of that, the step is the one the correct calls asked for.
+  ASSERT_EQ(zd_step(m, &r), ZD_OK) << last();
+  EXPECT_EQ(r.step, 1);
+  EXPECT_EQ(r.micro_step, 1);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{0, 2, 3}));
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, CallsBeforeFinalizeAreRefused) {
+  zd_model* m = model(sgd_job());
+  add(m, "w", "layer", {3});
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  EXPECT_EQ(zd_step(m, &r), ZD_ERR_INVALID_STATE);
+  EXPECT_EQ(zd_forward_begin(m, 0), ZD_ERR_INVALID_STATE);
+  float buf[3];
+  EXPECT_EQ(zd_param_read(m, 0, ZD_DTYPE_F32, buf, sizeof buf), ZD_ERR_INVALID_STATE);
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, ReadAndWriteWholeParameters) {
+  zd_model* m = one_param(sgd_job());
+  const float v[3] = {7, 8, 9};
+  ASSERT_EQ(zd_param_write(m, p_, ZD_DTYPE_F32, v, sizeof v), ZD_OK) << last();
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{7, 8, 9}));
+  float small[2];
+  EXPECT_EQ(zd_param_read(m, p_, ZD_DTYPE_F32, small, sizeof small), ZD_ERR_SHAPE_MISMATCH);
+  EXPECT_NE(last().find("'w': it has 3 elements (12 bytes as f32), the buffer has 8 bytes"),
+            std::string::npos) << last();
+  EXPECT_EQ(zd_param_write(m, p_, ZD_DTYPE_F32, v, 8), ZD_ERR_SHAPE_MISMATCH);
+  EXPECT_EQ(zd_param_read(m, p_, 77, small, 8), ZD_ERR_INVALID_ARGUMENT);
+  // Reading as bf16 converts.
+  uint16_t h[3];
+  ASSERT_EQ(zd_param_read(m, p_, ZD_DTYPE_BF16, h, sizeof h), ZD_OK);
+  EXPECT_EQ(h[0], 0x40e0);  // 7.0
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, LearningRateComesFromTheScriptsSchedule) {
+  zd_model* m = one_param(
+      "return { optimizer = { type = 'sgd', lr = 1.0 },\n"
+      "  lr = function(step) return 0.5 / (step + 1) end }",
+      {0, 0, 0});
+  zd_step_result r = micro_step(m, mod_, p_, {1, 1, 1});
+  EXPECT_DOUBLE_EQ(r.lr, 0.5);
+  r = micro_step(m, mod_, p_, {1, 1, 1});
+  EXPECT_DOUBLE_EQ(r.lr, 0.25);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-0.75f, -0.75f, -0.75f}));
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, AFailingScheduleIsAConfigErrorWithItsLineAndAppliesNothing) {
+  zd_model* m = one_param(
+      "return { optimizer = { type = 'sgd', lr = 1.0 },\n"
+      "  lr = function(step)\n"
+      "    if step > 0 then error('schedule broke') end\n"
+      "    return 0.1 end }");
+  micro_step(m, mod_, p_, {1, 1, 1});
+  const auto before = read(m, p_, 3);
+  ASSERT_EQ(zd_backward_begin(m, mod_), ZD_OK);
+  zd_view g = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_grad_view(m, p_, &g), ZD_OK);
+  static_cast<float*>(g.data)[0] = 1.0f;
+  ASSERT_EQ(zd_backward_end(m, mod_), ZD_OK);
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  EXPECT_EQ(zd_step(m, &r), ZD_ERR_CONFIG);
+  EXPECT_NE(last().find("test.lua:3: schedule broke"), std::string::npos) << last();
+  EXPECT_EQ(read(m, p_, 3), before);
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, AScheduleReturningANonNumberIsNamed) {
+  zd_model* m = one_param("return { optimizer = { type = 'sgd' },\n lr = function(s) return 'x' end }");
+  ASSERT_EQ(zd_backward_begin(m, mod_), ZD_OK);
+  ASSERT_EQ(zd_backward_end(m, mod_), ZD_OK);
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  EXPECT_EQ(zd_step(m, &r), ZD_ERR_CONFIG);
+  EXPECT_NE(last().find("test.lua:2: lr(0) returned a string"), std::string::npos) << last();
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, NonFiniteGradientsSkipTheStepInFp32Too) {
+  zd_model* m = one_param(sgd_job());
+  const zd_step_result r = micro_step(m, mod_, p_, {1, std::numeric_limits<float>::quiet_NaN(), 0});
+  EXPECT_TRUE(r.flags & ZD_STEP_SKIPPED);
+  EXPECT_FALSE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(r.step, 0);
+  EXPECT_TRUE(std::isnan(r.grad_norm));
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{1, 2, 3}));
+  // The bad gradients are gone: the next step is clean.
+  const zd_step_result r2 = micro_step(m, mod_, p_, {1, 1, 1});
+  EXPECT_TRUE(r2.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{0.9f, 1.9f, 2.9f}));
+  zd_model_destroy(m);
+}
+
+namespace {
+uint16_t to_half(float f) {  // exact for the small values used here
+  if (f == 0) return 0;
+  int e;
+  const float m = std::frexp(std::fabs(f), &e);
+  const uint16_t sign = f < 0 ? 0x8000 : 0;
+  return sign | static_cast<uint16_t>(((e + 14) << 10) | (static_cast<int>(m * 2048) & 0x3ff));
+}
+float from_half(uint16_t h) {
+  const int e = (h >> 10) & 31;
+  const float v = std::ldexp(static_cast<float>((h & 0x3ff) | 0x400), e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+}  // namespace
+
+TEST_F(StepTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
+  zd_model* m = model(
+      "return { precision = 'fp16', optimizer = { type = 'sgd', lr = 1.0 },\n"
+      "  fp16 = { initial_scale_power = 4, hysteresis = 1, loss_scale_window = 2 } }");
+  const std::vector<float> init = {1, 2, 3};
+  zd_param_desc d = ZD_PARAM_DESC_INIT;
+  int64_t shape[1] = {3};
+  d.dtype = ZD_DTYPE_F16;
+  d.name = "w";
+  d.module = "layer";
+  d.ndim = 1;
+  d.shape = shape;
+  d.init = init.data();
+  d.init_dtype = ZD_DTYPE_F32;
+  zd_param_id p = -1;
+  ASSERT_EQ(zd_model_register_param(m, &d, &p), ZD_OK) << last();
+  ASSERT_EQ(zd_model_finalize(m), ZD_OK) << last();
+  const zd_module_id mod = module_id(m, "layer");
+  double scale = 0;
+  ASSERT_EQ(zd_model_loss_scale(m, &scale), ZD_OK);
+  EXPECT_EQ(scale, 16.0);
+
+  auto run = [&](float g0) {
+    EXPECT_EQ(zd_backward_begin(m, mod), ZD_OK);
+    zd_view g = ZD_VIEW_INIT;
+    EXPECT_EQ(zd_grad_view(m, p, &g), ZD_OK);
+    EXPECT_EQ(g.dtype, ZD_DTYPE_F16);
+    uint16_t* gh = static_cast<uint16_t*>(g.data);
+    gh[0] = std::isinf(g0) ? 0x7c00 : to_half(g0 * static_cast<float>(scale));
+    gh[1] = gh[2] = 0;
+    EXPECT_EQ(zd_backward_end(m, mod), ZD_OK);
+    zd_step_result r = ZD_STEP_RESULT_INIT;
+    EXPECT_EQ(zd_step(m, &r), ZD_OK) << last();
+    zd_model_loss_scale(m, &scale);
+    return r;
+  };
+  zd_step_result r = run(std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(r.flags & ZD_STEP_SKIPPED);
+  EXPECT_EQ(r.loss_scale, 8.0);
+  EXPECT_EQ(scale, 8.0);
+  EXPECT_EQ(read(m, p, 3), (std::vector<float>{1, 2, 3}));
+  // A clean step: the gradient is unscaled before the update.
+  r = run(0.5f);
+  EXPECT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_NEAR(r.grad_norm, 0.5, 1e-6);
+  EXPECT_EQ(read(m, p, 3), (std::vector<float>{0.5f, 2, 3}));
+  // Two clean steps since the overflow (the window) double the scale.
+  r = run(0.0f);
+  EXPECT_EQ(scale, 16.0);
+  // The fp16 working copy is the rounded master.
+  ASSERT_EQ(zd_forward_begin(m, mod), ZD_OK);
+  zd_view v = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_param_view(m, p, &v), ZD_OK);
+  const uint16_t* wh = static_cast<const uint16_t*>(v.data);
+  EXPECT_EQ(from_half(wh[0]), 0.5f);
+  EXPECT_EQ(from_half(wh[2]), 3.0f);
+  ASSERT_EQ(zd_forward_end(m, mod), ZD_OK);
+  zd_model_destroy(m);
+}
+
+TEST_F(StepTest, Bf16WorkingCopyOverAnFp32Master) {
+  zd_model* m = model("return { precision = 'bf16', optimizer = { type = 'sgd', lr = 1e-3 } }");
+  const std::vector<float> init = {1, 1, 1};
+  const zd_param_id p = add(m, "w", "layer", {3}, init, ZD_DTYPE_BF16);
+  ASSERT_EQ(zd_model_finalize(m), ZD_OK) << last();
+  const zd_module_id mod = module_id(m, "layer");
+  // 1 - 1e-3 is not representable in bf16 (step 2^-7 near 1): the master
+  // keeps it, the working copy rounds back to 1.
+  ASSERT_EQ(zd_backward_begin(m, mod), ZD_OK);
+  zd_view g = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_grad_view(m, p, &g), ZD_OK);
+  EXPECT_EQ(g.dtype, ZD_DTYPE_BF16);
+  uint16_t* gh = static_cast<uint16_t*>(g.data);
+  gh[0] = gh[1] = gh[2] = 0x3f80;  // 1.0
+  ASSERT_EQ(zd_backward_end(m, mod), ZD_OK);
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  ASSERT_EQ(zd_step(m, &r), ZD_OK) << last();
+  EXPECT_EQ(r.loss_scale, 1.0);  // no scaling in bf16
+  const auto master = read(m, p, 3);
+  EXPECT_FLOAT_EQ(master[0], 1.0f - 1e-3f);
+  ASSERT_EQ(zd_forward_begin(m, mod), ZD_OK);
+  zd_view v = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_param_view(m, p, &v), ZD_OK);
+  EXPECT_EQ(v.dtype, ZD_DTYPE_BF16);
+  EXPECT_EQ(v.nbytes, 6u);
+  EXPECT_EQ(static_cast<const uint16_t*>(v.data)[0], 0x3f80);
+  ASSERT_EQ(zd_forward_end(m, mod), ZD_OK);
+  zd_model_destroy(m);
+}

@@ -1,0 +1,238 @@
+// Unit tests of the engine's small parts: dtype conversion, the loss scaler,
+// the ledger, the arena heap, the thread pool, the shard layout.
+#include "arena.h"
+#include "dtype.h"
+#include "error.h"
+#include "ledger.h"
+#include "loss_scaler.h"
+#include "registry.h"
+#include "thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+using namespace zerod;
+
+TEST(Dtype, Bf16RoundsToNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway too: rounds up to the even 1 + 2^-6.
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+}
+
+TEST(Dtype, F16RoundTripsItsOwnValuesAndRoundsTheRest) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto half = static_cast<uint16_t>(h);
+    const float f = f16_to_float(half);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(f))));
+      continue;
+    }
+    ASSERT_EQ(float_to_f16(f), half) << "half 0x" << std::hex << h;
+  }
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);    // the largest half
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);    // halfway to 2^16: ties to even = inf
+  EXPECT_EQ(float_to_f16(1e-8f), 0x0000);       // below half the smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+}
+
+TEST(Dtype, ConvertBetweenEveryPair) {
+  const float src[3] = {1.5f, -2.25f, 0.0f};
+  for (zd_dtype a : {ZD_DTYPE_F32, ZD_DTYPE_BF16, ZD_DTYPE_F16}) {
+    std::vector<std::byte> mid(3 * dtype_size(a));
+    convert(src, ZD_DTYPE_F32, mid.data(), a, 3);
+    for (zd_dtype b : {ZD_DTYPE_F32, ZD_DTYPE_BF16, ZD_DTYPE_F16}) {
+      std::vector<std::byte> out(3 * dtype_size(b));
+      convert(mid.data(), a, out.data(), b, 3);
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(load_as_float(out.data(), b, i), src[i]);
+    }
+  }
+  EXPECT_EQ(dtype_from_name("bf16"), ZD_DTYPE_BF16);
+  EXPECT_EQ(dtype_from_name("fp8"), 0);
+}
+
+// DeepSpeed's dynamic loss-scale tests, in our words.
+TEST(LossScaler, NoOverflowDoublesEveryWindow) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 8;
+  c.window = 2;
+  LossScaler s(c);
+  std::vector<double> seen;
+  for (int i = 0; i < 10; ++i) {
+    s.update(false);
+    seen.push_back(s.scale());
+  }
+  // iter 0 is (0 - -1) % 2 = 1: no doubling; iter 1 doubles; and so on.
+  EXPECT_EQ(seen, (std::vector<double>{256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096, 8192}));
+}
+
+TEST(LossScaler, EveryOverflowHalvesDownToTheMinimum) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 4;
+  c.hysteresis = 1;
+  c.min_scale = 0.25;
+  LossScaler s(c);
+  std::vector<double> seen;
+  for (int i = 0; i < 8; ++i) {
+    s.update(true);
+    seen.push_back(s.scale());
+  }
+  EXPECT_EQ(seen, (std::vector<double>{8, 4, 2, 1, 0.5, 0.25, 0.25, 0.25}));
+}
+
+TEST(LossScaler, HysteresisToleratesOverflowsBeforeHalving) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 10;
+  c.hysteresis = 2;
+  c.window = 1000;
+  LossScaler s(c);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 1024);  // first overflow only uses up hysteresis
+  EXPECT_EQ(s.hysteresis_left(), 1);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 512);
+  s.update(false);  // not consecutive: hysteresis is not refilled yet
+  EXPECT_EQ(s.hysteresis_left(), 1);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 256);
+}
+
+TEST(LossScaler, ConsecutiveHysteresisRefillsAfterACleanStep) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 10;
+  c.hysteresis = 2;
+  c.consecutive_hysteresis = true;
+  LossScaler s(c);
+  s.update(true);
+  s.update(false);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 1024);  // never two overflows in a row
+}
+
+TEST(LossScaler, StaticAndDisabled) {
+  LossScaleConfig c;
+  LossScaler off(c);
+  off.update(true);
+  EXPECT_EQ(off.scale(), 1.0);
+  EXPECT_FALSE(off.dynamic());
+  c.enabled = true;
+  c.static_scale = 128;
+  LossScaler fixed(c);
+  fixed.update(true);
+  fixed.update(false);
+  EXPECT_EQ(fixed.scale(), 128.0);
+}
+
+TEST(Ledger, ChargesReleasesPeaksAndBudgets) {
+  MemoryLedger l;
+  l.set_budget(ZD_TIER_DEVICE, 1000);
+  l.charge(ZD_TIER_DEVICE, ZD_MEM_PARAMS, 600, "a");
+  l.charge(ZD_TIER_DEVICE, ZD_MEM_GRADS, 300, "b");
+  try {
+    l.charge(ZD_TIER_DEVICE, ZD_MEM_BUFFERS, 200, "the thing");
+    FAIL() << "over budget accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+    EXPECT_NE(std::string(e.what()).find("the thing needs 200 B in the device tier"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 900u);
+  l.release(ZD_TIER_DEVICE, ZD_MEM_PARAMS, 600);
+  EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS), 0u);
+  EXPECT_EQ(l.peak(ZD_TIER_DEVICE, ZD_MEM_PARAMS), 600u);
+  EXPECT_EQ(l.peak(ZD_TIER_DEVICE, ZD_MEM_ALL), 900u);
+  EXPECT_EQ(l.current(ZD_TIER_HOST, ZD_MEM_ALL), 0u);
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+}
+
+TEST(RangeHeap, AlignsSplitsAndCoalesces) {
+  RangeHeap h(1024);
+  uint64_t a = 0, b = 0, c = 0;
+  ASSERT_TRUE(h.allocate(100, 64, &a));
+  ASSERT_TRUE(h.allocate(100, 64, &b));
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b % 64, 0u);
+  EXPECT_GE(b, 100u);
+  EXPECT_FALSE(h.allocate(2000, 64, &c));
+  h.release(a, 100);
+  h.release(b, 100);
+  EXPECT_TRUE(h.empty());
+  ASSERT_TRUE(h.allocate(1024, 64, &c));  // whole again after coalescing
+  EXPECT_EQ(c, 0u);
+}
+
+TEST(DevicePool, BlocksAreZeroedSharedAndAccounted) {
+  MemoryLedger l;
+  DevicePool pool(l, 1 << 16, "test");
+  Block b = pool.allocate(1000, ZD_MEM_BUFFERS, "x");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.ptr) % DevicePool::kAlign, 0u);
+  EXPECT_EQ(b.arena, 0);
+  EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_BUFFERS), 1024u);
+  std::memset(b.ptr, 0xab, 1000);
+  pool.release(b, ZD_MEM_BUFFERS);
+  Block b2 = pool.allocate(1000, ZD_MEM_BUFFERS, "x");
+  EXPECT_EQ(b2.ptr, b.ptr);  // reused, and zeroed again
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(b2.ptr[i], std::byte{0});
+  Block big = pool.allocate(1 << 20, ZD_MEM_PARAMS, "big");  // larger than a chunk
+  EXPECT_EQ(big.arena, 1);
+  ASSERT_EQ(pool.arenas().size(), 2u);
+  EXPECT_GE(pool.arenas()[1]->size(), uint64_t{1} << 20);
+  EXPECT_GE(pool.arenas()[1]->fd(), 0);
+  pool.release(big, ZD_MEM_PARAMS);
+  pool.release(b2, ZD_MEM_BUFFERS);
+  EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 0u);
+}
+
+TEST(ThreadPool, RunsEveryIndexOnceAndPropagatesErrors) {
+  ThreadPool pool(3);
+  EXPECT_EQ(pool.size(), 3u);
+  std::vector<std::atomic<int>> hits(1000);
+  for (int round = 0; round < 20; ++round)
+    pool.run(hits.size(), [&](size_t i) { hits[i].fetch_add(1); });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 20);
+  EXPECT_THROW(pool.run(100, [](size_t i) {
+    if (i == 37) throw std::runtime_error("task 37");
+  }),
+               std::runtime_error);
+  // Still usable afterwards.
+  std::atomic<int> n{0};
+  pool.run(10, [&](size_t) { n.fetch_add(1); });
+  EXPECT_EQ(n.load(), 10);
+  EXPECT_GE(available_cores(), 1u);
+}
+
+TEST(Registry, ShardsArePaddedAndAligned) {
+  Registry r(2);
+  r.add("w1", "m", ZD_DTYPE_F32, {3, 5}, {});
+  r.add("w2", "m", ZD_DTYPE_F32, {3, 5}, {});
+  r.add("h", "n", ZD_DTYPE_BF16, {7}, {});
+  r.lay_out();
+  const ParamRecord& w1 = r.param(0);
+  EXPECT_EQ(w1.shard_numel, 8u);  // 15 elements over 2 ranks
+  EXPECT_EQ(w1.shard_real(0), 8u);
+  EXPECT_EQ(w1.shard_real(1), 7u);  // one element of padding
+  EXPECT_EQ(w1.flat_offset, 0u);
+  EXPECT_EQ(r.param(1).flat_offset, Registry::kAlignElems);
+  ASSERT_EQ(r.groups().size(), 2u);
+  EXPECT_EQ(r.groups()[0].dtype, ZD_DTYPE_F32);
+  EXPECT_EQ(r.groups()[1].dtype, ZD_DTYPE_BF16);
+  EXPECT_EQ(r.param(2).group, 1);
+  EXPECT_EQ(r.module(0).params.size(), 2u);
+  EXPECT_EQ(r.find_module("n"), 1);
+  EXPECT_EQ(r.total_numel(), 37u);
+  EXPECT_THROW(r.param(3), Error);
+}
