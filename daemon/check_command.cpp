@@ -75,22 +75,26 @@ int check_command(int argc, char** argv) {
                 where.c_str());
   }
 
-  const OptimizerPlugin& plugin = job->optimizer_plugin();
-  const zd_plugin_header& h = plugin.descriptor().header;
-  std::printf("\noptimizer plugin:\n  %s %u.%u (plugin ABI %u) from %s\n  %s\n", h.name,
-              h.plugin_version >> 16, h.plugin_version & 0xffffu, h.abi_version,
-              plugin.path().c_str(), h.description ? h.description : "");
+  std::printf("\nplugins:\n");
+  for (const Plugin* p : {&job->optimizer_plugin(), &job->partitioner_plugin(), &job->comm_plugin()}) {
+    const zd_plugin_header& h = p->header();
+    std::printf("  %-11s %s %u.%u (plugin ABI %u) from %s\n              %s\n", plugin_kind_name(h.kind),
+                h.name, h.plugin_version >> 16, h.plugin_version & 0xffffu, h.abi_version,
+                p->path().c_str(), h.description ? h.description : "");
+  }
+  const Plugin& plugin = job->optimizer_plugin();
+  const auto& opt = plugin.descriptor<zd_optimizer_v1>();
   static const struct {
     zd_isa isa;
     const char* name;
   } isas[] = {{ZD_ISA_AVX512, "avx512"}, {ZD_ISA_AVX2, "avx2"}, {ZD_ISA_SCALAR, "scalar"}};
   for (const auto& i : isas) {
-    if (plugin.descriptor().supports_isa(i.isa)) {
-      std::printf("  CPU kernel: %s\n", i.name);
+    if (opt.supports_isa(i.isa)) {
+      std::printf("  optimizer CPU kernel: %s\n", i.name);
       break;
     }
   }
-  std::printf("  CUDA kernel: %s\n", plugin.descriptor().update_cuda ? "built" : "not built");
+  std::printf("  optimizer CUDA kernel: %s\n", opt.update_cuda ? "built" : "not built");
 
   if (lr_steps > 0) {
     std::printf("\nlearning rate (step: lr):\n");

@@ -5,5 +5,11 @@ namespace zerod::cli {
 
 // zerod check <job.lua> [--allow-io] [--lr-steps N]
 int check_command(int argc, char** argv);
+// zerod run --nproc N --job job.lua [--socket PATH] [--no-prefix] -- <trainer…>
+int run_command(int argc, char** argv);
+// zerod serve --nproc N --job job.lua --socket PATH
+int serve_command(int argc, char** argv);
+// zerod status [--socket PATH]
+int status_command(int argc, char** argv);
 
 }  // namespace zerod::cli

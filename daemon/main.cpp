@@ -1,5 +1,5 @@
-// The zerod executable. Today it checks job scripts; the daemon, launcher
-// and status commands come with the daemon (see the README's status table).
+// The zerod executable: the node daemon, its launcher and supervisor, and
+// the tools around it.
 #include "commands.h"
 
 #include <zerod/zerod.h>
@@ -14,9 +14,12 @@ void usage(FILE* out) {
   std::fprintf(out,
                "usage: zerod <command> [args]\n"
                "commands:\n"
-               "  check <job.lua>   check a job script and print every resolved setting\n"
-               "  version           print the version and ABI version\n"
-               "not built yet: run, serve, status (the node daemon)\n");
+               "  run --nproc N --job job.lua -- <trainer...>   start the daemon and N ranks\n"
+               "  serve --nproc N --job job.lua --socket PATH   the daemon alone\n"
+               "  status [--socket PATH]                        what a running daemon holds\n"
+               "  check <job.lua>                               check a job script\n"
+               "  version                                       the version and ABI version\n"
+               "each command takes --help\n");
 }
 
 }  // namespace
@@ -37,11 +40,9 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  if (cmd == "run" || cmd == "serve" || cmd == "status") {
-    std::fprintf(stderr, "zerod %s: the node daemon is not built yet; trainers run in embedded "
-                         "mode (zd_connect(\"embedded:\"))\n", cmd.c_str());
-    return 2;
-  }
+  if (cmd == "run") return zerod::cli::run_command(argc - 2, argv + 2);
+  if (cmd == "serve") return zerod::cli::serve_command(argc - 2, argv + 2);
+  if (cmd == "status") return zerod::cli::status_command(argc - 2, argv + 2);
   std::fprintf(stderr, "zerod: unknown command '%s'\n", cmd.c_str());
   usage(stderr);
   return 2;

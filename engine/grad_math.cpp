@@ -6,6 +6,18 @@
 
 namespace zerod {
 
+namespace {
+
+inline void store_float(void* p, zd_dtype dt, uint64_t i, float v) {
+  switch (dt) {
+    case ZD_DTYPE_F32: static_cast<float*>(p)[i] = v; break;
+    case ZD_DTYPE_BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    default: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
+  }
+}
+
+}  // namespace
+
 void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
   if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
     const float* s = static_cast<const float*>(src);
@@ -13,14 +25,29 @@ void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, ui
     for (uint64_t i = 0; i < n; ++i) d[i] += s[i];
     return;
   }
-  for (uint64_t i = 0; i < n; ++i) {
-    const float v = load_as_float(dst, dst_dt, i) + load_as_float(src, src_dt, i);
-    switch (dst_dt) {
-      case ZD_DTYPE_F32: static_cast<float*>(dst)[i] = v; break;
-      case ZD_DTYPE_BF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(v); break;
-      default: static_cast<uint16_t*>(dst)[i] = float_to_f16(v); break;
-    }
+  for (uint64_t i = 0; i < n; ++i)
+    store_float(dst, dst_dt, i, load_as_float(dst, dst_dt, i) + load_as_float(src, src_dt, i));
+}
+
+void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                       float factor) {
+  if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
+    const float* s = static_cast<const float*>(src);
+    float* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += factor * s[i];
+    return;
   }
+  for (uint64_t i = 0; i < n; ++i)
+    store_float(dst, dst_dt, i, load_as_float(dst, dst_dt, i) + factor * load_as_float(src, src_dt, i));
+}
+
+void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor) {
+  if (dt == ZD_DTYPE_F32) {
+    float* d = static_cast<float*>(p);
+    for (uint64_t i = 0; i < n; ++i) d[i] *= factor;
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) store_float(p, dt, i, factor * load_as_float(p, dt, i));
 }
 
 GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n) {

@@ -12,6 +12,11 @@ namespace zerod {
 // dst[i] += src[i] for n elements; any pair of dtypes. 16-bit results are
 // rounded to nearest even.
 void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
+// dst[i] += factor * src[i].
+void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                       float factor);
+// p[i] *= factor.
+void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor);
 
 struct GradStats {
   double sumsq = 0.0;

@@ -25,6 +25,12 @@ struct JobConfig {
   double gradient_clipping = 0.0;       // max global L2 norm; 0 = off
   LossScaleConfig loss_scale;           // enabled when precision is fp16
   int zero_stage = 0;
+  std::string partitioner = "stage0";   // plugin name (zero.partitioner, else "stage<N>")
+  std::vector<double> partitioner_values;
+  std::string comm = "local";           // comm plugin name (comm.backend)
+  std::vector<double> comm_values;
+  double comm_timeout_s = 300;          // a collective waiting longer fails, naming who is where; 0 = never
+  bool keep_state_on_disconnect = false;  // daemon: keep a model whose ranks all left, for a restart
   uint32_t threads = 0;                 // CPU threads for the optimizer; 0 = all available
   uint64_t device_budget = MemoryLedger::kNoBudget;  // bytes per rank
   std::vector<std::string> plugin_path; // absolute directories

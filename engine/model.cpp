@@ -1,4 +1,7 @@
-#include "model.h"
+// Model: construction, registration, finalize, whole-parameter access,
+// failure handling and introspection. The per-step calls are in
+// model_calls.cpp, the step in model_step.cpp.
+#include "model_state.h"
 
 #include "dtype.h"
 #include "error.h"
@@ -12,45 +15,56 @@
 
 namespace zerod {
 
-namespace {
+Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module) : m_(m), rank_(rank) {
+  m.rank_state(rank);  // checks the rank
+  std::string mod;
+  if (module >= 0 && static_cast<size_t>(module) < m.registry_.modules().size())
+    mod = m.registry_.module(module).name;
+  m.require_healthy();  // a refused call is not recorded as the rank being in it
+  m.activity_.enter(rank, name, mod);
+}
 
-// Elements per optimizer task: small enough that the four arrays of a tile
-// stay in L2 while the gradient is zeroed right after its update.
-constexpr uint64_t kTile = uint64_t{1} << 15;
+Model::Call::~Call() {
+  const RankState& rs = *m_.ranks_[static_cast<size_t>(rank_)];
+  m_.activity_.leave(rank_, rs.applied, rs.micro_step);
+}
 
-const char* stage_error =
-    "ZeRO stages 1-3 are not built yet (the daemon and ZeRO issue); use zero = { stage = 0 }";
-
-}  // namespace
-
-Model::Model(JobConfig config, std::unique_ptr<OptimizerInstance> optimizer, JobPolicy* policy,
-             int world_size)
+Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size)
     : config_(std::move(config)),
-      optimizer_(std::move(optimizer)),
+      plugins_(std::move(plugins)),
       policy_(policy),
       world_size_(world_size),
-      registry_(1),
-      scaler_(config_.loss_scale),
+      partitions_(0),
+      registry_(world_size),
+      activity_(world_size < 1 ? 1 : world_size),
       pool_(config_.threads) {
-  if (!optimizer_) fail(ZD_ERR_INTERNAL, "a model needs an optimizer");
+  if (!plugins_.optimizer || !plugins_.partitioner || !plugins_.comm)
+    fail(ZD_ERR_INTERNAL, "a model needs an optimizer, a partitioner and a comm plugin");
   if (world_size_ < 1) fail(ZD_ERR_INVALID_ARGUMENT, "world size must be at least 1");
-  if (config_.zero_stage != 0) fail(ZD_ERR_NOT_IMPLEMENTED, stage_error);
-  if (world_size_ != 1)
-    fail(ZD_ERR_NOT_IMPLEMENTED, "more than one rank needs the daemon, which is not built yet");
   if (config_.gradient_accumulation_steps < 1)
     fail(ZD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps must be at least 1");
-  const int lr_at = optimizer_->plugin().value_index("lr");
-  base_lr_ = lr_at >= 0 ? optimizer_->values().at(static_cast<size_t>(lr_at)) : 0.0;
+  partitions_ = plugins_.partitioner->partitions();
+  // Stage 3 without stage 2 and 1 would gather into a state nobody reduces.
+  if ((partitioned(ZD_PARTITION_PARAMS) && !partitioned(ZD_PARTITION_GRADS)) ||
+      (partitioned(ZD_PARTITION_GRADS) && !partitioned(ZD_PARTITION_OPTIMIZER)))
+    fail(ZD_ERR_CONFIG, "partitioner '" + plugins_.partitioner->plugin().name() +
+                            "' partitions parameters or gradients without what comes before "
+                            "them (optimizer state, then gradients); zerod cannot run that");
+  base_lr_ = plugins_.optimizer->value("lr", 0.0);
   for (int r = 0; r < world_size_; ++r) {
     auto rs = std::make_unique<RankState>();
     rs->ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
     rs->pool = std::make_unique<DevicePool>(rs->ledger, uint64_t{64} << 20,
                                             "zerod-rank" + std::to_string(r));
+    rs->stream = std::make_unique<CommStream>(world_size_ > 1);
+    rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
 }
 
 Model::~Model() {
+  // Streams first: a task still running may touch the buffers.
+  for (auto& rs : ranks_) rs->stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
 }
 
@@ -67,11 +81,24 @@ const Model::RankState& Model::rank_state(int rank) const {
 
 const MemoryLedger& Model::ledger(int rank) const { return rank_state(rank).ledger; }
 const DevicePool& Model::device_pool(int rank) const { return *rank_state(rank).pool; }
+StepFigures Model::last_step(int rank) const { return rank_state(rank).last; }
+double Model::loss_scale(int rank) const { return rank_state(rank).scaler.scale(); }
 
 void Model::require_finalized(const char* call) const {
-  if (!finalized_)
+  if (!finalized_.load())
     fail(ZD_ERR_INVALID_STATE, std::string(call) + " before zd_model_finalize: register the "
                                                    "parameters, then finalize the model first");
+}
+
+void Model::require_healthy() const {
+  if (!is_broken_.load()) return;
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  fail(broken_code_, broken_);
+}
+
+std::string Model::broken_reason() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  return broken_;
 }
 
 std::string Model::module_label(zd_module_id m) const {
@@ -82,13 +109,103 @@ zd_dtype Model::grad_dtype(const ParamGroup& g) const {
   return config_.grad_accum_dtype ? config_.grad_accum_dtype : g.dtype;
 }
 
-// ---------------------------------------------------------------------------
-// Registration and placement
+uint64_t Model::owned_begin(const ParamGroup& g, int rank) const {
+  return registry_.partitioning() == Partitioning::Group ? static_cast<uint64_t>(rank) * g.stride : 0;
+}
 
-zd_param_id Model::register_param(const std::string& name, const std::string& module,
+uint64_t Model::owned_count(const ParamGroup& g) const {
+  switch (registry_.partitioning()) {
+    case Partitioning::Replicated: return g.full_numel;
+    case Partitioning::Group: return g.stride;
+    default: return g.flat_numel;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Failures
+
+void Model::broken_by(const Error& e) {
+  std::string message;
+  zd_status code;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (broken_.empty()) {
+      broken_code_ = e.code();
+      broken_ = std::string(e.what()) + "\nwhere each rank was:\n" + activity_.describe() +
+                "\nthe job cannot continue";
+      log_message(ZD_LOG_ERROR, broken_);
+    }
+    message = broken_;
+    code = broken_code_;
+    is_broken_.store(true);
+  }
+  fail(code, message);
+}
+
+void Model::rank_lost(int rank, const std::string& reason) {
+  if (rank < 0 || rank >= world_size_) return;
+  activity_.mark_lost(rank, reason);
+  const std::string message = "rank " + std::to_string(rank) + " was lost: " + reason;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (broken_.empty()) {
+      broken_code_ = ZD_ERR_PEER_LOST;
+      broken_ = message + "\nwhere each rank was:\n" + activity_.describe() +
+                "\nthe job cannot continue";
+      log_message(ZD_LOG_ERROR, broken_);
+    }
+    is_broken_.store(true);
+  }
+  // Wakes every rank waiting for the lost one in a collective.
+  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
+}
+
+void Model::rank_left(int rank, const std::string& reason) {
+  if (rank < 0 || rank >= world_size_) return;
+  activity_.mark_lost(rank, reason);
+  plugins_.comm->abort(ZD_ERR_PEER_LOST, "rank " + std::to_string(rank) + " left the job: " + reason);
+}
+
+zd_comm_call Model::comm_call(int rank, uint64_t tag, const std::string& what) const {
+  zd_comm_call c{};
+  c.struct_size = sizeof c;
+  c.rank = rank;
+  c.tag = tag;
+  const double t = config_.comm_timeout_s;
+  c.timeout_ms = t > 0 ? static_cast<uint32_t>(std::min(t * 1000.0, 4.0e9)) : 0;
+  c.what = what.c_str();  // the caller keeps the string alive for the call
+  return c;
+}
+
+CommStream::Ticket Model::issue(RankState& rs, std::function<void()> fn) {
+  return rs.stream->enqueue(std::move(fn));
+}
+
+void Model::wait(const CommStream::Ticket& t) {
+  try {
+    t.wait();
+  } catch (const Error& e) {
+    broken_by(e);
+  }
+}
+
+void Model::drain(RankState& rs) {
+  try {
+    rs.stream->drain();
+  } catch (const Error& e) {
+    broken_by(e);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Registration
+
+zd_param_id Model::register_param(int rank, const std::string& name, const std::string& module,
                                   zd_dtype dtype, std::vector<int64_t> shape, const void* init,
                                   zd_dtype init_dtype) {
-  if (finalized_)
+  Call call(*this, rank, "register_param");
+  RankState& rs = rank_state(rank);
+  if (rs.finalized || finalized_.load())
     fail(ZD_ERR_INVALID_STATE, "parameter '" + name + "' registered after zd_model_finalize; "
                                "register every parameter before finalizing");
   if (!dtype_valid(dtype))
@@ -103,21 +220,93 @@ zd_param_id Model::register_param(const std::string& name, const std::string& mo
   if (init && !dtype_valid(init_dtype))
     fail(ZD_ERR_INVALID_ARGUMENT, "parameter '" + name + "' has an invalid init_dtype (" +
                                       std::to_string(init_dtype) + ")");
-  int64_t numel = 1;
-  for (int64_t e : shape) numel *= (e > 0 ? e : 1);
-  std::vector<float> staged;
-  // Shape errors are reported by the registry before the copy is made.
-  const zd_param_id id = registry_.add(name, module, dtype, std::move(shape), {});
-  if (init) {
-    staged.resize(static_cast<size_t>(numel));
-    convert(init, init_dtype, staged.data(), ZD_DTYPE_F32, staged.size());
-    registry_.params()[static_cast<size_t>(id)].staged_init = std::move(staged);
+
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  const auto index = static_cast<size_t>(rs.registered);
+  zd_param_id id;
+  if (index < registry_.params().size()) {
+    // Another rank registered this one first: it must be the same parameter.
+    const ParamRecord& p = registry_.params()[index];
+    const std::string& pm = registry_.module(p.module).name;
+    if (p.name != name || pm != module || p.dtype != dtype || p.shape != shape) {
+      auto describe = [](const std::string& n, const std::string& m, zd_dtype dt,
+                         const std::vector<int64_t>& s) {
+        std::string t = "'" + n + "' (module '" + m + "', " + dtype_name(dt) + ", [";
+        for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+        return t + "])";
+      };
+      fail(ZD_ERR_INVALID_ARGUMENT,
+           "rank " + std::to_string(rank) + " registered parameter #" + std::to_string(index) +
+               " as " + describe(name, module, dtype, shape) + ", but another rank registered " +
+               describe(p.name, pm, p.dtype, p.shape) +
+               "; every rank must register the same parameters in the same order");
+    }
+    id = static_cast<zd_param_id>(index);
+  } else {
+    id = registry_.add(name, module, dtype, std::move(shape), {});
   }
+  if (init && rank == 0) {
+    ParamRecord& p = registry_.params()[static_cast<size_t>(id)];
+    p.staged_init.resize(static_cast<size_t>(p.numel));
+    convert(init, init_dtype, p.staged_init.data(), ZD_DTYPE_F32, p.staged_init.size());
+  }
+  ++rs.registered;
   return id;
 }
 
-void Model::check_budget_table(
-    const std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>>& need) const {
+void Model::check_registrations() {
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  const size_t n = registry_.params().size();
+  for (int r = 0; r < world_size_; ++r) {
+    const auto got = static_cast<size_t>(ranks_[static_cast<size_t>(r)]->registered);
+    if (got != n)
+      fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(r) + " registered " + std::to_string(got) +
+                                     " parameters but another rank registered " +
+                                     std::to_string(n) +
+                                     "; every rank must register the same parameters");
+  }
+  if (n == 0) fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
+}
+
+void Model::lay_out_once() {
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  if (laid_out_) return;
+  LayoutPolicy policy;
+  policy.partitioning = partitioned(ZD_PARTITION_PARAMS)      ? Partitioning::Param
+                        : partitioned(ZD_PARTITION_OPTIMIZER) ? Partitioning::Group
+                                                              : Partitioning::Replicated;
+  const PartitionerInstance* part = plugins_.partitioner.get();
+  policy.stride = [part](uint64_t numel, uint64_t align) { return part->shard_stride(numel, align); };
+  policy.persistence_threshold = part->persistence_threshold();
+  registry_.lay_out(policy);
+  laid_out_ = true;
+}
+
+void Model::check_budget_table() const {
+  // What each tier must hold on one rank, checked against the budgets
+  // before anything is allocated, so a model that does not fit is refused
+  // with the table.
+  std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>> need(ZD_TIER_COUNT);
+  const uint32_t slots = plugins_.optimizer->state_slots();
+  auto& dev = need[ZD_TIER_DEVICE];
+  auto round = [](uint64_t b) { return (b + DevicePool::kAlign - 1) / DevicePool::kAlign * DevicePool::kAlign; };
+  for (const ParamGroup& g : registry_.groups()) {
+    const size_t w = dtype_size(g.dtype);
+    const size_t gw = dtype_size(grad_dtype(g));
+    const bool p3 = partitioned(ZD_PARTITION_PARAMS);
+    dev[ZD_MEM_PARAMS] += round((p3 ? g.flat_numel : g.full_numel) * w);
+    dev[ZD_MEM_GRADS] += round((p3                                 ? g.flat_numel
+                                : partitioned(ZD_PARTITION_GRADS) ? g.stride
+                                                                   : g.full_numel) *
+                               gw);
+    dev[ZD_MEM_MASTER] += round(owned_count(g) * 4);
+    dev[ZD_MEM_OPTIMIZER] += round(owned_count(g) * 4) * slots;
+  }
+  if (partitioned(ZD_PARTITION_PARAMS))
+    for (const ParamRecord& p : registry_.params())
+      if (p.persistent)
+        dev[ZD_MEM_PARAMS] += round(p.stride * static_cast<uint64_t>(world_size_) * dtype_size(p.dtype));
+
   bool over = false;
   std::ostringstream table;
   table << "  tier     params      grads       master      optimizer   total       budget\n";
@@ -130,10 +319,10 @@ void Model::check_budget_table(
     over = over || tier_over;
     char line[256];
     auto f = [](uint64_t b) { return format_bytes(b); };
-    std::snprintf(line, sizeof line, "  %-8s %-11s %-11s %-11s %-11s %-11s %-11s%s\n",
-                  tier_name(t), f(need[t][ZD_MEM_PARAMS]).c_str(), f(need[t][ZD_MEM_GRADS]).c_str(),
-                  f(need[t][ZD_MEM_MASTER]).c_str(), f(need[t][ZD_MEM_OPTIMIZER]).c_str(),
-                  f(total).c_str(),
+    const auto& n = need[static_cast<size_t>(t)];
+    std::snprintf(line, sizeof line, "  %-8s %-11s %-11s %-11s %-11s %-11s %-11s%s\n", tier_name(t),
+                  f(n[ZD_MEM_PARAMS]).c_str(), f(n[ZD_MEM_GRADS]).c_str(),
+                  f(n[ZD_MEM_MASTER]).c_str(), f(n[ZD_MEM_OPTIMIZER]).c_str(), f(total).c_str(),
                   budget == MemoryLedger::kNoBudget ? "none" : f(budget).c_str(),
                   tier_over ? "  <- over budget" : "");
     table << line;
@@ -144,75 +333,108 @@ void Model::check_budget_table(
                             " or move state to another tier");
 }
 
-void Model::finalize() {
-  if (finalized_)
+void Model::finalize(int rank) {
+  Call call(*this, rank, "finalize");
+  RankState& rs = rank_state(rank);
+  if (rs.finalized)
     fail(ZD_ERR_INVALID_STATE, "zd_model_finalize called twice; the model is already finalized");
-  if (registry_.params().empty())
-    fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
-  registry_.lay_out();
-
-  // What each tier must hold, checked against the budgets before anything
-  // is allocated, so a model that does not fit is refused with the table.
-  std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>> need(ZD_TIER_COUNT);
-  const uint32_t slots = optimizer_->state_slots();
-  for (const ParamGroup& g : registry_.groups()) {
-    auto& dev = need[ZD_TIER_DEVICE];
-    dev[ZD_MEM_PARAMS] += g.full_numel * dtype_size(g.dtype);
-    dev[ZD_MEM_GRADS] += g.full_numel * dtype_size(grad_dtype(g));
-    dev[ZD_MEM_MASTER] += g.flat_numel * 4;
-    dev[ZD_MEM_OPTIMIZER] += g.flat_numel * 4 * slots;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (rs.registered == 0)
+      fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
   }
-  check_budget_table(need);
-
-  for (int r = 0; r < world_size_; ++r) {
-    RankState& rs = *ranks_[static_cast<size_t>(r)];
-    try {
-      allocate_rank(rs, r);
-    } catch (...) {
-      for (auto& other : ranks_) release_rank(*other);
-      throw;
-    }
+  // Every rank has registered everything once all are here.
+  const std::string what = "finalize: every rank registered";
+  wait(issue(rs, [&, rank] {
+    plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 0, 1), what));
+  }));
+  check_registrations();
+  lay_out_once();
+  check_budget_table();
+  try {
+    allocate_rank(rs, rank);
+  } catch (...) {
+    release_rank(rs);
+    throw;
   }
-  // The staged initial values are in place now; give their memory back.
-  for (ParamRecord& p : registry_.params()) std::vector<float>().swap(p.staged_init);
-  finalized_ = true;
+  const std::string what2 = "finalize: every rank placed its state";
+  wait(issue(rs, [&, rank] {
+    plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
+  }));
+  if (partitioned(ZD_PARTITION_PARAMS)) gather_persistent(rs, rank);
+  rs.finalized = true;
+  {
+    // The initial values are in place on every rank now.
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (!finalized_.load())
+      for (ParamRecord& p : registry_.params()) std::vector<float>().swap(p.staged_init);
+    finalized_.store(true);
+  }
 }
 
 void Model::allocate_rank(RankState& rs, int rank) {
-  const uint32_t slots = optimizer_->state_slots();
+  const uint32_t slots = plugins_.optimizer->state_slots();
   const auto& groups = registry_.groups();
+  const bool p3 = partitioned(ZD_PARTITION_PARAMS);
   rs.groups.resize(groups.size());
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     GroupBuffers& b = rs.groups[gi];
     const std::string what = std::string("group ") + dtype_name(g.dtype) + " of rank " +
                              std::to_string(rank);
-    b.working = rs.pool->allocate(g.full_numel * dtype_size(g.dtype), ZD_MEM_PARAMS,
-                                  "the working copies of " + what);
-    b.grad = rs.pool->allocate(g.full_numel * dtype_size(grad_dtype(g)), ZD_MEM_GRADS,
+    const uint64_t grad_len = p3 ? g.flat_numel
+                              : partitioned(ZD_PARTITION_GRADS) ? g.stride
+                                                                : g.full_numel;
+    b.working = rs.pool->allocate((p3 ? g.flat_numel : g.full_numel) * dtype_size(g.dtype),
+                                  ZD_MEM_PARAMS, "the working copies of " + what);
+    b.grad = rs.pool->allocate(grad_len * dtype_size(grad_dtype(g)), ZD_MEM_GRADS,
                                "the gradients of " + what);
-    b.master = rs.pool->allocate(g.flat_numel * 4, ZD_MEM_MASTER, "the master copies of " + what);
+    b.master = rs.pool->allocate(owned_count(g) * 4, ZD_MEM_MASTER, "the master copies of " + what);
     for (uint32_t s = 0; s < slots; ++s)
-      b.state[s] = rs.pool->allocate(g.flat_numel * 4, ZD_MEM_OPTIMIZER,
-                                     "optimizer state '" + optimizer_->state_name(s) + "' of " + what);
+      b.state[s] = rs.pool->allocate(owned_count(g) * 4, ZD_MEM_OPTIMIZER,
+                                     "optimizer state '" + plugins_.optimizer->state_name(s) +
+                                         "' of " + what);
   }
+  // Initial values (rank 0's), into this rank's copies.
   for (const ParamRecord& p : registry_.params()) {
     if (p.staged_init.empty()) continue;
+    const ParamGroup& g = groups[static_cast<size_t>(p.group)];
     GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-    const uint64_t start = static_cast<uint64_t>(rank) * p.shard_numel;
-    const uint64_t real = p.shard_real(rank);
-    std::memcpy(b.master.as<float>() + p.flat_offset, p.staged_init.data() + start, real * 4);
     const size_t esz = dtype_size(p.dtype);
+    if (p3) {
+      const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
+      const uint64_t real = p.shard_real(rank);
+      std::memcpy(b.master.as<float>() + p.flat_offset, p.staged_init.data() + start, real * 4);
+      convert(p.staged_init.data() + start, ZD_DTYPE_F32, b.working.ptr + p.flat_offset * esz,
+              p.dtype, real);
+      continue;
+    }
     convert(p.staged_init.data(), ZD_DTYPE_F32, b.working.ptr + p.full_offset * esz, p.dtype,
             static_cast<size_t>(p.numel));
+    // The owned part of the master: the intersection with [begin, begin + count).
+    const uint64_t lo = std::max(p.full_offset, owned_begin(g, rank));
+    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel),
+                                 owned_begin(g, rank) + owned_count(g));
+    if (lo < hi)
+      std::memcpy(b.master.as<float>() + (lo - owned_begin(g, rank)),
+                  p.staged_init.data() + (lo - p.full_offset), (hi - lo) * 4);
   }
-  rs.modules.assign(registry_.modules().size(), ModuleActivity{});
-  rs.grad_views.assign(registry_.params().size(), GradView{});
-  rs.grad_touched.assign(registry_.params().size(), 0);
+  rs.modules.assign(registry_.modules().size(), ModuleState{});
+  rs.params.assign(registry_.params().size(), ParamState{});
+  rs.buckets.assign(groups.size(), {});
+  rs.bucket_elems.assign(groups.size(), 0);
   rs.active_modules = 0;
 }
 
 void Model::release_rank(RankState& rs) {
+  for (ParamState& ps : rs.params) {
+    rs.pool->release(ps.grad_view, ZD_MEM_BUFFERS);
+    rs.pool->release(ps.gathered, ZD_MEM_PARAMS);
+    ps = ParamState{};
+  }
+  for (auto& bucket : rs.buckets)
+    for (PendingGrad& pg : bucket) rs.pool->release(pg.view, ZD_MEM_BUFFERS);
+  rs.buckets.clear();
   for (GroupBuffers& b : rs.groups) {
     rs.pool->release(b.working, ZD_MEM_PARAMS);
     rs.pool->release(b.grad, ZD_MEM_GRADS);
@@ -220,359 +442,150 @@ void Model::release_rank(RankState& rs) {
     for (Block& s : b.state) rs.pool->release(s, ZD_MEM_OPTIMIZER);
   }
   rs.groups.clear();
-  for (GradView& v : rs.grad_views) rs.pool->release(v.block, ZD_MEM_BUFFERS);
-  rs.grad_views.clear();
-}
-
-// ---------------------------------------------------------------------------
-// Call order
-
-void Model::forward_begin(int rank, zd_module_id module) {
-  require_finalized("zd_forward_begin");
-  RankState& rs = rank_state(rank);
-  registry_.module(module);
-  ModuleActivity& a = rs.modules[static_cast<size_t>(module)];
-  if (a.forward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is already in forward: zd_forward_begin called twice "
-                                   "without zd_forward_end");
-  if (a.backward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is in backward: call zd_backward_end before running its "
-                                   "forward again");
-  // Stage 0: the working copies are always resident; nothing to gather.
-  a.forward = true;
-  ++rs.active_modules;
-}
-
-void Model::forward_end(int rank, zd_module_id module) {
-  require_finalized("zd_forward_end");
-  RankState& rs = rank_state(rank);
-  registry_.module(module);
-  ModuleActivity& a = rs.modules[static_cast<size_t>(module)];
-  if (!a.forward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is not in forward: zd_forward_end without zd_forward_begin");
-  a.forward = false;
-  --rs.active_modules;
-}
-
-std::byte* Model::grad_accumulator(RankState& rs, const ParamRecord& p) const {
-  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-  return rs.groups[static_cast<size_t>(p.group)].grad.ptr +
-         p.full_offset * dtype_size(grad_dtype(g));
-}
-
-void Model::backward_begin(int rank, zd_module_id module) {
-  require_finalized("zd_backward_begin");
-  RankState& rs = rank_state(rank);
-  const ModuleRecord& mod = registry_.module(module);
-  ModuleActivity& a = rs.modules[static_cast<size_t>(module)];
-  if (a.backward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is already in backward: zd_backward_begin called twice "
-                                   "without zd_backward_end");
-  if (a.forward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is still in forward: call zd_forward_end before "
-                                   "zd_backward_begin");
-  // The first contribution of a window goes straight into the (zero)
-  // accumulator when it has the parameter's dtype; later ones, and any other
-  // dtype, get a zeroed transient buffer that backward_end adds in.
-  std::vector<Block> taken;
-  try {
-    for (zd_param_id pid : mod.params) {
-      const ParamRecord& p = registry_.param(pid);
-      const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-      GradView& v = rs.grad_views[static_cast<size_t>(pid)];
-      const bool direct = !rs.grad_touched[static_cast<size_t>(pid)] && grad_dtype(g) == p.dtype;
-      if (!direct) {
-        v.block = rs.pool->allocate(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype),
-                                    ZD_MEM_BUFFERS, "the gradient view of parameter '" + p.name + "'");
-        taken.push_back(v.block);
-      }
-    }
-  } catch (...) {
-    for (zd_param_id pid : mod.params) rs.grad_views[static_cast<size_t>(pid)].block = Block{};
-    for (const Block& b : taken) rs.pool->release(b, ZD_MEM_BUFFERS);
-    throw;
-  }
-  for (zd_param_id pid : mod.params) rs.grad_views[static_cast<size_t>(pid)].active = true;
-  a.backward = true;
-  ++rs.active_modules;
-}
-
-void Model::backward_end(int rank, zd_module_id module) {
-  require_finalized("zd_backward_end");
-  RankState& rs = rank_state(rank);
-  const ModuleRecord& mod = registry_.module(module);
-  ModuleActivity& a = rs.modules[static_cast<size_t>(module)];
-  if (!a.backward)
-    fail(ZD_ERR_INVALID_STATE, module_label(module) +
-                                   " is not in backward: zd_backward_end without "
-                                   "zd_backward_begin");
-  for (zd_param_id pid : mod.params) {
-    const ParamRecord& p = registry_.param(pid);
-    const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-    GradView& v = rs.grad_views[static_cast<size_t>(pid)];
-    if (v.block) {
-      accumulate(v.block.ptr, p.dtype, grad_accumulator(rs, p), grad_dtype(g),
-                 static_cast<uint64_t>(p.numel));
-      rs.pool->release(v.block, ZD_MEM_BUFFERS);
-      v.block = Block{};
-    }
-    v.active = false;
-    rs.grad_touched[static_cast<size_t>(pid)] = 1;
-  }
-  a.backward = false;
-  --rs.active_modules;
-}
-
-ViewInfo Model::param_view(int rank, zd_param_id param) const {
-  require_finalized("zd_param_view");
-  const RankState& rs = rank_state(rank);
-  const ParamRecord& p = registry_.param(param);
-  const ModuleActivity& a = rs.modules[static_cast<size_t>(p.module)];
-  if (!a.forward && !a.backward)
-    fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' is not resident: its " +
-                                   module_label(p.module) +
-                                   " is not between a _begin and its _end call");
-  const size_t esz = dtype_size(p.dtype);
-  const Block& w = rs.groups[static_cast<size_t>(p.group)].working;
-  ViewInfo v;
-  v.data = w.ptr + p.full_offset * esz;
-  v.bytes = static_cast<uint64_t>(p.numel) * esz;
-  v.arena = w.arena;
-  v.offset = w.offset + p.full_offset * esz;
-  v.dtype = p.dtype;
-  v.shape = &p.shape;
-  v.read_only = true;
-  return v;
-}
-
-ViewInfo Model::grad_view(int rank, zd_param_id param) const {
-  require_finalized("zd_grad_view");
-  RankState& rs = const_cast<Model*>(this)->rank_state(rank);
-  const ParamRecord& p = registry_.param(param);
-  const GradView& gv = rs.grad_views[static_cast<size_t>(param)];
-  if (!gv.active)
-    fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' has no gradient buffer now: its " +
-                                   module_label(p.module) +
-                                   " is not between zd_backward_begin and zd_backward_end");
-  const size_t esz = dtype_size(p.dtype);
-  ViewInfo v;
-  if (gv.block) {
-    v.data = gv.block.ptr;
-    v.arena = gv.block.arena;
-    v.offset = gv.block.offset;
-  } else {
-    const Block& acc = rs.groups[static_cast<size_t>(p.group)].grad;
-    v.data = grad_accumulator(rs, p);
-    v.arena = acc.arena;
-    v.offset = acc.offset + p.full_offset * esz;
-  }
-  v.bytes = static_cast<uint64_t>(p.numel) * esz;
-  v.dtype = p.dtype;
-  v.shape = &p.shape;
-  v.read_only = false;
-  return v;
-}
-
-// ---------------------------------------------------------------------------
-// The step
-
-double Model::learning_rate(int64_t step) const {
-  if (policy_) {
-    if (auto lr = policy_->lr(step)) {
-      if (!std::isfinite(*lr) || *lr < 0)
-        fail(ZD_ERR_CONFIG, config_.source + ": lr(" + std::to_string(step) + ") returned " +
-                                std::to_string(*lr) + "; a learning rate must be finite and >= 0");
-      return *lr;
-    }
-  }
-  return base_lr_;
-}
-
-void Model::gradient_stats(RankState& rs, double* sumsq, bool* finite) {
-  struct Task {
-    size_t group;
-    uint64_t begin, count;
-  };
-  std::vector<Task> tasks;
-  const auto& groups = registry_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (uint64_t b = 0; b < groups[gi].full_numel; b += kTile)
-      tasks.push_back({gi, b, std::min(kTile, groups[gi].full_numel - b)});
-  std::vector<GradStats> partial(tasks.size());
-  pool_.run(tasks.size(), [&](size_t i) {
-    const Task& t = tasks[i];
-    const zd_dtype dt = grad_dtype(groups[t.group]);
-    partial[i] = grad_stats(rs.groups[t.group].grad.ptr + t.begin * dtype_size(dt), dt, t.count);
-  });
-  // Summed in task order so the norm does not depend on thread timing.
-  double s = 0.0;
-  bool ok = true;
-  for (const GradStats& p : partial) {
-    s += p.sumsq;
-    ok = ok && p.finite;
-  }
-  *sumsq = s;
-  *finite = ok && std::isfinite(s);
-}
-
-void Model::apply_optimizer(RankState& rs, double grad_scale, double lr, int64_t t) {
-  struct Task {
-    size_t group;
-    uint64_t begin, count;
-  };
-  std::vector<Task> tasks;
-  const auto& groups = registry_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (uint64_t b = 0; b < groups[gi].flat_numel; b += kTile)
-      tasks.push_back({gi, b, std::min(kTile, groups[gi].flat_numel - b)});
-  const uint32_t slots = optimizer_->state_slots();
-  pool_.run(tasks.size(), [&](size_t i) {
-    const Task& task = tasks[i];
-    const ParamGroup& g = groups[task.group];
-    GroupBuffers& b = rs.groups[task.group];
-    const zd_dtype gdt = grad_dtype(g);
-    zd_optimizer_update u{};
-    u.struct_size = sizeof u;
-    u.count = task.count;
-    u.master = b.master.as<float>() + task.begin;
-    std::byte* grad = b.grad.ptr + task.begin * dtype_size(gdt);
-    u.grad = grad;
-    u.grad_dtype = gdt;
-    u.work = b.working.ptr + task.begin * dtype_size(g.dtype);
-    u.work_dtype = g.dtype;
-    for (uint32_t s = 0; s < slots; ++s) u.state[s] = b.state[s].as<float>() + task.begin;
-    u.grad_scale = grad_scale;
-    u.lr = lr;
-    u.step = t;
-    optimizer_->update(ZD_ISA_AUTO, u);
-    // Zeroed while the tile is still in cache: the next window starts clean.
-    std::memset(grad, 0, task.count * dtype_size(gdt));
-  });
-}
-
-void Model::zero_gradients(RankState& rs) {
-  const auto& groups = registry_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    std::memset(rs.groups[gi].grad.ptr, 0, rs.groups[gi].grad.bytes);
-}
-
-StepFigures Model::step(int rank) {
-  require_finalized("zd_step");
-  RankState& rs = rank_state(rank);
-  if (rs.active_modules > 0) {
-    for (size_t m = 0; m < rs.modules.size(); ++m) {
-      const ModuleActivity& a = rs.modules[m];
-      if (a.forward || a.backward)
-        fail(ZD_ERR_INVALID_STATE,
-             "zd_step while " + module_label(static_cast<zd_module_id>(m)) + " is still in " +
-                 (a.forward ? "forward: call zd_forward_end" : "backward: call zd_backward_end") +
-                 " first");
-    }
-  }
-  StepFigures f;
-  f.micro_step = micro_step_ + 1;
-  f.step = applied_steps_;
-  f.loss_scale = scaler_.scale();
-  const int64_t gas = config_.gradient_accumulation_steps;
-  if (f.micro_step % gas != 0) {
-    micro_step_ = f.micro_step;
-    return f;
-  }
-
-  // An accumulation boundary. The learning rate is resolved first so a
-  // failing lr() leaves the gradients and counters untouched.
-  f.boundary = true;
-  f.lr = learning_rate(applied_steps_);
-  double sumsq = 0.0;
-  bool finite = true;
-  gradient_stats(rs, &sumsq, &finite);
-  const double scale = scaler_.scale();
-  // Gradients were summed over gas micro-batches at the loss scale.
-  const double denom = scale * static_cast<double>(gas);
-  micro_step_ = f.micro_step;
-  if (!finite) {
-    scaler_.update(true);
-    zero_gradients(rs);
-    f.skipped = true;
-    f.grad_norm = std::nan("");
-    f.loss_scale = scaler_.scale();
-    if (!scaler_.dynamic())
-      log_warn("step " + std::to_string(applied_steps_ + 1) +
-               " skipped: the gradients hold inf or NaN");
-  } else {
-    const double norm = std::sqrt(sumsq) / denom;
-    double clip = 1.0;
-    if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
-      clip = config_.gradient_clipping / (norm + 1e-6);
-    apply_optimizer(rs, clip / denom, f.lr, applied_steps_ + 1);
-    scaler_.update(false);
-    ++applied_steps_;
-    f.applied = true;
-    f.grad_norm = norm;
-    f.loss_scale = scaler_.scale();
-  }
-  std::fill(rs.grad_touched.begin(), rs.grad_touched.end(), 0);
-  f.step = applied_steps_;
-  return f;
 }
 
 // ---------------------------------------------------------------------------
 // Whole parameters
 
-void Model::read_param(zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) const {
-  require_finalized("zd_param_read");
-  const ParamRecord& p = registry_.param(param);
+void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, const void* ptr,
+                       uint64_t bytes) {
   if (!dtype_valid(dtype))
-    fail(ZD_ERR_INVALID_ARGUMENT, "zd_param_read of '" + p.name + "': invalid dtype " +
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + " of '" + p.name + "': invalid dtype " +
                                       std::to_string(dtype));
   const uint64_t want = static_cast<uint64_t>(p.numel) * dtype_size(dtype);
   if (bytes != want)
-    fail(ZD_ERR_SHAPE_MISMATCH, "zd_param_read of '" + p.name + "': it has " +
+    fail(ZD_ERR_SHAPE_MISMATCH, std::string(call) + " of '" + p.name + "': it has " +
                                     std::to_string(p.numel) + " elements (" + std::to_string(want) +
                                     " bytes as " + dtype_name(dtype) + "), the buffer has " +
                                     std::to_string(bytes) + " bytes");
-  if (!dst) fail(ZD_ERR_INVALID_ARGUMENT, "zd_param_read of '" + p.name + "': dst is NULL");
-  const RankState& rs = *ranks_[0];
-  const float* master = rs.groups[static_cast<size_t>(p.group)].master.as<float>() + p.flat_offset;
-  convert(master, ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(p.numel));
+  if (!ptr) fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + " of '" + p.name + "': the buffer is NULL");
 }
 
-void Model::write_param(zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes) {
-  require_finalized("zd_param_write");
+void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {
+  Call call(*this, rank, "param_read");
+  require_finalized("zd_param_read");
+  RankState& rs = rank_state(rank);
   const ParamRecord& p = registry_.param(param);
-  if (!dtype_valid(dtype))
-    fail(ZD_ERR_INVALID_ARGUMENT, "zd_param_write of '" + p.name + "': invalid dtype " +
-                                      std::to_string(dtype));
-  const uint64_t want = static_cast<uint64_t>(p.numel) * dtype_size(dtype);
-  if (bytes != want)
-    fail(ZD_ERR_SHAPE_MISMATCH, "zd_param_write of '" + p.name + "': it has " +
-                                    std::to_string(p.numel) + " elements (" + std::to_string(want) +
-                                    " bytes as " + dtype_name(dtype) + "), the buffer has " +
-                                    std::to_string(bytes) + " bytes");
-  if (!src) fail(ZD_ERR_INVALID_ARGUMENT, "zd_param_write of '" + p.name + "': src is NULL");
-  for (const auto& rs : ranks_) {
-    if (rs->active_modules > 0)
-      fail(ZD_ERR_INVALID_STATE, "zd_param_write of '" + p.name +
-                                     "' while modules are begun; write between steps");
+  check_whole_param("zd_param_read", p, dtype, dst, bytes);
+  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
+  const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
+  const auto numel = static_cast<uint64_t>(p.numel);
+  std::vector<float> full;
+  if (partitioned(ZD_PARTITION_PARAMS)) {
+    // Everyone's master shard of this parameter.
+    full.resize(p.stride * static_cast<uint64_t>(world_size_));
+    const std::string what = "param_read('" + p.name + "'): all-gather";
+    wait(issue(rs, [&, rank] {
+      plugins_.comm->all_gather(comm_call(rank, comm_tag(CommOp::Read, 0, static_cast<uint64_t>(param)), what),
+                                b.master.as<float>() + p.flat_offset, full.data(), p.stride,
+                                ZD_COMM_F32);
+    }));
+  } else if (partitioned(ZD_PARTITION_OPTIMIZER) && world_size_ > 1) {
+    // The parameter may straddle ranks: each owner broadcasts its part.
+    full.resize(numel);
+    for (int k = 0; k < world_size_; ++k) {
+      const uint64_t lo = std::max(p.full_offset, owned_begin(g, k));
+      const uint64_t hi = std::min(p.full_offset + numel, owned_begin(g, k) + g.stride);
+      if (lo >= hi) continue;
+      if (k == rank)
+        std::memcpy(full.data() + (lo - p.full_offset), b.master.as<float>() + (lo - owned_begin(g, k)),
+                    (hi - lo) * 4);
+      const std::string what = "param_read('" + p.name + "'): broadcast from rank " + std::to_string(k);
+      wait(issue(rs, [&, rank, k, lo, hi] {
+        plugins_.comm->broadcast(
+            comm_call(rank, comm_tag(CommOp::Read, static_cast<uint64_t>(k), static_cast<uint64_t>(param)), what),
+            full.data() + (lo - p.full_offset), hi - lo, ZD_COMM_F32, k);
+      }));
+    }
+  } else {
+    const float* master = b.master.as<float>() + (p.full_offset - owned_begin(g, rank));
+    convert(master, ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(numel));
+    return;
   }
-  for (int r = 0; r < world_size_; ++r) {
-    RankState& rs = *ranks_[static_cast<size_t>(r)];
-    GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-    const uint64_t start = static_cast<uint64_t>(r) * p.shard_numel;
-    const uint64_t real = p.shard_real(r);
-    const size_t in_sz = dtype_size(dtype);
-    convert(static_cast<const std::byte*>(src) + start * in_sz, dtype,
-            b.master.as<float>() + p.flat_offset, ZD_DTYPE_F32, real);
-    // The working copy is derived from the master so both agree exactly.
-    const size_t esz = dtype_size(p.dtype);
-    convert(b.master.as<float>() + p.flat_offset, ZD_DTYPE_F32, b.working.ptr + p.full_offset * esz,
-            p.dtype, real);
+  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(numel));
+}
+
+void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes) {
+  Call call(*this, rank, "param_write");
+  require_finalized("zd_param_write");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_whole_param("zd_param_write", p, dtype, src, bytes);
+  if (rs.active_modules > 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_param_write of '" + p.name +
+                                   "' while modules are begun; write between steps");
+  // The value as fp32, once; the working copies derive from it so they
+  // agree with the master exactly.
+  const auto numel = static_cast<uint64_t>(p.numel);
+  std::vector<float> v(numel);
+  convert(src, dtype, v.data(), ZD_DTYPE_F32, numel);
+  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
+  GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
+  const size_t esz = dtype_size(p.dtype);
+  if (partitioned(ZD_PARTITION_PARAMS)) {
+    const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
+    const uint64_t real = p.shard_real(rank);
+    std::memcpy(b.master.as<float>() + p.flat_offset, v.data() + start, real * 4);
+    convert(v.data() + start, ZD_DTYPE_F32, b.working.ptr + p.flat_offset * esz, p.dtype, real);
+    const ParamState& ps = rs.params[static_cast<size_t>(param)];
+    if (ps.gathered) convert(v.data(), ZD_DTYPE_F32, ps.gathered.ptr, p.dtype, numel);
+    return;
   }
+  convert(v.data(), ZD_DTYPE_F32, b.working.ptr + p.full_offset * esz, p.dtype, numel);
+  const uint64_t ob = owned_begin(g, rank);
+  const uint64_t lo = std::max(p.full_offset, ob);
+  const uint64_t hi = std::min(p.full_offset + numel, ob + owned_count(g));
+  if (lo < hi)
+    std::memcpy(b.master.as<float>() + (lo - ob), v.data() + (lo - p.full_offset), (hi - lo) * 4);
+}
+
+// ---------------------------------------------------------------------------
+// Introspection for tests
+
+std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer which) const {
+  require_finalized("shard_values");
+  const RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
+  const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
+  const bool p3 = partitioned(ZD_PARTITION_PARAMS);
+  // Stage 3: the shard with its padding; below: the owned part of the parameter.
+  uint64_t first = 0, count = 0, ob = owned_begin(g, rank);
+  if (p3) {
+    first = p.flat_offset;
+    count = p.stride;
+  } else {
+    const uint64_t lo = std::max(p.full_offset, ob);
+    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel), ob + owned_count(g));
+    first = lo - ob;
+    count = hi > lo ? hi - lo : 0;
+  }
+  std::vector<float> out(count);
+  switch (which) {
+    case ShardBuffer::Master:
+      std::memcpy(out.data(), b.master.as<float>() + first, count * 4);
+      break;
+    case ShardBuffer::Gradient: {
+      const zd_dtype gd = grad_dtype(g);
+      const uint64_t at = p3 || partitioned(ZD_PARTITION_GRADS) ? first : first + ob;
+      convert(b.grad.ptr + at * dtype_size(gd), gd, out.data(), ZD_DTYPE_F32, count);
+      break;
+    }
+    case ShardBuffer::WorkingShard: {
+      const uint64_t at = p3 ? first : first + ob;
+      convert(b.working.ptr + at * dtype_size(p.dtype), p.dtype, out.data(), ZD_DTYPE_F32, count);
+      break;
+    }
+  }
+  return out;
+}
+
+void Model::sync(int rank) { drain(rank_state(rank)); }
+
+bool Model::resident(int rank, zd_param_id param) const {
+  const RankState& rs = rank_state(rank);
+  if (!partitioned(ZD_PARTITION_PARAMS)) return true;
+  return static_cast<bool>(rs.params.at(static_cast<size_t>(param)).gathered);
 }
 
 }  // namespace zerod

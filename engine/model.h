@@ -1,13 +1,23 @@
-// The engine's model: a job's parameters, their state in memory tiers, the
-// call-order rules of a training step, and the step itself.
+// The engine's model: a job's parameters, their state on every rank, the
+// call-order rules of a training step, ZeRO partitioning, and the step.
 //
-// Calls name the rank they come from, so one Model can serve every rank a
-// daemon hosts; embedded mode is one rank. Every public call either completes
-// or throws zerod::Error leaving the model as it was (nothing half-done), so
-// a trainer that gets an error can carry on.
+// Every call names the rank it comes from; one Model serves all the ranks a
+// daemon hosts (each rank's calls arrive on a thread of its own), and
+// embedded mode is a job of one rank. Collectives go through the comm
+// plugin; what is split across ranks and how comes from the partitioner
+// plugin (the ZeRO stage).
+//
+// A call either completes or throws zerod::Error. A call made out of order
+// changes nothing and the model stays usable. A failed collective (a rank
+// timed out, ranks disagree, a rank was lost) breaks the job: every later
+// call on every rank fails with the same message, which says which rank was
+// where.
 #pragma once
 
+#include "activity.h"
 #include "arena.h"
+#include "comm_stream.h"
+#include "error.h"
 #include "job_config.h"
 #include "ledger.h"
 #include "loss_scaler.h"
@@ -18,7 +28,10 @@
 #include <zerod/zerod.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace zerod {
@@ -44,98 +57,172 @@ struct StepFigures {
   double grad_norm = 0.0;
 };
 
+// The plugins a model runs with, configured for its world size.
+struct ModelPlugins {
+  std::unique_ptr<OptimizerInstance> optimizer;
+  std::unique_ptr<PartitionerInstance> partitioner;
+  std::unique_ptr<CommInstance> comm;
+};
+
+// Checks a whole-parameter buffer: a valid dtype, exactly numel elements of
+// it, not NULL. `call` names the C function in the message.
+void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, const void* ptr,
+                       uint64_t bytes);
+
+// What a test may look at inside a rank's shard (padding included).
+enum class ShardBuffer { Master, Gradient, WorkingShard };
+
 class Model {
  public:
-  // policy may be null (constant lr); it is not owned and must outlive the model.
-  Model(JobConfig config, std::unique_ptr<OptimizerInstance> optimizer, JobPolicy* policy,
-        int world_size = 1);
+  // policy may be null (constant lr); it is not owned and must outlive the
+  // model. Its lr() is called under a lock, once per step.
+  Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // --- registration -------------------------------------------------------
-  zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
-                             std::vector<int64_t> shape, const void* init, zd_dtype init_dtype);
-  void finalize();
-  bool finalized() const { return finalized_; }
+  // --- registration: every rank registers the same parameters in order ----
+  // Rank 0's initial values are used (as data-parallel training broadcasts
+  // rank 0's weights); the other ranks' must have the same names, modules,
+  // dtypes and shapes.
+  zd_param_id register_param(int rank, const std::string& name, const std::string& module,
+                             zd_dtype dtype, std::vector<int64_t> shape, const void* init,
+                             zd_dtype init_dtype);
+  // A collective: returns on every rank once all ranks have finalized.
+  void finalize(int rank);
+  bool finalized() const { return finalized_.load(); }
   const Registry& registry() const { return registry_; }
 
-  // --- one step, per rank -------------------------------------------------
+  // --- one step, per rank ---------------------------------------------------
   void forward_begin(int rank, zd_module_id module);
   void forward_end(int rank, zd_module_id module);
   void backward_begin(int rank, zd_module_id module);
   void backward_end(int rank, zd_module_id module);
-  ViewInfo param_view(int rank, zd_param_id param) const;
-  ViewInfo grad_view(int rank, zd_param_id param) const;
+  ViewInfo param_view(int rank, zd_param_id param);
+  ViewInfo grad_view(int rank, zd_param_id param);
   StepFigures step(int rank);
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale(int rank) const;
 
-  // --- whole parameters ---------------------------------------------------
-  void read_param(zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) const;
-  void write_param(zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes);
+  // --- whole parameters -----------------------------------------------------
+  // With the optimizer state partitioned (stage >= 1) on several ranks,
+  // read_param is a collective: every rank reads the same parameter.
+  void read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes);
+  // Every rank writes the same value; each updates its own copies.
+  void write_param(int rank, zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes);
+
+  // --- failures ---------------------------------------------------------------
+  // The rank's trainer went away: its collectives fail everywhere, and every
+  // later call on every rank gets ZD_ERR_PEER_LOST. Thread-safe.
+  void rank_lost(int rank, const std::string& reason);
+  // The rank left the job cleanly (destroyed its model): calls that need no
+  // other rank go on; collectives fail with ZD_ERR_PEER_LOST naming it.
+  void rank_left(int rank, const std::string& reason);
+  // "" while the job is healthy.
+  std::string broken_reason() const;
+
+  // --- restart (a job that keeps its state when ranks die) ------------------
+  // Clears everything a failed step left (modules begun, gradients not yet
+  // applied, gathers, the failure itself) and takes a fresh comm instance;
+  // the masters, optimizer state and step counters stay. Only while no rank
+  // is inside the model. Then every rank calls rebuild_working_copies.
+  void recover(std::unique_ptr<CommInstance> comm);
+  // A collective: rebuilds the rank's working copies from its masters (the
+  // source of truth) and hands them to the ranks that need them.
+  void rebuild_working_copies(int rank);
 
   // --- introspection ------------------------------------------------------
   int world_size() const { return world_size_; }
   const JobConfig& config() const { return config_; }
-  const OptimizerInstance& optimizer() const { return *optimizer_; }
+  const OptimizerInstance& optimizer() const { return *plugins_.optimizer; }
+  const PartitionerInstance& partitioner() const { return *plugins_.partitioner; }
+  const CommInstance& comm() const { return *plugins_.comm; }
+  uint32_t partitions() const { return partitions_; }
   const MemoryLedger& ledger(int rank) const;
   const DevicePool& device_pool(int rank) const;
+  const ActivityTable& activity() const { return activity_; }
+  StepFigures last_step(int rank) const;
   unsigned threads() const { return pool_.size(); }
+  // For tests: a rank's shard of a parameter as fp32, padding included, and
+  // whether its working copy is gathered now (always true below stage 3).
+  std::vector<float> shard_values(int rank, zd_param_id param, ShardBuffer which) const;
+  bool resident(int rank, zd_param_id param) const;
+  // Waits until the rank's collectives in flight (prefetches, gradient
+  // buckets) are done; from the rank's own thread.
+  void sync(int rank);
 
  private:
-  struct GroupBuffers {
-    Block master;    // f32, the rank's shards (flat layout)
-    Block grad;      // accumulated gradients (grad dtype)
-    Block working;   // working copies (group dtype, full layout)
-    std::array<Block, ZD_OPTIMIZER_MAX_STATE> state{};
-  };
-  struct ModuleActivity {
-    bool forward = false;
-    bool backward = false;
-  };
-  struct GradView {
-    Block block;          // a transient buffer, or empty when the view is the accumulator
-    bool active = false;
-  };
-  struct RankState {
-    MemoryLedger ledger;
-    std::unique_ptr<DevicePool> pool;
-    std::vector<GroupBuffers> groups;
-    std::vector<ModuleActivity> modules;
-    std::vector<GradView> grad_views;    // per parameter
-    std::vector<uint8_t> grad_touched;   // per parameter: a contribution landed this window
-    int active_modules = 0;
-  };
+  struct GroupBuffers;
+  struct ParamState;
+  struct ModuleState;
+  struct PendingGrad;
+  struct Trace;
+  struct RankState;
+  class Call;
 
   RankState& rank_state(int rank);
   const RankState& rank_state(int rank) const;
   void require_finalized(const char* call) const;
-  zd_dtype grad_dtype(const ParamGroup& g) const;
+  void require_healthy() const;
   std::string module_label(zd_module_id m) const;
-  std::byte* grad_accumulator(RankState& rs, const ParamRecord& p) const;
-  void check_budget_table(const std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>>& need) const;
+  zd_dtype grad_dtype(const ParamGroup& g) const;
+  bool partitioned(uint32_t what) const { return (partitions_ & what) != 0; }
+  uint64_t owned_begin(const ParamGroup& g, int rank) const;
+  uint64_t owned_count(const ParamGroup& g) const;
+
+  // finalize
+  void check_registrations();
+  void lay_out_once();
+  void check_budget_table() const;
   void allocate_rank(RankState& rs, int rank);
   void release_rank(RankState& rs);
 
-  // Global statistics of the accumulated gradients: sum of squares and
-  // whether every value is finite.
-  void gradient_stats(RankState& rs, double* sumsq, bool* finite);
-  void apply_optimizer(RankState& rs, double grad_scale, double lr, int64_t t);
+  // collectives: run fn on the rank's stream; a failure breaks the job
+  zd_comm_call comm_call(int rank, uint64_t tag, const std::string& what) const;
+  CommStream::Ticket issue(RankState& rs, std::function<void()> fn);
+  void wait(const CommStream::Ticket& t);
+  void drain(RankState& rs);
+  [[noreturn]] void broken_by(const Error& e);
+
+  // stage 3 residency
+  void make_resident(RankState& rs, int rank, zd_module_id m, bool backward);
+  void gather_module(RankState& rs, int rank, zd_module_id m);
+  void release_module(RankState& rs, zd_module_id m);
+  void gather_persistent(RankState& rs, int rank);
+  void release_all_gathered(RankState& rs);
+
+  // gradients
+  std::byte* grad_accumulator(RankState& rs, const ParamRecord& p) const;
+  void flush_bucket(RankState& rs, int rank);
+  void reduce_for_step(RankState& rs, int rank, std::vector<Block>* stage1_shards);
+
+  // step
+  double learning_rate(int64_t step);
+  void gradient_stats(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
+                      double* sumsq, bool* finite);
+  void apply_optimizer(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
+                       double grad_scale, double lr, int64_t t);
   void zero_gradients(RankState& rs);
-  double learning_rate(int64_t step) const;
+  void gather_working_copies(RankState& rs, int rank);
 
   JobConfig config_;
-  std::unique_ptr<OptimizerInstance> optimizer_;
+  ModelPlugins plugins_;
   JobPolicy* policy_;
   int world_size_;
+  uint32_t partitions_;
   Registry registry_;
-  bool finalized_ = false;
   std::vector<std::unique_ptr<RankState>> ranks_;
-  LossScaler scaler_;
+  ActivityTable activity_;
   ThreadPool pool_;
-  int64_t micro_step_ = 0;
-  int64_t applied_steps_ = 0;
+  std::mutex pool_mu_;  // the optimizer threads serve one rank's step at a time
   double base_lr_ = 0.0;
+
+  std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason
+  std::atomic<bool> finalized_{false};
+  bool laid_out_ = false;
+  std::vector<std::pair<int64_t, double>> lr_cache_;  // (step, lr), a few recent ones
+  std::string broken_;
+  zd_status broken_code_ = ZD_OK;
+  std::atomic<bool> is_broken_{false};
 };
 
 }  // namespace zerod

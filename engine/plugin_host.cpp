@@ -3,10 +3,12 @@
 #include "error.h"
 #include "log.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -165,49 +167,119 @@ const zd_plugin_header* PluginLibrary::select(zd_plugin_kind kind, uint32_t max_
   fail(ZD_ERR_PLUGIN, "plugin " + path_ + " offers no " + plugin_kind_name(kind) + " descriptor");
 }
 
-// ---------------------------------------------------------------------------
+namespace {
 
-OptimizerPlugin::OptimizerPlugin(std::shared_ptr<PluginLibrary> lib, const zd_optimizer_v1* desc,
-                                 std::string name)
-    : library_(std::move(lib)), desc_(desc), name_(std::move(name)) {}
-
-std::shared_ptr<OptimizerPlugin> OptimizerPlugin::load(const std::string& name,
-                                                       const std::vector<std::string>& search_path) {
-  return load_file(find_plugin_file(ZD_PLUGIN_OPTIMIZER, name, search_path), name);
+// The smallest descriptor the host reads for each kind's version 1.
+size_t v1_size(zd_plugin_kind kind) {
+  switch (kind) {
+    case ZD_PLUGIN_OPTIMIZER: return sizeof(zd_optimizer_v1);
+    case ZD_PLUGIN_COMM: return sizeof(zd_comm_v1);
+    case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
+    default: return sizeof(PluginPrefix);
+  }
 }
 
-std::shared_ptr<OptimizerPlugin> OptimizerPlugin::load_file(const std::string& path,
-                                                            const std::string& expected_name) {
+uint32_t host_version(zd_plugin_kind kind) {
+  switch (kind) {
+    case ZD_PLUGIN_OPTIMIZER: return ZD_OPTIMIZER_ABI_VERSION;
+    case ZD_PLUGIN_COMM: return ZD_COMM_ABI_VERSION;
+    case ZD_PLUGIN_PARTITIONER: return ZD_PARTITIONER_ABI_VERSION;
+    default: return 0;
+  }
+}
+
+// Whether every function the host calls is there.
+bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
+  switch (kind) {
+    case ZD_PLUGIN_OPTIMIZER: {
+      const auto* d = reinterpret_cast<const zd_optimizer_v1*>(p);
+      return d->create && d->destroy && d->state_slots && d->state_name && d->supports_isa &&
+             d->update;
+    }
+    case ZD_PLUGIN_COMM: {
+      const auto* d = reinterpret_cast<const zd_comm_v1*>(p);
+      return d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
+             d->broadcast && d->barrier && d->abort && d->last_error && d->bytes_sent;
+    }
+    case ZD_PLUGIN_PARTITIONER: {
+      const auto* d = reinterpret_cast<const zd_partitioner_v1*>(p);
+      return d->create && d->destroy && d->partitions && d->shard_stride &&
+             d->persistence_threshold && d->bucket_elements && d->max_live_elements &&
+             d->prefetch_elements;
+    }
+    default: return false;
+  }
+}
+
+// The text of a plugin's refusal, or its status name.
+std::string refusal(const char* err, zd_status st) {
+  return err[0] ? std::string(err) : std::string(status_name(st));
+}
+
+}  // namespace
+
+std::vector<std::string> available_plugins(zd_plugin_kind kind,
+                                           const std::vector<std::string>& search_path) {
+  const std::string prefix = std::string("zd_") + plugin_kind_name(kind) + "_";
+  std::vector<std::string> names;
+  for (const auto& d : search_path) {
+    DIR* dir = opendir(d.c_str());
+    if (!dir) continue;
+    while (dirent* e = readdir(dir)) {
+      const std::string f = e->d_name;
+      if (f.rfind(prefix, 0) == 0 && f.size() > prefix.size() + 3 && f.substr(f.size() - 3) == ".so")
+        names.push_back(f.substr(prefix.size(), f.size() - prefix.size() - 3));
+    }
+    closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+// ---------------------------------------------------------------------------
+
+Plugin::Plugin(std::shared_ptr<PluginLibrary> lib, const PluginPrefix* prefix, std::string name)
+    : library_(std::move(lib)), prefix_(prefix), name_(std::move(name)) {}
+
+std::shared_ptr<Plugin> Plugin::load(zd_plugin_kind kind, const std::string& name,
+                                     const std::vector<std::string>& search_path) {
+  return load_file(kind, find_plugin_file(kind, name, search_path), name);
+}
+
+std::shared_ptr<Plugin> Plugin::load_file(zd_plugin_kind kind, const std::string& path,
+                                          const std::string& expected_name) {
   auto lib = PluginLibrary::open(path);
-  const zd_plugin_header* h = lib->select(ZD_PLUGIN_OPTIMIZER, ZD_OPTIMIZER_ABI_VERSION);
-  if (h->struct_size < sizeof(zd_optimizer_v1))
-    fail(ZD_ERR_VERSION, "plugin " + path + ": optimizer descriptor version 1 expected " +
-                             std::to_string(sizeof(zd_optimizer_v1)) + " bytes, got " +
+  const zd_plugin_header* h = lib->select(kind, host_version(kind));
+  const std::string what = std::string(plugin_kind_name(kind));
+  if (h->struct_size < v1_size(kind))
+    fail(ZD_ERR_VERSION, "plugin " + path + ": " + what + " descriptor version " +
+                             std::to_string(h->abi_version) + " expected " +
+                             std::to_string(v1_size(kind)) + " bytes, got " +
                              std::to_string(h->struct_size));
-  const auto* d = reinterpret_cast<const zd_optimizer_v1*>(h);
+  const auto* p = reinterpret_cast<const PluginPrefix*>(h);
   const std::string name = h->name ? h->name : "";
   if (!expected_name.empty() && name != expected_name)
-    fail(ZD_ERR_PLUGIN, "plugin " + path + " describes optimizer '" + name + "', not '" +
+    fail(ZD_ERR_PLUGIN, "plugin " + path + " describes " + what + " '" + name + "', not '" +
                             expected_name + "'");
-  if (!d->create || !d->destroy || !d->state_slots || !d->update || !d->supports_isa ||
-      !d->state_name || (d->hparam_count && !d->hparams))
-    fail(ZD_ERR_PLUGIN, "plugin " + path + ": optimizer descriptor '" + name +
+  if (!complete(kind, p) || (p->hparam_count && !p->hparams))
+    fail(ZD_ERR_PLUGIN, "plugin " + path + ": " + what + " descriptor '" + name +
                             "' leaves a required function empty");
-  for (uint32_t i = 0; i < d->hparam_count; ++i) {
-    const auto& s = d->hparams[i];
+  for (uint32_t i = 0; i < p->hparam_count; ++i) {
+    const auto& s = p->hparams[i];
     if (!s.name || s.count < 1 || s.count > ZD_HPARAM_MAX_COUNT)
       fail(ZD_ERR_PLUGIN, "plugin " + path + ": hyperparameter #" + std::to_string(i) +
                               " has no name or a count outside 1.." +
                               std::to_string(ZD_HPARAM_MAX_COUNT));
   }
-  return std::shared_ptr<OptimizerPlugin>(new OptimizerPlugin(std::move(lib), d, name));
+  return std::shared_ptr<Plugin>(new Plugin(std::move(lib), p, name));
 }
 
-std::span<const zd_hparam_spec> OptimizerPlugin::hparams() const {
-  return {desc_->hparams, desc_->hparam_count};
+std::span<const zd_hparam_spec> Plugin::hparams() const {
+  return {prefix_->hparams, prefix_->hparam_count};
 }
 
-int OptimizerPlugin::value_index(const std::string& hparam) const {
+int Plugin::value_index(const std::string& hparam) const {
   int at = 0;
   for (const auto& s : hparams()) {
     if (hparam == s.name) return at;
@@ -216,55 +288,136 @@ int OptimizerPlugin::value_index(const std::string& hparam) const {
   return -1;
 }
 
-size_t OptimizerPlugin::value_count() const {
+size_t Plugin::value_count() const {
   size_t n = 0;
   for (const auto& s : hparams()) n += static_cast<size_t>(s.count);
   return n;
 }
 
-std::vector<double> OptimizerPlugin::default_values() const {
+std::vector<double> Plugin::default_values() const {
   std::vector<double> v;
   for (const auto& s : hparams())
     for (int i = 0; i < s.count; ++i) v.push_back(s.defaults[i]);
   return v;
 }
 
-std::unique_ptr<OptimizerInstance> OptimizerPlugin::create(const std::vector<double>& values) const {
-  if (values.size() != value_count())
-    fail(ZD_ERR_INTERNAL, "optimizer '" + name_ + "' expects " + std::to_string(value_count()) +
-                              " hyperparameter values, got " + std::to_string(values.size()));
+// ---------------------------------------------------------------------------
+
+PluginInstance::PluginInstance(std::shared_ptr<const Plugin> plugin, void* instance,
+                               void (*destroy)(void*), std::vector<double> values)
+    : plugin_(std::move(plugin)), instance_(instance), destroy_(destroy), values_(std::move(values)) {}
+
+PluginInstance::~PluginInstance() { destroy_(instance_); }
+
+double PluginInstance::value(const std::string& hparam, double fallback) const {
+  const int at = plugin_->value_index(hparam);
+  return at >= 0 ? values_.at(static_cast<size_t>(at)) : fallback;
+}
+
+namespace {
+
+void check_value_count(const Plugin& p, const std::vector<double>& values) {
+  if (values.size() != p.value_count())
+    fail(ZD_ERR_INTERNAL, std::string(plugin_kind_name(p.kind())) + " '" + p.name() + "' expects " +
+                              std::to_string(p.value_count()) + " hyperparameter values, got " +
+                              std::to_string(values.size()));
+}
+
+[[noreturn]] void refused(const Plugin& p, zd_status st, const char* err) {
+  fail(st == ZD_OK ? ZD_ERR_PLUGIN : st, std::string(plugin_kind_name(p.kind())) + " '" +
+                                             p.name() + "' refused its configuration: " +
+                                             refusal(err, st));
+}
+
+}  // namespace
+
+std::unique_ptr<OptimizerInstance> OptimizerInstance::create(const std::shared_ptr<const Plugin>& plugin,
+                                                             const std::vector<double>& values) {
+  check_value_count(*plugin, values);
+  const auto& d = plugin->descriptor<zd_optimizer_v1>();
   char err[512] = {0};
   void* inst = nullptr;
-  const zd_status st = desc_->create(host_services(), values.data(), values.size(), &inst, err,
-                                     sizeof err);
-  if (st != ZD_OK || !inst) {
-    err[sizeof err - 1] = 0;
-    fail(st == ZD_OK ? ZD_ERR_PLUGIN : st,
-         "optimizer '" + name_ + "' refused its configuration: " +
-             (err[0] ? err : status_name(st)));
-  }
-  return std::make_unique<OptimizerInstance>(shared_from_this(), inst, values);
+  const zd_status st = d.create(host_services(), values.data(), values.size(), &inst, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK || !inst) refused(*plugin, st, err);
+  return std::unique_ptr<OptimizerInstance>(new OptimizerInstance(plugin, inst, d.destroy, values));
 }
 
-OptimizerInstance::OptimizerInstance(std::shared_ptr<const OptimizerPlugin> plugin, void* instance,
-                                     std::vector<double> values)
-    : plugin_(std::move(plugin)), instance_(instance), values_(std::move(values)) {}
-
-OptimizerInstance::~OptimizerInstance() { plugin_->desc_->destroy(instance_); }
-
-uint32_t OptimizerInstance::state_slots() const {
-  return plugin_->desc_->state_slots(instance_);
-}
+uint32_t OptimizerInstance::state_slots() const { return d().state_slots(raw()); }
 
 std::string OptimizerInstance::state_name(uint32_t slot) const {
-  const char* n = plugin_->desc_->state_name(instance_, slot);
+  const char* n = d().state_name(raw(), slot);
   return n ? n : "state" + std::to_string(slot);
 }
 
 void OptimizerInstance::update(zd_isa isa, const zd_optimizer_update& u) const {
-  const zd_status st = plugin_->desc_->update(instance_, isa, &u);
+  const zd_status st = d().update(raw(), isa, &u);
   if (st != ZD_OK)
-    fail(st, "optimizer '" + plugin_->name() + "' update failed: " + status_name(st));
+    fail(st, "optimizer '" + plugin().name() + "' update failed: " + status_name(st));
 }
+
+std::unique_ptr<PartitionerInstance> PartitionerInstance::create(
+    const std::shared_ptr<const Plugin>& plugin, const std::vector<double>& values, int world_size) {
+  check_value_count(*plugin, values);
+  const auto& d = plugin->descriptor<zd_partitioner_v1>();
+  char err[512] = {0};
+  void* inst = nullptr;
+  const zd_status st =
+      d.create(host_services(), values.data(), values.size(), world_size, &inst, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK || !inst) refused(*plugin, st, err);
+  return std::unique_ptr<PartitionerInstance>(new PartitionerInstance(plugin, inst, d.destroy, values));
+}
+
+uint32_t PartitionerInstance::partitions() const { return d().partitions(raw()); }
+uint64_t PartitionerInstance::shard_stride(uint64_t numel, uint64_t align) const {
+  return d().shard_stride(raw(), numel, align);
+}
+uint64_t PartitionerInstance::persistence_threshold() const { return d().persistence_threshold(raw()); }
+uint64_t PartitionerInstance::bucket_elements() const { return d().bucket_elements(raw()); }
+uint64_t PartitionerInstance::max_live_elements() const { return d().max_live_elements(raw()); }
+uint64_t PartitionerInstance::prefetch_elements() const { return d().prefetch_elements(raw()); }
+
+std::unique_ptr<CommInstance> CommInstance::create(const std::shared_ptr<const Plugin>& plugin,
+                                                   const std::vector<double>& values, int world_size) {
+  check_value_count(*plugin, values);
+  const auto& d = plugin->descriptor<zd_comm_v1>();
+  char err[512] = {0};
+  void* inst = nullptr;
+  const zd_status st =
+      d.create(host_services(), values.data(), values.size(), world_size, &inst, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK || !inst) refused(*plugin, st, err);
+  return std::unique_ptr<CommInstance>(new CommInstance(plugin, inst, d.destroy, values));
+}
+
+void CommInstance::check(zd_status st, const zd_comm_call& c) const {
+  if (st == ZD_OK) return;
+  const char* msg = d().last_error(raw(), c.rank);
+  fail(st, msg && *msg ? std::string(msg)
+                       : std::string(c.what ? c.what : "collective") + " failed: " + status_name(st));
+}
+
+void CommInstance::all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
+                              zd_reduce_op op) const {
+  check(d().all_reduce(raw(), &c, buf, count, dt, op), c);
+}
+void CommInstance::reduce_scatter(const zd_comm_call& c, const void* send, void* recv,
+                                  uint64_t recv_count, zd_comm_dtype dt, zd_reduce_op op) const {
+  check(d().reduce_scatter(raw(), &c, send, recv, recv_count, dt, op), c);
+}
+void CommInstance::all_gather(const zd_comm_call& c, const void* send, void* recv,
+                              uint64_t send_count, zd_comm_dtype dt) const {
+  check(d().all_gather(raw(), &c, send, recv, send_count, dt), c);
+}
+void CommInstance::broadcast(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
+                             int32_t root) const {
+  check(d().broadcast(raw(), &c, buf, count, dt, root), c);
+}
+void CommInstance::barrier(const zd_comm_call& c) const { check(d().barrier(raw(), &c), c); }
+void CommInstance::abort(zd_status status, const std::string& reason) const {
+  d().abort(raw(), status, reason.c_str());
+}
+uint64_t CommInstance::bytes_sent(int32_t rank) const { return d().bytes_sent(raw(), rank); }
 
 }  // namespace zerod

@@ -1,6 +1,7 @@
 // Loading plugins: finding the shared object for (kind, name) on the search
 // path, dlopen, choosing the newest descriptor version the host understands,
 // and refusing anything else with a message that says what was expected.
+// Then, per kind, a configured instance: optimizer, comm, partitioner.
 #pragma once
 
 #include <zerod/zerod_plugin.h>
@@ -51,59 +52,133 @@ std::string plugin_file_name(zd_plugin_kind kind, const std::string& name);
 std::string find_plugin_file(zd_plugin_kind kind, const std::string& name,
                              const std::vector<std::string>& search_path);
 
+// The names of the plugins of a kind found on the search path.
+std::vector<std::string> available_plugins(zd_plugin_kind kind,
+                                           const std::vector<std::string>& search_path);
+
 // The host services table every plugin gets: logging goes to the engine log.
 const zd_host_services* host_services();
 
-class OptimizerInstance;
+// Every version-1 descriptor begins with this: the header and the
+// hyperparameter specs the host checks a job script's table against.
+struct PluginPrefix {
+  zd_plugin_header header;
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+};
 
-// An optimizer plugin, loaded and checked, not yet configured.
-class OptimizerPlugin : public std::enable_shared_from_this<OptimizerPlugin> {
+// A plugin descriptor of one kind, loaded and checked, not yet configured.
+class Plugin : public std::enable_shared_from_this<Plugin> {
  public:
-  static std::shared_ptr<OptimizerPlugin> load(const std::string& name,
-                                               const std::vector<std::string>& search_path);
-  // For tests: a plugin from an explicit file.
-  static std::shared_ptr<OptimizerPlugin> load_file(const std::string& path,
-                                                    const std::string& expected_name);
+  // Finds, opens and checks the plugin. The descriptor must be at least
+  // min_size bytes (the size of the version the host reads).
+  static std::shared_ptr<Plugin> load(zd_plugin_kind kind, const std::string& name,
+                                      const std::vector<std::string>& search_path);
+  static std::shared_ptr<Plugin> load_file(zd_plugin_kind kind, const std::string& path,
+                                           const std::string& expected_name);
 
+  zd_plugin_kind kind() const { return prefix_->header.kind; }
   const std::string& name() const { return name_; }
   const std::string& path() const { return library_->path(); }
-  const zd_optimizer_v1& descriptor() const { return *desc_; }
+  const zd_plugin_header& header() const { return prefix_->header; }
   std::span<const zd_hparam_spec> hparams() const;
   // Index of a hyperparameter's first value in the flattened value array, or -1.
   int value_index(const std::string& hparam) const;
   size_t value_count() const;
   std::vector<double> default_values() const;
 
-  // Creates an instance; throws ZD_ERR_PLUGIN with the plugin's message.
-  std::unique_ptr<OptimizerInstance> create(const std::vector<double>& values) const;
+  template <typename Descriptor>
+  const Descriptor& descriptor() const {
+    return *reinterpret_cast<const Descriptor*>(prefix_);
+  }
 
  private:
-  OptimizerPlugin(std::shared_ptr<PluginLibrary> lib, const zd_optimizer_v1* desc, std::string name);
+  Plugin(std::shared_ptr<PluginLibrary> lib, const PluginPrefix* prefix, std::string name);
   std::shared_ptr<PluginLibrary> library_;
-  const zd_optimizer_v1* desc_;
+  const PluginPrefix* prefix_;
   std::string name_;
-  friend class OptimizerInstance;
 };
 
-class OptimizerInstance {
+// A configured plugin instance: owns the plugin's instance pointer and keeps
+// the .so loaded while it lives.
+class PluginInstance {
  public:
-  OptimizerInstance(std::shared_ptr<const OptimizerPlugin> plugin, void* instance,
-                    std::vector<double> values);
-  ~OptimizerInstance();
-  OptimizerInstance(const OptimizerInstance&) = delete;
-  OptimizerInstance& operator=(const OptimizerInstance&) = delete;
+  PluginInstance(std::shared_ptr<const Plugin> plugin, void* instance, void (*destroy)(void*),
+                 std::vector<double> values);
+  virtual ~PluginInstance();
+  PluginInstance(const PluginInstance&) = delete;
+  PluginInstance& operator=(const PluginInstance&) = delete;
 
-  const OptimizerPlugin& plugin() const { return *plugin_; }
+  const Plugin& plugin() const { return *plugin_; }
   const std::vector<double>& values() const { return values_; }
+  // The value of a hyperparameter (its first element), or `fallback`.
+  double value(const std::string& hparam, double fallback) const;
+
+ protected:
+  void* raw() const { return instance_; }
+
+ private:
+  std::shared_ptr<const Plugin> plugin_;
+  void* instance_;
+  void (*destroy_)(void*);
+  std::vector<double> values_;
+};
+
+class OptimizerInstance : public PluginInstance {
+ public:
+  // Throws ZD_ERR_CONFIG (or the plugin's status) with the plugin's message.
+  static std::unique_ptr<OptimizerInstance> create(const std::shared_ptr<const Plugin>& plugin,
+                                                   const std::vector<double>& values);
   uint32_t state_slots() const;
   std::string state_name(uint32_t slot) const;
   // Throws on a non-OK status from the plugin.
   void update(zd_isa isa, const zd_optimizer_update& u) const;
 
  private:
-  std::shared_ptr<const OptimizerPlugin> plugin_;
-  void* instance_;
-  std::vector<double> values_;
+  using PluginInstance::PluginInstance;
+  const zd_optimizer_v1& d() const { return plugin().descriptor<zd_optimizer_v1>(); }
+};
+
+class PartitionerInstance : public PluginInstance {
+ public:
+  static std::unique_ptr<PartitionerInstance> create(const std::shared_ptr<const Plugin>& plugin,
+                                                     const std::vector<double>& values,
+                                                     int world_size);
+  uint32_t partitions() const;
+  uint64_t shard_stride(uint64_t numel, uint64_t align) const;
+  uint64_t persistence_threshold() const;
+  uint64_t bucket_elements() const;
+  uint64_t max_live_elements() const;
+  uint64_t prefetch_elements() const;
+
+ private:
+  using PluginInstance::PluginInstance;
+  const zd_partitioner_v1& d() const { return plugin().descriptor<zd_partitioner_v1>(); }
+};
+
+// Collectives through a comm plugin. Each call throws zerod::Error with the
+// plugin's status and last_error() message when it fails.
+class CommInstance : public PluginInstance {
+ public:
+  static std::unique_ptr<CommInstance> create(const std::shared_ptr<const Plugin>& plugin,
+                                              const std::vector<double>& values, int world_size);
+  void all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
+                  zd_reduce_op op) const;
+  void reduce_scatter(const zd_comm_call& c, const void* send, void* recv, uint64_t recv_count,
+                      zd_comm_dtype dt, zd_reduce_op op) const;
+  void all_gather(const zd_comm_call& c, const void* send, void* recv, uint64_t send_count,
+                  zd_comm_dtype dt) const;
+  void broadcast(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
+                 int32_t root) const;
+  void barrier(const zd_comm_call& c) const;
+  void abort(zd_status status, const std::string& reason) const;
+  uint64_t bytes_sent(int32_t rank) const;
+
+ private:
+  using PluginInstance::PluginInstance;
+  const zd_comm_v1& d() const { return plugin().descriptor<zd_comm_v1>(); }
+  void check(zd_status st, const zd_comm_call& c) const;
 };
 
 }  // namespace zerod

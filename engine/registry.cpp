@@ -8,14 +8,27 @@
 namespace zerod {
 
 namespace {
+
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// The partitioner's shard length, refused if it cannot hold the tensor.
+uint64_t checked_stride(const LayoutPolicy& policy, uint64_t numel, uint64_t align, uint64_t world) {
+  const uint64_t stride = policy.stride(numel, align);
+  if (stride * world < numel || stride % align != 0)
+    fail(ZD_ERR_PLUGIN, "the partitioner cut a tensor of " + std::to_string(numel) + " elements into " +
+                            std::to_string(world) + " shards of " + std::to_string(stride) +
+                            " (at least " + std::to_string((numel + world - 1) / world) +
+                            ", a multiple of " + std::to_string(align) + ", are needed)");
+  return stride;
+}
+
 }  // namespace
 
 uint64_t ParamRecord::shard_real(int rank) const {
-  const uint64_t start = static_cast<uint64_t>(rank) * shard_numel;
+  const uint64_t start = static_cast<uint64_t>(rank) * stride;
   const auto n = static_cast<uint64_t>(numel);
   if (start >= n) return 0;
-  return std::min(shard_numel, n - start);
+  return std::min(stride, n - start);
 }
 
 zd_param_id Registry::add(const std::string& name, const std::string& module, zd_dtype dtype,
@@ -61,24 +74,39 @@ zd_param_id Registry::add(const std::string& name, const std::string& module, zd
   return id;
 }
 
-void Registry::lay_out() {
+void Registry::lay_out(const LayoutPolicy& policy) {
   groups_.clear();
-  const auto n = static_cast<uint64_t>(world_size_);
+  partitioning_ = policy.partitioning;
+  const auto world = static_cast<uint64_t>(world_size_);
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamRecord& p = params_[i];
     auto g = std::find_if(groups_.begin(), groups_.end(),
                           [&](const ParamGroup& pg) { return pg.dtype == p.dtype; });
     if (g == groups_.end()) {
-      groups_.push_back(ParamGroup{p.dtype, {}, 0, 0});
+      groups_.push_back(ParamGroup{p.dtype, {}, 0, 0, 0});
       g = groups_.end() - 1;
     }
+    const auto n = static_cast<uint64_t>(p.numel);
     p.group = static_cast<int>(g - groups_.begin());
-    p.shard_numel = (static_cast<uint64_t>(p.numel) + n - 1) / n;
-    p.flat_offset = g->flat_numel;
-    g->flat_numel = align_up(g->flat_numel + p.shard_numel, kAlignElems);
     p.full_offset = g->full_numel;
-    g->full_numel = align_up(g->full_numel + static_cast<uint64_t>(p.numel), kAlignElems);
+    g->full_numel = align_up(g->full_numel + n, kAlignElems);
+    if (policy.partitioning == Partitioning::Param) {
+      p.stride = checked_stride(policy, n, 1, world);
+      p.flat_offset = g->flat_numel;
+      g->flat_numel = align_up(g->flat_numel + p.stride, kAlignElems);
+      p.persistent = n <= policy.persistence_threshold;
+    } else {
+      p.stride = n;
+    }
     g->params.push_back(static_cast<zd_param_id>(i));
+  }
+  for (ParamGroup& g : groups_) {
+    if (policy.partitioning == Partitioning::Group) {
+      g.stride = checked_stride(policy, g.full_numel, kAlignElems, world);
+      g.full_numel = g.stride * world;  // the tail of the last rank's range is padding
+    } else {
+      g.stride = g.full_numel;
+    }
   }
 }
 

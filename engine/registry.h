@@ -1,12 +1,18 @@
-// The parameters and modules a trainer registered, and where each parameter's
-// shard sits in the flat per-group buffers.
+// The parameters and modules a trainer registered, and where each one sits
+// in the per-group buffers.
 //
-// Parameters are grouped by working dtype (one flat buffer per group, so the
+// Parameters are grouped by working dtype: one buffer per group, so the
 // optimizer runs over long contiguous ranges and writes the working copy in
-// the same pass). Every parameter is split into world_size shards of
-// ceil(numel / world_size) elements; rank r owns elements [r*s, (r+1)*s) and
-// the last rank's tail is zero padding. Shards start 64-byte aligned in the
-// flat buffers; the gaps are zero and stay zero under every optimizer.
+// the same pass. In a group's full layout every parameter starts 64-byte
+// aligned (the gaps are zero and stay zero under every optimizer). How the
+// layout is split across ranks depends on the ZeRO stage:
+//  - replicated (stage 0): every rank holds the whole group;
+//  - group-partitioned (stages 1-2): the full layout is cut into world_size
+//    equal contiguous ranges of `stride` elements (parameters may straddle
+//    ranks), as DeepSpeed stages 1-2 do;
+//  - parameter-partitioned (stage 3): each parameter is cut into world_size
+//    shards of its own `stride` (ceil(numel / world_size)); a rank's shards
+//    sit back to back, aligned, in its flat buffers.
 #pragma once
 
 #include <zerod/zerod.h>
@@ -14,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <deque>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -26,9 +33,11 @@ struct ParamRecord {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   int group = 0;               // index into Registry::groups()
-  uint64_t shard_numel = 0;    // ceil(numel / world_size)
-  uint64_t flat_offset = 0;    // element offset of this rank's shard in the group's flat buffers
-  uint64_t full_offset = 0;    // element offset of the whole parameter in the group's full buffer
+  uint64_t full_offset = 0;    // element offset of the whole parameter in the group's full layout
+  // Parameter-partitioned layouts only:
+  uint64_t stride = 0;         // per-rank shard length (>= ceil(numel / world_size))
+  uint64_t flat_offset = 0;    // offset of a rank's shard in its flat buffers
+  bool persistent = false;     // stays gathered (small parameters)
   std::vector<float> staged_init;  // initial values held until finalize (empty = zeros)
 
   // Elements of the real parameter inside rank r's shard (the rest is padding).
@@ -43,8 +52,19 @@ struct ModuleRecord {
 struct ParamGroup {
   zd_dtype dtype = ZD_DTYPE_F32;  // working dtype
   std::vector<zd_param_id> params;
-  uint64_t flat_numel = 0;  // per-rank shard buffer length (elements, aligned)
-  uint64_t full_numel = 0;  // whole-parameter buffer length (elements, aligned)
+  uint64_t full_numel = 0;  // the full layout's length (aligned; padded to world * stride when group-partitioned)
+  uint64_t stride = 0;      // elements each rank owns of the full layout (replicated: full_numel)
+  uint64_t flat_numel = 0;  // parameter-partitioned: a rank's flat shard buffer length
+};
+
+enum class Partitioning { Replicated, Group, Param };
+
+// How the layout is cut: the stage's partitioning, and the partitioner's
+// shard length for a tensor of n elements at an alignment.
+struct LayoutPolicy {
+  Partitioning partitioning = Partitioning::Replicated;
+  std::function<uint64_t(uint64_t numel, uint64_t align)> stride;
+  uint64_t persistence_threshold = 0;  // parameter-partitioned: elements
 };
 
 class Registry {
@@ -56,7 +76,8 @@ class Registry {
                   std::vector<int64_t> shape, std::vector<float> init);
 
   // Assigns groups and offsets. Called once, at finalize.
-  void lay_out();
+  void lay_out(const LayoutPolicy& policy);
+  Partitioning partitioning() const { return partitioning_; }
 
   int world_size() const { return world_size_; }
   const std::deque<ParamRecord>& params() const { return params_; }
@@ -75,6 +96,7 @@ class Registry {
 
  private:
   int world_size_;
+  Partitioning partitioning_ = Partitioning::Replicated;
   std::deque<ParamRecord> params_;  // a deque: names stay put as params are added
   std::deque<ModuleRecord> modules_;
   std::vector<ParamGroup> groups_;

@@ -3,8 +3,6 @@
 #include "dtype.h"
 #include "error.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -26,25 +24,6 @@ std::string read_file(const std::string& path) {
 std::string dir_of(const std::string& path) {
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-}
-
-// Names of the plugins of a kind found on the search path, for messages.
-std::vector<std::string> available_plugins(zd_plugin_kind kind, const std::vector<std::string>& dirs) {
-  const std::string prefix = std::string("zd_") + plugin_kind_name(kind) + "_";
-  std::vector<std::string> names;
-  for (const auto& d : dirs) {
-    DIR* dir = opendir(d.c_str());
-    if (!dir) continue;
-    while (dirent* e = readdir(dir)) {
-      const std::string f = e->d_name;
-      if (f.rfind(prefix, 0) == 0 && f.size() > prefix.size() + 3 && f.substr(f.size() - 3) == ".so")
-        names.push_back(f.substr(prefix.size(), f.size() - prefix.size() - 3));
-    }
-    closedir(dir);
-  }
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end()), names.end());
-  return names;
 }
 
 }  // namespace
@@ -86,8 +65,8 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
   r.finish();
   lua_settop(L, 0);
   if (!r.issues().empty()) {
-    const bool only_plugin = r.issues().size() == 1 && js->optimizer_error_ != ZD_OK;
-    fail(only_plugin ? js->optimizer_error_ : ZD_ERR_CONFIG, r.report());
+    const bool only_plugin = r.issues().size() == 1 && js->plugin_error_ != ZD_OK;
+    fail(only_plugin ? js->plugin_error_ : ZD_ERR_CONFIG, r.report());
   }
   js->resolved_ = r.resolved();
   return js;
@@ -130,11 +109,52 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     r.leave();
   }
 
-  if (r.enter("zero")) {
-    c.zero_stage = static_cast<int>(r.integer("stage", 0, 0, 3));
+  // ZeRO: the stage names a partitioner plugin; the rest of the table is
+  // that plugin's hyperparameters.
+  {
+    const bool given = r.enter("zero");
+    std::string name = "stage0";
+    if (given) {
+      const bool stage_given = r.present("stage");
+      c.zero_stage = static_cast<int>(r.integer("stage", 0, 0, 3));
+      name = "stage" + std::to_string(c.zero_stage);
+      if (auto custom = r.string("partitioner", false)) {
+        if (stage_given)
+          r.issue("partitioner", "give zero.stage or zero.partitioner, not both");
+        name = *custom;
+      }
+    } else {
+      r.note("zero.stage", "0", false);
+    }
+    partitioner_ = read_plugin(r, ZD_PLUGIN_PARTITIONER, "zero", given ? "stage" : "", given, name,
+                               &c.partitioner_values);
+    c.partitioner = name;
+    if (given) r.leave();
+  }
+
+  // Collectives: the backend names a comm plugin.
+  {
+    const bool given = r.enter("comm");
+    std::string name = "local";
+    if (given) {
+      if (auto b = r.string("backend", false)) name = *b;
+      NumberRange seconds;
+      seconds.min = 0;
+      c.comm_timeout_s = r.number("timeout", 300.0, seconds);
+    } else {
+      r.note("comm.backend", "\"local\"", false);
+      r.note("comm.timeout", "300", false);
+    }
+    comm_ = read_plugin(r, ZD_PLUGIN_COMM, "comm", "backend", given, name, &c.comm_values);
+    c.comm = name;
+    if (given) r.leave();
+  }
+
+  if (r.enter("daemon")) {
+    c.keep_state_on_disconnect = r.boolean("keep_state", false);
     r.leave();
   } else {
-    r.note("zero.stage", "0", false);
+    r.note("daemon.keep_state", "false", false);
   }
 
   if (r.enter("budgets")) {
@@ -144,45 +164,54 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     r.note("budgets.device", "none", false);
   }
 
-  read_optimizer(r);
+  {
+    const bool given = r.enter("optimizer");
+    std::string name = "adamw";
+    if (given) {
+      if (auto t = r.string("type", true)) name = *t;
+    } else {
+      r.note("optimizer.type", "\"adamw\"", false);
+    }
+    optimizer_ = read_plugin(r, ZD_PLUGIN_OPTIMIZER, "optimizer", "type", given, name,
+                             &c.optimizer_values);
+    c.optimizer = name;
+    if (given) r.leave();
+  }
   lr_ref_ = r.function("lr", &lr_where_, "describe");
   if (lr_ref_ == LUA_NOREF) r.note("lr", "the optimizer's lr (no schedule)", false);
 }
 
-void JobScript::read_optimizer(ConfigReader& r) {
-  const bool given = r.enter("optimizer");
-  std::string name = "adamw";
-  if (given) {
-    if (auto t = r.string("type", true)) name = *t;
-  } else {
-    r.note("optimizer.type", "\"adamw\"", false);
-  }
+std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind kind,
+                                               const std::string& table, const std::string& name_key,
+                                               bool given, const std::string& name,
+                                               std::vector<double>* values) {
   const auto search = plugin_search_path(config_.plugin_path);
+  const std::string kind_name = plugin_kind_name(kind);
+  std::shared_ptr<Plugin> plugin;
   try {
-    plugin_ = OptimizerPlugin::load(name, search);
+    plugin = Plugin::load(kind, name, search);
   } catch (const Error& e) {
     std::string msg = e.what();
-    optimizer_error_ = e.code() == ZD_ERR_NOT_FOUND ? ZD_ERR_CONFIG : e.code();
     if (e.code() == ZD_ERR_NOT_FOUND) {
       std::string list;
-      for (const auto& n : available_plugins(ZD_PLUGIN_OPTIMIZER, search))
-        list += (list.empty() ? "" : ", ") + n;
-      msg = "no optimizer plugin named '" + name + "'" +
-            (list.empty() ? " (no optimizer plugins were found; is ZEROD_PLUGIN_PATH right?)"
+      for (const auto& n : available_plugins(kind, search)) list += (list.empty() ? "" : ", ") + n;
+      msg = "no " + kind_name + " plugin named '" + name + "'" +
+            (list.empty() ? " (no " + kind_name + " plugins were found; is ZEROD_PLUGIN_PATH right?)"
                           : " (available: " + list + ")");
+      plugin_error_ = ZD_ERR_CONFIG;
+    } else if (plugin_error_ == ZD_OK) {
+      plugin_error_ = e.code();
     }
     if (given) {
-      r.issue("type", msg);
+      r.issue(name_key, msg);
       r.accept_all();
-      r.leave();
     } else {
-      r.issue("optimizer", msg);
+      r.issue(table, msg);
     }
-    return;
+    return nullptr;
   }
-  config_.optimizer = name;
-  std::vector<double> values;
-  for (const zd_hparam_spec& s : plugin_->hparams()) {
+  values->clear();
+  for (const zd_hparam_spec& s : plugin->hparams()) {
     std::vector<double> defs(s.defaults, s.defaults + s.count);
     NumberRange range;
     range.min = s.min;
@@ -199,28 +228,38 @@ void JobScript::read_optimizer(ConfigReader& r) {
       for (size_t i = 0; i < v.size(); ++i)
         text += (i ? ", " : "") + (s.type == ZD_HPARAM_BOOL ? std::string(v[i] != 0 ? "true" : "false")
                                                             : format_number(v[i]));
-      r.note(std::string("optimizer.") + s.name, s.count > 1 ? "{" + text + "}" : text, false);
+      r.note(table + "." + s.name, s.count > 1 ? "{" + text + "}" : text, false);
     }
-    values.insert(values.end(), v.begin(), v.end());
+    values->insert(values->end(), v.begin(), v.end());
   }
-  config_.optimizer_values = values;
   if (r.issues().empty()) {
+    // The plugin accepts the values once now, so a refused combination is
+    // reported here with the script's line rather than when training starts.
     try {
-      optimizer_ = plugin_->create(values);
+      switch (kind) {
+        case ZD_PLUGIN_OPTIMIZER: OptimizerInstance::create(plugin, *values); break;
+        case ZD_PLUGIN_PARTITIONER: PartitionerInstance::create(plugin, *values, 1); break;
+        case ZD_PLUGIN_COMM: CommInstance::create(plugin, *values, 1); break;
+        default: break;
+      }
     } catch (const Error& e) {  // a refused hyperparameter: a config error
-      r.issue(given ? "" : "optimizer", e.what());
+      r.issue(given ? "" : table, e.what());
     }
   }
-  if (given) r.leave();
+  return plugin;
 }
 
-std::unique_ptr<OptimizerInstance> JobScript::take_optimizer() {
-  if (!optimizer_) fail(ZD_ERR_INTERNAL, "the job's optimizer was already taken");
-  return std::move(optimizer_);
+ModelPlugins JobScript::make_plugins(int world_size) const {
+  ModelPlugins p;
+  p.optimizer = OptimizerInstance::create(optimizer_, config_.optimizer_values);
+  p.partitioner = PartitionerInstance::create(partitioner_, config_.partitioner_values, world_size);
+  p.comm = CommInstance::create(comm_, config_.comm_values, world_size);
+  return p;
 }
 
 std::optional<double> JobScript::lr(int64_t step) {
   if (lr_ref_ == LUA_NOREF) return std::nullopt;
+  std::lock_guard<std::mutex> lock(lua_mu_);
   lua_State* L = sandbox_->L();
   lua_rawgeti(L, LUA_REGISTRYINDEX, lr_ref_);
   lua_pushinteger(L, step);

@@ -7,9 +7,11 @@
 #include "sandbox.h"
 
 #include "job_config.h"
+#include "model.h"
 #include "plugin_host.h"
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,9 +35,11 @@ class JobScript final : public JobPolicy {
 
   const JobConfig& config() const { return config_; }
   const std::string& source_name() const { return source_name_; }
-  const OptimizerPlugin& optimizer_plugin() const { return *plugin_; }
-  // The configured optimizer; the model takes it (once).
-  std::unique_ptr<OptimizerInstance> take_optimizer();
+  const Plugin& optimizer_plugin() const { return *optimizer_; }
+  const Plugin& partitioner_plugin() const { return *partitioner_; }
+  const Plugin& comm_plugin() const { return *comm_; }
+  // The job's plugins, configured for a job of world_size ranks.
+  ModelPlugins make_plugins(int world_size) const;
   // Every setting with its resolved value and where it came from.
   const std::vector<ResolvedValue>& resolved() const { return resolved_; }
   bool has_lr_schedule() const { return lr_ref_ != LUA_NOREF; }
@@ -46,17 +50,23 @@ class JobScript final : public JobPolicy {
  private:
   JobScript() = default;
   void read_config(ConfigReader& r, const std::string& script_dir);
-  void read_optimizer(ConfigReader& r);
+  // Reads the table the reader is in (or the defaults when !given) for a
+  // plugin of `kind` named `name`: loads it, checks its hyperparameters
+  // against its specs, and has it accept them once. name_key is the key
+  // that named it, where errors about the plugin itself point.
+  std::shared_ptr<Plugin> read_plugin(ConfigReader& r, zd_plugin_kind kind, const std::string& table,
+                                      const std::string& name_key, bool given,
+                                      const std::string& name, std::vector<double>* values);
 
   std::unique_ptr<Sandbox> sandbox_;
+  std::mutex lua_mu_;  // the sandbox is called from every rank's thread
   std::string source_name_;
   JobConfig config_;
-  std::shared_ptr<OptimizerPlugin> plugin_;
-  std::unique_ptr<OptimizerInstance> optimizer_;
+  std::shared_ptr<Plugin> optimizer_, partitioner_, comm_;
   std::vector<ResolvedValue> resolved_;
-  // The status of a failed optimizer load, reported as the load's status when
+  // The status of a failed plugin load, reported as the load's status when
   // it is the script's only problem (ZD_ERR_VERSION says more than CONFIG).
-  zd_status optimizer_error_ = ZD_OK;
+  zd_status plugin_error_ = ZD_OK;
   int lr_ref_ = LUA_NOREF;
   std::string lr_where_;
 };

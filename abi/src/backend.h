@@ -1,6 +1,6 @@
 // What a zd_client and a zd_model talk to. Embedded mode implements these
-// with the engine in this process; daemon mode (not built yet) will
-// implement them over the socket. The C functions in zerod.cpp see only
+// with the engine in this process; daemon mode implements them over the
+// socket. The C functions in zerod.cpp see only
 // these interfaces, so the ABI behaves the same in both modes.
 #pragma once
 
@@ -62,5 +62,8 @@ class ClientBackend {
 
 // The engine in this process, one rank.
 std::unique_ptr<ClientBackend> make_embedded_client();
+// A zerod daemon at a unix socket; rank and world size from ZEROD_RANK and
+// ZEROD_WORLD_SIZE (as `zerod run` sets them). timeout_ms 0 = no limit.
+std::unique_ptr<ClientBackend> make_remote_client(const std::string& socket_path, uint32_t timeout_ms);
 
 }  // namespace zerod::abi

@@ -19,7 +19,7 @@ class EmbeddedModel final : public ModelBackend {
     src.name = s.name;
     src.allow_io = s.allow_io;
     script_ = scripting::JobScript::load(src);
-    model_ = std::make_unique<Model>(script_->config(), script_->take_optimizer(), script_.get(), 1);
+    model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(1), script_.get(), 1);
   }
   ~EmbeddedModel() override {
     model_.reset();  // before the script its policy points into
@@ -28,9 +28,9 @@ class EmbeddedModel final : public ModelBackend {
   zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
                              std::vector<int64_t> shape, const void* init,
                              zd_dtype init_dtype) override {
-    return model_->register_param(name, module, dtype, std::move(shape), init, init_dtype);
+    return model_->register_param(0, name, module, dtype, std::move(shape), init, init_dtype);
   }
-  void finalize() override { model_->finalize(); }
+  void finalize() override { model_->finalize(0); }
   const Registry& registry() const override { return model_->registry(); }
 
   void forward_begin(zd_module_id m) override { model_->forward_begin(0, m); }
@@ -40,13 +40,13 @@ class EmbeddedModel final : public ModelBackend {
   ViewInfo param_view(zd_param_id p) override { return model_->param_view(0, p); }
   ViewInfo grad_view(zd_param_id p) override { return model_->grad_view(0, p); }
   StepFigures step() override { return model_->step(0); }
-  double loss_scale() const override { return model_->loss_scale(); }
+  double loss_scale() const override { return model_->loss_scale(0); }
 
   void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override {
-    model_->read_param(p, dt, dst, bytes);
+    model_->read_param(0, p, dt, dst, bytes);
   }
   void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override {
-    model_->write_param(p, dt, src, bytes);
+    model_->write_param(0, p, dt, src, bytes);
   }
   MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override {
     const MemoryLedger& l = model_->ledger(rank < 0 ? 0 : rank);

@@ -154,9 +154,9 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
     if (target == "embedded:" || target == "embedded") {
       backend = zerod::abi::make_embedded_client();
     } else if (target.rfind("unix:", 0) == 0) {
-      fail(ZD_ERR_NOT_IMPLEMENTED, "'" + target +
-                                       "': connecting to a zerod daemon is not built yet; use "
-                                       "\"embedded:\" (or no URI) for now");
+      const std::string path = target.substr(5);
+      require(!path.empty(), "'" + target + "': the unix: endpoint needs a socket path");
+      backend = zerod::abi::make_remote_client(path, opts.timeout_ms);
     } else {
       fail(ZD_ERR_INVALID_ARGUMENT, "unknown endpoint '" + target +
                                         "': expected \"embedded:\" or \"unix:/path/to.sock\"");
@@ -186,12 +186,18 @@ zd_status zd_model_create(zd_client* client, const zd_model_options* options, zd
     *out = nullptr;
     require(client != nullptr, "client is NULL");
     require(options != nullptr, "options is NULL: pass a zd_model_options naming the job script");
-    const zd_model_options o = read_struct(options, zd_model_options{sizeof(zd_model_options), 0,
+    zd_model_options o = read_struct(options, zd_model_options{sizeof(zd_model_options), 0,
                                                                      nullptr, nullptr, nullptr},
                                            "zd_model_options");
-    require((o.script_path != nullptr) != (o.script_text != nullptr),
-            "give exactly one of script_path and script_text");
+    require(!(o.script_path && o.script_text), "give one of script_path and script_text, not both");
     zerod::abi::ScriptOptions s;
+    if (!o.script_path && !o.script_text) {
+      // `zerod run --job job.lua` names the job for every rank.
+      const char* job = std::getenv("ZEROD_JOB");
+      require(job && *job, "no job script: set script_path or script_text (or run under "
+                           "`zerod run --job job.lua`, which sets ZEROD_JOB)");
+      o.script_path = job;
+    }
     s.path = str_or_empty(o.script_path);
     s.text = str_or_empty(o.script_text);
     s.name = str_or_empty(o.script_name);
@@ -367,14 +373,20 @@ zd_status zd_model_loss_scale(const zd_model* model, double* out) {
 
 zd_status zd_param_read(zd_model* model, zd_param_id param, zd_dtype dtype, void* dst,
                         uint64_t bytes) {
-  return guard("zd_param_read", model,
-               [&] { checked(model)->backend->read_param(param, dtype, dst, bytes); });
+  return guard("zd_param_read", model, [&] {
+    const auto& p = checked(model)->backend->registry().param(param);
+    zerod::check_whole_param("zd_param_read", p, dtype, dst, bytes);
+    model->backend->read_param(param, dtype, dst, bytes);
+  });
 }
 
 zd_status zd_param_write(zd_model* model, zd_param_id param, zd_dtype dtype, const void* src,
                          uint64_t bytes) {
-  return guard("zd_param_write", model,
-               [&] { checked(model)->backend->write_param(param, dtype, src, bytes); });
+  return guard("zd_param_write", model, [&] {
+    const auto& p = checked(model)->backend->registry().param(param);
+    zerod::check_whole_param("zd_param_write", p, dtype, src, bytes);
+    model->backend->write_param(param, dtype, src, bytes);
+  });
 }
 
 zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier, zd_mem_kind kind,

@@ -5,8 +5,12 @@
  * state, and applies the optimizer the job script names.
  *
  *   train_mlp [--job job.lua] [--steps N] [--dtype f32|bf16|f16] [--quiet]
+ *   zerod run --nproc 2 --job job.lua -- train_mlp        (data parallel)
  *
- * Prints the loss at every step and exits 0 if training finished.
+ * It connects where the environment says (embedded when run alone, the
+ * daemon under `zerod run`). Every rank walks the same shuffled order and
+ * takes its own slice of each global batch of BATCH * world_size points.
+ * Rank 0 prints the loss at every step.
  */
 #include <zerod/zerod.h>
 
@@ -198,7 +202,7 @@ static void make_spiral(float* x, int* y) {
 }
 
 int main(int argc, char** argv) {
-  const char* job = "examples/c/job.lua";
+  const char* job = getenv("ZEROD_JOB") ? NULL : "examples/c/job.lua"; /* NULL: ZEROD_JOB */
   int steps = 300, quiet = 0;
   zd_dtype dtype = ZD_DTYPE_F32;
   for (int i = 1; i < argc; ++i) {
@@ -220,7 +224,14 @@ int main(int argc, char** argv) {
   make_spiral(X, Y);
 
   zd_client* client = NULL;
-  CHECK(zd_connect("embedded:", NULL, &client));
+  CHECK(zd_connect(NULL, NULL, &client)); /* ZEROD_ENDPOINT, else embedded */
+  zd_client_info ci = ZD_CLIENT_INFO_INIT;
+  CHECK(zd_client_get_info(client, &ci));
+  const int rank = ci.rank, world = ci.world_size;
+  if (world > POINTS / BATCH) {
+    fprintf(stderr, "at most %d ranks: a global batch must fit the data\n", POINTS / BATCH);
+    return 2;
+  }
   zd_model_options mo = ZD_MODEL_OPTIONS_INIT;
   mo.script_path = job;
   zd_model* model = NULL;
@@ -242,8 +253,9 @@ int main(int argc, char** argv) {
   double loss = 0.0;
 
   for (int micro = 0; ; ++micro) {
-    /* A fresh shuffled pass over the data when one ends. */
-    if (cursor + BATCH > POINTS) {
+    /* A fresh shuffled pass over the data when one ends (the same order on
+     * every rank: the generator is seeded alike). */
+    if (cursor + BATCH * world > POINTS) {
       for (int i = POINTS - 1; i > 0; --i) {
         int j = (int)(rand_uniform() * (i + 1));
         int t = order[i]; order[i] = order[j]; order[j] = t;
@@ -251,12 +263,12 @@ int main(int argc, char** argv) {
       cursor = 0;
     }
     for (int r = 0; r < BATCH; ++r) {
-      const int k = order[cursor + r];
+      const int k = order[cursor + rank * BATCH + r];
       xb[2 * r] = X[2 * k];
       xb[2 * r + 1] = X[2 * k + 1];
       yb[r] = Y[k];
     }
-    cursor += BATCH;
+    cursor += BATCH * world;
 
     layer_forward(model, &layers[0], xb, h1, BATCH, 1);
     layer_forward(model, &layers[1], h1, h2, BATCH, 1);
@@ -289,7 +301,7 @@ int main(int argc, char** argv) {
     zd_step_result sr = ZD_STEP_RESULT_INIT;
     CHECK(zd_step(model, &sr));
     if (sr.flags & ZD_STEP_BOUNDARY) {
-      if (!quiet || sr.step == steps)
+      if (rank == 0 && (!quiet || sr.step == steps))
         printf("step %4lld  loss %.4f  lr %.5f  grad_norm %.4f%s\n", (long long)sr.step, loss,
                sr.lr, sr.grad_norm, (sr.flags & ZD_STEP_SKIPPED) ? "  (skipped: overflow)" : "");
       if (sr.step >= steps) break;
@@ -309,8 +321,10 @@ int main(int argc, char** argv) {
   }
   zd_memory_figures mem = ZD_MEMORY_FIGURES_INIT;
   CHECK(zd_model_memory(model, -1, ZD_TIER_DEVICE, ZD_MEM_ALL, &mem));
-  printf("final loss %.4f  accuracy %.1f%%  model state %llu bytes (peak %llu)\n", loss,
-         100.0 * correct / POINTS, (unsigned long long)mem.current, (unsigned long long)mem.peak);
+  if (rank == 0)
+    printf("final loss %.4f  accuracy %.1f%%  ranks %d  model state %llu bytes per rank (peak %llu)\n",
+           loss, 100.0 * correct / POINTS, world, (unsigned long long)mem.current,
+           (unsigned long long)mem.peak);
 
   for (int l = 0; l < 3; ++l) {
     free(layers[l].w);

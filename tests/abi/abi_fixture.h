@@ -1,6 +1,7 @@
-// Shared set-up for the ABI tests. They use nothing but zerod.h, and connect
-// to ZEROD_TEST_ENDPOINT (default "embedded:"), so the same suite can run
-// against the daemon once it exists.
+// Shared set-up for the ABI tests. They use nothing but zerod.h and connect
+// to ZEROD_TEST_ENDPOINT if set, else where the environment says (the
+// daemon under `zerod run`, embedded otherwise): the same suite runs
+// against both.
 #pragma once
 
 #include <zerod/zerod.h>
@@ -15,11 +16,37 @@ namespace zerod_test {
 
 inline const char* endpoint() {
   const char* e = std::getenv("ZEROD_TEST_ENDPOINT");
-  return e && *e ? e : "embedded:";
+  return e && *e ? e : nullptr;
+}
+
+// Whether this run talks to a daemon.
+inline bool daemon_mode() {
+  const char* e = std::getenv("ZEROD_TEST_ENDPOINT");
+  if (!e || !*e) e = std::getenv("ZEROD_ENDPOINT");
+  return e && std::string(e).rfind("unix:", 0) == 0;
 }
 
 // "<status>: <message>" of the last failure on this thread, for assertions.
 inline std::string last() { return zd_last_error(); }
+
+// Sets an environment variable for the scope of a test, then puts it back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 class AbiTest : public ::testing::Test {
  protected:

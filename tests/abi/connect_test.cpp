@@ -1,7 +1,9 @@
 // Connecting, versions, status names, option structs.
 #include "abi_fixture.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 using namespace zerod_test;
 
@@ -17,22 +19,27 @@ TEST(Connect, EmbeddedWorksAndReportsOneRank) {
 }
 
 TEST(Connect, NoUriReadsTheEnvironmentThenFallsBackToEmbedded) {
-  unsetenv("ZEROD_ENDPOINT");
   zd_client* c = nullptr;
-  ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
-  zd_disconnect(c);
-  setenv("ZEROD_ENDPOINT", "bogus:thing", 1);
+  {
+    ScopedEnv none("ZEROD_ENDPOINT", nullptr);
+    ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
+    zd_client_info info = ZD_CLIENT_INFO_INIT;
+    ASSERT_EQ(zd_client_get_info(c, &info), ZD_OK);
+    EXPECT_EQ(info.embedded, 1);
+    zd_disconnect(c);
+  }
+  ScopedEnv bogus("ZEROD_ENDPOINT", "bogus:thing");
   EXPECT_EQ(zd_connect(nullptr, nullptr, &c), ZD_ERR_INVALID_ARGUMENT);
   EXPECT_NE(last().find("bogus:thing"), std::string::npos) << last();
   EXPECT_EQ(c, nullptr);
-  unsetenv("ZEROD_ENDPOINT");
 }
 
-TEST(Connect, UnixUriSaysTheDaemonIsNotBuiltYet) {
+TEST(Connect, ADaemonThatIsNotThereIsAClearError) {
   zd_client* c = reinterpret_cast<zd_client*>(0x1);
-  EXPECT_EQ(zd_connect("unix:/tmp/zerod-test.sock", nullptr, &c), ZD_ERR_NOT_IMPLEMENTED);
+  EXPECT_EQ(zd_connect("unix:/tmp/zerod-no-such-daemon/zerod.sock", nullptr, &c), ZD_ERR_IO);
   EXPECT_EQ(c, nullptr);
-  EXPECT_NE(last().find("not built yet"), std::string::npos) << last();
+  EXPECT_NE(last().find("/tmp/zerod-no-such-daemon/zerod.sock"), std::string::npos) << last();
+  EXPECT_NE(last().find("is the daemon running?"), std::string::npos) << last();
 }
 
 TEST(Connect, UnknownSchemeIsRefusedByName) {
@@ -88,4 +95,14 @@ TEST(Versions, DestroyingNullIsANoOp) {
   zd_disconnect(nullptr);
   zd_model_destroy(nullptr);
   EXPECT_STREQ(zd_model_last_error(nullptr), "");
+}
+
+class ModeTest : public AbiTest {};
+
+TEST_F(ModeTest, ClientInfoSaysWhichModeThisIs) {
+  zd_client_info info = ZD_CLIENT_INFO_INIT;
+  ASSERT_EQ(zd_client_get_info(client_, &info), ZD_OK) << last();
+  EXPECT_EQ(info.embedded, daemon_mode() ? 0 : 1);
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
 }

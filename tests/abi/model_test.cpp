@@ -35,10 +35,27 @@ TEST_F(ModelTest, AMissingScriptFileIsAnIoErrorNamingThePath) {
   EXPECT_NE(last().find("/nonexistent/dir/job.lua"), std::string::npos) << last();
 }
 
-TEST_F(ModelTest, ExactlyOneOfPathAndTextIsRequired) {
+TEST_F(ModelTest, TheJobScriptComesFromThePathTheTextOrZerodRun) {
   zd_model_options o = ZD_MODEL_OPTIONS_INIT;
   zd_model* m = nullptr;
-  EXPECT_EQ(zd_model_create(client_, &o, &m), ZD_ERR_INVALID_ARGUMENT);
+  {
+    ScopedEnv none("ZEROD_JOB", nullptr);
+    EXPECT_EQ(zd_model_create(client_, &o, &m), ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(last().find("ZEROD_JOB"), std::string::npos) << last();
+  }
+  {
+    // `zerod run --job` names the job in ZEROD_JOB for options without one.
+    char path[] = "/tmp/zerod-env-job-XXXXXX.lua";
+    const int fd = mkstemps(path, 4);
+    ASSERT_GE(fd, 0);
+    const std::string text = sgd_job();
+    ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    close(fd);
+    ScopedEnv job("ZEROD_JOB", path);
+    EXPECT_EQ(zd_model_create(client_, &o, &m), ZD_OK) << last();
+    zd_model_destroy(m);
+    unlink(path);
+  }
   o.script_path = "a.lua";
   o.script_text = "return {}";
   EXPECT_EQ(zd_model_create(client_, &o, &m), ZD_ERR_INVALID_ARGUMENT);

@@ -215,14 +215,21 @@ TEST(ThreadPool, RunsEveryIndexOnceAndPropagatesErrors) {
   EXPECT_GE(available_cores(), 1u);
 }
 
-TEST(Registry, ShardsArePaddedAndAligned) {
+static LayoutPolicy policy(Partitioning p, uint64_t world) {
+  LayoutPolicy pol;
+  pol.partitioning = p;
+  pol.stride = [world](uint64_t n, uint64_t a) { return ((n + world - 1) / world + a - 1) / a * a; };
+  return pol;
+}
+
+TEST(Registry, ParameterShardsArePaddedAndAligned) {
   Registry r(2);
   r.add("w1", "m", ZD_DTYPE_F32, {3, 5}, {});
   r.add("w2", "m", ZD_DTYPE_F32, {3, 5}, {});
   r.add("h", "n", ZD_DTYPE_BF16, {7}, {});
-  r.lay_out();
+  r.lay_out(policy(Partitioning::Param, 2));
   const ParamRecord& w1 = r.param(0);
-  EXPECT_EQ(w1.shard_numel, 8u);  // 15 elements over 2 ranks
+  EXPECT_EQ(w1.stride, 8u);  // 15 elements over 2 ranks
   EXPECT_EQ(w1.shard_real(0), 8u);
   EXPECT_EQ(w1.shard_real(1), 7u);  // one element of padding
   EXPECT_EQ(w1.flat_offset, 0u);
@@ -235,4 +242,25 @@ TEST(Registry, ShardsArePaddedAndAligned) {
   EXPECT_EQ(r.find_module("n"), 1);
   EXPECT_EQ(r.total_numel(), 37u);
   EXPECT_THROW(r.param(3), Error);
+}
+
+TEST(Registry, GroupPartitionsCutTheFullLayoutIntoEqualRanges) {
+  Registry r(3);
+  r.add("a", "m", ZD_DTYPE_F32, {100}, {});
+  r.add("b", "m", ZD_DTYPE_F32, {10}, {});
+  r.lay_out(policy(Partitioning::Group, 3));
+  const ParamGroup& g = r.groups()[0];
+  // a at 0 (100 -> 128 aligned), b at 128: 160 elements in all, 54 -> 64 per rank.
+  EXPECT_EQ(r.param(1).full_offset, 128u);
+  EXPECT_EQ(g.stride, 64u);
+  EXPECT_EQ(g.full_numel, 192u);
+}
+
+TEST(Registry, APartitionerThatCutsTooSmallIsRefused) {
+  Registry r(2);
+  r.add("a", "m", ZD_DTYPE_F32, {100}, {});
+  LayoutPolicy bad;
+  bad.partitioning = Partitioning::Param;
+  bad.stride = [](uint64_t, uint64_t) { return uint64_t{10}; };
+  EXPECT_THROW(r.lay_out(bad), Error);
 }

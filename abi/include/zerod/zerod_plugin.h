@@ -46,6 +46,8 @@ enum {
 
 /* The descriptor versions this header defines, per kind. */
 #define ZD_OPTIMIZER_ABI_VERSION 1
+#define ZD_COMM_ABI_VERSION 1
+#define ZD_PARTITIONER_ABI_VERSION 1
 
 typedef struct zd_plugin_header {
   zd_plugin_kind kind;
@@ -163,6 +165,129 @@ typedef struct zd_optimizer_v1 {
    * the plugin was built without CUDA. */
   zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
 } zd_optimizer_v1;
+
+/* ------------------------------------------------------------------------ */
+/* Communication plugins (kind ZD_PLUGIN_COMM, version 1)                    */
+/* ------------------------------------------------------------------------ */
+/* Collectives among the ranks of a job. Every rank calls each collective in
+ * the same order with the same op, count, dtype and tag; the call blocks
+ * until the collective is complete on this rank, fails, or times out. The
+ * "local" plugin serves the ranks of one daemon: they are threads of one
+ * process, and collectives run on those threads over shared memory.
+ *
+ * A rank that arrives at a collective different from the others' (another
+ * tag, operation, reduce op, count, dtype or root) makes that collective
+ * fail on every rank with ZD_ERR_INVALID_STATE; a collective that has not
+ * started (not every rank arrived) after timeout_ms fails on every rank with
+ * ZD_ERR_TIMEOUT. Once started, a collective runs to completion: its memory
+ * work is bounded and its buffers must not be freed under it. last_error()
+ * then says which rank was in which call (the `what` strings) and which had
+ * not arrived. After any failure or abort the instance is broken for good:
+ * every later call fails at once with that message; a job that continues
+ * creates a new instance.
+ *
+ * Threads: each rank has at most one call in flight, from one thread at a
+ * time; abort() may come from any thread. destroy() only when no call is in
+ * flight. */
+
+typedef int32_t zd_comm_dtype;
+enum {
+  ZD_COMM_F32 = 1,   /* = ZD_DTYPE_F32 */
+  ZD_COMM_BF16 = 2,  /* = ZD_DTYPE_BF16 */
+  ZD_COMM_F16 = 3,   /* = ZD_DTYPE_F16 */
+  ZD_COMM_F64 = 64   /* statistics (norms) */
+};
+
+typedef int32_t zd_reduce_op;
+enum { ZD_REDUCE_SUM = 1, ZD_REDUCE_MAX = 2 };
+
+typedef struct zd_comm_call {
+  uint32_t struct_size;
+  int32_t rank;          /* the calling rank, 0..world_size-1 */
+  uint64_t tag;          /* what the engine is doing; equal on every rank for the same collective */
+  uint32_t timeout_ms;   /* 0 = no limit */
+  uint32_t reserved;
+  const char* what;      /* for messages, e.g. "backward_end('fc2'): reduce-scatter" */
+} zd_comm_call;
+
+typedef struct zd_comm_v1 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_COMM, abi_version 1 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      int32_t world_size, void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+
+  /* buf: count elements on every rank, reduced in place; every rank ends
+   * with the same values (summed in rank order, so bit-identical). */
+  zd_status (*all_reduce)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                          zd_comm_dtype dtype, zd_reduce_op op);
+  /* send: world_size * recv_count elements; rank r receives the reduction of
+   * chunk r of every rank's send. recv may be send + rank * recv_count. */
+  zd_status (*reduce_scatter)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                              uint64_t recv_count, zd_comm_dtype dtype, zd_reduce_op op);
+  /* recv: world_size * send_count elements, chunk k from rank k. send may be
+   * recv + rank * send_count (in place). */
+  zd_status (*all_gather)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                          uint64_t send_count, zd_comm_dtype dtype);
+  zd_status (*broadcast)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                         zd_comm_dtype dtype, int32_t root);
+  zd_status (*barrier)(void* instance, const zd_comm_call* call);
+
+  /* Makes every collective not yet started, and every later one, fail with
+   * status and reason (a rank died, the job is stopping). Thread-safe. */
+  void (*abort)(void* instance, zd_status status, const char* reason);
+  /* The message of this rank's last failed call ("" if none); valid until
+   * the rank's next call. */
+  const char* (*last_error)(const void* instance, int32_t rank);
+  /* Bytes this rank has sent to other ranks so far: what a ring algorithm
+   * would put on a link (all-reduce 2(N-1)/N of the buffer, reduce-scatter
+   * and all-gather (N-1) chunks). */
+  uint64_t (*bytes_sent)(const void* instance, int32_t rank);
+} zd_comm_v1;
+
+/* ------------------------------------------------------------------------ */
+/* Partitioner plugins (kind ZD_PLUGIN_PARTITIONER, version 1)               */
+/* ------------------------------------------------------------------------ */
+/* A ZeRO stage: which state is split across ranks, how a tensor is cut into
+ * shards, and the knobs of the gather / reduce / release schedule. The engine
+ * moves the bytes; the partitioner decides the policy. */
+
+enum {
+  ZD_PARTITION_OPTIMIZER = 1u << 0, /* master and optimizer state: stage 1+ */
+  ZD_PARTITION_GRADS = 1u << 1,     /* gradients, reduce-scattered during backward: stage 2+ */
+  ZD_PARTITION_PARAMS = 1u << 2     /* working copies, gathered per module: stage 3 */
+};
+
+typedef struct zd_partitioner_v1 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_PARTITIONER, abi_version 1 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      int32_t world_size, void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+
+  /* ZD_PARTITION_* bits. */
+  uint32_t (*partitions)(const void* instance);
+  /* The per-rank shard length of a tensor of numel elements, a multiple of
+   * align and at least ceil(numel / world_size): rank r owns elements
+   * [r * stride, (r + 1) * stride); past numel is zero padding. Stages 1-2
+   * cut each parameter group's flat buffer this way, stage 3 each parameter
+   * (align 1). */
+  uint64_t (*shard_stride)(const void* instance, uint64_t numel, uint64_t align);
+  /* Stage 3: parameters of at most this many elements stay gathered. */
+  uint64_t (*persistence_threshold)(const void* instance);
+  /* Gradients are reduced in buckets of about this many elements. */
+  uint64_t (*bucket_elements)(const void* instance);
+  /* Stage 3: gathered elements prefetching may hold at once, and may fetch
+   * ahead of the module being begun (0 = no prefetch). */
+  uint64_t (*max_live_elements)(const void* instance);
+  uint64_t (*prefetch_elements)(const void* instance);
+} zd_partitioner_v1;
 
 #ifdef __cplusplus
 } /* extern "C" */

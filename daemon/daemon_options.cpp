@@ -1,0 +1,98 @@
+#include "daemon_options.h"
+
+#include "error.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace zerod::cli {
+
+namespace {
+
+void usage(const char* cmd, bool want_command) {
+  std::fprintf(stderr,
+               "usage: zerod %s --nproc N --job job.lua [--socket PATH]%s\n"
+               "  --nproc N       the number of ranks (trainer processes) of the job\n"
+               "  --job FILE      the job script; checked before anything starts%s\n"
+               "  --socket PATH   where the daemon listens (default: a private directory)\n%s",
+               cmd, want_command ? " [--no-prefix] -- <trainer command...>" : "",
+               want_command ? ", and passed to the ranks as ZEROD_JOB" : "",
+               want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n" : "");
+}
+
+}  // namespace
+
+bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command, DaemonArgs* out,
+                       int* exit_code) {
+  *exit_code = 2;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "zerod %s: %s needs a value\n", cmd, name);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    if (a == "--") {
+      for (int j = i + 1; j < argc; ++j) out->command.push_back(argv[j]);
+      break;
+    } else if (a == "--nproc" || a == "-n") {
+      const char* v = value("--nproc");
+      if (!v) return false;
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end || n < 1 || n > 4096) {
+        std::fprintf(stderr, "zerod %s: --nproc must be a number from 1 to 4096, got '%s'\n", cmd, v);
+        return false;
+      }
+      out->nproc = static_cast<int>(n);
+    } else if (a == "--job") {
+      const char* v = value("--job");
+      if (!v) return false;
+      out->job = v;
+    } else if (a == "--socket") {
+      const char* v = value("--socket");
+      if (!v) return false;
+      out->socket = v;
+    } else if (a == "--no-prefix" && want_command) {
+      out->prefix = false;
+    } else if (a == "-h" || a == "--help") {
+      usage(cmd, want_command);
+      *exit_code = 0;
+      return false;
+    } else {
+      std::fprintf(stderr, "zerod %s: unexpected argument '%s'\n", cmd, a.c_str());
+      usage(cmd, want_command);
+      return false;
+    }
+  }
+  if (out->job.empty()) {
+    std::fprintf(stderr, "zerod %s: --job job.lua is required\n", cmd);
+    usage(cmd, want_command);
+    return false;
+  }
+  if (want_command && out->command.empty()) {
+    std::fprintf(stderr, "zerod %s: no trainer command; give it after --\n", cmd);
+    usage(cmd, want_command);
+    return false;
+  }
+  char resolved[4096];
+  if (realpath(out->job.c_str(), resolved)) out->job = resolved;  // the ranks may chdir
+  return true;
+}
+
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path) {
+  try {
+    scripting::ScriptSource src;
+    src.path = path;
+    return scripting::JobScript::load(src);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\nzerod %s: %s is not a valid job script (%s); nothing was started\n",
+                 e.what(), cmd, path.c_str(), status_name(e.code()));
+    return nullptr;
+  }
+}
+
+}  // namespace zerod::cli

@@ -1,0 +1,30 @@
+// Options shared by `zerod run` and `zerod serve`, and the job check both do
+// before anything starts.
+#pragma once
+
+#include "job_script.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zerod::cli {
+
+struct DaemonArgs {
+  int nproc = 1;
+  std::string job;          // path of the job script
+  std::string socket;       // "" = a private directory
+  bool prefix = true;
+  std::vector<std::string> command;  // after "--" (run)
+};
+
+// Parses argv; on a mistake prints it with the usage and returns false
+// (*exit_code set).
+bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command, DaemonArgs* out,
+                       int* exit_code);
+
+// Loads and checks the job script the way the ranks will, so a bad script is
+// reported (file:line) before any rank starts; nullptr after printing why.
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path);
+
+}  // namespace zerod::cli

@@ -1,0 +1,33 @@
+#include "wire.h"
+
+#include "error.h"
+
+#include <string>
+
+namespace zerod::wire {
+
+void send(transport::Connection& c, FrameType type, uint32_t request_id,
+          const google::protobuf::MessageLite& msg, std::span<const int> fds, int timeout_ms) {
+  std::string body;
+  if (!msg.SerializeToString(&body)) fail(ZD_ERR_INTERNAL, "cannot serialize a protocol message");
+  transport::FrameHeader h;
+  h.length = static_cast<uint32_t>(body.size());
+  h.request_id = request_id;
+  h.type = type;
+  c.send(h, std::as_bytes(std::span<const char>(body.data(), body.size())), fds, timeout_ms);
+}
+
+void parse(const transport::Frame& f, google::protobuf::MessageLite* msg, const char* what) {
+  if (!msg->ParseFromArray(f.body.data(), static_cast<int>(f.body.size())))
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string("malformed ") + what + ": the body of frame " +
+                                      std::to_string(f.header.request_id) + " (" +
+                                      std::to_string(f.body.size()) + " bytes) is not a valid " +
+                                      what);
+}
+
+void set_error(v1::Reply* reply, zd_status status, const std::string& message) {
+  reply->mutable_error()->set_status(status);
+  reply->mutable_error()->set_message(message);
+}
+
+}  // namespace zerod::wire

@@ -1,0 +1,74 @@
+// `zerod run --nproc N --job job.lua -- <trainer…>`: the daemon and the
+// launcher in one process, like torchrun. The job is checked first; then
+// the daemon listens on a private socket, N ranks start with ZEROD_ENDPOINT,
+// ZEROD_RANK, ZEROD_LOCAL_RANK, ZEROD_WORLD_SIZE and ZEROD_JOB set, and their
+// output comes back prefixed with their rank. The first rank to fail is
+// named with how it failed; the others are stopped and zerod exits non-zero.
+#include "commands.h"
+#include "daemon_options.h"
+
+#include "error.h"
+#include "launcher/launcher.h"
+#include "launcher/signal_forwarder.h"
+#include "log.h"
+#include "server.h"
+
+#include <chrono>
+#include <cstdio>
+
+namespace zerod::cli {
+
+int run_command(int argc, char** argv) {
+  DaemonArgs args;
+  int code = 0;
+  if (!parse_daemon_args("run", argc, argv, true, &args, &code)) return code;
+  auto job = check_job("run", args.job);
+  if (!job) return 1;
+  try {
+    server::ServerOptions so;
+    so.socket_path = args.socket;
+    so.world_size = args.nproc;
+    so.keep_state = job->config().keep_state_on_disconnect;
+    server::Server server(so);
+    server.start();
+    log_info("zerod run: serving " + std::to_string(args.nproc) + " ranks on " + server.socket_path());
+
+    launch::LaunchOptions lo;
+    lo.nproc = args.nproc;
+    lo.argv = args.command;
+    lo.prefix_output = args.prefix;
+    lo.peer_exit_seconds = 2;  // survivors report the lost peer before they are stopped
+    lo.env["ZEROD_ENDPOINT"] = "unix:" + server.socket_path();
+    lo.env["ZEROD_JOB"] = args.job;
+    lo.on_exit = [&server](const launch::RankExit& e) {
+      // A rank gone while still in the job: the others' collectives fail
+      // with "peer lost" naming it, instead of waiting for it forever.
+      server.rank_exited(e.rank, e.describe());
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    launch::Launcher launcher(lo);
+    launch::SignalForwarder forwarder(launcher, [](int received, int sent) {
+      std::fprintf(stderr, "zerod run: got signal %d, sent %s to every rank\n", received,
+                   launch::signal_description(sent).c_str());
+    });
+    launcher.start();
+    const launch::LaunchResult result = launcher.wait();
+    server.stop();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (result.first_failure) {
+      std::fprintf(stderr, "zerod run: %s, the first rank to fail (exit status %d)\n",
+                   result.first_failure->describe().c_str(), result.exit_code);
+      for (const auto& e : result.exits)
+        if (e.rank != result.first_failure->rank && !e.ok())
+          std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
+      return result.exit_code ? result.exit_code : 1;
+    }
+    std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));
+    return 1;
+  }
+}
+
+}  // namespace zerod::cli

@@ -1,0 +1,52 @@
+// `zerod serve --nproc N --job job.lua --socket PATH`: the daemon alone, for
+// ranks started by other means (each sets ZEROD_ENDPOINT=unix:PATH,
+// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT or SIGTERM.
+#include "commands.h"
+#include "daemon_options.h"
+
+#include "error.h"
+#include "server.h"
+
+#include <signal.h>
+
+#include <cstdio>
+
+namespace zerod::cli {
+
+int serve_command(int argc, char** argv) {
+  DaemonArgs args;
+  int code = 0;
+  if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
+  auto job = check_job("serve", args.job);
+  if (!job) return 1;
+  // The stop signals are taken by sigwait below; blocked first so that no
+  // server thread receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  try {
+    server::ServerOptions so;
+    so.socket_path = args.socket;
+    so.world_size = args.nproc;
+    so.keep_state = job->config().keep_state_on_disconnect;
+    server::Server server(so);
+    server.start();
+    std::printf("zerod serve: listening on %s for %d rank%s (job %s)\n"
+                "  ranks connect with ZEROD_ENDPOINT=unix:%s ZEROD_RANK=<r> ZEROD_WORLD_SIZE=%d\n",
+                server.socket_path().c_str(), args.nproc, args.nproc == 1 ? "" : "s", args.job.c_str(),
+                server.socket_path().c_str(), args.nproc);
+    std::fflush(stdout);
+    int sig = 0;
+    sigwait(&stop, &sig);
+    std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
+    server.stop();
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod serve: %s (%s)\n", e.what(), status_name(e.code()));
+    return 1;
+  }
+}
+
+}  // namespace zerod::cli

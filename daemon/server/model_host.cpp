@@ -1,0 +1,130 @@
+#include "model_host.h"
+
+#include "error.h"
+
+#include <chrono>
+
+namespace zerod::server {
+
+ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
+                     std::unique_ptr<scripting::JobScript> script, int world_size)
+    : id_(id),
+      key_(key),
+      script_text_(std::move(script_text)),
+      script_name_(std::move(script_name)),
+      script_(std::move(script)),
+      attached_(static_cast<size_t>(world_size), false),
+      gone_(static_cast<size_t>(world_size), false),
+      reattaching_(static_cast<size_t>(world_size), false),
+      verified_(static_cast<size_t>(world_size), 0) {
+  model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(world_size),
+                                   script_.get(), world_size);
+}
+
+ModelHost::~ModelHost() { model_.reset(); }  // before the script its policy points into
+
+void ModelHost::attach(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attached_.at(static_cast<size_t>(rank)) = true;
+}
+
+void ModelHost::detach(int rank, bool lost, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!attached_.at(static_cast<size_t>(rank))) return;
+    attached_[static_cast<size_t>(rank)] = false;
+    gone_[static_cast<size_t>(rank)] = true;
+  }
+  if (model_->world_size() > 1) {
+    if (lost)
+      model_->rank_lost(rank, reason);
+    else
+      model_->rank_left(rank, reason);
+  }
+}
+
+bool ModelHost::attached(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return attached_.at(static_cast<size_t>(rank));
+}
+
+bool ModelHost::anyone_attached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (bool a : attached_)
+    if (a) return true;
+  return false;
+}
+
+bool ModelHost::can_reattach(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto r = static_cast<size_t>(rank);
+  return model_->config().keep_state_on_disconnect && model_->finalized() && !attached_.at(r) &&
+         gone_.at(r);
+}
+
+void ModelHost::reattach(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto r = static_cast<size_t>(rank);
+  attached_.at(r) = true;
+  gone_[r] = false;
+  reattaching_[r] = true;
+  verified_[r] = 0;
+}
+
+bool ModelHost::reattaching(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reattaching_.at(static_cast<size_t>(rank));
+}
+
+zd_param_id ModelHost::verify_param(int rank, const std::string& name, const std::string& module,
+                                    zd_dtype dtype, const std::vector<int64_t>& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto r = static_cast<size_t>(rank);
+  const auto& reg = model_->registry();
+  const auto index = static_cast<size_t>(verified_[r]);
+  if (index >= reg.params().size())
+    fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(rank) + " re-registered more parameters (" +
+                                   std::to_string(index + 1) + ") than the kept model has (" +
+                                   std::to_string(reg.params().size()) + ")");
+  const ParamRecord& p = reg.params()[index];
+  if (p.name != name || reg.module(p.module).name != module || p.dtype != dtype || p.shape != shape)
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " re-registered parameter #" +
+                                      std::to_string(index) + " as '" + name +
+                                      "', but the kept model's is '" + p.name +
+                                      "' with another module, dtype or shape; a restarted job "
+                                      "must register what it registered before");
+  ++verified_[r];
+  return static_cast<zd_param_id>(index);
+}
+
+void ModelHost::finish_reattach(int rank) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto r = static_cast<size_t>(rank);
+  if (static_cast<size_t>(verified_[r]) != model_->registry().params().size())
+    fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(rank) + " re-registered " +
+                                   std::to_string(verified_[r]) + " of the kept model's " +
+                                   std::to_string(model_->registry().params().size()) + " parameters");
+  // Every rank re-attaches before the model is recovered: nobody is inside
+  // it then. The last to arrive recovers it.
+  const uint64_t round = recoveries_;
+  ++finalizing_;
+  if (finalizing_ == model_->world_size()) {
+    model_->recover(script_->make_plugins(model_->world_size()).comm);
+    finalizing_ = 0;
+    ++recoveries_;
+    cv_.notify_all();
+  } else {
+    const bool done = cv_.wait_for(lock, std::chrono::duration<double>(model_->config().comm_timeout_s),
+                                   [&] { return recoveries_ != round; });
+    if (!done) {
+      --finalizing_;
+      fail(ZD_ERR_TIMEOUT, "rank " + std::to_string(rank) + " re-attached to the kept model, but not "
+                                                            "every rank did within the comm timeout");
+    }
+  }
+  reattaching_[r] = false;
+  lock.unlock();
+  model_->rebuild_working_copies(rank);
+}
+
+}  // namespace zerod::server

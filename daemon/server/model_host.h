@@ -1,0 +1,70 @@
+// A model the daemon hosts for the ranks of a job: the engine Model, the job
+// script whose hooks it calls, and which ranks are attached. Every rank's
+// k-th zd_model_create lands on the same model, so N processes that each
+// create "their" model share one.
+#pragma once
+
+#include "job_script.h"
+#include "model.h"
+
+#include <memory>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace zerod::server {
+
+class ModelHost {
+ public:
+  ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
+            std::unique_ptr<scripting::JobScript> script, int world_size);
+  ~ModelHost();
+
+  int id() const { return id_; }
+  uint64_t key() const { return key_; }
+  const std::string& script_text() const { return script_text_; }
+  const std::string& script_name() const { return script_name_; }
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  const scripting::JobScript& script() const { return *script_; }
+
+  // Attaching and leaving. A rank that leaves without destroying the model
+  // (its connection dropped) is lost: the other ranks' collectives fail.
+  void attach(int rank);
+  void detach(int rank, bool lost, const std::string& reason);
+  bool attached(int rank) const;
+  bool anyone_attached() const;
+
+  // --- restart (the job keeps its state) -----------------------------------
+  // Whether rank may re-attach: the job keeps state and that rank left or
+  // was lost.
+  bool can_reattach(int rank) const;
+  void reattach(int rank);
+  bool reattaching(int rank) const;
+  // A re-attaching rank registers its parameters again: they must be the
+  // ones the model has; returns the id.
+  zd_param_id verify_param(int rank, const std::string& name, const std::string& module,
+                           zd_dtype dtype, const std::vector<int64_t>& shape);
+  // A re-attaching rank's finalize: waits for every rank to re-attach and
+  // finalize, recovers the model once, rebuilds the working copies.
+  void finish_reattach(int rank);
+
+ private:
+  int id_;
+  uint64_t key_;
+  std::string script_text_;
+  std::string script_name_;
+  std::unique_ptr<scripting::JobScript> script_;
+  std::unique_ptr<Model> model_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bool> attached_;
+  std::vector<bool> gone_;          // left or lost since it last attached
+  std::vector<bool> reattaching_;
+  std::vector<int> verified_;       // parameters re-registered, per rank
+  int finalizing_ = 0;
+  uint64_t recoveries_ = 0;
+};
+
+}  // namespace zerod::server

@@ -1,0 +1,131 @@
+#include "status.h"
+
+#include "model_host.h"
+#include "server.h"
+
+#include "ledger.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace zerod::server {
+
+namespace {
+
+std::string rank_state(const RankActivity& a, bool connected) {
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - a.since).count();
+  const std::string target = a.call + (a.module.empty() ? "" : "('" + a.module + "')");
+  char buf[512];
+  if (a.lost)
+    std::snprintf(buf, sizeof buf, "lost: %s", a.lost_reason.c_str());
+  else if (!connected)
+    std::snprintf(buf, sizeof buf, "not connected");
+  else if (a.in_call)
+    std::snprintf(buf, sizeof buf, "in %s for %.1f s", target.c_str(), secs);
+  else
+    std::snprintf(buf, sizeof buf, "idle %.1f s after %s", secs, target.c_str());
+  return buf;
+}
+
+}  // namespace
+
+void fill_status(Server& server, v1::StatusReply* out) {
+  out->set_version(ZEROD_VERSION_STRING);
+  out->set_pid(static_cast<int32_t>(getpid()));
+  out->set_socket(server.socket_path());
+  out->set_uptime_s(server.uptime_s());
+  out->set_world_size(server.world_size());
+  for (const auto& host : server.models()) {
+    const Model& m = host->model();
+    v1::ModelStatus* ms = out->add_models();
+    ms->set_model(host->id());
+    ms->set_job(host->script_name());
+    ms->set_zero_stage(m.config().zero_stage);
+    ms->set_optimizer(m.config().optimizer);
+    ms->set_params(static_cast<int32_t>(m.registry().params().size()));
+    ms->set_modules(static_cast<int32_t>(m.registry().modules().size()));
+    ms->set_numel(static_cast<int64_t>(m.registry().total_numel()));
+    ms->set_finalized(m.finalized());
+    ms->set_broken(m.broken_reason());
+    const auto acts = m.activity().snapshot();
+    for (int r = 0; r < m.world_size(); ++r) {
+      const RankActivity& a = acts[static_cast<size_t>(r)];
+      v1::RankStatus* rs = ms->add_ranks();
+      rs->set_rank(r);
+      rs->set_connected(host->attached(r));
+      rs->set_pid(server.rank_pid(r));
+      rs->set_state(rank_state(a, host->attached(r)));
+      rs->set_step(a.step);
+      rs->set_micro_step(a.micro_step);
+      rs->set_comm_bytes_sent(m.comm().bytes_sent(r));
+      const MemoryLedger& l = m.ledger(r);
+      for (int t = 0; t < ZD_TIER_COUNT; ++t) {
+        v1::TierBytes* tb = rs->add_tiers();
+        tb->set_tier(tier_name(t));
+        for (int k = 0; k < ZD_MEM_KIND_COUNT; ++k) tb->add_current(l.current(t, k));
+        tb->set_peak(l.peak(t, ZD_MEM_ALL));
+        tb->set_budget(l.budget(t));
+      }
+      if (r == 0) {
+        v1::StepFigures* f = ms->mutable_last_step();
+        f->set_step(a.step);
+        f->set_micro_step(a.micro_step);
+        f->set_lr(a.lr);
+        f->set_loss_scale(a.loss_scale);
+        f->set_grad_norm(a.grad_norm);
+        f->set_skipped(a.last_skipped);
+      }
+    }
+  }
+}
+
+std::string format_status(const v1::StatusReply& s) {
+  std::string out;
+  char line[1024];
+  std::snprintf(line, sizeof line, "zerod %s, pid %d, %d rank%s, up %.1f s, socket %s\n",
+                s.version().c_str(), s.pid(), s.world_size(), s.world_size() == 1 ? "" : "s",
+                s.uptime_s(), s.socket().c_str());
+  out += line;
+  if (s.models().empty()) out += "no models\n";
+  for (const auto& m : s.models()) {
+    std::snprintf(line, sizeof line,
+                  "\nmodel %d: %s, ZeRO stage %d, %s, %d parameters (%lld elements) in %d modules%s\n",
+                  m.model(), m.job().c_str(), m.zero_stage(), m.optimizer().c_str(), m.params(),
+                  static_cast<long long>(m.numel()), m.modules(), m.finalized() ? "" : ", not finalized");
+    out += line;
+    const auto& f = m.last_step();
+    std::snprintf(line, sizeof line, "  last step %lld (micro-step %lld): lr %g, loss scale %g, grad norm %g%s\n",
+                  static_cast<long long>(f.step()), static_cast<long long>(f.micro_step()), f.lr(),
+                  f.loss_scale(), f.grad_norm(), f.skipped() ? " (skipped)" : "");
+    out += line;
+    if (!m.broken().empty()) out += "  BROKEN: " + m.broken() + "\n";
+    out += "  rank  pid      step    state\n";
+    for (const auto& r : m.ranks()) {
+      std::snprintf(line, sizeof line, "  %-5d %-8d %-7lld %s\n", r.rank(), r.pid(),
+                    static_cast<long long>(r.step()), r.state().c_str());
+      out += line;
+    }
+    out += "  bytes per rank and tier: params grads master optimizer buffers | total (peak / budget); comm sent\n";
+    for (const auto& r : m.ranks()) {
+      for (const auto& t : r.tiers()) {
+        uint64_t total = 0;
+        for (uint64_t b : t.current()) total += b;
+        if (total == 0 && t.peak() == 0 && t.budget() == MemoryLedger::kNoBudget) continue;
+        std::string kinds;
+        for (uint64_t b : t.current()) kinds += format_bytes(b) + "  ";
+        std::snprintf(line, sizeof line, "  rank %d %-6s %s| %s (peak %s / budget %s); comm %s\n", r.rank(),
+                      t.tier().c_str(), kinds.c_str(), format_bytes(total).c_str(),
+                      format_bytes(t.peak()).c_str(),
+                      t.budget() == MemoryLedger::kNoBudget ? "none" : format_bytes(t.budget()).c_str(),
+                      format_bytes(r.comm_bytes_sent()).c_str());
+        out += line;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace zerod::server

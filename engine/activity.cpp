@@ -1,0 +1,90 @@
+#include "activity.h"
+
+#include <cstdio>
+
+namespace zerod {
+
+ActivityTable::ActivityTable(int world_size) : ranks_(static_cast<size_t>(world_size)) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& r : ranks_) r.since = now;
+}
+
+void ActivityTable::enter(int rank, const char* call, const std::string& module) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RankActivity& a = ranks_.at(static_cast<size_t>(rank));
+  a.call = call;
+  a.module = module;
+  a.since = std::chrono::steady_clock::now();
+  a.in_call = true;
+}
+
+void ActivityTable::leave(int rank, int64_t step, int64_t micro_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RankActivity& a = ranks_.at(static_cast<size_t>(rank));
+  a.in_call = false;
+  a.since = std::chrono::steady_clock::now();
+  a.step = step;
+  a.micro_step = micro_step;
+}
+
+void ActivityTable::mark_lost(int rank, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RankActivity& a = ranks_.at(static_cast<size_t>(rank));
+  a.lost = true;
+  a.lost_reason = reason;
+}
+
+void ActivityTable::clear_lost() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (RankActivity& a : ranks_) {
+    a.lost = false;
+    a.lost_reason.clear();
+    a.in_call = false;
+  }
+}
+
+void ActivityTable::record_step(int rank, double lr, double loss_scale, double grad_norm,
+                                bool skipped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RankActivity& a = ranks_.at(static_cast<size_t>(rank));
+  a.lr = lr;
+  a.loss_scale = loss_scale;
+  a.grad_norm = grad_norm;
+  a.last_skipped = skipped;
+}
+
+std::vector<RankActivity> ActivityTable::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranks_;
+}
+
+std::string ActivityTable::describe() const {
+  const auto now = std::chrono::steady_clock::now();
+  const std::vector<RankActivity> all = snapshot();
+  std::string out;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const RankActivity& a = all[r];
+    const double secs = std::chrono::duration<double>(now - a.since).count();
+    char line[512];
+    const std::string target = a.call + (a.module.empty() ? "" : "('" + a.module + "')");
+    if (a.lost) {
+      std::snprintf(line, sizeof line, "  rank %zu: lost (%s); last call %s", r,
+                    a.lost_reason.c_str(), target.c_str());
+    } else if (a.in_call) {
+      std::snprintf(line, sizeof line, "  rank %zu: in %s for %.1f s (step %lld, micro-step %lld)", r,
+                    target.c_str(), secs, static_cast<long long>(a.step),
+                    static_cast<long long>(a.micro_step));
+    } else {
+      std::snprintf(line, sizeof line,
+                    "  rank %zu: returned from %s %.1f s ago and has not called since (step %lld, "
+                    "micro-step %lld)",
+                    r, target.c_str(), secs, static_cast<long long>(a.step),
+                    static_cast<long long>(a.micro_step));
+    }
+    out += line;
+    if (r + 1 < all.size()) out += "\n";
+  }
+  return out;
+}
+
+}  // namespace zerod

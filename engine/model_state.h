@@ -1,0 +1,107 @@
+// The per-rank state of a Model. Private to engine/model*.cpp.
+#pragma once
+
+#include "model.h"
+
+#include <chrono>
+
+namespace zerod {
+
+// Buffers of one parameter group on one rank. Which ones exist and how long
+// they are depends on the stage (see Registry):
+//   working: stages 0-2 the full layout; stage 3 the rank's flat shards
+//   grad:    stages 0-1 the full layout; stage 2 the owned range; stage 3 flat
+//   master, state: stage 0 the full layout; stages 1-2 the owned range; stage 3 flat
+struct Model::GroupBuffers {
+  Block working;
+  Block grad;
+  Block master;
+  std::array<Block, ZD_OPTIMIZER_MAX_STATE> state{};
+};
+
+struct Model::ParamState {
+  Block grad_view;           // a transient gradient buffer, or empty (the view is the accumulator)
+  bool view_active = false;  // between backward_begin and backward_end
+  bool touched = false;      // a contribution landed in this accumulation window
+  Block gathered;            // stage 3: the whole working copy while resident
+};
+
+struct Model::ModuleState {
+  bool forward = false;
+  bool backward = false;
+  bool resident = false;      // stage 3: its parameters are gathered (or being gathered)
+  CommStream::Ticket gather;  // stage 3: the gather in flight
+};
+
+// A gradient contribution waiting in a reduction bucket (stages 2-3).
+struct Model::PendingGrad {
+  zd_param_id param;
+  Block view;
+};
+
+// The order modules were begun in the first micro-batch; later micro-batches
+// that follow it get the next modules gathered ahead (stage 3).
+struct Model::Trace {
+  std::vector<std::pair<bool, zd_module_id>> order;  // (backward?, module)
+  bool complete = false;  // recorded
+  bool valid = true;      // this micro-batch still follows it
+  size_t pos = 0;
+};
+
+struct Model::RankState {
+  MemoryLedger ledger;
+  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<CommStream> stream;
+  std::vector<GroupBuffers> groups;
+  std::vector<ModuleState> modules;
+  std::vector<ParamState> params;
+  int active_modules = 0;
+  int registered = 0;  // parameters this rank registered
+  bool finalized = false;
+
+  std::vector<std::vector<PendingGrad>> buckets;  // per group
+  std::vector<uint64_t> bucket_elems;             // per group
+  uint64_t bucket_seq = 0;                        // tags the bucket collectives
+
+  Trace trace;
+  uint64_t live_elems = 0;  // stage 3: gathered, non-persistent elements held
+
+  LossScaler scaler{LossScaleConfig{}};
+  int64_t micro_step = 0;
+  int64_t applied = 0;
+  StepFigures last;
+};
+
+// Tags of collectives: what the engine is doing, equal on every rank.
+enum class CommOp : uint64_t {
+  Finalize = 1,
+  Gather = 2,
+  Reduce = 3,
+  StepReduce = 4,
+  Stats = 5,
+  GatherWorking = 6,
+  Persistent = 7,
+  Read = 8,
+};
+
+inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {
+  return (static_cast<uint64_t>(op) << 56) | ((group & 0xff) << 48) | (id & 0xffffffffffffull);
+}
+
+inline zd_comm_dtype comm_dtype(zd_dtype dt) { return static_cast<zd_comm_dtype>(dt); }
+
+// Enters a call on a rank: records it in the activity table, refuses it if
+// the job is broken, and records its return.
+class Model::Call {
+ public:
+  Call(Model& m, int rank, const char* name, zd_module_id module = -1);
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+ private:
+  Model& m_;
+  int rank_;
+};
+
+}  // namespace zerod

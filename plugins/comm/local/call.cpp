@@ -1,0 +1,117 @@
+#include "call.h"
+
+#include <cinttypes>
+
+namespace zerod::comm {
+namespace {
+
+bool valid_dtype(zd_comm_dtype d) {
+  return d == ZD_COMM_F32 || d == ZD_COMM_BF16 || d == ZD_COMM_F16 || d == ZD_COMM_F64;
+}
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::all_reduce: return "all_reduce";
+    case Coll::reduce_scatter: return "reduce_scatter";
+    case Coll::all_gather: return "all_gather";
+    case Coll::broadcast: return "broadcast";
+    case Coll::barrier: return "barrier";
+  }
+  return "?";
+}
+
+const char* dtype_name(zd_comm_dtype d) {
+  switch (d) {
+    case ZD_COMM_F32: return "f32";
+    case ZD_COMM_BF16: return "bf16";
+    case ZD_COMM_F16: return "f16";
+    case ZD_COMM_F64: return "f64";
+    default: return "?";
+  }
+}
+
+bool reduces(Coll c) { return c == Coll::all_reduce || c == Coll::reduce_scatter; }
+
+// The largest buffer of the call, in elements, is count times this.
+uint64_t widest(Coll c, int world) {
+  return c == Coll::reduce_scatter || c == Coll::all_gather ? static_cast<uint64_t>(world) : 1u;
+}
+
+}  // namespace
+
+bool same_collective(const Call& a, const Call& b) {
+  return a.coll == b.coll && a.tag == b.tag && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
+         a.root == b.root;
+}
+
+bool check_call(const Call& c, int world, Text& why) {
+  if (c.coll == Coll::barrier) return true;
+  if (!valid_dtype(c.dtype)) {
+    why.add("dtype %d is not a zd_comm_dtype", c.dtype);
+    return false;
+  }
+  if (reduces(c.coll) && c.op != ZD_REDUCE_SUM && c.op != ZD_REDUCE_MAX) {
+    why.add("op %d is not a zd_reduce_op", c.op);
+    return false;
+  }
+  if (c.coll == Coll::broadcast && (c.root < 0 || c.root >= world)) {
+    why.add("root %d is outside 0..%d", c.root, world - 1);
+    return false;
+  }
+  const uint64_t size = element_size(dtype_of(c));
+  if (c.count > UINT64_MAX / size / widest(c.coll, world)) {
+    why.add("count %" PRIu64 " overflows a buffer size", c.count);
+    return false;
+  }
+  if (c.count > 0) {
+    const bool one_buffer = c.coll == Coll::all_reduce || c.coll == Coll::broadcast;
+    if (one_buffer && c.recv == nullptr) {
+      why.add("buf is NULL with count %" PRIu64, c.count);
+      return false;
+    }
+    if (!one_buffer && (c.send == nullptr || c.recv == nullptr)) {
+      why.add("%s is NULL with count %" PRIu64, c.send == nullptr ? "send" : "recv", c.count);
+      return false;
+    }
+  }
+  return true;
+}
+
+Dtype dtype_of(const Call& c) {
+  switch (c.dtype) {
+    case ZD_COMM_BF16: return Dtype::bf16;
+    case ZD_COMM_F16: return Dtype::f16;
+    case ZD_COMM_F64: return Dtype::f64;
+    default: return Dtype::f32;
+  }
+}
+
+Reduce reduce_of(const Call& c) { return c.op == ZD_REDUCE_MAX ? Reduce::max : Reduce::sum; }
+
+void describe(Text& t, const Call& c, bool with_tag) {
+  t.add("%s", coll_name(c.coll));
+  if (reduces(c.coll)) t.add(" %s", c.op == ZD_REDUCE_SUM ? "sum" : c.op == ZD_REDUCE_MAX ? "max" : "?");
+  if (c.coll == Coll::broadcast) t.add(" from rank %d", c.root);
+  if (c.coll != Coll::barrier) t.add(", %" PRIu64 " %s", c.count, dtype_name(c.dtype));
+  if (with_tag) t.add("%stag 0x%" PRIx64, c.coll == Coll::barrier ? " " : ", ", c.tag);
+}
+
+uint64_t ring_bytes(const Call& c, int world, int rank) {
+  if (world < 2 || c.coll == Coll::barrier) return 0;
+  const uint64_t n = static_cast<uint64_t>(world);
+  const uint64_t bytes = c.count * element_size(dtype_of(c));
+  switch (c.coll) {
+    case Coll::all_reduce: {
+      // 128 bits: 2 (N-1) * bytes may pass 2^64 for a buffer that fits.
+      const unsigned __int128 twice = static_cast<unsigned __int128>(2 * (n - 1)) * bytes;
+      return static_cast<uint64_t>(twice / n);
+    }
+    case Coll::reduce_scatter:
+    case Coll::all_gather: return (n - 1) * bytes;
+    case Coll::broadcast: return rank == (c.root + world - 1) % world ? 0 : bytes;
+    case Coll::barrier: break;
+  }
+  return 0;
+}
+
+}  // namespace zerod::comm

@@ -1,0 +1,177 @@
+// The daemon's protocol against a server in this process: malformed frames
+// get an error reply and nobody else notices; hello and rank rules; the
+// socket's place and modes; status.
+#include "server.h"
+#include "status.h"
+#include "transport/client.h"
+#include "wire.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <string>
+
+using namespace zerod;
+
+namespace {
+
+struct Fixture : ::testing::Test {
+  void SetUp() override {
+    server::ServerOptions o;
+    o.world_size = 1;
+    o.reclaim_wait_ms = 100;
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  void TearDown() override { srv->stop(); }
+
+  transport::Connection connect() { return transport::connect_unix(srv->socket_path(), 2000); }
+
+  static v1::Reply rpc(transport::Connection& c, const v1::Request& req, uint32_t id = 1) {
+    wire::send(c, wire::kRequest, id, req);
+    transport::Frame f = c.receive(wire::kMaxBody, 5000);
+    EXPECT_EQ(f.header.request_id, id);
+    v1::Reply r;
+    wire::parse(f, &r, "reply");
+    return r;
+  }
+  static v1::Request hello(const char* role = "rank", int rank = 0, int world = 1) {
+    v1::Request r;
+    r.mutable_hello()->set_abi_version(ZD_ABI_VERSION);
+    r.mutable_hello()->set_role(role);
+    r.mutable_hello()->set_rank(rank);
+    r.mutable_hello()->set_world_size(world);
+    return r;
+  }
+  static v1::Request create(const std::string& text) {
+    v1::Request r;
+    r.mutable_create_model()->set_script_text(text);
+    r.mutable_create_model()->set_script_name("p.lua");
+    return r;
+  }
+  // Sends raw bytes, then reads one reply.
+  static v1::Reply raw(transport::Connection& c, const void* bytes, size_t n) {
+    EXPECT_EQ(::write(c.fd(), bytes, n), static_cast<ssize_t>(n));
+    transport::Frame f = c.receive(wire::kMaxBody, 5000);
+    v1::Reply r;
+    wire::parse(f, &r, "reply");
+    return r;
+  }
+
+  std::unique_ptr<server::Server> srv;
+};
+
+}  // namespace
+
+TEST_F(Fixture, TheSocketIsPrivate) {
+  struct stat st{};
+  ASSERT_EQ(stat(srv->socket_path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string dir = srv->socket_path().substr(0, srv->socket_path().rfind('/'));
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(Fixture, HelloComesFirstAndChecksTheJob) {
+  auto c = connect();
+  v1::Reply r = rpc(c, create("return {}"));
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(r.error().message().find("before hello"), std::string::npos);
+  r = rpc(c, hello("rank", 0, 3));
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error().message().find("ZEROD_WORLD_SIZE"), std::string::npos) << r.error().message();
+  v1::Request newer = hello();
+  newer.mutable_hello()->set_abi_version((ZD_ABI_VERSION_MAJOR + 1) << 16);
+  r = rpc(c, newer);
+  EXPECT_EQ(r.error().status(), ZD_ERR_VERSION);
+  r = rpc(c, hello());
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.hello().world_size(), 1);
+}
+
+TEST_F(Fixture, ARankConnectsOnce) {
+  auto a = connect();
+  ASSERT_FALSE(rpc(a, hello()).has_error());
+  auto b = connect();
+  const v1::Reply r = rpc(b, hello());
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(r.error().message().find("rank 0 is already connected"), std::string::npos);
+}
+
+TEST_F(Fixture, MalformedFramesGetAnErrorAndOthersAreStillServed) {
+  auto good = connect();
+  ASSERT_FALSE(rpc(good, hello()).has_error());
+
+  // Oversize: refused before the body is read; the connection goes on.
+  auto big = connect();
+  transport::FrameHeader h;
+  h.length = wire::kMaxBody + 1;
+  h.request_id = 7;
+  h.type = wire::kRequest;
+  const auto bytes = transport::encode_header(h);
+  std::string body(h.length, 'x');
+  ASSERT_EQ(::write(big.fd(), bytes.data(), bytes.size()), 16);
+  std::thread writer([&] { (void)!::write(big.fd(), body.data(), body.size()); });
+  transport::Frame f = big.receive(wire::kMaxBody, 10000);
+  writer.join();
+  v1::Reply r;
+  wire::parse(f, &r, "reply");
+  EXPECT_EQ(f.header.request_id, 7u);
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error().message().find("rejected frame"), std::string::npos) << r.error().message();
+  EXPECT_FALSE(rpc(big, hello("observer"), 8).has_error()) << "the oversize sender is still served";
+
+  // A body that is not a request: an error reply, the connection goes on.
+  auto junk = connect();
+  transport::FrameHeader jh;
+  jh.length = 5;
+  jh.request_id = 3;
+  jh.type = wire::kRequest;
+  const auto jb = transport::encode_header(jh);
+  std::string raw_frame(reinterpret_cast<const char*>(jb.data()), jb.size());
+  raw_frame += "\xff\xff\xff\xff\xff";
+  r = raw(junk, raw_frame.data(), raw_frame.size());
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error().message().find("malformed request"), std::string::npos) << r.error().message();
+  EXPECT_FALSE(rpc(junk, hello("observer"), 4).has_error());
+
+  // Not a zerod frame at all: an error reply, then that connection closes.
+  auto http = connect();
+  const char get[] = "GET / HTTP/1.1\r\n\r\n";
+  r = raw(http, get, sizeof get - 1);
+  EXPECT_EQ(r.error().status(), ZD_ERR_VERSION);
+  try {
+    http.receive(wire::kMaxBody, 2000);
+    ADD_FAILURE() << "the daemon kept a connection whose frames it cannot find";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_PEER_LOST) << e.what();
+  }
+
+  // The well-behaved client never noticed.
+  r = rpc(good, create("return { optimizer = { type = 'sgd' } }"), 2);
+  EXPECT_FALSE(r.has_error()) << r.error().message();
+}
+
+TEST_F(Fixture, StatusShowsModelsAndRanks) {
+  auto rank = connect();
+  ASSERT_FALSE(rpc(rank, hello()).has_error());
+  v1::Reply r = rpc(rank, create("return { optimizer = { type = 'sgd' }, zero = { stage = 1 } }"), 2);
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  auto obs = connect();
+  ASSERT_FALSE(rpc(obs, hello("observer")).has_error());
+  v1::Request q;
+  q.mutable_status();
+  r = rpc(obs, q, 2);
+  ASSERT_FALSE(r.has_error());
+  ASSERT_EQ(r.status().models_size(), 1);
+  EXPECT_EQ(r.status().models(0).zero_stage(), 1);
+  EXPECT_EQ(r.status().models(0).ranks(0).connected(), true);
+  const std::string text = server::format_status(r.status());
+  EXPECT_NE(text.find("ZeRO stage 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("p.lua"), std::string::npos) << text;
+  // An observer cannot act as a rank.
+  EXPECT_EQ(rpc(obs, create("return {}"), 3).error().status(), ZD_ERR_INVALID_STATE);
+}

@@ -1,0 +1,99 @@
+/*
+ * A trainer for end-to-end daemon tests, run by `zerod run --nproc N`:
+ *   rank_scenario normal    train 20 steps, print each rank's checksum
+ *   rank_scenario hang      rank 1 stops calling for 3 s before a step
+ *   rank_scenario die       rank 1 kills itself (SIGKILL) at step 5
+ *   rank_scenario diverge   rank 0 begins module m1, rank 1 module m2 (stage 3)
+ *   rank_scenario resume    5 steps; prints the step number the first one got
+ * On a zerod error it prints "rank R: STATUS: message" and exits 1.
+ */
+#include <zerod/zerod.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rank = 0;
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    zd_status st_ = (call);                                                              \
+    if (st_ != ZD_OK) {                                                                  \
+      printf("rank %d: %s: %s\n", rank, zd_status_str(st_), zd_last_error());            \
+      fflush(stdout);                                                                    \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+int main(int argc, char** argv) {
+  const char* scenario = argc > 1 ? argv[1] : "normal";
+  zd_client* c = NULL;
+  CHECK(zd_connect(NULL, NULL, &c));
+  zd_client_info info = ZD_CLIENT_INFO_INIT;
+  CHECK(zd_client_get_info(c, &info));
+  rank = info.rank;
+  zd_model_options o = ZD_MODEL_OPTIONS_INIT; /* the job from ZEROD_JOB */
+  zd_model* m = NULL;
+  CHECK(zd_model_create(c, &o, &m));
+
+  /* Three modules of one parameter each, 1000 elements, from rank 0's init. */
+  enum { N = 1000 };
+  static float init[N];
+  for (int i = 0; i < N; ++i) init[i] = (float)((i % 17) - 8) / 8.0f;
+  const char* names[3] = {"m1", "m2", "m3"};
+  zd_param_id p[3];
+  for (int k = 0; k < 3; ++k) {
+    char pname[16];
+    snprintf(pname, sizeof pname, "w%d", k + 1);
+    int64_t shape[1] = {N};
+    zd_param_desc d = ZD_PARAM_DESC_INIT;
+    d.name = pname;
+    d.module = names[k];
+    d.ndim = 1;
+    d.shape = shape;
+    d.init = init;
+    d.init_dtype = ZD_DTYPE_F32;
+    CHECK(zd_model_register_param(m, &d, &p[k]));
+  }
+  CHECK(zd_model_finalize(m));
+
+  if (!strcmp(scenario, "diverge")) {
+    CHECK(zd_forward_begin(m, rank == 0 ? 0 : 1));
+    printf("rank %d: no divergence detected\n", rank);
+    return 0;
+  }
+  const int resume = !strcmp(scenario, "resume");
+  for (int step = 0; step < (resume ? 5 : 20); ++step) {
+    for (int k = 0; k < 3; ++k) {
+      CHECK(zd_forward_begin(m, k));
+      CHECK(zd_forward_end(m, k));
+    }
+    for (int k = 2; k >= 0; --k) {
+      CHECK(zd_backward_begin(m, k));
+      zd_view w = ZD_VIEW_INIT, g = ZD_VIEW_INIT;
+      CHECK(zd_param_view(m, p[k], &w));
+      CHECK(zd_grad_view(m, p[k], &g));
+      /* d/dw of sum((w - target)^2) / 2 with a per-rank target. */
+      for (int i = 0; i < N; ++i)
+        ((float*)g.data)[i] = ((const float*)w.data)[i] - (float)(rank + k) * 0.1f;
+      CHECK(zd_backward_end(m, k));
+    }
+    if (!strcmp(scenario, "hang") && rank == 1 && step == 3) sleep(3);
+    if (!strcmp(scenario, "die") && rank == 1 && step == 5) raise(SIGKILL);
+    zd_step_result r = ZD_STEP_RESULT_INIT;
+    CHECK(zd_step(m, &r));
+    if (resume && step == 0) printf("rank %d: resumed at step %lld\n", rank, (long long)r.step);
+  }
+  double sum = 0;
+  for (int k = 0; k < 3; ++k) {
+    static float v[N];
+    CHECK(zd_param_read(m, p[k], ZD_DTYPE_F32, v, sizeof v));
+    for (int i = 0; i < N; ++i) sum += v[i];
+  }
+  printf("rank %d: checksum %.6f\n", rank, sum);
+  zd_model_destroy(m);
+  zd_disconnect(c);
+  return 0;
+}

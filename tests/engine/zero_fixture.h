@@ -1,0 +1,101 @@
+// Several ranks over one engine Model, each on a thread of its own, the way
+// the daemon runs them. The plugins are the real ones from the build tree.
+#pragma once
+
+#include "error.h"
+#include "model.h"
+#include "plugin_host.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef ZEROD_PLUGIN_DIR
+#error "the build passes ZEROD_PLUGIN_DIR"
+#endif
+
+namespace zerod_test {
+
+using namespace zerod;
+
+struct JobOptions {
+  int stage = 0;
+  std::string optimizer = "adamw";
+  std::vector<std::pair<std::string, double>> optimizer_hparams;  // overrides
+  std::vector<std::pair<std::string, double>> zero_hparams;
+  zd_dtype precision = ZD_DTYPE_F32;
+  int64_t accumulation = 1;
+  double clipping = 0.0;
+  double timeout_s = 30;
+  uint64_t device_budget = MemoryLedger::kNoBudget;
+  unsigned threads = 1;
+};
+
+inline std::vector<double> values_with(const Plugin& p,
+                                       const std::vector<std::pair<std::string, double>>& over) {
+  std::vector<double> v = p.default_values();
+  for (const auto& [name, value] : over) {
+    const int at = p.value_index(name);
+    if (at < 0) throw std::runtime_error("no hyperparameter " + name + " in " + p.name());
+    v[static_cast<size_t>(at)] = value;
+  }
+  return v;
+}
+
+inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
+  const std::vector<std::string> dirs = {ZEROD_PLUGIN_DIR};
+  auto opt = Plugin::load(ZD_PLUGIN_OPTIMIZER, o.optimizer, dirs);
+  auto part = Plugin::load(ZD_PLUGIN_PARTITIONER, "stage" + std::to_string(o.stage), dirs);
+  auto comm = Plugin::load(ZD_PLUGIN_COMM, "local", dirs);
+  JobConfig c;
+  c.source = "test job";
+  c.precision = o.precision;
+  c.gradient_accumulation_steps = o.accumulation;
+  c.gradient_clipping = o.clipping;
+  c.loss_scale.enabled = o.precision == ZD_DTYPE_F16;
+  c.zero_stage = o.stage;
+  c.threads = o.threads;
+  c.device_budget = o.device_budget;
+  c.comm_timeout_s = o.timeout_s;
+  ModelPlugins p;
+  p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
+  p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);
+  p.comm = CommInstance::create(comm, comm->default_values(), world);
+  return std::make_unique<Model>(c, std::move(p), nullptr, world);
+}
+
+// Runs fn(rank) on `world` threads and waits for all; the first exception
+// (with its rank) is rethrown.
+inline void run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+// The fp32 values a view holds.
+inline std::vector<float> view_values(const ViewInfo& v) {
+  const size_t n = v.bytes / (v.dtype == ZD_DTYPE_F32 ? 4 : 2);
+  std::vector<float> out(n);
+  if (v.dtype == ZD_DTYPE_F32) std::memcpy(out.data(), v.data, v.bytes);
+  return out;
+}
+
+}  // namespace zerod_test

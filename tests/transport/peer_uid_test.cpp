@@ -1,0 +1,95 @@
+// The peer check: a process of another uid that reaches the socket is
+// refused at accept, unless its uid is allowed. Needs root to make such a
+// process (fork, then setuid in the child).
+#include "test_support.h"
+#include "transport/client.h"
+#include "transport/errors.h"
+#include "transport/listener.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+namespace zerod::transport {
+namespace {
+
+constexpr uid_t kNobody = 65534;
+
+// Forks a child that becomes uid/gid 65534, connects, sends one frame and
+// waits for a reply. Exit status: 0 got a reply, 10 saw the connection
+// closed, other values a failure along the way.
+pid_t spawn_nobody_client(const std::string& path) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(20);
+  try {
+    Connection c = connect_unix(path, 5000);
+    c.send(FrameHeader{}, test::bytes_of("hi"));
+    c.receive(1024, 10000);
+    ::_exit(0);
+  } catch (const Error& e) {
+    ::_exit(e.code() == ZD_ERR_PEER_LOST ? 10 : 21);
+  } catch (...) {
+    ::_exit(22);
+  }
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+class PeerUid : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534 (fork + setuid)";
+    // Let uid 65534 reach the socket at all, so that the SO_PEERCRED check
+    // (not the file mode) is what stops it.
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+    path_ = dir_.path() + "/z.sock";
+  }
+  void open_to_everyone(const Listener& l) { ASSERT_EQ(::chmod(l.path().c_str(), 0666), 0); }
+
+  test::TempDir dir_;
+  std::string path_;
+};
+
+TEST_F(PeerUid, AnotherUidIsRefusedAndSeesTheConnectionClosed) {
+  Listener l = Listener::create_private(path_);
+  open_to_everyone(l);
+  const pid_t child = spawn_nobody_client(path_);
+  ASSERT_GT(child, 0);
+  std::optional<PeerRefused> refused;
+  try {
+    l.accept(10000);
+  } catch (const PeerRefused& e) {
+    refused = e;
+  }
+  const int status = wait_exit(child);
+  ASSERT_TRUE(refused) << "the uid 65534 peer was accepted";
+  EXPECT_EQ(refused->peer().uid, kNobody);
+  EXPECT_EQ(refused->peer().pid, child);
+  EXPECT_NE(std::string(refused->what()).find("permission denied"), std::string::npos)
+      << refused->what();
+  EXPECT_EQ(status, 10) << "the child should have seen its connection closed";
+}
+
+TEST_F(PeerUid, AnAllowedUidIsAccepted) {
+  ListenerOptions options;
+  options.allow_uid.insert(kNobody);
+  Listener l = Listener::create_private(path_, options);
+  open_to_everyone(l);
+  const pid_t child = spawn_nobody_client(path_);
+  ASSERT_GT(child, 0);
+  std::optional<Connection> c = l.accept(10000);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->peer().uid, kNobody);
+  Frame f = c->receive(1024, 10000);
+  c->send(f.header, test::bytes_of("welcome"));
+  EXPECT_EQ(wait_exit(child), 0);
+}
+
+}  // namespace
+}  // namespace zerod::transport
