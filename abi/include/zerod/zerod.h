@@ -3,8 +3,8 @@
  *
  * A trainer in any language links libzerod and drives its model state through
  * these calls; it keeps doing its own math. The same calls work in embedded
- * mode (the engine runs inside the trainer process) and, once the daemon is
- * built, against a node daemon.
+ * mode (the engine runs inside the trainer process) and against a node
+ * daemon that serves several ranks.
  *
  * Rules this header keeps, so that it can be a stable promise:
  *  - Handles are opaque (incomplete structs); create/destroy come in pairs and
@@ -141,8 +141,8 @@ typedef struct zd_connect_options {
 
 /* Connects to an engine.
  *   uri "embedded:"        the engine runs in this process, one rank.
- *   uri "unix:/path.sock"  a zerod daemon (ZD_ERR_NOT_IMPLEMENTED until the
- *                          daemon is built).
+ *   uri "unix:/path.sock"  a zerod daemon; rank and world size come from
+ *                          ZEROD_RANK and ZEROD_WORLD_SIZE.
  *   uri NULL or ""         ZEROD_ENDPOINT from the environment (as set by
  *                          `zerod run`), else embedded.
  * options may be NULL (defaults). On failure *out is NULL and zd_last_error()
@@ -183,7 +183,8 @@ enum {
 typedef struct zd_model_options {
   uint32_t struct_size;
   uint32_t flags;
-  /* Exactly one of the two: a path to a Lua job script, or its text. */
+  /* One of the two: a path to a Lua job script, or its text. With neither,
+   * the script ZEROD_JOB names (as `zerod run --job` sets it). */
   const char* script_path;
   const char* script_text;
   /* The name errors use for a script given as text ("job.lua" if NULL). */
@@ -222,13 +223,14 @@ typedef struct zd_param_desc {
 #define ZD_PARAM_DESC_INIT {sizeof(zd_param_desc), ZD_DTYPE_F32, NULL, NULL, 0, NULL, NULL, 0}
 
 /* Registers a parameter (before finalize). Every rank registers the same
- * parameters in the same order. */
+ * parameters in the same order; rank 0's initial values are used. */
 ZD_API zd_status zd_model_register_param(zd_model* model, const zd_param_desc* desc,
                                          zd_param_id* out_id);
 
 /* Places and allocates the model state. After this no parameter can be
  * added. A placement that does not fit a tier's budget is refused with a
- * per-tier table (ZD_ERR_BUDGET); a second finalize is ZD_ERR_INVALID_STATE. */
+ * per-tier table (ZD_ERR_BUDGET); a second finalize is ZD_ERR_INVALID_STATE.
+ * In a job of several ranks it returns once every rank has finalized. */
 ZD_API zd_status zd_model_finalize(zd_model* model);
 
 /* Looks up a module by name. */
@@ -362,14 +364,15 @@ ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);
 /* ------------------------------------------------------------------------ */
 
 /* Copies the full fp32 master value of a parameter into dst, converted to
- * dtype. bytes must be numel * sizeof(dtype). After finalize, outside a
- * step's module calls. */
+ * dtype. bytes must be numel * sizeof(dtype). After finalize. With ZeRO
+ * stage 1 or more on several ranks it is a collective: every rank reads the
+ * same parameter, in the same order. */
 ZD_API zd_status zd_param_read(zd_model* model, zd_param_id param, zd_dtype dtype,
                                void* dst, uint64_t bytes);
 
 /* Overwrites a parameter's master and working copies from src (numel
  * elements of dtype). Optimizer state is kept. After finalize, while no
- * module is begun. */
+ * module is begun. On several ranks every rank writes the same value. */
 ZD_API zd_status zd_param_write(zd_model* model, zd_param_id param, zd_dtype dtype,
                                 const void* src, uint64_t bytes);
 
