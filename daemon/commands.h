@@ -11,5 +11,7 @@ int run_command(int argc, char** argv);
 int serve_command(int argc, char** argv);
 // zerod status [--socket PATH]
 int status_command(int argc, char** argv);
+// zerod plan <job.lua> (--params N [--layers L] | --model FILE) [--nproc R]
+int plan_command(int argc, char** argv);
 
 }  // namespace zerod::cli

@@ -18,6 +18,7 @@ void usage(FILE* out) {
                "  serve --nproc N --job job.lua --socket PATH   the daemon alone\n"
                "  status [--socket PATH]                        what a running daemon holds\n"
                "  check <job.lua>                               check a job script\n"
+               "  plan <job.lua> --params N                     what each tier would hold\n"
                "  version                                       the version and ABI version\n"
                "each command takes --help\n");
 }
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return zerod::cli::run_command(argc - 2, argv + 2);
   if (cmd == "serve") return zerod::cli::serve_command(argc - 2, argv + 2);
   if (cmd == "status") return zerod::cli::status_command(argc - 2, argv + 2);
+  if (cmd == "plan") return zerod::cli::plan_command(argc - 2, argv + 2);
   std::fprintf(stderr, "zerod: unknown command '%s'\n", cmd.c_str());
   usage(stderr);
   return 2;

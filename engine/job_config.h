@@ -15,6 +15,27 @@
 
 namespace zerod {
 
+// Where state lives beyond the device pool (offload).
+struct OffloadConfig {
+  zd_tier optimizer = ZD_TIER_DEVICE;  // fp32 master and optimizer state
+  zd_tier params = ZD_TIER_DEVICE;     // stage-3 parameter shards
+  double ratio = 1.0;                  // the share of the optimizer's elements on `optimizer`
+  std::vector<std::string> nvme_paths; // absolute directories
+  std::vector<double> host_values;     // the host tier plugin's hyperparameters
+  std::vector<double> nvme_values;     // the nvme tier plugin's
+  uint64_t nvme_tile_elems = uint64_t{1} << 20;  // elements streamed per NVMe transfer
+  int buffer_count = 4;                // staging buffer sets for NVMe (read ahead, compute, write behind)
+};
+
+// A tensor the placement policy decides a tier for.
+struct TensorInfo {
+  std::string name;    // the parameter's
+  std::string kind;    // "params" (stage-3 shards), "master", "optimizer"
+  std::string module;
+  uint64_t numel = 0;  // of the whole parameter
+  uint64_t bytes = 0;  // of this kind for the whole parameter
+};
+
 struct JobConfig {
   std::string source;                   // script path or name, for messages
   zd_dtype precision = ZD_DTYPE_F32;    // the 16-bit type params may use, or f32
@@ -33,6 +54,9 @@ struct JobConfig {
   bool keep_state_on_disconnect = false;  // daemon: keep a model whose ranks all left, for a restart
   uint32_t threads = 0;                 // CPU threads for the optimizer; 0 = all available
   uint64_t device_budget = MemoryLedger::kNoBudget;  // bytes per rank
+  uint64_t host_budget = MemoryLedger::kNoBudget;
+  uint64_t nvme_budget = MemoryLedger::kNoBudget;
+  OffloadConfig offload;
   std::vector<std::string> plugin_path; // absolute directories
   std::string optimizer;                // plugin name
   std::vector<double> optimizer_values; // resolved hyperparameters, spec order
@@ -45,6 +69,9 @@ class JobPolicy {
   // The learning rate for the update that follows `step` applied updates
   // (0 for the first), or nothing to use the optimizer's own lr.
   virtual std::optional<double> lr(int64_t step) = 0;
+  // The tier for a tensor, or nothing for the offload table's default.
+  // Called once per parameter and kind at finalize.
+  virtual std::optional<zd_tier> placement(const TensorInfo&) { return std::nullopt; }
 };
 
 }  // namespace zerod

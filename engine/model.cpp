@@ -54,6 +54,8 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   for (int r = 0; r < world_size_; ++r) {
     auto rs = std::make_unique<RankState>();
     rs->ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
+    rs->ledger.set_budget(ZD_TIER_HOST, config_.host_budget);
+    rs->ledger.set_budget(ZD_TIER_NVME, config_.nvme_budget);
     rs->pool = std::make_unique<DevicePool>(rs->ledger, uint64_t{64} << 20,
                                             "zerod-rank" + std::to_string(r));
     rs->stream = std::make_unique<CommStream>(world_size_ > 1);
@@ -254,84 +256,8 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
   return id;
 }
 
-void Model::check_registrations() {
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  const size_t n = registry_.params().size();
-  for (int r = 0; r < world_size_; ++r) {
-    const auto got = static_cast<size_t>(ranks_[static_cast<size_t>(r)]->registered);
-    if (got != n)
-      fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(r) + " registered " + std::to_string(got) +
-                                     " parameters but another rank registered " +
-                                     std::to_string(n) +
-                                     "; every rank must register the same parameters");
-  }
-  if (n == 0) fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
-}
 
-void Model::lay_out_once() {
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  if (laid_out_) return;
-  LayoutPolicy policy;
-  policy.partitioning = partitioned(ZD_PARTITION_PARAMS)      ? Partitioning::Param
-                        : partitioned(ZD_PARTITION_OPTIMIZER) ? Partitioning::Group
-                                                              : Partitioning::Replicated;
-  const PartitionerInstance* part = plugins_.partitioner.get();
-  policy.stride = [part](uint64_t numel, uint64_t align) { return part->shard_stride(numel, align); };
-  policy.persistence_threshold = part->persistence_threshold();
-  registry_.lay_out(policy);
-  laid_out_ = true;
-}
 
-void Model::check_budget_table() const {
-  // What each tier must hold on one rank, checked against the budgets
-  // before anything is allocated, so a model that does not fit is refused
-  // with the table.
-  std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>> need(ZD_TIER_COUNT);
-  const uint32_t slots = plugins_.optimizer->state_slots();
-  auto& dev = need[ZD_TIER_DEVICE];
-  auto round = [](uint64_t b) { return (b + DevicePool::kAlign - 1) / DevicePool::kAlign * DevicePool::kAlign; };
-  for (const ParamGroup& g : registry_.groups()) {
-    const size_t w = dtype_size(g.dtype);
-    const size_t gw = dtype_size(grad_dtype(g));
-    const bool p3 = partitioned(ZD_PARTITION_PARAMS);
-    dev[ZD_MEM_PARAMS] += round((p3 ? g.flat_numel : g.full_numel) * w);
-    dev[ZD_MEM_GRADS] += round((p3                                 ? g.flat_numel
-                                : partitioned(ZD_PARTITION_GRADS) ? g.stride
-                                                                   : g.full_numel) *
-                               gw);
-    dev[ZD_MEM_MASTER] += round(owned_count(g) * 4);
-    dev[ZD_MEM_OPTIMIZER] += round(owned_count(g) * 4) * slots;
-  }
-  if (partitioned(ZD_PARTITION_PARAMS))
-    for (const ParamRecord& p : registry_.params())
-      if (p.persistent)
-        dev[ZD_MEM_PARAMS] += round(p.stride * static_cast<uint64_t>(world_size_) * dtype_size(p.dtype));
-
-  bool over = false;
-  std::ostringstream table;
-  table << "  tier     params      grads       master      optimizer   total       budget\n";
-  for (int t = 0; t < ZD_TIER_COUNT; ++t) {
-    uint64_t total = 0;
-    for (uint64_t b : need[static_cast<size_t>(t)]) total += b;
-    const uint64_t budget = ranks_[0]->ledger.budget(t);
-    if (total == 0 && budget == MemoryLedger::kNoBudget) continue;
-    const bool tier_over = budget != MemoryLedger::kNoBudget && total > budget;
-    over = over || tier_over;
-    char line[256];
-    auto f = [](uint64_t b) { return format_bytes(b); };
-    const auto& n = need[static_cast<size_t>(t)];
-    std::snprintf(line, sizeof line, "  %-8s %-11s %-11s %-11s %-11s %-11s %-11s%s\n", tier_name(t),
-                  f(n[ZD_MEM_PARAMS]).c_str(), f(n[ZD_MEM_GRADS]).c_str(),
-                  f(n[ZD_MEM_MASTER]).c_str(), f(n[ZD_MEM_OPTIMIZER]).c_str(), f(total).c_str(),
-                  budget == MemoryLedger::kNoBudget ? "none" : f(budget).c_str(),
-                  tier_over ? "  <- over budget" : "");
-    table << line;
-  }
-  if (over)
-    fail(ZD_ERR_BUDGET, "the model state does not fit its memory budgets (per rank):\n" +
-                            table.str() + "raise the budget in " + config_.source +
-                            " or move state to another tier");
-}
 
 void Model::finalize(int rank) {
   Call call(*this, rank, "finalize");
@@ -350,8 +276,9 @@ void Model::finalize(int rank) {
   }));
   check_registrations();
   lay_out_once();
-  check_budget_table();
   try {
+    set_up_tiers(rs, rank);
+    check_budget_table();
     allocate_rank(rs, rank);
   } catch (...) {
     release_rank(rs);
@@ -376,6 +303,7 @@ void Model::allocate_rank(RankState& rs, int rank) {
   const uint32_t slots = plugins_.optimizer->state_slots();
   const auto& groups = registry_.groups();
   const bool p3 = partitioned(ZD_PARTITION_PARAMS);
+  const TierSet tiers = rs.tiers();
   rs.groups.resize(groups.size());
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
@@ -385,39 +313,51 @@ void Model::allocate_rank(RankState& rs, int rank) {
     const uint64_t grad_len = p3 ? g.flat_numel
                               : partitioned(ZD_PARTITION_GRADS) ? g.stride
                                                                 : g.full_numel;
-    b.working = rs.pool->allocate((p3 ? g.flat_numel : g.full_numel) * dtype_size(g.dtype),
-                                  ZD_MEM_PARAMS, "the working copies of " + what);
+    b.working.allocate(tiers, dtype_size(g.dtype), tier_runs(gi, rank, Holds::Params), ZD_MEM_PARAMS,
+                       "the working copies of " + what);
     b.grad = rs.pool->allocate(grad_len * dtype_size(grad_dtype(g)), ZD_MEM_GRADS,
                                "the gradients of " + what);
-    b.master = rs.pool->allocate(owned_count(g) * 4, ZD_MEM_MASTER, "the master copies of " + what);
+    b.master.allocate(tiers, 4, tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER,
+                      "the master copies of " + what);
     for (uint32_t s = 0; s < slots; ++s)
-      b.state[s] = rs.pool->allocate(owned_count(g) * 4, ZD_MEM_OPTIMIZER,
-                                     "optimizer state '" + plugins_.optimizer->state_name(s) +
-                                         "' of " + what);
+      b.state[s].allocate(tiers, 4, tier_runs(gi, rank, Holds::Optimizer), ZD_MEM_OPTIMIZER,
+                          "optimizer state '" + plugins_.optimizer->state_name(s) + "' of " + what);
   }
   // Initial values (rank 0's), into this rank's copies.
   for (const ParamRecord& p : registry_.params()) {
     if (p.staged_init.empty()) continue;
     const ParamGroup& g = groups[static_cast<size_t>(p.group)];
     GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-    const size_t esz = dtype_size(p.dtype);
     if (p3) {
       const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
       const uint64_t real = p.shard_real(rank);
-      std::memcpy(b.master.as<float>() + p.flat_offset, p.staged_init.data() + start, real * 4);
-      convert(p.staged_init.data() + start, ZD_DTYPE_F32, b.working.ptr + p.flat_offset * esz,
-              p.dtype, real);
+      b.master.write(tiers, p.flat_offset, real, p.staged_init.data() + start);
+      std::vector<std::byte> w(real * dtype_size(p.dtype));
+      convert(p.staged_init.data() + start, ZD_DTYPE_F32, w.data(), p.dtype, real);
+      b.working.write(tiers, p.flat_offset, real, w.data());
       continue;
     }
-    convert(p.staged_init.data(), ZD_DTYPE_F32, b.working.ptr + p.full_offset * esz, p.dtype,
+    convert(p.staged_init.data(), ZD_DTYPE_F32, b.working.addr(p.full_offset), p.dtype,
             static_cast<size_t>(p.numel));
     // The owned part of the master: the intersection with [begin, begin + count).
-    const uint64_t lo = std::max(p.full_offset, owned_begin(g, rank));
-    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel),
-                                 owned_begin(g, rank) + owned_count(g));
-    if (lo < hi)
-      std::memcpy(b.master.as<float>() + (lo - owned_begin(g, rank)),
-                  p.staged_init.data() + (lo - p.full_offset), (hi - lo) * 4);
+    const uint64_t ob = owned_begin(g, rank);
+    const uint64_t lo = std::max(p.full_offset, ob);
+    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel), ob + owned_count(g));
+    if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, p.staged_init.data() + (lo - p.full_offset));
+  }
+  // The NVMe pipeline's staging sets, charged to the host tier for good.
+  const std::vector<uint64_t> layout = staging_layout(rank);
+  if (!layout.empty()) {
+    const auto sets = static_cast<size_t>(config_.offload.buffer_count);
+    uint64_t bytes = 0;
+    for (uint64_t b : layout) bytes += b * sets;
+    rs.ledger.charge(ZD_TIER_HOST, ZD_MEM_BUFFERS, bytes,
+                     "the NVMe staging buffers (offload.buffer_count x offload.tile_size per operand)");
+    rs.staging_charged = bytes;
+    const uint64_t align = nvme_alignment();
+    rs.staging.resize(sets);
+    for (auto& set : rs.staging)
+      for (uint64_t b : layout) set.emplace_back(b ? b : align, align);
   }
   rs.modules.assign(registry_.modules().size(), ModuleState{});
   rs.params.assign(registry_.params().size(), ParamState{});
@@ -427,6 +367,7 @@ void Model::allocate_rank(RankState& rs, int rank) {
 }
 
 void Model::release_rank(RankState& rs) {
+  const TierSet tiers = rs.tiers();
   for (ParamState& ps : rs.params) {
     rs.pool->release(ps.grad_view, ZD_MEM_BUFFERS);
     rs.pool->release(ps.gathered, ZD_MEM_PARAMS);
@@ -436,12 +377,15 @@ void Model::release_rank(RankState& rs) {
     for (PendingGrad& pg : bucket) rs.pool->release(pg.view, ZD_MEM_BUFFERS);
   rs.buckets.clear();
   for (GroupBuffers& b : rs.groups) {
-    rs.pool->release(b.working, ZD_MEM_PARAMS);
+    b.working.release(tiers);
     rs.pool->release(b.grad, ZD_MEM_GRADS);
-    rs.pool->release(b.master, ZD_MEM_MASTER);
-    for (Block& s : b.state) rs.pool->release(s, ZD_MEM_OPTIMIZER);
+    b.master.release(tiers);
+    for (TieredBuffer& s : b.state) s.release(tiers);
   }
   rs.groups.clear();
+  rs.staging.clear();
+  rs.ledger.release(ZD_TIER_HOST, ZD_MEM_BUFFERS, rs.staging_charged);
+  rs.staging_charged = 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -474,11 +418,12 @@ void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, u
   if (partitioned(ZD_PARTITION_PARAMS)) {
     // Everyone's master shard of this parameter.
     full.resize(p.stride * static_cast<uint64_t>(world_size_));
+    std::vector<float> mine(p.stride);
+    b.master.read(rs.tiers(), p.flat_offset, p.stride, mine.data());
     const std::string what = "param_read('" + p.name + "'): all-gather";
     wait(issue(rs, [&, rank] {
       plugins_.comm->all_gather(comm_call(rank, comm_tag(CommOp::Read, 0, static_cast<uint64_t>(param)), what),
-                                b.master.as<float>() + p.flat_offset, full.data(), p.stride,
-                                ZD_COMM_F32);
+                                mine.data(), full.data(), p.stride, ZD_COMM_F32);
     }));
   } else if (partitioned(ZD_PARTITION_OPTIMIZER) && world_size_ > 1) {
     // The parameter may straddle ranks: each owner broadcasts its part.
@@ -488,8 +433,7 @@ void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, u
       const uint64_t hi = std::min(p.full_offset + numel, owned_begin(g, k) + g.stride);
       if (lo >= hi) continue;
       if (k == rank)
-        std::memcpy(full.data() + (lo - p.full_offset), b.master.as<float>() + (lo - owned_begin(g, k)),
-                    (hi - lo) * 4);
+        b.master.read(rs.tiers(), lo - owned_begin(g, k), hi - lo, full.data() + (lo - p.full_offset));
       const std::string what = "param_read('" + p.name + "'): broadcast from rank " + std::to_string(k);
       wait(issue(rs, [&, rank, k, lo, hi] {
         plugins_.comm->broadcast(
@@ -498,9 +442,8 @@ void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, u
       }));
     }
   } else {
-    const float* master = b.master.as<float>() + (p.full_offset - owned_begin(g, rank));
-    convert(master, ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(numel));
-    return;
+    full.resize(numel);
+    b.master.read(rs.tiers(), p.full_offset - owned_begin(g, rank), numel, full.data());
   }
   convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(numel));
 }
@@ -522,21 +465,23 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
   const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
   GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
   const size_t esz = dtype_size(p.dtype);
+  const TierSet tiers = rs.tiers();
   if (partitioned(ZD_PARTITION_PARAMS)) {
     const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
     const uint64_t real = p.shard_real(rank);
-    std::memcpy(b.master.as<float>() + p.flat_offset, v.data() + start, real * 4);
-    convert(v.data() + start, ZD_DTYPE_F32, b.working.ptr + p.flat_offset * esz, p.dtype, real);
+    b.master.write(tiers, p.flat_offset, real, v.data() + start);
+    std::vector<std::byte> w(real * esz);
+    convert(v.data() + start, ZD_DTYPE_F32, w.data(), p.dtype, real);
+    b.working.write(tiers, p.flat_offset, real, w.data());
     const ParamState& ps = rs.params[static_cast<size_t>(param)];
     if (ps.gathered) convert(v.data(), ZD_DTYPE_F32, ps.gathered.ptr, p.dtype, numel);
     return;
   }
-  convert(v.data(), ZD_DTYPE_F32, b.working.ptr + p.full_offset * esz, p.dtype, numel);
+  convert(v.data(), ZD_DTYPE_F32, b.working.addr(p.full_offset), p.dtype, numel);
   const uint64_t ob = owned_begin(g, rank);
   const uint64_t lo = std::max(p.full_offset, ob);
   const uint64_t hi = std::min(p.full_offset + numel, ob + owned_count(g));
-  if (lo < hi)
-    std::memcpy(b.master.as<float>() + (lo - ob), v.data() + (lo - p.full_offset), (hi - lo) * 4);
+  if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, v.data() + (lo - p.full_offset));
 }
 
 // ---------------------------------------------------------------------------
@@ -561,9 +506,10 @@ std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer 
     count = hi > lo ? hi - lo : 0;
   }
   std::vector<float> out(count);
+  const TierSet tiers = const_cast<RankState&>(rs).tiers();
   switch (which) {
     case ShardBuffer::Master:
-      std::memcpy(out.data(), b.master.as<float>() + first, count * 4);
+      b.master.read(tiers, first, count, out.data());
       break;
     case ShardBuffer::Gradient: {
       const zd_dtype gd = grad_dtype(g);
@@ -573,7 +519,9 @@ std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer 
     }
     case ShardBuffer::WorkingShard: {
       const uint64_t at = p3 ? first : first + ob;
-      convert(b.working.ptr + at * dtype_size(p.dtype), p.dtype, out.data(), ZD_DTYPE_F32, count);
+      std::vector<std::byte> w(count * dtype_size(p.dtype));
+      b.working.read(tiers, at, count, w.data());
+      convert(w.data(), p.dtype, out.data(), ZD_DTYPE_F32, count);
       break;
     }
   }

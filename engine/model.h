@@ -24,6 +24,7 @@
 #include "plugin_host.h"
 #include "registry.h"
 #include "thread_pool.h"
+#include "tiered_buffer.h"
 
 #include <zerod/zerod.h>
 
@@ -62,6 +63,9 @@ struct ModelPlugins {
   std::unique_ptr<OptimizerInstance> optimizer;
   std::unique_ptr<PartitionerInstance> partitioner;
   std::unique_ptr<CommInstance> comm;
+  // Tier plugins, instantiated per rank when the placement uses them.
+  std::shared_ptr<const Plugin> host_tier;
+  std::shared_ptr<const Plugin> nvme_tier;
 };
 
 // Checks a whole-parameter buffer: a valid dtype, exactly numel elements of
@@ -130,6 +134,19 @@ class Model {
   // source of truth) and hands them to the ranks that need them.
   void rebuild_working_copies(int rank);
 
+  // --- planning -----------------------------------------------------------
+  using NeedTable = std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>>;  // [tier][kind] bytes
+  // What finalize would place on each tier, per rank and kind, without
+  // allocating anything: the same placement code, so the plan is the real
+  // figure. Registration must be complete; the model is laid out by it.
+  struct TierPlan {
+    NeedTable need;                      // [tier][kind] bytes for this rank
+    std::array<uint64_t, ZD_TIER_COUNT> budget{};
+  };
+  TierPlan plan(int rank);
+  // The budget table text (as finalize refuses with), and whether it fits.
+  std::string plan_table(const TierPlan& p, bool* fits) const;
+
   // --- introspection ------------------------------------------------------
   int world_size() const { return world_size_; }
   const JobConfig& config() const { return config_; }
@@ -142,6 +159,10 @@ class Model {
   const ActivityTable& activity() const { return activity_; }
   StepFigures last_step(int rank) const;
   unsigned threads() const { return pool_.size(); }
+  // The CPUs the rank's optimizer threads were placed on (empty: the shared
+  // pool, unpinned), and a tier's own description ("" when not in use).
+  std::vector<int> optimizer_cpus(int rank) const;
+  std::string tier_description(int rank, zd_tier tier) const;
   // For tests: a rank's shard of a parameter as fp32, padding included, and
   // whether its working copy is gathered now (always true below stage 3).
   std::vector<float> shard_values(int rank, zd_param_id param, ShardBuffer which) const;
@@ -169,10 +190,22 @@ class Model {
   uint64_t owned_begin(const ParamGroup& g, int rank) const;
   uint64_t owned_count(const ParamGroup& g) const;
 
-  // finalize
+  // finalize and placement (model_placement.cpp)
   void check_registrations();
   void lay_out_once();
+  void decide_placement();
+  // The tier runs of one of a rank's buffers, in element order.
+  enum class Holds { Params, Master, Optimizer };
+  std::vector<TierRun> tier_runs(size_t group, int rank, Holds what) const;
+  uint64_t tier_granule() const;
+  NeedTable need_table(int rank) const;
+  // Bytes of one staging buffer per optimizer operand (master, each state
+  // slot, the working shard; 0 = never on NVMe for this rank): the NVMe
+  // pipeline holds offload.buffer_count sets of them from finalize on.
+  std::vector<uint64_t> staging_layout(int rank) const;
+  uint64_t nvme_alignment() const { return tier_granule() * 2; }
   void check_budget_table() const;
+  void set_up_tiers(RankState& rs, int rank);
   void allocate_rank(RankState& rs, int rank);
   void release_rank(RankState& rs);
 
@@ -188,6 +221,7 @@ class Model {
   void gather_module(RankState& rs, int rank, zd_module_id m);
   void release_module(RankState& rs, zd_module_id m);
   void gather_persistent(RankState& rs, int rank);
+  const std::byte* shard_for_send(RankState& rs, const ParamRecord& p, std::vector<std::byte>* staged);
   void release_all_gathered(RankState& rs);
 
   // gradients
@@ -201,6 +235,11 @@ class Model {
                       double* sumsq, bool* finite);
   void apply_optimizer(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
                        double grad_scale, double lr, int64_t t);
+  struct Piece;
+  void update_staged(RankState& rs, int rank, const Piece& piece, std::byte* grad,
+                     double grad_scale, double lr, int64_t t);
+  // Runs fn over n tasks on the rank's optimizer threads.
+  void run_on_pool(RankState& rs, size_t n, const std::function<void(size_t)>& fn);
   void zero_gradients(RankState& rs);
   void gather_working_copies(RankState& rs, int rank);
 
@@ -215,6 +254,15 @@ class Model {
   ThreadPool pool_;
   std::mutex pool_mu_;  // the optimizer threads serve one rank's step at a time
   double base_lr_ = 0.0;
+
+  // Per parameter: the tier of its stage-3 shard, master and optimizer
+  // state, and whether the policy chose the master/optimizer tiers itself
+  // (the offload ratio applies only to the default ones).
+  struct Placement {
+    zd_tier params = ZD_TIER_DEVICE, master = ZD_TIER_DEVICE, optimizer = ZD_TIER_DEVICE;
+    bool master_explicit = false, optimizer_explicit = false;
+  };
+  std::vector<Placement> placement_;
 
   std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason
   std::atomic<bool> finalized_{false};

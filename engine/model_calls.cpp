@@ -16,6 +16,16 @@ namespace zerod {
 // ---------------------------------------------------------------------------
 // Stage 3: residency
 
+// The rank's shard of a parameter, where the all-gather can read it: in
+// place when it is in memory, else read from NVMe into *staged.
+const std::byte* Model::shard_for_send(RankState& rs, const ParamRecord& p, std::vector<std::byte>* staged) {
+  const TieredBuffer& w = rs.groups[static_cast<size_t>(p.group)].working;
+  if (w.addressable(p.flat_offset, p.stride)) return w.addr(p.flat_offset);
+  staged->resize(p.stride * dtype_size(p.dtype));
+  w.read(rs.tiers(), p.flat_offset, p.stride, staged->data());
+  return staged->data();
+}
+
 // Gathers a module's non-persistent parameters into fresh buffers on the
 // rank's stream; the module counts as resident from now on. Throws (with
 // nothing allocated) if the device budget cannot hold them.
@@ -61,12 +71,11 @@ void Model::gather_module(RankState& rs, int rank, zd_module_id m) {
   ms.gather = issue(rs, [this, &rs, rank, todo, what, m] {
     for (zd_param_id pid : todo) {
       const ParamRecord& p = registry_.param(pid);
-      const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-      const size_t esz = dtype_size(p.dtype);
+      std::vector<std::byte> staged;
       plugins_.comm->all_gather(
           comm_call(rank, comm_tag(CommOp::Gather, static_cast<uint64_t>(m), static_cast<uint64_t>(pid)), *what),
-          b.working.ptr + p.flat_offset * esz, rs.params[static_cast<size_t>(pid)].gathered.ptr,
-          p.stride, comm_dtype(p.dtype));
+          shard_for_send(rs, p, &staged), rs.params[static_cast<size_t>(pid)].gathered.ptr, p.stride,
+          comm_dtype(p.dtype));
     }
   });
 }
@@ -106,12 +115,11 @@ void Model::gather_persistent(RankState& rs, int rank) {
   wait(issue(rs, [&, rank] {
     for (zd_param_id pid : persistent) {
       const ParamRecord& p = registry_.param(pid);
-      const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-      const size_t esz = dtype_size(p.dtype);
+      std::vector<std::byte> staged;
       plugins_.comm->all_gather(
           comm_call(rank, comm_tag(CommOp::Persistent, 0, static_cast<uint64_t>(pid)), what),
-          b.working.ptr + p.flat_offset * esz, rs.params[static_cast<size_t>(pid)].gathered.ptr,
-          p.stride, comm_dtype(p.dtype));
+          shard_for_send(rs, p, &staged), rs.params[static_cast<size_t>(pid)].gathered.ptr, p.stride,
+          comm_dtype(p.dtype));
     }
   }));
 }
@@ -386,10 +394,10 @@ ViewInfo Model::param_view(int rank, zd_param_id param) {
     v.arena = gb.arena;
     v.offset = gb.offset;
   } else {
-    const Block& w = rs.groups[static_cast<size_t>(p.group)].working;
-    v.data = w.ptr + p.full_offset * esz;
-    v.arena = w.arena;
-    v.offset = w.offset + p.full_offset * esz;
+    const auto& seg = rs.groups[static_cast<size_t>(p.group)].working.segment_at(p.full_offset);
+    v.data = seg.ptr + (p.full_offset - seg.begin) * esz;
+    v.arena = seg.block.arena;
+    v.offset = seg.block.offset + (p.full_offset - seg.begin) * esz;
   }
   v.bytes = static_cast<uint64_t>(p.numel) * esz;
   v.dtype = p.dtype;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "model.h"
+#include "tiered_buffer.h"
 
 #include <chrono>
 
@@ -9,14 +10,16 @@ namespace zerod {
 
 // Buffers of one parameter group on one rank. Which ones exist and how long
 // they are depends on the stage (see Registry):
-//   working: stages 0-2 the full layout; stage 3 the rank's flat shards
-//   grad:    stages 0-1 the full layout; stage 2 the owned range; stage 3 flat
+//   working: stages 0-2 the full layout (device); stage 3 the rank's flat shards
+//   grad:    stages 0-1 the full layout; stage 2 the owned range; stage 3 flat (device)
 //   master, state: stage 0 the full layout; stages 1-2 the owned range; stage 3 flat
+// Masters, optimizer state and stage-3 shards may live in any tier, in
+// segments, as the placement policy decides.
 struct Model::GroupBuffers {
-  Block working;
+  TieredBuffer working;
   Block grad;
-  Block master;
-  std::array<Block, ZD_OPTIMIZER_MAX_STATE> state{};
+  TieredBuffer master;
+  std::array<TieredBuffer, ZD_OPTIMIZER_MAX_STATE> state{};
 };
 
 struct Model::ParamState {
@@ -51,8 +54,19 @@ struct Model::Trace {
 struct Model::RankState {
   MemoryLedger ledger;
   std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<TierInstance> host;  // when the placement uses host memory
+  std::unique_ptr<TierInstance> nvme;  // when it uses NVMe
+  // The rank's optimizer threads, on the CPUs nearest its host memory (when
+  // the host tier names them); else the model's shared pool serves it.
+  std::unique_ptr<ThreadPool> pool_near;
+  TierSet tiers() { return TierSet{pool.get(), host.get(), nvme.get(), &ledger}; }
   std::unique_ptr<CommStream> stream;
   std::vector<GroupBuffers> groups;
+  // The NVMe pipeline's staging buffers: buffer_count sets, one buffer per
+  // operand (staging_layout), reserved at finalize and kept, so a step never
+  // allocates and the host budget is checked once.
+  std::vector<std::vector<AlignedBuffer>> staging;
+  uint64_t staging_charged = 0;
   std::vector<ModuleState> modules;
   std::vector<ParamState> params;
   int active_modules = 0;

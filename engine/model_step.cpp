@@ -126,44 +126,6 @@ void Model::gradient_stats(RankState& rs, int rank, const std::vector<Block>& st
   *finite = std::isfinite(s);
 }
 
-void Model::apply_optimizer(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
-                            double grad_scale, double lr, int64_t t) {
-  std::vector<Task> tasks;
-  const auto& groups = registry_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (uint64_t b = 0; b < owned_count(groups[gi]); b += kTile)
-      tasks.push_back({gi, b, std::min(kTile, owned_count(groups[gi]) - b)});
-  const uint32_t slots = plugins_.optimizer->state_slots();
-  const bool p3 = partitioned(ZD_PARTITION_PARAMS);
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  pool_.run(tasks.size(), [&](size_t i) {
-    const Task& task = tasks[i];
-    const ParamGroup& g = groups[task.group];
-    GroupBuffers& b = rs.groups[task.group];
-    const zd_dtype gdt = grad_dtype(g);
-    const size_t gsz = dtype_size(gdt);
-    const uint64_t ob = owned_begin(g, rank);
-    std::byte* grad = owned_grad(stage1_shards, b.grad.ptr, task.group, ob, gsz,
-                                 partitioned(ZD_PARTITION_GRADS)) +
-                      task.begin * gsz;
-    zd_optimizer_update u{};
-    u.struct_size = sizeof u;
-    u.count = task.count;
-    u.master = b.master.as<float>() + task.begin;
-    u.grad = grad;
-    u.grad_dtype = gdt;
-    u.work = b.working.ptr + ((p3 ? 0 : ob) + task.begin) * dtype_size(g.dtype);
-    u.work_dtype = g.dtype;
-    for (uint32_t s = 0; s < slots; ++s) u.state[s] = b.state[s].as<float>() + task.begin;
-    u.grad_scale = grad_scale;
-    u.lr = lr;
-    u.step = t;
-    plugins_.optimizer->update(ZD_ISA_AUTO, u);
-    // Zeroed while the tile is still in cache: the next window starts clean.
-    std::memset(grad, 0, task.count * gsz);
-  });
-}
-
 void Model::zero_gradients(RankState& rs) {
   for (GroupBuffers& b : rs.groups) std::memset(b.grad.ptr, 0, b.grad.bytes);
 }
@@ -177,7 +139,7 @@ void Model::gather_working_copies(RankState& rs, int rank) {
   wait(issue(rs, [&, rank] {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
-      std::byte* w = rs.groups[gi].working.ptr;
+      std::byte* w = rs.groups[gi].working.addr(0);  // stages 1-2: one device segment
       plugins_.comm->all_gather(comm_call(rank, comm_tag(CommOp::GatherWorking, gi, 0), what),
                                 w + owned_begin(g, rank) * dtype_size(g.dtype), w, g.stride,
                                 comm_dtype(g.dtype));
@@ -254,7 +216,17 @@ StepFigures Model::step(int rank) {
     double clip = 1.0;
     if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
       clip = config_.gradient_clipping / (norm + 1e-6);
-    apply_optimizer(rs, rank, stage1_shards, clip / denom, f.lr, rs.applied + 1);
+    try {
+      apply_optimizer(rs, rank, stage1_shards, clip / denom, f.lr, rs.applied + 1);
+    } catch (const Error& e) {
+      // A tier failed part-way (a disk error): the tiles before it were
+      // updated, the rest not. Nothing wrong was written, but this step is
+      // half applied, so no further call may pretend otherwise.
+      broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rank) +
+                                    ": the optimizer step " + std::to_string(rs.applied + 1) +
+                                    " stopped part-way; what is on disk is intact, but the step is "
+                                    "half applied: restart from a checkpoint"));
+    }
     // The masters have moved: the counters move with them, before any
     // collective below can fail (a restart then resumes from here).
     rs.scaler.update(false);
@@ -328,12 +300,23 @@ void Model::rebuild_working_copies(int rank) {
   RankState& rs = rank_state(rank);
   const bool p3 = partitioned(ZD_PARTITION_PARAMS);
   const auto& groups = registry_.groups();
+  const TierSet tiers = rs.tiers();
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     GroupBuffers& b = rs.groups[gi];
     const size_t esz = dtype_size(g.dtype);
     const uint64_t at = p3 ? 0 : owned_begin(g, rank);
-    convert(b.master.ptr, ZD_DTYPE_F32, b.working.ptr + at * esz, g.dtype, owned_count(g));
+    std::vector<float> m;
+    std::vector<std::byte> w;
+    for (uint64_t e = 0; e < owned_count(g); e += kChunk) {
+      const uint64_t n = std::min(kChunk, owned_count(g) - e);
+      m.resize(n);
+      w.resize(n * esz);
+      b.master.read(tiers, e, n, m.data());
+      convert(m.data(), ZD_DTYPE_F32, w.data(), g.dtype, n);
+      b.working.write(tiers, at + e, n, w.data());
+    }
   }
   gather_working_copies(rs, rank);
   if (p3) {

@@ -1,6 +1,7 @@
 #include "plugin_host.h"
 
 #include "error.h"
+#include "ledger.h"
 #include "log.h"
 
 #include <dirent.h>
@@ -175,6 +176,7 @@ size_t v1_size(zd_plugin_kind kind) {
     case ZD_PLUGIN_OPTIMIZER: return sizeof(zd_optimizer_v1);
     case ZD_PLUGIN_COMM: return sizeof(zd_comm_v1);
     case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
+    case ZD_PLUGIN_TIER: return sizeof(zd_tier_v1);
     default: return sizeof(PluginPrefix);
   }
 }
@@ -184,6 +186,7 @@ uint32_t host_version(zd_plugin_kind kind) {
     case ZD_PLUGIN_OPTIMIZER: return ZD_OPTIMIZER_ABI_VERSION;
     case ZD_PLUGIN_COMM: return ZD_COMM_ABI_VERSION;
     case ZD_PLUGIN_PARTITIONER: return ZD_PARTITIONER_ABI_VERSION;
+    case ZD_PLUGIN_TIER: return ZD_TIER_ABI_VERSION;
     default: return 0;
   }
 }
@@ -206,6 +209,11 @@ bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
       return d->create && d->destroy && d->partitions && d->shard_stride &&
              d->persistence_threshold && d->bucket_elements && d->max_live_elements &&
              d->prefetch_elements;
+    }
+    case ZD_PLUGIN_TIER: {
+      const auto* d = reinterpret_cast<const zd_tier_v1*>(p);
+      if (!d->create || !d->destroy || !d->capabilities || !d->describe || !d->cpus) return false;
+      return true;  // allocate/release or the block functions: checked by capability at create
     }
     default: return false;
   }
@@ -419,5 +427,85 @@ void CommInstance::abort(zd_status status, const std::string& reason) const {
   d().abort(raw(), status, reason.c_str());
 }
 uint64_t CommInstance::bytes_sent(int32_t rank) const { return d().bytes_sent(raw(), rank); }
+
+std::unique_ptr<TierInstance> TierInstance::create(const std::shared_ptr<const Plugin>& plugin,
+                                                   const std::vector<double>& values,
+                                                   const zd_tier_config& config) {
+  check_value_count(*plugin, values);
+  const auto& d = plugin->descriptor<zd_tier_v1>();
+  char err[1024] = {0};
+  void* inst = nullptr;
+  const zd_status st =
+      d.create(host_services(), values.data(), values.size(), &config, &inst, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK || !inst)
+    fail(st == ZD_OK ? ZD_ERR_PLUGIN : st,
+         std::string("tier '") + plugin->name() + "' for rank " + std::to_string(config.rank) +
+             ": " + refusal(err, st));
+  auto t = std::unique_ptr<TierInstance>(new TierInstance(plugin, inst, d.destroy, values));
+  const uint32_t caps = d.capabilities(inst);
+  const bool ok = (!(caps & ZD_TIER_CAP_ADDRESSABLE) || (d.allocate && d.release)) &&
+                  (!(caps & ZD_TIER_CAP_BLOCK) || (d.alignment && d.reserve && d.submit && d.wait));
+  if (!ok || !(caps & (ZD_TIER_CAP_ADDRESSABLE | ZD_TIER_CAP_BLOCK)))
+    fail(ZD_ERR_PLUGIN, "tier plugin '" + plugin->name() + "' (" + plugin->path() +
+                            ") lacks the functions its capabilities need");
+  return t;
+}
+
+uint32_t TierInstance::capabilities() const { return d().capabilities(raw()); }
+
+std::string TierInstance::describe() const {
+  char buf[512] = {0};
+  d().describe(raw(), buf, sizeof buf);
+  buf[sizeof buf - 1] = 0;
+  return buf;
+}
+
+std::vector<int> TierInstance::cpus() const {
+  std::vector<int32_t> v(4096);
+  const int32_t n = d().cpus(raw(), v.data(), static_cast<int32_t>(v.size()));
+  return std::vector<int>(v.begin(), v.begin() + std::max(0, std::min<int32_t>(n, 4096)));
+}
+
+void* TierInstance::allocate(uint64_t bytes, const std::string& what) const {
+  char err[512] = {0};
+  void* p = d().allocate(raw(), bytes, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (!p)
+    fail(ZD_ERR_OUT_OF_MEMORY, "the " + plugin().name() + " tier cannot hold " + what + " (" +
+                                   format_bytes(bytes) + "): " + (err[0] ? err : "allocation failed"));
+  return p;
+}
+
+void TierInstance::release(void* ptr, uint64_t bytes) const {
+  if (ptr) d().release(raw(), ptr, bytes);
+}
+
+uint64_t TierInstance::alignment() const { return d().alignment(raw()); }
+
+uint64_t TierInstance::reserve(uint64_t bytes, const std::string& what) const {
+  char err[1024] = {0};
+  uint64_t off = 0;
+  const zd_status st = d().reserve(raw(), bytes, what.c_str(), &off, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK) fail(st, err[0] ? err : "reserving " + format_bytes(bytes) + " for " + what + " failed");
+  return off;
+}
+
+uint64_t TierInstance::submit(const zd_tier_io* ios, uint32_t count) const {
+  char err[1024] = {0};
+  uint64_t ticket = 0;
+  const zd_status st = d().submit(raw(), ios, count, &ticket, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK) fail(st, err[0] ? err : std::string("submitting I/O failed"));
+  return ticket;
+}
+
+void TierInstance::wait(uint64_t ticket) const {
+  char err[1024] = {0};
+  const zd_status st = d().wait(raw(), ticket, err, sizeof err);
+  err[sizeof err - 1] = 0;
+  if (st != ZD_OK) fail(st, err[0] ? err : std::string("I/O failed"));
+}
 
 }  // namespace zerod

@@ -181,4 +181,27 @@ class CommInstance : public PluginInstance {
   void check(zd_status st, const zd_comm_call& c) const;
 };
 
+// A tier (host RAM, NVMe) for one rank. Each call throws zerod::Error with
+// the plugin's message when it fails.
+class TierInstance : public PluginInstance {
+ public:
+  static std::unique_ptr<TierInstance> create(const std::shared_ptr<const Plugin>& plugin,
+                                              const std::vector<double>& values,
+                                              const zd_tier_config& config);
+  uint32_t capabilities() const;
+  bool addressable() const { return (capabilities() & ZD_TIER_CAP_ADDRESSABLE) != 0; }
+  std::string describe() const;
+  std::vector<int> cpus() const;
+  void* allocate(uint64_t bytes, const std::string& what) const;
+  void release(void* ptr, uint64_t bytes) const;
+  uint64_t alignment() const;
+  uint64_t reserve(uint64_t bytes, const std::string& what) const;
+  uint64_t submit(const zd_tier_io* ios, uint32_t count) const;
+  void wait(uint64_t ticket) const;
+
+ private:
+  using PluginInstance::PluginInstance;
+  const zd_tier_v1& d() const { return plugin().descriptor<zd_tier_v1>(); }
+};
+
 }  // namespace zerod

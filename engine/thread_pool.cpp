@@ -1,5 +1,6 @@
 #include "thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 namespace zerod {
@@ -15,9 +16,30 @@ unsigned available_cores() {
   return hc ? hc : 1;
 }
 
+std::vector<int> affinity_cpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
 ThreadPool::ThreadPool(unsigned threads) {
   if (threads == 0) threads = available_cores();
   for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::ThreadPool(const std::vector<int>& cpus) : cpus_(cpus), caller_helps_(cpus.empty()) {
+  for (int cpu : cpus) {
+    workers_.emplace_back([this] { worker_loop(); });
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+    // A CPU this machine does not have leaves the thread unpinned.
+    pthread_setaffinity_np(workers_.back().native_handle(), sizeof set, &set);
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -62,7 +84,7 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::run(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
-  if (workers_.empty() || n == 1) {
+  if (workers_.empty() || (n == 1 && caller_helps_)) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
@@ -76,7 +98,7 @@ void ThreadPool::run(size_t n, const std::function<void(size_t)>& fn) {
     ++generation_;
   }
   wake_.notify_all();
-  drain();
+  if (caller_helps_) drain();
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -16,16 +16,23 @@ namespace zerod {
 
 // Cores this process may run on (its affinity mask), at least 1.
 unsigned available_cores();
+// Their ids, ascending.
+std::vector<int> affinity_cpus();
 
 class ThreadPool {
  public:
   // threads counts the caller; 0 means available_cores().
   explicit ThreadPool(unsigned threads);
+  // A pool whose threads run on these CPUs (one thread each); the caller
+  // only waits, so every task runs there. The CPUs are recorded even when
+  // the machine cannot pin to them (a topology read from a file).
+  explicit ThreadPool(const std::vector<int>& cpus);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  unsigned size() const { return static_cast<unsigned>(workers_.size()) + 1; }
+  unsigned size() const { return static_cast<unsigned>(workers_.size()) + (caller_helps_ ? 1 : 0); }
+  const std::vector<int>& cpus() const { return cpus_; }  // empty: not pinned
 
   // Calls fn(i) for every i in [0, n), spread over the threads; returns when
   // all calls have returned. The first exception thrown is rethrown here.
@@ -37,6 +44,8 @@ class ThreadPool {
   void drain();
 
   std::vector<std::thread> workers_;
+  std::vector<int> cpus_;
+  bool caller_helps_ = true;
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;

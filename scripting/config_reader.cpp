@@ -33,6 +33,10 @@ std::string format_number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // whole numbers as such, not 5e+01
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   for (int prec = 1; prec <= 17; ++prec) {
     std::snprintf(buf, sizeof buf, "%.*g", prec, v);
     if (std::strtod(buf, nullptr) == v) break;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace zerod::scripting {
 
@@ -29,7 +30,9 @@ std::string dir_of(const std::string& path) {
 }  // namespace
 
 JobScript::~JobScript() {
-  if (sandbox_ && lr_ref_ != LUA_NOREF) luaL_unref(sandbox_->L(), LUA_REGISTRYINDEX, lr_ref_);
+  if (!sandbox_) return;
+  for (int ref : {lr_ref_, placement_ref_})
+    if (ref != LUA_NOREF) luaL_unref(sandbox_->L(), LUA_REGISTRYINDEX, ref);
 }
 
 std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
@@ -159,10 +162,13 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
 
   if (r.enter("budgets")) {
     if (auto b = r.size("device")) c.device_budget = *b;
+    if (auto b = r.size("host")) c.host_budget = *b;
+    if (auto b = r.size("nvme")) c.nvme_budget = *b;
     r.leave();
   } else {
-    r.note("budgets.device", "none", false);
+    for (const char* t : {"device", "host", "nvme"}) r.note(std::string("budgets.") + t, "none", false);
   }
+  read_offload(r, script_dir);
 
   {
     const bool given = r.enter("optimizer");
@@ -179,6 +185,8 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   }
   lr_ref_ = r.function("lr", &lr_where_, "describe");
   if (lr_ref_ == LUA_NOREF) r.note("lr", "the optimizer's lr (no schedule)", false);
+  placement_ref_ = r.function("placement", &placement_where_);
+  if (placement_ref_ == LUA_NOREF) r.note("placement", "the offload table's tiers (no function)", false);
 }
 
 std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind kind,
@@ -237,6 +245,7 @@ std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind k
     // reported here with the script's line rather than when training starts.
     try {
       switch (kind) {
+        case ZD_PLUGIN_TIER: break;  // a tier needs a rank's paths; it is checked at finalize
         case ZD_PLUGIN_OPTIMIZER: OptimizerInstance::create(plugin, *values); break;
         case ZD_PLUGIN_PARTITIONER: PartitionerInstance::create(plugin, *values, 1); break;
         case ZD_PLUGIN_COMM: CommInstance::create(plugin, *values, 1); break;
@@ -249,12 +258,93 @@ std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind k
   return plugin;
 }
 
+namespace {
+
+zd_tier tier_from(const std::string& name) {
+  return name == "host" ? ZD_TIER_HOST : name == "nvme" ? ZD_TIER_NVME : ZD_TIER_DEVICE;
+}
+
+}  // namespace
+
+// offload = { optimizer = "host", params = "device", ratio = 1, nvme_path = ...,
+//             host = { <host tier hparams> }, nvme = { <nvme tier hparams> },
+//             buffer_count = 4, tile_size = "4MiB" }
+void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
+  OffloadConfig& o = config_.offload;
+  const bool given = r.enter("offload");
+  if (given) {
+    o.optimizer = tier_from(r.choice("optimizer", "device", {"device", "host", "nvme"}));
+    o.params = tier_from(r.choice("params", "device", {"device", "host", "nvme"}));
+    NumberRange share;
+    share.min = 0;
+    share.max = 1;
+    o.ratio = r.number("ratio", 1.0, share);
+    for (std::string d : r.strings("nvme_path")) {
+      if (d.empty() || d[0] != '/') d = script_dir + "/" + d;
+      o.nvme_paths.push_back(d);
+    }
+    o.buffer_count = static_cast<int>(r.integer("buffer_count", 4, 3, 64));
+    const auto tile = r.size("tile_size");
+    const uint64_t tile_bytes = tile ? *tile : uint64_t{4} << 20;
+    // Whole granules of 2048 elements (8 KiB of fp32), so transfers stay aligned.
+    o.nvme_tile_elems = std::max<uint64_t>(2048, tile_bytes / 4 / 2048 * 2048);
+    if (o.params != ZD_TIER_DEVICE && config_.zero_stage != 3)
+      r.issue("params", "parameters can leave the device tier only at ZeRO stage 3 (zero = { stage = 3 }); "
+                        "trainers compute with the working copies in place below it");
+    if ((o.optimizer == ZD_TIER_NVME || o.params == ZD_TIER_NVME) && o.nvme_paths.empty())
+      r.issue("nvme_path", "is required when state is placed on nvme: the directories to keep it in");
+  }
+  // The tier plugins are loaded when the job may use them: checked now,
+  // instantiated per rank at finalize.
+  const bool may_offload = given || r.present("placement");
+  for (auto [name, target, values] : {std::tuple{"host", &host_tier_, &o.host_values},
+                                      std::tuple{"nvme", &nvme_tier_, &o.nvme_values}}) {
+    const bool table = given && r.enter(name);
+    if (may_offload) *target = read_plugin(r, ZD_PLUGIN_TIER, name, "", table, name, values);
+    if (table) r.leave();
+  }
+  if (given) r.leave();
+}
+
 ModelPlugins JobScript::make_plugins(int world_size) const {
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(optimizer_, config_.optimizer_values);
   p.partitioner = PartitionerInstance::create(partitioner_, config_.partitioner_values, world_size);
   p.comm = CommInstance::create(comm_, config_.comm_values, world_size);
+  p.host_tier = host_tier_;
+  p.nvme_tier = nvme_tier_;
   return p;
+}
+
+std::optional<zd_tier> JobScript::placement(const TensorInfo& t) {
+  if (placement_ref_ == LUA_NOREF) return std::nullopt;
+  std::lock_guard<std::mutex> lock(lua_mu_);
+  lua_State* L = sandbox_->L();
+  lua_rawgeti(L, LUA_REGISTRYINDEX, placement_ref_);
+  lua_createtable(L, 0, 5);
+  lua_pushstring(L, t.name.c_str());
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, t.kind.c_str());
+  lua_setfield(L, -2, "kind");
+  lua_pushstring(L, t.module.c_str());
+  lua_setfield(L, -2, "module");
+  lua_pushinteger(L, static_cast<lua_Integer>(t.numel));
+  lua_setfield(L, -2, "numel");
+  lua_pushinteger(L, static_cast<lua_Integer>(t.bytes));
+  lua_setfield(L, -2, "bytes");
+  std::string err;
+  if (!sandbox_->call(1, 1, &err))
+    fail(ZD_ERR_CONFIG, "the job's placement() failed for " + t.kind + " of '" + t.name + "': " + err);
+  const int type = lua_type(L, -1);
+  std::string tier = type == LUA_TSTRING ? lua_tostring(L, -1) : "";
+  lua_pop(L, 1);
+  if (type == LUA_TNIL) return std::nullopt;
+  if (tier != "device" && tier != "host" && tier != "nvme")
+    fail(ZD_ERR_CONFIG, placement_where_ + ": placement() returned " +
+                            (type == LUA_TSTRING ? "\"" + tier + "\"" : std::string("a ") + lua_typename(L, type)) +
+                            " for " + t.kind + " of '" + t.name +
+                            "'; it must return \"device\", \"host\", \"nvme\" or nil");
+  return tier_from(tier);
 }
 
 std::optional<double> JobScript::lr(int64_t step) {

@@ -46,10 +46,12 @@ class JobScript final : public JobPolicy {
 
   // JobPolicy. Throws ZD_ERR_CONFIG naming file:line when the hook fails.
   std::optional<double> lr(int64_t step) override;
+  std::optional<zd_tier> placement(const TensorInfo& t) override;
 
  private:
   JobScript() = default;
   void read_config(ConfigReader& r, const std::string& script_dir);
+  void read_offload(ConfigReader& r, const std::string& script_dir);
   // Reads the table the reader is in (or the defaults when !given) for a
   // plugin of `kind` named `name`: loads it, checks its hyperparameters
   // against its specs, and has it accept them once. name_key is the key
@@ -63,12 +65,15 @@ class JobScript final : public JobPolicy {
   std::string source_name_;
   JobConfig config_;
   std::shared_ptr<Plugin> optimizer_, partitioner_, comm_;
+  std::shared_ptr<Plugin> host_tier_, nvme_tier_;  // when the job may offload
   std::vector<ResolvedValue> resolved_;
   // The status of a failed plugin load, reported as the load's status when
   // it is the script's only problem (ZD_ERR_VERSION says more than CONFIG).
   zd_status plugin_error_ = ZD_OK;
   int lr_ref_ = LUA_NOREF;
   std::string lr_where_;
+  int placement_ref_ = LUA_NOREF;
+  std::string placement_where_;
 };
 
 }  // namespace zerod::scripting

@@ -2,6 +2,13 @@
 
 #include "size.h"
 
+#include <hwloc.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <string>
 
 namespace zerod::scripting {
@@ -28,12 +35,77 @@ int l_size(lua_State* L) {
   return 1;
 }
 
+// zerod.topology() -> { pus = n, cores = n, numa_nodes = { { index = i,
+// cpus = { ... }, memory = bytes }, ... } } — the machine as hwloc sees it
+// (HWLOC_XMLFILE substitutes a recorded one).
+int l_topology(lua_State* L) {
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0 || hwloc_topology_load(topo) != 0)
+    return luaL_error(L, "zerod.topology: hwloc cannot read this machine's topology");
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU));
+  lua_setfield(L, -2, "pus");
+  lua_pushinteger(L, hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE));
+  lua_setfield(L, -2, "cores");
+  const int nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+  lua_createtable(L, nodes, 0);
+  for (int i = 0; i < nodes; ++i) {
+    hwloc_obj_t n = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(i));
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, static_cast<lua_Integer>(n->os_index));
+    lua_setfield(L, -2, "index");
+    lua_pushinteger(L, static_cast<lua_Integer>(n->attr ? n->attr->numanode.local_memory : 0));
+    lua_setfield(L, -2, "memory");
+    lua_newtable(L);
+    int k = 0;
+    for (int cpu = hwloc_bitmap_first(n->cpuset); cpu != -1; cpu = hwloc_bitmap_next(n->cpuset, cpu)) {
+      lua_pushinteger(L, cpu);
+      lua_rawseti(L, -2, ++k);
+    }
+    lua_setfield(L, -2, "cpus");
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "numa_nodes");
+  hwloc_topology_destroy(topo);
+  return 1;
+}
+
+// zerod.free_memory() -> bytes the kernel says are available (MemAvailable).
+int l_free_memory(lua_State* L) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  unsigned long long kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") {
+      lua_pushinteger(L, static_cast<lua_Integer>(kb * 1024));
+      return 1;
+    }
+  return luaL_error(L, "zerod.free_memory: /proc/meminfo has no MemAvailable");
+}
+
+// zerod.free_disk(path) -> bytes free for us on path's file system.
+int l_free_disk(lua_State* L) {
+  const char* path = luaL_checkstring(L, 1);
+  struct statvfs st {};
+  if (statvfs(path, &st) != 0)
+    return luaL_error(L, "zerod.free_disk: %s: %s", path, std::strerror(errno));
+  lua_pushinteger(L, static_cast<lua_Integer>(st.f_bavail * st.f_frsize));
+  return 1;
+}
+
 }  // namespace
 
 void open_zerod_library(lua_State* L) {
   lua_newtable(L);
   lua_pushcfunction(L, l_size);
   lua_setfield(L, -2, "size");
+  lua_pushcfunction(L, l_topology);
+  lua_setfield(L, -2, "topology");
+  lua_pushcfunction(L, l_free_memory);
+  lua_setfield(L, -2, "free_memory");
+  lua_pushcfunction(L, l_free_disk);
+  lua_setfield(L, -2, "free_disk");
   const struct {
     const char* name;
     lua_Integer bytes;

@@ -11,7 +11,16 @@ ZEROD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liblua5.4-dev libhwloc-dev libaio-dev libprotobuf-dev protobuf-compiler
   libgtest-dev abigail-tools
+  # the Python bindings, their tests and the PyTorch examples (Debian's
+  # torch does its matrix math through the system BLAS: OpenBLAS, or every
+  # GEMM runs on the reference BLAS, about 25x slower)
+  python3 python3-numpy python3-torch libopenblas0-pthread python3-pytest python3-tqdm
+  # the benchmarks' yardstick for disk speed (bench/nvme, bench/offload_step)
+  fio
 )
+# The Rust crate needs cargo; a rustup install on PATH is used when there is
+# one, else Debian's.
+command -v cargo >/dev/null 2>&1 || ZEROD_PACKAGES+=(cargo)
 
 zerod_log() { printf '\033[1m[zerod]\033[0m %s\n' "$*"; }
 

@@ -319,12 +319,16 @@ int main(int argc, char** argv) {
       if (logits[c] > logits[best]) best = c;
     correct += best == Y[k];
   }
-  zd_memory_figures mem = ZD_MEMORY_FIGURES_INIT;
-  CHECK(zd_model_memory(model, -1, ZD_TIER_DEVICE, ZD_MEM_ALL, &mem));
+  /* Every tier's bytes: with offload (job_offload.lua) most state is off the device. */
+  zd_memory_figures mem[3] = {ZD_MEMORY_FIGURES_INIT, ZD_MEMORY_FIGURES_INIT, ZD_MEMORY_FIGURES_INIT};
+  const zd_tier tiers[3] = {ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_TIER_NVME};
+  for (int t = 0; t < 3; ++t) CHECK(zd_model_memory(model, -1, tiers[t], ZD_MEM_ALL, &mem[t]));
   if (rank == 0)
-    printf("final loss %.4f  accuracy %.1f%%  ranks %d  model state %llu bytes per rank (peak %llu)\n",
-           loss, 100.0 * correct / POINTS, world, (unsigned long long)mem.current,
-           (unsigned long long)mem.peak);
+    printf("final loss %.4f  accuracy %.1f%%  ranks %d  model state per rank: device %llu bytes "
+           "(peak %llu), host %llu, nvme %llu\n",
+           loss, 100.0 * correct / POINTS, world, (unsigned long long)mem[0].current,
+           (unsigned long long)mem[0].peak, (unsigned long long)mem[1].current,
+           (unsigned long long)mem[2].current);
 
   for (int l = 0; l < 3; ++l) {
     free(layers[l].w);

@@ -35,7 +35,11 @@ struct JobOptions {
   double clipping = 0.0;
   double timeout_s = 30;
   uint64_t device_budget = MemoryLedger::kNoBudget;
+  uint64_t host_budget = MemoryLedger::kNoBudget;
+  uint64_t nvme_budget = MemoryLedger::kNoBudget;
   unsigned threads = 1;
+  OffloadConfig offload;   // tiers beyond the device pool
+  JobPolicy* policy = nullptr;
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -63,12 +67,19 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   c.zero_stage = o.stage;
   c.threads = o.threads;
   c.device_budget = o.device_budget;
+  c.host_budget = o.host_budget;
+  c.nvme_budget = o.nvme_budget;
   c.comm_timeout_s = o.timeout_s;
+  c.offload = o.offload;
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
   p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);
   p.comm = CommInstance::create(comm, comm->default_values(), world);
-  return std::make_unique<Model>(c, std::move(p), nullptr, world);
+  p.host_tier = Plugin::load(ZD_PLUGIN_TIER, "host", dirs);
+  p.nvme_tier = Plugin::load(ZD_PLUGIN_TIER, "nvme", dirs);
+  if (c.offload.host_values.empty()) c.offload.host_values = p.host_tier->default_values();
+  if (c.offload.nvme_values.empty()) c.offload.nvme_values = p.nvme_tier->default_values();
+  return std::make_unique<Model>(c, std::move(p), o.policy, world);
 }
 
 // Runs fn(rank) on `world` threads and waits for all; the first exception

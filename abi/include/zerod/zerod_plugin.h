@@ -48,6 +48,7 @@ enum {
 #define ZD_OPTIMIZER_ABI_VERSION 1
 #define ZD_COMM_ABI_VERSION 1
 #define ZD_PARTITIONER_ABI_VERSION 1
+#define ZD_TIER_ABI_VERSION 1
 
 typedef struct zd_plugin_header {
   zd_plugin_kind kind;
@@ -288,6 +289,94 @@ typedef struct zd_partitioner_v1 {
   uint64_t (*max_live_elements)(const void* instance);
   uint64_t (*prefetch_elements)(const void* instance);
 } zd_partitioner_v1;
+
+/* ------------------------------------------------------------------------ */
+/* Tier plugins (kind ZD_PLUGIN_TIER, version 1)                             */
+/* ------------------------------------------------------------------------ */
+/* Where state lives beyond the device pool: host RAM (memory the CPU uses
+ * directly) or NVMe (storage read and written by offset). One instance per
+ * rank. The engine decides what goes where (the job's placement policy) and
+ * accounts every byte; the tier provides the memory or the storage.
+ *
+ * Status codes: a bad hyperparameter is ZD_ERR_CONFIG; a path or device
+ * problem (missing, not writable, no O_DIRECT, disk full, a failed or short
+ * transfer) ZD_ERR_IO; memory that cannot be had ZD_ERR_OUT_OF_MEMORY; a
+ * malformed request (unaligned, outside the store, an unknown ticket)
+ * ZD_ERR_INVALID_ARGUMENT. Messages name the path and, where given, the
+ * tensor (reserve's `what`). */
+
+enum {
+  ZD_TIER_CAP_ADDRESSABLE = 1u << 0, /* allocate()/release(): memory */
+  ZD_TIER_CAP_BLOCK = 1u << 1        /* reserve()/submit()/wait(): storage */
+};
+
+typedef struct zd_tier_config {
+  uint32_t struct_size;
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;
+  /* Block tiers: the directories to keep the rank's store in (striped
+   * across them). */
+  const char* const* paths;
+  int32_t path_count;
+  int32_t reserved;
+} zd_tier_config;
+
+/* One transfer between memory and a block tier's store. offset, bytes and
+ * buffer are multiples of alignment(). */
+typedef struct zd_tier_io {
+  uint64_t offset;     /* in the rank's store, from reserve() */
+  uint64_t bytes;
+  void* buffer;
+  int32_t write;       /* 1: memory -> store, 0: store -> memory */
+  int32_t reserved;
+} zd_tier_io;
+
+typedef struct zd_tier_v1 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_TIER, abi_version 1 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  /* The instance for one rank. A block tier checks its paths here (they
+   * exist, are writable, support O_DIRECT) and says which one failed why. */
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      const zd_tier_config* config, void** out_instance, char* err, size_t err_size);
+  /* Waits for the transfers still in flight, then frees the store (a block
+   * tier's store does not outlive its instance). */
+  void (*destroy)(void* instance);
+  uint32_t (*capabilities)(const void* instance);
+  /* A line for logs and `zerod plan`: "host: NUMA node 1 (cores 8-15), page-locked". */
+  void (*describe)(const void* instance, char* out, size_t out_size);
+  /* The CPUs the rank's optimizer threads should run on, nearest this
+   * tier's memory: up to capacity OS cpu ids into cpus; returns how many
+   * were written (0 = no preference). With cpus == NULL, returns how many
+   * there are, so the caller can size its array. */
+  int32_t (*cpus)(const void* instance, int32_t* cpus, int32_t capacity);
+
+  /* Addressable tiers (NULL otherwise). Zero-filled, 64-byte aligned; NULL
+   * with a message in err when the memory cannot be had. */
+  void* (*allocate)(void* instance, uint64_t bytes, char* err, size_t err_size);
+  void (*release)(void* instance, void* ptr, uint64_t bytes);
+
+  /* Block tiers (NULL otherwise). */
+  uint64_t (*alignment)(const void* instance);
+  /* Reserves bytes of store, allocated on the device now so that a disk
+   * that fills later cannot fail a write into it. what names the tensor for
+   * messages. The store only grows: reservations last as long as the
+   * instance. Transfers need offset, bytes and buffer to be multiples of
+   * alignment() (one number for memory and store). */
+  zd_status (*reserve)(void* instance, uint64_t bytes, const char* what, uint64_t* offset,
+                       char* err, size_t err_size);
+  /* Starts transfers; *ticket identifies them for wait(). Thread-safe. */
+  zd_status (*submit)(void* instance, const zd_tier_io* ios, uint32_t count, uint64_t* ticket,
+                      char* err, size_t err_size);
+  /* Waits until a submit's transfers are done. Every completion is checked:
+   * an error or a short transfer is reported naming the path and offset.
+   * Each ticket is waited on once; a ticket never waited on is kept until
+   * destroy. */
+  zd_status (*wait)(void* instance, uint64_t ticket, char* err, size_t err_size);
+} zd_tier_v1;
 
 #ifdef __cplusplus
 } /* extern "C" */

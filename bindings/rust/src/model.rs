@@ -1,0 +1,458 @@
+//! `Model`: the state of one job, created from a Lua job script.
+
+use std::ffi::CString;
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::c_void;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr::{self, NonNull};
+
+use crate::client::{c_string, Client};
+use crate::dtype::{Dtype, Element};
+use crate::error::{check, string_from, thread_error, Error, Result, Status};
+use crate::ffi;
+use crate::guard::{BackwardGuard, ForwardGuard};
+use crate::memory::{MemKind, MemoryFigures, Tier};
+use crate::param::{ModuleId, ModuleInfo, ParamDesc, ParamId, ParamInfo};
+
+/// Where a model's job script comes from (`Model::create`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelOptions {
+    script: Script,
+    name: Option<String>,
+    allow_script_io: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Script {
+    Path(PathBuf),
+    Text(String),
+    Env,
+}
+
+impl ModelOptions {
+    /// A job script file.
+    pub fn script_path(path: impl AsRef<Path>) -> ModelOptions {
+        ModelOptions {
+            script: Script::Path(path.as_ref().to_path_buf()),
+            name: None,
+            allow_script_io: false,
+        }
+    }
+
+    /// A job script's text; errors name it "job.lua" unless `script_name`
+    /// says otherwise.
+    pub fn script_text(text: impl Into<String>) -> ModelOptions {
+        ModelOptions {
+            script: Script::Text(text.into()),
+            name: None,
+            allow_script_io: false,
+        }
+    }
+
+    /// The script `ZEROD_JOB` names, as `zerod run --job` sets it.
+    pub fn from_env() -> ModelOptions {
+        ModelOptions {
+            script: Script::Env,
+            name: None,
+            allow_script_io: false,
+        }
+    }
+
+    /// The name errors use for a script given as text.
+    pub fn script_name(mut self, name: impl Into<String>) -> ModelOptions {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Lets the script use Lua's io library (`ZD_MODEL_ALLOW_SCRIPT_IO`).
+    pub fn allow_script_io(mut self, allow: bool) -> ModelOptions {
+        self.allow_script_io = allow;
+        self
+    }
+}
+
+/// What one `Model::step` did (`zd_step_result`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// This call ended a gradient-accumulation window.
+    pub boundary: bool,
+    /// The optimizer updated the parameters.
+    pub applied: bool,
+    /// inf/NaN gradients: no update, the loss scale was lowered.
+    pub skipped: bool,
+    /// All of `zd_step_result.flags`, including any this crate does not name.
+    pub flags: u32,
+    /// Optimizer steps applied so far (skipped ones excluded).
+    pub step: i64,
+    /// Micro-batches seen so far.
+    pub micro_step: i64,
+    /// The learning rate used (or that would have been used).
+    pub lr: f64,
+    /// The loss scale to use for the next micro-batch.
+    pub loss_scale: f64,
+    /// Global L2 norm of the averaged, unscaled gradient, before clipping.
+    pub grad_norm: f64,
+}
+
+/// A job's model state (`zd_model`): parameters, gradients and optimizer
+/// state that zerod owns. It borrows its `Client`.
+///
+/// Neither `Send` nor `Sync`: a model calls into its client, which the
+/// header lets only one thread at a time use.
+pub struct Model<'c> {
+    raw: NonNull<ffi::zd_model>,
+    _client: PhantomData<&'c Client>,
+}
+
+impl<'c> Model<'c> {
+    /// Creates a model from a job script (`zd_model_create`): the script is
+    /// run and checked (every error, each with file:line, as
+    /// `Status::Config`) and the optimizer plugin is loaded.
+    pub fn create(client: &'c Client, options: &ModelOptions) -> Result<Model<'c>> {
+        let path = match &options.script {
+            Script::Path(p) => Some(CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+                Error::new(
+                    Status::InvalidArgument,
+                    format!("script path contains a NUL byte: {}", p.display()),
+                )
+            })?),
+            _ => None,
+        };
+        let text = match &options.script {
+            Script::Text(t) => Some(c_string("script text", t)?),
+            _ => None,
+        };
+        let name = options
+            .name
+            .as_deref()
+            .map(|n| c_string("script name", n))
+            .transpose()?;
+        let opts = ffi::zd_model_options {
+            flags: if options.allow_script_io {
+                ffi::ZD_MODEL_ALLOW_SCRIPT_IO
+            } else {
+                0
+            },
+            script_path: path.as_ref().map_or(ptr::null(), |p| p.as_ptr()),
+            script_text: text.as_ref().map_or(ptr::null(), |t| t.as_ptr()),
+            script_name: name.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
+            ..Default::default()
+        };
+        let mut out: *mut ffi::zd_model = ptr::null_mut();
+        // SAFETY: a live client, a complete options struct whose strings
+        // outlive the call, a valid out-pointer.
+        let st = unsafe { ffi::zd_model_create(client.as_ptr(), &opts, &mut out) };
+        check(st, thread_error)?;
+        NonNull::new(out)
+            .map(|raw| Model {
+                raw,
+                _client: PhantomData,
+            })
+            .ok_or_else(|| {
+                Error::new(
+                    Status::Internal,
+                    "zd_model_create returned ZD_OK and no model",
+                )
+            })
+    }
+
+    pub fn from_script_path(client: &'c Client, path: impl AsRef<Path>) -> Result<Model<'c>> {
+        Model::create(client, &ModelOptions::script_path(path))
+    }
+
+    pub fn from_script_text(client: &'c Client, text: &str) -> Result<Model<'c>> {
+        Model::create(client, &ModelOptions::script_text(text))
+    }
+
+    /// The script `ZEROD_JOB` names (`zerod run --job` sets it).
+    pub fn from_env(client: &'c Client) -> Result<Model<'c>> {
+        Model::create(client, &ModelOptions::from_env())
+    }
+
+    /// Registers a parameter, before `finalize`. Every rank registers the
+    /// same parameters in the same order.
+    pub fn register_param(&mut self, desc: &ParamDesc<'_>) -> Result<ParamId> {
+        let name = c_string("parameter name", desc.name)?;
+        let module = c_string("module name", desc.module)?;
+        let ndim = i32::try_from(desc.shape.len()).unwrap_or(i32::MAX);
+        // zerod reads numel elements from init, a count it derives from the
+        // shape, so the slice must hold exactly that many. A shape zerod will
+        // refuse anyway goes without init, and zerod says what is wrong.
+        let mut init = desc.init.ptr;
+        if desc.has_init() {
+            match desc.numel() {
+                Some(n) if n != desc.init.len => {
+                    return Err(Error::new(
+                        Status::ShapeMismatch,
+                        format!(
+                            "zd_model_register_param: parameter '{}': init has {} elements, the shape {:?} needs {}",
+                            desc.name, desc.init.len, desc.shape, n
+                        ),
+                    ))
+                }
+                Some(_) => {}
+                None => init = ptr::null(),
+            }
+        }
+        let d = ffi::zd_param_desc {
+            dtype: desc.dtype.raw(),
+            name: name.as_ptr(),
+            module: module.as_ptr(),
+            ndim,
+            shape: desc.shape.as_ptr(),
+            init,
+            init_dtype: desc.init.dtype.raw(),
+            ..Default::default()
+        };
+        let mut id: ffi::zd_param_id = -1;
+        // SAFETY: a live model; the desc's strings, shape and init outlive
+        // the call and init holds the numel elements zerod reads.
+        let st = unsafe { ffi::zd_model_register_param(self.raw.as_ptr(), &d, &mut id) };
+        self.check(st)?;
+        Ok(ParamId(id))
+    }
+
+    /// Places and allocates the model state; no parameter can be added
+    /// after it. With several ranks it returns once every rank has finalized.
+    pub fn finalize(&mut self) -> Result<()> {
+        // SAFETY: a live model.
+        let st = unsafe { ffi::zd_model_finalize(self.raw.as_ptr()) };
+        self.check(st)
+    }
+
+    pub fn find_module(&self, name: &str) -> Result<ModuleId> {
+        let name = c_string("module name", name)?;
+        let mut id = -1;
+        // SAFETY: a live model, a C string, a valid out-pointer.
+        let st = unsafe { ffi::zd_model_find_module(self.raw.as_ptr(), name.as_ptr(), &mut id) };
+        self.check(st)?;
+        Ok(ModuleId(id))
+    }
+
+    pub fn find_param(&self, name: &str) -> Result<ParamId> {
+        let name = c_string("parameter name", name)?;
+        let mut id = -1;
+        // SAFETY: as find_module.
+        let st = unsafe { ffi::zd_model_find_param(self.raw.as_ptr(), name.as_ptr(), &mut id) };
+        self.check(st)?;
+        Ok(ParamId(id))
+    }
+
+    pub fn param_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: a live model, a valid out-pointer.
+        let st = unsafe { ffi::zd_model_param_count(self.raw.as_ptr(), &mut n) };
+        self.check(st)?;
+        Ok(n.max(0) as usize)
+    }
+
+    pub fn module_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: a live model, a valid out-pointer.
+        let st = unsafe { ffi::zd_model_module_count(self.raw.as_ptr(), &mut n) };
+        self.check(st)?;
+        Ok(n.max(0) as usize)
+    }
+
+    pub fn param_info(&self, id: ParamId) -> Result<ParamInfo> {
+        let mut info = ffi::zd_param_info::default();
+        // SAFETY: a live model and a complete out struct.
+        let st = unsafe { ffi::zd_model_param_info(self.raw.as_ptr(), id.0, &mut info) };
+        self.check(st)?;
+        let dtype = Dtype::from_raw(info.dtype).ok_or_else(|| {
+            Error::new(
+                Status::NotImplemented,
+                format!(
+                    "zd_model_param_info: dtype {} is unknown to this zerod crate",
+                    info.dtype
+                ),
+            )
+        })?;
+        let ndim = info.ndim.clamp(0, ffi::ZD_MAX_DIMS as i32) as usize;
+        Ok(ParamInfo {
+            // SAFETY: the name is owned by the live model.
+            name: unsafe { string_from(info.name) },
+            dtype,
+            module: ModuleId(info.module),
+            shape: info.shape[..ndim].to_vec(),
+            numel: info.numel,
+        })
+    }
+
+    pub fn module_info(&self, id: ModuleId) -> Result<ModuleInfo> {
+        let mut name = ptr::null();
+        let mut count = 0;
+        // SAFETY: a live model; ids NULL asks for the count only.
+        let st = unsafe {
+            ffi::zd_model_module_info(
+                self.raw.as_ptr(),
+                id.0,
+                &mut name,
+                ptr::null_mut(),
+                &mut count,
+            )
+        };
+        self.check(st)?;
+        let mut ids = vec![0; count.max(0) as usize];
+        // SAFETY: ids has room for count; count says so.
+        let st = unsafe {
+            ffi::zd_model_module_info(
+                self.raw.as_ptr(),
+                id.0,
+                &mut name,
+                ids.as_mut_ptr(),
+                &mut count,
+            )
+        };
+        self.check(st)?;
+        ids.truncate(count.max(0) as usize);
+        Ok(ModuleInfo {
+            // SAFETY: the name is owned by the live model.
+            name: unsafe { string_from(name) },
+            params: ids.into_iter().map(ParamId).collect(),
+        })
+    }
+
+    /// Begins a forward of `module` (`zd_forward_begin`): its parameters are
+    /// resident until the guard ends.
+    pub fn forward(&mut self, module: ModuleId) -> Result<ForwardGuard<'_>> {
+        ForwardGuard::begin(self.raw, module)
+    }
+
+    /// Begins a backward of `module` (`zd_backward_begin`): its gradient
+    /// views are zero now, and what they hold when the guard ends is added to
+    /// the gradients.
+    pub fn backward(&mut self, module: ModuleId) -> Result<BackwardGuard<'_>> {
+        BackwardGuard::begin(self.raw, module)
+    }
+
+    /// Ends a micro-batch (`zd_step`); at an accumulation boundary it runs
+    /// the optimizer.
+    pub fn step(&mut self) -> Result<StepResult> {
+        let mut r = ffi::zd_step_result::default();
+        // SAFETY: a live model and a complete out struct.
+        let st = unsafe { ffi::zd_step(self.raw.as_ptr(), &mut r) };
+        self.check(st)?;
+        Ok(StepResult {
+            boundary: r.flags & ffi::ZD_STEP_BOUNDARY != 0,
+            applied: r.flags & ffi::ZD_STEP_APPLIED != 0,
+            skipped: r.flags & ffi::ZD_STEP_SKIPPED != 0,
+            flags: r.flags,
+            step: r.step,
+            micro_step: r.micro_step,
+            lr: r.lr,
+            loss_scale: r.loss_scale,
+            grad_norm: r.grad_norm,
+        })
+    }
+
+    /// The factor the trainer multiplies its loss by (1.0 unless fp16).
+    pub fn loss_scale(&self) -> Result<f64> {
+        let mut s = 0.0;
+        // SAFETY: a live model, a valid out-pointer.
+        let st = unsafe { ffi::zd_model_loss_scale(self.raw.as_ptr(), &mut s) };
+        self.check(st)?;
+        Ok(s)
+    }
+
+    /// Copies a parameter's full fp32 master value into `dst`, converted to
+    /// `T` (`zd_param_read`); `dst` holds exactly its element count. With
+    /// ZeRO on several ranks every rank reads the same parameters in the
+    /// same order.
+    pub fn param_read<T: Element>(&mut self, param: ParamId, dst: &mut [T]) -> Result<()> {
+        let bytes = (dst.len() * T::DTYPE.size()) as u64;
+        // SAFETY: zerod checks bytes against the parameter's size before it
+        // writes, and writes no more than bytes.
+        let st = unsafe {
+            ffi::zd_param_read(
+                self.raw.as_ptr(),
+                param.0,
+                T::DTYPE.raw(),
+                dst.as_mut_ptr() as *mut c_void,
+                bytes,
+            )
+        };
+        self.check(st)
+    }
+
+    /// `param_read` into a new vector of the parameter's length.
+    pub fn param_read_vec<T: Element>(&mut self, param: ParamId) -> Result<Vec<T>> {
+        let numel = self.param_info(param)?.numel.max(0) as usize;
+        let mut v = vec![T::default(); numel];
+        self.param_read(param, &mut v)?;
+        Ok(v)
+    }
+
+    /// Overwrites a parameter's master and working copies from `src`
+    /// (`zd_param_write`), between steps; optimizer state is kept.
+    pub fn param_write<T: Element>(&mut self, param: ParamId, src: &[T]) -> Result<()> {
+        let bytes = (src.len() * T::DTYPE.size()) as u64;
+        // SAFETY: zerod checks bytes against the parameter's size before it
+        // reads, and reads no more than bytes.
+        let st = unsafe {
+            ffi::zd_param_write(
+                self.raw.as_ptr(),
+                param.0,
+                T::DTYPE.raw(),
+                src.as_ptr() as *const c_void,
+                bytes,
+            )
+        };
+        self.check(st)
+    }
+
+    /// This rank's bytes of one kind in one tier.
+    pub fn memory(&self, tier: Tier, kind: MemKind) -> Result<MemoryFigures> {
+        self.memory_of_rank(-1, tier, kind)
+    }
+
+    /// Another rank's bytes (-1 = this rank's).
+    pub fn memory_of_rank(&self, rank: i32, tier: Tier, kind: MemKind) -> Result<MemoryFigures> {
+        let mut m = ffi::zd_memory_figures::default();
+        // SAFETY: a live model and a complete out struct.
+        let st = unsafe {
+            ffi::zd_model_memory(self.raw.as_ptr(), rank, tier.raw(), kind.raw(), &mut m)
+        };
+        self.check(st)?;
+        Ok(MemoryFigures::from_raw(&m))
+    }
+
+    /// The message of the last failed call on this model, or "".
+    pub fn last_error(&self) -> String {
+        // SAFETY: a live model.
+        unsafe { model_error(self.raw.as_ptr()) }
+    }
+
+    /// The raw handle, for calls this crate does not wrap. It stays owned by
+    /// the Model.
+    pub fn as_ptr(&self) -> *mut ffi::zd_model {
+        self.raw.as_ptr()
+    }
+
+    fn check(&self, status: ffi::zd_status) -> Result<()> {
+        check(status, || self.last_error())
+    }
+}
+
+impl Drop for Model<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a live model; guards and views borrow it, so none is left.
+        unsafe { ffi::zd_model_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for Model<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Model").field("raw", &self.raw).finish()
+    }
+}
+
+/// The model's last error (`zd_model_last_error`).
+///
+/// # Safety
+/// `model` is a live model.
+pub(crate) unsafe fn model_error(model: *const ffi::zd_model) -> String {
+    string_from(ffi::zd_model_last_error(model))
+}

@@ -1,0 +1,98 @@
+// A rank's buffer of one kind — the fp32 masters of a parameter group, an
+// optimizer state slot, the rank's stage-3 parameter shards — as consecutive
+// segments, each in one tier: the device pool or host memory (the CPU points
+// at it), or NVMe (a reserved extent of the rank's store, reached through
+// I/O). Where each segment lives is the placement policy's decision; the
+// buffer only holds the bytes and charges the rank's ledger for them.
+#pragma once
+
+#include "arena.h"
+#include "ledger.h"
+#include "plugin_host.h"
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+// The tiers of one rank. host and nvme may be null when the job does not
+// use them.
+struct TierSet {
+  DevicePool* device = nullptr;
+  TierInstance* host = nullptr;
+  TierInstance* nvme = nullptr;
+  MemoryLedger* ledger = nullptr;
+};
+
+// A run of elements that lives in one tier.
+struct TierRun {
+  uint64_t count;
+  zd_tier tier;
+};
+
+class TieredBuffer {
+ public:
+  struct Segment {
+    uint64_t begin = 0;  // first element
+    uint64_t count = 0;
+    zd_tier tier = ZD_TIER_DEVICE;
+    std::byte* ptr = nullptr;  // device and host
+    Block block;               // device: the pool block
+    uint64_t offset = 0;       // nvme: the extent in the rank's store
+    uint64_t bytes = 0;        // charged to the ledger (nvme: rounded to the alignment)
+  };
+
+  TieredBuffer() = default;
+  TieredBuffer(TieredBuffer&&) noexcept = default;
+  TieredBuffer& operator=(TieredBuffer&&) noexcept = default;
+
+  // Allocates the runs in order, zero-filled. On failure releases what it
+  // took and throws naming `what` and the tier.
+  void allocate(const TierSet& tiers, size_t elem_size, const std::vector<TierRun>& runs,
+                zd_mem_kind kind, const std::string& what);
+  void release(const TierSet& tiers);
+
+  bool empty() const { return segments_.empty(); }
+  uint64_t count() const { return count_; }
+  size_t elem_size() const { return elem_size_; }
+  const std::vector<Segment>& segments() const { return segments_; }
+  const Segment& segment_at(uint64_t element) const;
+
+  // The address of an element in an addressable segment; nullptr on NVMe.
+  std::byte* addr(uint64_t element) const;
+  // Whether [begin, begin + n) lies in addressable segments only.
+  bool addressable(uint64_t begin, uint64_t n) const;
+
+  // Copies elements out of and into the buffer, whatever their tiers
+  // (synchronous I/O for NVMe, through an aligned bounce buffer).
+  void read(const TierSet& tiers, uint64_t begin, uint64_t n, void* dst) const;
+  void write(const TierSet& tiers, uint64_t begin, uint64_t n, const void* src);
+
+ private:
+  void transfer(const TierSet& tiers, uint64_t begin, uint64_t n, void* data, bool write) const;
+
+  std::vector<Segment> segments_;
+  uint64_t count_ = 0;
+  size_t elem_size_ = 4;
+  zd_mem_kind kind_ = ZD_MEM_BUFFERS;
+};
+
+// Memory aligned for O_DIRECT transfers, from the heap (host staging).
+struct AlignedBuffer {
+  AlignedBuffer() = default;
+  AlignedBuffer(uint64_t bytes, uint64_t align);
+  ~AlignedBuffer();
+  AlignedBuffer(AlignedBuffer&& o) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
+  std::byte* data() const { return ptr_; }
+  uint64_t size() const { return bytes_; }
+
+ private:
+  std::byte* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace zerod

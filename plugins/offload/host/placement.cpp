@@ -1,0 +1,131 @@
+#include "placement.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "../common/text.h"
+
+namespace zerod::offload {
+
+uint64_t mapped_bytes(uint64_t bytes) {
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (bytes == 0) return page;
+  if (bytes > UINT64_MAX - page) return 0;
+  return (bytes + page - 1) / page * page;
+}
+
+std::unique_ptr<Placement> Placement::open(int32_t local_rank, int64_t requested_node, std::string* error) {
+  std::unique_ptr<Placement> p(new Placement());
+  if (hwloc_topology_init(&p->topology_) != 0) {
+    p->topology_ = nullptr;
+    *error = format("host: hwloc_topology_init failed: %s", std::strerror(errno));
+    return nullptr;
+  }
+  // HWLOC_XMLFILE describes a machine that is not this one (tests, `zerod
+  // plan`). hwloc honours it by itself but falls back to this machine when
+  // the file cannot be read; selected explicitly, a bad file is an error.
+  const char* xml = std::getenv("HWLOC_XMLFILE");
+  if (xml != nullptr && *xml != '\0' && hwloc_topology_set_xml(p->topology_, xml) != 0) {
+    *error = format("host: HWLOC_XMLFILE=%s: %s", xml, std::strerror(errno));
+    return nullptr;
+  }
+  if (hwloc_topology_load(p->topology_) != 0) {
+    *error = format("host: cannot load the machine's topology%s%s: %s", xml ? " from HWLOC_XMLFILE=" : "",
+                    xml ? xml : "", std::strerror(errno));
+    return nullptr;
+  }
+  p->this_system_ = hwloc_topology_is_thissystem(p->topology_) != 0;
+  p->from_xml_ = xml != nullptr && *xml != '\0';
+  p->node_count_ = hwloc_get_nbobjs_by_type(p->topology_, HWLOC_OBJ_NUMANODE);
+  if (p->node_count_ <= 0) {
+    *error = "host: the topology has no NUMA node";
+    return nullptr;
+  }
+  if (requested_node >= 0) {
+    if (requested_node >= p->node_count_) {
+      *error = format("host: numa_node = %lld is not on this machine: it has %d NUMA node%s (0..%d)",
+                      static_cast<long long>(requested_node), p->node_count_, p->node_count_ == 1 ? "" : "s",
+                      p->node_count_ - 1);
+      return nullptr;
+    }
+    p->node_ = static_cast<int>(requested_node);
+  } else {
+    p->node_ = (local_rank < 0 ? 0 : local_rank) % p->node_count_;
+  }
+  p->node_obj_ = hwloc_get_obj_by_type(p->topology_, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(p->node_));
+  if (p->node_obj_ == nullptr) {
+    *error = format("host: NUMA node %d not found in the topology", p->node_);
+    return nullptr;
+  }
+  // cpuset bits are the PUs' OS indexes: what sched_setaffinity takes.
+  if (p->node_obj_->cpuset != nullptr) {
+    for (int i = hwloc_bitmap_first(p->node_obj_->cpuset); i >= 0; i = hwloc_bitmap_next(p->node_obj_->cpuset, i)) {
+      p->cpus_.push_back(i);
+    }
+  }
+  return p;
+}
+
+Placement::~Placement() {
+  if (topology_ != nullptr) hwloc_topology_destroy(topology_);
+}
+
+std::string Placement::cpu_list() const {
+  if (node_obj_ == nullptr || node_obj_->cpuset == nullptr || hwloc_bitmap_iszero(node_obj_->cpuset)) return "";
+  char buf[256];
+  hwloc_bitmap_list_snprintf(buf, sizeof buf, node_obj_->cpuset);
+  return buf;
+}
+
+void* Placement::allocate(uint64_t bytes, std::string* error, std::string* warning) {
+  const uint64_t len = mapped_bytes(bytes);
+  // Fresh anonymous pages are zero: no memset, and no page is touched (so
+  // placed) before the binding below is in force.
+  void* p = len == 0 ? MAP_FAILED
+                     : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    const int e = len == 0 ? ENOMEM : errno;
+    *error = format("host: cannot allocate %s (%llu bytes) on NUMA node %d: %s", format_bytes(bytes).c_str(),
+                    static_cast<unsigned long long>(bytes), node_, std::strerror(e));
+    return nullptr;
+  }
+  // A foreign topology's nodes are not this machine's: binding would fail
+  // or, worse, land on a real node of the same number.
+  if (this_system_) {
+    const int rc = hwloc_set_area_membind(topology_, p, len, node_obj_->nodeset, HWLOC_MEMBIND_BIND,
+                                          HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
+    if (rc != 0) {
+      const int e = errno;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!bind_failed_.load()) {
+        bind_error_ = std::strerror(e);
+        bind_failed_.store(true);
+        *warning = format("host: binding memory to NUMA node %d failed (%s); using unbound memory", node_,
+                          bind_error_.c_str());
+      }
+    }
+  }
+  return p;
+}
+
+void Placement::release(void* ptr, uint64_t bytes) {
+  if (ptr != nullptr) munmap(ptr, mapped_bytes(bytes));
+}
+
+std::string Placement::binding() const {
+  if (!this_system_) {
+    return from_xml_ ? "intended: topology from HWLOC_XMLFILE, not this machine"
+                     : "intended: the topology is not this machine's";
+  }
+  if (bind_failed_.load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return "not bound: binding failed: " + bind_error_;
+  }
+  return "bound";
+}
+
+}  // namespace zerod::offload

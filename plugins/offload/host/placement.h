@@ -1,0 +1,75 @@
+// Where a rank's host memory lives: one NUMA node of the machine, found with
+// hwloc, and the CPUs beside it.
+//
+// The node is the job's choice (numa_node) or, by default, local_rank modulo
+// the number of nodes, so the ranks of a node spread over its sockets. A CPU
+// rank's "device" is its CPU, so that is the whole rule. With a GPU the node
+// nearest the rank's GPU would be the better default (hwloc knows the GPU's
+// PCI locality once the CUDA ordinal is mapped to a PCI bus id); that needs a
+// GPU to exercise and is not done here: a job on a multi-socket GPU machine
+// sets numa_node explicitly.
+#ifndef ZEROD_PLUGINS_OFFLOAD_HOST_PLACEMENT_H
+#define ZEROD_PLUGINS_OFFLOAD_HOST_PLACEMENT_H
+
+#include <hwloc.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace zerod::offload {
+
+class Placement {
+ public:
+  // requested_node: a logical NUMA node index, or -1 for the default.
+  // Returns nullptr with *error set when the topology cannot be loaded or
+  // the node is not on the machine.
+  static std::unique_ptr<Placement> open(int32_t local_rank, int64_t requested_node, std::string* error);
+  ~Placement();
+  Placement(const Placement&) = delete;
+  Placement& operator=(const Placement&) = delete;
+
+  int node() const { return node_; }
+  int node_count() const { return node_count_; }
+  // False when the topology came from HWLOC_XMLFILE or similar: the node is
+  // only intended, memory is not bound.
+  bool this_system() const { return this_system_; }
+  const std::vector<int32_t>& cpus() const { return cpus_; }
+  std::string cpu_list() const;  // "8-15", "" when the node has no CPUs
+
+  // Zero-filled, page-aligned memory bound to the node (when this_system()).
+  // nullptr with *error naming the bytes and the node on failure. A failed
+  // binding is not a failure: the memory is usable, *warning says so once.
+  void* allocate(uint64_t bytes, std::string* error, std::string* warning);
+  void release(void* ptr, uint64_t bytes);
+
+  // "bound", "not bound: <why>" or the note for a foreign topology.
+  std::string binding() const;
+
+ private:
+  Placement() = default;
+
+  hwloc_topology_t topology_ = nullptr;
+  hwloc_obj_t node_obj_ = nullptr;
+  int node_ = 0;
+  int node_count_ = 0;
+  bool this_system_ = true;
+  bool from_xml_ = false;
+  std::vector<int32_t> cpus_;
+
+  // The first failed binding, kept for describe(); binding failures leave
+  // the memory usable (unbound) rather than failing the allocation.
+  mutable std::mutex mutex_;
+  std::atomic<bool> bind_failed_{false};
+  std::string bind_error_;
+};
+
+// Bytes actually mapped for a request: whole pages, at least one.
+uint64_t mapped_bytes(uint64_t bytes);
+
+}  // namespace zerod::offload
+
+#endif  // ZEROD_PLUGINS_OFFLOAD_HOST_PLACEMENT_H

@@ -1,0 +1,407 @@
+// Offload tiers in the engine: the optimizer runs where the state lives and
+// gives the same parameters wherever that is; placement follows the offload
+// table, the ratio and the job's placement(); budgets are exact and the plan
+// is the real figure; bad disks are named.
+#include "zero_fixture.h"
+
+#include <hwloc.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+using namespace zerod_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory, removed (and unmounted, if mounted) at the end.
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/zerod-offload-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    if (mounted) umount2(path.c_str(), MNT_DETACH);
+    fs::remove_all(path);
+  }
+  // Mounts a file system here; false (with a message) when not permitted.
+  bool mount_fs(const char* type, const char* opts, std::string* why) {
+    if (::mount(type, path.c_str(), type, 0, opts) != 0) {
+      *why = std::string("mounting a ") + type + " needs CAP_SYS_ADMIN: " + std::strerror(errno);
+      return false;
+    }
+    mounted = true;
+    return true;
+  }
+  std::string path;
+  bool mounted = false;
+};
+
+// Trains `steps` steps of AdamW on one parameter per module and returns the
+// final parameters (rank 0's reads).
+std::vector<std::vector<float>> train(const JobOptions& o, int world, const std::vector<int64_t>& sizes,
+                                      int steps) {
+  auto model = make_model(o, world);
+  std::vector<std::vector<float>> out(sizes.size());
+  run_ranks(world, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<float> init(static_cast<size_t>(sizes[i]));
+      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 7 * i));
+      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i),
+                                          ZD_DTYPE_F32, {sizes[i]}, init.data(), ZD_DTYPE_F32));
+    }
+    model->finalize(rank);
+    for (int s = 0; s < steps; ++s) {
+      for (size_t m = ids.size(); m-- > 0;) {
+        const auto mid = static_cast<zd_module_id>(m);
+        model->backward_begin(rank, mid);
+        const ViewInfo w = model->param_view(rank, ids[m]);
+        const ViewInfo g = model->grad_view(rank, ids[m]);
+        const auto* wd = static_cast<const float*>(w.data);
+        auto* gd = static_cast<float*>(g.data);
+        for (size_t j = 0; j < g.bytes / 4; ++j)
+          gd[j] = wd[j] - std::cos(static_cast<float>(j + s + rank));
+        model->backward_end(rank, mid);
+      }
+      model->step(rank);
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<float> v(static_cast<size_t>(sizes[i]));
+      model->read_param(rank, ids[i], ZD_DTYPE_F32, v.data(), v.size() * 4);
+      if (rank == 0) out[i] = v;
+    }
+  });
+  return out;
+}
+
+JobOptions adamw(int stage) {
+  JobOptions o;
+  o.stage = stage;
+  o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+  if (stage == 3) o.zero_hparams = {{"param_persistence_threshold", 0}};
+  o.offload.nvme_tile_elems = 4096;  // several tiles per piece: the pipeline turns over
+  return o;
+}
+
+}  // namespace
+
+// The same run ends with bit-identical parameters whether the optimizer
+// state lives in the device pool, on host, on NVMe, or split by a ratio.
+class SameParameters : public ::testing::TestWithParam<int> {};
+
+TEST_P(SameParameters, WhereverTheOptimizerStateLives) {
+  const int stage = GetParam();
+  const int world = stage == 0 ? 1 : 2;
+  const std::vector<int64_t> sizes = {5000, 70000, 333};
+  TempDir dir;
+  const auto ref = train(adamw(stage), world, sizes, 4);
+  struct Case {
+    const char* name;
+    zd_tier tier;
+    double ratio;
+  } cases[] = {{"host", ZD_TIER_HOST, 1.0}, {"nvme", ZD_TIER_NVME, 1.0}, {"nvme ratio 0.5", ZD_TIER_NVME, 0.5},
+               {"host ratio 0.3", ZD_TIER_HOST, 0.3}};
+  for (const Case& c : cases) {
+    JobOptions o = adamw(stage);
+    o.offload.optimizer = c.tier;
+    o.offload.ratio = c.ratio;
+    o.offload.nvme_paths = {dir.path};
+    EXPECT_EQ(train(o, world, sizes, 4), ref) << c.name << ", stage " << stage;
+  }
+  if (stage == 3) {
+    for (zd_tier t : {ZD_TIER_HOST, ZD_TIER_NVME}) {
+      JobOptions o = adamw(stage);
+      o.offload.params = t;
+      o.offload.optimizer = t;
+      o.offload.nvme_paths = {dir.path};
+      EXPECT_EQ(train(o, world, sizes, 4), ref) << "parameters and optimizer on " << tier_name(t);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, SameParameters, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& p) { return "stage" + std::to_string(p.param); });
+
+namespace {
+
+// A policy: optimizer state of big parameters on NVMe, the rest on host.
+struct BigOnNvme : JobPolicy {
+  std::optional<double> lr(int64_t) override { return std::nullopt; }
+  std::optional<zd_tier> placement(const TensorInfo& t) override {
+    if (t.kind == "optimizer") return t.numel > 10000 ? ZD_TIER_NVME : ZD_TIER_HOST;
+    return std::nullopt;
+  }
+};
+
+uint64_t held(const Model& m, int rank, zd_tier t, zd_mem_kind k) { return m.ledger(rank).current(t, k); }
+
+}  // namespace
+
+TEST(Placement, ThePolicyDecidesPerTensorAndThePlanIsTheRealFigure) {
+  TempDir dir;
+  BigOnNvme policy;
+  JobOptions o = adamw(1);
+  o.policy = &policy;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 2);
+  Model::TierPlan planned;
+  run_ranks(2, [&](int rank) {
+    model->register_param(rank, "small", "a", ZD_DTYPE_F32, {4096}, nullptr, 0);
+    model->register_param(rank, "big", "b", ZD_DTYPE_F32, {65536}, nullptr, 0);
+    if (rank == 0) planned = model->plan(0);
+    model->finalize(rank);
+  });
+  // Masters stay on the device (the offload table's default); optimizer
+  // state: 'small' on host, 'big' on NVMe (2 slots each).
+  EXPECT_GT(held(*model, 0, ZD_TIER_NVME, ZD_MEM_OPTIMIZER), held(*model, 0, ZD_TIER_HOST, ZD_MEM_OPTIMIZER));
+  EXPECT_GT(held(*model, 0, ZD_TIER_HOST, ZD_MEM_OPTIMIZER), 0u);
+  EXPECT_EQ(held(*model, 0, ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER), 0u);
+  EXPECT_GT(held(*model, 0, ZD_TIER_DEVICE, ZD_MEM_MASTER), 0u);
+  for (int t = 0; t < ZD_TIER_COUNT; ++t)
+    for (int k = 0; k < ZD_MEM_KIND_COUNT; ++k)
+      EXPECT_EQ(planned.need[static_cast<size_t>(t)][static_cast<size_t>(k)], held(*model, 0, t, k))
+          << "tier " << tier_name(t) << ", kind " << mem_kind_name(k);
+}
+
+TEST(Budgets, APlacementOverTheHostBudgetIsRefusedWithTheTable) {
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.host_budget = 100000;
+  auto model = make_model(o, 1);
+  model->register_param(0, "w", "m", ZD_DTYPE_F32, {65536}, nullptr, 0);  // 768 KiB on host
+  try {
+    model->finalize(0);
+    FAIL() << "over the host budget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+    const std::string s = e.what();
+    EXPECT_NE(s.find("host     "), std::string::npos) << s;
+    EXPECT_NE(s.find("768.00 KiB"), std::string::npos) << s;
+    EXPECT_NE(s.find("<- over budget"), std::string::npos) << s;
+  }
+  EXPECT_EQ(model->ledger(0).current(ZD_TIER_HOST, ZD_MEM_ALL), 0u) << "nothing kept";
+}
+
+// The NVMe pipeline's staging buffers come out of the host budget: counted
+// in the plan, refused at finalize when they do not fit, never mid-step.
+TEST(Budgets, TheNvmeStagingBuffersAreReservedAtFinalize) {
+  TempDir dir;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  o.offload.nvme_tile_elems = uint64_t{1} << 20;  // 4 MiB of fp32
+  o.offload.buffer_count = 4;
+  // master + 2 moments staged: 3 operands x 4 sets x 4 MiB
+  const uint64_t staging = uint64_t{48} << 20;
+  o.host_budget = staging - 1;
+  {
+    auto model = make_model(o, 1);
+    model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 20}, nullptr, 0);
+    try {
+      model->finalize(0);
+      FAIL() << "the staging buffers do not fit the host budget";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+      const std::string s = e.what();
+      EXPECT_NE(s.find("buffers"), std::string::npos) << s;
+      EXPECT_NE(s.find("48.00 MiB"), std::string::npos) << s;
+      EXPECT_NE(s.find("<- over budget"), std::string::npos) << s;
+    }
+    EXPECT_EQ(model->ledger(0).current(ZD_TIER_HOST, ZD_MEM_ALL), 0u) << "nothing kept";
+  }
+  o.host_budget = staging;
+  auto model = make_model(o, 1);
+  model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 20}, nullptr, 0);
+  EXPECT_EQ(model->plan(0).need[ZD_TIER_HOST][ZD_MEM_BUFFERS], staging);
+  model->finalize(0);
+  EXPECT_EQ(model->ledger(0).current(ZD_TIER_HOST, ZD_MEM_BUFFERS), staging);
+  EXPECT_EQ(model->ledger(0).current(ZD_TIER_HOST, ZD_MEM_ALL), staging);
+  for (int step = 0; step < 2; ++step) {  // steps run within the reservation
+    model->backward_begin(0, 0);
+    model->backward_end(0, 0);
+    model->step(0);
+  }
+  EXPECT_EQ(model->ledger(0).peak(ZD_TIER_HOST, ZD_MEM_ALL), staging);
+}
+
+// The check: optimizer state 4x the host budget, streamed from NVMe
+// through host staging, ends where the all-in-RAM run ends.
+TEST(Nvme, StateFourTimesTheHostBudgetTrainsToTheSameParameters) {
+  TempDir dir;
+  // master + exp_avg + exp_avg_sq: 12 bytes a parameter, 1 GiB in all
+  const int64_t n = (int64_t{1} << 30) / 12;  // 1 GiB of optimizer state (with the master)
+  JobOptions ram = adamw(0);
+  ram.offload.nvme_tile_elems = uint64_t{1} << 20;
+  JobOptions disk = ram;
+  disk.offload.optimizer = ZD_TIER_NVME;
+  disk.offload.nvme_paths = {dir.path};
+  disk.host_budget = uint64_t{256} << 20;
+  const auto a = train(ram, 1, {n}, 2);
+  const auto b = train(disk, 1, {n}, 2);
+  ASSERT_EQ(a[0].size(), b[0].size());
+  EXPECT_TRUE(a == b) << "parameters differ";
+}
+
+TEST(Nvme, AMissingPathIsNamedAtFinalize) {
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {"/nonexistent/zerod-nvme"};
+  auto model = make_model(o, 1);
+  model->register_param(0, "w", "m", ZD_DTYPE_F32, {1024}, nullptr, 0);
+  try {
+    model->finalize(0);
+    FAIL() << "a missing path";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/zerod-nvme"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Nvme, AFileSystemWithoutODirectIsNamed) {
+  TempDir dir;
+  std::string why;
+  if (!dir.mount_fs("ramfs", "", &why)) GTEST_SKIP() << why;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 1);
+  model->register_param(0, "w", "m", ZD_DTYPE_F32, {1024}, nullptr, 0);
+  try {
+    model->finalize(0);
+    FAIL() << "ramfs has no O_DIRECT";
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    EXPECT_NE(s.find(dir.path), std::string::npos) << s;
+    EXPECT_NE(s.find("O_DIRECT"), std::string::npos) << s;
+  }
+}
+
+TEST(Nvme, ADiskTooSmallIsRefusedAtFinalizeNamingPathAndTensor) {
+  TempDir dir;
+  std::string why;
+  if (!dir.mount_fs("tmpfs", "size=2m", &why)) GTEST_SKIP() << why;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 1);
+  model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 20}, nullptr, 0);  // 12 MiB on NVMe
+  try {
+    model->finalize(0);
+    FAIL() << "12 MiB on a 2 MiB disk";
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    EXPECT_NE(s.find(dir.path), std::string::npos) << s;
+    EXPECT_NE(s.find("No space left on device"), std::string::npos) << s;
+    EXPECT_TRUE(s.find("master") != std::string::npos || s.find("exp_avg") != std::string::npos) << s;
+  }
+}
+
+TEST(Nvme, ADiskThatFillsAfterFinalizeDoesNotFailTraining) {
+  TempDir dir;
+  std::string why;
+  if (!dir.mount_fs("tmpfs", "size=16m", &why)) GTEST_SKIP() << why;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 1);
+  const zd_param_id w = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 18}, nullptr, 0);
+  model->finalize(0);
+  // Somebody fills the disk: the state's space was reserved at finalize.
+  {
+    std::ofstream filler(dir.path + "/filler", std::ios::binary);
+    std::vector<char> mb(1 << 20, 'x');
+    while (filler.write(mb.data(), static_cast<std::streamsize>(mb.size()))) {
+    }
+  }
+  struct statvfs st{};
+  ASSERT_EQ(statvfs(dir.path.c_str(), &st), 0);
+  EXPECT_LT(st.f_bavail * st.f_frsize, 1u << 20) << "the disk is full";
+  for (int s = 0; s < 3; ++s) {
+    model->backward_begin(0, 0);
+    static_cast<float*>(model->grad_view(0, w).data)[0] = 1.0f;
+    model->backward_end(0, 0);
+    EXPECT_TRUE(model->step(0).applied);
+  }
+  std::vector<float> v(1 << 18);
+  model->read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
+  EXPECT_LT(v[0], 0.0f) << "the updates landed";
+}
+
+TEST(Nvme, AShortReadIsNamedAndStopsTheJob) {
+  TempDir dir;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 1);
+  const zd_param_id w = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 16}, nullptr, 0);
+  model->finalize(0);
+  const std::vector<float> master = model->shard_values(0, w, ShardBuffer::Master);
+  // Someone truncates the store behind zerod's back (it is an unlinked file:
+  // found through /proc/self/fd).
+  bool truncated = false;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = fs::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind(dir.path, 0) == 0) {
+      ASSERT_EQ(ftruncate(std::stoi(e.path().filename().string()), 4096), 0);
+      truncated = true;
+    }
+  }
+  ASSERT_TRUE(truncated) << "found no store file under " << dir.path;
+  model->backward_begin(0, 0);
+  model->backward_end(0, 0);
+  try {
+    model->step(0);
+    FAIL() << "a short read";
+  } catch (const Error& e) {
+    const std::string s = e.what();
+    EXPECT_NE(s.find(dir.path), std::string::npos) << s;
+    EXPECT_TRUE(s.find("short") != std::string::npos || s.find("expected") != std::string::npos) << s;
+  }
+  EXPECT_EQ(model->shard_values(0, w, ShardBuffer::WorkingShard), master) << "the working copy is untouched";
+  // The step stopped part-way: the model says so to every later call.
+  try {
+    model->forward_begin(0, 0);
+    FAIL() << "a model whose step failed part-way went on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped part-way"), std::string::npos) << e.what();
+  }
+}
+
+// A 2-socket machine with 4 NUMA nodes (read from an hwloc XML file): each
+// rank's host buffers go to its own node, and its optimizer threads to that
+// node's cores.
+TEST(Numa, BuffersAndThreadsLandWhereThePolicySays) {
+  TempDir dir;
+  const std::string xml = dir.path + "/machine.xml";
+  hwloc_topology_t topo;
+  ASSERT_EQ(hwloc_topology_init(&topo), 0);
+  ASSERT_EQ(hwloc_topology_set_synthetic(topo, "pack:2 numa:2 core:4 pu:1"), 0);
+  ASSERT_EQ(hwloc_topology_load(topo), 0);
+  ASSERT_EQ(hwloc_topology_export_xml(topo, xml.c_str(), 0), 0);
+  hwloc_topology_destroy(topo);
+  setenv("HWLOC_XMLFILE", xml.c_str(), 1);
+  JobOptions o = adamw(1);
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.threads = 0;
+  auto model = make_model(o, 4);
+  run_ranks(4, [&](int rank) {
+    model->register_param(rank, "w", "m", ZD_DTYPE_F32, {4096}, nullptr, 0);
+    model->finalize(rank);
+  });
+  unsetenv("HWLOC_XMLFILE");
+  for (int r = 0; r < 4; ++r) {
+    const std::string d = model->tier_description(r, ZD_TIER_HOST);
+    EXPECT_NE(d.find("NUMA node " + std::to_string(r)), std::string::npos) << "rank " << r << ": " << d;
+    EXPECT_EQ(model->optimizer_cpus(r), (std::vector<int>{4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3}))
+        << "rank " << r;
+    EXPECT_GT(model->ledger(r).current(ZD_TIER_HOST, ZD_MEM_OPTIMIZER), 0u);
+  }
+}

@@ -1,0 +1,251 @@
+// The host tier: memory on the rank's NUMA node. On this machine, and on a
+// synthetic 2-socket, 4-node machine described by an XML file that hwloc
+// loads through HWLOC_XMLFILE.
+#include <hwloc.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tier_plugin.h"
+
+namespace zerod::offload::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+class HostTier : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NE(plugin_.desc(), nullptr) << plugin_.error(); }
+
+  std::vector<double> values(double numa_node = -1, double pin = 1) const {
+    std::vector<double> v = plugin_.defaults();
+    v[plugin_.offset_of("numa_node")] = numa_node;
+    v[plugin_.offset_of("pin")] = pin;
+    return v;
+  }
+
+  TierPlugin plugin_{"host"};
+};
+
+TEST_F(HostTier, DescriptorIsAnAddressableTier) {
+  const zd_tier_v1* d = plugin_.desc();
+  EXPECT_STREQ(d->header.name, "host");
+  EXPECT_EQ(d->header.struct_size, sizeof(zd_tier_v1));
+  ASSERT_NE(d->allocate, nullptr);
+  ASSERT_NE(d->release, nullptr);
+  EXPECT_EQ(d->reserve, nullptr);
+  EXPECT_EQ(d->submit, nullptr);
+  EXPECT_EQ(d->wait, nullptr);
+  EXPECT_EQ(d->alignment, nullptr);
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  EXPECT_EQ(d->capabilities(t.get()), static_cast<uint32_t>(ZD_TIER_CAP_ADDRESSABLE));
+}
+
+TEST_F(HostTier, AllocatesZeroedAlignedMemoryAndReleasesIt) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  for (uint64_t bytes : {uint64_t{0}, uint64_t{1}, uint64_t{63}, uint64_t{4096}, uint64_t{1} << 20,
+                         (uint64_t{3} << 20) + 17}) {
+    char err[256] = "";
+    auto* p = static_cast<unsigned char*>(t.desc()->allocate(t.get(), bytes, err, sizeof err));
+    ASSERT_NE(p, nullptr) << bytes << ": " << err;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes;
+    uint64_t nonzero = 0;
+    for (uint64_t i = 0; i < bytes; ++i) nonzero += p[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << bytes;
+    for (uint64_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i);  // writable
+    t.desc()->release(t.get(), p, bytes);
+  }
+  t.desc()->release(t.get(), nullptr, 0);  // a no-op
+}
+
+TEST_F(HostTier, AnImpossibleAllocationFailsNamingBytesAndNode) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  char err[256] = "";
+  EXPECT_EQ(t.desc()->allocate(t.get(), uint64_t{1} << 62, err, sizeof err), nullptr);
+  EXPECT_THAT(err, HasSubstr("4611686018427387904 bytes"));
+  EXPECT_THAT(err, HasSubstr("NUMA node 0"));
+}
+
+TEST_F(HostTier, ThisMachineIsBoundAndNotPageLockedWithoutAGpu) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  char err[256] = "";
+  void* p = t.desc()->allocate(t.get(), 1 << 20, err, sizeof err);
+  ASSERT_NE(p, nullptr) << err;
+  const std::string d = t.describe();
+  EXPECT_THAT(d, HasSubstr("host: NUMA node 0 of "));
+  EXPECT_THAT(d, HasSubstr(", bound, "));
+  // Machines where this runs have no GPU; with one it says page-locked.
+  EXPECT_THAT(d, ::testing::AnyOf(HasSubstr("not page-locked: no GPU"), HasSubstr("built without CUDA"),
+                                  HasSubstr(", page-locked")));
+  t.desc()->release(t.get(), p, 1 << 20);
+
+  const std::vector<int32_t> cpus = t.cpus();
+  EXPECT_FALSE(cpus.empty());
+  for (int32_t cpu : cpus) EXPECT_LT(cpu, sysconf(_SC_NPROCESSORS_CONF));
+  EXPECT_EQ(t.desc()->cpus(t.get(), nullptr, 0), static_cast<int32_t>(cpus.size()));
+  int32_t one = -1;
+  EXPECT_EQ(t.desc()->cpus(t.get(), &one, 1), 1);
+  EXPECT_EQ(one, cpus[0]);
+}
+
+TEST_F(HostTier, PinFalseIsSaid) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(-1, 0), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  EXPECT_THAT(t.describe(), HasSubstr("not page-locked: pin = false"));
+}
+
+TEST_F(HostTier, RefusesBadValues) {
+  const zd_tier_config c = make_config(0, 0);
+  {
+    Tier t(plugin_, values(-2), c);
+    EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
+    EXPECT_THAT(t.error(), HasSubstr("numa_node = -2"));
+  }
+  {
+    Tier t(plugin_, values(0.5), c);
+    EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
+  }
+  {
+    Tier t(plugin_, {}, c);
+    EXPECT_EQ(t.status(), ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_THAT(t.error(), HasSubstr("expected 2 hyperparameter values"));
+  }
+}
+
+TEST_F(HostTier, ConcurrentAllocationsAreSafe) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&t, k] {
+      for (int i = 0; i < 50; ++i) {
+        const uint64_t bytes = static_cast<uint64_t>(4096 * (1 + (i + k) % 7));
+        char err[256] = "";
+        auto* p = static_cast<unsigned char*>(t.desc()->allocate(t.get(), bytes, err, sizeof err));
+        ASSERT_NE(p, nullptr) << err;
+        EXPECT_EQ(p[bytes - 1], 0);
+        p[0] = 1;
+        t.desc()->release(t.get(), p, bytes);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+// A machine of two packages with two NUMA nodes each, four single-PU cores
+// per node, exported to XML at test time and loaded through HWLOC_XMLFILE.
+class SyntheticMachine : public HostTier {
+ protected:
+  static void SetUpTestSuite() {
+    char dir[] = "/tmp/zerod-hwloc-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    xml_ = dir_ + "/machine.xml";
+    hwloc_topology_t topo;
+    ASSERT_EQ(hwloc_topology_init(&topo), 0);
+    ASSERT_EQ(hwloc_topology_set_synthetic(topo, "pack:2 numa:2 core:4 pu:1"), 0);
+    ASSERT_EQ(hwloc_topology_load(topo), 0);
+    ASSERT_EQ(hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE), 4);
+    ASSERT_EQ(hwloc_topology_export_xml(topo, xml_.c_str(), 0), 0);
+    hwloc_topology_destroy(topo);
+  }
+  static void TearDownTestSuite() {
+    unlink(xml_.c_str());
+    rmdir(dir_.c_str());
+  }
+  void SetUp() override {
+    HostTier::SetUp();
+    const char* old = std::getenv("HWLOC_XMLFILE");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    ASSERT_EQ(setenv("HWLOC_XMLFILE", xml_.c_str(), 1), 0);
+  }
+  void TearDown() override {
+    if (had_old_) {
+      setenv("HWLOC_XMLFILE", old_.c_str(), 1);
+    } else {
+      unsetenv("HWLOC_XMLFILE");
+    }
+  }
+
+  static std::string dir_, xml_;
+  bool had_old_ = false;
+  std::string old_;
+};
+
+std::string SyntheticMachine::dir_;
+std::string SyntheticMachine::xml_;
+
+TEST_F(SyntheticMachine, RanksSpreadOverTheNodesAndGetTheirCpus) {
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    const zd_tier_config c = make_config(rank + 8, rank);  // local_rank decides, not rank
+    Tier t(plugin_, values(), c);
+    ASSERT_EQ(t.status(), ZD_OK) << t.error();
+    EXPECT_THAT(t.describe(), HasSubstr("host: NUMA node " + std::to_string(rank) + " of 4 (cpus " +
+                                        std::to_string(4 * rank) + "-" + std::to_string(4 * rank + 3) + ")"));
+    const std::vector<int32_t> want = {4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3};
+    EXPECT_EQ(t.cpus(), want) << "local rank " << rank;
+  }
+  const zd_tier_config c = make_config(0, 6);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  EXPECT_THAT(t.describe(), HasSubstr("NUMA node 2 of 4"));
+}
+
+TEST_F(SyntheticMachine, AnExplicitNodeIsHonoured) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(3), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  EXPECT_THAT(t.describe(), HasSubstr("NUMA node 3 of 4 (cpus 12-15)"));
+  const std::vector<int32_t> want = {12, 13, 14, 15};
+  EXPECT_EQ(t.cpus(), want);
+}
+
+TEST_F(SyntheticMachine, ANodeNotOnTheMachineIsRefused) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(9), c);
+  EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
+  EXPECT_THAT(t.error(), HasSubstr("numa_node = 9"));
+  EXPECT_THAT(t.error(), HasSubstr("4 NUMA nodes"));
+}
+
+TEST_F(SyntheticMachine, MemoryIsOnlyIntendedForANodeOfAnotherMachine) {
+  const zd_tier_config c = make_config(0, 1);
+  Tier t(plugin_, values(), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  char err[256] = "";
+  auto* p = static_cast<unsigned char*>(t.desc()->allocate(t.get(), 1 << 20, err, sizeof err));
+  ASSERT_NE(p, nullptr) << err;
+  EXPECT_EQ(p[12345], 0);
+  t.desc()->release(t.get(), p, 1 << 20);
+  const std::string d = t.describe();
+  EXPECT_THAT(d, HasSubstr("NUMA node 1 of 4"));
+  EXPECT_THAT(d, HasSubstr("intended: topology from HWLOC_XMLFILE, not this machine"));
+  EXPECT_THAT(d, ::testing::Not(HasSubstr(", bound")));
+}
+
+TEST_F(SyntheticMachine, AnUnreadableXmlFileIsAnError) {
+  const std::string missing = dir_ + "/no-such-machine.xml";
+  ASSERT_EQ(setenv("HWLOC_XMLFILE", missing.c_str(), 1), 0);
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(), c);
+  EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
+  EXPECT_THAT(t.error(), HasSubstr("HWLOC_XMLFILE=" + missing));
+}
+
+}  // namespace
+}  // namespace zerod::offload::test

@@ -1,0 +1,167 @@
+"""The zd_* calls from Python: clients, models, views, errors, library lookup."""
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import zerod
+from zerod import Dtype, MemKind, Tier
+
+from conftest import BINDINGS, rank_env
+
+SGD = 'return { optimizer = { type = "sgd", lr = 0.5 } }'
+
+
+@pytest.fixture
+def client():
+    with zerod.connect("embedded:") as c:
+        yield c
+
+
+def one_layer(client, dtype=Dtype.F32, script=SGD):
+    m = client.create_model(script_text=script)
+    w = m.register_param("fc.weight", "fc", (2, 3), dtype, init=np.arange(6, dtype=np.float32).reshape(2, 3))
+    b = m.register_param("fc.bias", "fc", (2,), dtype)
+    m.finalize()
+    return m, m.find_module("fc"), w, b
+
+
+def test_embedded_client_info(client):
+    assert client.info == zerod.ClientInfo(rank=0, world_size=1, local_rank=0, embedded=True)
+    assert zerod.rank() == 0 and zerod.world_size() == 1
+    assert zerod.abi_version()[0] == 1 and zerod.__version__
+
+
+def test_registry_lookups(client):
+    m, fc, w, b = one_layer(client)
+    assert (m.param_count, m.module_count) == (2, 1)
+    assert m.find_param("fc.bias") == b
+    assert m.module_info(fc) == ("fc", [w, b])
+    assert m.param_info(w) == zerod.ParamInfo("fc.weight", Dtype.F32, fc, (2, 3), 6)
+    with pytest.raises(zerod.NotFoundError, match="no module named 'nope'"):
+        m.find_module("nope")
+
+
+def test_one_step_through_views(client):
+    m, fc, w, b = one_layer(client)
+    m.forward_begin(fc)
+    view = m.param_view(w)
+    arr = view.numpy()
+    assert view.read_only and not arr.flags.writeable
+    np.testing.assert_array_equal(arr, np.arange(6).reshape(2, 3))
+    t = view.torch()
+    assert t.data_ptr() == view.data_ptr == arr.ctypes.data  # no copies
+    m.forward_end(fc)
+    assert not view.valid
+    with pytest.raises(zerod.InvalidStateError, match="ended with its module's _end"):
+        view.numpy()
+
+    m.backward_begin(fc)
+    gw, gb = m.grad_view(w), m.grad_view(b)
+    assert not gw.read_only
+    np.testing.assert_array_equal(gw.numpy(), 0)  # zero at backward_begin
+    gw.torch().fill_(1.0)                      # written through torch ...
+    gb.numpy()[:] = 2.0                        # ... and through numpy
+    m.backward_end(fc)
+    r = m.step()
+    assert r.boundary and r.applied and not r.skipped and r.step == 1
+    assert r.grad_norm == pytest.approx(np.sqrt(6 + 2 * 4))
+    np.testing.assert_allclose(m.param_read(w), np.arange(6).reshape(2, 3) - 0.5)
+    np.testing.assert_allclose(m.param_read(b), [-1.0, -1.0])
+
+
+def test_bf16_views_and_whole_parameter_access(client):
+    m, fc, w, _ = one_layer(client, Dtype.BF16, 'return { precision = "bf16" }')
+    m.forward_begin(fc)
+    view = m.param_view(w)
+    assert view.numpy().dtype == np.uint16  # numpy has no bfloat16: the bits
+    t = view.torch()
+    assert t.dtype == torch.bfloat16 and t.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert torch.from_dlpack(view).data_ptr() == view.data_ptr  # DLPack, no copy
+    m.forward_end(fc)
+    m.param_write(w, torch.full((2, 3), 1.5, dtype=torch.bfloat16))
+    assert m.param_read(w).tolist() == [[1.5] * 3] * 2
+    bits = m.param_read(w, Dtype.BF16)
+    assert bits.dtype == np.uint16 and torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).tolist()[0][0] == 1.5
+    with pytest.raises(zerod.InvalidArgumentError, match="dtype=Dtype.BF16"):
+        m.param_write(w, bits)
+    m.param_write(w, bits, Dtype.BF16)
+
+
+def test_memory_figures(client):
+    m, _, _, _ = one_layer(client)
+    device = m.memory(Tier.DEVICE)
+    assert device.current > 0 and device.peak >= device.current
+    assert m.memory(Tier.DEVICE, MemKind.MASTER).current >= 6 * 4
+    with pytest.raises(zerod.InvalidArgumentError, match="rank 3 is outside"):
+        m.memory(rank=3)
+
+
+def test_errors_carry_zerod_messages(client):
+    m, fc, w, _ = one_layer(client)
+    with pytest.raises(zerod.InvalidStateError) as e:
+        m.forward_end(fc)
+    assert e.value.status == zerod.errors.ERR_INVALID_STATE
+    assert e.value.status_name == "ZD_ERR_INVALID_STATE"
+    assert "zd_forward_end: module 'fc' is not in forward" in str(e.value)
+    assert m.last_error == e.value.message
+    with pytest.raises(zerod.InvalidStateError, match="is not resident"):
+        m.param_view(w)
+    with pytest.raises(zerod.InvalidStateError, match="registered after zd_model_finalize"):
+        m.register_param("late", "fc", (1,))
+    with pytest.raises(ValueError, match="ndim is 0"):  # InvalidArgumentError is a ValueError too
+        client.create_model(script_text=SGD).register_param("scalar", "m", ())
+    bad = "return {\n  optimizer = { type = 'adamw' },\n  gradient_clipp1ng = 1.0,\n}\n"
+    with pytest.raises(zerod.ConfigError, match=r"job.lua:3: unknown key 'gradient_clipp1ng' "
+                                                r"\(did you mean 'gradient_clipping'\?\)"):
+        client.create_model(script_text=bad)
+    with pytest.raises(zerod.ZerodIOError, match="/no/such/job.lua"):
+        client.create_model(script_path="/no/such/job.lua")
+
+
+def test_closed_objects_refuse_calls():
+    c = zerod.connect("embedded:")
+    m, fc, _, _ = one_layer(c)
+    c.close()
+    with pytest.raises(zerod.InvalidArgumentError, match="closed"):
+        m.forward_begin(fc)
+    c.close()  # twice is fine
+
+
+def python(code, **env):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=rank_env(**env))
+
+
+def test_library_not_found_says_how_to_fix():
+    p = python("import zerod", ZEROD_LIB="/nonexistent/libzerod.so")
+    assert p.returncode != 0
+    assert "cannot load libzerod" in p.stderr and "ZEROD_LIB" in p.stderr and "/nonexistent" in p.stderr
+
+
+def test_another_abi_major_is_refused(tmp_path):
+    src = tmp_path / "fake.c"
+    src.write_text("unsigned zd_abi_version(void) { return 2u << 16; }\n")
+    lib = tmp_path / "libzerod.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    p = python("import zerod", ZEROD_LIB=str(lib))
+    assert p.returncode != 0
+    assert "provides ABI 2.0, but this Python package speaks ABI 1.x" in p.stderr
+
+
+def test_pip_installable_offline(tmp_path):
+    # The package installs with Debian's pip and setuptools and no network.
+    # From a copy: setuptools writes build/ and *.egg-info beside the sources.
+    if python("import setuptools, wheel, pip").returncode != 0:
+        pytest.skip("pip, setuptools or wheel is not installed")
+    source = tmp_path / "src"
+    shutil.copytree(BINDINGS, source, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "site"
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index",
+                        "--no-deps", "--target", str(target), str(source)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (target / "zerod" / "torch.py").exists()

@@ -1,0 +1,115 @@
+"""The mistakes a Python user makes get an exception that says what to do."""
+import pytest
+import torch
+import torch.nn as nn
+
+import zerod
+import zerod.torch
+
+ADAMW = 'return { optimizer = { type = "adamw", lr = 1e-3 } }'
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+@pytest.fixture
+def engine():
+    e = zerod.torch.initialize(net(), job_text=ADAMW)
+    yield e
+    e.close()
+
+
+def micro_batch(engine, backward=True):
+    loss = engine(torch.randn(3, 4)).square().mean()
+    if backward:
+        engine.backward(loss)
+    return loss
+
+
+def test_backward_twice(engine):
+    loss = micro_batch(engine, backward=False)
+    engine.backward(loss)
+    with pytest.raises(zerod.InvalidStateError, match=r"backward\(\) was already called for this micro-batch: "
+                                                      r"call engine.step\(\) after each backward"):
+        engine.backward(loss)
+    engine.step()  # and the engine carries on
+    micro_batch(engine)
+    engine.step()
+
+
+def test_step_without_backward(engine):
+    with pytest.raises(zerod.InvalidStateError, match=r"step\(\) without backward\(\): each micro-batch is "
+                                                      r"loss = engine\(batch\); engine.backward\(loss\); engine.step\(\)"):
+        engine.step()
+    micro_batch(engine, backward=False)
+    with pytest.raises(zerod.InvalidStateError, match="its backward did not"):
+        engine.step()
+
+
+def test_forward_after_backward_without_step(engine):
+    micro_batch(engine)
+    with pytest.raises(zerod.InvalidStateError, match=r"call engine.step\(\) after every micro-batch's backward"):
+        micro_batch(engine, backward=False)
+
+
+def test_parameter_created_after_initialize(engine):
+    engine.module.add_module("extra", nn.Linear(2, 2))
+    with pytest.raises(zerod.InvalidStateError, match=r"parameter 'extra.weight' was created \(or unfrozen\) after "
+                                                      r"zerod.torch.initialize\(\).*Build the whole model, then call"):
+        micro_batch(engine)
+
+
+def test_tensor_on_the_wrong_device(engine):
+    with pytest.raises(zerod.InvalidArgumentError, match=r"input tensor 0 is on meta, but the model's parameters "
+                                                         r"live on cpu.*batch.to\('cpu'\)"):
+        engine(torch.empty(3, 4, device="meta"))
+    micro_batch(engine)  # nothing was begun: the engine is fine
+
+
+def test_model_on_the_wrong_device():
+    with pytest.raises(zerod.InvalidArgumentError, match="parameter '0.weight' is on meta.*initialize the model "
+                                                         "on the CPU"):
+        zerod.torch.initialize(net().to("meta"), job_text=ADAMW)
+
+
+def test_job_script_with_a_typo(tmp_job):
+    path = tmp_job("return {\n  optimizer = { type = 'adamw', lr = 1e-3 },\n  gradient_clipp1ng = 1.0,\n}\n")
+    with pytest.raises(zerod.ConfigError, match=r"job.lua:3: unknown key 'gradient_clipp1ng' "
+                                                r"\(did you mean 'gradient_clipping'\?\)"):
+        zerod.torch.initialize(net(), job=path)
+
+
+def test_a_bf16_model_in_an_fp32_job():
+    with pytest.raises(zerod.InvalidArgumentError, match="parameter '0.weight' is bf16 but the job's precision is \"fp32\": register it as f32 or set precision = \"bf16\""):
+        zerod.torch.initialize(net(), job_text=ADAMW, dtype=torch.bfloat16)
+
+
+def test_loss_backward_instead_of_engine_backward(engine):
+    loss = micro_batch(engine, backward=False)
+    # Raised inside autograd, which re-raises it as a RuntimeError with the text.
+    with pytest.raises(RuntimeError, match=r"call engine.backward\(loss\), not loss.backward\(\)"):
+        loss.backward()
+
+
+def test_model_called_directly_with_gradients(engine):
+    with pytest.raises(zerod.InvalidStateError, match=r"ran outside the engine with gradients enabled: call "
+                                                      r"engine\(batch\), not the model"):
+        engine.module(torch.randn(3, 4))
+    with torch.no_grad():
+        engine.module(torch.randn(3, 4))  # evaluation is fine
+
+
+def test_an_exception_in_a_forward_leaves_the_engine_usable(engine):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        engine(torch.randn(3, 5))
+    micro_batch(engine)
+    assert engine.step().applied
+
+
+def test_state_dict_mid_micro_batch(engine):
+    micro_batch(engine)
+    with pytest.raises(zerod.InvalidStateError, match=r"state_dict\(\) in the middle of a micro-batch: call it after "
+                                                      r"engine.step\(\)"):
+        engine.state_dict()

@@ -1,0 +1,209 @@
+"""zerod.torch.initialize: module selection, residency, gradients, evaluation,
+state_dict, embedded at stages 0 and 3 (one rank; the daemon's ranks are in
+test_parity.py)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zerod
+import zerod.torch
+from gpt import GPT, Block, GPTConfig
+from models import CHARS, batch, make
+
+SGD1 = 'return {{ optimizer = {{ type = "sgd", lr = 1.0 }}, gradient_accumulation_steps = {gas}, zero = {{ {zero} }} }}'
+STAGES = {"stage0": "stage = 0", "stage3": "stage = 3, param_persistence_threshold = 0"}
+
+
+def tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=len(CHARS), block_size=16, n_layer=2, n_head=2, n_embd=16))
+
+
+def sgd_job(stage="stage0", gas=1):
+    return SGD1.format(gas=gas, zero=STAGES[stage])
+
+
+def test_default_rule_takes_modules_owning_parameters_and_groups_tied_ones():
+    engine = zerod.torch.initialize(tiny_gpt(), job_text=sgd_job())
+    names = list(engine.zerod_modules)
+    assert names[0] == "transformer.wte+lm_head"  # weight tying: one zerod module
+    assert "transformer.h.0.attn.c_attn" in names and "transformer.h.1.ln_2" in names
+    assert len(names) == 2 + 2 * 6 + 1
+    assert engine.num_parameters == sum(p.numel() for p in tiny_gpt().parameters())
+
+
+@pytest.mark.parametrize("spec", [[Block], ["transformer.h.*"], Block])
+def test_named_modules_own_their_subtree(spec):
+    engine = zerod.torch.initialize(tiny_gpt(), job_text=sgd_job(), modules=spec)
+    assert list(engine.zerod_modules) == ["transformer.wte+lm_head", "transformer.wpe", "transformer.h.0",
+                                          "transformer.h.1", "transformer.ln_f"]
+
+
+def test_a_pattern_that_matches_nothing_is_refused():
+    with pytest.raises(zerod.InvalidArgumentError, match=r"modules=\['blocks.\*'\] matched no submodule of GPT"):
+        zerod.torch.initialize(tiny_gpt(), job_text=sgd_job(), modules=["blocks.*"])
+
+
+def test_parameters_point_into_zerod_only_while_their_module_runs():
+    model = tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job())
+    fc = model.transformer.h[0].mlp.c_fc
+    seen = {}
+
+    def look(module, inputs):
+        seen["ptr"], seen["shape"] = module.weight.data_ptr(), tuple(module.weight.shape)
+    fc.register_forward_pre_hook(look)  # runs after zerod's own pre-hook
+    assert fc.weight.numel() == 0
+    (x,), y = batch("gpt", 0)
+    with torch.no_grad():
+        engine(x)
+    zm = engine.zerod_model
+    mid, pid = zm.find_module("transformer.h.0.mlp.c_fc"), zm.find_param("transformer.h.0.mlp.c_fc.weight")
+    zm.forward_begin(mid)
+    assert seen["ptr"] == zm.param_view(pid).data_ptr  # zero copy: the same memory (stage 0 keeps it)
+    zm.forward_end(mid)
+    assert seen["shape"] == (64, 16) and fc.weight.numel() == 0
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradients_are_torchs_and_never_sit_in_param_grad(stage):
+    model, ref = tiny_gpt(), tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job(stage))
+    (x,), y = batch("gpt", 0)
+    ref(x, y)[1].backward()
+    _, loss = engine(x, y)
+    engine.backward(loss)
+    assert all(p.grad is None for p in model.parameters())  # no full-model gradient in torch
+    engine.step()
+    after = engine.state_dict()
+    for name, p in ref.named_parameters():  # SGD with lr 1: the update is the gradient
+        torch.testing.assert_close(p.detach() - after[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_gradient_accumulation_averages_micro_batches():
+    model, ref = tiny_gpt(), tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job(gas=2))
+    for step in range(2):
+        (x,), y = batch("gpt", step)
+        (ref(x, y)[1] / 2).backward()
+        _, loss = engine(x, y)
+        engine.backward(loss)
+        r = engine.step()
+        assert r.boundary == (step == 1)
+    after = engine.state_dict()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(p.detach() - after[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_evaluation_without_gradients(stage):
+    model, ref = tiny_gpt(), tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job(stage)).eval()
+    (x,), _ = batch("gpt", 3)
+    with torch.no_grad():
+        got, want = engine(x)[0], ref(x)[0]
+        model(x)  # the model itself may run too, without gradients
+    torch.testing.assert_close(got, want)
+    assert not model.training
+    with pytest.raises(zerod.InvalidStateError, match="step\\(\\) without backward"):
+        engine.step()
+
+
+def test_state_dict_is_torchs_with_full_fp32_values_and_loads_back():
+    model, ref = tiny_gpt(), tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"))
+    sd, want = engine.state_dict(), ref.state_dict()
+    assert list(sd) == list(want)
+    assert sd["lm_head.weight"] is sd["transformer.wte.weight"]  # tied, as in torch
+    for k in want:
+        torch.testing.assert_close(sd[k], want[k], rtol=0, atol=0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(0.5)
+    engine.load_state_dict(ref.state_dict())
+    (x,), _ = batch("gpt", 1)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x)[0], ref(x)[0])
+    assert set(engine.memory()) == {"device", "host", "nvme"}
+
+
+def test_bf16_model():
+    model = tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text='return { precision = "bf16" }', dtype=torch.bfloat16)
+    (x,), y = batch("gpt", 0)
+    logits, _ = engine(x)
+    assert logits.dtype == torch.bfloat16
+    engine.backward(F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)))
+    assert engine.step().applied
+    assert engine.state_dict()["transformer.wte.weight"].dtype == torch.float32
+
+
+class Odd(nn.Module):
+    """A parameter of a non-leaf module, and a frozen parameter."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.scale = nn.Parameter(torch.ones(4))
+        self.inner = nn.Linear(4, 4)
+        self.frozen = nn.Parameter(torch.full((4,), 2.0), requires_grad=False)
+
+    def forward(self, x):
+        return (self.inner(x) * self.scale + self.frozen).sum()
+
+
+class RowOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.arange(8.0).view(2, 4))
+
+    def forward(self, i):
+        return self.w[i]  # a view of the parameter
+
+
+def test_outputs_that_view_a_parameter_are_copied():
+    model = nn.Sequential(RowOut())
+    engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"))
+    out = engine(1)
+    torch.testing.assert_close(out, torch.arange(4.0, 8.0))  # still valid after forward_end
+    engine.backward(out.sum())
+    engine.step()
+    torch.testing.assert_close(engine.state_dict()["0.w"], torch.tensor([[0.0, 1, 2, 3], [3, 4, 5, 6]]))
+
+
+def test_frozen_parameters_stay_in_torch_and_root_parameters_are_a_module():
+    model = Odd()
+    engine = zerod.torch.initialize(model, job_text=sgd_job())
+    assert list(engine.zerod_modules) == ["<root>", "inner"]
+    loss = engine(torch.ones(2, 4))
+    engine.backward(loss)
+    engine.step()
+    sd = engine.state_dict()
+    torch.testing.assert_close(sd["frozen"], torch.full((4,), 2.0))
+    assert not torch.equal(sd["scale"], torch.ones(4))
+
+
+def test_a_module_called_twice_and_tied_weights_get_one_residency_each_call(monkeypatch):
+    model, ref = make("tied"), make("tied")
+    engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"))
+    assert list(engine.zerod_modules) == ["embed+head", "mix"]
+    calls = []
+    for name in ("forward_begin", "backward_begin"):  # record the begin calls
+        real = getattr(zerod._lib.lib, f"zd_{name}")
+        monkeypatch.setattr(zerod._lib, f"zd_{name}", lambda h, m, real=real, name=name: calls.append((name, m)) or real(h, m))
+    (x,), y = batch("tied", 0)
+    loss = F.cross_entropy(engine(x).view(-1, len(CHARS)), y.view(-1))
+    engine.backward(loss)
+    monkeypatch.undo()
+    zm = engine.zerod_model
+    tied, mix = zm.find_module("embed+head"), zm.find_module("mix")
+    assert [c for c in calls if c[0] == "forward_begin"] == [("forward_begin", m) for m in (tied, mix, mix, tied)]
+    assert [c for c in calls if c[0] == "backward_begin"] == [("backward_begin", m) for m in (tied, mix)]
+    engine.step()
+    ref_loss = F.cross_entropy(ref(x).view(-1, len(CHARS)), y.view(-1))
+    ref_loss.backward()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(p.detach() - engine.state_dict()[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
