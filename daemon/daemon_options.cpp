@@ -12,8 +12,11 @@ namespace {
 
 void usage(const char* cmd, bool want_command) {
   std::fprintf(stderr,
-               "usage: zerod %s --nproc N --job job.lua [--socket PATH]%s\n"
-               "  --nproc N       the number of ranks (trainer processes) of the job\n"
+               "usage: zerod %s --nproc N --job job.lua [--socket PATH] [--nnodes K --node-rank k]%s\n"
+               "  --nproc N       the number of ranks (trainer processes) on this node\n"
+               "  --nnodes K, --node-rank k\n"
+               "                  one daemon per node: this is node k of K (default: from mpirun's or\n"
+               "                  srun's environment, else one node); ranks are numbered node-major\n"
                "  --job FILE      the job script; checked before anything starts%s\n"
                "  --socket PATH   where the daemon listens (default: a private directory)\n%s",
                cmd, want_command ? " [--no-prefix] -- <trainer command...>" : "",
@@ -48,6 +51,16 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
         return false;
       }
       out->nproc = static_cast<int>(n);
+    } else if (a == "--nnodes" || a == "--node-rank") {
+      const char* v = value(a.c_str());
+      if (!v) return false;
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end || n < (a == "--nnodes" ? 1 : 0) || n > 1 << 20) {
+        std::fprintf(stderr, "zerod %s: %s must be a number, got '%s'\n", cmd, a.c_str(), v);
+        return false;
+      }
+      (a == "--nnodes" ? out->nnodes : out->node_rank) = static_cast<int>(n);
     } else if (a == "--job") {
       const char* v = value("--job");
       if (!v) return false;

@@ -11,7 +11,9 @@
 namespace zerod::cli {
 
 struct DaemonArgs {
-  int nproc = 1;
+  int nproc = 1;            // ranks on this node
+  int node_rank = -1;       // --node-rank (-1: from the launcher's environment)
+  int nnodes = -1;          // --nnodes
   std::string job;          // path of the job script
   std::string socket;       // "" = a private directory
   bool prefix = true;

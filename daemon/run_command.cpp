@@ -11,6 +11,7 @@
 #include "launcher/launcher.h"
 #include "launcher/signal_forwarder.h"
 #include "log.h"
+#include "node_layout.h"
 #include "server.h"
 
 #include <chrono>
@@ -25,16 +26,28 @@ int run_command(int argc, char** argv) {
   auto job = check_job("run", args.job);
   if (!job) return 1;
   try {
+    const NodeLayout node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+    const int world = node.nodes * args.nproc, first = node.node * args.nproc;
     server::ServerOptions so;
     so.socket_path = args.socket;
-    so.world_size = args.nproc;
+    so.world_size = world;
+    so.first_rank = first;
+    so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
     server::Server server(so);
     server.start();
-    log_info("zerod run: serving " + std::to_string(args.nproc) + " ranks on " + server.socket_path());
+    if (node.nodes > 1)
+      log_info("zerod run: node " + std::to_string(node.node) + " of " + std::to_string(node.nodes) + " (" +
+               node.source + "): serving ranks " + std::to_string(first) + ".." +
+               std::to_string(first + args.nproc - 1) + " of " + std::to_string(world) + " on " +
+               server.socket_path());
+    else
+      log_info("zerod run: serving " + std::to_string(args.nproc) + " ranks on " + server.socket_path());
 
     launch::LaunchOptions lo;
     lo.nproc = args.nproc;
+    lo.first_rank = first;
+    lo.world_size = world;
     lo.argv = args.command;
     lo.prefix_output = args.prefix;
     lo.peer_exit_seconds = 2;  // survivors report the lost peer before they are stopped
@@ -63,7 +76,10 @@ int run_command(int argc, char** argv) {
           std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
       return result.exit_code ? result.exit_code : 1;
     }
-    std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
+    if (node.nodes > 1)
+      std::fprintf(stderr, "zerod run: node %d: all %d ranks finished in %.1f s\n", node.node, args.nproc, secs);
+    else
+      std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));

@@ -5,6 +5,7 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "node_layout.h"
 #include "server.h"
 
 #include <signal.h>
@@ -27,16 +28,20 @@ int serve_command(int argc, char** argv) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   try {
+    const NodeLayout node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+    const int world = node.nodes * args.nproc, first = node.node * args.nproc;
     server::ServerOptions so;
     so.socket_path = args.socket;
-    so.world_size = args.nproc;
+    so.world_size = world;
+    so.first_rank = first;
+    so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
     server::Server server(so);
     server.start();
-    std::printf("zerod serve: listening on %s for %d rank%s (job %s)\n"
+    std::printf("zerod serve: listening on %s for rank%s %d..%d of %d (job %s)\n"
                 "  ranks connect with ZEROD_ENDPOINT=unix:%s ZEROD_RANK=<r> ZEROD_WORLD_SIZE=%d\n",
-                server.socket_path().c_str(), args.nproc, args.nproc == 1 ? "" : "s", args.job.c_str(),
-                server.socket_path().c_str(), args.nproc);
+                server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first, first + args.nproc - 1, world,
+                args.job.c_str(), server.socket_path().c_str(), world);
     std::fflush(stdout);
     int sig = 0;
     sigwait(&stop, &sig);

@@ -53,6 +53,12 @@ void ActivityTable::record_step(int rank, double lr, double loss_scale, double g
   a.last_skipped = skipped;
 }
 
+void ActivityTable::set_local(int first, int count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  first_local_ = first;
+  local_count_ = count;
+}
+
 std::vector<RankActivity> ActivityTable::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return ranks_;
@@ -62,7 +68,19 @@ std::string ActivityTable::describe() const {
   const auto now = std::chrono::steady_clock::now();
   const std::vector<RankActivity> all = snapshot();
   std::string out;
-  for (size_t r = 0; r < all.size(); ++r) {
+  int first = 0, count = static_cast<int>(all.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (local_count_ >= 0) first = first_local_, count = local_count_;
+  }
+  auto remote = [&](size_t lo, size_t hi) {  // [lo, hi)
+    if (lo >= hi) return;
+    out += (out.empty() ? "" : "\n") + std::string("  rank") + (hi - lo > 1 ? "s " : " ") + std::to_string(lo) +
+           (hi - lo > 1 ? ".." + std::to_string(hi - 1) : "") +
+           ": served by another node's daemon (its log says where they were)";
+  };
+  remote(0, static_cast<size_t>(first));
+  for (size_t r = static_cast<size_t>(first); r < static_cast<size_t>(first + count); ++r) {
     const RankActivity& a = all[r];
     const double secs = std::chrono::duration<double>(now - a.since).count();
     char line[512];
@@ -81,9 +99,10 @@ std::string ActivityTable::describe() const {
                     r, target.c_str(), secs, static_cast<long long>(a.step),
                     static_cast<long long>(a.micro_step));
     }
+    if (!out.empty()) out += "\n";
     out += line;
-    if (r + 1 < all.size()) out += "\n";
   }
+  remote(static_cast<size_t>(first + count), all.size());
   return out;
 }
 

@@ -37,6 +37,10 @@ class ActivityTable {
   void clear_lost();
   void record_step(int rank, double lr, double loss_scale, double grad_norm, bool skipped);
 
+  // With several nodes: the ranks this daemon serves; describe() names the
+  // others as another node's.
+  void set_local(int first, int count);
+
   std::vector<RankActivity> snapshot() const;
   // One line per rank: "rank 1: in forward_begin('fc2') for 31.2 s (step 4, micro-step 9)".
   std::string describe() const;
@@ -44,6 +48,8 @@ class ActivityTable {
  private:
   mutable std::mutex mu_;
   std::vector<RankActivity> ranks_;
+  int first_local_ = 0;
+  int local_count_ = -1;  // -1: all
 };
 
 }  // namespace zerod

@@ -25,15 +25,17 @@ Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module) : m
 }
 
 Model::Call::~Call() {
-  const RankState& rs = *m_.ranks_[static_cast<size_t>(rank_)];
+  const RankState& rs = m_.rank_state(rank_);
   m_.activity_.leave(rank_, rs.applied, rs.micro_step);
 }
 
-Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size)
+Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank,
+             int local_ranks)
     : config_(std::move(config)),
       plugins_(std::move(plugins)),
       policy_(policy),
       world_size_(world_size),
+      first_local_(first_local_rank),
       partitions_(0),
       registry_(world_size),
       activity_(world_size < 1 ? 1 : world_size),
@@ -41,6 +43,11 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   if (!plugins_.optimizer || !plugins_.partitioner || !plugins_.comm)
     fail(ZD_ERR_INTERNAL, "a model needs an optimizer, a partitioner and a comm plugin");
   if (world_size_ < 1) fail(ZD_ERR_INVALID_ARGUMENT, "world size must be at least 1");
+  if (local_ranks < 0) local_ranks = world_size_ - first_local_;
+  if (first_local_ < 0 || local_ranks < 1 || first_local_ + local_ranks > world_size_)
+    fail(ZD_ERR_INVALID_ARGUMENT, "local ranks " + std::to_string(first_local_) + ".." +
+                                      std::to_string(first_local_ + local_ranks - 1) + " are outside the job's " +
+                                      std::to_string(world_size_) + " ranks");
   if (config_.gradient_accumulation_steps < 1)
     fail(ZD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps must be at least 1");
   partitions_ = plugins_.partitioner->partitions();
@@ -50,8 +57,10 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     fail(ZD_ERR_CONFIG, "partitioner '" + plugins_.partitioner->plugin().name() +
                             "' partitions parameters or gradients without what comes before "
                             "them (optimizer state, then gradients); zerod cannot run that");
+  if (local_ranks < world_size_) activity_.set_local(first_local_, local_ranks);
   base_lr_ = plugins_.optimizer->value("lr", 0.0);
-  for (int r = 0; r < world_size_; ++r) {
+  check_compression_support();
+  for (int r = first_local_; r < first_local_ + local_ranks; ++r) {
     auto rs = std::make_unique<RankState>();
     rs->ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
     rs->ledger.set_budget(ZD_TIER_HOST, config_.host_budget);
@@ -74,7 +83,11 @@ Model::RankState& Model::rank_state(int rank) {
   if (rank < 0 || rank >= world_size_)
     fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is outside the job's " +
                                       std::to_string(world_size_) + " ranks");
-  return *ranks_[static_cast<size_t>(rank)];
+  if (!is_local(rank))
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is served by another node's daemon (this one "
+                                      "serves ranks " + std::to_string(first_local_) + ".." +
+                                      std::to_string(first_local_ + local_ranks() - 1) + ")");
+  return *ranks_[static_cast<size_t>(rank - first_local_)];
 }
 
 const Model::RankState& Model::rank_state(int rank) const {
@@ -145,7 +158,7 @@ void Model::broken_by(const Error& e) {
 }
 
 void Model::rank_lost(int rank, const std::string& reason) {
-  if (rank < 0 || rank >= world_size_) return;
+  if (!is_local(rank)) return;
   activity_.mark_lost(rank, reason);
   const std::string message = "rank " + std::to_string(rank) + " was lost: " + reason;
   {
@@ -163,7 +176,7 @@ void Model::rank_lost(int rank, const std::string& reason) {
 }
 
 void Model::rank_left(int rank, const std::string& reason) {
-  if (rank < 0 || rank >= world_size_) return;
+  if (!is_local(rank)) return;
   activity_.mark_lost(rank, reason);
   plugins_.comm->abort(ZD_ERR_PEER_LOST, "rank " + std::to_string(rank) + " left the job: " + reason);
 }
@@ -247,7 +260,9 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
   } else {
     id = registry_.add(name, module, dtype, std::move(shape), {});
   }
-  if (init && rank == 0) {
+  // Rank 0's values win; a node without rank 0 stages its first rank's and
+  // replaces them with rank 0's at finalize (share_initial_values).
+  if (init && rank == first_local_) {
     ParamRecord& p = registry_.params()[static_cast<size_t>(id)];
     p.staged_init.resize(static_cast<size_t>(p.numel));
     convert(init, init_dtype, p.staged_init.data(), ZD_DTYPE_F32, p.staged_init.size());
@@ -275,6 +290,10 @@ void Model::finalize(int rank) {
     plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 0, 1), what));
   }));
   check_registrations();
+  if (local_ranks() < world_size_) {
+    check_registrations_across_nodes(rs, rank);
+    share_initial_values(rs, rank);
+  }
   lay_out_once();
   try {
     set_up_tiers(rs, rank);
@@ -345,6 +364,7 @@ void Model::allocate_rank(RankState& rs, int rank) {
     const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel), ob + owned_count(g));
     if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, p.staged_init.data() + (lo - p.full_offset));
   }
+  allocate_compression(rs, rank);
   // The NVMe pipeline's staging sets, charged to the host tier for good.
   const std::vector<uint64_t> layout = staging_layout(rank);
   if (!layout.empty()) {
@@ -382,6 +402,7 @@ void Model::release_rank(RankState& rs) {
     b.master.release(tiers);
     for (TieredBuffer& s : b.state) s.release(tiers);
   }
+  release_compression(rs);
   rs.groups.clear();
   rs.staging.clear();
   rs.ledger.release(ZD_TIER_HOST, ZD_MEM_BUFFERS, rs.staging_charged);
@@ -403,49 +424,6 @@ void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, c
                                     " bytes as " + dtype_name(dtype) + "), the buffer has " +
                                     std::to_string(bytes) + " bytes");
   if (!ptr) fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + " of '" + p.name + "': the buffer is NULL");
-}
-
-void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {
-  Call call(*this, rank, "param_read");
-  require_finalized("zd_param_read");
-  RankState& rs = rank_state(rank);
-  const ParamRecord& p = registry_.param(param);
-  check_whole_param("zd_param_read", p, dtype, dst, bytes);
-  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-  const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-  const auto numel = static_cast<uint64_t>(p.numel);
-  std::vector<float> full;
-  if (partitioned(ZD_PARTITION_PARAMS)) {
-    // Everyone's master shard of this parameter.
-    full.resize(p.stride * static_cast<uint64_t>(world_size_));
-    std::vector<float> mine(p.stride);
-    b.master.read(rs.tiers(), p.flat_offset, p.stride, mine.data());
-    const std::string what = "param_read('" + p.name + "'): all-gather";
-    wait(issue(rs, [&, rank] {
-      plugins_.comm->all_gather(comm_call(rank, comm_tag(CommOp::Read, 0, static_cast<uint64_t>(param)), what),
-                                mine.data(), full.data(), p.stride, ZD_COMM_F32);
-    }));
-  } else if (partitioned(ZD_PARTITION_OPTIMIZER) && world_size_ > 1) {
-    // The parameter may straddle ranks: each owner broadcasts its part.
-    full.resize(numel);
-    for (int k = 0; k < world_size_; ++k) {
-      const uint64_t lo = std::max(p.full_offset, owned_begin(g, k));
-      const uint64_t hi = std::min(p.full_offset + numel, owned_begin(g, k) + g.stride);
-      if (lo >= hi) continue;
-      if (k == rank)
-        b.master.read(rs.tiers(), lo - owned_begin(g, k), hi - lo, full.data() + (lo - p.full_offset));
-      const std::string what = "param_read('" + p.name + "'): broadcast from rank " + std::to_string(k);
-      wait(issue(rs, [&, rank, k, lo, hi] {
-        plugins_.comm->broadcast(
-            comm_call(rank, comm_tag(CommOp::Read, static_cast<uint64_t>(k), static_cast<uint64_t>(param)), what),
-            full.data() + (lo - p.full_offset), hi - lo, ZD_COMM_F32, k);
-      }));
-    }
-  } else {
-    full.resize(numel);
-    b.master.read(rs.tiers(), p.full_offset - owned_begin(g, rank), numel, full.data());
-  }
-  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(numel));
 }
 
 void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes) {

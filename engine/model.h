@@ -80,7 +80,11 @@ class Model {
  public:
   // policy may be null (constant lr); it is not owned and must outlive the
   // model. Its lr() is called under a lock, once per step.
-  Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size);
+  // This process (daemon) serves ranks [first_local_rank, first_local_rank
+  // + local_ranks) of world_size (-1: all of them); with several nodes each
+  // daemon holds its own ranks' state and the comm plugin joins them.
+  Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank = 0,
+        int local_ranks = -1);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -113,6 +117,18 @@ class Model {
   void read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes);
   // Every rank writes the same value; each updates its own copies.
   void write_param(int rank, zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes);
+
+  // --- optimizer state, for checkpoints (model_state_io.cpp) -----------------
+  // One state slot of a parameter, whole, like read_param (a collective with
+  // the state partitioned on several ranks) and write_param.
+  void read_state(int rank, zd_param_id param, int slot, zd_dtype dtype, void* dst, uint64_t bytes);
+  void write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, const void* src, uint64_t bytes);
+  // Optimizer updates applied so far on the rank.
+  int64_t applied_steps(int rank) const;
+  // Restores the count of applied updates (a checkpoint's); every rank the
+  // same value, between steps. Error feedback of a compressing optimizer
+  // restarts at zero.
+  void set_applied_steps(int rank, int64_t step);
 
   // --- failures ---------------------------------------------------------------
   // The rank's trainer went away: its collectives fail everywhere, and every
@@ -149,6 +165,9 @@ class Model {
 
   // --- introspection ------------------------------------------------------
   int world_size() const { return world_size_; }
+  int first_local_rank() const { return first_local_; }
+  int local_ranks() const { return static_cast<int>(ranks_.size()); }
+  bool is_local(int rank) const { return rank >= first_local_ && rank < first_local_ + local_ranks(); }
   const JobConfig& config() const { return config_; }
   const OptimizerInstance& optimizer() const { return *plugins_.optimizer; }
   const PartitionerInstance& partitioner() const { return *plugins_.partitioner; }
@@ -173,6 +192,7 @@ class Model {
 
  private:
   struct GroupBuffers;
+  struct Compression;
   struct ParamState;
   struct ModuleState;
   struct PendingGrad;
@@ -192,6 +212,8 @@ class Model {
 
   // finalize and placement (model_placement.cpp)
   void check_registrations();
+  void check_registrations_across_nodes(RankState& rs, int rank);
+  void share_initial_values(RankState& rs, int rank);
   void lay_out_once();
   void decide_placement();
   // The tier runs of one of a rank's buffers, in element order.
@@ -216,6 +238,23 @@ class Model {
   void drain(RankState& rs);
   [[noreturn]] void broken_by(const Error& e);
 
+  // whole values of a parameter's fp32 buffers (master, a state slot)
+  using BufferPick = TieredBuffer& (*)(GroupBuffers&, int slot);
+  static TieredBuffer& pick_master(GroupBuffers& b, int slot);
+  static TieredBuffer& pick_state(GroupBuffers& b, int slot);
+  std::vector<float> whole_value(RankState& rs, int rank, zd_param_id param, BufferPick pick, int slot,
+                                 const std::string& call);
+  void set_own_part(RankState& rs, int rank, zd_param_id param, BufferPick pick, int slot, const float* whole);
+
+  // compressed momentum averaging (model_compress.cpp)
+  bool compressing(const RankState& rs) const;
+  void check_compression_support() const;
+  uint64_t compression_bytes(size_t group) const;
+  void allocate_compression(RankState& rs, int rank);
+  void release_compression(RankState& rs);
+  void reset_compression(RankState& rs);
+  void compressed_step(RankState& rs, int rank, double grad_scale, double lr, int64_t t);
+
   // stage 3 residency
   void make_resident(RankState& rs, int rank, zd_module_id m, bool backward);
   void gather_module(RankState& rs, int rank, zd_module_id m);
@@ -231,13 +270,17 @@ class Model {
 
   // step
   double learning_rate(int64_t step);
+  // The squared norm of the gradients the optimizer will use (local: each
+  // rank's whole unreduced gradient, summed over ranks) and whether it is finite.
   void gradient_stats(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
-                      double* sumsq, bool* finite);
+                      double* sumsq, bool* finite, bool local = false);
+  // with_grad false: the gradients were folded into the momentum already
+  // (a compressed step); the plugin gets no gradient.
   void apply_optimizer(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
-                       double grad_scale, double lr, int64_t t);
+                       double grad_scale, double lr, int64_t t, bool with_grad = true);
   struct Piece;
   void update_staged(RankState& rs, int rank, const Piece& piece, std::byte* grad,
-                     double grad_scale, double lr, int64_t t);
+                     double grad_scale, double lr, int64_t t, bool with_grad);
   // Runs fn over n tasks on the rank's optimizer threads.
   void run_on_pool(RankState& rs, size_t n, const std::function<void(size_t)>& fn);
   void zero_gradients(RankState& rs);
@@ -247,6 +290,7 @@ class Model {
   ModelPlugins plugins_;
   JobPolicy* policy_;
   int world_size_;
+  int first_local_ = 0;
   uint32_t partitions_;
   Registry registry_;
   std::vector<std::unique_ptr<RankState>> ranks_;

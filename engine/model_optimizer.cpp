@@ -46,7 +46,7 @@ struct Operand {
 }  // namespace
 
 void Model::apply_optimizer(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
-                            double grad_scale, double lr, int64_t t) {
+                            double grad_scale, double lr, int64_t t, bool with_grad) {
   const auto& groups = registry_.groups();
   const uint32_t slots = plugins_.optimizer->state_slots();
   const bool p3 = partitioned(ZD_PARTITION_PARAMS);
@@ -106,7 +106,7 @@ void Model::apply_optimizer(RankState& rs, int rank, const std::vector<Block>& s
       u.struct_size = sizeof u;
       u.count = task.count;
       u.master = reinterpret_cast<float*>(b.master.addr(task.begin));
-      u.grad = grad;
+      u.grad = with_grad ? grad : nullptr;
       u.grad_dtype = gdt;
       u.work = b.working.addr((p3 ? 0 : owned_begin(g, rank)) + task.begin);
       u.work_dtype = g.dtype;
@@ -116,11 +116,11 @@ void Model::apply_optimizer(RankState& rs, int rank, const std::vector<Block>& s
       u.step = t;
       plugins_.optimizer->update(ZD_ISA_AUTO, u);
       // Zeroed while the tile is still in cache: the next window starts clean.
-      std::memset(grad, 0, task.count * gsz);
+      if (with_grad) std::memset(grad, 0, task.count * gsz);
     });
   }
   for (const Piece& pc : pieces)
-    if (pc.staged) update_staged(rs, rank, pc, grad_base(pc.group), grad_scale, lr, t);
+    if (pc.staged) update_staged(rs, rank, pc, grad_base(pc.group), grad_scale, lr, t, with_grad);
 }
 
 void Model::run_on_pool(RankState& rs, size_t n, const std::function<void(size_t)>& fn) {
@@ -133,7 +133,7 @@ void Model::run_on_pool(RankState& rs, size_t n, const std::function<void(size_t
 }
 
 void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* grad_base,
-                          double grad_scale, double lr, int64_t t) {
+                          double grad_scale, double lr, int64_t t, bool with_grad) {
   const ParamGroup& g = registry_.groups()[pc.group];
   GroupBuffers& b = rs.groups[pc.group];
   const uint32_t slots = plugins_.optimizer->state_slots();
@@ -211,7 +211,7 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
           u.struct_size = sizeof u;
           u.count = n;
           u.master = reinterpret_cast<float*>(ptr(0, off));
-          u.grad = grad + off * gsz;
+          u.grad = with_grad ? grad + off * gsz : nullptr;
           u.grad_dtype = gdt;
           u.work = ptr(ops.size() - 1, off);
           u.work_dtype = g.dtype;
@@ -220,7 +220,7 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
           u.lr = lr;
           u.step = t;
           plugins_.optimizer->update(ZD_ISA_AUTO, u);
-          std::memset(grad + off * gsz, 0, n * gsz);
+          if (with_grad) std::memset(grad + off * gsz, 0, n * gsz);
         });
       }
       auto ios = ios_for(j, true);

@@ -27,8 +27,8 @@ uint64_t round_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 void Model::check_registrations() {
   std::lock_guard<std::mutex> lock(reg_mu_);
   const size_t n = registry_.params().size();
-  for (int r = 0; r < world_size_; ++r) {
-    const auto got = static_cast<size_t>(ranks_[static_cast<size_t>(r)]->registered);
+  for (int r = first_local_; r < first_local_ + local_ranks(); ++r) {
+    const auto got = static_cast<size_t>(ranks_[static_cast<size_t>(r - first_local_)]->registered);
     if (got != n)
       fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(r) + " registered " + std::to_string(got) +
                                      " parameters but another rank registered " +
@@ -36,6 +36,95 @@ void Model::check_registrations() {
                                      "; every rank must register the same parameters");
   }
   if (n == 0) fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
+}
+
+// Every node's ranks registered the same parameters: a fingerprint of the
+// registry (names, modules, types, shapes, in order) and its size agree on
+// every rank. Compared by one all-reduce of (v, -v) with MAX: equal
+// everywhere exactly when max(v) == -max(-v).
+void Model::check_registrations_across_nodes(RankState& rs, int rank) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  double count;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    for (const ParamRecord& p : registry_.params()) {
+      mix(p.name.data(), p.name.size() + 1);
+      const std::string& m = registry_.module(p.module).name;
+      mix(m.data(), m.size() + 1);
+      mix(&p.dtype, sizeof p.dtype);
+      for (int64_t d : p.shape) mix(&d, sizeof d);
+    }
+    count = static_cast<double>(registry_.params().size());
+  }
+  // Doubles hold integers exactly up to 2^53: the hash in two 32-bit halves.
+  const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
+  double v[6] = {count, hi, lo, -count, -hi, -lo};
+  const std::string what = "finalize: comparing the parameters every node registered";
+  wait(issue(rs, [&, rank] {
+    plugins_.comm->all_reduce(comm_call(rank, comm_tag(CommOp::Finalize, 0, 3), what), v, 6, ZD_COMM_F64,
+                              ZD_REDUCE_MAX);
+  }));
+  if (v[0] != -v[3] || v[1] != -v[4] || v[2] != -v[5])
+    fail(ZD_ERR_INVALID_STATE,
+         "the ranks of another node registered different parameters (" +
+             (v[0] != -v[3] ? "counts from " + std::to_string(static_cast<int64_t>(-v[3])) + " to " +
+                                  std::to_string(static_cast<int64_t>(v[0]))
+                            : std::string("same count, different names, modules, types or shapes")) +
+             "); every rank must register the same parameters in the same order");
+}
+
+// Several nodes: each node staged its first rank's initial values, but
+// the job starts from rank 0's. Rank 0 broadcasts which parameters it gave
+// values for, then the values, in chunks so that a rank's scratch stays
+// small; the first rank of every other node receives them into the staged
+// copy, its other ranks into scratch they drop.
+void Model::share_initial_values(RankState& rs, int rank) {
+  auto& params = registry_.params();
+  const bool receiver = rank == first_local_ && rank != 0;
+  std::vector<float> given(params.size());
+  for (size_t i = 0; i < params.size(); ++i) given[i] = params[i].staged_init.empty() ? 0.0f : 1.0f;
+  const std::string what = "finalize: rank 0's initial values to every node";
+  uint64_t id = 4;
+  auto broadcast = [&](float* buf, uint64_t count) {
+    wait(issue(rs, [&, rank, buf, count] {
+      plugins_.comm->broadcast(comm_call(rank, comm_tag(CommOp::Finalize, 0, id), what), buf, count, ZD_COMM_F32,
+                               0);
+    }));
+    ++id;
+  };
+  broadcast(given.data(), given.size());
+  constexpr uint64_t kChunk = uint64_t{4} << 20;  // elements: 16 MiB of scratch per rank
+  std::vector<float> scratch;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamRecord& p = params[i];
+    if (given[i] == 0.0f) {
+      // Rank 0 gave none: this node's values must not stand in for them.
+      if (receiver) std::vector<float>().swap(p.staged_init);
+      continue;
+    }
+    const auto numel = static_cast<uint64_t>(p.numel);
+    if (receiver) p.staged_init.resize(numel);
+    for (uint64_t at = 0; at < numel; at += kChunk) {
+      const uint64_t n = std::min(kChunk, numel - at);
+      float* buf;
+      if (rank == 0 || receiver) {
+        buf = p.staged_init.data() + at;
+      } else {
+        scratch.resize(n);
+        buf = scratch.data();
+      }
+      broadcast(buf, n);
+    }
+  }
+  // No rank of this node reads the staged values before its first rank has
+  // written them.
+  const std::string done = "finalize: every node has rank 0's initial values";
+  wait(issue(rs, [&, rank] {
+    plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 1, 0), done));
+  }));
 }
 
 void Model::lay_out_once() {
@@ -201,6 +290,7 @@ Model::NeedTable Model::need_table(int rank) const {
     add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
     add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
     if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), 4, ZD_MEM_OPTIMIZER, slots);
+    need[ZD_TIER_DEVICE][ZD_MEM_OPTIMIZER] += compression_bytes(gi);
   }
   if (p3)
     for (const ParamRecord& p : registry_.params())
@@ -301,7 +391,7 @@ void Model::set_up_tiers(RankState& rs, int rank) {
   cfg.struct_size = sizeof cfg;
   cfg.rank = rank;
   cfg.world_size = world_size_;
-  cfg.local_rank = rank;
+  cfg.local_rank = rank - first_local_;
   std::vector<const char*> paths;
   for (const auto& p : config_.offload.nvme_paths) paths.push_back(p.c_str());
   cfg.paths = paths.data();

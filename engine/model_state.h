@@ -22,6 +22,17 @@ struct Model::GroupBuffers {
   std::array<TieredBuffer, ZD_OPTIMIZER_MAX_STATE> state{};
 };
 
+// 1-bit compression of a group's momentum (optimizer ABI v2), per rank: the
+// error feedback the comm plugin keeps between calls and, at stage 1, the
+// last average as signs and per-chunk scales (model_compress.cpp).
+struct Model::Compression {
+  Block worker_error;  // full_numel floats
+  Block server_error;  // one chunk of floats
+  Block signs;         // stage 1: (full_numel + 7) / 8 bytes
+  Block scales;        // stage 1: world_size floats
+  bool have_average = false;
+};
+
 struct Model::ParamState {
   Block grad_view;           // a transient gradient buffer, or empty (the view is the accumulator)
   bool view_active = false;  // between backward_begin and backward_end
@@ -67,6 +78,7 @@ struct Model::RankState {
   // allocates and the host budget is checked once.
   std::vector<std::vector<AlignedBuffer>> staging;
   uint64_t staging_charged = 0;
+  std::vector<Compression> compression;  // per group, when the optimizer compresses
   std::vector<ModuleState> modules;
   std::vector<ParamState> params;
   int active_modules = 0;

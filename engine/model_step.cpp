@@ -92,12 +92,13 @@ static std::byte* owned_grad(const std::vector<Block>& stage1_shards, std::byte*
 }
 
 void Model::gradient_stats(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
-                           double* sumsq, bool* finite) {
+                           double* sumsq, bool* finite, bool local) {
   std::vector<Task> tasks;
   const auto& groups = registry_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (uint64_t b = 0; b < owned_count(groups[gi]); b += kTile)
-      tasks.push_back({gi, b, std::min(kTile, owned_count(groups[gi]) - b)});
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const uint64_t n = local ? groups[gi].full_numel : owned_count(groups[gi]);
+    for (uint64_t b = 0; b < n; b += kTile) tasks.push_back({gi, b, std::min(kTile, n - b)});
+  }
   std::vector<GradStats> partial(tasks.size());
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
@@ -106,16 +107,18 @@ void Model::gradient_stats(RankState& rs, int rank, const std::vector<Block>& st
       const ParamGroup& g = groups[t.group];
       const zd_dtype dt = grad_dtype(g);
       const size_t gsz = dtype_size(dt);
-      std::byte* base = owned_grad(stage1_shards, rs.groups[t.group].grad.ptr, t.group,
-                                   owned_begin(g, rank), gsz, partitioned(ZD_PARTITION_GRADS));
+      std::byte* base = local ? rs.groups[t.group].grad.ptr
+                              : owned_grad(stage1_shards, rs.groups[t.group].grad.ptr, t.group,
+                                           owned_begin(g, rank), gsz, partitioned(ZD_PARTITION_GRADS));
       partial[i] = grad_stats(base + t.begin * gsz, dt, t.count);
     });
   }
   // Summed in task order so the norm does not depend on thread timing.
   double s = 0.0;
   for (const GradStats& p : partial) s += p.sumsq;
-  if (partitioned(ZD_PARTITION_OPTIMIZER) && world_size_ > 1) {
-    // Each rank holds a part: the global sum (inf and NaN carry through).
+  if ((local || partitioned(ZD_PARTITION_OPTIMIZER)) && world_size_ > 1) {
+    // Each rank holds a part (or its own gradient): the global sum (inf and
+    // NaN carry through).
     const std::string what = "step: all-reduce of the gradient norm";
     wait(issue(rs, [&, rank] {
       plugins_.comm->all_reduce(comm_call(rank, comm_tag(CommOp::Stats, 0, 0), what), &s, 1,
@@ -193,14 +196,19 @@ StepFigures Model::step(int rank) {
       for (const Block& b : blocks) rs.pool->release(b, ZD_MEM_BUFFERS);
     }
   } free_shards{rs, stage1_shards};
-  reduce_for_step(rs, rank, &stage1_shards);
+  // A compressing optimizer (1-bit Adam) past its warm-up averages its
+  // momentum instead: the gradients stay local.
+  const bool compress = compressing(rs);
+  if (!compress) reduce_for_step(rs, rank, &stage1_shards);
 
   double sumsq = 0.0;
   bool finite = true;
-  gradient_stats(rs, rank, stage1_shards, &sumsq, &finite);
+  gradient_stats(rs, rank, stage1_shards, &sumsq, &finite, compress);
+  // Local gradients: the mean over ranks of their squared norms.
+  if (compress) sumsq /= static_cast<double>(world_size_);
   const double scale = rs.scaler.scale();
-  // Gradients were averaged over ranks and summed over gas micro-batches
-  // at the loss scale.
+  // Gradients were averaged over ranks (or are local) and summed over gas
+  // micro-batches at the loss scale.
   const double denom = scale * static_cast<double>(gas);
   rs.micro_step = f.micro_step;
   if (!finite) {
@@ -217,7 +225,10 @@ StepFigures Model::step(int rank) {
     if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
       clip = config_.gradient_clipping / (norm + 1e-6);
     try {
-      apply_optimizer(rs, rank, stage1_shards, clip / denom, f.lr, rs.applied + 1);
+      if (compress)
+        compressed_step(rs, rank, clip / denom, f.lr, rs.applied + 1);
+      else
+        apply_optimizer(rs, rank, stage1_shards, clip / denom, f.lr, rs.applied + 1);
     } catch (const Error& e) {
       // A tier failed part-way (a disk error): the tiles before it were
       // updated, the rest not. Nothing wrong was written, but this step is

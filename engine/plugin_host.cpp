@@ -170,11 +170,11 @@ const zd_plugin_header* PluginLibrary::select(zd_plugin_kind kind, uint32_t max_
 
 namespace {
 
-// The smallest descriptor the host reads for each kind's version 1.
-size_t v1_size(zd_plugin_kind kind) {
+// The descriptor size the host reads for each kind and version.
+size_t descriptor_size(zd_plugin_kind kind, uint32_t version) {
   switch (kind) {
-    case ZD_PLUGIN_OPTIMIZER: return sizeof(zd_optimizer_v1);
-    case ZD_PLUGIN_COMM: return sizeof(zd_comm_v1);
+    case ZD_PLUGIN_OPTIMIZER: return version >= 2 ? sizeof(zd_optimizer_v2) : sizeof(zd_optimizer_v1);
+    case ZD_PLUGIN_COMM: return version >= 2 ? sizeof(zd_comm_v2) : sizeof(zd_comm_v1);
     case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
     case ZD_PLUGIN_TIER: return sizeof(zd_tier_v1);
     default: return sizeof(PluginPrefix);
@@ -193,13 +193,23 @@ uint32_t host_version(zd_plugin_kind kind) {
 
 // Whether every function the host calls is there.
 bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
+  const uint32_t version = p->header.abi_version;
   switch (kind) {
     case ZD_PLUGIN_OPTIMIZER: {
       const auto* d = reinterpret_cast<const zd_optimizer_v1*>(p);
-      return d->create && d->destroy && d->state_slots && d->state_name && d->supports_isa &&
-             d->update;
+      const bool v1 = d->create && d->destroy && d->state_slots && d->state_name && d->supports_isa &&
+                      d->update;
+      if (version < 2) return v1;
+      // momentum_slot and momentum are checked when compression_start() says they are used
+      return v1 && reinterpret_cast<const zd_optimizer_v2*>(p)->compression_start;
     }
     case ZD_PLUGIN_COMM: {
+      if (version >= 2) {
+        const auto* d = reinterpret_cast<const zd_comm_v2*>(p);
+        return d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
+               d->broadcast && d->barrier && d->abort && d->last_error && d->all_to_all &&
+               d->compressed_all_reduce && d->figures;
+      }
       const auto* d = reinterpret_cast<const zd_comm_v1*>(p);
       return d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
              d->broadcast && d->barrier && d->abort && d->last_error && d->bytes_sent;
@@ -260,10 +270,10 @@ std::shared_ptr<Plugin> Plugin::load_file(zd_plugin_kind kind, const std::string
   auto lib = PluginLibrary::open(path);
   const zd_plugin_header* h = lib->select(kind, host_version(kind));
   const std::string what = std::string(plugin_kind_name(kind));
-  if (h->struct_size < v1_size(kind))
+  if (h->struct_size < descriptor_size(kind, h->abi_version))
     fail(ZD_ERR_VERSION, "plugin " + path + ": " + what + " descriptor version " +
                              std::to_string(h->abi_version) + " expected " +
-                             std::to_string(v1_size(kind)) + " bytes, got " +
+                             std::to_string(descriptor_size(kind, h->abi_version)) + " bytes, got " +
                              std::to_string(h->struct_size));
   const auto* p = reinterpret_cast<const PluginPrefix*>(h);
   const std::string name = h->name ? h->name : "";
@@ -348,7 +358,40 @@ std::unique_ptr<OptimizerInstance> OptimizerInstance::create(const std::shared_p
   const zd_status st = d.create(host_services(), values.data(), values.size(), &inst, err, sizeof err);
   err[sizeof err - 1] = 0;
   if (st != ZD_OK || !inst) refused(*plugin, st, err);
-  return std::unique_ptr<OptimizerInstance>(new OptimizerInstance(plugin, inst, d.destroy, values));
+  auto o = std::unique_ptr<OptimizerInstance>(new OptimizerInstance(plugin, inst, d.destroy, values));
+  if (const zd_optimizer_v2* v2 = o->v2(); v2 && v2->compression_start(inst) > 0) {
+    if (!v2->momentum_slot || !v2->momentum)
+      fail(ZD_ERR_PLUGIN, "optimizer plugin '" + plugin->name() + "' (" + plugin->path() +
+                              ") compresses its momentum but leaves momentum_slot or momentum empty");
+    if (v2->momentum_slot(inst) >= o->state_slots())
+      fail(ZD_ERR_PLUGIN, "optimizer plugin '" + plugin->name() + "' names momentum slot " +
+                              std::to_string(v2->momentum_slot(inst)) + " of " +
+                              std::to_string(o->state_slots()));
+  }
+  return o;
+}
+
+const zd_optimizer_v2* OptimizerInstance::v2() const {
+  return plugin().header().abi_version >= 2 ? &plugin().descriptor<zd_optimizer_v2>() : nullptr;
+}
+
+int64_t OptimizerInstance::compression_start() const {
+  const zd_optimizer_v2* v = v2();
+  return v ? std::max<int64_t>(0, v->compression_start(raw())) : 0;
+}
+
+uint32_t OptimizerInstance::momentum_slot() const {
+  const zd_optimizer_v2* v = v2();
+  return v && v->momentum_slot ? v->momentum_slot(raw()) : 0;
+}
+
+void OptimizerInstance::momentum(zd_isa isa, const zd_optimizer_update& u) const {
+  const zd_optimizer_v2* v = v2();
+  if (!v || !v->momentum)
+    fail(ZD_ERR_INTERNAL, "optimizer '" + plugin().name() + "' has no momentum()");
+  const zd_status st = v->momentum(raw(), isa, &u);
+  if (st != ZD_OK)
+    fail(st, "optimizer '" + plugin().name() + "' momentum failed: " + status_name(st));
 }
 
 uint32_t OptimizerInstance::state_slots() const { return d().state_slots(raw()); }
@@ -387,46 +430,100 @@ uint64_t PartitionerInstance::max_live_elements() const { return d().max_live_el
 uint64_t PartitionerInstance::prefetch_elements() const { return d().prefetch_elements(raw()); }
 
 std::unique_ptr<CommInstance> CommInstance::create(const std::shared_ptr<const Plugin>& plugin,
-                                                   const std::vector<double>& values, int world_size) {
+                                                   const std::vector<double>& values, int world_size,
+                                                   int first_local_rank, int local_ranks) {
   check_value_count(*plugin, values);
-  const auto& d = plugin->descriptor<zd_comm_v1>();
+  if (local_ranks < 0) local_ranks = world_size;
   char err[512] = {0};
   void* inst = nullptr;
-  const zd_status st =
-      d.create(host_services(), values.data(), values.size(), world_size, &inst, err, sizeof err);
+  zd_status st;
+  void (*destroy)(void*);
+  if (plugin->header().abi_version >= 2) {
+    const auto& d = plugin->descriptor<zd_comm_v2>();
+    zd_comm_config cfg{sizeof(zd_comm_config), world_size, first_local_rank, local_ranks};
+    st = d.create(host_services(), values.data(), values.size(), &cfg, &inst, err, sizeof err);
+    destroy = d.destroy;
+  } else {
+    if (local_ranks != world_size)
+      fail(ZD_ERR_CONFIG, "comm plugin '" + plugin->name() + "' (plugin ABI version 1) serves the ranks of " +
+                              "one daemon only, but this daemon serves " + std::to_string(local_ranks) +
+                              " of " + std::to_string(world_size) + " ranks; use a backend that spans nodes "
+                              "(comm = { backend = \"mpi\" })");
+    const auto& d = plugin->descriptor<zd_comm_v1>();
+    st = d.create(host_services(), values.data(), values.size(), world_size, &inst, err, sizeof err);
+    destroy = d.destroy;
+  }
   err[sizeof err - 1] = 0;
   if (st != ZD_OK || !inst) refused(*plugin, st, err);
-  return std::unique_ptr<CommInstance>(new CommInstance(plugin, inst, d.destroy, values));
+  return std::unique_ptr<CommInstance>(new CommInstance(plugin, inst, destroy, values));
+}
+
+const zd_comm_v2* CommInstance::v2() const {
+  return plugin().header().abi_version >= 2 ? &plugin().descriptor<zd_comm_v2>() : nullptr;
 }
 
 void CommInstance::check(zd_status st, const zd_comm_call& c) const {
   if (st == ZD_OK) return;
-  const char* msg = d().last_error(raw(), c.rank);
+  const char* msg = v2() ? v2()->last_error(raw(), c.rank) : d().last_error(raw(), c.rank);
   fail(st, msg && *msg ? std::string(msg)
                        : std::string(c.what ? c.what : "collective") + " failed: " + status_name(st));
 }
 
+// v1 and v2 have the same collectives under the same names at different
+// offsets: call through whichever descriptor the plugin gave.
+#define ZD_COMM_CALL(fn, ...) (v2() ? v2()->fn(raw(), __VA_ARGS__) : d().fn(raw(), __VA_ARGS__))
+
 void CommInstance::all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                               zd_reduce_op op) const {
-  check(d().all_reduce(raw(), &c, buf, count, dt, op), c);
+  check(ZD_COMM_CALL(all_reduce, &c, buf, count, dt, op), c);
 }
 void CommInstance::reduce_scatter(const zd_comm_call& c, const void* send, void* recv,
                                   uint64_t recv_count, zd_comm_dtype dt, zd_reduce_op op) const {
-  check(d().reduce_scatter(raw(), &c, send, recv, recv_count, dt, op), c);
+  check(ZD_COMM_CALL(reduce_scatter, &c, send, recv, recv_count, dt, op), c);
 }
 void CommInstance::all_gather(const zd_comm_call& c, const void* send, void* recv,
                               uint64_t send_count, zd_comm_dtype dt) const {
-  check(d().all_gather(raw(), &c, send, recv, send_count, dt), c);
+  check(ZD_COMM_CALL(all_gather, &c, send, recv, send_count, dt), c);
 }
 void CommInstance::broadcast(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                              int32_t root) const {
-  check(d().broadcast(raw(), &c, buf, count, dt, root), c);
+  check(ZD_COMM_CALL(broadcast, &c, buf, count, dt, root), c);
 }
-void CommInstance::barrier(const zd_comm_call& c) const { check(d().barrier(raw(), &c), c); }
+void CommInstance::barrier(const zd_comm_call& c) const { check(ZD_COMM_CALL(barrier, &c), c); }
 void CommInstance::abort(zd_status status, const std::string& reason) const {
-  d().abort(raw(), status, reason.c_str());
+  ZD_COMM_CALL(abort, status, reason.c_str());
 }
-uint64_t CommInstance::bytes_sent(int32_t rank) const { return d().bytes_sent(raw(), rank); }
+#undef ZD_COMM_CALL
+
+void CommInstance::all_to_all(const zd_comm_call& c, const void* send, void* recv, uint64_t count,
+                              zd_comm_dtype dt) const {
+  if (!v2())
+    fail(ZD_ERR_NOT_IMPLEMENTED, "comm plugin '" + plugin().name() + "' (plugin ABI version 1) has no all-to-all");
+  check(v2()->all_to_all(raw(), &c, send, recv, count, dt), c);
+}
+
+void CommInstance::compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
+                                         float* server_error) const {
+  if (!v2())
+    fail(ZD_ERR_NOT_IMPLEMENTED,
+         "comm plugin '" + plugin().name() + "' (plugin ABI version 1) has no compressed all-reduce");
+  check(v2()->compressed_all_reduce(raw(), &c, buf, count, worker_error, server_error), c);
+}
+
+bool CommInstance::has_compression() const { return v2() != nullptr; }
+
+zd_comm_figures CommInstance::figures(int32_t rank) const {
+  zd_comm_figures f = ZD_COMM_FIGURES_INIT;
+  if (v2()) {
+    v2()->figures(raw(), rank, &f);
+    f.struct_size = sizeof f;
+  } else {
+    f.bytes_sent = d().bytes_sent(raw(), rank);
+  }
+  return f;
+}
+
+uint64_t CommInstance::bytes_sent(int32_t rank) const { return figures(rank).bytes_sent; }
 
 std::unique_ptr<TierInstance> TierInstance::create(const std::shared_ptr<const Plugin>& plugin,
                                                    const std::vector<double>& values,

@@ -134,10 +134,17 @@ class OptimizerInstance : public PluginInstance {
   std::string state_name(uint32_t slot) const;
   // Throws on a non-OK status from the plugin.
   void update(zd_isa isa, const zd_optimizer_update& u) const;
+  // Plugin ABI v2 (1-bit Adam): the first update whose momentum is averaged
+  // compressed instead of the gradients (0 = never), that slot, and the
+  // local momentum pass.
+  int64_t compression_start() const;
+  uint32_t momentum_slot() const;
+  void momentum(zd_isa isa, const zd_optimizer_update& u) const;
 
  private:
   using PluginInstance::PluginInstance;
   const zd_optimizer_v1& d() const { return plugin().descriptor<zd_optimizer_v1>(); }
+  const zd_optimizer_v2* v2() const;
 };
 
 class PartitionerInstance : public PluginInstance {
@@ -161,8 +168,12 @@ class PartitionerInstance : public PluginInstance {
 // plugin's status and last_error() message when it fails.
 class CommInstance : public PluginInstance {
  public:
+  // This daemon serves ranks [first_local_rank, first_local_rank +
+  // local_ranks) of world_size (-1: all of them). A plugin of ABI v1 serves
+  // one daemon only.
   static std::unique_ptr<CommInstance> create(const std::shared_ptr<const Plugin>& plugin,
-                                              const std::vector<double>& values, int world_size);
+                                              const std::vector<double>& values, int world_size,
+                                              int first_local_rank = 0, int local_ranks = -1);
   void all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                   zd_reduce_op op) const;
   void reduce_scatter(const zd_comm_call& c, const void* send, void* recv, uint64_t recv_count,
@@ -174,10 +185,17 @@ class CommInstance : public PluginInstance {
   void barrier(const zd_comm_call& c) const;
   void abort(zd_status status, const std::string& reason) const;
   uint64_t bytes_sent(int32_t rank) const;
+  zd_comm_figures figures(int32_t rank) const;
+  // Plugin ABI v2 only (ZD_ERR_NOT_IMPLEMENTED otherwise).
+  bool has_compression() const;
+  void all_to_all(const zd_comm_call& c, const void* send, void* recv, uint64_t count, zd_comm_dtype dt) const;
+  void compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
+                             float* server_error) const;
 
  private:
   using PluginInstance::PluginInstance;
   const zd_comm_v1& d() const { return plugin().descriptor<zd_comm_v1>(); }
+  const zd_comm_v2* v2() const;
   void check(zd_status st, const zd_comm_call& c) const;
 };
 

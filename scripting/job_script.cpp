@@ -183,6 +183,16 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.optimizer = name;
     if (given) r.leave();
   }
+  // An optimizer that averages its momentum compressed (1-bit Adam) needs
+  // each rank's whole gradient: stages 2-3 keep only a shard of it.
+  if (optimizer_ && partitioner_ && r.issues().empty()) {
+    const auto opt = OptimizerInstance::create(optimizer_, c.optimizer_values);
+    const auto part = PartitionerInstance::create(partitioner_, c.partitioner_values, 1);
+    if (opt->compression_start() > 0 && (part->partitions() & ZD_PARTITION_GRADS))
+      r.issue("zero", "optimizer '" + c.optimizer + "' averages each rank's local momentum (1-bit compressed), "
+                      "which needs the rank's whole local gradient; ZeRO stage " + std::to_string(c.zero_stage) +
+                      " keeps only a shard of the gradients. Use zero = { stage = 0 } or { stage = 1 }");
+  }
   lr_ref_ = r.function("lr", &lr_where_, "describe");
   if (lr_ref_ == LUA_NOREF) r.note("lr", "the optimizer's lr (no schedule)", false);
   placement_ref_ = r.function("placement", &placement_where_);
@@ -248,7 +258,12 @@ std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind k
         case ZD_PLUGIN_TIER: break;  // a tier needs a rank's paths; it is checked at finalize
         case ZD_PLUGIN_OPTIMIZER: OptimizerInstance::create(plugin, *values); break;
         case ZD_PLUGIN_PARTITIONER: PartitionerInstance::create(plugin, *values, 1); break;
-        case ZD_PLUGIN_COMM: CommInstance::create(plugin, *values, 1); break;
+        // A comm plugin of ABI v2 may span nodes (MPI): an instance takes the
+        // whole job's rank layout and is a collective of its own, so it is
+        // made only with the model.
+        case ZD_PLUGIN_COMM:
+          if (plugin->header().abi_version < 2) CommInstance::create(plugin, *values, 1);
+          break;
         default: break;
       }
     } catch (const Error& e) {  // a refused hyperparameter: a config error
@@ -306,11 +321,11 @@ void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
   if (given) r.leave();
 }
 
-ModelPlugins JobScript::make_plugins(int world_size) const {
+ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int local_ranks) const {
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(optimizer_, config_.optimizer_values);
   p.partitioner = PartitionerInstance::create(partitioner_, config_.partitioner_values, world_size);
-  p.comm = CommInstance::create(comm_, config_.comm_values, world_size);
+  p.comm = CommInstance::create(comm_, config_.comm_values, world_size, first_local_rank, local_ranks);
   p.host_tier = host_tier_;
   p.nvme_tier = nvme_tier_;
   return p;

@@ -39,7 +39,9 @@ class JobScript final : public JobPolicy {
   const Plugin& partitioner_plugin() const { return *partitioner_; }
   const Plugin& comm_plugin() const { return *comm_; }
   // The job's plugins, configured for a job of world_size ranks.
-  ModelPlugins make_plugins(int world_size) const;
+  // This daemon serves ranks [first_local_rank, first_local_rank +
+  // local_ranks) of world_size (-1: all).
+  ModelPlugins make_plugins(int world_size, int first_local_rank = 0, int local_ranks = -1) const;
   // Every setting with its resolved value and where it came from.
   const std::vector<ResolvedValue>& resolved() const { return resolved_; }
   bool has_lr_schedule() const { return lr_ref_ != LUA_NOREF; }

@@ -17,6 +17,9 @@ ZEROD_PACKAGES=(
   python3 python3-numpy python3-torch libopenblas0-pthread python3-pytest python3-tqdm
   # the benchmarks' yardstick for disk speed (bench/nvme, bench/offload_step)
   fio
+  # the mpi comm plugin (daemons across nodes), its tests across network
+  # namespaces (ip, tc) and the yardstick for its link speed (bench/comm_mpi)
+  openmpi-bin libopenmpi-dev iproute2 iperf3
 )
 # The Rust crate needs cargo; a rustup install on PATH is used when there is
 # one, else Debian's.

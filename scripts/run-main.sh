@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and trains the C example
-# (examples/c/train_mlp.c) through zerod in embedded mode.
+# The main job: installs what is missing, builds libzerod, `zerod` and the
+# plugins, and trains the character-level GPT of examples/python/train_gpt.py
+# (PyTorch, through zerod.torch) with the zerod daemon: 2 ranks, ZeRO stage 3
+# (examples/python/gpt_job.lua). Arguments go to train_gpt.py (--text FILE,
+# --steps N, ...).
+#   scripts/run-main.sh c [args]   trains the C example (examples/c/train_mlp.c) instead
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 zerod_install_packages "${ZEROD_PACKAGES[@]}"
-zerod_build train_mlp zerod_cli zd_optimizer_adamw zd_optimizer_adam zd_optimizer_sgd
+plugins=(zd_optimizer_adamw zd_optimizer_adam zd_optimizer_sgd zd_comm_local zd_tier_host zd_tier_nvme
+  zd_partitioner_stage0 zd_partitioner_stage1 zd_partitioner_stage2 zd_partitioner_stage3)
 cd "$ZEROD_ROOT"
+
+if [ "${1:-}" = c ]; then
+  shift
+  zerod_build train_mlp zerod_cli "${plugins[@]}"
+  zerod_log "checking the job script"
+  "$ZEROD_BUILD_DIR/bin/zerod" check examples/c/job.lua --lr-steps 0
+  zerod_log "training"
+  exec "$ZEROD_BUILD_DIR/bin/train_mlp" --job examples/c/job.lua "$@"
+fi
+
+zerod_build zerod zerod_cli "${plugins[@]}"
 zerod_log "checking the job script"
-"$ZEROD_BUILD_DIR/bin/zerod" check examples/c/job.lua --lr-steps 0
-zerod_log "training"
-"$ZEROD_BUILD_DIR/bin/train_mlp" --job examples/c/job.lua "$@"
+"$ZEROD_BUILD_DIR/bin/zerod" check examples/python/gpt_job.lua --lr-steps 0
+zerod_log "training a GPT on 2 ranks through the zerod daemon"
+# The bindings from this checkout, against the libzerod just built.
+export PYTHONPATH="$ZEROD_ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
+export ZEROD_LIB="$ZEROD_BUILD_DIR/lib/libzerod.so"
+exec "$ZEROD_BUILD_DIR/bin/zerod" run --nproc 2 --job examples/python/gpt_job.lua -- \
+  /usr/bin/python3 examples/python/train_gpt.py "$@"

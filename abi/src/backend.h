@@ -21,6 +21,12 @@ struct ScriptOptions {
   bool allow_io = false;
 };
 
+struct OptimizerFigures {
+  std::string name;
+  std::vector<std::string> slots;
+  int64_t step = 0;
+};
+
 struct MemoryFigures {
   uint64_t current = 0;
   uint64_t peak = 0;
@@ -51,6 +57,12 @@ class ModelBackend {
   virtual void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) = 0;
   // rank -1 is the caller's own rank.
   virtual MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const = 0;
+  virtual zd_comm_figures comm_figures(int rank) const = 0;
+
+  virtual OptimizerFigures optimizer() const = 0;
+  virtual void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) = 0;
+  virtual void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) = 0;
+  virtual void set_step(int64_t step) = 0;
 };
 
 class ClientBackend {
@@ -59,6 +71,9 @@ class ClientBackend {
   virtual zd_client_info info() const = 0;
   virtual std::unique_ptr<ModelBackend> create_model(const ScriptOptions& script) = 0;
 };
+
+// What zd_model_optimizer_info reports for a rank of an engine model.
+OptimizerFigures optimizer_figures(const Model& m, int rank);
 
 // The engine in this process, one rank.
 std::unique_ptr<ClientBackend> make_embedded_client();

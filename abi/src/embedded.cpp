@@ -52,6 +52,16 @@ class EmbeddedModel final : public ModelBackend {
     const MemoryLedger& l = model_->ledger(rank < 0 ? 0 : rank);
     return {l.current(tier, kind), l.peak(tier, kind), l.budget(tier)};
   }
+  zd_comm_figures comm_figures(int rank) const override { return model_->comm().figures(rank < 0 ? 0 : rank); }
+
+  OptimizerFigures optimizer() const override { return optimizer_figures(*model_, 0); }
+  void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) override {
+    model_->read_state(0, p, slot, dt, dst, bytes);
+  }
+  void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) override {
+    model_->write_state(0, p, slot, dt, src, bytes);
+  }
+  void set_step(int64_t step) override { model_->set_applied_steps(0, step); }
 
  private:
   std::unique_ptr<scripting::JobScript> script_;
@@ -77,5 +87,13 @@ class EmbeddedClient final : public ClientBackend {
 }  // namespace
 
 std::unique_ptr<ClientBackend> make_embedded_client() { return std::make_unique<EmbeddedClient>(); }
+
+OptimizerFigures optimizer_figures(const Model& m, int rank) {
+  OptimizerFigures f;
+  f.name = m.optimizer().plugin().name();
+  for (uint32_t s = 0; s < m.optimizer().state_slots(); ++s) f.slots.push_back(m.optimizer().state_name(s));
+  f.step = m.applied_steps(rank);
+  return f;
+}
 
 }  // namespace zerod::abi

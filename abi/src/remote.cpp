@@ -72,9 +72,14 @@ class RemoteModel final : public ModelBackend {
   void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override;
   void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override;
   MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override;
+  zd_comm_figures comm_figures(int rank) const override;
+  OptimizerFigures optimizer() const override;
+  void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) override;
+  void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) override;
+  void set_step(int64_t step) override;
 
  private:
-  v1::Reply call(v1::ModelCall::Op op, zd_module_id m) const;
+  v1::Reply call(v1::ModelCall::Op op, zd_module_id m, int64_t step = 0, int32_t rank = -1) const;
   void begin(v1::ModelCall::Op op, zd_module_id m);
   void end(v1::ModelCall::Op op, zd_module_id m);
   void take_arenas(const v1::Reply& r, std::vector<transport::UniqueFd>& fds);
@@ -236,12 +241,14 @@ zd_param_id RemoteModel::register_param(const std::string& name, const std::stri
   return id;
 }
 
-v1::Reply RemoteModel::call(v1::ModelCall::Op op, zd_module_id m) const {
+v1::Reply RemoteModel::call(v1::ModelCall::Op op, zd_module_id m, int64_t step, int32_t rank) const {
   v1::Request req;
   v1::ModelCall* c = req.mutable_call();
   c->set_model(id_);
   c->set_op(op);
   c->set_module(m);
+  c->set_step(step);
+  c->set_rank(rank);
   return client_.rpc(req, &pending_fds_);
 }
 
@@ -361,6 +368,54 @@ MemoryFigures RemoteModel::memory(int rank, zd_tier tier, zd_mem_kind kind) cons
   const v1::MemoryReply r = client_.rpc(req).memory();
   return {r.current(), r.peak(), r.budget()};
 }
+
+zd_comm_figures RemoteModel::comm_figures(int rank) const {
+  const v1::CommFigures c = call(v1::ModelCall::COMM_FIGURES, 0, 0, rank).call().comm();
+  zd_comm_figures f = ZD_COMM_FIGURES_INIT;
+  f.bytes_sent = c.bytes_sent();
+  f.network_bytes_sent = c.network_bytes_sent();
+  f.collectives = c.collectives();
+  return f;
+}
+
+OptimizerFigures RemoteModel::optimizer() const {
+  const v1::OptimizerInfo o = call(v1::ModelCall::OPTIMIZER_INFO, 0).call().optimizer();
+  OptimizerFigures f;
+  f.name = o.name();
+  f.slots.assign(o.slots().begin(), o.slots().end());
+  f.step = o.step();
+  return f;
+}
+
+void RemoteModel::read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) {
+  std::byte* st = client_.staging(bytes);
+  v1::Request req;
+  v1::ParamData* d = req.mutable_state_read();
+  d->set_model(id_);
+  d->set_param(p);
+  d->set_slot(slot);
+  d->set_dtype(dt);
+  d->set_bytes(bytes);
+  d->set_staging_offset(0);
+  client_.rpc(req);
+  if (dst) std::memcpy(dst, st, bytes);
+}
+
+void RemoteModel::write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) {
+  std::byte* st = client_.staging(bytes);
+  if (src) std::memcpy(st, src, bytes);
+  v1::Request req;
+  v1::ParamData* d = req.mutable_state_write();
+  d->set_model(id_);
+  d->set_param(p);
+  d->set_slot(slot);
+  d->set_dtype(dt);
+  d->set_bytes(src ? bytes : 0);
+  d->set_staging_offset(0);
+  client_.rpc(req);
+}
+
+void RemoteModel::set_step(int64_t step) { call(v1::ModelCall::SET_STEP, 0, step); }
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #ifndef ZEROD_VERSION_STRING
 #define ZEROD_VERSION_STRING "0.0.0"
@@ -33,6 +34,9 @@ struct zd_model {
   zd_client* client = nullptr;
   std::unique_ptr<zerod::abi::ModelBackend> backend;
   std::string last_error;
+  // What zd_model_optimizer_info's strings point into (fixed once known).
+  std::string optimizer_name;
+  std::vector<std::string> slot_names;
 };
 
 namespace {
@@ -409,6 +413,82 @@ zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier, zd_
     m.peak = f.peak;
     m.budget = f.budget;
     write_struct(out, m, "zd_memory_figures");
+  });
+}
+
+}  // extern "C"
+
+namespace {
+
+void check_slot_call(const char* call, zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype,
+                     const void* ptr, uint64_t bytes) {
+  const auto& p = checked(model)->backend->registry().param(param);
+  const zerod::abi::OptimizerFigures o = model->backend->optimizer();
+  const auto slots = static_cast<int32_t>(o.slots.size());
+  if (slot < 0 || slot >= slots)
+    fail(ZD_ERR_INVALID_ARGUMENT, "optimizer '" + o.name + "' has " + std::to_string(slots) + " state slot" +
+                                      (slots == 1 ? "" : "s") +
+                                      (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") + ", not " +
+                                      std::to_string(slot));
+  zerod::check_whole_param(call, p, dtype, ptr, bytes);
+}
+
+}  // namespace
+
+extern "C" {
+
+zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_figures* out) {
+  return guard("zd_model_comm_figures", model, [&] {
+    require(model != nullptr, "model is NULL");
+    const zd_client_info info = model->client->backend->info();
+    require(rank >= -1 && rank < info.world_size,
+            "rank " + std::to_string(rank) + " is outside the job's " + std::to_string(info.world_size) +
+                " ranks (-1 = your own)");
+    zd_comm_figures f = model->backend->comm_figures(rank);
+    f.struct_size = sizeof f;
+    write_struct(out, f, "zd_comm_figures");
+  });
+}
+
+zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out) {
+  return guard("zd_model_optimizer_info", model, [&] {
+    zd_model* m = checked(const_cast<zd_model*>(model));
+    const zerod::abi::OptimizerFigures o = m->backend->optimizer();
+    if (m->optimizer_name.empty()) {  // the plugin and its slots never change
+      m->optimizer_name = o.name;
+      m->slot_names = o.slots;
+    }
+    zd_optimizer_info i{};
+    i.struct_size = sizeof i;
+    i.state_slots = static_cast<int32_t>(m->slot_names.size());
+    i.step = o.step;
+    i.name = m->optimizer_name.c_str();
+    for (size_t s = 0; s < m->slot_names.size() && s < ZD_MAX_STATE_SLOTS; ++s)
+      i.slot_names[s] = m->slot_names[s].c_str();
+    write_struct(out, i, "zd_optimizer_info");
+  });
+}
+
+zd_status zd_optimizer_state_read(zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype, void* dst,
+                                  uint64_t bytes) {
+  return guard("zd_optimizer_state_read", model, [&] {
+    check_slot_call("zd_optimizer_state_read", model, param, slot, dtype, dst, bytes);
+    model->backend->read_state(param, slot, dtype, dst, bytes);
+  });
+}
+
+zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype,
+                                   const void* src, uint64_t bytes) {
+  return guard("zd_optimizer_state_write", model, [&] {
+    check_slot_call("zd_optimizer_state_write", model, param, slot, dtype, src, bytes);
+    model->backend->write_state(param, slot, dtype, src, bytes);
+  });
+}
+
+zd_status zd_model_set_step(zd_model* model, int64_t step) {
+  return guard("zd_model_set_step", model, [&] {
+    require(step >= 0, "the step must be >= 0, got " + std::to_string(step));
+    checked(model)->backend->set_step(step);
   });
 }
 

@@ -2,18 +2,19 @@
 // this machine's memory bandwidth.
 //
 // In one run: memcpy of a buffer of the same size on 1 and 2 threads (and
-// on N for N ranks), then all_reduce, reduce_scatter and all_gather (in
-// place) on f32 buffers of that size, one rank thread each, through the
-// plugin as the engine loads it. Every figure is the median of the timed iterations after
-// the warm-up ones. Sizes follow nccl-tests: B is the larger buffer of a
-// rank (all_reduce: buf; reduce_scatter: send; all_gather: recv);
-// algbw = B / time; busbw = algbw * 2(N-1)/N for all_reduce and
-// algbw * (N-1)/N for the other two.
+// on N for N ranks), then all_reduce, reduce_scatter, all_gather (in
+// place) and all_to_all on f32 buffers of that size, one rank thread each,
+// through the plugin's v2 descriptor as the engine loads it. Every figure is
+// the median of the timed iterations after the warm-up ones. Sizes follow
+// nccl-tests: B is the larger buffer of a rank (all_reduce: buf;
+// reduce_scatter: send; all_gather: recv; all_to_all: send); algbw = B /
+// time; busbw = algbw * 2(N-1)/N for all_reduce and algbw * (N-1)/N for the
+// others.
 //
 // Shared memory has no link, so the bound is memory traffic. The bytes each
 // collective must move, over all ranks: all_reduce reads N*B and writes N*B;
 // reduce_scatter reads N*B and writes B; all_gather in place reads and
-// writes (N-1)*B each. A memcpy of B moves 2*B. "traffic/memcpy" compares the rate
+// writes (N-1)*B each; all_to_all reads and writes N*B each. A memcpy of B moves 2*B. "traffic/memcpy" compares the rate
 // at which the collective moves its bytes with memcpy's on N threads (or
 // the most threads measured): 1.0 means it runs at memcpy speed.
 #include <unistd.h>
@@ -169,7 +170,7 @@ std::vector<Row> run_collectives(int world, size_t bytes, const Options& o) {
     std::fprintf(stderr, "cannot load the local comm plugin: %s\n", comm.error().c_str());
     std::exit(1);
   }
-  const zd_comm_v1& d = *comm.desc();
+  const zd_comm_v2& d = *comm.desc();
   const double n = world;
   const size_t count = bytes / sizeof(float);
   const size_t chunk = count / static_cast<size_t>(world);
@@ -203,6 +204,17 @@ std::vector<Row> run_collectives(int world, size_t bytes, const Options& o) {
     });
     rows.push_back({"all_gather", world, s, (n - 1) / n, 2 * (n - 1)});
   }
+  {
+    // B per rank in, B out: each rank reads N-1 blocks of B/N from the
+    // others and writes them, plus its own block.
+    std::vector<Buffer> send = make_buffers(team, chunk * world, 1.0f);
+    std::vector<Buffer> recv = make_buffers(team, chunk * world, 0.0f);
+    const double s = time_runs(team, o, [&](int r) {
+      const zd_comm_call c{sizeof(zd_comm_call), r, 6, 0, 0, "bench all_to_all"};
+      check(d.all_to_all(comm.inst(), &c, send[r].get(), recv[r].get(), chunk, ZD_COMM_F32), comm, r);
+    });
+    rows.push_back({"all_to_all", world, s, (n - 1) / n, 2 * n});
+  }
   return rows;
 }
 
@@ -211,7 +223,7 @@ std::vector<Row> run_collectives(int world, size_t bytes, const Options& o) {
 void latency(int world, const Options& o) {
   LocalComm comm(o.plugin_dir, world, o.spin_us);
   if (comm.desc() == nullptr) return;
-  const zd_comm_v1& d = *comm.desc();
+  const zd_comm_v2& d = *comm.desc();
   Team team(world);
   constexpr int kCalls = 500;
   std::vector<float> one(static_cast<size_t>(world), 1.0f);

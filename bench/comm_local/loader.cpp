@@ -16,19 +16,20 @@ LocalComm::LocalComm(const std::string& plugin_dir, int world, double spin_us) {
     error_ = "no " ZD_PLUGIN_ENTRY_SYMBOL " in " + path;
     return;
   }
-  const zd_comm_v1* d = nullptr;
+  const zd_comm_v2* d = nullptr;
   for (const zd_plugin_header* const* h = entry(); *h != nullptr; ++h) {
-    if ((*h)->kind == ZD_PLUGIN_COMM && (*h)->abi_version == ZD_COMM_ABI_VERSION) {
-      d = reinterpret_cast<const zd_comm_v1*>(*h);
+    if ((*h)->kind == ZD_PLUGIN_COMM && (*h)->abi_version == 2) {
+      d = reinterpret_cast<const zd_comm_v2*>(*h);
     }
   }
   if (d == nullptr) {
-    error_ = "no comm v1 descriptor in " + path;
+    error_ = "no comm v2 descriptor in " + path;
     return;
   }
   char err[256] = "";
   const double values[] = {spin_us};
-  if (d->create(nullptr, values, 1, world, &inst_, err, sizeof err) != ZD_OK) {
+  const zd_comm_config cfg{sizeof(zd_comm_config), world, 0, world};
+  if (d->create(nullptr, values, 1, &cfg, &inst_, err, sizeof err) != ZD_OK) {
     error_ = err;
     return;
   }

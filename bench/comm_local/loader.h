@@ -1,5 +1,5 @@
 // The local comm plugin as the engine loads it: dlopen'ed from the plugin
-// folder and reached through its descriptor; one instance per world size.
+// folder and reached through its v2 descriptor; one instance per world size.
 #ifndef ZEROD_BENCH_COMM_LOADER_H
 #define ZEROD_BENCH_COMM_LOADER_H
 
@@ -17,13 +17,13 @@ class LocalComm {
   LocalComm(const LocalComm&) = delete;
   LocalComm& operator=(const LocalComm&) = delete;
 
-  const zd_comm_v1* desc() const { return desc_; }
+  const zd_comm_v2* desc() const { return desc_; }
   void* inst() const { return inst_; }
   const std::string& error() const { return error_; }
 
  private:
   void* handle_ = nullptr;
-  const zd_comm_v1* desc_ = nullptr;
+  const zd_comm_v2* desc_ = nullptr;
   void* inst_ = nullptr;
   std::string error_;
 };

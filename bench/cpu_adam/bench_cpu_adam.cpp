@@ -156,12 +156,12 @@ struct AdamwPlugin {
     }
     auto entry = reinterpret_cast<zd_plugin_entry_fn>(dlsym(handle, ZD_PLUGIN_ENTRY_SYMBOL));
     for (const zd_plugin_header* const* h = entry ? entry() : nullptr; h && *h; ++h) {
-      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == ZD_OPTIMIZER_ABI_VERSION) {
+      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 1) {
         desc = reinterpret_cast<const zd_optimizer_v1*>(*h);
       }
     }
     if (desc == nullptr) {
-      std::fprintf(stderr, "%s has no optimizer v%d descriptor\n", path.c_str(), ZD_OPTIMIZER_ABI_VERSION);
+      std::fprintf(stderr, "%s has no optimizer v%d descriptor\n", path.c_str(), 1);
       return false;
     }
     std::vector<double> values;  // the spec defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 0.01

@@ -224,7 +224,7 @@ void Launcher::State::run() {
 void Launcher::State::spawn_all() {
   for (int i = 0; i < opt.nproc; ++i) {
     RankSlot& r = ranks[static_cast<size_t>(i)];
-    const std::string rank = std::to_string(i);
+    const std::string rank = std::to_string(opt.first_rank + i);
     detail::StdioFds stdio{dev_null.get(), opt.stdout_fd, opt.stderr_fd};
     UniqueFd out_write, err_write;
     if (opt.prefix_output) {
@@ -246,11 +246,11 @@ void Launcher::State::spawn_all() {
     }
 
     std::vector<std::string> env = plan.env;
-    const std::string world = std::to_string(opt.nproc);
+    const std::string world = std::to_string(opt.world_size > 0 ? opt.world_size : opt.nproc);
     env.push_back("ZEROD_RANK=" + rank);
-    env.push_back("ZEROD_LOCAL_RANK=" + rank);
+    env.push_back("ZEROD_LOCAL_RANK=" + std::to_string(i));
     env.push_back("ZEROD_WORLD_SIZE=" + world);
-    env.push_back("ZEROD_LOCAL_WORLD_SIZE=" + world);
+    env.push_back("ZEROD_LOCAL_WORLD_SIZE=" + std::to_string(opt.nproc));
 
     r.started = Clock::now();
     detail::Spawned spawned = detail::spawn_process(plan, env, stdio);
@@ -370,7 +370,7 @@ void Launcher::State::rank_ended(int i, int status, int wait_errno, bool callbac
   drain(r.err, r.err_lines, err_sink);
 
   RankExit& e = r.exit;
-  e.rank = i;
+  e.rank = opt.first_rank + i;
   e.pid = r.pid;
   e.seconds = std::chrono::duration<double>(Clock::now() - r.started).count();
   if (wait_errno != 0) {
@@ -501,6 +501,12 @@ Launcher::Launcher(LaunchOptions options) {
   if (options.nproc < 1) {
     fail(ZD_ERR_INVALID_ARGUMENT,
          "launcher: nproc must be at least 1, got " + std::to_string(options.nproc));
+  }
+  if (options.first_rank < 0 ||
+      (options.world_size != 0 && options.first_rank + options.nproc > options.world_size)) {
+    fail(ZD_ERR_INVALID_ARGUMENT, "launcher: ranks " + std::to_string(options.first_rank) + ".." +
+                                      std::to_string(options.first_rank + options.nproc - 1) +
+                                      " do not fit a world of " + std::to_string(options.world_size));
   }
   if (options.argv.empty() || options.argv[0].empty()) {
     fail(ZD_ERR_INVALID_ARGUMENT, "launcher: no trainer command given");

@@ -61,7 +61,12 @@ struct RankExit {
 };
 
 struct LaunchOptions {
-  int nproc = 1;                  // >= 1
+  int nproc = 1;                  // >= 1: the ranks this launcher starts
+  // With several nodes (one launcher per node): the global rank of this
+  // node's first rank and the job's rank count (0 = nproc). Rank i started
+  // here gets ZEROD_RANK = first_rank + i, ZEROD_LOCAL_RANK = i.
+  int first_rank = 0;
+  int world_size = 0;
   std::vector<std::string> argv;  // the trainer command; argv[0] is looked up in PATH
   // Added to every rank's environment, over zerod's own (PATH here is also
   // the one argv[0] is looked up in). zerod then sets ZEROD_RANK,

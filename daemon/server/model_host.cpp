@@ -7,33 +7,47 @@
 namespace zerod::server {
 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
-                     std::unique_ptr<scripting::JobScript> script, int world_size)
+                     std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank,
+                     int local_ranks)
     : id_(id),
       key_(key),
       script_text_(std::move(script_text)),
       script_name_(std::move(script_name)),
       script_(std::move(script)),
-      attached_(static_cast<size_t>(world_size), false),
-      gone_(static_cast<size_t>(world_size), false),
-      reattaching_(static_cast<size_t>(world_size), false),
-      verified_(static_cast<size_t>(world_size), 0) {
-  model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(world_size),
-                                   script_.get(), world_size);
+      first_rank_(first_rank) {
+  if (local_ranks < 0) local_ranks = world_size - first_rank;
+  if (local_ranks < world_size && script_->config().keep_state_on_disconnect)
+    fail(ZD_ERR_CONFIG, script_name_ + ": daemon.keep_state works with one daemon only; with " +
+                            std::to_string(world_size / local_ranks) +
+                            " nodes a restarted job resumes from a checkpoint instead");
+  const auto n = static_cast<size_t>(local_ranks);
+  attached_.assign(n, false);
+  gone_.assign(n, false);
+  reattaching_.assign(n, false);
+  verified_.assign(n, 0);
+  model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(world_size, first_rank, local_ranks),
+                                   script_.get(), world_size, first_rank, local_ranks);
+}
+
+size_t ModelHost::at(int rank) const {
+  if (rank < first_rank_ || rank - first_rank_ >= static_cast<int>(attached_.size()))
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is not served by this daemon");
+  return static_cast<size_t>(rank - first_rank_);
 }
 
 ModelHost::~ModelHost() { model_.reset(); }  // before the script its policy points into
 
 void ModelHost::attach(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  attached_.at(static_cast<size_t>(rank)) = true;
+  attached_[at(rank)] = true;
 }
 
 void ModelHost::detach(int rank, bool lost, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!attached_.at(static_cast<size_t>(rank))) return;
-    attached_[static_cast<size_t>(rank)] = false;
-    gone_[static_cast<size_t>(rank)] = true;
+    if (!attached_[at(rank)]) return;
+    attached_[at(rank)] = false;
+    gone_[at(rank)] = true;
   }
   if (model_->world_size() > 1) {
     if (lost)
@@ -45,7 +59,7 @@ void ModelHost::detach(int rank, bool lost, const std::string& reason) {
 
 bool ModelHost::attached(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return attached_.at(static_cast<size_t>(rank));
+  return attached_[at(rank)];
 }
 
 bool ModelHost::anyone_attached() const {
@@ -57,14 +71,14 @@ bool ModelHost::anyone_attached() const {
 
 bool ModelHost::can_reattach(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto r = static_cast<size_t>(rank);
+  const size_t r = at(rank);
   return model_->config().keep_state_on_disconnect && model_->finalized() && !attached_.at(r) &&
          gone_.at(r);
 }
 
 void ModelHost::reattach(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto r = static_cast<size_t>(rank);
+  const size_t r = at(rank);
   attached_.at(r) = true;
   gone_[r] = false;
   reattaching_[r] = true;
@@ -73,13 +87,13 @@ void ModelHost::reattach(int rank) {
 
 bool ModelHost::reattaching(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return reattaching_.at(static_cast<size_t>(rank));
+  return reattaching_[at(rank)];
 }
 
 zd_param_id ModelHost::verify_param(int rank, const std::string& name, const std::string& module,
                                     zd_dtype dtype, const std::vector<int64_t>& shape) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto r = static_cast<size_t>(rank);
+  const size_t r = at(rank);
   const auto& reg = model_->registry();
   const auto index = static_cast<size_t>(verified_[r]);
   if (index >= reg.params().size())
@@ -99,7 +113,7 @@ zd_param_id ModelHost::verify_param(int rank, const std::string& name, const std
 
 void ModelHost::finish_reattach(int rank) {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto r = static_cast<size_t>(rank);
+  const size_t r = at(rank);
   if (static_cast<size_t>(verified_[r]) != model_->registry().params().size())
     fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(rank) + " re-registered " +
                                    std::to_string(verified_[r]) + " of the kept model's " +
@@ -108,8 +122,9 @@ void ModelHost::finish_reattach(int rank) {
   // it then. The last to arrive recovers it.
   const uint64_t round = recoveries_;
   ++finalizing_;
-  if (finalizing_ == model_->world_size()) {
-    model_->recover(script_->make_plugins(model_->world_size()).comm);
+  if (finalizing_ == model_->local_ranks()) {
+    model_->recover(
+        script_->make_plugins(model_->world_size(), model_->first_local_rank(), model_->local_ranks()).comm);
     finalizing_ = 0;
     ++recoveries_;
     cv_.notify_all();

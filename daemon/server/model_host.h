@@ -18,7 +18,8 @@ namespace zerod::server {
 class ModelHost {
  public:
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
-            std::unique_ptr<scripting::JobScript> script, int world_size);
+            std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank = 0,
+            int local_ranks = -1);
   ~ModelHost();
 
   int id() const { return id_; }
@@ -59,6 +60,8 @@ class ModelHost {
   std::unique_ptr<Model> model_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  int first_rank_ = 0;  // the per-rank vectors below are indexed by rank - first_rank_
+  size_t at(int rank) const;
   std::vector<bool> attached_;
   std::vector<bool> gone_;          // left or lost since it last attached
   std::vector<bool> reattaching_;

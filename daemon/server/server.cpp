@@ -15,8 +15,15 @@ Server::Server(ServerOptions options)
       listener_(transport::Listener::create_private(
           options_.socket_path, transport::ListenerOptions{options_.allow_uid, SOMAXCONN})),
       started_(std::chrono::steady_clock::now()),
-      creates_(static_cast<size_t>(options_.world_size), 0) {
+      creates_() {
   if (options_.world_size < 1) fail(ZD_ERR_INVALID_ARGUMENT, "the daemon needs at least one rank");
+  if (options_.local_ranks < 0) options_.local_ranks = options_.world_size - options_.first_rank;
+  if (options_.first_rank < 0 || options_.local_ranks < 1 ||
+      options_.first_rank + options_.local_ranks > options_.world_size)
+    fail(ZD_ERR_INVALID_ARGUMENT, "the daemon's ranks " + std::to_string(options_.first_rank) + ".." +
+                                      std::to_string(options_.first_rank + options_.local_ranks - 1) +
+                                      " are outside the job's " + std::to_string(options_.world_size));
+  creates_.assign(static_cast<size_t>(options_.local_ranks), 0);
 }
 
 Server::~Server() { stop(); }
@@ -71,7 +78,7 @@ void Server::stop() {
   }
   // A session blocked in a collective is woken by its model's comm abort.
   for (auto& m : models())
-    for (int r = 0; r < options_.world_size; ++r)
+    for (int r = first_rank(); r < first_rank() + local_ranks(); ++r)
       if (m->attached(r)) m->model().rank_lost(r, "the daemon is stopping");
   for (auto& s : sessions) s->stop();
   for (auto& s : sessions) s->join();
@@ -124,7 +131,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
       return m;
     }
   }
-  const uint64_t key = creates_.at(static_cast<size_t>(rank))++;
+  const uint64_t key = creates_.at(static_cast<size_t>(rank - first_rank()))++;
   for (auto& [id, m] : models_) {
     if (m->key() != key) continue;
     if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
@@ -156,7 +163,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
       return m;
     }
   auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script),
-                                       options_.world_size);
+                                       options_.world_size, first_rank(), local_ranks());
   m->attach(rank);
   models_[m->id()] = m;
   return m;

@@ -21,7 +21,11 @@ namespace zerod::server {
 
 struct ServerOptions {
   std::string socket_path;  // "" = a private directory under $XDG_RUNTIME_DIR or /tmp
-  int world_size = 1;       // ranks that will connect
+  int world_size = 1;       // ranks of the job, on every node
+  // The ranks this daemon serves: [first_rank, first_rank + local_ranks)
+  // (-1: all). One daemon per node, node-major, under mpirun or srun.
+  int first_rank = 0;
+  int local_ranks = -1;
   std::set<uid_t> allow_uid;
   bool keep_state = false;  // keep models whose ranks all left (for a restart)
   // How long a rank's new connection waits for its previous one to be seen
@@ -43,6 +47,9 @@ class Server {
   void stop();
   const std::string& socket_path() const { return listener_.path(); }
   int world_size() const { return options_.world_size; }
+  int first_rank() const { return options_.first_rank; }
+  int local_ranks() const { return options_.local_ranks; }
+  bool serves(int rank) const { return rank >= first_rank() && rank < first_rank() + local_ranks(); }
 
   // From the launcher: rank's process is gone (how = "exited with status 3").
   void rank_exited(int rank, const std::string& how);

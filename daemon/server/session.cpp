@@ -158,6 +158,11 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
     if (h.rank() < 0 || h.rank() >= server_.world_size())
       fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is outside the job's " +
                                         std::to_string(server_.world_size()) + " ranks (ZEROD_RANK)");
+    if (!server_.serves(h.rank()))
+      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is not served by this daemon, which "
+                                        "serves ranks " + std::to_string(server_.first_rank()) + ".." +
+                                        std::to_string(server_.first_rank() + server_.local_ranks() - 1) +
+                                        "; a rank connects to the daemon of its own node (ZEROD_ENDPOINT)");
     std::string holder;
     if (!server_.claim_rank(h.rank(), this, &holder))
       fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(h.rank()) + " is already connected (" + holder +
@@ -259,6 +264,26 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
       break;
     }
     case v1::ModelCall::LOSS_SCALE: break;
+    case v1::ModelCall::SET_STEP: m.set_applied_steps(rank_, c.step()); break;
+    case v1::ModelCall::OPTIMIZER_INFO: {
+      v1::OptimizerInfo* o = out->mutable_optimizer();
+      o->set_name(m.optimizer().plugin().name());
+      for (uint32_t s = 0; s < m.optimizer().state_slots(); ++s) o->add_slots(m.optimizer().state_name(s));
+      o->set_step(m.applied_steps(rank_));
+      break;
+    }
+    case v1::ModelCall::COMM_FIGURES: {
+      const int rank = c.rank() < 0 ? rank_ : c.rank();
+      if (!m.is_local(rank))
+        fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) +
+                                          " is served by another node's daemon; ask that rank for its figures");
+      const zd_comm_figures f = m.comm().figures(rank);
+      v1::CommFigures* cf = out->mutable_comm();
+      cf->set_bytes_sent(f.bytes_sent);
+      cf->set_network_bytes_sent(f.network_bytes_sent);
+      cf->set_collectives(f.collectives);
+      break;
+    }
     default: fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(c.op()));
   }
   out->set_loss_scale(m.loss_scale(rank_));
@@ -330,6 +355,20 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       const auto& p = req.param_read();
       model_of(p.model())->model().read_param(rank_, p.param(), p.dtype(),
                                               staging_at(p.staging_offset(), p.bytes()), p.bytes());
+      reply->mutable_ok();
+      return;
+    }
+    case v1::Request::kStateRead: {
+      const auto& p = req.state_read();
+      model_of(p.model())->model().read_state(rank_, p.param(), p.slot(), p.dtype(),
+                                              staging_at(p.staging_offset(), p.bytes()), p.bytes());
+      reply->mutable_ok();
+      return;
+    }
+    case v1::Request::kStateWrite: {
+      const auto& p = req.state_write();
+      model_of(p.model())->model().write_state(rank_, p.param(), p.slot(), p.dtype(),
+                                               staging_at(p.staging_offset(), p.bytes()), p.bytes());
       reply->mutable_ok();
       return;
     }

@@ -51,7 +51,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
     ms->set_finalized(m.finalized());
     ms->set_broken(m.broken_reason());
     const auto acts = m.activity().snapshot();
-    for (int r = 0; r < m.world_size(); ++r) {
+    for (int r = m.first_local_rank(); r < m.first_local_rank() + m.local_ranks(); ++r) {
       const RankActivity& a = acts[static_cast<size_t>(r)];
       v1::RankStatus* rs = ms->add_ranks();
       rs->set_rank(r);

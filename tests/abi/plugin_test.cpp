@@ -34,7 +34,7 @@ TEST_F(PluginTest, AGoodPluginFromTheJobsPluginPathTrains) {
 
 TEST_F(PluginTest, APluginFromTheFutureIsRefusedWithBothVersions) {
   EXPECT_EQ(load("fakefuture"), ZD_ERR_VERSION);
-  EXPECT_NE(last().find("optimizer plugin ABI version expected 1 (or older), got 99"),
+  EXPECT_NE(last().find("optimizer plugin ABI version expected 2 (or older), got 99"),
             std::string::npos) << last();
   EXPECT_NE(last().find("zd_optimizer_fakefuture.so"), std::string::npos) << last();
 }

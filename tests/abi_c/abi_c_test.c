@@ -98,6 +98,22 @@ int main(void) {
 
   zd_memory_figures mem = ZD_MEMORY_FIGURES_INIT;
   EXPECT(zd_model_memory(model, -1, ZD_TIER_DEVICE, ZD_MEM_ALL, &mem) == ZD_OK && mem.current > 0);
+  zd_comm_figures comm = ZD_COMM_FIGURES_INIT;
+  EXPECT(zd_model_comm_figures(model, -1, &comm) == ZD_OK && comm.bytes_sent == 0);
+
+  /* A checkpoint of the optimizer: its state slots and step, written back. */
+  zd_optimizer_info oi = ZD_OPTIMIZER_INFO_INIT;
+  EXPECT(zd_model_optimizer_info(model, &oi) == ZD_OK);
+  EXPECT(oi.state_slots == 2 && oi.step == 200 && strcmp(oi.name, "adamw") == 0);
+  EXPECT(oi.slot_names[0] && strcmp(oi.slot_names[0], "exp_avg") == 0 && oi.slot_names[2] == NULL);
+  float m1[4], m2[4];
+  EXPECT(zd_optimizer_state_read(model, w, 0, ZD_DTYPE_F32, m1, sizeof m1) == ZD_OK);
+  EXPECT(zd_optimizer_state_write(model, w, 0, ZD_DTYPE_F32, reset, sizeof reset) == ZD_OK);
+  EXPECT(zd_optimizer_state_read(model, w, 0, ZD_DTYPE_F32, m2, sizeof m2) == ZD_OK && m2[0] == 0.0f);
+  EXPECT(zd_optimizer_state_write(model, w, 0, ZD_DTYPE_F32, m1, sizeof m1) == ZD_OK);
+  EXPECT(zd_optimizer_state_read(model, w, 2, ZD_DTYPE_F32, m2, sizeof m2) == ZD_ERR_INVALID_ARGUMENT);
+  EXPECT(zd_model_set_step(model, 7) == ZD_OK);
+  EXPECT(zd_model_optimizer_info(model, &oi) == ZD_OK && oi.step == 7);
 
   /* An error on this model is reported on it and on this thread. */
   EXPECT(zd_forward_end(model, m) == ZD_ERR_INVALID_STATE);

@@ -283,12 +283,16 @@ TEST(Invalid, TwoThreadsForOneRankBreakTheInstance) {
 }
 
 TEST(Invalid, NullInstanceAndCall) {
-  const zd_comm_v1* d = local_plugin();
+  const zd_comm_v2* d = local_plugin();
   ASSERT_NE(d, nullptr);
   const zd_comm_call c = call_for(0);
   EXPECT_EQ(d->barrier(nullptr, &c), ZD_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(d->last_error(nullptr, 0), "");
-  EXPECT_EQ(d->bytes_sent(nullptr, 0), 0u);
+  zd_comm_figures f = ZD_COMM_FIGURES_INIT;
+  f.bytes_sent = 7;
+  d->figures(nullptr, 0, &f);
+  EXPECT_EQ(f.bytes_sent, 0u);
+  d->figures(nullptr, 0, nullptr);
   d->abort(nullptr, ZD_ERR_PEER_LOST, "x");
   d->destroy(nullptr);
   Comm comm(1);

@@ -1,7 +1,7 @@
 /*
  * One source, several fake optimizer plugins (selected with -D), to test how
  * the host loads plugins: a good one, one from the future (ABI 99), one that
- * offers v1 and v2, one without the entry point, one whose descriptor has
+ * offers v1 and v3, one without the entry point, one whose descriptor has
  * another name, one whose create() refuses, one with a required function
  * missing. The update rule is plain SGD: p -= lr * scale * g.
  */
@@ -14,7 +14,7 @@
 #define FAKE_NAME "fake"
 #endif
 #ifndef FAKE_ABI_VERSION
-#define FAKE_ABI_VERSION ZD_OPTIMIZER_ABI_VERSION
+#define FAKE_ABI_VERSION 1
 #endif
 
 static const zd_hparam_spec hparams[] = {
@@ -85,12 +85,12 @@ static const zd_optimizer_v1 descriptor = {
     NULL};
 
 #ifdef FAKE_TWO_VERSIONS
-/* A made-up version 2 that only a newer host would read. */
+/* A made-up version 3 that only a newer host would read. */
 typedef struct {
   zd_optimizer_v1 v1;
   double extra[8];
 } fake_v2;
-static const fake_v2 descriptor_v2 = {{{ZD_PLUGIN_OPTIMIZER, sizeof(fake_v2), 2, 1, FAKE_NAME, "v2"},
+static const fake_v2 descriptor_v2 = {{{ZD_PLUGIN_OPTIMIZER, sizeof(fake_v2), 3, 1, FAKE_NAME, "v3"},
                                        NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
                                       {0}};
 #endif

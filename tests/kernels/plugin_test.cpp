@@ -35,7 +35,7 @@ class Plugin {
     }
     list_ = entry();
     for (const zd_plugin_header* const* h = list_; h != nullptr && *h != nullptr; ++h) {
-      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == ZD_OPTIMIZER_ABI_VERSION) {
+      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 1) {
         desc_ = reinterpret_cast<const zd_optimizer_v1*>(*h);
       }
     }
@@ -107,7 +107,7 @@ class OptimizerPlugin : public ::testing::TestWithParam<const char*> {
 TEST_P(OptimizerPlugin, HeaderFields) {
   const zd_optimizer_v1* d = plugin_->desc();
   EXPECT_EQ(d->header.kind, ZD_PLUGIN_OPTIMIZER);
-  EXPECT_EQ(d->header.abi_version, static_cast<uint32_t>(ZD_OPTIMIZER_ABI_VERSION));
+  EXPECT_EQ(d->header.abi_version, 1u);
   EXPECT_EQ(d->header.struct_size, sizeof(zd_optimizer_v1));
   EXPECT_EQ(d->header.plugin_version, (0u << 16) | 1u);
   EXPECT_STREQ(d->header.name, GetParam());

@@ -1,7 +1,7 @@
 """Shared by the Python tests: where things are, and `zerod run` for tests
 that need ranks. Run from the repository root with
     PYTHONPATH=bindings/python /usr/bin/python3 -m pytest -q tests/python
-(ctest sets PYTHONPATH, ZEROD_LIB and ZEROD_EXE itself).
+(ctest sets PYTHONPATH, ZEROD_LIB and PATH itself).
 """
 import os
 import shutil
@@ -20,7 +20,8 @@ if BINDINGS not in sys.path:
 sys.path.insert(0, HERE)
 sys.path.insert(0, EXAMPLES)
 
-ZEROD = os.environ.get("ZEROD_EXE") or shutil.which("zerod") or os.path.join(ROOT, "build", "bin", "zerod")
+# `zerod` from PATH (ctest puts the build's first), else the build tree.
+ZEROD = shutil.which("zerod") or os.path.join(ROOT, "build", "bin", "zerod")
 
 
 def rank_env(**extra):

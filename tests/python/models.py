@@ -91,18 +91,17 @@ def loss_of(kind, forward, inputs, y, dtype):
 
 
 def job(precision="fp32", stage=0, offload=False):
-    off = "" if offload else "-- "
+    """The job script the tests train with: AdamW and clipping as above."""
     # Stage 3 partitions every parameter (the default threshold would keep
     # these small ones whole, and their residency untested).
     zero = f"stage = {stage}" + (", param_persistence_threshold = 0" if stage == 3 else "")
+    host = '\n  offload = { optimizer = "host" },' if offload else ""
     return f"""return {{
   precision = "{precision}",
-  optimizer = {{ type = "adamw", lr = {LR}, betas = {{{BETAS[0]}, {BETAS[1]}}}, eps = {EPS}, weight_decay = {WEIGHT_DECAY} }},
+  optimizer = {{ type = "adamw", lr = {LR}, betas = {{{BETAS[0]}, {BETAS[1]}}}, eps = {EPS},
+                weight_decay = {WEIGHT_DECAY} }},
   gradient_clipping = {CLIP},
-  zero = {{ {zero} }},
-  -- TODO: the stage-3 parity job runs with the optimizer in the host tier
-  -- once zerod accepts it everywhere (tests pass offload=True then).
-  {off}offload = {{ optimizer = "host" }},
+  zero = {{ {zero} }},{host}
 }}
 """
 

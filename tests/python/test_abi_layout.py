@@ -81,7 +81,7 @@ def test_every_exported_call_has_a_prototype():
 def test_constants_match_the_header(c_layout):
     python = {
         "ZD_ABI_VERSION_MAJOR": _lib.ABI_MAJOR, "ZD_ABI_VERSION_MINOR": _lib.ABI_MINOR,
-        "ZD_MAX_DIMS": _structs.MAX_DIMS,
+        "ZD_MAX_DIMS": _structs.MAX_DIMS, "ZD_MAX_STATE_SLOTS": _structs.MAX_STATE_SLOTS,
         "ZD_MODEL_ALLOW_SCRIPT_IO": constants.MODEL_ALLOW_SCRIPT_IO, "ZD_VIEW_READ_ONLY": constants.VIEW_READ_ONLY,
         "ZD_DEVICE_CPU": constants.DEVICE_CPU, "ZD_DEVICE_CUDA": constants.DEVICE_CUDA,
         "ZD_STEP_BOUNDARY": constants.STEP_BOUNDARY, "ZD_STEP_APPLIED": constants.STEP_APPLIED,
@@ -98,8 +98,8 @@ def test_constants_match_the_header(c_layout):
         if name == "OK" or name.startswith("ERR_"):
             python[f"ZD_{name}"] = getattr(errors, name)
     header = {name: c_layout[("enum", name)] for name in enumerators()}
-    for name in ("ZD_ABI_VERSION_MAJOR", "ZD_ABI_VERSION_MINOR", "ZD_MAX_DIMS"):
-        header[name] = int(re.search(rf"#define {name} (\d+)", open(HEADER).read()).group(1))
+    for name, value in re.findall(r"#define (ZD_[A-Z_]+) (\d+)\n", open(HEADER).read()):
+        header[name] = int(value)
     assert set(python) == set(header), set(python) ^ set(header)
     for name, value in header.items():
         assert int(python[name]) == value, name

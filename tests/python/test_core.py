@@ -101,6 +101,31 @@ def test_memory_figures(client):
         m.memory(rank=3)
 
 
+def test_comm_figures_or_a_clear_refusal(client):
+    m, _, _, _ = one_layer(client)
+    try:
+        figures = m.comm_figures()
+    except zerod.ZerodNotImplementedError as e:  # a libzerod from before the call existed
+        assert "zd_model_comm_figures: the loaded libzerod (ABI 1." in str(e)
+        return
+    assert figures.network_bytes_sent == 0  # one rank, no collectives with anyone
+
+
+def test_optimizer_state_for_checkpoints_or_a_clear_refusal(client):
+    m, fc, w, b = one_layer(client, script='return { optimizer = { type = "adamw", lr = 0.1 } }')
+    try:
+        info = m.optimizer_info()
+    except zerod.ZerodNotImplementedError as e:  # a libzerod from before these calls
+        assert "zd_model_optimizer_info: the loaded libzerod (ABI 1." in str(e)
+        return
+    assert info.name == "adamw" and info.step == 0 and len(info.slot_names) == 2
+    state = np.full((2, 3), 0.25, dtype=np.float32)
+    m.optimizer_state_write(w, 0, state)
+    np.testing.assert_array_equal(m.optimizer_state_read(w, 0), state)
+    m.set_step(7)
+    assert m.optimizer_info().step == 7
+
+
 def test_errors_carry_zerod_messages(client):
     m, fc, w, _ = one_layer(client)
     with pytest.raises(zerod.InvalidStateError) as e:

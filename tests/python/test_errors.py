@@ -40,8 +40,8 @@ def test_backward_twice(engine):
 
 
 def test_step_without_backward(engine):
-    with pytest.raises(zerod.InvalidStateError, match=r"step\(\) without backward\(\): each micro-batch is "
-                                                      r"loss = engine\(batch\); engine.backward\(loss\); engine.step\(\)"):
+    with pytest.raises(zerod.InvalidStateError, match=r"step\(\) without backward\(\): each micro-batch is loss = "
+                                                      r"engine\(batch\); engine.backward\(loss\); engine.step\(\)"):
         engine.step()
     micro_batch(engine, backward=False)
     with pytest.raises(zerod.InvalidStateError, match="its backward did not"):
@@ -82,7 +82,8 @@ def test_job_script_with_a_typo(tmp_job):
 
 
 def test_a_bf16_model_in_an_fp32_job():
-    with pytest.raises(zerod.InvalidArgumentError, match="parameter '0.weight' is bf16 but the job's precision is \"fp32\": register it as f32 or set precision = \"bf16\""):
+    with pytest.raises(zerod.InvalidArgumentError, match="parameter '0.weight' is bf16 but the job's precision is "
+                                                         "\"fp32\": register it as f32 or set precision = \"bf16\""):
         zerod.torch.initialize(net(), job_text=ADAMW, dtype=torch.bfloat16)
 
 

@@ -1,17 +1,17 @@
 """zerod.torch.initialize: module selection, residency, gradients, evaluation,
 state_dict, embedded at stages 0 and 3 (one rank; the daemon's ranks are in
 test_parity.py)."""
-import copy
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import zerod
 import zerod.torch
 from gpt import GPT, Block, GPTConfig
-from models import CHARS, batch, make
+from models import CHARS, batch, loss_of, make
 
 SGD1 = 'return {{ optimizer = {{ type = "sgd", lr = 1.0 }}, gradient_accumulation_steps = {gas}, zero = {{ {zero} }} }}'
 STAGES = {"stage0": "stage = 0", "stage3": "stage = 3, param_persistence_threshold = 0"}
@@ -130,6 +130,37 @@ def test_state_dict_is_torchs_with_full_fp32_values_and_loads_back():
     assert set(engine.memory()) == {"device", "host", "nvme"}
 
 
+def test_optimizer_state_dict_resumes_training_exactly():
+    job = ('return { optimizer = { type = "adamw", lr = 1e-2 }, '
+           'zero = { stage = 3, param_persistence_threshold = 0 } }')
+
+    def run(engine, steps):
+        for s in steps:
+            (x,), y = batch("gpt", s)
+            engine.backward(loss_of("gpt", engine, (x,), y, torch.float32))
+            engine.step()
+
+    a = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    run(a, range(3))
+    sd, osd = a.state_dict(), a.optimizer_state_dict()
+    assert osd["optimizer"] == "adamw" and osd["step"] == 3
+    assert set(osd["state"]["transformer.wte.weight"]) == {"exp_avg", "exp_avg_sq"}
+    assert "lm_head.weight" not in osd["state"]  # tied: saved once, under its first key
+    run(a, range(3, 5))
+    want = a.state_dict()
+
+    b = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    b.load_state_dict(sd)
+    b.load_optimizer_state_dict(osd)
+    run(b, range(3, 5))
+    got = b.state_dict()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    assert b.optimizer_state_dict()["step"] == 5
+    with pytest.raises(zerod.InvalidArgumentError, match="optimizer 'sgd'"):
+        b.load_optimizer_state_dict(dict(osd, optimizer="sgd"))
+
+
 def test_bf16_model():
     model = tiny_gpt()
     engine = zerod.torch.initialize(model, job_text='return { precision = "bf16" }', dtype=torch.bfloat16)
@@ -192,8 +223,10 @@ def test_a_module_called_twice_and_tied_weights_get_one_residency_each_call(monk
     assert list(engine.zerod_modules) == ["embed+head", "mix"]
     calls = []
     for name in ("forward_begin", "backward_begin"):  # record the begin calls
-        real = getattr(zerod._lib.lib, f"zd_{name}")
-        monkeypatch.setattr(zerod._lib, f"zd_{name}", lambda h, m, real=real, name=name: calls.append((name, m)) or real(h, m))
+        def record(h, m, real=getattr(zerod._lib.lib, f"zd_{name}"), name=name):
+            calls.append((name, m))
+            return real(h, m)
+        monkeypatch.setattr(zerod._lib, f"zd_{name}", record)
     (x,), y = batch("tied", 0)
     loss = F.cross_entropy(engine(x).view(-1, len(CHARS)), y.view(-1))
     engine.backward(loss)
@@ -207,3 +240,32 @@ def test_a_module_called_twice_and_tied_weights_get_one_residency_each_call(monk
     ref_loss.backward()
     for name, p in ref.named_parameters():
         torch.testing.assert_close(p.detach() - engine.state_dict()[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class CheckpointedGPT(GPT):
+    """Recomputes every block's forward inside the backward."""
+
+    def forward(self, idx, targets):
+        pos = torch.arange(idx.size(1)).unsqueeze(0)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = torch.utils.checkpoint.checkpoint(block, x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("modules", [None, [Block]])
+@pytest.mark.parametrize("stage", STAGES)
+def test_activation_checkpointing(stage, modules):
+    def make_model():
+        torch.manual_seed(0)
+        return CheckpointedGPT(GPTConfig(vocab_size=len(CHARS), block_size=16, n_layer=2, n_head=2, n_embd=16))
+    model, ref = make_model(), make_model()
+    engine = zerod.torch.initialize(model, job_text=sgd_job(stage), modules=modules)
+    (x,), y = batch("gpt", 0)
+    ref(x, y)[1].backward()
+    engine.backward(engine(x, y)[1])
+    engine.step()
+    after = engine.state_dict()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(p.detach() - after[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)

@@ -377,6 +377,43 @@ ZD_API zd_status zd_param_write(zd_model* model, zd_param_id param, zd_dtype dty
                                 const void* src, uint64_t bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Optimizer state, for checkpoints                                          */
+/* ------------------------------------------------------------------------ */
+/* A checkpoint is what the trainer writes: each parameter (zd_param_read),
+ * each of its optimizer state slots (zd_optimizer_state_read) and the step
+ * (zd_model_optimizer_info). Loading is the reverse, after finalize:
+ * zd_param_write, zd_optimizer_state_write, zd_model_set_step. */
+
+#define ZD_MAX_STATE_SLOTS 4
+
+typedef struct zd_optimizer_info {
+  uint32_t struct_size;
+  int32_t state_slots;        /* fp32 arrays per parameter element */
+  int64_t step;               /* optimizer updates applied so far (this rank) */
+  const char* name;           /* the optimizer plugin, e.g. "adamw" */
+  const char* slot_names[ZD_MAX_STATE_SLOTS]; /* e.g. "exp_avg"; NULL past state_slots */
+} zd_optimizer_info;          /* strings are valid while the model lives */
+
+#define ZD_OPTIMIZER_INFO_INIT {sizeof(zd_optimizer_info), 0, 0, NULL, {NULL, NULL, NULL, NULL}}
+
+ZD_API zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out);
+
+/* One state slot of a parameter, whole, converted to dtype; bytes must be
+ * numel * sizeof(dtype). Like zd_param_read, a collective when the state is
+ * partitioned (ZeRO stage >= 1) on several ranks. */
+ZD_API zd_status zd_optimizer_state_read(zd_model* model, zd_param_id param, int32_t slot,
+                                         zd_dtype dtype, void* dst, uint64_t bytes);
+/* Overwrites a state slot of a parameter; every rank writes the same value,
+ * between steps. */
+ZD_API zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, int32_t slot,
+                                          zd_dtype dtype, const void* src, uint64_t bytes);
+/* Sets the count of applied updates (restoring a checkpoint: bias
+ * correction, the lr schedule and 1-bit Adam's phase follow it). Every rank
+ * the same value, between steps. A compressing optimizer's error feedback
+ * restarts at zero. */
+ZD_API zd_status zd_model_set_step(zd_model* model, int64_t step);
+
+/* ------------------------------------------------------------------------ */
 /* Memory accounting                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -395,6 +432,29 @@ typedef struct zd_memory_figures {
  * counted. */
 ZD_API zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier,
                                  zd_mem_kind kind, zd_memory_figures* out);
+
+/* ------------------------------------------------------------------------ */
+/* Communication figures                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct zd_comm_figures {
+  uint32_t struct_size;
+  uint32_t reserved;
+  /* Bytes this rank sent to other ranks, as a ring would put them on links:
+   * all-reduce 2(N-1)/N of the buffer, reduce-scatter and all-gather N-1
+   * chunks, all-to-all N-1 blocks; compressed all-reduce: its packed bits
+   * and scales. */
+  uint64_t bytes_sent;
+  /* Bytes this rank's node (daemon) sent to other nodes; 0 on one node. */
+  uint64_t network_bytes_sent;
+  /* Collectives this rank has completed. */
+  uint64_t collectives;
+} zd_comm_figures;
+
+#define ZD_COMM_FIGURES_INIT {sizeof(zd_comm_figures), 0, 0, 0, 0}
+
+/* Traffic of one rank's collectives so far (-1 = the caller's rank). */
+ZD_API zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_figures* out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -44,9 +44,10 @@ enum {
   ZD_PLUGIN_COMM = 4
 };
 
-/* The descriptor versions this header defines, per kind. */
-#define ZD_OPTIMIZER_ABI_VERSION 1
-#define ZD_COMM_ABI_VERSION 1
+/* The newest descriptor version this header defines, per kind. A plugin may
+ * list older versions beside it; the host takes the newest it knows. */
+#define ZD_OPTIMIZER_ABI_VERSION 2
+#define ZD_COMM_ABI_VERSION 2
 #define ZD_PARTITIONER_ABI_VERSION 1
 #define ZD_TIER_ABI_VERSION 1
 
@@ -167,6 +168,49 @@ typedef struct zd_optimizer_v1 {
   zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
 } zd_optimizer_v1;
 
+/* Version 2: v1, then what an optimizer that communicates its own state
+ * instead of gradients needs (1-bit Adam). The first fields are v1's, in
+ * v1's order. A v2 plugin whose compression_start() returns 0 behaves as v1.
+ *
+ * From update number compression_start() on (1-based, counting applied
+ * steps), the host does not average gradients across ranks. Instead, per
+ * step:
+ *   1. momentum() on every range of the rank's local gradient: grad_scale
+ *      unscales, averages over micro-batches and clips, but does not divide
+ *      by the number of ranks. It updates state slot momentum_slot() from the
+ *      local gradient (e.g. m = beta1 m + (1 - beta1) g).
+ *   2. The host averages that slot across ranks with the comm plugin's
+ *      compressed_all_reduce (zd_comm_v2), keeping the error feedback
+ *      buffers itself (zero at start and after a checkpoint is loaded).
+ *   3. update() on every range; it must not fold the gradient in again (the
+ *      grad pointer is then NULL).
+ * Before that update, steps are v1 steps: averaged gradients, then update().
+ * Global grad-norm clipping in the compression phase uses the square root of
+ * the mean over ranks of the local squared norms. */
+typedef struct zd_optimizer_v2 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_OPTIMIZER, abi_version 2 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+  uint32_t (*state_slots)(const void* instance);
+  const char* (*state_name)(const void* instance, uint32_t slot);
+  int32_t (*supports_isa)(zd_isa isa);
+  zd_status (*update)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+  zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
+
+  /* The first update whose momentum is compressed instead of its gradient
+   * averaged; 0 = never (a plain optimizer). */
+  int64_t (*compression_start)(const void* instance);
+  /* The state slot the host averages (compressed) across ranks. */
+  uint32_t (*momentum_slot)(const void* instance);
+  /* Step 1 above on one range (u->work is NULL, u->master unchanged).
+   * Thread-safe on disjoint ranges. */
+  zd_status (*momentum)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+} zd_optimizer_v2;
+
 /* ------------------------------------------------------------------------ */
 /* Communication plugins (kind ZD_PLUGIN_COMM, version 1)                    */
 /* ------------------------------------------------------------------------ */
@@ -196,7 +240,8 @@ enum {
   ZD_COMM_F32 = 1,   /* = ZD_DTYPE_F32 */
   ZD_COMM_BF16 = 2,  /* = ZD_DTYPE_BF16 */
   ZD_COMM_F16 = 3,   /* = ZD_DTYPE_F16 */
-  ZD_COMM_F64 = 64   /* statistics (norms) */
+  ZD_COMM_F64 = 64,  /* statistics (norms) */
+  ZD_COMM_U8 = 65    /* bytes (packed bits): all_gather, all_to_all, broadcast; not reduced (v2) */
 };
 
 typedef int32_t zd_reduce_op;
@@ -248,6 +293,73 @@ typedef struct zd_comm_v1 {
    * and all-gather (N-1) chunks). */
   uint64_t (*bytes_sent)(const void* instance, int32_t rank);
 } zd_comm_v1;
+
+/* Version 2: collectives across nodes (one daemon per node, each serving a
+ * contiguous block of ranks), all-to-all, the 1-bit compressed average of
+ * 1-bit Adam, and traffic figures. Not a prefix of v1: create() takes the
+ * rank layout. */
+typedef struct zd_comm_config {
+  uint32_t struct_size;
+  int32_t world_size;        /* ranks of the job, on every node */
+  int32_t first_local_rank;  /* this daemon serves ranks [first_local_rank, */
+  int32_t local_ranks;       /*   first_local_rank + local_ranks), node-major */
+} zd_comm_config;
+
+typedef struct zd_comm_v2 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_COMM, abi_version 2 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  /* A plugin that serves one node only refuses local_ranks < world_size
+   * with a message that names the plugin to use instead. */
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      const zd_comm_config* config, void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+
+  /* As in v1; rank is a global rank served by this instance. */
+  zd_status (*all_reduce)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                          zd_comm_dtype dtype, zd_reduce_op op);
+  zd_status (*reduce_scatter)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                              uint64_t recv_count, zd_comm_dtype dtype, zd_reduce_op op);
+  zd_status (*all_gather)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                          uint64_t send_count, zd_comm_dtype dtype);
+  zd_status (*broadcast)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                         zd_comm_dtype dtype, int32_t root);
+  zd_status (*barrier)(void* instance, const zd_comm_call* call);
+  void (*abort)(void* instance, zd_status status, const char* reason);
+  const char* (*last_error)(const void* instance, int32_t rank);
+
+  /* send: world_size blocks of count elements, block k for rank k; recv:
+   * world_size blocks of count elements, block k from rank k. Not in place:
+   * send and recv must not overlap (other ranks read send while recv is
+   * written). Any dtype, ZD_COMM_U8 included. */
+  zd_status (*all_to_all)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                          uint64_t count, zd_comm_dtype dtype);
+
+  /* 1-bit compressed average with error feedback (1-bit Adam), W ranks.
+   * buf: count fp32 values of this rank in, their compressed average out
+   * (the same on every rank). Chunks: c = count / W rounded up to a multiple
+   * of 8; chunk r is elements [r c, min((r + 1) c, count)) (maybe short or
+   * empty). worker_error: count values; server_error: c values (this rank's
+   * chunk; those past its n_r real elements are neither read nor written);
+   * both owned by the caller, zero at first, kept between calls. A call that
+   * fails leaves buf and both error buffers as they were.
+   *   worker: x = buf + worker_error; s = ||x||_2 / sqrt(count);
+   *           worker_error = x - s sign(x)   (sign(0) = +1);
+   *           chunk r of sign(x), packed 8 per byte, with s, goes to rank r.
+   *   server (rank r, chunk r of n_r elements):
+   *           y = (1/W) sum_k s_k sign_k + server_error;
+   *           t = ||y||_2 / sqrt(n_r); server_error = y - t sign(y);
+   *           sign(y) packed, with t, is gathered by every rank.
+   *   result: chunk r of buf = t_r sign_r.
+   * Bytes on the wire: the packed signs and one fp32 scale per chunk. */
+  zd_status (*compressed_all_reduce)(void* instance, const zd_comm_call* call, float* buf, uint64_t count,
+                                     float* worker_error, float* server_error);
+
+  /* Traffic of a served rank so far (zd_comm_figures, zerod.h). */
+  void (*figures)(const void* instance, int32_t rank, zd_comm_figures* out);
+} zd_comm_v2;
 
 /* ------------------------------------------------------------------------ */
 /* Partitioner plugins (kind ZD_PLUGIN_PARTITIONER, version 1)               */

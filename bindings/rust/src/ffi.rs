@@ -295,6 +295,52 @@ impl Default for zd_memory_figures {
     }
 }
 
+pub const ZD_MAX_STATE_SLOTS: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct zd_optimizer_info {
+    pub struct_size: u32,
+    pub state_slots: i32,
+    pub step: i64,
+    pub name: *const c_char,
+    pub slot_names: [*const c_char; ZD_MAX_STATE_SLOTS],
+}
+
+impl Default for zd_optimizer_info {
+    fn default() -> Self {
+        zd_optimizer_info {
+            struct_size: size_of_u32::<Self>(),
+            state_slots: 0,
+            step: 0,
+            name: std::ptr::null(),
+            slot_names: [std::ptr::null(); ZD_MAX_STATE_SLOTS],
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct zd_comm_figures {
+    pub struct_size: u32,
+    pub reserved: u32,
+    pub bytes_sent: u64,
+    pub network_bytes_sent: u64,
+    pub collectives: u64,
+}
+
+impl Default for zd_comm_figures {
+    fn default() -> Self {
+        zd_comm_figures {
+            struct_size: size_of_u32::<Self>(),
+            reserved: 0,
+            bytes_sent: 0,
+            network_bytes_sent: 0,
+            collectives: 0,
+        }
+    }
+}
+
 /// `sizeof(T)` as the `uint32_t` every struct begins with.
 const fn size_of_u32<T>() -> u32 {
     std::mem::size_of::<T>() as u32
@@ -386,5 +432,30 @@ extern "C" {
         tier: zd_tier,
         kind: zd_mem_kind,
         out: *mut zd_memory_figures,
+    ) -> zd_status;
+
+    pub fn zd_model_optimizer_info(model: *const zd_model, out: *mut zd_optimizer_info) -> zd_status;
+    pub fn zd_optimizer_state_read(
+        model: *mut zd_model,
+        param: zd_param_id,
+        slot: i32,
+        dtype: zd_dtype,
+        dst: *mut c_void,
+        bytes: u64,
+    ) -> zd_status;
+    pub fn zd_optimizer_state_write(
+        model: *mut zd_model,
+        param: zd_param_id,
+        slot: i32,
+        dtype: zd_dtype,
+        src: *const c_void,
+        bytes: u64,
+    ) -> zd_status;
+    pub fn zd_model_set_step(model: *mut zd_model, step: i64) -> zd_status;
+
+    pub fn zd_model_comm_figures(
+        model: *const zd_model,
+        rank: i32,
+        out: *mut zd_comm_figures,
     ) -> zd_status;
 }

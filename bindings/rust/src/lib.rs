@@ -83,7 +83,7 @@ pub use dtype::{Bf16, Dtype, Element, F16};
 pub use error::{Error, Result, Status};
 pub use guard::{BackwardGuard, ForwardGuard};
 pub use memory::{MemKind, MemoryFigures, Tier};
-pub use model::{Model, ModelOptions, StepResult};
+pub use model::{CommFigures, Model, ModelOptions, OptimizerInfo, StepResult};
 pub use param::{ModuleId, ModuleInfo, ParamDesc, ParamId, ParamInfo};
 pub use view::{Elements, ElementsMut, GradView, ParamView};
 

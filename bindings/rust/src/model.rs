@@ -403,6 +403,86 @@ impl<'c> Model<'c> {
         self.check(st)
     }
 
+    /// The optimizer, its state slots and the updates applied so far
+    /// (`zd_model_optimizer_info`): what a checkpoint saves besides the
+    /// parameters.
+    pub fn optimizer_info(&self) -> Result<OptimizerInfo> {
+        let mut raw = ffi::zd_optimizer_info::default();
+        // SAFETY: a live model and a complete out struct.
+        let st = unsafe { ffi::zd_model_optimizer_info(self.raw.as_ptr(), &mut raw) };
+        self.check(st)?;
+        let slots = (0..raw.state_slots.max(0) as usize)
+            .filter(|&s| s < ffi::ZD_MAX_STATE_SLOTS)
+            // SAFETY: zerod's strings live as long as the model.
+            .map(|s| unsafe { string_from(raw.slot_names[s]) })
+            .collect();
+        Ok(OptimizerInfo {
+            // SAFETY: as above.
+            name: unsafe { string_from(raw.name) },
+            slots,
+            step: raw.step,
+        })
+    }
+
+    /// One optimizer state slot of a parameter, whole
+    /// (`zd_optimizer_state_read`); a collective like `param_read`.
+    pub fn optimizer_state_read<T: Element>(&mut self, param: ParamId, slot: i32, dst: &mut [T]) -> Result<()> {
+        let bytes = (dst.len() * T::DTYPE.size()) as u64;
+        // SAFETY: zerod checks bytes against the parameter's size before it
+        // writes, and writes no more than bytes.
+        let st = unsafe {
+            ffi::zd_optimizer_state_read(
+                self.raw.as_ptr(),
+                param.0,
+                slot,
+                T::DTYPE.raw(),
+                dst.as_mut_ptr() as *mut c_void,
+                bytes,
+            )
+        };
+        self.check(st)
+    }
+
+    /// Overwrites one optimizer state slot of a parameter
+    /// (`zd_optimizer_state_write`), between steps.
+    pub fn optimizer_state_write<T: Element>(&mut self, param: ParamId, slot: i32, src: &[T]) -> Result<()> {
+        let bytes = (src.len() * T::DTYPE.size()) as u64;
+        // SAFETY: zerod checks bytes against the parameter's size before it
+        // reads, and reads no more than bytes.
+        let st = unsafe {
+            ffi::zd_optimizer_state_write(
+                self.raw.as_ptr(),
+                param.0,
+                slot,
+                T::DTYPE.raw(),
+                src.as_ptr() as *const c_void,
+                bytes,
+            )
+        };
+        self.check(st)
+    }
+
+    /// Restores the count of applied updates from a checkpoint
+    /// (`zd_model_set_step`).
+    pub fn set_step(&mut self, step: i64) -> Result<()> {
+        // SAFETY: a live model.
+        let st = unsafe { ffi::zd_model_set_step(self.raw.as_ptr(), step) };
+        self.check(st)
+    }
+
+    /// This rank's collective traffic so far (`zd_model_comm_figures`).
+    pub fn comm_figures(&self) -> Result<CommFigures> {
+        let mut raw = ffi::zd_comm_figures::default();
+        // SAFETY: a live model and a complete out struct.
+        let st = unsafe { ffi::zd_model_comm_figures(self.raw.as_ptr(), -1, &mut raw) };
+        self.check(st)?;
+        Ok(CommFigures {
+            bytes_sent: raw.bytes_sent,
+            network_bytes_sent: raw.network_bytes_sent,
+            collectives: raw.collectives,
+        })
+    }
+
     /// This rank's bytes of one kind in one tier.
     pub fn memory(&self, tier: Tier, kind: MemKind) -> Result<MemoryFigures> {
         self.memory_of_rank(-1, tier, kind)
@@ -434,6 +514,28 @@ impl<'c> Model<'c> {
     fn check(&self, status: ffi::zd_status) -> Result<()> {
         check(status, || self.last_error())
     }
+}
+
+/// The optimizer of a model (`zd_optimizer_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptimizerInfo {
+    /// The plugin, e.g. "adamw".
+    pub name: String,
+    /// Its state slots, e.g. ["exp_avg", "exp_avg_sq"].
+    pub slots: Vec<String>,
+    /// Optimizer updates applied so far.
+    pub step: i64,
+}
+
+/// A rank's collective traffic (`zd_comm_figures`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommFigures {
+    /// Bytes sent to other ranks, as a ring puts them on links.
+    pub bytes_sent: u64,
+    /// Bytes this rank's node sent to other nodes (0 on one node).
+    pub network_bytes_sent: u64,
+    /// Collectives completed.
+    pub collectives: u64,
 }
 
 impl Drop for Model<'_> {

@@ -141,6 +141,20 @@ fn rust_structs() -> Vec<RustStruct> {
             peak,
             budget
         }),
+        layout!(zd_optimizer_info {
+            struct_size,
+            state_slots,
+            step,
+            name,
+            slot_names
+        }),
+        layout!(zd_comm_figures {
+            struct_size,
+            reserved,
+            bytes_sent,
+            network_bytes_sent,
+            collectives
+        }),
     ]
 }
 
@@ -185,6 +199,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         ZD_MEM_KIND_COUNT,
         ZD_MODEL_ALLOW_SCRIPT_IO,
         ZD_MAX_DIMS,
+        ZD_MAX_STATE_SLOTS,
         ZD_VIEW_READ_ONLY,
         ZD_DEVICE_CPU,
         ZD_DEVICE_CUDA,

@@ -543,3 +543,42 @@ fn half_precision_conversions() {
         }
     }
 }
+
+#[test]
+fn a_checkpoint_of_the_optimizer_resumes_exactly() {
+    let job = "return { optimizer = { type = 'adamw', lr = 0.01 } }";
+    let grad = |s: usize| -> Vec<f32> { (0..8).map(|i| ((s * 3 + i) % 5) as f32 * 0.1 - 0.2).collect() };
+    let c = client();
+    let init = [0.5f32; 8];
+    let (mut a, wa, la) = one_param(&c, job, &init);
+    for s in 0..5 {
+        micro_step(&mut a, la, wa, &grad(s));
+    }
+    let info = a.optimizer_info().unwrap();
+    assert_eq!(info.name, "adamw");
+    assert_eq!(info.slots, vec!["exp_avg".to_string(), "exp_avg_sq".to_string()]);
+    assert_eq!(info.step, 5);
+    let params = a.param_read_vec::<f32>(wa).unwrap();
+    let mut slots = vec![vec![0f32; 8]; 2];
+    for (s, v) in slots.iter_mut().enumerate() {
+        a.optimizer_state_read(wa, s as i32, v).unwrap();
+    }
+    for s in 5..8 {
+        micro_step(&mut a, la, wa, &grad(s));
+    }
+    let want = a.param_read_vec::<f32>(wa).unwrap();
+
+    let (mut b, wb, lb) = one_param(&c, job, &init);
+    b.param_write(wb, &params).unwrap();
+    for (s, v) in slots.iter().enumerate() {
+        b.optimizer_state_write(wb, s as i32, v).unwrap();
+    }
+    b.set_step(info.step).unwrap();
+    for s in 5..8 {
+        micro_step(&mut b, lb, wb, &grad(s));
+    }
+    assert_eq!(b.param_read_vec::<f32>(wb).unwrap(), want);
+    let e = b.optimizer_state_read(wb, 2, &mut [0f32; 8]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert_eq!(b.comm_figures().unwrap().bytes_sent, 0);
+}

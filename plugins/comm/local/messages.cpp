@@ -8,9 +8,10 @@ namespace {
 
 unsigned long long number(uint64_t seq) { return static_cast<unsigned long long>(seq) + 1; }
 
-// "rank 3" or "ranks 0-2, 5": the ranks j < world for which in(j) holds.
+// "rank 3" or "ranks 0-2, 5": first + j for the indices j < world for which
+// in(j) holds.
 template <typename In>
-void rank_list(Text& t, int world, In in) {
+void rank_list(Text& t, int world, int first_rank, In in) {
   int members = 0;
   for (int j = 0; j < world; ++j) members += in(j) ? 1 : 0;
   t.add(members == 1 ? "rank " : "ranks ");
@@ -22,8 +23,8 @@ void rank_list(Text& t, int world, In in) {
     }
     int last = j;
     while (last + 1 < world && in(last + 1)) ++last;
-    t.add("%s%d", first ? "" : ", ", j);
-    if (last > j) t.add("%s%d", last == j + 1 ? ", " : "-", last);
+    t.add("%s%d", first ? "" : ", ", first_rank + j);
+    if (last > j) t.add("%s%d", last == j + 1 ? ", " : "-", first_rank + last);
     first = false;
     j = last + 1;
   }
@@ -50,11 +51,11 @@ void say_disagreement(Text& t, uint64_t seq, int a, const Call& ca, const char* 
   t.add(")");
 }
 
-void say_timeout(Text& t, uint64_t seq, int rank, uint64_t waited_ms, const Call* calls, const Seen* seen,
-                 int world) {
+void say_timeout(Text& t, uint64_t seq, int index, int first_rank, uint64_t waited_ms, const Call* calls,
+                 const Seen* seen, int world) {
   t.add("timeout at collective #%llu (", number(seq));
-  describe(t, calls[rank], false);
-  t.add("): rank %d waited %" PRIu64 " ms; arrived: ", rank, waited_ms);
+  describe(t, calls[index], false);
+  t.add("): rank %d waited %" PRIu64 " ms; arrived: ", first_rank + index, waited_ms);
   // Ranks grouped by their `what` (they agree on the call, not on the text).
   bool first = true;
   for (int j = 0; j < world; ++j) {
@@ -66,7 +67,8 @@ void say_timeout(Text& t, uint64_t seq, int rank, uint64_t waited_ms, const Call
     if (!here || earlier) continue;
     if (!first) t.add("; ");
     first = false;
-    rank_list(t, world, [&](int k) { return seen[k].seq == seq && std::strcmp(seen[k].what, seen[j].what) == 0; });
+    rank_list(t, world, first_rank,
+              [&](int k) { return seen[k].seq == seq && std::strcmp(seen[k].what, seen[j].what) == 0; });
     t.add(" in ");
     t.quoted(seen[j].what, kWhatMax);
   }
@@ -83,7 +85,7 @@ void say_timeout(Text& t, uint64_t seq, int rank, uint64_t waited_ms, const Call
     if (earlier) continue;
     if (!first) t.add(", ");
     first = false;
-    rank_list(t, world, [&](int k) { return seen[k].seq != seq && same_place(k, j); });
+    rank_list(t, world, first_rank, [&](int k) { return seen[k].seq != seq && same_place(k, j); });
     if (seen[j].seq == kNoCollective) {
       t.add(" (no collective yet)");
     } else {

@@ -31,9 +31,10 @@ void say_disagreement(Text& t, uint64_t seq, int a, const Call& ca, const char* 
 
 // timeout at collective #12 (all_reduce sum, 8 f32): rank 0 waited 100 ms;
 // arrived: ranks 0, 1 in "..."; not arrived: rank 2 (last seen in
-// collective #11, "..."). calls[rank] is the waiting rank's call.
-void say_timeout(Text& t, uint64_t seq, int rank, uint64_t waited_ms, const Call* calls, const Seen* seen,
-                 int world);
+// collective #11, "..."). calls and seen hold `world` served ranks, first
+// first_rank; calls[index] is the waiting rank's call.
+void say_timeout(Text& t, uint64_t seq, int index, int first_rank, uint64_t waited_ms, const Call* calls,
+                 const Seen* seen, int world);
 
 // rank 1's call "..." at collective #12 is invalid: buf is NULL with count 8
 void say_invalid(Text& t, uint64_t seq, int rank, const char* what, const char* why);

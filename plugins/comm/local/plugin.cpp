@@ -1,7 +1,8 @@
 // zd_comm_local.so: the "local" comm plugin, collectives among the ranks one
-// daemon serves. This file is the ABI glue: the descriptor, hyperparameter
-// checks, and the entry points that turn arguments into a Call for the
-// Communicator (communicator.h says how a collective runs and fails).
+// daemon serves. This file is the ABI glue: the descriptors (plugin ABI v2,
+// and v1 for older hosts), create() and its checks; glue.h turns the
+// arguments of each entry point into a Call for the Communicator
+// (communicator.h and rendezvous.h say how a collective runs and fails).
 #include <zerod/zerod_plugin.h>
 
 #include <array>
@@ -12,6 +13,7 @@
 #include <new>
 
 #include "communicator.h"
+#include "glue.h"
 
 namespace {
 
@@ -48,8 +50,9 @@ void log_info(const zd_host_services* host, const char* fmt, ...) {
   host->log(host->host, ZD_LOG_INFO, "local", message);
 }
 
-zd_status create(const zd_host_services* host, const double* values, size_t value_count, int32_t world_size,
-                 void** out_instance, char* err, size_t err_size) noexcept {
+// Checks what both create()s share and makes the instance.
+zd_status make(const zd_host_services* host, const double* values, size_t value_count, int32_t world_size,
+               void** out_instance, char* err, size_t err_size) noexcept {
   if (out_instance == nullptr) {
     set_error(err, err_size, "out_instance is NULL");
     return ZD_ERR_INVALID_ARGUMENT;
@@ -83,101 +86,91 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
   return ZD_OK;
 }
 
-void destroy(void* instance) noexcept { delete static_cast<comm::Communicator*>(instance); }
-
-zd_status run(void* instance, const zd_comm_call* call, const comm::Call& c) noexcept {
-  if (instance == nullptr) return ZD_ERR_INVALID_ARGUMENT;
-  return static_cast<comm::Communicator*>(instance)->run(call, c);
+zd_status create_v1(const zd_host_services* host, const double* values, size_t value_count, int32_t world_size,
+                    void** out_instance, char* err, size_t err_size) noexcept {
+  return make(host, values, value_count, world_size, out_instance, err, err_size);
 }
 
-zd_status all_reduce(void* instance, const zd_comm_call* call, void* buf, uint64_t count, zd_comm_dtype dtype,
-                     zd_reduce_op op) noexcept {
-  comm::Call c;
-  c.coll = comm::Coll::all_reduce;
-  c.count = count;
-  c.dtype = dtype;
-  c.op = op;
-  c.send = buf;
-  c.recv = buf;
-  return run(instance, call, c);
+// One daemon only: a rank layout that spans daemons is for another backend.
+zd_status create_v2(const zd_host_services* host, const double* values, size_t value_count,
+                    const zd_comm_config* config, void** out_instance, char* err, size_t err_size) noexcept {
+  if (out_instance != nullptr) *out_instance = nullptr;
+  if (config == nullptr || config->struct_size < sizeof(zd_comm_config)) {
+    set_error(err, err_size, "config is %s", config == nullptr ? "NULL" : "shorter than zd_comm_config");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  const int32_t world = config->world_size;
+  const int32_t first = config->first_local_rank;
+  const int32_t ranks = config->local_ranks;
+  if (world >= 1 && (ranks < 1 || first < 0 || first > world - ranks)) {
+    set_error(err, err_size, "first_local_rank = %d, local_ranks = %d: not a block of ranks in 0..%d", first, ranks,
+              world - 1);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  if (world >= 1 && ranks < world) {
+    set_error(err, err_size,
+              "the local comm plugin runs the collectives of one daemon's ranks, but this daemon serves %d of the "
+              "job's %d ranks (ranks %d-%d); for a job across daemons (nodes) use comm = { backend = \"mpi\" }",
+              ranks, world, first, first + ranks - 1);
+    return ZD_ERR_CONFIG;
+  }
+  return make(host, values, value_count, world, out_instance, err, err_size);
 }
 
-zd_status reduce_scatter(void* instance, const zd_comm_call* call, const void* send, void* recv,
-                         uint64_t recv_count, zd_comm_dtype dtype, zd_reduce_op op) noexcept {
-  comm::Call c;
-  c.coll = comm::Coll::reduce_scatter;
-  c.count = recv_count;
-  c.dtype = dtype;
-  c.op = op;
-  c.send = send;
-  c.recv = recv;
-  return run(instance, call, c);
-}
+using Glue = comm::Glue<comm::Communicator>;
 
-zd_status all_gather(void* instance, const zd_comm_call* call, const void* send, void* recv, uint64_t send_count,
-                     zd_comm_dtype dtype) noexcept {
-  comm::Call c;
-  c.coll = comm::Coll::all_gather;
-  c.count = send_count;
-  c.dtype = dtype;
-  c.send = send;
-  c.recv = recv;
-  return run(instance, call, c);
-}
+constexpr const char* kDescription =
+    "collectives among the ranks of one daemon, run by the rank threads over shared memory";
 
-zd_status broadcast(void* instance, const zd_comm_call* call, void* buf, uint64_t count, zd_comm_dtype dtype,
-                    int32_t root) noexcept {
-  comm::Call c;
-  c.coll = comm::Coll::broadcast;
-  c.count = count;
-  c.dtype = dtype;
-  c.root = root;
-  c.send = buf;
-  c.recv = buf;
-  return run(instance, call, c);
-}
-
-zd_status barrier(void* instance, const zd_comm_call* call) noexcept {
-  comm::Call c;
-  c.coll = comm::Coll::barrier;
-  return run(instance, call, c);
-}
-
-void abort_all(void* instance, zd_status status, const char* reason) noexcept {
-  if (instance != nullptr) static_cast<comm::Communicator*>(instance)->abort(status, reason);
-}
-
-const char* last_error(const void* instance, int32_t rank) noexcept {
-  return instance != nullptr ? static_cast<const comm::Communicator*>(instance)->last_error(rank) : "";
-}
-
-uint64_t bytes_sent(const void* instance, int32_t rank) noexcept {
-  return instance != nullptr ? static_cast<const comm::Communicator*>(instance)->bytes_sent(rank) : 0;
-}
-
-const zd_comm_v1 kDescriptor = {
+const zd_comm_v2 kDescriptorV2 = {
     .header = {.kind = ZD_PLUGIN_COMM,
-               .struct_size = sizeof(zd_comm_v1),
-               .abi_version = ZD_COMM_ABI_VERSION,
-               .plugin_version = (0u << 16) | 1u,
+               .struct_size = sizeof(zd_comm_v2),
+               .abi_version = 2,
+               .plugin_version = (0u << 16) | 2u,
                .name = "local",
-               .description = "collectives among the ranks of one daemon, run by the rank threads over shared memory"},
+               .description = kDescription},
     .hparams = kSpecs.data(),
     .hparam_count = kSpecs.size(),
     .reserved = 0,
-    .create = create,
-    .destroy = destroy,
-    .all_reduce = all_reduce,
-    .reduce_scatter = reduce_scatter,
-    .all_gather = all_gather,
-    .broadcast = broadcast,
-    .barrier = barrier,
-    .abort = abort_all,
-    .last_error = last_error,
-    .bytes_sent = bytes_sent,
+    .create = create_v2,
+    .destroy = Glue::destroy,
+    .all_reduce = Glue::all_reduce,
+    .reduce_scatter = Glue::reduce_scatter,
+    .all_gather = Glue::all_gather,
+    .broadcast = Glue::broadcast,
+    .barrier = Glue::barrier,
+    .abort = Glue::abort,
+    .last_error = Glue::last_error,
+    .all_to_all = Glue::all_to_all,
+    .compressed_all_reduce = Glue::compressed_all_reduce,
+    .figures = Glue::figures,
 };
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+// For hosts that know only version 1 (listed after v2: the host takes the
+// newest it understands).
+const zd_comm_v1 kDescriptorV1 = {
+    .header = {.kind = ZD_PLUGIN_COMM,
+               .struct_size = sizeof(zd_comm_v1),
+               .abi_version = 1,
+               .plugin_version = (0u << 16) | 2u,
+               .name = "local",
+               .description = kDescription},
+    .hparams = kSpecs.data(),
+    .hparam_count = kSpecs.size(),
+    .reserved = 0,
+    .create = create_v1,
+    .destroy = Glue::destroy,
+    .all_reduce = Glue::all_reduce,
+    .reduce_scatter = Glue::reduce_scatter,
+    .all_gather = Glue::all_gather,
+    .broadcast = Glue::broadcast,
+    .barrier = Glue::barrier,
+    .abort = Glue::abort,
+    .last_error = Glue::last_error,
+    .bytes_sent = Glue::bytes_sent,
+};
+
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV2.header, &kDescriptorV1.header, nullptr};
 
 }  // namespace
 

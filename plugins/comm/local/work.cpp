@@ -17,7 +17,7 @@ char* bytes_at(void* p, uint64_t offset) { return static_cast<char*>(p) + offset
 
 void all_reduce(const Call* calls, int world, int rank, const Scratch& s) {
   const Call& me = calls[rank];
-  const uint64_t size = element_size(dtype_of(me));
+  const uint64_t size = element_bytes(me);
   uint64_t begin = 0, end = 0;
   split(me.count, size, world, rank, &begin, &end);
   if (begin == end) return;
@@ -38,7 +38,7 @@ void all_reduce(const Call* calls, int world, int rank, const Scratch& s) {
 
 void reduce_scatter(const Call* calls, int world, int rank, const Scratch& s) {
   const Call& me = calls[rank];
-  const uint64_t chunk = me.count * element_size(dtype_of(me));
+  const uint64_t chunk = me.count * element_bytes(me);
   if (world == 1) {
     if (me.recv != me.send) std::memmove(me.recv, me.send, chunk);
     return;
@@ -64,7 +64,7 @@ void reduce_scatter(const Call* calls, int world, int rank, const Scratch& s) {
 
 void all_gather(const Call* calls, int world, int rank) {
   const Call& me = calls[rank];
-  const uint64_t chunk = me.count * element_size(dtype_of(me));
+  const uint64_t chunk = me.count * element_bytes(me);
   // Pulled, so this rank writes only its own recv; chunk k of it is read by
   // nobody else, and chunk rank of rank k's recv (its send, in place) is
   // written by nobody.
@@ -78,11 +78,22 @@ void all_gather(const Call* calls, int world, int rank) {
   }
 }
 
+void all_to_all(const Call* calls, int world, int rank) {
+  const Call& me = calls[rank];
+  const uint64_t block = me.count * element_bytes(me);
+  // Pulled: block `rank` of every rank's send into this rank's recv, which
+  // no other rank touches (check_call refuses a send that overlaps it).
+  for (int k = 0; k < world; ++k) {
+    std::memcpy(bytes_at(me.recv, static_cast<uint64_t>(k) * block),
+                bytes_at(calls[k].send, static_cast<uint64_t>(rank) * block), block);
+  }
+}
+
 void broadcast(const Call* calls, int rank) {
   const Call& me = calls[rank];
   if (rank == me.root) return;
   const Call& root = calls[me.root];
-  if (me.recv != root.recv) std::memcpy(me.recv, root.recv, me.count * element_size(dtype_of(me)));
+  if (me.recv != root.recv) std::memcpy(me.recv, root.recv, me.count * element_bytes(me));
 }
 
 }  // namespace
@@ -108,6 +119,7 @@ void do_share(const Call* calls, int world, int rank, const Scratch& scratch) {
       return;
     case Coll::reduce_scatter: reduce_scatter(calls, world, rank, scratch); return;
     case Coll::all_gather: all_gather(calls, world, rank); return;
+    case Coll::all_to_all: all_to_all(calls, world, rank); return;
     case Coll::broadcast: broadcast(calls, rank); return;
     case Coll::barrier: return;
   }

@@ -6,6 +6,7 @@
 //                   buffers and writes the result into all N
 //   reduce_scatter  rank r reduces chunk r of every send into its recv
 //   all_gather      rank r copies every other rank's send into its recv
+//   all_to_all      rank r copies block r of every rank's send into its recv
 //   broadcast       every rank but the root copies the root's buffer
 //
 // So a rank writes other ranks' buffers only in all_reduce, and then only

@@ -20,7 +20,7 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
 const zd_optimizer_v1 kDescriptor = {
     .header = {.kind = ZD_PLUGIN_OPTIMIZER,
                .struct_size = sizeof(zd_optimizer_v1),
-               .abi_version = ZD_OPTIMIZER_ABI_VERSION,
+               .abi_version = 1,
                .plugin_version = (0u << 16) | 1u,
                .name = "adamw",
                .description =

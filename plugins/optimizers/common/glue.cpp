@@ -112,26 +112,28 @@ void log(const Host& host, zd_log_level level, const char* plugin, const char* f
   host.log(host.host, level, plugin, message);
 }
 
-zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r) {
+zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r, Needs needs) {
   if (u == nullptr || u->struct_size < sizeof(zd_optimizer_update)) return ZD_ERR_INVALID_ARGUMENT;
   const Dtype grad_dtype = static_cast<Dtype>(u->grad_dtype);
   const Dtype work_dtype = static_cast<Dtype>(u->work_dtype);
-  if (!dtype_valid(grad_dtype)) return ZD_ERR_INVALID_ARGUMENT;
+  if (needs.grad && !dtype_valid(grad_dtype)) return ZD_ERR_INVALID_ARGUMENT;
   if (u->work != nullptr && !dtype_valid(work_dtype)) return ZD_ERR_INVALID_ARGUMENT;
   if (u->step < 1 || !std::isfinite(u->lr) || u->lr < 0.0 || !std::isfinite(u->grad_scale)) {
     return ZD_ERR_INVALID_ARGUMENT;
   }
   if (slots > ZD_OPTIMIZER_MAX_STATE) return ZD_ERR_INTERNAL;
   if (u->count > 0) {
-    if (u->master == nullptr || u->grad == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+    if ((needs.master && u->master == nullptr) || (needs.grad && u->grad == nullptr)) {
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
     for (uint32_t k = 0; k < slots; ++k) {
       if (u->state[k] == nullptr) return ZD_ERR_INVALID_ARGUMENT;
     }
   }
   r->count = static_cast<size_t>(u->count);
   r->master = u->master;
-  r->grad = u->grad;
-  r->grad_dtype = grad_dtype;
+  r->grad = needs.grad ? u->grad : nullptr;
+  r->grad_dtype = needs.grad ? grad_dtype : Dtype::f32;
   r->work = u->work;
   r->work_dtype = work_dtype;
   return ZD_OK;

@@ -24,6 +24,10 @@ constexpr zd_hparam_spec pair_spec(const char* name, double def0, double def1, d
   return {name, ZD_HPARAM_NUMBER, 2, {def0, def1, 0, 0}, min, max, flags, help};
 }
 
+constexpr zd_hparam_spec integer_spec(const char* name, double def, double min, double max, const char* help) {
+  return {name, ZD_HPARAM_INTEGER, 1, {def, 0, 0, 0}, min, max, 0, help};
+}
+
 constexpr zd_hparam_spec bool_spec(const char* name, bool def, const char* help) {
   return {name, ZD_HPARAM_BOOL, 1, {def ? 1.0 : 0.0, 0, 0, 0}, 0.0, 1.0, 0, help};
 }
@@ -52,11 +56,18 @@ Host copy_host(const zd_host_services* services);
 void log(const Host& host, zd_log_level level, const char* plugin, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+// Which arrays a call reads besides its state slots: 1-bit Adam's momentum()
+// has no master, and its compression-phase update() no gradient.
+struct Needs {
+  bool master = true;
+  bool grad = true;
+};
+
 // Reads and checks an update for `slots` state arrays into r.
 // ZD_ERR_INVALID_ARGUMENT for a NULL or short struct, a dtype the kernels do
-// not know, a missing array, step < 1, a negative or non-finite lr, or a
-// non-finite grad_scale.
-zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r);
+// not know (the gradient's only when it is needed), a missing array, step <
+// 1, a negative or non-finite lr, or a non-finite grad_scale.
+zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r, Needs needs = {});
 
 // ZD_ISA_AUTO becomes the best supported ISA; an ISA this CPU or build lacks
 // (or an unknown value) is ZD_ERR_NOT_IMPLEMENTED.

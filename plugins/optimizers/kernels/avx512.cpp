@@ -4,82 +4,10 @@
 // so no element takes the scalar loop. bf16 is rounded with integer ops,
 // which needs no AVX512-BF16.
 
-// GCC 12.2's AVX-512 headers build their "undefined" vectors as `__m512 __Y =
-// __Y;`, which -Wmaybe-uninitialized reports at every inlined intrinsic (GCC
-// PR 105593, fixed in 12.3). The state must be set before the header.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
-#include "element.h"
+#include "avx512_vec.h"
 
 namespace zerod::optim {
 namespace {
-
-using detail::Work;
-constexpr size_t kLanes = 16;
-constexpr __mmask16 kAll = 0xFFFF;
-
-// With a partial mask, masked-off lanes read as zero and are never written.
-template <bool Masked>
-inline __m512 load_f32(const float* p, __mmask16 k) {
-  if constexpr (Masked) return _mm512_maskz_loadu_ps(k, p);
-  else return _mm512_loadu_ps(p);
-}
-
-template <bool Masked>
-inline void store_f32(float* p, __mmask16 k, __m512 x) {
-  if constexpr (Masked) _mm512_mask_storeu_ps(p, k, x);
-  else _mm512_storeu_ps(p, x);
-}
-
-template <bool Masked>
-inline __m256i load_u16(const uint16_t* p, __mmask16 k) {
-  if constexpr (Masked) return _mm256_maskz_loadu_epi16(k, p);
-  else return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-template <Dtype G, bool Masked>
-inline __m512 load_grad(const void* g, size_t i, __mmask16 k) {
-  if constexpr (G == Dtype::f32) {
-    return load_f32<Masked>(static_cast<const float*>(g) + i, k);
-  } else {
-    const __m256i h = load_u16<Masked>(static_cast<const uint16_t*>(g) + i, k);
-    if constexpr (G == Dtype::f16) {
-      return _mm512_cvtph_ps(h);
-    } else {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-  }
-}
-
-// Round to nearest even into the low 16 bits of each lane; NaN -> 0x7FC0.
-inline __m512i bf16_round(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-}
-
-template <Work W, bool Masked>
-inline void store_work(void* w, size_t i, __mmask16 k, __m512 p) {
-  if constexpr (W == Work::f32) {
-    store_f32<Masked>(static_cast<float*>(w) + i, k, p);
-  } else if constexpr (W == Work::f16) {
-    const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    uint16_t* dst = static_cast<uint16_t*>(w) + i;
-    if constexpr (Masked) _mm256_mask_storeu_epi16(dst, k, h);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
-  } else if constexpr (W == Work::bf16) {
-    const __m512i r = bf16_round(p);
-    uint16_t* dst = static_cast<uint16_t*>(w) + i;
-    if constexpr (Masked) _mm512_mask_cvtepi32_storeu_epi16(dst, k, r);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
-  }
-}
 
 struct AdamVec {
   explicit AdamVec(const detail::AdamConsts& c)
@@ -122,7 +50,6 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
   }
 }
 
-inline __mmask16 tail_mask(size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
 template <Dtype G, Work W>
 void adam_run(const detail::AdamConsts& consts, const Range& r, const AdamState& s) {

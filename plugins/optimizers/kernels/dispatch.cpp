@@ -87,4 +87,18 @@ bool sgd_update(Isa isa, const SgdParams& hp, const Range& r, float* momentum_bu
   return false;
 }
 
+bool onebit_adam_update(Isa isa, const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s) {
+  if (!isa_supported(isa)) return false;
+  switch (isa) {
+    case Isa::scalar: return onebit_adam_scalar(hp, phase, r, s);
+#if ZEROD_OPTIM_X86
+    case Isa::avx2: return onebit_adam_avx2(hp, phase, r, s);
+    case Isa::avx512: return onebit_adam_avx512(hp, phase, r, s);
+#else
+    default: break;
+#endif
+  }
+  return false;
+}
+
 }  // namespace zerod::optim

@@ -25,6 +25,20 @@ AdamConsts prepare_adam(const AdamParams& hp) {
   return c;
 }
 
+OnebitConsts prepare_onebit(const OnebitAdamParams& hp) {
+  OnebitConsts c{};
+  c.grad_scale = static_cast<float>(hp.grad_scale);
+  c.beta1 = static_cast<float>(hp.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
+  c.beta2 = static_cast<float>(hp.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - hp.beta2);
+  c.eps = static_cast<float>(hp.eps);
+  c.neg_lr = static_cast<float>(-hp.lr);
+  c.decay = static_cast<float>(hp.weight_decay);
+  c.has_decay = hp.weight_decay > 0.0;
+  return c;
+}
+
 SgdConsts prepare_sgd(const SgdParams& hp) {
   SgdConsts c{};
   c.grad_scale = static_cast<float>(hp.grad_scale);

@@ -32,7 +32,18 @@ struct SgdConsts {
   bool nesterov;
 };
 
+struct OnebitConsts {
+  float grad_scale;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float neg_lr;  // -lr
+  float decay;   // wd, added to the update
+  bool has_decay;
+};
+
 AdamConsts prepare_adam(const AdamParams& hp);
+OnebitConsts prepare_onebit(const OnebitAdamParams& hp);
 SgdConsts prepare_sgd(const SgdParams& hp);
 
 }  // namespace zerod::optim::detail

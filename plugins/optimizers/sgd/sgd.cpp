@@ -130,7 +130,7 @@ zd_status update_cuda(const void* instance, const zd_optimizer_update* u, void* 
 const zd_optimizer_v1 kDescriptor = {
     .header = {.kind = ZD_PLUGIN_OPTIMIZER,
                .struct_size = sizeof(zd_optimizer_v1),
-               .abi_version = ZD_OPTIMIZER_ABI_VERSION,
+               .abi_version = 1,
                .plugin_version = (0u << 16) | 1u,
                .name = "sgd",
                .description = "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)"},

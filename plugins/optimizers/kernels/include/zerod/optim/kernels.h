@@ -44,6 +44,29 @@ struct SgdParams {
   double grad_scale = 1.0;
 };
 
+// DeepSpeed's OnebitAdam (1-bit Adam): no bias correction, and weight decay
+// added to the update, p -= lr * (m / (sqrt(v) + eps) + wd * p).
+struct OnebitAdamParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_scale = 1.0;  // each gradient is multiplied by this first
+};
+
+// What one 1-bit Adam call does.
+enum class OnebitPhase : int32_t {
+  // Before compression: m and v from the (averaged) gradient, then the step.
+  warmup = 0,
+  // Compression, before the average: m from the rank's local gradient only.
+  // Reads grad, updates exp_avg; master, work and exp_avg_sq are unused.
+  momentum = 1,
+  // Compression, after the average: the step from m (now the compressed
+  // average) and the frozen v. grad is unused and may be null.
+  frozen = 2,
+};
+
 // The arrays of one range; element i of each is the same parameter element.
 // Any alignment is accepted.
 struct Range {
@@ -76,6 +99,10 @@ bool sgd_scalar(const SgdParams& hp, const Range& r, float* momentum_buffer);
 bool sgd_avx2(const SgdParams& hp, const Range& r, float* momentum_buffer);
 bool sgd_avx512(const SgdParams& hp, const Range& r, float* momentum_buffer);
 
+bool onebit_adam_scalar(const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s);
+bool onebit_adam_avx2(const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s);
+bool onebit_adam_avx512(const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s);
+
 // Whether this build and this CPU (and its OS) can run the ISA's kernels.
 bool isa_supported(Isa isa);
 // The widest supported ISA.
@@ -86,6 +113,7 @@ const char* isa_name(Isa isa);
 // Dispatch to the ISA's path; false if the ISA is unsupported or a dtype invalid.
 bool adam_update(Isa isa, const AdamParams& hp, const Range& r, const AdamState& s);
 bool sgd_update(Isa isa, const SgdParams& hp, const Range& r, float* momentum_buffer);
+bool onebit_adam_update(Isa isa, const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s);
 
 }  // namespace zerod::optim
 

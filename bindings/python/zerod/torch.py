@@ -1,0 +1,614 @@
+"""zerod.torch: a torch.nn.Module trained through zerod, DeepSpeed-style.
+
+    engine = zerod.torch.initialize(model, job="job.lua")
+    for batch in data:                  # one micro-batch per iteration
+        loss = engine(batch)
+        engine.backward(loss)
+        engine.step()
+
+zerod owns the trainable parameters, their gradients and the optimizer
+state; torch keeps doing the math. How it works (docs/python.md has more):
+
+- Modules. Submodules become zerod modules (the unit of residency) by a rule:
+  by default every module that directly owns trainable parameters (for most
+  models, the leaf layers); `modules=[Block]` or `modules=["blocks.*"]` makes
+  each match one unit for its whole subtree. Units that share a Parameter
+  (weight tying) are merged into one zerod module, resident whenever either
+  runs.
+- Forward. A unit's forward pre-hook calls forward_begin and points each
+  parameter's .data at zerod's view (no copy); its forward hook calls
+  forward_end and empties .data again, as DeepSpeed's ZeRO-3 does.
+- Saved tensors. Autograd keeps views of parameters (e.g. W.t() in a linear)
+  for the backward; at stage 3 that memory is released at forward_end. A
+  saved-tensor hook records such a tensor as (parameter, size, stride,
+  offset) and rebuilds it from the resident view when the backward needs it.
+- Backward. A module enters backward (backward_begin) the first time the
+  backward needs it: a saved view of its parameters is unpacked, or a
+  gradient arrives for one of them. Each parameter's AccumulateGrad hook adds
+  the gradient into zerod's gradient view and drops param.grad at once, so no
+  full-model gradient ever exists in torch. A module leaves backward
+  (backward_end) when every parameter it used in the forward has its
+  gradient, and engine.backward() ends whatever is still begun.
+"""
+import ctypes
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from . import _lib, default_client
+from . import _structs as S
+from ._modules import plan_modules
+from .constants import Dtype, MemKind, Tier
+from .errors import InvalidArgumentError, InvalidStateError, check
+from .views import torch_at
+
+__all__ = ["initialize", "Engine"]
+
+_ZD_DTYPE = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16, torch.float16: Dtype.F16}
+# Tensors cached per parameter and address; more than this many distinct
+# addresses for one parameter means the pool is not reusing them: start over.
+_CACHE_LIMIT = 8
+
+
+def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, client=None,
+               allow_script_io=False):
+    """Hands `model`'s trainable parameters to zerod and returns an Engine.
+
+    job       path of the Lua job script; with neither it nor `job_text`,
+              the script ZEROD_JOB names (`zerod run --job` sets it).
+    modules   which submodules are zerod modules: None (every module that
+              owns trainable parameters directly), or classes and/or
+              fnmatch patterns of qualified names, e.g. [Block] or ["h.*"].
+    dtype     converts the model first (e.g. torch.bfloat16 for a bf16 job).
+    client    a zerod.Client; by default the process's shared one, which
+              connects where the environment says (the daemon under
+              `zerod run`, else embedded).
+
+    Every rank must call it with the same model structure; rank 0's initial
+    values are used.
+    """
+    if dtype is not None:
+        model.to(dtype)
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"parameter '{name}' is on {p.device}; zerod's views live on the CPU in this build, "
+                "so initialize the model on the CPU")
+    plan = plan_modules(model, modules)
+    client = client or default_client()
+    zmodel = client.create_model(script_path=job, script_text=job_text, allow_script_io=allow_script_io)
+    try:
+        for group_name, _, params in plan:
+            for pname, p in params:
+                if p.dtype not in _ZD_DTYPE:
+                    raise InvalidArgumentError(
+                        f"parameter '{pname}' is {p.dtype}; zerod holds float32, bfloat16 and float16 "
+                        "parameters (convert the model, e.g. model.float())")
+                zmodel.register_param(pname, group_name, tuple(p.shape) or (1,), _ZD_DTYPE[p.dtype],
+                                      init=p.detach())
+        zmodel.finalize()
+        return Engine(model, zmodel, plan)
+    except BaseException:
+        zmodel.close()
+        raise
+
+
+class _Slot:
+    """One parameter zerod owns."""
+
+    __slots__ = ("param", "pid", "name", "group", "shape", "zd_dtype", "nbytes", "placeholder", "acc",
+                 "ptr", "tensors", "grad", "grad_tensors")
+
+    def __init__(self, name, param, pid, group):
+        self.name, self.param, self.pid, self.group = name, param, pid, group
+        self.shape = tuple(param.shape)
+        self.zd_dtype = _ZD_DTYPE[param.dtype]
+        self.nbytes = param.numel() * param.element_size()
+        # Same dtype and device as the parameter: otherwise set_data would
+        # drop the AccumulateGrad node the gradient hooks sit on.
+        self.placeholder = torch.empty(0, dtype=param.dtype, device=param.device)
+        self.ptr = 0       # address of the resident view, 0 when not resident
+        self.tensors = {}  # address -> tensor over the parameter's view there
+        self.grad = None   # tensor over the gradient view while in backward
+        self.grad_tensors = {}
+
+
+class _Group:
+    """One zerod module: one or more torch modules and their parameters."""
+
+    __slots__ = ("name", "mid", "units", "slots", "depth", "in_backward", "ran", "pending")
+
+    def __init__(self, name, mid, units):
+        self.name, self.mid, self.units = name, mid, units
+        self.slots = []
+        self.depth = 0            # nesting of its forwards now running
+        self.in_backward = False
+        self.ran = False          # ran a forward with gradients in this micro-batch
+        self.pending = 0          # parameters whose gradient has not arrived yet
+
+
+class _Saved:
+    """A saved tensor that is a view of a parameter, kept as where it sits."""
+
+    __slots__ = ("slot", "size", "stride", "offset")
+
+    def __init__(self, slot, t):
+        self.slot, self.size, self.stride, self.offset = slot, t.size(), t.stride(), t.storage_offset()
+
+
+class Engine:
+    """A model whose parameters, gradients and optimizer state zerod holds.
+
+    Per micro-batch: `loss = engine(batch)`, `engine.backward(loss)`,
+    `engine.step()`. Under `zerod run` every rank runs the same sequence of
+    forwards (training and evaluation) and calls state_dict() together.
+    """
+
+    def __init__(self, model, zmodel, plan):
+        self.module = model
+        self.zerod_model = zmodel
+        self.rank = zmodel.client.rank
+        self.world_size = zmodel.client.world_size
+        self.device = torch.device("cpu")
+        self.last_step = None
+        self._h = zmodel._handle
+        self._raw = S.View()
+        self._raw_ref = ctypes.byref(self._raw)
+        self._groups, self._slots = [], []
+        self._slot_of = {}   # id(Parameter) -> _Slot
+        self._resident = {}  # view address -> _Slot, for every resident parameter
+        self._in_backward = False
+        self._hooks_active = 0
+        self._phase = "idle"  # -> "forward" (trained forward ran) -> "backward" -> step -> "idle"
+        self._broken = None
+        self._hook_error = None  # what a hook raised inside autograd, to re-raise as itself
+        self._loss_scale = zmodel.loss_scale()
+        self._handles = []
+        for name, units, params in plan:
+            g = _Group(name, zmodel.find_module(name), units)
+            self._groups.append(g)
+            for pname, p in params:
+                s = _Slot(pname, p, zmodel.find_param(pname), g)
+                g.slots.append(s)
+                self._slots.append(s)
+                self._slot_of[id(p)] = s
+            for u in units:
+                self._handles.append(u.register_forward_pre_hook(self._pre_hook(g)))
+                self._handles.append(u.register_forward_hook(self._post_hook(g)))
+        with torch.enable_grad():
+            for s in self._slots:
+                p = s.param
+                # The AccumulateGrad node is made now, while .data has the
+                # real shape, and held so that every graph uses this one.
+                s.acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._handles.append(p.register_hook(self._grad_arriving(s)))
+                self._handles.append(s.acc.register_hook(self._grad_arrived(s)))
+                p.grad = None
+                p.data = s.placeholder
+
+    # -- DeepSpeed's surface -------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """Runs the model. With gradients enabled it starts a micro-batch that
+        backward() and step() finish."""
+        self._require_usable()
+        self._check_devices(args, kwargs)
+        self._check_parameters()
+        grad = torch.is_grad_enabled()
+        if grad and self._phase == "backward":
+            raise InvalidStateError(
+                "forward with gradients after backward() but before step(): call engine.step() after "
+                "every micro-batch's backward (zerod counts micro-batches at step() and averages them)")
+        self._hooks_active += 1
+        self._hook_error = None
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self.module(*args, **kwargs)
+        except BaseException as e:
+            self._abort_forward()
+            if isinstance(e, RuntimeError):
+                self._raise_hook_error(e)
+            raise
+        finally:
+            self._hooks_active -= 1
+        if grad:
+            self._phase = "forward"
+        return out
+
+    def backward(self, loss, retain_graph=False):
+        """Backpropagates `loss` (this rank's micro-batch mean loss) into
+        zerod's gradient buffers; zerod averages over micro-batches and ranks."""
+        self._require_usable()
+        if self._phase == "backward":
+            raise InvalidStateError(
+                "backward() was already called for this micro-batch: call engine.step() after each "
+                "backward(), then run the next micro-batch's forward")
+        if self._phase != "forward":
+            raise InvalidStateError(
+                "backward() without a forward: run loss = engine(batch) with gradients enabled (not under "
+                "torch.no_grad()) in this micro-batch first")
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise InvalidArgumentError(
+                "backward(loss): loss must be a tensor computed from engine(...)'s output with gradients "
+                "enabled")
+        for g in self._groups:
+            g.pending = len(g.slots) if g.ran else 0
+        self._hook_error = None
+        self._in_backward = True
+        self._hooks_active += 1
+        try:
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    scaled = loss * self._loss_scale if self._loss_scale != 1.0 else loss
+                    scaled.backward(retain_graph=retain_graph)
+            except RuntimeError as e:
+                self._raise_hook_error(e)
+                raise
+            for g in self._groups:
+                if g.in_backward:
+                    self._backward_end(g)
+        except BaseException as e:
+            why = type(e).__name__ + (f": {e}" if str(e) else "")
+            self._broken = (f"an earlier backward() did not finish ({why}); the gradients of this accumulation "
+                            "window are incomplete and zerod cannot drop them. Start again from a checkpoint "
+                            "(a new process, or initialize() on a fresh model)")
+            raise
+        finally:
+            self._in_backward = False
+            self._hooks_active -= 1
+        for g in self._groups:
+            g.ran = False
+            g.pending = 0
+        self._phase = "backward"
+
+    def step(self):
+        """Ends the micro-batch; at an accumulation boundary zerod reduces,
+        clips and applies the optimizer. Returns a zerod.StepResult."""
+        self._require_usable()
+        if self._phase != "backward":
+            why = (" (this micro-batch's forward ran, its backward did not)" if self._phase == "forward" else "")
+            raise InvalidStateError(
+                f"step() without backward(){why}: each micro-batch is loss = engine(batch); "
+                "engine.backward(loss); engine.step()")
+        r = self.zerod_model.step()
+        self._loss_scale = r.loss_scale
+        self._phase = "idle"
+        self.last_step = r
+        return r
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        self.module.eval()
+        return self
+
+    @property
+    def global_steps(self):
+        """Optimizer steps applied so far."""
+        return self.last_step.step if self.last_step else 0
+
+    @property
+    def num_parameters(self):
+        return sum(int(np.prod(s.shape)) for s in self._slots)
+
+    @property
+    def zerod_modules(self):
+        """{zerod module name: [its torch modules]}."""
+        return {g.name: list(g.units) for g in self._groups}
+
+    def memory(self, kind=MemKind.ALL, rank=-1):
+        """{tier name: zerod.MemoryFigures} of this rank (or `rank`)."""
+        return {t.name.lower(): self.zerod_model.memory(t, kind, rank) for t in Tier}
+
+    def state_dict(self):
+        """The model's state_dict with full fp32 values of zerod's parameters
+        (tied ones share a tensor, as in torch). With ZeRO stage >= 1 on
+        several ranks every rank must call it: the reads are collectives."""
+        self._require_between_steps("state_dict()")
+        out, read = OrderedDict(), {}
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            s = self._slot_of.get(id(value))
+            if s is None:
+                out[key] = value.detach()
+                continue
+            if s.pid not in read:
+                read[s.pid] = torch.from_numpy(self.zerod_model.param_read(s.pid, Dtype.F32)).reshape(s.shape)
+            out[key] = read[s.pid]
+        return out
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Loads values (as torch's load_state_dict): zerod's parameters get
+        new master and working copies; optimizer state is kept. Every rank
+        loads the same values."""
+        self._require_between_steps("load_state_dict()")
+        own = self.module.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise InvalidArgumentError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        written = set()
+        for key, current in own.items():
+            if key not in state_dict:
+                continue
+            s = self._slot_of.get(id(current))
+            value = state_dict[key]
+            if s is None:
+                with torch.no_grad():
+                    current.copy_(value)
+            elif s.pid not in written:
+                if tuple(value.shape) != s.shape:
+                    raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {tuple(value.shape)}, "
+                                               f"the model's is {s.shape}")
+                self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
+                written.add(s.pid)
+
+    def optimizer_state_dict(self):
+        """The optimizer's state for a checkpoint: {"optimizer": name, "step":
+        updates applied, "state": {parameter key: {slot name: tensor}}}, full
+        fp32 values. Like state_dict(), every rank must call it when the state
+        is partitioned (ZeRO stage >= 1 on several ranks)."""
+        self._require_between_steps("optimizer_state_dict()")
+        info = self.zerod_model.optimizer_info()
+        state, seen = OrderedDict(), set()
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            s = self._slot_of.get(id(value))
+            if s is None or s.pid in seen:
+                continue
+            seen.add(s.pid)
+            state[key] = OrderedDict(
+                (name, torch.from_numpy(self.zerod_model.optimizer_state_read(s.pid, i)).reshape(s.shape))
+                for i, name in enumerate(info.slot_names))
+        return {"optimizer": info.name, "step": info.step, "state": state}
+
+    def load_optimizer_state_dict(self, state_dict):
+        """Loads what optimizer_state_dict() returned (every rank the same):
+        each parameter's state slots and the step. Error feedback of 1-bit
+        Adam restarts at zero."""
+        self._require_between_steps("load_optimizer_state_dict()")
+        info = self.zerod_model.optimizer_info()
+        if state_dict.get("optimizer") != info.name:
+            raise InvalidArgumentError(f"load_optimizer_state_dict: the checkpoint is of optimizer "
+                                       f"'{state_dict.get('optimizer')}', this model runs '{info.name}'")
+        own = self.module.state_dict(keep_vars=True)
+        for key, slots in state_dict["state"].items():
+            s = self._slot_of.get(id(own.get(key)))
+            if s is None:
+                raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' is not a parameter zerod holds")
+            for i, name in enumerate(info.slot_names):
+                if name not in slots:
+                    raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' has no '{name}'")
+                self.zerod_model.optimizer_state_write(s.pid, i, slots[name].detach().to(torch.float32))
+        self.zerod_model.set_step(int(state_dict["step"]))
+
+    def close(self):
+        """Removes the hooks and frees zerod's model. The torch parameters
+        stay empty: take state_dict() first to keep the weights."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.zerod_model.close()
+
+    # -- checks ---------------------------------------------------------------
+
+    def _require_usable(self):
+        if self._broken:
+            raise InvalidStateError(self._broken)
+        if self.zerod_model._handle is None:
+            raise InvalidStateError("this engine is closed")
+
+    def _require_between_steps(self, what):
+        self._require_usable()
+        if self._phase != "idle":
+            raise InvalidStateError(f"{what} in the middle of a micro-batch: call it after engine.step()")
+
+    def _check_devices(self, args, kwargs):
+        for i, t in enumerate(_tensors(args, kwargs)):
+            if t.device != self.device:
+                raise InvalidArgumentError(
+                    f"input tensor {i} is on {t.device}, but the model's parameters live on {self.device} "
+                    f"(zerod's views): move the batch there first, e.g. batch.to('{self.device}')")
+
+    def _check_parameters(self):
+        for p in self.module.parameters():
+            if id(p) not in self._slot_of and p.requires_grad:
+                name = next(n for n, q in self.module.named_parameters() if q is p)
+                raise InvalidStateError(
+                    f"parameter '{name}' was created (or unfrozen) after zerod.torch.initialize(): zerod "
+                    "does not hold it, so it would never be trained. Build the whole model, then call "
+                    "initialize()")
+
+    # -- residency ------------------------------------------------------------
+
+    def _view_tensor(self, s, cache):
+        ptr = self._raw.data
+        t = cache.get(ptr)
+        if t is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape)
+        return t, ptr
+
+    def _make_resident(self, g):
+        for s in g.slots:
+            check(_lib.zd_param_view(self._h, s.pid, self._raw_ref))
+            t, ptr = self._view_tensor(s, s.tensors)
+            s.param.data = t
+            s.ptr = ptr
+            self._resident[ptr] = s
+
+    def _release(self, g):
+        for s in g.slots:
+            self._resident.pop(s.ptr, None)
+            s.ptr = 0
+            s.param.data = s.placeholder
+
+    def _pre_hook(self, g):
+        def hook(module, inputs):
+            if g.depth == 0:
+                grad = torch.is_grad_enabled()
+                if grad and not self._hooks_active:
+                    raise InvalidStateError(
+                        f"module '{g.name}' ran outside the engine with gradients enabled: call engine(batch), "
+                        "not the model (or evaluate under torch.no_grad())")
+                if g.in_backward:  # a forward inside backward (recomputation)
+                    self._backward_end(g)
+                check(_lib.zd_forward_begin(self._h, g.mid))
+                self._make_resident(g)
+                g.ran = g.ran or grad
+            g.depth += 1
+        return hook
+
+    def _post_hook(self, g):
+        def hook(module, inputs, output):
+            g.depth -= 1
+            if g.depth:
+                return None
+            # An output that is a view of a parameter would outlive the
+            # parameter's residency: hand out a copy instead.
+            out = _map_tensors(output, self._copy_if_parameter)
+            check(_lib.zd_forward_end(self._h, g.mid))
+            self._release(g)
+            return out if out is not output else None
+        return hook
+
+    def _copy_if_parameter(self, t):
+        return t.clone() if _storage_base(t) in self._resident else t
+
+    def _abort_forward(self):
+        """After an exception in a forward: ends the modules it had begun
+        (nothing was accumulated yet, so the model stays usable)."""
+        for g in self._groups:
+            if g.depth:
+                g.depth = 0
+                _lib.zd_forward_end(self._h, g.mid)
+                self._release(g)
+
+    # -- backward -------------------------------------------------------------
+
+    def _backward_begin(self, g):
+        if not self._in_backward:
+            raise InvalidStateError(
+                f"a backward reached module '{g.name}' outside engine.backward(): call engine.backward(loss), "
+                "not loss.backward(), so zerod can collect the gradients")
+        check(_lib.zd_backward_begin(self._h, g.mid))
+        g.in_backward = True
+        self._make_resident(g)
+        for s in g.slots:
+            check(_lib.zd_grad_view(self._h, s.pid, self._raw_ref))
+            s.grad = self._view_tensor(s, s.grad_tensors)[0]
+
+    def _backward_end(self, g):
+        g.in_backward = False
+        for s in g.slots:
+            s.grad = None
+        self._release(g)
+        check(_lib.zd_backward_end(self._h, g.mid))
+
+    # The hooks below run inside autograd, which turns anything they raise
+    # (a ZerodError, Ctrl-C's KeyboardInterrupt) into a RuntimeError; they
+    # keep it for forward() and backward() to raise as itself.
+
+    def _grad_arriving(self, s):
+        # Runs just before AccumulateGrad: the parameter must be resident
+        # with its real shape for autograd to accumulate into param.grad.
+        def hook(grad):
+            try:
+                if not s.group.in_backward:
+                    self._backward_begin(s.group)
+            except BaseException as e:
+                self._hook_error = e
+                raise
+        return hook
+
+    def _grad_arrived(self, s):
+        # Runs after AccumulateGrad, once per backward with the sum of every
+        # use of the parameter: move it into zerod's gradient view.
+        def hook(grad_inputs, grad_outputs):
+            try:
+                p, g = s.param, s.group
+                if p.grad is not None:
+                    if s.grad is None:
+                        self._backward_begin(g)
+                    s.grad.add_(p.grad)
+                    p.grad = None
+                if g.pending:
+                    g.pending -= 1
+                    if not g.pending and g.in_backward:
+                        self._backward_end(g)
+            except BaseException as e:
+                self._hook_error = e
+                raise
+        return hook
+
+    # -- saved tensors --------------------------------------------------------
+
+    def _pack(self, t):
+        try:
+            if self._resident:
+                s = self._resident.get(_storage_base(t))
+                if s is not None:
+                    # A view of another dtype cannot be rebuilt from the parameter.
+                    return _Saved(s, t) if t.dtype == s.param.dtype else t.clone()
+            return t
+        except BaseException as e:
+            self._hook_error = e
+            raise
+
+    def _unpack(self, x):
+        try:
+            if type(x) is not _Saved:
+                return x
+            s = x.slot
+            if not s.ptr:
+                self._backward_begin(s.group)
+            return s.param.data.as_strided(x.size, x.stride, x.offset)
+        except BaseException as e:
+            self._hook_error = e
+            raise
+
+    def _raise_hook_error(self, runtime_error=None):
+        """Raises what a hook kept, if anything (called on a RuntimeError).
+        Ctrl-C can also land in a hook before its try block starts, so that
+        no hook kept it: autograd then reports "KeyboardInterrupt: ..." and
+        it is raised as the KeyboardInterrupt it was."""
+        error, self._hook_error = self._hook_error, None
+        if error is not None:
+            raise error from None
+        if runtime_error is not None and str(runtime_error).startswith("KeyboardInterrupt"):
+            raise KeyboardInterrupt() from None
+
+
+def _storage_base(t):
+    """The address where t's storage begins (0 for tensors without one)."""
+    try:
+        return t.data_ptr() - t.storage_offset() * t.element_size()
+    except RuntimeError:
+        return 0
+
+
+def _map_tensors(obj, fn):
+    """obj with fn applied to its tensors (in tuples, lists and dicts); obj
+    itself when nothing changed."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        new = [_map_tensors(o, fn) for o in obj]
+        if all(a is b for a, b in zip(new, obj)):
+            return obj
+        return type(obj)(*new) if hasattr(obj, "_fields") else type(obj)(new)
+    if isinstance(obj, dict):
+        new = {k: _map_tensors(v, fn) for k, v in obj.items()}
+        return obj if all(new[k] is obj[k] for k in obj) else type(obj)(new)
+    return obj
+
+
+def _tensors(args, kwargs):
+    found = []
+    _map_tensors((tuple(args), dict(kwargs)), lambda t: found.append(t) or t)
+    return found

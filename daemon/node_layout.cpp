@@ -1,0 +1,67 @@
+#include "node_layout.h"
+
+#include "error.h"
+
+#include <cstdlib>
+
+extern char** environ;
+
+namespace zerod::cli {
+
+namespace {
+
+// A non-negative integer, or -1.
+int number(const std::map<std::string, std::string>& env, const char* key) {
+  auto it = env.find(key);
+  if (it == env.end() || it->second.empty()) return -1;
+  char* end = nullptr;
+  const long v = std::strtol(it->second.c_str(), &end, 10);
+  if (*end || v < 0 || v > 1 << 20)
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(key) + "=" + it->second + " is not a rank number");
+  return static_cast<int>(v);
+}
+
+NodeLayout checked(int node, int nodes, std::string source) {
+  if (nodes < 1 || node < 0 || node >= nodes)
+    fail(ZD_ERR_INVALID_ARGUMENT, source + " says this is node " + std::to_string(node) + " of " +
+                                      std::to_string(nodes) + "; it must be 0.." + std::to_string(nodes - 1));
+  return NodeLayout{node, nodes, std::move(source)};
+}
+
+}  // namespace
+
+NodeLayout detect_node_layout(int flag_node, int flag_nodes, const std::map<std::string, std::string>& env) {
+  if (flag_node >= 0 || flag_nodes >= 0) {
+    if (flag_node < 0 || flag_nodes < 0)
+      fail(ZD_ERR_INVALID_ARGUMENT, "--node-rank and --nnodes go together");
+    return checked(flag_node, flag_nodes, "--node-rank/--nnodes");
+  }
+  const struct {
+    const char* rank;
+    const char* size;
+    const char* who;
+  } launchers[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
+      {"PMI_RANK", "PMI_SIZE", "the MPI launcher (PMI)"},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "srun (Slurm)"},
+  };
+  for (const auto& l : launchers) {
+    const int r = number(env, l.rank), n = number(env, l.size);
+    if (r >= 0 && n >= 0)
+      return checked(r, n, std::string(l.who) + " (" + l.rank + "=" + std::to_string(r) + ", " + l.size + "=" +
+                               std::to_string(n) + ")");
+  }
+  return NodeLayout{};
+}
+
+std::map<std::string, std::string> process_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+}  // namespace zerod::cli

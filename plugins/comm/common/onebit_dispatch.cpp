@@ -1,0 +1,45 @@
+// Run-time ISA selection for the 1-bit kernels. Built for the baseline ISA:
+// it calls into the AVX2 table only after asking the CPU (and, through
+// __builtin_cpu_supports, whether the OS saves the YMM registers).
+#include "onebit_kernels.h"
+
+namespace zerod::comm::onebit::detail {
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return true;
+    case Isa::avx2: {
+#if ZEROD_ONEBIT_X86
+      static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      }();
+      return has;
+#else
+      return false;
+#endif
+    }
+  }
+  return false;
+}
+
+Isa best_isa() { return isa_supported(Isa::avx2) ? Isa::avx2 : Isa::scalar; }
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+  }
+  return "?";
+}
+
+const Kernels& kernels(Isa isa) {
+#if ZEROD_ONEBIT_X86
+  if (isa == Isa::avx2 && isa_supported(Isa::avx2)) return avx2::kTable;
+#else
+  (void)isa;
+#endif
+  return scalar::kTable;
+}
+
+}  // namespace zerod::comm::onebit::detail

@@ -1,0 +1,122 @@
+// zd_comm_mpi.so: the "mpi" comm plugin, collectives across daemons (one per
+// node, started by mpirun or srun) and among each daemon's ranks. This file
+// is the ABI glue: the descriptor (plugin ABI v2 only: v1 cannot say which
+// ranks a daemon serves), the hyperparameters and create(); glue.h turns
+// each entry point's arguments into a Call for the Node (node.h).
+#include <zerod/zerod_plugin.h>
+
+#include <array>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+
+#include "glue.h"
+#include "node.h"
+
+namespace {
+
+namespace mpi = zerod::comm::mpi;
+
+constexpr std::array<zd_hparam_spec, 3> kSpecs = {{
+    {"timeout", ZD_HPARAM_NUMBER, 1, {300.0, 0, 0, 0}, 0.0, 1e7, 0,
+     "seconds to wait for the other daemons where a call sets no limit of its own: create() waits this long for "
+     "every daemon to create its instance, and a collective whose calls pass timeout_ms = 0 fails after this long "
+     "at the arrival across nodes or without progress in the exchange; 0 = no limit. The same key as the job's "
+     "comm.timeout, which the engine also passes with every call"},
+    {"spin_us", ZD_HPARAM_NUMBER, 1, {0.0, 0, 0, 0}, 0.0, 1e6, 0,
+     "microseconds a rank, or the network thread, polls flat out before it sleeps (the network thread still "
+     "yields between polls for 1 ms); the waits here are network waits of tens of microseconds, and spinning "
+     "takes cores the ranks or the transport need (two daemons on two cores: 23 us per small all-reduce at 0, "
+     "127 us at 50); raise it where cores are to spare"},
+    {"segment", ZD_HPARAM_INTEGER, 1, {1048576.0, 0, 0, 0}, 4096.0, 1073741824.0, 0,
+     "bytes: the largest MPI message, and the size of a node's chunk of one all_reduce round (rounds are "
+     "pipelined two deep); a wait fails when no message completes within the timeout, so one must cross the "
+     "slowest link well within it"},
+}};
+
+void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+void set_error(char* err, size_t err_size, const char* fmt, ...) {
+  if (err == nullptr || err_size == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(err, err_size, fmt, ap);
+  va_end(ap);
+}
+
+bool in_range(double v, const zd_hparam_spec& s) { return std::isfinite(v) && v >= s.min && v <= s.max; }
+
+zd_status create(const zd_host_services* host, const double* values, size_t value_count, const zd_comm_config* config,
+                 void** out_instance, char* err, size_t err_size) noexcept {
+  if (out_instance == nullptr) {
+    set_error(err, err_size, "out_instance is NULL");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  *out_instance = nullptr;
+  if (value_count != kSpecs.size() || values == nullptr) {
+    set_error(err, err_size, "expected %zu hyperparameter values, got %zu", kSpecs.size(),
+              values == nullptr ? size_t{0} : value_count);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  // The host checks the specs too; a plugin does not rely on it.
+  for (size_t i = 0; i < kSpecs.size(); ++i) {
+    const bool whole = kSpecs[i].type != ZD_HPARAM_INTEGER || values[i] == std::floor(values[i]);
+    if (!in_range(values[i], kSpecs[i]) || !whole) {
+      set_error(err, err_size, "%s = %g: must be %s in [%g, %g]", kSpecs[i].name, values[i],
+                kSpecs[i].type == ZD_HPARAM_INTEGER ? "a whole number" : "a number", kSpecs[i].min, kSpecs[i].max);
+      return ZD_ERR_CONFIG;
+    }
+  }
+  if (config == nullptr || config->struct_size < sizeof(zd_comm_config)) {
+    set_error(err, err_size, "config is %s", config == nullptr ? "NULL" : "shorter than zd_comm_config");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  const zd_comm_config& c = *config;
+  if (c.world_size < 1 || c.local_ranks < 1 || c.first_local_rank < 0 ||
+      c.first_local_rank > c.world_size - c.local_ranks) {
+    set_error(err, err_size, "world_size = %d, first_local_rank = %d, local_ranks = %d: not a block of ranks of the job",
+              c.world_size, c.first_local_rank, c.local_ranks);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  mpi::Settings s;
+  s.timeout_s = values[0];
+  s.spin_us = values[1];
+  s.segment = static_cast<uint64_t>(values[2]);
+  std::unique_ptr<mpi::Node> node;
+  const zd_status st = mpi::Node::create(host, s, c, &node, err, err_size);
+  if (st != ZD_OK) return st;
+  *out_instance = node.release();
+  return ZD_OK;
+}
+
+using Glue = zerod::comm::Glue<mpi::Node>;
+
+const zd_comm_v2 kDescriptor = {
+    .header = {.kind = ZD_PLUGIN_COMM,
+               .struct_size = sizeof(zd_comm_v2),
+               .abi_version = 2,
+               .plugin_version = (0u << 16) | 1u,
+               .name = "mpi",
+               .description = "collectives across daemons over MPI (one daemon per node), reduced over shared "
+                              "memory inside each daemon first"},
+    .hparams = kSpecs.data(),
+    .hparam_count = kSpecs.size(),
+    .reserved = 0,
+    .create = create,
+    .destroy = Glue::destroy,
+    .all_reduce = Glue::all_reduce,
+    .reduce_scatter = Glue::reduce_scatter,
+    .all_gather = Glue::all_gather,
+    .broadcast = Glue::broadcast,
+    .barrier = Glue::barrier,
+    .abort = Glue::abort,
+    .last_error = Glue::last_error,
+    .all_to_all = Glue::all_to_all,
+    .compressed_all_reduce = Glue::compressed_all_reduce,
+    .figures = Glue::figures,
+};
+
+const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+
+}  // namespace
+
+extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }

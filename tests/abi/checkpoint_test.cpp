@@ -1,0 +1,144 @@
+// Checkpoints through the ABI: parameters, optimizer state slots and the
+// step are read out, a fresh model loads them, and training goes on exactly
+// as if it had never stopped. Also the errors of the state calls.
+#include "abi_fixture.h"
+
+#include <cstring>
+
+namespace {
+
+using zerod_test::AbiTest;
+using zerod_test::last;
+
+const char* kJob =
+    "local zerod = require('zerod')\n"
+    "return { optimizer = { type = 'adamw', lr = 0.01, weight_decay = 0.1 },\n"
+    "         lr = zerod.warmup_linear{ warmup_steps = 5, max_lr = 0.01 } }\n";
+
+std::vector<float> grad_at(int step, size_t n) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = 0.1f * static_cast<float>((step * 7 + static_cast<int>(i) * 3) % 11) - 0.5f;
+  return g;
+}
+
+struct Checkpoint {
+  std::vector<float> params;
+  std::vector<std::vector<float>> slots;
+  int64_t step = 0;
+};
+
+class CheckpointTest : public AbiTest {
+ protected:
+  static constexpr size_t kN = 1000;
+
+  zd_model* fresh(zd_param_id* p, zd_module_id* m) {
+    zd_model* model = this->model(kJob);
+    std::vector<float> init(kN);
+    for (size_t i = 0; i < kN; ++i) init[i] = 0.001f * static_cast<float>(i);
+    *p = add(model, "w", "layer", {static_cast<int64_t>(kN)}, init);
+    EXPECT_EQ(zd_model_finalize(model), ZD_OK) << last();
+    *m = module_id(model, "layer");
+    return model;
+  }
+
+  static void train(zd_model* model, zd_module_id m, zd_param_id p, int from, int to) {
+    for (int s = from; s < to; ++s) micro_step(model, m, p, grad_at(s, kN));
+  }
+
+  static Checkpoint save(zd_model* model, zd_param_id p) {
+    Checkpoint c;
+    c.params = read(model, p, kN);
+    zd_optimizer_info oi = ZD_OPTIMIZER_INFO_INIT;
+    EXPECT_EQ(zd_model_optimizer_info(model, &oi), ZD_OK) << last();
+    c.step = oi.step;
+    for (int s = 0; s < oi.state_slots; ++s) {
+      std::vector<float> v(kN);
+      EXPECT_EQ(zd_optimizer_state_read(model, p, s, ZD_DTYPE_F32, v.data(), kN * 4), ZD_OK) << last();
+      c.slots.push_back(v);
+    }
+    return c;
+  }
+
+  static void load(zd_model* model, zd_param_id p, const Checkpoint& c) {
+    EXPECT_EQ(zd_param_write(model, p, ZD_DTYPE_F32, c.params.data(), kN * 4), ZD_OK) << last();
+    for (size_t s = 0; s < c.slots.size(); ++s)
+      EXPECT_EQ(zd_optimizer_state_write(model, p, static_cast<int32_t>(s), ZD_DTYPE_F32, c.slots[s].data(), kN * 4),
+                ZD_OK)
+          << last();
+    EXPECT_EQ(zd_model_set_step(model, c.step), ZD_OK) << last();
+  }
+};
+
+TEST_F(CheckpointTest, AResumedRunEndsWhereTheUninterruptedOneDoes) {
+  zd_param_id p1, p2;
+  zd_module_id m1, m2;
+  zd_model* a = fresh(&p1, &m1);
+  train(a, m1, p1, 0, 8);
+  const Checkpoint c = save(a, p1);
+  EXPECT_EQ(c.step, 8);
+  ASSERT_EQ(c.slots.size(), 2u);
+  EXPECT_NE(c.slots[0][10], 0.0f) << "exp_avg moved";
+  EXPECT_GT(c.slots[1][10], 0.0f) << "exp_avg_sq moved";
+  train(a, m1, p1, 8, 14);
+  const std::vector<float> want = read(a, p1, kN);
+
+  zd_model* b = fresh(&p2, &m2);
+  load(b, p2, c);
+  train(b, m2, p2, 8, 14);
+  EXPECT_EQ(read(b, p2, kN), want) << "bias correction, schedule and moments all resumed";
+  zd_optimizer_info oi = ZD_OPTIMIZER_INFO_INIT;
+  ASSERT_EQ(zd_model_optimizer_info(b, &oi), ZD_OK) << last();
+  EXPECT_EQ(oi.step, 14);
+  zd_model_destroy(a);
+  zd_model_destroy(b);
+}
+
+TEST_F(CheckpointTest, WithoutTheStateTheRunDiffers) {
+  // The check above could pass by accident if state did not matter.
+  zd_param_id p1, p2;
+  zd_module_id m1, m2;
+  zd_model* a = fresh(&p1, &m1);
+  train(a, m1, p1, 0, 8);
+  Checkpoint c = save(a, p1);
+  train(a, m1, p1, 8, 10);
+  const std::vector<float> want = read(a, p1, kN);
+  zd_model* b = fresh(&p2, &m2);
+  c.slots.clear();  // parameters and step only
+  load(b, p2, c);
+  train(b, m2, p2, 8, 10);
+  EXPECT_NE(read(b, p2, kN), want);
+  zd_model_destroy(a);
+  zd_model_destroy(b);
+}
+
+TEST_F(CheckpointTest, BadStateCallsAreRefusedAndChangeNothing) {
+  zd_param_id p;
+  zd_module_id m;
+  zd_model* model = fresh(&p, &m);
+  train(model, m, p, 0, 2);
+  const Checkpoint before = save(model, p);
+  std::vector<float> v(kN);
+  EXPECT_EQ(zd_optimizer_state_read(model, p, 2, ZD_DTYPE_F32, v.data(), kN * 4), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("has 2 state slots (0..1), not 2"), std::string::npos) << last();
+  EXPECT_EQ(zd_optimizer_state_write(model, p, -1, ZD_DTYPE_F32, v.data(), kN * 4), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(zd_optimizer_state_write(model, p, 0, ZD_DTYPE_F32, v.data(), 12), ZD_ERR_SHAPE_MISMATCH);
+  EXPECT_EQ(zd_optimizer_state_read(model, 99, 0, ZD_DTYPE_F32, v.data(), kN * 4), ZD_ERR_NOT_FOUND);
+  EXPECT_EQ(zd_model_set_step(model, -1), ZD_ERR_INVALID_ARGUMENT);
+  // Inside a step's window the step cannot be set, nor the state written.
+  ASSERT_EQ(zd_forward_begin(model, m), ZD_OK) << last();
+  EXPECT_EQ(zd_optimizer_state_write(model, p, 0, ZD_DTYPE_F32, v.data(), kN * 4), ZD_ERR_INVALID_STATE);
+  EXPECT_EQ(zd_model_set_step(model, 3), ZD_ERR_INVALID_STATE);
+  ASSERT_EQ(zd_forward_end(model, m), ZD_OK) << last();
+  const Checkpoint after = save(model, p);
+  EXPECT_EQ(after.params, before.params);
+  EXPECT_EQ(after.slots, before.slots);
+  EXPECT_EQ(after.step, before.step);
+  zd_optimizer_info small{};  // a caller that knows only the first fields
+  small.struct_size = 16;
+  EXPECT_EQ(zd_model_optimizer_info(model, &small), ZD_OK) << last();
+  EXPECT_EQ(small.state_slots, 2);
+  EXPECT_EQ(small.step, 2);
+  zd_model_destroy(model);
+}
+
+}  // namespace

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# zerod across "nodes" on one machine: mpirun starts one daemon per node
+# (zerod run --nproc 2 each, the way a cluster job would), the daemons talk
+# through the mpi comm plugin, and the ranks train rank_scenario. Checks:
+#   1. stages 0-3 and 1-bit Adam on 2 nodes x 2 ranks end with the same
+#      checksum on every rank as one daemon with 4 ranks (the local plugin);
+#   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
+#   3. the local backend under mpirun, and --nnodes without mpirun, are
+#      refused with a message that says what to do.
+# usage: multinode_test.sh ZEROD RANK_SCENARIO MPIRUN
+set -euo pipefail
+zerod=$1 trainer=$2 mpirun=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Loopback TCP only, so that the run does not depend on the machine's network.
+mpi=("$mpirun" --oversubscribe -np 2 --mca pml ob1 --mca btl tcp,self
+     --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+
+job() {  # job NAME STAGE BACKEND OPTIMIZER
+  cat >"$work/$1.lua" <<LUA
+return {
+  optimizer = $4,
+  zero = { stage = $2 },
+  comm = { backend = "$3", timeout = 60 },
+}
+LUA
+}
+adamw='{ type = "adamw", lr = 0.05 }'
+# Compression from step 5 of rank_scenario's 20.
+onebit='{ type = "onebit_adam", lr = 0.05, freeze_step = 5 }'
+
+checksums() {  # the checksums of ranks 0..3 in a run's output, one line
+  local out=$1 line=""
+  for rank in 0 1 2 3; do
+    s=$(echo "$out" | sed -n "s/^\[rank $rank\] rank $rank: checksum //p" | head -1)
+    [ -n "$s" ] || { echo "rank $rank printed no checksum:"; echo "$out"; return 1; }
+    line+="$s "
+  done
+  echo "$line"
+}
+
+agree() {  # agree LABEL REFERENCE... -- GOT...: every value within 1e-5 of the reference's first
+  python3 - "$@" <<'PY'
+import sys
+label, rest = sys.argv[1], sys.argv[2:]
+cut = rest.index("--")
+ref = [float(x) for x in rest[:cut]]
+got = [float(x) for x in rest[cut + 1:]]
+r = ref[0]
+if any(x != r for x in ref):
+    print(label, "the one-node reference disagrees with itself:", ref); sys.exit(1)
+bad = [x for x in got if abs(x - r) > 1e-5 * max(1.0, abs(r))]
+if bad:
+    print(label, "2 nodes:", got, "one node:", r); sys.exit(1)
+print(label, "agrees: 2 nodes", got, "one node", r)
+PY
+}
+
+for case in "stage0 0 $adamw" "stage1 1 $adamw" "stage2 2 $adamw" "stage3 3 $adamw" \
+            "onebit_stage0 0 $onebit" "onebit_stage1 1 $onebit"; do
+  read -r name stage opt <<<"$case"
+  job "$name.mpi" "$stage" mpi "$opt"
+  job "$name.local" "$stage" local "$opt"
+  one=$("$zerod" run --nproc 4 --job "$work/$name.local.lua" -- "$trainer" normal 2>&1) || {
+    echo "$name: one node failed:"; echo "$one"; exit 1; }
+  two=$("${mpi[@]}" "$zerod" run --nproc 2 --job "$work/$name.mpi.lua" -- "$trainer" normal 2>&1) || {
+    echo "$name: two nodes failed:"; echo "$two"; exit 1; }
+  ref=$(checksums "$one") got=$(checksums "$two")
+  # shellcheck disable=SC2086
+  agree "$name" $ref -- $got
+done
+
+# A rank that dies on node 0: node 1's ranks are told which rank on which node.
+job dead 1 mpi "$adamw"
+if out=$(timeout 120 "${mpi[@]}" "$zerod" run --nproc 2 --job "$work/dead.lua" -- "$trainer" die 2>&1); then
+  echo "a run with a dead rank succeeded:"; echo "$out"; exit 1
+fi
+# Node 1's daemon logs it and fails its ranks' calls with it (mpirun may
+# kill those ranks before they print, once node 0 has exited non-zero).
+echo "$out" | grep -qE 'node 0 \(ranks 0-1, host .*\) failed: rank 1 was lost' || {
+  echo "node 1 did not name the lost rank:"; echo "$out"; exit 1; }
+echo "dead rank: node 1 was told which rank on which node"
+
+# The local backend cannot span daemons.
+job local2 1 local "$adamw"
+if out=$("${mpi[@]}" "$zerod" run --nproc 2 --job "$work/local2.lua" -- "$trainer" normal 2>&1); then
+  echo "the local backend across 2 daemons was accepted:"; echo "$out"; exit 1
+fi
+echo "$out" | grep -q 'for a job across daemons (nodes) use comm = { backend = "mpi" }' || {
+  echo "no clear error for the local backend across daemons:"; echo "$out"; exit 1; }
+echo "local backend across daemons: refused with a clear error"
+
+# --nnodes 2 with one daemon started by hand: the mpi plugin sees one MPI process.
+job alone 1 mpi "$adamw"
+if out=$(timeout 120 "$zerod" run --nproc 2 --nnodes 2 --node-rank 0 --job "$work/alone.lua" -- "$trainer" normal 2>&1); then
+  echo "--nnodes 2 without mpirun succeeded:"; echo "$out"; exit 1
+fi
+echo "$out" | grep -q 'start one daemon per node under MPI' || {
+  echo "no clear error for --nnodes without mpirun:"; echo "$out"; exit 1; }
+echo "--nnodes without mpirun: refused with a clear error"
+echo "multinode: all checks passed"
