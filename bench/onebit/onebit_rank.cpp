@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   zd_client_info info = ZD_CLIENT_INFO_INIT;
   zd_client_get_info(c, &info);
   zd_model* m = nullptr;
-  if (zd_model_create(c, nullptr, &m)) die("zd_model_create", nullptr);
+  const zd_model_options o = ZD_MODEL_OPTIONS_INIT;  // the job `zerod run --job` names (ZEROD_JOB)
+  if (zd_model_create(c, &o, &m)) die("zd_model_create", nullptr);
   const auto per = static_cast<int64_t>(params / layers);
   std::vector<float> init(static_cast<size_t>(per));
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * std::sin(static_cast<float>(i));

@@ -4,13 +4,14 @@
 # each host's egress (1 Gbit/s by default, the link 1-bit Adam is for).
 # mpirun starts one `zerod run --nproc L` per host, the daemons talk through
 # the mpi comm plugin, and every rank is onebit_rank (a model of --params
-# fp32 parameters with made-up gradients, ZeRO stage 1). Printed side by
+# fp32 parameters with made-up gradients), at ZeRO stage 0 (DeepSpeed's only
+# setting for 1-bit Adam) and stage 1 (--stages). Printed side by
 # side in one run: iperf3 on the same link, then for each optimizer the
 # median step time, the bytes each daemon put on the network per step, the
 # time those bytes take at iperf3's rate (the link's bound), and the
 # 1-bit/Adam ratios. Needs root (namespaces, tc), mpirun and iperf3.
 #
-#   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
+#   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages "0 1"]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -19,6 +20,7 @@ rate="1gbit"
 local_ranks=1
 params="25e6"
 steps=12
+stages="0 1"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -26,7 +28,9 @@ while [ $# -gt 0 ]; do
     --local) local_ranks=$2; shift 2 ;;
     --params) params=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]" >&2; exit 2 ;;
+    --stages) stages=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1\"]" >&2
+       exit 2 ;;
   esac
 done
 zerod="$build/bin/zerod"
@@ -59,14 +63,16 @@ wait "$server" 2>/dev/null
 
 # freeze_step 2: steps 0-1 are plain Adam (1-bit Adam's warm-up), the
 # measured steps (from step 4, onebit_rank --skip) are all compressed.
-cat >"$ZD_DIR/adam.lua" <<LUA
-return { optimizer = { type = "adam", lr = 1e-3, bias_correction = false }, zero = { stage = 1 },
+write_jobs() {  # write_jobs STAGE
+  cat >"$ZD_DIR/adam.lua" <<LUA
+return { optimizer = { type = "adam", lr = 1e-3, bias_correction = false }, zero = { stage = $1 },
          comm = { backend = "mpi", timeout = 300 } }
 LUA
-cat >"$ZD_DIR/onebit.lua" <<LUA
-return { optimizer = { type = "onebit_adam", lr = 1e-3, freeze_step = 2 }, zero = { stage = 1 },
+  cat >"$ZD_DIR/onebit.lua" <<LUA
+return { optimizer = { type = "onebit_adam", lr = 1e-3, freeze_step = 2 }, zero = { stage = $1 },
          comm = { backend = "mpi", timeout = 300 } }
 LUA
+}
 
 run() {  # run JOB: onebit_rank's figures, "step_ms network_bytes_per_step checksum"
   local out
@@ -81,12 +87,16 @@ run() {  # run JOB: onebit_rank's figures, "step_ms network_bytes_per_step check
   echo "$ms $net $sum"
 }
 
-echo "bench/onebit: 2 hosts (network namespaces) x $local_ranks rank(s), $params fp32 parameters, ZeRO stage 1;" \
-     "$(nproc) CPUs shared by both hosts"
+echo "bench/onebit: 2 hosts (network namespaces) x $local_ranks rank(s), $params fp32 parameters;" \
+     "$(nproc) CPUs shared by both hosts; median step of $((steps - 4)) after 4"
 echo "link: $rate per direction (tbf); iperf3 measured $(python3 -c "print(f'{$link_bits/1e9:.3f}')") Gbit/s"
-adam=$(run "$ZD_DIR/adam.lua") || exit 1
-onebit=$(run "$ZD_DIR/onebit.lua") || exit 1
-python3 - "$link_bits" $adam $onebit <<'PY'
+for stage in $stages; do
+  write_jobs "$stage"
+  adam=$(run "$ZD_DIR/adam.lua") || exit 1
+  onebit=$(run "$ZD_DIR/onebit.lua") || exit 1
+  echo
+  echo "ZeRO stage $stage"
+  python3 - "$link_bits" $adam $onebit <<'PY'
 import sys
 link = float(sys.argv[1]) / 8  # bytes/s
 a_ms, a_net = float(sys.argv[2]), float(sys.argv[3])
@@ -94,9 +104,10 @@ o_ms, o_net = float(sys.argv[5]), float(sys.argv[6])
 def row(name, ms, net):
     bound = net / link * 1e3
     print(f"{name:<12} {ms:>10.1f} {net / 1e6:>14.2f} {bound:>14.1f} {bound / ms if ms else 0:>10.2f}")
-print(f"{'':<12} {'step ms':>10} {'net MB/step':>14} {'link ms/step':>14} {'of bound':>10}")
+print(f"{'':<12} {'step ms':>10} {'net MB/step':>14} {'link ms/step':>14} {'link/step':>10}")
 row("adam", a_ms, a_net)
 row("1-bit adam", o_ms, o_net)
 print(f"1-bit adam / adam: step time {o_ms / a_ms:.3f}x (speed-up {a_ms / o_ms:.2f}x), "
       f"network bytes {o_net / a_net:.4f}x ({a_net / o_net:.1f}x fewer)")
 PY
+done

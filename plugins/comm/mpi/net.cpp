@@ -115,13 +115,17 @@ void Net::loop() {
 }
 
 void Net::housekeep() {
-  Notice n;
-  if (link_->poll_notice(&n)) {
+  if (!notice_pending_ && link_->poll_notice(&notice_)) notice_pending_ = true;
+  // The collective this thread is in, or the next one it will run.
+  const uint64_t at = current_ != nullptr ? current_->seq : done_.load(std::memory_order_acquire);
+  if (notice_pending_ && at >= notice_.completed) {
+    // The sender never took part in this collective: it fails here too.
+    notice_pending_ = false;
     char msg[kMessageMax];
     Text t(msg, sizeof msg);
-    say_remote_failure(t, n, topo_);
+    say_remote_failure(t, notice_, topo_);
     remote_ = !rv_.failed();
-    rv_.fail(n.status != ZD_OK ? n.status : ZD_ERR_PEER_LOST, msg);
+    rv_.fail(notice_.status != ZD_OK ? notice_.status : ZD_ERR_PEER_LOST, msg);
   }
   if (!notified_ && rv_.failed()) {
     notified_ = true;
@@ -129,6 +133,7 @@ void Net::housekeep() {
     if (!remote_) {
       Notice out;
       out.node = topo_.node;
+      out.completed = done_.load(std::memory_order_acquire);
       out.status = rv_.failure(out.message, sizeof out.message);
       link_->send_notices(out);
     }

@@ -141,6 +141,8 @@ class Net final : private Link::Watch, private Wire {
   std::shared_ptr<Headers> headers_;
   std::vector<Header> last_;  // the last header each node sent
   bool notified_ = false;     // this daemon's failure was sent to the others
+  bool notice_pending_ = false;  // a notice received, not yet applied
+  Notice notice_;                // it
   bool remote_ = false;       // the failure came from another daemon
   std::thread thread_;
 };

@@ -58,6 +58,11 @@ bool eager(const Call& c, int nodes);
 struct Notice {
   int32_t status = 0;
   int32_t node = 0;
+  // Collectives the sender's network thread had completed when it failed:
+  // a receiver still finishes those (their data was all sent) and fails
+  // from the next one, so that a daemon whose ranks leave right after a
+  // collective does not fail the others' tail of that same collective.
+  uint64_t completed = 0;
   char message[kMessageMax] = "";
 };
 
