@@ -350,6 +350,7 @@ void Model::allocate_rank(RankState& rs, int rank) {
     if (p3) {
       const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
       const uint64_t real = p.shard_real(rank);
+      if (real == 0) continue;  // a small parameter's last ranks hold only padding
       b.master.write(tiers, p.flat_offset, real, p.staged_init.data() + start);
       std::vector<std::byte> w(real * dtype_size(p.dtype));
       convert(p.staged_init.data() + start, ZD_DTYPE_F32, w.data(), p.dtype, real);

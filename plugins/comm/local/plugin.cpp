@@ -7,13 +7,13 @@
 
 #include <array>
 #include <cmath>
-#include <cstdarg>
 #include <cstddef>
 #include <cstdio>
 #include <new>
 
 #include "communicator.h"
 #include "glue.h"
+#include "plugin_text.h"
 
 namespace {
 
@@ -29,26 +29,7 @@ constexpr std::array<zd_hparam_spec, 1> kSpecs = {{
      "(several microseconds) on every collective, 0 sleeps at once (for ranks that outnumber cores)"},
 }};
 
-void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-void set_error(char* err, size_t err_size, const char* fmt, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
-
-void log_info(const zd_host_services* host, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_info(const zd_host_services* host, const char* fmt, ...) {
-  const size_t need = offsetof(zd_host_services, log) + sizeof(host->log);
-  if (host == nullptr || host->struct_size < need || host->log == nullptr) return;
-  char message[256];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(message, sizeof message, fmt, ap);
-  va_end(ap);
-  host->log(host->host, ZD_LOG_INFO, "local", message);
-}
+using comm::set_error;
 
 // Checks what both create()s share and makes the instance.
 zd_status make(const zd_host_services* host, const double* values, size_t value_count, int32_t world_size,
@@ -82,7 +63,7 @@ zd_status make(const zd_host_services* host, const double* values, size_t value_
     set_error(err, err_size, "internal error creating the communicator");
     return ZD_ERR_INTERNAL;
   }
-  log_info(host, "%d ranks, spin %g us, %s kernels", world_size, spin_us, comm::kernel_isa());
+  comm::log_info(host, "local", "%d ranks, spin %g us, %s kernels", world_size, spin_us, comm::kernel_isa());
   return ZD_OK;
 }
 

@@ -6,19 +6,13 @@
 #include <new>
 
 #include "mpi_env.h"
+#include "plugin_text.h"
 #include "staging.h"
 
 namespace zerod::comm::mpi {
 namespace {
 
-void say(char* err, size_t size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-void say(char* err, size_t size, const char* fmt, ...) {
-  if (err == nullptr || size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, size, fmt, ap);
-  va_end(ap);
-}
+using zerod::comm::set_error;
 
 // The layout this process must have, from MPI: node = MPI rank, nodes = MPI
 // size, and as many ranks on every node.
@@ -26,13 +20,13 @@ zd_status check_layout(const Process& p, const zd_comm_config& c, char* err, siz
   const int world = c.world_size, first = c.first_local_rank, local = c.local_ranks;
   if (world == p.nodes * local && first == p.node * local) return ZD_OK;
   if (p.nodes == 1) {
-    say(err, size,
+    set_error(err, size,
         "this daemon is the only MPI process, so it would serve all %d ranks, but it serves %d of the job's %d "
         "(ranks %d-%d): start one daemon per node under MPI, e.g. mpirun -np %d ... zerod run --nproc %d (or "
         "srun), or use comm = { backend = \"local\" } for one node",
         world, local, world, first, first + local - 1, world % local == 0 ? world / local : world, local);
   } else {
-    say(err, size,
+    set_error(err, size,
         "MPI process %d of %d serves ranks %d-%d of %d, but the mpi comm plugin expects one daemon per node in "
         "node order, each with the same number of ranks: with %d ranks here it should serve ranks %d-%d of "
         "world_size %d (nodes x local ranks). Start the daemons with the same --nproc, one per node",
@@ -51,7 +45,7 @@ zd_status check_daemons(const std::vector<Link::Hello>& all, const Link::Hello& 
     const bool same = h.world == mine.world && h.local == mine.local && h.piece == mine.piece &&
                       h.first == static_cast<int32_t>(m) * mine.local;
     if (same) continue;
-    say(err, size,
+    set_error(err, size,
         "the daemons disagree: node %zu (host %s, pid %" PRId64 ") has world_size %d, ranks %d-%d, segment %" PRIu64
         "; node %d (this one) has world_size %d, ranks %d-%d, segment %" PRIu64,
         m, h.host, h.pid, h.world, h.first, h.first + h.local - 1, h.piece, node, mine.world, mine.first,
@@ -59,18 +53,6 @@ zd_status check_daemons(const std::vector<Link::Hello>& all, const Link::Hello& 
     return ZD_ERR_CONFIG;
   }
   return ZD_OK;
-}
-
-void log_info(const zd_host_services* host, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_info(const zd_host_services* host, const char* fmt, ...) {
-  const size_t need = offsetof(zd_host_services, log) + sizeof(host->log);
-  if (host == nullptr || host->struct_size < need || host->log == nullptr) return;
-  char message[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(message, sizeof message, fmt, ap);
-  va_end(ap);
-  host->log(host->host, ZD_LOG_INFO, "mpi", message);
 }
 
 }  // namespace
@@ -130,14 +112,14 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
     }
     out->reset(new Node(std::move(topo), s, std::move(link)));
   } catch (const std::bad_alloc&) {
-    say(err, err_size, "out of memory creating the instance");
+    set_error(err, err_size, "out of memory creating the instance");
     return ZD_ERR_OUT_OF_MEMORY;
   } catch (...) {
-    say(err, err_size, "internal error creating the instance");
+    set_error(err, err_size, "internal error creating the instance");
     return ZD_ERR_INTERNAL;
   }
   const Topology& t = (*out)->topo_;
-  log_info(host, "node %d of %d (host %s), ranks %d-%d of %d, %s, timeout %g s, segment %" PRIu64 " bytes", t.node,
+  zerod::comm::log_info(host, "mpi", "node %d of %d (host %s), ranks %d-%d of %d, %s, timeout %g s, segment %" PRIu64 " bytes", t.node,
            t.nodes, t.hosts[static_cast<size_t>(t.node)].c_str(), t.first_rank(t.node),
            t.first_rank(t.node) + t.local - 1, t.world,
            p.thread_level == MPI_THREAD_MULTIPLE ? "MPI_THREAD_MULTIPLE" : "MPI_THREAD_SERIALIZED (calls serialised)",

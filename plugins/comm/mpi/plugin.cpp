@@ -7,11 +7,11 @@
 
 #include <array>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 
 #include "glue.h"
 #include "node.h"
+#include "plugin_text.h"
 
 namespace {
 
@@ -34,14 +34,7 @@ constexpr std::array<zd_hparam_spec, 3> kSpecs = {{
      "slowest link well within it"},
 }};
 
-void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-void set_error(char* err, size_t err_size, const char* fmt, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
+using zerod::comm::set_error;
 
 bool in_range(double v, const zd_hparam_spec& s) { return std::isfinite(v) && v >= s.min && v <= s.max; }
 
