@@ -5,7 +5,7 @@ skips a module on some steps, and on one that calls a module twice and ties
 two weights. The reference is torch.optim.AdamW on the whole global batch;
 zerod runs at stage 0 embedded, and at stage 3 under `zerod run` with 2 ranks
 that each take half of every global batch (also with the optimizer in the
-host tier, where this zerod accepts it); the GPT also at stages 1 and 2. The loss a step reports is the mean
+host tier); the GPT also at stages 1 and 2. The loss a step reports is the mean
 over ranks of each rank's half-batch loss.
 
 Tolerances: fp32, every step within 1e-4 (relative, of losses around 1-4);
@@ -22,7 +22,6 @@ import sys
 import pytest
 import torch
 
-import zerod
 from conftest import HERE, rank_env, zerod_run
 from models import job, torch_reference
 
@@ -30,18 +29,7 @@ STEPS = 50
 KINDS = ["gpt", "skip", "tied"]
 
 
-def offload_accepted():
-    with zerod.connect("embedded:") as client:
-        try:
-            client.create_model(script_text=job("fp32", 3, offload=True))
-            return True
-        except zerod.ConfigError:
-            return False
-
-
-MODES = ["stage0", "stage3x2",
-         pytest.param("stage3x2+offload", marks=pytest.mark.skipif(
-             not offload_accepted(), reason="this zerod does not accept offload = { optimizer = 'host' } yet"))]
+MODES = ["stage0", "stage3x2", "stage3x2+offload"]
 
 
 def losses_of(lines):
