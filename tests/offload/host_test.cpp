@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -245,6 +247,76 @@ TEST_F(SyntheticMachine, AnUnreadableXmlFileIsAnError) {
   Tier t(plugin_, values(), c);
   EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
   EXPECT_THAT(t.error(), HasSubstr("HWLOC_XMLFILE=" + missing));
+}
+
+// The same machine with a GPU (a PCI device behind a bridge) attached to
+// NUMA node 2's group, as hwloc records a GPU local to one socket's node.
+// ZEROD_DEVICE_PCI_BUS_IDS stands in for CUDA naming the rank's device.
+class GpuMachine : public SyntheticMachine {
+ protected:
+  static void SetUpTestSuite() {
+    SyntheticMachine::SetUpTestSuite();
+    std::ifstream in(xml_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    const size_t numa = text.find("type=\"NUMANode\" os_index=\"2\"");
+    ASSERT_NE(numa, std::string::npos);
+    const size_t group = text.rfind("<object type=\"Group\"", numa);
+    ASSERT_NE(group, std::string::npos);
+    const size_t line = text.rfind('\n', group) + 1;
+    const std::string indent = text.substr(line, group - line);
+    const size_t close = text.find("\n" + indent + "</object>", numa);
+    ASSERT_NE(close, std::string::npos);
+    text.insert(close + 1, indent + "  <object type=\"Bridge\" os_index=\"0\" gp_index=\"900\" bridge_type=\"0-1\" "
+                               "depth=\"0\" bridge_pci=\"0000:[40-41]\">\n" +
+                               indent + "    <object type=\"PCIDev\" os_index=\"266240\" gp_index=\"901\" "
+                               "pci_busid=\"0000:41:00.0\" pci_type=\"0302 [10de:2330] [10de:16c1] a1\" "
+                               "pci_link_speed=\"0.000000\"/>\n" +
+                               indent + "  </object>\n");
+    std::ofstream(xml_) << text;
+  }
+  void SetUp() override {
+    SyntheticMachine::SetUp();
+    ASSERT_EQ(setenv("ZEROD_DEVICE_PCI_BUS_IDS", "0000:41:00.0", 1), 0);
+  }
+  void TearDown() override {
+    unsetenv("ZEROD_DEVICE_PCI_BUS_IDS");
+    SyntheticMachine::TearDown();
+  }
+};
+
+TEST_F(GpuMachine, TheNodeNearestTheRanksDeviceIsChosen) {
+  for (int32_t local_rank : {0, 3}) {
+    const zd_tier_config c = make_config(local_rank, local_rank);
+    Tier t(plugin_, values(), c);
+    ASSERT_EQ(t.status(), ZD_OK) << t.error();
+    EXPECT_THAT(t.describe(), HasSubstr("NUMA node 2 of 4 (cpus 8-11), by nearest device 0000:41:00.0"));
+    const std::vector<int32_t> want = {8, 9, 10, 11};
+    EXPECT_EQ(t.cpus(), want);
+  }
+}
+
+TEST_F(GpuMachine, DevicesAreTakenByLocalRank) {
+  ASSERT_EQ(setenv("ZEROD_DEVICE_PCI_BUS_IDS", "0000:99:00.0, 0000:41:00.0", 1), 0);
+  const zd_tier_config c1 = make_config(1, 1);
+  Tier t1(plugin_, values(), c1);
+  ASSERT_EQ(t1.status(), ZD_OK) << t1.error();
+  EXPECT_THAT(t1.describe(), HasSubstr("NUMA node 2 of 4 (cpus 8-11), by nearest device 0000:41:00.0"));
+  // Local rank 0's device is not on this machine: the rule for CPU ranks,
+  // and the log says why.
+  const zd_tier_config c0 = make_config(0, 0);
+  Tier t0(plugin_, values(), c0);
+  ASSERT_EQ(t0.status(), ZD_OK) << t0.error();
+  EXPECT_THAT(t0.describe(),
+              HasSubstr("NUMA node 0 of 4 (cpus 0-3), by local rank 0 (device 0000:99:00.0 is not in the topology)"));
+}
+
+TEST_F(GpuMachine, AnExplicitNodeWinsOverTheDevice) {
+  const zd_tier_config c = make_config(0, 0);
+  Tier t(plugin_, values(1), c);
+  ASSERT_EQ(t.status(), ZD_OK) << t.error();
+  EXPECT_THAT(t.describe(), HasSubstr("NUMA node 1 of 4 (cpus 4-7), by numa_node = 1"));
 }
 
 }  // namespace

@@ -30,6 +30,13 @@ class PageLock {
   std::string status_;
 };
 
+// The PCI bus id of the device the rank with this local rank uses
+// (local_rank modulo the devices, as torchrun-style launchers assign them),
+// "" when there is none. ZEROD_DEVICE_PCI_BUS_IDS, a comma-separated list by
+// local rank, overrides it: for devices zerod does not query itself, and for
+// tests of machines that are not this one.
+std::string rank_device_bus_id(int32_t local_rank);
+
 }  // namespace zerod::offload
 
 #endif  // ZEROD_PLUGINS_OFFLOAD_HOST_PAGE_LOCK_H

@@ -42,3 +42,15 @@ void PageLock::unlock(void* ptr) const {
 }
 
 }  // namespace zerod::offload
+
+namespace zerod::offload {
+
+std::string runtime_device_bus_id(int32_t local_rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) return "";
+  char id[64] = "";
+  if (cudaDeviceGetPCIBusId(id, sizeof id, (local_rank < 0 ? 0 : local_rank) % count) != cudaSuccess) return "";
+  return id;
+}
+
+}  // namespace zerod::offload

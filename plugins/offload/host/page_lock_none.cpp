@@ -11,3 +11,10 @@ bool PageLock::lock(void*, uint64_t, std::string*) const { return true; }
 void PageLock::unlock(void*) const {}
 
 }  // namespace zerod::offload
+
+namespace zerod::offload {
+
+// Built without a device runtime: no rank has a device zerod can name.
+std::string runtime_device_bus_id(int32_t) { return ""; }
+
+}  // namespace zerod::offload

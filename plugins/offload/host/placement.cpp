@@ -18,7 +18,27 @@ uint64_t mapped_bytes(uint64_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-std::unique_ptr<Placement> Placement::open(int32_t local_rank, int64_t requested_node, std::string* error) {
+namespace {
+
+// The logical index of the first NUMA node in the nodeset of the nearest
+// non-I/O ancestor of the PCI device bus_id; -1 when the topology does not
+// have the device.
+int node_nearest_device(hwloc_topology_t topology, const std::string& bus_id) {
+  hwloc_obj_t dev = hwloc_get_pcidev_by_busidstring(topology, bus_id.c_str());
+  if (dev == nullptr) return -1;
+  hwloc_obj_t near = hwloc_get_non_io_ancestor_obj(topology, dev);
+  if (near == nullptr || near->nodeset == nullptr) return -1;
+  for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, nullptr); n != nullptr;
+       n = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, n)) {
+    if (hwloc_bitmap_isset(near->nodeset, n->os_index)) return static_cast<int>(n->logical_index);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::unique_ptr<Placement> Placement::open(int32_t local_rank, int64_t requested_node,
+                                           const std::string& device_bus_id, std::string* error) {
   std::unique_ptr<Placement> p(new Placement());
   if (hwloc_topology_init(&p->topology_) != 0) {
     p->topology_ = nullptr;
@@ -33,6 +53,9 @@ std::unique_ptr<Placement> Placement::open(int32_t local_rank, int64_t requested
     *error = format("host: HWLOC_XMLFILE=%s: %s", xml, std::strerror(errno));
     return nullptr;
   }
+  // PCI devices only where a device must be found (discovering them costs).
+  const bool find_device = requested_node < 0 && !device_bus_id.empty();
+  if (find_device) hwloc_topology_set_io_types_filter(p->topology_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(p->topology_) != 0) {
     *error = format("host: cannot load the machine's topology%s%s: %s", xml ? " from HWLOC_XMLFILE=" : "",
                     xml ? xml : "", std::strerror(errno));
@@ -53,8 +76,17 @@ std::unique_ptr<Placement> Placement::open(int32_t local_rank, int64_t requested
       return nullptr;
     }
     p->node_ = static_cast<int>(requested_node);
+    p->reason_ = format("numa_node = %lld", static_cast<long long>(requested_node));
   } else {
-    p->node_ = (local_rank < 0 ? 0 : local_rank) % p->node_count_;
+    const int near = find_device ? node_nearest_device(p->topology_, device_bus_id) : -1;
+    if (near >= 0) {
+      p->node_ = near;
+      p->reason_ = "nearest device " + device_bus_id;
+    } else {
+      p->node_ = (local_rank < 0 ? 0 : local_rank) % p->node_count_;
+      p->reason_ = format("local rank %d", static_cast<int>(local_rank));
+      if (find_device) p->reason_ += " (device " + device_bus_id + " is not in the topology)";
+    }
   }
   p->node_obj_ = hwloc_get_obj_by_type(p->topology_, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(p->node_));
   if (p->node_obj_ == nullptr) {

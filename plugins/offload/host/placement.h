@@ -1,13 +1,10 @@
 // Where a rank's host memory lives: one NUMA node of the machine, found with
 // hwloc, and the CPUs beside it.
 //
-// The node is the job's choice (numa_node) or, by default, local_rank modulo
-// the number of nodes, so the ranks of a node spread over its sockets. A CPU
-// rank's "device" is its CPU, so that is the whole rule. With a GPU the node
-// nearest the rank's GPU would be the better default (hwloc knows the GPU's
-// PCI locality once the CUDA ordinal is mapped to a PCI bus id); that needs a
-// GPU to exercise and is not done here: a job on a multi-socket GPU machine
-// sets numa_node explicitly.
+// The node is the job's choice (numa_node) or, by default, the node nearest
+// the rank's device when it has one (its PCI bus id, found in hwloc's
+// topology of I/O devices), else local_rank modulo the number of nodes, so
+// that CPU ranks spread over the sockets.
 #ifndef ZEROD_PLUGINS_OFFLOAD_HOST_PLACEMENT_H
 #define ZEROD_PLUGINS_OFFLOAD_HOST_PLACEMENT_H
 
@@ -27,7 +24,10 @@ class Placement {
   // requested_node: a logical NUMA node index, or -1 for the default.
   // Returns nullptr with *error set when the topology cannot be loaded or
   // the node is not on the machine.
-  static std::unique_ptr<Placement> open(int32_t local_rank, int64_t requested_node, std::string* error);
+  // device_bus_id: the PCI bus id of the rank's device ("0000:41:00.0"),
+  // "" for none.
+  static std::unique_ptr<Placement> open(int32_t local_rank, int64_t requested_node,
+                                         const std::string& device_bus_id, std::string* error);
   ~Placement();
   Placement(const Placement&) = delete;
   Placement& operator=(const Placement&) = delete;
@@ -48,6 +48,9 @@ class Placement {
 
   // "bound", "not bound: <why>" or the note for a foreign topology.
   std::string binding() const;
+  // Why this node: "numa_node = 3", "nearest device 0000:41:00.0",
+  // "local rank 1", or that the device was not found.
+  const std::string& reason() const { return reason_; }
 
  private:
   Placement() = default;
@@ -59,6 +62,7 @@ class Placement {
   bool this_system_ = true;
   bool from_xml_ = false;
   std::vector<int32_t> cpus_;
+  std::string reason_;
 
   // The first failed binding, kept for describe(); binding failures leave
   // the memory usable (unbound) rather than failing the allocation.

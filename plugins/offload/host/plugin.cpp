@@ -27,8 +27,9 @@ constexpr const char* kName = "host";
 
 constexpr zd_hparam_spec kSpecs[] = {
     {"numa_node", ZD_HPARAM_INTEGER, 1, {-1.0, 0, 0, 0}, -1.0, kUnbounded, 0,
-     "NUMA node (hwloc logical index) holding the rank's host memory; -1 = local_rank modulo the number of "
-     "nodes"},
+     "NUMA node (hwloc logical index) holding the rank's host memory; -1 = the node nearest the rank's device "
+     "(its PCI bus id: CUDA's device local_rank modulo the devices, or ZEROD_DEVICE_PCI_BUS_IDS), else "
+     "local_rank modulo the number of nodes"},
     {"pin", ZD_HPARAM_BOOL, 1, {1.0, 0, 0, 0}, 0.0, 1.0, 0,
      "page-lock allocations (cudaHostRegister) when a GPU is present, for full-speed asynchronous copies"},
 };
@@ -74,7 +75,9 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
       inst->has_host = true;
     }
     std::string error;
-    inst->placement = off::Placement::open(config->local_rank, static_cast<int64_t>(numa_node), &error);
+    // A device's bus id only matters when the node is not chosen.
+    const std::string bus_id = numa_node < 0 ? off::rank_device_bus_id(config->local_rank) : std::string();
+    inst->placement = off::Placement::open(config->local_rank, static_cast<int64_t>(numa_node), bus_id, &error);
     if (!inst->placement) {
       off::copy_error(err, err_size, error);
       return ZD_ERR_CONFIG;
@@ -104,8 +107,8 @@ void describe(const void* instance, char* out, size_t out_size) noexcept {
   try {
     const off::Placement& p = *inst->placement;
     const std::string cpus = p.cpu_list();
-    off::set_error(out, out_size, "host: NUMA node %d of %d (%s%s), %s, %s", p.node(), p.node_count(),
-                   cpus.empty() ? "no cpus" : "cpus ", cpus.c_str(), p.binding().c_str(),
+    off::set_error(out, out_size, "host: NUMA node %d of %d (%s%s), by %s, %s, %s", p.node(), p.node_count(),
+                   cpus.empty() ? "no cpus" : "cpus ", cpus.c_str(), p.reason().c_str(), p.binding().c_str(),
                    inst->page_lock->status().c_str());
   } catch (...) {
     off::set_error(out, out_size, "host: NUMA node %d", inst->placement->node());
