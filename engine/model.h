@@ -310,6 +310,10 @@ class Model {
 
   std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason
   std::atomic<bool> finalized_{false};
+  // The largest transfer alignment of the ranks' nvme tier instances (the
+  // same paths on every rank, so the same figure): each rank raises it when
+  // it creates its own, and reads it without touching another rank's state.
+  std::atomic<uint64_t> nvme_tier_align_{4096};
   bool laid_out_ = false;
   std::vector<std::pair<int64_t, double>> lr_cache_;  // (step, lr), a few recent ones
   std::string broken_;

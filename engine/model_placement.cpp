@@ -189,10 +189,7 @@ void Model::decide_placement() {
 // Tier boundaries fall on multiples of this many elements, so every NVMe
 // transfer starts at an aligned offset whatever the element size.
 uint64_t Model::tier_granule() const {
-  uint64_t align = 4096;
-  for (const auto& rs : ranks_)
-    if (rs->nvme) align = std::max(align, rs->nvme->alignment());
-  return align / 2;  // the smallest element is 2 bytes
+  return nvme_tier_align_.load() / 2;  // the smallest element is 2 bytes
 }
 
 std::vector<TierRun> Model::tier_runs(size_t group, int rank, Holds what) const {
@@ -412,6 +409,10 @@ void Model::set_up_tiers(RankState& rs, int rank) {
   if (nvme && !rs.nvme) {
     if (!plugins_.nvme_tier) fail(ZD_ERR_PLUGIN, "state is placed on the nvme tier, but no nvme tier plugin is loaded");
     rs.nvme = TierInstance::create(plugins_.nvme_tier, config_.offload.nvme_values, cfg);
+    const uint64_t align = rs.nvme->alignment();
+    uint64_t seen = nvme_tier_align_.load();
+    while (align > seen && !nvme_tier_align_.compare_exchange_weak(seen, align)) {
+    }
     log_info("rank " + std::to_string(rank) + ": " + rs.nvme->describe());
   }
 }
