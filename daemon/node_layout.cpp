@@ -64,4 +64,12 @@ std::map<std::string, std::string> process_environment() {
   return env;
 }
 
+std::string layout_problem(const NodeLayout& node, const std::string& comm_backend, const std::string& job_path) {
+  if (node.nodes < 2 || comm_backend != "local") return "";
+  return "this daemon is node " + std::to_string(node.node) + " of " + std::to_string(node.nodes) + " (" +
+         node.source + "), but " + job_path +
+         " has comm.backend = \"local\", which runs the collectives of one daemon's ranks; for a job across "
+         "daemons (nodes) use comm = { backend = \"mpi\" }";
+}
+
 }  // namespace zerod::cli

@@ -22,6 +22,11 @@ struct NodeLayout {
 // ZD_ERR_INVALID_ARGUMENT for figures that make no sense.
 NodeLayout detect_node_layout(int flag_node, int flag_nodes, const std::map<std::string, std::string>& env);
 
+// "" when the job's comm backend can serve this layout, else why not and
+// what to change: the `local` backend runs one daemon's collectives only.
+// Checked before anything starts, so that no rank is launched to fail.
+std::string layout_problem(const NodeLayout& node, const std::string& comm_backend, const std::string& job_path);
+
 // The environment of this process as a map.
 std::map<std::string, std::string> process_environment();
 

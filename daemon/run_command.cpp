@@ -27,6 +27,10 @@ int run_command(int argc, char** argv) {
   if (!job) return 1;
   try {
     const NodeLayout node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+    if (const std::string why = layout_problem(node, job->config().comm, args.job); !why.empty()) {
+      std::fprintf(stderr, "zerod run: %s\n", why.c_str());
+      return 1;
+    }
     const int world = node.nodes * args.nproc, first = node.node * args.nproc;
     server::ServerOptions so;
     so.socket_path = args.socket;

@@ -5,8 +5,9 @@
 #   1. stages 0-3 and 1-bit Adam on 2 nodes x 2 ranks end with the same
 #      checksum on every rank as one daemon with 4 ranks (the local plugin);
 #   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
-#   3. the local backend under mpirun, and --nnodes without mpirun, are
-#      refused with a message that says what to do.
+#   3. the local backend under mpirun (by zerod run, before any rank starts)
+#      and --nnodes without mpirun are refused with a message that says
+#      what to do.
 # usage: multinode_test.sh ZEROD RANK_SCENARIO MPIRUN
 set -euo pipefail
 zerod=$1 trainer=$2 mpirun=$3
@@ -86,9 +87,13 @@ job local2 1 local "$adamw"
 if out=$("${mpi[@]}" "$zerod" run --nproc 2 --job "$work/local2.lua" -- "$trainer" normal 2>&1); then
   echo "the local backend across 2 daemons was accepted:"; echo "$out"; exit 1
 fi
-echo "$out" | grep -q 'for a job across daemons (nodes) use comm = { backend = "mpi" }' || {
+# Refused by `zerod run` itself, before any rank starts.
+echo "$out" | grep -q 'zerod run: this daemon is node [01] of 2 .*for a job across daemons (nodes) use comm = { backend = "mpi" }' || {
   echo "no clear error for the local backend across daemons:"; echo "$out"; exit 1; }
-echo "local backend across daemons: refused with a clear error"
+if echo "$out" | grep -q '^\[rank '; then
+  echo "ranks were started for a job that cannot run:"; echo "$out"; exit 1
+fi
+echo "local backend across daemons: refused before any rank started"
 
 # --nnodes 2 with one daemon started by hand: the mpi plugin sees one MPI process.
 job alone 1 mpi "$adamw"
