@@ -13,5 +13,10 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/zerodConfigVersion.cmake
 install(FILES "${PROJECT_BINARY_DIR}/zerodConfig.cmake" "${PROJECT_BINARY_DIR}/zerodConfigVersion.cmake"
   DESTINATION "${ZEROD_CMAKE_DIR}")
 
+# The .pc file finds its prefix from where it lies (pkg-config's
+# ${pcfiledir}), so that `cmake --install --prefix DIR` gives a file that
+# names DIR, not the prefix configured at build time.
+file(RELATIVE_PATH ZEROD_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+string(REGEX REPLACE "/$" "" ZEROD_PC_TO_PREFIX "${ZEROD_PC_TO_PREFIX}")
 configure_file(cmake/zerod.pc.in "${PROJECT_BINARY_DIR}/zerod.pc" @ONLY)
 install(FILES "${PROJECT_BINARY_DIR}/zerod.pc" DESTINATION "${CMAKE_INSTALL_LIBDIR}/pkgconfig")

@@ -73,7 +73,12 @@ void ConfigReader::issue(const std::string& key, const std::string& message) {
 }
 
 void ConfigReader::record(const std::string& key, const std::string& value, bool from_script) {
-  resolved_.push_back({path(key), value, from_script ? line(key) : 0});
+  // A key two readers share (comm.timeout: the engine's and the mpi
+  // plugin's) is listed once.
+  const std::string p = path(key);
+  for (const ResolvedValue& v : resolved_)
+    if (v.key == p) return;
+  resolved_.push_back({p, value, from_script ? line(key) : 0});
 }
 
 void ConfigReader::note(const std::string& key, const std::string& value, bool from_script) {

@@ -177,7 +177,8 @@ def main():
     with torch.no_grad():
         val_loss = sum(engine(*global_batch(val, evals))[1].item() for _ in range(8)) / 8
     if rank == 0:
-        head, tail = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+        k = max(1, min(10, len(losses)))  # runs shorter than 10 steps average what they have
+        head, tail = sum(losses[:k]) / k, sum(losses[-k:]) / k
         print(f"trained {args.steps} steps in {train_time:.1f} s: {tokens_per_step * args.steps / train_time:,.0f} "
               f"tokens/s; loss {head:.3f} -> {tail:.3f} (mean of the first and last 10 steps), "
               f"validation loss {val_loss:.3f}")

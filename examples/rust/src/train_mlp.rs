@@ -374,15 +374,20 @@ fn train(args: &Args) -> zerod::Result<()> {
         let best = (1..CLASSES).fold(0, |b, c| if logits[c] > logits[b] { c } else { b });
         correct += usize::from(best == ys[k]);
     }
+    // Every tier's bytes: with offload most state is off the device.
     let mem = model.memory(Tier::Device, MemKind::All)?;
+    let host = model.memory(Tier::Host, MemKind::All)?;
+    let nvme = model.memory(Tier::Nvme, MemKind::All)?;
     if rank == 0 {
         println!(
-            "final loss {:.4}  accuracy {:.1}%  ranks {}  model state {} bytes per rank (peak {})",
+            "final loss {:.4}  accuracy {:.1}%  ranks {}  model state per rank: device {} bytes (peak {}), host {}, nvme {}",
             loss,
             100.0 * correct as f64 / POINTS as f64,
             world,
             mem.current,
-            mem.peak
+            mem.peak,
+            host.current,
+            nvme.current
         );
     }
     Ok(())
