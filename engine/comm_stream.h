@@ -24,7 +24,6 @@ class CommStream {
    public:
     Ticket() = default;
     void wait() const;
-    bool valid() const { return state_ != nullptr; }
 
    private:
     friend class CommStream;

@@ -139,20 +139,25 @@ uint64_t Model::owned_count(const ParamGroup& g) const {
 // ---------------------------------------------------------------------------
 // Failures
 
+// The first failure breaks the job: it is kept, with where each rank was,
+// and logged once. Caller holds reg_mu_.
+void Model::mark_broken_locked(zd_status code, const std::string& message) {
+  if (broken_.empty()) {
+    broken_code_ = code;
+    broken_ = message + "\nwhere each rank was:\n" + activity_.describe() + "\nthe job cannot continue";
+    log_message(ZD_LOG_ERROR, broken_);
+  }
+  is_broken_.store(true);
+}
+
 void Model::broken_by(const Error& e) {
   std::string message;
   zd_status code;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    if (broken_.empty()) {
-      broken_code_ = e.code();
-      broken_ = std::string(e.what()) + "\nwhere each rank was:\n" + activity_.describe() +
-                "\nthe job cannot continue";
-      log_message(ZD_LOG_ERROR, broken_);
-    }
+    mark_broken_locked(e.code(), e.what());
     message = broken_;
     code = broken_code_;
-    is_broken_.store(true);
   }
   fail(code, message);
 }
@@ -163,13 +168,7 @@ void Model::rank_lost(int rank, const std::string& reason) {
   const std::string message = "rank " + std::to_string(rank) + " was lost: " + reason;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    if (broken_.empty()) {
-      broken_code_ = ZD_ERR_PEER_LOST;
-      broken_ = message + "\nwhere each rank was:\n" + activity_.describe() +
-                "\nthe job cannot continue";
-      log_message(ZD_LOG_ERROR, broken_);
-    }
-    is_broken_.store(true);
+    mark_broken_locked(ZD_ERR_PEER_LOST, message);
   }
   // Wakes every rank waiting for the lost one in a collective.
   plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
@@ -270,9 +269,6 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
   ++rs.registered;
   return id;
 }
-
-
-
 
 void Model::finalize(int rank) {
   Call call(*this, rank, "finalize");

@@ -237,6 +237,8 @@ class Model {
   void wait(const CommStream::Ticket& t);
   void drain(RankState& rs);
   [[noreturn]] void broken_by(const Error& e);
+  void mark_broken_locked(zd_status code, const std::string& message);
+  std::byte* owned_grad(RankState& rs, int rank, size_t gi, const std::vector<Block>& stage1_shards) const;
 
   // whole values of a parameter's fp32 buffers (master, a state slot)
   using BufferPick = TieredBuffer& (*)(GroupBuffers&, int slot);

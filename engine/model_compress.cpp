@@ -23,12 +23,6 @@
 
 namespace zerod {
 
-namespace {
-
-constexpr uint64_t kTile = uint64_t{1} << 15;
-
-}  // namespace
-
 // The chunk length of zd_comm_v2::compressed_all_reduce (its header comment
 // is the specification): count / world rounded up to a multiple of 8.
 uint64_t compression_chunk(uint64_t count, int world) {
@@ -74,7 +68,7 @@ uint64_t Model::compression_bytes(size_t group) const {
   if (plugins_.optimizer->compression_start() <= 0 || world_size_ == 1) return 0;
   const ParamGroup& g = registry_.groups()[group];
   const uint64_t n = g.full_numel;
-  auto pool = [](uint64_t b) { return (b + DevicePool::kAlign - 1) / DevicePool::kAlign * DevicePool::kAlign; };
+  auto pool = [](uint64_t b) { return align_up(b, DevicePool::kAlign); };
   uint64_t bytes = pool(n * 4) + pool(server_elems(registry_, g, world_size_) * 4);
   if (partitioned(ZD_PARTITION_OPTIMIZER))
     bytes += pool((n + 7) / 8) + pool(g.params.size() * static_cast<uint64_t>(world_size_) * 4);
@@ -147,8 +141,7 @@ void Model::compressed_step(RankState& rs, int rank, double grad_scale, double l
     } else {
       const uint64_t len = stage1 ? g.stride * world : n;
       scratch = rs.pool->allocate(len * 4, ZD_MEM_BUFFERS, "the whole momentum of a compressed step");
-      M = scratch.as<float>();
-      std::memset(M, 0, len * 4);
+      M = scratch.as<float>();  // zeroed by the pool
       if (!stage1) {
         m.read(tiers, 0, n, M);
       } else if (comp && comp->have_average) {

@@ -16,16 +16,6 @@
 
 namespace zerod {
 
-namespace {
-
-// Elements per in-memory optimizer task: small enough that the arrays of a
-// tile stay in L2 while the gradient is zeroed right after its update.
-constexpr uint64_t kTile = uint64_t{1} << 15;
-
-uint64_t round_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
-
 struct Model::Piece {
   size_t group;
   uint64_t begin, count;  // in the rank's owned range
@@ -76,13 +66,7 @@ void Model::apply_optimizer(RankState& rs, int rank, const std::vector<Block>& s
     }
   }
 
-  auto grad_base = [&](size_t gi) {
-    const ParamGroup& g = groups[gi];
-    const size_t gsz = dtype_size(grad_dtype(g));
-    if (!stage1_shards.empty()) return stage1_shards[gi].ptr;
-    return partitioned(ZD_PARTITION_GRADS) ? rs.groups[gi].grad.ptr
-                                           : rs.groups[gi].grad.ptr + owned_begin(g, rank) * gsz;
-  };
+  auto grad_base = [&](size_t gi) { return owned_grad(rs, rank, gi, stage1_shards); };
 
   // Pieces in memory: every tile of every such piece in one parallel run.
   struct Task {
@@ -138,7 +122,6 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
   GroupBuffers& b = rs.groups[pc.group];
   const uint32_t slots = plugins_.optimizer->state_slots();
   const bool p3 = partitioned(ZD_PARTITION_PARAMS);
-  const TierSet tiers = rs.tiers();
   TierInstance& nvme = *rs.nvme;
   const uint64_t align = nvme.alignment();
   const zd_dtype gdt = grad_dtype(g);
@@ -157,7 +140,7 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
   if (B < 3 || sets[0].size() != ops.size())
     fail(ZD_ERR_INTERNAL, "the NVMe staging buffers were not reserved at finalize");
   for (size_t k = 0; k < ops.size(); ++k)
-    if (ops[k].staged && sets[0][k].size() < round_to(T * ops[k].esz, align))
+    if (ops[k].staged && sets[0][k].size() < align_up(T * ops[k].esz, align))
       fail(ZD_ERR_INTERNAL, "an NVMe staging buffer is smaller than a tile");
 
   const uint64_t tiles = (pc.count + T - 1) / T;
@@ -172,7 +155,7 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
       const uint64_t e = op.base + first;
       const auto& seg = op.buf->segment_at(e);
       const uint64_t at = (e - seg.begin) * op.esz;
-      const uint64_t bytes = std::min(round_to(len * op.esz, align), seg.bytes - at);
+      const uint64_t bytes = std::min(align_up(len * op.esz, align), seg.bytes - at);
       ios.push_back({seg.offset + at, bytes, sets[j % B][k].data(), write ? 1 : 0, 0});
     }
     return ios;
@@ -239,7 +222,6 @@ void Model::update_staged(RankState& rs, int rank, const Piece& pc, std::byte* g
     }
     throw;
   }
-  (void)tiers;
 }
 
 }  // namespace zerod

@@ -16,14 +16,6 @@
 
 namespace zerod {
 
-namespace {
-
-const char* kind_word(zd_tier t) { return tier_name(t); }
-
-uint64_t round_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
-
 void Model::check_registrations() {
   std::lock_guard<std::mutex> lock(reg_mu_);
   const size_t n = registry_.params().size();
@@ -171,7 +163,7 @@ void Model::decide_placement() {
     if (!p3 && pl.params != ZD_TIER_DEVICE)
       problems.push_back("parameter '" + p.name + "': its working copy can leave the device tier only at "
                          "ZeRO stage 3 (trainers compute with it in place); it was placed on " +
-                         kind_word(pl.params));
+                         tier_name(pl.params));
     for (auto [kind, t] : {std::pair<const char*, zd_tier>{"shard", pl.params}, {"master", pl.master},
                            {"optimizer state", pl.optimizer}}) {
       if (t == ZD_TIER_NVME && off.nvme_paths.empty())
@@ -270,9 +262,9 @@ Model::NeedTable Model::need_table(int rank) const {
   const uint64_t nvme_align = nvme_alignment();
   auto bytes_in = [&](zd_tier t, uint64_t b) {
     switch (t) {
-      case ZD_TIER_DEVICE: return round_to(b, DevicePool::kAlign);
-      case ZD_TIER_HOST: return round_to(b, 64);
-      default: return round_to(b, nvme_align);
+      case ZD_TIER_DEVICE: return align_up(b, DevicePool::kAlign);
+      case ZD_TIER_HOST: return align_up(b, 64);
+      default: return align_up(b, nvme_align);
     }
   };
   auto add_runs = [&](const std::vector<TierRun>& runs, size_t esz, zd_mem_kind kind, uint32_t copies) {
@@ -320,9 +312,9 @@ std::vector<uint64_t> Model::staging_layout(int rank) const {
   if (!master && !state && !working) return {};
   const uint64_t tile = config_.offload.nvme_tile_elems, align = nvme_alignment();
   std::vector<uint64_t> layout;
-  layout.push_back(master ? round_to(tile * 4, align) : 0);
-  for (uint32_t s = 0; s < slots; ++s) layout.push_back(state ? round_to(tile * 4, align) : 0);
-  layout.push_back(working ? round_to(tile * working_esz, align) : 0);
+  layout.push_back(master ? align_up(tile * 4, align) : 0);
+  for (uint32_t s = 0; s < slots; ++s) layout.push_back(state ? align_up(tile * 4, align) : 0);
+  layout.push_back(working ? align_up(tile * working_esz, align) : 0);
   return layout;
 }
 

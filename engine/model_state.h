@@ -2,6 +2,7 @@
 #pragma once
 
 #include "model.h"
+#include "align.h"
 #include "tiered_buffer.h"
 
 #include <chrono>
@@ -99,6 +100,10 @@ struct Model::RankState {
 };
 
 // Tags of collectives: what the engine is doing, equal on every rank.
+// Elements per in-memory optimizer task: small enough that the arrays of a
+// tile stay in L2 while the gradient is zeroed right after its update.
+constexpr uint64_t kTile = uint64_t{1} << 15;
+
 enum class CommOp : uint64_t {
   Finalize = 1,
   Gather = 2,

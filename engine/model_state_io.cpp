@@ -12,8 +12,6 @@
 
 namespace zerod {
 
-void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, const void* ptr, uint64_t bytes);
-
 TieredBuffer& Model::pick_master(GroupBuffers& b, int) { return b.master; }
 TieredBuffer& Model::pick_state(GroupBuffers& b, int slot) { return b.state[static_cast<size_t>(slot)]; }
 

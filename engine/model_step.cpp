@@ -15,14 +15,6 @@
 
 namespace zerod {
 
-namespace {
-
-// Elements per optimizer task: small enough that the arrays of a tile stay
-// in L2 while the gradient is zeroed right after its update.
-constexpr uint64_t kTile = uint64_t{1} << 15;
-
-}  // namespace
-
 double Model::learning_rate(int64_t step) {
   if (!policy_) return base_lr_;
   // Every rank asks for the same steps; the script runs once per step.
@@ -85,10 +77,13 @@ struct Task {
 }  // namespace
 
 // The gradient a rank's optimizer reads for group gi, at its owned range.
-static std::byte* owned_grad(const std::vector<Block>& stage1_shards, std::byte* grad, size_t gi,
-                             uint64_t owned_begin, size_t gsz, bool partitioned_grads) {
+// The gradient of the range this rank owns in group gi: the reduced range
+// (stage 1), the shard (stages 2-3), or that range of the whole gradient.
+std::byte* Model::owned_grad(RankState& rs, int rank, size_t gi, const std::vector<Block>& stage1_shards) const {
   if (!stage1_shards.empty()) return stage1_shards[gi].ptr;
-  return partitioned_grads ? grad : grad + owned_begin * gsz;
+  const ParamGroup& g = registry_.groups()[gi];
+  std::byte* grad = rs.groups[gi].grad.ptr;
+  return partitioned(ZD_PARTITION_GRADS) ? grad : grad + owned_begin(g, rank) * dtype_size(grad_dtype(g));
 }
 
 void Model::gradient_stats(RankState& rs, int rank, const std::vector<Block>& stage1_shards,
@@ -107,9 +102,7 @@ void Model::gradient_stats(RankState& rs, int rank, const std::vector<Block>& st
       const ParamGroup& g = groups[t.group];
       const zd_dtype dt = grad_dtype(g);
       const size_t gsz = dtype_size(dt);
-      std::byte* base = local ? rs.groups[t.group].grad.ptr
-                              : owned_grad(stage1_shards, rs.groups[t.group].grad.ptr, t.group,
-                                           owned_begin(g, rank), gsz, partitioned(ZD_PARTITION_GRADS));
+      std::byte* base = local ? rs.groups[t.group].grad.ptr : owned_grad(rs, rank, t.group, stage1_shards);
       partial[i] = grad_stats(base + t.begin * gsz, dt, t.count);
     });
   }

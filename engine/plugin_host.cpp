@@ -495,13 +495,6 @@ void CommInstance::abort(zd_status status, const std::string& reason) const {
 }
 #undef ZD_COMM_CALL
 
-void CommInstance::all_to_all(const zd_comm_call& c, const void* send, void* recv, uint64_t count,
-                              zd_comm_dtype dt) const {
-  if (!v2())
-    fail(ZD_ERR_NOT_IMPLEMENTED, "comm plugin '" + plugin().name() + "' (plugin ABI version 1) has no all-to-all");
-  check(v2()->all_to_all(raw(), &c, send, recv, count, dt), c);
-}
-
 void CommInstance::compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
                                          float* server_error) const {
   if (!v2())

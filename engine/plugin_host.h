@@ -188,7 +188,6 @@ class CommInstance : public PluginInstance {
   zd_comm_figures figures(int32_t rank) const;
   // Plugin ABI v2 only (ZD_ERR_NOT_IMPLEMENTED otherwise).
   bool has_compression() const;
-  void all_to_all(const zd_comm_call& c, const void* send, void* recv, uint64_t count, zd_comm_dtype dt) const;
   void compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
                              float* server_error) const;
 

@@ -1,5 +1,7 @@
 #include "registry.h"
 
+#include "align.h"
+
 #include "dtype.h"
 #include "error.h"
 
@@ -8,8 +10,6 @@
 namespace zerod {
 
 namespace {
-
-uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // The partitioner's shard length, refused if it cannot hold the tensor.
 uint64_t checked_stride(const LayoutPolicy& policy, uint64_t numel, uint64_t align, uint64_t world) {

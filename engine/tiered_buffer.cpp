@@ -1,5 +1,7 @@
 #include "tiered_buffer.h"
 
+#include "align.h"
+
 #include "error.h"
 
 #include <algorithm>
@@ -33,11 +35,6 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   return *this;
 }
 
-namespace {
-
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
 
 void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::vector<TierRun>& runs,
                             zd_mem_kind kind, const std::string& what) {
@@ -59,7 +56,7 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
           break;
         case ZD_TIER_HOST: {
           if (!tiers.host) fail(ZD_ERR_INTERNAL, what + " placed on the host tier, which is not set up");
-          s.bytes = round_up(bytes, 64);
+          s.bytes = align_up(bytes, 64);
           tiers.ledger->charge(ZD_TIER_HOST, kind, s.bytes, what);
           try {
             s.ptr = static_cast<std::byte*>(tiers.host->allocate(s.bytes, what));
@@ -71,7 +68,7 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
         }
         default: {
           if (!tiers.nvme) fail(ZD_ERR_INTERNAL, what + " placed on the nvme tier, which is not set up");
-          s.bytes = round_up(bytes, tiers.nvme->alignment());
+          s.bytes = align_up(bytes, tiers.nvme->alignment());
           tiers.ledger->charge(ZD_TIER_NVME, kind, s.bytes, what);
           try {
             s.offset = tiers.nvme->reserve(s.bytes, what);
@@ -151,7 +148,7 @@ void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, vo
       // for a write, write them back.
       const uint64_t a = tiers.nvme->alignment();
       const uint64_t lo = at / a * a;
-      const uint64_t hi = std::min(round_up(at + len, a), s.bytes);
+      const uint64_t hi = std::min(align_up(at + len, a), s.bytes);
       AlignedBuffer bounce(hi - lo, a);
       zd_tier_io io{s.offset + lo, hi - lo, bounce.data(), 0, 0};
       tiers.nvme->wait(tiers.nvme->submit(&io, 1));

@@ -57,7 +57,6 @@ class TieredBuffer {
 
   bool empty() const { return segments_.empty(); }
   uint64_t count() const { return count_; }
-  size_t elem_size() const { return elem_size_; }
   const std::vector<Segment>& segments() const { return segments_; }
   const Segment& segment_at(uint64_t element) const;
 

@@ -1,4 +1,5 @@
 #include "job_script.h"
+#include "script_file.h"
 
 #include "dtype.h"
 #include "error.h"
@@ -12,15 +13,15 @@
 
 namespace zerod::scripting {
 
-namespace {
-
-std::string read_file(const std::string& path) {
+std::string read_script_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ZD_ERR_IO, "cannot read the job script " + path + ": " + errno_text(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 std::string dir_of(const std::string& path) {
   const auto slash = path.rfind('/');
@@ -39,7 +40,7 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
   std::unique_ptr<JobScript> js(new JobScript());
   std::string text;
   if (!source.path.empty()) {
-    text = read_file(source.path);
+    text = read_script_file(source.path);
     js->source_name_ = source.path;
   } else {
     text = source.text;
@@ -325,10 +326,14 @@ ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int l
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(optimizer_, config_.optimizer_values);
   p.partitioner = PartitionerInstance::create(partitioner_, config_.partitioner_values, world_size);
-  p.comm = CommInstance::create(comm_, config_.comm_values, world_size, first_local_rank, local_ranks);
+  p.comm = make_comm(world_size, first_local_rank, local_ranks);
   p.host_tier = host_tier_;
   p.nvme_tier = nvme_tier_;
   return p;
+}
+
+std::unique_ptr<CommInstance> JobScript::make_comm(int world_size, int first_local_rank, int local_ranks) const {
+  return CommInstance::create(comm_, config_.comm_values, world_size, first_local_rank, local_ranks);
 }
 
 std::optional<zd_tier> JobScript::placement(const TensorInfo& t) {

@@ -42,6 +42,8 @@ class JobScript final : public JobPolicy {
   // This daemon serves ranks [first_local_rank, first_local_rank +
   // local_ranks) of world_size (-1: all).
   ModelPlugins make_plugins(int world_size, int first_local_rank = 0, int local_ranks = -1) const;
+  // A fresh comm instance alone (a restart replaces only the comm).
+  std::unique_ptr<CommInstance> make_comm(int world_size, int first_local_rank = 0, int local_ranks = -1) const;
   // Every setting with its resolved value and where it came from.
   const std::vector<ResolvedValue>& resolved() const { return resolved_; }
   bool has_lr_schedule() const { return lr_ref_ != LUA_NOREF; }

@@ -1,5 +1,6 @@
 #include "zerod_lib.h"
 
+#include "error.h"
 #include "size.h"
 
 #include <hwloc.h>
@@ -89,7 +90,7 @@ int l_free_disk(lua_State* L) {
   const char* path = luaL_checkstring(L, 1);
   struct statvfs st {};
   if (statvfs(path, &st) != 0)
-    return luaL_error(L, "zerod.free_disk: %s: %s", path, std::strerror(errno));
+    return luaL_error(L, "zerod.free_disk: %s: %s", path, errno_text(errno).c_str());
   lua_pushinteger(L, static_cast<lua_Integer>(st.f_bavail * st.f_frsize));
   return 1;
 }

@@ -8,6 +8,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "registry.h"
+#include "script_file.h"
 #include "transport/client.h"
 #include "wire.h"
 
@@ -16,9 +17,7 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 namespace zerod::abi {
 
@@ -128,11 +127,7 @@ class RemoteClient final : public ClientBackend {
     std::string text = s.text, name = s.name.empty() ? "job.lua" : s.name;
     if (!s.path.empty()) {
       // Read here: the daemon may not share this process's working directory.
-      std::ifstream in(s.path, std::ios::binary);
-      if (!in) fail(ZD_ERR_IO, "cannot read the job script " + s.path + ": " + errno_text(errno));
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
+      text = scripting::read_script_file(s.path);
       name = s.path;
     }
     v1::Request req;

@@ -420,13 +420,21 @@ zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier, zd_
 
 namespace {
 
+// The optimizer's name and slot names, asked once: the plugin and its
+// slots never change (through the daemon each ask is a round trip).
+void remember_optimizer(zd_model* m, const zerod::abi::OptimizerFigures& o) {
+  if (!m->optimizer_name.empty()) return;
+  m->optimizer_name = o.name;
+  m->slot_names = o.slots;
+}
+
 void check_slot_call(const char* call, zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype,
                      const void* ptr, uint64_t bytes) {
   const auto& p = checked(model)->backend->registry().param(param);
-  const zerod::abi::OptimizerFigures o = model->backend->optimizer();
-  const auto slots = static_cast<int32_t>(o.slots.size());
+  if (model->optimizer_name.empty()) remember_optimizer(model, model->backend->optimizer());
+  const auto slots = static_cast<int32_t>(model->slot_names.size());
   if (slot < 0 || slot >= slots)
-    fail(ZD_ERR_INVALID_ARGUMENT, "optimizer '" + o.name + "' has " + std::to_string(slots) + " state slot" +
+    fail(ZD_ERR_INVALID_ARGUMENT, "optimizer '" + model->optimizer_name + "' has " + std::to_string(slots) + " state slot" +
                                       (slots == 1 ? "" : "s") +
                                       (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") + ", not " +
                                       std::to_string(slot));
@@ -453,11 +461,8 @@ zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_fig
 zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out) {
   return guard("zd_model_optimizer_info", model, [&] {
     zd_model* m = checked(const_cast<zd_model*>(model));
-    const zerod::abi::OptimizerFigures o = m->backend->optimizer();
-    if (m->optimizer_name.empty()) {  // the plugin and its slots never change
-      m->optimizer_name = o.name;
-      m->slot_names = o.slots;
-    }
+    const zerod::abi::OptimizerFigures o = m->backend->optimizer();  // the step changes: asked every time
+    remember_optimizer(m, o);
     zd_optimizer_info i{};
     i.struct_size = sizeof i;
     i.state_slots = static_cast<int32_t>(m->slot_names.size());

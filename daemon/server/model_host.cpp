@@ -124,7 +124,7 @@ void ModelHost::finish_reattach(int rank) {
   ++finalizing_;
   if (finalizing_ == model_->local_ranks()) {
     model_->recover(
-        script_->make_plugins(model_->world_size(), model_->first_local_rank(), model_->local_ranks()).comm);
+        script_->make_comm(model_->world_size(), model_->first_local_rank(), model_->local_ranks()));
     finalizing_ = 0;
     ++recoveries_;
     cv_.notify_all();

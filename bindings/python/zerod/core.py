@@ -136,6 +136,7 @@ class Model:
         self._handle = handle
         # Views handed out, per module, to invalidate at that module's _end.
         self._open_views = {}
+        self._param_infos = {}
 
     # -- registration -------------------------------------------------------
 
@@ -184,10 +185,17 @@ class Model:
         return out.value
 
     def param_info(self, param):
+        # A registered parameter never changes: asked of zerod once (views
+        # and reads need it on every call, a round trip under the daemon).
+        known = self._param_infos.get(param)
+        if known is not None:
+            return known
         info = S.ParamInfo()
         check(_lib.zd_model_param_info(self._h(), param, byref(info)))
-        return ParamInfo(info.name.decode(), Dtype(info.dtype), info.module, tuple(info.shape[:info.ndim]),
-                         info.numel)
+        known = ParamInfo(info.name.decode(), Dtype(info.dtype), info.module, tuple(info.shape[:info.ndim]),
+                          info.numel)
+        self._param_infos[param] = known
+        return known
 
     def module_info(self, module):
         """(name, [parameter ids]) of a module."""
