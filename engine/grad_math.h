@@ -27,4 +27,11 @@ struct GradStats {
 // any inf or NaN shows up as a non-finite sum.
 GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n);
 
+// A run of gradient elements, for the statistics of a step.
+struct GradSpan {
+  const void* data;
+  zd_dtype dtype;
+  uint64_t count;
+};
+
 }  // namespace zerod

@@ -38,6 +38,9 @@ struct TensorInfo {
 
 struct JobConfig {
   std::string source;                   // script path or name, for messages
+  // The device each rank computes on: "cpu" (a shared-memory pool standing
+  // in for a GPU), "cuda", or "auto" (cuda where the process sees a GPU).
+  std::string device = "cpu";
   zd_dtype precision = ZD_DTYPE_F32;    // the 16-bit type params may use, or f32
   // Gradient accumulation buffers: 0 = the parameter's working dtype (what
   // DeepSpeed does for fp16), or ZD_DTYPE_F32 for exact accumulation.

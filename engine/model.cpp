@@ -1,17 +1,17 @@
 // Model: construction, registration, finalize, whole-parameter access,
 // failure handling and introspection. The per-step calls are in
-// model_calls.cpp, the step in model_step.cpp.
-#include "model_state.h"
+// model_calls.cpp, the step and restarts in model_step.cpp.
+#include "model_rank.h"
 
+#include "device/select.h"
 #include "dtype.h"
 #include "error.h"
-#include "grad_math.h"
 #include "log.h"
+#include "state_io.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 namespace zerod {
 
@@ -36,8 +36,9 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
       policy_(policy),
       world_size_(world_size),
       first_local_(first_local_rank),
-      partitions_(0),
       registry_(world_size),
+      ctx_(config_, registry_, plugins_, world_size, *this),
+      placement_(ctx_, policy),
       activity_(world_size < 1 ? 1 : world_size),
       pool_(config_.threads) {
   if (!plugins_.optimizer || !plugins_.partitioner || !plugins_.comm)
@@ -50,32 +51,43 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
                                       std::to_string(world_size_) + " ranks");
   if (config_.gradient_accumulation_steps < 1)
     fail(ZD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps must be at least 1");
-  partitions_ = plugins_.partitioner->partitions();
+  ctx_.partitions = plugins_.partitioner->partitions();
   // Stage 3 without stage 2 and 1 would gather into a state nobody reduces.
-  if ((partitioned(ZD_PARTITION_PARAMS) && !partitioned(ZD_PARTITION_GRADS)) ||
-      (partitioned(ZD_PARTITION_GRADS) && !partitioned(ZD_PARTITION_OPTIMIZER)))
+  if ((ctx_.partitioned(ZD_PARTITION_PARAMS) && !ctx_.partitioned(ZD_PARTITION_GRADS)) ||
+      (ctx_.partitioned(ZD_PARTITION_GRADS) && !ctx_.partitioned(ZD_PARTITION_OPTIMIZER)))
     fail(ZD_ERR_CONFIG, "partitioner '" + plugins_.partitioner->plugin().name() +
                             "' partitions parameters or gradients without what comes before "
                             "them (optimizer state, then gradients); zerod cannot run that");
   if (local_ranks < world_size_) activity_.set_local(first_local_, local_ranks);
   base_lr_ = plugins_.optimizer->value("lr", 0.0);
-  check_compression_support();
+  check_compression_support(ctx_);
+  const std::string device = resolve_device(config_.device, config_.source);
   for (int r = first_local_; r < first_local_ + local_ranks; ++r) {
-    auto rs = std::make_unique<RankState>();
-    rs->ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
-    rs->ledger.set_budget(ZD_TIER_HOST, config_.host_budget);
-    rs->ledger.set_budget(ZD_TIER_NVME, config_.nvme_budget);
-    rs->pool = std::make_unique<DevicePool>(rs->ledger, uint64_t{64} << 20,
-                                            "zerod-rank" + std::to_string(r));
-    rs->stream = std::make_unique<CommStream>(world_size_ > 1);
+    auto rs = std::make_unique<RankState>(ctx_, placement_, r, pool_, pool_mu_);
+    RankResources& res = rs->res;
+    res.ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
+    res.ledger.set_budget(ZD_TIER_HOST, config_.host_budget);
+    res.ledger.set_budget(ZD_TIER_NVME, config_.nvme_budget);
+    // A rank in this process (embedded) computes on the GPU its trainer has
+    // current; a daemon's ranks on the GPU of their local rank.
+    const int local_rank = world_size_ == 1 ? -1 : r - first_local_;
+    res.device = open_device(device, res.ledger, res.workers, local_rank, "zerod-rank" + std::to_string(r));
+    // Collectives and the device's copies overlap the trainer's calls on a
+    // thread of the rank's own; one rank on the cpu device has nothing to
+    // overlap with and runs them inline.
+    res.stream = std::make_unique<CommStream>(world_size_ > 1 || !res.device->host_addressable());
     rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
+  if (!ranks_.front()->res.device->host_addressable() && plugins_.optimizer->compression_start() > 0)
+    fail(ZD_ERR_CONFIG, "optimizer '" + plugins_.optimizer->plugin().name() + "' (" + config_.source +
+                            ") compresses its momentum on the host, which the " + device +
+                            " device does not support yet; use device = \"cpu\"");
 }
 
 Model::~Model() {
   // Streams first: a task still running may touch the buffers.
-  for (auto& rs : ranks_) rs->stream.reset();
+  for (auto& rs : ranks_) rs->res.stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
 }
 
@@ -90,12 +102,10 @@ Model::RankState& Model::rank_state(int rank) {
   return *ranks_[static_cast<size_t>(rank - first_local_)];
 }
 
-const Model::RankState& Model::rank_state(int rank) const {
-  return const_cast<Model*>(this)->rank_state(rank);
-}
+const Model::RankState& Model::rank_state(int rank) const { return const_cast<Model*>(this)->rank_state(rank); }
 
-const MemoryLedger& Model::ledger(int rank) const { return rank_state(rank).ledger; }
-const DevicePool& Model::device_pool(int rank) const { return *rank_state(rank).pool; }
+const MemoryLedger& Model::ledger(int rank) const { return rank_state(rank).res.ledger; }
+const Device& Model::device(int rank) const { return *rank_state(rank).res.device; }
 StepFigures Model::last_step(int rank) const { return rank_state(rank).last; }
 double Model::loss_scale(int rank) const { return rank_state(rank).scaler.scale(); }
 
@@ -114,26 +124,6 @@ void Model::require_healthy() const {
 std::string Model::broken_reason() const {
   std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
   return broken_;
-}
-
-std::string Model::module_label(zd_module_id m) const {
-  return "module '" + registry_.module(m).name + "'";
-}
-
-zd_dtype Model::grad_dtype(const ParamGroup& g) const {
-  return config_.grad_accum_dtype ? config_.grad_accum_dtype : g.dtype;
-}
-
-uint64_t Model::owned_begin(const ParamGroup& g, int rank) const {
-  return registry_.partitioning() == Partitioning::Group ? static_cast<uint64_t>(rank) * g.stride : 0;
-}
-
-uint64_t Model::owned_count(const ParamGroup& g) const {
-  switch (registry_.partitioning()) {
-    case Partitioning::Replicated: return g.full_numel;
-    case Partitioning::Group: return g.stride;
-    default: return g.flat_numel;
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -180,39 +170,8 @@ void Model::rank_left(int rank, const std::string& reason) {
   plugins_.comm->abort(ZD_ERR_PEER_LOST, "rank " + std::to_string(rank) + " left the job: " + reason);
 }
 
-zd_comm_call Model::comm_call(int rank, uint64_t tag, const std::string& what) const {
-  zd_comm_call c{};
-  c.struct_size = sizeof c;
-  c.rank = rank;
-  c.tag = tag;
-  const double t = config_.comm_timeout_s;
-  c.timeout_ms = t > 0 ? static_cast<uint32_t>(std::min(t * 1000.0, 4.0e9)) : 0;
-  c.what = what.c_str();  // the caller keeps the string alive for the call
-  return c;
-}
-
-CommStream::Ticket Model::issue(RankState& rs, std::function<void()> fn) {
-  return rs.stream->enqueue(std::move(fn));
-}
-
-void Model::wait(const CommStream::Ticket& t) {
-  try {
-    t.wait();
-  } catch (const Error& e) {
-    broken_by(e);
-  }
-}
-
-void Model::drain(RankState& rs) {
-  try {
-    rs.stream->drain();
-  } catch (const Error& e) {
-    broken_by(e);
-  }
-}
-
 // ---------------------------------------------------------------------------
-// Registration
+// Registration and finalize
 
 zd_param_id Model::register_param(int rank, const std::string& name, const std::string& module,
                                   zd_dtype dtype, std::vector<int64_t> shape, const void* init,
@@ -270,6 +229,159 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
   return id;
 }
 
+void Model::check_registrations() {
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  const size_t n = registry_.params().size();
+  for (int r = first_local_; r < first_local_ + local_ranks(); ++r) {
+    const auto got = static_cast<size_t>(ranks_[static_cast<size_t>(r - first_local_)]->registered);
+    if (got != n)
+      fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(r) + " registered " + std::to_string(got) +
+                                     " parameters but another rank registered " +
+                                     std::to_string(n) +
+                                     "; every rank must register the same parameters");
+  }
+  if (n == 0) fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
+}
+
+// Every node's ranks registered the same parameters: a fingerprint of the
+// registry (names, modules, types, shapes, in order) and its size agree on
+// every rank. Compared by one all-reduce of (v, -v) with MAX: equal
+// everywhere exactly when max(v) == -max(-v).
+void Model::check_registrations_across_nodes(RankState& rs) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  double count;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    for (const ParamRecord& p : registry_.params()) {
+      mix(p.name.data(), p.name.size() + 1);
+      const std::string& m = registry_.module(p.module).name;
+      mix(m.data(), m.size() + 1);
+      mix(&p.dtype, sizeof p.dtype);
+      for (int64_t d : p.shape) mix(&d, sizeof d);
+    }
+    count = static_cast<double>(registry_.params().size());
+  }
+  // Doubles hold integers exactly up to 2^53: the hash in two 32-bit halves.
+  const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
+  double v[6] = {count, hi, lo, -count, -hi, -lo};
+  const std::string what = "finalize: comparing the parameters every node registered";
+  const int rank = rs.res.rank;
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 3), what), v, 6, ZD_COMM_F64,
+                              ZD_REDUCE_MAX);
+  });
+  if (v[0] != -v[3] || v[1] != -v[4] || v[2] != -v[5])
+    fail(ZD_ERR_INVALID_STATE,
+         "the ranks of another node registered different parameters (" +
+             (v[0] != -v[3] ? "counts from " + std::to_string(static_cast<int64_t>(-v[3])) + " to " +
+                                  std::to_string(static_cast<int64_t>(v[0]))
+                            : std::string("same count, different names, modules, types or shapes")) +
+             "); every rank must register the same parameters in the same order");
+}
+
+// Several nodes: each node staged its first rank's initial values, but
+// the job starts from rank 0's. Rank 0 broadcasts which parameters it gave
+// values for, then the values, in chunks so that a rank's scratch stays
+// small; the first rank of every other node receives them into the staged
+// copy, its other ranks into scratch they drop.
+void Model::share_initial_values(RankState& rs) {
+  const int rank = rs.res.rank;
+  auto& params = registry_.params();
+  const bool receiver = rank == first_local_ && rank != 0;
+  std::vector<float> given(params.size());
+  for (size_t i = 0; i < params.size(); ++i) given[i] = params[i].staged_init.empty() ? 0.0f : 1.0f;
+  const std::string what = "finalize: rank 0's initial values to every node";
+  uint64_t id = 4;
+  auto broadcast = [&](float* buf, uint64_t count) {
+    ctx_.run(*rs.res.stream, [&, buf, count] {
+      plugins_.comm->broadcast(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, id), what), buf, count,
+                               ZD_COMM_F32, 0);
+    });
+    ++id;
+  };
+  broadcast(given.data(), given.size());
+  constexpr uint64_t kChunk = uint64_t{4} << 20;  // elements: 16 MiB of scratch per rank
+  std::vector<float> scratch;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamRecord& p = params[i];
+    if (given[i] == 0.0f) {
+      // Rank 0 gave none: this node's values must not stand in for them.
+      if (receiver) std::vector<float>().swap(p.staged_init);
+      continue;
+    }
+    const auto numel = static_cast<uint64_t>(p.numel);
+    if (receiver) p.staged_init.resize(numel);
+    for (uint64_t at = 0; at < numel; at += kChunk) {
+      const uint64_t n = std::min(kChunk, numel - at);
+      float* buf;
+      if (rank == 0 || receiver) {
+        buf = p.staged_init.data() + at;
+      } else {
+        scratch.resize(n);
+        buf = scratch.data();
+      }
+      broadcast(buf, n);
+    }
+  }
+  // No rank of this node reads the staged values before its first rank has
+  // written them.
+  const std::string done = "finalize: every node has rank 0's initial values";
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 1, 0), done));
+  });
+}
+
+void Model::lay_out_once() {
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  if (laid_out_) return;
+  LayoutPolicy policy;
+  policy.partitioning = ctx_.partitioned(ZD_PARTITION_PARAMS)      ? Partitioning::Param
+                        : ctx_.partitioned(ZD_PARTITION_OPTIMIZER) ? Partitioning::Group
+                                                                   : Partitioning::Replicated;
+  const PartitionerInstance* part = plugins_.partitioner.get();
+  policy.stride = [part](uint64_t numel, uint64_t align) { return part->shard_stride(numel, align); };
+  policy.persistence_threshold = part->persistence_threshold();
+  registry_.lay_out(policy);
+  placement_.decide();
+  laid_out_ = true;
+}
+
+void Model::set_up_tiers(RankState& rs) {
+  RankResources& res = rs.res;
+  const int rank = res.rank;
+  zd_tier_config cfg{};
+  cfg.struct_size = sizeof cfg;
+  cfg.rank = rank;
+  cfg.world_size = world_size_;
+  cfg.local_rank = rank - first_local_;
+  std::vector<const char*> paths;
+  for (const auto& p : config_.offload.nvme_paths) paths.push_back(p.c_str());
+  cfg.paths = paths.data();
+  cfg.path_count = static_cast<int32_t>(paths.size());
+  if (placement_.uses(rank, ZD_TIER_HOST) && !res.host) {
+    if (!plugins_.host_tier) fail(ZD_ERR_PLUGIN, "state is placed on the host tier, but no host tier plugin is loaded");
+    res.host = TierInstance::create(plugins_.host_tier, config_.offload.host_values, cfg);
+    log_info("rank " + std::to_string(rank) + ": " + res.host->describe());
+    // The optimizer updates host-resident state: with several ranks, each
+    // runs it on the cores next to its memory — unless those are simply all
+    // the cores we have (one memory node), where the shared pool is better.
+    std::vector<int> cpus = res.host->cpus();
+    if (world_size_ > 1 && !cpus.empty() && cpus != affinity_cpus()) {
+      if (config_.threads && cpus.size() > config_.threads) cpus.resize(config_.threads);
+      res.workers.pin(cpus);
+    }
+  }
+  if (placement_.uses(rank, ZD_TIER_NVME) && !res.nvme) {
+    if (!plugins_.nvme_tier) fail(ZD_ERR_PLUGIN, "state is placed on the nvme tier, but no nvme tier plugin is loaded");
+    res.nvme = TierInstance::create(plugins_.nvme_tier, config_.offload.nvme_values, cfg);
+    placement_.raise_nvme_alignment(res.nvme->alignment());
+    log_info("rank " + std::to_string(rank) + ": " + res.nvme->describe());
+  }
+}
+
 void Model::finalize(int rank) {
   Call call(*this, rank, "finalize");
   RankState& rs = rank_state(rank);
@@ -282,28 +394,31 @@ void Model::finalize(int rank) {
   }
   // Every rank has registered everything once all are here.
   const std::string what = "finalize: every rank registered";
-  wait(issue(rs, [&, rank] {
-    plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 0, 1), what));
-  }));
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 1), what));
+  });
   check_registrations();
   if (local_ranks() < world_size_) {
-    check_registrations_across_nodes(rs, rank);
-    share_initial_values(rs, rank);
+    check_registrations_across_nodes(rs);
+    share_initial_values(rs);
   }
   lay_out_once();
   try {
-    set_up_tiers(rs, rank);
-    check_budget_table();
-    allocate_rank(rs, rank);
+    placement_.check_device(*rs.res.device, rank);
+    set_up_tiers(rs);
+    std::array<uint64_t, ZD_TIER_COUNT> budgets{};
+    for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
+    placement_.check_budgets(budgets);
+    allocate_rank(rs);
   } catch (...) {
     release_rank(rs);
     throw;
   }
   const std::string what2 = "finalize: every rank placed its state";
-  wait(issue(rs, [&, rank] {
-    plugins_.comm->barrier(comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
-  }));
-  if (partitioned(ZD_PARTITION_PARAMS)) gather_persistent(rs, rank);
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
+  });
+  if (ctx_.params_partitioned()) rs.residency.gather_persistent();
   rs.finalized = true;
   {
     // The initial values are in place on every rank now.
@@ -314,100 +429,34 @@ void Model::finalize(int rank) {
   }
 }
 
-void Model::allocate_rank(RankState& rs, int rank) {
-  const uint32_t slots = plugins_.optimizer->state_slots();
-  const auto& groups = registry_.groups();
-  const bool p3 = partitioned(ZD_PARTITION_PARAMS);
-  const TierSet tiers = rs.tiers();
-  rs.groups.resize(groups.size());
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const ParamGroup& g = groups[gi];
-    GroupBuffers& b = rs.groups[gi];
-    const std::string what = std::string("group ") + dtype_name(g.dtype) + " of rank " +
-                             std::to_string(rank);
-    const uint64_t grad_len = p3 ? g.flat_numel
-                              : partitioned(ZD_PARTITION_GRADS) ? g.stride
-                                                                : g.full_numel;
-    b.working.allocate(tiers, dtype_size(g.dtype), tier_runs(gi, rank, Holds::Params), ZD_MEM_PARAMS,
-                       "the working copies of " + what);
-    b.grad = rs.pool->allocate(grad_len * dtype_size(grad_dtype(g)), ZD_MEM_GRADS,
-                               "the gradients of " + what);
-    b.master.allocate(tiers, 4, tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER,
-                      "the master copies of " + what);
-    for (uint32_t s = 0; s < slots; ++s)
-      b.state[s].allocate(tiers, 4, tier_runs(gi, rank, Holds::Optimizer), ZD_MEM_OPTIMIZER,
-                          "optimizer state '" + plugins_.optimizer->state_name(s) + "' of " + what);
-  }
-  // Initial values (rank 0's), into this rank's copies.
-  for (const ParamRecord& p : registry_.params()) {
-    if (p.staged_init.empty()) continue;
-    const ParamGroup& g = groups[static_cast<size_t>(p.group)];
-    GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-    if (p3) {
-      const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
-      const uint64_t real = p.shard_real(rank);
-      if (real == 0) continue;  // a small parameter's last ranks hold only padding
-      b.master.write(tiers, p.flat_offset, real, p.staged_init.data() + start);
-      std::vector<std::byte> w(real * dtype_size(p.dtype));
-      convert(p.staged_init.data() + start, ZD_DTYPE_F32, w.data(), p.dtype, real);
-      b.working.write(tiers, p.flat_offset, real, w.data());
-      continue;
-    }
-    convert(p.staged_init.data(), ZD_DTYPE_F32, b.working.addr(p.full_offset), p.dtype,
-            static_cast<size_t>(p.numel));
-    // The owned part of the master: the intersection with [begin, begin + count).
-    const uint64_t ob = owned_begin(g, rank);
-    const uint64_t lo = std::max(p.full_offset, ob);
-    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel), ob + owned_count(g));
-    if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, p.staged_init.data() + (lo - p.full_offset));
-  }
-  allocate_compression(rs, rank);
-  // The NVMe pipeline's staging sets, charged to the host tier for good.
-  const std::vector<uint64_t> layout = staging_layout(rank);
-  if (!layout.empty()) {
-    const auto sets = static_cast<size_t>(config_.offload.buffer_count);
-    uint64_t bytes = 0;
-    for (uint64_t b : layout) bytes += b * sets;
-    rs.ledger.charge(ZD_TIER_HOST, ZD_MEM_BUFFERS, bytes,
-                     "the NVMe staging buffers (offload.buffer_count x offload.tile_size per operand)");
-    rs.staging_charged = bytes;
-    const uint64_t align = nvme_alignment();
-    rs.staging.resize(sets);
-    for (auto& set : rs.staging)
-      for (uint64_t b : layout) set.emplace_back(b ? b : align, align);
-  }
-  rs.modules.assign(registry_.modules().size(), ModuleState{});
-  rs.params.assign(registry_.params().size(), ParamState{});
-  rs.buckets.assign(groups.size(), {});
-  rs.bucket_elems.assign(groups.size(), 0);
+void Model::allocate_rank(RankState& rs) {
+  rs.buffers.allocate(placement_);
+  rs.compression.allocate();
+  rs.optimizer.reserve_staging();
+  rs.modules.assign(registry_.modules().size(), RankState::ModuleCalls{});
+  rs.residency.reset();
+  rs.grads.reset();
   rs.active_modules = 0;
 }
 
 void Model::release_rank(RankState& rs) {
-  const TierSet tiers = rs.tiers();
-  for (ParamState& ps : rs.params) {
-    rs.pool->release(ps.grad_view, ZD_MEM_BUFFERS);
-    rs.pool->release(ps.gathered, ZD_MEM_PARAMS);
-    ps = ParamState{};
-  }
-  for (auto& bucket : rs.buckets)
-    for (PendingGrad& pg : bucket) rs.pool->release(pg.view, ZD_MEM_BUFFERS);
-  rs.buckets.clear();
-  for (GroupBuffers& b : rs.groups) {
-    b.working.release(tiers);
-    rs.pool->release(b.grad, ZD_MEM_GRADS);
-    b.master.release(tiers);
-    for (TieredBuffer& s : b.state) s.release(tiers);
-  }
-  release_compression(rs);
-  rs.groups.clear();
-  rs.staging.clear();
-  rs.ledger.release(ZD_TIER_HOST, ZD_MEM_BUFFERS, rs.staging_charged);
-  rs.staging_charged = 0;
+  rs.grads.release();
+  rs.residency.clear();
+  rs.optimizer.release_staging();
+  rs.compression.release();
+  rs.buffers.release();
+}
+
+TierPlan Model::plan(int rank) {
+  lay_out_once();
+  TierPlan p;
+  p.need = placement_.need_table(rank);
+  for (int t = 0; t < ZD_TIER_COUNT; ++t) p.budget[static_cast<size_t>(t)] = ranks_[0]->res.ledger.budget(t);
+  return p;
 }
 
 // ---------------------------------------------------------------------------
-// Whole parameters
+// Whole parameters and optimizer state
 
 void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, const void* ptr,
                        uint64_t bytes) {
@@ -434,81 +483,139 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
                                    "' while modules are begun; write between steps");
   // The value as fp32, once; the working copies derive from it so they
   // agree with the master exactly.
-  const auto numel = static_cast<uint64_t>(p.numel);
-  std::vector<float> v(numel);
-  convert(src, dtype, v.data(), ZD_DTYPE_F32, numel);
-  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-  GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-  const size_t esz = dtype_size(p.dtype);
-  const TierSet tiers = rs.tiers();
-  if (partitioned(ZD_PARTITION_PARAMS)) {
-    const uint64_t start = static_cast<uint64_t>(rank) * p.stride;
-    const uint64_t real = p.shard_real(rank);
-    b.master.write(tiers, p.flat_offset, real, v.data() + start);
-    std::vector<std::byte> w(real * esz);
-    convert(v.data() + start, ZD_DTYPE_F32, w.data(), p.dtype, real);
-    b.working.write(tiers, p.flat_offset, real, w.data());
-    const ParamState& ps = rs.params[static_cast<size_t>(param)];
-    if (ps.gathered) convert(v.data(), ZD_DTYPE_F32, ps.gathered.ptr, p.dtype, numel);
-    return;
-  }
-  convert(v.data(), ZD_DTYPE_F32, b.working.addr(p.full_offset), p.dtype, numel);
-  const uint64_t ob = owned_begin(g, rank);
-  const uint64_t lo = std::max(p.full_offset, ob);
-  const uint64_t hi = std::min(p.full_offset + numel, ob + owned_count(g));
-  if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, v.data() + (lo - p.full_offset));
+  std::vector<float> v(static_cast<size_t>(p.numel));
+  convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
+  rs.buffers.write_value(p, v.data());
+  if (ctx_.params_partitioned()) rs.residency.overwrite(param, v.data());
+}
+
+void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {
+  Call call(*this, rank, "param_read");
+  require_finalized("zd_param_read");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_whole_param("zd_param_read", p, dtype, dst, bytes);
+  const std::vector<float> full = read_whole(ctx_, rs.res, rs.buffers, param, kMasterSlot, "param_read");
+  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(p.numel));
+}
+
+namespace {
+
+void check_slot(const char* call, const OptimizerInstance& opt, int slot) {
+  const auto slots = static_cast<int>(opt.state_slots());
+  if (slot < 0 || slot >= slots)
+    fail(ZD_ERR_INVALID_ARGUMENT,
+         std::string(call) + ": optimizer '" + opt.plugin().name() + "' has " + std::to_string(slots) +
+             " state slot" + (slots == 1 ? "" : "s") + (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") +
+             ", not " + std::to_string(slot));
+}
+
+}  // namespace
+
+void Model::read_state(int rank, zd_param_id param, int slot, zd_dtype dtype, void* dst, uint64_t bytes) {
+  Call call(*this, rank, "optimizer_state_read");
+  require_finalized("zd_optimizer_state_read");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_slot("zd_optimizer_state_read", *plugins_.optimizer, slot);
+  check_whole_param("zd_optimizer_state_read", p, dtype, dst, bytes);
+  const std::vector<float> full = read_whole(ctx_, rs.res, rs.buffers, param, slot, "optimizer_state_read");
+  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(p.numel));
+}
+
+void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, const void* src, uint64_t bytes) {
+  Call call(*this, rank, "optimizer_state_write");
+  require_finalized("zd_optimizer_state_write");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_slot("zd_optimizer_state_write", *plugins_.optimizer, slot);
+  check_whole_param("zd_optimizer_state_write", p, dtype, src, bytes);
+  if (rs.active_modules > 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_optimizer_state_write of '" + p.name +
+                                   "' while modules are begun; write between steps");
+  std::vector<float> v(static_cast<size_t>(p.numel));
+  convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
+  write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
+  rs.compression.reset();
+}
+
+int64_t Model::applied_steps(int rank) const { return rank_state(rank).applied; }
+
+void Model::set_applied_steps(int rank, int64_t step) {
+  Call call(*this, rank, "set_step");
+  require_finalized("zd_model_set_step");
+  RankState& rs = rank_state(rank);
+  if (step < 0) fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_step: the step must be >= 0, got " + std::to_string(step));
+  if (rs.active_modules > 0 || rs.micro_step % config_.gradient_accumulation_steps != 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
+  rs.applied = step;
+  rs.compression.reset();
 }
 
 // ---------------------------------------------------------------------------
-// Introspection for tests
+// Introspection
+
+std::vector<int> Model::optimizer_cpus(int rank) const { return rank_state(rank).res.workers.cpus(); }
+
+std::string Model::tier_description(int rank, zd_tier tier) const {
+  const RankState& rs = rank_state(rank);
+  if (tier == ZD_TIER_HOST && rs.res.host) return rs.res.host->describe();
+  if (tier == ZD_TIER_NVME && rs.res.nvme) return rs.res.nvme->describe();
+  if (tier == ZD_TIER_DEVICE && rs.res.device) return rs.res.device->describe();
+  return "";
+}
 
 std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer which) const {
   require_finalized("shard_values");
-  const RankState& rs = rank_state(rank);
+  RankState& rs = const_cast<RankState&>(rank_state(rank));
   const ParamRecord& p = registry_.param(param);
   const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
-  const GroupBuffers& b = rs.groups[static_cast<size_t>(p.group)];
-  const bool p3 = partitioned(ZD_PARTITION_PARAMS);
+  GroupBuffers& b = rs.buffers.of(p);
+  const bool p3 = ctx_.params_partitioned();
   // Stage 3: the shard with its padding; below: the owned part of the parameter.
-  uint64_t first = 0, count = 0, ob = owned_begin(g, rank);
+  uint64_t first = 0, count = 0;
+  const uint64_t ob = ctx_.owned_begin(g, rank);
   if (p3) {
     first = p.flat_offset;
     count = p.stride;
   } else {
-    const uint64_t lo = std::max(p.full_offset, ob);
-    const uint64_t hi = std::min(p.full_offset + static_cast<uint64_t>(p.numel), ob + owned_count(g));
+    uint64_t lo, hi;
+    ctx_.owned_part(p, rank, &lo, &hi);
     first = lo - ob;
     count = hi > lo ? hi - lo : 0;
   }
   std::vector<float> out(count);
-  const TierSet tiers = const_cast<RankState&>(rs).tiers();
+  const TierSet tiers = rs.res.tiers();
+  auto read_as_f32 = [&](const TieredBuffer& buf, uint64_t at, zd_dtype dt) {
+    std::vector<std::byte> raw(count * dtype_size(dt));
+    buf.read(tiers, at, count, raw.data());
+    convert(raw.data(), dt, out.data(), ZD_DTYPE_F32, count);
+  };
   switch (which) {
     case ShardBuffer::Master:
       b.master.read(tiers, first, count, out.data());
       break;
-    case ShardBuffer::Gradient: {
-      const zd_dtype gd = grad_dtype(g);
-      const uint64_t at = p3 || partitioned(ZD_PARTITION_GRADS) ? first : first + ob;
-      convert(b.grad.ptr + at * dtype_size(gd), gd, out.data(), ZD_DTYPE_F32, count);
+    case ShardBuffer::Gradient:
+      read_as_f32(b.grad, p3 || ctx_.partitioned(ZD_PARTITION_GRADS) ? first : first + ob, ctx_.grad_dtype(g));
       break;
-    }
-    case ShardBuffer::WorkingShard: {
-      const uint64_t at = p3 ? first : first + ob;
-      std::vector<std::byte> w(count * dtype_size(p.dtype));
-      b.working.read(tiers, at, count, w.data());
-      convert(w.data(), p.dtype, out.data(), ZD_DTYPE_F32, count);
+    case ShardBuffer::WorkingShard:
+      read_as_f32(b.working, p3 ? first : first + ob, p.dtype);
       break;
-    }
   }
   return out;
 }
 
-void Model::sync(int rank) { drain(rank_state(rank)); }
+void Model::sync(int rank) {
+  RankState& rs = rank_state(rank);
+  ctx_.drain(*rs.res.stream);
+  rs.res.device->synchronize();
+}
 
 bool Model::resident(int rank, zd_param_id param) const {
-  const RankState& rs = rank_state(rank);
-  if (!partitioned(ZD_PARTITION_PARAMS)) return true;
-  return static_cast<bool>(rs.params.at(static_cast<size_t>(param)).gathered);
+  if (!ctx_.params_partitioned()) return true;
+  return rank_state(rank).residency.resident(param);
 }
+
+uint64_t Model::live_elements(int rank) const { return rank_state(rank).residency.live_elements(); }
 
 }  // namespace zerod

@@ -407,6 +407,16 @@ void OptimizerInstance::update(zd_isa isa, const zd_optimizer_update& u) const {
     fail(st, "optimizer '" + plugin().name() + "' update failed: " + status_name(st));
 }
 
+bool OptimizerInstance::has_cuda() const { return d().update_cuda != nullptr; }
+
+void OptimizerInstance::update_cuda(const zd_optimizer_update& u, void* stream) const {
+  if (!d().update_cuda)
+    fail(ZD_ERR_NOT_IMPLEMENTED, "optimizer '" + plugin().name() + "' has no CUDA kernels");
+  const zd_status st = d().update_cuda(raw(), &u, stream);
+  if (st != ZD_OK)
+    fail(st, "optimizer '" + plugin().name() + "' CUDA update failed: " + status_name(st));
+}
+
 std::unique_ptr<PartitionerInstance> PartitionerInstance::create(
     const std::shared_ptr<const Plugin>& plugin, const std::vector<double>& values, int world_size) {
   check_value_count(*plugin, values);

@@ -134,6 +134,10 @@ class OptimizerInstance : public PluginInstance {
   std::string state_name(uint32_t slot) const;
   // Throws on a non-OK status from the plugin.
   void update(zd_isa isa, const zd_optimizer_update& u) const;
+  // Whether the plugin has CUDA kernels, and the update on a CUDA stream
+  // (every pointer of u in device memory).
+  bool has_cuda() const;
+  void update_cuda(const zd_optimizer_update& u, void* stream) const;
   // Plugin ABI v2 (1-bit Adam): the first update whose momentum is averaged
   // compressed instead of the gradients (0 = never), that slot, and the
   // local momentum pass.

@@ -64,6 +64,8 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
             tiers.ledger->release(ZD_TIER_HOST, kind, s.bytes);
             throw;
           }
+          // Copied to and from the device often: page-locked where that matters.
+          if (tiers.device) tiers.device->register_host(s.ptr, s.bytes);
           break;
         }
         default: {
@@ -93,6 +95,7 @@ void TieredBuffer::release(const TierSet& tiers) {
     switch (s.tier) {
       case ZD_TIER_DEVICE: tiers.device->release(s.block, kind_); break;
       case ZD_TIER_HOST:
+        if (tiers.device) tiers.device->unregister_host(s.ptr);
         tiers.host->release(s.ptr, s.bytes);
         tiers.ledger->release(ZD_TIER_HOST, kind_, s.bytes);
         break;
@@ -130,6 +133,16 @@ bool TieredBuffer::addressable(uint64_t begin, uint64_t n) const {
   return true;
 }
 
+zd_tier TieredBuffer::tier_of(uint64_t begin, uint64_t n) const {
+  zd_tier t = segment_at(begin).tier;
+  for (uint64_t e = begin; e < begin + n;) {
+    const Segment& s = segment_at(e);
+    if (s.tier != t) return ZD_TIER_COUNT;
+    e = s.begin + s.count;
+  }
+  return t;
+}
+
 void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, void* data, bool write) const {
   auto* out = static_cast<std::byte*>(data);
   for (uint64_t e = begin; e < begin + n;) {
@@ -138,7 +151,12 @@ void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, vo
     const uint64_t at = (e - s.begin) * elem_size_;
     const uint64_t len = take * elem_size_;
     std::byte* mine = out + (e - begin) * elem_size_;
-    if (s.ptr) {
+    if (s.tier == ZD_TIER_DEVICE) {
+      if (write)
+        tiers.device->copy_to_device(s.ptr + at, mine, len);
+      else
+        tiers.device->copy_to_host(mine, s.ptr + at, len);
+    } else if (s.ptr) {
       if (write)
         std::memcpy(s.ptr + at, mine, len);
       else

@@ -1,12 +1,13 @@
 // A rank's buffer of one kind — the fp32 masters of a parameter group, an
-// optimizer state slot, the rank's stage-3 parameter shards — as consecutive
-// segments, each in one tier: the device pool or host memory (the CPU points
-// at it), or NVMe (a reserved extent of the rank's store, reached through
-// I/O). Where each segment lives is the placement policy's decision; the
+// optimizer state slot, the rank's stage-3 parameter shards, the gradient
+// accumulators — as consecutive segments, each in one tier: the device pool
+// (reached through the rank's Device), host memory (the CPU points at it),
+// or NVMe (a reserved extent of the rank's store, reached through I/O). Where each segment lives is the placement policy's decision; the
 // buffer only holds the bytes and charges the rank's ledger for them.
 #pragma once
 
 #include "arena.h"
+#include "device/device.h"
 #include "ledger.h"
 #include "plugin_host.h"
 
@@ -21,7 +22,7 @@ namespace zerod {
 // The tiers of one rank. host and nvme may be null when the job does not
 // use them.
 struct TierSet {
-  DevicePool* device = nullptr;
+  Device* device = nullptr;
   TierInstance* host = nullptr;
   TierInstance* nvme = nullptr;
   MemoryLedger* ledger = nullptr;
@@ -39,7 +40,7 @@ class TieredBuffer {
     uint64_t begin = 0;  // first element
     uint64_t count = 0;
     zd_tier tier = ZD_TIER_DEVICE;
-    std::byte* ptr = nullptr;  // device and host
+    std::byte* ptr = nullptr;  // device and host (a device pointer in the device tier)
     Block block;               // device: the pool block
     uint64_t offset = 0;       // nvme: the extent in the rank's store
     uint64_t bytes = 0;        // charged to the ledger (nvme: rounded to the alignment)
@@ -60,13 +61,19 @@ class TieredBuffer {
   const std::vector<Segment>& segments() const { return segments_; }
   const Segment& segment_at(uint64_t element) const;
 
-  // The address of an element in an addressable segment; nullptr on NVMe.
+  // The address of an element in a memory segment (device or host); nullptr
+  // on NVMe. A device-tier address is the device's: the host may use it
+  // only where the device is host-addressable.
   std::byte* addr(uint64_t element) const;
-  // Whether [begin, begin + n) lies in addressable segments only.
+  // Whether [begin, begin + n) lies in memory segments only (not on NVMe).
   bool addressable(uint64_t begin, uint64_t n) const;
+  // The tier of [begin, begin + n) when it lies in one tier (in one or more
+  // segments), else ZD_TIER_COUNT.
+  zd_tier tier_of(uint64_t begin, uint64_t n) const;
 
   // Copies elements out of and into the buffer, whatever their tiers
-  // (synchronous I/O for NVMe, through an aligned bounce buffer).
+  // (through the device for the device tier; synchronous I/O for NVMe,
+  // through an aligned bounce buffer).
   void read(const TierSet& tiers, uint64_t begin, uint64_t n, void* dst) const;
   void write(const TierSet& tiers, uint64_t begin, uint64_t n, const void* src);
 

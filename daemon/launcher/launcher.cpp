@@ -98,6 +98,7 @@ struct RankSlot {
   pid_t pid = 0;
   bool reaped = false;
   bool stop_sent = false;  // sent a signal that stops() it: no SIGTERM on top
+  bool signal_sent = false;  // the launcher signalled it (a forwarded signal, a stop)
 
   UniqueFd pidfd;
   UniqueFd out, err;  // read ends of the rank's stdout and stderr pipes
@@ -151,7 +152,7 @@ struct Launcher::State {
   void run();
   void spawn_all();
   void supervise();
-  void try_reap(int i);
+  void reap(const std::vector<int>& candidates);
   void stop_the_rest();  // SIGTERM every live rank; SIGKILL after the grace
   void rank_ended(int i, int status, int wait_errno, bool callbacks);
   void read_stream(UniqueFd& fd, LineBuffer& lines, Sink& sink);
@@ -315,19 +316,21 @@ void Launcher::State::supervise() {
       if (errno == EINTR) continue;
       ZD_CHECK_SYS(-1, "launcher: poll on the ranks' pipes and pidfds");
     }
+    std::vector<int> ended;
     for (size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       const auto [i, kind] = what[k];
       RankSlot& r = ranks[static_cast<size_t>(i)];
       switch (kind) {
-        case kPid: try_reap(i); break;
+        case kPid: ended.push_back(i); break;
         case kOut: read_stream(r.out, r.out_lines, out_sink); break;
         case kErr: read_stream(r.err, r.err_lines, err_sink); break;
       }
     }
     if (!have_pidfds) {
-      for (int i = 0; i < opt.nproc; ++i) try_reap(i);
+      for (int i = 0; i < opt.nproc; ++i) ended.push_back(i);
     }
+    reap(ended);
     if (term_at && Clock::now() >= *term_at) {
       term_at.reset();
       if (live > 0) stop_the_rest();
@@ -345,16 +348,31 @@ void Launcher::State::supervise() {
   }
 }
 
-void Launcher::State::try_reap(int i) {
-  RankSlot& r = ranks[static_cast<size_t>(i)];
-  if (r.reaped || r.pid <= 0) return;
-  int status = 0;
-  pid_t got;
-  do {
-    got = ::waitpid(r.pid, &status, WNOHANG);
-  } while (got == -1 && errno == EINTR);
-  if (got == 0) return;
-  rank_ended(i, status, got == -1 ? errno : 0, true);
+// Ranks found ended in one look are reported killed-by-a-signal first:
+// when one rank is killed and another exits because zerod told it that its
+// peer was lost, both often end before the launcher looks, and the killed
+// one is the cause (the first failure) whatever their order in the table.
+void Launcher::State::reap(const std::vector<int>& candidates) {
+  struct Ended {
+    int rank, status, wait_errno;
+  };
+  std::vector<Ended> ended;
+  for (int i : candidates) {
+    RankSlot& r = ranks[static_cast<size_t>(i)];
+    if (r.reaped || r.pid <= 0) continue;
+    int status = 0;
+    pid_t got;
+    do {
+      got = ::waitpid(r.pid, &status, WNOHANG);
+    } while (got == -1 && errno == EINTR);
+    if (got == 0) continue;
+    ended.push_back({i, status, got == -1 ? errno : 0});
+  }
+  std::stable_sort(ended.begin(), ended.end(), [](const Ended& a, const Ended& b) {
+    const bool sa = a.wait_errno == 0 && WIFSIGNALED(a.status), sb = b.wait_errno == 0 && WIFSIGNALED(b.status);
+    return sa && !sb;
+  });
+  for (const Ended& e : ended) rank_ended(e.rank, e.status, e.wait_errno, true);
 }
 
 void Launcher::State::rank_ended(int i, int status, int wait_errno, bool callbacks) {
@@ -406,6 +424,13 @@ void Launcher::State::rank_ended(int i, int status, int wait_errno, bool callbac
     }
   }
 
+  // A rank killed by a signal nobody here sent, found after a rank that
+  // merely exited with an error: the killed one is the cause. The other
+  // exited because zerod told it its peer was lost, and a killed process
+  // can become reapable later than that (its files close before its
+  // memory is torn down).
+  if (first_failure && !first_failure->signaled && e.signaled && !r.signal_sent && e.error.empty())
+    first_failure = e;
   if (!e.ok() && !first_failure) {
     first_failure = e;
     if (live > 0) {
@@ -471,6 +496,7 @@ void Launcher::State::signal_live(int sig, bool skip_stopped) {
   for (RankSlot& r : ranks) {
     if (r.pid <= 0 || r.reaped || (skip_stopped && r.stop_sent)) continue;
     signal_group(r.pid, sig);
+    r.signal_sent = true;
     if (stops(sig)) r.stop_sent = true;
   }
 }

@@ -204,7 +204,7 @@ std::byte* Session::staging_at(uint64_t offset, uint64_t bytes) const {
 
 void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds) {
   size_t& sent = arenas_sent_[m.id()];
-  const auto arenas = m.model().device_pool(rank_).arenas();
+  const auto arenas = m.model().device(rank_).arenas();
   for (size_t i = sent; i < arenas.size(); ++i) {
     v1::ArenaInfo* a = reply->add_new_arenas();
     a->set_id(arenas[i]->id());

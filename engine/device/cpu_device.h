@@ -1,0 +1,53 @@
+// The cpu device: a rank's "device" memory is a bounded pool of memfd arenas
+// (DevicePool), so residency, budgets and offload behave as on a GPU, and the
+// daemon can share the pool with its trainers. Work runs on the calling
+// thread (copies, gradient arithmetic) or the rank's workers (statistics,
+// the optimizer) and is complete when a call returns.
+#pragma once
+
+#include "device.h"
+#include "workers.h"
+
+#include <memory>
+
+namespace zerod {
+
+class CpuDevice final : public Device {
+ public:
+  // chunk_bytes: the size of each memfd arena the pool grows by.
+  CpuDevice(MemoryLedger& ledger, Workers& workers, uint64_t chunk_bytes, std::string name);
+
+  const char* name() const override { return "cpu"; }
+  int32_t dlpack_type() const override { return ZD_DEVICE_CPU; }
+  int32_t ordinal() const override { return 0; }
+  std::string describe() const override;
+  bool host_addressable() const override { return true; }
+
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
+  void release(const Block& block, zd_mem_kind kind) override;
+  std::vector<const SharedArena*> arenas() const override { return pool_.arenas(); }
+  void register_host(void*, uint64_t) override {}
+  void unregister_host(void*) override {}
+
+  void copy_to_device(void* dst, const void* src, uint64_t bytes) override;
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
+  void copy_within(void* dst, const void* src, uint64_t bytes) override;
+  void zero(void* dst, uint64_t bytes) override;
+  void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override;
+  void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         float factor) override;
+  void scale(void* p, zd_dtype dt, uint64_t n, float factor) override;
+  GradStats grad_stats(const std::vector<GradSpan>& spans) override;
+  void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override;
+
+  void set_trainer_stream(void* stream) override;
+  void trainer_waits() override {}
+  void wait_for_trainer() override {}
+  void synchronize() override {}
+
+ private:
+  DevicePool pool_;
+  Workers& workers_;
+};
+
+}  // namespace zerod

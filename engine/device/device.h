@@ -1,0 +1,93 @@
+// The device a rank computes on, behind one small interface: its memory pool
+// and the few things the engine does to that memory itself — copies between
+// it and host memory, fills, gradient arithmetic, the statistics a step
+// needs, and the optimizer's update of state that lives there. The engine
+// calls these for every byte in the device tier, whatever the device is.
+//
+// Two peers implement it (DESIGN.md §9): `cpu`, a bounded pool of shared
+// memory that stands in for a GPU on machines without one (and in every
+// test), and `cuda`, HBM on an NVIDIA GPU (built when nvcc is found).
+//
+// Ordering. Work is issued on zerod's own stream for the rank: each call is
+// ordered after the calls before it. A call returns once its host-side
+// inputs may be reused; device memory it writes is ready for later work on
+// zerod's stream, and for the host after synchronize() (calls that hand a
+// result to the host — copy_to_host, grad_stats — wait for it themselves).
+// The trainer computes on a stream of its own: trainer_waits() makes the
+// trainer's later work wait for zerod's work issued so far (after a begin
+// call made parameters resident, after a step wrote the working copies), and
+// wait_for_trainer() makes zerod's later work wait for what the trainer
+// issued so far (gradients it wrote before backward_end). On the cpu device
+// every call completes before it returns and both are no-ops.
+#pragma once
+
+#include "arena.h"
+#include "grad_math.h"
+
+#include <zerod/zerod.h>
+#include <zerod/zerod_plugin.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+class OptimizerInstance;
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const char* name() const = 0;    // "cpu", "cuda"
+  virtual int32_t dlpack_type() const = 0; // ZD_DEVICE_CPU or ZD_DEVICE_CUDA (DLPack's numbers)
+  virtual int32_t ordinal() const = 0;     // the device id views report
+  virtual std::string describe() const = 0;
+  // Whether host code may read and write pool memory through its pointers.
+  virtual bool host_addressable() const = 0;
+
+  // --- the pool: zero-filled, aligned blocks, charged to the rank's ledger
+  // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device
+  // budget, ZD_ERR_OUT_OF_MEMORY when the device refuses. ---
+  virtual Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) = 0;
+  virtual void release(const Block& block, zd_mem_kind kind) = 0;
+  // The shared-memory arenas blocks live in (the daemon passes them to its
+  // trainers); empty when the pool is not shared memory.
+  virtual std::vector<const SharedArena*> arenas() const = 0;
+
+  // Host memory the device copies from and to often (tiers, staging): the
+  // cuda device page-locks it so copies run asynchronously at full speed.
+  virtual void register_host(void* ptr, uint64_t bytes) = 0;
+  virtual void unregister_host(void* ptr) = 0;
+
+  // --- work on zerod's stream ---
+  virtual void copy_to_device(void* dst, const void* src, uint64_t bytes) = 0;
+  // Returns when dst holds the bytes.
+  virtual void copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual void copy_within(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual void zero(void* dst, uint64_t bytes) = 0;
+  // dst[i] += src[i] (16-bit results rounded to nearest even); both on the device.
+  virtual void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) = 0;
+  // dst[i] += factor * src[i]; both on the device.
+  virtual void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                                 float factor) = 0;
+  // p[i] *= factor.
+  virtual void scale(void* p, zd_dtype dt, uint64_t n, float factor) = 0;
+  // The sum of squares of all spans (in double) and whether it is finite;
+  // returns when the figure is known.
+  virtual GradStats grad_stats(const std::vector<GradSpan>& spans) = 0;
+  // The optimizer's update where every operand of u is in the pool; with
+  // zero_grad the gradient range is zeroed after its update.
+  virtual void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) = 0;
+
+  // --- the trainer's stream ---
+  // The stream the trainer computes on (a cudaStream_t; nullptr = the
+  // default stream). The cpu device accepts only nullptr.
+  virtual void set_trainer_stream(void* stream) = 0;
+  virtual void trainer_waits() = 0;
+  virtual void wait_for_trainer() = 0;
+  // The host waits until zerod's work issued so far is done.
+  virtual void synchronize() = 0;
+};
+
+}  // namespace zerod

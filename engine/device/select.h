@@ -1,0 +1,36 @@
+// Choosing and opening a rank's device: the job script's `device` ("cpu",
+// "cuda" or "auto"), what this build and machine offer, and the clear error
+// when a job asks for a GPU that is not there.
+#pragma once
+
+#include "device.h"
+#include "workers.h"
+
+#include <memory>
+#include <string>
+
+namespace zerod {
+
+// What this libzerod can run on: whether it was built with the cuda device,
+// how many GPUs this process sees, and if none, why (for messages).
+struct CudaAvailability {
+  bool built = false;
+  int devices = 0;
+  std::string why;
+};
+CudaAvailability cuda_availability();
+
+// "cpu" or "cuda" for a job script's choice; "auto" becomes "cuda" where
+// this process sees a GPU, else "cpu". Throws ZD_ERR_CONFIG, naming the job
+// script (`source`), for "cuda" where there is none, and for a name it does
+// not know.
+std::string resolve_device(const std::string& request, const std::string& source);
+
+// Opens the device (already resolved) for one rank; the pool charges the
+// rank's ledger. local_rank picks the GPU (local_rank modulo the GPUs seen;
+// in-process trainers use the GPU current on the calling thread when
+// local_rank is -1). `name` labels the pool (memfd names, messages).
+std::unique_ptr<Device> open_device(const std::string& kind, MemoryLedger& ledger, Workers& workers, int local_rank,
+                                    const std::string& name);
+
+}  // namespace zerod

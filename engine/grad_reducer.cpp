@@ -1,0 +1,318 @@
+#include "grad_reducer.h"
+
+#include "device_comm.h"
+#include "dtype.h"
+#include "grad_math.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+namespace zerod {
+
+void GradReducer::reset() {
+  release();
+  params_.assign(ctx_.registry.params().size(), ParamEntry{});
+  buckets_.assign(ctx_.registry.groups().size(), {});
+  bucket_elems_.assign(ctx_.registry.groups().size(), 0);
+  bucket_seq_ = 0;
+}
+
+void GradReducer::release() {
+  for (ParamEntry& e : params_) {
+    if (e.view) res_.device->release(e.view, ZD_MEM_BUFFERS);
+    e = ParamEntry{};
+  }
+  for (auto& bucket : buckets_) {
+    for (Pending& pg : bucket) res_.device->release(pg.view, ZD_MEM_BUFFERS);
+    bucket.clear();
+  }
+  std::fill(bucket_elems_.begin(), bucket_elems_.end(), 0);
+  release_reduced();
+}
+
+std::byte* GradReducer::accumulator(const ParamRecord& p) const {
+  const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
+  return buffers_.of(p).grad_data() + p.full_offset * dtype_size(ctx_.grad_dtype(g));
+}
+
+void GradReducer::open(const ModuleRecord& mod) {
+  const bool reduce = ctx_.partitioned(ZD_PARTITION_GRADS);
+  std::vector<zd_param_id> given;
+  try {
+    for (zd_param_id pid : mod.params) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
+      ParamEntry& e = params_[static_cast<size_t>(pid)];
+      const bool direct = !reduce && !e.touched && ctx_.grad_dtype(g) == p.dtype &&
+                          buffers_.of(p).grad_tier() == ZD_TIER_DEVICE;
+      if (!direct && !e.view) {
+        e.view = res_.device->allocate(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype), ZD_MEM_BUFFERS,
+                                       "the gradient view of parameter '" + p.name + "'");
+        given.push_back(pid);
+      }
+    }
+  } catch (...) {
+    for (zd_param_id pid : given) {
+      ParamEntry& e = params_[static_cast<size_t>(pid)];
+      res_.device->release(e.view, ZD_MEM_BUFFERS);
+      e.view = Block{};
+    }
+    throw;
+  }
+}
+
+void GradReducer::activate(const ModuleRecord& mod) {
+  for (zd_param_id pid : mod.params) params_[static_cast<size_t>(pid)].view_active = true;
+}
+
+void GradReducer::cancel(const ModuleRecord& mod) {
+  for (zd_param_id pid : mod.params) {
+    ParamEntry& e = params_[static_cast<size_t>(pid)];
+    if (e.view && !e.view_active) {
+      res_.device->release(e.view, ZD_MEM_BUFFERS);
+      e.view = Block{};
+    }
+  }
+}
+
+void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, GroupBuffers& b, zd_dtype grad_dt,
+                                      uint64_t at, uint64_t n) {
+  Device& d = *res_.device;
+  std::byte* dst = b.grad_data() + at * dtype_size(grad_dt);
+  if (b.grad_tier() == ZD_TIER_DEVICE) {
+    d.accumulate(src, src_dt, dst, grad_dt, n);
+  } else if (d.host_addressable()) {
+    zerod::accumulate(src, src_dt, dst, grad_dt, n);
+  } else {
+    // Off the device: copied out, then added on the host.
+    std::vector<std::byte> host(n * dtype_size(src_dt));
+    d.copy_to_host(host.data(), src, host.size());
+    zerod::accumulate(host.data(), src_dt, dst, grad_dt, n);
+  }
+}
+
+void GradReducer::close(const ModuleRecord& mod) {
+  const bool reduce = ctx_.partitioned(ZD_PARTITION_GRADS);
+  // What the trainer wrote into the buffers is read from here on.
+  res_.device->wait_for_trainer();
+  bool bucket_full = false;
+  for (zd_param_id pid : mod.params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
+    ParamEntry& e = params_[static_cast<size_t>(pid)];
+    if (reduce) {
+      const auto gi = static_cast<size_t>(p.group);
+      buckets_[gi].push_back(Pending{pid, e.view});
+      bucket_elems_[gi] += static_cast<uint64_t>(p.numel);
+      bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
+    } else if (e.view) {
+      add_to_accumulators(e.view.ptr, p.dtype, buffers_.of(p), ctx_.grad_dtype(g), p.full_offset,
+                          static_cast<uint64_t>(p.numel));
+      res_.device->release(e.view, ZD_MEM_BUFFERS);
+    }
+    e.view = Block{};
+    e.view_active = false;
+    e.touched = true;
+  }
+  if (bucket_full) flush();  // sends every group's pending gradients
+}
+
+ViewInfo GradReducer::view(zd_param_id param) const {
+  const ParamRecord& p = ctx_.registry.param(param);
+  const ParamEntry& e = params_[static_cast<size_t>(param)];
+  ViewInfo v;
+  if (e.view) {
+    v.data = e.view.ptr;
+    v.arena = e.view.arena;
+    v.offset = e.view.offset;
+  } else {
+    const Block& acc = buffers_.of(p).grad_block();
+    v.data = accumulator(p);
+    v.arena = acc.arena;
+    v.offset = acc.offset + p.full_offset * dtype_size(p.dtype);
+  }
+  v.bytes = static_cast<uint64_t>(p.numel) * dtype_size(p.dtype);
+  v.dtype = p.dtype;
+  v.shape = &p.shape;
+  v.read_only = false;
+  return v;
+}
+
+void GradReducer::flush() {
+  for (size_t gi = 0; gi < buckets_.size(); ++gi)
+    if (!buckets_[gi].empty()) send_bucket(gi);
+}
+
+// Sends a group's pending gradients to their owners on the rank's stream:
+// each contribution is scaled by 1/world (ranks average; pre-dividing keeps
+// 16-bit sums in range) and packed; the owners add what they receive into
+// their accumulators. Stage 3 reduce-scatters shards of equal stride; stage 2
+// all-reduces the bucket and each rank keeps what falls in its range.
+void GradReducer::send_bucket(size_t gi) {
+  Device& d = *res_.device;
+  auto pending = std::make_shared<std::vector<Pending>>(std::move(buckets_[gi]));
+  buckets_[gi].clear();
+  bucket_elems_[gi] = 0;
+  const uint64_t seq = ++bucket_seq_;
+  const ParamGroup& g = ctx_.registry.groups()[gi];
+  const bool p3 = ctx_.params_partitioned();
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  const float inv = 1.0f / static_cast<float>(ctx_.world_size);
+  const zd_dtype dt = g.dtype;
+  const size_t esz = dtype_size(dt);
+  // Where each contribution sits in the packed bucket.
+  auto offsets = std::make_shared<std::vector<uint64_t>>();
+  uint64_t len = 0;
+  for (const Pending& pg : *pending) {
+    const ParamRecord& p = ctx_.registry.param(pg.param);
+    offsets->push_back(len);
+    len += p3 ? p.stride : static_cast<uint64_t>(p.numel);
+  }
+  const uint64_t send_len = p3 ? len * world : len;
+  Block send = d.allocate(send_len * esz, ZD_MEM_BUFFERS, "a gradient bucket");
+  Block recv;
+  try {
+    if (p3) recv = d.allocate(len * esz, ZD_MEM_BUFFERS, "a gradient bucket");
+  } catch (...) {
+    d.release(send, ZD_MEM_BUFFERS);
+    throw;
+  }
+  // Packing happens now, on the rank's thread: the views are done with.
+  for (size_t i = 0; i < pending->size(); ++i) {
+    const Pending& pg = (*pending)[i];
+    const ParamRecord& p = ctx_.registry.param(pg.param);
+    const auto numel = static_cast<uint64_t>(p.numel);
+    if (p3) {
+      for (uint64_t k = 0; k < world; ++k) {
+        const uint64_t lo = k * p.stride;
+        if (lo >= numel) break;
+        const uint64_t n = std::min(p.stride, numel - lo);
+        d.accumulate_scaled(pg.view.ptr + lo * esz, dt, send.ptr + (k * len + (*offsets)[i]) * esz, dt, n, inv);
+      }
+    } else {
+      d.accumulate_scaled(pg.view.ptr, dt, send.ptr + (*offsets)[i] * esz, dt, numel, inv);
+    }
+    d.release(pg.view, ZD_MEM_BUFFERS);
+  }
+  auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
+                                            "): " + (p3 ? "reduce-scatter" : "all-reduce"));
+  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz] {
+    const ParamGroup& grp = ctx_.registry.groups()[gi];
+    GroupBuffers& b = buffers_.groups()[gi];
+    const zd_dtype gdt = ctx_.grad_dtype(grp);
+    const int rank = res_.rank;
+    const zd_comm_call c = ctx_.comm_call(rank, comm_tag(CommOp::Reduce, gi, seq), *what);
+    if (p3) {
+      device_reduce_scatter(ctx_, res_, c, send.ptr, recv.ptr, len, dt);
+      for (size_t i = 0; i < pending->size(); ++i) {
+        const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
+        add_to_accumulators(recv.ptr + (*offsets)[i] * esz, dt, b, gdt, p.flat_offset, p.stride);
+      }
+    } else {
+      device_all_reduce(ctx_, res_, c, send.ptr, len, dt);
+      for (size_t i = 0; i < pending->size(); ++i) {
+        const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
+        uint64_t lo, hi;
+        ctx_.owned_part(p, rank, &lo, &hi);
+        if (lo < hi)
+          add_to_accumulators(send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz, dt, b, gdt,
+                              lo - ctx_.owned_begin(grp, rank), hi - lo);
+      }
+    }
+    res_.device->release(send, ZD_MEM_BUFFERS);
+    res_.device->release(recv, ZD_MEM_BUFFERS);
+  });
+}
+
+// Stages 0-1: the gradients are whole on every rank until the boundary.
+// They are averaged over ranks (pre-divided, then summed); stage 0
+// all-reduces them, stage 1 reduce-scatters them so each rank receives the
+// range it owns.
+void GradReducer::reduce_for_step() {
+  if (ctx_.partitioned(ZD_PARTITION_GRADS) || ctx_.world_size == 1) return;
+  const auto& groups = ctx_.registry.groups();
+  const float inv = 1.0f / static_cast<float>(ctx_.world_size);
+  const bool stage1 = ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
+  const TierSet tiers = res_.tiers();
+  Device& d = *res_.device;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ParamGroup& g = groups[gi];
+    const zd_dtype gdt = ctx_.grad_dtype(g);
+    GroupBuffers& b = buffers_.groups()[gi];
+    if (b.grad_tier() == ZD_TIER_DEVICE)
+      d.scale(b.grad_data(), gdt, g.full_numel, inv);
+    else
+      scale_in_place(b.grad_data(), gdt, g.full_numel, inv);
+    if (stage1) {
+      reduced_.emplace_back();
+      reduced_.back().allocate(tiers, dtype_size(gdt), {{g.stride, b.grad_tier()}}, ZD_MEM_BUFFERS,
+                               "the reduced gradient range");
+    }
+  }
+  const std::string what = stage1 ? "step: reduce-scatter of the gradients" : "step: all-reduce of the gradients";
+  const int rank = res_.rank;
+  ctx_.run(*res_.stream, [&] {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const ParamGroup& g = groups[gi];
+      GroupBuffers& b = buffers_.groups()[gi];
+      const zd_comm_call c = ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, 0), what);
+      const zd_dtype dt = ctx_.grad_dtype(g);
+      const bool on_device = b.grad_tier() == ZD_TIER_DEVICE;
+      if (stage1) {
+        std::byte* out = reduced_[gi].addr(0);
+        if (on_device)
+          device_reduce_scatter(ctx_, res_, c, b.grad_data(), out, g.stride, dt);
+        else
+          ctx_.comm().reduce_scatter(c, b.grad_data(), out, g.stride, comm_dtype(dt), ZD_REDUCE_SUM);
+      } else if (on_device) {
+        device_all_reduce(ctx_, res_, c, b.grad_data(), g.full_numel, dt);
+      } else {
+        ctx_.comm().all_reduce(c, b.grad_data(), g.full_numel, comm_dtype(dt), ZD_REDUCE_SUM);
+      }
+    }
+  });
+}
+
+OwnedGrad GradReducer::owned(size_t gi) const {
+  const GroupBuffers& b = buffers_.groups()[gi];
+  if (!reduced_.empty()) return {reduced_[gi].addr(0), b.grad_tier()};
+  const ParamGroup& g = ctx_.registry.groups()[gi];
+  std::byte* grad = b.grad_data();
+  if (!ctx_.partitioned(ZD_PARTITION_GRADS))
+    grad += ctx_.owned_begin(g, res_.rank) * dtype_size(ctx_.grad_dtype(g));
+  return {grad, b.grad_tier()};
+}
+
+void GradReducer::end_step(bool applied) {
+  // A skipped step drops its gradients. An applied one zeroed the owned
+  // range as it went, except at stage 1, where it read a reduced copy: the
+  // whole unreduced gradients are stale.
+  if (!applied || !reduced_.empty()) zero();
+  release_reduced();
+  for (ParamEntry& e : params_) e.touched = false;
+}
+
+void GradReducer::release_reduced() {
+  const TierSet tiers = res_.tiers();
+  for (TieredBuffer& r : reduced_) r.release(tiers);
+  reduced_.clear();
+}
+
+void GradReducer::zero() {
+  for (GroupBuffers& b : buffers_.groups()) {
+    const TieredBuffer::Segment& s = b.grad.segments().front();
+    if (s.tier == ZD_TIER_DEVICE)
+      res_.device->zero(s.ptr, s.bytes);
+    else
+      std::memset(s.ptr, 0, s.bytes);
+  }
+}
+
+void GradReducer::restart() {
+  release();
+  bucket_seq_ = 0;  // tags restart with the new comm, equal on every rank
+  zero();
+}
+
+}  // namespace zerod

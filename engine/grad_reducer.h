@@ -1,0 +1,99 @@
+// Gradients on one rank: the buffers a backward hands the trainer, how
+// their contents join the rank's accumulators, and the reduction across
+// ranks. Below stage 2 contributions accumulate locally and are averaged at
+// the accumulation boundary (stage 0 all-reduces them, stage 1
+// reduce-scatters them to their owners); from stage 2 they are reduced
+// during backward, in buckets of the partitioner's reduce_bucket_size, on
+// the rank's stream, into the owners' accumulators. The accumulators live
+// where Placement::grad_tier says: on the device while the optimizer runs
+// there, else in host memory, so that gradients leave the device at
+// backward_end.
+#pragma once
+
+#include "comm_stream.h"
+#include "model_types.h"
+#include "model_context.h"
+#include "rank_resources.h"
+#include "state_buffers.h"
+
+#include <vector>
+
+namespace zerod {
+
+// A rank's gradient for the part of a group it updates at a step.
+struct OwnedGrad {
+  std::byte* data = nullptr;
+  zd_tier tier = ZD_TIER_DEVICE;
+};
+
+class GradReducer {
+ public:
+  GradReducer(const ModelContext& ctx, RankResources& res, StateBuffers& buffers)
+      : ctx_(ctx), res_(res), buffers_(buffers) {}
+  ~GradReducer() { release(); }
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  void reset();    // sized for the registry (at finalize)
+  void release();  // every transient buffer goes
+
+  // backward_begin: a gradient buffer for each of the module's parameters
+  // (zero). Below stage 2 the first contribution of a window goes straight
+  // into the (zero) accumulator when it has the parameter's dtype and is on
+  // the device; everything else gets a transient buffer. All or nothing.
+  void open(const ModuleRecord& mod);
+  // The module's views become visible (after the rest of backward_begin).
+  void activate(const ModuleRecord& mod);
+  // backward_begin failed after open(): its buffers go.
+  void cancel(const ModuleRecord& mod);
+  // backward_end: the buffers' contents join the gradients — added to the
+  // accumulators, or handed to a reduction bucket (sent when full).
+  void close(const ModuleRecord& mod);
+  bool view_active(zd_param_id p) const { return params_[static_cast<size_t>(p)].view_active; }
+  ViewInfo view(zd_param_id p) const;
+
+  // At an accumulation boundary, before the optimizer: the pending bucket is
+  // sent (stages 2-3) or the gradients are averaged over ranks (stages 0-1;
+  // not when `local`, a compressed step keeps them local).
+  void flush();
+  void reduce_for_step();
+  OwnedGrad owned(size_t group) const;
+  // After the optimizer (applied) or a skipped step: the step's buffers go
+  // and the accumulators are clear for the next window.
+  void end_step(bool applied);
+  void zero();
+  // A failed step's buffers and pending buckets go, the accumulators are
+  // cleared and the bucket tags restart (as on every rank).
+  void restart();
+
+ private:
+  struct ParamEntry {
+    Block view;                // a transient gradient buffer, or empty (the view is the accumulator)
+    bool view_active = false;  // between backward_begin and backward_end
+    bool touched = false;      // a contribution landed in this accumulation window
+  };
+  // A contribution waiting in a reduction bucket (stages 2-3).
+  struct Pending {
+    zd_param_id param;
+    Block view;
+  };
+
+  std::byte* accumulator(const ParamRecord& p) const;
+  // Adds n elements at src (device memory) into a group's accumulators at
+  // element `at`, wherever those live.
+  void add_to_accumulators(const void* src, zd_dtype src_dt, GroupBuffers& b, zd_dtype grad_dt, uint64_t at,
+                           uint64_t n);
+  void send_bucket(size_t group);
+  void release_reduced();
+
+  const ModelContext& ctx_;
+  RankResources& res_;
+  StateBuffers& buffers_;
+  std::vector<ParamEntry> params_;
+  std::vector<std::vector<Pending>> buckets_;  // per group
+  std::vector<uint64_t> bucket_elems_;         // per group
+  uint64_t bucket_seq_ = 0;                    // tags the bucket collectives
+  std::vector<TieredBuffer> reduced_;          // stage 1: the owned range of each group's averaged gradients
+};
+
+}  // namespace zerod

@@ -1,0 +1,112 @@
+// What every part of a model reads and none of them owns: the job's
+// configuration, the registry and its layout, the plugins, the world and
+// how the state is partitioned across it, and the way a part issues a
+// collective on its rank's stream (a failed collective breaks the job).
+#pragma once
+
+#include "comm_stream.h"
+#include "error.h"
+#include "job_config.h"
+#include "plugin_host.h"
+#include "registry.h"
+
+#include <zerod/zerod.h>
+#include <zerod/zerod_plugin.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace zerod {
+
+// The plugins a model runs with, configured for its world size.
+struct ModelPlugins {
+  std::unique_ptr<OptimizerInstance> optimizer;
+  std::unique_ptr<PartitionerInstance> partitioner;
+  std::unique_ptr<CommInstance> comm;
+  // Tier plugins, instantiated per rank when the placement uses them.
+  std::shared_ptr<const Plugin> host_tier;
+  std::shared_ptr<const Plugin> nvme_tier;
+};
+
+// Where a failed collective goes: the model marks itself broken and throws
+// the job's failure (every later call on every rank gets it).
+class FailureSink {
+ public:
+  virtual ~FailureSink() = default;
+  [[noreturn]] virtual void broken_by(const Error& e) = 0;
+};
+
+// Tags of collectives: what the engine is doing, equal on every rank.
+enum class CommOp : uint64_t {
+  Finalize = 1,
+  Gather = 2,
+  Reduce = 3,
+  StepReduce = 4,
+  Stats = 5,
+  GatherWorking = 6,
+  Persistent = 7,
+  Read = 8,
+};
+
+inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {
+  return (static_cast<uint64_t>(op) << 56) | ((group & 0xff) << 48) | (id & 0xffffffffffffull);
+}
+
+inline zd_comm_dtype comm_dtype(zd_dtype dt) { return static_cast<zd_comm_dtype>(dt); }
+
+class ModelContext {
+ public:
+  ModelContext(const JobConfig& job, Registry& reg, ModelPlugins& loaded, int world, FailureSink& failures)
+      : config(job), registry(reg), plugins(loaded), world_size(world), failures_(failures) {}
+  ModelContext(const ModelContext&) = delete;
+  ModelContext& operator=(const ModelContext&) = delete;
+
+  const JobConfig& config;
+  Registry& registry;
+  ModelPlugins& plugins;
+  const int world_size;
+  uint32_t partitions = 0;  // ZD_PARTITION_* bits of the partitioner, set once at construction
+
+  bool partitioned(uint32_t what) const { return (partitions & what) != 0; }
+  bool params_partitioned() const { return partitioned(ZD_PARTITION_PARAMS); }
+  OptimizerInstance& optimizer() const { return *plugins.optimizer; }
+  CommInstance& comm() const { return *plugins.comm; }
+
+  // The dtype of a group's gradient accumulators.
+  zd_dtype grad_dtype(const ParamGroup& g) const {
+    return config.grad_accum_dtype ? config.grad_accum_dtype : g.dtype;
+  }
+  // The range of a group's full layout a rank owns (its master, optimizer
+  // state and, from stage 2, gradients): where it begins and how long it is.
+  // At stage 3 the owned range is the rank's flat shard buffer.
+  uint64_t owned_begin(const ParamGroup& g, int rank) const {
+    return registry.partitioning() == Partitioning::Group ? static_cast<uint64_t>(rank) * g.stride : 0;
+  }
+  uint64_t owned_count(const ParamGroup& g) const {
+    switch (registry.partitioning()) {
+      case Partitioning::Replicated: return g.full_numel;
+      case Partitioning::Group: return g.stride;
+      default: return g.flat_numel;
+    }
+  }
+  // The part [lo, hi) of a parameter (in full-layout elements) that falls in
+  // the range `rank` owns; lo >= hi when none does. Stages 0-2 only.
+  void owned_part(const ParamRecord& p, int rank, uint64_t* lo, uint64_t* hi) const;
+  std::string module_label(zd_module_id m) const { return "module '" + registry.module(m).name + "'"; }
+
+  // --- collectives on a rank's stream ---
+  // The call record for a collective; `what` must outlive the call.
+  zd_comm_call comm_call(int rank, uint64_t tag, const std::string& what) const;
+  CommStream::Ticket issue(CommStream& s, std::function<void()> fn) const { return s.enqueue(std::move(fn)); }
+  // Waits for a task; a failure breaks the job and throws its message.
+  void wait(const CommStream::Ticket& t) const;
+  void run(CommStream& s, std::function<void()> fn) const { wait(issue(s, std::move(fn))); }
+  void drain(CommStream& s) const;
+  [[noreturn]] void broken_by(const Error& e) const { failures_.broken_by(e); }
+
+ private:
+  FailureSink& failures_;
+};
+
+}  // namespace zerod

@@ -1,0 +1,63 @@
+// One rank of a Model: its resources, its parts, and the call-order state
+// the Model keeps for it. Private to engine/model*.cpp.
+#pragma once
+
+#include "grad_reducer.h"
+#include "loss_scaler.h"
+#include "model.h"
+#include "momentum_compression.h"
+#include "optimizer_runner.h"
+#include "rank_resources.h"
+#include "residency.h"
+#include "state_buffers.h"
+
+#include <vector>
+
+namespace zerod {
+
+struct Model::RankState {
+  RankState(const ModelContext& ctx, const Placement& placement, int rank, ThreadPool& shared, std::mutex& shared_mu)
+      : res(rank, shared, shared_mu),
+        buffers(ctx, res),
+        residency(ctx, res, buffers),
+        grads(ctx, res, buffers),
+        optimizer(ctx, placement, res, buffers, grads),
+        compression(ctx, res, buffers, optimizer) {}
+
+  // Declared in the order they are built; destroyed in reverse, so every
+  // part gives its buffers back before the tiers and the device go.
+  RankResources res;
+  StateBuffers buffers;
+  Residency residency;
+  GradReducer grads;
+  OptimizerRunner optimizer;
+  MomentumCompression compression;
+
+  struct ModuleCalls {
+    bool forward = false;
+    bool backward = false;
+  };
+  std::vector<ModuleCalls> modules;
+  int active_modules = 0;
+  int registered = 0;  // parameters this rank registered
+  bool finalized = false;
+
+  LossScaler scaler{LossScaleConfig{}};
+  int64_t micro_step = 0;
+  int64_t applied = 0;
+  StepFigures last;
+};
+
+class Model::Call {
+ public:
+  Call(Model& m, int rank, const char* name, zd_module_id module = -1);
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+ private:
+  Model& m_;
+  int rank_;
+};
+
+}  // namespace zerod

@@ -1,0 +1,284 @@
+#include "optimizer_runner.h"
+
+#include "align.h"
+#include "dtype.h"
+#include "error.h"
+#include "workers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace zerod {
+
+void OptimizerRunner::reserve_staging() {
+  const std::vector<uint64_t> layout = placement_.staging_layout(res_.rank);
+  if (layout.empty()) return;
+  const auto sets = static_cast<size_t>(ctx_.config.offload.buffer_count);
+  uint64_t bytes = 0;
+  for (uint64_t b : layout) bytes += b * sets;
+  res_.ledger.charge(ZD_TIER_HOST, ZD_MEM_BUFFERS, bytes,
+                     "the NVMe staging buffers (offload.buffer_count x offload.tile_size per operand)");
+  staging_charged_ = bytes;
+  const uint64_t align = placement_.nvme_alignment();
+  staging_.resize(sets);
+  for (auto& set : staging_)
+    for (uint64_t b : layout) {
+      set.emplace_back(b ? b : align, align);
+      res_.device->register_host(set.back().data(), set.back().size());
+    }
+}
+
+void OptimizerRunner::release_staging() {
+  for (auto& set : staging_)
+    for (AlignedBuffer& b : set) res_.device->unregister_host(b.data());
+  staging_.clear();
+  res_.ledger.release(ZD_TIER_HOST, ZD_MEM_BUFFERS, staging_charged_);
+  staging_charged_ = 0;
+}
+
+GradStats OptimizerRunner::gradient_stats(bool local) {
+  std::vector<GradSpan> on_device, on_host;
+  const auto& groups = ctx_.registry.groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ParamGroup& g = groups[gi];
+    const GroupBuffers& b = buffers_.groups()[gi];
+    const OwnedGrad og = local ? OwnedGrad{b.grad_data(), b.grad_tier()} : grads_.owned(gi);
+    const GradSpan span{og.data, ctx_.grad_dtype(g), local ? g.full_numel : ctx_.owned_count(g)};
+    (og.tier == ZD_TIER_DEVICE ? on_device : on_host).push_back(span);
+  }
+  double s = 0.0;
+  if (!on_device.empty()) s += res_.device->grad_stats(on_device).sumsq;
+  if (!on_host.empty()) s += parallel_grad_stats(res_.workers, on_host).sumsq;
+  if ((local || ctx_.partitioned(ZD_PARTITION_OPTIMIZER)) && ctx_.world_size > 1) {
+    // Each rank holds a part (or its own gradient): the global sum (inf and
+    // NaN carry through).
+    const std::string what = "step: all-reduce of the gradient norm";
+    ctx_.run(*res_.stream, [&] {
+      ctx_.comm().all_reduce(ctx_.comm_call(res_.rank, comm_tag(CommOp::Stats, 0, 0), what), &s, 1, ZD_COMM_F64,
+                             ZD_REDUCE_SUM);
+    });
+  }
+  GradStats out;
+  out.sumsq = s;
+  out.finite = std::isfinite(s);
+  return out;
+}
+
+std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
+  const auto& groups = ctx_.registry.groups();
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const bool p3 = ctx_.params_partitioned();
+  std::vector<Piece> out;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ParamGroup& g = groups[gi];
+    const GroupBuffers& b = buffers_.groups()[gi];
+    const uint64_t n = ctx_.owned_count(g), wbase = p3 ? 0 : ctx_.owned_begin(g, res_.rank);
+    // Cut wherever any operand changes segment.
+    std::vector<uint64_t> cuts = {0, n};
+    auto add_cuts = [&](const TieredBuffer& buf, uint64_t base) {
+      for (const auto& s : buf.segments()) {
+        if (s.begin >= base && s.begin - base < n) cuts.push_back(s.begin - base);
+        if (s.begin + s.count > base && s.begin + s.count - base < n) cuts.push_back(s.begin + s.count - base);
+      }
+    };
+    add_cuts(b.master, 0);
+    for (uint32_t s = 0; s < slots; ++s) add_cuts(b.state[s], 0);
+    add_cuts(b.working, wbase);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const uint64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
+      bool staged = !b.master.addressable(lo, len) || !b.working.addressable(wbase + lo, len);
+      bool on_device = b.master.tier_of(lo, len) == ZD_TIER_DEVICE;
+      for (uint32_t s = 0; s < slots; ++s) {
+        staged = staged || !b.state[s].addressable(lo, len);
+        on_device = on_device && b.state[s].tier_of(lo, len) == ZD_TIER_DEVICE;
+      }
+      out.push_back({gi, lo, len, staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST});
+    }
+  }
+  return out;
+}
+
+zd_optimizer_update OptimizerRunner::base_update(double grad_scale, double lr, int64_t t) const {
+  zd_optimizer_update u{};
+  u.struct_size = sizeof u;
+  u.grad_scale = grad_scale;
+  u.lr = lr;
+  u.step = t;
+  return u;
+}
+
+void OptimizerRunner::apply(double grad_scale, double lr, int64_t t, bool with_grad) {
+  const zd_optimizer_update base = base_update(grad_scale, lr, t);
+  for (const Piece& pc : pieces()) {
+    const ParamGroup& g = ctx_.registry.groups()[pc.group];
+    std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
+    if (pc.tier == ZD_TIER_NVME)
+      update_staged(pc, grad, base, with_grad);
+    else
+      update_in_memory(pc, grad, base, with_grad);
+  }
+}
+
+void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
+                                       bool with_grad) {
+  const ParamGroup& g = ctx_.registry.groups()[pc.group];
+  GroupBuffers& b = buffers_.groups()[pc.group];
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const uint64_t wbase = (ctx_.params_partitioned() ? 0 : ctx_.owned_begin(g, res_.rank)) + pc.begin;
+  Device& d = *res_.device;
+  zd_optimizer_update u = base;
+  u.count = pc.count;
+  u.master = reinterpret_cast<float*>(b.master.addr(pc.begin));
+  u.grad = with_grad ? grad : nullptr;
+  u.grad_dtype = ctx_.grad_dtype(g);
+  u.work = b.working.addr(wbase);
+  u.work_dtype = g.dtype;
+  for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(b.state[s].addr(pc.begin));
+  if (pc.tier == ZD_TIER_DEVICE) {
+    d.optimizer_update(ctx_.optimizer(), u, with_grad);
+    return;
+  }
+  if (d.host_addressable() || b.working.tier_of(wbase, pc.count) != ZD_TIER_DEVICE) {
+    parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+    return;
+  }
+  // The state is in host memory, the working copy on a device the host
+  // cannot write: each chunk's new working copy is written on the host and
+  // copied to the device.
+  constexpr uint64_t kChunk = uint64_t{1} << 22;
+  const size_t wsz = dtype_size(g.dtype);
+  std::vector<std::byte> scratch(std::min(kChunk, pc.count) * wsz);
+  for (uint64_t off = 0; off < pc.count; off += kChunk) {
+    const uint64_t n = std::min(kChunk, pc.count - off);
+    zd_optimizer_update c = update_slice(u, slots, off, n);
+    void* on_device = c.work;
+    c.work = scratch.data();
+    parallel_update(res_.workers, ctx_.optimizer(), c, with_grad);
+    d.copy_to_device(on_device, scratch.data(), n * wsz);
+  }
+}
+
+namespace {
+
+// One operand of the update in a piece.
+struct Operand {
+  TieredBuffer* buf;
+  uint64_t base;  // element of the buffer at piece element 0
+  size_t esz;
+  bool read;      // its old values are needed (master, state; not the working copy)
+  bool staged;    // on NVMe in this piece
+};
+
+}  // namespace
+
+void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
+                                    bool with_grad) {
+  const ParamGroup& g = ctx_.registry.groups()[pc.group];
+  GroupBuffers& b = buffers_.groups()[pc.group];
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const bool p3 = ctx_.params_partitioned();
+  TierInstance& nvme = *res_.nvme;
+  Device& d = *res_.device;
+  const uint64_t align = nvme.alignment();
+  const zd_dtype gdt = ctx_.grad_dtype(g);
+  const size_t gsz = dtype_size(gdt);
+
+  std::vector<Operand> ops;
+  ops.push_back({&b.master, 0, 4, true, false});
+  for (uint32_t s = 0; s < slots; ++s) ops.push_back({&b.state[s], 0, 4, true, false});
+  ops.push_back({&b.working, p3 ? 0 : ctx_.owned_begin(g, res_.rank), dtype_size(g.dtype), false, false});
+  for (Operand& op : ops) op.staged = !op.buf->addressable(op.base + pc.begin, pc.count);
+  const size_t work_k = ops.size() - 1;
+  // A working copy in memory on a device the host cannot write goes through
+  // host memory, tile by tile.
+  const Operand& wop = ops[work_k];
+  const bool work_via_host = !wop.staged && !d.host_addressable() &&
+                             wop.buf->tier_of(wop.base + pc.begin, pc.count) == ZD_TIER_DEVICE;
+
+  // Staging: the B sets of one tile per operand reserved at finalize.
+  const uint64_t T = ctx_.config.offload.nvme_tile_elems;
+  auto& sets = staging_;
+  const size_t B = sets.size();
+  if (B < 3 || sets[0].size() != ops.size())
+    fail(ZD_ERR_INTERNAL, "the NVMe staging buffers were not reserved at finalize");
+  for (size_t k = 0; k < ops.size(); ++k)
+    if (ops[k].staged && sets[0][k].size() < align_up(T * ops[k].esz, align))
+      fail(ZD_ERR_INTERNAL, "an NVMe staging buffer is smaller than a tile");
+  std::vector<std::byte> work_scratch(work_via_host ? T * wop.esz : 0);
+
+  const uint64_t tiles = (pc.count + T - 1) / T;
+  std::vector<uint64_t> reading(B, 0), writing(B, 0);  // tickets; 0 = none
+  // The transfers of one tile for the staged operands that need them.
+  auto ios_for = [&](uint64_t j, bool write) {
+    std::vector<zd_tier_io> ios;
+    const uint64_t first = pc.begin + j * T, len = std::min(T, pc.count - j * T);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const Operand& op = ops[k];
+      if (!op.staged || (!write && !op.read)) continue;
+      const uint64_t e = op.base + first;
+      const auto& seg = op.buf->segment_at(e);
+      const uint64_t at = (e - seg.begin) * op.esz;
+      const uint64_t bytes = std::min(align_up(len * op.esz, align), seg.bytes - at);
+      ios.push_back({seg.offset + at, bytes, sets[j % B][k].data(), write ? 1 : 0, 0});
+    }
+    return ios;
+  };
+  auto start_read = [&](uint64_t j) {
+    const size_t set = j % B;
+    if (writing[set]) {  // the set's last tile must be on disk before it is refilled
+      nvme.wait(writing[set]);
+      writing[set] = 0;
+    }
+    auto ios = ios_for(j, false);
+    reading[set] = ios.empty() ? 0 : nvme.submit(ios.data(), static_cast<uint32_t>(ios.size()));
+  };
+
+  try {
+    const uint64_t ahead = B - 2;  // tiles read ahead; the set before them is still being written
+    uint64_t next = 0;
+    for (uint64_t j = 0; j < tiles; ++j) {
+      while (next < tiles && next <= j + ahead) start_read(next++);
+      const size_t set = j % B;
+      if (reading[set]) {
+        nvme.wait(reading[set]);
+        reading[set] = 0;
+      }
+      const uint64_t first = pc.begin + j * T, len = std::min(T, pc.count - j * T);
+      auto ptr = [&](size_t k) -> std::byte* {
+        const Operand& op = ops[k];
+        if (op.staged) return sets[set][k].data();
+        if (k == work_k && work_via_host) return work_scratch.data();
+        return op.buf->addr(op.base + first);
+      };
+      zd_optimizer_update u = base;
+      u.count = len;
+      u.master = reinterpret_cast<float*>(ptr(0));
+      u.grad = with_grad ? grad_base + first * gsz : nullptr;
+      u.grad_dtype = gdt;
+      u.work = ptr(work_k);
+      u.work_dtype = g.dtype;
+      for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(ptr(1 + s));
+      parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+      if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);
+      auto ios = ios_for(j, true);
+      if (!ios.empty()) writing[set] = nvme.submit(ios.data(), static_cast<uint32_t>(ios.size()));
+    }
+    for (size_t s = 0; s < B; ++s)
+      if (writing[s]) nvme.wait(writing[s]);
+  } catch (...) {
+    // Nothing may still be in flight into buffers that are about to go.
+    for (size_t s = 0; s < B; ++s) {
+      try {
+        if (reading[s]) nvme.wait(reading[s]);
+        if (writing[s]) nvme.wait(writing[s]);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace zerod

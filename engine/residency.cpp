@@ -1,0 +1,211 @@
+#include "residency.h"
+
+#include "device_comm.h"
+#include "dtype.h"
+#include "error.h"
+#include "log.h"
+
+#include <memory>
+
+namespace zerod {
+
+void Residency::reset() {
+  clear();
+  modules_.assign(ctx_.registry.modules().size(), ModuleEntry{});
+  params_.assign(ctx_.registry.params().size(), Block{});
+}
+
+void Residency::clear() {
+  for (Block& b : params_) {
+    if (b) res_.device->release(b, ZD_MEM_PARAMS);
+    b = Block{};
+  }
+  for (ModuleEntry& m : modules_) m = ModuleEntry{};
+  trace_ = Trace{};
+  live_elems_ = 0;
+}
+
+// The rank's shard of p, where the all-gather reads it: in place when it is
+// in memory, else read from NVMe into a host buffer first.
+void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const TieredBuffer& w = buffers_.of(p).working;
+  std::vector<std::byte> staged;
+  const void* send;
+  bool on_device = false;
+  if (w.addressable(p.flat_offset, p.stride)) {
+    send = w.addr(p.flat_offset);
+    on_device = w.tier_of(p.flat_offset, p.stride) == ZD_TIER_DEVICE;
+  } else {
+    staged.resize(p.stride * dtype_size(p.dtype));
+    w.read(res_.tiers(), p.flat_offset, p.stride, staged.data());
+    send = staged.data();
+  }
+  device_all_gather(ctx_, res_, ctx_.comm_call(res_.rank, comm_tag(op, group, static_cast<uint64_t>(pid)), what), send, on_device, dst,
+                    p.stride, p.dtype);
+}
+
+// Gathers a module's non-persistent parameters into fresh buffers on the
+// rank's stream; the module counts as resident from now on.
+void Residency::gather(zd_module_id m) {
+  const ModuleRecord& mod = ctx_.registry.module(m);
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  std::vector<zd_param_id> todo;
+  uint64_t elems = 0, bytes = 0;
+  for (zd_param_id pid : mod.params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    if (p.persistent || params_[static_cast<size_t>(pid)]) continue;
+    todo.push_back(pid);
+    elems += gathered_elems(p);
+    bytes += gathered_elems(p) * dtype_size(p.dtype);
+  }
+  // Allocate everything first, so a module that does not fit is refused
+  // whole, before any collective is issued.
+  std::vector<Block> blocks;
+  try {
+    for (zd_param_id pid : todo) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      blocks.push_back(res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
+                                             "gathering " + ctx_.module_label(m)));
+    }
+  } catch (const Error& e) {
+    for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
+    if (e.code() != ZD_ERR_BUDGET) throw;
+    fail(ZD_ERR_BUDGET, ctx_.module_label(m) + " needs " + format_bytes(bytes) +
+                            " of gathered parameters in the device tier, which holds " +
+                            format_bytes(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL)) + " of its " +
+                            format_bytes(res_.ledger.budget(ZD_TIER_DEVICE)) + " budget on rank " +
+                            std::to_string(res_.rank) + " (" + e.what() + ")");
+  }
+  for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];
+  live_elems_ += elems;
+  me.resident = true;
+  if (todo.empty()) return;
+  auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
+  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m] {
+    for (zd_param_id pid : todo) {
+      all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
+    }
+  });
+}
+
+void Residency::release(zd_module_id m) {
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  if (!me.resident) return;
+  for (zd_param_id pid : ctx_.registry.module(m).params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    Block& b = params_[static_cast<size_t>(pid)];
+    if (p.persistent || !b) continue;
+    res_.device->release(b, ZD_MEM_PARAMS);
+    b = Block{};
+    live_elems_ -= gathered_elems(p);
+  }
+  me.resident = false;
+  me.gather = CommStream::Ticket{};
+}
+
+void Residency::release_all() {
+  for (size_t m = 0; m < modules_.size(); ++m) release(static_cast<zd_module_id>(m));
+}
+
+void Residency::gather_persistent() {
+  std::vector<zd_param_id> persistent;
+  for (size_t i = 0; i < ctx_.registry.params().size(); ++i)
+    if (ctx_.registry.params()[i].persistent) persistent.push_back(static_cast<zd_param_id>(i));
+  if (persistent.empty()) return;
+  for (zd_param_id pid : persistent) {
+    Block& b = params_[static_cast<size_t>(pid)];
+    if (b) continue;
+    const ParamRecord& p = ctx_.registry.param(pid);
+    b = res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
+                              "persistent parameter '" + p.name + "'");
+  }
+  const std::string what = "gathering the persistent parameters: all-gather";
+  ctx_.run(*res_.stream, [&] {
+    for (zd_param_id pid : persistent) {
+      all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Persistent, 0, what);
+    }
+  });
+}
+
+void Residency::refresh_persistent() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Block& b = params_[i];
+    if (ctx_.registry.params()[i].persistent && b) {
+      res_.device->release(b, ZD_MEM_PARAMS);
+      b = Block{};
+    }
+  }
+  gather_persistent();
+}
+
+void Residency::restart() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Block& b = params_[i];
+    if (b && !ctx_.registry.params()[i].persistent) {
+      res_.device->release(b, ZD_MEM_PARAMS);
+      b = Block{};
+    }
+  }
+  for (ModuleEntry& m : modules_) m = ModuleEntry{};
+  trace_ = Trace{};
+  live_elems_ = 0;
+}
+
+void Residency::start_micro_batch() {
+  trace_.complete = true;
+  trace_.valid = true;
+  trace_.pos = 0;
+}
+
+void Residency::make_resident(zd_module_id m, bool backward) {
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  if (!me.resident) gather(m);
+  Trace& tr = trace_;
+  if (!tr.complete) {
+    tr.order.emplace_back(backward, m);
+  } else if (tr.valid) {
+    if (tr.pos < tr.order.size() && tr.order[tr.pos] == std::make_pair(backward, m)) {
+      ++tr.pos;
+      // Prefetch: what follows in the recorded order, while the budget lasts.
+      const uint64_t budget = ctx_.plugins.partitioner->prefetch_elements();
+      const uint64_t max_live = ctx_.plugins.partitioner->max_live_elements();
+      uint64_t fetched = 0;
+      for (size_t j = tr.pos; j < tr.order.size() && fetched < budget; ++j) {
+        const zd_module_id next = tr.order[j].second;
+        if (modules_[static_cast<size_t>(next)].resident) continue;
+        uint64_t elems = 0;
+        for (zd_param_id pid : ctx_.registry.module(next).params) {
+          const ParamRecord& p = ctx_.registry.param(pid);
+          if (!p.persistent) elems += gathered_elems(p);
+        }
+        if (live_elems_ + elems > max_live) break;
+        try {
+          gather(next);
+        } catch (const Error& e) {
+          if (e.code() != ZD_ERR_BUDGET) throw;
+          break;  // prefetch is best effort; the begin call will gather it
+        }
+        fetched += elems;
+      }
+    } else {
+      // The module order changed: no more prefetch in this micro-batch.
+      tr.valid = false;
+      log_debug("rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) +
+                " begun out of the recorded order; prefetch off until the next micro-batch");
+    }
+  }
+  ctx_.wait(me.gather);
+}
+
+void Residency::overwrite(zd_param_id pid, const float* whole) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const Block& b = params_[static_cast<size_t>(pid)];
+  if (!b) return;
+  const auto numel = static_cast<uint64_t>(p.numel);
+  std::vector<std::byte> w(numel * dtype_size(p.dtype));
+  convert(whole, ZD_DTYPE_F32, w.data(), p.dtype, numel);
+  res_.device->copy_to_device(b.ptr, w.data(), w.size());
+}
+
+}  // namespace zerod

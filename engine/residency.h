@@ -1,0 +1,86 @@
+// Stage 3 residency for one rank: a module's parameters are gathered from
+// every rank's shard into whole working copies in the device tier at its
+// begin call and released at its end; small ("persistent") parameters stay
+// gathered. The modules the recorded order says come next are gathered
+// ahead on the rank's stream (prefetch), while the gathered elements stay
+// within the partitioner's live window (max_live_parameters) and the
+// prefetch budget (prefetch_bucket_size).
+#pragma once
+
+#include "comm_stream.h"
+#include "model_context.h"
+#include "rank_resources.h"
+#include "state_buffers.h"
+
+#include <utility>
+#include <vector>
+
+namespace zerod {
+
+class Residency {
+ public:
+  Residency(const ModelContext& ctx, RankResources& res, StateBuffers& buffers)
+      : ctx_(ctx), res_(res), buffers_(buffers) {}
+  ~Residency() { clear(); }
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  // Sized for the registry, nothing gathered (at finalize).
+  void reset();
+  // A begin call: the module's parameters are resident when this returns
+  // (the next modules may be on their way). Throws ZD_ERR_BUDGET, with
+  // nothing allocated for it, when the device tier cannot hold them.
+  void make_resident(zd_module_id m, bool backward);
+  // An end call: the module's gathered (non-persistent) copies go.
+  void release(zd_module_id m);
+  void release_all();
+  // Gathers the persistent parameters from the current shards (a
+  // collective): at finalize; refresh_persistent() again after every step
+  // and restart, when the shards have changed.
+  void gather_persistent();
+  void refresh_persistent();
+  // The recorded module order restarts from its beginning (every step);
+  // the first step's order is the record.
+  void start_micro_batch();
+  // After a failed step (a restart): the modules' gathered copies and the
+  // record go; the persistent copies stay until refresh_persistent().
+  void restart();
+  // Drops every gathered copy and the record.
+  void clear();
+
+  const Block& gathered(zd_param_id p) const { return params_[static_cast<size_t>(p)]; }
+  bool resident(zd_param_id p) const { return static_cast<bool>(gathered(p)); }
+  // Elements gathered now, persistent ones excluded.
+  uint64_t live_elements() const { return live_elems_; }
+  // zd_param_write of a parameter whose copy is gathered now.
+  void overwrite(zd_param_id pid, const float* whole);
+
+ private:
+  struct ModuleEntry {
+    bool resident = false;      // gathered, or being gathered
+    CommStream::Ticket gather;  // the gather in flight
+  };
+  // The order modules were begun in the first micro-batch; later micro-
+  // batches that follow it get the next modules gathered ahead.
+  struct Trace {
+    std::vector<std::pair<bool, zd_module_id>> order;  // (backward?, module)
+    bool complete = false;
+    bool valid = true;  // this micro-batch still follows it
+    size_t pos = 0;
+  };
+
+  void gather(zd_module_id m);
+  uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
+  // Gathers p's shards from every rank into dst (on the rank's stream).
+  void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
+
+  const ModelContext& ctx_;
+  RankResources& res_;
+  StateBuffers& buffers_;
+  std::vector<ModuleEntry> modules_;
+  std::vector<Block> params_;  // the whole working copy while gathered
+  Trace trace_;
+  uint64_t live_elems_ = 0;
+};
+
+}  // namespace zerod

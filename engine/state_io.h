@@ -1,0 +1,28 @@
+// Whole values of a parameter's fp32 state — its master copy, each of its
+// optimizer state slots — assembled from every rank's part (zd_param_read,
+// checkpoints), and written back part by part (zd_optimizer_state_write,
+// restores).
+#pragma once
+
+#include "model_context.h"
+#include "rank_resources.h"
+#include "state_buffers.h"
+
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+// Which fp32 buffer of a parameter: the master, or an optimizer state slot.
+constexpr int kMasterSlot = -1;
+
+// The whole value. With the state partitioned on several ranks this is a
+// collective (every rank reads the same parameter); `call` names it in
+// failures.
+std::vector<float> read_whole(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param,
+                              int slot, const std::string& call);
+// Writes this rank's part of the buffer from the whole value.
+void write_own_part(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param, int slot,
+                    const float* whole);
+
+}  // namespace zerod

@@ -1,0 +1,63 @@
+#include "workers.h"
+
+#include "dtype.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace zerod {
+
+void Workers::run(size_t n, const std::function<void(size_t)>& fn) {
+  if (near_) {
+    near_->run(n, fn);  // the rank's own threads: no other rank uses them
+    return;
+  }
+  std::lock_guard<std::mutex> lock(*shared_mu_);
+  shared_->run(n, fn);
+}
+
+GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans) {
+  struct Task {
+    size_t span;
+    uint64_t begin, count;
+  };
+  std::vector<Task> tasks;
+  for (size_t s = 0; s < spans.size(); ++s)
+    for (uint64_t b = 0; b < spans[s].count; b += kTile) tasks.push_back({s, b, std::min(kTile, spans[s].count - b)});
+  std::vector<GradStats> partial(tasks.size());
+  w.run(tasks.size(), [&](size_t i) {
+    const Task& t = tasks[i];
+    const GradSpan& s = spans[t.span];
+    partial[i] = grad_stats(static_cast<const std::byte*>(s.data) + t.begin * dtype_size(s.dtype), s.dtype, t.count);
+  });
+  GradStats out;
+  for (const GradStats& p : partial) out.sumsq += p.sumsq;
+  out.finite = std::isfinite(out.sumsq);
+  return out;
+}
+
+zd_optimizer_update update_slice(const zd_optimizer_update& u, uint32_t slots, uint64_t off, uint64_t n) {
+  zd_optimizer_update s = u;
+  s.count = n;
+  if (s.master) s.master += off;
+  if (s.grad) s.grad = static_cast<const std::byte*>(s.grad) + off * dtype_size(s.grad_dtype);
+  if (s.work) s.work = static_cast<std::byte*>(s.work) + off * dtype_size(s.work_dtype);
+  for (uint32_t k = 0; k < slots; ++k)
+    if (s.state[k]) s.state[k] += off;
+  return s;
+}
+
+void parallel_update(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) {
+  const uint32_t slots = opt.state_slots();
+  const uint64_t tiles = (u.count + kTile - 1) / kTile;
+  const size_t gsz = u.grad ? dtype_size(u.grad_dtype) : 0;
+  w.run(tiles, [&](size_t i) {
+    const uint64_t off = i * kTile, n = std::min(kTile, u.count - off);
+    const zd_optimizer_update t = update_slice(u, slots, off, n);
+    opt.update(ZD_ISA_AUTO, t);
+    if (zero_grad && t.grad) std::memset(const_cast<void*>(t.grad), 0, n * gsz);
+  });
+}
+
+}  // namespace zerod

@@ -1,0 +1,58 @@
+// The CPU threads that run a rank's index-parallel loops (the optimizer on
+// state in memory, gradient statistics), and those loops themselves.
+//
+// A rank uses its own threads when they were placed next to its host memory
+// (the host tier names the cores), else the model's shared pool, one rank at
+// a time. The loops cut work into tiles of kTile elements and combine their
+// results in tile order, so a figure never depends on thread timing.
+#pragma once
+
+#include "grad_math.h"
+#include "plugin_host.h"
+#include "thread_pool.h"
+
+#include <zerod/zerod_plugin.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace zerod {
+
+// Elements per optimizer or statistics task: small enough that the arrays of
+// a tile stay in L2 while the gradient is zeroed right after its update.
+constexpr uint64_t kTile = uint64_t{1} << 15;
+
+class Workers {
+ public:
+  Workers(ThreadPool& shared, std::mutex& shared_mu) : shared_(&shared), shared_mu_(&shared_mu) {}
+
+  // From now on the rank's loops run on threads pinned to these CPUs.
+  void pin(const std::vector<int>& cpus) { near_ = std::make_unique<ThreadPool>(cpus); }
+  // The CPUs the rank's own threads run on; empty while it uses the shared pool.
+  std::vector<int> cpus() const { return near_ ? near_->cpus() : std::vector<int>{}; }
+
+  // Calls fn(i) for i in [0, n) on the rank's threads; rethrows the first error.
+  void run(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  ThreadPool* shared_;
+  std::mutex* shared_mu_;
+  std::unique_ptr<ThreadPool> near_;
+};
+
+// The sum of squares of every span (and whether it is finite), summed tile
+// by tile in span order.
+GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans);
+
+// An optimizer update over u.count elements, in tiles on the workers; with
+// zero_grad each tile's gradient is zeroed right after its update (the next
+// accumulation window starts clean while the tile is still in cache).
+void parallel_update(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad);
+
+// The same update restricted to elements [off, off + n) of u.
+zd_optimizer_update update_slice(const zd_optimizer_update& u, uint32_t slots, uint64_t off, uint64_t n);
+
+}  // namespace zerod
