@@ -1,6 +1,7 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "model_host.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -100,7 +101,9 @@ std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::stri
   try {
     scripting::ScriptSource src;
     src.path = path;
-    return scripting::JobScript::load(src);
+    auto job = scripting::JobScript::load(src);
+    server::daemon_config(job->config(), path);  // a device the daemon cannot serve
+    return job;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\nzerod %s: %s is not a valid job script (%s); nothing was started\n",
                  e.what(), cmd, path.c_str(), status_name(e.code()));

@@ -84,6 +84,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.plugin_path.push_back(d);
   }
 
+  c.device = r.choice("device", "cpu", {"cpu", "cuda", "auto"});
   const std::string precision = r.choice("precision", "fp32", {"fp32", "bf16", "fp16"});
   c.precision = dtype_from_name(precision);
   const std::string accum = r.choice("grad_accum_dtype", "working", {"working", "fp32"});

@@ -19,6 +19,7 @@ struct ScriptOptions {
   std::string text;
   std::string name;
   bool allow_io = false;
+  std::string device;  // overrides the job script's device ("" = the script's)
 };
 
 struct OptimizerFigures {
@@ -52,6 +53,7 @@ class ModelBackend {
   virtual ViewInfo grad_view(zd_param_id p) = 0;
   virtual StepFigures step() = 0;
   virtual double loss_scale() const = 0;
+  virtual void set_stream(void* stream) = 0;
 
   virtual void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) = 0;
   virtual void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) = 0;

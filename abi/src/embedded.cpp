@@ -19,7 +19,9 @@ class EmbeddedModel final : public ModelBackend {
     src.name = s.name;
     src.allow_io = s.allow_io;
     script_ = scripting::JobScript::load(src);
-    model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(1), script_.get(), 1);
+    JobConfig config = script_->config();
+    if (!s.device.empty()) config.device = s.device;  // the trainer knows where it computes
+    model_ = std::make_unique<Model>(std::move(config), script_->make_plugins(1), script_.get(), 1);
   }
   ~EmbeddedModel() override {
     model_.reset();  // before the script its policy points into
@@ -41,6 +43,7 @@ class EmbeddedModel final : public ModelBackend {
   ViewInfo grad_view(zd_param_id p) override { return model_->grad_view(0, p); }
   StepFigures step() override { return model_->step(0); }
   double loss_scale() const override { return model_->loss_scale(0); }
+  void set_stream(void* stream) override { model_->set_stream(0, stream); }
 
   void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override {
     model_->read_param(0, p, dt, dst, bytes);

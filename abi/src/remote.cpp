@@ -68,6 +68,11 @@ class RemoteModel final : public ModelBackend {
   ViewInfo grad_view(zd_param_id p) override;
   StepFigures step() override;
   double loss_scale() const override;
+  void set_stream(void* stream) override {
+    if (stream)
+      fail(ZD_ERR_NOT_IMPLEMENTED, "zd_model_set_stream: the ranks of a zerod daemon compute on the cpu device, "
+                                   "which has no streams (a daemon does not serve GPU memory yet)");
+  }
   void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override;
   void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override;
   MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override;
@@ -124,6 +129,10 @@ class RemoteClient final : public ClientBackend {
   }
 
   std::unique_ptr<ModelBackend> create_model(const ScriptOptions& s) override {
+    if (s.device == "cuda")
+      fail(ZD_ERR_NOT_IMPLEMENTED, "device \"cuda\": the ranks of a zerod daemon compute on the cpu device (a "
+                                   "daemon does not serve GPU memory yet); train on the GPU in embedded mode "
+                                   "(zd_connect(\"embedded:\"), or run the trainer without `zerod run`)");
     std::string text = s.text, name = s.name.empty() ? "job.lua" : s.name;
     if (!s.path.empty()) {
       // Read here: the daemon may not share this process's working directory.

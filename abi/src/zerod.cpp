@@ -116,8 +116,8 @@ void fill_view(zd_view* out, const zerod::ViewInfo& v) {
   view.dtype = v.dtype;
   view.ndim = static_cast<int32_t>(v.shape->size());
   for (size_t i = 0; i < v.shape->size(); ++i) view.shape[i] = (*v.shape)[i];
-  view.device_type = ZD_DEVICE_CPU;
-  view.device_id = 0;
+  view.device_type = v.device_type;
+  view.device_id = v.device_id;
   view.arena = v.arena;
   view.offset = v.offset;
   write_struct(out, view, "zd_view");
@@ -191,7 +191,7 @@ zd_status zd_model_create(zd_client* client, const zd_model_options* options, zd
     require(client != nullptr, "client is NULL");
     require(options != nullptr, "options is NULL: pass a zd_model_options naming the job script");
     zd_model_options o = read_struct(options, zd_model_options{sizeof(zd_model_options), 0,
-                                                                     nullptr, nullptr, nullptr},
+                                                                     nullptr, nullptr, nullptr, nullptr},
                                            "zd_model_options");
     require(!(o.script_path && o.script_text), "give one of script_path and script_text, not both");
     zerod::abi::ScriptOptions s;
@@ -206,6 +206,9 @@ zd_status zd_model_create(zd_client* client, const zd_model_options* options, zd
     s.text = str_or_empty(o.script_text);
     s.name = str_or_empty(o.script_name);
     s.allow_io = (o.flags & ZD_MODEL_ALLOW_SCRIPT_IO) != 0;
+    s.device = str_or_empty(o.device);
+    require(o.device == nullptr || s.device == "cpu" || s.device == "cuda" || s.device == "auto",
+            "options.device is \"" + s.device + "\"; use \"cpu\", \"cuda\", \"auto\" or NULL (the job script's)");
     require(o.script_path == nullptr || !s.path.empty(), "script_path is empty");
     auto m = std::make_unique<zd_model>();
     m->client = client;
@@ -373,6 +376,10 @@ zd_status zd_model_loss_scale(const zd_model* model, double* out) {
     require(model && out, "model and out must not be NULL");
     *out = model->backend->loss_scale();
   });
+}
+
+zd_status zd_model_set_stream(zd_model* model, void* stream) {
+  return guard("zd_model_set_stream", model, [&] { checked(model)->backend->set_stream(stream); });
 }
 
 zd_status zd_param_read(zd_model* model, zd_param_id param, zd_dtype dtype, void* dst,

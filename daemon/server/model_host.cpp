@@ -6,6 +6,18 @@
 
 namespace zerod::server {
 
+// The daemon's ranks compute on the cpu device: its pools are memfd arenas
+// that it shares with the trainers, and it does not serve GPU memory yet.
+// "auto" means the cpu device here; "cuda" is refused with what to do.
+JobConfig daemon_config(JobConfig config, const std::string& script_name) {
+  if (config.device == "cuda")
+    fail(ZD_ERR_NOT_IMPLEMENTED, script_name + ": device = \"cuda\": the ranks of a zerod daemon compute on the cpu "
+                                               "device (a daemon does not serve GPU memory yet); train on the GPU in "
+                                               "embedded mode, or set device = \"cpu\" or \"auto\"");
+  config.device = "cpu";
+  return config;
+}
+
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
                      std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank,
                      int local_ranks)
@@ -25,8 +37,9 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   gone_.assign(n, false);
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
-  model_ = std::make_unique<Model>(script_->config(), script_->make_plugins(world_size, first_rank, local_ranks),
-                                   script_.get(), world_size, first_rank, local_ranks);
+  model_ = std::make_unique<Model>(daemon_config(script_->config(), script_name_),
+                                   script_->make_plugins(world_size, first_rank, local_ranks), script_.get(),
+                                   world_size, first_rank, local_ranks);
 }
 
 size_t ModelHost::at(int rank) const {

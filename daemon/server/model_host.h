@@ -15,6 +15,9 @@
 
 namespace zerod::server {
 
+// The job's configuration as a daemon runs it (the device it computes on).
+JobConfig daemon_config(JobConfig config, const std::string& script_name);
+
 class ModelHost {
  public:
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,

@@ -74,6 +74,7 @@ int main(void) {
 
   double scale = 0;
   EXPECT(zd_model_loss_scale(model, &scale) == ZD_OK && scale == 1.0);
+  EXPECT(zd_model_set_stream(model, NULL) == ZD_OK);
   zd_step_result r = ZD_STEP_RESULT_INIT;
   for (int step = 0; step < 200; ++step) {
     float wv[4];

@@ -4,6 +4,8 @@
 // is the real figure; bad disks are named.
 #include "zero_fixture.h"
 
+#include "dtype.h"
+
 #include <hwloc.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -412,3 +414,83 @@ TEST(Numa, BuffersAndThreadsLandWhereThePolicySays) {
     EXPECT_GT(model->ledger(r).current(ZD_TIER_HOST, ZD_MEM_OPTIMIZER), 0u);
   }
 }
+
+// Stage 3 with the parameters and the optimizer off the device: the device
+// tier holds the live window — the gathered modules (max_live_parameters, the
+// module being begun beyond it), the gradient buffers waiting in a bucket and
+// the bucket being reduced — never the model. The gradients leave the device
+// at backward_end for host memory, next to the optimizer.
+struct WindowCase {
+  const char* name;
+  zd_tier tier;
+  int world;
+};
+
+class LiveWindow : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(LiveWindow, DeviceBytesAreBoundedByTheWindowNotTheModel) {
+  const WindowCase c = GetParam();
+  TempDir dir;
+  const int modules = 64;
+  const int64_t module_elems = 1 << 17;  // one bf16 parameter per module
+  const uint64_t max_live = 2 * module_elems, bucket = module_elems;
+  JobOptions o;
+  o.stage = 3;
+  o.precision = ZD_DTYPE_BF16;
+  o.optimizer_hparams = {{"lr", 1e-3}};
+  o.zero_hparams = {{"param_persistence_threshold", 0},
+                    {"max_live_parameters", static_cast<double>(max_live)},
+                    {"prefetch_bucket_size", static_cast<double>(module_elems)},
+                    {"reduce_bucket_size", static_cast<double>(bucket)}};
+  o.offload.params = c.tier;
+  o.offload.optimizer = c.tier;
+  o.offload.nvme_paths = {dir.path};
+  o.offload.nvme_tile_elems = 1 << 16;
+  auto model = make_model(o, c.world);
+  run_ranks(c.world, [&](int rank) {
+    std::vector<float> init(static_cast<size_t>(module_elems), 0.5f);
+    for (int m = 0; m < modules; ++m)
+      model->register_param(rank, "w" + std::to_string(m), "m" + std::to_string(m), ZD_DTYPE_BF16, {module_elems},
+                            init.data(), ZD_DTYPE_F32);
+    model->finalize(rank);
+    for (int s = 0; s < 3; ++s) {
+      for (int m = 0; m < modules; ++m) {
+        model->forward_begin(rank, m);
+        model->forward_end(rank, m);
+      }
+      for (int m = modules; m-- > 0;) {
+        model->backward_begin(rank, m);
+        const ViewInfo g = model->grad_view(rank, m);
+        auto* gd = static_cast<uint16_t*>(g.data);
+        for (size_t j = 0; j < g.bytes / 2; ++j) gd[j] = float_to_bf16(0.01f * static_cast<float>(j % 7));
+        model->backward_end(rank, m);
+      }
+      model->step(rank);
+    }
+  });
+  const uint64_t model_bytes = uint64_t{modules} * module_elems * 2;
+  // Gathered: the window and the module begun beyond it. Gradients: a
+  // bucket's buffers (up to a bucket and a module), the packed bucket and
+  // what the rank receives of it.
+  const uint64_t gathered = max_live + module_elems, in_flight = bucket + module_elems;
+  const uint64_t bound = (gathered + 3 * in_flight) * 2;
+  for (int r = 0; r < c.world; ++r) {
+    const MemoryLedger& l = model->ledger(r);
+    const uint64_t peak = l.peak(ZD_TIER_DEVICE, ZD_MEM_ALL);
+    std::printf("rank %d: device peak %s (window bound %s), model %s, host gradients %s\n", r,
+                format_bytes(peak).c_str(), format_bytes(bound).c_str(), format_bytes(model_bytes).c_str(),
+                format_bytes(l.current(ZD_TIER_HOST, ZD_MEM_GRADS)).c_str());
+    EXPECT_LE(peak, bound) << "rank " << r;
+    EXPECT_LT(peak, model_bytes / 4) << "rank " << r << ": the device holds a window, not the model";
+    EXPECT_LE(l.peak(ZD_TIER_DEVICE, ZD_MEM_PARAMS), gathered * 2) << "rank " << r;
+    EXPECT_EQ(l.peak(ZD_TIER_DEVICE, ZD_MEM_GRADS), 0u) << "rank " << r << ": gradients accumulate off the device";
+    EXPECT_EQ(l.current(ZD_TIER_HOST, ZD_MEM_GRADS), model_bytes / static_cast<uint64_t>(c.world)) << "rank " << r;
+    EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 0u) << "rank " << r << ": nothing left on the device between steps";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Offload, LiveWindow,
+                         ::testing::Values(WindowCase{"host_1rank", ZD_TIER_HOST, 1},
+                                           WindowCase{"nvme_1rank", ZD_TIER_NVME, 1},
+                                           WindowCase{"nvme_2ranks", ZD_TIER_NVME, 2}),
+                         [](const ::testing::TestParamInfo<WindowCase>& p) { return std::string(p.param.name); });

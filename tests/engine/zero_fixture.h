@@ -40,6 +40,7 @@ struct JobOptions {
   unsigned threads = 1;
   OffloadConfig offload;   // tiers beyond the device pool
   JobPolicy* policy = nullptr;
+  std::string device = "cpu";
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -60,6 +61,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   auto comm = Plugin::load(ZD_PLUGIN_COMM, "local", dirs);
   JobConfig c;
   c.source = "test job";
+  c.device = o.device;
   c.precision = o.precision;
   c.gradient_accumulation_steps = o.accumulation;
   c.gradient_clipping = o.clipping;

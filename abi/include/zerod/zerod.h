@@ -48,7 +48,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 0
+#define ZD_ABI_VERSION_MINOR 1
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */
@@ -189,9 +189,14 @@ typedef struct zd_model_options {
   const char* script_text;
   /* The name errors use for a script given as text ("job.lua" if NULL). */
   const char* script_name;
+  /* Since 1.1. The device the trainer computes on, overriding the job
+   * script's `device`: "cpu", "cuda" or "auto"; NULL = the script's (whose
+   * default is "cpu"). Views point into this device's memory, so a trainer
+   * says where it computes (zerod.torch passes its module's device). */
+  const char* device;
 } zd_model_options;
 
-#define ZD_MODEL_OPTIONS_INIT {sizeof(zd_model_options), 0, NULL, NULL, NULL}
+#define ZD_MODEL_OPTIONS_INIT {sizeof(zd_model_options), 0, NULL, NULL, NULL, NULL}
 
 /* Creates a model from a job script. The script is loaded, run in a sandbox
  * and checked against the schema before this returns; every error it has is
@@ -358,6 +363,16 @@ ZD_API zd_status zd_step(zd_model* model, zd_step_result* out);
 
 /* The loss scale the trainer multiplies its loss by (1.0 unless fp16). */
 ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);
+
+/* Since 1.1. The stream the trainer computes on, on a cuda device: a
+ * cudaStream_t, or NULL for the default stream. Begin calls make this stream
+ * wait for zerod's copies instead of blocking the host; backward_end makes
+ * zerod's reduction wait for what the trainer issued on it. Between steps
+ * (ZD_ERR_INVALID_STATE while a module is begun). On the cpu device only
+ * NULL is accepted (ZD_ERR_INVALID_ARGUMENT otherwise). A daemon's ranks
+ * compute on the cpu device until the daemon serves GPUs: a non-NULL
+ * stream is ZD_ERR_NOT_IMPLEMENTED there. */
+ZD_API zd_status zd_model_set_stream(zd_model* model, void* stream);
 
 /* ------------------------------------------------------------------------ */
 /* Whole-parameter access (evaluation, export, checkpoints)                  */

@@ -44,6 +44,7 @@ class ModelOptions(_Sized):
         ("script_path", c_char_p),
         ("script_text", c_char_p),
         ("script_name", c_char_p),
+        ("device", c_char_p),  # ABI 1.1
     ]
 
 

@@ -74,11 +74,14 @@ class Client:
     def world_size(self):
         return self.info.world_size
 
-    def create_model(self, script_path=None, script_text=None, script_name=None, allow_script_io=False):
+    def create_model(self, script_path=None, script_text=None, script_name=None, allow_script_io=False,
+                     device=None):
         """A model from a job script (a path, or its text); with neither, the
-        script ZEROD_JOB names (`zerod run --job` sets it)."""
+        script ZEROD_JOB names (`zerod run --job` sets it). `device`
+        ("cpu", "cuda", "auto") overrides the script's: where the trainer
+        computes, and so where its views point."""
         self._require_open()
-        model = Model(self, script_path, script_text, script_name, allow_script_io)
+        model = Model(self, script_path, script_text, script_name, allow_script_io, device)
         self._models.append(model)
         return model
 
@@ -126,10 +129,11 @@ def _close_at_exit():
 class Model:
     """One job's model state: parameters, gradients, optimizer state."""
 
-    def __init__(self, client, script_path=None, script_text=None, script_name=None, allow_script_io=False):
+    def __init__(self, client, script_path=None, script_text=None, script_name=None, allow_script_io=False,
+                 device=None):
         opts = S.ModelOptions(flags=MODEL_ALLOW_SCRIPT_IO if allow_script_io else 0,
                               script_path=_encode(script_path), script_text=_encode(script_text),
-                              script_name=_encode(script_name))
+                              script_name=_encode(script_name), device=_encode(device))
         handle = ctypes.c_void_p()
         check(_lib.zd_model_create(client._handle, byref(opts), byref(handle)))
         self.client = client
@@ -251,6 +255,12 @@ class Model:
         out = c_double()
         check(_lib.zd_model_loss_scale(self._h(), byref(out)))
         return out.value
+
+    def set_stream(self, stream):
+        """The CUDA stream the trainer computes on (a cudaStream_t as an int,
+        e.g. torch.cuda.current_stream().cuda_stream; 0 or None = the
+        default stream). The cpu device takes only None/0."""
+        check(_lib.zd_model_set_stream(self._h(), ctypes.c_void_p(stream or None)))
 
     # -- whole parameters ---------------------------------------------------
 

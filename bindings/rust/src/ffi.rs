@@ -17,7 +17,7 @@ use std::ptr;
 // Versions ---------------------------------------------------------------
 
 pub const ZD_ABI_VERSION_MAJOR: u32 = 1;
-pub const ZD_ABI_VERSION_MINOR: u32 = 0;
+pub const ZD_ABI_VERSION_MINOR: u32 = 1;
 pub const ZD_ABI_VERSION: u32 = (ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR;
 
 // Status codes -----------------------------------------------------------
@@ -143,6 +143,8 @@ pub struct zd_model_options {
     pub script_path: *const c_char,
     pub script_text: *const c_char,
     pub script_name: *const c_char,
+    /// Since ABI 1.1.
+    pub device: *const c_char,
 }
 
 impl Default for zd_model_options {
@@ -153,6 +155,7 @@ impl Default for zd_model_options {
             script_path: ptr::null(),
             script_text: ptr::null(),
             script_name: ptr::null(),
+            device: ptr::null(),
         }
     }
 }
@@ -410,6 +413,7 @@ extern "C" {
     pub fn zd_grad_view(model: *mut zd_model, param: zd_param_id, out: *mut zd_view) -> zd_status;
     pub fn zd_step(model: *mut zd_model, out: *mut zd_step_result) -> zd_status;
     pub fn zd_model_loss_scale(model: *const zd_model, out: *mut f64) -> zd_status;
+    pub fn zd_model_set_stream(model: *mut zd_model, stream: *mut c_void) -> zd_status;
 
     pub fn zd_param_read(
         model: *mut zd_model,

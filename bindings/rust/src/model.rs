@@ -22,6 +22,7 @@ pub struct ModelOptions {
     script: Script,
     name: Option<String>,
     allow_script_io: bool,
+    device: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +39,7 @@ impl ModelOptions {
             script: Script::Path(path.as_ref().to_path_buf()),
             name: None,
             allow_script_io: false,
+            device: None,
         }
     }
 
@@ -48,6 +50,7 @@ impl ModelOptions {
             script: Script::Text(text.into()),
             name: None,
             allow_script_io: false,
+            device: None,
         }
     }
 
@@ -57,6 +60,7 @@ impl ModelOptions {
             script: Script::Env,
             name: None,
             allow_script_io: false,
+            device: None,
         }
     }
 
@@ -69,6 +73,13 @@ impl ModelOptions {
     /// Lets the script use Lua's io library (`ZD_MODEL_ALLOW_SCRIPT_IO`).
     pub fn allow_script_io(mut self, allow: bool) -> ModelOptions {
         self.allow_script_io = allow;
+        self
+    }
+
+    /// The device the trainer computes on ("cpu", "cuda" or "auto"),
+    /// overriding the job script's `device`: views point into its memory.
+    pub fn device(mut self, device: impl Into<String>) -> ModelOptions {
+        self.device = Some(device.into());
         self
     }
 }
@@ -129,6 +140,11 @@ impl<'c> Model<'c> {
             .as_deref()
             .map(|n| c_string("script name", n))
             .transpose()?;
+        let device = options
+            .device
+            .as_deref()
+            .map(|d| c_string("device", d))
+            .transpose()?;
         let opts = ffi::zd_model_options {
             flags: if options.allow_script_io {
                 ffi::ZD_MODEL_ALLOW_SCRIPT_IO
@@ -138,6 +154,7 @@ impl<'c> Model<'c> {
             script_path: path.as_ref().map_or(ptr::null(), |p| p.as_ptr()),
             script_text: text.as_ref().map_or(ptr::null(), |t| t.as_ptr()),
             script_name: name.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
+            device: device.as_ref().map_or(ptr::null(), |d| d.as_ptr()),
             ..Default::default()
         };
         let mut out: *mut ffi::zd_model = ptr::null_mut();
@@ -355,6 +372,20 @@ impl<'c> Model<'c> {
         let st = unsafe { ffi::zd_model_loss_scale(self.raw.as_ptr(), &mut s) };
         self.check(st)?;
         Ok(s)
+    }
+
+    /// The stream the trainer computes on, on a cuda device
+    /// (`zd_model_set_stream`): begin calls make it wait for zerod's copies,
+    /// backward_end makes zerod wait for it. Null is the default stream; the
+    /// cpu device takes only null.
+    ///
+    /// # Safety
+    /// `stream` is null or a `cudaStream_t` of the model's GPU that lives as
+    /// long as the model uses it.
+    pub unsafe fn set_stream(&mut self, stream: *mut c_void) -> Result<()> {
+        // SAFETY: a live model; the caller vouches for the stream.
+        let st = unsafe { ffi::zd_model_set_stream(self.raw.as_ptr(), stream) };
+        self.check(st)
     }
 
     /// Copies a parameter's full fp32 master value into `dst`, converted to

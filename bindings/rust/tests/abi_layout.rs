@@ -90,7 +90,8 @@ fn rust_structs() -> Vec<RustStruct> {
             flags,
             script_path,
             script_text,
-            script_name
+            script_name,
+            device
         }),
         layout!(zd_param_desc {
             struct_size,

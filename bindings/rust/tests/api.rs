@@ -582,3 +582,23 @@ fn a_checkpoint_of_the_optimizer_resumes_exactly() {
     assert_eq!(e.status(), Status::InvalidArgument);
     assert_eq!(b.comm_figures().unwrap().bytes_sent, 0);
 }
+
+#[test]
+fn the_device_and_the_trainers_stream() {
+    let client = client();
+    // An unknown device is refused before the script is read.
+    let err = Model::create(&client, &ModelOptions::script_text(sgd(0.1, "")).device("tpu"))
+        .err()
+        .expect("not a device");
+    assert_eq!(err.status(), Status::InvalidArgument, "{}", err);
+    // The cpu device: the default stream only.
+    let mut model = Model::create(&client, &ModelOptions::script_text(sgd(0.1, "")).device("cpu")).unwrap();
+    // SAFETY: null is the default stream.
+    unsafe { model.set_stream(std::ptr::null_mut()) }.unwrap();
+    let mut not_a_stream = 0u8;
+    // SAFETY: the cpu device refuses the pointer before it could be used.
+    let err = unsafe { model.set_stream(&mut not_a_stream as *mut u8 as *mut std::os::raw::c_void) }
+        .err()
+        .expect("the cpu device has no streams");
+    assert_eq!(err.status(), Status::InvalidArgument, "{}", err);
+}

@@ -1,0 +1,321 @@
+// The cuda device. Every call sets the rank's GPU current on the calling
+// thread (the rank's thread and its stream thread both call in) and issues
+// its work on zerod's own stream, created non-blocking so that it never
+// waits on the legacy default stream.
+//
+// The pool is a first-fit heap over chunks of cudaMalloc'ed memory, kept
+// until the model goes (cudaFree synchronises the whole device). A freed
+// block may be reused by later work on zerod's stream at once: that work is
+// ordered after whatever used it. The trainer reads and writes pool memory
+// on its own stream only between a begin call (which makes the trainer's
+// stream wait for zerod's work so far) and its end call (which makes
+// zerod's later work wait for the trainer's), so reuse never races it.
+#include "cuda_device.h"
+
+#include "arena.h"
+#include "cuda_kernels.h"
+#include "dtype.h"
+#include "error.h"
+#include "log.h"
+#include "plugin_host.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace zerod {
+
+namespace {
+
+std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+// Checks a CUDA runtime call; on failure throws with what was being done.
+void check(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  fail(e == cudaErrorMemoryAllocation ? ZD_ERR_OUT_OF_MEMORY : ZD_ERR_INTERNAL,
+       "cuda device: " + what + ": " + cuda_text(e));
+}
+
+void check_launch(int code, const std::string& what) {
+  if (code != 0)
+    fail(ZD_ERR_INTERNAL, std::string("cuda device: ") + what + ": " + cuda_kernels::error_string(code));
+}
+
+constexpr uint64_t kAlign = 256;                      // cudaMalloc's own alignment
+constexpr uint64_t kChunk = uint64_t{256} << 20;      // the pool grows by this much at least
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(MemoryLedger& ledger, int device, std::string name)
+      : ledger_(ledger), device_(device), name_(std::move(name)) {
+    check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_));
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating zerod's stream");
+    check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "creating an event");
+    check(cudaEventCreateWithFlags(&trainer_done_, cudaEventDisableTiming), "creating an event");
+    check(cudaMalloc(&stats_, (cuda_kernels::kStatsBlocks + 1) * sizeof(double)), "allocating the statistics buffer");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device_), "reading the GPU's properties");
+    size_t free_bytes = 0, total = 0;
+    check(cudaMemGetInfo(&free_bytes, &total), "reading the GPU's free memory");
+    description_ = "cuda device " + std::to_string(device_) + ": " + prop.name + ", " + format_bytes(total) +
+                   " (" + format_bytes(free_bytes) + " free), sm_" + std::to_string(prop.major) +
+                   std::to_string(prop.minor);
+    if (ledger_.budget(ZD_TIER_DEVICE) == MemoryLedger::kNoBudget) {
+      const auto budget = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
+      ledger_.set_budget(ZD_TIER_DEVICE, budget);
+      description_ += "; device budget " + format_bytes(budget) + " (" +
+                      std::to_string(static_cast<int>(kDefaultBudgetShare * 100)) +
+                      "% of its free memory; budgets.device sets it)";
+    }
+  }
+
+  ~CudaDevice() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    for (auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
+    for (Chunk& c : chunks_) cudaFree(c.base);
+    cudaFree(stats_);
+    cudaEventDestroy(copies_done_);
+    cudaEventDestroy(trainer_done_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  int32_t dlpack_type() const override { return ZD_DEVICE_CUDA; }
+  int32_t ordinal() const override { return device_; }
+  std::string describe() const override { return description_; }
+  bool host_addressable() const override { return false; }
+
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    const uint64_t size = (std::max<uint64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
+    try {
+      current();
+      std::byte* p = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (Chunk& c : chunks_) {
+          uint64_t off = 0;
+          if (c.heap.allocate(size, kAlign, &off)) {
+            p = c.base + off;
+            break;
+          }
+        }
+        if (!p) {
+          const uint64_t chunk = std::max(size, kChunk);
+          void* base = nullptr;
+          const cudaError_t e = cudaMalloc(&base, chunk);
+          if (e != cudaSuccess) {
+            cudaGetLastError();  // clear it: the device stays usable
+            fail(ZD_ERR_OUT_OF_MEMORY, "cuda device: " + what + ": cudaMalloc of " + format_bytes(chunk) +
+                                           " failed (" + cuda_text(e) + "); lower budgets.device or move state "
+                                           "to the host");
+          }
+          chunks_.push_back(Chunk{static_cast<std::byte*>(base), chunk, RangeHeap(chunk)});
+          uint64_t off = 0;
+          chunks_.back().heap.allocate(size, kAlign, &off);
+          p = chunks_.back().base + off;
+        }
+      }
+      check(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
+      return Block{p, size, -1, 0};
+    } catch (...) {
+      ledger_.release(ZD_TIER_DEVICE, kind, size);
+      throw;
+    }
+  }
+
+  void release(const Block& block, zd_mem_kind kind) override {
+    if (!block) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Chunk& c : chunks_)
+        if (block.ptr >= c.base && block.ptr < c.base + c.bytes) {
+          c.heap.release(static_cast<uint64_t>(block.ptr - c.base), block.bytes);
+          break;
+        }
+    }
+    ledger_.release(ZD_TIER_DEVICE, kind, block.bytes);
+  }
+
+  std::vector<const SharedArena*> arenas() const override { return {}; }
+
+  void register_host(void* ptr, uint64_t bytes) override {
+    if (!ptr || bytes == 0) return;
+    current();
+    const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      log_warn("cuda device: cannot page-lock " + format_bytes(bytes) + " of host memory (" + cuda_text(e) +
+               "); copies from it run at pageable speed");
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_[ptr] = bytes;
+  }
+
+  void unregister_host(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = registered_.find(ptr);
+      if (it == registered_.end()) return;
+      registered_.erase(it);
+    }
+    current();
+    cudaStreamSynchronize(stream_);  // nothing in flight may still read it
+    cudaHostUnregister(ptr);
+  }
+
+  void copy_to_device(void* dst, const void* src, uint64_t bytes) override {
+    current();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
+    // From pageable memory the call returns once the source is staged; from
+    // page-locked memory it returns at once, and the caller may reuse src.
+    if (page_locked(src)) check(cudaStreamSynchronize(stream_), "copying to the device");
+  }
+
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override {
+    current();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copying to the host");
+    check(cudaStreamSynchronize(stream_), "copying to the host");
+  }
+
+  void copy_within(void* dst, const void* src, uint64_t bytes) override {
+    current();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copying on the device");
+  }
+
+  void zero(void* dst, uint64_t bytes) override {
+    current();
+    check(cudaMemsetAsync(dst, 0, bytes, stream_), "zeroing device memory");
+  }
+
+  void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
+    current();
+    check_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, 1.0f, stream_), "adding gradients");
+  }
+
+  void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         float factor) override {
+    current();
+    check_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, factor, stream_), "adding gradients");
+  }
+
+  void scale(void* p, zd_dtype dt, uint64_t n, float factor) override {
+    current();
+    check_launch(cuda_kernels::scale(p, dt, n, factor, stream_), "scaling gradients");
+  }
+
+  GradStats grad_stats(const std::vector<GradSpan>& spans) override {
+    current();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    check(cudaMemsetAsync(stats_, 0, cuda_kernels::kStatsBlocks * sizeof(double), stream_), "clearing statistics");
+    for (const GradSpan& s : spans)
+      check_launch(cuda_kernels::sumsq_add(s.data, s.dtype, s.count, stats_, stream_), "the gradient norm");
+    double* out = stats_ + cuda_kernels::kStatsBlocks;
+    check_launch(cuda_kernels::sumsq_finish(stats_, out, stream_), "the gradient norm");
+    GradStats g;
+    check(cudaMemcpyAsync(&g.sumsq, out, sizeof(double), cudaMemcpyDeviceToHost, stream_), "reading the norm");
+    check(cudaStreamSynchronize(stream_), "reading the norm");
+    g.finite = std::isfinite(g.sumsq);
+    return g;
+  }
+
+  void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override {
+    current();
+    opt.update_cuda(u, stream_);
+    if (zero_grad && u.grad)
+      check(cudaMemsetAsync(const_cast<void*>(u.grad), 0, u.count * dtype_size(u.grad_dtype), stream_),
+            "zeroing gradients");
+  }
+
+  void set_trainer_stream(void* stream) override { trainer_ = static_cast<cudaStream_t>(stream); }
+
+  void trainer_waits() override {
+    current();
+    std::lock_guard<std::mutex> lock(event_mu_);
+    check(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
+    check(cudaStreamWaitEvent(trainer_, copies_done_, 0), "making the trainer's stream wait");
+  }
+
+  void wait_for_trainer() override {
+    current();
+    std::lock_guard<std::mutex> lock(event_mu_);
+    check(cudaEventRecord(trainer_done_, trainer_), "recording the trainer's work");
+    check(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
+  }
+
+  void synchronize() override {
+    current();
+    check(cudaStreamSynchronize(stream_), "waiting for zerod's stream");
+  }
+
+ private:
+  struct Chunk {
+    std::byte* base;
+    uint64_t bytes;
+    RangeHeap heap;
+  };
+
+  void current() const { check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
+
+  bool page_locked(const void* p) const {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  }
+
+  MemoryLedger& ledger_;
+  int device_;
+  std::string name_;
+  std::string description_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
+  cudaEvent_t copies_done_ = nullptr;
+  cudaEvent_t trainer_done_ = nullptr;
+  double* stats_ = nullptr;  // kStatsBlocks partial sums, then the total
+  std::mutex mu_;            // the chunks and the registrations
+  std::mutex event_mu_;
+  std::mutex stats_mu_;
+  std::vector<Chunk> chunks_;
+  std::map<void*, uint64_t> registered_;
+};
+
+}  // namespace
+
+CudaAvailability cuda_probe() {
+  CudaAvailability a;
+  a.built = true;
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    a.why = "no CUDA device is usable by this process (" + cuda_text(e) + ")";
+    return a;
+  }
+  a.devices = n;
+  if (n == 0) a.why = "this machine has no CUDA device";
+  return a;
+}
+
+std::unique_ptr<Device> make_cuda_device(MemoryLedger& ledger, Workers& workers, int local_rank,
+                                         const std::string& name) {
+  const CudaAvailability a = cuda_probe();
+  if (a.devices == 0) fail(ZD_ERR_CONFIG, "device \"cuda\" cannot be opened: " + a.why);
+  int device = 0;
+  if (local_rank < 0)
+    check(cudaGetDevice(&device), "reading the current GPU");
+  else
+    device = local_rank % a.devices;
+  (void)workers;  // the GPU runs the update itself
+  return std::make_unique<CudaDevice>(ledger, device, name);
+}
+
+}  // namespace zerod

@@ -1,0 +1,267 @@
+// Every device does the engine's work on its memory as the scalar reference
+// does (engine/grad_math.h on host memory): copies, fills, gradient
+// arithmetic in every dtype pair, the statistics of a step, the optimizer
+// update. The cpu device runs everywhere; the cuda device where this
+// process sees a GPU, and is reported skipped, with the reason, elsewhere.
+#include "device/select.h"
+#include "dtype.h"
+#include "error.h"
+#include "grad_math.h"
+#include "plugin_host.h"
+#include "workers.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#ifndef ZEROD_PLUGIN_DIR
+#error "the build passes ZEROD_PLUGIN_DIR"
+#endif
+
+namespace {
+
+using namespace zerod;
+
+class OnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda") {
+      const CudaAvailability a = cuda_availability();
+      if (a.devices == 0) GTEST_SKIP() << "the cuda device cannot be tested here: " << a.why;
+    }
+    device_ = open_device(GetParam(), ledger_, workers_, -1, "device-test");
+  }
+  void TearDown() override {
+    for (const Block& b : blocks_) device_->release(b, ZD_MEM_BUFFERS);
+  }
+
+  // A block on the device holding `bytes` of host data.
+  Block put(const void* data, uint64_t bytes) {
+    blocks_.push_back(device_->allocate(bytes, ZD_MEM_BUFFERS, "a test buffer"));
+    device_->copy_to_device(blocks_.back().ptr, data, bytes);
+    return blocks_.back();
+  }
+  std::vector<std::byte> get(const Block& b, uint64_t bytes) {
+    std::vector<std::byte> out(bytes);
+    device_->copy_to_host(out.data(), b.ptr, bytes);
+    return out;
+  }
+
+  MemoryLedger ledger_;
+  ThreadPool pool_{2};
+  std::mutex pool_mu_;
+  Workers workers_{pool_, pool_mu_};
+  std::unique_ptr<Device> device_;
+  std::vector<Block> blocks_;
+};
+
+// n values of dtype dt: small, signed, with an exact zero and a value that
+// rounds differently in each 16-bit type.
+std::vector<std::byte> values(zd_dtype dt, uint64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  std::vector<float> f(n);
+  for (auto& v : f) v = d(gen);
+  if (n > 2) f[0] = 0.0f, f[1] = 1.0f + 1.0f / 1024 + 1.0f / 65536;
+  std::vector<std::byte> out(n * dtype_size(dt));
+  convert(f.data(), ZD_DTYPE_F32, out.data(), dt, n);
+  return out;
+}
+
+constexpr zd_dtype kTypes[] = {ZD_DTYPE_F32, ZD_DTYPE_BF16, ZD_DTYPE_F16};
+
+TEST_P(OnDevice, BlocksAreZeroAlignedAndCharged) {
+  const Block b = device_->allocate(1000, ZD_MEM_PARAMS, "a block");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.ptr) % 64, 0u);
+  EXPECT_GE(ledger_.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS), 1000u);
+  const auto bytes = get(b, 1000);
+  for (std::byte x : bytes) ASSERT_EQ(x, std::byte{0});
+  device_->release(b, ZD_MEM_PARAMS);
+  EXPECT_EQ(ledger_.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 0u);
+}
+
+TEST_P(OnDevice, TheBudgetRefusesWithTheNameOfWhatWantedIt) {
+  ledger_.set_budget(ZD_TIER_DEVICE, 4096);
+  try {
+    device_->allocate(8192, ZD_MEM_PARAMS, "the big one");
+    FAIL() << "over the budget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+    EXPECT_NE(std::string(e.what()).find("the big one"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ledger_.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 0u);
+}
+
+TEST_P(OnDevice, CopiesAndZeroRoundTrip) {
+  const auto data = values(ZD_DTYPE_F32, 3001, 1);
+  const Block a = put(data.data(), data.size());
+  blocks_.push_back(device_->allocate(data.size(), ZD_MEM_BUFFERS, "b"));
+  const Block b = blocks_.back();
+  device_->copy_within(b.ptr, a.ptr, data.size());
+  EXPECT_EQ(get(b, data.size()), data);
+  device_->zero(a.ptr + 400, 800);
+  std::vector<std::byte> expect(data.size());  // zero where the device zeroed
+  std::copy_n(data.begin(), 400, expect.begin());
+  std::copy(data.begin() + 1200, data.end(), expect.begin() + 1200);
+  EXPECT_EQ(get(a, data.size()), expect);
+}
+
+TEST_P(OnDevice, AccumulateMatchesTheReferenceInEveryDtypePair) {
+  const uint64_t n = 70001;  // several blocks of a GPU grid, a ragged end
+  for (zd_dtype sdt : kTypes)
+    for (zd_dtype ddt : kTypes)
+      for (float factor : {1.0f, 0.25f, 1.0f / 3}) {
+        const auto src = values(sdt, n, 2), dst = values(ddt, n, 3);
+        auto expect = dst;
+        if (factor == 1.0f)
+          accumulate(src.data(), sdt, expect.data(), ddt, n);
+        else
+          accumulate_scaled(src.data(), sdt, expect.data(), ddt, n, factor);
+        const Block s = put(src.data(), src.size()), d = put(dst.data(), dst.size());
+        if (factor == 1.0f)
+          device_->accumulate(s.ptr, sdt, d.ptr, ddt, n);
+        else
+          device_->accumulate_scaled(s.ptr, sdt, d.ptr, ddt, n, factor);
+        EXPECT_EQ(get(d, dst.size()), expect)
+            << dtype_name(sdt) << " into " << dtype_name(ddt) << ", factor " << factor;
+      }
+}
+
+TEST_P(OnDevice, ScaleMatchesTheReference) {
+  const uint64_t n = 4099;
+  for (zd_dtype dt : kTypes) {
+    auto data = values(dt, n, 4);
+    auto expect = data;
+    scale_in_place(expect.data(), dt, n, 0.5f / 3);
+    const Block b = put(data.data(), data.size());
+    device_->scale(b.ptr, dt, n, 0.5f / 3);
+    EXPECT_EQ(get(b, data.size()), expect) << dtype_name(dt);
+  }
+}
+
+TEST_P(OnDevice, GradStatsSumEverySpanAndSeeInfAndNan) {
+  std::vector<GradSpan> spans;
+  double expect = 0.0;
+  const uint64_t sizes[] = {100000, 7, 33333};
+  for (size_t k = 0; k < 3; ++k) {
+    const zd_dtype dt = kTypes[k];
+    const auto v = values(dt, sizes[k], static_cast<unsigned>(5 + k));
+    expect += grad_stats(v.data(), dt, sizes[k]).sumsq;
+    spans.push_back({put(v.data(), v.size()).ptr, dt, sizes[k]});
+  }
+  const GradStats s = device_->grad_stats(spans);
+  EXPECT_TRUE(s.finite);
+  EXPECT_NEAR(s.sumsq, expect, 1e-12 * expect);  // double sums in another order on a GPU
+  const GradStats again = device_->grad_stats(spans);
+  EXPECT_EQ(again.sumsq, s.sumsq) << "the same gradients give the same figure";
+  for (float bad : {INFINITY, NAN}) {
+    std::vector<float> v(1000, 1.0f);
+    v[777] = bad;
+    const Block b = put(v.data(), v.size() * 4);
+    EXPECT_FALSE(device_->grad_stats({{b.ptr, ZD_DTYPE_F32, v.size()}}).finite) << bad;
+  }
+}
+
+TEST_P(OnDevice, TheOptimizerUpdateMatchesTheCpuKernels) {
+  const std::vector<std::string> dirs = {ZEROD_PLUGIN_DIR};
+  auto plugin = Plugin::load(ZD_PLUGIN_OPTIMIZER, "adamw", dirs);
+  auto opt = OptimizerInstance::create(plugin, plugin->default_values());
+  if (GetParam() == "cuda" && !opt->has_cuda()) FAIL() << "the adamw plugin was built without CUDA kernels";
+  const uint64_t n = 100003;
+  auto master = values(ZD_DTYPE_F32, n, 6), grad = values(ZD_DTYPE_BF16, n, 7);
+  std::vector<std::byte> m(n * 4), v(n * 4), work(n * 2);
+  // The reference: the plugin's CPU kernels on host memory.
+  auto rm = master, rmom = m, rvar = v, rwork = work, rgrad = grad;
+  zd_optimizer_update u{};
+  u.struct_size = sizeof u;
+  u.count = n;
+  u.grad_dtype = ZD_DTYPE_BF16;
+  u.work_dtype = ZD_DTYPE_BF16;
+  u.grad_scale = 0.5;
+  u.lr = 1e-3;
+  u.step = 3;
+  zd_optimizer_update ref = u;
+  ref.master = reinterpret_cast<float*>(rm.data());
+  ref.grad = rgrad.data();
+  ref.work = rwork.data();
+  ref.state[0] = reinterpret_cast<float*>(rmom.data());
+  ref.state[1] = reinterpret_cast<float*>(rvar.data());
+  parallel_update(workers_, *opt, ref, true);
+  // The device.
+  zd_optimizer_update d = u;
+  const Block bm = put(master.data(), master.size()), bg = put(grad.data(), grad.size());
+  const Block bw = put(work.data(), work.size()), b0 = put(m.data(), m.size()), b1 = put(v.data(), v.size());
+  d.master = bm.as<float>();
+  d.grad = bg.ptr;
+  d.work = bw.ptr;
+  d.state[0] = b0.as<float>();
+  d.state[1] = b1.as<float>();
+  device_->optimizer_update(*opt, d, true);
+  const auto got_master = get(bm, master.size());
+  if (GetParam() == "cpu") {
+    EXPECT_EQ(got_master, rm);
+    EXPECT_EQ(get(bw, work.size()), rwork);
+  } else {
+    // The CUDA kernels round every operation as the CPU does but may order
+    // the square root and division differently: within an ulp.
+    const auto* a = reinterpret_cast<const float*>(got_master.data());
+    const auto* b = reinterpret_cast<const float*>(rm.data());
+    for (uint64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 1e-6f * std::fabs(b[i]) + 1e-12f) << i;
+  }
+  const auto zeroed = get(bg, grad.size());
+  for (std::byte x : zeroed) ASSERT_EQ(x, std::byte{0}) << "the gradients are zero after their update";
+}
+
+TEST_P(OnDevice, StreamsAreAcceptedWhereTheDeviceHasThem) {
+  device_->set_trainer_stream(nullptr);
+  device_->trainer_waits();
+  device_->wait_for_trainer();
+  device_->synchronize();
+  if (GetParam() == "cpu") {
+    int not_a_stream = 0;
+    try {
+      device_->set_trainer_stream(&not_a_stream);
+      FAIL() << "the cpu device has no streams";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find("device = \"cuda\""), std::string::npos) << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(DeviceChoice, CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu) {
+  const CudaAvailability a = cuda_availability();
+  EXPECT_EQ(resolve_device("cpu", "job.lua"), "cpu");
+  if (a.devices > 0) {
+    EXPECT_EQ(resolve_device("auto", "job.lua"), "cuda");
+    EXPECT_EQ(resolve_device("cuda", "job.lua"), "cuda");
+    return;
+  }
+  EXPECT_FALSE(a.why.empty());
+  EXPECT_EQ(resolve_device("auto", "job.lua"), "cpu");
+  try {
+    resolve_device("cuda", "job.lua");
+    FAIL() << "no GPU here";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
+    const std::string s = e.what();
+    EXPECT_NE(s.find("job.lua: device = \"cuda\", but"), std::string::npos) << s;
+    EXPECT_NE(s.find(a.why), std::string::npos) << s;
+  }
+  try {
+    resolve_device("tpu", "job.lua");
+    FAIL() << "not a device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
+  }
+}
+
+}  // namespace
