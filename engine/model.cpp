@@ -30,7 +30,7 @@ Model::Call::~Call() {
 }
 
 Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank,
-             int local_ranks)
+             int local_ranks, DeviceFactory open)
     : config_(std::move(config)),
       plugins_(std::move(plugins)),
       policy_(policy),
@@ -61,7 +61,8 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   if (local_ranks < world_size_) activity_.set_local(first_local_, local_ranks);
   base_lr_ = plugins_.optimizer->value("lr", 0.0);
   check_compression_support(ctx_);
-  const std::string device = resolve_device(config_.device, config_.source);
+  const std::string device = open ? config_.device : resolve_device(config_.device, config_.source);
+  if (!open) open = open_device;
   for (int r = first_local_; r < first_local_ + local_ranks; ++r) {
     auto rs = std::make_unique<RankState>(ctx_, placement_, r, pool_, pool_mu_);
     RankResources& res = rs->res;
@@ -71,7 +72,7 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     // A rank in this process (embedded) computes on the GPU its trainer has
     // current; a daemon's ranks on the GPU of their local rank.
     const int local_rank = world_size_ == 1 ? -1 : r - first_local_;
-    res.device = open_device(device, res.ledger, res.workers, local_rank, "zerod-rank" + std::to_string(r));
+    res.device = open(device, res.ledger, res.workers, local_rank, "zerod-rank" + std::to_string(r));
     // Collectives and the device's copies overlap the trainer's calls on a
     // thread of the rank's own; one rank on the cpu device has nothing to
     // overlap with and runs them inline.

@@ -25,6 +25,7 @@
 
 #include "activity.h"
 #include "device/device.h"
+#include "device/select.h"
 #include "error.h"
 #include "job_config.h"
 #include "ledger.h"
@@ -61,8 +62,9 @@ class Model final : private FailureSink {
   // + local_ranks) of world_size (-1: all of them); with several nodes each
   // daemon holds its own ranks' state and the comm plugin joins them.
   // config.device ("cpu", "cuda", "auto") picks each rank's device.
+  // open_device opens each rank's device (null: the device the job names).
   Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank = 0,
-        int local_ranks = -1);
+        int local_ranks = -1, DeviceFactory open_device = nullptr);
   ~Model() override;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

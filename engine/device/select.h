@@ -6,6 +6,7 @@
 #include "device.h"
 #include "workers.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,11 @@ CudaAvailability cuda_availability();
 // script (`source`), for "cuda" where there is none, and for a name it does
 // not know.
 std::string resolve_device(const std::string& request, const std::string& source);
+
+// How a Model opens each rank's device: open_device, unless a caller (a
+// test's emulated device) provides another.
+using DeviceFactory = std::function<std::unique_ptr<Device>(const std::string& kind, MemoryLedger& ledger,
+                                                            Workers& workers, int local_rank, const std::string& name)>;
 
 // Opens the device (already resolved) for one rank; the pool charges the
 // rank's ledger. local_rank picks the GPU (local_rank modulo the GPUs seen;

@@ -4,6 +4,7 @@
 
 #include "error.h"
 #include "model.h"
+#include "opaque_device.h"
 #include "plugin_host.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,8 @@ struct JobOptions {
   unsigned threads = 1;
   OffloadConfig offload;   // tiers beyond the device pool
   JobPolicy* policy = nullptr;
+  // "cpu", "cuda", or "opaque": the emulated device the host cannot
+  // address (opaque_device.h).
   std::string device = "cpu";
 };
 
@@ -81,7 +84,12 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   p.nvme_tier = Plugin::load(ZD_PLUGIN_TIER, "nvme", dirs);
   if (c.offload.host_values.empty()) c.offload.host_values = p.host_tier->default_values();
   if (c.offload.nvme_values.empty()) c.offload.nvme_values = p.nvme_tier->default_values();
-  return std::make_unique<Model>(c, std::move(p), o.policy, world);
+  DeviceFactory open;
+  if (o.device == "opaque")
+    open = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+      return std::unique_ptr<Device>(std::make_unique<OpaqueDevice>(ledger, workers));
+    };
+  return std::make_unique<Model>(c, std::move(p), o.policy, world, 0, -1, open);
 }
 
 // Runs fn(rank) on `world` threads and waits for all; the first exception

@@ -1,0 +1,132 @@
+// A device the host cannot address, emulated on the CPU, for testing what
+// the engine does on a GPU without one. Its blocks have addresses in a
+// reserved range that is not readable or writable (PROT_NONE): the engine
+// touching device memory from the host, anywhere, crashes the test. Its
+// operations translate those addresses to a backing mapping and run the
+// cpu device's code there, so a model on it must end exactly where the same
+// model on the cpu device ends. Each operation checks that its operands are
+// on the side it expects (device or host) and fails naming the call if not.
+#pragma once
+
+#include "arena.h"
+#include "device/device.h"
+#include "dtype.h"
+#include "error.h"
+#include "grad_math.h"
+#include "plugin_host.h"
+#include "workers.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace zerod_test {
+
+class OpaqueDevice final : public zerod::Device {
+ public:
+  static constexpr uint64_t kSpace = uint64_t{8} << 30;  // address space, reserved, not committed
+
+  OpaqueDevice(zerod::MemoryLedger& ledger, zerod::Workers& workers) : ledger_(ledger), workers_(workers) {
+    fake_ = static_cast<std::byte*>(
+        mmap(nullptr, kSpace, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    real_ = static_cast<std::byte*>(
+        mmap(nullptr, kSpace, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (fake_ == MAP_FAILED || real_ == MAP_FAILED) zerod::fail(ZD_ERR_OUT_OF_MEMORY, "opaque device: mmap");
+  }
+  ~OpaqueDevice() override {
+    munmap(fake_, kSpace);
+    munmap(real_, kSpace);
+  }
+
+  const char* name() const override { return "opaque"; }
+  int32_t dlpack_type() const override { return ZD_DEVICE_CUDA; }
+  int32_t ordinal() const override { return 7; }
+  std::string describe() const override { return "an emulated device the host cannot address (tests)"; }
+  bool host_addressable() const override { return false; }
+
+  zerod::Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    const uint64_t size = (std::max<uint64_t>(bytes, 1) + 255) / 256 * 256;
+    ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
+    uint64_t off = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!heap_.allocate(size, 256, &off)) {
+        ledger_.release(ZD_TIER_DEVICE, kind, size);
+        zerod::fail(ZD_ERR_OUT_OF_MEMORY, "opaque device: out of address space for " + what);
+      }
+    }
+    std::memset(real_ + off, 0, size);
+    return zerod::Block{fake_ + off, size, -1, 0};
+  }
+  void release(const zerod::Block& b, zd_mem_kind kind) override {
+    if (!b) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      heap_.release(static_cast<uint64_t>(on_device(b.ptr, "release") - real_), b.bytes);
+    }
+    ledger_.release(ZD_TIER_DEVICE, kind, b.bytes);
+  }
+  std::vector<const zerod::SharedArena*> arenas() const override { return {}; }
+  void register_host(void* p, uint64_t) override { on_host(p, "register_host"); }
+  void unregister_host(void* p) override { on_host(p, "unregister_host"); }
+
+  void copy_to_device(void* dst, const void* src, uint64_t n) override {
+    std::memcpy(on_device(dst, "copy_to_device"), on_host(src, "copy_to_device"), n);
+  }
+  void copy_to_host(void* dst, const void* src, uint64_t n) override {
+    std::memcpy(on_host(dst, "copy_to_host"), on_device(src, "copy_to_host"), n);
+  }
+  void copy_within(void* dst, const void* src, uint64_t n) override {
+    std::memmove(on_device(dst, "copy_within"), on_device(src, "copy_within"), n);
+  }
+  void zero(void* dst, uint64_t n) override { std::memset(on_device(dst, "zero"), 0, n); }
+  void accumulate(const void* s, zd_dtype sdt, void* d, zd_dtype ddt, uint64_t n) override {
+    zerod::accumulate(on_device(s, "accumulate"), sdt, on_device(d, "accumulate"), ddt, n);
+  }
+  void accumulate_scaled(const void* s, zd_dtype sdt, void* d, zd_dtype ddt, uint64_t n, float f) override {
+    zerod::accumulate_scaled(on_device(s, "accumulate_scaled"), sdt, on_device(d, "accumulate_scaled"), ddt, n, f);
+  }
+  void scale(void* p, zd_dtype dt, uint64_t n, float f) override { zerod::scale_in_place(on_device(p, "scale"), dt, n, f); }
+  zerod::GradStats grad_stats(const std::vector<zerod::GradSpan>& spans) override {
+    std::vector<zerod::GradSpan> real = spans;
+    for (auto& s : real) s.data = on_device(s.data, "grad_stats");
+    return zerod::parallel_grad_stats(workers_, real);
+  }
+  void optimizer_update(const zerod::OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override {
+    zd_optimizer_update r = u;
+    r.master = reinterpret_cast<float*>(on_device(u.master, "optimizer_update"));
+    if (u.grad) r.grad = on_device(u.grad, "optimizer_update");
+    if (u.work) r.work = on_device(u.work, "optimizer_update");
+    for (uint32_t k = 0; k < opt.state_slots(); ++k) r.state[k] = reinterpret_cast<float*>(on_device(u.state[k], "optimizer_update"));
+    zerod::parallel_update(workers_, opt, r, zero_grad);
+  }
+  void set_trainer_stream(void*) override {}
+  void trainer_waits() override {}
+  void wait_for_trainer() override {}
+  void synchronize() override {}
+
+  // For the trainer's side of a test: host copies of device memory.
+  bool holds(const void* p) const { return p >= fake_ && p < fake_ + kSpace; }
+
+ private:
+  std::byte* on_device(const void* p, const char* call) const {
+    if (!holds(p)) zerod::fail(ZD_ERR_INTERNAL, std::string("opaque device: ") + call + " got a host pointer where device memory belongs");
+    return real_ + (static_cast<const std::byte*>(p) - fake_);
+  }
+  template <typename T>
+  T* on_host(T* p, const char* call) const {
+    if (holds(p)) zerod::fail(ZD_ERR_INTERNAL, std::string("opaque device: ") + call + " got device memory where host memory belongs");
+    return p;
+  }
+
+  zerod::MemoryLedger& ledger_;
+  zerod::Workers& workers_;
+  std::byte* fake_ = nullptr;
+  std::byte* real_ = nullptr;
+  std::mutex mu_;
+  zerod::RangeHeap heap_{kSpace};
+};
+
+}  // namespace zerod_test
