@@ -69,9 +69,26 @@ def test_tensor_on_the_wrong_device(engine):
 
 
 def test_model_on_the_wrong_device():
-    with pytest.raises(zerod.InvalidArgumentError, match="parameter '0.weight' is on meta.*initialize the model "
-                                                         "on the CPU"):
+    with pytest.raises(zerod.InvalidArgumentError, match="the model is on meta; zerod trains models on the CPU or "
+                                                         "on a CUDA GPU"):
         zerod.torch.initialize(net().to("meta"), job_text=ADAMW)
+    split = net()
+    split[0].to("meta")
+    with pytest.raises(zerod.InvalidArgumentError, match=r"the model's parameters are on several devices "
+                                                         r"\('0.weight' on meta, '.*' on cpu\); move the whole"):
+        zerod.torch.initialize(split, job_text=ADAMW)
+
+
+def test_a_gpu_that_is_not_there_is_named():
+    # create_model(device="cuda") is what initialize() asks for a model on a
+    # GPU: without one (or under a daemon) the reason is in the error.
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with zerod.connect("embedded:") as c:
+        with pytest.raises(zerod.ConfigError, match=r'device = "cuda", but .*set device = "cpu"'):
+            c.create_model(script_text=ADAMW, device="cuda")
+        with pytest.raises(zerod.InvalidArgumentError, match=r'options.device is "tpu"'):
+            c.create_model(script_text=ADAMW, device="tpu")
 
 
 def test_job_script_with_a_typo(tmp_job):

@@ -70,14 +70,14 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     """
     if dtype is not None:
         model.to(dtype)
-    for name, p in model.named_parameters():
-        if p.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"parameter '{name}' is on {p.device}; zerod's views live on the CPU in this build, "
-                "so initialize the model on the CPU")
+    device = _model_device(model)
+    if device.type == "cuda":
+        # An embedded engine opens the GPU current on this thread.
+        torch.cuda.set_device(device)
     plan = plan_modules(model, modules)
     client = client or default_client()
-    zmodel = client.create_model(script_path=job, script_text=job_text, allow_script_io=allow_script_io)
+    zmodel = client.create_model(script_path=job, script_text=job_text, allow_script_io=allow_script_io,
+                                 device=device.type)
     try:
         for group_name, _, params in plan:
             for pname, p in params:
@@ -88,10 +88,28 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
                 zmodel.register_param(pname, group_name, tuple(p.shape) or (1,), _ZD_DTYPE[p.dtype],
                                       init=p.detach())
         zmodel.finalize()
-        return Engine(model, zmodel, plan)
+        return Engine(model, zmodel, plan, device)
     except BaseException:
         zmodel.close()
         raise
+
+
+def _model_device(model):
+    """The one device the model's parameters are on: zerod's views will be
+    there (the cpu device for CPU tensors, the cuda device for a GPU's)."""
+    devices = {}
+    for name, p in model.named_parameters():
+        devices.setdefault(p.device, name)
+    if len(devices) > 1:
+        where = ", ".join(f"'{n}' on {d}" for d, n in devices.items())
+        raise InvalidArgumentError(f"the model's parameters are on several devices ({where}); move the whole model "
+                                   "to one, e.g. model.cuda() or model.cpu()")
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"the model is on {device}; zerod trains models on the CPU or on a CUDA GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class _Slot:
@@ -145,12 +163,14 @@ class Engine:
     forwards (training and evaluation) and calls state_dict() together.
     """
 
-    def __init__(self, model, zmodel, plan):
+    def __init__(self, model, zmodel, plan, device=None):
         self.module = model
         self.zerod_model = zmodel
         self.rank = zmodel.client.rank
         self.world_size = zmodel.client.world_size
-        self.device = torch.device("cpu")
+        self.device = device or torch.device("cpu")
+        self._stream = None  # the CUDA stream zerod was given (its cuda_stream handle)
+        self._follow_stream()
         self.last_step = None
         self._h = zmodel._handle
         self._raw = S.View()
@@ -198,6 +218,8 @@ class Engine:
         self._require_usable()
         self._check_devices(args, kwargs)
         self._check_parameters()
+        if self._phase == "idle":
+            self._follow_stream()
         grad = torch.is_grad_enabled()
         if grad and self._phase == "backward":
             raise InvalidStateError(
@@ -402,6 +424,16 @@ class Engine:
         if self.zerod_model._handle is None:
             raise InvalidStateError("this engine is closed")
 
+    def _follow_stream(self):
+        """On a GPU zerod orders its copies against the stream torch computes
+        on: tell it when that changes (between micro-batches)."""
+        if self.device.type != "cuda":
+            return
+        handle = torch.cuda.current_stream(self.device).cuda_stream
+        if handle != self._stream:
+            self.zerod_model.set_stream(handle)
+            self._stream = handle
+
     def _require_between_steps(self, what):
         self._require_usable()
         if self._phase != "idle":
@@ -431,7 +463,8 @@ class Engine:
         if t is None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
-            t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape)
+            t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape, self._raw.device_type,
+                                      self._raw.device_id)
         return t, ptr
 
     def _make_resident(self, g):

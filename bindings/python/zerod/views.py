@@ -1,5 +1,9 @@
 """Views of zerod's memory as numpy arrays and torch tensors, without copying.
 
+Views of device memory (a job on the cuda device) come as torch tensors on
+that GPU, through DLPack (kDLCUDA), still without copying; numpy arrays are
+for host views only.
+
 A view is valid from the call that made it until its module's matching
 _end; after that the memory may hold another module's parameters (stage 3)
 or be unmapped. A View object raises once invalid; the arrays and tensors it
@@ -15,7 +19,7 @@ import ctypes
 
 import numpy as np
 
-from .constants import DEVICE_CPU, VIEW_READ_ONLY, Dtype
+from .constants import DEVICE_CPU, DEVICE_CUDA, VIEW_READ_ONLY, Dtype
 from .errors import InvalidStateError, ZerodNotImplementedError
 
 _NUMPY = {1: np.dtype(np.float32), 2: np.dtype(np.uint16), 3: np.dtype(np.float16)}
@@ -45,10 +49,88 @@ def numpy_at(ptr, nbytes, dtype, shape, writable):
     return arr
 
 
-def torch_at(ptr, nbytes, dtype, shape):
-    """A torch tensor over nbytes of host memory at ptr (no copy)."""
+def torch_at(ptr, nbytes, dtype, shape, device_type=DEVICE_CPU, device_id=0):
+    """A torch tensor over nbytes of zerod's memory at ptr (no copy): host
+    memory, or a GPU's (through DLPack)."""
     import torch
-    return torch.frombuffer(_bytes_at(ptr, nbytes), dtype=torch_dtype(dtype)).view(shape)
+    if device_type == DEVICE_CPU:
+        return torch.frombuffer(_bytes_at(ptr, nbytes), dtype=torch_dtype(dtype)).view(shape)
+    from torch.utils.dlpack import from_dlpack
+    return from_dlpack(dlpack_capsule(ptr, dtype, shape, device_type, device_id))
+
+
+# --- DLPack (dlpack.h, the version every framework reads) ---------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLDeleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DLDeleter)]
+
+# kDLFloat = 2, kDLBfloat = 4; the bits of each zd dtype.
+_DL_DTYPE = {1: (2, 32), 2: (4, 16), 3: (2, 16)}
+# Managed tensors handed out and not yet deleted by their consumer, by address.
+_LIVE = {}
+
+
+@_DLDeleter
+def _dl_delete(managed):
+    _LIVE.pop(ctypes.addressof(managed.contents), None)
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# The destructor below gets the dying capsule as a raw pointer: taking it as
+# a Python object would touch its reference count while it is freed.
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_gone(capsule):
+    # A consumer renames the capsule "used_dltensor" and owns the tensor;
+    # one never consumed still holds ours.
+    if _capsule_valid(capsule, b"dltensor"):
+        _LIVE.pop(_capsule_pointer(capsule, b"dltensor"), None)
+
+
+def dlpack_capsule(ptr, dtype, shape, device_type, device_id):
+    """A DLPack capsule ("dltensor") over zerod's memory at ptr: contiguous,
+    row-major, on the device given (DLPack's device numbers are zd_view's)."""
+    code, bits = _DL_DTYPE[int(dtype)]
+    shape = tuple(int(e) for e in shape)
+    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    managed = _DLManagedTensor()
+    managed.dl_tensor.data = ptr
+    managed.dl_tensor.device = _DLDevice(int(device_type), int(device_id))
+    managed.dl_tensor.ndim = len(shape)
+    managed.dl_tensor.dtype = _DLDataType(code, bits, 1)
+    managed.dl_tensor.shape = dims
+    managed.dl_tensor.strides = None  # compact row-major
+    managed.dl_tensor.byte_offset = 0
+    managed.deleter = _dl_delete
+    address = ctypes.addressof(managed)
+    _LIVE[address] = (managed, dims)
+    return _PyCapsule_New(address, b"dltensor", ctypes.cast(_capsule_gone, ctypes.c_void_p))
 
 
 class View:
@@ -76,28 +158,32 @@ class View:
     def _invalidate(self):
         self._valid = False
 
-    def _require_host(self):
+    def _require_valid(self):
         if not self._valid:
             raise InvalidStateError("this view ended with its module's _end call; take a new one "
                                     "after the next _begin")
-        if self.device_type != DEVICE_CPU:
-            raise ZerodNotImplementedError(f"view on device type {self.device_type}: the Python binding "
-                                           "wraps host (CPU) views only")
 
     def numpy(self):
-        """The view as a numpy array (read-only for parameters)."""
-        self._require_host()
+        """The view as a numpy array (read-only for parameters); host views only."""
+        self._require_valid()
+        if self.device_type != DEVICE_CPU:
+            raise ZerodNotImplementedError(f"a view on device type {self.device_type} (GPU memory) has no numpy "
+                                           "array: use view.torch(), or copy it to the host first")
         return numpy_at(self.data_ptr, self.nbytes, self.dtype, self.shape, not self.read_only)
 
     def torch(self):
-        """The view as a torch tensor. Do not write a parameter's (see above)."""
-        self._require_host()
-        return torch_at(self.data_ptr, self.nbytes, self.dtype, self.shape)
+        """The view as a torch tensor, on the view's device. Do not write a
+        parameter's (see above)."""
+        self._require_valid()
+        if self.device_type not in (DEVICE_CPU, DEVICE_CUDA):
+            raise ZerodNotImplementedError(f"a view on device type {self.device_type}")
+        return torch_at(self.data_ptr, self.nbytes, self.dtype, self.shape, self.device_type, self.device_id)
 
     # DLPack, so torch.from_dlpack(view), np.from_dlpack(view) and other
     # frameworks take the view without a copy (DLPack has no read-only flag).
     def __dlpack__(self, stream=None):
-        return self.torch().__dlpack__()
+        self._require_valid()
+        return dlpack_capsule(self.data_ptr, self.dtype, self.shape, self.device_type, self.device_id)
 
     def __dlpack_device__(self):
         return (self.device_type, self.device_id)
