@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine (the device tool), from the repository root, with
+# .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
+#   bench/gpu/run.sh [tests] [offload] [largest]     (default: all three)
+# Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
+# cuda device against the scalar reference and the cpu device, the optimizer
+# kernels, zerod.torch against PyTorch on the GPU), then the benchmarks.
+# Everything it prints also goes under $OUT (the device tool brings it back).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/zerod-gpu}
+mkdir -p "$OUT"
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(tests offload largest)
+log() { printf '\n=== %s\n' "$*" | tee -a "$OUT/run.log"; }
+
+log "machine"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2; python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee -a "$OUT/run.log"
+
+eval "$(bash .devdeps/unpack.sh .devdeps)"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export ZEROD_LIB=$PWD/build-gpu/lib/libzerod.so
+export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+
+log "build (CUDA for this GPU)"
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
+  || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "built" | tee -a "$OUT/run.log"
+
+for w in "${what[@]}"; do
+  case $w in
+    tests)
+      log "CUDA tests"
+      ctest --test-dir build-gpu -R '^(device\.|device_engine\.|kernels\..*Cuda|python\.cuda)' \
+        --output-on-failure --timeout 600 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
+    offload)
+      log "offload step time: zerod and DeepSpeed against plain PyTorch"
+      python3 bench/gpu/offload.py 2>&1 | tee "$OUT/offload.txt" ;;
+    largest)
+      log "the largest GPT that trains, by mode"
+      python3 bench/gpu/largest.py 2>&1 | tee "$OUT/largest.txt" ;;
+  esac
+done
