@@ -64,8 +64,7 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
             tiers.ledger->release(ZD_TIER_HOST, kind, s.bytes);
             throw;
           }
-          // Copied to and from the device often: page-locked where that matters.
-          if (tiers.device) tiers.device->register_host(s.ptr, s.bytes);
+          // The host tier plugin page-locks its memory itself (its `pin`).
           break;
         }
         default: {
@@ -95,7 +94,6 @@ void TieredBuffer::release(const TierSet& tiers) {
     switch (s.tier) {
       case ZD_TIER_DEVICE: tiers.device->release(s.block, kind_); break;
       case ZD_TIER_HOST:
-        if (tiers.device) tiers.device->unregister_host(s.ptr);
         tiers.host->release(s.ptr, s.bytes);
         tiers.ledger->release(ZD_TIER_HOST, kind_, s.bytes);
         break;

@@ -55,8 +55,10 @@ class Device {
   // trainers); empty when the pool is not shared memory.
   virtual std::vector<const SharedArena*> arenas() const = 0;
 
-  // Host memory the device copies from and to often (tiers, staging): the
-  // cuda device page-locks it so copies run asynchronously at full speed.
+  // Host memory the engine allocates itself and the device copies from and
+  // to often (the NVMe staging buffers): the cuda device page-locks it so
+  // copies run asynchronously at full speed. (The host tier plugin
+  // page-locks its own allocations.)
   virtual void register_host(void* ptr, uint64_t bytes) = 0;
   virtual void unregister_host(void* ptr) = 0;
 
