@@ -8,7 +8,8 @@
  * At the end each rank prints its checksum (the sum of every parameter, to
  * compare across stages within a tolerance) and "rank R: parameters H1 H2
  * H3", the FNV-1a hash of each parameter's fp32 bytes, to compare ranks bit
- * for bit. On a zerod error it prints "rank R: STATUS: message" and exits 1.
+ * for bit. With ZEROD_SCENARIO_DUMP=DIR it also writes them, fp32, to
+ * DIR/rank<R>.f32 (w1, w2, w3 back to back). On a zerod error it prints "rank R: STATUS: message" and exits 1.
  */
 #include <zerod/zerod.h>
 
@@ -102,11 +103,22 @@ int main(int argc, char** argv) {
   }
   double sum = 0;
   unsigned long long hash[3];
+  static float all[3][N];
   for (int k = 0; k < 3; ++k) {
-    static float v[N];
-    CHECK(zd_param_read(m, p[k], ZD_DTYPE_F32, v, sizeof v));
+    float* v = all[k];
+    CHECK(zd_param_read(m, p[k], ZD_DTYPE_F32, v, sizeof all[k]));
     for (int i = 0; i < N; ++i) sum += v[i];
-    hash[k] = fnv1a(v, sizeof v);
+    hash[k] = fnv1a(v, sizeof all[k]);
+  }
+  const char* dump = getenv("ZEROD_SCENARIO_DUMP");
+  if (dump && *dump) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.f32", dump, rank);
+    FILE* f = fopen(path, "wb");
+    if (!f || fwrite(all, sizeof all, 1, f) != 1 || fclose(f) != 0) {
+      printf("rank %d: cannot write %s\n", rank, path);
+      return 1;
+    }
   }
   printf("rank %d: checksum %.6f\n", rank, sum);
   printf("rank %d: parameters %016llx %016llx %016llx\n", rank, hash[0], hash[1], hash[2]);
