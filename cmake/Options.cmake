@@ -12,6 +12,7 @@ if(NOT ZEROD_SANITIZE MATCHES "^(|address|thread)$")
 endif()
 
 option(ZEROD_BUILD_TESTS "Build the tests" ON)
+option(ZEROD_FUZZ "Build the libFuzzer targets (tests/fuzz; clang only, with ASan and UBSan)" OFF)
 option(ZEROD_WERROR "Treat warnings as errors" OFF)
 
 set(ZEROD_HAVE_CUDA OFF)
@@ -39,6 +40,22 @@ if(NOT ZEROD_CUDA STREQUAL "OFF")
   endif()
 else()
   message(STATUS "zerod: ZEROD_CUDA=OFF, CUDA parts skipped")
+endif()
+
+if(ZEROD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang" OR NOT CMAKE_C_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "ZEROD_FUZZ needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
+                        "configure with the 'fuzz' preset, or -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++")
+  endif()
+  if(ZEROD_SANITIZE)
+    message(FATAL_ERROR "ZEROD_FUZZ brings its own sanitizers (address, undefined); leave ZEROD_SANITIZE empty")
+  endif()
+  # Everything gets coverage for libFuzzer and ASan + UBSan; undefined
+  # behaviour aborts, so the fuzzer sees it as a crash. Only the fuzz
+  # executables link libFuzzer itself (tests/fuzz).
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+    -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
 endif()
 
 if(ZEROD_SANITIZE STREQUAL "address")

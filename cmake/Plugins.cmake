@@ -13,7 +13,11 @@ function(zerod_add_plugin kind name)
     VISIBILITY_INLINES_HIDDEN ON)
   target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/abi/include")
   target_link_libraries(${target} PRIVATE ${P_LIBS})
-  target_link_options(${target} PRIVATE "-Wl,--no-undefined")
+  # Not in a fuzz build: clang links the sanitizer runtimes and libFuzzer
+  # into the executable only, which resolves them when it loads the plugin.
+  if(NOT ZEROD_FUZZ)
+    target_link_options(${target} PRIVATE "-Wl,--no-undefined")
+  endif()
   zerod_warnings(${target})
   install(TARGETS ${target} LIBRARY DESTINATION "${ZEROD_PLUGIN_SUBDIR}")
 endfunction()

@@ -2,6 +2,7 @@
 
 #include "error.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 extern char** environ;
@@ -29,6 +30,15 @@ NodeLayout checked(int node, int nodes, std::string source) {
 }
 
 }  // namespace
+
+RankSpan rank_span(const NodeLayout& node, int nproc) {
+  RankSpan r;
+  if (__builtin_mul_overflow(node.nodes, nproc, &r.world) || __builtin_mul_overflow(node.node, nproc, &r.first))
+    fail(ZD_ERR_INVALID_ARGUMENT, std::to_string(node.nodes) + " nodes of " + std::to_string(nproc) +
+                                      " ranks each (" + node.source + ", --nproc) are more ranks than zerod counts (" +
+                                      std::to_string(INT32_MAX) + ")");
+  return r;
+}
 
 NodeLayout detect_node_layout(int flag_node, int flag_nodes, const std::map<std::string, std::string>& env) {
   if (flag_node >= 0 || flag_nodes >= 0) {

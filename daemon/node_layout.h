@@ -22,6 +22,15 @@ struct NodeLayout {
 // ZD_ERR_INVALID_ARGUMENT for figures that make no sense.
 NodeLayout detect_node_layout(int flag_node, int flag_nodes, const std::map<std::string, std::string>& env);
 
+// The job's ranks and this node's first one when each of the layout's nodes
+// runs nproc ranks; throws ZD_ERR_INVALID_ARGUMENT when they do not fit an
+// int (up to 4096 ranks per node and 2^20 nodes are allowed, whose product is not).
+struct RankSpan {
+  int world = 1;
+  int first = 0;
+};
+RankSpan rank_span(const NodeLayout& node, int nproc);
+
 // "" when the job's comm backend can serve this layout, else why not and
 // what to change: the `local` backend runs one daemon's collectives only.
 // Checked before anything starts, so that no rank is launched to fail.

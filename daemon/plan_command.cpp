@@ -110,6 +110,13 @@ int plan_command(int argc, char** argv) {
     usage();
     return 2;
   }
+  // Converted to int64 below, which a larger (or NaN) double would
+  // overflow; every layer is a tensor held in memory.
+  if (!(params <= 1e18) || layers > 1000000) {
+    std::fprintf(stderr, "zerod plan: --params %g --layers %ld is more than zerod plans (at most 1e18 parameters "
+                         "in 1e6 layers)\n", params, layers);
+    return 2;
+  }
   try {
     scripting::ScriptSource src;
     src.path = job;

@@ -31,7 +31,7 @@ int run_command(int argc, char** argv) {
       std::fprintf(stderr, "zerod run: %s\n", why.c_str());
       return 1;
     }
-    const int world = node.nodes * args.nproc, first = node.node * args.nproc;
+    const auto [world, first] = rank_span(node, args.nproc);
     server::ServerOptions so;
     so.socket_path = args.socket;
     so.world_size = world;

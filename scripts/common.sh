@@ -22,6 +22,9 @@ ZEROD_PACKAGES=(
   # the mpi comm plugin (daemons across nodes), its tests across network
   # namespaces (ip, tc) and the yardstick for its link speed (bench/comm_mpi)
   openmpi-bin libopenmpi-dev iproute2 iperf3
+  # the fuzz build (cmake --preset fuzz, bench/fuzz/run.sh): clang and its
+  # libFuzzer and sanitizer runtimes
+  clang-14 libclang-rt-14-dev
 )
 # The Rust crate needs cargo; a rustup install on PATH is used when there is
 # one, else Debian's.

@@ -9,14 +9,18 @@
 #include "error.h"
 #include "registry.h"
 #include "script_file.h"
+#include "sizes.h"
 #include "transport/client.h"
+#include "transport/shared_memory.h"
 #include "wire.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
+#include <sys/types.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 
 namespace zerod::abi {
@@ -33,21 +37,10 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-// A memfd mapping this side owns or was given.
-struct Mapping {
-  std::byte* base = nullptr;
-  uint64_t size = 0;
-  void unmap() {
-    if (base) munmap(base, size);
-    base = nullptr;
-  }
-};
-
-Mapping map_fd(int fd, uint64_t size, const char* what) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) fail(ZD_ERR_IO, std::string("cannot map ") + what + ": " + errno_text(errno));
-  return Mapping{static_cast<std::byte*>(p), size};
-}
+// Arenas come from the daemon, which sizes them to its device budget: any
+// size a file can have is allowed, but the fd must be a sealed memfd that
+// long, so a mapping here can never fault.
+constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
 
 class RemoteClient;
 
@@ -92,7 +85,7 @@ class RemoteModel final : public ModelBackend {
   RemoteClient& client_;
   int id_;
   Registry registry_;  // a mirror of what this rank registered: names, shapes, modules
-  std::map<int32_t, Mapping> arenas_;
+  std::map<int32_t, transport::SharedMapping> arenas_;
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
   mutable std::vector<transport::UniqueFd> pending_fds_;
 };
@@ -114,9 +107,7 @@ class RemoteClient final : public ClientBackend {
     h->set_local_rank(local_rank_);
     rpc(req);
   }
-  ~RemoteClient() override {
-    staging_.unmap();
-  }
+  ~RemoteClient() override = default;
 
   zd_client_info info() const override {
     zd_client_info i{};
@@ -173,24 +164,22 @@ class RemoteClient final : public ClientBackend {
     return r;
   }
 
-  // A staging area of at least `bytes`, shared with the daemon.
+  // A staging area of at least `bytes`, shared with the daemon: a memfd
+  // sealed against resizing, which the daemon requires before it maps it.
   std::byte* staging(uint64_t bytes) {
-    if (bytes <= staging_.size && staging_.base) return staging_.base;
-    uint64_t size = 1 << 20;
-    while (size < bytes) size *= 2;
-    const int fd = memfd_create("zerod-staging", MFD_CLOEXEC);
-    if (fd < 0) fail(ZD_ERR_OUT_OF_MEMORY, "memfd_create for staging: " + errno_text(errno));
-    transport::UniqueFd owned(fd);
-    if (ftruncate(fd, static_cast<off_t>(size)) != 0)
-      fail(ZD_ERR_OUT_OF_MEMORY, "sizing the staging arena: " + errno_text(errno));
-    Mapping m = map_fd(fd, size, "the staging arena");
+    if (bytes <= staging_.size() && staging_) return staging_.data();
+    if (bytes > wire::kMaxStagingBytes)
+      fail(ZD_ERR_INVALID_ARGUMENT, std::to_string(bytes) + " bytes cannot go through the daemon's staging arena, "
+                                    "whose limit is " + std::to_string(wire::kMaxStagingBytes) + " bytes");
+    const uint64_t size = std::max<uint64_t>(uint64_t{1} << 20, std::bit_ceil(bytes));
+    const transport::UniqueFd fd = transport::create_sealed_memfd("zerod-staging", size);
+    transport::SharedMapping m(fd.get(), size, wire::kMaxStagingBytes, "the staging memfd");
     v1::Request req;
     req.mutable_staging()->set_size(size);
-    const int fds[1] = {fd};
+    const int fds[1] = {fd.get()};
     rpc(req, nullptr, fds);
-    staging_.unmap();
-    staging_ = m;
-    return staging_.base;
+    staging_ = std::move(m);
+    return staging_.data();
   }
 
  private:
@@ -198,7 +187,7 @@ class RemoteClient final : public ClientBackend {
   uint32_t timeout_ms_;
   uint32_t next_id_ = 1;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
-  Mapping staging_;
+  transport::SharedMapping staging_;
 };
 
 // ---------------------------------------------------------------------------
@@ -211,7 +200,6 @@ RemoteModel::~RemoteModel() {
   } catch (...) {
     // The daemon may be gone already; nothing is left to free then.
   }
-  for (auto& [id, m] : arenas_) m.unmap();
 }
 
 zd_param_id RemoteModel::register_param(const std::string& name, const std::string& module,
@@ -226,15 +214,16 @@ zd_param_id RemoteModel::register_param(const std::string& name, const std::stri
   for (int64_t e : shape) r->add_shape(e);
   r->set_init_dtype(init_dtype);
   if (init) {
-    int64_t n = 1;
-    for (int64_t e : shape) n *= e > 0 ? e : 1;
+    // The bytes to copy, from a checked shape and dtype (what the engine
+    // would refuse is refused here, in its words, before anything is read).
+    const std::string what = "parameter '" + name + "'";
     const zd_dtype idt = init_dtype ? init_dtype : dtype;
-    const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(idt);
-    if (dtype_valid(idt)) {
-      std::memcpy(client_.staging(bytes), init, bytes);
-      r->set_has_init(true);
-      r->set_staging_offset(0);
-    }
+    if (!dtype_valid(idt))
+      fail(ZD_ERR_INVALID_ARGUMENT, what + " has an invalid init_dtype (" + std::to_string(idt) + ")");
+    const uint64_t bytes = wire::checked_bytes(wire::checked_numel(shape, what), idt, what);
+    std::memcpy(client_.staging(bytes), init, bytes);
+    r->set_has_init(true);
+    r->set_staging_offset(0);
   }
   const v1::Reply reply = client_.rpc(req);
   const zd_param_id id = registry_.add(name, module, dtype, std::move(shape), {});
@@ -267,8 +256,9 @@ void RemoteModel::take_arenas(const v1::Reply& r, std::vector<transport::UniqueF
                               " arenas but sent " + std::to_string(fds.size()) + " fds");
   for (int i = 0; i < r.new_arenas_size(); ++i) {
     const v1::ArenaInfo& a = r.new_arenas(i);
-    arenas_[a.id()].unmap();
-    arenas_[a.id()] = map_fd(fds[static_cast<size_t>(i)].get(), a.size(), "a device-pool arena");
+    arenas_[a.id()] = transport::SharedMapping(fds[static_cast<size_t>(i)].get(), a.size(), kMaxArenaBytes,
+                                               "device-pool arena " + std::to_string(a.id()) + " from the daemon",
+                                               ZD_ERR_INTERNAL);
   }
   fds.clear();  // the mappings keep the memory; the fds can go
 }
@@ -278,11 +268,11 @@ void RemoteModel::begin(v1::ModelCall::Op op, zd_module_id m) {
   take_arenas(r, pending_fds_);
   for (const v1::View& v : r.call().views()) {
     auto a = arenas_.find(v.arena());
-    if (a == arenas_.end() || v.offset() + v.bytes() > a->second.size)
+    if (a == arenas_.end() || v.offset() > a->second.size() || v.bytes() > a->second.size() - v.offset())
       fail(ZD_ERR_INTERNAL, "the daemon sent a view outside its arenas");
     const ParamRecord& p = registry_.param(v.param());
     ViewInfo info;
-    info.data = a->second.base + v.offset();
+    info.data = a->second.data() + v.offset();
     info.bytes = v.bytes();
     info.arena = v.arena();
     info.offset = v.offset();

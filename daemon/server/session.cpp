@@ -3,6 +3,7 @@
 #include "model_host.h"
 #include "server.h"
 #include "status.h"
+#include "sizes.h"
 #include "wire.h"
 
 #include "dtype.h"
@@ -10,10 +11,7 @@
 #include "log.h"
 #include "transport/errors.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cstring>
+#include <span>
 
 namespace zerod::server {
 
@@ -39,10 +37,7 @@ Session::Session(Server& server, transport::Connection connection)
   }
 }
 
-Session::~Session() {
-  join();
-  if (staging_) munmap(staging_, staging_size_);
-}
+Session::~Session() { join(); }
 
 void Session::start() {
   thread_ = std::thread([this] { run(); });
@@ -63,29 +58,8 @@ void Session::run() {
   std::string why = "its connection closed (the process exited or disconnected)";
   for (;;) {
     transport::Frame frame;
-    v1::Reply reply;
-    uint32_t id = 0;
     try {
-      try {
-        frame = conn_.receive(wire::kMaxBody);
-      } catch (const transport::ProtocolError&) {
-        throw;
-      } catch (const Error& e) {
-        // Only here does "peer lost" mean this client went away; from a
-        // request it means another rank did, and is answered like any error.
-        if (e.code() == ZD_ERR_PEER_LOST) break;
-        throw;
-      }
-      id = frame.header.request_id;
-      if (frame.header.type != wire::kRequest)
-        fail(ZD_ERR_INVALID_ARGUMENT, "expected a request frame (type 1), got type " +
-                                          std::to_string(frame.header.type));
-      v1::Request req;
-      wire::parse(frame, &req, "request");
-      std::vector<int> fds;
-      handle(req, frame, &reply, &fds);
-      wire::send(conn_, wire::kReply, id, reply, fds, kSendTimeoutMs);
-      continue;
+      frame = conn_.receive(wire::kMaxBody);
     } catch (const transport::ProtocolError& e) {
       // A frame we cannot take: answer it, then keep serving this client if
       // the stream is still in step, else close it. Other clients never notice.
@@ -105,27 +79,59 @@ void Session::run() {
       why = std::string("it sent a malformed frame (") + e.what() + ")";
       break;
     } catch (const Error& e) {
-      if (conn_.receive_out_of_step()) {        // a system error mid-frame: cannot go on
+      // Only here does "peer lost" mean this client went away; from a
+      // request it means another rank did, and is answered like any error.
+      if (e.code() == ZD_ERR_PEER_LOST) break;
+      if (conn_.receive_out_of_step()) {  // a system error mid-frame: cannot go on
         why = std::string("its connection failed (") + e.what() + ")";
         break;
       }
       v1::Reply err;
       wire::set_error(&err, e.code(), e.what());
       try {
-        wire::send(conn_, wire::kReply, id, err, {}, kSendTimeoutMs);
+        wire::send(conn_, wire::kReply, 0, err, {}, kSendTimeoutMs);
       } catch (...) {
         break;
       }
+      continue;
+    }
+    std::vector<int> fds;
+    const v1::Reply reply = answer(frame, &fds);
+    try {
+      wire::send(conn_, wire::kReply, frame.header.request_id, reply, fds, kSendTimeoutMs);
     } catch (const std::exception& e) {
-      v1::Reply err;
-      wire::set_error(&err, ZD_ERR_INTERNAL, std::string("internal error: ") + e.what());
-      try {
-        wire::send(conn_, wire::kReply, id, err, {}, kSendTimeoutMs);
-      } catch (...) {
-        break;
-      }
+      why = std::string("its reply could not be sent (") + e.what() + ")";
+      break;
     }
   }
+  end(why);
+}
+
+v1::Reply Session::answer(transport::Frame& frame, std::vector<int>* fds) {
+  v1::Reply reply;
+  try {
+    if (frame.header.type != wire::kRequest)
+      fail(ZD_ERR_INVALID_ARGUMENT, "expected a request frame (type 1), got type " +
+                                        std::to_string(frame.header.type));
+    v1::Request req;
+    wire::parse(frame, &req, "request");
+    handle(req, frame, &reply, fds);
+    return reply;
+  } catch (const Error& e) {
+    reply.Clear();
+    fds->clear();
+    wire::set_error(&reply, e.code(), e.what());
+  } catch (const std::exception& e) {
+    reply.Clear();
+    fds->clear();
+    wire::set_error(&reply, ZD_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  }
+  return reply;
+}
+
+void Session::end(const std::string& why) {
+  if (ended_) return;
+  ended_ = true;
   // The peer sees end of stream now, not when this session is reaped.
   conn_.shutdown();
   leave_all(true, "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: " + why);
@@ -187,19 +193,19 @@ std::shared_ptr<ModelHost> Session::model_of(int id) {
 }
 
 void Session::staging(int fd, uint64_t size) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) fail(ZD_ERR_IO, "cannot map the client's staging arena: " + errno_text(errno));
-  if (staging_) munmap(staging_, staging_size_);
-  staging_ = static_cast<std::byte*>(p);
-  staging_size_ = size;
+  // Checked (a sealed memfd at least `size` bytes long, `size` within the
+  // limit) before it is mapped: a file the client could shrink, or one
+  // shorter than it claims, would raise SIGBUS in this daemon at the first
+  // touch. The old mapping stays if the new one is refused.
+  staging_ = transport::SharedMapping(fd, size, wire::kMaxStagingBytes, "the client's staging memfd");
 }
 
-std::byte* Session::staging_at(uint64_t offset, uint64_t bytes) const {
-  if (!staging_ || offset > staging_size_ || bytes > staging_size_ - offset)
-    fail(ZD_ERR_INVALID_ARGUMENT, "staging range [" + std::to_string(offset) + ", +" +
-                                      std::to_string(bytes) + ") is outside the client's " +
-                                      std::to_string(staging_size_) + "-byte staging arena");
-  return staging_ + offset;
+std::byte* Session::staging_at(uint64_t offset, uint64_t bytes, const char* what) const {
+  if (!staging_)
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(what) + " refers to the staging arena, but this client has "
+                                                      "not sent one (a staging request)");
+  wire::check_range(offset, bytes, staging_.size(), std::string(what) + " in the client's staging arena");
+  return staging_.data() + offset;
 }
 
 void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds) {
@@ -227,6 +233,27 @@ void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply*
       view->set_bytes(v.bytes);
     }
   }
+}
+
+void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
+  auto m = model_of(r.model());
+  const std::string what = "parameter '" + r.name() + "'";
+  // The shape is checked before it is copied, and the bytes of the initial
+  // values are computed from it without overflow, before they are read.
+  const std::span<const int64_t> dims(r.shape().data(), static_cast<size_t>(r.shape_size()));
+  const uint64_t numel = wire::checked_numel(dims, what);
+  const void* init = nullptr;
+  if (r.has_init()) {
+    const zd_dtype idt = r.init_dtype() ? r.init_dtype() : r.dtype();
+    init = staging_at(r.staging_offset(), wire::checked_bytes(numel, idt, what + "'s initial values"),
+                      "zd_model_register_param");
+  }
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  const zd_param_id id = m->reattaching(rank_)
+                             ? m->verify_param(rank_, r.name(), r.module(), r.dtype(), shape)
+                             : m->model().register_param(rank_, r.name(), r.module(), r.dtype(),
+                                                         std::move(shape), init, r.init_dtype());
+  reply->mutable_register_param()->set_param(id);
 }
 
 void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
@@ -327,24 +354,9 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       reply->mutable_ok();
       return;
     }
-    case v1::Request::kRegisterParam: {
-      const auto& r = req.register_param();
-      auto m = model_of(r.model());
-      std::vector<int64_t> shape(r.shape().begin(), r.shape().end());
-      const void* init = nullptr;
-      if (r.has_init()) {
-        const zd_dtype idt = r.init_dtype() ? r.init_dtype() : r.dtype();
-        int64_t n = 1;
-        for (int64_t e : shape) n *= e > 0 ? e : 1;
-        init = staging_at(r.staging_offset(), static_cast<uint64_t>(n) * dtype_size(idt));
-      }
-      const zd_param_id id = m->reattaching(rank_)
-                                 ? m->verify_param(rank_, r.name(), r.module(), r.dtype(), shape)
-                                 : m->model().register_param(rank_, r.name(), r.module(), r.dtype(),
-                                                             std::move(shape), init, r.init_dtype());
-      reply->mutable_register_param()->set_param(id);
+    case v1::Request::kRegisterParam:
+      register_param(req.register_param(), reply);
       return;
-    }
     case v1::Request::kCall: {
       auto m = model_of(req.call().model());
       call(req.call(), reply);
@@ -354,28 +366,28 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     case v1::Request::kParamRead: {
       const auto& p = req.param_read();
       model_of(p.model())->model().read_param(rank_, p.param(), p.dtype(),
-                                              staging_at(p.staging_offset(), p.bytes()), p.bytes());
+                                              staging_at(p.staging_offset(), p.bytes(), "zd_param_read"), p.bytes());
       reply->mutable_ok();
       return;
     }
     case v1::Request::kStateRead: {
       const auto& p = req.state_read();
       model_of(p.model())->model().read_state(rank_, p.param(), p.slot(), p.dtype(),
-                                              staging_at(p.staging_offset(), p.bytes()), p.bytes());
+                                              staging_at(p.staging_offset(), p.bytes(), "zd_optimizer_state_read"), p.bytes());
       reply->mutable_ok();
       return;
     }
     case v1::Request::kStateWrite: {
       const auto& p = req.state_write();
       model_of(p.model())->model().write_state(rank_, p.param(), p.slot(), p.dtype(),
-                                               staging_at(p.staging_offset(), p.bytes()), p.bytes());
+                                               staging_at(p.staging_offset(), p.bytes(), "zd_optimizer_state_write"), p.bytes());
       reply->mutable_ok();
       return;
     }
     case v1::Request::kParamWrite: {
       const auto& p = req.param_write();
       model_of(p.model())->model().write_param(rank_, p.param(), p.dtype(),
-                                               staging_at(p.staging_offset(), p.bytes()), p.bytes());
+                                               staging_at(p.staging_offset(), p.bytes(), "zd_param_write"), p.bytes());
       reply->mutable_ok();
       return;
     }

@@ -55,6 +55,19 @@ TEST(NodeLayout, NonsenseIsRefusedWithWhereItCameFrom) {
   EXPECT_THROW(detect_node_layout(0, -1, Env{}), Error);
 }
 
+TEST(NodeLayout, RankCountsThatOverflowAreRefused) {
+  const RankSpan r = rank_span(detect_node_layout(2, 3, Env{}), 4);
+  EXPECT_EQ(r.world, 12);
+  EXPECT_EQ(r.first, 8);
+  try {
+    rank_span(detect_node_layout(5, 1 << 20, Env{}), 4096);
+    FAIL() << "2^32 ranks were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_THAT(e.what(), HasSubstr("1048576 nodes of 4096 ranks each"));
+  }
+}
+
 TEST(NodeLayout, TheLocalBackendCannotSpanNodes) {
   const NodeLayout two{1, 2, "mpirun (Open MPI)"};
   const std::string why = layout_problem(two, "local", "job.lua");

@@ -5,7 +5,11 @@
  *   rank_scenario die       rank 1 kills itself (SIGKILL) at step 5
  *   rank_scenario diverge   rank 0 begins module m1, rank 1 module m2 (stage 3)
  *   rank_scenario resume    5 steps; prints the step number the first one got
- * On a zerod error it prints "rank R: STATUS: message" and exits 1.
+ * At the end each rank prints its checksum (the sum of every parameter, to
+ * compare across stages within a tolerance) and "rank R: parameters H1 H2
+ * H3", the FNV-1a hash of each parameter's fp32 bytes, to compare ranks bit
+ * for bit. With ZEROD_SCENARIO_DUMP=DIR it also writes them, fp32, to
+ * DIR/rank<R>.f32 (w1, w2, w3 back to back). On a zerod error it prints "rank R: STATUS: message" and exits 1.
  */
 #include <zerod/zerod.h>
 
@@ -26,6 +30,17 @@ static int rank = 0;
       exit(1);                                                                           \
     }                                                                                    \
   } while (0)
+
+/* FNV-1a, 64-bit: equal hashes mean equal bytes, for every practical purpose. */
+static unsigned long long fnv1a(const void* data, size_t n) {
+  const unsigned char* b = (const unsigned char*)data;
+  unsigned long long h = 14695981039346656037ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
 
 int main(int argc, char** argv) {
   const char* scenario = argc > 1 ? argv[1] : "normal";
@@ -87,12 +102,26 @@ int main(int argc, char** argv) {
     if (resume && step == 0) printf("rank %d: resumed at step %lld\n", rank, (long long)r.step);
   }
   double sum = 0;
+  unsigned long long hash[3];
+  static float all[3][N];
   for (int k = 0; k < 3; ++k) {
-    static float v[N];
-    CHECK(zd_param_read(m, p[k], ZD_DTYPE_F32, v, sizeof v));
+    float* v = all[k];
+    CHECK(zd_param_read(m, p[k], ZD_DTYPE_F32, v, sizeof all[k]));
     for (int i = 0; i < N; ++i) sum += v[i];
+    hash[k] = fnv1a(v, sizeof all[k]);
+  }
+  const char* dump = getenv("ZEROD_SCENARIO_DUMP");
+  if (dump && *dump) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.f32", dump, rank);
+    FILE* f = fopen(path, "wb");
+    if (!f || fwrite(all, sizeof all, 1, f) != 1 || fclose(f) != 0) {
+      printf("rank %d: cannot write %s\n", rank, path);
+      return 1;
+    }
   }
   printf("rank %d: checksum %.6f\n", rank, sum);
+  printf("rank %d: parameters %016llx %016llx %016llx\n", rank, hash[0], hash[1], hash[2]);
   zd_model_destroy(m);
   zd_disconnect(c);
   return 0;

@@ -20,15 +20,15 @@
 
 namespace {
 
+// Names and defaults follow DeepSpeed's zero_optimization keys (counts of
+// elements), without the stage3_ prefixes.
+#if ZEROD_STAGE >= 2
 constexpr double kUnbounded = __builtin_huge_val();
 
 constexpr zd_hparam_spec elements(const char* name, double def, const char* help) {
   return {name, ZD_HPARAM_INTEGER, 1, {def, 0, 0, 0}, 0.0, kUnbounded, 0, help};
 }
 
-// Names and defaults follow DeepSpeed's zero_optimization keys (counts of
-// elements), without the stage3_ prefixes.
-#if ZEROD_STAGE >= 2
 constexpr zd_hparam_spec kSpecs[] = {
     elements("reduce_bucket_size", 5e7,
              "gradients are reduced in buckets of about this many elements"),
@@ -52,7 +52,7 @@ struct Instance {
   double bucket = 5e7, persistence = 0, max_live = 0, prefetch = 0;
 };
 
-void set_error(char* err, size_t size, const char* fmt, ...) {
+__attribute__((format(printf, 3, 4))) void set_error(char* err, size_t size, const char* fmt, ...) {
   if (!err || size == 0) return;
   va_list ap;
   va_start(ap, fmt);

@@ -1,0 +1,13 @@
+-- The job script of the C example (examples/c/train_mlp.c): AdamW with a
+-- short warm-up and a cosine decay, two micro-batches per step, clipping.
+local zerod = require("zerod")
+
+local steps = 300
+
+return {
+  precision = "fp32",
+  optimizer = { type = "adamw", lr = 1e-2, betas = {0.9, 0.999}, weight_decay = 1e-4 },
+  gradient_accumulation_steps = 2,
+  gradient_clipping = 1.0,
+  lr = zerod.cosine{ warmup_steps = 20, total_steps = steps, max_lr = 1e-2, min_lr = 1e-4 },
+}
