@@ -297,7 +297,16 @@ CudaAvailability cuda_probe() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    a.why = "no CUDA device is usable by this process (" + cuda_text(e) + ")";
+    if (e == cudaErrorNoDevice) {
+      a.why = "this machine has no CUDA device";
+    } else if (e == cudaErrorInsufficientDriver) {
+      int runtime = 0;
+      cudaRuntimeGetVersion(&runtime);
+      a.why = "no NVIDIA driver for CUDA " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+              " is loaded (no GPU here, or an older driver)";
+    } else {
+      a.why = "no CUDA device is usable by this process (" + cuda_text(e) + ")";
+    }
     return a;
   }
   a.devices = n;
