@@ -79,9 +79,9 @@ void Placement::check_device(const Device& device, int rank) const {
                               where);
     state_on_device = state_on_device || master_dev;
   }
-  if (state_on_device && !ctx_.optimizer().has_cuda())
-    fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' has no CUDA kernels, and state is in " +
-                            "the device tier of " + dev + "; place the optimizer state on the host " +
+  if (state_on_device && !device.runs(ctx_.optimizer()))
+    fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' has no kernels for " + dev +
+                            ", and its state is in the device tier; place the optimizer state on the host " +
                             "(offload = { optimizer = \"host\" })" + where);
   (void)rank;
 }

@@ -38,6 +38,7 @@ class CpuDevice final : public Device {
                          float factor) override;
   void scale(void* p, zd_dtype dt, uint64_t n, float factor) override;
   GradStats grad_stats(const std::vector<GradSpan>& spans) override;
+  bool runs(const OptimizerInstance&) const override { return true; }
   void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override;
 
   void set_trainer_stream(void* stream) override;

@@ -225,6 +225,8 @@ class CudaDevice final : public Device {
     return g;
   }
 
+  bool runs(const OptimizerInstance& opt) const override { return opt.has_cuda(); }
+
   void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override {
     current();
     opt.update_cuda(u, stream_);

@@ -78,6 +78,9 @@ class Device {
   // The sum of squares of all spans (in double) and whether it is finite;
   // returns when the figure is known.
   virtual GradStats grad_stats(const std::vector<GradSpan>& spans) = 0;
+  // Whether the optimizer plugin has kernels for this device (the cuda
+  // device runs the plugin's update_cuda).
+  virtual bool runs(const OptimizerInstance& opt) const = 0;
   // The optimizer's update where every operand of u is in the pool; with
   // zero_grad the gradient range is zeroed after its update.
   virtual void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) = 0;

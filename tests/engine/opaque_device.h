@@ -94,6 +94,7 @@ class OpaqueDevice final : public zerod::Device {
     for (auto& s : real) s.data = on_device(s.data, "grad_stats");
     return zerod::parallel_grad_stats(workers_, real);
   }
+  bool runs(const zerod::OptimizerInstance&) const override { return true; }  // the CPU kernels
   void optimizer_update(const zerod::OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override {
     zd_optimizer_update r = u;
     r.master = reinterpret_cast<float*>(on_device(u.master, "optimizer_update"));
