@@ -9,6 +9,7 @@ int check_command(int argc, char** argv);
 int run_command(int argc, char** argv);
 // zerod serve --nproc N --job job.lua --socket PATH
 int serve_command(int argc, char** argv);
+int ckpt_command(int argc, char** argv);
 // zerod status [--socket PATH]
 int status_command(int argc, char** argv);
 // zerod plan <job.lua> (--params N [--layers L] | --model FILE) [--nproc R]

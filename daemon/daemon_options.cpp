@@ -22,7 +22,10 @@ void usage(const char* cmd, bool want_command) {
                "  --socket PATH   where the daemon listens (default: a private directory)\n%s",
                cmd, want_command ? " [--no-prefix] -- <trainer command...>" : "",
                want_command ? ", and passed to the ranks as ZEROD_JOB" : "",
-               want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n" : "");
+               want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n"
+                              "  --restarts N    restart a daemon that dies, and the ranks, up to N times (default 3\n"
+                              "                  when the job takes snapshots: they resume from the newest; else 0)\n"
+                            : "");
 }
 
 }  // namespace
@@ -70,6 +73,16 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       const char* v = value("--socket");
       if (!v) return false;
       out->socket = v;
+    } else if (a == "--restarts" && want_command) {
+      const char* v = value("--restarts");
+      if (!v) return false;
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end || n < 0 || n > 1000) {
+        std::fprintf(stderr, "zerod %s: --restarts must be a number from 0 to 1000, got '%s'\n", cmd, v);
+        return false;
+      }
+      out->restarts = static_cast<int>(n);
     } else if (a == "--no-prefix" && want_command) {
       out->prefix = false;
     } else if (a == "-h" || a == "--help") {

@@ -17,6 +17,7 @@ struct DaemonArgs {
   std::string job;          // path of the job script
   std::string socket;       // "" = a private directory
   bool prefix = true;
+  int restarts = -1;        // run: restarts of a dead daemon (-1: 3 when the job takes snapshots, else 0)
   std::vector<std::string> command;  // after "--" (run)
 };
 

@@ -19,6 +19,7 @@ void usage(FILE* out) {
                "  status [--socket PATH]                        what a running daemon holds\n"
                "  check <job.lua>                               check a job script\n"
                "  plan <job.lua> --params N                     what each tier would hold\n"
+               "  ckpt info|export|reshard|import DIR ...       checkpoints on disk\n"
                "  version                                       the version and ABI version\n"
                "each command takes --help\n");
 }
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return zerod::cli::serve_command(argc - 2, argv + 2);
   if (cmd == "status") return zerod::cli::status_command(argc - 2, argv + 2);
   if (cmd == "plan") return zerod::cli::plan_command(argc - 2, argv + 2);
+  if (cmd == "ckpt") return zerod::cli::ckpt_command(argc - 2, argv + 2);
   std::fprintf(stderr, "zerod: unknown command '%s'\n", cmd.c_str());
   usage(stderr);
   return 2;

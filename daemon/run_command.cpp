@@ -13,6 +13,7 @@
 #include "log.h"
 #include "node_layout.h"
 #include "server.h"
+#include "supervised_run.h"
 
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,16 @@ int run_command(int argc, char** argv) {
       std::fprintf(stderr, "zerod run: %s\n", why.c_str());
       return 1;
     }
+    const bool snapshots = !job->config().snapshot.path.empty();
+    if (args.restarts > 0 && !snapshots) {
+      std::fprintf(stderr, "zerod run: --restarts needs a job that takes snapshots (a `snapshot` table in %s): a "
+                           "restarted daemon would start the job from scratch\n",
+                   args.job.c_str());
+      return 2;
+    }
+    // A job that takes snapshots survives its daemon: the daemon runs in a
+    // process of its own, restarted when it dies.
+    if (snapshots && node.nodes == 1) return run_supervised(args, args.restarts < 0 ? 3 : args.restarts);
     const auto [world, first] = rank_span(node, args.nproc);
     server::ServerOptions so;
     so.socket_path = args.socket;

@@ -36,6 +36,15 @@ struct TensorInfo {
   uint64_t bytes = 0;  // of this kind for the whole parameter
 };
 
+// Snapshots the daemon (or embedded engine) writes by itself, so that a
+// crash of the daemon or the node loses at most `every` steps.
+struct SnapshotConfig {
+  std::string path;   // absolute directory; "" = no snapshots
+  int64_t every = 0;  // steps between snapshots; 0 = only at a clean exit
+  int keep = 2;       // the newest this many are kept
+  bool resume = true; // a new job over the path resumes from the newest
+};
+
 struct JobConfig {
   std::string source;                   // script path or name, for messages
   // The device each rank computes on: "cpu" (a shared-memory pool standing
@@ -60,6 +69,7 @@ struct JobConfig {
   uint64_t host_budget = MemoryLedger::kNoBudget;
   uint64_t nvme_budget = MemoryLedger::kNoBudget;
   OffloadConfig offload;
+  SnapshotConfig snapshot;
   std::vector<std::string> plugin_path; // absolute directories
   std::string optimizer;                // plugin name
   std::vector<double> optimizer_values; // resolved hyperparameters, spec order

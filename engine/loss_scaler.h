@@ -33,6 +33,13 @@ class LossScaler {
   int64_t iteration() const { return iter_; }
   int64_t last_overflow_iteration() const { return last_overflow_iter_; }
   int hysteresis_left() const { return hysteresis_left_; }
+  // Puts back what a checkpoint saved.
+  void restore(double scale, int64_t iteration, int64_t last_overflow_iteration, int hysteresis_left) {
+    scale_ = scale;
+    iter_ = iteration;
+    last_overflow_iter_ = last_overflow_iteration;
+    hysteresis_left_ = hysteresis_left;
+  }
 
  private:
   LossScaleConfig cfg_;

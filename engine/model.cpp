@@ -3,6 +3,7 @@
 // model_calls.cpp, the step and restarts in model_step.cpp.
 #include "model_rank.h"
 
+#include "checkpoint_io.h"
 #include "device/select.h"
 #include "dtype.h"
 #include "error.h"
@@ -80,6 +81,7 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
+  snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   if (!ranks_.front()->res.device->host_addressable() && plugins_.optimizer->compression_start() > 0)
     fail(ZD_ERR_CONFIG, "optimizer '" + plugins_.optimizer->plugin().name() + "' (" + config_.source +
                             ") compresses its momentum on the host, which the " + device +
@@ -87,6 +89,9 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
 }
 
 Model::~Model() {
+  // Snapshot writers read the buffers until they are done.
+  if (snapshots_)
+    for (auto& rs : ranks_) snapshots_->fence(rs->res.rank);
   // Streams first: a task still running may touch the buffers.
   for (auto& rs : ranks_) rs->res.stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
@@ -420,6 +425,18 @@ void Model::finalize(int rank) {
     plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
   });
   if (ctx_.params_partitioned()) rs.residency.gather_persistent();
+  // A job that takes snapshots resumes from the newest one there is.
+  if (snapshots_->enabled() && config_.snapshot.resume) {
+    const std::string latest = snapshots_->latest();
+    if (!latest.empty()) {
+      const ckpt::Source src(latest);
+      check_checkpoint_fits(ctx_, src.manifest(), latest);
+      restore_rank(rs, src);
+      snapshots_->resumed_at(src.manifest().step);
+      if (rank == first_local_)
+        log_info("resumed from the snapshot " + latest + " at step " + std::to_string(src.manifest().step));
+    }
+  }
   rs.finalized = true;
   {
     // The initial values are in place on every rank now.
@@ -477,6 +494,7 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
   Call call(*this, rank, "param_write");
   require_finalized("zd_param_write");
   RankState& rs = rank_state(rank);
+  snapshots_->fence(rank);
   const ParamRecord& p = registry_.param(param);
   check_whole_param("zd_param_write", p, dtype, src, bytes);
   if (rs.active_modules > 0)
@@ -536,6 +554,7 @@ void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, c
                                    "' while modules are begun; write between steps");
   std::vector<float> v(static_cast<size_t>(p.numel));
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
+  snapshots_->fence(rank);
   write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
   rs.compression.reset();
 }
@@ -608,6 +627,7 @@ std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer 
 
 void Model::sync(int rank) {
   RankState& rs = rank_state(rank);
+  snapshots_->fence(rank);
   ctx_.drain(*rs.res.stream);
   rs.res.device->synchronize();
 }

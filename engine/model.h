@@ -24,6 +24,7 @@
 #pragma once
 
 #include "activity.h"
+#include "checkpoint/source.h"
 #include "device/device.h"
 #include "device/select.h"
 #include "error.h"
@@ -34,6 +35,7 @@
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
+#include "snapshots.h"
 #include "thread_pool.h"
 
 #include <zerod/zerod.h>
@@ -113,6 +115,20 @@ class Model final : private FailureSink {
   // restarts at zero.
   void set_applied_steps(int rank, int64_t step);
 
+  // --- checkpoints (docs/checkpoints.md) ---------------------------------------
+  // A collective, between steps: every rank writes its shard of the masters
+  // and optimizer state into dir (created if need be), streaming; rank 0
+  // then writes the manifest. Returns on every rank once the checkpoint is
+  // whole.
+  void save_checkpoint(int rank, const std::string& dir);
+  // A collective, between steps: every rank reads what it holds now from a
+  // checkpoint written at any world size and stage, the working copies
+  // follow the masters, and the step and loss scale are restored.
+  void load_checkpoint(int rank, const std::string& dir);
+  // At a clean end of the job (no rank inside the model): the last snapshot,
+  // when the job takes snapshots and steps were applied since the newest.
+  void final_snapshot();
+
   // --- failures ---------------------------------------------------------------
   // The rank's trainer went away: its collectives fail everywhere, and every
   // later call on every rank gets ZD_ERR_PEER_LOST. Thread-safe.
@@ -166,8 +182,8 @@ class Model final : private FailureSink {
   bool resident(int rank, zd_param_id param) const;
   // Stage 3: elements gathered on the rank now, persistent ones excluded.
   uint64_t live_elements(int rank) const;
-  // Waits until the rank's collectives in flight (prefetches, gradient
-  // buckets) are done; from the rank's own thread.
+  // Waits until the rank's work in flight (prefetches, gradient buckets, its
+  // shard of a snapshot) is done; from the rank's own thread.
   void sync(int rank);
 
  private:
@@ -197,6 +213,9 @@ class Model final : private FailureSink {
   // Stages 1-2: each rank updated the working copies of its range; every
   // rank needs them all.
   void gather_working_copies(RankState& rs);
+  // The rank's state from a checkpoint (a collective: the working copies
+  // are handed around), as load_checkpoint and a resume at finalize do.
+  void restore_rank(RankState& rs, const ckpt::Source& src);
 
   JobConfig config_;
   ModelPlugins plugins_;
@@ -210,6 +229,7 @@ class Model final : private FailureSink {
   ThreadPool pool_;
   std::mutex pool_mu_;  // the shared optimizer threads serve one rank's loop at a time
   std::vector<std::unique_ptr<RankState>> ranks_;
+  std::unique_ptr<Snapshots> snapshots_;
   double base_lr_ = 0.0;
 
   std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason

@@ -111,6 +111,8 @@ StepFigures Model::step(int rank) {
     double clip = 1.0;
     if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
       clip = config_.gradient_clipping / (norm + 1e-6);
+    // A snapshot still reading the masters and state: they change now.
+    snapshots_->fence(rank);
     try {
       if (compress)
         rs.compression.step(clip / denom, f.lr, rs.applied + 1);
@@ -130,6 +132,7 @@ StepFigures Model::step(int rank) {
     rs.scaler.update(false);
     ++rs.applied;
     rs.grads.end_step(/*applied=*/true);
+    snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.scaler);
     gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.
     if (ctx_.params_partitioned()) rs.residency.refresh_persistent();

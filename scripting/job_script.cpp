@@ -171,6 +171,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     for (const char* t : {"device", "host", "nvme"}) r.note(std::string("budgets.") + t, "none", false);
   }
   read_offload(r, script_dir);
+  read_snapshot(r, script_dir);
 
   {
     const bool given = r.enter("optimizer");
@@ -321,6 +322,22 @@ void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
     if (table) r.leave();
   }
   if (given) r.leave();
+}
+
+void JobScript::read_snapshot(ConfigReader& r, const std::string& script_dir) {
+  SnapshotConfig& s = config_.snapshot;
+  if (!r.enter("snapshot")) {
+    r.note("snapshot", "none (the trainer's own checkpoints only)", false);
+    return;
+  }
+  if (auto p = r.string("path", true)) {
+    s.path = *p;
+    if (!s.path.empty() && s.path[0] != '/') s.path = script_dir + "/" + s.path;
+  }
+  s.every = r.integer("every", 0, 0, int64_t{1} << 40);
+  s.keep = static_cast<int>(r.integer("keep", 2, 1, 1000));
+  s.resume = r.boolean("resume", true);
+  r.leave();
 }
 
 ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int local_ranks) const {

@@ -65,6 +65,9 @@ class ModelBackend {
   virtual void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) = 0;
   virtual void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) = 0;
   virtual void set_step(int64_t step) = 0;
+  // Checkpoints: a collective of every rank (dir as the caller names it).
+  virtual void save(const std::string& dir) = 0;
+  virtual void load(const std::string& dir) = 0;
 };
 
 class ClientBackend {

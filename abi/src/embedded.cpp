@@ -24,7 +24,8 @@ class EmbeddedModel final : public ModelBackend {
     model_ = std::make_unique<Model>(std::move(config), script_->make_plugins(1), script_.get(), 1);
   }
   ~EmbeddedModel() override {
-    model_.reset();  // before the script its policy points into
+    model_->final_snapshot();  // the job ends here: its last snapshot, if it takes them
+    model_.reset();            // before the script its policy points into
   }
 
   zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
@@ -65,6 +66,8 @@ class EmbeddedModel final : public ModelBackend {
     model_->write_state(0, p, slot, dt, src, bytes);
   }
   void set_step(int64_t step) override { model_->set_applied_steps(0, step); }
+  void save(const std::string& dir) override { model_->save_checkpoint(0, dir); }
+  void load(const std::string& dir) override { model_->load_checkpoint(0, dir); }
 
  private:
   std::unique_ptr<scripting::JobScript> script_;

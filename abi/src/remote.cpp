@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <filesystem>
 #include <map>
 
 namespace zerod::abi {
@@ -74,9 +75,13 @@ class RemoteModel final : public ModelBackend {
   void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) override;
   void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) override;
   void set_step(int64_t step) override;
+  void save(const std::string& dir) override { path_call(v1::ModelCall::SAVE, dir); }
+  void load(const std::string& dir) override { path_call(v1::ModelCall::LOAD, dir); }
 
  private:
   v1::Reply call(v1::ModelCall::Op op, zd_module_id m, int64_t step = 0, int32_t rank = -1) const;
+  // A call naming a directory: absolute, as the daemon's working directory is not this process's.
+  void path_call(v1::ModelCall::Op op, const std::string& dir) const;
   void begin(v1::ModelCall::Op op, zd_module_id m);
   void end(v1::ModelCall::Op op, zd_module_id m);
   void take_arenas(const v1::Reply& r, std::vector<transport::UniqueFd>& fds);
@@ -243,6 +248,15 @@ v1::Reply RemoteModel::call(v1::ModelCall::Op op, zd_module_id m, int64_t step, 
   c->set_step(step);
   c->set_rank(rank);
   return client_.rpc(req, &pending_fds_);
+}
+
+void RemoteModel::path_call(v1::ModelCall::Op op, const std::string& dir) const {
+  v1::Request req;
+  v1::ModelCall* c = req.mutable_call();
+  c->set_model(id_);
+  c->set_op(op);
+  c->set_path(std::filesystem::absolute(dir).lexically_normal().string());
+  client_.rpc(req, &pending_fds_);
 }
 
 void RemoteModel::finalize() {

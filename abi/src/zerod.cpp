@@ -378,6 +378,22 @@ zd_status zd_model_loss_scale(const zd_model* model, double* out) {
   });
 }
 
+zd_status zd_model_save(zd_model* model, const char* dir) {
+  return guard("zd_model_save", model, [&] {
+    checked(model);
+    require(dir != nullptr && *dir, "dir is NULL or empty: name the checkpoint directory");
+    model->backend->save(dir);
+  });
+}
+
+zd_status zd_model_load(zd_model* model, const char* dir) {
+  return guard("zd_model_load", model, [&] {
+    checked(model);
+    require(dir != nullptr && *dir, "dir is NULL or empty: name the checkpoint directory");
+    model->backend->load(dir);
+  });
+}
+
 zd_status zd_model_set_stream(zd_model* model, void* stream) {
   return guard("zd_model_set_stream", model, [&] { checked(model)->backend->set_stream(stream); });
 }

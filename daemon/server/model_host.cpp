@@ -48,7 +48,10 @@ size_t ModelHost::at(int rank) const {
   return static_cast<size_t>(rank - first_rank_);
 }
 
-ModelHost::~ModelHost() { model_.reset(); }  // before the script its policy points into
+ModelHost::~ModelHost() {
+  model_->final_snapshot();  // the job ended cleanly (a lost rank breaks the model: then none)
+  model_.reset();            // before the script its policy points into
+}
 
 void ModelHost::attach(int rank) {
   std::lock_guard<std::mutex> lock(mu_);

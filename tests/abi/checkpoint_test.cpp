@@ -4,6 +4,10 @@
 #include "abi_fixture.h"
 
 #include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <stdlib.h>
 
 namespace {
 
@@ -139,6 +143,43 @@ TEST_F(CheckpointTest, BadStateCallsAreRefusedAndChangeNothing) {
   EXPECT_EQ(small.state_slots, 2);
   EXPECT_EQ(small.step, 2);
   zd_model_destroy(model);
+}
+
+}  // namespace
+
+namespace {
+
+// A checkpoint directory (zd_model_save / zd_model_load, ABI 1.2): a fresh
+// model loads it and ends where the uninterrupted run ends; a relative path
+// means the trainer's working directory in both modes.
+TEST_F(CheckpointTest, ADirectoryCheckpointResumesExactly) {
+  char tmpl[] = "/tmp/zerod-abi-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/ckpt";
+  zd_param_id p1, p2;
+  zd_module_id m1, m2;
+  zd_model* a = fresh(&p1, &m1);
+  train(a, m1, p1, 0, 8);
+  ASSERT_EQ(zd_model_save(a, dir.c_str()), ZD_OK) << last();
+  train(a, m1, p1, 8, 14);
+  const std::vector<float> want = read(a, p1, kN);
+  zd_model* b = fresh(&p2, &m2);
+  ASSERT_EQ(zd_model_load(b, dir.c_str()), ZD_OK) << last();
+  zd_optimizer_info oi = ZD_OPTIMIZER_INFO_INIT;
+  ASSERT_EQ(zd_model_optimizer_info(b, &oi), ZD_OK) << last();
+  EXPECT_EQ(oi.step, 8);
+  train(b, m2, p2, 8, 14);
+  EXPECT_EQ(read(b, p2, kN), want);
+  // Inside an accumulation window, and a directory that holds none.
+  ASSERT_EQ(zd_forward_begin(b, m2), ZD_OK) << last();
+  EXPECT_EQ(zd_model_save(b, dir.c_str()), ZD_ERR_INVALID_STATE) << last();
+  ASSERT_EQ(zd_forward_end(b, m2), ZD_OK) << last();
+  EXPECT_EQ(zd_model_load(b, tmpl), ZD_ERR_IO);
+  EXPECT_NE(last().find("no checkpoint at"), std::string::npos) << last();
+  EXPECT_EQ(zd_model_load(b, nullptr), ZD_ERR_INVALID_ARGUMENT);
+  zd_model_destroy(a);
+  zd_model_destroy(b);
+  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

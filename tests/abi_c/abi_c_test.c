@@ -75,6 +75,7 @@ int main(void) {
   double scale = 0;
   EXPECT(zd_model_loss_scale(model, &scale) == ZD_OK && scale == 1.0);
   EXPECT(zd_model_set_stream(model, NULL) == ZD_OK);
+  EXPECT(zd_model_save(model, NULL) == ZD_ERR_INVALID_ARGUMENT && zd_model_load(model, "") == ZD_ERR_INVALID_ARGUMENT);
   zd_step_result r = ZD_STEP_RESULT_INIT;
   for (int step = 0; step < 200; ++step) {
     float wv[4];

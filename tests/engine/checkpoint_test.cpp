@@ -4,9 +4,14 @@
 // loads them, and the next steps end bit-identical with the uninterrupted run.
 #include "zero_fixture.h"
 
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <cstdlib>
 #include <filesystem>
 
@@ -133,5 +138,254 @@ INSTANTIATE_TEST_SUITE_P(Stages, Checkpoint,
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return "stage" + std::to_string(i.param.stage) + (i.param.nvme ? "_nvme" : "");
                          });
+
+}  // namespace
+
+// Checkpoint files (zd_model_save / zd_model_load): the format loads at any
+// world size and stage, bit-identical; damage is named and loses nothing;
+// snapshots the engine takes by itself resume where they were.
+namespace {
+
+using namespace zerod_test;
+namespace fs = std::filesystem;
+
+struct TempDir {
+  TempDir() {
+    char t[] = "/var/tmp/zerod-ckptfiles-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() {
+    if (mounted) umount2(path.c_str(), MNT_DETACH);
+    fs::remove_all(path);
+  }
+  std::string path;
+  bool mounted = false;
+};
+
+JobOptions job(int stage) {
+  JobOptions o;
+  o.stage = stage;
+  o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+  if (stage == 3) o.zero_hparams = {{"param_persistence_threshold", 0}};
+  return o;
+}
+
+// The whole values every rank reads, from rank 0.
+Saved whole(Model& m, int world) {
+  std::vector<Saved> s(static_cast<size_t>(world));
+  run_ranks(world, [&](int rank) {
+    std::vector<zd_param_id> ids = {0, 1, 2};
+    s[static_cast<size_t>(rank)] = save(m, rank, ids);
+  });
+  return s[0];
+}
+
+class CheckpointFiles : public ::testing::TestWithParam<int> {};
+
+TEST_P(CheckpointFiles, LoadAtAnyWorldSizeAndStageBitIdentical) {
+  const int stage = GetParam();
+  TempDir dir;
+  auto a = make_model(job(stage), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 3);
+    a->save_checkpoint(rank, dir.path);
+  });
+  const Saved want = whole(*a, 2);
+  EXPECT_TRUE(fs::exists(dir.path + "/zerod-checkpoint.txt"));
+  for (int world : {1, 3})
+    for (int to : {0, 1, 2, 3}) {
+      auto b = make_model(job(to), world);
+      run_ranks(world, [&](int rank) {
+        std::vector<zd_param_id> ids;
+        register_all(*b, rank, &ids);
+        b->load_checkpoint(rank, dir.path);
+      });
+      const Saved got = whole(*b, world);
+      EXPECT_EQ(got.step, 3) << "stage " << stage << " x2 -> stage " << to << " x" << world;
+      EXPECT_EQ(got.params, want.params) << "stage " << stage << " x2 -> stage " << to << " x" << world;
+      EXPECT_EQ(got.slots, want.slots) << "stage " << stage << " x2 -> stage " << to << " x" << world;
+    }
+}
+
+TEST_P(CheckpointFiles, AResumedRunEndsBitIdentical) {
+  const int stage = GetParam();
+  TempDir dir, nvme;
+  JobOptions o = job(stage);
+  o.offload.optimizer = ZD_TIER_NVME;  // streamed to and from disk, never all in RAM
+  o.offload.nvme_paths = {nvme.path};
+  o.offload.nvme_tile_elems = 2048;
+  auto a = make_model(o, 2);
+  auto b = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 3);
+    a->save_checkpoint(rank, dir.path);
+    train(*a, rank, ids, 3, 6);
+    std::vector<zd_param_id> ids_b;
+    register_all(*b, rank, &ids_b);
+    b->load_checkpoint(rank, dir.path);
+    train(*b, rank, ids_b, 3, 6);
+  });
+  EXPECT_EQ(whole(*b, 2).params, whole(*a, 2).params);
+  EXPECT_EQ(whole(*b, 2).slots, whole(*a, 2).slots);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CheckpointFiles, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
+
+// Loading a damaged or foreign checkpoint fails naming it, and the model
+// keeps what it had.
+TEST(CheckpointDamage, IsNamedAndLosesNothing) {
+  TempDir dir;
+  auto a = make_model(job(1), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 2);
+    a->save_checkpoint(rank, dir.path);
+  });
+  auto fresh = [&](JobOptions o) {
+    auto m = make_model(o, 1);
+    std::vector<zd_param_id> ids;
+    register_all(*m, 0, &ids);
+    return m;
+  };
+  auto expect_failure = [&](Model& m, zd_status code, const std::string& text, const std::string& d) {
+    const Saved before = whole(m, 1);
+    try {
+      m.load_checkpoint(0, d);
+      ADD_FAILURE() << "loaded: " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+    const Saved after = whole(m, 1);
+    EXPECT_EQ(after.params, before.params) << "nothing changed: " << text;
+    EXPECT_EQ(after.slots, before.slots) << "nothing changed: " << text;
+  };
+  {
+    auto m = fresh(job(3));
+    m->load_checkpoint(0, dir.path);  // whole: loads (at another stage and world)
+  }
+  // A flipped byte in a record.
+  const std::string shard = dir.path + "/rank-00001-of-00002.zdshard";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  {
+    auto m = fresh(job(0));
+    expect_failure(*m, ZD_ERR_IO, "fails its checksum", dir.path);
+  }
+  // A shard cut short.
+  fs::resize_file(shard, 100);
+  {
+    auto m = fresh(job(0));
+    expect_failure(*m, ZD_ERR_IO, "rank-00001-of-00002.zdshard", dir.path);
+  }
+  // No manifest: no whole checkpoint.
+  fs::remove(dir.path + "/zerod-checkpoint.txt");
+  {
+    auto m = fresh(job(0));
+    expect_failure(*m, ZD_ERR_IO, "no checkpoint at", dir.path);
+  }
+  // Another model's, another optimizer's.
+  TempDir other;
+  auto c = make_model(job(0), 1);
+  std::vector<zd_param_id> ids;
+  register_all(*c, 0, &ids);
+  c->save_checkpoint(0, other.path);
+  {
+    JobOptions o = job(0);
+    o.optimizer = "sgd";
+    o.optimizer_hparams = {{"lr", 0.1}};
+    auto m = fresh(o);
+    expect_failure(*m, ZD_ERR_CONFIG, "written by optimizer 'adamw', this job runs 'sgd'", other.path);
+  }
+  {
+    auto m = make_model(job(0), 1);
+    m->register_param(0, "w0", "m0", ZD_DTYPE_F32, {300}, nullptr, 0);
+    m->register_param(0, "w1", "m1", ZD_DTYPE_F32, {999}, nullptr, 0);
+    m->register_param(0, "w2", "m2", ZD_DTYPE_F32, {7}, nullptr, 0);
+    m->finalize(0);
+    try {
+      m->load_checkpoint(0, other.path);
+      ADD_FAILURE() << "loaded another model's checkpoint";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_SHAPE_MISMATCH) << e.what();
+      EXPECT_NE(std::string(e.what()).find("parameter 'w1' has another shape"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The engine's own snapshots: every N steps, the newest K kept, written in
+// the background; a new job over the same path resumes at the newest, and
+// its next steps end where an uninterrupted run ends.
+TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
+  TempDir snaps;
+  JobOptions o = job(3);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.snapshot.keep = 2;
+  JobOptions plain = job(3);
+  auto ref = make_model(plain, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*ref, rank, &ids);
+    train(*ref, rank, ids, 0, 9);
+  });
+  {
+    auto a = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*a, rank, &ids);
+      train(*a, rank, ids, 0, 7);
+    });
+    // The process dies here: no final snapshot.
+  }
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000004", "step-000000000006"}));
+  auto b = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*b, rank, &ids);  // finalize resumes at step 6
+    EXPECT_EQ(b->applied_steps(rank), 6);
+    train(*b, rank, ids, 6, 9);
+  });
+  EXPECT_EQ(whole(*b, 2).params, whole(*ref, 2).params);
+  EXPECT_EQ(whole(*b, 2).slots, whole(*ref, 2).slots);
+  // A clean end writes the last one (step 9; snapshot at 8 written already).
+  b->final_snapshot();
+  dirs.clear();
+  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000008", "step-000000000009"}));
+}
+
+// A snapshot that cannot be written (a full disk) is removed, logged, and
+// training goes on; the snapshots before it stay.
+TEST(Snapshots, AFailedOneIsRemovedAndTrainingGoesOn) {
+  TempDir snaps;
+  if (::mount("tmpfs", snaps.path.c_str(), "tmpfs", 0, "size=16k") != 0)
+    GTEST_SKIP() << "mounting a small tmpfs needs CAP_SYS_ADMIN: " << std::strerror(errno);
+  snaps.mounted = true;
+  JobOptions o = job(0);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 1;
+  auto a = make_model(o, 1);
+  std::vector<zd_param_id> ids;
+  register_all(*a, 0, &ids);
+  train(*a, 0, ids, 0, 3);  // each snapshot needs ~16 KiB of state: the disk is full
+  a->sync(0);
+  EXPECT_EQ(a->applied_steps(0), 3) << "training went on";
+  for (const auto& e : fs::directory_iterator(snaps.path))
+    EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << "a partial snapshot was left";
+}
 
 }  // namespace

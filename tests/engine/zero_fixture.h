@@ -41,6 +41,7 @@ struct JobOptions {
   unsigned threads = 1;
   OffloadConfig offload;   // tiers beyond the device pool
   JobPolicy* policy = nullptr;
+  SnapshotConfig snapshot;
   // "cpu", "cuda", or "opaque": the emulated device the host cannot
   // address (opaque_device.h).
   std::string device = "cpu";
@@ -76,6 +77,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   c.nvme_budget = o.nvme_budget;
   c.comm_timeout_s = o.timeout_s;
   c.offload = o.offload;
+  c.snapshot = o.snapshot;
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
   p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);

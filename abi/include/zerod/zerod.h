@@ -48,7 +48,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 1
+#define ZD_ABI_VERSION_MINOR 2
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */
@@ -422,6 +422,22 @@ ZD_API zd_status zd_optimizer_state_read(zd_model* model, zd_param_id param, int
  * between steps. */
 ZD_API zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, int32_t slot,
                                           zd_dtype dtype, const void* src, uint64_t bytes);
+/* Since 1.2. Writes a checkpoint of the model state into `dir` (created if
+ * need be): each rank's shard of the fp32 masters and optimizer state,
+ * streamed, then a manifest with the step and loss scale
+ * (docs/checkpoints.md). A collective: every rank calls it, between steps
+ * (ZD_ERR_INVALID_STATE inside an accumulation window). Returns once the
+ * checkpoint is whole on every rank; a directory without the manifest holds
+ * none. ZD_ERR_IO names the file on a full disk or a failed write. */
+ZD_API zd_status zd_model_save(zd_model* model, const char* dir);
+/* Since 1.2. Loads a checkpoint zd_model_save wrote, at any world size and
+ * ZeRO stage: each rank reads what it holds now; the working copies follow
+ * the masters; the step and the loss scale are restored. A collective,
+ * between steps, after finalize. Another model's checkpoint (other
+ * parameter names or shapes) is ZD_ERR_SHAPE_MISMATCH naming the parameter,
+ * another optimizer's ZD_ERR_CONFIG; a damaged file ZD_ERR_IO naming it. */
+ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
+
 /* Sets the count of applied updates (restoring a checkpoint: bias
  * correction, the lr schedule and 1-bit Adam's phase follow it). Every rank
  * the same value, between steps. A compressing optimizer's error feedback

@@ -14,7 +14,7 @@ from . import _structs as S
 
 # The ABI this package mirrors (zerod.h's ZD_ABI_VERSION_MAJOR / _MINOR).
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,6 +101,8 @@ _PROTOTYPES = {
     "zd_step": (c_int32, [_Model, POINTER(S.StepResult)]),
     "zd_model_loss_scale": (c_int32, [_Model, POINTER(c_double)]),
     "zd_model_set_stream": (c_int32, [_Model, c_void_p]),
+    "zd_model_save": (c_int32, [_Model, c_char_p]),
+    "zd_model_load": (c_int32, [_Model, c_char_p]),
     "zd_param_read": (c_int32, [_Model, c_int32, c_int32, c_void_p, c_uint64]),
     "zd_param_write": (c_int32, [_Model, c_int32, c_int32, c_void_p, c_uint64]),
     "zd_model_optimizer_info": (c_int32, [_Model, POINTER(S.OptimizerInfo)]),

@@ -256,6 +256,15 @@ class Model:
         check(_lib.zd_model_loss_scale(self._h(), byref(out)))
         return out.value
 
+    def save(self, directory):
+        """Writes a checkpoint of the model state into `directory` (every rank
+        calls it, between steps); it loads at any world size and stage."""
+        check(_lib.zd_model_save(self._h(), _encode(os.fspath(directory))))
+
+    def load(self, directory):
+        """Loads a checkpoint save() wrote (every rank, between steps)."""
+        check(_lib.zd_model_load(self._h(), _encode(os.fspath(directory))))
+
     def set_stream(self, stream):
         """The CUDA stream the trainer computes on (a cudaStream_t as an int,
         e.g. torch.cuda.current_stream().cuda_stream; 0 or None = the

@@ -31,6 +31,7 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
   gradient, and engine.backward() ends whatever is still begun.
 """
 import ctypes
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -172,6 +173,8 @@ class Engine:
         self._stream = None  # the CUDA stream zerod was given (its cuda_stream handle)
         self._follow_stream()
         self.last_step = None
+        # Where the job stands: a job that takes snapshots resumes at finalize.
+        self._resumed_step = zmodel.optimizer_info().step
         self._h = zmodel._handle
         self._raw = S.View()
         self._raw_ref = ctypes.byref(self._raw)
@@ -312,8 +315,8 @@ class Engine:
 
     @property
     def global_steps(self):
-        """Optimizer steps applied so far."""
-        return self.last_step.step if self.last_step else 0
+        """Optimizer steps applied so far (a loaded checkpoint's count included)."""
+        return self.last_step.step if self.last_step else self._resumed_step
 
     @property
     def num_parameters(self):
@@ -407,6 +410,48 @@ class Engine:
                     raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' has no '{name}'")
                 self.zerod_model.optimizer_state_write(s.pid, i, slots[name].detach().to(torch.float32))
         self.zerod_model.set_step(int(state_dict["step"]))
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+        """DeepSpeed's: writes a checkpoint into save_dir/<tag> (default
+        "global_step<N>") and names it in save_dir/latest. zerod writes the
+        masters and optimizer state (each rank its shard, docs/checkpoints.md);
+        rank 0 adds what torch holds outside zerod (buffers, frozen
+        parameters) and client_state. Every rank calls it, between steps."""
+        self._require_between_steps("save_checkpoint()")
+        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        path = os.path.join(os.fspath(save_dir), tag)
+        self.zerod_model.save(path)
+        if self.rank == 0:
+            extra = {k: v.detach().cpu() for k, v in self.module.state_dict(keep_vars=True).items()
+                     if id(v) not in self._slot_of}
+            torch.save({"module_rest": extra, "client_state": client_state or {}}, os.path.join(path, "torch_state.pt"))
+            tmp = os.path.join(os.fspath(save_dir), "latest.tmp")
+            with open(tmp, "w") as f:
+                f.write(tag)
+            os.replace(tmp, os.path.join(os.fspath(save_dir), "latest"))
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None):
+        """DeepSpeed's: loads load_dir/<tag> (default: what load_dir/latest
+        names) and returns (its path, the client_state saved with it). It
+        loads at any world size and ZeRO stage. Every rank calls it, between
+        steps."""
+        self._require_between_steps("load_checkpoint()")
+        if tag is None:
+            with open(os.path.join(os.fspath(load_dir), "latest")) as f:
+                tag = f.read().strip()
+        path = os.path.join(os.fspath(load_dir), str(tag))
+        self.zerod_model.load(path)
+        extra_path = os.path.join(path, "torch_state.pt")
+        extra = torch.load(extra_path) if os.path.exists(extra_path) else {"module_rest": {}, "client_state": {}}
+        own = self.module.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for k, v in extra["module_rest"].items():
+                if k in own and id(own[k]) not in self._slot_of:
+                    own[k].copy_(v)
+        self.last_step = None
+        self._resumed_step = self.zerod_model.optimizer_info().step
+        return path, extra["client_state"]
 
     def close(self):
         """Removes the hooks and frees zerod's model. The torch parameters

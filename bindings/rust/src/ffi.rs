@@ -17,7 +17,7 @@ use std::ptr;
 // Versions ---------------------------------------------------------------
 
 pub const ZD_ABI_VERSION_MAJOR: u32 = 1;
-pub const ZD_ABI_VERSION_MINOR: u32 = 1;
+pub const ZD_ABI_VERSION_MINOR: u32 = 2;
 pub const ZD_ABI_VERSION: u32 = (ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR;
 
 // Status codes -----------------------------------------------------------
@@ -414,6 +414,8 @@ extern "C" {
     pub fn zd_step(model: *mut zd_model, out: *mut zd_step_result) -> zd_status;
     pub fn zd_model_loss_scale(model: *const zd_model, out: *mut f64) -> zd_status;
     pub fn zd_model_set_stream(model: *mut zd_model, stream: *mut c_void) -> zd_status;
+    pub fn zd_model_save(model: *mut zd_model, dir: *const c_char) -> zd_status;
+    pub fn zd_model_load(model: *mut zd_model, dir: *const c_char) -> zd_status;
 
     pub fn zd_param_read(
         model: *mut zd_model,

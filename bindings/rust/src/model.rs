@@ -123,12 +123,7 @@ impl<'c> Model<'c> {
     /// `Status::Config`) and the optimizer plugin is loaded.
     pub fn create(client: &'c Client, options: &ModelOptions) -> Result<Model<'c>> {
         let path = match &options.script {
-            Script::Path(p) => Some(CString::new(p.as_os_str().as_bytes()).map_err(|_| {
-                Error::new(
-                    Status::InvalidArgument,
-                    format!("script path contains a NUL byte: {}", p.display()),
-                )
-            })?),
+            Script::Path(p) => Some(path_c_string(p)?),
             _ => None,
         };
         let text = match &options.script {
@@ -374,6 +369,24 @@ impl<'c> Model<'c> {
         Ok(s)
     }
 
+    /// Writes a checkpoint of the model state into `dir` (`zd_model_save`):
+    /// every rank calls it, between steps; it loads at any world size and
+    /// ZeRO stage.
+    pub fn save(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let d = path_c_string(dir.as_ref())?;
+        // SAFETY: a live model, a NUL-terminated path that outlives the call.
+        let st = unsafe { ffi::zd_model_save(self.raw.as_ptr(), d.as_ptr()) };
+        self.check(st)
+    }
+
+    /// Loads a checkpoint `save` wrote (`zd_model_load`): every rank, between steps.
+    pub fn load(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let d = path_c_string(dir.as_ref())?;
+        // SAFETY: a live model, a NUL-terminated path that outlives the call.
+        let st = unsafe { ffi::zd_model_load(self.raw.as_ptr(), d.as_ptr()) };
+        self.check(st)
+    }
+
     /// The stream the trainer computes on, on a cuda device
     /// (`zd_model_set_stream`): begin calls make it wait for zerod's copies,
     /// backward_end makes zerod wait for it. Null is the default stream; the
@@ -588,4 +601,14 @@ impl fmt::Debug for Model<'_> {
 /// `model` is a live model.
 pub(crate) unsafe fn model_error(model: *const ffi::zd_model) -> String {
     string_from(ffi::zd_model_last_error(model))
+}
+
+/// A path as a C string, or `Status::InvalidArgument` when it holds a NUL.
+fn path_c_string(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::new(
+            Status::InvalidArgument,
+            format!("path contains a NUL byte: {}", p.display()),
+        )
+    })
 }

@@ -1,0 +1,243 @@
+// `zerod ckpt`: checkpoints on disk (docs/checkpoints.md).
+//   zerod ckpt info DIR [--verify]
+//   zerod ckpt export DIR --to model.safetensors [--dtype fp32|bf16|fp16] [--max-shard-size 5GiB] [--threads N]
+//   zerod ckpt reshard DIR --world M --to OUT [--threads N]
+//   zerod ckpt import DEEPSPEED_DIR --to OUT   (a DeepSpeed ZeRO checkpoint; Python with torch and deepspeed)
+#include "commands.h"
+
+#include "checkpoint/source.h"
+#include "checkpoint/tools.h"
+#include "error.h"
+#include "ledger.h"
+#include "size.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace zerod::cli {
+
+namespace {
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: zerod ckpt <command> DIR [options]\n"
+               "  info DIR [--verify]                  what the checkpoint holds; --verify checks every record\n"
+               "  export DIR --to FILE.safetensors     the parameters, whole, as safetensors\n"
+               "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N]\n"
+               "  reshard DIR --world M --to OUT       the checkpoint again as M shards (any checkpoint loads at any\n"
+               "      [--threads N]                    world size as it is; this spreads its files for M ranks)\n"
+               "  import DS_DIR --to OUT               a DeepSpeed ZeRO checkpoint (stages 1-3) as a zerod one\n"
+               "      [--tag TAG]                      (needs Python with torch and deepspeed)\n");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+uint64_t disk_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  return total;
+}
+
+int info(const std::string& dir, bool verify, unsigned threads) {
+  const ckpt::Source src(dir);
+  const ckpt::Manifest& m = src.manifest();
+  uint64_t numel = 0;
+  for (const auto& p : m.params) numel += p.numel;
+  std::printf("%s: zerod checkpoint (format %d)\n  step %lld, written by %d rank%s at ZeRO stage %d, precision %s\n"
+              "  %zu parameters, %llu elements; optimizer %s (",
+              dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, m.world_size == 1 ? "" : "s",
+              m.zero_stage, m.precision.c_str(), m.params.size(), static_cast<unsigned long long>(numel),
+              m.optimizer.c_str());
+  for (size_t i = 0; i < m.slots.size(); ++i) std::printf("%s%s", i ? ", " : "", m.slots[i].c_str());
+  std::printf("); loss scale %g\n  %s on disk\n", m.loss_scale, format_bytes(disk_bytes(dir)).c_str());
+  if (verify) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t n = ckpt::verify_all(src, threads);
+    std::printf("  verified: every value of %llu parameter buffers is there and passes its checksum (%.1f s)\n",
+                static_cast<unsigned long long>(n), seconds_since(t0));
+  }
+  return 0;
+}
+
+// `import`: DeepSpeed's files are torch pickles, read in Python (zerod.ckpt
+// extract-deepspeed, through DeepSpeed's own converter) into raw fp32 files;
+// the checkpoint is written from those here.
+int import_deepspeed(const std::vector<std::string>& args) {
+  std::string ds_dir, to, tag;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--to" && i + 1 < args.size()) to = args[++i];
+    else if (args[i] == "--tag" && i + 1 < args.size()) tag = args[++i];
+    else if (ds_dir.empty() && args[i][0] != '-') ds_dir = args[i];
+    else {
+      std::fprintf(stderr, "zerod ckpt import: unexpected argument '%s'\n", args[i].c_str());
+      return 2;
+    }
+  }
+  if (ds_dir.empty() || to.empty()) {
+    std::fprintf(stderr, "zerod ckpt import: DEEPSPEED_DIR and --to OUT are required\n");
+    return 2;
+  }
+  const char* py = std::getenv("ZEROD_PYTHON");
+  std::string python = py && *py ? py : "python3";
+  // The zerod package beside this binary (the build tree's bindings/python).
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string path = std::getenv("PYTHONPATH") ? std::getenv("PYTHONPATH") : "";
+  const auto tree = self.parent_path().parent_path().parent_path() / "bindings" / "python";
+  if (std::filesystem::exists(tree / "zerod" / "ckpt.py", ec)) path = tree.string() + (path.empty() ? "" : ":" + path);
+  char tmpl[] = "/tmp/zerod-import-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    std::fprintf(stderr, "zerod ckpt import: mkdtemp: %s\n", std::strerror(errno));
+    return 1;
+  }
+  const std::string raw = tmpl;
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code e;
+      std::filesystem::remove_all(dir, e);
+    }
+  } remove{raw};
+  std::vector<std::string> argv = {python, "-m", "zerod.ckpt", "extract-deepspeed", ds_dir, "--to", raw};
+  if (!tag.empty()) argv.insert(argv.end(), {"--tag", tag});
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!path.empty()) setenv("PYTHONPATH", path.c_str(), 1);
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    execvp(c[0], c.data());
+    std::fprintf(stderr, "zerod ckpt import: cannot run %s (%s): the import reads DeepSpeed's torch files and needs "
+                         "Python with torch and deepspeed; set ZEROD_PYTHON to one\n",
+                 python.c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "zerod ckpt import: reading the DeepSpeed checkpoint failed (see above); nothing was written\n");
+    return 1;
+  }
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ckpt::Manifest m = ckpt::import_raw(raw, to);
+    std::filesystem::copy_file(raw + "/torch_state.pt", to + "/torch_state.pt",
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    std::printf("imported %zu parameters of step %lld (DeepSpeed ZeRO stage %d, %s) into %s in %.1f s\n",
+                m.params.size(), static_cast<long long>(m.step), m.zero_stage, m.optimizer.c_str(), to.c_str(),
+                seconds_since(t0));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod ckpt import: %s (%s)\n", e.what(), status_name(e.code()));
+    return 1;
+  }
+}
+
+}  // namespace
+
+int ckpt_command(int argc, char** argv) {
+  if (argc < 1 || !std::strcmp(argv[0], "-h") || !std::strcmp(argv[0], "--help")) {
+    usage(argc < 1 ? stderr : stdout);
+    return argc < 1 ? 2 : 0;
+  }
+  const std::string cmd = argv[0];
+  std::vector<std::string> rest(argv + 1, argv + argc);
+  if (cmd == "import") return import_deepspeed(rest);
+  std::string dir, to, dtype = "fp32";
+  int world = 0;
+  unsigned threads = 0;
+  uint64_t max_shard = 0;
+  bool verify = false;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const std::string& a = rest[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= rest.size()) {
+        std::fprintf(stderr, "zerod ckpt %s: %s needs a value\n", cmd.c_str(), a.c_str());
+        std::exit(2);
+      }
+      return rest[++i];
+    };
+    if (a == "--to") to = value();
+    else if (a == "--dtype") dtype = value();
+    else if (a == "--world") world = std::atoi(value().c_str());
+    else if (a == "--threads") threads = static_cast<unsigned>(std::atoi(value().c_str()));
+    else if (a == "--verify") verify = true;
+    else if (a == "--max-shard-size") {
+      const std::string v = value();
+      const auto s = scripting::parse_size(v);
+      if (!s) {
+        std::fprintf(stderr, "zerod ckpt export: --max-shard-size %s is not a size (e.g. 5GiB)\n", v.c_str());
+        return 2;
+      }
+      max_shard = *s;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "zerod ckpt %s: unknown option %s\n", cmd.c_str(), a.c_str());
+      usage(stderr);
+      return 2;
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      std::fprintf(stderr, "zerod ckpt %s: unexpected argument '%s'\n", cmd.c_str(), a.c_str());
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "zerod ckpt %s: name the checkpoint directory\n", cmd.c_str());
+    return 2;
+  }
+  try {
+    if (cmd == "info") return info(dir, verify, threads);
+    if (cmd == "export") {
+      if (to.empty()) {
+        std::fprintf(stderr, "zerod ckpt export: --to FILE.safetensors is required\n");
+        return 2;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const ckpt::Source src(dir);
+      ckpt::ExportOptions o;
+      o.out = to;
+      o.dtype = dtype;
+      o.max_shard_bytes = max_shard;
+      o.threads = threads;
+      const auto files = ckpt::export_safetensors(src, o);
+      std::printf("exported %zu parameters of step %lld as %s in %.1f s:\n", src.manifest().params.size(),
+                  static_cast<long long>(src.manifest().step), dtype.c_str(), seconds_since(t0));
+      for (const auto& f : files) std::printf("  %s\n", f.c_str());
+      return 0;
+    }
+    if (cmd == "reshard") {
+      if (to.empty() || world < 1) {
+        std::fprintf(stderr, "zerod ckpt reshard: --world M (>= 1) and --to OUT are required\n");
+        return 2;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const ckpt::Source src(dir);
+      ckpt::reshard(src, to, world, threads);
+      std::printf("resharded %s (%d shards) into %s (%d shards) in %.1f s\n", dir.c_str(), src.manifest().world_size,
+                  to.c_str(), world, seconds_since(t0));
+      return 0;
+    }
+    std::fprintf(stderr, "zerod ckpt: unknown command '%s'\n", cmd.c_str());
+    usage(stderr);
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod ckpt %s: %s (%s)\n", cmd.c_str(), e.what(), status_name(e.code()));
+    return 1;
+  }
+}
+
+}  // namespace zerod::cli

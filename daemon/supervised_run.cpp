@@ -1,0 +1,172 @@
+#include "supervised_run.h"
+
+#include "error.h"
+#include "launcher/launcher.h"
+#include "launcher/signal_forwarder.h"
+#include "log.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace zerod::cli {
+
+namespace {
+
+// The daemon child: `zerod serve` on the socket, its banner line (read from
+// its stdout) telling when it listens.
+struct Daemon {
+  pid_t pid = -1;
+  int status = 0;
+  bool reaped = false;
+};
+
+Daemon start_daemon(const DaemonArgs& args, const std::string& socket) {
+  int out[2];
+  ZD_CHECK_SYS(::pipe2(out, O_CLOEXEC), "zerod run: a pipe to the daemon");
+  const std::string nproc = std::to_string(args.nproc);
+  // This very binary, by its real path, so that `ps` shows "…/zerod serve".
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) self = "/proc/self/exe";
+  std::vector<std::string> argv = {self, "serve", "--nproc", nproc, "--job", args.job, "--socket", socket};
+  const pid_t pid = ::fork();
+  ZD_CHECK_SYS(pid, "zerod run: starting the daemon");
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    ::execv(cargv[0], cargv.data());
+    std::fprintf(stderr, "zerod run: cannot run the daemon (%s): %s\n", cargv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  // Ready when it says it listens; a daemon that exits first has said why on stderr.
+  std::string seen;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    seen.append(buf, static_cast<size_t>(n));
+    if (seen.find("listening on") != std::string::npos) break;
+  }
+  ::close(out[0]);  // the daemon's later stdout lines go nowhere; its log is on stderr
+  Daemon d;
+  d.pid = pid;
+  if (seen.find("listening on") == std::string::npos) {
+    ::waitpid(pid, &d.status, 0);
+    d.reaped = true;
+  }
+  return d;
+}
+
+bool reap(Daemon& d, bool block) {
+  if (d.reaped) return true;
+  pid_t got;
+  do {
+    got = ::waitpid(d.pid, &d.status, block ? 0 : WNOHANG);
+  } while (got < 0 && errno == EINTR);
+  if (got == d.pid) d.reaped = true;
+  return d.reaped;
+}
+
+std::string how(int status) {
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+                                  strsignal(WTERMSIG(status)) + ")";
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+}  // namespace
+
+int run_supervised(const DaemonArgs& args, int restarts) {
+  char tmpl[] = "/tmp/zerod-run-XXXXXX";
+  const std::string socket =
+      !args.socket.empty() ? args.socket
+                           : (mkdtemp(tmpl) ? std::string(tmpl) + "/zerod.sock"
+                                            : (std::fprintf(stderr, "zerod run: mkdtemp: %s\n", std::strerror(errno)), ""));
+  if (socket.empty()) return 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  int exit_code = 1;
+  for (int attempt = 0;; ++attempt) {
+    Daemon daemon = start_daemon(args, socket);
+    if (daemon.reaped) {
+      std::fprintf(stderr, "zerod run: the daemon did not start (it %s)\n", how(daemon.status).c_str());
+      break;
+    }
+    std::fprintf(stderr, "zerod run: daemon pid %d serving %d ranks on %s%s\n", static_cast<int>(daemon.pid),
+                 args.nproc, socket.c_str(),
+                 attempt ? (" (restart " + std::to_string(attempt) + " of " + std::to_string(restarts) + ")").c_str()
+                         : "");
+    launch::LaunchOptions lo;
+    lo.nproc = args.nproc;
+    lo.argv = args.command;
+    lo.prefix_output = args.prefix;
+    lo.peer_exit_seconds = 2;
+    lo.env["ZEROD_ENDPOINT"] = "unix:" + socket;
+    lo.env["ZEROD_JOB"] = args.job;
+    launch::LaunchResult result;
+    {
+      launch::Launcher launcher(lo);
+      launch::SignalForwarder forwarder(launcher, [&daemon](int received, int sent) {
+        std::fprintf(stderr, "zerod run: got signal %d, sent %s to every rank\n", received,
+                     launch::signal_description(sent).c_str());
+        if (!daemon.reaped) ::kill(daemon.pid, SIGTERM);  // the user stops the job: no restart
+      });
+      launcher.start();
+      result = launcher.wait();
+    }
+    // The daemon died under the ranks: restart both, from the snapshot.
+    if (result.first_failure && reap(daemon, false)) {
+      const bool stopped_by_user = WIFSIGNALED(daemon.status) && WTERMSIG(daemon.status) == SIGTERM;
+      std::fprintf(stderr, "zerod run: the daemon (pid %d) %s; the ranks lost it\n", static_cast<int>(daemon.pid),
+                   how(daemon.status).c_str());
+      if (!stopped_by_user && attempt < restarts) {
+        std::fprintf(stderr, "zerod run: restarting the daemon and the ranks; they resume from the newest snapshot\n");
+        continue;
+      }
+      if (!stopped_by_user)
+        std::fprintf(stderr, "zerod run: no restarts left (--restarts %d)\n", restarts);
+      exit_code = result.exit_code ? result.exit_code : 1;
+      break;
+    }
+    // The ranks ended (well or not) with the daemon alive: stop it, which
+    // writes nothing more (the models ended with their ranks).
+    if (!daemon.reaped) {
+      ::kill(daemon.pid, SIGTERM);
+      reap(daemon, true);
+    }
+    if (result.first_failure) {
+      std::fprintf(stderr, "zerod run: %s, the first rank to fail (exit status %d)\n",
+                   result.first_failure->describe().c_str(), result.exit_code);
+      for (const auto& e : result.exits)
+        if (e.rank != result.first_failure->rank && !e.ok())
+          std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
+      exit_code = result.exit_code ? result.exit_code : 1;
+    } else {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
+      exit_code = 0;
+    }
+    break;
+  }
+  if (args.socket.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::path(socket).parent_path(), ec);
+  }
+  return exit_code;
+}
+
+}  // namespace zerod::cli

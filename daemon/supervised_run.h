@@ -1,0 +1,17 @@
+// `zerod run` for a job that takes snapshots: the daemon runs in a process
+// of its own (`zerod serve`), which this supervisor restarts when it dies
+// (a crash, SIGKILL, the OOM killer), with the ranks, which resume from the
+// newest snapshot at finalize. Without snapshots a restart would start the
+// job from scratch, so plain `zerod run` keeps the daemon in its own process
+// and restarts nothing.
+#pragma once
+
+#include "daemon_options.h"
+
+namespace zerod::cli {
+
+// Runs the job with up to `restarts` restarts of a dead daemon; the exit
+// status is as `zerod run`'s.
+int run_supervised(const DaemonArgs& args, int restarts);
+
+}  // namespace zerod::cli

@@ -1,0 +1,195 @@
+#include "manifest.h"
+
+#include "error.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace zerod::ckpt {
+
+namespace {
+
+// Names may hold anything: spaces, %, control bytes are %XX-escaped.
+std::string escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c <= ' ' || c == '%' || c >= 0x7f) {
+      char b[4];
+      std::snprintf(b, sizeof b, "%%%02X", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out.empty() ? "%00" : out;  // an empty field would vanish between spaces
+}
+
+std::string unescape(const std::string& s, const std::string& where) {
+  if (s == "%00") return "";
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size())
+      fail(ZD_ERR_INVALID_ARGUMENT, where + ": a cut-off %XX escape in '" + s + "'");
+    const std::string hex = s.substr(i + 1, 2);
+    char* end = nullptr;
+    const long v = std::strtol(hex.c_str(), &end, 16);
+    if (hex.size() != 2 || *end) fail(ZD_ERR_INVALID_ARGUMENT, where + ": a bad %XX escape in '" + s + "'");
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return out;
+}
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZD_CHECK_SYS(fd, "creating " + tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(err == ENOSPC ? ZD_ERR_IO : ZD_ERR_IO, "writing " + tmp + ": " + errno_text(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(ZD_ERR_IO, "flushing " + tmp + " to disk: " + errno_text(err));
+  }
+  ::close(fd);
+  ZD_CHECK_SYS(::rename(tmp.c_str(), path.c_str()), "renaming " + tmp + " to " + path);
+}
+
+}  // namespace
+
+std::string unescape_name(const std::string& s, const std::string& where) { return unescape(s, where); }
+
+std::string shard_name(int rank, int world_size) {
+  char b[64];
+  std::snprintf(b, sizeof b, "rank-%05d-of-%05d.zdshard", rank, world_size);
+  return b;
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  std::ostringstream o;
+  char scale[64];
+  std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
+  o << "zerod-checkpoint " << m.version << "\n"
+    << "step " << m.step << "\n"
+    << "world_size " << m.world_size << "\n"
+    << "zero_stage " << m.zero_stage << "\n"
+    << "precision " << m.precision << "\n"
+    << "optimizer " << escape(m.optimizer) << " " << m.slots.size();
+  for (const auto& s : m.slots) o << " " << escape(s);
+  o << "\n"
+    << "loss_scale " << scale << " " << m.scaler_iteration << " " << m.scaler_last_overflow << " "
+    << m.scaler_hysteresis_left << "\n"
+    << "params " << m.params.size() << "\n";
+  for (const ParamEntry& p : m.params) {
+    o << "param " << p.numel << " " << p.dtype << " " << p.shape.size();
+    for (int64_t d : p.shape) o << " " << d;
+    o << " " << escape(p.module) << " " << escape(p.name) << "\n";
+  }
+  o << "end\n";
+  write_file_synced(dir + "/" + kManifestName, o.str());
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestName;
+  std::ifstream in(path);
+  if (!in)
+    fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + path + " cannot be read (" + errno_text(errno) +
+                        "); a directory without it holds no whole checkpoint");
+  Manifest m;
+  std::string line;
+  int n = 0;
+  size_t params = 0;
+  bool ended = false;
+  auto where = [&] { return path + ":" + std::to_string(n); };
+  auto bad = [&](const std::string& what) { fail(ZD_ERR_INVALID_ARGUMENT, where() + ": " + what); };
+  while (std::getline(in, line)) {
+    ++n;
+    std::istringstream f(line);
+    std::string key;
+    f >> key;
+    if (n == 1) {
+      if (key != "zerod-checkpoint") bad("not a zerod checkpoint manifest");
+      if (!(f >> m.version)) bad("no format version");
+      if (m.version > kFormatVersion)
+        bad("format version " + std::to_string(m.version) + " is newer than this zerod reads (" +
+            std::to_string(kFormatVersion) + "); use a newer zerod");
+      continue;
+    }
+    if (key == "step") {
+      if (!(f >> m.step) || m.step < 0) bad("a bad step");
+    } else if (key == "world_size") {
+      if (!(f >> m.world_size) || m.world_size < 1) bad("a bad world_size");
+    } else if (key == "zero_stage") {
+      if (!(f >> m.zero_stage) || m.zero_stage < 0 || m.zero_stage > 3) bad("a bad zero_stage");
+    } else if (key == "precision") {
+      f >> m.precision;
+    } else if (key == "optimizer") {
+      std::string name;
+      size_t count = 0;
+      if (!(f >> name >> count) || count > 64) bad("a bad optimizer line");
+      m.optimizer = unescape(name, where());
+      for (size_t i = 0; i < count; ++i) {
+        std::string s;
+        if (!(f >> s)) bad("fewer state slot names than counted");
+        m.slots.push_back(unescape(s, where()));
+      }
+    } else if (key == "loss_scale") {
+      std::string scale;
+      if (!(f >> scale >> m.scaler_iteration >> m.scaler_last_overflow >> m.scaler_hysteresis_left))
+        bad("a bad loss_scale line");
+      m.loss_scale = std::strtod(scale.c_str(), nullptr);
+    } else if (key == "params") {
+      if (!(f >> params) || params > (size_t{1} << 26)) bad("a bad parameter count");
+      m.params.reserve(params);
+    } else if (key == "param") {
+      ParamEntry p;
+      size_t ndim = 0;
+      std::string module, name;
+      if (!(f >> p.numel >> p.dtype >> ndim) || ndim < 1 || ndim > 8) bad("a bad param line");
+      uint64_t prod = 1;
+      for (size_t i = 0; i < ndim; ++i) {
+        int64_t d;
+        if (!(f >> d) || d <= 0) bad("a bad extent");
+        p.shape.push_back(d);
+        prod *= static_cast<uint64_t>(d);
+      }
+      if (prod != p.numel) bad("its extents do not multiply to its element count");
+      if (!(f >> module >> name)) bad("a param line without module and name");
+      p.module = unescape(module, where());
+      p.name = unescape(name, where());
+      m.params.push_back(std::move(p));
+    } else if (key == "end") {
+      ended = true;
+      break;
+    } else if (!key.empty()) {
+      bad("unknown key '" + key + "'");
+    }
+  }
+  if (!ended) fail(ZD_ERR_INVALID_ARGUMENT, path + ": cut off (no 'end' line)");
+  if (m.params.size() != params)
+    fail(ZD_ERR_INVALID_ARGUMENT, path + ": counts " + std::to_string(params) + " parameters but lists " +
+                                      std::to_string(m.params.size()));
+  return m;
+}
+
+}  // namespace zerod::ckpt

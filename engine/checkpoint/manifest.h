@@ -1,0 +1,50 @@
+// The manifest of a checkpoint directory: what was saved (the parameters,
+// the optimizer and its state slots, the step, the loss scaler) and how many
+// shard files hold it. Written last, so a directory with a manifest is a
+// whole checkpoint; a text file a person can read (docs/checkpoints.md has
+// the format).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod::ckpt {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kManifestName = "zerod-checkpoint.txt";
+
+struct ParamEntry {
+  std::string name;
+  std::string module;
+  std::string dtype;  // the working copy's: "f32", "bf16", "f16"
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;
+};
+
+struct Manifest {
+  int version = kFormatVersion;
+  int64_t step = 0;        // optimizer updates applied
+  int world_size = 1;      // ranks that wrote shards
+  int zero_stage = 0;
+  std::string precision = "fp32";
+  std::string optimizer;                 // plugin name
+  std::vector<std::string> slots;        // its state slots, in order
+  double loss_scale = 1.0;               // the loss scaler's state
+  int64_t scaler_iteration = 0;
+  int64_t scaler_last_overflow = -1;
+  int scaler_hysteresis_left = 0;
+  std::vector<ParamEntry> params;        // registration order
+};
+
+// The shard file of one rank: "rank-00001-of-00004.zdshard".
+std::string shard_name(int rank, int world_size);
+
+void write_manifest(const std::string& dir, const Manifest& m);
+// The %XX escaping names use in manifests (and import descriptions).
+std::string unescape_name(const std::string& s, const std::string& where);
+// Throws ZD_ERR_IO naming the file when it is missing, and ZD_ERR_INVALID_ARGUMENT
+// naming file:line for anything malformed or of a newer version.
+Manifest read_manifest(const std::string& dir);
+
+}  // namespace zerod::ckpt

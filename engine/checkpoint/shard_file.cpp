@@ -1,0 +1,185 @@
+#include "shard_file.h"
+
+#include "crc32c.h"
+#include "error.h"
+#include "ledger.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace zerod::ckpt {
+
+namespace {
+
+constexpr char kMagic[8] = {'Z', 'D', 'S', 'H', 'A', 'R', 'D', 0};
+constexpr char kIndexMagic[8] = {'Z', 'D', 'S', 'H', 'I', 'D', 'X', 0};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeader = 32, kEntry = 40, kFooter = 32;
+
+void put32(std::byte* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void put64(std::byte* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint32_t get32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t get64(const std::byte* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+void pread_all(int fd, void* dst, size_t n, uint64_t at, const std::string& path) {
+  auto* p = static_cast<std::byte*>(dst);
+  while (n) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(ZD_ERR_IO, "reading " + path + ": " + errno_text(errno));
+    if (got == 0) fail(ZD_ERR_IO, path + " is cut off (" + std::to_string(at) + " bytes, more expected)");
+    p += got;
+    at += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+ShardWriter::ShardWriter(const std::string& path, int rank, int world_size) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZD_CHECK_SYS(fd_, "creating the checkpoint shard " + path);
+  std::byte h[kHeader] = {};
+  std::memcpy(h, kMagic, 8);
+  put32(h + 8, kVersion);
+  put32(h + 12, static_cast<uint32_t>(rank));
+  put32(h + 16, static_cast<uint32_t>(world_size));
+  write_all(h, sizeof h);
+}
+
+ShardWriter::~ShardWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ShardWriter::write_all(const void* p, size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  while (n) {
+    const ssize_t done = ::write(fd_, b, n);
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0)
+      fail(ZD_ERR_IO, "writing the checkpoint shard " + path_ + " (" + format_bytes(at_) + " written): " +
+                          errno_text(errno));
+    b += done;
+    n -= static_cast<size_t>(done);
+    at_ += static_cast<uint64_t>(done);
+  }
+}
+
+void ShardWriter::begin(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count) {
+  if (open_) fail(ZD_ERR_INTERNAL, "checkpoint shard: a record begun inside another");
+  Record r;
+  r.param = param;
+  r.buffer = buffer;
+  r.first = first;
+  r.count = count;
+  r.offset = at_;
+  index_.push_back(r);
+  pending_ = count;
+  open_ = true;
+}
+
+void ShardWriter::append(const float* values, uint64_t n) {
+  if (!open_ || n > pending_) fail(ZD_ERR_INTERNAL, "checkpoint shard: more values than the record holds");
+  Record& r = index_.back();
+  r.crc = crc32c(r.crc, values, n * 4);
+  write_all(values, n * 4);
+  pending_ -= n;
+}
+
+void ShardWriter::end() {
+  if (!open_ || pending_) fail(ZD_ERR_INTERNAL, "checkpoint shard: a record ended before all its values");
+  open_ = false;
+}
+
+void ShardWriter::finish() {
+  const uint64_t index_at = at_;
+  std::vector<std::byte> idx(index_.size() * kEntry);
+  for (size_t i = 0; i < index_.size(); ++i) {
+    std::byte* e = idx.data() + i * kEntry;
+    const Record& r = index_[i];
+    put32(e, r.param);
+    put32(e + 4, r.buffer);
+    put64(e + 8, r.first);
+    put64(e + 16, r.count);
+    put64(e + 24, r.offset);
+    put32(e + 32, r.crc);
+    put32(e + 36, 0);
+  }
+  write_all(idx.data(), idx.size());
+  std::byte f[kFooter] = {};
+  std::memcpy(f, kIndexMagic, 8);
+  put64(f + 8, index_at);
+  put64(f + 16, index_.size());
+  put32(f + 24, crc32c(0, idx.data(), idx.size()));
+  write_all(f, sizeof f);
+  if (::fsync(fd_) != 0) fail(ZD_ERR_IO, "flushing the checkpoint shard " + path_ + " to disk: " + errno_text(errno));
+  ::close(fd_);
+  fd_ = -1;
+}
+
+ShardReader::ShardReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail(ZD_ERR_IO, "the checkpoint shard " + path + " cannot be opened: " + errno_text(errno));
+  struct stat st {};
+  ZD_CHECK_SYS(::fstat(fd_, &st), "reading the size of " + path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeader + kFooter) fail(ZD_ERR_IO, path + " is not a whole checkpoint shard (" + std::to_string(size) + " bytes)");
+  std::byte h[kHeader];
+  pread_all(fd_, h, kHeader, 0, path);
+  if (std::memcmp(h, kMagic, 8) != 0) fail(ZD_ERR_IO, path + " is not a zerod checkpoint shard");
+  if (get32(h + 8) > kVersion)
+    fail(ZD_ERR_IO, path + " is of shard format " + std::to_string(get32(h + 8)) + ", newer than this zerod reads");
+  rank_ = static_cast<int>(get32(h + 12));
+  world_ = static_cast<int>(get32(h + 16));
+  std::byte f[kFooter];
+  pread_all(fd_, f, kFooter, size - kFooter, path);
+  if (std::memcmp(f, kIndexMagic, 8) != 0)
+    fail(ZD_ERR_IO, path + " has no index at its end: it was not written to the end");
+  const uint64_t index_at = get64(f + 8), count = get64(f + 16);
+  if (count > (size - kHeader - kFooter) / kEntry || index_at + count * kEntry != size - kFooter)
+    fail(ZD_ERR_IO, path + ": its index does not fit the file");
+  std::vector<std::byte> idx(count * kEntry);
+  pread_all(fd_, idx.data(), idx.size(), index_at, path);
+  if (crc32c(0, idx.data(), idx.size()) != get32(f + 24)) fail(ZD_ERR_IO, path + ": its index fails its checksum");
+  index_.resize(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    const std::byte* e = idx.data() + i * kEntry;
+    Record& r = index_[i];
+    r.param = get32(e);
+    r.buffer = get32(e + 4);
+    r.first = get64(e + 8);
+    r.count = get64(e + 16);
+    r.offset = get64(e + 24);
+    r.crc = get32(e + 32);
+    if (r.count > (index_at - kHeader) / 4 || r.offset < kHeader || r.offset + r.count * 4 > index_at)
+      fail(ZD_ERR_IO, path + ": record " + std::to_string(i) + " lies outside the file's data");
+  }
+}
+
+ShardReader::~ShardReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::vector<float> ShardReader::read(const Record& r) const {
+  std::vector<float> v(r.count);
+  pread_all(fd_, v.data(), r.count * 4, r.offset, path_);
+  if (crc32c(0, v.data(), r.count * 4) != r.crc)
+    fail(ZD_ERR_IO, path_ + ": the record of parameter #" + std::to_string(r.param) + ", buffer " +
+                        std::to_string(r.buffer) + ", elements " + std::to_string(r.first) + ".." +
+                        std::to_string(r.first + r.count) + " fails its checksum: the file is damaged");
+  return v;
+}
+
+}  // namespace zerod::ckpt

@@ -1,0 +1,80 @@
+// One rank's shard of a checkpoint: a file of records, each a run of fp32
+// values of one buffer (the master copy, or an optimizer state slot) of one
+// parameter, covering elements [first, first + count) of that parameter,
+// with a CRC-32C per record; an index and a footer at the end. Records are
+// written as they are produced (streaming: no rank holds its whole shard in
+// memory) and read record by record, each checked against its checksum.
+//
+//   header  "ZDSHARD\0", u32 version, u32 rank, u32 world_size, u32 0, u64 0   (32 bytes)
+//   records raw little-endian fp32 values
+//   index   per record: u32 param, u32 buffer, u64 first, u64 count, u64 offset, u32 crc32c, u32 0 (40 bytes)
+//   footer  "ZDSHIDX\0", u64 index offset, u64 records, u32 crc32c of the index, u32 0   (32 bytes)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod::ckpt {
+
+// Which buffer of a parameter a record holds: the master, or state slot k as k + 1.
+constexpr uint32_t kMasterBuffer = 0;
+inline uint32_t slot_buffer(int slot) { return static_cast<uint32_t>(slot) + 1; }
+
+struct Record {
+  uint32_t param = 0;
+  uint32_t buffer = 0;
+  uint64_t first = 0;   // element of the parameter
+  uint64_t count = 0;   // fp32 elements
+  uint64_t offset = 0;  // bytes into the file
+  uint32_t crc = 0;
+};
+
+class ShardWriter {
+ public:
+  // Creates (truncates) the file.
+  ShardWriter(const std::string& path, int rank, int world_size);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // A record of `count` values, given in one or more append() calls.
+  void begin(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count);
+  void append(const float* values, uint64_t n);
+  void end();
+  // Writes the index and footer and flushes the file to disk.
+  void finish();
+
+ private:
+  void write_all(const void* p, size_t n);
+  std::string path_;
+  int fd_ = -1;
+  uint64_t at_ = 0;
+  std::vector<Record> index_;
+  uint64_t pending_ = 0;  // values the open record still needs
+  bool open_ = false;
+};
+
+class ShardReader {
+ public:
+  // Opens and checks the file: magic, version, footer, index checksum.
+  explicit ShardReader(const std::string& path);
+  ~ShardReader();
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const std::vector<Record>& records() const { return index_; }
+  // The record's values, checked against its checksum (ZD_ERR_IO naming the
+  // file and the record when they differ).
+  std::vector<float> read(const Record& r) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int rank_ = 0, world_ = 0;
+  std::vector<Record> index_;
+};
+
+}  // namespace zerod::ckpt

@@ -1,0 +1,89 @@
+#include "source.h"
+
+#include "error.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+namespace zerod::ckpt {
+
+namespace {
+std::atomic<uint64_t> next_source_id{1};
+
+struct LastRecord {
+  uint64_t source = 0;
+  const Record* record = nullptr;
+  std::vector<float> values;
+};
+thread_local LastRecord last_record;
+}  // namespace
+
+Source::Source(const std::string& dir)
+    : id_(next_source_id.fetch_add(1)), dir_(dir), manifest_(read_manifest(dir)) {
+  for (int r = 0; r < manifest_.world_size; ++r) {
+    shards_.push_back(std::make_unique<ShardReader>(dir + "/" + shard_name(r, manifest_.world_size)));
+    const ShardReader& s = *shards_.back();
+    for (const Record& rec : s.records()) {
+      if (rec.param >= manifest_.params.size() || rec.buffer > manifest_.slots.size() ||
+          rec.first + rec.count > manifest_.params[rec.param].numel)
+        fail(ZD_ERR_INVALID_ARGUMENT, dir + "/" + shard_name(r, manifest_.world_size) +
+                                          ": a record outside the parameters the manifest lists");
+      index_[{rec.param, rec.buffer}].push_back({shards_.size() - 1, &rec});
+    }
+  }
+  for (auto& [key, list] : index_)
+    std::sort(list.begin(), list.end(), [](const Where& a, const Where& b) { return a.record->first < b.record->first; });
+}
+
+Source::~Source() {
+  if (last_record.source == id_) last_record = LastRecord{};  // this thread's cached record goes with it
+}
+
+const std::vector<float>& Source::record_values(const Where& w) const {
+  LastRecord& last = last_record;
+  if (last.source != id_ || last.record != w.record) {
+    last.source = 0;  // nothing valid while reading
+    last.values = shards_[w.shard]->read(*w.record);
+    last.source = id_;
+    last.record = w.record;
+  }
+  return last.values;
+}
+
+bool Source::has(uint32_t param, uint32_t buffer) const { return index_.count({param, buffer}) != 0; }
+
+void Source::read(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const {
+  visit(param, buffer, first, count, out);
+}
+
+void Source::verify(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count) const {
+  visit(param, buffer, first, count, nullptr);
+}
+
+// Reads (and checks) every record overlapping [first, first + count); copies
+// the overlap into out unless out is null.
+void Source::visit(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const {
+  if (count == 0) return;
+  auto it = index_.find({param, buffer});
+  const std::string what = "parameter '" + (param < manifest_.params.size() ? manifest_.params[param].name : "?") +
+                           "' (" + (buffer == kMasterBuffer ? std::string("master") : manifest_.slots.at(buffer - 1)) +
+                           ")";
+  if (it == index_.end()) fail(ZD_ERR_INVALID_ARGUMENT, dir_ + " holds no values of " + what);
+  uint64_t covered = first;  // everything before this is filled
+  for (const Where& w : it->second) {
+    const Record& r = *w.record;
+    const uint64_t lo = std::max(first, r.first), hi = std::min(first + count, r.first + r.count);
+    if (lo >= hi) continue;
+    if (lo > covered) break;  // a gap
+    const std::vector<float>& values = record_values(w);
+    if (out) std::memcpy(out + (lo - first), values.data() + (lo - r.first), (hi - lo) * 4);
+    covered = std::max(covered, hi);
+    if (covered >= first + count) return;
+  }
+  fail(ZD_ERR_INVALID_ARGUMENT, dir_ + " holds " + what + " only up to element " + std::to_string(covered) + " of " +
+                                    std::to_string(first) + ".." + std::to_string(first + count) +
+                                    ": a shard is missing records");
+}
+
+}  // namespace zerod::ckpt

@@ -1,0 +1,63 @@
+// A checkpoint directory opened for reading: the manifest and every shard's
+// index, so any range of any buffer of any parameter can be read, wherever
+// (in whichever rank's shard, in how many records) it was written. That is
+// what lets a checkpoint written by N ranks at one stage load into M ranks
+// at another: each rank reads the ranges it owns now.
+#pragma once
+
+#include "manifest.h"
+#include "shard_file.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zerod::ckpt {
+
+class Source {
+ public:
+  // Opens and checks the manifest and every shard it names (ZD_ERR_IO or
+  // ZD_ERR_INVALID_ARGUMENT naming the file otherwise).
+  explicit Source(const std::string& dir);
+  ~Source();
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+
+  // Values [first, first + count) of a buffer of a parameter, as fp32.
+  // Throws ZD_ERR_INVALID_ARGUMENT when the checkpoint does not hold them
+  // all, ZD_ERR_IO when a record fails its checksum. Each record touched is
+  // read whole (and checked), so memory is bounded by the largest record.
+  // Thread-safe.
+  void read(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
+  // Whether the checkpoint holds any value of a buffer (e.g. an optimizer
+  // state slot).
+  bool has(uint32_t param, uint32_t buffer) const;
+  // Checks, without keeping them, that the values read() would give are all
+  // there and pass their checksums: a load checks everything it will read
+  // before it changes anything.
+  void verify(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count) const;
+
+ private:
+  struct Where {
+    size_t shard;
+    const Record* record;
+  };
+  void visit(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
+  // The values of a record, read and checked; the last one read on the
+  // calling thread is kept, so that reading a record's range in chunks
+  // reads the record once.
+  const std::vector<float>& record_values(const Where& w) const;
+  uint64_t id_;  // tells this Source from one later made at the same address
+  std::string dir_;
+  Manifest manifest_;
+  std::vector<std::unique_ptr<ShardReader>> shards_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<Where>> index_;  // sorted by first
+};
+
+}  // namespace zerod::ckpt

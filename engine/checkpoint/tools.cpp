@@ -1,0 +1,301 @@
+#include "tools.h"
+
+#include "dtype.h"
+#include "error.h"
+#include "ledger.h"
+#include "thread_pool.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+namespace zerod::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+unsigned thread_count(unsigned asked) { return asked ? asked : available_cores(); }
+
+// Runs fn(i) for i in [0, n) on `threads` threads; rethrows the first error.
+void parallel(size_t n, unsigned threads, const std::function<void(size_t)>& fn) {
+  ThreadPool pool(std::min<unsigned>(thread_count(threads), static_cast<unsigned>(std::max<size_t>(n, 1))));
+  pool.run(n, fn);
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+void pwrite_all(int fd, const void* data, size_t n, uint64_t at, const std::string& path) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (n) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) fail(ZD_ERR_IO, "writing " + path + ": " + errno_text(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+    at += static_cast<uint64_t>(w);
+  }
+}
+
+}  // namespace
+
+uint64_t verify_all(const Source& src, unsigned threads) {
+  const Manifest& m = src.manifest();
+  const uint32_t buffers = static_cast<uint32_t>(m.slots.size()) + 1;
+  std::vector<std::pair<uint32_t, uint32_t>> work;
+  for (uint32_t p = 0; p < m.params.size(); ++p)
+    for (uint32_t b = 0; b < buffers; ++b) work.emplace_back(p, b);
+  std::atomic<uint64_t> records{0};
+  parallel(work.size(), threads, [&](size_t i) {
+    const auto [p, b] = work[i];
+    src.verify(p, b, 0, m.params[p].numel);  // every element of every buffer is there and whole
+    records.fetch_add(1);
+  });
+  return records.load();
+}
+
+std::vector<std::string> export_safetensors(const Source& src, const ExportOptions& o) {
+  const Manifest& m = src.manifest();
+  const zd_dtype dt = dtype_from_name(o.dtype);
+  if (!dt) fail(ZD_ERR_INVALID_ARGUMENT, "export: --dtype " + o.dtype + " is not fp32, bf16 or fp16");
+  const char* st_name = dt == ZD_DTYPE_F32 ? "F32" : dt == ZD_DTYPE_BF16 ? "BF16" : "F16";
+  const size_t esz = dtype_size(dt);
+  // Tensors into files, in order.
+  std::vector<std::vector<size_t>> files(1);
+  uint64_t in_file = 0;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const uint64_t bytes = m.params[i].numel * esz;
+    if (o.max_shard_bytes && !files.back().empty() && in_file + bytes > o.max_shard_bytes) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back(i);
+    in_file += bytes;
+  }
+  std::string stem = o.out;
+  if (stem.size() > 12 && stem.substr(stem.size() - 12) == ".safetensors") stem.resize(stem.size() - 12);
+  std::vector<std::string> names;
+  for (size_t f = 0; f < files.size(); ++f) {
+    if (files.size() == 1) {
+      names.push_back(o.out);
+    } else {
+      char b[64];
+      std::snprintf(b, sizeof b, "-%05zu-of-%05zu.safetensors", f + 1, files.size());
+      names.push_back(stem + b);
+    }
+  }
+  struct Placed {
+    size_t file;
+    uint64_t offset;  // absolute, in its file
+  };
+  std::vector<Placed> placed(m.params.size());
+  std::vector<int> fds(files.size(), -1);
+  struct Close {
+    std::vector<int>& fds;
+    ~Close() {
+      for (int fd : fds)
+        if (fd >= 0) ::close(fd);
+    }
+  } closer{fds};
+  for (size_t f = 0; f < files.size(); ++f) {
+    std::ostringstream h;
+    h << "{\"__metadata__\":{\"format\":\"pt\",\"zerod_step\":\"" << m.step << "\"}";
+    uint64_t at = 0;
+    for (size_t i : files[f]) {
+      const ParamEntry& p = m.params[i];
+      h << "," << json_string(p.name) << ":{\"dtype\":\"" << st_name << "\",\"shape\":[";
+      for (size_t d = 0; d < p.shape.size(); ++d) h << (d ? "," : "") << p.shape[d];
+      h << "],\"data_offsets\":[" << at << "," << at + p.numel * esz << "]}";
+      at += p.numel * esz;
+    }
+    h << "}";
+    std::string header = h.str();
+    header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    const uint64_t data_at = 8 + header.size();
+    fds[f] = ::open(names[f].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fds[f] < 0) fail(ZD_ERR_IO, "export: cannot create " + names[f] + ": " + errno_text(errno));
+    if (::ftruncate(fds[f], static_cast<off_t>(data_at + at)) != 0)
+      fail(ZD_ERR_IO, "export: cannot size " + names[f] + " to " + format_bytes(data_at + at) + ": " + errno_text(errno));
+    const uint64_t len = header.size();
+    pwrite_all(fds[f], &len, 8, 0, names[f]);
+    pwrite_all(fds[f], header.data(), header.size(), 8, names[f]);
+    uint64_t off = data_at;
+    for (size_t i : files[f]) {
+      placed[i] = {f, off};
+      off += m.params[i].numel * esz;
+    }
+  }
+  // One tensor per thread at a time: memory within threads x the largest.
+  parallel(m.params.size(), o.threads, [&](size_t i) {
+    const uint64_t n = m.params[i].numel;
+    std::vector<float> v(n);
+    src.read(static_cast<uint32_t>(i), kMasterBuffer, 0, n, v.data());
+    if (dt == ZD_DTYPE_F32) {
+      pwrite_all(fds[placed[i].file], v.data(), n * 4, placed[i].offset, names[placed[i].file]);
+    } else {
+      std::vector<std::byte> w(n * esz);
+      convert(v.data(), ZD_DTYPE_F32, w.data(), dt, n);
+      pwrite_all(fds[placed[i].file], w.data(), w.size(), placed[i].offset, names[placed[i].file]);
+    }
+  });
+  for (size_t f = 0; f < files.size(); ++f)
+    if (::fsync(fds[f]) != 0) fail(ZD_ERR_IO, "export: flushing " + names[f] + ": " + errno_text(errno));
+  if (files.size() > 1) {
+    uint64_t total = 0;
+    std::ostringstream idx;
+    idx << "{\n  \"metadata\": {\"total_size\": ";
+    for (const ParamEntry& p : m.params) total += p.numel * esz;
+    idx << total << "},\n  \"weight_map\": {";
+    for (size_t i = 0; i < m.params.size(); ++i)
+      idx << (i ? "," : "") << "\n    " << json_string(m.params[i].name) << ": "
+          << json_string(fs::path(names[placed[i].file]).filename().string());
+    idx << "\n  }\n}\n";
+    const std::string index = stem + ".safetensors.index.json";
+    FILE* fp = std::fopen(index.c_str(), "w");
+    if (!fp) fail(ZD_ERR_IO, "export: cannot create " + index + ": " + errno_text(errno));
+    std::fputs(idx.str().c_str(), fp);
+    std::fclose(fp);
+    names.push_back(index);
+  }
+  return names;
+}
+
+Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
+  const std::string desc = raw_dir + "/params.txt";
+  std::ifstream in(desc);
+  if (!in) fail(ZD_ERR_IO, "import: " + desc + " cannot be read: " + errno_text(errno));
+  Manifest m;
+  std::string line;
+  int n = 0;
+  auto bad = [&](const std::string& what) { fail(ZD_ERR_INVALID_ARGUMENT, desc + ":" + std::to_string(n) + ": " + what); };
+  while (std::getline(in, line)) {
+    ++n;
+    std::istringstream f(line);
+    std::string key;
+    f >> key;
+    if (key == "zerod-import" || key.empty()) continue;
+    if (key == "step") f >> m.step;
+    else if (key == "zero_stage") f >> m.zero_stage;
+    else if (key == "precision") f >> m.precision;
+    else if (key == "optimizer") {
+      size_t count = 0;
+      std::string name;
+      f >> name >> count;
+      m.optimizer = unescape_name(name, desc);
+      for (size_t i = 0; i < count; ++i) {
+        std::string s;
+        f >> s;
+        m.slots.push_back(unescape_name(s, desc));
+      }
+    } else if (key == "param") {
+      ParamEntry p;
+      size_t ndim = 0;
+      std::string name;
+      if (!(f >> p.numel >> ndim) || ndim < 1 || ndim > 8) bad("a bad param line");
+      for (size_t i = 0; i < ndim; ++i) {
+        int64_t d;
+        f >> d;
+        p.shape.push_back(d);
+      }
+      if (!(f >> name)) bad("a param line without a name");
+      p.name = unescape_name(name, desc);
+      p.module = p.name;
+      p.dtype = "f32";
+      m.params.push_back(std::move(p));
+    } else if (key == "end") {
+      break;
+    } else {
+      bad("unknown key '" + key + "'");
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) fail(ZD_ERR_IO, "import: " + out_dir + " cannot be created: " + ec.message());
+  fs::remove(out_dir + "/" + kManifestName, ec);
+  ShardWriter out(out_dir + "/" + shard_name(0, 1), 0, 1);
+  std::vector<float> chunk;
+  for (uint32_t i = 0; i < m.params.size(); ++i) {
+    const uint64_t numel = m.params[i].numel;
+    for (uint32_t b = 0; b <= m.slots.size(); ++b) {
+      const std::string path = raw_dir + "/" + std::to_string(i) + ".b" + std::to_string(b);
+      std::ifstream raw(path, std::ios::binary);
+      if (!raw) fail(ZD_ERR_IO, "import: " + path + " cannot be read");
+      if (fs::file_size(path, ec) != numel * 4)
+        fail(ZD_ERR_IO, "import: " + path + " holds " + std::to_string(fs::file_size(path, ec)) + " bytes, " +
+                            std::to_string(numel * 4) + " expected");
+      out.begin(i, b, 0, numel);
+      for (uint64_t at = 0; at < numel; at += uint64_t{1} << 20) {
+        const uint64_t k = std::min(uint64_t{1} << 20, numel - at);
+        chunk.resize(k);
+        raw.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(k * 4));
+        out.append(chunk.data(), k);
+      }
+      out.end();
+    }
+  }
+  out.finish();
+  m.world_size = 1;
+  write_manifest(out_dir, m);
+  return m;
+}
+
+void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads) {
+  if (world < 1) fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --world must be at least 1");
+  if (fs::absolute(out_dir) == fs::absolute(src.dir()))
+    fail(ZD_ERR_INVALID_ARGUMENT, "reshard: write into another directory than " + src.dir());
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) fail(ZD_ERR_IO, "reshard: " + out_dir + " cannot be created: " + ec.message());
+  fs::remove(out_dir + "/" + kManifestName, ec);
+  Manifest m = src.manifest();
+  const auto buffers = static_cast<uint32_t>(m.slots.size()) + 1;
+  const auto w = static_cast<uint64_t>(world);
+  parallel(static_cast<size_t>(world), threads, [&](size_t r) {
+    ShardWriter out(out_dir + "/" + shard_name(static_cast<int>(r), world), static_cast<int>(r), world);
+    std::vector<float> chunk;
+    for (uint32_t p = 0; p < m.params.size(); ++p) {
+      const uint64_t n = m.params[p].numel, per = (n + w - 1) / w;
+      const uint64_t lo = std::min(n, r * per), hi = std::min(n, lo + per);
+      if (lo >= hi) continue;
+      for (uint32_t b = 0; b < buffers; ++b) {
+        if (!src.has(p, b)) continue;
+        out.begin(p, b, lo, hi - lo);
+        for (uint64_t at = lo; at < hi; at += uint64_t{1} << 20) {
+          const uint64_t k = std::min(uint64_t{1} << 20, hi - at);
+          chunk.resize(k);
+          src.read(p, b, at, k, chunk.data());
+          out.append(chunk.data(), k);
+        }
+        out.end();
+      }
+    }
+    out.finish();
+  });
+  m.world_size = world;
+  write_manifest(out_dir, m);
+}
+
+}  // namespace zerod::ckpt

@@ -1,0 +1,42 @@
+// What `zerod ckpt` does with a checkpoint directory, as library calls (the
+// command-line tool and the tests use them): check it, export it to
+// safetensors, lay it out for another number of ranks.
+#pragma once
+
+#include "source.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod::ckpt {
+
+// Reads every record of every shard and checks its checksum; returns the
+// number of records. Throws on the first damaged one, naming it.
+uint64_t verify_all(const Source& src, unsigned threads);
+
+struct ExportOptions {
+  std::string out;                 // "model.safetensors" (a file; with shards, their common stem)
+  std::string dtype = "fp32";      // "fp32", "bf16", "fp16"
+  uint64_t max_shard_bytes = 0;    // 0: one file; else files of at most this much (a bigger tensor: a file alone)
+  unsigned threads = 0;            // 0: the cores available
+};
+
+// Writes every parameter's full master value as a safetensors tensor named
+// after the parameter, converted to the dtype. Memory stays within one tensor
+// per thread. With shards: <stem>-00001-of-0000N.safetensors and
+// <stem>.safetensors.index.json (Hugging Face's layout). Returns the files written.
+std::vector<std::string> export_safetensors(const Source& src, const ExportOptions& o);
+
+// Writes the checkpoint again into out_dir as `world` shards, each parameter
+// cut into `world` even runs: the layout a job of `world` ranks reads with
+// one shard each. (Any checkpoint loads at any world size as it is; this
+// spreads the files.)
+void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads);
+
+// Writes a checkpoint into out_dir from a folder of raw fp32 files and their
+// description (params.txt), as `python3 -m zerod.ckpt extract-deepspeed`
+// writes them. Returns the manifest written.
+Manifest import_raw(const std::string& raw_dir, const std::string& out_dir);
+
+}  // namespace zerod::ckpt

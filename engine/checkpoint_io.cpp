@@ -1,0 +1,130 @@
+#include "checkpoint_io.h"
+
+#include "dtype.h"
+#include "error.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace zerod {
+
+namespace {
+constexpr uint64_t kChunk = uint64_t{1} << 20;  // elements streamed at a time
+}  // namespace
+
+std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord& p, int rank) {
+  const auto numel = static_cast<uint64_t>(p.numel);
+  switch (ctx.registry.partitioning()) {
+    case Partitioning::Replicated:
+      return OwnedRange{0, numel, p.full_offset};
+    case Partitioning::Group: {
+      uint64_t lo, hi;
+      ctx.owned_part(p, rank, &lo, &hi);
+      if (lo >= hi) return std::nullopt;
+      const ParamGroup& g = ctx.registry.groups()[static_cast<size_t>(p.group)];
+      return OwnedRange{lo - p.full_offset, hi - lo, lo - ctx.owned_begin(g, rank)};
+    }
+    default: {
+      const uint64_t real = p.shard_real(rank);
+      if (real == 0) return std::nullopt;
+      return OwnedRange{static_cast<uint64_t>(rank) * p.stride, real, p.flat_offset};
+    }
+  }
+}
+
+void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out) {
+  if (ctx.registry.partitioning() == Partitioning::Replicated && res.rank != 0) return;  // rank 0's copy is all of it
+  const uint32_t slots = ctx.optimizer().state_slots();
+  const TierSet tiers = res.tiers();
+  std::vector<float> chunk;
+  const auto& params = ctx.registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRecord& p = params[i];
+    const auto own = owned_range(ctx, p, res.rank);
+    if (!own) continue;
+    GroupBuffers& b = buffers.of(p);
+    for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
+      const TieredBuffer& src = buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1];
+      out.begin(static_cast<uint32_t>(i), buffer, own->first, own->count);
+      for (uint64_t off = 0; off < own->count; off += kChunk) {
+        const uint64_t n = std::min(kChunk, own->count - off);
+        chunk.resize(n);
+        src.read(tiers, own->at + off, n, chunk.data());
+        out.append(chunk.data(), n);
+      }
+      out.end();
+    }
+  }
+}
+
+void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
+  const uint32_t slots = ctx.optimizer().state_slots();
+  // Everything this rank will read is there and whole before anything of
+  // its state changes: a damaged checkpoint loses nothing.
+  for (size_t i = 0; i < ctx.registry.params().size(); ++i) {
+    const auto own = owned_range(ctx, ctx.registry.params()[i], res.rank);
+    if (!own) continue;
+    for (uint32_t buffer = 0; buffer <= slots; ++buffer) src.verify(static_cast<uint32_t>(i), buffer, own->first, own->count);
+  }
+  const TierSet tiers = res.tiers();
+  std::vector<float> chunk;
+  const auto& params = ctx.registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRecord& p = params[i];
+    const auto own = owned_range(ctx, p, res.rank);
+    if (!own) continue;
+    GroupBuffers& b = buffers.of(p);
+    for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
+      TieredBuffer& dst = buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1];
+      for (uint64_t off = 0; off < own->count; off += kChunk) {
+        const uint64_t n = std::min(kChunk, own->count - off);
+        chunk.resize(n);
+        src.read(static_cast<uint32_t>(i), buffer, own->first + off, n, chunk.data());
+        dst.write(tiers, own->at + off, n, chunk.data());
+      }
+    }
+  }
+  buffers.working_from_master();
+}
+
+ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler) {
+  ckpt::Manifest m;
+  m.step = step;
+  m.world_size = ctx.world_size;
+  m.zero_stage = ctx.config.zero_stage;
+  m.precision = precision_name(ctx.config.precision);
+  m.optimizer = ctx.optimizer().plugin().name();
+  for (uint32_t s = 0; s < ctx.optimizer().state_slots(); ++s) m.slots.push_back(ctx.optimizer().state_name(s));
+  m.loss_scale = scaler.scale();
+  m.scaler_iteration = scaler.iteration();
+  m.scaler_last_overflow = scaler.last_overflow_iteration();
+  m.scaler_hysteresis_left = scaler.hysteresis_left();
+  for (const ParamRecord& p : ctx.registry.params())
+    m.params.push_back({p.name, ctx.registry.module(p.module).name, dtype_name(p.dtype), p.shape,
+                        static_cast<uint64_t>(p.numel)});
+  return m;
+}
+
+void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir) {
+  const auto& params = ctx.registry.params();
+  if (m.params.size() != params.size())
+    fail(ZD_ERR_SHAPE_MISMATCH, "the checkpoint " + dir + " holds " + std::to_string(m.params.size()) +
+                                    " parameters, this model has " + std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRecord& p = params[i];
+    const ckpt::ParamEntry& e = m.params[i];
+    if (e.name != p.name)
+      fail(ZD_ERR_SHAPE_MISMATCH, "the checkpoint " + dir + " holds '" + e.name + "' as parameter #" + std::to_string(i) +
+                                      " where this model has '" + p.name + "'");
+    if (e.shape != p.shape)
+      fail(ZD_ERR_SHAPE_MISMATCH, "parameter '" + p.name + "' has another shape in the checkpoint " + dir);
+  }
+  const OptimizerInstance& opt = ctx.optimizer();
+  std::vector<std::string> slots;
+  for (uint32_t s = 0; s < opt.state_slots(); ++s) slots.push_back(opt.state_name(s));
+  if (m.optimizer != opt.plugin().name() || m.slots != slots)
+    fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " was written by optimizer '" + m.optimizer + "', this job runs '" +
+                            opt.plugin().name() + "' (" + ctx.config.source + "): their states do not carry over");
+}
+
+}  // namespace zerod

@@ -1,0 +1,47 @@
+// A rank's part of a checkpoint: which elements of each parameter's fp32
+// buffers (the master, each optimizer state slot) the rank holds, writing
+// them into its shard as a stream, and reading what it holds now back from
+// any checkpoint — written at any world size and stage.
+#pragma once
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/shard_file.h"
+#include "checkpoint/source.h"
+#include "loss_scaler.h"
+#include "model_context.h"
+#include "rank_resources.h"
+#include "state_buffers.h"
+
+#include <optional>
+#include <string>
+
+namespace zerod {
+
+// Elements [first, first + count) of a parameter that a rank's fp32 buffers
+// hold, from element `at` of those buffers.
+struct OwnedRange {
+  uint64_t first = 0, count = 0, at = 0;
+};
+
+// What the rank holds of p (nothing: std::nullopt). At stage 0 every rank
+// holds everything.
+std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord& p, int rank);
+
+// Streams the rank's master and state values into the shard, a record per
+// parameter and buffer. At stage 0 only rank 0 writes records (every rank
+// holds the same); the others' shards are empty.
+void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out);
+
+// Reads what the rank holds now from a checkpoint into its masters and
+// state, and derives its working copies from the masters. The caller then
+// hands the working copies around (a collective) and sets the counters.
+void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src);
+
+// The manifest of the model as it is now.
+ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler);
+
+// Refuses (naming what differs) a checkpoint of other parameters or another
+// optimizer than the model's. Another world size or stage is fine.
+void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir);
+
+}  // namespace zerod
