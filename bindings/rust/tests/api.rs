@@ -602,3 +602,31 @@ fn the_device_and_the_trainers_stream() {
         .expect("the cpu device has no streams");
     assert_eq!(err.status(), Status::InvalidArgument, "{}", err);
 }
+
+#[test]
+fn a_saved_checkpoint_resumes_exactly() {
+    let client = client();
+    let dir = std::env::temp_dir().join(format!("zerod-rust-ckpt-{}", std::process::id()));
+    let job = "return { optimizer = { type = 'adamw', lr = 0.01 } }";
+    let (mut a, w, layer) = one_param(&client, job, &[1.0, 2.0, 3.0]);
+    for s in 0..4 {
+        micro_step(&mut a, layer, w, &[0.1 * s as f32, -0.2, 0.3]);
+    }
+    a.save(&dir).unwrap();
+    for s in 4..7 {
+        micro_step(&mut a, layer, w, &[0.1 * s as f32, -0.2, 0.3]);
+    }
+    let mut want = [0f32; 3];
+    a.param_read(w, &mut want).unwrap();
+    let (mut b, w2, layer2) = one_param(&client, job, &[9.0, 9.0, 9.0]);
+    b.load(&dir).unwrap();
+    for s in 4..7 {
+        micro_step(&mut b, layer2, w2, &[0.1 * s as f32, -0.2, 0.3]);
+    }
+    let mut got = [0f32; 3];
+    b.param_read(w2, &mut got).unwrap();
+    assert_eq!(got, want);
+    let err = b.load(dir.join("nothing-here")).err().expect("no checkpoint there");
+    assert_eq!(err.status(), Status::Io, "{}", err);
+    std::fs::remove_dir_all(&dir).ok();
+}
