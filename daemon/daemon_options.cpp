@@ -110,6 +110,22 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
   return true;
 }
 
+int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, int node) {
+  if (result.first_failure) {
+    std::fprintf(stderr, "zerod run: %s, the first rank to fail (exit status %d)\n",
+                 result.first_failure->describe().c_str(), result.exit_code);
+    for (const auto& e : result.exits)
+      if (e.rank != result.first_failure->rank && !e.ok())
+        std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
+    return result.exit_code ? result.exit_code : 1;
+  }
+  if (node >= 0)
+    std::fprintf(stderr, "zerod run: node %d: all %d ranks finished in %.1f s\n", node, nproc, seconds);
+  else
+    std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", nproc, seconds);
+  return 0;
+}
+
 std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path) {
   try {
     scripting::ScriptSource src;

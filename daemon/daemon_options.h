@@ -3,6 +3,7 @@
 #pragma once
 
 #include "job_script.h"
+#include "launcher/launcher.h"
 
 #include <memory>
 #include <string>
@@ -25,6 +26,12 @@ struct DaemonArgs {
 // (*exit_code set).
 bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command, DaemonArgs* out,
                        int* exit_code);
+
+// Says how the ranks ended, as `zerod run` does: the first to fail and how,
+// then the others that failed; or that all finished, with the time (`node`
+// names this node when there are several, -1 otherwise). Returns the exit
+// status for zerod run.
+int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, int node = -1);
 
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.

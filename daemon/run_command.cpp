@@ -83,19 +83,7 @@ int run_command(int argc, char** argv) {
     const launch::LaunchResult result = launcher.wait();
     server.stop();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (result.first_failure) {
-      std::fprintf(stderr, "zerod run: %s, the first rank to fail (exit status %d)\n",
-                   result.first_failure->describe().c_str(), result.exit_code);
-      for (const auto& e : result.exits)
-        if (e.rank != result.first_failure->rank && !e.ok())
-          std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
-      return result.exit_code ? result.exit_code : 1;
-    }
-    if (node.nodes > 1)
-      std::fprintf(stderr, "zerod run: node %d: all %d ranks finished in %.1f s\n", node.node, args.nproc, secs);
-    else
-      std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
-    return 0;
+    return report_ranks(result, args.nproc, secs, node.nodes > 1 ? node.node : -1);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;

@@ -148,18 +148,8 @@ int run_supervised(const DaemonArgs& args, int restarts) {
       ::kill(daemon.pid, SIGTERM);
       reap(daemon, true);
     }
-    if (result.first_failure) {
-      std::fprintf(stderr, "zerod run: %s, the first rank to fail (exit status %d)\n",
-                   result.first_failure->describe().c_str(), result.exit_code);
-      for (const auto& e : result.exits)
-        if (e.rank != result.first_failure->rank && !e.ok())
-          std::fprintf(stderr, "zerod run:   then %s\n", e.describe().c_str());
-      exit_code = result.exit_code ? result.exit_code : 1;
-    } else {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", args.nproc, secs);
-      exit_code = 0;
-    }
+    exit_code = report_ranks(result, args.nproc,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     break;
   }
   if (args.socket.empty()) {

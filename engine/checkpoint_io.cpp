@@ -10,6 +10,22 @@ namespace zerod {
 
 namespace {
 constexpr uint64_t kChunk = uint64_t{1} << 20;  // elements streamed at a time
+
+// Calls fn(param index, buffer number, what the rank holds, that buffer) for
+// every fp32 buffer (the master, then each state slot) of every parameter
+// the rank holds a part of, in registration order.
+template <typename Fn>
+void for_each_owned_buffer(const ModelContext& ctx, int rank, StateBuffers& buffers, Fn fn) {
+  const uint32_t slots = ctx.optimizer().state_slots();
+  const auto& params = ctx.registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto own = owned_range(ctx, params[i], rank);
+    if (!own) continue;
+    GroupBuffers& b = buffers.of(params[i]);
+    for (uint32_t buffer = 0; buffer <= slots; ++buffer)
+      fn(static_cast<uint32_t>(i), buffer, *own, buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1]);
+  }
+}
 }  // namespace
 
 std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord& p, int rank) {
@@ -34,56 +50,38 @@ std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord
 
 void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out) {
   if (ctx.registry.partitioning() == Partitioning::Replicated && res.rank != 0) return;  // rank 0's copy is all of it
-  const uint32_t slots = ctx.optimizer().state_slots();
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
-  const auto& params = ctx.registry.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ParamRecord& p = params[i];
-    const auto own = owned_range(ctx, p, res.rank);
-    if (!own) continue;
-    GroupBuffers& b = buffers.of(p);
-    for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
-      const TieredBuffer& src = buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1];
-      out.begin(static_cast<uint32_t>(i), buffer, own->first, own->count);
-      for (uint64_t off = 0; off < own->count; off += kChunk) {
-        const uint64_t n = std::min(kChunk, own->count - off);
-        chunk.resize(n);
-        src.read(tiers, own->at + off, n, chunk.data());
-        out.append(chunk.data(), n);
-      }
-      out.end();
-    }
-  }
+  for_each_owned_buffer(ctx, res.rank, buffers,
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& src) {
+                          out.begin(param, buffer, own.first, own.count);
+                          for (uint64_t off = 0; off < own.count; off += kChunk) {
+                            const uint64_t n = std::min(kChunk, own.count - off);
+                            chunk.resize(n);
+                            src.read(tiers, own.at + off, n, chunk.data());
+                            out.append(chunk.data(), n);
+                          }
+                          out.end();
+                        });
 }
 
 void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
-  const uint32_t slots = ctx.optimizer().state_slots();
   // Everything this rank will read is there and whole before anything of
   // its state changes: a damaged checkpoint loses nothing.
-  for (size_t i = 0; i < ctx.registry.params().size(); ++i) {
-    const auto own = owned_range(ctx, ctx.registry.params()[i], res.rank);
-    if (!own) continue;
-    for (uint32_t buffer = 0; buffer <= slots; ++buffer) src.verify(static_cast<uint32_t>(i), buffer, own->first, own->count);
-  }
+  for_each_owned_buffer(ctx, res.rank, buffers, [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer&) {
+    src.verify(param, buffer, own.first, own.count);
+  });
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
-  const auto& params = ctx.registry.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ParamRecord& p = params[i];
-    const auto own = owned_range(ctx, p, res.rank);
-    if (!own) continue;
-    GroupBuffers& b = buffers.of(p);
-    for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
-      TieredBuffer& dst = buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1];
-      for (uint64_t off = 0; off < own->count; off += kChunk) {
-        const uint64_t n = std::min(kChunk, own->count - off);
-        chunk.resize(n);
-        src.read(static_cast<uint32_t>(i), buffer, own->first + off, n, chunk.data());
-        dst.write(tiers, own->at + off, n, chunk.data());
-      }
-    }
-  }
+  for_each_owned_buffer(ctx, res.rank, buffers,
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& dst) {
+                          for (uint64_t off = 0; off < own.count; off += kChunk) {
+                            const uint64_t n = std::min(kChunk, own.count - off);
+                            chunk.resize(n);
+                            src.read(param, buffer, own.first + off, n, chunk.data());
+                            dst.write(tiers, own.at + off, n, chunk.data());
+                          }
+                        });
   buffers.working_from_master();
 }
 

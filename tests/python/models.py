@@ -106,14 +106,15 @@ def job(precision="fp32", stage=0, offload=False):
 """
 
 
-def torch_reference(kind, dtype, steps):
-    """Losses of plain torch.optim.AdamW on the global batch. For bf16 the
-    model computes in bf16 and AdamW updates fp32 master weights, as zerod
-    does. Gradients of parameters a step did not use are zero
-    (not None), so AdamW updates them as zerod does."""
+def torch_reference(kind, dtype, steps, device="cpu", with_master=False):
+    """Losses of plain torch.optim.AdamW on the global batch (and, with
+    with_master, the fp32 model it ends with). For bf16 the model computes in
+    bf16 and AdamW updates fp32 master weights, as zerod does. Gradients of
+    parameters a step did not use are zero (not None), so AdamW updates them
+    as zerod does."""
     # The master starts from the values zerod is given: the model converted
     # to `dtype` (zerod.torch.initialize(..., dtype=) converts first).
-    master = make(kind).to(dtype).float()
+    master = make(kind).to(dtype).float().to(device)
     work = copy.deepcopy(master).to(dtype) if dtype != torch.float32 else master
     for p in master.parameters():
         p.grad = torch.zeros_like(p)
@@ -127,7 +128,8 @@ def torch_reference(kind, dtype, steps):
             work.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=False)
         inputs, y = batch(kind, step)
-        loss = loss_of(kind, work, inputs, y, dtype)
+        inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+        loss = loss_of(kind, work, inputs, y.to(device), dtype)
         loss.backward()
         if work is not master:
             for w, m in zip(work.parameters(), master.parameters()):
@@ -136,4 +138,4 @@ def torch_reference(kind, dtype, steps):
         nn.utils.clip_grad_norm_(master.parameters(), CLIP)
         opt.step()
         losses.append(loss.item())
-    return losses
+    return (losses, master) if with_master else losses

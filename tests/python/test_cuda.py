@@ -15,14 +15,11 @@ optimizer on the host; stage 3 with parameters and optimizer on NVMe.
 ctest runs this through gpu_or_skip.py, which reports the suite SKIPPED,
 with the reason, where torch sees no GPU or libzerod has no cuda device.
 """
-import copy
-
 import pytest
 import torch
-import torch.nn as nn
 
 import zerod.torch
-from models import BETAS, CLIP, EPS, LR, WEIGHT_DECAY, batch, loss_of, make
+from models import BETAS, CLIP, EPS, LR, WEIGHT_DECAY, batch, loss_of, make, torch_reference
 
 STEPS = 20
 MODES = ["stage0", "stage3", "stage3+host", "stage3+nvme"]
@@ -49,27 +46,7 @@ def job(precision, mode, nvme_dir):
 
 def reference(dtype):
     """Plain AdamW on the GPU: fp32 master weights, the model in dtype."""
-    master = make("gpt").to(dtype).float().cuda()
-    work = copy.deepcopy(master).to(dtype) if dtype != torch.float32 else master
-    for p in master.parameters():
-        p.grad = torch.zeros_like(p)
-    opt = torch.optim.AdamW(master.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
-    for step in range(STEPS):
-        if work is not master:
-            with torch.no_grad():
-                for w, m in zip(work.parameters(), master.parameters()):
-                    w.copy_(m)
-            work.zero_grad(set_to_none=True)
-        opt.zero_grad(set_to_none=False)
-        inputs, y = batch("gpt", step)
-        loss = loss_of("gpt", work, tuple(t.cuda() for t in inputs), y.cuda(), dtype)
-        loss.backward()
-        if work is not master:
-            for w, m in zip(work.parameters(), master.parameters()):
-                if w.grad is not None:
-                    m.grad.copy_(w.grad)
-        nn.utils.clip_grad_norm_(master.parameters(), CLIP)
-        opt.step()
+    _, master = torch_reference("gpt", dtype, STEPS, device="cuda", with_master=True)
     return {k: v.detach().float().cpu() for k, v in master.state_dict().items()}
 
 
