@@ -31,6 +31,9 @@
 #include "ledger.h"
 #include "model_context.h"
 #include "model_types.h"
+#include "observe/collective_board.h"
+#include "observe/rank_counters.h"
+#include "observe/tracer.h"
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
@@ -113,6 +116,16 @@ class Model final : private FailureSink {
   // restarts at zero.
   void set_applied_steps(int rank, int64_t step);
 
+  // --- observing (docs/observability.md) -------------------------------------
+  // The trainer's report: tokens and samples it processed since its last
+  // report (0 = not counted) and, with has_loss, its loss. From the rank's
+  // own thread; recorded against the steps applied so far.
+  void report(int rank, uint64_t tokens, uint64_t samples, bool has_loss, double loss);
+  // The rank's live counters (metrics, `zerod top`); read from any thread.
+  const observe::RankCounters& counters(int rank) const;
+  // The job's timeline recorder, or null when the job records none.
+  const observe::Tracer* tracer() const { return tracer_.get(); }
+
   // --- failures ---------------------------------------------------------------
   // The rank's trainer went away: its collectives fail everywhere, and every
   // later call on every rank gets ZD_ERR_PEER_LOST. Thread-safe.
@@ -186,6 +199,7 @@ class Model final : private FailureSink {
   void check_registrations_across_nodes(RankState& rs);
   void share_initial_values(RankState& rs);
   void lay_out_once();
+  void set_up_observing(int local_ranks);
   void set_up_tiers(RankState& rs);
   void check_device_support(const RankState& rs) const;
   void allocate_rank(RankState& rs);
@@ -199,6 +213,10 @@ class Model final : private FailureSink {
   void gather_working_copies(RankState& rs);
 
   JobConfig config_;
+  // Declared before the plugins and the ranks, so they go after both: the
+  // ranks' threads and the comm plugin record into them to the end.
+  std::unique_ptr<observe::Tracer> tracer_;
+  std::unique_ptr<observe::CollectiveBoard> board_;
   ModelPlugins plugins_;
   JobPolicy* policy_;
   int world_size_;

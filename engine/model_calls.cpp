@@ -8,6 +8,22 @@
 
 namespace zerod {
 
+namespace {
+
+// A module's forward or backward as the trainer saw it: from its begin
+// call's entry to the end of its end call. Modules' spans may overlap
+// without nesting (a module's backward can end after the next one began),
+// so they are async spans.
+void module_done(const observe::RankProbe& probe, zd_module_id module, int64_t since, bool backward) {
+  if (!probe.tracing()) return;
+  observe::EventArgs a;
+  a.module = module;
+  a.flags = backward ? observe::kFlagBackward : 0;
+  probe.async_span("module", backward ? "backward" : "forward", since, observe::now_ns(), a);
+}
+
+}  // namespace
+
 void Model::forward_begin(int rank, zd_module_id module) {
   Call call(*this, rank, "forward_begin", module);
   require_finalized("zd_forward_begin");
@@ -27,6 +43,7 @@ void Model::forward_begin(int rank, zd_module_id module) {
   // a step wrote) only after that work is done.
   rs.res.device->trainer_waits();
   a.forward = true;
+  a.since_ns = call.entered_ns();
   ++rs.active_modules;
 }
 
@@ -47,6 +64,7 @@ void Model::forward_end(int rank, zd_module_id module) {
     rs.res.device->wait_for_trainer();
     rs.residency.release(module);
   }
+  module_done(rs.res.probe, module, a.since_ns, false);
 }
 
 void Model::backward_begin(int rank, zd_module_id module) {
@@ -73,6 +91,7 @@ void Model::backward_begin(int rank, zd_module_id module) {
   rs.res.device->trainer_waits();
   rs.grads.activate(mod);
   a.backward = true;
+  a.since_ns = call.entered_ns();
   ++rs.active_modules;
 }
 
@@ -91,6 +110,7 @@ void Model::backward_end(int rank, zd_module_id module) {
   // close() makes zerod's later work wait for what the trainer wrote.
   rs.grads.close(mod);
   if (ctx_.params_partitioned()) rs.residency.release(module);
+  module_done(rs.res.probe, module, a.since_ns, true);
 }
 
 ViewInfo Model::param_view(int rank, zd_param_id param) {
