@@ -65,6 +65,8 @@ class ModelBackend {
   virtual void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) = 0;
   virtual void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) = 0;
   virtual void set_step(int64_t step) = 0;
+  // zd_model_report (ABI 1.2).
+  virtual void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) = 0;
 };
 
 class ClientBackend {

@@ -65,6 +65,9 @@ class EmbeddedModel final : public ModelBackend {
     model_->write_state(0, p, slot, dt, src, bytes);
   }
   void set_step(int64_t step) override { model_->set_applied_steps(0, step); }
+  void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) override {
+    model_->report(0, tokens, samples, has_loss, loss);
+  }
 
  private:
   std::unique_ptr<scripting::JobScript> script_;
