@@ -3,6 +3,8 @@
 #pragma once
 
 #include "job_script.h"
+#include "metrics_server.h"
+#include "server.h"
 
 #include <memory>
 #include <string>
@@ -17,6 +19,8 @@ struct DaemonArgs {
   std::string job;          // path of the job script
   std::string socket;       // "" = a private directory
   bool prefix = true;
+  std::string trace;        // --trace FILE (absolute): every model records its trace there
+  std::string metrics;      // --metrics ADDR: overrides the job's metrics.listen
   std::vector<std::string> command;  // after "--" (run)
 };
 
@@ -24,6 +28,11 @@ struct DaemonArgs {
 // (*exit_code set).
 bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command, DaemonArgs* out,
                        int* exit_code);
+
+// Starts the metrics endpoint when the job (or --metrics) asks for one, and
+// says where it is on stderr; null when none is asked for. Throws Error.
+std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,
+                                                     const scripting::JobScript& job, server::Server& server);
 
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.
