@@ -49,8 +49,10 @@ int plot_command(int argc, char** argv) {
     const std::string lib = here + "/../lib/libzerod.so";
     ::setenv("ZEROD_LIB", lib.c_str(), 1);
   }
+  // Debian's Python is the one scripts/common.sh gives numpy and matplotlib;
+  // ZEROD_PYTHON chooses another.
   const char* py = std::getenv("ZEROD_PYTHON");
-  const std::string python = py && *py ? py : "python3";
+  const std::string python = py && *py ? py : exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   std::vector<char*> args;
   args.push_back(const_cast<char*>(python.c_str()));
   args.push_back(const_cast<char*>("-m"));

@@ -36,6 +36,11 @@ CollectiveBoard::Arrival CollectiveBoard::arrive(int rank) {
   return a;
 }
 
+uint64_t CollectiveBoard::arrivals(int rank) const {
+  const int i = rank - first_;
+  return i >= 0 && i < ranks_ ? lanes_[static_cast<size_t>(i)].next.load(std::memory_order_acquire) : 0;
+}
+
 void CollectiveBoard::complete(int rank, const Arrival& a, const char* op, uint64_t tag, uint64_t bytes) {
   const int i = rank - first_;
   if (i < 0 || i >= ranks_) return;

@@ -33,6 +33,8 @@ class CollectiveBoard {
   Arrival arrive(int rank);
   // op: "all_gather", ...; bytes: this rank's buffer; tag: zd_comm_call.tag.
   void complete(int rank, const Arrival& a, const char* op, uint64_t tag, uint64_t bytes);
+  // Collectives the rank has arrived at since the last reset.
+  uint64_t arrivals(int rank) const;
 
  private:
   static constexpr size_t kSlots = 8;  // ranks are at most one collective apart; 8 is ample

@@ -100,8 +100,10 @@ void Tracer::step_started(int rank, int64_t step) {
 
 void Tracer::step_finished(int rank, int64_t step) {
   const int i = rank - first_;
-  if (i < 0 || i >= ranks_ || step < settings_.to) return;
+  if (i < 0 || i >= ranks_) return;
+  // Between steps nothing is recorded: every event lies inside its step.
   recording_[static_cast<size_t>(i)].store(false, std::memory_order_relaxed);
+  if (step < settings_.to) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     finished_[static_cast<size_t>(i)] = true;

@@ -1,7 +1,8 @@
 // The timeline of one model: which steps are recorded, a ring per thread
 // that records, and the Chrome trace file written from them.
 //
-// A rank records while its step in progress lies in [from, to] (steps count
+// A rank records from the first call of a step in [from, to] to the end of
+// the zd_step that closes it; nothing between steps (steps count
 // applied optimizer updates from 1, as zd_step_result.step does after the
 // boundary). When every rank this process serves has finished step `to`,
 // the file is written (by the thread of the last rank to finish, at the end
