@@ -16,35 +16,28 @@
 
 namespace zerod {
 
-namespace {
-
-// The calls of a training step: the first of them after a boundary opens
-// the step on the timeline.
-bool step_call(const char* name) {
-  for (const char* n : {"forward_begin", "forward_end", "backward_begin", "backward_end", "step"})
-    if (std::strcmp(name, n) == 0) return true;
-  return false;
-}
-
-}  // namespace
-
-Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module)
-    : m_(m), rank_(rank), name_(name), module_(module), t0_(observe::now_ns()) {
+Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, bool of_step)
+    : m_(m), rank_(rank), name_(name), module_(module), t0_(0) {
   RankState& rs = m.rank_state(rank);  // checks the rank
   std::string mod;
   if (module >= 0 && static_cast<size_t>(module) < m.registry_.modules().size())
     mod = m.registry_.module(module).name;
   m.require_healthy();  // a refused call is not recorded as the rank being in it
   m.activity_.enter(rank, name, mod);
-  if (step_call(name)) rs.res.probe.call_entered(t0_);
+  // The first call of a step opens it (and may start recording): its span
+  // begins when the step does, so the step's spans nest in it.
+  observe::RankProbe& probe = rs.res.probe;
+  const int64_t opened = of_step ? probe.call_entered() : 0;
+  if (probe.tracing()) t0_ = opened ? opened : observe::now_ns();
 }
 
 Model::Call::~Call() {
   RankState& rs = m_.rank_state(rank_);
   m_.activity_.leave(rank_, rs.applied, rs.micro_step);
   observe::RankProbe& probe = rs.res.probe;
+  if (!t0_ && !rs.boundary_reached) return;  // not tracing: nothing to time
   const int64_t t1 = observe::now_ns();
-  if (probe.tracing()) {
+  if (t0_ && probe.tracing()) {
     observe::EventArgs a;
     a.module = module_;
     probe.span("call", name_, t0_, t1, a);

@@ -15,7 +15,7 @@ namespace {
 // without nesting (a module's backward can end after the next one began),
 // so they are async spans.
 void module_done(const observe::RankProbe& probe, zd_module_id module, int64_t since, bool backward) {
-  if (!probe.tracing()) return;
+  if (!since || !probe.tracing()) return;
   observe::EventArgs a;
   a.module = module;
   a.flags = backward ? observe::kFlagBackward : 0;
@@ -25,7 +25,7 @@ void module_done(const observe::RankProbe& probe, zd_module_id module, int64_t s
 }  // namespace
 
 void Model::forward_begin(int rank, zd_module_id module) {
-  Call call(*this, rank, "forward_begin", module);
+  Call call(*this, rank, "forward_begin", module, true);
   require_finalized("zd_forward_begin");
   RankState& rs = rank_state(rank);
   registry_.module(module);
@@ -48,7 +48,7 @@ void Model::forward_begin(int rank, zd_module_id module) {
 }
 
 void Model::forward_end(int rank, zd_module_id module) {
-  Call call(*this, rank, "forward_end", module);
+  Call call(*this, rank, "forward_end", module, true);
   require_finalized("zd_forward_end");
   RankState& rs = rank_state(rank);
   registry_.module(module);
@@ -68,7 +68,7 @@ void Model::forward_end(int rank, zd_module_id module) {
 }
 
 void Model::backward_begin(int rank, zd_module_id module) {
-  Call call(*this, rank, "backward_begin", module);
+  Call call(*this, rank, "backward_begin", module, true);
   require_finalized("zd_backward_begin");
   RankState& rs = rank_state(rank);
   const ModuleRecord& mod = registry_.module(module);
@@ -96,7 +96,7 @@ void Model::backward_begin(int rank, zd_module_id module) {
 }
 
 void Model::backward_end(int rank, zd_module_id module) {
-  Call call(*this, rank, "backward_end", module);
+  Call call(*this, rank, "backward_end", module, true);
   require_finalized("zd_backward_end");
   RankState& rs = rank_state(rank);
   const ModuleRecord& mod = registry_.module(module);

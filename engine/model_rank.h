@@ -52,10 +52,13 @@ struct Model::RankState {
 
 class Model::Call {
  public:
-  Call(Model& m, int rank, const char* name, zd_module_id module = -1);
+  // of_step: a call of a training step (forward/backward begin and end,
+  // step), whose first after a boundary opens the step.
+  Call(Model& m, int rank, const char* name, zd_module_id module = -1, bool of_step = false);
   ~Call();
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
+  // When the call was entered, while tracing (else 0).
   int64_t entered_ns() const { return t0_; }
 
  private:

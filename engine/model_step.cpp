@@ -49,7 +49,7 @@ void Model::gather_working_copies(RankState& rs) {
 }
 
 StepFigures Model::step(int rank) {
-  Call call(*this, rank, "step");
+  Call call(*this, rank, "step", -1, true);
   require_finalized("zd_step");
   RankState& rs = rank_state(rank);
   if (rs.active_modules > 0) {

@@ -47,11 +47,12 @@ void RankProbe::memory(const MemoryLedger& l) const {
   record(EventKind::Counter, "memory", "memory", t, t, a);
 }
 
-void RankProbe::call_entered(int64_t t) {
-  if (step_open_) return;
+int64_t RankProbe::call_entered() {
+  if (step_open_) return 0;
   step_open_ = true;
-  step_open_ns_ = t;
+  step_open_ns_ = now_ns();
   if (tracer_) tracer_->step_started(rank_, step());
+  return step_open_ns_;
 }
 
 void RankProbe::boundary(int64_t applied, int64_t t_end) {

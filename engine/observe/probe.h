@@ -43,8 +43,9 @@ class RankProbe {
 
   // --- from the rank's calling thread -------------------------------------
   // A call of a step begins (forward/backward begin or end, zd_step): the
-  // first one after a boundary opens the step.
-  void call_entered(int64_t t);
+  // first one after a boundary opens the step and returns when (else 0).
+  // The clock is read once per step here; the rest only when tracing.
+  int64_t call_entered();
   // An accumulation boundary was reached: `applied` updates are now applied
   // (the step closes whether it applied or was skipped).
   void boundary(int64_t applied, int64_t t_end);

@@ -249,7 +249,7 @@ TEST(RankCounters, ReadWhileRanksAddToThem) {
     }
   });
   for (int i = 1; i <= 2000; ++i) {
-    p.call_entered(now_ns());
+    p.call_entered();
     p.boundary(i, now_ns());
     p.report(128, 2, true, 1.0 / i, i);
   }
