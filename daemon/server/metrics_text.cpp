@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <vector>
 
@@ -61,12 +62,11 @@ double seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 }  // namespace
 
 std::string render_metrics(Server& server) {
-  std::vector<Family> f;
+  std::deque<Family> f;  // references to its elements stay valid as it grows
   auto family = [&f](const char* name, const char* type, const char* help) -> Family& {
     f.emplace_back(name, type, help);
     return f.back();
   };
-  f.reserve(40);
   Family& up = family("zerod_uptime_seconds", "gauge", "Seconds since the daemon started.");
   up.add("", server.uptime_s());
   Family& models = family("zerod_model_info", "gauge",

@@ -60,7 +60,11 @@ Tracer::~Tracer() {
     std::lock_guard<std::mutex> lock(mu_);
     any = anything_;
   }
-  if (any) write();
+  if (any)
+    write();
+  else
+    log_warn("trace: no step in trace.steps {" + std::to_string(settings_.from) + ", " +
+             std::to_string(settings_.to) + "} ran, and nothing was reported; " + settings_.path + " was not written");
 }
 
 void Tracer::set_context(TraceContext ctx) {

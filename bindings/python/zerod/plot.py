@@ -68,30 +68,56 @@ def plot_memory(tr, plt, path):
     plt.close(fig)
 
 
+def _stack(ax, xs, rows, parts, width, legend):
+    bottom = [0.0] * len(rows)
+    for part in parts:
+        ys = [r[part] for r in rows]
+        if not any(ys):
+            continue
+        ax.bar(xs, ys, bottom=bottom, color=COLORS[part], label=part if legend else None, width=width)
+        bottom = [b + y for b, y in zip(bottom, ys)]
+    return bottom
+
+
 def plot_steps(tr, plt, path):
+    """One panel per rank with each step stacked by part, and a last panel
+    that zooms into zerod's own parts (everything but the trainer's
+    compute), ranks side by side: on a trainer that computes most of the
+    step, that is where zerod's cost can be read."""
     ranks = tr.ranks
-    fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.8 * len(ranks) + 0.8), sharex=True, squeeze=False)
-    for ax, rank in zip(axes[:, 0], ranks):
-        rows = _trace.breakdown(tr, rank)
+    rows_of = {rank: _trace.breakdown(tr, rank) for rank in ranks}
+    fig, axes = plt.subplots(len(ranks) + 1, 1, figsize=(11, 2.6 * (len(ranks) + 1) + 0.8), sharex=True,
+                             squeeze=False)
+    for ax, rank in zip(axes[:-1, 0], ranks):
+        rows = rows_of[rank]
         xs = [r["step"] for r in rows]
-        bottom = [0.0] * len(rows)
-        for part in _trace.PARTS:
-            ys = [r[part] for r in rows]
-            if not any(ys):
-                continue
-            ax.bar(xs, ys, bottom=bottom, color=COLORS[part], label=part, width=0.7)
-            bottom = [b + y for b, y in zip(bottom, ys)]
+        _stack(ax, xs, rows, _trace.PARTS, 0.7, True)
         peer = [r["peer wait"] for r in rows]
         if any(peer):
-            ax.scatter(xs, peer, marker="_", s=400, color="black", zorder=3, label="of which waiting on other ranks")
+            ax.scatter(xs, peer, marker="_", s=400, color="black", zorder=3, label="its collectives waiting on\nother ranks (overlaps the bars)")
         for x, r in zip(xs, rows):
-            ax.text(x, r["total"], f"{r['total']:.1f}", ha="center", va="bottom", fontsize=8)
+            zerod = r["total"] - r["compute"]
+            ax.text(x, r["total"], f"{r['total']:.1f} ms, zerod {zerod:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_ylabel(f"rank {rank}\nms")
-        ax.set_ylim(0, max([r["total"] for r in rows] + [1e-3]) * 1.18)
+        ax.set_ylim(0, max([r["total"] for r in rows] + [1e-3]) * 1.2)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    axes[-1, 0].set_xlabel("step")
-    axes[-1, 0].set_xticks(sorted({r["step"] for rank in ranks for r in _trace.breakdown(tr, rank)}))
+    zoom = axes[-1, 0]
+    width = 0.8 / len(ranks)
+    top = 1e-3
+    for i, rank in enumerate(ranks):
+        rows = rows_of[rank]
+        xs = [r["step"] - 0.4 + width * (i + 0.5) for r in rows]
+        tops = _stack(zoom, xs, rows, _trace.PARTS[1:], width * 0.9, i == 0)
+        for x, t in zip(xs, tops):
+            zoom.text(x, t, f"r{rank}", ha="center", va="bottom", fontsize=7, color="#555555")
+        top = max([top] + tops)
+    zoom.set_ylim(0, top * 1.25)
+    zoom.set_ylabel("inside zerod's calls\nms (zoomed)")
+    zoom.grid(axis="y", alpha=0.3)
+    zoom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    zoom.set_xlabel("step")
+    zoom.set_xticks(sorted({r["step"] for rows in rows_of.values() for r in rows}))
     fig.suptitle(_title(tr, "Where each step's time went"), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
