@@ -12,6 +12,10 @@ int serve_command(int argc, char** argv);
 int ckpt_command(int argc, char** argv);
 // zerod status [--socket PATH]
 int status_command(int argc, char** argv);
+// zerod top [--socket PATH] [--interval S] [--once]
+int top_command(int argc, char** argv);
+// zerod plot trace.json [--out DIR]: python3 -m zerod.plot
+int plot_command(int argc, char** argv);
 // zerod plan <job.lua> (--params N [--layers L] | --model FILE) [--nproc R]
 int plan_command(int argc, char** argv);
 

@@ -1,7 +1,11 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "metrics_text.h"
 #include "model_host.h"
+#include "observe/listen_address.h"
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +23,10 @@ void usage(const char* cmd, bool want_command) {
                "                  one daemon per node: this is node k of K (default: from mpirun's or\n"
                "                  srun's environment, else one node); ranks are numbered node-major\n"
                "  --job FILE      the job script; checked before anything starts%s\n"
-               "  --socket PATH   where the daemon listens (default: a private directory)\n%s",
+               "  --socket PATH   where the daemon listens (default: a private directory)\n"
+               "  --trace FILE    record a timeline (Chrome trace JSON) of the job's trace.steps into FILE\n"
+               "  --metrics ADDR  serve Prometheus metrics on ADDR (host:port or a unix socket path),\n"
+               "                  instead of the job's metrics.listen\n%s",
                cmd, want_command ? " [--no-prefix] -- <trainer command...>" : "",
                want_command ? ", and passed to the ranks as ZEROD_JOB" : "",
                want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n"
@@ -83,6 +90,28 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
         return false;
       }
       out->restarts = static_cast<int>(n);
+    } else if (a == "--trace") {
+      const char* v = value("--trace");
+      if (!v) return false;
+      out->trace = v;
+      if (out->trace.empty()) {
+        std::fprintf(stderr, "zerod %s: --trace needs a file name\n", cmd);
+        return false;
+      }
+      if (out->trace[0] != '/') {
+        // The daemon writes it; relative to where the user ran this.
+        char cwd[4096];
+        if (getcwd(cwd, sizeof cwd)) out->trace = std::string(cwd) + "/" + out->trace;
+      }
+    } else if (a == "--metrics") {
+      const char* v = value("--metrics");
+      if (!v) return false;
+      std::string why;
+      if (!observe::parse_listen_address(v, &why)) {
+        std::fprintf(stderr, "zerod %s: --metrics %s: %s\n", cmd, v, why.c_str());
+        return false;
+      }
+      out->metrics = v;
     } else if (a == "--no-prefix" && want_command) {
       out->prefix = false;
     } else if (a == "-h" || a == "--help") {
@@ -124,6 +153,15 @@ int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, 
   else
     std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", nproc, seconds);
   return 0;
+}
+
+std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,
+                                                     const scripting::JobScript& job, server::Server& server) {
+  const std::string listen = args.metrics.empty() ? job.config().metrics.listen : args.metrics;
+  if (listen.empty()) return nullptr;
+  auto ms = std::make_unique<server::MetricsServer>(listen, [&server] { return server::render_metrics(server); });
+  std::fprintf(stderr, "zerod %s: metrics at %s\n", cmd, ms->where().c_str());
+  return ms;
 }
 
 std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path) {

@@ -4,6 +4,8 @@
 
 #include "job_script.h"
 #include "launcher/launcher.h"
+#include "metrics_server.h"
+#include "server.h"
 
 #include <memory>
 #include <string>
@@ -19,6 +21,8 @@ struct DaemonArgs {
   std::string socket;       // "" = a private directory
   bool prefix = true;
   int restarts = -1;        // run: restarts of a dead daemon (-1: 3 when the job takes snapshots, else 0)
+  std::string trace;        // --trace FILE (absolute): every model records its trace there
+  std::string metrics;      // --metrics ADDR: overrides the job's metrics.listen
   std::vector<std::string> command;  // after "--" (run)
 };
 
@@ -32,6 +36,10 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
 // names this node when there are several, -1 otherwise). Returns the exit
 // status for zerod run.
 int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, int node = -1);
+// Starts the metrics endpoint when the job (or --metrics) asks for one, and
+// says where it is on stderr; null when none is asked for. Throws Error.
+std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,
+                                                     const scripting::JobScript& job, server::Server& server);
 
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.

@@ -17,6 +17,8 @@ void usage(FILE* out) {
                "  run --nproc N --job job.lua -- <trainer...>   start the daemon and N ranks\n"
                "  serve --nproc N --job job.lua --socket PATH   the daemon alone\n"
                "  status [--socket PATH]                        what a running daemon holds\n"
+               "  top [--socket PATH]                           a live view of a running daemon\n"
+               "  plot trace.json [--out DIR]                   PNGs of a trace: memory, step time, loss\n"
                "  check <job.lua>                               check a job script\n"
                "  plan <job.lua> --params N                     what each tier would hold\n"
                "  ckpt info|export|reshard|import DIR ...       checkpoints on disk\n"
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   if (cmd == "run") return zerod::cli::run_command(argc - 2, argv + 2);
   if (cmd == "serve") return zerod::cli::serve_command(argc - 2, argv + 2);
   if (cmd == "status") return zerod::cli::status_command(argc - 2, argv + 2);
+  if (cmd == "top") return zerod::cli::top_command(argc - 2, argv + 2);
+  if (cmd == "plot") return zerod::cli::plot_command(argc - 2, argv + 2);
   if (cmd == "plan") return zerod::cli::plan_command(argc - 2, argv + 2);
   if (cmd == "ckpt") return zerod::cli::ckpt_command(argc - 2, argv + 2);
   std::fprintf(stderr, "zerod: unknown command '%s'\n", cmd.c_str());

@@ -49,8 +49,11 @@ int run_command(int argc, char** argv) {
     so.first_rank = first;
     so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
+    so.trace_path = args.trace;
     server::Server server(so);
     server.start();
+    // Declared after the server: it stops serving before the server goes.
+    const auto metrics = start_metrics("run", args, *job, server);
     if (node.nodes > 1)
       log_info("zerod run: node " + std::to_string(node.node) + " of " + std::to_string(node.nodes) + " (" +
                node.source + "): serving ranks " + std::to_string(first) + ".." +

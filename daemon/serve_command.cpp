@@ -40,8 +40,11 @@ int serve_command(int argc, char** argv) {
     so.first_rank = first;
     so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
+    so.trace_path = args.trace;
     server::Server server(so);
     server.start();
+    // Declared after the server: it stops serving before the server goes.
+    const auto metrics = start_metrics("serve", args, *job, server);
     std::printf("zerod serve: listening on %s for rank%s %d..%d of %d (job %s)\n"
                 "  ranks connect with ZEROD_ENDPOINT=unix:%s ZEROD_RANK=<r> ZEROD_WORLD_SIZE=%d\n",
                 server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first, first + args.nproc - 1, world,

@@ -1,5 +1,7 @@
 #include "comm_stream.h"
 
+#include "observe/tracer.h"
+
 namespace zerod {
 
 struct CommStream::Ticket::State {
@@ -68,6 +70,7 @@ CommStream::Ticket CommStream::enqueue(std::function<void()> task) {
 }
 
 void CommStream::loop() {
+  observe::set_thread_role("collectives");
   for (;;) {
     Item item;
     {

@@ -179,6 +179,10 @@ void GradReducer::send_bucket(size_t gi) {
     throw;
   }
   // Packing happens now, on the rank's thread: the views are done with.
+  observe::EventArgs a;
+  a.value = static_cast<int64_t>(seq);
+  a.bytes = send_len * esz;
+  observe::Span pack(res_.probe, "grads", "pack bucket", a);
   for (size_t i = 0; i < pending->size(); ++i) {
     const Pending& pg = (*pending)[i];
     const ParamRecord& p = ctx_.registry.param(pg.param);
@@ -195,9 +199,11 @@ void GradReducer::send_bucket(size_t gi) {
     }
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
+  pack.end();
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
-  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz] {
+  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz, a] {
+    observe::Span span(res_.probe, "grads", "reduce bucket", a);
     const ParamGroup& grp = ctx_.registry.groups()[gi];
     GroupBuffers& b = buffers_.groups()[gi];
     const zd_dtype gdt = ctx_.grad_dtype(grp);
@@ -251,6 +257,7 @@ void GradReducer::reduce_for_step() {
     }
   }
   const std::string what = stage1 ? "step: reduce-scatter of the gradients" : "step: all-reduce of the gradients";
+  observe::Span span(res_.probe, "grads", "reduce gradients", {}, &res_.probe.counters().reduce_wait_ns);
   const int rank = res_.rank;
   ctx_.run(*res_.stream, [&] {
     for (size_t gi = 0; gi < groups.size(); ++gi) {

@@ -27,6 +27,19 @@ struct OffloadConfig {
   int buffer_count = 4;                // staging buffer sets for NVMe (read ahead, compute, write behind)
 };
 
+// A timeline of some steps (docs/observability.md): off while path is "".
+struct TraceConfig {
+  std::string path;                 // the Chrome trace JSON file to write
+  int64_t from_step = 2;            // the steps recorded, inclusive (step 1 records the
+  int64_t to_step = 6;              //   module order; prefetch starts at step 2)
+  uint64_t events_per_thread = uint64_t{1} << 16;  // each recording thread's ring
+};
+
+// The daemon's live metrics (Prometheus text): off while listen is "".
+struct MetricsConfig {
+  std::string listen;  // "127.0.0.1:9400", "[::1]:9400", or a unix socket path ("/run/..", "unix:..")
+};
+
 // A tensor the placement policy decides a tier for.
 struct TensorInfo {
   std::string name;    // the parameter's
@@ -73,6 +86,8 @@ struct JobConfig {
   std::vector<std::string> plugin_path; // absolute directories
   std::string optimizer;                // plugin name
   std::vector<double> optimizer_values; // resolved hyperparameters, spec order
+  TraceConfig trace;
+  MetricsConfig metrics;
 };
 
 // The parts of a job that are code: called by the engine at a few points.

@@ -9,6 +9,7 @@
 #include "error.h"
 #include "log.h"
 #include "state_io.h"
+#include "observe/traced_device.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,18 +17,37 @@
 
 namespace zerod {
 
-Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module) : m_(m), rank_(rank) {
-  m.rank_state(rank);  // checks the rank
+Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, bool of_step)
+    : m_(m), rank_(rank), name_(name), module_(module), t0_(0) {
+  RankState& rs = m.rank_state(rank);  // checks the rank
   std::string mod;
   if (module >= 0 && static_cast<size_t>(module) < m.registry_.modules().size())
     mod = m.registry_.module(module).name;
   m.require_healthy();  // a refused call is not recorded as the rank being in it
   m.activity_.enter(rank, name, mod);
+  // The first call of a step opens it (and may start recording): its span
+  // begins when the step does, so the step's spans nest in it.
+  observe::RankProbe& probe = rs.res.probe;
+  const int64_t opened = of_step ? probe.call_entered() : 0;
+  if (probe.tracing()) t0_ = opened ? opened : observe::now_ns();
 }
 
 Model::Call::~Call() {
-  const RankState& rs = m_.rank_state(rank_);
+  RankState& rs = m_.rank_state(rank_);
   m_.activity_.leave(rank_, rs.applied, rs.micro_step);
+  observe::RankProbe& probe = rs.res.probe;
+  if (!t0_ && !rs.boundary_reached) return;  // not tracing: nothing to time
+  const int64_t t1 = observe::now_ns();
+  if (t0_ && probe.tracing()) {
+    observe::EventArgs a;
+    a.module = module_;
+    probe.span("call", name_, t0_, t1, a);
+    probe.memory(rs.res.ledger);
+  }
+  if (rs.boundary_reached) {
+    rs.boundary_reached = false;
+    probe.boundary(rs.applied, t1);
+  }
 }
 
 Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank,
@@ -82,6 +102,7 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     ranks_.push_back(std::move(rs));
   }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
+  set_up_observing(local_ranks);
   if (!ranks_.front()->res.device->host_addressable() && plugins_.optimizer->compression_start() > 0)
     fail(ZD_ERR_CONFIG, "optimizer '" + plugins_.optimizer->plugin().name() + "' (" + config_.source +
                             ") compresses its momentum on the host, which the " + device +
@@ -353,6 +374,44 @@ void Model::lay_out_once() {
   registry_.lay_out(policy);
   placement_.decide();
   laid_out_ = true;
+  if (tracer_) {
+    observe::TraceContext tc;
+    tc.job = config_.source;
+    for (const ModuleRecord& m : registry_.modules()) tc.modules.push_back(m.name);
+    tc.tag_purposes = comm_purposes();
+    tc.world_size = world_size_;
+    tc.zero_stage = config_.zero_stage;
+    tracer_->set_context(std::move(tc));
+  }
+}
+
+// The live counters of every rank, the board that says which rank a
+// collective waited for, and, when the job asks for a trace, the tracer
+// (and devices that record their copies on it).
+void Model::set_up_observing(int local_ranks) {
+  if (!config_.trace.path.empty()) {
+    observe::TraceSettings ts;
+    ts.path = config_.trace.path;
+    ts.from = config_.trace.from_step;
+    ts.to = config_.trace.to_step;
+    ts.events_per_thread = config_.trace.events_per_thread;
+    tracer_ = std::make_unique<observe::Tracer>(std::move(ts), first_local_, local_ranks);
+  }
+  board_ = std::make_unique<observe::CollectiveBoard>(first_local_, local_ranks);
+  for (auto& rs : ranks_) {
+    RankResources& res = rs->res;
+    res.probe.attach(tracer_.get(), first_local_, local_ranks);
+    board_->bind(res.rank, &res.probe);
+    if (tracer_) res.device = std::make_unique<observe::TracedDevice>(std::move(res.device), res.probe);
+  }
+  plugins_.comm->observe_with(board_.get());
+}
+
+const observe::RankCounters& Model::counters(int rank) const { return rank_state(rank).res.probe.counters(); }
+
+void Model::report(int rank, uint64_t tokens, uint64_t samples, bool has_loss, double loss) {
+  RankState& rs = rank_state(rank);
+  rs.res.probe.report(tokens, samples, has_loss, loss, rs.applied);
 }
 
 void Model::set_up_tiers(RankState& rs) {

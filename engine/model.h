@@ -32,6 +32,9 @@
 #include "ledger.h"
 #include "model_context.h"
 #include "model_types.h"
+#include "observe/collective_board.h"
+#include "observe/rank_counters.h"
+#include "observe/tracer.h"
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
@@ -128,6 +131,15 @@ class Model final : private FailureSink {
   // At a clean end of the job (no rank inside the model): the last snapshot,
   // when the job takes snapshots and steps were applied since the newest.
   void final_snapshot();
+  // --- observing (docs/observability.md) -------------------------------------
+  // The trainer's report: tokens and samples it processed since its last
+  // report (0 = not counted) and, with has_loss, its loss. From the rank's
+  // own thread; recorded against the steps applied so far.
+  void report(int rank, uint64_t tokens, uint64_t samples, bool has_loss, double loss);
+  // The rank's live counters (metrics, `zerod top`); read from any thread.
+  const observe::RankCounters& counters(int rank) const;
+  // The job's timeline recorder, or null when the job records none.
+  const observe::Tracer* tracer() const { return tracer_.get(); }
 
   // --- failures ---------------------------------------------------------------
   // The rank's trainer went away: its collectives fail everywhere, and every
@@ -202,6 +214,7 @@ class Model final : private FailureSink {
   void check_registrations_across_nodes(RankState& rs);
   void share_initial_values(RankState& rs);
   void lay_out_once();
+  void set_up_observing(int local_ranks);
   void set_up_tiers(RankState& rs);
   void check_device_support(const RankState& rs) const;
   void allocate_rank(RankState& rs);
@@ -218,6 +231,10 @@ class Model final : private FailureSink {
   void restore_rank(RankState& rs, const ckpt::Source& src);
 
   JobConfig config_;
+  // Declared before the plugins and the ranks, so they go after both: the
+  // ranks' threads and the comm plugin record into them to the end.
+  std::unique_ptr<observe::Tracer> tracer_;
+  std::unique_ptr<observe::CollectiveBoard> board_;
   ModelPlugins plugins_;
   JobPolicy* policy_;
   int world_size_;

@@ -8,8 +8,24 @@
 
 namespace zerod {
 
+namespace {
+
+// A module's forward or backward as the trainer saw it: from its begin
+// call's entry to the end of its end call. Modules' spans may overlap
+// without nesting (a module's backward can end after the next one began),
+// so they are async spans.
+void module_done(const observe::RankProbe& probe, zd_module_id module, int64_t since, bool backward) {
+  if (!since || !probe.tracing()) return;
+  observe::EventArgs a;
+  a.module = module;
+  a.flags = backward ? observe::kFlagBackward : 0;
+  probe.async_span("module", backward ? "backward" : "forward", since, observe::now_ns(), a);
+}
+
+}  // namespace
+
 void Model::forward_begin(int rank, zd_module_id module) {
-  Call call(*this, rank, "forward_begin", module);
+  Call call(*this, rank, "forward_begin", module, true);
   require_finalized("zd_forward_begin");
   RankState& rs = rank_state(rank);
   registry_.module(module);
@@ -27,11 +43,12 @@ void Model::forward_begin(int rank, zd_module_id module) {
   // a step wrote) only after that work is done.
   rs.res.device->trainer_waits();
   a.forward = true;
+  a.since_ns = call.entered_ns();
   ++rs.active_modules;
 }
 
 void Model::forward_end(int rank, zd_module_id module) {
-  Call call(*this, rank, "forward_end", module);
+  Call call(*this, rank, "forward_end", module, true);
   require_finalized("zd_forward_end");
   RankState& rs = rank_state(rank);
   registry_.module(module);
@@ -47,10 +64,11 @@ void Model::forward_end(int rank, zd_module_id module) {
     rs.res.device->wait_for_trainer();
     rs.residency.release(module);
   }
+  module_done(rs.res.probe, module, a.since_ns, false);
 }
 
 void Model::backward_begin(int rank, zd_module_id module) {
-  Call call(*this, rank, "backward_begin", module);
+  Call call(*this, rank, "backward_begin", module, true);
   require_finalized("zd_backward_begin");
   RankState& rs = rank_state(rank);
   const ModuleRecord& mod = registry_.module(module);
@@ -73,11 +91,12 @@ void Model::backward_begin(int rank, zd_module_id module) {
   rs.res.device->trainer_waits();
   rs.grads.activate(mod);
   a.backward = true;
+  a.since_ns = call.entered_ns();
   ++rs.active_modules;
 }
 
 void Model::backward_end(int rank, zd_module_id module) {
-  Call call(*this, rank, "backward_end", module);
+  Call call(*this, rank, "backward_end", module, true);
   require_finalized("zd_backward_end");
   RankState& rs = rank_state(rank);
   const ModuleRecord& mod = registry_.module(module);
@@ -91,6 +110,7 @@ void Model::backward_end(int rank, zd_module_id module) {
   // close() makes zerod's later work wait for what the trainer wrote.
   rs.grads.close(mod);
   if (ctx_.params_partitioned()) rs.residency.release(module);
+  module_done(rs.res.probe, module, a.since_ns, true);
 }
 
 ViewInfo Model::param_view(int rank, zd_param_id param) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace zerod {
 
@@ -48,6 +49,12 @@ enum class CommOp : uint64_t {
   Persistent = 7,
   Read = 8,
 };
+
+// What each CommOp is for, by its number: the timeline's names.
+inline std::vector<std::string> comm_purposes() {
+  return {"", "finalize", "gather", "bucket reduce", "step reduce", "gradient norm", "working copies",
+          "persistent parameters", "read"};
+}
 
 inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {
   return (static_cast<uint64_t>(op) << 56) | ((group & 0xff) << 48) | (id & 0xffffffffffffull);

@@ -36,6 +36,7 @@ struct Model::RankState {
   struct ModuleCalls {
     bool forward = false;
     bool backward = false;
+    int64_t since_ns = 0;  // when the begin call of the forward or backward in progress was entered
   };
   std::vector<ModuleCalls> modules;
   int active_modules = 0;
@@ -46,18 +47,26 @@ struct Model::RankState {
   int64_t micro_step = 0;
   int64_t applied = 0;
   StepFigures last;
+  bool boundary_reached = false;  // set by step(), consumed by its Call's end (the step's timeline closes there)
 };
 
 class Model::Call {
  public:
-  Call(Model& m, int rank, const char* name, zd_module_id module = -1);
+  // of_step: a call of a training step (forward/backward begin and end,
+  // step), whose first after a boundary opens the step.
+  Call(Model& m, int rank, const char* name, zd_module_id module = -1, bool of_step = false);
   ~Call();
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
+  // When the call was entered, while tracing (else 0).
+  int64_t entered_ns() const { return t0_; }
 
  private:
   Model& m_;
   int rank_;
+  const char* name_;
+  zd_module_id module_;
+  int64_t t0_;
 };
 
 }  // namespace zerod

@@ -37,6 +37,7 @@ void Model::gather_working_copies(RankState& rs) {
   const std::string what = "step: all-gather of the updated working copies";
   const auto& groups = registry_.groups();
   const int rank = rs.res.rank;
+  observe::Span span(rs.res.probe, "residency", "gather working copies");
   ctx_.run(*rs.res.stream, [&] {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
@@ -48,7 +49,7 @@ void Model::gather_working_copies(RankState& rs) {
 }
 
 StepFigures Model::step(int rank) {
-  Call call(*this, rank, "step");
+  Call call(*this, rank, "step", -1, true);
   require_finalized("zd_step");
   RankState& rs = rank_state(rank);
   if (rs.active_modules > 0) {
@@ -75,6 +76,7 @@ StepFigures Model::step(int rank) {
     rs.last = f;
     return f;
   }
+  observe::RankProbe& probe = rs.res.probe;
 
   // An accumulation boundary. The learning rate is resolved first so a
   // failing lr() leaves the gradients and counters untouched.
@@ -82,15 +84,21 @@ StepFigures Model::step(int rank) {
   f.lr = learning_rate(rs.applied);
   // Gradients the trainer wrote straight into the accumulators are read now.
   rs.res.device->wait_for_trainer();
-  if (ctx_.partitioned(ZD_PARTITION_GRADS)) rs.grads.flush();
-  ctx_.drain(*rs.res.stream);
+  {
+    // The gradient buckets and gathers still in flight.
+    observe::Span span(probe, "grads", "wait for collectives", {}, &probe.counters().reduce_wait_ns);
+    if (ctx_.partitioned(ZD_PARTITION_GRADS)) rs.grads.flush();
+    ctx_.drain(*rs.res.stream);
+  }
   if (ctx_.params_partitioned()) rs.residency.release_all();
   // A compressing optimizer (1-bit Adam) past its warm-up averages its
   // momentum instead: the gradients stay local.
   const bool compress = rs.compression.active(rs.applied);
   if (!compress) rs.grads.reduce_for_step();
 
+  observe::Span norm_span(probe, "optimizer", "gradient norm");
   const GradStats stats = rs.optimizer.gradient_stats(compress);
+  norm_span.end();
   // Local gradients: the mean over ranks of their squared norms.
   const double sumsq = compress ? stats.sumsq / static_cast<double>(world_size_) : stats.sumsq;
   const double scale = rs.scaler.scale();
@@ -114,6 +122,7 @@ StepFigures Model::step(int rank) {
     // A snapshot still reading the masters and state: they change now.
     snapshots_->fence(rank);
     try {
+      observe::Span span(probe, "optimizer", compress ? "compressed momentum step" : "optimizer");
       if (compress)
         rs.compression.step(clip / denom, f.lr, rs.applied + 1);
       else
@@ -135,13 +144,17 @@ StepFigures Model::step(int rank) {
     snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.scaler);
     gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.
-    if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
+    if (ctx_.params_partitioned()) {
+      observe::Span span(probe, "residency", "refresh persistent");
+      rs.residency.refresh_persistent();
+    }
     f.applied = true;
     f.grad_norm = norm;
     f.loss_scale = rs.scaler.scale();
   }
   f.step = rs.applied;
   rs.last = f;
+  rs.boundary_reached = true;  // the step's timeline closes as this call returns
   activity_.record_step(rank, f.lr, f.loss_scale, f.grad_norm, f.skipped);
   return f;
 }
@@ -152,6 +165,8 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
   for (auto& rs : ranks_)
     rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || !rs->res.device->host_addressable());
   plugins_.comm = std::move(comm);
+  board_->reset();  // the new comm numbers its collectives from the start
+  plugins_.comm->observe_with(board_.get());
   const int64_t gas = config_.gradient_accumulation_steps;
   for (auto& rsp : ranks_) {
     RankState& rs = *rsp;
@@ -160,6 +175,8 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     for (RankState::ModuleCalls& m : rs.modules) m = RankState::ModuleCalls{};
     rs.active_modules = 0;
     rs.micro_step = rs.applied * gas;  // the interrupted window's gradients are gone
+    rs.boundary_reached = false;
+    rs.res.probe.restart(rs.applied);
   }
   activity_.clear_lost();
   std::lock_guard<std::mutex> lock(reg_mu_);

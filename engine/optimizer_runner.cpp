@@ -4,6 +4,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "workers.h"
+#include "observe/probe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -115,6 +116,11 @@ void OptimizerRunner::apply(double grad_scale, double lr, int64_t t, bool with_g
   for (const Piece& pc : pieces()) {
     const ParamGroup& g = ctx_.registry.groups()[pc.group];
     std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
+    observe::EventArgs a;
+    a.tier = pc.tier;
+    a.value = static_cast<int64_t>(pc.count);
+    observe::Span span(res_.probe, "optimizer", "optimizer piece", a,
+                       &res_.probe.counters().optimizer_ns[static_cast<size_t>(pc.tier)]);
     if (pc.tier == ZD_TIER_NVME)
       update_staged(pc, grad, base, with_grad);
     else
@@ -211,6 +217,28 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
 
   const uint64_t tiles = (pc.count + T - 1) / T;
   std::vector<uint64_t> reading(B, 0), writing(B, 0);  // tickets; 0 = none
+  // When each set's transfer was submitted and its bytes, for the timeline.
+  std::vector<int64_t> read_at(B, 0), write_at(B, 0);
+  std::vector<uint64_t> read_bytes(B, 0), write_bytes(B, 0);
+  const observe::RankProbe& probe = res_.probe;
+  auto io_bytes = [](const std::vector<zd_tier_io>& ios) {
+    uint64_t n = 0;
+    for (const zd_tier_io& io : ios) n += io.bytes;
+    return n;
+  };
+  // Waits for a set's transfer: the time blocked is the rank's NVMe wait.
+  auto wait_io = [&](uint64_t& ticket, int64_t at, uint64_t bytes, bool write) {
+    observe::EventArgs a;
+    a.bytes = bytes;
+    a.flags = write ? observe::kFlagWrite : 0;
+    {
+      observe::Span s(probe, "nvme", write ? "wait for nvme write" : "wait for nvme read", a,
+                      &probe.counters().nvme_wait_ns);
+      nvme.wait(ticket);
+    }
+    ticket = 0;
+    observe::nvme_done(probe, write, bytes, at, observe::now_ns(), false);
+  };
   // The transfers of one tile for the staged operands that need them.
   auto ios_for = [&](uint64_t j, bool write) {
     std::vector<zd_tier_io> ios;
@@ -228,11 +256,10 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
   };
   auto start_read = [&](uint64_t j) {
     const size_t set = j % B;
-    if (writing[set]) {  // the set's last tile must be on disk before it is refilled
-      nvme.wait(writing[set]);
-      writing[set] = 0;
-    }
+    if (writing[set]) wait_io(writing[set], write_at[set], write_bytes[set], true);  // on disk before it is refilled
     auto ios = ios_for(j, false);
+    read_at[set] = observe::now_ns();
+    read_bytes[set] = io_bytes(ios);
     reading[set] = ios.empty() ? 0 : nvme.submit(ios.data(), static_cast<uint32_t>(ios.size()));
   };
 
@@ -242,10 +269,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
     for (uint64_t j = 0; j < tiles; ++j) {
       while (next < tiles && next <= j + ahead) start_read(next++);
       const size_t set = j % B;
-      if (reading[set]) {
-        nvme.wait(reading[set]);
-        reading[set] = 0;
-      }
+      if (reading[set]) wait_io(reading[set], read_at[set], read_bytes[set], false);
       const uint64_t first = pc.begin + j * T, len = std::min(T, pc.count - j * T);
       auto ptr = [&](size_t k) -> std::byte* {
         const Operand& op = ops[k];
@@ -264,10 +288,12 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);
       auto ios = ios_for(j, true);
+      write_at[set] = observe::now_ns();
+      write_bytes[set] = io_bytes(ios);
       if (!ios.empty()) writing[set] = nvme.submit(ios.data(), static_cast<uint32_t>(ios.size()));
     }
     for (size_t s = 0; s < B; ++s)
-      if (writing[s]) nvme.wait(writing[s]);
+      if (writing[s]) wait_io(writing[s], write_at[s], write_bytes[s], true);
   } catch (...) {
     // Nothing may still be in flight into buffers that are about to go.
     for (size_t s = 0; s < B; ++s) {

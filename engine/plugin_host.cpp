@@ -1,5 +1,7 @@
 #include "plugin_host.h"
 
+#include "observe/collective_board.h"
+
 #include "error.h"
 #include "ledger.h"
 #include "log.h"
@@ -483,23 +485,52 @@ void CommInstance::check(zd_status st, const zd_comm_call& c) const {
 // offsets: call through whichever descriptor the plugin gave.
 #define ZD_COMM_CALL(fn, ...) (v2() ? v2()->fn(raw(), __VA_ARGS__) : d().fn(raw(), __VA_ARGS__))
 
+template <typename Fn>
+void CommInstance::observed(const zd_comm_call& c, const char* op, uint64_t bytes, Fn&& fn) const {
+  if (!board_) {
+    check(fn(), c);
+    return;
+  }
+  const observe::CollectiveBoard::Arrival a = board_->arrive(c.rank);
+  const zd_status st = fn();
+  if (st == ZD_OK) board_->complete(c.rank, a, op, c.tag, bytes);
+  check(st, c);
+}
+
+namespace {
+
+uint64_t comm_bytes(uint64_t count, zd_comm_dtype dt) {
+  switch (dt) {
+    case ZD_COMM_F64: return count * 8;
+    case ZD_COMM_F32: return count * 4;
+    case ZD_COMM_BF16: case ZD_COMM_F16: return count * 2;
+    default: return count;
+  }
+}
+
+}  // namespace
+
 void CommInstance::all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                               zd_reduce_op op) const {
-  check(ZD_COMM_CALL(all_reduce, &c, buf, count, dt, op), c);
+  observed(c, "all_reduce", comm_bytes(count, dt), [&] { return ZD_COMM_CALL(all_reduce, &c, buf, count, dt, op); });
 }
 void CommInstance::reduce_scatter(const zd_comm_call& c, const void* send, void* recv,
                                   uint64_t recv_count, zd_comm_dtype dt, zd_reduce_op op) const {
-  check(ZD_COMM_CALL(reduce_scatter, &c, send, recv, recv_count, dt, op), c);
+  observed(c, "reduce_scatter", comm_bytes(recv_count, dt),
+           [&] { return ZD_COMM_CALL(reduce_scatter, &c, send, recv, recv_count, dt, op); });
 }
 void CommInstance::all_gather(const zd_comm_call& c, const void* send, void* recv,
                               uint64_t send_count, zd_comm_dtype dt) const {
-  check(ZD_COMM_CALL(all_gather, &c, send, recv, send_count, dt), c);
+  observed(c, "all_gather", comm_bytes(send_count, dt),
+           [&] { return ZD_COMM_CALL(all_gather, &c, send, recv, send_count, dt); });
 }
 void CommInstance::broadcast(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                              int32_t root) const {
-  check(ZD_COMM_CALL(broadcast, &c, buf, count, dt, root), c);
+  observed(c, "broadcast", comm_bytes(count, dt), [&] { return ZD_COMM_CALL(broadcast, &c, buf, count, dt, root); });
 }
-void CommInstance::barrier(const zd_comm_call& c) const { check(ZD_COMM_CALL(barrier, &c), c); }
+void CommInstance::barrier(const zd_comm_call& c) const {
+  observed(c, "barrier", 0, [&] { return ZD_COMM_CALL(barrier, &c); });
+}
 void CommInstance::abort(zd_status status, const std::string& reason) const {
   ZD_COMM_CALL(abort, status, reason.c_str());
 }
@@ -510,7 +541,8 @@ void CommInstance::compressed_all_reduce(const zd_comm_call& c, float* buf, uint
   if (!v2())
     fail(ZD_ERR_NOT_IMPLEMENTED,
          "comm plugin '" + plugin().name() + "' (plugin ABI version 1) has no compressed all-reduce");
-  check(v2()->compressed_all_reduce(raw(), &c, buf, count, worker_error, server_error), c);
+  observed(c, "compressed all_reduce", count * 4,
+           [&] { return v2()->compressed_all_reduce(raw(), &c, buf, count, worker_error, server_error); });
 }
 
 bool CommInstance::has_compression() const { return v2() != nullptr; }

@@ -13,6 +13,10 @@
 
 namespace zerod {
 
+namespace observe {
+class CollectiveBoard;
+}
+
 const char* plugin_kind_name(zd_plugin_kind kind);  // "optimizer", ...
 
 // The directories searched, in order: the job script's plugin_path (already
@@ -194,9 +198,16 @@ class CommInstance : public PluginInstance {
   bool has_compression() const;
   void compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
                              float* server_error) const;
+  // Every collective notes its arrival and completion there (who it waited
+  // for; the timeline). Before the first collective; null: none.
+  void observe_with(observe::CollectiveBoard* board) { board_ = board; }
 
  private:
   using PluginInstance::PluginInstance;
+  // Runs one collective of c.rank between its arrival and completion notes.
+  template <typename Fn>
+  void observed(const zd_comm_call& c, const char* op, uint64_t bytes, Fn&& fn) const;
+  observe::CollectiveBoard* board_ = nullptr;
   const zd_comm_v1& d() const { return plugin().descriptor<zd_comm_v1>(); }
   const zd_comm_v2* v2() const;
   void check(zd_status st, const zd_comm_call& c) const;

@@ -7,6 +7,7 @@
 #include "comm_stream.h"
 #include "device/device.h"
 #include "ledger.h"
+#include "observe/probe.h"
 #include "plugin_host.h"
 #include "tiered_buffer.h"
 #include "workers.h"
@@ -16,9 +17,10 @@
 namespace zerod {
 
 struct RankResources {
-  RankResources(int r, ThreadPool& shared, std::mutex& shared_mu) : rank(r), workers(shared, shared_mu) {}
+  RankResources(int r, ThreadPool& shared, std::mutex& shared_mu) : rank(r), probe(r), workers(shared, shared_mu) {}
 
   const int rank;
+  observe::RankProbe probe;  // the rank's counters and trace events
   MemoryLedger ledger;
   Workers workers;
   std::unique_ptr<Device> device;
@@ -26,7 +28,7 @@ struct RankResources {
   std::unique_ptr<TierInstance> nvme;  // when it uses NVMe
   std::unique_ptr<CommStream> stream;
 
-  TierSet tiers() { return TierSet{device.get(), host.get(), nvme.get(), &ledger}; }
+  TierSet tiers() { return TierSet{device.get(), host.get(), nvme.get(), &ledger, &probe}; }
 };
 
 }  // namespace zerod

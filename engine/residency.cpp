@@ -47,7 +47,7 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
 
 // Gathers a module's non-persistent parameters into fresh buffers on the
 // rank's stream; the module counts as resident from now on.
-void Residency::gather(zd_module_id m) {
+void Residency::gather(zd_module_id m, bool prefetch) {
   const ModuleRecord& mod = ctx_.registry.module(m);
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   std::vector<zd_param_id> todo;
@@ -82,7 +82,13 @@ void Residency::gather(zd_module_id m) {
   me.resident = true;
   if (todo.empty()) return;
   auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
-  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m] {
+  observe::EventArgs a;
+  a.module = m;
+  a.bytes = bytes;
+  a.flags = prefetch ? observe::kFlagPrefetched : 0;
+  if (prefetch) res_.probe.instant("residency", "prefetch", a);
+  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a] {
+    observe::Span span(res_.probe, "residency", "gather", a);
     for (zd_param_id pid : todo) {
       all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
     }
@@ -102,6 +108,9 @@ void Residency::release(zd_module_id m) {
   }
   me.resident = false;
   me.gather = CommStream::Ticket{};
+  observe::EventArgs a;
+  a.module = m;
+  res_.probe.instant("residency", "release", a);
 }
 
 void Residency::release_all() {
@@ -160,7 +169,8 @@ void Residency::start_micro_batch() {
 
 void Residency::make_resident(zd_module_id m, bool backward) {
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
-  if (!me.resident) gather(m);
+  const bool ahead = me.resident;  // gathered, or on its way, since before this call
+  if (!me.resident) gather(m, false);
   Trace& tr = trace_;
   if (!tr.complete) {
     tr.order.emplace_back(backward, m);
@@ -181,7 +191,7 @@ void Residency::make_resident(zd_module_id m, bool backward) {
         }
         if (live_elems_ + elems > max_live) break;
         try {
-          gather(next);
+          gather(next, true);
         } catch (const Error& e) {
           if (e.code() != ZD_ERR_BUDGET) throw;
           break;  // prefetch is best effort; the begin call will gather it
@@ -195,7 +205,15 @@ void Residency::make_resident(zd_module_id m, bool backward) {
                 " begun out of the recorded order; prefetch off until the next micro-batch");
     }
   }
+  // The time the trainer waits here for its parameters is what prefetch
+  // exists to hide.
+  observe::RankCounters& c = res_.probe.counters();
+  observe::EventArgs a;
+  a.module = m;
+  a.flags = ahead ? observe::kFlagPrefetched : 0;
+  observe::Span wait(res_.probe, "residency", "gather wait", a, &c.gather_wait_ns);
   ctx_.wait(me.gather);
+  observe::add_relaxed(ahead ? c.gathers_ready : c.gathers_waited, 1);
 }
 
 void Residency::overwrite(zd_param_id pid, const float* whole) {

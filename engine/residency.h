@@ -69,7 +69,8 @@ class Residency {
     size_t pos = 0;
   };
 
-  void gather(zd_module_id m);
+  // prefetch: issued ahead of the module's begin call (the timeline says so).
+  void gather(zd_module_id m, bool prefetch);
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
   // Gathers p's shards from every rank into dst (on the rank's stream).
   void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);

@@ -141,6 +141,17 @@ zd_tier TieredBuffer::tier_of(uint64_t begin, uint64_t n) const {
   return t;
 }
 
+namespace {
+
+// One synchronous NVMe transfer, counted (and traced) as the rank's.
+void nvme_transfer(const TierSet& tiers, const zd_tier_io& io) {
+  const int64_t t0 = observe::now_ns();
+  tiers.nvme->wait(tiers.nvme->submit(&io, 1));
+  if (tiers.probe) observe::nvme_done(*tiers.probe, io.write != 0, io.bytes, t0, observe::now_ns(), true);
+}
+
+}  // namespace
+
 void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, void* data, bool write) const {
   auto* out = static_cast<std::byte*>(data);
   for (uint64_t e = begin; e < begin + n;) {
@@ -167,11 +178,11 @@ void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, vo
       const uint64_t hi = std::min(align_up(at + len, a), s.bytes);
       AlignedBuffer bounce(hi - lo, a);
       zd_tier_io io{s.offset + lo, hi - lo, bounce.data(), 0, 0};
-      tiers.nvme->wait(tiers.nvme->submit(&io, 1));
+      nvme_transfer(tiers, io);
       if (write) {
         std::memcpy(bounce.data() + (at - lo), mine, len);
         io.write = 1;
-        tiers.nvme->wait(tiers.nvme->submit(&io, 1));
+        nvme_transfer(tiers, io);
       } else {
         std::memcpy(mine, bounce.data() + (at - lo), len);
       }

@@ -9,6 +9,7 @@
 #include "arena.h"
 #include "device/device.h"
 #include "ledger.h"
+#include "observe/probe.h"
 #include "plugin_host.h"
 
 #include <zerod/zerod.h>
@@ -26,6 +27,7 @@ struct TierSet {
   TierInstance* host = nullptr;
   TierInstance* nvme = nullptr;
   MemoryLedger* ledger = nullptr;
+  const observe::RankProbe* probe = nullptr;  // NVMe transfers are counted and traced here
 };
 
 // A run of elements that lives in one tier.

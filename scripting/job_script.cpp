@@ -3,6 +3,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "observe/listen_address.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -196,6 +197,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
                       "which needs the rank's whole local gradient; ZeRO stage " + std::to_string(c.zero_stage) +
                       " keeps only a shard of the gradients. Use zero = { stage = 0 } or { stage = 1 }");
   }
+  read_observing(r);
   lr_ref_ = r.function("lr", &lr_where_, "describe");
   if (lr_ref_ == LUA_NOREF) r.note("lr", "the optimizer's lr (no schedule)", false);
   placement_ref_ = r.function("placement", &placement_where_);
@@ -338,6 +340,42 @@ void JobScript::read_snapshot(ConfigReader& r, const std::string& script_dir) {
   s.keep = static_cast<int>(r.integer("keep", 2, 1, 1000));
   s.resume = r.boolean("resume", true);
   r.leave();
+}
+
+// trace = { path = "trace.json", steps = {2, 6}, events_per_thread = 65536 }
+// metrics = { listen = "127.0.0.1:9400" }            (docs/observability.md)
+void JobScript::read_observing(ConfigReader& r) {
+  TraceConfig& t = config_.trace;
+  if (r.enter("trace")) {
+    if (auto p = r.string("path", true)) {
+      if (p->empty()) r.issue("path", "is empty; name the file the trace is written to");
+      t.path = *p;
+    }
+    NumberRange step;
+    step.min = 1;
+    step.max = 1e15;
+    step.integer = true;
+    const auto steps = r.numbers("steps", 2, {2, 6}, step, false);
+    t.from_step = static_cast<int64_t>(steps[0]);
+    t.to_step = static_cast<int64_t>(steps[1]);
+    if (t.from_step > t.to_step)
+      r.issue("steps", "must be {from, to} with from <= to, got {" + std::to_string(t.from_step) + ", " +
+                           std::to_string(t.to_step) + "}");
+    t.events_per_thread = static_cast<uint64_t>(r.integer("events_per_thread", 65536, 1024, int64_t{1} << 26));
+    r.leave();
+  } else {
+    r.note("trace", "off", false);
+  }
+  if (r.enter("metrics")) {
+    if (auto l = r.string("listen", true)) {
+      std::string why;
+      if (!observe::parse_listen_address(*l, &why)) r.issue("listen", "\"" + *l + "\": " + why);
+      config_.metrics.listen = *l;
+    }
+    r.leave();
+  } else {
+    r.note("metrics", "off", false);
+  }
 }
 
 ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int local_ranks) const {

@@ -57,6 +57,7 @@ class JobScript final : public JobPolicy {
   void read_config(ConfigReader& r, const std::string& script_dir);
   void read_offload(ConfigReader& r, const std::string& script_dir);
   void read_snapshot(ConfigReader& r, const std::string& script_dir);
+  void read_observing(ConfigReader& r);
   // Reads the table the reader is in (or the defaults when !given) for a
   // plugin of `kind` named `name`: loads it, checks its hyperparameters
   // against its specs, and has it accept them once. name_key is the key

@@ -15,6 +15,8 @@ ZEROD_PACKAGES=(
   # torch does its matrix math through the system BLAS: OpenBLAS, or every
   # GEMM runs on the reference BLAS, about 25x slower)
   python3 python3-numpy python3-torch libopenblas0-pthread python3-pytest python3-tqdm
+  # `zerod plot` (the trace's PNGs: memory per tier, step time, loss)
+  python3-matplotlib
   # the offline `pip install ./bindings/python` the README offers (tested)
   python3-pip python3-setuptools python3-wheel
   # the benchmarks' yardstick for disk speed (bench/nvme, bench/offload_step)

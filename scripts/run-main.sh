@@ -2,7 +2,8 @@
 # The main job: installs what is missing, builds libzerod, `zerod` and the
 # plugins, and trains the character-level GPT of examples/python/train_gpt.py
 # (PyTorch, through zerod.torch) with the zerod daemon: 2 ranks, ZeRO stage 3
-# (examples/python/gpt_job.lua). Arguments go to train_gpt.py (--text FILE,
+# (examples/python/gpt_job.lua), with a timeline of a few steps and its
+# plots in build/main-job/. Arguments go to train_gpt.py (--text FILE,
 # --steps N, ...).
 #   scripts/run-main.sh c [args]   trains the C example (examples/c/train_mlp.c) instead
 set -euo pipefail
@@ -28,5 +29,14 @@ zerod_log "training a GPT on 2 ranks through the zerod daemon"
 # The bindings from this checkout, against the libzerod just built.
 export PYTHONPATH="$ZEROD_ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
 export ZEROD_LIB="$ZEROD_BUILD_DIR/lib/libzerod.so"
-exec "$ZEROD_BUILD_DIR/bin/zerod" run --nproc 2 --job examples/python/gpt_job.lua -- \
+# The daemon records a timeline of steps 2-6 (the job's default trace.steps)
+# and the plots are drawn from it afterwards (docs/observability.md).
+out="$ZEROD_BUILD_DIR/main-job"
+mkdir -p "$out"
+rm -f "$out"/trace*.json "$out"/trace-*.png
+"$ZEROD_BUILD_DIR/bin/zerod" run --nproc 2 --trace "$out/trace.json" --job examples/python/gpt_job.lua -- \
   /usr/bin/python3 examples/python/train_gpt.py "$@"
+zerod_log "plotting the trace"
+plots=$("$ZEROD_BUILD_DIR/bin/zerod" plot "$out/trace.json" --out "$out")
+zerod_log "the timeline of steps 2-6 of both ranks: $out/trace.json (open it in ui.perfetto.dev or chrome://tracing)"
+for p in $plots; do zerod_log "plot: $p"; done

@@ -68,6 +68,8 @@ class ModelBackend {
   // Checkpoints: a collective of every rank (dir as the caller names it).
   virtual void save(const std::string& dir) = 0;
   virtual void load(const std::string& dir) = 0;
+  // zd_model_report (ABI 1.3).
+  virtual void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) = 0;
 };
 
 class ClientBackend {

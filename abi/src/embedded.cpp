@@ -68,6 +68,9 @@ class EmbeddedModel final : public ModelBackend {
   void set_step(int64_t step) override { model_->set_applied_steps(0, step); }
   void save(const std::string& dir) override { model_->save_checkpoint(0, dir); }
   void load(const std::string& dir) override { model_->load_checkpoint(0, dir); }
+  void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) override {
+    model_->report(0, tokens, samples, has_loss, loss);
+  }
 
  private:
   std::unique_ptr<scripting::JobScript> script_;

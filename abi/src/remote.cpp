@@ -77,6 +77,7 @@ class RemoteModel final : public ModelBackend {
   void set_step(int64_t step) override;
   void save(const std::string& dir) override { path_call(v1::ModelCall::SAVE, dir); }
   void load(const std::string& dir) override { path_call(v1::ModelCall::LOAD, dir); }
+  void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) override;
 
  private:
   v1::Reply call(v1::ModelCall::Op op, zd_module_id m, int64_t step = 0, int32_t rank = -1) const;
@@ -424,6 +425,19 @@ void RemoteModel::write_state(zd_param_id p, int slot, zd_dtype dt, const void* 
 }
 
 void RemoteModel::set_step(int64_t step) { call(v1::ModelCall::SET_STEP, 0, step); }
+
+void RemoteModel::report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) {
+  v1::Request req;
+  v1::ModelCall* c = req.mutable_call();
+  c->set_model(id_);
+  c->set_op(v1::ModelCall::REPORT);
+  v1::Progress* p = c->mutable_progress();
+  p->set_tokens(tokens);
+  p->set_samples(samples);
+  p->set_has_loss(has_loss);
+  p->set_loss(loss);
+  client_.rpc(req);
+}
 
 }  // namespace
 

@@ -513,6 +513,18 @@ zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, int32_t s
   });
 }
 
+zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
+  return guard("zd_model_report", model, [&] {
+    checked(model);
+    require(progress != nullptr, "progress is NULL: pass a zd_progress (ZD_PROGRESS_INIT)");
+    const zd_progress p = read_struct(progress, zd_progress{sizeof(zd_progress), 0, 0, 0, 0.0, 0}, "zd_progress");
+    require((p.flags & ~static_cast<uint32_t>(ZD_PROGRESS_HAS_LOSS)) == 0,
+            "progress.flags has unknown bits set: " + std::to_string(p.flags) + " (only ZD_PROGRESS_HAS_LOSS = 1)");
+    require(p.reserved == 0, "progress.reserved must be 0");
+    model->backend->report(p.tokens, p.samples, (p.flags & ZD_PROGRESS_HAS_LOSS) != 0, p.loss);
+  });
+}
+
 zd_status zd_model_set_step(zd_model* model, int64_t step) {
   return guard("zd_model_set_step", model, [&] {
     require(step >= 0, "the step must be >= 0, got " + std::to_string(step));

@@ -14,6 +14,9 @@ move by tens of percent. The variants:
   - zerod stage 3 under the daemon, 2 ranks, against PyTorch DDP
   - the same with the optimizer in the host tier (where this zerod accepts
     `offload`)
+With --trace, the two stage-3 variants also run recording a trace of every
+step (trace.steps covering the whole run): their ratio to the untraced
+variant is what tracing costs.
 A step is forward, backward, clipping and the optimizer step; a run reports
 medians over its measured steps; the table gives the median ratio over the
 rounds and the fastest step times seen. It prints measurements and asserts
@@ -51,6 +54,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="runs of every variant, taking turns")
     p.add_argument("--batch", type=int, default=16, help="sequences per rank")
+    p.add_argument("--trace", action="store_true",
+                   help="also the stage-3 variants recording a trace of every step (what tracing costs)")
     p.add_argument("--worker", metavar="JOB", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -147,10 +152,16 @@ def main():
     args = parse_args()
     if args.worker:
         return worker(args)
-    variants = [v for v in VARIANTS if v != "stage3+offload" or offload_accepted()]
-    load = os.getloadavg()[0]
-    results = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.trace:
+            # Every step recorded: the rings wrap, as a long trace window's would.
+            traced = f'trace = {{ path = "{tmp}/trace.json", steps = {{1, 1000000}} }}'
+            for v in ("stage3", "stage3+offload"):
+                label, job, ranks = VARIANTS[v]
+                VARIANTS[v + "+trace"] = (label + ", traced", job[:-2] + ", " + traced + " }", ranks)
+        variants = [v for v in VARIANTS if "stage3+offload" not in v or offload_accepted()]
+        load = os.getloadavg()[0]
+        results = {v: [] for v in variants}
         for _ in range(args.rounds):
             for v in variants:
                 job = os.path.join(tmp, f"{v.replace('+', '_')}.lua")
@@ -160,14 +171,14 @@ def main():
     print(f"GPT of the main job (0.81M parameters), {args.batch} x 64 characters per rank and step, one thread per "
           f"rank; {args.rounds} rounds of {args.steps} steps per side; load average {load:.1f} -> "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'zerod':42} {'ranks':>5} {'PyTorch side':>14} {'step':>9} {'tokens/s':>9} {'zerod/PyTorch':>14}")
+    print(f"{'zerod':50} {'ranks':>5} {'PyTorch side':>14} {'step':>9} {'tokens/s':>9} {'zerod/PyTorch':>14}")
     for v in variants:
         label, _, ranks = VARIANTS[v]
         runs = results[v]
         ratio = statistics.median(r["zerod"] / r["torch"] for r in runs)
         best = min(r["zerod"] for r in runs)
         base = f"{min(r['torch'] for r in runs) * 1e3:.1f}ms " + ("DDP" if ranks > 1 else "")
-        print(f"{label:42} {ranks:>5} {base:>14} {best * 1e3:>7.1f}ms {args.batch * ranks * 64 / best:>9.0f} "
+        print(f"{label:50} {ranks:>5} {base:>14} {best * 1e3:>7.1f}ms {args.batch * ranks * 64 / best:>9.0f} "
               f"{ratio:>13.2f}x")
 
 

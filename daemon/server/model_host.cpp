@@ -9,7 +9,8 @@ namespace zerod::server {
 // The daemon's ranks compute on the cpu device: its pools are memfd arenas
 // that it shares with the trainers, and it does not serve GPU memory yet.
 // "auto" means the cpu device here; "cuda" is refused with what to do.
-JobConfig daemon_config(JobConfig config, const std::string& script_name) {
+JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path) {
+  if (!trace_path.empty()) config.trace.path = trace_path;
   if (config.device == "cuda")
     fail(ZD_ERR_NOT_IMPLEMENTED, script_name + ": device = \"cuda\": the ranks of a zerod daemon compute on the cpu "
                                                "device (a daemon does not serve GPU memory yet); train on the GPU in "
@@ -20,7 +21,7 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name) {
 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
                      std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank,
-                     int local_ranks)
+                     int local_ranks, const std::string& trace_path)
     : id_(id),
       key_(key),
       script_text_(std::move(script_text)),
@@ -37,7 +38,20 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   gone_.assign(n, false);
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
-  model_ = std::make_unique<Model>(daemon_config(script_->config(), script_name_),
+  JobConfig config = daemon_config(script_->config(), script_name_, trace_path);
+  // A later model of the same daemon (an evaluation model, a second job of
+  // `zerod serve`) must not overwrite the first one's trace.
+  if (id_ > 0 && !config.trace.path.empty()) {
+    std::string& p = config.trace.path;
+    const auto dot = p.rfind('.');
+    const auto slash = p.rfind('/');
+    const std::string tag = ".model" + std::to_string(id_);
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash))
+      p.insert(dot, tag);
+    else
+      p += tag;
+  }
+  model_ = std::make_unique<Model>(std::move(config),
                                    script_->make_plugins(world_size, first_rank, local_ranks), script_.get(),
                                    world_size, first_rank, local_ranks);
 }

@@ -16,13 +16,14 @@
 namespace zerod::server {
 
 // The job's configuration as a daemon runs it (the device it computes on).
-JobConfig daemon_config(JobConfig config, const std::string& script_name);
+// trace_path, when given, overrides the script's trace.path.
+JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path = "");
 
 class ModelHost {
  public:
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
             std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank = 0,
-            int local_ranks = -1);
+            int local_ranks = -1, const std::string& trace_path = "");
   ~ModelHost();
 
   int id() const { return id_; }

@@ -163,7 +163,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
       return m;
     }
   auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script),
-                                       options_.world_size, first_rank(), local_ranks());
+                                       options_.world_size, first_rank(), local_ranks(), options_.trace_path);
   m->attach(rank);
   models_[m->id()] = m;
   return m;

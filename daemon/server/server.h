@@ -31,6 +31,9 @@ struct ServerOptions {
   // How long a rank's new connection waits for its previous one to be seen
   // closed before the rank counts as taken.
   int reclaim_wait_ms = 5000;
+  // `zerod run --trace FILE`: every model records a trace there (its job
+  // script's trace.steps, or the default steps).
+  std::string trace_path;
 };
 
 class Session;

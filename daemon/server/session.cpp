@@ -294,6 +294,9 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
     case v1::ModelCall::SET_STEP: m.set_applied_steps(rank_, c.step()); break;
     case v1::ModelCall::SAVE: m.save_checkpoint(rank_, c.path()); break;
     case v1::ModelCall::LOAD: m.load_checkpoint(rank_, c.path()); break;
+    case v1::ModelCall::REPORT:
+      m.report(rank_, c.progress().tokens(), c.progress().samples(), c.progress().has_loss(), c.progress().loss());
+      break;
     case v1::ModelCall::OPTIMIZER_INFO: {
       v1::OptimizerInfo* o = out->mutable_optimizer();
       o->set_name(m.optimizer().plugin().name());

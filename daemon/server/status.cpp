@@ -1,6 +1,7 @@
 #include "status.h"
 
 #include "model_host.h"
+#include "metrics_text.h"
 #include "server.h"
 
 #include "ledger.h"
@@ -38,6 +39,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
   out->set_socket(server.socket_path());
   out->set_uptime_s(server.uptime_s());
   out->set_world_size(server.world_size());
+  out->set_metrics(render_metrics(server));  // what `zerod top` shows
   for (const auto& host : server.models()) {
     const Model& m = host->model();
     v1::ModelStatus* ms = out->add_models();

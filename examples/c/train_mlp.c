@@ -300,6 +300,12 @@ int main(int argc, char** argv) {
 
     zd_step_result sr = ZD_STEP_RESULT_INIT;
     CHECK(zd_step(model, &sr));
+    /* What this rank processed and its loss: zerod's metrics and the trace's loss plot. */
+    zd_progress progress = ZD_PROGRESS_INIT;
+    progress.samples = BATCH;
+    progress.flags = ZD_PROGRESS_HAS_LOSS;
+    progress.loss = loss;
+    CHECK(zd_model_report(model, &progress));
     if (sr.flags & ZD_STEP_BOUNDARY) {
       if (rank == 0 && (!quiet || sr.step == steps))
         printf("step %4lld  loss %.4f  lr %.5f  grad_norm %.4f%s\n", (long long)sr.step, loss,

@@ -156,6 +156,8 @@ def main():
             engine.backward(loss)
             result = engine.step()
             losses.append(loss.item())
+            # This rank's tokens and loss: zerod's metrics, `zerod top` and the trace's loss plot.
+            engine.report(tokens=args.batch * args.block, samples=args.batch, loss=losses[-1])
             if step % 20 == 1 or step == args.steps:
                 memory = engine.memory()
             elapsed = time.perf_counter() - start

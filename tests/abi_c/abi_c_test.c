@@ -102,6 +102,14 @@ int main(void) {
   EXPECT(zd_model_memory(model, -1, ZD_TIER_DEVICE, ZD_MEM_ALL, &mem) == ZD_OK && mem.current > 0);
   zd_comm_figures comm = ZD_COMM_FIGURES_INIT;
   EXPECT(zd_model_comm_figures(model, -1, &comm) == ZD_OK && comm.bytes_sent == 0);
+  zd_progress progress = ZD_PROGRESS_INIT;
+  progress.tokens = 64;
+  progress.flags = ZD_PROGRESS_HAS_LOSS;
+  progress.loss = 0.5;
+  EXPECT(zd_model_report(model, &progress) == ZD_OK);
+  EXPECT(zd_model_report(model, NULL) == ZD_ERR_INVALID_ARGUMENT);
+  progress.flags = 2;
+  EXPECT(zd_model_report(model, &progress) == ZD_ERR_INVALID_ARGUMENT);
 
   /* A checkpoint of the optimizer: its state slots and step, written back. */
   zd_optimizer_info oi = ZD_OPTIMIZER_INFO_INIT;

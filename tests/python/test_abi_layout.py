@@ -87,6 +87,7 @@ def test_constants_match_the_header(c_layout):
         "ZD_STEP_BOUNDARY": constants.STEP_BOUNDARY, "ZD_STEP_APPLIED": constants.STEP_APPLIED,
         "ZD_STEP_SKIPPED": constants.STEP_SKIPPED, "ZD_TIER_COUNT": len(constants.Tier),
         "ZD_MEM_KIND_COUNT": len(constants.MemKind) - 1,
+        "ZD_PROGRESS_HAS_LOSS": constants.PROGRESS_HAS_LOSS,
     }
     for d in constants.Dtype:
         python[f"ZD_DTYPE_{d.name}"] = d

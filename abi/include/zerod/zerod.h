@@ -48,7 +48,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 2
+#define ZD_ABI_VERSION_MINOR 3
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */
@@ -373,6 +373,29 @@ ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);
  * compute on the cpu device until the daemon serves GPUs: a non-NULL
  * stream is ZD_ERR_NOT_IMPLEMENTED there. */
 ZD_API zd_status zd_model_set_stream(zd_model* model, void* stream);
+
+/* Since 1.3. What the trainer processed since its last report, and its
+ * loss: zerod's live metrics (tokens and samples per second, the loss) and
+ * the trace's loss curve come from these (docs/observability.md). */
+typedef struct zd_progress {
+  uint32_t struct_size;
+  uint32_t flags;      /* ZD_PROGRESS_HAS_LOSS when loss is set */
+  uint64_t tokens;     /* tokens this rank processed since its last report (0: not counted) */
+  uint64_t samples;    /* samples (sequences, images) likewise */
+  double loss;         /* this rank's loss, e.g. of its last micro-batch; NaN and inf are taken as they are */
+  uint64_t reserved;   /* 0 */
+} zd_progress;
+
+enum { ZD_PROGRESS_HAS_LOSS = 1 };
+
+#define ZD_PROGRESS_INIT {sizeof(zd_progress), 0, 0, 0, 0.0, 0}
+
+/* Since 1.3. Reports the trainer's progress, typically once per zd_step; it
+ * is recorded against the optimizer steps applied so far. Any time after
+ * zd_model_create, from the rank's own thread; it changes nothing in
+ * training. ZD_ERR_INVALID_ARGUMENT for NULL, unknown flags or a nonzero
+ * reserved field. */
+ZD_API zd_status zd_model_report(zd_model* model, const zd_progress* progress);
 
 /* ------------------------------------------------------------------------ */
 /* Whole-parameter access (evaluation, export, checkpoints)                  */

@@ -14,7 +14,7 @@ from . import _structs as S
 
 # The ABI this package mirrors (zerod.h's ZD_ABI_VERSION_MAJOR / _MINOR).
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,6 +111,7 @@ _PROTOTYPES = {
     "zd_model_set_step": (c_int32, [_Model, c_int64]),
     "zd_model_memory": (c_int32, [_Model, c_int32, c_int32, c_int32, POINTER(S.MemoryFigures)]),
     "zd_model_comm_figures": (c_int32, [_Model, c_int32, POINTER(S.CommFigures)]),
+    "zd_model_report": (c_int32, [_Model, POINTER(S.Progress)]),
 }
 
 

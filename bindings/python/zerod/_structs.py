@@ -132,6 +132,17 @@ class CommFigures(_Sized):
     ]
 
 
+class Progress(_Sized):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("tokens", c_uint64),
+        ("samples", c_uint64),
+        ("loss", c_double),
+        ("reserved", c_uint64),
+    ]
+
+
 # The C name of each mirror, for the layout test.
 C_NAMES = {
     ConnectOptions: "zd_connect_options",
@@ -144,4 +155,5 @@ C_NAMES = {
     MemoryFigures: "zd_memory_figures",
     OptimizerInfo: "zd_optimizer_info",
     CommFigures: "zd_comm_figures",
+    Progress: "zd_progress",
 }

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _lib
 from . import _structs as S
-from .constants import MODEL_ALLOW_SCRIPT_IO, STEP_APPLIED, STEP_BOUNDARY, STEP_SKIPPED, Dtype, MemKind, Tier
+from .constants import MODEL_ALLOW_SCRIPT_IO, PROGRESS_HAS_LOSS, STEP_APPLIED, STEP_BOUNDARY, STEP_SKIPPED, Dtype, MemKind, Tier
 from .errors import InvalidArgumentError, check
 from .views import View, numpy_dtype
 
@@ -327,6 +327,18 @@ class Model:
         f = S.CommFigures()
         check(_lib.zd_model_comm_figures(self._h(), rank, byref(f)))
         return CommFigures(f.bytes_sent, f.network_bytes_sent, f.collectives)
+
+    def report(self, tokens=0, samples=0, loss=None):
+        """Reports what this rank processed since its last report and its loss
+        (ABI 1.3): zerod's metrics (tokens or samples per second, the loss) and
+        the trace's loss curve come from it. Once per step is typical."""
+        p = S.Progress()
+        p.tokens = int(tokens)
+        p.samples = int(samples)
+        if loss is not None:
+            p.flags = PROGRESS_HAS_LOSS
+            p.loss = float(loss)
+        check(_lib.zd_model_report(self._h(), byref(p)))
 
     @property
     def last_error(self):

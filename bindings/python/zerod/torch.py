@@ -305,6 +305,15 @@ class Engine:
         self.last_step = r
         return r
 
+    def report(self, tokens=0, samples=0, loss=None):
+        """Tells zerod what this rank processed since its last report and its
+        loss (a float or a one-element tensor): the daemon's metrics (tokens
+        per second, the loss, `zerod top`) and the trace's loss curve come from
+        it. Call it after step(); it changes nothing in training."""
+        if loss is not None and hasattr(loss, "item"):
+            loss = loss.item()
+        self.zerod_model.report(tokens=tokens, samples=samples, loss=loss)
+
     def train(self, mode=True):
         self.module.train(mode)
         return self

@@ -17,7 +17,7 @@ use std::ptr;
 // Versions ---------------------------------------------------------------
 
 pub const ZD_ABI_VERSION_MAJOR: u32 = 1;
-pub const ZD_ABI_VERSION_MINOR: u32 = 2;
+pub const ZD_ABI_VERSION_MINOR: u32 = 3;
 pub const ZD_ABI_VERSION: u32 = (ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR;
 
 // Status codes -----------------------------------------------------------
@@ -74,6 +74,7 @@ pub const ZD_DEVICE_CUDA: i32 = 2;
 pub const ZD_STEP_BOUNDARY: u32 = 1 << 0;
 pub const ZD_STEP_APPLIED: u32 = 1 << 1;
 pub const ZD_STEP_SKIPPED: u32 = 1 << 2;
+pub const ZD_PROGRESS_HAS_LOSS: u32 = 1;
 
 // Handles ----------------------------------------------------------------
 
@@ -344,6 +345,30 @@ impl Default for zd_comm_figures {
     }
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct zd_progress {
+    pub struct_size: u32,
+    pub flags: u32,
+    pub tokens: u64,
+    pub samples: u64,
+    pub loss: f64,
+    pub reserved: u64,
+}
+
+impl Default for zd_progress {
+    fn default() -> Self {
+        zd_progress {
+            struct_size: size_of_u32::<Self>(),
+            flags: 0,
+            tokens: 0,
+            samples: 0,
+            loss: 0.0,
+            reserved: 0,
+        }
+    }
+}
+
 /// `sizeof(T)` as the `uint32_t` every struct begins with.
 const fn size_of_u32<T>() -> u32 {
     std::mem::size_of::<T>() as u32
@@ -464,4 +489,6 @@ extern "C" {
         rank: i32,
         out: *mut zd_comm_figures,
     ) -> zd_status;
+
+    pub fn zd_model_report(model: *mut zd_model, progress: *const zd_progress) -> zd_status;
 }

@@ -514,6 +514,22 @@ impl<'c> Model<'c> {
         self.check(st)
     }
 
+    /// Reports what this rank processed since its last report (tokens,
+    /// samples; 0 = not counted) and its loss (`zd_model_report`, ABI 1.3):
+    /// the daemon's metrics and the trace's loss curve come from it.
+    pub fn report(&mut self, tokens: u64, samples: u64, loss: Option<f64>) -> Result<()> {
+        let p = ffi::zd_progress {
+            flags: if loss.is_some() { ffi::ZD_PROGRESS_HAS_LOSS } else { 0 },
+            tokens,
+            samples,
+            loss: loss.unwrap_or(0.0),
+            ..Default::default()
+        };
+        // SAFETY: a live model and a complete struct.
+        let st = unsafe { ffi::zd_model_report(self.raw.as_ptr(), &p) };
+        self.check(st)
+    }
+
     /// This rank's collective traffic so far (`zd_model_comm_figures`).
     pub fn comm_figures(&self) -> Result<CommFigures> {
         let mut raw = ffi::zd_comm_figures::default();

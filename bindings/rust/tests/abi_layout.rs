@@ -156,6 +156,14 @@ fn rust_structs() -> Vec<RustStruct> {
             network_bytes_sent,
             collectives
         }),
+        layout!(zd_progress {
+            struct_size,
+            flags,
+            tokens,
+            samples,
+            loss,
+            reserved
+        }),
     ]
 }
 
@@ -207,6 +215,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         ZD_STEP_BOUNDARY,
         ZD_STEP_APPLIED,
         ZD_STEP_SKIPPED,
+        ZD_PROGRESS_HAS_LOSS,
     ]
 }
 

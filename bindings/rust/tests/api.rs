@@ -581,6 +581,10 @@ fn a_checkpoint_of_the_optimizer_resumes_exactly() {
     let e = b.optimizer_state_read(wb, 2, &mut [0f32; 8]).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert_eq!(b.comm_figures().unwrap().bytes_sent, 0);
+    // Progress reports change nothing in training.
+    b.report(128, 4, Some(0.25)).unwrap();
+    b.report(0, 0, None).unwrap();
+    assert_eq!(b.param_read_vec::<f32>(wb).unwrap(), want);
 }
 
 #[test]

@@ -1,0 +1,56 @@
+// A Device that records its host<->device copies on the timeline and passes
+// every call to the device it wraps. A model wraps its ranks' devices in it
+// only when the job records a trace, so a job without one pays nothing.
+#pragma once
+
+#include "device/device.h"
+#include "probe.h"
+
+#include <memory>
+
+namespace zerod::observe {
+
+class TracedDevice final : public Device {
+ public:
+  TracedDevice(std::unique_ptr<Device> inner, const RankProbe& probe) : d_(std::move(inner)), probe_(probe) {}
+
+  const char* name() const override { return d_->name(); }
+  int32_t dlpack_type() const override { return d_->dlpack_type(); }
+  int32_t ordinal() const override { return d_->ordinal(); }
+  std::string describe() const override { return d_->describe(); }
+  bool host_addressable() const override { return d_->host_addressable(); }
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return d_->allocate(bytes, kind, what);
+  }
+  void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
+  std::vector<const SharedArena*> arenas() const override { return d_->arenas(); }
+  void register_host(void* ptr, uint64_t bytes) override { d_->register_host(ptr, bytes); }
+  void unregister_host(void* ptr) override { d_->unregister_host(ptr); }
+  void copy_to_device(void* dst, const void* src, uint64_t bytes) override;
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
+  void copy_within(void* dst, const void* src, uint64_t bytes) override;
+  void zero(void* dst, uint64_t bytes) override { d_->zero(dst, bytes); }
+  void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
+    d_->accumulate(src, src_dt, dst, dst_dt, n);
+  }
+  void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         float factor) override {
+    d_->accumulate_scaled(src, src_dt, dst, dst_dt, n, factor);
+  }
+  void scale(void* p, zd_dtype dt, uint64_t n, float factor) override { d_->scale(p, dt, n, factor); }
+  GradStats grad_stats(const std::vector<GradSpan>& spans) override { return d_->grad_stats(spans); }
+  bool runs(const OptimizerInstance& opt) const override { return d_->runs(opt); }
+  void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override;
+  void set_trainer_stream(void* stream) override { d_->set_trainer_stream(stream); }
+  void trainer_waits() override { d_->trainer_waits(); }
+  void wait_for_trainer() override { d_->wait_for_trainer(); }
+  void synchronize() override { d_->synchronize(); }
+
+  const Device& inner() const { return *d_; }
+
+ private:
+  std::unique_ptr<Device> d_;
+  const RankProbe& probe_;
+};
+
+}  // namespace zerod::observe

@@ -1,0 +1,227 @@
+"""Observing a running job as a user would: the daemon's Prometheus
+metrics scraped with a real HTTP client (urllib) over TCP and with
+http.client over a unix socket while the ranks are alive, `zerod top` on a
+pseudo-terminal, and the trace and its plots from a Python trainer that
+reports its tokens and loss."""
+import http.client
+import os
+import pty
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+BINDINGS = os.path.join(ROOT, "bindings", "python")
+sys.path.insert(0, BINDINGS)
+ZEROD = os.environ.get("ZEROD_CLI") or os.path.join(ROOT, "build", "bin", "zerod")
+JOB = os.path.join(HERE, "jobs", "metrics.lua")
+STEPS, PAUSE = 12, 6
+
+
+def metrics_of(text):
+    """{(name, frozenset(labels)): value} of Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'([a-z_]+)(?:\{(.*)\})? (\S+)$', line)
+        assert m, f"not a Prometheus sample line: {line!r}"
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(ms, name, **labels):
+    want = {(k, str(v)) for k, v in labels.items()}
+    hits = [v for (n, ls), v in ms.items() if n == name and want <= ls]
+    assert hits, f"no {name} {labels} in the metrics"
+    return hits[0] if len(hits) == 1 else hits
+
+
+class PausedJob:
+    """`zerod run --nproc 2` of observe_rank.py, paused after step PAUSE."""
+
+    def __init__(self, tmp, metrics, trace=None):
+        self.go = os.path.join(tmp, "go")
+        self.socket = os.path.join(tmp, "zerod.sock")
+        env = dict(os.environ, OBSERVE_PAUSE_AT=str(PAUSE), OBSERVE_GO=self.go,
+                   PYTHONPATH=os.pathsep.join(p for p in (BINDINGS, os.environ.get("PYTHONPATH")) if p),
+                   OMP_NUM_THREADS="1")
+        cmd = [ZEROD, "run", "--nproc", "2", "--socket", self.socket, "--metrics", metrics]
+        if trace:
+            cmd += ["--trace", trace]
+        cmd += ["--job", JOB, "--", sys.executable, os.path.join(HERE, "observe_rank.py"), str(STEPS)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     cwd=tmp)
+        self.lines = []
+        self.where = None
+        paused = 0
+        deadline = time.time() + 120
+        while paused < 2 and time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            m = re.search(r"zerod run: metrics at (\S+)", line)
+            if m:
+                self.where = m.group(1)
+            paused += "paused at step" in line
+        assert paused == 2, "the ranks did not reach the pause:\n" + "".join(self.lines)
+
+    def finish(self):
+        open(self.go, "w").close()
+        out, _ = self.proc.communicate(timeout=120)
+        self.lines.append(out)
+        assert self.proc.returncode == 0, "".join(self.lines)
+        return "".join(self.lines)
+
+
+def check_figures(ms):
+    for rank in (0, 1):
+        r = {"model": 0, "rank": rank}
+        assert value(ms, "zerod_steps_total", **r) == PAUSE
+        assert value(ms, "zerod_step_seconds_count", **r) == PAUSE
+        assert value(ms, "zerod_step_seconds_bucket", le="+Inf", **r) == PAUSE
+        assert value(ms, "zerod_step_seconds_sum", **r) > 0
+        assert value(ms, "zerod_tokens_total", **r) == 256 * PAUSE
+        assert value(ms, "zerod_samples_total", **r) == 8 * PAUSE
+        assert value(ms, "zerod_loss", **r) > 0
+        assert value(ms, "zerod_rank_connected", **r) == 1
+        # Four 64x64 f32 modules, stage 3 on 2 ranks: the master and Adam's two moments of
+        # half of them on the host; the device holds this rank's shard.
+        assert value(ms, "zerod_memory_bytes", tier="host", kind="master", **r) == 4 * 64 * 64 * 4 / 2
+        assert value(ms, "zerod_memory_bytes", tier="host", kind="optimizer", **r) == 2 * 4 * 64 * 64 * 4 / 2
+        assert value(ms, "zerod_memory_peak_bytes", tier="device", **r) > 0
+        assert value(ms, "zerod_memory_budget_bytes", tier="host", **r) == 64 << 20
+        assert value(ms, "zerod_comm_sent_bytes_total", **r) > 0
+        assert value(ms, "zerod_comm_collectives_total", **r) > 0
+        assert value(ms, "zerod_optimizer_seconds_total", tier="host", **r) > 0
+        assert value(ms, "zerod_prefetch_wait_seconds_total", **r) >= 0
+        assert value(ms, "zerod_gathers_total", prefetched="true", **r) > 0, "from step 2 on, modules are prefetched"
+        assert value(ms, "zerod_peer_wait_seconds_total", **r) >= 0
+        assert value(ms, "zerod_late_arrivals_total", late_rank=1 - rank, **r) >= 0
+    assert value(ms, "zerod_uptime_seconds") > 0
+
+
+def test_metrics_over_tcp_while_the_ranks_run(tmp_path):
+    job = PausedJob(str(tmp_path), "127.0.0.1:0")
+    try:
+        assert job.where and job.where.startswith("http://127.0.0.1:"), "".join(job.lines)
+        with urllib.request.urlopen(job.where, timeout=10) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = r.read().decode()
+        assert "# TYPE zerod_step_seconds histogram" in text
+        check_figures(metrics_of(text))
+        base = job.where.rsplit("/", 1)[0]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "/nothing", timeout=10)
+        assert e.value.code == 404
+    finally:
+        job.finish()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.path)
+
+
+def test_metrics_over_a_unix_socket_and_zerod_top_on_a_terminal(tmp_path):
+    path = str(tmp_path / "metrics.sock")
+    job = PausedJob(str(tmp_path), "unix:" + path)
+    try:
+        c = UnixHTTPConnection(path)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        assert r.status == 200
+        check_figures(metrics_of(r.read().decode()))
+
+        # zerod top on a pseudo-terminal, as over ssh: frames redrawn in place, q quits.
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(ZEROD, [ZEROD, "top", "--socket", job.socket, "--interval", "0.2"])
+        out = b""
+        deadline = time.time() + 20
+        while time.time() < deadline and out.count(b"\x1b[H") < 4:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+        os.write(fd, b"q")
+        status = None
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    pass
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+        if status is None or not os.WIFEXITED(status):
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("zerod top did not quit on q:\n" + out.decode(errors="replace"))
+        text = out.decode(errors="replace")
+        assert os.WEXITSTATUS(status) == 0, text
+        assert text.count("\x1b[H") >= 4, "frames are redrawn from the top left:\n" + text
+        assert "\x1b[?25l" in text and text.rstrip().endswith("\x1b[?25h"), "the cursor is hidden, then restored"
+        frame = text.split("\x1b[H")[-1]
+        assert "zerod top: daemon pid" in frame
+        assert re.search(r"\n  0 +6 +0\.0 ", frame) and re.search(r"\n  1 +6 +0\.0 ", frame), \
+            "both ranks at step 6, paused (0 steps/s):\n" + frame
+        assert "host   [" in frame and "64.0 MiB" in frame, "the host tier against its budget:\n" + frame
+        assert "prefetch wait" in frame and "peers" in frame, frame
+    finally:
+        job.finish()
+
+
+def test_trace_and_plots_of_a_reporting_trainer(tmp_path):
+    trace = str(tmp_path / "out" / "trace.json")
+    job = PausedJob(str(tmp_path), "127.0.0.1:0", trace=trace)
+    log = job.finish()
+    assert "trace: steps 2-5 of ranks 0-1 written to" in log or os.path.exists(trace), log
+    from zerod import trace as ztrace
+    tr = ztrace.load(trace)
+    assert ztrace.check(tr) == []
+    assert tr.ranks == [0, 1]
+    assert sorted(tr.steps(0)) == [2, 3, 4, 5]
+    assert len(tr.reports) == 2 * STEPS, "every report of the run, not only the traced steps"
+    assert all(r["tokens"] == 256 and r["loss"] > 0 for r in tr.reports)
+    rows = ztrace.breakdown(tr, 0)
+    assert [r["step"] for r in rows] == [2, 3, 4, 5]
+    for r in rows:
+        parts = sum(r[p] for p in ztrace.PARTS)
+        assert abs(parts - r["total"]) < 0.01 * r["total"] + 1e-3, r
+        assert r["optimizer"] > 0 and r["compute"] > 0, r
+
+    pytest.importorskip("matplotlib", reason="python3-matplotlib is not installed")
+    out = subprocess.run([ZEROD, "plot", trace, "--check", "--out", str(tmp_path / "png")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    paths = out.stdout.split()
+    assert [os.path.basename(p) for p in paths] == ["trace-memory.png", "trace-steps.png", "trace-loss.png"]
+    import matplotlib.image
+    for p in paths:
+        img = matplotlib.image.imread(p)
+        assert img.shape[0] > 300 and img.shape[1] > 800, p
+        # Not blank: many distinct colours, and ink on a good part of the canvas.
+        flat = (img[..., :3] * 255).astype(int).reshape(-1, 3)
+        colors = {tuple(c) for c in flat[::37]}
+        assert len(colors) > 20, f"{p}: {len(colors)} colours"
+        assert (flat.sum(axis=1) < 600).mean() > 0.02, f"{p} is nearly blank"
