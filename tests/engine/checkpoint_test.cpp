@@ -396,6 +396,12 @@ namespace {
 // A checkpoint of NVMe-resident state streams from its files: the process
 // does not grow by anything like the state it writes.
 TEST(CheckpointMemory, NvmeStateIsNotStagedInRam) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan holds freed blocks in its quarantine (256 MiB by default), so the
+  // peak RSS counts every streaming buffer ever freed, not what the engine
+  // holds at once. The default build runs the measurement.
+  GTEST_SKIP() << "peak RSS is not a measure of live memory under AddressSanitizer (its quarantine)";
+#endif
   TempDir nvme, out;
   JobOptions o = job(0);
   o.offload.optimizer = ZD_TIER_NVME;
