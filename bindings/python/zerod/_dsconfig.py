@@ -146,6 +146,9 @@ _TORCH_OPTIMIZERS = {
 }
 _MUST_BE = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False}
 _KERNEL_ONLY = ("foreach", "fused")  # which torch kernel runs: nothing for zerod
+# Written into the groups by torch LR schedulers (their own bookkeeping; the
+# schedule itself is traced by zerod._schedules).
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_lr", "base_momentum", "max_momentum", "name")
 
 
 def check_param_groups(groups, what):
@@ -154,10 +157,10 @@ def check_param_groups(groups, what):
     groups = list(groups)
     if not groups:
         raise InvalidArgumentError(f"{what} has no parameters")
-    first = {k: v for k, v in groups[0].items() if k not in ("params", "initial_lr", "name")}
+    first = {k: v for k, v in groups[0].items() if k != "params" and k not in _SCHEDULER_KEYS}
     for i, g in enumerate(groups[1:], 1):
         for k, v in g.items():
-            if k in ("params", "initial_lr", "name") or k in _KERNEL_ONLY:
+            if k == "params" or k in _SCHEDULER_KEYS or k in _KERNEL_ONLY:
                 continue
             if k in first and first[k] != v:
                 raise InvalidArgumentError(

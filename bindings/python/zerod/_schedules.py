@@ -13,7 +13,7 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["trace", "lua_table", "DEFAULT_HORIZON"]
+__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON"]
 
 # Updates traced when nothing says how long training runs. The job's text
 # holds one number per update (about 22 bytes each; runs of one value are
@@ -33,11 +33,26 @@ def _horizon_of(scheduler):
     return None
 
 
+class Stepped:
+    """A torch scheduler that a trainer steps every `every` updates (e.g.
+    Lightning's interval "epoch"), to be traced over `steps` updates (None:
+    the scheduler's own length): what zerod.deepspeed.initialize takes as
+    lr_scheduler where one scheduler step is not one update."""
+
+    def __init__(self, scheduler, every=1, steps=None):
+        self.scheduler, self.every, self.steps = scheduler, int(every), steps
+
+
 def trace(scheduler, steps=None, every=1):
     """The lr of updates 0..steps-1 under `scheduler` (a torch LRScheduler
     attached to the user's optimizer), which steps once every `every`
-    updates (Lightning's interval "epoch": the updates of one epoch). The
-    user's scheduler and optimizer are not touched."""
+    updates (Lightning's interval "epoch": the updates of one epoch), or a
+    Stepped that says both. The user's scheduler and optimizer are not
+    touched."""
+    if isinstance(scheduler, Stepped):
+        steps = scheduler.steps if scheduler.steps is not None else steps
+        every = scheduler.every
+        scheduler = scheduler.scheduler
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise InvalidArgumentError(
             "ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the step, run where the "
@@ -63,6 +78,10 @@ def trace(scheduler, steps=None, every=1):
             g["params"] = p
         opt.state = saved_state
     values = []
+
+    def momentum(o):
+        return [(g.get("betas"), g.get("momentum")) for g in o.param_groups]
+    start = momentum(opt2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
         for t in range(steps):
@@ -72,7 +91,12 @@ def trace(scheduler, steps=None, every=1):
                     f"{type(scheduler).__name__} gives the parameter groups different learning rates at update "
                     f"{t} ({sorted(lrs)}); zerod applies one lr to every parameter")
             values.append(lrs.pop())
-            if (t + 1) % every == 0:
+            if momentum(opt2) != start:
+                raise InvalidArgumentError(
+                    f"{type(scheduler).__name__} changes the optimizer's momentum/betas at update {t} (e.g. "
+                    "OneCycleLR's cycle_momentum=True); zerod's schedule sets the lr only: pass "
+                    "cycle_momentum=False")
+            if (t + 1) % every == 0 and t + 1 < steps:
                 sched2.step()
     return values
 

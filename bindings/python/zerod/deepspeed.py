@@ -71,7 +71,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         if "scheduler" in cfg:
             raise InvalidArgumentError("initialize: both an lr_scheduler and a config \"scheduler\" section were "
                                        "given; give one")
-        if not isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
+        if not isinstance(lr_scheduler, (torch.optim.lr_scheduler.LRScheduler, _schedules.Stepped)):
             if torch_opt is None:
                 raise InvalidArgumentError("initialize: an lr_scheduler callable needs a torch optimizer to build it "
                                            "on; give optimizer= too, or a config \"scheduler\"")

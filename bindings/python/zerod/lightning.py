@@ -1,0 +1,381 @@
+"""PyTorch Lightning on zerod: a Strategy, registered under names that
+mirror Lightning's DeepSpeed ones.
+
+    import zerod.lightning                      # registers the strategies
+    trainer = Trainer(strategy="zerod_stage_3_offload", precision="bf16-mixed",
+                      gradient_clip_val=1.0, accumulate_grad_batches=4, max_steps=1000)
+    trainer = Trainer(strategy=zerod.lightning.ZerodStrategy(job="job.lua"))
+
+Lightning's flags drive zerod: the LightningModule's configure_optimizers
+(torch AdamW/Adam/SGD and any step-based LR scheduler, interval "step" or
+"epoch") becomes a DeepSpeed-shaped config that zerod.deepspeed translates
+(the same translation as `zerod translate`), with gradient_clip_val and
+accumulate_grad_batches; what zerod cannot run is refused naming it. With
+job=, the Lua job script says all of that instead and the Trainer's
+clipping and accumulation flags must stay unset.
+
+How it runs: every forward goes through the zerod engine (training,
+validation, test and predict steps), so stage 3's gather/release hooks run.
+Lightning keeps its own bookkeeping (global_step counts optimizer updates, as
+under "ddp"): each micro-batch's backward is engine.backward(loss) followed
+by engine.step(), which applies the update at the end of each accumulation
+window; the window zerod closes is checked to be the one Lightning closes.
+The user's torch optimizer is never stepped: zerod applies the update (its
+lr schedule is the user's scheduler, traced ahead of time; Lightning still
+steps the torch scheduler, so LearningRateMonitor shows the same values).
+
+Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
+Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
+strategy writes them; ModelCheckpoint and Trainer.fit(ckpt_path=...) use them.
+
+Precision: "32-true"; "bf16-mixed" (autocast over zerod's fp32 parameters,
+as Lightning's own bf16-mixed); "bf16-true" (bf16 parameters, fp32 masters in
+zerod). "16-mixed" and the others are refused. One process only for now
+(devices=1); several ranks are not done.
+"""
+import os
+
+import torch
+
+from . import default_client
+from . import deepspeed as _zds
+from . import torch as _zt
+from .errors import InvalidArgumentError
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import Strategy, StrategyRegistry
+    from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+    from lightning.pytorch.trainer import call
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+except ImportError as e:  # pragma: no cover - said plainly where it happens
+    raise ImportError(f"zerod.lightning needs PyTorch Lightning 2.x (pip install lightning): {e}") from e
+
+__all__ = ["ZerodStrategy"]
+
+
+class ZerodStrategy(Strategy):
+    """A Lightning Strategy whose parameters, gradients and optimizer state
+    zerod holds.
+
+    job                 a Lua job script (path); it then says the optimizer,
+                        schedule, clipping and accumulation.
+    config              a DeepSpeed config (dict or JSON path) to start from
+                        instead; Lightning's flags fill in the rest.
+    stage, offload_optimizer, offload_parameters
+                        the ZeRO stage and CPU offload, as in Lightning's
+                        DeepSpeedStrategy (used without job/config).
+    modules             which submodules are zerod modules (zerod.torch).
+    client              a zerod.Client (default: the process's shared one).
+    """
+
+    strategy_name = "zerod"
+
+    def __init__(self, job=None, config=None, stage=3, offload_optimizer=False, offload_parameters=False,
+                 modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None):
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
+        if job is not None and config is not None:
+            raise InvalidArgumentError("ZerodStrategy: give job= (a Lua job script) or config= (a DeepSpeed "
+                                       "config), not both")
+        if stage not in (0, 1, 2, 3):
+            raise InvalidArgumentError(f"ZerodStrategy: stage must be 0, 1, 2 or 3, got {stage!r}")
+        self.job = os.fspath(job) if job is not None else None
+        self._config = config
+        self.stage = stage
+        self.offload_optimizer = offload_optimizer
+        self.offload_parameters = offload_parameters
+        self.modules = modules
+        self._client = client
+        self.engine = None
+        self._last = None
+        self.global_rank = 0
+        self.local_rank = 0
+        self.world_size = 1
+
+    # -- where things run ---------------------------------------------------
+
+    @property
+    def root_device(self):
+        acc = type(self.accelerator).__name__ if self.accelerator is not None else "CPUAccelerator"
+        if acc == "CUDAAccelerator":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def model_to_device(self):
+        self.model.to(self.root_device)
+
+    @property
+    def is_global_zero(self):
+        return self.global_rank == 0
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        return tensor  # one process (the strategy refuses more)
+
+    def barrier(self, name=None):
+        pass
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def all_gather(self, tensor, group=None, sync_grads=False):
+        return tensor
+
+    def setup_environment(self):
+        client = self._client or default_client()
+        self._client = client
+        self.global_rank, self.world_size = client.rank, client.world_size
+        self.local_rank = client.info.local_rank
+        if self.world_size != 1:
+            raise MisconfigurationException(
+                f"ZerodStrategy runs one process for now; this one is rank {client.rank} of {client.world_size} "
+                "(several ranks under Lightning are not done: use zerod.deepspeed or zerod.torch under `zerod run`)")
+        super().setup_environment()
+
+    # -- set-up -------------------------------------------------------------
+
+    @property
+    def restore_checkpoint_after_setup(self):
+        return True  # the engine must exist to load into
+
+    @property
+    def handles_gradient_accumulation(self):
+        # Lightning decides when a window ends (global_step counts updates, as
+        # under "ddp"); zerod is told every micro-batch and must agree.
+        return False
+
+    @property
+    def lightning_restore_optimizer(self):
+        return False  # zerod's checkpoint holds the optimizer state
+
+    def setup(self, trainer):
+        self.accelerator.setup(trainer)
+        precision = getattr(self.precision_plugin, "precision", "32-true")
+        plugin = type(self.precision_plugin)
+        ok = ((plugin is Precision and precision == "32-true") or
+              (plugin is MixedPrecision and precision == "bf16-mixed") or
+              (plugin is HalfPrecision and precision == "bf16-true"))
+        if not ok:
+            raise MisconfigurationException(
+                f"ZerodStrategy does not run precision={precision!r} ({plugin.__name__}); it runs \"32-true\", "
+                "\"bf16-mixed\" and \"bf16-true\" (\"16-mixed\" with zerod's loss scaling is not done)")
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if trainer.state.fn == "fit":
+            self.optimizers, self.lr_scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
+            self._init_engine(trainer, precision)
+        else:
+            self.optimizers, self.lr_scheduler_configs = [], []
+            self._init_engine(trainer, precision, evaluating=True)
+        self.setup_precision_plugin()
+
+    def setup_precision_plugin(self):
+        # Lightning's plugins wrap nothing here: the autocast context of
+        # bf16-mixed is all they bring (train_step_context).
+        pass
+
+    def _init_engine(self, trainer, precision, evaluating=False):
+        module = self.lightning_module
+        if is_overridden("backward", module, pl.LightningModule):
+            rank_zero_warn("ZerodStrategy: LightningModule.backward is overridden but not called; zerod runs "
+                           "the backward (engine.backward)")
+        if is_overridden("configure_gradient_clipping", module, pl.LightningModule):
+            raise MisconfigurationException(
+                "ZerodStrategy: configure_gradient_clipping is overridden, but zerod clips inside its step; use "
+                "Trainer(gradient_clip_val=...) (norm clipping)")
+        algorithm = getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm)
+        if algorithm not in (None, "norm"):
+            raise MisconfigurationException(
+                f"ZerodStrategy: gradient_clip_algorithm={algorithm!r} is not supported; "
+                "zerod clips by the global norm")
+        if self.job is not None:
+            if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
+                raise MisconfigurationException(
+                    "ZerodStrategy(job=...): the job script sets gradient accumulation and clipping; leave "
+                    "Trainer(accumulate_grad_batches=..., gradient_clip_val=...) unset")
+            if self.lr_scheduler_configs:
+                rank_zero_warn("ZerodStrategy(job=...): configure_optimizers' LR scheduler is not used; the job "
+                               "script's lr schedule is")
+            dtype = torch.bfloat16 if precision == "bf16-true" else None
+            self.engine = _zt.initialize(module, job=self.job, modules=self.modules, dtype=dtype,
+                                         client=self._client)
+            return
+        cfg = self._ds_config(trainer, precision)
+        opt = sched = None
+        if not evaluating:
+            if len(self.optimizers) != 1 or len(self.lr_scheduler_configs) > 1:
+                raise MisconfigurationException(
+                    f"ZerodStrategy: configure_optimizers gave {len(self.optimizers)} optimizer(s) and "
+                    f"{len(self.lr_scheduler_configs)} scheduler(s); zerod runs one optimizer and at most one "
+                    "scheduler")
+            opt = self.optimizers[0]
+            if self.lr_scheduler_configs:
+                sched = self._traced_scheduler(trainer, self.lr_scheduler_configs[0])
+        elif "optimizer" not in cfg:
+            cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0}}  # evaluation only: never applied
+        self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
+                                      modules=self.modules, client=self._client)[0]
+
+    def _ds_config(self, trainer, precision):
+        if self._config is not None:
+            cfg = _zds._dsconfig.load(self._config)
+        else:
+            zero = {"stage": self.stage}
+            if self.offload_optimizer:
+                zero["offload_optimizer"] = {"device": "cpu"}
+            if self.offload_parameters:
+                zero["offload_param"] = {"device": "cpu"}
+            cfg = {"zero_optimization": zero}
+        for key, value in (("gradient_accumulation_steps", trainer.accumulate_grad_batches),
+                           ("gradient_clipping", float(trainer.gradient_clip_val or 0.0))):
+            if key in cfg and cfg[key] not in ("auto", value):
+                raise MisconfigurationException(
+                    f"ZerodStrategy: the config's {key} is {cfg[key]!r}, the Trainer's is {value!r}; set it in one "
+                    "place (the Trainer's flag)")
+            cfg[key] = value
+        cfg.setdefault("train_micro_batch_size_per_gpu", 1)  # bookkeeping only, as Lightning's DeepSpeed
+        if precision == "bf16-true":
+            cfg["bf16"] = {"enabled": True}
+        return cfg
+
+    def _traced_scheduler(self, trainer, config):
+        """The torch scheduler, stepping as Lightning will step it, for
+        zerod.deepspeed to trace: a wrapper whose every update steps it
+        every `frequency` updates (interval "step") or updates-per-epoch x
+        frequency (interval "epoch")."""
+        if config.reduce_on_plateau:
+            raise MisconfigurationException(
+                "ZerodStrategy: ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the "
+                "update count) cannot see; use a step-based scheduler")
+        every = max(1, int(config.frequency))
+        if config.interval == "epoch":
+            trainer.fit_loop.setup_data()
+            batches = trainer.num_training_batches
+            if batches == float("inf") or batches <= 0:
+                raise MisconfigurationException(
+                    "ZerodStrategy: an LR scheduler with interval=\"epoch\" needs the number of batches per "
+                    "epoch (a sized train dataloader), or use interval=\"step\"")
+            per_epoch = -(-int(batches) // trainer.accumulate_grad_batches)
+            every *= per_epoch
+        elif config.interval != "step":
+            raise MisconfigurationException(f"ZerodStrategy: LR scheduler interval {config.interval!r}")
+        steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        return _zds._schedules.Stepped(config.scheduler, every, steps)
+
+    # -- one micro-batch ----------------------------------------------------
+
+    def _through_engine(self, name, *args, **kwargs):
+        if self.engine is None:
+            raise MisconfigurationException("ZerodStrategy: the zerod engine is not set up")
+        return self._forward_redirection(self.engine, self.lightning_module, name, *args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        with self.precision_plugin.train_step_context():
+            return self._through_engine("training_step", *args, **kwargs)
+
+    def validation_step(self, *args, **kwargs):
+        with self.precision_plugin.val_step_context():
+            return self._through_engine("validation_step", *args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with self.precision_plugin.test_step_context():
+            return self._through_engine("test_step", *args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with self.precision_plugin.predict_step_context():
+            return self._through_engine("predict_step", *args, **kwargs)
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
+        self.engine.backward(closure_loss)
+        self._last = self.engine.step()
+        return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        """Lightning's update: the closure runs the micro-batch, whose
+        engine.step() applied the update (the window's last micro-batch)."""
+        self._last = None
+        result = closure()
+        if self._last is None:
+            raise MisconfigurationException("ZerodStrategy: training_step returned no loss (skipping a "
+                                            "backward is not supported: zerod counts every micro-batch)")
+        trainer = self.lightning_module.trainer
+        if not self._last.boundary:
+            raise MisconfigurationException(
+                f"ZerodStrategy: Lightning ends an accumulation window where zerod does not (an epoch of "
+                f"{trainer.num_training_batches} batches is not a multiple of accumulate_grad_batches="
+                f"{trainer.accumulate_grad_batches}, or the job script's accumulation differs); make the epoch "
+                "length a multiple")
+        # Called for the hooks' sake; the update is already applied (zerod
+        # holds the gradients: torch's param.grad is empty here).
+        call._call_callback_hooks(trainer, "on_before_optimizer_step", optimizer)
+        call._call_lightning_module_hook(trainer, "on_before_optimizer_step", optimizer)
+        return result
+
+    # -- checkpoints --------------------------------------------------------
+
+    def lightning_module_state_dict(self):
+        # zerod holds the weights: they go into the checkpoint directory in
+        # zerod's format, not into Lightning's dictionary.
+        return {}
+
+    def optimizer_state(self, optimizer):
+        return {}
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        if storage_options is not None:
+            raise TypeError("ZerodStrategy.save_checkpoint: storage_options is not supported (zerod writes the "
+                            "checkpoint directory itself)")
+        state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        self.engine.save_checkpoint(os.fspath(filepath), tag="checkpoint", client_state=state)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        path = os.fspath(checkpoint_path)
+        if not os.path.isdir(os.path.join(path, "checkpoint")):
+            raise MisconfigurationException(
+                f"ZerodStrategy: {path} is not a zerod checkpoint directory (one ModelCheckpoint wrote under "
+                "this strategy holds a 'checkpoint' folder)")
+        _, client_state = self.engine.load_checkpoint(path, tag="checkpoint")
+        return client_state
+
+    def load_model_state_dict(self, checkpoint, strict=True):
+        pass  # load_checkpoint put the weights into zerod
+
+    def load_optimizer_state_dict(self, checkpoint):
+        pass  # and the optimizer state
+
+    def teardown(self):
+        if self.engine is not None:
+            # The parameters go back into torch (as other strategies leave
+            # the trained model usable), then zerod's model is freed.
+            state = self.engine.state_dict()
+            slots = list(self.engine._slots)
+            self.engine.close()
+            self.engine = None
+            with torch.no_grad():
+                for s in slots:
+                    s.param.data = torch.empty(s.shape, dtype=s.param.dtype, device=s.param.device)
+            own = self.lightning_module.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for k, v in state.items():
+                    if k in own:
+                        own[k].copy_(v)
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, registry):
+        registry.register("zerod", cls, description="zerod, ZeRO stage 3 (the default)", override=True, stage=3)
+        for stage in (1, 2, 3):
+            registry.register(f"zerod_stage_{stage}", cls, description=f"zerod, ZeRO stage {stage}", override=True,
+                              stage=stage)
+        registry.register("zerod_stage_2_offload", cls, description="zerod, ZeRO stage 2, optimizer on the CPU",
+                          override=True, stage=2, offload_optimizer=True)
+        registry.register("zerod_stage_3_offload", cls,
+                          description="zerod, ZeRO stage 3, optimizer and parameters on the CPU",
+                          override=True, stage=3, offload_optimizer=True, offload_parameters=True)
+
+
+ZerodStrategy.register_strategies(StrategyRegistry)
