@@ -258,3 +258,35 @@ def test_refusals_name_what_is_unsupported():
     with pytest.raises(InvalidArgumentError, match="model_parameters leaves out '0.weight'"):
         deepspeed.initialize(model=model, model_parameters=list(model.parameters())[1:], optimizer=opt,
                              config={"train_batch_size": 8})
+
+
+@pytest.mark.parametrize("name", ["adamw_warmup_clip_gas2", "stage3_offload_cosine"])
+def test_two_ranks_under_zerod_run(name, deepspeed_losses, tmp_path):
+    """The same DeepSpeed loop as the ranks of `zerod run --nproc 2`, each on
+    half of every batch: the mean of the two ranks' losses is DeepSpeed's
+    loss on the whole batch (one rank), step for step."""
+    from conftest import ZEROD, rank_env
+
+    cfg = CONFIGS[name]
+    job = tmp_path / "ds_config.json"
+    half_cfg = dict(cfg, train_micro_batch_size_per_gpu=4)
+    half_cfg.pop("train_batch_size", None)
+    job.write_text(json.dumps(half_cfg))
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "ds_rank.py"), name]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    per_rank = {0: {}, 1: {}}
+    for line in p.stdout.splitlines():
+        if line.startswith("[rank ") and "] loss " in line:
+            r = int(line[6])
+            _, s, v, _, lr, _, steps = line.split("] ", 1)[1].split()
+            per_rank[r][int(s)] = (float(v), float(lr), int(steps))
+    assert len(per_rank[0]) == len(per_rank[1]) == STEPS, p.stdout[-4000:]
+    theirs = deepspeed_losses[name]
+    ours = {"loss": [(per_rank[0][s][0] + per_rank[1][s][0]) / 2 for s in range(STEPS)],
+            "lr": [per_rank[0][s][1] for s in range(STEPS)],
+            "global_steps": [per_rank[0][s][2] for s in range(STEPS)]}
+    _compare(name + " (2 ranks)", ours, theirs, _tolerance(cfg))
