@@ -177,8 +177,40 @@ def test_job_script(tmp_path):
     (dict(precision="64-true"), "does not run precision='64-true'"),
     (dict(trainer=dict(gradient_clip_algorithm="value", gradient_clip_val=1.0)), "gradient_clip_algorithm='value'"),
     (dict(trainer=dict(accumulate_grad_batches=3)), "not a multiple of accumulate_grad_batches=3"),
+    (dict(trainer=dict(devices=2)), r"zerod run --nproc N"),
 ])
 def test_refused_with_the_reason(case, match, tmp_path):
     with pytest.raises(Exception, match=match):
         fit("zerod", tmp_path, LitGPT(**case.get("module", {})), case.get("precision", "32-true"),
             max_epochs=1, **case.get("trainer", {}))
+
+
+def test_two_processes_under_zerod_run(tmp_path):
+    """Trainer(devices=2, strategy="zerod_stage_3_offload") in each of the 2
+    ranks `zerod run` starts, Lightning's DistributedSampler splitting every
+    batch of 8 into two of 4: the mean of the two ranks' losses is the loss
+    of the one-process run, batch for batch, and ModelCheckpoint writes one
+    checkpoint holding both ranks' shards."""
+    import subprocess
+    import sys
+
+    from conftest import ZEROD, rank_env, split_ranks
+
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the strategy brings its own
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "lightning_rank.py"), "zerod_stage_3_offload", str(tmp_path / "ckpt")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    ranks = split_ranks(p.stdout)
+    per_rank = [[float(l.split()[2]) for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
+    assert all(f"global_step 8" in ranks[r] for r in (0, 1)), p.stdout[-3000:]
+    ours = [(a + b) / 2 for a, b in zip(*per_rank)]
+    # The reference: "ddp" in one process with Lightning's DistributedSampler
+    # (shuffled, seed 0), whose every batch of 8 the two ranks split.
+    ref, _, _ = fit("ddp", tmp_path / "ref", max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5,
+                    use_distributed_sampler=True)
+    _same_curve("2 processes under zerod run vs ddp", ours, ref, 1e-4)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]

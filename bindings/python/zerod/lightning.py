@@ -30,8 +30,10 @@ strategy writes them; ModelCheckpoint and Trainer.fit(ckpt_path=...) use them.
 
 Precision: "32-true"; "bf16-mixed" (autocast over zerod's fp32 parameters,
 as Lightning's own bf16-mixed); "bf16-true" (bf16 parameters, fp32 masters in
-zerod). "16-mixed" and the others are refused. One process only for now
-(devices=1); several ranks are not done.
+zerod). "16-mixed" and the others are refused. One process
+(devices=1), or the ranks of `zerod run --nproc N -- python train.py` with
+Trainer(devices=N): zerod starts the processes and connects them (Lightning
+launches none); Lightning's own collectives run over gloo.
 """
 import os
 
@@ -44,7 +46,9 @@ from .errors import InvalidArgumentError
 
 try:
     import lightning.pytorch as pl
-    from lightning.pytorch.strategies import Strategy, StrategyRegistry
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+    from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
     from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
     from lightning.pytorch.trainer import call
@@ -57,7 +61,47 @@ except ImportError as e:  # pragma: no cover - said plainly where it happens
 __all__ = ["ZerodStrategy"]
 
 
-class ZerodStrategy(Strategy):
+class _ZerodEnvironment(ClusterEnvironment):
+    """The ranks `zerod run` started (ZEROD_RANK, ZEROD_WORLD_SIZE,
+    ZEROD_LOCAL_RANK); one process otherwise. zerod creates the processes:
+    Lightning launches none."""
+
+    @property
+    def creates_processes_externally(self):
+        return True
+
+    @property
+    def main_address(self):
+        return "127.0.0.1"
+
+    @property
+    def main_port(self):
+        return 0
+
+    @staticmethod
+    def detect():
+        return "ZEROD_RANK" in os.environ
+
+    def world_size(self):
+        return int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+
+    def set_world_size(self, size):
+        pass
+
+    def global_rank(self):
+        return int(os.environ.get("ZEROD_RANK", "0"))
+
+    def set_global_rank(self, rank):
+        pass
+
+    def local_rank(self):
+        return int(os.environ.get("ZEROD_LOCAL_RANK", "0"))
+
+    def node_rank(self):
+        return 0
+
+
+class ZerodStrategy(ParallelStrategy):
     """A Lightning Strategy whose parameters, gradients and optimizer state
     zerod holds.
 
@@ -75,8 +119,11 @@ class ZerodStrategy(Strategy):
     strategy_name = "zerod"
 
     def __init__(self, job=None, config=None, stage=3, offload_optimizer=False, offload_parameters=False,
-                 modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None):
-        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
+                 modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None,
+                 parallel_devices=None):
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=_ZerodEnvironment(), checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
         if job is not None and config is not None:
             raise InvalidArgumentError("ZerodStrategy: give job= (a Lua job script) or config= (a DeepSpeed "
                                        "config), not both")
@@ -91,9 +138,6 @@ class ZerodStrategy(Strategy):
         self._client = client
         self.engine = None
         self._last = None
-        self.global_rank = 0
-        self.local_rank = 0
-        self.world_size = 1
 
     # -- where things run ---------------------------------------------------
 
@@ -101,37 +145,54 @@ class ZerodStrategy(Strategy):
     def root_device(self):
         acc = type(self.accelerator).__name__ if self.accelerator is not None else "CPUAccelerator"
         if acc == "CUDAAccelerator":
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
+
+    @property
+    def is_distributed(self):
+        return self.world_size > 1
 
     def model_to_device(self):
         self.model.to(self.root_device)
 
-    @property
-    def is_global_zero(self):
-        return self.global_rank == 0
+    def _dist(self):
+        return self.world_size > 1 and torch.distributed.is_initialized()
 
     def reduce(self, tensor, group=None, reduce_op="mean"):
-        return tensor  # one process (the strategy refuses more)
+        if isinstance(tensor, torch.Tensor) and self._dist():
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
 
     def barrier(self, name=None):
-        pass
+        if self._dist():
+            torch.distributed.barrier()
 
     def broadcast(self, obj, src=0):
-        return obj
-
-    def all_gather(self, tensor, group=None, sync_grads=False):
-        return tensor
+        if not self._dist():
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src)
+        return box[0]
 
     def setup_environment(self):
         client = self._client or default_client()
         self._client = client
-        self.global_rank, self.world_size = client.rank, client.world_size
-        self.local_rank = client.info.local_rank
-        if self.world_size != 1:
+        devices = len(self.parallel_devices or [None])
+        if (client.rank, client.world_size) != (self.global_rank, self.world_size) or devices != self.world_size:
             raise MisconfigurationException(
-                f"ZerodStrategy runs one process for now; this one is rank {client.rank} of {client.world_size} "
-                "(several ranks under Lightning are not done: use zerod.deepspeed or zerod.torch under `zerod run`)")
+                f"ZerodStrategy: Trainer(devices={devices}) but this process is rank {client.rank} of "
+                f"{client.world_size} zerod ranks; several processes are the ranks of `zerod run --nproc N -- "
+                "python train.py` with Trainer(devices=N) (Lightning launches none itself)")
+        if self.world_size > 1 and not torch.distributed.is_initialized():
+            # Lightning's own collectives (logging with sync_dist, barriers,
+            # broadcasts) over gloo; the rendezvous is a file in the private
+            # directory of the daemon's socket, which only this job sees.
+            where = os.environ.get("ZEROD_ENDPOINT", "")
+            where = where[len("unix:"):] if where.startswith("unix:") else where
+            store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "lightning-store"),
+                                                self.world_size)
+            torch.distributed.init_process_group("gloo", store=store, rank=self.global_rank,
+                                                 world_size=self.world_size)
         super().setup_environment()
 
     # -- set-up -------------------------------------------------------------
@@ -329,8 +390,9 @@ class ZerodStrategy(Strategy):
         if storage_options is not None:
             raise TypeError("ZerodStrategy.save_checkpoint: storage_options is not supported (zerod writes the "
                             "checkpoint directory itself)")
+        filepath = self.broadcast(os.fspath(filepath))  # every rank writes its shard into rank 0's path
         state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-        self.engine.save_checkpoint(os.fspath(filepath), tag="checkpoint", client_state=state)
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=state)
 
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         path = os.fspath(checkpoint_path)
