@@ -39,12 +39,12 @@ class Windows(torch.utils.data.Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def objects():
+def objects(batch_size=8):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
-    loader = torch.utils.data.DataLoader(Windows(), batch_size=8, shuffle=False)
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=batch_size, shuffle=False)
     return model, opt, loader, sched
 
 
@@ -73,17 +73,17 @@ def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_a
     return losses, lrs
 
 
-def run(make_accelerator, **kw):
+def run(make_accelerator, batch_size=8, **kw):
     set_seed(0)
     AcceleratorState._reset_state(True)
     accelerator = make_accelerator()
-    prepared = accelerator.prepare(*objects())
+    prepared = accelerator.prepare(*objects(batch_size))
     out = user_loop(accelerator, *prepared, **kw)
     return out, accelerator, prepared
 
 
-def _same(name, ours, theirs, tol):
-    assert len(ours) == len(theirs) == 16
+def _same(name, ours, theirs, tol, n=16):
+    assert len(ours) == len(theirs) == n
     rel = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
     print(f"\n{name}: max relative loss difference {rel:.2e} over {len(ours)} batches (tolerance {tol:g})")
     assert sum(theirs[-3:]) < sum(theirs[:3])
@@ -146,3 +146,32 @@ def test_refusals():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(InvalidArgumentError, match="Adagrad has no zerod equivalent"):
         accelerator.prepare(model, torch.optim.Adagrad(model.parameters()))
+
+
+def test_two_processes_under_zerod_run(tmp_path):
+    """The same loop as the 2 ranks of `zerod run`, Accelerate sharding the
+    dataloader (each rank its own batches of 8): the mean of the ranks'
+    losses is plain Accelerate's in one process with batches of 16, and
+    save_state writes both ranks' zerod shards."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ZEROD, rank_env, split_ranks
+
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the accelerator brings its own
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "accelerate_rank.py"), str(tmp_path / "state")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    ranks = split_ranks(p.stdout)
+    per_rank = [[l.split()[2:] for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
+    ours = [(float(a[0]) + float(b[0])) / 2 for a, b in zip(*per_rank)]
+    our_lrs = [float(a[1]) for a in per_rank[0]]
+    (theirs, their_lrs), _, _ = run(lambda: Accelerator(gradient_accumulation_steps=2), batch_size=16)
+    _same("2 processes under zerod run", ours, theirs, 1e-4, n=8)
+    assert our_lrs == their_lrs
+    assert (tmp_path / "state" / "zerod" / "latest").exists()

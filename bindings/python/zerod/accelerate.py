@@ -37,7 +37,9 @@ so get_last_lr() reports what zerod applies (zerod runs the same schedule,
 traced ahead of time). clip_grad_norm_ returns the norm zerod measured; its
 max_norm must be the gradient_clipping given to the constructor, since zerod
 clips inside its step. mixed_precision "no" and "bf16" (autocast over zerod's
-fp32 parameters) are supported; "fp16" is refused. One process only.
+fp32 parameters) are supported; "fp16" is refused. One process, or the ranks
+of `zerod run --nproc N -- python train.py` (Accelerate's multi-CPU mode,
+its collectives over gloo; `accelerate launch` is not wired to a daemon).
 """
 import os
 
@@ -72,10 +74,15 @@ class ZerodAccelerator(Accelerator):
 
     def __init__(self, *args, gradient_clipping=0.0, zero_stage=3, offload=False, config=None, modules=None,
                  client=None, **kwargs):
+        if _join_zerod_ranks() and not torch.cuda.is_available():
+            kwargs.setdefault("cpu", True)  # Accelerate's multi-CPU mode
         super().__init__(*args, **kwargs)
-        if self.num_processes != 1:
-            raise InvalidArgumentError(f"ZerodAccelerator runs one process for now ({self.num_processes} were "
-                                       "launched); several ranks are not done")
+        world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+        if self.num_processes != world:
+            raise InvalidArgumentError(
+                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), zerod {world} rank(s); "
+                "several processes are the ranks of `zerod run --nproc N -- python train.py` (not "
+                "`accelerate launch`)")
         if self.mixed_precision not in ("no", "bf16"):
             raise InvalidArgumentError(f"ZerodAccelerator: mixed_precision={self.mixed_precision!r} is not "
                                        "supported (\"no\" and \"bf16\" are; fp16 loss scaling is not done)")
@@ -201,6 +208,29 @@ class ZerodAccelerator(Accelerator):
                 raise InvalidArgumentError(f"load_state: {input_dir} holds no zerod state ('{_STATE_FOLDER}' folder); "
                                            "it was not saved by a ZerodAccelerator")
             self.zerod_engine.load_checkpoint(path, tag="checkpoint")
+
+
+def _join_zerod_ranks():
+    """Under `zerod run --nproc N` (N > 1): the environment Accelerate reads
+    for a multi-CPU run (RANK, WORLD_SIZE, LOCAL_RANK, ...) from zerod's, and
+    the gloo process group Accelerate's own collectives (gather, the
+    dataloader's sharding, wait_for_everyone) use, its rendezvous a file
+    beside the daemon's private socket. zerod's gradients never go through
+    it: the daemon reduces them."""
+    world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+    if world <= 1:
+        return False
+    if torch.distributed.is_initialized():
+        return True
+    rank = int(os.environ["ZEROD_RANK"])
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("ZEROD_LOCAL_RANK", "0"),
+                      LOCAL_WORLD_SIZE=str(world))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    where = os.environ.get("ZEROD_ENDPOINT", "")
+    where = where[len("unix:"):] if where.startswith("unix:") else where
+    store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "accelerate-store"), world)
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    return True
 
 
 class _ZerodModel(torch.nn.Module):
