@@ -4,7 +4,7 @@ of the data (Lightning's DistributedSampler, batch 4: the two ranks' batches
 together are the one-process run's batch of 8). Prints "loss <batch>
 <value>" per batch and "global_step <n>" at the end.
 
-    lightning_rank.py <strategy> <checkpoint dir>
+    lightning_rank.py <strategy> <checkpoint dir> [<checkpoint to resume from>]
 """
 import sys
 
@@ -24,7 +24,7 @@ trainer = pl.Trainer(strategy=sys.argv[1], accelerator="cpu", devices=2, max_epo
                      callbacks=[losses, ModelCheckpoint(dirpath=sys.argv[2], save_top_k=-1)])
 loader = torch.utils.data.DataLoader(Windows(), batch_size=4, shuffle=False)
 module = LitGPT()
-trainer.fit(module, loader)
+trainer.fit(module, loader, ckpt_path=sys.argv[3] if len(sys.argv) > 3 else None)
 for i, v in enumerate(losses.losses):
     print(f"loss {i} {v!r}", flush=True)
 print(f"global_step {trainer.global_step}", flush=True)

@@ -189,8 +189,9 @@ def test_two_processes_under_zerod_run(tmp_path):
     """Trainer(devices=2, strategy="zerod_stage_3_offload") in each of the 2
     ranks `zerod run` starts, Lightning's DistributedSampler splitting every
     batch of 8 into two of 4: the mean of the two ranks' losses is the loss
-    of the one-process run, batch for batch, and ModelCheckpoint writes one
-    checkpoint holding both ranks' shards."""
+    of the one-process "ddp" run, batch for batch; ModelCheckpoint writes one
+    checkpoint holding both ranks' shards, from which both ranks resume bit
+    for bit."""
     import subprocess
     import sys
 
@@ -214,3 +215,15 @@ def test_two_processes_under_zerod_run(tmp_path):
                     use_distributed_sampler=True)
     _same_curve("2 processes under zerod run vs ddp", ours, ref, 1e-4)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
+
+    # Both ranks resume from the first epoch's checkpoint: the second epoch
+    # again, bit for bit.
+    cmd = cmd[:-1] + [str(tmp_path / "ckpt2"), str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    again = split_ranks(p.stdout)
+    for r in (0, 1):
+        resumed = [float(l.split()[2]) for l in again[r] if l.startswith("loss ")]
+        assert resumed == per_rank[r][len(per_rank[r]) // 2:], (r, resumed, per_rank[r])
+        assert "global_step 8" in again[r]
