@@ -151,8 +151,9 @@ def test_refusals():
 def test_two_processes_under_zerod_run(tmp_path):
     """The same loop as the 2 ranks of `zerod run`, Accelerate sharding the
     dataloader (each rank its own batches of 8): the mean of the ranks'
-    losses is plain Accelerate's in one process with batches of 16, and
-    save_state writes both ranks' zerod shards."""
+    losses is plain Accelerate's in one process with batches of 16;
+    save_state writes both ranks' zerod shards and load_state resumes both
+    bit for bit."""
     import os
     import subprocess
     import sys
@@ -175,3 +176,12 @@ def test_two_processes_under_zerod_run(tmp_path):
     _same("2 processes under zerod run", ours, theirs, 1e-4, n=8)
     assert our_lrs == their_lrs
     assert (tmp_path / "state" / "zerod" / "latest").exists()
+
+    # Both ranks load_state and run the second epoch again: bit for bit.
+    p = subprocess.run(cmd + ["resume"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300, env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    again = split_ranks(p.stdout)
+    for r in (0, 1):
+        resumed = [l.split()[2:] for l in again[r] if l.startswith("loss ")]
+        assert resumed == per_rank[r][len(per_rank[r]) // 2:], (r, resumed, per_rank[r])
