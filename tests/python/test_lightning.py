@@ -227,3 +227,22 @@ def test_two_processes_under_zerod_run(tmp_path):
         resumed = [float(l.split()[2]) for l in again[r] if l.startswith("loss ")]
         assert resumed == per_rank[r][len(per_rank[r]) // 2:], (r, resumed, per_rank[r])
         assert "global_step 8" in again[r]
+
+
+def test_deepspeed_config_with_auto_values(tmp_path):
+    """ZerodStrategy(config=...) takes a Hugging Face-style DeepSpeed config:
+    its "auto" values come from the Trainer and the dataloader, and it
+    trains as the preset with the same settings does."""
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                    "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0}}
+    strategy = ZerodStrategy(config=config)
+    ours, trainer, _ = fit(strategy, tmp_path, accumulate_grad_batches=2, gradient_clip_val=0.5)
+    cfg = strategy.engine_config
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["train_batch_size"], cfg["gradient_accumulation_steps"],
+            cfg["gradient_clipping"], cfg["bf16"]["enabled"]) == (8, 16, 2, 0.5, False)
+    ref, _, _ = fit("zerod_stage_3_offload", tmp_path / "ref", accumulate_grad_batches=2, gradient_clip_val=0.5)
+    _same_curve("DeepSpeed config with auto", ours, ref, 0.0)
+    with pytest.raises(Exception, match="bf16.enabled is True"):
+        fit(ZerodStrategy(config={"bf16": {"enabled": True}}), tmp_path / "x", max_epochs=1)

@@ -137,6 +137,7 @@ class ZerodStrategy(ParallelStrategy):
         self.modules = modules
         self._client = client
         self.engine = None
+        self.engine_config = None
         self._last = None
 
     # -- where things run ---------------------------------------------------
@@ -278,6 +279,7 @@ class ZerodStrategy(ParallelStrategy):
             cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
                                       modules=self.modules, client=self._client)[0]
+        self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
 
     def _ds_config(self, trainer, precision):
         if self._config is not None:
@@ -296,10 +298,37 @@ class ZerodStrategy(ParallelStrategy):
                     f"ZerodStrategy: the config's {key} is {cfg[key]!r}, the Trainer's is {value!r}; set it in one "
                     "place (the Trainer's flag)")
             cfg[key] = value
-        cfg.setdefault("train_micro_batch_size_per_gpu", 1)  # bookkeeping only, as Lightning's DeepSpeed
-        if precision == "bf16-true":
+        # "auto" as Hugging Face's integration resolves it, from the Trainer:
+        # the micro-batch from the train dataloader (as Lightning's DeepSpeed
+        # strategy picks it), bf16 from precision="bf16-true" (bf16-mixed is
+        # autocast over fp32 parameters, DeepSpeed's bf16 is bf16 weights).
+        for sec in ("fp16", "bf16"):
+            section = cfg.get(sec)
+            if isinstance(section, dict) and section.get("enabled") == "auto":
+                section["enabled"] = sec == "bf16" and precision == "bf16-true"
+        if isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled"):
+            raise MisconfigurationException("ZerodStrategy: the config enables fp16, which zerod's Lightning "
+                                            "strategy does not run (\"16-mixed\" is not done)")
+        has_bf16 = isinstance(cfg.get("bf16"), dict) and bool(cfg["bf16"].get("enabled"))
+        if has_bf16 != (precision == "bf16-true"):
+            raise MisconfigurationException(
+                f"ZerodStrategy: the config's bf16.enabled is {has_bf16}, Trainer(precision={precision!r}) "
+                "says otherwise; use precision=\"bf16-true\" with a bf16 config (or \"auto\")")
+        if has_bf16:
             cfg["bf16"] = {"enabled": True}
+        mbs = cfg.get("train_micro_batch_size_per_gpu")
+        if mbs == "auto" or (mbs is None and cfg.get("train_batch_size") in (None, "auto")):
+            cfg["train_micro_batch_size_per_gpu"] = self._loader_batch_size(trainer)
         return cfg
+
+    @staticmethod
+    def _loader_batch_size(trainer):
+        source = trainer.fit_loop._data_source
+        if source.is_defined():
+            sampler = getattr(source.dataloader(), "batch_sampler", None)
+            if getattr(sampler, "batch_size", None):
+                return int(sampler.batch_size)
+        return 1  # bookkeeping only, as Lightning's DeepSpeed strategy
 
     def _traced_scheduler(self, trainer, config):
         """The torch scheduler, stepping as Lightning will step it, for
