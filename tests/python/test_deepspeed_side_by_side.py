@@ -93,6 +93,12 @@ for name, (cfg, build) in CLIENT.items():
     opt, sched = build(model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=dict(cfg))
     out[name] = train(engine, cfg)
+model = make()
+dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
+engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), training_data=dataset,
+                                            config={"train_micro_batch_size_per_gpu": 4,
+                                                    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+out["loader"] = [b[0][:, 0].tolist() for b in loader]
 json.dump(out, open(sys.argv[1], "w"))
 '''
 
@@ -290,3 +296,39 @@ def test_two_ranks_under_zerod_run(name, deepspeed_losses, tmp_path):
             "lr": [per_rank[0][s][1] for s in range(STEPS)],
             "global_steps": [per_rank[0][s][2] for s in range(STEPS)]}
     _compare(name + " (2 ranks)", ours, theirs, _tolerance(cfg))
+
+
+def test_training_data_loader_matches(deepspeed_losses):
+    """initialize(training_data=...) returns a loader of the micro-batch
+    size in DeepSpeed's order (its DistributedSampler, shuffled, seed 0)."""
+    import zerod.deepspeed as deepspeed
+
+    model = make()
+    dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
+    engine, _, loader, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), training_data=dataset,
+        config={"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    try:
+        ours = [b[0][:, 0].tolist() for b in loader]
+    finally:
+        engine.close()
+    assert ours == deepspeed_losses["loader"]
+    assert len(ours) == 5 and all(len(b) == 4 for b in ours)
+
+
+def test_script_helpers():
+    import argparse
+
+    import zerod.deepspeed as deepspeed
+
+    args = deepspeed.add_config_arguments(argparse.ArgumentParser()).parse_args(
+        ["--deepspeed", "--deepspeed_config", "ds.json"])
+    assert args.deepspeed and args.deepspeed_config == "ds.json"
+    with deepspeed.zero.Init():
+        model = make()
+    engine, _, _, _ = deepspeed.initialize(args=argparse.Namespace(deepspeed_config=None), model=model,
+                                           config_params=dict(CONFIGS["sgd_onecycle_stage1"]))
+    try:
+        assert engine.zero_optimization_stage() == 1
+    finally:
+        engine.close()

@@ -26,12 +26,45 @@ from . import _dsconfig, _schedules, default_client
 from . import torch as _zt
 from .errors import InvalidArgumentError
 
-__all__ = ["initialize", "DeepSpeedEngine", "init_distributed"]
+__all__ = ["initialize", "DeepSpeedEngine", "init_distributed", "add_config_arguments", "zero"]
 
 
 def init_distributed(*args, **kwargs):
     """DeepSpeed's: zerod's ranks are connected by the daemon already."""
     return None
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's: --deepspeed, --deepspeed_config (read by initialize(args=...))."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations (zerod.deepspeed)")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="Enable DeepSpeed (zerod)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    return parser
+
+
+class _ZeroNamespace:
+    """deepspeed.zero: Init() is accepted and does nothing (zerod partitions
+    the parameters when initialize() registers them; the model is built
+    whole on each rank first)."""
+
+    class Init:
+        def __init__(self, module=None, *args, enabled=True, **kwargs):
+            self.module = module
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    @staticmethod
+    def GatheredParameters(*args, **kwargs):
+        raise InvalidArgumentError(
+            "deepspeed.zero.GatheredParameters is not supported by zerod: read full values with "
+            "engine.state_dict(), write them with engine.load_state_dict()")
+
+
+zero = _ZeroNamespace()
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
