@@ -246,3 +246,21 @@ def test_deepspeed_config_with_auto_values(tmp_path):
     _same_curve("DeepSpeed config with auto", ours, ref, 0.0)
     with pytest.raises(Exception, match="bf16.enabled is True"):
         fit(ZerodStrategy(config={"bf16": {"enabled": True}}), tmp_path / "x", max_epochs=1)
+
+
+def test_validation_and_validate_run_through_zerod(tmp_path):
+    """Validation during fit and Trainer.validate on a fresh module run their
+    forwards through the zerod engine (stage 3 gathers): the same val_loss as
+    the default strategy."""
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=8, shuffle=False)
+    out = {}
+    for strategy in ("auto", "zerod_stage_3_offload"):
+        kw = dict(strategy=strategy, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        fresh = pl.Trainer(**kw).validate(LitGPT(), loader, verbose=False)[0]["val_loss"]
+        trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, **kw)
+        trainer.fit(LitGPT(), loader, loader)
+        out[strategy] = (fresh, float(trainer.callback_metrics["val_loss"]))
+    assert out["zerod_stage_3_offload"][0] == out["auto"][0]
+    assert out["zerod_stage_3_offload"][1] == pytest.approx(out["auto"][1], rel=1e-5)
+    assert out["auto"][1] < out["auto"][0]

@@ -276,7 +276,7 @@ class ZerodStrategy(ParallelStrategy):
             if self.lr_scheduler_configs:
                 sched = self._traced_scheduler(trainer, self.lr_scheduler_configs[0])
         elif "optimizer" not in cfg:
-            cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 0.0}}  # evaluation only: never applied
+            cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
                                       modules=self.modules, client=self._client)[0]
         self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
