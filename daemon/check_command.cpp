@@ -5,10 +5,14 @@
 
 #include "config_reader.h"
 #include "error.h"
+#include "job_schema.h"
 #include "job_script.h"
+#include "plugin_host.h"
 
 #include <zerod/zerod_plugin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,10 +24,56 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: zerod check <job.lua> [--allow-io] [--lr-steps N]\n"
-               "  Loads and checks a job script; prints every resolved setting.\n"
-               "  --allow-io     let the script use Lua's io library\n"
-               "  --lr-steps N   print the learning rate for the first N steps (default 5)\n");
+               "usage: zerod check <job.lua | ds_config.json> [--allow-io] [--lr-steps N] [--world-size N]\n"
+               "       zerod check --schema\n"
+               "  Loads and checks a job script (or a DeepSpeed config); prints every resolved setting.\n"
+               "  --allow-io      let the script use Lua's io library\n"
+               "  --lr-steps N    print the learning rate for the first N steps (default 5)\n"
+               "  --world-size N  the job's ranks (a DeepSpeed config's batch sizes may need them)\n"
+               "  --schema        the job-script keys and the shipped plugins' hyperparameters (Markdown)\n");
+}
+
+std::string range_text(const zd_hparam_spec& s) {
+  if (s.type == ZD_HPARAM_BOOL) return "boolean";
+  const std::string word = s.type == ZD_HPARAM_INTEGER ? "integer" : "number";
+  const bool top = std::isfinite(s.max) && s.max < 1e15;
+  std::string lo = (s.flags & ZD_HPARAM_MIN_EXCLUSIVE) ? " > " : " ≥ ";
+  std::string out = word + lo + scripting::format_number(s.min);
+  if (top) out += (s.flags & ZD_HPARAM_MAX_EXCLUSIVE) ? ", < " : ", ≤ ";
+  if (top) out += scripting::format_number(s.max);
+  return s.count > 1 ? "list of " + std::to_string(s.count) + ", each " + out : out;
+}
+
+// The hyperparameters of the plugins zerod ships, from their own specs.
+int print_plugin_schema() {
+  static const struct {
+    zd_plugin_kind kind;
+    const char* table;
+    const char* name;
+  } shipped[] = {{ZD_PLUGIN_OPTIMIZER, "optimizer", "adamw"}, {ZD_PLUGIN_OPTIMIZER, "optimizer", "adam"},
+                 {ZD_PLUGIN_OPTIMIZER, "optimizer", "sgd"},   {ZD_PLUGIN_OPTIMIZER, "optimizer", "onebit_adam"},
+                 {ZD_PLUGIN_PARTITIONER, "zero", "stage3"},   {ZD_PLUGIN_COMM, "comm", "local"},
+                 {ZD_PLUGIN_TIER, "offload.host", "host"},    {ZD_PLUGIN_TIER, "offload.nvme", "nvme"}};
+  std::printf("\n| plugin | key | type | default | meaning |\n|---|---|---|---|---|\n");
+  for (const auto& p : shipped) {
+    std::shared_ptr<Plugin> plugin;
+    try {
+      plugin = Plugin::load(p.kind, p.name, plugin_search_path({}));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "zerod check --schema: %s\n", e.what());
+      return 1;
+    }
+    for (const zd_hparam_spec& s : plugin->hparams()) {
+      std::string def;
+      for (int32_t i = 0; i < s.count; ++i)
+        def += (i ? ", " : "") + (s.type == ZD_HPARAM_BOOL ? std::string(s.defaults[i] != 0 ? "true" : "false")
+                                                           : scripting::format_number(s.defaults[i]));
+      if (s.count > 1) def = "{" + def + "}";
+      std::printf("| `%s` (%s) | `%s.%s` | %s | `%s` | %s |\n", p.name, plugin_kind_name(p.kind), p.table, s.name,
+                  range_text(s).c_str(), def.c_str(), s.help ? s.help : "");
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -37,6 +87,11 @@ int check_command(int argc, char** argv) {
       src.allow_io = true;
     } else if (a == "--lr-steps" && i + 1 < argc) {
       lr_steps = std::strtol(argv[++i], nullptr, 10);
+    } else if (a == "--world-size" && i + 1 < argc) {
+      src.world_size = static_cast<int>(std::clamp(std::strtol(argv[++i], nullptr, 10), 0L, 1L << 20));
+    } else if (a == "--schema") {
+      std::fputs(scripting::job_schema_markdown().c_str(), stdout);
+      return print_plugin_schema();
     } else if (a == "-h" || a == "--help") {
       usage();
       return 0;

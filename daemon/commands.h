@@ -3,8 +3,10 @@
 
 namespace zerod::cli {
 
-// zerod check <job.lua> [--allow-io] [--lr-steps N]
+// zerod check <job.lua | ds_config.json> [--allow-io] [--lr-steps N] [--world-size N] | --schema
 int check_command(int argc, char** argv);
+// zerod translate <ds_config.json> [--world-size N] | --keys
+int translate_command(int argc, char** argv);
 // zerod run --nproc N --job job.lua [--socket PATH] [--no-prefix] -- <trainer…>
 int run_command(int argc, char** argv);
 // zerod serve --nproc N --job job.lua --socket PATH

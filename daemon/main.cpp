@@ -19,7 +19,8 @@ void usage(FILE* out) {
                "  status [--socket PATH]                        what a running daemon holds\n"
                "  top [--socket PATH]                           a live view of a running daemon\n"
                "  plot trace.json [--out DIR]                   PNGs of a trace: memory, step time, loss\n"
-               "  check <job.lua>                               check a job script\n"
+               "  check <job.lua|ds_config.json>                check a job script or a DeepSpeed config\n"
+               "  translate <ds_config.json>                    the Lua job a DeepSpeed config is\n"
                "  plan <job.lua> --params N                     what each tier would hold\n"
                "  ckpt info|export|reshard|import DIR ...       checkpoints on disk\n"
                "  version                                       the version and ABI version\n"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "check") return zerod::cli::check_command(argc - 2, argv + 2);
+  if (cmd == "translate") return zerod::cli::translate_command(argc - 2, argv + 2);
   if (cmd == "version" || cmd == "--version") {
     std::printf("zerod %s (C ABI %u.%u)\n", ZEROD_VERSION_STRING, ZD_ABI_VERSION_MAJOR,
                 ZD_ABI_VERSION_MINOR);

@@ -1,5 +1,6 @@
 #include "config_reader.h"
 
+#include "job_schema.h"
 #include "size.h"
 
 #include <algorithm>
@@ -177,6 +178,24 @@ int64_t ConfigReader::integer(const std::string& key, int64_t def, int64_t min, 
 
 bool ConfigReader::boolean(const std::string& key, bool def) {
   return numbers(key, 1, {def ? 1.0 : 0.0}, NumberRange{}, true).at(0) != 0.0;
+}
+
+double ConfigReader::number(const KeySpec& k) { return number(k.leaf(), k.def, k.range); }
+
+int64_t ConfigReader::integer(const KeySpec& k) {
+  return integer(k.leaf(), static_cast<int64_t>(k.def), static_cast<int64_t>(k.range.min),
+                 static_cast<int64_t>(std::min(k.range.max, 0x1p62)));
+}
+
+bool ConfigReader::boolean(const KeySpec& k) { return boolean(k.leaf(), k.def != 0); }
+
+std::string ConfigReader::choice(const KeySpec& k) {
+  return choice(k.leaf(), std::string(k.def_text), std::vector<std::string>(k.choices.begin(), k.choices.end()));
+}
+
+void ConfigReader::remap_lines(const std::vector<int>& to) {
+  for (ConfigIssue& i : issues_)
+    i.line = i.line > 0 && static_cast<size_t>(i.line) < to.size() ? to[static_cast<size_t>(i.line)] : 0;
 }
 
 std::vector<double> ConfigReader::numbers(const std::string& key, int count,

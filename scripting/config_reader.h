@@ -36,6 +36,8 @@ struct NumberRange {
   bool integer = false;
 };
 
+struct KeySpec;  // job_schema.h
+
 // Shortest decimal text that reads back as the same double.
 std::string format_number(double v);
 
@@ -63,6 +65,12 @@ class ConfigReader {
   std::string choice(const std::string& key, const std::string& def,
                      const std::vector<std::string>& choices);
   std::optional<std::string> string(const std::string& key, bool required);
+  // The same four, with the key's leaf name, default and range taken from
+  // its declaration in the schema (job_schema.h).
+  double number(const KeySpec& k);
+  int64_t integer(const KeySpec& k);
+  bool boolean(const KeySpec& k);
+  std::string choice(const KeySpec& k);
   // A byte count: a number or a size literal ("512MiB"). nullopt when absent.
   std::optional<uint64_t> size(const std::string& key);
   // A string or a list of strings.
@@ -86,6 +94,9 @@ class ConfigReader {
   int line(const std::string& key) const;
   const std::vector<ConfigIssue>& issues() const { return issues_; }
   const std::vector<ResolvedValue>& resolved() const { return resolved_; }
+  // Rewrites every issue's line through to[line] (a script made from
+  // another file, e.g. a DeepSpeed JSON config, reports the original's).
+  void remap_lines(const std::vector<int>& to);
   // All issues, sorted by line, one per line as "source:line: message".
   std::string report() const;
 

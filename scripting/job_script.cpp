@@ -1,5 +1,8 @@
 #include "job_script.h"
+#include "ds_config.h"
+#include "job_schema.h"
 #include "script_file.h"
+#include "size.h"
 
 #include "dtype.h"
 #include "error.h"
@@ -23,6 +26,12 @@ std::string read_script_file(const std::string& path) {
 }
 
 namespace {
+
+// A string key's default as the schema writes it ("\"local\"") without the quotes.
+std::string unquoted(std::string_view text) {
+  if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+  return std::string(text);
+}
 
 std::string dir_of(const std::string& path) {
   const auto slash = path.rfind('/');
@@ -48,6 +57,16 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
     js->source_name_ = source.name.empty() ? "job.lua" : source.name;
   }
   const std::string script_dir = source.path.empty() ? "." : dir_of(source.path);
+  // A DeepSpeed config becomes the Lua job it describes; problems in it are
+  // reported at the config's lines.
+  std::vector<int> json_line;
+  if (source.path.ends_with(".json") || looks_like_json(text)) {
+    DsOptions opt;
+    opt.world_size = source.world_size;
+    DsTranslation t = translate_deepspeed(text, js->source_name_, opt);
+    text = std::move(t.lua);
+    json_line = std::move(t.json_line);
+  }
 
   SandboxLimits limits;
   limits.allow_io = source.allow_io;
@@ -68,6 +87,7 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
   js->config_.source = js->source_name_;
   js->read_config(r, script_dir);
   r.finish();
+  if (!json_line.empty()) r.remap_lines(json_line);
   lua_settop(L, 0);
   if (!r.issues().empty()) {
     const bool only_plugin = r.issues().size() == 1 && js->plugin_error_ != ZD_OK;
@@ -85,16 +105,14 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.plugin_path.push_back(d);
   }
 
-  c.device = r.choice("device", "cpu", {"cpu", "cuda", "auto"});
-  const std::string precision = r.choice("precision", "fp32", {"fp32", "bf16", "fp16"});
+  c.device = r.choice(job_key("device"));
+  const std::string precision = r.choice(job_key("precision"));
   c.precision = dtype_from_name(precision);
-  const std::string accum = r.choice("grad_accum_dtype", "working", {"working", "fp32"});
+  const std::string accum = r.choice(job_key("grad_accum_dtype"));
   c.grad_accum_dtype = accum == "fp32" ? ZD_DTYPE_F32 : 0;
-  c.gradient_accumulation_steps = r.integer("gradient_accumulation_steps", 1, 1, 1 << 30);
-  NumberRange non_negative;
-  non_negative.min = 0;
-  c.gradient_clipping = r.number("gradient_clipping", 0.0, non_negative);
-  c.threads = static_cast<uint32_t>(r.integer("threads", 0, 0, 4096));
+  c.gradient_accumulation_steps = r.integer(job_key("gradient_accumulation_steps"));
+  c.gradient_clipping = r.number(job_key("gradient_clipping"));
+  c.threads = static_cast<uint32_t>(r.integer(job_key("threads")));
 
   // fp16 loss scaling (DeepSpeed's keys and defaults).
   c.loss_scale.enabled = c.precision == ZD_DTYPE_F16;
@@ -103,15 +121,12 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     r.issue("fp16", "loss-scaling settings are given but precision is \"" + precision +
                         "\"; set precision = \"fp16\" or remove them");
   if (r.enter("fp16")) {
-    c.loss_scale.static_scale = r.number("loss_scale", 0.0, non_negative);
-    c.loss_scale.initial_scale_power = static_cast<int>(r.integer("initial_scale_power", 16, 0, 64));
-    c.loss_scale.window = r.integer("loss_scale_window", 1000, 1, int64_t{1} << 40);
-    c.loss_scale.hysteresis = static_cast<int>(r.integer("hysteresis", 2, 1, 1 << 20));
-    c.loss_scale.consecutive_hysteresis = r.boolean("consecutive_hysteresis", false);
-    NumberRange positive;
-    positive.min = 0;
-    positive.min_exclusive = true;
-    c.loss_scale.min_scale = r.number("min_loss_scale", 1.0, positive);
+    c.loss_scale.static_scale = r.number(job_key("fp16.loss_scale"));
+    c.loss_scale.initial_scale_power = static_cast<int>(r.integer(job_key("fp16.initial_scale_power")));
+    c.loss_scale.window = r.integer(job_key("fp16.loss_scale_window"));
+    c.loss_scale.hysteresis = static_cast<int>(r.integer(job_key("fp16.hysteresis")));
+    c.loss_scale.consecutive_hysteresis = r.boolean(job_key("fp16.consecutive_hysteresis"));
+    c.loss_scale.min_scale = r.number(job_key("fp16.min_loss_scale"));
     r.leave();
   }
 
@@ -122,7 +137,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     std::string name = "stage0";
     if (given) {
       const bool stage_given = r.present("stage");
-      c.zero_stage = static_cast<int>(r.integer("stage", 0, 0, 3));
+      c.zero_stage = static_cast<int>(r.integer(job_key("zero.stage")));
       name = "stage" + std::to_string(c.zero_stage);
       if (auto custom = r.string("partitioner", false)) {
         if (stage_given)
@@ -130,7 +145,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
         name = *custom;
       }
     } else {
-      r.note("zero.stage", "0", false);
+      r.note("zero.stage", job_key("zero.stage").default_text(), false);
     }
     partitioner_ = read_plugin(r, ZD_PLUGIN_PARTITIONER, "zero", given ? "stage" : "", given, name,
                                &c.partitioner_values);
@@ -141,15 +156,13 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   // Collectives: the backend names a comm plugin.
   {
     const bool given = r.enter("comm");
-    std::string name = "local";
+    std::string name = unquoted(job_key("comm.backend").def_text);
     if (given) {
       if (auto b = r.string("backend", false)) name = *b;
-      NumberRange seconds;
-      seconds.min = 0;
-      c.comm_timeout_s = r.number("timeout", 300.0, seconds);
+      c.comm_timeout_s = r.number(job_key("comm.timeout"));
     } else {
-      r.note("comm.backend", "\"local\"", false);
-      r.note("comm.timeout", "300", false);
+      r.note("comm.backend", job_key("comm.backend").default_text(), false);
+      r.note("comm.timeout", job_key("comm.timeout").default_text(), false);
     }
     comm_ = read_plugin(r, ZD_PLUGIN_COMM, "comm", "backend", given, name, &c.comm_values);
     c.comm = name;
@@ -157,10 +170,10 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   }
 
   if (r.enter("daemon")) {
-    c.keep_state_on_disconnect = r.boolean("keep_state", false);
+    c.keep_state_on_disconnect = r.boolean(job_key("daemon.keep_state"));
     r.leave();
   } else {
-    r.note("daemon.keep_state", "false", false);
+    r.note("daemon.keep_state", job_key("daemon.keep_state").default_text(), false);
   }
 
   if (r.enter("budgets")) {
@@ -176,11 +189,11 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
 
   {
     const bool given = r.enter("optimizer");
-    std::string name = "adamw";
+    std::string name = unquoted(job_key("optimizer.type").def_text);
     if (given) {
       if (auto t = r.string("type", true)) name = *t;
     } else {
-      r.note("optimizer.type", "\"adamw\"", false);
+      r.note("optimizer.type", job_key("optimizer.type").default_text(), false);
     }
     optimizer_ = read_plugin(r, ZD_PLUGIN_OPTIMIZER, "optimizer", "type", given, name,
                              &c.optimizer_values);
@@ -293,19 +306,16 @@ void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
   OffloadConfig& o = config_.offload;
   const bool given = r.enter("offload");
   if (given) {
-    o.optimizer = tier_from(r.choice("optimizer", "device", {"device", "host", "nvme"}));
-    o.params = tier_from(r.choice("params", "device", {"device", "host", "nvme"}));
-    NumberRange share;
-    share.min = 0;
-    share.max = 1;
-    o.ratio = r.number("ratio", 1.0, share);
+    o.optimizer = tier_from(r.choice(job_key("offload.optimizer")));
+    o.params = tier_from(r.choice(job_key("offload.params")));
+    o.ratio = r.number(job_key("offload.ratio"));
     for (std::string d : r.strings("nvme_path")) {
       if (d.empty() || d[0] != '/') d = script_dir + "/" + d;
       o.nvme_paths.push_back(d);
     }
-    o.buffer_count = static_cast<int>(r.integer("buffer_count", 4, 3, 64));
+    o.buffer_count = static_cast<int>(r.integer(job_key("offload.buffer_count")));
     const auto tile = r.size("tile_size");
-    const uint64_t tile_bytes = tile ? *tile : uint64_t{4} << 20;
+    const uint64_t tile_bytes = tile ? *tile : parse_size(std::string(job_key("offload.tile_size").def_text)).value();
     // Whole granules of 2048 elements (8 KiB of fp32), so transfers stay aligned.
     o.nvme_tile_elems = std::max<uint64_t>(2048, tile_bytes / 4 / 2048 * 2048);
     if (o.params != ZD_TIER_DEVICE && config_.zero_stage != 3)
@@ -336,9 +346,9 @@ void JobScript::read_snapshot(ConfigReader& r, const std::string& script_dir) {
     s.path = *p;
     if (!s.path.empty() && s.path[0] != '/') s.path = script_dir + "/" + s.path;
   }
-  s.every = r.integer("every", 0, 0, int64_t{1} << 40);
-  s.keep = static_cast<int>(r.integer("keep", 2, 1, 1000));
-  s.resume = r.boolean("resume", true);
+  s.every = r.integer(job_key("snapshot.every"));
+  s.keep = static_cast<int>(r.integer(job_key("snapshot.keep")));
+  s.resume = r.boolean(job_key("snapshot.resume"));
   r.leave();
 }
 

@@ -23,6 +23,10 @@ struct ScriptSource {
   std::string text;   // use this text
   std::string name;   // the name errors use for text ("job.lua" if empty)
   bool allow_io = false;
+  // A DeepSpeed JSON config (a path ending in .json, or text that is a JSON
+  // object) is translated first (ds_config.h); its batch sizes may need the
+  // job's rank count, when known.
+  int world_size = 0;
 };
 
 class JobScript final : public JobPolicy {

@@ -1,5 +1,6 @@
 #include "zerod_lib.h"
 
+#include "ds_config.h"
 #include "error.h"
 #include "size.h"
 
@@ -95,6 +96,40 @@ int l_free_disk(lua_State* L) {
   return 1;
 }
 
+// Translates a DeepSpeed config and pushes the job script's text, or the
+// message that says what is wrong with it (then returns false). The C++
+// strings are gone before the caller raises a Lua error.
+bool push_translation(lua_State* L, const char* text, size_t n) {
+  std::string out;
+  bool ok = true;
+  try {
+    out = translate_deepspeed(std::string(text, n), "the DeepSpeed config").lua;
+  } catch (const std::exception& e) {
+    out = e.what();
+    ok = false;
+  }
+  lua_pushlstring(L, out.data(), out.size());
+  return ok;
+}
+
+// zerod.deepspeed(json_text) -> the settings table a DeepSpeed config
+// translates to (ds_config.h), for a script to adjust and return.
+int l_deepspeed(lua_State* L) {
+  size_t n = 0;
+  const char* text = luaL_checklstring(L, 1, &n);
+  if (!push_translation(L, text, n)) {
+    luaL_where(L, 1);
+    lua_insert(L, -2);
+    lua_concat(L, 2);
+    return lua_error(L);
+  }
+  size_t len = 0;
+  const char* lua = lua_tolstring(L, -1, &len);
+  if (luaL_loadbufferx(L, lua, len, "=DeepSpeed config (translated)", "t") != LUA_OK) return lua_error(L);
+  lua_call(L, 0, 1);
+  return 1;
+}
+
 }  // namespace
 
 void open_zerod_library(lua_State* L) {
@@ -107,6 +142,8 @@ void open_zerod_library(lua_State* L) {
   lua_setfield(L, -2, "free_memory");
   lua_pushcfunction(L, l_free_disk);
   lua_setfield(L, -2, "free_disk");
+  lua_pushcfunction(L, l_deepspeed);
+  lua_setfield(L, -2, "deepspeed");
   const struct {
     const char* name;
     lua_Integer bytes;

@@ -69,11 +69,12 @@ end
 local warmup_types = {"linear", "log"}
 
 -- The warm-up fraction at step t of w warm-up steps (DeepSpeed's WarmupLR).
+-- (The log form multiplies by 1 / ln(w) as DeepSpeed does, to the last bit.)
 local function warmup_gamma(t, w, kind)
   if t >= w then return 1.0 end
   if kind == "log" then
     if w < 2 then return 1.0 end
-    return math.log(t + 1) / math.log(w)
+    return (1.0 / math.log(w)) * math.log(t + 1)
   end
   return t / w
 end
@@ -150,6 +151,65 @@ function zerod.one_cycle(args)
     local k = t - total
     return a.min_lr / (1 + a.decay_rate * k / a.decay_steps)
   end)
+end
+
+-- DeepSpeed's WarmupCosineLR: lr times a ratio that warms up from
+-- warmup_min_ratio to 1 over warmup_steps (at least 2), then follows half a
+-- cosine down to cos_min_ratio at total_steps; t is DeepSpeed's iteration.
+function zerod.warmup_cosine(args)
+  local a = check("warmup_cosine", args, {lr = {"number"}, total_steps = {"count"}, warmup_steps = {"count"},
+    warmup_min_ratio = {"number", 0.0}, cos_min_ratio = {"number", 1e-4}, warmup_type = {warmup_types, "log"}})
+  local w = math.max(2, a.warmup_steps)
+  local inv = 1.0 / math.log(w)
+  return remember("warmup_cosine", a, function(t)
+    local ratio
+    if t < w then
+      local r = a.warmup_type == "log" and inv * math.log(t + 1) or t / w
+      ratio = a.warmup_min_ratio + r * (1.0 - a.warmup_min_ratio)
+    else
+      local progress = math.min(1.0, (t - w + 1) / math.max(1, a.total_steps - w))
+      ratio = math.max(0.0, a.cos_min_ratio + (1.0 - a.cos_min_ratio) * ((1 + math.cos(math.pi * progress)) / 2))
+    end
+    return a.lr * ratio
+  end)
+end
+
+-- DeepSpeed's schedulers run the first update at the lr they set when they
+-- were made and update t at their value for t - 1: zerod.delayed{ first_lr
+-- = x, schedule = f } is f shifted so (the DeepSpeed translation uses it).
+function zerod.delayed(args)
+  if type(args) ~= "table" then
+    error("zerod.delayed expects a table of arguments, e.g. zerod.delayed{ first_lr = 0, schedule = f }", 2)
+  end
+  for k in pairs(args) do
+    if k ~= "first_lr" and k ~= "schedule" then
+      error(("zerod.delayed: unknown argument '%s' (known: first_lr, schedule)"):format(tostring(k)), 2)
+    end
+  end
+  local f, first = args.schedule, args.first_lr
+  if type(f) ~= "function" then error("zerod.delayed: schedule must be a function, e.g. a zerod schedule", 2) end
+  if type(first) ~= "number" then error("zerod.delayed: first_lr must be a number", 2) end
+  local g = function(t)
+    if t == 0 then return first end
+    return f(t - 1)
+  end
+  described[g] = ("zerod.delayed{ first_lr = %s, schedule = %s }"):format(tostring(first), described[f] or "a function")
+  return g
+end
+
+-- A schedule given as its values: lr(t) = values[t + 1], the last one after
+-- the table ends (the trainer integrations write a torch scheduler so).
+function zerod.table(args)
+  if type(args) ~= "table" or type(args.values) ~= "table" or #args.values == 0 then
+    error("zerod.table expects { values = { lr0, lr1, ... } }", 2)
+  end
+  local v, n = args.values, #args.values
+  for i = 1, n do
+    if type(v[i]) ~= "number" then error(("zerod.table: values[%d] must be a number"):format(i), 2) end
+  end
+  local g = function(t) return v[math.min(t + 1, n)] end
+  described[g] = ("zerod.table{ %d values, %s ... %s }"):format(n, tostring(v[1]), tostring(v[n]))
+  return g
 end
 
 return zerod

@@ -2,7 +2,7 @@
 # Runs each libFuzzer target (tests/fuzz) for SECONDS, one after the other,
 # from its seed corpus, and prints the executions and coverage each reached.
 #
-#   bench/fuzz/run.sh SECONDS [TARGET...]     (targets: frame_reader request_handler job_script)
+#   bench/fuzz/run.sh SECONDS [TARGET...]     (targets: frame_reader request_handler job_script ds_config)
 #
 # Configures (preset `fuzz`, clang, into build-fuzz/) and builds when needed
 # (ZEROD_NO_BUILD=1: uses build-fuzz/ as it is).
@@ -16,7 +16,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:?usage: bench/fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(frame_reader request_handler job_script)
+[ ${#targets[@]} -gt 0 ] || targets=(frame_reader request_handler job_script ds_config)
 build=$root/build-fuzz
 
 cd "$root"
@@ -29,7 +29,7 @@ status=0
 summary=()
 for t in "${targets[@]}"; do
   bin=$build/bin/fuzz_$t
-  [ -x "$bin" ] || { echo "no fuzz target '$t' (have: frame_reader request_handler job_script)"; exit 2; }
+  [ -x "$bin" ] || { echo "no fuzz target '$t' (have: frame_reader request_handler job_script ds_config)"; exit 2; }
   corpus=$build/corpus/$t
   artifacts=$build/artifacts/$t/
   mkdir -p "$corpus" "$artifacts"

@@ -53,7 +53,7 @@ _CACHE_LIMIT = 8
 
 
 def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, client=None,
-               allow_script_io=False):
+               allow_script_io=False, job_name=None, engine_class=None):
     """Hands `model`'s trainable parameters to zerod and returns an Engine.
 
     job       path of the Lua job script; with neither it nor `job_text`,
@@ -65,6 +65,8 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     client    a zerod.Client; by default the process's shared one, which
               connects where the environment says (the daemon under
               `zerod run`, else embedded).
+    job_name  the name errors give `job_text` (e.g. "ds_config.json").
+    engine_class  the Engine subclass to make (the integrations' own).
 
     Every rank must call it with the same model structure; rank 0's initial
     values are used.
@@ -77,8 +79,8 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
         torch.cuda.set_device(device)
     plan = plan_modules(model, modules)
     client = client or default_client()
-    zmodel = client.create_model(script_path=job, script_text=job_text, allow_script_io=allow_script_io,
-                                 device=device.type)
+    zmodel = client.create_model(script_path=job, script_text=job_text, script_name=job_name,
+                                 allow_script_io=allow_script_io, device=device.type)
     try:
         for group_name, _, params in plan:
             for pname, p in params:
@@ -89,7 +91,7 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
                 zmodel.register_param(pname, group_name, tuple(p.shape) or (1,), _ZD_DTYPE[p.dtype],
                                       init=p.detach())
         zmodel.finalize()
-        return Engine(model, zmodel, plan, device)
+        return (engine_class or Engine)(model, zmodel, plan, device)
     except BaseException:
         zmodel.close()
         raise
@@ -420,7 +422,7 @@ class Engine:
                 self.zerod_model.optimizer_state_write(s.pid, i, slots[name].detach().to(torch.float32))
         self.zerod_model.set_step(int(state_dict["step"]))
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
         """DeepSpeed's: writes a checkpoint into save_dir/<tag> (default
         "global_step<N>") and names it in save_dir/latest. zerod writes the
         masters and optimizer state (each rank its shard, docs/checkpoints.md);
@@ -434,6 +436,7 @@ class Engine:
             extra = {k: v.detach().cpu() for k, v in self.module.state_dict(keep_vars=True).items()
                      if id(v) not in self._slot_of}
             torch.save({"module_rest": extra, "client_state": client_state or {}}, os.path.join(path, "torch_state.pt"))
+        if self.rank == 0 and save_latest:
             tmp = os.path.join(os.fspath(save_dir), "latest.tmp")
             with open(tmp, "w") as f:
                 f.write(tag)
@@ -452,7 +455,10 @@ class Engine:
         path = os.path.join(os.fspath(load_dir), str(tag))
         self.zerod_model.load(path)
         extra_path = os.path.join(path, "torch_state.pt")
-        extra = torch.load(extra_path) if os.path.exists(extra_path) else {"module_rest": {}, "client_state": {}}
+        # Written by save_checkpoint on rank 0: tensors and the caller's client
+        # state (Lightning's holds loops and callbacks), so not weights-only.
+        extra = (torch.load(extra_path, weights_only=False) if os.path.exists(extra_path)
+                 else {"module_rest": {}, "client_state": {}})
         own = self.module.state_dict(keep_vars=True)
         with torch.no_grad():
             for k, v in extra["module_rest"].items():

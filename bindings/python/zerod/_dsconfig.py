@@ -1,0 +1,290 @@
+"""DeepSpeed configs on the Python side: "auto" values resolved from the
+trainer (as Hugging Face's integration resolves them), DeepSpeed's batch-size
+rule checked against the real rank count, and a torch optimizer written as
+the config's "optimizer" section. The translation itself (config -> Lua job)
+is zerod's C++ one (`zerod translate`), which refuses what it cannot run.
+"""
+import copy
+import json
+import math
+import os
+
+from .errors import InvalidArgumentError
+
+__all__ = ["load", "resolve", "optimizer_section", "check_param_groups", "job_text", "lr_schedule"]
+
+
+def load(config):
+    """A config dict from a dict (copied), a path to a JSON file, or JSON text."""
+    if config is None:
+        raise InvalidArgumentError("a DeepSpeed config is required: config=dict, a path to a JSON file, or "
+                                   "args.deepspeed_config")
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if isinstance(config, (str, os.PathLike)):
+        text = os.fspath(config)
+        if text.lstrip().startswith("{"):
+            return json.loads(text)
+        with open(text) as f:
+            return json.load(f)
+    raise InvalidArgumentError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
+
+
+def _is_auto(v):
+    return isinstance(v, str) and v == "auto"
+
+
+def _hidden_size(model):
+    """The model's hidden size for the "auto" bucket sizes, as Hugging Face
+    reads it (config.hidden_size, or the largest of config.hidden_sizes)."""
+    cfg = getattr(model, "config", None)
+    for name in ("hidden_size", "d_model", "n_embd"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return v
+    sizes = getattr(cfg, "hidden_sizes", None)
+    if sizes:
+        return max(sizes)
+    return None
+
+
+def resolve(cfg, *, world_size, model=None, micro_batch=None, grad_accum=None, grad_clip=None, lr=None,
+            betas=None, eps=None, weight_decay=None, total_steps=None, warmup_steps=None, precision=None):
+    """Fills in every "auto" the trainer can answer and applies DeepSpeed's
+    batch-size rule for `world_size` ranks (setting gradient_accumulation_steps).
+    An "auto" nothing answers is an error naming the key. Returns cfg."""
+    unresolved = []
+
+    def fill(section, key, value, path):
+        if section is None or not _is_auto(section.get(key)):
+            return
+        if value is None:
+            unresolved.append(path)
+        else:
+            section[key] = value
+
+    fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, "train_micro_batch_size_per_gpu")
+    fill(cfg, "gradient_accumulation_steps", grad_accum, "gradient_accumulation_steps")
+    fill(cfg, "gradient_clipping", grad_clip, "gradient_clipping")
+    if _is_auto(cfg.get("train_batch_size")):
+        mbs, gas = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("gradient_accumulation_steps")
+        cfg["train_batch_size"] = mbs * (gas or 1) * world_size if isinstance(mbs, int) else None
+        if cfg["train_batch_size"] is None:
+            unresolved.append("train_batch_size")
+    for sec, flag in (("fp16", "16"), ("bf16", "bf16")):
+        s = cfg.get(sec)
+        if isinstance(s, dict) and _is_auto(s.get("enabled")):
+            s["enabled"] = bool(precision and precision.startswith(flag)) if precision is not None else None
+            if s["enabled"] is None:
+                unresolved.append(f"{sec}.enabled")
+    opt = cfg.get("optimizer")
+    if isinstance(opt, dict) and isinstance(opt.get("params"), dict):
+        p = opt["params"]
+        for key, value in (("lr", lr), ("betas", list(betas) if betas else None), ("eps", eps),
+                           ("weight_decay", weight_decay)):
+            fill(p, key, value, f"optimizer.params.{key}")
+    sched = cfg.get("scheduler")
+    if isinstance(sched, dict) and isinstance(sched.get("params"), dict):
+        p = sched["params"]
+        fill(p, "warmup_min_lr", 0, "scheduler.params.warmup_min_lr")
+        fill(p, "warmup_max_lr", lr, "scheduler.params.warmup_max_lr")
+        fill(p, "warmup_num_steps", warmup_steps, "scheduler.params.warmup_num_steps")
+        fill(p, "total_num_steps", total_steps, "scheduler.params.total_num_steps")
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict):
+        hidden = _hidden_size(model) if model is not None else None
+        for key, f in (("reduce_bucket_size", lambda h: h * h),
+                       ("stage3_prefetch_bucket_size", lambda h: int(0.9 * h * h)),
+                       ("stage3_param_persistence_threshold", lambda h: 10 * h)):
+            fill(zero, key, f(hidden) if hidden else None, f"zero_optimization.{key}")
+    if unresolved:
+        raise InvalidArgumentError(
+            "DeepSpeed config: \"auto\" cannot be resolved for " + ", ".join(unresolved) +
+            " (nothing the trainer gave says what it should be; write a value)")
+    _batch_rule(cfg, world_size)
+    return cfg
+
+
+def _batch_rule(cfg, world):
+    """DeepSpeed's runtime/config.py rule: two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps give the
+    third; all three must agree with the rank count."""
+    tbs, mbs = cfg.get("train_batch_size"), cfg.get("train_micro_batch_size_per_gpu")
+    gas = cfg.get("gradient_accumulation_steps")
+    if tbs is not None and mbs is not None and gas is not None:
+        if tbs != mbs * gas * world:
+            raise InvalidArgumentError(
+                f"DeepSpeed config: train_batch_size {tbs} is not train_micro_batch_size_per_gpu {mbs} x "
+                f"gradient_accumulation_steps {gas} x {world} rank(s) (DeepSpeed checks the same)")
+    elif tbs is not None and mbs is not None:
+        gas, rest = divmod(tbs, mbs * world)
+        if rest or gas < 1:
+            raise InvalidArgumentError(f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
+                                       f"train_micro_batch_size_per_gpu {mbs} x {world} rank(s)")
+        cfg["gradient_accumulation_steps"] = gas
+    elif tbs is not None:
+        gas = gas or 1
+        mbs, rest = divmod(tbs, gas * world)
+        if rest or mbs < 1:
+            raise InvalidArgumentError(f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
+                                       f"gradient_accumulation_steps {gas} x {world} rank(s)")
+        cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"] = mbs, gas
+    elif mbs is not None:
+        cfg["gradient_accumulation_steps"] = gas = gas or 1
+        cfg["train_batch_size"] = mbs * gas * world
+    else:
+        raise InvalidArgumentError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu "
+                                   "(DeepSpeed requires one of them)")
+
+
+# torch.optim hyperparameters zerod's plugins take, per class name, with
+# what must hold for the others (a differing value is refused).
+_TORCH_OPTIMIZERS = {
+    "AdamW": ("AdamW", ("lr", "betas", "eps", "weight_decay")),
+    "Adam": ("Adam", ("lr", "betas", "eps", "weight_decay")),
+    "SGD": ("SGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+}
+_MUST_BE = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False}
+_KERNEL_ONLY = ("foreach", "fused")  # which torch kernel runs: nothing for zerod
+# Written into the groups by torch LR schedulers (their own bookkeeping; the
+# schedule itself is traced by zerod._schedules).
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_lr", "base_momentum", "max_momentum", "name")
+
+
+def check_param_groups(groups, what):
+    """One set of hyperparameters for every trainable parameter (zerod's
+    optimizer plugins take one); otherwise an error naming the difference."""
+    groups = list(groups)
+    if not groups:
+        raise InvalidArgumentError(f"{what} has no parameters")
+    first = {k: v for k, v in groups[0].items() if k != "params" and k not in _SCHEDULER_KEYS}
+    for i, g in enumerate(groups[1:], 1):
+        for k, v in g.items():
+            if k == "params" or k in _SCHEDULER_KEYS or k in _KERNEL_ONLY:
+                continue
+            if k in first and first[k] != v:
+                raise InvalidArgumentError(
+                    f"{what}: parameter group {i} has {k}={v!r}, group 0 has {k}={first[k]!r}; zerod applies one "
+                    "set of optimizer hyperparameters to every parameter (use one group, e.g. weight decay on "
+                    "all parameters)")
+    return first
+
+
+def optimizer_section(optimizer):
+    """The DeepSpeed config "optimizer" section for a torch.optim optimizer
+    (Adam, AdamW, SGD); anything else, or an option zerod's plugins do not
+    have, is an error naming it."""
+    name = type(optimizer).__name__
+    if name not in _TORCH_OPTIMIZERS:
+        raise InvalidArgumentError(
+            f"torch optimizer {name} has no zerod equivalent (zerod runs torch.optim.AdamW, Adam and SGD as its "
+            "adamw, adam and sgd plugins)")
+    ds_type, keys = _TORCH_OPTIMIZERS[name]
+    hp = check_param_groups(optimizer.param_groups, f"torch.optim.{name}")
+    # torch >= 2.6 writes decoupled_weight_decay into every Adam/AdamW group:
+    # True is AdamW's own rule, and Adam(decoupled_weight_decay=True) is AdamW.
+    decoupled = hp.pop("decoupled_weight_decay", name == "AdamW")
+    if name in ("Adam", "AdamW"):
+        name = ds_type = "AdamW" if decoupled else "Adam"
+    for k, want in _MUST_BE.items():
+        if k in hp and bool(hp[k]) != want:
+            raise InvalidArgumentError(f"torch.optim.{name}({k}={hp[k]!r}) is not supported: zerod's {name} "
+                                       f"plugin has no {k}")
+    for k, v in hp.items():
+        # An option torch grows later is accepted only while it is off.
+        if k not in keys and k not in _MUST_BE and k not in _KERNEL_ONLY and v not in (None, False, 0):
+            raise InvalidArgumentError(f"torch.optim.{name}({k}={v!r}) has no zerod equivalent")
+    params = {}
+    for k in keys:
+        v = hp.get(k)
+        if hasattr(v, "item"):  # a tensor lr
+            v = v.item()
+        if k == "betas":
+            v = list(v)
+        params[k] = v
+    if name == "Adam":
+        params["adam_w_mode"] = False  # torch's Adam adds weight decay to the gradient (L2)
+    return {"type": ds_type, "params": params}
+
+
+def job_text(cfg, lr_lua=None):
+    """The job for a resolved config: the JSON itself, or, when the trainer
+    brings its own schedule (a torch scheduler, written as Lua), a Lua job
+    built on zerod.deepspeed(json) with that `lr`."""
+    text = json.dumps(cfg, indent=2, sort_keys=True)
+    if lr_lua is None:
+        return text
+    level = 1
+    while "]" + "=" * level + "]" in text:
+        level += 1
+    eq = "=" * level
+    return (f"local zerod = require(\"zerod\")\nlocal job = zerod.deepspeed([{eq}[\n{text}\n]{eq}])\n"
+            f"job.lr = {lr_lua}\nreturn job\n")
+
+
+def lr_schedule(cfg):
+    """The lr of every update, as a function of the update's index, for a
+    resolved config's "scheduler" section (or the optimizer's constant lr):
+    what engine.get_lr() reports for the next update, as DeepSpeed's does.
+    zerod itself runs the translated Lua (scripting/ds_config.cpp,
+    zerod_lib.lua); these are the same formulas, DeepSpeed's
+    runtime/lr_schedules.py, and the side-by-side test holds both to
+    DeepSpeed's get_lr(). Update 0 runs at the lr the scheduler set when it
+    was made and update t at its value for iteration t - 1."""
+    opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
+    base = float(opt.get("params", {}).get("lr", 1e-3))
+    sched = cfg.get("scheduler")
+    if not isinstance(sched, dict):
+        return lambda t: base
+    kind, p = sched.get("type"), dict(sched.get("params") or {})
+
+    def gamma(t, w, kind):
+        if t >= w:
+            return 1.0
+        if kind == "log":
+            return 1.0 if w < 2 else (1.0 / math.log(w)) * math.log(t + 1)
+        return t / w
+
+    if kind in ("WarmupLR", "WarmupDecayLR"):
+        lo, hi = float(p.get("warmup_min_lr", 0.0)), float(p.get("warmup_max_lr", base))
+        w, wt = max(2, int(p.get("warmup_num_steps", 1000))), p.get("warmup_type", "log")
+        total = int(p.get("total_num_steps", 0))
+
+        def f(t):
+            if kind == "WarmupLR" or t < w:
+                return lo + (hi - lo) * gamma(t, w, wt)
+            return lo + (hi - lo) * (max(0, total - t) / (total - w))
+        first = lo
+    elif kind == "WarmupCosineLR":
+        w, wt = max(2, int(p.get("warmup_num_steps", 1000))), p.get("warmup_type", "log")
+        total, wmin, cmin = int(p["total_num_steps"]), float(p.get("warmup_min_ratio", 0.0)), \
+            float(p.get("cos_min_ratio", 1e-4))
+        inv = 1.0 / math.log(w)
+
+        def f(t):
+            if t < w:
+                r = inv * math.log(t + 1) if wt == "log" else t / w
+                return base * (wmin + r * (1.0 - wmin))
+            progress = min(1.0, (t - w + 1) / max(1, total - w))
+            return base * max(0.0, cmin + (1.0 - cmin) * ((1 + math.cos(math.pi * progress)) / 2))
+        first = 0.0
+    elif kind == "OneCycle":
+        lo, hi = float(p["cycle_min_lr"]), float(p["cycle_max_lr"])
+        n1 = int(p.get("cycle_first_step_size", 2000))
+        n2 = int(p.get("cycle_second_step_size", n1))
+        rate, every = float(p.get("decay_lr_rate", 0.0)), int(p.get("decay_step_size", 0))
+        total, ratio = n1 + n2, n1 / (n1 + n2)
+
+        def one_cycle(t):
+            if t <= total:
+                x = t / total
+                x -= math.floor(x)
+                return lo + (hi - lo) * (x / ratio if x <= ratio else (x - 1) / (ratio - 1))
+            if rate == 0 or every == 0:
+                return lo
+            return lo / (1 + rate * (t - total) / every)
+        return one_cycle  # not delayed: its step t is DeepSpeed's t - 1 already
+    else:
+        return lambda t: base  # refused by the translation before it gets here
+
+    return lambda t: first if t == 0 else f(t - 1)

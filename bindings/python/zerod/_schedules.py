@@ -1,0 +1,117 @@
+"""A torch LR scheduler as a zerod schedule. zerod runs the schedule itself
+(the job's `lr(step)`, in the daemon when there is one), so a scheduler is
+turned into its values ahead of time: a copy of it steps over a stand-in
+optimizer of one parameter, and the lr of every update goes into the job as
+zerod.table{ values = ... } (the last value holds after the table ends).
+That is exact for any scheduler whose lr follows from the step count alone;
+ReduceLROnPlateau, which follows a metric, is refused.
+"""
+import copy
+import warnings
+
+import torch
+
+from .errors import InvalidArgumentError
+
+__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON"]
+
+# Updates traced when nothing says how long training runs. The job's text
+# holds one number per update (about 22 bytes each; runs of one value are
+# written once), under the daemon's 4 MiB message limit.
+DEFAULT_HORIZON = 50_000
+
+
+def _horizon_of(scheduler):
+    """The scheduler's own length, where it has one."""
+    for attr in ("total_steps", "T_max", "total_iters"):
+        v = getattr(scheduler, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v + 1
+    milestones = getattr(scheduler, "milestones", None)
+    if milestones:
+        return max(milestones) + 1
+    return None
+
+
+class Stepped:
+    """A torch scheduler that a trainer steps every `every` updates (e.g.
+    Lightning's interval "epoch"), to be traced over `steps` updates (None:
+    the scheduler's own length): what zerod.deepspeed.initialize takes as
+    lr_scheduler where one scheduler step is not one update."""
+
+    def __init__(self, scheduler, every=1, steps=None):
+        self.scheduler, self.every, self.steps = scheduler, int(every), steps
+
+
+def trace(scheduler, steps=None, every=1):
+    """The lr of updates 0..steps-1 under `scheduler` (a torch LRScheduler
+    attached to the user's optimizer), which steps once every `every`
+    updates (Lightning's interval "epoch": the updates of one epoch), or a
+    Stepped that says both. The user's scheduler and optimizer are not
+    touched."""
+    if isinstance(scheduler, Stepped):
+        steps = scheduler.steps if scheduler.steps is not None else steps
+        every = scheduler.every
+        scheduler = scheduler.scheduler
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise InvalidArgumentError(
+            "ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the step, run where the "
+            "optimizer runs) cannot see; use a step-based scheduler or a zerod schedule in the job script")
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise InvalidArgumentError(f"{type(scheduler).__name__} is not a torch LR scheduler")
+    opt = scheduler.optimizer
+    if steps is None:
+        own = _horizon_of(scheduler)
+        steps = own * every if own else DEFAULT_HORIZON
+    # A deep copy of optimizer and scheduler together, with the optimizer's
+    # parameters swapped for one scalar while copying: the model is not
+    # copied, and the copy's scheduler steps the copy's optimizer.
+    saved = [g["params"] for g in opt.param_groups]
+    saved_state = opt.state
+    try:
+        for g in opt.param_groups:
+            g["params"] = [torch.zeros(1)]
+        opt.state = type(saved_state)()
+        opt2, sched2 = copy.deepcopy((opt, scheduler))
+    finally:
+        for g, p in zip(opt.param_groups, saved):
+            g["params"] = p
+        opt.state = saved_state
+    values = []
+
+    def momentum(o):
+        return [(g.get("betas"), g.get("momentum")) for g in o.param_groups]
+    start = momentum(opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+        for t in range(steps):
+            lrs = {float(g["lr"]) for g in opt2.param_groups}
+            if len(lrs) > 1:
+                raise InvalidArgumentError(
+                    f"{type(scheduler).__name__} gives the parameter groups different learning rates at update "
+                    f"{t} ({sorted(lrs)}); zerod applies one lr to every parameter")
+            values.append(lrs.pop())
+            if momentum(opt2) != start:
+                raise InvalidArgumentError(
+                    f"{type(scheduler).__name__} changes the optimizer's momentum/betas at update {t} (e.g. "
+                    "OneCycleLR's cycle_momentum=True); zerod's schedule sets the lr only: pass "
+                    "cycle_momentum=False")
+            if (t + 1) % every == 0 and t + 1 < steps:
+                sched2.step()
+    return values
+
+
+def lua_table(values):
+    """A Lua expression for zerod.table{ values = ... }, runs of one value
+    written once."""
+    runs = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    if len(runs) * 4 < len(values):
+        body = " ".join(f"r({v!r}, {n})" for v, n in runs)
+        return ("zerod.table{ values = (function() local v = {} local function r(x, n) for _ = 1, n do "
+                f"v[#v + 1] = x end end {body} return v end)() }}")
+    return "zerod.table{ values = { " + ", ".join(repr(v) for v in values) + " } }"

@@ -1,0 +1,315 @@
+"""Hugging Face Accelerate on zerod: an Accelerator subclass.
+
+    from zerod.accelerate import ZerodAccelerator                  # changed line 1
+    accelerator = ZerodAccelerator(gradient_accumulation_steps=2,  # changed line 2
+                                   gradient_clipping=1.0, zero_stage=3, offload=True)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    accelerator.save_state("ckpt"); accelerator.load_state("ckpt")
+
+Why a subclass: Accelerate has no registry for training back-ends; its own
+(DeepSpeed, FSDP, Megatron-LM) are branches inside Accelerator.prepare,
+backward, clip_grad_norm_ and save_state keyed on DistributedType, and a
+DeepSpeedPlugin would make Accelerate import and drive DeepSpeed itself.
+The methods the user's loop calls are the extension surface, so overriding
+prepare/backward/clip_grad_norm_/unwrap_model/get_state_dict keeps
+everything else Accelerate's (dataloader sharding, accumulate(), gather,
+logging, save_state's RNG/sampler/scheduler state), and zerod's checkpoint
+rides on Accelerate's public save/load-state pre-hooks (a "zerod" folder
+inside the state directory).
+
+What happens: prepare() hands the model to zerod.deepspeed.initialize with
+a DeepSpeed-shaped config built from the Accelerator's settings (the torch
+optimizer and LR scheduler translated: AdamW/Adam/SGD, step-based
+schedulers; anything else refused naming it). accelerator.backward(loss)
+runs zerod's backward and step: zerod averages the window's micro-batches
+and applies the update, clipped, at the window's end (checked to be where
+Accelerate's accumulate() ends it). optimizer.step() and zero_grad() then
+have nothing left to do; scheduler.step() steps the user's torch scheduler
+so get_last_lr() reports what zerod applies (zerod runs the same schedule,
+traced ahead of time). clip_grad_norm_ returns the norm zerod measured; its
+max_norm must be the gradient_clipping given to the constructor, since zerod
+clips inside its step. mixed_precision "no" and "bf16" (autocast over zerod's
+fp32 parameters) are supported; "fp16" is refused. One process, or the ranks
+of `zerod run --nproc N -- python train.py` (Accelerate's multi-CPU mode,
+its collectives over gloo; `accelerate launch` is not wired to a daemon).
+"""
+import os
+
+import torch
+
+from . import deepspeed as _zds
+from .errors import InvalidArgumentError, InvalidStateError
+
+try:
+    from accelerate import Accelerator
+except ImportError as e:  # pragma: no cover
+    raise ImportError(f"zerod.accelerate needs Hugging Face Accelerate (pip install accelerate): {e}") from e
+
+__all__ = ["ZerodAccelerator"]
+
+_STATE_FOLDER = "zerod"
+
+
+class ZerodAccelerator(Accelerator):
+    """An Accelerator whose prepared model trains on zerod.
+
+    gradient_clipping   the global-norm clip zerod applies (0: none); the
+                        loop's clip_grad_norm_ must ask for the same value.
+    zero_stage          0-3 (default 3).
+    offload             the optimizer state (and at stage 3 the parameter
+                        shards) in the host tier, as "zerod_stage_3_offload".
+    config              a DeepSpeed config (dict or JSON path) instead;
+                        the Accelerator's settings fill in what it leaves out.
+    modules, client     as in zerod.torch.initialize.
+    Every other argument is Accelerator's.
+    """
+
+    def __init__(self, *args, gradient_clipping=0.0, zero_stage=3, offload=False, config=None, modules=None,
+                 client=None, **kwargs):
+        if _join_zerod_ranks() and not torch.cuda.is_available():
+            kwargs.setdefault("cpu", True)  # Accelerate's multi-CPU mode
+        super().__init__(*args, **kwargs)
+        world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+        if self.num_processes != world:
+            raise InvalidArgumentError(
+                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), zerod {world} rank(s); "
+                "several processes are the ranks of `zerod run --nproc N -- python train.py` (not "
+                "`accelerate launch`)")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise InvalidArgumentError(f"ZerodAccelerator: mixed_precision={self.mixed_precision!r} is not "
+                                       "supported (\"no\" and \"bf16\" are; fp16 loss scaling is not done)")
+        self._zerod = dict(clip=float(gradient_clipping or 0.0), stage=zero_stage, offload=offload, config=config,
+                           modules=modules, client=client)
+        self.zerod_engine = None
+        self._zerod_last = None
+        self.register_save_state_pre_hook(self._save_zerod)
+        self.register_load_state_pre_hook(self._load_zerod)
+
+    # -- prepare ------------------------------------------------------------
+
+    def prepare(self, *args, device_placement=None):
+        is_model = [isinstance(a, torch.nn.Module) for a in args]
+        if not any(is_model):
+            return super().prepare(*args, device_placement=device_placement)
+        models = [a for a, m in zip(args, is_model) if m]
+        opts = [a for a in args if isinstance(a, torch.optim.Optimizer)]
+        scheds = [a for a in args if isinstance(a, torch.optim.lr_scheduler.LRScheduler)]
+        if self.zerod_engine is not None or len(models) != 1 or len(opts) > 1 or len(scheds) > 1:
+            raise InvalidArgumentError("ZerodAccelerator.prepare: zerod trains one model with one optimizer and at "
+                                       "most one LR scheduler, prepared once")
+        if not opts:
+            raise InvalidArgumentError("ZerodAccelerator.prepare: give the optimizer together with the model "
+                                       "(zerod runs it)")
+        others = [a for a in args if a is not models[0] and a is not opts[0] and (not scheds or a is not scheds[0])]
+        prepared = super().prepare(*others, device_placement=device_placement) if others else ()
+        prepared = list(prepared) if isinstance(prepared, (list, tuple)) and len(others) != 1 else [prepared]
+        loaders = [p for p in prepared if isinstance(p, torch.utils.data.DataLoader)]
+
+        model, opt = models[0], opts[0]
+        model.to(self.device)
+        engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=scheds[0] if scheds else None,
+                                 config=self._zerod_config(loaders), modules=self._zerod["modules"],
+                                 client=self._zerod["client"])[0]
+        self.zerod_engine = engine
+        wrapped = {id(model): _ZerodModel(model, engine, self),
+                   id(opt): _ZerodOptimizer(opt, self)}
+        if scheds:
+            wrapped[id(scheds[0])] = _ZerodScheduler(scheds[0], self)
+            self._schedulers.append(wrapped[id(scheds[0])])  # its state goes into save_state
+        it = iter(prepared)
+        out = [wrapped[id(a)] if id(a) in wrapped else next(it) for a in args]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _zerod_config(self, loaders):
+        z = self._zerod
+        if z["config"] is not None:
+            cfg = _zds._dsconfig.load(z["config"])
+        else:
+            zero = {"stage": z["stage"]}
+            if z["offload"]:
+                zero["offload_optimizer"] = {"device": "cpu"}
+                if z["stage"] == 3:
+                    zero["offload_param"] = {"device": "cpu"}
+            cfg = {"zero_optimization": zero}
+        for key, value in (("gradient_accumulation_steps", self.gradient_accumulation_steps),
+                           ("gradient_clipping", z["clip"])):
+            if key in cfg and cfg[key] not in ("auto", value):
+                raise InvalidArgumentError(f"ZerodAccelerator: the config's {key} is {cfg[key]!r}, the "
+                                           f"Accelerator's is {value!r}; set it in one place")
+            cfg[key] = value
+        batch = getattr(loaders[0], "total_batch_size", None) if loaders else None
+        cfg.setdefault("train_micro_batch_size_per_gpu", batch or 1)
+        return cfg
+
+    # -- the loop -----------------------------------------------------------
+
+    def backward(self, loss, **kwargs):
+        """zerod's backward and step: Accelerate does not divide the loss by
+        the accumulation steps here, zerod averages the window itself."""
+        if self.zerod_engine is None:
+            return super().backward(loss, **kwargs)
+        if kwargs:
+            raise InvalidArgumentError(f"ZerodAccelerator.backward: {sorted(kwargs)} are not supported")
+        self.zerod_engine.backward(loss)
+        r = self._zerod_last = self.zerod_engine.step()
+        if r.boundary != bool(self.sync_gradients):
+            raise InvalidStateError(
+                f"zerod {'ended' if r.boundary else 'did not end'} an accumulation window where Accelerate "
+                f"{'did not' if r.boundary else 'did'} (gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}; a dataloader whose length is not a multiple of it ends a "
+                "window early, which zerod cannot): make the epoch a multiple, and run every micro-batch "
+                "inside accelerator.accumulate(model)")
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+        """The global norm zerod measured (before clipping) at the update
+        this window's backward applied; zerod clipped to the constructor's
+        gradient_clipping, which max_norm must equal."""
+        if self.zerod_engine is None:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        if norm_type != 2:
+            raise InvalidArgumentError("ZerodAccelerator.clip_grad_norm_: zerod clips by the L2 norm")
+        if float(max_norm) != self._zerod["clip"]:
+            raise InvalidArgumentError(
+                f"clip_grad_norm_(max_norm={max_norm}) but ZerodAccelerator(gradient_clipping="
+                f"{self._zerod['clip']}): zerod clips inside its step, so say the value to the constructor")
+        r = self._zerod_last
+        return torch.tensor(r.grad_norm) if r is not None and r.boundary else None
+
+    def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+        if isinstance(model, _ZerodModel):
+            return model.module
+        return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def get_state_dict(self, model, unwrap=True):
+        """Full fp32 values (zerod's masters), as with any other model."""
+        if isinstance(model, _ZerodModel) or (self.zerod_engine is not None and model is self.zerod_engine.module):
+            return self.zerod_engine.state_dict()
+        return super().get_state_dict(model, unwrap)
+
+    # -- save_state / load_state (Accelerate's pre-hooks) -------------------
+
+    def _save_zerod(self, models, weights, output_dir):
+        if self.zerod_engine is not None:
+            self.zerod_engine.save_checkpoint(os.path.join(os.fspath(output_dir), _STATE_FOLDER), tag="checkpoint",
+                                              client_state={"accelerate_step": self.step})
+
+    def _load_zerod(self, models, input_dir):
+        if self.zerod_engine is not None:
+            path = os.path.join(os.fspath(input_dir), _STATE_FOLDER)
+            if not os.path.isdir(path):
+                raise InvalidArgumentError(f"load_state: {input_dir} holds no zerod state ('{_STATE_FOLDER}' folder); "
+                                           "it was not saved by a ZerodAccelerator")
+            self.zerod_engine.load_checkpoint(path, tag="checkpoint")
+
+
+def _join_zerod_ranks():
+    """Under `zerod run --nproc N` (N > 1): the environment Accelerate reads
+    for a multi-CPU run (RANK, WORLD_SIZE, LOCAL_RANK, ...) from zerod's, and
+    the gloo process group Accelerate's own collectives (gather, the
+    dataloader's sharding, wait_for_everyone) use, its rendezvous a file
+    beside the daemon's private socket. zerod's gradients never go through
+    it: the daemon reduces them."""
+    world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+    if world <= 1:
+        return False
+    if torch.distributed.is_initialized():
+        return True
+    rank = int(os.environ["ZEROD_RANK"])
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("ZEROD_LOCAL_RANK", "0"),
+                      LOCAL_WORLD_SIZE=str(world))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    where = os.environ.get("ZEROD_ENDPOINT", "")
+    where = where[len("unix:"):] if where.startswith("unix:") else where
+    store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "accelerate-store"), world)
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    return True
+
+
+class _ZerodModel(torch.nn.Module):
+    """What prepare() returns for the model: calls go through zerod's engine
+    (under autocast with mixed_precision="bf16")."""
+
+    def __init__(self, module, engine, accelerator):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_accelerator", accelerator)
+
+    def forward(self, *args, **kwargs):
+        with self._accelerator.autocast():
+            return self._engine(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self._engine.state_dict()
+
+    def load_state_dict(self, state_dict, strict=True):
+        return self._engine.load_state_dict(state_dict, strict=strict)
+
+
+class _ZerodOptimizer:
+    """What prepare() returns for the optimizer: zerod applied the update in
+    accelerator.backward(); this answers what loops ask of an optimizer."""
+
+    def __init__(self, optimizer, accelerator):
+        self.optimizer = optimizer
+        self._accelerator = accelerator
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups  # the lr the user's scheduler sets
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise InvalidArgumentError("optimizer.step(closure) is not supported by zerod")
+        if self._accelerator.sync_gradients and self._accelerator._zerod_last is None:
+            raise InvalidStateError("optimizer.step() before any accelerator.backward(loss): zerod applies the "
+                                    "update in backward")
+
+    def zero_grad(self, set_to_none=True):
+        """zerod starts every window's gradients at zero itself."""
+
+    def state_dict(self):
+        return {}  # zerod's checkpoint (save_state) holds the optimizer state
+
+    def load_state_dict(self, state_dict):
+        pass
+
+    @property
+    def step_was_skipped(self):
+        r = self._accelerator._zerod_last
+        return bool(r is not None and r.skipped)
+
+
+class _ZerodScheduler:
+    """What prepare() returns for the LR scheduler: zerod runs the schedule;
+    the user's torch scheduler is stepped alongside (once per update) so its
+    get_last_lr() is the lr zerod applies next."""
+
+    def __init__(self, scheduler, accelerator):
+        self.scheduler = scheduler
+        self._accelerator = accelerator
+
+    def step(self, *args, **kwargs):
+        if self._accelerator.sync_gradients:
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self):
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.scheduler.load_state_dict(state_dict)

@@ -1,0 +1,332 @@
+"""DeepSpeed's API over zerod: a DeepSpeed training script runs on zerod with
+its import changed.
+
+    import zerod.deepspeed as deepspeed          # was: import deepspeed
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json", training_data=dataset)
+    for x, y in loader:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()                             # every micro-batch, as with DeepSpeed
+
+The config is translated by zerod's own translation (`zerod translate`):
+what it cannot run is refused naming the key; keys that only tune
+DeepSpeed's internals are accepted and ignored (docs/integrations.md). A
+torch optimizer or LR scheduler given to initialize() is translated too
+(Adam, AdamW, SGD; any step-based scheduler), or refused naming what zerod
+lacks. Under `zerod run` each rank is a DeepSpeed rank: the same script runs
+unchanged on several ranks.
+"""
+import os
+import warnings
+
+import torch
+
+from . import _dsconfig, _schedules, default_client
+from . import torch as _zt
+from .errors import InvalidArgumentError
+
+__all__ = ["initialize", "DeepSpeedEngine", "init_distributed", "add_config_arguments", "zero"]
+
+
+def init_distributed(*args, **kwargs):
+    """DeepSpeed's: zerod's ranks are connected by the daemon already."""
+    return None
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's: --deepspeed, --deepspeed_config (read by initialize(args=...))."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations (zerod.deepspeed)")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="Enable DeepSpeed (zerod)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    return parser
+
+
+class _ZeroNamespace:
+    """deepspeed.zero: Init() is accepted and does nothing (zerod partitions
+    the parameters when initialize() registers them; the model is built
+    whole on each rank first)."""
+
+    class Init:
+        def __init__(self, module=None, *args, enabled=True, **kwargs):
+            self.module = module
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    @staticmethod
+    def GatheredParameters(*args, **kwargs):
+        raise InvalidArgumentError(
+            "deepspeed.zero.GatheredParameters is not supported by zerod: read full values with "
+            "engine.state_dict(), write them with engine.load_state_dict()")
+
+
+zero = _ZeroNamespace()
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
+               config=None, mesh_param=None, config_params=None, *, modules=None, client=None):
+    """DeepSpeed's initialize(): returns (engine, optimizer, training_dataloader,
+    lr_scheduler). `modules` (zerod's own) chooses the zerod modules, as in
+    zerod.torch.initialize."""
+    if model is None:
+        raise InvalidArgumentError("initialize: model is required")
+    if mpu is not None or mesh_param is not None:
+        raise InvalidArgumentError("initialize: model parallelism (mpu, mesh_param) is not supported by zerod; "
+                                   "it partitions data-parallel state only")
+    if config is None:
+        config = config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    cfg = _dsconfig.load(config)
+    client = client or default_client()
+    world = client.world_size
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if model_parameters is not None:
+        model_parameters = list(model_parameters)
+        _check_model_parameters(model, trainable, model_parameters)
+
+    torch_opt = None
+    if optimizer is not None:
+        if "optimizer" in cfg:
+            raise InvalidArgumentError("initialize: both an optimizer and a config \"optimizer\" section were given; "
+                                       "give one")
+        torch_opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else \
+            optimizer(model_parameters if model_parameters is not None else trainable)
+        cfg["optimizer"] = _dsconfig.optimizer_section(torch_opt)
+    lr_values = None
+    if lr_scheduler is not None:
+        if "scheduler" in cfg:
+            raise InvalidArgumentError("initialize: both an lr_scheduler and a config \"scheduler\" section were "
+                                       "given; give one")
+        if not isinstance(lr_scheduler, (torch.optim.lr_scheduler.LRScheduler, _schedules.Stepped)):
+            if torch_opt is None:
+                raise InvalidArgumentError("initialize: an lr_scheduler callable needs a torch optimizer to build it "
+                                           "on; give optimizer= too, or a config \"scheduler\"")
+            lr_scheduler = lr_scheduler(torch_opt)
+        lr_values = _schedules.trace(lr_scheduler)
+
+    opt_params = cfg.get("optimizer", {}).get("params", {}) if isinstance(cfg.get("optimizer"), dict) else {}
+    micro = getattr(training_data, "batch_size", None)
+    _dsconfig.resolve(cfg, world_size=world, model=model, micro_batch=micro,
+                      lr=opt_params.get("lr") if not _dsconfig._is_auto(opt_params.get("lr")) else None)
+    dtype = torch.float16 if _enabled(cfg, "fp16") else torch.bfloat16 if _enabled(cfg, "bf16") else None
+    text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
+    engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
+                            modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
+    engine._configure(cfg, lr_values)
+    loader = None
+    if training_data is not None:
+        loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _enabled(cfg, section):
+    s = cfg.get(section)
+    return isinstance(s, dict) and bool(s.get("enabled"))
+
+
+def _check_model_parameters(model, trainable, given):
+    """zerod trains every parameter with requires_grad: model_parameters must
+    be exactly those (one group's worth of hyperparameters)."""
+    if given and isinstance(given[0], dict):
+        _dsconfig.check_param_groups(given, "model_parameters")
+        given = [p for g in given for p in g["params"]]
+    names = {id(p): n for n, p in model.named_parameters()}
+    want, got = {id(p) for p in trainable}, {id(p) for p in given}
+    for pid in want - got:
+        raise InvalidArgumentError(
+            f"initialize: model_parameters leaves out '{names[pid]}', which requires grad; zerod trains every "
+            "parameter with requires_grad=True (freeze it with requires_grad_(False) instead)")
+    for pid in got - want:
+        raise InvalidArgumentError(f"initialize: model_parameters holds '{names.get(pid, '?')}', which is not a "
+                                   "trainable parameter of the model")
+
+
+class DeepSpeedEngine(_zt.Engine):
+    """zerod.torch's Engine with DeepSpeed's DeepSpeedEngine methods."""
+
+    def _configure(self, cfg, lr_values):
+        self.config = cfg
+        self._lr_values = lr_values
+        self._micro_steps = 0
+        self.skipped_steps = 0
+        opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
+        self._lr_of = ((lambda t: lr_values[min(t, len(lr_values) - 1)]) if lr_values
+                       else _dsconfig.lr_schedule(cfg))
+        self.optimizer = _Optimizer(self, opt.get("type", "AdamW"), opt.get("params", {}))
+        self.lr_scheduler = _Scheduler(self) if (lr_values or cfg.get("scheduler")) else None
+
+    # -- DeepSpeed's calls ------------------------------------------------------
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True, **kwargs):
+        """DeepSpeed's: the micro-batch's loss. zerod averages the window's
+        micro-batches itself, as DeepSpeed does by scaling with 1/GAS."""
+        if not scale_wrt_gas:
+            raise InvalidArgumentError("backward(scale_wrt_gas=False) is not supported: zerod always averages "
+                                       "the gradients of an accumulation window")
+        super().backward(loss, retain_graph=retain_graph)
+        return loss
+
+    def step(self, lr_kwargs=None):
+        r = super().step()
+        self._micro_steps += 1
+        if r.skipped:
+            self.skipped_steps += 1
+        return r
+
+    def is_gradient_accumulation_boundary(self):
+        """True when the next step() ends an accumulation window."""
+        return (self._micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def gradient_accumulation_steps(self):
+        return int(self.config["gradient_accumulation_steps"])
+
+    def train_micro_batch_size_per_gpu(self):
+        return int(self.config["train_micro_batch_size_per_gpu"])
+
+    def train_batch_size(self):
+        return int(self.config["train_batch_size"])
+
+    def zero_optimization_stage(self):
+        z = self.config.get("zero_optimization")
+        return int(z.get("stage", 0)) if isinstance(z, dict) else 0
+
+    @property
+    def global_samples(self):
+        return self.global_steps * self.train_batch_size()
+
+    @property
+    def micro_steps(self):
+        return self._micro_steps
+
+    @property
+    def global_rank(self):
+        return self.rank
+
+    @property
+    def local_rank(self):
+        return self.zerod_model.client.info.local_rank
+
+    @property
+    def dp_world_size(self):
+        return self.world_size
+
+    def get_lr(self):
+        """[lr]: the lr of the next update, as DeepSpeed's (its scheduler has
+        stepped past the update just applied)."""
+        return [self._lr_of(self.global_steps)]
+
+    def get_global_grad_norm(self):
+        return self.last_step.grad_norm if self.last_step else None
+
+    def was_step_applied(self):
+        return bool(self.last_step and self.last_step.applied)
+
+    @property
+    def cur_scale(self):
+        return self.last_step.loss_scale if self.last_step else self.zerod_model.loss_scale()
+
+    def zero_grad(self):
+        """DeepSpeed's: zerod starts every window's gradients at zero itself."""
+
+    def destroy(self):
+        self.close()
+
+    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
+                     collate_fn=None, num_local_io_workers=None):
+        """DeepSpeed's: a DataLoader of this rank's share (a DistributedSampler
+        over the ranks, shuffled as DeepSpeed's is)."""
+        sampler = data_sampler or torch.utils.data.distributed.DistributedSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+                                           sampler=sampler, collate_fn=collate_fn,
+                                           num_workers=num_local_io_workers or 0)
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """DeepSpeed's: save_dir/<tag> and save_dir/latest (zerod's format:
+        docs/checkpoints.md); frozen parameters are always kept (they are
+        rank 0's torch state)."""
+        state = dict(client_state or {})
+        state["zerod_deepspeed"] = {"micro_steps": self._micro_steps, "skipped_steps": self.skipped_steps}
+        return super().save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """DeepSpeed's: returns (path, client_state), or (None, None) when
+        load_dir has no `latest` and no tag is given."""
+        if custom_load_fn is not None:
+            raise InvalidArgumentError("load_checkpoint(custom_load_fn=...) is not supported by zerod")
+        if tag is None and not os.path.exists(os.path.join(os.fspath(load_dir), "latest")):
+            warnings.warn(f"load_checkpoint: {load_dir} has no 'latest' file and no tag was given: nothing loaded")
+            return None, None
+        keep = None
+        if load_module_only or not load_optimizer_states:
+            keep = self.optimizer_state_dict()  # the optimizer stays as it is: put it back after
+        path, state = super().load_checkpoint(load_dir, tag=tag)
+        if keep is not None:
+            self.load_optimizer_state_dict(keep)
+            self.last_step = None
+            self._resumed_step = keep["step"]
+        own = state.pop("zerod_deepspeed", {}) if isinstance(state, dict) else {}
+        self._micro_steps = own.get("micro_steps", self.global_steps * self.gradient_accumulation_steps())
+        self.skipped_steps = own.get("skipped_steps", 0)
+        return path, state
+
+
+class _Optimizer:
+    """What initialize() returns as the optimizer: zerod runs the update
+    inside engine.step(), so this only answers what scripts ask of it."""
+
+    def __init__(self, engine, kind, params):
+        self._engine = engine
+        self.kind = kind
+        self.defaults = dict(params)
+
+    @property
+    def param_groups(self):
+        group = dict(self.defaults)
+        group["lr"] = self._engine.get_lr()[0]
+        group["params"] = [s.param for s in self._engine._slots]
+        return [group]
+
+    def state_dict(self):
+        return self._engine.optimizer_state_dict()
+
+    def load_state_dict(self, sd):
+        self._engine.load_optimizer_state_dict(sd)
+
+    def zero_grad(self, set_to_none=True):
+        """zerod starts every window's gradients at zero itself."""
+
+    def step(self, closure=None):
+        raise InvalidArgumentError("call engine.step(): zerod applies the optimizer there (as DeepSpeed does)")
+
+
+class _Scheduler:
+    """What initialize() returns as the lr_scheduler: the job's schedule runs
+    inside zerod, advanced by engine.step(), as DeepSpeed advances its own."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def step(self, *args, **kwargs):
+        """engine.step() advances the schedule; nothing to do here."""
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    def state_dict(self):
+        return {"last_batch_iteration": self._engine.global_steps - 1}
+
+    def load_state_dict(self, sd):
+        """The schedule's position is the optimizer's step (load_checkpoint)."""

@@ -1,0 +1,472 @@
+"""PyTorch Lightning on zerod: a Strategy, registered under names that
+mirror Lightning's DeepSpeed ones.
+
+    import zerod.lightning                      # registers the strategies
+    trainer = Trainer(strategy="zerod_stage_3_offload", precision="bf16-mixed",
+                      gradient_clip_val=1.0, accumulate_grad_batches=4, max_steps=1000)
+    trainer = Trainer(strategy=zerod.lightning.ZerodStrategy(job="job.lua"))
+
+Lightning's flags drive zerod: the LightningModule's configure_optimizers
+(torch AdamW/Adam/SGD and any step-based LR scheduler, interval "step" or
+"epoch") becomes a DeepSpeed-shaped config that zerod.deepspeed translates
+(the same translation as `zerod translate`), with gradient_clip_val and
+accumulate_grad_batches; what zerod cannot run is refused naming it. With
+job=, the Lua job script says all of that instead and the Trainer's
+clipping and accumulation flags must stay unset.
+
+How it runs: every forward goes through the zerod engine (training,
+validation, test and predict steps), so stage 3's gather/release hooks run.
+Lightning keeps its own bookkeeping (global_step counts optimizer updates, as
+under "ddp"): each micro-batch's backward is engine.backward(loss) followed
+by engine.step(), which applies the update at the end of each accumulation
+window; the window zerod closes is checked to be the one Lightning closes.
+The user's torch optimizer is never stepped: zerod applies the update (its
+lr schedule is the user's scheduler, traced ahead of time; Lightning still
+steps the torch scheduler, so LearningRateMonitor shows the same values).
+
+Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
+Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
+strategy writes them; ModelCheckpoint and Trainer.fit(ckpt_path=...) use them.
+
+Precision: "32-true"; "bf16-mixed" (autocast over zerod's fp32 parameters,
+as Lightning's own bf16-mixed); "bf16-true" (bf16 parameters, fp32 masters in
+zerod). "16-mixed" and the others are refused. One process
+(devices=1), or the ranks of `zerod run --nproc N -- python train.py` with
+Trainer(devices=N): zerod starts the processes and connects them (Lightning
+launches none); Lightning's own collectives run over gloo.
+"""
+import os
+
+import torch
+
+from . import default_client
+from . import deepspeed as _zds
+from . import torch as _zt
+from .errors import InvalidArgumentError
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+    from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
+    from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+    from lightning.pytorch.trainer import call
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+except ImportError as e:  # pragma: no cover - said plainly where it happens
+    raise ImportError(f"zerod.lightning needs PyTorch Lightning 2.x (pip install lightning): {e}") from e
+
+__all__ = ["ZerodStrategy"]
+
+
+class _ZerodEnvironment(ClusterEnvironment):
+    """The ranks `zerod run` started (ZEROD_RANK, ZEROD_WORLD_SIZE,
+    ZEROD_LOCAL_RANK); one process otherwise. zerod creates the processes:
+    Lightning launches none."""
+
+    @property
+    def creates_processes_externally(self):
+        return True
+
+    @property
+    def main_address(self):
+        return "127.0.0.1"
+
+    @property
+    def main_port(self):
+        return 0
+
+    @staticmethod
+    def detect():
+        return "ZEROD_RANK" in os.environ
+
+    def world_size(self):
+        return int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+
+    def set_world_size(self, size):
+        pass
+
+    def global_rank(self):
+        return int(os.environ.get("ZEROD_RANK", "0"))
+
+    def set_global_rank(self, rank):
+        pass
+
+    def local_rank(self):
+        return int(os.environ.get("ZEROD_LOCAL_RANK", "0"))
+
+    def node_rank(self):
+        return 0
+
+
+class ZerodStrategy(ParallelStrategy):
+    """A Lightning Strategy whose parameters, gradients and optimizer state
+    zerod holds.
+
+    job                 a Lua job script (path); it then says the optimizer,
+                        schedule, clipping and accumulation.
+    config              a DeepSpeed config (dict or JSON path) to start from
+                        instead; Lightning's flags fill in the rest.
+    stage, offload_optimizer, offload_parameters
+                        the ZeRO stage and CPU offload, as in Lightning's
+                        DeepSpeedStrategy (used without job/config).
+    modules             which submodules are zerod modules (zerod.torch).
+    client              a zerod.Client (default: the process's shared one).
+    """
+
+    strategy_name = "zerod"
+
+    def __init__(self, job=None, config=None, stage=3, offload_optimizer=False, offload_parameters=False,
+                 modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None,
+                 parallel_devices=None):
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=_ZerodEnvironment(), checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
+        if job is not None and config is not None:
+            raise InvalidArgumentError("ZerodStrategy: give job= (a Lua job script) or config= (a DeepSpeed "
+                                       "config), not both")
+        if stage not in (0, 1, 2, 3):
+            raise InvalidArgumentError(f"ZerodStrategy: stage must be 0, 1, 2 or 3, got {stage!r}")
+        self.job = os.fspath(job) if job is not None else None
+        self._config = config
+        self.stage = stage
+        self.offload_optimizer = offload_optimizer
+        self.offload_parameters = offload_parameters
+        self.modules = modules
+        self._client = client
+        self.engine = None
+        self.engine_config = None
+        self._last = None
+
+    # -- where things run ---------------------------------------------------
+
+    @property
+    def root_device(self):
+        acc = type(self.accelerator).__name__ if self.accelerator is not None else "CPUAccelerator"
+        if acc == "CUDAAccelerator":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    @property
+    def is_distributed(self):
+        return self.world_size > 1
+
+    def model_to_device(self):
+        self.model.to(self.root_device)
+
+    def _dist(self):
+        return self.world_size > 1 and torch.distributed.is_initialized()
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        if isinstance(tensor, torch.Tensor) and self._dist():
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    def barrier(self, name=None):
+        if self._dist():
+            torch.distributed.barrier()
+
+    def broadcast(self, obj, src=0):
+        if not self._dist():
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src)
+        return box[0]
+
+    def setup_environment(self):
+        client = self._client or default_client()
+        self._client = client
+        devices = len(self.parallel_devices or [None])
+        if (client.rank, client.world_size) != (self.global_rank, self.world_size) or devices != self.world_size:
+            raise MisconfigurationException(
+                f"ZerodStrategy: Trainer(devices={devices}) but this process is rank {client.rank} of "
+                f"{client.world_size} zerod ranks; several processes are the ranks of `zerod run --nproc N -- "
+                "python train.py` with Trainer(devices=N) (Lightning launches none itself)")
+        if self.world_size > 1 and not torch.distributed.is_initialized():
+            # Lightning's own collectives (logging with sync_dist, barriers,
+            # broadcasts) over gloo; the rendezvous is a file in the private
+            # directory of the daemon's socket, which only this job sees.
+            where = os.environ.get("ZEROD_ENDPOINT", "")
+            where = where[len("unix:"):] if where.startswith("unix:") else where
+            store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "lightning-store"),
+                                                self.world_size)
+            torch.distributed.init_process_group("gloo", store=store, rank=self.global_rank,
+                                                 world_size=self.world_size)
+        super().setup_environment()
+
+    # -- set-up -------------------------------------------------------------
+
+    @property
+    def restore_checkpoint_after_setup(self):
+        return True  # the engine must exist to load into
+
+    @property
+    def handles_gradient_accumulation(self):
+        # Lightning decides when a window ends (global_step counts updates, as
+        # under "ddp"); zerod is told every micro-batch and must agree.
+        return False
+
+    @property
+    def lightning_restore_optimizer(self):
+        return False  # zerod's checkpoint holds the optimizer state
+
+    def setup(self, trainer):
+        self.accelerator.setup(trainer)
+        precision = getattr(self.precision_plugin, "precision", "32-true")
+        plugin = type(self.precision_plugin)
+        ok = ((plugin is Precision and precision == "32-true") or
+              (plugin is MixedPrecision and precision == "bf16-mixed") or
+              (plugin is HalfPrecision and precision == "bf16-true"))
+        if not ok:
+            raise MisconfigurationException(
+                f"ZerodStrategy does not run precision={precision!r} ({plugin.__name__}); it runs \"32-true\", "
+                "\"bf16-mixed\" and \"bf16-true\" (\"16-mixed\" with zerod's loss scaling is not done)")
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if trainer.state.fn == "fit":
+            self.optimizers, self.lr_scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
+            self._init_engine(trainer, precision)
+        else:
+            self.optimizers, self.lr_scheduler_configs = [], []
+            self._init_engine(trainer, precision, evaluating=True)
+        self.setup_precision_plugin()
+
+    def setup_precision_plugin(self):
+        # Lightning's plugins wrap nothing here: the autocast context of
+        # bf16-mixed is all they bring (train_step_context).
+        pass
+
+    def _init_engine(self, trainer, precision, evaluating=False):
+        module = self.lightning_module
+        if is_overridden("backward", module, pl.LightningModule):
+            rank_zero_warn("ZerodStrategy: LightningModule.backward is overridden but not called; zerod runs "
+                           "the backward (engine.backward)")
+        if is_overridden("configure_gradient_clipping", module, pl.LightningModule):
+            raise MisconfigurationException(
+                "ZerodStrategy: configure_gradient_clipping is overridden, but zerod clips inside its step; use "
+                "Trainer(gradient_clip_val=...) (norm clipping)")
+        algorithm = getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm)
+        if algorithm not in (None, "norm"):
+            raise MisconfigurationException(
+                f"ZerodStrategy: gradient_clip_algorithm={algorithm!r} is not supported; "
+                "zerod clips by the global norm")
+        if self.job is not None:
+            if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
+                raise MisconfigurationException(
+                    "ZerodStrategy(job=...): the job script sets gradient accumulation and clipping; leave "
+                    "Trainer(accumulate_grad_batches=..., gradient_clip_val=...) unset")
+            if self.lr_scheduler_configs:
+                rank_zero_warn("ZerodStrategy(job=...): configure_optimizers' LR scheduler is not used; the job "
+                               "script's lr schedule is")
+            dtype = torch.bfloat16 if precision == "bf16-true" else None
+            self.engine = _zt.initialize(module, job=self.job, modules=self.modules, dtype=dtype,
+                                         client=self._client)
+            return
+        cfg = self._ds_config(trainer, precision)
+        opt = sched = None
+        if not evaluating:
+            if len(self.optimizers) != 1 or len(self.lr_scheduler_configs) > 1:
+                raise MisconfigurationException(
+                    f"ZerodStrategy: configure_optimizers gave {len(self.optimizers)} optimizer(s) and "
+                    f"{len(self.lr_scheduler_configs)} scheduler(s); zerod runs one optimizer and at most one "
+                    "scheduler")
+            opt = self.optimizers[0]
+            if self.lr_scheduler_configs:
+                sched = self._traced_scheduler(trainer, self.lr_scheduler_configs[0])
+        elif "optimizer" not in cfg:
+            cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
+        self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
+                                      modules=self.modules, client=self._client)[0]
+        self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
+
+    def _ds_config(self, trainer, precision):
+        if self._config is not None:
+            cfg = _zds._dsconfig.load(self._config)
+        else:
+            zero = {"stage": self.stage}
+            if self.offload_optimizer:
+                zero["offload_optimizer"] = {"device": "cpu"}
+            if self.offload_parameters:
+                zero["offload_param"] = {"device": "cpu"}
+            cfg = {"zero_optimization": zero}
+        for key, value in (("gradient_accumulation_steps", trainer.accumulate_grad_batches),
+                           ("gradient_clipping", float(trainer.gradient_clip_val or 0.0))):
+            if key in cfg and cfg[key] not in ("auto", value):
+                raise MisconfigurationException(
+                    f"ZerodStrategy: the config's {key} is {cfg[key]!r}, the Trainer's is {value!r}; set it in one "
+                    "place (the Trainer's flag)")
+            cfg[key] = value
+        # "auto" as Hugging Face's integration resolves it, from the Trainer:
+        # the micro-batch from the train dataloader (as Lightning's DeepSpeed
+        # strategy picks it), bf16 from precision="bf16-true" (bf16-mixed is
+        # autocast over fp32 parameters, DeepSpeed's bf16 is bf16 weights).
+        for sec in ("fp16", "bf16"):
+            section = cfg.get(sec)
+            if isinstance(section, dict) and section.get("enabled") == "auto":
+                section["enabled"] = sec == "bf16" and precision == "bf16-true"
+        if isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled"):
+            raise MisconfigurationException("ZerodStrategy: the config enables fp16, which zerod's Lightning "
+                                            "strategy does not run (\"16-mixed\" is not done)")
+        has_bf16 = isinstance(cfg.get("bf16"), dict) and bool(cfg["bf16"].get("enabled"))
+        if has_bf16 != (precision == "bf16-true"):
+            raise MisconfigurationException(
+                f"ZerodStrategy: the config's bf16.enabled is {has_bf16}, Trainer(precision={precision!r}) "
+                "says otherwise; use precision=\"bf16-true\" with a bf16 config (or \"auto\")")
+        if has_bf16:
+            cfg["bf16"] = {"enabled": True}
+        mbs = cfg.get("train_micro_batch_size_per_gpu")
+        if mbs == "auto" or (mbs is None and cfg.get("train_batch_size") in (None, "auto")):
+            cfg["train_micro_batch_size_per_gpu"] = self._loader_batch_size(trainer)
+        return cfg
+
+    @staticmethod
+    def _loader_batch_size(trainer):
+        source = trainer.fit_loop._data_source
+        if source.is_defined():
+            sampler = getattr(source.dataloader(), "batch_sampler", None)
+            if getattr(sampler, "batch_size", None):
+                return int(sampler.batch_size)
+        return 1  # bookkeeping only, as Lightning's DeepSpeed strategy
+
+    def _traced_scheduler(self, trainer, config):
+        """The torch scheduler, stepping as Lightning will step it, for
+        zerod.deepspeed to trace: a wrapper whose every update steps it
+        every `frequency` updates (interval "step") or updates-per-epoch x
+        frequency (interval "epoch")."""
+        if config.reduce_on_plateau:
+            raise MisconfigurationException(
+                "ZerodStrategy: ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the "
+                "update count) cannot see; use a step-based scheduler")
+        every = max(1, int(config.frequency))
+        if config.interval == "epoch":
+            trainer.fit_loop.setup_data()
+            batches = trainer.num_training_batches
+            if batches == float("inf") or batches <= 0:
+                raise MisconfigurationException(
+                    "ZerodStrategy: an LR scheduler with interval=\"epoch\" needs the number of batches per "
+                    "epoch (a sized train dataloader), or use interval=\"step\"")
+            per_epoch = -(-int(batches) // trainer.accumulate_grad_batches)
+            every *= per_epoch
+        elif config.interval != "step":
+            raise MisconfigurationException(f"ZerodStrategy: LR scheduler interval {config.interval!r}")
+        steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        return _zds._schedules.Stepped(config.scheduler, every, steps)
+
+    # -- one micro-batch ----------------------------------------------------
+
+    def _through_engine(self, name, *args, **kwargs):
+        if self.engine is None:
+            raise MisconfigurationException("ZerodStrategy: the zerod engine is not set up")
+        return self._forward_redirection(self.engine, self.lightning_module, name, *args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        with self.precision_plugin.train_step_context():
+            return self._through_engine("training_step", *args, **kwargs)
+
+    def validation_step(self, *args, **kwargs):
+        with self.precision_plugin.val_step_context():
+            return self._through_engine("validation_step", *args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with self.precision_plugin.test_step_context():
+            return self._through_engine("test_step", *args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with self.precision_plugin.predict_step_context():
+            return self._through_engine("predict_step", *args, **kwargs)
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
+        self.engine.backward(closure_loss)
+        self._last = self.engine.step()
+        return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        """Lightning's update: the closure runs the micro-batch, whose
+        engine.step() applied the update (the window's last micro-batch)."""
+        self._last = None
+        result = closure()
+        if self._last is None:
+            raise MisconfigurationException("ZerodStrategy: training_step returned no loss (skipping a "
+                                            "backward is not supported: zerod counts every micro-batch)")
+        trainer = self.lightning_module.trainer
+        if not self._last.boundary:
+            raise MisconfigurationException(
+                f"ZerodStrategy: Lightning ends an accumulation window where zerod does not (an epoch of "
+                f"{trainer.num_training_batches} batches is not a multiple of accumulate_grad_batches="
+                f"{trainer.accumulate_grad_batches}, or the job script's accumulation differs); make the epoch "
+                "length a multiple")
+        # Called for the hooks' sake; the update is already applied (zerod
+        # holds the gradients: torch's param.grad is empty here).
+        call._call_callback_hooks(trainer, "on_before_optimizer_step", optimizer)
+        call._call_lightning_module_hook(trainer, "on_before_optimizer_step", optimizer)
+        return result
+
+    # -- checkpoints --------------------------------------------------------
+
+    def lightning_module_state_dict(self):
+        # zerod holds the weights: they go into the checkpoint directory in
+        # zerod's format, not into Lightning's dictionary.
+        return {}
+
+    def optimizer_state(self, optimizer):
+        return {}
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        if storage_options is not None:
+            raise TypeError("ZerodStrategy.save_checkpoint: storage_options is not supported (zerod writes the "
+                            "checkpoint directory itself)")
+        filepath = self.broadcast(os.fspath(filepath))  # every rank writes its shard into rank 0's path
+        state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=state)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        path = os.fspath(checkpoint_path)
+        if not os.path.isdir(os.path.join(path, "checkpoint")):
+            raise MisconfigurationException(
+                f"ZerodStrategy: {path} is not a zerod checkpoint directory (one ModelCheckpoint wrote under "
+                "this strategy holds a 'checkpoint' folder)")
+        _, client_state = self.engine.load_checkpoint(path, tag="checkpoint")
+        return client_state
+
+    def load_model_state_dict(self, checkpoint, strict=True):
+        pass  # load_checkpoint put the weights into zerod
+
+    def load_optimizer_state_dict(self, checkpoint):
+        pass  # and the optimizer state
+
+    def teardown(self):
+        if self.engine is not None:
+            # The parameters go back into torch (as other strategies leave
+            # the trained model usable), then zerod's model is freed.
+            state = self.engine.state_dict()
+            slots = list(self.engine._slots)
+            self.engine.close()
+            self.engine = None
+            with torch.no_grad():
+                for s in slots:
+                    s.param.data = torch.empty(s.shape, dtype=s.param.dtype, device=s.param.device)
+            own = self.lightning_module.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for k, v in state.items():
+                    if k in own:
+                        own[k].copy_(v)
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, registry):
+        registry.register("zerod", cls, description="zerod, ZeRO stage 3 (the default)", override=True, stage=3)
+        for stage in (1, 2, 3):
+            registry.register(f"zerod_stage_{stage}", cls, description=f"zerod, ZeRO stage {stage}", override=True,
+                              stage=stage)
+        registry.register("zerod_stage_2_offload", cls, description="zerod, ZeRO stage 2, optimizer on the CPU",
+                          override=True, stage=2, offload_optimizer=True)
+        registry.register("zerod_stage_3_offload", cls,
+                          description="zerod, ZeRO stage 3, optimizer and parameters on the CPU",
+                          override=True, stage=3, offload_optimizer=True, offload_parameters=True)
+
+
+ZerodStrategy.register_strategies(StrategyRegistry)

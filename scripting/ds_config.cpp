@@ -1,0 +1,639 @@
+// DeepSpeed JSON config -> zerod Lua job script. The JSON is parsed by
+// protobuf's JSON parser into a google.protobuf.Struct; every key is then
+// looked up in ds_keys.cpp's table (translated, ignored, or accepted only at
+// DeepSpeed's default), so a key this file does not handle is refused.
+// Values keep DeepSpeed's semantics: its defaults where zerod's differ
+// (weight_decay 0, Adam = AdamW), its fp16 scaler without dynamic keys, its
+// batch-size rule, and its schedulers' one-step lag (the first update runs
+// at the lr the scheduler set when it was made).
+#include "ds_config.h"
+
+#include "ds_keys.h"
+#include "error.h"
+#include "job_schema.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+namespace zerod::scripting {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string lua_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+// A value as JSON would write it, for messages.
+std::string json_text(const Value& v) {
+  switch (v.kind_case()) {
+    case Value::kNumberValue: return format_number(v.number_value());
+    case Value::kBoolValue: return v.bool_value() ? "true" : "false";
+    case Value::kStringValue: return "\"" + v.string_value() + "\"";
+    case Value::kNullValue: return "null";
+    case Value::kListValue: return "a list";
+    default: return "an object";
+  }
+}
+
+// One line of the job script, and the config key it came from.
+struct Out {
+  std::string text;
+  std::string from;
+};
+
+class Translator {
+ public:
+  Translator(const std::string& json, std::string source, DsOptions opt)
+      : json_(json), source_(std::move(source)), opt_(opt) {}
+
+  DsTranslation run(const Struct& root);
+
+ private:
+  // -- looking at the config -------------------------------------------------
+  const Value* get(const Struct& s, const std::string& key) const {
+    auto it = s.fields().find(key);
+    if (it == s.fields().end() || it->second.kind_case() == Value::kNullValue) return nullptr;
+    return &it->second;
+  }
+  const Struct* section(const Struct& s, const std::string& key, const std::string& path) {
+    const Value* v = get(s, key);
+    if (!v) return nullptr;
+    if (v->kind_case() != Value::kStructValue) {
+      issue(path, "must be an object, got " + json_text(*v));
+      return nullptr;
+    }
+    return &v->struct_value();
+  }
+  static bool is_auto(const Value* v) { return v && v->kind_case() == Value::kStringValue && v->string_value() == "auto"; }
+  std::optional<double> number(const Struct& s, const std::string& key, const std::string& path) {
+    const Value* v = get(s, key);
+    if (!v) return std::nullopt;
+    if (is_auto(v)) {
+      autos_.push_back(path);
+      return std::nullopt;
+    }
+    if (v->kind_case() != Value::kNumberValue) {
+      issue(path, "must be a number, got " + json_text(*v));
+      return std::nullopt;
+    }
+    return v->number_value();
+  }
+  std::optional<bool> boolean(const Struct& s, const std::string& key, const std::string& path) {
+    const Value* v = get(s, key);
+    if (!v) return std::nullopt;
+    if (is_auto(v)) {
+      autos_.push_back(path);
+      return std::nullopt;
+    }
+    if (v->kind_case() != Value::kBoolValue) {
+      issue(path, "must be true or false, got " + json_text(*v));
+      return std::nullopt;
+    }
+    return v->bool_value();
+  }
+  std::optional<std::string> string(const Struct& s, const std::string& key, const std::string& path) {
+    const Value* v = get(s, key);
+    if (!v) return std::nullopt;
+    if (v->kind_case() != Value::kStringValue) {
+      issue(path, "must be a string, got " + json_text(*v));
+      return std::nullopt;
+    }
+    return v->string_value();
+  }
+
+  // Every key of `s` (at `path`) is checked against the table: unknown keys
+  // and keys accepted only at their default are reported here.
+  void check_keys(const Struct& s, const std::string& path);
+
+  // -- reporting -------------------------------------------------------------
+  int line_of(const std::string& path) const;
+  void issue(const std::string& path, const std::string& why) { issues_.push_back({line_of(path), path + ": " + why}); }
+
+  // -- writing the job -------------------------------------------------------
+  void emit(int depth, const std::string& text, const std::string& from = "") {
+    out_.push_back({std::string(static_cast<size_t>(depth) * 2, ' ') + text, from});
+  }
+  // `key = value,` with the value of a DeepSpeed number, in the job when it
+  // differs from the schema's default for zkey (or always, for a plugin's
+  // hyperparameter: zkey empty), checked against the schema's range.
+  void number_setting(int depth, const std::string& key, double v, const std::string& from, std::string_view zkey = "");
+
+  void batch_sizes(const Struct& root);
+  void precision(const Struct& root);
+  void zero(const Struct& root);
+  void optimizer(const Struct& root);
+  void scheduler(const Struct& root);
+
+  const std::string& json_;
+  std::string source_;
+  DsOptions opt_;
+  std::vector<std::pair<int, std::string>> issues_;
+  std::vector<std::string> autos_;     // keys given as "auto", left at the default
+  std::vector<std::string> comments_;  // said at the top of the script
+  std::vector<Out> out_;
+  std::string opt_lr_ = "0.001";       // the optimizer's lr as Lua text (schedulers default to it)
+  double opt_lr_value_ = 1e-3;
+  int stage_ = 0;
+};
+
+int Translator::line_of(const std::string& path) const {
+  // The text position of each component in turn: a key is found after its
+  // parent's name, which is enough for configs as people write them.
+  size_t pos = 0;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t dot = path.find('.', start);
+    const std::string name = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const size_t at = json_.find("\"" + name + "\"", pos);
+    if (at == std::string::npos) break;
+    pos = at;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return 1 + static_cast<int>(std::count(json_.begin(), json_.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
+}
+
+void Translator::check_keys(const Struct& s, const std::string& path) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : s.fields()) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());  // protobuf's map has no order; messages should
+  for (const std::string& k : keys) {
+    const std::string full = path.empty() ? k : path + "." + k;
+    const Value& v = s.fields().at(k);
+    const DsKey* rule = find_deepspeed_key(full);
+    const auto under = deepspeed_keys_under(full);
+    if (!rule && !under.empty()) {  // a section: its keys in turn
+      if (v.kind_case() == Value::kStructValue) check_keys(v.struct_value(), full);
+      continue;
+    }
+    if (!rule) {
+      std::string best;
+      size_t best_d = 3;
+      for (auto cand : deepspeed_keys_under(path)) {
+        const size_t d = edit_distance(k, cand);
+        if (d < best_d && d <= std::max<size_t>(1, cand.size() / 3)) {
+          best_d = d;
+          best = std::string(cand);
+        }
+      }
+      issue(full, "is not a DeepSpeed key zerod knows" +
+                      (best.empty() ? std::string("; docs/integrations.md lists the ones it translates or ignores")
+                                    : " (did you mean '" + (path.empty() ? best : path + "." + best) + "'?)"));
+      continue;
+    }
+    if (rule->kind == DsKey::kDefaultOnly && v.kind_case() != Value::kNullValue && json_text(v) != rule->value)
+      issue(full, "is " + json_text(v) + ", which zerod does not support: " + std::string(rule->note) +
+                      " (only " + std::string(rule->value) + " is accepted)");
+    if (rule->kind == DsKey::kIgnored)
+      comments_.push_back(full + ": accepted and ignored (" + std::string(rule->note) + ")");
+  }
+}
+
+void Translator::number_setting(int depth, const std::string& key, double v, const std::string& from,
+                                std::string_view zkey) {
+  if (!zkey.empty()) {
+    const KeySpec& k = job_key(zkey);
+    const NumberRange& r = k.range;
+    std::string bad;
+    if (r.integer && v != std::floor(v)) bad = "must be a whole number";
+    else if (r.min_exclusive ? !(v > r.min) : !(v >= r.min))
+      bad = std::string("must be ") + (r.min_exclusive ? "> " : ">= ") + format_number(r.min);
+    else if (!(v <= r.max)) bad = "must be <= " + format_number(r.max);
+    if (!bad.empty()) {
+      issue(from, bad + ", got " + format_number(v) + " (zerod's " + std::string(zkey) + ")");
+      return;
+    }
+    if (v == k.def) return;  // the schema's default: nothing to write
+  }
+  emit(depth, key + " = " + format_number(v) + ",", from);
+}
+
+// DeepSpeed's rule (runtime/config.py): two of the three determine the
+// third; all three must agree. Only the accumulation steps reach zerod.
+void Translator::batch_sizes(const Struct& root) {
+  const auto tbs = number(root, "train_batch_size", "train_batch_size");
+  const auto mbs = number(root, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu");
+  const auto gas = number(root, "gradient_accumulation_steps", "gradient_accumulation_steps");
+  for (auto [v, key] : {std::pair{tbs, "train_batch_size"}, std::pair{mbs, "train_micro_batch_size_per_gpu"},
+                        std::pair{gas, "gradient_accumulation_steps"}})
+    if (v && (*v < 1 || *v != std::floor(*v))) {
+      issue(key, "must be a whole number >= 1, got " + format_number(*v));
+      return;
+    }
+  const double world = opt_.world_size;
+  std::optional<double> steps = gas;
+  if (tbs && mbs && gas) {
+    const double per_rank = *mbs * *gas;
+    if (world > 0 ? *tbs != per_rank * world : std::fmod(*tbs, per_rank) != 0)
+      issue("train_batch_size",
+            format_number(*tbs) + " is not train_micro_batch_size_per_gpu (" + format_number(*mbs) +
+                ") × gradient_accumulation_steps (" + format_number(*gas) + ") × " +
+                (world > 0 ? format_number(world) + " ranks" : std::string("a whole number of ranks")) +
+                ", as DeepSpeed requires");
+    else if (world == 0)
+      comments_.push_back("the batch sizes imply " + format_number(*tbs / per_rank) + " rank(s)");
+  } else if (tbs && mbs) {
+    if (world > 0) {
+      steps = *tbs / *mbs / world;
+      if (*steps < 1 || *steps != std::floor(*steps)) {
+        issue("train_batch_size", format_number(*tbs) + " is not a whole multiple of train_micro_batch_size_per_gpu (" +
+                                      format_number(*mbs) + ") × " + format_number(world) + " ranks");
+        steps.reset();
+      }
+    } else if (*tbs == *mbs) {
+      steps = 1;
+    } else {
+      issue("train_batch_size",
+            "with train_micro_batch_size_per_gpu and without gradient_accumulation_steps, the accumulation "
+            "steps depend on the number of ranks, which this config alone does not say: give "
+            "gradient_accumulation_steps too (or translate with --world-size N)");
+    }
+  } else if (tbs && gas && world > 0 && std::fmod(*tbs, *gas * world) != 0) {
+    issue("train_batch_size", format_number(*tbs) + " is not a whole multiple of gradient_accumulation_steps (" +
+                                  format_number(*gas) + ") × " + format_number(world) + " ranks");
+  }
+  if (!tbs && !mbs && !is_auto(get(root, "train_batch_size")) && !is_auto(get(root, "train_micro_batch_size_per_gpu")))
+    comments_.push_back(
+        "neither train_batch_size nor train_micro_batch_size_per_gpu is given: DeepSpeed would refuse to "
+        "start; zerod does not load data, so the trainer's batches count");
+  if (steps) number_setting(1, "gradient_accumulation_steps", *steps, "gradient_accumulation_steps",
+                            "gradient_accumulation_steps");
+  if (auto clip = number(root, "gradient_clipping", "gradient_clipping"))
+    number_setting(1, "gradient_clipping", *clip, "gradient_clipping", "gradient_clipping");
+}
+
+void Translator::precision(const Struct& root) {
+  const Struct* fp16 = section(root, "fp16", "fp16");
+  const Struct* bf16 = section(root, "bf16", "bf16");
+  const bool half = fp16 && boolean(*fp16, "enabled", "fp16.enabled").value_or(false);
+  const bool brain = bf16 && boolean(*bf16, "enabled", "bf16.enabled").value_or(false);
+  if (half && brain) {
+    issue("bf16.enabled", "fp16 and bf16 cannot both be enabled (DeepSpeed refuses it too)");
+    return;
+  }
+  if (brain) emit(1, "precision = \"bf16\",", "bf16.enabled");
+  if (half) {
+    emit(1, "precision = \"fp16\",", "fp16.enabled");
+    emit(1, "fp16 = {", "fp16");
+    // DeepSpeed's gotcha, kept: with none of the dynamic keys given its
+    // scaler starts at 2^32 with hysteresis 1 (DynamicLossScaler's own
+    // defaults), not at the documented 2^16 and 2.
+    bool any = false;
+    for (const char* k : {"initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                          "min_loss_scale"})
+      any = any || get(*fp16, k);
+    if (!any) {
+      emit(2, "initial_scale_power = 32,  -- DeepSpeed's scaler without dynamic keys", "fp16.enabled");
+      emit(2, "hysteresis = 1,", "fp16.enabled");
+    }
+    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"})
+      if (auto v = number(*fp16, k, std::string("fp16.") + k))
+        number_setting(2, k, *v, std::string("fp16.") + k, "fp16." + std::string(k));
+    if (auto v = boolean(*fp16, "consecutive_hysteresis", "fp16.consecutive_hysteresis"); v && *v)
+      emit(2, "consecutive_hysteresis = true,", "fp16.consecutive_hysteresis");
+    emit(1, "},");
+  }
+  if (const Struct* types = section(root, "data_types", "data_types")) {
+    if (auto t = string(*types, "grad_accum_dtype", "data_types.grad_accum_dtype")) {
+      const std::string own = half ? "fp16" : brain ? "bf16" : "fp32";
+      if (*t == "fp32" && own != "fp32")
+        emit(1, "grad_accum_dtype = \"fp32\",", "data_types.grad_accum_dtype");
+      else if (*t != own)
+        issue("data_types.grad_accum_dtype",
+              "\"" + *t + "\" is neither fp32 nor the training precision (" + own +
+                  "): zerod accumulates in the parameter's type or in fp32");
+    }
+  }
+}
+
+void Translator::zero(const Struct& root) {
+  const Struct* z = section(root, "zero_optimization", "zero_optimization");
+  if (!z) return;
+  const std::string p = "zero_optimization.";
+  if (auto s = number(*z, "stage", p + "stage")) stage_ = static_cast<int>(*s);
+  // What the stage's partitioner plugin takes (plugins/partitioners/stage).
+  std::vector<std::pair<std::string, std::string>> hp;  // zerod name, DeepSpeed key
+  hp.push_back({"reduce_bucket_size", "reduce_bucket_size"});
+  for (const char* k : {"param_persistence_threshold", "max_live_parameters", "prefetch_bucket_size"}) {
+    hp.push_back({k, std::string("stage3_") + k});
+    hp.push_back({k, k});  // DeepSpeed's alias without the prefix
+  }
+  struct Hp {
+    std::string name, key;
+    double value;
+  };
+  std::vector<Hp> values;
+  for (const auto& [name, key] : hp) {
+    auto v = number(*z, key, p + key);
+    if (!v) continue;
+    const bool takes = name == "reduce_bucket_size" ? stage_ >= 2 : stage_ == 3;
+    if (takes) values.push_back({name, key, *v});
+    else comments_.push_back(p + key + ": ignored at ZeRO stage " + std::to_string(stage_) + ", as DeepSpeed does");
+  }
+  emit(1, "zero = {", "zero_optimization");
+  emit(2, "stage = " + std::to_string(stage_) + ",", p + "stage");
+  for (const Hp& h : values) number_setting(2, h.name, h.value, p + h.key);
+  emit(1, "},");
+
+  // Offload: DeepSpeed's devices none/cpu/nvme are zerod's tiers.
+  struct Where {
+    std::string tier;
+    std::string nvme_path;
+    std::optional<bool> pin;
+  };
+  auto read = [&](const char* key) -> std::optional<Where> {
+    const Struct* o = section(*z, key, p + key);
+    if (!o) return std::nullopt;
+    const std::string q = p + key + ".";
+    Where w;
+    const std::string dev = string(*o, "device", q + "device").value_or("none");
+    if (dev == "none") return std::nullopt;
+    if (dev != "cpu" && dev != "nvme") {
+      issue(q + "device", "must be \"none\", \"cpu\" or \"nvme\", got \"" + dev + "\"");
+      return std::nullopt;
+    }
+    w.tier = dev == "cpu" ? "host" : "nvme";
+    w.nvme_path = string(*o, "nvme_path", q + "nvme_path").value_or("");
+    w.pin = boolean(*o, "pin_memory", q + "pin_memory");
+    return w;
+  };
+  auto opt = read("offload_optimizer");
+  auto par = read("offload_param");
+  if (!opt && boolean(*z, "cpu_offload", p + "cpu_offload").value_or(false)) opt = Where{"host", "", std::nullopt};
+  if (par && stage_ != 3) {
+    issue(p + "offload_param.device", "parameters can be offloaded only at ZeRO stage 3 (this config has stage " +
+                                          std::to_string(stage_) + "); DeepSpeed offloads them only there too");
+    par.reset();
+  }
+  if (!opt && !par) return;
+  emit(1, "offload = {", "zero_optimization");
+  if (opt) emit(2, "optimizer = \"" + opt->tier + "\",", p + "offload_optimizer.device");
+  if (par) emit(2, "params = \"" + par->tier + "\",", p + "offload_param.device");
+  const std::string path = opt && !opt->nvme_path.empty() ? opt->nvme_path : par ? par->nvme_path : "";
+  if (opt && par && !opt->nvme_path.empty() && !par->nvme_path.empty() && opt->nvme_path != par->nvme_path)
+    issue(p + "offload_param.nvme_path", "differs from offload_optimizer.nvme_path; zerod keeps one set of nvme "
+                                         "directories for both (offload.nvme_path)");
+  if (!path.empty()) emit(2, "nvme_path = " + lua_string(path) + ",", p + (opt && !opt->nvme_path.empty() ? "offload_optimizer" : "offload_param") + ".nvme_path");
+  if (const Struct* o = section(*z, "offload_optimizer", p + "offload_optimizer"); o && opt) {
+    if (auto r = number(*o, "ratio", p + "offload_optimizer.ratio"))
+      number_setting(2, "ratio", *r, p + "offload_optimizer.ratio", "offload.ratio");
+    if (auto b = number(*o, "buffer_count", p + "offload_optimizer.buffer_count"))
+      number_setting(2, "buffer_count", *b, p + "offload_optimizer.buffer_count", "offload.buffer_count");
+  }
+  // DeepSpeed pins nothing unless asked (pin_memory false); zerod's host
+  // tier pins by default, so DeepSpeed's value is written out.
+  const bool host = (opt && opt->tier == "host") || (par && par->tier == "host");
+  if (host) {
+    const bool pin = (opt && opt->pin.value_or(false)) || (par && par->pin.value_or(false));
+    emit(2, std::string("host = { pin = ") + (pin ? "true" : "false") + " },",
+         p + (opt ? "offload_optimizer" : "offload_param") + ".pin_memory");
+  }
+  emit(1, "},");
+}
+
+void Translator::optimizer(const Struct& root) {
+  const Struct* o = section(root, "optimizer", "optimizer");
+  if (!o) {
+    comments_.push_back("no optimizer: zerod's default (adamw, lr 1e-3, weight_decay 0.01); zerod.deepspeed "
+                        "fills it in from a torch optimizer given to initialize()");
+    return;
+  }
+  const auto type = string(*o, "type", "optimizer.type");
+  if (!type) {
+    issue("optimizer.type", "is required");
+    return;
+  }
+  static const std::map<std::string, std::string> kNames = {
+      {"adam", "adamw"}, {"adamw", "adamw"}, {"onebitadam", "onebit_adam"}, {"sgd", "sgd"}};
+  std::string lower = *type;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  auto it = kNames.find(lower);
+  if (it == kNames.end()) {
+    issue("optimizer.type", "\"" + *type + "\" has no zerod optimizer plugin (zerod has Adam, AdamW, OneBitAdam and "
+                            "SGD; ZeroOneAdam, OneBitLamb, Lamb, Lion, Adagrad and Muon are not built)");
+    return;
+  }
+  const Struct empty;
+  const Struct* params = section(*o, "params", "optimizer.params");
+  if (!params) params = &empty;
+  const std::string q = "optimizer.params.";
+  std::string name = it->second;
+  if (lower == "adam" && !boolean(*params, "adam_w_mode", q + "adam_w_mode").value_or(true)) name = "adam";
+  if (lower != "adam" && get(*params, "adam_w_mode"))
+    issue(q + "adam_w_mode", "applies to the Adam type only");
+  emit(1, "optimizer = {", "optimizer");
+  emit(2, "type = \"" + name + "\",", "optimizer.type");
+  std::vector<std::string> keys = {"lr"};
+  if (name == "sgd") keys.insert(keys.end(), {"momentum", "dampening", "weight_decay"});
+  else keys.insert(keys.end(), {"eps", "weight_decay"});
+  if (name == "onebit_adam") keys.push_back("freeze_step");
+  for (const std::string& k : keys) {
+    auto v = number(*params, k, q + k);
+    // DeepSpeed's Adam, AdamW and 1-bit Adam default to weight_decay 0;
+    // zerod's adamw to 0.01: write DeepSpeed's out.
+    if (!v && k == "weight_decay" && name != "sgd") v = 0.0;
+    if (!v) continue;
+    if (k == "lr") {
+      opt_lr_ = format_number(*v);
+      opt_lr_value_ = *v;
+    }
+    number_setting(2, k, *v, q + k);
+  }
+  if (name != "sgd") {
+    if (const Value* b = get(*params, "betas"); b && !is_auto(b)) {
+      if (b->kind_case() != Value::kListValue || b->list_value().values_size() != 2 ||
+          b->list_value().values(0).kind_case() != Value::kNumberValue ||
+          b->list_value().values(1).kind_case() != Value::kNumberValue) {
+        issue(q + "betas", "must be a list of two numbers, got " + json_text(*b));
+      } else {
+        emit(2, "betas = { " + format_number(b->list_value().values(0).number_value()) + ", " +
+                    format_number(b->list_value().values(1).number_value()) + " },", q + "betas");
+      }
+    } else if (is_auto(b)) {
+      autos_.push_back(q + "betas");
+    }
+    if (auto bc = boolean(*params, "bias_correction", q + "bias_correction")) {
+      if (name == "onebit_adam") comments_.push_back(q + "bias_correction: 1-bit Adam never corrects bias (DeepSpeed's neither)");
+      else emit(2, std::string("bias_correction = ") + (*bc ? "true" : "false") + ",", q + "bias_correction");
+    }
+  } else if (auto n = boolean(*params, "nesterov", q + "nesterov"); n && *n) {
+    emit(2, "nesterov = true,", q + "nesterov");
+  }
+  for (const char* k : {"momentum", "dampening", "nesterov"})
+    if (name != "sgd" && get(*params, k)) issue(q + k, "is an SGD hyperparameter; this optimizer is " + *type);
+  for (const char* k : {"betas", "eps", "bias_correction", "freeze_step"})
+    if ((name == "sgd" || (std::string(k) == "freeze_step" && name != "onebit_adam")) && get(*params, k))
+      issue(q + k, "is not a hyperparameter of " + *type);
+  emit(1, "},");
+}
+
+void Translator::scheduler(const Struct& root) {
+  const Struct* s = section(root, "scheduler", "scheduler");
+  if (!s) return;
+  const auto type = string(*s, "type", "scheduler.type");
+  if (!type) {
+    issue("scheduler.type", "is required");
+    return;
+  }
+  const Struct empty;
+  const Struct* params = section(*s, "params", "scheduler.params");
+  if (!params) params = &empty;
+  const std::string q = "scheduler.params.";
+  auto num = [&](const char* k, std::optional<double> def) -> std::optional<double> {
+    auto v = number(*params, k, q + k);
+    if (!v && !def) issue(q + k, "is required for " + *type);
+    return v ? v : def;
+  };
+  auto text = [](std::optional<double> v) { return format_number(v.value_or(0)); };
+  // DeepSpeed's WarmupLR family forces at least 2 warm-up steps, defaults
+  // to a log warm-up, and runs the first update at the lr of "step -1".
+  auto warmup_type = [&] {
+    const std::string t = string(*params, "warmup_type", q + "warmup_type").value_or("log");
+    if (t != "log" && t != "linear") issue(q + "warmup_type", "must be \"log\" or \"linear\", got \"" + t + "\"");
+    return t;
+  };
+  // A parameter the type does not read would be silently dropped: refused.
+  static const std::map<std::string, std::vector<std::string>> kReads = {
+      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
+      {"WarmupDecayLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
+      {"WarmupCosineLR", {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"}},
+      {"OneCycle", {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+                    "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+                    "cycle_min_mom", "cycle_max_mom", "decay_mom_rate"}},
+  };
+  if (auto reads = kReads.find(*type); reads != kReads.end())
+    for (const auto& [k, v] : params->fields())
+      if (k != "last_batch_iteration" &&
+          std::find(reads->second.begin(), reads->second.end(), k) == reads->second.end())
+        issue(q + k, "is not a parameter of DeepSpeed's " + *type);
+  std::string lua;
+  if (*type == "WarmupLR" || *type == "WarmupDecayLR") {
+    const auto min_lr = num("warmup_min_lr", 0.0);
+    const auto max_lr = num("warmup_max_lr", opt_lr_value_);
+    const double steps = std::max(2.0, num("warmup_num_steps", 1000.0).value_or(1000));
+    const std::string args = "warmup_steps = " + format_number(steps) + ", max_lr = " + text(max_lr) +
+                             ", min_lr = " + text(min_lr) + ", warmup_type = \"" + warmup_type() + "\"";
+    const std::string inner = *type == "WarmupLR"
+                                  ? "zerod.warmup_linear{ " + args + " }"
+                                  : "zerod.warmup_decay{ total_steps = " + text(num("total_num_steps", std::nullopt)) +
+                                        ", " + args + " }";
+    lua = "zerod.delayed{ first_lr = " + text(min_lr) + ", schedule = " + inner + " }";
+  } else if (*type == "WarmupCosineLR") {
+    const double steps = std::max(2.0, num("warmup_num_steps", 1000.0).value_or(1000));
+    lua = "zerod.delayed{ first_lr = 0, schedule = zerod.warmup_cosine{ lr = " + opt_lr_ +
+          ", total_steps = " + text(num("total_num_steps", std::nullopt)) + ", warmup_steps = " +
+          format_number(steps) + ", warmup_min_ratio = " + text(num("warmup_min_ratio", 0.0)) +
+          ", cos_min_ratio = " + text(num("cos_min_ratio", 1e-4)) + ", warmup_type = \"" + warmup_type() + "\" } }";
+  } else if (*type == "OneCycle") {
+    if (!get(*params, "cycle_momentum"))
+      issue(q + "cycle_momentum", "is true by default in DeepSpeed: its OneCycle then rewrites the optimizer's betas "
+                                  "every step, which zerod does not do; set \"cycle_momentum\": false");
+    const auto first = num("cycle_first_step_size", 2000.0);
+    // zerod.one_cycle's step t is DeepSpeed's t - 1 already (its first
+    // update runs at cycle_min_lr): no delay.
+    lua = "zerod.one_cycle{ min_lr = " + text(num("cycle_min_lr", std::nullopt)) + ", max_lr = " +
+          text(num("cycle_max_lr", std::nullopt)) + ", first_steps = " + text(first) + ", second_steps = " +
+          text(num("cycle_second_step_size", first)) + ", decay_rate = " + text(num("decay_lr_rate", 0.0)) +
+          ", decay_steps = " + text(num("decay_step_size", 0.0)) + " }";
+  } else {
+    issue("scheduler.type", "\"" + *type + "\" is not translated (WarmupLR, WarmupDecayLR, WarmupCosineLR and "
+                            "OneCycle are; write other schedules in Lua: docs/job-scripts.md#schedules)");
+    return;
+  }
+  emit(1, "lr = " + lua + ",", "scheduler.type");
+}
+
+DsTranslation Translator::run(const Struct& root) {
+  check_keys(root, "");
+  batch_sizes(root);
+  precision(root);
+  zero(root);
+  optimizer(root);
+  scheduler(root);
+  if (!issues_.empty()) {
+    std::stable_sort(issues_.begin(), issues_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string msg;
+    for (const auto& [line, text] : issues_)
+      msg += (msg.empty() ? "" : "\n") + source_ + ":" + std::to_string(line) + ": " + text;
+    fail(ZD_ERR_CONFIG, msg);
+  }
+  DsTranslation t;
+  t.json_line.push_back(0);  // Lua lines count from 1
+  auto line = [&](const std::string& text, int json_line) {
+    t.lua += text + "\n";
+    t.json_line.push_back(json_line);
+  };
+  line("-- A zerod job script, translated from the DeepSpeed config " + source_ + " (zerod translate).", 0);
+  for (const auto& a : autos_)
+    line("-- " + a + ": \"auto\", left at the default here; the trainer integrations fill it in", line_of(a));
+  for (const auto& c : comments_) line("-- " + c, 0);
+  line("local zerod = require(\"zerod\")", 0);
+  line("return {", 0);
+  for (const Out& o : out_) line(o.text + (o.from.empty() ? "" : "  -- " + o.from), o.from.empty() ? 0 : line_of(o.from));
+  line("}", 0);
+  return t;
+}
+
+}  // namespace
+
+bool looks_like_json(std::string_view text) {
+  const auto at = text.find_first_not_of(" \t\r\n");
+  return at != std::string_view::npos && text[at] == '{';
+}
+
+DsTranslation translate_deepspeed(const std::string& json, const std::string& source, const DsOptions& opt) {
+  Struct root;
+  google::protobuf::util::JsonParseOptions po;
+  po.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &root, po);
+  if (!status.ok())
+    fail(ZD_ERR_CONFIG, source + ": not a valid JSON object: " + std::string(status.message()));
+  return Translator(json, source, opt).run(root);
+}
+
+std::string deepspeed_keys_markdown() {
+  std::string out;
+  for (auto kind : {DsKey::kTranslated, DsKey::kIgnored, DsKey::kDefaultOnly}) {
+    out += kind == DsKey::kTranslated  ? "| DeepSpeed key | zerod |\n|---|---|\n"
+           : kind == DsKey::kIgnored ? "\n| accepted and ignored | why |\n|---|---|\n"
+                                     : "\n| accepted only at | otherwise refused, because |\n|---|---|\n";
+    for (const DsKey& k : deepspeed_keys()) {
+      if (k.kind != kind) continue;
+      const std::string key = "`" + std::string(k.key) + "`";
+      out += "| " + (kind == DsKey::kDefaultOnly ? key + " = `" + std::string(k.value) + "`" : key) + " | " +
+             std::string(k.note) + " |\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace zerod::scripting

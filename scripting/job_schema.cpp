@@ -1,0 +1,203 @@
+#include "job_schema.h"
+
+#include "error.h"
+
+#include <cmath>
+
+namespace zerod::scripting {
+
+namespace {
+
+constexpr double kHuge = 1e300;  // "no upper bound" in the table below
+
+NumberRange ints(double lo, double hi = kHuge) {
+  NumberRange r;
+  r.min = lo;
+  r.max = hi;
+  r.integer = true;
+  return r;
+}
+
+NumberRange nums(double lo, double hi = kHuge, bool lo_exclusive = false) {
+  NumberRange r;
+  r.min = lo;
+  r.max = hi;
+  r.min_exclusive = lo_exclusive;
+  return r;
+}
+
+std::vector<KeySpec> make_schema() {
+  using T = KeyType;
+  return {
+      {"device", T::kChoice, 0, "cpu", {}, {"cpu", "cuda", "auto"},
+       "Where each rank computes: `cpu`, a bounded shared-memory pool standing in for a GPU; `cuda`, the GPU's "
+       "memory; `auto`, cuda where the process sees a GPU. A trainer's `zd_model_options.device` overrides it; a "
+       "daemon's ranks use `cpu` ([devices.md](devices.md))."},
+      {"precision", T::kChoice, 0, "fp32", {}, {"fp32", "bf16", "fp16"},
+       "The 16-bit type parameters may be registered as (a parameter may always be `f32`). `fp16` turns on loss "
+       "scaling. The fp32 master copy exists in every precision."},
+      {"grad_accum_dtype", T::kChoice, 0, "working", {}, {"working", "fp32"},
+       "Type of the gradient accumulation buffers. `working` keeps the parameter's own type (DeepSpeed's fp16 "
+       "behaviour; the memory figures of DESIGN.md §4 assume it); `fp32` accumulates exactly at 2 extra bytes per "
+       "16-bit parameter."},
+      {"gradient_accumulation_steps", T::kInteger, 1, "", ints(1, 1 << 30), {},
+       "Micro-batches per optimizer step. `zd_step()` is called after every micro-batch and applies the optimizer "
+       "at each boundary."},
+      {"gradient_clipping", T::kNumber, 0, "0 (off)", nums(0), {},
+       "Maximum global L2 norm of the averaged, unscaled gradient (PyTorch's `clip_grad_norm_` rule: multiply by "
+       "`max/(norm + 1e-6)` when the norm is larger)."},
+      {"threads", T::kInteger, 0, "0 (all)", ints(0, 4096), {},
+       "CPU threads for the optimizer step; 0 = every core the process may run on."},
+      {"fp16", T::kTable, 0, "loss scaling on", {}, {},
+       "Loss scaling; only with `precision = \"fp16\"` (an error otherwise, so settings never silently do "
+       "nothing)."},
+      {"fp16.loss_scale", T::kNumber, 0, "0 (dynamic)", nums(0), {},
+       "0 = dynamic scaling; > 0 = this fixed scale."},
+      {"fp16.initial_scale_power", T::kInteger, 16, "", ints(0, 64), {}, "The dynamic scale starts at 2^power."},
+      {"fp16.loss_scale_window", T::kInteger, 1000, "", ints(1, 0x1p40), {},
+       "Clean steps since the last overflow before the scale doubles."},
+      {"fp16.hysteresis", T::kInteger, 2, "", ints(1, 1 << 20), {},
+       "Overflows tolerated before the scale halves."},
+      {"fp16.consecutive_hysteresis", T::kBoolean, 0, "", {}, {},
+       "Refill the hysteresis after every clean step."},
+      {"fp16.min_loss_scale", T::kNumber, 1, "", nums(0, kHuge, true), {}, "The scale never goes below this."},
+      {"zero", T::kTable, 0, "stage 0", {}, {},
+       "The partitioner plugin and its hyperparameters (the shipped ones are listed below)."},
+      {"zero.stage", T::kInteger, 0, "", ints(0, 3), {},
+       "The ZeRO stage: which state is split across ranks ([daemon.md](daemon.md#zero-stages)). It names the "
+       "partitioner plugin `stage<N>`."},
+      {"zero.partitioner", T::kString, 0, "none", {}, {},
+       "Another partitioner plugin, by name (instead of `stage`)."},
+      {"comm", T::kTable, 0, "local", {}, {}, "The comm plugin and its hyperparameters."},
+      {"comm.backend", T::kString, 0, "\"local\"", {}, {},
+       "The comm plugin: `local` serves the ranks of one daemon over shared memory; `mpi` spans daemons "
+       "([multinode.md](multinode.md))."},
+      {"comm.timeout", T::kNumber, 300, "", nums(0), {},
+       "Seconds: a collective not started after this fails on every rank, naming where each rank was; 0 = wait "
+       "forever."},
+      {"daemon", T::kTable, 0, "", {}, {}, "What the daemon does with the job."},
+      {"daemon.keep_state", T::kBoolean, 0, "", {}, {},
+       "Keep the model in the daemon when its ranks are gone, so restarted ranks resume from the last applied "
+       "step ([daemon.md](daemon.md#when-things-go-wrong))."},
+      {"budgets", T::kTable, 0, "", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
+      {"budgets.device", T::kSize, 0, "none", {}, {},
+       "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool). A model that does "
+       "not fit is refused at finalize with a per-tier table."},
+      {"budgets.host", T::kSize, 0, "none", {}, {},
+       "Bytes of host RAM each rank may use for model state ([offload.md](offload.md#budgets-and-zerod-plan))."},
+      {"budgets.nvme", T::kSize, 0, "none", {}, {}, "Bytes of disk each rank may use for model state."},
+      {"offload", T::kTable, 0, "all on the device", {}, {},
+       "Where the optimizer state and stage-3 parameter shards live, and the tier plugins' `host = {...}`, "
+       "`nvme = {...}` ([offload.md](offload.md))."},
+      {"offload.optimizer", T::kChoice, 0, "device", {}, {"device", "host", "nvme"},
+       "The tier of the fp32 master copy and the optimizer state."},
+      {"offload.params", T::kChoice, 0, "device", {}, {"device", "host", "nvme"},
+       "The tier of the stage-3 parameter shards (ZeRO stage 3 only)."},
+      {"offload.ratio", T::kNumber, 1, "", nums(0, 1), {},
+       "The share of the optimizer's elements placed on `offload.optimizer`; the rest stays on the device."},
+      {"offload.nvme_path", T::kStrings, 0, "none", {}, {},
+       "Directories for state on nvme (relative to the script's folder); required when anything is on nvme."},
+      {"offload.buffer_count", T::kInteger, 4, "", ints(3, 64), {},
+       "Staging buffer sets of the NVMe pipeline (read ahead, compute, write behind)."},
+      {"offload.tile_size", T::kSize, 0, "4MiB", {}, {}, "Bytes of fp32 state streamed per NVMe transfer."},
+      {"snapshot", T::kTable, 0, "none", {}, {},
+       "Snapshots the engine writes by itself; with them `zerod run` restarts a daemon that dies "
+       "([checkpoints.md](checkpoints.md#snapshots))."},
+      {"snapshot.path", T::kString, 0, "required", {}, {},
+       "The directory of the snapshots (relative to the script's folder)."},
+      {"snapshot.every", T::kInteger, 0, "0 (at exit)", ints(0, 0x1p40), {},
+       "Steps between snapshots; 0 = only at a clean exit."},
+      {"snapshot.keep", T::kInteger, 2, "", ints(1, 1000), {}, "The newest this many are kept."},
+      {"snapshot.resume", T::kBoolean, 1, "", {}, {}, "A new job over the path resumes from the newest."},
+      {"trace", T::kTable, 0, "none (no trace)", {}, {},
+       "A timeline of chosen steps (Chrome trace JSON) ([observability.md](observability.md))."},
+      {"trace.path", T::kString, 0, "required", {}, {},
+       "The file the trace is written to (relative to the working directory of the process that writes it); "
+       "`zerod run --trace FILE` sets it for a run."},
+      {"trace.steps", T::kTable, 0, "{2, 6}", {}, {},
+       "`{from, to}`, integers >= 1, from <= to: the optimizer steps recorded (step 1 records the module order)."},
+      {"trace.events_per_thread", T::kInteger, 65536, "", ints(1024, 0x1p26), {},
+       "Each recording thread's ring of events (about 100 bytes each); the oldest are overwritten when full, "
+       "counted, and a warning says so."},
+      {"metrics", T::kTable, 0, "none (off)", {}, {}, "Prometheus metrics served by the daemon."},
+      {"metrics.listen", T::kString, 0, "none", {}, {},
+       "`\"host:port\"` (port 0: any free port) or a unix socket (`\"unix:PATH\"` or a path beginning with `/`); "
+       "`zerod run --metrics ADDR` overrides it. Embedded trainers serve none."},
+      {"optimizer", T::kTable, 0, "{ type = \"adamw\" }", {}, {},
+       "`type` names the optimizer plugin; the other keys are that plugin's hyperparameters (below)."},
+      {"optimizer.type", T::kString, 0, "\"adamw\"", {}, {}, "The optimizer plugin."},
+      {"placement", T::kFunction, 0, "none", {}, {},
+       "`placement(t)` → `\"device\"`, `\"host\"`, `\"nvme\"` or nil for each tensor and kind at finalize "
+       "([offload.md](offload.md#a-placement-policy-in-lua))."},
+      {"plugin_path", T::kStrings, 0, "{}", {}, {},
+       "Extra folders searched for plugins, relative to the script's folder."},
+      {"lr", T::kFunction, 0, "none", {}, {},
+       "`lr(step)` → learning rate for the update after `step` applied updates (0 for the first). Without it the "
+       "optimizer's `lr` is used."},
+  };
+}
+
+std::string bound(double v) { return v >= 0x1p40 ? "" : format_number(v); }
+
+}  // namespace
+
+std::string KeySpec::leaf() const {
+  const auto dot = key.rfind('.');
+  return std::string(dot == std::string_view::npos ? key : key.substr(dot + 1));
+}
+
+std::string KeySpec::type_text() const {
+  switch (type) {
+    case KeyType::kInteger:
+    case KeyType::kNumber: {
+      const std::string word = type == KeyType::kInteger ? "integer" : "number";
+      const std::string lo = format_number(range.min), hi = bound(range.max);
+      if (!hi.empty() && !range.min_exclusive) return word + " " + lo + ".." + hi;
+      return word + (range.min_exclusive ? " > " : " ≥ ") + lo;
+    }
+    case KeyType::kBoolean: return "boolean";
+    case KeyType::kChoice: {
+      std::string s;
+      for (auto c : choices) s += (s.empty() ? "`\"" : " \\| `\"") + std::string(c) + "\"`";
+      return s;
+    }
+    case KeyType::kString: return "string";
+    case KeyType::kStrings: return "string or list";
+    case KeyType::kSize: return "size";
+    case KeyType::kTable: return "table";
+    case KeyType::kFunction: return "function";
+  }
+  return "?";
+}
+
+std::string KeySpec::default_text() const {
+  if (type == KeyType::kChoice) return "\"" + std::string(def_text) + "\"";
+  if (!def_text.empty()) return std::string(def_text);
+  if (type == KeyType::kBoolean) return def != 0 ? "true" : "false";
+  return format_number(def);
+}
+
+const std::vector<KeySpec>& job_schema() {
+  static const std::vector<KeySpec> schema = make_schema();
+  return schema;
+}
+
+const KeySpec& job_key(std::string_view key) {
+  for (const KeySpec& k : job_schema())
+    if (k.key == key) return k;
+  fail(ZD_ERR_INTERNAL, "job schema: no key '" + std::string(key) + "'");
+}
+
+std::string job_schema_markdown() {
+  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const KeySpec& k : job_schema()) {
+    std::string def = k.default_text();
+    // Literal values in code font; words ("none", "0 (off)") as they are.
+    if (k.type != KeyType::kTable && k.type != KeyType::kFunction && def.find(' ') == std::string::npos)
+      def = "`" + def + "`";
+    out += "| `" + std::string(k.key) + "` | " + k.type_text() + " | " + def + " | " + std::string(k.help) + " |\n";
+  }
+  return out;
+}
+
+}  // namespace zerod::scripting

@@ -1,0 +1,30 @@
+"""One rank of the multi-process Lightning test, started by
+`zerod run --nproc 2`: Trainer(devices=2, strategy=...) on this rank's share
+of the data (Lightning's DistributedSampler, batch 4: the two ranks' batches
+together are the one-process run's batch of 8). Prints "loss <batch>
+<value>" per batch and "global_step <n>" at the end.
+
+    lightning_rank.py <strategy> <checkpoint dir> [<checkpoint to resume from>]
+"""
+import sys
+
+import torch
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import zerod.lightning  # noqa: F401
+from test_lightning import LitGPT, Losses, Windows
+
+torch.set_num_threads(1)
+losses = Losses()
+trainer = pl.Trainer(strategy=sys.argv[1], accelerator="cpu", devices=2, max_epochs=2, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                     accumulate_grad_batches=2, gradient_clip_val=0.5, default_root_dir=sys.argv[2],
+                     callbacks=[losses, ModelCheckpoint(dirpath=sys.argv[2], save_top_k=-1)])
+loader = torch.utils.data.DataLoader(Windows(), batch_size=4, shuffle=False)
+module = LitGPT()
+trainer.fit(module, loader, ckpt_path=sys.argv[3] if len(sys.argv) > 3 else None)
+for i, v in enumerate(losses.losses):
+    print(f"loss {i} {v!r}", flush=True)
+print(f"global_step {trainer.global_step}", flush=True)

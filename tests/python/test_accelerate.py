@@ -1,0 +1,207 @@
+"""zerod.accelerate against the real Hugging Face Accelerate (from PyPI), on
+the CPU: the Accelerate user's loop, written once, runs under Accelerator()
+and under ZerodAccelerator(...) -- the import and the constructor the only
+lines changed -- with the same losses (fp32: 1e-4 relative, every batch;
+bf16 autocast: 1e-3), and save_state/load_state resumes bit for bit.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from accelerate.utils import set_seed
+
+from zerod.accelerate import ZerodAccelerator
+from zerod.errors import InvalidArgumentError
+from gpt import GPT, GPTConfig
+from models import BLOCK, CHARS, TOKENS
+
+N_SAMPLES = 64
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate's state is a process-wide singleton: each test (and each
+    Accelerator in it, see run) starts from none."""
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+class Windows(torch.utils.data.Dataset):
+    def __len__(self):
+        return N_SAMPLES
+
+    def __getitem__(self, i):
+        start = (i * 13) % (len(TOKENS) - BLOCK - 1)
+        chunk = TOKENS[start:start + BLOCK + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def objects(batch_size=8):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=batch_size, shuffle=False)
+    return model, opt, loader, sched
+
+
+def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_after=None, resume_from=None):
+    """The Accelerate user's loop (as in Accelerate's examples)."""
+    losses, lrs = [], []
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+    for epoch in range(epochs):
+        if resume_from is not None and epoch == 0:
+            continue  # the state saved after epoch 0 was loaded
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                logits, _ = model(x)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 0.5)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            losses.append(float(loss))
+            lrs.append(scheduler.get_last_lr()[0])
+        if save_after is not None and epoch == 0:
+            accelerator.save_state(save_after)
+    return losses, lrs
+
+
+def run(make_accelerator, batch_size=8, **kw):
+    set_seed(0)
+    AcceleratorState._reset_state(True)
+    accelerator = make_accelerator()
+    prepared = accelerator.prepare(*objects(batch_size))
+    out = user_loop(accelerator, *prepared, **kw)
+    return out, accelerator, prepared
+
+
+def _same(name, ours, theirs, tol, n=16):
+    assert len(ours) == len(theirs) == n
+    rel = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    print(f"\n{name}: max relative loss difference {rel:.2e} over {len(ours)} batches (tolerance {tol:g})")
+    assert sum(theirs[-3:]) < sum(theirs[:3])
+    for s, (a, b) in enumerate(zip(ours, theirs)):
+        assert abs(a - b) <= tol * abs(b), f"{name} batch {s}: zerod {a}, Accelerate {b}\n{ours}\n{theirs}"
+
+
+@pytest.mark.parametrize("precision,tol", [("no", 1e-4), ("bf16", 1e-3)])
+@pytest.mark.parametrize("stage,offload", [(3, True), (1, False)])
+def test_same_losses_as_plain_accelerate(precision, tol, stage, offload):
+    (theirs, their_lrs), _, _ = run(lambda: Accelerator(gradient_accumulation_steps=2, mixed_precision=precision))
+    (ours, our_lrs), acc, (model, *_rest) = run(lambda: ZerodAccelerator(
+        gradient_accumulation_steps=2, mixed_precision=precision, gradient_clipping=0.5, zero_stage=stage,
+        offload=offload))
+    _same(f"{precision} stage {stage}{' offload' if offload else ''}", ours, theirs, tol)
+    assert our_lrs == their_lrs
+    # The lr zerod applied at its last update is the scheduler's, and the
+    # weights come out whole.
+    assert acc.zerod_engine.last_step.applied
+    sd = acc.get_state_dict(model)
+    assert set(sd) == set(acc.unwrap_model(model).state_dict())
+    assert all(v.numel() > 0 for v in sd.values())
+
+
+def test_save_state_load_state_resumes_exactly(tmp_path):
+    make = lambda: ZerodAccelerator(gradient_accumulation_steps=2, gradient_clipping=0.5, zero_stage=3,  # noqa
+                                    offload=True)
+    (unbroken, lrs), _, _ = run(make, save_after=str(tmp_path / "state"))
+    assert (tmp_path / "state" / "zerod" / "latest").exists()
+
+    set_seed(123)  # the RNG state comes back from save_state
+    AcceleratorState._reset_state(True)
+    accelerator = make()
+    model, opt, loader, sched = objects()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)  # not the saved values: load_state must bring them
+    prepared = accelerator.prepare(model, opt, loader, sched)
+    (resumed, resumed_lrs) = user_loop(accelerator, *prepared, resume_from=str(tmp_path / "state"))
+    assert resumed == unbroken[8:]  # bit for bit
+    assert resumed_lrs == lrs[8:]
+
+
+def test_clip_value_must_match():
+    accelerator = ZerodAccelerator(gradient_clipping=1.0)
+    model, opt, loader, sched = accelerator.prepare(*objects())
+    x, y = next(iter(loader))
+    logits, _ = model(x)
+    accelerator.backward(F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)))
+    assert float(accelerator.clip_grad_norm_(model.parameters(), 1.0)) > 0
+    with pytest.raises(InvalidArgumentError, match="gradient_clipping=1.0"):
+        accelerator.clip_grad_norm_(model.parameters(), 0.5)
+
+
+def test_refusals():
+    with pytest.raises(InvalidArgumentError, match="mixed_precision='fp16'"):
+        ZerodAccelerator(mixed_precision="fp16", cpu=True)
+    AcceleratorState._reset_state(True)
+    accelerator = ZerodAccelerator()
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(InvalidArgumentError, match="Adagrad has no zerod equivalent"):
+        accelerator.prepare(model, torch.optim.Adagrad(model.parameters()))
+
+
+def test_two_processes_under_zerod_run(tmp_path):
+    """The same loop as the 2 ranks of `zerod run`, Accelerate sharding the
+    dataloader (each rank its own batches of 8): the mean of the ranks'
+    losses is plain Accelerate's in one process with batches of 16;
+    save_state writes both ranks' zerod shards and load_state resumes both
+    bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ZEROD, rank_env, split_ranks
+
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the accelerator brings its own
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "accelerate_rank.py"), str(tmp_path / "state")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    ranks = split_ranks(p.stdout)
+    per_rank = [[l.split()[2:] for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
+    ours = [(float(a[0]) + float(b[0])) / 2 for a, b in zip(*per_rank)]
+    our_lrs = [float(a[1]) for a in per_rank[0]]
+    (theirs, their_lrs), _, _ = run(lambda: Accelerator(gradient_accumulation_steps=2), batch_size=16)
+    _same("2 processes under zerod run", ours, theirs, 1e-4, n=8)
+    assert our_lrs == their_lrs
+    assert (tmp_path / "state" / "zerod" / "latest").exists()
+
+    # Both ranks load_state and run the second epoch again: bit for bit.
+    p = subprocess.run(cmd + ["resume"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300, env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    again = split_ranks(p.stdout)
+    for r in (0, 1):
+        resumed = [l.split()[2:] for l in again[r] if l.startswith("loss ")]
+        assert resumed == per_rank[r][len(per_rank[r]) // 2:], (r, resumed, per_rank[r])
+
+
+def test_save_model_writes_zerods_weights(tmp_path):
+    """accelerator.save_model writes the full weights zerod holds (through
+    get_state_dict), as safetensors."""
+    from safetensors.torch import load_file
+
+    accelerator = ZerodAccelerator(zero_stage=3, offload=True)
+    model, opt, loader, sched = accelerator.prepare(*objects())
+    x, y = next(iter(loader))
+    logits, _ = model(x)
+    accelerator.backward(F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)))
+    opt.step()
+    accelerator.save_model(model, str(tmp_path))
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    full = accelerator.get_state_dict(model)
+    assert set(full) - set(saved) == {"lm_head.weight"}  # tied to the embedding: written once, as for any model
+    assert all(torch.equal(saved[k], full[k]) and saved[k].numel() > 0 for k in saved)
+    initial = objects()[0].state_dict()
+    assert not torch.equal(saved["transformer.wte.weight"], initial["transformer.wte.weight"])  # trained

@@ -1,0 +1,334 @@
+"""The same DeepSpeed config trains the same model under real DeepSpeed (from
+PyPI, on the CPU) and under zerod through zerod.deepspeed, whose API the
+training loop uses unchanged: the losses match step for step.
+
+DeepSpeed runs every config in one subprocess (its import and process group
+are paid once); zerod runs them here. Tolerances: fp32 every step within
+1e-4 relative; bf16 within 2e-2 (bf16 rounding of the weights compounds).
+The measured differences are printed (pytest -s) for docs/integrations.md.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+STEPS = 12  # micro-batches
+
+CONFIGS = {
+    # stage 0, AdamW, log warm-up, clipping, accumulation
+    "adamw_warmup_clip_gas2": {
+        "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+        "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "betas": [0.9, 0.95], "weight_decay": 0.05}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_max_lr": 2e-2}},
+        "steps_per_print": 100, "wall_clock_breakdown": False},
+    # stage 2, Adam with L2 decay, linear warm-up then decay
+    "adam_l2_stage2_warmupdecay": {
+        "train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "adam_w_mode": False}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 12,
+                                                           "warmup_max_lr": 1e-2, "warmup_type": "linear"}},
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": False,
+                              "contiguous_gradients": True}},
+    # stage 3, optimizer and parameters offloaded to the CPU, cosine
+    "stage3_offload_cosine": {
+        "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 12, "warmup_num_steps": 3,
+                                                            "warmup_type": "linear"}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}},
+    # stage 1, SGD with momentum, one cycle without momentum cycling
+    "sgd_onecycle_stage1": {
+        "train_micro_batch_size_per_gpu": 8, "zero_allow_untested_optimizer": True,
+        "optimizer": {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9}},
+        "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-2, "cycle_max_lr": 5e-2,
+                                                      "cycle_first_step_size": 4, "cycle_momentum": False,
+                                                      "decay_lr_rate": 0.5, "decay_step_size": 2}},
+        "zero_optimization": {"stage": 1}},
+    # bf16 at stage 1
+    "bf16_stage1": {
+        "train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 1}},
+}
+
+# The trainer brings its own torch optimizer and LR scheduler (no "optimizer"
+# or "scheduler" section): both sides are given the same objects' kind.
+def _torch_adamw_lambda(model):
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, betas=(0.9, 0.99), weight_decay=0.1)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 4) * 0.9 ** t)
+
+
+def _torch_sgd_step(model):
+    opt = torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9, nesterov=True)
+    return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+
+CLIENT = {
+    "torch_adamw_lambdalr_gas2": ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+                                   "zero_optimization": {"stage": 2}}, _torch_adamw_lambda),
+    "torch_sgd_nesterov_steplr": ({"train_batch_size": 8, "zero_allow_untested_optimizer": True,
+                                   "zero_optimization": {"stage": 1}}, _torch_sgd_step),
+}
+
+DEEPSPEED = r'''
+import json, os, sys, torch
+for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0", "WORLD_SIZE": "1",
+             "LOCAL_RANK": "0"}.items():
+    os.environ.setdefault(k, v)
+import deepspeed
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+from test_deepspeed_side_by_side import CONFIGS, CLIENT, make, train
+out = {}
+for name, cfg in CONFIGS.items():
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    out[name] = train(engine, cfg)
+for name, (cfg, build) in CLIENT.items():
+    model = make()
+    opt, sched = build(model)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=dict(cfg))
+    out[name] = train(engine, cfg)
+model = make()
+dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
+engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), training_data=dataset,
+                                            config={"train_micro_batch_size_per_gpu": 4,
+                                                    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+out["loader"] = [b[0][:, 0].tolist() for b in loader]
+json.dump(out, open(sys.argv[1], "w"))
+'''
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+
+
+_TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(7)) / 4
+
+
+def batch(step, dtype=torch.float32):
+    """A learnable task (a fixed linear teacher), so that the loss falls."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(8, 16, generator=g)
+    return x.to(dtype), torch.tanh(x @ _TEACHER)
+
+
+def train(engine, cfg, steps=range(STEPS)):
+    """The DeepSpeed loop, written once for both: each micro-batch's loss,
+    and after its step() the engine's get_lr() and global_steps."""
+    dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
+    out = {"loss": [], "lr": [], "global_steps": []}
+    for s in steps:
+        x, y = batch(s, dtype)
+        loss = ((engine(x).float() - y) ** 2).mean()
+        engine.backward(loss)
+        engine.step()
+        out["loss"].append(float(loss.detach()))
+        out["lr"].append(float(engine.get_lr()[0]))
+        out["global_steps"].append(int(engine.global_steps))
+    return out
+
+
+@pytest.fixture(scope="module")
+def deepspeed_losses(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ds")
+    script = d / "run_ds.py"
+    script.write_text(DEEPSPEED)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, str(script), str(d / "losses.json"), "29631"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return json.loads((d / "losses.json").read_text())
+
+
+def _compare(name, ours, theirs, tol):
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["loss"], theirs["loss"])]
+    print(f"\n{name}: max relative loss difference {max(rel):.2e} over {STEPS} micro-batches (tolerance {tol:g})")
+    assert len(ours["loss"]) == len(theirs["loss"]) == STEPS
+    assert sum(theirs["loss"][-3:]) < sum(theirs["loss"][:3]), \
+        "DeepSpeed's loss did not fall: the comparison would prove little"
+    for s, (a, b) in enumerate(zip(ours["loss"], theirs["loss"])):
+        assert abs(a - b) <= tol * abs(b), f"{name} step {s}: zerod {a}, DeepSpeed {b}\nzerod {ours}\nDeepSpeed {theirs}"
+    assert ours["global_steps"] == theirs["global_steps"], (ours["global_steps"], theirs["global_steps"])
+    for s, (a, b) in enumerate(zip(ours["lr"], theirs["lr"])):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-12), f"{name} get_lr() after step {s}: zerod {ours['lr']}, " \
+                                                           f"DeepSpeed {theirs['lr']}"
+
+
+def _tolerance(cfg):
+    return 2e-2 if cfg.get("bf16", {}).get("enabled") else 1e-4
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_same_config_same_losses(name, deepspeed_losses):
+    import zerod.deepspeed as deepspeed
+
+    cfg = CONFIGS[name]
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    try:
+        ours = train(engine, cfg)
+    finally:
+        engine.close()
+    _compare(name, ours, deepspeed_losses[name], _tolerance(cfg))
+
+
+@pytest.mark.parametrize("name", list(CLIENT))
+def test_torch_optimizer_and_scheduler_same_losses(name, deepspeed_losses):
+    """deepspeed.initialize(optimizer=torch..., lr_scheduler=torch...): zerod
+    translates both (the scheduler traced into a table) and matches."""
+    import zerod.deepspeed as deepspeed
+
+    cfg, build = CLIENT[name]
+    model = make()
+    opt, sched = build(model)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=dict(cfg))
+    try:
+        ours = train(engine, cfg)
+    finally:
+        engine.close()
+    _compare(name, ours, deepspeed_losses[name], 1e-4)
+
+
+@pytest.mark.parametrize("name", ["adamw_warmup_clip_gas2", "stage3_offload_cosine"])
+def test_checkpoint_resume_is_exact(name, deepspeed_losses, tmp_path):
+    """save_checkpoint half-way (at an accumulation boundary), a fresh model
+    and engine load_checkpoint and train on: the losses equal an unbroken
+    run's bit for bit, the client_state comes back, and both match DeepSpeed."""
+    import zerod.deepspeed as deepspeed
+
+    cfg = CONFIGS[name]
+    half = STEPS // 2
+    model = make()
+    engine, _, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    try:
+        first = train(engine, cfg, range(half))
+        assert engine.save_checkpoint(str(tmp_path), client_state={"epoch": 3, "note": "half"})
+        unbroken = train(engine, cfg, range(half, STEPS))
+    finally:
+        engine.close()
+    assert (tmp_path / "latest").read_text() == f"global_step{first['global_steps'][-1]}"
+
+    model = make()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # not the checkpoint's values: load_checkpoint must bring them
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    try:
+        path, client_state = engine.load_checkpoint(str(tmp_path))
+        assert path == str(tmp_path / f"global_step{first['global_steps'][-1]}")
+        assert client_state == {"epoch": 3, "note": "half"}
+        assert engine.global_steps == first["global_steps"][-1]
+        resumed = train(engine, cfg, range(half, STEPS))
+    finally:
+        engine.close()
+    assert resumed == unbroken
+    theirs = deepspeed_losses[name]
+    joined = {k: first[k] + resumed[k] for k in first}
+    _compare(name + " (resumed)", joined, theirs, _tolerance(cfg))
+
+
+def test_load_checkpoint_without_latest_returns_none(tmp_path):
+    import zerod.deepspeed as deepspeed
+
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=dict(CONFIGS["bf16_stage1"], bf16={"enabled": False}))
+    try:
+        with pytest.warns(UserWarning, match="no 'latest'"):
+            assert engine.load_checkpoint(str(tmp_path)) == (None, None)
+    finally:
+        engine.close()
+
+
+def test_refusals_name_what_is_unsupported():
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    model = make()
+    with pytest.raises(InvalidArgumentError, match="Adagrad has no zerod equivalent"):
+        deepspeed.initialize(model=model, optimizer=torch.optim.Adagrad(model.parameters()),
+                             config={"train_batch_size": 8})
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(InvalidArgumentError, match="ReduceLROnPlateau"):
+        deepspeed.initialize(model=model, optimizer=opt, config={"train_batch_size": 8},
+                             lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+    with pytest.raises(InvalidArgumentError, match="train_batch_size 10 is not"):
+        deepspeed.initialize(model=model, optimizer=opt, config={"train_batch_size": 10,
+                                                                 "train_micro_batch_size_per_gpu": 4})
+    with pytest.raises(InvalidArgumentError, match="model_parameters leaves out '0.weight'"):
+        deepspeed.initialize(model=model, model_parameters=list(model.parameters())[1:], optimizer=opt,
+                             config={"train_batch_size": 8})
+
+
+@pytest.mark.parametrize("name", ["adamw_warmup_clip_gas2", "stage3_offload_cosine"])
+def test_two_ranks_under_zerod_run(name, deepspeed_losses, tmp_path):
+    """The same DeepSpeed loop as the ranks of `zerod run --nproc 2`, each on
+    half of every batch: the mean of the two ranks' losses is DeepSpeed's
+    loss on the whole batch (one rank), step for step."""
+    from conftest import ZEROD, rank_env
+
+    cfg = CONFIGS[name]
+    job = tmp_path / "ds_config.json"
+    half_cfg = dict(cfg, train_micro_batch_size_per_gpu=4)
+    half_cfg.pop("train_batch_size", None)
+    job.write_text(json.dumps(half_cfg))
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "ds_rank.py"), name]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    per_rank = {0: {}, 1: {}}
+    for line in p.stdout.splitlines():
+        if line.startswith("[rank ") and "] loss " in line:
+            r = int(line[6])
+            _, s, v, _, lr, _, steps = line.split("] ", 1)[1].split()
+            per_rank[r][int(s)] = (float(v), float(lr), int(steps))
+    assert len(per_rank[0]) == len(per_rank[1]) == STEPS, p.stdout[-4000:]
+    theirs = deepspeed_losses[name]
+    ours = {"loss": [(per_rank[0][s][0] + per_rank[1][s][0]) / 2 for s in range(STEPS)],
+            "lr": [per_rank[0][s][1] for s in range(STEPS)],
+            "global_steps": [per_rank[0][s][2] for s in range(STEPS)]}
+    _compare(name + " (2 ranks)", ours, theirs, _tolerance(cfg))
+
+
+def test_training_data_loader_matches(deepspeed_losses):
+    """initialize(training_data=...) returns a loader of the micro-batch
+    size in DeepSpeed's order (its DistributedSampler, shuffled, seed 0)."""
+    import zerod.deepspeed as deepspeed
+
+    model = make()
+    dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
+    engine, _, loader, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), training_data=dataset,
+        config={"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    try:
+        ours = [b[0][:, 0].tolist() for b in loader]
+    finally:
+        engine.close()
+    assert ours == deepspeed_losses["loader"]
+    assert len(ours) == 5 and all(len(b) == 4 for b in ours)
+
+
+def test_script_helpers():
+    import argparse
+
+    import zerod.deepspeed as deepspeed
+
+    args = deepspeed.add_config_arguments(argparse.ArgumentParser()).parse_args(
+        ["--deepspeed", "--deepspeed_config", "ds.json"])
+    assert args.deepspeed and args.deepspeed_config == "ds.json"
+    with deepspeed.zero.Init():
+        model = make()
+    engine, _, _, _ = deepspeed.initialize(args=argparse.Namespace(deepspeed_config=None), model=model,
+                                           config_params=dict(CONFIGS["sgd_onecycle_stage1"]))
+    try:
+        assert engine.zero_optimization_stage() == 1
+    finally:
+        engine.close()

@@ -1,0 +1,266 @@
+"""zerod.lightning against the real PyTorch Lightning (from PyPI), on the CPU.
+
+The MinGPT pattern: one LightningModule (examples/python/gpt.py on the Zen
+of Python) trained by Trainer(strategy="ddp") and by
+Trainer(strategy="zerod_stage_3_offload"), that argument the only change,
+reaches the same loss curve. Tolerances (relative, every batch): fp32 1e-4
+(measured: up to 6e-8); bf16-mixed 1e-3 (autocast on both sides; measured
+3e-5). The measured differences are printed (pytest -s).
+"""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+import zerod.lightning  # noqa: F401  (registers the strategies)
+from zerod.lightning import ZerodStrategy
+from gpt import GPT, GPTConfig
+from models import BLOCK, CHARS, TOKENS
+
+N_SAMPLES = 64  # 8 batches of 8 per epoch
+
+
+class Windows(torch.utils.data.Dataset):
+    def __len__(self):
+        return N_SAMPLES
+
+    def __getitem__(self, i):
+        start = (i * 13) % (len(TOKENS) - BLOCK - 1)
+        chunk = TOKENS[start:start + BLOCK + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class LitGPT(pl.LightningModule):
+    def __init__(self, optimizer="adamw", scheduler="onecycle", interval="step"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gpt = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))
+        self.optimizer, self.scheduler, self.interval = optimizer, scheduler, interval
+
+    def forward(self, idx):
+        return self.gpt(idx)[0]
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        self.log("val_loss", loss)
+
+    def configure_optimizers(self):
+        if self.optimizer == "adamw":
+            opt = torch.optim.AdamW(self.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+        elif self.optimizer == "sgd":
+            opt = torch.optim.SGD(self.parameters(), lr=0.3, momentum=0.9)
+        elif self.optimizer == "adagrad":
+            opt = torch.optim.Adagrad(self.parameters(), lr=0.1)
+        if self.scheduler is None:
+            return opt
+        if self.scheduler == "onecycle":
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
+        elif self.scheduler == "step":
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        elif self.scheduler == "plateau":
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val_loss"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval}}
+
+
+class Losses(Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def fit(strategy, tmp_path, module=None, precision="32-true", ckpt_path=None, callbacks=(), **trainer_args):
+    losses = Losses()
+    args = dict(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                default_root_dir=str(tmp_path), use_distributed_sampler=False)  # one order for every strategy
+    args.update(trainer_args)
+    if any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        args["enable_checkpointing"] = True
+    trainer = pl.Trainer(strategy=strategy, precision=precision, callbacks=[losses, *callbacks], **args)
+    module = module or LitGPT()
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=8, shuffle=False)
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return losses.losses, trainer, module
+
+
+def _same_curve(name, ours, theirs, tol):
+    assert len(ours) == len(theirs) and len(ours) > 0, (len(ours), len(theirs))
+    rel = [abs(a - b) / abs(b) for a, b in zip(ours, theirs)]
+    print(f"\n{name}: max relative loss difference {max(rel):.2e} over {len(ours)} batches (tolerance {tol:g})")
+    assert sum(theirs[-3:]) < sum(theirs[:3]), f"the reference's loss did not fall: {theirs}"
+    for s, (a, b) in enumerate(zip(ours, theirs)):
+        assert abs(a - b) <= tol * abs(b), f"{name} batch {s}: zerod {a}, reference {b}\nzerod {ours}\nref {theirs}"
+
+
+CURVES = {
+    # name: (precision, tolerance, module args, trainer args)
+    "fp32_adamw_onecycle_clip_accum2": ("32-true", 1e-4, {}, dict(gradient_clip_val=0.5, accumulate_grad_batches=2)),
+    "fp32_sgd_steplr_per_epoch_max_steps": ("32-true", 1e-4, dict(optimizer="sgd", scheduler="step", interval="epoch"),
+                                            dict(max_epochs=3, max_steps=20)),
+    "bf16_mixed_adamw_onecycle": ("bf16-mixed", 1e-3, {}, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(CURVES))
+def test_ddp_and_zerod_stage_3_offload_same_curve(name, tmp_path):
+    precision, tol, margs, targs = CURVES[name]
+    theirs, t1, _ = fit("ddp", tmp_path / "ddp", LitGPT(**margs), precision, **targs)
+    ours, t2, module = fit("zerod_stage_3_offload", tmp_path / "zerod", LitGPT(**margs), precision, **targs)
+    assert isinstance(t2.strategy, ZerodStrategy) and t2.strategy.stage == 3 and t2.strategy.offload_parameters
+    assert t2.global_step == t1.global_step  # optimizer updates, counted alike
+    if "max_steps" in targs:
+        assert t2.global_step == targs["max_steps"]
+    _same_curve(name, ours, theirs, tol)
+    # After fit the trained weights are back in the torch module.
+    assert all(p.numel() > 0 for p in module.parameters())
+
+
+@pytest.mark.parametrize("strategy", ["zerod", "zerod_stage_1", "zerod_stage_2", "zerod_stage_3"])
+def test_named_presets_train_alike(strategy, tmp_path):
+    ours, trainer, _ = fit(strategy, tmp_path, max_epochs=1)
+    ref, _, _ = fit("auto", tmp_path / "ref", max_epochs=1)
+    _same_curve(strategy, ours, ref, 1e-4)
+
+
+def test_resume_from_model_checkpoint_is_bit_exact(tmp_path):
+    """ModelCheckpoint writes a zerod checkpoint directory every epoch;
+    fit(ckpt_path=the first) on a fresh module continues exactly as the
+    unbroken run did."""
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1, every_n_epochs=1)
+    unbroken, trainer, _ = fit("zerod_stage_3_offload", tmp_path, max_epochs=2, callbacks=[ckpt],
+                               accumulate_grad_batches=2, gradient_clip_val=0.5)
+    files = sorted(os.listdir(tmp_path / "ckpt"))
+    assert files == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"], files
+    first = tmp_path / "ckpt" / files[0]
+    assert (first / "checkpoint").is_dir() and (first / "latest").read_text() == "checkpoint"
+    fresh = LitGPT()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.mul_(0.5)  # not the checkpoint's values: loading must bring them
+    resumed, trainer2, _ = fit("zerod_stage_3_offload", tmp_path / "again", fresh, max_epochs=2,
+                               ckpt_path=str(first), accumulate_grad_batches=2, gradient_clip_val=0.5)
+    half = len(unbroken) // 2
+    assert len(resumed) == half
+    assert resumed == unbroken[half:]  # bit for bit
+    assert trainer2.global_step == trainer.global_step == 8
+
+
+def test_job_script(tmp_path):
+    job = tmp_path / "job.lua"
+    job.write_text('return { zero = { stage = 3 }, optimizer = { type = "sgd", lr = 0.3, momentum = 0.9 } }\n')
+    ours, trainer, _ = fit(ZerodStrategy(job=str(job)), tmp_path, LitGPT(optimizer="sgd", scheduler=None),
+                           max_epochs=1)
+    ref, _, _ = fit("auto", tmp_path / "ref", LitGPT(optimizer="sgd", scheduler=None), max_epochs=1)
+    _same_curve("job.lua sgd", ours, ref, 1e-4)
+    with pytest.raises(Exception, match="job script sets gradient accumulation"):
+        fit(ZerodStrategy(job=str(job)), tmp_path, accumulate_grad_batches=2, max_epochs=1)
+
+
+@pytest.mark.parametrize("case,match", [
+    (dict(module=dict(optimizer="adagrad", scheduler=None)), "Adagrad has no zerod equivalent"),
+    (dict(module=dict(scheduler="plateau")), "ReduceLROnPlateau follows a metric"),
+    (dict(precision="64-true"), "does not run precision='64-true'"),
+    (dict(trainer=dict(gradient_clip_algorithm="value", gradient_clip_val=1.0)), "gradient_clip_algorithm='value'"),
+    (dict(trainer=dict(accumulate_grad_batches=3)), "not a multiple of accumulate_grad_batches=3"),
+    (dict(trainer=dict(devices=2)), r"zerod run --nproc N"),
+])
+def test_refused_with_the_reason(case, match, tmp_path):
+    with pytest.raises(Exception, match=match):
+        fit("zerod", tmp_path, LitGPT(**case.get("module", {})), case.get("precision", "32-true"),
+            max_epochs=1, **case.get("trainer", {}))
+
+
+def test_two_processes_under_zerod_run(tmp_path):
+    """Trainer(devices=2, strategy="zerod_stage_3_offload") in each of the 2
+    ranks `zerod run` starts, Lightning's DistributedSampler splitting every
+    batch of 8 into two of 4: the mean of the two ranks' losses is the loss
+    of the one-process "ddp" run, batch for batch; ModelCheckpoint writes one
+    checkpoint holding both ranks' shards, from which both ranks resume bit
+    for bit."""
+    import subprocess
+    import sys
+
+    from conftest import ZEROD, rank_env, split_ranks
+
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the strategy brings its own
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+           os.path.join(here, "lightning_rank.py"), "zerod_stage_3_offload", str(tmp_path / "ckpt")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    ranks = split_ranks(p.stdout)
+    per_rank = [[float(l.split()[2]) for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
+    assert all(f"global_step 8" in ranks[r] for r in (0, 1)), p.stdout[-3000:]
+    ours = [(a + b) / 2 for a, b in zip(*per_rank)]
+    # The reference: "ddp" in one process with Lightning's DistributedSampler
+    # (shuffled, seed 0), whose every batch of 8 the two ranks split.
+    ref, _, _ = fit("ddp", tmp_path / "ref", max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.5,
+                    use_distributed_sampler=True)
+    _same_curve("2 processes under zerod run vs ddp", ours, ref, 1e-4)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
+
+    # Both ranks resume from the first epoch's checkpoint: the second epoch
+    # again, bit for bit.
+    cmd = cmd[:-1] + [str(tmp_path / "ckpt2"), str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    again = split_ranks(p.stdout)
+    for r in (0, 1):
+        resumed = [float(l.split()[2]) for l in again[r] if l.startswith("loss ")]
+        assert resumed == per_rank[r][len(per_rank[r]) // 2:], (r, resumed, per_rank[r])
+        assert "global_step 8" in again[r]
+
+
+def test_deepspeed_config_with_auto_values(tmp_path):
+    """ZerodStrategy(config=...) takes a Hugging Face-style DeepSpeed config:
+    its "auto" values come from the Trainer and the dataloader, and it
+    trains as the preset with the same settings does."""
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                    "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0}}
+    strategy = ZerodStrategy(config=config)
+    ours, trainer, _ = fit(strategy, tmp_path, accumulate_grad_batches=2, gradient_clip_val=0.5)
+    cfg = strategy.engine_config
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["train_batch_size"], cfg["gradient_accumulation_steps"],
+            cfg["gradient_clipping"], cfg["bf16"]["enabled"]) == (8, 16, 2, 0.5, False)
+    ref, _, _ = fit("zerod_stage_3_offload", tmp_path / "ref", accumulate_grad_batches=2, gradient_clip_val=0.5)
+    _same_curve("DeepSpeed config with auto", ours, ref, 0.0)
+    with pytest.raises(Exception, match="bf16.enabled is True"):
+        fit(ZerodStrategy(config={"bf16": {"enabled": True}}), tmp_path / "x", max_epochs=1)
+
+
+def test_validation_and_validate_run_through_zerod(tmp_path):
+    """Validation during fit and Trainer.validate on a fresh module run their
+    forwards through the zerod engine (stage 3 gathers): the same val_loss as
+    the default strategy."""
+    loader = torch.utils.data.DataLoader(Windows(), batch_size=8, shuffle=False)
+    out = {}
+    for strategy in ("auto", "zerod_stage_3_offload"):
+        kw = dict(strategy=strategy, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        fresh = pl.Trainer(**kw).validate(LitGPT(), loader, verbose=False)[0]["val_loss"]
+        trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, **kw)
+        trainer.fit(LitGPT(), loader, loader)
+        out[strategy] = (fresh, float(trainer.callback_metrics["val_loss"]))
+    assert out["zerod_stage_3_offload"][0] == out["auto"][0]
+    assert out["zerod_stage_3_offload"][1] == pytest.approx(out["auto"][1], rel=1e-5)
+    assert out["auto"][1] < out["auto"][0]
