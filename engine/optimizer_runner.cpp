@@ -42,8 +42,7 @@ GradStats OptimizerRunner::gradient_stats(bool local) {
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
-    const GroupBuffers& b = buffers_.groups()[gi];
-    const OwnedGrad og = local ? OwnedGrad{b.grad_data(), b.grad_tier()} : grads_.owned(gi);
+    const OwnedGrad og = local ? grads_.local_grad(gi) : grads_.owned(gi);
     const GradSpan span{og.data, ctx_.grad_dtype(g), local ? g.full_numel : ctx_.owned_count(g)};
     (og.tier == ZD_TIER_DEVICE ? on_device : on_host).push_back(span);
   }
@@ -65,7 +64,7 @@ GradStats OptimizerRunner::gradient_stats(bool local) {
   return out;
 }
 
-std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
+std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces(bool per_tensor) const {
   const auto& groups = ctx_.registry.groups();
   const uint32_t slots = ctx_.optimizer().state_slots();
   const bool p3 = ctx_.params_partitioned();
@@ -85,45 +84,83 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
     add_cuts(b.master, 0);
     for (uint32_t s = 0; s < slots; ++s) add_cuts(b.state[s], 0);
     add_cuts(b.working, wbase);
+    // Planned passes: which tensor each element lies in (-1: none).
+    std::vector<std::pair<uint64_t, int64_t>> tensor_at;  // (first element, tensor) in owned coordinates
+    if (per_tensor) {
+      for (zd_param_id pid : g.params) {
+        const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+        if (sp.count == 0) continue;
+        cuts.push_back(sp.at);
+        cuts.push_back(sp.at + sp.count);
+        tensor_at.emplace_back(sp.at, pid);
+        tensor_at.emplace_back(sp.at + sp.count, -1);
+      }
+      // At one element an end sorts before a start.
+      std::sort(tensor_at.begin(), tensor_at.end(), [](const auto& x, const auto& y) {
+        return x.first != y.first ? x.first < y.first : x.second < y.second;
+      });
+    }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    size_t ti = 0;
+    int64_t tensor = -1;
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const uint64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
+      if (per_tensor) {
+        while (ti < tensor_at.size() && tensor_at[ti].first <= lo) tensor = tensor_at[ti++].second;
+        if (tensor < 0) continue;  // between tensors: zero, and it stays zero
+      }
       bool staged = !b.master.addressable(lo, len) || !b.working.addressable(wbase + lo, len);
       bool on_device = b.master.tier_of(lo, len) == ZD_TIER_DEVICE;
       for (uint32_t s = 0; s < slots; ++s) {
         staged = staged || !b.state[s].addressable(lo, len);
         on_device = on_device && b.state[s].tier_of(lo, len) == ZD_TIER_DEVICE;
       }
-      out.push_back({gi, lo, len, staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST});
+      out.push_back({gi, lo, len, staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST, tensor});
     }
   }
   return out;
 }
 
-zd_optimizer_update OptimizerRunner::base_update(double grad_scale, double lr, int64_t t) const {
+zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece& pc) const {
   zd_optimizer_update u{};
   u.struct_size = sizeof u;
-  u.grad_scale = grad_scale;
-  u.lr = lr;
-  u.step = t;
+  u.grad_scale = a.grad_scale;
+  u.lr = a.lr;
+  u.step = a.t;
+  if (a.planned) {
+    u.kind = a.kind;
+    u.pass = a.pass;
+    if (a.exchange) u.exchange = reinterpret_cast<float*>((*a.exchange)[pc.group].addr(pc.begin));
+    const uint32_t k = ctx_.optimizer().tensor_scalars();
+    if (k && a.scalars) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
+  }
   return u;
 }
 
-void OptimizerRunner::apply(double grad_scale, double lr, int64_t t, bool with_grad) {
-  const zd_optimizer_update base = base_update(grad_scale, lr, t);
-  for (const Piece& pc : pieces()) {
+void OptimizerRunner::pass(const PassArgs& a) {
+  const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
+  std::vector<double> piece_stats(nstats);
+  std::vector<zd_stat_op> ops(nstats);
+  for (uint32_t i = 0; i < nstats; ++i) ops[i] = ctx_.optimizer().stat_op(i);
+  for (const Piece& pc : pieces(a.planned)) {
     const ParamGroup& g = ctx_.registry.groups()[pc.group];
     std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
+    const zd_optimizer_update base = base_update(a, pc);
+    std::fill(piece_stats.begin(), piece_stats.end(), 0.0);
     if (pc.tier == ZD_TIER_NVME)
-      update_staged(pc, grad, base, with_grad);
+      update_staged(pc, grad, base, a, piece_stats.data());
     else
-      update_in_memory(pc, grad, base, with_grad);
+      update_in_memory(pc, grad, base, a, piece_stats.data());
+    if (nstats && a.stats)
+      combine_stats(a.stats->data() + static_cast<uint64_t>(pc.tensor) * nstats, piece_stats.data(), nstats,
+                    ops.data());
   }
 }
 
 void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
-                                       bool with_grad) {
+                                       const PassArgs& a, double* stats) {
+  const bool with_grad = a.with_grad;
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
   const uint32_t slots = ctx_.optimizer().state_slots();
@@ -137,6 +174,14 @@ void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const z
   u.work = b.working.addr(wbase);
   u.work_dtype = g.dtype;
   for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(b.state[s].addr(pc.begin));
+  if (a.planned) {
+    // The host runs planned passes (the model refuses a compressing or
+    // per-tensor optimizer on a device it cannot address).
+    std::vector<zd_stat_op> ops(ctx_.optimizer().tensor_stats());
+    for (uint32_t i = 0; i < ops.size(); ++i) ops[i] = ctx_.optimizer().stat_op(i);
+    parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(ops.size()), ops.data(), stats);
+    return;
+  }
   if (pc.tier == ZD_TIER_DEVICE) {
     d.optimizer_update(ctx_.optimizer(), u, with_grad);
     return;
@@ -175,7 +220,10 @@ struct Operand {
 }  // namespace
 
 void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
-                                    bool with_grad) {
+                                    const PassArgs& a, double* stats) {
+  const bool with_grad = a.with_grad;
+  std::vector<zd_stat_op> stat_ops(a.planned ? ctx_.optimizer().tensor_stats() : 0);
+  for (uint32_t i = 0; i < stat_ops.size(); ++i) stat_ops[i] = ctx_.optimizer().stat_op(i);
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
   const uint32_t slots = ctx_.optimizer().state_slots();
@@ -261,7 +309,12 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       u.work = ptr(work_k);
       u.work_dtype = g.dtype;
       for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(ptr(1 + s));
-      parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+      if (u.exchange) u.exchange = base.exchange + (first - pc.begin);
+      if (a.planned)
+        parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(stat_ops.size()),
+                      stat_ops.data(), stats);
+      else
+        parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);
       auto ios = ios_for(j, true);
       if (!ios.empty()) writing[set] = nvme.submit(ios.data(), static_cast<uint32_t>(ios.size()));
