@@ -84,42 +84,41 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces(bool per_tensor) con
     add_cuts(b.master, 0);
     for (uint32_t s = 0; s < slots; ++s) add_cuts(b.state[s], 0);
     add_cuts(b.working, wbase);
-    // Planned passes: which tensor each element lies in (-1: none).
-    std::vector<std::pair<uint64_t, int64_t>> tensor_at;  // (first element, tensor) in owned coordinates
-    if (per_tensor) {
-      for (zd_param_id pid : g.params) {
-        const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
-        if (sp.count == 0) continue;
-        cuts.push_back(sp.at);
-        cuts.push_back(sp.at + sp.count);
-        tensor_at.emplace_back(sp.at, pid);
-        tensor_at.emplace_back(sp.at + sp.count, -1);
-      }
-      // At one element an end sorts before a start.
-      std::sort(tensor_at.begin(), tensor_at.end(), [](const auto& x, const auto& y) {
-        return x.first != y.first ? x.first < y.first : x.second < y.second;
-      });
-    }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    size_t ti = 0;
-    int64_t tensor = -1;
+    const std::vector<TensorSpan> spans = per_tensor ? tensor_spans(gi) : std::vector<TensorSpan>{};
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const uint64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
-      if (per_tensor) {
-        while (ti < tensor_at.size() && tensor_at[ti].first <= lo) tensor = tensor_at[ti++].second;
-        if (tensor < 0) continue;  // between tensors: zero, and it stays zero
-      }
       bool staged = !b.master.addressable(lo, len) || !b.working.addressable(wbase + lo, len);
       bool on_device = b.master.tier_of(lo, len) == ZD_TIER_DEVICE;
       for (uint32_t s = 0; s < slots; ++s) {
         staged = staged || !b.state[s].addressable(lo, len);
         on_device = on_device && b.state[s].tier_of(lo, len) == ZD_TIER_DEVICE;
       }
-      out.push_back({gi, lo, len, staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST, tensor});
+      const zd_tier tier = staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST;
+      // A planned pass calls the plugin within one tensor at a time. Staged
+      // pieces keep their aligned tiles and split each tile instead.
+      if (!per_tensor || staged) {
+        out.push_back({gi, lo, len, tier, -1});
+        continue;
+      }
+      for (const TensorSpan& t : spans) {
+        const uint64_t a = std::max(lo, t.at), z = std::min(lo + len, t.at + t.count);
+        if (a < z) out.push_back({gi, a, z - a, tier, t.tensor});  // elements between tensors: zero, and stay zero
+      }
     }
   }
   return out;
+}
+
+std::vector<OptimizerRunner::TensorSpan> OptimizerRunner::tensor_spans(size_t gi) const {
+  std::vector<TensorSpan> spans;
+  for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+    if (sp.count) spans.push_back({sp.at, sp.count, pid});
+  }
+  std::sort(spans.begin(), spans.end(), [](const TensorSpan& x, const TensorSpan& y) { return x.at < y.at; });
+  return spans;
 }
 
 zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece& pc) const {
@@ -133,7 +132,7 @@ zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece&
     u.pass = a.pass;
     if (a.exchange) u.exchange = reinterpret_cast<float*>((*a.exchange)[pc.group].addr(pc.begin));
     const uint32_t k = ctx_.optimizer().tensor_scalars();
-    if (k && a.scalars) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
+    if (k && a.scalars && pc.tensor >= 0) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
   }
   return u;
 }
@@ -147,11 +146,12 @@ void OptimizerRunner::pass(const PassArgs& a) {
     const ParamGroup& g = ctx_.registry.groups()[pc.group];
     std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
     const zd_optimizer_update base = base_update(a, pc);
+    if (pc.tier == ZD_TIER_NVME) {
+      update_staged(pc, grad, base, a);
+      continue;
+    }
     std::fill(piece_stats.begin(), piece_stats.end(), 0.0);
-    if (pc.tier == ZD_TIER_NVME)
-      update_staged(pc, grad, base, a, piece_stats.data());
-    else
-      update_in_memory(pc, grad, base, a, piece_stats.data());
+    update_in_memory(pc, grad, base, a, piece_stats.data());
     if (nstats && a.stats)
       combine_stats(a.stats->data() + static_cast<uint64_t>(pc.tensor) * nstats, piece_stats.data(), nstats,
                     ops.data());
@@ -220,10 +220,29 @@ struct Operand {
 }  // namespace
 
 void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
-                                    const PassArgs& a, double* stats) {
+                                    const PassArgs& a) {
   const bool with_grad = a.with_grad;
-  std::vector<zd_stat_op> stat_ops(a.planned ? ctx_.optimizer().tensor_stats() : 0);
-  for (uint32_t i = 0; i < stat_ops.size(); ++i) stat_ops[i] = ctx_.optimizer().stat_op(i);
+  const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
+  std::vector<zd_stat_op> stat_ops(nstats);
+  for (uint32_t i = 0; i < nstats; ++i) stat_ops[i] = ctx_.optimizer().stat_op(i);
+  const std::vector<TensorSpan> spans = a.planned ? tensor_spans(pc.group) : std::vector<TensorSpan>{};
+  std::vector<double> sub_stats(nstats);
+  const uint32_t nscalars = ctx_.optimizer().tensor_scalars();
+  // A planned pass over one staged tile: one call per tensor in it.
+  auto planned_tile = [&](const zd_optimizer_update& u, uint64_t first) {
+    for (const TensorSpan& t : spans) {
+      const uint64_t lo = std::max(first, t.at), hi = std::min(first + u.count, t.at + t.count);
+      if (lo >= hi) continue;
+      zd_optimizer_update sub = update_slice(u, ctx_.optimizer().state_slots(), lo - first, hi - lo);
+      sub.exchange = a.exchange ? reinterpret_cast<float*>((*a.exchange)[pc.group].addr(lo)) : nullptr;
+      sub.tensor = nscalars && a.scalars ? a.scalars + static_cast<uint64_t>(t.tensor) * nscalars : nullptr;
+      std::fill(sub_stats.begin(), sub_stats.end(), 0.0);
+      parallel_pass(res_.workers, ctx_.optimizer(), sub, with_grad, nstats, stat_ops.data(), sub_stats.data());
+      if (nstats && a.stats)
+        combine_stats(a.stats->data() + static_cast<uint64_t>(t.tensor) * nstats, sub_stats.data(), nstats,
+                      stat_ops.data());
+    }
+  };
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
   const uint32_t slots = ctx_.optimizer().state_slots();
@@ -309,10 +328,8 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       u.work = ptr(work_k);
       u.work_dtype = g.dtype;
       for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(ptr(1 + s));
-      if (u.exchange) u.exchange = base.exchange + (first - pc.begin);
       if (a.planned)
-        parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(stat_ops.size()),
-                      stat_ops.data(), stats);
+        planned_tile(u, first);
       else
         parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);

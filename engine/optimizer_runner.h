@@ -79,12 +79,19 @@ class OptimizerRunner {
     zd_tier tier;           // where it is updated: device, host (memory), or nvme (staged)
     int64_t tensor = -1;    // planned passes: the parameter it lies in
   };
+  // The owned range of a group cut where any operand changes tier; with
+  // per_tensor, pieces in memory are also cut at tensor boundaries (the
+  // elements between tensors skipped), staged ones split per tile.
   std::vector<Piece> pieces(bool per_tensor) const;
+  struct TensorSpan {
+    uint64_t at, count;  // in the owned range
+    int64_t tensor;
+  };
+  std::vector<TensorSpan> tensor_spans(size_t group) const;
   zd_optimizer_update base_update(const PassArgs& a, const Piece& pc) const;
   void update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
                         double* stats);
-  void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
-                     double* stats);
+  void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a);
 
   const ModelContext& ctx_;
   const Placement& placement_;
