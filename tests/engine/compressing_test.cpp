@@ -295,6 +295,21 @@ TEST(CompressingReference, CompressionChangesTheResult) {
   EXPECT_GT(max_diff(l, ref::onebit_lamb(p, hyper(), lh)), 1e-4);
 }
 
+// A plugin built before plugin ABI v3 (1-bit Adam offering only its v2
+// descriptor) runs through the engine's v2 adapter: the same parameters as
+// the v3 plugin, at every stage.
+TEST(OptimizerV2Adapter, AV2PluginTrainsAsItsV3Self) {
+  for (int stage : {0, 1, 2, 3}) {
+    JobOptions v2 = options("onebit_adam_v2", stage, {{"freeze_step", 3}});
+    const ref::Weights a = train(v2, 2, 8);
+    const ref::Weights b = train(options("onebit_adam", stage, {{"freeze_step", 3}}), 2, 8);
+    EXPECT_EQ(a, b) << "stage " << stage;
+  }
+  auto model = make_model(options("onebit_adam_v2", 0, {{"freeze_step", 3}}), 2);
+  EXPECT_EQ(model->optimizer().plugin().header().abi_version, 2u);
+  EXPECT_FALSE(model->optimizer().takes_schedules()) << "a v2 plugin's schedule is its own";
+}
+
 // 0/1 Adam's local steps need each rank's whole state: refused at stages
 // 1-3 with the reason and the way out.
 TEST(ZeroOneAdam, LocalStepsAreRefusedWhereStateIsPartitioned) {
