@@ -16,9 +16,46 @@ void GradReducer::reset() {
   buckets_.assign(ctx_.registry.groups().size(), {});
   bucket_elems_.assign(ctx_.registry.groups().size(), 0);
   bucket_seq_ = 0;
+  local_ = false;
+  if (ctx_.partitioned(ZD_PARTITION_GRADS) && ctx_.optimizer().compresses()) {
+    const TierSet tiers = res_.tiers();
+    const auto& groups = ctx_.registry.groups();
+    try {
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        const ParamGroup& g = groups[gi];
+        whole_.emplace_back();
+        whole_.back().allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{g.full_numel, buffers_.groups()[gi].grad_tier()}},
+                               ZD_MEM_GRADS, "the whole local gradients of group " + std::to_string(gi) +
+                                                 " (a compressing optimizer's local steps)");
+      }
+    } catch (...) {
+      for (TieredBuffer& w : whole_) w.release(tiers);
+      whole_.clear();
+      throw;
+    }
+  }
+}
+
+void GradReducer::set_local(bool local) {
+  if (local && ctx_.partitioned(ZD_PARTITION_GRADS) && whole_.empty())
+    fail(ZD_ERR_INTERNAL, "a window with local gradients, but no whole local buffer was allocated");
+  local_ = local;
+}
+
+OwnedGrad GradReducer::local_grad(size_t gi) const {
+  if (!whole_.empty()) return {whole_[gi].addr(0), whole_[gi].segments().front().tier};
+  const GroupBuffers& b = buffers_.groups()[gi];
+  return {b.grad_data(), b.grad_tier()};
 }
 
 void GradReducer::release() {
+  release_transient();
+  const TierSet tiers = res_.tiers();
+  for (TieredBuffer& w : whole_) w.release(tiers);
+  whole_.clear();
+}
+
+void GradReducer::release_transient() {
   for (ParamEntry& e : params_) {
     if (e.view) res_.device->release(e.view, ZD_MEM_BUFFERS);
     e = ParamEntry{};
@@ -33,11 +70,11 @@ void GradReducer::release() {
 
 std::byte* GradReducer::accumulator(const ParamRecord& p) const {
   const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
-  return buffers_.of(p).grad_data() + p.full_offset * dtype_size(ctx_.grad_dtype(g));
+  return local_grad(static_cast<size_t>(p.group)).data + p.full_offset * dtype_size(ctx_.grad_dtype(g));
 }
 
 void GradReducer::open(const ModuleRecord& mod) {
-  const bool reduce = ctx_.partitioned(ZD_PARTITION_GRADS);
+  const bool reduce = reducing();
   std::vector<zd_param_id> given;
   try {
     for (zd_param_id pid : mod.params) {
@@ -45,7 +82,7 @@ void GradReducer::open(const ModuleRecord& mod) {
       const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
       ParamEntry& e = params_[static_cast<size_t>(pid)];
       const bool direct = !reduce && !e.touched && ctx_.grad_dtype(g) == p.dtype &&
-                          buffers_.of(p).grad_tier() == ZD_TIER_DEVICE;
+                          local_grad(static_cast<size_t>(p.group)).tier == ZD_TIER_DEVICE;
       if (!direct && !e.view) {
         e.view = res_.device->allocate(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype), ZD_MEM_BUFFERS,
                                        "the gradient view of parameter '" + p.name + "'");
@@ -76,11 +113,10 @@ void GradReducer::cancel(const ModuleRecord& mod) {
   }
 }
 
-void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, GroupBuffers& b, zd_dtype grad_dt,
-                                      uint64_t at, uint64_t n) {
+void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier,
+                                      zd_dtype grad_dt, uint64_t n) {
   Device& d = *res_.device;
-  std::byte* dst = b.grad_data() + at * dtype_size(grad_dt);
-  if (b.grad_tier() == ZD_TIER_DEVICE) {
+  if (tier == ZD_TIER_DEVICE) {
     d.accumulate(src, src_dt, dst, grad_dt, n);
   } else if (d.host_addressable()) {
     zerod::accumulate(src, src_dt, dst, grad_dt, n);
@@ -93,7 +129,7 @@ void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, GroupBuf
 }
 
 void GradReducer::close(const ModuleRecord& mod) {
-  const bool reduce = ctx_.partitioned(ZD_PARTITION_GRADS);
+  const bool reduce = reducing();
   // What the trainer wrote into the buffers is read from here on.
   res_.device->wait_for_trainer();
   bool bucket_full = false;
@@ -107,8 +143,8 @@ void GradReducer::close(const ModuleRecord& mod) {
       bucket_elems_[gi] += static_cast<uint64_t>(p.numel);
       bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
     } else if (e.view) {
-      add_to_accumulators(e.view.ptr, p.dtype, buffers_.of(p), ctx_.grad_dtype(g), p.full_offset,
-                          static_cast<uint64_t>(p.numel));
+      add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), local_grad(static_cast<size_t>(p.group)).tier,
+                          ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel));
       res_.device->release(e.view, ZD_MEM_BUFFERS);
     }
     e.view = Block{};
@@ -127,7 +163,8 @@ ViewInfo GradReducer::view(zd_param_id param) const {
     v.arena = e.view.arena;
     v.offset = e.view.offset;
   } else {
-    const Block& acc = buffers_.of(p).grad_block();
+    const Block& acc = whole_.empty() ? buffers_.of(p).grad_block()
+                                      : whole_[static_cast<size_t>(p.group)].segments().front().block;
     v.data = accumulator(p);
     v.arena = acc.arena;
     v.offset = acc.offset + p.full_offset * dtype_size(p.dtype);
@@ -213,7 +250,8 @@ void GradReducer::send_bucket(size_t gi) {
       device_reduce_scatter(ctx_, res_, c, send.ptr, recv.ptr, len, dt);
       for (size_t i = 0; i < pending->size(); ++i) {
         const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
-        add_to_accumulators(recv.ptr + (*offsets)[i] * esz, dt, b, gdt, p.flat_offset, p.stride);
+        add_to_accumulators(recv.ptr + (*offsets)[i] * esz, dt, b.grad_data() + p.flat_offset * dtype_size(gdt),
+                            b.grad_tier(), gdt, p.stride);
       }
     } else {
       device_all_reduce(ctx_, res_, c, send.ptr, len, dt);
@@ -222,8 +260,9 @@ void GradReducer::send_bucket(size_t gi) {
         uint64_t lo, hi;
         ctx_.owned_part(p, rank, &lo, &hi);
         if (lo < hi)
-          add_to_accumulators(send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz, dt, b, gdt,
-                              lo - ctx_.owned_begin(grp, rank), hi - lo);
+          add_to_accumulators(send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz, dt,
+                              b.grad_data() + (lo - ctx_.owned_begin(grp, rank)) * dtype_size(gdt), b.grad_tier(),
+                              gdt, hi - lo);
       }
     }
     res_.device->release(send, ZD_MEM_BUFFERS);
@@ -307,17 +346,20 @@ void GradReducer::release_reduced() {
 }
 
 void GradReducer::zero() {
-  for (GroupBuffers& b : buffers_.groups()) {
-    const TieredBuffer::Segment& s = b.grad.segments().front();
+  auto clear = [&](const TieredBuffer& buf) {
+    const TieredBuffer::Segment& s = buf.segments().front();
     if (s.tier == ZD_TIER_DEVICE)
       res_.device->zero(s.ptr, s.bytes);
     else
       std::memset(s.ptr, 0, s.bytes);
-  }
+  };
+  for (GroupBuffers& b : buffers_.groups()) clear(b.grad);
+  for (const TieredBuffer& w : whole_) clear(w);
 }
 
 void GradReducer::restart() {
-  release();
+  release_transient();
+  local_ = false;
   bucket_seq_ = 0;  // tags restart with the new comm, equal on every rank
   zero();
 }

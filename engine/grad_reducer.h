@@ -8,6 +8,13 @@
 // where Placement::grad_tier says: on the device while the optimizer runs
 // there, else in host memory, so that gradients leave the device at
 // backward_end.
+//
+// A compressing optimizer's step may keep the gradients local instead (a
+// plan with ZD_GRADS_LOCAL: each rank's whole gradient goes into the
+// exchange). Below stage 2 the accumulators are whole anyway; from stage 2 a
+// window with local gradients accumulates into a whole local buffer of the
+// rank's own (allocated beside the accumulators when the optimizer
+// compresses), and nothing is reduced during its backward.
 #pragma once
 
 #include "comm_stream.h"
@@ -36,6 +43,14 @@ class GradReducer {
 
   void reset();    // sized for the registry (at finalize)
   void release();  // every transient buffer goes
+
+  // Whether the window being accumulated keeps its gradients local; set
+  // before its first backward_begin (it changes nothing below stage 2).
+  void set_local(bool local);
+  bool local() const { return local_; }
+  // The rank's whole local gradient of a group (full layout): its
+  // accumulators below stage 2, the local buffer from stage 2.
+  OwnedGrad local_grad(size_t group) const;
 
   // backward_begin: a gradient buffer for each of the module's parameters
   // (zero). Below stage 2 the first contribution of a window goes straight
@@ -79,11 +94,15 @@ class GradReducer {
   };
 
   std::byte* accumulator(const ParamRecord& p) const;
-  // Adds n elements at src (device memory) into a group's accumulators at
-  // element `at`, wherever those live.
-  void add_to_accumulators(const void* src, zd_dtype src_dt, GroupBuffers& b, zd_dtype grad_dt, uint64_t at,
+  // Whether contributions go to reduction buckets (stages 2-3, averaged
+  // gradients) rather than into whole accumulators.
+  bool reducing() const { return ctx_.partitioned(ZD_PARTITION_GRADS) && !local_; }
+  // Adds n elements at src (device memory) into accumulators of dtype
+  // grad_dt in `tier` at `dst`.
+  void add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier, zd_dtype grad_dt,
                            uint64_t n);
   void send_bucket(size_t group);
+  void release_transient();  // views, buckets, reduced copies; not the whole local buffers
   void release_reduced();
 
   const ModelContext& ctx_;
@@ -94,6 +113,8 @@ class GradReducer {
   std::vector<uint64_t> bucket_elems_;         // per group
   uint64_t bucket_seq_ = 0;                    // tags the bucket collectives
   std::vector<TieredBuffer> reduced_;          // stage 1: the owned range of each group's averaged gradients
+  std::vector<TieredBuffer> whole_;            // stages 2-3, compressing optimizer: the local whole gradients
+  bool local_ = false;
 };
 
 }  // namespace zerod

@@ -100,6 +100,12 @@ class JobPolicy {
   // The tier for a tensor, or nothing for the offload table's default.
   // Called once per parameter and kind at finalize.
   virtual std::optional<zd_tier> placement(const TensorInfo&) { return std::nullopt; }
+  // A compressing optimizer's schedules for the update that follows `step`
+  // applied updates: whether it is a full-precision (warm-up) step, and
+  // whether it syncs (0/1 Adam's local steps); nothing where the job has no
+  // such schedule and the optimizer's own holds. Called once per step.
+  virtual std::optional<bool> warmup(int64_t) { return std::nullopt; }
+  virtual std::optional<bool> sync(int64_t) { return std::nullopt; }
 };
 
 }  // namespace zerod

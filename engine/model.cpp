@@ -103,9 +103,11 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   set_up_observing(local_ranks);
-  if (!ranks_.front()->res.device->host_addressable() && plugins_.optimizer->compression_start() > 0)
-    fail(ZD_ERR_CONFIG, "optimizer '" + plugins_.optimizer->plugin().name() + "' (" + config_.source +
-                            ") compresses its momentum on the host, which the " + device +
+  const OptimizerInstance& opt = *plugins_.optimizer;
+  if (!ranks_.front()->res.device->host_addressable() &&
+      (opt.compresses() || opt.tensor_scalars() > 0 || opt.tensor_stats() > 0))
+    fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() + "' (" + config_.source +
+                            ") compresses its exchange or keeps per-tensor figures on the host, which the " + device +
                             " device does not support yet; use device = \"cpu\"");
 }
 
@@ -371,6 +373,7 @@ void Model::lay_out_once() {
   const PartitionerInstance* part = plugins_.partitioner.get();
   policy.stride = [part](uint64_t numel, uint64_t align) { return part->shard_stride(numel, align); };
   policy.persistence_threshold = part->persistence_threshold();
+  if (plugins_.optimizer->compresses()) policy.param_align = 8;
   registry_.lay_out(policy);
   placement_.decide();
   laid_out_ = true;
@@ -629,6 +632,8 @@ void Model::set_applied_steps(int rank, int64_t step) {
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
   rs.applied = step;
   rs.compression.reset();
+  rs.plan_step = 0;
+  rs.grads.set_local(false);
 }
 
 // ---------------------------------------------------------------------------

@@ -223,6 +223,10 @@ class Model final : private FailureSink {
   [[noreturn]] void broken_by(const Error& e) override;
   void mark_broken_locked(zd_status code, const std::string& message);
   double learning_rate(int64_t step);
+  // The plan of the rank's next update (applied + 1), from the optimizer
+  // and the job's compression schedules; the window's gradients follow it.
+  const zd_optimizer_plan& next_plan(RankState& rs);
+  zd_optimizer_plan plan_for(int64_t step);
   // Stages 1-2: each rank updated the working copies of its range; every
   // rank needs them all.
   void gather_working_copies(RankState& rs);
@@ -253,6 +257,7 @@ class Model final : private FailureSink {
   std::atomic<bool> finalized_{false};
   bool laid_out_ = false;
   std::vector<std::pair<int64_t, double>> lr_cache_;  // (step, lr), a few recent ones
+  std::vector<std::pair<int64_t, zd_optimizer_plan>> plan_cache_;  // (step, plan), a few recent ones
   std::string broken_;
   zd_status broken_code_ = ZD_OK;
   std::atomic<bool> is_broken_{false};

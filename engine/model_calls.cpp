@@ -81,6 +81,9 @@ void Model::backward_begin(int rank, zd_module_id module) {
     fail(ZD_ERR_INVALID_STATE, ctx_.module_label(module) +
                                    " is still in forward: call zd_forward_end before "
                                    "zd_backward_begin");
+  // The window's first backward: its gradients are reduced as they come, or
+  // (a compressing optimizer's local step) kept whole on the rank.
+  if (!rs.grads.local() && next_plan(rs).grads == ZD_GRADS_LOCAL) rs.grads.set_local(true);
   rs.grads.open(mod);
   try {
     if (ctx_.params_partitioned()) rs.residency.make_resident(module, true);

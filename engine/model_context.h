@@ -100,6 +100,13 @@ class ModelContext {
   // The part [lo, hi) of a parameter (in full-layout elements) that falls in
   // the range `rank` owns; lo >= hi when none does. Stages 0-2 only.
   void owned_part(const ParamRecord& p, int rank, uint64_t* lo, uint64_t* hi) const;
+  // The real elements of a parameter that `rank` owns, at every stage: they
+  // begin at element `at` of the rank's owned range (its flat shard buffer
+  // at stage 3) and at element `from` of the parameter; count 0 when none.
+  struct OwnedSpan {
+    uint64_t at = 0, from = 0, count = 0;
+  };
+  OwnedSpan owned_span(const ParamRecord& p, int rank) const;
   std::string module_label(zd_module_id m) const { return "module '" + registry.module(m).name + "'"; }
 
   // --- collectives on a rank's stream ---

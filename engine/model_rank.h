@@ -22,7 +22,7 @@ struct Model::RankState {
         residency(ctx, res, buffers),
         grads(ctx, res, buffers),
         optimizer(ctx, placement, res, buffers, grads),
-        compression(ctx, res, buffers, optimizer) {}
+        compression(ctx, res, buffers, optimizer, grads) {}
 
   // Declared in the order they are built; destroyed in reverse, so every
   // part gives its buffers back before the tiers and the device go.
@@ -48,6 +48,9 @@ struct Model::RankState {
   int64_t applied = 0;
   StepFigures last;
   bool boundary_reached = false;  // set by step(), consumed by its Call's end (the step's timeline closes there)
+  // The optimizer's plan for update applied + 1 (plan_step), asked for once.
+  zd_optimizer_plan plan{};
+  int64_t plan_step = 0;
 };
 
 class Model::Call {

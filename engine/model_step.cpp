@@ -32,6 +32,33 @@ double Model::learning_rate(int64_t step) {
   return lr;
 }
 
+zd_optimizer_plan Model::plan_for(int64_t step) {
+  const OptimizerInstance& opt = *plugins_.optimizer;
+  if (!opt.compresses() && opt.tensor_scalars() == 0 && opt.tensor_stats() == 0 && !opt.takes_schedules())
+    return OptimizerInstance::plain_plan();
+  // Every rank asks for the same steps; the script runs once per step.
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  for (const auto& [s, p] : plan_cache_)
+    if (s == step) return p;
+  int warmup = -1, sync = -1;
+  if (policy_) {
+    if (auto w = policy_->warmup(step - 1)) warmup = *w ? 1 : 0;
+    if (auto y = policy_->sync(step - 1)) sync = *y ? 1 : 0;
+  }
+  const zd_optimizer_plan p = opt.plan(step, warmup, sync);
+  plan_cache_.emplace_back(step, p);
+  if (plan_cache_.size() > 8) plan_cache_.erase(plan_cache_.begin());
+  return p;
+}
+
+const zd_optimizer_plan& Model::next_plan(RankState& rs) {
+  if (rs.plan_step != rs.applied + 1) {
+    rs.plan = plan_for(rs.applied + 1);
+    rs.plan_step = rs.applied + 1;
+  }
+  return rs.plan;
+}
+
 void Model::gather_working_copies(RankState& rs) {
   if (registry_.partitioning() != Partitioning::Group || world_size_ == 1) return;
   const std::string what = "step: all-gather of the updated working copies";
@@ -78,10 +105,11 @@ StepFigures Model::step(int rank) {
   }
   observe::RankProbe& probe = rs.res.probe;
 
-  // An accumulation boundary. The learning rate is resolved first so a
-  // failing lr() leaves the gradients and counters untouched.
+  // An accumulation boundary. The learning rate and the plan are resolved
+  // first so a failing lr() leaves the gradients and counters untouched.
   f.boundary = true;
   f.lr = learning_rate(rs.applied);
+  const zd_optimizer_plan plan = next_plan(rs);
   // Gradients the trainer wrote straight into the accumulators are read now.
   rs.res.device->wait_for_trainer();
   {
@@ -91,16 +119,16 @@ StepFigures Model::step(int rank) {
     ctx_.drain(*rs.res.stream);
   }
   if (ctx_.params_partitioned()) rs.residency.release_all();
-  // A compressing optimizer (1-bit Adam) past its warm-up averages its
-  // momentum instead: the gradients stay local.
-  const bool compress = rs.compression.active(rs.applied);
-  if (!compress) rs.grads.reduce_for_step();
+  // A compressing optimizer's step may keep the gradients local (it
+  // exchanges them, or what it made of them, compressed).
+  const bool local = plan.grads == ZD_GRADS_LOCAL;
+  if (!local) rs.grads.reduce_for_step();
 
   observe::Span norm_span(probe, "optimizer", "gradient norm");
-  const GradStats stats = rs.optimizer.gradient_stats(compress);
+  const GradStats stats = rs.optimizer.gradient_stats(local);
   norm_span.end();
   // Local gradients: the mean over ranks of their squared norms.
-  const double sumsq = compress ? stats.sumsq / static_cast<double>(world_size_) : stats.sumsq;
+  const double sumsq = local ? stats.sumsq / static_cast<double>(world_size_) : stats.sumsq;
   const double scale = rs.scaler.scale();
   // Gradients were averaged over ranks (or are local) and summed over gas
   // micro-batches at the loss scale.
@@ -122,11 +150,11 @@ StepFigures Model::step(int rank) {
     // A snapshot still reading the masters and state: they change now.
     snapshots_->fence(rank);
     try {
-      observe::Span span(probe, "optimizer", compress ? "compressed momentum step" : "optimizer");
-      if (compress)
-        rs.compression.step(clip / denom, f.lr, rs.applied + 1);
-      else
+      observe::Span span(probe, "optimizer", OptimizerInstance::is_plain(plan) ? "optimizer" : "compressed step");
+      if (OptimizerInstance::is_plain(plan))
         rs.optimizer.apply(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
+      else
+        rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
     } catch (const Error& e) {
       // A tier failed part-way (a disk error): the tiles before it were
       // updated, the rest not. Nothing wrong was written, but this step is
@@ -142,6 +170,7 @@ StepFigures Model::step(int rank) {
     ++rs.applied;
     rs.grads.end_step(/*applied=*/true);
     snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.scaler);
+    rs.grads.set_local(false);  // the next window's plan decides, at its first backward
     gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.
     if (ctx_.params_partitioned()) {
@@ -184,6 +213,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
   broken_code_ = ZD_OK;
   is_broken_.store(false);
   lr_cache_.clear();
+  plan_cache_.clear();
 }
 
 void Model::rebuild_working_copies(int rank) {

@@ -3,11 +3,13 @@
 #include "align.h"
 #include "dtype.h"
 #include "error.h"
+#include "state_io.h"
 #include "workers.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace zerod {
 
@@ -16,217 +18,416 @@ uint64_t compression_chunk(uint64_t count, int world) {
   return ((count + w - 1) / w + 7) / 8 * 8;
 }
 
-// Each parameter is compressed on its own, as DeepSpeed does: one scale per
-// tensor (an embedding and a layer norm's bias are not of one magnitude),
-// error feedback per tensor. Per group the buffers hold every parameter's
-// part: worker errors and sign bits at the parameter's element offset, server
-// errors and scales one after another in registration order.
+// Per group the buffers hold every tensor's part in the group's packed order
+// (registration order, no gaps): worker errors and sign bits at the
+// tensor's packed offset, server error chunks and scales one tensor after
+// another. A fused exchange packs the whole group as one buffer and uses
+// the first chunk and the first world scales.
 namespace {
+
+uint64_t packed_count(const Registry& reg, const ParamGroup& g) {
+  uint64_t n = 0;
+  for (zd_param_id pid : g.params) n += static_cast<uint64_t>(reg.param(pid).numel);
+  return n;
+}
 
 uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
   uint64_t n = 0;
   for (zd_param_id pid : g.params) n += compression_chunk(static_cast<uint64_t>(reg.param(pid).numel), world);
-  return n;
+  return std::max(n, compression_chunk(packed_count(reg, g), world));
 }
+
+bool sign_bit(const uint8_t* bits, uint64_t e) { return (bits[e >> 3] >> (e & 7)) & 1; }
 
 }  // namespace
 
-uint64_t compression_bytes(const ModelContext& ctx, size_t group) {
-  if (ctx.optimizer().compression_start() <= 0 || ctx.world_size == 1) return 0;
+CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
+  CompressionBytes b;
+  if (!ctx.optimizer().compresses()) return b;
   const ParamGroup& g = ctx.registry.groups()[group];
-  const uint64_t n = g.full_numel;
-  auto pool = [](uint64_t b) { return align_up(b, DevicePool::kAlign); };
-  uint64_t bytes = pool(n * 4) + pool(server_elems(ctx.registry, g, ctx.world_size) * 4);
-  if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
-    bytes += pool((n + 7) / 8) + pool(g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4);
-  return bytes;
+  if (ctx.partitioned(ZD_PARTITION_GRADS)) b.grads = g.full_numel * dtype_size(ctx.grad_dtype(g));
+  if (ctx.world_size > 1) {
+    const uint64_t n = packed_count(ctx.registry, g);
+    b.optimizer = {n * 4, server_elems(ctx.registry, g, ctx.world_size) * 4, (n + 7) / 8,
+                   g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4};
+  }
+  return b;
 }
 
 void check_compression_support(const ModelContext& ctx) {
-  if (ctx.optimizer().compression_start() <= 0) return;
-  const std::string opt = "optimizer '" + ctx.optimizer().plugin().name() + "'";
-  if (ctx.partitioned(ZD_PARTITION_GRADS))
-    fail(ZD_ERR_CONFIG, opt + " averages each rank's local momentum (1-bit compressed), which needs the rank's "
-                              "whole local gradient; ZeRO stages 2 and 3 reduce-scatter the gradients during "
-                              "backward and keep only a shard of them. Use zero = { stage = 0 } or { stage = 1 }");
-  if (ctx.world_size > 1 && !ctx.comm().has_compression())
-    fail(ZD_ERR_CONFIG, opt + " needs a comm plugin with compressed all-reduce (plugin ABI version 2); '" +
+  const OptimizerInstance& opt = ctx.optimizer();
+  opt.check_partitions(ctx.partitions);
+  if (opt.compresses() && ctx.world_size > 1 && !ctx.comm().has_compression())
+    fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() +
+                            "' averages what the ranks exchange with 1-bit compression, which needs a comm plugin "
+                            "with compressed all-reduce (plugin ABI version 2); '" +
                             ctx.comm().plugin().name() + "' offers version 1");
 }
 
-bool MomentumCompression::enabled() const { return ctx_.optimizer().compression_start() > 0; }
+// ---------------------------------------------------------------------------
 
-bool MomentumCompression::active(int64_t applied) const {
-  const int64_t start = ctx_.optimizer().compression_start();
-  return start > 0 && applied + 1 >= start;
+struct MomentumCompression::StepState {
+  const zd_optimizer_plan& plan;
+  double grad_scale;
+  double lr;
+  int64_t t;
+  std::vector<TieredBuffer> owned;  // the exchange buffer over the owned range, per group
+  std::vector<double> stats;        // per tensor, from the last pass
+  bool have_stats = false;
+  uint32_t pass = 0;
+  bool consumed = false;  // the local gradients were read (and zeroed)
+};
+
+bool MomentumCompression::owns_all() const {
+  return ctx_.world_size == 1 || !ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
+}
+
+void MomentumCompression::lay_out_groups() {
+  const auto& groups = ctx_.registry.groups();
+  groups_.clear();
+  groups_.resize(groups.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& c = groups_[gi];
+    for (zd_param_id pid : groups[gi].params) {
+      c.dense.push_back(c.dense_count);
+      c.dense_count += static_cast<uint64_t>(ctx_.registry.param(pid).numel);
+    }
+  }
+  scalars_.assign(ctx_.registry.params().size() * ctx_.optimizer().tensor_scalars(), 0.0f);
 }
 
 void MomentumCompression::allocate() {
-  if (!enabled() || ctx_.world_size == 1) return;
+  lay_out_groups();
+  if (!ctx_.optimizer().compresses() || ctx_.world_size == 1) return;
   const auto& groups = ctx_.registry.groups();
-  Device& d = *res_.device;
-  groups_.resize(groups.size());
+  const TierSet tiers = res_.tiers();
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
   try {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
-      const uint64_t n = g.full_numel;
-      Buffers& c = groups_[gi];
+      Group& c = groups_[gi];
+      const zd_tier tier = buffers_.groups()[gi].grad_tier();
       const std::string of = " of group " + std::to_string(gi) + " of rank " + std::to_string(res_.rank);
-      c.worker_error = d.allocate(n * 4, ZD_MEM_OPTIMIZER, "the worker error feedback" + of);
-      c.server_error = d.allocate(server_elems(ctx_.registry, g, ctx_.world_size) * 4, ZD_MEM_OPTIMIZER,
-                                  "the server error feedback" + of);
-      if (ctx_.partitioned(ZD_PARTITION_OPTIMIZER)) {
-        c.signs = d.allocate((n + 7) / 8, ZD_MEM_OPTIMIZER, "the last compressed momentum" + of);
-        c.scales = d.allocate(g.params.size() * static_cast<uint64_t>(ctx_.world_size) * 4, ZD_MEM_OPTIMIZER,
-                              "the last compressed momentum's scales" + of);
-      }
+      c.worker_error.allocate(tiers, 4, {{c.dense_count, tier}}, ZD_MEM_OPTIMIZER, "the worker error feedback" + of);
+      c.server_error.allocate(tiers, 4, {{server_elems(ctx_.registry, g, ctx_.world_size), tier}}, ZD_MEM_OPTIMIZER,
+                              "the server error feedback" + of);
+      c.signs.allocate(tiers, 1, {{(c.dense_count + 7) / 8, tier}}, ZD_MEM_OPTIMIZER,
+                       "the kept compressed average" + of);
+      c.scales.allocate(tiers, 4, {{g.params.size() * world, tier}}, ZD_MEM_OPTIMIZER,
+                        "the kept compressed average's scales" + of);
     }
   } catch (...) {
     release();
     throw;
   }
-  reset();
 }
 
 void MomentumCompression::release() {
-  for (Buffers& c : groups_)
-    for (Block* b : {&c.worker_error, &c.server_error, &c.signs, &c.scales}) {
-      res_.device->release(*b, ZD_MEM_OPTIMIZER);
-      *b = Block{};
-    }
+  const TierSet tiers = res_.tiers();
+  for (Group& c : groups_)
+    for (TieredBuffer* b : {&c.worker_error, &c.server_error, &c.signs, &c.scales}) b->release(tiers);
   groups_.clear();
+  scalars_.clear();
 }
 
 void MomentumCompression::reset() {
-  for (Buffers& c : groups_) {
-    for (Block* b : {&c.worker_error, &c.server_error})
-      if (*b) std::memset(b->ptr, 0, b->bytes);
+  for (Group& c : groups_) {
+    for (TieredBuffer* b : {&c.worker_error, &c.server_error})
+      if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
     c.have_average = false;
+  }
+  std::fill(scalars_.begin(), scalars_.end(), 0.0f);
+}
+
+std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t gi, bool fused) const {
+  const ParamGroup& g = ctx_.registry.groups()[gi];
+  const Group& c = groups_[gi];
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  std::vector<Segment> out;
+  if (fused) {
+    Segment s;
+    s.params = g.params;
+    s.count = c.dense_count;
+    s.tag = uint64_t{1} << 40;
+    out.push_back(std::move(s));
+    return out;
+  }
+  uint64_t server_at = 0;
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const ParamRecord& p = ctx_.registry.param(g.params[k]);
+    Segment s;
+    s.params = {g.params[k]};
+    s.dense = c.dense[k];
+    s.count = static_cast<uint64_t>(p.numel);
+    s.server_at = server_at;
+    s.scales_at = k * world;
+    s.tag = (uint64_t{1} << 40) | static_cast<uint64_t>(g.params[k]);
+    server_at += compression_chunk(s.count, ctx_.world_size);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// Where a parameter starts in its group's packed order.
+namespace {
+
+uint64_t dense_of(const Registry& reg, const std::vector<uint64_t>& dense, zd_param_id pid) {
+  const ParamRecord& p = reg.param(pid);
+  const auto& params = reg.groups()[static_cast<size_t>(p.group)].params;
+  const auto k = static_cast<size_t>(std::find(params.begin(), params.end(), pid) - params.begin());
+  return dense[k];
+}
+
+}  // namespace
+
+// The kept average, exactly: chunk r of the segment is its scale times the signs.
+void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* x) const {
+  const Group& c = groups_[gi];
+  const auto* bits = reinterpret_cast<const uint8_t*>(c.signs.addr(0));
+  const auto* scales = reinterpret_cast<const float*>(c.scales.addr(0)) + s.scales_at;
+  const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
+  for (uint64_t i = 0; i < s.count; ++i) {
+    const float sc = scales[i / chunk];
+    x[i] = sign_bit(bits, s.dense + i) ? sc : -sc;
   }
 }
 
-void MomentumCompression::step(double grad_scale, double lr, int64_t t) {
-  const auto& groups = ctx_.registry.groups();
-  const uint32_t mslot = ctx_.optimizer().momentum_slot();
-  const bool stage1 = ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
-  const TierSet tiers = res_.tiers();
+void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool keep) {
+  Group& c = groups_[gi];
   const int rank = res_.rank;
-  const int world_size = ctx_.world_size;
-  const auto world = static_cast<uint64_t>(world_size);
+  const std::string what = "step: compressed all-reduce of the exchange buffer";
+  float* we = reinterpret_cast<float*>(c.worker_error.addr(0)) + s.dense;
+  float* se = reinterpret_cast<float*>(c.server_error.addr(0)) + s.server_at;
+  ctx_.run(*res_.stream, [&] {
+    ctx_.comm().compressed_all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, s.tag), what), x, s.count,
+                                      we, se);
+  });
+  if (!keep) return;
+  // Keep the average as it is: a sign bit per element, a scale per chunk.
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
+  auto* bits = reinterpret_cast<uint8_t*>(c.signs.addr(0));
+  auto* scales = reinterpret_cast<float*>(c.scales.addr(0)) + s.scales_at;
+  for (uint64_t r = 0; r < world; ++r) {
+    const uint64_t lo = r * chunk;
+    scales[r] = lo < s.count ? std::fabs(x[lo]) : 0.0f;
+  }
+  for (uint64_t i = 0; i < s.count; ++i) {
+    const uint64_t e = s.dense + i;
+    const auto bit = static_cast<uint8_t>(1u << (e & 7));
+    bits[e >> 3] = std::signbit(x[i]) ? static_cast<uint8_t>(bits[e >> 3] & ~bit)
+                                      : static_cast<uint8_t>(bits[e >> 3] | bit);
+  }
+}
+
+// The segment's values of the elements this rank owns into the owned
+// exchange buffer, and back.
+void MomentumCompression::scatter_owned(StepState& st, size_t gi, const Segment& s, const float* x) const {
+  const Group& c = groups_[gi];
+  for (zd_param_id pid : s.params) {
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+    if (sp.count == 0) continue;
+    const uint64_t at = dense_of(ctx_.registry, c.dense, pid) - s.dense + sp.from;
+    std::memcpy(st.owned[gi].addr(sp.at), x + at, sp.count * 4);
+  }
+}
+
+void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& s, float* x) const {
+  const Group& c = groups_[gi];
+  for (zd_param_id pid : s.params) {
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+    const uint64_t at = dense_of(ctx_.registry, c.dense, pid) - s.dense + sp.from;
+    std::memcpy(x + at, st.owned[gi].addr(sp.at), sp.count * 4);
+  }
+}
+
+// PREPARE (and the EXCHANGE after it), segment by segment: only one
+// segment's whole values are held at a time.
+void MomentumCompression::prepare(StepState& st, bool then_exchange) {
+  const auto& groups = ctx_.registry.groups();
+  const zd_optimizer_plan& plan = st.plan;
+  const bool several = ctx_.world_size > 1;
+  const uint32_t k = ctx_.optimizer().tensor_scalars();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
-    GroupBuffers& b = buffers_.groups()[gi];
-    TieredBuffer& m = b.state[mslot];
-    const uint64_t n = g.full_numel;
+    Group& c = groups_[gi];
+    const OwnedGrad local = grads_.local_grad(gi);
     const zd_dtype gdt = ctx_.grad_dtype(g);
     const size_t gsz = dtype_size(gdt);
-    Buffers* comp = world_size > 1 ? &groups_[gi] : nullptr;
-
-    // M: the whole momentum of the group (the previous average).
-    Block scratch;
-    struct Release {
-      Device& d;
-      Block& b;
-      ~Release() { d.release(b, ZD_MEM_BUFFERS); }
-    } release_scratch{*res_.device, scratch};
-    float* M = nullptr;
-    if (!stage1 && m.addressable(0, n)) {
-      M = reinterpret_cast<float*>(m.addr(0));
-    } else {
-      const uint64_t len = stage1 ? g.stride * world : n;
-      scratch = res_.device->allocate(len * 4, ZD_MEM_BUFFERS, "the whole momentum of a compressed step");
-      M = scratch.as<float>();  // zeroed by the pool
-      if (!stage1) {
-        m.read(tiers, 0, n, M);
-      } else if (comp && comp->have_average) {
-        // Exactly the last average: per parameter, chunk r is its scale
-        // times the signs.
-        const auto* bits = comp->signs.as<const uint8_t>();
-        const auto* scales = comp->scales.as<const float>();
-        for (size_t k = 0; k < g.params.size(); ++k) {
-          const ParamRecord& p = ctx_.registry.param(g.params[k]);
-          const auto numel = static_cast<uint64_t>(p.numel);
-          const uint64_t chunk = compression_chunk(numel, world_size);
-          for (uint64_t i = 0; i < numel; ++i) {
-            const uint64_t e = p.full_offset + i;
-            const float s = scales[k * world + i / chunk];
-            M[e] = (bits[e >> 3] >> (e & 7)) & 1 ? s : -s;
-          }
-        }
-      } else {
-        m.read(tiers, 0, ctx_.owned_count(g), M + ctx_.owned_begin(g, rank));
-        if (world_size > 1) {
-          const std::string what = "step: all-gather of the momentum before its first compressed average";
-          ctx_.run(*res_.stream, [&] {
-            ctx_.comm().all_gather(ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, 1), what),
-                                   M + ctx_.owned_begin(g, rank), M, g.stride, ZD_COMM_F32);
-          });
+    const int32_t in = !plan.keep_average                  ? ZD_EXCHANGE_IN_ZERO
+                       : (several && c.have_average)       ? ZD_EXCHANGE_IN_AVERAGE
+                                                           : ZD_EXCHANGE_IN_SLOT;
+    std::vector<float> x;
+    for (const Segment& s : segments(gi, plan.fused != 0)) {
+      x.assign(s.count, 0.0f);
+      if (in == ZD_EXCHANGE_IN_AVERAGE) {
+        fill_from_average(gi, s, x.data());
+      } else if (in == ZD_EXCHANGE_IN_SLOT) {
+        const int slot = static_cast<int>(ctx_.optimizer().average_slot());
+        for (zd_param_id pid : s.params) {
+          const std::vector<float> whole = read_whole(ctx_, res_, buffers_, pid, slot, "step");
+          std::copy(whole.begin(), whole.end(), x.begin() + static_cast<ptrdiff_t>(dense_of(ctx_.registry, c.dense, pid) - s.dense));
         }
       }
-    }
-
-    // The local momentum, from the local gradient (zeroed as it is used).
-    std::byte* grad = b.grad_data();
-    const uint64_t tasks = (n + kTile - 1) / kTile;
-    res_.workers.run(tasks, [&](size_t i) {
-      const uint64_t off = i * kTile, len = std::min(kTile, n - off);
-      zd_optimizer_update u{};
-      u.struct_size = sizeof u;
-      u.count = len;
-      u.grad = grad + off * gsz;
-      u.grad_dtype = gdt;
-      u.work_dtype = g.dtype;
-      u.state[mslot] = M + off;
-      u.grad_scale = grad_scale;
-      u.lr = lr;
-      u.step = t;
-      ctx_.optimizer().momentum(ZD_ISA_AUTO, u);
-      std::memset(grad + off * gsz, 0, len * gsz);
-    });
-
-    if (comp) {
-      const std::string what = "step: compressed all-reduce of the momentum";
-      uint64_t server_at = 0;
-      for (size_t k = 0; k < g.params.size(); ++k) {
-        const zd_param_id pid = g.params[k];
+      for (zd_param_id pid : s.params) {
         const ParamRecord& p = ctx_.registry.param(pid);
-        const auto numel = static_cast<uint64_t>(p.numel);
-        float* x = M + p.full_offset;
-        float* we = comp->worker_error.as<float>() + p.full_offset;
-        float* se = comp->server_error.as<float>() + server_at;
-        server_at += compression_chunk(numel, world_size);
-        ctx_.run(*res_.stream, [&, pid, x, we, se, numel] {
-          ctx_.comm().compressed_all_reduce(
-              ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, (uint64_t{1} << 40) | static_cast<uint64_t>(pid)),
-                             what),
-              x, numel, we, se);
-        });
-        if (stage1) {
-          // Keep the average as it is: a sign bit per element, a scale per chunk.
-          const uint64_t chunk = compression_chunk(numel, world_size);
-          auto* bits = comp->signs.as<uint8_t>();
-          auto* scales = comp->scales.as<float>() + k * world;
-          for (uint64_t r = 0; r < world; ++r) {
-            const uint64_t lo = r * chunk;
-            scales[r] = lo < numel ? std::fabs(x[lo]) : 0.0f;
-          }
-          for (uint64_t i = 0; i < numel; ++i) {
-            const uint64_t e = p.full_offset + i;
-            const auto bit = static_cast<uint8_t>(1u << (e & 7));
-            bits[e >> 3] = std::signbit(x[i]) ? static_cast<uint8_t>(bits[e >> 3] & ~bit)
-                                              : static_cast<uint8_t>(bits[e >> 3] | bit);
-          }
-        }
+        zd_optimizer_update u{};
+        u.struct_size = sizeof u;
+        u.count = static_cast<uint64_t>(p.numel);
+        u.grad = local.data + p.full_offset * gsz;
+        u.grad_dtype = gdt;
+        u.work_dtype = g.dtype;
+        u.grad_scale = st.grad_scale;
+        u.lr = st.lr;
+        u.step = st.t;
+        u.kind = plan.kind;
+        u.pass = 0;
+        u.exchange = x.data() + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
+        u.tensor = k ? scalars_.data() + static_cast<uint64_t>(pid) * k : nullptr;
+        u.exchange_in = in;
+        parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
-      if (stage1) comp->have_average = true;
+      if (then_exchange && several) exchange(gi, s, x.data(), plan.keep_average != 0);
+      scatter_owned(st, gi, s, x.data());
     }
-    if (stage1)
-      m.write(tiers, 0, ctx_.owned_count(g), M + ctx_.owned_begin(g, rank));
-    else if (scratch)
-      m.write(tiers, 0, n, M);
+    if (then_exchange && several && plan.keep_average) c.have_average = true;
   }
-  // The update with the averaged momentum; the gradients are already folded in.
-  runner_.apply(1.0, lr, t, /*with_grad=*/false);
+  st.consumed = true;
+}
+
+// An EXCHANGE of what a pass wrote: the rank owns every element (checked
+// by the caller), so the owned buffer is the whole of each tensor.
+void MomentumCompression::exchange_in_place(StepState& st) {
+  if (ctx_.world_size == 1) return;
+  const auto& groups = ctx_.registry.groups();
+  std::vector<float> x;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (const Segment& s : segments(gi, st.plan.fused != 0)) {
+      x.assign(s.count, 0.0f);
+      gather_owned(st, gi, s, x.data());
+      exchange(gi, s, x.data(), st.plan.keep_average != 0);
+      scatter_owned(st, gi, s, x.data());
+    }
+    if (st.plan.keep_average) groups_[gi].have_average = true;
+  }
+}
+
+void MomentumCompression::tensor_step(StepState& st, zd_plan_op op) {
+  const OptimizerInstance& opt = ctx_.optimizer();
+  if (opt.tensor_scalars() == 0 && opt.tensor_stats() == 0) return;
+  const auto& params = ctx_.registry.params();
+  std::vector<uint64_t> numel;
+  numel.reserve(params.size());
+  for (const ParamRecord& p : params) numel.push_back(static_cast<uint64_t>(p.numel));
+  zd_tensor_step s{};
+  s.struct_size = sizeof s;
+  s.kind = st.plan.kind;
+  s.op = op;
+  s.pass = op == ZD_OP_PASS || op == ZD_OP_PASS_GRAD ? st.pass : 0;
+  s.step = st.t;
+  s.lr = st.lr;
+  s.tensors = params.size();
+  s.numel = numel.data();
+  s.stats = st.have_stats ? st.stats.data() : nullptr;
+  s.scalars = scalars_.empty() ? nullptr : scalars_.data();
+  opt.tensor_step(s);
+}
+
+void MomentumCompression::pass(StepState& st, bool with_grad) {
+  const OptimizerInstance& opt = ctx_.optimizer();
+  const uint32_t nstats = opt.tensor_stats();
+  st.stats.assign(ctx_.registry.params().size() * nstats, 0.0);
+  OptimizerRunner::PassArgs a;
+  a.grad_scale = st.grad_scale;
+  a.lr = st.lr;
+  a.t = st.t;
+  a.with_grad = with_grad;
+  a.planned = true;
+  a.kind = st.plan.kind;
+  a.pass = st.pass;
+  a.exchange = st.owned.empty() ? nullptr : &st.owned;
+  a.scalars = scalars_.empty() ? nullptr : scalars_.data();
+  a.stats = nstats ? &st.stats : nullptr;
+  runner_.pass(a);
+  if (with_grad) st.consumed = true;
+  st.have_stats = nstats > 0;
+  if (nstats == 0 || owns_all()) return;
+  // Each owner summed (or maxed) its part of every tensor: combine them.
+  for (zd_stat_op op : {ZD_STAT_SUM, ZD_STAT_MAX}) {
+    std::vector<double> v;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < st.stats.size(); ++i)
+      if (opt.stat_op(static_cast<uint32_t>(i % nstats)) == op) {
+        v.push_back(st.stats[i]);
+        at.push_back(i);
+      }
+    if (v.empty()) continue;
+    const std::string what = "step: all-reduce of the optimizer's per-tensor statistics";
+    ctx_.run(*res_.stream, [&] {
+      ctx_.comm().all_reduce(ctx_.comm_call(res_.rank, comm_tag(CommOp::Stats, op == ZD_STAT_SUM ? 1 : 2, st.pass), what),
+                             v.data(), v.size(), ZD_COMM_F64, op == ZD_STAT_SUM ? ZD_REDUCE_SUM : ZD_REDUCE_MAX);
+    });
+    for (size_t j = 0; j < at.size(); ++j) st.stats[at[j]] = v[j];
+  }
+}
+
+void MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
+  if (groups_.empty()) lay_out_groups();
+  StepState st{plan, grad_scale, lr, t, {}, {}, false, 0, false};
+  if (plan.reset_errors)
+    for (Group& c : groups_)
+      for (TieredBuffer* b : {&c.worker_error, &c.server_error})
+        if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
+  const auto& groups = ctx_.registry.groups();
+  bool exchanges = false;
+  for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
+  const TierSet tiers = res_.tiers();
+  struct Release {
+    std::vector<TieredBuffer>& v;
+    TierSet tiers;
+    ~Release() {
+      for (TieredBuffer& b : v) b.release(tiers);
+    }
+  } release_owned{st.owned, tiers};
+  if (exchanges) {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      st.owned.emplace_back();
+      st.owned.back().allocate(tiers, 4, {{ctx_.owned_count(groups[gi]), buffers_.groups()[gi].grad_tier()}},
+                               ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
+    }
+  }
+  for (size_t i = 0; i < ZD_PLAN_MAX_OPS && plan.ops[i] != ZD_OP_END; ++i) {
+    const zd_plan_op op = plan.ops[i];
+    switch (op) {
+      case ZD_OP_PREPARE: {
+        tensor_step(st, op);
+        const bool then = i + 1 < ZD_PLAN_MAX_OPS && plan.ops[i + 1] == ZD_OP_EXCHANGE;
+        prepare(st, then);
+        if (then) ++i;
+        break;
+      }
+      case ZD_OP_EXCHANGE:
+        if (!owns_all())
+          fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' planned update " +
+                                  std::to_string(t) + " to exchange what a pass wrote over the rank's own part only; "
+                                  "that needs every rank to own every element (ZeRO stage 0)");
+        exchange_in_place(st);
+        break;
+      case ZD_OP_PASS:
+      case ZD_OP_PASS_GRAD:
+        if (op == ZD_OP_PASS_GRAD && plan.grads == ZD_GRADS_LOCAL && !owns_all())
+          fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' planned update " +
+                                  std::to_string(t) + " as a pass over each rank's own local gradient, which needs "
+                                  "every rank to own every element (ZeRO stage 0)");
+        ++st.pass;
+        tensor_step(st, op);
+        pass(st, op == ZD_OP_PASS_GRAD);
+        break;
+      default: fail(ZD_ERR_INTERNAL, "an unknown op in a checked plan");
+    }
+  }
+  tensor_step(st, ZD_OP_END);
+  if (plan.grads == ZD_GRADS_LOCAL && !st.consumed) grads_.zero();
 }
 
 }  // namespace zerod

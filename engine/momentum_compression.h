@@ -1,26 +1,39 @@
-// Steps of an optimizer that averages its momentum compressed instead of
-// the gradients (plugin ABI v2: 1-bit Adam), on one rank. Per group, the
-// rank folds its local gradient into the momentum (the plugin's
-// momentum()), the comm plugin averages that momentum with 1-bit
-// compression and error feedback, and the plugin's update() applies it with
-// its frozen second moment.
+// The planned steps of an optimizer that compresses what ranks exchange
+// (plugin ABI v3, zerod_plugin.h: 1-bit Adam, 0/1 Adam, 1-bit LAMB), on one
+// rank, at every ZeRO stage. The plan of a step is a list of ops:
+//   PREPARE   the plugin folds the rank's whole local gradient into an
+//             exchange buffer, tensor by tensor (1-bit Adam: its local
+//             momentum from the kept average of the last one);
+//   EXCHANGE  the comm plugin's 1-bit compressed average of that buffer,
+//             with error feedback kept here (each tensor on its own, or a
+//             parameter group packed as one buffer);
+//   PASS      the plugin's update over the rank's owned range (its ZeRO
+//             shard), with the exchanged values of the same elements;
+// and between ops the plugin's per-tensor step sees the per-tensor
+// statistics of the last pass (summed over the owners) and sets per-tensor
+// scalars (1-bit LAMB's trust ratios).
 //
-// Stage 0 keeps the whole momentum on every rank. Stage 1 keeps only the
-// owned range of it (like every optimizer state at stage 1); the whole
-// previous average every rank needs for its next local momentum is kept as
-// what the compressed average is exactly — one sign bit per element and one
-// scale per chunk — so it costs 1/32 of the fp32 momentum. The first
-// compressed step after the warm-up (or a checkpoint load) gathers the fp32
-// shards once instead. Stages 2-3 are refused: they keep only a shard of the
-// gradient, and the local momentum needs all of it. The host reads and
-// writes these buffers: the cpu device only (refused on others).
+// The exchange is the same at every stage: whole tensors, cut into
+// world_size chunks as zd_comm_v2 specifies, so every stage computes what
+// stage 0 computes. Rank r serves chunk r of each tensor and keeps its
+// server error; at stage 3 that chunk is its shard (the layout asks for
+// shards of the chunk length), so the error feedback of a shard lives on its
+// owner. Every rank keeps a worker error for its whole local tensors, and,
+// when the plan asks, the average as it is — a sign bit per element and a
+// scale per chunk, 1/32 of an fp32 copy — for the next step's prepare: the
+// momentum stays partitioned. The first such step (or one after a
+// checkpoint load) gathers the plugin's average slot whole instead. The
+// buffers live in the tier of the group's gradients (the device, or host
+// memory beside an offloaded optimizer). The host reads and writes them:
+// the cpu device only (refused on others).
 #pragma once
 
-#include "arena.h"
+#include "grad_reducer.h"
 #include "model_context.h"
 #include "optimizer_runner.h"
 #include "rank_resources.h"
 #include "state_buffers.h"
+#include "tiered_buffer.h"
 
 #include <vector>
 
@@ -30,46 +43,78 @@ namespace zerod {
 // is the specification): count / world rounded up to a multiple of 8.
 uint64_t compression_chunk(uint64_t count, int world);
 
-// Device-pool bytes of the error feedback (and at stage 1 the packed
-// average) of a group on a rank, for the plan and the ledger.
-uint64_t compression_bytes(const ModelContext& ctx, size_t group);
+// Bytes a rank keeps for a compressing optimizer, per group, in the group's
+// gradient tier: from stage 2 a whole local gradient (grads), and with
+// several ranks the error feedback and kept average (optimizer). For the
+// plan and the ledger.
+struct CompressionBytes {
+  uint64_t grads = 0;
+  std::vector<uint64_t> optimizer;  // one figure per buffer (each is allocated, and aligned, on its own)
+};
+CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
 
-// Refuses a compressing optimizer where it cannot run (ZD_ERR_CONFIG).
+// Refuses an optimizer where it cannot run (ZD_ERR_CONFIG): the stages its
+// configuration refuses, a comm plugin without compression.
 void check_compression_support(const ModelContext& ctx);
 
 class MomentumCompression {
  public:
-  MomentumCompression(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, OptimizerRunner& runner)
-      : ctx_(ctx), res_(res), buffers_(buffers), runner_(runner) {}
+  MomentumCompression(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, OptimizerRunner& runner,
+                      GradReducer& grads)
+      : ctx_(ctx), res_(res), buffers_(buffers), runner_(runner), grads_(grads) {}
   ~MomentumCompression() { release(); }
   MomentumCompression(const MomentumCompression&) = delete;
   MomentumCompression& operator=(const MomentumCompression&) = delete;
 
-  // Whether the optimizer compresses at all, and from the next update on.
-  bool enabled() const;
-  bool active(int64_t applied) const;
-
   void allocate();
   void release();
-  // The error feedback restarts at zero (a checkpoint load, a new step count).
+  // The error feedback, the kept average and the per-tensor scalars restart
+  // at zero (a checkpoint load, a new step count).
   void reset();
-  // A compressed step: local momentum, its compressed average, the update.
-  void step(double grad_scale, double lr, int64_t t);
+  // Runs a step that is not plain (OptimizerInstance::is_plain): the
+  // gradients are averaged already (ZD_GRADS_AVERAGED) or local.
+  void run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t);
 
  private:
-  struct Buffers {
-    Block worker_error;  // full_numel floats
-    Block server_error;  // one chunk of floats per parameter
-    Block signs;         // stage 1: (full_numel + 7) / 8 bytes
-    Block scales;        // stage 1: world_size floats per parameter
+  // Tensors exchanged together: one, or a whole group (fused), packed.
+  struct Segment {
+    std::vector<zd_param_id> params;
+    uint64_t dense = 0;      // first element in the group's packed order
+    uint64_t count = 0;
+    uint64_t server_at = 0;  // this rank's server error chunk
+    uint64_t scales_at = 0;  // world scales of the kept average
+    uint64_t tag = 0;
+  };
+  struct Group {
+    std::vector<uint64_t> dense;  // per parameter of the group: where it starts in the packed order
+    uint64_t dense_count = 0;
+    TieredBuffer worker_error;  // dense_count floats
+    TieredBuffer server_error;  // the chunks this rank serves
+    TieredBuffer signs;         // the kept average: a bit per element (packed order)
+    TieredBuffer scales;        // and world scales per tensor (or per group when fused)
     bool have_average = false;
   };
+  struct StepState;
+
+  std::vector<Segment> segments(size_t group, bool fused) const;
+  bool owns_all() const;
+  void lay_out_groups();
+  void prepare(StepState& st, bool then_exchange);
+  void exchange_in_place(StepState& st);
+  void exchange(size_t group, const Segment& s, float* x, bool keep);
+  void fill_from_average(size_t group, const Segment& s, float* x) const;
+  void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
+  void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
+  void pass(StepState& st, bool with_grad);
+  void tensor_step(StepState& st, zd_plan_op op);
 
   const ModelContext& ctx_;
   RankResources& res_;
   StateBuffers& buffers_;
   OptimizerRunner& runner_;
-  std::vector<Buffers> groups_;
+  GradReducer& grads_;
+  std::vector<Group> groups_;
+  std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
 };
 
 }  // namespace zerod

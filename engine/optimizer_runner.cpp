@@ -43,8 +43,7 @@ GradStats OptimizerRunner::gradient_stats(bool local) {
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
-    const GroupBuffers& b = buffers_.groups()[gi];
-    const OwnedGrad og = local ? OwnedGrad{b.grad_data(), b.grad_tier()} : grads_.owned(gi);
+    const OwnedGrad og = local ? grads_.local_grad(gi) : grads_.owned(gi);
     const GradSpan span{og.data, ctx_.grad_dtype(g), local ? g.full_numel : ctx_.owned_count(g)};
     (og.tier == ZD_TIER_DEVICE ? on_device : on_host).push_back(span);
   }
@@ -66,7 +65,7 @@ GradStats OptimizerRunner::gradient_stats(bool local) {
   return out;
 }
 
-std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
+std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces(bool per_tensor) const {
   const auto& groups = ctx_.registry.groups();
   const uint32_t slots = ctx_.optimizer().state_slots();
   const bool p3 = ctx_.params_partitioned();
@@ -88,6 +87,7 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
     add_cuts(b.working, wbase);
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    const std::vector<TensorSpan> spans = per_tensor ? tensor_spans(gi) : std::vector<TensorSpan>{};
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const uint64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
       bool staged = !b.master.addressable(lo, len) || !b.working.addressable(wbase + lo, len);
@@ -96,40 +96,77 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces() const {
         staged = staged || !b.state[s].addressable(lo, len);
         on_device = on_device && b.state[s].tier_of(lo, len) == ZD_TIER_DEVICE;
       }
-      out.push_back({gi, lo, len, staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST});
+      const zd_tier tier = staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST;
+      // A planned pass calls the plugin within one tensor at a time. Staged
+      // pieces keep their aligned tiles and split each tile instead.
+      if (!per_tensor || staged) {
+        out.push_back({gi, lo, len, tier, -1});
+        continue;
+      }
+      for (const TensorSpan& t : spans) {
+        const uint64_t a = std::max(lo, t.at), z = std::min(lo + len, t.at + t.count);
+        if (a < z) out.push_back({gi, a, z - a, tier, t.tensor});  // elements between tensors: zero, and stay zero
+      }
     }
   }
   return out;
 }
 
-zd_optimizer_update OptimizerRunner::base_update(double grad_scale, double lr, int64_t t) const {
+std::vector<OptimizerRunner::TensorSpan> OptimizerRunner::tensor_spans(size_t gi) const {
+  std::vector<TensorSpan> spans;
+  for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+    if (sp.count) spans.push_back({sp.at, sp.count, pid});
+  }
+  std::sort(spans.begin(), spans.end(), [](const TensorSpan& x, const TensorSpan& y) { return x.at < y.at; });
+  return spans;
+}
+
+zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece& pc) const {
   zd_optimizer_update u{};
   u.struct_size = sizeof u;
-  u.grad_scale = grad_scale;
-  u.lr = lr;
-  u.step = t;
+  u.grad_scale = a.grad_scale;
+  u.lr = a.lr;
+  u.step = a.t;
+  if (a.planned) {
+    u.kind = a.kind;
+    u.pass = a.pass;
+    if (a.exchange) u.exchange = reinterpret_cast<float*>((*a.exchange)[pc.group].addr(pc.begin));
+    const uint32_t k = ctx_.optimizer().tensor_scalars();
+    if (k && a.scalars && pc.tensor >= 0) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
+  }
   return u;
 }
 
-void OptimizerRunner::apply(double grad_scale, double lr, int64_t t, bool with_grad) {
-  const zd_optimizer_update base = base_update(grad_scale, lr, t);
-  for (const Piece& pc : pieces()) {
+void OptimizerRunner::pass(const PassArgs& a) {
+  const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
+  std::vector<double> piece_stats(nstats);
+  std::vector<zd_stat_op> ops(nstats);
+  for (uint32_t i = 0; i < nstats; ++i) ops[i] = ctx_.optimizer().stat_op(i);
+  for (const Piece& pc : pieces(a.planned)) {
     const ParamGroup& g = ctx_.registry.groups()[pc.group];
     std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
-    observe::EventArgs a;
-    a.tier = pc.tier;
-    a.value = static_cast<int64_t>(pc.count);
-    observe::Span span(res_.probe, "optimizer", "optimizer piece", a,
+    observe::EventArgs ev;
+    ev.tier = pc.tier;
+    ev.value = static_cast<int64_t>(pc.count);
+    observe::Span span(res_.probe, "optimizer", "optimizer piece", ev,
                        &res_.probe.counters().optimizer_ns[static_cast<size_t>(pc.tier)]);
-    if (pc.tier == ZD_TIER_NVME)
-      update_staged(pc, grad, base, with_grad);
-    else
-      update_in_memory(pc, grad, base, with_grad);
+    const zd_optimizer_update base = base_update(a, pc);
+    if (pc.tier == ZD_TIER_NVME) {
+      update_staged(pc, grad, base, a);
+      continue;
+    }
+    std::fill(piece_stats.begin(), piece_stats.end(), 0.0);
+    update_in_memory(pc, grad, base, a, piece_stats.data());
+    if (nstats && a.stats)
+      combine_stats(a.stats->data() + static_cast<uint64_t>(pc.tensor) * nstats, piece_stats.data(), nstats,
+                    ops.data());
   }
 }
 
 void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
-                                       bool with_grad) {
+                                       const PassArgs& a, double* stats) {
+  const bool with_grad = a.with_grad;
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
   const uint32_t slots = ctx_.optimizer().state_slots();
@@ -143,6 +180,14 @@ void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const z
   u.work = b.working.addr(wbase);
   u.work_dtype = g.dtype;
   for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(b.state[s].addr(pc.begin));
+  if (a.planned) {
+    // The host runs planned passes (the model refuses a compressing or
+    // per-tensor optimizer on a device it cannot address).
+    std::vector<zd_stat_op> ops(ctx_.optimizer().tensor_stats());
+    for (uint32_t i = 0; i < ops.size(); ++i) ops[i] = ctx_.optimizer().stat_op(i);
+    parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(ops.size()), ops.data(), stats);
+    return;
+  }
   if (pc.tier == ZD_TIER_DEVICE) {
     d.optimizer_update(ctx_.optimizer(), u, with_grad);
     return;
@@ -181,7 +226,29 @@ struct Operand {
 }  // namespace
 
 void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
-                                    bool with_grad) {
+                                    const PassArgs& a) {
+  const bool with_grad = a.with_grad;
+  const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
+  std::vector<zd_stat_op> stat_ops(nstats);
+  for (uint32_t i = 0; i < nstats; ++i) stat_ops[i] = ctx_.optimizer().stat_op(i);
+  const std::vector<TensorSpan> spans = a.planned ? tensor_spans(pc.group) : std::vector<TensorSpan>{};
+  std::vector<double> sub_stats(nstats);
+  const uint32_t nscalars = ctx_.optimizer().tensor_scalars();
+  // A planned pass over one staged tile: one call per tensor in it.
+  auto planned_tile = [&](const zd_optimizer_update& u, uint64_t first) {
+    for (const TensorSpan& t : spans) {
+      const uint64_t lo = std::max(first, t.at), hi = std::min(first + u.count, t.at + t.count);
+      if (lo >= hi) continue;
+      zd_optimizer_update sub = update_slice(u, ctx_.optimizer().state_slots(), lo - first, hi - lo);
+      sub.exchange = a.exchange ? reinterpret_cast<float*>((*a.exchange)[pc.group].addr(lo)) : nullptr;
+      sub.tensor = nscalars && a.scalars ? a.scalars + static_cast<uint64_t>(t.tensor) * nscalars : nullptr;
+      std::fill(sub_stats.begin(), sub_stats.end(), 0.0);
+      parallel_pass(res_.workers, ctx_.optimizer(), sub, with_grad, nstats, stat_ops.data(), sub_stats.data());
+      if (nstats && a.stats)
+        combine_stats(a.stats->data() + static_cast<uint64_t>(t.tensor) * nstats, sub_stats.data(), nstats,
+                      stat_ops.data());
+    }
+  };
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
   const uint32_t slots = ctx_.optimizer().state_slots();
@@ -228,11 +295,11 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
   };
   // Waits for a set's transfer: the time blocked is the rank's NVMe wait.
   auto wait_io = [&](uint64_t& ticket, int64_t at, uint64_t bytes, bool write) {
-    observe::EventArgs a;
-    a.bytes = bytes;
-    a.flags = write ? observe::kFlagWrite : 0;
+    observe::EventArgs ev;
+    ev.bytes = bytes;
+    ev.flags = write ? observe::kFlagWrite : 0;
     {
-      observe::Span s(probe, "nvme", write ? "wait for nvme write" : "wait for nvme read", a,
+      observe::Span s(probe, "nvme", write ? "wait for nvme write" : "wait for nvme read", ev,
                       &probe.counters().nvme_wait_ns);
       nvme.wait(ticket);
     }
@@ -285,7 +352,10 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       u.work = ptr(work_k);
       u.work_dtype = g.dtype;
       for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(ptr(1 + s));
-      parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+      if (a.planned)
+        planned_tile(u, first);
+      else
+        parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);
       auto ios = ios_for(j, true);
       write_at[set] = observe::now_ns();

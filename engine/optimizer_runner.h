@@ -43,21 +43,55 @@ class OptimizerRunner {
   // unreduced gradient (a compressed step), summed over ranks.
   GradStats gradient_stats(bool local);
 
-  // Updates the owned range. with_grad false: the gradients were folded into
-  // the momentum already (a compressed step); the plugin gets none. Each
-  // gradient range is zeroed after its update.
-  void apply(double grad_scale, double lr, int64_t t, bool with_grad);
+  // One pass of the optimizer over the owned range.
+  struct PassArgs {
+    double grad_scale = 1.0;
+    double lr = 0.0;
+    int64_t t = 1;
+    // false: the plugin gets no gradient (it was folded in already, or the
+    // pass does not read it). Each gradient range is zeroed after its update.
+    bool with_grad = true;
+    // A pass of a planned step (zd_optimizer_v3): the range is cut at tensor
+    // boundaries (elements outside tensors, zero and staying zero, are
+    // skipped) and each call gets the fields below.
+    bool planned = false;
+    uint32_t kind = 0;
+    uint32_t pass = 1;
+    const std::vector<TieredBuffer>* exchange = nullptr;  // per group, in owned coordinates, in memory
+    const float* scalars = nullptr;                       // per tensor (registry order), tensor_scalars() each
+    std::vector<double>* stats = nullptr;                 // per tensor, tensor_stats() each, combined here
+  };
+  void pass(const PassArgs& a);
+  // A plain update of the owned range (with_grad: see PassArgs).
+  void apply(double grad_scale, double lr, int64_t t, bool with_grad) {
+    PassArgs a;
+    a.grad_scale = grad_scale;
+    a.lr = lr;
+    a.t = t;
+    a.with_grad = with_grad;
+    pass(a);
+  }
 
  private:
   struct Piece {
     size_t group;
     uint64_t begin, count;  // in the rank's owned range
     zd_tier tier;           // where it is updated: device, host (memory), or nvme (staged)
+    int64_t tensor = -1;    // planned passes: the parameter it lies in
   };
-  std::vector<Piece> pieces() const;
-  zd_optimizer_update base_update(double grad_scale, double lr, int64_t t) const;
-  void update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, bool with_grad);
-  void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, bool with_grad);
+  // The owned range of a group cut where any operand changes tier; with
+  // per_tensor, pieces in memory are also cut at tensor boundaries (the
+  // elements between tensors skipped), staged ones split per tile.
+  std::vector<Piece> pieces(bool per_tensor) const;
+  struct TensorSpan {
+    uint64_t at, count;  // in the owned range
+    int64_t tensor;
+  };
+  std::vector<TensorSpan> tensor_spans(size_t group) const;
+  zd_optimizer_update base_update(const PassArgs& a, const Piece& pc) const;
+  void update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
+                        double* stats);
+  void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a);
 
   const ModelContext& ctx_;
   const Placement& placement_;

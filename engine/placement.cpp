@@ -208,7 +208,9 @@ NeedTable Placement::need_table(int rank) const {
     add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
     add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
     if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), 4, ZD_MEM_OPTIMIZER, slots);
-    need[ZD_TIER_DEVICE][ZD_MEM_OPTIMIZER] += compression_bytes(ctx_, gi);
+    const CompressionBytes cb = compression_bytes(ctx_, gi);
+    if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
+    for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
   }
   if (p3)
     for (const ParamRecord& p : reg.params())

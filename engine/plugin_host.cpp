@@ -175,7 +175,8 @@ namespace {
 // The descriptor size the host reads for each kind and version.
 size_t descriptor_size(zd_plugin_kind kind, uint32_t version) {
   switch (kind) {
-    case ZD_PLUGIN_OPTIMIZER: return version >= 2 ? sizeof(zd_optimizer_v2) : sizeof(zd_optimizer_v1);
+    case ZD_PLUGIN_OPTIMIZER:
+      return version >= 3 ? sizeof(zd_optimizer_v3) : version == 2 ? sizeof(zd_optimizer_v2) : sizeof(zd_optimizer_v1);
     case ZD_PLUGIN_COMM: return version >= 2 ? sizeof(zd_comm_v2) : sizeof(zd_comm_v1);
     case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
     case ZD_PLUGIN_TIER: return sizeof(zd_tier_v1);
@@ -202,8 +203,14 @@ bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
       const bool v1 = d->create && d->destroy && d->state_slots && d->state_name && d->supports_isa &&
                       d->update;
       if (version < 2) return v1;
-      // momentum_slot and momentum are checked when compression_start() says they are used
-      return v1 && reinterpret_cast<const zd_optimizer_v2*>(p)->compression_start;
+      if (version == 2) {
+        // momentum_slot and momentum are checked when compression_start() says they are used
+        return v1 && reinterpret_cast<const zd_optimizer_v2*>(p)->compression_start;
+      }
+      // prepare and tensor_step are checked when the instance says it uses them
+      const auto* d3 = reinterpret_cast<const zd_optimizer_v3*>(p);
+      return v1 && d3->plan && d3->average_slot && d3->tensor_scalars && d3->tensor_stats && d3->stat_op &&
+             d3->check_partitions && d3->compresses;
     }
     case ZD_PLUGIN_COMM: {
       if (version >= 2) {
@@ -334,7 +341,7 @@ double PluginInstance::value(const std::string& hparam, double fallback) const {
   return at >= 0 ? values_.at(static_cast<size_t>(at)) : fallback;
 }
 
-namespace {
+namespace plugin_detail {
 
 void check_value_count(const Plugin& p, const std::vector<double>& values) {
   if (values.size() != p.value_count())
@@ -349,75 +356,10 @@ void check_value_count(const Plugin& p, const std::vector<double>& values) {
                                              refusal(err, st));
 }
 
-}  // namespace
+}  // namespace plugin_detail
 
-std::unique_ptr<OptimizerInstance> OptimizerInstance::create(const std::shared_ptr<const Plugin>& plugin,
-                                                             const std::vector<double>& values) {
-  check_value_count(*plugin, values);
-  const auto& d = plugin->descriptor<zd_optimizer_v1>();
-  char err[512] = {0};
-  void* inst = nullptr;
-  const zd_status st = d.create(host_services(), values.data(), values.size(), &inst, err, sizeof err);
-  err[sizeof err - 1] = 0;
-  if (st != ZD_OK || !inst) refused(*plugin, st, err);
-  auto o = std::unique_ptr<OptimizerInstance>(new OptimizerInstance(plugin, inst, d.destroy, values));
-  if (const zd_optimizer_v2* v2 = o->v2(); v2 && v2->compression_start(inst) > 0) {
-    if (!v2->momentum_slot || !v2->momentum)
-      fail(ZD_ERR_PLUGIN, "optimizer plugin '" + plugin->name() + "' (" + plugin->path() +
-                              ") compresses its momentum but leaves momentum_slot or momentum empty");
-    if (v2->momentum_slot(inst) >= o->state_slots())
-      fail(ZD_ERR_PLUGIN, "optimizer plugin '" + plugin->name() + "' names momentum slot " +
-                              std::to_string(v2->momentum_slot(inst)) + " of " +
-                              std::to_string(o->state_slots()));
-  }
-  return o;
-}
-
-const zd_optimizer_v2* OptimizerInstance::v2() const {
-  return plugin().header().abi_version >= 2 ? &plugin().descriptor<zd_optimizer_v2>() : nullptr;
-}
-
-int64_t OptimizerInstance::compression_start() const {
-  const zd_optimizer_v2* v = v2();
-  return v ? std::max<int64_t>(0, v->compression_start(raw())) : 0;
-}
-
-uint32_t OptimizerInstance::momentum_slot() const {
-  const zd_optimizer_v2* v = v2();
-  return v && v->momentum_slot ? v->momentum_slot(raw()) : 0;
-}
-
-void OptimizerInstance::momentum(zd_isa isa, const zd_optimizer_update& u) const {
-  const zd_optimizer_v2* v = v2();
-  if (!v || !v->momentum)
-    fail(ZD_ERR_INTERNAL, "optimizer '" + plugin().name() + "' has no momentum()");
-  const zd_status st = v->momentum(raw(), isa, &u);
-  if (st != ZD_OK)
-    fail(st, "optimizer '" + plugin().name() + "' momentum failed: " + status_name(st));
-}
-
-uint32_t OptimizerInstance::state_slots() const { return d().state_slots(raw()); }
-
-std::string OptimizerInstance::state_name(uint32_t slot) const {
-  const char* n = d().state_name(raw(), slot);
-  return n ? n : "state" + std::to_string(slot);
-}
-
-void OptimizerInstance::update(zd_isa isa, const zd_optimizer_update& u) const {
-  const zd_status st = d().update(raw(), isa, &u);
-  if (st != ZD_OK)
-    fail(st, "optimizer '" + plugin().name() + "' update failed: " + status_name(st));
-}
-
-bool OptimizerInstance::has_cuda() const { return d().update_cuda != nullptr; }
-
-void OptimizerInstance::update_cuda(const zd_optimizer_update& u, void* stream) const {
-  if (!d().update_cuda)
-    fail(ZD_ERR_NOT_IMPLEMENTED, "optimizer '" + plugin().name() + "' has no CUDA kernels");
-  const zd_status st = d().update_cuda(raw(), &u, stream);
-  if (st != ZD_OK)
-    fail(st, "optimizer '" + plugin().name() + "' CUDA update failed: " + status_name(st));
-}
+using plugin_detail::check_value_count;
+using plugin_detail::refused;
 
 std::unique_ptr<PartitionerInstance> PartitionerInstance::create(
     const std::shared_ptr<const Plugin>& plugin, const std::vector<double>& values, int world_size) {

@@ -104,6 +104,13 @@ class Plugin : public std::enable_shared_from_this<Plugin> {
   std::string name_;
 };
 
+namespace plugin_detail {
+// Shared by the instance factories: the value count a plugin's specs give,
+// and a create() refusal as zerod::Error with the plugin's message.
+void check_value_count(const Plugin& p, const std::vector<double>& values);
+[[noreturn]] void refused(const Plugin& p, zd_status st, const char* err);
+}  // namespace plugin_detail
+
 // A configured plugin instance: owns the plugin's instance pointer and keeps
 // the .so loaded while it lives.
 class PluginInstance {
@@ -129,11 +136,16 @@ class PluginInstance {
   std::vector<double> values_;
 };
 
+// An optimizer through the current table (zd_optimizer_v3): a plugin of an
+// older ABI version is lifted to it by that version's adapter
+// (optimizer_v1_adapter.cpp, optimizer_v2_adapter.cpp), so nothing in the
+// engine asks which version a plugin is.
 class OptimizerInstance : public PluginInstance {
  public:
   // Throws ZD_ERR_CONFIG (or the plugin's status) with the plugin's message.
   static std::unique_ptr<OptimizerInstance> create(const std::shared_ptr<const Plugin>& plugin,
                                                    const std::vector<double>& values);
+  ~OptimizerInstance() override;
   uint32_t state_slots() const;
   std::string state_name(uint32_t slot) const;
   // Throws on a non-OK status from the plugin.
@@ -142,17 +154,40 @@ class OptimizerInstance : public PluginInstance {
   // (every pointer of u in device memory).
   bool has_cuda() const;
   void update_cuda(const zd_optimizer_update& u, void* stream) const;
-  // Plugin ABI v2 (1-bit Adam): the first update whose momentum is averaged
-  // compressed instead of the gradients (0 = never), that slot, and the
-  // local momentum pass.
-  int64_t compression_start() const;
-  uint32_t momentum_slot() const;
-  void momentum(zd_isa isa, const zd_optimizer_update& u) const;
+
+  // --- planned steps (zd_optimizer_v3) ---
+  // Whether any step may exchange (a compressing optimizer: 1-bit Adam, 0/1
+  // Adam, 1-bit LAMB); false for plain ones, whose every plan is "averaged
+  // gradients, one pass".
+  bool compresses() const { return compresses_; }
+  // The plan of update `step` (1-based); warmup and sync are the job's
+  // schedules' answers, -1 where it has none. Checked: a valid op list.
+  zd_optimizer_plan plan(int64_t step, int warmup, int sync) const;
+  void prepare(zd_isa isa, const zd_optimizer_update& u) const;
+  uint32_t average_slot() const;
+  uint32_t tensor_scalars() const { return tensor_scalars_; }
+  uint32_t tensor_stats() const { return tensor_stats_; }
+  zd_stat_op stat_op(uint32_t stat) const;
+  void tensor_step(const zd_tensor_step& s) const;
+  // Throws ZD_ERR_CONFIG with the plugin's reason when it cannot run with
+  // these ZD_PARTITION_* bits.
+  void check_partitions(uint32_t partitions) const;
+  // Whether the plugin takes the job's compression schedules (ABI v3).
+  bool takes_schedules() const { return plugin().header().abi_version >= 3; }
+
+  // The plan of a plain step: averaged gradients, one pass with them.
+  static zd_optimizer_plan plain_plan();
+  static bool is_plain(const zd_optimizer_plan& p);
 
  private:
   using PluginInstance::PluginInstance;
-  const zd_optimizer_v1& d() const { return plugin().descriptor<zd_optimizer_v1>(); }
-  const zd_optimizer_v2* v2() const;
+  void bind();
+  uint32_t state_slots_raw(const zd_optimizer_v2& d) const;
+  zd_optimizer_v3 table_{};  // the plugin's own, or an adapter's
+  const void* callee_ = nullptr;  // what table_'s functions get: the plugin's instance or the adapter's
+  std::shared_ptr<void> adapted_;  // the adapter's instance, when there is one
+  bool compresses_ = false;
+  uint32_t tensor_scalars_ = 0, tensor_stats_ = 0;
 };
 
 class PartitionerInstance : public PluginInstance {

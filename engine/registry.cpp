@@ -91,7 +91,7 @@ void Registry::lay_out(const LayoutPolicy& policy) {
     p.full_offset = g->full_numel;
     g->full_numel = align_up(g->full_numel + n, kAlignElems);
     if (policy.partitioning == Partitioning::Param) {
-      p.stride = checked_stride(policy, n, 1, world);
+      p.stride = checked_stride(policy, n, policy.param_align, world);
       p.flat_offset = g->flat_numel;
       g->flat_numel = align_up(g->flat_numel + p.stride, kAlignElems);
       p.persistent = n <= policy.persistence_threshold;

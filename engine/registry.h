@@ -65,6 +65,10 @@ struct LayoutPolicy {
   Partitioning partitioning = Partitioning::Replicated;
   std::function<uint64_t(uint64_t numel, uint64_t align)> stride;
   uint64_t persistence_threshold = 0;  // parameter-partitioned: elements
+  // Parameter-partitioned: each shard a multiple of this many elements (a
+  // compressing optimizer asks 8, so that a rank's shard of a tensor is
+  // the chunk of it the rank serves in a 1-bit exchange).
+  uint64_t param_align = 1;
 };
 
 class Registry {

@@ -43,6 +43,7 @@ zd_optimizer_update update_slice(const zd_optimizer_update& u, uint32_t slots, u
   if (s.master) s.master += off;
   if (s.grad) s.grad = static_cast<const std::byte*>(s.grad) + off * dtype_size(s.grad_dtype);
   if (s.work) s.work = static_cast<std::byte*>(s.work) + off * dtype_size(s.work_dtype);
+  if (s.exchange) s.exchange += off;
   for (uint32_t k = 0; k < slots; ++k)
     if (s.state[k]) s.state[k] += off;
   return s;
@@ -57,6 +58,37 @@ void parallel_update(Workers& w, const OptimizerInstance& opt, const zd_optimize
     const zd_optimizer_update t = update_slice(u, slots, off, n);
     opt.update(ZD_ISA_AUTO, t);
     if (zero_grad && t.grad) std::memset(const_cast<void*>(t.grad), 0, n * gsz);
+  });
+}
+
+void combine_stats(double* a, const double* b, uint32_t n, const zd_stat_op* ops) {
+  for (uint32_t i = 0; i < n; ++i) a[i] = ops[i] == ZD_STAT_MAX ? std::max(a[i], b[i]) : a[i] + b[i];
+}
+
+void parallel_pass(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad,
+                   uint32_t nstats, const zd_stat_op* ops, double* stats) {
+  const uint32_t slots = opt.state_slots();
+  const uint64_t tiles = (u.count + kTile - 1) / kTile;
+  const size_t gsz = u.grad ? dtype_size(u.grad_dtype) : 0;
+  std::vector<double> partial(tiles * nstats, 0.0);
+  w.run(tiles, [&](size_t i) {
+    const uint64_t off = i * kTile, n = std::min(kTile, u.count - off);
+    zd_optimizer_update t = update_slice(u, slots, off, n);
+    t.stats = nstats ? partial.data() + i * nstats : nullptr;
+    opt.update(ZD_ISA_AUTO, t);
+    if (zero_grad && t.grad) std::memset(const_cast<void*>(t.grad), 0, n * gsz);
+  });
+  for (uint64_t i = 0; i < tiles; ++i) combine_stats(stats, partial.data() + i * nstats, nstats, ops);
+}
+
+void parallel_prepare(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u) {
+  const uint64_t tiles = (u.count + kTile - 1) / kTile;
+  const size_t gsz = dtype_size(u.grad_dtype);
+  w.run(tiles, [&](size_t i) {
+    const uint64_t off = i * kTile, n = std::min(kTile, u.count - off);
+    const zd_optimizer_update t = update_slice(u, 0, off, n);
+    opt.prepare(ZD_ISA_AUTO, t);
+    std::memset(const_cast<void*>(t.grad), 0, n * gsz);
   });
 }
 

@@ -55,4 +55,18 @@ void parallel_update(Workers& w, const OptimizerInstance& opt, const zd_optimize
 // The same update restricted to elements [off, off + n) of u.
 zd_optimizer_update update_slice(const zd_optimizer_update& u, uint32_t slots, uint64_t off, uint64_t n);
 
+// A pass of a planned step (zd_optimizer_v3) over u.count elements of one
+// tensor, in tiles like parallel_update. Each tile fills statistics of its
+// own (nstats, combined by ops[i]: a sum or a max); they are combined into
+// `stats` in tile order, so the figure never depends on thread timing.
+void parallel_pass(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad,
+                   uint32_t nstats, const zd_stat_op* ops, double* stats);
+
+// Combines statistics b into a (n of them, by ops).
+void combine_stats(double* a, const double* b, uint32_t n, const zd_stat_op* ops);
+
+// prepare() of a planned step over u.count elements of one tensor, in tiles;
+// each tile's gradient is zeroed after it (it has been folded in).
+void parallel_prepare(Workers& w, const OptimizerInstance& opt, const zd_optimizer_update& u);
+
 }  // namespace zerod

@@ -42,7 +42,7 @@ std::string dir_of(const std::string& path) {
 
 JobScript::~JobScript() {
   if (!sandbox_) return;
-  for (int ref : {lr_ref_, placement_ref_})
+  for (int ref : {lr_ref_, placement_ref_, warmup_ref_, sync_ref_})
     if (ref != LUA_NOREF) luaL_unref(sandbox_->L(), LUA_REGISTRYINDEX, ref);
 }
 
@@ -200,15 +200,29 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.optimizer = name;
     if (given) r.leave();
   }
-  // An optimizer that averages its momentum compressed (1-bit Adam) needs
-  // each rank's whole gradient: stages 2-3 keep only a shard of it.
+  // A compressing optimizer's schedules: Lua functions of the step, like lr.
+  if (r.enter("compression")) {
+    warmup_ref_ = r.function("warmup", &warmup_where_);
+    sync_ref_ = r.function("sync", &sync_where_);
+    if ((warmup_ref_ != LUA_NOREF || sync_ref_ != LUA_NOREF) && optimizer_ &&
+        optimizer_->header().abi_version < 3)
+      r.issue("", "optimizer '" + c.optimizer + "' (plugin ABI version " +
+                      std::to_string(optimizer_->header().abi_version) +
+                      ") has a fixed schedule and takes no compression schedules; they need version 3");
+    r.leave();
+  } else {
+    r.note("compression.warmup", "the optimizer's own schedule (no function)", false);
+    r.note("compression.sync", "the optimizer's own schedule (no function)", false);
+  }
+  // An optimizer that cannot run at the job's stage says why now.
   if (optimizer_ && partitioner_ && r.issues().empty()) {
     const auto opt = OptimizerInstance::create(optimizer_, c.optimizer_values);
     const auto part = PartitionerInstance::create(partitioner_, c.partitioner_values, 1);
-    if (opt->compression_start() > 0 && (part->partitions() & ZD_PARTITION_GRADS))
-      r.issue("zero", "optimizer '" + c.optimizer + "' averages each rank's local momentum (1-bit compressed), "
-                      "which needs the rank's whole local gradient; ZeRO stage " + std::to_string(c.zero_stage) +
-                      " keeps only a shard of the gradients. Use zero = { stage = 0 } or { stage = 1 }");
+    try {
+      opt->check_partitions(part->partitions());
+    } catch (const Error& e) {
+      r.issue("zero", e.what());
+    }
   }
   read_observing(r);
   lr_ref_ = r.function("lr", &lr_where_, "describe");
@@ -455,5 +469,28 @@ std::optional<double> JobScript::lr(int64_t step) {
                             format_number(v) + "; a learning rate must be finite and >= 0");
   return v;
 }
+
+std::optional<bool> JobScript::schedule(int ref, const std::string& where, const char* name, int64_t step) {
+  if (ref == LUA_NOREF) return std::nullopt;
+  std::lock_guard<std::mutex> lock(lua_mu_);
+  lua_State* L = sandbox_->L();
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  lua_pushinteger(L, step);
+  std::string err;
+  if (!sandbox_->call(1, 1, &err))
+    fail(ZD_ERR_CONFIG, std::string("the job's compression.") + name + "(" + std::to_string(step) + ") failed: " + err);
+  if (lua_type(L, -1) != LUA_TBOOLEAN) {
+    const std::string got = luaL_typename(L, -1);
+    lua_pop(L, 1);
+    fail(ZD_ERR_CONFIG, where + ": compression." + name + "(" + std::to_string(step) + ") returned a " + got +
+                            "; it must return true or false");
+  }
+  const bool v = lua_toboolean(L, -1) != 0;
+  lua_pop(L, 1);
+  return v;
+}
+
+std::optional<bool> JobScript::warmup(int64_t step) { return schedule(warmup_ref_, warmup_where_, "warmup", step); }
+std::optional<bool> JobScript::sync(int64_t step) { return schedule(sync_ref_, sync_where_, "sync", step); }
 
 }  // namespace zerod::scripting

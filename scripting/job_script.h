@@ -55,6 +55,9 @@ class JobScript final : public JobPolicy {
   // JobPolicy. Throws ZD_ERR_CONFIG naming file:line when the hook fails.
   std::optional<double> lr(int64_t step) override;
   std::optional<zd_tier> placement(const TensorInfo& t) override;
+  // compression.warmup(step) and compression.sync(step): true or false.
+  std::optional<bool> warmup(int64_t step) override;
+  std::optional<bool> sync(int64_t step) override;
 
  private:
   JobScript() = default;
@@ -84,6 +87,9 @@ class JobScript final : public JobPolicy {
   std::string lr_where_;
   int placement_ref_ = LUA_NOREF;
   std::string placement_where_;
+  int warmup_ref_ = LUA_NOREF, sync_ref_ = LUA_NOREF;
+  std::string warmup_where_, sync_where_;
+  std::optional<bool> schedule(int ref, const std::string& where, const char* name, int64_t step);
 };
 
 }  // namespace zerod::scripting

@@ -1,9 +1,12 @@
-// One rank of bench/onebit: a model of --params fp32 parameters in --layers
+// One rank of bench/onebit: a model of --params parameters in --layers
 // tensors whose gradients are made up (each rank its own), trained for
-// --steps steps under the job zerod run gives it. Rank 0 prints, for the
-// steps after --skip, the median step time and the bytes each step put on
-// links and on the network (zd_model_comm_figures), one line per figure:
+// --steps steps under the job zerod run gives it. The working copies are
+// fp32, or bf16 with --dtype bf16 (the job then says precision = "bf16").
+// Rank 0 prints, for the steps after --skip, the median and the mean step
+// time and the bytes each step put on links and on the network
+// (zd_model_comm_figures), one line per figure:
 //   onebit_rank: step_ms 123.4
+//   onebit_rank: mean_step_ms 130.2
 //   onebit_rank: bytes_per_step 5000000
 //   onebit_rank: network_bytes_per_step 2500000
 //   onebit_rank: checksum 0.1234
@@ -12,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,12 +34,14 @@ namespace {
 int main(int argc, char** argv) {
   double params = 25e6;
   int layers = 8, steps = 12, skip = 4;
+  bool bf16 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--params") params = std::atof(argv[i + 1]);
     else if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--skip") skip = std::atoi(argv[i + 1]);
+    else if (a == "--dtype") bf16 = std::string(argv[i + 1]) == "bf16";
   }
   zd_client* c = nullptr;
   if (zd_connect(nullptr, nullptr, &c)) die("zd_connect", nullptr);
@@ -56,24 +62,36 @@ int main(int argc, char** argv) {
     d.ndim = 1;
     d.shape = &per;
     d.init = init.data();
+    d.dtype = bf16 ? ZD_DTYPE_BF16 : ZD_DTYPE_F32;
+    d.init_dtype = ZD_DTYPE_F32;
     zd_param_id id;
     if (zd_model_register_param(m, &d, &id)) die("register", m);
     ids.push_back(id);
   }
   if (zd_model_finalize(m)) die("finalize", m);
   std::vector<float> grad(init.size());
+  std::vector<uint16_t> grad16(bf16 ? init.size() : 0);
   std::vector<double> ms;
   zd_comm_figures before = ZD_COMM_FIGURES_INIT, after = ZD_COMM_FIGURES_INIT;
   for (int s = 0; s < steps; ++s) {
     if (s == skip && zd_model_comm_figures(m, -1, &before)) die("comm figures", m);
     for (size_t i = 0; i < grad.size(); ++i)
       grad[i] = 1e-3f * std::cos(static_cast<float>(i % 977) + 0.37f * static_cast<float>(s + 3 * info.rank));
+    for (size_t i = 0; i < grad16.size(); ++i) {  // round to nearest even (no NaNs here)
+      uint32_t u;
+      std::memcpy(&u, &grad[i], 4);
+      grad16[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     for (int l = layers; l-- > 0;) {
       if (zd_backward_begin(m, l)) die("backward_begin", m);
       zd_view g = ZD_VIEW_INIT;
       if (zd_grad_view(m, ids[static_cast<size_t>(l)], &g)) die("grad_view", m);
-      std::memcpy(g.data, grad.data(), g.nbytes);
+      if (g.nbytes == grad16.size() * 2) {  // 16-bit gradients beside 16-bit working copies
+        std::memcpy(g.data, grad16.data(), g.nbytes);
+      } else {
+        std::memcpy(g.data, grad.data(), g.nbytes);
+      }
       if (zd_backward_end(m, l)) die("backward_end", m);
     }
     if (zd_step(m, nullptr)) die("zd_step", m);
@@ -90,7 +108,10 @@ int main(int argc, char** argv) {
   if (info.rank == 0) {
     std::sort(ms.begin(), ms.end());
     const double n = static_cast<double>(steps - skip);
+    double total = 0;
+    for (double x : ms) total += x;
     std::printf("onebit_rank: step_ms %.1f\n", ms.empty() ? 0.0 : ms[ms.size() / 2]);
+    std::printf("onebit_rank: mean_step_ms %.1f\n", ms.empty() ? 0.0 : total / static_cast<double>(ms.size()));
     std::printf("onebit_rank: bytes_per_step %.0f\n", static_cast<double>(after.bytes_sent - before.bytes_sent) / n);
     std::printf("onebit_rank: network_bytes_per_step %.0f\n",
                 static_cast<double>(after.network_bytes_sent - before.network_bytes_sent) / n);

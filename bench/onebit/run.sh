@@ -5,13 +5,16 @@
 # mpirun starts one `zerod run --nproc L` per host, the daemons talk through
 # the mpi comm plugin, and every rank is onebit_rank (a model of --params
 # fp32 parameters with made-up gradients), at ZeRO stage 0 (DeepSpeed's only
-# setting for 1-bit Adam) and stage 1 (--stages). Printed side by
-# side in one run: iperf3 on the same link, then for each optimizer the
-# median step time, the bytes each daemon put on the network per step, the
-# time those bytes take at iperf3's rate (the link's bound), and the
-# 1-bit/Adam ratios. Needs root (namespaces, tc), mpirun and iperf3.
+# setting for 1-bit Adam) and stages 1-3 (--stages), with Adam, 1-bit Adam,
+# 0/1 Adam and 1-bit LAMB (--optimizers). Printed side by side in one run:
+# iperf3 on the same link, then per stage and optimizer the median and mean
+# step time, the bytes each daemon put on the network per step, the time
+# those bytes take at iperf3's rate (the link's bound), how many times fewer
+# bytes than fp32 Adam's all-reduce (4 B per parameter at 2 ranks), and how
+# many times faster the mean step is than this run's Adam at the same stage. Needs root (namespaces, tc), mpirun and iperf3.
 #
-#   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages "0 1"]
+#   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
+#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam zero_one_adam onebit_lamb"] [--dtype fp32|bf16]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -20,7 +23,9 @@ rate="1gbit"
 local_ranks=1
 params="25e6"
 steps=12
-stages="0 1"
+stages="0 1 2 3"
+optimizers="adam onebit_adam zero_one_adam onebit_lamb"
+dtype="fp32"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -29,7 +34,9 @@ while [ $# -gt 0 ]; do
     --params) params=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1\"]" >&2
+    --optimizers) optimizers=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1 2 3\"] [--optimizers \"adam onebit_adam zero_one_adam onebit_lamb\"] [--dtype fp32|bf16]" >&2
        exit 2 ;;
   esac
 done
@@ -61,53 +68,77 @@ link_bits=$(zd_netns_run 0 iperf3 -c "${ZD_IP[1]}" -t 5 -J 2>/dev/null |
 wait "$server" 2>/dev/null
 [ -n "$link_bits" ] || { echo "run.sh: iperf3 measured nothing" >&2; exit 1; }
 
-# freeze_step 2: steps 0-1 are plain Adam (1-bit Adam's warm-up), the
-# measured steps (from step 4, onebit_rank --skip) are all compressed.
-write_jobs() {  # write_jobs STAGE
-  cat >"$ZD_DIR/adam.lua" <<LUA
-return { optimizer = { type = "adam", lr = 1e-3, bias_correction = false }, zero = { stage = $1 },
-         comm = { backend = "mpi", timeout = 300 } }
-LUA
-  cat >"$ZD_DIR/onebit.lua" <<LUA
-return { optimizer = { type = "onebit_adam", lr = 1e-3, freeze_step = 2 }, zero = { stage = $1 },
+# The jobs. Warm-ups of 2 updates: steps 0-1 are plain Adam (or plain
+# LAMB-style steps), the measured steps (from the fifth, onebit_rank --skip)
+# are all in the compression phase. 0/1 Adam: variance steps until update 2,
+# then (stage 0) local steps with a sync every 4th step (compression.sync, a
+# Lua function of the step); at stages 1-3, where local steps are refused,
+# 1-bit gradient steps with v frozen.
+write_job() {  # write_job OPTIMIZER STAGE FILE
+  local prec="fp32" opt
+  [ "$dtype" = bf16 ] && prec="bf16"
+  local extra=""
+  case "$1" in
+    adam) opt='type = "adam", lr = 1e-3, bias_correction = false' ;;
+    onebit_adam) opt='type = "onebit_adam", lr = 1e-3, freeze_step = 2' ;;
+    onebit_lamb) opt='type = "onebit_lamb", lr = 1e-3, freeze_step = 2' ;;
+    zero_one_adam)
+      if [ "$2" = 0 ]; then
+        opt='type = "zero_one_adam", lr = 1e-3, var_freeze_step = 2'
+        extra='compression = { sync = function(step) return step % 4 == 3 end },'
+      else
+        opt='type = "zero_one_adam", lr = 1e-3, var_freeze_step = 2, local_steps = false'
+      fi ;;
+    *) echo "run.sh: unknown optimizer $1" >&2; exit 2 ;;
+  esac
+  cat >"$3" <<LUA
+return { precision = "$prec", optimizer = { $opt }, zero = { stage = $2 }, $extra
          comm = { backend = "mpi", timeout = 300 } }
 LUA
 }
 
-run() {  # run JOB: onebit_rank's figures, "step_ms network_bytes_per_step checksum"
+run() {  # run JOB: onebit_rank's figures, "step_ms mean_step_ms network_bytes_per_step checksum"
   local out
   out=$(zd_netns_run 0 "$mpirun" --host "${ZD_IP[0]}:1,${ZD_IP[1]}:1" -np 2 --map-by node --oversubscribe \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$ZD_SUBNET" --mca oob_tcp_if_include "$ZD_SUBNET" \
-    "$zerod" run --nproc "$local_ranks" --no-prefix --job "$1" -- "$rank" --params "$params" --steps "$steps" 2>&1)
-  local ms net sum
+    "$zerod" run --nproc "$local_ranks" --no-prefix --job "$1" -- "$rank" --params "$params" --steps "$steps" \
+    --dtype "$dtype" 2>&1)
+  local ms mean net sum
   ms=$(echo "$out" | sed -n 's/^onebit_rank: step_ms //p')
+  mean=$(echo "$out" | sed -n 's/^onebit_rank: mean_step_ms //p')
   net=$(echo "$out" | sed -n 's/^onebit_rank: network_bytes_per_step //p')
   sum=$(echo "$out" | sed -n 's/^onebit_rank: checksum //p')
   [ -n "$ms" ] && [ -n "$net" ] || { echo "run.sh: the run of $1 failed:" >&2; echo "$out" >&2; return 1; }
-  echo "$ms $net $sum"
+  echo "$ms $mean $net $sum"
 }
 
-echo "bench/onebit: 2 hosts (network namespaces) x $local_ranks rank(s), $params fp32 parameters;" \
-     "$(nproc) CPUs shared by both hosts; median step of $((steps - 4)) after 4"
+echo "bench/onebit: 2 hosts (network namespaces) x $local_ranks rank(s), $params $dtype parameters;" \
+     "$(nproc) CPUs shared by both hosts; median and mean step of $((steps - 4)) after 4"
 echo "link: $rate per direction (tbf); iperf3 measured $(python3 -c "print(f'{$link_bits/1e9:.3f}')") Gbit/s"
 for stage in $stages; do
-  write_jobs "$stage"
-  adam=$(run "$ZD_DIR/adam.lua") || exit 1
-  onebit=$(run "$ZD_DIR/onebit.lua") || exit 1
+  figures=()
+  for opt in $optimizers; do
+    write_job "$opt" "$stage" "$ZD_DIR/$opt.lua"
+    f=$(run "$ZD_DIR/$opt.lua") || exit 1
+    figures+=("$opt" $f)
+  done
   echo
   echo "ZeRO stage $stage"
-  python3 - "$link_bits" $adam $onebit <<'PY'
+  python3 - "$link_bits" "$params" "${figures[@]}" <<'PY'
 import sys
 link = float(sys.argv[1]) / 8  # bytes/s
-a_ms, a_net = float(sys.argv[2]), float(sys.argv[3])
-o_ms, o_net = float(sys.argv[5]), float(sys.argv[6])
-def row(name, ms, net):
+params = float(sys.argv[2])
+rows = sys.argv[3:]
+res = [(rows[i], float(rows[i + 1]), float(rows[i + 2]), float(rows[i + 3])) for i in range(0, len(rows), 5)]
+# fp32 Adam's bytes: a ring all-reduce of fp32 gradients on 2 ranks sends
+# 2 (W-1)/W * 4 B = 4 B per parameter; its step time: the adam row of this run.
+fp32_adam = 4 * params
+adam = next((r for r in res if r[0] == "adam"), None)
+print(f"{'':<14} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
+for name, ms, mean, net in res:
     bound = net / link * 1e3
-    print(f"{name:<12} {ms:>10.1f} {net / 1e6:>14.2f} {bound:>14.1f} {bound / ms if ms else 0:>10.2f}")
-print(f"{'':<12} {'step ms':>10} {'net MB/step':>14} {'link ms/step':>14} {'link/step':>10}")
-row("adam", a_ms, a_net)
-row("1-bit adam", o_ms, o_net)
-print(f"1-bit adam / adam: step time {o_ms / a_ms:.3f}x (speed-up {a_ms / o_ms:.2f}x), "
-      f"network bytes {o_net / a_net:.4f}x ({a_net / o_net:.1f}x fewer)")
+    fewer = fp32_adam / net if net else float("inf")
+    faster = adam[2] / mean if adam and mean else 0
+    print(f"{name:<14} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
 PY
 done

@@ -59,7 +59,11 @@ inline std::vector<double> values_with(const Plugin& p,
 }
 
 inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
+#ifdef ZEROD_FAKE_PLUGIN_DIR
+  const std::vector<std::string> dirs = {ZEROD_PLUGIN_DIR, ZEROD_FAKE_PLUGIN_DIR};  // test-only plugins too
+#else
   const std::vector<std::string> dirs = {ZEROD_PLUGIN_DIR};
+#endif
   auto opt = Plugin::load(ZD_PLUGIN_OPTIMIZER, o.optimizer, dirs);
   auto part = Plugin::load(ZD_PLUGIN_PARTITIONER, "stage" + std::to_string(o.stage), dirs);
   auto comm = Plugin::load(ZD_PLUGIN_COMM, "local", dirs);

@@ -85,12 +85,13 @@ static const zd_optimizer_v1 descriptor = {
     NULL};
 
 #ifdef FAKE_TWO_VERSIONS
-/* A made-up version 3 that only a newer host would read. */
+/* A made-up version, one past the host's newest, that only a newer host would read. */
 typedef struct {
   zd_optimizer_v1 v1;
   double extra[8];
 } fake_v2;
-static const fake_v2 descriptor_v2 = {{{ZD_PLUGIN_OPTIMIZER, sizeof(fake_v2), 3, 1, FAKE_NAME, "v3"},
+static const fake_v2 descriptor_v2 = {{{ZD_PLUGIN_OPTIMIZER, sizeof(fake_v2), ZD_OPTIMIZER_ABI_VERSION + 1, 1, FAKE_NAME,
+                                        "a version from the future"},
                                        NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
                                       {0}};
 #endif

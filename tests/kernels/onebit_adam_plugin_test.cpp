@@ -1,8 +1,10 @@
 // zd_optimizer_onebit_adam.so as the engine sees it: dlopen'ed, reached only
-// through its zd_optimizer_v2 descriptor. Its hyperparameter checks, the
-// phase protocol of zerod_plugin.h (warm-up update with the gradient, then
-// momentum() and update() with grad NULL), and that each call does what the
-// kernels do.
+// through its descriptors, v3 first and v2 after it. Through v2: its
+// hyperparameter checks, the phase protocol of zerod_plugin.h (warm-up
+// update with the gradient, then momentum() and update() with grad NULL),
+// and that each call does what the kernels do. Through v3: the plans (the
+// job's warm-up schedule, else freeze_step) and prepare() and the passes
+// doing what the same kernels do.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <zerod/zerod_plugin.h>
@@ -37,10 +39,13 @@ class OnebitPlugin : public ::testing::Test {
     auto entry = reinterpret_cast<zd_plugin_entry_fn>(dlsym(handle_, ZD_PLUGIN_ENTRY_SYMBOL));
     ASSERT_NE(entry, nullptr);
     for (const zd_plugin_header* const* h = entry(); *h != nullptr; ++h) {
-      ++descriptors_;
+      versions_.push_back((*h)->abi_version);
       if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 2)
         d_ = reinterpret_cast<const zd_optimizer_v2*>(*h);
+      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 3)
+        d3_ = reinterpret_cast<const zd_optimizer_v3*>(*h);
     }
+    ASSERT_NE(d3_, nullptr) << "no optimizer v3 descriptor";
     ASSERT_NE(d_, nullptr) << "no optimizer v2 descriptor";
     services_ = {sizeof(zd_host_services), ZD_ABI_VERSION, &log_, Log::sink};
   }
@@ -70,20 +75,59 @@ class OnebitPlugin : public ::testing::Test {
 
   void* handle_ = nullptr;
   const zd_optimizer_v2* d_ = nullptr;
-  int descriptors_ = 0;
+  const zd_optimizer_v3* d3_ = nullptr;
+  std::vector<uint32_t> versions_;
   Log log_;
   zd_host_services services_{};
   std::vector<void*> instances_;
 };
 
-TEST_F(OnebitPlugin, DescriptorIsV2Only) {
-  EXPECT_EQ(descriptors_, 1);
+TEST_F(OnebitPlugin, DescriptorsAreV3ThenV2) {
+  // The host takes the newest it knows; an older host finds v2. Never v1.
+  EXPECT_EQ(versions_, (std::vector<uint32_t>{3u, 2u}));
   EXPECT_EQ(d_->header.kind, ZD_PLUGIN_OPTIMIZER);
   EXPECT_EQ(d_->header.struct_size, sizeof(zd_optimizer_v2));
+  EXPECT_EQ(d3_->header.struct_size, sizeof(zd_optimizer_v3));
   EXPECT_STREQ(d_->header.name, "onebit_adam");
+  EXPECT_STREQ(d3_->header.name, "onebit_adam");
   EXPECT_NE(d_->compression_start, nullptr);
   EXPECT_NE(d_->momentum_slot, nullptr);
   EXPECT_NE(d_->momentum, nullptr);
+  // Both versions take the same hyperparameters.
+  EXPECT_EQ(d3_->hparams, d_->hparams);
+  EXPECT_EQ(d3_->hparam_count, d_->hparam_count);
+}
+
+TEST_F(OnebitPlugin, V3PlansFollowFreezeStepOrTheJobsWarmup) {
+  void* inst = instance(2);
+  zd_optimizer_plan p{};
+  auto plan = [&](int64_t step, int32_t warmup) {
+    p = zd_optimizer_plan{};
+    EXPECT_EQ(d3_->plan(inst, step, warmup, -1, &p), ZD_OK);
+    return p;
+  };
+  for (int64_t step : {1, 2}) {
+    plan(step, -1);
+    EXPECT_EQ(p.grads, ZD_GRADS_AVERAGED) << step;
+    EXPECT_EQ(p.ops[0], ZD_OP_PASS_GRAD);
+    EXPECT_EQ(p.ops[1], ZD_OP_END);
+  }
+  plan(3, -1);
+  EXPECT_EQ(p.grads, ZD_GRADS_LOCAL);
+  EXPECT_EQ(p.keep_average, 1);
+  EXPECT_EQ(p.fused, 0);
+  EXPECT_EQ(p.ops[0], ZD_OP_PREPARE);
+  EXPECT_EQ(p.ops[1], ZD_OP_EXCHANGE);
+  EXPECT_EQ(p.ops[2], ZD_OP_PASS);
+  EXPECT_EQ(p.ops[3], ZD_OP_END);
+  // The job's schedule wins both ways.
+  EXPECT_EQ(plan(1, 0).grads, ZD_GRADS_LOCAL);
+  EXPECT_EQ(plan(50, 1).grads, ZD_GRADS_AVERAGED);
+  EXPECT_EQ(d3_->plan(inst, 0, -1, -1, &p), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(d3_->compresses(inst), 1);
+  EXPECT_EQ(d3_->average_slot(inst), 0u);
+  char err[64];
+  for (uint32_t parts : {0u, 1u, 3u, 7u}) EXPECT_EQ(d3_->check_partitions(inst, parts, err, sizeof err), ZD_OK);
 }
 
 TEST_F(OnebitPlugin, SpecsDefaultsAndState) {
@@ -267,6 +311,56 @@ TEST_F(OnebitPlugin, EveryIsaTheCpuHasGivesTheSameUpdate) {
     results.push_back(a.master);
   }
   for (const auto& r : results) EXPECT_EQ(r, results[0]);
+}
+
+// Through v3: prepare() is momentum() into the exchange buffer, and a
+// compressed pass stores the exchanged momentum, then steps with frozen v.
+TEST_F(OnebitPlugin, V3PrepareAndPassMatchTheKernels) {
+  void* inst = instance(2);
+  Arrays a(4), b(4);
+  OnebitAdamParams hp;
+  hp.lr = 2e-3;
+  hp.weight_decay = 0.01;
+  hp.grad_scale = 0.5;
+  const Isa isa = best_isa();
+  for (size_t i = 0; i < Arrays::kN; ++i) a.v[i] = b.v[i] = 0.01f * static_cast<float>(i % 7 + 1);
+  std::vector<float> x(Arrays::kN);
+  for (size_t i = 0; i < Arrays::kN; ++i) x[i] = b.m[i] = 0.001f * static_cast<float>(i % 5) - 0.002f;
+  zd_optimizer_update u = a.update(3, true);
+  u.master = nullptr;
+  u.work = nullptr;
+  u.state[0] = u.state[1] = nullptr;
+  u.kind = 1;
+  u.exchange = x.data();
+  u.exchange_in = ZD_EXCHANGE_IN_AVERAGE;
+  ASSERT_EQ(d3_->prepare(inst, ZD_ISA_AUTO, &u), ZD_OK);
+  Range r;
+  r.count = Arrays::kN;
+  r.grad = b.grad.data();
+  ASSERT_TRUE(onebit_adam_update(isa, hp, OnebitPhase::momentum, r, AdamState{b.m.data(), nullptr}));
+  EXPECT_EQ(x, b.m);
+  for (size_t i = 0; i < Arrays::kN; ++i) x[i] = b.m[i] = (i % 3 ? 0.02f : -0.02f);  // "the average"
+  u = a.update(3, false);
+  u.kind = 1;
+  u.pass = 1;
+  u.exchange = x.data();
+  ASSERT_EQ(d3_->update(inst, ZD_ISA_AUTO, &u), ZD_OK);
+  r.master = b.master.data();
+  r.grad = nullptr;
+  r.work = b.work.data();
+  r.work_dtype = Dtype::bf16;
+  ASSERT_TRUE(onebit_adam_update(isa, hp, OnebitPhase::frozen, r, AdamState{b.m.data(), b.v.data()}));
+  EXPECT_EQ(a.m, b.m) << "the momentum slot holds the average";
+  EXPECT_EQ(a.master, b.master);
+  EXPECT_EQ(a.work, b.work);
+  // A compressed pass with a gradient, or without the exchange, is refused.
+  u = a.update(3, true);
+  u.kind = 1;
+  u.exchange = x.data();
+  EXPECT_EQ(d3_->update(inst, ZD_ISA_AUTO, &u), ZD_ERR_INVALID_ARGUMENT);
+  u = a.update(3, false);
+  u.kind = 1;
+  EXPECT_EQ(d3_->update(inst, ZD_ISA_AUTO, &u), ZD_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 # zerod across "nodes" on one machine: mpirun starts one daemon per node
 # (zerod run --nproc 2 each, the way a cluster job would), the daemons talk
 # through the mpi comm plugin, and the ranks train rank_scenario. Checks:
-#   1. stages 0-3 and 1-bit Adam on 2 nodes x 2 ranks end with the same
+#   1. stages 0-3, 1-bit Adam at stages 0-3, 0/1 Adam (stage 2) and 1-bit
+#      LAMB (stage 3) on 2 nodes x 2 ranks end with the same
 #      checksum on every rank as one daemon with 4 ranks (the local plugin);
 #   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
 #   3. the local backend under mpirun (by zerod run, before any rank starts)
@@ -29,6 +30,8 @@ LUA
 adamw='{ type = "adamw", lr = 0.05 }'
 # Compression from step 5 of rank_scenario's 20.
 onebit='{ type = "onebit_adam", lr = 0.05, freeze_step = 5 }'
+zero_one='{ type = "zero_one_adam", lr = 0.05, var_freeze_step = 5, local_steps = false }'
+lamb='{ type = "onebit_lamb", lr = 0.01, freeze_step = 5 }'
 
 checksums() {  # the checksums of ranks 0..3 in a run's output, one line
   local out=$1 line=""
@@ -58,7 +61,8 @@ PY
 }
 
 for case in "stage0 0 $adamw" "stage1 1 $adamw" "stage2 2 $adamw" "stage3 3 $adamw" \
-            "onebit_stage0 0 $onebit" "onebit_stage1 1 $onebit"; do
+            "onebit_stage0 0 $onebit" "onebit_stage1 1 $onebit" "onebit_stage2 2 $onebit" \
+            "onebit_stage3 3 $onebit" "zero_one_stage2 2 $zero_one" "lamb_stage3 3 $lamb"; do
   read -r name stage opt <<<"$case"
   job "$name.mpi" "$stage" mpi "$opt"
   job "$name.local" "$stage" local "$opt"

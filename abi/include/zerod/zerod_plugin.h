@@ -1,5 +1,5 @@
 /*
- * zerod_plugin.h — the plugin ABI, version 1.
+ * zerod_plugin.h — the plugin ABI (each kind's descriptor versions below).
  *
  * A plugin is a shared object that zerod loads with dlopen. It exports one C
  * function, zd_plugin_descriptors(), returning a NULL-terminated array of
@@ -46,7 +46,7 @@ enum {
 
 /* The newest descriptor version this header defines, per kind. A plugin may
  * list older versions beside it; the host takes the newest it knows. */
-#define ZD_OPTIMIZER_ABI_VERSION 2
+#define ZD_OPTIMIZER_ABI_VERSION 3
 #define ZD_COMM_ABI_VERSION 2
 #define ZD_PARTITIONER_ABI_VERSION 1
 #define ZD_TIER_ABI_VERSION 1
@@ -134,7 +134,22 @@ typedef struct zd_optimizer_update {
   double lr;                /* the learning rate to use: the job's schedule, else its
                                "lr" hyperparameter; a plugin always uses this one */
   int64_t step;             /* 1 for the first update, counting only applied steps */
+
+  /* Optimizer ABI version 3 (zd_optimizer_v3) adds what follows; a plugin of
+   * an older version reads only the fields above (ZD_OPTIMIZER_UPDATE_V1_SIZE
+   * bytes), a v3 plugin checks struct_size >= sizeof(zd_optimizer_update). */
+  uint32_t kind;            /* the step's kind, as the plugin's plan() wrote it */
+  uint32_t pass;            /* update(): which pass of the step, 1..; prepare(): 0 */
+  float* exchange;          /* the exchange buffer over the same elements, or NULL (see zd_optimizer_plan) */
+  const float* tensor;      /* the tensor's scalars (tensor_scalars() of them) or NULL; read only */
+  double* stats;            /* update(): the range's statistics, tensor_stats() of them, zero on entry;
+                               the plugin adds its range's part (ZD_STAT_SUM) or raises it (ZD_STAT_MAX) */
+  int32_t exchange_in;      /* prepare(): what `exchange` holds on entry (ZD_EXCHANGE_IN_*) */
+  uint32_t reserved3;
 } zd_optimizer_update;
+
+/* The bytes of zd_optimizer_update that optimizer ABI versions 1 and 2 know. */
+#define ZD_OPTIMIZER_UPDATE_V1_SIZE (offsetof(zd_optimizer_update, step) + sizeof(int64_t))
 
 typedef struct zd_optimizer_v1 {
   zd_plugin_header header;  /* kind ZD_PLUGIN_OPTIMIZER, abi_version 1 */
@@ -210,6 +225,147 @@ typedef struct zd_optimizer_v2 {
    * Thread-safe on disjoint ranges. */
   zd_status (*momentum)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
 } zd_optimizer_v2;
+
+/* Version 3: an optimizer that plans each step. v2 fixed one protocol (1-bit
+ * Adam's: averaged gradients before compression_start(), then local
+ * momentum, its compressed average and an update); v3 lets the plugin say,
+ * step by step, what the host does, so that 0/1 Adam (1-bit gradients,
+ * variance updated at chosen steps, local steps) and 1-bit LAMB (per-tensor
+ * trust ratios, one fused compressed buffer) fit as well. The first fields
+ * are v1's, in v1's order. The host lifts v1 and v2 plugins to this table.
+ *
+ * Per applied step t (1-based) the host calls plan(t, warmup, sync, &plan),
+ * where warmup and sync are the answers of the job's schedules
+ * compression.warmup(t - 1) and compression.sync(t - 1) (Lua functions of
+ * the step, like lr(step): 1 true, 0 false), or -1 when the job defines no
+ * such function and the plugin's own schedule (its hyperparameters) holds.
+ * plan() is a pure function of its arguments: the host may call it again for
+ * the same step (a restart) and expects the same plan. The plan says:
+ *
+ *   grads: ZD_GRADS_AVERAGED — the ranks' gradients are averaged in full
+ *          precision (reduced to their owners at ZeRO stages 1-3), as for
+ *          any optimizer; ZD_GRADS_LOCAL — each rank keeps its own whole
+ *          gradient (its global norm for clipping is the square root of the
+ *          mean over ranks of the local squared norms).
+ *   ops:   what runs, in order (ZD_OP_END ends the list):
+ *     ZD_OP_PREPARE   prepare() over each tensor of the rank's whole local
+ *                     gradient, writing the exchange buffer (whole tensors,
+ *                     every rank). On entry the buffer holds zeros
+ *                     (ZD_EXCHANGE_IN_ZERO) when the plan does not set
+ *                     keep_average; when it does, the average the last
+ *                     exchange kept (ZD_EXCHANGE_IN_AVERAGE), or, when none
+ *                     is kept (the first such step, or after a checkpoint
+ *                     load), the whole of state slot average_slot(),
+ *                     gathered from its owners (ZD_EXCHANGE_IN_SLOT).
+ *     ZD_OP_EXCHANGE  the 1-bit compressed average of the exchange buffer
+ *                     across ranks (zd_comm_v2::compressed_all_reduce), with
+ *                     error feedback the host keeps per rank: each tensor on
+ *                     its own (one worker scale per tensor), or with fused
+ *                     set all tensors of a parameter group packed as one
+ *                     buffer (one worker scale for the group, DeepSpeed's
+ *                     1-bit LAMB). Every rank ends with the same average.
+ *     ZD_OP_PASS      update() over the rank's owned range (its ZeRO shard),
+ *     ZD_OP_PASS_GRAD cut at tensor boundaries, without or with the
+ *                     gradient. u->exchange points at the exchange buffer's
+ *                     values for the same elements (after an exchange: the
+ *                     average), or is NULL when the plan has no exchange.
+ *   keep_average: the host keeps the average (as it is: one sign bit per
+ *          element and one scale per chunk) for the next ZD_EXCHANGE_IN_AVERAGE.
+ *   reset_errors: the error feedback restarts at zero before this step.
+ *
+ * Before every ZD_OP_PASS, ZD_OP_PASS_GRAD and ZD_OP_PREPARE, and once after
+ * the last op, the host calls tensor_step() once for all tensors of the
+ * model: it sees the statistics the last pass gathered (each combined over
+ * ranges and ranks by stat_op) and may update the per-tensor scalars, which
+ * the following calls read through u->tensor. The host keeps the scalars
+ * (zero at first, after a checkpoint load and at set_applied_steps) — they
+ * are not in checkpoints.
+ *
+ * A plan whose ops write the exchange buffer in a pass (ZD_OP_EXCHANGE
+ * after a pass) or use ZD_GRADS_LOCAL with a pass that reads the gradient
+ * needs each rank to own everything (ZeRO stage 0); check_partitions()
+ * refuses the stages a plugin's configuration cannot run with. */
+
+typedef int32_t zd_grads;
+enum { ZD_GRADS_AVERAGED = 0, ZD_GRADS_LOCAL = 1 };
+
+typedef int32_t zd_plan_op;
+enum { ZD_OP_END = 0, ZD_OP_PASS = 1, ZD_OP_PASS_GRAD = 2, ZD_OP_PREPARE = 3, ZD_OP_EXCHANGE = 4 };
+
+enum { ZD_EXCHANGE_IN_ZERO = 0, ZD_EXCHANGE_IN_AVERAGE = 1, ZD_EXCHANGE_IN_SLOT = 2 };
+
+/* How a statistic combines over ranges and ranks. */
+typedef int32_t zd_stat_op;
+enum { ZD_STAT_SUM = 1, ZD_STAT_MAX = 2 };
+
+#define ZD_PLAN_MAX_OPS 8
+
+typedef struct zd_optimizer_plan {
+  uint32_t struct_size;
+  uint32_t kind;          /* plugin-defined; passed back in every call of this step */
+  zd_grads grads;
+  int32_t fused;
+  int32_t keep_average;
+  int32_t reset_errors;
+  zd_plan_op ops[ZD_PLAN_MAX_OPS];
+  uint32_t reserved[4];
+} zd_optimizer_plan;
+
+/* What tensor_step() sees: every tensor of the model, in registration order. */
+typedef struct zd_tensor_step {
+  uint32_t struct_size;
+  uint32_t kind;          /* the plan's */
+  zd_plan_op op;          /* the op about to run (ZD_OP_END: after the last) */
+  uint32_t pass;          /* for ZD_OP_PASS / ZD_OP_PASS_GRAD: its number, 1.. */
+  int64_t step;
+  double lr;
+  uint64_t tensors;
+  const uint64_t* numel;  /* per tensor */
+  const double* stats;    /* tensors x tensor_stats(): the last pass's, combined; NULL before the first pass */
+  float* scalars;         /* tensors x tensor_scalars(), read and written */
+} zd_tensor_step;
+
+typedef struct zd_optimizer_v3 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_OPTIMIZER, abi_version 3 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+  uint32_t (*state_slots)(const void* instance);
+  const char* (*state_name)(const void* instance, uint32_t slot);
+  int32_t (*supports_isa)(zd_isa isa);
+  /* One pass of a step over a range of the owned shard (within one tensor
+   * when the plan has an exchange or the plugin has tensor scalars or
+   * statistics). Thread-safe on disjoint ranges. */
+  zd_status (*update)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+  zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
+
+  /* The step's plan (above). ZD_ERR_INVALID_ARGUMENT for a step < 1. */
+  zd_status (*plan)(const void* instance, int64_t step, int32_t warmup, int32_t sync, zd_optimizer_plan* out);
+  /* ZD_OP_PREPARE on a range of one tensor of the rank's local gradient:
+   * u->grad, u->exchange (in and out); master, work and state are NULL.
+   * Thread-safe on disjoint ranges. NULL when no plan prepares. */
+  zd_status (*prepare)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+  /* The state slot ZD_EXCHANGE_IN_SLOT gathers (for 1-bit Adam the momentum). */
+  uint32_t (*average_slot)(const void* instance);
+  /* Per-tensor scalars the host keeps and statistics a pass reports (0..16). */
+  uint32_t (*tensor_scalars)(const void* instance);
+  uint32_t (*tensor_stats)(const void* instance);
+  zd_stat_op (*stat_op)(const void* instance, uint32_t stat);
+  /* Between ops, once for all tensors (above); NULL when the plugin has
+   * neither scalars nor statistics. */
+  zd_status (*tensor_step)(const void* instance, const zd_tensor_step* s);
+  /* ZD_OK when this configuration runs with the ZD_PARTITION_* bits given;
+   * else ZD_ERR_CONFIG with the reason in err (naming the hyperparameter to
+   * change, if one would do). */
+  zd_status (*check_partitions)(const void* instance, uint32_t partitions, char* err, size_t err_size);
+  /* 1 when some plan of this configuration exchanges or keeps gradients
+   * local: the host then keeps error feedback (and at ZeRO stages 2-3 a
+   * whole local gradient) per rank; 0 for a plain optimizer. */
+  int32_t (*compresses)(const void* instance);
+} zd_optimizer_v3;
 
 /* ------------------------------------------------------------------------ */
 /* Communication plugins (kind ZD_PLUGIN_COMM, version 1)                    */

@@ -1,6 +1,7 @@
 // zd_optimizer_onebit_adam.so: 1-bit Adam as DeepSpeed's OnebitAdam does it,
-// on the plugin ABI v2 (zerod_plugin.h, zd_optimizer_v2). docs/onebit.md has
-// the whole story; in short, with update number t (1-based):
+// on the plugin ABI v3 (zerod_plugin.h, zd_optimizer_v3), and v2 for hosts
+// that know no newer. docs/onebit.md has the whole story; in short, with
+// update number t (1-based):
 //
 //   t <= freeze_step (warm-up), update() with the gradient averaged across
 //   ranks:
@@ -15,8 +16,14 @@
 // none (its bias_correction argument is unused), and a job moved from it
 // should train the same. g is the gradient times grad_scale. The working copy
 // is written in the same pass as the master, as adamw does.
+//
+// On v3 the warm-up is the job's compression.warmup(step) where it has one
+// (true: a warm-up step), else t <= freeze_step; the v3 plan of a compressed
+// step is PREPARE (the local momentum, from the kept average), EXCHANGE,
+// PASS (the momentum slot takes the average, then the frozen-v step).
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <new>
 
 #include "glue.h"
@@ -26,7 +33,11 @@ namespace {
 namespace glue = zerod::optim::glue;
 namespace optim = zerod::optim;
 
+#ifdef ZEROD_ONEBIT_V2_ONLY
+constexpr const char* kName = "onebit_adam_v2";
+#else
 constexpr const char* kName = "onebit_adam";
+#endif
 
 // DeepSpeed's default. Most jobs should set it (DeepSpeed recommends 15-25%
 // of the total steps), but a default that compresses early would degrade
@@ -170,14 +181,117 @@ zd_status momentum(const void* instance, zd_isa isa, const zd_optimizer_update* 
   });
 }
 
+// --- plugin ABI v3 ----------------------------------------------------------
+
+enum Kind : uint32_t { kWarmup = 0, kCompressed = 1 };
+
+zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t, zd_optimizer_plan* out) noexcept {
+  if (instance == nullptr || out == nullptr || step < 1) return ZD_ERR_INVALID_ARGUMENT;
+  const auto& inst = *static_cast<const Instance*>(instance);
+  *out = zd_optimizer_plan{};
+  out->struct_size = sizeof *out;
+  const bool warm = warmup >= 0 ? warmup != 0 : step <= inst.freeze_step;
+  if (warm) {
+    out->kind = kWarmup;
+    out->grads = ZD_GRADS_AVERAGED;
+    out->ops[0] = ZD_OP_PASS_GRAD;
+    return ZD_OK;
+  }
+  out->kind = kCompressed;
+  out->grads = ZD_GRADS_LOCAL;
+  out->keep_average = 1;
+  out->ops[0] = ZD_OP_PREPARE;
+  out->ops[1] = ZD_OP_EXCHANGE;
+  out->ops[2] = ZD_OP_PASS;
+  return ZD_OK;
+}
+
+// A warm-up step (grad: the average across ranks), or a compressed step's
+// pass: m takes the average, then the step with the frozen v.
+zd_status update_v3(const void* instance, zd_isa isa, const zd_optimizer_update* u) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (instance == nullptr || u == nullptr || u->struct_size < sizeof(zd_optimizer_update)) {
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
+    const auto& inst = *static_cast<const Instance*>(instance);
+    const bool compressed = u->kind == kCompressed;
+    if (compressed && (u->grad != nullptr || u->exchange == nullptr)) {
+      return refuse(inst, *u, "a compressed step's pass needs the exchanged momentum and no gradient");
+    }
+    optim::Range r;
+    const zd_status st = glue::read_update(u, 2, &r, {.master = true, .grad = !compressed});
+    if (st != ZD_OK) return st;
+    if (compressed && u->count > 0) std::memcpy(u->state[0], u->exchange, u->count * sizeof(float));
+    return run(inst, isa, *u, compressed ? optim::OnebitPhase::frozen : optim::OnebitPhase::warmup, r);
+  });
+}
+
+// The local momentum from the rank's gradient and the last average (in the
+// exchange buffer), written there for the exchange.
+zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (instance == nullptr || u == nullptr || u->struct_size < sizeof(zd_optimizer_update) ||
+        u->exchange == nullptr) {
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
+    zd_optimizer_update m = *u;
+    m.state[0] = u->exchange;
+    optim::Range r;
+    const zd_status st = glue::read_update(&m, 1, &r, {.master = false, .grad = true});
+    if (st != ZD_OK) return st;
+    r.master = nullptr;
+    r.work = nullptr;
+    return run(*static_cast<const Instance*>(instance), isa, m, optim::OnebitPhase::momentum, r);
+  });
+}
+
+uint32_t no_values(const void*) noexcept { return 0; }
+zd_stat_op sum_op(const void*, uint32_t) noexcept { return ZD_STAT_SUM; }
+// Every stage: the host exchanges whole tensors and keeps the average as bits.
+zd_status any_partitions(const void*, uint32_t, char*, size_t) noexcept { return ZD_OK; }
+int32_t compresses(const void*) noexcept { return 1; }
+
+constexpr const char* kDescription =
+    "1-bit Adam (DeepSpeed's OnebitAdam): Adam warm-up, then 1-bit compressed momentum with error feedback and "
+    "frozen variance";
+
+[[maybe_unused]] const zd_optimizer_v3 kDescriptorV3 = {
+    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
+               .struct_size = sizeof(zd_optimizer_v3),
+               .abi_version = 3,
+               .plugin_version = (0u << 16) | 2u,
+               .name = kName,
+               .description = kDescription},
+    .hparams = kSpecs.data(),
+    .hparam_count = kSpecs.size(),
+    .reserved = 0,
+    .create = create,
+    .destroy = destroy,
+    .state_slots = state_slots,
+    .state_name = state_name,
+    .supports_isa = glue::supports_isa,
+    .update = update_v3,
+    .update_cuda = nullptr,
+    .plan = plan,
+    .prepare = prepare,
+    .average_slot = momentum_slot,
+    .tensor_scalars = no_values,
+    .tensor_stats = no_values,
+    .stat_op = sum_op,
+    .tensor_step = nullptr,
+    .check_partitions = any_partitions,
+    .compresses = compresses,
+};
+
+// --- plugin ABI v2 ----------------------------------------------------------
+
 const zd_optimizer_v2 kDescriptor = {
     .header = {.kind = ZD_PLUGIN_OPTIMIZER,
                .struct_size = sizeof(zd_optimizer_v2),
                .abi_version = 2,
-               .plugin_version = (0u << 16) | 1u,
+               .plugin_version = (0u << 16) | 2u,
                .name = kName,
-               .description = "1-bit Adam (DeepSpeed's OnebitAdam): Adam warm-up, then 1-bit compressed momentum "
-                              "with error feedback and frozen variance"},
+               .description = kDescription},
     .hparams = kSpecs.data(),
     .hparam_count = kSpecs.size(),
     .reserved = 0,
@@ -195,9 +309,15 @@ const zd_optimizer_v2 kDescriptor = {
     .momentum = momentum,
 };
 
-// Only v2: a v1 host could not compress, and would run this as Adam without
-// bias correction under a name that promises less communication.
+// v3, then v2 for older hosts (a test build, ZEROD_ONEBIT_V2_ONLY, offers v2
+// alone to exercise the host's v2 adapter). Never v1: a v1 host could not
+// compress, and would run this as Adam without bias correction under a name
+// that promises less communication.
+#ifdef ZEROD_ONEBIT_V2_ONLY
 const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+#else
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV3.header, &kDescriptor.header, nullptr};
+#endif
 
 }  // namespace
 

@@ -1,0 +1,33 @@
+-- bench/onebit/gpt_loss.sh's job: the GPT example (examples/python/train_gpt.py)
+-- with the optimizer GPT_OPTIMIZER (adam, onebit_adam, zero_one_adam,
+-- onebit_lamb) at ZeRO stage GPT_STAGE, for GPT_STEPS steps. Adam is AdamW
+-- without bias correction (the compressing optimizers' warm-up rule); the
+-- compressing ones warm up for the first 18% of the steps (0/1 Adam: its
+-- variance steps), as DeepSpeed recommends 15-25%.
+local zerod = require("zerod")
+
+local steps = tonumber(os.getenv("GPT_STEPS") or "800")
+local stage = tonumber(os.getenv("GPT_STAGE") or "0")
+local which = os.getenv("GPT_OPTIMIZER") or "adam"
+local warm = math.floor(0.18 * steps)
+
+local common = { lr = 2e-3, betas = {0.9, 0.95}, weight_decay = 0.01 }
+local optimizers = {
+  adam = { type = "adamw", bias_correction = false },
+  onebit_adam = { type = "onebit_adam", freeze_step = warm },
+  -- Local steps (stage 0 only): the sync interval doubles every 80 updates
+  -- after the variance freezes, up to 8.
+  zero_one_adam = { type = "zero_one_adam", var_freeze_step = warm, local_steps = (stage == 0),
+                    local_step_scaler = 80, local_step_clipper = 8 },
+  onebit_lamb = { type = "onebit_lamb", freeze_step = warm },
+}
+local opt = assert(optimizers[which], "GPT_OPTIMIZER: adam, onebit_adam, zero_one_adam or onebit_lamb")
+for k, v in pairs(common) do opt[k] = v end
+
+return {
+  precision = "fp32",
+  optimizer = opt,
+  gradient_clipping = 1.0,
+  zero = { stage = stage },
+  lr = zerod.cosine{ warmup_steps = 40, total_steps = steps, max_lr = 2e-3, min_lr = 2e-4 },
+}

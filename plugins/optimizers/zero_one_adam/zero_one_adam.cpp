@@ -1,0 +1,297 @@
+// zd_optimizer_zero_one_adam.so: 0/1 Adam (Lu et al. 2022; DeepSpeed's
+// ZeroOneAdam) on the plugin ABI v3 (zerod_plugin.h, zd_optimizer_v3). With
+// update number t (1-based), V = var_freeze_step:
+//
+//   t <= V, a variance step (DeepSpeed's exponential policy, or the job's
+//     compression.warmup): gradients averaged in full precision,
+//       m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= lr (m/d + wd p)
+//   t <= V, any other step: the local gradients' 1-bit compressed average g~
+//     (error feedback kept by the host), v unchanged,
+//       m = b1 m + (1 - b1) g~;  p -= lr (m/d + wd p)
+//   t > V, v frozen, local steps (when local_steps is true): each rank
+//     moves its own copy with its own gradient and accumulates the move,
+//       m = b1 m + (1 - b1) g;  upd = m/d + wd p;  p -= lr upd;  u -= lr upd
+//     and at a sync step (DeepSpeed's interval policy, or compression.sync)
+//     the moves are undone, u d is averaged 1-bit compressed, and
+//       m = -avg / lrs;  p += avg / d;  u = 0
+//     where lrs sums the learning rates since the last sync.
+//   t > V without local steps: 1-bit gradient steps as before V, v frozen.
+//
+// d = sqrt(v) + eps; no bias correction (DeepSpeed's has none). Local steps
+// move each rank's own whole copy of the parameters, momentum and
+// accumulator, so they run where each rank holds all of them: ZeRO stage 0
+// (check_partitions refuses them at stages 1-3, where local_steps = false
+// runs). The error feedback restarts when the local steps begin (it held
+// gradient errors, now it holds accumulator errors), as in DeepSpeed.
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <new>
+
+#include "glue.h"
+#include "kernels.h"
+#include "schedule.h"
+
+namespace {
+
+namespace glue = zerod::optim::glue;
+namespace optim = zerod::optim;
+namespace zo = zerod::optim::zero_one;
+
+constexpr const char* kName = "zero_one_adam";
+constexpr double kMaxStep = 1e15;  // any step count a run can reach, exact as a double
+
+// Spec order, which is also the order of the values create() receives.
+constexpr std::array<zd_hparam_spec, 9> kSpecs = {{
+    glue::number_spec("lr", 1e-3, 0.0, glue::kUnbounded, ZD_HPARAM_MIN_EXCLUSIVE,
+                      "learning rate; the job script's schedule may override it per step"),
+    glue::pair_spec("betas", 0.9, 0.999, 0.0, 1.0, ZD_HPARAM_MAX_EXCLUSIVE,
+                    "decay rates of the momentum and of the variance"),
+    glue::number_spec("eps", 1e-8, 0.0, glue::kUnbounded, ZD_HPARAM_MIN_EXCLUSIVE,
+                      "added to sqrt(v), which is not bias-corrected (as in DeepSpeed's ZeroOneAdam)"),
+    glue::number_spec("weight_decay", 0.0, 0.0, glue::kUnbounded, 0,
+                      "added to the update: p -= lr * (m / (sqrt(v) + eps) + wd * p)"),
+    glue::integer_spec("var_freeze_step", 100000, 0.0, kMaxStep,
+                       "the last update that may update the variance; local steps follow it (DeepSpeed's default; "
+                       "usually the end of the learning-rate warm-up)"),
+    glue::integer_spec("var_update_scaler", 16, 1.0, kMaxStep,
+                       "kappa: the variance interval (1 at first) doubles after this many variance updates"),
+    glue::integer_spec("local_step_scaler", 32678, 1.0, kMaxStep,
+                       "after var_freeze_step the sync interval (1 at first) doubles every this many updates"),
+    glue::integer_spec("local_step_clipper", 16, 1.0, kMaxStep, "H: the largest sync interval"),
+    glue::bool_spec("local_steps", true,
+                    "local steps after var_freeze_step (ZeRO stage 0 only); false keeps 1-bit gradient steps with "
+                    "the variance frozen"),
+}};
+
+enum Kind : uint32_t { kVariance = 0, kGradient = 1, kLocal = 2, kSync = 3 };
+
+struct Instance {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t var_freeze_step = 0, kappa = 16, local_scaler = 32678, local_clipper = 16;
+  bool local_steps = true;
+  glue::Host host;
+};
+
+const Instance& self(const void* p) { return *static_cast<const Instance*>(p); }
+
+zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance, char* err,
+                 size_t err_size) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (out_instance == nullptr) {
+      glue::set_error(err, err_size, "out_instance is NULL");
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
+    *out_instance = nullptr;
+    const zd_status st = glue::check_values(kSpecs.data(), kSpecs.size(), values, value_count, err, err_size);
+    if (st != ZD_OK) return st;
+    auto* inst = new (std::nothrow) Instance{};
+    if (inst == nullptr) {
+      glue::set_error(err, err_size, "out of memory");
+      return ZD_ERR_OUT_OF_MEMORY;
+    }
+    inst->beta1 = values[1];
+    inst->beta2 = values[2];
+    inst->eps = values[3];
+    inst->weight_decay = values[4];
+    inst->var_freeze_step = static_cast<int64_t>(values[5]);
+    inst->kappa = static_cast<int64_t>(values[6]);
+    inst->local_scaler = static_cast<int64_t>(values[7]);
+    inst->local_clipper = static_cast<int64_t>(values[8]);
+    inst->local_steps = values[9] != 0.0;
+    inst->host = glue::copy_host(host);
+    if (inst->var_freeze_step == 0) {
+      glue::log(inst->host, ZD_LOG_WARN, kName,
+                "var_freeze_step = 0: v is never estimated (it stays 0), so every update is lr * m / eps; set it to "
+                "the end of the learning-rate warm-up unless that is what you want");
+    }
+    *out_instance = inst;
+    return ZD_OK;
+  });
+}
+
+void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }
+
+uint32_t state_slots(const void* instance) noexcept { return instance != nullptr && self(instance).local_steps ? 3 : 2; }
+
+const char* state_name(const void*, uint32_t slot) noexcept {
+  switch (slot) {
+    case 0: return "exp_avg";
+    case 1: return "exp_avg_sq";
+    case 2: return "momentum_accumulator";
+    default: return nullptr;
+  }
+}
+
+zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync, zd_optimizer_plan* out) noexcept {
+  if (instance == nullptr || out == nullptr || step < 1) return ZD_ERR_INVALID_ARGUMENT;
+  const Instance& inst = self(instance);
+  *out = zd_optimizer_plan{};
+  out->struct_size = sizeof *out;
+  const bool frozen = step > inst.var_freeze_step;
+  if (frozen && inst.local_steps) {
+    out->grads = ZD_GRADS_LOCAL;
+    out->reset_errors = step == inst.var_freeze_step + 1 ? 1 : 0;
+    const bool syncs = sync >= 0 ? sync != 0
+                                 : zo::sync_step(step, inst.var_freeze_step, inst.local_scaler, inst.local_clipper);
+    out->ops[0] = ZD_OP_PASS_GRAD;
+    if (syncs) {
+      out->kind = kSync;
+      out->ops[1] = ZD_OP_EXCHANGE;
+      out->ops[2] = ZD_OP_PASS;
+    } else {
+      out->kind = kLocal;
+    }
+    return ZD_OK;
+  }
+  const bool variance = !frozen && (warmup >= 0 ? warmup != 0 : zo::variance_step(step, inst.kappa));
+  if (variance) {
+    out->kind = kVariance;
+    out->grads = ZD_GRADS_AVERAGED;
+    out->ops[0] = ZD_OP_PASS_GRAD;
+    return ZD_OK;
+  }
+  out->kind = kGradient;
+  out->grads = ZD_GRADS_LOCAL;
+  out->ops[0] = ZD_OP_PREPARE;
+  out->ops[1] = ZD_OP_EXCHANGE;
+  out->ops[2] = ZD_OP_PASS;
+  return ZD_OK;
+}
+
+zo::Consts consts(const Instance& inst, const zd_optimizer_update& u) {
+  return zo::make_consts(inst.beta1, inst.beta2, inst.eps, inst.weight_decay, u.lr, u.grad_scale);
+}
+
+zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (instance == nullptr || u == nullptr || u->struct_size < sizeof(zd_optimizer_update) ||
+        u->exchange == nullptr || u->kind != kGradient)
+      return ZD_ERR_INVALID_ARGUMENT;
+    optim::Isa k;
+    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    optim::Range r;
+    if (const zd_status st = glue::read_update(u, 0, &r, {.master = false, .grad = true}); st != ZD_OK) return st;
+    zo::Arrays a;
+    a.count = r.count;
+    a.grad = r.grad;
+    a.grad_dtype = r.grad_dtype;
+    a.exchange = u->exchange;
+    zo::prepare_gradient(consts(self(instance), *u), a);
+    return ZD_OK;
+  });
+}
+
+zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u) noexcept {
+  return glue::guarded([&]() -> zd_status {
+    if (instance == nullptr || u == nullptr || u->struct_size < sizeof(zd_optimizer_update))
+      return ZD_ERR_INVALID_ARGUMENT;
+    const Instance& inst = self(instance);
+    optim::Isa k;
+    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    const uint32_t kind = u->kind;
+    const bool with_grad = kind == kVariance || kind == kLocal || (kind == kSync && u->pass == 1);
+    const bool needs_u = kind == kLocal || kind == kSync;
+    const bool needs_exchange = kind == kGradient || kind == kSync;
+    if (kind > kSync || (with_grad != (u->grad != nullptr)) || (needs_exchange && u->exchange == nullptr) ||
+        (needs_u && !inst.local_steps) || (kind == kSync && u->pass != 1 && u->pass != 2))
+      return ZD_ERR_INVALID_ARGUMENT;
+    optim::Range r;
+    const zd_status st = glue::read_update(u, needs_u ? 3 : 2, &r, {.master = true, .grad = with_grad});
+    if (st != ZD_OK) return st;
+    zo::Arrays a;
+    a.count = r.count;
+    a.master = r.master;
+    a.grad = r.grad;
+    a.grad_dtype = r.grad_dtype;
+    a.work = r.work;
+    a.work_dtype = r.work_dtype;
+    a.m = u->state[0];
+    a.v = u->state[1];
+    a.u = needs_u ? u->state[2] : nullptr;
+    a.exchange = u->exchange;
+    const zo::Consts c = consts(inst, *u);
+    switch (kind) {
+      case kVariance: zo::variance(c, a); break;
+      case kGradient: zo::compressed_gradient(c, a); break;
+      case kLocal: zo::local_step(c, a); break;
+      default:
+        if (u->pass == 1) {
+          zo::sync_local(c, a);
+        } else {
+          if (u->tensor == nullptr || !(u->tensor[0] > 0.0f)) return ZD_ERR_INVALID_ARGUMENT;
+          zo::sync_apply(c, a, u->tensor[0]);
+        }
+    }
+    return ZD_OK;
+  });
+}
+
+uint32_t average_slot(const void*) noexcept { return 0; }
+// One scalar per tensor: lrs, the learning rates summed since the last sync.
+uint32_t tensor_scalars(const void*) noexcept { return 1; }
+uint32_t tensor_stats(const void*) noexcept { return 0; }
+zd_stat_op stat_op(const void*, uint32_t) noexcept { return ZD_STAT_SUM; }
+
+zd_status tensor_step(const void* instance, const zd_tensor_step* s) noexcept {
+  if (instance == nullptr || s == nullptr || s->struct_size < sizeof(zd_tensor_step)) return ZD_ERR_INVALID_ARGUMENT;
+  if (s->kind != kLocal && s->kind != kSync) return ZD_OK;
+  if (s->scalars == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+  const bool first_pass = (s->op == ZD_OP_PASS_GRAD) && s->pass == 1;
+  for (uint64_t i = 0; i < s->tensors; ++i) {
+    if (first_pass) s->scalars[i] += static_cast<float>(s->lr);
+    if (s->kind == kSync && s->op == ZD_OP_END) s->scalars[i] = 0.0f;
+  }
+  return ZD_OK;
+}
+
+zd_status check_partitions(const void* instance, uint32_t partitions, char* err, size_t err_size) noexcept {
+  if (instance == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+  const Instance& inst = self(instance);
+  if (!inst.local_steps || (partitions & ZD_PARTITION_OPTIMIZER) == 0) return ZD_OK;
+  const int stage = (partitions & ZD_PARTITION_PARAMS) ? 3 : (partitions & ZD_PARTITION_GRADS) ? 2 : 1;
+  glue::set_error(err, err_size,
+                  "local steps (after var_freeze_step = %lld) move each rank's own whole copy of the parameters, "
+                  "momentum and accumulator, which ZeRO stage %d partitions; set local_steps = false (1-bit gradient "
+                  "steps with the variance frozen after var_freeze_step) or use zero = { stage = 0 }",
+                  static_cast<long long>(inst.var_freeze_step), stage);
+  return ZD_ERR_CONFIG;
+}
+
+int32_t compresses(const void*) noexcept { return 1; }
+
+const zd_optimizer_v3 kDescriptor = {
+    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
+               .struct_size = sizeof(zd_optimizer_v3),
+               .abi_version = 3,
+               .plugin_version = (0u << 16) | 1u,
+               .name = kName,
+               .description = "0/1 Adam (DeepSpeed's ZeroOneAdam): 1-bit gradients between variance updates at "
+                              "growing intervals, then local steps with 1-bit syncs"},
+    .hparams = kSpecs.data(),
+    .hparam_count = kSpecs.size(),
+    .reserved = 0,
+    .create = create,
+    .destroy = destroy,
+    .state_slots = state_slots,
+    .state_name = state_name,
+    .supports_isa = glue::supports_isa,
+    .update = update,
+    .update_cuda = nullptr,
+    .plan = plan,
+    .prepare = prepare,
+    .average_slot = average_slot,
+    .tensor_scalars = tensor_scalars,
+    .tensor_stats = tensor_stats,
+    .stat_op = stat_op,
+    .tensor_step = tensor_step,
+    .check_partitions = check_partitions,
+    .compresses = compresses,
+};
+
+// v3 only: the host needs plans to run it.
+const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+
+}  // namespace
+
+extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
