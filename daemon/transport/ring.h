@@ -53,7 +53,7 @@ struct RingHeader {
 
 // How a side waits for the other.
 struct RingWait {
-  // Busy-polls this long (with a pause per poll and a sched_yield every 64
+  // Busy-polls this long (with a pause per poll and a sched_yield every 4
   // polls, so a spinner hands its core to a runnable peer) before it sleeps.
   std::chrono::microseconds spin{50};
   // After spinning: sleep in futex slices of this length, calling alive()
