@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
   if (!strcmp(scenario, "sleepy") || !strcmp(scenario, "pairs")) {
     const int pairs = !strcmp(scenario, "pairs") ? (argc > 2 ? atoi(argv[2]) : 5000) : 1;
     if (pairs == 1 && rank == 1) sleep(1);
+    if (pairs == 1 && rank == 0) {
+      printf("rank 0: begins\n");
+      fflush(stdout);
+    }
     struct timespec w0, c0, w1, c1;
     clock_gettime(CLOCK_MONOTONIC, &w0);
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
