@@ -6,6 +6,7 @@
 // With one rank there is nobody to meet: tasks run inline.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -50,6 +51,7 @@ class CommStream {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
+  std::atomic<size_t> queued_{0};  // queue_.size(), for the worker's spin before it blocks
   bool stop_ = false;
   std::vector<std::shared_ptr<Ticket::State>> failed_;  // tasks that threw, for drain()
   std::thread worker_;

@@ -19,6 +19,9 @@ ZEROD_PACKAGES=(
   python3-matplotlib
   # the offline `pip install ./bindings/python` the README offers (tested)
   python3-pip python3-setuptools python3-wheel
+  # scripts/python-venv.sh (the DeepSpeed and PyTorch 2.x columns of the
+  # benchmarks): venv, and the headers DeepSpeed's CPU Adam op builds with
+  python3-venv python3-dev
   # the benchmarks' yardstick for disk speed (bench/nvme, bench/offload_step)
   fio
   # the mpi comm plugin (daemons across nodes), its tests across network

@@ -33,44 +33,8 @@ class EmbeddedModel final : public ModelBackend {
                              zd_dtype init_dtype) override {
     return model_->register_param(0, name, module, dtype, std::move(shape), init, init_dtype);
   }
-  void finalize() override { model_->finalize(0); }
   const Registry& registry() const override { return model_->registry(); }
-
-  void forward_begin(zd_module_id m) override { model_->forward_begin(0, m); }
-  void forward_end(zd_module_id m) override { model_->forward_end(0, m); }
-  void backward_begin(zd_module_id m) override { model_->backward_begin(0, m); }
-  void backward_end(zd_module_id m) override { model_->backward_end(0, m); }
-  ViewInfo param_view(zd_param_id p) override { return model_->param_view(0, p); }
-  ViewInfo grad_view(zd_param_id p) override { return model_->grad_view(0, p); }
-  StepFigures step() override { return model_->step(0); }
-  double loss_scale() const override { return model_->loss_scale(0); }
-  void set_stream(void* stream) override { model_->set_stream(0, stream); }
-
-  void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override {
-    model_->read_param(0, p, dt, dst, bytes);
-  }
-  void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override {
-    model_->write_param(0, p, dt, src, bytes);
-  }
-  MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override {
-    const MemoryLedger& l = model_->ledger(rank < 0 ? 0 : rank);
-    return {l.current(tier, kind), l.peak(tier, kind), l.budget(tier)};
-  }
-  zd_comm_figures comm_figures(int rank) const override { return model_->comm().figures(rank < 0 ? 0 : rank); }
-
-  OptimizerFigures optimizer() const override { return optimizer_figures(*model_, 0); }
-  void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) override {
-    model_->read_state(0, p, slot, dt, dst, bytes);
-  }
-  void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) override {
-    model_->write_state(0, p, slot, dt, src, bytes);
-  }
-  void set_step(int64_t step) override { model_->set_applied_steps(0, step); }
-  void save(const std::string& dir) override { model_->save_checkpoint(0, dir); }
-  void load(const std::string& dir) override { model_->load_checkpoint(0, dir); }
-  void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) override {
-    model_->report(0, tokens, samples, has_loss, loss);
-  }
+  calls::Outcome call(const calls::Args& a, void* data) override { return calls::dispatch(*model_, 0, a, data); }
 
  private:
   std::unique_ptr<scripting::JobScript> script_;
@@ -96,13 +60,5 @@ class EmbeddedClient final : public ClientBackend {
 }  // namespace
 
 std::unique_ptr<ClientBackend> make_embedded_client() { return std::make_unique<EmbeddedClient>(); }
-
-OptimizerFigures optimizer_figures(const Model& m, int rank) {
-  OptimizerFigures f;
-  f.name = m.optimizer().plugin().name();
-  for (uint32_t s = 0; s < m.optimizer().state_slots(); ++s) f.slots.push_back(m.optimizer().state_name(s));
-  f.step = m.applied_steps(rank);
-  return f;
-}
 
 }  // namespace zerod::abi

@@ -1,8 +1,11 @@
-// Daemon mode: the client side of the socket protocol. Each call is one
-// request and its reply; views point into the daemon's arenas, which this
-// side maps once when their fds arrive. Whole-parameter data goes through a
-// staging memfd the client shares with the daemon. No tensor bytes travel in
-// the messages.
+// Daemon mode: the client side. At connect it sends the daemon a call ring
+// (transport/ring.h); each table call is then a record in the ring and its
+// reply, and set-up requests (models, registration, staging) are socket
+// frames the ring announces. Views point into the daemon's arenas, which
+// this side maps once when their fds arrive on the socket. Whole-parameter
+// data goes through a staging memfd the client shares with the daemon. No
+// tensor bytes travel in the messages. Answers this side already holds
+// (views, the loss scale, module and parameter info) cost no round trip.
 #include "backend.h"
 
 #include "dtype.h"
@@ -12,7 +15,11 @@
 #include "sizes.h"
 #include "transport/client.h"
 #include "transport/shared_memory.h"
+#include "ring_call.h"
+#include "transport/ring.h"
 #include "wire.h"
+
+#include <poll.h>
 
 #include <sys/types.h>
 
@@ -23,6 +30,7 @@
 #include <limits>
 #include <filesystem>
 #include <map>
+#include <span>
 
 namespace zerod::abi {
 
@@ -45,6 +53,14 @@ constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<of
 
 class RemoteClient;
 
+// A view as either path reports it.
+struct RingViewLike {
+  int32_t param;
+  bool gradient;
+  int32_t arena;
+  uint64_t offset, bytes;
+};
+
 class RemoteModel final : public ModelBackend {
  public:
   RemoteModel(RemoteClient& c, int id) : client_(c), id_(id), registry_(1) {}
@@ -52,40 +68,25 @@ class RemoteModel final : public ModelBackend {
 
   zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
                              std::vector<int64_t> shape, const void* init, zd_dtype init_dtype) override;
-  void finalize() override;
   const Registry& registry() const override { return registry_; }
-  void forward_begin(zd_module_id m) override { begin(v1::ModelCall::FORWARD_BEGIN, m); }
-  void forward_end(zd_module_id m) override { end(v1::ModelCall::FORWARD_END, m); }
-  void backward_begin(zd_module_id m) override { begin(v1::ModelCall::BACKWARD_BEGIN, m); }
-  void backward_end(zd_module_id m) override { end(v1::ModelCall::BACKWARD_END, m); }
-  ViewInfo param_view(zd_param_id p) override;
-  ViewInfo grad_view(zd_param_id p) override;
-  StepFigures step() override;
-  double loss_scale() const override;
-  void set_stream(void* stream) override {
-    if (stream)
-      fail(ZD_ERR_NOT_IMPLEMENTED, "zd_model_set_stream: the ranks of a zerod daemon compute on the cpu device, "
-                                   "which has no streams (a daemon does not serve GPU memory yet)");
-  }
-  void read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) override;
-  void write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) override;
-  MemoryFigures memory(int rank, zd_tier tier, zd_mem_kind kind) const override;
-  zd_comm_figures comm_figures(int rank) const override;
-  OptimizerFigures optimizer() const override;
-  void read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) override;
-  void write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) override;
-  void set_step(int64_t step) override;
-  void save(const std::string& dir) override { path_call(v1::ModelCall::SAVE, dir); }
-  void load(const std::string& dir) override { path_call(v1::ModelCall::LOAD, dir); }
-  void report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) override;
+  calls::Outcome call(const calls::Args& a, void* data) override;
 
  private:
-  v1::Reply call(v1::ModelCall::Op op, zd_module_id m, int64_t step = 0, int32_t rank = -1) const;
-  // A call naming a directory: absolute, as the daemon's working directory is not this process's.
-  void path_call(v1::ModelCall::Op op, const std::string& dir) const;
-  void begin(v1::ModelCall::Op op, zd_module_id m);
-  void end(v1::ModelCall::Op op, zd_module_id m);
-  void take_arenas(const v1::Reply& r, std::vector<transport::UniqueFd>& fds);
+  // The answers this side holds: no round trip.
+  calls::Outcome view(const calls::Args& a);
+  calls::Outcome set_stream(void* stream);
+  // Through the daemon: the ring (or the socket, before a ring exists).
+  calls::Outcome remote(const calls::Args& a, void* data);
+  calls::Outcome optimizer_info();
+  // save, load: rare and long, so a socket frame, not the ring; the
+  // directory made absolute, as the daemon's working directory is not this
+  // process's.
+  calls::Outcome path_call(const calls::Args& a, void* data);
+  // A daemon without the ring (or ZEROD_NO_RING=1): one protobuf frame each.
+  calls::Outcome socket_call(const calls::Args& a);
+  void take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas, std::vector<transport::UniqueFd>& fds);
+  void take_view(const RingViewLike& v);
+  void forget_views(const calls::Args& a);
   std::string module_label(zd_module_id m) const { return "module '" + registry_.module(m).name + "'"; }
 
   RemoteClient& client_;
@@ -93,7 +94,8 @@ class RemoteModel final : public ModelBackend {
   Registry registry_;  // a mirror of what this rank registered: names, shapes, modules
   std::map<int32_t, transport::SharedMapping> arenas_;
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
-  mutable std::vector<transport::UniqueFd> pending_fds_;
+  double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
+  std::vector<RingViewLike> socket_views_;
 };
 
 class RemoteClient final : public ClientBackend {
@@ -111,7 +113,8 @@ class RemoteClient final : public ClientBackend {
     h->set_rank(rank_);
     h->set_world_size(world_);
     h->set_local_rank(local_rank_);
-    rpc(req);
+    const v1::Reply r = rpc(req);
+    if (r.hello().ring() && std::getenv("ZEROD_NO_RING") == nullptr) set_up_ring();
   }
   ~RemoteClient() override = default;
 
@@ -145,20 +148,25 @@ class RemoteClient final : public ClientBackend {
     return std::make_unique<RemoteModel>(*this, r.create_model().model());
   }
 
-  // Sends a request and waits for its reply; throws the reply's error.
+  // Sends a request as a socket frame and waits for its reply; throws the
+  // reply's error. With a ring, the ring announces the frame first (the
+  // daemon's thread waits on the ring, not on the socket).
   v1::Reply rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds = nullptr,
                 std::span<const int> send_fds = {}) {
+    if (ring_) {
+      wire::RingRequest announce{};
+      announce.kind = wire::RingKind::socket_frame;
+      std::memcpy(ring_.request_slot().data(), &announce, sizeof announce);
+      ring_.post_request();
+      wait_ring();  // the daemon posts before it reads the frame
+    }
     const uint32_t id = next_id_++;
     transport::Frame f;
     try {
       wire::send(conn_, wire::kRequest, id, req, send_fds);
-      f = conn_.receive(wire::kMaxBody, timeout_ms_ ? static_cast<int>(timeout_ms_)
-                                                    : transport::kWaitForever);
+      f = receive();
     } catch (const Error& e) {
-      // The socket itself failed: the daemon went away (or never answered).
-      if (e.code() == ZD_ERR_PEER_LOST)
-        fail(ZD_ERR_PEER_LOST, std::string("the zerod daemon is gone: ") + e.what());
-      throw;
+      throw_gone(e);
     }
     if (f.header.type != wire::kReply || f.header.request_id != id)
       fail(ZD_ERR_INTERNAL, "the daemon answered request " + std::to_string(id) + " with " +
@@ -168,6 +176,33 @@ class RemoteClient final : public ClientBackend {
     if (r.has_error()) fail(r.error().status(), r.error().message());
     if (fds) *fds = std::move(f.fds);
     return r;
+  }
+
+  bool has_ring() const { return static_cast<bool>(ring_); }
+
+  // A table call through the ring: the request record, a post, a wait, and
+  // the reply record (whose views and message follow it in the slot).
+  const wire::RingReply& ring_call(int model, const calls::Args& a, uint64_t staging_offset) {
+    wire::RingRequest req{};
+    req.kind = wire::RingKind::call;
+    req.model = model;
+    req.staging_offset = staging_offset;
+    req.args = a;
+    std::memcpy(ring_.request_slot().data(), &req, sizeof req);
+    ring_.post_request();
+    wait_ring();
+    std::memcpy(&reply_, ring_.reply_slot().data(), sizeof reply_);
+    return reply_;
+  }
+  std::span<const std::byte> reply_tail() const { return ring_.reply_slot().subspan(sizeof(wire::RingReply)); }
+
+  // The frame with new arena fds that a ring reply announced.
+  transport::Frame arena_frame() {
+    try {
+      return receive();
+    } catch (const Error& e) {
+      throw_gone(e);
+    }
   }
 
   // A staging area of at least `bytes`, shared with the daemon: a memfd
@@ -189,11 +224,60 @@ class RemoteClient final : public ClientBackend {
   }
 
  private:
+  // 1 MiB: a record, then up to ~32k views of a module and the message.
+  // Pages the replies never reach are never allocated.
+  static constexpr uint64_t kRingBytes = uint64_t{1} << 20;
+
+  void set_up_ring() {
+    transport::UniqueFd fd;
+    transport::Ring r = transport::Ring::create(kRingBytes, wire::kRingRequestBytes, &fd);
+    v1::Request req;
+    req.mutable_ring()->set_size(kRingBytes);
+    const int fds[1] = {fd.get()};
+    rpc(req, nullptr, fds);
+    ring_ = std::move(r);
+    wait_.spin = transport::ring_spin_from_env();
+    wait_.alive = [this] { return socket_open(); };
+  }
+
+  bool socket_open() const {
+    pollfd p{conn_.fd(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) < 0) return true;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+  }
+
+  void wait_ring() {
+    if (timeout_ms_)
+      wait_.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    switch (ring_.wait_reply(wait_)) {
+      case transport::RingWaitEnd::ready: return;
+      case transport::RingWaitEnd::timeout:
+        fail(ZD_ERR_TIMEOUT, "no reply from the zerod daemon within " + std::to_string(timeout_ms_) +
+                                 " ms (zd_connect_options.timeout_ms)");
+      default:
+        fail(ZD_ERR_PEER_LOST, "the zerod daemon is gone: its socket hung up while this rank waited for a reply "
+                               "on the call ring");
+    }
+  }
+
+  transport::Frame receive() {
+    return conn_.receive(wire::kMaxBody, timeout_ms_ ? static_cast<int>(timeout_ms_) : transport::kWaitForever);
+  }
+
+  [[noreturn]] static void throw_gone(const Error& e) {
+    // The socket itself failed: the daemon went away (or never answered).
+    if (e.code() == ZD_ERR_PEER_LOST) fail(ZD_ERR_PEER_LOST, std::string("the zerod daemon is gone: ") + e.what());
+    throw;
+  }
+
   transport::Connection conn_;
   uint32_t timeout_ms_;
   uint32_t next_id_ = 1;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   transport::SharedMapping staging_;
+  transport::Ring ring_;
+  transport::RingWait wait_;
+  wire::RingReply reply_{};
 };
 
 // ---------------------------------------------------------------------------
@@ -240,37 +324,84 @@ zd_param_id RemoteModel::register_param(const std::string& name, const std::stri
   return id;
 }
 
-v1::Reply RemoteModel::call(v1::ModelCall::Op op, zd_module_id m, int64_t step, int32_t rank) const {
-  v1::Request req;
-  v1::ModelCall* c = req.mutable_call();
-  c->set_model(id_);
-  c->set_op(op);
-  c->set_module(m);
-  c->set_step(step);
-  c->set_rank(rank);
-  return client_.rpc(req, &pending_fds_);
+calls::Outcome RemoteModel::call(const calls::Args& a, void* data) {
+  switch (a.op) {
+    case calls::Op::param_view:
+    case calls::Op::grad_view: return view(a);
+    case calls::Op::set_stream: return set_stream(data);
+    case calls::Op::loss_scale: {
+      calls::Outcome o;
+      o.loss_scale = loss_scale_;
+      return o;
+    }
+    case calls::Op::optimizer_info: return optimizer_info();
+    case calls::Op::save:
+    case calls::Op::load: return path_call(a, data);
+    default: return remote(a, data);
+  }
 }
 
-void RemoteModel::path_call(v1::ModelCall::Op op, const std::string& dir) const {
+calls::Outcome RemoteModel::path_call(const calls::Args& a, void* data) {
+  calls::check(registry_, client_.info().world_size, a, data);
   v1::Request req;
   v1::ModelCall* c = req.mutable_call();
   c->set_model(id_);
-  c->set_op(op);
+  c->set_op(a.op == calls::Op::save ? v1::ModelCall::SAVE : v1::ModelCall::LOAD);
+  const std::string dir(static_cast<const char*>(data), a.bytes);
   c->set_path(std::filesystem::absolute(dir).lexically_normal().string());
-  client_.rpc(req, &pending_fds_);
+  const v1::Reply r = client_.rpc(req);
+  calls::Outcome o;
+  o.loss_scale = loss_scale_ = r.call().loss_scale();
+  return o;
 }
 
-void RemoteModel::finalize() {
-  v1::Reply r = call(v1::ModelCall::FINALIZE, 0);
-  take_arenas(r, pending_fds_);
+calls::Outcome RemoteModel::view(const calls::Args& a) {
+  calls::check(registry_, 1, a, nullptr);
+  const ParamRecord& p = registry_.param(a.param);
+  const bool grad = a.op == calls::Op::grad_view;
+  const auto& views = grad ? grad_views_ : param_views_;
+  auto it = views.find(a.param);
+  if (it == views.end()) {
+    if (grad)
+      fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' has no gradient buffer now: its " +
+                                     module_label(p.module) + " is not between zd_backward_begin and zd_backward_end");
+    fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' is not resident: its " + module_label(p.module) +
+                                   " is not between a _begin and its _end call");
+  }
+  calls::Outcome o;
+  o.view = it->second;
+  o.loss_scale = loss_scale_;
+  return o;
 }
 
-void RemoteModel::take_arenas(const v1::Reply& r, std::vector<transport::UniqueFd>& fds) {
-  if (static_cast<size_t>(r.new_arenas_size()) != fds.size())
-    fail(ZD_ERR_INTERNAL, "the daemon announced " + std::to_string(r.new_arenas_size()) +
-                              " arenas but sent " + std::to_string(fds.size()) + " fds");
-  for (int i = 0; i < r.new_arenas_size(); ++i) {
-    const v1::ArenaInfo& a = r.new_arenas(i);
+calls::Outcome RemoteModel::set_stream(void* stream) {
+  if (stream)
+    fail(ZD_ERR_NOT_IMPLEMENTED, "zd_model_set_stream: the ranks of a zerod daemon compute on the cpu device, "
+                                 "which has no streams (a daemon does not serve GPU memory yet)");
+  return {};
+}
+
+calls::Outcome RemoteModel::optimizer_info() {
+  v1::Request req;
+  v1::ModelCall* c = req.mutable_call();
+  c->set_model(id_);
+  c->set_op(v1::ModelCall::OPTIMIZER_INFO);
+  const v1::Reply r = client_.rpc(req);
+  calls::Outcome o;
+  o.optimizer = r.call().optimizer().name();
+  o.slots.assign(r.call().optimizer().slots().begin(), r.call().optimizer().slots().end());
+  o.applied_steps = r.call().optimizer().step();
+  o.loss_scale = loss_scale_ = r.call().loss_scale();
+  return o;
+}
+
+void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas,
+                              std::vector<transport::UniqueFd>& fds) {
+  if (static_cast<size_t>(arenas.size()) != fds.size())
+    fail(ZD_ERR_INTERNAL, "the daemon announced " + std::to_string(arenas.size()) + " arenas but sent " +
+                              std::to_string(fds.size()) + " fds");
+  for (int i = 0; i < arenas.size(); ++i) {
+    const v1::ArenaInfo& a = arenas.Get(i);
     arenas_[a.id()] = transport::SharedMapping(fds[static_cast<size_t>(i)].get(), a.size(), kMaxArenaBytes,
                                                "device-pool arena " + std::to_string(a.id()) + " from the daemon",
                                                ZD_ERR_INTERNAL);
@@ -278,165 +409,154 @@ void RemoteModel::take_arenas(const v1::Reply& r, std::vector<transport::UniqueF
   fds.clear();  // the mappings keep the memory; the fds can go
 }
 
-void RemoteModel::begin(v1::ModelCall::Op op, zd_module_id m) {
-  v1::Reply r = call(op, m);
-  take_arenas(r, pending_fds_);
-  for (const v1::View& v : r.call().views()) {
-    auto a = arenas_.find(v.arena());
-    if (a == arenas_.end() || v.offset() > a->second.size() || v.bytes() > a->second.size() - v.offset())
-      fail(ZD_ERR_INTERNAL, "the daemon sent a view outside its arenas");
-    const ParamRecord& p = registry_.param(v.param());
-    ViewInfo info;
-    info.data = a->second.data() + v.offset();
-    info.bytes = v.bytes();
-    info.arena = v.arena();
-    info.offset = v.offset();
-    info.dtype = p.dtype;
-    info.shape = &p.shape;
-    info.read_only = !v.gradient();
-    (v.gradient() ? grad_views_ : param_views_)[v.param()] = info;
-  }
+void RemoteModel::take_view(const RingViewLike& v) {
+  auto a = arenas_.find(v.arena);
+  if (a == arenas_.end() || v.offset > a->second.size() || v.bytes > a->second.size() - v.offset)
+    fail(ZD_ERR_INTERNAL, "the daemon sent a view outside its arenas");
+  const ParamRecord& p = registry_.param(v.param);
+  ViewInfo info;
+  info.data = a->second.data() + v.offset;
+  info.bytes = v.bytes;
+  info.arena = v.arena;
+  info.offset = v.offset;
+  info.dtype = p.dtype;
+  info.shape = &p.shape;
+  info.read_only = !v.gradient;
+  (v.gradient ? grad_views_ : param_views_)[v.param] = info;
 }
 
-void RemoteModel::end(v1::ModelCall::Op op, zd_module_id m) {
-  call(op, m);
-  for (zd_param_id p : registry_.module(m).params) {
+void RemoteModel::forget_views(const calls::Args& a) {
+  for (zd_param_id p : registry_.module(a.module).params) {
     param_views_.erase(p);
-    if (op == v1::ModelCall::BACKWARD_END) grad_views_.erase(p);
+    if (a.op == calls::Op::backward_end) grad_views_.erase(p);
   }
 }
 
-ViewInfo RemoteModel::param_view(zd_param_id id) {
-  const ParamRecord& p = registry_.param(id);
-  auto it = param_views_.find(id);
-  if (it == param_views_.end())
-    fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' is not resident: its " + module_label(p.module) +
-                                   " is not between a _begin and its _end call");
-  return it->second;
-}
-
-ViewInfo RemoteModel::grad_view(zd_param_id id) {
-  const ParamRecord& p = registry_.param(id);
-  auto it = grad_views_.find(id);
-  if (it == grad_views_.end())
-    fail(ZD_ERR_INVALID_STATE, "parameter '" + p.name + "' has no gradient buffer now: its " +
-                                   module_label(p.module) +
-                                   " is not between zd_backward_begin and zd_backward_end");
-  return it->second;
-}
-
-StepFigures RemoteModel::step() {
-  const v1::StepFigures s = call(v1::ModelCall::STEP, 0).call().step();
-  StepFigures f;
-  f.boundary = s.boundary();
-  f.applied = s.applied();
-  f.skipped = s.skipped();
-  f.step = s.step();
-  f.micro_step = s.micro_step();
-  f.lr = s.lr();
-  f.loss_scale = s.loss_scale();
-  f.grad_norm = s.grad_norm();
-  return f;
-}
-
-double RemoteModel::loss_scale() const { return call(v1::ModelCall::LOSS_SCALE, 0).call().loss_scale(); }
-
-void RemoteModel::read_param(zd_param_id p, zd_dtype dt, void* dst, uint64_t bytes) {
-  std::byte* st = client_.staging(bytes);
+calls::Outcome RemoteModel::socket_call(const calls::Args& a) {
   v1::Request req;
-  v1::ParamData* d = req.mutable_param_read();
-  d->set_model(id_);
-  d->set_param(p);
-  d->set_dtype(dt);
-  d->set_bytes(bytes);
-  d->set_staging_offset(0);
-  client_.rpc(req);
-  if (dst) std::memcpy(dst, st, bytes);
-}
-
-void RemoteModel::write_param(zd_param_id p, zd_dtype dt, const void* src, uint64_t bytes) {
-  std::byte* st = client_.staging(bytes);
-  if (src) std::memcpy(st, src, bytes);
-  v1::Request req;
-  v1::ParamData* d = req.mutable_param_write();
-  d->set_model(id_);
-  d->set_param(p);
-  d->set_dtype(dt);
-  d->set_bytes(src ? bytes : 0);  // a NULL src is reported by the daemon as such
-  d->set_staging_offset(0);
-  client_.rpc(req);
-}
-
-MemoryFigures RemoteModel::memory(int rank, zd_tier tier, zd_mem_kind kind) const {
-  v1::Request req;
-  v1::MemoryQuery* q = req.mutable_memory();
-  q->set_model(id_);
-  q->set_rank(rank);
-  q->set_tier(tier);
-  q->set_kind(kind);
-  const v1::MemoryReply r = client_.rpc(req).memory();
-  return {r.current(), r.peak(), r.budget()};
-}
-
-zd_comm_figures RemoteModel::comm_figures(int rank) const {
-  const v1::CommFigures c = call(v1::ModelCall::COMM_FIGURES, 0, 0, rank).call().comm();
-  zd_comm_figures f = ZD_COMM_FIGURES_INIT;
-  f.bytes_sent = c.bytes_sent();
-  f.network_bytes_sent = c.network_bytes_sent();
-  f.collectives = c.collectives();
-  return f;
-}
-
-OptimizerFigures RemoteModel::optimizer() const {
-  const v1::OptimizerInfo o = call(v1::ModelCall::OPTIMIZER_INFO, 0).call().optimizer();
-  OptimizerFigures f;
-  f.name = o.name();
-  f.slots.assign(o.slots().begin(), o.slots().end());
-  f.step = o.step();
-  return f;
-}
-
-void RemoteModel::read_state(zd_param_id p, int slot, zd_dtype dt, void* dst, uint64_t bytes) {
-  std::byte* st = client_.staging(bytes);
-  v1::Request req;
-  v1::ParamData* d = req.mutable_state_read();
-  d->set_model(id_);
-  d->set_param(p);
-  d->set_slot(slot);
-  d->set_dtype(dt);
-  d->set_bytes(bytes);
-  d->set_staging_offset(0);
-  client_.rpc(req);
-  if (dst) std::memcpy(dst, st, bytes);
-}
-
-void RemoteModel::write_state(zd_param_id p, int slot, zd_dtype dt, const void* src, uint64_t bytes) {
-  std::byte* st = client_.staging(bytes);
-  if (src) std::memcpy(st, src, bytes);
-  v1::Request req;
-  v1::ParamData* d = req.mutable_state_write();
-  d->set_model(id_);
-  d->set_param(p);
-  d->set_slot(slot);
-  d->set_dtype(dt);
-  d->set_bytes(src ? bytes : 0);
-  d->set_staging_offset(0);
-  client_.rpc(req);
-}
-
-void RemoteModel::set_step(int64_t step) { call(v1::ModelCall::SET_STEP, 0, step); }
-
-void RemoteModel::report(uint64_t tokens, uint64_t samples, bool has_loss, double loss) {
-  v1::Request req;
+  calls::Outcome o;
+  o.loss_scale = loss_scale_;
+  const auto data = [&](v1::ParamData* d) {
+    d->set_model(id_);
+    d->set_param(a.param);
+    d->set_slot(a.slot);
+    d->set_dtype(a.dtype);
+    d->set_bytes(a.bytes);
+    d->set_staging_offset(0);
+  };
+  switch (a.op) {
+    case calls::Op::param_read: data(req.mutable_param_read()); client_.rpc(req); return o;
+    case calls::Op::param_write: data(req.mutable_param_write()); client_.rpc(req); return o;
+    case calls::Op::state_read: data(req.mutable_state_read()); client_.rpc(req); return o;
+    case calls::Op::state_write: data(req.mutable_state_write()); client_.rpc(req); return o;
+    case calls::Op::memory: {
+      v1::MemoryQuery* q = req.mutable_memory();
+      q->set_model(id_);
+      q->set_rank(a.rank);
+      q->set_tier(a.tier);
+      q->set_kind(a.kind);
+      const v1::MemoryReply r = client_.rpc(req).memory();
+      o.current = r.current();
+      o.peak = r.peak();
+      o.budget = r.budget();
+      return o;
+    }
+    default: break;
+  }
   v1::ModelCall* c = req.mutable_call();
   c->set_model(id_);
-  c->set_op(v1::ModelCall::REPORT);
-  v1::Progress* p = c->mutable_progress();
-  p->set_tokens(tokens);
-  p->set_samples(samples);
-  p->set_has_loss(has_loss);
-  p->set_loss(loss);
-  client_.rpc(req);
+  switch (a.op) {
+    case calls::Op::finalize: c->set_op(v1::ModelCall::FINALIZE); break;
+    case calls::Op::forward_begin: c->set_op(v1::ModelCall::FORWARD_BEGIN); break;
+    case calls::Op::forward_end: c->set_op(v1::ModelCall::FORWARD_END); break;
+    case calls::Op::backward_begin: c->set_op(v1::ModelCall::BACKWARD_BEGIN); break;
+    case calls::Op::backward_end: c->set_op(v1::ModelCall::BACKWARD_END); break;
+    case calls::Op::step: c->set_op(v1::ModelCall::STEP); break;
+    case calls::Op::set_step: c->set_op(v1::ModelCall::SET_STEP); break;
+    case calls::Op::comm_figures: c->set_op(v1::ModelCall::COMM_FIGURES); break;
+    case calls::Op::report: {
+      c->set_op(v1::ModelCall::REPORT);
+      v1::Progress* p = c->mutable_progress();
+      p->set_tokens(a.tokens);
+      p->set_samples(a.samples);
+      p->set_has_loss(a.has_loss != 0);
+      p->set_loss(a.loss);
+      break;
+    }
+    default: fail(ZD_ERR_INTERNAL, std::string(calls::name(a.op)) + " has no socket form");
+  }
+  c->set_module(a.module);
+  c->set_step(a.step);
+  c->set_rank(a.rank);
+  std::vector<transport::UniqueFd> fds;
+  const v1::Reply r = client_.rpc(req, &fds);
+  take_arenas(r.new_arenas(), fds);
+  const v1::CallReply& cr = r.call();
+  for (const v1::View& v : cr.views()) socket_views_.push_back({v.param(), v.gradient(), v.arena(), v.offset(), v.bytes()});
+  const v1::StepFigures& sf = cr.step();
+  o.step.boundary = sf.boundary();
+  o.step.applied = sf.applied();
+  o.step.skipped = sf.skipped();
+  o.step.step = sf.step();
+  o.step.micro_step = sf.micro_step();
+  o.step.lr = sf.lr();
+  o.step.loss_scale = sf.loss_scale();
+  o.step.grad_norm = sf.grad_norm();
+  o.comm.bytes_sent = cr.comm().bytes_sent();
+  o.comm.network_bytes_sent = cr.comm().network_bytes_sent();
+  o.comm.collectives = cr.comm().collectives();
+  o.loss_scale = cr.loss_scale();
+  return o;
+}
+
+calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
+  // Checked here too (the same function the daemon runs) before anything
+  // is copied into the staging memfd.
+  calls::check(registry_, client_.info().world_size, a, data);
+  const bool writes = a.op == calls::Op::param_write || a.op == calls::Op::state_write;
+  const bool reads = a.op == calls::Op::param_read || a.op == calls::Op::state_read;
+  std::byte* st = (reads || writes) ? client_.staging(a.bytes) : nullptr;
+  if (writes) std::memcpy(st, data, a.bytes);
+  calls::Outcome o;
+  std::vector<RingViewLike> views;
+  if (client_.has_ring()) {
+    const wire::RingReply& r = client_.ring_call(id_, a, 0);
+    const std::span<const std::byte> tail = client_.reply_tail();
+    const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
+    if (view_bytes > tail.size() || r.message_bytes > tail.size() - view_bytes)
+      fail(ZD_ERR_INTERNAL, "the daemon's ring reply overruns its slot");
+    if (r.arenas_follow) {
+      transport::Frame f = client_.arena_frame();
+      v1::Reply ar;
+      wire::parse(f, &ar, "arena announcement");
+      take_arenas(ar.new_arenas(), f.fds);
+    }
+    if (r.status != ZD_OK)
+      fail(r.status, std::string(reinterpret_cast<const char*>(tail.data() + view_bytes), r.message_bytes));
+    o.step = r.step;
+    o.loss_scale = r.loss_scale;
+    o.current = r.current;
+    o.peak = r.peak;
+    o.budget = r.budget;
+    o.comm.bytes_sent = r.bytes_sent;
+    o.comm.network_bytes_sent = r.network_bytes_sent;
+    o.comm.collectives = r.collectives;
+    o.applied_steps = r.applied_steps;
+    for (uint32_t i = 0; i < r.view_count; ++i) {
+      wire::RingView v;
+      std::memcpy(&v, tail.data() + i * sizeof v, sizeof v);
+      views.push_back({v.param, v.gradient != 0, v.arena, v.offset, v.bytes});
+    }
+  } else {
+    o = socket_call(a);  // a daemon without the ring
+    views = std::move(socket_views_);
+    socket_views_.clear();
+  }
+  for (const RingViewLike& v : views) take_view(v);
+  if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
+  if (reads) std::memcpy(data, st, a.bytes);
+  loss_scale_ = o.loss_scale;
+  return o;
 }
 
 }  // namespace

@@ -107,6 +107,17 @@ zd_model* checked(zd_model* model) {
 
 std::string str_or_empty(const char* s) { return s ? s : ""; }
 
+// One table call on the model's backend (embedded or daemon).
+zerod::calls::Outcome run(zd_model* model, const zerod::calls::Args& a, void* data = nullptr) {
+  return checked(model)->backend->call(a, data);
+}
+
+zerod::calls::Args args(zerod::calls::Op op) {
+  zerod::calls::Args a;
+  a.op = op;
+  return a;
+}
+
 void fill_view(zd_view* out, const zerod::ViewInfo& v) {
   zd_view view{};
   view.struct_size = sizeof view;
@@ -250,7 +261,7 @@ zd_status zd_model_register_param(zd_model* model, const zd_param_desc* desc, zd
 }
 
 zd_status zd_model_finalize(zd_model* model) {
-  return guard("zd_model_finalize", model, [&] { checked(model)->backend->finalize(); });
+  return guard("zd_model_finalize", model, [&] { run(model, args(zerod::calls::Op::finalize)); });
 }
 
 zd_status zd_model_find_module(const zd_model* model, const char* name, zd_module_id* out_id) {
@@ -320,32 +331,52 @@ zd_status zd_model_module_info(const zd_model* model, zd_module_id id, const cha
 }
 
 zd_status zd_forward_begin(zd_model* model, zd_module_id module) {
-  return guard("zd_forward_begin", model, [&] { checked(model)->backend->forward_begin(module); });
+  return guard("zd_forward_begin", model, [&] {
+    zerod::calls::Args a = args(zerod::calls::Op::forward_begin);
+    a.module = module;
+    run(model, a);
+  });
 }
 
 zd_status zd_forward_end(zd_model* model, zd_module_id module) {
-  return guard("zd_forward_end", model, [&] { checked(model)->backend->forward_end(module); });
+  return guard("zd_forward_end", model, [&] {
+    zerod::calls::Args a = args(zerod::calls::Op::forward_end);
+    a.module = module;
+    run(model, a);
+  });
 }
 
 zd_status zd_backward_begin(zd_model* model, zd_module_id module) {
-  return guard("zd_backward_begin", model, [&] { checked(model)->backend->backward_begin(module); });
+  return guard("zd_backward_begin", model, [&] {
+    zerod::calls::Args a = args(zerod::calls::Op::backward_begin);
+    a.module = module;
+    run(model, a);
+  });
 }
 
 zd_status zd_backward_end(zd_model* model, zd_module_id module) {
-  return guard("zd_backward_end", model, [&] { checked(model)->backend->backward_end(module); });
+  return guard("zd_backward_end", model, [&] {
+    zerod::calls::Args a = args(zerod::calls::Op::backward_end);
+    a.module = module;
+    run(model, a);
+  });
 }
 
 zd_status zd_param_view(zd_model* model, zd_param_id param, zd_view* out) {
   return guard("zd_param_view", model, [&] {
     require(out != nullptr, "out is NULL");
-    fill_view(out, checked(model)->backend->param_view(param));
+    zerod::calls::Args a = args(zerod::calls::Op::param_view);
+    a.param = param;
+    fill_view(out, run(model, a).view);
   });
 }
 
 zd_status zd_grad_view(zd_model* model, zd_param_id param, zd_view* out) {
   return guard("zd_grad_view", model, [&] {
     require(out != nullptr, "out is NULL");
-    fill_view(out, checked(model)->backend->grad_view(param));
+    zerod::calls::Args a = args(zerod::calls::Op::grad_view);
+    a.param = param;
+    fill_view(out, run(model, a).view);
   });
 }
 
@@ -356,7 +387,7 @@ zd_status zd_step(zd_model* model, zd_step_result* out) {
     if (out)
       require(out->struct_size >= sizeof(uint32_t),
               "zd_step_result.struct_size is not set (use ZD_STEP_RESULT_INIT)");
-    const zerod::StepFigures f = checked(model)->backend->step();
+    const zerod::StepFigures f = run(model, args(zerod::calls::Op::step)).step;
     if (!out) return;
     zd_step_result r{};
     r.struct_size = sizeof r;
@@ -374,7 +405,7 @@ zd_status zd_step(zd_model* model, zd_step_result* out) {
 zd_status zd_model_loss_scale(const zd_model* model, double* out) {
   return guard("zd_model_loss_scale", model, [&] {
     require(model && out, "model and out must not be NULL");
-    *out = model->backend->loss_scale();
+    *out = run(const_cast<zd_model*>(model), args(zerod::calls::Op::loss_scale)).loss_scale;
   });
 }
 
@@ -382,7 +413,10 @@ zd_status zd_model_save(zd_model* model, const char* dir) {
   return guard("zd_model_save", model, [&] {
     checked(model);
     require(dir != nullptr && *dir, "dir is NULL or empty: name the checkpoint directory");
-    model->backend->save(dir);
+    std::string d(dir);
+    zerod::calls::Args a = args(zerod::calls::Op::save);
+    a.bytes = d.size();
+    run(model, a, d.data());
   });
 }
 
@@ -390,29 +424,36 @@ zd_status zd_model_load(zd_model* model, const char* dir) {
   return guard("zd_model_load", model, [&] {
     checked(model);
     require(dir != nullptr && *dir, "dir is NULL or empty: name the checkpoint directory");
-    model->backend->load(dir);
+    std::string d(dir);
+    zerod::calls::Args a = args(zerod::calls::Op::load);
+    a.bytes = d.size();
+    run(model, a, d.data());
   });
 }
 
 zd_status zd_model_set_stream(zd_model* model, void* stream) {
-  return guard("zd_model_set_stream", model, [&] { checked(model)->backend->set_stream(stream); });
+  return guard("zd_model_set_stream", model, [&] { run(model, args(zerod::calls::Op::set_stream), stream); });
 }
 
 zd_status zd_param_read(zd_model* model, zd_param_id param, zd_dtype dtype, void* dst,
                         uint64_t bytes) {
   return guard("zd_param_read", model, [&] {
-    const auto& p = checked(model)->backend->registry().param(param);
-    zerod::check_whole_param("zd_param_read", p, dtype, dst, bytes);
-    model->backend->read_param(param, dtype, dst, bytes);
+    zerod::calls::Args a = args(zerod::calls::Op::param_read);
+    a.param = param;
+    a.dtype = dtype;
+    a.bytes = bytes;
+    run(model, a, dst);
   });
 }
 
 zd_status zd_param_write(zd_model* model, zd_param_id param, zd_dtype dtype, const void* src,
                          uint64_t bytes) {
   return guard("zd_param_write", model, [&] {
-    const auto& p = checked(model)->backend->registry().param(param);
-    zerod::check_whole_param("zd_param_write", p, dtype, src, bytes);
-    model->backend->write_param(param, dtype, src, bytes);
+    zerod::calls::Args a = args(zerod::calls::Op::param_write);
+    a.param = param;
+    a.dtype = dtype;
+    a.bytes = bytes;
+    run(model, a, const_cast<void*>(src));  // only read
   });
 }
 
@@ -420,16 +461,11 @@ zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier, zd_
                           zd_memory_figures* out) {
   return guard("zd_model_memory", model, [&] {
     require(model != nullptr, "model is NULL");
-    require(tier >= 0 && tier < ZD_TIER_COUNT,
-            "tier " + std::to_string(tier) + " is not a zd_tier (0.." +
-                std::to_string(ZD_TIER_COUNT - 1) + ")");
-    require(kind >= ZD_MEM_ALL && kind < ZD_MEM_KIND_COUNT,
-            "kind " + std::to_string(kind) + " is not a zd_mem_kind");
-    const zd_client_info info = model->client->backend->info();
-    require(rank >= -1 && rank < info.world_size,
-            "rank " + std::to_string(rank) + " is outside the job's " +
-                std::to_string(info.world_size) + " ranks (-1 = your own)");
-    const zerod::abi::MemoryFigures f = model->backend->memory(rank, tier, kind);
+    zerod::calls::Args a = args(zerod::calls::Op::memory);
+    a.rank = rank;
+    a.tier = tier;
+    a.kind = kind;
+    const zerod::calls::Outcome f = run(const_cast<zd_model*>(model), a);
     zd_memory_figures m{};
     m.struct_size = sizeof m;
     m.current = f.current;
@@ -445,23 +481,22 @@ namespace {
 
 // The optimizer's name and slot names, asked once: the plugin and its
 // slots never change (through the daemon each ask is a round trip).
-void remember_optimizer(zd_model* m, const zerod::abi::OptimizerFigures& o) {
+void remember_optimizer(zd_model* m, const zerod::calls::Outcome& o) {
   if (!m->optimizer_name.empty()) return;
-  m->optimizer_name = o.name;
+  m->optimizer_name = o.optimizer;
   m->slot_names = o.slots;
 }
 
-void check_slot_call(const char* call, zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype,
-                     const void* ptr, uint64_t bytes) {
-  const auto& p = checked(model)->backend->registry().param(param);
-  if (model->optimizer_name.empty()) remember_optimizer(model, model->backend->optimizer());
-  const auto slots = static_cast<int32_t>(model->slot_names.size());
-  if (slot < 0 || slot >= slots)
-    fail(ZD_ERR_INVALID_ARGUMENT, "optimizer '" + model->optimizer_name + "' has " + std::to_string(slots) + " state slot" +
-                                      (slots == 1 ? "" : "s") +
-                                      (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") + ", not " +
-                                      std::to_string(slot));
-  zerod::check_whole_param(call, p, dtype, ptr, bytes);
+zd_status state_call(const char* call, zerod::calls::Op op, zd_model* model, zd_param_id param, int32_t slot,
+                     zd_dtype dtype, void* data, uint64_t bytes) {
+  return guard(call, model, [&] {
+    zerod::calls::Args a = args(op);
+    a.param = param;
+    a.slot = slot;
+    a.dtype = dtype;
+    a.bytes = bytes;
+    run(model, a, data);
+  });
 }
 
 }  // namespace
@@ -471,11 +506,9 @@ extern "C" {
 zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_figures* out) {
   return guard("zd_model_comm_figures", model, [&] {
     require(model != nullptr, "model is NULL");
-    const zd_client_info info = model->client->backend->info();
-    require(rank >= -1 && rank < info.world_size,
-            "rank " + std::to_string(rank) + " is outside the job's " + std::to_string(info.world_size) +
-                " ranks (-1 = your own)");
-    zd_comm_figures f = model->backend->comm_figures(rank);
+    zerod::calls::Args a = args(zerod::calls::Op::comm_figures);
+    a.rank = rank;
+    zd_comm_figures f = run(const_cast<zd_model*>(model), a).comm;
     f.struct_size = sizeof f;
     write_struct(out, f, "zd_comm_figures");
   });
@@ -484,12 +517,12 @@ zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_fig
 zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out) {
   return guard("zd_model_optimizer_info", model, [&] {
     zd_model* m = checked(const_cast<zd_model*>(model));
-    const zerod::abi::OptimizerFigures o = m->backend->optimizer();  // the step changes: asked every time
+    const zerod::calls::Outcome o = run(m, args(zerod::calls::Op::optimizer_info));  // the step changes: asked every time
     remember_optimizer(m, o);
     zd_optimizer_info i{};
     i.struct_size = sizeof i;
     i.state_slots = static_cast<int32_t>(m->slot_names.size());
-    i.step = o.step;
+    i.step = o.applied_steps;
     i.name = m->optimizer_name.c_str();
     for (size_t s = 0; s < m->slot_names.size() && s < ZD_MAX_STATE_SLOTS; ++s)
       i.slot_names[s] = m->slot_names[s].c_str();
@@ -499,18 +532,13 @@ zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out)
 
 zd_status zd_optimizer_state_read(zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype, void* dst,
                                   uint64_t bytes) {
-  return guard("zd_optimizer_state_read", model, [&] {
-    check_slot_call("zd_optimizer_state_read", model, param, slot, dtype, dst, bytes);
-    model->backend->read_state(param, slot, dtype, dst, bytes);
-  });
+  return state_call("zd_optimizer_state_read", zerod::calls::Op::state_read, model, param, slot, dtype, dst, bytes);
 }
 
 zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, int32_t slot, zd_dtype dtype,
                                    const void* src, uint64_t bytes) {
-  return guard("zd_optimizer_state_write", model, [&] {
-    check_slot_call("zd_optimizer_state_write", model, param, slot, dtype, src, bytes);
-    model->backend->write_state(param, slot, dtype, src, bytes);
-  });
+  return state_call("zd_optimizer_state_write", zerod::calls::Op::state_write, model, param, slot, dtype,
+                    const_cast<void*>(src), bytes);  // only read
 }
 
 zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
@@ -521,14 +549,20 @@ zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
     require((p.flags & ~static_cast<uint32_t>(ZD_PROGRESS_HAS_LOSS)) == 0,
             "progress.flags has unknown bits set: " + std::to_string(p.flags) + " (only ZD_PROGRESS_HAS_LOSS = 1)");
     require(p.reserved == 0, "progress.reserved must be 0");
-    model->backend->report(p.tokens, p.samples, (p.flags & ZD_PROGRESS_HAS_LOSS) != 0, p.loss);
+    zerod::calls::Args a = args(zerod::calls::Op::report);
+    a.tokens = p.tokens;
+    a.samples = p.samples;
+    a.has_loss = (p.flags & ZD_PROGRESS_HAS_LOSS) != 0 ? 1 : 0;
+    a.loss = p.loss;
+    run(model, a);
   });
 }
 
 zd_status zd_model_set_step(zd_model* model, int64_t step) {
   return guard("zd_model_set_step", model, [&] {
-    require(step >= 0, "the step must be >= 0, got " + std::to_string(step));
-    checked(model)->backend->set_step(step);
+    zerod::calls::Args a = args(zerod::calls::Op::set_step);
+    a.step = step;
+    run(model, a);
   });
 }
 

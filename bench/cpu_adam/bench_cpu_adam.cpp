@@ -1,13 +1,18 @@
-// bench_cpu_adam: how close our CPU Adam comes to this machine's memory
-// bandwidth, and how it compares with torch.optim.AdamW.
+// bench_cpu_adam: our CPU Adam against DeepSpeed's (DeepSpeedCPUAdam), and
+// against what moving its bytes costs on this machine.
 //
-// In one run, at each thread count: (a) a STREAM-style triad, (b) a
-// pure-traffic Adam proxy (28 B/param) giving the bandwidth bound in
-// params/s, (c) our kernel loaded through the adamw plugin as the engine
-// loads it, ranges split over std::threads, as % of (b) from the same run,
-// (d) torch.optim.AdamW in a subprocess. Every figure is the median of the
-// timed steps after the warm-up ones. The VM's bandwidth drifts between
-// runs, so compare (c) with (b) of the same run, not with old numbers.
+// In one run, at each thread count: (a) a STREAM-style triad, (b) the same
+// traffic as an fp32 Adam step (read p, g, m, v; write p, m, v: 28 B/param)
+// with FMAs only, three ways (the compiler's loop, intrinsics shaped like
+// the kernel, and those with software prefetch), the fastest of which is
+// the bound the percentages refer to; (c) our kernel through the adamw
+// plugin as the engine loads it, ranges split over std::threads, and (e)
+// DeepSpeedCPUAdam (from a virtual environment, scripts/python-venv.sh) in
+// a subprocess with OMP_NUM_THREADS = the same count, fp32 and with a bf16
+// working copy, interleaved round by round (ours, DeepSpeed, ours, ...);
+// (d) torch.optim.AdamW. Every figure is the median over rounds of each
+// round's median step. The VM's bandwidth drifts between runs, so compare
+// within a run.
 #include <dlfcn.h>
 #include <unistd.h>
 #include <zerod/zerod_plugin.h>
@@ -40,23 +45,34 @@ struct Options {
   std::string torch_script = ZEROD_BENCH_TORCH_SCRIPT;
   std::string python = "/usr/bin/python3";
   bool torch = true;
+  std::string ds_python = ZEROD_BENCH_VENV_PYTHON;
+  std::string ds_script = ZEROD_BENCH_DEEPSPEED_SCRIPT;
+  bool deepspeed = true;
+  int rounds = 3;
 };
 
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--params N] [--steps S] [--warmup W] [--threads 1,2] [--plugin-dir DIR]\n"
-      "          [--torch-script PATH] [--python PATH] [--no-torch]\n"
+      "          [--torch-script PATH] [--python PATH] [--no-torch] [--rounds R]\n"
+      "          [--deepspeed-python PATH] [--no-deepspeed]\n"
+      "  DeepSpeed runs in the venv scripts/python-venv.sh makes (build/venv by default).\n"
       "  N may be written 1e8. Needs about 18*N bytes of memory (N = 100M: 1.8 GB).\n",
       argv0);
 }
 
 bool parse(int argc, char** argv, Options* o) {
-  static const std::string with_value[] = {"--params", "--steps", "--warmup", "--threads",
-                                           "--plugin-dir", "--torch-script", "--python"};
+  static const std::string with_value[] = {"--params",       "--steps",       "--warmup",
+                                           "--threads",      "--plugin-dir",  "--torch-script",
+                                           "--python",       "--rounds",      "--deepspeed-python"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-torch") {
       o->torch = false;
+      continue;
+    }
+    if (a == "--no-deepspeed") {
+      o->deepspeed = false;
       continue;
     }
     if (a == "--help" || a == "-h") {
@@ -92,6 +108,10 @@ bool parse(int argc, char** argv, Options* o) {
       if (o->threads.empty()) return false;
     } else if (a == "--plugin-dir") {
       o->plugin_dir = v;
+    } else if (a == "--rounds") {
+      o->rounds = std::max(1, std::atoi(v));
+    } else if (a == "--deepspeed-python") {
+      o->ds_python = v;
     } else if (a == "--torch-script") {
       o->torch_script = v;
     } else {
@@ -238,6 +258,47 @@ TorchResult run_torch(const Options& o, int threads) {
   return r;
 }
 
+// DeepSpeedCPUAdam's params/s, or why not.
+struct DsResult {
+  double rate = 0.0;
+  std::string version;
+  std::string error;
+};
+
+DsResult run_deepspeed(const Options& o, int threads, bool bf16) {
+  DsResult r;
+  if (access(o.ds_python.c_str(), X_OK) != 0) {
+    r.error = o.ds_python + " not found (make it with scripts/python-venv.sh)";
+    return r;
+  }
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " '" + o.ds_python + "' '" + o.ds_script +
+                          "' --params " + std::to_string(o.params) + " --threads " + std::to_string(threads) +
+                          " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
+                          (bf16 ? " --bf16" : "") + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) {
+    r.error = "cannot run " + o.ds_python;
+    return r;
+  }
+  char line[1024];
+  std::string last;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    line[std::strcspn(line, "\n")] = '\0';
+    double rate;
+    if (std::sscanf(line, "rate %lf", &rate) == 1) r.rate = rate;
+    else if (std::strncmp(line, "deepspeed ", 10) == 0) r.version = line;
+    if (line[0] != '\0' && std::strncmp(line, "rate ", 5) != 0) last = line;
+  }
+  const int status = pclose(f);
+  if (status != 0 || r.rate <= 0.0) r.error = last.empty() ? "no result" : last;
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 std::string cpu_model() {
   FILE* f = std::fopen("/proc/cpuinfo", "r");
   if (f == nullptr) return "?";
@@ -257,7 +318,7 @@ std::string cpu_model() {
 
 // One table row: a label and one cell per thread count.
 void row(const char* label, const std::vector<std::string>& cells) {
-  std::printf("%-44s", label);
+  std::printf("%-56s", label);
   for (const auto& c : cells) std::printf("  %-24s", c.c_str());
   std::printf("\n");
 }
@@ -324,61 +385,113 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
 
   std::vector<double> bound(o.threads.size());
   std::vector<std::string> cells;
+  const char* variant_names[kProxyVariants] = {"compiler's loop", "kernel-shaped, AVX2", "kernel-shaped + prefetch"};
+  std::vector<std::vector<std::string>> variant_cells(kProxyVariants);
   for (size_t k = 0; k < o.threads.size(); ++k) {
     Team team(o.threads[k]);
     if (k == 0) fill(team);
-    const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t) {
-      adam_proxy(p.get() + lo, g.get() + lo, m.get() + lo, v.get() + lo, 1e-3f, hi - lo);
-    });
-    bound[k] = double(n) / s;
+    for (int var = 0; var < kProxyVariants; ++var) {
+      bool ran = true;
+      const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t) {
+        ran = adam_proxy_variant(var, p.get() + lo, g.get() + lo, m.get() + lo, v.get() + lo, 1e-3f, hi - lo);
+      });
+      const double rate = ran ? double(n) / s : 0.0;
+      bound[k] = std::max(bound[k], rate);
+      variant_cells[static_cast<size_t>(var)].push_back(
+          ran ? fmt("%.0f M/s (%.1f GB/s)", rate / 1e6, 28.0 * rate / 1e9) : std::string("not on this CPU"));
+    }
     cells.push_back(fmt("%.0f M/s (%.1f GB/s)", bound[k] / 1e6, 28.0 * bound[k] / 1e9));
   }
-  row("(b) Adam traffic proxy (28 B/param)", cells);
+  for (int var = 0; var < kProxyVariants; ++var)
+    row((std::string("(b) same traffic, 28 B/param: ") + variant_names[var]).c_str(),
+        variant_cells[static_cast<size_t>(var)]);
+  row("(b) bound = the fastest of these", cells);
 
   struct Config {
     zd_isa isa;
     bool bf16_work;
   };
-  std::vector<Config> configs = {{ZD_ISA_AUTO, false}, {ZD_ISA_AUTO, true}};
+  // Ours and DeepSpeed's, fp32 and with the bf16 working copy, interleaved
+  // round by round; then our other ISA paths once.
+  std::vector<double> ours(o.threads.size());
+  std::string ds_version, ds_error = o.deepspeed ? "" : "--no-deepspeed";
+  std::vector<std::string> ours_cells[2], ds_cells[2], ratio_cells[2];
+  auto run_ours = [&](Team& team, const Config& cfg) {
+    reset(team);
+    std::atomic<zd_status> failed{ZD_OK};
+    const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t step) {
+      zd_optimizer_update u{};
+      u.struct_size = sizeof u;
+      u.count = hi - lo;
+      u.master = p.get() + lo;
+      u.grad = g.get() + lo;
+      u.grad_dtype = ZD_DTYPE_F32;
+      u.work = cfg.bf16_work ? work.get() + lo : nullptr;
+      u.work_dtype = ZD_DTYPE_BF16;
+      u.state[0] = m.get() + lo;
+      u.state[1] = v.get() + lo;
+      u.grad_scale = 1.0;
+      u.lr = 1e-3;
+      u.step = step;
+      const zd_status st = plugin.desc->update(plugin.inst, cfg.isa, &u);
+      if (st != ZD_OK) failed = st;
+    });
+    if (failed != ZD_OK) {
+      std::fprintf(stderr, "update failed with status %d\n", failed.load());
+      std::exit(1);
+    }
+    return double(n) / s;
+  };
+  for (size_t k = 0; k < o.threads.size(); ++k) {
+    Team team(o.threads[k]);
+    std::vector<double> our_rates[2], ds_rates[2];
+    for (int round = 0; round < o.rounds; ++round) {
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        our_rates[bf16].push_back(run_ours(team, {ZD_ISA_AUTO, bf16 == 1}));
+        if (!ds_error.empty()) continue;
+        const DsResult d = run_deepspeed(o, o.threads[k], bf16 == 1);
+        if (!d.error.empty()) ds_error = d.error;
+        else ds_rates[bf16].push_back(d.rate), ds_version = d.version;
+      }
+    }
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      const double ours_rate = median(our_rates[bf16]);
+      if (bf16 == 0) ours[k] = ours_rate;
+      ours_cells[bf16].push_back(fmt("%.0f M/s  %3.0f%% of (b)", ours_rate / 1e6, 100.0 * ours_rate / bound[k]));
+      if (ds_error.empty()) {
+        const double ds = median(ds_rates[bf16]);
+        ds_cells[bf16].push_back(fmt("%.0f M/s  %3.0f%% of (b)", ds / 1e6, 100.0 * ds / bound[k]));
+        ratio_cells[bf16].push_back(fmt("%.2fx", ours_rate / ds));
+      }
+    }
+  }
+  const std::string auto_isa = isa_label(best);
+  row(("(c) ours " + auto_isa + " (auto) fp32").c_str(), ours_cells[0]);
+  if (ds_error.empty()) row("(e) DeepSpeedCPUAdam fp32", ds_cells[0]);
+  row(("(c) ours " + auto_isa + " (auto) + bf16 work copy").c_str(), ours_cells[1]);
+  if (ds_error.empty()) {
+    row("(e) DeepSpeedCPUAdam + bf16 copy_()", ds_cells[1]);
+    row("    ours / DeepSpeed, fp32", ratio_cells[0]);
+    row("    ours / DeepSpeed, bf16 work copy", ratio_cells[1]);
+  }
+  std::vector<Config> configs;
   if (best == ZD_ISA_AVX512) configs.push_back({ZD_ISA_AVX2, false});
   configs.push_back({ZD_ISA_SCALAR, false});
-  std::vector<double> ours(o.threads.size());
   for (const Config& cfg : configs) {
     cells.clear();
     for (size_t k = 0; k < o.threads.size(); ++k) {
       Team team(o.threads[k]);
-      reset(team);
-      std::atomic<zd_status> failed{ZD_OK};
-      const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t step) {
-        zd_optimizer_update u{};
-        u.struct_size = sizeof u;
-        u.count = hi - lo;
-        u.master = p.get() + lo;
-        u.grad = g.get() + lo;
-        u.grad_dtype = ZD_DTYPE_F32;
-        u.work = cfg.bf16_work ? work.get() + lo : nullptr;
-        u.work_dtype = ZD_DTYPE_BF16;
-        u.state[0] = m.get() + lo;
-        u.state[1] = v.get() + lo;
-        u.grad_scale = 1.0;
-        u.lr = 1e-3;
-        u.step = step;
-        const zd_status st = plugin.desc->update(plugin.inst, cfg.isa, &u);
-        if (st != ZD_OK) failed = st;
-      });
-      if (failed != ZD_OK) {
-        std::fprintf(stderr, "update failed with status %d\n", failed.load());
-        std::exit(1);
-      }
-      const double rate = double(n) / s;
-      if (cfg.isa == ZD_ISA_AUTO && !cfg.bf16_work) ours[k] = rate;
+      const double rate = run_ours(team, cfg);
       cells.push_back(fmt("%.0f M/s  %3.0f%% of (b)", rate / 1e6, 100.0 * rate / bound[k]));
     }
-    const std::string label = std::string("(c) ours ") + isa_label(cfg.isa == ZD_ISA_AUTO ? best : cfg.isa) +
-                              (cfg.isa == ZD_ISA_AUTO ? " (auto)" : "") +
-                              (cfg.bf16_work ? " + bf16 work copy" : " fp32");
-    row(label.c_str(), cells);
+    row((std::string("(c) ours ") + isa_label(cfg.isa) + " fp32").c_str(), cells);
   }
+  if (ds_error.empty())
+    std::printf("\n(e) %s; %d rounds, each: ours, then DeepSpeed (a subprocess, OMP_NUM_THREADS = the column's "
+                "threads); its bf16 row adds the copy_ to a bf16 tensor that ZeRO-Offload does after the step\n",
+                ds_version.c_str(), o.rounds);
+  else
+    std::printf("\n(e) DeepSpeedCPUAdam: not run: %s\n", ds_error.c_str());
   return ours;
 }
 

@@ -5,6 +5,10 @@
 // and crashes instrumented builds.
 #include "traffic.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace zerod::bench {
 namespace {
 
@@ -30,6 +34,34 @@ using ProxyFn = void (*)(float*, const float*, float*, float*, float, size_t);
 
 ZEROD_TRAFFIC_LOOPS(base, )
 #if defined(__x86_64__)
+// The same traffic in the kernel's shape: AVX2 intrinsics, two vectors per
+// iteration, unaligned loads, in-place stores; optionally with software
+// prefetch a fixed distance ahead on all four streams.
+template <bool Prefetch>
+__attribute__((target("avx2,fma"))) void proxy_kernel_like(float* p, const float* g, float* m, float* v, float k,
+                                                           size_t n) {
+  const __m256 kk = _mm256_set1_ps(k);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if constexpr (Prefetch) {
+      constexpr size_t ahead = 256;  // elements: 1 KiB per stream
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g + i + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(m + i + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + i + ahead), _MM_HINT_T0);
+    }
+    for (size_t j = 0; j < 16; j += 8) {
+      const __m256 gi = _mm256_loadu_ps(g + i + j);
+      const __m256 mi = _mm256_fmadd_ps(_mm256_loadu_ps(m + i + j), kk, gi);
+      const __m256 vi = _mm256_fmadd_ps(_mm256_loadu_ps(v + i + j), kk, gi);
+      _mm256_storeu_ps(m + i + j, mi);
+      _mm256_storeu_ps(v + i + j, vi);
+      _mm256_storeu_ps(p + i + j, _mm256_fmadd_ps(kk, _mm256_add_ps(mi, vi), _mm256_loadu_ps(p + i + j)));
+    }
+  }
+  proxy_base(p + i, g + i, m + i, v + i, k, n - i);
+}
+
 ZEROD_TRAFFIC_LOOPS(v3, __attribute__((target("arch=x86-64-v3"))))
 ZEROD_TRAFFIC_LOOPS(v4, __attribute__((target("arch=x86-64-v4"))))
 
@@ -65,6 +97,25 @@ void adam_proxy(float* p, const float* g, float* m, float* v, float k, size_t n)
   static const ProxyFn fn = proxy_base;
 #endif
   fn(p, g, m, v, k, n);
+}
+
+}  // namespace zerod::bench
+
+namespace zerod::bench {
+
+bool adam_proxy_variant(int variant, float* p, const float* g, float* m, float* v, float k, size_t n) {
+  if (variant == 0) {
+    adam_proxy(p, g, m, v, k, n);
+    return true;
+  }
+#if defined(__x86_64__)
+  if (level() >= 3) {
+    if (variant == 1) proxy_kernel_like<false>(p, g, m, v, k, n);
+    else proxy_kernel_like<true>(p, g, m, v, k, n);
+    return true;
+  }
+#endif
+  return false;
 }
 
 }  // namespace zerod::bench

@@ -1,12 +1,16 @@
-// Round-trip latency of zd_forward_begin + zd_forward_end: embedded (the
-// engine in this process) against a zerod daemon in another process (a
-// `zerod serve` this program starts), on the same model, in one run.
-// Prints the median and the 99th percentile in microseconds, and their
-// ratio. Stage 0 (views only) and stage 3 (a gather per begin).
+// Latency of zd_forward_begin + zd_forward_end: embedded (the engine in the
+// trainer's process, one rank) against a zerod daemon in another process (a
+// `zerod serve` this program starts) serving N ranks, each a process of its
+// own calling in a loop, through the socket (ZEROD_NO_RING=1, how every call
+// went before the call ring) and through the call ring; stage 0 (views
+// only) and stage 3 (a gather per begin, a collective of all ranks), in one
+// run. Prints the median and 99th percentile in microseconds over every
+// rank's timed pairs.
 //
-//   bench_daemon_latency [--iters 20000] [--numel 4096]
+//   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--zerod PATH]
 #include <zerod/zerod.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -30,15 +34,16 @@ extern char** environ;
 namespace {
 
 struct Figures {
-  double median_us, p99_us;
+  double median_us = 0, p99_us = 0;
 };
 
 [[noreturn]] void die(const char* what) {
   std::fprintf(stderr, "%s failed: %s\n", what, zd_last_error());
-  std::exit(1);
+  std::_Exit(1);
 }
 
-Figures measure(const char* uri, const std::string& job, int iters, int64_t numel) {
+// One rank's loop: its timed pairs, in microseconds.
+std::vector<double> rank_loop(const char* uri, const std::string& job, int iters, int64_t numel) {
   zd_client* c = nullptr;
   if (zd_connect(uri, nullptr, &c)) die("zd_connect");
   zd_model_options o = ZD_MODEL_OPTIONS_INIT;
@@ -61,56 +66,136 @@ Figures measure(const char* uri, const std::string& job, int iters, int64_t nume
   }
   zd_model_destroy(m);
   zd_disconnect(c);
-  std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us[static_cast<size_t>(static_cast<double>(us.size()) * 0.99)]};
+  return us;
+}
+
+// Runs `ranks` processes of rank_loop (forked before this process touches
+// libzerod) and pools their samples.
+Figures run_ranks(const char* uri, const std::string& job, int iters, int64_t numel, int ranks, bool ring) {
+  std::vector<pid_t> kids;
+  std::vector<int> pipes;
+  for (int r = 0; r < ranks; ++r) {
+    int fd[2];
+    if (pipe(fd) != 0) std::exit(1);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fd[0]);
+      setenv("ZEROD_RANK", std::to_string(r).c_str(), 1);
+      setenv("ZEROD_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      if (ring) unsetenv("ZEROD_NO_RING");
+      else setenv("ZEROD_NO_RING", "1", 1);
+      const std::vector<double> us = rank_loop(uri, job, iters, numel);
+      const size_t bytes = us.size() * sizeof(double);
+      for (size_t done = 0; done < bytes;) {
+        const ssize_t n = write(fd[1], reinterpret_cast<const char*>(us.data()) + done, bytes - done);
+        if (n <= 0) std::_Exit(1);
+        done += static_cast<size_t>(n);
+      }
+      std::_Exit(0);
+    }
+    close(fd[1]);
+    kids.push_back(pid);
+    pipes.push_back(fd[0]);
+  }
+  std::vector<double> all;
+  for (int fd : pipes) {
+    std::vector<double> us(static_cast<size_t>(iters));
+    size_t done = 0;
+    const size_t bytes = us.size() * sizeof(double);
+    while (done < bytes) {
+      const ssize_t n = read(fd, reinterpret_cast<char*>(us.data()) + done, bytes - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    close(fd);
+    if (done != bytes) {
+      std::fprintf(stderr, "a rank died before reporting\n");
+      std::exit(1);
+    }
+    all.insert(all.end(), us.begin(), us.end());
+  }
+  for (pid_t k : kids) {
+    int st = 0;
+    waitpid(k, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) std::exit(1);
+  }
+  std::sort(all.begin(), all.end());
+  return {all[all.size() / 2], all[static_cast<size_t>(static_cast<double>(all.size()) * 0.99)]};
+}
+
+// A `zerod serve` for `ranks` ranks at `sock`.
+pid_t start_daemon(const char* zerod, const std::string& job_file, const std::string& sock, int ranks) {
+  unlink(sock.c_str());
+  const std::string n = std::to_string(ranks);
+  const char* args[] = {zerod, "serve", "--nproc", n.c_str(), "--job", job_file.c_str(), "--socket", sock.c_str(),
+                        nullptr};
+  pid_t daemon = 0;
+  posix_spawn_file_actions_t quiet;  // its banner would break the table
+  posix_spawn_file_actions_init(&quiet);
+  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+  const int failed = posix_spawn(&daemon, zerod, &quiet, nullptr, const_cast<char**>(args), environ);
+  posix_spawn_file_actions_destroy(&quiet);
+  if (failed) std::exit(1);
+  for (int i = 0; i < 500; ++i) {
+    struct stat st{};
+    if (stat(sock.c_str(), &st) == 0) return daemon;
+    usleep(10000);
+  }
+  std::fprintf(stderr, "zerod serve did not create %s\n", sock.c_str());
+  std::exit(1);
+}
+
+void stop_daemon(pid_t daemon) {
+  kill(daemon, SIGTERM);
+  waitpid(daemon, nullptr, 0);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 20000;
+  int iters = 20000, ranks = 2;
   int64_t numel = 4096;
+  const char* zerod = ZEROD_EXE;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--numel") && i + 1 < argc) numel = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--zerod") && i + 1 < argc) zerod = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--numel N] [--ranks N] [--zerod PATH]\n", argv[0]);
+      return 2;
+    }
   }
-  // A daemon in its own process, as trainers see it.
+  if (iters < 100 || ranks < 1 || numel < 1) return 2;
   char dir[] = "/tmp/zerod-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
-  const std::string sock = std::string(dir) + "/zerod.sock", job = std::string(dir) + "/job.lua";
-  FILE* f = std::fopen(job.c_str(), "w");
-  std::fputs("return { optimizer = { type = 'sgd' } }\n", f);
-  std::fclose(f);
-  const char* args[] = {ZEROD_EXE, "serve", "--nproc", "1", "--job", job.c_str(), "--socket", sock.c_str(), nullptr};
-  pid_t daemon = 0;
-  if (posix_spawn(&daemon, ZEROD_EXE, nullptr, nullptr, const_cast<char**>(args), environ)) return 1;
-  for (int i = 0; i < 200; ++i) {
-    struct stat st{};
-    if (stat(sock.c_str(), &st) == 0) break;
-    usleep(20000);
-  }
-  setenv("ZEROD_RANK", "0", 1);
-  setenv("ZEROD_WORLD_SIZE", "1", 1);
+  const std::string sock = std::string(dir) + "/zerod.sock", job_file = std::string(dir) + "/job.lua";
   const std::string uri = "unix:" + sock;
 
-  std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32, "
-              "%d calls after 1000 warm-up\n\n",
-              static_cast<long long>(numel), iters);
-  std::printf("%-8s %-22s %12s %12s\n", "stage", "mode", "median us", "p99 us");
+  std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32, %d timed pairs per "
+              "rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at once; "
+              "%ld CPUs online\n\n",
+              static_cast<long long>(numel), iters, ranks, sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("%-6s %-30s %12s %12s\n", "stage", "mode", "median us", "p99 us");
   for (int stage : {0, 3}) {
-    const std::string j = "return { optimizer = { type = 'sgd' }, zero = { stage = " +
-                          std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") +
-                          " } }";
-    const Figures e = measure("embedded:", j, iters, numel);
-    const Figures d = measure(uri.c_str(), j, iters, numel);
-    std::printf("%-8d %-22s %12.2f %12.2f\n", stage, "embedded", e.median_us, e.p99_us);
-    std::printf("%-8d %-22s %12.2f %12.2f\n", stage, "daemon (unix socket)", d.median_us, d.p99_us);
-    std::printf("%-8d %-22s %11.1fx %11.1fx\n", stage, "daemon / embedded", d.median_us / e.median_us,
-                d.p99_us / e.p99_us);
+    const std::string j = "return { optimizer = { type = 'sgd' }, zero = { stage = " + std::to_string(stage) +
+                          (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
+    FILE* f = std::fopen(job_file.c_str(), "w");
+    std::fputs(j.c_str(), f);
+    std::fclose(f);
+    const Figures e = run_ranks("embedded:", j, iters, numel, 1, false);
+    std::printf("%-6d %-30s %12.2f %12.2f\n", stage, "embedded, 1 rank", e.median_us, e.p99_us);
+    for (bool ring : {false, true}) {
+      const pid_t daemon = start_daemon(zerod, job_file, sock, ranks);
+      const Figures d = run_ranks(uri.c_str(), j, iters, numel, ranks, ring);
+      stop_daemon(daemon);
+      const std::string label = std::string(ring ? "daemon, call ring, " : "daemon, socket, ") +
+                                std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+      std::printf("%-6d %-30s %12.2f %12.2f\n", stage, label.c_str(), d.median_us, d.p99_us);
+    }
+    std::fflush(stdout);
   }
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
-  unlink(job.c_str());
+  unlink(job_file.c_str());
   rmdir(dir);
   return 0;
 }

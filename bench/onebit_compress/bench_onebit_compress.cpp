@@ -1,9 +1,19 @@
 // bench_onebit_compress: how fast 1-bit Adam's compression runs next to a
 // plain memcpy of the same fp32 buffer.
 //
-// Figures are GB/s of fp32 input (count * 4 bytes / time), each the median of
-// the timed iterations after the warm-up ones, and their ratio to memcpy of
-// that buffer (which reads and writes it once) on as many threads as ranks.
+// Figures are GB/s of the memory each pass touches (bytes read plus bytes
+// written, per rank, as listed below), each the median of the timed
+// iterations after the warm-up ones, and their ratio to memcpy's rate of the
+// same kind (it reads and writes the buffer once: 8 bytes per fp32) on as
+// many threads as ranks. Bytes per element of the pass:
+//   worker pack     read buf, err; write a sign bit          8 + 1/8
+//   worker commit   read buf, err, a sign bit; write buf, err 16 + 1/8
+//   server pack     (per element of the chunk) read W sign bits and err,
+//                   write a sign bit                         4 + (W + 1)/8
+//   server commit   read W sign bits and err, write err      8 + W/8
+//   driver          the four passes: worker passes on the whole buffer,
+//                   server passes on the rank's chunk (count / W); the
+//                   exchanges' copies of sign bits are not counted
 // Rows per ISA path:
 //   worker pack    signs + sum of squares of buf + error (first pass)
 //   worker commit  new worker error and the result (last pass)
@@ -15,9 +25,8 @@
 //                  a team exchanging by copies between barriers; "kept": with
 //                  an onebit::Scratch kept between calls, so that no call
 //                  faults in fresh pages
-// The passes are memory-bound on large buffers: the driver reads buf and the
-// worker error twice and writes both once (6 fp32 accesses per element
-// against memcpy's 2), so about 1/3 of memcpy is the bound to compare with.
+// The passes are memory-bound on large buffers, so a pass that moves its bytes
+// as fast as memcpy moves its own shows 1.00.
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -117,8 +126,14 @@ double memcpy_gbps(const Options& o, size_t count, int threads) {
   Team team(threads);
   const double s = median_seconds(
       o, [&] { team.run([&](int t) { std::memcpy(dst[t].data(), src[t].data(), count * sizeof(float)); }); });
-  return static_cast<double>(count * sizeof(float)) / s / 1e9;
+  return 2.0 * static_cast<double>(count * sizeof(float)) / s / 1e9;  // read + write
 }
+
+// Bytes touched per element of each pass (see the top of this file).
+constexpr double kWorkerPackBytes = 8.0 + 1.0 / 8;
+constexpr double kWorkerCommitBytes = 16.0 + 1.0 / 8;
+double server_pack_bytes(int world) { return 4.0 + (world + 1) / 8.0; }
+double server_commit_bytes(int world) { return 8.0 + world / 8.0; }
 
 void row(const char* what, const char* isa, int world, double gbps, double memcpy) {
   std::printf("%-15s %-7s %5d %10.2f %10.2f\n", what, isa, world, gbps, gbps / memcpy);
@@ -154,14 +169,14 @@ class Exchanges {
 void bench_kernels(const Options& o, size_t count, ob::detail::Isa isa, double memcpy1) {
   const auto& k = ob::detail::kernels(isa);
   const char* name = ob::detail::isa_name(isa);
-  const double bytes = static_cast<double>(count * sizeof(float));
+  const double elems = static_cast<double>(count);
   std::vector<float> buf = random_floats(count, 2), err = random_floats(count, 3);
   std::vector<uint8_t> bits((count + 7) / 8);
   double sink = 0.0;
   double s = median_seconds(o, [&] { sink += k.worker_pack(buf.data(), err.data(), count, bits.data()); });
-  row("worker pack", name, 1, bytes / s / 1e9, memcpy1);
+  row("worker pack", name, 1, elems * kWorkerPackBytes / s / 1e9, memcpy1);
   s = median_seconds(o, [&] { k.worker_commit(buf.data(), err.data(), count, 0.3f, bits.data(), 0.2f); });
-  row("worker commit", name, 1, bytes / s / 1e9, memcpy1);
+  row("worker commit", name, 1, elems * kWorkerCommitBytes / s / 1e9, memcpy1);
   for (const int world : o.worlds) {
     // A chunk of count / W elements, W blocks of its signs.
     const size_t n = count / static_cast<size_t>(world) / 8 * 8;
@@ -171,9 +186,9 @@ void bench_kernels(const Options& o, size_t count, ob::detail::Isa isa, double m
     for (const auto& b : blocks) ptrs.push_back(b.data());
     const ob::detail::ServerInput in{ptrs.data(), w.data(), world};
     s = median_seconds(o, [&] { sink += k.server_pack(in, err.data(), n, bits.data()); });
-    row("server pack", name, world, bytes / s / 1e9, memcpy1);
+    row("server pack", name, world, static_cast<double>(n) * server_pack_bytes(world) / s / 1e9, memcpy1);
     s = median_seconds(o, [&] { k.server_commit(in, err.data(), n, 0.1f); });
-    row("server commit", name, world, bytes / s / 1e9, memcpy1);
+    row("server commit", name, world, static_cast<double>(n) * server_commit_bytes(world) / s / 1e9, memcpy1);
   }
   if (sink == 42.0) std::printf(" ");  // keeps the sums alive
 }
@@ -202,8 +217,10 @@ void bench_driver(const Options& o, size_t count, ob::detail::Isa isa, int world
     });
   });
   if (!ok) std::printf("driver failed\n");
-  row(keep ? "driver, kept" : "driver", ob::detail::isa_name(isa), world,
-      static_cast<double>(count * sizeof(float)) / s / 1e9, memcpy_w);
+  const double chunk = static_cast<double>(ob::chunk_elems(count, world));
+  const double bytes = static_cast<double>(count) * (kWorkerPackBytes + kWorkerCommitBytes) +
+                       chunk * (server_pack_bytes(world) + server_commit_bytes(world));
+  row(keep ? "driver, kept" : "driver", ob::detail::isa_name(isa), world, bytes / s / 1e9, memcpy_w);
 }
 
 int run(const Options& o) {
@@ -229,7 +246,8 @@ int run(const Options& o) {
     }
   }
   std::printf(
-      "\nGB/s: fp32 input per rank per second. memcpy at world W: W threads, each copying its own buffer.\n"
+      "\nGB/s: bytes each pass reads and writes, per rank per second (memcpy: 8 per fp32). memcpy at world W:\n"
+      "W threads, each copying its own buffer.\n"
       "Kernels are compared with memcpy on 1 thread; the driver at world W with memcpy on W threads.\n");
   return 0;
 }

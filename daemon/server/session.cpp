@@ -11,6 +11,10 @@
 #include "log.h"
 #include "transport/errors.h"
 
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
 #include <span>
 
 namespace zerod::server {
@@ -29,7 +33,7 @@ ViewInfo view_of(Model& m, int rank, zd_param_id p, bool gradient) {
 }  // namespace
 
 Session::Session(Server& server, transport::Connection connection)
-    : server_(server), conn_(std::move(connection)) {
+    : server_(server), conn_(std::move(connection)), spin_(transport::ring_spin_from_env()) {
   try {
     pid_ = conn_.peer().pid;
   } catch (...) {
@@ -43,7 +47,12 @@ void Session::start() {
   thread_ = std::thread([this] { run(); });
 }
 
-void Session::stop() { conn_.shutdown(); }
+void Session::stop() {
+  stopping_.store(true, std::memory_order_release);
+  conn_.shutdown();
+  std::lock_guard<std::mutex> lock(ring_mu_);
+  ring_.wake_daemon();
+}
 
 void Session::join() {
   if (thread_.joinable()) thread_.join();
@@ -56,55 +65,105 @@ void Session::require_rank(const char* what) const {
 
 void Session::run() {
   std::string why = "its connection closed (the process exited or disconnected)";
-  for (;;) {
-    transport::Frame frame;
-    try {
-      frame = conn_.receive(wire::kMaxBody);
-    } catch (const transport::ProtocolError& e) {
-      // A frame we cannot take: answer it, then keep serving this client if
-      // the stream is still in step, else close it. Other clients never notice.
-      // An oversize body is skipped unread, unless it is absurd or trickles.
-      v1::Reply err;
-      wire::set_error(&err, e.code(), std::string("rejected frame: ") + e.what());
-      bool in_step = e.recoverable() && conn_.rejected_body_left() <= (uint64_t{64} << 20);
-      try {
-        if (in_step) conn_.discard_rejected_body(kDiscardTimeoutMs);
-        wire::send(conn_, wire::kReply, e.header() ? e.header()->request_id : 0, err, {},
-                   kSendTimeoutMs);
-      } catch (...) {
-        in_step = false;
-      }
-      log_warn(std::string("connection from pid ") + std::to_string(pid_) + ": " + e.what());
-      if (in_step) continue;
-      why = std::string("it sent a malformed frame (") + e.what() + ")";
-      break;
-    } catch (const Error& e) {
-      // Only here does "peer lost" mean this client went away; from a
-      // request it means another rank did, and is answered like any error.
-      if (e.code() == ZD_ERR_PEER_LOST) break;
-      if (conn_.receive_out_of_step()) {  // a system error mid-frame: cannot go on
-        why = std::string("its connection failed (") + e.what() + ")";
-        break;
-      }
-      v1::Reply err;
-      wire::set_error(&err, e.code(), e.what());
-      try {
-        wire::send(conn_, wire::kReply, 0, err, {}, kSendTimeoutMs);
-      } catch (...) {
-        break;
-      }
-      continue;
-    }
-    std::vector<int> fds;
-    const v1::Reply reply = answer(frame, &fds);
-    try {
-      wire::send(conn_, wire::kReply, frame.header.request_id, reply, fds, kSendTimeoutMs);
-    } catch (const std::exception& e) {
-      why = std::string("its reply could not be sent (") + e.what() + ")";
+  while (serve_frame(&why)) {
+    if (ring_pending_) {
+      ring_pending_ = false;
+      serve_ring(&why);
       break;
     }
   }
   end(why);
+}
+
+bool Session::serve_frame(std::string* why) {
+  transport::Frame frame;
+  try {
+    frame = conn_.receive(wire::kMaxBody);
+  } catch (const transport::ProtocolError& e) {
+    // A frame we cannot take: answer it, then keep serving this client if
+    // the stream is still in step, else close it. Other clients never notice.
+    // An oversize body is skipped unread, unless it is absurd or trickles.
+    v1::Reply err;
+    wire::set_error(&err, e.code(), std::string("rejected frame: ") + e.what());
+    bool in_step = e.recoverable() && conn_.rejected_body_left() <= (uint64_t{64} << 20);
+    try {
+      if (in_step) conn_.discard_rejected_body(kDiscardTimeoutMs);
+      wire::send(conn_, wire::kReply, e.header() ? e.header()->request_id : 0, err, {}, kSendTimeoutMs);
+    } catch (...) {
+      in_step = false;
+    }
+    log_warn(std::string("connection from pid ") + std::to_string(pid_) + ": " + e.what());
+    if (in_step) return true;
+    *why = std::string("it sent a malformed frame (") + e.what() + ")";
+    return false;
+  } catch (const Error& e) {
+    // Only here does "peer lost" mean this client went away; from a
+    // request it means another rank did, and is answered like any error.
+    if (e.code() == ZD_ERR_PEER_LOST) return false;
+    if (conn_.receive_out_of_step()) {  // a system error mid-frame: cannot go on
+      *why = std::string("its connection failed (") + e.what() + ")";
+      return false;
+    }
+    v1::Reply err;
+    wire::set_error(&err, e.code(), e.what());
+    try {
+      wire::send(conn_, wire::kReply, 0, err, {}, kSendTimeoutMs);
+    } catch (...) {
+      return false;
+    }
+    return true;
+  }
+  std::vector<int> fds;
+  const v1::Reply reply = answer(frame, &fds);
+  try {
+    wire::send(conn_, wire::kReply, frame.header.request_id, reply, fds, kSendTimeoutMs);
+  } catch (const std::exception& e) {
+    *why = std::string("its reply could not be sent (") + e.what() + ")";
+    return false;
+  }
+  return true;
+}
+
+bool Session::socket_open() const {
+  if (conn_.is_shut_down()) return false;
+  pollfd p{conn_.fd(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) < 0) return true;  // EINTR and the like: look again next slice
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+}
+
+void Session::set_up_ring(int fd, uint64_t size) {
+  if (ring_) fail(ZD_ERR_INVALID_STATE, "a call ring was already set up on this connection");
+  transport::Ring r = transport::Ring::attach(fd, size);
+  if (r.reply_slot().size() < sizeof(wire::RingReply) + 4096)
+    fail(ZD_ERR_INVALID_ARGUMENT, "the call ring's reply slot of " + std::to_string(r.reply_slot().size()) +
+                                      " bytes is too small");
+  if (r.request_slot().size() < sizeof(wire::RingRequest))
+    fail(ZD_ERR_INVALID_ARGUMENT, "the call ring's request slot is too small");
+  std::lock_guard<std::mutex> lock(ring_mu_);
+  ring_ = std::move(r);
+  ring_pending_ = true;
+}
+
+void Session::serve_ring(std::string* why) {
+  transport::RingWait w;
+  w.spin = spin_;
+  w.alive = [this] { return socket_open(); };
+  w.abort = &stopping_;
+  for (;;) {
+    const transport::RingWaitEnd end = ring_.wait_request(w);
+    if (end != transport::RingWaitEnd::ready) return;  // the socket hung up, or the daemon stops
+    wire::RingRequest req;
+    std::memcpy(&req, ring_.request_slot().data(), sizeof req);  // once: the client may write on
+    if (req.kind == wire::RingKind::socket_frame) {
+      // The reply is posted before the socket answer goes out, so the
+      // client's next wait on the ring starts from this request.
+      ring_.post_reply();
+      if (!serve_frame(why)) return;
+      continue;
+    }
+    answer_ring(req);
+    ring_.post_reply();
+  }
 }
 
 v1::Reply Session::answer(transport::Frame& frame, std::vector<int>* fds) {
@@ -183,6 +242,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   r->set_version(ZEROD_VERSION_STRING);
   r->set_world_size(server_.world_size());
   r->set_max_frame(wire::kMaxBody);
+  r->set_ring(!observer_);
 }
 
 std::shared_ptr<ModelHost> Session::model_of(int id) {
@@ -256,69 +316,184 @@ void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
   reply->mutable_register_param()->set_param(id);
 }
 
+calls::Outcome Session::run_call(ModelHost& host, const calls::Args& a, void* data) {
+  if (a.op == calls::Op::finalize && host.reattaching(rank_)) {
+    host.finish_reattach(rank_);  // resumes the kept state
+    calls::Outcome o;
+    o.loss_scale = host.model().loss_scale(rank_);
+    return o;
+  }
+  return calls::dispatch(host.model(), rank_, a, data);
+}
+
+namespace {
+
+bool is_begin(calls::Op op) { return op == calls::Op::forward_begin || op == calls::Op::backward_begin; }
+
+void fill_step(const StepFigures& f, v1::StepFigures* s) {
+  s->set_boundary(f.boundary);
+  s->set_applied(f.applied);
+  s->set_skipped(f.skipped);
+  s->set_step(f.step);
+  s->set_micro_step(f.micro_step);
+  s->set_lr(f.lr);
+  s->set_loss_scale(f.loss_scale);
+  s->set_grad_norm(f.grad_norm);
+}
+
+// The protobuf ModelCall ops and the table's.
+calls::Op op_of(v1::ModelCall::Op op) {
+  switch (op) {
+    case v1::ModelCall::FINALIZE: return calls::Op::finalize;
+    case v1::ModelCall::FORWARD_BEGIN: return calls::Op::forward_begin;
+    case v1::ModelCall::FORWARD_END: return calls::Op::forward_end;
+    case v1::ModelCall::BACKWARD_BEGIN: return calls::Op::backward_begin;
+    case v1::ModelCall::BACKWARD_END: return calls::Op::backward_end;
+    case v1::ModelCall::STEP: return calls::Op::step;
+    case v1::ModelCall::LOSS_SCALE: return calls::Op::loss_scale;
+    case v1::ModelCall::SET_STEP: return calls::Op::set_step;
+    case v1::ModelCall::OPTIMIZER_INFO: return calls::Op::optimizer_info;
+    case v1::ModelCall::COMM_FIGURES: return calls::Op::comm_figures;
+    case v1::ModelCall::SAVE: return calls::Op::save;
+    case v1::ModelCall::LOAD: return calls::Op::load;
+    case v1::ModelCall::REPORT: return calls::Op::report;
+    default: break;
+  }
+  fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(op));
+}
+
+}  // namespace
+
 void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
   auto host = model_of(c.model());
-  Model& m = host->model();
+  calls::Args a;
+  a.op = op_of(c.op());
+  a.module = c.module();
+  a.step = c.step();
+  a.rank = c.rank();
+  a.tokens = c.progress().tokens();
+  a.samples = c.progress().samples();
+  a.has_loss = c.progress().has_loss() ? 1 : 0;
+  a.loss = c.progress().loss();
+  // save, load: the directory (made absolute by libzerod).
+  std::string path = c.path();
+  a.bytes = path.size();
+  const calls::Outcome o = run_call(*host, a, path.empty() ? nullptr : path.data());
   v1::CallReply* out = reply->mutable_call();
-  switch (c.op()) {
-    case v1::ModelCall::FINALIZE:
-      if (host->reattaching(rank_))
-        host->finish_reattach(rank_);  // resumes the kept state
-      else
-        m.finalize(rank_);
-      break;
-    case v1::ModelCall::FORWARD_BEGIN:
-      m.forward_begin(rank_, c.module());
-      add_views(*host, c.module(), false, out);
-      break;
-    case v1::ModelCall::FORWARD_END: m.forward_end(rank_, c.module()); break;
-    case v1::ModelCall::BACKWARD_BEGIN:
-      m.backward_begin(rank_, c.module());
-      add_views(*host, c.module(), true, out);
-      break;
-    case v1::ModelCall::BACKWARD_END: m.backward_end(rank_, c.module()); break;
-    case v1::ModelCall::STEP: {
-      const StepFigures f = m.step(rank_);
-      v1::StepFigures* s = out->mutable_step();
-      s->set_boundary(f.boundary);
-      s->set_applied(f.applied);
-      s->set_skipped(f.skipped);
-      s->set_step(f.step);
-      s->set_micro_step(f.micro_step);
-      s->set_lr(f.lr);
-      s->set_loss_scale(f.loss_scale);
-      s->set_grad_norm(f.grad_norm);
-      break;
-    }
-    case v1::ModelCall::LOSS_SCALE: break;
-    case v1::ModelCall::SET_STEP: m.set_applied_steps(rank_, c.step()); break;
-    case v1::ModelCall::SAVE: m.save_checkpoint(rank_, c.path()); break;
-    case v1::ModelCall::LOAD: m.load_checkpoint(rank_, c.path()); break;
-    case v1::ModelCall::REPORT:
-      m.report(rank_, c.progress().tokens(), c.progress().samples(), c.progress().has_loss(), c.progress().loss());
-      break;
-    case v1::ModelCall::OPTIMIZER_INFO: {
-      v1::OptimizerInfo* o = out->mutable_optimizer();
-      o->set_name(m.optimizer().plugin().name());
-      for (uint32_t s = 0; s < m.optimizer().state_slots(); ++s) o->add_slots(m.optimizer().state_name(s));
-      o->set_step(m.applied_steps(rank_));
-      break;
-    }
-    case v1::ModelCall::COMM_FIGURES: {
-      const int rank = c.rank() < 0 ? rank_ : c.rank();
-      if (!m.is_local(rank))
-        fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) +
-                                          " is served by another node's daemon; ask that rank for its figures");
-      const zd_comm_figures f = m.comm().figures(rank);
-      v1::CommFigures* cf = out->mutable_comm();
-      cf->set_bytes_sent(f.bytes_sent);
-      cf->set_network_bytes_sent(f.network_bytes_sent);
-      cf->set_collectives(f.collectives);
-      break;
-    }
-    default: fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(c.op()));
+  if (is_begin(a.op)) add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
+  if (a.op == calls::Op::step) fill_step(o.step, out->mutable_step());
+  if (a.op == calls::Op::optimizer_info) {
+    v1::OptimizerInfo* info = out->mutable_optimizer();
+    info->set_name(o.optimizer);
+    for (const auto& s : o.slots) info->add_slots(s);
+    info->set_step(o.applied_steps);
   }
-  out->set_loss_scale(m.loss_scale(rank_));
+  if (a.op == calls::Op::comm_figures) {
+    v1::CommFigures* cf = out->mutable_comm();
+    cf->set_bytes_sent(o.comm.bytes_sent);
+    cf->set_network_bytes_sent(o.comm.network_bytes_sent);
+    cf->set_collectives(o.comm.collectives);
+  }
+  out->set_loss_scale(o.loss_scale);
+}
+
+void Session::data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply) {
+  auto host = model_of(p.model());
+  calls::Args a;
+  a.op = op;
+  a.param = p.param();
+  a.slot = p.slot();
+  a.dtype = p.dtype();
+  a.bytes = p.bytes();
+  // A zero-byte request stands for a NULL buffer (the check names it).
+  void* data = p.bytes() ? staging_at(p.staging_offset(), p.bytes(), calls::name(op)) : nullptr;
+  run_call(*host, a, data);
+  reply->mutable_ok();
+}
+
+uint32_t Session::ring_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room) {
+  uint32_t n = 0;
+  for (zd_param_id pid : m.model().registry().module(module).params) {
+    for (bool g : {false, true}) {
+      if (g && !gradients) continue;
+      if ((n + 1) * sizeof(wire::RingView) > room.size())
+        fail(ZD_ERR_INTERNAL, "module '" + m.model().registry().module(module).name +
+                                  "' has more views than the call ring's reply slot holds");
+      const ViewInfo v = view_of(m.model(), rank_, pid, g);
+      const wire::RingView rv{pid, g ? 1 : 0, v.arena, 0, v.offset, v.bytes};
+      std::memcpy(room.data() + n * sizeof rv, &rv, sizeof rv);
+      ++n;
+    }
+  }
+  return n;
+}
+
+void Session::answer_ring(const wire::RingRequest& req) {
+  const std::span<std::byte> slot = ring_.reply_slot();
+  const std::span<std::byte> room = slot.subspan(sizeof(wire::RingReply));
+  wire::RingReply rep{};
+  std::string message;
+  try {
+    if (req.kind != wire::RingKind::call)
+      fail(ZD_ERR_INVALID_ARGUMENT, "unknown call ring request kind " + std::to_string(static_cast<uint32_t>(req.kind)));
+    const calls::Args& a = req.args;
+    if (!calls::valid(static_cast<uint32_t>(a.op)))
+      fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(static_cast<uint32_t>(a.op)));
+    auto host = model_of(req.model);
+    void* data = nullptr;
+    switch (a.op) {
+      case calls::Op::param_read:
+      case calls::Op::param_write:
+      case calls::Op::state_read:
+      case calls::Op::state_write:
+        data = a.bytes ? staging_at(req.staging_offset, a.bytes, calls::name(a.op)) : nullptr;
+        break;
+      case calls::Op::set_stream:
+      case calls::Op::optimizer_info:
+      case calls::Op::param_view:
+      case calls::Op::grad_view:
+      case calls::Op::save:
+      case calls::Op::load:
+        // Answered by the client itself, or through a socket frame: their
+        // answers (or a directory's name) do not fit a fixed record or hold
+        // pointers.
+        fail(ZD_ERR_INVALID_ARGUMENT, std::string(calls::name(a.op)) + " does not travel through the call ring");
+      default: break;
+    }
+    const calls::Outcome o = run_call(*host, a, data);
+    rep.step = o.step;
+    rep.loss_scale = o.loss_scale;
+    rep.current = o.current;
+    rep.peak = o.peak;
+    rep.budget = o.budget;
+    rep.bytes_sent = o.comm.bytes_sent;
+    rep.network_bytes_sent = o.comm.network_bytes_sent;
+    rep.collectives = o.comm.collectives;
+    rep.applied_steps = o.applied_steps;
+    if (is_begin(a.op)) rep.view_count = ring_views(*host, a.module, a.op == calls::Op::backward_begin, room);
+    // New arenas (a finalize, a gather that grew the pool): their fds go on
+    // the socket, before the reply that says so.
+    v1::Reply arenas;
+    std::vector<int> fds;
+    add_new_arenas(*host, &arenas, &fds);
+    if (!fds.empty()) {
+      arenas.mutable_ok();
+      wire::send(conn_, wire::kReply, 0, arenas, fds, kSendTimeoutMs);
+      rep.arenas_follow = 1;
+    }
+  } catch (const Error& e) {
+    rep = wire::RingReply{};
+    rep.status = e.code();
+    message = e.what();
+  } catch (const std::exception& e) {
+    rep = wire::RingReply{};
+    rep.status = ZD_ERR_INTERNAL;
+    message = std::string("internal error: ") + e.what();
+  }
+  const size_t after_views = rep.view_count * sizeof(wire::RingView);
+  rep.message_bytes = static_cast<uint32_t>(std::min(message.size(), room.size() - after_views));
+  std::memcpy(room.data() + after_views, message.data(), rep.message_bytes);
+  std::memcpy(slot.data(), &rep, sizeof rep);
 }
 
 void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply* reply,
@@ -362,52 +537,35 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     case v1::Request::kRegisterParam:
       register_param(req.register_param(), reply);
       return;
+    case v1::Request::kRing: {
+      if (frame.fds.size() != 1)
+        fail(ZD_ERR_INVALID_ARGUMENT, "a ring request carries one fd, got " + std::to_string(frame.fds.size()));
+      set_up_ring(frame.fds[0].get(), req.ring().size());
+      reply->mutable_ok();
+      return;
+    }
     case v1::Request::kCall: {
       auto m = model_of(req.call().model());
       call(req.call(), reply);
       add_new_arenas(*m, reply, fds);
       return;
     }
-    case v1::Request::kParamRead: {
-      const auto& p = req.param_read();
-      model_of(p.model())->model().read_param(rank_, p.param(), p.dtype(),
-                                              staging_at(p.staging_offset(), p.bytes(), "zd_param_read"), p.bytes());
-      reply->mutable_ok();
-      return;
-    }
-    case v1::Request::kStateRead: {
-      const auto& p = req.state_read();
-      model_of(p.model())->model().read_state(rank_, p.param(), p.slot(), p.dtype(),
-                                              staging_at(p.staging_offset(), p.bytes(), "zd_optimizer_state_read"), p.bytes());
-      reply->mutable_ok();
-      return;
-    }
-    case v1::Request::kStateWrite: {
-      const auto& p = req.state_write();
-      model_of(p.model())->model().write_state(rank_, p.param(), p.slot(), p.dtype(),
-                                               staging_at(p.staging_offset(), p.bytes(), "zd_optimizer_state_write"), p.bytes());
-      reply->mutable_ok();
-      return;
-    }
-    case v1::Request::kParamWrite: {
-      const auto& p = req.param_write();
-      model_of(p.model())->model().write_param(rank_, p.param(), p.dtype(),
-                                               staging_at(p.staging_offset(), p.bytes(), "zd_param_write"), p.bytes());
-      reply->mutable_ok();
-      return;
-    }
+    case v1::Request::kParamRead: data_call(calls::Op::param_read, req.param_read(), reply); return;
+    case v1::Request::kParamWrite: data_call(calls::Op::param_write, req.param_write(), reply); return;
+    case v1::Request::kStateRead: data_call(calls::Op::state_read, req.state_read(), reply); return;
+    case v1::Request::kStateWrite: data_call(calls::Op::state_write, req.state_write(), reply); return;
     case v1::Request::kMemory: {
       const auto& q = req.memory();
-      auto m = model_of(q.model());
-      const int rank = q.rank() < 0 ? rank_ : q.rank();
-      if (q.tier() < 0 || q.tier() >= ZD_TIER_COUNT || q.kind() < ZD_MEM_ALL || q.kind() >= ZD_MEM_KIND_COUNT)
-        fail(ZD_ERR_INVALID_ARGUMENT, "memory query for tier " + std::to_string(q.tier()) + ", kind " +
-                                          std::to_string(q.kind()) + ": out of range");
-      const MemoryLedger& l = m->model().ledger(rank);
+      calls::Args a;
+      a.op = calls::Op::memory;
+      a.rank = q.rank();
+      a.tier = q.tier();
+      a.kind = q.kind();
+      const calls::Outcome o = run_call(*model_of(q.model()), a, nullptr);
       v1::MemoryReply* r = reply->mutable_memory();
-      r->set_current(l.current(q.tier(), q.kind()));
-      r->set_peak(l.peak(q.tier(), q.kind()));
-      r->set_budget(l.budget(q.tier()));
+      r->set_current(o.current);
+      r->set_peak(o.peak);
+      r->set_budget(o.budget);
       return;
     }
     default:

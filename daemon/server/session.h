@@ -1,14 +1,24 @@
 // One connection to the daemon: a trainer rank or an observer. Its thread
 // reads a request, runs it against the hosted model as that rank, and
 // answers; the views it returns point into the rank's shared arenas, whose
-// fds it sends once.
+// fds it sends once. Requests come as socket frames until the client sends
+// its call ring (RingSetup); from then on the thread waits on the ring, and
+// the socket carries only what the ring announces (set-up requests, fds).
+// Model calls from either path run through the call table (calls.h).
 #pragma once
 
+#include "calls.h"
+#include "ring_call.h"
 #include "transport/connection.h"
+#include "transport/ring.h"
 #include "transport/shared_memory.h"
 #include "zerod_v1.pb.h"
 
+#include <mutex>
+
 #include <atomic>
+#include <chrono>
+#include <span>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,7 +38,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   void start();
-  void stop();  // wakes the thread (shutdown of the socket)
+  void stop();  // wakes the thread (shutdown of the socket, and of the ring)
   void join();
   bool finished() const { return finished_.load(); }
   int rank() const { return rank_; }
@@ -45,13 +55,25 @@ class Session {
 
  private:
   void run();
+  // One frame from the socket, answered on it. False: the connection is done (why says how).
+  bool serve_frame(std::string* why);
+  // The ring loop, until the client goes (why says how).
+  void serve_ring(std::string* why);
+  void answer_ring(const wire::RingRequest& req);
+  void set_up_ring(int fd, uint64_t size);
+  bool socket_open() const;
+  // A table call on a hosted model as this rank (a kept model's finalize resumes it).
+  calls::Outcome run_call(ModelHost& host, const calls::Args& a, void* data);
   void handle(const v1::Request& req, transport::Frame& frame, v1::Reply* reply,
               std::vector<int>* fds);
   void register_param(const v1::RegisterParam& r, v1::Reply* reply);
   void hello(const v1::Hello& h, v1::Reply* reply);
   std::shared_ptr<ModelHost> model_of(int id);
   void call(const v1::ModelCall& c, v1::Reply* reply);
+  void data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply);
   void add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out);
+  // The views of a _begin call into the ring's reply slot after the record; returns how many.
+  uint32_t ring_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room);
   void add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds);
   void staging(int fd, uint64_t size);
   std::byte* staging_at(uint64_t offset, uint64_t bytes, const char* what) const;
@@ -70,6 +92,11 @@ class Session {
   std::map<int, size_t> arenas_sent_;                 // per model: arenas of our pool already sent
   transport::SharedMapping staging_;  // the client's sealed staging memfd, checked before it was mapped
   bool ended_ = false;
+  transport::Ring ring_;         // the client's call ring, once set up (written under ring_mu_)
+  bool ring_pending_ = false;    // set up by the last request; serve it from the next one
+  std::mutex ring_mu_;           // ring_ against stop()
+  std::atomic<bool> stopping_{false};
+  std::chrono::microseconds spin_;
 };
 
 }  // namespace zerod::server

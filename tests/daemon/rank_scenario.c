@@ -5,6 +5,11 @@
  *   rank_scenario die       rank 1 kills itself (SIGKILL) at step 5
  *   rank_scenario diverge   rank 0 begins module m1, rank 1 module m2 (stage 3)
  *   rank_scenario resume    5 steps; prints the step number the first one got
+ *   rank_scenario wait      (stage 3) rank 1 never calls; rank 0 waits in a
+ *                           gather, on the call ring, until a process dies
+ *   rank_scenario sleepy    (stage 3) rank 1 begins 1 s late; rank 0 prints
+ *                           the wall and CPU time its forward_begin took
+ *   rank_scenario pairs N   N forward_begin/_end pairs of m1; prints the time
  * At the end each rank prints its checksum (the sum of every parameter, to
  * compare across stages within a tolerance) and "rank R: parameters H1 H2
  * H3", the FNV-1a hash of each parameter's fp32 bytes, to compare ranks bit
@@ -17,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int rank = 0;
@@ -74,6 +80,49 @@ int main(int argc, char** argv) {
   }
   CHECK(zd_model_finalize(m));
 
+  if (!strcmp(scenario, "wait")) {
+    if (rank == 1) {
+      printf("rank 1: idle\n");
+      fflush(stdout);
+      sleep(120);
+      return 0;
+    }
+    printf("rank 0: waiting\n");
+    fflush(stdout);
+    CHECK(zd_forward_begin(m, 0));
+    printf("rank 0: no failure seen\n");
+    return 0;
+  }
+  if (!strcmp(scenario, "sleepy") || !strcmp(scenario, "pairs")) {
+    const int pairs = !strcmp(scenario, "pairs") ? (argc > 2 ? atoi(argv[2]) : 5000) : 1;
+    if (pairs == 1 && rank == 1) sleep(1);
+    if (pairs == 1 && rank == 0) {
+      printf("rank 0: begins\n");
+      fflush(stdout);
+    }
+    struct timespec w0, c0, w1, c1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    for (int i = 0; i < pairs; ++i) {
+      CHECK(zd_forward_begin(m, 0));
+      if (pairs > 1 || rank == 1) CHECK(zd_forward_end(m, 0));
+      else {
+        clock_gettime(CLOCK_MONOTONIC, &w1);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        CHECK(zd_forward_end(m, 0));
+      }
+    }
+    if (pairs > 1 || rank == 1) {
+      clock_gettime(CLOCK_MONOTONIC, &w1);
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    }
+    const double wall = (double)(w1.tv_sec - w0.tv_sec) * 1e3 + (double)(w1.tv_nsec - w0.tv_nsec) / 1e6;
+    const double cpu = (double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6;
+    printf("rank %d: %d pairs, wall %.1f ms, cpu %.1f ms\n", rank, pairs, wall, cpu);
+    zd_model_destroy(m);
+    zd_disconnect(c);
+    return 0;
+  }
   if (!strcmp(scenario, "diverge")) {
     CHECK(zd_forward_begin(m, rank == 0 ? 0 : 1));
     printf("rank %d: no divergence detected\n", rank);

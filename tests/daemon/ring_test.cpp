@@ -1,0 +1,245 @@
+// The call ring end to end: a real `zerod serve` and rank_scenario
+// processes. A peer that dies while the other waits on the ring is seen
+// within a bound (the daemon, and a trainer); a waiting rank sleeps rather
+// than spins; two ranks and the daemon squeezed onto one or two CPUs still
+// make progress at microsecond pace (bounded spin, then yield and futex).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A child process whose stdout and stderr go to a log file.
+struct Proc {
+  pid_t pid = 0;
+  std::string log;
+  int status = -1;
+
+  static Proc start(const std::vector<std::string>& argv, const std::vector<std::string>& env_extra,
+                    const std::string& log) {
+    Proc p;
+    p.log = log;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::vector<std::string> env_store(env_extra);
+    for (char** e = environ; *e; ++e) env_store.emplace_back(*e);  // extras first: they win
+    std::vector<char*> env;
+    for (auto& e : env_store) env.push_back(e.data());
+    env.push_back(nullptr);
+    const int rc = posix_spawn(&p.pid, args[0], &fa, nullptr, args.data(), env.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
+    return p;
+  }
+  std::string output() const {
+    std::ifstream f(log);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  // Waits up to `limit` for `pattern` in the output.
+  bool wait_for_output(const std::string& pattern, std::chrono::milliseconds limit) const {
+    const auto end = Clock::now() + limit;
+    const std::regex re(pattern);
+    while (Clock::now() < end) {
+      if (std::regex_search(output(), re)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // Waits up to `limit` for the exit; false (and SIGKILL) on timeout.
+  bool wait_exit(std::chrono::milliseconds limit) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      if (waitpid(pid, &status, WNOHANG) == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return false;
+  }
+  void kill_now() {
+    if (pid > 0 && status == -1) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
+  }
+  // utime + stime of a live process, in seconds.
+  double cpu_seconds() const {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+};
+
+class Ring : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/zerod-ring-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    socket_ = dir_ + "/zerod.sock";
+  }
+  void TearDown() override {
+    for (Proc* p : {&rank0_, &rank1_, &daemon_}) p->kill_now();
+    std::system(("rm -rf '" + dir_ + "'").c_str());
+  }
+
+  void start(const std::string& job, const std::string& scenario, const std::string& arg = "") {
+    daemon_ = Proc::start({ZEROD_CLI, "serve", "--nproc", "2", "--job", job, "--socket", socket_}, {},
+                          dir_ + "/daemon.log");
+    for (int i = 0; i < 500; ++i) {
+      struct stat st{};
+      if (stat(socket_.c_str(), &st) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> argv = {ZEROD_RANK_SCENARIO, scenario};
+      if (!arg.empty()) argv.push_back(arg);
+      (r == 0 ? rank0_ : rank1_) =
+          Proc::start(argv,
+                      {"ZEROD_ENDPOINT=unix:" + socket_, "ZEROD_RANK=" + std::to_string(r), "ZEROD_WORLD_SIZE=2",
+                       std::string("ZEROD_JOB=") + job},
+                      dir_ + "/rank" + std::to_string(r) + ".log");
+    }
+  }
+
+  std::string dir_, socket_;
+  Proc daemon_, rank0_, rank1_;
+};
+
+// The daemon dies while rank 0 waits for its reply on the ring: rank 0 sees
+// the socket hang up between two sleep slices and reports the daemon gone.
+TEST_F(Ring, ADaemonDyingWhileARankWaitsIsReported) {
+  start(ZEROD_WAIT_JOB, "wait");
+  ASSERT_TRUE(rank0_.wait_for_output("rank 0: waiting", std::chrono::seconds(20))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_for_output("rank 1: idle", std::chrono::seconds(20))) << rank1_.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is asleep on the ring by now
+  const auto killed = Clock::now();
+  kill(daemon_.pid, SIGKILL);
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after the daemon died";
+  const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
+  EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to notice";
+  EXPECT_NE(rank0_.output().find("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: the zerod daemon is gone"),
+            std::string::npos)
+      << rank0_.output();
+}
+
+// A trainer dies while its session sleeps on the ring (and the other rank
+// waits in a collective): the session sees the socket hang up within a
+// slice, and the other rank is told which rank was lost.
+TEST_F(Ring, ARankDyingWhileTheDaemonWaitsOnItsRingIsReported) {
+  start(ZEROD_WAIT_JOB, "wait");
+  ASSERT_TRUE(rank0_.wait_for_output("rank 0: waiting", std::chrono::seconds(20))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_for_output("rank 1: idle", std::chrono::seconds(20))) << rank1_.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto killed = Clock::now();
+  kill(rank1_.pid, SIGKILL);
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after rank 1 died";
+  const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
+  EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to hear of it";
+  EXPECT_TRUE(std::regex_search(rank0_.output(), std::regex("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: .*rank 1")))
+      << rank0_.output();
+}
+
+// Rank 1 begins a second late: rank 0's wait costs it almost no CPU (it
+// spins for microseconds, then sleeps), and the daemon, whose threads wait
+// on rank 1's ring and in the collective, stays asleep too.
+TEST_F(Ring, AWaitingRankAndTheDaemonSleep) {
+  start(ZEROD_WAIT_JOB, "sleepy");
+  ASSERT_TRUE(rank0_.wait_for_output("rank 0: begins", std::chrono::seconds(30))) << rank0_.output();
+  const double daemon_cpu_before = daemon_.cpu_seconds();
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(30))) << rank0_.output();
+  const double daemon_cpu = daemon_.cpu_seconds() - daemon_cpu_before;
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(30))) << rank1_.output();
+  std::smatch m;
+  const std::string out = rank0_.output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 0: 1 pairs, wall ([0-9.]+) ms, cpu ([0-9.]+) ms"))) << out;
+  const double wall = std::stod(m[1]), cpu = std::stod(m[2]);
+  EXPECT_GT(wall, 800) << "rank 0 did not wait for rank 1";
+  EXPECT_LT(cpu, 0.1 * wall) << "rank 0 burned " << cpu << " ms of CPU in a " << wall << " ms wait";
+  // Rank 0's wait, about a second: two threads spinning through it would
+  // take about two seconds of CPU on two cores.
+  EXPECT_LT(daemon_cpu, 0.3) << "the daemon used " << daemon_cpu << " s of CPU while rank 0 waited " << wall << " ms";
+}
+
+// Two ranks and the daemon on one CPU: every hand-off must come from a
+// yield or a sleep, never from a spinner's time slice running out. 5,000
+// stage-3 begin/end pairs (two ring calls and a collective each) take well
+// under a second when hand-offs are prompt; a spinner holding the CPU for
+// its slice (milliseconds) would take minutes.
+TEST_F(Ring, SpinnersDoNotStarveTheDaemonOnOneCpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // inherited by the daemon and both ranks
+  start(ZEROD_WAIT_JOB, "pairs", "5000");
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
+  for (const Proc* r : {&rank0_, &rank1_}) {
+    std::smatch m;
+    const std::string out = r->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("5000 pairs, wall ([0-9.]+) ms"))) << out;
+    EXPECT_LT(std::stod(m[1]), 10000.0) << out;
+  }
+}
+
+// The same on two CPUs (this machine's count): 20,000 pairs.
+TEST_F(Ring, TwoRanksAndTheDaemonOnTwoCpus) {
+  cpu_set_t saved, two;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  if (CPU_COUNT(&saved) < 2) GTEST_SKIP() << "this process may run on fewer than 2 CPUs";
+  CPU_ZERO(&two);
+  for (int c = 0, n = 0; c < CPU_SETSIZE && n < 2; ++c)
+    if (CPU_ISSET(c, &saved)) CPU_SET(c, &two), ++n;
+  ASSERT_EQ(sched_setaffinity(0, sizeof two, &two), 0);
+  start(ZEROD_WAIT_JOB, "pairs", "20000");
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
+  for (const Proc* r : {&rank0_, &rank1_}) {
+    std::smatch m;
+    const std::string out = r->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("20000 pairs, wall ([0-9.]+) ms"))) << out;
+    EXPECT_LT(std::stod(m[1]), 20000.0) << out;
+  }
+}
+
+}  // namespace
