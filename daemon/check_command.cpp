@@ -52,6 +52,8 @@ int print_plugin_schema() {
     const char* name;
   } shipped[] = {{ZD_PLUGIN_OPTIMIZER, "optimizer", "adamw"}, {ZD_PLUGIN_OPTIMIZER, "optimizer", "adam"},
                  {ZD_PLUGIN_OPTIMIZER, "optimizer", "sgd"},   {ZD_PLUGIN_OPTIMIZER, "optimizer", "onebit_adam"},
+                 {ZD_PLUGIN_OPTIMIZER, "optimizer", "zero_one_adam"},
+                 {ZD_PLUGIN_OPTIMIZER, "optimizer", "onebit_lamb"},
                  {ZD_PLUGIN_PARTITIONER, "zero", "stage3"},   {ZD_PLUGIN_COMM, "comm", "local"},
                  {ZD_PLUGIN_TIER, "offload.host", "host"},    {ZD_PLUGIN_TIER, "offload.nvme", "nvme"}};
   std::printf("\n| plugin | key | type | default | meaning |\n|---|---|---|---|---|\n");

@@ -75,11 +75,11 @@ std::vector<KeySpec> make_schema() {
       {"comm.timeout", T::kNumber, 300, "", nums(0), {},
        "Seconds: a collective not started after this fails on every rank, naming where each rank was; 0 = wait "
        "forever."},
-      {"daemon", T::kTable, 0, "", {}, {}, "What the daemon does with the job."},
+      {"daemon", T::kTable, 0, "see below", {}, {}, "What the daemon does with the job."},
       {"daemon.keep_state", T::kBoolean, 0, "", {}, {},
        "Keep the model in the daemon when its ranks are gone, so restarted ranks resume from the last applied "
        "step ([daemon.md](daemon.md#when-things-go-wrong))."},
-      {"budgets", T::kTable, 0, "", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
+      {"budgets", T::kTable, 0, "none", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
       {"budgets.device", T::kSize, 0, "none", {}, {},
        "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool). A model that does "
        "not fit is refused at finalize with a per-tier table."},
@@ -131,6 +131,17 @@ std::vector<KeySpec> make_schema() {
        "([offload.md](offload.md#a-placement-policy-in-lua))."},
       {"plugin_path", T::kStrings, 0, "{}", {}, {},
        "Extra folders searched for plugins, relative to the script's folder."},
+      {"compression", T::kTable, 0, "none", {}, {},
+       "Schedules of a compressing optimizer (plugin ABI v3: `onebit_adam`, `zero_one_adam`, `onebit_lamb`) "
+       "([onebit.md](onebit.md)); an optimizer of an older plugin ABI refuses them."},
+      {"compression.warmup", T::kFunction, 0, "the optimizer's own rule", {}, {},
+       "`warmup(step)` → `true` when the update after `step` applied updates is a full-precision warm-up step "
+       "(1-bit Adam / 1-bit LAMB: plain Adam / LAMB; 0/1 Adam: a variance step). Replaces the plugin's own rule "
+       "(`freeze_step`, `var_update_scaler`)."},
+      {"compression.sync", T::kFunction, 0, "the optimizer's own rule", {}, {},
+       "0/1 Adam with `local_steps`: `sync(step)` → `true` when the update after `step` is a sync step (the ranks' "
+       "moves averaged, 1-bit compressed), `false` a local step (nothing sent). Replaces `local_step_scaler` / "
+       "`local_step_clipper`; the other optimizers ignore it."},
       {"lr", T::kFunction, 0, "none", {}, {},
        "`lr(step)` → learning rate for the update after `step` applied updates (0 for the first). Without it the "
        "optimizer's `lr` is used."},
