@@ -39,6 +39,38 @@ uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
 
 bool sign_bit(const uint8_t* bits, uint64_t e) { return (bits[e >> 3] >> (e & 7)) & 1; }
 
+// x[i] = +sc where bit e0 + i is set, -sc where not, for i < n: a byte of
+// signs at a time between the unaligned ends.
+void unpack_signs(const uint8_t* bits, uint64_t e0, float sc, float* x, uint64_t n) {
+  uint64_t i = 0;
+  for (; i < n && ((e0 + i) & 7) != 0; ++i) x[i] = sign_bit(bits, e0 + i) ? sc : -sc;
+  for (; i + 8 <= n; i += 8) {
+    const unsigned b = bits[(e0 + i) >> 3];
+    for (unsigned j = 0; j < 8; ++j) x[i + j] = (b >> j) & 1u ? sc : -sc;
+  }
+  for (; i < n; ++i) x[i] = sign_bit(bits, e0 + i) ? sc : -sc;
+}
+
+// Bit e0 + i set where x[i] has no sign bit, cleared where it has, for
+// i < n: whole bytes are written, the unaligned ends bit by bit (they may
+// share a byte with the next tensor's bits).
+void pack_signs(const float* x, uint64_t n, uint8_t* bits, uint64_t e0) {
+  auto one = [&](uint64_t i) {
+    const uint64_t e = e0 + i;
+    const auto bit = static_cast<uint8_t>(1u << (e & 7));
+    bits[e >> 3] = std::signbit(x[i]) ? static_cast<uint8_t>(bits[e >> 3] & ~bit)
+                                      : static_cast<uint8_t>(bits[e >> 3] | bit);
+  };
+  uint64_t i = 0;
+  for (; i < n && ((e0 + i) & 7) != 0; ++i) one(i);
+  for (; i + 8 <= n; i += 8) {
+    unsigned b = 0;
+    for (unsigned j = 0; j < 8; ++j) b |= (std::signbit(x[i + j]) ? 0u : 1u) << j;
+    bits[(e0 + i) >> 3] = static_cast<uint8_t>(b);
+  }
+  for (; i < n; ++i) one(i);
+}
+
 }  // namespace
 
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
@@ -186,10 +218,16 @@ void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* 
   const auto* bits = reinterpret_cast<const uint8_t*>(c.signs.addr(0));
   const auto* scales = reinterpret_cast<const float*>(c.scales.addr(0)) + s.scales_at;
   const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
-  for (uint64_t i = 0; i < s.count; ++i) {
-    const float sc = scales[i / chunk];
-    x[i] = sign_bit(bits, s.dense + i) ? sc : -sc;
-  }
+  // In tiles on the rank's workers, a chunk (one scale) at a time within each.
+  const uint64_t tiles = (s.count + kTile - 1) / kTile;
+  res_.workers.run(tiles, [&](size_t t) {
+    const uint64_t lo = t * kTile, hi = std::min(s.count, lo + kTile);
+    for (uint64_t a = lo; a < hi;) {
+      const uint64_t r = a / chunk, z = std::min(hi, (r + 1) * chunk);
+      unpack_signs(bits, s.dense + a, scales[r], x + a, z - a);
+      a = z;
+    }
+  });
 }
 
 void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool keep) {
@@ -212,12 +250,15 @@ void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool k
     const uint64_t lo = r * chunk;
     scales[r] = lo < s.count ? std::fabs(x[lo]) : 0.0f;
   }
-  for (uint64_t i = 0; i < s.count; ++i) {
-    const uint64_t e = s.dense + i;
-    const auto bit = static_cast<uint8_t>(1u << (e & 7));
-    bits[e >> 3] = std::signbit(x[i]) ? static_cast<uint8_t>(bits[e >> 3] & ~bit)
-                                      : static_cast<uint8_t>(bits[e >> 3] | bit);
-  }
+  // In tiles on the rank's workers; every boundary between tiles falls on a
+  // whole byte of bits, so no two tiles write the same byte.
+  const uint64_t head = std::min(s.count, (8 - (s.dense & 7)) & 7);
+  const uint64_t tiles = 1 + (s.count - head + kTile - 1) / kTile;
+  res_.workers.run(tiles, [&](size_t t) {
+    const uint64_t lo = t == 0 ? 0 : head + (t - 1) * kTile;
+    const uint64_t hi = std::min(s.count, head + t * kTile);
+    if (lo < hi) pack_signs(x + lo, hi - lo, bits, s.dense + lo);
+  });
 }
 
 // The segment's values of the elements this rank owns into the owned
@@ -241,6 +282,21 @@ void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& 
   }
 }
 
+// Where a one-tensor segment can be prepared and exchanged in place: the
+// owned exchange buffer, when the rank owns the whole tensor there in one
+// memory segment (ZeRO stage 0); else nullptr (a scratch copy, then
+// scatter_owned).
+float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
+  if (s.params.size() != 1 || st.owned.empty()) return nullptr;
+  const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(s.params[0]), res_.rank);
+  if (sp.from != 0 || sp.count != s.count || sp.count == 0) return nullptr;
+  const TieredBuffer& b = st.owned[gi];
+  if (!b.addressable(sp.at, sp.count)) return nullptr;
+  const auto& seg = b.segment_at(sp.at);
+  if (sp.at + sp.count > seg.begin + seg.count) return nullptr;
+  return reinterpret_cast<float*>(b.addr(sp.at));
+}
+
 // PREPARE (and the EXCHANGE after it), segment by segment: only one
 // segment's whole values are held at a time.
 void MomentumCompression::prepare(StepState& st, bool then_exchange) {
@@ -259,14 +315,22 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
                                                            : ZD_EXCHANGE_IN_SLOT;
     std::vector<float> x;
     for (const Segment& s : segments(gi, plan.fused != 0)) {
-      x.assign(s.count, 0.0f);
-      if (in == ZD_EXCHANGE_IN_AVERAGE) {
-        fill_from_average(gi, s, x.data());
+      // Every element is written below unless the plan starts from zero.
+      float* const direct = owned_whole(st, gi, s);
+      float* xs = direct;
+      if (xs == nullptr) {
+        x.resize(s.count);
+        xs = x.data();
+      }
+      if (in == ZD_EXCHANGE_IN_ZERO) {
+        std::memset(xs, 0, s.count * 4);
+      } else if (in == ZD_EXCHANGE_IN_AVERAGE) {
+        fill_from_average(gi, s, xs);
       } else if (in == ZD_EXCHANGE_IN_SLOT) {
         const int slot = static_cast<int>(ctx_.optimizer().average_slot());
         for (zd_param_id pid : s.params) {
           const std::vector<float> whole = read_whole(ctx_, res_, buffers_, pid, slot, "step");
-          std::copy(whole.begin(), whole.end(), x.begin() + static_cast<ptrdiff_t>(dense_of(ctx_.registry, c.dense, pid) - s.dense));
+          std::copy(whole.begin(), whole.end(), xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense));
         }
       }
       for (zd_param_id pid : s.params) {
@@ -282,13 +346,13 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         u.step = st.t;
         u.kind = plan.kind;
         u.pass = 0;
-        u.exchange = x.data() + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
+        u.exchange = xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
         u.tensor = k ? scalars_.data() + static_cast<uint64_t>(pid) * k : nullptr;
         u.exchange_in = in;
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
-      if (then_exchange && several) exchange(gi, s, x.data(), plan.keep_average != 0);
-      scatter_owned(st, gi, s, x.data());
+      if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0);
+      if (direct == nullptr) scatter_owned(st, gi, s, xs);
     }
     if (then_exchange && several && plan.keep_average) c.have_average = true;
   }

@@ -103,6 +103,7 @@ class MomentumCompression {
   void exchange_in_place(StepState& st);
   void exchange(size_t group, const Segment& s, float* x, bool keep);
   void fill_from_average(size_t group, const Segment& s, float* x) const;
+  float* owned_whole(StepState& st, size_t group, const Segment& s) const;
   void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
   void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
   void pass(StepState& st, bool with_grad);
