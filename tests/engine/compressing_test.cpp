@@ -259,9 +259,24 @@ TEST_P(Compressing, MatchesTheReference) {
   EXPECT_GT(moved(got), 1e-2) << "training moved the parameters";
 }
 
-TEST_P(Compressing, EveryStageEndsWhereStage0Does) {
+INSTANTIATE_TEST_SUITE_P(Optimizers, Compressing, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return i.param.variant + "_" + std::to_string(i.param.world) + "ranks_stage" +
+                                  std::to_string(i.param.stage);
+                         });
+
+std::vector<Case> partitioned_cases() {
+  std::vector<Case> out;
+  for (const Case& c : cases())
+    if (c.stage > 0) out.push_back(c);
+  return out;
+}
+
+// Stages 1-3 only: stage 0 is the baseline of this comparison.
+class AgainstStage0 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AgainstStage0, EveryStageEndsWhereStage0Does) {
   const Case c = GetParam();
-  if (c.stage == 0) GTEST_SKIP() << "stage 0 is the baseline of this comparison";
   const Variant& v = variant(c.variant);
   const ref::Weights a = train(v.job(0), c.world, 12);
   const ref::Weights b = train(v.job(c.stage), c.world, 12);
@@ -271,7 +286,7 @@ TEST_P(Compressing, EveryStageEndsWhereStage0Does) {
     EXPECT_EQ(a, b) << "the same arithmetic at every stage";
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Compressing, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(Optimizers, AgainstStage0, ::testing::ValuesIn(partitioned_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.variant + "_" + std::to_string(i.param.world) + "ranks_stage" +
                                   std::to_string(i.param.stage);
