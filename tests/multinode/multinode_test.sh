@@ -11,6 +11,8 @@
 #      what to do.
 # usage: multinode_test.sh ZEROD RANK_SCENARIO MPIRUN
 set -euo pipefail
+# Output is matched with grep <<<"$out", not echo | grep -q: under pipefail a
+# grep -q that matches early and exits can fail the echo with SIGPIPE.
 zerod=$1 trainer=$2 mpirun=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -82,7 +84,7 @@ if out=$(timeout 120 "${mpi[@]}" "$zerod" run --nproc 2 --job "$work/dead.lua" -
 fi
 # Node 1's daemon logs it and fails its ranks' calls with it (mpirun may
 # kill those ranks before they print, once node 0 has exited non-zero).
-echo "$out" | grep -qE 'node 0 \(ranks 0-1, host .*\) failed: rank 1 was lost' || {
+grep -qE 'node 0 \(ranks 0-1, host .*\) failed: rank 1 was lost' <<<"$out" || {
   echo "node 1 did not name the lost rank:"; echo "$out"; exit 1; }
 echo "dead rank: node 1 was told which rank on which node"
 
@@ -92,9 +94,9 @@ if out=$("${mpi[@]}" "$zerod" run --nproc 2 --job "$work/local2.lua" -- "$traine
   echo "the local backend across 2 daemons was accepted:"; echo "$out"; exit 1
 fi
 # Refused by `zerod run` itself, before any rank starts.
-echo "$out" | grep -q 'zerod run: this daemon is node [01] of 2 .*for a job across daemons (nodes) use comm = { backend = "mpi" }' || {
+grep -q 'zerod run: this daemon is node [01] of 2 .*for a job across daemons (nodes) use comm = { backend = "mpi" }' <<<"$out" || {
   echo "no clear error for the local backend across daemons:"; echo "$out"; exit 1; }
-if echo "$out" | grep -q '^\[rank '; then
+if grep -q '^\[rank ' <<<"$out"; then
   echo "ranks were started for a job that cannot run:"; echo "$out"; exit 1
 fi
 echo "local backend across daemons: refused before any rank started"
@@ -104,7 +106,7 @@ job alone 1 mpi "$adamw"
 if out=$(timeout 120 "$zerod" run --nproc 2 --nnodes 2 --node-rank 0 --job "$work/alone.lua" -- "$trainer" normal 2>&1); then
   echo "--nnodes 2 without mpirun succeeded:"; echo "$out"; exit 1
 fi
-echo "$out" | grep -q 'start one daemon per node under MPI' || {
+grep -q 'start one daemon per node under MPI' <<<"$out" || {
   echo "no clear error for --nnodes without mpirun:"; echo "$out"; exit 1; }
 echo "--nnodes without mpirun: refused with a clear error"
 echo "multinode: all checks passed"
