@@ -20,8 +20,6 @@ int64_t start(const void* a) {
   return s > 0 ? s : 0;
 }
 
-uint32_t state_slots(const void* a) { return desc(a).state_slots(self(a).instance); }
-const char* state_name(const void* a, uint32_t slot) { return desc(a).state_name(self(a).instance, slot); }
 
 zd_status update(const void* a, zd_isa isa, const zd_optimizer_update* u) {
   if (u != nullptr && u->exchange != nullptr) {
@@ -32,10 +30,6 @@ zd_status update(const void* a, zd_isa isa, const zd_optimizer_update* u) {
     std::memcpy(u->state[slot], u->exchange, u->count * sizeof(float));
   }
   return desc(a).update(self(a).instance, isa, u);
-}
-
-zd_status update_cuda(const void* a, const zd_optimizer_update* u, void* stream) {
-  return desc(a).update_cuda(self(a).instance, u, stream);
 }
 
 zd_status plan(const void* a, int64_t step, int32_t, int32_t, zd_optimizer_plan* out) {
@@ -69,33 +63,16 @@ zd_status prepare(const void* a, zd_isa isa, const zd_optimizer_update* u) {
 }
 
 uint32_t average_slot(const void* a) { return desc(a).momentum_slot ? desc(a).momentum_slot(self(a).instance) : 0; }
-uint32_t zero(const void*) { return 0; }
-zd_stat_op sum(const void*, uint32_t) { return ZD_STAT_SUM; }
-zd_status any_partitions(const void*, uint32_t, char*, size_t) { return ZD_OK; }
 int32_t compresses(const void* a) { return start(a) > 0 ? 1 : 0; }
 
 }  // namespace
 
 zd_optimizer_v3 lift_optimizer_v2(const zd_optimizer_v2& d) {
-  zd_optimizer_v3 t{};
-  t.header = d.header;
-  t.hparams = d.hparams;
-  t.hparam_count = d.hparam_count;
-  t.create = d.create;  // the host creates and destroys through the plugin's own table
-  t.destroy = d.destroy;
-  t.supports_isa = d.supports_isa;
-  t.state_slots = state_slots;
-  t.state_name = state_name;
+  zd_optimizer_v3 t = adapted::lift_common(d);
   t.update = update;
-  t.update_cuda = d.update_cuda ? update_cuda : nullptr;
   t.plan = plan;
   t.prepare = prepare;
   t.average_slot = average_slot;
-  t.tensor_scalars = zero;
-  t.tensor_stats = zero;
-  t.stat_op = sum;
-  t.tensor_step = nullptr;
-  t.check_partitions = any_partitions;
   t.compresses = compresses;
   return t;
 }
