@@ -34,31 +34,19 @@ zd_status prepare(const void* instance, const zd_optimizer_update* u, Range* r, 
 zd_status create(bool decoupled, const char* plugin, const zd_hparam_spec* specs, uint32_t spec_count,
                  const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
                  char* err, size_t err_size) noexcept {
-  return glue::guarded([&]() -> zd_status {
-    if (out_instance == nullptr) {
-      glue::set_error(err, err_size, "out_instance is NULL");
-      return ZD_ERR_INVALID_ARGUMENT;
-    }
-    *out_instance = nullptr;
-    const zd_status st = glue::check_values(specs, spec_count, values, value_count, err, err_size);
-    if (st != ZD_OK) return st;
-    auto* inst = new (std::nothrow) Instance{};
-    if (inst == nullptr) {
-      glue::set_error(err, err_size, "out of memory");
-      return ZD_ERR_OUT_OF_MEMORY;
-    }
-    inst->hp.lr = values[0];
-    inst->hp.beta1 = values[1];
-    inst->hp.beta2 = values[2];
-    inst->hp.eps = values[3];
-    inst->hp.weight_decay = values[4];
-    inst->hp.bias_correction = values[5] != 0.0;
-    inst->hp.decoupled = decoupled;
-    inst->host = glue::copy_host(host);
-    inst->plugin = plugin;
-    *out_instance = inst;
-    return ZD_OK;
-  });
+  return glue::create_instance<Instance>(
+      specs, spec_count, values, value_count, out_instance, err, err_size, glue::no_more_checks,
+      [&](Instance& inst, const double* v) {
+        inst.hp.lr = v[0];
+        inst.hp.beta1 = v[1];
+        inst.hp.beta2 = v[2];
+        inst.hp.eps = v[3];
+        inst.hp.weight_decay = v[4];
+        inst.hp.bias_correction = v[5] != 0.0;
+        inst.hp.decoupled = decoupled;
+        inst.host = glue::copy_host(host);
+        inst.plugin = plugin;
+      });
 }
 
 void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }

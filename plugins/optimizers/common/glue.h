@@ -7,6 +7,9 @@
 #include <zerod/optim/kernels.h>
 #include <zerod/zerod_plugin.h>
 
+#include <memory>
+#include <new>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -85,6 +88,37 @@ zd_status guarded(F&& f) noexcept {
   } catch (...) {
     return ZD_ERR_INTERNAL;
   }
+}
+
+// No checks beyond the specs' own (for create_instance).
+inline zd_status no_more_checks(const double*) { return ZD_OK; }
+
+// The frame of every optimizer's create(): out_instance checked, the values
+// checked against the specs, then by `check(values)` (rules between values;
+// it calls set_error and returns the status), an Instance allocated and set
+// by `fill(instance, values)`, and handed out. Nothing is handed out, and
+// nothing leaks, when a step fails or throws (ZD_ERR_INTERNAL).
+template <class Instance, class Check, class Fill>
+zd_status create_instance(const zd_hparam_spec* specs, uint32_t spec_count, const double* values, size_t value_count,
+                          void** out_instance, char* err, size_t err_size, Check&& check, Fill&& fill) noexcept {
+  return guarded([&]() -> zd_status {
+    if (out_instance == nullptr) {
+      set_error(err, err_size, "out_instance is NULL");
+      return ZD_ERR_INVALID_ARGUMENT;
+    }
+    *out_instance = nullptr;
+    zd_status st = check_values(specs, spec_count, values, value_count, err, err_size);
+    if (st == ZD_OK) st = check(values);
+    if (st != ZD_OK) return st;
+    std::unique_ptr<Instance> inst(new (std::nothrow) Instance{});
+    if (!inst) {
+      set_error(err, err_size, "out of memory");
+      return ZD_ERR_OUT_OF_MEMORY;
+    }
+    fill(*inst, values);
+    *out_instance = inst.release();
+    return ZD_OK;
+  });
 }
 
 }  // namespace zerod::optim::glue

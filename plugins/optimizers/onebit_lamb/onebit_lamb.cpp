@@ -81,41 +81,32 @@ const Instance& self(const void* p) { return *static_cast<const Instance*>(p); }
 
 zd_status create(const zd_host_services*, const double* values, size_t value_count, void** out_instance, char* err,
                  size_t err_size) noexcept {
-  return glue::guarded([&]() -> zd_status {
-    if (out_instance == nullptr) {
-      glue::set_error(err, err_size, "out_instance is NULL");
-      return ZD_ERR_INVALID_ARGUMENT;
-    }
-    *out_instance = nullptr;
-    const zd_status st = glue::check_values(kSpecs.data(), kSpecs.size(), values, value_count, err, err_size);
-    if (st != ZD_OK) return st;
-    if (values[7] > values[6]) {
-      glue::set_error(err, err_size, "min_coeff = %g is above max_coeff = %g", values[7], values[6]);
+  const auto check = [&](const double* v) {
+    if (v[7] > v[6]) {
+      glue::set_error(err, err_size, "min_coeff = %g is above max_coeff = %g", v[7], v[6]);
       return ZD_ERR_CONFIG;
     }
-    if (values[10] > values[9]) {
-      glue::set_error(err, err_size, "factor_min = %g is above factor_max = %g", values[10], values[9]);
+    if (v[10] > v[9]) {
+      glue::set_error(err, err_size, "factor_min = %g is above factor_max = %g", v[10], v[9]);
       return ZD_ERR_CONFIG;
     }
-    auto* inst = new (std::nothrow) Instance{};
-    if (inst == nullptr) {
-      glue::set_error(err, err_size, "out of memory");
-      return ZD_ERR_OUT_OF_MEMORY;
-    }
-    inst->beta1 = values[1];
-    inst->beta2 = values[2];
-    inst->eps = values[3];
-    inst->weight_decay = values[4];
-    inst->freeze_step = static_cast<int64_t>(values[5]);
-    inst->max_coeff = values[6];
-    inst->min_coeff = values[7];
-    inst->coeff_beta = values[8];
-    inst->factor_max = values[9];
-    inst->factor_min = values[10];
-    inst->threshold = values[11];
-    *out_instance = inst;
     return ZD_OK;
-  });
+  };
+  return glue::create_instance<Instance>(
+      kSpecs.data(), kSpecs.size(), values, value_count, out_instance, err, err_size, check,
+      [](Instance& inst, const double* v) {
+        inst.beta1 = v[1];
+        inst.beta2 = v[2];
+        inst.eps = v[3];
+        inst.weight_decay = v[4];
+        inst.freeze_step = static_cast<int64_t>(v[5]);
+        inst.max_coeff = v[6];
+        inst.min_coeff = v[7];
+        inst.coeff_beta = v[8];
+        inst.factor_max = v[9];
+        inst.factor_min = v[10];
+        inst.threshold = v[11];
+      });
 }
 
 void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }

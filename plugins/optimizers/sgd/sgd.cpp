@@ -35,38 +35,26 @@ uint32_t slots_of(const Instance* inst) { return inst->hp.momentum > 0.0 ? 1u : 
 
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
                  char* err, size_t err_size) noexcept {
-  return glue::guarded([&]() -> zd_status {
-    if (out_instance == nullptr) {
-      glue::set_error(err, err_size, "out_instance is NULL");
-      return ZD_ERR_INVALID_ARGUMENT;
-    }
-    *out_instance = nullptr;
-    const zd_status st = glue::check_values(kSpecs.data(), kSpecs.size(), values, value_count, err, err_size);
-    if (st != ZD_OK) return st;
-    const double momentum = values[1];
-    const double dampening = values[2];
-    const bool nesterov = values[4] != 0.0;
-    if (nesterov && (momentum <= 0.0 || dampening != 0.0)) {
+  const auto check = [&](const double* v) {
+    const double momentum = v[1], dampening = v[2];
+    if (v[4] != 0.0 && (momentum <= 0.0 || dampening != 0.0)) {
       glue::set_error(err, err_size,
                       "nesterov = true requires momentum > 0 and dampening = 0 "
                       "(got momentum = %g, dampening = %g)",
                       momentum, dampening);
       return ZD_ERR_CONFIG;
     }
-    auto* inst = new (std::nothrow) Instance{};
-    if (inst == nullptr) {
-      glue::set_error(err, err_size, "out of memory");
-      return ZD_ERR_OUT_OF_MEMORY;
-    }
-    inst->hp.lr = values[0];
-    inst->hp.momentum = momentum;
-    inst->hp.dampening = dampening;
-    inst->hp.weight_decay = values[3];
-    inst->hp.nesterov = nesterov;
-    inst->host = glue::copy_host(host);
-    *out_instance = inst;
     return ZD_OK;
-  });
+  };
+  return glue::create_instance<Instance>(kSpecs.data(), kSpecs.size(), values, value_count, out_instance, err,
+                                         err_size, check, [host](Instance& inst, const double* v) {
+                                           inst.hp.lr = v[0];
+                                           inst.hp.momentum = v[1];
+                                           inst.hp.dampening = v[2];
+                                           inst.hp.weight_decay = v[3];
+                                           inst.hp.nesterov = v[4] != 0.0;
+                                           inst.host = glue::copy_host(host);
+                                         });
 }
 
 void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }

@@ -77,37 +77,25 @@ const Instance& self(const void* p) { return *static_cast<const Instance*>(p); }
 
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance, char* err,
                  size_t err_size) noexcept {
-  return glue::guarded([&]() -> zd_status {
-    if (out_instance == nullptr) {
-      glue::set_error(err, err_size, "out_instance is NULL");
-      return ZD_ERR_INVALID_ARGUMENT;
-    }
-    *out_instance = nullptr;
-    const zd_status st = glue::check_values(kSpecs.data(), kSpecs.size(), values, value_count, err, err_size);
-    if (st != ZD_OK) return st;
-    auto* inst = new (std::nothrow) Instance{};
-    if (inst == nullptr) {
-      glue::set_error(err, err_size, "out of memory");
-      return ZD_ERR_OUT_OF_MEMORY;
-    }
-    inst->beta1 = values[1];
-    inst->beta2 = values[2];
-    inst->eps = values[3];
-    inst->weight_decay = values[4];
-    inst->var_freeze_step = static_cast<int64_t>(values[5]);
-    inst->kappa = static_cast<int64_t>(values[6]);
-    inst->local_scaler = static_cast<int64_t>(values[7]);
-    inst->local_clipper = static_cast<int64_t>(values[8]);
-    inst->local_steps = values[9] != 0.0;
-    inst->host = glue::copy_host(host);
-    if (inst->var_freeze_step == 0) {
-      glue::log(inst->host, ZD_LOG_WARN, kName,
-                "var_freeze_step = 0: v is never estimated (it stays 0), so every update is lr * m / eps; set it to "
-                "the end of the learning-rate warm-up unless that is what you want");
-    }
-    *out_instance = inst;
-    return ZD_OK;
-  });
+  return glue::create_instance<Instance>(
+      kSpecs.data(), kSpecs.size(), values, value_count, out_instance, err, err_size, glue::no_more_checks,
+      [host](Instance& inst, const double* v) {
+        inst.beta1 = v[1];
+        inst.beta2 = v[2];
+        inst.eps = v[3];
+        inst.weight_decay = v[4];
+        inst.var_freeze_step = static_cast<int64_t>(v[5]);
+        inst.kappa = static_cast<int64_t>(v[6]);
+        inst.local_scaler = static_cast<int64_t>(v[7]);
+        inst.local_clipper = static_cast<int64_t>(v[8]);
+        inst.local_steps = v[9] != 0.0;
+        inst.host = glue::copy_host(host);
+        if (inst.var_freeze_step == 0) {
+          glue::log(inst.host, ZD_LOG_WARN, kName,
+                    "var_freeze_step = 0: v is never estimated (it stays 0), so every update is lr * m / eps; set it "
+                    "to the end of the learning-rate warm-up unless that is what you want");
+        }
+      });
 }
 
 void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }
