@@ -2,7 +2,7 @@
 the CPU: the Accelerate user's loop, written once, runs under Accelerator()
 and under ZerodAccelerator(...) -- the import and the constructor the only
 lines changed -- with the same losses (fp32: 1e-4 relative, every batch;
-bf16 autocast: 1e-3), and save_state/load_state resumes bit for bit.
+bf16 and fp16 autocast: 1e-3), and save_state/load_state resumes bit for bit.
 """
 import pytest
 import torch
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import set_seed
+from accelerate.utils import GradScalerKwargs, set_seed
 
 from zerod.accelerate import ZerodAccelerator
 from zerod.errors import InvalidArgumentError
@@ -48,8 +48,12 @@ def objects(batch_size=8):
     return model, opt, loader, sched
 
 
-def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_after=None, resume_from=None):
-    """The Accelerate user's loop (as in Accelerate's examples)."""
+def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_after=None, resume_from=None,
+              blow_up_at=None, scales=None):
+    """The Accelerate user's loop (as in Accelerate's examples). For the
+    fp16 tests: the loss of micro-batch `blow_up_at` is multiplied by 1e6 (its
+    scaled gradients overflow fp16), and `scales` gets the loss scale after
+    every micro-batch."""
     losses, lrs = [], []
     if resume_from is not None:
         accelerator.load_state(resume_from)
@@ -60,6 +64,8 @@ def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_a
             with accelerator.accumulate(model):
                 logits, _ = model(x)
                 loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+                if len(losses) == blow_up_at:
+                    loss = loss * 1e6
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), 0.5)
@@ -68,6 +74,9 @@ def user_loop(accelerator, model, optimizer, loader, scheduler, epochs=2, save_a
                 optimizer.zero_grad()
             losses.append(float(loss))
             lrs.append(scheduler.get_last_lr()[0])
+            if scales is not None:
+                engine = getattr(accelerator, "zerod_engine", None)
+                scales.append(engine.zerod_model.loss_scale() if engine else accelerator.scaler.get_scale())
         if save_after is not None and epoch == 0:
             accelerator.save_state(save_after)
     return losses, lrs
@@ -91,10 +100,25 @@ def _same(name, ours, theirs, tol, n=16):
         assert abs(a - b) <= tol * abs(b), f"{name} batch {s}: zerod {a}, Accelerate {b}\n{ours}\n{theirs}"
 
 
-@pytest.mark.parametrize("precision,tol", [("no", 1e-4), ("bf16", 1e-3)])
+def plain_accelerator(**kwargs):
+    """Accelerator(...) as the user makes it. With mixed_precision="fp16"
+    Accelerate has no CPU path (it trains in fp32 there); the reference is
+    its GPU path, run on the CPU: fp16 autocast (native_amp) and a torch
+    GradScaler with GradScalerKwargs' settings, which Accelerate's backward,
+    clip_grad_norm_, optimizer and scheduler wrappers then use as on a GPU."""
+    accelerator = Accelerator(**kwargs)
+    if accelerator.mixed_precision == "fp16":
+        handler = accelerator.scaler_handler.to_kwargs() if accelerator.scaler_handler is not None else {}
+        accelerator.native_amp = True
+        accelerator.scaler = torch.amp.GradScaler("cpu", **handler)
+    return accelerator
+
+
+@pytest.mark.parametrize("precision,tol", [("no", 1e-4), ("bf16", 1e-3), ("fp16", 1e-3)])
 @pytest.mark.parametrize("stage,offload", [(3, True), (1, False)])
 def test_same_losses_as_plain_accelerate(precision, tol, stage, offload):
-    (theirs, their_lrs), _, _ = run(lambda: Accelerator(gradient_accumulation_steps=2, mixed_precision=precision))
+    (theirs, their_lrs), _, _ = run(lambda: plain_accelerator(gradient_accumulation_steps=2,
+                                                              mixed_precision=precision))
     (ours, our_lrs), acc, (model, *_rest) = run(lambda: ZerodAccelerator(
         gradient_accumulation_steps=2, mixed_precision=precision, gradient_clipping=0.5, zero_stage=stage,
         offload=offload))
@@ -106,6 +130,28 @@ def test_same_losses_as_plain_accelerate(precision, tol, stage, offload):
     sd = acc.get_state_dict(model)
     assert set(sd) == set(acc.unwrap_model(model).state_dict())
     assert all(v.numel() > 0 for v in sd.values())
+
+
+def test_fp16_overflow_and_grad_scaler_kwargs_as_accelerate():
+    """zerod's loss scaler follows the GradScaler Accelerate would make from
+    GradScalerKwargs (init 2^10, doubling every 2 clean steps): the same
+    scale after every micro-batch, the window holding the overflowing
+    micro-batch skipped on both sides (the scheduler not stepped), the same
+    losses and learning rates before and after."""
+    kwargs = dict(gradient_accumulation_steps=2, mixed_precision="fp16",
+                  kwargs_handlers=[GradScalerKwargs(init_scale=1024.0, growth_interval=2)])
+    theirs_scales, our_scales = [], []
+    (theirs, their_lrs), _, _ = run(lambda: plain_accelerator(**kwargs), blow_up_at=9, scales=theirs_scales)
+    (ours, our_lrs), acc, (_, opt, *_rest) = run(lambda: ZerodAccelerator(gradient_clipping=0.5, zero_stage=2,
+                                                                          **kwargs),
+                                                 blow_up_at=9, scales=our_scales)
+    assert acc.zerod_engine.config["fp16"] == {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2,
+                                               "hysteresis": 1}
+    assert our_scales == theirs_scales
+    assert our_scales[7] == 2 * our_scales[9] and max(our_scales) > 1024  # halved by the overflow, grown before
+    assert our_lrs == their_lrs and our_lrs[7] == our_lrs[9]  # the skipped window did not step the schedule
+    assert acc.zerod_engine.skipped_steps == 1
+    _same("fp16 with an overflow", ours, theirs, 1e-3)
 
 
 def test_save_state_load_state_resumes_exactly(tmp_path):
@@ -139,8 +185,8 @@ def test_clip_value_must_match():
 
 
 def test_refusals():
-    with pytest.raises(InvalidArgumentError, match="mixed_precision='fp16'"):
-        ZerodAccelerator(mixed_precision="fp16", cpu=True)
+    with pytest.raises(InvalidArgumentError, match="growth_factor=3"):
+        ZerodAccelerator(mixed_precision="fp16", cpu=True, kwargs_handlers=[GradScalerKwargs(growth_factor=3.0)])
     AcceleratorState._reset_state(True)
     accelerator = ZerodAccelerator()
     model = torch.nn.Linear(4, 4)

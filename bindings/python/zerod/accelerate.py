@@ -36,8 +36,12 @@ have nothing left to do; scheduler.step() steps the user's torch scheduler
 so get_last_lr() reports what zerod applies (zerod runs the same schedule,
 traced ahead of time). clip_grad_norm_ returns the norm zerod measured; its
 max_norm must be the gradient_clipping given to the constructor, since zerod
-clips inside its step. mixed_precision "no" and "bf16" (autocast over zerod's
-fp32 parameters) are supported; "fp16" is refused. One process, or the ranks
+clips inside its step. mixed_precision "no", "bf16" (autocast over zerod's
+fp32 parameters) and "fp16" (autocast float16 over fp32 parameters, zerod's
+loss scaler in the GradScaler's place with GradScalerKwargs' settings, see
+zerod._amp; on the CPU too, where Accelerate's own fp16 is fp32) are
+supported. A window skipped for an overflow does not step the scheduler
+(as Accelerate). One process, or the ranks
 of `zerod run --nproc N -- python train.py` (Accelerate's multi-CPU mode,
 its collectives over gloo; `accelerate launch` is not wired to a daemon).
 """
@@ -45,11 +49,13 @@ import os
 
 import torch
 
+from . import _amp
 from . import deepspeed as _zds
 from .errors import InvalidArgumentError, InvalidStateError
 
 try:
     from accelerate import Accelerator
+    from accelerate.utils import convert_to_fp32
 except ImportError as e:  # pragma: no cover
     raise ImportError(f"zerod.accelerate needs Hugging Face Accelerate (pip install accelerate): {e}") from e
 
@@ -83,9 +89,21 @@ class ZerodAccelerator(Accelerator):
                 f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), zerod {world} rank(s); "
                 "several processes are the ranks of `zerod run --nproc N -- python train.py` (not "
                 "`accelerate launch`)")
-        if self.mixed_precision not in ("no", "bf16"):
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise InvalidArgumentError(f"ZerodAccelerator: mixed_precision={self.mixed_precision!r} is not "
-                                       "supported (\"no\" and \"bf16\" are; fp16 loss scaling is not done)")
+                                       "supported (\"no\", \"bf16\" and \"fp16\" are)")
+        self._zerod_scaling = None
+        if self.mixed_precision == "fp16":
+            # zerod's loss scaler takes the GradScaler's place with its
+            # settings (zerod._amp): Accelerate's own (made on a GPU) must not
+            # scale too. Accelerate has no fp16 autocast on the CPU and trains
+            # in fp32 there; zerod runs autocast on every device.
+            handler = self.scaler_handler.to_kwargs() if self.scaler_handler is not None else {}
+            self._zerod_scaling = (_amp.grad_scaler_settings(self.scaler) if self.scaler is not None else
+                                   {**_amp.GRAD_SCALER_DEFAULTS, **handler})
+            _amp.fp16_section("ZerodAccelerator", **self._zerod_scaling)  # refused here, not at prepare()
+            self.scaler = None
+            self.native_amp = True
         self._zerod = dict(clip=float(gradient_clipping or 0.0), stage=zero_stage, offload=offload, config=config,
                            modules=modules, client=client)
         self.zerod_engine = None
@@ -117,7 +135,8 @@ class ZerodAccelerator(Accelerator):
         model.to(self.device)
         engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=scheds[0] if scheds else None,
                                  config=self._zerod_config(loaders), modules=self._zerod["modules"],
-                                 client=self._zerod["client"])[0]
+                                 client=self._zerod["client"],
+                                 param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
         wrapped = {id(model): _ZerodModel(model, engine, self),
                    id(opt): _ZerodOptimizer(opt, self)}
@@ -145,6 +164,8 @@ class ZerodAccelerator(Accelerator):
                 raise InvalidArgumentError(f"ZerodAccelerator: the config's {key} is {cfg[key]!r}, the "
                                            f"Accelerator's is {value!r}; set it in one place")
             cfg[key] = value
+        if self._zerod_scaling is not None:
+            _amp.fill_fp16(cfg, _amp.fp16_section("ZerodAccelerator", **self._zerod_scaling))
         batch = getattr(loaders[0], "total_batch_size", None) if loaders else None
         cfg.setdefault("train_micro_batch_size_per_gpu", batch or 1)
         return cfg
@@ -245,7 +266,10 @@ class _ZerodModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         with self._accelerator.autocast():
-            return self._engine(*args, **kwargs)
+            out = self._engine(*args, **kwargs)
+        # As Accelerate's prepared models under autocast: 16-bit outputs
+        # come back as fp32, so the loss outside is computed in fp32.
+        return convert_to_fp32(out) if self._accelerator.mixed_precision != "no" else out
 
     def state_dict(self, *args, **kwargs):
         return self._engine.state_dict()
@@ -302,7 +326,10 @@ class _ZerodScheduler:
         self._accelerator = accelerator
 
     def step(self, *args, **kwargs):
-        if self._accelerator.sync_gradients:
+        # Not after a window skipped for an overflow: zerod's schedule did
+        # not advance (Accelerate's own scheduler wrapper skips it too).
+        last = self._accelerator._zerod_last
+        if self._accelerator.sync_gradients and not (last is not None and last.skipped):
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self):

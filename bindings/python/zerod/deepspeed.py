@@ -69,10 +69,14 @@ zero = _ZeroNamespace()
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, mesh_param=None, config_params=None, *, modules=None, client=None):
+               config=None, mesh_param=None, config_params=None, *, modules=None, client=None, param_dtype=None):
     """DeepSpeed's initialize(): returns (engine, optimizer, training_dataloader,
-    lr_scheduler). `modules` (zerod's own) chooses the zerod modules, as in
-    zerod.torch.initialize."""
+    lr_scheduler). zerod's own keywords: `modules` chooses the zerod modules,
+    as in zerod.torch.initialize; `param_dtype` is the type the model's
+    parameters are registered in (default: float16 with fp16 enabled,
+    bfloat16 with bf16, else as they are). torch.float32 with fp16 enabled is
+    autocast's mixed precision: fp32 parameters, zerod's loss scaling (what
+    Lightning's "16-mixed" and Accelerate's "fp16" run on)."""
     if model is None:
         raise InvalidArgumentError("initialize: model is required")
     if mpu is not None or mesh_param is not None:
@@ -116,6 +120,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     _dsconfig.resolve(cfg, world_size=world, model=model, micro_batch=micro,
                       lr=opt_params.get("lr") if not _dsconfig._is_auto(opt_params.get("lr")) else None)
     dtype = torch.float16 if _enabled(cfg, "fp16") else torch.bfloat16 if _enabled(cfg, "bf16") else None
+    if param_dtype is not None:
+        if param_dtype not in (torch.float32, dtype):
+            raise InvalidArgumentError(f"initialize: param_dtype={param_dtype} with this config's precision "
+                                       f"({dtype or torch.float32}); parameters are registered in it or in float32")
+        dtype = param_dtype
     text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
     engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
                             modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)

@@ -29,8 +29,13 @@ Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
 strategy writes them; ModelCheckpoint and Trainer.fit(ckpt_path=...) use them.
 
 Precision: "32-true"; "bf16-mixed" (autocast over zerod's fp32 parameters,
-as Lightning's own bf16-mixed); "bf16-true" (bf16 parameters, fp32 masters in
-zerod). "16-mixed" and the others are refused. One process
+as Lightning's own bf16-mixed); "16-mixed" (autocast float16 over fp32
+parameters, zerod's loss scaler in the GradScaler's place and with its
+settings, see zerod._amp); "bf16-true" and "16-true" (16-bit parameters,
+fp32 masters in zerod; "16-true" with loss scaling). The others are refused.
+A step skipped for an overflow does not advance zerod's lr schedule (as
+DeepSpeed and Accelerate); Lightning still steps the torch scheduler, so
+after an overflow LearningRateMonitor runs one step ahead. One process
 (devices=1), or the ranks of `zerod run --nproc N -- python train.py` with
 Trainer(devices=N): zerod starts the processes and connects them (Lightning
 launches none); Lightning's own collectives run over gloo.
@@ -40,6 +45,7 @@ import os
 import torch
 
 from . import default_client
+from . import _amp
 from . import deepspeed as _zds
 from . import torch as _zt
 from .errors import InvalidArgumentError
@@ -139,6 +145,7 @@ class ZerodStrategy(ParallelStrategy):
         self.engine = None
         self.engine_config = None
         self._last = None
+        self._scaling = None  # the GradScaler's settings under "16-mixed"
 
     # -- where things run ---------------------------------------------------
 
@@ -217,12 +224,18 @@ class ZerodStrategy(ParallelStrategy):
         precision = getattr(self.precision_plugin, "precision", "32-true")
         plugin = type(self.precision_plugin)
         ok = ((plugin is Precision and precision == "32-true") or
-              (plugin is MixedPrecision and precision == "bf16-mixed") or
-              (plugin is HalfPrecision and precision == "bf16-true"))
+              (plugin is MixedPrecision and precision in ("bf16-mixed", "16-mixed")) or
+              (plugin is HalfPrecision and precision in ("bf16-true", "16-true")))
         if not ok:
             raise MisconfigurationException(
                 f"ZerodStrategy does not run precision={precision!r} ({plugin.__name__}); it runs \"32-true\", "
-                "\"bf16-mixed\" and \"bf16-true\" (\"16-mixed\" with zerod's loss scaling is not done)")
+                "\"16-mixed\", \"bf16-mixed\", \"16-true\" and \"bf16-true\"")
+        self._scaling = None
+        if precision == "16-mixed":
+            # zerod's loss scaler takes the GradScaler's place, with its
+            # settings (zerod._amp); Lightning's must not scale the loss too.
+            self._scaling = _amp.grad_scaler_settings(self.precision_plugin.scaler)
+            self.precision_plugin.scaler = None
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if trainer.state.fn == "fit":
@@ -260,9 +273,13 @@ class ZerodStrategy(ParallelStrategy):
             if self.lr_scheduler_configs:
                 rank_zero_warn("ZerodStrategy(job=...): configure_optimizers' LR scheduler is not used; the job "
                                "script's lr schedule is")
-            dtype = torch.bfloat16 if precision == "bf16-true" else None
+            dtype = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
             self.engine = _zt.initialize(module, job=self.job, modules=self.modules, dtype=dtype,
                                          client=self._client)
+            if precision.startswith("16-") and self.engine.zerod_model.loss_scale() == 1.0:
+                raise MisconfigurationException(
+                    f"ZerodStrategy(job=...): precision={precision!r} needs loss scaling, which the job script "
+                    "leaves off; say precision = \"fp16\" in it (its fp16 table sets the scaler)")
             return
         cfg = self._ds_config(trainer, precision)
         opt = sched = None
@@ -278,7 +295,8 @@ class ZerodStrategy(ParallelStrategy):
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
-                                      modules=self.modules, client=self._client)[0]
+                                      modules=self.modules, client=self._client,
+                                      param_dtype=torch.float32 if precision.endswith("-mixed") else None)[0]
         self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
 
     def _ds_config(self, trainer, precision):
@@ -301,21 +319,25 @@ class ZerodStrategy(ParallelStrategy):
         # "auto" as Hugging Face's integration resolves it, from the Trainer:
         # the micro-batch from the train dataloader (as Lightning's DeepSpeed
         # strategy picks it), bf16 from precision="bf16-true" (bf16-mixed is
-        # autocast over fp32 parameters, DeepSpeed's bf16 is bf16 weights).
-        for sec in ("fp16", "bf16"):
+        # autocast over fp32 parameters, DeepSpeed's bf16 is bf16 weights),
+        # fp16 (loss scaling) from "16-mixed" and "16-true".
+        wants = {"fp16": precision in ("16-mixed", "16-true"), "bf16": precision == "bf16-true"}
+        for sec, flag in wants.items():
             section = cfg.get(sec)
             if isinstance(section, dict) and section.get("enabled") == "auto":
-                section["enabled"] = sec == "bf16" and precision == "bf16-true"
-        if isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled"):
-            raise MisconfigurationException("ZerodStrategy: the config enables fp16, which zerod's Lightning "
-                                            "strategy does not run (\"16-mixed\" is not done)")
-        has_bf16 = isinstance(cfg.get("bf16"), dict) and bool(cfg["bf16"].get("enabled"))
-        if has_bf16 != (precision == "bf16-true"):
-            raise MisconfigurationException(
-                f"ZerodStrategy: the config's bf16.enabled is {has_bf16}, Trainer(precision={precision!r}) "
-                "says otherwise; use precision=\"bf16-true\" with a bf16 config (or \"auto\")")
-        if has_bf16:
+                section["enabled"] = flag
+            has = isinstance(section, dict) and bool(section.get("enabled"))
+            if has != flag and (has or sec in cfg):  # a section the config leaves out is filled in below
+                which = "\"16-mixed\" or \"16-true\"" if sec == "fp16" else "\"bf16-true\""
+                raise MisconfigurationException(
+                    f"ZerodStrategy: the config's {sec}.enabled is {has}, Trainer(precision={precision!r}) says "
+                    f"otherwise; use precision={which} with an {sec} config (or \"auto\")")
+        if wants["bf16"]:
             cfg["bf16"] = {"enabled": True}
+        if wants["fp16"]:
+            # The scale schedule: the config's own keys, else the GradScaler's
+            # ("16-mixed"), else torch's GradScaler defaults ("16-true").
+            _amp.fill_fp16(cfg, _amp.fp16_section("ZerodStrategy", **(self._scaling or _amp.GRAD_SCALER_DEFAULTS)))
         mbs = cfg.get("train_micro_batch_size_per_gpu")
         if mbs == "auto" or (mbs is None and cfg.get("train_batch_size") in (None, "auto")):
             cfg["train_micro_batch_size_per_gpu"] = self._loader_batch_size(trainer)
