@@ -3,6 +3,9 @@
 // working copy. Their loops are plain per-element C++ with every fused
 // multiply-add spelled out (std::fma, built with -ffp-contract=off), which
 // is what their reference implementations in the tests transcribe.
+// `static inline`, as convert.h's: 1-bit LAMB includes this header in a
+// translation unit built with -mavx2 as well as in its baseline one, and one
+// shared (COMDAT) copy could hand the baseline AVX2 code.
 #ifndef ZEROD_OPTIM_COMPRESSING_ELEMENT_IO_H
 #define ZEROD_OPTIM_COMPRESSING_ELEMENT_IO_H
 
@@ -14,7 +17,7 @@
 
 namespace zerod::optim::compressing {
 
-inline float load(const void* p, Dtype dt, size_t i) {
+static inline float load(const void* p, Dtype dt, size_t i) {
   switch (dt) {
     case Dtype::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case Dtype::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
@@ -24,7 +27,7 @@ inline float load(const void* p, Dtype dt, size_t i) {
 }
 
 // The working copy of element i from its new fp32 master (none when work is NULL).
-inline void store_work(void* work, Dtype dt, size_t i, float x) {
+static inline void store_work(void* work, Dtype dt, size_t i, float x) {
   if (work == nullptr) return;
   switch (dt) {
     case Dtype::bf16: static_cast<uint16_t*>(work)[i] = f32_to_bf16(x); return;

@@ -1,19 +1,36 @@
 #include "kernels.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "element_io.h"
 
+// The baseline path (any x86-64, or any other CPU).
 namespace zerod::optim::onebit_lamb {
+#define ZD_LAMB_NS baseline
+#include "kernels_impl.h"
+#undef ZD_LAMB_NS
+
+#if ZEROD_LAMB_AVX2
+// kernels_avx2.cpp: the same loops built with -mavx2 -mfma.
+namespace avx2 {
+void warmup_moments(const Consts& c, const Arrays& a, double* stats);
+void apply(const Consts& c, const Arrays& a, float neg_lr_coeff);
+void prepare(const Consts& c, const Arrays& a, float scale, bool prev_scaled);
+void compressed_moments(const Consts& c, const Arrays& a, float scale, double* stats);
+}  // namespace avx2
+#endif
+
 namespace {
 
-using compressing::load;
-using compressing::store_work;
-
-float update_of(const Consts& c, float m, float d, float p) {
-  const float u = m / d;
-  return c.has_decay ? std::fma(c.decay, p, u) : u;
+// AVX-512 hosts take the AVX2 path: these loops are bound by memory and by
+// sqrt/divide throughput, not by vector width.
+bool vector(Isa isa) {
+#if ZEROD_LAMB_AVX2
+  return isa == Isa::avx2 || isa == Isa::avx512;
+#else
+  (void)isa;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -31,63 +48,28 @@ Consts make_consts(double beta1, double beta2, double eps, double weight_decay, 
   return c;
 }
 
-// Sums of squares in double, element order.
-void warmup_moments(const Consts& c, const Arrays& a, double* stats) {
-  double pp = 0.0, uu = 0.0, mm = 0.0;
-  for (size_t i = 0; i < a.count; ++i) {
-    const float g = load(a.grad, a.grad_dtype, i) * c.grad_scale;
-    const float m = std::fma(c.one_minus_beta1, g, c.beta1 * a.m[i]);
-    const float v = std::fma(c.one_minus_beta2, g * g, c.beta2 * a.v[i]);
-    const float p = a.master[i];
-    const float upd = update_of(c, m, std::sqrt(v) + c.eps, p);
-    a.m[i] = m;
-    a.v[i] = v;
-    a.v_fresh[i] = v;
-    pp += static_cast<double>(p) * p;
-    uu += static_cast<double>(upd) * upd;
-    mm += static_cast<double>(m) * m;
-  }
-  stats[kSumA] += pp;
-  stats[kSumB] += uu;
-  stats[kSumM] += mm;
+#if ZEROD_LAMB_AVX2
+#define ZD_LAMB_PICK(isa, call) (vector(isa) ? avx2::call : baseline::call)
+#else
+#define ZD_LAMB_PICK(isa, call) baseline::call
+#endif
+
+void warmup_moments(Isa isa, const Consts& c, const Arrays& a, double* stats) {
+  ZD_LAMB_PICK(isa, warmup_moments(c, a, stats));
 }
 
-void apply(const Consts& c, const Arrays& a, float neg_lr_coeff) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float upd = update_of(c, a.m[i], std::sqrt(a.v[i]) + c.eps, a.master[i]);
-    const float p = std::fma(neg_lr_coeff, upd, a.master[i]);
-    a.master[i] = p;
-    store_work(a.work, a.work_dtype, i, p);
-  }
+void apply(Isa isa, const Consts& c, const Arrays& a, float neg_lr_coeff) {
+  ZD_LAMB_PICK(isa, apply(c, a, neg_lr_coeff));
 }
 
-void prepare(const Consts& c, const Arrays& a, float scale, bool prev_scaled) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float prev = prev_scaled ? a.exchange[i] / scale : a.exchange[i];
-    const float m = std::fma(c.one_minus_beta1, load(a.grad, a.grad_dtype, i) * c.grad_scale, c.beta1 * prev);
-    a.exchange[i] = m * scale;
-  }
+void prepare(Isa isa, const Consts& c, const Arrays& a, float scale, bool prev_scaled) {
+  ZD_LAMB_PICK(isa, prepare(c, a, scale, prev_scaled));
 }
 
-void compressed_moments(const Consts& c, const Arrays& a, float scale, double* stats) {
-  double uu = 0.0, pre = 0.0;
-  double ratio = stats[kMaxRatio];
-  for (size_t i = 0; i < a.count; ++i) {
-    const float m = a.exchange[i] / scale;
-    const float g = (m - a.m[i] * c.beta1) / c.one_minus_beta1;
-    const float vf = std::fma(c.one_minus_beta2, g * g, c.beta2 * a.v_fresh[i]);
-    const float d = std::sqrt(a.v[i]) + c.eps;
-    const float u_pre = m / d;
-    const float upd = c.has_decay ? std::fma(c.decay, a.master[i], u_pre) : u_pre;
-    a.m[i] = m;
-    a.v_fresh[i] = vf;
-    uu += static_cast<double>(upd) * upd;
-    pre += static_cast<double>(u_pre) * u_pre;
-    ratio = std::max(ratio, static_cast<double>(d / (std::sqrt(vf) + c.eps)));
-  }
-  stats[kSumA] += uu;
-  stats[kSumB] += pre;
-  stats[kMaxRatio] = ratio;
+void compressed_moments(Isa isa, const Consts& c, const Arrays& a, float scale, double* stats) {
+  ZD_LAMB_PICK(isa, compressed_moments(c, a, scale, stats));
 }
+
+#undef ZD_LAMB_PICK
 
 }  // namespace zerod::optim::onebit_lamb

@@ -42,17 +42,19 @@ struct Arrays {
   float* exchange = nullptr;
 };
 
+// Each loop runs the vector path `isa` names where this build has one
+// (kernels_impl.h says why the paths agree), else the baseline one.
 // Warm-up, pass 1 (averaged gradient): m, v, v_fresh = v, and the sums.
-void warmup_moments(const Consts& c, const Arrays& a, double* stats);
+void warmup_moments(Isa isa, const Consts& c, const Arrays& a, double* stats);
 // Any pass that applies: p -= (lr coeff) (m/d + wd p), d from v.
-void apply(const Consts& c, const Arrays& a, float neg_lr_coeff);
+void apply(Isa isa, const Consts& c, const Arrays& a, float neg_lr_coeff);
 // PREPARE: the local momentum from the previous one, scaled for the fused
 // exchange. prev_scaled: the exchange buffer holds the last average (still
 // scaled by `scale`) rather than the momentum itself.
-void prepare(const Consts& c, const Arrays& a, float scale, bool prev_scaled);
+void prepare(Isa isa, const Consts& c, const Arrays& a, float scale, bool prev_scaled);
 // Compressed, pass 1: m = avg / scale; the gradient it implies updates
 // v_fresh; the sums and the largest d / d_fresh.
-void compressed_moments(const Consts& c, const Arrays& a, float scale, double* stats);
+void compressed_moments(Isa isa, const Consts& c, const Arrays& a, float scale, double* stats);
 
 }  // namespace zerod::optim::onebit_lamb
 

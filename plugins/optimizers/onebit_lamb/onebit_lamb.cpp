@@ -166,7 +166,7 @@ zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u
     a.grad = r.grad;
     a.grad_dtype = r.grad_dtype;
     a.exchange = u->exchange;
-    lamb::prepare(consts(self(instance), *u), a, scale_of(u->tensor), u->exchange_in == ZD_EXCHANGE_IN_AVERAGE);
+    lamb::prepare(k, consts(self(instance), *u), a, scale_of(u->tensor), u->exchange_in == ZD_EXCHANGE_IN_AVERAGE);
     return ZD_OK;
   });
 }
@@ -198,11 +198,11 @@ zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u)
     a.exchange = u->exchange;
     const lamb::Consts c = consts(self(instance), *u);
     if (!moments)
-      lamb::apply(c, a, static_cast<float>(-u->lr * static_cast<double>(u->tensor[kCoeff])));
+      lamb::apply(k, c, a, static_cast<float>(-u->lr * static_cast<double>(u->tensor[kCoeff])));
     else if (u->kind == kWarmup)
-      lamb::warmup_moments(c, a, u->stats);
+      lamb::warmup_moments(k, c, a, u->stats);
     else
-      lamb::compressed_moments(c, a, scale_of(u->tensor), u->stats);
+      lamb::compressed_moments(k, c, a, scale_of(u->tensor), u->stats);
     return ZD_OK;
   });
 }
