@@ -101,6 +101,17 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
+  // Stage 3 with the whole job in this process on the local comm plugin
+  // (which copies between the ranks' buffers in this address space anyway):
+  // gathers copy the peers' shards one-sided. Elsewhere (mpi, several
+  // nodes, a device the host cannot address) they stay collectives.
+  bool one_sided = ctx_.params_partitioned() && world_size_ > 1 && local_ranks == world_size_ &&
+                   plugins_.comm->plugin().name() == "local";
+  for (const auto& rs : ranks_) one_sided = one_sided && rs->res.device->host_addressable();
+  if (one_sided) {
+    shard_board_ = std::make_unique<ShardBoard>(world_size_, config_.comm_timeout_s);
+    ctx_.shards = shard_board_.get();
+  }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   set_up_observing(local_ranks);
   const OptimizerInstance& opt = *plugins_.optimizer;
@@ -115,7 +126,9 @@ Model::~Model() {
   // Snapshot writers read the buffers until they are done.
   if (snapshots_)
     for (auto& rs : ranks_) snapshots_->fence(rs->res.rank);
-  // Streams first: a task still running may touch the buffers.
+  // Streams first: a task still running may touch the buffers. A gather
+  // still waiting for a peer's shards gives up.
+  if (shard_board_) shard_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
   for (auto& rs : ranks_) rs->res.stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
 }
@@ -167,6 +180,8 @@ void Model::mark_broken_locked(zd_status code, const std::string& message) {
     log_message(ZD_LOG_ERROR, broken_);
   }
   is_broken_.store(true);
+  // Wakes every rank waiting for another in a one-sided gather.
+  if (shard_board_) shard_board_->abort(broken_code_, broken_);
 }
 
 void Model::broken_by(const Error& e) {
@@ -196,7 +211,9 @@ void Model::rank_lost(int rank, const std::string& reason) {
 void Model::rank_left(int rank, const std::string& reason) {
   if (!is_local(rank)) return;
   activity_.mark_lost(rank, reason);
-  plugins_.comm->abort(ZD_ERR_PEER_LOST, "rank " + std::to_string(rank) + " left the job: " + reason);
+  const std::string message = "rank " + std::to_string(rank) + " left the job: " + reason;
+  if (shard_board_) shard_board_->rank_left(rank, message);
+  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
 }
 
 // ---------------------------------------------------------------------------
@@ -482,6 +499,17 @@ void Model::finalize(int rank) {
     release_rank(rs);
     throw;
   }
+  if (shard_board_) {
+    // Where the other ranks' gathers find this rank's shards (the barrier
+    // below publishes them).
+    std::vector<const std::byte*> shards(registry_.params().size(), nullptr);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const ParamRecord& p = registry_.params()[i];
+      const TieredBuffer& w = rs.buffers.of(p).working;
+      if (!p.persistent && w.addressable(p.flat_offset, p.stride)) shards[i] = w.addr(p.flat_offset);
+    }
+    shard_board_->publish(rank, std::move(shards));
+  }
   const std::string what2 = "finalize: every rank placed its state";
   ctx_.run(*rs.res.stream, [&] {
     plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
@@ -566,7 +594,10 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
   // agree with the master exactly.
   std::vector<float> v(static_cast<size_t>(p.numel));
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
-  rs.buffers.write_value(p, v.data());
+  {
+    const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
+    rs.buffers.write_value(p, v.data());
+  }
   if (ctx_.params_partitioned()) rs.residency.overwrite(param, v.data());
 }
 

@@ -38,6 +38,7 @@
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
+#include "shard_board.h"
 #include "snapshots.h"
 #include "thread_pool.h"
 
@@ -249,6 +250,8 @@ class Model final : private FailureSink {
   ActivityTable activity_;
   ThreadPool pool_;
   std::mutex pool_mu_;  // the shared optimizer threads serve one rank's loop at a time
+  // Declared before the ranks: their streams' gathers wait on it to the end.
+  std::unique_ptr<ShardBoard> shard_board_;
   std::vector<std::unique_ptr<RankState>> ranks_;
   std::unique_ptr<Snapshots> snapshots_;
   double base_lr_ = 0.0;

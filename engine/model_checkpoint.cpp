@@ -64,7 +64,10 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
 
 void Model::restore_rank(RankState& rs, const ckpt::Source& src) {
   const ckpt::Manifest& m = src.manifest();
-  read_rank_state(ctx_, rs.res, rs.buffers, src);
+  {
+    const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
+    read_rank_state(ctx_, rs.res, rs.buffers, src);
+  }
   gather_working_copies(rs);
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;

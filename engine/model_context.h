@@ -62,6 +62,8 @@ inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {
 
 inline zd_comm_dtype comm_dtype(zd_dtype dt) { return static_cast<zd_comm_dtype>(dt); }
 
+class ShardBoard;
+
 class ModelContext {
  public:
   ModelContext(const JobConfig& job, Registry& reg, ModelPlugins& loaded, int world, FailureSink& failures)
@@ -74,6 +76,10 @@ class ModelContext {
   ModelPlugins& plugins;
   const int world_size;
   uint32_t partitions = 0;  // ZD_PARTITION_* bits of the partitioner, set once at construction
+  // Stage 3 with every rank in this process on the local comm plugin: the
+  // board of one-sided gathers (shard_board.h); null otherwise. Set once at
+  // construction.
+  ShardBoard* shards = nullptr;
 
   bool partitioned(uint32_t what) const { return (partitions & what) != 0; }
   bool params_partitioned() const { return partitioned(ZD_PARTITION_PARAMS); }

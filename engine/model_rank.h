@@ -53,6 +53,33 @@ struct Model::RankState {
   int64_t plan_step = 0;
 };
 
+// A write phase of a rank's working shards (shard_board.h) while gathers
+// are one-sided, from its begin to the end of the scope; nothing without a
+// board. The rank's own gathers in flight are done first; a wait that fails
+// (a rank lost, the comm timeout) breaks the job, as a collective's would.
+class ShardWrite {
+ public:
+  ShardWrite(const ModelContext& ctx, CommStream& stream, int rank, const char* what)
+      : board_(ctx.shards), rank_(rank) {
+    if (!board_) return;
+    ctx.drain(stream);
+    try {
+      board_->begin_write(rank_, what);
+    } catch (const Error& e) {
+      ctx.broken_by(e);
+    }
+  }
+  ~ShardWrite() {
+    if (board_) board_->end_write(rank_);
+  }
+  ShardWrite(const ShardWrite&) = delete;
+  ShardWrite& operator=(const ShardWrite&) = delete;
+
+ private:
+  ShardBoard* board_;
+  int rank_;
+};
+
 class Model::Call {
  public:
   // of_step: a call of a training step (forward/backward begin and end,

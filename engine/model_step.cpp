@@ -149,20 +149,25 @@ StepFigures Model::step(int rank) {
       clip = config_.gradient_clipping / (norm + 1e-6);
     // A snapshot still reading the masters and state: they change now.
     snapshots_->fence(rank);
-    try {
-      observe::Span span(probe, "optimizer", OptimizerInstance::is_plain(plan) ? "optimizer" : "compressed step");
-      if (OptimizerInstance::is_plain(plan))
-        rs.optimizer.apply(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
-      else
-        rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
-    } catch (const Error& e) {
-      // A tier failed part-way (a disk error): the tiles before it were
-      // updated, the rest not. Nothing wrong was written, but this step is
-      // half applied, so no further call may pretend otherwise.
-      broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rank) +
-                                    ": the optimizer step " + std::to_string(rs.applied + 1) +
-                                    " stopped part-way; what is on disk is intact, but the step is "
-                                    "half applied: restart from a checkpoint"));
+    // The update writes the working shards that one-sided gathers read
+    // (every rank passed the collectives above, so no wait here).
+    {
+      const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_step's update");
+      try {
+        observe::Span span(probe, "optimizer", OptimizerInstance::is_plain(plan) ? "optimizer" : "compressed step");
+        if (OptimizerInstance::is_plain(plan))
+          rs.optimizer.apply(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
+        else
+          rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
+      } catch (const Error& e) {
+        // A tier failed part-way (a disk error): the tiles before it were
+        // updated, the rest not. Nothing wrong was written, but this step is
+        // half applied, so no further call may pretend otherwise.
+        broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rank) +
+                                      ": the optimizer step " + std::to_string(rs.applied + 1) +
+                                      " stopped part-way; what is on disk is intact, but the step is "
+                                      "half applied: restart from a checkpoint"));
+      }
     }
     // The masters have moved: the counters move with them, before any
     // collective below can fail (a restart then resumes from here).
@@ -195,6 +200,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || !rs->res.device->host_addressable());
   plugins_.comm = std::move(comm);
   board_->reset();  // the new comm numbers its collectives from the start
+  if (shard_board_) shard_board_->reset();
   plugins_.comm->observe_with(board_.get());
   const int64_t gas = config_.gradient_accumulation_steps;
   for (auto& rsp : ranks_) {
@@ -219,7 +225,10 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
 void Model::rebuild_working_copies(int rank) {
   Call call(*this, rank, "rebuild");
   RankState& rs = rank_state(rank);
-  rs.buffers.working_from_master();
+  {
+    const ShardWrite phase(ctx_, *rs.res.stream, rank, "the rebuild of the working copies");
+    rs.buffers.working_from_master();
+  }
   gather_working_copies(rs);
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
 }

@@ -5,6 +5,8 @@
 #include "error.h"
 #include "log.h"
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 namespace zerod {
@@ -45,6 +47,37 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
                     p.stride, p.dtype);
 }
 
+// What the local plugin's all-gather of p writes into its gathered copy:
+// every rank's shard (padding included), in rank order.
+void Residency::copy_shards(const ShardBoard& board, zd_param_id pid) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const size_t bytes = p.stride * dtype_size(p.dtype);
+  auto* dst = static_cast<std::byte*>(params_[static_cast<size_t>(pid)].ptr);
+  for (int q = 0; q < ctx_.world_size; ++q)
+    std::memcpy(dst + static_cast<size_t>(q) * bytes, board.shard(q, pid), bytes);
+}
+
+void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
+                            uint64_t epoch) {
+  if (!board.all_arrived(k) || !board.readable(epoch)) {
+    const std::string what = "gathering " + ctx_.module_label(m);
+    board.await_arrival(res_.rank, k, what);
+    board.await_readable(res_.rank, epoch, what);
+  }
+  uint64_t other = 0;
+  const int q = board.disagreeing(res_.rank, k, static_cast<uint64_t>(m), &other);
+  if (q >= 0) {
+    // As the local plugin words a disagreement, the lower rank first.
+    const int r = res_.rank;
+    const std::string mine = "\"gathering " + ctx_.module_label(m) + "\"";
+    const std::string theirs = "\"gathering " + ctx_.module_label(static_cast<zd_module_id>(other)) + "\"";
+    fail(ZD_ERR_INVALID_STATE, "ranks disagree at gather #" + std::to_string(k + 1) + ": rank " +
+                                   std::to_string(std::min(r, q)) + " is in " + (r < q ? mine : theirs) + ", rank " +
+                                   std::to_string(std::max(r, q)) + " is in " + (r < q ? theirs : mine));
+  }
+  for (zd_param_id pid : todo) copy_shards(board, pid);
+}
+
 // Gathers a module's non-persistent parameters into fresh buffers on the
 // rank's stream; the module counts as resident from now on.
 void Residency::gather(zd_module_id m, bool prefetch) {
@@ -81,12 +114,37 @@ void Residency::gather(zd_module_id m, bool prefetch) {
   live_elems_ += elems;
   me.resident = true;
   if (todo.empty()) return;
-  auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
   observe::EventArgs a;
   a.module = m;
   a.bytes = bytes;
   a.flags = prefetch ? observe::kFlagPrefetched : 0;
   if (prefetch) res_.probe.instant("residency", "prefetch", a);
+  ShardBoard* board = ctx_.shards;
+  bool one_sided = board != nullptr;
+  for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
+  if (one_sided) {
+    // The peers' shards are in this process: copied here, no collective.
+    // The version this rank reads is fixed now, in its program order.
+    const uint64_t epoch = board->epoch(res_.rank);
+    const uint64_t k = board->arrive(res_.rank, static_cast<uint64_t>(m));
+    if (prefetch) {
+      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch] {
+        observe::Span span(res_.probe, "residency", "gather", a);
+        copy_module(*board, todo, m, k, epoch);
+      });
+      return;
+    }
+    // Needed now: the begin call copies it itself, without a hand-off to
+    // the stream's thread and back.
+    observe::Span span(res_.probe, "residency", "gather", a);
+    try {
+      copy_module(*board, todo, m, k, epoch);
+    } catch (const Error& e) {
+      ctx_.broken_by(e);
+    }
+    return;
+  }
+  auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
   me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a] {
     observe::Span span(res_.probe, "residency", "gather", a);
     for (zd_param_id pid : todo) {

@@ -4,12 +4,16 @@
 // gathered. The modules the recorded order says come next are gathered
 // ahead on the rank's stream (prefetch), while the gathered elements stay
 // within the partitioner's live window (max_live_parameters) and the
-// prefetch budget (prefetch_bucket_size).
+// prefetch budget (prefetch_bucket_size). With every rank in this process
+// on the local comm plugin, a gather copies the peers' shards directly
+// (ShardBoard); the begin call does that itself, prefetches go on the
+// stream.
 #pragma once
 
 #include "comm_stream.h"
 #include "model_context.h"
 #include "rank_resources.h"
+#include "shard_board.h"
 #include "state_buffers.h"
 
 #include <utility>
@@ -72,6 +76,13 @@ class Residency {
   // prefetch: issued ahead of the module's begin call (the timeline says so).
   void gather(zd_module_id m, bool prefetch);
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
+  // Copies p's shards from every rank into its gathered copy (one-sided);
+  // copy_module those of module m's parameters todo at its gather #k, once
+  // every rank has arrived there and every rank's shards are at version
+  // `epoch`.
+  void copy_shards(const ShardBoard& board, zd_param_id pid);
+  void copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
+                   uint64_t epoch);
   // Gathers p's shards from every rank into dst (on the rank's stream).
   void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
 
