@@ -19,7 +19,10 @@ namespace {
 constexpr uint64_t kMaxUlp = 2;
 constexpr int kSteps = 3;
 // 1 and 7: tail only; 8, 17, 22: the one-vector body (AVX2) and masked tail
-// (AVX-512); 64, 65, 130: the 2x8 and 4x16 bodies; the large ones: all of it.
+// (AVX-512); 64, 65, 130: the 2x8 and 4x16 bodies; the large ones: all of
+// it, 2^20 + 5 through the AVX2 walk of large ranges (two halves at once, the
+// working copy by streaming stores from its first vector boundary: Buffer's
+// data starts 3 elements into its allocation, so there is a scalar head).
 constexpr size_t kSizes[] = {1, 7, 8, 17, 22, 64, 65, 130, 4099, (size_t{1} << 20) + 5};
 constexpr size_t kMaxSize = (size_t{1} << 20) + 5;
 

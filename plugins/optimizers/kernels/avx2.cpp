@@ -25,7 +25,8 @@ struct AdamVec {
   bool l2, decoupled;
 };
 
-template <int S, Dtype G, Work W>
+// Nt: the working copy through stream_work (adam_run_large).
+template <int S, Dtype G, Work W, bool Nt = false>
 inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, size_t i) {
 #pragma GCC unroll 4
   for (int j = 0; j < S; ++j) {
@@ -43,13 +44,71 @@ inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, siz
     _mm256_storeu_ps(r.master + o, p);
     _mm256_storeu_ps(s.exp_avg + o, m);
     _mm256_storeu_ps(s.exp_avg_sq + o, v);
-    store_work<W>(r.work, o, p);
+    if constexpr (Nt) {
+      stream_work<W>(r.work, o, p);
+    } else {
+      store_work<W>(r.work, o, p);
+    }
   }
+}
+
+// Ranges from this many elements (4 MiB of each fp32 array) take
+// adam_run_large. Why a threshold: the two changes there pay only where the
+// arrays stream from DRAM, and a working copy small enough to stay in the
+// caches may be read again soon (copied to the device), which streaming
+// stores would send to DRAM first.
+constexpr size_t kLargeRange = size_t{1} << 20;
+// Elements of one half taken before turning to the other: 4 lines a stream.
+constexpr size_t kTurn = 64;
+
+// A range far larger than the caches: the step is bound by memory traffic,
+// 28 bytes a parameter (read p, g, m, v; write p, m, v), and at one thread by
+// how many lines one core keeps in flight rather than by the DRAM. The core's
+// hardware prefetchers follow each stream only so far ahead, and start over
+// at every 4 KiB page; so this walks the two halves of the range at once,
+// kTurn elements of each in turn, giving them eight streams instead of four.
+// The halves start 2 KiB apart modulo a page, so that their lines fall in
+// different L1 sets. The working copy is written and never read here:
+// streaming stores spare reading each of its lines before overwriting it
+// (read-for-ownership), 30 bytes a parameter instead of 32 with a bf16 copy.
+// p, m and v keep plain stores: their lines were just read and are in the
+// cache, and streaming stores on them measured 35% slower.
+// Measured on a 2-core AMD EPYC (Zen 3, AVX2) VM at 100M parameters against
+// the plain loop, medians of 9-15 interleaved rounds: the two halves +4% at
+// 1 thread and even (+0%) at 2; the streaming working copy +7-10% at both.
+// Four, six or eight parts, and software prefetch (of every line or of each
+// page's first lines, 0.5-4 KiB ahead), were no faster or much slower.
+// Each element gets the same operations as in adam_run, so the results are
+// identical; only the order in which elements are visited changes.
+template <Dtype G, Work W, bool Nt>
+void adam_run_large(const AdamVec& k, const detail::AdamConsts& c, const Range& r, const AdamState& s,
+                    size_t head) {
+  Range first = r;
+  first.count = head;  // up to the working copy's first vector boundary
+  detail::adam_loop<G, W>(c, first, s, 0);
+  const size_t n = r.count - head;
+  const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;  // a multiple of kTurn, (n/2 - 512, n/2]
+  for (size_t i = head; i < head + part; i += kTurn) {
+    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, i + j);
+    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, part + i + j);
+  }
+  size_t i = head + 2 * part;
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, i);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W, Nt>(k, r, s, i);
+  detail::adam_loop<G, W>(c, r, s, i);
+  if constexpr (Nt) _mm_sfence();
 }
 
 template <Dtype G, Work W>
 void adam_run(const detail::AdamConsts& c, const Range& r, const AdamState& s) {
   const AdamVec k(c);
+  if (r.count >= kLargeRange) {
+    if constexpr (W != Work::none) {
+      const size_t head = work_head<W>(r.work);
+      if (head != SIZE_MAX) return adam_run_large<G, W, true>(k, c, r, s, head);
+    }
+    return adam_run_large<G, W, false>(k, c, r, s, 0);
+  }
   size_t i = 0;
   for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W>(k, r, s, i);
   for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W>(k, r, s, i);

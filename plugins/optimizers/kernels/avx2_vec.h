@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "element.h"
 
 namespace zerod::optim {
@@ -52,6 +54,39 @@ inline void store_work(void* w, size_t i, __m256 p) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i),
                      _mm256_castsi256_si128(packed));
+  }
+}
+
+// store_work with streaming (non-temporal) stores, for a working copy that is
+// written and not read back soon: i must put w + i on a vector boundary
+// (32 bytes for f32, 16 for the 16-bit types), and the caller ends its loop
+// with _mm_sfence(), as streaming stores are weakly ordered.
+template <Work W>
+inline void stream_work(void* w, size_t i, __m256 p) {
+  if constexpr (W == Work::f32) {
+    _mm256_stream_ps(static_cast<float*>(w) + i, p);
+  } else if constexpr (W == Work::f16) {
+    const __m128i h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), h);
+  } else if constexpr (W == Work::bf16) {
+    const __m256i r = bf16_round(p);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), _mm256_castsi256_si128(packed));
+  }
+}
+
+// Elements from w to the first vector boundary stream_work can store at, or
+// SIZE_MAX where there is none (an address not a multiple of the element).
+template <Work W>
+inline size_t work_head(const void* w) {
+  if constexpr (W == Work::none) {
+    return 0;
+  } else {
+    constexpr size_t size = W == Work::f32 ? 4 : 2;
+    constexpr size_t vec = kLanes * size;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(w);
+    if (a % size != 0) return SIZE_MAX;
+    return (vec - a % vec) % vec / size;
   }
 }
 
