@@ -35,8 +35,20 @@ using ProxyFn = void (*)(float*, const float*, float*, float*, float, size_t);
 ZEROD_TRAFFIC_LOOPS(base, )
 #if defined(__x86_64__)
 // The same traffic in the kernel's shape: AVX2 intrinsics, two vectors per
-// iteration, unaligned loads, in-place stores; optionally with software
-// prefetch a fixed distance ahead on all four streams.
+// iteration, unaligned loads, in-place stores.
+__attribute__((target("avx2,fma"))) inline void proxy_two_vectors(float* p, const float* g, float* m, float* v,
+                                                                  __m256 kk, size_t i) {
+  for (size_t j = 0; j < 16; j += 8) {
+    const __m256 gi = _mm256_loadu_ps(g + i + j);
+    const __m256 mi = _mm256_fmadd_ps(_mm256_loadu_ps(m + i + j), kk, gi);
+    const __m256 vi = _mm256_fmadd_ps(_mm256_loadu_ps(v + i + j), kk, gi);
+    _mm256_storeu_ps(m + i + j, mi);
+    _mm256_storeu_ps(v + i + j, vi);
+    _mm256_storeu_ps(p + i + j, _mm256_fmadd_ps(kk, _mm256_add_ps(mi, vi), _mm256_loadu_ps(p + i + j)));
+  }
+}
+
+// Optionally with software prefetch a fixed distance ahead on all four streams.
 template <bool Prefetch>
 __attribute__((target("avx2,fma"))) void proxy_kernel_like(float* p, const float* g, float* m, float* v, float k,
                                                            size_t n) {
@@ -50,16 +62,28 @@ __attribute__((target("avx2,fma"))) void proxy_kernel_like(float* p, const float
       _mm_prefetch(reinterpret_cast<const char*>(m + i + ahead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(v + i + ahead), _MM_HINT_T0);
     }
-    for (size_t j = 0; j < 16; j += 8) {
-      const __m256 gi = _mm256_loadu_ps(g + i + j);
-      const __m256 mi = _mm256_fmadd_ps(_mm256_loadu_ps(m + i + j), kk, gi);
-      const __m256 vi = _mm256_fmadd_ps(_mm256_loadu_ps(v + i + j), kk, gi);
-      _mm256_storeu_ps(m + i + j, mi);
-      _mm256_storeu_ps(v + i + j, vi);
-      _mm256_storeu_ps(p + i + j, _mm256_fmadd_ps(kk, _mm256_add_ps(mi, vi), _mm256_loadu_ps(p + i + j)));
-    }
+    proxy_two_vectors(p, g, m, v, kk, i);
   }
   proxy_base(p + i, g + i, m + i, v + i, k, n - i);
+}
+
+// The order in which the AVX2 kernel walks a range of 2^20 elements or more
+// (adam_run_large in plugins/optimizers/kernels/avx2.cpp): its two halves at
+// once, 64 elements of each in turn, the halves 2 KiB apart modulo a page.
+__attribute__((target("avx2,fma"))) void proxy_two_halves(float* p, const float* g, float* m, float* v, float k,
+                                                          size_t n) {
+  if (n < (size_t{1} << 20)) {  // the kernel's kLargeRange
+    proxy_kernel_like<false>(p, g, m, v, k, n);
+    return;
+  }
+  const __m256 kk = _mm256_set1_ps(k);
+  const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;
+  for (size_t i = 0; i < part; i += 64) {
+    for (size_t j = 0; j < 64; j += 16) proxy_two_vectors(p, g, m, v, kk, i + j);
+    for (size_t j = 0; j < 64; j += 16) proxy_two_vectors(p, g, m, v, kk, part + i + j);
+  }
+  const size_t done = 2 * part;
+  proxy_kernel_like<false>(p + done, g + done, m + done, v + done, k, n - done);
 }
 
 ZEROD_TRAFFIC_LOOPS(v3, __attribute__((target("arch=x86-64-v3"))))
@@ -111,7 +135,8 @@ bool adam_proxy_variant(int variant, float* p, const float* g, float* m, float* 
 #if defined(__x86_64__)
   if (level() >= 3) {
     if (variant == 1) proxy_kernel_like<false>(p, g, m, v, k, n);
-    else proxy_kernel_like<true>(p, g, m, v, k, n);
+    else if (variant == 2) proxy_kernel_like<true>(p, g, m, v, k, n);
+    else proxy_two_halves(p, g, m, v, k, n);
     return true;
   }
 #endif
