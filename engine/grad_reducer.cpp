@@ -50,6 +50,7 @@ OwnedGrad GradReducer::local_grad(size_t gi) const {
 
 void GradReducer::release() {
   release_transient();
+  staging_.release();
   const TierSet tiers = res_.tiers();
   for (TieredBuffer& w : whole_) w.release(tiers);
   whole_.clear();
@@ -121,10 +122,16 @@ void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byt
   } else if (d.host_addressable()) {
     zerod::accumulate(src, src_dt, dst, grad_dt, n);
   } else {
-    // Off the device: copied out, then added on the host.
-    std::vector<std::byte> host(n * dtype_size(src_dt));
-    d.copy_to_host(host.data(), src, host.size());
-    zerod::accumulate(host.data(), src_dt, dst, grad_dt, n);
+    // Off the device: copied out a chunk at a time through the page-locked
+    // staging buffer, each chunk added on the host's workers.
+    HostStaging::Lease stage(staging_);
+    const size_t ssz = dtype_size(src_dt), dsz = dtype_size(grad_dt);
+    const uint64_t chunk = stage.size() / ssz;
+    for (uint64_t off = 0; off < n; off += chunk) {
+      const uint64_t m = std::min(chunk, n - off);
+      d.copy_to_host(stage.data(), static_cast<const std::byte*>(src) + off * ssz, m * ssz);
+      parallel_accumulate(res_.workers, stage.data(), src_dt, dst + off * dsz, grad_dt, m);
+    }
   }
 }
 

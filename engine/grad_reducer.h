@@ -18,6 +18,7 @@
 #pragma once
 
 #include "comm_stream.h"
+#include "host_staging.h"
 #include "model_types.h"
 #include "model_context.h"
 #include "rank_resources.h"
@@ -36,7 +37,8 @@ struct OwnedGrad {
 class GradReducer {
  public:
   GradReducer(const ModelContext& ctx, RankResources& res, StateBuffers& buffers)
-      : ctx_(ctx), res_(res), buffers_(buffers) {}
+      : ctx_(ctx), res_(res), buffers_(buffers),
+        staging_(res, kStagingBytes, "the gradients' staging buffer (gradients leaving the device)") {}
   ~GradReducer() { release(); }
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -115,6 +117,9 @@ class GradReducer {
   std::vector<TieredBuffer> reduced_;          // stage 1: the owned range of each group's averaged gradients
   std::vector<TieredBuffer> whole_;            // stages 2-3, compressing optimizer: the local whole gradients
   bool local_ = false;
+  // Gradients leaving a device the host cannot address pass through here.
+  static constexpr uint64_t kStagingBytes = uint64_t{32} << 20;
+  HostStaging staging_;
 };
 
 }  // namespace zerod

@@ -123,7 +123,10 @@ class ModelContext {
   void wait(const CommStream::Ticket& t) const;
   void run(CommStream& s, std::function<void()> fn) const { wait(issue(s, std::move(fn))); }
   void drain(CommStream& s) const;
-  [[noreturn]] void broken_by(const Error& e) const { failures_.broken_by(e); }
+  [[noreturn]] void broken_by(const Error& e) const {
+    failures_.broken_by(e);
+    __builtin_unreachable();  // the virtual is [[noreturn]]; GCC does not carry that through the call
+  }
 
  private:
   FailureSink& failures_;

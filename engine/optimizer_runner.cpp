@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 namespace zerod {
 
@@ -34,6 +35,7 @@ void OptimizerRunner::release_staging() {
   for (auto& set : staging_)
     for (AlignedBuffer& b : set) res_.device->unregister_host(b.data());
   staging_.clear();
+  work_staging_.release();
   res_.ledger.release(ZD_TIER_HOST, ZD_MEM_BUFFERS, staging_charged_);
   staging_charged_ = 0;
 }
@@ -199,11 +201,11 @@ void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const z
   // The state is in host memory, the working copy on a device the host
   // cannot write: each chunk's new working copy is written on the host and
   // copied to the device.
-  constexpr uint64_t kChunk = uint64_t{1} << 22;
   const size_t wsz = dtype_size(g.dtype);
-  std::vector<std::byte> scratch(std::min(kChunk, pc.count) * wsz);
-  for (uint64_t off = 0; off < pc.count; off += kChunk) {
-    const uint64_t n = std::min(kChunk, pc.count - off);
+  HostStaging::Lease scratch(work_staging_);
+  const uint64_t chunk = scratch.size() / wsz;
+  for (uint64_t off = 0; off < pc.count; off += chunk) {
+    const uint64_t n = std::min(chunk, pc.count - off);
     zd_optimizer_update c = update_slice(u, slots, off, n);
     void* on_device = c.work;
     c.work = scratch.data();
@@ -280,7 +282,21 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
   for (size_t k = 0; k < ops.size(); ++k)
     if (ops[k].staged && sets[0][k].size() < align_up(T * ops[k].esz, align))
       fail(ZD_ERR_INTERNAL, "an NVMe staging buffer is smaller than a tile");
-  std::vector<std::byte> work_scratch(work_via_host ? T * wop.esz : 0);
+  // The working copy's tile through the page-locked staging buffer where it
+  // fits (it does at the default tile size), else through pageable memory.
+  std::optional<HostStaging::Lease> work_lease;
+  std::vector<std::byte> work_pageable;
+  std::byte* work_scratch = nullptr;
+  if (work_via_host) {
+    work_lease.emplace(work_staging_);
+    if (work_lease->size() >= T * wop.esz) {
+      work_scratch = work_lease->data();
+    } else {
+      work_lease.reset();
+      work_pageable.resize(T * wop.esz);
+      work_scratch = work_pageable.data();
+    }
+  }
 
   const uint64_t tiles = (pc.count + T - 1) / T;
   std::vector<uint64_t> reading(B, 0), writing(B, 0);  // tickets; 0 = none
@@ -341,7 +357,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       auto ptr = [&](size_t k) -> std::byte* {
         const Operand& op = ops[k];
         if (op.staged) return sets[set][k].data();
-        if (k == work_k && work_via_host) return work_scratch.data();
+        if (k == work_k && work_via_host) return work_scratch;
         return op.buf->addr(op.base + first);
       };
       zd_optimizer_update u = base;
@@ -356,7 +372,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
         planned_tile(u, first);
       else
         parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
-      if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch.data(), len * wop.esz);
+      if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch, len * wop.esz);
       auto ios = ios_for(j, true);
       write_at[set] = observe::now_ns();
       write_bytes[set] = io_bytes(ios);

@@ -27,7 +27,8 @@ class OptimizerRunner {
  public:
   OptimizerRunner(const ModelContext& ctx, const Placement& placement, RankResources& res, StateBuffers& buffers,
                   GradReducer& grads)
-      : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers), grads_(grads) {}
+      : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers), grads_(grads),
+        work_staging_(res, uint64_t{16} << 20, "the working copy's staging buffer (updates going to the device)") {}
   ~OptimizerRunner() { release_staging(); }
   OptimizerRunner(const OptimizerRunner&) = delete;
   OptimizerRunner& operator=(const OptimizerRunner&) = delete;
@@ -100,6 +101,8 @@ class OptimizerRunner {
   GradReducer& grads_;
   std::vector<std::vector<AlignedBuffer>> staging_;
   uint64_t staging_charged_ = 0;
+  // The new working copy on its way to a device the host cannot write.
+  HostStaging work_staging_;
 };
 
 }  // namespace zerod

@@ -10,11 +10,24 @@ namespace zerod {
 
 void Workers::run(size_t n, const std::function<void(size_t)>& fn) {
   if (near_) {
-    near_->run(n, fn);  // the rank's own threads: no other rank uses them
+    std::lock_guard<std::mutex> lock(near_mu_);  // the rank's own threads: no other rank uses them
+    near_->run(n, fn);
     return;
   }
   std::lock_guard<std::mutex> lock(*shared_mu_);
   shared_->run(n, fn);
+}
+
+void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  // Larger tiles than the optimizer's: one add is a fraction of its work.
+  constexpr uint64_t kAddTile = kTile * 8;
+  const size_t ssz = dtype_size(src_dt), dsz = dtype_size(dst_dt);
+  const uint64_t tiles = (n + kAddTile - 1) / kAddTile;
+  w.run(tiles, [&](size_t i) {
+    const uint64_t lo = i * kAddTile, m = std::min(kAddTile, n - lo);
+    accumulate(static_cast<const std::byte*>(src) + lo * ssz, src_dt, static_cast<std::byte*>(dst) + lo * dsz, dst_dt,
+               m);
+  });
 }
 
 GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans) {

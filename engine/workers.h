@@ -35,17 +35,24 @@ class Workers {
   std::vector<int> cpus() const { return near_ ? near_->cpus() : std::vector<int>{}; }
 
   // Calls fn(i) for i in [0, n) on the rank's threads; rethrows the first error.
+  // Safe from several threads of the rank at once (its calls and its
+  // collectives stream): one run at a time.
   void run(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   ThreadPool* shared_;
   std::mutex* shared_mu_;
   std::unique_ptr<ThreadPool> near_;
+  std::mutex near_mu_;
 };
 
 // The sum of squares of every span (and whether it is finite), summed tile
 // by tile in span order.
 GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans);
+
+// dst[i] += src[i] for n elements of host memory (dtypes converted), in
+// tiles on the workers.
+void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
 
 // An optimizer update over u.count elements, in tiles on the workers; with
 // zero_grad each tile's gradient is zeroed right after its update (the next

@@ -11,6 +11,7 @@ zerod's target <= 16.5 with fp32 optimizer state.
     python3 bench/gpu/offload.py [--layers 24 --embd 2048] [--steps 12] [--no-deepspeed]
 """
 import argparse
+import json
 
 from common import fmt_params, run
 
@@ -26,7 +27,10 @@ def main():
     ap.add_argument("--timeout", type=int, default=600)
     a = ap.parse_args()
     modes = [m for m in MODES if not (a.no_deepspeed and m.startswith("ds"))]
-    rows = {m: run(m, a.layers, a.embd, a.steps, a.timeout) for m in modes}
+    rows = {}
+    for m in modes:  # each row as it comes, so a run cut short still says what it measured
+        rows[m] = run(m, a.layers, a.embd, a.steps, a.timeout)
+        print(json.dumps(rows[m]), flush=True)
     base = rows["torch"].get("step_ms")
     print(f"GPT {a.layers} layers x {a.embd}: {fmt_params(rows['torch']['params'])} parameters, "
           f"{a.steps} steps, bf16 compute, AdamW\n")

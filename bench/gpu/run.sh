@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [offload] [largest]     (default: all three)
+#   bench/gpu/run.sh [tests] [smoke] [offload] [largest]   (default: tests offload largest)
 # Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
 # cuda device against the scalar reference and the cpu device, the optimizer
 # kernels, zerod.torch against PyTorch on the GPU), then the benchmarks.
@@ -30,18 +30,36 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
   || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
-echo "built" | tee -a "$OUT/run.log"
+SECONDS=0; cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "built in ${SECONDS} s" | tee -a "$OUT/run.log"
 
 for w in "${what[@]}"; do
   case $w in
     tests)
       log "CUDA tests"
-      ctest --test-dir build-gpu -R '^(device\.|device_engine\.|kernels\..*Cuda|python\.cuda)' \
-        --output-on-failure --timeout 600 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
+      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|kernels\..*Cuda|python\.cuda)' \
+        --output-on-failure --timeout 240 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
+    pycuda)
+      log "zerod.torch on the GPU against torch's AdamW, with the distances it measured"
+      ctest --test-dir build-gpu -R '^python\.cuda$' -V --timeout 240 2>&1 | tee "$OUT/python-cuda.log" \
+        | grep -E "(fp32|bf16) .*zerod vs torch|passed|failed" ;;
+    smoke)
+      log "every step.py mode on a small GPT (4 x 1024), 6 steps"
+      for m in torch zerod0 zerod3 zerod3_host zerod3_params zerod3_nvme ds3_host; do
+        timeout 200 python3 bench/gpu/step.py --mode "$m" --layers 4 --embd 1024 --steps 6 2>>"$OUT/smoke.err" \
+          | tee -a "$OUT/smoke.txt" || { echo "$m: exit $?"; tail -5 "$OUT/smoke.err"; }
+      done ;;
+    profile)
+      log "where zerod's offloaded step goes: traced steps 3-4 (${PROFILE_SIZE:-4 x 1024})"
+      for m in ${PROFILE_MODES:-zerod3_host zerod3_params zerod3_nvme}; do
+        timeout 200 python3 bench/gpu/step.py --mode "$m" ${PROFILE_SIZE:---layers 4 --embd 1024} --steps 6 --trace "$OUT/trace-$m.json" \
+          2>>"$OUT/profile.err" | tee -a "$OUT/profile.txt"
+        [ -f "$OUT/trace-$m.json" ] && python3 bench/gpu/trace_summary.py "$OUT/trace-$m.json" --top 25 | tee -a "$OUT/profile.txt"
+        rm -f "$OUT/trace-$m.json"
+      done ;;
     offload)
       log "offload step time: zerod and DeepSpeed against plain PyTorch"
-      python3 bench/gpu/offload.py 2>&1 | tee "$OUT/offload.txt" ;;
+      python3 bench/gpu/offload.py ${OFFLOAD_ARGS:-} 2>&1 | tee "$OUT/offload.txt" ;;
     largest)
       log "the largest GPT that trains, by mode"
       python3 bench/gpu/largest.py 2>&1 | tee "$OUT/largest.txt" ;;

@@ -32,7 +32,7 @@ from model import GPT, Config, batch, n_params  # noqa: E402
 LR, BETAS, WD, CLIP = 1e-4, (0.9, 0.95), 0.1, 1.0
 
 
-def zerod_job(mode, nvme):
+def zerod_job(mode, nvme, trace=None):
     stage = 0 if mode == "zerod0" else 3
     offload = {
         "zerod3_host": 'offload = { optimizer = "host" },',
@@ -49,6 +49,7 @@ def zerod_job(mode, nvme):
   gradient_clipping = {CLIP},
   zero = {{ {zero} }},
   {offload}
+  {f'trace = {{ path = "{trace}", steps = {{3, 4}} }},' if trace else ""}
 }}"""
 
 
@@ -83,6 +84,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--nvme", default="/tmp/zerod-bench-nvme")
+    ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
     a = ap.parse_args()
     c = Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, block_size=a.block)
     dev = torch.device("cuda", 0)
@@ -112,7 +114,7 @@ def main():
             # initialize and frees the torch copy.
             with torch.device(dev):
                 model = GPT(c).to(torch.bfloat16)
-            engine = zerod.torch.initialize(model, job_text=zerod_job(a.mode, a.nvme), modules=["h.*"])
+            engine = zerod.torch.initialize(model, job_text=zerod_job(a.mode, a.nvme, a.trace), modules=["h.*"])
             del model
             torch.cuda.empty_cache()
 

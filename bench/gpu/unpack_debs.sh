@@ -14,6 +14,6 @@ export PKG_CONFIG_SYSROOT_DIR="$root"
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$root/usr/share/pkgconfig"
 export LD_LIBRARY_PATH="$lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export LIBRARY_PATH="$lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
-export CPATH="$root/usr/include\${CPATH:+:\$CPATH}"
+export CPATH="$root/usr/include:$root/usr/include/x86_64-linux-gnu\${CPATH:+:\$CPATH}"
 export PATH="$root/usr/bin:\$PATH"
 ENV

@@ -1,8 +1,12 @@
 // Unit tests of the engine's small parts: dtype conversion, the loss scaler,
 // the ledger, the arena heap, the thread pool, the shard layout.
 #include "arena.h"
+#include "device/cpu_device.h"
 #include "dtype.h"
 #include "error.h"
+#include "grad_math.h"
+#include "host_staging.h"
+#include "rank_resources.h"
 #include "ledger.h"
 #include "loss_scaler.h"
 #include "registry.h"
@@ -15,6 +19,8 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 using namespace zerod;
 
@@ -213,6 +219,66 @@ TEST(ThreadPool, RunsEveryIndexOnceAndPropagatesErrors) {
   pool.run(10, [&](size_t) { n.fetch_add(1); });
   EXPECT_EQ(n.load(), 10);
   EXPECT_GE(available_cores(), 1u);
+}
+
+// Gradients leaving a GPU are added on the host's workers: the same sums as
+// the serial add, bit for bit, for a length that ends mid-tile, and two
+// threads of a rank (its calls and its collectives stream) may add at once.
+TEST(Workers, ParallelAccumulateMatchesTheSerialAddFromTwoThreads) {
+  ThreadPool pool(3);
+  std::mutex mu;
+  Workers w(pool, mu);
+  const uint64_t n = kTile * 8 * 3 + 17;
+  std::vector<uint16_t> src(n);
+  std::vector<float> want(n), got_a(n), got_b(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    src[i] = float_to_bf16(static_cast<float>(i % 977) * 0.37f - 100.0f);
+    want[i] = got_a[i] = got_b[i] = static_cast<float>(i % 13) * 0.25f;
+  }
+  accumulate(src.data(), ZD_DTYPE_BF16, want.data(), ZD_DTYPE_F32, n);
+  std::thread other([&] { parallel_accumulate(w, src.data(), ZD_DTYPE_BF16, got_b.data(), ZD_DTYPE_F32, n); });
+  parallel_accumulate(w, src.data(), ZD_DTYPE_BF16, got_a.data(), ZD_DTYPE_F32, n);
+  other.join();
+  EXPECT_EQ(std::memcmp(want.data(), got_a.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(want.data(), got_b.data(), n * sizeof(float)), 0);
+}
+
+// The staging buffer is made on first use, charged to the host tier once,
+// reused, held by one user at a time, and gives its bytes back.
+TEST(HostStaging, MadeOnceChargedOnceExclusiveAndReleased) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  RankResources res(0, pool, mu);
+  res.device = std::make_unique<CpuDevice>(res.ledger, res.workers, uint64_t{1} << 16, "cpu");
+  HostStaging staging(res, uint64_t{1} << 20, "the test's staging buffer");
+  EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
+  std::byte* first = nullptr;
+  {
+    HostStaging::Lease l(staging);
+    first = l.data();
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(l.size(), uint64_t{1} << 20);
+    EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), uint64_t{1} << 20);
+  }
+  // Two users: each sees its own pattern intact for as long as it holds it.
+  std::atomic<int> clobbered{0};
+  auto user = [&](std::byte mark) {
+    for (int round = 0; round < 50; ++round) {
+      HostStaging::Lease l(staging);
+      EXPECT_EQ(l.data(), first);
+      std::memset(l.data(), static_cast<int>(mark), 4096);
+      std::this_thread::yield();
+      for (int i = 0; i < 4096; ++i)
+        if (l.data()[i] != mark) clobbered.fetch_add(1);
+    }
+  };
+  std::thread a(user, std::byte{0x11});
+  user(std::byte{0x22});
+  a.join();
+  EXPECT_EQ(clobbered.load(), 0);
+  EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), uint64_t{1} << 20);
+  staging.release();
+  EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
 }
 
 static LayoutPolicy policy(Partitioning p, uint64_t world) {

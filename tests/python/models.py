@@ -106,19 +106,21 @@ def job(precision="fp32", stage=0, offload=False):
 """
 
 
-def torch_reference(kind, dtype, steps, device="cpu", with_master=False):
+def torch_reference(kind, dtype, steps, device="cpu", with_master=False, foreach=None):
     """Losses of plain torch.optim.AdamW on the global batch (and, with
     with_master, the fp32 model it ends with). For bf16 the model computes in
     bf16 and AdamW updates fp32 master weights, as zerod does. Gradients of
     parameters a step did not use are zero (not None), so AdamW updates them
-    as zerod does."""
+    as zerod does. foreach picks torch's implementation of AdamW and of the
+    norm (None: torch's default, the multi-tensor one on a GPU)."""
     # The master starts from the values zerod is given: the model converted
     # to `dtype` (zerod.torch.initialize(..., dtype=) converts first).
     master = make(kind).to(dtype).float().to(device)
     work = copy.deepcopy(master).to(dtype) if dtype != torch.float32 else master
     for p in master.parameters():
         p.grad = torch.zeros_like(p)
-    opt = torch.optim.AdamW(master.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    opt = torch.optim.AdamW(master.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                            foreach=foreach)
     losses = []
     for step in range(steps):
         if work is not master:
@@ -135,7 +137,7 @@ def torch_reference(kind, dtype, steps, device="cpu", with_master=False):
             for w, m in zip(work.parameters(), master.parameters()):
                 if w.grad is not None:
                     m.grad.copy_(w.grad)
-        nn.utils.clip_grad_norm_(master.parameters(), CLIP)
+        nn.utils.clip_grad_norm_(master.parameters(), CLIP, **({} if foreach is None else {"foreach": foreach}))
         opt.step()
         losses.append(loss.item())
     return (losses, master) if with_master else losses
