@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [smoke] [offload] [largest]   (default: tests offload largest)
+#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest]
+#   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, PROFILE_MODES
+#   and PROFILE_SIZE pass options on)
 # Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
 # cuda device against the scalar reference and the cpu device, the optimizer
 # kernels, zerod.torch against PyTorch on the GPU), then the benchmarks.
@@ -62,6 +64,6 @@ for w in "${what[@]}"; do
       python3 bench/gpu/offload.py ${OFFLOAD_ARGS:-} 2>&1 | tee "$OUT/offload.txt" ;;
     largest)
       log "the largest GPT that trains, by mode"
-      python3 bench/gpu/largest.py 2>&1 | tee "$OUT/largest.txt" ;;
+      python3 bench/gpu/largest.py ${LARGEST_ARGS:-} 2>&1 | tee "$OUT/largest.txt" ;;
   esac
 done
