@@ -25,8 +25,28 @@ void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, ui
     for (uint64_t i = 0; i < n; ++i) d[i] += s[i];
     return;
   }
+  if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
+    // 16-bit gradients into fp32 accumulators, the usual mixed-precision
+    // case (a GPU's bf16 gradients added on the host): the widening is a
+    // shift, so the loop vectorises, where the generic one below switches
+    // on both dtypes per element. The same sums, bit for bit.
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
+    float* __restrict d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += bf16_to_float(s[i]);
+    return;
+  }
   for (uint64_t i = 0; i < n; ++i)
     store_float(dst, dst_dt, i, load_as_float(dst, dst_dt, i) + load_as_float(src, src_dt, i));
+}
+
+void assign_to_zero(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
+    float* __restrict d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] = 0.0f + bf16_to_float(s[i]);
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) store_float(dst, dst_dt, i, 0.0f + load_as_float(src, src_dt, i));
 }
 
 void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,

@@ -12,6 +12,9 @@ namespace zerod {
 // dst[i] += src[i] for n elements; any pair of dtypes. 16-bit results are
 // rounded to nearest even.
 void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
+// dst[i] = 0 + src[i]: what accumulate() leaves in a zero accumulator, bit
+// for bit (a -0 becomes +0), without reading it.
+void assign_to_zero(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
 // dst[i] += factor * src[i].
 void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
                        float factor);

@@ -115,7 +115,7 @@ void GradReducer::cancel(const ModuleRecord& mod) {
 }
 
 void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier,
-                                      zd_dtype grad_dt, uint64_t n) {
+                                      zd_dtype grad_dt, uint64_t n, bool first) {
   Device& d = *res_.device;
   if (tier == ZD_TIER_DEVICE) {
     d.accumulate(src, src_dt, dst, grad_dt, n);
@@ -123,14 +123,17 @@ void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byt
     zerod::accumulate(src, src_dt, dst, grad_dt, n);
   } else {
     // Off the device: copied out a chunk at a time through the page-locked
-    // staging buffer, each chunk added on the host's workers.
+    // staging buffer, each chunk added on the host's workers; the window's
+    // first contribution is written rather than added (the accumulators are
+    // zero), which spares reading them: about 40% of the bytes the host
+    // moves for bf16 gradients into fp32 accumulators.
     HostStaging::Lease stage(staging_);
     const size_t ssz = dtype_size(src_dt), dsz = dtype_size(grad_dt);
     const uint64_t chunk = stage.size() / ssz;
     for (uint64_t off = 0; off < n; off += chunk) {
       const uint64_t m = std::min(chunk, n - off);
       d.copy_to_host(stage.data(), static_cast<const std::byte*>(src) + off * ssz, m * ssz);
-      parallel_accumulate(res_.workers, stage.data(), src_dt, dst + off * dsz, grad_dt, m);
+      parallel_accumulate(res_.workers, stage.data(), src_dt, dst + off * dsz, grad_dt, m, first);
     }
   }
 }
@@ -146,12 +149,12 @@ void GradReducer::close(const ModuleRecord& mod) {
     ParamEntry& e = params_[static_cast<size_t>(pid)];
     if (reduce) {
       const auto gi = static_cast<size_t>(p.group);
-      buckets_[gi].push_back(Pending{pid, e.view});
+      buckets_[gi].push_back(Pending{pid, e.view, !e.touched});
       bucket_elems_[gi] += static_cast<uint64_t>(p.numel);
       bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
     } else if (e.view) {
       add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), local_grad(static_cast<size_t>(p.group)).tier,
-                          ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel));
+                          ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel), !e.touched);
       res_.device->release(e.view, ZD_MEM_BUFFERS);
     }
     e.view = Block{};
@@ -258,7 +261,7 @@ void GradReducer::send_bucket(size_t gi) {
       for (size_t i = 0; i < pending->size(); ++i) {
         const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
         add_to_accumulators(recv.ptr + (*offsets)[i] * esz, dt, b.grad_data() + p.flat_offset * dtype_size(gdt),
-                            b.grad_tier(), gdt, p.stride);
+                            b.grad_tier(), gdt, p.stride, (*pending)[i].first);
       }
     } else {
       device_all_reduce(ctx_, res_, c, send.ptr, len, dt);
@@ -269,7 +272,7 @@ void GradReducer::send_bucket(size_t gi) {
         if (lo < hi)
           add_to_accumulators(send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz, dt,
                               b.grad_data() + (lo - ctx_.owned_begin(grp, rank)) * dtype_size(gdt), b.grad_tier(),
-                              gdt, hi - lo);
+                              gdt, hi - lo, (*pending)[i].first);
       }
     }
     res_.device->release(send, ZD_MEM_BUFFERS);

@@ -93,6 +93,7 @@ class GradReducer {
   struct Pending {
     zd_param_id param;
     Block view;
+    bool first;  // the window's first contribution to the parameter's accumulators
   };
 
   std::byte* accumulator(const ParamRecord& p) const;
@@ -100,9 +101,10 @@ class GradReducer {
   // gradients) rather than into whole accumulators.
   bool reducing() const { return ctx_.partitioned(ZD_PARTITION_GRADS) && !local_; }
   // Adds n elements at src (device memory) into accumulators of dtype
-  // grad_dt in `tier` at `dst`.
+  // grad_dt in `tier` at `dst`. `first`: the window's first contribution to
+  // them, so they hold zeros (the host may write instead of add).
   void add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier, zd_dtype grad_dt,
-                           uint64_t n);
+                           uint64_t n, bool first);
   void send_bucket(size_t group);
   void release_transient();  // views, buckets, reduced copies; not the whole local buffers
   void release_reduced();

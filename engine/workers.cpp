@@ -18,15 +18,20 @@ void Workers::run(size_t n, const std::function<void(size_t)>& fn) {
   shared_->run(n, fn);
 }
 
-void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         bool dst_is_zero) {
   // Larger tiles than the optimizer's: one add is a fraction of its work.
   constexpr uint64_t kAddTile = kTile * 8;
   const size_t ssz = dtype_size(src_dt), dsz = dtype_size(dst_dt);
   const uint64_t tiles = (n + kAddTile - 1) / kAddTile;
   w.run(tiles, [&](size_t i) {
     const uint64_t lo = i * kAddTile, m = std::min(kAddTile, n - lo);
-    accumulate(static_cast<const std::byte*>(src) + lo * ssz, src_dt, static_cast<std::byte*>(dst) + lo * dsz, dst_dt,
-               m);
+    const std::byte* s = static_cast<const std::byte*>(src) + lo * ssz;
+    std::byte* d = static_cast<std::byte*>(dst) + lo * dsz;
+    if (dst_is_zero)
+      assign_to_zero(s, src_dt, d, dst_dt, m);
+    else
+      accumulate(s, src_dt, d, dst_dt, m);
   });
 }
 

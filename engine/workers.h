@@ -51,8 +51,10 @@ class Workers {
 GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans);
 
 // dst[i] += src[i] for n elements of host memory (dtypes converted), in
-// tiles on the workers.
-void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n);
+// tiles on the workers; with dst_is_zero, assign_to_zero() instead (the same
+// result without reading dst).
+void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         bool dst_is_zero = false);
 
 // An optimizer update over u.count elements, in tiles on the workers; with
 // zero_grad each tile's gradient is zeroed right after its update (the next

@@ -243,6 +243,26 @@ TEST(Workers, ParallelAccumulateMatchesTheSerialAddFromTwoThreads) {
   EXPECT_EQ(std::memcmp(want.data(), got_b.data(), n * sizeof(float)), 0);
 }
 
+// A window's first contribution is written, not added: the same bits as
+// adding into zeros (a -0 gradient becomes +0 either way), whatever the
+// accumulator held, in the fast bf16 -> f32 loop and the generic one.
+TEST(GradMath, AssignToZeroIsAddingIntoZeros) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  Workers w(pool, mu);
+  const uint64_t n = kTile * 8 + 5;
+  for (zd_dtype dst_dt : {ZD_DTYPE_F32, ZD_DTYPE_BF16}) {
+    const size_t dsz = dtype_size(dst_dt);
+    std::vector<uint16_t> src(n);
+    for (uint64_t i = 0; i < n; ++i)
+      src[i] = i % 7 == 0 ? uint16_t{0x8000} : float_to_bf16(static_cast<float>(i % 501) * -0.11f + 20.0f);
+    std::vector<std::byte> want(n * dsz, std::byte{0}), got(n * dsz, std::byte{0x5a});
+    accumulate(src.data(), ZD_DTYPE_BF16, want.data(), dst_dt, n);
+    parallel_accumulate(w, src.data(), ZD_DTYPE_BF16, got.data(), dst_dt, n, /*dst_is_zero=*/true);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size()), 0) << dtype_name(dst_dt);
+  }
+}
+
 // The staging buffer is made on first use, charged to the host tier once,
 // reused, held by one user at a time, and gives its bytes back.
 TEST(HostStaging, MadeOnceChargedOnceExclusiveAndReleased) {
