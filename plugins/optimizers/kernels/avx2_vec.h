@@ -41,19 +41,24 @@ inline __m256i bf16_round(__m256 x) {
   return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
 }
 
+// Eight floats as eight 16-bit values of the working copy's type.
+template <Work W>
+inline __m128i pack16(__m256 p) {
+  if constexpr (W == Work::f16) {
+    return _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  } else {
+    // packus works within 128-bit lanes; the permute gathers both halves low.
+    const __m256i r = bf16_round(p);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+  }
+}
+
 template <Work W>
 inline void store_work(void* w, size_t i, __m256 p) {
   if constexpr (W == Work::f32) {
     _mm256_storeu_ps(static_cast<float*>(w) + i, p);
-  } else if constexpr (W == Work::f16) {
-    const __m128i h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), h);
-  } else if constexpr (W == Work::bf16) {
-    // packus works within 128-bit lanes; the permute gathers both halves low.
-    const __m256i r = bf16_round(p);
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i),
-                     _mm256_castsi256_si128(packed));
+  } else if constexpr (W == Work::f16 || W == Work::bf16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), pack16<W>(p));
   }
 }
 
@@ -65,13 +70,8 @@ template <Work W>
 inline void stream_work(void* w, size_t i, __m256 p) {
   if constexpr (W == Work::f32) {
     _mm256_stream_ps(static_cast<float*>(w) + i, p);
-  } else if constexpr (W == Work::f16) {
-    const __m128i h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), h);
-  } else if constexpr (W == Work::bf16) {
-    const __m256i r = bf16_round(p);
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), _mm256_castsi256_si128(packed));
+  } else if constexpr (W == Work::f16 || W == Work::bf16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), pack16<W>(p));
   }
 }
 
