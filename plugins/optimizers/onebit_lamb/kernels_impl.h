@@ -19,28 +19,14 @@
 
 namespace ZD_LAMB_NS {
 
+using compressing::fma_;
 using compressing::load;
-
-// Builtins, not std::fma/std::sqrt: an out-of-line copy of those (at -O0) is
-// one shared symbol, and the -mfma translation unit's could serve the
-// baseline one (convert.h's comment says more).
-static inline float fma_(float x, float y, float z) { return __builtin_fmaf(x, y, z); }
-static inline float sqrt_(float x) { return __builtin_sqrtf(x); }
+using compressing::sqrt_;
+using compressing::store_work;
 
 template <Dtype G>
 inline float grad_at(const void* grad, size_t i) {
   return load(grad, G, i);
-}
-
-// The working copy of element i (W fixed: no branch in the loop).
-template <Dtype W>
-inline void work_at(void* work, size_t i, float p) {
-  if constexpr (W == Dtype::f32)
-    static_cast<float*>(work)[i] = p;
-  else if constexpr (W == Dtype::bf16)
-    static_cast<uint16_t*>(work)[i] = f32_to_bf16(p);
-  else
-    static_cast<uint16_t*>(work)[i] = f32_to_f16(p);
 }
 
 // The constants as plain values: loads through `c` inside a loop that
@@ -101,7 +87,7 @@ void apply_t(const Consts& c, const Arrays& a, float neg_lr_coeff) {
     const float upd = update_of<kDecay>(k, m_[i], sqrt_(v_[i]) + k.eps, p_[i]);
     const float p = fma_(neg_lr_coeff, upd, p_[i]);
     p_[i] = p;
-    if constexpr (kWork) work_at<W>(work, i, p);
+    if constexpr (kWork) store_work<W>(work, i, p);
   }
 }
 

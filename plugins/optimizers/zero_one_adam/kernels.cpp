@@ -1,22 +1,38 @@
 #include "kernels.h"
 
-#include <cmath>
+#include <cstdint>
 
 #include "element_io.h"
 
+// The baseline path (any x86-64, or any other CPU).
 namespace zerod::optim::zero_one {
+#define ZD_ZERO_ONE_NS baseline
+#include "kernels_impl.h"
+#undef ZD_ZERO_ONE_NS
+
+#if ZEROD_ZERO_ONE_AVX2
+// kernels_avx2.cpp: the same loops built with -mavx2 -mfma.
+namespace avx2 {
+void variance(const Consts& c, const Arrays& a);
+void prepare_gradient(const Consts& c, const Arrays& a);
+void compressed_gradient(const Consts& c, const Arrays& a);
+void local_step(const Consts& c, const Arrays& a);
+void sync_local(const Consts& c, const Arrays& a);
+void sync_apply(const Consts& c, const Arrays& a, float lrs);
+}  // namespace avx2
+#endif
+
 namespace {
 
-using compressing::load;
-using compressing::store_work;
-
-float grad_at(const Consts& c, const Arrays& a, size_t i) { return load(a.grad, a.grad_dtype, i) * c.grad_scale; }
-
-float denom(const Consts& c, float v) { return std::sqrt(v) + c.eps; }
-
-float update_of(const Consts& c, float m, float d, float p) {
-  const float u = m / d;
-  return c.has_decay ? std::fma(c.decay, p, u) : u;
+// AVX-512 hosts take the AVX2 path: these loops are bound by memory and by
+// sqrt/divide throughput, not by vector width.
+bool vector(Isa isa) {
+#if ZEROD_ZERO_ONE_AVX2
+  return isa == Isa::avx2 || isa == Isa::avx512;
+#else
+  (void)isa;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -35,68 +51,21 @@ Consts make_consts(double beta1, double beta2, double eps, double weight_decay, 
   return c;
 }
 
-void variance(const Consts& c, const Arrays& a) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float g = grad_at(c, a, i);
-    const float m = std::fma(c.one_minus_beta1, g, c.beta1 * a.m[i]);
-    const float v = std::fma(c.one_minus_beta2, g * g, c.beta2 * a.v[i]);
-    const float p = std::fma(c.neg_lr, update_of(c, m, denom(c, v), a.master[i]), a.master[i]);
-    a.m[i] = m;
-    a.v[i] = v;
-    a.master[i] = p;
-    store_work(a.work, a.work_dtype, i, p);
-  }
-}
+#if ZEROD_ZERO_ONE_AVX2
+#define ZD_ZERO_ONE_PICK(isa, call) (vector(isa) ? avx2::call : baseline::call)
+#else
+#define ZD_ZERO_ONE_PICK(isa, call) baseline::call
+#endif
 
-void prepare_gradient(const Consts& c, const Arrays& a) {
-  for (size_t i = 0; i < a.count; ++i) a.exchange[i] = grad_at(c, a, i);
+void variance(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, variance(c, a)); }
+void prepare_gradient(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, prepare_gradient(c, a)); }
+void compressed_gradient(Isa isa, const Consts& c, const Arrays& a) {
+  ZD_ZERO_ONE_PICK(isa, compressed_gradient(c, a));
 }
+void local_step(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, local_step(c, a)); }
+void sync_local(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, sync_local(c, a)); }
+void sync_apply(Isa isa, const Consts& c, const Arrays& a, float lrs) { ZD_ZERO_ONE_PICK(isa, sync_apply(c, a, lrs)); }
 
-void compressed_gradient(const Consts& c, const Arrays& a) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float m = std::fma(c.one_minus_beta1, a.exchange[i], c.beta1 * a.m[i]);
-    const float p = std::fma(c.neg_lr, update_of(c, m, denom(c, a.v[i]), a.master[i]), a.master[i]);
-    a.m[i] = m;
-    a.master[i] = p;
-    store_work(a.work, a.work_dtype, i, p);
-  }
-}
-
-void local_step(const Consts& c, const Arrays& a) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float m = std::fma(c.one_minus_beta1, grad_at(c, a, i), c.beta1 * a.m[i]);
-    const float upd = update_of(c, m, denom(c, a.v[i]), a.master[i]);
-    const float p = std::fma(c.neg_lr, upd, a.master[i]);
-    a.m[i] = m;
-    a.u[i] = std::fma(c.neg_lr, upd, a.u[i]);
-    a.master[i] = p;
-    store_work(a.work, a.work_dtype, i, p);
-  }
-}
-
-void sync_local(const Consts& c, const Arrays& a) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float m = std::fma(c.one_minus_beta1, grad_at(c, a, i), c.beta1 * a.m[i]);
-    const float d = denom(c, a.v[i]);
-    const float upd = update_of(c, m, d, a.master[i]);
-    const float p = std::fma(c.neg_lr, upd, a.master[i]);
-    const float u = std::fma(c.neg_lr, upd, a.u[i]);
-    a.m[i] = m;
-    a.master[i] = p - u;
-    a.u[i] = u;
-    a.exchange[i] = u * d;
-  }
-}
-
-void sync_apply(const Consts& c, const Arrays& a, float lrs) {
-  for (size_t i = 0; i < a.count; ++i) {
-    const float x = a.exchange[i];
-    const float p = a.master[i] + x / denom(c, a.v[i]);
-    a.m[i] = -(x / lrs);
-    a.u[i] = 0.0f;
-    a.master[i] = p;
-    store_work(a.work, a.work_dtype, i, p);
-  }
-}
+#undef ZD_ZERO_ONE_PICK
 
 }  // namespace zerod::optim::zero_one

@@ -34,21 +34,23 @@ struct Arrays {
   float* exchange = nullptr;  // the exchange buffer
 };
 
+// Each loop runs the vector path `isa` names where this build has one
+// (kernels_impl.h says why the paths agree), else the baseline one.
 // A variance step (full-precision averaged gradient): m and v, then p.
-void variance(const Consts& c, const Arrays& a);
+void variance(Isa isa, const Consts& c, const Arrays& a);
 // PREPARE of a 1-bit gradient step: the exchange buffer takes g.
-void prepare_gradient(const Consts& c, const Arrays& a);
+void prepare_gradient(Isa isa, const Consts& c, const Arrays& a);
 // The pass after it: m from the compressed average of g, v frozen, then p.
-void compressed_gradient(const Consts& c, const Arrays& a);
+void compressed_gradient(Isa isa, const Consts& c, const Arrays& a);
 // A local step: m from the rank's own gradient, p moves, u accumulates the
 // move: u = u - lr upd.
-void local_step(const Consts& c, const Arrays& a);
+void local_step(Isa isa, const Consts& c, const Arrays& a);
 // A sync step's first pass: the local step, then the local moves undone
 // (p = p - u) and the exchange buffer takes u d (momentum units).
-void sync_local(const Consts& c, const Arrays& a);
+void sync_local(Isa isa, const Consts& c, const Arrays& a);
 // Its last pass, with the average of u d and lrs, the sum of the learning
 // rates since the last sync: m = -(avg / lrs), p = p + avg / d, u = 0.
-void sync_apply(const Consts& c, const Arrays& a, float lrs);
+void sync_apply(Isa isa, const Consts& c, const Arrays& a, float lrs);
 
 }  // namespace zerod::optim::zero_one
 

@@ -165,7 +165,7 @@ zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u
     a.grad = r.grad;
     a.grad_dtype = r.grad_dtype;
     a.exchange = u->exchange;
-    zo::prepare_gradient(consts(self(instance), *u), a);
+    zo::prepare_gradient(k, consts(self(instance), *u), a);
     return ZD_OK;
   });
 }
@@ -200,15 +200,15 @@ zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u)
     a.exchange = u->exchange;
     const zo::Consts c = consts(inst, *u);
     switch (kind) {
-      case kVariance: zo::variance(c, a); break;
-      case kGradient: zo::compressed_gradient(c, a); break;
-      case kLocal: zo::local_step(c, a); break;
+      case kVariance: zo::variance(k, c, a); break;
+      case kGradient: zo::compressed_gradient(k, c, a); break;
+      case kLocal: zo::local_step(k, c, a); break;
       default:
         if (u->pass == 1) {
-          zo::sync_local(c, a);
+          zo::sync_local(k, c, a);
         } else {
           if (u->tensor == nullptr || !(u->tensor[0] > 0.0f)) return ZD_ERR_INVALID_ARGUMENT;
-          zo::sync_apply(c, a, u->tensor[0]);
+          zo::sync_apply(k, c, a, u->tensor[0]);
         }
     }
     return ZD_OK;
