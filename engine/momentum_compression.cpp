@@ -78,10 +78,13 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
   if (!ctx.optimizer().compresses()) return b;
   const ParamGroup& g = ctx.registry.groups()[group];
   if (ctx.partitioned(ZD_PARTITION_GRADS)) b.grads = g.full_numel * dtype_size(ctx.grad_dtype(g));
+  b.buffers = ctx.owned_count(g) * 4;
   if (ctx.world_size > 1) {
     const uint64_t n = packed_count(ctx.registry, g);
-    b.optimizer = {n * 4, server_elems(ctx.registry, g, ctx.world_size) * 4, (n + 7) / 8,
-                   g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4};
+    b.optimizer = {n * 4, server_elems(ctx.registry, g, ctx.world_size) * 4};
+    // The kept average, where the momentum is partitioned (stage 0 reads the slot).
+    if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
+      b.optimizer.insert(b.optimizer.end(), {(n + 7) / 8, g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4});
   }
   return b;
 }
@@ -103,12 +106,40 @@ struct MomentumCompression::StepState {
   double grad_scale;
   double lr;
   int64_t t;
-  std::vector<TieredBuffer> owned;  // the exchange buffer over the owned range, per group
+  std::vector<TieredBuffer>* owned = nullptr;  // the exchange buffers (owned_) when the plan exchanges
   std::vector<double> stats;        // per tensor, from the last pass
   bool have_stats = false;
   uint32_t pass = 0;
   bool consumed = false;  // the local gradients were read (and zeroed)
 };
+
+void MomentumCompression::allocate_owned() {
+  const auto& groups = ctx_.registry.groups();
+  const TierSet tiers = res_.tiers();
+  try {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      owned_.emplace_back();
+      owned_.back().allocate(tiers, 4, {{ctx_.owned_count(groups[gi]), buffers_.groups()[gi].grad_tier()}},
+                             ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
+    }
+  } catch (...) {
+    for (TieredBuffer& b : owned_) b.release(tiers);
+    owned_.clear();
+    throw;
+  }
+}
+
+float* MomentumCompression::scratch(size_t gi, uint64_t count) {
+  if (scratch_.empty() || scratch_.count() < count) {
+    const TierSet tiers = res_.tiers();
+    scratch_.release(tiers);
+    scratch_.allocate(tiers, 4, {{count, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_BUFFERS,
+                      "the packed exchange buffer of a compressed step");
+  }
+  return reinterpret_cast<float*>(scratch_.addr(0));
+}
+
+bool MomentumCompression::keeps() const { return ctx_.world_size > 1 && !owns_all(); }
 
 bool MomentumCompression::owns_all() const {
   return ctx_.world_size == 1 || !ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
@@ -143,6 +174,7 @@ void MomentumCompression::allocate() {
       c.worker_error.allocate(tiers, 4, {{c.dense_count, tier}}, ZD_MEM_OPTIMIZER, "the worker error feedback" + of);
       c.server_error.allocate(tiers, 4, {{server_elems(ctx_.registry, g, ctx_.world_size), tier}}, ZD_MEM_OPTIMIZER,
                               "the server error feedback" + of);
+      if (!keeps()) continue;
       c.signs.allocate(tiers, 1, {{(c.dense_count + 7) / 8, tier}}, ZD_MEM_OPTIMIZER,
                        "the kept compressed average" + of);
       c.scales.allocate(tiers, 4, {{g.params.size() * world, tier}}, ZD_MEM_OPTIMIZER,
@@ -158,6 +190,9 @@ void MomentumCompression::release() {
   const TierSet tiers = res_.tiers();
   for (Group& c : groups_)
     for (TieredBuffer* b : {&c.worker_error, &c.server_error, &c.signs, &c.scales}) b->release(tiers);
+  for (TieredBuffer& b : owned_) b.release(tiers);
+  owned_.clear();
+  scratch_.release(tiers);
   groups_.clear();
   scalars_.clear();
 }
@@ -269,7 +304,7 @@ void MomentumCompression::scatter_owned(StepState& st, size_t gi, const Segment&
     const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
     if (sp.count == 0) continue;
     const uint64_t at = dense_of(ctx_.registry, c.dense, pid) - s.dense + sp.from;
-    std::memcpy(st.owned[gi].addr(sp.at), x + at, sp.count * 4);
+    std::memcpy((*st.owned)[gi].addr(sp.at), x + at, sp.count * 4);
   }
 }
 
@@ -278,7 +313,7 @@ void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& 
   for (zd_param_id pid : s.params) {
     const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
     const uint64_t at = dense_of(ctx_.registry, c.dense, pid) - s.dense + sp.from;
-    std::memcpy(x + at, st.owned[gi].addr(sp.at), sp.count * 4);
+    std::memcpy(x + at, (*st.owned)[gi].addr(sp.at), sp.count * 4);
   }
 }
 
@@ -287,10 +322,10 @@ void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& 
 // memory segment (ZeRO stage 0); else nullptr (a scratch copy, then
 // scatter_owned).
 float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
-  if (s.params.size() != 1 || st.owned.empty()) return nullptr;
+  if (s.params.size() != 1 || st.owned == nullptr) return nullptr;
   const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(s.params[0]), res_.rank);
   if (sp.from != 0 || sp.count != s.count || sp.count == 0) return nullptr;
-  const TieredBuffer& b = st.owned[gi];
+  const TieredBuffer& b = (*st.owned)[gi];
   if (!b.addressable(sp.at, sp.count)) return nullptr;
   const auto& seg = b.segment_at(sp.at);
   if (sp.at + sp.count > seg.begin + seg.count) return nullptr;
@@ -311,27 +346,20 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
     const zd_dtype gdt = ctx_.grad_dtype(g);
     const size_t gsz = dtype_size(gdt);
     const int32_t in = !plan.keep_average                  ? ZD_EXCHANGE_IN_ZERO
-                       : (several && c.have_average)       ? ZD_EXCHANGE_IN_AVERAGE
+                       : (keeps() && c.have_average)       ? ZD_EXCHANGE_IN_AVERAGE
                                                            : ZD_EXCHANGE_IN_SLOT;
-    std::vector<float> x;
     for (const Segment& s : segments(gi, plan.fused != 0)) {
       // Every element is written below unless the plan starts from zero.
       float* const direct = owned_whole(st, gi, s);
-      float* xs = direct;
-      if (xs == nullptr) {
-        x.resize(s.count);
-        xs = x.data();
-      }
+      float* const xs = direct != nullptr ? direct : scratch(gi, s.count);
       if (in == ZD_EXCHANGE_IN_ZERO) {
         std::memset(xs, 0, s.count * 4);
       } else if (in == ZD_EXCHANGE_IN_AVERAGE) {
         fill_from_average(gi, s, xs);
       } else if (in == ZD_EXCHANGE_IN_SLOT) {
         const int slot = static_cast<int>(ctx_.optimizer().average_slot());
-        for (zd_param_id pid : s.params) {
-          const std::vector<float> whole = read_whole(ctx_, res_, buffers_, pid, slot, "step");
-          std::copy(whole.begin(), whole.end(), xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense));
-        }
+        for (zd_param_id pid : s.params)
+          read_whole_into(ctx_, res_, buffers_, pid, slot, "step", xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense));
       }
       for (zd_param_id pid : s.params) {
         const ParamRecord& p = ctx_.registry.param(pid);
@@ -351,10 +379,10 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         u.exchange_in = in;
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
-      if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0);
+      if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0 && keeps());
       if (direct == nullptr) scatter_owned(st, gi, s, xs);
     }
-    if (then_exchange && several && plan.keep_average) c.have_average = true;
+    if (then_exchange && plan.keep_average && keeps()) c.have_average = true;
   }
   st.consumed = true;
 }
@@ -364,15 +392,14 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
 void MomentumCompression::exchange_in_place(StepState& st) {
   if (ctx_.world_size == 1) return;
   const auto& groups = ctx_.registry.groups();
-  std::vector<float> x;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     for (const Segment& s : segments(gi, st.plan.fused != 0)) {
-      x.assign(s.count, 0.0f);
-      gather_owned(st, gi, s, x.data());
-      exchange(gi, s, x.data(), st.plan.keep_average != 0);
-      scatter_owned(st, gi, s, x.data());
+      float* const x = scratch(gi, s.count);
+      gather_owned(st, gi, s, x);
+      exchange(gi, s, x, st.plan.keep_average != 0 && keeps());
+      scatter_owned(st, gi, s, x);
     }
-    if (st.plan.keep_average) groups_[gi].have_average = true;
+    if (st.plan.keep_average && keeps()) groups_[gi].have_average = true;
   }
 }
 
@@ -409,7 +436,7 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
   a.planned = true;
   a.kind = st.plan.kind;
   a.pass = st.pass;
-  a.exchange = st.owned.empty() ? nullptr : &st.owned;
+  a.exchange = st.owned;
   a.scalars = scalars_.empty() ? nullptr : scalars_.data();
   a.stats = nstats ? &st.stats : nullptr;
   runner_.pass(a);
@@ -437,28 +464,16 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
 
 void MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
   if (groups_.empty()) lay_out_groups();
-  StepState st{plan, grad_scale, lr, t, {}, {}, false, 0, false};
+  StepState st{plan, grad_scale, lr, t, nullptr, {}, false, 0, false};
   if (plan.reset_errors)
     for (Group& c : groups_)
       for (TieredBuffer* b : {&c.worker_error, &c.server_error})
         if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
-  const auto& groups = ctx_.registry.groups();
   bool exchanges = false;
   for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
-  const TierSet tiers = res_.tiers();
-  struct Release {
-    std::vector<TieredBuffer>& v;
-    TierSet tiers;
-    ~Release() {
-      for (TieredBuffer& b : v) b.release(tiers);
-    }
-  } release_owned{st.owned, tiers};
   if (exchanges) {
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      st.owned.emplace_back();
-      st.owned.back().allocate(tiers, 4, {{ctx_.owned_count(groups[gi]), buffers_.groups()[gi].grad_tier()}},
-                               ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
-    }
+    if (owned_.empty()) allocate_owned();
+    st.owned = &owned_;
   }
   for (size_t i = 0; i < ZD_PLAN_MAX_OPS && plan.ops[i] != ZD_OP_END; ++i) {
     const zd_plan_op op = plan.ops[i];

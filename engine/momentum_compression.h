@@ -22,7 +22,9 @@
 // when the plan asks, the average as it is — a sign bit per element and a
 // scale per chunk, 1/32 of an fp32 copy — for the next step's prepare: the
 // momentum stays partitioned. The first such step (or one after a
-// checkpoint load) gathers the plugin's average slot whole instead. The
+// checkpoint load) gathers the plugin's average slot whole instead. At
+// stage 0 the rank holds that slot whole, and the pass left the average in
+// it: prepare reads it from there and nothing is kept. The
 // buffers live in the tier of the group's gradients (the device, or host
 // memory beside an offloaded optimizer). The host reads and writes them:
 // the cpu device only (refused on others).
@@ -44,11 +46,12 @@ namespace zerod {
 uint64_t compression_chunk(uint64_t count, int world);
 
 // Bytes a rank keeps for a compressing optimizer, per group, in the group's
-// gradient tier: from stage 2 a whole local gradient (grads), and with
-// several ranks the error feedback and kept average (optimizer). For the
-// plan and the ledger.
+// gradient tier: from stage 2 a whole local gradient (grads), the exchange
+// buffer over its owned range (buffers), and with several ranks the error
+// feedback and kept average (optimizer). For the plan and the ledger.
 struct CompressionBytes {
   uint64_t grads = 0;
+  uint64_t buffers = 0;
   std::vector<uint64_t> optimizer;  // one figure per buffer (each is allocated, and aligned, on its own)
 };
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
@@ -98,6 +101,11 @@ class MomentumCompression {
 
   std::vector<Segment> segments(size_t group, bool fused) const;
   bool owns_all() const;
+  // Whether a plan's keep_average keeps the average here (several ranks,
+  // the momentum partitioned); at stage 0 the slot holds it whole.
+  bool keeps() const;
+  void allocate_owned();
+  float* scratch(size_t group, uint64_t count);
   void lay_out_groups();
   void prepare(StepState& st, bool then_exchange);
   void exchange_in_place(StepState& st);
@@ -115,6 +123,14 @@ class MomentumCompression {
   OptimizerRunner& runner_;
   GradReducer& grads_;
   std::vector<Group> groups_;
+  // The exchange buffer over each group's owned range, allocated at the
+  // first step that exchanges and kept: a fresh one per step cost a page
+  // fault per 4 KiB of it every step.
+  std::vector<TieredBuffer> owned_;
+  // Where a segment is assembled when the owned buffer cannot hold it as
+  // one piece (a fused group, a tensor split between owners): grown to the
+  // largest segment and kept, for the same reason.
+  TieredBuffer scratch_;
   std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
 };
 

@@ -210,6 +210,7 @@ NeedTable Placement::need_table(int rank) const {
     if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), 4, ZD_MEM_OPTIMIZER, slots);
     const CompressionBytes cb = compression_bytes(ctx_, gi);
     if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
+    if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
     for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
   }
   if (p3)

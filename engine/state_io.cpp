@@ -10,17 +10,16 @@ TieredBuffer& pick(GroupBuffers& b, int slot) { return slot == kMasterSlot ? b.m
 
 }  // namespace
 
-std::vector<float> read_whole(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param,
-                              int slot, const std::string& call) {
+void read_whole_into(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param, int slot,
+                     const std::string& call, float* whole) {
   const ParamRecord& p = ctx.registry.param(param);
   const ParamGroup& g = ctx.registry.groups()[static_cast<size_t>(p.group)];
   TieredBuffer& buf = pick(buffers.of(p), slot);
   const auto numel = static_cast<uint64_t>(p.numel);
   const int rank = res.rank;
-  std::vector<float> full;
   if (ctx.params_partitioned()) {
     // Everyone's shard of this parameter.
-    full.resize(p.stride * static_cast<uint64_t>(ctx.world_size));
+    std::vector<float> full(p.stride * static_cast<uint64_t>(ctx.world_size));
     std::vector<float> mine(p.stride);
     buf.read(res.tiers(), p.flat_offset, p.stride, mine.data());
     const std::string what = call + "('" + p.name + "'): all-gather";
@@ -28,26 +27,30 @@ std::vector<float> read_whole(const ModelContext& ctx, RankResources& res, State
       ctx.comm().all_gather(ctx.comm_call(rank, comm_tag(CommOp::Read, 0, static_cast<uint64_t>(param)), what),
                             mine.data(), full.data(), p.stride, ZD_COMM_F32);
     });
-    full.resize(numel);
+    std::copy(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(numel), whole);
   } else if (ctx.partitioned(ZD_PARTITION_OPTIMIZER) && ctx.world_size > 1) {
     // The parameter may straddle ranks: each owner broadcasts its part.
-    full.resize(numel);
     for (int k = 0; k < ctx.world_size; ++k) {
       uint64_t lo, hi;
       ctx.owned_part(p, k, &lo, &hi);
       if (lo >= hi) continue;
-      if (k == rank) buf.read(res.tiers(), lo - ctx.owned_begin(g, k), hi - lo, full.data() + (lo - p.full_offset));
+      if (k == rank) buf.read(res.tiers(), lo - ctx.owned_begin(g, k), hi - lo, whole + (lo - p.full_offset));
       const std::string what = call + "('" + p.name + "'): broadcast from rank " + std::to_string(k);
       ctx.run(*res.stream, [&, k, lo, hi] {
         ctx.comm().broadcast(
             ctx.comm_call(rank, comm_tag(CommOp::Read, static_cast<uint64_t>(k), static_cast<uint64_t>(param)), what),
-            full.data() + (lo - p.full_offset), hi - lo, ZD_COMM_F32, k);
+            whole + (lo - p.full_offset), hi - lo, ZD_COMM_F32, k);
       });
     }
   } else {
-    full.resize(numel);
-    buf.read(res.tiers(), p.full_offset - ctx.owned_begin(g, rank), numel, full.data());
+    buf.read(res.tiers(), p.full_offset - ctx.owned_begin(g, rank), numel, whole);
   }
+}
+
+std::vector<float> read_whole(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param,
+                              int slot, const std::string& call) {
+  std::vector<float> full(static_cast<size_t>(ctx.registry.param(param).numel));
+  read_whole_into(ctx, res, buffers, param, slot, call, full.data());
   return full;
 }
 

@@ -21,6 +21,10 @@ constexpr int kMasterSlot = -1;
 // failures.
 std::vector<float> read_whole(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param,
                               int slot, const std::string& call);
+// The same into `whole` (numel floats), without a vector of its own where
+// the rank holds the whole value.
+void read_whole_into(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param, int slot,
+                     const std::string& call, float* whole);
 // Writes this rank's part of the buffer from the whole value.
 void write_own_part(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, zd_param_id param, int slot,
                     const float* whole);

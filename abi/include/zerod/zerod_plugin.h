@@ -254,8 +254,10 @@ typedef struct zd_optimizer_v2 {
  *                     (ZD_EXCHANGE_IN_ZERO) when the plan does not set
  *                     keep_average; when it does, the average the last
  *                     exchange kept (ZD_EXCHANGE_IN_AVERAGE), or, when none
- *                     is kept (the first such step, or after a checkpoint
- *                     load), the whole of state slot average_slot(),
+ *                     is kept (the first such step, after a checkpoint
+ *                     load, and at ZeRO stage 0, where every rank holds
+ *                     the slot whole and the last pass left the average
+ *                     there), the whole of state slot average_slot(),
  *                     gathered from its owners (ZD_EXCHANGE_IN_SLOT).
  *     ZD_OP_EXCHANGE  the 1-bit compressed average of the exchange buffer
  *                     across ranks (zd_comm_v2::compressed_all_reduce), with
