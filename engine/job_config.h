@@ -84,6 +84,10 @@ struct JobConfig {
   OffloadConfig offload;
   SnapshotConfig snapshot;
   std::vector<std::string> plugin_path; // absolute directories
+  // compression.replay: at ZeRO stages 1-2 every rank replays a compressed
+  // step over the elements others own (zd_optimizer_plan::replay_slots)
+  // instead of all-gathering the working copies afterwards.
+  bool compression_replay = false;
   std::string optimizer;                // plugin name
   std::vector<double> optimizer_values; // resolved hyperparameters, spec order
   TraceConfig trace;

@@ -151,14 +151,17 @@ StepFigures Model::step(int rank) {
     snapshots_->fence(rank);
     // The update writes the working shards that one-sided gathers read
     // (every rank passed the collectives above, so no wait here).
+    bool replayed = false;  // compression.replay: every working copy is current already
     {
       const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_step's update");
       try {
         observe::Span span(probe, "optimizer", OptimizerInstance::is_plain(plan) ? "optimizer" : "compressed step");
-        if (OptimizerInstance::is_plain(plan))
+        if (OptimizerInstance::is_plain(plan)) {
+          rs.compression.forget_average();
           rs.optimizer.apply(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
-        else
-          rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
+        } else {
+          replayed = rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
+        }
       } catch (const Error& e) {
         // A tier failed part-way (a disk error): the tiles before it were
         // updated, the rest not. Nothing wrong was written, but this step is
@@ -176,7 +179,7 @@ StepFigures Model::step(int rank) {
     rs.grads.end_step(/*applied=*/true);
     snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.scaler);
     rs.grads.set_local(false);  // the next window's plan decides, at its first backward
-    gather_working_copies(rs);
+    if (!replayed) gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.
     if (ctx_.params_partitioned()) {
       observe::Span span(probe, "residency", "refresh persistent");

@@ -3,6 +3,7 @@
 #include "align.h"
 #include "dtype.h"
 #include "error.h"
+#include "log.h"
 #include "state_io.h"
 #include "workers.h"
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace zerod {
 
@@ -85,13 +87,31 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
     // The kept average, where the momentum is partitioned (stage 0 reads the slot).
     if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
       b.optimizer.insert(b.optimizer.end(), {(n + 7) / 8, g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4});
+    // compression.replay: a whole copy of the frozen slot a replayed step
+    // reads (one slot: 1-bit Adam's variance).
+    if (ctx.config.compression_replay) b.optimizer.push_back(g.full_numel * 4);
   }
   return b;
+}
+
+std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision) {
+  if (!opt.compresses()) return "optimizer '" + opt.plugin().name() + "' never compresses; nothing to replay";
+  if ((partitions & ZD_PARTITION_OPTIMIZER) == 0 || (partitions & ZD_PARTITION_PARAMS) != 0)
+    return "replays what stages 1-2 all-gather after a step; at stage 0 every rank updates every element already, "
+           "and stage 3 gathers parameters in forward and backward anyway (zero.stage = 1 or 2)";
+  if (precision != ZD_DTYPE_F32)
+    return "needs fp32 working copies (precision = \"fp32\"): a 16-bit working copy is rounded from an fp32 master "
+           "that only its owner holds, so no other rank can replay it bit for bit";
+  return "";
 }
 
 void check_compression_support(const ModelContext& ctx) {
   const OptimizerInstance& opt = ctx.optimizer();
   opt.check_partitions(ctx.partitions);
+  if (ctx.config.compression_replay) {
+    const std::string why = compression_replay_refusal(opt, ctx.partitions, ctx.config.precision);
+    if (!why.empty()) fail(ZD_ERR_CONFIG, "compression.replay: " + why);
+  }
   if (opt.compresses() && ctx.world_size > 1 && !ctx.comm().has_compression())
     fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() +
                             "' averages what the ranks exchange with 1-bit compression, which needs a comm plugin "
@@ -111,6 +131,7 @@ struct MomentumCompression::StepState {
   bool have_stats = false;
   uint32_t pass = 0;
   bool consumed = false;  // the local gradients were read (and zeroed)
+  bool replay = false;    // the step is replayed over the elements other ranks own
 };
 
 void MomentumCompression::allocate_owned() {
@@ -137,6 +158,11 @@ float* MomentumCompression::scratch(size_t gi, uint64_t count) {
                       "the packed exchange buffer of a compressed step");
   }
   return reinterpret_cast<float*>(scratch_.addr(0));
+}
+
+void MomentumCompression::forget_average() {
+  for (Group& c : groups_) c.have_average = false;
+  replica_valid_ = 0;
 }
 
 bool MomentumCompression::keeps() const { return ctx_.world_size > 1 && !owns_all(); }
@@ -188,8 +214,11 @@ void MomentumCompression::allocate() {
 
 void MomentumCompression::release() {
   const TierSet tiers = res_.tiers();
-  for (Group& c : groups_)
+  for (Group& c : groups_) {
     for (TieredBuffer* b : {&c.worker_error, &c.server_error, &c.signs, &c.scales}) b->release(tiers);
+    for (TieredBuffer& b : c.replica) b.release(tiers);
+  }
+  replica_valid_ = 0;
   for (TieredBuffer& b : owned_) b.release(tiers);
   owned_.clear();
   scratch_.release(tiers);
@@ -203,6 +232,7 @@ void MomentumCompression::reset() {
       if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
     c.have_average = false;
   }
+  replica_valid_ = 0;
   std::fill(scalars_.begin(), scalars_.end(), 0.0f);
 }
 
@@ -380,6 +410,7 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
       if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0 && keeps());
+      if (then_exchange && st.replay) replay(st, gi, s, xs);
       if (direct == nullptr) scatter_owned(st, gi, s, xs);
     }
     if (then_exchange && plan.keep_average && keeps()) c.have_average = true;
@@ -462,9 +493,16 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
   }
 }
 
-void MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
+bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
   if (groups_.empty()) lay_out_groups();
-  StepState st{plan, grad_scale, lr, t, nullptr, {}, false, 0, false};
+  StepState st{plan, grad_scale, lr, t, nullptr, {}, false, 0, false, replays(plan)};
+  if (!plan.keep_average) forget_average();
+  if (!st.replay) {
+    // A step that is not replayed may change what the replicas copied.
+    replica_valid_ = 0;
+  } else if (replica_valid_ != plan.replay_slots) {
+    fill_replica(plan.replay_slots);
+  }
   if (plan.reset_errors)
     for (Group& c : groups_)
       for (TieredBuffer* b : {&c.worker_error, &c.server_error})
@@ -507,6 +545,103 @@ void MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
   }
   tensor_step(st, ZD_OP_END);
   if (plan.grads == ZD_GRADS_LOCAL && !st.consumed) grads_.zero();
+  return st.replay;
+}
+
+// ---------------------------------------------------------------------------
+// compression.replay
+
+bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
+  const OptimizerInstance& opt = ctx_.optimizer();
+  const bool shape = plan.replay_slots != 0 && plan.keep_average && plan.ops[0] == ZD_OP_PREPARE &&
+                     plan.ops[1] == ZD_OP_EXCHANGE && plan.ops[2] == ZD_OP_PASS && plan.ops[3] == ZD_OP_END &&
+                     opt.tensor_stats() == 0 && opt.tensor_scalars() == 0;
+  if (!shape || !keeps() || ctx_.params_partitioned()) return false;
+  for (const ParamGroup& g : ctx_.registry.groups())
+    if (g.dtype != ZD_DTYPE_F32) return false;
+  if (!ctx_.config.compression_replay) {
+    if (!replay_hinted_ && res_.rank == 0) {
+      log_info("optimizer '" + opt.plugin().name() + "': each compressed step all-gathers the fp32 working copies "
+               "afterwards (4 bytes per parameter, against 1 bit per parameter of momentum); compression.replay = "
+               "true replays the step on every rank instead, for a whole copy of the frozen variance in memory");
+    }
+    replay_hinted_ = true;
+    return false;
+  }
+  return res_.device->host_addressable();
+}
+
+// Every rank copies the owners' values of the replayed slots, whole: a
+// collective (each owner broadcasts its part), once after the slots last
+// changed.
+void MomentumCompression::fill_replica(uint32_t slots) {
+  const auto& groups = ctx_.registry.groups();
+  const TierSet tiers = res_.tiers();
+  const OptimizerInstance& opt = ctx_.optimizer();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& c = groups_[gi];
+    for (uint32_t k = 0; k < ZD_OPTIMIZER_MAX_STATE; ++k) {
+      if ((slots >> k & 1u) == 0) continue;
+      TieredBuffer& r = c.replica[k];
+      if (r.empty())
+        r.allocate(tiers, 4, {{groups[gi].full_numel, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_OPTIMIZER,
+                   "the whole copy of state slot '" + opt.state_name(k) + "' of group " + std::to_string(gi) +
+                       " (compression.replay)");
+      auto* base = reinterpret_cast<float*>(r.addr(0));
+      for (zd_param_id pid : groups[gi].params)
+        read_whole_into(ctx_, res_, buffers_, pid, static_cast<int>(k), "step: compression.replay",
+                        base + ctx_.registry.param(pid).full_offset);
+    }
+  }
+  replica_valid_ = slots;
+}
+
+// The step over the segment's elements that other ranks own, on this
+// rank's fp32 working copy (stages 1-2: the whole group, one segment), from
+// the exchanged average x: what each owner's pass computes for its master,
+// element for element.
+void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, const float* x) {
+  const OptimizerInstance& opt = ctx_.optimizer();
+  const ParamGroup& g = ctx_.registry.groups()[gi];
+  const Group& c = groups_[gi];
+  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots;
+  auto* working = reinterpret_cast<float*>(buffers_.groups()[gi].working.addr(0));
+  for (zd_param_id pid : s.params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    const uint64_t begin = p.full_offset, end = begin + static_cast<uint64_t>(p.numel);
+    uint64_t lo, hi;
+    ctx_.owned_part(p, res_.rank, &lo, &hi);
+    if (lo >= hi) lo = hi = end;  // none of it is this rank's: all of it is replayed
+    const float* px = x + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
+    for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {
+      if (a >= b) continue;
+      zd_optimizer_update u{};
+      u.struct_size = sizeof u;
+      u.count = b - a;
+      u.master = working + a;
+      u.grad_dtype = ctx_.grad_dtype(g);
+      u.work_dtype = g.dtype;
+      u.grad_scale = st.grad_scale;
+      u.lr = st.lr;
+      u.step = st.t;
+      u.kind = st.plan.kind;
+      u.pass = 1;
+      u.exchange = const_cast<float*>(px + (a - begin));
+      for (uint32_t k = 0; k < slots; ++k)
+        if (mask >> k & 1u) u.state[k] = reinterpret_cast<float*>(c.replica[k].addr(0)) + a;
+      const uint64_t tiles = (u.count + kTile - 1) / kTile;
+      res_.workers.run(tiles, [&](size_t i) {
+        const uint64_t off = i * kTile, n = std::min(kTile, u.count - off);
+        zd_optimizer_update tile = update_slice(u, slots, off, n);
+        // The slots the pass writes or does not read: scratch, per thread.
+        thread_local std::vector<float> scratch;
+        scratch.resize(kTile);
+        for (uint32_t k = 0; k < slots; ++k)
+          if ((mask >> k & 1u) == 0) tile.state[k] = scratch.data();
+        opt.update(ZD_ISA_AUTO, tile);
+      });
+    }
+  }
 }
 
 }  // namespace zerod

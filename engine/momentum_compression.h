@@ -37,6 +37,7 @@
 #include "state_buffers.h"
 #include "tiered_buffer.h"
 
+#include <string>
 #include <vector>
 
 namespace zerod {
@@ -56,8 +57,13 @@ struct CompressionBytes {
 };
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
 
+// Why compression.replay cannot run with this optimizer, partitions and
+// precision, or "" where it can (the job script checks it too).
+std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision);
+
 // Refuses an optimizer where it cannot run (ZD_ERR_CONFIG): the stages its
-// configuration refuses, a comm plugin without compression.
+// configuration refuses, a comm plugin without compression,
+// compression.replay where it cannot replay.
 void check_compression_support(const ModelContext& ctx);
 
 class MomentumCompression {
@@ -74,9 +80,16 @@ class MomentumCompression {
   // The error feedback, the kept average and the per-tensor scalars restart
   // at zero (a checkpoint load, a new step count).
   void reset();
+  // A step that keeps no average (a plain step: a warm-up between
+  // compressed ones, say) moves the optimizer's state on: the average kept
+  // before and the replicas are stale. run() calls it for its own steps.
+  void forget_average();
   // Runs a step that is not plain (OptimizerInstance::is_plain): the
-  // gradients are averaged already (ZD_GRADS_AVERAGED) or local.
-  void run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t);
+  // gradients are averaged already (ZD_GRADS_AVERAGED) or local. True when
+  // the step was replayed over the elements other ranks own
+  // (compression.replay): every rank's working copy is whole and current,
+  // and the all-gather of the working copies is not needed.
+  bool run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t);
 
  private:
   // Tensors exchanged together: one, or a whole group (fused), packed.
@@ -96,6 +109,9 @@ class MomentumCompression {
     TieredBuffer signs;         // the kept average: a bit per element (packed order)
     TieredBuffer scales;        // and world scales per tensor (or per group when fused)
     bool have_average = false;
+    // compression.replay: whole copies of the slots a replayed step reads
+    // (full-layout elements of the group), filled at the first such step.
+    TieredBuffer replica[ZD_OPTIMIZER_MAX_STATE];
   };
   struct StepState;
 
@@ -115,6 +131,9 @@ class MomentumCompression {
   void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
   void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
   void pass(StepState& st, bool with_grad);
+  bool replays(const zd_optimizer_plan& plan) const;
+  void fill_replica(uint32_t slots);
+  void replay(StepState& st, size_t group, const Segment& s, const float* x);
   void tensor_step(StepState& st, zd_plan_op op);
 
   const ModelContext& ctx_;
@@ -132,6 +151,8 @@ class MomentumCompression {
   // largest segment and kept, for the same reason.
   TieredBuffer scratch_;
   std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
+  uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values
+  mutable bool replay_hinted_ = false;  // the log line saying compression.replay exists
 };
 
 }  // namespace zerod

@@ -6,6 +6,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "momentum_compression.h"
 #include "observe/listen_address.h"
 
 #include <algorithm>
@@ -204,6 +205,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   if (r.enter("compression")) {
     warmup_ref_ = r.function("warmup", &warmup_where_);
     sync_ref_ = r.function("sync", &sync_where_);
+    c.compression_replay = r.boolean(job_key("compression.replay"));
     if ((warmup_ref_ != LUA_NOREF || sync_ref_ != LUA_NOREF) && optimizer_ &&
         optimizer_->header().abi_version < 3)
       r.issue("", "optimizer '" + c.optimizer + "' (plugin ABI version " +
@@ -213,6 +215,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   } else {
     r.note("compression.warmup", "the optimizer's own schedule (no function)", false);
     r.note("compression.sync", "the optimizer's own schedule (no function)", false);
+    r.note("compression.replay", "false", false);
   }
   // An optimizer that cannot run at the job's stage says why now.
   if (optimizer_ && partitioner_ && r.issues().empty()) {
@@ -222,6 +225,10 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
       opt->check_partitions(part->partitions());
     } catch (const Error& e) {
       r.issue("zero", e.what());
+    }
+    if (c.compression_replay) {
+      const std::string why = compression_replay_refusal(*opt, part->partitions(), c.precision);
+      if (!why.empty()) r.issue("compression.replay", why);
     }
   }
   read_observing(r);

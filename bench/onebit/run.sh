@@ -6,7 +6,9 @@
 # the mpi comm plugin, and every rank is onebit_rank (a model of --params
 # fp32 parameters with made-up gradients), at ZeRO stage 0 (DeepSpeed's only
 # setting for 1-bit Adam) and stages 1-3 (--stages), with Adam, 1-bit Adam,
-# 0/1 Adam and 1-bit LAMB (--optimizers). Printed side by side in one run:
+# 0/1 Adam and 1-bit LAMB (--optimizers; onebit_adam_replay is 1-bit Adam
+# with compression.replay, at stages 1-2 with fp32 working copies only).
+# Printed side by side in one run:
 # iperf3 on the same link, then per stage and optimizer the median and mean
 # step time, the bytes each daemon put on the network per step, the time
 # those bytes take at iperf3's rate (the link's bound), how many times fewer
@@ -14,7 +16,8 @@
 # many times faster the mean step is than this run's Adam at the same stage. Needs root (namespaces, tc), mpirun and iperf3.
 #
 #   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
-#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam zero_one_adam onebit_lamb"] [--dtype fp32|bf16]
+#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb"]
+#                       [--dtype fp32|bf16]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -24,7 +27,7 @@ local_ranks=1
 params="25e6"
 steps=12
 stages="0 1 2 3"
-optimizers="adam onebit_adam zero_one_adam onebit_lamb"
+optimizers="adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb"
 dtype="fp32"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     --stages) stages=$2; shift 2 ;;
     --optimizers) optimizers=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1 2 3\"] [--optimizers \"adam onebit_adam zero_one_adam onebit_lamb\"] [--dtype fp32|bf16]" >&2
+    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1 2 3\"] [--optimizers \"adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb\"] [--dtype fp32|bf16]" >&2
        exit 2 ;;
   esac
 done
@@ -81,6 +84,8 @@ write_job() {  # write_job OPTIMIZER STAGE FILE
   case "$1" in
     adam) opt='type = "adam", lr = 1e-3, bias_correction = false' ;;
     onebit_adam) opt='type = "onebit_adam", lr = 1e-3, freeze_step = 2' ;;
+    onebit_adam_replay) opt='type = "onebit_adam", lr = 1e-3, freeze_step = 2'
+      extra='compression = { replay = true },' ;;
     onebit_lamb) opt='type = "onebit_lamb", lr = 1e-3, freeze_step = 2' ;;
     zero_one_adam)
       if [ "$2" = 0 ]; then
@@ -118,6 +123,10 @@ echo "link: $rate per direction (tbf); iperf3 measured $(python3 -c "print(f'{$l
 for stage in $stages; do
   figures=()
   for opt in $optimizers; do
+    # Replay runs where it can: stages 1-2, fp32 working copies.
+    if [ "$opt" = onebit_adam_replay ] && { [ "$stage" = 0 ] || [ "$stage" = 3 ] || [ "$dtype" != fp32 ]; }; then
+      continue
+    fi
     write_job "$opt" "$stage" "$ZD_DIR/$opt.lua"
     f=$(run "$ZD_DIR/$opt.lua") || exit 1
     figures+=("$opt" $f)
@@ -134,11 +143,11 @@ res = [(rows[i], float(rows[i + 1]), float(rows[i + 2]), float(rows[i + 3])) for
 # 2 (W-1)/W * 4 B = 4 B per parameter; its step time: the adam row of this run.
 fp32_adam = 4 * params
 adam = next((r for r in res if r[0] == "adam"), None)
-print(f"{'':<14} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
+print(f"{'':<19} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
 for name, ms, mean, net in res:
     bound = net / link * 1e3
     fewer = fp32_adam / net if net else float("inf")
     faster = adam[2] / mean if adam and mean else 0
-    print(f"{name:<14} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
+    print(f"{name:<19} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
 PY
 done

@@ -63,6 +63,25 @@ TEST_F(CompressionScript, APluginWithAFixedScheduleRefusesOne) {
   EXPECT_NE(e.find("'onebit_adam_v2' (plugin ABI version 2) has a fixed schedule"), std::string::npos) << e;
 }
 
+TEST_F(CompressionScript, ReplayIsCheckedWhereTheScriptSaysIt) {
+  const std::string e = error_of("return { optimizer = { type = 'onebit_adam' },\n compression = { replay = 'yes' } }");
+  EXPECT_NE(e.find("test.lua:2: compression.replay: must be a boolean"), std::string::npos) << e;
+  const std::string s0 = error_of("return { optimizer = { type = 'onebit_adam' },\n compression = { replay = true } }");
+  EXPECT_NE(s0.find("test.lua:2: compression.replay: replays what stages 1-2 all-gather"), std::string::npos) << s0;
+  const std::string s3 = error_of("return { optimizer = { type = 'onebit_adam' }, zero = { stage = 3 },\n"
+                                  " compression = { replay = true } }");
+  EXPECT_NE(s3.find("(zero.stage = 1 or 2)"), std::string::npos) << s3;
+  const std::string bf = error_of("return { optimizer = { type = 'onebit_adam' }, zero = { stage = 1 }, precision = "
+                                  "'bf16',\n compression = { replay = true } }");
+  EXPECT_NE(bf.find("test.lua:2: compression.replay: needs fp32 working copies"), std::string::npos) << bf;
+  const std::string adam = error_of("return { optimizer = { type = 'adamw' }, zero = { stage = 1 },\n"
+                                    " compression = { replay = true } }");
+  EXPECT_NE(adam.find("optimizer 'adamw' never compresses"), std::string::npos) << adam;
+  EXPECT_EQ(error_of("return { optimizer = { type = 'onebit_adam' }, zero = { stage = 2 },\n"
+                     " compression = { replay = true } }"),
+            "");
+}
+
 TEST_F(CompressionScript, ZeroOneAdamsLocalStepsNeedStage0) {
   const std::string e = error_of("return { optimizer = { type = 'zero_one_adam' },\n zero = { stage = 2 } }");
   EXPECT_NE(e.find("test.lua:2: zero: optimizer 'zero_one_adam': local steps"), std::string::npos) << e;

@@ -6,14 +6,18 @@
 // tests/comm/onebit_reference.h for the compressed average), at 2 and 4
 // ranks, at every ZeRO stage (every stage ends where stage 0 does); the
 // bytes of a compressed step are counted, and stage 1's all-gather of the
-// working copies in their own type (2 bytes per parameter with bf16).
+// working copies in their own type (2 bytes per parameter with bf16), or
+// none with compression.replay, where every rank's working copy must still
+// end where stage 0's does.
 #include "zero_fixture.h"
 
 #include "dtype.h"
 
 #include "../comm/onebit_reference.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace {
 
@@ -283,6 +287,188 @@ TEST(OnebitAdamCheckpoint, TheStateAndStepResumeAndErrorFeedbackRestarts) {
     return out[0];
   };
   EXPECT_EQ(run(true), run(false));
+}
+
+// compression.replay: tensors whose ends fall inside other ranks' shards,
+// every rank's own view of its working copies, and the masters (read_param).
+struct Views {
+  std::vector<std::vector<float>> working;  // per rank, the tensors one after another
+  std::vector<float> masters;               // rank 0's read
+  uint64_t last_step_bytes = 0;             // rank 0, the last step
+};
+
+// A warm-up schedule of the job (compression.warmup): true at the steps given.
+class WarmupAt : public zerod::JobPolicy {
+ public:
+  explicit WarmupAt(std::vector<int64_t> steps) : steps_(std::move(steps)) {}
+  std::optional<double> lr(int64_t) override { return std::nullopt; }
+  std::optional<bool> warmup(int64_t step) override {
+    return std::find(steps_.begin(), steps_.end(), step) != steps_.end();
+  }
+
+ private:
+  std::vector<int64_t> steps_;
+};
+
+Views train_views(const JobOptions& o, int world, int steps) {
+  const std::vector<uint64_t> sizes = {1000, 4093, 777};
+  auto model = make_model(o, world);
+  Views out;
+  out.working.resize(static_cast<size_t>(world));
+  run_ranks(world, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    uint64_t at = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<float> init(sizes[k]);
+      for (uint64_t i = 0; i < sizes[k]; ++i) init[i] = init_value(at + i);
+      ids.push_back(model->register_param(rank, "w" + std::to_string(k), "m", ZD_DTYPE_F32,
+                                          {static_cast<int64_t>(sizes[k])}, init.data(), ZD_DTYPE_F32));
+      at += sizes[k];
+    }
+    model->finalize(rank);
+    uint64_t before = 0;
+    for (int s = 0; s < steps; ++s) {
+      before = model->comm().bytes_sent(rank);
+      model->backward_begin(rank, 0);
+      at = 0;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        auto* g = static_cast<float*>(model->grad_view(rank, ids[k]).data);
+        for (uint64_t i = 0; i < sizes[k]; ++i) g[i] = grad_value(rank, s, at + i);
+        at += sizes[k];
+      }
+      model->backward_end(rank, 0);
+      model->step(rank);
+    }
+    if (rank == 0) out.last_step_bytes = model->comm().bytes_sent(rank) - before;
+    model->forward_begin(rank, 0);  // the views of a module's working copies are there between its calls
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::vector<float> w = view_values(model->param_view(rank, ids[k]));
+      auto& mine = out.working[static_cast<size_t>(rank)];
+      mine.insert(mine.end(), w.begin(), w.end());
+      std::vector<float> v(sizes[k]);
+      model->read_param(rank, ids[k], ZD_DTYPE_F32, v.data(), sizes[k] * 4);
+      if (rank == 0) out.masters.insert(out.masters.end(), v.begin(), v.end());
+    }
+    model->forward_end(rank, 0);
+  });
+  return out;
+}
+
+JobOptions replaying(int stage) {
+  JobOptions o = onebit(stage);
+  o.compression_replay = true;
+  return o;
+}
+
+void expect_views_equal(const Views& want, const Views& got, const std::string& what) {
+  ASSERT_EQ(want.masters.size(), got.masters.size());
+  for (size_t i = 0; i < want.masters.size(); ++i)
+    ASSERT_EQ(want.masters[i], got.masters[i]) << what << ": master of element " << i;
+  for (size_t r = 0; r < got.working.size(); ++r)
+    for (size_t i = 0; i < want.masters.size(); ++i)
+      ASSERT_EQ(want.working[0][i], got.working[r][i]) << what << ": rank " << r << "'s working copy, element " << i;
+}
+
+TEST(OnebitAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
+  // Each rank replays the owners' updates of the elements it does not own;
+  // nothing is gathered, and every rank's working copy is what stage 0's
+  // is, bit for bit.
+  for (int world : {2, 4}) {
+    const Views s0 = train_views(onebit(0), world, 9);
+    for (int stage : {1, 2})
+      expect_views_equal(s0, train_views(replaying(stage), world, 9),
+                         std::to_string(world) + " ranks, stage " + std::to_string(stage) + " with replay");
+  }
+}
+
+TEST(OnebitAdamReplay, ACompressedStepSendsWhatStage0Sends) {
+  // The replica of v is filled at the first compressed step; from the
+  // second on a step at stage 1 or 2 sends the compressed exchange and the
+  // norm, as at stage 0, and no all-gather of the working copies.
+  for (int world : {2, 4}) {
+    const uint64_t s0 = train_views(onebit(0), world, kFreeze + 2).last_step_bytes;
+    const uint64_t plain = train_views(onebit(1), world, kFreeze + 2).last_step_bytes;
+    // A ring all-gather of the fp32 working copies (their flat layout pads each tensor a little).
+    const double gather = (world - 1.0) / world * (1000 + 4093 + 777) * 4.0;
+    EXPECT_GE(static_cast<double>(plain - s0), gather) << world << " ranks: without replay stage 1 gathers";
+    EXPECT_LE(static_cast<double>(plain - s0), gather * 1.05) << world << " ranks";
+    for (int stage : {1, 2})
+      EXPECT_EQ(train_views(replaying(stage), world, kFreeze + 2).last_step_bytes, s0)
+          << world << " ranks, stage " << stage;
+  }
+}
+
+TEST(OnebitAdamReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplica) {
+  // Update 6 (after 5 applied) is a warm-up step again: m and v move, so
+  // the replica copied at update 3 is stale and must be copied again before
+  // update 7 replays, and the average kept at update 5 must not be folded
+  // into update 7's momentum (with or without replay).
+  WarmupAt schedule({0, 1, 5});
+  JobOptions a = onebit(0), b = replaying(1), c = onebit(1), d = onebit(3);
+  a.policy = b.policy = c.policy = d.policy = &schedule;
+  const Views want = train_views(a, 2, 9);
+  expect_views_equal(want, train_views(b, 2, 9), "warm-up at update 6, stage 1 with replay");
+  expect_views_equal(want, train_views(c, 2, 9), "warm-up at update 6, stage 1");
+  expect_views_equal(want, train_views(d, 2, 9), "warm-up at update 6, stage 3");
+}
+
+TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
+  // zd_optimizer_state_write of v between compressed steps: the next
+  // replayed step must read the written v on every rank.
+  auto run = [](const JobOptions& o) {
+    const int world = 2;
+    const uint64_t n = 3001;
+    auto model = make_model(o, world);
+    std::vector<std::vector<float>> out(world);
+    run_ranks(world, [&](int rank) {
+      std::vector<float> init(n);
+      for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
+      const zd_param_id w =
+          model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
+      model->finalize(rank);
+      for (int s = 0; s < 8; ++s) {
+        if (s == 5) {
+          std::vector<float> v(n);
+          for (uint64_t i = 0; i < n; ++i) v[i] = 1e-4f * static_cast<float>(1 + i % 7);
+          model->write_state(rank, w, 1, ZD_DTYPE_F32, v.data(), n * 4);
+        }
+        model->backward_begin(rank, 0);
+        auto* g = static_cast<float*>(model->grad_view(rank, w).data);
+        for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
+        model->backward_end(rank, 0);
+        model->step(rank);
+      }
+      model->forward_begin(rank, 0);
+      out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
+      model->forward_end(rank, 0);
+    });
+    return out;
+  };
+  const auto want = run(onebit(0));
+  const auto got = run(replaying(1));
+  EXPECT_EQ(want[0], got[0]);
+  EXPECT_EQ(want[0], got[1]);
+}
+
+TEST(OnebitAdamReplay, IsRefusedWhereItCannotReplay) {
+  auto refused = [](const JobOptions& o, const std::string& says) {
+    try {
+      make_model(o, 2);
+      ADD_FAILURE() << "accepted; wanted an error saying " << says;
+    } catch (const zerod::Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(replaying(0), "stages 1-2");
+  refused(replaying(3), "stages 1-2");
+  JobOptions bf16 = replaying(1);
+  bf16.precision = ZD_DTYPE_BF16;
+  refused(bf16, "fp32 working copies");
+  JobOptions adam = replaying(1);
+  adam.optimizer = "adamw";
+  adam.optimizer_hparams = {};
+  refused(adam, "never compresses");
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ struct JobOptions {
   // "cpu", "cuda", or "opaque": the emulated device the host cannot
   // address (opaque_device.h).
   std::string device = "cpu";
+  bool compression_replay = false;
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -82,6 +83,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   c.comm_timeout_s = o.timeout_s;
   c.offload = o.offload;
   c.snapshot = o.snapshot;
+  c.compression_replay = o.compression_replay;
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
   p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);

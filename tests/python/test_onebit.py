@@ -1,8 +1,8 @@
 """1-bit Adam converges like Adam: the GPT example trained on 2 ranks with
 ZeRO stage 1 and onebit_adam (freeze_step at 18% of the steps,
-examples/python/gpt_onebit_job.lua) ends within 3% of the same job with Adam
-(AdamW without bias correction: 1-bit Adam's own warm-up rule,
-jobs/gpt_adam_job.lua), in training and validation loss."""
+examples/python/gpt_onebit_job.lua, with compression.replay) ends within 3% of
+the same job with Adam (AdamW without bias correction: 1-bit Adam's own
+warm-up rule, jobs/gpt_adam_job.lua), in training and validation loss."""
 import os
 import re
 
@@ -35,5 +35,7 @@ def test_onebit_adam_ends_within_3_percent_of_adam():
     assert abs(onebit_train - adam_train) <= 0.03 * adam_train, (adam_line, onebit_line)
     assert abs(onebit_val - adam_val) <= 0.03 * adam_val, (adam_line, onebit_line)
     # It did compress: 82% of the steps send about 1/32 of the gradient
-    # bytes (both runs also all-gather the stage-1 working copies).
-    assert onebit_bytes < 0.75 * adam_bytes, (adam_line, onebit_line)
+    # bytes, and with compression.replay no all-gather of the stage-1
+    # working copies (Adam sends about 6 bytes per parameter a step at 2
+    # ranks: 4 of gradients, 2 of the gather; 1-bit Adam about 1.3 on average).
+    assert onebit_bytes < 0.3 * adam_bytes, (adam_line, onebit_line)

@@ -274,6 +274,20 @@ typedef struct zd_optimizer_v2 {
  *   keep_average: the host keeps the average (as it is: one sign bit per
  *          element and one scale per chunk) for the next ZD_EXCHANGE_IN_AVERAGE.
  *   reset_errors: the error feedback restarts at zero before this step.
+ *   replay_slots: 0, or the state slots (bit k for slot k) that this step's
+ *          single pass reads besides the exchange buffer and the master,
+ *          and that no step planned with the same bits changes (1-bit Adam:
+ *          its frozen variance, bit 1). The plan must be PREPARE, EXCHANGE,
+ *          PASS with keep_average, and the pass must write average_slot()
+ *          from the exchange alone and read nothing else. A rank that does
+ *          not own an element can then replay its update from the exchanged
+ *          average and a whole copy of these slots: at ZeRO stages 1-2 with
+ *          compression.replay the host runs update() over the elements
+ *          other ranks own as well, with its fp32 working copy as the
+ *          master, average_slot() and the slots outside replay_slots on
+ *          scratch memory, and does not all-gather the working copies after
+ *          the step. (Added in zerod 1.4 in place of a reserved field: a
+ *          plugin built before writes 0.)
  *
  * Before every ZD_OP_PASS, ZD_OP_PASS_GRAD and ZD_OP_PREPARE, and once after
  * the last op, the host calls tensor_step() once for all tensors of the
@@ -310,7 +324,8 @@ typedef struct zd_optimizer_plan {
   int32_t keep_average;
   int32_t reset_errors;
   zd_plan_op ops[ZD_PLAN_MAX_OPS];
-  uint32_t reserved[4];
+  uint32_t replay_slots;
+  uint32_t reserved[3];
 } zd_optimizer_plan;
 
 /* What tensor_step() sees: every tensor of the model, in registration order. */

@@ -188,6 +188,10 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t, zd_o
   out->kind = kCompressed;
   out->grads = ZD_GRADS_LOCAL;
   out->keep_average = 1;
+  // The pass reads the exchanged momentum, the master and the variance,
+  // which no compressed step changes: a rank holding a whole copy of v can
+  // replay the update of any element (compression.replay).
+  out->replay_slots = 1u << 1;
   out->ops[0] = ZD_OP_PREPARE;
   out->ops[1] = ZD_OP_EXCHANGE;
   out->ops[2] = ZD_OP_PASS;
