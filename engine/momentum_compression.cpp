@@ -4,14 +4,20 @@
 #include "dtype.h"
 #include "error.h"
 #include "log.h"
+#include "observe/probe.h"
 #include "state_io.h"
 #include "workers.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace zerod {
 
@@ -42,10 +48,25 @@ uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
 bool sign_bit(const uint8_t* bits, uint64_t e) { return (bits[e >> 3] >> (e & 7)) & 1; }
 
 // x[i] = +sc where bit e0 + i is set, -sc where not, for i < n: a byte of
-// signs at a time between the unaligned ends.
+// signs at a time between the unaligned ends. With SSE2 (every x86-64) a
+// byte becomes 8 floats in two stores: a clear bit flips sc's sign bit,
+// which is -sc exactly (the plain loop took 4-5x as long on 25M elements,
+// twice per compressed step at stages 1-3).
 void unpack_signs(const uint8_t* bits, uint64_t e0, float sc, float* x, uint64_t n) {
   uint64_t i = 0;
   for (; i < n && ((e0 + i) & 7) != 0; ++i) x[i] = sign_bit(bits, e0 + i) ? sc : -sc;
+#if defined(__SSE2__)
+  const __m128i lo = _mm_setr_epi32(1, 2, 4, 8), hi = _mm_setr_epi32(16, 32, 64, 128);
+  const __m128i sign = _mm_set1_epi32(INT32_MIN);
+  const __m128 s = _mm_set1_ps(sc);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_set1_epi32(bits[(e0 + i) >> 3]);
+    const __m128i f0 = _mm_and_si128(_mm_cmpeq_epi32(_mm_and_si128(b, lo), _mm_setzero_si128()), sign);
+    const __m128i f1 = _mm_and_si128(_mm_cmpeq_epi32(_mm_and_si128(b, hi), _mm_setzero_si128()), sign);
+    _mm_storeu_ps(x + i, _mm_xor_ps(s, _mm_castsi128_ps(f0)));
+    _mm_storeu_ps(x + i + 4, _mm_xor_ps(s, _mm_castsi128_ps(f1)));
+  }
+#endif
   for (; i + 8 <= n; i += 8) {
     const unsigned b = bits[(e0 + i) >> 3];
     for (unsigned j = 0; j < 8; ++j) x[i + j] = (b >> j) & 1u ? sc : -sc;
@@ -65,6 +86,13 @@ void pack_signs(const float* x, uint64_t n, uint8_t* bits, uint64_t e0) {
   };
   uint64_t i = 0;
   for (; i < n && ((e0 + i) & 7) != 0; ++i) one(i);
+#if defined(__SSE2__)
+  // movmskps: the sign bits of 4 floats at once (a set bit is a clear one here).
+  for (; i + 8 <= n; i += 8) {
+    const int neg = _mm_movemask_ps(_mm_loadu_ps(x + i)) | (_mm_movemask_ps(_mm_loadu_ps(x + i + 4)) << 4);
+    bits[(e0 + i) >> 3] = static_cast<uint8_t>(~neg);
+  }
+#endif
   for (; i + 8 <= n; i += 8) {
     unsigned b = 0;
     for (unsigned j = 0; j < 8; ++j) b |= (std::signbit(x[i + j]) ? 0u : 1u) << j;
@@ -87,15 +115,27 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
     // The kept average, where the momentum is partitioned (stage 0 reads the slot).
     if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
       b.optimizer.insert(b.optimizer.end(), {(n + 7) / 8, g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4});
-    // compression.replay: a whole copy of the frozen slot a replayed step
-    // reads (one slot: 1-bit Adam's variance).
-    if (ctx.config.compression_replay) b.optimizer.push_back(g.full_numel * 4);
+    // compression.replay: a whole copy of each slot a replayed step reads
+    // (1-bit Adam: its variance; 0/1 Adam: m and v).
+    if (ctx.config.compression_replay)
+      for (uint32_t k = std::popcount(replay_slots(ctx.optimizer())); k > 0; --k) b.optimizer.push_back(g.full_numel * 4);
   }
   return b;
 }
 
+uint32_t replay_slots(const OptimizerInstance& opt) {
+  // The plan of a step long after every warm-up: what the run's compressed
+  // steps replay (a plugin that never does answers 0 there too).
+  constexpr int64_t kLateStep = int64_t{1} << 50;
+  return opt.compresses() ? opt.plan(kLateStep, -1, -1).replay_slots : 0;
+}
+
 std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision) {
   if (!opt.compresses()) return "optimizer '" + opt.plugin().name() + "' never compresses; nothing to replay";
+  if (replay_slots(opt) == 0)
+    return "optimizer '" + opt.plugin().name() + "' plans no compressed step that another rank can replay (its " +
+           "update of an element needs more than the exchanged values and that element's state, e.g. 1-bit LAMB's "
+           "norms over whole tensors), so its compressed steps all-gather the working copies; leave replay out";
   if ((partitions & ZD_PARTITION_OPTIMIZER) == 0 || (partitions & ZD_PARTITION_PARAMS) != 0)
     return "replays what stages 1-2 all-gather after a step; at stage 0 every rank updates every element already, "
            "and stage 3 gathers parameters in forward and backward anyway (zero.stage = 1 or 2)";
@@ -283,6 +323,7 @@ void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* 
   const auto* bits = reinterpret_cast<const uint8_t*>(c.signs.addr(0));
   const auto* scales = reinterpret_cast<const float*>(c.scales.addr(0)) + s.scales_at;
   const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
+  observe::Span span(res_.probe, "optimizer", "rebuild average");
   // In tiles on the rank's workers, a chunk (one scale) at a time within each.
   const uint64_t tiles = (s.count + kTile - 1) / kTile;
   res_.workers.run(tiles, [&](size_t t) {
@@ -307,6 +348,7 @@ void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool k
   });
   if (!keep) return;
   // Keep the average as it is: a sign bit per element, a scale per chunk.
+  observe::Span span(res_.probe, "optimizer", "keep average");
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
   auto* bits = reinterpret_cast<uint8_t*>(c.signs.addr(0));
@@ -496,7 +538,10 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
 bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
   if (groups_.empty()) lay_out_groups();
   StepState st{plan, grad_scale, lr, t, nullptr, {}, false, 0, false, replays(plan)};
-  if (!plan.keep_average) forget_average();
+  // A plan that keeps no average moves the average slot on; the replicas
+  // stay valid if this step replays them (0/1 Adam's m), as below.
+  if (!plan.keep_average)
+    for (Group& c : groups_) c.have_average = false;
   if (!st.replay) {
     // A step that is not replayed may change what the replicas copied.
     replica_valid_ = 0;
@@ -553,17 +598,19 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
 
 bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
   const OptimizerInstance& opt = ctx_.optimizer();
-  const bool shape = plan.replay_slots != 0 && plan.keep_average && plan.ops[0] == ZD_OP_PREPARE &&
-                     plan.ops[1] == ZD_OP_EXCHANGE && plan.ops[2] == ZD_OP_PASS && plan.ops[3] == ZD_OP_END &&
-                     opt.tensor_stats() == 0 && opt.tensor_scalars() == 0;
+  // plan() checked the shape (PREPARE, EXCHANGE, PASS); statistics over
+  // whole tensors cannot be replayed element by element.
+  const bool shape = plan.replay_slots != 0 && opt.tensor_stats() == 0;
   if (!shape || !keeps() || ctx_.params_partitioned()) return false;
   for (const ParamGroup& g : ctx_.registry.groups())
     if (g.dtype != ZD_DTYPE_F32) return false;
   if (!ctx_.config.compression_replay) {
     if (!replay_hinted_ && res_.rank == 0) {
       log_info("optimizer '" + opt.plugin().name() + "': each compressed step all-gathers the fp32 working copies "
-               "afterwards (4 bytes per parameter, against 1 bit per parameter of momentum); compression.replay = "
-               "true replays the step on every rank instead, for a whole copy of the frozen variance in memory");
+               "afterwards (4 bytes per parameter, against 1 bit per parameter exchanged); compression.replay = "
+               "true replays the step on every rank instead, for whole copies of " +
+               std::to_string(std::popcount(plan.replay_slots)) + " state slot(s) in memory (4 bytes per "
+               "parameter each)");
     }
     replay_hinted_ = true;
     return false;
@@ -604,8 +651,9 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
   const OptimizerInstance& opt = ctx_.optimizer();
   const ParamGroup& g = ctx_.registry.groups()[gi];
   const Group& c = groups_[gi];
-  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots;
+  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots, nscalars = opt.tensor_scalars();
   auto* working = reinterpret_cast<float*>(buffers_.groups()[gi].working.addr(0));
+  observe::Span span(res_.probe, "optimizer", "replay");
   for (zd_param_id pid : s.params) {
     const ParamRecord& p = ctx_.registry.param(pid);
     const uint64_t begin = p.full_offset, end = begin + static_cast<uint64_t>(p.numel);
@@ -627,6 +675,7 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
       u.kind = st.plan.kind;
       u.pass = 1;
       u.exchange = const_cast<float*>(px + (a - begin));
+      u.tensor = nscalars ? const_cast<float*>(scalars_.data()) + static_cast<uint64_t>(pid) * nscalars : nullptr;
       for (uint32_t k = 0; k < slots; ++k)
         if (mask >> k & 1u) u.state[k] = reinterpret_cast<float*>(c.replica[k].addr(0)) + a;
       const uint64_t tiles = (u.count + kTile - 1) / kTile;

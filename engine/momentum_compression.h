@@ -57,6 +57,11 @@ struct CompressionBytes {
 };
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
 
+// The state slots the optimizer's compressed steps replay
+// (zd_optimizer_plan.replay_slots of a late step), 0 where they cannot be
+// replayed or it never compresses.
+uint32_t replay_slots(const OptimizerInstance& opt);
+
 // Why compression.replay cannot run with this optimizer, partitions and
 // precision, or "" where it can (the job script checks it too).
 std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision);
@@ -80,9 +85,9 @@ class MomentumCompression {
   // The error feedback, the kept average and the per-tensor scalars restart
   // at zero (a checkpoint load, a new step count).
   void reset();
-  // A step that keeps no average (a plain step: a warm-up between
-  // compressed ones, say) moves the optimizer's state on: the average kept
-  // before and the replicas are stale. run() calls it for its own steps.
+  // A plain step (a warm-up between compressed ones, say) moves the
+  // optimizer's state on: the average kept before and the replicas are
+  // stale. run() sees to its own steps.
   void forget_average();
   // Runs a step that is not plain (OptimizerInstance::is_plain): the
   // gradients are averaged already (ZD_GRADS_AVERAGED) or local. True when

@@ -6,8 +6,9 @@
 # the mpi comm plugin, and every rank is onebit_rank (a model of --params
 # fp32 parameters with made-up gradients), at ZeRO stage 0 (DeepSpeed's only
 # setting for 1-bit Adam) and stages 1-3 (--stages), with Adam, 1-bit Adam,
-# 0/1 Adam and 1-bit LAMB (--optimizers; onebit_adam_replay is 1-bit Adam
-# with compression.replay, at stages 1-2 with fp32 working copies only).
+# 0/1 Adam and 1-bit LAMB (--optimizers; a name ending in _replay is that
+# optimizer with compression.replay, run at stages 1-2 with fp32 working
+# copies only: onebit_adam_replay, zero_one_adam_replay).
 # Printed side by side in one run:
 # iperf3 on the same link, then per stage and optimizer the median and mean
 # step time, the bytes each daemon put on the network per step, the time
@@ -16,8 +17,12 @@
 # many times faster the mean step is than this run's Adam at the same stage. Needs root (namespaces, tc), mpirun and iperf3.
 #
 #   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
-#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb"]
-#                       [--dtype fp32|bf16]
+#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb"]
+#                       [--dtype fp32|bf16] [--trace DIR]
+#
+# --trace DIR: each job also writes a timeline of steps 6-7 (docs/observability.md)
+# to DIR/OPTIMIZER-sSTAGE.ranks0-0.json (and .ranks1-1.json for the second host),
+# for seeing where a step's time goes beside the link's.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -27,8 +32,9 @@ local_ranks=1
 params="25e6"
 steps=12
 stages="0 1 2 3"
-optimizers="adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb"
+optimizers="adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb"
 dtype="fp32"
+trace_dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -39,7 +45,8 @@ while [ $# -gt 0 ]; do
     --stages) stages=$2; shift 2 ;;
     --optimizers) optimizers=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1 2 3\"] [--optimizers \"adam onebit_adam onebit_adam_replay zero_one_adam onebit_lamb\"] [--dtype fp32|bf16]" >&2
+    --trace) trace_dir=$(mkdir -p "$2" && cd "$2" && pwd) || exit 2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12] [--stages \"0 1 2 3\"] [--optimizers \"adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb\"] [--dtype fp32|bf16] [--trace DIR]" >&2
        exit 2 ;;
   esac
 done
@@ -80,22 +87,22 @@ wait "$server" 2>/dev/null
 write_job() {  # write_job OPTIMIZER STAGE FILE
   local prec="fp32" opt
   [ "$dtype" = bf16 ] && prec="bf16"
-  local extra=""
-  case "$1" in
+  local extra="" base=$1
+  if [ "${1%_replay}" != "$1" ]; then base=${1%_replay}; extra='compression = { replay = true },'; fi
+  case "$base" in
     adam) opt='type = "adam", lr = 1e-3, bias_correction = false' ;;
     onebit_adam) opt='type = "onebit_adam", lr = 1e-3, freeze_step = 2' ;;
-    onebit_adam_replay) opt='type = "onebit_adam", lr = 1e-3, freeze_step = 2'
-      extra='compression = { replay = true },' ;;
     onebit_lamb) opt='type = "onebit_lamb", lr = 1e-3, freeze_step = 2' ;;
     zero_one_adam)
       if [ "$2" = 0 ]; then
         opt='type = "zero_one_adam", lr = 1e-3, var_freeze_step = 2'
-        extra='compression = { sync = function(step) return step % 4 == 3 end },'
+        extra="$extra"' compression = { sync = function(step) return step % 4 == 3 end },'
       else
         opt='type = "zero_one_adam", lr = 1e-3, var_freeze_step = 2, local_steps = false'
       fi ;;
     *) echo "run.sh: unknown optimizer $1" >&2; exit 2 ;;
   esac
+  [ -n "$trace_dir" ] && extra="$extra trace = { path = \"$trace_dir/$1-s$2.json\", steps = {6, 7} },"
   cat >"$3" <<LUA
 return { precision = "$prec", optimizer = { $opt }, zero = { stage = $2 }, $extra
          comm = { backend = "mpi", timeout = 300 } }
@@ -124,7 +131,7 @@ for stage in $stages; do
   figures=()
   for opt in $optimizers; do
     # Replay runs where it can: stages 1-2, fp32 working copies.
-    if [ "$opt" = onebit_adam_replay ] && { [ "$stage" = 0 ] || [ "$stage" = 3 ] || [ "$dtype" != fp32 ]; }; then
+    if [ "${opt%_replay}" != "$opt" ] && { [ "$stage" = 0 ] || [ "$stage" = 3 ] || [ "$dtype" != fp32 ]; }; then
       continue
     fi
     write_job "$opt" "$stage" "$ZD_DIR/$opt.lua"
@@ -143,11 +150,11 @@ res = [(rows[i], float(rows[i + 1]), float(rows[i + 2]), float(rows[i + 3])) for
 # 2 (W-1)/W * 4 B = 4 B per parameter; its step time: the adam row of this run.
 fp32_adam = 4 * params
 adam = next((r for r in res if r[0] == "adam"), None)
-print(f"{'':<19} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
+print(f"{'':<20} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
 for name, ms, mean, net in res:
     bound = net / link * 1e3
     fewer = fp32_adam / net if net else float("inf")
     faster = adam[2] / mean if adam and mean else 0
-    print(f"{name:<19} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
+    print(f"{name:<20} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
 PY
 done

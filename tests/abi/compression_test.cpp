@@ -77,7 +77,16 @@ TEST_F(CompressionScript, ReplayIsCheckedWhereTheScriptSaysIt) {
   const std::string adam = error_of("return { optimizer = { type = 'adamw' }, zero = { stage = 1 },\n"
                                     " compression = { replay = true } }");
   EXPECT_NE(adam.find("optimizer 'adamw' never compresses"), std::string::npos) << adam;
+  const std::string lamb = error_of("return { optimizer = { type = 'onebit_lamb' }, zero = { stage = 1 },\n"
+                                    " compression = { replay = true } }");
+  EXPECT_NE(lamb.find("test.lua:2: compression.replay: optimizer 'onebit_lamb' plans no compressed step that another "
+                      "rank can replay"),
+            std::string::npos)
+      << lamb;
   EXPECT_EQ(error_of("return { optimizer = { type = 'onebit_adam' }, zero = { stage = 2 },\n"
+                     " compression = { replay = true } }"),
+            "");
+  EXPECT_EQ(error_of("return { optimizer = { type = 'zero_one_adam', local_steps = false }, zero = { stage = 1 },\n"
                      " compression = { replay = true } }"),
             "");
 }

@@ -415,4 +415,49 @@ TEST(CompressingPlan, ThePlanIsWhatFinalizeCharges) {
     }
 }
 
+TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
+  // compression.replay allocates whole copies of the slots a step replays
+  // at the first replayed step: one for 1-bit Adam (v), two for 0/1 Adam
+  // (m and v). After it the ledger's optimizer state is what plan() said.
+  const std::vector<std::pair<JobOptions, int>> jobs = {
+      {options("onebit_adam", 1, {{"freeze_step", 2}}), 1},
+      {options("zero_one_adam", 2, {{"var_freeze_step", 2}, {"local_steps", 0}}), 2}};
+  for (auto [o, slots] : jobs) {
+    o.compression_replay = true;
+    auto model = make_model(o, 2);
+    std::vector<TierPlan> plans(2);
+    std::vector<uint64_t> before(2), after(2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      for (size_t k = 0; k < kSizes.size(); ++k) {
+        std::vector<float> init(kSizes[k], 0.5f);
+        ids.push_back(model->register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
+                                            {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
+      }
+      plans[static_cast<size_t>(rank)] = model->plan(rank);
+      model->finalize(rank);
+      before[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
+      for (int s = 0; s < 4; ++s) {
+        for (zd_module_id m : {1, 0}) {
+          model->backward_begin(rank, m);
+          for (size_t k = 0; k < kSizes.size(); ++k) {
+            if (model->registry().param(ids[k]).module != m) continue;
+            auto* g = static_cast<float*>(model->grad_view(rank, ids[k]).data);
+            for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
+          }
+          model->backward_end(rank, m);
+        }
+        model->step(rank);
+      }
+      after[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
+    });
+    uint64_t total = 0;
+    for (uint64_t n : kSizes) total += n;
+    for (size_t rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(after[rank], plans[rank].need[ZD_TIER_DEVICE][ZD_MEM_OPTIMIZER]) << o.optimizer << ", rank " << rank;
+      EXPECT_GE(after[rank] - before[rank], slots * total * 4) << o.optimizer << ": whole copies of " << slots;
+    }
+  }
+}
+
 }  // namespace

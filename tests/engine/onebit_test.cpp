@@ -7,8 +7,8 @@
 // ranks, at every ZeRO stage (every stage ends where stage 0 does); the
 // bytes of a compressed step are counted, and stage 1's all-gather of the
 // working copies in their own type (2 bytes per parameter with bf16), or
-// none with compression.replay, where every rank's working copy must still
-// end where stage 0's does.
+// none with compression.replay (1-bit Adam's and 0/1 Adam's), where every
+// rank's working copy must still end where stage 0's does.
 #include "zero_fixture.h"
 
 #include "dtype.h"
@@ -450,6 +450,49 @@ TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
   EXPECT_EQ(want[0], got[1]);
 }
 
+// 0/1 Adam without local steps (DeepSpeed's variance schedule, kappa 2:
+// updates 1, 2, 4, 6 are variance steps, the rest 1-bit gradient steps, v
+// frozen after 6). Its gradient steps replay m and v, and m moves at every
+// one of them.
+JobOptions zero_one(int stage, bool replay) {
+  JobOptions o;
+  o.stage = stage;
+  o.optimizer = "zero_one_adam";
+  o.optimizer_hparams = {{"lr", kLr},
+                         {"weight_decay", kWd},
+                         {"var_freeze_step", 6},
+                         {"var_update_scaler", 2},
+                         {"local_steps", 0}};
+  o.compression_replay = replay;
+  return o;
+}
+
+TEST(ZeroOneAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
+  // The replicas of m and v are refilled after each variance step (3, 5
+  // and 7 follow one) and m's replica moves with every replayed step.
+  for (int world : {2, 4}) {
+    const Views s0 = train_views(zero_one(0, false), world, 12);
+    for (int stage : {1, 2})
+      expect_views_equal(s0, train_views(zero_one(stage, true), world, 12),
+                         "0/1 Adam, " + std::to_string(world) + " ranks, stage " + std::to_string(stage) +
+                             " with replay");
+  }
+}
+
+TEST(ZeroOneAdamReplay, AGradientStepSendsWhatStage0Sends) {
+  // After v froze every step is a 1-bit gradient step: from the second of
+  // them on (the first refills the replicas) stages 1-2 send what stage 0
+  // sends, and without replay they also gather the working copies.
+  for (int world : {2, 4}) {
+    const uint64_t s0 = train_views(zero_one(0, false), world, 9).last_step_bytes;
+    const uint64_t plain = train_views(zero_one(1, false), world, 9).last_step_bytes;
+    EXPECT_GE(static_cast<double>(plain - s0), (world - 1.0) / world * (1000 + 4093 + 777) * 4.0) << world;
+    for (int stage : {1, 2})
+      EXPECT_EQ(train_views(zero_one(stage, true), world, 9).last_step_bytes, s0)
+          << world << " ranks, stage " << stage;
+  }
+}
+
 TEST(OnebitAdamReplay, IsRefusedWhereItCannotReplay) {
   auto refused = [](const JobOptions& o, const std::string& says) {
     try {
@@ -469,6 +512,10 @@ TEST(OnebitAdamReplay, IsRefusedWhereItCannotReplay) {
   adam.optimizer = "adamw";
   adam.optimizer_hparams = {};
   refused(adam, "never compresses");
+  JobOptions lamb = replaying(1);
+  lamb.optimizer = "onebit_lamb";
+  lamb.optimizer_hparams = {{"freeze_step", kFreeze}};
+  refused(lamb, "plans no compressed step that another rank can replay");
 }
 
 }  // namespace

@@ -275,19 +275,24 @@ typedef struct zd_optimizer_v2 {
  *          element and one scale per chunk) for the next ZD_EXCHANGE_IN_AVERAGE.
  *   reset_errors: the error feedback restarts at zero before this step.
  *   replay_slots: 0, or the state slots (bit k for slot k) that this step's
- *          single pass reads besides the exchange buffer and the master,
- *          and that no step planned with the same bits changes (1-bit Adam:
- *          its frozen variance, bit 1). The plan must be PREPARE, EXCHANGE,
- *          PASS with keep_average, and the pass must write average_slot()
- *          from the exchange alone and read nothing else. A rank that does
- *          not own an element can then replay its update from the exchanged
- *          average and a whole copy of these slots: at ZeRO stages 1-2 with
- *          compression.replay the host runs update() over the elements
- *          other ranks own as well, with its fp32 working copy as the
- *          master, average_slot() and the slots outside replay_slots on
- *          scratch memory, and does not all-gather the working copies after
- *          the step. (Added in zerod 1.4 in place of a reserved field: a
- *          plugin built before writes 0.)
+ *          single pass reads or writes besides the exchange buffer and the
+ *          master, element by element (the same update of an element
+ *          whatever range a call covers; no tensor_stats()). The plan must be
+ *          PREPARE, EXCHANGE, PASS. With keep_average the pass writes
+ *          average_slot() from the exchange alone, and that slot is not in
+ *          replay_slots (1-bit Adam: its frozen variance, bit 1); without it
+ *          every slot the pass touches is (0/1 Adam's gradient steps: m and
+ *          v, bits 0 and 1). A rank that does not own an element can then
+ *          replay its update from the exchanged values and whole copies of
+ *          these slots: at ZeRO stages 1-2 with compression.replay the host
+ *          keeps such copies on every rank (filled by broadcast when a step
+ *          is replayed after one that was not, or after a load or a state
+ *          write), runs update() over the elements other ranks own as well,
+ *          with its fp32 working copy as the master, the copies as these
+ *          slots, the per-tensor scalars as in the pass and any other slot
+ *          on scratch memory, and does not all-gather the working copies
+ *          after the step. (Added in zerod 1.4 in place of a reserved field:
+ *          a plugin built before writes 0.)
  *
  * Before every ZD_OP_PASS, ZD_OP_PASS_GRAD and ZD_OP_PREPARE, and once after
  * the last op, the host calls tensor_step() once for all tensors of the

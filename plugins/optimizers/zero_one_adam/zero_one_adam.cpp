@@ -144,6 +144,10 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync,
   out->ops[0] = ZD_OP_PREPARE;
   out->ops[1] = ZD_OP_EXCHANGE;
   out->ops[2] = ZD_OP_PASS;
+  // The pass reads the exchanged gradient, m and v and nothing else, element
+  // by element, and writes m: a rank holding whole copies of m and v can
+  // replay it for any element (compression.replay, stages 1-2).
+  out->replay_slots = (1u << 0) | (1u << 1);
   return ZD_OK;
 }
 
