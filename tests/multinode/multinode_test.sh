@@ -3,7 +3,8 @@
 # (zerod run --nproc 2 each, the way a cluster job would), the daemons talk
 # through the mpi comm plugin, and the ranks train rank_scenario. Checks:
 #   1. stages 0-3, 1-bit Adam at stages 0-3, 0/1 Adam (stage 2) and 1-bit
-#      LAMB (stage 3) on 2 nodes x 2 ranks end with the same
+#      LAMB (stage 3), and compression.replay (1-bit Adam at stage 2, 0/1
+#      Adam at stage 1) on 2 nodes x 2 ranks end with the same
 #      checksum on every rank as one daemon with 4 ranks (the local plugin);
 #   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
 #   3. the local backend under mpirun (by zerod run, before any rank starts)
@@ -20,11 +21,13 @@ trap 'rm -rf "$work"' EXIT
 mpi=("$mpirun" --oversubscribe -np 2 --mca pml ob1 --mca btl tcp,self
      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 
-job() {  # job NAME STAGE BACKEND OPTIMIZER
+job() {  # job NAME STAGE BACKEND OPTIMIZER (a NAME with _replay: compression.replay)
+  local extra=""
+  case "$1" in *_replay*) extra="compression = { replay = true }," ;; esac
   cat >"$work/$1.lua" <<LUA
 return {
   optimizer = $4,
-  zero = { stage = $2 },
+  zero = { stage = $2 }, $extra
   comm = { backend = "$3", timeout = 60 },
 }
 LUA
@@ -64,7 +67,8 @@ PY
 
 for case in "stage0 0 $adamw" "stage1 1 $adamw" "stage2 2 $adamw" "stage3 3 $adamw" \
             "onebit_stage0 0 $onebit" "onebit_stage1 1 $onebit" "onebit_stage2 2 $onebit" \
-            "onebit_stage3 3 $onebit" "zero_one_stage2 2 $zero_one" "lamb_stage3 3 $lamb"; do
+            "onebit_stage3 3 $onebit" "zero_one_stage2 2 $zero_one" "lamb_stage3 3 $lamb" \
+            "onebit_replay_stage2 2 $onebit" "zero_one_replay_stage1 1 $zero_one"; do
   read -r name stage opt <<<"$case"
   job "$name.mpi" "$stage" mpi "$opt"
   job "$name.local" "$stage" local "$opt"
