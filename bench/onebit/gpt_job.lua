@@ -3,13 +3,15 @@
 -- onebit_lamb) at ZeRO stage GPT_STAGE, for GPT_STEPS steps. Adam is AdamW
 -- without bias correction (the compressing optimizers' warm-up rule); the
 -- compressing ones warm up for the first 18% of the steps (0/1 Adam: its
--- variance steps), as DeepSpeed recommends 15-25%.
+-- variance steps), as DeepSpeed recommends 15-25%. GPT_REPLAY=1 sets
+-- compression.replay (1-bit Adam, 0/1 Adam at stages 1-2).
 local zerod = require("zerod")
 
 local steps = tonumber(os.getenv("GPT_STEPS") or "800")
 local stage = tonumber(os.getenv("GPT_STAGE") or "0")
 local which = os.getenv("GPT_OPTIMIZER") or "adam"
 local warm = math.floor(0.18 * steps)
+local replay = os.getenv("GPT_REPLAY") == "1"
 
 local common = { lr = 2e-3, betas = {0.9, 0.95}, weight_decay = 0.01 }
 local optimizers = {
@@ -29,5 +31,6 @@ return {
   optimizer = opt,
   gradient_clipping = 1.0,
   zero = { stage = stage },
+  compression = replay and { replay = true } or nil,
   lr = zerod.cosine{ warmup_steps = 40, total_steps = steps, max_lr = 2e-3, min_lr = 2e-4 },
 }

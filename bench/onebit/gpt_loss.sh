@@ -3,7 +3,8 @@
 # Adam's: 2 ranks through the daemon (local comm), the same data and seed,
 # bench/onebit/gpt_job.lua. Prints per run the mean training loss of the last
 # 10 steps, the validation loss, their difference from Adam's at stage 0,
-# and rank 0's bytes sent per step.
+# and rank 0's bytes sent per step. An optimizer named NAME+replay runs NAME
+# with compression.replay (stages 1-2: onebit_adam+replay:1).
 #
 #   bench/onebit/gpt_loss.sh [--build DIR] [--steps 800] [--runs "adam:0 onebit_adam:0 ..."] [-- TRAINER ARGS]
 set -u
@@ -24,9 +25,10 @@ while [ $# -gt 0 ]; do
 done
 table=()
 for r in $runs; do
-  opt=${r%%:*} stage=${r##*:}
+  opt=${r%%:*} stage=${r##*:} replay=0
+  [ "${opt%+replay}" != "$opt" ] && replay=1
   start=$(date +%s)
-  out=$(GPT_OPTIMIZER=$opt GPT_STAGE=$stage GPT_STEPS=$steps PYTHONPATH="$root/bindings/python" \
+  out=$(GPT_OPTIMIZER=${opt%+replay} GPT_REPLAY=$replay GPT_STAGE=$stage GPT_STEPS=$steps PYTHONPATH="$root/bindings/python" \
     "$build/bin/zerod" run --nproc 2 --job "$here/gpt_job.lua" -- \
     "$python" "$root/examples/python/train_gpt.py" --steps "$steps" --sample-chars 0 "$@" 2>&1)
   line=$(echo "$out" | grep -m1 'trained .* steps')
@@ -45,9 +47,9 @@ steps, rows = sys.argv[1], sys.argv[2:]
 res = [rows[i:i + 5] for i in range(0, len(rows), 5)]
 ref = next((r for r in res if r[0] == "adam"), None)
 print(f"GPT, {steps} steps, 2 ranks")
-print(f"{'optimizer':<14} {'stage':>5} {'train':>7} {'val':>7} {'train vs adam':>14} {'val vs adam':>12} {'B/step':>12}")
+print(f"{'optimizer':<21} {'stage':>5} {'train':>7} {'val':>7} {'train vs adam':>14} {'val vs adam':>12} {'B/step':>12}")
 for o, s, t, v, b in res:
     dt = (float(t) / float(ref[2]) - 1) * 100 if ref else 0
     dv = (float(v) / float(ref[3]) - 1) * 100 if ref else 0
-    print(f"{o:<14} {s:>5} {float(t):>7.3f} {float(v):>7.3f} {dt:>+13.1f}% {dv:>+11.1f}% {int(b):>12,}")
+    print(f"{o:<21} {s:>5} {float(t):>7.3f} {float(v):>7.3f} {dt:>+13.1f}% {dv:>+11.1f}% {int(b):>12,}")
 PY
