@@ -404,19 +404,36 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
   return reinterpret_cast<float*>(b.addr(sp.at));
 }
 
+// What every update call of this step says of tensor pid: the types, the
+// step's scale, lr and number, the plan's kind, the pass, and the tensor's
+// scalars.
+zd_optimizer_update MomentumCompression::step_update(const StepState& st, const ParamGroup& g, zd_param_id pid,
+                                                     uint32_t pass) {
+  const uint32_t k = ctx_.optimizer().tensor_scalars();
+  zd_optimizer_update u{};
+  u.struct_size = sizeof u;
+  u.grad_dtype = ctx_.grad_dtype(g);
+  u.work_dtype = g.dtype;
+  u.grad_scale = st.grad_scale;
+  u.lr = st.lr;
+  u.step = st.t;
+  u.kind = st.plan.kind;
+  u.pass = pass;
+  u.tensor = k ? scalars_.data() + static_cast<uint64_t>(pid) * k : nullptr;
+  return u;
+}
+
 // PREPARE (and the EXCHANGE after it), segment by segment: only one
 // segment's whole values are held at a time.
 void MomentumCompression::prepare(StepState& st, bool then_exchange) {
   const auto& groups = ctx_.registry.groups();
   const zd_optimizer_plan& plan = st.plan;
   const bool several = ctx_.world_size > 1;
-  const uint32_t k = ctx_.optimizer().tensor_scalars();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     Group& c = groups_[gi];
     const OwnedGrad local = grads_.local_grad(gi);
-    const zd_dtype gdt = ctx_.grad_dtype(g);
-    const size_t gsz = dtype_size(gdt);
+    const size_t gsz = dtype_size(ctx_.grad_dtype(g));
     const int32_t in = !plan.keep_average                  ? ZD_EXCHANGE_IN_ZERO
                        : (keeps() && c.have_average)       ? ZD_EXCHANGE_IN_AVERAGE
                                                            : ZD_EXCHANGE_IN_SLOT;
@@ -435,19 +452,10 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
       }
       for (zd_param_id pid : s.params) {
         const ParamRecord& p = ctx_.registry.param(pid);
-        zd_optimizer_update u{};
-        u.struct_size = sizeof u;
+        zd_optimizer_update u = step_update(st, g, pid, 0);
         u.count = static_cast<uint64_t>(p.numel);
         u.grad = local.data + p.full_offset * gsz;
-        u.grad_dtype = gdt;
-        u.work_dtype = g.dtype;
-        u.grad_scale = st.grad_scale;
-        u.lr = st.lr;
-        u.step = st.t;
-        u.kind = plan.kind;
-        u.pass = 0;
         u.exchange = xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
-        u.tensor = k ? scalars_.data() + static_cast<uint64_t>(pid) * k : nullptr;
         u.exchange_in = in;
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
@@ -651,7 +659,7 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
   const OptimizerInstance& opt = ctx_.optimizer();
   const ParamGroup& g = ctx_.registry.groups()[gi];
   const Group& c = groups_[gi];
-  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots, nscalars = opt.tensor_scalars();
+  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots;
   auto* working = reinterpret_cast<float*>(buffers_.groups()[gi].working.addr(0));
   observe::Span span(res_.probe, "optimizer", "replay");
   for (zd_param_id pid : s.params) {
@@ -663,19 +671,10 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
     const float* px = x + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
     for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {
       if (a >= b) continue;
-      zd_optimizer_update u{};
-      u.struct_size = sizeof u;
+      zd_optimizer_update u = step_update(st, g, pid, 1);
       u.count = b - a;
       u.master = working + a;
-      u.grad_dtype = ctx_.grad_dtype(g);
-      u.work_dtype = g.dtype;
-      u.grad_scale = st.grad_scale;
-      u.lr = st.lr;
-      u.step = st.t;
-      u.kind = st.plan.kind;
-      u.pass = 1;
       u.exchange = const_cast<float*>(px + (a - begin));
-      u.tensor = nscalars ? const_cast<float*>(scalars_.data()) + static_cast<uint64_t>(pid) * nscalars : nullptr;
       for (uint32_t k = 0; k < slots; ++k)
         if (mask >> k & 1u) u.state[k] = reinterpret_cast<float*>(c.replica[k].addr(0)) + a;
       const uint64_t tiles = (u.count + kTile - 1) / kTile;

@@ -128,6 +128,7 @@ class MomentumCompression {
   void allocate_owned();
   float* scratch(size_t group, uint64_t count);
   void lay_out_groups();
+  zd_optimizer_update step_update(const StepState& st, const ParamGroup& g, zd_param_id pid, uint32_t pass);
   void prepare(StepState& st, bool then_exchange);
   void exchange_in_place(StepState& st);
   void exchange(size_t group, const Segment& s, float* x, bool keep);
