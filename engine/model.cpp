@@ -25,6 +25,16 @@ Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, boo
     mod = m.registry_.module(module).name;
   m.require_healthy();  // a refused call is not recorded as the rank being in it
   m.activity_.enter(rank, name, mod);
+  if (m.shard_board_) {
+    // The last begin's gather is compared with the peers' now (a rank kept
+    // waiting here is in this call for the job's "where each rank was").
+    try {
+      rs.residency.settle_gathers();
+    } catch (...) {
+      m.activity_.leave(rank, rs.applied, rs.micro_step);
+      throw;
+    }
+  }
   // The first call of a step opens it (and may start recording): its span
   // begins when the step does, so the step's spans nest in it.
   observe::RankProbe& probe = rs.res.probe;

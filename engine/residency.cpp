@@ -25,6 +25,7 @@ void Residency::clear() {
   for (ModuleEntry& m : modules_) m = ModuleEntry{};
   trace_ = Trace{};
   live_elems_ = 0;
+  unsettled_ = Unsettled{};
 }
 
 // The rank's shard of p, where the all-gather reads it: in place when it is
@@ -57,25 +58,42 @@ void Residency::copy_shards(const ShardBoard& board, zd_param_id pid) {
     std::memcpy(dst + static_cast<size_t>(q) * bytes, board.shard(q, pid), bytes);
 }
 
-void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
-                            uint64_t epoch) {
-  if (!board.all_arrived(k) || !board.readable(epoch)) {
-    const std::string what = "gathering " + ctx_.module_label(m);
-    board.await_arrival(res_.rank, k, what);
-    board.await_readable(res_.rank, epoch, what);
-  }
+void Residency::check_agreement(ShardBoard& board, zd_module_id m, uint64_t k) {
+  if (!board.all_arrived(k)) board.await_arrival(res_.rank, k, "gathering " + ctx_.module_label(m));
   uint64_t other = 0;
   const int q = board.disagreeing(res_.rank, k, static_cast<uint64_t>(m), &other);
-  if (q >= 0) {
-    // As the local plugin words a disagreement, the lower rank first.
-    const int r = res_.rank;
-    const std::string mine = "\"gathering " + ctx_.module_label(m) + "\"";
-    const std::string theirs = "\"gathering " + ctx_.module_label(static_cast<zd_module_id>(other)) + "\"";
-    fail(ZD_ERR_INVALID_STATE, "ranks disagree at gather #" + std::to_string(k + 1) + ": rank " +
-                                   std::to_string(std::min(r, q)) + " is in " + (r < q ? mine : theirs) + ", rank " +
-                                   std::to_string(std::max(r, q)) + " is in " + (r < q ? theirs : mine));
-  }
+  if (q < 0) return;
+  // As the local plugin words a disagreement, the lower rank first.
+  const int r = res_.rank;
+  const std::string mine = "\"gathering " + ctx_.module_label(m) + "\"";
+  const std::string theirs = "\"gathering " + ctx_.module_label(static_cast<zd_module_id>(other)) + "\"";
+  fail(ZD_ERR_INVALID_STATE, "ranks disagree at gather #" + std::to_string(k + 1) + ": rank " +
+                                 std::to_string(std::min(r, q)) + " is in " + (r < q ? mine : theirs) + ", rank " +
+                                 std::to_string(std::max(r, q)) + " is in " + (r < q ? theirs : mine));
+}
+
+void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
+                            uint64_t epoch, bool defer) {
+  // The version read is what makes the copy right; the arrival only lets
+  // ranks that went different ways be told. Waiting for a peer's arrival
+  // at every begin cost about 5 us of a 15 us call through the daemon
+  // (docs/daemon.md), so a begin leaves it to the rank's next call.
+  const bool compare_now = !defer || board.all_arrived(k);
+  if (!board.readable(epoch)) board.await_readable(res_.rank, epoch, "gathering " + ctx_.module_label(m));
+  if (compare_now) check_agreement(board, m, k);
   for (zd_param_id pid : todo) copy_shards(board, pid);
+  if (!compare_now) unsettled_ = Unsettled{true, m, k};
+}
+
+void Residency::settle_gathers() {
+  if (!unsettled_.pending) return;
+  const Unsettled u = unsettled_;
+  unsettled_.pending = false;  // settled once, whatever the outcome
+  try {
+    check_agreement(*ctx_.shards, u.module, u.gather);
+  } catch (const Error& e) {
+    ctx_.broken_by(e);
+  }
 }
 
 // Gathers a module's non-persistent parameters into fresh buffers on the
@@ -130,7 +148,7 @@ void Residency::gather(zd_module_id m, bool prefetch) {
     if (prefetch) {
       me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch] {
         observe::Span span(res_.probe, "residency", "gather", a);
-        copy_module(*board, todo, m, k, epoch);
+        copy_module(*board, todo, m, k, epoch, false);
       });
       return;
     }
@@ -138,7 +156,7 @@ void Residency::gather(zd_module_id m, bool prefetch) {
     // the stream's thread and back.
     observe::Span span(res_.probe, "residency", "gather", a);
     try {
-      copy_module(*board, todo, m, k, epoch);
+      copy_module(*board, todo, m, k, epoch, true);
     } catch (const Error& e) {
       ctx_.broken_by(e);
     }
@@ -217,6 +235,7 @@ void Residency::restart() {
   for (ModuleEntry& m : modules_) m = ModuleEntry{};
   trace_ = Trace{};
   live_elems_ = 0;
+  unsettled_ = Unsettled{};
 }
 
 void Residency::start_micro_batch() {

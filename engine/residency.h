@@ -58,6 +58,12 @@ class Residency {
   uint64_t live_elements() const { return live_elems_; }
   // zd_param_write of a parameter whose copy is gathered now.
   void overwrite(zd_param_id pid, const float* whole);
+  // A begin call's one-sided gather copies as soon as its peers' shards are
+  // at its version, without waiting for them to arrive at the same gather;
+  // whether they gather the same module is settled here, at the start of
+  // the rank's next call (Model::Call), waiting for them then if need be.
+  // A disagreement breaks the job, as it would have at the begin.
+  void settle_gathers();
 
  private:
   struct ModuleEntry {
@@ -78,11 +84,15 @@ class Residency {
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
   // Copies p's shards from every rank into its gathered copy (one-sided);
   // copy_module those of module m's parameters todo at its gather #k, once
-  // every rank has arrived there and every rank's shards are at version
-  // `epoch`.
+  // every rank's shards are at version `epoch` and, unless `defer`, every
+  // rank has arrived there (with `defer` and a peer not there yet, the
+  // comparison is left to settle_gathers()).
   void copy_shards(const ShardBoard& board, zd_param_id pid);
   void copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
-                   uint64_t epoch);
+                   uint64_t epoch, bool defer);
+  // Waits until every rank has arrived at gather #k and fails
+  // (ZD_ERR_INVALID_STATE) when one gathers another module there.
+  void check_agreement(ShardBoard& board, zd_module_id m, uint64_t k);
   // Gathers p's shards from every rank into dst (on the rank's stream).
   void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
 
@@ -93,6 +103,11 @@ class Residency {
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;
   uint64_t live_elems_ = 0;
+  struct Unsettled {
+    bool pending = false;
+    zd_module_id module = -1;
+    uint64_t gather = 0;  // its number on the board
+  } unsettled_;
 };
 
 }  // namespace zerod

@@ -8,9 +8,11 @@
 //
 //   done[r]     write phases rank r has completed;
 //   entered[r]  write phases rank r has begun;
-// and, as the collective's arrival did, each gather waits until every rank
-// has arrived at the same gather (its number and module), so that ranks in
-// different modules are told.
+// and, as the collective's arrival did, every rank's gather k is compared
+// with the others' (its module), so that ranks in different modules are
+// told: a prefetch waits for the others to arrive before it copies; a begin
+// call copies at once and its rank compares at its next call
+// (Residency::settle_gathers), waiting for them then.
 //
 // A write phase is anything that writes a rank's working shards: a step's
 // update, zd_param_write, a checkpoint load or snapshot resume, the rebuild

@@ -142,7 +142,8 @@ class Ring : public ::testing::Test {
   Proc daemon_, rank0_, rank1_;
 };
 
-// The daemon dies while rank 0 waits for its reply on the ring: rank 0 sees
+// The daemon dies while rank 0 waits for its reply on the ring (its end
+// call waits for rank 1 to arrive at the begin's gather): rank 0 sees
 // the socket hang up between two sleep slices and reports the daemon gone.
 TEST_F(Ring, ADaemonDyingWhileARankWaitsIsReported) {
   start(ZEROD_WAIT_JOB, "wait");
@@ -154,7 +155,7 @@ TEST_F(Ring, ADaemonDyingWhileARankWaitsIsReported) {
   ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after the daemon died";
   const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
   EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to notice";
-  EXPECT_NE(rank0_.output().find("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: the zerod daemon is gone"),
+  EXPECT_NE(rank0_.output().find("rank 0: ZD_ERR_PEER_LOST: zd_forward_end: the zerod daemon is gone"),
             std::string::npos)
       << rank0_.output();
 }
@@ -172,7 +173,7 @@ TEST_F(Ring, ARankDyingWhileTheDaemonWaitsOnItsRingIsReported) {
   ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after rank 1 died";
   const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
   EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to hear of it";
-  EXPECT_TRUE(std::regex_search(rank0_.output(), std::regex("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: .*rank 1")))
+  EXPECT_TRUE(std::regex_search(rank0_.output(), std::regex("rank 0: ZD_ERR_PEER_LOST: zd_forward_end: .*rank 1")))
       << rank0_.output();
 }
 

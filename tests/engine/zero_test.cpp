@@ -377,19 +377,88 @@ TEST(Divergence, RanksInDifferentModulesAreToldWhoIsWhere) {
   std::string seen[2];
   run_ranks(2, [&](int rank) {
     three_modules(*model, rank);
+    const zd_module_id mine = rank == 0 ? 0 : 1;
+    // The rank that gathers first may be told at its next call.
     try {
-      model->forward_begin(rank, rank == 0 ? 0 : 1);
+      model->forward_begin(rank, mine);
+      model->forward_end(rank, mine);
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE);
       seen[rank] = e.what();
     }
   });
   for (const std::string& s : seen) {
+    EXPECT_NE(s.find("ranks disagree at gather #1"), std::string::npos) << s;
     EXPECT_NE(s.find("module 'm1'"), std::string::npos) << s;
     EXPECT_NE(s.find("module 'm2'"), std::string::npos) << s;
     EXPECT_NE(s.find("rank 0"), std::string::npos) << s;
     EXPECT_NE(s.find("rank 1"), std::string::npos) << s;
   }
+}
+
+// A begin's one-sided gather does not wait for the peers to arrive at the
+// same gather (shard_board.h); the rank that got there first is told at
+// its next call, which waits for them.
+TEST(Divergence, TheRankThatGathersFirstIsToldAtItsNextCall) {
+  JobOptions o;
+  o.stage = 3;
+  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
+  auto model = make_model(o, 2);
+  std::string seen[2];
+  bool begun[2] = {false, false};
+  run_ranks(2, [&](int rank) {
+    three_modules(*model, rank);
+    const zd_module_id mine = rank == 0 ? 0 : 1;
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    try {
+      model->forward_begin(rank, mine);
+      begun[rank] = true;
+      model->forward_end(rank, mine);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE);
+      seen[rank] = e.what();
+    }
+  });
+  EXPECT_TRUE(begun[0]) << "rank 0 gathered before rank 1 arrived: " << seen[0];
+  EXPECT_FALSE(begun[1]) << "rank 1 arrived second and is told at its begin";
+  for (const std::string& s : seen) {
+    EXPECT_NE(s.find("ranks disagree at gather #1: rank 0 is in \"gathering module 'm1'\", rank 1 is in "
+                     "\"gathering module 'm2'\""),
+              std::string::npos)
+        << s;
+  }
+}
+
+// The next call waits for the peers' arrival as the begin did: a rank that
+// never gathers is named within the comm timeout.
+TEST(Divergence, ANextCallWaitingForAPeerThatNeverGathersTimesOut) {
+  JobOptions o;
+  o.stage = 3;
+  o.timeout_s = 0.3;
+  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
+  auto model = make_model(o, 2);
+  std::string seen;
+  zd_status code = ZD_OK;
+  double waited = 0;
+  run_ranks(2, [&](int rank) {
+    three_modules(*model, rank);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      return;
+    }
+    model->forward_begin(0, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      model->forward_end(0, 0);
+    } catch (const Error& e) {
+      code = e.code();
+      seen = e.what();
+    }
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  EXPECT_EQ(code, ZD_ERR_TIMEOUT) << seen;
+  EXPECT_LT(waited, 1.0) << seen;
+  EXPECT_NE(seen.find("for rank 1 to arrive at its gather #1, gathering module 'm1'"), std::string::npos) << seen;
 }
 
 TEST(RankLost, WaitingRanksGetPeerLostAndStateIsUntouched) {
