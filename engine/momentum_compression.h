@@ -134,6 +134,8 @@ class MomentumCompression {
   void exchange(size_t group, const Segment& s, float* x, bool keep);
   void fill_from_average(size_t group, const Segment& s, float* x) const;
   float* owned_whole(StepState& st, size_t group, const Segment& s) const;
+  std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> owned_parts(size_t group, const Segment& s) const;
+  void read_slot(size_t group, const Segment& s, int slot, float* x);
   void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
   void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
   void pass(StepState& st, bool with_grad);

@@ -4,23 +4,28 @@
 -- without bias correction (the compressing optimizers' warm-up rule); the
 -- compressing ones warm up for the first 18% of the steps (0/1 Adam: its
 -- variance steps), as DeepSpeed recommends 15-25%. GPT_REPLAY=1 sets
--- compression.replay (1-bit Adam, 0/1 Adam at stages 1-2).
+-- compression.replay (1-bit Adam, 0/1 Adam at stages 1-2). GPT_LR sets the
+-- peak learning rate (default 2e-3, Adam's; the cosine ends at a tenth of
+-- it), GPT_WARM the warm-up's fraction of the steps (default 0.18) and
+-- GPT_VAR_SCALER 0/1 Adam's var_update_scaler (default 16, DeepSpeed's).
 local zerod = require("zerod")
 
 local steps = tonumber(os.getenv("GPT_STEPS") or "800")
 local stage = tonumber(os.getenv("GPT_STAGE") or "0")
 local which = os.getenv("GPT_OPTIMIZER") or "adam"
-local warm = math.floor(0.18 * steps)
+local warm = math.floor(tonumber(os.getenv("GPT_WARM") or "0.18") * steps)
+local lr = tonumber(os.getenv("GPT_LR") or "2e-3")
 local replay = os.getenv("GPT_REPLAY") == "1"
 
-local common = { lr = 2e-3, betas = {0.9, 0.95}, weight_decay = 0.01 }
+local common = { lr = lr, betas = {0.9, 0.95}, weight_decay = 0.01 }
 local optimizers = {
   adam = { type = "adamw", bias_correction = false },
   onebit_adam = { type = "onebit_adam", freeze_step = warm },
   -- Local steps (stage 0 only): the sync interval doubles every 80 updates
   -- after the variance freezes, up to 8.
   zero_one_adam = { type = "zero_one_adam", var_freeze_step = warm, local_steps = (stage == 0),
-                    local_step_scaler = 80, local_step_clipper = 8 },
+                    local_step_scaler = 80, local_step_clipper = 8,
+                    var_update_scaler = tonumber(os.getenv("GPT_VAR_SCALER") or "16") },
   onebit_lamb = { type = "onebit_lamb", freeze_step = warm },
 }
 local opt = assert(optimizers[which], "GPT_OPTIMIZER: adam, onebit_adam, zero_one_adam or onebit_lamb")
@@ -32,5 +37,5 @@ return {
   gradient_clipping = 1.0,
   zero = { stage = stage },
   compression = replay and { replay = true } or nil,
-  lr = zerod.cosine{ warmup_steps = 40, total_steps = steps, max_lr = 2e-3, min_lr = 2e-4 },
+  lr = zerod.cosine{ warmup_steps = 40, total_steps = steps, max_lr = lr, min_lr = lr / 10 },
 }
