@@ -434,14 +434,20 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
   const Group& c = groups_[gi];
   const bool one = s.params.size() == 1;  // else the fused segment: the group's tensors, in order
   uint64_t base = 0;
+  bool found = false;
   for (size_t j = 0; j < s.params.size(); ++j) {
     const ParamRecord& p = ctx_.registry.param(s.params[j]);
+    if (p.numel == 0) continue;  // nowhere in either layout
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return nullptr;
     const uint64_t in_segment = one ? 0 : c.dense[j] - s.dense;
     if (sp.at < in_segment) return nullptr;
-    if (j == 0) base = sp.at - in_segment;
-    else if (sp.at - in_segment != base) return nullptr;
+    if (!found) {
+      base = sp.at - in_segment;
+      found = true;
+    } else if (sp.at - in_segment != base) {
+      return nullptr;
+    }
   }
   const TieredBuffer& b = (*st.owned)[gi];
   if (!b.addressable(base, s.count)) return nullptr;
@@ -461,10 +467,15 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
   for (size_t j = 0; j < s.params.size() && direct; ++j) {
     const ParamRecord& p = ctx_.registry.param(s.params[j]);
     const TieredBuffer& b = buffers_.of(p).state[static_cast<size_t>(slot)];
-    const uint64_t at = p.full_offset - ctx_.owned_begin(ctx_.registry.groups()[gi], res_.rank);
+    // Where the rank's state of p starts, in the layout of its stage (by
+    // full offset, or by flat offset and stride where parameters are
+    // partitioned and one rank owns them all).
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     const auto n = static_cast<uint64_t>(p.numel);
-    direct = n == 0 || (b.addressable(at, n) && at + n <= b.segment_at(at).begin + b.segment_at(at).count);
-    if (direct && n) spans.push_back({x + (one ? 0 : c.dense[j] - s.dense), b.addr(at), n * 4});
+    if (n == 0) continue;
+    direct = sp.from == 0 && sp.count == n && b.addressable(sp.at, n) &&
+             sp.at + n <= b.segment_at(sp.at).begin + b.segment_at(sp.at).count;
+    if (direct) spans.push_back({x + (one ? 0 : c.dense[j] - s.dense), b.addr(sp.at), n * 4});
   }
   if (direct) {
     copy_on_workers(res_.workers, spans);

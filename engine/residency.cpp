@@ -76,7 +76,7 @@ void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& t
                             uint64_t epoch, bool defer) {
   // The version read is what makes the copy right; the arrival only lets
   // ranks that went different ways be told. Waiting for a peer's arrival
-  // at every begin cost about 5 us of a 15 us call through the daemon
+  // at every begin cost several us of a 15-20 us call through the daemon
   // (docs/daemon.md), so a begin leaves it to the rank's next call.
   const bool compare_now = !defer || board.all_arrived(k);
   if (!board.readable(epoch)) board.await_readable(res_.rank, epoch, "gathering " + ctx_.module_label(m));
