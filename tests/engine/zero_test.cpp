@@ -337,6 +337,15 @@ void backward_all(Model& m, int rank) {
   }
 }
 
+// Stage 3 with every parameter gathered on demand, one module at a time
+// (nothing persistent, nothing prefetched).
+JobOptions stage3_on_demand() {
+  JobOptions o;
+  o.stage = 3;
+  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
+  return o;
+}
+
 }  // namespace
 
 TEST(Hang, ARankThatStopsCallingIsNamedWithinTheTimeout) {
@@ -370,10 +379,7 @@ TEST(Hang, ARankThatStopsCallingIsNamedWithinTheTimeout) {
 }
 
 TEST(Divergence, RanksInDifferentModulesAreToldWhoIsWhere) {
-  JobOptions o;
-  o.stage = 3;
-  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
-  auto model = make_model(o, 2);
+  auto model = make_model(stage3_on_demand(), 2);
   std::string seen[2];
   run_ranks(2, [&](int rank) {
     three_modules(*model, rank);
@@ -400,10 +406,7 @@ TEST(Divergence, RanksInDifferentModulesAreToldWhoIsWhere) {
 // same gather (shard_board.h); the rank that got there first is told at
 // its next call, which waits for them.
 TEST(Divergence, TheRankThatGathersFirstIsToldAtItsNextCall) {
-  JobOptions o;
-  o.stage = 3;
-  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
-  auto model = make_model(o, 2);
+  auto model = make_model(stage3_on_demand(), 2);
   std::string seen[2];
   bool begun[2] = {false, false};
   run_ranks(2, [&](int rank) {
@@ -432,10 +435,8 @@ TEST(Divergence, TheRankThatGathersFirstIsToldAtItsNextCall) {
 // The next call waits for the peers' arrival as the begin did: a rank that
 // never gathers is named within the comm timeout.
 TEST(Divergence, ANextCallWaitingForAPeerThatNeverGathersTimesOut) {
-  JobOptions o;
-  o.stage = 3;
+  JobOptions o = stage3_on_demand();
   o.timeout_s = 0.3;
-  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
   auto model = make_model(o, 2);
   std::string seen;
   zd_status code = ZD_OK;
@@ -497,10 +498,8 @@ TEST(RankLost, WaitingRanksGetPeerLostAndStateIsUntouched) {
 }
 
 TEST(Zero3Budget, AModuleThatCannotBeGatheredIsNamedAndOthersStillRun) {
-  JobOptions o;
-  o.stage = 3;
+  JobOptions o = stage3_on_demand();
   o.optimizer = "sgd";
-  o.zero_hparams = {{"param_persistence_threshold", 0}, {"prefetch_bucket_size", 0}};
   // Plain SGD keeps no state: shards, gradients and master are 12 B per
   // element (64 + 100000 of them); 200000 B more holds m1 gathered, not m2.
   o.device_budget = 12 * (64 + 100000) + 200000;
