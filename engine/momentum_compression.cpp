@@ -47,6 +47,15 @@ uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
 
 bool sign_bit(const uint8_t* bits, uint64_t e) { return (bits[e >> 3] >> (e & 7)) & 1; }
 
+// The address of [at, at + n) where it lies in one memory segment of b
+// (so one pointer covers it), else nullptr.
+float* in_one_segment(const TieredBuffer& b, uint64_t at, uint64_t n) {
+  if (!b.addressable(at, n)) return nullptr;
+  const auto& seg = b.segment_at(at);
+  if (at + n > seg.begin + seg.count) return nullptr;
+  return reinterpret_cast<float*>(b.addr(at));
+}
+
 struct CopySpan {
   void* dst;
   const void* src;
@@ -409,17 +418,22 @@ void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& 
   copy_on_workers(res_.workers, spans);
 }
 
+// Where the segment's tensor j starts in it: a one-tensor segment is that
+// tensor; the fused segment is the group's tensors, in order.
+uint64_t MomentumCompression::in_segment(const Group& c, const Segment& s, size_t j) {
+  return s.params.size() == 1 ? 0 : c.dense[j] - s.dense;
+}
+
 // Where each of the segment's tensors has elements this rank owns: their
 // first element in the segment and their span in the owned buffer.
 std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> MomentumCompression::owned_parts(size_t gi,
                                                                                         const Segment& s) const {
   const Group& c = groups_[gi];
-  const bool one = s.params.size() == 1;  // else the fused segment: the group's tensors, in order
   std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> out;
   for (size_t j = 0; j < s.params.size(); ++j) {
     const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(s.params[j]), res_.rank);
     if (sp.count == 0) continue;
-    out.emplace_back((one ? 0 : c.dense[j] - s.dense) + sp.from, sp);
+    out.emplace_back(in_segment(c, s, j) + sp.from, sp);
   }
   return out;
 }
@@ -432,7 +446,6 @@ std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> MomentumCompression::o
 float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
   if (st.owned == nullptr || s.count == 0 || s.params.empty()) return nullptr;
   const Group& c = groups_[gi];
-  const bool one = s.params.size() == 1;  // else the fused segment: the group's tensors, in order
   uint64_t base = 0;
   bool found = false;
   for (size_t j = 0; j < s.params.size(); ++j) {
@@ -440,20 +453,16 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
     if (p.numel == 0) continue;  // nowhere in either layout
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return nullptr;
-    const uint64_t in_segment = one ? 0 : c.dense[j] - s.dense;
-    if (sp.at < in_segment) return nullptr;
+    const uint64_t off = in_segment(c, s, j);
+    if (sp.at < off) return nullptr;
     if (!found) {
-      base = sp.at - in_segment;
+      base = sp.at - off;
       found = true;
-    } else if (sp.at - in_segment != base) {
+    } else if (sp.at - off != base) {
       return nullptr;
     }
   }
-  const TieredBuffer& b = (*st.owned)[gi];
-  if (!b.addressable(base, s.count)) return nullptr;
-  const auto& seg = b.segment_at(base);
-  if (base + s.count > seg.begin + seg.count) return nullptr;
-  return reinterpret_cast<float*>(b.addr(base));
+  return in_one_segment((*st.owned)[gi], base, s.count);
 }
 
 // The segment's whole values of a state slot into x: on the workers where
@@ -461,7 +470,6 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
 // tensor from the owners (read_whole_into).
 void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float* x) {
   const Group& c = groups_[gi];
-  const bool one = s.params.size() == 1;
   std::vector<CopySpan> spans;
   bool direct = owns_all();
   for (size_t j = 0; j < s.params.size() && direct; ++j) {
@@ -473,16 +481,16 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     const auto n = static_cast<uint64_t>(p.numel);
     if (n == 0) continue;
-    direct = sp.from == 0 && sp.count == n && b.addressable(sp.at, n) &&
-             sp.at + n <= b.segment_at(sp.at).begin + b.segment_at(sp.at).count;
-    if (direct) spans.push_back({x + (one ? 0 : c.dense[j] - s.dense), b.addr(sp.at), n * 4});
+    const float* src = sp.from == 0 && sp.count == n ? in_one_segment(b, sp.at, n) : nullptr;
+    direct = src != nullptr;
+    if (direct) spans.push_back({x + in_segment(c, s, j), src, n * 4});
   }
   if (direct) {
     copy_on_workers(res_.workers, spans);
     return;
   }
   for (size_t j = 0; j < s.params.size(); ++j)
-    read_whole_into(ctx_, res_, buffers_, s.params[j], slot, "step", x + (one ? 0 : c.dense[j] - s.dense));
+    read_whole_into(ctx_, res_, buffers_, s.params[j], slot, "step", x + in_segment(c, s, j));
 }
 
 // What every update call of this step says of tensor pid: the types, the

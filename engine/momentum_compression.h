@@ -134,6 +134,7 @@ class MomentumCompression {
   void exchange(size_t group, const Segment& s, float* x, bool keep);
   void fill_from_average(size_t group, const Segment& s, float* x) const;
   float* owned_whole(StepState& st, size_t group, const Segment& s) const;
+  static uint64_t in_segment(const Group& c, const Segment& s, size_t j);
   std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> owned_parts(size_t group, const Segment& s) const;
   void read_slot(size_t group, const Segment& s, int slot, float* x);
   void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
