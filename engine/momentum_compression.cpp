@@ -39,6 +39,15 @@ uint64_t packed_count(const Registry& reg, const ParamGroup& g) {
   return n;
 }
 
+// The owned exchange buffer's length: where the rank owns every element
+// (stage 0, or one rank) it holds the group in its packed order, with none
+// of the registry's padding between tensors, so a fused group is one piece
+// of it whatever the tensors' sizes; else the owned range's layout.
+uint64_t exchange_count(const ModelContext& ctx, const ParamGroup& g) {
+  const bool all = ctx.world_size == 1 || !ctx.partitioned(ZD_PARTITION_OPTIMIZER);
+  return all ? packed_count(ctx.registry, g) : ctx.owned_count(g);
+}
+
 uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
   uint64_t n = 0;
   for (zd_param_id pid : g.params) n += compression_chunk(static_cast<uint64_t>(reg.param(pid).numel), world);
@@ -144,7 +153,7 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
   if (!ctx.optimizer().compresses()) return b;
   const ParamGroup& g = ctx.registry.groups()[group];
   if (ctx.partitioned(ZD_PARTITION_GRADS)) b.grads = g.full_numel * dtype_size(ctx.grad_dtype(g));
-  b.buffers = ctx.owned_count(g) * 4;
+  b.buffers = exchange_count(ctx, g) * 4;
   if (ctx.world_size > 1) {
     const uint64_t n = packed_count(ctx.registry, g);
     b.optimizer = {n * 4, server_elems(ctx.registry, g, ctx.world_size) * 4};
@@ -216,7 +225,7 @@ void MomentumCompression::allocate_owned() {
   try {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       owned_.emplace_back();
-      owned_.back().allocate(tiers, 4, {{ctx_.owned_count(groups[gi]), buffers_.groups()[gi].grad_tier()}},
+      owned_.back().allocate(tiers, 4, {{exchange_count(ctx_, groups[gi]), buffers_.groups()[gi].grad_tier()}},
                              ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
     }
   } catch (...) {
@@ -237,7 +246,7 @@ float* MomentumCompression::scratch(size_t gi, uint64_t count) {
 }
 
 void MomentumCompression::forget_average() {
-  for (Group& c : groups_) c.have_average = false;
+  for (Group& c : groups_) c.have_average = c.average_in_buffer = false;
   replica_valid_ = 0;
 }
 
@@ -306,7 +315,7 @@ void MomentumCompression::reset() {
   for (Group& c : groups_) {
     for (TieredBuffer* b : {&c.worker_error, &c.server_error})
       if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
-    c.have_average = false;
+    c.have_average = c.average_in_buffer = false;
   }
   replica_valid_ = 0;
   std::fill(scalars_.begin(), scalars_.end(), 0.0f);
@@ -441,11 +450,18 @@ std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> MomentumCompression::o
 // Where a segment can be prepared and exchanged in place: the owned
 // exchange buffer, when the rank owns each of the segment's tensors whole
 // and they lie there in the segment's packed order, with nothing between
-// them, in one memory segment (ZeRO stage 0, including a fused group's
-// single segment); else nullptr (a scratch copy, then scatter_owned).
+// them, in one memory segment; else nullptr (a scratch copy, then
+// scatter_owned). Where the rank owns every element (stage 0) the buffer is
+// in packed order (exchange_count), so every segment is in place, a fused
+// group's too; at stages 1-3 a tensor held whole by one owner can be.
 float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
   if (st.owned == nullptr || s.count == 0 || s.params.empty()) return nullptr;
   const Group& c = groups_[gi];
+  if (owns_all()) {
+    float* const x = in_one_segment((*st.owned)[gi], s.dense, s.count);
+    if (x == nullptr) fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
+    return x;
+  }
   uint64_t base = 0;
   bool found = false;
   for (size_t j = 0; j < s.params.size(); ++j) {
@@ -493,6 +509,17 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
     read_whole_into(ctx_, res_, buffers_, s.params[j], slot, "step", x + in_segment(c, s, j));
 }
 
+// The exchange buffer's values of tensor pid from element `at` of the
+// rank's owned range: at the same place in the owned layout, or, where the
+// buffer is in packed order (owns_all), at the tensor's packed offset.
+float* MomentumCompression::exchange_of(const StepState& st, size_t gi, zd_param_id pid, uint64_t at) const {
+  const TieredBuffer& b = (*st.owned)[gi];
+  if (!owns_all()) return reinterpret_cast<float*>(b.addr(at));
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
+  return reinterpret_cast<float*>(b.addr(dense_of(ctx_.registry, groups_[gi].dense, pid) + (at - sp.at)));
+}
+
 // What every update call of this step says of tensor pid: the types, the
 // step's scale, lr and number, the plan's kind, the pass, and the tensor's
 // scalars.
@@ -523,15 +550,19 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
     Group& c = groups_[gi];
     const OwnedGrad local = grads_.local_grad(gi);
     const size_t gsz = dtype_size(ctx_.grad_dtype(g));
-    const int32_t in = !plan.keep_average                  ? ZD_EXCHANGE_IN_ZERO
-                       : (keeps() && c.have_average)       ? ZD_EXCHANGE_IN_AVERAGE
-                                                           : ZD_EXCHANGE_IN_SLOT;
+    const bool held = plan.keep_average && c.average_in_buffer;
+    const int32_t in = !plan.keep_average                    ? ZD_EXCHANGE_IN_ZERO
+                       : (keeps() && c.have_average) || held ? ZD_EXCHANGE_IN_AVERAGE
+                                                             : ZD_EXCHANGE_IN_SLOT;
+    c.average_in_buffer = false;
     for (const Segment& s : segments(gi, plan.fused != 0)) {
       // Every element is written below unless the plan starts from zero.
       float* const direct = owned_whole(st, gi, s);
       float* const xs = direct != nullptr ? direct : scratch(gi, s.count);
       if (in == ZD_EXCHANGE_IN_ZERO) {
         std::memset(xs, 0, s.count * 4);
+      } else if (held) {
+        // In the buffer already (owns_all: every segment is in place).
       } else if (in == ZD_EXCHANGE_IN_AVERAGE) {
         fill_from_average(gi, s, xs);
       } else if (in == ZD_EXCHANGE_IN_SLOT) {
@@ -551,6 +582,7 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
       if (direct == nullptr) scatter_owned(st, gi, s, xs);
     }
     if (then_exchange && plan.keep_average && keeps()) c.have_average = true;
+    c.average_in_buffer = then_exchange && plan.keep_average && owns_all();
   }
   st.consumed = true;
 }
@@ -558,6 +590,8 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
 // An EXCHANGE of what a pass wrote: the rank owns every element (checked
 // by the caller), so the owned buffer is the whole of each tensor.
 void MomentumCompression::exchange_in_place(StepState& st) {
+  // The buffer takes what a pass wrote, not an average a prepare starts from.
+  for (Group& c : groups_) c.average_in_buffer = false;
   if (ctx_.world_size == 1) return;
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -605,7 +639,8 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
   a.planned = true;
   a.kind = st.plan.kind;
   a.pass = st.pass;
-  a.exchange = st.owned;
+  if (st.owned != nullptr)
+    a.exchange = [this, &st](size_t gi, zd_param_id pid, uint64_t at) { return exchange_of(st, gi, pid, at); };
   a.scalars = scalars_.empty() ? nullptr : scalars_.data();
   a.stats = nstats ? &st.stats : nullptr;
   runner_.pass(a);
@@ -634,6 +669,12 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
 bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t) {
   if (groups_.empty()) lay_out_groups();
   StepState st{plan, grad_scale, lr, t, nullptr, {}, false, 0, false, replays(plan)};
+  // A plan without a prepare that starts from the average moves the slot on
+  // some other way: the buffer no longer holds what it was made from.
+  bool prepares = false;
+  for (zd_plan_op op : plan.ops) prepares = prepares || op == ZD_OP_PREPARE;
+  if (!plan.keep_average || !prepares)
+    for (Group& c : groups_) c.average_in_buffer = false;
   // A plan that keeps no average moves the average slot on; the replicas
   // stay valid if this step replays them (0/1 Adam's m), as below.
   if (!plan.keep_average)

@@ -23,8 +23,10 @@
 // scale per chunk, 1/32 of an fp32 copy — for the next step's prepare: the
 // momentum stays partitioned. The first such step (or one after a
 // checkpoint load) gathers the plugin's average slot whole instead. At
-// stage 0 the rank holds that slot whole, and the pass left the average in
-// it: prepare reads it from there and nothing is kept. The
+// stage 0 the exchange buffer is in the group's packed order and kept
+// between steps, so every segment (a fused group too) is prepared and
+// exchanged in it without copies, and it still holds the last average when
+// the next step prepares: nothing else is kept, and nothing is copied. The
 // buffers live in the tier of the group's gradients (the device, or host
 // memory beside an offloaded optimizer). The host reads and writes them:
 // the cpu device only (refused on others).
@@ -114,6 +116,12 @@ class MomentumCompression {
     TieredBuffer signs;         // the kept average: a bit per element (packed order)
     TieredBuffer scales;        // and world scales per tensor (or per group when fused)
     bool have_average = false;
+    // Where the rank owns every element (stage 0): the packed exchange
+    // buffer still holds the average the last exchange left in it, which
+    // that step's pass read and made its average slot from. The next
+    // prepare starts from it as it is (ZD_EXCHANGE_IN_AVERAGE): no copy of
+    // the slot. Anything that moves the optimizer's state clears it.
+    bool average_in_buffer = false;
     // compression.replay: whole copies of the slots a replayed step reads
     // (full-layout elements of the group), filled at the first such step.
     TieredBuffer replica[ZD_OPTIMIZER_MAX_STATE];
@@ -134,6 +142,7 @@ class MomentumCompression {
   void exchange(size_t group, const Segment& s, float* x, bool keep);
   void fill_from_average(size_t group, const Segment& s, float* x) const;
   float* owned_whole(StepState& st, size_t group, const Segment& s) const;
+  float* exchange_of(const StepState& st, size_t group, zd_param_id pid, uint64_t at) const;
   static uint64_t in_segment(const Group& c, const Segment& s, size_t j);
   std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> owned_parts(size_t group, const Segment& s) const;
   void read_slot(size_t group, const Segment& s, int slot, float* x);

@@ -133,7 +133,8 @@ zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece&
   if (a.planned) {
     u.kind = a.kind;
     u.pass = a.pass;
-    if (a.exchange) u.exchange = reinterpret_cast<float*>((*a.exchange)[pc.group].addr(pc.begin));
+    if (a.exchange && pc.tensor >= 0)
+      u.exchange = a.exchange(pc.group, static_cast<zd_param_id>(pc.tensor), pc.begin);
     const uint32_t k = ctx_.optimizer().tensor_scalars();
     if (k && a.scalars && pc.tensor >= 0) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
   }
@@ -242,7 +243,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       const uint64_t lo = std::max(first, t.at), hi = std::min(first + u.count, t.at + t.count);
       if (lo >= hi) continue;
       zd_optimizer_update sub = update_slice(u, ctx_.optimizer().state_slots(), lo - first, hi - lo);
-      sub.exchange = a.exchange ? reinterpret_cast<float*>((*a.exchange)[pc.group].addr(lo)) : nullptr;
+      sub.exchange = a.exchange ? a.exchange(pc.group, static_cast<zd_param_id>(t.tensor), lo) : nullptr;
       sub.tensor = nscalars && a.scalars ? a.scalars + static_cast<uint64_t>(t.tensor) * nscalars : nullptr;
       std::fill(sub_stats.begin(), sub_stats.end(), 0.0);
       parallel_pass(res_.workers, ctx_.optimizer(), sub, with_grad, nstats, stat_ops.data(), sub_stats.data());

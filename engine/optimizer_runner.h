@@ -19,6 +19,7 @@
 #include "rank_resources.h"
 #include "state_buffers.h"
 
+#include <functional>
 #include <vector>
 
 namespace zerod {
@@ -58,9 +59,12 @@ class OptimizerRunner {
     bool planned = false;
     uint32_t kind = 0;
     uint32_t pass = 1;
-    const std::vector<TieredBuffer>* exchange = nullptr;  // per group, in owned coordinates, in memory
-    const float* scalars = nullptr;                       // per tensor (registry order), tensor_scalars() each
-    std::vector<double>* stats = nullptr;                 // per tensor, tensor_stats() each, combined here
+    // The exchange buffer's values of tensor `tensor` from element `at` of
+    // the rank's owned range of group `group` (the caller's layout); empty
+    // when the plan has no exchange.
+    std::function<float*(size_t group, zd_param_id tensor, uint64_t at)> exchange;
+    const float* scalars = nullptr;        // per tensor (registry order), tensor_scalars() each
+    std::vector<double>* stats = nullptr;  // per tensor, tensor_stats() each, combined here
   };
   void pass(const PassArgs& a);
   // A plain update of the owned range (with_grad: see PassArgs).

@@ -412,42 +412,55 @@ TEST(OnebitAdamReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplica) {
   expect_views_equal(want, train_views(d, 2, 9), "warm-up at update 6, stage 3");
 }
 
+// Trains one tensor for 8 steps, writing state slot `slot` (when >= 0)
+// with zd_optimizer_state_write before update 6; every rank's working copy.
+std::vector<std::vector<float>> train_writing_state(const JobOptions& o, int slot) {
+  const int world = 2;
+  const uint64_t n = 3001;
+  auto model = make_model(o, world);
+  std::vector<std::vector<float>> out(world);
+  run_ranks(world, [&](int rank) {
+    std::vector<float> init(n);
+    for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
+    const zd_param_id w =
+        model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
+    model->finalize(rank);
+    for (int s = 0; s < 8; ++s) {
+      if (s == 5 && slot >= 0) {
+        std::vector<float> v(n);
+        for (uint64_t i = 0; i < n; ++i) v[i] = 1e-4f * static_cast<float>(1 + i % 7);
+        model->write_state(rank, w, slot, ZD_DTYPE_F32, v.data(), n * 4);
+      }
+      model->backward_begin(rank, 0);
+      auto* g = static_cast<float*>(model->grad_view(rank, w).data);
+      for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
+      model->backward_end(rank, 0);
+      model->step(rank);
+    }
+    model->forward_begin(rank, 0);
+    out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
+    model->forward_end(rank, 0);
+  });
+  return out;
+}
+
 TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
   // zd_optimizer_state_write of v between compressed steps: the next
   // replayed step must read the written v on every rank.
-  auto run = [](const JobOptions& o) {
-    const int world = 2;
-    const uint64_t n = 3001;
-    auto model = make_model(o, world);
-    std::vector<std::vector<float>> out(world);
-    run_ranks(world, [&](int rank) {
-      std::vector<float> init(n);
-      for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
-      const zd_param_id w =
-          model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
-      model->finalize(rank);
-      for (int s = 0; s < 8; ++s) {
-        if (s == 5) {
-          std::vector<float> v(n);
-          for (uint64_t i = 0; i < n; ++i) v[i] = 1e-4f * static_cast<float>(1 + i % 7);
-          model->write_state(rank, w, 1, ZD_DTYPE_F32, v.data(), n * 4);
-        }
-        model->backward_begin(rank, 0);
-        auto* g = static_cast<float*>(model->grad_view(rank, w).data);
-        for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
-        model->backward_end(rank, 0);
-        model->step(rank);
-      }
-      model->forward_begin(rank, 0);
-      out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
-      model->forward_end(rank, 0);
-    });
-    return out;
-  };
-  const auto want = run(onebit(0));
-  const auto got = run(replaying(1));
+  const auto want = train_writing_state(onebit(0), 1);
+  const auto got = train_writing_state(replaying(1), 1);
   EXPECT_EQ(want[0], got[0]);
   EXPECT_EQ(want[0], got[1]);
+}
+
+TEST(OnebitAdamStages, AMomentumWrittenBetweenCompressedStepsIsWhereTheNextStepStarts) {
+  // At stage 0 the exchange buffer keeps the last average, and the next
+  // compressed step's momentum starts from it instead of from a copy of m;
+  // a write of m between steps must win over it, as at stage 1 (which
+  // gathers the written m from its owners).
+  const auto written = train_writing_state(onebit(0), 0);
+  EXPECT_EQ(written[0], train_writing_state(onebit(1), 0)[0]);
+  EXPECT_NE(written[0], train_writing_state(onebit(0), -1)[0]) << "the write changed nothing";
 }
 
 // 0/1 Adam without local steps (DeepSpeed's variance schedule, kappa 2:

@@ -253,12 +253,14 @@ typedef struct zd_optimizer_v2 {
  *                     every rank). On entry the buffer holds zeros
  *                     (ZD_EXCHANGE_IN_ZERO) when the plan does not set
  *                     keep_average; when it does, the average the last
- *                     exchange kept (ZD_EXCHANGE_IN_AVERAGE), or, when none
- *                     is kept (the first such step, after a checkpoint
- *                     load, and at ZeRO stage 0, where every rank holds
- *                     the slot whole and the last pass left the average
- *                     there), the whole of state slot average_slot(),
- *                     gathered from its owners (ZD_EXCHANGE_IN_SLOT).
+ *                     exchange kept (ZD_EXCHANGE_IN_AVERAGE: at ZeRO stages
+ *                     1-3 rebuilt from the kept bits, at stage 0 the
+ *                     exchange buffer itself, left as that step's passes
+ *                     read it), or, when none is kept (the first such step,
+ *                     after a checkpoint load, a state write or a step of
+ *                     another plan), the whole of state slot
+ *                     average_slot(), gathered from its owners
+ *                     (ZD_EXCHANGE_IN_SLOT).
  *     ZD_OP_EXCHANGE  the 1-bit compressed average of the exchange buffer
  *                     across ranks (zd_comm_v2::compressed_all_reduce), with
  *                     error feedback the host keeps per rank: each tensor on
@@ -272,7 +274,9 @@ typedef struct zd_optimizer_v2 {
  *                     values for the same elements (after an exchange: the
  *                     average), or is NULL when the plan has no exchange.
  *   keep_average: the host keeps the average (as it is: one sign bit per
- *          element and one scale per chunk) for the next ZD_EXCHANGE_IN_AVERAGE.
+ *          element and one scale per chunk, or at stage 0 the exchange
+ *          buffer) for the next ZD_EXCHANGE_IN_AVERAGE. The passes of such a
+ *          plan read u->exchange and must not write it.
  *   reset_errors: the error feedback restarts at zero before this step.
  *   replay_slots: 0, or the state slots (bit k for slot k) that this step's
  *          single pass reads or writes besides the exchange buffer and the
