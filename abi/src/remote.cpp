@@ -30,6 +30,8 @@
 #include <limits>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <span>
 
 namespace zerod::abi {
@@ -94,6 +96,7 @@ class RemoteModel final : public ModelBackend {
   Registry registry_;  // a mirror of what this rank registered: names, shapes, modules
   std::map<int32_t, transport::SharedMapping> arenas_;
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
+  std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
   double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
   std::vector<RingViewLike> socket_views_;
 };
@@ -115,6 +118,8 @@ class RemoteClient final : public ClientBackend {
     h->set_local_rank(local_rank_);
     const v1::Reply r = rpc(req);
     if (r.hello().ring() && std::getenv("ZEROD_NO_RING") == nullptr) set_up_ring();
+    // A daemon that does not say it runs a deferred end would drop it.
+    defer_end_ = defer_end_ && r.hello().deferred_end();
   }
   ~RemoteClient() override = default;
 
@@ -154,6 +159,7 @@ class RemoteClient final : public ClientBackend {
   v1::Reply rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds = nullptr,
                 std::span<const int> send_fds = {}) {
     if (ring_) {
+      flush_deferred();
       wire::RingRequest announce{};
       announce.kind = wire::RingKind::socket_frame;
       std::memcpy(ring_.request_slot().data(), &announce, sizeof announce);
@@ -180,14 +186,66 @@ class RemoteClient final : public ClientBackend {
 
   bool has_ring() const { return static_cast<bool>(ring_); }
 
+  // zd_forward_end through the ring, deferred: the client answers it at
+  // once and sends it with this rank's next call to the daemon, which runs
+  // it first. A begin/end pair then costs one round trip instead of two
+  // (the pair's end and the next begin share one). Only forward_end: no
+  // other rank waits for it (at stage 3 it releases the gathered module,
+  // which the next call, often the next begin's gather, then does first,
+  // and it compares the begin's gather with the peers', which waits for
+  // their begins, never their ends), so holding it back cannot keep a peer
+  // waiting; backward_end starts the reduction the other ranks wait for.
+  // The module's views end now, on this side, and only an end of a module
+  // this rank began in forward is deferred (any other goes at once and
+  // fails there as before); an error only the daemon can see (a lost peer,
+  // ranks in different modules) comes back from the next call, which then
+  // does not run. ZEROD_SYNC_END=1 turns it off (docs/daemon.md).
+  bool defers_end() const { return ring_ && defer_end_; }
+  void defer_end(int model, const calls::Args& a) {
+    if (deferred_) {
+      // Two ends in a row (nested modules): the first travels with the second, which waits.
+      const wire::RingReply& r = ring_call(model, a, 0);
+      if (r.status != ZD_OK) fail(r.status, message_of(r));
+      return;
+    }
+    deferred_ = Deferred{model, a};
+  }
+  void flush_deferred() {
+    if (!deferred_) return;
+    const Deferred d = *deferred_;
+    deferred_.reset();
+    const wire::RingReply& r = ring_call(d.model, d.args, 0);
+    if (r.status != ZD_OK)
+      fail(r.status, message_of(r) + "\n(this is the error of zd_forward_end of module " +
+                         std::to_string(d.args.module) +
+                         ", which the client sent before this rank's next call; that call did not run. "
+                         "ZEROD_SYNC_END=1 makes zd_forward_end wait for the daemon.)");
+  }
+  std::string message_of(const wire::RingReply& r) const {
+    const std::span<const std::byte> tail = reply_tail();
+    const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
+    if (view_bytes > tail.size() || r.message_bytes > tail.size() - view_bytes)
+      fail(ZD_ERR_INTERNAL, "the daemon's ring reply overruns its slot");
+    return std::string(reinterpret_cast<const char*>(tail.data() + view_bytes), r.message_bytes);
+  }
+
   // A table call through the ring: the request record, a post, a wait, and
   // the reply record (whose views and message follow it in the slot).
+  // A deferred zd_forward_end of the same model travels in the same record
+  // (the daemon runs it first); one of another model is sent on its own
+  // first.
   const wire::RingReply& ring_call(int model, const calls::Args& a, uint64_t staging_offset) {
+    if (deferred_ && deferred_->model != model) flush_deferred();
     wire::RingRequest req{};
     req.kind = wire::RingKind::call;
     req.model = model;
     req.staging_offset = staging_offset;
     req.args = a;
+    if (deferred_) {
+      req.has_deferred = 1;
+      req.deferred = deferred_->args;
+      deferred_.reset();
+    }
     std::memcpy(ring_.request_slot().data(), &req, sizeof req);
     ring_.post_request();
     wait_ring();
@@ -278,6 +336,12 @@ class RemoteClient final : public ClientBackend {
   transport::Ring ring_;
   transport::RingWait wait_;
   wire::RingReply reply_{};
+  struct Deferred {
+    int model;
+    calls::Args args;
+  };
+  std::optional<Deferred> deferred_;
+  bool defer_end_ = std::getenv("ZEROD_SYNC_END") == nullptr;
 };
 
 // ---------------------------------------------------------------------------
@@ -513,6 +577,13 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   // Checked here too (the same function the daemon runs) before anything
   // is copied into the staging memfd.
   calls::check(registry_, client_.info().world_size, a, data);
+  if (a.op == calls::Op::forward_end && client_.defers_end() && in_forward_.erase(a.module) != 0) {
+    forget_views(a);
+    client_.defer_end(id_, a);
+    calls::Outcome o;
+    o.loss_scale = loss_scale_;
+    return o;
+  }
   const bool writes = a.op == calls::Op::param_write || a.op == calls::Op::state_write;
   const bool reads = a.op == calls::Op::param_read || a.op == calls::Op::state_read;
   std::byte* st = (reads || writes) ? client_.staging(a.bytes) : nullptr;
@@ -522,17 +593,14 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   if (client_.has_ring()) {
     const wire::RingReply& r = client_.ring_call(id_, a, 0);
     const std::span<const std::byte> tail = client_.reply_tail();
-    const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
-    if (view_bytes > tail.size() || r.message_bytes > tail.size() - view_bytes)
-      fail(ZD_ERR_INTERNAL, "the daemon's ring reply overruns its slot");
+    const std::string message = client_.message_of(r);  // checks the record's lengths against the slot
     if (r.arenas_follow) {
       transport::Frame f = client_.arena_frame();
       v1::Reply ar;
       wire::parse(f, &ar, "arena announcement");
       take_arenas(ar.new_arenas(), f.fds);
     }
-    if (r.status != ZD_OK)
-      fail(r.status, std::string(reinterpret_cast<const char*>(tail.data() + view_bytes), r.message_bytes));
+    if (r.status != ZD_OK) fail(r.status, message);
     o.step = r.step;
     o.loss_scale = r.loss_scale;
     o.current = r.current;
@@ -554,6 +622,8 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   }
   for (const RingViewLike& v : views) take_view(v);
   if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
+  if (a.op == calls::Op::forward_begin) in_forward_.insert(a.module);
+  if (a.op == calls::Op::forward_end) in_forward_.erase(a.module);
   if (reads) std::memcpy(data, st, a.bytes);
   loss_scale_ = o.loss_scale;
   return o;

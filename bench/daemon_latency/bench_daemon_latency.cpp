@@ -2,7 +2,10 @@
 // trainer's process, one rank) against a zerod daemon in another process (a
 // `zerod serve` this program starts) serving N ranks, each a process of its
 // own calling in a loop, through the socket (ZEROD_NO_RING=1, how every call
-// went before the call ring) and through the call ring; stage 0 (views
+// went before the call ring), through the call ring with zd_forward_end
+// waiting for the daemon (ZEROD_SYNC_END=1) and through the call ring as
+// the client does by default (zd_forward_end sent with the next call, one
+// round trip per pair); stage 0 (views
 // only) and stage 3 (a gather per begin, a collective of all ranks), in one
 // run. Prints the median and 99th percentile in microseconds over every
 // rank's timed pairs.
@@ -69,9 +72,11 @@ std::vector<double> rank_loop(const char* uri, const std::string& job, int iters
   return us;
 }
 
+enum class Path { socket, ring_sync_end, ring };
+
 // Runs `ranks` processes of rank_loop (forked before this process touches
 // libzerod) and pools their samples.
-Figures run_ranks(const char* uri, const std::string& job, int iters, int64_t numel, int ranks, bool ring) {
+Figures run_ranks(const char* uri, const std::string& job, int iters, int64_t numel, int ranks, Path path) {
   std::vector<pid_t> kids;
   std::vector<int> pipes;
   for (int r = 0; r < ranks; ++r) {
@@ -82,8 +87,10 @@ Figures run_ranks(const char* uri, const std::string& job, int iters, int64_t nu
       close(fd[0]);
       setenv("ZEROD_RANK", std::to_string(r).c_str(), 1);
       setenv("ZEROD_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-      if (ring) unsetenv("ZEROD_NO_RING");
-      else setenv("ZEROD_NO_RING", "1", 1);
+      if (path == Path::socket) setenv("ZEROD_NO_RING", "1", 1);
+      else unsetenv("ZEROD_NO_RING");
+      if (path == Path::ring_sync_end) setenv("ZEROD_SYNC_END", "1", 1);
+      else unsetenv("ZEROD_SYNC_END");
       const std::vector<double> us = rank_loop(uri, job, iters, numel);
       const size_t bytes = us.size() * sizeof(double);
       for (size_t done = 0; done < bytes;) {
@@ -176,22 +183,24 @@ int main(int argc, char** argv) {
               "rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at once; "
               "%ld CPUs online\n\n",
               static_cast<long long>(numel), iters, ranks, sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("%-6s %-30s %12s %12s\n", "stage", "mode", "median us", "p99 us");
+  std::printf("%-6s %-32s %12s %12s\n", "stage", "mode", "median us", "p99 us");
   for (int stage : {0, 3}) {
     const std::string j = "return { optimizer = { type = 'sgd' }, zero = { stage = " + std::to_string(stage) +
                           (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
     FILE* f = std::fopen(job_file.c_str(), "w");
     std::fputs(j.c_str(), f);
     std::fclose(f);
-    const Figures e = run_ranks("embedded:", j, iters, numel, 1, false);
-    std::printf("%-6d %-30s %12.2f %12.2f\n", stage, "embedded, 1 rank", e.median_us, e.p99_us);
-    for (bool ring : {false, true}) {
+    const Figures e = run_ranks("embedded:", j, iters, numel, 1, Path::socket);
+    std::printf("%-6d %-32s %12.2f %12.2f\n", stage, "embedded, 1 rank", e.median_us, e.p99_us);
+    for (Path path : {Path::socket, Path::ring_sync_end, Path::ring}) {
       const pid_t daemon = start_daemon(zerod, job_file, sock, ranks);
-      const Figures d = run_ranks(uri.c_str(), j, iters, numel, ranks, ring);
+      const Figures d = run_ranks(uri.c_str(), j, iters, numel, ranks, path);
       stop_daemon(daemon);
-      const std::string label = std::string(ring ? "daemon, call ring, " : "daemon, socket, ") +
-                                std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
-      std::printf("%-6d %-30s %12.2f %12.2f\n", stage, label.c_str(), d.median_us, d.p99_us);
+      const char* how = path == Path::socket          ? "daemon, socket, "
+                        : path == Path::ring_sync_end ? "ring, synchronous end, "
+                                                      : "daemon, call ring, ";
+      const std::string label = how + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+      std::printf("%-6d %-32s %12.2f %12.2f\n", stage, label.c_str(), d.median_us, d.p99_us);
     }
     std::fflush(stdout);
   }

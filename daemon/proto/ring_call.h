@@ -21,6 +21,12 @@ struct RingRequest {
   int32_t model;
   uint64_t staging_offset;  // whole-parameter and state calls: where the data is in the staging memfd
   calls::Args args;
+  // 1: a zd_forward_end the client deferred (`deferred`, same model) runs
+  // first; if it fails, the reply carries its error and `args` does not run.
+  // Only forward_end is deferred: no other rank waits for it (remote.cpp).
+  int32_t has_deferred;
+  int32_t reserved;
+  calls::Args deferred;
 };
 
 // A view in the rank's arenas, as a _begin call returns it.

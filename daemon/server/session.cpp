@@ -243,6 +243,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   r->set_world_size(server_.world_size());
   r->set_max_frame(wire::kMaxBody);
   r->set_ring(!observer_);
+  r->set_deferred_end(!observer_);
 }
 
 std::shared_ptr<ModelHost> Session::model_of(int id) {
@@ -428,6 +429,23 @@ uint32_t Session::ring_views(ModelHost& m, int module, bool gradients, std::span
   return n;
 }
 
+// The zd_forward_end a client deferred to this request (remote.cpp): run
+// before the request's own call. Its error is the reply's, said to be its,
+// and the request's call does not run.
+void Session::run_deferred(ModelHost& host, const wire::RingRequest& req) {
+  if (req.has_deferred != 1 || req.deferred.op != calls::Op::forward_end)
+    fail(ZD_ERR_INVALID_ARGUMENT, "a call ring request may carry only a deferred zd_forward_end (has_deferred = " +
+                                      std::to_string(req.has_deferred) + ")");
+  try {
+    run_call(host, req.deferred, nullptr);
+  } catch (const Error& e) {
+    fail(e.code(), std::string(e.what()) + "\n(this is the error of zd_forward_end of module " +
+                       std::to_string(req.deferred.module) + ", which the client sent with this rank's next call, " +
+                       calls::name(req.args.op) + "; that call did not run. ZEROD_SYNC_END=1 makes zd_forward_end "
+                       "wait for the daemon.)");
+  }
+}
+
 void Session::answer_ring(const wire::RingRequest& req) {
   const std::span<std::byte> slot = ring_.reply_slot();
   const std::span<std::byte> room = slot.subspan(sizeof(wire::RingReply));
@@ -440,6 +458,7 @@ void Session::answer_ring(const wire::RingRequest& req) {
     if (!calls::valid(static_cast<uint32_t>(a.op)))
       fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(static_cast<uint32_t>(a.op)));
     auto host = model_of(req.model);
+    if (req.has_deferred != 0) run_deferred(*host, req);
     void* data = nullptr;
     switch (a.op) {
       case calls::Op::param_read:

@@ -60,6 +60,7 @@ class Session {
   // The ring loop, until the client goes (why says how).
   void serve_ring(std::string* why);
   void answer_ring(const wire::RingRequest& req);
+  void run_deferred(ModelHost& host, const wire::RingRequest& req);
   void set_up_ring(int fd, uint64_t size);
   bool socket_open() const;
   // A table call on a hosted model as this rank (a kept model's finalize resumes it).

@@ -1,15 +1,18 @@
 // The daemon's protocol against a server in this process: malformed frames
 // get an error reply and nobody else notices; hello and rank rules; the
 // socket's place and modes; status.
+#include "ring_call.h"
 #include "server.h"
 #include "status.h"
 #include "transport/client.h"
+#include "transport/ring.h"
 #include "wire.h"
 
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -174,4 +177,86 @@ TEST_F(Fixture, StatusShowsModelsAndRanks) {
   EXPECT_NE(text.find("p.lua"), std::string::npos) << text;
   // An observer cannot act as a rank.
   EXPECT_EQ(rpc(obs, create("return {}"), 3).error().status(), ZD_ERR_INVALID_STATE);
+}
+
+// The call ring's deferred zd_forward_end (abi/src/remote.cpp): the daemon
+// runs it before the request's own call; its error is the reply's, says
+// whose it is, and the request's call does not run; a request may carry
+// nothing but a forward_end that way.
+TEST_F(Fixture, ADeferredForwardEndRunsFirstAndNothingElseMayBeDeferred) {
+  auto c = connect();
+  ASSERT_FALSE(rpc(c, hello()).has_error());
+  v1::Reply r = rpc(c, create("return { optimizer = { type = 'sgd' } }"), 2);
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  const int model = r.create_model().model();
+  v1::Request reg;
+  v1::RegisterParam* p = reg.mutable_register_param();
+  p->set_model(model);
+  p->set_name("w");
+  p->set_module("m");
+  p->set_dtype(ZD_DTYPE_F32);
+  p->add_shape(8);
+  r = rpc(c, reg, 3);
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+
+  constexpr uint64_t kBytes = uint64_t{1} << 20;
+  transport::UniqueFd fd;
+  transport::Ring ring = transport::Ring::create(kBytes, wire::kRingRequestBytes, &fd);
+  v1::Request setup;
+  setup.mutable_ring()->set_size(kBytes);
+  const int fds[1] = {fd.get()};
+  wire::send(c, wire::kRequest, 4, setup, fds);
+  transport::Frame f = c.receive(wire::kMaxBody, 5000);
+  wire::parse(f, &r, "reply");
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+
+  struct Answer {
+    int32_t status;
+    std::string message;
+  };
+  auto call = [&](calls::Op op, int32_t has_deferred, calls::Op deferred) {
+    wire::RingRequest q{};
+    q.kind = wire::RingKind::call;
+    q.model = model;
+    q.args.op = op;
+    q.has_deferred = has_deferred;
+    q.deferred.op = deferred;
+    std::memcpy(ring.request_slot().data(), &q, sizeof q);
+    ring.post_request();
+    transport::RingWait w;
+    w.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    EXPECT_EQ(ring.wait_reply(w), transport::RingWaitEnd::ready);
+    wire::RingReply rep;
+    std::memcpy(&rep, ring.reply_slot().data(), sizeof rep);
+    if (rep.arenas_follow) c.receive(wire::kMaxBody, 5000);  // finalize's arenas
+    const auto* text = reinterpret_cast<const char*>(ring.reply_slot().data()) + sizeof rep +
+                       uint64_t{rep.view_count} * sizeof(wire::RingView);
+    return Answer{rep.status, std::string(text, rep.message_bytes)};
+  };
+  using calls::Op;
+  ASSERT_EQ(call(Op::finalize, 0, Op::finalize).status, ZD_OK);
+
+  // Anything but a forward_end, or a flag other than 0 and 1, is refused.
+  for (auto [flag, op] : {std::pair{1, Op::step}, std::pair{2, Op::forward_end}, std::pair{-1, Op::forward_end}}) {
+    const Answer a = call(Op::forward_begin, flag, op);
+    EXPECT_EQ(a.status, ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(a.message.find("only a deferred zd_forward_end"), std::string::npos) << a.message;
+  }
+  // An end of a module not in forward: its error, said to be the end's, and
+  // the begin it came with did not run (it runs now without complaint).
+  Answer a = call(Op::forward_begin, 1, Op::forward_end);
+  EXPECT_EQ(a.status, ZD_ERR_INVALID_STATE);
+  EXPECT_NE(a.message.find("not in forward"), std::string::npos) << a.message;
+  EXPECT_NE(a.message.find("zd_forward_end of module 0, which the client sent with this rank's next call, "
+                           "zd_forward_begin; that call did not run"),
+            std::string::npos)
+      << a.message;
+  a = call(Op::forward_begin, 0, Op::forward_end);
+  EXPECT_EQ(a.status, ZD_OK) << a.message;
+  // The end runs before the begin it travels with: a begin of a module
+  // still in forward would fail.
+  a = call(Op::forward_begin, 1, Op::forward_end);
+  EXPECT_EQ(a.status, ZD_OK) << a.message;
+  a = call(Op::forward_end, 0, Op::forward_end);
+  EXPECT_EQ(a.status, ZD_OK) << a.message;
 }

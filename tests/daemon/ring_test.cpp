@@ -119,7 +119,8 @@ class Ring : public ::testing::Test {
     std::system(("rm -rf '" + dir_ + "'").c_str());
   }
 
-  void start(const std::string& job, const std::string& scenario, const std::string& arg = "") {
+  void start(const std::string& job, const std::string& scenario, const std::string& arg = "",
+             const std::vector<std::string>& env = {}) {
     daemon_ = Proc::start({ZEROD_CLI, "serve", "--nproc", "2", "--job", job, "--socket", socket_}, {},
                           dir_ + "/daemon.log");
     for (int i = 0; i < 500; ++i) {
@@ -131,11 +132,15 @@ class Ring : public ::testing::Test {
       std::vector<std::string> argv = {ZEROD_RANK_SCENARIO, scenario};
       if (!arg.empty()) argv.push_back(arg);
       (r == 0 ? rank0_ : rank1_) =
-          Proc::start(argv,
-                      {"ZEROD_ENDPOINT=unix:" + socket_, "ZEROD_RANK=" + std::to_string(r), "ZEROD_WORLD_SIZE=2",
-                       std::string("ZEROD_JOB=") + job},
+          Proc::start(argv, with(env, {"ZEROD_ENDPOINT=unix:" + socket_, "ZEROD_RANK=" + std::to_string(r),
+                                       "ZEROD_WORLD_SIZE=2", std::string("ZEROD_JOB=") + job}),
                       dir_ + "/rank" + std::to_string(r) + ".log");
     }
+  }
+
+  static std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
   }
 
   std::string dir_, socket_;
@@ -143,8 +148,9 @@ class Ring : public ::testing::Test {
 };
 
 // The daemon dies while rank 0 waits for its reply on the ring (its end
-// call waits for rank 1 to arrive at the begin's gather): rank 0 sees
-// the socket hang up between two sleep slices and reports the daemon gone.
+// call, which its next begin carries, waits for rank 1 to arrive at the
+// first begin's gather): rank 0 sees the socket hang up between two sleep
+// slices and reports the daemon gone.
 TEST_F(Ring, ADaemonDyingWhileARankWaitsIsReported) {
   start(ZEROD_WAIT_JOB, "wait");
   ASSERT_TRUE(rank0_.wait_for_output("rank 0: waiting", std::chrono::seconds(20))) << rank0_.output();
@@ -155,6 +161,20 @@ TEST_F(Ring, ADaemonDyingWhileARankWaitsIsReported) {
   ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after the daemon died";
   const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
   EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to notice";
+  EXPECT_NE(rank0_.output().find("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: the zerod daemon is gone"),
+            std::string::npos)
+      << rank0_.output();
+}
+
+// The same with ZEROD_SYNC_END=1: zd_forward_end waits for the daemon's
+// answer, so the end itself (not the begin after it) reports the daemon gone.
+TEST_F(Ring, WithASynchronousEndTheEndReportsTheDeadDaemon) {
+  start(ZEROD_WAIT_JOB, "wait", "", {"ZEROD_SYNC_END=1"});
+  ASSERT_TRUE(rank0_.wait_for_output("rank 0: waiting", std::chrono::seconds(20))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_for_output("rank 1: idle", std::chrono::seconds(20))) << rank1_.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(daemon_.pid, SIGKILL);
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after the daemon died";
   EXPECT_NE(rank0_.output().find("rank 0: ZD_ERR_PEER_LOST: zd_forward_end: the zerod daemon is gone"),
             std::string::npos)
       << rank0_.output();
@@ -173,7 +193,7 @@ TEST_F(Ring, ARankDyingWhileTheDaemonWaitsOnItsRingIsReported) {
   ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(5))) << "rank 0 still waits 5 s after rank 1 died";
   const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
   EXPECT_LT(seen_ms, 1000) << "rank 0 took " << seen_ms << " ms to hear of it";
-  EXPECT_TRUE(std::regex_search(rank0_.output(), std::regex("rank 0: ZD_ERR_PEER_LOST: zd_forward_end: .*rank 1")))
+  EXPECT_TRUE(std::regex_search(rank0_.output(), std::regex("rank 0: ZD_ERR_PEER_LOST: zd_forward_begin: .*rank 1")))
       << rank0_.output();
 }
 

@@ -290,6 +290,14 @@ ZD_API zd_status zd_model_module_info(const zd_model* model, zd_module_id id,
  *
  * A call made out of order fails with ZD_ERR_INVALID_STATE and changes
  * nothing; the model stays usable.
+ *
+ * Through a zerod daemon, zd_forward_end of a module this rank began in
+ * forward returns once the client has checked it, and the daemon runs it
+ * just before the rank's next call (no other rank waits for it; a pair then
+ * costs one round trip). An error only the daemon can see there (a lost
+ * peer, ranks in different modules) is returned by that next call, which
+ * then does not run; the message says so. ZEROD_SYNC_END=1 in the
+ * environment makes zd_forward_end wait for the daemon instead.
  */
 
 ZD_API zd_status zd_forward_begin(zd_model* model, zd_module_id module);
