@@ -210,6 +210,9 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     RankState& rs = *rsp;
     rs.grads.restart();
     rs.residency.restart();
+    // A compressed step that failed after its exchange left an average the
+    // pass never applied: the next one starts from the optimizer's slot.
+    rs.compression.forget_average();
     for (RankState::ModuleCalls& m : rs.modules) m = RankState::ModuleCalls{};
     rs.active_modules = 0;
     rs.micro_step = rs.applied * gas;  // the interrupted window's gradients are gone

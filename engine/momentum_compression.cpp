@@ -260,10 +260,12 @@ void MomentumCompression::lay_out_groups() {
   const auto& groups = ctx_.registry.groups();
   groups_.clear();
   groups_.resize(groups.size());
+  packed_at_.assign(ctx_.registry.params().size(), 0);
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     Group& c = groups_[gi];
     for (zd_param_id pid : groups[gi].params) {
       c.dense.push_back(c.dense_count);
+      packed_at_[static_cast<size_t>(pid)] = c.dense_count;
       c.dense_count += static_cast<uint64_t>(ctx_.registry.param(pid).numel);
     }
   }
@@ -308,6 +310,7 @@ void MomentumCompression::release() {
   owned_.clear();
   scratch_.release(tiers);
   groups_.clear();
+  packed_at_.clear();
   scalars_.clear();
 }
 
@@ -515,9 +518,8 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
 float* MomentumCompression::exchange_of(const StepState& st, size_t gi, zd_param_id pid, uint64_t at) const {
   const TieredBuffer& b = (*st.owned)[gi];
   if (!owns_all()) return reinterpret_cast<float*>(b.addr(at));
-  const ParamRecord& p = ctx_.registry.param(pid);
-  const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
-  return reinterpret_cast<float*>(b.addr(dense_of(ctx_.registry, groups_[gi].dense, pid) + (at - sp.at)));
+  const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+  return reinterpret_cast<float*>(b.addr(packed_at_[static_cast<size_t>(pid)] + (at - sp.at)));
 }
 
 // What every update call of this step says of tensor pid: the types, the

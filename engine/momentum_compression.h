@@ -50,7 +50,8 @@ uint64_t compression_chunk(uint64_t count, int world);
 
 // Bytes a rank keeps for a compressing optimizer, per group, in the group's
 // gradient tier: from stage 2 a whole local gradient (grads), the exchange
-// buffer over its owned range (buffers), and with several ranks the error
+// buffer (buffers: over its owned range, or at stage 0 the group in packed
+// order, without the padding between tensors), and with several ranks the error
 // feedback and kept average (optimizer). For the plan and the ledger.
 struct CompressionBytes {
   uint64_t grads = 0;
@@ -160,6 +161,7 @@ class MomentumCompression {
   OptimizerRunner& runner_;
   GradReducer& grads_;
   std::vector<Group> groups_;
+  std::vector<uint64_t> packed_at_;  // per parameter (registry order): where it starts in its group's packed order
   // The exchange buffer over each group's owned range, allocated at the
   // first step that exchanges and kept: a fresh one per step cost a page
   // fault per 4 KiB of it every step.

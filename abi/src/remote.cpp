@@ -205,6 +205,7 @@ class RemoteClient final : public ClientBackend {
     if (deferred_) {
       // Two ends in a row (nested modules): the first travels with the second, which waits.
       const wire::RingReply& r = ring_call(model, a, 0);
+      keep_stray_arenas(model, r);
       if (r.status != ZD_OK) fail(r.status, message_of(r));
       return;
     }
@@ -215,12 +216,33 @@ class RemoteClient final : public ClientBackend {
     const Deferred d = *deferred_;
     deferred_.reset();
     const wire::RingReply& r = ring_call(d.model, d.args, 0);
+    keep_stray_arenas(d.model, r);
     if (r.status != ZD_OK)
       fail(r.status, message_of(r) + "\n(this is the error of zd_forward_end of module " +
                          std::to_string(d.args.module) +
                          ", which the client sent before this rank's next call; that call did not run. "
                          "ZEROD_SYNC_END=1 makes zd_forward_end wait for the daemon.)");
   }
+  // A reply to an end sent on its own may announce arenas an earlier call
+  // of the model grew (the daemon announces them with its next answer): the
+  // frame is read now, so that it is not taken for the next reply, and the
+  // model takes them at its next call (take_stray_arenas).
+  void keep_stray_arenas(int model, const wire::RingReply& r) {
+    if (r.arenas_follow) stray_arenas_.emplace_back(model, arena_frame());
+  }
+  std::vector<transport::Frame> take_stray_arenas(int model) {
+    std::vector<transport::Frame> out;
+    for (auto it = stray_arenas_.begin(); it != stray_arenas_.end();) {
+      if (it->first == model) {
+        out.push_back(std::move(it->second));
+        it = stray_arenas_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+
   std::string message_of(const wire::RingReply& r) const {
     const std::span<const std::byte> tail = reply_tail();
     const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
@@ -341,12 +363,18 @@ class RemoteClient final : public ClientBackend {
     calls::Args args;
   };
   std::optional<Deferred> deferred_;
+  std::vector<std::pair<int, transport::Frame>> stray_arenas_;
   bool defer_end_ = std::getenv("ZEROD_SYNC_END") == nullptr;
 };
 
 // ---------------------------------------------------------------------------
 
 RemoteModel::~RemoteModel() {
+  try {
+    client_.flush_deferred();  // on its own: its error must not keep the destroy from going out
+  } catch (...) {
+    // A broken job's end: the destroy below still detaches the model.
+  }
   try {
     v1::Request req;
     req.mutable_destroy_model()->set_model(id_);
@@ -594,8 +622,9 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
     const wire::RingReply& r = client_.ring_call(id_, a, 0);
     const std::span<const std::byte> tail = client_.reply_tail();
     const std::string message = client_.message_of(r);  // checks the record's lengths against the slot
-    if (r.arenas_follow) {
-      transport::Frame f = client_.arena_frame();
+    std::vector<transport::Frame> frames = client_.take_stray_arenas(id_);
+    if (r.arenas_follow) frames.push_back(client_.arena_frame());
+    for (transport::Frame& f : frames) {
       v1::Reply ar;
       wire::parse(f, &ar, "arena announcement");
       take_arenas(ar.new_arenas(), f.fds);

@@ -296,8 +296,10 @@ ZD_API zd_status zd_model_module_info(const zd_model* model, zd_module_id id,
  * just before the rank's next call (no other rank waits for it; a pair then
  * costs one round trip). An error only the daemon can see there (a lost
  * peer, ranks in different modules) is returned by that next call, which
- * then does not run; the message says so. ZEROD_SYNC_END=1 in the
- * environment makes zd_forward_end wait for the daemon instead.
+ * then does not run; the message says so (the module's views ended at the
+ * zd_forward_end already; such errors leave the job broken, so nothing
+ * else is left half done). ZEROD_SYNC_END=1 in the environment makes
+ * zd_forward_end wait for the daemon instead.
  */
 
 ZD_API zd_status zd_forward_begin(zd_model* model, zd_module_id module);
