@@ -43,9 +43,12 @@ uint64_t packed_count(const Registry& reg, const ParamGroup& g) {
 // (stage 0, or one rank) it holds the group in its packed order, with none
 // of the registry's padding between tensors, so a fused group is one piece
 // of it whatever the tensors' sizes; else the owned range's layout.
+bool owns_every_element(const ModelContext& ctx) {
+  return ctx.world_size == 1 || !ctx.partitioned(ZD_PARTITION_OPTIMIZER);
+}
+
 uint64_t exchange_count(const ModelContext& ctx, const ParamGroup& g) {
-  const bool all = ctx.world_size == 1 || !ctx.partitioned(ZD_PARTITION_OPTIMIZER);
-  return all ? packed_count(ctx.registry, g) : ctx.owned_count(g);
+  return owns_every_element(ctx) ? packed_count(ctx.registry, g) : ctx.owned_count(g);
 }
 
 uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
@@ -252,9 +255,7 @@ void MomentumCompression::forget_average() {
 
 bool MomentumCompression::keeps() const { return ctx_.world_size > 1 && !owns_all(); }
 
-bool MomentumCompression::owns_all() const {
-  return ctx_.world_size == 1 || !ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
-}
+bool MomentumCompression::owns_all() const { return owns_every_element(ctx_); }
 
 void MomentumCompression::lay_out_groups() {
   const auto& groups = ctx_.registry.groups();
@@ -352,18 +353,6 @@ std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t g
   }
   return out;
 }
-
-// Where a parameter starts in its group's packed order.
-namespace {
-
-uint64_t dense_of(const Registry& reg, const std::vector<uint64_t>& dense, zd_param_id pid) {
-  const ParamRecord& p = reg.param(pid);
-  const auto& params = reg.groups()[static_cast<size_t>(p.group)].params;
-  const auto k = static_cast<size_t>(std::find(params.begin(), params.end(), pid) - params.begin());
-  return dense[k];
-}
-
-}  // namespace
 
 // The kept average, exactly: chunk r of the segment is its scale times the signs.
 void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* x) const {
@@ -575,7 +564,7 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         zd_optimizer_update u = step_update(st, g, pid, 0);
         u.count = static_cast<uint64_t>(p.numel);
         u.grad = local.data + p.full_offset * gsz;
-        u.exchange = xs + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
+        u.exchange = xs + (packed_at_[static_cast<size_t>(pid)] - s.dense);
         u.exchange_in = in;
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
@@ -799,7 +788,7 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
     uint64_t lo, hi;
     ctx_.owned_part(p, res_.rank, &lo, &hi);
     if (lo >= hi) lo = hi = end;  // none of it is this rank's: all of it is replayed
-    const float* px = x + (dense_of(ctx_.registry, c.dense, pid) - s.dense);
+    const float* px = x + (packed_at_[static_cast<size_t>(pid)] - s.dense);
     for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {
       if (a >= b) continue;
       zd_optimizer_update u = step_update(st, g, pid, 1);
