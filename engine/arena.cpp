@@ -35,6 +35,13 @@ SharedArena::SharedArena(int32_t id, uint64_t bytes, const std::string& name)
                                    format_bytes(size_) + "): " + errno_text(err));
   }
   base_ = static_cast<std::byte*>(p);
+  // The optimizer streams its state through here once per step; with 4 KiB
+  // pages every 4 KiB of each stream misses the TLB. Shared memory takes
+  // the advice where the kernel's shmem_enabled is advise or within_size
+  // (Debian's default is never: then this changes nothing). The host tier
+  // asks the same for its anonymous memory (its huge_pages). Advice only:
+  // a kernel without THP refuses it and the arena works in 4 KiB pages.
+  madvise(p, size_, MADV_HUGEPAGE);
 }
 
 SharedArena::~SharedArena() {

@@ -9,10 +9,13 @@
 // the percentages refer to. It is a reference, not a ceiling: no loop here
 // is proven the fastest way to move those bytes, and the kernel, whose
 // arithmetic spaces out its memory requests, can beat it; (c) our kernel through the adamw
-// plugin as the engine loads it, ranges split over std::threads, and (e)
+// plugin as the engine loads it, ranges split over std::threads, on memory
+// from the host tier plugin (huge pages, as a job gets it) and again with
+// its huge_pages = false, and (e)
 // DeepSpeedCPUAdam (from a virtual environment, scripts/python-venv.sh) in
 // a subprocess with OMP_NUM_THREADS = the same count, fp32 and with a bf16
-// working copy, interleaved round by round (ours, DeepSpeed, ours, ...);
+// working copy, and fp32 with torch's huge-page opt-in, interleaved round
+// by round (ours, DeepSpeed, ours, ...);
 // (d) torch.optim.AdamW. Every figure is the median over rounds of each
 // round's median step. The VM's bandwidth drifts between runs, so compare
 // within a run.
@@ -33,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "host_memory.h"
 #include "team.h"
 #include "traffic.h"
 
@@ -123,23 +127,6 @@ bool parse(int argc, char** argv, Options* o) {
   }
   return true;
 }
-
-// 64-byte aligned, uninitialised (first touch happens in the fill, by the team).
-template <typename T>
-struct Array {
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> ptr;
-  explicit Array(size_t n)
-      : ptr(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64))) {
-    if (!ptr) {
-      std::fprintf(stderr, "out of memory allocating %zu bytes\n", n * sizeof(T));
-      std::exit(1);
-    }
-  }
-  T* get() const { return ptr.get(); }
-};
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -268,13 +255,16 @@ struct DsResult {
   std::string error;
 };
 
-DsResult run_deepspeed(const Options& o, int threads, bool bf16) {
+DsResult run_deepspeed(const Options& o, int threads, bool bf16, bool thp = false) {
   DsResult r;
   if (access(o.ds_python.c_str(), X_OK) != 0) {
     r.error = o.ds_python + " not found (make it with scripts/python-venv.sh)";
     return r;
   }
-  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " '" + o.ds_python + "' '" + o.ds_script +
+  // THP_MEM_ALLOC_ENABLE=1 is torch's opt-in to huge pages for its CPU
+  // tensors (2 MiB-aligned and madvised from 2 MiB up); off by default.
+  const std::string cmd = std::string(thp ? "THP_MEM_ALLOC_ENABLE=1 " : "") + "OMP_NUM_THREADS=" +
+                          std::to_string(threads) + " '" + o.ds_python + "' '" + o.ds_script +
                           "' --params " + std::to_string(o.params) + " --threads " + std::to_string(threads) +
                           " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
                           (bf16 ? " --bf16" : "") + " 2>&1";
@@ -336,9 +326,9 @@ __attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
 }
 
 // (a): a triad on three arrays of n/2 doubles (4n bytes each, far beyond any cache).
-void measure_triad(const Options& o) {
+void measure_triad(const Options& o, HostMemory& memory) {
   const size_t len = std::max<size_t>(o.params / 2, 1);
-  Array<double> a(len), b(len), c(len);
+  Array<double> a(memory, len), b(memory, len), c(memory, len);
   std::vector<std::string> cells;
   for (const int t : o.threads) {
     Team team(t);
@@ -355,13 +345,16 @@ void measure_triad(const Options& o) {
   row("(a) STREAM triad, double (24 B/elem)", cells);
 }
 
-// (b) and (c). Returns our fp32 rate (ISA auto) per thread count.
-std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd_isa best) {
-  const size_t n = o.params;
-  // p, g, m, v in fp32 and a bf16 working copy: 18 bytes per parameter.
-  Array<float> p(n), g(n), m(n), v(n);
-  Array<uint16_t> work(n);
-  auto fill = [&](Team& team) {
+// An Adam step's operands, p, g, m, v in fp32 and a bf16 working copy (18
+// bytes per parameter), in one kind of host memory.
+struct AdamState {
+  size_t n;
+  Array<float> p, g, m, v;
+  Array<uint16_t> work;
+  AdamState(HostMemory& memory, size_t count)
+      : n(count), p(memory, n), g(memory, n), m(memory, n), v(memory, n), work(memory, n) {}
+
+  void fill(Team& team) {
     team.run([&](int k) {
       size_t lo, hi;
       split(n, team.size(), k, &lo, &hi);
@@ -375,16 +368,25 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
         work.get()[i] = 0;
       }
     });
-  };
+  }
   // Zero state, so each configuration starts at step 1 as a fresh optimizer.
-  auto reset = [&](Team& team) {
+  void reset(Team& team) {
     team.run([&](int k) {
       size_t lo, hi;
       split(n, team.size(), k, &lo, &hi);
       std::memset(m.get() + lo, 0, (hi - lo) * sizeof(float));
       std::memset(v.get() + lo, 0, (hi - lo) * sizeof(float));
     });
-  };
+  }
+};
+
+// (b) and (c), with (e) interleaved. `huge` is the host tier's memory as a
+// job gets it (huge pages), `small` the same tier with huge_pages = false.
+// Returns our fp32 rate (ISA auto, huge pages) per thread count.
+std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd_isa best, HostMemory& huge,
+                                 HostMemory& small) {
+  const size_t n = o.params;
+  AdamState st(huge, n), st4k(small, n);
 
   std::vector<double> reference(o.threads.size());
   std::vector<std::string> cells;
@@ -393,11 +395,12 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
   std::vector<std::vector<std::string>> variant_cells(kProxyVariants);
   for (size_t k = 0; k < o.threads.size(); ++k) {
     Team team(o.threads[k]);
-    if (k == 0) fill(team);
+    if (k == 0) st.fill(team), st4k.fill(team);
     for (int var = 0; var < kProxyVariants; ++var) {
       bool ran = true;
       const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t) {
-        ran = adam_proxy_variant(var, p.get() + lo, g.get() + lo, m.get() + lo, v.get() + lo, 1e-3f, hi - lo);
+        ran = adam_proxy_variant(var, st.p.get() + lo, st.g.get() + lo, st.m.get() + lo, st.v.get() + lo, 1e-3f,
+                                 hi - lo);
       });
       const double rate = ran ? double(n) / s : 0.0;
       reference[k] = std::max(reference[k], rate);
@@ -415,30 +418,25 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
     zd_isa isa;
     bool bf16_work;
   };
-  // Ours and DeepSpeed's, fp32 and with the bf16 working copy, interleaved
-  // round by round; then our other ISA paths once.
-  std::vector<double> ours(o.threads.size());
-  std::string ds_version, ds_error = o.deepspeed ? "" : "--no-deepspeed";
-  std::vector<std::string> ours_cells[2], ds_cells[2], ratio_cells[2];
-  auto run_ours = [&](Team& team, const Config& cfg) {
-    reset(team);
+  auto run_ours = [&](Team& team, AdamState& on, const Config& cfg) {
+    on.reset(team);
     std::atomic<zd_status> failed{ZD_OK};
     const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t step) {
       zd_optimizer_update u{};
       u.struct_size = sizeof u;
       u.count = hi - lo;
-      u.master = p.get() + lo;
-      u.grad = g.get() + lo;
+      u.master = on.p.get() + lo;
+      u.grad = on.g.get() + lo;
       u.grad_dtype = ZD_DTYPE_F32;
-      u.work = cfg.bf16_work ? work.get() + lo : nullptr;
+      u.work = cfg.bf16_work ? on.work.get() + lo : nullptr;
       u.work_dtype = ZD_DTYPE_BF16;
-      u.state[0] = m.get() + lo;
-      u.state[1] = v.get() + lo;
+      u.state[0] = on.m.get() + lo;
+      u.state[1] = on.v.get() + lo;
       u.grad_scale = 1.0;
       u.lr = 1e-3;
       u.step = step;
-      const zd_status st = plugin.desc->update(plugin.inst, cfg.isa, &u);
-      if (st != ZD_OK) failed = st;
+      const zd_status status = plugin.desc->update(plugin.inst, cfg.isa, &u);
+      if (status != ZD_OK) failed = status;
     });
     if (failed != ZD_OK) {
       std::fprintf(stderr, "update failed with status %d\n", failed.load());
@@ -446,37 +444,58 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
     }
     return double(n) / s;
   };
+
+  // One series per row, interleaved round by round so that the VM's drift
+  // falls on all of them alike: ours (huge pages, then 4 KiB), DeepSpeed
+  // (torch's default memory, then torch's huge-page opt-in), fp32 then with
+  // the bf16 working copy.
+  enum Series { kOurs, kOurs4k, kDs, kDsThp, kOursBf16, kDsBf16, kSeries };
+  std::vector<std::string> series_cells[kSeries], ratio_cells[3];
+  std::vector<double> ours(o.threads.size());
+  std::string ds_version, ds_error = o.deepspeed ? "" : "--no-deepspeed";
+  auto deepspeed = [&](int threads, bool bf16, bool thp, std::vector<double>* into) {
+    if (!ds_error.empty()) return;
+    const DsResult d = run_deepspeed(o, threads, bf16, thp);
+    if (!d.error.empty()) ds_error = d.error;
+    else into->push_back(d.rate), ds_version = d.version;
+  };
   for (size_t k = 0; k < o.threads.size(); ++k) {
     Team team(o.threads[k]);
-    std::vector<double> our_rates[2], ds_rates[2];
+    std::vector<double> rates[kSeries];
     for (int round = 0; round < o.rounds; ++round) {
-      for (int bf16 = 0; bf16 < 2; ++bf16) {
-        our_rates[bf16].push_back(run_ours(team, {ZD_ISA_AUTO, bf16 == 1}));
-        if (!ds_error.empty()) continue;
-        const DsResult d = run_deepspeed(o, o.threads[k], bf16 == 1);
-        if (!d.error.empty()) ds_error = d.error;
-        else ds_rates[bf16].push_back(d.rate), ds_version = d.version;
-      }
+      rates[kOurs].push_back(run_ours(team, st, {ZD_ISA_AUTO, false}));
+      rates[kOurs4k].push_back(run_ours(team, st4k, {ZD_ISA_AUTO, false}));
+      deepspeed(o.threads[k], false, false, &rates[kDs]);
+      deepspeed(o.threads[k], false, true, &rates[kDsThp]);
+      rates[kOursBf16].push_back(run_ours(team, st, {ZD_ISA_AUTO, true}));
+      deepspeed(o.threads[k], true, false, &rates[kDsBf16]);
     }
-    for (int bf16 = 0; bf16 < 2; ++bf16) {
-      const double ours_rate = median(our_rates[bf16]);
-      if (bf16 == 0) ours[k] = ours_rate;
-      ours_cells[bf16].push_back(fmt("%.0f M/s  %3.0f%% of (b)", ours_rate / 1e6, 100.0 * ours_rate / reference[k]));
-      if (ds_error.empty()) {
-        const double ds = median(ds_rates[bf16]);
-        ds_cells[bf16].push_back(fmt("%.0f M/s  %3.0f%% of (b)", ds / 1e6, 100.0 * ds / reference[k]));
-        ratio_cells[bf16].push_back(fmt("%.2fx", ours_rate / ds));
-      }
+    double med[kSeries] = {};
+    for (int r = 0; r < kSeries; ++r) {
+      if (rates[r].empty()) continue;
+      med[r] = median(rates[r]);
+      series_cells[r].push_back(fmt("%.0f M/s  %3.0f%% of (b)", med[r] / 1e6, 100.0 * med[r] / reference[k]));
+    }
+    ours[k] = med[kOurs];
+    if (ds_error.empty()) {
+      ratio_cells[0].push_back(fmt("%.2fx", med[kOurs] / med[kDs]));
+      ratio_cells[1].push_back(fmt("%.2fx", med[kOurs] / med[kDsThp]));
+      ratio_cells[2].push_back(fmt("%.2fx", med[kOursBf16] / med[kDsBf16]));
     }
   }
   const std::string auto_isa = isa_label(best);
-  row(("(c) ours " + auto_isa + " (auto) fp32").c_str(), ours_cells[0]);
-  if (ds_error.empty()) row("(e) DeepSpeedCPUAdam fp32", ds_cells[0]);
-  row(("(c) ours " + auto_isa + " (auto) + bf16 work copy").c_str(), ours_cells[1]);
+  row(("(c) ours " + auto_isa + " (auto) fp32, host tier memory").c_str(), series_cells[kOurs]);
+  row(("(c) ours " + auto_isa + " fp32, host tier huge_pages = false").c_str(), series_cells[kOurs4k]);
   if (ds_error.empty()) {
-    row("(e) DeepSpeedCPUAdam + bf16 copy_()", ds_cells[1]);
+    row("(e) DeepSpeedCPUAdam fp32 (torch's memory as it comes)", series_cells[kDs]);
+    row("(e) DeepSpeedCPUAdam fp32, THP_MEM_ALLOC_ENABLE=1", series_cells[kDsThp]);
+  }
+  row(("(c) ours " + auto_isa + " (auto) + bf16 work copy").c_str(), series_cells[kOursBf16]);
+  if (ds_error.empty()) {
+    row("(e) DeepSpeedCPUAdam + bf16 copy_()", series_cells[kDsBf16]);
     row("    ours / DeepSpeed, fp32", ratio_cells[0]);
-    row("    ours / DeepSpeed, bf16 work copy", ratio_cells[1]);
+    row("    ours / DeepSpeed with torch's huge pages, fp32", ratio_cells[1]);
+    row("    ours / DeepSpeed, bf16 work copy", ratio_cells[2]);
   }
   std::vector<Config> configs;
   if (best == ZD_ISA_AVX512) configs.push_back({ZD_ISA_AVX2, false});
@@ -485,7 +504,7 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
     cells.clear();
     for (size_t k = 0; k < o.threads.size(); ++k) {
       Team team(o.threads[k]);
-      const double rate = run_ours(team, cfg);
+      const double rate = run_ours(team, st, cfg);
       cells.push_back(fmt("%.0f M/s  %3.0f%% of (b)", rate / 1e6, 100.0 * rate / reference[k]));
     }
     row((std::string("(c) ours ") + isa_label(cfg.isa) + " fp32").c_str(), cells);
@@ -532,13 +551,18 @@ int run(const Options& o) {
               o.steps, o.warmup);
   std::printf("cpu: %s, %u hardware threads; ISA auto = %s\nplugin: %s\n", cpu_model().c_str(),
               std::thread::hardware_concurrency(), isa_label(best), plugin.path.c_str());
-  std::printf("ours = adamw plugin defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 0.01)\n\n");
+  std::printf("ours = adamw plugin defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 0.01)\n");
+  // Every buffer comes from the host tier plugin, as a job's optimizer state
+  // on offload.optimizer = "host" does.
+  HostMemory huge(o.plugin_dir, true), small(o.plugin_dir, false);
+  std::printf("memory: %s\n  and for the huge_pages = false row: %s\n\n", huge.describe().c_str(),
+              small.describe().c_str());
   std::vector<std::string> header;
   for (const int t : o.threads) header.push_back(std::to_string(t) + (t == 1 ? " thread" : " threads"));
   row("", header);
 
-  measure_triad(o);
-  const std::vector<double> ours = measure_adam(o, plugin, best);  // its buffers are freed on return
+  measure_triad(o, huge);
+  const std::vector<double> ours = measure_adam(o, plugin, best, huge, small);  // its buffers are freed on return
   measure_torch(o, ours);
   return 0;
 }

@@ -13,9 +13,11 @@
 #include "thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -179,6 +181,37 @@ TEST(RangeHeap, AlignsSplitsAndCoalesces) {
   EXPECT_TRUE(h.empty());
   ASSERT_TRUE(h.allocate(1024, 64, &c));  // whole again after coalescing
   EXPECT_EQ(c, 0u);
+}
+
+// The words of VmFlags in /proc/self/smaps for the mapping holding p.
+std::string vm_flags(const void* p) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return "";
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  char line[512];
+  bool inside = false;
+  std::string flags;
+  while (flags.empty() && std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2) {  // a mapping's first line; no field parses so
+      inside = lo <= at && at < hi;
+    } else if (inside && std::strncmp(line, "VmFlags:", 8) == 0) {
+      flags = line + 8;
+    }
+  }
+  std::fclose(f);
+  return flags;
+}
+
+TEST(SharedArena, AsksForHugePages) {
+  SharedArena arena(0, 8 << 20, "zerod-test-arena");
+  // "hg": the mapping was advised MADV_HUGEPAGE, whatever the kernel's
+  // shmem mode makes of it (the advice is refused only without THP).
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  const std::string flags = vm_flags(arena.base());
+  ASSERT_FALSE(flags.empty()) << "no VmFlags for the arena in /proc/self/smaps";
+  EXPECT_NE((" " + flags + " ").find(" hg "), std::string::npos) << flags;
 }
 
 TEST(DevicePool, BlocksAreZeroedSharedAndAccounted) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -23,10 +24,11 @@ class HostTier : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_NE(plugin_.desc(), nullptr) << plugin_.error(); }
 
-  std::vector<double> values(double numa_node = -1, double pin = 1) const {
+  std::vector<double> values(double numa_node = -1, double pin = 1, double huge_pages = 1) const {
     std::vector<double> v = plugin_.defaults();
     v[plugin_.offset_of("numa_node")] = numa_node;
     v[plugin_.offset_of("pin")] = pin;
+    v[plugin_.offset_of("huge_pages")] = huge_pages;
     return v;
   }
 
@@ -123,7 +125,75 @@ TEST_F(HostTier, RefusesBadValues) {
   {
     Tier t(plugin_, {}, c);
     EXPECT_EQ(t.status(), ZD_ERR_INVALID_ARGUMENT);
-    EXPECT_THAT(t.error(), HasSubstr("expected 2 hyperparameter values"));
+    EXPECT_THAT(t.error(), HasSubstr("expected 3 hyperparameter values"));
+  }
+}
+
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+// The kernel's THP mode, the bracketed word ("madvise"); "" without THP.
+std::string thp_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(f, line);
+  const size_t open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos ? "" : line.substr(open + 1, close - open - 1);
+}
+
+// The value of `field` ("THPeligible") in /proc/self/smaps for the mapping
+// holding p; -1 when the kernel does not print it.
+long smaps_field(const void* p, const std::string& field) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2) {  // a mapping's first line; no field parses so
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind(field + ":", 0) == 0) {
+      return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+    }
+  }
+  return -1;
+}
+
+TEST_F(HostTier, LargeAllocationsAskForHugePagesUnlessTurnedOff) {
+  const zd_tier_config c = make_config(0, 0);
+  const std::string mode = thp_mode();
+  const uint64_t bytes = (uint64_t{5} << 20) + 100;  // not a whole number of huge pages
+  for (const bool huge : {true, false}) {
+    Tier t(plugin_, values(-1, 1, huge ? 1 : 0), c);
+    ASSERT_EQ(t.status(), ZD_OK) << t.error();
+    char err[256] = "";
+    auto* p = static_cast<unsigned char*>(t.desc()->allocate(t.get(), bytes, err, sizeof err));
+    ASSERT_NE(p, nullptr) << err;
+    if (huge) {
+      // Aligned, so the first 2 MiB of the request can be one huge page.
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHugePage, 0u);
+      if (mode == "always" || mode == "madvise") {
+        EXPECT_EQ(smaps_field(p, "THPeligible"), 1) << "THP mode " << mode;
+        EXPECT_THAT(t.describe(), HasSubstr("huge pages for allocations of 2 MiB or more (THP " + mode + ")"));
+      } else {
+        EXPECT_THAT(t.describe(), HasSubstr("4 KiB pages: "));
+      }
+    } else {
+      // Advised off: 4 KiB pages even where the kernel's mode is always.
+      if (!mode.empty()) {
+        EXPECT_EQ(smaps_field(p, "THPeligible"), 0);
+      }
+      EXPECT_THAT(t.describe(), HasSubstr("4 KiB pages: huge_pages = false"));
+    }
+    // The whole request is there, zeroed and writable, to its last byte.
+    EXPECT_EQ(p[bytes - 1], 0);
+    for (uint64_t i = 0; i < bytes; i += 4096) p[i] = 1;
+    p[bytes - 1] = 1;
+    t.desc()->release(t.get(), p, bytes);
+  }
+  {
+    Tier t(plugin_, values(-1, 1, 0.5), c);
+    EXPECT_EQ(t.status(), ZD_ERR_CONFIG);
+    EXPECT_THAT(t.error(), HasSubstr("huge_pages = 0.5: must be a bool"));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,7 +19,38 @@ uint64_t mapped_bytes(uint64_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+std::string thp_mode() {
+  std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f == nullptr) return "";
+  char line[128] = "";
+  const bool read = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  if (!read) return "";
+  const char* open = std::strchr(line, '[');
+  const char* close = open ? std::strchr(open, ']') : nullptr;
+  return close ? std::string(open + 1, close) : std::string();
+}
+
 namespace {
+
+// An anonymous mapping of len bytes starting at a multiple of align (a
+// power of two, or 0 for no more than a page): map align more, then unmap
+// the unaligned head and the tail beyond len. MAP_FAILED with errno set.
+void* map_aligned(uint64_t len, uint64_t align) {
+  if (align == 0) return mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (len > UINT64_MAX - align) {
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  void* raw = mmap(nullptr, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return raw;
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + align - 1) & ~(uintptr_t{align} - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t end = start + len + align;
+  if (end > aligned + len) munmap(reinterpret_cast<void*>(aligned + len), end - (aligned + len));
+  return reinterpret_cast<void*>(aligned);
+}
 
 // The logical index of the first NUMA node in the nodeset of the nearest
 // non-I/O ancestor of the PCI device bus_id; -1 when the topology does not
@@ -117,14 +149,17 @@ void* Placement::allocate(uint64_t bytes, std::string* error, std::string* warni
   const uint64_t len = mapped_bytes(bytes);
   // Fresh anonymous pages are zero: no memset, and no page is touched (so
   // placed) before the binding below is in force.
-  void* p = len == 0 ? MAP_FAILED
-                     : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const bool huge = huge_pages_ && len >= kHugePage;
+  void* p = len == 0 ? MAP_FAILED : map_aligned(len, huge ? kHugePage : 0);
   if (p == MAP_FAILED) {
     const int e = len == 0 ? ENOMEM : errno;
     *error = format("host: cannot allocate %s (%llu bytes) on NUMA node %d: %s", format_bytes(bytes).c_str(),
                     static_cast<unsigned long long>(bytes), node_, std::strerror(e));
     return nullptr;
   }
+  // Advice only: a kernel without THP refuses it and the memory stays
+  // usable in 4 KiB pages, which huge_pages_status() reports.
+  madvise(p, len, huge_pages_ ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   // A foreign topology's nodes are not this machine's: binding would fail
   // or, worse, land on a real node of the same number.
   if (this_system_) {
@@ -142,6 +177,14 @@ void* Placement::allocate(uint64_t bytes, std::string* error, std::string* warni
     }
   }
   return p;
+}
+
+std::string Placement::huge_pages_status() const {
+  if (!huge_pages_) return "4 KiB pages: huge_pages = false";
+  const std::string mode = thp_mode();
+  if (mode.empty()) return "4 KiB pages: this kernel has no transparent huge pages";
+  if (mode == "never") return "4 KiB pages: transparent huge pages are never (/sys/kernel/mm/transparent_hugepage)";
+  return "huge pages for allocations of 2 MiB or more (THP " + mode + ")";
 }
 
 void Placement::release(void* ptr, uint64_t bytes) {

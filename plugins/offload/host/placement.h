@@ -43,11 +43,22 @@ class Placement {
   // Zero-filled, page-aligned memory bound to the node (when this_system()).
   // nullptr with *error naming the bytes and the node on failure. A failed
   // binding is not a failure: the memory is usable, *warning says so once.
+  // With huge pages on, a request of kHugePage bytes or more is aligned to
+  // kHugePage and advised MADV_HUGEPAGE; off, every request is advised
+  // MADV_NOHUGEPAGE (4 KiB pages even where the kernel's THP mode is always).
   void* allocate(uint64_t bytes, std::string* error, std::string* warning);
   void release(void* ptr, uint64_t bytes);
 
   // "bound", "not bound: <why>" or the note for a foreign topology.
   std::string binding() const;
+
+  // Transparent huge pages for large allocations (the tier's huge_pages):
+  // the optimizer streams its state once per step, and with 4 KiB pages
+  // every 4 KiB of each stream is a TLB miss. Set before any allocation.
+  void set_huge_pages(bool on) { huge_pages_ = on; }
+  bool huge_pages() const { return huge_pages_; }
+  // "huge pages" with what the kernel makes of them, or why not.
+  std::string huge_pages_status() const;
   // Why this node: "numa_node = 3", "nearest device 0000:41:00.0",
   // "local rank 1", or that the device was not found.
   const std::string& reason() const { return reason_; }
@@ -63,6 +74,7 @@ class Placement {
   bool from_xml_ = false;
   std::vector<int32_t> cpus_;
   std::string reason_;
+  bool huge_pages_ = true;
 
   // The first failed binding, kept for describe(); binding failures leave
   // the memory usable (unbound) rather than failing the allocation.
@@ -73,6 +85,13 @@ class Placement {
 
 // Bytes actually mapped for a request: whole pages, at least one.
 uint64_t mapped_bytes(uint64_t bytes);
+
+// The transparent huge page size on x86-64 and on arm64 with 4 KiB pages.
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+// The bracketed word of /sys/kernel/mm/transparent_hugepage/enabled
+// ("always", "madvise", "never"); "" where the kernel has no THP.
+std::string thp_mode();
 
 }  // namespace zerod::offload
 
