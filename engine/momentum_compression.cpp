@@ -164,7 +164,7 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
     if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
       b.optimizer.insert(b.optimizer.end(), {(n + 7) / 8, g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4});
     // compression.replay: a whole copy of each slot a replayed step reads
-    // (1-bit Adam: its variance; 0/1 Adam: m and v).
+    // (1-bit Adam: its variance; 0/1 Adam: m and v, replay_slots() says why).
     if (ctx.config.compression_replay)
       for (uint32_t k = std::popcount(replay_slots(ctx.optimizer())); k > 0; --k) b.optimizer.push_back(g.full_numel * 4);
   }
@@ -172,10 +172,16 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
 }
 
 uint32_t replay_slots(const OptimizerInstance& opt) {
-  // The plan of a step long after every warm-up: what the run's compressed
-  // steps replay (a plugin that never does answers 0 there too).
+  // What the run's compressed steps replay: those of a step long after
+  // every warm-up, and those of a compressed step at the start (the first
+  // step, told it is no warm-up step). They can differ: 0/1 Adam's 1-bit
+  // gradient steps before its variance freezes replay m and v, its momentum
+  // syncs after it only v. The replicas of both are allocated as the steps
+  // come and kept, so the plan counts both. A plugin that never replays
+  // answers 0 in both.
   constexpr int64_t kLateStep = int64_t{1} << 50;
-  return opt.compresses() ? opt.plan(kLateStep, -1, -1).replay_slots : 0;
+  if (!opt.compresses()) return 0;
+  return opt.plan(kLateStep, -1, -1).replay_slots | opt.plan(1, 0, -1).replay_slots;
 }
 
 std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision) {

@@ -7,7 +7,9 @@
 -- compression.replay (1-bit Adam, 0/1 Adam at stages 1-2). GPT_LR sets the
 -- peak learning rate (default 2e-3, Adam's; the cosine ends at a tenth of
 -- it), GPT_WARM the warm-up's fraction of the steps (default 0.18) and
--- GPT_VAR_SCALER 0/1 Adam's var_update_scaler (default 16, DeepSpeed's).
+-- GPT_VAR_SCALER 0/1 Adam's var_update_scaler (default 16, DeepSpeed's),
+-- GPT_LOCAL_SCALER and GPT_LOCAL_CLIPPER its local_step_scaler and
+-- local_step_clipper (defaults 80 and 8; clipper 1 syncs every step).
 local zerod = require("zerod")
 
 local steps = tonumber(os.getenv("GPT_STEPS") or "800")
@@ -24,7 +26,8 @@ local optimizers = {
   -- Local steps (stage 0 only): the sync interval doubles every 80 updates
   -- after the variance freezes, up to 8.
   zero_one_adam = { type = "zero_one_adam", var_freeze_step = warm, local_steps = (stage == 0),
-                    local_step_scaler = 80, local_step_clipper = 8,
+                    local_step_scaler = tonumber(os.getenv("GPT_LOCAL_SCALER") or "80"),
+                    local_step_clipper = tonumber(os.getenv("GPT_LOCAL_CLIPPER") or "8"),
                     var_update_scaler = tonumber(os.getenv("GPT_VAR_SCALER") or "16") },
   onebit_lamb = { type = "onebit_lamb", freeze_step = warm },
 }

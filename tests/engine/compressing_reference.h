@@ -146,7 +146,8 @@ inline Weights onebit_adam(const Problem& pr, const Hyper& h, int freeze) {
 // ---------------------------------------------------------------------------
 // 0/1 Adam. variance(t) and sync(t) are the schedules (1-based update t);
 // local steps after var_freeze when `local` (each rank keeps its own p, m,
-// u), else 1-bit gradient steps with v frozen.
+// u), else a 1-bit momentum sync every step with v frozen (1-bit Adam's
+// compressed step). The error feedback restarts when v freezes.
 struct ZeroOneSchedule {
   std::function<bool(int64_t)> variance;
   std::function<bool(int64_t)> sync;
@@ -203,6 +204,24 @@ inline Weights zero_one_adam(const Problem& pr, const Hyper& h, const ZeroOneSch
         }
       }
       if (syncs) lrs = 0.0f;
+      continue;
+    }
+    if (frozen) {
+      if (t == sc.var_freeze + 1) ex.reset();
+      for (size_t k = 0; k < pr.sizes.size(); ++k) {
+        const uint64_t n = pr.sizes[k];
+        std::vector<std::vector<float>> x(W, std::vector<float>(n));
+        for (size_t r = 0; r < W; ++r)
+          for (uint64_t i = 0; i < n; ++i)
+            x[r][i] = std::fma(omb1, pr.grad(static_cast<int>(r), step, k, i), b1 * s[r][k].m[i]);
+        ex.average(k, x);
+        for (size_t r = 0; r < W; ++r) {
+          TensorState& st = s[r][k];
+          st.m = x[r];
+          for (uint64_t i = 0; i < n; ++i)
+            st.p[i] = std::fma(neg_lr, update_of(h, st.m[i], denom(h, st.v[i]), st.p[i]), st.p[i]);
+        }
+      }
       continue;
     }
     const bool variance = !frozen && sc.variance(t);

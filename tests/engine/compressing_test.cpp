@@ -465,11 +465,13 @@ TEST(CompressingPlan, ThePlanIsWhatFinalizeCharges) {
 
 TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
   // compression.replay allocates whole copies of the slots a step replays
-  // at the first replayed step: one for 1-bit Adam (v), two for 0/1 Adam
-  // (m and v). After it the ledger's optimizer state is what plan() said.
+  // at the first replayed step: one for 1-bit Adam (v), two for 0/1 Adam (m
+  // and v: its 1-bit gradient step 3 replays both, its momentum sync at step
+  // 4 v alone; steps 1 and 2 update the variance). After them the ledger's
+  // optimizer state is what plan() said.
   const std::vector<std::pair<JobOptions, int>> jobs = {
       {options("onebit_adam", 1, {{"freeze_step", 2}}), 1},
-      {options("zero_one_adam", 2, {{"var_freeze_step", 2}, {"local_steps", 0}}), 2}};
+      {options("zero_one_adam", 2, {{"var_freeze_step", 3}, {"var_update_scaler", 1}, {"local_steps", 0}}), 2}};
   for (auto [o, slots] : jobs) {
     o.compression_replay = true;
     auto model = make_model(o, 2);

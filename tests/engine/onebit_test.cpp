@@ -464,9 +464,9 @@ TEST(OnebitAdamStages, AMomentumWrittenBetweenCompressedStepsIsWhereTheNextStepS
 }
 
 // 0/1 Adam without local steps (DeepSpeed's variance schedule, kappa 2:
-// updates 1, 2, 4, 6 are variance steps, the rest 1-bit gradient steps, v
-// frozen after 6). Its gradient steps replay m and v, and m moves at every
-// one of them.
+// updates 1, 2, 4, 6 are variance steps, 3 and 5 1-bit gradient steps, which
+// replay m and v and move m; v frozen after 6, and from 7 on a 1-bit
+// momentum sync every step, which replays v).
 JobOptions zero_one(int stage, bool replay) {
   JobOptions o;
   o.stage = stage;
@@ -481,8 +481,9 @@ JobOptions zero_one(int stage, bool replay) {
 }
 
 TEST(ZeroOneAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
-  // The replicas of m and v are refilled after each variance step (3, 5
-  // and 7 follow one) and m's replica moves with every replayed step.
+  // The replicas of m and v are refilled after each variance step (3 and 5
+  // follow one) and m's replica moves with every replayed gradient step;
+  // v's is refilled at 7, the first momentum sync.
   for (int world : {2, 4}) {
     const Views s0 = train_views(zero_one(0, false), world, 12);
     for (int stage : {1, 2})
@@ -492,9 +493,9 @@ TEST(ZeroOneAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
   }
 }
 
-TEST(ZeroOneAdamReplay, AGradientStepSendsWhatStage0Sends) {
-  // After v froze every step is a 1-bit gradient step: from the second of
-  // them on (the first refills the replicas) stages 1-2 send what stage 0
+TEST(ZeroOneAdamReplay, AMomentumSyncSendsWhatStage0Sends) {
+  // After v froze every step is a 1-bit momentum sync: from the second of
+  // them on (the first refills v's replica) stages 1-2 send what stage 0
   // sends, and without replay they also gather the working copies.
   for (int world : {2, 4}) {
     const uint64_t s0 = train_views(zero_one(0, false), world, 9).last_step_bytes;

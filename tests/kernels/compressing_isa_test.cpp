@@ -186,11 +186,13 @@ TEST(CompressingIsa, ZeroOneAdamVectorLoopsEqualTheBaselineBitForBit) {
   // lr, b1, b2, eps, weight_decay, var_freeze_step, var_update_scaler,
   // local_step_scaler, local_step_clipper, local_steps.
   const std::vector<double> values = {1e-3, 0.9, 0.999, 1e-8, 0.0, 4, 16, 32678, 16, 1};
-  // Kinds: 0 variance, 1 1-bit gradient, 2 local, 3 sync (pass 1 and 2).
+  // Kinds: 0 variance, 1 1-bit gradient, 2 local, 3 sync (pass 1 and 2),
+  // 4 momentum sync (prepare and pass).
   const std::vector<Call> calls = {
       {false, 0, 1, true, false, false, false, 0}, {true, 1, 0, true, true, false, false, 0},
       {false, 1, 1, false, true, false, false, 0}, {false, 2, 1, true, false, false, true, 0},
       {false, 3, 1, true, true, false, true, 0},   {false, 3, 2, false, true, false, true, 0},
+      {true, 4, 0, true, true, false, false, 0},   {false, 4, 1, false, true, false, false, 0},
   };
   check_plugin("zero_one_adam", values, 4, calls, 0);
 }

@@ -16,6 +16,8 @@ namespace avx2 {
 void variance(const Consts& c, const Arrays& a);
 void prepare_gradient(const Consts& c, const Arrays& a);
 void compressed_gradient(const Consts& c, const Arrays& a);
+void prepare_momentum(const Consts& c, const Arrays& a);
+void compressed_momentum(const Consts& c, const Arrays& a);
 void local_step(const Consts& c, const Arrays& a);
 void sync_local(const Consts& c, const Arrays& a);
 void sync_apply(const Consts& c, const Arrays& a, float lrs);
@@ -61,6 +63,10 @@ void variance(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa,
 void prepare_gradient(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, prepare_gradient(c, a)); }
 void compressed_gradient(Isa isa, const Consts& c, const Arrays& a) {
   ZD_ZERO_ONE_PICK(isa, compressed_gradient(c, a));
+}
+void prepare_momentum(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, prepare_momentum(c, a)); }
+void compressed_momentum(Isa isa, const Consts& c, const Arrays& a) {
+  ZD_ZERO_ONE_PICK(isa, compressed_momentum(c, a));
 }
 void local_step(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, local_step(c, a)); }
 void sync_local(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, sync_local(c, a)); }

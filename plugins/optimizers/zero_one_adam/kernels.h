@@ -42,6 +42,12 @@ void variance(Isa isa, const Consts& c, const Arrays& a);
 void prepare_gradient(Isa isa, const Consts& c, const Arrays& a);
 // The pass after it: m from the compressed average of g, v frozen, then p.
 void compressed_gradient(Isa isa, const Consts& c, const Arrays& a);
+// PREPARE of a 1-bit momentum step (after var_freeze_step without local
+// steps): the exchange buffer holds m (the last average) and takes the
+// rank's local momentum, x = b1 x + (1 - b1) g.
+void prepare_momentum(Isa isa, const Consts& c, const Arrays& a);
+// The pass after it: m takes the compressed average, v frozen, then p.
+void compressed_momentum(Isa isa, const Consts& c, const Arrays& a);
 // A local step: m from the rank's own gradient, p moves, u accumulates the
 // move: u = u - lr upd.
 void local_step(Isa isa, const Consts& c, const Arrays& a);

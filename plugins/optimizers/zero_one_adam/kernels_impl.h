@@ -123,6 +123,37 @@ void compressed_gradient(const Consts& c, const Arrays& a) {
   });
 }
 
+void prepare_momentum(const Consts& c, const Arrays& a) {
+  dispatch(c, a, true, [&]<Dtype G, Dtype, bool, bool>() {
+    const K k(c);
+    const void* const grad = a.grad;
+    float* const __restrict x = a.exchange;
+    const size_t n = a.count;
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) x[i] = fma_(k.omb1, grad_at<G>(k, grad, i), k.b1 * x[i]);
+  });
+}
+
+void compressed_momentum(const Consts& c, const Arrays& a) {
+  dispatch(c, a, false, [&]<Dtype, Dtype W, bool kWork, bool kDecay>() {
+    const K k(c);
+    const float* const __restrict x = a.exchange;
+    float* const __restrict m_ = a.m;
+    const float* const __restrict v_ = a.v;
+    float* const __restrict p_ = a.master;
+    void* const work = a.work;
+    const size_t n = a.count;
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) {
+      const float m = x[i];
+      const float p = fma_(k.neg_lr, update_of<kDecay>(k, m, sqrt_(v_[i]) + k.eps, p_[i]), p_[i]);
+      m_[i] = m;
+      p_[i] = p;
+      if constexpr (kWork) store_work<W>(work, i, p);
+    }
+  });
+}
+
 void local_step(const Consts& c, const Arrays& a) {
   dispatch(c, a, true, [&]<Dtype G, Dtype W, bool kWork, bool kDecay>() {
     const K k(c);
