@@ -92,18 +92,27 @@ void variance(const Consts& c, const Arrays& a) {
   });
 }
 
-void prepare_gradient(const Consts& c, const Arrays& a) {
+// PREPARE: the exchange buffer takes the rank's gradient, or (a momentum
+// sync) the rank's momentum from the last average it holds.
+template <bool kMomentum>
+void prepare(const Consts& c, const Arrays& a) {
   dispatch(c, a, true, [&]<Dtype G, Dtype, bool, bool>() {
     const K k(c);
     const void* const grad = a.grad;
     float* const __restrict x = a.exchange;
     const size_t n = a.count;
 #pragma omp simd
-    for (size_t i = 0; i < n; ++i) x[i] = grad_at<G>(k, grad, i);
+    for (size_t i = 0; i < n; ++i)
+      x[i] = kMomentum ? fma_(k.omb1, grad_at<G>(k, grad, i), k.b1 * x[i]) : grad_at<G>(k, grad, i);
   });
 }
 
-void compressed_gradient(const Consts& c, const Arrays& a) {
+void prepare_gradient(const Consts& c, const Arrays& a) { prepare<false>(c, a); }
+
+// A step with v frozen from the exchanged average x: m moves by x (a 1-bit
+// gradient step) or takes it (a momentum sync), then p.
+template <bool kTakeAverage>
+void frozen_step(const Consts& c, const Arrays& a) {
   dispatch(c, a, false, [&]<Dtype, Dtype W, bool kWork, bool kDecay>() {
     const K k(c);
     const float* const __restrict x = a.exchange;
@@ -114,7 +123,7 @@ void compressed_gradient(const Consts& c, const Arrays& a) {
     const size_t n = a.count;
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) {
-      const float m = fma_(k.omb1, x[i], k.b1 * m_[i]);
+      const float m = kTakeAverage ? x[i] : fma_(k.omb1, x[i], k.b1 * m_[i]);
       const float p = fma_(k.neg_lr, update_of<kDecay>(k, m, sqrt_(v_[i]) + k.eps, p_[i]), p_[i]);
       m_[i] = m;
       p_[i] = p;
@@ -123,36 +132,11 @@ void compressed_gradient(const Consts& c, const Arrays& a) {
   });
 }
 
-void prepare_momentum(const Consts& c, const Arrays& a) {
-  dispatch(c, a, true, [&]<Dtype G, Dtype, bool, bool>() {
-    const K k(c);
-    const void* const grad = a.grad;
-    float* const __restrict x = a.exchange;
-    const size_t n = a.count;
-#pragma omp simd
-    for (size_t i = 0; i < n; ++i) x[i] = fma_(k.omb1, grad_at<G>(k, grad, i), k.b1 * x[i]);
-  });
-}
+void compressed_gradient(const Consts& c, const Arrays& a) { frozen_step<false>(c, a); }
 
-void compressed_momentum(const Consts& c, const Arrays& a) {
-  dispatch(c, a, false, [&]<Dtype, Dtype W, bool kWork, bool kDecay>() {
-    const K k(c);
-    const float* const __restrict x = a.exchange;
-    float* const __restrict m_ = a.m;
-    const float* const __restrict v_ = a.v;
-    float* const __restrict p_ = a.master;
-    void* const work = a.work;
-    const size_t n = a.count;
-#pragma omp simd
-    for (size_t i = 0; i < n; ++i) {
-      const float m = x[i];
-      const float p = fma_(k.neg_lr, update_of<kDecay>(k, m, sqrt_(v_[i]) + k.eps, p_[i]), p_[i]);
-      m_[i] = m;
-      p_[i] = p;
-      if constexpr (kWork) store_work<W>(work, i, p);
-    }
-  });
-}
+void prepare_momentum(const Consts& c, const Arrays& a) { prepare<true>(c, a); }
+
+void compressed_momentum(const Consts& c, const Arrays& a) { frozen_step<true>(c, a); }
 
 void local_step(const Consts& c, const Arrays& a) {
   dispatch(c, a, true, [&]<Dtype G, Dtype W, bool kWork, bool kDecay>() {
