@@ -177,8 +177,8 @@ uint32_t replay_slots(const OptimizerInstance& opt) {
   // step, told it is no warm-up step). They can differ: 0/1 Adam's 1-bit
   // gradient steps before its variance freezes replay m and v, its momentum
   // syncs after it only v. The replicas of both are allocated as the steps
-  // come and kept, so the plan counts both. A plugin that never replays
-  // answers 0 in both.
+  // come (m's given back once the syncs begin), so the plan's peak counts
+  // both. A plugin that never replays answers 0 in both.
   constexpr int64_t kLateStep = int64_t{1} << 50;
   if (!opt.compresses()) return 0;
   return opt.plan(kLateStep, -1, -1).replay_slots | opt.plan(1, 0, -1).replay_slots;
@@ -681,6 +681,7 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
     replica_valid_ = 0;
   } else if (replica_valid_ != plan.replay_slots) {
     fill_replica(plan.replay_slots);
+    replica_valid_ = plan.replay_slots;
   }
   if (plan.reset_errors)
     for (Group& c : groups_)
@@ -754,7 +755,10 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
 
 // Every rank copies the owners' values of the replayed slots, whole: a
 // collective (each owner broadcasts its part), once after the slots last
-// changed.
+// changed. Only the slots whose copies are not valid are copied; the copy
+// of a slot this plan does not replay is given back (0/1 Adam's m once its
+// variance froze: its momentum syncs replay v alone). Every rank calls this
+// with the same plan and the same replica_valid_, so the broadcasts match.
 void MomentumCompression::fill_replica(uint32_t slots) {
   const auto& groups = ctx_.registry.groups();
   const TierSet tiers = res_.tiers();
@@ -762,8 +766,12 @@ void MomentumCompression::fill_replica(uint32_t slots) {
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     Group& c = groups_[gi];
     for (uint32_t k = 0; k < ZD_OPTIMIZER_MAX_STATE; ++k) {
-      if ((slots >> k & 1u) == 0) continue;
       TieredBuffer& r = c.replica[k];
+      if ((slots >> k & 1u) == 0) {
+        r.release(tiers);
+        continue;
+      }
+      if ((replica_valid_ >> k & 1u) != 0) continue;
       if (r.empty())
         r.allocate(tiers, 4, {{groups[gi].full_numel, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_OPTIMIZER,
                    "the whole copy of state slot '" + opt.state_name(k) + "' of group " + std::to_string(gi) +
@@ -774,7 +782,6 @@ void MomentumCompression::fill_replica(uint32_t slots) {
                         base + ctx_.registry.param(pid).full_offset);
     }
   }
-  replica_valid_ = slots;
 }
 
 // The step over the segment's elements that other ranks own, on this

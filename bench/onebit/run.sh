@@ -83,7 +83,7 @@ wait "$server" 2>/dev/null
 # are all in the compression phase. 0/1 Adam: variance steps until update 2,
 # then (stage 0) local steps with a sync every 4th step (compression.sync, a
 # Lua function of the step); at stages 1-3, where local steps are refused,
-# 1-bit gradient steps with v frozen.
+# a 1-bit momentum sync every step with v frozen (local_steps = false).
 write_job() {  # write_job OPTIMIZER STAGE FILE
   local prec="fp32" opt
   [ "$dtype" = bf16 ] && prec="bf16"

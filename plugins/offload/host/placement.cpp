@@ -158,8 +158,12 @@ void* Placement::allocate(uint64_t bytes, std::string* error, std::string* warni
     return nullptr;
   }
   // Advice only: a kernel without THP refuses it and the memory stays
-  // usable in 4 KiB pages, which huge_pages_status() reports.
-  madvise(p, len, huge_pages_ ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  // usable in 4 KiB pages, which huge_pages_status() reports. A small
+  // request gets no advice either way: it keeps the kernel's default.
+  if (huge)
+    madvise(p, len, MADV_HUGEPAGE);
+  else if (!huge_pages_)
+    madvise(p, len, MADV_NOHUGEPAGE);
   // A foreign topology's nodes are not this machine's: binding would fail
   // or, worse, land on a real node of the same number.
   if (this_system_) {

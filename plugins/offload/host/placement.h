@@ -44,8 +44,9 @@ class Placement {
   // nullptr with *error naming the bytes and the node on failure. A failed
   // binding is not a failure: the memory is usable, *warning says so once.
   // With huge pages on, a request of kHugePage bytes or more is aligned to
-  // kHugePage and advised MADV_HUGEPAGE; off, every request is advised
-  // MADV_NOHUGEPAGE (4 KiB pages even where the kernel's THP mode is always).
+  // kHugePage and advised MADV_HUGEPAGE (a smaller one keeps the kernel's
+  // default); off, every request is advised MADV_NOHUGEPAGE (4 KiB pages
+  // even where the kernel's THP mode is always).
   void* allocate(uint64_t bytes, std::string* error, std::string* warning);
   void release(void* ptr, uint64_t bytes);
 

@@ -20,10 +20,11 @@
 //     m_r = b1 m + (1 - b1) g_r is averaged 1-bit compressed (error feedback
 //     kept by the host), and
 //       m = avg;  p -= lr (m/d + wd p)
-//     which is 1-bit Adam's compressed step. At interval 1 a local step and
-//     its sync make the same move, except that there the weight decay term
-//     (wd p d, the same on every rank) is compressed with m; here it is
-//     applied outside, so no rank needs another's v or master.
+//     which is 1-bit Adam's compressed step. It is the local steps' sync at
+//     interval 1 but for the weight decay term (wd p d, the same on every
+//     rank): there it is compressed with m and stays in the next step's m;
+//     here it is applied outside m, so no rank needs another's v or master.
+//     With weight_decay = 0 the two take the same path.
 //
 // d = sqrt(v) + eps; no bias correction (DeepSpeed's has none). Local steps
 // move each rank's own whole copy of the parameters, momentum and
