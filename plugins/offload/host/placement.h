@@ -57,7 +57,6 @@ class Placement {
   // the optimizer streams its state once per step, and with 4 KiB pages
   // every 4 KiB of each stream is a TLB miss. Set before any allocation.
   void set_huge_pages(bool on) { huge_pages_ = on; }
-  bool huge_pages() const { return huge_pages_; }
   // "huge pages" with what the kernel makes of them, or why not.
   std::string huge_pages_status() const;
   // Why this node: "numa_node = 3", "nearest device 0000:41:00.0",

@@ -131,9 +131,22 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync,
   *out = zd_optimizer_plan{};
   out->struct_size = sizeof *out;
   const bool frozen = step > inst.var_freeze_step;
-  if (frozen && inst.local_steps) {
+  if (frozen) {
+    // Every rank keeps its local gradient, and the error feedback restarts
+    // at the first step after the freeze.
     out->grads = ZD_GRADS_LOCAL;
     out->reset_errors = step == inst.var_freeze_step + 1 ? 1 : 0;
+    if (!inst.local_steps) {
+      out->kind = kMomentum;
+      out->keep_average = 1;
+      out->ops[0] = ZD_OP_PREPARE;
+      out->ops[1] = ZD_OP_EXCHANGE;
+      out->ops[2] = ZD_OP_PASS;
+      // The pass reads the exchanged momentum, the master and the frozen v:
+      // a rank holding a whole copy of v can replay it for any element.
+      out->replay_slots = 1u << 1;
+      return ZD_OK;
+    }
     const bool syncs = sync >= 0 ? sync != 0
                                  : zo::sync_step(step, inst.var_freeze_step, inst.local_scaler, inst.local_clipper);
     out->ops[0] = ZD_OP_PASS_GRAD;
@@ -144,19 +157,6 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync,
     } else {
       out->kind = kLocal;
     }
-    return ZD_OK;
-  }
-  if (frozen) {
-    out->kind = kMomentum;
-    out->grads = ZD_GRADS_LOCAL;
-    out->reset_errors = step == inst.var_freeze_step + 1 ? 1 : 0;
-    out->keep_average = 1;
-    out->ops[0] = ZD_OP_PREPARE;
-    out->ops[1] = ZD_OP_EXCHANGE;
-    out->ops[2] = ZD_OP_PASS;
-    // The pass reads the exchanged momentum, the master and the frozen v:
-    // a rank holding a whole copy of v can replay it for any element.
-    out->replay_slots = 1u << 1;
     return ZD_OK;
   }
   const bool variance = warmup >= 0 ? warmup != 0 : zo::variance_step(step, inst.kappa);
