@@ -164,7 +164,8 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
     if (ctx.partitioned(ZD_PARTITION_OPTIMIZER))
       b.optimizer.insert(b.optimizer.end(), {(n + 7) / 8, g.params.size() * static_cast<uint64_t>(ctx.world_size) * 4});
     // compression.replay: a whole copy of each slot a replayed step reads
-    // (1-bit Adam: its variance; 0/1 Adam: m and v, replay_slots() says why).
+    // (1-bit Adam: its variance; 0/1 Adam: m and v, replay_slots() says why;
+    // 1-bit LAMB: m and v).
     if (ctx.config.compression_replay)
       for (uint32_t k = std::popcount(replay_slots(ctx.optimizer())); k > 0; --k) b.optimizer.push_back(g.full_numel * 4);
   }
@@ -188,8 +189,8 @@ std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t pa
   if (!opt.compresses()) return "optimizer '" + opt.plugin().name() + "' never compresses; nothing to replay";
   if (replay_slots(opt) == 0)
     return "optimizer '" + opt.plugin().name() + "' plans no compressed step that another rank can replay (its " +
-           "update of an element needs more than the exchanged values and that element's state, e.g. 1-bit LAMB's "
-           "norms over whole tensors), so its compressed steps all-gather the working copies; leave replay out";
+           "update of an element needs more than the exchanged values, that element's state and the per-tensor "
+           "scalars), so its compressed steps all-gather the working copies; leave replay out";
   if ((partitions & ZD_PARTITION_OPTIMIZER) == 0 || (partitions & ZD_PARTITION_PARAMS) != 0)
     return "replays what stages 1-2 all-gather after a step; at stage 0 every rank updates every element already, "
            "and stage 3 gathers parameters in forward and backward anyway (zero.stage = 1 or 2)";
@@ -575,7 +576,7 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
       if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0 && keeps());
-      if (then_exchange && st.replay) replay(st, gi, s, xs);
+      if (then_exchange && st.replay) replay(st, gi, s, xs, 1);
       if (direct == nullptr) scatter_owned(st, gi, s, xs);
     }
     if (then_exchange && plan.keep_average && keeps()) c.have_average = true;
@@ -643,8 +644,22 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
   runner_.pass(a);
   if (with_grad) st.consumed = true;
   st.have_stats = nstats > 0;
+  combine_stats(st);
+  // The first pass was replayed with the exchange (prepare); a later one
+  // (1-bit LAMB's, which applies the trust ratio the owners' statistics
+  // gave) is replayed here, after the owners' pass and the tensor_step that
+  // set the scalars it reads, the same on every rank.
+  if (st.replay && st.pass > 1)
+    for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi)
+      for (const Segment& s : segments(gi, st.plan.fused != 0)) replay(st, gi, s, nullptr, st.pass);
+}
+
+// Each owner summed (or maxed) its part of every tensor: combine them, so
+// that every rank's tensor_step sees the same figures.
+void MomentumCompression::combine_stats(StepState& st) {
+  const OptimizerInstance& opt = ctx_.optimizer();
+  const uint32_t nstats = opt.tensor_stats();
   if (nstats == 0 || owns_all()) return;
-  // Each owner summed (or maxed) its part of every tensor: combine them.
   for (zd_stat_op op : {ZD_STAT_SUM, ZD_STAT_MAX}) {
     std::vector<double> v;
     std::vector<size_t> at;
@@ -733,10 +748,10 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
 
 bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
   const OptimizerInstance& opt = ctx_.optimizer();
-  // plan() checked the shape (PREPARE, EXCHANGE, PASS); statistics over
-  // whole tensors cannot be replayed element by element.
-  const bool shape = plan.replay_slots != 0 && opt.tensor_stats() == 0;
-  if (!shape || !keeps() || ctx_.params_partitioned()) return false;
+  // plan() checked the shape (PREPARE, EXCHANGE, then passes only).
+  // Statistics over whole tensors are the owners': a replayed pass adds to
+  // none, and reads the scalars every rank's tensor_step made of them.
+  if (plan.replay_slots == 0 || !keeps() || ctx_.params_partitioned()) return false;
   for (const ParamGroup& g : ctx_.registry.groups())
     if (g.dtype != ZD_DTYPE_F32) return false;
   if (!ctx_.config.compression_replay) {
@@ -784,15 +799,16 @@ void MomentumCompression::fill_replica(uint32_t slots) {
   }
 }
 
-// The step over the segment's elements that other ranks own, on this
-// rank's fp32 working copy (stages 1-2: the whole group, one segment), from
-// the exchanged average x: what each owner's pass computes for its master,
-// element for element.
-void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, const float* x) {
+// Pass `pass` of the step over the segment's elements that other ranks own,
+// on this rank's fp32 working copy, from the exchanged average x (the first
+// pass; NULL for a later one, which reads no exchange): what each owner's
+// pass computes for its master, element for element. Statistics a replayed
+// pass gathers are thrown away: the owners' are the ones combined.
+void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, const float* x, uint32_t pass) {
   const OptimizerInstance& opt = ctx_.optimizer();
   const ParamGroup& g = ctx_.registry.groups()[gi];
   const Group& c = groups_[gi];
-  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots;
+  const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots, nstats = opt.tensor_stats();
   auto* working = reinterpret_cast<float*>(buffers_.groups()[gi].working.addr(0));
   observe::Span span(res_.probe, "optimizer", "replay");
   for (zd_param_id pid : s.params) {
@@ -801,13 +817,13 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
     uint64_t lo, hi;
     ctx_.owned_part(p, res_.rank, &lo, &hi);
     if (lo >= hi) lo = hi = end;  // none of it is this rank's: all of it is replayed
-    const float* px = x + (packed_at_[static_cast<size_t>(pid)] - s.dense);
+    const float* px = x != nullptr ? x + (packed_at_[static_cast<size_t>(pid)] - s.dense) : nullptr;
     for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {
       if (a >= b) continue;
-      zd_optimizer_update u = step_update(st, g, pid, 1);
+      zd_optimizer_update u = step_update(st, g, pid, pass);
       u.count = b - a;
       u.master = working + a;
-      u.exchange = const_cast<float*>(px + (a - begin));
+      u.exchange = px != nullptr ? const_cast<float*>(px + (a - begin)) : nullptr;
       for (uint32_t k = 0; k < slots; ++k)
         if (mask >> k & 1u) u.state[k] = reinterpret_cast<float*>(c.replica[k].addr(0)) + a;
       const uint64_t tiles = (u.count + kTile - 1) / kTile;
@@ -816,9 +832,14 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
         zd_optimizer_update tile = update_slice(u, slots, off, n);
         // The slots the pass writes or does not read: scratch, per thread.
         thread_local std::vector<float> scratch;
+        thread_local std::vector<double> discarded;
         scratch.resize(kTile);
         for (uint32_t k = 0; k < slots; ++k)
           if ((mask >> k & 1u) == 0) tile.state[k] = scratch.data();
+        if (nstats > 0) {
+          discarded.assign(nstats, 0.0);
+          tile.stats = discarded.data();
+        }
         opt.update(ZD_ISA_AUTO, tile);
       });
     }

@@ -150,9 +150,10 @@ class MomentumCompression {
   void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
   void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
   void pass(StepState& st, bool with_grad);
+  void combine_stats(StepState& st);
   bool replays(const zd_optimizer_plan& plan) const;
   void fill_replica(uint32_t slots);
-  void replay(StepState& st, size_t group, const Segment& s, const float* x);
+  void replay(StepState& st, size_t group, const Segment& s, const float* x, uint32_t pass);
   void tensor_step(StepState& st, zd_plan_op op);
 
   const ModelContext& ctx_;

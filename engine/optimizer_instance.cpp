@@ -150,16 +150,15 @@ zd_optimizer_plan OptimizerInstance::plan(int64_t step, int warmup, int sync) co
   if (!passes) fail(ZD_ERR_PLUGIN, who + " planned update " + std::to_string(step) + " without a pass");
   if (p.replay_slots != 0) {
     const uint32_t slots = state_slots();
-    const bool shape = p.ops[0] == ZD_OP_PREPARE && p.ops[1] == ZD_OP_EXCHANGE && p.ops[2] == ZD_OP_PASS &&
-                       p.ops[3] == ZD_OP_END;
-    // A kept average feeds the average slot; the replay must not also copy it.
-    if (!shape || (slots < 32 && (p.replay_slots >> slots) != 0) ||
-        (p.keep_average && (p.replay_slots >> average_slot() & 1u)))
+    // PREPARE, EXCHANGE, then passes without the gradient: the first is
+    // replayed with the exchange, the later ones after the owners' (1.5).
+    bool shape = p.ops[0] == ZD_OP_PREPARE && p.ops[1] == ZD_OP_EXCHANGE && p.ops[2] == ZD_OP_PASS;
+    for (size_t i = 3; i < ZD_PLAN_MAX_OPS && p.ops[i] != ZD_OP_END; ++i) shape = shape && p.ops[i] == ZD_OP_PASS;
+    if (!shape || (slots < 32 && (p.replay_slots >> slots) != 0))
       fail(ZD_ERR_PLUGIN, who + " planned update " + std::to_string(step) + " with replay_slots = " +
                               std::to_string(p.replay_slots) + ": they must name some of its " +
-                              std::to_string(slots) + " state slots (not the average slot " +
-                              std::to_string(average_slot()) + " in a plan that keeps the average), in a plan "
-                              "PREPARE, EXCHANGE, PASS");
+                              std::to_string(slots) + " state slots, in a plan PREPARE, EXCHANGE, PASS (and "
+                              "more PASSes)");
   }
   if ((p.grads == ZD_GRADS_LOCAL || prepared) && !compresses_)
     fail(ZD_ERR_PLUGIN, who + " keeps gradients local in update " + std::to_string(step) +

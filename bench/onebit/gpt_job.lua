@@ -4,9 +4,9 @@
 -- without bias correction (the compressing optimizers' warm-up rule); the
 -- compressing ones warm up for the first 18% of the steps (0/1 Adam: its
 -- variance steps), as DeepSpeed recommends 15-25%. GPT_REPLAY=1 sets
--- compression.replay (1-bit Adam, 0/1 Adam at stages 1-2). GPT_LR sets the
--- peak learning rate (default 2e-3, Adam's; the cosine ends at a tenth of
--- it), GPT_WARM the warm-up's fraction of the steps (default 0.18) and
+-- compression.replay (1-bit Adam, 0/1 Adam, 1-bit LAMB at stages 1-2).
+-- GPT_LR sets the peak learning rate (default 2e-3, Adam's; the cosine ends
+-- at a tenth of it), GPT_WARM the warm-up's fraction of the steps (default 0.18) and
 -- GPT_VAR_SCALER 0/1 Adam's var_update_scaler (default 16, DeepSpeed's),
 -- GPT_LOCAL_SCALER and GPT_LOCAL_CLIPPER its local_step_scaler and
 -- local_step_clipper (defaults 80 and 8; clipper 1 syncs every step).

@@ -8,7 +8,7 @@
 # setting for 1-bit Adam) and stages 1-3 (--stages), with Adam, 1-bit Adam,
 # 0/1 Adam and 1-bit LAMB (--optimizers; a name ending in _replay is that
 # optimizer with compression.replay, run at stages 1-2 with fp32 working
-# copies only: onebit_adam_replay, zero_one_adam_replay).
+# copies only: onebit_adam_replay, zero_one_adam_replay, onebit_lamb_replay).
 # Printed side by side in one run:
 # iperf3 on the same link, then per stage and optimizer the median and mean
 # step time, the bytes each daemon put on the network per step, the time
@@ -17,7 +17,7 @@
 # many times faster the mean step is than this run's Adam at the same stage. Needs root (namespaces, tc), mpirun and iperf3.
 #
 #   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
-#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb"]
+#                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb onebit_lamb_replay"]
 #                       [--dtype fp32|bf16] [--trace DIR]
 #
 # --trace DIR: each job also writes a timeline of steps 6-7 (docs/observability.md)
@@ -32,7 +32,7 @@ local_ranks=1
 params="25e6"
 steps=12
 stages="0 1 2 3"
-optimizers="adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb"
+optimizers="adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb onebit_lamb_replay"
 dtype="fp32"
 trace_dir=""
 while [ $# -gt 0 ]; do

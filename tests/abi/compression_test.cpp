@@ -77,12 +77,16 @@ TEST_F(CompressionScript, ReplayIsCheckedWhereTheScriptSaysIt) {
   const std::string adam = error_of("return { optimizer = { type = 'adamw' }, zero = { stage = 1 },\n"
                                     " compression = { replay = true } }");
   EXPECT_NE(adam.find("optimizer 'adamw' never compresses"), std::string::npos) << adam;
-  const std::string lamb = error_of("return { optimizer = { type = 'onebit_lamb' }, zero = { stage = 1 },\n"
-                                    " compression = { replay = true } }");
-  EXPECT_NE(lamb.find("test.lua:2: compression.replay: optimizer 'onebit_lamb' plans no compressed step that another "
-                      "rank can replay"),
+  const std::string v2 = error_of(std::string("return { plugin_path = '") + ZEROD_FAKE_PLUGIN_DIR +
+                                  "', optimizer = { type = 'onebit_adam_v2' }, zero = { stage = 1 },\n"
+                                  " compression = { replay = true } }");
+  EXPECT_NE(v2.find("test.lua:2: compression.replay: optimizer 'onebit_adam_v2' plans no compressed step that "
+                    "another rank can replay"),
             std::string::npos)
-      << lamb;
+      << v2;
+  EXPECT_EQ(error_of("return { optimizer = { type = 'onebit_lamb' }, zero = { stage = 1 },\n"
+                     " compression = { replay = true } }"),
+            "");
   EXPECT_EQ(error_of("return { optimizer = { type = 'onebit_adam' }, zero = { stage = 2 },\n"
                      " compression = { replay = true } }"),
             "");

@@ -468,15 +468,17 @@ TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
   // at the first replayed step: one for 1-bit Adam (v), two for 0/1 Adam (m
   // and v: its 1-bit gradient step 3 replays both, its momentum sync at step
   // 4 v alone, and m's copy is given back; steps 1 and 2 update the
-  // variance). The ledger's peak of optimizer state is what plan() said, and
-  // after step 4 it holds the copies of the `late` slots.
+  // variance), two for 1-bit LAMB (m and v, kept). The ledger's peak of
+  // optimizer state is what plan() said, and after step 4 it holds the
+  // copies of the `late` slots.
   struct Job {
     JobOptions o;
     int slots, late;
   };
   const std::vector<Job> jobs = {
       {options("onebit_adam", 1, {{"freeze_step", 2}}), 1, 1},
-      {options("zero_one_adam", 2, {{"var_freeze_step", 3}, {"var_update_scaler", 1}, {"local_steps", 0}}), 2, 1}};
+      {options("zero_one_adam", 2, {{"var_freeze_step", 3}, {"var_update_scaler", 1}, {"local_steps", 0}}), 2, 1},
+      {options("onebit_lamb", 1, {{"freeze_step", 2}}), 2, 2}};
   for (auto [o, slots, late] : jobs) {
     o.compression_replay = true;
     auto model = make_model(o, 2);

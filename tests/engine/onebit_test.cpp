@@ -7,8 +7,9 @@
 // ranks, at every ZeRO stage (every stage ends where stage 0 does); the
 // bytes of a compressed step are counted, and stage 1's all-gather of the
 // working copies in their own type (2 bytes per parameter with bf16), or
-// none with compression.replay (1-bit Adam's and 0/1 Adam's), where every
-// rank's working copy must still end where stage 0's does.
+// none with compression.replay (1-bit Adam's and 0/1 Adam's, and 1-bit
+// LAMB's), where every rank's working copy must still end where stage 0's
+// does (1-bit LAMB's where its owners' masters do).
 #include "zero_fixture.h"
 
 #include "dtype.h"
@@ -526,10 +527,68 @@ TEST(OnebitAdamReplay, IsRefusedWhereItCannotReplay) {
   adam.optimizer = "adamw";
   adam.optimizer_hparams = {};
   refused(adam, "never compresses");
-  JobOptions lamb = replaying(1);
-  lamb.optimizer = "onebit_lamb";
-  lamb.optimizer_hparams = {{"freeze_step", kFreeze}};
-  refused(lamb, "plans no compressed step that another rank can replay");
+  // A plugin built before plugin ABI v3 plans nothing another rank can replay.
+  JobOptions v2 = replaying(1);
+  v2.optimizer = "onebit_adam_v2";
+  refused(v2, "plans no compressed step that another rank can replay");
+}
+
+// 1-bit LAMB (zerod 1.5): its compressed step is two passes, the second
+// applying a trust ratio made from norms over whole tensors, which the
+// owners sum. With replay every rank runs both passes over the elements it
+// does not own, from whole copies of m and v and the ratio every rank's
+// tensor_step computed from the owners' sums; so every rank's working copy
+// is, bit for bit, what the owners' masters are without replay (and those
+// end within 1e-6 of stage 0: compressing_test's AgainstStage0).
+JobOptions lamb(int stage, bool replay) {
+  JobOptions o;
+  o.stage = stage;
+  o.optimizer = "onebit_lamb";
+  o.optimizer_hparams = {{"lr", kLr}, {"weight_decay", kWd}, {"freeze_step", kFreeze}};
+  o.compression_replay = replay;
+  return o;
+}
+
+TEST(OnebitLambReplay, EveryRanksWorkingCopyIsWhatTheOwnersComputeWithoutReplay) {
+  for (int world : {2, 4})
+    for (int stage : {1, 2}) {
+      const std::string what = "1-bit LAMB, " + std::to_string(world) + " ranks, stage " + std::to_string(stage);
+      const Views plain = train_views(lamb(stage, false), world, 9);
+      const Views replayed = train_views(lamb(stage, true), world, 9);
+      expect_views_equal(plain, replayed, what + " with replay");
+      const Views s0 = train_views(lamb(0, false), world, 9);
+      double diff = 0.0;
+      for (size_t i = 0; i < s0.masters.size(); ++i)
+        diff = std::max(diff, static_cast<double>(std::fabs(s0.masters[i] - replayed.masters[i])));
+      EXPECT_LE(diff, 1e-6) << what << ": against stage 0 (norms summed over owners)";
+    }
+}
+
+TEST(OnebitLambReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplicas) {
+  // Update 6 is a warm-up step again (the job's compression.warmup): m and
+  // v move, so both copies are filled again before update 7 replays.
+  WarmupAt schedule({0, 1, 5});
+  JobOptions a = lamb(1, false), b = lamb(1, true);
+  a.policy = b.policy = &schedule;
+  expect_views_equal(train_views(a, 2, 9), train_views(b, 2, 9), "1-bit LAMB, warm-up at update 6, with replay");
+}
+
+TEST(OnebitLambReplay, ACompressedStepSendsWhatStage0SendsAndTheNorms) {
+  // From the second compressed step on (the first fills the copies of m
+  // and v), stages 1-2 send stage 0's compressed exchange plus the
+  // per-tensor statistics (a few doubles per tensor and pass), and no
+  // all-gather of the working copies.
+  for (int world : {2, 4}) {
+    const uint64_t s0 = train_views(lamb(0, false), world, kFreeze + 2).last_step_bytes;
+    const uint64_t plain = train_views(lamb(1, false), world, kFreeze + 2).last_step_bytes;
+    const double gather = (world - 1.0) / world * (1000 + 4093 + 777) * 4.0;
+    EXPECT_GE(static_cast<double>(plain - s0), gather) << world << " ranks: without replay stage 1 gathers";
+    for (int stage : {1, 2}) {
+      const uint64_t got = train_views(lamb(stage, true), world, kFreeze + 2).last_step_bytes;
+      EXPECT_GE(got, s0) << world << " ranks, stage " << stage;
+      EXPECT_LE(got - s0, 1024u) << world << " ranks, stage " << stage << ": more than the statistics";
+    }
+  }
 }
 
 }  // namespace

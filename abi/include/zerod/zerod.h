@@ -48,7 +48,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 4
+#define ZD_ABI_VERSION_MINOR 5
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */

@@ -279,24 +279,34 @@ typedef struct zd_optimizer_v2 {
  *          plan read u->exchange and must not write it.
  *   reset_errors: the error feedback restarts at zero before this step.
  *   replay_slots: 0, or the state slots (bit k for slot k) that this step's
- *          single pass reads or writes besides the exchange buffer and the
- *          master, element by element (the same update of an element
- *          whatever range a call covers; no tensor_stats()). The plan must be
- *          PREPARE, EXCHANGE, PASS. With keep_average the pass writes
- *          average_slot() from the exchange alone, and that slot is not in
- *          replay_slots (1-bit Adam: its frozen variance, bit 1); without it
- *          every slot the pass touches is (0/1 Adam's gradient steps: m and
- *          v, bits 0 and 1). A rank that does not own an element can then
- *          replay its update from the exchanged values and whole copies of
- *          these slots: at ZeRO stages 1-2 with compression.replay the host
- *          keeps such copies on every rank (filled by broadcast when a step
- *          is replayed after one that was not, or after a load or a state
- *          write), runs update() over the elements other ranks own as well,
- *          with its fp32 working copy as the master, the copies as these
- *          slots, the per-tensor scalars as in the pass and any other slot
- *          on scratch memory, and does not all-gather the working copies
- *          after the step. (Added in zerod 1.4 in place of a reserved field:
- *          a plugin built before writes 0.)
+ *          passes read or write besides the exchange buffer and the master,
+ *          element by element (the same update of an element whatever range
+ *          a call covers), and that another rank needs to compute what they
+ *          write to the master. The plan must be PREPARE, EXCHANGE, PASS, or
+ *          (from zerod 1.5) PREPARE, EXCHANGE followed by several PASSes.
+ *          A slot a pass writes from the exchange alone and no later pass
+ *          reads need not be named (1-bit Adam writes m, the average slot,
+ *          so names only its frozen variance, bit 1); 0/1 Adam's gradient
+ *          steps name m and v (bits 0 and 1), 1-bit LAMB's compressed steps
+ *          m (written by the first pass, read by the second) and v (1.5).
+ *          A rank that does not own an element can then replay its update
+ *          from the exchanged values and whole copies of these slots: at
+ *          ZeRO stages 1-2 with compression.replay the host keeps such
+ *          copies on every rank (filled by broadcast when a step is replayed
+ *          after one that was not, or after a load or a state write) and
+ *          runs update() over the elements other ranks own as well, with its
+ *          fp32 working copy as the master, the copies as these slots, the
+ *          per-tensor scalars as in the pass, any other slot on scratch
+ *          memory and statistics that are thrown away (tensor_step() sees
+ *          the owners' alone, combined, so every rank's scalars agree); and
+ *          it does not all-gather the working copies after the step. The
+ *          first pass is replayed right after the exchange, before the
+ *          tensor_step() that precedes it, so that tensor_step() must not
+ *          change what the first pass reads; each later pass is replayed
+ *          after the owners' run of it. (Added in zerod 1.4 in place of a
+ *          reserved field: a plugin built before writes 0. A host before 1.5
+ *          refuses a replayed plan with more than one pass: read
+ *          zd_host_services.abi_version.)
  *
  * Before every ZD_OP_PASS, ZD_OP_PASS_GRAD and ZD_OP_PREPARE, and once after
  * the last op, the host calls tensor_step() once for all tensors of the

@@ -22,6 +22,14 @@
 // statistics (summed, or maxed, over the ranks that own its parts); the
 // frozen ratio, the last factor, the scale and this step's coefficient are
 // its per-tensor scalars. No bias correction, as in DeepSpeed.
+//
+// A compressed step can be replayed (zd_optimizer_plan.replay_slots, from
+// zerod 1.5): given the exchanged average, the first pass makes an
+// element's m from it alone, and the second applies the coefficient (a
+// per-tensor scalar every rank holds) with that m, v and the parameter. So
+// another rank replays both passes from whole copies of m (written by the
+// first, read by the second) and of the frozen v; v_fresh, m's old value
+// and the statistics feed only the owners' figures.
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -75,12 +83,13 @@ struct Instance {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   int64_t freeze_step = 0;
   double max_coeff = 10, min_coeff = 0.01, coeff_beta = 0.9, factor_min = 0.5, factor_max = 4, threshold = 0.1;
+  bool host_replays_passes = false;  // the host replays a plan's later passes (zerod 1.5 and newer)
 };
 
 const Instance& self(const void* p) { return *static_cast<const Instance*>(p); }
 
-zd_status create(const zd_host_services*, const double* values, size_t value_count, void** out_instance, char* err,
-                 size_t err_size) noexcept {
+zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
+                 char* err, size_t err_size) noexcept {
   const auto check = [&](const double* v) {
     if (v[7] > v[6]) {
       glue::set_error(err, err_size, "min_coeff = %g is above max_coeff = %g", v[7], v[6]);
@@ -92,7 +101,7 @@ zd_status create(const zd_host_services*, const double* values, size_t value_cou
     }
     return ZD_OK;
   };
-  return glue::create_instance<Instance>(
+  const zd_status st = glue::create_instance<Instance>(
       kSpecs.data(), kSpecs.size(), values, value_count, out_instance, err, err_size, check,
       [](Instance& inst, const double* v) {
         inst.beta1 = v[1];
@@ -107,6 +116,10 @@ zd_status create(const zd_host_services*, const double* values, size_t value_cou
         inst.factor_min = v[10];
         inst.threshold = v[11];
       });
+  // A host before 1.5 accepts replay_slots only in a plan with one pass.
+  if (st == ZD_OK && host != nullptr && host->abi_version >= ((1u << 16) | 5u))
+    static_cast<Instance*>(*out_instance)->host_replays_passes = true;
+  return st;
 }
 
 void destroy(void* instance) noexcept { delete static_cast<Instance*>(instance); }
@@ -142,6 +155,8 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t, zd_o
   out->ops[1] = ZD_OP_EXCHANGE;
   out->ops[2] = ZD_OP_PASS;
   out->ops[3] = ZD_OP_PASS;
+  // m (slot 0) carries the first pass's result to the second; v is frozen.
+  if (self(instance).host_replays_passes) out->replay_slots = (1u << 0) | (1u << 1);
   return ZD_OK;
 }
 
@@ -277,7 +292,7 @@ const zd_optimizer_v3 kDescriptor = {
     .header = {.kind = ZD_PLUGIN_OPTIMIZER,
                .struct_size = sizeof(zd_optimizer_v3),
                .abi_version = 3,
-               .plugin_version = (0u << 16) | 1u,
+               .plugin_version = (0u << 16) | 2u,
                .name = kName,
                .description = "1-bit LAMB (DeepSpeed's OnebitLamb): LAMB warm-up, then 1-bit compressed scaled "
                               "momentum with frozen variance and trust ratios"},
