@@ -121,7 +121,10 @@ class MomentumCompression {
     // buffer still holds the average the last exchange left in it, which
     // that step's pass read and made its average slot from. The next
     // prepare starts from it as it is (ZD_EXCHANGE_IN_AVERAGE): no copy of
-    // the slot. Anything that moves the optimizer's state clears it.
+    // the slot. So does the scratch buffer of a replayed step whose model
+    // is one fused segment (stages 1-2, compression.replay: 1-bit LAMB),
+    // in place of the kept bits. Anything that moves the optimizer's state
+    // clears it.
     bool average_in_buffer = false;
     // compression.replay: whole copies of the slots a replayed step reads
     // (full-layout elements of the group), filled at the first such step.

@@ -573,6 +573,19 @@ TEST(OnebitLambReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplicas) {
   expect_views_equal(train_views(a, 2, 9), train_views(b, 2, 9), "1-bit LAMB, warm-up at update 6, with replay");
 }
 
+TEST(OnebitLambReplay, AStateWriteBetweenStepsIsWhereTheNextStepStarts) {
+  // With replay the average stays whole in the fused exchange's scratch
+  // buffer between steps instead of as bits; a write of m (or v) between
+  // compressed steps must win over it, as without replay.
+  for (int slot : {0, 1}) {
+    const auto want = train_writing_state(lamb(1, false), slot);
+    const auto got = train_writing_state(lamb(1, true), slot);
+    EXPECT_EQ(want[0], got[0]) << "slot " << slot;
+    EXPECT_EQ(want[0], got[1]) << "slot " << slot;
+    EXPECT_NE(want[0], train_writing_state(lamb(1, false), -1)[0]) << "the write of slot " << slot << " changed nothing";
+  }
+}
+
 TEST(OnebitLambReplay, ACompressedStepSendsWhatStage0SendsAndTheNorms) {
   // From the second compressed step on (the first fills the copies of m
   // and v), stages 1-2 send stage 0's compressed exchange plus the
