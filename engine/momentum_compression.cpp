@@ -553,20 +553,20 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
                        : (keeps() && c.have_average) || held ? ZD_EXCHANGE_IN_AVERAGE
                                                              : ZD_EXCHANGE_IN_SLOT;
     c.average_in_buffer = false;
+    // A replayed step of a model exchanged as one segment (one group,
+    // fused: 1-bit LAMB's) leaves the whole average in the scratch buffer,
+    // which nothing else uses before the next step: it stays there, as
+    // stage 0's stays in its exchange buffer, instead of being packed to
+    // bits and rebuilt from them (the same values: the exchange's average
+    // is a scale per chunk times the signs). Anything that moves the state
+    // on clears average_in_buffer (run, forget_average, reset).
+    const bool one_segment = st.replay && then_exchange && plan.keep_average && plan.fused != 0 && groups.size() == 1;
     bool in_scratch = false;
     for (const Segment& s : segments(gi, plan.fused != 0)) {
       // Every element is written below unless the plan starts from zero.
       float* const direct = owned_whole(st, gi, s);
       float* const xs = direct != nullptr ? direct : scratch(gi, s.count);
-      // A replayed step of a model exchanged as one segment (one group,
-      // fused: 1-bit LAMB's) leaves the whole average in the scratch buffer,
-      // which nothing else uses before the next step: it stays there, as
-      // stage 0's stays in its exchange buffer, instead of being packed to
-      // bits and rebuilt from them (the same values: the exchange's average
-      // is a scale per chunk times the signs). Anything that moves the
-      // state on clears average_in_buffer (run, forget_average, reset).
-      in_scratch = direct == nullptr && st.replay && then_exchange && plan.keep_average && plan.fused != 0 &&
-                   groups.size() == 1;
+      in_scratch = one_segment && direct == nullptr;
       if (in == ZD_EXCHANGE_IN_ZERO) {
         std::memset(xs, 0, s.count * 4);
       } else if (held) {

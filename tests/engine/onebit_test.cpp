@@ -550,18 +550,19 @@ JobOptions lamb(int stage, bool replay) {
 }
 
 TEST(OnebitLambReplay, EveryRanksWorkingCopyIsWhatTheOwnersComputeWithoutReplay) {
-  for (int world : {2, 4})
+  for (int world : {2, 4}) {
+    const Views s0 = train_views(lamb(0, false), world, 9);
     for (int stage : {1, 2}) {
       const std::string what = "1-bit LAMB, " + std::to_string(world) + " ranks, stage " + std::to_string(stage);
       const Views plain = train_views(lamb(stage, false), world, 9);
       const Views replayed = train_views(lamb(stage, true), world, 9);
       expect_views_equal(plain, replayed, what + " with replay");
-      const Views s0 = train_views(lamb(0, false), world, 9);
       double diff = 0.0;
       for (size_t i = 0; i < s0.masters.size(); ++i)
         diff = std::max(diff, static_cast<double>(std::fabs(s0.masters[i] - replayed.masters[i])));
       EXPECT_LE(diff, 1e-6) << what << ": against stage 0 (norms summed over owners)";
     }
+  }
 }
 
 TEST(OnebitLambReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplicas) {
@@ -577,12 +578,13 @@ TEST(OnebitLambReplay, AStateWriteBetweenStepsIsWhereTheNextStepStarts) {
   // With replay the average stays whole in the fused exchange's scratch
   // buffer between steps instead of as bits; a write of m (or v) between
   // compressed steps must win over it, as without replay.
+  const auto unwritten = train_writing_state(lamb(1, false), -1);
   for (int slot : {0, 1}) {
     const auto want = train_writing_state(lamb(1, false), slot);
     const auto got = train_writing_state(lamb(1, true), slot);
     EXPECT_EQ(want[0], got[0]) << "slot " << slot;
     EXPECT_EQ(want[0], got[1]) << "slot " << slot;
-    EXPECT_NE(want[0], train_writing_state(lamb(1, false), -1)[0]) << "the write of slot " << slot << " changed nothing";
+    EXPECT_NE(want[0], unwritten[0]) << "the write of slot " << slot << " changed nothing";
   }
 }
 

@@ -47,6 +47,9 @@ namespace lamb = zerod::optim::onebit_lamb;
 
 constexpr const char* kName = "onebit_lamb";
 constexpr double kMaxStep = 1e15;
+// The first host (zerod 1.5) that replays a plan with more than one pass;
+// an older one refuses replay_slots in such a plan.
+constexpr uint32_t kHostReplaysPasses = (1u << 16) | 5u;
 
 constexpr std::array<zd_hparam_spec, 11> kSpecs = {{
     glue::number_spec("lr", 1e-3, 0.0, glue::kUnbounded, ZD_HPARAM_MIN_EXCLUSIVE,
@@ -116,8 +119,7 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
         inst.factor_min = v[10];
         inst.threshold = v[11];
       });
-  // A host before 1.5 accepts replay_slots only in a plan with one pass.
-  if (st == ZD_OK && host != nullptr && host->abi_version >= ((1u << 16) | 5u))
+  if (st == ZD_OK && host != nullptr && host->abi_version >= kHostReplaysPasses)
     static_cast<Instance*>(*out_instance)->host_replays_passes = true;
   return st;
 }
