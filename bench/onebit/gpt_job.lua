@@ -26,7 +26,7 @@ local optimizers = {
   -- Local steps (stage 0 only): the sync interval doubles every 80 updates
   -- after the variance freezes, up to 2. Why 2: on this GPT at 800 steps an
   -- interval up to 2 ends within 1.1% of Adam's loss at lr 2e-3 and 4e-3,
-  -- up to 4 at +1.3% / +2.2%, up to 8 at +2.1% / +4.0% (docs/onebit.md),
+  -- up to 4 at +1.3% / +2.2%, up to 8 at +2.3% / +2.7% (docs/onebit.md),
   -- while the whole run's bytes barely move (the warm-up's dominate).
   zero_one_adam = { type = "zero_one_adam", var_freeze_step = warm, local_steps = (stage == 0),
                     local_step_scaler = tonumber(os.getenv("GPT_LOCAL_SCALER") or "80"),

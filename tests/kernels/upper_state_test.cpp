@@ -54,7 +54,6 @@ uint64_t xinuse() {
 
 // Only called where the CPU has AVX (every vector path needs it).
 __attribute__((target("avx"))) void zero_upper() { _mm256_zeroupper(); }
-#endif
 
 // 7: the tail alone; 130: the unrolled bodies; 2^20 + 5: the AVX2 walk of
 // large ranges with streaming stores of the working copy.
@@ -66,7 +65,7 @@ struct Outcome {
   uint64_t before = 0, after = 0;
 };
 
-// Calls the kernel once on n elements of made-up values. x86-64 only.
+// One call of the entry point under test.
 bool call_kernel(Isa isa, Call call, const Range& r, const AdamState& s, float* momentum) {
   switch (call) {
     case Call::adam:
@@ -90,7 +89,7 @@ bool call_kernel(Isa isa, Call call, const Range& r, const AdamState& s, float* 
   return false;
 }
 
-#if defined(__x86_64__)
+// The call on n elements of made-up values, with XINUSE around it.
 Outcome run(Isa isa, Call call, size_t n) {
   Buffer master(Dtype::f32, n), grad(Dtype::f32, n), m(Dtype::f32, n), v(Dtype::f32, n), work(Dtype::bf16, n);
   for (size_t i = 0; i < n; ++i) {

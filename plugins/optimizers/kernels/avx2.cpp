@@ -167,7 +167,8 @@ void sgd_run(const detail::SgdConsts& c, const Range& r, float* buf) {
 // SSE code that runs next on the thread (the engine's, which is built for
 // baseline x86-64, and libm's) then pays for each instruction: the scalar
 // Adam loop ran at 2 M params/s instead of 120 M on a Xeon VM.
-// kernels.upper_state tests every entry point for it.
+// kernels.*UpperState* (tests/kernels/upper_state_test.cpp) checks every
+// vector entry point for it.
 struct ZeroUpperOnReturn {
   ZeroUpperOnReturn() = default;
   ZeroUpperOnReturn(const ZeroUpperOnReturn&) = delete;
