@@ -2,6 +2,7 @@
 // isa_supported(Isa::avx2). Bodies of 2 and 1 vectors, then the scalar loop:
 // wider unrolling spills the 16 YMM registers (deepspeed-internals.md §1.3).
 #include "avx2_vec.h"
+#include "zero_upper.h"
 
 namespace zerod::optim {
 namespace {
@@ -160,21 +161,6 @@ void sgd_run(const detail::SgdConsts& c, const Range& r, float* buf) {
   detail::sgd_loop<G, W>(c, r, buf, i);
 }
 
-// Clears the upper halves of the YMM registers as the entry point returns.
-// Why by hand: GCC 12 leaves out the vzeroupper it owes at the end of
-// adam_run's instantiations (they end in a jump to the scalar tail loop), so
-// the AVX state stayed dirty after every AVX2 Adam update; on Intel cores the
-// SSE code that runs next on the thread (the engine's, which is built for
-// baseline x86-64, and libm's) then pays for each instruction: the scalar
-// Adam loop ran at 2 M params/s instead of 120 M on a Xeon VM.
-// kernels.*UpperState* (tests/kernels/upper_state_test.cpp) checks every
-// vector entry point for it.
-struct ZeroUpperOnReturn {
-  ZeroUpperOnReturn() = default;
-  ZeroUpperOnReturn(const ZeroUpperOnReturn&) = delete;
-  ZeroUpperOnReturn& operator=(const ZeroUpperOnReturn&) = delete;
-  ~ZeroUpperOnReturn() { _mm256_zeroupper(); }
-};
 
 }  // namespace
 

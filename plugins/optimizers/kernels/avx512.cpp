@@ -5,6 +5,7 @@
 // which needs no AVX512-BF16.
 
 #include "avx512_vec.h"
+#include "zero_upper.h"
 
 namespace zerod::optim {
 namespace {
@@ -108,11 +109,13 @@ void sgd_run(const detail::SgdConsts& consts, const Range& r, float* buf) {
 }  // namespace
 
 bool adam_avx512(const AdamParams& hp, const Range& r, const AdamState& s) {
+  const ZeroUpperOnReturn clean;
   const detail::AdamConsts c = detail::prepare_adam(hp);
   return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W>(c, r, s); });
 }
 
 bool sgd_avx512(const SgdParams& hp, const Range& r, float* momentum_buffer) {
+  const ZeroUpperOnReturn clean;
   const detail::SgdConsts c = detail::prepare_sgd(hp);
   return detail::with_types(r, [&]<Dtype G, Work W>() { sgd_run<G, W>(c, r, momentum_buffer); });
 }

@@ -2,6 +2,7 @@
 // after isa_supported(Isa::avx2). Bodies of 2 and 1 vectors, then the scalar
 // loop, as avx2.cpp does for Adam.
 #include "avx2_vec.h"
+#include "zero_upper.h"
 #include "onebit_adam_element.h"
 
 namespace zerod::optim {
@@ -73,6 +74,7 @@ inline void frozen_block(const OnebitVec& k, const Range& r, const AdamState& s,
 }  // namespace
 
 bool onebit_adam_avx2(const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s) {
+  const ZeroUpperOnReturn clean;
   const detail::OnebitConsts c = detail::prepare_onebit(hp);
   const OnebitVec k(c);
   return detail::with_phase(

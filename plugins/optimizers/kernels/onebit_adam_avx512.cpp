@@ -2,6 +2,7 @@
 // Bodies of 4 and 1 vectors, then one masked vector for the tail, as
 // avx512.cpp does for Adam.
 #include "avx512_vec.h"
+#include "zero_upper.h"
 #include "onebit_adam_element.h"
 
 namespace zerod::optim {
@@ -83,6 +84,7 @@ inline void walk(size_t count, Block4&& b4, Block1&& b1, Tail&& tail) {
 }  // namespace
 
 bool onebit_adam_avx512(const OnebitAdamParams& hp, OnebitPhase phase, const Range& r, const AdamState& s) {
+  const ZeroUpperOnReturn clean;
   const OnebitVec c(detail::prepare_onebit(hp));
   return detail::with_phase(
       phase, r,
