@@ -161,7 +161,6 @@ void sgd_run(const detail::SgdConsts& c, const Range& r, float* buf) {
   detail::sgd_loop<G, W>(c, r, buf, i);
 }
 
-
 }  // namespace
 
 bool adam_avx2(const AdamParams& hp, const Range& r, const AdamState& s) {

@@ -2,8 +2,8 @@
 // after isa_supported(Isa::avx2). Bodies of 2 and 1 vectors, then the scalar
 // loop, as avx2.cpp does for Adam.
 #include "avx2_vec.h"
-#include "zero_upper.h"
 #include "onebit_adam_element.h"
+#include "zero_upper.h"
 
 namespace zerod::optim {
 namespace {

@@ -2,8 +2,8 @@
 // Bodies of 4 and 1 vectors, then one masked vector for the tail, as
 // avx512.cpp does for Adam.
 #include "avx512_vec.h"
-#include "zero_upper.h"
 #include "onebit_adam_element.h"
+#include "zero_upper.h"
 
 namespace zerod::optim {
 namespace {
