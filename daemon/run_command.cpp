@@ -11,6 +11,7 @@
 #include "launcher/launcher.h"
 #include "launcher/signal_forwarder.h"
 #include "log.h"
+#include "mpi_binding.h"
 #include "node_layout.h"
 #include "server.h"
 #include "supervised_run.h"
@@ -24,6 +25,9 @@ int run_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("run", argc, argv, true, &args, &code)) return code;
+  // Before any thread starts: each keeps the CPUs it started with.
+  if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
+    log_info("zerod run: " + widened);
   auto job = check_job("run", args.job);
   if (!job) return 1;
   try {

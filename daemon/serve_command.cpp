@@ -5,6 +5,8 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "log.h"
+#include "mpi_binding.h"
 #include "node_layout.h"
 #include "server.h"
 
@@ -18,6 +20,9 @@ int serve_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
+  // Before any thread starts: each keeps the CPUs it started with.
+  if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
+    log_info("zerod serve: " + widened);
   auto job = check_job("serve", args.job);
   if (!job) return 1;
   // The stop signals are taken by sigwait below; blocked first so that no

@@ -62,7 +62,9 @@ iperf() {
 
 run_bench() {
   local label=$1 link_bits=$2 iperf_bits=$3
-  zd_netns_run 0 "$mpirun" --host "${ZD_IP[0]}:1,${ZD_IP[1]}:1" -np 2 --map-by node --oversubscribe \
+  # --bind-to none: each process stands for a node's daemon, which zerod run
+  # frees from mpirun's default one-core binding (both hosts were on CPU 0).
+  zd_netns_run 0 "$mpirun" --host "${ZD_IP[0]}:1,${ZD_IP[1]}:1" -np 2 --map-by node --oversubscribe --bind-to none \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$ZD_SUBNET" --mca oob_tcp_if_include "$ZD_SUBNET" \
     "$bench" --local "$local_ranks" --mib "$mib" --iters "$iters" --link-bits "$link_bits" \
     --iperf-bits "$iperf_bits" ${spin_us:+--spin-us "$spin_us"} ${segment:+--segment "$segment"} --label "$label"

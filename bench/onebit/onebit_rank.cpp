@@ -10,6 +10,9 @@
 //   onebit_rank: bytes_per_step 5000000
 //   onebit_rank: network_bytes_per_step 2500000
 //   onebit_rank: checksum 0.1234
+// and every rank the CPUs it may run on (mpirun binds by default; the bench
+// shows that zerod run undid it):
+//   onebit_rank: rank 1 cpus 0-1
 #include <zerod/zerod.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -104,6 +108,13 @@ int main(int argc, char** argv) {
   for (zd_param_id id : ids) {
     if (zd_param_read(m, id, ZD_DTYPE_F32, w.data(), w.size() * 4)) die("param_read", m);
     for (float x : w) sum += x;
+  }
+  {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("Cpus_allowed_list:", 0) == 0)
+        std::printf("onebit_rank: rank %d cpus %s\n", info.rank, line.substr(line.find_first_not_of(" \t", 18)).c_str());
   }
   if (info.rank == 0) {
     std::sort(ms.begin(), ms.end());

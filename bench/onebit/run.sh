@@ -121,6 +121,8 @@ run() {  # run JOB: onebit_rank's figures, "step_ms mean_step_ms network_bytes_p
   mean=$(echo "$out" | sed -n 's/^onebit_rank: mean_step_ms //p')
   net=$(echo "$out" | sed -n 's/^onebit_rank: network_bytes_per_step //p')
   sum=$(echo "$out" | sed -n 's/^onebit_rank: checksum //p')
+  # Each rank's CPUs, kept for the last line of the bench.
+  echo "$out" | sed -n 's/^onebit_rank: rank \([0-9]*\) cpus /\1 /p' >"$ZD_DIR/cpus.$$" 2>/dev/null
   [ -n "$ms" ] && [ -n "$net" ] || { echo "run.sh: the run of $1 failed:" >&2; echo "$out" >&2; return 1; }
   echo "$ms $mean $net $sum"
 }
@@ -159,3 +161,9 @@ for name, ms, mean, net in res:
     print(f"{name:<20} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
 PY
 done
+echo
+# mpirun binds each process to a core unless told otherwise; zerod run takes
+# every CPU back for its daemon and ranks (docs/multinode.md). The last run's
+# ranks say what they had:
+[ -s "$ZD_DIR/cpus.$$" ] && echo "CPUs each rank could run on (last run):" \
+  "$(sort -n "$ZD_DIR/cpus.$$" | sed 's/^\([0-9]*\) /rank \1 on /' | paste -sd, - | sed 's/,/, /g')"

@@ -9,7 +9,9 @@
 #   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
 #   3. the local backend under mpirun (by zerod run, before any rank starts)
 #      and --nnodes without mpirun are refused with a message that says
-#      what to do.
+#      what to do;
+#   4. under mpirun's default binding (one core) the daemon's ranks run on
+#      every CPU; under --bind-to core they stay on one.
 # usage: multinode_test.sh ZEROD RANK_SCENARIO MPIRUN
 set -euo pipefail
 # Output is matched with grep <<<"$out", not echo | grep -q: under pipefail a
@@ -113,4 +115,33 @@ fi
 grep -q 'start one daemon per node under MPI' <<<"$out" || {
   echo "no clear error for --nnodes without mpirun:"; echo "$out"; exit 1; }
 echo "--nnodes without mpirun: refused with a clear error"
+
+# mpirun binds each process to one core unless told otherwise; a node's
+# daemon takes every CPU back for itself and its ranks, and keeps a binding
+# asked for with --bind-to (daemon/mpi_binding.h).
+all_cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+if [ "$(nproc)" -lt 2 ]; then
+  echo "mpirun's binding: not checked, this process may run on one CPU only"
+else
+  show='sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status'
+  single=("$mpirun" -np 1 --mca pml ob1 --mca btl self --mca oob_tcp_if_include lo)
+  job bind 0 local "$adamw"
+  out=$(ZEROD_LOG=info "${single[@]}" "$zerod" run --nproc 2 --job "$work/bind.lua" -- sh -c "$show" 2>&1) || {
+    echo "zerod run under mpirun's default binding failed:"; echo "$out"; exit 1; }
+  for rank in 0 1; do
+    got=$(sed -n "s/^\[rank $rank\] //p" <<<"$out")
+    [ "$got" = "$all_cpus" ] || {
+      echo "rank $rank runs on CPUs '$got' under mpirun's default binding, not on this machine's $all_cpus:"
+      echo "$out"; exit 1; }
+  done
+  grep -q 'zerod run: mpirun bound this process to CPUs .* the daemon and its ranks run on CPUs' <<<"$out" || {
+    echo "the daemon did not say that it widened mpirun's binding:"; echo "$out"; exit 1; }
+  out=$("${single[@]}" --bind-to core "$zerod" run --nproc 1 --job "$work/bind.lua" -- sh -c "$show" 2>&1) || {
+    echo "zerod run under --bind-to core failed:"; echo "$out"; exit 1; }
+  got=$(sed -n 's/^\[rank 0\] //p' <<<"$out")
+  case "$got" in
+    *,* | *-*) echo "rank 0 runs on CPUs '$got' although mpirun was asked for --bind-to core:"; echo "$out"; exit 1 ;;
+  esac
+  echo "mpirun's binding: its default widened to CPUs $all_cpus, --bind-to core kept (CPU $got)"
+fi
 echo "multinode: all checks passed"
