@@ -4,6 +4,10 @@
 
 #include <cmath>
 
+#if ZEROD_GRAD_MATH_X86
+#include <immintrin.h>
+#endif
+
 namespace zerod {
 
 namespace {
@@ -70,24 +74,81 @@ void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor) {
   for (uint64_t i = 0; i < n; ++i) store_float(p, dt, i, factor * load_as_float(p, dt, i));
 }
 
-GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n) {
-  // Four partial sums let the loop pipeline; their order is fixed, so the
-  // result is the same on every run.
-  double acc[4] = {0, 0, 0, 0};
+namespace detail {
+
+// The fp32 sum of squares keeps kSumLanes partial sums in double, element i
+// in lane i % kSumLanes, and adds them up in one fixed tree: the AVX2 loop
+// holds the lanes in four registers, the baseline loop in an array, and
+// both give the same bits (a float squared is exact in double, so an FMA
+// and a multiply-then-add round alike). Sixteen lanes because the baseline
+// loop with four dependent double adds ran at half the speed of memory.
+static double reduce_lanes(const double* lanes) {
+  double q[4];
+  for (int l = 0; l < 4; ++l) q[l] = (lanes[l] + lanes[4 + l]) + (lanes[8 + l] + lanes[12 + l]);
+  return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+double sumsq_f32_baseline(const float* p, uint64_t n) {
+  double lanes[kSumLanes] = {};
   uint64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes)
+    for (uint64_t l = 0; l < kSumLanes; ++l) lanes[l] += static_cast<double>(p[i + l]) * p[i + l];
+  for (uint64_t l = 0; i < n; ++i, ++l) lanes[l] += static_cast<double>(p[i]) * p[i];
+  return reduce_lanes(lanes);
+}
+
+#if ZEROD_GRAD_MATH_X86
+__attribute__((target("avx2,fma"))) double sumsq_f32_avx2(const float* p, uint64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  uint64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    const __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(p + i)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 4));
+    const __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 8)), x3 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 12));
+    a0 = _mm256_fmadd_pd(x0, x0, a0);
+    a1 = _mm256_fmadd_pd(x1, x1, a1);
+    a2 = _mm256_fmadd_pd(x2, x2, a2);
+    a3 = _mm256_fmadd_pd(x3, x3, a3);
+  }
+  double lanes[kSumLanes];
+  _mm256_storeu_pd(lanes, a0);
+  _mm256_storeu_pd(lanes + 4, a1);
+  _mm256_storeu_pd(lanes + 8, a2);
+  _mm256_storeu_pd(lanes + 12, a3);
+  // Baseline code runs next on this thread: leave no upper halves dirty
+  // (plugins/optimizers/kernels/zero_upper.h says what that costs on Intel).
+  _mm256_zeroupper();
+  for (uint64_t l = 0; i < n; ++i, ++l) lanes[l] += static_cast<double>(p[i]) * p[i];
+  return reduce_lanes(lanes);
+}
+
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+}  // namespace detail
+
+GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n) {
+  GradStats s;
   if (dt == ZD_DTYPE_F32) {
     const float* p = static_cast<const float*>(data);
-    for (; i + 4 <= n; i += 4)
-      for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(p[i + k]) * p[i + k];
-    for (; i < n; ++i) acc[0] += static_cast<double>(p[i]) * p[i];
+#if ZEROD_GRAD_MATH_X86
+    static const bool avx2 = detail::cpu_has_avx2_fma();
+    s.sumsq = avx2 ? detail::sumsq_f32_avx2(p, n) : detail::sumsq_f32_baseline(p, n);
+#else
+    s.sumsq = detail::sumsq_f32_baseline(p, n);
+#endif
   } else {
-    for (; i < n; ++i) {
+    // Four partial sums let the loop pipeline; their order is fixed, so the
+    // result is the same on every run.
+    double acc[4] = {0, 0, 0, 0};
+    for (uint64_t i = 0; i < n; ++i) {
       const double v = load_as_float(data, dt, i);
       acc[i & 3] += v * v;
     }
+    s.sumsq = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   }
-  GradStats s;
-  s.sumsq = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   s.finite = std::isfinite(s.sumsq);
   return s;
 }

@@ -30,6 +30,22 @@ struct GradStats {
 // any inf or NaN shows up as a non-finite sum.
 GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n);
 
+// The fp32 paths of grad_stats, for the test that holds them to the same
+// bits; grad_stats picks one once per process.
+#if defined(__x86_64__) || defined(__i386__)
+#define ZEROD_GRAD_MATH_X86 1
+#else
+#define ZEROD_GRAD_MATH_X86 0
+#endif
+namespace detail {
+constexpr uint64_t kSumLanes = 16;
+double sumsq_f32_baseline(const float* p, uint64_t n);
+#if ZEROD_GRAD_MATH_X86
+double sumsq_f32_avx2(const float* p, uint64_t n);
+bool cpu_has_avx2_fma();
+#endif
+}  // namespace detail
+
 // A run of gradient elements, for the statistics of a step.
 struct GradSpan {
   const void* data;

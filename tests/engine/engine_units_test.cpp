@@ -296,6 +296,41 @@ TEST(GradMath, AssignToZeroIsAddingIntoZeros) {
   }
 }
 
+// The fp32 sum of squares (the gradient norm) by the AVX2 loop and by the
+// baseline one: the same bits at every length around the lane count, close
+// to a long double sum, and inf or NaN anywhere shows.
+TEST(GradMath, SumOfSquaresIsTheSameOnEveryPath) {
+  std::vector<float> v(100003);
+  uint32_t x = 12345;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    // Magnitudes from 1e-6 to 1e3, both signs: the lanes' sums differ a lot.
+    f = static_cast<float>((static_cast<double>(x >> 8) / (1 << 24) - 0.5) * std::pow(10.0, (x % 10) - 6.0));
+  }
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{15}, uint64_t{16}, uint64_t{17}, uint64_t{31}, uint64_t{4099},
+                     uint64_t{100003}}) {
+    long double ref = 0;
+    for (uint64_t i = 0; i < n; ++i) ref += static_cast<long double>(v[i]) * v[i];
+    const double base = detail::sumsq_f32_baseline(v.data(), n);
+    EXPECT_NEAR(base, static_cast<double>(ref), 1e-13 * static_cast<double>(ref)) << n;
+    EXPECT_EQ(grad_stats(v.data(), ZD_DTYPE_F32, n).sumsq, base) << "grad_stats takes another path, n = " << n;
+#if ZEROD_GRAD_MATH_X86
+    if (detail::cpu_has_avx2_fma()) {
+      EXPECT_EQ(detail::sumsq_f32_avx2(v.data(), n), base) << "AVX2 and baseline differ at n = " << n;
+    }
+#endif
+  }
+  for (float bad : {INFINITY, -INFINITY, NAN})
+    for (uint64_t at : {uint64_t{3}, uint64_t{4096}, uint64_t{100002}}) {
+      std::vector<float> w(v);
+      w[at] = bad;
+      EXPECT_FALSE(grad_stats(w.data(), ZD_DTYPE_F32, w.size()).finite) << bad << " at " << at;
+    }
+#if ZEROD_GRAD_MATH_X86
+  if (!detail::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2 here: only the baseline path was checked";
+#endif
+}
+
 // The staging buffer is made on first use, charged to the host tier once,
 // reused, held by one user at a time, and gives its bytes back.
 TEST(HostStaging, MadeOnceChargedOnceExclusiveAndReleased) {
