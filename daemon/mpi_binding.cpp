@@ -1,5 +1,7 @@
 #include "mpi_binding.h"
 
+#include "thread_pool.h"
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -11,16 +13,6 @@
 namespace zerod::cli {
 
 namespace {
-
-std::vector<int> thread_cpus() {
-  std::vector<int> out;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
 
 std::vector<int> online_cpus() {
   std::ifstream f("/sys/devices/system/cpu/online");
@@ -78,7 +70,7 @@ std::string format_cpu_list(const std::vector<int>& cpus) {
 }
 
 std::string release_mpi_binding(const std::map<std::string, std::string>& env) {
-  const std::vector<int> before = thread_cpus(), online = online_cpus();
+  const std::vector<int> before = affinity_cpus(), online = online_cpus();
   if (!should_release_mpi_binding(env, before, online)) return "";
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -86,10 +78,10 @@ std::string release_mpi_binding(const std::map<std::string, std::string>& env) {
   // The kernel keeps the new set within our cpuset (a container's, a batch
   // system's); it refuses only a set with none of those CPUs in it.
   if (sched_setaffinity(0, sizeof set, &set) != 0) return "";
-  const std::vector<int> after = thread_cpus();
+  const std::vector<int> after = affinity_cpus();
   if (after == before) return "";
   return "mpirun bound this process to CPUs " + format_cpu_list(before) +
-         " (its default, one core per process); the daemon and its ranks run on CPUs " + format_cpu_list(after) +
+         " (its default binding); the daemon and its ranks run on CPUs " + format_cpu_list(after) +
          " instead. mpirun --bind-to ... keeps a binding you choose";
 }
 

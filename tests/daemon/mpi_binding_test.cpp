@@ -2,6 +2,8 @@
 // binding took from it (daemon/mpi_binding.h), and when it keeps a binding.
 #include "mpi_binding.h"
 
+#include "thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -47,16 +49,6 @@ TEST(MpiBinding, CpuListsReadAndWritten) {
   EXPECT_EQ(format_cpu_list({5}), "5");
 }
 
-std::vector<int> cpus_of_this_thread() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> out;
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
 void bind_to(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -67,19 +59,19 @@ void bind_to(int cpu) {
 // The real call, on a thread of its own (the affinity is per thread), bound
 // to one CPU as mpirun would bind the process.
 TEST(MpiBinding, TheBoundThreadGetsEveryCpuBack) {
-  const std::vector<int> all = cpus_of_this_thread();
+  const std::vector<int> all = affinity_cpus();
   if (all.size() < 2) GTEST_SKIP() << "this process may run on one CPU only, so no binding can be narrower";
   std::vector<int> widened, kept;
   std::string said, said_kept;
   std::thread([&] {
     bind_to(all.back());
     said = release_mpi_binding(kMpirun);
-    widened = cpus_of_this_thread();
+    widened = affinity_cpus();
     bind_to(all.back());
     Env asked = kMpirun;
     asked["OMPI_MCA_hwloc_base_binding_policy"] = "core";
     said_kept = release_mpi_binding(asked);
-    kept = cpus_of_this_thread();
+    kept = affinity_cpus();
   }).join();
   // Every CPU the process had, at least (all online ones the cpuset allows).
   for (int c : all) EXPECT_NE(std::find(widened.begin(), widened.end(), c), widened.end()) << "CPU " << c;
