@@ -608,7 +608,10 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
     const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
     rs.buffers.write_value(p, v.data());
   }
-  if (ctx_.params_partitioned()) rs.residency.overwrite(param, v.data());
+  if (ctx_.params_partitioned()) {
+    rs.residency.overwrite(param, v.data());
+    rs.compression.write_whole_param(p, v.data());
+  }
 }
 
 void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {

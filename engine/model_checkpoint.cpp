@@ -68,12 +68,14 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src) {
     const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
     read_rank_state(ctx_, rs.res, rs.buffers, src);
   }
+  // First: the copies compression.replay kept (the stage-3 parameters
+  // the refresh below would read among them) are stale now.
+  rs.compression.reset();
   gather_working_copies(rs);
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;
   rs.micro_step = m.step * config_.gradient_accumulation_steps;
   rs.scaler.restore(m.loss_scale, m.scaler_iteration, m.scaler_last_overflow, m.scaler_hysteresis_left);
-  rs.compression.reset();
 }
 
 void Model::load_checkpoint(int rank, const std::string& dir) {

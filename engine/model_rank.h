@@ -22,7 +22,9 @@ struct Model::RankState {
         residency(ctx, res, buffers),
         grads(ctx, res, buffers),
         optimizer(ctx, placement, res, buffers, grads),
-        compression(ctx, res, buffers, optimizer, grads) {}
+        compression(ctx, res, buffers, optimizer, grads) {
+    residency.copy_from([this](const ParamRecord& p) { return compression.whole_param(p); });
+  }
 
   // Declared in the order they are built; destroyed in reverse, so every
   // part gives its buffers back before the tiers and the device go.

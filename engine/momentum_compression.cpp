@@ -166,8 +166,11 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
     // compression.replay: a whole copy of each slot a replayed step reads
     // (1-bit Adam: its variance; 0/1 Adam: m and v, replay_slots() says why;
     // 1-bit LAMB: m and v).
-    if (ctx.config.compression_replay)
+    if (ctx.config.compression_replay) {
       for (uint32_t k = std::popcount(replay_slots(ctx.optimizer())); k > 0; --k) b.optimizer.push_back(g.full_numel * 4);
+      // Stage 3: and of the parameters, which forward and backward copy.
+      if (ctx.params_partitioned()) b.params = g.full_numel * 4;
+    }
   }
   return b;
 }
@@ -191,9 +194,9 @@ std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t pa
     return "optimizer '" + opt.plugin().name() + "' plans no compressed step that another rank can replay (its " +
            "update of an element needs more than the exchanged values, that element's state and the per-tensor "
            "scalars), so its compressed steps all-gather the working copies; leave replay out";
-  if ((partitions & ZD_PARTITION_OPTIMIZER) == 0 || (partitions & ZD_PARTITION_PARAMS) != 0)
-    return "replays what stages 1-2 all-gather after a step; at stage 0 every rank updates every element already, "
-           "and stage 3 gathers parameters in forward and backward anyway (zero.stage = 1 or 2)";
+  if ((partitions & ZD_PARTITION_OPTIMIZER) == 0)
+    return "replays what stages 1-3 all-gather after a step or in forward and backward; at stage 0 every rank "
+           "updates every element already (zero.stage = 1, 2 or 3)";
   if (precision != ZD_DTYPE_F32)
     return "needs fp32 working copies (precision = \"fp32\"): a 16-bit working copy is rounded from an fp32 master "
            "that only its owner holds, so no other rank can replay it bit for bit";
@@ -258,6 +261,7 @@ float* MomentumCompression::scratch(size_t gi, uint64_t count) {
 void MomentumCompression::forget_average() {
   for (Group& c : groups_) c.have_average = c.average_in_buffer = false;
   replica_valid_ = 0;
+  params_valid_ = false;
 }
 
 bool MomentumCompression::keeps() const { return ctx_.world_size > 1 && !owns_all(); }
@@ -312,8 +316,10 @@ void MomentumCompression::release() {
   for (Group& c : groups_) {
     for (TieredBuffer* b : {&c.worker_error, &c.server_error, &c.signs, &c.scales}) b->release(tiers);
     for (TieredBuffer& b : c.replica) b.release(tiers);
+    c.params.release(tiers);
   }
   replica_valid_ = 0;
+  params_valid_ = false;
   for (TieredBuffer& b : owned_) b.release(tiers);
   owned_.clear();
   scratch_.release(tiers);
@@ -329,6 +335,7 @@ void MomentumCompression::reset() {
     c.have_average = c.average_in_buffer = false;
   }
   replica_valid_ = 0;
+  params_valid_ = false;
   std::fill(scalars_.begin(), scalars_.end(), 0.0f);
 }
 
@@ -709,6 +716,13 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
     fill_replica(plan.replay_slots);
     replica_valid_ = plan.replay_slots;
   }
+  // Stage 3: the replay moves the whole copy of the parameters on from the
+  // owners' values before the step; it is current again once the owners'
+  // parts are copied in at the end (a step that fails part-way leaves it
+  // invalid).
+  const bool whole_params = st.replay && ctx_.params_partitioned();
+  if (whole_params && !params_valid_) fill_params();
+  params_valid_ = false;
   if (plan.reset_errors)
     for (Group& c : groups_)
       for (TieredBuffer* b : {&c.worker_error, &c.server_error})
@@ -751,6 +765,10 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
   }
   tensor_step(st, ZD_OP_END);
   if (plan.grads == ZD_GRADS_LOCAL && !st.consumed) grads_.zero();
+  if (whole_params) {
+    copy_owned_params();
+    params_valid_ = true;
+  }
   return st.replay;
 }
 
@@ -762,16 +780,19 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
   // plan() checked the shape (PREPARE, EXCHANGE, then passes only).
   // Statistics over whole tensors are the owners': a replayed pass adds to
   // none, and reads the scalars every rank's tensor_step made of them.
-  if (plan.replay_slots == 0 || !keeps() || ctx_.params_partitioned()) return false;
+  if (plan.replay_slots == 0 || !keeps()) return false;
   for (const ParamGroup& g : ctx_.registry.groups())
     if (g.dtype != ZD_DTYPE_F32) return false;
   if (!ctx_.config.compression_replay) {
     if (!replay_hinted_ && res_.rank == 0) {
-      log_info("optimizer '" + opt.plugin().name() + "': each compressed step all-gathers the fp32 working copies "
-               "afterwards (4 bytes per parameter, against 1 bit per parameter exchanged); compression.replay = "
-               "true replays the step on every rank instead, for whole copies of " +
-               std::to_string(std::popcount(plan.replay_slots)) + " state slot(s) in memory (4 bytes per "
-               "parameter each)");
+      const bool p3 = ctx_.params_partitioned();
+      log_info("optimizer '" + opt.plugin().name() + "': " +
+               (p3 ? "forward and backward all-gather the fp32 parameters after each compressed step"
+                   : "each compressed step all-gathers the fp32 working copies afterwards") +
+               " (4 bytes per parameter, against 1 bit per parameter exchanged); compression.replay = true "
+               "replays the step on every rank instead, for whole copies of " +
+               std::to_string(std::popcount(plan.replay_slots)) + " state slot(s)" +
+               (p3 ? " and the parameters" : "") + " in memory (4 bytes per parameter each)");
     }
     replay_hinted_ = true;
     return false;
@@ -810,6 +831,49 @@ void MomentumCompression::fill_replica(uint32_t slots) {
   }
 }
 
+// Stage 3: every rank copies every owner's parameters, whole, before the
+// first replayed step after one that was not (an all-gather per tensor, as
+// forward would have made; every rank decides alike, so the collectives
+// match).
+void MomentumCompression::fill_params() {
+  const auto& groups = ctx_.registry.groups();
+  const TierSet tiers = res_.tiers();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    TieredBuffer& b = groups_[gi].params;
+    if (b.empty())
+      b.allocate(tiers, 4, {{groups[gi].full_numel, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_PARAMS,
+                 "the whole copy of the parameters of group " + std::to_string(gi) + " (compression.replay)");
+    auto* base = reinterpret_cast<float*>(b.addr(0));
+    for (zd_param_id pid : groups[gi].params)
+      read_whole_into(ctx_, res_, buffers_, pid, kMasterSlot, "step: compression.replay",
+                      base + ctx_.registry.param(pid).full_offset);
+  }
+}
+
+// Stage 3, after a replayed step: the rank's own new parameters (its
+// working shard, what an all-gather would send) into its whole copy, where
+// the replay wrote everyone else's.
+void MomentumCompression::copy_owned_params() {
+  const TierSet tiers = res_.tiers();
+  for (const ParamRecord& p : ctx_.registry.params()) {
+    const ModelContext::OwnedSpan own = ctx_.owned_span(p, res_.rank);
+    if (own.count == 0) continue;
+    auto* base = reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0));
+    buffers_.of(p).working.read(tiers, own.at, own.count, base + p.full_offset + own.from);
+  }
+}
+
+const float* MomentumCompression::whole_param(const ParamRecord& p) const {
+  if (!params_valid_) return nullptr;
+  return reinterpret_cast<const float*>(groups_[static_cast<size_t>(p.group)].params.addr(0)) + p.full_offset;
+}
+
+void MomentumCompression::write_whole_param(const ParamRecord& p, const float* whole) {
+  if (!params_valid_) return;
+  auto* base = reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0));
+  std::memcpy(base + p.full_offset, whole, static_cast<size_t>(p.numel) * 4);
+}
+
 // Pass `pass` of the step over the segment's elements that other ranks own,
 // on this rank's fp32 working copy, from the exchanged average x (the first
 // pass; NULL for a later one, which reads no exchange): what each owner's
@@ -820,13 +884,16 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
   const ParamGroup& g = ctx_.registry.groups()[gi];
   const Group& c = groups_[gi];
   const uint32_t slots = opt.state_slots(), mask = st.plan.replay_slots, nstats = opt.tensor_stats();
-  auto* working = reinterpret_cast<float*>(buffers_.groups()[gi].working.addr(0));
+  // Stages 1-2: the rank's whole working copy; stage 3: its whole copy of
+  // the parameters (both fp32, in the full layout).
+  const TieredBuffer& whole = ctx_.params_partitioned() ? c.params : buffers_.groups()[gi].working;
+  auto* working = reinterpret_cast<float*>(whole.addr(0));
   observe::Span span(res_.probe, "optimizer", "replay");
   for (zd_param_id pid : s.params) {
     const ParamRecord& p = ctx_.registry.param(pid);
     const uint64_t begin = p.full_offset, end = begin + static_cast<uint64_t>(p.numel);
-    uint64_t lo, hi;
-    ctx_.owned_part(p, res_.rank, &lo, &hi);
+    const ModelContext::OwnedSpan own = ctx_.owned_span(p, res_.rank);
+    uint64_t lo = begin + own.from, hi = lo + own.count;
     if (lo >= hi) lo = hi = end;  // none of it is this rank's: all of it is replayed
     const float* px = x != nullptr ? x + (packed_at_[static_cast<size_t>(pid)] - s.dense) : nullptr;
     for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {

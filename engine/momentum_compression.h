@@ -55,6 +55,7 @@ uint64_t compression_chunk(uint64_t count, int world);
 // feedback and kept average (optimizer). For the plan and the ledger.
 struct CompressionBytes {
   uint64_t grads = 0;
+  uint64_t params = 0;  // stage 3, compression.replay: the whole copy of the parameters
   uint64_t buffers = 0;
   std::vector<uint64_t> optimizer;  // one figure per buffer (each is allocated, and aligned, on its own)
 };
@@ -98,6 +99,14 @@ class MomentumCompression {
   // (compression.replay): every rank's working copy is whole and current,
   // and the all-gather of the working copies is not needed.
   bool run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t);
+  // Stage 3 with compression.replay: the whole current fp32 value of p,
+  // which a replayed step kept on this rank, so that forward and backward
+  // copy it instead of all-gathering it; nullptr when there is none (before
+  // the first replayed step, after any step or write that was not
+  // replayed). Every rank answers alike, so all or none of them gather.
+  const float* whole_param(const ParamRecord& p) const;
+  // zd_param_write of p's whole value: the kept copy takes it too.
+  void write_whole_param(const ParamRecord& p, const float* whole);
 
  private:
   // Tensors exchanged together: one, or a whole group (fused), packed.
@@ -129,6 +138,9 @@ class MomentumCompression {
     // compression.replay: whole copies of the slots a replayed step reads
     // (full-layout elements of the group), filled at the first such step.
     TieredBuffer replica[ZD_OPTIMIZER_MAX_STATE];
+    // Stage 3, compression.replay: a whole copy of the group's fp32
+    // parameters (full layout), which replayed steps update.
+    TieredBuffer params;
   };
   struct StepState;
 
@@ -156,6 +168,8 @@ class MomentumCompression {
   void combine_stats(StepState& st);
   bool replays(const zd_optimizer_plan& plan) const;
   void fill_replica(uint32_t slots);
+  void fill_params();
+  void copy_owned_params();
   void replay(StepState& st, size_t group, const Segment& s, const float* x, uint32_t pass);
   void tensor_step(StepState& st, zd_plan_op op);
 
@@ -176,6 +190,7 @@ class MomentumCompression {
   TieredBuffer scratch_;
   std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
   uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values
+  bool params_valid_ = false;   // Group::params holds every owner's current parameters
   mutable bool replay_hinted_ = false;  // the log line saying compression.replay exists
 };
 

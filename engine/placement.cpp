@@ -211,6 +211,7 @@ NeedTable Placement::need_table(int rank) const {
     const CompressionBytes cb = compression_bytes(ctx_, gi);
     if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
     if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
+    if (cb.params) need[static_cast<size_t>(gt)][ZD_MEM_PARAMS] += bytes_in(gt, cb.params);
     for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
   }
   if (p3)

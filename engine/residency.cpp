@@ -48,6 +48,27 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
                     p.stride, p.dtype);
 }
 
+bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a) {
+  if (!whole_copy_ || pids.empty()) return false;
+  std::vector<const float*> src;
+  for (zd_param_id pid : pids) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    const float* w = p.dtype == ZD_DTYPE_F32 ? whole_copy_(p) : nullptr;
+    if (w == nullptr) return false;
+    src.push_back(w);
+  }
+  observe::Span span(res_.probe, "residency", "copy whole", a);
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const ParamRecord& p = ctx_.registry.param(pids[i]);
+    auto* dst = static_cast<std::byte*>(params_[static_cast<size_t>(pids[i])].ptr);
+    const uint64_t n = static_cast<uint64_t>(p.numel), padded = gathered_elems(p);
+    res_.device->copy_to_device(dst, src[i], n * 4);
+    // The padding after the last shard, as the shards hold it: zeros.
+    if (padded > n) res_.device->zero(dst + n * 4, (padded - n) * 4);
+  }
+  return true;
+}
+
 // What the local plugin's all-gather of p writes into its gathered copy:
 // every rank's shard (padding included), in rank order.
 void Residency::copy_shards(const ShardBoard& board, zd_param_id pid) {
@@ -137,6 +158,8 @@ void Residency::gather(zd_module_id m, bool prefetch) {
   a.bytes = bytes;
   a.flags = prefetch ? observe::kFlagPrefetched : 0;
   if (prefetch) res_.probe.instant("residency", "prefetch", a);
+  // Stage 3 with compression.replay: this rank holds the current values.
+  if (copy_whole(todo, a)) return;
   ShardBoard* board = ctx_.shards;
   bool one_sided = board != nullptr;
   for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
@@ -205,6 +228,7 @@ void Residency::gather_persistent() {
     b = res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
                               "persistent parameter '" + p.name + "'");
   }
+  if (copy_whole(persistent, observe::EventArgs{})) return;
   const std::string what = "gathering the persistent parameters: all-gather";
   ctx_.run(*res_.stream, [&] {
     for (zd_param_id pid : persistent) {

@@ -7,7 +7,8 @@
 // prefetch budget (prefetch_bucket_size). With every rank in this process
 // on the local comm plugin, a gather copies the peers' shards directly
 // (ShardBoard); the begin call does that itself, prefetches go on the
-// stream.
+// stream. With compression.replay the rank holds every parameter's current
+// value after a replayed step (copy_from), and a gather copies from there.
 #pragma once
 
 #include "comm_stream.h"
@@ -16,6 +17,7 @@
 #include "shard_board.h"
 #include "state_buffers.h"
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,13 @@ class Residency {
   ~Residency() { clear(); }
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
+
+  // Where a rank holds a parameter's whole current fp32 value without a
+  // gather (stage 3 with compression.replay: MomentumCompression's copy),
+  // or nullptr. Every rank must answer alike: a gather then copies from
+  // it on all of them, or all-gathers on all of them.
+  using WholeCopy = std::function<const float*(const ParamRecord&)>;
+  void copy_from(WholeCopy source) { whole_copy_ = std::move(source); }
 
   // Sized for the registry, nothing gathered (at finalize).
   void reset();
@@ -95,10 +104,14 @@ class Residency {
   void check_agreement(ShardBoard& board, zd_module_id m, uint64_t k);
   // Gathers p's shards from every rank into dst (on the rank's stream).
   void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
+  // When every parameter of `pids` has a whole copy on this rank: copies
+  // them into their gathered buffers and says true (no collective).
+  bool copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a);
 
   const ModelContext& ctx_;
   RankResources& res_;
   StateBuffers& buffers_;
+  WholeCopy whole_copy_;
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;

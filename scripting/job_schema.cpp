@@ -143,14 +143,15 @@ std::vector<KeySpec> make_schema() {
        "moves averaged, 1-bit compressed), `false` a local step (nothing sent). Replaces `local_step_scaler` / "
        "`local_step_clipper`; the other optimizers ignore it."},
       {"compression.replay", T::kBoolean, 0, "", {}, {},
-       "ZeRO stages 1-2, fp32 working copies, `onebit_adam`, `zero_one_adam` (with `local_steps = false`) or "
+       "ZeRO stages 1-3, fp32 working copies, `onebit_adam`, `zero_one_adam` (with `local_steps = false`) or "
        "`onebit_lamb`: after each compressed step every rank replays the update of the elements other ranks own "
        "from the exchanged 1-bit values and whole copies of the state that update reads (1-bit Adam: the frozen "
        "variance, 4 bytes per parameter; 0/1 Adam and 1-bit LAMB: `m` and `v`, 8; 1-bit LAMB's trust ratios "
        "come from the owners' norms, summed), bit for bit what their owners compute, so the working copies are "
-       "not all-gathered ([onebit.md](onebit.md#zero-stage-support)). Refused at stages 0 and 3, with 16-bit "
-       "working copies and for optimizers whose steps cannot be replayed (a plugin built before plugin ABI "
-       "v3)."},
+       "not all-gathered after the step (stages 1-2) nor in forward and backward (stage 3, which keeps a whole "
+       "fp32 copy of the parameters for it, 4 bytes per parameter more, in the tier of the gradients) "
+       "([onebit.md](onebit.md#zero-stage-support)). Refused at stage 0, with 16-bit working copies and for "
+       "optimizers whose steps cannot be replayed (a plugin built before plugin ABI v3)."},
       {"lr", T::kFunction, 0, "none", {}, {},
        "`lr(step)` → learning rate for the update after `step` applied updates (0 for the first). Without it the "
        "optimizer's `lr` is used."},

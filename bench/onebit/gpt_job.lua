@@ -4,7 +4,7 @@
 -- without bias correction (the compressing optimizers' warm-up rule); the
 -- compressing ones warm up for the first 18% of the steps (0/1 Adam: its
 -- variance steps), as DeepSpeed recommends 15-25%. GPT_REPLAY=1 sets
--- compression.replay (1-bit Adam, 0/1 Adam, 1-bit LAMB at stages 1-2).
+-- compression.replay (1-bit Adam, 0/1 Adam, 1-bit LAMB at stages 1-3).
 -- GPT_LR sets the peak learning rate (default 2e-3, Adam's; the cosine ends
 -- at a tenth of it), GPT_WARM the warm-up's fraction of the steps (default 0.18) and
 -- GPT_VAR_SCALER 0/1 Adam's var_update_scaler (default 16, DeepSpeed's),

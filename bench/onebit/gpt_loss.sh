@@ -4,7 +4,7 @@
 # bench/onebit/gpt_job.lua. Prints per run the mean training loss of the last
 # 10 steps, the validation loss, their difference from Adam's at stage 0,
 # and rank 0's bytes sent per step. An optimizer named NAME+replay runs NAME
-# with compression.replay (stages 1-2: onebit_adam+replay:1). GPT_LR,
+# with compression.replay (stages 1-3: onebit_adam+replay:1). GPT_LR,
 # GPT_WARM and GPT_VAR_SCALER in the environment set the job's learning
 # rate, warm-up fraction and 0/1 Adam's var_update_scaler (gpt_job.lua).
 #

@@ -7,7 +7,7 @@
 # fp32 parameters with made-up gradients), at ZeRO stage 0 (DeepSpeed's only
 # setting for 1-bit Adam) and stages 1-3 (--stages), with Adam, 1-bit Adam,
 # 0/1 Adam and 1-bit LAMB (--optimizers; a name ending in _replay is that
-# optimizer with compression.replay, run at stages 1-2 with fp32 working
+# optimizer with compression.replay, run at stages 1-3 with fp32 working
 # copies only: onebit_adam_replay, zero_one_adam_replay, onebit_lamb_replay).
 # Printed side by side in one run:
 # iperf3 on the same link, then per stage and optimizer the median and mean
@@ -133,8 +133,8 @@ echo "link: $rate per direction (tbf); iperf3 measured $(python3 -c "print(f'{$l
 for stage in $stages; do
   figures=()
   for opt in $optimizers; do
-    # Replay runs where it can: stages 1-2, fp32 working copies.
-    if [ "${opt%_replay}" != "$opt" ] && { [ "$stage" = 0 ] || [ "$stage" = 3 ] || [ "$dtype" != fp32 ]; }; then
+    # Replay runs where it can: stages 1-3, fp32 working copies.
+    if [ "${opt%_replay}" != "$opt" ] && { [ "$stage" = 0 ] || [ "$dtype" != fp32 ]; }; then
       continue
     fi
     write_job "$opt" "$stage" "$ZD_DIR/$opt.lua"

@@ -10,6 +10,7 @@
 
 #include "compressing_reference.h"
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -432,8 +433,42 @@ TEST_P(CompressingJob, EveryStageAndTierEndsWhereStage0Does) {
     }
 }
 
+// compression.replay (fp32 working copies) with the optimizer state in
+// every tier: stages 1-3 end where stage 0 does (stage 3 keeps a whole copy
+// of the parameters, which forward and backward copy from).
+class CompressingReplayJob : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CompressingReplayJob, EveryStageAndTierEndsWhereStage0Does) {
+  const Variant& v = variant(GetParam());
+  TempDir dir;
+  auto job = [&](int stage, zd_tier tier, bool replay) {
+    JobOptions o = v.job(stage);
+    o.accumulation = 2;
+    o.clipping = 0.05;
+    o.compression_replay = replay;
+    o.offload.optimizer = tier;
+    o.offload.nvme_paths = {dir.path};
+    o.offload.nvme_tile_elems = 2048;
+    return o;
+  };
+  const int world = 2, steps = 8;
+  const ref::Weights base = train(job(0, ZD_TIER_DEVICE, false), world, steps);
+  EXPECT_GT(moved(base), 1e-2);
+  for (int stage = 1; stage <= 3; ++stage)
+    for (zd_tier tier : {ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_TIER_NVME}) {
+      const ref::Weights got = train(job(stage, tier, true), world, steps);
+      if (v.splits_sums)
+        EXPECT_LE(max_diff(base, got), 1e-6) << "stage " << stage << ", " << tier_name(tier);
+      else
+        EXPECT_EQ(base, got) << "stage " << stage << ", " << tier_name(tier);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingJob,
                          ::testing::Values("onebit_adam", "zero_one_adam", "zero_one_adam_local", "onebit_lamb"));
+// 0/1 Adam's local steps run at stage 0 only, where nothing is replayed.
+INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingReplayJob,
+                         ::testing::Values("onebit_adam", "zero_one_adam", "onebit_lamb"));
 
 // The error feedback and the kept average are a rank's own, in the tier of
 // its gradients: the plan counts them exactly where finalize charges them.
@@ -518,6 +553,71 @@ TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
         EXPECT_EQ(peak[rank], after[rank]) << o.optimizer << ": nothing given back";
       else
         EXPECT_GE(peak[rank] - after[rank], (slots - late) * total * 4) << o.optimizer << ": copies given back";
+    }
+  }
+}
+
+TEST(CompressingPlan, Stage3ReplayKeepsAWholeCopyOfTheParametersThePlanCounts) {
+  // At stage 3 compression.replay keeps a whole fp32 copy of the parameters
+  // (the replayed steps update it; forward and backward copy from it), made
+  // at the first replayed step and counted by the plan as parameter memory
+  // in the tier of the gradients. The modules' gathered copies are given
+  // back after each step, so what the ledger holds then is the plan's. With
+  // the optimizer state in host memory the copy is there too, and the
+  // device tier holds what stage 3 without replay holds.
+  uint64_t total = 0;
+  for (uint64_t n : kSizes) total += n;
+  for (zd_tier tier : {ZD_TIER_DEVICE, ZD_TIER_HOST}) {
+    std::vector<uint64_t> device_without(2);
+    for (bool replay : {false, true}) {
+      JobOptions o = options("onebit_adam", 3, {{"freeze_step", 2}});
+      o.compression_replay = replay;
+      o.offload.optimizer = tier;
+      auto model = make_model(o, 2);
+      std::vector<TierPlan> plans(2);
+      std::vector<std::array<uint64_t, ZD_TIER_COUNT>> after(2);
+      run_ranks(2, [&](int rank) {
+        std::vector<zd_param_id> ids;
+        for (size_t k = 0; k < kSizes.size(); ++k) {
+          std::vector<float> init(kSizes[k], 0.5f);
+          ids.push_back(model->register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
+                                              {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
+        }
+        plans[static_cast<size_t>(rank)] = model->plan(rank);
+        model->finalize(rank);
+        for (int s = 0; s < 4; ++s) {
+          for (zd_module_id m : {1, 0}) {
+            model->backward_begin(rank, m);
+            for (size_t k = 0; k < kSizes.size(); ++k) {
+              if (model->registry().param(ids[k]).module != m) continue;
+              auto* g = static_cast<float*>(model->grad_view(rank, ids[k]).data);
+              for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
+            }
+            model->backward_end(rank, m);
+          }
+          model->step(rank);
+        }
+        for (int t = 0; t < ZD_TIER_COUNT; ++t)
+          after[static_cast<size_t>(rank)][static_cast<size_t>(t)] =
+              model->ledger(rank).current(static_cast<zd_tier>(t), ZD_MEM_PARAMS);
+      });
+      for (size_t rank = 0; rank < 2; ++rank) {
+        const std::string what = std::string(tier_name(tier)) + ", replay " + (replay ? "on" : "off") + ", rank " +
+                                 std::to_string(rank);
+        for (int t = 0; t < ZD_TIER_COUNT; ++t)
+          EXPECT_EQ(after[rank][static_cast<size_t>(t)], plans[rank].need[static_cast<size_t>(t)][ZD_MEM_PARAMS])
+              << what << ", tier " << tier_name(static_cast<zd_tier>(t));
+        const uint64_t device = after[rank][ZD_TIER_DEVICE];
+        if (!replay) {
+          device_without[rank] = device;
+          EXPECT_LT(device, total * 4) << what << ": shards only";
+        } else if (tier == ZD_TIER_DEVICE) {
+          EXPECT_GE(device, device_without[rank] + total * 4) << what << ": the whole copy";
+        } else {
+          EXPECT_EQ(device, device_without[rank]) << what << ": the device tier holds stage 3's shards only";
+          EXPECT_GE(after[rank][ZD_TIER_HOST], total * 4) << what << ": the whole copy in host memory";
+        }
+      }
     }
   }
 }

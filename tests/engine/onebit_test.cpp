@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 namespace {
@@ -376,7 +378,7 @@ TEST(OnebitAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
   // is, bit for bit.
   for (int world : {2, 4}) {
     const Views s0 = train_views(onebit(0), world, 9);
-    for (int stage : {1, 2})
+    for (int stage : {1, 2, 3})
       expect_views_equal(s0, train_views(replaying(stage), world, 9),
                          std::to_string(world) + " ranks, stage " + std::to_string(stage) + " with replay");
   }
@@ -393,7 +395,7 @@ TEST(OnebitAdamReplay, ACompressedStepSendsWhatStage0Sends) {
     const double gather = (world - 1.0) / world * (1000 + 4093 + 777) * 4.0;
     EXPECT_GE(static_cast<double>(plain - s0), gather) << world << " ranks: without replay stage 1 gathers";
     EXPECT_LE(static_cast<double>(plain - s0), gather * 1.05) << world << " ranks";
-    for (int stage : {1, 2})
+    for (int stage : {1, 2, 3})
       EXPECT_EQ(train_views(replaying(stage), world, kFreeze + 2).last_step_bytes, s0)
           << world << " ranks, stage " << stage;
   }
@@ -405,10 +407,12 @@ TEST(OnebitAdamReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplica) {
   // update 7 replays, and the average kept at update 5 must not be folded
   // into update 7's momentum (with or without replay).
   WarmupAt schedule({0, 1, 5});
-  JobOptions a = onebit(0), b = replaying(1), c = onebit(1), d = onebit(3);
-  a.policy = b.policy = c.policy = d.policy = &schedule;
+  JobOptions a = onebit(0), b = replaying(1), c = onebit(1), d = onebit(3), e = replaying(3);
+  a.policy = b.policy = c.policy = d.policy = e.policy = &schedule;
   const Views want = train_views(a, 2, 9);
   expect_views_equal(want, train_views(b, 2, 9), "warm-up at update 6, stage 1 with replay");
+  // Stage 3: the whole copy of the parameters is stale after update 6 too.
+  expect_views_equal(want, train_views(e, 2, 9), "warm-up at update 6, stage 3 with replay");
   expect_views_equal(want, train_views(c, 2, 9), "warm-up at update 6, stage 1");
   expect_views_equal(want, train_views(d, 2, 9), "warm-up at update 6, stage 3");
 }
@@ -449,7 +453,95 @@ TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
   // zd_optimizer_state_write of v between compressed steps: the next
   // replayed step must read the written v on every rank.
   const auto want = train_writing_state(onebit(0), 1);
-  const auto got = train_writing_state(replaying(1), 1);
+  for (int stage : {1, 3}) {
+    const auto got = train_writing_state(replaying(stage), 1);
+    EXPECT_EQ(want[0], got[0]) << "stage " << stage;
+    EXPECT_EQ(want[0], got[1]) << "stage " << stage;
+  }
+}
+
+// Trains one tensor for 8 steps at 2 ranks, each rank writing the same new
+// value with zd_param_write before update 6; every rank's working copy.
+std::vector<std::vector<float>> train_writing_param(const JobOptions& o) {
+  const int world = 2;
+  const uint64_t n = 3001;
+  auto model = make_model(o, world);
+  std::vector<std::vector<float>> out(world);
+  run_ranks(world, [&](int rank) {
+    std::vector<float> init(n);
+    for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
+    const zd_param_id w =
+        model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
+    model->finalize(rank);
+    for (int s = 0; s < 8; ++s) {
+      if (s == 5) {
+        std::vector<float> v(n);
+        for (uint64_t i = 0; i < n; ++i) v[i] = 0.25f - 1e-3f * static_cast<float>(i % 11);
+        model->write_param(rank, w, ZD_DTYPE_F32, v.data(), n * 4);
+      }
+      model->backward_begin(rank, 0);
+      auto* g = static_cast<float*>(model->grad_view(rank, w).data);
+      for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
+      model->backward_end(rank, 0);
+      model->step(rank);
+    }
+    model->forward_begin(rank, 0);
+    out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
+    model->forward_end(rank, 0);
+  });
+  return out;
+}
+
+TEST(OnebitAdamReplay, AParameterWriteBetweenStepsReachesStage3sWholeCopy) {
+  // At stage 3 with replay forward and backward copy the parameters from
+  // the rank's whole copy; a zd_param_write between compressed steps must
+  // land there too, or update 6's backward would see the old value.
+  const auto want = train_writing_param(onebit(0));
+  const auto got = train_writing_param(replaying(3));
+  EXPECT_EQ(want[0], got[0]);
+  EXPECT_EQ(want[0], got[1]);
+}
+
+TEST(OnebitAdamReplay, ACheckpointLoadedAtStage3LeavesNoStaleCopyOfTheParameters) {
+  // Stage 3 with replay: 6 updates (compressed from update 3), a checkpoint
+  // after the 4th, then the checkpoint loaded back and 3 more. The load
+  // moves the parameters back, so the whole copy kept since update 3 is
+  // stale: the next forward must not read it, and the next replayed step
+  // must start from the loaded values. Every rank's view ends as without
+  // replay.
+  auto run = [](bool replay) {
+    char tmpl[] = "/tmp/zerod-onebit-ckpt-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    JobOptions o = onebit(3);
+    o.compression_replay = replay;
+    const int world = 2;
+    const uint64_t n = 3001;
+    auto model = make_model(o, world);
+    std::vector<std::vector<float>> out(world);
+    run_ranks(world, [&](int rank) {
+      std::vector<float> init(n);
+      for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
+      const zd_param_id w =
+          model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
+      model->finalize(rank);
+      for (int s = 0; s < 9; ++s) {
+        if (s == 4) model->save_checkpoint(rank, dir);
+        if (s == 6) model->load_checkpoint(rank, dir);
+        model->backward_begin(rank, 0);
+        auto* g = static_cast<float*>(model->grad_view(rank, w).data);
+        for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
+        model->backward_end(rank, 0);
+        model->step(rank);
+      }
+      model->forward_begin(rank, 0);
+      out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
+      model->forward_end(rank, 0);
+    });
+    std::filesystem::remove_all(dir);
+    return out;
+  };
+  const auto want = run(false), got = run(true);
+  EXPECT_EQ(want[0], want[1]);
   EXPECT_EQ(want[0], got[0]);
   EXPECT_EQ(want[0], got[1]);
 }
@@ -487,7 +579,7 @@ TEST(ZeroOneAdamReplay, EveryRanksWorkingCopyEndsWhereStage0Does) {
   // v's is refilled at 7, the first momentum sync.
   for (int world : {2, 4}) {
     const Views s0 = train_views(zero_one(0, false), world, 12);
-    for (int stage : {1, 2})
+    for (int stage : {1, 2, 3})
       expect_views_equal(s0, train_views(zero_one(stage, true), world, 12),
                          "0/1 Adam, " + std::to_string(world) + " ranks, stage " + std::to_string(stage) +
                              " with replay");
@@ -502,7 +594,7 @@ TEST(ZeroOneAdamReplay, AMomentumSyncSendsWhatStage0Sends) {
     const uint64_t s0 = train_views(zero_one(0, false), world, 9).last_step_bytes;
     const uint64_t plain = train_views(zero_one(1, false), world, 9).last_step_bytes;
     EXPECT_GE(static_cast<double>(plain - s0), (world - 1.0) / world * (1000 + 4093 + 777) * 4.0) << world;
-    for (int stage : {1, 2})
+    for (int stage : {1, 2, 3})
       EXPECT_EQ(train_views(zero_one(stage, true), world, 9).last_step_bytes, s0)
           << world << " ranks, stage " << stage;
   }
@@ -518,8 +610,7 @@ TEST(OnebitAdamReplay, IsRefusedWhereItCannotReplay) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   };
-  refused(replaying(0), "stages 1-2");
-  refused(replaying(3), "stages 1-2");
+  refused(replaying(0), "stages 1-3");
   JobOptions bf16 = replaying(1);
   bf16.precision = ZD_DTYPE_BF16;
   refused(bf16, "fp32 working copies");
@@ -552,7 +643,7 @@ JobOptions lamb(int stage, bool replay) {
 TEST(OnebitLambReplay, EveryRanksWorkingCopyIsWhatTheOwnersComputeWithoutReplay) {
   for (int world : {2, 4}) {
     const Views s0 = train_views(lamb(0, false), world, 9);
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const std::string what = "1-bit LAMB, " + std::to_string(world) + " ranks, stage " + std::to_string(stage);
       const Views plain = train_views(lamb(stage, false), world, 9);
       const Views replayed = train_views(lamb(stage, true), world, 9);
@@ -598,7 +689,7 @@ TEST(OnebitLambReplay, ACompressedStepSendsWhatStage0SendsAndTheNorms) {
     const uint64_t plain = train_views(lamb(1, false), world, kFreeze + 2).last_step_bytes;
     const double gather = (world - 1.0) / world * (1000 + 4093 + 777) * 4.0;
     EXPECT_GE(static_cast<double>(plain - s0), gather) << world << " ranks: without replay stage 1 gathers";
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const uint64_t got = train_views(lamb(stage, true), world, kFreeze + 2).last_step_bytes;
       EXPECT_GE(got, s0) << world << " ranks, stage " << stage;
       EXPECT_LE(got - s0, 1024u) << world << " ranks, stage " << stage << ": more than the statistics";

@@ -3,8 +3,8 @@
 # (zerod run --nproc 2 each, the way a cluster job would), the daemons talk
 # through the mpi comm plugin, and the ranks train rank_scenario. Checks:
 #   1. stages 0-3, 1-bit Adam at stages 0-3, 0/1 Adam (stage 2) and 1-bit
-#      LAMB (stage 3), and compression.replay (1-bit Adam at stage 2, 0/1
-#      Adam at stage 1) on 2 nodes x 2 ranks end with the same
+#      LAMB (stage 3), and compression.replay (1-bit Adam at stages 2 and
+#      3, 0/1 Adam at stage 1) on 2 nodes x 2 ranks end with the same
 #      checksum on every rank as one daemon with 4 ranks (the local plugin);
 #   2. a rank that dies on node 0 is reported on node 1's ranks, no hang;
 #   3. the local backend under mpirun (by zerod run, before any rank starts)
@@ -70,7 +70,7 @@ PY
 for case in "stage0 0 $adamw" "stage1 1 $adamw" "stage2 2 $adamw" "stage3 3 $adamw" \
             "onebit_stage0 0 $onebit" "onebit_stage1 1 $onebit" "onebit_stage2 2 $onebit" \
             "onebit_stage3 3 $onebit" "zero_one_stage2 2 $zero_one" "lamb_stage3 3 $lamb" \
-            "onebit_replay_stage2 2 $onebit" "zero_one_replay_stage1 1 $zero_one"; do
+            "onebit_replay_stage2 2 $onebit" "onebit_replay_stage3 3 $onebit" "zero_one_replay_stage1 1 $zero_one"; do
   read -r name stage opt <<<"$case"
   job "$name.mpi" "$stage" mpi "$opt"
   job "$name.local" "$stage" local "$opt"
