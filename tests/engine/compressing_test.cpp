@@ -498,6 +498,33 @@ TEST(CompressingPlan, ThePlanIsWhatFinalizeCharges) {
     }
 }
 
+// kSizes' tensors, all 0.5, in kModules, on `rank`.
+std::vector<zd_param_id> register_tensors(Model& model, int rank) {
+  std::vector<zd_param_id> ids;
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    std::vector<float> init(kSizes[k], 0.5f);
+    ids.push_back(model.register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
+                                       {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
+  }
+  return ids;
+}
+
+// `steps` steps of grad_value's gradients, module 1's backward before module 0's.
+void train_steps(Model& model, int rank, const std::vector<zd_param_id>& ids, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    for (zd_module_id m : {1, 0}) {
+      model.backward_begin(rank, m);
+      for (size_t k = 0; k < kSizes.size(); ++k) {
+        if (model.registry().param(ids[k]).module != m) continue;
+        auto* g = static_cast<float*>(model.grad_view(rank, ids[k]).data);
+        for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
+      }
+      model.backward_end(rank, m);
+    }
+    model.step(rank);
+  }
+}
+
 TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
   // compression.replay allocates whole copies of the slots a step replays
   // at the first replayed step: one for 1-bit Adam (v), two for 0/1 Adam (m
@@ -520,27 +547,11 @@ TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
     std::vector<TierPlan> plans(2);
     std::vector<uint64_t> before(2), after(2), peak(2);
     run_ranks(2, [&](int rank) {
-      std::vector<zd_param_id> ids;
-      for (size_t k = 0; k < kSizes.size(); ++k) {
-        std::vector<float> init(kSizes[k], 0.5f);
-        ids.push_back(model->register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
-                                            {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
-      }
+      const std::vector<zd_param_id> ids = register_tensors(*model, rank);
       plans[static_cast<size_t>(rank)] = model->plan(rank);
       model->finalize(rank);
       before[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
-      for (int s = 0; s < 4; ++s) {
-        for (zd_module_id m : {1, 0}) {
-          model->backward_begin(rank, m);
-          for (size_t k = 0; k < kSizes.size(); ++k) {
-            if (model->registry().param(ids[k]).module != m) continue;
-            auto* g = static_cast<float*>(model->grad_view(rank, ids[k]).data);
-            for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
-          }
-          model->backward_end(rank, m);
-        }
-        model->step(rank);
-      }
+      train_steps(*model, rank, ids, 4);
       after[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
       peak[static_cast<size_t>(rank)] = model->ledger(rank).peak(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
     });
@@ -577,26 +588,10 @@ TEST(CompressingPlan, Stage3ReplayKeepsAWholeCopyOfTheParametersThePlanCounts) {
       std::vector<TierPlan> plans(2);
       std::vector<std::array<uint64_t, ZD_TIER_COUNT>> after(2);
       run_ranks(2, [&](int rank) {
-        std::vector<zd_param_id> ids;
-        for (size_t k = 0; k < kSizes.size(); ++k) {
-          std::vector<float> init(kSizes[k], 0.5f);
-          ids.push_back(model->register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
-                                              {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
-        }
+        const std::vector<zd_param_id> ids = register_tensors(*model, rank);
         plans[static_cast<size_t>(rank)] = model->plan(rank);
         model->finalize(rank);
-        for (int s = 0; s < 4; ++s) {
-          for (zd_module_id m : {1, 0}) {
-            model->backward_begin(rank, m);
-            for (size_t k = 0; k < kSizes.size(); ++k) {
-              if (model->registry().param(ids[k]).module != m) continue;
-              auto* g = static_cast<float*>(model->grad_view(rank, ids[k]).data);
-              for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
-            }
-            model->backward_end(rank, m);
-          }
-          model->step(rank);
-        }
+        train_steps(*model, rank, ids, 4);
         for (int t = 0; t < ZD_TIER_COUNT; ++t)
           after[static_cast<size_t>(rank)][static_cast<size_t>(t)] =
               model->ledger(rank).current(static_cast<zd_tier>(t), ZD_MEM_PARAMS);

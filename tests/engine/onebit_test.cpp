@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 namespace {
@@ -417,9 +418,11 @@ TEST(OnebitAdamReplay, AWarmupStepBetweenCompressedStepsRefreshesTheReplica) {
   expect_views_equal(want, train_views(d, 2, 9), "warm-up at update 6, stage 3");
 }
 
-// Trains one tensor for 8 steps, writing state slot `slot` (when >= 0)
-// with zd_optimizer_state_write before update 6; every rank's working copy.
-std::vector<std::vector<float>> train_writing_state(const JobOptions& o, int slot) {
+// Trains one tensor of 3001 elements for `steps` steps at 2 ranks, calling
+// `before(model, rank, w, s)` ahead of each step s; every rank's working
+// copy at the end.
+using BeforeStep = std::function<void(Model&, int rank, zd_param_id w, int s)>;
+std::vector<std::vector<float>> train_one_tensor(const JobOptions& o, int steps, const BeforeStep& before) {
   const int world = 2;
   const uint64_t n = 3001;
   auto model = make_model(o, world);
@@ -430,12 +433,8 @@ std::vector<std::vector<float>> train_writing_state(const JobOptions& o, int slo
     const zd_param_id w =
         model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
     model->finalize(rank);
-    for (int s = 0; s < 8; ++s) {
-      if (s == 5 && slot >= 0) {
-        std::vector<float> v(n);
-        for (uint64_t i = 0; i < n; ++i) v[i] = 1e-4f * static_cast<float>(1 + i % 7);
-        model->write_state(rank, w, slot, ZD_DTYPE_F32, v.data(), n * 4);
-      }
+    for (int s = 0; s < steps; ++s) {
+      before(*model, rank, w, s);
       model->backward_begin(rank, 0);
       auto* g = static_cast<float*>(model->grad_view(rank, w).data);
       for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
@@ -447,6 +446,18 @@ std::vector<std::vector<float>> train_writing_state(const JobOptions& o, int slo
     model->forward_end(rank, 0);
   });
   return out;
+}
+
+// 8 steps, writing state slot `slot` (when >= 0) with
+// zd_optimizer_state_write before update 6.
+std::vector<std::vector<float>> train_writing_state(const JobOptions& o, int slot) {
+  return train_one_tensor(o, 8, [slot](Model& m, int rank, zd_param_id w, int s) {
+    if (s != 5 || slot < 0) return;
+    const uint64_t n = 3001;
+    std::vector<float> v(n);
+    for (uint64_t i = 0; i < n; ++i) v[i] = 1e-4f * static_cast<float>(1 + i % 7);
+    m.write_state(rank, w, slot, ZD_DTYPE_F32, v.data(), n * 4);
+  });
 }
 
 TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
@@ -460,36 +471,16 @@ TEST(OnebitAdamReplay, AStateWriteBetweenStepsRefreshesTheReplica) {
   }
 }
 
-// Trains one tensor for 8 steps at 2 ranks, each rank writing the same new
-// value with zd_param_write before update 6; every rank's working copy.
+// 8 steps, each rank writing the same new value with zd_param_write before
+// update 6.
 std::vector<std::vector<float>> train_writing_param(const JobOptions& o) {
-  const int world = 2;
-  const uint64_t n = 3001;
-  auto model = make_model(o, world);
-  std::vector<std::vector<float>> out(world);
-  run_ranks(world, [&](int rank) {
-    std::vector<float> init(n);
-    for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
-    const zd_param_id w =
-        model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
-    model->finalize(rank);
-    for (int s = 0; s < 8; ++s) {
-      if (s == 5) {
-        std::vector<float> v(n);
-        for (uint64_t i = 0; i < n; ++i) v[i] = 0.25f - 1e-3f * static_cast<float>(i % 11);
-        model->write_param(rank, w, ZD_DTYPE_F32, v.data(), n * 4);
-      }
-      model->backward_begin(rank, 0);
-      auto* g = static_cast<float*>(model->grad_view(rank, w).data);
-      for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
-      model->backward_end(rank, 0);
-      model->step(rank);
-    }
-    model->forward_begin(rank, 0);
-    out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
-    model->forward_end(rank, 0);
+  return train_one_tensor(o, 8, [](Model& m, int rank, zd_param_id w, int s) {
+    if (s != 5) return;
+    const uint64_t n = 3001;
+    std::vector<float> v(n);
+    for (uint64_t i = 0; i < n; ++i) v[i] = 0.25f - 1e-3f * static_cast<float>(i % 11);
+    m.write_param(rank, w, ZD_DTYPE_F32, v.data(), n * 4);
   });
-  return out;
 }
 
 TEST(OnebitAdamReplay, AParameterWriteBetweenStepsReachesStage3sWholeCopy) {
@@ -514,28 +505,9 @@ TEST(OnebitAdamReplay, ACheckpointLoadedAtStage3LeavesNoStaleCopyOfTheParameters
     const std::string dir = mkdtemp(tmpl);
     JobOptions o = onebit(3);
     o.compression_replay = replay;
-    const int world = 2;
-    const uint64_t n = 3001;
-    auto model = make_model(o, world);
-    std::vector<std::vector<float>> out(world);
-    run_ranks(world, [&](int rank) {
-      std::vector<float> init(n);
-      for (uint64_t i = 0; i < n; ++i) init[i] = init_value(i);
-      const zd_param_id w =
-          model->register_param(rank, "w", "m", ZD_DTYPE_F32, {static_cast<int64_t>(n)}, init.data(), ZD_DTYPE_F32);
-      model->finalize(rank);
-      for (int s = 0; s < 9; ++s) {
-        if (s == 4) model->save_checkpoint(rank, dir);
-        if (s == 6) model->load_checkpoint(rank, dir);
-        model->backward_begin(rank, 0);
-        auto* g = static_cast<float*>(model->grad_view(rank, w).data);
-        for (uint64_t i = 0; i < n; ++i) g[i] = grad_value(rank, s, i);
-        model->backward_end(rank, 0);
-        model->step(rank);
-      }
-      model->forward_begin(rank, 0);
-      out[static_cast<size_t>(rank)] = view_values(model->param_view(rank, w));
-      model->forward_end(rank, 0);
+    const auto out = train_one_tensor(o, 9, [&dir](Model& m, int rank, zd_param_id, int s) {
+      if (s == 4) m.save_checkpoint(rank, dir);
+      if (s == 6) m.load_checkpoint(rank, dir);
     });
     std::filesystem::remove_all(dir);
     return out;
