@@ -858,20 +858,20 @@ void MomentumCompression::copy_owned_params() {
   for (const ParamRecord& p : ctx_.registry.params()) {
     const ModelContext::OwnedSpan own = ctx_.owned_span(p, res_.rank);
     if (own.count == 0) continue;
-    auto* base = reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0));
-    buffers_.of(p).working.read(tiers, own.at, own.count, base + p.full_offset + own.from);
+    buffers_.of(p).working.read(tiers, own.at, own.count, params_of(p) + own.from);
   }
 }
 
+float* MomentumCompression::params_of(const ParamRecord& p) const {
+  return reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0)) + p.full_offset;
+}
+
 const float* MomentumCompression::whole_param(const ParamRecord& p) const {
-  if (!params_valid_) return nullptr;
-  return reinterpret_cast<const float*>(groups_[static_cast<size_t>(p.group)].params.addr(0)) + p.full_offset;
+  return params_valid_ ? params_of(p) : nullptr;
 }
 
 void MomentumCompression::write_whole_param(const ParamRecord& p, const float* whole) {
-  if (!params_valid_) return;
-  auto* base = reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0));
-  std::memcpy(base + p.full_offset, whole, static_cast<size_t>(p.numel) * 4);
+  if (params_valid_) std::memcpy(params_of(p), whole, static_cast<size_t>(p.numel) * 4);
 }
 
 // Pass `pass` of the step over the segment's elements that other ranks own,

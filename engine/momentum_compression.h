@@ -170,6 +170,8 @@ class MomentumCompression {
   void fill_replica(uint32_t slots);
   void fill_params();
   void copy_owned_params();
+  // Where p starts in its group's whole copy of the parameters (stage 3).
+  float* params_of(const ParamRecord& p) const;
   void replay(StepState& st, size_t group, const Segment& s, const float* x, uint32_t pass);
   void tensor_step(StepState& st, zd_plan_op op);
 
