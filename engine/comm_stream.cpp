@@ -55,7 +55,7 @@ void CommStream::Ticket::wait() const {
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
-CommStream::CommStream(bool threaded) : threaded_(threaded) {
+CommStream::CommStream(bool threaded, const char* role) : threaded_(threaded), role_(role) {
   if (threaded_) worker_ = std::thread([this] { loop(); });
 }
 
@@ -107,7 +107,7 @@ CommStream::Ticket CommStream::enqueue(std::function<void()> task) {
 }
 
 void CommStream::loop() {
-  observe::set_thread_role("collectives");
+  observe::set_thread_role(role_);
   for (;;) {
     Item item;
     spin_until([&] { return queued_.load(std::memory_order_acquire) != 0; });

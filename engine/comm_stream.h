@@ -32,7 +32,8 @@ class CommStream {
     std::shared_ptr<State> state_;
   };
 
-  explicit CommStream(bool threaded);
+  // role: the thread's name on the timeline.
+  explicit CommStream(bool threaded, const char* role = "collectives");
   ~CommStream();
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
@@ -48,6 +49,7 @@ class CommStream {
   void run(Item& item);
 
   bool threaded_;
+  const char* role_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

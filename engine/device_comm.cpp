@@ -15,10 +15,17 @@ void device_all_gather(const ModelContext& ctx, RankResources& res, const zd_com
   }
   const uint64_t bytes = count * dtype_size(dt);
   if (ctx.world_size == 1) {
-    if (send_on_device)
+    if (send_on_device) {
       d.copy_within(recv, send, bytes);
-    else
-      d.copy_to_device(recv, send, bytes);
+      return;
+    }
+    // From the host tier (page-locked) on the upload queue, so the gather
+    // never waits behind zerod's kernels or gradients leaving; recv may be
+    // a block the stream's earlier work used, hence the order after it.
+    d.upload_after_stream();
+    const uint64_t t = d.upload(recv, send, bytes);
+    d.stream_waits(t);
+    res.note_shard_upload(t);
     return;
   }
   std::vector<std::byte> mine(bytes), all(bytes * static_cast<uint64_t>(ctx.world_size));

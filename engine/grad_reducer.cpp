@@ -12,11 +12,32 @@ namespace zerod {
 
 void GradReducer::reset() {
   release();
+  out_ = std::make_unique<CommStream>(!res_.device->host_addressable(), "gradients out");
   params_.assign(ctx_.registry.params().size(), ParamEntry{});
   buckets_.assign(ctx_.registry.groups().size(), {});
   bucket_elems_.assign(ctx_.registry.groups().size(), 0);
   bucket_seq_ = 0;
   local_ = false;
+  norm_at_.clear();
+  uint64_t tiles = 0;
+  for (const ParamRecord& p : ctx_.registry.params()) {
+    norm_at_.push_back(tiles);
+    tiles += (ctx_.owned_span(p, res_.rank).count + kTile - 1) / kTile;
+  }
+  norm_sums_.assign(tiles, 0.0);
+  norm_valid_.assign(ctx_.registry.params().size(), 0);
+  in_window_.assign(ctx_.registry.params().size(), 0);
+  settled_.assign(ctx_.registry.params().size(), 0);
+  {
+    const TierSet tiers = res_.tiers();
+    const auto& groups = ctx_.registry.groups();
+    window_.resize(groups.size());
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      if (placement_.window_on_device(gi, res_.rank))
+        window_[gi].allocate(tiers, dtype_size(ctx_.grad_dtype(groups[gi])), {{ctx_.owned_count(groups[gi]), ZD_TIER_DEVICE}},
+                             ZD_MEM_GRADS, "the gradient accumulation window of group " + std::to_string(gi) +
+                                               " on the device (offload.accumulate)");
+  }
   if (ctx_.partitioned(ZD_PARTITION_GRADS) && ctx_.optimizer().compresses()) {
     const TierSet tiers = res_.tiers();
     const auto& groups = ctx_.registry.groups();
@@ -49,11 +70,14 @@ OwnedGrad GradReducer::local_grad(size_t gi) const {
 }
 
 void GradReducer::release() {
+  out_.reset();  // its tasks hold buckets and write the accumulators
   release_transient();
   staging_.release();
   const TierSet tiers = res_.tiers();
   for (TieredBuffer& w : whole_) w.release(tiers);
   whole_.clear();
+  for (TieredBuffer& w : window_) w.release(tiers);
+  window_.clear();
 }
 
 void GradReducer::release_transient() {
@@ -115,25 +139,40 @@ void GradReducer::cancel(const ModuleRecord& mod) {
 }
 
 void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier,
-                                      zd_dtype grad_dt, uint64_t n, bool first) {
+                                      zd_dtype grad_dt, uint64_t n, bool first, const NormTiles* norm,
+                                      uint64_t ready) {
   Device& d = *res_.device;
   if (tier == ZD_TIER_DEVICE) {
     d.accumulate(src, src_dt, dst, grad_dt, n);
   } else if (d.host_addressable()) {
     zerod::accumulate(src, src_dt, dst, grad_dt, n);
+    if (norm) norm_tiles(dst, grad_dt, n, *norm);
   } else {
-    // Off the device: copied out a chunk at a time through the page-locked
-    // staging buffer, each chunk added on the host's workers; the window's
-    // first contribution is written rather than added (the accumulators are
-    // zero), which spares reading them: about 40% of the bytes the host
-    // moves for bf16 gradients into fp32 accumulators.
+    // Off the device: downloaded a chunk at a time into one half of the
+    // page-locked staging buffer while the host's workers add the chunk in
+    // the other half; the window's first contribution is written rather
+    // than added (the accumulators are zero), which spares reading them:
+    // about 40% of the bytes the host moves for bf16 gradients into fp32
+    // accumulators.
     HostStaging::Lease stage(staging_);
     const size_t ssz = dtype_size(src_dt), dsz = dtype_size(grad_dt);
-    const uint64_t chunk = stage.size() / ssz;
-    for (uint64_t off = 0; off < n; off += chunk) {
-      const uint64_t m = std::min(chunk, n - off);
-      d.copy_to_host(stage.data(), static_cast<const std::byte*>(src) + off * ssz, m * ssz);
-      parallel_accumulate(res_.workers, stage.data(), src_dt, dst + off * dsz, grad_dt, m, first);
+    // Chunks of whole norm tiles, so a chunk's partials are the tiles'.
+    const uint64_t half = stage.size() / 2, chunk = half / ssz / kTile * kTile;
+    const auto* from = static_cast<const std::byte*>(src);
+    uint64_t ticket[2] = {0, 0};
+    auto download = [&](uint64_t off, int h) {
+      ticket[h] = d.download(stage.data() + h * half, from + off * ssz, std::min(chunk, n - off) * ssz, ready);
+    };
+    if (n) download(0, 0);
+    int h = 0;
+    for (uint64_t off = 0; off < n; off += chunk, h ^= 1) {
+      // The other half's add is done: it may take the next chunk.
+      if (off + chunk < n) download(off + chunk, h ^ 1);
+      d.transfer_wait(ticket[h]);
+      const NormTiles part = norm ? NormTiles{norm->sums + off / kTile, norm->real > off ? norm->real - off : 0}
+                                  : NormTiles{nullptr, 0};
+      parallel_accumulate(res_.workers, stage.data() + h * half, src_dt, dst + off * dsz, grad_dt,
+                          std::min(chunk, n - off), first, norm ? &part : nullptr);
     }
   }
 }
@@ -153,8 +192,13 @@ void GradReducer::close(const ModuleRecord& mod) {
       bucket_elems_[gi] += static_cast<uint64_t>(p.numel);
       bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
     } else if (e.view) {
-      add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), local_grad(static_cast<size_t>(p.group)).tier,
-                          ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel), !e.touched);
+      const zd_tier tier = local_grad(static_cast<size_t>(p.group)).tier;
+      const bool fuse = fuse_norm(tier);
+      const NormTiles norm = norm_of(pid);
+      add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), tier, ctx_.grad_dtype(g),
+                          static_cast<uint64_t>(p.numel), !e.touched, fuse ? &norm : nullptr,
+                          tier == ZD_TIER_DEVICE ? 0 : res_.device->mark());
+      norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       res_.device->release(e.view, ZD_MEM_BUFFERS);
     }
     e.view = Block{};
@@ -190,6 +234,51 @@ void GradReducer::flush() {
   for (size_t gi = 0; gi < buckets_.size(); ++gi)
     if (!buckets_[gi].empty()) send_bucket(gi);
 }
+
+void GradReducer::drain() {
+  if (out_) ctx_.drain(*out_);
+}
+
+void GradReducer::settle_windows() {
+  uint64_t ready = 0;
+  for (size_t pid = 0; pid < in_window_.size(); ++pid) {
+    if (!in_window_[pid]) continue;
+    if (!ready) ready = res_.device->mark();
+    settle_window(static_cast<zd_param_id>(pid), ready);
+  }
+}
+
+std::byte* GradReducer::window_at(size_t group, uint64_t at) const {
+  return window_[group].addr(0) + at * dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[group]));
+}
+
+void GradReducer::settle_window(zd_param_id pid, uint64_t ready) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const auto gi = static_cast<size_t>(p.group);
+  const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
+  // At stage 3 a shard's padding travels with it (zeros).
+  const uint64_t at = ctx_.params_partitioned() ? p.flat_offset : sp.at;
+  const uint64_t n = ctx_.params_partitioned() ? p.stride : sp.count;
+  in_window_[static_cast<size_t>(pid)] = 0;
+  if (n == 0) return;
+  GroupBuffers& b = buffers_.groups()[gi];
+  const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
+  const bool fuse = fuse_norm(b.grad_tier());
+  const NormTiles norm = norm_of(pid);
+  // The accumulators hold nothing of this window yet (written, not added
+  // to), unless a module's second backward in the last micro-batch sent
+  // more after the first sum left.
+  char& settled = settled_[static_cast<size_t>(pid)];
+  add_to_accumulators(window_at(gi, at), gdt, b.grad_data() + at * dtype_size(gdt), b.grad_tier(), gdt, n,
+                      /*first=*/!settled, fuse ? &norm : nullptr, ready);
+  settled = 1;
+  norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
+  // Its downloads are done (add_to_accumulators waited): the range is
+  // free for the next window.
+  res_.device->zero(window_at(gi, at), n * dtype_size(gdt));
+}
+
+void GradReducer::to_accumulators(std::function<void()> fn) { out_->enqueue(std::move(fn)); }
 
 // Sends a group's pending gradients to their owners on the rank's stream:
 // each contribution is scaled by 1/world (ranks average; pre-dividing keeps
@@ -247,36 +336,72 @@ void GradReducer::send_bucket(size_t gi) {
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
   pack.end();
+  const bool fuse = fuse_norm(buffers_.groups()[gi].grad_tier());
+  const bool last = final_;
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
-  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz, a] {
+  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz, a, fuse, last] {
     observe::Span span(res_.probe, "grads", "reduce bucket", a);
-    const ParamGroup& grp = ctx_.registry.groups()[gi];
-    GroupBuffers& b = buffers_.groups()[gi];
-    const zd_dtype gdt = ctx_.grad_dtype(grp);
-    const int rank = res_.rank;
-    const zd_comm_call c = ctx_.comm_call(rank, comm_tag(CommOp::Reduce, gi, seq), *what);
-    if (p3) {
+    const zd_comm_call c = ctx_.comm_call(res_.rank, comm_tag(CommOp::Reduce, gi, seq), *what);
+    if (p3)
       device_reduce_scatter(ctx_, res_, c, send.ptr, recv.ptr, len, dt);
-      for (size_t i = 0; i < pending->size(); ++i) {
-        const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
-        add_to_accumulators(recv.ptr + (*offsets)[i] * esz, dt, b.grad_data() + p.flat_offset * dtype_size(gdt),
-                            b.grad_tier(), gdt, p.stride, (*pending)[i].first);
-      }
-    } else {
+    else
       device_all_reduce(ctx_, res_, c, send.ptr, len, dt);
-      for (size_t i = 0; i < pending->size(); ++i) {
-        const ParamRecord& p = ctx_.registry.param((*pending)[i].param);
-        uint64_t lo, hi;
-        ctx_.owned_part(p, rank, &lo, &hi);
-        if (lo < hi)
-          add_to_accumulators(send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz, dt,
-                              b.grad_data() + (lo - ctx_.owned_begin(grp, rank)) * dtype_size(gdt), b.grad_tier(),
-                              gdt, hi - lo, (*pending)[i].first);
+    // Where each contribution's owned part is now, and where it goes in
+    // the owned range.
+    const ParamGroup& grp = ctx_.registry.groups()[gi];
+    auto part = [this, &grp, offsets, send, recv, p3, esz](size_t i, zd_param_id pid, uint64_t* at,
+                                                        uint64_t* n) -> const std::byte* {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      if (p3) {
+        *at = p.flat_offset;
+        *n = p.stride;
+        return recv.ptr + (*offsets)[i] * esz;
       }
+      uint64_t lo, hi;
+      ctx_.owned_part(p, res_.rank, &lo, &hi);
+      *at = lo - ctx_.owned_begin(grp, res_.rank);
+      *n = hi > lo ? hi - lo : 0;
+      return send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz;
+    };
+    if (windowed(gi)) {
+      // The window on the device takes every micro-batch's contribution;
+      // the last micro-batch's sum is what leaves (below).
+      const zd_dtype gdt = ctx_.grad_dtype(grp);
+      for (size_t i = 0; i < pending->size(); ++i) {
+        uint64_t at, n;
+        const std::byte* src = part(i, (*pending)[i].param, &at, &n);
+        if (n) res_.device->accumulate(src, dt, window_at(gi, at), gdt, n);
+        in_window_[static_cast<size_t>((*pending)[i].param)] = 1;
+      }
+      res_.device->release(send, ZD_MEM_BUFFERS);
+      res_.device->release(recv, ZD_MEM_BUFFERS);
+      if (!last) return;  // not the window's last micro-batch
+      const uint64_t ready = res_.device->mark();
+      to_accumulators([this, pending, a, ready] {
+        observe::Span add(res_.probe, "grads", "window to accumulators", a);
+        for (const Pending& pg : *pending) settle_window(pg.param, ready);
+      });
+      return;
     }
-    res_.device->release(send, ZD_MEM_BUFFERS);
-    res_.device->release(recv, ZD_MEM_BUFFERS);
+    const uint64_t ready = res_.device->mark();
+    to_accumulators([this, gi, pending, part, dt, a, fuse, send, recv, ready] {
+      observe::Span add(res_.probe, "grads", "bucket to accumulators", a);
+      GroupBuffers& b = buffers_.groups()[gi];
+      const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
+      for (size_t i = 0; i < pending->size(); ++i) {
+        const zd_param_id pid = (*pending)[i].param;
+        const NormTiles norm = norm_of(pid);
+        uint64_t at, n;
+        const std::byte* src = part(i, pid, &at, &n);
+        if (n)
+          add_to_accumulators(src, dt, b.grad_data() + at * dtype_size(gdt), b.grad_tier(), gdt, n,
+                              (*pending)[i].first, fuse ? &norm : nullptr, ready);
+        norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
+      }
+      res_.device->release(send, ZD_MEM_BUFFERS);
+      res_.device->release(recv, ZD_MEM_BUFFERS);
+    });
   });
 }
 
@@ -347,6 +472,39 @@ void GradReducer::end_step(bool applied) {
   if (!applied || !reduced_.empty()) zero();
   release_reduced();
   for (ParamEntry& e : params_) e.touched = false;
+  forget_norms();
+  std::fill(settled_.begin(), settled_.end(), 0);
+}
+
+double GradReducer::host_sumsq(const std::vector<size_t>& groups) {
+  struct Task {
+    zd_param_id param;
+    uint64_t tile;
+  };
+  std::vector<Task> tasks;
+  for (size_t gi : groups)
+    for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
+      if (norm_valid_[static_cast<size_t>(pid)]) continue;
+      const uint64_t count = norm_of(pid).real;
+      for (uint64_t k = 0; k * kTile < count; ++k) tasks.push_back({pid, k});
+    }
+  res_.workers.run(tasks.size(), [&](size_t i) {
+    const ParamRecord& p = ctx_.registry.param(tasks[i].param);
+    const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
+    const zd_dtype gdt = ctx_.grad_dtype(g);
+    const NormTiles norm = norm_of(tasks[i].param);
+    const uint64_t lo = tasks[i].tile * kTile;
+    const std::byte* at = owned(static_cast<size_t>(p.group)).data +
+                          (ctx_.owned_span(p, res_.rank).at + lo) * dtype_size(gdt);
+    norm_tiles(at, gdt, std::min(kTile, norm.real - lo), NormTiles{norm.sums + tasks[i].tile, norm.real - lo});
+  });
+  double s = 0.0;
+  for (size_t gi : groups)
+    for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
+      const NormTiles norm = norm_of(pid);
+      for (uint64_t k = 0; k * kTile < norm.real; ++k) s += norm.sums[k];
+    }
+  return s;
 }
 
 void GradReducer::release_reduced() {
@@ -356,6 +514,7 @@ void GradReducer::release_reduced() {
 }
 
 void GradReducer::zero() {
+  forget_norms();
   auto clear = [&](const TieredBuffer& buf) {
     const TieredBuffer::Segment& s = buf.segments().front();
     if (s.tier == ZD_TIER_DEVICE)
@@ -365,9 +524,21 @@ void GradReducer::zero() {
   };
   for (GroupBuffers& b : buffers_.groups()) clear(b.grad);
   for (const TieredBuffer& w : whole_) clear(w);
+  for (const TieredBuffer& w : window_)
+    if (!w.empty()) clear(w);
+  std::fill(in_window_.begin(), in_window_.end(), 0);
+  std::fill(settled_.begin(), settled_.end(), 0);
 }
 
 void GradReducer::restart() {
+  // Contributions still on their way to the accumulators land first (they
+  // are cleared below); a failure among them belonged to the failed step.
+  if (out_) {
+    try {
+      out_->drain();
+    } catch (...) {
+    }
+  }
   release_transient();
   local_ = false;
   bucket_seq_ = 0;  // tags restart with the new comm, equal on every rank

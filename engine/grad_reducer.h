@@ -7,7 +7,11 @@
 // the rank's stream, into the owners' accumulators. The accumulators live
 // where Placement::grad_tier says: on the device while the optimizer runs
 // there, else in host memory, so that gradients leave the device at
-// backward_end.
+// backward_end. What crosses from a device the host cannot address to host
+// accumulators does so on a thread of its own (out_), behind the
+// reduction: downloaded a chunk at a time while the host adds the chunk
+// before, so neither the rank's collectives and gathers nor the trainer
+// wait for the host's adds.
 //
 // A compressing optimizer's step may keep the gradients local instead (a
 // plan with ZD_GRADS_LOCAL: each rank's whole gradient goes into the
@@ -21,9 +25,12 @@
 #include "host_staging.h"
 #include "model_types.h"
 #include "model_context.h"
+#include "placement.h"
 #include "rank_resources.h"
 #include "state_buffers.h"
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 namespace zerod {
@@ -36,8 +43,8 @@ struct OwnedGrad {
 
 class GradReducer {
  public:
-  GradReducer(const ModelContext& ctx, RankResources& res, StateBuffers& buffers)
-      : ctx_(ctx), res_(res), buffers_(buffers),
+  GradReducer(const ModelContext& ctx, const Placement& placement, RankResources& res, StateBuffers& buffers)
+      : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers),
         staging_(res, kStagingBytes, "the gradients' staging buffer (gradients leaving the device)") {}
   ~GradReducer() { release(); }
   GradReducer(const GradReducer&) = delete;
@@ -73,6 +80,23 @@ class GradReducer {
   // sent (stages 2-3) or the gradients are averaged over ranks (stages 0-1;
   // not when `local`, a compressed step keeps them local).
   void flush();
+  // Waits until every contribution sent so far is in the accumulators (or,
+  // before a window's last micro-batch, in the window on the device).
+  void drain();
+  // At an accumulation boundary, after drain(): what only the window on the
+  // device holds (parameters the last micro-batch gave nothing) goes to the
+  // accumulators too.
+  void settle_windows();
+  // Whether the micro-batch whose backward begins now is its window's last:
+  // its contributions that land in host accumulators leave each
+  // parameter's squared-norm partials behind, taken as the add writes them,
+  // so that the step does not read the gradients again.
+  void set_final_micro_batch(bool final) { final_ = final; }
+  // The sum of squares of the owned gradients of these groups (in host
+  // memory): per parameter, in tiles of kTile from its first owned element,
+  // summed in group, parameter and tile order, whether the partials were
+  // left by the adds or are computed here. Before the optimizer reads them.
+  double host_sumsq(const std::vector<size_t>& groups);
   void reduce_for_step();
   OwnedGrad owned(size_t group) const;
   // After the optimizer (applied) or a skipped step: the step's buffers go
@@ -103,15 +127,43 @@ class GradReducer {
   // Adds n elements at src (device memory) into accumulators of dtype
   // grad_dt in `tier` at `dst`. `first`: the window's first contribution to
   // them, so they hold zeros (the host may write instead of add).
+  // With norm, also the squared-norm partials of what it wrote (NormTiles).
+  // `ready`: the device's mark() after the work that wrote src.
   void add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier, zd_dtype grad_dt,
-                           uint64_t n, bool first);
+                           uint64_t n, bool first, const NormTiles* norm, uint64_t ready);
+  // Whether a contribution sent now leaves its norm partials (see
+  // set_final_micro_batch): at stages 2-3, and below on one rank, where the
+  // accumulators hold what the optimizer reads.
+  bool fuse_norm(zd_tier tier) const {
+    return final_ && !local_ && tier != ZD_TIER_DEVICE && (reducing() || ctx_.world_size == 1);
+  }
+  NormTiles norm_of(zd_param_id p) {
+    return {norm_sums_.data() + norm_at_[static_cast<size_t>(p)], ctx_.owned_span(ctx_.registry.param(p), res_.rank).count};
+  }
+  void forget_norms() { std::fill(norm_valid_.begin(), norm_valid_.end(), 0); }
   void send_bucket(size_t group);
+  // Runs fn where contributions join the accumulators: in order on out_'s
+  // thread for a device the host cannot address, else at once.
+  void to_accumulators(std::function<void()> fn);
   void release_transient();  // views, buckets, reduced copies; not the whole local buffers
   void release_reduced();
 
+  // Stages 2-3, offload.accumulate on the device: a group's micro-batches
+  // before the window's last add into window_[group] (its owned range, in
+  // the device tier), the last one's sum leaves for the accumulators.
+  bool windowed(size_t group) const { return !window_.empty() && !window_[group].empty(); }
+  std::byte* window_at(size_t group, uint64_t at) const;
+  // The parameter's owned range in its window goes to the accumulators (on
+  // the calling thread) and the window range is cleared; `ready` as above.
+  void settle_window(zd_param_id p, uint64_t ready);
+
   const ModelContext& ctx_;
+  const Placement& placement_;
   RankResources& res_;
   StateBuffers& buffers_;
+  std::vector<TieredBuffer> window_;  // per group; empty where not windowed
+  std::vector<char> in_window_;       // per parameter: the window holds contributions not yet sent on
+  std::vector<char> settled_;         // per parameter: its accumulators took a window's sum this window
   std::vector<ParamEntry> params_;
   std::vector<std::vector<Pending>> buckets_;  // per group
   std::vector<uint64_t> bucket_elems_;         // per group
@@ -119,9 +171,16 @@ class GradReducer {
   std::vector<TieredBuffer> reduced_;          // stage 1: the owned range of each group's averaged gradients
   std::vector<TieredBuffer> whole_;            // stages 2-3, compressing optimizer: the local whole gradients
   bool local_ = false;
+  bool final_ = true;
+  // Per parameter: where its tiles' squared-norm partials begin in
+  // norm_sums_, and whether the window's last contribution left them.
+  std::vector<uint64_t> norm_at_;
+  std::vector<double> norm_sums_;
+  std::vector<char> norm_valid_;
   // Gradients leaving a device the host cannot address pass through here.
   static constexpr uint64_t kStagingBytes = uint64_t{32} << 20;
   HostStaging staging_;
+  std::unique_ptr<CommStream> out_;  // made at reset(), when the device is known
 };
 
 }  // namespace zerod

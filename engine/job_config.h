@@ -25,6 +25,15 @@ struct OffloadConfig {
   std::vector<double> nvme_values;     // the nvme tier plugin's
   uint64_t nvme_tile_elems = uint64_t{1} << 20;  // elements streamed per NVMe transfer
   int buffer_count = 4;                // staging buffer sets for NVMe (read ahead, compute, write behind)
+  // The host's update runs behind zd_step, overlapped with the next forward
+  // (OverlappedUpdate); false: inside zd_step. The same bits either way.
+  bool overlap = true;
+  // Where stages 2-3 accumulate the gradients of the micro-batches before a
+  // window's last when the optimizer is off the device: in host memory
+  // (every micro-batch's gradients leave the device), on the device (only
+  // the last micro-batch's sum leaves), or auto (Placement::decide_window).
+  enum class Accumulate { Auto, Device, Host };
+  Accumulate accumulate = Accumulate::Auto;
 };
 
 // A timeline of some steps (docs/observability.md): off while path is "".

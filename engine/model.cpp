@@ -25,6 +25,17 @@ Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, boo
     mod = m.registry_.module(module).name;
   m.require_healthy();  // a refused call is not recorded as the rank being in it
   m.activity_.enter(rank, name, mod);
+  // Every call but a forward's or backward's reads or writes what the
+  // overlapped update writes: it waits for the whole update. (Those wait
+  // for their module themselves.)
+  if (!of_step || module < 0) {
+    try {
+      m.wait_update(rs, -1);
+    } catch (...) {
+      m.activity_.leave(rank, rs.applied, rs.micro_step);
+      throw;
+    }
+  }
   if (m.shard_board_) {
     // The last begin's gather is compared with the peers' now (a rank kept
     // waiting here is in this call for the job's "where each rank was").
@@ -133,6 +144,13 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
 }
 
 Model::~Model() {
+  // An overlapped update writes the buffers until it is done.
+  for (auto& rs : ranks_) {
+    try {
+      rs->update.finish();
+    } catch (...) {
+    }
+  }
   // Snapshot writers read the buffers until they are done.
   if (snapshots_)
     for (auto& rs : ranks_) snapshots_->fence(rs->res.rank);
@@ -272,14 +290,13 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
     }
     id = static_cast<zd_param_id>(index);
   } else {
-    id = registry_.add(name, module, dtype, std::move(shape), {});
+    id = registry_.add(name, module, dtype, std::move(shape));
   }
   // Rank 0's values win; a node without rank 0 stages its first rank's and
   // replaces them with rank 0's at finalize (share_initial_values).
   if (init && rank == first_local_) {
     ParamRecord& p = registry_.params()[static_cast<size_t>(id)];
-    p.staged_init.resize(static_cast<size_t>(p.numel));
-    convert(init, init_dtype, p.staged_init.data(), ZD_DTYPE_F32, p.staged_init.size());
+    p.staged_init.assign(init, init_dtype, static_cast<uint64_t>(p.numel));
   }
   ++rs.registered;
   return id;
@@ -347,39 +364,44 @@ void Model::share_initial_values(RankState& rs) {
   const int rank = rs.res.rank;
   auto& params = registry_.params();
   const bool receiver = rank == first_local_ && rank != 0;
+  // Per parameter: 0 when rank 0 gave no values, else the dtype it staged
+  // them in (the other nodes stage rank 0's in the same).
   std::vector<float> given(params.size());
-  for (size_t i = 0; i < params.size(); ++i) given[i] = params[i].staged_init.empty() ? 0.0f : 1.0f;
+  for (size_t i = 0; i < params.size(); ++i)
+    given[i] = params[i].staged_init.empty() ? 0.0f : static_cast<float>(params[i].staged_init.dtype);
   const std::string what = "finalize: rank 0's initial values to every node";
   uint64_t id = 4;
-  auto broadcast = [&](float* buf, uint64_t count) {
-    ctx_.run(*rs.res.stream, [&, buf, count] {
+  auto broadcast = [&](void* buf, uint64_t count, zd_dtype dt) {
+    ctx_.run(*rs.res.stream, [&, buf, count, dt] {
       plugins_.comm->broadcast(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, id), what), buf, count,
-                               ZD_COMM_F32, 0);
+                               comm_dtype(dt), 0);
     });
     ++id;
   };
-  broadcast(given.data(), given.size());
-  constexpr uint64_t kChunk = uint64_t{4} << 20;  // elements: 16 MiB of scratch per rank
-  std::vector<float> scratch;
+  broadcast(given.data(), given.size(), ZD_DTYPE_F32);
+  constexpr uint64_t kChunk = uint64_t{4} << 20;  // elements: up to 16 MiB of scratch per rank
+  std::vector<std::byte> scratch;
   for (size_t i = 0; i < params.size(); ++i) {
     ParamRecord& p = params[i];
     if (given[i] == 0.0f) {
       // Rank 0 gave none: this node's values must not stand in for them.
-      if (receiver) std::vector<float>().swap(p.staged_init);
+      if (receiver) p.staged_init.clear();
       continue;
     }
+    const auto dt = static_cast<zd_dtype>(given[i]);
     const auto numel = static_cast<uint64_t>(p.numel);
-    if (receiver) p.staged_init.resize(numel);
+    const size_t esz = dtype_size(dt);
+    if (receiver) p.staged_init.resize(dt, numel);
     for (uint64_t at = 0; at < numel; at += kChunk) {
       const uint64_t n = std::min(kChunk, numel - at);
-      float* buf;
+      std::byte* buf;
       if (rank == 0 || receiver) {
-        buf = p.staged_init.data() + at;
+        buf = p.staged_init.bytes.data() + at * esz;
       } else {
-        scratch.resize(n);
+        scratch.resize(n * esz);
         buf = scratch.data();
       }
-      broadcast(buf, n);
+      broadcast(buf, n, dt);
     }
   }
   // No rank of this node reads the staged values before its first rank has
@@ -403,6 +425,8 @@ void Model::lay_out_once() {
   if (plugins_.optimizer->compresses()) policy.param_align = 8;
   registry_.lay_out(policy);
   placement_.decide();
+  const RankResources& first = ranks_.front()->res;
+  placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.device->host_addressable(), first.rank);
   laid_out_ = true;
   if (tracer_) {
     observe::TraceContext tc;
@@ -542,7 +566,7 @@ void Model::finalize(int rank) {
     // The initial values are in place on every rank now.
     std::lock_guard<std::mutex> lock(reg_mu_);
     if (!finalized_.load())
-      for (ParamRecord& p : registry_.params()) std::vector<float>().swap(p.staged_init);
+      for (ParamRecord& p : registry_.params()) p.staged_init.clear();
     finalized_.store(true);
   }
 }
@@ -554,10 +578,15 @@ void Model::allocate_rank(RankState& rs) {
   rs.modules.assign(registry_.modules().size(), RankState::ModuleCalls{});
   rs.residency.reset();
   rs.grads.reset();
+  rs.update.reset();
   rs.active_modules = 0;
 }
 
 void Model::release_rank(RankState& rs) {
+  try {
+    rs.update.finish();
+  } catch (...) {
+  }
   rs.grads.release();
   rs.residency.clear();
   rs.optimizer.release_staging();
@@ -696,6 +725,8 @@ std::string Model::tier_description(int rank, zd_tier tier) const {
 std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer which) const {
   require_finalized("shard_values");
   RankState& rs = const_cast<RankState&>(rank_state(rank));
+  const_cast<Model*>(this)->wait_update(rs, -1);
+  rs.grads.drain();
   const ParamRecord& p = registry_.param(param);
   const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
   GroupBuffers& b = rs.buffers.of(p);
@@ -735,8 +766,10 @@ std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer 
 
 void Model::sync(int rank) {
   RankState& rs = rank_state(rank);
+  wait_update(rs, -1);
   snapshots_->fence(rank);
   ctx_.drain(*rs.res.stream);
+  rs.grads.drain();
   rs.res.device->synchronize();
 }
 

@@ -222,6 +222,15 @@ class Model final : private FailureSink {
   void release_rank(RankState& rs);
 
   [[noreturn]] void broken_by(const Error& e) override;
+  // The rank's overlapped update: wait for module m (-1: all of it;
+  // kPersistentFirst: the parameters it updates first); its failure breaks
+  // the job.
+  static constexpr zd_module_id kPersistentFirst = -2;
+  void wait_update(RankState& rs, zd_module_id m);
+  // Whether the step about to update the rank can leave its host pieces to
+  // the overlapped update (offload.overlap, and nothing right after the
+  // update reads them all).
+  bool can_overlap(const RankState& rs, const zd_optimizer_plan& plan) const;
   void mark_broken_locked(zd_status code, const std::string& message);
   double learning_rate(int64_t step);
   // The plan of the rank's next update (applied + 1), from the optimizer

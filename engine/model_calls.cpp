@@ -38,6 +38,9 @@ void Model::forward_begin(int rank, zd_module_id module) {
     fail(ZD_ERR_INVALID_STATE, ctx_.module_label(module) +
                                    " is in backward: call zd_backward_end before running its "
                                    "forward again");
+  // The last step's update of this module (OverlappedUpdate) first.
+  rs.update.note_forward(module);
+  wait_update(rs, module);
   if (ctx_.params_partitioned()) rs.residency.make_resident(module, false);
   // The trainer computes with the parameters zerod just made resident (or
   // a step wrote) only after that work is done.
@@ -84,6 +87,9 @@ void Model::backward_begin(int rank, zd_module_id module) {
   // The window's first backward: its gradients are reduced as they come, or
   // (a compressing optimizer's local step) kept whole on the rank.
   if (!rs.grads.local() && next_plan(rs).grads == ZD_GRADS_LOCAL) rs.grads.set_local(true);
+  // Its gradients go where the last update read (and zeroed) them.
+  wait_update(rs, module);
+  rs.grads.set_final_micro_batch((rs.micro_step + 1) % config_.gradient_accumulation_steps == 0);
   rs.grads.open(mod);
   try {
     if (ctx_.params_partitioned()) rs.residency.make_resident(module, true);

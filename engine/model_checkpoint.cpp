@@ -94,6 +94,12 @@ void Model::final_snapshot() {
   std::vector<Snapshots::RankView> views;
   for (auto& rs : ranks_) {
     if (!rs->finalized || rs->active_modules > 0) return;  // not a clean end
+    try {
+      rs->update.finish();
+    } catch (const std::exception& e) {
+      log_message(ZD_LOG_ERROR, std::string("no final snapshot: the last update failed: ") + e.what());
+      return;
+    }
     views.push_back({&rs->res, &rs->buffers});
   }
   const RankState& first = *ranks_.front();

@@ -7,6 +7,7 @@
 #include "model.h"
 #include "momentum_compression.h"
 #include "optimizer_runner.h"
+#include "overlapped_update.h"
 #include "rank_resources.h"
 #include "residency.h"
 #include "state_buffers.h"
@@ -20,10 +21,12 @@ struct Model::RankState {
       : res(rank, shared, shared_mu),
         buffers(ctx, res),
         residency(ctx, res, buffers),
-        grads(ctx, res, buffers),
+        grads(ctx, placement, res, buffers),
         optimizer(ctx, placement, res, buffers, grads),
-        compression(ctx, res, buffers, optimizer, grads) {
+        compression(ctx, res, buffers, optimizer, grads),
+        update(ctx, res, optimizer) {
     residency.copy_from([this](const ParamRecord& p) { return compression.whole_param(p); });
+    residency.prefetch_when([this](zd_module_id m) { return update.module_ready(m); });
   }
 
   // Declared in the order they are built; destroyed in reverse, so every
@@ -34,6 +37,7 @@ struct Model::RankState {
   GradReducer grads;
   OptimizerRunner optimizer;
   MomentumCompression compression;
+  OverlappedUpdate update;
 
   struct ModuleCalls {
     bool forward = false;

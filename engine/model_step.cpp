@@ -117,6 +117,8 @@ StepFigures Model::step(int rank) {
     observe::Span span(probe, "grads", "wait for collectives", {}, &probe.counters().reduce_wait_ns);
     if (ctx_.partitioned(ZD_PARTITION_GRADS)) rs.grads.flush();
     ctx_.drain(*rs.res.stream);
+    rs.grads.drain();
+    rs.grads.settle_windows();
   }
   if (ctx_.params_partitioned()) rs.residency.release_all();
   // A compressing optimizer's step may keep the gradients local (it
@@ -158,7 +160,20 @@ StepFigures Model::step(int rank) {
         observe::Span span(probe, "optimizer", OptimizerInstance::is_plain(plan) ? "optimizer" : "compressed step");
         if (OptimizerInstance::is_plain(plan)) {
           rs.compression.forget_average();
-          rs.optimizer.apply(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
+          const auto args = OptimizerRunner::plain_args(clip / denom, f.lr, rs.applied + 1, /*with_grad=*/true);
+          if (can_overlap(rs, plan)) {
+            // The device's and the disk's pieces now; the host's behind
+            // this call, module by module (stage 3's persistent parameters
+            // first: they are gathered below).
+            rs.optimizer.pass_off_host(args);
+            std::vector<zd_param_id> persistent;
+            if (ctx_.params_partitioned())
+              for (size_t i = 0; i < registry_.params().size(); ++i)
+                if (registry_.params()[i].persistent) persistent.push_back(static_cast<zd_param_id>(i));
+            rs.update.start(args, std::move(persistent));
+          } else {
+            rs.optimizer.pass(args);
+          }
         } else {
           replayed = rs.compression.run(plan, clip / denom, f.lr, rs.applied + 1);
         }
@@ -183,6 +198,7 @@ StepFigures Model::step(int rank) {
     // Persistent parameters are refreshed from the new shards.
     if (ctx_.params_partitioned()) {
       observe::Span span(probe, "residency", "refresh persistent");
+      wait_update(rs, kPersistentFirst);
       rs.residency.refresh_persistent();
     }
     f.applied = true;
@@ -196,11 +212,45 @@ StepFigures Model::step(int rank) {
   return f;
 }
 
+void Model::wait_update(RankState& rs, zd_module_id m) {
+  try {
+    if (m == kPersistentFirst)
+      rs.update.wait_first();
+    else if (m < 0)
+      rs.update.finish();
+    else
+      rs.update.wait_module(m);
+  } catch (const Error& e) {
+    // As when the synchronous update fails part-way: modules before the
+    // failure were updated, the rest not.
+    broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rs.res.rank) +
+                                  ": the optimizer step " + std::to_string(rs.applied) +
+                                  " stopped part-way; what is on disk is intact, but the step is half applied: "
+                                  "restart from a checkpoint"));
+  }
+}
+
+bool Model::can_overlap(const RankState& rs, const zd_optimizer_plan& plan) const {
+  const OptimizerInstance& opt = *plugins_.optimizer;
+  // Stages 1-2 on several ranks all-gather the new working copies right
+  // after the update; one-sided gathers read every rank's shards at a
+  // version the whole update moves; a snapshot due now reads the masters.
+  return config_.offload.overlap && OptimizerInstance::is_plain(plan) && !opt.compresses() &&
+         opt.tensor_scalars() == 0 && opt.tensor_stats() == 0 &&
+         (registry_.partitioning() != Partitioning::Group || world_size_ == 1) && !shard_board_ &&
+         !snapshots_->due(rs.applied + 1);
+}
+
 void Model::recover(std::unique_ptr<CommInstance> comm) {
   // The old streams' tasks have all ended (their collectives failed); a new
   // stream per rank, then the new comm they will call.
-  for (auto& rs : ranks_)
+  for (auto& rs : ranks_) {
+    try {
+      rs->update.finish();  // the failed step's (its failure was reported)
+    } catch (...) {
+    }
     rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || !rs->res.device->host_addressable());
+  }
   plugins_.comm = std::move(comm);
   board_->reset();  // the new comm numbers its collectives from the start
   if (shard_board_) shard_board_->reset();

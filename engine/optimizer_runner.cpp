@@ -42,16 +42,20 @@ void OptimizerRunner::release_staging() {
 
 GradStats OptimizerRunner::gradient_stats(bool local) {
   std::vector<GradSpan> on_device, on_host;
+  std::vector<size_t> host_groups;
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     const OwnedGrad og = local ? grads_.local_grad(gi) : grads_.owned(gi);
     const GradSpan span{og.data, ctx_.grad_dtype(g), local ? g.full_numel : ctx_.owned_count(g)};
     (og.tier == ZD_TIER_DEVICE ? on_device : on_host).push_back(span);
+    if (og.tier != ZD_TIER_DEVICE) host_groups.push_back(gi);
   }
   double s = 0.0;
   if (!on_device.empty()) s += res_.device->grad_stats(on_device).sumsq;
-  if (!on_host.empty()) s += parallel_grad_stats(res_.workers, on_host).sumsq;
+  // The owned gradients in host memory: mostly summed already by the adds
+  // of the window's last micro-batch (GradReducer::host_sumsq).
+  if (!on_host.empty()) s += local ? parallel_grad_stats(res_.workers, on_host).sumsq : grads_.host_sumsq(host_groups);
   if ((local || ctx_.partitioned(ZD_PARTITION_OPTIMIZER)) && ctx_.world_size > 1) {
     // Each rank holds a part (or its own gradient): the global sum (inf and
     // NaN carry through).
@@ -141,14 +145,19 @@ zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece&
   return u;
 }
 
+std::byte* OptimizerRunner::grad_of(const Piece& pc) const {
+  const ParamGroup& g = ctx_.registry.groups()[pc.group];
+  return grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
+}
+
 void OptimizerRunner::pass(const PassArgs& a) {
   const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
   std::vector<double> piece_stats(nstats);
   std::vector<zd_stat_op> ops(nstats);
   for (uint32_t i = 0; i < nstats; ++i) ops[i] = ctx_.optimizer().stat_op(i);
+  begin_host_updates();
   for (const Piece& pc : pieces(a.planned)) {
-    const ParamGroup& g = ctx_.registry.groups()[pc.group];
-    std::byte* grad = grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
+    std::byte* grad = grad_of(pc);
     observe::EventArgs ev;
     ev.tier = pc.tier;
     ev.value = static_cast<int64_t>(pc.count);
@@ -165,10 +174,71 @@ void OptimizerRunner::pass(const PassArgs& a) {
       combine_stats(a.stats->data() + static_cast<uint64_t>(pc.tensor) * nstats, piece_stats.data(), nstats,
                     ops.data());
   }
+  end_host_updates(/*stream_waits=*/true);
 }
 
-void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
-                                       const PassArgs& a, double* stats) {
+std::vector<OptimizerRunner::Piece> OptimizerRunner::host_pieces() const {
+  std::vector<Piece> out;
+  for (const Piece& pc : pieces(/*per_tensor=*/true))
+    if (pc.tier == ZD_TIER_HOST) out.push_back(pc);
+  return out;
+}
+
+void OptimizerRunner::pass_off_host(const PassArgs& a) {
+  begin_host_updates();
+  for (const Piece& pc : pieces(/*per_tensor=*/false)) {
+    if (pc.tier == ZD_TIER_HOST) continue;
+    observe::EventArgs ev;
+    ev.tier = pc.tier;
+    ev.value = static_cast<int64_t>(pc.count);
+    observe::Span span(res_.probe, "optimizer", "optimizer piece", ev,
+                       &res_.probe.counters().optimizer_ns[static_cast<size_t>(pc.tier)]);
+    if (pc.tier == ZD_TIER_NVME)
+      update_staged(pc, grad_of(pc), base_update(a, pc), a);
+    else
+      update_in_memory(pc, grad_of(pc), base_update(a, pc), a, nullptr);
+  }
+  end_host_updates(/*stream_waits=*/true);
+}
+
+void OptimizerRunner::begin_host_updates() {
+  release_upload_ring();  // a failed pass may have left it held
+  uploads_.next = 0;
+  uploads_.last = 0;
+  std::fill(std::begin(uploads_.ticket), std::end(uploads_.ticket), 0);
+  if (res_.device->host_addressable()) return;
+  // Uploads write working copies that zerod's earlier work (gathers, the
+  // trainer's reads it waited for) may still read.
+  res_.device->upload_after_stream();
+  // Working shards in host memory are written in place: the gathers that
+  // upload straight from them are done first.
+  res_.wait_shard_uploads();
+}
+
+uint64_t OptimizerRunner::update_host_piece(const PassArgs& a, const Piece& pc) {
+  observe::EventArgs ev;
+  ev.tier = pc.tier;
+  ev.value = static_cast<int64_t>(pc.count);
+  observe::Span span(res_.probe, "optimizer", "optimizer piece", ev,
+                     &res_.probe.counters().optimizer_ns[static_cast<size_t>(pc.tier)]);
+  return update_in_memory(pc, grad_of(pc), base_update(a, pc), a, nullptr);
+}
+
+void OptimizerRunner::end_host_updates(bool stream_waits) {
+  release_upload_ring();
+  if (stream_waits) res_.device->stream_waits(uploads_.last);
+}
+
+void OptimizerRunner::release_upload_ring() {
+  for (uint64_t& t : uploads_.ticket) {
+    res_.device->transfer_wait(t);
+    t = 0;
+  }
+  uploads_.lease.reset();
+}
+
+uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
+                                           const PassArgs& a, double* stats) {
   const bool with_grad = a.with_grad;
   const ParamGroup& g = ctx_.registry.groups()[pc.group];
   GroupBuffers& b = buffers_.groups()[pc.group];
@@ -189,30 +259,36 @@ void OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const z
     std::vector<zd_stat_op> ops(ctx_.optimizer().tensor_stats());
     for (uint32_t i = 0; i < ops.size(); ++i) ops[i] = ctx_.optimizer().stat_op(i);
     parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(ops.size()), ops.data(), stats);
-    return;
+    return 0;
   }
   if (pc.tier == ZD_TIER_DEVICE) {
     d.optimizer_update(ctx_.optimizer(), u, with_grad);
-    return;
+    return 0;
   }
   if (d.host_addressable() || b.working.tier_of(wbase, pc.count) != ZD_TIER_DEVICE) {
     parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
-    return;
+    return 0;
   }
   // The state is in host memory, the working copy on a device the host
-  // cannot write: each chunk's new working copy is written on the host and
-  // copied to the device.
+  // cannot write: each chunk's new working copy is written into a slot of
+  // the upload ring and uploaded from there while the next chunk is updated.
   const size_t wsz = dtype_size(g.dtype);
-  HostStaging::Lease scratch(work_staging_);
-  const uint64_t chunk = scratch.size() / wsz;
+  if (!uploads_.lease) uploads_.lease.emplace(work_staging_);
+  const uint64_t slot_bytes = uploads_.lease->size() / kUploadSlots;
+  const uint64_t chunk = slot_bytes / wsz;
   for (uint64_t off = 0; off < pc.count; off += chunk) {
     const uint64_t n = std::min(chunk, pc.count - off);
+    const size_t k = uploads_.next;
+    uploads_.next = (k + 1) % kUploadSlots;
+    d.transfer_wait(uploads_.ticket[k]);  // the slot's last upload has read it
+    std::byte* scratch = uploads_.lease->data() + k * slot_bytes;
     zd_optimizer_update c = update_slice(u, slots, off, n);
     void* on_device = c.work;
-    c.work = scratch.data();
+    c.work = scratch;
     parallel_update(res_.workers, ctx_.optimizer(), c, with_grad);
-    d.copy_to_device(on_device, scratch.data(), n * wsz);
+    uploads_.ticket[k] = uploads_.last = d.upload(on_device, scratch, n * wsz);
   }
+  return uploads_.last;
 }
 
 namespace {
@@ -289,6 +365,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
   std::vector<std::byte> work_pageable;
   std::byte* work_scratch = nullptr;
   if (work_via_host) {
+    release_upload_ring();  // the same page-locked buffer
     work_lease.emplace(work_staging_);
     if (work_lease->size() >= T * wop.esz) {
       work_scratch = work_lease->data();

@@ -20,6 +20,7 @@
 #include "state_buffers.h"
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace zerod {
@@ -30,7 +31,10 @@ class OptimizerRunner {
                   GradReducer& grads)
       : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers), grads_(grads),
         work_staging_(res, uint64_t{16} << 20, "the working copy's staging buffer (updates going to the device)") {}
-  ~OptimizerRunner() { release_staging(); }
+  ~OptimizerRunner() {
+    uploads_.lease.reset();
+    release_staging();
+  }
   OptimizerRunner(const OptimizerRunner&) = delete;
   OptimizerRunner& operator=(const OptimizerRunner&) = delete;
 
@@ -68,22 +72,42 @@ class OptimizerRunner {
   };
   void pass(const PassArgs& a);
   // A plain update of the owned range (with_grad: see PassArgs).
-  void apply(double grad_scale, double lr, int64_t t, bool with_grad) {
+  void apply(double grad_scale, double lr, int64_t t, bool with_grad) { pass(plain_args(grad_scale, lr, t, with_grad)); }
+  static PassArgs plain_args(double grad_scale, double lr, int64_t t, bool with_grad) {
     PassArgs a;
     a.grad_scale = grad_scale;
     a.lr = lr;
     a.t = t;
     a.with_grad = with_grad;
-    pass(a);
+    return a;
   }
 
- private:
+  // A part of the owned range in which every operand stays in one tier.
   struct Piece {
     size_t group;
     uint64_t begin, count;  // in the rank's owned range
     zd_tier tier;           // where it is updated: device, host (memory), or nvme (staged)
-    int64_t tensor = -1;    // planned passes: the parameter it lies in
+    int64_t tensor = -1;    // cut per tensor: the parameter it lies in
   };
+
+  // --- a plain pass in two halves (OverlappedUpdate): what the CPU updates
+  // in memory, one tensor at a time and in any order, and the rest. Each
+  // element gets the same arithmetic as in pass(), so the results are the
+  // same bits. ---
+  // The pieces whose state is in host memory, cut per tensor (the elements
+  // between tensors, zero and staying zero, left out).
+  std::vector<Piece> host_pieces() const;
+  // Everything else of a plain pass: the device's pieces and the staged ones.
+  void pass_off_host(const PassArgs& a);
+  // Updates of host pieces happen between these two calls, from one thread.
+  // update_host_piece returns the ticket of the upload of the piece's new
+  // working copy (0: none, it is in host memory). end_host_updates waits for
+  // every upload; with stream_waits, zerod's stream waits for them too.
+  void begin_host_updates();
+  uint64_t update_host_piece(const PassArgs& a, const Piece& pc);
+  void end_host_updates(bool stream_waits);
+
+ private:
   // The owned range of a group cut where any operand changes tier; with
   // per_tensor, pieces in memory are also cut at tensor boundaries (the
   // elements between tensors skipped), staged ones split per tile.
@@ -94,8 +118,12 @@ class OptimizerRunner {
   };
   std::vector<TensorSpan> tensor_spans(size_t group) const;
   zd_optimizer_update base_update(const PassArgs& a, const Piece& pc) const;
-  void update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
-                        double* stats);
+  // Returns the ticket of the working copy's last upload (0: none).
+  uint64_t update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
+                            double* stats);
+  std::byte* grad_of(const Piece& pc) const;
+  // Waits for the ring's uploads and gives its buffer back.
+  void release_upload_ring();
   void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a);
 
   const ModelContext& ctx_;
@@ -105,8 +133,17 @@ class OptimizerRunner {
   GradReducer& grads_;
   std::vector<std::vector<AlignedBuffer>> staging_;
   uint64_t staging_charged_ = 0;
-  // The new working copy on its way to a device the host cannot write.
+  // The new working copy on its way to a device the host cannot write: a
+  // ring of slots in a page-locked buffer, each reused once its upload is
+  // done, so the update of one chunk overlaps the upload of the chunk before.
   HostStaging work_staging_;
+  static constexpr size_t kUploadSlots = 4;
+  struct UploadRing {
+    std::optional<HostStaging::Lease> lease;  // held between begin_ and end_host_updates
+    uint64_t ticket[kUploadSlots] = {};
+    size_t next = 0;
+    uint64_t last = 0;
+  } uploads_;
 };
 
 }  // namespace zerod

@@ -173,6 +173,23 @@ zd_tier Placement::grad_tier(size_t group, int rank) const {
   return ZD_TIER_DEVICE;
 }
 
+void Placement::decide_window(uint64_t device_budget, bool host_addressable, int rank) {
+  using A = OffloadConfig::Accumulate;
+  const A choice = ctx_.config.offload.accumulate;
+  window_ = false;
+  if (!ctx_.partitioned(ZD_PARTITION_GRADS) || choice == A::Host) return;
+  if (choice == A::Device) {
+    window_ = true;
+    return;
+  }
+  if (ctx_.config.gradient_accumulation_steps < 2 || host_addressable) return;
+  uint64_t bytes = 0;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi)
+    if (grad_tier(gi, rank) != ZD_TIER_DEVICE)
+      bytes += ctx_.owned_count(ctx_.registry.groups()[gi]) * dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[gi]));
+  window_ = bytes > 0 && (device_budget == MemoryLedger::kNoBudget || bytes <= device_budget / 4);
+}
+
 bool Placement::uses(int rank, zd_tier tier) const {
   for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
     if (grad_tier(gi, rank) == tier) return true;
@@ -205,6 +222,8 @@ NeedTable Placement::need_table(int rank) const {
     const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
     const zd_tier gt = grad_tier(gi, rank);
     need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, grad_len * dtype_size(ctx_.grad_dtype(g)));
+    if (window_on_device(gi, rank))
+      need[ZD_TIER_DEVICE][ZD_MEM_GRADS] += bytes_in(ZD_TIER_DEVICE, grad_len * dtype_size(ctx_.grad_dtype(g)));
     add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
     add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
     if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), 4, ZD_MEM_OPTIMIZER, slots);

@@ -50,6 +50,15 @@ class Placement {
   zd_tier grad_tier(size_t group, int rank) const;
   // Whether any of the rank's state uses the tier.
   bool uses(int rank, zd_tier tier) const;
+  // offload.accumulate, decided once (after decide(), with the device's
+  // budget and a rank of this process): whether stages 2-3 accumulate the micro-batches before a
+  // window's last in a device buffer of the owned gradients, for groups
+  // whose accumulators are off the device. auto: when the window has
+  // several micro-batches, the device is not host memory anyway, and the
+  // buffers of every group take at most a quarter of the device budget
+  // (the rest is the live window's and the trainer's activations').
+  void decide_window(uint64_t device_budget, bool host_addressable, int rank);
+  bool window_on_device(size_t group, int rank) const { return window_ && grad_tier(group, rank) != ZD_TIER_DEVICE; }
 
   NeedTable need_table(int rank) const;
   // Bytes of one NVMe staging buffer per optimizer operand (master, each
@@ -89,6 +98,7 @@ class Placement {
   JobPolicy* policy_;
   std::vector<Entry> entries_;  // per parameter
   std::atomic<uint64_t> nvme_align_{4096};
+  bool window_ = false;
 };
 
 }  // namespace zerod

@@ -12,6 +12,7 @@
 #include "tiered_buffer.h"
 #include "workers.h"
 
+#include <atomic>
 #include <memory>
 
 namespace zerod {
@@ -29,6 +30,17 @@ struct RankResources {
   std::unique_ptr<CommStream> stream;
 
   TierSet tiers() { return TierSet{device.get(), host.get(), nvme.get(), &ledger, &probe}; }
+
+  // Gathers upload straight from working shards in host memory; whoever
+  // writes those shards next (the optimizer) waits for the newest such
+  // upload first. Tickets of one direction only grow.
+  void note_shard_upload(uint64_t ticket) {
+    uint64_t seen = shard_upload.load(std::memory_order_relaxed);
+    while (ticket > seen && !shard_upload.compare_exchange_weak(seen, ticket, std::memory_order_relaxed)) {
+    }
+  }
+  void wait_shard_uploads() { device->transfer_wait(shard_upload.load(std::memory_order_relaxed)); }
+  std::atomic<uint64_t> shard_upload{0};
 };
 
 }  // namespace zerod

@@ -32,7 +32,7 @@ uint64_t ParamRecord::shard_real(int rank) const {
 }
 
 zd_param_id Registry::add(const std::string& name, const std::string& module, zd_dtype dtype,
-                          std::vector<int64_t> shape, std::vector<float> init) {
+                          std::vector<int64_t> shape) {
   if (name.empty()) fail(ZD_ERR_INVALID_ARGUMENT, "a parameter needs a non-empty name");
   if (module.empty())
     fail(ZD_ERR_INVALID_ARGUMENT, "parameter '" + name + "' needs a module name");
@@ -67,7 +67,6 @@ zd_param_id Registry::add(const std::string& name, const std::string& module, zd
   p.dtype = dtype;
   p.shape = std::move(shape);
   p.numel = numel;
-  p.staged_init = std::move(init);
   params_.push_back(std::move(p));
   modules_[static_cast<size_t>(mid)].params.push_back(id);
   param_by_name_.emplace(name, id);
@@ -138,6 +137,25 @@ uint64_t Registry::total_numel() const {
   uint64_t n = 0;
   for (const auto& p : params_) n += static_cast<uint64_t>(p.numel);
   return n;
+}
+
+}  // namespace zerod
+
+namespace zerod {
+
+void StagedValues::assign(const void* src, zd_dtype src_dt, uint64_t numel) {
+  dtype = dtype_size(src_dt) == 2 ? src_dt : ZD_DTYPE_F32;
+  bytes.resize(numel * dtype_size(dtype));
+  convert(src, src_dt, bytes.data(), dtype, numel);
+}
+
+void StagedValues::resize(zd_dtype dt, uint64_t numel) {
+  dtype = dt;
+  bytes.resize(numel * dtype_size(dt));
+}
+
+void StagedValues::read_f32(uint64_t at, uint64_t n, float* dst) const {
+  convert(bytes.data() + at * dtype_size(dtype), dtype, dst, ZD_DTYPE_F32, n);
 }
 
 }  // namespace zerod

@@ -26,6 +26,25 @@
 
 namespace zerod {
 
+// A parameter's initial values, held from registration until finalize in
+// the dtype they came in when that is 16-bit (they widen to fp32 exactly
+// when written), else as fp32: a bf16 model holds 2 bytes a parameter here,
+// not 4, which is what a model near the host's memory can spare at
+// finalize. Empty: zeros.
+struct StagedValues {
+  zd_dtype dtype = ZD_DTYPE_F32;
+  std::vector<std::byte> bytes;
+
+  bool empty() const { return bytes.empty(); }
+  void clear() { std::vector<std::byte>().swap(bytes); }
+  // numel elements of src (of src_dt), kept as described above.
+  void assign(const void* src, zd_dtype src_dt, uint64_t numel);
+  // Room for numel elements of dt (a receiver of rank 0's values).
+  void resize(zd_dtype dt, uint64_t numel);
+  // Elements [at, at + n) as fp32 into dst.
+  void read_f32(uint64_t at, uint64_t n, float* dst) const;
+};
+
 struct ParamRecord {
   std::string name;
   zd_module_id module = 0;
@@ -38,7 +57,7 @@ struct ParamRecord {
   uint64_t stride = 0;         // per-rank shard length (>= ceil(numel / world_size))
   uint64_t flat_offset = 0;    // offset of a rank's shard in its flat buffers
   bool persistent = false;     // stays gathered (small parameters)
-  std::vector<float> staged_init;  // initial values held until finalize (empty = zeros)
+  StagedValues staged_init;    // initial values held until finalize (empty = zeros)
 
   // Elements of the real parameter inside rank r's shard (the rest is padding).
   uint64_t shard_real(int rank) const;
@@ -77,7 +96,7 @@ class Registry {
 
   // Throws with a message naming the parameter on a duplicate or bad input.
   zd_param_id add(const std::string& name, const std::string& module, zd_dtype dtype,
-                  std::vector<int64_t> shape, std::vector<float> init);
+                  std::vector<int64_t> shape);
 
   // Assigns groups and offsets. Called once, at finalize.
   void lay_out(const LayoutPolicy& policy);

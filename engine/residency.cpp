@@ -291,6 +291,9 @@ void Residency::make_resident(zd_module_id m, bool backward) {
           if (!p.persistent) elems += gathered_elems(p);
         }
         if (live_elems_ + elems > max_live) break;
+        // Its shards may still be being updated (OverlappedUpdate): the
+        // begin call will wait for them and gather it.
+        if (ready_ && !ready_(next)) break;
         try {
           gather(next, true);
         } catch (const Error& e) {

@@ -37,6 +37,10 @@ class Residency {
   // it on all of them, or all-gathers on all of them.
   using WholeCopy = std::function<const float*(const ParamRecord&)>;
   void copy_from(WholeCopy source) { whole_copy_ = std::move(source); }
+  // Whether a module's shards may be read now (and any device wait for
+  // them issued): prefetch stops at the first that may not.
+  using ShardsReady = std::function<bool(zd_module_id)>;
+  void prefetch_when(ShardsReady ready) { ready_ = std::move(ready); }
 
   // Sized for the registry, nothing gathered (at finalize).
   void reset();
@@ -112,6 +116,7 @@ class Residency {
   RankResources& res_;
   StateBuffers& buffers_;
   WholeCopy whole_copy_;
+  ShardsReady ready_;
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;

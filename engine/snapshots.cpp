@@ -112,8 +112,7 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
 
 void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
                            const LossScaler& scaler) {
-  const int64_t every = ctx_.config.snapshot.every;
-  if (!enabled() || every <= 0 || step % every != 0) return;
+  if (!due(step)) return;
   fence(rank);
   std::shared_ptr<InFlight> s;
   {

@@ -38,6 +38,11 @@ class Snapshots {
   Snapshots& operator=(const Snapshots&) = delete;
 
   bool enabled() const { return !ctx_.config.snapshot.path.empty(); }
+  // Whether after_step(step) starts a snapshot.
+  bool due(int64_t step) const {
+    const int64_t every = ctx_.config.snapshot.every;
+    return enabled() && every > 0 && step % every == 0;
+  }
   // The newest whole snapshot under the path ("" if none).
   std::string latest() const;
   // After an applied step on the rank: starts the rank's shard when a

@@ -29,8 +29,15 @@ void StateBuffers::allocate(const Placement& placement) {
         b.state[s].allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Optimizer), ZD_MEM_OPTIMIZER,
                             "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + what);
     }
-    for (const ParamRecord& p : ctx_.registry.params())
-      if (!p.staged_init.empty()) write_value(p, p.staged_init.data());
+    // Each parameter widened to fp32 on its own: the scratch is one
+    // parameter's, not the model's.
+    std::vector<float> whole;
+    for (const ParamRecord& p : ctx_.registry.params()) {
+      if (p.staged_init.empty()) continue;
+      whole.resize(static_cast<size_t>(p.numel));
+      p.staged_init.read_f32(0, whole.size(), whole.data());
+      write_value(p, whole.data());
+    }
   } catch (...) {
     release();
     throw;

@@ -18,9 +18,17 @@ void Workers::run(size_t n, const std::function<void(size_t)>& fn) {
   shared_->run(n, fn);
 }
 
+void norm_tiles(const void* p, zd_dtype dt, uint64_t n, const NormTiles& norm) {
+  const size_t esz = dtype_size(dt);
+  for (uint64_t lo = 0; lo < n && lo < norm.real; lo += kTile)
+    norm.sums[lo / kTile] =
+        grad_stats(static_cast<const std::byte*>(p) + lo * esz, dt, std::min({kTile, n - lo, norm.real - lo})).sumsq;
+}
+
 void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
-                         bool dst_is_zero) {
+                         bool dst_is_zero, const NormTiles* norm) {
   // Larger tiles than the optimizer's: one add is a fraction of its work.
+  // A multiple of the norm's tiles, so each add tile owns whole ones.
   constexpr uint64_t kAddTile = kTile * 8;
   const size_t ssz = dtype_size(src_dt), dsz = dtype_size(dst_dt);
   const uint64_t tiles = (n + kAddTile - 1) / kAddTile;
@@ -32,6 +40,8 @@ void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst
       assign_to_zero(s, src_dt, d, dst_dt, m);
     else
       accumulate(s, src_dt, d, dst_dt, m);
+    if (norm && lo < norm->real)
+      norm_tiles(d, dst_dt, m, NormTiles{norm->sums + lo / kTile, norm->real - lo});
   });
 }
 

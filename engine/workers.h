@@ -50,11 +50,22 @@ class Workers {
 // by tile in span order.
 GradStats parallel_grad_stats(Workers& w, const std::vector<GradSpan>& spans);
 
+// Where an add leaves the squared norm of what it wrote: sums[k] = the sum
+// of squares of dst elements [k * kTile, min((k + 1) * kTile, real)), as
+// grad_stats gives it, for every tile that begins below real.
+struct NormTiles {
+  double* sums;
+  uint64_t real;
+};
+
 // dst[i] += src[i] for n elements of host memory (dtypes converted), in
 // tiles on the workers; with dst_is_zero, assign_to_zero() instead (the same
-// result without reading dst).
+// result without reading dst). With norm, each tile's squares are summed
+// right after it is written, while it is in the cache.
 void parallel_accumulate(Workers& w, const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
-                         bool dst_is_zero = false);
+                         bool dst_is_zero = false, const NormTiles* norm = nullptr);
+// The NormTiles figures of n elements at p, on the calling thread.
+void norm_tiles(const void* p, zd_dtype dt, uint64_t n, const NormTiles& norm);
 
 // An optimizer update over u.count elements, in tiles on the workers; with
 // zero_grad each tile's gradient is zeroed right after its update (the next

@@ -100,6 +100,16 @@ std::vector<KeySpec> make_schema() {
       {"offload.buffer_count", T::kInteger, 4, "", ints(3, 64), {},
        "Staging buffer sets of the NVMe pipeline (read ahead, compute, write behind)."},
       {"offload.tile_size", T::kSize, 0, "4MiB", {}, {}, "Bytes of fp32 state streamed per NVMe transfer."},
+      {"offload.accumulate", T::kChoice, 0, "auto", {}, {"auto", "device", "host"},
+       "ZeRO stages 2-3 with the optimizer off the device and `gradient_accumulation_steps` > 1: where the "
+       "micro-batches before a window's last add up their gradients. `host`: every micro-batch's gradients "
+       "leave the device; `device`: in a buffer of the rank's owned gradients on the device, so only the "
+       "window's sum leaves; `auto`: the device when that buffer takes at most a quarter of the device budget "
+       "([offload.md](offload.md#gradient-accumulation)). The same bits either way."},
+      {"offload.overlap", T::kBoolean, 1, "", {}, {},
+       "The CPU's update of state in host memory runs behind `zd_step`, module by module in the order of the "
+       "forward, while the next forward runs: each `forward_begin` waits only for its module. The same bits as "
+       "`false` (the update inside `zd_step`) ([offload.md](offload.md#the-overlapped-update))."},
       {"snapshot", T::kTable, 0, "none", {}, {},
        "Snapshots the engine writes by itself; with them `zerod run` restarts a daemon that dies "
        "([checkpoints.md](checkpoints.md#snapshots))."},

@@ -322,7 +322,7 @@ zd_tier tier_from(const std::string& name) {
 
 // offload = { optimizer = "host", params = "device", ratio = 1, nvme_path = ...,
 //             host = { <host tier hparams> }, nvme = { <nvme tier hparams> },
-//             buffer_count = 4, tile_size = "4MiB" }
+//             buffer_count = 4, tile_size = "4MiB", overlap = true, accumulate = "auto" }
 void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
   OffloadConfig& o = config_.offload;
   const bool given = r.enter("offload");
@@ -335,6 +335,11 @@ void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
       o.nvme_paths.push_back(d);
     }
     o.buffer_count = static_cast<int>(r.integer(job_key("offload.buffer_count")));
+    o.overlap = r.boolean(job_key("offload.overlap"));
+    const std::string acc = r.choice(job_key("offload.accumulate"));
+    o.accumulate = acc == "device" ? OffloadConfig::Accumulate::Device
+                   : acc == "host" ? OffloadConfig::Accumulate::Host
+                                   : OffloadConfig::Accumulate::Auto;
     const auto tile = r.size("tile_size");
     const uint64_t tile_bytes = tile ? *tile : parse_size(std::string(job_key("offload.tile_size").def_text)).value();
     // Whole granules of 2048 elements (8 KiB of fp32), so transfers stay aligned.

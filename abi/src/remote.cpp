@@ -408,7 +408,7 @@ zd_param_id RemoteModel::register_param(const std::string& name, const std::stri
     r->set_staging_offset(0);
   }
   const v1::Reply reply = client_.rpc(req);
-  const zd_param_id id = registry_.add(name, module, dtype, std::move(shape), {});
+  const zd_param_id id = registry_.add(name, module, dtype, std::move(shape));
   if (id != reply.register_param().param())
     fail(ZD_ERR_INTERNAL, "the daemon numbered parameter '" + name + "' " +
                               std::to_string(reply.register_param().param()) + ", this client " +

@@ -2,23 +2,35 @@
 process, with a time limit, its JSON line back."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+NVME = "/tmp/zerod-bench-nvme"
 
 
-def run(mode, layers, embd, steps, timeout, extra=()):
+def run(mode, layers, embd, steps, timeout, extra=(), nvme=NVME):
     cmd = [sys.executable, os.path.join(HERE, "step.py"), "--mode", mode, "--layers", str(layers), "--embd",
-           str(embd), "--steps", str(steps), *extra]
+           str(embd), "--steps", str(steps), "--nvme", nvme, *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"mode": mode, "layers": layers, "ok": False, "error": f"over {timeout} s"}
-    for line in reversed(p.stdout.splitlines()):
+        p.kill()
+        try:  # a compiler DeepSpeed started may hold the pipes open a while longer
+            p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        return {"mode": mode, "layers": layers, "ok": False, "error": f"over {timeout:.0f} s"}
+    finally:
+        # A killed run leaves its NVMe files behind; the next would find
+        # the disk fuller than it is.
+        shutil.rmtree(nvme, ignore_errors=True)
+    for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    tail = (stderr or stdout).strip().splitlines()[-3:]
     return {"mode": mode, "layers": layers, "ok": False, "error": f"exit {p.returncode}: " + " | ".join(tail)}
 
 

@@ -1,68 +1,157 @@
 """The largest GPT that trains on one GPU (3 steps, loss finite and
-falling), by mode: plain PyTorch AdamW, zerod stage 0, zerod stage 3 with
-the optimizer on the host, and with the parameters on the host (and NVMe).
-Layers grow at a fixed width (doubling, then bisection) until a run fails;
-each try is a fresh process. Prints the largest that trained and the first
-that did not, with why, and the ratio to plain PyTorch's; the host-memory
-limit (host RAM / host bytes per parameter) beside zerod's offload rows.
+falling), by mode: plain PyTorch AdamW, zerod stage 3 with the optimizer on
+the host (fp32 and bf16 state), with the parameters on the host too, and
+with the optimizer on NVMe; DeepSpeed ZeRO-3 with the optimizer on the host.
+Micro-batches of one sequence of 1024 tokens, every block checkpointed, so
+that activations do not decide it. Layers grow at a fixed width until a run
+fails, then bisection; each try is a fresh process. After the first size
+that trains, the next try jumps to 90% of what that run's bytes per
+parameter say the machine holds (GPU memory, host RAM, disk), then grows by
+a quarter.
 
-    python3 bench/gpu/largest.py [--embd 4096] [--modes torch,zerod0,zerod3_host,zerod3_params] [--budget 1200]
+Prints the largest that trained and the first that did not, with why, its
+ratio to plain PyTorch's and to DeepSpeed's, and beside each zerod row the
+machine's limit at that row's own bytes per parameter (host RAM over zerod's
+host bytes per parameter; for NVMe rows also the disk's free space over its
+NVMe bytes per parameter, whichever is smaller) and the share of it reached.
+
+    python3 bench/gpu/largest.py [--embd 4096] [--modes torch,zerod3_host,...] [--budget 1200] [--timeout 420]
 """
 import argparse
+import math
 import os
+import shutil
 import time
 
-from common import fmt_params, run
+from common import NVME, fmt_params, run
+from model import Config, n_params
+
+MODES = "torch,zerod3_host,zerod3_params,zerod3_nvme_opt,zerod3_host_bf16,ds3_host"
+SEQ = 1024
+STEP_ARGS = ["--micro", "1", "--seq", str(SEQ), "--ckpt"]
+# Not worth starting a try with less left than this: setup alone takes longer.
+MIN_TRY_S = 30
 
 
-def search(mode, embd, deadline, timeout):
-    ok, bad, layers = None, None, 2
-    while time.time() < deadline:  # doubling
-        r = run(mode, layers, embd, 3, timeout)
-        print(f"  {mode}: {layers} layers ({fmt_params(r['params'])}): "
-              f"{'trains' if r.get('ok') else 'fails: ' + r.get('error', 'loss did not fall')}", flush=True)
+def host_ram():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def limit(r, ram, disk):
+    """(parameters, which) the machine holds at zerod's bytes per parameter
+    in run r: host RAM, and disk for a row with state on NVMe."""
+    found = []
+    if r.get("zerod_host_bytes_per_param"):
+        found.append((ram / r["zerod_host_bytes_per_param"], "host RAM"))
+    if r.get("zerod_nvme_bytes_per_param"):
+        found.append((disk / r["zerod_nvme_bytes_per_param"], "disk"))
+    return min(found) if found else (None, None)
+
+
+def predicted(r, ram, disk):
+    """The parameters that would fill the first of GPU memory, host RAM
+    or disk at run r's bytes per parameter (an estimate: fixed costs count
+    as per-parameter ones, so small runs guess low)."""
+    p = r["params"]
+    guesses = [limit(r, ram, disk)[0]]
+    dev = (r.get("device_peak_gib") or 0) + (r.get("zerod_device_peak_gib") or 0)
+    if dev and r.get("device_total_gib"):
+        guesses.append(p * r["device_total_gib"] / dev)
+    if not r["mode"].startswith("zerod") and r.get("host_gib_over_start"):
+        guesses.append(p * ram / 2**30 / r["host_gib_over_start"])
+    return min((g for g in guesses if g), default=None)
+
+
+def params_of(layers, embd):
+    return n_params(Config(n_layer=layers, n_embd=embd, block_size=SEQ))
+
+
+def layers_for(params, embd):
+    per_layer = params_of(2, embd) - params_of(1, embd)
+    return max(1, math.floor((params - params_of(0, embd)) / per_layer))
+
+
+def search(mode, a, deadline, ram, disk):
+    """(largest run that trained, first that did not, why it stopped early
+    or None)."""
+    ok = bad = None
+    layers, grow = 2, 2.0
+    while True:
+        left = deadline - time.time()
+        if left < MIN_TRY_S:
+            return ok, bad, "its share of the budget spent"
+        r = run(mode, layers, a.embd, 3, min(a.timeout, left), STEP_ARGS)
+        cut = left < a.timeout and r.get("error", "").startswith("over ")
+        print(f"  {mode}: {layers} layers ({fmt_params(params_of(layers, a.embd))}): "
+              f"{'trains' if r.get('ok') else 'fails: ' + r.get('error', 'loss did not fall')}"
+              f"{' (cut by the budget)' if cut else ''}", flush=True)
+        if cut:
+            return ok, bad, "its share of the budget spent"
         if r.get("ok"):
-            ok, layers = r, layers * 2
-        else:
-            bad = r
-            break
-    while ok and bad and bad["layers"] - ok["layers"] > max(1, ok["layers"] // 8) and time.time() < deadline:
-        mid = (ok["layers"] + bad["layers"]) // 2
-        r = run(mode, mid, embd, 3, timeout)
-        print(f"  {mode}: {mid} layers ({fmt_params(r['params'])}): "
-              f"{'trains' if r.get('ok') else 'fails: ' + r.get('error', 'loss did not fall')}", flush=True)
-        if r.get("ok"):
+            first = ok is None
             ok = r
+            guess = predicted(r, ram, disk) if first else None
+            if guess and layers_for(0.9 * guess, a.embd) > layers * grow:
+                layers, grow = layers_for(0.9 * guess, a.embd), 1.25
+                continue
         else:
             bad = r
-    return ok, bad
+        if bad is None:
+            layers = max(layers + 1, math.ceil(layers * grow))
+        elif ok and bad["layers"] - ok["layers"] > max(1, ok["layers"] // 8):
+            layers = (ok["layers"] + bad["layers"]) // 2
+        else:
+            return ok, bad, None
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--embd", type=int, default=4096)
-    ap.add_argument("--modes", default="torch,zerod0,zerod3_host,zerod3_params")
-    ap.add_argument("--budget", type=int, default=1200, help="seconds for the whole search")
+    ap.add_argument("--modes", default=MODES, help="also: zerod0, zerod3, zerod3_nvme, ds3_params, ...")
+    ap.add_argument("--budget", type=int, default=1200, help="seconds for the whole search: each mode gets an "
+                                                             "equal share of what is left when it starts")
     ap.add_argument("--timeout", type=int, default=420, help="seconds for one try")
     a = ap.parse_args()
     modes = a.modes.split(",")
-    host_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = host_ram()
+    os.makedirs(NVME, exist_ok=True)
+    disk = shutil.disk_usage(NVME).free
+    shutil.rmtree(NVME, ignore_errors=True)
+    print(f"host RAM {ram / 2**30:.0f} GiB, free disk at {NVME} {disk / 2**30:.0f} GiB; "
+          f"{a.budget} s for {len(modes)} modes", flush=True)
     results = {}
     start = time.time()
     for i, m in enumerate(modes):
-        deadline = start + a.budget * (i + 1) / len(modes)
-        results[m] = search(m, a.embd, deadline, a.timeout)
-    base = results.get("torch", (None, None))[0]
-    print(f"\nlargest GPT (width {a.embd}) that trains 3 steps on this GPU; host RAM {host_ram / 2**30:.0f} GiB")
-    print(f"{'mode':<15} {'largest':>9} {'x torch':>8} {'step ms':>9} {'host B/param':>13} {'host limit':>11}  first failure")
-    for m, (ok, bad) in results.items():
+        share = (a.budget - (time.time() - start)) / (len(modes) - i)
+        results[m] = search(m, a, time.time() + share, ram, disk)
+    base = (results.get("torch") or (None,))[0]
+    ds = (results.get("ds3_host") or (None,))[0]
+    nan = float("nan")
+    print(f"\nlargest GPT (width {a.embd}, micro-batch 1 x {SEQ}, checkpointed blocks) that trains 3 steps on "
+          f"this GPU; host RAM {ram / 2**30:.0f} GiB, free disk {disk / 2**30:.0f} GiB")
+    print(f"{'mode':<17} {'largest':>9} {'x torch':>8} {'x DeepSpeed':>12} {'step ms':>9} {'host B/param':>13} "
+          f"{'disk B/param':>13} {'machine limit':>23} {'reached':>8}  first failure")
+    for m, (ok, bad, stopped) in results.items():
         n = ok["params"] if ok else 0
-        bpp = ok.get("zerod_host_bytes_per_param") if ok else None
-        limit = fmt_params(host_ram / bpp) if bpp else "-"
-        print(f"{m:<15} {fmt_params(n) if n else 'none':>9} "
-              f"{(n / base['params'] if n and base else float('nan')):>8.1f} {ok.get('step_ms', float('nan')) if ok else float('nan'):>9.1f} "
-              f"{bpp if bpp else float('nan'):>13.1f} {limit:>11}  "
-              f"{(fmt_params(bad['params']) + ': ' + bad.get('error', '')) if bad else 'none within the budget'}")
+        lim, which = limit(ok, ram, disk) if ok else (None, None)
+        why = (f"{fmt_params(params_of(bad['layers'], a.embd))}: {bad.get('error', 'loss did not fall')}"
+               if bad else "none")
+        if stopped:
+            why += f" (stopped: {stopped})"
+        print(f"{m:<17} {fmt_params(n) if n else 'none':>9} {n / base['params'] if n and base else nan:>8.1f} "
+              f"{n / ds['params'] if n and ds and m.startswith('zerod') else nan:>12.2f} "
+              f"{ok.get('step_ms', nan) if ok else nan:>9.1f} "
+              f"{(ok or {}).get('zerod_host_bytes_per_param', nan):>13.1f} "
+              f"{(ok or {}).get('zerod_nvme_bytes_per_param', nan):>13.1f} "
+              f"{(fmt_params(lim) + ' (' + which + ')') if lim else '-':>23} "
+              f"{f'{100 * n / lim:.0f}%' if lim else '-':>8}  {why}")
+    print("\nmachine limit: host RAM (MemTotal) over zerod's host bytes per parameter (its host-tier ledger), "
+          "for NVMe rows also the free disk over its NVMe bytes per parameter, the smaller; reached: the largest "
+          "over it")
 
 
 if __name__ == "__main__":

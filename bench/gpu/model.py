@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -41,8 +42,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, checkpoint_blocks=False):
         super().__init__()
+        self.checkpoint_blocks = checkpoint_blocks
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.h = nn.ModuleList(Block(c) for _ in range(c.n_layer))
@@ -54,9 +56,11 @@ class GPT(nn.Module):
         T = idx.size(1)
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
-            x = b(x)
+            # Non-reentrant, the variant torch recommends and Hugging Face
+            # models use by default: what a user's training runs.
+            x = checkpoint(b, x, use_reentrant=False) if self.checkpoint_blocks else b(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def n_params(c):

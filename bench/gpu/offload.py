@@ -1,53 +1,124 @@
-"""The same 1-2B GPT, the same batches, on one GPU: plain PyTorch (no
-offload), zerod and DeepSpeed with the optimizer offloaded to the host (and
-with the parameters too), side by side in one run. Prints step time, each
-as a ratio to plain PyTorch and zerod's to DeepSpeed's, tokens/s, peak
-device memory and host bytes per parameter.
+"""Step inflation (issue 33): how much longer one optimizer step takes with
+the state offloaded than plain PyTorch's without, by tokens per step. A
+1.3B GPT (24 x 2048), sequences of 2048, bf16 autocast, every block
+checkpointed, clipping 1.0, AdamW; micro-batches of 4 x 2048 = 8k tokens,
+accumulated 1, 2 and 8 times for 8k, 16k and 64k tokens per step (the same
+micro-batch and accumulation in every row of a size). Rows: plain PyTorch
+(no offload), zerod and DeepSpeed ZeRO-3 with the optimizer on the host,
+and with the parameters there too; each a fresh process.
 
-Anchors (issue 11): DeepSpeed ZeRO-Offload on one GPU 2.46x, torchao 1.20x;
-zerod's target <= 1.3x. Host bytes per parameter: DeepSpeed users report 28;
-zerod's target <= 16.5 with fp32 optimizer state.
+Targets (issue 33): <= 1.3x plain PyTorch at 64k tokens per step, <= 2.5x
+at 16k, <= 0.5x DeepSpeed's step everywhere.
 
-    python3 bench/gpu/offload.py [--layers 24 --embd 2048] [--steps 12] [--no-deepspeed]
+    python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
+                                 [--budget 480] [--timeout 240] [--no-deepspeed] [--zerod-args=--accumulate=host]
 """
 import argparse
 import json
+import shlex
+import time
 
 from common import fmt_params, run
 
-MODES = ["torch", "zerod3_host", "ds3_host", "zerod3_params", "ds3_params"]
+MODES = ["torch", "zerod3_host", "zerod3_params", "ds3_host", "ds3_params"]
+PEER = {"zerod3_host": "ds3_host", "zerod3_host_bf16": "ds3_host", "zerod3_params": "ds3_params",
+        "zerod3_nvme_opt": "ds3_nvme_opt", "zerod3_nvme": "ds3_nvme"}
+TARGET_X_TORCH = {64 * 1024: 1.3, 16 * 1024: 2.5}
+TARGET_X_DS = 0.5
+# Not worth starting a row with less left than this: setup alone takes longer.
+MIN_ROW_S = 30
+
+
+def tokens(size):
+    s = size.strip().lower()
+    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
+
+
+def label(n):
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def table(size, gas, a, rows):
+    torch_ms = rows.get("torch", {}).get("step_ms")
+    target_t = TARGET_X_TORCH.get(size)
+    params = next((r["params"] for r in rows.values() if "params" in r), None)
+    print(f"\n{label(size)} tokens per step ({a.micro} x {a.seq} x {gas} micro-batches), "
+          f"GPT {a.layers} x {a.embd} ({fmt_params(params) if params else '?'} parameters), "
+          f"{a.steps} steps, bf16, checkpointed blocks; targets: "
+          f"{f'<= {target_t}x torch, ' if target_t else ''}<= {TARGET_X_DS}x DeepSpeed")
+    print(f"{'mode':<17} {'ok':<4} {'step ms':>9} {'x torch':>8} {'x DeepSpeed':>12} {'tok/s':>8} "
+          f"{'dev GiB':>8} {'host B/param':>13}  targets / note")
+    nan = float("nan")
+    for m, r in rows.items():
+        ms = r.get("step_ms")
+        x_torch = ms / torch_ms if ms and torch_ms else None
+        peer = rows.get(PEER.get(m), {}).get("step_ms")
+        x_ds = ms / peer if ms and peer else None
+        host = r.get("zerod_host_bytes_per_param") or (
+            r["host_gib_over_start"] * 2**30 / r["params"] if r.get("host_gib_over_start") is not None else None)
+        dev = r.get("device_peak_gib")
+        if dev is not None and r.get("zerod_device_peak_gib") is not None:
+            dev += r["zerod_device_peak_gib"]
+        met = []
+        if m.startswith("zerod"):
+            if target_t and x_torch:
+                met.append(f"x torch {'met' if x_torch <= target_t else 'MISSED'}")
+            if x_ds:
+                met.append(f"x DeepSpeed {'met' if x_ds <= TARGET_X_DS else 'MISSED'}")
+        print(f"{m:<17} {('yes' if r.get('ok') else 'NO'):<4} {ms or nan:>9.1f} {x_torch or nan:>8.2f} "
+              f"{x_ds or nan:>12.2f} {r.get('tokens_per_s', 0):>8} {nan if dev is None else dev:>8.2f} "
+              f"{host or nan:>13.1f}  {', '.join(met)}{'; ' if met and r.get('error') else ''}{r.get('error', '')}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--embd", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--micro", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--sizes", default="8k,16k,64k", help="tokens per optimizer step, in the order run")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=5, help="optimizer steps per row (the median of those after "
+                                                         "the first 2 is the step time)")
     ap.add_argument("--no-deepspeed", action="store_true")
-    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--zerod-args", default="", help="more step.py options for the zerod rows, "
+                                                    "e.g. '--accumulate host'")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds for one row")
+    ap.add_argument("--budget", type=int, help="seconds for the whole run: rows that would start later are "
+                                               "skipped")
     a = ap.parse_args()
-    modes = [m for m in MODES if not (a.no_deepspeed and m.startswith("ds"))]
-    rows = {}
-    for m in modes:  # each row as it comes, so a run cut short still says what it measured
-        rows[m] = run(m, a.layers, a.embd, a.steps, a.timeout)
-        print(json.dumps(rows[m]), flush=True)
-    base = rows["torch"].get("step_ms")
-    print(f"GPT {a.layers} layers x {a.embd}: {fmt_params(rows['torch']['params'])} parameters, "
-          f"{a.steps} steps, bf16 compute, AdamW\n")
-    print(f"{'mode':<15} {'ok':<4} {'step ms':>9} {'x torch':>8} {'x DeepSpeed':>12} {'tok/s':>8} "
-          f"{'dev GiB':>8} {'host B/param':>13}  note")
-    for m, r in rows.items():
-        ms = r.get("step_ms")
-        peer = {"zerod3_host": "ds3_host", "zerod3_params": "ds3_params"}.get(m)
-        vs_ds = ms / rows[peer]["step_ms"] if ms and peer in rows and rows[peer].get("step_ms") else None
-        host = r.get("zerod_host_bytes_per_param") or (
-            r["host_gib_over_start"] * 2**30 / r["params"] if r.get("host_gib_over_start") is not None else None)
-        print(f"{m:<15} {('yes' if r.get('ok') else 'NO'):<4} {ms or float('nan'):>9.1f} "
-              f"{(ms / base if ms and base else float('nan')):>8.2f} {vs_ds if vs_ds else float('nan'):>12.2f} "
-              f"{r.get('tokens_per_s', 0):>8} {r.get('device_peak_gib', float('nan')):>8.2f} "
-              f"{host if host else float('nan'):>13.1f}  {r.get('error', '')}")
-    print("\nhost B/param: zerod's host-tier ledger (state it holds) where available, else the process's peak RSS "
-          "growth over its start, divided by the parameters")
+    modes = [m for m in a.modes.split(",") if not (a.no_deepspeed and m.startswith("ds"))]
+    sizes = []
+    for s in a.sizes.split(","):
+        n, per_micro = tokens(s), a.micro * a.seq
+        if n % per_micro:
+            ap.error(f"--sizes {s}: {n} tokens is not a whole number of micro-batches of {a.micro} x {a.seq}")
+        sizes.append((n, n // per_micro))
+    start = time.time()
+    results, skipped = {}, []
+    for n, gas in sizes:
+        results[n] = {}
+        for m in modes:  # each row as it comes, so a run cut short still says what it measured
+            left = a.budget - (time.time() - start) if a.budget else a.timeout
+            if left < MIN_ROW_S:
+                skipped.append(f"{m} at {label(n)}")
+                continue
+            extra = ["--seq", str(a.seq), "--micro", str(a.micro), "--gas", str(gas), "--ckpt"]
+            if m.startswith("zerod"):
+                extra += shlex.split(a.zerod_args)
+            r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra)
+            r.setdefault("tokens_per_step", n)
+            results[n][m] = r
+            print(json.dumps(r), flush=True)
+    for n, gas in sizes:
+        if results[n]:
+            table(n, gas, a, results[n])
+    peers = ", ".join(f"{z} over {d}" for z, d in PEER.items() if z in modes and d in modes)
+    print(f"\nx DeepSpeed: over DeepSpeed's row with the same placement ({peers or 'none run'}). dev GiB: "
+          "torch's allocator peak, plus zerod's own device peak on zerod rows. host B/param: zerod's host-tier "
+          "ledger (state it holds), else the process's peak RSS growth over its start, over the parameters")
+    if skipped:
+        print(f"skipped, the {a.budget} s budget spent: {', '.join(skipped)}")
 
 
 if __name__ == "__main__":

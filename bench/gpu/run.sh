@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest]
+#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw]
 #   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, PROFILE_MODES
 #   and PROFILE_SIZE pass options on)
 # Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
 # cuda device against the scalar reference and the cpu device, the optimizer
-# kernels, zerod.torch against PyTorch on the GPU), then the benchmarks.
+# kernels, zerod.torch against PyTorch on the GPU), then the benchmarks;
+# hostbw alone (the host's memory bandwidth) needs no build.
 # Everything it prints also goes under $OUT (the device tool brings it back).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,19 +28,21 @@ fi
 export ZEROD_LIB=$PWD/build-gpu/lib/libzerod.so
 export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 
-log "build (CUDA for this GPU)"
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
-  || { tail -30 "$OUT/configure.log"; exit 1; }
-SECONDS=0; cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
-echo "built in ${SECONDS} s" | tee -a "$OUT/run.log"
+if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest)\  ]]; then
+  log "build (CUDA for this GPU)"
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
+    || { tail -30 "$OUT/configure.log"; exit 1; }
+  SECONDS=0; cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+  echo "built in ${SECONDS} s" | tee -a "$OUT/run.log"
+fi
 
 for w in "${what[@]}"; do
   case $w in
     tests)
       log "CUDA tests"
-      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|kernels\..*Cuda|python\.cuda)' \
+      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda)' \
         --output-on-failure --timeout 240 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
     pycuda)
       log "zerod.torch on the GPU against torch's AdamW, with the distances it measured"
@@ -47,7 +50,7 @@ for w in "${what[@]}"; do
         | grep -E "(fp32|bf16) .*zerod vs torch|passed|failed" ;;
     smoke)
       log "every step.py mode on a small GPT (4 x 1024), 6 steps"
-      for m in torch zerod0 zerod3 zerod3_host zerod3_params zerod3_nvme ds3_host; do
+      for m in torch zerod0 zerod3 zerod3_host zerod3_host_bf16 zerod3_params zerod3_nvme_opt zerod3_nvme ds3_host; do
         timeout 200 python3 bench/gpu/step.py --mode "$m" --layers 4 --embd 1024 --steps 6 2>>"$OUT/smoke.err" \
           | tee -a "$OUT/smoke.txt" || { echo "$m: exit $?"; tail -5 "$OUT/smoke.err"; }
       done ;;
@@ -65,5 +68,10 @@ for w in "${what[@]}"; do
     largest)
       log "the largest GPT that trains, by mode"
       python3 bench/gpu/largest.py ${LARGEST_ARGS:-} 2>&1 | tee "$OUT/largest.txt" ;;
+    hostbw)
+      log "host memory bandwidth (STREAM copy and triad, 3 arrays of 2 GiB)"
+      { gcc -O3 -fopenmp -march=native bench/gpu/hostbw.c -o "$OUT/hostbw" \
+          && for t in 1 "$(nproc)"; do OMP_NUM_THREADS=$t OMP_PROC_BIND=spread "$OUT/hostbw" 2; done
+        rm -f "$OUT/hostbw"; } 2>&1 | tee "$OUT/hostbw.txt" ;;
   esac
 done

@@ -1,19 +1,25 @@
 """One benchmark run in a process of its own (a fresh GPU and allocator):
-trains the GPT of model.py for --steps steps in one mode and prints one JSON
-line with what it measured. The modes:
-  torch            plain PyTorch: fp32 weights, bf16 autocast, torch.optim.AdamW (fused)
-  zerod0           zerod stage 0, everything in HBM (bf16 working copy, fp32 master and AdamW)
-  zerod3           zerod stage 3, everything in HBM
-  zerod3_host      zerod stage 3, optimizer (master + AdamW) on the host
-  zerod3_params    zerod stage 3, parameters and optimizer on the host
-  zerod3_nvme      zerod stage 3, parameters and optimizer on NVMe (--nvme DIR)
-  ds3_host         DeepSpeed ZeRO-3, offload_optimizer cpu (pinned)
-  ds3_params       DeepSpeed ZeRO-3, offload_optimizer and offload_param cpu
-  ds3_nvme         DeepSpeed ZeRO-3, offload_optimizer and offload_param nvme
+trains the GPT of model.py for --steps optimizer steps in one mode and prints
+one JSON line with what it measured. The modes:
+  torch             plain PyTorch: fp32 weights, bf16 autocast, torch.optim.AdamW (fused)
+  zerod0            zerod stage 0, everything in HBM (bf16 working copy, fp32 master and AdamW)
+  zerod3            zerod stage 3, everything in HBM
+  zerod3_host       zerod stage 3, optimizer (master + AdamW) on the host
+  zerod3_host_bf16  zerod3_host with the optimizer state in bf16 (state_dtype)
+  zerod3_params     zerod stage 3, parameters and optimizer on the host
+  zerod3_nvme_opt   zerod stage 3, parameters on the host, optimizer on NVMe (--nvme DIR)
+  zerod3_nvme       zerod stage 3, parameters and optimizer on NVMe
+  ds3_host          DeepSpeed ZeRO-3, offload_optimizer cpu (pinned)
+  ds3_params        DeepSpeed ZeRO-3, offload_optimizer and offload_param cpu
+  ds3_nvme_opt      DeepSpeed ZeRO-3, offload_param cpu, offload_optimizer nvme
+  ds3_nvme          DeepSpeed ZeRO-3, offload_optimizer and offload_param nvme
 Every mode computes in bf16 with fp32 master weights and AdamW(lr 1e-4,
 betas 0.9/0.95, weight decay 0.1), gradient clipping 1.0, the same batches.
+One step is one optimizer step: --gas micro-batches of --micro sequences of
+--seq tokens each.
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -31,38 +37,64 @@ from model import GPT, Config, batch, n_params  # noqa: E402
 
 LR, BETAS, WD, CLIP = 1e-4, (0.9, 0.95), 0.1, 1.0
 
+ZEROD_OFFLOAD = {
+    "zerod3_host": {"optimizer": "host"},
+    "zerod3_host_bf16": {"optimizer": "host"},
+    "zerod3_params": {"params": "host", "optimizer": "host"},
+    "zerod3_nvme_opt": {"params": "host", "optimizer": "nvme"},
+    "zerod3_nvme": {"params": "nvme", "optimizer": "nvme"},
+}
+MODES = ["torch", "zerod0", "zerod3", *ZEROD_OFFLOAD, "ds3_host", "ds3_params", "ds3_nvme_opt", "ds3_nvme"]
 
-def zerod_job(mode, nvme, trace=None):
-    stage = 0 if mode == "zerod0" else 3
-    offload = {
-        "zerod3_host": 'offload = { optimizer = "host" },',
-        "zerod3_params": 'offload = { params = "host", optimizer = "host" },',
-        "zerod3_nvme": f'offload = {{ params = "nvme", optimizer = "nvme", nvme_path = "{nvme}" }},',
-    }.get(mode, "")
+
+def lua(v):
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {lua(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "{" + ", ".join(map(lua, v)) + "}"
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a Lua string for what these hold
+    return repr(v)
+
+
+def zerod_job(a):
+    stage = 0 if a.mode == "zerod0" else 3
+    optimizer = {"type": "adamw", "lr": LR, "betas": BETAS, "weight_decay": WD}
+    state_dtype = a.state_dtype or ("bf16" if a.mode == "zerod3_host_bf16" else None)
+    if state_dtype:
+        optimizer["state_dtype"] = state_dtype
+    offload = dict(ZEROD_OFFLOAD.get(a.mode, {}))
+    if "nvme" in offload.values():
+        offload["nvme_path"] = a.nvme
+    if a.accumulate:
+        offload["accumulate"] = a.accumulate
     # A live window of a few blocks and a bucket of about one block, as
     # DeepSpeed's defaults give for this width.
     zero = f"stage = {stage}" + (", max_live_parameters = 3e8, prefetch_bucket_size = 1e8, "
                                  "reduce_bucket_size = 1e8" if stage == 3 else "")
-    return f"""return {{
-  precision = "bf16",
-  optimizer = {{ type = "adamw", lr = {LR}, betas = {{{BETAS[0]}, {BETAS[1]}}}, weight_decay = {WD} }},
-  gradient_clipping = {CLIP},
-  zero = {{ {zero} }},
-  {offload}
-  {f'trace = {{ path = "{trace}", steps = {{3, 4}} }},' if trace else ""}
-}}"""
+    lines = [
+        'precision = "bf16",',
+        f"optimizer = {lua(optimizer)},",
+        f"gradient_accumulation_steps = {a.gas},",
+        f"gradient_clipping = {CLIP},",
+        f"zero = {{ {zero} }},",
+    ]
+    if offload:
+        lines.append(f"offload = {lua(offload)},")
+    if a.trace:
+        lines.append(f"trace = {{ path = {lua(a.trace)}, steps = {{3, 4}} }},")
+    return "return {\n  " + "\n  ".join(lines) + "\n}"
 
 
-def ds_config(mode, nvme, micro_batch):
-    zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
-    if mode in ("ds3_params", "ds3_nvme"):
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    if mode == "ds3_nvme":
-        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme, "pin_memory": True}
-        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme, "pin_memory": True}
+def ds_config(a):
+    cpu = {"device": "cpu", "pin_memory": True}
+    nvme = {"device": "nvme", "nvme_path": a.nvme, "pin_memory": True}
+    zero = {"stage": 3, "offload_optimizer": nvme if a.mode in ("ds3_nvme_opt", "ds3_nvme") else cpu}
+    if a.mode != "ds3_host":
+        zero["offload_param"] = nvme if a.mode == "ds3_nvme" else cpu
     return {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
+        "train_micro_batch_size_per_gpu": a.micro,
+        "gradient_accumulation_steps": a.gas,
         "bf16": {"enabled": True},
         "gradient_clipping": CLIP,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD}},
@@ -76,33 +108,50 @@ def rss_gib():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", required=True)
+    ap.add_argument("--mode", required=True, choices=MODES)
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--embd", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--block", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seq", "--block", type=int, default=1024, help="tokens per sequence (the block size)")
+    ap.add_argument("--micro", "--batch", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--gas", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--ckpt", action="store_true", help="activation checkpointing of every transformer block")
+    ap.add_argument("--steps", type=int, default=10, help="optimizer steps")
     ap.add_argument("--nvme", default="/tmp/zerod-bench-nvme")
+    ap.add_argument("--accumulate", choices=["auto", "device", "host"],
+                    help="zerod modes: the job's offload.accumulate (where micro-batch gradients add up)")
+    ap.add_argument("--state-dtype", choices=["bf16"], help="zerod modes: the job's optimizer.state_dtype")
     ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
+    # Only for exercising this script's logic on a machine without a GPU.
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    c = Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, block_size=a.block)
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
+    c = Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, block_size=a.seq)
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", 0) if cuda else torch.device(a.device)
+    if cuda:
+        torch.cuda.set_device(dev)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    # Built where it trains: a 1-10B GPT initialised on the CPU first would
+    # take minutes, and its copy would count in the host's memory.
+    on_device = dev if cuda else contextlib.nullcontext()
     torch.manual_seed(0)
-    out = {"mode": a.mode, "layers": a.layers, "embd": a.embd, "params": n_params(c)}
+    tokens_per_step = a.micro * a.seq * a.gas
+    out = {"mode": a.mode, "layers": a.layers, "embd": a.embd, "params": n_params(c), "seq": a.seq,
+           "micro": a.micro, "gas": a.gas, "tokens_per_step": tokens_per_step, "ckpt": a.ckpt}
+    out.update({k: v for k, v in (("accumulate", a.accumulate), ("state_dtype", a.state_dtype)) if v})
     t0 = time.time()
     try:
         rss0 = rss_gib()
         if a.mode == "torch":
-            with torch.device(dev):
-                model = GPT(c)
+            with on_device:
+                model = GPT(c, checkpoint_blocks=a.ckpt)
             opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD, fused=True)
 
-            def step(x, y):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = model(x, y)
-                loss.backward()
+            def step(micro_batches):
+                for x, y in micro_batches:
+                    with torch.autocast(dev.type, dtype=torch.bfloat16):
+                        loss = model(x, y)
+                    (loss / a.gas).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -110,18 +159,27 @@ def main():
         elif a.mode.startswith("zerod"):
             import zerod.torch
             os.makedirs(a.nvme, exist_ok=True)
-            # Built on the GPU in bf16: zerod copies it into its own tiers at
-            # initialize and frees the torch copy.
-            with torch.device(dev):
-                model = GPT(c).to(torch.bfloat16)
-            engine = zerod.torch.initialize(model, job_text=zerod_job(a.mode, a.nvme, a.trace), modules=["h.*"])
+            # Built on the device (zerod copies it into its own tiers at
+            # initialize and frees the torch copy) with torch's fp32 initial
+            # values, then made bf16 one tensor at a time: model.to() would
+            # hold both whole copies, 6 bytes per parameter of GPU memory,
+            # more than initialize needs, and decide largest.py's result.
+            with on_device:
+                model = GPT(c, checkpoint_blocks=a.ckpt)
+            for p in model.parameters():
+                p.data = p.data.to(torch.bfloat16)
+            engine = zerod.torch.initialize(model, job_text=zerod_job(a), modules=["h.*"])
             del model
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
 
-            def step(x, y):
-                loss = engine(x, y)
-                engine.backward(loss)
-                engine.step()
+            def step(micro_batches):
+                # zerod counts the micro-batches (gradient_accumulation_steps)
+                # and applies the optimizer at the last one's step().
+                for x, y in micro_batches:
+                    loss = engine(x, y)
+                    engine.backward(loss)
+                    engine.step()
                 return loss
         else:
             import deepspeed
@@ -132,37 +190,48 @@ def main():
             os.environ.setdefault("WORLD_SIZE", "1")
             os.environ.setdefault("LOCAL_RANK", "0")
             deepspeed.init_distributed()
-            with deepspeed.zero.Init(config_dict_or_path=ds_config(a.mode, a.nvme, a.batch)):
-                model = GPT(c)
+            with deepspeed.zero.Init(config_dict_or_path=ds_config(a)):
+                model = GPT(c, checkpoint_blocks=a.ckpt)
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                   config=ds_config(a.mode, a.nvme, a.batch))
+                                                   config=ds_config(a))
 
-            def step(x, y):
-                loss = engine(x, y)
-                engine.backward(loss)
-                engine.step()
+            def step(micro_batches):
+                # DeepSpeed's loop: it divides each loss by the accumulation
+                # steps and steps the optimizer at the boundary.
+                for x, y in micro_batches:
+                    loss = engine(x, y)
+                    engine.backward(loss)
+                    engine.step()
                 return loss
         out["setup_s"] = round(time.time() - t0, 1)
         times, losses = [], []
+        # At most 4 batches, repeating so that the last step ends on the
+        # first step's last batch: "falling" compares the same tokens.
+        cycle = min(4, max(1, (a.steps - 1) * a.gas))
         for s in range(a.steps):
-            x, y = batch(c, a.batch, s, dev)
-            torch.cuda.synchronize()
+            micro_batches = [batch(c, a.micro, (s * a.gas + k) % cycle, dev) for k in range(a.gas)]
+            sync()
             t = time.perf_counter()
-            loss = step(x, y)
-            torch.cuda.synchronize()
+            loss = step(micro_batches)
+            sync()
             times.append(time.perf_counter() - t)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))  # the last micro-batch's
         warm = times[2:] if len(times) > 3 else times
         out.update(ok=all(map(lambda v: v == v and abs(v) != float("inf"), losses)) and losses[-1] < losses[0],
                    step_ms=round(1000 * statistics.median(warm), 1), loss_first=losses[0], loss_last=losses[-1],
-                   device_peak_gib=round(torch.cuda.max_memory_allocated(dev) / 2**30, 2),
                    host_peak_gib=round(rss_gib(), 2), host_gib_over_start=round(rss_gib() - rss0, 2),
-                   tokens_per_s=round(a.batch * a.block / statistics.median(warm)))
+                   tokens_per_s=round(tokens_per_step / statistics.median(warm)))
+        if cuda:
+            out["device_peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+            out["device_total_gib"] = round(torch.cuda.mem_get_info(dev)[1] / 2**30, 2)
         if a.mode.startswith("zerod"):
             m = engine.memory()
             out["zerod_device_peak_gib"] = round(m["device"].peak / 2**30, 2)
             out["zerod_host_gib"] = round(m["host"].current / 2**30, 2)
             out["zerod_host_bytes_per_param"] = round(m["host"].current / out["params"], 2)
+            if m["nvme"].current:
+                out["zerod_nvme_gib"] = round(m["nvme"].current / 2**30, 2)
+                out["zerod_nvme_bytes_per_param"] = round(m["nvme"].current / out["params"], 2)
     except torch.cuda.OutOfMemoryError as e:
         out.update(ok=False, error="cuda out of memory: " + str(e).splitlines()[0])
     except Exception as e:  # a failed size is a result for the search, not a crash

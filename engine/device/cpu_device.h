@@ -32,6 +32,19 @@ class CpuDevice final : public Device {
   void copy_to_device(void* dst, const void* src, uint64_t bytes) override;
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
   void copy_within(void* dst, const void* src, uint64_t bytes) override;
+  // Transfers are copies on the calling thread, complete on return.
+  uint64_t upload(void* dst, const void* src, uint64_t bytes) override {
+    copy_to_device(dst, src, bytes);
+    return 0;
+  }
+  uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t) override {
+    copy_to_host(dst, src, bytes);
+    return 0;
+  }
+  uint64_t mark() override { return 0; }
+  void upload_after_stream() override {}
+  void transfer_wait(uint64_t) override {}
+  void stream_waits(uint64_t) override {}
   void zero(void* dst, uint64_t bytes) override;
   void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override;
   void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,

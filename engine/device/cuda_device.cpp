@@ -56,6 +56,13 @@ class CudaDevice final : public Device {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating zerod's stream");
     check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "creating an event");
     check(cudaEventCreateWithFlags(&trainer_done_, cudaEventDisableTiming), "creating an event");
+    check(cudaEventCreateWithFlags(&stream_mark_, cudaEventDisableTiming), "creating an event");
+    for (Queue& q : queues_) {
+      check(cudaStreamCreateWithFlags(&q.stream, cudaStreamNonBlocking), "creating a copy stream");
+      for (cudaEvent_t& e : q.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
+    }
+    marks_.stream = stream_;
+    for (cudaEvent_t& e : marks_.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
     check(cudaMalloc(&stats_, (cuda_kernels::kStatsBlocks + 1) * sizeof(double)), "allocating the statistics buffer");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "reading the GPU's properties");
@@ -76,6 +83,13 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
+    for (Queue& q : queues_) {
+      cudaStreamSynchronize(q.stream);
+      for (cudaEvent_t e : q.done) cudaEventDestroy(e);
+      cudaStreamDestroy(q.stream);
+    }
+    cudaEventDestroy(stream_mark_);
+    for (cudaEvent_t e : marks_.done) cudaEventDestroy(e);
     for (auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
     for (Chunk& c : chunks_) cudaFree(c.base);
     cudaFree(stats_);
@@ -184,6 +198,61 @@ class CudaDevice final : public Device {
     check(cudaStreamSynchronize(stream_), "copying to the host");
   }
 
+  uint64_t upload(void* dst, const void* src, uint64_t bytes) override {
+    current();
+    Queue& q = queues_[kUp - 1];
+    std::lock_guard<std::mutex> lock(q.mu);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, q.stream), "uploading to the device");
+    return q.record(kUp);
+  }
+
+  uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t after) override {
+    current();
+    Queue& q = queues_[kDown - 1];
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (after) {
+      std::lock_guard<std::mutex> marks(marks_.mu);
+      check(cudaStreamWaitEvent(q.stream, marks_.event_for(after), 0), "ordering a download after zerod's work");
+    }
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q.stream), "downloading from the device");
+    return q.record(kDown);
+  }
+
+  uint64_t mark() override {
+    current();
+    std::lock_guard<std::mutex> lock(marks_.mu);
+    return marks_.record(kMark);
+  }
+
+  void upload_after_stream() override {
+    current();
+    Queue& q = queues_[kUp - 1];
+    std::lock_guard<std::mutex> lock(q.mu);
+    std::lock_guard<std::mutex> mark(event_mu_);
+    check(cudaEventRecord(stream_mark_, stream_), "marking zerod's work");
+    check(cudaStreamWaitEvent(q.stream, stream_mark_, 0), "ordering uploads after zerod's work");
+  }
+
+  void transfer_wait(uint64_t ticket) override {
+    if (ticket == 0) return;
+    current();
+    Queue& q = queues_[(ticket >> kDirShift) - 1];
+    cudaEvent_t e;
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      e = q.event_for(ticket);
+    }
+    check(cudaEventSynchronize(e), "waiting for a transfer");
+  }
+
+  void stream_waits(uint64_t ticket) override {
+    if (ticket == 0) return;
+    current();
+    Queue& q = queues_[(ticket >> kDirShift) - 1];
+    std::lock_guard<std::mutex> lock(q.mu);
+    check(cudaStreamWaitEvent(stream_, q.event_for(ticket), 0), "making zerod's stream wait for a transfer");
+  }
+
   void copy_within(void* dst, const void* src, uint64_t bytes) override {
     current();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copying on the device");
@@ -263,6 +332,31 @@ class CudaDevice final : public Device {
     RangeHeap heap;
   };
 
+  // One direction's copy stream. Its transfers complete in order, so each
+  // ticket is a sequence number (the direction in the top bits) and a ring
+  // of events stands for them: an event recorded again for a later
+  // transfer still completes only after the earlier one, so waiting on it
+  // is never too early, only possibly later than needed, once kRing
+  // transfers have followed.
+  static constexpr int kUp = 1, kDown = 2, kMark = 3;
+  static constexpr int kDirShift = 62;
+  static constexpr size_t kRing = 1024;
+  struct Queue {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done[kRing] = {};
+    uint64_t seq = 0;
+    std::mutex mu;  // the stream's issue order, seq and the ring
+
+    uint64_t record(int dir) {
+      ++seq;
+      check(cudaEventRecord(done[seq % kRing], stream), "recording a transfer");
+      return (static_cast<uint64_t>(dir) << kDirShift) | seq;
+    }
+    cudaEvent_t event_for(uint64_t ticket) const {
+      return done[(ticket & ((uint64_t{1} << kDirShift) - 1)) % kRing];
+    }
+  };
+
   void current() const { check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
 
   bool page_locked(const void* p) const {
@@ -282,6 +376,9 @@ class CudaDevice final : public Device {
   cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
   cudaEvent_t copies_done_ = nullptr;
   cudaEvent_t trainer_done_ = nullptr;
+  cudaEvent_t stream_mark_ = nullptr;  // zerod's work so far, for a copy stream to wait on (under event_mu_)
+  Queue queues_[2];                    // uploads, downloads
+  Queue marks_;                        // marks on zerod's own stream (its `stream` is stream_)
   double* stats_ = nullptr;  // kStatsBlocks partial sums, then the total
   std::mutex mu_;            // the chunks and the registrations
   std::mutex event_mu_;

@@ -85,6 +85,37 @@ class Device {
   // zero_grad the gradient range is zeroed after its update.
   virtual void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) = 0;
 
+  // --- transfers beside zerod's stream ---
+  // Copies between pool memory and host memory on queues of their own, one
+  // per direction (a GPU's copy engines), so that gradients leaving the
+  // device never hold up parameters arriving, and neither waits behind
+  // zerod's kernels: a traced offloaded step on an H100 had the backward's
+  // gathers queued behind the gradient copies for 300 ms of a 930 ms step.
+  // Each returns a ticket (0: already complete): transfer_wait(t) makes the
+  // host wait for it and every earlier transfer in its direction,
+  // stream_waits(t) makes zerod's later work wait for it. Host memory given
+  // to a transfer must stay valid, and unchanged (upload) or unread
+  // (download), until the host waited for it.
+  // A download is ordered after the mark() it names (its source was written
+  // by zerod's work before it; 0: after nothing). An upload is ordered only
+  // after earlier uploads, and
+  // after zerod's work issued before the last upload_after_stream(): call
+  // that before uploading into memory zerod's stream may still be reading
+  // (a block just released to the pool, a shard a gather reads).
+  virtual uint64_t upload(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t after) = 0;
+  // A point in zerod's work issued so far, for downloads to wait on (0:
+  // nothing pending). Taken where the bytes are ready (a bucket just
+  // reduced), not where the download is issued: the thread that downloads
+  // runs behind, and by then zerod's stream holds later work (it waits on
+  // the trainer's backward), which a download must not wait for. On an H200
+  // that wait serialised the last micro-batch's gradients behind the whole
+  // backward, about 600 ms of a 1040 ms step.
+  virtual uint64_t mark() = 0;
+  virtual void upload_after_stream() = 0;
+  virtual void transfer_wait(uint64_t ticket) = 0;
+  virtual void stream_waits(uint64_t ticket) = 0;
+
   // --- the trainer's stream ---
   // The stream the trainer computes on (a cudaStream_t; nullptr = the
   // default stream). The cpu device accepts only nullptr.

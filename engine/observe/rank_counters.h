@@ -68,6 +68,10 @@ struct RankCounters {
   // gradient reduction, the optimizer per tier.
   std::atomic<int64_t> reduce_wait_ns{0};
   std::array<std::atomic<int64_t>, 3> optimizer_ns{};  // by zd_tier
+  // offload.overlap: steps whose host update ran behind zd_step, and the
+  // time begin calls waited for their module's update (what it left exposed).
+  std::atomic<uint64_t> overlapped_updates{0};
+  std::atomic<int64_t> update_wait_ns{0};
 
   // Collectives: time spent waiting for other ranks to arrive, in total and
   // by the rank that arrived last (index rank - first_rank).

@@ -20,6 +20,29 @@ void TracedDevice::copy_to_host(void* dst, const void* src, uint64_t bytes) {
   d_->copy_to_host(dst, src, bytes);
 }
 
+// Transfers are queued, not done, when these return: their spans are the
+// issue; the host's waits for them are spans of their own.
+uint64_t TracedDevice::upload(void* dst, const void* src, uint64_t bytes) {
+  EventArgs a;
+  a.bytes = bytes;
+  a.flags = kFlagWrite;
+  Span s(probe_, "copy", "upload", a);
+  return d_->upload(dst, src, bytes);
+}
+
+uint64_t TracedDevice::download(void* dst, const void* src, uint64_t bytes, uint64_t after) {
+  EventArgs a;
+  a.bytes = bytes;
+  Span s(probe_, "copy", "download", a);
+  return d_->download(dst, src, bytes, after);
+}
+
+void TracedDevice::transfer_wait(uint64_t ticket) {
+  if (ticket == 0) return;
+  Span s(probe_, "copy", "wait for transfer");
+  d_->transfer_wait(ticket);
+}
+
 void TracedDevice::copy_within(void* dst, const void* src, uint64_t bytes) {
   EventArgs a;
   a.bytes = bytes;

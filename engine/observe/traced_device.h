@@ -29,6 +29,12 @@ class TracedDevice final : public Device {
   void copy_to_device(void* dst, const void* src, uint64_t bytes) override;
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
   void copy_within(void* dst, const void* src, uint64_t bytes) override;
+  uint64_t upload(void* dst, const void* src, uint64_t bytes) override;
+  uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t after) override;
+  uint64_t mark() override { return d_->mark(); }
+  void upload_after_stream() override { d_->upload_after_stream(); }
+  void transfer_wait(uint64_t ticket) override;
+  void stream_waits(uint64_t ticket) override { d_->stream_waits(ticket); }
   void zero(void* dst, uint64_t bytes) override { d_->zero(dst, bytes); }
   void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
     d_->accumulate(src, src_dt, dst, dst_dt, n);

@@ -378,9 +378,9 @@ static LayoutPolicy policy(Partitioning p, uint64_t world) {
 
 TEST(Registry, ParameterShardsArePaddedAndAligned) {
   Registry r(2);
-  r.add("w1", "m", ZD_DTYPE_F32, {3, 5}, {});
-  r.add("w2", "m", ZD_DTYPE_F32, {3, 5}, {});
-  r.add("h", "n", ZD_DTYPE_BF16, {7}, {});
+  r.add("w1", "m", ZD_DTYPE_F32, {3, 5});
+  r.add("w2", "m", ZD_DTYPE_F32, {3, 5});
+  r.add("h", "n", ZD_DTYPE_BF16, {7});
   r.lay_out(policy(Partitioning::Param, 2));
   const ParamRecord& w1 = r.param(0);
   EXPECT_EQ(w1.stride, 8u);  // 15 elements over 2 ranks
@@ -400,8 +400,8 @@ TEST(Registry, ParameterShardsArePaddedAndAligned) {
 
 TEST(Registry, GroupPartitionsCutTheFullLayoutIntoEqualRanges) {
   Registry r(3);
-  r.add("a", "m", ZD_DTYPE_F32, {100}, {});
-  r.add("b", "m", ZD_DTYPE_F32, {10}, {});
+  r.add("a", "m", ZD_DTYPE_F32, {100});
+  r.add("b", "m", ZD_DTYPE_F32, {10});
   r.lay_out(policy(Partitioning::Group, 3));
   const ParamGroup& g = r.groups()[0];
   // a at 0 (100 -> 128 aligned), b at 128: 160 elements in all, 54 -> 64 per rank.
@@ -412,7 +412,7 @@ TEST(Registry, GroupPartitionsCutTheFullLayoutIntoEqualRanges) {
 
 TEST(Registry, APartitionerThatCutsTooSmallIsRefused) {
   Registry r(2);
-  r.add("a", "m", ZD_DTYPE_F32, {100}, {});
+  r.add("a", "m", ZD_DTYPE_F32, {100});
   LayoutPolicy bad;
   bad.partitioning = Partitioning::Param;
   bad.stride = [](uint64_t, uint64_t) { return uint64_t{10}; };

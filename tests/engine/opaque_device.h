@@ -6,6 +6,14 @@
 // cpu device's code there, so a model on it must end exactly where the same
 // model on the cpu device ends. Each operation checks that its operands are
 // on the side it expects (device or host) and fails naming the call if not.
+//
+// Its transfers (upload, download) are asynchronous, like a GPU's copy
+// engines: a thread per direction does each one a little later, in order.
+// Work that reads what a transfer writes without waiting for it first
+// (transfer_wait on the host, stream_waits before device work) reads the
+// old bytes, so a model on this device that forgets a wait does not end
+// where the cpu device ends. Device work is done when its call returns, so
+// stream_waits is the host waiting.
 #pragma once
 
 #include "arena.h"
@@ -18,9 +26,14 @@
 
 #include <sys/mman.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace zerod_test {
 
@@ -36,6 +49,7 @@ class OpaqueDevice final : public zerod::Device {
     if (fake_ == MAP_FAILED || real_ == MAP_FAILED) zerod::fail(ZD_ERR_OUT_OF_MEMORY, "opaque device: mmap");
   }
   ~OpaqueDevice() override {
+    for (Lane& l : lanes_) l.stop();
     munmap(fake_, kSpace);
     munmap(real_, kSpace);
   }
@@ -78,6 +92,25 @@ class OpaqueDevice final : public zerod::Device {
   void copy_to_host(void* dst, const void* src, uint64_t n) override {
     std::memcpy(on_host(dst, "copy_to_host"), on_device(src, "copy_to_host"), n);
   }
+  uint64_t upload(void* dst, const void* src, uint64_t n) override {
+    std::byte* d = on_device(dst, "upload");
+    const void* h = on_host(src, "upload");
+    return lanes_[0].push([=] { std::memcpy(d, h, n); });
+  }
+  uint64_t mark() override { return 0; }  // device work is done when its call returns
+  uint64_t download(void* dst, const void* src, uint64_t n, uint64_t) override {
+    void* h = on_host(dst, "download");
+    const std::byte* d = on_device(src, "download");
+    return lanes_[1].push([=] { std::memcpy(h, d, n); }) | kDownBit;
+  }
+  void upload_after_stream() override {}  // device work is done already
+  void transfer_wait(uint64_t t) override {
+    if (t) lanes_[(t & kDownBit) ? 1 : 0].wait(t & ~kDownBit);
+  }
+  void stream_waits(uint64_t t) override { transfer_wait(t); }
+  // Transfers issued so far, per direction (a test checks they were used).
+  uint64_t transfers(bool down) const { return lanes_[down ? 1 : 0].issued(); }
+
   void copy_within(void* dst, const void* src, uint64_t n) override {
     std::memmove(on_device(dst, "copy_within"), on_device(src, "copy_within"), n);
   }
@@ -122,8 +155,63 @@ class OpaqueDevice final : public zerod::Device {
     return p;
   }
 
+  // One direction's copy engine: runs each transfer in issue order, each
+  // kLagUs after the one before it may start.
+  class Lane {
+   public:
+    static constexpr int kLagUs = 100;
+    uint64_t push(std::function<void()> copy) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+      queue_.push_back(std::move(copy));
+      cv_.notify_all();
+      return ++issued_;
+    }
+    void wait(uint64_t t) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return done_ >= t; });
+    }
+    uint64_t issued() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return issued_;
+    }
+    void stop() {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+        cv_.notify_all();
+      }
+      if (worker_.joinable()) worker_.join();
+    }
+
+   private:
+    void loop() {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        std::function<void()> copy = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(kLagUs));
+        copy();
+        lock.lock();
+        ++done_;
+        cv_.notify_all();
+      }
+    }
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> queue_;
+    uint64_t issued_ = 0, done_ = 0;
+    bool stop_ = false;
+    std::thread worker_;
+  };
+  static constexpr uint64_t kDownBit = uint64_t{1} << 63;
+
   zerod::MemoryLedger& ledger_;
   zerod::Workers& workers_;
+  Lane lanes_[2];  // uploads, downloads
   std::byte* fake_ = nullptr;
   std::byte* real_ = nullptr;
   std::mutex mu_;

@@ -29,6 +29,9 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
   full-model gradient ever exists in torch. A module leaves backward
   (backward_end) when every parameter it used in the forward has its
   gradient, and engine.backward() ends whatever is still begun.
+- Recomputation. A forward inside the backward (activation checkpointing)
+  begins the module's backward instead of a forward, so what the
+  recomputation saves stays resident until the backward has used it.
 """
 import ctypes
 import os
@@ -543,14 +546,15 @@ class Engine:
 
     def _pre_hook(self, g):
         def hook(module, inputs):
+            if self._in_backward:
+                self._recompute_begin(g)
+                return
             if g.depth == 0:
                 grad = torch.is_grad_enabled()
                 if grad and not self._hooks_active:
                     raise InvalidStateError(
                         f"module '{g.name}' ran outside the engine with gradients enabled: call engine(batch), "
                         "not the model (or evaluate under torch.no_grad())")
-                if g.in_backward:  # a forward inside backward (recomputation)
-                    self._backward_end(g)
                 check(_lib.zd_forward_begin(self._h, g.mid))
                 self._make_resident(g)
                 g.ran = g.ran or grad
@@ -559,6 +563,8 @@ class Engine:
 
     def _post_hook(self, g):
         def hook(module, inputs, output):
+            if self._in_backward:  # a recomputation: the module stays begun until its backward ends
+                return None
             g.depth -= 1
             if g.depth:
                 return None
@@ -595,6 +601,23 @@ class Engine:
         for s in g.slots:
             check(_lib.zd_grad_view(self._h, s.pid, self._raw_ref))
             s.grad = self._view_tensor(s, s.grad_tensors)[0]
+
+    def _recompute_begin(self, g):
+        # A forward inside the backward is activation checkpointing running
+        # the module again. torch's non-reentrant checkpoint keeps what the
+        # recomputation saves (views of the parameters included) in its own
+        # saved-tensor hooks, which stand before ours: they must stay valid
+        # until the module's backward has used them, so the module is
+        # resident from here through its backward (one backward pair, not a
+        # forward pair of its own). The recomputation may also stop part way
+        # (torch's early stop raises out of the module), leaving no forward
+        # to end.
+        try:
+            if not g.in_backward:
+                self._backward_begin(g)
+        except BaseException as e:
+            self._hook_error = e
+            raise
 
     def _backward_end(self, g):
         g.in_backward = False

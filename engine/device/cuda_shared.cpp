@@ -1,0 +1,254 @@
+#include "cuda_shared.h"
+
+#include "error.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+namespace zerod {
+
+namespace {
+
+// The driver calls this file makes, looked up once.
+struct Driver {
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&cuMemAddressReserve) reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+  std::string missing;  // why it could not be loaded
+};
+
+template <typename F>
+void load(F* fn, const char* name, std::string* missing) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  // The ABI of CUDA 12.0, which has every call used here.
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || p == nullptr) {
+    cudaGetLastError();
+    if (missing->empty()) *missing = std::string("the CUDA driver has no ") + name;
+    return;
+  }
+  *fn = reinterpret_cast<F>(p);
+}
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    load(&d.granularity, "cuMemGetAllocationGranularity", &d.missing);
+    load(&d.create, "cuMemCreate", &d.missing);
+    load(&d.export_handle, "cuMemExportToShareableHandle", &d.missing);
+    load(&d.import_handle, "cuMemImportFromShareableHandle", &d.missing);
+    load(&d.reserve, "cuMemAddressReserve", &d.missing);
+    load(&d.address_free, "cuMemAddressFree", &d.missing);
+    load(&d.map, "cuMemMap", &d.missing);
+    load(&d.unmap, "cuMemUnmap", &d.missing);
+    load(&d.set_access, "cuMemSetAccess", &d.missing);
+    load(&d.release, "cuMemRelease", &d.missing);
+    load(&d.error_string, "cuGetErrorString", &d.missing);
+  });
+  if (!d.missing.empty()) fail(ZD_ERR_NOT_IMPLEMENTED, "shared GPU memory: " + d.missing);
+  return d;
+}
+
+std::string text(CUresult r) {
+  const char* s = nullptr;
+  if (driver().error_string(r, &s) != CUDA_SUCCESS || !s) return "CUDA driver error " + std::to_string(r);
+  return s;
+}
+
+void check(CUresult r, const std::string& what) {
+  if (r == CUDA_SUCCESS) return;
+  fail(r == CUDA_ERROR_OUT_OF_MEMORY ? ZD_ERR_OUT_OF_MEMORY : ZD_ERR_INTERNAL, "shared GPU memory: " + what + ": " + text(r));
+}
+
+void check_rt(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  fail(ZD_ERR_INTERNAL, "shared GPU memory: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+CUmemAllocationProp props(int device) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = device;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+// The runtime's context on the device is current (the driver calls need one).
+void use_device(int device) {
+  check_rt(cudaSetDevice(device), "selecting GPU " + std::to_string(device));
+  check_rt(cudaFree(nullptr), "starting CUDA on GPU " + std::to_string(device));
+}
+
+// Reserves an address range for `bytes`, maps `handle` there and makes it
+// readable and writable from `device`.
+CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, int device) {
+  const Driver& d = driver();
+  CUdeviceptr ptr = 0;
+  check(d.reserve(&ptr, bytes, 0, 0, 0), "reserving " + std::to_string(bytes) + " bytes of address space");
+  if (CUresult r = d.map(ptr, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+    d.address_free(ptr, bytes);
+    check(r, "mapping");
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = d.set_access(ptr, bytes, &access, 1); r != CUDA_SUCCESS) {
+    d.unmap(ptr, bytes);
+    d.address_free(ptr, bytes);
+    check(r, "granting access");
+  }
+  return ptr;
+}
+
+}  // namespace
+
+uint64_t cuda_shared_granularity(int device) {
+  use_device(device);
+  const CUmemAllocationProp p = props(device);
+  size_t g = 0;
+  check(driver().granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "reading the allocation granularity");
+  return g;
+}
+
+SharedDeviceChunk SharedDeviceChunk::allocate(int device, uint64_t bytes, const std::string& what) {
+  const uint64_t g = cuda_shared_granularity(device);
+  const uint64_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
+  const Driver& d = driver();
+  const CUmemAllocationProp p = props(device);
+  CUmemGenericAllocationHandle h = 0;
+  if (CUresult r = d.create(&h, size, &p, 0); r != CUDA_SUCCESS) {
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+      fail(ZD_ERR_OUT_OF_MEMORY, what + ": GPU " + std::to_string(device) + " has no " + std::to_string(size) +
+                                     " bytes left for shared memory (" + text(r) + ")");
+    check(r, what);
+  }
+  SharedDeviceChunk c;
+  c.handle_ = h;
+  c.bytes_ = size;
+  c.device_ = device;
+  c.ptr_ = map_here(h, size, device);  // on failure c's destructor releases h
+  return c;
+}
+
+SharedDeviceChunk SharedDeviceChunk::import(int fd, uint64_t bytes, int device) {
+  use_device(device);
+  const Driver& d = driver();
+  CUmemGenericAllocationHandle h = 0;
+  check(d.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "importing a chunk of " + std::to_string(bytes) + " bytes");
+  SharedDeviceChunk c;
+  c.handle_ = h;
+  c.bytes_ = bytes;
+  c.device_ = device;
+  c.ptr_ = map_here(h, bytes, device);
+  return c;
+}
+
+int SharedDeviceChunk::export_fd() const {
+  int fd = -1;
+  check(driver().export_handle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "exporting a chunk");
+  return fd;
+}
+
+void SharedDeviceChunk::reset() noexcept {
+  if (!handle_) return;
+  const Driver& d = driver();
+  if (ptr_) {
+    d.unmap(ptr_, bytes_);
+    d.address_free(ptr_, bytes_);
+  }
+  d.release(handle_);
+  handle_ = 0;
+  ptr_ = 0;
+  bytes_ = 0;
+}
+
+SharedDeviceChunk::~SharedDeviceChunk() { reset(); }
+
+SharedDeviceChunk::SharedDeviceChunk(SharedDeviceChunk&& o) noexcept
+    : handle_(std::exchange(o.handle_, 0)), ptr_(std::exchange(o.ptr_, 0)), bytes_(std::exchange(o.bytes_, 0)),
+      device_(o.device_) {}
+
+SharedDeviceChunk& SharedDeviceChunk::operator=(SharedDeviceChunk&& o) noexcept {
+  if (this != &o) {
+    reset();
+    handle_ = std::exchange(o.handle_, 0);
+    ptr_ = std::exchange(o.ptr_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+    device_ = o.device_;
+  }
+  return *this;
+}
+
+SharedEvent SharedEvent::create() {
+  SharedEvent e;
+  cudaEvent_t ev = nullptr;
+  check_rt(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming), "creating an event");
+  e.event_ = ev;
+  return e;
+}
+
+SharedEvent SharedEvent::open(const SharedEventHandle& h) {
+  cudaIpcEventHandle_t ipc{};
+  static_assert(sizeof ipc == sizeof h.bytes, "an event handle is 64 bytes");
+  std::memcpy(&ipc, h.bytes, sizeof ipc);
+  SharedEvent e;
+  cudaEvent_t ev = nullptr;
+  check_rt(cudaIpcOpenEventHandle(&ev, ipc), "opening another process's event");
+  e.event_ = ev;
+  return e;
+}
+
+SharedEventHandle SharedEvent::handle() const {
+  cudaIpcEventHandle_t ipc{};
+  check_rt(cudaIpcGetEventHandle(&ipc, static_cast<cudaEvent_t>(event_)), "sharing an event");
+  SharedEventHandle h;
+  std::memcpy(h.bytes, &ipc, sizeof h.bytes);
+  return h;
+}
+
+void SharedEvent::record(void* stream) const {
+  check_rt(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)), "recording an event");
+}
+
+void SharedEvent::wait_on(void* stream) const {
+  check_rt(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
+           "waiting for an event");
+}
+
+void SharedEvent::synchronize() const {
+  check_rt(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "waiting for an event");
+}
+
+SharedEvent::~SharedEvent() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+SharedEvent::SharedEvent(SharedEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+
+SharedEvent& SharedEvent::operator=(SharedEvent&& o) noexcept {
+  if (this != &o) {
+    if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+    event_ = std::exchange(o.event_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace zerod

@@ -1,0 +1,232 @@
+// The overlapped update (offload.overlap, engine/overlapped_update.h) gives
+// the bits of the synchronous one: the same working copies seen by every
+// forward, the same step figures, the same final parameters, at stages 0-3,
+// with the optimizer (and at stage 3 the parameters) in host memory, with
+// accumulation, clipping that triggers, an fp16 overflow that skips a step,
+// part of the state on the device, and a checkpoint saved and loaded
+// between steps; on the cpu device and on the emulated device the host
+// cannot address (whose transfers land late, so a missing wait reads old
+// bytes), and on the cuda device where this process sees a GPU (reported
+// skipped, with the reason, elsewhere): the same GPU kernels either way, so
+// the same bits there too. Each case also checks that the overlap happened
+// where it can.
+#include "zero_fixture.h"
+
+#include "device/select.h"
+#include "dtype.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+using namespace zerod_test;
+
+namespace {
+
+struct Case {
+  const char* name;
+  int stage;
+  zd_tier params, optimizer;
+  zd_dtype precision;
+  int world = 1;
+  int64_t accumulation = 1;
+  double clipping = 0.0;
+  double ratio = 1.0;          // offload.ratio: the rest of the state stays on the device
+  bool overflow = false;       // an inf gradient at step 4 (fp16: the step is skipped)
+  bool can_overlap = true;     // the engine overlaps this job's update (on the cpu device)
+  // offload.accumulate of the overlapped run (the synchronous one: host).
+  OffloadConfig::Accumulate accumulate = OffloadConfig::Accumulate::Auto;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Stage 3 on several ranks overlaps where its gathers are collectives (a
+// device the host cannot address); on the cpu device they copy the peers'
+// shards at a version the whole update moves.
+bool overlaps(const Case& c, const std::string& device) {
+  return c.can_overlap || (c.stage == 3 && device != "cpu");
+}
+
+struct Result {
+  std::vector<std::vector<float>> seen;  // every working copy every forward saw, in order
+  std::vector<double> norms;             // the step figures
+  std::vector<int> skipped;
+  std::vector<std::vector<float>> params;
+  uint64_t overlapped = 0;
+  uint64_t device_grads = 0;  // bytes of gradients in the device tier (the accumulation window)
+};
+
+constexpr int kSteps = 6;
+const std::vector<int64_t> kSizes = {70000, 300, 1 << 16, 333, 40000};
+
+Result train(const Case& c, const std::string& device, bool overlap, OffloadConfig::Accumulate accumulate,
+             const std::string& ckpt_dir) {
+  JobOptions o;
+  o.device = device;
+  o.stage = c.stage;
+  o.precision = c.precision;
+  o.accumulation = c.accumulation;
+  o.clipping = c.clipping;
+  o.threads = 2;
+  o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+  if (c.stage == 3)  // the small ones stay gathered (persistent), the rest is gathered per module
+    o.zero_hparams = {{"param_persistence_threshold", 400}, {"max_live_parameters", 1 << 17},
+                      {"prefetch_bucket_size", 1 << 16}, {"reduce_bucket_size", 1 << 16}};
+  o.offload.params = c.params;
+  o.offload.optimizer = c.optimizer;
+  o.offload.ratio = c.ratio;
+  o.offload.overlap = overlap;
+  o.offload.accumulate = accumulate;
+  auto model = make_model(o, c.world);
+  Result out;
+  std::mutex mu;
+  run_ranks(c.world, [&](int rank) {
+    Device& d = const_cast<Device&>(model->device(rank));
+    std::vector<zd_param_id> ids;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      std::vector<float> init(static_cast<size_t>(kSizes[i]));
+      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
+      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), c.precision,
+                                          {kSizes[i]}, init.data(), ZD_DTYPE_F32));
+    }
+    model->finalize(rank);
+    const size_t esz = dtype_size(c.precision);
+    for (int s = 0; s < kSteps; ++s) {
+      if (s == 3) {
+        // Between steps: a checkpoint out and back in changes nothing.
+        model->save_checkpoint(rank, ckpt_dir);
+        model->load_checkpoint(rank, ckpt_dir);
+      }
+      for (int64_t micro = 0; micro < c.accumulation; ++micro) {
+        std::vector<std::vector<float>> w(ids.size());
+        for (size_t m = 0; m < ids.size(); ++m) {
+          model->forward_begin(rank, static_cast<zd_module_id>(m));
+          const ViewInfo v = model->param_view(rank, ids[m]);
+          std::vector<std::byte> raw(v.bytes);
+          d.copy_to_host(raw.data(), v.data, v.bytes);
+          w[m].resize(v.bytes / esz);
+          convert(raw.data(), c.precision, w[m].data(), ZD_DTYPE_F32, w[m].size());
+          model->forward_end(rank, static_cast<zd_module_id>(m));
+        }
+        for (size_t m = ids.size(); m-- > 0;) {
+          model->backward_begin(rank, static_cast<zd_module_id>(m));
+          const ViewInfo g = model->grad_view(rank, ids[m]);
+          std::vector<float> grad(w[m].size());
+          for (size_t j = 0; j < grad.size(); ++j)
+            grad[j] = w[m][j] - std::cos(static_cast<float>(j + s + rank + micro));
+          if (c.overflow && s == 4 && m == 2 && rank == 0) grad[7] = std::numeric_limits<float>::infinity();
+          std::vector<std::byte> raw(g.bytes);
+          convert(grad.data(), ZD_DTYPE_F32, raw.data(), c.precision, grad.size());
+          d.copy_to_device(g.data, raw.data(), raw.size());
+          model->backward_end(rank, static_cast<zd_module_id>(m));
+        }
+        const StepFigures f = model->step(rank);
+        if (rank == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          for (auto& x : w) out.seen.push_back(std::move(x));
+          if (f.boundary) {
+            out.norms.push_back(f.grad_norm);
+            out.skipped.push_back(f.skipped ? 1 : 0);
+          }
+        }
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<float> v(static_cast<size_t>(model->registry().param(ids[i]).numel));
+      model->read_param(rank, ids[i], ZD_DTYPE_F32, v.data(), v.size() * 4);
+      if (rank == 0) out.params.push_back(std::move(v));
+    }
+  });
+  out.overlapped = model->counters(0).overlapped_updates.load();
+  out.device_grads = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_GRADS);
+  return out;
+}
+
+// Equal as bits (NaN norms of skipped steps included).
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+class Overlap : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
+
+TEST_P(Overlap, GivesTheBitsOfTheSynchronousUpdate) {
+  const auto& [device, c] = GetParam();
+  if (device == "cuda") {
+    const CudaAvailability a = cuda_availability();
+    if (a.devices == 0) GTEST_SKIP() << "the cuda device cannot be tested here: " << a.why;
+  }
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("zerod-overlap-" + std::to_string(getpid()) + "-" + c.name);
+  std::filesystem::remove_all(dir);
+  const Result sync = train(c, device, false, OffloadConfig::Accumulate::Host, dir + "/sync");
+  const Result over = train(c, device, true, c.accumulate, dir + "/overlap");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(sync.overlapped, 0u);
+  EXPECT_EQ(sync.device_grads, 0u) << "the synchronous run accumulates on the host";
+  if (c.accumulate == OffloadConfig::Accumulate::Device) {
+    EXPECT_GT(over.device_grads, 0u) << c.name << ": the accumulation window is on the device";
+  }
+  if (overlaps(c, device)) {
+    // Every applied step overlapped its update (a skipped one has none).
+    int applied = 0;
+    for (int s : over.skipped) applied += s ? 0 : 1;
+    EXPECT_EQ(over.overlapped, static_cast<uint64_t>(applied)) << c.name;
+  } else {
+    EXPECT_EQ(over.overlapped, 0u) << c.name << ": this job cannot overlap its update";
+  }
+  ASSERT_EQ(sync.seen.size(), over.seen.size());
+  for (size_t i = 0; i < sync.seen.size(); ++i)
+    ASSERT_TRUE(sync.seen[i] == over.seen[i]) << c.name << ": forward " << i << " saw other values";
+  EXPECT_TRUE(same_bits(sync.norms, over.norms)) << c.name;
+  EXPECT_EQ(sync.skipped, over.skipped) << c.name;
+  if (c.overflow) {
+    EXPECT_EQ(over.skipped[4], 1) << c.name << ": the overflow skipped step 5";
+  }
+  if (c.clipping > 0) {
+    EXPECT_GT(over.norms.front(), c.clipping) << c.name << ": clipping triggers";
+  }
+  EXPECT_TRUE(sync.params == over.params) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Jobs, Overlap,
+    ::testing::Combine(
+        ::testing::Values("cpu", "opaque", "cuda"),
+        ::testing::Values(
+            Case{"stage0_host_f32", 0, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32},
+            Case{"stage1_host_bf16_accumulation", 1, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 1, 2},
+            Case{"stage2_host_bf16_clipping", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 1, 1, 0.05},
+            Case{"stage3_host_bf16_accumulation_clipping", 3, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 1, 2, 0.05},
+            // The micro-batches before the last add up on the device.
+            Case{"stage3_host_bf16_window_on_device", 3, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 1, 3, 0.05,
+                 1.0, false, true, OffloadConfig::Accumulate::Device},
+            Case{"stage2_host_f32_window_on_device", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 1, 2, 0, 1.0,
+                 false, true, OffloadConfig::Accumulate::Device},
+            Case{"stage3_params_host_f16_window_overflow", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F16, 1, 2, 0,
+                 1.0, true, true, OffloadConfig::Accumulate::Device},
+            Case{"stage3_params_host_f32", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F32},
+            Case{"stage3_params_host_f16_overflow", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F16, 1, 1, 0, 1.0, true},
+            Case{"stage0_host_f32_2ranks", 0, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 2},
+            // Several ranks that gather each other's new working copies
+            // right after the update (stage 1), or read each other's
+            // shards one-sided (stage 3 on the cpu device): the update
+            // stays inside zd_step.
+            Case{"stage1_host_bf16_2ranks", 1, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 2, 1, 0, 1.0, false,
+                 false},
+            Case{"stage3_host_f32_2ranks", 3, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 2, 1, 0, 1.0, false,
+                 false},
+            Case{"stage2_host_bf16_2ranks_window_on_device", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 2, 2,
+                 0, 1.0, false, false, OffloadConfig::Accumulate::Device})),
+    [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).name; });
+
+// A group's optimizer split between the device and the host (offload.ratio),
+// which only the cpu device runs: the device's part in zd_step, the host's
+// behind it.
+INSTANTIATE_TEST_SUITE_P(
+    Split, Overlap,
+    ::testing::Combine(::testing::Values("cpu"),
+                       ::testing::Values(Case{"stage3_half_on_device_bf16", 3, ZD_TIER_DEVICE, ZD_TIER_HOST,
+                                              ZD_DTYPE_BF16, 1, 1, 0, 0.5})),
+    [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).name; });
+
+}  // namespace
