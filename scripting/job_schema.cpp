@@ -31,8 +31,8 @@ std::vector<KeySpec> make_schema() {
   return {
       {"device", T::kChoice, 0, "cpu", {}, {"cpu", "cuda", "auto"},
        "Where each rank computes: `cpu`, a bounded shared-memory pool standing in for a GPU; `cuda`, the GPU's "
-       "memory; `auto`, cuda where the process sees a GPU. A trainer's `zd_model_options.device` overrides it; a "
-       "daemon's ranks use `cpu` ([devices.md](devices.md))."},
+       "memory; `auto`, cuda where the process sees a GPU. A trainer's `zd_model_options.device` overrides it, "
+       "under a daemon too ([devices.md](devices.md))."},
       {"precision", T::kChoice, 0, "fp32", {}, {"fp32", "bf16", "fp16"},
        "The 16-bit type parameters may be registered as (a parameter may always be `f32`). `fp16` turns on loss "
        "scaling. The fp32 master copy exists in every precision."},

@@ -2,7 +2,9 @@
 // (transport/ring.h); each table call is then a record in the ring and its
 // reply, and set-up requests (models, registration, staging) are socket
 // frames the ring announces. Views point into the daemon's arenas, which
-// this side maps once when their fds arrive on the socket. Whole-parameter
+// this side maps once when their fds arrive on the socket (memfds on the
+// cpu device, CUDA allocations on a GPU: trainer_link.h, which also orders
+// the trainer's stream against the daemon's). Whole-parameter
 // data goes through a staging memfd the client shares with the daemon. No
 // tensor bytes travel in the messages. Answers this side already holds
 // (views, the loss scale, module and parameter info) cost no round trip.
@@ -17,6 +19,7 @@
 #include "transport/shared_memory.h"
 #include "ring_call.h"
 #include "transport/ring.h"
+#include "trainer_link.h"
 #include "wire.h"
 
 #include <poll.h>
@@ -48,11 +51,6 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-// Arenas come from the daemon, which sizes them to its device budget: any
-// size a file can have is allowed, but the fd must be a sealed memfd that
-// long, so a mapping here can never fault.
-constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
-
 class RemoteClient;
 
 // A view as either path reports it.
@@ -65,7 +63,8 @@ struct RingViewLike {
 
 class RemoteModel final : public ModelBackend {
  public:
-  RemoteModel(RemoteClient& c, int id) : client_(c), id_(id), registry_(1) {}
+  RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link)
+      : client_(c), id_(id), registry_(1), link_(device_type, device_id, link) {}
   ~RemoteModel() override;
 
   zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
@@ -94,7 +93,8 @@ class RemoteModel final : public ModelBackend {
   RemoteClient& client_;
   int id_;
   Registry registry_;  // a mirror of what this rank registered: names, shapes, modules
-  std::map<int32_t, transport::SharedMapping> arenas_;
+  TrainerLink link_;
+  std::map<int32_t, ImportedArena> arenas_;
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
   std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
   double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
@@ -134,10 +134,6 @@ class RemoteClient final : public ClientBackend {
   }
 
   std::unique_ptr<ModelBackend> create_model(const ScriptOptions& s) override {
-    if (s.device == "cuda")
-      fail(ZD_ERR_NOT_IMPLEMENTED, "device \"cuda\": the ranks of a zerod daemon compute on the cpu device (a "
-                                   "daemon does not serve GPU memory yet); train on the GPU in embedded mode "
-                                   "(zd_connect(\"embedded:\"), or run the trainer without `zerod run`)");
     std::string text = s.text, name = s.name.empty() ? "job.lua" : s.name;
     if (!s.path.empty()) {
       // Read here: the daemon may not share this process's working directory.
@@ -149,8 +145,22 @@ class RemoteClient final : public ClientBackend {
     c->set_script_text(text);
     c->set_script_name(name);
     c->set_allow_io(s.allow_io);
+    c->set_device(s.device);
     const v1::Reply r = rpc(req);
-    return std::make_unique<RemoteModel>(*this, r.create_model().model());
+    const v1::CreateModelReply& cm = r.create_model();
+    try {
+      return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), cm.device_id(),
+                                           StreamLink{cm.zerod_done(), cm.trainer_done()});
+    } catch (...) {
+      // This side cannot reach the device: the daemon's model goes again.
+      v1::Request d;
+      d.mutable_destroy_model()->set_model(cm.model());
+      try {
+        rpc(d);
+      } catch (...) {
+      }
+      throw;
+    }
   }
 
   // Sends a request as a socket frame and waits for its reply; throws the
@@ -467,9 +477,7 @@ calls::Outcome RemoteModel::view(const calls::Args& a) {
 }
 
 calls::Outcome RemoteModel::set_stream(void* stream) {
-  if (stream)
-    fail(ZD_ERR_NOT_IMPLEMENTED, "zd_model_set_stream: the ranks of a zerod daemon compute on the cpu device, "
-                                 "which has no streams (a daemon does not serve GPU memory yet)");
+  link_.set_stream(stream);
   return {};
 }
 
@@ -494,9 +502,8 @@ void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::Arena
                               std::to_string(fds.size()) + " fds");
   for (int i = 0; i < arenas.size(); ++i) {
     const v1::ArenaInfo& a = arenas.Get(i);
-    arenas_[a.id()] = transport::SharedMapping(fds[static_cast<size_t>(i)].get(), a.size(), kMaxArenaBytes,
-                                               "device-pool arena " + std::to_string(a.id()) + " from the daemon",
-                                               ZD_ERR_INTERNAL);
+    const PoolExport e{a.id(), a.size(), fds[static_cast<size_t>(i)].get(), a.device_type(), a.device_id()};
+    arenas_.insert_or_assign(a.id(), ImportedArena(e, "device-pool arena " + std::to_string(a.id()) + " from the daemon"));
   }
   fds.clear();  // the mappings keep the memory; the fds can go
 }
@@ -514,6 +521,8 @@ void RemoteModel::take_view(const RingViewLike& v) {
   info.dtype = p.dtype;
   info.shape = &p.shape;
   info.read_only = !v.gradient;
+  info.device_type = link_.device_type();
+  info.device_id = link_.device_id();
   (v.gradient ? grad_views_ : param_views_)[v.param] = info;
 }
 
@@ -618,6 +627,7 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   if (writes) std::memcpy(st, data, a.bytes);
   calls::Outcome o;
   std::vector<RingViewLike> views;
+  link_.before_call();
   if (client_.has_ring()) {
     const wire::RingReply& r = client_.ring_call(id_, a, 0);
     const std::span<const std::byte> tail = client_.reply_tail();
@@ -650,6 +660,7 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
     socket_views_.clear();
   }
   for (const RingViewLike& v : views) take_view(v);
+  if (a.op == calls::Op::forward_begin || a.op == calls::Op::backward_begin) link_.after_begin();
   if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
   if (a.op == calls::Op::forward_begin) in_forward_.insert(a.module);
   if (a.op == calls::Op::forward_end) in_forward_.erase(a.module);

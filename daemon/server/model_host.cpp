@@ -1,31 +1,32 @@
 #include "model_host.h"
 
+#include "device/select.h"
 #include "error.h"
 
 #include <chrono>
 
 namespace zerod::server {
 
-// The daemon's ranks compute on the cpu device: its pools are memfd arenas
-// that it shares with the trainers, and it does not serve GPU memory yet.
-// "auto" means the cpu device here; "cuda" is refused with what to do.
-JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path) {
+// The daemon's ranks compute on the device the job names, as embedded ones
+// do ("auto": a GPU where the daemon sees one); their pools are shared with
+// the trainers (memfd arenas on the cpu device, CUDA virtual memory on a
+// GPU: device/select.h open_shared_device).
+JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path,
+                        const std::string& device) {
   if (!trace_path.empty()) config.trace.path = trace_path;
-  if (config.device == "cuda")
-    fail(ZD_ERR_NOT_IMPLEMENTED, script_name + ": device = \"cuda\": the ranks of a zerod daemon compute on the cpu "
-                                               "device (a daemon does not serve GPU memory yet); train on the GPU in "
-                                               "embedded mode, or set device = \"cpu\" or \"auto\"");
-  config.device = "cpu";
+  if (!device.empty()) config.device = device;  // the trainer knows where it computes
+  config.device = resolve_device(config.device, script_name);
   return config;
 }
 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
                      std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank,
-                     int local_ranks, const std::string& trace_path)
+                     int local_ranks, const std::string& trace_path, const std::string& device)
     : id_(id),
       key_(key),
       script_text_(std::move(script_text)),
       script_name_(std::move(script_name)),
+      device_request_(device),
       script_(std::move(script)),
       first_rank_(first_rank) {
   if (local_ranks < 0) local_ranks = world_size - first_rank;
@@ -38,7 +39,7 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   gone_.assign(n, false);
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
-  JobConfig config = daemon_config(script_->config(), script_name_, trace_path);
+  JobConfig config = daemon_config(script_->config(), script_name_, trace_path, device);
   // A later model of the same daemon (an evaluation model, a second job of
   // `zerod serve`) must not overwrite the first one's trace.
   if (id_ > 0 && !config.trace.path.empty()) {
@@ -53,7 +54,7 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   }
   model_ = std::make_unique<Model>(std::move(config),
                                    script_->make_plugins(world_size, first_rank, local_ranks), script_.get(),
-                                   world_size, first_rank, local_ranks);
+                                   world_size, first_rank, local_ranks, open_shared_device);
 }
 
 size_t ModelHost::at(int rank) const {

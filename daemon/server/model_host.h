@@ -17,13 +17,16 @@ namespace zerod::server {
 
 // The job's configuration as a daemon runs it (the device it computes on).
 // trace_path, when given, overrides the script's trace.path.
-JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path = "");
+// device: the trainers' zd_model_options.device, overriding the script's
+// ("" = the script's).
+JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path = "",
+                        const std::string& device = "");
 
 class ModelHost {
  public:
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
             std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank = 0,
-            int local_ranks = -1, const std::string& trace_path = "");
+            int local_ranks = -1, const std::string& trace_path = "", const std::string& device = "");
   ~ModelHost();
 
   int id() const { return id_; }
@@ -33,6 +36,8 @@ class ModelHost {
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
   const scripting::JobScript& script() const { return *script_; }
+  // The device its creator asked for ("" = the script's).
+  const std::string& device_request() const { return device_request_; }
 
   // Attaching and leaving. A rank that leaves without destroying the model
   // (its connection dropped) is lost: the other ranks' collectives fail.
@@ -60,6 +65,7 @@ class ModelHost {
   uint64_t key_;
   std::string script_text_;
   std::string script_name_;
+  std::string device_request_;
   std::unique_ptr<scripting::JobScript> script_;
   std::unique_ptr<Model> model_;
   mutable std::mutex mu_;

@@ -120,11 +120,21 @@ int Server::rank_pid(int rank) {
 }
 
 std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string& text,
-                                                    const std::string& name, bool allow_io) {
+                                                    const std::string& name, bool allow_io,
+                                                    const std::string& device) {
+  // A model another rank made for another device is not this rank's.
+  auto same_device = [&](const ModelHost& m) {
+    if (m.device_request() != device)
+      fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + " asks for its model on device \"" +
+                              (device.empty() ? "(the job script's)" : device) + "\" but another rank created it on \"" +
+                              (m.device_request().empty() ? "(the job script's)" : m.device_request()) +
+                              "\"; every rank must pass the same zd_model_options.device");
+  };
   std::unique_lock<std::mutex> lock(mu_);
   // A restarted rank of a job that keeps its state finds its old model.
   for (auto& [id, m] : models_) {
     if (m->script_text() == text && m->can_reattach(rank)) {
+      same_device(*m);
       m->reattach(rank);
       log_info("rank " + std::to_string(rank) + " re-attached to model " + std::to_string(id) +
                " (kept for a restart)");
@@ -140,6 +150,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
                               " differs from the " + m->script_name() +
                               " another rank created this model with; every rank must use the "
                               "same job script");
+    same_device(*m);
     m->attach(rank);
     return m;
   }
@@ -159,11 +170,12 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
                                 " differs from the " + m->script_name() +
                                 " another rank created this model with; every rank must use "
                                 "the same job script");
+      same_device(*m);
       m->attach(rank);
       return m;
     }
   auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script),
-                                       options_.world_size, first_rank(), local_ranks(), options_.trace_path);
+                                       options_.world_size, first_rank(), local_ranks(), options_.trace_path, device);
   m->attach(rank);
   models_[m->id()] = m;
   return m;

@@ -63,8 +63,10 @@ class Server {
   void release_rank(int rank, Session* s);
   // The model for rank's next zd_model_create (created by the first rank
   // to ask, attached by the others).
+  // device: the trainer's zd_model_options.device ("" = the script's); every
+  // rank of a model must give the same.
   std::shared_ptr<ModelHost> create_or_attach(int rank, const std::string& text, const std::string& name,
-                                              bool allow_io);
+                                              bool allow_io, const std::string& device = "");
   std::shared_ptr<ModelHost> model(int id);
   void forget_if_unused(const std::shared_ptr<ModelHost>& m);
   std::vector<std::shared_ptr<ModelHost>> models();

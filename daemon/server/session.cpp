@@ -271,12 +271,14 @@ std::byte* Session::staging_at(uint64_t offset, uint64_t bytes, const char* what
 
 void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds) {
   size_t& sent = arenas_sent_[m.id()];
-  const auto arenas = m.model().device(rank_).arenas();
+  const std::vector<PoolExport> arenas = m.model().device(rank_).exports();
   for (size_t i = sent; i < arenas.size(); ++i) {
     v1::ArenaInfo* a = reply->add_new_arenas();
-    a->set_id(arenas[i]->id());
-    a->set_size(arenas[i]->size());
-    fds->push_back(arenas[i]->fd());
+    a->set_id(arenas[i].id);
+    a->set_size(arenas[i].size);
+    a->set_device_type(arenas[i].device_type);
+    a->set_device_id(arenas[i].device_id);
+    fds->push_back(arenas[i].fd);
   }
   sent = arenas.size();
 }
@@ -540,9 +542,18 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     }
     case v1::Request::kCreateModel: {
       const auto& c = req.create_model();
-      auto m = server_.create_or_attach(rank_, c.script_text(), c.script_name(), c.allow_io());
+      auto m = server_.create_or_attach(rank_, c.script_text(), c.script_name(), c.allow_io(), c.device());
       models_[m->id()] = m;
-      reply->mutable_create_model()->set_model(m->id());
+      v1::CreateModelReply* r = reply->mutable_create_model();
+      r->set_model(m->id());
+      // Where this rank computes, and (a GPU) how its stream is ordered
+      // against the daemon's.
+      const Device& d = m->model().device(rank_);
+      r->set_device_type(d.dlpack_type());
+      r->set_device_id(d.ordinal());
+      const StreamLink link = d.stream_link();
+      r->set_zerod_done(link.zerod_done);
+      r->set_trainer_done(link.trainer_done);
       return;
     }
     case v1::Request::kDestroyModel: {

@@ -17,6 +17,12 @@ Block CpuDevice::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& w
 
 void CpuDevice::release(const Block& block, zd_mem_kind kind) { pool_.release(block, kind); }
 
+std::vector<PoolExport> CpuDevice::exports() const {
+  std::vector<PoolExport> out;
+  for (const SharedArena* a : pool_.arenas()) out.push_back({a->id(), a->size(), a->fd(), ZD_DEVICE_CPU, 0});
+  return out;
+}
+
 void CpuDevice::copy_to_device(void* dst, const void* src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuDevice::copy_to_host(void* dst, const void* src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuDevice::copy_within(void* dst, const void* src, uint64_t bytes) { std::memmove(dst, src, bytes); }

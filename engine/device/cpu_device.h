@@ -25,7 +25,7 @@ class CpuDevice final : public Device {
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& block, zd_mem_kind kind) override;
-  std::vector<const SharedArena*> arenas() const override { return pool_.arenas(); }
+  std::vector<PoolExport> exports() const override;
   void register_host(void*, uint64_t) override {}
   void unregister_host(void*) override {}
 

@@ -4,7 +4,11 @@
 // waits on the legacy default stream.
 //
 // The pool is a first-fit heap over chunks of cudaMalloc'ed memory, kept
-// until the model goes (cudaFree synchronises the whole device). A freed
+// until the model goes (cudaFree synchronises the whole device). A daemon's
+// device (shared) takes its chunks from CUDA virtual memory instead, each
+// exportable as a file descriptor its trainer maps (cuda_shared.h), and
+// orders the trainer's stream in the other process through two
+// interprocess events (StreamLink). A freed
 // block may be reused by later work on zerod's stream at once: that work is
 // ordered after whatever used it. The trainer reads and writes pool memory
 // on its own stream only between a begin call (which makes the trainer's
@@ -13,6 +17,7 @@
 #include "cuda_device.h"
 
 #include "arena.h"
+#include "cuda_shared.h"
 #include "cuda_kernels.h"
 #include "dtype.h"
 #include "error.h"
@@ -20,6 +25,8 @@
 #include "plugin_host.h"
 
 #include <cuda_runtime.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -50,9 +57,13 @@ constexpr uint64_t kChunk = uint64_t{256} << 20;      // the pool grows by this 
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(MemoryLedger& ledger, int device, std::string name)
-      : ledger_(ledger), device_(device), name_(std::move(name)) {
+  CudaDevice(MemoryLedger& ledger, int device, std::string name, bool shared)
+      : ledger_(ledger), device_(device), name_(std::move(name)), shared_(shared) {
     check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_));
+    if (shared_) {
+      zerod_done_ = SharedEvent::create();
+      trainer_done_shared_ = SharedEvent::create();
+    }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating zerod's stream");
     check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "creating an event");
     check(cudaEventCreateWithFlags(&trainer_done_, cudaEventDisableTiming), "creating an event");
@@ -91,7 +102,14 @@ class CudaDevice final : public Device {
     cudaEventDestroy(stream_mark_);
     for (cudaEvent_t e : marks_.done) cudaEventDestroy(e);
     for (auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
-    for (Chunk& c : chunks_) cudaFree(c.base);
+    for (Chunk& c : chunks_) {
+      if (c.shared) {
+        if (c.fd >= 0) ::close(c.fd);
+        c.shared.reset();
+      } else {
+        cudaFree(c.base);
+      }
+    }
     cudaFree(stats_);
     cudaEventDestroy(copies_done_);
     cudaEventDestroy(trainer_done_);
@@ -110,33 +128,26 @@ class CudaDevice final : public Device {
     try {
       current();
       std::byte* p = nullptr;
+      uint64_t off = 0;
+      int32_t arena = -1;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        for (Chunk& c : chunks_) {
-          uint64_t off = 0;
-          if (c.heap.allocate(size, kAlign, &off)) {
-            p = c.base + off;
-            break;
+        for (size_t i = 0; i < chunks_.size() && !p; ++i) {
+          if (chunks_[i].heap.allocate(size, kAlign, &off)) {
+            p = chunks_[i].base + off;
+            arena = shared_ ? static_cast<int32_t>(i) : -1;
           }
         }
         if (!p) {
-          const uint64_t chunk = std::max(size, kChunk);
-          void* base = nullptr;
-          const cudaError_t e = cudaMalloc(&base, chunk);
-          if (e != cudaSuccess) {
-            cudaGetLastError();  // clear it: the device stays usable
-            fail(ZD_ERR_OUT_OF_MEMORY, "cuda device: " + what + ": cudaMalloc of " + format_bytes(chunk) +
-                                           " failed (" + cuda_text(e) + "); lower budgets.device or move state "
-                                           "to the host");
-          }
-          chunks_.push_back(Chunk{static_cast<std::byte*>(base), chunk, RangeHeap(chunk)});
-          uint64_t off = 0;
-          chunks_.back().heap.allocate(size, kAlign, &off);
-          p = chunks_.back().base + off;
+          grow(std::max(size, kChunk), what);
+          Chunk& c = chunks_.back();
+          c.heap.allocate(size, kAlign, &off);
+          p = c.base + off;
+          arena = shared_ ? static_cast<int32_t>(chunks_.size() - 1) : -1;
         }
       }
       check(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
-      return Block{p, size, -1, 0};
+      return Block{p, size, arena, shared_ ? off : 0};
     } catch (...) {
       ledger_.release(ZD_TIER_DEVICE, kind, size);
       throw;
@@ -156,7 +167,23 @@ class CudaDevice final : public Device {
     ledger_.release(ZD_TIER_DEVICE, kind, block.bytes);
   }
 
-  std::vector<const SharedArena*> arenas() const override { return {}; }
+  std::vector<PoolExport> exports() const override {
+    std::vector<PoolExport> out;
+    if (!shared_) return out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < chunks_.size(); ++i)
+      out.push_back({static_cast<int32_t>(i), chunks_[i].bytes, chunks_[i].fd, ZD_DEVICE_CUDA, device_});
+    return out;
+  }
+
+  StreamLink stream_link() const override {
+    if (!shared_) return {};
+    auto bytes = [](const SharedEvent& e) {
+      const SharedEventHandle h = e.handle();
+      return std::string(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
+    };
+    return {bytes(zerod_done_), bytes(trainer_done_shared_)};
+  }
 
   void register_host(void* ptr, uint64_t bytes) override {
     if (!ptr || bytes == 0) return;
@@ -304,11 +331,19 @@ class CudaDevice final : public Device {
             "zeroing gradients");
   }
 
-  void set_trainer_stream(void* stream) override { trainer_ = static_cast<cudaStream_t>(stream); }
+  void set_trainer_stream(void* stream) override {
+    // A shared device's trainer is in another process: its stream is
+    // ordered through the StreamLink events, which its libzerod handles.
+    if (!shared_) trainer_ = static_cast<cudaStream_t>(stream);
+  }
 
   void trainer_waits() override {
     current();
     std::lock_guard<std::mutex> lock(event_mu_);
+    if (shared_) {
+      zerod_done_.record(stream_);
+      return;
+    }
     check(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
     check(cudaStreamWaitEvent(trainer_, copies_done_, 0), "making the trainer's stream wait");
   }
@@ -316,6 +351,10 @@ class CudaDevice final : public Device {
   void wait_for_trainer() override {
     current();
     std::lock_guard<std::mutex> lock(event_mu_);
+    if (shared_) {
+      trainer_done_shared_.wait_on(stream_);
+      return;
+    }
     check(cudaEventRecord(trainer_done_, trainer_), "recording the trainer's work");
     check(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
   }
@@ -330,7 +369,29 @@ class CudaDevice final : public Device {
     std::byte* base;
     uint64_t bytes;
     RangeHeap heap;
+    std::unique_ptr<SharedDeviceChunk> shared;  // a shared device's: its memory
+    int fd = -1;                                // and the handle it exports
   };
+
+  // Adds a chunk of `bytes` (with mu_ held).
+  void grow(uint64_t bytes, const std::string& what) {
+    if (shared_) {
+      auto sc = std::make_unique<SharedDeviceChunk>(SharedDeviceChunk::allocate(device_, bytes, "cuda device: " + what));
+      const int fd = sc->export_fd();
+      std::byte* base = static_cast<std::byte*>(sc->data());
+      const uint64_t size = sc->size();
+      chunks_.push_back(Chunk{base, size, RangeHeap(size), std::move(sc), fd});
+      return;
+    }
+    void* base = nullptr;
+    const cudaError_t e = cudaMalloc(&base, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the device stays usable
+      fail(ZD_ERR_OUT_OF_MEMORY, "cuda device: " + what + ": cudaMalloc of " + format_bytes(bytes) + " failed (" +
+                                     cuda_text(e) + "); lower budgets.device or move state to the host");
+    }
+    chunks_.push_back(Chunk{static_cast<std::byte*>(base), bytes, RangeHeap(bytes), nullptr, -1});
+  }
 
   // One direction's copy stream. Its transfers complete in order, so each
   // ticket is a sequence number (the direction in the top bits) and a ring
@@ -371,6 +432,8 @@ class CudaDevice final : public Device {
   MemoryLedger& ledger_;
   int device_;
   std::string name_;
+  bool shared_;
+  SharedEvent zerod_done_, trainer_done_shared_;  // a shared device's StreamLink
   std::string description_;
   cudaStream_t stream_ = nullptr;
   cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
@@ -380,7 +443,7 @@ class CudaDevice final : public Device {
   Queue queues_[2];                    // uploads, downloads
   Queue marks_;                        // marks on zerod's own stream (its `stream` is stream_)
   double* stats_ = nullptr;  // kStatsBlocks partial sums, then the total
-  std::mutex mu_;            // the chunks and the registrations
+  mutable std::mutex mu_;    // the chunks and the registrations
   std::mutex event_mu_;
   std::mutex stats_mu_;
   std::vector<Chunk> chunks_;
@@ -414,7 +477,7 @@ CudaAvailability cuda_probe() {
 }
 
 std::unique_ptr<Device> make_cuda_device(MemoryLedger& ledger, Workers& workers, int local_rank,
-                                         const std::string& name) {
+                                         const std::string& name, bool shared) {
   const CudaAvailability a = cuda_probe();
   if (a.devices == 0) fail(ZD_ERR_CONFIG, "device \"cuda\" cannot be opened: " + a.why);
   int device = 0;
@@ -423,7 +486,7 @@ std::unique_ptr<Device> make_cuda_device(MemoryLedger& ledger, Workers& workers,
   else
     device = local_rank % a.devices;
   (void)workers;  // the GPU runs the update itself
-  return std::make_unique<CudaDevice>(ledger, device, name);
+  return std::make_unique<CudaDevice>(ledger, device, name, shared);
 }
 
 }  // namespace zerod

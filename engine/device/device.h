@@ -35,6 +35,31 @@ namespace zerod {
 
 class OptimizerInstance;
 
+// A region of a rank's device pool that another process maps (daemon
+// mode): the daemon passes its fd once over the socket (SCM_RIGHTS), and a
+// view is (id, offset, length) in it, as Blocks say.
+struct PoolExport {
+  int32_t id = 0;  // the arena number of the Blocks inside it
+  uint64_t size = 0;
+  int fd = -1;  // owned by the device; whoever sends it passes a copy
+  // ZD_DEVICE_CPU: a sealed memfd, mapped with mmap. ZD_DEVICE_CUDA: a CUDA
+  // virtual-memory allocation, imported and mapped on GPU device_id
+  // (device/cuda_shared.h).
+  int32_t device_type = ZD_DEVICE_CPU;
+  int32_t device_id = 0;
+};
+
+// Daemon mode on a device with streams: the two interprocess events that
+// order a trainer's stream, in its own process, against zerod's stream
+// (64-byte handles; empty where there are none). zerod records `zerod_done`
+// where trainer_waits() would make a local trainer's stream wait, and the
+// trainer's stream waits for it after each begin call; the trainer records
+// `trainer_done` on its stream before each call, and wait_for_trainer()
+// makes zerod's stream wait for it.
+struct StreamLink {
+  std::string zerod_done, trainer_done;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -51,9 +76,11 @@ class Device {
   // budget, ZD_ERR_OUT_OF_MEMORY when the device refuses. ---
   virtual Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) = 0;
   virtual void release(const Block& block, zd_mem_kind kind) = 0;
-  // The shared-memory arenas blocks live in (the daemon passes them to its
-  // trainers); empty when the pool is not shared memory.
-  virtual std::vector<const SharedArena*> arenas() const = 0;
+  // The regions blocks live in that another process can map (the daemon
+  // passes them to its trainers), in creation order; empty when the pool
+  // cannot be shared.
+  virtual std::vector<PoolExport> exports() const = 0;
+  virtual StreamLink stream_link() const { return {}; }
 
   // Host memory the engine allocates itself and the device copies from and
   // to often (the NVMe staging buffers): the cuda device page-locks it so

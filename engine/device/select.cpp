@@ -48,4 +48,12 @@ std::unique_ptr<Device> open_device(const std::string& kind, MemoryLedger& ledge
   fail(ZD_ERR_CONFIG, "device \"" + kind + "\" cannot be opened: " + cuda_availability().why);
 }
 
+std::unique_ptr<Device> open_shared_device(const std::string& kind, MemoryLedger& ledger, Workers& workers,
+                                           int local_rank, const std::string& name) {
+#if defined(ZEROD_HAVE_CUDA)
+  if (kind == "cuda") return make_cuda_device(ledger, workers, local_rank, name, /*shared=*/true);
+#endif
+  return open_device(kind, ledger, workers, local_rank, name);
+}
+
 }  // namespace zerod

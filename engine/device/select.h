@@ -38,5 +38,10 @@ using DeviceFactory = std::function<std::unique_ptr<Device>(const std::string& k
 // local_rank is -1). `name` labels the pool (memfd names, messages).
 std::unique_ptr<Device> open_device(const std::string& kind, MemoryLedger& ledger, Workers& workers, int local_rank,
                                     const std::string& name);
+// The same for a daemon's rank, whose trainer is another process: its pool
+// can be exported and its stream order shared (Device::exports,
+// stream_link). The cpu device's pool is shared memory already.
+std::unique_ptr<Device> open_shared_device(const std::string& kind, MemoryLedger& ledger, Workers& workers,
+                                           int local_rank, const std::string& name);
 
 }  // namespace zerod

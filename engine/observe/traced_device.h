@@ -23,7 +23,8 @@ class TracedDevice final : public Device {
     return d_->allocate(bytes, kind, what);
   }
   void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
-  std::vector<const SharedArena*> arenas() const override { return d_->arenas(); }
+  std::vector<PoolExport> exports() const override { return d_->exports(); }
+  StreamLink stream_link() const override { return d_->stream_link(); }
   void register_host(void* ptr, uint64_t bytes) override { d_->register_host(ptr, bytes); }
   void unregister_host(void* ptr) override { d_->unregister_host(ptr); }
   void copy_to_device(void* dst, const void* src, uint64_t bytes) override;

@@ -55,31 +55,24 @@ TEST_F(DeviceTest, TheDefaultIsTheCpuDevice) {
   zd_model_destroy(m);
 }
 
-TEST_F(DeviceTest, AutoIsTheCpuDeviceWithoutAGpuAndInADaemon) {
+// The same in a daemon: its ranks compute on the device the job names, and
+// their pools are shared with the trainer (CUDA memory on a GPU).
+TEST_F(DeviceTest, AutoIsTheGpuWhereThereIsOne) {
   zd_model* m = nullptr;
   ASSERT_EQ(create_on("auto", kJob, &m), ZD_OK) << last();
-  const int32_t t = view_device(m);
-  if (daemon_mode() || !gpu_here(client_))
-    EXPECT_EQ(t, ZD_DEVICE_CPU);
-  else
-    EXPECT_EQ(t, ZD_DEVICE_CUDA);
+  EXPECT_EQ(view_device(m), gpu_here(client_) ? ZD_DEVICE_CUDA : ZD_DEVICE_CPU);
   zd_model_destroy(m);
 }
 
 TEST_F(DeviceTest, CudaWhereThereIsNoneIsAClearError) {
-  if (!daemon_mode() && gpu_here(client_)) GTEST_SKIP() << "this machine has a GPU: cuda is not an error here";
+  if (gpu_here(client_)) GTEST_SKIP() << "this machine has a GPU: cuda is not an error here";
   zd_model* m = nullptr;
   const zd_status st = create_on("cuda", kJob, &m);
   EXPECT_EQ(m, nullptr);
   const std::string msg = last();
-  if (daemon_mode()) {
-    EXPECT_EQ(st, ZD_ERR_NOT_IMPLEMENTED) << msg;
-    EXPECT_NE(msg.find("embedded mode"), std::string::npos) << msg;
-  } else {
-    EXPECT_EQ(st, ZD_ERR_CONFIG) << msg;
-    EXPECT_NE(msg.find("device = \"cuda\", but"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("set device = \"cpu\""), std::string::npos) << msg;
-  }
+  EXPECT_EQ(st, ZD_ERR_CONFIG) << msg;
+  EXPECT_NE(msg.find("device = \"cuda\", but"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set device = \"cpu\""), std::string::npos) << msg;
   // The job script asking for it is refused the same way, naming the script.
   const zd_status st2 = create(std::string("return { device = 'cuda' }"), &m);
   EXPECT_NE(st2, ZD_OK);
@@ -111,12 +104,8 @@ TEST_F(DeviceTest, TheTrainersStream) {
   EXPECT_EQ(zd_model_set_stream(m, nullptr), ZD_OK) << last();
   int not_a_stream = 0;
   const zd_status st = zd_model_set_stream(m, &not_a_stream);
-  if (daemon_mode()) {
-    EXPECT_EQ(st, ZD_ERR_NOT_IMPLEMENTED) << last();
-  } else {
-    EXPECT_EQ(st, ZD_ERR_INVALID_ARGUMENT) << last();
-    EXPECT_NE(last().find("cpu device"), std::string::npos) << last();
-  }
+  EXPECT_EQ(st, ZD_ERR_INVALID_ARGUMENT) << last();
+  EXPECT_NE(last().find("cpu device"), std::string::npos) << last();
   EXPECT_EQ(zd_model_set_stream(nullptr, nullptr), ZD_ERR_INVALID_ARGUMENT);
   // On the cpu device NULL is harmless anywhere, inside a step too.
   add(m, "w", "layer", {2}, {1, 2});

@@ -82,7 +82,7 @@ class OpaqueDevice final : public zerod::Device {
     }
     ledger_.release(ZD_TIER_DEVICE, kind, b.bytes);
   }
-  std::vector<const zerod::SharedArena*> arenas() const override { return {}; }
+  std::vector<zerod::PoolExport> exports() const override { return {}; }
   void register_host(void* p, uint64_t) override { on_host(p, "register_host"); }
   void unregister_host(void* p) override { on_host(p, "unregister_host"); }
 

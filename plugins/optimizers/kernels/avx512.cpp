@@ -29,8 +29,10 @@ struct AdamVec {
   bool l2, decoupled;
 };
 
-template <int S, bool Masked, Dtype G, Work W>
+// Nt: the working copy through stream_work (adam_run_large; never Masked).
+template <int S, bool Masked, Dtype G, Work W, bool Nt = false>
 inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, size_t i, __mmask16 k) {
+  static_assert(!(Nt && Masked), "streaming stores have no masked form");
 #pragma GCC unroll 4
   for (int j = 0; j < S; ++j) {
     const size_t o = i + j * kLanes;
@@ -47,14 +49,47 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
     store_f32<Masked>(r.master + o, k, p);
     store_f32<Masked>(s.exp_avg + o, k, m);
     store_f32<Masked>(s.exp_avg_sq + o, k, v);
-    store_work<W, Masked>(r.work, o, k, p);
+    if constexpr (Nt) {
+      stream_work<W>(r.work, o, p);
+    } else {
+      store_work<W, Masked>(r.work, o, k, p);
+    }
   }
 }
 
+// The walk of large ranges, as in avx2.cpp (where the reasons are): ranges
+// from kLargeRange elements take their two halves at once, kTurn elements of
+// each in turn (one 4-vector body), the halves 2 KiB apart modulo a page,
+// and the working copy by streaming stores from its first vector boundary.
+constexpr size_t kLargeRange = size_t{1} << 20;
+constexpr size_t kTurn = 4 * kLanes;
+
+template <Dtype G, Work W, bool Nt>
+void adam_run_large(const AdamVec& c, const Range& r, const AdamState& s, size_t head) {
+  if (head > 0) adam_block<1, true, G, W>(c, r, s, 0, tail_mask(head));  // up to the working copy's boundary
+  const size_t n = r.count - head;
+  const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;  // a multiple of kTurn, (n/2 - 512, n/2]
+  for (size_t i = head; i < head + part; i += kTurn) {
+    adam_block<4, false, G, W, Nt>(c, r, s, i, kAll);
+    adam_block<4, false, G, W, Nt>(c, r, s, part + i, kAll);
+  }
+  size_t i = head + 2 * part;
+  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, Nt>(c, r, s, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, Nt>(c, r, s, i, kAll);
+  if (i < r.count) adam_block<1, true, G, W>(c, r, s, i, tail_mask(r.count - i));
+  if constexpr (Nt) _mm_sfence();
+}
 
 template <Dtype G, Work W>
 void adam_run(const detail::AdamConsts& consts, const Range& r, const AdamState& s) {
   const AdamVec c(consts);
+  if (r.count >= kLargeRange) {
+    if constexpr (W != Work::none) {
+      const size_t head = work_head<W>(r.work);
+      if (head != SIZE_MAX) return adam_run_large<G, W, true>(c, r, s, head);
+    }
+    return adam_run_large<G, W, false>(c, r, s, 0);
+  }
   size_t i = 0;
   for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W>(c, r, s, i, kAll);
   for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W>(c, r, s, i, kAll);

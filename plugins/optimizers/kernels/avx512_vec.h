@@ -13,6 +13,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "element.h"
 
 namespace zerod::optim {
@@ -79,6 +81,38 @@ inline void store_work(void* w, size_t i, __mmask16 k, __m512 p) {
     uint16_t* dst = static_cast<uint16_t*>(w) + i;
     if constexpr (Masked) _mm512_mask_cvtepi32_storeu_epi16(dst, k, r);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+  }
+}
+
+// store_work with streaming (non-temporal) stores, for a working copy that is
+// written and not read back soon: i must put w + i on a vector boundary
+// (64 bytes for f32, 32 for the 16-bit types), and the caller ends its loop
+// with _mm_sfence(), as streaming stores are weakly ordered.
+template <Work W>
+inline void stream_work(void* w, size_t i, __m512 p) {
+  if constexpr (W == Work::f32) {
+    _mm512_stream_ps(static_cast<float*>(w) + i, p);
+  } else if constexpr (W == Work::f16) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(w) + i),
+                        _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else if constexpr (W == Work::bf16) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(w) + i),
+                        _mm512_cvtepi32_epi16(bf16_round(p)));
+  }
+}
+
+// Elements from w to the first vector boundary stream_work can store at, or
+// SIZE_MAX where there is none (an address not a multiple of the element).
+template <Work W>
+inline size_t work_head(const void* w) {
+  if constexpr (W == Work::none) {
+    return 0;
+  } else {
+    constexpr size_t size = W == Work::f32 ? 4 : 2;
+    constexpr size_t vec = kLanes * size;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(w);
+    if (a % size != 0) return SIZE_MAX;
+    return (vec - a % vec) % vec / size;
   }
 }
 

@@ -1,0 +1,116 @@
+#include "trainer_link.h"
+
+#include "error.h"
+
+#include <cstring>
+#include <limits>
+
+#if defined(ZEROD_HAVE_CUDA)
+#include "device/cuda_shared.h"
+
+#include <cuda_runtime.h>
+#endif
+
+namespace zerod::abi {
+
+namespace {
+
+// A memfd from the daemon, which sizes it to its device budget: any size a
+// file can have is allowed, but it must be sealed that long, so a mapping
+// here can never fault.
+constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
+
+[[noreturn, maybe_unused]] void no_cuda(const char* what) {
+  fail(ZD_ERR_CONFIG, std::string(what) + ": the zerod daemon serves this rank on a GPU, but this libzerod was "
+                                          "built without CUDA (nvcc was not found when it was configured); use a "
+                                          "libzerod built with CUDA, or device = \"cpu\" in the job script");
+}
+
+}  // namespace
+
+#if defined(ZEROD_HAVE_CUDA)
+struct ImportedArena::Gpu {
+  SharedDeviceChunk chunk;
+};
+struct TrainerLink::Events {
+  SharedEvent zerod_done, trainer_done;
+};
+#else
+struct ImportedArena::Gpu {};
+struct TrainerLink::Events {};
+#endif
+
+ImportedArena::ImportedArena(const PoolExport& e, const std::string& what) {
+  if (e.device_type == ZD_DEVICE_CUDA) {
+#if defined(ZEROD_HAVE_CUDA)
+    gpu_ = std::make_unique<Gpu>(Gpu{SharedDeviceChunk::import(e.fd, e.size, e.device_id)});
+    base_ = static_cast<std::byte*>(gpu_->chunk.data());
+    size_ = gpu_->chunk.size();
+    return;
+#else
+    no_cuda(what.c_str());
+#endif
+  }
+  if (e.device_type != ZD_DEVICE_CPU && e.device_type != 0)
+    fail(ZD_ERR_INTERNAL, what + ": the daemon sent a region of device type " + std::to_string(e.device_type) +
+                              ", which this libzerod does not know");
+  host_ = transport::SharedMapping(e.fd, e.size, kMaxArenaBytes, what, ZD_ERR_INTERNAL);
+  base_ = host_.data();
+  size_ = host_.size();
+}
+
+ImportedArena::ImportedArena() = default;
+ImportedArena::~ImportedArena() = default;
+ImportedArena::ImportedArena(ImportedArena&&) noexcept = default;
+ImportedArena& ImportedArena::operator=(ImportedArena&&) noexcept = default;
+
+TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link)
+    : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id) {
+  if (device_type_ != ZD_DEVICE_CUDA) return;
+#if defined(ZEROD_HAVE_CUDA)
+  auto handle = [](const std::string& bytes) {
+    SharedEventHandle h{};
+    if (bytes.size() != sizeof h.bytes)
+      fail(ZD_ERR_INTERNAL, "the daemon sent a GPU event handle of " + std::to_string(bytes.size()) + " bytes");
+    std::memcpy(h.bytes, bytes.data(), sizeof h.bytes);
+    return h;
+  };
+  if (cudaSetDevice(device_id_) != cudaSuccess) {
+    cudaGetLastError();
+    fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on GPU " + std::to_string(device_id_) +
+                            ", which this process cannot use (CUDA_VISIBLE_DEVICES?)");
+  }
+  events_ = std::make_unique<Events>(
+      Events{SharedEvent::open(handle(link.zerod_done)), SharedEvent::open(handle(link.trainer_done))});
+#else
+  (void)link;
+  no_cuda("zd_model_create");
+#endif
+}
+
+TrainerLink::~TrainerLink() = default;
+
+void TrainerLink::set_stream(void* stream) {
+  if (device_type_ != ZD_DEVICE_CUDA) {
+    if (stream)
+      fail(ZD_ERR_INVALID_ARGUMENT,
+           "zd_model_set_stream: this job computes on the cpu device, which has no streams; pass NULL, or set "
+           "device = \"cuda\" in the job script to train on a GPU");
+    return;
+  }
+  stream_ = stream;
+}
+
+void TrainerLink::before_call() {
+#if defined(ZEROD_HAVE_CUDA)
+  if (events_) events_->trainer_done.record(stream_);
+#endif
+}
+
+void TrainerLink::after_begin() {
+#if defined(ZEROD_HAVE_CUDA)
+  if (events_) events_->zerod_done.wait_on(stream_);
+#endif
+}
+
+}  // namespace zerod::abi

@@ -1,0 +1,69 @@
+// Daemon mode, the trainer's side of its rank's device: the pool regions
+// the daemon exported (mapped here once, as their fds arrive), and, on a
+// GPU, the order between the trainer's stream and the daemon's
+// (engine/device/device.h StreamLink): before every call to the daemon the
+// trainer's stream records `trainer_done` (so whatever the trainer wrote is
+// ready when the daemon's reduction waits for it), and after a begin call
+// it waits for `zerod_done` (so it computes with parameters only once the
+// daemon's gathers and copies are done). No host round trip beyond the call
+// itself.
+#pragma once
+
+#include "device/device.h"
+#include "transport/shared_memory.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace zerod::abi {
+
+// One exported region, mapped in this process.
+class ImportedArena {
+ public:
+  ImportedArena();
+  // Maps `fd` (not closed here) as the exporter described it.
+  ImportedArena(const PoolExport& e, const std::string& what);
+  ~ImportedArena();
+  ImportedArena(ImportedArena&&) noexcept;
+  ImportedArena& operator=(ImportedArena&&) noexcept;
+
+  std::byte* data() const { return base_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  transport::SharedMapping host_;  // a memfd
+  struct Gpu;
+  std::unique_ptr<Gpu> gpu_;       // a CUDA allocation
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+class TrainerLink {
+ public:
+  // From the daemon's answer to zd_model_create: the rank's device and,
+  // on a GPU, the StreamLink handles. Throws a clear error where this
+  // libzerod cannot reach the device (built without CUDA).
+  TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link);
+  ~TrainerLink();
+  TrainerLink(const TrainerLink&) = delete;
+  TrainerLink& operator=(const TrainerLink&) = delete;
+
+  int32_t device_type() const { return device_type_; }
+  int32_t device_id() const { return device_id_; }
+  // zd_model_set_stream: the trainer's stream (a cudaStream_t; NULL: the
+  // default stream). On the cpu device only NULL.
+  void set_stream(void* stream);
+  // Around each call to the daemon.
+  void before_call();
+  void after_begin();
+
+ private:
+  int32_t device_type_;
+  int32_t device_id_;
+  void* stream_ = nullptr;
+  struct Events;
+  std::unique_ptr<Events> events_;
+};
+
+}  // namespace zerod::abi

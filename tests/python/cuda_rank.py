@@ -1,0 +1,32 @@
+"""train_rank.py on the GPU: the model on this rank's GPU before zerod
+takes it, batches there too. Embedded, or one of the ranks of `zerod run`,
+whose daemon then owns the rank's GPU memory (its pool exported to this
+process, docs/daemon.md "On a GPU").
+
+    cuda_rank.py <gpt|skip|tied> <fp32|bf16> <steps> [job.lua]
+"""
+import sys
+
+import torch
+
+import zerod.torch
+from models import batch, loss_of, make
+
+kind, precision, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+job = sys.argv[4] if len(sys.argv) > 4 else None  # None: ZEROD_JOB from `zerod run`
+dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+torch.set_num_threads(1)
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+
+engine = zerod.torch.initialize(make(kind).to(device), job=job, dtype=dtype)
+assert engine.device.type == "cuda", engine.device
+for step in range(steps):
+    inputs, y = batch(kind, step, engine.rank, engine.world_size)
+    inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+    loss = loss_of(kind, engine, inputs, y.to(device), dtype)
+    engine.backward(loss)
+    engine.step()
+    print(f"loss {step} {loss.item():.9g}", flush=True)
+state = engine.state_dict()
+print(f"state {sum(float(v.double().abs().sum()) for v in state.values()):.9g}")
