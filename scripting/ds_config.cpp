@@ -2,10 +2,15 @@
 // protobuf's JSON parser into a google.protobuf.Struct; every key is then
 // looked up in ds_keys.cpp's table (translated, ignored, or accepted only at
 // DeepSpeed's default), so a key this file does not handle is refused.
-// Values keep DeepSpeed's semantics: its defaults where zerod's differ
-// (weight_decay 0, Adam = AdamW), its fp16 scaler without dynamic keys, its
-// batch-size rule, and its schedulers' one-step lag (the first update runs
-// at the lr the scheduler set when it was made).
+// Values keep DeepSpeed 0.19's semantics: its defaults where zerod's differ
+// (weight_decay 0, Adam = AdamW, pinned offload memory), its fp16 scaler
+// (no hysteresis without ZeRO), its batch-size rule, its schedulers'
+// defaults and one-step lag (the first update runs at the lr the scheduler
+// set when it was made), and what it accepts and ignores: a redundant or
+// overridden key (adam_w_mode with AdamW, offload_param below stage 3) is
+// accepted as DeepSpeed accepts it, and said in a comment of the job.
+// tests/python/test_deepspeed_configs.py holds the translation to DeepSpeed's
+// own parser and engine over a corpus of configs as users have them.
 #include "ds_config.h"
 
 #include "ds_keys.h"
@@ -162,7 +167,8 @@ class Translator {
   std::vector<Out> out_;
   std::string opt_lr_ = "0.001";       // the optimizer's lr as Lua text (schedulers default to it)
   double opt_lr_value_ = 1e-3;
-  int stage_ = 0;
+  const Struct* zero_ = nullptr;       // the zero_optimization section, when given
+  int stage_ = 0;                      // its stage (read first: precision depends on it)
 };
 
 int Translator::line_of(const std::string& path) const {
@@ -191,7 +197,9 @@ void Translator::check_keys(const Struct& s, const std::string& path) {
     const Value& v = s.fields().at(k);
     const DsKey* rule = find_deepspeed_key(full);
     const auto under = deepspeed_keys_under(full);
-    if (!rule && !under.empty()) {  // a section: its keys in turn
+    // A section: its keys in turn (a "section.*" rule covers the ones not named).
+    const bool names_keys = std::any_of(under.begin(), under.end(), [](std::string_view u) { return u != "*"; });
+    if ((!rule || rule->key.ends_with(".*")) && names_keys) {
       if (v.kind_case() == Value::kStructValue) check_keys(v.struct_value(), full);
       continue;
     }
@@ -199,6 +207,7 @@ void Translator::check_keys(const Struct& s, const std::string& path) {
       std::string best;
       size_t best_d = 3;
       for (auto cand : deepspeed_keys_under(path)) {
+        if (cand == "*") continue;
         const size_t d = edit_distance(k, cand);
         if (d < best_d && d <= std::max<size_t>(1, cand.size() / 3)) {
           best_d = d;
@@ -213,6 +222,8 @@ void Translator::check_keys(const Struct& s, const std::string& path) {
     if (rule->kind == DsKey::kDefaultOnly && v.kind_case() != Value::kNullValue && json_text(v) != rule->value)
       issue(full, "is " + json_text(v) + ", which zerod does not support: " + std::string(rule->note) +
                       " (only " + std::string(rule->value) + " is accepted)");
+    if (rule->kind == DsKey::kRefusedByDeepSpeed)
+      issue(full, "is refused, as DeepSpeed 0.19 refuses it: " + std::string(rule->note));
     if (rule->kind == DsKey::kIgnored)
       comments_.push_back(full + ": accepted and ignored (" + std::string(rule->note) + ")");
   }
@@ -293,33 +304,38 @@ void Translator::batch_sizes(const Struct& root) {
 
 void Translator::precision(const Struct& root) {
   const Struct* fp16 = section(root, "fp16", "fp16");
-  const Struct* bf16 = section(root, "bf16", "bf16");
+  // DeepSpeed reads "bfloat16", its older name, where "bf16" is absent.
+  const std::string bf = get(root, "bf16") || !get(root, "bfloat16") ? "bf16" : "bfloat16";
+  const Struct* bf16 = section(root, bf, bf);
   const bool half = fp16 && boolean(*fp16, "enabled", "fp16.enabled").value_or(false);
-  const bool brain = bf16 && boolean(*bf16, "enabled", "bf16.enabled").value_or(false);
+  const bool brain = bf16 && boolean(*bf16, "enabled", bf + ".enabled").value_or(false);
   if (half && brain) {
-    issue("bf16.enabled", "fp16 and bf16 cannot both be enabled (DeepSpeed refuses it too)");
+    issue(bf + ".enabled", "fp16 and bf16 cannot both be enabled (DeepSpeed refuses it too)");
     return;
   }
-  if (brain) emit(1, "precision = \"bf16\",", "bf16.enabled");
+  if (brain) emit(1, "precision = \"bf16\",", bf + ".enabled");
   if (half) {
     emit(1, "precision = \"fp16\",", "fp16.enabled");
     emit(1, "fp16 = {", "fp16");
-    // DeepSpeed's gotcha, kept: with none of the dynamic keys given its
-    // scaler starts at 2^32 with hysteresis 1 (DynamicLossScaler's own
-    // defaults), not at the documented 2^16 and 2.
-    bool any = false;
-    for (const char* k : {"initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-                          "min_loss_scale"})
-      any = any || get(*fp16, k);
-    if (!any) {
-      emit(2, "initial_scale_power = 32,  -- DeepSpeed's scaler without dynamic keys", "fp16.enabled");
-      emit(2, "hysteresis = 1,", "fp16.enabled");
-    }
-    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"})
+    // DeepSpeed 0.19's scaler defaults (2^16, window 1000, hysteresis 2,
+    // min 1) are zerod's: only what differs is written.
+    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "min_loss_scale"})
       if (auto v = number(*fp16, k, std::string("fp16.") + k))
         number_setting(2, k, *v, std::string("fp16.") + k, "fp16." + std::string(k));
-    if (auto v = boolean(*fp16, "consecutive_hysteresis", "fp16.consecutive_hysteresis"); v && *v)
-      emit(2, "consecutive_hysteresis = true,", "fp16.consecutive_hysteresis");
+    const auto hysteresis = number(*fp16, "hysteresis", "fp16.hysteresis");
+    const auto consecutive = boolean(*fp16, "consecutive_hysteresis", "fp16.consecutive_hysteresis");
+    if (stage_ == 0) {
+      // Without ZeRO DeepSpeed's fp16 optimizers (FP16_Optimizer and its
+      // unfused twin, _update_scale) halve the scale at every overflow:
+      // their scaler has no hysteresis, whatever the config says.
+      emit(2, "hysteresis = 1,  -- DeepSpeed's fp16 optimizer without ZeRO has no hysteresis", "fp16.enabled");
+      if (hysteresis || consecutive)
+        comments_.push_back("fp16.hysteresis, fp16.consecutive_hysteresis: not used at ZeRO stage 0, as DeepSpeed's "
+                            "fp16 optimizer without ZeRO does not use them (it halves the scale at every overflow)");
+    } else {
+      if (hysteresis) number_setting(2, "hysteresis", *hysteresis, "fp16.hysteresis", "fp16.hysteresis");
+      if (consecutive && *consecutive) emit(2, "consecutive_hysteresis = true,", "fp16.consecutive_hysteresis");
+    }
     emit(1, "},");
   }
   if (const Struct* types = section(root, "data_types", "data_types")) {
@@ -335,11 +351,10 @@ void Translator::precision(const Struct& root) {
   }
 }
 
-void Translator::zero(const Struct& root) {
-  const Struct* z = section(root, "zero_optimization", "zero_optimization");
+void Translator::zero(const Struct&) {
+  const Struct* z = zero_;
   if (!z) return;
   const std::string p = "zero_optimization.";
-  if (auto s = number(*z, "stage", p + "stage")) stage_ = static_cast<int>(*s);
   // What the stage's partitioner plugin takes (plugins/partitioners/stage).
   std::vector<std::pair<std::string, std::string>> hp;  // zerod name, DeepSpeed key
   hp.push_back({"reduce_bucket_size", "reduce_bucket_size"});
@@ -388,11 +403,22 @@ void Translator::zero(const Struct& root) {
   };
   auto opt = read("offload_optimizer");
   auto par = read("offload_param");
+  // The deprecated booleans, which DeepSpeed still turns into the sections.
   if (!opt && boolean(*z, "cpu_offload", p + "cpu_offload").value_or(false)) opt = Where{"host", "", std::nullopt};
+  if (!par && boolean(*z, "cpu_offload_param", p + "cpu_offload_param").value_or(false))
+    par = Where{"host", "", std::nullopt};
   if (par && stage_ != 3) {
-    issue(p + "offload_param.device", "parameters can be offloaded only at ZeRO stage 3 (this config has stage " +
-                                          std::to_string(stage_) + "); DeepSpeed offloads them only there too");
+    // DeepSpeed reads offload_param only in its stage-3 optimizer: below,
+    // the section is accepted and does nothing (DeepSpeed-Chat writes it at
+    // every stage).
+    comments_.push_back(p + "offload_param: ignored at ZeRO stage " + std::to_string(stage_) +
+                        ", as DeepSpeed ignores it (parameters are offloaded only at stage 3)");
     par.reset();
+  }
+  if (opt && stage_ == 0) {
+    comments_.push_back(p + "offload_optimizer: ignored at ZeRO stage 0: DeepSpeed offloads optimizer state only "
+                            "with ZeRO (stages 1-3)");
+    opt.reset();
   }
   if (!opt && !par) return;
   emit(1, "offload = {", "zero_optimization");
@@ -404,16 +430,21 @@ void Translator::zero(const Struct& root) {
                                          "directories for both (offload.nvme_path)");
   if (!path.empty()) emit(2, "nvme_path = " + lua_string(path) + ",", p + (opt && !opt->nvme_path.empty() ? "offload_optimizer" : "offload_param") + ".nvme_path");
   if (const Struct* o = section(*z, "offload_optimizer", p + "offload_optimizer"); o && opt) {
-    if (auto r = number(*o, "ratio", p + "offload_optimizer.ratio"))
-      number_setting(2, "ratio", *r, p + "offload_optimizer.ratio", "offload.ratio");
+    if (auto r = number(*o, "ratio", p + "offload_optimizer.ratio")) {
+      if (*r < 1 && stage_ != 3)
+        issue(p + "offload_optimizer.ratio", "a partial offload (ratio < 1) is only for ZeRO stage 3, as DeepSpeed "
+                                             "refuses it below");
+      else
+        number_setting(2, "ratio", *r, p + "offload_optimizer.ratio", "offload.ratio");
+    }
     if (auto b = number(*o, "buffer_count", p + "offload_optimizer.buffer_count"))
       number_setting(2, "buffer_count", *b, p + "offload_optimizer.buffer_count", "offload.buffer_count");
   }
-  // DeepSpeed pins nothing unless asked (pin_memory false); zerod's host
-  // tier pins by default, so DeepSpeed's value is written out.
+  // DeepSpeed 0.19 pins offloaded memory unless told not to (pin_memory
+  // defaults to true), as zerod's host tier does; a false is written out.
   const bool host = (opt && opt->tier == "host") || (par && par->tier == "host");
   if (host) {
-    const bool pin = (opt && opt->pin.value_or(false)) || (par && par->pin.value_or(false));
+    const bool pin = (opt && opt->pin.value_or(true)) || (par && par->pin.value_or(true));
     emit(2, std::string("host = { pin = ") + (pin ? "true" : "false") + " },",
          p + (opt ? "offload_optimizer" : "offload_param") + ".pin_memory");
   }
@@ -432,14 +463,22 @@ void Translator::optimizer(const Struct& root) {
     issue("optimizer.type", "is required");
     return;
   }
+  // DeepSpeed matches its own optimizers' names in any case (Adam, AdamW;
+  // OneBitAdam until 0.19) and takes any other as torch.optim's, exactly.
   static const std::map<std::string, std::string> kNames = {
       {"adam", "adamw"}, {"adamw", "adamw"}, {"onebitadam", "onebit_adam"}, {"sgd", "sgd"}};
   std::string lower = *type;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   auto it = kNames.find(lower);
   if (it == kNames.end()) {
-    issue("optimizer.type", "\"" + *type + "\" has no zerod optimizer plugin (zerod has Adam, AdamW, OneBitAdam and "
-                            "SGD; ZeroOneAdam, OneBitLamb, Lamb, Lion, Adagrad and Muon are not built)");
+    issue("optimizer.type", "\"" + *type + "\" has no zerod optimizer plugin (zerod translates Adam, AdamW, "
+                            "OneBitAdam and SGD; 0/1 Adam and 1-bit LAMB are zerod plugins to name in a Lua job, "
+                            "docs/onebit.md; Lamb, Lion, Adagrad, Muon and torch.optim's others are not built)");
+    return;
+  }
+  if (lower == "sgd" && *type != "SGD") {
+    issue("optimizer.type", "\"" + *type + "\": DeepSpeed takes SGD by torch.optim's name, \"SGD\", and refuses "
+                            "other spellings");
     return;
   }
   const Struct empty;
@@ -447,9 +486,21 @@ void Translator::optimizer(const Struct& root) {
   if (!params) params = &empty;
   const std::string q = "optimizer.params.";
   std::string name = it->second;
-  if (lower == "adam" && !boolean(*params, "adam_w_mode", q + "adam_w_mode").value_or(true)) name = "adam";
-  if (lower != "adam" && get(*params, "adam_w_mode"))
-    issue(q + "adam_w_mode", "applies to the Adam type only");
+  // adam_w_mode (DeepSpeed's engine, _configure_basic_optimizer): with Adam
+  // it picks the weight decay; with AdamW the type decides, AdamW, and the
+  // key is redundant (true) or overridden (false); any other optimizer's
+  // constructor is handed it and refuses it.
+  if (lower == "adam" || lower == "adamw") {
+    const auto w = boolean(*params, "adam_w_mode", q + "adam_w_mode");
+    if (lower == "adam" && w && !*w) name = "adam";
+    if (lower == "adamw" && w && !*w)
+      comments_.push_back(q + "adam_w_mode: false is ignored with type " + *type + ", as DeepSpeed ignores it: "
+                          "AdamW always decouples weight decay");
+  } else {
+    for (const char* k : {"adam_w_mode", "torch_adam"})
+      if (get(*params, k))
+        issue(q + k, "applies to Adam and AdamW only (DeepSpeed hands it to " + *type + ", which refuses it)");
+  }
   emit(1, "optimizer = {", "optimizer");
   emit(2, "type = \"" + name + "\",", "optimizer.type");
   std::vector<std::string> keys = {"lr"};
@@ -514,6 +565,15 @@ void Translator::scheduler(const Struct& root) {
     return v ? v : def;
   };
   auto text = [](std::optional<double> v) { return format_number(v.value_or(0)); };
+  // Step counts DeepSpeed's schedulers refuse unless whole and >= 1.
+  auto steps = [&](const char* k, double def) {
+    const double v = num(k, def).value_or(def);
+    if (v < 1 || v != std::floor(v)) {
+      issue(q + k, "must be a whole number >= 1, got " + format_number(v) + " (DeepSpeed refuses it too)");
+      return def;
+    }
+    return v;
+  };
   // DeepSpeed's WarmupLR family forces at least 2 warm-up steps, defaults
   // to a log warm-up, and runs the first update at the lr of "step -1".
   auto warmup_type = [&] {
@@ -529,18 +589,38 @@ void Translator::scheduler(const Struct& root) {
       {"OneCycle", {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
                     "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
                     "cycle_min_mom", "cycle_max_mom", "decay_mom_rate"}},
+      {"LRRangeTest", {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
+                       "lr_range_test_staircase"}},
   };
+  std::vector<std::string> auto_keys;
   if (auto reads = kReads.find(*type); reads != kReads.end())
-    for (const auto& [k, v] : params->fields())
+    for (const auto& [k, v] : params->fields()) {
       if (k != "last_batch_iteration" &&
           std::find(reads->second.begin(), reads->second.end(), k) == reads->second.end())
         issue(q + k, "is not a parameter of DeepSpeed's " + *type);
+      else if (is_auto(&v))
+        auto_keys.push_back(q + k);
+    }
+  if (!auto_keys.empty()) {
+    // The trainer integration (zerod.deepspeed, the Lightning and Accelerate
+    // ones) fills these in and translates again; the job alone has no
+    // schedule to run.
+    std::sort(auto_keys.begin(), auto_keys.end());
+    std::string list;
+    for (const auto& k : auto_keys) list += (list.empty() ? "" : ", ") + k;
+    for (const auto& k : auto_keys) autos_.push_back(k);
+    comments_.push_back("scheduler: " + *type + " is built when the trainer fills in " + list +
+                        " (\"auto\"); this job alone keeps the optimizer's lr");
+    return;
+  }
   std::string lua;
   if (*type == "WarmupLR" || *type == "WarmupDecayLR") {
     const auto min_lr = num("warmup_min_lr", 0.0);
-    const auto max_lr = num("warmup_max_lr", opt_lr_value_);
-    const double steps = std::max(2.0, num("warmup_num_steps", 1000.0).value_or(1000));
-    const std::string args = "warmup_steps = " + format_number(steps) + ", max_lr = " + text(max_lr) +
+    // WarmupLR's maximum defaults to the optimizer's lr; WarmupDecayLR hands
+    // WarmupLR its own default, 0.001 (runtime/lr_schedules.py).
+    const auto max_lr = num("warmup_max_lr", *type == "WarmupLR" ? opt_lr_value_ : 1e-3);
+    const double warm = std::max(2.0, steps("warmup_num_steps", 1000));
+    const std::string args = "warmup_steps = " + format_number(warm) + ", max_lr = " + text(max_lr) +
                              ", min_lr = " + text(min_lr) + ", warmup_type = \"" + warmup_type() + "\"";
     const std::string inner = *type == "WarmupLR"
                                   ? "zerod.warmup_linear{ " + args + " }"
@@ -548,10 +628,10 @@ void Translator::scheduler(const Struct& root) {
                                         ", " + args + " }";
     lua = "zerod.delayed{ first_lr = " + text(min_lr) + ", schedule = " + inner + " }";
   } else if (*type == "WarmupCosineLR") {
-    const double steps = std::max(2.0, num("warmup_num_steps", 1000.0).value_or(1000));
+    const double warm = std::max(2.0, steps("warmup_num_steps", 1000));
     lua = "zerod.delayed{ first_lr = 0, schedule = zerod.warmup_cosine{ lr = " + opt_lr_ +
           ", total_steps = " + text(num("total_num_steps", std::nullopt)) + ", warmup_steps = " +
-          format_number(steps) + ", warmup_min_ratio = " + text(num("warmup_min_ratio", 0.0)) +
+          format_number(warm) + ", warmup_min_ratio = " + text(num("warmup_min_ratio", 0.0)) +
           ", cos_min_ratio = " + text(num("cos_min_ratio", 1e-4)) + ", warmup_type = \"" + warmup_type() + "\" } }";
   } else if (*type == "OneCycle") {
     if (!get(*params, "cycle_momentum"))
@@ -564,9 +644,20 @@ void Translator::scheduler(const Struct& root) {
           text(num("cycle_max_lr", std::nullopt)) + ", first_steps = " + text(first) + ", second_steps = " +
           text(num("cycle_second_step_size", first)) + ", decay_rate = " + text(num("decay_lr_rate", 0.0)) +
           ", decay_steps = " + text(num("decay_step_size", 0.0)) + " }";
+  } else if (*type == "LRRangeTest") {
+    // lr(t) = min_lr * (1 + rate * interval), interval = t / size (whole
+    // intervals with the staircase): DeepSpeed's value after t steps, and
+    // min_lr, what it sets when made, at t = 0: no delay.
+    const double size = steps("lr_range_test_step_size", 2000);
+    const bool stair = boolean(*params, "lr_range_test_staircase", q + "lr_range_test_staircase").value_or(false);
+    const std::string interval = stair ? "math.floor(t / " + format_number(size) + ")" : "t / " + format_number(size);
+    lua = "function(t) return " + text(num("lr_range_test_min_lr", 1e-3)) + " * (1 + " +
+          text(num("lr_range_test_step_rate", 1.0)) + " * " + interval + ") end";
   } else {
-    issue("scheduler.type", "\"" + *type + "\" is not translated (WarmupLR, WarmupDecayLR, WarmupCosineLR and "
-                            "OneCycle are; write other schedules in Lua: docs/job-scripts.md#schedules)");
+    issue("scheduler.type", "\"" + *type + "\" is not translated (WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                            "OneCycle and LRRangeTest are; torch.optim.lr_scheduler's go to zerod.deepspeed."
+                            "initialize(lr_scheduler=...), which traces them; or write the schedule in Lua: "
+                            "docs/job-scripts.md#schedules)");
     return;
   }
   emit(1, "lr = " + lua + ",", "scheduler.type");
@@ -574,6 +665,9 @@ void Translator::scheduler(const Struct& root) {
 
 DsTranslation Translator::run(const Struct& root) {
   check_keys(root, "");
+  zero_ = section(root, "zero_optimization", "zero_optimization");
+  if (zero_)
+    if (auto s = number(*zero_, "stage", "zero_optimization.stage")) stage_ = static_cast<int>(*s);
   batch_sizes(root);
   precision(root);
   zero(root);
@@ -622,10 +716,11 @@ DsTranslation translate_deepspeed(const std::string& json, const std::string& so
 
 std::string deepspeed_keys_markdown() {
   std::string out;
-  for (auto kind : {DsKey::kTranslated, DsKey::kIgnored, DsKey::kDefaultOnly}) {
-    out += kind == DsKey::kTranslated  ? "| DeepSpeed key | zerod |\n|---|---|\n"
-           : kind == DsKey::kIgnored ? "\n| accepted and ignored | why |\n|---|---|\n"
-                                     : "\n| accepted only at | otherwise refused, because |\n|---|---|\n";
+  for (auto kind : {DsKey::kTranslated, DsKey::kIgnored, DsKey::kDefaultOnly, DsKey::kRefusedByDeepSpeed}) {
+    out += kind == DsKey::kTranslated    ? "| DeepSpeed key | zerod |\n|---|---|\n"
+           : kind == DsKey::kIgnored     ? "\n| accepted and ignored | why |\n|---|---|\n"
+           : kind == DsKey::kDefaultOnly ? "\n| accepted only at | otherwise refused, because |\n|---|---|\n"
+                                         : "\n| refused, as DeepSpeed 0.19 refuses it | DeepSpeed's reason |\n|---|---|\n";
     for (const DsKey& k : deepspeed_keys()) {
       if (k.kind != kind) continue;
       const std::string key = "`" + std::string(k.key) + "`";

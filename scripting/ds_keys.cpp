@@ -7,10 +7,14 @@ namespace zerod::scripting {
 namespace {
 
 std::vector<DsKey> make_keys() {
-  constexpr auto T = DsKey::kTranslated, I = DsKey::kIgnored, D = DsKey::kDefaultOnly;
+  constexpr auto T = DsKey::kTranslated, I = DsKey::kIgnored, D = DsKey::kDefaultOnly,
+                 R = DsKey::kRefusedByDeepSpeed;
   const std::string_view kOptimizerKernel = "which DeepSpeed kernel or backend runs the update; zerod's plugin runs it";
   const std::string_view kZeroTuning = "tunes how DeepSpeed moves its buffers; zerod's partitioner has its own";
   const std::string_view kMonitor = "DeepSpeed's own profiler or monitor";
+  // DeepSpeed 0.19 refuses these with "... has been removed" (runtime/config.py,
+  // _reject_removed_config_keys; deepspeedai/DeepSpeed#8489), whatever their value.
+  const std::string_view kRemoved = "DeepSpeed 0.19 removed the feature and refuses the key (deepspeedai/DeepSpeed#8489)";
   return {
       // Batches and accumulation.
       {"train_batch_size", T, "", "checked: micro-batch × accumulation × ranks, as DeepSpeed checks it"},
@@ -20,19 +24,23 @@ std::vector<DsKey> make_keys() {
       // Optimizer.
       {"optimizer.type", T, "",
        "`optimizer.type`: Adam → `adamw` (`adam` with adam_w_mode false), AdamW → `adamw`, OneBitAdam → "
-       "`onebit_adam`, SGD → `sgd`; any other type is refused"},
+       "`onebit_adam` (which DeepSpeed 0.19 no longer has), SGD → `sgd`; any other type is refused"},
       {"optimizer.params.lr", T, "", "`optimizer.lr`"},
       {"optimizer.params.betas", T, "", "`optimizer.betas`"},
       {"optimizer.params.eps", T, "", "`optimizer.eps`"},
       {"optimizer.params.weight_decay", T, "", "`optimizer.weight_decay` (DeepSpeed's default 0 is written out)"},
       {"optimizer.params.bias_correction", T, "", "`optimizer.bias_correction`"},
-      {"optimizer.params.adam_w_mode", T, "", "Adam: true (the default) → `adamw`, false → `adam`"},
+      {"optimizer.params.adam_w_mode", T, "",
+       "Adam: true (the default) → `adamw`, false → `adam`; AdamW: true says it again, false is ignored as "
+       "DeepSpeed ignores it (AdamW always decouples weight decay); any other type refuses it, as DeepSpeed does"},
       {"optimizer.params.momentum", T, "", "`optimizer.momentum` (SGD)"},
       {"optimizer.params.dampening", T, "", "`optimizer.dampening` (SGD)"},
       {"optimizer.params.nesterov", T, "", "`optimizer.nesterov` (SGD)"},
       {"optimizer.params.freeze_step", T, "", "`optimizer.freeze_step` (OneBitAdam)"},
       {"optimizer.params.amsgrad", D, "false", "zerod's Adam has no AMSGrad variant"},
-      {"optimizer.params.torch_adam", I, "", kOptimizerKernel},
+      {"optimizer.params.max_grad_norm", R, "",
+       "DeepSpeed refuses it in the optimizer's parameters: clipping is the top-level `gradient_clipping`"},
+      {"optimizer.params.torch_adam", I, "", "Adam/AdamW: which DeepSpeed kernel runs the update (torch's); zerod's plugin runs it"},
       {"optimizer.params.fused", I, "", kOptimizerKernel},
       {"optimizer.params.foreach", I, "", kOptimizerKernel},
       {"optimizer.params.cuda_aware", I, "", kOptimizerKernel},
@@ -40,10 +48,14 @@ std::vector<DsKey> make_keys() {
       // Scheduler.
       {"scheduler.type", T, "",
        "`lr`: WarmupLR → `zerod.warmup_linear`, WarmupDecayLR → `zerod.warmup_decay`, WarmupCosineLR → "
-       "`zerod.warmup_cosine`, OneCycle → `zerod.one_cycle`, each as DeepSpeed steps it; any other type is refused"},
+       "`zerod.warmup_cosine`, OneCycle → `zerod.one_cycle`, LRRangeTest → a Lua function of the step, each as "
+       "DeepSpeed steps it; any other type is refused. A parameter the schedule needs given as \"auto\" leaves "
+       "`lr` to the trainer integration that fills it in"},
       {"scheduler.params.warmup_min_lr", T, "", "the schedule's `min_lr`"},
-      {"scheduler.params.warmup_max_lr", T, "", "the schedule's `max_lr` (default: the optimizer's lr)"},
-      {"scheduler.params.warmup_num_steps", T, "", "the schedule's `warmup_steps` (at least 2, as in DeepSpeed)"},
+      {"scheduler.params.warmup_max_lr", T, "",
+       "the schedule's `max_lr` (default: WarmupLR the optimizer's lr, WarmupDecayLR 0.001, as in DeepSpeed)"},
+      {"scheduler.params.warmup_num_steps", T, "",
+       "the schedule's `warmup_steps` (a whole number >= 1, counted as at least 2, as in DeepSpeed)"},
       {"scheduler.params.warmup_type", T, "", "the schedule's `warmup_type`"},
       {"scheduler.params.total_num_steps", T, "", "the schedule's `total_steps`"},
       {"scheduler.params.warmup_min_ratio", T, "", "`zerod.warmup_cosine`'s `warmup_min_ratio`"},
@@ -54,6 +66,10 @@ std::vector<DsKey> make_keys() {
       {"scheduler.params.cycle_second_step_size", T, "", "`zerod.one_cycle`'s `second_steps`"},
       {"scheduler.params.decay_lr_rate", T, "", "`zerod.one_cycle`'s `decay_rate`"},
       {"scheduler.params.decay_step_size", T, "", "`zerod.one_cycle`'s `decay_steps`"},
+      {"scheduler.params.lr_range_test_min_lr", T, "", "LRRangeTest's starting lr (default 0.001)"},
+      {"scheduler.params.lr_range_test_step_size", T, "", "LRRangeTest's steps per interval (default 2000)"},
+      {"scheduler.params.lr_range_test_step_rate", T, "", "LRRangeTest's increase per interval (default 1)"},
+      {"scheduler.params.lr_range_test_staircase", T, "", "LRRangeTest: whole intervals only (default false)"},
       {"scheduler.params.cycle_momentum", D, "false",
        "OneCycle's momentum cycling rewrites the optimizer's betas every step (β2 becomes 0.99); zerod's "
        "hyperparameters are fixed for a job. DeepSpeed's default is true, so it must be set to false"},
@@ -67,20 +83,24 @@ std::vector<DsKey> make_keys() {
       // Precision.
       {"fp16.enabled", T, "", "`precision = \"fp16\"`"},
       {"fp16.loss_scale", T, "", "`fp16.loss_scale`"},
-      {"fp16.initial_scale_power", T, "",
-       "`fp16.initial_scale_power` (with none of the five dynamic keys given, DeepSpeed starts at 2^32 with "
-       "hysteresis 1; so does the translation)"},
+      {"fp16.initial_scale_power", T, "", "`fp16.initial_scale_power` (DeepSpeed 0.19's default 16 is zerod's)"},
       {"fp16.loss_scale_window", T, "", "`fp16.loss_scale_window`"},
-      {"fp16.hysteresis", T, "", "`fp16.hysteresis`"},
-      {"fp16.consecutive_hysteresis", T, "", "`fp16.consecutive_hysteresis`"},
+      {"fp16.hysteresis", T, "",
+       "`fp16.hysteresis` at ZeRO stages 1-3; at stage 0 DeepSpeed's fp16 optimizer has none (it halves the "
+       "scale at every overflow), so the translation writes 1"},
+      {"fp16.consecutive_hysteresis", T, "", "`fp16.consecutive_hysteresis` (stages 1-3, as hysteresis)"},
       {"fp16.min_loss_scale", T, "", "`fp16.min_loss_scale`"},
       {"fp16.auto_cast", D, "false", "zerod does not cast the model's inputs: cast them, or the model, in the trainer"},
       {"fp16.fp16_master_weights_and_grads", D, "false", "zerod always keeps an fp32 master copy"},
       {"bf16.enabled", T, "", "`precision = \"bf16\"`"},
       {"bf16.immediate_grad_update", I, "", "DeepSpeed's bf16 optimizer internals"},
       {"bf16.check_grad_overflow", I, "", "DeepSpeed's bf16 optimizer internals; zerod skips a non-finite step always"},
-      {"amp.enabled", D, "false", "apex AMP is not supported: use fp16 or bf16"},
-      {"amp.opt_level", I, "", "apex AMP is not supported (amp.enabled must be false)"},
+      {"bf16.bf16_master_weights_and_grads", D, "false", "zerod always keeps fp32 masters and gradients"},
+      {"bf16.bf16_optimizer_states", D, "false", "zerod keeps the optimizer state in fp32"},
+      {"bfloat16.enabled", T, "", "the same as `bf16.enabled` (DeepSpeed's older name, read when `bf16` is absent)"},
+      {"bfloat16.immediate_grad_update", I, "", "DeepSpeed's bf16 optimizer internals"},
+      {"bfloat16.check_grad_overflow", I, "", "DeepSpeed's bf16 optimizer internals; zerod skips a non-finite step always"},
+      {"amp", R, "", "DeepSpeed 0.19 removed its apex AMP integration and refuses the block: use fp16 or bf16"},
       {"data_types.grad_accum_dtype", T, "", "`grad_accum_dtype`: \"fp32\" → `\"fp32\"`, the precision's own type → `\"working\"`"},
       {"communication_data_type", I, "",
        "the type DeepSpeed reduces gradients in; zerod reduces in the accumulation type (`grad_accum_dtype`)"},
@@ -102,7 +122,6 @@ std::vector<DsKey> make_keys() {
       {"zero_optimization.offload_optimizer.buffer_count", T, "", "`offload.buffer_count` (NVMe staging sets, at least 3)"},
       {"zero_optimization.offload_optimizer.pipeline_read", I, "", "zerod's NVMe pipeline always reads ahead"},
       {"zero_optimization.offload_optimizer.pipeline_write", I, "", "zerod's NVMe pipeline always writes behind"},
-      {"zero_optimization.offload_optimizer.pipeline", I, "", "zerod's NVMe pipeline always overlaps"},
       {"zero_optimization.offload_optimizer.fast_init", I, "", "how DeepSpeed first fills its swap files"},
       {"zero_optimization.offload_param.device", T, "", "`offload.params`: none → \"device\", cpu → \"host\", nvme → \"nvme\" (stage 3)"},
       {"zero_optimization.offload_param.nvme_path", T, "", "`offload.nvme_path` (one path for both)"},
@@ -111,6 +130,8 @@ std::vector<DsKey> make_keys() {
       {"zero_optimization.offload_param.buffer_size", I, "", "DeepSpeed's parameter swap buffers; zerod sizes its own"},
       {"zero_optimization.offload_param.max_in_cpu", I, "", "DeepSpeed's parameter swap buffers; zerod sizes its own"},
       {"zero_optimization.cpu_offload", T, "", "deprecated in DeepSpeed: true → `offload.optimizer = \"host\"`"},
+      {"zero_optimization.cpu_offload_param", T, "",
+       "deprecated in DeepSpeed: true → `offload.params = \"host\"` (stage 3)"},
       {"zero_optimization.cpu_offload_use_pin_memory", I, "", "deprecated in DeepSpeed; `offload_optimizer.pin_memory` says it"},
       {"zero_optimization.contiguous_gradients", I, "", kZeroTuning},
       {"zero_optimization.overlap_comm", I, "", kZeroTuning},
@@ -138,7 +159,9 @@ std::vector<DsKey> make_keys() {
       {"zero_optimization.zero_quantized_weights", D, "false", "ZeRO++ quantized collectives are not built"},
       {"zero_optimization.zero_quantized_gradients", D, "false", "ZeRO++ quantized collectives are not built"},
       {"zero_optimization.zero_quantized_nontrainable_weights", D, "false", "ZeRO++ quantized collectives are not built"},
-      {"zero_optimization.mics_shard_size", D, "-1", "MiCS sharding groups are not built"},
+      {"zero_optimization.mics_shard_size", R, "", kRemoved},
+      {"zero_optimization.mics_hierarchical_params_gather", R, "", kRemoved},
+      {"zero_optimization.zeropp_loco_param", R, "", kRemoved},
       // What zerod does not do, with the one value that means "off".
       {"activation_checkpointing.partition_activations", D, "false", "zerod does not partition activations across ranks"},
       {"activation_checkpointing.cpu_checkpointing", D, "false", "zerod does not move checkpointed activations to the CPU"},
@@ -149,11 +172,22 @@ std::vector<DsKey> make_keys() {
       {"activation_checkpointing.number_checkpoints", I, "",
        "DeepSpeed's activation-checkpointing API; checkpoint with torch.utils.checkpoint"},
       {"activation_checkpointing.profile", I, "", kMonitor},
-      {"elasticity.enabled", D, "false", "elastic batch sizes are not supported; `zerod run` restarts from snapshots"},
       {"autotuning.enabled", D, "false", "DeepSpeed's autotuner launches DeepSpeed jobs"},
-      {"curriculum_learning.enabled", D, "false", "DeepSpeed's data pipeline is not part of zerod"},
       {"data_efficiency.enabled", D, "false", "DeepSpeed's data pipeline is not part of zerod"},
       {"hybrid_engine.enabled", D, "false", "DeepSpeed-Chat's inference engine is not part of zerod"},
+      {"hybrid_engine.*", I, "", "DeepSpeed-Chat's inference engine settings, read only with hybrid_engine.enabled"},
+      // What DeepSpeed 0.19 itself refuses, with any value.
+      {"elasticity", R, "", "DeepSpeed 0.19 removed elastic training and refuses the block"},
+      {"curriculum_learning", R, "",
+       "DeepSpeed 0.19 refuses the top-level block (its successor is data_efficiency's, which zerod does not run)"},
+      {"compression_training", R, "", kRemoved},
+      {"quantize_training", R, "", kRemoved},
+      {"sparse_gradients", R, "", kRemoved},
+      {"sparse_attention", R, "", kRemoved},
+      {"eigenvalue", R, "", kRemoved},
+      {"progressive_layer_drop", R, "", kRemoved},
+      {"nebula", R, "", kRemoved},
+      {"graph_harvesting", R, "", kRemoved},
       // Only DeepSpeed's own bookkeeping, logs and monitors.
       {"steps_per_print", I, "", "DeepSpeed's progress log; the trainer prints"},
       {"wall_clock_breakdown", I, "", kMonitor},

@@ -1,7 +1,8 @@
 // The DeepSpeed config keys the translation knows (ds_config.cpp), as data:
 // the ones it translates, the ones it accepts and ignores, the ones it
-// accepts only at DeepSpeed's default. One table for the translation's
-// checks and for the list in docs/integrations.md.
+// accepts only at DeepSpeed's default, and the ones DeepSpeed 0.19 itself
+// refuses (removed features), refused here with DeepSpeed's reason. One
+// table for the translation's checks and for the list in docs/integrations.md.
 #pragma once
 
 #include <string_view>
@@ -10,11 +11,11 @@
 namespace zerod::scripting {
 
 struct DsKey {
-  enum Kind { kTranslated, kIgnored, kDefaultOnly };
+  enum Kind { kTranslated, kIgnored, kDefaultOnly, kRefusedByDeepSpeed };
   std::string_view key;    // dotted path; "section.*" is every key under section
   Kind kind;
   std::string_view value;  // kDefaultOnly: the one value accepted (JSON text)
-  std::string_view note;   // kTranslated: what it becomes; otherwise why
+  std::string_view note;   // kTranslated: what it becomes; otherwise why (kRefusedByDeepSpeed: DeepSpeed's why)
 };
 
 const std::vector<DsKey>& deepspeed_keys();

@@ -6,6 +6,10 @@
 # plots in build/main-job/. Arguments go to train_gpt.py (--text FILE,
 # --steps N, ...).
 #   scripts/run-main.sh c [args]   trains the C example (examples/c/train_mlp.c) instead
+#   scripts/run-main.sh gpu [args] on the GPU: a larger GPT in bf16 through the
+#                                  daemon, one rank per GPU (examples/python/
+#                                  gpt_job_gpu.lua), after plain PyTorch on the
+#                                  same GPU, and their tokens/s side by side
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 zerod_install_packages "${ZEROD_PACKAGES[@]}"
@@ -20,6 +24,35 @@ if [ "${1:-}" = c ]; then
   "$ZEROD_BUILD_DIR/bin/zerod" check examples/c/job.lua --lr-steps 0
   zerod_log "training"
   exec "$ZEROD_BUILD_DIR/bin/train_mlp" --job examples/c/job.lua "$@"
+fi
+
+if [ "${1:-}" = gpu ]; then
+  shift
+  # torch with CUDA: the build's virtual environment (scripts/python-venv.sh),
+  # else the machine's python3.
+  py=python3
+  [ -x "$ZEROD_BUILD_DIR/venv/bin/python" ] && py="$ZEROD_BUILD_DIR/venv/bin/python"
+  ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+  if [ "$ngpu" = 0 ]; then
+    echo "scripts/run-main.sh gpu: $py's torch sees no GPU (make one visible, or scripts/python-venv.sh for torch with CUDA)" >&2
+    exit 1
+  fi
+  zerod_build zerod zerod_cli "${plugins[@]}"
+  export PYTHONPATH="$ZEROD_ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
+  export ZEROD_LIB="$ZEROD_BUILD_DIR/lib/libzerod.so"
+  out="$ZEROD_BUILD_DIR/main-job-gpu"
+  mkdir -p "$out"
+  size=(--device cuda --bf16 --layers 8 --heads 8 --embd 512 --block 256 --batch 32)
+  zerod_log "plain PyTorch on the GPU (the yardstick): the same model, data and schedule"
+  "$py" examples/python/train_gpt.py "${size[@]}" --plain --sample-chars 0 "$@" 2>&1 | tee "$out/plain.txt"
+  zerod_log "zerod: $ngpu rank(s) through the daemon, ZeRO stage 3 on the GPU"
+  "$ZEROD_BUILD_DIR/bin/zerod" run --nproc "$ngpu" --job examples/python/gpt_job_gpu.lua -- \
+    "$py" examples/python/train_gpt.py "${size[@]}" "$@" 2>&1 | tee "$out/zerod.txt"
+  rate() { grep -o '[0-9,]* tokens/s' "$1" | head -1 | tr -d ', tokens/s'; }
+  p=$(rate "$out/plain.txt") z=$(rate "$out/zerod.txt")
+  [ -n "$p" ] && [ -n "$z" ] &&
+    zerod_log "tokens/s: zerod $z, plain PyTorch $p on $ngpu GPU(s): $(awk -v z="$z" -v p="$p" 'BEGIN{printf "%.2f", z/p}')x"
+  exit 0
 fi
 
 zerod_build zerod zerod_cli "${plugins[@]}"

@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 import reference  # noqa: E402
 
 SKIP = 77
-STEP = re.compile(r"^(?:\[rank 0\] )?step +(\d+)  loss (\S+)  lr (\S+)", re.M)
+STEP = re.compile(r"^(?:\[rank 0\] )?step +\d+  loss (\S+)  lr (\S+)  grad_norm (\S+)", re.M)
 
 
 def job_variant(text, zero, offload):
@@ -58,8 +58,8 @@ def run(cmd, env=None):
 
 
 def steps_of(output, steps):
-    """[(loss, lr)] per step from a trainer's output."""
-    rows = [(float(loss), float(lr)) for _, loss, lr in STEP.findall(output)]
+    """[(loss, lr, gradient norm)] per step from a trainer's output."""
+    rows = [tuple(float(x) for x in row) for row in STEP.findall(output)]
     if len(rows) != steps:
         sys.exit(f"expected {steps} step lines, got {len(rows)}:\n{output}")
     return rows
@@ -114,32 +114,36 @@ def main():
         runs["embedded, stage 3"] = steps_of(run([a.trainer, "--job", jobs["stage3"], *common], env), a.steps)
         runs["zerod run --nproc 2, stage 3, host optimizer"] = steps_of(
             run([a.zerod, "run", "--nproc", "2", "--job", jobs["daemon"], "--", a.trainer, *common], env), a.steps)
-        lrs = [lr for _, lr in runs["embedded, stage 0"]]
+        lrs = [lr for _, lr, _ in runs["embedded, stage 0"]]
         for name, rows in runs.items():
-            if [lr for _, lr in rows] != lrs:
+            if [lr for _, lr, _ in rows] != lrs:
                 sys.exit(f"{name} printed other learning rates than embedded stage 0")
 
         ref_device = "cuda" if a.device == "cuda" and torch.cuda.is_available() else "cpu"
         ref = reference.train(tmp, lrs, device=ref_device, **hyper)
 
     print(f"C++ GPT ({a.device}) through zerod against examples/python/gpt.py with torch.optim.AdamW "
-          f"(torch {torch.__version__} on {ref_device}), {a.steps} steps, relative difference of each step's loss")
-    print("(the torch columns: the global batch, and rank 0's half of it, which rank 0 of `zerod run` prints)")
+          f"(torch {torch.__version__} on {ref_device}), {a.steps} steps: each step's loss, and its relative "
+          "difference from torch's")
+    print("(torch's loss of the global batch, and of rank 0's half of it: what rank 0 of `zerod run` prints)")
     print(f"{'step':>4}  {'torch':>10}  {'torch r0/2':>10}  " + "  ".join(f"{n[:24]:>24}" for n in runs))
-    worst = {name: 0.0 for name in runs}
+    worst = {name: [0.0, 0.0] for name in runs}  # loss, gradient norm
     for i in range(a.steps):
         cells = []
         for name, rows in runs.items():
+            loss, _, norm = rows[i]
             want = ref[i][1] if name.startswith("zerod run") else ref[i][0]
-            rel = abs(rows[i][0] - want) / abs(want)
-            worst[name] = max(worst[name], rel)
-            cells.append(f"{rows[i][0]:.7f} ({rel:.1e})")
+            rel = abs(loss - want) / abs(want)
+            worst[name][0] = max(worst[name][0], rel)
+            worst[name][1] = max(worst[name][1], abs(norm - ref[i][2]) / abs(ref[i][2]))
+            cells.append(f"{loss:.7f} ({rel:.1e})")
         print(f"{i + 1:>4}  {ref[i][0]:>10.7f}  {ref[i][1]:>10.7f}  " + "  ".join(f"{c:>24}" for c in cells))
     failed = False
-    for name, w in worst.items():
-        ok = w <= a.tolerance
+    for name, (loss, norm) in worst.items():
+        ok = max(loss, norm) <= a.tolerance
         failed |= not ok
-        print(f"{name}: worst relative difference {w:.2e} ({'within' if ok else 'OVER'} {a.tolerance:g})")
+        print(f"{name}: worst relative difference {loss:.2e} in the loss, {norm:.2e} in the gradient's norm "
+              f"({'within' if ok else 'OVER'} {a.tolerance:g})")
     print("C++ GPT matches PyTorch" if not failed else "C++ GPT does NOT match PyTorch")
     return 1 if failed else 0
 

@@ -7,8 +7,9 @@ global batch's mean loss).
     python3 reference.py DIR --lr 0.002 [--lr ...] [--betas 0.9 0.99] [--eps 1e-8]
                              [--weight-decay 0.01] [--clip 1.0] [--device cpu|cuda]
 
-prints one line per step: the global batch's loss, then the loss of rank
-0's slice for 2 ranks (what rank 0 of `zerod run --nproc 2` prints). One
+prints one line per step: the global batch's loss, the loss of rank 0's
+slice for 2 ranks (what rank 0 of `zerod run --nproc 2` prints) and the
+gradient's norm before clipping (zd_step_result.grad_norm). One
 --lr per step (zerod's schedule: compare.py passes the rates the trainer
 printed), or one for all.
 """
@@ -48,7 +49,7 @@ def read_inputs(path):
 
 
 def train(path, lrs, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01, clip=1.0, device="cpu"):
-    """[(global loss, rank 0's slice of 2), ...] per step."""
+    """[(global loss, rank 0's slice of 2, gradient norm), ...] per step."""
     sizes, tensors, batches = read_inputs(path)
     model = GPT(GPTConfig(vocab_size=sizes["vocab"], block_size=sizes["block"], n_layer=sizes["layers"],
                           n_head=sizes["heads"], n_embd=sizes["embd"]))
@@ -69,11 +70,11 @@ def train(path, lrs, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01, clip=1.0, d
         loss = per_token.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         for group in opt.param_groups:
             group["lr"] = lrs[min(step, len(lrs) - 1)]
         opt.step()
-        out.append((loss.item(), per_token[:half].mean().item()))
+        out.append((loss.item(), per_token[:half].mean().item(), norm.item()))
     return out
 
 
@@ -87,9 +88,9 @@ def main():
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
-    for step, (loss, rank0) in enumerate(train(a.dump, a.lr, tuple(a.betas), a.eps, a.weight_decay, a.clip,
-                                               a.device), 1):
-        print(f"step {step:4d}  loss {loss:.7f}  rank0_of_2 {rank0:.7f}")
+    for step, (loss, rank0, norm) in enumerate(train(a.dump, a.lr, tuple(a.betas), a.eps, a.weight_decay, a.clip,
+                                                     a.device), 1):
+        print(f"step {step:4d}  loss {loss:.7f}  rank0_of_2 {rank0:.7f}  grad_norm {norm:.7g}")
 
 
 if __name__ == "__main__":

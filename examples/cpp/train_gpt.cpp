@@ -271,7 +271,7 @@ int run(const Options& opt) {
     if (!(sr.flags & ZD_STEP_BOUNDARY)) continue;
     losses.push_back(loss);
     if (rank == 0 && (!opt.quiet || sr.step == opt.steps))
-      std::printf("step %4lld  loss %.7f  lr %.9g  grad_norm %.6f%s\n", static_cast<long long>(sr.step), loss, sr.lr,
+      std::printf("step %4lld  loss %.7f  lr %.9g  grad_norm %.7g%s\n", static_cast<long long>(sr.step), loss, sr.lr,
                   sr.grad_norm, (sr.flags & ZD_STEP_SKIPPED) ? "  (skipped: overflow)" : "");
     if (sr.step >= opt.steps) break;
   }

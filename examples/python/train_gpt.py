@@ -2,6 +2,8 @@
 
     zerod run --nproc 2 --job examples/python/gpt_job.lua -- python3 examples/python/train_gpt.py
     python3 examples/python/train_gpt.py            # one rank, embedded engine
+    ... train_gpt.py --device cuda                   # on the GPU (scripts/run-main.sh gpu)
+    ... train_gpt.py --device cuda --plain           # plain PyTorch there, the yardstick
 
 The model (gpt.py) is plain PyTorch; zerod.torch.initialize hands its
 parameters to zerod, which keeps them (ZeRO stage 3: each rank holds half),
@@ -34,6 +36,12 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--job", default=os.path.join(HERE, "gpt_job.lua"),
                    help="job script when not under `zerod run --job` (which sets ZEROD_JOB)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where torch computes (auto: the GPU where torch sees one); zerod follows the model")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (zerod keeps fp32 masters; --plain: autocast)")
+    p.add_argument("--plain", action="store_true",
+                   help="plain PyTorch, no zerod: torch.optim.AdamW with gpt_job.lua's hyperparameters and "
+                        "schedule, to measure zerod against")
     return p.parse_args()
 
 
@@ -106,9 +114,73 @@ class LinesWhenPiped:
         self.stream.flush()
 
 
+# gpt_job.lua's optimizer and schedule, for --plain.
+LR, MIN_LR, WARMUP, BETAS, WEIGHT_DECAY, CLIP = 2e-3, 2e-4, 40, (0.9, 0.99), 0.01, 1.0
+
+
+def cosine(step, total):
+    """zerod.cosine{ warmup_steps = WARMUP, total_steps = total, max_lr = LR, min_lr = MIN_LR }."""
+    import math
+    if step < WARMUP:
+        return MIN_LR + (LR - MIN_LR) * step / WARMUP
+    t = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
+    return MIN_LR + 0.5 * (LR - MIN_LR) * (1 + math.cos(math.pi * t))
+
+
+class Plain:
+    """The engine's interface over plain PyTorch (for --plain): the whole
+    model in the GPU's memory, torch.optim.AdamW, autocast for bf16."""
+
+    def __init__(self, model, args):
+        self.model, self.args, self.rank, self.world_size = model, args, 0, 1
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.zerod_modules = []
+        fused = {"fused": True} if next(model.parameters()).is_cuda else {}
+        self.opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, **fused)
+        self.applied = 0
+
+    def __call__(self, *a):
+        dev = next(self.model.parameters()).device
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+            return self.model(*a)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        for g in self.opt.param_groups:
+            g["lr"] = cosine(self.applied, self.args.steps)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.applied += 1
+
+        class Result:
+            lr = self.opt.param_groups[0]["lr"]
+        return Result
+
+    def report(self, **_):
+        pass
+
+    def memory(self):
+        return {}
+
+    def eval(self):
+        self.model.eval()
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(threads_per_rank())
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no GPU here (torch " + torch.__version__ + ")")
+        device = torch.device("cuda", int(os.environ.get("ZEROD_LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     text, source = load_corpus(args.text, args.max_chars)
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
@@ -119,11 +191,15 @@ def main():
     torch.manual_seed(args.seed)  # the same initial model on every rank (rank 0's is used)
     cfg = GPTConfig(vocab_size=len(chars), block_size=args.block, n_layer=args.layers, n_head=args.heads,
                     n_embd=args.embd)
-    model = GPT(cfg)
-    job = None if os.environ.get("ZEROD_JOB") else args.job
-    # Blocks, not single layers, are the unit of residency: under the daemon
-    # every begin and end is a round trip to it.
-    engine = zerod.torch.initialize(model, job=job, modules=[Block])
+    model = GPT(cfg).to(device)
+    if args.plain:
+        engine = Plain(model, args)
+    else:
+        job = None if os.environ.get("ZEROD_JOB") else args.job
+        # Blocks, not single layers, are the unit of residency: under the daemon
+        # every begin and end is a round trip to it.
+        engine = zerod.torch.initialize(model, job=job, modules=[Block],
+                                        dtype=torch.bfloat16 if args.bf16 else None)
     rank, world = engine.rank, engine.world_size
     if rank == 0:
         print(f"corpus: {len(text):,} characters of {source}, vocabulary {len(chars)}")
@@ -138,7 +214,7 @@ def main():
         mine = starts[rank * args.batch:(rank + 1) * args.batch]
         x = torch.stack([source_data[s:s + args.block] for s in mine])
         y = torch.stack([source_data[s + 1:s + 1 + args.block] for s in mine])
-        return x, y
+        return x.to(device), y.to(device)
 
     interactive = sys.stderr.isatty()
     if not interactive:
@@ -148,6 +224,8 @@ def main():
                mininterval=0.5 if interactive else 15, bar_format="{l_bar}{bar:20}{r_bar}")
     losses, tokens_per_step = [], args.batch * args.block * world
     memory = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     start = time.perf_counter()
     try:
         for step in range(1, args.steps + 1):
@@ -170,6 +248,8 @@ def main():
         print(f"rank {rank}: interrupted at step {len(losses)}; leaving the job", file=sys.stderr)
         sys.exit(130)
     bar.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     train_time = time.perf_counter() - start
 
     # Evaluation and sampling run on every rank: at stage 3 each forward
@@ -183,16 +263,17 @@ def main():
         head, tail = sum(losses[:k]) / k, sum(losses[-k:]) / k
         print(f"trained {args.steps} steps in {train_time:.1f} s: {tokens_per_step * args.steps / train_time:,.0f} "
               f"tokens/s; loss {head:.3f} -> {tail:.3f} (mean of the first and last 10 steps), "
-              f"validation loss {val_loss:.3f}")
-        print("per-tier peak bytes on rank 0: " +
-              ", ".join(f"{tier} {human_bytes(m.peak)}" for tier, m in engine.memory().items()))
+              f"validation loss {val_loss:.3f}" + (" [plain PyTorch]" if args.plain else ""))
+        if not args.plain:
+            print("per-tier peak bytes on rank 0: " +
+                  ", ".join(f"{tier} {human_bytes(m.peak)}" for tier, m in engine.memory().items()))
         if world > 1:
             comm = engine.zerod_model.comm_figures()
             print(f"collectives: rank 0 sent {human_bytes(comm.bytes_sent)} in {comm.collectives:,} collectives "
                   f"({comm.bytes_sent // max(1, args.steps):,} bytes per step, evaluation included)")
-    prompt = torch.tensor([[stoi[c] for c in "def "]], dtype=torch.long)
+    prompt = torch.tensor([[stoi[c] for c in "def "]], dtype=torch.long, device=device)
     out = generate(engine, prompt, args.sample_chars, args.block, temperature=0.8, top_k=20,
-                   generator=torch.Generator().manual_seed(args.seed + 3))
+                   generator=torch.Generator(device=device).manual_seed(args.seed + 3))
     if rank == 0:
         print("sample:\n" + "".join(chars[i] for i in out[0].tolist()))
 
