@@ -160,7 +160,9 @@ int check_command(int argc, char** argv) {
       for (long s = 0; s < lr_steps; ++s) {
         auto lr = job->lr(s);
         const double v = lr ? *lr : (lr_at >= 0 ? job->config().optimizer_values[lr_at] : 0.0);
-        std::printf("  %ld: %.6g\n", s, v);
+        // The shortest text that reads back as the same double: what a test
+        // compares with another schedule's values is the value itself.
+        std::printf("  %ld: %s\n", s, scripting::format_number(v).c_str());
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "%s\n", e.what());

@@ -1,8 +1,11 @@
 // `zerod ckpt`: checkpoints on disk (docs/checkpoints.md).
-//   zerod ckpt info DIR [--verify]
+//   zerod ckpt info DIR [--verify] [--tag TAG]
 //   zerod ckpt export DIR --to model.safetensors [--dtype fp32|bf16|fp16] [--max-shard-size 5GiB] [--threads N]
 //   zerod ckpt reshard DIR --world M --to OUT [--threads N]
 //   zerod ckpt import DEEPSPEED_DIR --to OUT   (a DeepSpeed ZeRO checkpoint; Python with torch and deepspeed)
+// DIR is a checkpoint, or a folder of them that save_checkpoint filled
+// (DeepSpeed's convention): the tag its `latest` file names is read, and
+// said; --tag TAG reads DIR/TAG instead.
 #include "commands.h"
 
 #include "checkpoint/source.h"
@@ -30,11 +33,13 @@ namespace {
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: zerod ckpt <command> DIR [options]\n"
-               "  info DIR [--verify]                  what the checkpoint holds; --verify checks every record\n"
+               "  DIR: a checkpoint, or a folder of them with a 'latest' file (as save_checkpoint writes: the tag\n"
+               "  it names is read; --tag TAG reads DIR/TAG instead)\n"
+               "  info DIR [--verify] [--tag TAG]      what the checkpoint holds; --verify checks every record\n"
                "  export DIR --to FILE.safetensors     the parameters, whole, as safetensors\n"
-               "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N]\n"
+               "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N] [--tag TAG]\n"
                "  reshard DIR --world M --to OUT       the checkpoint again as M shards (any checkpoint loads at any\n"
-               "      [--threads N]                    world size as it is; this spreads its files for M ranks)\n"
+               "      [--threads N] [--tag TAG]        world size as it is; this spreads its files for M ranks)\n"
                "  import DS_DIR --to OUT               a DeepSpeed ZeRO checkpoint (stages 1-3) as a zerod one\n"
                "      [--tag TAG]                      (needs Python with torch and deepspeed)\n");
 }
@@ -157,7 +162,7 @@ int ckpt_command(int argc, char** argv) {
   const std::string cmd = argv[0];
   std::vector<std::string> rest(argv + 1, argv + argc);
   if (cmd == "import") return import_deepspeed(rest);
-  std::string dir, to, dtype = "fp32";
+  std::string dir, to, tag, dtype = "fp32";
   int world = 0;
   unsigned threads = 0;
   uint64_t max_shard = 0;
@@ -172,6 +177,7 @@ int ckpt_command(int argc, char** argv) {
       return rest[++i];
     };
     if (a == "--to") to = value();
+    else if (a == "--tag") tag = value();
     else if (a == "--dtype") dtype = value();
     else if (a == "--world") world = std::atoi(value().c_str());
     else if (a == "--threads") threads = static_cast<unsigned>(std::atoi(value().c_str()));
@@ -199,7 +205,20 @@ int ckpt_command(int argc, char** argv) {
     std::fprintf(stderr, "zerod ckpt %s: name the checkpoint directory\n", cmd.c_str());
     return 2;
   }
+  if (cmd != "info" && cmd != "export" && cmd != "reshard") {
+    std::fprintf(stderr, "zerod ckpt: unknown command '%s'\n", cmd.c_str());
+    usage(stderr);
+    return 2;
+  }
   try {
+    // A folder of tagged checkpoints: the one its latest names (or --tag's),
+    // said before anything else is printed.
+    const ckpt::CheckpointDir found = ckpt::find_checkpoint(dir, tag);
+    if (found.from_latest)
+      std::printf("%s: its 'latest' file names %s: reading %s\n", dir.c_str(), found.tag.c_str(), found.path.c_str());
+    else if (!found.tag.empty())
+      std::printf("%s: --tag %s: reading %s\n", dir.c_str(), found.tag.c_str(), found.path.c_str());
+    dir = found.path;
     if (cmd == "info") return info(dir, verify, threads);
     if (cmd == "export") {
       if (to.empty()) {
@@ -231,9 +250,7 @@ int ckpt_command(int argc, char** argv) {
                   to.c_str(), world, seconds_since(t0));
       return 0;
     }
-    std::fprintf(stderr, "zerod ckpt: unknown command '%s'\n", cmd.c_str());
-    usage(stderr);
-    return 2;
+    return 2;  // not reached: the commands are checked above
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod ckpt %s: %s (%s)\n", cmd.c_str(), e.what(), status_name(e.code()));
     return 1;

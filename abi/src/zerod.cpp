@@ -6,6 +6,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "launcher_env.h"
 #include "ledger.h"
 
 #include <zerod/zerod.h>
@@ -163,7 +164,19 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
     std::string target = str_or_empty(uri);
     if (target.empty()) {
       const char* env = std::getenv("ZEROD_ENDPOINT");
-      target = env && *env ? env : "embedded:";
+      target = env && *env ? env : "";
+    }
+    if (target.empty()) {
+      // Nothing names an endpoint: embedded, unless another launcher made
+      // this process one of several (each would train alone as rank 0 of 1).
+      const std::string launcher = zerod::abi::several_ranks_launcher();
+      if (!launcher.empty())
+        fail(ZD_ERR_CONFIG, "this process is one of several ranks, but no zerod daemon was named (ZEROD_ENDPOINT "
+                            "is unset): " + launcher + ". Alone it would train as rank 0 of 1 while the others do "
+                            "the same. Start the ranks with `zerod run --nproc N -- <command>` (docs/daemon.md), or "
+                            "connect to \"embedded:\" (zd_connect's uri, or ZEROD_ENDPOINT=embedded:) to train each "
+                            "process on its own on purpose");
+      target = "embedded:";
     }
     std::unique_ptr<zerod::abi::ClientBackend> backend;
     if (target == "embedded:" || target == "embedded") {

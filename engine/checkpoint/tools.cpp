@@ -60,7 +60,58 @@ void pwrite_all(int fd, const void* data, size_t n, uint64_t at, const std::stri
   }
 }
 
+bool has_manifest(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / kManifestName, ec);
+}
+
+// Why `dir` (a tag directory, or what the user named) holds no zerod
+// checkpoint, in the words of the error.
+std::string not_a_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return dir + " is not a directory";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with("_model_states.pt") || name.ends_with("_optim_states.pt"))
+      return dir + " holds DeepSpeed's own checkpoint files (" + name +
+             "), not zerod's: `zerod ckpt import` converts them";
+  }
+  return dir + " has no " + kManifestName;
+}
+
 }  // namespace
+
+CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag) {
+  CheckpointDir out;
+  if (!tag.empty()) {
+    out.path = (fs::path(dir) / tag).string();
+    out.tag = tag;
+    if (!has_manifest(out.path))
+      fail(ZD_ERR_IO, "no checkpoint with tag '" + tag + "' in " + dir + ": " + not_a_checkpoint(out.path));
+    return out;
+  }
+  out.path = dir;
+  if (has_manifest(dir)) return out;
+  const fs::path latest = fs::path(dir) / "latest";
+  std::error_code ec;
+  if (!fs::is_regular_file(latest, ec))
+    fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + not_a_checkpoint(dir) +
+                        " and no 'latest' file naming a tag directory (as save_checkpoint writes; --tag names one)");
+  std::ifstream in(latest);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string t = text.str();
+  const auto first = t.find_first_not_of(" \t\r\n");
+  t = first == std::string::npos ? "" : t.substr(first, t.find_last_not_of(" \t\r\n") - first + 1);
+  if (!in || t.empty()) fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + latest.string() + " names no tag");
+  out.tag = t;
+  out.from_latest = true;
+  out.path = (fs::path(dir) / t).string();
+  if (!has_manifest(out.path))
+    fail(ZD_ERR_IO, "no checkpoint at " + dir + ": its 'latest' file names '" + t + "', but " +
+                        not_a_checkpoint(out.path) + " (--tag picks another)");
+  return out;
+}
 
 uint64_t verify_all(const Source& src, unsigned threads) {
   const Manifest& m = src.manifest();

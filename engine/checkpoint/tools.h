@@ -11,6 +11,22 @@
 
 namespace zerod::ckpt {
 
+// The checkpoint a command given `dir` reads. A folder that a trainer's
+// save_checkpoint("ck") filled follows DeepSpeed's convention: tag
+// directories (ck/global_step5/) and a file, ck/latest, naming the newest.
+struct CheckpointDir {
+  std::string path;         // the directory holding zerod-checkpoint.txt
+  std::string tag;          // the tag taken ("" when dir is a checkpoint itself)
+  bool from_latest = false; // the tag came from dir/latest
+};
+
+// `dir` itself when it holds a checkpoint; else the tag directory that
+// dir/latest names; with `tag` (not empty), dir/<tag> whatever latest says.
+// Throws ZD_ERR_IO when that directory holds no zerod checkpoint, saying why
+// (no latest, a latest naming a missing tag, DeepSpeed's own files there:
+// `zerod ckpt import` reads those).
+CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag = "");
+
 // Reads every record of every shard and checks its checksum; returns the
 // number of records. Throws on the first damaged one, naming it.
 uint64_t verify_all(const Source& src, unsigned threads);

@@ -34,6 +34,38 @@ TEST(Connect, NoUriReadsTheEnvironmentThenFallsBackToEmbedded) {
   EXPECT_EQ(c, nullptr);
 }
 
+// torchrun, mpirun or srun made this process one of several: with no
+// daemon named it would train alone as rank 0 of 1 while its siblings do the
+// same. Refused by name; "embedded:" asked for explicitly still works.
+TEST(Connect, AnotherLaunchersSeveralRanksWithoutADaemonAreRefusedByName) {
+  ScopedEnv none("ZEROD_ENDPOINT", nullptr);
+  struct Case {
+    const char *size_var, *rank_var, *launcher;
+  };
+  for (const Case& k : {Case{"WORLD_SIZE", "RANK", "torchrun"}, Case{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun"},
+                        Case{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "srun"}}) {
+    ScopedEnv size(k.size_var, "2"), rank(k.rank_var, "1");
+    zd_client* c = reinterpret_cast<zd_client*>(0x1);
+    EXPECT_EQ(zd_connect(nullptr, nullptr, &c), ZD_ERR_CONFIG) << k.launcher;
+    EXPECT_EQ(c, nullptr);
+    const std::string msg = last();
+    EXPECT_NE(msg.find(k.launcher), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string(k.size_var) + "=2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 of 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("zerod run --nproc N"), std::string::npos) << msg;
+    ASSERT_EQ(zd_connect("embedded:", nullptr, &c), ZD_OK) << last();
+    zd_disconnect(c);
+    ScopedEnv explicit_embedded("ZEROD_ENDPOINT", "embedded:");
+    ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
+    zd_disconnect(c);
+  }
+  // A world of one is one process.
+  ScopedEnv one("WORLD_SIZE", "1");
+  zd_client* c = nullptr;
+  ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
+  zd_disconnect(c);
+}
+
 TEST(Connect, ADaemonThatIsNotThereIsAClearError) {
   zd_client* c = reinterpret_cast<zd_client*>(0x1);
   EXPECT_EQ(zd_connect("unix:/tmp/zerod-no-such-daemon/zerod.sock", nullptr, &c), ZD_ERR_IO);

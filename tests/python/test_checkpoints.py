@@ -124,3 +124,82 @@ def test_a_damaged_checkpoint_is_named(tmp_path):
     with pytest.raises(zerod.ZerodIOError, match="fails its checksum"):
         b.load_checkpoint(tmp_path, tag="t")
     assert same(b.state_dict(), before), "a failed load changes nothing"
+
+
+def ckpt(*args):
+    return subprocess.run([ZEROD, "ckpt", *map(str, args)], capture_output=True, text=True)
+
+
+def test_zerod_ckpt_follows_latest_and_tag_picks_another(tmp_path):
+    """save_checkpoint("ck") writes ck/global_stepN/ and names it in ck/latest,
+    as DeepSpeed does: every `zerod ckpt` command given ck reads the tag latest
+    names and says so; --tag reads another."""
+    a = engine(0)
+    train(a, 0, 2)
+    a.save_checkpoint(tmp_path / "ck")              # global_step2
+    at2 = a.state_dict()
+    train(a, 2, 5)
+    a.save_checkpoint(tmp_path / "ck")              # global_step5, now latest
+    at5 = a.state_dict()
+    ck = tmp_path / "ck"
+    assert (ck / "latest").read_text() == "global_step5"
+    assert not (ck / "zerod-checkpoint.txt").exists(), "ck itself is a folder of tags, not a checkpoint"
+
+    info = ckpt("info", ck, "--verify")
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.splitlines()[0] == f"{ck}: its 'latest' file names global_step5: reading {ck}/global_step5"
+    assert "step 5, written by 1 rank" in info.stdout and "passes its checksum" in info.stdout
+
+    ex = ckpt("export", ck, "--to", tmp_path / "latest.safetensors")
+    assert ex.returncode == 0, ex.stderr
+    assert f"its 'latest' file names global_step5: reading {ck}/global_step5" in ex.stdout
+    header, tensors = read_safetensors(tmp_path / "latest.safetensors")
+    assert header["__metadata__"]["zerod_step"] == "5"
+    held = {k: v for k, v in at5.items() if k in tensors}
+    assert len(held) == len(tensors) and all(torch.equal(tensors[k], held[k]) for k in held)
+
+    # --tag picks the older one, whatever latest says.
+    ex = ckpt("export", ck, "--tag", "global_step2", "--to", tmp_path / "two.safetensors")
+    assert ex.returncode == 0, ex.stderr
+    assert f"{ck}: --tag global_step2: reading {ck}/global_step2" in ex.stdout
+    header, tensors = read_safetensors(tmp_path / "two.safetensors")
+    assert header["__metadata__"]["zerod_step"] == "2"
+    assert all(torch.equal(tensors[k], at2[k]) for k in tensors)
+    info = ckpt("info", ck, "--tag", "global_step2")
+    assert info.returncode == 0 and "step 2, written by 1 rank" in info.stdout, info.stdout + info.stderr
+
+    rs = ckpt("reshard", ck, "--world", "2", "--to", tmp_path / "two_shards")
+    assert rs.returncode == 0, rs.stderr
+    assert "names global_step5" in rs.stdout
+    assert len(list((tmp_path / "two_shards").glob("rank-*-of-00002.zdshard"))) == 2
+
+    # A tag directory given directly is read as it is, with nothing said.
+    info = ckpt("info", ck / "global_step2")
+    assert info.returncode == 0 and info.stdout.startswith(f"{ck}/global_step2: zerod checkpoint"), info.stdout
+
+
+def test_zerod_ckpt_says_what_is_missing(tmp_path):
+    a = engine(0)
+    train(a, 0, 1)
+    a.save_checkpoint(tmp_path / "ck")
+    ck = tmp_path / "ck"
+    # A tag that is not there: named, as is the folder.
+    r = ckpt("info", ck, "--tag", "global_step9")
+    assert r.returncode == 1 and f"no checkpoint with tag 'global_step9' in {ck}" in r.stderr, r.stderr
+    # latest naming a tag directory that is gone.
+    (ck / "latest").write_text("global_step7\n")
+    r = ckpt("info", ck)
+    assert r.returncode == 1 and "its 'latest' file names 'global_step7'" in r.stderr, r.stderr
+    # No latest and no manifest.
+    (ck / "latest").unlink()
+    r = ckpt("export", ck, "--to", tmp_path / "m.safetensors")
+    assert r.returncode == 1 and f"no checkpoint at {ck}" in r.stderr and "no 'latest' file" in r.stderr, r.stderr
+    assert not (tmp_path / "m.safetensors").exists()
+    # DeepSpeed's own files under the tag latest names: pointed to import.
+    ds = tmp_path / "ds"
+    (ds / "global_step3").mkdir(parents=True)
+    (ds / "global_step3" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (ds / "latest").write_text("global_step3")
+    r = ckpt("info", ds)
+    assert r.returncode == 1 and "DeepSpeed's own checkpoint files" in r.stderr and "zerod ckpt import" in r.stderr, \
+        r.stderr

@@ -168,6 +168,20 @@ def test_library_not_found_says_how_to_fix():
     assert "cannot load libzerod" in p.stderr and "ZEROD_LIB" in p.stderr and "/nonexistent" in p.stderr
 
 
+def test_torchrun_ranks_without_a_daemon_are_refused_by_name():
+    # torchrun --nproc_per_node 2 train.py: each process has RANK and
+    # WORLD_SIZE. Without a daemon each would silently train alone as rank 0
+    # of 1 (issue 36); zerod refuses naming the launcher and `zerod run`.
+    code = '''
+        import torch, zerod.torch
+        zerod.torch.initialize(torch.nn.Linear(2, 2), job_text="return {}")
+    '''
+    p = python(code, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", ZEROD_ENDPOINT="")
+    assert p.returncode != 0
+    assert "torchrun" in p.stderr and "rank 1 of 2" in p.stderr and "zerod run --nproc N" in p.stderr, p.stderr
+    assert python(code, RANK="0", WORLD_SIZE="1", ZEROD_ENDPOINT="").returncode == 0
+
+
 def test_another_abi_major_is_refused(tmp_path):
     src = tmp_path / "fake.c"
     src.write_text("unsigned zd_abi_version(void) { return 2u << 16; }\n")
