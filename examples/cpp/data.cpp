@@ -1,5 +1,6 @@
 #include "data.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>

@@ -99,10 +99,10 @@ struct LayerNormForward {
     const float* xi = x + static_cast<size_t>(i) * C;
     float m = 0.0f;
     for (int c = 0; c < C; ++c) m += xi[c];
-    m /= C;
+    m /= static_cast<float>(C);
     float var = 0.0f;
     for (int c = 0; c < C; ++c) var += (xi[c] - m) * (xi[c] - m);
-    const float s = 1.0f / sqrtf(var / C + kLayerNormEps);
+    const float s = 1.0f / sqrtf(var / static_cast<float>(C) + kLayerNormEps);
     float* yi = y + static_cast<size_t>(i) * C;
     for (int c = 0; c < C; ++c) yi[c] = (xi[c] - m) * s * w[c] + b[c];
     mean[i] = m;
@@ -132,8 +132,8 @@ struct LayerNormBackwardInput {
       sum_d += d;
       sum_dx += d * (xi[c] - m) * s;
     }
-    sum_d /= C;
-    sum_dx /= C;
+    sum_d /= static_cast<float>(C);
+    sum_dx /= static_cast<float>(C);
     float* dxi = dx + static_cast<size_t>(i) * C;
     for (int c = 0; c < C; ++c) {
       const float g = s * (dyi[c] * w[c] - sum_d - (xi[c] - m) * s * sum_dx);

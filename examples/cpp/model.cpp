@@ -1,6 +1,8 @@
 #include "model.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "rng.h"
 

@@ -22,7 +22,7 @@ struct Config {
   int layers = 2;
   int heads = 4;
   int embd = 64;   // C
-  int rows = 8;    // sequences per rank per micro-batch
+  int rows = 16;   // sequences per rank per micro-batch (the trainer's --batch / ranks)
 };
 
 // A parameter as gpt.py names it, the zerod module that holds it, its shape

@@ -9,9 +9,9 @@ global batch's mean loss).
 
 prints one line per step: the global batch's loss, the loss of rank 0's
 slice for 2 ranks (what rank 0 of `zerod run --nproc 2` prints) and the
-gradient's norm before clipping (zd_step_result.grad_norm). One
---lr per step (zerod's schedule: compare.py passes the rates the trainer
-printed), or one for all.
+gradient's norm before clipping (zd_step_result.grad_norm). One --lr per
+step (zerod's schedule: compare.py passes the rates the trainer printed),
+or one for all.
 """
 import argparse
 import os

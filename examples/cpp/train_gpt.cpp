@@ -22,8 +22,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,8 +47,8 @@ constexpr int kCannotRunHere = 77;
 struct Options {
   const char* job = nullptr;  // nullptr: ZEROD_JOB (zerod run --job), else gpt_job.lua beside the source
   std::string device = "cpu";
-  int steps = 300;
-  int global_rows = 8;
+  int steps = 600;
+  int global_rows = 16;
   gpt::Config cfg;
   std::string text;
   std::string dump;
@@ -114,14 +114,17 @@ struct Module {
   std::vector<zd_param_id> params;
 };
 
-// The view's memory, checked to be where the backend computes.
+// The view's memory, checked to be what the backend computes on.
 void* checked(const zd_view& v, const gpt::Backend& be, const char* what) {
-  if (v.dtype != ZD_DTYPE_F32 || v.device_type != be.view_device_type() ||
+  if (v.dtype != ZD_DTYPE_F32) {
+    std::fprintf(stderr, "%s has dtype %d: this trainer computes in fp32 (the job's precision must be \"fp32\")\n",
+                 what, static_cast<int>(v.dtype));
+    std::exit(1);
+  }
+  if (v.device_type != be.view_device_type() ||
       (v.device_type == ZD_DEVICE_CUDA && v.device_id != be.view_device_id())) {
-    std::fprintf(stderr,
-                 "%s is dtype %d on device type %d:%d; this trainer computes in fp32 on %s:%d "
-                 "(the job's precision must be \"fp32\")\n",
-                 what, static_cast<int>(v.dtype), v.device_type, v.device_id, be.name(), be.view_device_id());
+    std::fprintf(stderr, "%s is on device type %d, device %d: this trainer computes on %s, device %d\n", what,
+                 v.device_type, v.device_id, be.name(), be.view_device_id());
     std::exit(1);
   }
   return v.data;
@@ -189,7 +192,8 @@ int run(const Options& opt) {
   for (Module& m : modules) ZD_CHECK(zd_model_find_module(model, m.name.c_str(), &m.id));
   const Module& embed = modules.front();  // wte, wpe
   const Module& ln_f = modules.back();
-  ZD_CHECK(zd_model_set_stream(model, be.stream()));  // the GPU's work and zerod's copies on one order
+  // On the GPU zerod orders its copies against the trainer's stream (the cpu takes NULL).
+  ZD_CHECK(zd_model_set_stream(model, be.stream()));
 
   if (!opt.dump.empty() && rank == 0)
     gpt::write_reference_inputs(opt.dump, {cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.embd,

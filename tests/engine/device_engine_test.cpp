@@ -44,16 +44,11 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
                                           {sizes[i]}, init.data(), ZD_DTYPE_F32));
     }
     model->finalize(rank);
-    const size_t esz = dtype_size(o.precision);
     for (int s = 0; s < steps; ++s) {
       std::vector<std::vector<float>> w(ids.size());
       for (size_t m = 0; m < ids.size(); ++m) {
         model->forward_begin(rank, static_cast<zd_module_id>(m));
-        const ViewInfo v = model->param_view(rank, ids[m]);
-        std::vector<std::byte> raw(v.bytes);
-        d.copy_to_host(raw.data(), v.data, v.bytes);
-        w[m].resize(v.bytes / esz);
-        convert(raw.data(), o.precision, w[m].data(), ZD_DTYPE_F32, w[m].size());
+        w[m] = read_view(d, model->param_view(rank, ids[m]));
         model->forward_end(rank, static_cast<zd_module_id>(m));
       }
       for (size_t m = ids.size(); m-- > 0;) {
@@ -61,9 +56,7 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
         const ViewInfo g = model->grad_view(rank, ids[m]);
         std::vector<float> grad(w[m].size());
         for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s + rank));
-        std::vector<std::byte> raw(g.bytes);
-        convert(grad.data(), ZD_DTYPE_F32, raw.data(), o.precision, grad.size());
-        d.copy_to_device(g.data, raw.data(), raw.size());
+        write_view(d, g, grad);
         model->backward_end(rank, static_cast<zd_module_id>(m));
       }
       model->step(rank);

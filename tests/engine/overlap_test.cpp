@@ -90,7 +90,6 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
                                           {kSizes[i]}, init.data(), ZD_DTYPE_F32));
     }
     model->finalize(rank);
-    const size_t esz = dtype_size(c.precision);
     for (int s = 0; s < kSteps; ++s) {
       if (s == 3) {
         // Between steps: a checkpoint out and back in changes nothing.
@@ -101,11 +100,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
         std::vector<std::vector<float>> w(ids.size());
         for (size_t m = 0; m < ids.size(); ++m) {
           model->forward_begin(rank, static_cast<zd_module_id>(m));
-          const ViewInfo v = model->param_view(rank, ids[m]);
-          std::vector<std::byte> raw(v.bytes);
-          d.copy_to_host(raw.data(), v.data, v.bytes);
-          w[m].resize(v.bytes / esz);
-          convert(raw.data(), c.precision, w[m].data(), ZD_DTYPE_F32, w[m].size());
+          w[m] = read_view(d, model->param_view(rank, ids[m]));
           model->forward_end(rank, static_cast<zd_module_id>(m));
         }
         for (size_t m = ids.size(); m-- > 0;) {
@@ -115,9 +110,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
           for (size_t j = 0; j < grad.size(); ++j)
             grad[j] = w[m][j] - std::cos(static_cast<float>(j + s + rank + micro));
           if (c.overflow && s == 4 && m == 2 && rank == 0) grad[7] = std::numeric_limits<float>::infinity();
-          std::vector<std::byte> raw(g.bytes);
-          convert(grad.data(), ZD_DTYPE_F32, raw.data(), c.precision, grad.size());
-          d.copy_to_device(g.data, raw.data(), raw.size());
+          write_view(d, g, grad);
           model->backward_end(rank, static_cast<zd_module_id>(m));
         }
         const StepFigures f = model->step(rank);

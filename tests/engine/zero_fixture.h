@@ -2,6 +2,7 @@
 // the daemon runs them. The plugins are the real ones from the build tree.
 #pragma once
 
+#include "dtype.h"
 #include "error.h"
 #include "model.h"
 #include "opaque_device.h"
@@ -117,6 +118,23 @@ inline void run_ranks(int world, const std::function<void(int)>& fn) {
     });
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// The trainer's side on any device (one the host cannot address too): a
+// view's values as fp32, read through the device.
+inline std::vector<float> read_view(Device& d, const ViewInfo& v) {
+  std::vector<std::byte> raw(v.bytes);
+  d.copy_to_host(raw.data(), v.data, v.bytes);
+  std::vector<float> out(v.bytes / dtype_size(v.dtype));
+  convert(raw.data(), v.dtype, out.data(), ZD_DTYPE_F32, out.size());
+  return out;
+}
+
+// fp32 values into a view, converted to its dtype, through the device.
+inline void write_view(Device& d, const ViewInfo& v, const std::vector<float>& values) {
+  std::vector<std::byte> raw(v.bytes);
+  convert(values.data(), ZD_DTYPE_F32, raw.data(), v.dtype, values.size());
+  d.copy_to_device(v.data, raw.data(), raw.size());
 }
 
 // The fp32 values a view holds.

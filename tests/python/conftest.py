@@ -53,6 +53,25 @@ def split_ranks(output):
     return ranks
 
 
+def losses_match(got, want, precision):
+    """Asserts a zerod loss curve matches plain PyTorch's (test_parity.py's
+    tolerances, and why): fp32 every step within 1e-4; bf16 every step
+    within 5% and every 10-step mean within 2%. Returns the worst step's
+    relative difference."""
+    assert len(got) == len(want), f"{len(got)} losses against {len(want)}"
+    assert sum(want[-10:]) < 0.9 * sum(want[:10]), "the reference did not learn: the test proves nothing"
+    if precision == "fp32":
+        worst = max(abs(g - w) / max(1.0, abs(w)) for g, w in zip(got, want))
+        assert worst <= 1e-4, f"fp32 losses differ by {worst:.2e}: {got} vs {want}"
+        return worst
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    assert worst <= 0.05, f"bf16 losses differ by {worst:.1%} at one step: {got} vs {want}"
+    for i in range(0, len(want), 10):
+        g, w = sum(got[i:i + 10]), sum(want[i:i + 10])
+        assert abs(g - w) <= 0.02 * abs(w), f"bf16 mean loss of steps {i}-{i + 9}: {g / 10} vs {w / 10}"
+    return worst
+
+
 @pytest.fixture
 def tmp_job(tmp_path):
     """Writes a job script's text to a file and returns its path."""
