@@ -42,7 +42,7 @@ for w in "${what[@]}"; do
   case $w in
     tests)
       log "CUDA tests"
-      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda)' \
+      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda|example\.cpp_gpt_cuda)' \
         --output-on-failure --timeout 240 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
     pycuda)
       log "zerod.torch on the GPU against torch's AdamW, with the distances it measured"
