@@ -95,6 +95,26 @@ int import_deepspeed(const std::vector<std::string>& args) {
     std::fprintf(stderr, "zerod ckpt import: DEEPSPEED_DIR and --to OUT are required\n");
     return 2;
   }
+  // DeepSpeed's folder convention, as for the other commands: the tag its
+  // latest names, said here (the Python side reads the tag it is given).
+  try {
+    std::error_code ec;
+    bool files_here = false;
+    for (const auto& e : std::filesystem::directory_iterator(ds_dir, ec))
+      files_here = files_here || e.path().filename().string().ends_with("_model_states.pt");
+    if (!tag.empty()) {
+      std::printf("%s: --tag %s: reading %s/%s\n", ds_dir.c_str(), tag.c_str(), ds_dir.c_str(), tag.c_str());
+    } else if (!files_here) {
+      tag = ckpt::latest_tag(ds_dir);
+      if (!tag.empty())
+        std::printf("%s: its 'latest' file names %s: reading %s/%s\n", ds_dir.c_str(), tag.c_str(), ds_dir.c_str(),
+                    tag.c_str());
+    }
+    std::fflush(stdout);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod ckpt import: %s (%s)\n", e.what(), status_name(e.code()));
+    return 1;
+  }
   const char* py = std::getenv("ZEROD_PYTHON");
   std::string python = py && *py ? py : "python3";
   // The zerod package beside this binary (the build tree's bindings/python).

@@ -69,6 +69,19 @@ std::string json_text(const Value& v) {
   }
 }
 
+// DeepSpeed's optimizer types zerod translates, lower-cased (DeepSpeed
+// matches its own names in any case), and the plugin each becomes.
+const std::map<std::string, std::string>& optimizer_plugins() {
+  static const std::map<std::string, std::string> names = {
+      {"adam", "adamw"}, {"adamw", "adamw"}, {"onebitadam", "onebit_adam"}, {"sgd", "sgd"}};
+  return names;
+}
+
+std::string lower_case(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
 // One line of the job script, and the config key it came from.
 struct Out {
   std::string text;
@@ -168,6 +181,7 @@ class Translator {
   std::string opt_lr_ = "0.001";       // the optimizer's lr as Lua text (schedulers default to it)
   double opt_lr_value_ = 1e-3;
   const Struct* zero_ = nullptr;       // the zero_optimization section, when given
+  bool untranslated_optimizer_ = false; // optimizer.type is refused: its params are not checked one by one
   int stage_ = 0;                      // its stage (read first: precision depends on it)
 };
 
@@ -195,6 +209,9 @@ void Translator::check_keys(const Struct& s, const std::string& path) {
   for (const std::string& k : keys) {
     const std::string full = path.empty() ? k : path + "." + k;
     const Value& v = s.fields().at(k);
+    // Another optimizer's parameters are DeepSpeed keys too; the type's
+    // refusal says all there is to say.
+    if (full == "optimizer.params" && untranslated_optimizer_) continue;
     const DsKey* rule = find_deepspeed_key(full);
     const auto under = deepspeed_keys_under(full);
     // A section: its keys in turn (a "section.*" rule covers the ones not named).
@@ -288,18 +305,22 @@ void Translator::batch_sizes(const Struct& root) {
             "steps depend on the number of ranks, which this config alone does not say: give "
             "gradient_accumulation_steps too (or translate with --world-size N)");
     }
-  } else if (tbs && gas && world > 0 && std::fmod(*tbs, *gas * world) != 0) {
+  } else if (tbs && world > 0 && std::fmod(*tbs, gas.value_or(1) * world) != 0) {
+    // train_batch_size alone means one micro-batch per step (DeepSpeed sets
+    // the accumulation steps to 1): it must split evenly over the ranks.
     issue("train_batch_size", format_number(*tbs) + " is not a whole multiple of gradient_accumulation_steps (" +
-                                  format_number(*gas) + ") × " + format_number(world) + " ranks");
+                                  format_number(gas.value_or(1)) + (gas ? "" : ", DeepSpeed's default") + ") × " +
+                                  format_number(world) + " ranks");
   }
   if (!tbs && !mbs && !is_auto(get(root, "train_batch_size")) && !is_auto(get(root, "train_micro_batch_size_per_gpu")))
-    comments_.push_back(
-        "neither train_batch_size nor train_micro_batch_size_per_gpu is given: DeepSpeed would refuse to "
-        "start; zerod does not load data, so the trainer's batches count");
+    issue("train_batch_size", "neither train_batch_size nor train_micro_batch_size_per_gpu is given: give one (DeepSpeed "
+                              "refuses a config without both too)");
   if (steps) number_setting(1, "gradient_accumulation_steps", *steps, "gradient_accumulation_steps",
                             "gradient_accumulation_steps");
   if (auto clip = number(root, "gradient_clipping", "gradient_clipping"))
     number_setting(1, "gradient_clipping", *clip, "gradient_clipping", "gradient_clipping");
+  else if (!get(root, "gradient_clipping"))
+    emit(1, "gradient_clipping = 1,  -- DeepSpeed 0.19's default: it clips at 1.0 unless told otherwise");
 }
 
 void Translator::precision(const Struct& root) {
@@ -465,12 +486,9 @@ void Translator::optimizer(const Struct& root) {
   }
   // DeepSpeed matches its own optimizers' names in any case (Adam, AdamW;
   // OneBitAdam until 0.19) and takes any other as torch.optim's, exactly.
-  static const std::map<std::string, std::string> kNames = {
-      {"adam", "adamw"}, {"adamw", "adamw"}, {"onebitadam", "onebit_adam"}, {"sgd", "sgd"}};
-  std::string lower = *type;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  auto it = kNames.find(lower);
-  if (it == kNames.end()) {
+  const std::string lower = lower_case(*type);
+  auto it = optimizer_plugins().find(lower);
+  if (it == optimizer_plugins().end()) {
     issue("optimizer.type", "\"" + *type + "\" has no zerod optimizer plugin (zerod translates Adam, AdamW, "
                             "OneBitAdam and SGD; 0/1 Adam and 1-bit LAMB are zerod plugins to name in a Lua job, "
                             "docs/onebit.md; Lamb, Lion, Adagrad, Muon and torch.optim's others are not built)");
@@ -664,6 +682,9 @@ void Translator::scheduler(const Struct& root) {
 }
 
 DsTranslation Translator::run(const Struct& root) {
+  if (const Value* o = get(root, "optimizer"); o && o->kind_case() == Value::kStructValue)
+    if (const Value* t = get(o->struct_value(), "type"); t && t->kind_case() == Value::kStringValue)
+      untranslated_optimizer_ = !optimizer_plugins().count(lower_case(t->string_value()));
   check_keys(root, "");
   zero_ = section(root, "zero_optimization", "zero_optimization");
   if (zero_)

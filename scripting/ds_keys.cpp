@@ -20,7 +20,7 @@ std::vector<DsKey> make_keys() {
       {"train_batch_size", T, "", "checked: micro-batch × accumulation × ranks, as DeepSpeed checks it"},
       {"train_micro_batch_size_per_gpu", T, "", "checked with the others; the batch size of zerod.deepspeed's DataLoader"},
       {"gradient_accumulation_steps", T, "", "`gradient_accumulation_steps`"},
-      {"gradient_clipping", T, "", "`gradient_clipping`"},
+      {"gradient_clipping", T, "", "`gradient_clipping` (DeepSpeed 0.19's default, 1.0, is written out when absent)"},
       // Optimizer.
       {"optimizer.type", T, "",
        "`optimizer.type`: Adam → `adamw` (`adam` with adam_w_mode false), AdamW → `adamw`, OneBitAdam → "
@@ -146,6 +146,14 @@ std::vector<DsKey> make_keys() {
       {"zero_optimization.stage3_module_granularity_threshold", I, "", "zerod's fetch units are the trainer's modules (zerod.torch `modules=`)"},
       {"zero_optimization.stage3_use_all_reduce_for_fetch_params", I, "", kZeroTuning},
       {"zero_optimization.stage3_gather_16bit_weights_on_model_save", I, "",
+       "zerod's `state_dict()` and checkpoints always hold the whole model in fp32"},
+      // DeepSpeed's own field names for the stage3_ keys above (its config
+      // model takes either).
+      {"zero_optimization.max_reuse_distance", I, "", kZeroTuning},
+      {"zero_optimization.model_persistence_threshold", I, "", kZeroTuning},
+      {"zero_optimization.module_granularity_threshold", I, "", "zerod's fetch units are the trainer's modules (zerod.torch `modules=`)"},
+      {"zero_optimization.use_all_reduce_for_fetch_params", I, "", kZeroTuning},
+      {"zero_optimization.gather_16bit_weights_on_model_save", I, "",
        "zerod's `state_dict()` and checkpoints always hold the whole model in fp32"},
       {"zero_optimization.stage3_gather_fp16_weights_on_model_save", I, "",
        "zerod's `state_dict()` and checkpoints always hold the whole model in fp32"},

@@ -81,6 +81,20 @@ std::string not_a_checkpoint(const std::string& dir) {
 
 }  // namespace
 
+std::string latest_tag(const std::string& dir) {
+  const fs::path latest = fs::path(dir) / "latest";
+  std::error_code ec;
+  if (!fs::is_regular_file(latest, ec)) return "";
+  std::ifstream in(latest);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string t = text.str();
+  const auto first = t.find_first_not_of(" \t\r\n");
+  t = first == std::string::npos ? "" : t.substr(first, t.find_last_not_of(" \t\r\n") - first + 1);
+  if (!in || t.empty()) fail(ZD_ERR_IO, latest.string() + " names no tag");
+  return t;
+}
+
 CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag) {
   CheckpointDir out;
   if (!tag.empty()) {
@@ -92,18 +106,10 @@ CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag) {
   }
   out.path = dir;
   if (has_manifest(dir)) return out;
-  const fs::path latest = fs::path(dir) / "latest";
-  std::error_code ec;
-  if (!fs::is_regular_file(latest, ec))
+  const std::string t = latest_tag(dir);
+  if (t.empty())
     fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + not_a_checkpoint(dir) +
                         " and no 'latest' file naming a tag directory (as save_checkpoint writes; --tag names one)");
-  std::ifstream in(latest);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string t = text.str();
-  const auto first = t.find_first_not_of(" \t\r\n");
-  t = first == std::string::npos ? "" : t.substr(first, t.find_last_not_of(" \t\r\n") - first + 1);
-  if (!in || t.empty()) fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + latest.string() + " names no tag");
   out.tag = t;
   out.from_latest = true;
   out.path = (fs::path(dir) / t).string();

@@ -27,6 +27,10 @@ struct CheckpointDir {
 // `zerod ckpt import` reads those).
 CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag = "");
 
+// The tag dir/latest names (trimmed), or "" when dir has no latest file.
+// Throws ZD_ERR_IO when it is there but names nothing.
+std::string latest_tag(const std::string& dir);
+
 // Reads every record of every shard and checks its checksum; returns the
 // number of records. Throws on the first damaged one, naming it.
 uint64_t verify_all(const Source& src, unsigned threads);

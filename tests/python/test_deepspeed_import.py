@@ -71,6 +71,12 @@ def test_a_deepspeed_checkpoint_loads_into_zerod(stage, tmp_path):
                        env=dict(env, ZEROD_PYTHON=sys.executable), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"DeepSpeed ZeRO stage {stage}, adamw" in r.stdout
+    # DeepSpeed's folder: the tag its latest names, and said.
+    assert r.stdout.startswith(f"{ds}: its 'latest' file names global_step5: reading {ds}/global_step5"), r.stdout
+    if stage == 1:  # --tag picks the tag, and is said too
+        r = subprocess.run([ZEROD, "ckpt", "import", str(ds), "--tag", "global_step5", "--to", str(tmp_path / "t")],
+                           capture_output=True, text=True, env=dict(env, ZEROD_PYTHON=sys.executable), timeout=600)
+        assert r.returncode == 0 and r.stdout.startswith(f"{ds}: --tag global_step5: reading"), r.stdout + r.stderr
 
     engine = zerod.torch.initialize(make(), job_text='return { optimizer = { type = "adamw", lr = 1e-2, '
                                                      'weight_decay = 0.05 } }')

@@ -246,7 +246,10 @@ def lr_schedule(cfg):
         return t / w
 
     if kind in ("WarmupLR", "WarmupDecayLR"):
-        lo, hi = float(p.get("warmup_min_lr", 0.0)), float(p.get("warmup_max_lr", base))
+        # WarmupLR's maximum defaults to the optimizer's lr; WarmupDecayLR
+        # hands WarmupLR its own default, 0.001.
+        lo = float(p.get("warmup_min_lr", 0.0))
+        hi = float(p.get("warmup_max_lr", base if kind == "WarmupLR" else 1e-3))
         w, wt = max(2, int(p.get("warmup_num_steps", 1000))), p.get("warmup_type", "log")
         total = int(p.get("total_num_steps", 0))
 
@@ -284,6 +287,11 @@ def lr_schedule(cfg):
                 return lo
             return lo / (1 + rate * (t - total) / every)
         return one_cycle  # not delayed: its step t is DeepSpeed's t - 1 already
+    elif kind == "LRRangeTest":
+        lo, size = float(p.get("lr_range_test_min_lr", 1e-3)), int(p.get("lr_range_test_step_size", 2000))
+        rate, stair = float(p.get("lr_range_test_step_rate", 1.0)), bool(p.get("lr_range_test_staircase", False))
+        # Not delayed either: min_lr when made, then its value after t steps.
+        return lambda t: lo * (1 + rate * (math.floor(t / size) if stair else t / size))
     else:
         return lambda t: base  # refused by the translation before it gets here
 

@@ -1,0 +1,159 @@
+// The DeepSpeed translation (scripting/ds_config.cpp) on the decisions it
+// takes after DeepSpeed 0.19: what it accepts as DeepSpeed accepts it
+// (redundant and overridden keys), what it refuses as DeepSpeed refuses it,
+// and DeepSpeed 0.19's defaults written out. These run everywhere;
+// tests/python/test_deepspeed_configs.py holds the same translation to
+// DeepSpeed itself over a corpus of real configs where the venv is.
+#include "ds_config.h"
+#include "error.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using namespace zerod::scripting;
+
+namespace {
+
+std::string lua(const std::string& json, int world = 1) {
+  DsOptions o;
+  o.world_size = world;
+  return translate_deepspeed(json, "c.json", o).lua;
+}
+
+// The refusal's text (every problem, one per line), or "" when accepted.
+std::string refusal(const std::string& json, int world = 1) {
+  try {
+    lua(json, world);
+  } catch (const zerod::Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+const std::string kBatch = R"("train_micro_batch_size_per_gpu": 4, )";
+
+}  // namespace
+
+TEST(DsConfig, AdamWModeWithAdamWIsRedundantOrOverriddenAsInDeepSpeed) {
+  // Accelerate's test configs: AdamW with torch_adam and adam_w_mode true.
+  const std::string both = lua("{" + kBatch + R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-4,
+      "torch_adam": true, "adam_w_mode": true}}})");
+  EXPECT_TRUE(has(both, R"(type = "adamw")")) << both;
+  // false: DeepSpeed's engine runs AdamW still (the type decides); so does
+  // the job, and it says so.
+  const std::string off = lua("{" + kBatch + R"("optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})");
+  EXPECT_TRUE(has(off, R"(type = "adamw")")) << off;
+  EXPECT_TRUE(has(off, "adam_w_mode: false is ignored with type AdamW, as DeepSpeed ignores it")) << off;
+  // With Adam it picks the weight decay.
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"),
+                  R"(type = "adam")"));
+  // Any other optimizer is handed it by DeepSpeed and refuses it.
+  const std::string sgd = refusal("{" + kBatch + R"("optimizer": {"type": "SGD", "params": {"lr": 0.1,
+      "adam_w_mode": true, "torch_adam": true}}})");
+  EXPECT_TRUE(has(sgd, "optimizer.params.adam_w_mode: applies to Adam and AdamW only")) << sgd;
+  EXPECT_TRUE(has(sgd, "optimizer.params.torch_adam: applies to Adam and AdamW only")) << sgd;
+}
+
+TEST(DsConfig, WhatDeepSpeed019RefusesIsRefusedNamingTheKey) {
+  for (const std::string& key : {std::string(R"("amp": {"enabled": false})"), std::string(R"("elasticity": {})"),
+                                 std::string(R"("curriculum_learning": {"enabled": true})"),
+                                 std::string(R"("sparse_attention": null)")}) {
+    const std::string why = refusal("{" + kBatch + key + "}");
+    const std::string name = key.substr(1, key.find('"', 1) - 1);
+    EXPECT_TRUE(has(why, "c.json:1: " + name + ": is refused, as DeepSpeed 0.19 refuses it")) << why;
+  }
+  const std::string mics = refusal("{" + kBatch + R"("zero_optimization": {"stage": 3, "mics_shard_size": 8}})");
+  EXPECT_TRUE(has(mics, "zero_optimization.mics_shard_size: is refused, as DeepSpeed 0.19 refuses it")) << mics;
+  const std::string norm = refusal("{" + kBatch + R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1}}})");
+  EXPECT_TRUE(has(norm, "optimizer.params.max_grad_norm: is refused")) << norm;
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("optimizer": {"type": "sgd"}})"), "DeepSpeed takes SGD by torch.optim's name"));
+  // A leftover parameter DeepSpeed's scheduler class refuses.
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})"),
+                  "scheduler.params.total_num_steps: is not a parameter of DeepSpeed's WarmupLR"));
+}
+
+TEST(DsConfig, AnotherOptimizersParametersAreNotReportedOneByOne) {
+  const std::string why = refusal("{" + kBatch + R"("optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3}}})");
+  EXPECT_TRUE(has(why, R"(optimizer.type: "Lamb" has no zerod optimizer plugin)")) << why;
+  EXPECT_FALSE(has(why, "max_coeff")) << why;
+}
+
+TEST(DsConfig, DeepSpeed019DefaultsAreWrittenOut) {
+  // Clipping at 1.0 unless told; "auto" is the trainer's to fill.
+  EXPECT_TRUE(has(lua("{" + kBatch + "}"), "gradient_clipping = 1,"));
+  EXPECT_FALSE(has(lua("{" + kBatch + R"("gradient_clipping": "auto"})"), "gradient_clipping ="));
+  EXPECT_FALSE(has(lua("{" + kBatch + R"("gradient_clipping": 0})"), "gradient_clipping ="));
+  // Offloaded memory is pinned unless pin_memory is false.
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})"),
+                  "host = { pin = true }"));
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+      "pin_memory": false}}})"), "host = { pin = false }"));
+}
+
+TEST(DsConfig, Fp16HasNoHysteresisWithoutZeroAsInDeepSpeed) {
+  const std::string fp16 = R"("fp16": {"enabled": true, "hysteresis": 3, "consecutive_hysteresis": true}, )";
+  const std::string s0 = lua("{" + kBatch + fp16 + R"("zero_optimization": {"stage": 0}})");
+  EXPECT_TRUE(has(s0, "hysteresis = 1,")) << s0;
+  EXPECT_FALSE(has(s0, "consecutive_hysteresis = true")) << s0;
+  EXPECT_TRUE(has(s0, "not used at ZeRO stage 0")) << s0;
+  const std::string s2 = lua("{" + kBatch + fp16 + R"("zero_optimization": {"stage": 2}})");
+  EXPECT_TRUE(has(s2, "hysteresis = 3,")) << s2;
+  EXPECT_TRUE(has(s2, "consecutive_hysteresis = true,")) << s2;
+  // DeepSpeed 0.19 starts at 2^16 like zerod: nothing to write.
+  EXPECT_FALSE(has(lua("{" + kBatch + R"("fp16": {"enabled": true}, "zero_optimization": {"stage": 1}})"),
+                   "initial_scale_power"));
+}
+
+TEST(DsConfig, OffloadBelowItsStageIsIgnoredAsInDeepSpeed) {
+  // DeepSpeed-Chat writes offload_param at every stage; DeepSpeed reads it at 3.
+  const std::string s2 = lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"},
+      "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_FALSE(has(s2, "params = ")) << s2;
+  EXPECT_TRUE(has(s2, R"(optimizer = "host")")) << s2;
+  EXPECT_TRUE(has(s2, "zero_optimization.offload_param: ignored at ZeRO stage 2, as DeepSpeed ignores it")) << s2;
+  // A partial offload is refused below stage 3, as DeepSpeed refuses it.
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+      "ratio": 0.3}}})"), "zero_optimization.offload_optimizer.ratio: a partial offload"));
+  // The deprecated booleans still work.
+  const std::string old = lua("{" + kBatch + R"("zero_optimization": {"stage": 3, "cpu_offload": true,
+      "cpu_offload_param": true}})");
+  EXPECT_TRUE(has(old, R"(optimizer = "host")") && has(old, R"(params = "host")")) << old;
+}
+
+TEST(DsConfig, SchedulersAsDeepSpeedMakesThem) {
+  const std::string opt = R"("optimizer": {"type": "AdamW", "params": {"lr": 0.02}}, )";
+  // WarmupLR's maximum is the optimizer's lr; WarmupDecayLR's is 0.001.
+  EXPECT_TRUE(has(lua("{" + kBatch + opt + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})"),
+                  "max_lr = 0.02"));
+  EXPECT_TRUE(has(lua("{" + kBatch + opt + R"("scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 9,
+      "warmup_num_steps": 5}}})"), "max_lr = 0.001"));
+  EXPECT_TRUE(has(refusal("{" + kBatch + opt + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})"),
+                  "scheduler.params.warmup_num_steps: must be a whole number >= 1"));
+  const std::string range = lua("{" + kBatch + opt + R"("scheduler": {"type": "LRRangeTest", "params": {
+      "lr_range_test_min_lr": 0.0001, "lr_range_test_step_size": 10, "lr_range_test_step_rate": 5,
+      "lr_range_test_staircase": true}}})");
+  EXPECT_TRUE(has(range, "lr = function(t) return 0.0001 * (1 + 5 * math.floor(t / 10)) end")) << range;
+  // A schedule the trainer has yet to fill in: no lr in the job, and why.
+  const std::string later = lua("{" + kBatch + opt + R"("scheduler": {"type": "WarmupDecayLR", "params": {
+      "total_num_steps": "auto", "warmup_num_steps": "auto"}}})");
+  EXPECT_FALSE(has(later, "\n  lr = ")) << later;
+  EXPECT_TRUE(has(later, "WarmupDecayLR is built when the trainer fills in scheduler.params.total_num_steps")) << later;
+}
+
+TEST(DsConfig, BatchSizesAsDeepSpeedChecksThem) {
+  // Neither size: DeepSpeed refuses to start.
+  EXPECT_TRUE(has(refusal(R"({"gradient_accumulation_steps": 4})", 2), "neither train_batch_size nor"));
+  // train_batch_size alone is one micro-batch per rank per step.
+  EXPECT_TRUE(has(refusal(R"({"train_batch_size": 16})", 3), "16 is not a whole multiple"));
+  EXPECT_EQ(refusal(R"({"train_batch_size": 16})", 4), "");
+}
+
+TEST(DsConfig, TheOlderBfloat16NameIsBf16) {
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("bfloat16": {"enabled": true}})"), R"(precision = "bf16")"));
+  // bf16 wins where both are given, as in DeepSpeed.
+  EXPECT_FALSE(has(lua("{" + kBatch + R"("bf16": {"enabled": false}, "bfloat16": {"enabled": true}})"), "precision"));
+}
