@@ -13,7 +13,7 @@ namespace zerod {
 struct ViewInfo {
   void* data = nullptr;
   uint64_t bytes = 0;
-  int32_t arena = -1;  // the shared arena it lies in (daemon mode), or -1
+  int32_t arena = -1;  // the pool region it lies in (Device::exports), or -1
   uint64_t offset = 0;
   zd_dtype dtype = ZD_DTYPE_F32;
   const std::vector<int64_t>* shape = nullptr;

@@ -329,8 +329,10 @@ typedef struct zd_view {
   int64_t shape[ZD_MAX_DIMS];
   int32_t device_type;
   int32_t device_id;
-  /* Where the bytes live in zerod's shared arenas (daemon mode): arena id and
-   * byte offset. Embedded mode reports arena -1. */
+  /* Where the bytes live in the device pool's regions: arena id and byte
+   * offset. In daemon mode, a region the daemon passed this process; embedded
+   * on the cpu device, one of its own memfd arenas; -1 where the pool is not
+   * made of such regions (embedded on a GPU). */
   int32_t arena;
   int32_t reserved;
   uint64_t offset;
