@@ -1,10 +1,52 @@
 #include "device_comm.h"
 
 #include "dtype.h"
+#include "peer_board.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace zerod {
+
+namespace {
+
+// One collective between the devices of one process. Each rank posts where
+// its buffers are and a mark after the work that wrote them; once everyone
+// has, its stream waits for every peer's mark and reads their buffers.
+// Before anyone goes on (a sender may reuse its buffer, a receiver its
+// result), every rank's reads are issued and marked, and each stream waits
+// for all of them: a second meeting.
+class PeerCollective {
+ public:
+  PeerCollective(const ModelContext& ctx, RankResources& res, const zd_comm_call& c)
+      : board_(*ctx.peers), res_(res), c_(c) {}
+
+  const std::vector<PeerBoard::Post>& meet(const void* send, void* recv, uint64_t count) {
+    Device& d = *res_.device;
+    PeerBoard::Post mine{&d, send, recv, count, c_.tag, d.mark()};
+    posts_ = board_.meet(c_.rank, mine, c_.what ? c_.what : "a collective");
+    for (int q = 0; q < board_.world(); ++q)
+      if (q != c_.rank) d.wait_peer_mark(*posts_[static_cast<size_t>(q)].device, posts_[static_cast<size_t>(q)].mark);
+    return posts_;
+  }
+
+  // Every rank's reads of the others' buffers are done before any goes on.
+  void done() {
+    Device& d = *res_.device;
+    PeerBoard::Post mine{&d, nullptr, nullptr, posts_[static_cast<size_t>(c_.rank)].count, c_.tag, d.mark()};
+    const auto after = board_.meet(c_.rank, mine, c_.what ? c_.what : "a collective");
+    for (int q = 0; q < board_.world(); ++q)
+      if (q != c_.rank) d.wait_peer_mark(*after[static_cast<size_t>(q)].device, after[static_cast<size_t>(q)].mark);
+  }
+
+ private:
+  PeerBoard& board_;
+  RankResources& res_;
+  const zd_comm_call& c_;
+  std::vector<PeerBoard::Post> posts_;
+};
+
+}  // namespace
 
 void device_all_gather(const ModelContext& ctx, RankResources& res, const zd_comm_call& c, const void* send,
                        bool send_on_device, void* recv, uint64_t count, zd_dtype dt) {
@@ -28,6 +70,15 @@ void device_all_gather(const ModelContext& ctx, RankResources& res, const zd_com
     res.note_shard_upload(t);
     return;
   }
+  if (ctx.peers && send_on_device) {
+    PeerCollective pc(ctx, res, c);
+    const auto& posts = pc.meet(send, recv, count);
+    for (int q = 0; q < ctx.world_size; ++q)
+      d.copy_peer(static_cast<std::byte*>(recv) + static_cast<uint64_t>(q) * bytes, *posts[static_cast<size_t>(q)].device,
+                  posts[static_cast<size_t>(q)].send, bytes);
+    pc.done();
+    return;
+  }
   std::vector<std::byte> mine(bytes), all(bytes * static_cast<uint64_t>(ctx.world_size));
   if (send_on_device)
     d.copy_to_host(mine.data(), send, bytes);
@@ -49,6 +100,17 @@ void device_reduce_scatter(const ModelContext& ctx, RankResources& res, const zd
     d.copy_within(recv, send, bytes);
     return;
   }
+  if (ctx.peers) {
+    // This rank's range of every rank's send, summed in rank order.
+    PeerCollective pc(ctx, res, c);
+    const auto& posts = pc.meet(send, recv, recv_count);
+    std::vector<Device::PeerSpan> srcs;
+    for (const PeerBoard::Post& p : posts)
+      srcs.push_back({p.device, static_cast<const std::byte*>(p.send) + static_cast<uint64_t>(c.rank) * bytes});
+    d.sum_peers(recv, dt, recv_count, srcs);
+    pc.done();
+    return;
+  }
   std::vector<std::byte> all(bytes * static_cast<uint64_t>(ctx.world_size)), mine(bytes);
   d.copy_to_host(all.data(), send, all.size());
   ctx.comm().reduce_scatter(c, all.data(), mine.data(), recv_count, comm_dtype(dt), ZD_REDUCE_SUM);
@@ -63,6 +125,41 @@ void device_all_reduce(const ModelContext& ctx, RankResources& res, const zd_com
     return;
   }
   if (ctx.world_size == 1) return;
+  if (ctx.peers) {
+    // Rank r sums slice r of everyone's buffer into scratch of its own;
+    // once every rank has read every buffer, each gathers every slice from
+    // its owner's scratch into its buffer (in place, so the reads come first).
+    const size_t esz = dtype_size(dt);
+    const auto world = static_cast<uint64_t>(ctx.world_size);
+    const uint64_t per = (count + world - 1) / world;
+    auto slice = [&](uint64_t r) {
+      const uint64_t lo = std::min(count, r * per);
+      return std::make_pair(lo, std::min(count, lo + per) - lo);
+    };
+    const auto [lo, n] = slice(static_cast<uint64_t>(c.rank));
+    Block scratch = d.allocate(std::max<uint64_t>(n, 1) * esz, ZD_MEM_BUFFERS, "an all-reduce's slice");
+    try {
+      PeerCollective sum(ctx, res, c);
+      const auto& posts = sum.meet(buf, scratch.ptr, count);
+      std::vector<Device::PeerSpan> srcs;
+      for (const PeerBoard::Post& p : posts) srcs.push_back({p.device, static_cast<const std::byte*>(p.send) + lo * esz});
+      if (n) d.sum_peers(scratch.ptr, dt, n, srcs);
+      sum.done();
+      PeerCollective gather(ctx, res, c);
+      const auto& sums = gather.meet(scratch.ptr, buf, count);
+      for (uint64_t q = 0; q < world; ++q) {
+        const auto [qlo, qn] = slice(q);
+        if (qn)
+          d.copy_peer(static_cast<std::byte*>(buf) + qlo * esz, *sums[q].device, sums[q].send, qn * esz);
+      }
+      gather.done();
+    } catch (...) {
+      d.release(scratch, ZD_MEM_BUFFERS);
+      throw;
+    }
+    d.release(scratch, ZD_MEM_BUFFERS);
+    return;
+  }
   std::vector<std::byte> host(count * dtype_size(dt));
   d.copy_to_host(host.data(), buf, host.size());
   ctx.comm().all_reduce(c, host.data(), count, comm_dtype(dt), ZD_REDUCE_SUM);

@@ -1,9 +1,13 @@
 // Collectives over buffers in the device tier. The comm plugins read and
 // write memory the host can address: on the cpu device that is the pool
 // itself. On a device the host cannot address (a GPU), one rank needs no
-// exchange at all — a gather or reduce-scatter is a copy on the device —
-// and several ranks go through host memory (a copy out, the collective, a
-// copy in) until the comm plugins take device buffers (NCCL; DESIGN.md §9).
+// exchange at all — a gather or reduce-scatter is a copy on the device.
+// Several ranks in one process (a daemon's GPUs) read each other's pools
+// with the devices' own peer copies and sum kernels, meeting on the
+// PeerBoard (ctx.peers): no byte crosses the host, and the sums are the
+// local comm plugin's to the bit. Ranks in several processes go through
+// host memory (a copy out, the collective, a copy in) until the comm
+// plugins take device buffers (NCCL; DESIGN.md §9).
 #pragma once
 
 #include "model_context.h"

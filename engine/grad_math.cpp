@@ -74,6 +74,24 @@ void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor) {
   for (uint64_t i = 0; i < n; ++i) store_float(p, dt, i, factor * load_as_float(p, dt, i));
 }
 
+void sum_sources(const void* const* srcs, size_t nsrc, void* dst, zd_dtype dt, uint64_t n) {
+  if (nsrc == 0) return;
+  if (dt == ZD_DTYPE_F32) {
+    auto* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) {
+      float acc = static_cast<const float*>(srcs[0])[i];
+      for (size_t k = 1; k < nsrc; ++k) acc += static_cast<const float*>(srcs[k])[i];
+      d[i] = acc;
+    }
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    float acc = load_as_float(srcs[0], dt, i);
+    for (size_t k = 1; k < nsrc; ++k) acc += load_as_float(srcs[k], dt, i);
+    store_float(dst, dt, i, acc);
+  }
+}
+
 namespace detail {
 
 // The fp32 sum of squares keeps kSumLanes partial sums in double, element i

@@ -20,6 +20,9 @@ void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst
                        float factor);
 // p[i] *= factor.
 void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor);
+// dst[i] = srcs[0][i] + srcs[1][i] + ..., in that order, in fp32 for 16-bit
+// types (rounded to nearest even once): the local comm plugin's sum.
+void sum_sources(const void* const* srcs, size_t nsrc, void* dst, zd_dtype dt, uint64_t n);
 
 struct GradStats {
   double sumsq = 0.0;

@@ -63,6 +63,7 @@ inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {
 inline zd_comm_dtype comm_dtype(zd_dtype dt) { return static_cast<zd_comm_dtype>(dt); }
 
 class ShardBoard;
+class PeerBoard;
 
 class ModelContext {
  public:
@@ -80,6 +81,11 @@ class ModelContext {
   // board of one-sided gathers (shard_board.h); null otherwise. Set once at
   // construction.
   ShardBoard* shards = nullptr;
+  // Every rank of the job in this process on devices the host cannot
+  // address (a daemon's GPUs): collectives between their device pools meet
+  // here (peer_board.h, device_comm.cpp); null otherwise. Set once at
+  // construction.
+  PeerBoard* peers = nullptr;
 
   bool partitioned(uint32_t what) const { return (partitions & what) != 0; }
   bool params_partitioned() const { return partitioned(ZD_PARTITION_PARAMS); }

@@ -2,19 +2,21 @@
 # Creates (or reuses) a Python virtual environment with packages from PyPI,
 # for the benchmarks that compare zerod with what users would pick instead
 # (DeepSpeed, PyTorch 2.x) and for the integration tests with the libraries
-# users train with (Lightning, Accelerate, DeepSpeed; tests/python, run by
-# scripts/run-tests.sh). Idempotent: a stamp file records the package list,
-# and a second run with the same list only checks that the packages import.
-# zerod itself never needs it; its other tests use Debian's python3.
+# users train with (Lightning, Accelerate, DeepSpeed, Hugging Face's
+# Trainer; tests/python, run by scripts/run-tests.sh). Idempotent: a stamp
+# file records the package list, and a second run with the same list only
+# checks that the packages import. zerod itself never needs it; its other
+# tests use Debian's python3.
 #
 #   scripts/python-venv.sh [--venv DIR] [--check MODULE]... [PACKAGE_SPEC...]
 #
 # DIR defaults to build/venv (under the build folder, so `rm -rf build`
 # removes it). Without PACKAGE_SPECs the list is $ZEROD_VENV_PACKAGES, or
-# the default: torch 2.x, DeepSpeed 0.19.x, Lightning 2.6.x, Accelerate 1.x
-# and pytest (one environment for the benchmarks and the tests). --check names
-# modules that must import afterwards (default: the first word of each
-# spec, e.g. torch, deepspeed). Prints the venv's python on the last line.
+# the default: torch 2.x, DeepSpeed 0.19.x, Lightning 2.6.x, Accelerate 1.x,
+# Transformers 5.x and pytest (one environment for the benchmarks and the
+# tests). --check names modules that must import afterwards (default: the
+# first word of each spec, e.g. torch, deepspeed). Prints the venv's python
+# on the last line.
 #
 # PyPI's torch wheel pulls the CUDA libraries (about 4-5 GB) even on a
 # machine without a GPU; DeepSpeed builds its CPU Adam op with ninja and g++
@@ -29,13 +31,13 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --venv) VENV=$2; shift 2 ;;
     --check) CHECKS+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) SPECS+=("$1"); shift ;;
   esac
 done
 if [ ${#SPECS[@]} -eq 0 ]; then
   # shellcheck disable=SC2206
-  SPECS=(${ZEROD_VENV_PACKAGES:-"torch>=2,<3" "deepspeed>=0.19,<0.20" "lightning>=2.6,<2.7" "accelerate>=1,<2" "pytest"})
+  SPECS=(${ZEROD_VENV_PACKAGES:-"torch>=2,<3" "deepspeed>=0.19,<0.20" "lightning>=2.6,<2.7" "accelerate>=1,<2" "transformers>=5,<6" "pytest"})
 fi
 if [ ${#CHECKS[@]} -eq 0 ]; then
   for s in "${SPECS[@]}"; do CHECKS+=("$(printf '%s' "$s" | sed -E 's/[<>=!~\[; ].*//; s/-/_/g')"); done

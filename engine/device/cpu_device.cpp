@@ -28,6 +28,12 @@ void CpuDevice::copy_to_host(void* dst, const void* src, uint64_t bytes) { std::
 void CpuDevice::copy_within(void* dst, const void* src, uint64_t bytes) { std::memmove(dst, src, bytes); }
 void CpuDevice::zero(void* dst, uint64_t bytes) { std::memset(dst, 0, bytes); }
 
+void CpuDevice::sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) {
+  std::vector<const void*> from;
+  for (const PeerSpan& s : srcs) from.push_back(s.data);
+  sum_sources(from.data(), from.size(), dst, dt, n);
+}
+
 void CpuDevice::accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
   zerod::accumulate(src, src_dt, dst, dst_dt, n);
 }

@@ -45,6 +45,9 @@ class CpuDevice final : public Device {
   void upload_after_stream() override {}
   void transfer_wait(uint64_t) override {}
   void stream_waits(uint64_t) override {}
+  void wait_peer_mark(const Device&, uint64_t) override {}
+  void copy_peer(void* dst, const Device&, const void* src, uint64_t bytes) override { copy_within(dst, src, bytes); }
+  void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override;
   void zero(void* dst, uint64_t bytes) override;
   void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override;
   void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,

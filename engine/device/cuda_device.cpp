@@ -280,6 +280,52 @@ class CudaDevice final : public Device {
     check(cudaStreamWaitEvent(stream_, q.event_for(ticket), 0), "making zerod's stream wait for a transfer");
   }
 
+  void wait_peer_mark(const Device& peer, uint64_t mark) override {
+    if (mark == 0) return;
+    current();
+    const CudaDevice& p = of(peer);
+    std::lock_guard<std::mutex> lock(p.marks_.mu);
+    check(cudaStreamWaitEvent(stream_, p.marks_.event_for(mark), 0), "waiting for a peer's work");
+  }
+
+  void copy_peer(void* dst, const Device& peer, const void* src, uint64_t bytes) override {
+    current();
+    check(cudaMemcpyPeerAsync(dst, device_, src, of(peer).device_, bytes, stream_), "copying from a peer's memory");
+  }
+
+  void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override {
+    current();
+    // A source on another GPU is copied here first (peer access between
+    // GPUs is not assumed); one on this GPU (ranks sharing it) is read where
+    // it is.
+    std::vector<const void*> from;
+    std::vector<Block> copies;
+    const uint64_t bytes = n * dtype_size(dt);
+    try {
+      for (const PeerSpan& s : srcs) {
+        const CudaDevice& p = of(*s.device);
+        if (p.device_ == device_) {
+          from.push_back(s.data);
+          continue;
+        }
+        copies.push_back(allocate(bytes, ZD_MEM_BUFFERS, "a peer's gradients, copied for their sum"));
+        check(cudaMemcpyPeerAsync(copies.back().ptr, device_, s.data, p.device_, bytes, stream_),
+              "copying from a peer's memory");
+        from.push_back(copies.back().ptr);
+      }
+      if (from.size() > static_cast<size_t>(cuda_kernels::kMaxSources))
+        fail(ZD_ERR_INTERNAL, "cuda device: a sum over " + std::to_string(from.size()) + " ranks; at most " +
+                                  std::to_string(cuda_kernels::kMaxSources) + " in one process");
+      check_launch(cuda_kernels::sum_sources(from.data(), static_cast<int>(from.size()), dst, dt, n, stream_),
+                   "summing the ranks' gradients");
+    } catch (...) {
+      for (const Block& b : copies) release(b, ZD_MEM_BUFFERS);
+      throw;
+    }
+    // Later work on zerod's stream is ordered after the sum: the copies may go.
+    for (const Block& b : copies) release(b, ZD_MEM_BUFFERS);
+  }
+
   void copy_within(void* dst, const void* src, uint64_t bytes) override {
     current();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copying on the device");
@@ -420,6 +466,12 @@ class CudaDevice final : public Device {
 
   void current() const { check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
 
+  static const CudaDevice& of(const Device& d) {
+    const auto* c = dynamic_cast<const CudaDevice*>(&d.unwrapped());
+    if (!c) fail(ZD_ERR_INTERNAL, "cuda device: a peer that is not a cuda device");
+    return *c;
+  }
+
   bool page_locked(const void* p) const {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -441,7 +493,7 @@ class CudaDevice final : public Device {
   cudaEvent_t trainer_done_ = nullptr;
   cudaEvent_t stream_mark_ = nullptr;  // zerod's work so far, for a copy stream to wait on (under event_mu_)
   Queue queues_[2];                    // uploads, downloads
-  Queue marks_;                        // marks on zerod's own stream (its `stream` is stream_)
+  mutable Queue marks_;                // marks on zerod's own stream (its `stream` is stream_); peers wait on them
   double* stats_ = nullptr;  // kStatsBlocks partial sums, then the total
   mutable std::mutex mu_;    // the chunks and the registrations
   std::mutex event_mu_;

@@ -52,6 +52,19 @@ __global__ void accumulate_kernel(const void* src, int32_t sdt, void* dst, int32
   }
 }
 
+struct Sources {
+  const void* p[kMaxSources];
+};
+
+__global__ void sum_sources_kernel(Sources s, int nsrc, void* dst, int32_t dt, uint64_t n) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float acc = load(s.p[0], dt, i);
+    for (int k = 1; k < nsrc; ++k) acc = __fadd_rn(acc, load(s.p[k], dt, i));
+    store(dst, dt, i, acc);
+  }
+}
+
 __global__ void scale_kernel(void* p, int32_t dt, uint64_t n, float factor) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -94,6 +107,15 @@ int accumulate(const void* src, int32_t src_dt, void* dst, int32_t dst_dt, uint6
   if (n == 0) return 0;
   accumulate_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, src_dt, dst, dst_dt, n,
                                                                                       factor, factor != 1.0f);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int sum_sources(const void* const* srcs, int nsrc, void* dst, int32_t dt, uint64_t n, void* stream) {
+  if (n == 0 || nsrc < 1) return 0;
+  if (nsrc > kMaxSources) return static_cast<int>(cudaErrorInvalidValue);
+  Sources s{};
+  for (int k = 0; k < nsrc; ++k) s.p[k] = srcs[k];
+  sum_sources_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(s, nsrc, dst, dt, n);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -15,6 +15,11 @@ namespace zerod::cuda_kernels {
 int accumulate(const void* src, int32_t src_dt, void* dst, int32_t dst_dt, uint64_t n, float factor, void* stream);
 // p[i] = factor * p[i].
 int scale(void* p, int32_t dt, uint64_t n, float factor, void* stream);
+// dst[i] = srcs[0][i] + srcs[1][i] + ... in that order, in fp32 for 16-bit
+// dtypes, rounded once (engine/grad_math.h sum_sources); at most
+// kMaxSources sources, each readable from the stream's device.
+constexpr int kMaxSources = 16;
+int sum_sources(const void* const* srcs, int nsrc, void* dst, int32_t dt, uint64_t n, void* stream);
 
 // Sums of squares in double. Each span adds the partial sums of a fixed grid
 // (kStatsBlocks blocks, each over a fixed strided set of elements) into

@@ -143,6 +143,25 @@ class Device {
   virtual void transfer_wait(uint64_t ticket) = 0;
   virtual void stream_waits(uint64_t ticket) = 0;
 
+  // --- collectives between the devices of one process (PeerBoard) ---
+  // `peer` is another rank's device of the same kind in this process; its
+  // memory is read with the device's own copies, never through the host.
+  // zerod's stream waits for the peer's mark().
+  virtual void wait_peer_mark(const Device& peer, uint64_t mark) = 0;
+  // bytes from src in peer's pool to dst in this one, on zerod's stream.
+  virtual void copy_peer(void* dst, const Device& peer, const void* src, uint64_t bytes) = 0;
+  // dst[i] = the sum over k, in k's order, of srcs[k][i] (each on this
+  // device or a peer): as the local comm plugin sums, 16-bit values in fp32
+  // and rounded once, so that ranks and plugins agree to the bit.
+  struct PeerSpan {
+    const Device* device;
+    const void* data;
+  };
+  virtual void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) = 0;
+  // The device this one wraps (TracedDevice), else itself: what a peer
+  // looks into.
+  virtual const Device& unwrapped() const { return *this; }
+
   // --- the trainer's stream ---
   // The stream the trainer computes on (a cudaStream_t; nullptr = the
   // default stream). The cpu device accepts only nullptr.

@@ -36,6 +36,14 @@ class TracedDevice final : public Device {
   void upload_after_stream() override { d_->upload_after_stream(); }
   void transfer_wait(uint64_t ticket) override;
   void stream_waits(uint64_t ticket) override { d_->stream_waits(ticket); }
+  void wait_peer_mark(const Device& peer, uint64_t mark) override { d_->wait_peer_mark(peer, mark); }
+  void copy_peer(void* dst, const Device& peer, const void* src, uint64_t bytes) override {
+    d_->copy_peer(dst, peer, src, bytes);
+  }
+  void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override {
+    d_->sum_peers(dst, dt, n, srcs);
+  }
+  const Device& unwrapped() const override { return d_->unwrapped(); }
   void zero(void* dst, uint64_t bytes) override { d_->zero(dst, bytes); }
   void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
     d_->accumulate(src, src_dt, dst, dst_dt, n);

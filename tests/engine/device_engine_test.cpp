@@ -31,7 +31,7 @@ struct Case {
 // The trainer's side, on every rank: reads the working copy through the
 // device, writes a gradient that depends on it and on the rank.
 std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector<int64_t>& sizes, int steps,
-                                      uint64_t* device_peak) {
+                                      uint64_t* device_peak, uint64_t* peer_ops = nullptr) {
   auto model = make_model(o, world);
   std::vector<std::vector<float>> out(sizes.size());
   run_ranks(world, [&](int rank) {
@@ -68,6 +68,8 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
     }
   });
   if (device_peak) *device_peak = model->ledger(0).peak(ZD_TIER_DEVICE, ZD_MEM_ALL);
+  if (peer_ops)
+    if (const auto* od = dynamic_cast<const OpaqueDevice*>(&model->device(0).unwrapped())) *peer_ops = od->peer_ops();
   return out;
 }
 
@@ -95,12 +97,17 @@ TEST_P(OnDevice, TrainsAsTheCpuDeviceDoes) {
   const std::vector<int64_t> sizes = {70000, 5000, 1 << 16, 333};
   const auto cpu = train(o, c.world, sizes, 5, nullptr);
   o.device = device;
-  uint64_t peak = 0;
-  const auto got = train(o, c.world, sizes, 5, &peak);
+  uint64_t peak = 0, peer_ops = 0;
+  const auto got = train(o, c.world, sizes, 5, &peak, &peer_ops);
   std::filesystem::remove_all(dir);
   ASSERT_EQ(cpu.size(), got.size());
   if (device == "opaque") {
     EXPECT_TRUE(got == cpu) << c.name << ": the same kernels on the same values";
+    // Several ranks in one process read each other's pools on the device
+    // (the PeerBoard), never through host memory.
+    if (c.world > 1) {
+      EXPECT_GT(peer_ops, 0u) << c.name << ": the collectives ran between the devices";
+    }
   } else {
     // The optimizer rounds alike on both; the gradient norm is summed in
     // another order on the GPU, and bf16 working copies round from masters

@@ -26,6 +26,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -111,6 +112,22 @@ class OpaqueDevice final : public zerod::Device {
   // Transfers issued so far, per direction (a test checks they were used).
   uint64_t transfers(bool down) const { return lanes_[down ? 1 : 0].issued(); }
 
+  // Peers are other ranks' emulated devices in this process: their memory
+  // is reached through their own translation, never the host's pointers.
+  void wait_peer_mark(const zerod::Device&, uint64_t) override {}  // device work is done already
+  void copy_peer(void* dst, const zerod::Device& peer, const void* src, uint64_t n) override {
+    std::memmove(on_device(dst, "copy_peer"), of(peer).on_device(src, "copy_peer"), n);
+    ++peer_ops_;
+  }
+  void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override {
+    std::vector<const void*> from;
+    for (const PeerSpan& s : srcs) from.push_back(of(*s.device).on_device(s.data, "sum_peers"));
+    zerod::sum_sources(from.data(), from.size(), on_device(dst, "sum_peers"), dt, n);
+    ++peer_ops_;
+  }
+  // Peer copies and sums so far (a test checks collectives used them).
+  uint64_t peer_ops() const { return peer_ops_.load(); }
+
   void copy_within(void* dst, const void* src, uint64_t n) override {
     std::memmove(on_device(dst, "copy_within"), on_device(src, "copy_within"), n);
   }
@@ -145,6 +162,11 @@ class OpaqueDevice final : public zerod::Device {
   bool holds(const void* p) const { return p >= fake_ && p < fake_ + kSpace; }
 
  private:
+  static const OpaqueDevice& of(const zerod::Device& d) {
+    const auto* o = dynamic_cast<const OpaqueDevice*>(&d.unwrapped());
+    if (!o) zerod::fail(ZD_ERR_INTERNAL, "opaque device: a peer that is not an opaque device");
+    return *o;
+  }
   std::byte* on_device(const void* p, const char* call) const {
     if (!holds(p)) zerod::fail(ZD_ERR_INTERNAL, std::string("opaque device: ") + call + " got a host pointer where device memory belongs");
     return real_ + (static_cast<const std::byte*>(p) - fake_);
@@ -212,6 +234,7 @@ class OpaqueDevice final : public zerod::Device {
   zerod::MemoryLedger& ledger_;
   zerod::Workers& workers_;
   Lane lanes_[2];  // uploads, downloads
+  std::atomic<uint64_t> peer_ops_{0};
   std::byte* fake_ = nullptr;
   std::byte* real_ = nullptr;
   std::mutex mu_;

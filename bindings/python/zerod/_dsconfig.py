@@ -196,7 +196,10 @@ def optimizer_section(optimizer):
             raise InvalidArgumentError(f"torch.optim.{name}({k}={v!r}) has no zerod equivalent")
     params = {}
     for k in keys:
-        v = hp.get(k)
+        # An LR scheduler made on the optimizer has set the groups' lr to its
+        # first value (0 at the start of a warm-up) and kept the optimizer's
+        # own as initial_lr.
+        v = optimizer.param_groups[0].get("initial_lr", hp.get(k)) if k == "lr" else hp.get(k)
         if hasattr(v, "item"):  # a tensor lr
             v = v.item()
         if k == "betas":
@@ -211,7 +214,7 @@ def job_text(cfg, lr_lua=None):
     """The job for a resolved config: the JSON itself, or, when the trainer
     brings its own schedule (a torch scheduler, written as Lua), a Lua job
     built on zerod.deepspeed(json) with that `lr`."""
-    text = json.dumps(cfg, indent=2, sort_keys=True)
+    text = json.dumps(_json_numbers(cfg), indent=2, sort_keys=True, allow_nan=False)
     if lr_lua is None:
         return text
     level = 1
@@ -220,6 +223,29 @@ def job_text(cfg, lr_lua=None):
     eq = "=" * level
     return (f"local zerod = require(\"zerod\")\nlocal job = zerod.deepspeed([{eq}[\n{text}\n]{eq}])\n"
             f"job.lr = {lr_lua}\nreturn job\n")
+
+
+def _json_numbers(cfg, path=""):
+    """cfg with only numbers JSON has (zerod reads the config as JSON; Python
+    writes inf and nan as Infinity and NaN, which JSON lacks). Accelerate's
+    DeepSpeed plugin sets steps_per_print to inf ("never print"): that key
+    only tunes DeepSpeed's progress log, so it is left out. Any other
+    non-finite number is an error naming its key."""
+    if isinstance(cfg, dict):
+        out = {}
+        for k, v in cfg.items():
+            key = f"{path}.{k}" if path else str(k)
+            if isinstance(v, float) and not math.isfinite(v):
+                if key == "steps_per_print":
+                    continue
+                raise InvalidArgumentError(f"DeepSpeed config: {key} is {v}, which a JSON config cannot hold")
+            out[k] = _json_numbers(v, key)
+        return out
+    if isinstance(cfg, list):
+        return [_json_numbers(v, f"{path}[{i}]") for i, v in enumerate(cfg)]
+    if isinstance(cfg, float) and not math.isfinite(cfg):
+        raise InvalidArgumentError(f"DeepSpeed config: {path} holds {cfg}, which a JSON config cannot hold")
+    return cfg
 
 
 def lr_schedule(cfg):

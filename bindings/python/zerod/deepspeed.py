@@ -110,8 +110,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                        "given; give one")
         if not isinstance(lr_scheduler, (torch.optim.lr_scheduler.LRScheduler, _schedules.Stepped)):
             if torch_opt is None:
-                raise InvalidArgumentError("initialize: an lr_scheduler callable needs a torch optimizer to build it "
-                                           "on; give optimizer= too, or a config \"scheduler\"")
+                torch_opt = _stand_in_optimizer(cfg)
             lr_scheduler = lr_scheduler(torch_opt)
         lr_values = _schedules.trace(lr_scheduler)
 
@@ -133,6 +132,21 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if training_data is not None:
         loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _stand_in_optimizer(cfg):
+    """What an lr_scheduler callable is built on when the config's "optimizer"
+    section is the optimizer: DeepSpeed hands it the optimizer it made from
+    that section (Hugging Face's Trainer does this with a config that has an
+    "optimizer" but no "scheduler"). A scheduler reads only the lr of its
+    groups, so a torch optimizer of one placeholder parameter at the section's
+    lr stands in; zerod traces the schedule on it."""
+    opt = cfg.get("optimizer")
+    lr = opt.get("params", {}).get("lr", 1e-3) if isinstance(opt, dict) else None
+    if lr is None or _dsconfig._is_auto(lr):
+        raise InvalidArgumentError("initialize: an lr_scheduler callable needs the optimizer it schedules: give "
+                                   "optimizer= too, or a config \"optimizer\" section with its lr")
+    return torch.optim.SGD([torch.zeros(1)], lr=float(lr))
 
 
 def _enabled(cfg, section):
@@ -175,12 +189,21 @@ class DeepSpeedEngine(_zt.Engine):
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True, **kwargs):
         """DeepSpeed's: the micro-batch's loss. zerod averages the window's
-        micro-batches itself, as DeepSpeed does by scaling with 1/GAS."""
-        if not scale_wrt_gas:
-            raise InvalidArgumentError("backward(scale_wrt_gas=False) is not supported: zerod always averages "
-                                       "the gradients of an accumulation window")
-        super().backward(loss, retain_graph=retain_graph)
+        micro-batches itself, as DeepSpeed does by scaling with 1/GAS. With
+        scale_wrt_gas=False the caller has scaled the loss for the window
+        already (Hugging Face's Trainer does) and DeepSpeed sums the window's
+        gradients: zerod's average of GAS times each loss is that sum."""
+        gas = 1 if scale_wrt_gas else self.gradient_accumulation_steps()
+        super().backward(loss * gas if gas != 1 else loss, retain_graph=retain_graph)
         return loss
+
+    def parameters(self, recurse=True):
+        """The module's (DeepSpeed's engine is the module's nn.Module wrapper).
+        Outside their module's forward zerod's parameters are empty tensors."""
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        return self.module.named_parameters(prefix, recurse, remove_duplicate)
 
     def step(self, lr_kwargs=None):
         r = super().step()
@@ -313,6 +336,13 @@ class _Optimizer:
 
     def zero_grad(self, set_to_none=True):
         """zerod starts every window's gradients at zero itself."""
+
+    @property
+    def overflow(self):
+        """DeepSpeed's fp16 optimizers': whether the last update was skipped
+        (a non-finite gradient), which Accelerate reads as step_was_skipped."""
+        last = self._engine.last_step
+        return bool(last is not None and last.skipped)
 
     def step(self, closure=None):
         raise InvalidArgumentError("call engine.step(): zerod applies the optimizer there (as DeepSpeed does)")
