@@ -4,8 +4,9 @@
 # example and install tests. Exits non-zero if anything fails.
 #
 # The integration tests with the libraries users train with (DeepSpeed's
-# engine and checkpoints, Lightning, Accelerate: python.deepspeed_*,
-# python.lightning, python.accelerate) run in a virtual environment that
+# engine, configs and checkpoints, Lightning, Accelerate, Hugging Face's
+# Trainer: python.deepspeed_*, python.lightning, python.accelerate,
+# python.hf_trainer) run in a virtual environment that
 # scripts/python-venv.sh makes from PyPI at build/venv (torch 2.x with its
 # CUDA libraries, about 5 GB and 5-10 minutes the first time; later runs
 # reuse it). This script makes it. ZEROD_NO_VENV=1 skips that, and so does
