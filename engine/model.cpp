@@ -133,6 +133,15 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     shard_board_ = std::make_unique<ShardBoard>(world_size_, config_.comm_timeout_s);
     ctx_.shards = shard_board_.get();
   }
+  // Every rank of the job in this process on devices the host cannot
+  // address (a daemon's GPUs): collectives run between their pools on the
+  // devices themselves (device_comm.cpp), not through host memory.
+  bool peers = world_size_ > 1 && local_ranks == world_size_;
+  for (const auto& rs : ranks_) peers = peers && !rs->res.device->host_addressable();
+  if (peers) {
+    peer_board_ = std::make_unique<PeerBoard>(world_size_, config_.comm_timeout_s);
+    ctx_.peers = peer_board_.get();
+  }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   set_up_observing(local_ranks);
   const OptimizerInstance& opt = *plugins_.optimizer;
@@ -157,6 +166,7 @@ Model::~Model() {
   // Streams first: a task still running may touch the buffers. A gather
   // still waiting for a peer's shards gives up.
   if (shard_board_) shard_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
+  if (peer_board_) peer_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
   for (auto& rs : ranks_) rs->res.stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
 }
@@ -208,8 +218,10 @@ void Model::mark_broken_locked(zd_status code, const std::string& message) {
     log_message(ZD_LOG_ERROR, broken_);
   }
   is_broken_.store(true);
-  // Wakes every rank waiting for another in a one-sided gather.
+  // Wakes every rank waiting for another in a one-sided gather or a
+  // collective between devices.
   if (shard_board_) shard_board_->abort(broken_code_, broken_);
+  if (peer_board_) peer_board_->abort(broken_code_, broken_);
 }
 
 void Model::broken_by(const Error& e) {
@@ -241,6 +253,7 @@ void Model::rank_left(int rank, const std::string& reason) {
   activity_.mark_lost(rank, reason);
   const std::string message = "rank " + std::to_string(rank) + " left the job: " + reason;
   if (shard_board_) shard_board_->rank_left(rank, message);
+  if (peer_board_) peer_board_->abort(ZD_ERR_PEER_LOST, message);
   plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
 }
 

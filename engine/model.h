@@ -35,6 +35,7 @@
 #include "observe/collective_board.h"
 #include "observe/rank_counters.h"
 #include "observe/tracer.h"
+#include "peer_board.h"
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
@@ -261,6 +262,7 @@ class Model final : private FailureSink {
   std::mutex pool_mu_;  // the shared optimizer threads serve one rank's loop at a time
   // Declared before the ranks: their streams' gathers wait on it to the end.
   std::unique_ptr<ShardBoard> shard_board_;
+  std::unique_ptr<PeerBoard> peer_board_;  // likewise
   std::vector<std::unique_ptr<RankState>> ranks_;
   std::unique_ptr<Snapshots> snapshots_;
   double base_lr_ = 0.0;

@@ -254,6 +254,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
   plugins_.comm = std::move(comm);
   board_->reset();  // the new comm numbers its collectives from the start
   if (shard_board_) shard_board_->reset();
+  if (peer_board_) peer_board_->reset();
   plugins_.comm->observe_with(board_.get());
   const int64_t gas = config_.gradient_accumulation_steps;
   for (auto& rsp : ranks_) {
