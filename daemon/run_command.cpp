@@ -43,8 +43,16 @@ int run_command(int argc, char** argv) {
                    args.job.c_str());
       return 2;
     }
+    if (args.restarts > 0 && node.nodes > 1) {
+      std::fprintf(stderr, "zerod run: --restarts restarts the daemon of a job on one node; this is node %d of %d "
+                           "(%s), and a daemon of a job across nodes cannot rejoin the others' MPI job: run the "
+                           "launcher again instead (it resumes from the newest snapshot, docs/multinode.md)\n",
+                   node.node, node.nodes, node.source.c_str());
+      return 2;
+    }
     // A job that takes snapshots survives its daemon: the daemon runs in a
-    // process of its own, restarted when it dies.
+    // process of its own, restarted when it dies. Across nodes the launcher
+    // restarts the whole job instead (docs/multinode.md, "A node that dies").
     if (snapshots && node.nodes == 1) return run_supervised(args, args.restarts < 0 ? 3 : args.restarts);
     const auto [world, first] = rank_span(node, args.nproc);
     server::ServerOptions so;

@@ -48,8 +48,10 @@ std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord
   }
 }
 
-void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out) {
-  if (ctx.registry.partitioning() == Partitioning::Replicated && res.rank != 0) return;  // rank 0's copy is all of it
+void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out,
+                      bool replicated_writer) {
+  // At stage 0 one rank's copy is all of it.
+  if (ctx.registry.partitioning() == Partitioning::Replicated && !replicated_writer) return;
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
   for_each_owned_buffer(ctx, res.rank, buffers,
@@ -65,12 +67,17 @@ void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers&
                         });
 }
 
-void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
-  // Everything this rank will read is there and whole before anything of
-  // its state changes: a damaged checkpoint loses nothing.
+void verify_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
   for_each_owned_buffer(ctx, res.rank, buffers, [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer&) {
     src.verify(param, buffer, own.first, own.count);
   });
+}
+
+void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src,
+                     bool verified) {
+  // Everything this rank will read is there and whole before anything of
+  // its state changes: a damaged checkpoint loses nothing.
+  if (!verified) verify_rank_state(ctx, res, buffers, src);
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
   for_each_owned_buffer(ctx, res.rank, buffers,

@@ -29,13 +29,27 @@ std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord
 
 // Streams the rank's master and state values into the shard, a record per
 // parameter and buffer. At stage 0 only rank 0 writes records (every rank
-// holds the same); the others' shards are empty.
-void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out);
+// holds the same), or each node's first rank where every node keeps its own
+// part of a snapshot (replicated_writer); the others' shards are empty.
+void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out,
+                      bool replicated_writer);
+inline void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers,
+                             ckpt::ShardWriter& out) {
+  write_rank_shard(ctx, res, buffers, out, res.rank == 0);
+}
+
+// Checks, changing nothing, that a checkpoint holds every value the rank
+// would read and that they pass their checksums (throws naming the first
+// that does not).
+void verify_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src);
 
 // Reads what the rank holds now from a checkpoint into its masters and
 // state, and derives its working copies from the masters. The caller then
 // hands the working copies around (a collective) and sets the counters.
-void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src);
+// Everything is verified first (verify_rank_state) unless `verified` says
+// the caller did that already.
+void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src,
+                     bool verified = false);
 
 // The manifest of the model as it is now.
 ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler);

@@ -562,17 +562,12 @@ void Model::finalize(int rank) {
     plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
   });
   if (ctx_.params_partitioned()) rs.residency.gather_persistent();
-  // A job that takes snapshots resumes from the newest one there is.
-  if (snapshots_->enabled() && config_.snapshot.resume) {
-    const std::string latest = snapshots_->latest();
-    if (!latest.empty()) {
-      const ckpt::Source src(latest);
-      check_checkpoint_fits(ctx_, src.manifest(), latest);
-      restore_rank(rs, src);
-      snapshots_->resumed_at(src.manifest().step);
-      if (rank == first_local_)
-        log_info("resumed from the snapshot " + latest + " at step " + std::to_string(src.manifest().step));
-    }
+  // A job that takes snapshots resumes from the newest one every rank can
+  // read and verify (agreed between the ranks, across nodes too).
+  if (const auto src = snapshots_->start(rank, rs.res, rs.buffers)) {
+    restore_rank(rs, *src, /*verified=*/true);
+    if (rank == first_local_)
+      log_info("resumed from the snapshot " + src->dir() + " at step " + std::to_string(src->manifest().step));
   }
   rs.finalized = true;
   {

@@ -133,6 +133,9 @@ class Model final : private FailureSink {
   // At a clean end of the job (no rank inside the model): the last snapshot,
   // when the job takes snapshots and steps were applied since the newest.
   void final_snapshot();
+  // Across nodes, as a rank leaves cleanly (zd_model_destroy, before its
+  // comm goes): the same, agreed by every rank of the job (a collective).
+  void final_snapshot(int rank);
   // --- observing (docs/observability.md) -------------------------------------
   // The trainer's report: tokens and samples it processed since its last
   // report (0 = not counted) and, with has_loss, its loss. From the rank's
@@ -243,7 +246,7 @@ class Model final : private FailureSink {
   void gather_working_copies(RankState& rs);
   // The rank's state from a checkpoint (a collective: the working copies
   // are handed around), as load_checkpoint and a resume at finalize do.
-  void restore_rank(RankState& rs, const ckpt::Source& src);
+  void restore_rank(RankState& rs, const ckpt::Source& src, bool verified = false);
 
   JobConfig config_;
   // Declared before the plugins and the ranks, so they go after both: the

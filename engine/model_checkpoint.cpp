@@ -62,11 +62,11 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
   ctx_.run(*rs.res.stream, [&] { plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 3), whole)); });
 }
 
-void Model::restore_rank(RankState& rs, const ckpt::Source& src) {
+void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) {
   const ckpt::Manifest& m = src.manifest();
   {
     const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
-    read_rank_state(ctx_, rs.res, rs.buffers, src);
+    read_rank_state(ctx_, rs.res, rs.buffers, src, verified);
   }
   // First: the copies compression.replay kept (the stage-3 parameters
   // the refresh below would read among them) are stale now.
@@ -87,6 +87,26 @@ void Model::load_checkpoint(int rank, const std::string& dir) {
   check_checkpoint_fits(ctx_, src.manifest(), dir);
   snapshots_->fence(rank);
   restore_rank(rs, src);
+}
+
+void Model::final_snapshot(int rank) {
+  if (!snapshots_ || !snapshots_->enabled() || !snapshots_->across_nodes() || !is_local(rank)) return;
+  RankState& rs = rank_state(rank);
+  // A job that never ran, or failed (then the others' collectives below fail
+  // too, at once, as this daemon's comm goes): no final snapshot, as on one node.
+  if (!rs.finalized || is_broken_.load()) return;
+  bool clean = rs.active_modules == 0 && rs.micro_step % config_.gradient_accumulation_steps == 0;
+  try {
+    rs.update.finish();  // the masters the shard reads
+  } catch (const std::exception& e) {
+    log_message(ZD_LOG_ERROR, std::string("no final snapshot: the last update failed: ") + e.what());
+    clean = false;
+  }
+  try {
+    snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.scaler);
+  } catch (const std::exception& e) {
+    log_warn("rank " + std::to_string(rank) + ": no final snapshot: " + e.what());
+  }
 }
 
 void Model::final_snapshot() {

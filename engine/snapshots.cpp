@@ -13,8 +13,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <random>
+#include <system_error>
 
 namespace zerod {
 
@@ -28,8 +32,9 @@ std::string step_dir(int64_t step) {
   return b;
 }
 
-// The steps of the whole snapshots under path, ascending.
-std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& path) {
+// The steps of the whole snapshots under path, ascending: a directory with
+// the manifest, or (a node's own part on a node-local disk) the part file.
+std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& path, const std::string& part = "") {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path, ec)) {
@@ -37,7 +42,8 @@ std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& 
     int64_t step = 0;
     char rest = 0;
     if (std::sscanf(name.c_str(), "step-%" SCNd64 "%c", &step, &rest) != 1) continue;  // .partial and others
-    if (!fs::exists(e.path() / ckpt::kManifestName, ec)) continue;
+    if (!fs::exists(e.path() / ckpt::kManifestName, ec) && (part.empty() || !fs::exists(e.path() / part, ec)))
+      continue;
     out.emplace_back(step, e.path().string());
   }
   std::sort(out.begin(), out.end());
@@ -52,6 +58,17 @@ void sync_dir(const std::string& dir) {
   }
 }
 
+// The snapshots' collectives: CommOp::Read in groups of their own (the
+// whole-tensor reads of state_io use the low groups).
+constexpr uint64_t kVerdict = 251, kResume = 252, kDiscover = 253, kLeave = 254;
+constexpr size_t kHostBytes = 64;
+
+std::string host_name() {
+  char b[kHostBytes] = {};
+  if (::gethostname(b, sizeof b - 1) != 0) return "?";
+  return b;
+}
+
 }  // namespace
 
 struct Snapshots::InFlight {
@@ -60,16 +77,26 @@ struct Snapshots::InFlight {
   ckpt::Manifest manifest;
   int remaining;        // ranks still writing
   bool ok = true;
+  int failed_rank = -1;
   std::string why;      // the first failure
+  // Across nodes (under mu_): every local shard and the node's part file
+  // are written; how many local ranks have the job's verdict.
+  bool node_done = false;
+  int agreed = 0;
 };
 
 Snapshots::Snapshots(const ModelContext& ctx, int first_local_rank, int local_ranks)
-    : ctx_(ctx), first_local_(first_local_rank), local_ranks_(local_ranks), writers_(static_cast<size_t>(local_ranks)) {
+    : ctx_(ctx),
+      first_local_(first_local_rank),
+      local_ranks_(local_ranks),
+      writers_(static_cast<size_t>(local_ranks)),
+      reading_(static_cast<size_t>(local_ranks), 0),
+      pending_(static_cast<size_t>(local_ranks)) {
+  if (local_ranks > 0) {
+    node_ = first_local_rank / local_ranks;
+    nodes_ = (ctx.world_size + local_ranks - 1) / local_ranks;
+  }
   if (!enabled()) return;
-  if (local_ranks < ctx.world_size)
-    fail(ZD_ERR_CONFIG, ctx.config.source + ": snapshot: the ranks of one daemon commit a snapshot together, and this "
-                                            "job spans several nodes; snapshots across nodes are not supported yet "
-                                            "(save checkpoints from the trainer instead)");
   std::error_code ec;
   fs::create_directories(ctx.config.snapshot.path, ec);
   if (ec)
@@ -83,13 +110,259 @@ Snapshots::Snapshots(const ModelContext& ctx, int first_local_rank, int local_ra
 Snapshots::~Snapshots() {
   for (auto& t : writers_)
     if (t.joinable()) t.join();
+  join_committer();
 }
 
-std::string Snapshots::latest() const {
-  if (!enabled()) return "";
-  const auto all = whole_snapshots(ctx_.config.snapshot.path);
-  return all.empty() ? "" : all.back().second;
+double Snapshots::all_reduce_max(int rank, RankResources& res, uint64_t group, uint64_t id, const std::string& what,
+                                 double value) const {
+  if (ctx_.world_size == 1) return value;
+  double v = value;
+  ctx_.run(*res.stream, [&] {
+    ctx_.comm().all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::Read, group, id), what), &v, 1, ZD_COMM_F64,
+                           ZD_REDUCE_MAX);
+  });
+  return v;
 }
+
+std::string Snapshots::node_of(int rank) const {
+  const int node = rank / std::max(1, local_ranks_);
+  std::string s = "node " + std::to_string(node);
+  if (static_cast<size_t>(node) < hosts_.size()) s += " (host " + hosts_[static_cast<size_t>(node)] + ")";
+  return s;
+}
+
+std::string Snapshots::part_name() const {
+  char b[32];
+  std::snprintf(b, sizeof b, "node-%05d.part", node_);
+  return b;
+}
+
+ckpt::Manifest Snapshots::with_parts(ckpt::Manifest m, bool all) const {
+  if (!across_nodes()) return m;
+  m.nodes = nodes_;
+  m.shared = shared_.load();
+  m.parts.clear();
+  for (int n = 0; n < nodes_; ++n)
+    if (all || n == node_)
+      m.parts.push_back({n, static_cast<size_t>(n) < hosts_.size() ? hosts_[static_cast<size_t>(n)] : "?",
+                         n * local_ranks_, local_ranks_});
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Finalize: where the path is, and which snapshot the job resumes from
+
+void Snapshots::discover(int rank, RankResources& res) {
+  const std::string& path = ctx_.config.snapshot.path;
+  // Every node's host, for the manifest and the messages.
+  std::vector<uint8_t> mine(kHostBytes, 0), all(kHostBytes * static_cast<size_t>(ctx_.world_size), 0);
+  const std::string host = host_name();
+  std::memcpy(mine.data(), host.data(), std::min(host.size(), kHostBytes - 1));
+  const std::string hosts_what = "snapshots: every node's host";
+  ctx_.run(*res.stream, [&] {
+    ctx_.comm().all_gather(ctx_.comm_call(rank, comm_tag(CommOp::Read, kDiscover, 0), hosts_what), mine.data(),
+                           all.data(), kHostBytes, ZD_COMM_U8);
+  });
+  // Whether the path is one directory: node 0 leaves a file of a random
+  // name there, and every rank looks for it.
+  double token = 0;
+  if (rank == 0) {
+    std::random_device rd;
+    const uint64_t t = (((static_cast<uint64_t>(rd()) << 21) ^ rd()) & ((uint64_t{1} << 52) - 1)) | 1;
+    char name[64];
+    std::snprintf(name, sizeof name, "/.zerod-probe-%013" PRIx64, t);
+    const int fd = ::open((path + name).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      token = static_cast<double>(t);
+    } else {
+      log_message(ZD_LOG_ERROR, "snapshots: cannot create " + path + name + ": " + errno_text(errno));
+    }
+  }
+  token = all_reduce_max(rank, res, kDiscover, 1, "snapshots: node 0's probe file", token);
+  char name[64];
+  std::snprintf(name, sizeof name, "/.zerod-probe-%013" PRIx64, static_cast<uint64_t>(token));
+  const bool seen = token > 0 && ::access((path + name).c_str(), F_OK) == 0;
+  const double unseen = all_reduce_max(rank, res, kDiscover, 2, "snapshots: who sees node 0's probe file",
+                                       seen ? 0.0 : 1.0);
+  if (rank == 0 && token > 0) ::unlink((path + name).c_str());
+  if (token == 0)
+    fail(ZD_ERR_IO, ctx_.config.source + ": snapshot.path " + path + ": node 0 cannot create a file there (its log "
+                                         "says why)");
+  std::lock_guard<std::mutex> lock(mu_);
+  hosts_.assign(static_cast<size_t>(nodes_), "");
+  for (int n = 0; n < nodes_; ++n)
+    hosts_[static_cast<size_t>(n)] =
+        std::string(reinterpret_cast<const char*>(&all[static_cast<size_t>(n * local_ranks_) * kHostBytes]));
+  shared_.store(unseen == 0);
+  if (rank == first_local_)
+    log_info(shared_.load()
+                 ? "snapshots: " + path + " is one directory every node sees (shared): node 0 commits each snapshot"
+                 : "snapshots: " + path + " is on each node's own disk (node-local): every node keeps its part, and "
+                                          "a restart needs the same nodes (docs/checkpoints.md)");
+}
+
+std::vector<std::pair<int64_t, std::string>> Snapshots::candidates() const {
+  // Node-local parts: a node other than 0 has its part file, node 0 the manifest.
+  const bool own_part = across_nodes() && !shared_.load() && node_ != 0;
+  return whole_snapshots(ctx_.config.snapshot.path, own_part ? part_name() : "");
+}
+
+std::shared_ptr<const ckpt::Source> Snapshots::open_for(RankResources& res, StateBuffers& buffers,
+                                                        const std::string& dir) const {
+  const bool have_manifest = ::access((dir + "/" + ckpt::kManifestName).c_str(), F_OK) == 0;
+  const ckpt::Manifest m =
+      have_manifest ? ckpt::read_manifest(dir) : ckpt::read_manifest_file(dir + "/" + part_name(), dir);
+  bool every_shard = true;
+  for (int r = 0; r < m.world_size && every_shard; ++r)
+    every_shard = ::access((dir + "/" + ckpt::shard_name(r, m.world_size)).c_str(), F_OK) == 0;
+  std::shared_ptr<const ckpt::Source> src;
+  if (have_manifest && (every_shard || m.nodes == 0 || m.shared)) {
+    src = std::make_shared<ckpt::Source>(dir);  // any layout (a missing shard is named)
+  } else {
+    // A node's own part of a snapshot on node-local disks: its ranks read
+    // only their own shards, so the layout must be the one that wrote it.
+    const int per_node = m.world_size / std::max(1, m.nodes);
+    if (m.world_size != ctx_.world_size || m.nodes != nodes_ || m.zero_stage != ctx_.config.zero_stage)
+      fail(ZD_ERR_IO, dir + " was written by " + std::to_string(m.nodes) + " nodes of " + std::to_string(per_node) +
+                          " ranks at ZeRO stage " + std::to_string(m.zero_stage) +
+                          ", each node keeping its part on its own disk, and this job runs " +
+                          std::to_string(nodes_) + " nodes of " + std::to_string(local_ranks_) +
+                          " ranks at stage " + std::to_string(ctx_.config.zero_stage) +
+                          ": a node reads only its own part. Copy every node's files of it into one "
+                          "directory every node sees to resume at another size");
+    std::vector<int> ranks;
+    for (int r = first_local_; r < first_local_ + local_ranks_; ++r) ranks.push_back(r);
+    src = std::make_shared<ckpt::Source>(dir, m, ranks);
+  }
+  check_checkpoint_fits(ctx_, src->manifest(), dir);
+  verify_rank_state(ctx_, res, buffers, *src);
+  return src;
+}
+
+std::shared_ptr<const ckpt::Source> Snapshots::start(int rank, RankResources& res, StateBuffers& buffers) {
+  if (!enabled()) return nullptr;
+  const std::string& path = ctx_.config.snapshot.path;
+  if (across_nodes()) discover(rank, res);
+  // What a crash left half written goes before any rank can start a
+  // snapshot (its first step waits for every rank at a collective), and
+  // before any of this node's ranks looks for snapshots: the first of them
+  // to come cleans, once; the others wait for it. One directory of several
+  // nodes is node 0's to clean.
+  {
+    std::lock_guard<std::mutex> clean_lock(clean_mu_);
+    if (!cleaned_ && (!across_nodes() || !shared_.load() || node_ == 0)) {
+      // On a node-local disk other than node 0's, a part whose report was
+      // written is whole: the node may have died between the verdict and its
+      // rename. It is renamed now; node 0's manifest and the agreement below
+      // decide whether its snapshot is complete.
+      const bool own_parts = across_nodes() && !shared_.load() && node_ != 0;
+      std::error_code ec;
+      std::vector<fs::path> partials;
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("step-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+          partials.push_back(e.path());
+      }
+      for (const fs::path& p : partials) {
+        if (own_parts && fs::exists(p / part_name(), ec)) {
+          const fs::path final_dir = p.parent_path() / p.stem();
+          fs::remove_all(final_dir, ec);
+          fs::rename(p, final_dir, ec);
+          if (!ec) continue;
+        }
+        fs::remove_all(p, ec);
+      }
+      if (!partials.empty()) sync_dir(path);
+    }
+    cleaned_ = true;
+  }
+  if (!ctx_.config.snapshot.resume) return nullptr;
+
+  const int world = ctx_.world_size;
+  const auto mine = candidates();
+  int64_t bound = INT64_MAX;
+  std::vector<std::string> skipped;  // "dir (why)"
+  bool any = false;
+  const auto note = [&](const std::string& dir, const std::string& why) {
+    skipped.push_back(dir + " (" + why + ")");
+    if (rank == first_local_) log_warn("snapshot " + dir + " skipped: " + why + "; trying the next older one");
+  };
+  for (uint64_t round = 0;; ++round) {
+    // Each rank's newest below the bound; the newest every rank has is the
+    // least of them (MAX of the negated), if every rank has one.
+    int64_t proposal = -1;
+    for (auto it = mine.rbegin(); it != mine.rend(); ++it)
+      if (it->first < bound) {
+        proposal = it->first;
+        break;
+      }
+    const double newest = all_reduce_max(rank, res, kResume, 3 * round, "resume: each rank's newest snapshot",
+                                         static_cast<double>(proposal));
+    const double least = -all_reduce_max(rank, res, kResume, 3 * round + 1, "resume: the least of them",
+                                         -static_cast<double>(proposal));
+    if (newest < 0) break;  // none (left) anywhere
+    any = true;
+    const auto common = static_cast<int64_t>(least);
+    for (auto it = mine.rbegin(); it != mine.rend(); ++it)
+      if (it->first < bound && it->first > common)
+        note(it->second, common < 0 ? "not every node has it (a node has no older snapshot)"
+                                    : "not every node has it whole (the newest every node has is step " +
+                                          std::to_string(common) + ")");
+    if (common < 0) break;
+    const std::string dir = path + "/" + step_dir(common);
+    std::string why;
+    std::shared_ptr<const ckpt::Source> src;
+    if (std::none_of(mine.begin(), mine.end(), [&](const auto& c) { return c.first == common; })) {
+      why = "this node has no whole part of it";
+    } else {
+      try {
+        src = open_for(res, buffers, dir);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    if (!why.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = refused_.find(common);
+      if (it == refused_.end() || rank < it->second.first) refused_[common] = {rank, why};
+    }
+    const double verdict = all_reduce_max(rank, res, kResume, 3 * round + 2, "resume: can every rank read it",
+                                          why.empty() ? 0.0 : static_cast<double>(world - rank));
+    if (verdict == 0) {
+      resumed_at(common);
+      if (rank == first_local_ && !skipped.empty()) {
+        std::string list;
+        for (const auto& s : skipped) list += (list.empty() ? "" : "; ") + s;
+        log_warn("resuming from " + dir + " at step " + std::to_string(common) + ", the newest snapshot every rank " +
+                 "can read; skipped: " + list);
+      }
+      return src;
+    }
+    const int failed = world - static_cast<int>(verdict);
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = refused_.find(common);
+      reason = it != refused_.end() ? "rank " + std::to_string(it->second.first) + ": " + it->second.second
+                                    : "rank " + std::to_string(failed) + " on " + node_of(failed) +
+                                          " cannot read it (that node's log says why)";
+    }
+    note(dir, reason);
+    bound = common;
+  }
+  if (any) {
+    std::string list;
+    for (const auto& s : skipped) list += "\n  " + s;
+    fail(ZD_ERR_IO, "snapshot: no snapshot under " + path + " can be resumed from:" + list +
+                        "\nmove them aside (or remove them) to start the job from scratch, or set "
+                        "snapshot.resume = false in " + ctx_.config.source);
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Writing
 
 void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
   // The first rank to arrive makes the snapshot; the others join it.
@@ -101,10 +374,13 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
   s->manifest = manifest;
   s->remaining = local_ranks_;
   std::error_code ec;
-  fs::remove_all(s->partial, ec);  // a leftover of a crash
+  // A leftover of a crash; in one directory of several nodes that was
+  // cleared at start (another node may be writing into it now).
+  if (!across_nodes() || !shared_.load()) fs::remove_all(s->partial, ec);
   fs::create_directories(s->partial, ec);
   if (ec) {
     s->ok = false;
+    s->failed_rank = first_local_;
     s->why = "cannot create " + s->partial + ": " + ec.message();
   }
   current_ = s;
@@ -112,19 +388,33 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
 
 void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
                            const LossScaler& scaler) {
+  if (!enabled()) return;
+  // A snapshot due now first waits for the one before to be whole.
+  if (across_nodes()) settle(rank, res, /*wait=*/due(step));
   if (!due(step)) return;
-  fence(rank);
+  join_writer(rank);
   std::shared_ptr<InFlight> s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    begin(step, describe_model(ctx_, step, scaler));
+    begin(step, with_parts(describe_model(ctx_, step, scaler), false));
     s = current_;
+    reading_[static_cast<size_t>(rank - first_local_)] = 1;
   }
-  writers_[static_cast<size_t>(rank - first_local_)] =
-      std::thread([this, s, rank, &res, &buffers] { write_shard(s, rank, res, buffers); });
+  const auto local = static_cast<size_t>(rank - first_local_);
+  if (across_nodes()) pending_[local] = s;
+  try {
+    writers_[local] = std::thread([this, s, rank, &res, &buffers] { write_shard(s, rank, res, buffers); });
+  } catch (const std::system_error&) {  // no thread: written here, as at the end
+    write_shard(s, rank, res, buffers);
+  }
 }
 
 void Snapshots::fence(int rank) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !reading_[static_cast<size_t>(rank - first_local_)]; });
+}
+
+void Snapshots::join_writer(int rank) {
   std::thread& t = writers_[static_cast<size_t>(rank - first_local_)];
   if (t.joinable()) t.join();
 }
@@ -132,30 +422,71 @@ void Snapshots::fence(int rank) {
 void Snapshots::write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers) {
   bool ok = s->ok;
   std::string why;
+  // The rank's buffers are free again: its next update may change them.
+  const auto done_reading = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reading_[static_cast<size_t>(rank - first_local_)] = 0;
+    }
+    cv_.notify_all();
+  };
   if (ok) {
     try {
+      // At stage 0 one copy is all of it: rank 0's, or each node's first
+      // rank's where every node keeps its own part.
+      const bool replicated_writer = rank == 0 || (across_nodes() && !shared_.load() && rank == first_local_);
       ckpt::ShardWriter out(s->partial + "/" + ckpt::shard_name(rank, ctx_.world_size), rank, ctx_.world_size);
-      write_rank_shard(ctx_, res, buffers, out);
-      out.finish();
+      write_rank_shard(ctx_, res, buffers, out, replicated_writer);
+      out.write_index();
+      done_reading();
+      out.sync();  // off the training's path: only the commit waits for it
     } catch (const std::exception& e) {
       ok = false;
       why = "rank " + std::to_string(rank) + ": " + e.what();
     }
   }
-  finish_shard(s, ok, why);
+  done_reading();
+  finish_shard(s, ok, rank, why);
 }
 
-void Snapshots::finish_shard(const std::shared_ptr<InFlight>& s, bool ok, const std::string& why) {
+void Snapshots::finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why) {
   bool last = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok && s->ok) {
       s->ok = false;
+      s->failed_rank = rank;
       s->why = why;
     }
     last = --s->remaining == 0;
   }
-  if (last) commit(*s);
+  if (!last) return;
+  if (!across_nodes()) {
+    commit(*s);
+    return;
+  }
+  // This node's part is on disk: its part file says so (the report the
+  // verdict at the next step collects).
+  std::string part_why;
+  if (s->ok) {
+    try {
+      sync_dir(s->partial);
+      ckpt::write_manifest_file(s->partial + "/" + part_name(), s->manifest);
+      sync_dir(s->partial);
+    } catch (const std::exception& e) {
+      part_why = e.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!part_why.empty() && s->ok) {
+      s->ok = false;
+      s->failed_rank = first_local_;
+      s->why = part_why;
+    }
+    s->node_done = true;
+  }
+  cv_.notify_all();
 }
 
 void Snapshots::commit(InFlight& s) {
@@ -182,23 +513,141 @@ void Snapshots::commit(InFlight& s) {
 }
 
 void Snapshots::prune() {
-  auto all = whole_snapshots(ctx_.config.snapshot.path);
+  const bool own_part = across_nodes() && !shared_.load() && node_ != 0;
+  auto all = whole_snapshots(ctx_.config.snapshot.path, own_part ? part_name() : "");
   const auto keep = static_cast<size_t>(ctx_.config.snapshot.keep);
   std::error_code ec;
   for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i].second, ec);
 }
 
+// ---------------------------------------------------------------------------
+// Across nodes: the verdict and the commit
+
+void Snapshots::settle(int rank, RankResources& res, bool wait) {
+  std::shared_ptr<InFlight>& slot = pending_[static_cast<size_t>(rank - first_local_)];
+  if (!slot) return;
+  const std::shared_ptr<InFlight> s = slot;
+  // This rank's say: 0 its node's part is whole, 1 not yet, 2 + (W - r) rank
+  // r failed. The largest over the job is everyone's answer.
+  const int world = ctx_.world_size;
+  double say = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (wait) cv_.wait(lock, [&] { return s->node_done; });
+    say = !s->node_done ? 1.0 : s->ok ? 0.0 : 2.0 + static_cast<double>(world - s->failed_rank);
+  }
+  const std::string what = "snapshot of step " + std::to_string(s->step) + ": is every node's part written";
+  const double v = all_reduce_max(rank, res, kVerdict, static_cast<uint64_t>(s->step), what, say);
+  if (v == 1.0) return;  // not yet everywhere: asked again at the next step
+  slot.reset();
+  const int job_failed = v == 0 ? -1 : world - static_cast<int>(v - 2.0);
+  if (job_failed < 0) last_step_.store(s->step);
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = ++s->agreed == local_ranks_;
+  }
+  if (last) conclude(s, job_failed);
+}
+
+void Snapshots::join_committer() {
+  std::lock_guard<std::mutex> lock(commit_mu_);
+  if (committer_.joinable()) committer_.join();
+}
+
+// Once per node, by its last rank to learn the verdict.
+void Snapshots::conclude(const std::shared_ptr<InFlight>& s, int failed_rank) {
+  std::lock_guard<std::mutex> lock(commit_mu_);
+  if (committer_.joinable()) committer_.join();  // the previous commit first
+  if (failed_rank < 0) {
+    committer_ = std::thread([this, s] { commit_across(*s); });
+    return;
+  }
+  // One node's part is not whole: nobody commits; the one who would have
+  // renamed the directory removes it.
+  if (!shared_.load() || node_ == 0) {
+    std::error_code ec;
+    fs::remove_all(s->partial, ec);
+  }
+  const bool here = failed_rank >= first_local_ && failed_rank < first_local_ + local_ranks_;
+  log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s->step) + " failed on " + node_of(failed_rank) +
+                                " (" + (here ? s->why : "rank " + std::to_string(failed_rank) +
+                                                           ": that node's log says why") +
+                                ") and was removed; training goes on, and the older snapshots under " +
+                                ctx_.config.snapshot.path + " are kept");
+}
+
+void Snapshots::commit_across(InFlight& s) {
+  const bool shared = shared_.load();
+  if (shared && node_ != 0) return;  // node 0 commits the one directory
+  std::error_code ec;
+  try {
+    if (node_ == 0) {
+      if (shared)
+        for (int n = 0; n < nodes_; ++n) {
+          char part[32];
+          std::snprintf(part, sizeof part, "node-%05d.part", n);
+          if (::access((s.partial + "/" + part).c_str(), F_OK) != 0)
+            fail(ZD_ERR_IO, "node " + std::to_string(n) + " reported its part written, but " + s.partial + "/" +
+                                part + " is not there");
+        }
+      // Written last, after every node reported: the snapshot is whole.
+      ckpt::write_manifest(s.partial, with_parts(s.manifest, true));
+    }
+    sync_dir(s.partial);
+    fs::remove_all(s.final_dir, ec);
+    fs::rename(s.partial, s.final_dir);
+    sync_dir(ctx_.config.snapshot.path);
+    const char* what = shared ? " (every node's part)"
+                       : node_ == 0 ? " (this node's part and the manifest)"
+                                    : " (this node's part)";
+    log_info("snapshot of step " + std::to_string(s.step) + " written: " + s.final_dir + what);
+    prune();
+  } catch (const std::exception& e) {
+    fs::remove_all(s.partial, ec);
+    log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " could not be committed (" +
+                                  e.what() + ") and was removed; training goes on, and the older snapshots under " +
+                                  ctx_.config.snapshot.path + " are kept");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The end
+
 void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler) {
-  if (!enabled()) return;
-  for (int r = first_local_; r < first_local_ + local_ranks_; ++r) fence(r);
+  if (!enabled() || across_nodes()) return;  // across nodes: at_leave
+  // The last snapshot's writers are done, their commit too (the last one's).
+  for (int r = first_local_; r < first_local_ + local_ranks_; ++r) join_writer(r);
   if (last_step_.load() == step || step == 0) return;
   std::shared_ptr<InFlight> s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     begin(step, describe_model(ctx_, step, scaler));
     s = current_;
+    for (const RankView& v : ranks) reading_[static_cast<size_t>(v.res->rank - first_local_)] = 1;
   }
   for (const RankView& v : ranks) write_shard(s, v.res->rank, *v.res, *v.buffers);
+}
+
+void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
+                         const LossScaler& scaler) {
+  if (!enabled() || !across_nodes()) return;
+  settle(rank, res, /*wait=*/true);  // the snapshot written last, if not agreed yet
+  const double unclean = all_reduce_max(rank, res, kLeave, 0, "the end: does every rank leave between steps",
+                                        clean ? 0.0 : 1.0);
+  if (unclean != 0 || step == 0 || last_step_.load() == step) return;
+  join_writer(rank);
+  std::shared_ptr<InFlight> s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    begin(step, with_parts(describe_model(ctx_, step, scaler), false));
+    s = current_;
+    reading_[static_cast<size_t>(rank - first_local_)] = 1;
+  }
+  pending_[static_cast<size_t>(rank - first_local_)] = s;
+  write_shard(s, rank, res, buffers);
+  settle(rank, res, /*wait=*/true);
+  join_committer();  // on disk before the rank is told it left
 }
 
 }  // namespace zerod

@@ -6,22 +6,43 @@
 //
 // A rank's shard is written in the background while training goes on: the
 // masters and optimizer state it reads change only at the rank's next
-// optimizer update, which waits for the shard first (fence). Nothing is
-// staged in memory beyond a chunk at a time, NVMe-resident state included.
-// A snapshot that fails (a full disk) is logged and removed; training goes
-// on, and the older snapshots stay.
+// optimizer update, which waits until the shard's values are written into
+// the file (fence); flushing the file to disk (fsync) and committing go on
+// after that, off the training's path. Nothing is staged in memory beyond a
+// chunk at a time, NVMe-resident state included (the page cache holds what
+// is not on disk yet). A snapshot that fails (a full disk) is logged and
+// removed; training goes on, and the older snapshots stay.
 //
-// One daemon's ranks only: the last of them to finish its shard commits the
-// snapshot (snapshots across nodes are refused at configuration).
+// On one node the last of the daemon's ranks to finish its shard commits
+// the snapshot. Across nodes (several daemons) each node writes its ranks'
+// shards the same way and, when they are on disk, a part file
+// (node-<K>.part) saying so; at each applied step after it every rank
+// learns, in one small all-reduce, whether every node's part is whole yet
+// (or one failed), and once it is, one daemon writes the manifest (node 0,
+// after all have reported). The answer is the same on every rank, so every
+// rank goes on the same way; a snapshot due while the one before is not
+// whole yet waits for it. The path may be one directory every node sees
+// (shared: node 0 also renames it) or a disk of each node's own
+// (node-local: every node renames its part, node 0's directory holds the
+// manifest, which lists every part's host); which it is, the daemons find
+// out at finalize with a probe file.
+//
+// Resuming (at finalize) is agreed too: every rank proposes its newest
+// snapshot, they take the newest every rank has, every rank verifies the
+// values it will read, and one more all-reduce says whether all could; if
+// not, the next older is tried, and each skipped one is logged with why.
 #pragma once
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/source.h"
 #include "loss_scaler.h"
 #include "model_context.h"
 #include "rank_resources.h"
 #include "state_buffers.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,20 +64,39 @@ class Snapshots {
     const int64_t every = ctx_.config.snapshot.every;
     return enabled() && every > 0 && step % every == 0;
   }
-  // The newest whole snapshot under the path ("" if none).
-  std::string latest() const;
-  // After an applied step on the rank: starts the rank's shard when a
-  // snapshot is due. The manifest comes from the rank's figures.
+  // Several daemons serve the job.
+  bool across_nodes() const { return local_ranks_ < ctx_.world_size; }
+
+  // At finalize, on every rank of the job (a collective when there are
+  // several): across nodes, finds out whether the path is shared; removes
+  // what a crash left half written; then, when the job resumes, returns the
+  // newest snapshot every rank can read, whose values this rank will read
+  // are verified (null: there is none, a fresh start). Skipped snapshots
+  // are logged with why; when snapshots exist but none can be resumed from,
+  // throws ZD_ERR_IO naming each and why.
+  std::shared_ptr<const ckpt::Source> start(int rank, RankResources& res, StateBuffers& buffers);
+  // After an applied step on the rank: across nodes, first the verdict on
+  // the snapshot the rank wrote last (every node's part whole?), which then
+  // commits it; then the rank's shard when a snapshot is due. The manifest
+  // comes from the rank's figures.
   void after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers, const LossScaler& scaler);
-  // Waits until the rank's shard in flight (if any) is written.
+  // Waits until the rank's shard in flight (if any) has read everything it
+  // writes (its flush to disk may go on).
   void fence(int rank);
   // At a clean end, with no rank inside the model: a snapshot of `step` for
-  // every local rank, now, unless the newest one is of that step.
+  // every local rank, now, unless the newest one is of that step. One node
+  // only (across nodes, see at_leave).
   struct RankView {
     RankResources* res;
     StateBuffers* buffers;
   };
   void at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler);
+  // Across nodes, when a rank leaves the job (zd_model_destroy), before its
+  // comm goes: a collective of every rank. When every rank leaves cleanly
+  // (between steps) and steps were applied since the newest snapshot, the
+  // last state is snapshotted, agreed and committed as during training.
+  void at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
+                const LossScaler& scaler);
   // The step of the newest snapshot this model wrote (or resumed from), -1 if none.
   int64_t last_step() const { return last_step_.load(); }
   void resumed_at(int64_t step) { last_step_.store(step); }
@@ -65,17 +105,47 @@ class Snapshots {
   struct InFlight;
   void begin(int64_t step, const ckpt::Manifest& manifest);
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers);
-  void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, const std::string& why);
+  void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
   void commit(InFlight& s);
   void prune();
+  // Across nodes.
+  void discover(int rank, RankResources& res);
+  // The verdict on the rank's snapshot in flight: `wait` waits until this
+  // node's part is whole; else a part not whole yet on some node leaves it
+  // in flight until the next call (every rank gets the same answer).
+  void settle(int rank, RankResources& res, bool wait);
+  void join_writer(int rank);
+  void conclude(const std::shared_ptr<InFlight>& s, int failed_rank);
+  void commit_across(InFlight& s);
+  void join_committer();
+  double all_reduce_max(int rank, RankResources& res, uint64_t group, uint64_t id, const std::string& what,
+                        double value) const;
+  std::string node_of(int rank) const;  // "node 1 (host b)"
+  std::string part_name() const;        // this node's part file
+  ckpt::Manifest with_parts(ckpt::Manifest m, bool all) const;
+  std::vector<std::pair<int64_t, std::string>> candidates() const;
+  std::shared_ptr<const ckpt::Source> open_for(RankResources& res, StateBuffers& buffers, const std::string& dir) const;
 
   const ModelContext& ctx_;
   int first_local_;
   int local_ranks_;
+  int node_ = 0, nodes_ = 1;
   std::mutex mu_;
-  std::shared_ptr<InFlight> current_;   // the snapshot being written
-  std::vector<std::thread> writers_;    // per local rank
+  std::condition_variable cv_;         // a node part is done; a writer stopped reading
+  std::shared_ptr<InFlight> current_;  // the snapshot being written
+  std::vector<std::thread> writers_;   // per local rank
+  std::vector<char> reading_;          // per local rank, under mu_: its writer still reads its buffers
   std::atomic<int64_t> last_step_{-1};
+  std::mutex clean_mu_;  // start: the first local rank cleans what a crash left, the others wait
+  bool cleaned_ = false;
+  // Across nodes.
+  std::atomic<bool> shared_{true};                  // the path is one directory every node sees
+  std::vector<std::string> hosts_;                  // per node, set at start
+  std::vector<std::shared_ptr<InFlight>> pending_;  // per local rank: written, not yet agreed
+  std::mutex commit_mu_;
+  std::thread committer_;  // commits (or removes) an agreed snapshot
+  // At start: why a local rank could not use a snapshot, by step:
+  std::map<int64_t, std::pair<int, std::string>> refused_;  // the lowest rank and its why
 };
 
 }  // namespace zerod

@@ -10,6 +10,8 @@
 //   onebit_rank: bytes_per_step 5000000
 //   onebit_rank: network_bytes_per_step 2500000
 //   onebit_rank: checksum 0.1234
+// (with --step-times 1 also every measured step's time, in order:
+//   onebit_rank: step_times 120.1 118.7 ...)
 // and every rank the CPUs it may run on (mpirun binds by default; the bench
 // shows that zerod run undid it):
 //   onebit_rank: rank 1 cpus 0-1
@@ -38,7 +40,7 @@ namespace {
 int main(int argc, char** argv) {
   double params = 25e6;
   int layers = 8, steps = 12, skip = 4;
-  bool bf16 = false;
+  bool bf16 = false, step_times = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--params") params = std::atof(argv[i + 1]);
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--skip") skip = std::atoi(argv[i + 1]);
     else if (a == "--dtype") bf16 = std::string(argv[i + 1]) == "bf16";
+    else if (a == "--step-times") step_times = std::atoi(argv[i + 1]) != 0;
   }
   zd_client* c = nullptr;
   if (zd_connect(nullptr, nullptr, &c)) die("zd_connect", nullptr);
@@ -117,6 +120,11 @@ int main(int argc, char** argv) {
         std::printf("onebit_rank: rank %d cpus %s\n", info.rank, line.substr(line.find_first_not_of(" \t", 18)).c_str());
   }
   if (info.rank == 0) {
+    if (step_times) {  // every measured step, in order (bench/checkpoint/bench_snapshots.sh)
+      std::printf("onebit_rank: step_times");
+      for (double x : ms) std::printf(" %.2f", x);
+      std::printf("\n");
+    }
     std::sort(ms.begin(), ms.end());
     const double n = static_cast<double>(steps - skip);
     double total = 0;

@@ -31,9 +31,11 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
       first_rank_(first_rank) {
   if (local_ranks < 0) local_ranks = world_size - first_rank;
   if (local_ranks < world_size && script_->config().keep_state_on_disconnect)
-    fail(ZD_ERR_CONFIG, script_name_ + ": daemon.keep_state works with one daemon only; with " +
+    fail(ZD_ERR_CONFIG, script_name_ + ": daemon.keep_state works with one daemon only: with " +
                             std::to_string(world_size / local_ranks) +
-                            " nodes a restarted job resumes from a checkpoint instead");
+                            " nodes a lost node takes its daemon's state with it, and the job restarts under its "
+                            "launcher from a snapshot instead (snapshot = { path = ..., every = N }; "
+                            "docs/multinode.md)");
   const auto n = static_cast<size_t>(local_ranks);
   attached_.assign(n, false);
   gone_.assign(n, false);

@@ -558,6 +558,9 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     }
     case v1::Request::kDestroyModel: {
       auto m = model_of(req.destroy_model().model());
+      // Across nodes the end-of-job snapshot needs every rank's comm: it is
+      // taken as the ranks leave, before this one's goes (it logs its errors).
+      m->model().final_snapshot(rank_);
       models_.erase(m->id());
       m->detach(rank_, false, "rank " + std::to_string(rank_) + " destroyed its model");
       server_.forget_if_unused(m);

@@ -85,11 +85,13 @@ std::string shard_name(int rank, int world_size) {
   return b;
 }
 
-void write_manifest(const std::string& dir, const Manifest& m) {
+namespace {
+std::string manifest_text(const Manifest& m) {
   std::ostringstream o;
   char scale[64];
   std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
-  o << "zerod-checkpoint " << m.version << "\n"
+  // Format 1 readers read whatever has no parts.
+  o << "zerod-checkpoint " << (m.nodes > 0 ? 2 : 1) << "\n"
     << "step " << m.step << "\n"
     << "world_size " << m.world_size << "\n"
     << "zero_stage " << m.zero_stage << "\n"
@@ -105,12 +107,25 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     for (int64_t d : p.shape) o << " " << d;
     o << " " << escape(p.module) << " " << escape(p.name) << "\n";
   }
+  if (m.nodes > 0) {
+    o << "nodes " << m.nodes << " " << (m.shared ? "shared" : "node-local") << "\n";
+    for (const NodePart& p : m.parts)
+      o << "part " << p.node << " " << escape(p.host) << " " << p.first_rank << " " << p.ranks << "\n";
+  }
   o << "end\n";
-  write_file_synced(dir + "/" + kManifestName, o.str());
+  return o.str();
+}
+}  // namespace
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  write_file_synced(dir + "/" + kManifestName, manifest_text(m));
 }
 
-Manifest read_manifest(const std::string& dir) {
-  const std::string path = dir + "/" + kManifestName;
+void write_manifest_file(const std::string& path, const Manifest& m) { write_file_synced(path, manifest_text(m)); }
+
+Manifest read_manifest(const std::string& dir) { return read_manifest_file(dir + "/" + kManifestName, dir); }
+
+Manifest read_manifest_file(const std::string& path, const std::string& dir) {
   std::ifstream in(path);
   if (!in)
     fail(ZD_ERR_IO, "no checkpoint at " + dir + ": " + path + " cannot be read (" + errno_text(errno) +
@@ -178,6 +193,17 @@ Manifest read_manifest(const std::string& dir) {
       p.module = unescape(module, where());
       p.name = unescape(name, where());
       m.params.push_back(std::move(p));
+    } else if (key == "nodes") {
+      std::string how;
+      if (!(f >> m.nodes >> how) || m.nodes < 1 || (how != "shared" && how != "node-local")) bad("a bad nodes line");
+      m.shared = how == "shared";
+    } else if (key == "part") {
+      NodePart p;
+      std::string host;
+      if (!(f >> p.node >> host >> p.first_rank >> p.ranks) || p.node < 0 || p.first_rank < 0 || p.ranks < 1)
+        bad("a bad part line");
+      p.host = unescape(host, where());
+      m.parts.push_back(std::move(p));
     } else if (key == "end") {
       ended = true;
       break;

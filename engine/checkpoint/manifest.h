@@ -11,7 +11,9 @@
 
 namespace zerod::ckpt {
 
-constexpr int kFormatVersion = 1;
+// Format 2 adds where the parts of a snapshot across nodes live (`nodes`,
+// `part`); a manifest without them is written as format 1.
+constexpr int kFormatVersion = 2;
 constexpr const char* kManifestName = "zerod-checkpoint.txt";
 
 struct ParamEntry {
@@ -20,6 +22,13 @@ struct ParamEntry {
   std::string dtype;  // the working copy's: "f32", "bf16", "f16"
   std::vector<int64_t> shape;
   uint64_t numel = 0;
+};
+
+// A node's part of a snapshot taken across nodes: its ranks' shards.
+struct NodePart {
+  int node = 0;
+  std::string host;
+  int first_rank = 0, ranks = 0;
 };
 
 struct Manifest {
@@ -35,16 +44,25 @@ struct Manifest {
   int64_t scaler_last_overflow = -1;
   int scaler_hysteresis_left = 0;
   std::vector<ParamEntry> params;        // registration order
+  // A snapshot across nodes: how many nodes wrote it, whether into one
+  // directory every node sees (shared) or each into its own disk, and the
+  // parts (every node's in the manifest; its own in a node's part file).
+  int nodes = 0;  // 0: not a snapshot across nodes
+  bool shared = true;
+  std::vector<NodePart> parts;
 };
 
 // The shard file of one rank: "rank-00001-of-00004.zdshard".
 std::string shard_name(int rank, int world_size);
 
 void write_manifest(const std::string& dir, const Manifest& m);
+// The same text in a file of another name (a node's part file), flushed to disk.
+void write_manifest_file(const std::string& path, const Manifest& m);
 // The %XX escaping names use in manifests (and import descriptions).
 std::string unescape_name(const std::string& s, const std::string& where);
 // Throws ZD_ERR_IO naming the file when it is missing, and ZD_ERR_INVALID_ARGUMENT
 // naming file:line for anything malformed or of a newer version.
 Manifest read_manifest(const std::string& dir);
+Manifest read_manifest_file(const std::string& path, const std::string& dir);
 
 }  // namespace zerod::ckpt

@@ -104,6 +104,11 @@ void ShardWriter::end() {
 }
 
 void ShardWriter::finish() {
+  write_index();
+  sync();
+}
+
+void ShardWriter::write_index() {
   const uint64_t index_at = at_;
   std::vector<std::byte> idx(index_.size() * kEntry);
   for (size_t i = 0; i < index_.size(); ++i) {
@@ -124,6 +129,9 @@ void ShardWriter::finish() {
   put64(f + 16, index_.size());
   put32(f + 24, crc32c(0, idx.data(), idx.size()));
   write_all(f, sizeof f);
+}
+
+void ShardWriter::sync() {
   if (::fsync(fd_) != 0) fail(ZD_ERR_IO, "flushing the checkpoint shard " + path_ + " to disk: " + errno_text(errno));
   ::close(fd_);
   fd_ = -1;

@@ -44,6 +44,11 @@ class ShardWriter {
   void end();
   // Writes the index and footer and flushes the file to disk.
   void finish();
+  // finish() in two parts: the index and footer (the file is whole in the
+  // page cache: nothing is read from the caller any more), then the flush to
+  // disk, which a snapshot does after it let the trainer go on.
+  void write_index();
+  void sync();
 
  private:
   void write_all(const void* p, size_t n);

@@ -2,6 +2,8 @@
 
 #include "error.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -21,19 +23,38 @@ thread_local LastRecord last_record;
 
 Source::Source(const std::string& dir)
     : id_(next_source_id.fetch_add(1)), dir_(dir), manifest_(read_manifest(dir)) {
-  for (int r = 0; r < manifest_.world_size; ++r) {
-    shards_.push_back(std::make_unique<ShardReader>(dir + "/" + shard_name(r, manifest_.world_size)));
-    const ShardReader& s = *shards_.back();
-    for (const Record& rec : s.records()) {
-      if (rec.param >= manifest_.params.size() || rec.buffer > manifest_.slots.size() ||
-          rec.first + rec.count > manifest_.params[rec.param].numel)
-        fail(ZD_ERR_INVALID_ARGUMENT, dir + "/" + shard_name(r, manifest_.world_size) +
-                                          ": a record outside the parameters the manifest lists");
-      index_[{rec.param, rec.buffer}].push_back({shards_.size() - 1, &rec});
-    }
-  }
+  for (int r = 0; r < manifest_.world_size; ++r) open_shard(r);
+  sort_index();
+}
+
+Source::Source(const std::string& dir, Manifest manifest, const std::vector<int>& ranks)
+    : id_(next_source_id.fetch_add(1)), dir_(dir), manifest_(std::move(manifest)) {
+  for (int r : ranks) open_shard(r);
+  sort_index();
+}
+
+void Source::sort_index() {
   for (auto& [key, list] : index_)
     std::sort(list.begin(), list.end(), [](const Where& a, const Where& b) { return a.record->first < b.record->first; });
+}
+
+void Source::open_shard(int r) {
+  const std::string path = dir_ + "/" + shard_name(r, manifest_.world_size);
+  if (!manifest_.shared && ::access(path.c_str(), F_OK) != 0)
+    for (const NodePart& p : manifest_.parts)
+      if (r >= p.first_rank && r < p.first_rank + p.ranks)
+        fail(ZD_ERR_IO, path + " is not here: this snapshot was taken across " + std::to_string(manifest_.nodes) +
+                            " nodes on node-local disks, and rank " + std::to_string(r) + "'s shard is on node " +
+                            std::to_string(p.node) + " (host " + p.host + "); copy every node's files of " + dir_ +
+                            " into one directory to read it whole");
+  shards_.push_back(std::make_unique<ShardReader>(path));
+  const ShardReader& s = *shards_.back();
+  for (const Record& rec : s.records()) {
+    if (rec.param >= manifest_.params.size() || rec.buffer > manifest_.slots.size() ||
+        rec.first + rec.count > manifest_.params[rec.param].numel)
+      fail(ZD_ERR_INVALID_ARGUMENT, path + ": a record outside the parameters the manifest lists");
+    index_[{rec.param, rec.buffer}].push_back({shards_.size() - 1, &rec});
+  }
 }
 
 Source::~Source() {

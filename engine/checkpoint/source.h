@@ -22,6 +22,10 @@ class Source {
   // Opens and checks the manifest and every shard it names (ZD_ERR_IO or
   // ZD_ERR_INVALID_ARGUMENT naming the file otherwise).
   explicit Source(const std::string& dir);
+  // Only the shards of `ranks`, with a manifest read elsewhere: a node's
+  // part of a snapshot across nodes on node-local disks (the other parts
+  // are on the other nodes). Reading values the other shards hold fails.
+  Source(const std::string& dir, Manifest manifest, const std::vector<int>& ranks);
   ~Source();
   Source(const Source&) = delete;
   Source& operator=(const Source&) = delete;
@@ -53,6 +57,8 @@ class Source {
   // calling thread is kept, so that reading a record's range in chunks
   // reads the record once.
   const std::vector<float>& record_values(const Where& w) const;
+  void open_shard(int rank);
+  void sort_index();
   uint64_t id_;  // tells this Source from one later made at the same address
   std::string dir_;
   Manifest manifest_;

@@ -75,6 +75,10 @@ std::string not_a_checkpoint(const std::string& dir) {
     if (name.ends_with("_model_states.pt") || name.ends_with("_optim_states.pt"))
       return dir + " holds DeepSpeed's own checkpoint files (" + name +
              "), not zerod's: `zerod ckpt import` converts them";
+    if (name.starts_with("node-") && name.ends_with(".part"))
+      return dir + " holds one node's part of a snapshot taken across nodes on node-local disks (" + name +
+             "); node 0's directory of the same name holds the manifest: copy every node's files into one "
+             "directory to read it whole";
   }
   return dir + " has no " + kManifestName;
 }
@@ -352,6 +356,8 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
     out.finish();
   });
   m.world_size = world;
+  m.nodes = 0;  // one directory of M shards, whoever wrote the source
+  m.parts.clear();
   write_manifest(out_dir, m);
 }
 

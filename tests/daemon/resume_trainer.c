@@ -4,7 +4,7 @@
  * the job stands (a restarted job resumes from a snapshot) and goes on from
  * there; after every step it prints the step and an exact checksum of the
  * weights it saw:
- *   resume_trainer <steps> <ms per step>
+ *   resume_trainer <steps> <ms per step> [<scale>: each parameter that many times larger]
  *   [rank r] resumed at <s>        (when s > 0)
  *   [rank r] step <s> <hex float>  */
 #include <zerod/zerod.h>
@@ -28,6 +28,9 @@ static const int64_t kSizes[3] = {300, 1000, 7};
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? atoi(argv[1]) : 30;
   const int ms = argc > 2 ? atoi(argv[2]) : 0;
+  const int64_t scale = argc > 3 ? atoll(argv[3]) : 1;
+  int64_t sizes[3];
+  for (int i = 0; i < 3; ++i) sizes[i] = kSizes[i] * (scale > 0 ? scale : 1);
   zd_client* client;
   CHECK(zd_connect(NULL, NULL, &client));
   zd_client_info info = ZD_CLIENT_INFO_INIT;
@@ -37,8 +40,8 @@ int main(int argc, char** argv) {
   CHECK(zd_model_create(client, &mo, &model));
   zd_param_id ids[3];
   for (int i = 0; i < 3; ++i) {
-    float* init = malloc(sizeof(float) * (size_t)kSizes[i]);
-    for (int64_t j = 0; j < kSizes[i]; ++j) init[j] = sinf((float)(j + 5 * i));
+    float* init = malloc(sizeof(float) * (size_t)sizes[i]);
+    for (int64_t j = 0; j < sizes[i]; ++j) init[j] = sinf((float)(j + 5 * i));
     char name[8], module[8];
     snprintf(name, sizeof name, "w%d", i);
     snprintf(module, sizeof module, "m%d", i);
@@ -46,7 +49,7 @@ int main(int argc, char** argv) {
     d.name = name;
     d.module = module;
     d.ndim = 1;
-    d.shape = &kSizes[i];
+    d.shape = &sizes[i];
     d.init = init;
     CHECK(zd_model_register_param(model, &d, &ids[i]));
     free(init);
@@ -64,7 +67,7 @@ int main(int argc, char** argv) {
       CHECK(zd_grad_view(model, ids[m], &g));
       const float* wd = w.data;
       float* gd = g.data;
-      for (int64_t j = 0; j < kSizes[m]; ++j) {
+      for (int64_t j = 0; j < sizes[m]; ++j) {
         sum += (double)wd[j] * (double)(j + 1);
         gd[j] = wd[j] - cosf((float)(j + 3 * s + info.rank));
       }

@@ -4,6 +4,9 @@
 // loads them, and the next steps end bit-identical with the uninterrupted run.
 #include "zero_fixture.h"
 
+#include "checkpoint/manifest.h"
+#include "checkpoint/source.h"
+
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -15,6 +18,7 @@
 #include <fstream>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 
 namespace {
 
@@ -385,8 +389,158 @@ TEST(Snapshots, AFailedOneIsRemovedAndTrainingGoesOn) {
   train(*a, 0, ids, 0, 3);  // each snapshot needs ~16 KiB of state: the disk is full
   a->sync(0);
   EXPECT_EQ(a->applied_steps(0), 3) << "training went on";
+  a.reset();  // the last snapshot's flush and commit (or removal) run behind training until the model goes
   for (const auto& e : fs::directory_iterator(snaps.path))
     EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << "a partial snapshot was left";
+}
+
+// A snapshot across nodes says where its parts are (format 2); everything
+// else stays format 1, which older readers read. On a node-local disk a
+// missing shard is named with the node and host that keep it.
+TEST(SnapshotManifest, PartsRoundTripAndAMissingPartIsNamed) {
+  TempDir dir;
+  auto a = make_model(job(1), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 2);
+    a->save_checkpoint(rank, dir.path);
+  });
+  const auto first_line = [&] {
+    std::ifstream in(dir.path + "/zerod-checkpoint.txt");
+    std::string l;
+    std::getline(in, l);
+    return l;
+  };
+  EXPECT_EQ(first_line(), "zerod-checkpoint 1");
+  ckpt::Manifest m = ckpt::read_manifest(dir.path);
+  EXPECT_EQ(m.nodes, 0);
+  m.nodes = 2;
+  m.shared = false;
+  m.parts = {{0, "host a", 0, 1}, {1, "hostb", 1, 1}};
+  ckpt::write_manifest(dir.path, m);
+  EXPECT_EQ(first_line(), "zerod-checkpoint 2");
+  const ckpt::Manifest back = ckpt::read_manifest(dir.path);
+  EXPECT_EQ(back.nodes, 2);
+  EXPECT_FALSE(back.shared);
+  ASSERT_EQ(back.parts.size(), 2u);
+  EXPECT_EQ(back.parts[0].host, "host a");  // escaped on disk
+  EXPECT_EQ(back.parts[1].node, 1);
+  EXPECT_EQ(back.parts[1].first_rank, 1);
+  EXPECT_EQ(back.parts[1].ranks, 1);
+  EXPECT_NO_THROW(ckpt::Source src(dir.path));  // every part here: a whole checkpoint
+  fs::remove(dir.path + "/rank-00001-of-00002.zdshard");
+  try {
+    ckpt::Source src(dir.path);
+    ADD_FAILURE() << "opened without rank 1's shard";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_IO);
+    EXPECT_NE(std::string(e.what()).find("rank 1's shard is on node 1 (host hostb)"), std::string::npos) << e.what();
+  }
+  // Only this node's part: reads what its shards hold.
+  const ckpt::Source part(dir.path, back, {0});
+  std::vector<float> v(10);
+  EXPECT_NO_THROW(part.read(0, ckpt::kMasterBuffer, 0, 10, v.data()));
+}
+
+// A damaged newest snapshot is not the end: the job resumes from the newest
+// one every rank can read and verify, says which it skipped and why, and
+// ends where an uninterrupted run ends. Only when none verifies does
+// finalize refuse, naming each.
+TEST(Snapshots, ADamagedNewestFallsBackToTheNewestThatVerifies) {
+  TempDir snaps;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.snapshot.keep = 3;
+  auto ref = make_model(job(1), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*ref, rank, &ids);
+    train(*ref, rank, ids, 0, 9);
+  });
+  {
+    auto a = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*a, rank, &ids);
+      train(*a, rank, ids, 0, 7);  // snapshots of steps 2, 4, 6; the process dies at 7
+    });
+  }
+  const auto flip = [](const std::string& file) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(40);
+    const char c = static_cast<char>(f.get());
+    f.seekp(40);
+    f.put(static_cast<char>(c ^ 0x5a));
+  };
+  struct Damage {
+    const char* what;
+    std::function<void(const std::string& dir)> apply;
+    const char* why;  // in the warning
+  };
+  const std::vector<Damage> damages = {
+      // Only rank 1 reads that record: rank 0 would resume, and must not.
+      {"a flipped byte in rank 1's shard", [&](const std::string& d) { flip(d + "/rank-00001-of-00002.zdshard"); },
+       "rank 1: "},
+      {"a shard cut short", [](const std::string& d) { fs::resize_file(d + "/rank-00000-of-00002.zdshard", 100); },
+       "rank-00000-of-00002.zdshard"},
+      {"a shard deleted", [](const std::string& d) { fs::remove(d + "/rank-00001-of-00002.zdshard"); },
+       "rank-00001-of-00002.zdshard"},
+      {"a garbled manifest",
+       [](const std::string& d) { std::ofstream(d + "/zerod-checkpoint.txt") << "zerod-checkpoint 1\nstep x\n"; },
+       "zerod-checkpoint.txt:2"},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.what);
+    TempDir copy;
+    fs::copy(snaps.path, copy.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    const std::string newest = copy.path + "/step-000000000006";
+    d.apply(newest);
+    JobOptions oc = o;
+    oc.snapshot.path = copy.path;
+    auto b = make_model(oc, 2);
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*b, rank, &ids);  // finalize resumes
+    });
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(b->applied_steps(0), 4);
+    EXPECT_EQ(b->applied_steps(1), 4);
+    EXPECT_NE(err.find("snapshot " + newest + " skipped: "), std::string::npos) << err;
+    EXPECT_NE(err.find(d.why), std::string::npos) << err;
+    EXPECT_NE(err.find("resuming from " + copy.path + "/step-000000000004 at step 4"), std::string::npos) << err;
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids = {0, 1, 2};
+      train(*b, rank, ids, 4, 9);
+    });
+    EXPECT_EQ(whole(*b, 2).params, whole(*ref, 2).params);
+    EXPECT_EQ(whole(*b, 2).slots, whole(*ref, 2).slots);
+  }
+  // None verifies: finalize refuses on every rank, naming each and why.
+  for (const char* step : {"2", "4", "6"})
+    flip(snaps.path + "/step-00000000000" + step + "/rank-00001-of-00002.zdshard");
+  auto c = make_model(o, 2);
+  std::vector<std::string> errors(2);
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    try {
+      std::vector<zd_param_id> ids;
+      register_all(*c, rank, &ids);
+      errors[static_cast<size_t>(rank)] = "finalize resumed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  ::testing::internal::GetCapturedStderr();
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("no snapshot under " + snaps.path + " can be resumed from"), std::string::npos) << e;
+    for (const char* step : {"2", "4", "6"})
+      EXPECT_NE(e.find(snaps.path + "/step-00000000000" + step + " (rank 1: "), std::string::npos) << e;
+    EXPECT_NE(e.find("fails its checksum"), std::string::npos) << e;
+  }
 }
 
 }  // namespace
