@@ -1,0 +1,146 @@
+# The Zerod module against an embedded engine: what tests/rust's api.rs and
+# tests/python's test_core.py check, from Julia. SGD without momentum keeps
+# every expected value computable by hand.
+#
+# NEVER EXECUTED: no Julia runtime could be installed where zerod is
+# developed. ctest runs it as julia.runtests where `julia` is on the PATH
+# (and reports it skipped, with the reason, where it is not):
+#
+#   ZEROD_LIB=build/lib/libzerod.so julia --project=bindings/julia bindings/julia/test/runtests.jl
+
+using Test
+using Zerod
+using Zerod.LibZerod
+
+sgd(lr, extra = "") = "return { optimizer = { type = 'sgd', lr = $lr }, $extra }"
+
+# A finalized model with one parameter "w" (init's values) in module "layer".
+function one_param(client, job, init::Vector{Float32})
+    model = Model(client; script_text = job)
+    w = register_param!(model, "w", "layer", init)
+    finalize!(model)
+    return model, w, find_module(model, "layer")
+end
+
+# One micro-batch whose gradient for w is given.
+function micro_step(model, layer, w, grad)
+    forward(model, layer) do end
+    backward(model, layer) do
+        grad_view(model, w) .= grad
+    end
+    return step!(model)
+end
+
+@testset "Zerod" begin
+    @testset "the library and the layouts" begin
+        @test Zerod.abi_version().major == ZD_ABI_VERSION_MAJOR
+        @test !isempty(Zerod.version())
+        @test LibZerod.check_layout() === nothing
+        @test sizeof(zd_view) == 120 && sizeof(zd_param_desc) == 56
+        @test zd_view().arena == -1 && zd_view().struct_size == sizeof(zd_view)
+        @test zd_connect_options().abi_version == ZD_ABI_VERSION
+    end
+
+    @testset "an embedded client is rank 0 of 1" begin
+        Client("embedded:") do c
+            @test (c.info.rank, c.info.world_size, c.info.local_rank, c.info.embedded) == (0, 1, 0, true)
+        end
+    end
+
+    @testset "errors are ZerodErrors with zerod's message" begin
+        e = try
+            Client("tcp:somewhere")
+            nothing
+        catch err
+            err
+        end
+        @test e isa ZerodError && e.status == ZD_ERR_INVALID_ARGUMENT && e.name == "ZD_ERR_INVALID_ARGUMENT"
+        c = Client("embedded:")
+        e = try
+            Model(c; script_text = "return { optimizer = { type = 'sgd', lr = 'fast' } }", script_name = "bad.lua")
+            nothing
+        catch err
+            err
+        end
+        @test e isa ZerodError && e.status == ZD_ERR_CONFIG && occursin("bad.lua:1", e.message)
+        model, _, layer = one_param(c, sgd(0.5), Float32[1, 2, 3])
+        e = try
+            find_module(model, "nope")
+            nothing
+        catch err
+            err
+        end
+        @test e isa ZerodError && e.status == ZD_ERR_NOT_FOUND && occursin("nope", e.message)
+        forward_begin(model, layer)
+        @test_throws ZerodError step!(model)  # ZD_ERR_INVALID_STATE: a step inside a forward
+        forward_end(model, layer)
+        close(c)
+        @test_throws ZerodError param_count(model)  # its client is closed: freed with it
+    end
+
+    @testset "an SGD step through views, without copies" begin
+        c = Client("embedded:")
+        model, w, layer = one_param(c, sgd(0.5), Float32[1, 2, 3])
+        @test param_info(model, w).dims == (3,) && param_info(model, w).eltype == Float32
+        @test module_info(model, layer) == ("layer", Int32[w])
+        forward(model, layer) do
+            v = param_view(model, w)
+            @test v == Float32[1, 2, 3]
+            @test pointer(v) == Ptr{Float32}(raw_param_view(model, w).data)  # the same memory
+        end
+        r = micro_step(model, layer, w, Float32[0.5, -1, 2])
+        @test isboundary(r) && isapplied(r) && !isskipped(r) && r.step == 1
+        @test param_read(model, w) == Float32[0.75, 2.5, 2.0]
+        param_write!(model, w, Float32[4, 5, 6])
+        @test param_read(model, w) == Float32[4, 5, 6]
+        @test optimizer_info(model).name == "sgd"
+        report!(model; samples = 3, loss = 0.25)
+        @test memory(model; tier = ZD_TIER_DEVICE).current > 0
+        close(model)
+        @test !isopen(model)
+        close(c)
+    end
+
+    @testset "2-d parameters are viewed with their dims reversed" begin
+        c = Client("embedded:")
+        model = Model(c; script_text = sgd(1.0))
+        init = Float32[1 2 3; 4 5 6]  # 2 × 3 in Julia: zerod's [3, 2], row-major
+        p = register_param!(model, "m", "layer", init)
+        finalize!(model)
+        @test param_info(model, p).shape == [3, 2] && param_info(model, p).dims == (2, 3)
+        layer = find_module(model, "layer")
+        forward(model, layer) do
+            @test param_view(model, p) == init
+        end
+        @test param_read(model, p) == init
+        close(c)
+    end
+
+    @testset "bf16 parameters" begin
+        c = Client("embedded:")
+        model = Model(c; script_text = "return { precision = 'bf16', optimizer = { type = 'sgd', lr = 1.0 } }")
+        w = register_param!(model, "w", "layer", (4,); dtype = BFloat16, init = Float32[1, 2, 3, 4])
+        finalize!(model)
+        layer = find_module(model, "layer")
+        forward(model, layer) do
+            v = param_view(model, w)
+            @test eltype(v) == BFloat16 && Float32.(v) == Float32[1, 2, 3, 4]
+        end
+        micro_step(model, layer, w, Float32[0.5, 0.5, 0.5, 0.5])
+        @test param_read(model, w) == Float32[0.5, 1.5, 2.5, 3.5]
+        @test Float32(BFloat16(1.0f0 + 2.0f0^-8)) == 1.0f0                # a tie: to even
+        @test Float32(BFloat16(1.0f0 + 3 * 2.0f0^-8)) == 1.0f0 + 2.0f0^-6  # a tie: to even
+        @test isnan(Float32(BFloat16(NaN32)))
+        close(c)
+    end
+
+    @testset "finalizers free what is dropped" begin
+        for _ in 1:50
+            c = Client("embedded:")
+            one_param(c, sgd(0.1), zeros(Float32, 1000))
+        end
+        GC.gc(true)
+        GC.gc(true)
+        @test true  # no crash: each model freed once, before or with its client
+    end
+end
