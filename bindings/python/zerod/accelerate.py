@@ -31,8 +31,9 @@ optimizer and LR scheduler translated: AdamW/Adam/SGD, step-based
 schedulers; anything else refused naming it). accelerator.backward(loss)
 runs zerod's backward and step: zerod averages the window's micro-batches
 and applies the update, clipped, at the window's end (checked to be where
-Accelerate's accumulate() ends it). optimizer.step() and zero_grad() then
-have nothing left to do; scheduler.step() steps the user's torch scheduler
+Accelerate's accumulate() ends it). optimizer.step() then only records on
+the torch optimizer that it stepped (what its LR scheduler checks) and
+zero_grad() has nothing left to do; scheduler.step() steps the user's torch scheduler
 so get_last_lr() reports what zerod applies (zerod runs the same schedule,
 traced ahead of time). clip_grad_norm_ returns the norm zerod measured; its
 max_norm must be the gradient_clipping given to the constructor, since zerod
@@ -300,6 +301,8 @@ class _ZerodOptimizer:
         if self._accelerator.sync_gradients and self._accelerator._zerod_last is None:
             raise InvalidStateError("optimizer.step() before any accelerator.backward(loss): zerod applies the "
                                     "update in backward")
+        if self._accelerator.sync_gradients:
+            _mark_stepped(self.optimizer)
 
     def zero_grad(self, set_to_none=True):
         """zerod starts every window's gradients at zero itself."""
@@ -314,6 +317,21 @@ class _ZerodOptimizer:
     def step_was_skipped(self):
         r = self._accelerator._zerod_last
         return bool(r is not None and r.skipped)
+
+
+def _mark_stepped(optimizer):
+    """Records on the user's torch optimizer that it stepped, as its own
+    step() would have: zerod applied the update it stands for in
+    accelerator.backward(), so its real step() never runs. The torch
+    LR scheduler attached to it checks this record at its first step() and
+    would otherwise warn that lr_scheduler.step() came before
+    optimizer.step() and that the schedule skips its first value, which is
+    not so (zerod runs the schedule traced from this scheduler). torch >= 2.2
+    keeps the record in `_opt_called`; earlier 2.x counts the calls of its
+    wrapped step() (marked `_with_counter`) in `_step_count`."""
+    optimizer._opt_called = True
+    if getattr(optimizer.step, "_with_counter", False):
+        optimizer._step_count = getattr(optimizer, "_step_count", 0) + 1
 
 
 class _ZerodScheduler:
