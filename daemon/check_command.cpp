@@ -22,8 +22,9 @@ namespace zerod::cli {
 
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
+// On stdout when asked for (--help), else on stderr beside the error.
+void usage(FILE* out = stderr) {
+  std::fprintf(out,
                "usage: zerod check <job.lua | ds_config.json> [--allow-io] [--lr-steps N] [--world-size N]\n"
                "       zerod check --schema\n"
                "  Loads and checks a job script (or a DeepSpeed config); prints every resolved setting.\n"
@@ -95,7 +96,7 @@ int check_command(int argc, char** argv) {
       std::fputs(scripting::job_schema_markdown().c_str(), stdout);
       return print_plugin_schema();
     } else if (a == "-h" || a == "--help") {
-      usage();
+      usage(stdout);
       return 0;
     } else if (!a.empty() && a[0] == '-') {
       std::fprintf(stderr, "zerod check: unknown option %s\n", a.c_str());

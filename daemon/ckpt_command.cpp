@@ -30,18 +30,40 @@ namespace zerod::cli {
 
 namespace {
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: zerod ckpt <command> DIR [options]\n"
-               "  DIR: a checkpoint, or a folder of them with a 'latest' file (as save_checkpoint writes: the tag\n"
-               "  it names is read; --tag TAG reads DIR/TAG instead)\n"
-               "  info DIR [--verify] [--tag TAG]      what the checkpoint holds; --verify checks every record\n"
-               "  export DIR --to FILE.safetensors     the parameters, whole, as safetensors\n"
-               "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N] [--tag TAG]\n"
-               "  reshard DIR --world M --to OUT       the checkpoint again as M shards (any checkpoint loads at any\n"
-               "      [--threads N] [--tag TAG]        world size as it is; this spreads its files for M ranks)\n"
-               "  import DS_DIR --to OUT               a DeepSpeed ZeRO checkpoint (stages 1-3) as a zerod one\n"
-               "      [--tag TAG]                      (needs Python with torch and deepspeed)\n");
+// Each command's usage lines; `zerod ckpt --help` prints them all, `zerod
+// ckpt CMD --help` its own.
+struct CommandUsage {
+  const char* name;
+  const char* text;
+};
+constexpr CommandUsage kCommands[] = {
+    {"info", "  info DIR [--verify] [--tag TAG]      what the checkpoint holds; --verify checks every record\n"},
+    {"export",
+     "  export DIR --to FILE.safetensors     the parameters, whole, as safetensors\n"
+     "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N] [--tag TAG]\n"},
+    {"reshard",
+     "  reshard DIR --world M --to OUT       the checkpoint again as M shards (any checkpoint loads at any\n"
+     "      [--threads N] [--tag TAG]        world size as it is; this spreads its files for M ranks)\n"},
+    {"import",
+     "  import DS_DIR --to OUT               a DeepSpeed ZeRO checkpoint (stages 1-3) as a zerod one\n"
+     "      [--tag TAG]                      (needs Python with torch and deepspeed)\n"},
+};
+
+const CommandUsage* find_command(const std::string& name) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
+
+// All the commands, or only `only`'s.
+void usage(FILE* out, const CommandUsage* only = nullptr) {
+  std::fprintf(out, "usage: zerod ckpt %s DIR [options]\n", only ? only->name : "<command>");
+  std::fprintf(out, "  DIR: a checkpoint, or a folder of them with a 'latest' file (as save_checkpoint writes: the tag\n"
+                    "  it names is read; --tag TAG reads DIR/TAG instead)\n");
+  for (const auto& c : kCommands)
+    if (!only || only == &c) std::fputs(c.text, out);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -83,6 +105,10 @@ int info(const std::string& dir, bool verify, unsigned threads) {
 int import_deepspeed(const std::vector<std::string>& args) {
   std::string ds_dir, to, tag;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (is_help(args[i])) {
+      usage(stdout, find_command("import"));
+      return 0;
+    }
     if (args[i] == "--to" && i + 1 < args.size()) to = args[++i];
     else if (args[i] == "--tag" && i + 1 < args.size()) tag = args[++i];
     else if (ds_dir.empty() && args[i][0] != '-') ds_dir = args[i];
@@ -180,6 +206,12 @@ int ckpt_command(int argc, char** argv) {
     return argc < 1 ? 2 : 0;
   }
   const std::string cmd = argv[0];
+  const CommandUsage* command = find_command(cmd);
+  if (!command) {
+    std::fprintf(stderr, "zerod ckpt: unknown command '%s'\n", cmd.c_str());
+    usage(stderr);
+    return 2;
+  }
   std::vector<std::string> rest(argv + 1, argv + argc);
   if (cmd == "import") return import_deepspeed(rest);
   std::string dir, to, tag, dtype = "fp32";
@@ -196,7 +228,10 @@ int ckpt_command(int argc, char** argv) {
       }
       return rest[++i];
     };
-    if (a == "--to") to = value();
+    if (is_help(a)) {
+      usage(stdout, command);
+      return 0;
+    } else if (a == "--to") to = value();
     else if (a == "--tag") tag = value();
     else if (a == "--dtype") dtype = value();
     else if (a == "--world") world = std::atoi(value().c_str());
@@ -212,7 +247,7 @@ int ckpt_command(int argc, char** argv) {
       max_shard = *s;
     } else if (!a.empty() && a[0] == '-') {
       std::fprintf(stderr, "zerod ckpt %s: unknown option %s\n", cmd.c_str(), a.c_str());
-      usage(stderr);
+      usage(stderr, command);
       return 2;
     } else if (dir.empty()) {
       dir = a;
@@ -223,11 +258,6 @@ int ckpt_command(int argc, char** argv) {
   }
   if (dir.empty()) {
     std::fprintf(stderr, "zerod ckpt %s: name the checkpoint directory\n", cmd.c_str());
-    return 2;
-  }
-  if (cmd != "info" && cmd != "export" && cmd != "reshard") {
-    std::fprintf(stderr, "zerod ckpt: unknown command '%s'\n", cmd.c_str());
-    usage(stderr);
     return 2;
   }
   try {
@@ -270,7 +300,7 @@ int ckpt_command(int argc, char** argv) {
                   to.c_str(), world, seconds_since(t0));
       return 0;
     }
-    return 2;  // not reached: the commands are checked above
+    return 2;  // not reached: the commands are checked above (import returned before)
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod ckpt %s: %s (%s)\n", cmd.c_str(), e.what(), status_name(e.code()));
     return 1;

@@ -15,8 +15,9 @@ namespace zerod::cli {
 
 namespace {
 
-void usage(const char* cmd, bool want_command) {
-  std::fprintf(stderr,
+// On stdout when asked for (--help), else on stderr beside the error.
+void usage(const char* cmd, bool want_command, FILE* out = stderr) {
+  std::fprintf(out,
                "usage: zerod %s --nproc N --job job.lua [--socket PATH] [--nnodes K --node-rank k]%s\n"
                "  --nproc N       the number of ranks (trainer processes) on this node\n"
                "  --nnodes K, --node-rank k\n"
@@ -115,7 +116,7 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
     } else if (a == "--no-prefix" && want_command) {
       out->prefix = false;
     } else if (a == "-h" || a == "--help") {
-      usage(cmd, want_command);
+      usage(cmd, want_command, stdout);
       *exit_code = 0;
       return false;
     } else {

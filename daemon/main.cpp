@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   if (cmd == "check") return zerod::cli::check_command(argc - 2, argv + 2);
   if (cmd == "translate") return zerod::cli::translate_command(argc - 2, argv + 2);
   if (cmd == "version" || cmd == "--version") {
+    if (argc > 2 && (!std::strcmp(argv[2], "-h") || !std::strcmp(argv[2], "--help"))) {
+      std::printf("usage: zerod version\n  prints zerod's version and the C ABI version it implements\n");
+      return 0;
+    }
     std::printf("zerod %s (C ABI %u.%u)\n", ZEROD_VERSION_STRING, ZD_ABI_VERSION_MAJOR,
                 ZD_ABI_VERSION_MINOR);
     return 0;

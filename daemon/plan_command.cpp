@@ -30,8 +30,9 @@ struct Tensor {
   std::vector<int64_t> shape;
 };
 
-void usage() {
-  std::fprintf(stderr,
+// On stdout when asked for (--help), else on stderr beside the error.
+void usage(FILE* out = stderr) {
+  std::fprintf(out,
                "usage: zerod plan <job.lua> (--params N [--layers L] | --model model.lua) [--nproc R]\n"
                "  --params N      a model of N parameters (e.g. 1.3e9), in L equal layers (default 24)\n"
                "  --model FILE    a Lua file returning { { name=, module=, shape={...} }, ... }\n"
@@ -96,7 +97,7 @@ int plan_command(int argc, char** argv) {
       const char* v = next();
       model_file = v ? v : "";
     } else if (a == "-h" || a == "--help") {
-      usage();
+      usage(stdout);
       return 0;
     } else if (job.empty() && !a.empty() && a[0] != '-') {
       job = a;

@@ -15,8 +15,9 @@ namespace zerod::cli {
 
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
+// On stdout when asked for (--help), else on stderr beside the error.
+void usage(FILE* out = stderr) {
+  std::fprintf(out,
                "usage: zerod translate <ds_config.json> [--world-size N]\n"
                "       zerod translate --keys\n"
                "  Prints the zerod job script (Lua) a DeepSpeed JSON config translates to.\n"
@@ -44,7 +45,7 @@ int translate_command(int argc, char** argv) {
       }
       opt.world_size = static_cast<int>(n);
     } else if (a == "-h" || a == "--help") {
-      usage();
+      usage(stdout);
       return 0;
     } else if ((!a.empty() && a[0] == '-') || !path.empty()) {
       std::fprintf(stderr, "zerod translate: unexpected argument %s\n", a.c_str());
