@@ -67,6 +67,19 @@ export ZEROD_LIB="$ZEROD_BUILD_DIR/lib/libzerod.so"
 out="$ZEROD_BUILD_DIR/main-job"
 mkdir -p "$out"
 rm -f "$out"/trace*.json "$out"/trace-*.png
+# Debian's torch does its matrix math through the system OpenBLAS, which
+# falls back to its slowest x86-64 kernels (Prescott) on a CPU newer than its
+# table: the job then trains 3-4x slower. Where that happened, the best
+# kernels the CPU supports, checked to compute what the fallback does
+# (scripts/openblas-coretype.py says why it chose or did not); never over
+# the user's own OPENBLAS_CORETYPE.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  core=$(/usr/bin/python3 scripts/openblas-coretype.py --python /usr/bin/python3 || true)
+  if [ -n "$core" ]; then
+    export OPENBLAS_CORETYPE=$core
+    zerod_log "OpenBLAS did not know this CPU: OPENBLAS_CORETYPE=$core for the ranks"
+  fi
+fi
 "$ZEROD_BUILD_DIR/bin/zerod" run --nproc 2 --trace "$out/trace.json" --job examples/python/gpt_job.lua -- \
   /usr/bin/python3 examples/python/train_gpt.py "$@"
 zerod_log "plotting the trace"
