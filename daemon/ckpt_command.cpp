@@ -90,6 +90,13 @@ int info(const std::string& dir, bool verify, unsigned threads) {
               m.optimizer.c_str());
   for (size_t i = 0; i < m.slots.size(); ++i) std::printf("%s%s", i ? ", " : "", m.slots[i].c_str());
   std::printf("); loss scale %g\n  %s on disk\n", m.loss_scale, format_bytes(disk_bytes(dir)).c_str());
+  if (m.nodes > 0) {
+    std::printf("  a snapshot across %d nodes, %s:\n", m.nodes,
+                m.shared ? "in one directory every node saw" : "each node's part on its own disk");
+    for (const auto& p : m.parts)
+      std::printf("    node %d (host %s): ranks %d..%d\n", p.node, p.host.c_str(), p.first_rank,
+                  p.first_rank + p.ranks - 1);
+  }
   if (verify) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t n = ckpt::verify_all(src, threads);

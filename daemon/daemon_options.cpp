@@ -33,7 +33,8 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n"
                               "  --restarts N    restart a daemon that dies, and the ranks, up to N times (default 3\n"
                               "                  when the job takes snapshots: they resume from the newest; else 0)\n"
-                            : "");
+                            : "  --until-done    end once every rank that came has left (or none came in 60 s):\n"
+                              "                  how ranks of another launcher start their node's daemon\n");
 }
 
 }  // namespace
@@ -115,6 +116,8 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       out->metrics = v;
     } else if (a == "--no-prefix" && want_command) {
       out->prefix = false;
+    } else if (a == "--until-done" && !want_command) {
+      out->until_done = true;
     } else if (a == "-h" || a == "--help") {
       usage(cmd, want_command, stdout);
       *exit_code = 0;

@@ -24,6 +24,7 @@ struct DaemonArgs {
   std::string trace;        // --trace FILE (absolute): every model records its trace there
   std::string metrics;      // --metrics ADDR: overrides the job's metrics.listen
   std::vector<std::string> command;  // after "--" (run)
+  bool until_done = false;           // serve: end when the ranks are gone (a daemon started on demand)
 };
 
 // Parses argv; on a mistake prints it with the usage and returns false

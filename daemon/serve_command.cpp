@@ -1,6 +1,8 @@
 // `zerod serve --nproc N --job job.lua --socket PATH`: the daemon alone, for
 // ranks started by other means (each sets ZEROD_ENDPOINT=unix:PATH,
-// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT or SIGTERM.
+// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT or SIGTERM; with
+// --until-done (how the ranks of torchrun, mpirun, srun... start it on
+// demand) also until its ranks are gone.
 #include "commands.h"
 #include "daemon_options.h"
 
@@ -12,9 +14,53 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 
 namespace zerod::cli {
+
+namespace {
+
+// A daemon the ranks of another launcher started (abi/src/node_daemon.h):
+// it ends once every rank that came has left for a moment (a rank may
+// connect again, a new zd_connect in the same process), when no rank comes
+// at all, or on SIGINT / SIGTERM. Nobody else would stop it.
+int serve_until_done(server::Server& server, const sigset_t& stop) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kFirstRankWithin = std::chrono::seconds(60);
+  constexpr auto kGone = std::chrono::seconds(2);
+  const auto started = Clock::now();
+  Clock::time_point empty_since{};  // when no rank held a connection any more
+  bool empty = false;
+  const timespec tick{0, 100 * 1000 * 1000};
+  while (true) {
+    const int sig = sigtimedwait(&stop, nullptr, &tick);
+    if (sig > 0) {
+      std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
+      break;
+    }
+    const auto now = Clock::now();
+    if (!server.any_rank_came() && now - started > kFirstRankWithin) {
+      std::fprintf(stderr, "zerod serve: no rank came in %lld s; stopping\n",
+                   static_cast<long long>(kFirstRankWithin.count()));
+      server.stop();
+      return 1;
+    }
+    if (!server.ranks_came_and_left()) {
+      empty = false;
+    } else if (!empty) {
+      empty = true;
+      empty_since = now;
+    } else if (now - empty_since > kGone) {
+      std::fprintf(stderr, "zerod serve: every rank has left; stopping\n");
+      break;
+    }
+  }
+  server.stop();
+  return 0;
+}
+
+}  // namespace
 
 int serve_command(int argc, char** argv) {
   DaemonArgs args;
@@ -55,11 +101,14 @@ int serve_command(int argc, char** argv) {
                 server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first, first + args.nproc - 1, world,
                 args.job.c_str(), server.socket_path().c_str(), world);
     std::fflush(stdout);
-    int sig = 0;
-    sigwait(&stop, &sig);
-    std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
-    server.stop();
-    return 0;
+    if (!args.until_done) {
+      int sig = 0;
+      sigwait(&stop, &sig);
+      std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
+      server.stop();
+      return 0;
+    }
+    return serve_until_done(server, stop);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod serve: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;

@@ -49,8 +49,14 @@ class ClientBackend {
 
 // The engine in this process, one rank.
 std::unique_ptr<ClientBackend> make_embedded_client();
+// Who a rank is in its job.
+struct RankIdentity {
+  int rank = 0, world = 1, local_rank = 0;
+};
 // A zerod daemon at a unix socket; rank and world size from ZEROD_RANK and
-// ZEROD_WORLD_SIZE (as `zerod run` sets them). timeout_ms 0 = no limit.
-std::unique_ptr<ClientBackend> make_remote_client(const std::string& socket_path, uint32_t timeout_ms);
+// ZEROD_WORLD_SIZE (as `zerod run` sets them), or `who` (another launcher's,
+// node_daemon.h). timeout_ms 0 = no limit.
+std::unique_ptr<ClientBackend> make_remote_client(const std::string& socket_path, uint32_t timeout_ms,
+                                                  const RankIdentity* who = nullptr);
 
 }  // namespace zerod::abi

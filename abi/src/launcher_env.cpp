@@ -1,5 +1,7 @@
 #include "launcher_env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -7,43 +9,110 @@ namespace zerod::abi {
 
 namespace {
 
-// The variable's value as a count, or 0 when unset or not a number.
-long count(const char* name) {
+// The variable's value as a count (>= 0), or -1 when unset or not a number.
+long number(const char* name) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
+  if (!v || !*v) return -1;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  return *end == 0 && n > 0 ? n : 0;
+  return *end == 0 && n >= 0 && n < (1L << 24) ? n : -1;
 }
 
 std::string value(const char* name) {
   const char* v = std::getenv(name);
-  return v ? v : "?";
+  return v ? v : "";
+}
+
+struct Launcher {
+  const char* who;
+  const char* size;
+  const char* rank;
+  const char* local_rank;
+  const char* local_size;
+  // What tells one launch from another on this node, joined.
+  const char* keys[4];
+};
+
+// In the order they are believed: zerod's own names first (Python's
+// integrations set them from Lightning's or Accelerate's view of the job);
+// torchrun's RANK/WORLD_SIZE may also be set under mpirun by a user's
+// script, so Open MPI's come before the generic PMI ones. srun's step task
+// count, not SLURM_NTASKS: an sbatch script's own environment has the whole
+// allocation's count but runs one process.
+constexpr Launcher kLaunchers[] = {
+    {"zerod's rank variables", "ZEROD_WORLD_SIZE", "ZEROD_RANK", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
+     {"ZEROD_JOB_KEY", "MASTER_ADDR", "MASTER_PORT", nullptr}},
+    {"mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", {"ZEROD_JOB_KEY", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", nullptr}},
+    {"torchrun (or another torch.distributed launcher: Lightning's, accelerate launch)", "WORLD_SIZE", "RANK",
+     "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+     {"ZEROD_JOB_KEY", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"}},
+    {"srun (Slurm)", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", nullptr,
+     {"ZEROD_JOB_KEY", "SLURM_JOB_ID", "SLURM_STEP_ID", nullptr}},
+    {"an MPI launcher (PMI)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+     {"ZEROD_JOB_KEY", "PMI_JOBID", nullptr, nullptr}},
+};
+
+// Slurm's tasks on this node: SLURM_STEP_TASKS_PER_NODE reads "2(x3),1" for
+// the step's nodes in order; SLURM_NODEID picks this node's count.
+long slurm_local_tasks() {
+  const std::string spec = value("SLURM_STEP_TASKS_PER_NODE");
+  const long node = number("SLURM_NODEID");
+  if (spec.empty() || node < 0) return 0;
+  long at = 0;
+  size_t i = 0;
+  while (i < spec.size()) {
+    char* end = nullptr;
+    const long n = std::strtol(spec.c_str() + i, &end, 10);
+    i = static_cast<size_t>(end - spec.c_str());
+    long times = 1;
+    if (i < spec.size() && spec.compare(i, 2, "(x") == 0) {
+      times = std::strtol(spec.c_str() + i + 2, &end, 10);
+      i = static_cast<size_t>(end - spec.c_str()) + 1;  // past ')'
+    }
+    if (node < at + times) return n;
+    at += times;
+    if (i < spec.size() && spec[i] == ',') ++i;
+    else break;
+  }
+  return 0;
 }
 
 }  // namespace
 
-std::string several_ranks_launcher() {
-  struct Launcher {
-    const char* who;
-    const char* size;
-    const char* rank;
-  };
-  // The step's task count for srun: an sbatch script's own environment has
-  // SLURM_NTASKS for the whole allocation but runs one process.
-  static const Launcher launchers[] = {
-      {"torchrun (or another torch.distributed launcher: Lightning's, accelerate launch)", "WORLD_SIZE", "RANK"},
-      {"mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
-      {"srun (Slurm)", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID"},
-      {"an MPI launcher (PMI)", "PMI_SIZE", "PMI_RANK"},
-  };
-  for (const Launcher& l : launchers) {
-    const long n = count(l.size);
-    if (n > 1)
-      return std::string(l.who) + " started it as rank " + value(l.rank) + " of " + std::to_string(n) + " (" +
-             l.rank + "=" + value(l.rank) + ", " + l.size + "=" + std::to_string(n) + ")";
+std::optional<LauncherRanks> launcher_ranks() {
+  for (const Launcher& l : kLaunchers) {
+    const long n = number(l.size);
+    if (n <= 1) continue;
+    LauncherRanks r;
+    r.launcher = l.who;
+    r.world = static_cast<int>(n);
+    r.rank = static_cast<int>(number(l.rank));
+    const long local = number(l.local_rank);
+    long local_world = l.local_size ? number(l.local_size) : slurm_local_tasks();
+    r.local_rank = local >= 0 ? static_cast<int>(local) : r.rank;
+    r.local_world = local_world > 0 ? static_cast<int>(local_world) : 0;
+    r.where = std::string(l.rank) + "=" + value(l.rank) + ", " + l.size + "=" + std::to_string(n);
+    if (local >= 0) r.where += std::string(", ") + l.local_rank + "=" + std::to_string(local);
+    if (l.local_size && local_world > 0) r.where += std::string(", ") + l.local_size + "=" + std::to_string(local_world);
+    bool has_id = false;
+    for (const char* k : l.keys)
+      if (k && std::getenv(k)) {
+        r.job_key += std::string(k) + "=" + value(k) + ";";
+        has_id = true;
+      }
+    // torchrun restarts its workers with a new count: a new daemon each time.
+    if (std::getenv("TORCHELASTIC_RESTART_COUNT"))
+      r.job_key += "restart=" + value("TORCHELASTIC_RESTART_COUNT") + ";";
+    // Ranks of another size are another job.
+    r.job_key += "world=" + std::to_string(r.world) + "/" + std::to_string(r.local_world) + ";";
+    // No launcher id at all: the processes of one launch usually share a
+    // parent (torchrun's agent, mpirun's, slurmstepd), though not when
+    // each rank runs through a wrapper script of its own.
+    if (!has_id) r.job_key += "parent=" + std::to_string(::getppid()) + ";";
+    return r;
   }
-  return "";
+  return std::nullopt;
 }
 
 }  // namespace zerod::abi

@@ -3,16 +3,32 @@
 // launch`), mpirun and srun tell each process its rank and the world size.
 // A process of several that connects to no daemon would train alone as
 // rank 0 of 1 while its siblings do the same: two trainings where the user
-// asked for one, silently. zd_connect refuses that by name.
+// asked for one, silently. zd_connect never lets that happen: on one node
+// the ranks share a daemon they start on demand (node_daemon.h); across
+// nodes it refuses by name.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace zerod::abi {
 
-// "" when the environment says one process (or says nothing); else a
-// sentence naming the launcher, the variable and the world size, e.g.
-// "torchrun (or another torch.distributed launcher) started it as rank 1 of 2 (RANK=1, WORLD_SIZE=2)".
-std::string several_ranks_launcher();
+// This process as one of several ranks another launcher started.
+struct LauncherRanks {
+  std::string launcher;  // "torchrun (...)", "mpirun (Open MPI)", ...
+  std::string where;     // the variables it was read from, e.g. "RANK=1, WORLD_SIZE=2"
+  int rank = 0, world = 1;
+  int local_rank = 0, local_world = 1;  // on this node; local_world 0: the launcher does not say
+  // The same string in every process of one launch on this node and a
+  // different one for the next launch (or a restart under torchrun): the
+  // launcher's job id, rendezvous address, restart count ("" if it has none).
+  std::string job_key;
+};
+
+// nullopt when the environment says one process (or says nothing). The
+// ranks zerod itself names (ZEROD_RANK, ZEROD_WORLD_SIZE, ZEROD_LOCAL_RANK,
+// ZEROD_LOCAL_WORLD_SIZE, as Python integrations set them from their
+// framework) come first; then torchrun's, Open MPI's, Slurm's and PMI's.
+std::optional<LauncherRanks> launcher_ranks();
 
 }  // namespace zerod::abi

@@ -103,12 +103,12 @@ class RemoteModel final : public ModelBackend {
 
 class RemoteClient final : public ClientBackend {
  public:
-  RemoteClient(const std::string& path, uint32_t timeout_ms)
+  RemoteClient(const std::string& path, uint32_t timeout_ms, const RankIdentity* who)
       : conn_(transport::connect_unix(path, timeout_ms ? static_cast<int>(timeout_ms) : 5000)),
         timeout_ms_(timeout_ms) {
-    rank_ = env_int("ZEROD_RANK", 0);
-    world_ = env_int("ZEROD_WORLD_SIZE", 1);
-    local_rank_ = env_int("ZEROD_LOCAL_RANK", rank_);
+    rank_ = who ? who->rank : env_int("ZEROD_RANK", 0);
+    world_ = who ? who->world : env_int("ZEROD_WORLD_SIZE", 1);
+    local_rank_ = who ? who->local_rank : env_int("ZEROD_LOCAL_RANK", rank_);
     v1::Request req;
     v1::Hello* h = req.mutable_hello();
     h->set_abi_version(ZD_ABI_VERSION);
@@ -671,8 +671,9 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
 
 }  // namespace
 
-std::unique_ptr<ClientBackend> make_remote_client(const std::string& path, uint32_t timeout_ms) {
-  return std::make_unique<RemoteClient>(path, timeout_ms);
+std::unique_ptr<ClientBackend> make_remote_client(const std::string& path, uint32_t timeout_ms,
+                                                  const RankIdentity* who) {
+  return std::make_unique<RemoteClient>(path, timeout_ms, who);
 }
 
 }  // namespace zerod::abi

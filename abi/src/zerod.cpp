@@ -7,6 +7,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "launcher_env.h"
+#include "node_daemon.h"
 #include "ledger.h"
 
 #include <zerod/zerod.h>
@@ -135,6 +136,40 @@ void fill_view(zd_view* out, const zerod::ViewInfo& v) {
   write_struct(out, view, "zd_view");
 }
 
+// A rank another launcher started (torchrun, accelerate launch, Lightning's
+// launcher, mpirun, srun): its node's daemon, started on demand
+// (node_daemon.h). Alone it would train as rank 0 of 1 while the others do
+// the same, so whatever cannot be served is refused, naming why.
+std::unique_ptr<zerod::abi::ClientBackend> connect_launched_rank(const zerod::abi::LauncherRanks& r,
+                                                                 uint32_t timeout_ms) {
+  const std::string who = r.launcher + " started this process as rank " + std::to_string(r.rank) + " of " +
+                          std::to_string(r.world) + " (" + r.where + ")";
+  const std::string alone = " (ZEROD_ENDPOINT=embedded: trains each process on its own, on purpose)";
+  if (const char* off = std::getenv("ZEROD_NO_NODE_DAEMON"); off && *off)
+    fail(ZD_ERR_CONFIG, who + ", no zerod daemon was named (ZEROD_ENDPOINT is unset) and ZEROD_NO_NODE_DAEMON "
+                              "forbids starting one: start the ranks with `zerod run --nproc N -- <command>`" + alone);
+  if (r.rank < 0 || r.rank >= r.world)
+    fail(ZD_ERR_CONFIG, who + ", but its rank is missing or out of range");
+  if (r.local_world == 0)
+    fail(ZD_ERR_CONFIG, who + ", but not how many of them run on this node, so no daemon can be started for "
+                              "them; set ZEROD_LOCAL_WORLD_SIZE (and ZEROD_RANK, ZEROD_LOCAL_RANK, ZEROD_WORLD_SIZE), "
+                              "or start the ranks with `zerod run --nproc N -- <command>`" + alone);
+  if (r.local_world != r.world)
+    fail(ZD_ERR_CONFIG, who + ", with " + std::to_string(r.local_world) + " of them on this node: a daemon started "
+                              "on demand serves the ranks of one node, and daemons of several nodes join through "
+                              "MPI, which this launcher did not start. Run one `zerod run --nproc " +
+                              std::to_string(r.local_world) + " --job job.lua -- <command>` per node under mpirun "
+                              "or srun (docs/multinode.md)" + alone);
+  const char* job = std::getenv("ZEROD_JOB");
+  if (!job || !*job)
+    fail(ZD_ERR_CONFIG, who + ": the node's zerod daemon, which these ranks start on demand, needs the job script "
+                              "before any rank connects; set ZEROD_JOB=job.lua (zerod.torch.initialize(job=...) and "
+                              "the Python integrations set it from their argument)" + alone);
+  const std::string socket = zerod::abi::node_daemon_socket(r, job, static_cast<int>(timeout_ms));
+  const zerod::abi::RankIdentity id{r.rank, r.world, r.local_rank};
+  return zerod::abi::make_remote_client(socket, timeout_ms, &id);
+}
+
 }  // namespace
 
 extern "C" {
@@ -166,20 +201,19 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
       const char* env = std::getenv("ZEROD_ENDPOINT");
       target = env && *env ? env : "";
     }
+    std::unique_ptr<zerod::abi::ClientBackend> backend;
     if (target.empty()) {
       // Nothing names an endpoint: embedded, unless another launcher made
-      // this process one of several (each would train alone as rank 0 of 1).
-      const std::string launcher = zerod::abi::several_ranks_launcher();
-      if (!launcher.empty())
-        fail(ZD_ERR_CONFIG, "this process is one of several ranks, but no zerod daemon was named (ZEROD_ENDPOINT "
-                            "is unset): " + launcher + ". Alone it would train as rank 0 of 1 while the others do "
-                            "the same. Start the ranks with `zerod run --nproc N -- <command>` (docs/daemon.md), or "
-                            "connect to \"embedded:\" (zd_connect's uri, or ZEROD_ENDPOINT=embedded:) to train each "
-                            "process on its own on purpose");
-      target = "embedded:";
+      // this process one of several; then the ranks of that launch on this
+      // node share a daemon, started by the first of them to get here.
+      if (const auto ranks = zerod::abi::launcher_ranks())
+        backend = connect_launched_rank(*ranks, opts.timeout_ms);
+      else
+        target = "embedded:";
     }
-    std::unique_ptr<zerod::abi::ClientBackend> backend;
-    if (target == "embedded:" || target == "embedded") {
+    if (backend) {
+      // the node's daemon
+    } else if (target == "embedded:" || target == "embedded") {
       backend = zerod::abi::make_embedded_client();
     } else if (target.rfind("unix:", 0) == 0) {
       const std::string path = target.substr(5);

@@ -101,7 +101,18 @@ bool Server::claim_rank(int rank, Session* s, std::string* holder) {
     return false;
   }
   rank_owner_[rank] = s;
+  any_rank_came_ = true;
   return true;
+}
+
+bool Server::ranks_came_and_left() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return any_rank_came_ && rank_owner_.empty();
+}
+
+bool Server::any_rank_came() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return any_rank_came_;
 }
 
 void Server::release_rank(int rank, Session* s) {

@@ -56,6 +56,10 @@ class Server {
 
   // From the launcher: rank's process is gone (how = "exited with status 3").
   void rank_exited(int rank, const std::string& how);
+  // `zerod serve --until-done`: some rank came, and no rank holds a
+  // connection now.
+  bool ranks_came_and_left();
+  bool any_rank_came();
 
   // --- for sessions ---------------------------------------------------------
   // Claims the rank for a connection; false if another connection has it.
@@ -86,6 +90,7 @@ class Server {
   std::mutex mu_;
   std::vector<std::shared_ptr<Session>> sessions_;
   std::map<int, Session*> rank_owner_;
+  bool any_rank_came_ = false;  // under mu_
   std::condition_variable rank_freed_;
   std::map<int, std::shared_ptr<ModelHost>> models_;  // by id
   std::vector<uint64_t> creates_;                      // per rank: models it created so far

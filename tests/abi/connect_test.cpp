@@ -36,7 +36,10 @@ TEST(Connect, NoUriReadsTheEnvironmentThenFallsBackToEmbedded) {
 
 // torchrun, mpirun or srun made this process one of several: with no
 // daemon named it would train alone as rank 0 of 1 while its siblings do the
-// same. Refused by name; "embedded:" asked for explicitly still works.
+// same. Where the launcher's variables do not say how many ranks run on
+// this node, no daemon can be started for them (node_daemon.h;
+// python.launchers starts them): refused by name; "embedded:" asked for
+// explicitly still works.
 TEST(Connect, AnotherLaunchersSeveralRanksWithoutADaemonAreRefusedByName) {
   ScopedEnv none("ZEROD_ENDPOINT", nullptr);
   struct Case {
@@ -58,6 +61,14 @@ TEST(Connect, AnotherLaunchersSeveralRanksWithoutADaemonAreRefusedByName) {
     ScopedEnv explicit_embedded("ZEROD_ENDPOINT", "embedded:");
     ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
     zd_disconnect(c);
+  }
+  // Several nodes: a daemon started on demand serves one node.
+  {
+    ScopedEnv size("WORLD_SIZE", "4"), rank("RANK", "3"), local("LOCAL_WORLD_SIZE", "2"), job("ZEROD_JOB", "j.lua");
+    zd_client* c = nullptr;
+    EXPECT_EQ(zd_connect(nullptr, nullptr, &c), ZD_ERR_CONFIG);
+    EXPECT_NE(last().find("serves the ranks of one node"), std::string::npos) << last();
+    EXPECT_NE(last().find("zerod run --nproc 2"), std::string::npos) << last();
   }
   // A world of one is one process.
   ScopedEnv one("WORLD_SIZE", "1");

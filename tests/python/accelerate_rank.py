@@ -1,9 +1,10 @@
 """One rank of the multi-process Accelerate test, started by
-`zerod run --nproc 2`: the user's loop of test_accelerate under
+`zerod run --nproc 2` (or `accelerate launch --num_processes 2`): the user's loop of test_accelerate under
 ZerodAccelerator; Accelerate shards the dataloader (each rank its own
 batches of 8). Prints "loss <batch> <value> <lr>" per batch; saves its
 state after epoch 0 into argv[1], or with "resume" as argv[2] loads it and
-runs epoch 1 only.
+runs epoch 1 only. With a folder as argv[3] (test_launchers, under
+`accelerate launch`) it also writes them into <folder>/rank<r>.txt.
 """
 import sys
 
@@ -23,5 +24,9 @@ if sys.argv[2:] == ["resume"]:
     losses, lrs = user_loop(accelerator, *prepared, resume_from=sys.argv[1])
 else:
     losses, lrs = user_loop(accelerator, *prepared, save_after=sys.argv[1])
-for i, (v, lr) in enumerate(zip(losses, lrs)):
-    print(f"loss {i} {v!r} {lr!r}", flush=True)
+lines = [f"loss {i} {v!r} {lr!r}" for i, (v, lr) in enumerate(zip(losses, lrs))]
+if len(sys.argv) > 3:  # test_launchers: each rank's lines into a file of its own
+    with open(f"{sys.argv[3]}/rank{accelerator.process_index}.txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+for line in lines:
+    print(line, flush=True)

@@ -1,11 +1,14 @@
 """One rank of the multi-process Lightning test, started by
-`zerod run --nproc 2`: Trainer(devices=2, strategy=...) on this rank's share
+`zerod run --nproc 2` (or by Lightning's own launcher, test_launchers; with
+LIGHTNING_RANK_OUT=<folder> each rank also writes its lines into
+<folder>/rank<r>.txt): Trainer(devices=2, strategy=...) on this rank's share
 of the data (Lightning's DistributedSampler, batch 4: the two ranks' batches
 together are the one-process run's batch of 8). Prints "loss <batch>
 <value>" per batch and "global_step <n>" at the end.
 
     lightning_rank.py <strategy> <checkpoint dir> [<checkpoint to resume from>]
 """
+import os
 import sys
 
 import torch
@@ -25,6 +28,9 @@ trainer = pl.Trainer(strategy=sys.argv[1], accelerator="cpu", devices=2, max_epo
 loader = torch.utils.data.DataLoader(Windows(), batch_size=4, shuffle=False)
 module = LitGPT()
 trainer.fit(module, loader, ckpt_path=sys.argv[3] if len(sys.argv) > 3 else None)
-for i, v in enumerate(losses.losses):
-    print(f"loss {i} {v!r}", flush=True)
-print(f"global_step {trainer.global_step}", flush=True)
+lines = [f"loss {i} {v!r}" for i, v in enumerate(losses.losses)] + [f"global_step {trainer.global_step}"]
+if os.environ.get("LIGHTNING_RANK_OUT"):  # test_launchers: each rank's lines into a file of its own
+    with open(os.path.join(os.environ["LIGHTNING_RANK_OUT"], f"rank{trainer.global_rank}.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+for line in lines:
+    print(line, flush=True)

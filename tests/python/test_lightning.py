@@ -258,7 +258,10 @@ def test_job_script(tmp_path):
     (dict(precision="64-true"), "does not run precision='64-true'"),
     (dict(trainer=dict(gradient_clip_algorithm="value", gradient_clip_val=1.0)), "gradient_clip_algorithm='value'"),
     (dict(trainer=dict(accumulate_grad_batches=3)), "not a multiple of accumulate_grad_batches=3"),
-    (dict(trainer=dict(devices=2)), r"zerod run --nproc N"),
+    # devices=2 outside zerod run: Lightning's own launcher (test_launchers,
+    # which also has several nodes refused in a fresh process). Here the
+    # process is already connected as one rank, so 2 nodes are refused so.
+    (dict(trainer=dict(num_nodes=2)), r"this process is rank 0 of 1 zerod ranks"),
     (dict(precision=None, trainer=dict(plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
         "cpu", init_scale=1000.0))])), "init_scale=1000 is not a power of two"),
     (dict(precision=None, trainer=dict(plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(

@@ -8,6 +8,8 @@
 deepspeed.initialize does (see docs/python.md). Every failed call raises a
 ZerodError subclass carrying zerod's message.
 """
+import os
+
 from ._lib import ABI_MAJOR, ABI_MINOR, lib as _library
 from .constants import (DEVICE_CPU, DEVICE_CUDA, MODEL_ALLOW_SCRIPT_IO, STEP_APPLIED, STEP_BOUNDARY,
                         STEP_SKIPPED, VIEW_READ_ONLY, Dtype, MemKind, Tier)
@@ -51,8 +53,50 @@ def default_client():
     environment says). zerod.torch uses it unless given another."""
     global _default
     if _default is None or _default._handle is None:
+        # Ranks of another launcher whose job is not known yet (the
+        # DeepSpeed, Accelerate and Lightning integrations connect before
+        # they write it): the node's daemon starts with a job that holds
+        # nothing of its own, and each model brings its script as always.
+        # Its daemon-wide keys (metrics.listen) then take their defaults.
+        name_job_for_node_daemon(job_text=_NODE_DAEMON_JOB)
         _default = Client()
     return _default
+
+
+_NODE_DAEMON_JOB = "-- the node's daemon for ranks of another launcher; every model brings its own job\nreturn {}\n"
+
+
+def name_job_for_node_daemon(job=None, job_text=None):
+    """Before the shared client connects: a rank that another launcher
+    started (torchrun, accelerate launch, mpirun, srun) starts its node's
+    daemon on demand, and the daemon needs the job script first (ZEROD_JOB).
+    Names `job` (a path) or `job_text` (written to a file of this user's)
+    there, unless ZEROD_JOB or ZEROD_ENDPOINT is already set."""
+    if os.environ.get("ZEROD_JOB") or os.environ.get("ZEROD_ENDPOINT") or not _launched():
+        return
+    if job is not None:
+        os.environ["ZEROD_JOB"] = os.path.abspath(os.fspath(job))
+    elif job_text is not None:
+        import hashlib
+        import tempfile
+        text = job_text if isinstance(job_text, str) else job_text.decode()
+        folder = os.path.join(tempfile.gettempdir(), f"zerod-jobs-{os.getuid()}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, hashlib.sha256(text.encode()).hexdigest()[:16] + ".lua")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)  # every rank writes the same bytes; each sees a whole file
+        os.environ["ZEROD_JOB"] = path
+
+
+def _launched():
+    """Another launcher started this process as one of several."""
+    for size in ("ZEROD_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_SIZE"):
+        if os.environ.get(size, "").isdigit() and int(os.environ[size]) > 1:
+            return True
+    return False
 
 
 def rank():

@@ -81,15 +81,19 @@ class ZerodAccelerator(Accelerator):
 
     def __init__(self, *args, gradient_clipping=0.0, zero_stage=3, offload=False, config=None, modules=None,
                  client=None, **kwargs):
-        if _join_zerod_ranks() and not torch.cuda.is_available():
+        joined = _join_zerod_ranks()  # under zerod run
+        launched = int(os.environ.get("WORLD_SIZE") or "1") > 1  # under accelerate launch / torchrun
+        if (joined or launched) and not torch.cuda.is_available():
             kwargs.setdefault("cpu", True)  # Accelerate's multi-CPU mode
         super().__init__(*args, **kwargs)
-        world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+        # The ranks of `zerod run`, or of `accelerate launch` (torchrun's
+        # variables: the ranks start their node's daemon at prepare()).
+        world = int(os.environ.get("ZEROD_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1")
         if self.num_processes != world:
             raise InvalidArgumentError(
-                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), zerod {world} rank(s); "
-                "several processes are the ranks of `zerod run --nproc N -- python train.py` (not "
-                "`accelerate launch`)")
+                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), the launcher {world}; "
+                "start the ranks with `accelerate launch --num_processes N` or `zerod run --nproc N -- python "
+                "train.py`")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
             raise InvalidArgumentError(f"ZerodAccelerator: mixed_precision={self.mixed_precision!r} is not "
                                        "supported (\"no\", \"bf16\" and \"fp16\" are)")

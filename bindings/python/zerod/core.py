@@ -56,6 +56,7 @@ class Client:
     """
 
     def __init__(self, uri=None, timeout_ms=0):
+        self._handle = None  # close() (from __del__) when zd_connect fails
         opts = S.ConnectOptions(abi_version=_lib.ABI_VERSION, timeout_ms=timeout_ms)
         handle = ctypes.c_void_p()
         check(_lib.zd_connect(_encode(uri), byref(opts), byref(handle)))

@@ -38,7 +38,9 @@ DeepSpeed and Accelerate); Lightning still steps the torch scheduler, so
 after an overflow LearningRateMonitor runs one step ahead. One process
 (devices=1), or the ranks of `zerod run --nproc N -- python train.py` with
 Trainer(devices=N): zerod starts the processes and connects them (Lightning
-launches none); Lightning's own collectives run over gloo.
+launches none); or, without `zerod run`, Lightning's own launcher starts
+them (Trainer(devices=N) on one node) and they start their node's daemon
+(docs/daemon.md). Lightning's own collectives run over gloo.
 """
 import os
 
@@ -52,15 +54,17 @@ from .errors import InvalidArgumentError
 
 try:
     import lightning.pytorch as pl
-    from lightning.fabric.plugins.environments import ClusterEnvironment
-    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+    from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
+    from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
     from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
     from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
     from lightning.pytorch.trainer import call
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.utilities.model_helpers import is_overridden
-    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+    from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 except ImportError as e:  # pragma: no cover - said plainly where it happens
     raise ImportError(f"zerod.lightning needs PyTorch Lightning 2.x (pip install lightning): {e}") from e
 
@@ -127,9 +131,13 @@ class ZerodStrategy(ParallelStrategy):
     def __init__(self, job=None, config=None, stage=3, offload_optimizer=False, offload_parameters=False,
                  modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None,
                  parallel_devices=None):
+        # Under `zerod run` zerod started the ranks; else Lightning's own
+        # launcher starts them (Trainer(devices=N)), as it does for "ddp".
+        env = _ZerodEnvironment() if _ZerodEnvironment.detect() else LightningEnvironment()
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=_ZerodEnvironment(), checkpoint_io=checkpoint_io,
+                         cluster_environment=env, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
+        self._num_nodes = 1  # the Trainer's num_nodes, set by its connector
         if job is not None and config is not None:
             raise InvalidArgumentError("ZerodStrategy: give job= (a Lua job script) or config= (a DeepSpeed "
                                        "config), not both")
@@ -182,7 +190,55 @@ class ZerodStrategy(ParallelStrategy):
         torch.distributed.broadcast_object_list(box, src)
         return box[0]
 
+    @property
+    def num_nodes(self):
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes):
+        self._num_nodes = num_nodes
+
+    def _lightning_launched(self):
+        return not isinstance(self.cluster_environment, _ZerodEnvironment)
+
+    def _configure_launcher(self):
+        if self._lightning_launched() and not self.cluster_environment.creates_processes_externally \
+                and len(self.parallel_devices or [None]) > 1:
+            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, len(self.parallel_devices),
+                                                       self.num_nodes)
+
+    def _join_lightning_ranks(self):
+        """Ranks Lightning's launcher started: their place in the job, as
+        "ddp" sets it, told to libzerod (ZEROD_RANK, ...), which starts the
+        node's daemon for them; and the gloo group for Lightning's own
+        collectives, over the launcher's MASTER_ADDR/MASTER_PORT."""
+        processes = len(self.parallel_devices or [None])
+        if processes * self.num_nodes <= 1:
+            return
+        self.cluster_environment.set_global_rank(self.node_rank * processes + self.local_rank)
+        self.cluster_environment.set_world_size(self.num_nodes * processes)
+        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
+        if self._client is None and not os.environ.get("ZEROD_ENDPOINT"):
+            # Connected now, before the process group (which would wait for
+            # ranks that never come where zerod refuses, e.g. several nodes).
+            names = dict(ZEROD_RANK=str(self.global_rank), ZEROD_WORLD_SIZE=str(self.world_size),
+                         ZEROD_LOCAL_RANK=str(self.local_rank), ZEROD_LOCAL_WORLD_SIZE=str(processes))
+            before = {k: os.environ.get(k) for k in names}
+            os.environ.update(names)
+            try:
+                self._client = default_client()
+            finally:  # the process's environment as it was (this process may make another Trainer)
+                for k, v in before.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        if not torch.distributed.is_initialized():
+            _init_dist_connection(self.cluster_environment, "gloo")
+
     def setup_environment(self):
+        if self._lightning_launched():
+            self._join_lightning_ranks()
         client = self._client or default_client()
         self._client = client
         devices = len(self.parallel_devices or [None])
@@ -190,7 +246,7 @@ class ZerodStrategy(ParallelStrategy):
             raise MisconfigurationException(
                 f"ZerodStrategy: Trainer(devices={devices}) but this process is rank {client.rank} of "
                 f"{client.world_size} zerod ranks; several processes are the ranks of `zerod run --nproc N -- "
-                "python train.py` with Trainer(devices=N) (Lightning launches none itself)")
+                "python train.py` or of Lightning's own launcher, with Trainer(devices=N)")
         if self.world_size > 1 and not torch.distributed.is_initialized():
             # Lightning's own collectives (logging with sync_dist, barriers,
             # broadcasts) over gloo; the rendezvous is a file in the private

@@ -40,7 +40,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from . import _lib, default_client
+from . import _lib, default_client, name_job_for_node_daemon
 from . import _structs as S
 from ._modules import plan_modules
 from .constants import Dtype, MemKind, Tier
@@ -81,6 +81,8 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
         # An embedded engine opens the GPU current on this thread.
         torch.cuda.set_device(device)
     plan = plan_modules(model, modules)
+    if client is None:
+        name_job_for_node_daemon(job, job_text)
     client = client or default_client()
     zmodel = client.create_model(script_path=job, script_text=job_text, script_name=job_name,
                                  allow_script_io=allow_script_io, device=device.type)

@@ -1,0 +1,202 @@
+#include "node_daemon.h"
+
+#include "error.h"
+#include "transport/detail/socket_path.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace zerod::abi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// This user's directory for on-demand daemons; refused when it is not a
+// directory of this user's alone (another user could otherwise put a socket
+// there for our ranks to connect to).
+std::string launch_directory() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  struct stat st {};
+  // The socket's path, xdg + "/zerod-launch/job-<16 hex>.sock", must fit
+  // sun_path (107 characters and the NUL).
+  const bool use_xdg = xdg && xdg[0] == '/' && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+                       ::access(xdg, W_OK | X_OK) == 0 && std::string(xdg).size() <= 68;
+  const std::string dir = use_xdg ? std::string(xdg) + "/zerod-launch"
+                                  : "/tmp/zerod-launch-" + std::to_string(::getuid());
+  if (::mkdir(dir.c_str(), 0700) == -1 && errno != EEXIST)
+    fail(ZD_ERR_IO, "creating " + dir + " for the node's zerod daemon: " + errno_text(errno));
+  if (::lstat(dir.c_str(), &st) == -1)
+    fail(ZD_ERR_IO, "checking " + dir + ": " + errno_text(errno));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077) != 0)
+    fail(ZD_ERR_IO, dir + " must be a directory of this user's alone (mode 0700) to hold the node's zerod daemon "
+                          "socket; it is not (another user's, or open to others): remove it, or set "
+                          "XDG_RUNTIME_DIR");
+  return dir;
+}
+
+bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
+
+// The zerod executable: ZEROD_DAEMON; else beside this libzerod (lib/../bin,
+// as installed and in the build tree); else on PATH.
+std::string daemon_program() {
+  if (const char* e = std::getenv("ZEROD_DAEMON"); e && *e) {
+    if (!executable(e)) fail(ZD_ERR_CONFIG, std::string("ZEROD_DAEMON=") + e + " is not an executable");
+    return e;
+  }
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&node_daemon_socket), &info) && info.dli_fname) {
+    std::string lib = info.dli_fname;
+    const std::string dir = lib.find('/') == std::string::npos ? "." : lib.substr(0, lib.rfind('/'));
+    for (const std::string& p : {dir + "/../bin/zerod", dir + "/zerod"})
+      if (executable(p)) return p;
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty() && executable(d + "/zerod")) return d + "/zerod";
+  }
+  fail(ZD_ERR_CONFIG, "cannot find the zerod executable to start this node's daemon: not beside libzerod, not on "
+                      "PATH; set ZEROD_DAEMON=/path/to/zerod");
+}
+
+// An exclusive flock on `path`, given up after the deadline.
+class FileLock {
+ public:
+  FileLock(const std::string& path, Clock::time_point deadline) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd_ == -1) fail(ZD_ERR_IO, "opening " + path + ": " + errno_text(errno));
+    while (::flock(fd_, LOCK_EX | LOCK_NB) == -1) {
+      if (errno != EWOULDBLOCK && errno != EINTR) {
+        const int err = errno;
+        ::close(fd_);
+        fail(ZD_ERR_IO, "locking " + path + ": " + errno_text(err));
+      }
+      if (Clock::now() > deadline) {
+        ::close(fd_);
+        fail(ZD_ERR_TIMEOUT, "another rank of this launch held " + path + " (it starts the node's daemon) too long");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~FileLock() { ::close(fd_); }  // unlocks
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+std::string tail_of(const std::string& path, size_t max_bytes = 4000) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+// Starts `argv` as a daemon of its own session (no launcher's signal to the
+// ranks' process group reaches it; init reaps it), output into `log`.
+// Returns its pid once it runs the program.
+pid_t spawn_detached(const std::vector<std::string>& argv, const std::string& log) {
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) == -1) fail(ZD_ERR_IO, "pipe for the node's daemon: " + errno_text(errno));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t first = ::fork();
+  if (first == -1) {
+    const int err = errno;
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    fail(ZD_ERR_IO, "fork for the node's daemon: " + errno_text(err));
+  }
+  if (first == 0) {  // only async-signal-safe calls from here on
+    ::setsid();
+    const pid_t second = ::fork();
+    if (second != 0) ::_exit(second == -1 ? 1 : 0);
+    const pid_t self = ::getpid();
+    (void)!::write(pipefd[1], &self, sizeof self);
+    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+    const int in = ::open("/dev/null", O_RDONLY);
+    if (out >= 0) {
+      ::dup2(out, 1);
+      ::dup2(out, 2);
+    }
+    if (in >= 0) ::dup2(in, 0);
+    // Nothing of the rank's but the pipe (close-on-exec) goes with it: a
+    // socket or file of the trainer kept open by the daemon would outlive it.
+    for (int fd = 3; fd < 1024; ++fd)
+      if (fd != pipefd[1]) ::close(fd);
+    ::execv(args[0], args.data());
+    const int err = -errno;
+    (void)!::write(pipefd[1], &err, sizeof err);
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  int status = 0;
+  while (::waitpid(first, &status, 0) == -1 && errno == EINTR) {
+  }
+  pid_t pid = 0;
+  int exec_error = 0;
+  const bool got_pid = ::read(pipefd[0], &pid, sizeof pid) == sizeof pid;
+  const bool exec_failed = got_pid && ::read(pipefd[0], &exec_error, sizeof exec_error) == sizeof exec_error;
+  ::close(pipefd[0]);
+  if (!got_pid) fail(ZD_ERR_IO, "could not start the node's daemon (" + argv[0] + "): fork failed");
+  if (exec_failed) fail(ZD_ERR_IO, "could not start the node's daemon " + argv[0] + ": " + errno_text(-exec_error));
+  return pid;
+}
+
+}  // namespace
+
+std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 30000);
+  const std::string dir = launch_directory();
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(r.job_key)));
+  const std::string base = dir + "/job-" + hash;
+  const std::string sock = base + ".sock", log = base + ".log";
+  // Whoever holds the lock starts the daemon; the others find it serving.
+  const FileLock lock(base + ".lock", deadline);
+  if (transport::detail::socket_is_live(sock)) return sock;
+  const std::vector<std::string> argv = {daemon_program(), "serve", "--until-done",
+                                         "--nproc", std::to_string(r.local_world),
+                                         "--nnodes", "1", "--node-rank", "0",
+                                         "--job", job, "--socket", sock};
+  const pid_t pid = spawn_detached(argv, log);
+  while (!transport::detail::socket_is_live(sock)) {
+    if (::kill(pid, 0) == -1 && errno == ESRCH)
+      fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
+                              " serve --job " + job + ") exited before it served:\n" + tail_of(log));
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGTERM);
+      fail(ZD_ERR_TIMEOUT, "the node's zerod daemon did not serve " + sock + " in time; its output (" + log +
+                               "):\n" + tail_of(log));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return sock;
+}
+
+}  // namespace zerod::abi

@@ -1,0 +1,38 @@
+"""A rank as any launcher starts it (torchrun, mpirun, srun, `zerod run`):
+trains models.py's GPT on its slice of each global batch through
+zerod.torch.initialize(model, job=JOB) and writes, into OUT/rank<r>.txt, its
+rank and world size as zerod sees them, one "loss <step> <value>" line per
+step and "state <checksum>" of the full fp32 weights. With DIE_AT (rank 1
+only) it exits abruptly after that many steps.
+
+    launcher_rank.py JOB OUT STEPS [DIE_AT]
+"""
+import os
+import sys
+
+import torch
+
+import zerod.torch
+from models import batch, loss_of, make
+
+job, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+die_at = int(sys.argv[4]) if len(sys.argv) > 4 else -1
+torch.set_num_threads(1)
+torch.manual_seed(0)
+engine = zerod.torch.initialize(make("gpt"), job=job)
+lines = [f"rank {engine.rank} of {engine.world_size}"]
+path = os.path.join(out, f"rank{engine.rank}.txt")
+for step in range(steps):
+    if step == die_at and engine.rank == 1:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os._exit(3)
+    inputs, y = batch("gpt", step, engine.rank, engine.world_size)
+    loss = loss_of("gpt", engine, inputs, y, torch.float32)
+    engine.backward(loss)
+    engine.step()
+    lines.append(f"loss {step} {loss.item():.9g}")
+state = engine.state_dict()
+lines.append(f"state {sum(float(v.double().abs().sum()) for v in state.values()):.9g}")
+with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")

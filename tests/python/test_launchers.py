@@ -1,0 +1,258 @@
+"""Ranks started by another launcher than `zerod run` (issue 36 §1): each
+rank finds its node's daemon, or the first of them starts it on demand
+(abi/src/node_daemon.h), and it ends when the ranks are gone. Every
+launcher that installs here trains the same GPT as `zerod run --nproc 2`,
+step for step, bit for bit: torchrun, mpirun (Open MPI), srun (its
+environment, as Slurm sets it: Slurm itself does not install here),
+`accelerate launch` and Lightning's own launcher (Trainer(devices=2)). A rank that dies is named with its pid and no daemon
+is left behind; what cannot be served is refused, saying why.
+"""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import ZEROD, rank_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "jobs", "gpt_adam_job.lua")
+RANK = os.path.join(HERE, "launcher_rank.py")
+STEPS = 6
+
+
+def launch_env(tmp_path):
+    env = rank_env()
+    for k in list(env):  # nothing of an enclosing launcher or zerod run
+        if k in ("ZEROD_ENDPOINT", "ZEROD_RANK", "ZEROD_WORLD_SIZE", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
+                 "ZEROD_JOB", "ZEROD_JOB_KEY", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT") or k.startswith(("OMPI_", "PMIX_", "SLURM_", "PMI_")):
+            del env[k]
+    # The on-demand daemons of this test in a directory of its own, short
+    # enough for a socket path (else they go under /tmp/zerod-launch-<uid>).
+    env["XDG_RUNTIME_DIR"] = short_dir()
+    return env
+
+
+def short_dir():
+    return tempfile.mkdtemp(prefix="zl-", dir="/tmp")
+
+
+def daemons(env):
+    """The on-demand daemons serving sockets under this test's directory."""
+    out = subprocess.run(["pgrep", "-af", "zerod serve --until-done"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if env["XDG_RUNTIME_DIR"] in line]
+
+
+def no_daemon_left(env, within=10.0):
+    deadline = time.time() + within
+    while daemons(env) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not daemons(env), f"an on-demand daemon outlived its ranks: {daemons(env)}"
+
+
+def run(cmd, env, timeout=300):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def ranks_of(out_dir, world=2):
+    got = {}
+    for r in range(world):
+        path = out_dir / f"rank{r}.txt"
+        assert path.exists(), f"rank {r} wrote nothing"
+        got[r] = path.read_text().splitlines()
+    return got
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """`zerod run --nproc 2`: what every launcher must reproduce."""
+    tmp = tmp_path_factory.mktemp("zerod_run")
+    out = tmp / "out"
+    out.mkdir()
+    env = launch_env(tmp)
+    code, text = run([ZEROD, "run", "--nproc", "2", "--job", JOB, "--", sys.executable, RANK, JOB, str(out),
+                      str(STEPS)], env)
+    assert code == 0, text
+    got = ranks_of(out)
+    assert got[0][0] == "rank 0 of 2" and got[1][0] == "rank 1 of 2"
+    assert len(got[0]) == STEPS + 2
+    return got
+
+
+def check_same(got, reference):
+    for r in (0, 1):
+        assert got[r] == reference[r], f"rank {r}:\n{got[r]}\nzerod run:\n{reference[r]}"
+
+
+def test_torchrun(reference, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    code, text = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", RANK,
+                      JOB, str(out), str(STEPS)], env)
+    assert code == 0, text
+    check_same(ranks_of(out), reference)
+    no_daemon_left(env)
+    logs = glob.glob(os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch", "job-*.log"))
+    assert len(logs) == 1, f"one daemon for the node, not {len(logs)}"
+    assert "every rank has left; stopping" in open(logs[0]).read()
+
+
+def test_torchrun_twice_in_a_row(reference, tmp_path):
+    """torchrun's default rendezvous repeats between launches: a second
+    launch right after the first still trains (its own daemon, or the first
+    one's while it lingers)."""
+    env = launch_env(tmp_path)
+    for i in range(2):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        code, text = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", "29517", RANK, JOB, str(out), str(STEPS)], env)
+        assert code == 0, text
+        check_same(ranks_of(out), reference)
+    no_daemon_left(env)
+
+
+def test_mpirun(reference, tmp_path):
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun (Debian: openmpi-bin)")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    code, text = run([mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x",
+                      "XDG_RUNTIME_DIR", sys.executable, RANK, JOB, str(out), str(STEPS)], env)
+    assert code == 0, text
+    check_same(ranks_of(out), reference)
+    no_daemon_left(env)
+
+
+def test_srun_environment(reference, tmp_path):
+    """What srun sets for a 2-task step on one node (Slurm does not install
+    here): the ranks read it as they read srun's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    procs = []
+    for r in range(2):
+        e = dict(env, SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID=str(r),
+                 SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="2")
+        procs.append(subprocess.Popen([sys.executable, RANK, JOB, str(out), str(STEPS)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    texts = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], texts
+    check_same(ranks_of(out), reference)
+    no_daemon_left(env)
+
+
+def test_accelerate_launch(tmp_path):
+    """`accelerate launch` (torchrun inside) with ZerodAccelerator: the
+    losses of the same loop under `zerod run`, bit for bit."""
+    env = launch_env(tmp_path)
+    script = os.path.join(HERE, "accelerate_rank.py")
+    ref_out, out = tmp_path / "ref", tmp_path / "out"
+    ref_out.mkdir()
+    out.mkdir()
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the accelerator brings its own
+    code, text = run([ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable, script,
+                      str(tmp_path / "s1"), "save", str(ref_out)], env)
+    assert code == 0, text
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    # --multi_gpu is accelerate launch's torchrun launcher; without a GPU
+    # the ranks run Accelerate's multi-CPU mode.
+    code, text = run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                      "--mixed_precision", "no", "--dynamo_backend", "no", script, str(tmp_path / "s2"), "save",
+                      str(out)], env)
+    assert code == 0, text
+    for r in (0, 1):
+        want = (ref_out / f"rank{r}.txt").read_text()
+        assert want.count("loss") >= 4
+        assert (out / f"rank{r}.txt").read_text() == want, f"rank {r}"
+    no_daemon_left(env)
+
+
+def test_lightnings_own_launcher(tmp_path):
+    """Trainer(devices=2, strategy="zerod_stage_3_offload") started as one
+    process: Lightning starts the second, and the two train as the ranks
+    of `zerod run --nproc 2` do, bit for bit."""
+    env = launch_env(tmp_path)
+    script = os.path.join(HERE, "lightning_rank.py")
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the strategy brings its own
+    outs = {}
+    for how in ("zerod_run", "lightning"):
+        out = tmp_path / how
+        out.mkdir()
+        e = dict(env, LIGHTNING_RANK_OUT=str(out))
+        cmd = [sys.executable, script, "zerod_stage_3_offload", str(tmp_path / f"ckpt_{how}")]
+        if how == "zerod_run":
+            cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--"] + cmd
+        code, text = run(cmd, e)
+        assert code == 0, text
+        outs[how] = [(out / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert outs["zerod_run"][0].count("loss") >= 4
+    assert outs["lightning"] == outs["zerod_run"]
+    no_daemon_left(env)
+
+
+def test_a_dead_rank_is_named_and_no_daemon_is_left(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    code, text = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", RANK,
+                      JOB, str(out), str(STEPS), "2"], env)
+    assert code != 0, text
+    logs = glob.glob(os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch", "job-*.log"))
+    assert len(logs) == 1
+    no_daemon_left(env)
+    log = open(logs[0]).read()
+    assert "rank 1 (pid " in log and "is gone" in log, log
+
+
+def refused(env):
+    code = ("import zerod\n"
+            "try:\n    zerod.connect()\nexcept zerod.ZerodError as e:\n    print(e)\nelse:\n    print('connected')\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+
+
+def test_what_cannot_be_served_is_refused_saying_why(tmp_path):
+    env = launch_env(tmp_path)
+    torchrun = dict(env, RANK="1", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1",
+                    MASTER_PORT="29500", ZEROD_JOB=JOB)
+    text = refused(torchrun)
+    assert "2 of them on this node" in text and "zerod run --nproc 2" in text, text
+    text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ZEROD_JOB=""))
+    assert "needs the job script" in text and "ZEROD_JOB" in text, text
+    text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ZEROD_NO_NODE_DAEMON="1"))
+    assert "ZEROD_NO_NODE_DAEMON" in text and "zerod run" in text, text
+    # A directory for the daemons' sockets that others may write is not used.
+    open_dir = short_dir()
+    os.mkdir(os.path.join(open_dir, "zerod-launch"))
+    os.chmod(os.path.join(open_dir, "zerod-launch"), 0o777)
+    text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", XDG_RUNTIME_DIR=open_dir))
+    assert "of this user's alone" in text, text
+    # Lightning's own launcher across 2 nodes: refused before any process
+    # group waits for the other node.
+    code = ("import torch, lightning.pytorch as pl, zerod.lightning\n"
+            "from test_lightning import LitGPT, Windows\n"
+            "t = pl.Trainer(strategy='zerod_stage_3_offload', accelerator='cpu', devices=1, num_nodes=2,\n"
+            "               max_epochs=1, logger=False, enable_progress_bar=False)\n"
+            "t.fit(LitGPT(), torch.utils.data.DataLoader(Windows(), batch_size=4))\n")
+    p = subprocess.run([sys.executable, "-c", code], env=dict(env, MASTER_PORT="29533"), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0 and "serves the ranks of one node" in p.stderr, p.stderr[-3000:]
+    # A job script with an error: the daemon's own report comes back.
+    bad = tmp_path / "bad.lua"
+    bad.write_text("return { optimizer = { type = 'adamw', lr = 1e-3 }, zero = { stag = 1 } }\n")
+    text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ZEROD_JOB=str(bad)))
+    assert "exited before it served" in text and "stag" in text, text
