@@ -144,7 +144,10 @@ typedef struct zd_connect_options {
  *   uri "unix:/path.sock"  a zerod daemon; rank and world size come from
  *                          ZEROD_RANK and ZEROD_WORLD_SIZE.
  *   uri NULL or ""         ZEROD_ENDPOINT from the environment (as set by
- *                          `zerod run`), else embedded.
+ *                          `zerod run`); else, in a rank that another
+ *                          launcher started (torchrun, mpirun, srun...), its
+ *                          node's daemon, started on demand (docs/daemon.md);
+ *                          else embedded.
  * options may be NULL (defaults). On failure *out is NULL and zd_last_error()
  * says why. Thread-safe. */
 ZD_API zd_status zd_connect(const char* uri, const zd_connect_options* options,
