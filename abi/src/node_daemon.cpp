@@ -196,6 +196,10 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Its warnings (a snapshot skipped, a rank gone) go to its log, not to a
+  // terminal: say where, once, from the rank that started it.
+  std::fprintf(stderr, "zerod: rank %d started this node's daemon (pid %d) for %d ranks; its log: %s\n", r.rank,
+               static_cast<int>(pid), r.local_world, log.c_str());
   return sock;
 }
 
