@@ -3,7 +3,10 @@ trains models.py's GPT on its slice of each global batch through
 zerod.torch.initialize(model, job=JOB) and writes, into OUT/rank<r>.txt, its
 rank and world size as zerod sees them, one "loss <step> <value>" line per
 step and "state <checksum>" of the full fp32 weights. With DIE_AT (rank 1
-only) it exits abruptly after that many steps.
+only, and under torchrun only in its first attempt) it exits abruptly after
+that many steps. A job that takes snapshots resumes where the engine says
+(engine.global_steps after initialize): the file then begins with
+"resumed at <step>" after the rank line and has the steps from there.
 
     launcher_rank.py JOB OUT STEPS [DIE_AT]
 """
@@ -21,9 +24,13 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 engine = zerod.torch.initialize(make("gpt"), job=job)
 lines = [f"rank {engine.rank} of {engine.world_size}"]
+start = engine.global_steps
+if start:
+    lines.append(f"resumed at {start}")
 path = os.path.join(out, f"rank{engine.rank}.txt")
-for step in range(steps):
-    if step == die_at and engine.rank == 1:
+first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+for step in range(start, steps):
+    if step == die_at and engine.rank == 1 and first_attempt:
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
         os._exit(3)

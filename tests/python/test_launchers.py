@@ -218,6 +218,37 @@ def test_a_dead_rank_is_named_and_no_daemon_is_left(tmp_path):
     assert "rank 1 (pid " in log and "is gone" in log, log
 
 
+def test_a_torchrun_restart_resumes_from_the_snapshot(reference, tmp_path):
+    """torchrun --max-restarts 1: rank 1 dies at step 5 of its first
+    attempt; torchrun starts both again (a new restart count: a new node
+    daemon, the first one gone with its ranks), they resume from the newest
+    snapshot (every 2 steps) and end with the weights of a run that was not
+    interrupted, every step after the resume the same bits."""
+    env = launch_env(tmp_path)
+    job_text = open(JOB).read().replace("zero = { stage = 1 },",
+                                        "zero = { stage = 1 },\n  snapshot = { path = os.getenv('SNAPS'), every = 2 },")
+    assert "snapshot" in job_text
+    job = tmp_path / "job.lua"
+    job.write_text(job_text)
+    results = {}
+    for how, die in (("straight", []), ("restarted", ["5"])):
+        out = tmp_path / how
+        out.mkdir()
+        e = dict(env, SNAPS=str(tmp_path / f"snaps_{how}"))
+        code, text = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "--max-restarts", "1", RANK, str(job), str(out), str(STEPS)] + die, e)
+        assert code == 0, text
+        results[how] = ranks_of(out)
+    for r in (0, 1):
+        straight, restarted = results["straight"][r], results["restarted"][r]
+        assert restarted[1].startswith("resumed at "), restarted
+        at = int(restarted[1].split()[-1])
+        assert at in (2, 4), restarted
+        assert restarted[2:] == straight[1 + at:], f"rank {r}: {restarted} vs {straight}"
+        assert straight[-1] == reference[r][-1]  # the snapshots change nothing
+    no_daemon_left(env)
+
+
 def refused(env):
     code = ("import zerod\n"
             "try:\n    zerod.connect()\nexcept zerod.ZerodError as e:\n    print(e)\nelse:\n    print('connected')\n")
