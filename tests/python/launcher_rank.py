@@ -30,6 +30,9 @@ if start:
 path = os.path.join(out, f"rank{engine.rank}.txt")
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 for step in range(start, steps):
+    if step == int(os.environ.get("HANG_AT", "-1")) and engine.rank == 1:
+        import time
+        time.sleep(600)  # a rank that hangs: the other's collective times out, naming it
     if step == die_at and engine.rank == 1 and first_attempt:
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")

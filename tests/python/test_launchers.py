@@ -249,6 +249,21 @@ def test_a_torchrun_restart_resumes_from_the_snapshot(reference, tmp_path):
     no_daemon_left(env)
 
 
+def test_a_hang_is_diagnosed(tmp_path):
+    """Rank 1 stops answering at step 2: rank 0's step times out (the job's
+    comm.timeout) naming the collective and that rank 1 has not arrived."""
+    env = launch_env(tmp_path)
+    job = tmp_path / "job.lua"
+    job.write_text(open(JOB).read().replace("zero = { stage = 1 },", "zero = { stage = 1 },\n  comm = { timeout = 4 },"))
+    out = tmp_path / "out"
+    out.mkdir()
+    code, text = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", RANK,
+                      str(job), str(out), str(STEPS)], dict(env, HANG_AT="2"), timeout=120)
+    assert code != 0
+    assert "ZD_ERR_TIMEOUT" in text and "not arrived: rank 1" in text, text[-3000:]
+    no_daemon_left(env)
+
+
 def refused(env):
     code = ("import zerod\n"
             "try:\n    zerod.connect()\nexcept zerod.ZerodError as e:\n    print(e)\nelse:\n    print('connected')\n")
