@@ -29,9 +29,10 @@ NumberRange nums(double lo, double hi = kHuge, bool lo_exclusive = false) {
 std::vector<KeySpec> make_schema() {
   using T = KeyType;
   return {
-      {"device", T::kChoice, 0, "cpu", {}, {"cpu", "cuda", "auto"},
+      {"device", T::kChoice, 0, "cpu", {}, {"cpu", "cuda", "auto", "emulated"},
        "Where each rank computes: `cpu`, a bounded shared-memory pool standing in for a GPU; `cuda`, the GPU's "
-       "memory; `auto`, cuda where the process sees a GPU. A trainer's `zd_model_options.device` overrides it, "
+       "memory; `auto`, cuda where the process sees a GPU; `emulated`, memory the engine cannot address, on the CPU "
+       "(a daemon's ranks only: tests of the GPU paths without a GPU). A trainer's `zd_model_options.device` overrides it, "
        "under a daemon too ([devices.md](devices.md))."},
       {"precision", T::kChoice, 0, "fp32", {}, {"fp32", "bf16", "fp16"},
        "The 16-bit type parameters may be registered as (a parameter may always be `f32`). `fp16` turns on loss "

@@ -22,7 +22,9 @@ struct CudaAvailability {
 CudaAvailability cuda_availability();
 
 // "cpu" or "cuda" for a job script's choice; "auto" becomes "cuda" where
-// this process sees a GPU, else "cpu". Throws ZD_ERR_CONFIG, naming the job
+// this process sees a GPU, else "cpu". "emulated" (device memory the engine
+// cannot address, on the CPU: a daemon's ranks only, for tests of the GPU
+// paths without a GPU) stays itself. Throws ZD_ERR_CONFIG, naming the job
 // script (`source`), for "cuda" where there is none, and for a name it does
 // not know.
 std::string resolve_device(const std::string& request, const std::string& source);
