@@ -139,10 +139,14 @@ int plan_command(int argc, char** argv) {
       model.register_param(0, t.name, t.module, script->config().precision, t.shape, nullptr, 0);
       numel += model.registry().params().back().numel;
     }
-    std::printf("%s: %llu parameters in %zu tensors, %d rank%s, ZeRO stage %d, %s, precision %s\n",
+    // The optimizer's state dtype only where it is not the fp32 default.
+    const zd_dtype state = script->config().optimizer_state_dtype;
+    const std::string state_text =
+        state == ZD_DTYPE_F32 ? "" : std::string(" (state ") + precision_name(state) + ")";
+    std::printf("%s: %llu parameters in %zu tensors, %d rank%s, ZeRO stage %d, %s%s, precision %s\n",
                 job.c_str(), static_cast<unsigned long long>(numel), tensors.size(), world,
                 world == 1 ? "" : "s", script->config().zero_stage, script->config().optimizer.c_str(),
-                precision_name(script->config().precision));
+                state_text.c_str(), precision_name(script->config().precision));
     bool all_fit = true;
     for (int r = 0; r < world; ++r) {
       if (r > 0 && r < world - 1) continue;  // ranks between the first and last hold the same

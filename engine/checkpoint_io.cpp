@@ -11,9 +11,11 @@ namespace zerod {
 namespace {
 constexpr uint64_t kChunk = uint64_t{1} << 20;  // elements streamed at a time
 
-// Calls fn(param index, buffer number, what the rank holds, that buffer) for
-// every fp32 buffer (the master, then each state slot) of every parameter
-// the rank holds a part of, in registration order.
+// Calls fn(param index, buffer number, what the rank holds, that buffer,
+// what it keeps its values as) for every buffer of fp32 values (the master,
+// then each state slot) of every parameter the rank holds a part of, in
+// registration order. Checkpoints hold fp32 whatever the job's state dtype,
+// so a checkpoint of a bf16-state job loads into an fp32 one and back.
 template <typename Fn>
 void for_each_owned_buffer(const ModelContext& ctx, int rank, StateBuffers& buffers, Fn fn) {
   const uint32_t slots = ctx.optimizer().state_slots();
@@ -22,8 +24,11 @@ void for_each_owned_buffer(const ModelContext& ctx, int rank, StateBuffers& buff
     const auto own = owned_range(ctx, params[i], rank);
     if (!own) continue;
     GroupBuffers& b = buffers.of(params[i]);
-    for (uint32_t buffer = 0; buffer <= slots; ++buffer)
-      fn(static_cast<uint32_t>(i), buffer, *own, buffer == ckpt::kMasterBuffer ? b.master : b.state[buffer - 1]);
+    for (uint32_t buffer = 0; buffer <= slots; ++buffer) {
+      const bool master = buffer == ckpt::kMasterBuffer;
+      fn(static_cast<uint32_t>(i), buffer, *own, master ? b.master : b.state[buffer - 1],
+         master ? ZD_DTYPE_F32 : ctx.state_dtype());
+    }
   }
 }
 }  // namespace
@@ -55,12 +60,13 @@ void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers&
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
   for_each_owned_buffer(ctx, res.rank, buffers,
-                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& src) {
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& src,
+                            zd_dtype stored) {
                           out.begin(param, buffer, own.first, own.count);
                           for (uint64_t off = 0; off < own.count; off += kChunk) {
                             const uint64_t n = std::min(kChunk, own.count - off);
                             chunk.resize(n);
-                            src.read(tiers, own.at + off, n, chunk.data());
+                            read_as_f32(tiers, src, stored, own.at + off, n, chunk.data());
                             out.append(chunk.data(), n);
                           }
                           out.end();
@@ -68,9 +74,10 @@ void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers&
 }
 
 void verify_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
-  for_each_owned_buffer(ctx, res.rank, buffers, [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer&) {
-    src.verify(param, buffer, own.first, own.count);
-  });
+  for_each_owned_buffer(ctx, res.rank, buffers,
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer&, zd_dtype) {
+                          src.verify(param, buffer, own.first, own.count);
+                        });
 }
 
 void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src,
@@ -81,12 +88,13 @@ void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& 
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
   for_each_owned_buffer(ctx, res.rank, buffers,
-                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& dst) {
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& dst,
+                            zd_dtype stored) {
                           for (uint64_t off = 0; off < own.count; off += kChunk) {
                             const uint64_t n = std::min(kChunk, own.count - off);
                             chunk.resize(n);
                             src.read(param, buffer, own.first + off, n, chunk.data());
-                            dst.write(tiers, own.at + off, n, chunk.data());
+                            write_from_f32(tiers, dst, stored, own.at + off, n, chunk.data());
                           }
                         });
   buffers.working_from_master();

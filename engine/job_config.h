@@ -99,6 +99,11 @@ struct JobConfig {
   bool compression_replay = false;
   std::string optimizer;                // plugin name
   std::vector<double> optimizer_values; // resolved hyperparameters, spec order
+  // optimizer.state_dtype: what the optimizer's state slots are kept in,
+  // ZD_DTYPE_F32 or ZD_DTYPE_BF16 (2 bytes per element; a plugin of optimizer
+  // ABI v4 that supports it widens, updates in fp32 and rounds back). The
+  // master copy is fp32 either way, and checkpoints hold fp32 values.
+  zd_dtype optimizer_state_dtype = ZD_DTYPE_F32;
   TraceConfig trace;
   MetricsConfig metrics;
 };

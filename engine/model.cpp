@@ -103,6 +103,9 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   if (local_ranks < world_size_) activity_.set_local(first_local_, local_ranks);
   base_lr_ = plugins_.optimizer->value("lr", 0.0);
   check_compression_support(ctx_);
+  if (const std::string why = plugins_.optimizer->state_dtype_refusal(config_.optimizer_state_dtype); !why.empty())
+    fail(ZD_ERR_CONFIG, std::string("optimizer.state_dtype = \"") + precision_name(config_.optimizer_state_dtype) +
+                            "\": " + why + " (" + config_.source + ")");
   const std::string device = open ? config_.device : resolve_device(config_.device, config_.source);
   if (!open) open = open_device;
   for (int r = first_local_; r < first_local_ + local_ranks; ++r) {

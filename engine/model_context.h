@@ -92,6 +92,10 @@ class ModelContext {
   OptimizerInstance& optimizer() const { return *plugins.optimizer; }
   CommInstance& comm() const { return *plugins.comm; }
 
+  // What the optimizer's state slots are kept in (optimizer.state_dtype):
+  // fp32, or bf16 at 2 bytes per element. The master is always fp32.
+  zd_dtype state_dtype() const { return config.optimizer_state_dtype; }
+  size_t state_size() const { return config.optimizer_state_dtype == ZD_DTYPE_BF16 ? 2 : 4; }
   // The dtype of a group's gradient accumulators.
   zd_dtype grad_dtype(const ParamGroup& g) const {
     return config.grad_accum_dtype ? config.grad_accum_dtype : g.dtype;

@@ -1,5 +1,5 @@
 // OptimizerInstance: an optimizer plugin configured, called through the
-// current table (zd_optimizer_v3) whatever version the plugin is.
+// current table (zd_optimizer_v4) whatever version the plugin is.
 #include "plugin_host.h"
 
 #include "error.h"
@@ -48,8 +48,11 @@ OptimizerInstance::~OptimizerInstance() = default;
 void OptimizerInstance::bind() {
   const uint32_t version = plugin().header().abi_version;
   const std::string who = "optimizer plugin '" + plugin().name() + "' (" + plugin().path() + ")";
-  if (version >= 3) {
-    table_ = plugin().descriptor<zd_optimizer_v3>();
+  if (version >= 4) {
+    table_ = plugin().descriptor<zd_optimizer_v4>();
+    callee_ = raw();
+  } else if (version == 3) {
+    table_ = lift_optimizer_v3(plugin().descriptor<zd_optimizer_v3>());
     callee_ = raw();
   } else {
     auto a = std::make_shared<AdaptedOptimizer>(AdaptedOptimizer{&plugin().header(), raw()});
@@ -104,6 +107,25 @@ void OptimizerInstance::update_cuda(const zd_optimizer_update& u, void* stream) 
   if (!table_.update_cuda) fail(ZD_ERR_NOT_IMPLEMENTED, "optimizer '" + plugin().name() + "' has no CUDA kernels");
   const zd_status st = table_.update_cuda(callee_, &u, stream);
   if (st != ZD_OK) fail(st, "optimizer '" + plugin().name() + "' CUDA update failed: " + status_name(st));
+}
+
+bool OptimizerInstance::supports_state_dtype(zd_dtype dtype) const {
+  return table_.supports_state_dtype(callee_, dtype) != 0;
+}
+
+std::string OptimizerInstance::state_dtype_refusal(zd_dtype dtype) const {
+  if (dtype == ZD_DTYPE_F32) return "";
+  if (dtype != ZD_DTYPE_BF16) return "the state is kept in fp32 or bf16";
+  if (state_slots() == 0) return "";  // nothing to keep: the job runs as with fp32
+  const std::string who = "optimizer '" + plugin().name() + "' (plugin ABI version " +
+                          std::to_string(plugin().header().abi_version) + ", " + plugin().path() + ")";
+  if (!supports_state_dtype(dtype))
+    return who + " keeps its state in fp32 only; remove state_dtype (or set \"fp32\"), or use an optimizer " +
+           "that keeps bf16 state (adam, adamw)";
+  if (compresses_)
+    return who + " compresses what the ranks exchange, and zerod's exchange, kept averages and " +
+           "compression.replay read and write its state as fp32; remove state_dtype (or set \"fp32\")";
+  return "";
 }
 
 zd_optimizer_plan OptimizerInstance::plain_plan() {

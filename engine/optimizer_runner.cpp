@@ -131,6 +131,9 @@ std::vector<OptimizerRunner::TensorSpan> OptimizerRunner::tensor_spans(size_t gi
 zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece& pc) const {
   zd_optimizer_update u{};
   u.struct_size = sizeof u;
+  // 0 (fp32) unless the job keeps bf16 state: a plugin older than v4 reads
+  // this field as reserved, and is never given anything else.
+  u.state_dtype = ctx_.state_dtype() == ZD_DTYPE_F32 ? 0 : ctx_.state_dtype();
   u.grad_scale = a.grad_scale;
   u.lr = a.lr;
   u.step = a.t;
@@ -340,7 +343,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
 
   std::vector<Operand> ops;
   ops.push_back({&b.master, 0, 4, true, false});
-  for (uint32_t s = 0; s < slots; ++s) ops.push_back({&b.state[s], 0, 4, true, false});
+  for (uint32_t s = 0; s < slots; ++s) ops.push_back({&b.state[s], 0, ctx_.state_size(), true, false});
   ops.push_back({&b.working, p3 ? 0 : ctx_.owned_begin(g, res_.rank), dtype_size(g.dtype), false, false});
   for (Operand& op : ops) op.staged = !op.buf->addressable(op.base + pc.begin, pc.count);
   const size_t work_k = ops.size() - 1;

@@ -1,4 +1,4 @@
-// Optimizer ABI version 1 lifted to version 3: a plain optimizer. Every step
+// Optimizer ABI version 1 lifted to version 4: a plain optimizer. Every step
 // averages the gradients in full precision and runs one pass with them;
 // nothing is exchanged, no tensor has scalars or statistics.
 #include "optimizer_adapters.h"
@@ -21,8 +21,8 @@ zd_status plan(const void*, int64_t step, int32_t, int32_t, zd_optimizer_plan* o
 
 }  // namespace
 
-zd_optimizer_v3 lift_optimizer_v1(const zd_optimizer_v1& d) {
-  zd_optimizer_v3 t = adapted::lift_common(d);
+zd_optimizer_v4 lift_optimizer_v1(const zd_optimizer_v1& d) {
+  zd_optimizer_v4 t = adapted::lift_common(d);
   t.update = update;
   t.plan = plan;
   return t;

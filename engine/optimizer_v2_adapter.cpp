@@ -1,4 +1,4 @@
-// Optimizer ABI version 2 lifted to version 3: 1-bit Adam's fixed protocol.
+// Optimizer ABI version 2 lifted to version 4: 1-bit Adam's fixed protocol.
 // Before compression_start() a step is plain (averaged gradients, one pass).
 // From it on: momentum() folds the rank's local gradient into the kept
 // average of the momentum (the exchange buffer), the host averages that
@@ -67,8 +67,8 @@ int32_t compresses(const void* a) { return start(a) > 0 ? 1 : 0; }
 
 }  // namespace
 
-zd_optimizer_v3 lift_optimizer_v2(const zd_optimizer_v2& d) {
-  zd_optimizer_v3 t = adapted::lift_common(d);
+zd_optimizer_v4 lift_optimizer_v2(const zd_optimizer_v2& d) {
+  zd_optimizer_v4 t = adapted::lift_common(d);
   t.update = update;
   t.plan = plan;
   t.prepare = prepare;

@@ -36,7 +36,8 @@ void Placement::decide() {
     };
     e.params = ask("params", numel * dtype_size(p.dtype), p3 ? off.params : ZD_TIER_DEVICE, nullptr);
     e.master = ask("master", numel * 4, off.optimizer, &e.master_explicit);
-    e.optimizer = ask("optimizer", numel * 4 * ctx_.optimizer().state_slots(), off.optimizer, &e.optimizer_explicit);
+    e.optimizer = ask("optimizer", numel * ctx_.state_size() * ctx_.optimizer().state_slots(), off.optimizer,
+                      &e.optimizer_explicit);
     if (!p3 && e.params != ZD_TIER_DEVICE)
       problems.push_back("parameter '" + p.name + "': its working copy can leave the device tier only at "
                          "ZeRO stage 3 (trainers compute with it in place); it was placed on " +
@@ -226,7 +227,7 @@ NeedTable Placement::need_table(int rank) const {
       need[ZD_TIER_DEVICE][ZD_MEM_GRADS] += bytes_in(ZD_TIER_DEVICE, grad_len * dtype_size(ctx_.grad_dtype(g)));
     add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
     add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
-    if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), 4, ZD_MEM_OPTIMIZER, slots);
+    if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), ctx_.state_size(), ZD_MEM_OPTIMIZER, slots);
     const CompressionBytes cb = compression_bytes(ctx_, gi);
     if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
     if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
@@ -264,7 +265,7 @@ std::vector<uint64_t> Placement::staging_layout(int rank) const {
   const uint64_t tile = ctx_.config.offload.nvme_tile_elems, align = nvme_alignment();
   std::vector<uint64_t> layout;
   layout.push_back(master ? align_up(tile * 4, align) : 0);
-  for (uint32_t s = 0; s < slots; ++s) layout.push_back(state ? align_up(tile * 4, align) : 0);
+  for (uint32_t s = 0; s < slots; ++s) layout.push_back(state ? align_up(tile * ctx_.state_size(), align) : 0);
   layout.push_back(working ? align_up(tile * working_esz, align) : 0);
   return layout;
 }

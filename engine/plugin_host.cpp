@@ -176,7 +176,10 @@ namespace {
 size_t descriptor_size(zd_plugin_kind kind, uint32_t version) {
   switch (kind) {
     case ZD_PLUGIN_OPTIMIZER:
-      return version >= 3 ? sizeof(zd_optimizer_v3) : version == 2 ? sizeof(zd_optimizer_v2) : sizeof(zd_optimizer_v1);
+      return version >= 4   ? sizeof(zd_optimizer_v4)
+             : version == 3 ? sizeof(zd_optimizer_v3)
+             : version == 2 ? sizeof(zd_optimizer_v2)
+                            : sizeof(zd_optimizer_v1);
     case ZD_PLUGIN_COMM: return version >= 2 ? sizeof(zd_comm_v2) : sizeof(zd_comm_v1);
     case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
     case ZD_PLUGIN_TIER: return sizeof(zd_tier_v1);
@@ -209,8 +212,10 @@ bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
       }
       // prepare and tensor_step are checked when the instance says it uses them
       const auto* d3 = reinterpret_cast<const zd_optimizer_v3*>(p);
-      return v1 && d3->plan && d3->average_slot && d3->tensor_scalars && d3->tensor_stats && d3->stat_op &&
-             d3->check_partitions && d3->compresses;
+      const bool v3 = v1 && d3->plan && d3->average_slot && d3->tensor_scalars && d3->tensor_stats &&
+                      d3->stat_op && d3->check_partitions && d3->compresses;
+      if (version == 3) return v3;
+      return v3 && reinterpret_cast<const zd_optimizer_v4*>(p)->supports_state_dtype;
     }
     case ZD_PLUGIN_COMM: {
       if (version >= 2) {

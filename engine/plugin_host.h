@@ -136,10 +136,11 @@ class PluginInstance {
   std::vector<double> values_;
 };
 
-// An optimizer through the current table (zd_optimizer_v3): a plugin of an
+// An optimizer through the current table (zd_optimizer_v4): a plugin of an
 // older ABI version is lifted to it by that version's adapter
-// (optimizer_v1_adapter.cpp, optimizer_v2_adapter.cpp), so nothing in the
-// engine asks which version a plugin is.
+// (optimizer_v1_adapter.cpp, optimizer_v2_adapter.cpp,
+// optimizer_v3_adapter.cpp), so nothing in the engine asks which version a
+// plugin is.
 class OptimizerInstance : public PluginInstance {
  public:
   // Throws ZD_ERR_CONFIG (or the plugin's status) with the plugin's message.
@@ -154,6 +155,16 @@ class OptimizerInstance : public PluginInstance {
   // (every pointer of u in device memory).
   bool has_cuda() const;
   void update_cuda(const zd_optimizer_update& u, void* stream) const;
+  // Whether the plugin keeps its state slots in `dtype` (zd_optimizer_v4;
+  // an older plugin: fp32 alone).
+  bool supports_state_dtype(zd_dtype dtype) const;
+  // Why this configuration cannot keep its state in `dtype` (the job's
+  // optimizer.state_dtype; the text does not name the key), or "" when it
+  // can: a plugin that does not
+  // support it, a compressing optimizer (its exchange, kept averages and
+  // replay read and write the state as fp32). One without state slots (sgd
+  // without momentum) has nothing to keep and is accepted.
+  std::string state_dtype_refusal(zd_dtype dtype) const;
 
   // --- planned steps (zd_optimizer_v3) ---
   // Whether any step may exchange (a compressing optimizer: 1-bit Adam, 0/1
@@ -183,7 +194,7 @@ class OptimizerInstance : public PluginInstance {
   using PluginInstance::PluginInstance;
   void bind();
   uint32_t state_slots_raw(const zd_optimizer_v2& d) const;
-  zd_optimizer_v3 table_{};  // the plugin's own, or an adapter's
+  zd_optimizer_v4 table_{};  // the plugin's own, or an adapter's
   const void* callee_ = nullptr;  // what table_'s functions get: the plugin's instance or the adapter's
   std::shared_ptr<void> adapted_;  // the adapter's instance, when there is one
   bool compresses_ = false;

@@ -26,8 +26,8 @@ void StateBuffers::allocate(const Placement& placement) {
       b.master.allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER,
                         "the master copies of " + what);
       for (uint32_t s = 0; s < slots; ++s)
-        b.state[s].allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Optimizer), ZD_MEM_OPTIMIZER,
-                            "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + what);
+        b.state[s].allocate(tiers, ctx_.state_size(), placement.tier_runs(gi, rank, Holds::Optimizer),
+                            ZD_MEM_OPTIMIZER, "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + what);
     }
     // Each parameter widened to fp32 on its own: the scratch is one
     // parameter's, not the model's.
@@ -42,6 +42,28 @@ void StateBuffers::allocate(const Placement& placement) {
     release();
     throw;
   }
+}
+
+void read_as_f32(const TierSet& tiers, const TieredBuffer& buf, zd_dtype stored, uint64_t begin, uint64_t n,
+                 float* dst) {
+  if (stored == ZD_DTYPE_F32) {
+    buf.read(tiers, begin, n, dst);
+    return;
+  }
+  std::vector<std::byte> raw(n * dtype_size(stored));
+  buf.read(tiers, begin, n, raw.data());
+  convert(raw.data(), stored, dst, ZD_DTYPE_F32, n);
+}
+
+void write_from_f32(const TierSet& tiers, TieredBuffer& buf, zd_dtype stored, uint64_t begin, uint64_t n,
+                    const float* src) {
+  if (stored == ZD_DTYPE_F32) {
+    buf.write(tiers, begin, n, src);
+    return;
+  }
+  std::vector<std::byte> raw(n * dtype_size(stored));
+  convert(src, ZD_DTYPE_F32, raw.data(), stored, n);
+  buf.write(tiers, begin, n, raw.data());
 }
 
 void StateBuffers::release() {

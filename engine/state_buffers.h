@@ -29,6 +29,16 @@ struct GroupBuffers {
   const Block& grad_block() const { return grad.segments().front().block; }
 };
 
+// A buffer of fp32 values kept as `stored` (a master: fp32; an optimizer
+// state slot: the job's state dtype), whatever its tiers: read widened to
+// fp32 (exact), written from fp32 rounded to nearest even. What reads and
+// writes whole values (zd_optimizer_state_read/_write, checkpoints) goes
+// through these, so a bf16 state is fp32 to everything outside the update.
+void read_as_f32(const TierSet& tiers, const TieredBuffer& buf, zd_dtype stored, uint64_t begin, uint64_t n,
+                 float* dst);
+void write_from_f32(const TierSet& tiers, TieredBuffer& buf, zd_dtype stored, uint64_t begin, uint64_t n,
+                    const float* src);
+
 class StateBuffers {
  public:
   StateBuffers(const ModelContext& ctx, RankResources& res) : ctx_(ctx), res_(res) {}

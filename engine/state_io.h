@@ -1,7 +1,8 @@
 // Whole values of a parameter's fp32 state — its master copy, each of its
 // optimizer state slots — assembled from every rank's part (zd_param_read,
 // checkpoints), and written back part by part (zd_optimizer_state_write,
-// restores).
+// restores). State kept in bf16 (optimizer.state_dtype) is read widened to
+// fp32 and written rounded to nearest even.
 #pragma once
 
 #include "model_context.h"

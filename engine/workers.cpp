@@ -72,8 +72,10 @@ zd_optimizer_update update_slice(const zd_optimizer_update& u, uint32_t slots, u
   if (s.grad) s.grad = static_cast<const std::byte*>(s.grad) + off * dtype_size(s.grad_dtype);
   if (s.work) s.work = static_cast<std::byte*>(s.work) + off * dtype_size(s.work_dtype);
   if (s.exchange) s.exchange += off;
+  // The state's elements are 2 bytes where it is kept in bf16.
+  const size_t ssz = u.state_dtype == ZD_DTYPE_BF16 ? 2 : 4;
   for (uint32_t k = 0; k < slots; ++k)
-    if (s.state[k]) s.state[k] += off;
+    if (s.state[k]) s.state[k] = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(s.state[k]) + off * ssz);
   return s;
 }
 

@@ -96,7 +96,9 @@ std::vector<DsKey> make_keys() {
       {"bf16.immediate_grad_update", I, "", "DeepSpeed's bf16 optimizer internals"},
       {"bf16.check_grad_overflow", I, "", "DeepSpeed's bf16 optimizer internals; zerod skips a non-finite step always"},
       {"bf16.bf16_master_weights_and_grads", D, "false", "zerod always keeps fp32 masters and gradients"},
-      {"bf16.bf16_optimizer_states", D, "false", "zerod keeps the optimizer state in fp32"},
+      {"bf16.bf16_optimizer_states", D, "false",
+       "DeepSpeed keeps bf16 optimizer states only with bf16 masters, and zerod always keeps fp32 masters; a zerod "
+       "job script keeps Adam's state in bf16 beside fp32 masters with `optimizer.state_dtype = \"bf16\"`"},
       {"bfloat16.enabled", T, "", "the same as `bf16.enabled` (DeepSpeed's older name, read when `bf16` is absent)"},
       {"bfloat16.immediate_grad_update", I, "", "DeepSpeed's bf16 optimizer internals"},
       {"bfloat16.check_grad_overflow", I, "", "DeepSpeed's bf16 optimizer internals; zerod skips a non-finite step always"},

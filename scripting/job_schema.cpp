@@ -137,6 +137,13 @@ std::vector<KeySpec> make_schema() {
       {"optimizer", T::kTable, 0, "{ type = \"adamw\" }", {}, {},
        "`type` names the optimizer plugin; the other keys are that plugin's hyperparameters (below)."},
       {"optimizer.type", T::kString, 0, "\"adamw\"", {}, {}, "The optimizer plugin."},
+      {"optimizer.state_dtype", T::kChoice, 0, "fp32", {}, {"fp32", "bf16"},
+       "What the optimizer's state (Adam's `m` and `v`) is kept in: `bf16` takes 2 bytes per element instead of "
+       "4, in whatever tier the state lives, and is updated in fp32 and rounded back to nearest even each step; "
+       "the fp32 master copy stays, and checkpoints hold fp32 (they load into a job of either state dtype). "
+       "Optimizers of plugin ABI v4 that support it: `adam`, `adamw`; refused, naming the plugin, for the others "
+       "(accepted and without effect for one that keeps no state, `sgd` without momentum) and for compressing "
+       "optimizers ([offload.md](offload.md#bf16-optimizer-state))."},
       {"placement", T::kFunction, 0, "none", {}, {},
        "`placement(t)` → `\"device\"`, `\"host\"`, `\"nvme\"` or nil for each tensor and kind at finalize "
        "([offload.md](offload.md#a-placement-policy-in-lua))."},

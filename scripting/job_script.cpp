@@ -193,8 +193,11 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     std::string name = unquoted(job_key("optimizer.type").def_text);
     if (given) {
       if (auto t = r.string("type", true)) name = *t;
+      // An engine key beside `type`; the rest of the table is the plugin's.
+      c.optimizer_state_dtype = dtype_from_name(r.choice(job_key("optimizer.state_dtype")));
     } else {
       r.note("optimizer.type", job_key("optimizer.type").default_text(), false);
+      r.note("optimizer.state_dtype", job_key("optimizer.state_dtype").default_text(), false);
     }
     optimizer_ = read_plugin(r, ZD_PLUGIN_OPTIMIZER, "optimizer", "type", given, name,
                              &c.optimizer_values);
@@ -230,6 +233,8 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
       const std::string why = compression_replay_refusal(*opt, part->partitions(), c.precision);
       if (!why.empty()) r.issue("compression.replay", why);
     }
+    if (const std::string why = opt->state_dtype_refusal(c.optimizer_state_dtype); !why.empty())
+      r.issue("optimizer.state_dtype", why);
   }
   read_observing(r);
   lr_ref_ = r.function("lr", &lr_where_, "describe");

@@ -47,6 +47,7 @@ struct JobOptions {
   // address (opaque_device.h).
   std::string device = "cpu";
   bool compression_replay = false;
+  zd_dtype state_dtype = ZD_DTYPE_F32;  // optimizer.state_dtype
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -85,6 +86,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   c.offload = o.offload;
   c.snapshot = o.snapshot;
   c.compression_replay = o.compression_replay;
+  c.optimizer_state_dtype = o.state_dtype;
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
   p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);

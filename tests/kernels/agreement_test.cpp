@@ -1,12 +1,15 @@
 // Every vector path against the scalar reference, for every (grad dtype x
-// working-copy dtype) pair, on sizes that reach each unrolled body and the
-// tail, over three steps (SGD's first step differs from the later ones).
+// working-copy dtype) pair, and for Adam with its state kept in fp32 and in
+// bf16, on sizes that reach each unrolled body and the tail, over three
+// steps (SGD's first step differs from the later ones).
 //
 // Tolerance: fp32 master and state within 2 ulp of the reference (the paths
-// perform the same fp32 operations, so 0 is expected); a 16-bit working copy
-// must equal the round-to-nearest-even conversion of the path's own fp32
-// master bit for bit, an fp32 one must equal the master. Nothing outside the
-// range may be written.
+// perform the same fp32 operations, so 0 is expected); a bf16 state equal
+// to the reference's bit for bit (its rounding is integer arithmetic, the
+// same on every path); a 16-bit working copy must equal the
+// round-to-nearest-even conversion of the path's own fp32 master bit for
+// bit, an fp32 one must equal the master. Nothing outside the range may be
+// written.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -109,14 +112,15 @@ const Inputs& inputs() {
   return in;
 }
 
-// One run's arrays: master, two state slots, and the working copy.
+// One run's arrays: master, two state slots (in the state dtype), and the
+// working copy.
 struct Trial {
   Buffer master, s0, s1, work;
   bool has_work;
-  Trial(size_t n, WorkKind w)
+  Trial(size_t n, WorkKind w, Dtype state = Dtype::f32)
       : master(Dtype::f32, n),
-        s0(Dtype::f32, n),
-        s1(Dtype::f32, n),
+        s0(state, n),
+        s1(state, n),
         work(w == WorkKind::bf16 ? Dtype::bf16 : w == WorkKind::f16 ? Dtype::f16 : Dtype::f32, n),
         has_work(w != WorkKind::none) {
     for (size_t i = 0; i < n; ++i) {
@@ -135,7 +139,7 @@ struct Trial {
     r.grad_dtype = grad.dtype();
     r.work = has_work ? work.data() : nullptr;
     r.work_dtype = work.dtype();
-    if (is_adam(a)) return adam_update(isa, adam_params(a, t), r, AdamState{s0.f32(), s1.f32()});
+    if (is_adam(a)) return adam_update(isa, adam_params(a, t), r, AdamState{s0.f32(), s1.f32(), s0.dtype()});
     return sgd_update(isa, sgd_params(a, t), r, s0.f32());
   }
 };
@@ -161,6 +165,20 @@ void expect_work_matches_master(const Trial& run, const char* who) {
 }
 
 void expect_close(const Buffer& got, const Buffer& want, const char* what, size_t n, int64_t t) {
+  if (got.dtype() != Dtype::f32) {
+    // A bf16 state: the same bits (NaN included: both round it to 0x7FC0).
+    int reported = 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (got.bits(i) == want.bits(i)) continue;
+      ++differ;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "] after step " << t << ": vector 0x" << std::hex << got.bits(i)
+                      << ", scalar 0x" << want.bits(i) << std::dec;
+    }
+    EXPECT_EQ(differ, 0u) << what << " (" << dtype_name(got.dtype()) << "), n = " << n;
+    return;
+  }
   int reported = 0;
   uint64_t worst = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -175,16 +193,17 @@ void expect_close(const Buffer& got, const Buffer& want, const char* what, size_
   EXPECT_LE(worst, kMaxUlp) << what << ", n = " << n;
 }
 
-using Param = std::tuple<Algo, Dtype, WorkKind, Isa>;
+// (algorithm, gradient dtype, working copy, ISA, state dtype)
+using Param = std::tuple<Algo, Dtype, WorkKind, Isa, Dtype>;
 
 class Agreement : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Agreement, VectorMatchesScalar) {
-  const auto [algo, grad_dtype, work_kind, isa] = GetParam();
+  const auto [algo, grad_dtype, work_kind, isa, state_dtype] = GetParam();
   if (!isa_supported(isa)) GTEST_SKIP() << missing_isa_message(isa);
   for (const size_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
-    Trial vec(n, work_kind), ref(n, work_kind);
+    Trial vec(n, work_kind, state_dtype), ref(n, work_kind, state_dtype);
     for (int64_t t = 1; t <= kSteps; ++t) {
       Buffer grad(grad_dtype, n);
       for (size_t i = 0; i < n; ++i) grad.set(i, inputs().grad[t - 1][i]);
@@ -213,17 +232,30 @@ const char* work_name(WorkKind w) {
   return "?";
 }
 
+std::string param_name(const ::testing::TestParamInfo<Param>& p) {
+  const std::string state = std::get<4>(p.param) == Dtype::f32 ? "" : std::string("_state_") + dtype_name(std::get<4>(p.param));
+  return std::string(algo_name(std::get<0>(p.param))) + "_grad_" + dtype_name(std::get<1>(p.param)) + "_" +
+         work_name(std::get<2>(p.param)) + "_" + isa_name(std::get<3>(p.param)) + state;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Kernels, Agreement,
     ::testing::Combine(::testing::Values(Algo::adam, Algo::adam_l2, Algo::adamw, Algo::adam_no_bias_correction,
                                          Algo::sgd, Algo::sgd_momentum, Algo::sgd_nesterov),
                        ::testing::Values(Dtype::f32, Dtype::bf16, Dtype::f16),
                        ::testing::Values(WorkKind::none, WorkKind::f32, WorkKind::bf16, WorkKind::f16),
-                       ::testing::Values(Isa::avx2, Isa::avx512)),
-    [](const ::testing::TestParamInfo<Param>& p) {
-      return std::string(algo_name(std::get<0>(p.param))) + "_grad_" + dtype_name(std::get<1>(p.param)) +
-             "_" + work_name(std::get<2>(p.param)) + "_" + isa_name(std::get<3>(p.param));
-    });
+                       ::testing::Values(Isa::avx2, Isa::avx512), ::testing::Values(Dtype::f32)),
+    param_name);
+
+// Adam's state kept in bf16 (optimizer.state_dtype): every path loads,
+// updates and rounds it alike.
+INSTANTIATE_TEST_SUITE_P(
+    StateBf16, Agreement,
+    ::testing::Combine(::testing::Values(Algo::adam, Algo::adam_l2, Algo::adamw, Algo::adam_no_bias_correction),
+                       ::testing::Values(Dtype::f32, Dtype::bf16, Dtype::f16),
+                       ::testing::Values(WorkKind::none, WorkKind::f32, WorkKind::bf16, WorkKind::f16),
+                       ::testing::Values(Isa::avx2, Isa::avx512), ::testing::Values(Dtype::bf16)),
+    param_name);
 
 TEST(Kernels, RejectsUnknownDtypes) {
   float p = 1.0f, g = 1.0f, m = 0.0f, v = 0.0f;
@@ -243,6 +275,25 @@ TEST(Kernels, RejectsUnknownDtypes) {
   r.work_dtype = static_cast<Dtype>(0);
   EXPECT_FALSE(adam_update(Isa::scalar, AdamParams{}, r, AdamState{&m, &v}));
   EXPECT_EQ(p, 1.0f);
+}
+
+TEST(Kernels, RejectsAStateDtypeOtherThanF32AndBf16) {
+  float p = 1.0f, g = 1.0f, m = 0.0f, v = 0.0f;
+  Range r;
+  r.count = 1;
+  r.master = &p;
+  r.grad = &g;
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (!isa_supported(isa)) continue;
+    EXPECT_FALSE(adam_update(isa, AdamParams{}, r, AdamState{&m, &v, Dtype::f16})) << isa_name(isa);
+    EXPECT_FALSE(adam_update(isa, AdamParams{}, r, AdamState{&m, &v, static_cast<Dtype>(7)})) << isa_name(isa);
+    // 1-bit Adam keeps fp32 state alone.
+    EXPECT_FALSE(onebit_adam_update(isa, OnebitAdamParams{}, OnebitPhase::warmup, r,
+                                    AdamState{&m, &v, Dtype::bf16}))
+        << isa_name(isa);
+  }
+  EXPECT_EQ(p, 1.0f) << "nothing may be written for a bad state dtype";
+  EXPECT_EQ(m, 0.0f);
 }
 
 TEST(Kernels, DispatchReportsIsas) {

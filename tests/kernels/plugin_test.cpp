@@ -38,6 +38,9 @@ class Plugin {
       if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 1) {
         desc_ = reinterpret_cast<const zd_optimizer_v1*>(*h);
       }
+      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 4) {
+        v4_ = reinterpret_cast<const zd_optimizer_v4*>(*h);
+      }
     }
   }
   ~Plugin() {
@@ -47,6 +50,8 @@ class Plugin {
   Plugin& operator=(const Plugin&) = delete;
 
   const zd_optimizer_v1* desc() const { return desc_; }
+  // The optimizer ABI v4 descriptor (adam, adamw), or null.
+  const zd_optimizer_v4* v4() const { return v4_; }
   const zd_plugin_header* const* list() const { return list_; }
   const std::string& error() const { return error_; }
 
@@ -81,6 +86,7 @@ class Plugin {
   void* handle_ = nullptr;
   const zd_plugin_header* const* list_ = nullptr;
   const zd_optimizer_v1* desc_ = nullptr;
+  const zd_optimizer_v4* v4_ = nullptr;
   std::string error_;
 };
 
@@ -109,12 +115,31 @@ TEST_P(OptimizerPlugin, HeaderFields) {
   EXPECT_EQ(d->header.kind, ZD_PLUGIN_OPTIMIZER);
   EXPECT_EQ(d->header.abi_version, 1u);
   EXPECT_EQ(d->header.struct_size, sizeof(zd_optimizer_v1));
-  EXPECT_EQ(d->header.plugin_version, (0u << 16) | 1u);
   EXPECT_STREQ(d->header.name, GetParam());
   ASSERT_NE(d->header.description, nullptr);
   EXPECT_GT(std::strlen(d->header.description), 10u);
   ASSERT_NE(plugin_->list()[0], nullptr);
-  EXPECT_EQ(plugin_->list()[1], nullptr) << "one descriptor, then the NULL terminator";
+  if (std::string(GetParam()) == "sgd") {
+    EXPECT_EQ(d->header.plugin_version, (0u << 16) | 1u);
+    EXPECT_EQ(plugin_->list()[1], nullptr) << "one descriptor, then the NULL terminator";
+  } else {
+    // v4 first (bf16 state), then v1 for hosts before it, then NULL.
+    EXPECT_EQ(d->header.plugin_version, (0u << 16) | 2u);
+    const zd_optimizer_v4* v4 = plugin_->v4();
+    ASSERT_NE(v4, nullptr);
+    EXPECT_EQ(plugin_->list()[0], &v4->header);
+    EXPECT_EQ(plugin_->list()[1], &d->header);
+    EXPECT_EQ(plugin_->list()[2], nullptr);
+    EXPECT_EQ(v4->header.struct_size, sizeof(zd_optimizer_v4));
+    EXPECT_EQ(v4->header.plugin_version, d->header.plugin_version);
+    EXPECT_STREQ(v4->header.name, d->header.name);
+    for (const bool set : {v4->create != nullptr, v4->destroy != nullptr, v4->state_slots != nullptr,
+                           v4->state_name != nullptr, v4->supports_isa != nullptr, v4->update != nullptr,
+                           v4->plan != nullptr, v4->average_slot != nullptr, v4->tensor_scalars != nullptr,
+                           v4->tensor_stats != nullptr, v4->stat_op != nullptr, v4->check_partitions != nullptr,
+                           v4->compresses != nullptr, v4->supports_state_dtype != nullptr})
+      EXPECT_TRUE(set) << "a required v4 function is empty";
+  }
   EXPECT_NE(d->create, nullptr);
   EXPECT_NE(d->destroy, nullptr);
   EXPECT_NE(d->state_slots, nullptr);
@@ -401,6 +426,93 @@ TEST(AdamPlugins, BetasOutOfRangeNamed) {
   v[p.offset_of("bias_correction")] = 0.5;
   EXPECT_EQ(p.create(v, &inst, &err), ZD_ERR_CONFIG);
   EXPECT_NE(err.find("bias_correction"), std::string::npos) << err;
+}
+
+// The v4 descriptor keeps m and v in bf16 when the update says so: the
+// same step as the kernels' scalar reference with a bf16 state, on every ISA
+// and AUTO; it accepts fp32 and bf16 state and nothing else, plans plainly,
+// and never compresses. The v1 descriptor reads no state dtype (the field
+// was reserved before v4): its state stays fp32 whatever the field holds.
+TEST(AdamPlugins, V4KeepsBf16StateAndV1IgnoresTheField) {
+  for (const char* name : {"adam", "adamw"}) {
+    SCOPED_TRACE(name);
+    Plugin p(name);
+    ASSERT_NE(p.v4(), nullptr) << p.error();
+    const zd_optimizer_v4* d = p.v4();
+    Instance inst(p, p.defaults());
+    EXPECT_EQ(d->supports_state_dtype(inst.ptr, ZD_DTYPE_F32), 1);
+    EXPECT_EQ(d->supports_state_dtype(inst.ptr, ZD_DTYPE_BF16), 1);
+    EXPECT_EQ(d->supports_state_dtype(inst.ptr, ZD_DTYPE_F16), 0);
+    EXPECT_EQ(d->compresses(inst.ptr), 0);
+    zd_optimizer_plan plan{};
+    ASSERT_EQ(d->plan(inst.ptr, 3, -1, -1, &plan), ZD_OK);
+    EXPECT_EQ(plan.grads, ZD_GRADS_AVERAGED);
+    EXPECT_EQ(plan.ops[0], ZD_OP_PASS_GRAD);
+    EXPECT_EQ(plan.ops[1], ZD_OP_END);
+
+    const size_t n = 1000;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    std::vector<float> p0(n), g(n);
+    for (auto& x : p0) x = normal(rng);
+    for (auto& x : g) x = normal(rng);
+    AdamParams hp;
+    hp.lr = 2e-3;
+    hp.decoupled = std::strcmp(name, "adamw") == 0;
+    hp.weight_decay = hp.decoupled ? 0.01 : 0.0;
+    for (const zd_isa isa : {ZD_ISA_AUTO, ZD_ISA_SCALAR, ZD_ISA_AVX2, ZD_ISA_AVX512}) {
+      if (!d->supports_isa(isa)) continue;
+      std::vector<float> pv = p0, rp = p0;
+      std::vector<uint16_t> m(n, 0), v(n, 0), rm(n, 0), rv(n, 0);
+      for (int64_t t = 1; t <= 2; ++t) {
+        zd_optimizer_update u{};
+        u.struct_size = sizeof u;
+        u.count = n;
+        u.master = pv.data();
+        u.grad = g.data();
+        u.grad_dtype = ZD_DTYPE_F32;
+        u.state[0] = reinterpret_cast<float*>(m.data());
+        u.state[1] = reinterpret_cast<float*>(v.data());
+        u.state_dtype = ZD_DTYPE_BF16;
+        u.grad_scale = 1.0;
+        u.lr = 2e-3;
+        u.step = t;
+        ASSERT_EQ(d->update(inst.ptr, isa, &u), ZD_OK) << "isa " << isa;
+        hp.step = t;
+        Range r;
+        r.count = n;
+        r.master = rp.data();
+        r.grad = g.data();
+        ASSERT_TRUE(adam_update(Isa::scalar, hp, r,
+                                AdamState{reinterpret_cast<float*>(rm.data()), reinterpret_cast<float*>(rv.data()),
+                                          Dtype::bf16}));
+      }
+      EXPECT_EQ(m, rm) << "isa " << isa;
+      EXPECT_EQ(v, rv) << "isa " << isa;
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(f32_bits(pv[i]), f32_bits(rp[i])) << "[" << i << "] isa " << isa;
+    }
+
+    // A state dtype the plugin does not keep: refused, nothing written.
+    float master = 1.0f, grad = 1.0f, s0 = 0.0f, s1 = 0.0f;
+    zd_optimizer_update u{};
+    u.struct_size = sizeof u;
+    u.count = 1;
+    u.master = &master;
+    u.grad = &grad;
+    u.grad_dtype = ZD_DTYPE_F32;
+    u.state[0] = &s0;
+    u.state[1] = &s1;
+    u.lr = 1e-3;
+    u.step = 1;
+    u.grad_scale = 1.0;
+    u.state_dtype = ZD_DTYPE_F16;
+    EXPECT_EQ(d->update(inst.ptr, ZD_ISA_SCALAR, &u), ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(master, 1.0f);
+    // v1: the field is not read; fp32 state.
+    u.state_dtype = ZD_DTYPE_BF16;
+    ASSERT_EQ(p.desc()->update(inst.ptr, ZD_ISA_SCALAR, &u), ZD_OK);
+    EXPECT_NEAR(s0, 0.1f, 1e-6f) << "exp_avg kept as fp32 by the v1 descriptor";
+  }
 }
 
 // With a zero gradient and p = 1 at step 1: Adam's L2 term becomes the whole

@@ -134,6 +134,55 @@ void run_adam(AdamParams hp) {
   }
 }
 
+// Adam with its state kept in bf16 is, on every ISA, the fp32 update of the
+// widened state, rounded back to nearest even: the master bit for bit what
+// the fp32 kernel makes of the same widened state, m and v its m and v
+// through f32_to_bf16. Over 3 steps, so the later steps start from rounded
+// state (and from both ways of rounding: values near ties occur at this n).
+TEST(Reference, AdamBf16StateIsTheFp32UpdateRounded) {
+  AdamParams hp;
+  hp.weight_decay = 0.01;
+  hp.decoupled = true;
+  for (const Isa isa : available_isas()) {
+    std::mt19937_64 rng(11);
+    std::vector<float> p = normal_floats(rng, kN);
+    std::vector<uint16_t> m(kN, 0), v(kN, 0);
+    for (int t = 1; t <= 3; ++t) {
+      const std::vector<float> g = normal_floats(rng, kN);
+      hp.step = t;
+      // The fp32 scalar reference from the same (widened) state.
+      std::vector<float> p32 = p, m32(kN), v32(kN);
+      for (size_t i = 0; i < kN; ++i) {
+        m32[i] = bf16_to_f32(m[i]);
+        v32[i] = bf16_to_f32(v[i]);
+      }
+      Range r;
+      r.count = kN;
+      r.grad = g.data();
+      r.master = p32.data();
+      ASSERT_TRUE(adam_update(Isa::scalar, hp, r, AdamState{m32.data(), v32.data()}));
+      r.master = p.data();
+      ASSERT_TRUE(adam_update(isa, hp, r,
+                              AdamState{reinterpret_cast<float*>(m.data()), reinterpret_cast<float*>(v.data()),
+                                        Dtype::bf16}));
+      size_t bad = 0;
+      for (size_t i = 0; i < kN; ++i) {
+        if (f32_bits(p[i]) == f32_bits(p32[i]) && m[i] == f32_to_bf16(m32[i]) && v[i] == f32_to_bf16(v32[i]))
+          continue;
+        if (bad++ < 3)
+          ADD_FAILURE() << isa_name(isa) << " step " << t << " [" << i << "]: p " << p[i] << " vs " << p32[i]
+                        << ", m 0x" << std::hex << m[i] << " vs 0x" << f32_to_bf16(m32[i]) << ", v 0x" << v[i]
+                        << " vs 0x" << f32_to_bf16(v32[i]) << std::dec;
+      }
+      ASSERT_EQ(bad, 0u) << isa_name(isa) << " step " << t;
+      // The state really is kept in bf16: m is not the fp32 value it rounds.
+      size_t rounded = 0;
+      for (size_t i = 0; i < kN; ++i) rounded += bf16_to_f32(m[i]) != m32[i];
+      EXPECT_GT(rounded, kN / 2) << "most m values lose bits in bf16";
+    }
+  }
+}
+
 TEST(Reference, AdamWMatchesTorchFormula) {
   AdamParams hp;
   hp.weight_decay = 0.01;

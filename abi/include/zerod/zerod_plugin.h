@@ -46,7 +46,7 @@ enum {
 
 /* The newest descriptor version this header defines, per kind. A plugin may
  * list older versions beside it; the host takes the newest it knows. */
-#define ZD_OPTIMIZER_ABI_VERSION 3
+#define ZD_OPTIMIZER_ABI_VERSION 4
 #define ZD_COMM_ABI_VERSION 2
 #define ZD_PARTITIONER_ABI_VERSION 1
 #define ZD_TIER_ABI_VERSION 1
@@ -127,7 +127,8 @@ typedef struct zd_optimizer_update {
   float* master;            /* fp32 master values, updated in place */
   const void* grad;         /* gradients, grad_dtype */
   void* work;               /* working copy written in the same pass, or NULL */
-  float* state[ZD_OPTIMIZER_MAX_STATE]; /* fp32 state slots, state_slots() of them */
+  float* state[ZD_OPTIMIZER_MAX_STATE]; /* state slots, state_slots() of them: fp32 arrays, or
+                                           uint16_t bf16 arrays where state_dtype says so (v4) */
   zd_dtype grad_dtype;
   zd_dtype work_dtype;      /* ignored when work is NULL */
   double grad_scale;        /* multiply each gradient by this first (unscale, average, clip) */
@@ -145,7 +146,15 @@ typedef struct zd_optimizer_update {
   double* stats;            /* update(): the range's statistics, tensor_stats() of them, zero on entry;
                                the plugin adds its range's part (ZD_STAT_SUM) or raises it (ZD_STAT_MAX) */
   int32_t exchange_in;      /* prepare(): what `exchange` holds on entry (ZD_EXCHANGE_IN_*) */
-  uint32_t reserved3;
+  /* Optimizer ABI version 4 (zd_optimizer_v4), in place of v3's reserved3:
+   * what the state[] pointers point at. 0 or ZD_DTYPE_F32: fp32 arrays, as
+   * before; ZD_DTYPE_BF16: arrays of bf16 (uint16_t, the top half of an
+   * fp32) behind the float* pointers, which the plugin widens to fp32,
+   * updates in fp32 and stores back rounded to nearest even. The host passes
+   * a dtype other than fp32 only to a v4 plugin whose
+   * supports_state_dtype() accepted it; a plugin of an older version never
+   * sees one (it read this field as reserved, and the host wrote 0). */
+  zd_dtype state_dtype;
 } zd_optimizer_update;
 
 /* The bytes of zd_optimizer_update that optimizer ABI versions 1 and 2 know. */
@@ -402,6 +411,45 @@ typedef struct zd_optimizer_v3 {
    * whole local gradient) per rank; 0 for a plain optimizer. */
   int32_t (*compresses)(const void* instance);
 } zd_optimizer_v3;
+
+/* Version 4: v3, then the dtype the host may keep the state slots in. The
+ * first fields are v3's, in v3's order. A job's optimizer.state_dtype =
+ * "bf16" keeps every state slot as bf16 (2 bytes per element instead of 4;
+ * the fp32 master stays fp32): the host allocates, moves, offloads and
+ * checkpoints the slots in that dtype (checkpoints hold fp32 values, so they
+ * load into a job of either state dtype) and passes it in
+ * zd_optimizer_update.state_dtype to update(), update_cuda() and prepare().
+ * The host lifts v1, v2 and v3 plugins to this table with a
+ * supports_state_dtype() that accepts fp32 alone, so such a plugin is
+ * refused a bf16 state by name. */
+typedef struct zd_optimizer_v4 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_OPTIMIZER, abi_version 4 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+  uint32_t (*state_slots)(const void* instance);
+  const char* (*state_name)(const void* instance, uint32_t slot);
+  int32_t (*supports_isa)(zd_isa isa);
+  zd_status (*update)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+  zd_status (*update_cuda)(const void* instance, const zd_optimizer_update* u, void* stream);
+  zd_status (*plan)(const void* instance, int64_t step, int32_t warmup, int32_t sync, zd_optimizer_plan* out);
+  zd_status (*prepare)(const void* instance, zd_isa isa, const zd_optimizer_update* u);
+  uint32_t (*average_slot)(const void* instance);
+  uint32_t (*tensor_scalars)(const void* instance);
+  uint32_t (*tensor_stats)(const void* instance);
+  zd_stat_op (*stat_op)(const void* instance, uint32_t stat);
+  zd_status (*tensor_step)(const void* instance, const zd_tensor_step* s);
+  zd_status (*check_partitions)(const void* instance, uint32_t partitions, char* err, size_t err_size);
+  int32_t (*compresses)(const void* instance);
+
+  /* 1 when this configuration can keep its state slots in dtype (passed in
+   * zd_optimizer_update.state_dtype) on every ISA it supports and, if it has
+   * update_cuda, on CUDA; 0 otherwise. ZD_DTYPE_F32 must answer 1. */
+  int32_t (*supports_state_dtype)(const void* instance, zd_dtype dtype);
+} zd_optimizer_v4;
 
 /* ------------------------------------------------------------------------ */
 /* Communication plugins (kind ZD_PLUGIN_COMM, version 1)                    */

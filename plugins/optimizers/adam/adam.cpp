@@ -18,32 +18,20 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
                         err_size);
 }
 
-const zd_optimizer_v1 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v1),
-               .abi_version = 1,
-               .plugin_version = (0u << 16) | 1u,
-               .name = "adam",
-               .description =
-                   "Adam with L2 weight decay (torch.optim.Adam); for decoupled decay, DeepSpeed's "
-                   "default \"Adam\", use adamw"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
-    .create = create,
-    .destroy = family::destroy,
-    .state_slots = family::state_slots,
-    .state_name = family::state_name,
-    .supports_isa = zerod::optim::glue::supports_isa,
-    .update = family::update,
-#if defined(ZEROD_HAVE_CUDA)
-    .update_cuda = family::update_cuda,
-#else
-    .update_cuda = nullptr,
-#endif
-};
+constexpr zd_plugin_header kHeader = {
+    .kind = ZD_PLUGIN_OPTIMIZER,
+    .struct_size = 0,  // set per version by the family's descriptor_*()
+    .abi_version = 0,
+    .plugin_version = (0u << 16) | 2u,
+    .name = "adam",
+    .description =
+        "Adam with L2 weight decay (torch.optim.Adam); for decoupled decay, DeepSpeed's "
+        "default \"Adam\", use adamw"};
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+const zd_optimizer_v4 kDescriptorV4 = family::descriptor_v4(kHeader, kSpecs.data(), kSpecs.size(), create);
+const zd_optimizer_v1 kDescriptorV1 = family::descriptor_v1(kHeader, kSpecs.data(), kSpecs.size(), create);
+
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV4.header, &kDescriptorV1.header, nullptr};
 
 }  // namespace
 

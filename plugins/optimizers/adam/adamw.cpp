@@ -6,6 +6,15 @@ namespace {
 
 namespace family = zerod::optim::adam_family;
 
+// A test build (ZEROD_ADAMW_V1_ONLY, tests/fake_plugins) offers the v1
+// descriptor alone, as adamw was built before optimizer ABI v4: the host runs
+// it through its v1 adapter, with fp32 state only.
+#ifdef ZEROD_ADAMW_V1_ONLY
+constexpr const char* kName = "adamw_v1";
+#else
+constexpr const char* kName = "adamw";
+#endif
+
 constexpr auto kSpecs = family::make_specs(
     0.01,
     "decoupled decay: p -= lr*wd*p before the Adam step, as torch.optim.AdamW (and "
@@ -13,36 +22,27 @@ constexpr auto kSpecs = family::make_specs(
 
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
                  char* err, size_t err_size) noexcept {
-  return family::create(true, "adamw", kSpecs.data(), kSpecs.size(), host, values, value_count, out_instance, err,
+  return family::create(true, kName, kSpecs.data(), kSpecs.size(), host, values, value_count, out_instance, err,
                         err_size);
 }
 
-const zd_optimizer_v1 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v1),
-               .abi_version = 1,
-               .plugin_version = (0u << 16) | 1u,
-               .name = "adamw",
-               .description =
-                   "AdamW: Adam with decoupled weight decay (torch.optim.AdamW, DeepSpeed's default "
-                   "\"Adam\")"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
-    .create = create,
-    .destroy = family::destroy,
-    .state_slots = family::state_slots,
-    .state_name = family::state_name,
-    .supports_isa = zerod::optim::glue::supports_isa,
-    .update = family::update,
-#if defined(ZEROD_HAVE_CUDA)
-    .update_cuda = family::update_cuda,
-#else
-    .update_cuda = nullptr,
-#endif
-};
+constexpr zd_plugin_header kHeader = {
+    .kind = ZD_PLUGIN_OPTIMIZER,
+    .struct_size = 0,  // set per version by the family's descriptor_*()
+    .abi_version = 0,
+    .plugin_version = (0u << 16) | 2u,
+    .name = kName,
+    .description =
+        "AdamW: Adam with decoupled weight decay (torch.optim.AdamW, DeepSpeed's default "
+        "\"Adam\")"};
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+const zd_optimizer_v1 kDescriptorV1 = family::descriptor_v1(kHeader, kSpecs.data(), kSpecs.size(), create);
+#ifdef ZEROD_ADAMW_V1_ONLY
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV1.header, nullptr};
+#else
+const zd_optimizer_v4 kDescriptorV4 = family::descriptor_v4(kHeader, kSpecs.data(), kSpecs.size(), create);
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV4.header, &kDescriptorV1.header, nullptr};
+#endif
 
 }  // namespace
 

@@ -139,6 +139,33 @@ zd_status read_update(const zd_optimizer_update* u, uint32_t slots, Range* r, Ne
   return ZD_OK;
 }
 
+zd_status read_state_dtype(const zd_optimizer_update* u, Dtype* out) {
+  if (u == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+  switch (u->state_dtype) {
+    case 0:
+    case ZD_DTYPE_F32: *out = Dtype::f32; return ZD_OK;
+    case ZD_DTYPE_BF16: *out = Dtype::bf16; return ZD_OK;
+    default: return ZD_ERR_INVALID_ARGUMENT;
+  }
+}
+
+namespace plain {
+
+zd_status plan(const void*, int64_t step, int32_t, int32_t, zd_optimizer_plan* out) noexcept {
+  if (step < 1 || out == nullptr) return ZD_ERR_INVALID_ARGUMENT;
+  *out = zd_optimizer_plan{};
+  out->struct_size = sizeof *out;
+  out->grads = ZD_GRADS_AVERAGED;
+  out->ops[0] = ZD_OP_PASS_GRAD;
+  return ZD_OK;
+}
+uint32_t none(const void*) noexcept { return 0; }
+zd_stat_op sum(const void*, uint32_t) noexcept { return ZD_STAT_SUM; }
+zd_status any_partitions(const void*, uint32_t, char*, size_t) noexcept { return ZD_OK; }
+int32_t never(const void*) noexcept { return 0; }
+
+}  // namespace plain
+
 zd_status resolve_isa(zd_isa isa, Isa* out) {
   if (isa == ZD_ISA_AUTO) {
     *out = best_isa();

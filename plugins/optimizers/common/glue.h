@@ -79,6 +79,22 @@ zd_status resolve_isa(zd_isa isa, Isa* out);
 // zd_optimizer_v1::supports_isa for every optimizer built on the kernels.
 int32_t supports_isa(zd_isa isa) noexcept;
 
+// The state dtype an update's arrays hold (zd_optimizer_update.state_dtype,
+// optimizer ABI v4): 0 or ZD_DTYPE_F32 is f32, ZD_DTYPE_BF16 bf16; anything
+// else is ZD_ERR_INVALID_ARGUMENT. A plugin's functions of an older
+// descriptor version do not call this (the field was reserved there).
+zd_status read_state_dtype(const zd_optimizer_update* u, Dtype* out);
+
+// What a plain optimizer (one averaged pass per step, nothing exchanged, no
+// per-tensor values, any ZeRO stage) answers in the v3/v4 table.
+namespace plain {
+zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync, zd_optimizer_plan* out) noexcept;
+uint32_t none(const void* instance) noexcept;
+zd_stat_op sum(const void* instance, uint32_t stat) noexcept;
+zd_status any_partitions(const void* instance, uint32_t partitions, char* err, size_t err_size) noexcept;
+int32_t never(const void* instance) noexcept;
+}  // namespace plain
+
 // Runs f and turns any exception into ZD_ERR_INTERNAL: nothing may unwind
 // through the C ABI.
 template <typename F>

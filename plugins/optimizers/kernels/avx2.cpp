@@ -26,16 +26,17 @@ struct AdamVec {
   bool l2, decoupled;
 };
 
-// Nt: the working copy through stream_work (adam_run_large).
-template <int S, Dtype G, Work W, bool Nt = false>
+// SD: what the state arrays hold. Nt: the working copy through stream_work
+// (adam_run_large).
+template <int S, Dtype G, Work W, St SD, bool Nt = false>
 inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, size_t i) {
 #pragma GCC unroll 4
   for (int j = 0; j < S; ++j) {
     const size_t o = i + j * kLanes;
     __m256 p = _mm256_loadu_ps(r.master + o);
     __m256 g = _mm256_mul_ps(load_grad<G>(r.grad, o), k.grad_scale);
-    __m256 m = _mm256_loadu_ps(s.exp_avg + o);
-    __m256 v = _mm256_loadu_ps(s.exp_avg_sq + o);
+    __m256 m = load_state<SD>(s.exp_avg, o);
+    __m256 v = load_state<SD>(s.exp_avg_sq, o);
     if (k.l2) g = _mm256_fmadd_ps(k.l2_decay, p, g);
     m = _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(k.beta1, m));
     v = _mm256_fmadd_ps(k.one_minus_beta2, _mm256_mul_ps(g, g), _mm256_mul_ps(k.beta2, v));
@@ -43,8 +44,8 @@ inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, siz
     if (k.decoupled) p = _mm256_fmadd_ps(k.neg_lr_decay, p, p);
     p = _mm256_fmadd_ps(k.neg_step, _mm256_div_ps(m, denom), p);
     _mm256_storeu_ps(r.master + o, p);
-    _mm256_storeu_ps(s.exp_avg + o, m);
-    _mm256_storeu_ps(s.exp_avg_sq + o, v);
+    store_state<SD>(s.exp_avg, o, m);
+    store_state<SD>(s.exp_avg_sq, o, v);
     if constexpr (Nt) {
       stream_work<W>(r.work, o, p);
     } else {
@@ -81,39 +82,39 @@ constexpr size_t kTurn = 64;
 // page's first lines, 0.5-4 KiB ahead), were no faster or much slower.
 // Each element gets the same operations as in adam_run, so the results are
 // identical; only the order in which elements are visited changes.
-template <Dtype G, Work W, bool Nt>
+template <Dtype G, Work W, St SD, bool Nt>
 void adam_run_large(const AdamVec& k, const detail::AdamConsts& c, const Range& r, const AdamState& s,
                     size_t head) {
   Range first = r;
   first.count = head;  // up to the working copy's first vector boundary
-  detail::adam_loop<G, W>(c, first, s, 0);
+  detail::adam_loop<G, W, SD>(c, first, s, 0);
   const size_t n = r.count - head;
   const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;  // a multiple of kTurn, (n/2 - 512, n/2]
   for (size_t i = head; i < head + part; i += kTurn) {
-    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, i + j);
-    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, part + i + j);
+    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, SD, Nt>(k, r, s, i + j);
+    for (size_t j = 0; j < kTurn; j += 2 * kLanes) adam_block<2, G, W, SD, Nt>(k, r, s, part + i + j);
   }
   size_t i = head + 2 * part;
-  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, Nt>(k, r, s, i);
-  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W, Nt>(k, r, s, i);
-  detail::adam_loop<G, W>(c, r, s, i);
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, SD, Nt>(k, r, s, i);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W, SD, Nt>(k, r, s, i);
+  detail::adam_loop<G, W, SD>(c, r, s, i);
   if constexpr (Nt) _mm_sfence();
 }
 
-template <Dtype G, Work W>
+template <Dtype G, Work W, St SD>
 void adam_run(const detail::AdamConsts& c, const Range& r, const AdamState& s) {
   const AdamVec k(c);
   if (r.count >= kLargeRange) {
     if constexpr (W != Work::none) {
       const size_t head = work_head<W>(r.work);
-      if (head != SIZE_MAX) return adam_run_large<G, W, true>(k, c, r, s, head);
+      if (head != SIZE_MAX) return adam_run_large<G, W, SD, true>(k, c, r, s, head);
     }
-    return adam_run_large<G, W, false>(k, c, r, s, 0);
+    return adam_run_large<G, W, SD, false>(k, c, r, s, 0);
   }
   size_t i = 0;
-  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W>(k, r, s, i);
-  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W>(k, r, s, i);
-  detail::adam_loop<G, W>(c, r, s, i);
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, SD>(k, r, s, i);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W, SD>(k, r, s, i);
+  detail::adam_loop<G, W, SD>(c, r, s, i);
 }
 
 struct SgdVec {
@@ -166,7 +167,9 @@ void sgd_run(const detail::SgdConsts& c, const Range& r, float* buf) {
 bool adam_avx2(const AdamParams& hp, const Range& r, const AdamState& s) {
   const ZeroUpperOnReturn clean;
   const detail::AdamConsts c = detail::prepare_adam(hp);
-  return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W>(c, r, s); });
+  return detail::with_state(s, [&]<St SD>() {
+    return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W, SD>(c, r, s); });
+  });
 }
 
 bool sgd_avx2(const SgdParams& hp, const Range& r, float* momentum_buffer) {

@@ -14,6 +14,7 @@
 namespace zerod::optim {
 namespace {
 
+using detail::St;
 using detail::Work;
 constexpr size_t kLanes = 8;
 
@@ -59,6 +60,27 @@ inline void store_work(void* w, size_t i, __m256 p) {
     _mm256_storeu_ps(static_cast<float*>(w) + i, p);
   } else if constexpr (W == Work::f16 || W == Work::bf16) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(w) + i), pack16<W>(p));
+  }
+}
+
+// Eight elements of an Adam state array, widened from bf16 where it is kept
+// so (the same bits as detail::load_state), and stored back rounded to
+// nearest even (detail::store_state).
+template <St S>
+inline __m256 load_state(const float* s, size_t i) {
+  if constexpr (S == St::f32) {
+    return _mm256_loadu_ps(s + i);
+  } else {
+    return load_grad<Dtype::bf16>(s, i);
+  }
+}
+
+template <St S>
+inline void store_state(float* s, size_t i, __m256 x) {
+  if constexpr (S == St::f32) {
+    _mm256_storeu_ps(s + i, x);
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(s) + i), pack16<Work::bf16>(x));
   }
 }
 

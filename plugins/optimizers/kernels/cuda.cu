@@ -1,6 +1,7 @@
 // CUDA updates. Built with --fmad=false and IEEE division and square root
 // (nvcc's defaults), so each element rounds as the scalar reference does;
-// fp16 rounding uses __float2half_rn, bf16 the same integer rounding as the CPU.
+// fp16 rounding uses __float2half_rn, bf16 (working copies and Adam state
+// kept in bf16) the same integer rounding as the CPU.
 #include <zerod/optim/kernels_cuda.h>
 
 #include <cuda_fp16.h>
@@ -14,6 +15,8 @@ namespace zerod::optim::cuda {
 namespace {
 
 enum class Work { none, f32, bf16, f16 };
+// What the Adam state arrays hold (AdamState::dtype).
+enum class St { f32, bf16 };
 
 constexpr int kThreads = 256;
 constexpr size_t kMaxBlocks = 8192;
@@ -29,6 +32,14 @@ __device__ __forceinline__ float load_grad(const void* g, size_t i) {
   }
 }
 
+// Round to nearest even; every NaN becomes 0x7FC0 (f32_to_bf16 in convert.h).
+__device__ __forceinline__ uint16_t to_bf16(float p) {
+  uint32_t x = __float_as_uint(p);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
 template <Work W>
 __device__ __forceinline__ void store_work(void* w, size_t i, float p) {
   if constexpr (W == Work::f32) {
@@ -36,17 +47,29 @@ __device__ __forceinline__ void store_work(void* w, size_t i, float p) {
   } else if constexpr (W == Work::f16) {
     static_cast<uint16_t*>(w)[i] = __half_as_ushort(__float2half_rn(p));
   } else if constexpr (W == Work::bf16) {
-    uint32_t x = __float_as_uint(p);
-    uint16_t out = 0x7FC0u;
-    if ((x & 0x7FFFFFFFu) <= 0x7F800000u) {
-      x += 0x7FFFu + ((x >> 16) & 1u);
-      out = static_cast<uint16_t>(x >> 16);
-    }
-    static_cast<uint16_t*>(w)[i] = out;
+    static_cast<uint16_t*>(w)[i] = to_bf16(p);
   }
 }
 
-template <Dtype G, Work W>
+template <St S>
+__device__ __forceinline__ float load_state(const float* s, size_t i) {
+  if constexpr (S == St::f32) {
+    return s[i];
+  } else {
+    return __uint_as_float(uint32_t{reinterpret_cast<const uint16_t*>(s)[i]} << 16);
+  }
+}
+
+template <St S>
+__device__ __forceinline__ void store_state(float* s, size_t i, float x) {
+  if constexpr (S == St::f32) {
+    s[i] = x;
+  } else {
+    reinterpret_cast<uint16_t*>(s)[i] = to_bf16(x);
+  }
+}
+
+template <Dtype G, Work W, St S>
 __global__ void adam_kernel(detail::AdamConsts c, size_t n, float* p, const void* g, float* m, float* v,
                             void* w) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
@@ -54,14 +77,14 @@ __global__ void adam_kernel(detail::AdamConsts c, size_t n, float* p, const void
     float pi = p[i];
     float gi = load_grad<G>(g, i) * c.grad_scale;
     if (c.l2) gi = fmaf(c.l2_decay, pi, gi);
-    const float mi = fmaf(c.one_minus_beta1, gi, c.beta1 * m[i]);
-    const float vi = fmaf(c.one_minus_beta2, gi * gi, c.beta2 * v[i]);
+    const float mi = fmaf(c.one_minus_beta1, gi, c.beta1 * load_state<S>(m, i));
+    const float vi = fmaf(c.one_minus_beta2, gi * gi, c.beta2 * load_state<S>(v, i));
     const float denom = fmaf(sqrtf(vi), c.inv_sqrt_bc2, c.eps);
     if (c.decoupled) pi = fmaf(c.neg_lr_decay, pi, pi);
     pi = fmaf(c.neg_step, mi / denom, pi);
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    store_state<S>(m, i, mi);
+    store_state<S>(v, i, vi);
     store_work<W>(w, i, pi);
   }
 }
@@ -92,8 +115,17 @@ unsigned blocks_for(size_t n) {
 template <Dtype G, Work W>
 struct AdamLaunch {
   static void run(const detail::AdamConsts& c, const Range& r, const AdamState& s, cudaStream_t st) {
-    adam_kernel<G, W><<<blocks_for(r.count), kThreads, 0, st>>>(c, r.count, r.master, r.grad, s.exp_avg,
-                                                                  s.exp_avg_sq, r.work);
+    adam_kernel<G, W, St::f32><<<blocks_for(r.count), kThreads, 0, st>>>(c, r.count, r.master, r.grad,
+                                                                           s.exp_avg, s.exp_avg_sq, r.work);
+  }
+};
+
+// The same with the state kept in bf16.
+template <Dtype G, Work W>
+struct AdamBf16StateLaunch {
+  static void run(const detail::AdamConsts& c, const Range& r, const AdamState& s, cudaStream_t st) {
+    adam_kernel<G, W, St::bf16><<<blocks_for(r.count), kThreads, 0, st>>>(c, r.count, r.master, r.grad,
+                                                                            s.exp_avg, s.exp_avg_sq, r.work);
   }
 };
 
@@ -131,9 +163,13 @@ bool with_types(const Range& r, A&&... args) {
 
 int adam_update(const AdamParams& hp, const Range& r, const AdamState& s, void* stream) {
   if (!dtype_valid(r.grad_dtype) || (r.work != nullptr && !dtype_valid(r.work_dtype))) return kBadDtype;
+  if (s.dtype != Dtype::f32 && s.dtype != Dtype::bf16) return kBadDtype;
   if (r.count == 0) return 0;
   const detail::AdamConsts c = detail::prepare_adam(hp);
-  with_types<AdamLaunch>(r, c, r, s, static_cast<cudaStream_t>(stream));
+  if (s.dtype == Dtype::bf16)
+    with_types<AdamBf16StateLaunch>(r, c, r, s, static_cast<cudaStream_t>(stream));
+  else
+    with_types<AdamLaunch>(r, c, r, s, static_cast<cudaStream_t>(stream));
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -40,6 +40,20 @@ bool with_work(const Range& r, F&& f) {
   return false;
 }
 
+// What the Adam state arrays hold (AdamState::dtype, f32 or bf16).
+enum class St { f32, bf16 };
+
+// Calls f.template operator()<S>() for the state's dtype and returns what
+// it returns; false for a dtype the state cannot be kept in.
+template <typename F>
+bool with_state(const AdamState& s, F&& f) {
+  switch (s.dtype) {
+    case Dtype::f32: return f.template operator()<St::f32>();
+    case Dtype::bf16: return f.template operator()<St::bf16>();
+    default: return false;
+  }
+}
+
 template <typename F>
 bool with_types(const Range& r, F&& f) {
   switch (r.grad_dtype) {
@@ -72,6 +86,26 @@ inline void store_work(void* w, size_t i, float p) {
   }
 }
 
+// A state element widened to fp32 (exact), and stored back: bf16 rounded to
+// nearest even, as the working copy is.
+template <St S>
+inline float load_state(const float* s, size_t i) {
+  if constexpr (S == St::f32) {
+    return s[i];
+  } else {
+    return bf16_to_f32(reinterpret_cast<const uint16_t*>(s)[i]);
+  }
+}
+
+template <St S>
+inline void store_state(float* s, size_t i, float x) {
+  if constexpr (S == St::f32) {
+    s[i] = x;
+  } else {
+    reinterpret_cast<uint16_t*>(s)[i] = f32_to_bf16(x);
+  }
+}
+
 inline void adam_element(const AdamConsts& c, float& p, float g, float& m, float& v) {
   g = g * c.grad_scale;
   if (c.l2) g = __builtin_fmaf(c.l2_decay, p, g);
@@ -94,16 +128,18 @@ inline void sgd_element(const SgdConsts& c, float& p, float g, float* buf) {
   p = __builtin_fmaf(c.neg_lr, g, p);
 }
 
-template <Dtype G, Work W>
+// S: what the state arrays hold; the update is the same fp32 arithmetic
+// either way, only the loads widen and the stores round.
+template <Dtype G, Work W, St S = St::f32>
 void adam_loop(const AdamConsts& c, const Range& r, const AdamState& s, size_t begin) {
   for (size_t i = begin; i < r.count; ++i) {
     float p = r.master[i];
-    float m = s.exp_avg[i];
-    float v = s.exp_avg_sq[i];
+    float m = load_state<S>(s.exp_avg, i);
+    float v = load_state<S>(s.exp_avg_sq, i);
     adam_element(c, p, load_grad<G>(r.grad, i), m, v);
     r.master[i] = p;
-    s.exp_avg[i] = m;
-    s.exp_avg_sq[i] = v;
+    store_state<S>(s.exp_avg, i, m);
+    store_state<S>(s.exp_avg_sq, i, v);
     store_work<W>(r.work, i, p);
   }
 }

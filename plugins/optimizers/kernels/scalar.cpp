@@ -5,7 +5,9 @@ namespace zerod::optim {
 
 bool adam_scalar(const AdamParams& hp, const Range& r, const AdamState& s) {
   const detail::AdamConsts c = detail::prepare_adam(hp);
-  return detail::with_types(r, [&]<Dtype G, detail::Work W>() { detail::adam_loop<G, W>(c, r, s, 0); });
+  return detail::with_state(s, [&]<detail::St S>() {
+    return detail::with_types(r, [&]<Dtype G, detail::Work W>() { detail::adam_loop<G, W, S>(c, r, s, 0); });
+  });
 }
 
 bool sgd_scalar(const SgdParams& hp, const Range& r, float* momentum_buffer) {

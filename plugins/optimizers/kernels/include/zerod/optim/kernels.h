@@ -78,10 +78,16 @@ struct Range {
   Dtype work_dtype = Dtype::f32;
 };
 
-// Adam state: exp_avg and exp_avg_sq, fp32, count elements each.
+// Adam state: exp_avg and exp_avg_sq, count elements each, in `dtype`:
+// f32, or bf16 (uint16_t arrays behind the float pointers, as the plugin
+// ABI passes them), which the kernels widen, update in fp32 exactly as an
+// fp32 state and store rounded to nearest even (f32_to_bf16), so every ISA
+// stores the same bits. f16 is refused (false). The 1-bit Adam kernels take
+// f32 alone.
 struct AdamState {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
+  Dtype dtype = Dtype::f32;
 };
 
 // Whether a dtype value is one the kernels handle.

@@ -9,8 +9,9 @@
 
 namespace zerod::optim::cuda {
 
-// Result codes: 0 = launched, kBadDtype = a dtype is not a Dtype value
-// (nothing launched), anything else is the cudaError_t of the launch.
+// Result codes: 0 = launched, kBadDtype = a dtype is not a Dtype value, or
+// an Adam state dtype other than f32 and bf16 (nothing launched), anything
+// else is the cudaError_t of the launch.
 constexpr int kBadDtype = -1;
 
 // Enqueues the update on `stream` (a cudaStream_t; null is the default
