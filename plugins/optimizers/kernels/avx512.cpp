@@ -29,8 +29,9 @@ struct AdamVec {
   bool l2, decoupled;
 };
 
-// Nt: the working copy through stream_work (adam_run_large; never Masked).
-template <int S, bool Masked, Dtype G, Work W, bool Nt = false>
+// SD: what the state arrays hold. Nt: the working copy through stream_work
+// (adam_run_large; never Masked).
+template <int S, bool Masked, Dtype G, Work W, St SD, bool Nt = false>
 inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, size_t i, __mmask16 k) {
   static_assert(!(Nt && Masked), "streaming stores have no masked form");
 #pragma GCC unroll 4
@@ -38,8 +39,8 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
     const size_t o = i + j * kLanes;
     __m512 p = load_f32<Masked>(r.master + o, k);
     __m512 g = _mm512_mul_ps(load_grad<G, Masked>(r.grad, o, k), c.grad_scale);
-    __m512 m = load_f32<Masked>(s.exp_avg + o, k);
-    __m512 v = load_f32<Masked>(s.exp_avg_sq + o, k);
+    __m512 m = load_state<SD, Masked>(s.exp_avg, o, k);
+    __m512 v = load_state<SD, Masked>(s.exp_avg_sq, o, k);
     if (c.l2) g = _mm512_fmadd_ps(c.l2_decay, p, g);
     m = _mm512_fmadd_ps(c.one_minus_beta1, g, _mm512_mul_ps(c.beta1, m));
     v = _mm512_fmadd_ps(c.one_minus_beta2, _mm512_mul_ps(g, g), _mm512_mul_ps(c.beta2, v));
@@ -47,8 +48,8 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
     if (c.decoupled) p = _mm512_fmadd_ps(c.neg_lr_decay, p, p);
     p = _mm512_fmadd_ps(c.neg_step, _mm512_div_ps(m, denom), p);
     store_f32<Masked>(r.master + o, k, p);
-    store_f32<Masked>(s.exp_avg + o, k, m);
-    store_f32<Masked>(s.exp_avg_sq + o, k, v);
+    store_state<SD, Masked>(s.exp_avg, o, k, m);
+    store_state<SD, Masked>(s.exp_avg_sq, o, k, v);
     if constexpr (Nt) {
       stream_work<W>(r.work, o, p);
     } else {
@@ -64,36 +65,36 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
 constexpr size_t kLargeRange = size_t{1} << 20;
 constexpr size_t kTurn = 4 * kLanes;
 
-template <Dtype G, Work W, bool Nt>
+template <Dtype G, Work W, St SD, bool Nt>
 void adam_run_large(const AdamVec& c, const Range& r, const AdamState& s, size_t head) {
-  if (head > 0) adam_block<1, true, G, W>(c, r, s, 0, tail_mask(head));  // up to the working copy's boundary
+  if (head > 0) adam_block<1, true, G, W, SD>(c, r, s, 0, tail_mask(head));  // up to the working copy's boundary
   const size_t n = r.count - head;
   const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;  // a multiple of kTurn, (n/2 - 512, n/2]
   for (size_t i = head; i < head + part; i += kTurn) {
-    adam_block<4, false, G, W, Nt>(c, r, s, i, kAll);
-    adam_block<4, false, G, W, Nt>(c, r, s, part + i, kAll);
+    adam_block<4, false, G, W, SD, Nt>(c, r, s, i, kAll);
+    adam_block<4, false, G, W, SD, Nt>(c, r, s, part + i, kAll);
   }
   size_t i = head + 2 * part;
-  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, Nt>(c, r, s, i, kAll);
-  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, Nt>(c, r, s, i, kAll);
-  if (i < r.count) adam_block<1, true, G, W>(c, r, s, i, tail_mask(r.count - i));
+  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, SD, Nt>(c, r, s, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, SD, Nt>(c, r, s, i, kAll);
+  if (i < r.count) adam_block<1, true, G, W, SD>(c, r, s, i, tail_mask(r.count - i));
   if constexpr (Nt) _mm_sfence();
 }
 
-template <Dtype G, Work W>
+template <Dtype G, Work W, St SD>
 void adam_run(const detail::AdamConsts& consts, const Range& r, const AdamState& s) {
   const AdamVec c(consts);
   if (r.count >= kLargeRange) {
     if constexpr (W != Work::none) {
       const size_t head = work_head<W>(r.work);
-      if (head != SIZE_MAX) return adam_run_large<G, W, true>(c, r, s, head);
+      if (head != SIZE_MAX) return adam_run_large<G, W, SD, true>(c, r, s, head);
     }
-    return adam_run_large<G, W, false>(c, r, s, 0);
+    return adam_run_large<G, W, SD, false>(c, r, s, 0);
   }
   size_t i = 0;
-  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W>(c, r, s, i, kAll);
-  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W>(c, r, s, i, kAll);
-  if (i < r.count) adam_block<1, true, G, W>(c, r, s, i, tail_mask(r.count - i));
+  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, SD>(c, r, s, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, SD>(c, r, s, i, kAll);
+  if (i < r.count) adam_block<1, true, G, W, SD>(c, r, s, i, tail_mask(r.count - i));
 }
 
 struct SgdVec {
@@ -146,7 +147,9 @@ void sgd_run(const detail::SgdConsts& consts, const Range& r, float* buf) {
 bool adam_avx512(const AdamParams& hp, const Range& r, const AdamState& s) {
   const ZeroUpperOnReturn clean;
   const detail::AdamConsts c = detail::prepare_adam(hp);
-  return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W>(c, r, s); });
+  return detail::with_state(s, [&]<St SD>() {
+    return detail::with_types(r, [&]<Dtype G, Work W>() { adam_run<G, W, SD>(c, r, s); });
+  });
 }
 
 bool sgd_avx512(const SgdParams& hp, const Range& r, float* momentum_buffer) {

@@ -7,9 +7,12 @@
 
 // GCC 12.2's AVX-512 headers build their "undefined" vectors as `__m512 __Y =
 // __Y;`, which -Wmaybe-uninitialized reports at every inlined intrinsic (GCC
-// PR 105593, fixed in 12.3). The state must be set before the header.
+// PR 105593, fixed in 12.3), and -Wuninitialized too once a translation unit
+// inlines enough of them (it did with the bf16 state's instantiations). The
+// state must be set before the header.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
@@ -20,6 +23,7 @@
 namespace zerod::optim {
 namespace {
 
+using detail::St;
 using detail::Work;
 constexpr size_t kLanes = 16;
 constexpr __mmask16 kAll = 0xFFFF;
@@ -81,6 +85,27 @@ inline void store_work(void* w, size_t i, __mmask16 k, __m512 p) {
     uint16_t* dst = static_cast<uint16_t*>(w) + i;
     if constexpr (Masked) _mm512_mask_cvtepi32_storeu_epi16(dst, k, r);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+  }
+}
+
+// Sixteen elements of an Adam state array (plain or masked), widened from
+// bf16 where it is kept so (the bits of detail::load_state), and stored back
+// rounded to nearest even (detail::store_state).
+template <St S, bool Masked>
+inline __m512 load_state(const float* s, size_t i, __mmask16 k) {
+  if constexpr (S == St::f32) {
+    return load_f32<Masked>(s + i, k);
+  } else {
+    return load_grad<Dtype::bf16, Masked>(s, i, k);
+  }
+}
+
+template <St S, bool Masked>
+inline void store_state(float* s, size_t i, __mmask16 k, __m512 x) {
+  if constexpr (S == St::f32) {
+    store_f32<Masked>(s + i, k, x);
+  } else {
+    store_work<Work::bf16, Masked>(s, i, k, x);
   }
 }
 

@@ -75,12 +75,7 @@ bool adam_update(Isa isa, const AdamParams& hp, const Range& r, const AdamState&
     case Isa::scalar: return adam_scalar(hp, r, s);
 #if ZEROD_OPTIM_X86
     case Isa::avx2: return adam_avx2(hp, r, s);
-    case Isa::avx512:
-      // INTERIM: the AVX-512 path does not keep bf16 state yet (another
-      // change is in avx512.cpp now); the AVX2 path, which every AVX-512 CPU
-      // runs, stores the same bits.
-      if (s.dtype != Dtype::f32) return adam_avx2(hp, r, s);
-      return adam_avx512(hp, r, s);
+    case Isa::avx512: return adam_avx512(hp, r, s);
 #else
     default: break;
 #endif
