@@ -73,9 +73,14 @@ void device_all_gather(const ModelContext& ctx, RankResources& res, const zd_com
   if (ctx.peers && send_on_device) {
     PeerCollective pc(ctx, res, c);
     const auto& posts = pc.meet(send, recv, count);
-    for (int q = 0; q < ctx.world_size; ++q)
-      d.copy_peer(static_cast<std::byte*>(recv) + static_cast<uint64_t>(q) * bytes, *posts[static_cast<size_t>(q)].device,
-                  posts[static_cast<size_t>(q)].send, bytes);
+    for (int q = 0; q < ctx.world_size; ++q) {
+      std::byte* dst = static_cast<std::byte*>(recv) + static_cast<uint64_t>(q) * bytes;
+      const PeerBoard::Post& p = posts[static_cast<size_t>(q)];
+      // In place, this rank's own chunk is there already; copying it onto
+      // itself would write what the other ranks are reading (TSan saw it).
+      if (q == c.rank && p.send == dst) continue;
+      d.copy_peer(dst, *p.device, p.send, bytes);
+    }
     pc.done();
     return;
   }
