@@ -193,7 +193,7 @@ void GradReducer::close(const ModuleRecord& mod) {
       bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
     } else if (e.view) {
       const zd_tier tier = local_grad(static_cast<size_t>(p.group)).tier;
-      const bool fuse = fuse_norm(tier);
+      const bool fuse = fuse_norm(tier, final_);
       const NormTiles norm = norm_of(pid);
       add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), tier, ctx_.grad_dtype(g),
                           static_cast<uint64_t>(p.numel), !e.touched, fuse ? &norm : nullptr,
@@ -244,7 +244,7 @@ void GradReducer::settle_windows() {
   for (size_t pid = 0; pid < in_window_.size(); ++pid) {
     if (!in_window_[pid]) continue;
     if (!ready) ready = res_.device->mark();
-    settle_window(static_cast<zd_param_id>(pid), ready);
+    settle_window(static_cast<zd_param_id>(pid), ready, final_);
   }
 }
 
@@ -252,7 +252,7 @@ std::byte* GradReducer::window_at(size_t group, uint64_t at) const {
   return window_[group].addr(0) + at * dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[group]));
 }
 
-void GradReducer::settle_window(zd_param_id pid, uint64_t ready) {
+void GradReducer::settle_window(zd_param_id pid, uint64_t ready, bool final) {
   const ParamRecord& p = ctx_.registry.param(pid);
   const auto gi = static_cast<size_t>(p.group);
   const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
@@ -263,7 +263,7 @@ void GradReducer::settle_window(zd_param_id pid, uint64_t ready) {
   if (n == 0) return;
   GroupBuffers& b = buffers_.groups()[gi];
   const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
-  const bool fuse = fuse_norm(b.grad_tier());
+  const bool fuse = fuse_norm(b.grad_tier(), final);
   const NormTiles norm = norm_of(pid);
   // The accumulators hold nothing of this window yet (written, not added
   // to), unless a module's second backward in the last micro-batch sent
@@ -336,7 +336,7 @@ void GradReducer::send_bucket(size_t gi) {
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
   pack.end();
-  const bool fuse = fuse_norm(buffers_.groups()[gi].grad_tier());
+  const bool fuse = fuse_norm(buffers_.groups()[gi].grad_tier(), final_);
   const bool last = final_;
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
@@ -378,9 +378,9 @@ void GradReducer::send_bucket(size_t gi) {
       res_.device->release(recv, ZD_MEM_BUFFERS);
       if (!last) return;  // not the window's last micro-batch
       const uint64_t ready = res_.device->mark();
-      to_accumulators([this, pending, a, ready] {
+      to_accumulators([this, pending, a, ready, last] {
         observe::Span add(res_.probe, "grads", "window to accumulators", a);
-        for (const Pending& pg : *pending) settle_window(pg.param, ready);
+        for (const Pending& pg : *pending) settle_window(pg.param, ready, last);
       });
       return;
     }

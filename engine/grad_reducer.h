@@ -134,8 +134,10 @@ class GradReducer {
   // Whether a contribution sent now leaves its norm partials (see
   // set_final_micro_batch): at stages 2-3, and below on one rank, where the
   // accumulators hold what the optimizer reads.
-  bool fuse_norm(zd_tier tier) const {
-    return final_ && !local_ && tier != ZD_TIER_DEVICE && (reducing() || ctx_.world_size == 1);
+  // `final`: final_ as of when the contribution was sent (work deferred to
+  // another thread must not read final_, which the next backward_begin sets).
+  bool fuse_norm(zd_tier tier, bool final) const {
+    return final && !local_ && tier != ZD_TIER_DEVICE && (reducing() || ctx_.world_size == 1);
   }
   NormTiles norm_of(zd_param_id p) {
     return {norm_sums_.data() + norm_at_[static_cast<size_t>(p)], ctx_.owned_span(ctx_.registry.param(p), res_.rank).count};
@@ -154,8 +156,9 @@ class GradReducer {
   bool windowed(size_t group) const { return !window_.empty() && !window_[group].empty(); }
   std::byte* window_at(size_t group, uint64_t at) const;
   // The parameter's owned range in its window goes to the accumulators (on
-  // the calling thread) and the window range is cleared; `ready` as above.
-  void settle_window(zd_param_id p, uint64_t ready);
+  // the calling thread) and the window range is cleared; `ready` as above,
+  // `final` as in fuse_norm.
+  void settle_window(zd_param_id p, uint64_t ready, bool final);
 
   const ModelContext& ctx_;
   const Placement& placement_;
