@@ -5,7 +5,7 @@
 // traffic as an fp32 Adam step (read p, g, m, v; write p, m, v: 28 B/param)
 // with FMAs only, four ways (the compiler's loop, intrinsics shaped like
 // the kernel, those with software prefetch, and those walking a range's two
-// halves at once as the kernel does), the fastest of which is the reference
+// halves at once as the AVX2 kernel does), the fastest of which is the reference
 // the percentages refer to. It is a reference, not a ceiling: no loop here
 // is proven the fastest way to move those bytes, and the kernel, whose
 // arithmetic spaces out its memory requests, can beat it; (c) our kernel through the adamw
@@ -15,11 +15,15 @@
 // DeepSpeedCPUAdam (from a virtual environment, scripts/python-venv.sh) in
 // a subprocess with OMP_NUM_THREADS = the same count, fp32 and with a bf16
 // working copy, and fp32 with torch's huge-page opt-in, interleaved round
-// by round (ours, DeepSpeed, ours, ...);
-// (d) torch.optim.AdamW. Every figure is the median over rounds of each
-// round's median step. The VM's bandwidth drifts between runs, so compare
-// within a run.
+// by round (ours, DeepSpeed, ours, ...), with ours on each vector ISA in
+// the same rounds (whether auto picked the fastest); (f) ours again as the
+// engine calls it in a training step: 32768-element tiles taken by whichever
+// thread is free, on each ISA (--no-tiles leaves it out); (d)
+// torch.optim.AdamW. Every figure is the median over rounds of each round's
+// median step. The VM's bandwidth drifts between runs, so compare within a
+// run; the last line says how busy other processes kept the CPUs meanwhile.
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zerod/zerod_plugin.h>
 
@@ -55,6 +59,7 @@ struct Options {
   std::string ds_python = ZEROD_BENCH_VENV_PYTHON;
   std::string ds_script = ZEROD_BENCH_DEEPSPEED_SCRIPT;
   bool deepspeed = true;
+  bool tiles = true;
   int rounds = 3;
 };
 
@@ -62,7 +67,7 @@ void usage(const char* argv0) {
   std::printf(
       "usage: %s [--params N] [--steps S] [--warmup W] [--threads 1,2] [--plugin-dir DIR]\n"
       "          [--torch-script PATH] [--python PATH] [--no-torch] [--rounds R]\n"
-      "          [--deepspeed-python PATH] [--no-deepspeed]\n"
+      "          [--deepspeed-python PATH] [--no-deepspeed] [--no-tiles]\n"
       "  DeepSpeed runs in the venv scripts/python-venv.sh makes (build/venv by default).\n"
       "  N may be written 1e8. Needs about 18*N bytes of memory (N = 100M: 1.8 GB).\n",
       argv0);
@@ -80,6 +85,10 @@ bool parse(int argc, char** argv, Options* o) {
     }
     if (a == "--no-deepspeed") {
       o->deepspeed = false;
+      continue;
+    }
+    if (a == "--no-tiles") {
+      o->tiles = false;
       continue;
     }
     if (a == "--help" || a == "-h") {
@@ -309,6 +318,30 @@ std::string cpu_model() {
   return model;
 }
 
+// CPU time the whole machine spent busy (/proc/stat, all CPUs), and what this
+// process and its finished children (DeepSpeed, torch) spent, in seconds:
+// the difference is other processes', which share the memory bandwidth the
+// figures measure.
+struct CpuUse {
+  double machine = 0.0, ours = 0.0;
+  static CpuUse now() {
+    CpuUse u;
+    if (FILE* f = std::fopen("/proc/stat", "r")) {
+      unsigned long long user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0;
+      if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle, &iowait, &irq,
+                      &softirq) == 7)
+        u.machine = double(user + nice + sys + irq + softirq) / double(sysconf(_SC_CLK_TCK));
+      std::fclose(f);
+    }
+    for (const int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+      rusage r{};
+      getrusage(who, &r);
+      u.ours += double(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * double(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+    }
+    return u;
+  }
+};
+
 // One table row: a label and one cell per thread count.
 void row(const char* label, const std::vector<std::string>& cells) {
   std::printf("%-56s", label);
@@ -380,6 +413,85 @@ struct AdamState {
   }
 };
 
+// One Adam step over the whole of `on` the way the engine runs it
+// (engine/workers.cpp, parallel_update with zero_grad): calls of kTile
+// elements, each thread taking the next tile as it finishes one, and each
+// tile's gradient zeroed right after its update. Returns params/s (median
+// step).
+constexpr size_t kTile = size_t{1} << 15;  // engine/workers.h
+
+double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamState& on, zd_isa isa,
+                 bool bf16_work) {
+  on.reset(team);
+  const size_t n = on.n, tiles = (n + kTile - 1) / kTile;
+  std::atomic<zd_status> failed{ZD_OK};
+  std::vector<double> times;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    std::atomic<size_t> next{0};
+    const double t0 = now();
+    team.run([&](int) {
+      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < tiles;) {
+        const size_t lo = i * kTile, count = std::min(kTile, n - lo);
+        zd_optimizer_update u{};
+        u.struct_size = sizeof u;
+        u.count = count;
+        u.master = on.p.get() + lo;
+        u.grad = on.g.get() + lo;
+        u.grad_dtype = ZD_DTYPE_F32;
+        u.work = bf16_work ? on.work.get() + lo : nullptr;
+        u.work_dtype = ZD_DTYPE_BF16;
+        u.state[0] = on.m.get() + lo;
+        u.state[1] = on.v.get() + lo;
+        u.grad_scale = 1.0;
+        u.lr = 1e-3;
+        u.step = int64_t{s} + 1;
+        const zd_status status = plugin.desc->update(plugin.inst, isa, &u);
+        if (status != ZD_OK) failed = status;
+        std::memset(on.g.get() + lo, 0, count * sizeof(float));
+      }
+    });
+    if (s >= o.warmup) times.push_back(now() - t0);
+  }
+  if (failed != ZD_OK) {
+    std::fprintf(stderr, "update failed with status %d\n", failed.load());
+    std::exit(1);
+  }
+  return double(n) / median(times);
+}
+
+// (f): the engine's tiles, on each vector ISA and on auto, fp32 and with the
+// bf16 working copy, interleaved round by round.
+void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st) {
+  struct Config {
+    zd_isa isa;
+    bool bf16_work;
+  };
+  std::vector<Config> configs;
+  for (const bool bf16 : {false, true}) {
+    for (const zd_isa isa : {ZD_ISA_AUTO, ZD_ISA_AVX2, ZD_ISA_AVX512}) {
+      if (plugin.desc->supports_isa(isa)) configs.push_back({isa, bf16});
+    }
+  }
+  std::vector<std::vector<std::string>> cells(configs.size());
+  for (const int t : o.threads) {
+    Team team(t);
+    std::vector<std::vector<double>> rates(configs.size());
+    for (int round = 0; round < o.rounds; ++round) {
+      for (size_t c = 0; c < configs.size(); ++c)
+        rates[c].push_back(run_tiles(o, team, plugin, st, configs[c].isa, configs[c].bf16_work));
+    }
+    for (size_t c = 0; c < configs.size(); ++c) cells[c].push_back(fmt("%.0f M/s", median(rates[c]) / 1e6));
+  }
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const std::string label = std::string("(f) engine tiles, ours ") + isa_label(configs[c].isa) +
+                              (configs[c].bf16_work ? " + bf16 work copy" : " fp32");
+    row(label.c_str(), cells[c]);
+  }
+  std::printf("\n(f) %zu-element calls, each thread taking the next tile as it finishes one, the tile's gradient "
+              "zeroed after its update (engine/workers.cpp parallel_update); %d rounds, interleaved\n",
+              kTile, o.rounds);
+}
+
 // (b) and (c), with (e) interleaved. `huge` is the host tier's memory as a
 // job gets it (huge pages), `small` the same tier with huge_pages = false.
 // Returns our fp32 rate (ISA auto, huge pages) per thread count.
@@ -448,8 +560,9 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
   // One series per row, interleaved round by round so that the VM's drift
   // falls on all of them alike: ours (huge pages, then 4 KiB), DeepSpeed
   // (torch's default memory, then torch's huge-page opt-in), fp32 then with
-  // the bf16 working copy.
-  enum Series { kOurs, kOurs4k, kDs, kDsThp, kOursBf16, kDsBf16, kSeries };
+  // the bf16 working copy; then ours on each vector ISA named (fp32), the
+  // figures that say whether auto picked the fastest.
+  enum Series { kOurs, kOurs4k, kDs, kDsThp, kOursBf16, kDsBf16, kAvx2, kAvx512, kSeries };
   std::vector<std::string> series_cells[kSeries], ratio_cells[3];
   std::vector<double> ours(o.threads.size());
   std::string ds_version, ds_error = o.deepspeed ? "" : "--no-deepspeed";
@@ -469,6 +582,9 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
       deepspeed(o.threads[k], false, true, &rates[kDsThp]);
       rates[kOursBf16].push_back(run_ours(team, st, {ZD_ISA_AUTO, true}));
       deepspeed(o.threads[k], true, false, &rates[kDsBf16]);
+      if (plugin.desc->supports_isa(ZD_ISA_AVX2)) rates[kAvx2].push_back(run_ours(team, st, {ZD_ISA_AVX2, false}));
+      if (plugin.desc->supports_isa(ZD_ISA_AVX512))
+        rates[kAvx512].push_back(run_ours(team, st, {ZD_ISA_AVX512, false}));
     }
     double med[kSeries] = {};
     for (int r = 0; r < kSeries; ++r) {
@@ -497,24 +613,22 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
     row("    ours / DeepSpeed with torch's huge pages, fp32", ratio_cells[1]);
     row("    ours / DeepSpeed, bf16 work copy", ratio_cells[2]);
   }
-  std::vector<Config> configs;
-  if (best == ZD_ISA_AVX512) configs.push_back({ZD_ISA_AVX2, false});
-  configs.push_back({ZD_ISA_SCALAR, false});
-  for (const Config& cfg : configs) {
-    cells.clear();
-    for (size_t k = 0; k < o.threads.size(); ++k) {
-      Team team(o.threads[k]);
-      const double rate = run_ours(team, st, cfg);
-      cells.push_back(fmt("%.0f M/s  %3.0f%% of (b)", rate / 1e6, 100.0 * rate / reference[k]));
-    }
-    row((std::string("(c) ours ") + isa_label(cfg.isa) + " fp32").c_str(), cells);
+  if (!series_cells[kAvx2].empty()) row("(c) ours avx2 fp32 (same rounds)", series_cells[kAvx2]);
+  if (!series_cells[kAvx512].empty()) row("(c) ours avx512 fp32 (same rounds)", series_cells[kAvx512]);
+  cells.clear();
+  for (size_t k = 0; k < o.threads.size(); ++k) {
+    Team team(o.threads[k]);
+    const double rate = run_ours(team, st, {ZD_ISA_SCALAR, false});
+    cells.push_back(fmt("%.0f M/s  %3.0f%% of (b)", rate / 1e6, 100.0 * rate / reference[k]));
   }
+  row("(c) ours scalar fp32", cells);
   if (ds_error.empty())
     std::printf("\n(e) %s; %d rounds, each: ours, then DeepSpeed (a subprocess, OMP_NUM_THREADS = the column's "
                 "threads); its bf16 row adds the copy_ to a bf16 tensor that ZeRO-Offload does after the step\n",
                 ds_version.c_str(), o.rounds);
   else
     std::printf("\n(e) DeepSpeedCPUAdam: not run: %s\n", ds_error.c_str());
+  if (o.tiles) measure_tiles(o, plugin, st);
   return ours;
 }
 
@@ -561,9 +675,18 @@ int run(const Options& o) {
   for (const int t : o.threads) header.push_back(std::to_string(t) + (t == 1 ? " thread" : " threads"));
   row("", header);
 
+  const CpuUse start = CpuUse::now();
+  const double t0 = now();
   measure_triad(o, huge);
   const std::vector<double> ours = measure_adam(o, plugin, best, huge, small);  // its buffers are freed on return
   measure_torch(o, ours);
+  const CpuUse end = CpuUse::now();
+  const double cpus = std::thread::hardware_concurrency(), wall = now() - t0;
+  const double others = std::max(0.0, (end.machine - start.machine) - (end.ours - start.ours));
+  std::printf("\nother processes kept %.0f%% of the %.0f CPUs busy during the %.0f s of this run%s\n",
+              100.0 * others / (cpus * wall), cpus, wall,
+              others > 0.05 * cpus * wall ? " (they share the memory bandwidth: the figures assume a quiet machine)"
+                                           : "");
   return 0;
 }
 

@@ -1,8 +1,8 @@
 // AVX-512 F/BW/VL paths. Built with -mavx512f -mavx512bw -mavx512vl (and the
 // AVX2 set); called only after isa_supported(Isa::avx512). Bodies of 4 and 1
-// vectors (32 ZMM registers leave room), then one masked vector for the tail,
-// so no element takes the scalar loop. bf16 is rounded with integer ops,
-// which needs no AVX512-BF16.
+// vectors (32 ZMM registers leave room; 8 in Adam's walk of large ranges),
+// then one masked vector for the tail, so no element takes the scalar loop.
+// bf16 is rounded with integer ops, which needs no AVX512-BF16.
 
 #include "avx512_vec.h"
 #include "zero_upper.h"
@@ -34,7 +34,7 @@ struct AdamVec {
 template <int S, bool Masked, Dtype G, Work W, St SD, bool Nt = false>
 inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, size_t i, __mmask16 k) {
   static_assert(!(Nt && Masked), "streaming stores have no masked form");
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int j = 0; j < S; ++j) {
     const size_t o = i + j * kLanes;
     __m512 p = load_f32<Masked>(r.master + o, k);
@@ -58,38 +58,50 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
   }
 }
 
-// The walk of large ranges, as in avx2.cpp (where the reasons are): ranges
-// from kLargeRange elements take their two halves at once, kTurn elements of
-// each in turn (one 4-vector body), the halves 2 KiB apart modulo a page,
-// and the working copy by streaming stores from its first vector boundary.
+// Ranges from this many elements with a working copy take adam_run_large,
+// for the reason the AVX2 path has the same threshold (avx2.cpp): streaming
+// stores pay only where the arrays stream from DRAM.
 constexpr size_t kLargeRange = size_t{1} << 20;
-constexpr size_t kTurn = 4 * kLanes;
 
-template <Dtype G, Work W, St SD, bool Nt>
+// A range far larger than the caches, with a working copy: one walk from the
+// start in bodies of 8 vectors, the working copy by streaming stores from its
+// first vector boundary (no read-for-ownership of lines that are only
+// written: 30 bytes a parameter instead of 32 with a bf16 copy).
+// Why not the AVX2 path's walk of the two halves at once, which this path
+// also took until 2026-11-26: on the 2-core Intel Xeon VM (AVX-512 and AMX,
+// where issue 33 was measured) it was the slower walk. Timed there by a
+// harness calling the kernels as bench_cpu_adam's (c) rows do (100M
+// parameters, fp32 gradients, 2 MiB pages, kernels interleaved step by
+// step, 6 quiet runs, 2026-11-26 21:42-21:47 UTC), against the two halves:
+// one walk from the start +4-5% in fp32 at 1 thread and +2-6% at 2, +0-4%
+// with a bf16 working copy; bodies of 8 vectors instead of 4 a further
+// +1.5% (0-3%) with the bf16 copy (our guess at why: its streaming stores
+// then fill four whole lines in a row). Against the AVX2 path (two halves; auto picks this
+// one wherever AVX-512 runs): +7-9% at 1 thread, +5-10% at 2 (fp32
+// 0.96-1.01 G params/s at 1 thread, 1.75-1.91 G at 2). The halves were
+// measured on an AMD EPYC (Zen 3) VM, where they gained 4% at 1 thread; no
+// AVX-512 AMD CPU was at hand. Without a working copy the plain loop of
+// adam_run, which those ranges take, is as fast as this walk in fp32
+// (within 1-2%, either way).
+// Each element gets the same operations as in adam_run: results identical.
+template <Dtype G, Work W, St SD>
 void adam_run_large(const AdamVec& c, const Range& r, const AdamState& s, size_t head) {
   if (head > 0) adam_block<1, true, G, W, SD>(c, r, s, 0, tail_mask(head));  // up to the working copy's boundary
-  const size_t n = r.count - head;
-  const size_t part = (n / 2 / 1024 - 1) * 1024 + 512;  // a multiple of kTurn, (n/2 - 512, n/2]
-  for (size_t i = head; i < head + part; i += kTurn) {
-    adam_block<4, false, G, W, SD, Nt>(c, r, s, i, kAll);
-    adam_block<4, false, G, W, SD, Nt>(c, r, s, part + i, kAll);
-  }
-  size_t i = head + 2 * part;
-  for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, SD, Nt>(c, r, s, i, kAll);
-  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, SD, Nt>(c, r, s, i, kAll);
+  size_t i = head;
+  for (; i + 8 * kLanes <= r.count; i += 8 * kLanes) adam_block<8, false, G, W, SD, true>(c, r, s, i, kAll);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, false, G, W, SD, true>(c, r, s, i, kAll);
   if (i < r.count) adam_block<1, true, G, W, SD>(c, r, s, i, tail_mask(r.count - i));
-  if constexpr (Nt) _mm_sfence();
+  _mm_sfence();
 }
 
 template <Dtype G, Work W, St SD>
 void adam_run(const detail::AdamConsts& consts, const Range& r, const AdamState& s) {
   const AdamVec c(consts);
-  if (r.count >= kLargeRange) {
-    if constexpr (W != Work::none) {
+  if constexpr (W != Work::none) {
+    if (r.count >= kLargeRange) {
       const size_t head = work_head<W>(r.work);
-      if (head != SIZE_MAX) return adam_run_large<G, W, SD, true>(c, r, s, head);
+      if (head != SIZE_MAX) return adam_run_large<G, W, SD>(c, r, s, head);
     }
-    return adam_run_large<G, W, SD, false>(c, r, s, 0);
   }
   size_t i = 0;
   for (; i + 4 * kLanes <= r.count; i += 4 * kLanes) adam_block<4, false, G, W, SD>(c, r, s, i, kAll);
