@@ -59,6 +59,15 @@ void train(Model& model, int rank, const std::vector<zd_param_id>& ids, int from
   }
 }
 
+// Both ranks register the model and train steps [from, to).
+void train_both(Model& model, int from, int to) {
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(model, rank, &ids);
+    train(model, rank, ids, from, to);
+  });
+}
+
 Saved save(Model& model, int rank, const std::vector<zd_param_id>& ids) {
   Saved c;
   c.step = model.applied_steps(rank);
@@ -338,18 +347,10 @@ TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
   o.snapshot.keep = 2;
   JobOptions plain = job(3);
   auto ref = make_model(plain, 2);
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*ref, rank, &ids);
-    train(*ref, rank, ids, 0, 9);
-  });
+  train_both(*ref, 0, 9);
   {
     auto a = make_model(o, 2);
-    run_ranks(2, [&](int rank) {
-      std::vector<zd_param_id> ids;
-      register_all(*a, rank, &ids);
-      train(*a, rank, ids, 0, 7);
-    });
+    train_both(*a, 0, 7);
     // The process dies here: no final snapshot.
   }
   std::vector<std::string> dirs;
@@ -454,18 +455,10 @@ TEST(Snapshots, ADamagedNewestFallsBackToTheNewestThatVerifies) {
   o.snapshot.every = 2;
   o.snapshot.keep = 3;
   auto ref = make_model(job(1), 2);
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*ref, rank, &ids);
-    train(*ref, rank, ids, 0, 9);
-  });
+  train_both(*ref, 0, 9);
   {
     auto a = make_model(o, 2);
-    run_ranks(2, [&](int rank) {
-      std::vector<zd_param_id> ids;
-      register_all(*a, rank, &ids);
-      train(*a, rank, ids, 0, 7);  // snapshots of steps 2, 4, 6; the process dies at 7
-    });
+    train_both(*a, 0, 7);  // snapshots of steps 2, 4, 6; the process dies at 7
   }
   const auto flip = [](const std::string& file) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
