@@ -10,12 +10,14 @@
 #include "ledger.h"
 #include "loss_scaler.h"
 #include "registry.h"
+#include "sign_kernels.h"
 #include "thread_pool.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -329,6 +331,46 @@ TEST(GradMath, SumOfSquaresIsTheSameOnEveryPath) {
 #if ZEROD_GRAD_MATH_X86
   if (!detail::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2 here: only the baseline path was checked";
 #endif
+}
+
+// The kept compressed average's sign bits: the vector path writes the same
+// bits and floats as the portable loop at every start bit and length around
+// a byte, keeps the neighbours' bits of a shared byte, reads -0.0 and NaN's
+// sign bit as a sign, and a pack then unpack gives +-scale exactly.
+TEST(SignKernels, VectorPathMatchesThePortableLoopAtEveryAlignment) {
+  std::vector<float> v(203);
+  uint32_t x = 777;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(static_cast<int32_t>(x)) * 1e-9f;
+  }
+  v[5] = -0.0f;
+  v[6] = 0.0f;
+  v[9] = -std::numeric_limits<float>::quiet_NaN();
+  for (uint64_t e0 = 0; e0 < 16; ++e0)
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{9}, uint64_t{17}, uint64_t{64},
+                       uint64_t{187}}) {
+      // Every byte starts 0xA5, so a bit outside [e0, e0 + n) that changes shows.
+      std::vector<uint8_t> fast(32, 0xA5), slow(32, 0xA5);
+      pack_signs(v.data(), n, fast.data(), e0);
+      detail::pack_signs_portable(v.data(), n, slow.data(), e0);
+      ASSERT_EQ(fast, slow) << sign_kernels_isa() << " packs other bits at e0 = " << e0 << ", n = " << n;
+      for (uint64_t e = 0; e < fast.size() * 8; ++e) {
+        const bool bit = (fast[e >> 3] >> (e & 7)) & 1;
+        if (e < e0 || e >= e0 + n)
+          ASSERT_EQ(bit, ((0xA5u >> (e & 7)) & 1u) != 0) << "bit " << e << " outside the range changed";
+        else
+          ASSERT_EQ(bit, !std::signbit(v[e - e0])) << "bit " << e << " of e0 = " << e0;
+      }
+      std::vector<float> a(n + 1, 42.0f), b(n + 1, 42.0f);
+      unpack_signs(fast.data(), e0, 0.25f, a.data(), n);
+      detail::unpack_signs_portable(fast.data(), e0, 0.25f, b.data(), n);
+      for (uint64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i])) << "e0 = " << e0 << ", i = " << i;
+        ASSERT_EQ(a[i], std::signbit(v[i]) ? -0.25f : 0.25f) << "e0 = " << e0 << ", i = " << i;
+      }
+      EXPECT_EQ(a[n], 42.0f) << "unpack wrote past n = " << n;
+    }
 }
 
 // The staging buffer is made on first use, charged to the host tier once,
