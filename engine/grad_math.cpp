@@ -15,8 +15,8 @@ namespace {
 inline void store_float(void* p, zd_dtype dt, uint64_t i, float v) {
   switch (dt) {
     case ZD_DTYPE_F32: static_cast<float*>(p)[i] = v; break;
-    case ZD_DTYPE_BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
-    default: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
+    case ZD_DTYPE_BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    default: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
   }
 }
 
@@ -36,7 +36,7 @@ void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, ui
     // on both dtypes per element. The same sums, bit for bit.
     const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
     float* __restrict d = static_cast<float*>(dst);
-    for (uint64_t i = 0; i < n; ++i) d[i] += bf16_to_float(s[i]);
+    for (uint64_t i = 0; i < n; ++i) d[i] += bf16_to_f32(s[i]);
     return;
   }
   for (uint64_t i = 0; i < n; ++i)
@@ -47,7 +47,7 @@ void assign_to_zero(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt
   if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
     const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
     float* __restrict d = static_cast<float*>(dst);
-    for (uint64_t i = 0; i < n; ++i) d[i] = 0.0f + bf16_to_float(s[i]);
+    for (uint64_t i = 0; i < n; ++i) d[i] = 0.0f + bf16_to_f32(s[i]);
     return;
   }
   for (uint64_t i = 0; i < n; ++i) store_float(dst, dst_dt, i, 0.0f + load_as_float(src, src_dt, i));

@@ -2,6 +2,8 @@
 // loops in engine/grad_math.cpp do.
 #include "cuda_kernels.h"
 
+#include <zerod/kit/half.h>
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -19,8 +21,9 @@ __device__ __forceinline__ float load(const void* p, int32_t dt, uint64_t i) {
   return __half2float(__ushort_as_half(h));
 }
 
-// engine/dtype.h's float_to_bf16 and float_to_f16: nearest even, a NaN
-// keeps its sign and payload's top bits (bf16) or becomes a quiet NaN (f16).
+// The host's rounding (zerod/kit/half.h): nearest even, PyTorch's NaN rule.
+// fp16 numbers round in hardware (__float2half_rn is nearest even too); a NaN
+// takes the kit's bits rather than whichever NaN the intrinsic makes.
 __device__ __forceinline__ void store(void* p, int32_t dt, uint64_t i, float v) {
   if (dt == kF32) {
     static_cast<float*>(p)[i] = v;
@@ -28,17 +31,10 @@ __device__ __forceinline__ void store(void* p, int32_t dt, uint64_t i, float v) 
   }
   uint16_t out;
   if (dt == kBF16) {
-    uint32_t x = __float_as_uint(v);
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-      out = static_cast<uint16_t>((x >> 16) | 0x0040u);
-    } else {
-      x += 0x7fffu + ((x >> 16) & 1u);
-      out = static_cast<uint16_t>(x >> 16);
-    }
+    out = zerod::f32_to_bf16(v);
   } else {
     const uint32_t x = __float_as_uint(v);
-    out = (x & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>(((x >> 16) & 0x8000u) | 0x7e00u)
-                                          : __half_as_ushort(__float2half_rn(v));
+    out = (x & 0x7fffffffu) > 0x7f800000u ? zerod::f16_nan_from_f32_bits(x) : __half_as_ushort(__float2half_rn(v));
   }
   static_cast<uint16_t*>(p)[i] = out;
 }

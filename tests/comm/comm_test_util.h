@@ -7,7 +7,7 @@
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <zerod/optim/convert.h>
+#include <zerod/kit/half.h>
 #include <zerod/zerod_plugin.h>
 
 #include <cmath>
@@ -154,9 +154,9 @@ struct Buffer {
     switch (dtype) {
       case ZD_COMM_F64: { double v; std::memcpy(&v, p, 8); return v; }
       case ZD_COMM_F32: { float v; std::memcpy(&v, p, 4); return v; }
-      case ZD_COMM_BF16: { uint16_t h; std::memcpy(&h, p, 2); return optim::bf16_to_f32(h); }
+      case ZD_COMM_BF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }
       case ZD_COMM_U8: return *p;
-      default: { uint16_t h; std::memcpy(&h, p, 2); return optim::f16_to_f32(h); }
+      default: { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
     }
   }
   // Stores v rounded to the dtype (v must be exact in fp32 for 16-bit types
@@ -166,9 +166,9 @@ struct Buffer {
     switch (dtype) {
       case ZD_COMM_F64: std::memcpy(p, &v, 8); return;
       case ZD_COMM_F32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); return; }
-      case ZD_COMM_BF16: { const uint16_t h = optim::f32_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); return; }
+      case ZD_COMM_BF16: { const uint16_t h = f32_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); return; }
       case ZD_COMM_U8: *p = static_cast<unsigned char>(static_cast<int64_t>(v) & 0xff); return;
-      default: { const uint16_t h = optim::f32_to_f16(static_cast<float>(v)); std::memcpy(p, &h, 2); return; }
+      default: { const uint16_t h = f32_to_f16(static_cast<float>(v)); std::memcpy(p, &h, 2); return; }
     }
   }
   bool is_nan(size_t i) const { return std::isnan(get(i)); }

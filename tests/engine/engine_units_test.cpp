@@ -29,31 +29,31 @@
 using namespace zerod;
 
 TEST(Dtype, Bf16RoundsToNearestEvenAndKeepsSpecials) {
-  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
   // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (1.0).
-  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
   // 1 + 3 * 2^-8 is halfway too: rounds up to the even 1 + 2^-6.
-  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
-  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
-  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
-  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(bf16_to_f32(0xc040), -3.0f);
 }
 
 TEST(Dtype, F16RoundTripsItsOwnValuesAndRoundsTheRest) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const auto half = static_cast<uint16_t>(h);
-    const float f = f16_to_float(half);
+    const float f = f16_to_f32(half);
     if (std::isnan(f)) {
-      EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(f))));
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
       continue;
     }
-    ASSERT_EQ(float_to_f16(f), half) << "half 0x" << std::hex << h;
+    ASSERT_EQ(f32_to_f16(f), half) << "half 0x" << std::hex << h;
   }
-  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);    // the largest half
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);    // halfway to 2^16: ties to even = inf
-  EXPECT_EQ(float_to_f16(1e-8f), 0x0000);       // below half the smallest subnormal
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);    // the largest half
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);    // halfway to 2^16: ties to even = inf
+  EXPECT_EQ(f32_to_f16(1e-8f), 0x0000);       // below half the smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
 }
 
 TEST(Dtype, ConvertBetweenEveryPair) {
@@ -267,7 +267,7 @@ TEST(Workers, ParallelAccumulateMatchesTheSerialAddFromTwoThreads) {
   std::vector<uint16_t> src(n);
   std::vector<float> want(n), got_a(n), got_b(n);
   for (uint64_t i = 0; i < n; ++i) {
-    src[i] = float_to_bf16(static_cast<float>(i % 977) * 0.37f - 100.0f);
+    src[i] = f32_to_bf16(static_cast<float>(i % 977) * 0.37f - 100.0f);
     want[i] = got_a[i] = got_b[i] = static_cast<float>(i % 13) * 0.25f;
   }
   accumulate(src.data(), ZD_DTYPE_BF16, want.data(), ZD_DTYPE_F32, n);
@@ -290,7 +290,7 @@ TEST(GradMath, AssignToZeroIsAddingIntoZeros) {
     const size_t dsz = dtype_size(dst_dt);
     std::vector<uint16_t> src(n);
     for (uint64_t i = 0; i < n; ++i)
-      src[i] = i % 7 == 0 ? uint16_t{0x8000} : float_to_bf16(static_cast<float>(i % 501) * -0.11f + 20.0f);
+      src[i] = i % 7 == 0 ? uint16_t{0x8000} : f32_to_bf16(static_cast<float>(i % 501) * -0.11f + 20.0f);
     std::vector<std::byte> want(n * dsz, std::byte{0}), got(n * dsz, std::byte{0x5a});
     accumulate(src.data(), ZD_DTYPE_BF16, want.data(), dst_dt, n);
     parallel_accumulate(w, src.data(), ZD_DTYPE_BF16, got.data(), dst_dt, n, /*dst_is_zero=*/true);

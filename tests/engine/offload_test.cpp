@@ -462,7 +462,7 @@ TEST_P(LiveWindow, DeviceBytesAreBoundedByTheWindowNotTheModel) {
         model->backward_begin(rank, m);
         const ViewInfo g = model->grad_view(rank, m);
         auto* gd = static_cast<uint16_t*>(g.data);
-        for (size_t j = 0; j < g.bytes / 2; ++j) gd[j] = float_to_bf16(0.01f * static_cast<float>(j % 7));
+        for (size_t j = 0; j < g.bytes / 2; ++j) gd[j] = f32_to_bf16(0.01f * static_cast<float>(j % 7));
         model->backward_end(rank, m);
       }
       model->step(rank);

@@ -142,8 +142,8 @@ Values reference(int steps) {
     }
     std::vector<float> mf(n), vf(n);
     for (size_t j = 0; j < n; ++j) {
-      mf[j] = bf16_to_float(m[j]);
-      vf[j] = bf16_to_float(v[j]);
+      mf[j] = bf16_to_f32(m[j]);
+      vf[j] = bf16_to_f32(v[j]);
     }
     out.params.push_back(p);
     out.m.push_back(mf);
@@ -176,7 +176,7 @@ TEST_P(Bf16State, TrainsAsTheScalarReferenceAndNotAsFp32) {
     EXPECT_EQ(got.params[i], want.params[i]) << "parameter " << i;
     EXPECT_EQ(got.m[i], want.m[i]) << "exp_avg " << i;
     EXPECT_EQ(got.v[i], want.v[i]) << "exp_avg_sq " << i;
-    for (float x : got.v[i]) ASSERT_EQ(bf16_to_float(float_to_bf16(x)), x) << "the state reads back as bf16 values";
+    for (float x : got.v[i]) ASSERT_EQ(bf16_to_f32(f32_to_bf16(x)), x) << "the state reads back as bf16 values";
   }
   JobOptions f = o;
   f.state_dtype = ZD_DTYPE_F32;
@@ -184,7 +184,7 @@ TEST_P(Bf16State, TrainsAsTheScalarReferenceAndNotAsFp32) {
   EXPECT_NE(fp32.params, got.params) << "bf16 state changes the result: the option is in effect";
   size_t m_not_bf16 = 0;
   for (const auto& m : fp32.m)
-    for (float x : m) m_not_bf16 += bf16_to_float(float_to_bf16(x)) != x;
+    for (float x : m) m_not_bf16 += bf16_to_f32(f32_to_bf16(x)) != x;
   EXPECT_GT(m_not_bf16, 1000u) << "the fp32 run's state is not bf16 values";
 }
 
@@ -307,8 +307,8 @@ TEST(Bf16StateCheckpoints, ResumeBitIdenticalAndLoadAcrossStateDtypes) {
     size_t rounded = 0;
     for (size_t i = 0; i < kSizes.size(); ++i)
       for (size_t j = 0; j < fp32.m[i].size(); ++j) {
-        ASSERT_EQ(loaded.m[i][j], bf16_to_float(float_to_bf16(fp32.m[i][j]))) << "exp_avg " << i << "[" << j << "]";
-        ASSERT_EQ(loaded.v[i][j], bf16_to_float(float_to_bf16(fp32.v[i][j]))) << "exp_avg_sq " << i << "[" << j << "]";
+        ASSERT_EQ(loaded.m[i][j], bf16_to_f32(f32_to_bf16(fp32.m[i][j]))) << "exp_avg " << i << "[" << j << "]";
+        ASSERT_EQ(loaded.v[i][j], bf16_to_f32(f32_to_bf16(fp32.v[i][j]))) << "exp_avg_sq " << i << "[" << j << "]";
         rounded += loaded.m[i][j] != fp32.m[i][j];
       }
     EXPECT_GT(rounded, 1000u) << "loading into bf16 rounds";
@@ -328,7 +328,7 @@ TEST(Bf16StateIo, WriteRoundsAndReadReturnsTheKeptValues) {
     model->write_state(rank, 1, 0, ZD_DTYPE_F32, in.data(), n * 4);
     model->read_state(rank, 1, 0, ZD_DTYPE_F32, out[static_cast<size_t>(rank)].data(), n * 4);
   });
-  for (size_t j = 0; j < n; ++j) ASSERT_EQ(out[0][j], bf16_to_float(float_to_bf16(in[j]))) << "[" << j << "]";
+  for (size_t j = 0; j < n; ++j) ASSERT_EQ(out[0][j], bf16_to_f32(f32_to_bf16(in[j]))) << "[" << j << "]";
   EXPECT_EQ(out[1], out[0]);
 }
 

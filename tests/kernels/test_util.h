@@ -3,7 +3,7 @@
 #ifndef ZEROD_TESTS_KERNELS_TEST_UTIL_H
 #define ZEROD_TESTS_KERNELS_TEST_UTIL_H
 
-#include <zerod/optim/convert.h>
+#include <zerod/kit/half.h>
 #include <zerod/optim/kernels.h>
 
 #include <cmath>

@@ -5,7 +5,7 @@
 //
 // Results are bit-identical on every path: sums are plain IEEE adds in
 // source order (no FMA, no reassociation), 16-bit values are widened exactly,
-// combined in fp32 and rounded once, round-to-nearest-even (convert.h, which
+// combined in fp32 and rounded once, round-to-nearest-even (zerod/kit/half.h, which
 // F16C matches bit for bit).
 #ifndef ZEROD_COMM_LOCAL_KERNELS_H
 #define ZEROD_COMM_LOCAL_KERNELS_H

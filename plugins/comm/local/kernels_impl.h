@@ -1,7 +1,7 @@
 // The tile loops behind kernels.h. Included once per ISA level by a file
 // that defines ZEROD_COMM_ISA (base, avx2) and is built with that level's -m
 // flags; everything but reduce() has internal linkage, so the copies never
-// meet at link time (the ODR trap convert.h describes).
+// meet at link time (the ODR trap zerod/kit/half.h describes).
 //
 // A tile of elements is reduced across all sources into an accumulator that
 // stays in L1, then written to every destination: each source is read once
@@ -10,7 +10,7 @@
 #error "define ZEROD_COMM_ISA before including kernels_impl.h"
 #endif
 
-#include <zerod/optim/convert.h>
+#include <zerod/kit/half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -55,9 +55,9 @@ void widen(const uint16_t* __restrict s, float* __restrict d, size_t n) {
       _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
     }
 #endif
-    for (; i < n; ++i) d[i] = optim::f16_to_f32(s[i]);
+    for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
   } else {
-    for (; i < n; ++i) d[i] = optim::bf16_to_f32(s[i]);
+    for (; i < n; ++i) d[i] = bf16_to_f32(s[i]);
   }
 }
 
@@ -71,9 +71,9 @@ void narrow(const float* __restrict s, uint16_t* __restrict d, size_t n) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
     }
 #endif
-    for (; i < n; ++i) d[i] = optim::f32_to_f16(s[i]);
+    for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
   } else {
-    for (; i < n; ++i) d[i] = optim::f32_to_bf16(s[i]);
+    for (; i < n; ++i) d[i] = f32_to_bf16(s[i]);
   }
 }
 

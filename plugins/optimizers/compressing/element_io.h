@@ -4,7 +4,7 @@
 // Every fused multiply-add is spelled out (built with -ffp-contract=off),
 // as their reference implementations in the tests transcribe them; each
 // plugin's kernels_impl.h says how its loops vectorise.
-// `static`, as convert.h's functions: each plugin includes this header in a
+// `static`, as zerod/kit/half.h's functions: each plugin includes this header in a
 // translation unit built with -mavx2 as well as in its baseline one, and one
 // shared (COMDAT) copy could hand the baseline AVX2 code. Builtins rather
 // than std::fma/std::sqrt for the same reason: an out-of-line copy of those
@@ -12,7 +12,7 @@
 #ifndef ZEROD_OPTIM_COMPRESSING_ELEMENT_IO_H
 #define ZEROD_OPTIM_COMPRESSING_ELEMENT_IO_H
 
-#include <zerod/optim/convert.h>
+#include <zerod/kit/half.h>
 #include <zerod/optim/kernels.h>
 
 #include <cstddef>

@@ -32,14 +32,15 @@ inline __m256 load_grad(const void* g, size_t i) {
   }
 }
 
-// Round to nearest even into the low 16 bits of each lane; NaN -> 0x7FC0.
+// Round to nearest even into the low 16 bits of each lane; NaN ->
+// kBf16QuietNan (zerod/kit/half.h's rule, as f32_to_bf16).
 inline __m256i bf16_round(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
   const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(kBf16QuietNan), _mm256_castps_si256(nan));
 }
 
 // Eight floats as eight 16-bit values of the working copy's type.

@@ -61,14 +61,15 @@ inline __m512 load_grad(const void* g, size_t i, __mmask16 k) {
   }
 }
 
-// Round to nearest even into the low 16 bits of each lane; NaN -> 0x7FC0.
+// Round to nearest even into the low 16 bits of each lane; NaN ->
+// kBf16QuietNan (zerod/kit/half.h's rule, as f32_to_bf16).
 inline __m512i bf16_round(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(kBf16QuietNan));
 }
 
 template <Work W, bool Masked>

@@ -1,7 +1,8 @@
 // CUDA updates. Built with --fmad=false and IEEE division and square root
 // (nvcc's defaults), so each element rounds as the scalar reference does;
 // fp16 rounding uses __float2half_rn, bf16 (working copies and Adam state
-// kept in bf16) the same integer rounding as the CPU.
+// kept in bf16) the CPU's own function; NaNs take zerod/kit/half.h's bits.
+#include <zerod/kit/half.h>
 #include <zerod/optim/kernels_cuda.h>
 
 #include <cuda_fp16.h>
@@ -32,12 +33,11 @@ __device__ __forceinline__ float load_grad(const void* g, size_t i) {
   }
 }
 
-// Round to nearest even; every NaN becomes 0x7FC0 (f32_to_bf16 in convert.h).
-__device__ __forceinline__ uint16_t to_bf16(float p) {
-  uint32_t x = __float_as_uint(p);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-  x += 0x7FFFu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
+// Numbers round in hardware (nearest even); a NaN takes the kit's bits, as
+// f32_to_f16 on the CPU.
+__device__ __forceinline__ uint16_t to_f16(float p) {
+  const uint32_t x = __float_as_uint(p);
+  return (x & 0x7FFFFFFFu) > 0x7F800000u ? zerod::f16_nan_from_f32_bits(x) : __half_as_ushort(__float2half_rn(p));
 }
 
 template <Work W>
@@ -45,9 +45,9 @@ __device__ __forceinline__ void store_work(void* w, size_t i, float p) {
   if constexpr (W == Work::f32) {
     static_cast<float*>(w)[i] = p;
   } else if constexpr (W == Work::f16) {
-    static_cast<uint16_t*>(w)[i] = __half_as_ushort(__float2half_rn(p));
+    static_cast<uint16_t*>(w)[i] = to_f16(p);
   } else if constexpr (W == Work::bf16) {
-    static_cast<uint16_t*>(w)[i] = to_bf16(p);
+    static_cast<uint16_t*>(w)[i] = zerod::f32_to_bf16(p);
   }
 }
 
@@ -65,7 +65,7 @@ __device__ __forceinline__ void store_state(float* s, size_t i, float x) {
   if constexpr (S == St::f32) {
     s[i] = x;
   } else {
-    reinterpret_cast<uint16_t*>(s)[i] = to_bf16(x);
+    reinterpret_cast<uint16_t*>(s)[i] = zerod::f32_to_bf16(x);
   }
 }
 

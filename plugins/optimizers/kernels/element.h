@@ -10,7 +10,7 @@
 #ifndef ZEROD_OPTIM_ELEMENT_H
 #define ZEROD_OPTIM_ELEMENT_H
 
-#include <zerod/optim/convert.h>
+#include <zerod/kit/half.h>
 #include <zerod/optim/kernels.h>
 
 #include <cstddef>
