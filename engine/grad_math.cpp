@@ -2,6 +2,8 @@
 
 #include "dtype.h"
 
+#include <zerod/kit/cpu.h>
+
 #include <cmath>
 
 #if ZEROD_GRAD_MATH_X86
@@ -141,8 +143,8 @@ __attribute__((target("avx2,fma"))) double sumsq_f32_avx2(const float* p, uint64
 }
 
 bool cpu_has_avx2_fma() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const cpu::Features& f = cpu::features();
+  return f.avx2 && f.fma;
 }
 #endif
 

@@ -3,8 +3,9 @@
 #include <array>
 #include <cstring>
 
+#include <zerod/kit/cpu.h>
+
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <nmmintrin.h>
 #endif
 
@@ -42,11 +43,6 @@ __attribute__((target("sse4.2"))) uint32_t by_instruction(uint32_t crc, const un
   for (; n; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
   return c32;
 }
-
-bool has_sse42() {
-  unsigned a, b, c, d;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_SSE4_2);
-}
 #endif
 
 }  // namespace
@@ -55,7 +51,7 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
 #if defined(__x86_64__)
-  static const bool hw = has_sse42();
+  static const bool hw = cpu::features().sse42;
   crc = hw ? by_instruction(crc, p, n) : by_table(crc, p, n);
 #else
   crc = by_table(crc, p, n);

@@ -1,6 +1,8 @@
 // Run-time ISA selection for the 1-bit kernels. Built for the baseline ISA:
-// it calls into the AVX2 table only after asking the CPU (and, through
-// __builtin_cpu_supports, whether the OS saves the YMM registers).
+// it calls into the AVX2 table only after asking the kit's probe
+// (zerod/kit/cpu.h, which also checks that the OS saves the YMM registers).
+#include <zerod/kit/cpu.h>
+
 #include "onebit_kernels.h"
 
 namespace zerod::comm::onebit::detail {
@@ -10,10 +12,7 @@ bool isa_supported(Isa isa) {
     case Isa::scalar: return true;
     case Isa::avx2: {
 #if ZEROD_ONEBIT_X86
-      static const bool has = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-      }();
+      static const bool has = cpu::features().avx2 && cpu::features().fma;
       return has;
 #else
       return false;

@@ -1,11 +1,9 @@
 // Picks the kernels once: the AVX2 + F16C copy where the CPU has both, else
 // the baseline. Both give the same bits (kernels.h), so the choice only
 // changes speed.
-#include "kernels.h"
+#include <zerod/kit/cpu.h>
 
-#if ZEROD_COMM_X86
-#include <cpuid.h>
-#endif
+#include "kernels.h"
 
 namespace zerod::comm {
 namespace {
@@ -27,13 +25,9 @@ ReduceFn chosen() {
 }  // namespace
 
 #if ZEROD_COMM_X86
-bool kernels::avx2_supported() {
-  __builtin_cpu_init();
-  // F16C straight from CPUID (leaf 1, ECX bit 29): clang 14, which the fuzz
-  // build uses, does not know "f16c" in __builtin_cpu_supports (GCC does).
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
+// The kit's probe (zerod/kit/cpu.h). These kernels are built with -mavx2
+// -mf16c, no FMA.
+bool kernels::avx2_supported() { return cpu::features().avx2 && cpu::features().f16c; }
 #endif
 
 size_t element_size(Dtype dtype) {

@@ -1,36 +1,11 @@
 // Run-time ISA selection. Built for the baseline ISA: it runs on every CPU
-// and only calls into a vector path after checking the CPU (and, through
-// __builtin_cpu_supports, that the OS saves the wider registers).
+// and only calls into a vector path after checking the CPU with the kit's
+// probe (zerod/kit/cpu.h, which also checks that the OS saves the wider
+// registers).
+#include <zerod/kit/cpu.h>
 #include <zerod/optim/kernels.h>
 
-#if ZEROD_OPTIM_X86
-#include <cpuid.h>
-#endif
-
 namespace zerod::optim {
-namespace {
-
-#if ZEROD_OPTIM_X86
-// F16C straight from CPUID (leaf 1, ECX bit 29): clang 14, which the fuzz
-// build uses, does not know "f16c" in __builtin_cpu_supports (GCC does).
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-}
-
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-}
-#endif
-
-}  // namespace
 
 bool dtype_valid(Dtype d) { return d == Dtype::f32 || d == Dtype::bf16 || d == Dtype::f16; }
 
@@ -39,11 +14,11 @@ bool isa_supported(Isa isa) {
     case Isa::scalar: return true;
 #if ZEROD_OPTIM_X86
     case Isa::avx2: {
-      static const bool has = cpu_has_avx2();
+      static const bool has = cpu::has_avx2_fma_f16c();
       return has;
     }
     case Isa::avx512: {
-      static const bool has = cpu_has_avx512();
+      static const bool has = cpu::has_avx512_f_bw_vl();
       return has;
     }
 #else
