@@ -1,4 +1,5 @@
-// The engine's log: one line per message on stderr, "zerod[<level>] ...".
+// zerod's log, which the engine, the daemon and the launcher all write: one
+// line per message on stderr, "zerod[<level>] ...".
 // ZEROD_LOG=error|warn|info|debug sets the threshold (default warn).
 #pragma once
 
