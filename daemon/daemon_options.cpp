@@ -4,6 +4,7 @@
 #include "metrics_text.h"
 #include "model_host.h"
 #include "observe/listen_address.h"
+#include "size.h"
 
 #include <unistd.h>
 
@@ -35,6 +36,16 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                               "                  when the job takes snapshots: they resume from the newest; else 0)\n"
                             : "  --until-done    end once every rank that came has left (or none came in 60 s):\n"
                               "                  how ranks of another launcher start their node's daemon\n");
+  if (!want_command)
+    std::fprintf(out,
+                 "   or: zerod serve --jobs [--host-memory SIZE] [--socket PATH] [--metrics ADDR]\n"
+                 "  --jobs          serve several jobs of this user at once, each brought by its ranks (their\n"
+                 "                  ZEROD_JOB, told apart by their launcher's ids or ZEROD_JOB_KEY); runs until\n"
+                 "                  SIGINT or SIGTERM\n"
+                 "  --host-memory SIZE\n"
+                 "                  the host memory all jobs' model state may hold together, e.g. 48GiB\n"
+                 "                  (default: 90%% of the node's RAM); a rank whose state would not fit is\n"
+                 "                  refused at zd_model_finalize, naming the jobs that hold it\n");
 }
 
 }  // namespace
@@ -118,6 +129,17 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       out->prefix = false;
     } else if (a == "--until-done" && !want_command) {
       out->until_done = true;
+    } else if (a == "--jobs" && !want_command) {
+      out->jobs = true;
+    } else if (a == "--host-memory" && !want_command) {
+      const char* v = value("--host-memory");
+      if (!v) return false;
+      const auto bytes = scripting::parse_size(v);
+      if (!bytes || *bytes == 0) {
+        std::fprintf(stderr, "zerod %s: --host-memory takes a size such as 48GiB or 512MiB, got '%s'\n", cmd, v);
+        return false;
+      }
+      out->host_memory = *bytes;
     } else if (a == "-h" || a == "--help") {
       usage(cmd, want_command, stdout);
       *exit_code = 0;
@@ -127,6 +149,24 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       usage(cmd, want_command);
       return false;
     }
+  }
+  if (out->jobs) {
+    // Each job's ranks bring its script; a daemon-wide one would be a job of its own.
+    const char* clash = !out->job.empty() ? "--job" : out->until_done ? "--until-done"
+                        : out->nnodes > 1 || out->node_rank > 0 ? "--nnodes/--node-rank" : nullptr;
+    if (clash) {
+      std::fprintf(stderr, "zerod %s: --jobs serves whatever jobs the ranks bring (each rank's ZEROD_JOB), on this "
+                   "node; it takes no %s\n", cmd, clash);
+      usage(cmd, want_command);
+      return false;
+    }
+    return true;
+  }
+  if (out->host_memory) {
+    std::fprintf(stderr, "zerod %s: --host-memory goes with --jobs (one job's ranks are bounded by its own "
+                 "budgets: budgets = { host = ... } in its script)\n", cmd);
+    usage(cmd, want_command);
+    return false;
   }
   if (out->job.empty()) {
     std::fprintf(stderr, "zerod %s: --job job.lua is required\n", cmd);

@@ -25,6 +25,8 @@ struct DaemonArgs {
   std::string metrics;      // --metrics ADDR: overrides the job's metrics.listen
   std::vector<std::string> command;  // after "--" (run)
   bool until_done = false;           // serve: end when the ranks are gone (a daemon started on demand)
+  bool jobs = false;                 // serve --jobs: several jobs, each brought by its ranks
+  uint64_t host_memory = 0;          // serve --host-memory: what the jobs' state may hold together (0: default)
 };
 
 // Parses argv; on a mistake prints it with the usage and returns false

@@ -7,7 +7,9 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "ledger.h"
 #include "log.h"
+#include "metrics_text.h"
 #include "mpi_binding.h"
 #include "node_layout.h"
 #include "server.h"
@@ -62,10 +64,53 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
 
 }  // namespace
 
+// `zerod serve --jobs`: a long-running daemon (a user's, or a systemd
+// service's) for whatever jobs its user's ranks bring, each with its own
+// script, their state charged together against the node's host memory.
+int serve_jobs(const DaemonArgs& args, const sigset_t& stop) {
+  server::ServerOptions so;
+  so.socket_path = args.socket;
+  so.multi_job = true;
+  so.host_memory = args.host_memory ? args.host_memory : server::default_node_capacity();
+  so.trace_path = args.trace;
+  server::Server server(so);
+  server.start();
+  std::unique_ptr<server::MetricsServer> metrics;
+  if (!args.metrics.empty()) {
+    metrics = std::make_unique<server::MetricsServer>(args.metrics, [&server] { return server::render_metrics(server); });
+    std::fprintf(stderr, "zerod serve: metrics at %s\n", metrics->where().c_str());
+  }
+  std::printf("zerod serve: listening on %s for several jobs; their model state may hold %s of host memory "
+              "together\n"
+              "  ranks connect with ZEROD_ENDPOINT=unix:%s and ZEROD_JOB=job.lua, started by torchrun, mpirun, srun\n"
+              "  (told apart by their launcher's ids) or by hand (ZEROD_RANK, ZEROD_WORLD_SIZE, ZEROD_JOB_KEY)\n",
+              server.socket_path().c_str(), format_bytes(so.host_memory).c_str(), server.socket_path().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
+  metrics.reset();
+  server.stop();
+  return 0;
+}
+
 int serve_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
+  if (args.jobs) {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    try {
+      return serve_jobs(args, stop);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "zerod serve: %s (%s)\n", e.what(), status_name(e.code()));
+      return 1;
+    }
+  }
   // Before any thread starts: each keeps the CPUs it started with.
   if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
     log_info("zerod serve: " + widened);

@@ -172,6 +172,8 @@ Model::~Model() {
   if (peer_board_) peer_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
   for (auto& rs : ranks_) rs->res.stream.reset();
   for (auto& rs : ranks_) release_rank(*rs);
+  if (admission_)
+    for (auto& rs : ranks_) admission_->release(rs->res.rank);
 }
 
 Model::RankState& Model::rank_state(int rank) {
@@ -544,9 +546,17 @@ void Model::finalize(int rank) {
     std::array<uint64_t, ZD_TIER_COUNT> budgets{};
     for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
     placement_.check_budgets(budgets);
+    if (admission_) {
+      std::array<uint64_t, ZD_TIER_COUNT> need{};
+      const auto table = placement_.need_table(rank);
+      for (size_t t = 0; t < need.size(); ++t)
+        for (const uint64_t bytes : table[t]) need[t] += bytes;
+      admission_->admit(rank, need);
+    }
     allocate_rank(rs);
   } catch (...) {
     release_rank(rs);
+    if (admission_) admission_->release(rank);
     throw;
   }
   if (shard_board_) {

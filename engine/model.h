@@ -30,6 +30,7 @@
 #include "error.h"
 #include "job_config.h"
 #include "ledger.h"
+#include "memory_admission.h"
 #include "model_context.h"
 #include "model_types.h"
 #include "observe/collective_board.h"
@@ -100,6 +101,9 @@ class Model final : private FailureSink {
   // The trainer's stream for the rank's device (a cudaStream_t; nullptr =
   // the default stream). Between steps.
   void set_stream(int rank, void* stream);
+  // Before any rank finalizes: what each rank's planned state is charged
+  // against beyond the job's own budgets (a daemon serving several jobs).
+  void set_memory_admission(std::shared_ptr<MemoryAdmission> admission) { admission_ = std::move(admission); }
 
   // --- whole parameters -----------------------------------------------------
   // With the optimizer state partitioned (stage >= 1) on several ranks,
@@ -268,6 +272,7 @@ class Model final : private FailureSink {
   std::unique_ptr<PeerBoard> peer_board_;  // likewise
   std::vector<std::unique_ptr<RankState>> ranks_;
   std::unique_ptr<Snapshots> snapshots_;
+  std::shared_ptr<MemoryAdmission> admission_;  // may be null
   double base_lr_ = 0.0;
 
   std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason

@@ -52,10 +52,13 @@ std::unique_ptr<ClientBackend> make_embedded_client();
 // Who a rank is in its job.
 struct RankIdentity {
   int rank = 0, world = 1, local_rank = 0;
+  int local_world = 0;  // the job's ranks on this node (0: not known)
+  std::string job_key;  // which job, for a daemon serving several ("" = none named)
 };
-// A zerod daemon at a unix socket; rank and world size from ZEROD_RANK and
-// ZEROD_WORLD_SIZE (as `zerod run` sets them), or `who` (another launcher's,
-// node_daemon.h). timeout_ms 0 = no limit.
+// A zerod daemon at a unix socket; rank and world size from `who` (another
+// launcher's, node_daemon.h), else from the launcher's environment as
+// launcher_ranks() reads it (ZEROD_RANK and ZEROD_WORLD_SIZE first, as `zerod
+// run` sets them; then torchrun's, Open MPI's, Slurm's). timeout_ms 0 = no limit.
 std::unique_ptr<ClientBackend> make_remote_client(const std::string& socket_path, uint32_t timeout_ms,
                                                   const RankIdentity* who = nullptr);
 

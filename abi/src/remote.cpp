@@ -12,6 +12,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "launcher_env.h"
 #include "registry.h"
 #include "script_file.h"
 #include "sizes.h"
@@ -101,14 +102,39 @@ class RemoteModel final : public ModelBackend {
   std::vector<RingViewLike> socket_views_;
 };
 
+// Which rank this process is, when ZEROD_ENDPOINT names the daemon: `zerod
+// run`'s variables as it sets them (ZEROD_RANK, ZEROD_WORLD_SIZE), else what
+// another launcher's say (torchrun's RANK... pointed at a `zerod serve`), so
+// that such a rank is never rank 0 of 1 by default. The job key tells a
+// daemon serving several jobs which one the rank is of.
+RankIdentity identity_from_environment() {
+  RankIdentity id;
+  if (std::getenv("ZEROD_RANK") || std::getenv("ZEROD_WORLD_SIZE") || !launcher_ranks()) {
+    id.rank = env_int("ZEROD_RANK", 0);
+    id.world = env_int("ZEROD_WORLD_SIZE", 1);
+    id.local_rank = env_int("ZEROD_LOCAL_RANK", id.rank);
+    id.local_world = env_int("ZEROD_LOCAL_WORLD_SIZE", 0);
+    if (const char* key = std::getenv("ZEROD_JOB_KEY")) id.job_key = std::string("ZEROD_JOB_KEY=") + key + ";";
+    return id;
+  }
+  const LauncherRanks r = *launcher_ranks();
+  id.rank = r.rank;
+  id.world = r.world;
+  id.local_rank = r.local_rank;
+  id.local_world = r.local_world;
+  id.job_key = r.job_key;
+  return id;
+}
+
 class RemoteClient final : public ClientBackend {
  public:
   RemoteClient(const std::string& path, uint32_t timeout_ms, const RankIdentity* who)
       : conn_(transport::connect_unix(path, timeout_ms ? static_cast<int>(timeout_ms) : 5000)),
         timeout_ms_(timeout_ms) {
-    rank_ = who ? who->rank : env_int("ZEROD_RANK", 0);
-    world_ = who ? who->world : env_int("ZEROD_WORLD_SIZE", 1);
-    local_rank_ = who ? who->local_rank : env_int("ZEROD_LOCAL_RANK", rank_);
+    const RankIdentity id = who ? *who : identity_from_environment();
+    rank_ = id.rank;
+    world_ = id.world;
+    local_rank_ = id.local_rank;
     v1::Request req;
     v1::Hello* h = req.mutable_hello();
     h->set_abi_version(ZD_ABI_VERSION);
@@ -116,6 +142,8 @@ class RemoteClient final : public ClientBackend {
     h->set_rank(rank_);
     h->set_world_size(world_);
     h->set_local_rank(local_rank_);
+    h->set_job_key(id.job_key);
+    h->set_local_world_size(id.local_world);
     const v1::Reply r = rpc(req);
     if (r.hello().ring() && std::getenv("ZEROD_NO_RING") == nullptr) set_up_ring();
     // A daemon that does not say it runs a deferred end would drop it.

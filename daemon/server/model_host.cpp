@@ -20,16 +20,20 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name, const 
 }
 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
-                     std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank,
-                     int local_ranks, const std::string& trace_path, const std::string& device)
+                     std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
+                     const std::string& trace_path, const std::string& device,
+                     const std::shared_ptr<NodeMemory>& node_memory)
     : id_(id),
       key_(key),
+      job_(std::move(job)),
       script_text_(std::move(script_text)),
       script_name_(std::move(script_name)),
       device_request_(device),
       script_(std::move(script)),
-      first_rank_(first_rank) {
-  if (local_ranks < 0) local_ranks = world_size - first_rank;
+      first_rank_(job_->first_rank) {
+  const int world_size = job_->world_size;
+  const int first_rank = job_->first_rank;
+  const int local_ranks = job_->local_ranks;
   if (local_ranks < world_size && script_->config().keep_state_on_disconnect)
     fail(ZD_ERR_CONFIG, script_name_ + ": daemon.keep_state works with one daemon only: with " +
                             std::to_string(world_size / local_ranks) +
@@ -57,6 +61,11 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   model_ = std::make_unique<Model>(std::move(config),
                                    script_->make_plugins(world_size, first_rank, local_ranks), script_.get(),
                                    world_size, first_rank, local_ranks, open_shared_device);
+  if (node_memory) {
+    // The cpu and emulated devices keep their "device" tier in host RAM.
+    const std::string& dev = model_->config().device;
+    model_->set_memory_admission(node_memory->for_model(job_->label, id_, dev == "cpu" || dev == "emulated"));
+  }
 }
 
 size_t ModelHost::at(int rank) const {

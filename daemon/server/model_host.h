@@ -6,6 +6,8 @@
 
 #include "job_script.h"
 #include "model.h"
+#include "node_memory.h"
+#include "served_job.h"
 
 #include <memory>
 #include <condition_variable>
@@ -24,12 +26,16 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name, const 
 
 class ModelHost {
  public:
+  // node_memory: what the ranks' state is charged against with the other
+  // jobs' (null: only the job's own budgets).
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
-            std::unique_ptr<scripting::JobScript> script, int world_size, int first_rank = 0,
-            int local_ranks = -1, const std::string& trace_path = "", const std::string& device = "");
+            std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
+            const std::string& trace_path = "", const std::string& device = "",
+            const std::shared_ptr<NodeMemory>& node_memory = nullptr);
   ~ModelHost();
 
   int id() const { return id_; }
+  const std::shared_ptr<ServedJob>& job() const { return job_; }
   uint64_t key() const { return key_; }
   const std::string& script_text() const { return script_text_; }
   const std::string& script_name() const { return script_name_; }
@@ -63,6 +69,7 @@ class ModelHost {
  private:
   int id_;
   uint64_t key_;
+  std::shared_ptr<ServedJob> job_;
   std::string script_text_;
   std::string script_name_;
   std::string device_request_;

@@ -8,14 +8,19 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 namespace zerod::server {
 
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
       listener_(transport::Listener::create_private(
           options_.socket_path, transport::ListenerOptions{options_.allow_uid, SOMAXCONN})),
-      started_(std::chrono::steady_clock::now()),
-      creates_() {
+      started_(std::chrono::steady_clock::now()) {
+  if (options_.multi_job) {
+    node_memory_ = std::make_shared<NodeMemory>(options_.host_memory);
+    return;
+  }
   if (options_.world_size < 1) fail(ZD_ERR_INVALID_ARGUMENT, "the daemon needs at least one rank");
   if (options_.local_ranks < 0) options_.local_ranks = options_.world_size - options_.first_rank;
   if (options_.first_rank < 0 || options_.local_ranks < 1 ||
@@ -23,7 +28,61 @@ Server::Server(ServerOptions options)
     fail(ZD_ERR_INVALID_ARGUMENT, "the daemon's ranks " + std::to_string(options_.first_rank) + ".." +
                                       std::to_string(options_.first_rank + options_.local_ranks - 1) +
                                       " are outside the job's " + std::to_string(options_.world_size));
-  creates_.assign(static_cast<size_t>(options_.local_ranks), 0);
+  single_ = std::make_shared<ServedJob>();
+  single_->label = "the job";
+  single_->world_size = options_.world_size;
+  single_->first_rank = options_.first_rank;
+  single_->local_ranks = options_.local_ranks;
+  single_->creates.assign(static_cast<size_t>(options_.local_ranks), 0);
+}
+
+std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, int local_world_size, int rank,
+                                        int pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.multi_job) return single_;
+  if (world_size < 1) fail(ZD_ERR_INVALID_ARGUMENT, "a job needs at least one rank");
+  if (local_world_size > 0 && local_world_size != world_size)
+    fail(ZD_ERR_CONFIG, "the rank says " + std::to_string(local_world_size) + " of its job's " +
+                            std::to_string(world_size) + " ranks run on this node: `zerod serve --jobs` serves "
+                            "jobs whose ranks are all on its node; run one `zerod run` per node under mpirun or "
+                            "srun for several (docs/multinode.md)");
+  std::string k = key;
+  if (k.empty()) {
+    // One rank alone is a job of its own; several must say which job they are.
+    if (world_size > 1)
+      fail(ZD_ERR_CONFIG, "this daemon serves several jobs and rank " + std::to_string(rank) + " of " +
+                              std::to_string(world_size) + " names none: set ZEROD_JOB_KEY to the same value in "
+                              "every rank of the job (ranks that torchrun, mpirun or srun started are told "
+                              "apart by their launcher's ids)");
+    k = "pid=" + std::to_string(pid) + ";connection=" + std::to_string(jobs_made_) + ";";
+  }
+  auto it = jobs_.find(k);
+  if (it != jobs_.end()) {
+    if (it->second->world_size != world_size)
+      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " says its job has " +
+                                        std::to_string(world_size) + " ranks but " + it->second->label + " has " +
+                                        std::to_string(it->second->world_size) + " (ZEROD_WORLD_SIZE)");
+    return it->second;
+  }
+  auto job = std::make_shared<ServedJob>();
+  job->key = k;
+  job->label = "job " + std::to_string(jobs_made_++) + " (" + k + ")";
+  job->world_size = world_size;
+  job->first_rank = 0;
+  job->local_ranks = world_size;
+  job->creates.assign(static_cast<size_t>(world_size), 0);
+  jobs_[k] = job;
+  // A long-running daemon's log says which jobs came and went.
+  std::fprintf(stderr, "zerod serve: serving %s, %d rank%s\n", job->label.c_str(), world_size,
+               world_size == 1 ? "" : "s");
+  return job;
+}
+
+void Server::forget_job_if_done(const std::shared_ptr<ServedJob>& job) {
+  if (!options_.multi_job || !job->rank_owner.empty()) return;
+  for (const auto& [id, m] : models_)
+    if (m->job().get() == job.get()) return;
+  if (jobs_.erase(job->key)) std::fprintf(stderr, "zerod serve: %s is done: its ranks and models are gone\n", job->label.c_str());
 }
 
 Server::~Server() { stop(); }
@@ -78,7 +137,7 @@ void Server::stop() {
   }
   // A session blocked in a collective is woken by its model's comm abort.
   for (auto& m : models())
-    for (int r = first_rank(); r < first_rank() + local_ranks(); ++r)
+    for (int r = m->job()->first_rank; r < m->job()->first_rank + m->job()->local_ranks; ++r)
       if (m->attached(r)) m->model().rank_lost(r, "the daemon is stopping");
   for (auto& s : sessions) s->stop();
   for (auto& s : sessions) s->join();
@@ -86,28 +145,33 @@ void Server::stop() {
   models_.clear();
 }
 
-bool Server::claim_rank(int rank, Session* s, std::string* holder) {
+bool Server::claim_rank(ServedJob& job, int rank, Session* s, std::string* holder) {
   // A rank that disconnected and connects again (a new zd_connect in the
   // same process, a restarted trainer) may arrive before its old session has
   // seen the EOF: give that session a moment to finish.
   std::unique_lock<std::mutex> lock(mu_);
   const auto free = [&] {
-    auto it = rank_owner_.find(rank);
-    return it == rank_owner_.end() || it->second->finished();
+    auto it = job.rank_owner.find(rank);
+    return it == job.rank_owner.end() || it->second->finished();
   };
   rank_freed_.wait_for(lock, std::chrono::milliseconds(options_.reclaim_wait_ms), free);
   if (!free()) {
-    *holder = "pid " + std::to_string(rank_owner_[rank]->pid());
+    *holder = "pid " + std::to_string(job.rank_owner[rank]->pid());
     return false;
   }
-  rank_owner_[rank] = s;
+  job.rank_owner[rank] = s;
+  job.any_rank_came = true;
   any_rank_came_ = true;
   return true;
 }
 
 bool Server::ranks_came_and_left() {
   std::lock_guard<std::mutex> lock(mu_);
-  return any_rank_came_ && rank_owner_.empty();
+  if (!any_rank_came_) return false;
+  if (single_ && !single_->rank_owner.empty()) return false;
+  for (const auto& [key, job] : jobs_)
+    if (!job->rank_owner.empty()) return false;
+  return true;
 }
 
 bool Server::any_rank_came() {
@@ -115,24 +179,26 @@ bool Server::any_rank_came() {
   return any_rank_came_;
 }
 
-void Server::release_rank(int rank, Session* s) {
+void Server::release_rank(ServedJob& job, int rank, Session* s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = rank_owner_.find(rank);
-    if (it != rank_owner_.end() && it->second == s) rank_owner_.erase(it);
+    auto it = job.rank_owner.find(rank);
+    if (it != job.rank_owner.end() && it->second == s) job.rank_owner.erase(it);
+    if (options_.multi_job)
+      if (auto j = jobs_.find(job.key); j != jobs_.end()) forget_job_if_done(j->second);
   }
   rank_freed_.notify_all();
 }
 
-int Server::rank_pid(int rank) {
+int Server::rank_pid(const ServedJob& job, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = rank_owner_.find(rank);
-  return it == rank_owner_.end() ? 0 : it->second->pid();
+  auto it = job.rank_owner.find(rank);
+  return it == job.rank_owner.end() ? 0 : it->second->pid();
 }
 
-std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string& text,
-                                                    const std::string& name, bool allow_io,
-                                                    const std::string& device) {
+std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<ServedJob>& job, int rank,
+                                                    const std::string& text, const std::string& name,
+                                                    bool allow_io, const std::string& device) {
   // A model another rank made for another device is not this rank's.
   auto same_device = [&](const ModelHost& m) {
     if (m.device_request() != device)
@@ -144,6 +210,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
   std::unique_lock<std::mutex> lock(mu_);
   // A restarted rank of a job that keeps its state finds its old model.
   for (auto& [id, m] : models_) {
+    if (m->job() != job) continue;
     if (m->script_text() == text && m->can_reattach(rank)) {
       same_device(*m);
       m->reattach(rank);
@@ -152,9 +219,9 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
       return m;
     }
   }
-  const uint64_t key = creates_.at(static_cast<size_t>(rank - first_rank()))++;
+  const uint64_t key = job->creates.at(static_cast<size_t>(rank - job->first_rank))++;
   for (auto& [id, m] : models_) {
-    if (m->key() != key) continue;
+    if (m->job() != job || m->key() != key) continue;
     if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
     if (m->script_text() != text)
       fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + "'s job script " + name +
@@ -175,7 +242,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
   auto script = scripting::JobScript::load(src);
   lock.lock();
   for (auto& [id, m] : models_)
-    if (m->key() == key && !m->attached(rank)) {  // created while we loaded ours
+    if (m->job() == job && m->key() == key && !m->attached(rank)) {  // created while we loaded ours
       if (m->script_text() != text)
         fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + "'s job script " + name +
                                 " differs from the " + m->script_name() +
@@ -185,8 +252,8 @@ std::shared_ptr<ModelHost> Server::create_or_attach(int rank, const std::string&
       m->attach(rank);
       return m;
     }
-  auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script),
-                                       options_.world_size, first_rank(), local_ranks(), options_.trace_path, device);
+  auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script), job,
+                                       options_.trace_path, device, node_memory_);
   m->attach(rank);
   models_[m->id()] = m;
   return m;
@@ -203,6 +270,8 @@ void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
   if (options_.keep_state || m->model().config().keep_state_on_disconnect) return;
   std::lock_guard<std::mutex> lock(mu_);
   models_.erase(m->id());
+  if (options_.multi_job)
+    if (auto j = jobs_.find(m->job()->key); j != jobs_.end()) forget_job_if_done(j->second);
 }
 
 std::vector<std::shared_ptr<ModelHost>> Server::models() {
@@ -212,13 +281,32 @@ std::vector<std::shared_ptr<ModelHost>> Server::models() {
   return out;
 }
 
+std::vector<ServedJob> Server::jobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ServedJob> out;
+  auto copy = [&](const ServedJob& j) {
+    ServedJob c;
+    c.key = j.key;
+    c.label = j.label;
+    c.world_size = j.world_size;
+    c.first_rank = j.first_rank;
+    c.local_ranks = j.local_ranks;
+    c.any_rank_came = j.any_rank_came;
+    out.push_back(std::move(c));
+  };
+  if (single_) copy(*single_);
+  for (const auto& [key, j] : jobs_) copy(*j);
+  return out;
+}
+
 double Server::uptime_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
 }
 
 void Server::rank_exited(int rank, const std::string& how) {
+  // Only `zerod run` (one job) launches ranks itself.
   for (auto& m : models())
-    if (m->attached(rank)) m->detach(rank, true, how);
+    if (m->job() == single_ && m->attached(rank)) m->detach(rank, true, how);
 }
 
 }  // namespace zerod::server

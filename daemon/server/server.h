@@ -5,6 +5,8 @@
 #pragma once
 
 #include "model_host.h"
+#include "node_memory.h"
+#include "served_job.h"
 #include "transport/listener.h"
 
 #include <atomic>
@@ -34,6 +36,12 @@ struct ServerOptions {
   // `zerod run --trace FILE`: every model records a trace there (its job
   // script's trace.steps, or the default steps).
   std::string trace_path;
+  // `zerod serve --jobs`: several jobs at once, each known by the job key
+  // its ranks send (world_size, first_rank and local_ranks above are then
+  // unused: each job brings its own, all of its ranks on this node), their
+  // model state charged together against host_memory bytes (NodeMemory).
+  bool multi_job = false;
+  uint64_t host_memory = 0;
 };
 
 class Session;
@@ -49,10 +57,14 @@ class Server {
   // Stops accepting, closes every connection and joins the threads.
   void stop();
   const std::string& socket_path() const { return listener_.path(); }
-  int world_size() const { return options_.world_size; }
-  int first_rank() const { return options_.first_rank; }
-  int local_ranks() const { return options_.local_ranks; }
-  bool serves(int rank) const { return rank >= first_rank() && rank < first_rank() + local_ranks(); }
+  bool multi_job() const { return options_.multi_job; }
+  // A single-job daemon's job (world size, ranks served).
+  const ServedJob& job() const { return *single_; }
+  int world_size() const { return single_->world_size; }
+  int first_rank() const { return single_->first_rank; }
+  int local_ranks() const { return single_->local_ranks; }
+  // Null unless multi_job.
+  const NodeMemory* node_memory() const { return node_memory_.get(); }
 
   // From the launcher: rank's process is gone (how = "exited with status 3").
   void rank_exited(int rank, const std::string& how);
@@ -62,20 +74,26 @@ class Server {
   bool any_rank_came();
 
   // --- for sessions ---------------------------------------------------------
+  // The job a rank's hello joins: a single-job daemon's one job (key
+  // ignored); with multi_job the job of that key, made by its first rank.
+  // Throws Error saying why the rank cannot join. pid: the client's.
+  std::shared_ptr<ServedJob> join(const std::string& key, int world_size, int local_world_size, int rank, int pid);
   // Claims the rank for a connection; false if another connection has it.
-  bool claim_rank(int rank, Session* s, std::string* holder);
-  void release_rank(int rank, Session* s);
+  bool claim_rank(ServedJob& job, int rank, Session* s, std::string* holder);
+  void release_rank(ServedJob& job, int rank, Session* s);
   // The model for rank's next zd_model_create (created by the first rank
   // to ask, attached by the others).
   // device: the trainer's zd_model_options.device ("" = the script's); every
   // rank of a model must give the same.
-  std::shared_ptr<ModelHost> create_or_attach(int rank, const std::string& text, const std::string& name,
-                                              bool allow_io, const std::string& device = "");
+  std::shared_ptr<ModelHost> create_or_attach(const std::shared_ptr<ServedJob>& job, int rank, const std::string& text,
+                                              const std::string& name, bool allow_io, const std::string& device = "");
   std::shared_ptr<ModelHost> model(int id);
   void forget_if_unused(const std::shared_ptr<ModelHost>& m);
   std::vector<std::shared_ptr<ModelHost>> models();
   double uptime_s() const;
-  int rank_pid(int rank);
+  int rank_pid(const ServedJob& job, int rank);
+  // The jobs served now (copies without their rank tables).
+  std::vector<ServedJob> jobs();
 
  private:
   void accept_loop();
@@ -87,14 +105,19 @@ class Server {
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
 
+  // A multi-job daemon's job when its ranks and models are all gone.
+  void forget_job_if_done(const std::shared_ptr<ServedJob>& job);  // under mu_
+
   std::mutex mu_;
   std::vector<std::shared_ptr<Session>> sessions_;
-  std::map<int, Session*> rank_owner_;
+  std::shared_ptr<ServedJob> single_;                           // the job of a single-job daemon
+  std::map<std::string, std::shared_ptr<ServedJob>> jobs_;      // multi_job: by key
+  int jobs_made_ = 0;
   bool any_rank_came_ = false;  // under mu_
   std::condition_variable rank_freed_;
   std::map<int, std::shared_ptr<ModelHost>> models_;  // by id
-  std::vector<uint64_t> creates_;                      // per rank: models it created so far
   int next_model_id_ = 0;
+  std::shared_ptr<NodeMemory> node_memory_;  // multi_job
 };
 
 }  // namespace zerod::server

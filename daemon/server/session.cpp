@@ -194,7 +194,7 @@ void Session::end(const std::string& why) {
   // The peer sees end of stream now, not when this session is reaped.
   conn_.shutdown();
   leave_all(true, "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: " + why);
-  if (rank_ >= 0) server_.release_rank(rank_, this);
+  if (rank_ >= 0) server_.release_rank(*job_, rank_, this);
   finished_.store(true);
 }
 
@@ -216,23 +216,26 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   if (h.role() == "observer") {
     observer_ = true;
   } else if (h.role() == "rank") {
-    if (h.world_size() != server_.world_size())
+    auto job = server_.join(h.job_key(), h.world_size(), h.local_world_size(), h.rank(), pid_);
+    if (h.world_size() != job->world_size)
       fail(ZD_ERR_INVALID_ARGUMENT, "the client says the job has " + std::to_string(h.world_size()) +
                                         " ranks (ZEROD_WORLD_SIZE) but this daemon serves " +
-                                        std::to_string(server_.world_size()));
-    if (h.rank() < 0 || h.rank() >= server_.world_size())
+                                        std::to_string(job->world_size));
+    if (h.rank() < 0 || h.rank() >= job->world_size)
       fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is outside the job's " +
-                                        std::to_string(server_.world_size()) + " ranks (ZEROD_RANK)");
-    if (!server_.serves(h.rank()))
+                                        std::to_string(job->world_size) + " ranks (ZEROD_RANK)");
+    if (!job->serves(h.rank()))
       fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is not served by this daemon, which "
-                                        "serves ranks " + std::to_string(server_.first_rank()) + ".." +
-                                        std::to_string(server_.first_rank() + server_.local_ranks() - 1) +
+                                        "serves ranks " + std::to_string(job->first_rank) + ".." +
+                                        std::to_string(job->first_rank + job->local_ranks - 1) +
                                         "; a rank connects to the daemon of its own node (ZEROD_ENDPOINT)");
     std::string holder;
-    if (!server_.claim_rank(h.rank(), this, &holder))
+    if (!server_.claim_rank(*job, h.rank(), this, &holder))
       fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(h.rank()) + " is already connected (" + holder +
+                                     (server_.multi_job() ? ", in " + job->label : std::string()) +
                                      "); every rank connects once");
     rank_ = h.rank();
+    job_ = std::move(job);
   } else {
     fail(ZD_ERR_INVALID_ARGUMENT, "unknown role '" + h.role() + "' in hello");
   }
@@ -240,7 +243,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   v1::HelloReply* r = reply->mutable_hello();
   r->set_abi_version(ZD_ABI_VERSION);
   r->set_version(ZEROD_VERSION_STRING);
-  r->set_world_size(server_.world_size());
+  r->set_world_size(job_ ? job_->world_size : (server_.multi_job() ? 0 : server_.world_size()));
   r->set_max_frame(wire::kMaxBody);
   r->set_ring(!observer_);
   r->set_deferred_end(!observer_);
@@ -542,7 +545,7 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     }
     case v1::Request::kCreateModel: {
       const auto& c = req.create_model();
-      auto m = server_.create_or_attach(rank_, c.script_text(), c.script_name(), c.allow_io(), c.device());
+      auto m = server_.create_or_attach(job_, rank_, c.script_text(), c.script_name(), c.allow_io(), c.device());
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();
       r->set_model(m->id());

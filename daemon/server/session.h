@@ -29,6 +29,7 @@ namespace zerod::server {
 
 class Server;
 class ModelHost;
+struct ServedJob;
 
 class Session {
  public:
@@ -88,6 +89,7 @@ class Session {
   bool greeted_ = false;
   bool observer_ = false;
   int rank_ = -1;
+  std::shared_ptr<ServedJob> job_;  // the rank's job, from its hello
   int pid_ = 0;
   std::map<int, std::shared_ptr<ModelHost>> models_;  // attached, by id
   std::map<int, size_t> arenas_sent_;                 // per model: arenas of our pool already sent

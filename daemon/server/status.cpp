@@ -38,13 +38,23 @@ void fill_status(Server& server, v1::StatusReply* out) {
   out->set_pid(static_cast<int32_t>(getpid()));
   out->set_socket(server.socket_path());
   out->set_uptime_s(server.uptime_s());
-  out->set_world_size(server.world_size());
+  const std::vector<ServedJob> jobs = server.jobs();
+  int ranks = 0;
+  for (const ServedJob& j : jobs) ranks += j.world_size;
+  out->set_world_size(server.multi_job() ? ranks : server.world_size());
+  if (const NodeMemory* nm = server.node_memory()) {
+    out->set_jobs(static_cast<int32_t>(jobs.size()));
+    out->set_host_memory(nm->capacity());
+    out->set_host_memory_held(nm->held());
+    out->set_host_memory_holders(nm->holders());
+  }
   out->set_metrics(render_metrics(server));  // what `zerod top` shows
   for (const auto& host : server.models()) {
     const Model& m = host->model();
     v1::ModelStatus* ms = out->add_models();
     ms->set_model(host->id());
     ms->set_job(host->script_name());
+    if (server.multi_job()) ms->set_served_job(host->job()->label);
     ms->set_zero_stage(m.config().zero_stage);
     ms->set_optimizer(m.config().optimizer);
     ms->set_params(static_cast<int32_t>(m.registry().params().size()));
@@ -58,7 +68,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
       v1::RankStatus* rs = ms->add_ranks();
       rs->set_rank(r);
       rs->set_connected(host->attached(r));
-      rs->set_pid(server.rank_pid(r));
+      rs->set_pid(server.rank_pid(*host->job(), r));
       rs->set_state(rank_state(a, host->attached(r)));
       rs->set_step(a.step);
       rs->set_micro_step(a.micro_step);
@@ -91,11 +101,17 @@ std::string format_status(const v1::StatusReply& s) {
                 s.version().c_str(), s.pid(), s.world_size(), s.world_size() == 1 ? "" : "s",
                 s.uptime_s(), s.socket().c_str());
   out += line;
+  if (s.host_memory() > 0) {
+    std::snprintf(line, sizeof line, "serving %d job%s; their model state holds %s of the %s of host memory they may "
+                  "hold together\n", s.jobs(), s.jobs() == 1 ? "" : "s", format_bytes(s.host_memory_held()).c_str(),
+                  format_bytes(s.host_memory()).c_str());
+    out += line + s.host_memory_holders();
+  }
   if (s.models().empty()) out += "no models\n";
   for (const auto& m : s.models()) {
     std::snprintf(line, sizeof line,
-                  "\nmodel %d: %s, ZeRO stage %d, %s, %d parameters (%lld elements) in %d modules%s\n",
-                  m.model(), m.job().c_str(), m.zero_stage(), m.optimizer().c_str(), m.params(),
+                  "\nmodel %d: %s%s%s, ZeRO stage %d, %s, %d parameters (%lld elements) in %d modules%s\n",
+                  m.model(), m.served_job().c_str(), m.served_job().empty() ? "" : ", ", m.job().c_str(), m.zero_stage(), m.optimizer().c_str(), m.params(),
                   static_cast<long long>(m.numel()), m.modules(), m.finalized() ? "" : ", not finalized");
     out += line;
     const auto& f = m.last_step();
