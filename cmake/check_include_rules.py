@@ -108,7 +108,9 @@ def source_files(root):
         if rel_folder == ".":
             # Build trees (build/, build-asan/, ...) and other top-level outputs.
             dirs[:] = [d for d in dirs if not d.startswith("build") and d not in ("out",)]
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        # A build tree of any name (its generated sources are not the tree's).
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS
+                         and not os.path.isfile(os.path.join(folder, d, "CMakeCache.txt")))
         for name in sorted(names):
             if name.endswith(SOURCE_SUFFIXES):
                 files.append(os.path.normpath(os.path.join(rel_folder, name)))
