@@ -135,6 +135,53 @@ def test_mpirun(reference, tmp_path):
     no_daemon_left(env)
 
 
+def test_two_launches_share_one_serve_jobs(reference, tmp_path):
+    """A user's long-running `zerod serve --jobs`: a torchrun launch and an
+    mpirun launch at the same time, both pointed at it with ZEROD_ENDPOINT,
+    are two jobs (each has a rank 0 and a rank 1) and each trains as `zerod
+    run --nproc 2` does; the daemon serves on after them until SIGTERM."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun (Debian: openmpi-bin)")
+    env = launch_env(tmp_path)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    sock = os.path.join(env["XDG_RUNTIME_DIR"], "serve.sock")
+    log = open(tmp_path / "serve.log", "w")
+    serve = subprocess.Popen([ZEROD, "serve", "--jobs", "--socket", sock], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 10
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(sock), open(tmp_path / "serve.log").read()
+        env["ZEROD_ENDPOINT"] = "unix:" + sock
+        outs = [tmp_path / "torchrun", tmp_path / "mpirun"]
+        for o in outs:
+            o.mkdir()
+        cmds = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", RANK, JOB,
+                 str(outs[0]), str(STEPS)],
+                [mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x", "ZEROD_ENDPOINT",
+                 "-x", "XDG_RUNTIME_DIR", sys.executable, RANK, JOB, str(outs[1]), str(STEPS)]]
+        procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c in cmds]
+        texts = [p.communicate(timeout=300)[0] for p in procs]
+        for p, t in zip(procs, texts):
+            assert p.returncode == 0, t
+        for o in outs:
+            check_same(ranks_of(o), reference)
+        assert serve.poll() is None, "zerod serve --jobs ended with its jobs"
+        assert not daemons(env), "the ranks started a daemon of their own beside the one they were pointed at"
+        status = subprocess.run([ZEROD, "status", "--socket", sock], env=env, capture_output=True, text=True)
+        assert status.returncode == 0, status.stderr
+        assert "serving 0 jobs; their model state holds 0 B" in status.stdout, status.stdout
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=30)
+        log.close()
+    text = open(tmp_path / "serve.log").read()
+    assert code == 0, text
+    assert text.count("zerod serve: serving job") == 2, text
+
+
 def test_srun_environment(reference, tmp_path):
     """What srun sets for a 2-task step on one node (Slurm does not install
     here): the ranks read it as they read srun's."""
