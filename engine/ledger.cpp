@@ -3,7 +3,6 @@
 #include "error.h"
 
 #include <algorithm>
-#include <cstdio>
 
 namespace zerod {
 
@@ -26,20 +25,6 @@ const char* mem_kind_name(zd_mem_kind k) {
     case ZD_MEM_BUFFERS: return "buffers";
     default: return "invalid";
   }
-}
-
-std::string format_bytes(uint64_t bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
 }
 
 void MemoryLedger::set_budget(zd_tier tier, uint64_t bytes) {

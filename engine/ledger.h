@@ -4,6 +4,7 @@
 // allocated, naming what wanted the bytes.
 #pragma once
 
+#include <zerod/kit/text.h>
 #include <zerod/zerod.h>
 
 #include <array>
@@ -41,7 +42,7 @@ class MemoryLedger {
   std::array<uint64_t, ZD_TIER_COUNT> budget_{kNoBudget, kNoBudget, kNoBudget};
 };
 
-// "1.50 GiB", "512 B": for messages and tables.
-std::string format_bytes(uint64_t bytes);
+// format_bytes ("1.50 GiB", "512 B", for messages and tables) is the kit's,
+// zerod/kit/text.h, included above.
 
 }  // namespace zerod

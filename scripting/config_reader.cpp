@@ -1,5 +1,7 @@
 #include "config_reader.h"
 
+#include <zerod/kit/text.h>
+
 #include "job_schema.h"
 #include "size.h"
 
@@ -11,18 +13,6 @@
 namespace zerod::scripting {
 
 namespace {
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 std::string type_word(lua_State* L, int index) {
   return lua_typename(L, lua_type(L, index));

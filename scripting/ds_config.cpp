@@ -13,6 +13,8 @@
 // own parser and engine over a corpus of configs as users have them.
 #include "ds_config.h"
 
+#include <zerod/kit/text.h>
+
 #include "ds_keys.h"
 #include "error.h"
 #include "job_schema.h"
@@ -31,18 +33,6 @@ using google::protobuf::Struct;
 using google::protobuf::Value;
 
 namespace {
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 std::string lua_string(const std::string& s) {
   std::string out = "\"";

@@ -1,8 +1,10 @@
 // Text helpers every comm plugin's ABI glue needs: an error into the host's
-// buffer, and an info line through the host's log service.
+// buffer (the kit's set_error), and an info line through the host's log
+// service.
 #ifndef ZEROD_COMM_COMMON_PLUGIN_TEXT_H
 #define ZEROD_COMM_COMMON_PLUGIN_TEXT_H
 
+#include <zerod/kit/text.h>
 #include <zerod/zerod_plugin.h>
 
 #include <cstdarg>
@@ -11,15 +13,7 @@
 
 namespace zerod::comm {
 
-// printf into the host's error buffer (nothing when there is none).
-inline void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-inline void set_error(char* err, size_t err_size, const char* fmt, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
+using zerod::set_error;
 
 // An info line as `plugin`, when the host is new enough to have a log.
 inline void log_info(const zd_host_services* host, const char* plugin, const char* fmt, ...)

@@ -3,6 +3,7 @@
 #ifndef ZEROD_PLUGINS_OFFLOAD_COMMON_TEXT_H
 #define ZEROD_PLUGINS_OFFLOAD_COMMON_TEXT_H
 
+#include <zerod/kit/text.h>
 #include <zerod/zerod_plugin.h>
 
 #include <cstdarg>
@@ -13,15 +14,8 @@
 
 namespace zerod::offload {
 
-// Writes a message into an ABI err buffer; a NULL buffer is allowed.
-inline void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-inline void set_error(char* err, size_t err_size, const char* fmt, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
+// The kit's (zerod/kit/text.h): an ABI err buffer, a NULL one allowed.
+using zerod::set_error;
 
 inline void copy_error(char* err, size_t err_size, const std::string& message) {
   set_error(err, err_size, "%s", message.c_str());
@@ -37,19 +31,9 @@ inline std::string format(const char* fmt, ...) {
   return buf;
 }
 
-// "8 MiB", "1.5 GiB", "4096 bytes": sizes in messages, exact when whole.
-inline std::string format_bytes(uint64_t bytes) {
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return format("%llu bytes", static_cast<unsigned long long>(bytes));
-  double v = static_cast<double>(bytes) / 1024.0;
-  int u = 0;
-  while (v >= 1024.0 && u < 3) {
-    v /= 1024.0;
-    ++u;
-  }
-  if (v == static_cast<double>(static_cast<uint64_t>(v))) return format("%.0f %s", v, kUnits[u]);
-  return format("%.1f %s", v, kUnits[u]);
-}
+// "8 MiB", "1.5 GiB", "4096 bytes": sizes in messages, exact when whole
+// (the kit's format_bytes in its shortest style).
+inline std::string format_bytes(uint64_t bytes) { return zerod::format_bytes(bytes, BytesStyle::shortest); }
 
 // Logs through the host's table when it has a log function (a test may pass
 // no host at all).

@@ -36,14 +36,6 @@ size_t value_count(const zd_hparam_spec* specs, uint32_t count) {
   return n;
 }
 
-void set_error(char* err, size_t err_size, const char* fmt, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
-
 zd_status check_values(const zd_hparam_spec* specs, uint32_t count, const double* values,
                        size_t n_values, char* err, size_t err_size) {
   const size_t want = value_count(specs, count);

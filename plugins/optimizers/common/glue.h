@@ -4,6 +4,7 @@
 #ifndef ZEROD_OPTIM_GLUE_H
 #define ZEROD_OPTIM_GLUE_H
 
+#include <zerod/kit/text.h>
 #include <zerod/optim/kernels.h>
 #include <zerod/zerod_plugin.h>
 
@@ -38,8 +39,9 @@ constexpr zd_hparam_spec bool_spec(const char* name, bool def, const char* help)
 // The number of doubles a spec list takes.
 size_t value_count(const zd_hparam_spec* specs, uint32_t count);
 
-// Writes a formatted message into err (truncated, always terminated).
-void set_error(char* err, size_t err_size, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+// Writes a formatted message into err (truncated, always terminated): the
+// kit's (zerod/kit/text.h).
+using zerod::set_error;
 
 // Checks resolved values against their specs (the host does this too; a
 // plugin does not rely on it). ZD_ERR_INVALID_ARGUMENT for a wrong count or

@@ -7,11 +7,10 @@
 //   stage 3: + parameters, gathered per module and released after
 // Shards are equal: ceil(numel / world_size) rounded up to the alignment the
 // engine asks for, the last rank's tail zero padding (DeepSpeed's layout).
+#include <zerod/kit/text.h>
 #include <zerod/zerod_plugin.h>
 
 #include <cmath>
-#include <cstdarg>
-#include <cstdio>
 #include <new>
 
 #ifndef ZEROD_STAGE
@@ -19,6 +18,8 @@
 #endif
 
 namespace {
+
+using zerod::set_error;
 
 // Names and defaults follow DeepSpeed's zero_optimization keys (counts of
 // elements), without the stage3_ prefixes.
@@ -51,14 +52,6 @@ struct Instance {
   int world = 1;
   double bucket = 5e7, persistence = 0, max_live = 0, prefetch = 0;
 };
-
-__attribute__((format(printf, 3, 4))) void set_error(char* err, size_t size, const char* fmt, ...) {
-  if (!err || size == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(err, size, fmt, ap);
-  va_end(ap);
-}
 
 zd_status create(const zd_host_services*, const double* values, size_t count, int32_t world,
                  void** out, char* err, size_t err_size) noexcept {
