@@ -2,6 +2,7 @@
 
 #include "model_host.h"
 #include "server.h"
+#include "session_internal.h"
 #include "status.h"
 #include "sizes.h"
 #include "wire.h"
@@ -19,18 +20,7 @@
 
 namespace zerod::server {
 
-namespace {
-
-// A client that does not read its replies, or trickles a rejected body, does
-// not hold its session thread longer than this.
-constexpr int kSendTimeoutMs = 30000;
-constexpr int kDiscardTimeoutMs = 10000;
-
-ViewInfo view_of(Model& m, int rank, zd_param_id p, bool gradient) {
-  return gradient ? m.grad_view(rank, p) : m.param_view(rank, p);
-}
-
-}  // namespace
+using namespace session_detail;
 
 Session::Session(Server& server, transport::Connection connection)
     : server_(server), conn_(std::move(connection)), spin_(transport::ring_spin_from_env()) {
@@ -286,21 +276,6 @@ void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* f
   sent = arenas.size();
 }
 
-void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out) {
-  for (zd_param_id pid : m.model().registry().module(module).params) {
-    for (bool g : {false, true}) {
-      if (g && !gradients) continue;
-      const ViewInfo v = view_of(m.model(), rank_, pid, g);
-      v1::View* view = out->add_views();
-      view->set_param(pid);
-      view->set_gradient(g);
-      view->set_arena(v.arena);
-      view->set_offset(v.offset);
-      view->set_bytes(v.bytes);
-    }
-  }
-}
-
 void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
   auto m = model_of(r.model());
   const std::string what = "parameter '" + r.name() + "'";
@@ -330,194 +305,6 @@ calls::Outcome Session::run_call(ModelHost& host, const calls::Args& a, void* da
     return o;
   }
   return calls::dispatch(host.model(), rank_, a, data);
-}
-
-namespace {
-
-bool is_begin(calls::Op op) { return op == calls::Op::forward_begin || op == calls::Op::backward_begin; }
-
-void fill_step(const StepFigures& f, v1::StepFigures* s) {
-  s->set_boundary(f.boundary);
-  s->set_applied(f.applied);
-  s->set_skipped(f.skipped);
-  s->set_step(f.step);
-  s->set_micro_step(f.micro_step);
-  s->set_lr(f.lr);
-  s->set_loss_scale(f.loss_scale);
-  s->set_grad_norm(f.grad_norm);
-}
-
-// The protobuf ModelCall ops and the table's.
-calls::Op op_of(v1::ModelCall::Op op) {
-  switch (op) {
-    case v1::ModelCall::FINALIZE: return calls::Op::finalize;
-    case v1::ModelCall::FORWARD_BEGIN: return calls::Op::forward_begin;
-    case v1::ModelCall::FORWARD_END: return calls::Op::forward_end;
-    case v1::ModelCall::BACKWARD_BEGIN: return calls::Op::backward_begin;
-    case v1::ModelCall::BACKWARD_END: return calls::Op::backward_end;
-    case v1::ModelCall::STEP: return calls::Op::step;
-    case v1::ModelCall::LOSS_SCALE: return calls::Op::loss_scale;
-    case v1::ModelCall::SET_STEP: return calls::Op::set_step;
-    case v1::ModelCall::OPTIMIZER_INFO: return calls::Op::optimizer_info;
-    case v1::ModelCall::COMM_FIGURES: return calls::Op::comm_figures;
-    case v1::ModelCall::SAVE: return calls::Op::save;
-    case v1::ModelCall::LOAD: return calls::Op::load;
-    case v1::ModelCall::REPORT: return calls::Op::report;
-    default: break;
-  }
-  fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(op));
-}
-
-}  // namespace
-
-void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
-  auto host = model_of(c.model());
-  calls::Args a;
-  a.op = op_of(c.op());
-  a.module = c.module();
-  a.step = c.step();
-  a.rank = c.rank();
-  a.tokens = c.progress().tokens();
-  a.samples = c.progress().samples();
-  a.has_loss = c.progress().has_loss() ? 1 : 0;
-  a.loss = c.progress().loss();
-  // save, load: the directory (made absolute by libzerod).
-  std::string path = c.path();
-  a.bytes = path.size();
-  const calls::Outcome o = run_call(*host, a, path.empty() ? nullptr : path.data());
-  v1::CallReply* out = reply->mutable_call();
-  if (is_begin(a.op)) add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
-  if (a.op == calls::Op::step) fill_step(o.step, out->mutable_step());
-  if (a.op == calls::Op::optimizer_info) {
-    v1::OptimizerInfo* info = out->mutable_optimizer();
-    info->set_name(o.optimizer);
-    for (const auto& s : o.slots) info->add_slots(s);
-    info->set_step(o.applied_steps);
-  }
-  if (a.op == calls::Op::comm_figures) {
-    v1::CommFigures* cf = out->mutable_comm();
-    cf->set_bytes_sent(o.comm.bytes_sent);
-    cf->set_network_bytes_sent(o.comm.network_bytes_sent);
-    cf->set_collectives(o.comm.collectives);
-  }
-  out->set_loss_scale(o.loss_scale);
-}
-
-void Session::data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply) {
-  auto host = model_of(p.model());
-  calls::Args a;
-  a.op = op;
-  a.param = p.param();
-  a.slot = p.slot();
-  a.dtype = p.dtype();
-  a.bytes = p.bytes();
-  // A zero-byte request stands for a NULL buffer (the check names it).
-  void* data = p.bytes() ? staging_at(p.staging_offset(), p.bytes(), calls::name(op)) : nullptr;
-  run_call(*host, a, data);
-  reply->mutable_ok();
-}
-
-uint32_t Session::ring_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room) {
-  uint32_t n = 0;
-  for (zd_param_id pid : m.model().registry().module(module).params) {
-    for (bool g : {false, true}) {
-      if (g && !gradients) continue;
-      if ((n + 1) * sizeof(wire::RingView) > room.size())
-        fail(ZD_ERR_INTERNAL, "module '" + m.model().registry().module(module).name +
-                                  "' has more views than the call ring's reply slot holds");
-      const ViewInfo v = view_of(m.model(), rank_, pid, g);
-      const wire::RingView rv{pid, g ? 1 : 0, v.arena, 0, v.offset, v.bytes};
-      std::memcpy(room.data() + n * sizeof rv, &rv, sizeof rv);
-      ++n;
-    }
-  }
-  return n;
-}
-
-// The zd_forward_end a client deferred to this request (remote.cpp): run
-// before the request's own call. Its error is the reply's, said to be its,
-// and the request's call does not run.
-void Session::run_deferred(ModelHost& host, const wire::RingRequest& req) {
-  if (req.has_deferred != 1 || req.deferred.op != calls::Op::forward_end)
-    fail(ZD_ERR_INVALID_ARGUMENT, "a call ring request may carry only a deferred zd_forward_end (has_deferred = " +
-                                      std::to_string(req.has_deferred) + ")");
-  try {
-    run_call(host, req.deferred, nullptr);
-  } catch (const Error& e) {
-    fail(e.code(), std::string(e.what()) + "\n(this is the error of zd_forward_end of module " +
-                       std::to_string(req.deferred.module) + ", which the client sent with this rank's next call, " +
-                       calls::name(req.args.op) + "; that call did not run. ZEROD_SYNC_END=1 makes zd_forward_end "
-                       "wait for the daemon.)");
-  }
-}
-
-void Session::answer_ring(const wire::RingRequest& req) {
-  const std::span<std::byte> slot = ring_.reply_slot();
-  const std::span<std::byte> room = slot.subspan(sizeof(wire::RingReply));
-  wire::RingReply rep{};
-  std::string message;
-  try {
-    if (req.kind != wire::RingKind::call)
-      fail(ZD_ERR_INVALID_ARGUMENT, "unknown call ring request kind " + std::to_string(static_cast<uint32_t>(req.kind)));
-    const calls::Args& a = req.args;
-    if (!calls::valid(static_cast<uint32_t>(a.op)))
-      fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(static_cast<uint32_t>(a.op)));
-    auto host = model_of(req.model);
-    if (req.has_deferred != 0) run_deferred(*host, req);
-    void* data = nullptr;
-    switch (a.op) {
-      case calls::Op::param_read:
-      case calls::Op::param_write:
-      case calls::Op::state_read:
-      case calls::Op::state_write:
-        data = a.bytes ? staging_at(req.staging_offset, a.bytes, calls::name(a.op)) : nullptr;
-        break;
-      case calls::Op::set_stream:
-      case calls::Op::optimizer_info:
-      case calls::Op::param_view:
-      case calls::Op::grad_view:
-      case calls::Op::save:
-      case calls::Op::load:
-        // Answered by the client itself, or through a socket frame: their
-        // answers (or a directory's name) do not fit a fixed record or hold
-        // pointers.
-        fail(ZD_ERR_INVALID_ARGUMENT, std::string(calls::name(a.op)) + " does not travel through the call ring");
-      default: break;
-    }
-    const calls::Outcome o = run_call(*host, a, data);
-    rep.step = o.step;
-    rep.loss_scale = o.loss_scale;
-    rep.current = o.current;
-    rep.peak = o.peak;
-    rep.budget = o.budget;
-    rep.bytes_sent = o.comm.bytes_sent;
-    rep.network_bytes_sent = o.comm.network_bytes_sent;
-    rep.collectives = o.comm.collectives;
-    rep.applied_steps = o.applied_steps;
-    if (is_begin(a.op)) rep.view_count = ring_views(*host, a.module, a.op == calls::Op::backward_begin, room);
-    // New arenas (a finalize, a gather that grew the pool): their fds go on
-    // the socket, before the reply that says so.
-    v1::Reply arenas;
-    std::vector<int> fds;
-    add_new_arenas(*host, &arenas, &fds);
-    if (!fds.empty()) {
-      arenas.mutable_ok();
-      wire::send(conn_, wire::kReply, 0, arenas, fds, kSendTimeoutMs);
-      rep.arenas_follow = 1;
-    }
-  } catch (const Error& e) {
-    rep = wire::RingReply{};
-    rep.status = e.code();
-    message = e.what();
-  } catch (const std::exception& e) {
-    rep = wire::RingReply{};
-    rep.status = ZD_ERR_INTERNAL;
-    message = std::string("internal error: ") + e.what();
-  }
-  const size_t after_views = rep.view_count * sizeof(wire::RingView);
-  rep.message_bytes = static_cast<uint32_t>(std::min(message.size(), room.size() - after_views));
-  std::memcpy(room.data() + after_views, message.data(), rep.message_bytes);
-  std::memcpy(slot.data(), &rep, sizeof rep);
 }
 
 void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply* reply,

@@ -1,0 +1,181 @@
+// The daemon client's carriers (remote_client.h): requests as socket
+// frames, table calls through the call ring, the deferred zd_forward_end,
+// arena frames a ring reply announces, and the staging memfd.
+#include "remote_client.h"
+
+#include "error.h"
+#include "sizes.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace zerod::abi::remote {
+
+v1::Reply RemoteClient::rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds,
+                            std::span<const int> send_fds) {
+  if (ring_) {
+    flush_deferred();
+    wire::RingRequest announce{};
+    announce.kind = wire::RingKind::socket_frame;
+    std::memcpy(ring_.request_slot().data(), &announce, sizeof announce);
+    ring_.post_request();
+    wait_ring();  // the daemon posts before it reads the frame
+  }
+  const uint32_t id = next_id_++;
+  transport::Frame f;
+  try {
+    wire::send(conn_, wire::kRequest, id, req, send_fds);
+    f = receive();
+  } catch (const Error& e) {
+    throw_gone(e);
+  }
+  if (f.header.type != wire::kReply || f.header.request_id != id)
+    fail(ZD_ERR_INTERNAL, "the daemon answered request " + std::to_string(id) + " with " +
+                              transport::describe(f.header));
+  v1::Reply r;
+  wire::parse(f, &r, "reply");
+  if (r.has_error()) fail(r.error().status(), r.error().message());
+  if (fds) *fds = std::move(f.fds);
+  return r;
+}
+
+void RemoteClient::defer_end(int model, const calls::Args& a) {
+  if (deferred_) {
+    // Two ends in a row (nested modules): the first travels with the second, which waits.
+    const wire::RingReply& r = ring_call(model, a, 0);
+    keep_stray_arenas(model, r);
+    if (r.status != ZD_OK) fail(r.status, message_of(r));
+    return;
+  }
+  deferred_ = Deferred{model, a};
+}
+
+void RemoteClient::flush_deferred() {
+  if (!deferred_) return;
+  const Deferred d = *deferred_;
+  deferred_.reset();
+  const wire::RingReply& r = ring_call(d.model, d.args, 0);
+  keep_stray_arenas(d.model, r);
+  if (r.status != ZD_OK)
+    fail(r.status, message_of(r) + "\n(this is the error of zd_forward_end of module " +
+                       std::to_string(d.args.module) +
+                       ", which the client sent before this rank's next call; that call did not run. "
+                       "ZEROD_SYNC_END=1 makes zd_forward_end wait for the daemon.)");
+}
+
+void RemoteClient::keep_stray_arenas(int model, const wire::RingReply& r) {
+  if (r.arenas_follow) stray_arenas_.emplace_back(model, arena_frame());
+}
+
+std::vector<transport::Frame> RemoteClient::take_stray_arenas(int model) {
+  std::vector<transport::Frame> out;
+  for (auto it = stray_arenas_.begin(); it != stray_arenas_.end();) {
+    if (it->first == model) {
+      out.push_back(std::move(it->second));
+      it = stray_arenas_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::string RemoteClient::message_of(const wire::RingReply& r) const {
+  const std::span<const std::byte> tail = reply_tail();
+  const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
+  if (view_bytes > tail.size() || r.message_bytes > tail.size() - view_bytes)
+    fail(ZD_ERR_INTERNAL, "the daemon's ring reply overruns its slot");
+  return std::string(reinterpret_cast<const char*>(tail.data() + view_bytes), r.message_bytes);
+}
+
+const wire::RingReply& RemoteClient::ring_call(int model, const calls::Args& a, uint64_t staging_offset) {
+  if (deferred_ && deferred_->model != model) flush_deferred();
+  wire::RingRequest req{};
+  req.kind = wire::RingKind::call;
+  req.model = model;
+  req.staging_offset = staging_offset;
+  req.args = a;
+  if (deferred_) {
+    req.has_deferred = 1;
+    req.deferred = deferred_->args;
+    deferred_.reset();
+  }
+  std::memcpy(ring_.request_slot().data(), &req, sizeof req);
+  ring_.post_request();
+  wait_ring();
+  std::memcpy(&reply_, ring_.reply_slot().data(), sizeof reply_);
+  return reply_;
+}
+
+transport::Frame RemoteClient::arena_frame() {
+  try {
+    return receive();
+  } catch (const Error& e) {
+    throw_gone(e);
+  }
+}
+
+std::byte* RemoteClient::staging(uint64_t bytes) {
+  if (bytes <= staging_.size() && staging_) return staging_.data();
+  if (bytes > wire::kMaxStagingBytes)
+    fail(ZD_ERR_INVALID_ARGUMENT, std::to_string(bytes) + " bytes cannot go through the daemon's staging arena, "
+                                  "whose limit is " + std::to_string(wire::kMaxStagingBytes) + " bytes");
+  const uint64_t size = std::max<uint64_t>(uint64_t{1} << 20, std::bit_ceil(bytes));
+  const transport::UniqueFd fd = transport::create_sealed_memfd("zerod-staging", size);
+  transport::SharedMapping m(fd.get(), size, wire::kMaxStagingBytes, "the staging memfd");
+  v1::Request req;
+  req.mutable_staging()->set_size(size);
+  const int fds[1] = {fd.get()};
+  rpc(req, nullptr, fds);
+  staging_ = std::move(m);
+  return staging_.data();
+}
+
+void RemoteClient::set_up_ring() {
+  transport::UniqueFd fd;
+  transport::Ring r = transport::Ring::create(kRingBytes, wire::kRingRequestBytes, &fd);
+  v1::Request req;
+  req.mutable_ring()->set_size(kRingBytes);
+  const int fds[1] = {fd.get()};
+  rpc(req, nullptr, fds);
+  ring_ = std::move(r);
+  wait_.spin = transport::ring_spin_from_env();
+  wait_.alive = [this] { return socket_open(); };
+}
+
+bool RemoteClient::socket_open() const {
+  pollfd p{conn_.fd(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) < 0) return true;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+}
+
+void RemoteClient::wait_ring() {
+  if (timeout_ms_)
+    wait_.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  switch (ring_.wait_reply(wait_)) {
+    case transport::RingWaitEnd::ready: return;
+    case transport::RingWaitEnd::timeout:
+      fail(ZD_ERR_TIMEOUT, "no reply from the zerod daemon within " + std::to_string(timeout_ms_) +
+                               " ms (zd_connect_options.timeout_ms)");
+    default:
+      fail(ZD_ERR_PEER_LOST, "the zerod daemon is gone: its socket hung up while this rank waited for a reply "
+                             "on the call ring");
+  }
+}
+
+transport::Frame RemoteClient::receive() {
+  return conn_.receive(wire::kMaxBody, timeout_ms_ ? static_cast<int>(timeout_ms_) : transport::kWaitForever);
+}
+
+void RemoteClient::throw_gone(const Error& e) {
+  // The socket itself failed: the daemon went away (or never answered).
+  if (e.code() == ZD_ERR_PEER_LOST) fail(ZD_ERR_PEER_LOST, std::string("the zerod daemon is gone: ") + e.what());
+  throw;
+}
+
+}  // namespace zerod::abi::remote

@@ -1,0 +1,115 @@
+// Model calls as protobuf socket frames (daemon/proto/zerod_v1.proto), for a
+// client without the call ring: the ModelCall and ParamData requests in,
+// the views, step figures and the rest of a CallReply out (session.h).
+#include "session.h"
+
+#include "model_host.h"
+#include "session_internal.h"
+
+#include "error.h"
+
+#include <string>
+
+namespace zerod::server {
+
+using namespace session_detail;
+
+void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out) {
+  for (zd_param_id pid : m.model().registry().module(module).params) {
+    for (bool g : {false, true}) {
+      if (g && !gradients) continue;
+      const ViewInfo v = view_of(m.model(), rank_, pid, g);
+      v1::View* view = out->add_views();
+      view->set_param(pid);
+      view->set_gradient(g);
+      view->set_arena(v.arena);
+      view->set_offset(v.offset);
+      view->set_bytes(v.bytes);
+    }
+  }
+}
+
+namespace {
+
+void fill_step(const StepFigures& f, v1::StepFigures* s) {
+  s->set_boundary(f.boundary);
+  s->set_applied(f.applied);
+  s->set_skipped(f.skipped);
+  s->set_step(f.step);
+  s->set_micro_step(f.micro_step);
+  s->set_lr(f.lr);
+  s->set_loss_scale(f.loss_scale);
+  s->set_grad_norm(f.grad_norm);
+}
+
+// The protobuf ModelCall ops and the table's.
+calls::Op op_of(v1::ModelCall::Op op) {
+  switch (op) {
+    case v1::ModelCall::FINALIZE: return calls::Op::finalize;
+    case v1::ModelCall::FORWARD_BEGIN: return calls::Op::forward_begin;
+    case v1::ModelCall::FORWARD_END: return calls::Op::forward_end;
+    case v1::ModelCall::BACKWARD_BEGIN: return calls::Op::backward_begin;
+    case v1::ModelCall::BACKWARD_END: return calls::Op::backward_end;
+    case v1::ModelCall::STEP: return calls::Op::step;
+    case v1::ModelCall::LOSS_SCALE: return calls::Op::loss_scale;
+    case v1::ModelCall::SET_STEP: return calls::Op::set_step;
+    case v1::ModelCall::OPTIMIZER_INFO: return calls::Op::optimizer_info;
+    case v1::ModelCall::COMM_FIGURES: return calls::Op::comm_figures;
+    case v1::ModelCall::SAVE: return calls::Op::save;
+    case v1::ModelCall::LOAD: return calls::Op::load;
+    case v1::ModelCall::REPORT: return calls::Op::report;
+    default: break;
+  }
+  fail(ZD_ERR_INVALID_ARGUMENT, "unknown model call " + std::to_string(op));
+}
+
+}  // namespace
+
+void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
+  auto host = model_of(c.model());
+  calls::Args a;
+  a.op = op_of(c.op());
+  a.module = c.module();
+  a.step = c.step();
+  a.rank = c.rank();
+  a.tokens = c.progress().tokens();
+  a.samples = c.progress().samples();
+  a.has_loss = c.progress().has_loss() ? 1 : 0;
+  a.loss = c.progress().loss();
+  // save, load: the directory (made absolute by libzerod).
+  std::string path = c.path();
+  a.bytes = path.size();
+  const calls::Outcome o = run_call(*host, a, path.empty() ? nullptr : path.data());
+  v1::CallReply* out = reply->mutable_call();
+  if (is_begin(a.op)) add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
+  if (a.op == calls::Op::step) fill_step(o.step, out->mutable_step());
+  if (a.op == calls::Op::optimizer_info) {
+    v1::OptimizerInfo* info = out->mutable_optimizer();
+    info->set_name(o.optimizer);
+    for (const auto& s : o.slots) info->add_slots(s);
+    info->set_step(o.applied_steps);
+  }
+  if (a.op == calls::Op::comm_figures) {
+    v1::CommFigures* cf = out->mutable_comm();
+    cf->set_bytes_sent(o.comm.bytes_sent);
+    cf->set_network_bytes_sent(o.comm.network_bytes_sent);
+    cf->set_collectives(o.comm.collectives);
+  }
+  out->set_loss_scale(o.loss_scale);
+}
+
+void Session::data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply) {
+  auto host = model_of(p.model());
+  calls::Args a;
+  a.op = op;
+  a.param = p.param();
+  a.slot = p.slot();
+  a.dtype = p.dtype();
+  a.bytes = p.bytes();
+  // A zero-byte request stands for a NULL buffer (the check names it).
+  void* data = p.bytes() ? staging_at(p.staging_offset(), p.bytes(), calls::name(op)) : nullptr;
+  run_call(*host, a, data);
+  reply->mutable_ok();
+}
+
+}  // namespace zerod::server
