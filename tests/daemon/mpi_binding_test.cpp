@@ -1,5 +1,5 @@
 // When a daemon started by mpirun takes back the CPUs mpirun's default
-// binding took from it (daemon/mpi_binding.h), and when it keeps a binding.
+// binding took from it (daemon/cli/mpi_binding.h), and when it keeps a binding.
 #include "mpi_binding.h"
 
 #include "thread_pool.h"

@@ -1,4 +1,4 @@
-// Which node a daemon is (daemon/node_layout.h): from flags, from the
+// Which node a daemon is (daemon/cli/node_layout.h): from flags, from the
 // launcher's environment in a fixed order, refused when it makes no sense;
 // and the comm backend that cannot serve a layout of several nodes.
 #include "node_layout.h"

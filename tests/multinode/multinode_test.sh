@@ -118,7 +118,7 @@ echo "--nnodes without mpirun: refused with a clear error"
 
 # mpirun binds each process to one core unless told otherwise; a node's
 # daemon takes every CPU back for itself and its ranks, and keeps a binding
-# asked for with --bind-to (daemon/mpi_binding.h).
+# asked for with --bind-to (daemon/cli/mpi_binding.h).
 all_cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
 if [ "$(nproc)" -lt 2 ]; then
   echo "mpirun's binding: not checked, this process may run on one CPU only"
