@@ -1,18 +1,16 @@
 #include "grad_reducer.h"
 
-#include "device_comm.h"
 #include "dtype.h"
 #include "grad_math.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 
 namespace zerod {
 
 void GradReducer::reset() {
   release();
-  out_ = std::make_unique<CommStream>(!res_.device->host_addressable(), "gradients out");
+  out_ = res_.transfers.leaving_stream("gradients out");
   params_.assign(ctx_.registry.params().size(), ParamEntry{});
   buckets_.assign(ctx_.registry.groups().size(), {});
   bucket_elems_.assign(ctx_.registry.groups().size(), 0);
@@ -64,15 +62,18 @@ void GradReducer::set_local(bool local) {
 }
 
 OwnedGrad GradReducer::local_grad(size_t gi) const {
-  if (!whole_.empty()) return {whole_[gi].addr(0), whole_[gi].segments().front().tier};
+  if (!whole_.empty()) {
+    const TieredBuffer::Segment& s = whole_[gi].segments().front();
+    return {s.ptr, s.tier, s.memory};
+  }
   const GroupBuffers& b = buffers_.groups()[gi];
-  return {b.grad_data(), b.grad_tier()};
+  return {b.grad_data(), b.grad_tier(), &b.grad_memory()};
 }
 
 void GradReducer::release() {
   out_.reset();  // its tasks hold buckets and write the accumulators
   release_transient();
-  staging_.release();
+  res_.transfers.gradient_staging().release();
   const TierSet tiers = res_.tiers();
   for (TieredBuffer& w : whole_) w.release(tiers);
   whole_.clear();
@@ -107,7 +108,7 @@ void GradReducer::open(const ModuleRecord& mod) {
       const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
       ParamEntry& e = params_[static_cast<size_t>(pid)];
       const bool direct = !reduce && !e.touched && ctx_.grad_dtype(g) == p.dtype &&
-                          local_grad(static_cast<size_t>(p.group)).tier == ZD_TIER_DEVICE;
+                          local_grad(static_cast<size_t>(p.group)).memory->trainer_views();
       if (!direct && !e.view) {
         e.view = res_.device->allocate(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype), ZD_MEM_BUFFERS,
                                        "the gradient view of parameter '" + p.name + "'");
@@ -138,45 +139,6 @@ void GradReducer::cancel(const ModuleRecord& mod) {
   }
 }
 
-void GradReducer::add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier,
-                                      zd_dtype grad_dt, uint64_t n, bool first, const NormTiles* norm,
-                                      uint64_t ready) {
-  Device& d = *res_.device;
-  if (tier == ZD_TIER_DEVICE) {
-    d.accumulate(src, src_dt, dst, grad_dt, n);
-  } else if (d.host_addressable()) {
-    zerod::accumulate(src, src_dt, dst, grad_dt, n);
-    if (norm) norm_tiles(dst, grad_dt, n, *norm);
-  } else {
-    // Off the device: downloaded a chunk at a time into one half of the
-    // page-locked staging buffer while the host's workers add the chunk in
-    // the other half; the window's first contribution is written rather
-    // than added (the accumulators are zero), which spares reading them:
-    // about 40% of the bytes the host moves for bf16 gradients into fp32
-    // accumulators.
-    HostStaging::Lease stage(staging_);
-    const size_t ssz = dtype_size(src_dt), dsz = dtype_size(grad_dt);
-    // Chunks of whole norm tiles, so a chunk's partials are the tiles'.
-    const uint64_t half = stage.size() / 2, chunk = half / ssz / kTile * kTile;
-    const auto* from = static_cast<const std::byte*>(src);
-    uint64_t ticket[2] = {0, 0};
-    auto download = [&](uint64_t off, int h) {
-      ticket[h] = d.download(stage.data() + h * half, from + off * ssz, std::min(chunk, n - off) * ssz, ready);
-    };
-    if (n) download(0, 0);
-    int h = 0;
-    for (uint64_t off = 0; off < n; off += chunk, h ^= 1) {
-      // The other half's add is done: it may take the next chunk.
-      if (off + chunk < n) download(off + chunk, h ^ 1);
-      d.transfer_wait(ticket[h]);
-      const NormTiles part = norm ? NormTiles{norm->sums + off / kTile, norm->real > off ? norm->real - off : 0}
-                                  : NormTiles{nullptr, 0};
-      parallel_accumulate(res_.workers, stage.data() + h * half, src_dt, dst + off * dsz, grad_dt,
-                          std::min(chunk, n - off), first, norm ? &part : nullptr);
-    }
-  }
-}
-
 void GradReducer::close(const ModuleRecord& mod) {
   const bool reduce = reducing();
   // What the trainer wrote into the buffers is read from here on.
@@ -192,12 +154,11 @@ void GradReducer::close(const ModuleRecord& mod) {
       bucket_elems_[gi] += static_cast<uint64_t>(p.numel);
       bucket_full = bucket_full || bucket_elems_[gi] >= ctx_.plugins.partitioner->bucket_elements();
     } else if (e.view) {
-      const zd_tier tier = local_grad(static_cast<size_t>(p.group)).tier;
-      const bool fuse = fuse_norm(tier, final_);
+      const Memory& mem = *local_grad(static_cast<size_t>(p.group)).memory;
+      const bool fuse = fuse_norm(mem, final_);
       const NormTiles norm = norm_of(pid);
-      add_to_accumulators(e.view.ptr, p.dtype, accumulator(p), tier, ctx_.grad_dtype(g),
-                          static_cast<uint64_t>(p.numel), !e.touched, fuse ? &norm : nullptr,
-                          tier == ZD_TIER_DEVICE ? 0 : res_.device->mark());
+      mem.add_from_pool(e.view.ptr, p.dtype, accumulator(p), ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel),
+                        !e.touched, fuse ? &norm : nullptr, mem.ready_mark());
       norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       res_.device->release(e.view, ZD_MEM_BUFFERS);
     }
@@ -263,17 +224,17 @@ void GradReducer::settle_window(zd_param_id pid, uint64_t ready, bool final) {
   if (n == 0) return;
   GroupBuffers& b = buffers_.groups()[gi];
   const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
-  const bool fuse = fuse_norm(b.grad_tier(), final);
+  const bool fuse = fuse_norm(b.grad_memory(), final);
   const NormTiles norm = norm_of(pid);
   // The accumulators hold nothing of this window yet (written, not added
   // to), unless a module's second backward in the last micro-batch sent
   // more after the first sum left.
   char& settled = settled_[static_cast<size_t>(pid)];
-  add_to_accumulators(window_at(gi, at), gdt, b.grad_data() + at * dtype_size(gdt), b.grad_tier(), gdt, n,
-                      /*first=*/!settled, fuse ? &norm : nullptr, ready);
+  b.grad_memory().add_from_pool(window_at(gi, at), gdt, b.grad_data() + at * dtype_size(gdt), gdt, n,
+                                /*first=*/!settled, fuse ? &norm : nullptr, ready);
   settled = 1;
   norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
-  // Its downloads are done (add_to_accumulators waited): the range is
+  // Its downloads are done (add_from_pool waited): the range is
   // free for the next window.
   res_.device->zero(window_at(gi, at), n * dtype_size(gdt));
 }
@@ -336,7 +297,7 @@ void GradReducer::send_bucket(size_t gi) {
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
   pack.end();
-  const bool fuse = fuse_norm(buffers_.groups()[gi].grad_tier(), final_);
+  const bool fuse = fuse_norm(buffers_.groups()[gi].grad_memory(), final_);
   const bool last = final_;
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
@@ -344,9 +305,9 @@ void GradReducer::send_bucket(size_t gi) {
     observe::Span span(res_.probe, "grads", "reduce bucket", a);
     const zd_comm_call c = ctx_.comm_call(res_.rank, comm_tag(CommOp::Reduce, gi, seq), *what);
     if (p3)
-      device_reduce_scatter(ctx_, res_, c, send.ptr, recv.ptr, len, dt);
+      res_.pool_memory.reduce_scatter(ctx_, c, send.ptr, recv.ptr, len, dt);
     else
-      device_all_reduce(ctx_, res_, c, send.ptr, len, dt);
+      res_.pool_memory.all_reduce(ctx_, c, send.ptr, len, dt);
     // Where each contribution's owned part is now, and where it goes in
     // the owned range.
     const ParamGroup& grp = ctx_.registry.groups()[gi];
@@ -395,8 +356,8 @@ void GradReducer::send_bucket(size_t gi) {
         uint64_t at, n;
         const std::byte* src = part(i, pid, &at, &n);
         if (n)
-          add_to_accumulators(src, dt, b.grad_data() + at * dtype_size(gdt), b.grad_tier(), gdt, n,
-                              (*pending)[i].first, fuse ? &norm : nullptr, ready);
+          b.grad_memory().add_from_pool(src, dt, b.grad_data() + at * dtype_size(gdt), gdt, n, (*pending)[i].first,
+                                        fuse ? &norm : nullptr, ready);
         norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       }
       res_.device->release(send, ZD_MEM_BUFFERS);
@@ -415,15 +376,11 @@ void GradReducer::reduce_for_step() {
   const float inv = 1.0f / static_cast<float>(ctx_.world_size);
   const bool stage1 = ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
   const TierSet tiers = res_.tiers();
-  Device& d = *res_.device;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     const zd_dtype gdt = ctx_.grad_dtype(g);
     GroupBuffers& b = buffers_.groups()[gi];
-    if (b.grad_tier() == ZD_TIER_DEVICE)
-      d.scale(b.grad_data(), gdt, g.full_numel, inv);
-    else
-      scale_in_place(b.grad_data(), gdt, g.full_numel, inv);
+    b.grad_memory().scale(b.grad_data(), gdt, g.full_numel, inv);
     if (stage1) {
       reduced_.emplace_back();
       reduced_.back().allocate(tiers, dtype_size(gdt), {{g.stride, b.grad_tier()}}, ZD_MEM_BUFFERS,
@@ -439,30 +396,25 @@ void GradReducer::reduce_for_step() {
       GroupBuffers& b = buffers_.groups()[gi];
       const zd_comm_call c = ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, 0), what);
       const zd_dtype dt = ctx_.grad_dtype(g);
-      const bool on_device = b.grad_tier() == ZD_TIER_DEVICE;
-      if (stage1) {
-        std::byte* out = reduced_[gi].addr(0);
-        if (on_device)
-          device_reduce_scatter(ctx_, res_, c, b.grad_data(), out, g.stride, dt);
-        else
-          ctx_.comm().reduce_scatter(c, b.grad_data(), out, g.stride, comm_dtype(dt), ZD_REDUCE_SUM);
-      } else if (on_device) {
-        device_all_reduce(ctx_, res_, c, b.grad_data(), g.full_numel, dt);
-      } else {
-        ctx_.comm().all_reduce(c, b.grad_data(), g.full_numel, comm_dtype(dt), ZD_REDUCE_SUM);
-      }
+      // The accumulators' memory runs the collective where it is (the
+      // reduced range is allocated in the same tier).
+      const Memory& mem = b.grad_memory();
+      if (stage1)
+        mem.reduce_scatter(ctx_, c, b.grad_data(), reduced_[gi].addr(0), g.stride, dt);
+      else
+        mem.all_reduce(ctx_, c, b.grad_data(), g.full_numel, dt);
     }
   });
 }
 
 OwnedGrad GradReducer::owned(size_t gi) const {
   const GroupBuffers& b = buffers_.groups()[gi];
-  if (!reduced_.empty()) return {reduced_[gi].addr(0), b.grad_tier()};
+  if (!reduced_.empty()) return {reduced_[gi].addr(0), b.grad_tier(), &b.grad_memory()};
   const ParamGroup& g = ctx_.registry.groups()[gi];
   std::byte* grad = b.grad_data();
   if (!ctx_.partitioned(ZD_PARTITION_GRADS))
     grad += ctx_.owned_begin(g, res_.rank) * dtype_size(ctx_.grad_dtype(g));
-  return {grad, b.grad_tier()};
+  return {grad, b.grad_tier(), &b.grad_memory()};
 }
 
 void GradReducer::end_step(bool applied) {
@@ -517,10 +469,7 @@ void GradReducer::zero() {
   forget_norms();
   auto clear = [&](const TieredBuffer& buf) {
     const TieredBuffer::Segment& s = buf.segments().front();
-    if (s.tier == ZD_TIER_DEVICE)
-      res_.device->zero(s.ptr, s.bytes);
-    else
-      std::memset(s.ptr, 0, s.bytes);
+    s.memory->zero(s.ptr, s.bytes);
   };
   for (GroupBuffers& b : buffers_.groups()) clear(b.grad);
   for (const TieredBuffer& w : whole_) clear(w);

@@ -22,7 +22,7 @@
 #pragma once
 
 #include "comm_stream.h"
-#include "host_staging.h"
+#include "memory.h"
 #include "model_types.h"
 #include "model_context.h"
 #include "placement.h"
@@ -39,13 +39,13 @@ namespace zerod {
 struct OwnedGrad {
   std::byte* data = nullptr;
   zd_tier tier = ZD_TIER_DEVICE;
+  Memory* memory = nullptr;  // the memory that holds it (and works on it)
 };
 
 class GradReducer {
  public:
   GradReducer(const ModelContext& ctx, const Placement& placement, RankResources& res, StateBuffers& buffers)
-      : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers),
-        staging_(res, kStagingBytes, "the gradients' staging buffer (gradients leaving the device)") {}
+      : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers) {}
   ~GradReducer() { release(); }
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -124,20 +124,14 @@ class GradReducer {
   // Whether contributions go to reduction buckets (stages 2-3, averaged
   // gradients) rather than into whole accumulators.
   bool reducing() const { return ctx_.partitioned(ZD_PARTITION_GRADS) && !local_; }
-  // Adds n elements at src (device memory) into accumulators of dtype
-  // grad_dt in `tier` at `dst`. `first`: the window's first contribution to
-  // them, so they hold zeros (the host may write instead of add).
-  // With norm, also the squared-norm partials of what it wrote (NormTiles).
-  // `ready`: the device's mark() after the work that wrote src.
-  void add_to_accumulators(const void* src, zd_dtype src_dt, std::byte* dst, zd_tier tier, zd_dtype grad_dt,
-                           uint64_t n, bool first, const NormTiles* norm, uint64_t ready);
   // Whether a contribution sent now leaves its norm partials (see
   // set_final_micro_batch): at stages 2-3, and below on one rank, where the
   // accumulators hold what the optimizer reads.
   // `final`: final_ as of when the contribution was sent (work deferred to
   // another thread must not read final_, which the next backward_begin sets).
-  bool fuse_norm(zd_tier tier, bool final) const {
-    return final && !local_ && tier != ZD_TIER_DEVICE && (reducing() || ctx_.world_size == 1);
+  // `mem`: the accumulators' memory (only the host's adds leave partials).
+  bool fuse_norm(const Memory& mem, bool final) const {
+    return final && !local_ && mem.leaves_norms() && (reducing() || ctx_.world_size == 1);
   }
   NormTiles norm_of(zd_param_id p) {
     return {norm_sums_.data() + norm_at_[static_cast<size_t>(p)], ctx_.owned_span(ctx_.registry.param(p), res_.rank).count};
@@ -145,7 +139,8 @@ class GradReducer {
   void forget_norms() { std::fill(norm_valid_.begin(), norm_valid_.end(), 0); }
   void send_bucket(size_t group);
   // Runs fn where contributions join the accumulators: in order on out_'s
-  // thread for a device the host cannot address, else at once.
+  // thread where leaving the pool is a transfer (Transfers::leaving_stream),
+  // else at once.
   void to_accumulators(std::function<void()> fn);
   void release_transient();  // views, buckets, reduced copies; not the whole local buffers
   void release_reduced();
@@ -180,9 +175,6 @@ class GradReducer {
   std::vector<uint64_t> norm_at_;
   std::vector<double> norm_sums_;
   std::vector<char> norm_valid_;
-  // Gradients leaving a device the host cannot address pass through here.
-  static constexpr uint64_t kStagingBytes = uint64_t{32} << 20;
-  HostStaging staging_;
   std::unique_ptr<CommStream> out_;  // made at reset(), when the device is known
 };
 

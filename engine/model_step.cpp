@@ -5,7 +5,7 @@
 // And the restart of a job whose ranks died.
 #include "model_rank.h"
 
-#include "device_comm.h"
+#include "memory.h"
 #include "dtype.h"
 #include "error.h"
 #include "log.h"
@@ -69,8 +69,9 @@ void Model::gather_working_copies(RankState& rs) {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
       std::byte* w = rs.buffers.groups()[gi].working.addr(0);  // stages 1-2: one device segment
-      device_all_gather(ctx_, rs.res, ctx_.comm_call(rank, comm_tag(CommOp::GatherWorking, gi, 0), what),
-                        w + ctx_.owned_begin(g, rank) * dtype_size(g.dtype), true, w, g.stride, g.dtype);
+      rs.res.pool_memory.all_gather(ctx_, ctx_.comm_call(rank, comm_tag(CommOp::GatherWorking, gi, 0), what),
+                                    rs.res.pool_memory, w + ctx_.owned_begin(g, rank) * dtype_size(g.dtype), w,
+                                    g.stride, g.dtype);
     }
   });
 }

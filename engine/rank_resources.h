@@ -1,15 +1,18 @@
 // What one rank computes and stores with: its byte ledger, its device (the
 // device tier's pool and the work done on it), its host and NVMe tier
-// instances when the placement uses them, its CPU workers, and the stream
-// its collectives run on in program order.
+// instances when the placement uses them, its CPU workers, the stream its
+// collectives run on in program order, the memory object of each tier
+// (memory.h), and the transfers between the pool and host memory.
 #pragma once
 
 #include "comm_stream.h"
 #include "device/device.h"
 #include "ledger.h"
+#include "memory.h"
 #include "observe/probe.h"
 #include "plugin_host.h"
 #include "tiered_buffer.h"
+#include "transfers.h"
 #include "workers.h"
 
 #include <atomic>
@@ -28,8 +31,17 @@ struct RankResources {
   std::unique_ptr<TierInstance> host;  // when the placement uses host memory
   std::unique_ptr<TierInstance> nvme;  // when it uses NVMe
   std::unique_ptr<CommStream> stream;
+  // They reach the device and tiers above at each call (the device may be
+  // replaced, wrapped for tracing, after they are made).
+  PoolMemory pool_memory{*this};
+  HostMemory host_memory{*this};
+  NvmeMemory nvme_memory{*this};
+  Transfers transfers{*this};  // its staging buffers go before the device
 
-  TierSet tiers() { return TierSet{device.get(), host.get(), nvme.get(), &ledger, &probe}; }
+  TierSet tiers() {
+    return TierSet{device.get(), host.get(), nvme.get(), &ledger, &probe, {&pool_memory, &host_memory, &nvme_memory}};
+  }
+  Memory& memory(zd_tier t) { return *tiers().memories[static_cast<size_t>(t)]; }
 
   // Gathers upload straight from working shards in host memory; whoever
   // writes those shards next (the optimizer) waits for the newest such

@@ -1,6 +1,6 @@
 #include "residency.h"
 
-#include "device_comm.h"
+#include "memory.h"
 #include "dtype.h"
 #include "error.h"
 #include "log.h"
@@ -35,17 +35,19 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
   const TieredBuffer& w = buffers_.of(p).working;
   std::vector<std::byte> staged;
   const void* send;
-  bool on_device = false;
+  const Memory* from = &res_.host_memory;
   if (w.addressable(p.flat_offset, p.stride)) {
     send = w.addr(p.flat_offset);
-    on_device = w.tier_of(p.flat_offset, p.stride) == ZD_TIER_DEVICE;
+    // In one tier, its memory sends it; across tiers the plugins read it in
+    // place, as host memory.
+    if (w.tier_of(p.flat_offset, p.stride) != ZD_TIER_COUNT) from = w.segment_at(p.flat_offset).memory;
   } else {
     staged.resize(p.stride * dtype_size(p.dtype));
     w.read(res_.tiers(), p.flat_offset, p.stride, staged.data());
     send = staged.data();
   }
-  device_all_gather(ctx_, res_, ctx_.comm_call(res_.rank, comm_tag(op, group, static_cast<uint64_t>(pid)), what), send, on_device, dst,
-                    p.stride, p.dtype);
+  res_.pool_memory.all_gather(ctx_, ctx_.comm_call(res_.rank, comm_tag(op, group, static_cast<uint64_t>(pid)), what),
+                              *from, send, dst, p.stride, p.dtype);
 }
 
 bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a) {

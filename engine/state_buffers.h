@@ -27,6 +27,7 @@ struct GroupBuffers {
   zd_tier grad_tier() const { return grad.segments().front().tier; }
   std::byte* grad_data() const { return grad.segments().front().ptr; }
   const Block& grad_block() const { return grad.segments().front().block; }
+  Memory& grad_memory() const { return *grad.segments().front().memory; }
 };
 
 // A buffer of fp32 values kept as `stored` (a master: fp32; an optimizer

@@ -47,6 +47,8 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
       s.begin = count_;
       s.count = run.count;
       s.tier = run.tier;
+      s.memory = tiers.memories[static_cast<size_t>(run.tier)];
+      if (!s.memory) fail(ZD_ERR_INTERNAL, what + ": no memory object for its tier");
       const uint64_t bytes = run.count * elem_size;
       switch (run.tier) {
         case ZD_TIER_DEVICE:
@@ -141,18 +143,7 @@ zd_tier TieredBuffer::tier_of(uint64_t begin, uint64_t n) const {
   return t;
 }
 
-namespace {
-
-// One synchronous NVMe transfer, counted (and traced) as the rank's.
-void nvme_transfer(const TierSet& tiers, const zd_tier_io& io) {
-  const int64_t t0 = observe::now_ns();
-  tiers.nvme->wait(tiers.nvme->submit(&io, 1));
-  if (tiers.probe) observe::nvme_done(*tiers.probe, io.write != 0, io.bytes, t0, observe::now_ns(), true);
-}
-
-}  // namespace
-
-void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, void* data, bool write) const {
+void TieredBuffer::transfer(const TierSet&, uint64_t begin, uint64_t n, void* data, bool write) const {
   auto* out = static_cast<std::byte*>(data);
   for (uint64_t e = begin; e < begin + n;) {
     const Segment& s = segment_at(e);
@@ -160,33 +151,10 @@ void TieredBuffer::transfer(const TierSet& tiers, uint64_t begin, uint64_t n, vo
     const uint64_t at = (e - s.begin) * elem_size_;
     const uint64_t len = take * elem_size_;
     std::byte* mine = out + (e - begin) * elem_size_;
-    if (s.tier == ZD_TIER_DEVICE) {
-      if (write)
-        tiers.device->copy_to_device(s.ptr + at, mine, len);
-      else
-        tiers.device->copy_to_host(mine, s.ptr + at, len);
-    } else if (s.ptr) {
-      if (write)
-        std::memcpy(s.ptr + at, mine, len);
-      else
-        std::memcpy(mine, s.ptr + at, len);
-    } else {
-      // Whole aligned blocks around [at, at + len): read them, patch them
-      // for a write, write them back.
-      const uint64_t a = tiers.nvme->alignment();
-      const uint64_t lo = at / a * a;
-      const uint64_t hi = std::min(align_up(at + len, a), s.bytes);
-      AlignedBuffer bounce(hi - lo, a);
-      zd_tier_io io{s.offset + lo, hi - lo, bounce.data(), 0, 0};
-      nvme_transfer(tiers, io);
-      if (write) {
-        std::memcpy(bounce.data() + (at - lo), mine, len);
-        io.write = 1;
-        nvme_transfer(tiers, io);
-      } else {
-        std::memcpy(mine, bounce.data() + (at - lo), len);
-      }
-    }
+    if (write)
+      s.memory->write(s, at, mine, len);
+    else
+      s.memory->read(s, at, mine, len);
     e += take;
   }
 }

@@ -2,18 +2,22 @@
 // optimizer state slot, the rank's stage-3 parameter shards, the gradient
 // accumulators — as consecutive segments, each in one tier: the device pool
 // (reached through the rank's Device), host memory (the CPU points at it),
-// or NVMe (a reserved extent of the rank's store, reached through I/O). Where each segment lives is the placement policy's decision; the
-// buffer only holds the bytes and charges the rank's ledger for them.
+// or NVMe (a reserved extent of the rank's store, reached through I/O).
+// Where each segment lives is the placement policy's decision; the buffer
+// holds the bytes and charges the rank's ledger for them, and each segment
+// carries the memory object that works on its bytes (memory.h).
 #pragma once
 
 #include "arena.h"
 #include "device/device.h"
 #include "ledger.h"
+#include "memory.h"
 #include "observe/probe.h"
 #include "plugin_host.h"
 
 #include <zerod/zerod.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +32,8 @@ struct TierSet {
   TierInstance* nvme = nullptr;
   MemoryLedger* ledger = nullptr;
   const observe::RankProbe* probe = nullptr;  // NVMe transfers are counted and traced here
+  // The memory of each tier (by zd_tier), which segments placed there carry.
+  std::array<Memory*, ZD_TIER_COUNT> memories{};
 };
 
 // A run of elements that lives in one tier.
@@ -38,15 +44,7 @@ struct TierRun {
 
 class TieredBuffer {
  public:
-  struct Segment {
-    uint64_t begin = 0;  // first element
-    uint64_t count = 0;
-    zd_tier tier = ZD_TIER_DEVICE;
-    std::byte* ptr = nullptr;  // device and host (a device pointer in the device tier)
-    Block block;               // device: the pool block
-    uint64_t offset = 0;       // nvme: the extent in the rank's store
-    uint64_t bytes = 0;        // charged to the ledger (nvme: rounded to the alignment)
-  };
+  using Segment = BufferSegment;
 
   TieredBuffer() = default;
   TieredBuffer(TieredBuffer&&) noexcept = default;
@@ -73,9 +71,9 @@ class TieredBuffer {
   // segments), else ZD_TIER_COUNT.
   zd_tier tier_of(uint64_t begin, uint64_t n) const;
 
-  // Copies elements out of and into the buffer, whatever their tiers
-  // (through the device for the device tier; synchronous I/O for NVMe,
-  // through an aligned bounce buffer).
+  // Copies elements out of and into the buffer, whatever their tiers: each
+  // segment's memory copies its part (the device for the device tier;
+  // synchronous I/O for NVMe, through an aligned bounce buffer).
   void read(const TierSet& tiers, uint64_t begin, uint64_t n, void* dst) const;
   void write(const TierSet& tiers, uint64_t begin, uint64_t n, const void* src);
 
