@@ -1,5 +1,6 @@
 #include "plugin_host.h"
 
+#include "comm_adapters.h"
 #include "observe/collective_board.h"
 
 #include "error.h"
@@ -393,44 +394,36 @@ std::unique_ptr<CommInstance> CommInstance::create(const std::shared_ptr<const P
                                                    int first_local_rank, int local_ranks) {
   check_value_count(*plugin, values);
   if (local_ranks < 0) local_ranks = world_size;
+  const zd_comm_config cfg{sizeof(zd_comm_config), world_size, first_local_rank, local_ranks};
+  // The one place that asks the version: a version-1 plugin is lifted to the
+  // v2 table here, once (comm_adapters.h); every call after uses table_.
+  const bool v1 = plugin->header().abi_version < 2;
+  const zd_comm_v2 table =
+      v1 ? lift_comm_v1(plugin->descriptor<zd_comm_v1>()) : plugin->descriptor<zd_comm_v2>();
   char err[512] = {0};
   void* inst = nullptr;
-  zd_status st;
-  void (*destroy)(void*);
-  if (plugin->header().abi_version >= 2) {
-    const auto& d = plugin->descriptor<zd_comm_v2>();
-    zd_comm_config cfg{sizeof(zd_comm_config), world_size, first_local_rank, local_ranks};
-    st = d.create(host_services(), values.data(), values.size(), &cfg, &inst, err, sizeof err);
-    destroy = d.destroy;
-  } else {
-    if (local_ranks != world_size)
-      fail(ZD_ERR_CONFIG, "comm plugin '" + plugin->name() + "' (plugin ABI version 1) serves the ranks of " +
-                              "one daemon only, but this daemon serves " + std::to_string(local_ranks) +
-                              " of " + std::to_string(world_size) + " ranks; use a backend that spans nodes "
-                              "(comm = { backend = \"mpi\" })");
-    const auto& d = plugin->descriptor<zd_comm_v1>();
-    st = d.create(host_services(), values.data(), values.size(), world_size, &inst, err, sizeof err);
-    destroy = d.destroy;
-  }
+  const zd_status st =
+      v1 ? create_comm_v1(plugin->descriptor<zd_comm_v1>(), plugin->name(), host_services(), values.data(),
+                          values.size(), cfg, &inst, err, sizeof err)
+         : table.create(host_services(), values.data(), values.size(), &cfg, &inst, err, sizeof err);
   err[sizeof err - 1] = 0;
   if (st != ZD_OK || !inst) refused(*plugin, st, err);
-  return std::unique_ptr<CommInstance>(new CommInstance(plugin, inst, destroy, values));
-}
-
-const zd_comm_v2* CommInstance::v2() const {
-  return plugin().header().abi_version >= 2 ? &plugin().descriptor<zd_comm_v2>() : nullptr;
+  std::unique_ptr<CommInstance> c(new CommInstance(plugin, inst, table.destroy, values));
+  c->table_ = table;
+  c->callee_ = inst;
+  if (v1) {
+    c->adapted_ = std::make_shared<AdaptedComm>(AdaptedComm{&plugin->descriptor<zd_comm_v1>(), inst});
+    c->callee_ = c->adapted_.get();
+  }
+  return c;
 }
 
 void CommInstance::check(zd_status st, const zd_comm_call& c) const {
   if (st == ZD_OK) return;
-  const char* msg = v2() ? v2()->last_error(raw(), c.rank) : d().last_error(raw(), c.rank);
+  const char* msg = table_.last_error(callee_, c.rank);
   fail(st, msg && *msg ? std::string(msg)
                        : std::string(c.what ? c.what : "collective") + " failed: " + status_name(st));
 }
-
-// v1 and v2 have the same collectives under the same names at different
-// offsets: call through whichever descriptor the plugin gave.
-#define ZD_COMM_CALL(fn, ...) (v2() ? v2()->fn(raw(), __VA_ARGS__) : d().fn(raw(), __VA_ARGS__))
 
 template <typename Fn>
 void CommInstance::observed(const zd_comm_call& c, const char* op, uint64_t bytes, Fn&& fn) const {
@@ -459,49 +452,45 @@ uint64_t comm_bytes(uint64_t count, zd_comm_dtype dt) {
 
 void CommInstance::all_reduce(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                               zd_reduce_op op) const {
-  observed(c, "all_reduce", comm_bytes(count, dt), [&] { return ZD_COMM_CALL(all_reduce, &c, buf, count, dt, op); });
+  observed(c, "all_reduce", comm_bytes(count, dt), [&] { return table_.all_reduce(callee_, &c, buf, count, dt, op); });
 }
 void CommInstance::reduce_scatter(const zd_comm_call& c, const void* send, void* recv,
                                   uint64_t recv_count, zd_comm_dtype dt, zd_reduce_op op) const {
   observed(c, "reduce_scatter", comm_bytes(recv_count, dt),
-           [&] { return ZD_COMM_CALL(reduce_scatter, &c, send, recv, recv_count, dt, op); });
+           [&] { return table_.reduce_scatter(callee_, &c, send, recv, recv_count, dt, op); });
 }
 void CommInstance::all_gather(const zd_comm_call& c, const void* send, void* recv,
                               uint64_t send_count, zd_comm_dtype dt) const {
   observed(c, "all_gather", comm_bytes(send_count, dt),
-           [&] { return ZD_COMM_CALL(all_gather, &c, send, recv, send_count, dt); });
+           [&] { return table_.all_gather(callee_, &c, send, recv, send_count, dt); });
 }
 void CommInstance::broadcast(const zd_comm_call& c, void* buf, uint64_t count, zd_comm_dtype dt,
                              int32_t root) const {
-  observed(c, "broadcast", comm_bytes(count, dt), [&] { return ZD_COMM_CALL(broadcast, &c, buf, count, dt, root); });
+  observed(c, "broadcast", comm_bytes(count, dt), [&] { return table_.broadcast(callee_, &c, buf, count, dt, root); });
 }
 void CommInstance::barrier(const zd_comm_call& c) const {
-  observed(c, "barrier", 0, [&] { return ZD_COMM_CALL(barrier, &c); });
+  observed(c, "barrier", 0, [&] { return table_.barrier(callee_, &c); });
 }
 void CommInstance::abort(zd_status status, const std::string& reason) const {
-  ZD_COMM_CALL(abort, status, reason.c_str());
+  table_.abort(callee_, status, reason.c_str());
 }
-#undef ZD_COMM_CALL
 
 void CommInstance::compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
                                          float* server_error) const {
-  if (!v2())
-    fail(ZD_ERR_NOT_IMPLEMENTED,
-         "comm plugin '" + plugin().name() + "' (plugin ABI version 1) has no compressed all-reduce");
+  if (!has_compression())
+    fail(ZD_ERR_NOT_IMPLEMENTED, "comm plugin '" + plugin().name() + "' (plugin ABI version " +
+                                     std::to_string(plugin().header().abi_version) +
+                                     ") has no compressed all-reduce");
   observed(c, "compressed all_reduce", count * 4,
-           [&] { return v2()->compressed_all_reduce(raw(), &c, buf, count, worker_error, server_error); });
+           [&] { return table_.compressed_all_reduce(callee_, &c, buf, count, worker_error, server_error); });
 }
 
-bool CommInstance::has_compression() const { return v2() != nullptr; }
+bool CommInstance::has_compression() const { return table_.compressed_all_reduce != nullptr; }
 
 zd_comm_figures CommInstance::figures(int32_t rank) const {
   zd_comm_figures f = ZD_COMM_FIGURES_INIT;
-  if (v2()) {
-    v2()->figures(raw(), rank, &f);
-    f.struct_size = sizeof f;
-  } else {
-    f.bytes_sent = d().bytes_sent(raw(), rank);
-  }
+  table_.figures(callee_, rank, &f);
+  f.struct_size = sizeof f;
   return f;
 }
 

@@ -218,8 +218,10 @@ class PartitionerInstance : public PluginInstance {
   const zd_partitioner_v1& d() const { return plugin().descriptor<zd_partitioner_v1>(); }
 };
 
-// Collectives through a comm plugin. Each call throws zerod::Error with the
-// plugin's status and last_error() message when it fails.
+// Collectives through a comm plugin, through the current table
+// (zd_comm_v2): a version-1 plugin is lifted to it by comm_v1_adapter.cpp
+// when the instance is made. Each call throws zerod::Error with the plugin's
+// status and last_error() message when it fails.
 class CommInstance : public PluginInstance {
  public:
   // This daemon serves ranks [first_local_rank, first_local_rank +
@@ -254,8 +256,9 @@ class CommInstance : public PluginInstance {
   template <typename Fn>
   void observed(const zd_comm_call& c, const char* op, uint64_t bytes, Fn&& fn) const;
   observe::CollectiveBoard* board_ = nullptr;
-  const zd_comm_v1& d() const { return plugin().descriptor<zd_comm_v1>(); }
-  const zd_comm_v2* v2() const;
+  zd_comm_v2 table_{};             // the plugin's own, or comm_v1_adapter.cpp's lift of a v1 plugin
+  void* callee_ = nullptr;         // what table_'s functions get: the plugin's instance or the adapter's
+  std::shared_ptr<void> adapted_;  // the adapter's instance, when there is one
   void check(zd_status st, const zd_comm_call& c) const;
 };
 

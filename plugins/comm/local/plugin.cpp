@@ -128,13 +128,19 @@ const zd_comm_v2 kDescriptorV2 = {
 };
 
 // For hosts that know only version 1 (listed after v2: the host takes the
-// newest it understands).
+// newest it understands). Built with ZEROD_COMM_LOCAL_V1_ONLY, the plugin
+// offers this descriptor alone, named local_v1, as a plugin built before v2
+// would (tests/fake_plugins: the engine runs it through its v1 adapter).
 const zd_comm_v1 kDescriptorV1 = {
     .header = {.kind = ZD_PLUGIN_COMM,
                .struct_size = sizeof(zd_comm_v1),
                .abi_version = 1,
                .plugin_version = (0u << 16) | 2u,
+#if defined(ZEROD_COMM_LOCAL_V1_ONLY)
+               .name = "local_v1",
+#else
                .name = "local",
+#endif
                .description = kDescription},
     .hparams = kSpecs.data(),
     .hparam_count = kSpecs.size(),
@@ -151,7 +157,11 @@ const zd_comm_v1 kDescriptorV1 = {
     .bytes_sent = Glue::bytes_sent,
 };
 
+#if defined(ZEROD_COMM_LOCAL_V1_ONLY)
+const zd_plugin_header* const kDescriptors[] = {&kDescriptorV1.header, nullptr};
+#else
 const zd_plugin_header* const kDescriptors[] = {&kDescriptorV2.header, &kDescriptorV1.header, nullptr};
+#endif
 
 }  // namespace
 
