@@ -3,6 +3,7 @@
 // and v1 for older hosts), create() and its checks; glue.h turns the
 // arguments of each entry point into a Call for the Communicator
 // (communicator.h and rendezvous.h say how a collective runs and fails).
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/zerod_plugin.h>
 
 #include <array>
@@ -104,15 +105,9 @@ constexpr const char* kDescription =
     "collectives among the ranks of one daemon, run by the rank threads over shared memory";
 
 const zd_comm_v2 kDescriptorV2 = {
-    .header = {.kind = ZD_PLUGIN_COMM,
-               .struct_size = sizeof(zd_comm_v2),
-               .abi_version = 2,
-               .plugin_version = (0u << 16) | 2u,
-               .name = "local",
-               .description = kDescription},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 2, "local",
+                       kDescription,
+                       kSpecs.data(), kSpecs.size()),
     .create = create_v2,
     .destroy = Glue::destroy,
     .all_reduce = Glue::all_reduce,
@@ -131,20 +126,15 @@ const zd_comm_v2 kDescriptorV2 = {
 // newest it understands). Built with ZEROD_COMM_LOCAL_V1_ONLY, the plugin
 // offers this descriptor alone, named local_v1, as a plugin built before v2
 // would (tests/fake_plugins: the engine runs it through its v1 adapter).
-const zd_comm_v1 kDescriptorV1 = {
-    .header = {.kind = ZD_PLUGIN_COMM,
-               .struct_size = sizeof(zd_comm_v1),
-               .abi_version = 1,
-               .plugin_version = (0u << 16) | 2u,
 #if defined(ZEROD_COMM_LOCAL_V1_ONLY)
-               .name = "local_v1",
+constexpr const char* kNameV1 = "local_v1";
 #else
-               .name = "local",
+constexpr const char* kNameV1 = "local";
 #endif
-               .description = kDescription},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+const zd_comm_v1 kDescriptorV1 = {
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v1, 1, 0, 2, kNameV1,
+                       kDescription,
+                       kSpecs.data(), kSpecs.size()),
     .create = create_v1,
     .destroy = Glue::destroy,
     .all_reduce = Glue::all_reduce,
@@ -157,12 +147,10 @@ const zd_comm_v1 kDescriptorV1 = {
     .bytes_sent = Glue::bytes_sent,
 };
 
-#if defined(ZEROD_COMM_LOCAL_V1_ONLY)
-const zd_plugin_header* const kDescriptors[] = {&kDescriptorV1.header, nullptr};
-#else
-const zd_plugin_header* const kDescriptors[] = {&kDescriptorV2.header, &kDescriptorV1.header, nullptr};
-#endif
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+#if defined(ZEROD_COMM_LOCAL_V1_ONLY)
+ZD_PLUGIN_DESCRIPTORS(&kDescriptorV1.header)
+#else
+ZD_PLUGIN_DESCRIPTORS(&kDescriptorV2.header, &kDescriptorV1.header)
+#endif

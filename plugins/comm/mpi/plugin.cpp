@@ -3,6 +3,7 @@
 // is the ABI glue: the descriptor (plugin ABI v2 only: v1 cannot say which
 // ranks a daemon serves), the hyperparameters and create(); glue.h turns
 // each entry point's arguments into a Call for the Node (node.h).
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/zerod_plugin.h>
 
 #include <array>
@@ -84,16 +85,10 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
 using Glue = zerod::comm::Glue<mpi::Node>;
 
 const zd_comm_v2 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_COMM,
-               .struct_size = sizeof(zd_comm_v2),
-               .abi_version = 2,
-               .plugin_version = (0u << 16) | 1u,
-               .name = "mpi",
-               .description = "collectives across daemons over MPI (one daemon per node), reduced over shared "
-                              "memory inside each daemon first"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 1, "mpi",
+                       "collectives across daemons over MPI (one daemon per node), reduced over shared "
+                       "memory inside each daemon first",
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = Glue::destroy,
     .all_reduce = Glue::all_reduce,
@@ -108,8 +103,6 @@ const zd_comm_v2 kDescriptor = {
     .figures = Glue::figures,
 };
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

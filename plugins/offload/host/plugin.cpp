@@ -5,6 +5,7 @@
 //
 // Threads: allocate() and release() may be called from any thread at once;
 // create/destroy are not concurrent with anything else on the instance.
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/zerod_plugin.h>
 
 #include <algorithm>
@@ -170,26 +171,22 @@ void release(void* instance, void* ptr, uint64_t bytes) noexcept {
 }
 
 const zd_tier_v1 kDescriptor = {
-    {ZD_PLUGIN_TIER, sizeof(zd_tier_v1), ZD_TIER_ABI_VERSION, (0 << 16) | 2, kName,
-     "host RAM bound to the rank's NUMA node (hwloc), page-locked when a GPU is present"},
-    kSpecs,
-    static_cast<uint32_t>(kSpecCount),
-    0,
-    create,
-    destroy,
-    capabilities,
-    describe,
-    cpus,
-    allocate,
-    release,
-    nullptr,  // alignment
-    nullptr,  // reserve
-    nullptr,  // submit
-    nullptr,  // wait
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_TIER, zd_tier_v1, ZD_TIER_ABI_VERSION, 0, 2, kName,
+                       "host RAM bound to the rank's NUMA node (hwloc), page-locked when a GPU is present",
+                       kSpecs, kSpecCount),
+    .create = create,
+    .destroy = destroy,
+    .capabilities = capabilities,
+    .describe = describe,
+    .cpus = cpus,
+    .allocate = allocate,
+    .release = release,
+    .alignment = nullptr,
+    .reserve = nullptr,
+    .submit = nullptr,
+    .wait = nullptr,
 };
-
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
 
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

@@ -8,6 +8,7 @@
 // once (aio_queue.h says how waits share the reaping); create and destroy
 // are not concurrent with anything else on the instance, and destroy waits
 // for the transfers in flight.
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/zerod_plugin.h>
 
 #include <algorithm>
@@ -245,26 +246,22 @@ zd_status wait(void* instance, uint64_t ticket, char* err, size_t err_size) noex
 }
 
 const zd_tier_v1 kDescriptor = {
-    {ZD_PLUGIN_TIER, sizeof(zd_tier_v1), ZD_TIER_ABI_VERSION, (0 << 16) | 1, kName,
-     "a store striped over files on local disks, O_DIRECT through libaio"},
-    kSpecs,
-    static_cast<uint32_t>(kSpecCount),
-    0,
-    create,
-    destroy,
-    capabilities,
-    describe,
-    cpus,
-    nullptr,  // allocate
-    nullptr,  // release
-    alignment,
-    reserve,
-    submit,
-    wait,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_TIER, zd_tier_v1, ZD_TIER_ABI_VERSION, 0, 1, kName,
+                       "a store striped over files on local disks, O_DIRECT through libaio",
+                       kSpecs, kSpecCount),
+    .create = create,
+    .destroy = destroy,
+    .capabilities = capabilities,
+    .describe = describe,
+    .cpus = cpus,
+    .allocate = nullptr,
+    .release = nullptr,
+    .alignment = alignment,
+    .reserve = reserve,
+    .submit = submit,
+    .wait = wait,
 };
-
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
 
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

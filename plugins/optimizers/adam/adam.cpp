@@ -1,21 +1,56 @@
-// zd_optimizer_adam.so: torch.optim.Adam, whose weight decay is an L2 term
-// added to the gradient. DeepSpeed's "Adam" type means AdamW unless told
-// otherwise; zerod follows PyTorch's names instead, and says so in the help.
+// zd_optimizer_adam.so and zd_optimizer_adamw.so, from this one source built
+// twice (ZEROD_ADAMW=0 or 1), as the stage partitioners are: the two differ
+// only in the weight-decay rule, its default and their texts; everything
+// else is adam_family.*.
+//   adam:  torch.optim.Adam, whose weight decay is an L2 term added to the
+//          gradient. DeepSpeed's "Adam" type means AdamW unless told
+//          otherwise; zerod follows PyTorch's names instead, and says so in
+//          the help.
+//   adamw: torch.optim.AdamW (decoupled weight decay), which is also what
+//          DeepSpeed's "Adam" type does by default.
 #include "adam_family.h"
+
+#ifndef ZEROD_ADAMW
+#error "build with ZEROD_ADAMW=0 (adam) or 1 (adamw)"
+#endif
 
 namespace {
 
 namespace family = zerod::optim::adam_family;
 
+#if ZEROD_ADAMW
+// A test build (ZEROD_ADAMW_V1_ONLY, tests/fake_plugins) offers the v1
+// descriptor alone, as adamw was built before optimizer ABI v4: the host runs
+// it through its v1 adapter, with fp32 state only.
+#ifdef ZEROD_ADAMW_V1_ONLY
+constexpr const char* kName = "adamw_v1";
+#else
+constexpr const char* kName = "adamw";
+#endif
+constexpr bool kDecoupled = true;
+constexpr auto kSpecs = family::make_specs(
+    0.01,
+    "decoupled decay: p -= lr*wd*p before the Adam step, as torch.optim.AdamW (and "
+    "DeepSpeed's \"Adam\") does");
+constexpr const char* kDescription =
+    "AdamW: Adam with decoupled weight decay (torch.optim.AdamW, DeepSpeed's default "
+    "\"Adam\")";
+#else
+constexpr const char* kName = "adam";
+constexpr bool kDecoupled = false;
 constexpr auto kSpecs = family::make_specs(
     0.0,
     "L2 penalty: wd*p is added to the gradient, as torch.optim.Adam does. DeepSpeed's "
     "\"Adam\" type decays decoupled by default; for that use the adamw optimizer");
+constexpr const char* kDescription =
+    "Adam with L2 weight decay (torch.optim.Adam); for decoupled decay, DeepSpeed's "
+    "default \"Adam\", use adamw";
+#endif
 
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, void** out_instance,
                  char* err, size_t err_size) noexcept {
-  return family::create(false, "adam", kSpecs.data(), kSpecs.size(), host, values, value_count, out_instance, err,
-                        err_size);
+  return family::create(kDecoupled, kName, kSpecs.data(), kSpecs.size(), host, values, value_count, out_instance,
+                        err, err_size);
 }
 
 constexpr zd_plugin_header kHeader = {
@@ -23,16 +58,18 @@ constexpr zd_plugin_header kHeader = {
     .struct_size = 0,  // set per version by the family's descriptor_*()
     .abi_version = 0,
     .plugin_version = (0u << 16) | 2u,
-    .name = "adam",
-    .description =
-        "Adam with L2 weight decay (torch.optim.Adam); for decoupled decay, DeepSpeed's "
-        "default \"Adam\", use adamw"};
+    .name = kName,
+    .description = kDescription};
 
-const zd_optimizer_v4 kDescriptorV4 = family::descriptor_v4(kHeader, kSpecs.data(), kSpecs.size(), create);
 const zd_optimizer_v1 kDescriptorV1 = family::descriptor_v1(kHeader, kSpecs.data(), kSpecs.size(), create);
-
-const zd_plugin_header* const kDescriptors[] = {&kDescriptorV4.header, &kDescriptorV1.header, nullptr};
+#ifndef ZEROD_ADAMW_V1_ONLY
+const zd_optimizer_v4 kDescriptorV4 = family::descriptor_v4(kHeader, kSpecs.data(), kSpecs.size(), create);
+#endif
 
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+#ifdef ZEROD_ADAMW_V1_ONLY
+ZD_PLUGIN_DESCRIPTORS(&kDescriptorV1.header)
+#else
+ZD_PLUGIN_DESCRIPTORS(&kDescriptorV4.header, &kDescriptorV1.header)
+#endif

@@ -4,6 +4,7 @@
 #ifndef ZEROD_OPTIM_GLUE_H
 #define ZEROD_OPTIM_GLUE_H
 
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/kit/text.h>
 #include <zerod/optim/kernels.h>
 #include <zerod/zerod_plugin.h>

@@ -248,15 +248,9 @@ constexpr const char* kDescription =
     "frozen variance";
 
 [[maybe_unused]] const zd_optimizer_v3 kDescriptorV3 = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v3),
-               .abi_version = 3,
-               .plugin_version = (0u << 16) | 2u,
-               .name = kName,
-               .description = kDescription},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_OPTIMIZER, zd_optimizer_v3, 3, 0, 2, kName,
+                       kDescription,
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = destroy,
     .state_slots = state_slots,
@@ -278,15 +272,9 @@ constexpr const char* kDescription =
 // --- plugin ABI v2 ----------------------------------------------------------
 
 const zd_optimizer_v2 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v2),
-               .abi_version = 2,
-               .plugin_version = (0u << 16) | 2u,
-               .name = kName,
-               .description = kDescription},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_OPTIMIZER, zd_optimizer_v2, 2, 0, 2, kName,
+                       kDescription,
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = destroy,
     .state_slots = state_slots,
@@ -305,12 +293,10 @@ const zd_optimizer_v2 kDescriptor = {
 // alone to exercise the host's v2 adapter). Never v1: a v1 host could not
 // compress, and would run this as Adam without bias correction under a name
 // that promises less communication.
-#ifdef ZEROD_ONEBIT_V2_ONLY
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
-#else
-const zd_plugin_header* const kDescriptors[] = {&kDescriptorV3.header, &kDescriptor.header, nullptr};
-#endif
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+#ifdef ZEROD_ONEBIT_V2_ONLY
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)
+#else
+ZD_PLUGIN_DESCRIPTORS(&kDescriptorV3.header, &kDescriptor.header)
+#endif

@@ -291,16 +291,10 @@ zd_status any_partitions(const void*, uint32_t, char*, size_t) noexcept { return
 int32_t compresses(const void*) noexcept { return 1; }
 
 const zd_optimizer_v3 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v3),
-               .abi_version = 3,
-               .plugin_version = (0u << 16) | 2u,
-               .name = kName,
-               .description = "1-bit LAMB (DeepSpeed's OnebitLamb): LAMB warm-up, then 1-bit compressed scaled "
-                              "momentum with frozen variance and trust ratios"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_OPTIMIZER, zd_optimizer_v3, 3, 0, 2, kName,
+                       "1-bit LAMB (DeepSpeed's OnebitLamb): LAMB warm-up, then 1-bit compressed scaled "
+                       "momentum with frozen variance and trust ratios",
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = destroy,
     .state_slots = state_slots,
@@ -319,8 +313,6 @@ const zd_optimizer_v3 kDescriptor = {
     .compresses = compresses,
 };
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

@@ -116,15 +116,9 @@ zd_status update_cuda(const void* instance, const zd_optimizer_update* u, void* 
 #endif
 
 const zd_optimizer_v1 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v1),
-               .abi_version = 1,
-               .plugin_version = (0u << 16) | 1u,
-               .name = "sgd",
-               .description = "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_OPTIMIZER, zd_optimizer_v1, 1, 0, 1, "sgd",
+                       "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = destroy,
     .state_slots = state_slots,
@@ -138,8 +132,6 @@ const zd_optimizer_v1 kDescriptor = {
 #endif
 };
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

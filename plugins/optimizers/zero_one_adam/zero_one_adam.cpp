@@ -284,17 +284,11 @@ zd_status check_partitions(const void* instance, uint32_t partitions, char* err,
 int32_t compresses(const void*) noexcept { return 1; }
 
 const zd_optimizer_v3 kDescriptor = {
-    .header = {.kind = ZD_PLUGIN_OPTIMIZER,
-               .struct_size = sizeof(zd_optimizer_v3),
-               .abi_version = 3,
-               .plugin_version = (0u << 16) | 2u,
-               .name = kName,
-               .description = "0/1 Adam (DeepSpeed's ZeroOneAdam): 1-bit gradients between variance updates at "
-                              "growing intervals, then local steps with 1-bit syncs (or, without local steps, a "
-                              "1-bit momentum sync every step)"},
-    .hparams = kSpecs.data(),
-    .hparam_count = kSpecs.size(),
-    .reserved = 0,
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_OPTIMIZER, zd_optimizer_v3, 3, 0, 2, kName,
+                       "0/1 Adam (DeepSpeed's ZeroOneAdam): 1-bit gradients between variance updates at "
+                       "growing intervals, then local steps with 1-bit syncs (or, without local steps, a "
+                       "1-bit momentum sync every step)",
+                       kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = destroy,
     .state_slots = state_slots,
@@ -314,8 +308,6 @@ const zd_optimizer_v3 kDescriptor = {
 };
 
 // v3 only: the host needs plans to run it.
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
-
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) { return kDescriptors; }
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

@@ -8,6 +8,7 @@
 // Shards are equal: ceil(numel / world_size) rounded up to the alignment the
 // engine asks for, the last rank's tail zero padding (DeepSpeed's layout).
 #include <zerod/kit/text.h>
+#include <zerod/kit/plugin_descriptor.h>
 #include <zerod/zerod_plugin.h>
 
 #include <cmath>
@@ -122,34 +123,29 @@ uint64_t prefetch_elements(const void* i) noexcept {
 #define ZD_STR2(x) #x
 #define ZD_STR(x) ZD_STR2(x)
 
-const zd_partitioner_v1 kDescriptor = {
-    {ZD_PLUGIN_PARTITIONER, sizeof(zd_partitioner_v1), ZD_PARTITIONER_ABI_VERSION, (0 << 16) | 1,
-     "stage" ZD_STR(ZEROD_STAGE),
 #if ZEROD_STAGE == 0
-     "ZeRO stage 0: nothing partitioned (data parallel)"},
+constexpr const char* kDescription = "ZeRO stage 0: nothing partitioned (data parallel)";
 #elif ZEROD_STAGE == 1
-     "ZeRO stage 1: optimizer state and master partitioned"},
+constexpr const char* kDescription = "ZeRO stage 1: optimizer state and master partitioned";
 #elif ZEROD_STAGE == 2
-     "ZeRO stage 2: optimizer state, master and gradients partitioned"},
+constexpr const char* kDescription = "ZeRO stage 2: optimizer state, master and gradients partitioned";
 #else
-     "ZeRO stage 3: optimizer state, master, gradients and parameters partitioned"},
+constexpr const char* kDescription = "ZeRO stage 3: optimizer state, master, gradients and parameters partitioned";
 #endif
-    kSpecs,
-    kSpecCount,
-    0,
-    create,
-    destroy,
-    partitions,
-    shard_stride,
-    persistence_threshold,
-    bucket_elements,
-    max_live_elements,
-    prefetch_elements};
 
-const zd_plugin_header* const kDescriptors[] = {&kDescriptor.header, nullptr};
+const zd_partitioner_v1 kDescriptor = {
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_PARTITIONER, zd_partitioner_v1, ZD_PARTITIONER_ABI_VERSION, 0, 1,
+                       "stage" ZD_STR(ZEROD_STAGE), kDescription, kSpecs, kSpecCount),
+    .create = create,
+    .destroy = destroy,
+    .partitions = partitions,
+    .shard_stride = shard_stride,
+    .persistence_threshold = persistence_threshold,
+    .bucket_elements = bucket_elements,
+    .max_live_elements = max_live_elements,
+    .prefetch_elements = prefetch_elements,
+};
 
 }  // namespace
 
-extern "C" ZD_PLUGIN_EXPORT const zd_plugin_header* const* zd_plugin_descriptors(void) {
-  return kDescriptors;
-}
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)
