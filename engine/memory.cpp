@@ -41,6 +41,12 @@ void PoolMemory::add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_d
 
 bool PoolMemory::plugins_reach() const { return res_.device->host_addressable(); }
 
+bool PoolMemory::host_writes() const { return res_.device->host_addressable(); }
+
+void PoolMemory::update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const {
+  res_.device->optimizer_update(opt, u, zero_grad);
+}
+
 void PoolMemory::all_reduce(const ModelContext& ctx, const zd_comm_call& c, void* buf, uint64_t count,
                             zd_dtype dt) const {
   if (plugins_reach())
@@ -88,6 +94,10 @@ GradStats HostMemory::sumsq(const std::vector<GradSpan>& spans) const {
 void HostMemory::add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
                                const NormTiles* norm, uint64_t ready) const {
   res_.transfers.add_to_host(src, src_dt, dst, dst_dt, n, first, norm, ready);
+}
+
+void HostMemory::update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const {
+  parallel_update(res_.workers, opt, u, zero_grad);
 }
 
 // A download waits for the device work before it (Device::mark).

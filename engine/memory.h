@@ -28,6 +28,7 @@ namespace zerod {
 
 class Memory;
 class ModelContext;
+class OptimizerInstance;
 struct RankResources;
 
 // A run of a TieredBuffer's elements in one memory (TieredBuffer::Segment).
@@ -87,6 +88,15 @@ class Memory {
   // Whether the trainer may be handed a view into this memory (a block of
   // the device pool, which the trainer writes its gradients into).
   virtual bool trainer_views() const = 0;
+  // Whether the host's own loops may write these bytes in place (host
+  // memory, the pool of a host-addressable device); else what the host
+  // makes for them goes through Transfers (an upload).
+  virtual bool host_writes() const = 0;
+  // The optimizer's update where master and state are in this memory, by
+  // the processor that works on it (the device's kernels, or the plugin's
+  // CPU kernels in tiles on the rank's workers); with zero_grad each
+  // gradient range is zeroed after its update.
+  virtual void update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const = 0;
 
   // --- collectives over buffers in this memory (on the rank's stream) ---
   // buf: count elements, summed over ranks in place.
@@ -120,6 +130,8 @@ class PoolMemory final : public Memory {
   uint64_t ready_mark() const override { return 0; }
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return true; }
+  bool host_writes() const override;
+  void update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const override;
   void all_reduce(const ModelContext& ctx, const zd_comm_call& c, void* buf, uint64_t count,
                   zd_dtype dt) const override;
   void reduce_scatter(const ModelContext& ctx, const zd_comm_call& c, const void* send, void* recv,
@@ -152,6 +164,8 @@ class HostMemory final : public Memory {
   uint64_t ready_mark() const override;
   bool leaves_norms() const override { return true; }
   bool trainer_views() const override { return false; }
+  bool host_writes() const override { return true; }
+  void update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const override;
   void all_reduce(const ModelContext& ctx, const zd_comm_call& c, void* buf, uint64_t count,
                   zd_dtype dt) const override;
   void reduce_scatter(const ModelContext& ctx, const zd_comm_call& c, const void* send, void* recv,
@@ -187,6 +201,8 @@ class NvmeMemory final : public Memory {
   uint64_t ready_mark() const override { return 0; }
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return false; }
+  bool host_writes() const override { return false; }
+  void update(const OptimizerInstance&, const zd_optimizer_update&, bool) const override { refuse("update"); }
   void all_reduce(const ModelContext&, const zd_comm_call&, void*, uint64_t, zd_dtype) const override {
     refuse("all_reduce");
   }

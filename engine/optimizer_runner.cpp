@@ -41,21 +41,31 @@ void OptimizerRunner::release_staging() {
 }
 
 GradStats OptimizerRunner::gradient_stats(bool local) {
-  std::vector<GradSpan> on_device, on_host;
-  std::vector<size_t> host_groups;
+  // Gradients are in the pool or in host memory, one memory per kind: the
+  // one whose adds leave squared-norm partials (host memory) and the other.
+  std::vector<GradSpan> summed, partials;
+  const Memory* summed_in = nullptr;
+  const Memory* partials_in = nullptr;
+  std::vector<size_t> partial_groups;
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
     const OwnedGrad og = local ? grads_.local_grad(gi) : grads_.owned(gi);
     const GradSpan span{og.data, ctx_.grad_dtype(g), local ? g.full_numel : ctx_.owned_count(g)};
-    (og.tier == ZD_TIER_DEVICE ? on_device : on_host).push_back(span);
-    if (og.tier != ZD_TIER_DEVICE) host_groups.push_back(gi);
+    if (og.memory->leaves_norms()) {
+      partials.push_back(span);
+      partial_groups.push_back(gi);
+      partials_in = og.memory;
+    } else {
+      summed.push_back(span);
+      summed_in = og.memory;
+    }
   }
   double s = 0.0;
-  if (!on_device.empty()) s += res_.device->grad_stats(on_device).sumsq;
+  if (!summed.empty()) s += summed_in->sumsq(summed).sumsq;
   // The owned gradients in host memory: mostly summed already by the adds
   // of the window's last micro-batch (GradReducer::host_sumsq).
-  if (!on_host.empty()) s += local ? parallel_grad_stats(res_.workers, on_host).sumsq : grads_.host_sumsq(host_groups);
+  if (!partials.empty()) s += local ? partials_in->sumsq(partials).sumsq : grads_.host_sumsq(partial_groups);
   if ((local || ctx_.partitioned(ZD_PARTITION_OPTIMIZER)) && ctx_.world_size > 1) {
     // Each rank holds a part (or its own gradient): the global sum (inf and
     // NaN carry through).
@@ -97,21 +107,23 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::pieces(bool per_tensor) con
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const uint64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
       bool staged = !b.master.addressable(lo, len) || !b.working.addressable(wbase + lo, len);
-      bool on_device = b.master.tier_of(lo, len) == ZD_TIER_DEVICE;
+      // The master's memory updates the piece when every state slot is in
+      // it too; else the host does (its loops reach both).
+      Memory* mem = b.master.segment_at(lo).memory;
       for (uint32_t s = 0; s < slots; ++s) {
         staged = staged || !b.state[s].addressable(lo, len);
-        on_device = on_device && b.state[s].tier_of(lo, len) == ZD_TIER_DEVICE;
+        if (b.state[s].segment_at(lo).memory != mem) mem = &res_.host_memory;
       }
-      const zd_tier tier = staged ? ZD_TIER_NVME : on_device ? ZD_TIER_DEVICE : ZD_TIER_HOST;
+      const zd_tier tier = staged ? ZD_TIER_NVME : mem->tier();
       // A planned pass calls the plugin within one tensor at a time. Staged
       // pieces keep their aligned tiles and split each tile instead.
       if (!per_tensor || staged) {
-        out.push_back({gi, lo, len, tier, -1});
+        out.push_back({gi, lo, len, tier, -1, staged ? nullptr : mem});
         continue;
       }
       for (const TensorSpan& t : spans) {
         const uint64_t a = std::max(lo, t.at), z = std::min(lo + len, t.at + t.count);
-        if (a < z) out.push_back({gi, a, z - a, tier, t.tensor});  // elements between tensors: zero, and stay zero
+        if (a < z) out.push_back({gi, a, z - a, tier, t.tensor, mem});  // elements between tensors: zero, and stay zero
       }
     }
   }
@@ -209,13 +221,7 @@ void OptimizerRunner::begin_host_updates() {
   uploads_.next = 0;
   uploads_.last = 0;
   std::fill(std::begin(uploads_.ticket), std::end(uploads_.ticket), 0);
-  if (res_.device->host_addressable()) return;
-  // Uploads write working copies that zerod's earlier work (gathers, the
-  // trainer's reads it waited for) may still read.
-  res_.device->upload_after_stream();
-  // Working shards in host memory are written in place: the gathers that
-  // upload straight from them are done first.
-  res_.wait_shard_uploads();
+  res_.transfers.before_host_writes();
 }
 
 uint64_t OptimizerRunner::update_host_piece(const PassArgs& a, const Piece& pc) {
@@ -264,12 +270,11 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
     parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(ops.size()), ops.data(), stats);
     return 0;
   }
-  if (pc.tier == ZD_TIER_DEVICE) {
-    d.optimizer_update(ctx_.optimizer(), u, with_grad);
-    return 0;
-  }
-  if (d.host_addressable() || b.working.tier_of(wbase, pc.count) != ZD_TIER_DEVICE) {
-    parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+  // The piece's memory updates it, writing the working copy in place where
+  // the working copy is in that memory too or the host writes it.
+  const Memory& work_mem = *b.working.segment_at(wbase).memory;
+  if (&work_mem == pc.memory || work_mem.host_writes()) {
+    pc.memory->update(ctx_.optimizer(), u, with_grad);
     return 0;
   }
   // The state is in host memory, the working copy on a device the host
@@ -350,8 +355,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
   // A working copy in memory on a device the host cannot write goes through
   // host memory, tile by tile.
   const Operand& wop = ops[work_k];
-  const bool work_via_host = !wop.staged && !d.host_addressable() &&
-                             wop.buf->tier_of(wop.base + pc.begin, pc.count) == ZD_TIER_DEVICE;
+  const bool work_via_host = !wop.staged && !wop.buf->segment_at(wop.base + pc.begin).memory->host_writes();
 
   // Staging: the B sets of one tile per operand reserved at finalize.
   const uint64_t T = ctx_.config.offload.nvme_tile_elems;

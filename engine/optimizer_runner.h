@@ -30,7 +30,7 @@ class OptimizerRunner {
   OptimizerRunner(const ModelContext& ctx, const Placement& placement, RankResources& res, StateBuffers& buffers,
                   GradReducer& grads)
       : ctx_(ctx), placement_(placement), res_(res), buffers_(buffers), grads_(grads),
-        work_staging_(res, uint64_t{16} << 20, "the working copy's staging buffer (updates going to the device)") {}
+        work_staging_(res.transfers.working_staging()) {}
   ~OptimizerRunner() {
     uploads_.lease.reset();
     release_staging();
@@ -88,6 +88,7 @@ class OptimizerRunner {
     uint64_t begin, count;  // in the rank's owned range
     zd_tier tier;           // where it is updated: device, host (memory), or nvme (staged)
     int64_t tensor = -1;    // cut per tensor: the parameter it lies in
+    Memory* memory = nullptr;  // the memory that updates it (in memory; null when staged)
   };
 
   // --- a plain pass in two halves (OverlappedUpdate): what the CPU updates
@@ -136,7 +137,7 @@ class OptimizerRunner {
   // The new working copy on its way to a device the host cannot write: a
   // ring of slots in a page-locked buffer, each reused once its upload is
   // done, so the update of one chunk overlaps the upload of the chunk before.
-  HostStaging work_staging_;
+  HostStaging& work_staging_;  // the rank's (Transfers::working_staging)
   static constexpr size_t kUploadSlots = 4;
   struct UploadRing {
     std::optional<HostStaging::Lease> lease;  // held between begin_ and end_host_updates

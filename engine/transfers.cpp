@@ -58,6 +58,12 @@ void Transfers::upload_to_pool(void* dst, const void* src, uint64_t bytes) {
   res_.note_shard_upload(t);
 }
 
+void Transfers::before_host_writes() {
+  if (res_.device->host_addressable()) return;
+  res_.device->upload_after_stream();
+  res_.wait_shard_uploads();
+}
+
 void Transfers::bounce(const Memory& in_mem, const void* in, uint64_t in_bytes, void* out, uint64_t out_bytes,
                        const HostCollective& fn) {
   // Plain heap memory, made per collective: these collectives (ranks of a

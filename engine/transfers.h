@@ -53,6 +53,13 @@ class Transfers {
   // (RankResources::wait_shard_uploads).
   void upload_to_pool(void* dst, const void* src, uint64_t bytes);
 
+  // Before the host's updates write working copies in host memory or in
+  // the pool: uploads into the pool are ordered after zerod's work issued
+  // so far (gathers and the trainer's reads may still read what they
+  // overwrite), and the gathers that upload straight from host shards are
+  // done. Nothing to order where the host reads the pool.
+  void before_host_writes();
+
   // A host collective over bytes the comm plugins cannot reach: in_bytes at
   // `in` (in memory `in_mem`) are copied into host memory, fn runs on that
   // copy and a host buffer of out_bytes, which is then copied to `out` in
