@@ -33,21 +33,14 @@ namespace zerod {
 // The bf16 every NaN rounds to (c10's), for the vector paths' blends.
 inline constexpr uint16_t kBf16QuietNan = 0x7FC0u;
 
-ZD_KIT_HD static inline uint32_t f32_bits(float f) {
+// Device code has CUDA's own bit casts.
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+ZD_KIT_HD static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
+ZD_KIT_HD static inline float f32_from_bits(uint32_t u) { return __uint_as_float(u); }
 #else
-  return __builtin_bit_cast(uint32_t, f);
+static inline uint32_t f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+static inline float f32_from_bits(uint32_t u) { return __builtin_bit_cast(float, u); }
 #endif
-}
-
-ZD_KIT_HD static inline float f32_from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  return __builtin_bit_cast(float, u);
-#endif
-}
 
 // bf16 is the top half of an fp32, so widening is exact and keeps NaN payloads.
 ZD_KIT_HD static inline float bf16_to_f32(uint16_t h) { return f32_from_bits(uint32_t{h} << 16); }
