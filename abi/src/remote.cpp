@@ -34,14 +34,18 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-// Which rank this process is, when ZEROD_ENDPOINT names the daemon: `zerod
-// run`'s variables as it sets them (ZEROD_RANK, ZEROD_WORLD_SIZE), else what
-// another launcher's say (torchrun's RANK... pointed at a `zerod serve`), so
-// that such a rank is never rank 0 of 1 by default. The job key tells a
-// daemon serving several jobs which one the rank is of.
+// Which rank this process is, when ZEROD_ENDPOINT names the daemon: what
+// the launcher's variables say, zerod's own first (ZEROD_RANK,
+// ZEROD_WORLD_SIZE, as `zerod run` and the Python integrations set them),
+// then torchrun's, Open MPI's, Slurm's (launcher_env.h), so that a torchrun
+// rank pointed at a `zerod serve` is never rank 0 of 1. The job key tells a
+// daemon serving several jobs which one the rank is of. A job of one rank
+// (ZEROD_WORLD_SIZE=1, or nothing said) keeps zerod's variables even where
+// an enclosing launcher's say more.
 RankIdentity identity_from_environment() {
   RankIdentity id;
-  if (std::getenv("ZEROD_RANK") || std::getenv("ZEROD_WORLD_SIZE") || !launcher_ranks()) {
+  const auto launched = launcher_ranks();
+  if (!launched || env_int("ZEROD_WORLD_SIZE", 2) <= 1) {
     id.rank = env_int("ZEROD_RANK", 0);
     id.world = env_int("ZEROD_WORLD_SIZE", 1);
     id.local_rank = env_int("ZEROD_LOCAL_RANK", id.rank);
@@ -49,12 +53,11 @@ RankIdentity identity_from_environment() {
     if (const char* key = std::getenv("ZEROD_JOB_KEY")) id.job_key = std::string("ZEROD_JOB_KEY=") + key + ";";
     return id;
   }
-  const LauncherRanks r = *launcher_ranks();
-  id.rank = r.rank;
-  id.world = r.world;
-  id.local_rank = r.local_rank;
-  id.local_world = r.local_world;
-  id.job_key = r.job_key;
+  id.rank = launched->rank;
+  id.world = launched->world;
+  id.local_rank = launched->local_rank;
+  id.local_world = launched->local_world;
+  id.job_key = launched->job_key;
   return id;
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 using namespace zerod;
 
@@ -259,4 +260,88 @@ TEST_F(Fixture, ADeferredForwardEndRunsFirstAndNothingElseMayBeDeferred) {
   EXPECT_EQ(a.status, ZD_OK) << a.message;
   a = call(Op::forward_end, 0, Op::forward_end);
   EXPECT_EQ(a.status, ZD_OK) << a.message;
+}
+
+// `zerod serve --jobs` (server::ServerOptions::multi_job): a rank's hello
+// names its job; two jobs' rank 0s are two ranks; a rank of several that
+// names none, one whose job says another world size, and one whose ranks
+// are not all on this node are refused, saying why.
+namespace {
+
+struct MultiJob : Fixture {
+  void SetUp() override {
+    server::ServerOptions o;
+    o.multi_job = true;
+    o.host_memory = 1 << 20;
+    o.reclaim_wait_ms = 100;
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  static v1::Request hello_of(const char* key, int rank, int world, int local_world = 0) {
+    v1::Request r = hello("rank", rank, world);
+    r.mutable_hello()->set_job_key(key);
+    r.mutable_hello()->set_local_world_size(local_world);
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_F(MultiJob, EachJobHasItsOwnRanks) {
+  auto a0 = connect(), b0 = connect(), a0_again = connect();
+  v1::Reply r = rpc(a0, hello_of("a;", 0, 2));
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.hello().world_size(), 2);
+  r = rpc(b0, hello_of("b;", 0, 3));
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.hello().world_size(), 3);
+  r = rpc(a0_again, hello_of("a;", 0, 2));
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(r.error().message().find("rank 0 is already connected"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("in job 0 (a;)"), std::string::npos) << r.error().message();
+  EXPECT_EQ(srv->jobs().size(), 2u);
+}
+
+TEST_F(MultiJob, WhatCannotJoinIsRefusedSayingWhy) {
+  auto c = connect();
+  v1::Reply r = rpc(c, hello_of("", 1, 2));
+  EXPECT_EQ(r.error().status(), ZD_ERR_CONFIG);
+  EXPECT_NE(r.error().message().find("ZEROD_JOB_KEY"), std::string::npos) << r.error().message();
+  r = rpc(c, hello_of("k;", 0, 4, 2));
+  EXPECT_EQ(r.error().status(), ZD_ERR_CONFIG);
+  EXPECT_NE(r.error().message().find("2 of its job's 4 ranks run on this node"), std::string::npos)
+      << r.error().message();
+  auto first = connect();
+  ASSERT_FALSE(rpc(first, hello_of("k;", 0, 2)).has_error());
+  r = rpc(c, hello_of("k;", 1, 3));
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error().message().find("says its job has 3 ranks but job"), std::string::npos) << r.error().message();
+  // A process alone is a job of its own, keyed by its connection.
+  r = rpc(c, hello_of("", 0, 1));
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(srv->jobs().size(), 2u);
+}
+
+TEST_F(MultiJob, AJobIsForgottenWhenItsRanksAreGone) {
+  {
+    auto c = connect();
+    ASSERT_FALSE(rpc(c, hello_of("gone;", 0, 1)).has_error());
+    EXPECT_EQ(srv->jobs().size(), 1u);
+  }
+  for (int i = 0; i < 100 && !srv->jobs().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(srv->jobs().empty());
+}
+
+TEST_F(MultiJob, StatusSaysWhatTheJobsHold) {
+  auto c = connect();
+  ASSERT_FALSE(rpc(c, hello("observer")).has_error());
+  v1::Request req;
+  req.mutable_status();
+  const v1::Reply r = rpc(c, req);
+  ASSERT_TRUE(r.has_status()) << r.error().message();
+  EXPECT_EQ(r.status().host_memory(), 1u << 20);
+  EXPECT_EQ(r.status().host_memory_held(), 0u);
+  EXPECT_NE(server::format_status(r.status()).find("serving 0 jobs; their model state holds 0 B of the 1.00 MiB"),
+            std::string::npos)
+      << server::format_status(r.status());
 }
