@@ -62,7 +62,16 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
   return 0;
 }
 
-}  // namespace
+// The stop signals are taken by sigwait; blocked before the server starts
+// its threads, so that none of them receives them.
+sigset_t block_stop_signals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
 
 // `zerod serve --jobs`: a long-running daemon (a user's, or a systemd
 // service's) for whatever jobs its user's ranks bring, each with its own
@@ -94,16 +103,14 @@ int serve_jobs(const DaemonArgs& args, const sigset_t& stop) {
   return 0;
 }
 
+}  // namespace
+
 int serve_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
   if (args.jobs) {
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    const sigset_t stop = block_stop_signals();
     try {
       return serve_jobs(args, stop);
     } catch (const Error& e) {
@@ -116,13 +123,7 @@ int serve_command(int argc, char** argv) {
     log_info("zerod serve: " + widened);
   auto job = check_job("serve", args.job);
   if (!job) return 1;
-  // The stop signals are taken by sigwait below; blocked first so that no
-  // server thread receives them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = block_stop_signals();
   try {
     const NodeLayout node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
     if (const std::string why = layout_problem(node, job->config().comm, args.job); !why.empty()) {
