@@ -24,6 +24,7 @@
 #pragma once
 
 #include "activity.h"
+#include "checkpoint/snapshots.h"
 #include "checkpoint/source.h"
 #include "device/device.h"
 #include "device/select.h"
@@ -41,7 +42,6 @@
 #include "plugin_host.h"
 #include "registry.h"
 #include "shard_board.h"
-#include "snapshots.h"
 #include "thread_pool.h"
 
 #include <zerod/zerod.h>

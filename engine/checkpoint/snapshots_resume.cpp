@@ -3,10 +3,10 @@
 // every rank can read, agreed by all ranks (snapshots.h).
 #include "snapshots.h"
 
-#include "checkpoint/shard_file.h"
 #include "checkpoint_io.h"
 #include "error.h"
 #include "log.h"
+#include "shard_file.h"
 #include "snapshots_internal.h"
 
 #include <fcntl.h>

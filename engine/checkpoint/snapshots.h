@@ -33,11 +33,11 @@
 // not, the next older is tried, and each skipped one is logged with why.
 #pragma once
 
-#include "checkpoint/manifest.h"
-#include "checkpoint/source.h"
 #include "loss_scaler.h"
+#include "manifest.h"
 #include "model_context.h"
 #include "rank_resources.h"
+#include "source.h"
 #include "state_buffers.h"
 
 #include <atomic>

@@ -4,12 +4,12 @@
 // any checkpoint — written at any world size and stage.
 #pragma once
 
-#include "checkpoint/manifest.h"
-#include "checkpoint/shard_file.h"
-#include "checkpoint/source.h"
 #include "loss_scaler.h"
+#include "manifest.h"
 #include "model_context.h"
 #include "rank_resources.h"
+#include "shard_file.h"
+#include "source.h"
 #include "state_buffers.h"
 
 #include <optional>

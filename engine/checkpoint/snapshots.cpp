@@ -1,9 +1,9 @@
 #include "snapshots.h"
 
-#include "checkpoint/shard_file.h"
 #include "checkpoint_io.h"
 #include "error.h"
 #include "log.h"
+#include "shard_file.h"
 #include "snapshots_internal.h"
 
 #include <dirent.h>

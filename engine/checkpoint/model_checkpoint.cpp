@@ -2,11 +2,11 @@
 // stage on load) and the snapshots the engine takes by itself.
 #include "model_rank.h"
 
-#include "checkpoint/manifest.h"
-#include "checkpoint/shard_file.h"
 #include "checkpoint_io.h"
 #include "error.h"
 #include "log.h"
+#include "manifest.h"
+#include "shard_file.h"
 
 #include <unistd.h>
 
