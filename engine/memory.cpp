@@ -14,6 +14,8 @@ namespace zerod {
 
 // --- the device pool ---
 
+std::string PoolMemory::describe() const { return res_.device ? res_.device->describe() : std::string(); }
+
 void PoolMemory::copy_out(void* host_dst, const void* src, uint64_t bytes) const {
   res_.device->copy_to_host(host_dst, src, bytes);
 }
@@ -72,6 +74,8 @@ void PoolMemory::all_gather(const ModelContext& ctx, const zd_comm_call& c, cons
 }
 
 // --- host memory ---
+
+std::string HostMemory::describe() const { return res_.host ? res_.host->describe() : std::string(); }
 
 void HostMemory::copy_out(void* host_dst, const void* src, uint64_t bytes) const {
   std::memcpy(host_dst, src, bytes);
@@ -156,6 +160,8 @@ void nvme_range(RankResources& res, const BufferSegment& s, uint64_t at, std::by
 }
 
 }  // namespace
+
+std::string NvmeMemory::describe() const { return res_.nvme ? res_.nvme->describe() : std::string(); }
 
 void NvmeMemory::read(const BufferSegment& s, uint64_t at, void* dst, uint64_t len) const {
   nvme_range(res_, s, at, static_cast<std::byte*>(dst), len, false);

@@ -22,6 +22,7 @@
 #include <zerod/zerod_plugin.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace zerod {
@@ -47,6 +48,9 @@ class Memory {
  public:
   virtual ~Memory() = default;
   virtual zd_tier tier() const = 0;
+  // What holds these bytes, for `zerod status` and the tests (the device,
+  // the host or NVMe tier plugin's own words; empty while there is none).
+  virtual std::string describe() const = 0;
 
   // --- copies between this memory and host memory the caller holds ---
   // len bytes from byte `at` of segment s.
@@ -111,6 +115,10 @@ class Memory {
   // Whether the devices of one process read bytes of this memory with their
   // own peer copies (the pool's peer collectives need their sources there).
   virtual bool peer_readable() const = 0;
+  // Whether the comm plugins read and write these bytes themselves (host
+  // memory, and the pool where it is host memory: the cpu device); else the
+  // collectives above go between the devices or bounce (device_comm.cpp).
+  virtual bool plugins_reach() const = 0;
 };
 
 // The device pool of a rank, through its Device (looked up at each call:
@@ -119,6 +127,7 @@ class PoolMemory final : public Memory {
  public:
   explicit PoolMemory(RankResources& res) : res_(res) {}
   zd_tier tier() const override { return ZD_TIER_DEVICE; }
+  std::string describe() const override;
   void copy_out(void* host_dst, const void* src, uint64_t bytes) const override;
   void copy_in(void* dst, const void* host_src, uint64_t bytes) const override;
   void copy_to_pool(void* pool_dst, const void* src, uint64_t bytes) const override;
@@ -139,11 +148,9 @@ class PoolMemory final : public Memory {
   void all_gather(const ModelContext& ctx, const zd_comm_call& c, const Memory& from, const void* send, void* recv,
                   uint64_t count, zd_dtype dt) const override;
   bool peer_readable() const override { return true; }
+  bool plugins_reach() const override;
 
  private:
-  // Whether the comm plugins read and write the pool themselves (the cpu
-  // device's pool is host memory); else device_comm.cpp's paths.
-  bool plugins_reach() const;
   RankResources& res_;
 };
 
@@ -153,6 +160,7 @@ class HostMemory final : public Memory {
  public:
   explicit HostMemory(RankResources& res) : res_(res) {}
   zd_tier tier() const override { return ZD_TIER_HOST; }
+  std::string describe() const override;
   void copy_out(void* host_dst, const void* src, uint64_t bytes) const override;
   void copy_in(void* dst, const void* host_src, uint64_t bytes) const override;
   void copy_to_pool(void* pool_dst, const void* src, uint64_t bytes) const override;
@@ -173,6 +181,7 @@ class HostMemory final : public Memory {
   void all_gather(const ModelContext& ctx, const zd_comm_call& c, const Memory& from, const void* send, void* recv,
                   uint64_t count, zd_dtype dt) const override;
   bool peer_readable() const override { return false; }
+  bool plugins_reach() const override { return true; }
 
  private:
   RankResources& res_;
@@ -186,6 +195,7 @@ class NvmeMemory final : public Memory {
  public:
   explicit NvmeMemory(RankResources& res) : res_(res) {}
   zd_tier tier() const override { return ZD_TIER_NVME; }
+  std::string describe() const override;
   void read(const BufferSegment& s, uint64_t at, void* dst, uint64_t len) const override;
   void write(const BufferSegment& s, uint64_t at, const void* src, uint64_t len) const override;
   void copy_out(void*, const void*, uint64_t) const override { refuse("copy_out"); }
@@ -215,6 +225,7 @@ class NvmeMemory final : public Memory {
     refuse("all_gather");
   }
   bool peer_readable() const override { return false; }
+  bool plugins_reach() const override { return false; }
 
  private:
   [[noreturn]] static void refuse(const char* op);

@@ -120,36 +120,41 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     const int local_rank = world_size_ == 1 ? -1 : r - first_local_;
     res.device = open(device, res.ledger, res.workers, local_rank, "zerod-rank" + std::to_string(r));
     // Collectives and the device's copies overlap the trainer's calls on a
-    // thread of the rank's own; one rank on the cpu device has nothing to
-    // overlap with and runs them inline.
-    res.stream = std::make_unique<CommStream>(world_size_ > 1 || !res.device->host_addressable());
+    // thread of the rank's own; one rank on the cpu device (no collectives,
+    // no bytes travelling) has nothing to overlap with and runs them inline.
+    res.stream = std::make_unique<CommStream>(world_size_ > 1 || res.transfers.bytes_travel());
     rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
   // Stage 3 with the whole job in this process on the local comm plugin
   // (which copies between the ranks' buffers in this address space anyway):
-  // gathers copy the peers' shards one-sided. Elsewhere (mpi, several
-  // nodes, a device the host cannot address) they stay collectives.
+  // gathers copy the peers' shards one-sided, the host copying them into
+  // the pool (Residency::copy_shards). Elsewhere (mpi, several nodes, a pool
+  // the host cannot write) they stay collectives.
   bool one_sided = ctx_.params_partitioned() && world_size_ > 1 && local_ranks == world_size_ &&
                    plugins_.comm->plugin().name() == "local";
-  for (const auto& rs : ranks_) one_sided = one_sided && rs->res.device->host_addressable();
+  for (const auto& rs : ranks_) one_sided = one_sided && rs->res.pool_memory.host_writes();
   if (one_sided) {
     shard_board_ = std::make_unique<ShardBoard>(world_size_, config_.comm_timeout_s);
     ctx_.shards = shard_board_.get();
   }
-  // Every rank of the job in this process on devices the host cannot
-  // address (a daemon's GPUs): collectives run between their pools on the
-  // devices themselves (device_comm.cpp), not through host memory.
+  // Every rank of the job in this process on devices whose pools the comm
+  // plugins cannot reach (a daemon's GPUs): collectives run between their
+  // pools on the devices themselves (device_comm.cpp), not through host
+  // memory.
   bool peers = world_size_ > 1 && local_ranks == world_size_;
-  for (const auto& rs : ranks_) peers = peers && !rs->res.device->host_addressable();
+  for (const auto& rs : ranks_) peers = peers && !rs->res.pool_memory.plugins_reach();
   if (peers) {
     peer_board_ = std::make_unique<PeerBoard>(world_size_, config_.comm_timeout_s);
     ctx_.peers = peer_board_.get();
   }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   set_up_observing(local_ranks);
+  // Momentum compression and per-tensor figures are the host's loops over
+  // the gradients, masters and whole copies, which may be in the pool: only
+  // where the host writes the pool in place.
   const OptimizerInstance& opt = *plugins_.optimizer;
-  if (!ranks_.front()->res.device->host_addressable() &&
+  if (!ranks_.front()->res.pool_memory.host_writes() &&
       (opt.compresses() || opt.tensor_scalars() > 0 || opt.tensor_stats() > 0))
     fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() + "' (" + config_.source +
                             ") compresses its exchange or keeps per-tensor figures on the host, which the " + device +
@@ -376,11 +381,9 @@ void Model::set_applied_steps(int rank, int64_t step) {
 std::vector<int> Model::optimizer_cpus(int rank) const { return rank_state(rank).res.workers.cpus(); }
 
 std::string Model::tier_description(int rank, zd_tier tier) const {
-  const RankState& rs = rank_state(rank);
-  if (tier == ZD_TIER_HOST && rs.res.host) return rs.res.host->describe();
-  if (tier == ZD_TIER_NVME && rs.res.nvme) return rs.res.nvme->describe();
-  if (tier == ZD_TIER_DEVICE && rs.res.device) return rs.res.device->describe();
-  return "";
+  RankState& rs = const_cast<RankState&>(rank_state(rank));
+  if (tier < 0 || tier >= ZD_TIER_COUNT) return "";
+  return rs.res.memory(tier).describe();
 }
 
 std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer which) const {

@@ -174,7 +174,7 @@ void Model::set_stream(int rank, void* stream) {
   RankState& rs = rank_state(rank);
   // Changing streams inside a step would leave work ordered on the old one.
   // The cpu device has none (it takes NULL only), so there it is harmless.
-  if (rs.active_modules > 0 && !rs.res.device->host_addressable())
+  if (rs.active_modules > 0 && rs.res.device->has_streams())
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_stream while modules are begun; set the stream between steps");
   rs.res.device->set_trainer_stream(stream);
 }

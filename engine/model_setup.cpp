@@ -198,7 +198,7 @@ void Model::lay_out_once() {
   registry_.lay_out(policy);
   placement_.decide();
   const RankResources& first = ranks_.front()->res;
-  placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.device->host_addressable(), first.rank);
+  placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.transfers.bytes_travel(), first.rank);
   laid_out_ = true;
   if (tracer_) {
     observe::TraceContext tc;
@@ -295,7 +295,7 @@ void Model::finalize(int rank) {
   }
   lay_out_once();
   try {
-    placement_.check_device(*rs.res.device, rank);
+    placement_.check_device(*rs.res.device, rs.res.pool_memory, rank);
     set_up_tiers(rs);
     std::array<uint64_t, ZD_TIER_COUNT> budgets{};
     for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);

@@ -250,7 +250,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
       rs->update.finish();  // the failed step's (its failure was reported)
     } catch (...) {
     }
-    rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || !rs->res.device->host_addressable());
+    rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || rs->res.transfers.bytes_travel());
   }
   plugins_.comm = std::move(comm);
   board_->reset();  // the new comm numbers its collectives from the start

@@ -38,7 +38,10 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
     replay_hinted_ = true;
     return false;
   }
-  return res_.device->host_addressable();
+  // The replay's loops write the whole copies and (stages 1-2) the working
+  // copy on the host, in place: where they may be in the pool, only if the
+  // host writes it (always, where compression runs: Model refuses the rest).
+  return res_.pool_memory.host_writes();
 }
 
 // Every rank copies the owners' values of the replayed slots, whole: a

@@ -56,8 +56,12 @@ void Placement::decide() {
   }
 }
 
-void Placement::check_device(const Device& device, int rank) const {
-  if (device.host_addressable()) return;
+void Placement::check_device(const Device& device, const Memory& pool, int rank) const {
+  // A piece whose operands are in the pool and in host memory is updated by
+  // the host's loops (OptimizerRunner::pieces), and the pool's own update
+  // writes a working shard in host memory: both need the host to write the
+  // pool in place.
+  if (pool.host_writes()) return;
   const std::string where = " (" + ctx_.config.source + ")";
   const std::string dev = std::string("the ") + device.name() + " device";
   if (ctx_.config.offload.ratio < 1.0)
@@ -174,7 +178,7 @@ zd_tier Placement::grad_tier(size_t group, int rank) const {
   return ZD_TIER_DEVICE;
 }
 
-void Placement::decide_window(uint64_t device_budget, bool host_addressable, int rank) {
+void Placement::decide_window(uint64_t device_budget, bool bytes_travel, int rank) {
   using A = OffloadConfig::Accumulate;
   const A choice = ctx_.config.offload.accumulate;
   window_ = false;
@@ -183,7 +187,7 @@ void Placement::decide_window(uint64_t device_budget, bool host_addressable, int
     window_ = true;
     return;
   }
-  if (ctx_.config.gradient_accumulation_steps < 2 || host_addressable) return;
+  if (ctx_.config.gradient_accumulation_steps < 2 || !bytes_travel) return;
   uint64_t bytes = 0;
   for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi)
     if (grad_tier(gi, rank) != ZD_TIER_DEVICE)

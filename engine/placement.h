@@ -54,10 +54,11 @@ class Placement {
   // budget and a rank of this process): whether stages 2-3 accumulate the micro-batches before a
   // window's last in a device buffer of the owned gradients, for groups
   // whose accumulators are off the device. auto: when the window has
-  // several micro-batches, the device is not host memory anyway, and the
+  // several micro-batches, gradients leaving the device travel
+  // (Transfers::bytes_travel: the device is not host memory anyway), and the
   // buffers of every group take at most a quarter of the device budget
   // (the rest is the live window's and the trainer's activations').
-  void decide_window(uint64_t device_budget, bool host_addressable, int rank);
+  void decide_window(uint64_t device_budget, bool bytes_travel, int rank);
   bool window_on_device(size_t group, int rank) const { return window_ && grad_tier(group, rank) != ZD_TIER_DEVICE; }
 
   NeedTable need_table(int rank) const;
@@ -73,9 +74,10 @@ class Placement {
   void check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const;
 
   // Refuses (ZD_ERR_CONFIG, naming the tensor and what to do) a placement
-  // the rank's device cannot run: one the host cannot address needs every
-  // piece of the optimizer's work wholly on the device or wholly off it.
-  void check_device(const Device& device, int rank) const;
+  // the rank's device cannot run: where the host's loops cannot write the
+  // device's pool (`pool`, the rank's PoolMemory), every piece of the
+  // optimizer's work must be wholly on the device or wholly off it.
+  void check_device(const Device& device, const Memory& pool, int rank) const;
 
   // NVMe transfers are aligned to the largest alignment of the ranks' nvme
   // tier instances (the same paths on every rank, so the same figure): each

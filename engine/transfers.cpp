@@ -9,15 +9,17 @@
 
 namespace zerod {
 
+bool Transfers::bytes_travel() const { return !res_.device->host_addressable(); }
+
 std::unique_ptr<CommStream> Transfers::leaving_stream(const char* role) const {
-  return std::make_unique<CommStream>(!res_.device->host_addressable(), role);
+  return std::make_unique<CommStream>(bytes_travel(), role);
 }
 
 void Transfers::add_to_host(const void* src, zd_dtype src_dt, void* dst_v, zd_dtype dst_dt, uint64_t n, bool first,
                             const NormTiles* norm, uint64_t ready) {
   auto* dst = static_cast<std::byte*>(dst_v);
   Device& d = *res_.device;
-  if (d.host_addressable()) {
+  if (!bytes_travel()) {
     zerod::accumulate(src, src_dt, dst, dst_dt, n);
     if (norm) norm_tiles(dst, dst_dt, n, *norm);
     return;
@@ -59,7 +61,7 @@ void Transfers::upload_to_pool(void* dst, const void* src, uint64_t bytes) {
 }
 
 void Transfers::before_host_writes() {
-  if (res_.device->host_addressable()) return;
+  if (!bytes_travel()) return;
   res_.device->upload_after_stream();
   res_.wait_shard_uploads();
 }

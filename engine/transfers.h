@@ -28,6 +28,11 @@ class Transfers {
   Transfers(const Transfers&) = delete;
   Transfers& operator=(const Transfers&) = delete;
 
+  // Whether bytes between the pool and host memory travel as the device's
+  // copies (a GPU, the emulated device), rather than the host reading and
+  // writing the pool in place (the cpu device, whose pool is host memory).
+  bool bytes_travel() const;
+
   // Gradients leaving the pool for host accumulators pass through here.
   HostStaging& gradient_staging() { return gradients_; }
   // New working copies going from the host's updates to the pool.

@@ -22,6 +22,7 @@ class CpuDevice final : public Device {
   int32_t ordinal() const override { return 0; }
   std::string describe() const override;
   bool host_addressable() const override { return true; }
+  bool has_streams() const override { return false; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& block, zd_mem_kind kind) override;

@@ -121,6 +121,7 @@ class CudaDevice final : public Device {
   int32_t ordinal() const override { return device_; }
   std::string describe() const override { return description_; }
   bool host_addressable() const override { return false; }
+  bool has_streams() const override { return true; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     const uint64_t size = (std::max<uint64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;

@@ -70,6 +70,11 @@ class Device {
   virtual std::string describe() const = 0;
   // Whether host code may read and write pool memory through its pointers.
   virtual bool host_addressable() const = 0;
+  // Whether the device orders work on streams, so that the trainer's stream
+  // (set_trainer_stream) matters to what zerod has issued: a GPU, and the
+  // emulated device standing in for one. The cpu device does each call
+  // before it returns and has no stream to change.
+  virtual bool has_streams() const = 0;
 
   // --- the pool: zero-filled, aligned blocks, charged to the rank's ledger
   // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device

@@ -54,6 +54,7 @@ class EmulatedDevice : public Device {
   int32_t ordinal() const override { return arena_ ? 0 : 7; }
   std::string describe() const override;
   bool host_addressable() const override { return false; }
+  bool has_streams() const override { return true; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& b, zd_mem_kind kind) override;

@@ -19,6 +19,7 @@ class TracedDevice final : public Device {
   int32_t ordinal() const override { return d_->ordinal(); }
   std::string describe() const override { return d_->describe(); }
   bool host_addressable() const override { return d_->host_addressable(); }
+  bool has_streams() const override { return d_->has_streams(); }
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     return d_->allocate(bytes, kind, what);
   }

@@ -174,6 +174,39 @@ TEST(OpaqueDeviceLimits, UnsupportedPlacementsAreRefusedWithWhatToDo) {
   }
 }
 
+// zd_model_set_stream inside a step is refused on a device that orders work
+// on streams (the emulated device stands in for a GPU), and harmless on the
+// cpu device, which has none; between steps both take it. Each tier's
+// description comes from what holds it (the device's own words for the
+// device tier, none for a tier the placement does not use).
+TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
+  for (const char* device : {"cpu", "opaque"}) {
+    JobOptions o;
+    o.device = device;
+    auto model = make_model(o, 1);
+    const bool streams = std::string(device) != "cpu";
+    EXPECT_EQ(model->device(0).has_streams(), streams) << device;
+    const zd_param_id p = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1024}, nullptr, 0);
+    model->finalize(0);
+    EXPECT_EQ(model->tier_description(0, ZD_TIER_DEVICE), model->device(0).describe()) << device;
+    EXPECT_EQ(model->tier_description(0, ZD_TIER_NVME), "") << device << ": no NVMe tier is in use";
+    EXPECT_NO_THROW(model->set_stream(0, nullptr)) << device << ": between steps";
+    model->forward_begin(0, model->registry().param(p).module);
+    if (streams) {
+      try {
+        model->set_stream(0, nullptr);
+        FAIL() << device << ": set_stream inside a step must be refused";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE);
+        EXPECT_NE(std::string(e.what()).find("between steps"), std::string::npos) << e.what();
+      }
+    } else {
+      EXPECT_NO_THROW(model->set_stream(0, nullptr)) << device << ": the cpu device has no stream to change";
+    }
+    model->forward_end(0, model->registry().param(p).module);
+  }
+}
+
 }  // namespace
 
 namespace {
