@@ -269,16 +269,19 @@ def mutation_test(rules_path, root):
             else:
                 failures.append(f"adding {path} ({text.strip()!r}) should report exactly one problem "
                                 f"containing {expected!r}; reported: {new}")
-        # The bends are needed: without the one for sizes.*, its include fails.
-        without = "\n".join(l for l in rules_text.splitlines() if not l.startswith("bend daemon/proto/sizes."))
+        # The bends are needed: without the one for the client's mirror
+        # registry, its include fails.
+        without = "\n".join(l for l in rules_text.splitlines()
+                            if not l.startswith("bend abi/src/remote* engine/registry.h"))
         with open(scratch_rules, "w", encoding="utf-8") as f:
             f.write(without + "\n")
         problems = check(scratch_rules, scratch)[0]
         if without == rules_text.rstrip("\n") or not any(
-                p.startswith("daemon/proto/sizes.") and "(proto -> engine)" in p for p in problems):
-            failures.append(f"deleting the sizes.* bend should fail daemon/proto/sizes.*; reported: {problems}")
+                p.startswith("abi/src/remote") and "engine/registry.h (libzerod_client -> engine)" in p
+                for p in problems):
+            failures.append(f"deleting the remote* -> registry.h bend should fail abi/src/remote*; reported: {problems}")
         else:
-            print("caught: deleting the sizes.* bend fails daemon/proto/sizes.*")
+            print("caught: deleting the remote* -> registry.h bend fails abi/src/remote*")
     for failure in failures:
         print(f"MISSED: {failure}")
     if failures:

@@ -1,5 +1,7 @@
 #include "dtype.h"
 
+#include "error.h"
+
 #include <cstring>
 
 namespace zerod {
@@ -24,6 +26,16 @@ const char* dtype_name(zd_dtype dt) {
     case ZD_DTYPE_F16: return "f16";
     default: return "invalid";
   }
+}
+
+uint64_t checked_bytes(uint64_t numel, zd_dtype dt, const std::string& what) {
+  if (!dtype_valid(dt))
+    fail(ZD_ERR_INVALID_ARGUMENT, what + " has an invalid dtype (" + std::to_string(dt) + ")");
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dt)), &bytes))
+    fail(ZD_ERR_INVALID_ARGUMENT, what + ": " + std::to_string(numel) + " elements of " +
+                                      dtype_name(dt) + " do not fit in 64 bits of bytes");
+  return bytes;
 }
 
 const char* precision_name(zd_dtype dt) {

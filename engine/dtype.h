@@ -22,6 +22,12 @@ const char* precision_name(zd_dtype dt);
 // Parses "fp32"/"f32"/"float32", "bf16"/"bfloat16", "fp16"/"f16"/"float16"; 0 if unknown.
 zd_dtype dtype_from_name(const std::string& name);
 
+// numel elements of dt in bytes, without overflow; dt must be valid.
+// Throws ZD_ERR_INVALID_ARGUMENT beginning with `what`. Both ends of the
+// daemon protocol size a tensor's bytes with it (daemon/proto/sizes.h
+// checks the shape: checked_numel).
+uint64_t checked_bytes(uint64_t numel, zd_dtype dt, const std::string& what);
+
 // Converts n elements between any two dtypes (src and dst must not overlap).
 void convert(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, size_t n);
 

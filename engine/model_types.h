@@ -2,6 +2,8 @@
 // step.
 #pragma once
 
+#include "call_record.h"  // StepFigures: the same record the call ring carries
+
 #include <zerod/zerod.h>
 
 #include <cstdint>
@@ -20,17 +22,6 @@ struct ViewInfo {
   bool read_only = false;
   int32_t device_type = ZD_DEVICE_CPU;  // DLPack's numbers
   int32_t device_id = 0;
-};
-
-struct StepFigures {
-  bool boundary = false;
-  bool applied = false;
-  bool skipped = false;
-  int64_t step = 0;
-  int64_t micro_step = 0;
-  double lr = 0.0;
-  double loss_scale = 1.0;
-  double grad_norm = 0.0;
 };
 
 }  // namespace zerod

@@ -1,11 +1,12 @@
 // What a zd_client and a zd_model talk to. Embedded mode implements these
 // with the engine in this process; daemon mode implements them over the
 // call ring and the socket. The C functions in zerod.cpp see only these
-// interfaces, and every model call goes through the one call table
-// (daemon/proto/calls.h), so the ABI behaves the same in both modes.
+// interfaces, and every model call is one call record (base/call_record.h)
+// run by the engine's one dispatcher (engine/calls/dispatch.h), so the ABI
+// behaves the same in both modes.
 #pragma once
 
-#include "calls.h"
+#include "calls/dispatch.h"
 #include "model.h"
 #include "registry.h"
 
@@ -33,7 +34,7 @@ class ModelBackend {
                                      zd_dtype init_dtype) = 0;
   // The parameters and modules, as registered (names, shapes, modules).
   virtual const Registry& registry() const = 0;
-  // Every call of the table (calls.h) after registration. data: the
+  // Every call of the table (call_record.h) after registration. data: the
   // caller's buffer of a whole-parameter or state call, or the stream of
   // set_stream. Embedded: calls::dispatch on the engine. Daemon: the call
   // ring, or an answer this side already holds.

@@ -48,7 +48,7 @@ zd_param_id RemoteModel::register_param(const std::string& name, const std::stri
     const zd_dtype idt = init_dtype ? init_dtype : dtype;
     if (!dtype_valid(idt))
       fail(ZD_ERR_INVALID_ARGUMENT, what + " has an invalid init_dtype (" + std::to_string(idt) + ")");
-    const uint64_t bytes = wire::checked_bytes(wire::checked_numel(shape, what), idt, what);
+    const uint64_t bytes = checked_bytes(wire::checked_numel(shape, what), idt, what);
     std::memcpy(client_.staging(bytes), init, bytes);
     r->set_has_init(true);
     r->set_staging_offset(0);
@@ -151,15 +151,7 @@ calls::Outcome RemoteModel::socket_call(const calls::Args& a) {
   take_arenas(r.new_arenas(), fds);
   const v1::CallReply& cr = r.call();
   for (const v1::View& v : cr.views()) socket_views_.push_back({v.param(), v.gradient(), v.arena(), v.offset(), v.bytes()});
-  const v1::StepFigures& sf = cr.step();
-  o.step.boundary = sf.boundary();
-  o.step.applied = sf.applied();
-  o.step.skipped = sf.skipped();
-  o.step.step = sf.step();
-  o.step.micro_step = sf.micro_step();
-  o.step.lr = sf.lr();
-  o.step.loss_scale = sf.loss_scale();
-  o.step.grad_norm = sf.grad_norm();
+  o.step = wire::from_proto(cr.step());
   o.comm.bytes_sent = cr.comm().bytes_sent();
   o.comm.network_bytes_sent = cr.comm().network_bytes_sent();
   o.comm.collectives = cr.comm().collectives();

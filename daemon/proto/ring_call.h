@@ -1,10 +1,12 @@
-// A table call as it crosses the call ring (transport/ring.h): fixed
+// A model call as it crosses the call ring (transport/ring.h): fixed
 // records copied byte for byte, both ends built from the same source. The
+// call itself is base/call_record.h's Args, and the step's figures are its
+// StepFigures, the very types the engine's dispatcher takes and returns. The
 // daemon copies a request out of the shared slot before it reads any field,
 // and checks every field it uses.
 #pragma once
 
-#include "calls.h"
+#include "call_record.h"
 
 #include <cstdint>
 #include <type_traits>

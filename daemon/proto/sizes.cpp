@@ -1,6 +1,5 @@
 #include "sizes.h"
 
-#include "dtype.h"
 #include "error.h"
 
 namespace zerod::wire {
@@ -19,16 +18,6 @@ uint64_t checked_numel(std::span<const int64_t> shape, const std::string& what) 
                                         std::to_string(kMaxNumel) + " elements");
   }
   return numel;
-}
-
-uint64_t checked_bytes(uint64_t numel, zd_dtype dtype, const std::string& what) {
-  if (!dtype_valid(dtype))
-    fail(ZD_ERR_INVALID_ARGUMENT, what + " has an invalid dtype (" + std::to_string(dtype) + ")");
-  uint64_t bytes = 0;
-  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dtype)), &bytes))
-    fail(ZD_ERR_INVALID_ARGUMENT, what + ": " + std::to_string(numel) + " elements of " +
-                                      dtype_name(dtype) + " do not fit in 64 bits of bytes");
-  return bytes;
 }
 
 void check_range(uint64_t offset, uint64_t bytes, uint64_t size, const std::string& what) {

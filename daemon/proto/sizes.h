@@ -28,9 +28,8 @@ inline constexpr uint64_t kMaxNumel = uint64_t{1} << 47;
 // ZD_ERR_INVALID_ARGUMENT beginning with `what` ("parameter 'w1'").
 uint64_t checked_numel(std::span<const int64_t> shape, const std::string& what);
 
-// numel elements of dtype in bytes, without overflow; the dtype must be
-// valid. Throws ZD_ERR_INVALID_ARGUMENT beginning with `what`.
-uint64_t checked_bytes(uint64_t numel, zd_dtype dtype, const std::string& what);
+// (The bytes of numel elements of a dtype: checked_bytes, engine/dtype.h,
+// beside the dtype table it reads.)
 
 // Checks that [offset, offset + bytes) lies inside a region of `size`
 // bytes, without computing offset + bytes (which may wrap). Throws

@@ -30,4 +30,28 @@ void set_error(v1::Reply* reply, zd_status status, const std::string& message) {
   reply->mutable_error()->set_message(message);
 }
 
+void to_proto(const StepFigures& f, v1::StepFigures* s) {
+  s->set_boundary(f.boundary);
+  s->set_applied(f.applied);
+  s->set_skipped(f.skipped);
+  s->set_step(f.step);
+  s->set_micro_step(f.micro_step);
+  s->set_lr(f.lr);
+  s->set_loss_scale(f.loss_scale);
+  s->set_grad_norm(f.grad_norm);
+}
+
+StepFigures from_proto(const v1::StepFigures& s) {
+  StepFigures f;
+  f.boundary = s.boundary();
+  f.applied = s.applied();
+  f.skipped = s.skipped();
+  f.step = s.step();
+  f.micro_step = s.micro_step();
+  f.lr = s.lr();
+  f.loss_scale = s.loss_scale();
+  f.grad_norm = s.grad_norm();
+  return f;
+}
+
 }  // namespace zerod::wire

@@ -2,6 +2,7 @@
 // frame (type 1 and 2), and the reply's error, for both sides.
 #pragma once
 
+#include "call_record.h"
 #include "transport/connection.h"
 #include "zerod_v1.pb.h"
 
@@ -28,5 +29,11 @@ void parse(const transport::Frame& f, google::protobuf::MessageLite* msg, const 
 
 // Fills a reply's error from a status and message.
 void set_error(v1::Reply* reply, zd_status status, const std::string& message);
+
+// A step's figures in a protobuf reply (the socket form of a call, without
+// the ring) and back: one function each way. The ring's reply carries the
+// same StepFigures record as it is (ring_call.h).
+void to_proto(const StepFigures& f, v1::StepFigures* s);
+StepFigures from_proto(const v1::StepFigures& s);
 
 }  // namespace zerod::wire

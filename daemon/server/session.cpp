@@ -286,7 +286,7 @@ void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
   const void* init = nullptr;
   if (r.has_init()) {
     const zd_dtype idt = r.init_dtype() ? r.init_dtype() : r.dtype();
-    init = staging_at(r.staging_offset(), wire::checked_bytes(numel, idt, what + "'s initial values"),
+    init = staging_at(r.staging_offset(), checked_bytes(numel, idt, what + "'s initial values"),
                       "zd_model_register_param");
   }
   std::vector<int64_t> shape(dims.begin(), dims.end());

@@ -4,10 +4,11 @@
 // fds it sends once. Requests come as socket frames until the client sends
 // its call ring (RingSetup); from then on the thread waits on the ring, and
 // the socket carries only what the ring announces (set-up requests, fds).
-// Model calls from either path run through the call table (calls.h).
+// Model calls from either path run through the engine's dispatcher
+// (engine/calls/dispatch.h).
 #pragma once
 
-#include "calls.h"
+#include "calls/dispatch.h"
 #include "ring_call.h"
 #include "transport/connection.h"
 #include "transport/ring.h"

@@ -5,6 +5,7 @@
 
 #include "model_host.h"
 #include "session_internal.h"
+#include "wire.h"
 
 #include "error.h"
 
@@ -30,17 +31,6 @@ void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply*
 }
 
 namespace {
-
-void fill_step(const StepFigures& f, v1::StepFigures* s) {
-  s->set_boundary(f.boundary);
-  s->set_applied(f.applied);
-  s->set_skipped(f.skipped);
-  s->set_step(f.step);
-  s->set_micro_step(f.micro_step);
-  s->set_lr(f.lr);
-  s->set_loss_scale(f.loss_scale);
-  s->set_grad_norm(f.grad_norm);
-}
 
 // The protobuf ModelCall ops and the table's.
 calls::Op op_of(v1::ModelCall::Op op) {
@@ -82,7 +72,7 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
   const calls::Outcome o = run_call(*host, a, path.empty() ? nullptr : path.data());
   v1::CallReply* out = reply->mutable_call();
   if (is_begin(a.op)) add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
-  if (a.op == calls::Op::step) fill_step(o.step, out->mutable_step());
+  if (a.op == calls::Op::step) wire::to_proto(o.step, out->mutable_step());
   if (a.op == calls::Op::optimizer_info) {
     v1::OptimizerInfo* info = out->mutable_optimizer();
     info->set_name(o.optimizer);

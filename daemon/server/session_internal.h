@@ -6,7 +6,7 @@
 //   session_frames.cpp  model calls as protobuf socket frames (no ring)
 #pragma once
 
-#include "calls.h"
+#include "calls/dispatch.h"
 #include "model.h"
 
 namespace zerod::server::session_detail {

@@ -1,6 +1,7 @@
-#include "calls.h"
+// The dispatcher's table (dispatch.h): one entry per Op, each running its
+// call on the Model after check().
+#include "dispatch.h"
 
-#include "dtype.h"
 #include "error.h"
 
 #include <cstring>
@@ -12,7 +13,6 @@ namespace {
 
 struct Entry {
   Op op;
-  const char* name;
   // Runs the call on the model as `rank`, after check().
   void (*run)(Model& m, int rank, const Args& a, void* data, Outcome& out);
 };
@@ -69,30 +69,30 @@ void run_report(Model& m, int rank, const Args& a, void*, Outcome&) {
   m.report(rank, a.tokens, a.samples, a.has_loss != 0, a.loss);
 }
 
-// Indexed by Op.
+// Indexed by Op (the names are call_record.h's).
 constexpr Entry kTable[] = {
-    {Op{0}, "zd_?", nullptr},
-    {Op::finalize, "zd_model_finalize", run_finalize},
-    {Op::forward_begin, "zd_forward_begin", run_forward_begin},
-    {Op::forward_end, "zd_forward_end", run_forward_end},
-    {Op::backward_begin, "zd_backward_begin", run_backward_begin},
-    {Op::backward_end, "zd_backward_end", run_backward_end},
-    {Op::param_view, "zd_param_view", run_param_view},
-    {Op::grad_view, "zd_grad_view", run_grad_view},
-    {Op::step, "zd_step", run_step},
-    {Op::loss_scale, "zd_model_loss_scale", run_loss_scale},
-    {Op::set_stream, "zd_model_set_stream", run_set_stream},
-    {Op::param_read, "zd_param_read", run_param_read},
-    {Op::param_write, "zd_param_write", run_param_write},
-    {Op::state_read, "zd_optimizer_state_read", run_state_read},
-    {Op::state_write, "zd_optimizer_state_write", run_state_write},
-    {Op::set_step, "zd_model_set_step", run_set_step},
-    {Op::optimizer_info, "zd_model_optimizer_info", run_optimizer_info},
-    {Op::memory, "zd_model_memory", run_memory},
-    {Op::comm_figures, "zd_model_comm_figures", run_comm_figures},
-    {Op::save, "zd_model_save", run_save},
-    {Op::load, "zd_model_load", run_load},
-    {Op::report, "zd_model_report", run_report},
+    {Op{0}, nullptr},
+    {Op::finalize, run_finalize},
+    {Op::forward_begin, run_forward_begin},
+    {Op::forward_end, run_forward_end},
+    {Op::backward_begin, run_backward_begin},
+    {Op::backward_end, run_backward_end},
+    {Op::param_view, run_param_view},
+    {Op::grad_view, run_grad_view},
+    {Op::step, run_step},
+    {Op::loss_scale, run_loss_scale},
+    {Op::set_stream, run_set_stream},
+    {Op::param_read, run_param_read},
+    {Op::param_write, run_param_write},
+    {Op::state_read, run_state_read},
+    {Op::state_write, run_state_write},
+    {Op::set_step, run_set_step},
+    {Op::optimizer_info, run_optimizer_info},
+    {Op::memory, run_memory},
+    {Op::comm_figures, run_comm_figures},
+    {Op::save, run_save},
+    {Op::load, run_load},
+    {Op::report, run_report},
 };
 static_assert(std::size(kTable) == kOpCount, "one table entry per Op");
 
@@ -114,10 +114,6 @@ void check_rank(int world_size, int32_t rank) {
 }
 
 }  // namespace
-
-bool valid(uint32_t op) { return op >= 1 && op < kOpCount; }
-
-const char* name(Op op) { return valid(static_cast<uint32_t>(op)) ? kTable[static_cast<uint32_t>(op)].name : "zd_?"; }
 
 void check(const Registry& reg, int world_size, const Args& a, const void* data) {
   switch (a.op) {

@@ -1,0 +1,44 @@
+// The dispatcher of the model calls (base/call_record.h): the checks of a
+// call's arguments and the call run on the engine's Model as a rank. It is
+// the engine's side of the call record, so it lives with the engine; the
+// protocol that carries the record (daemon/proto) includes none of this.
+// libzerod's embedded backend and the daemon's session run every call here.
+#pragma once
+
+#include "call_record.h"
+#include "model.h"
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerod::calls {
+
+// What a call answers. The fields a call does not set keep their defaults.
+struct Outcome {
+  StepFigures step;           // step
+  double loss_scale = 1.0;    // every call: the rank's loss scale after it
+  uint64_t current = 0, peak = 0, budget = 0;  // memory
+  zd_comm_figures comm{};     // comm_figures
+  int64_t applied_steps = 0;  // optimizer_info
+  // In-process only (not in the ring's fixed reply):
+  ViewInfo view;                      // param_view, grad_view
+  std::string optimizer;              // optimizer_info
+  std::vector<std::string> slots;     // optimizer_info
+};
+
+// Argument checks that need only the registry and the job's size: ids,
+// dtypes, ranges, and the caller's buffer (data: the pointer the caller
+// passed; size in a.bytes). Both modes run this same function: libzerod
+// before it copies anything into shared memory, and dispatch() below
+// (which is what the daemon runs) before the engine sees the call.
+void check(const Registry& reg, int world_size, const Args& a, const void* data);
+
+// check(), then the call on the model as `rank`. data: the buffer of a
+// whole-parameter or state call (the caller's own in embedded mode, the
+// staging memfd in the daemon), or the stream of set_stream.
+Outcome dispatch(Model& m, int rank, const Args& a, void* data);
+
+}  // namespace zerod::calls
