@@ -21,7 +21,7 @@
 // compresses), and nothing is reduced during its backward.
 #pragma once
 
-#include "comm_stream.h"
+#include "comm/comm_stream.h"
 #include "memory.h"
 #include "model_types.h"
 #include "model_context.h"

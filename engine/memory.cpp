@@ -1,7 +1,7 @@
 #include "memory.h"
 
 #include "align.h"
-#include "device_comm.h"
+#include "comm/device_comm.h"
 #include "dtype.h"
 #include "error.h"
 #include "model_context.h"

@@ -26,6 +26,8 @@
 #include "activity.h"
 #include "checkpoint/snapshots.h"
 #include "checkpoint/source.h"
+#include "comm/peer_board.h"
+#include "comm/shard_board.h"
 #include "device/device.h"
 #include "device/select.h"
 #include "error.h"
@@ -37,11 +39,9 @@
 #include "observe/collective_board.h"
 #include "observe/rank_counters.h"
 #include "observe/tracer.h"
-#include "peer_board.h"
 #include "placement.h"
 #include "plugin_host.h"
 #include "registry.h"
-#include "shard_board.h"
 #include "thread_pool.h"
 
 #include <zerod/zerod.h>

@@ -4,7 +4,7 @@
 // collective on its rank's stream (a failed collective breaks the job).
 #pragma once
 
-#include "comm_stream.h"
+#include "comm/comm_stream.h"
 #include "error.h"
 #include "job_config.h"
 #include "plugin_host.h"

@@ -1,6 +1,6 @@
 #include "plugin_host.h"
 
-#include "comm_adapters.h"
+#include "comm/comm_adapters.h"
 #include "observe/collective_board.h"
 
 #include "error.h"

@@ -5,7 +5,7 @@
 // (memory.h), and the transfers between the pool and host memory.
 #pragma once
 
-#include "comm_stream.h"
+#include "comm/comm_stream.h"
 #include "device/device.h"
 #include "ledger.h"
 #include "memory.h"

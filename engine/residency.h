@@ -11,10 +11,10 @@
 // value after a replayed step (copy_from), and a gather copies from there.
 #pragma once
 
-#include "comm_stream.h"
+#include "comm/comm_stream.h"
+#include "comm/shard_board.h"
 #include "model_context.h"
 #include "rank_resources.h"
-#include "shard_board.h"
 #include "state_buffers.h"
 
 #include <functional>

@@ -6,7 +6,7 @@
 // The memories (memory.h) call it; engine parts call the memories.
 #pragma once
 
-#include "comm_stream.h"
+#include "comm/comm_stream.h"
 #include "host_staging.h"
 #include "workers.h"
 

@@ -1,5 +1,5 @@
 // A comm plugin of ABI version 1 through the engine: CommInstance lifts it to
-// the v2 table once (engine/comm_v1_adapter.cpp) and runs the same
+// the v2 table once (engine/comm/comm_v1_adapter.cpp) and runs the same
 // collectives with the same results and traffic figures as the plugin's own
 // v2 table (the local plugin built twice: zd_comm_local offers v2 and v1,
 // tests/fake_plugins' zd_comm_local_v1 only v1). What v1 lacks is refused

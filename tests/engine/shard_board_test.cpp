@@ -1,9 +1,9 @@
-// The board behind stage 3's one-sided gathers (engine/shard_board.h), on
+// The board behind stage 3's one-sided gathers (engine/comm/shard_board.h), on
 // its own: who waits for whom at a write phase, a read waiting for a peer
 // still writing, the comm timeout, a rank that left, an abort, and ranks
 // that gather different modules. Ranks are threads here, as in the engine.
+#include "comm/shard_board.h"
 #include "error.h"
-#include "shard_board.h"
 
 #include <gtest/gtest.h>
 
