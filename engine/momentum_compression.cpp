@@ -90,8 +90,7 @@ void MomentumCompression::release() {
 
 void MomentumCompression::reset() {
   for (Group& c : groups_) {
-    for (TieredBuffer* b : {&c.worker_error, &c.server_error})
-      if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
+    for (TieredBuffer* b : {&c.worker_error, &c.server_error}) b->zero();
     c.have_average = c.average_in_buffer = false;
   }
   replica_valid_ = 0;
@@ -280,8 +279,7 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
   params_valid_ = false;
   if (plan.reset_errors)
     for (Group& c : groups_)
-      for (TieredBuffer* b : {&c.worker_error, &c.server_error})
-        if (!b->empty()) std::memset(b->addr(0), 0, b->count() * 4);
+      for (TieredBuffer* b : {&c.worker_error, &c.server_error}) b->zero();
   bool exchanges = false;
   for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
   if (exchanges) {

@@ -167,4 +167,8 @@ void TieredBuffer::write(const TierSet& tiers, uint64_t begin, uint64_t n, const
   transfer(tiers, begin, n, const_cast<void*>(src), true);
 }
 
+void TieredBuffer::zero() {
+  for (const Segment& s : segments_) s.memory->zero(s.ptr, s.count * elem_size_);
+}
+
 }  // namespace zerod

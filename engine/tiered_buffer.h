@@ -76,6 +76,9 @@ class TieredBuffer {
   // synchronous I/O for NVMe, through an aligned bounce buffer).
   void read(const TierSet& tiers, uint64_t begin, uint64_t n, void* dst) const;
   void write(const TierSet& tiers, uint64_t begin, uint64_t n, const void* src);
+  // Every element zero, each segment by its memory (the device's fill in
+  // the pool, the host's in host memory; NVMe refuses).
+  void zero();
 
  private:
   void transfer(const TierSet& tiers, uint64_t begin, uint64_t n, void* data, bool write) const;
