@@ -32,14 +32,6 @@ namespace zerod::abi::remote {
 
 class RemoteClient;
 
-// A view as either path reports it.
-struct RingViewLike {
-  int32_t param;
-  bool gradient;
-  int32_t arena;
-  uint64_t offset, bytes;
-};
-
 class RemoteModel final : public ModelBackend {
  public:
   RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link)
@@ -65,7 +57,8 @@ class RemoteModel final : public ModelBackend {
   // A daemon without the ring (or ZEROD_NO_RING=1): one protobuf frame each.
   calls::Outcome socket_call(const calls::Args& a);
   void take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas, std::vector<transport::UniqueFd>& fds);
-  void take_view(const RingViewLike& v);
+  // A view record, as either carrier brings it (the socket form through wire::from_proto).
+  void take_view(const wire::RingView& v);
   void forget_views(const calls::Args& a);
   std::string module_label(zd_module_id m) const { return "module '" + registry_.module(m).name + "'"; }
 
@@ -77,7 +70,7 @@ class RemoteModel final : public ModelBackend {
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
   std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
   double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
-  std::vector<RingViewLike> socket_views_;
+  std::vector<wire::RingView> socket_views_;
 };
 
 class RemoteClient final : public ClientBackend {

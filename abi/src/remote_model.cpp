@@ -68,7 +68,7 @@ void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::Arena
   fds.clear();  // the mappings keep the memory; the fds can go
 }
 
-void RemoteModel::take_view(const RingViewLike& v) {
+void RemoteModel::take_view(const wire::RingView& v) {
   auto a = arenas_.find(v.arena);
   if (a == arenas_.end() || v.offset > a->second.size() || v.bytes > a->second.size() - v.offset)
     fail(ZD_ERR_INTERNAL, "the daemon sent a view outside its arenas");
@@ -80,10 +80,10 @@ void RemoteModel::take_view(const RingViewLike& v) {
   info.offset = v.offset;
   info.dtype = p.dtype;
   info.shape = &p.shape;
-  info.read_only = !v.gradient;
+  info.read_only = v.gradient == 0;
   info.device_type = link_.device_type();
   info.device_id = link_.device_id();
-  (v.gradient ? grad_views_ : param_views_)[v.param] = info;
+  (v.gradient != 0 ? grad_views_ : param_views_)[v.param] = info;
 }
 
 void RemoteModel::forget_views(const calls::Args& a) {
@@ -110,7 +110,7 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   std::byte* st = (reads || writes) ? client_.staging(a.bytes) : nullptr;
   if (writes) std::memcpy(st, data, a.bytes);
   calls::Outcome o;
-  std::vector<RingViewLike> views;
+  std::vector<wire::RingView> views;
   link_.before_call();
   if (client_.has_ring()) {
     const wire::RingReply& r = client_.ring_call(id_, a, 0);
@@ -136,14 +136,14 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
     for (uint32_t i = 0; i < r.view_count; ++i) {
       wire::RingView v;
       std::memcpy(&v, tail.data() + i * sizeof v, sizeof v);
-      views.push_back({v.param, v.gradient != 0, v.arena, v.offset, v.bytes});
+      views.push_back(v);
     }
   } else {
     o = socket_call(a);  // a daemon without the ring
     views = std::move(socket_views_);
     socket_views_.clear();
   }
-  for (const RingViewLike& v : views) take_view(v);
+  for (const wire::RingView& v : views) take_view(v);
   if (a.op == calls::Op::forward_begin || a.op == calls::Op::backward_begin) link_.after_begin();
   if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
   if (a.op == calls::Op::forward_begin) in_forward_.insert(a.module);

@@ -150,7 +150,7 @@ calls::Outcome RemoteModel::socket_call(const calls::Args& a) {
   const v1::Reply r = client_.rpc(req, &fds);
   take_arenas(r.new_arenas(), fds);
   const v1::CallReply& cr = r.call();
-  for (const v1::View& v : cr.views()) socket_views_.push_back({v.param(), v.gradient(), v.arena(), v.offset(), v.bytes()});
+  for (const v1::View& v : cr.views()) socket_views_.push_back(wire::from_proto(v));
   o.step = wire::from_proto(cr.step());
   o.comm.bytes_sent = cr.comm().bytes_sent();
   o.comm.network_bytes_sent = cr.comm().network_bytes_sent();

@@ -54,4 +54,16 @@ StepFigures from_proto(const v1::StepFigures& s) {
   return f;
 }
 
+void to_proto(const RingView& v, v1::View* out) {
+  out->set_param(v.param);
+  out->set_gradient(v.gradient != 0);
+  out->set_arena(v.arena);
+  out->set_offset(v.offset);
+  out->set_bytes(v.bytes);
+}
+
+RingView from_proto(const v1::View& v) {
+  return RingView{v.param(), v.gradient() ? 1 : 0, v.arena(), 0, v.offset(), v.bytes()};
+}
+
 }  // namespace zerod::wire

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "call_record.h"
+#include "ring_call.h"
 #include "transport/connection.h"
 #include "zerod_v1.pb.h"
 
@@ -35,5 +36,10 @@ void set_error(v1::Reply* reply, zd_status status, const std::string& message);
 // same StepFigures record as it is (ring_call.h).
 void to_proto(const StepFigures& f, v1::StepFigures* s);
 StepFigures from_proto(const v1::StepFigures& s);
+
+// A view of a _begin call in a protobuf reply and back: the socket form of
+// the ring's view record, so that both carriers hand the client one record.
+void to_proto(const RingView& v, v1::View* out);
+RingView from_proto(const v1::View& v);
 
 }  // namespace zerod::wire

@@ -16,18 +16,8 @@ namespace zerod::server {
 using namespace session_detail;
 
 void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out) {
-  for (zd_param_id pid : m.model().registry().module(module).params) {
-    for (bool g : {false, true}) {
-      if (g && !gradients) continue;
-      const ViewInfo v = view_of(m.model(), rank_, pid, g);
-      v1::View* view = out->add_views();
-      view->set_param(pid);
-      view->set_gradient(g);
-      view->set_arena(v.arena);
-      view->set_offset(v.offset);
-      view->set_bytes(v.bytes);
-    }
-  }
+  for_each_view(m.model(), rank_, module, gradients,
+                [&](const wire::RingView& rv) { wire::to_proto(rv, out->add_views()); });
 }
 
 namespace {

@@ -8,6 +8,7 @@
 
 #include "calls/dispatch.h"
 #include "model.h"
+#include "ring_call.h"
 
 namespace zerod::server::session_detail {
 
@@ -16,8 +17,20 @@ namespace zerod::server::session_detail {
 constexpr int kSendTimeoutMs = 30000;
 constexpr int kDiscardTimeoutMs = 10000;
 
-inline ViewInfo view_of(Model& m, int rank, zd_param_id p, bool gradient) {
-  return gradient ? m.grad_view(rank, p) : m.param_view(rank, p);
+// The views of a _begin call's module as the ring's view records, which
+// both carriers send (the socket form converts each with wire::to_proto):
+// each parameter's, then, after a backward_begin, its gradient's. emit is
+// called once per record, so the ring path writes them into its reply slot
+// without allocating.
+template <class Emit>
+void for_each_view(Model& m, int rank, int module, bool gradients, Emit&& emit) {
+  for (zd_param_id pid : m.registry().module(module).params) {
+    for (bool g : {false, true}) {
+      if (g && !gradients) continue;
+      const ViewInfo v = g ? m.grad_view(rank, pid) : m.param_view(rank, pid);
+      emit(wire::RingView{pid, g ? 1 : 0, v.arena, 0, v.offset, v.bytes});
+    }
+  }
 }
 
 inline bool is_begin(calls::Op op) { return op == calls::Op::forward_begin || op == calls::Op::backward_begin; }

@@ -21,18 +21,13 @@ using namespace session_detail;
 
 uint32_t Session::ring_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room) {
   uint32_t n = 0;
-  for (zd_param_id pid : m.model().registry().module(module).params) {
-    for (bool g : {false, true}) {
-      if (g && !gradients) continue;
-      if ((n + 1) * sizeof(wire::RingView) > room.size())
-        fail(ZD_ERR_INTERNAL, "module '" + m.model().registry().module(module).name +
-                                  "' has more views than the call ring's reply slot holds");
-      const ViewInfo v = view_of(m.model(), rank_, pid, g);
-      const wire::RingView rv{pid, g ? 1 : 0, v.arena, 0, v.offset, v.bytes};
-      std::memcpy(room.data() + n * sizeof rv, &rv, sizeof rv);
-      ++n;
-    }
-  }
+  for_each_view(m.model(), rank_, module, gradients, [&](const wire::RingView& rv) {
+    if ((n + 1) * sizeof rv > room.size())
+      fail(ZD_ERR_INTERNAL, "module '" + m.model().registry().module(module).name +
+                                "' has more views than the call ring's reply slot holds");
+    std::memcpy(room.data() + n * sizeof rv, &rv, sizeof rv);
+    ++n;
+  });
   return n;
 }
 
