@@ -7,8 +7,9 @@
 // it on the Model. Nothing in these records points, and nothing here needs
 // the engine.
 //
-// Adding a call: an Op and its name below, its entry in the dispatcher's
-// table (engine/calls/dispatch.cpp), and the C function that fills Args.
+// Adding a call: an Op and its name below (and a field of Figures if it
+// answers a new figure), its entry in the dispatcher's table
+// (engine/calls/dispatch.cpp), and the C function that fills Args.
 #pragma once
 
 #include <zerod/zerod.h>
@@ -72,6 +73,18 @@ struct Args {
   uint64_t tokens = 0, samples = 0;  // report
   double loss = 0.0;                 // report, when has_loss
   int32_t has_loss = 0;              // report: 0 or 1
+};
+
+// The fixed part of a call's answer: what the call ring's reply record
+// carries as it is (daemon/proto/ring_call.h), and the base of the
+// dispatcher's Outcome. Value-initialized (Figures{}), every field is 0
+// but step's defaults; the fields a call does not set keep those.
+struct Figures {
+  StepFigures step;          // step
+  double loss_scale;         // every call: the rank's loss scale after it
+  uint64_t current, peak, budget;                  // memory
+  uint64_t bytes_sent, network_bytes_sent, collectives;  // comm_figures
+  int64_t applied_steps;     // optimizer_info
 };
 
 // The C functions' names, indexed by Op.

@@ -124,15 +124,7 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
       take_arenas(ar.new_arenas(), f.fds);
     }
     if (r.status != ZD_OK) fail(r.status, message);
-    o.step = r.step;
-    o.loss_scale = r.loss_scale;
-    o.current = r.current;
-    o.peak = r.peak;
-    o.budget = r.budget;
-    o.comm.bytes_sent = r.bytes_sent;
-    o.comm.network_bytes_sent = r.network_bytes_sent;
-    o.comm.collectives = r.collectives;
-    o.applied_steps = r.applied_steps;
+    static_cast<calls::Figures&>(o) = r.figures;
     for (uint32_t i = 0; i < r.view_count; ++i) {
       wire::RingView v;
       std::memcpy(&v, tail.data() + i * sizeof v, sizeof v);

@@ -152,9 +152,9 @@ calls::Outcome RemoteModel::socket_call(const calls::Args& a) {
   const v1::CallReply& cr = r.call();
   for (const v1::View& v : cr.views()) socket_views_.push_back(wire::from_proto(v));
   o.step = wire::from_proto(cr.step());
-  o.comm.bytes_sent = cr.comm().bytes_sent();
-  o.comm.network_bytes_sent = cr.comm().network_bytes_sent();
-  o.comm.collectives = cr.comm().collectives();
+  o.bytes_sent = cr.comm().bytes_sent();
+  o.network_bytes_sent = cr.comm().network_bytes_sent();
+  o.collectives = cr.comm().collectives();
   o.loss_scale = cr.loss_scale();
   return o;
 }

@@ -555,8 +555,11 @@ zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_fig
     require(model != nullptr, "model is NULL");
     zerod::calls::Args a = args(zerod::calls::Op::comm_figures);
     a.rank = rank;
-    zd_comm_figures f = run(const_cast<zd_model*>(model), a).comm;
-    f.struct_size = sizeof f;
+    const zerod::calls::Outcome o = run(const_cast<zd_model*>(model), a);
+    zd_comm_figures f = ZD_COMM_FIGURES_INIT;
+    f.bytes_sent = o.bytes_sent;
+    f.network_bytes_sent = o.network_bytes_sent;
+    f.collectives = o.collectives;
     write_struct(out, f, "zd_comm_figures");
   });
 }

@@ -8,6 +8,7 @@
 
 #include "call_record.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -46,16 +47,19 @@ struct RingReply {
   uint32_t message_bytes;  // the error message, after the views
   uint32_t view_count;     // RingViews after this record
   uint32_t arenas_follow;  // 1: a socket frame with new arena fds was sent before this reply
-  StepFigures step;
-  double loss_scale;
-  uint64_t current, peak, budget;
-  uint64_t bytes_sent, network_bytes_sent, collectives;
-  int64_t applied_steps;
+  calls::Figures figures;  // the answer's fixed part, as the dispatcher's Outcome holds it
 };
 
 static_assert(std::is_trivially_copyable_v<RingRequest> && std::is_trivially_copyable_v<RingReply> &&
                   std::is_trivially_copyable_v<RingView>,
               "ring records are copied as bytes");
+
+// The reply's bytes are those of the record before Figures was a struct of
+// its own (the figures one by one after arenas_follow): a client and a
+// daemon built apart still agree.
+static_assert(offsetof(RingReply, figures) == 16 && offsetof(calls::Figures, loss_scale) == 48 &&
+              offsetof(calls::Figures, bytes_sent) == 80 && offsetof(calls::Figures, applied_steps) == 104 &&
+              sizeof(RingReply) == 128);
 
 // The size the ring's request slot has, and the reply slot's least size.
 inline constexpr uint64_t kRingRequestBytes = 256;

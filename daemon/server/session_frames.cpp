@@ -71,9 +71,9 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
   }
   if (a.op == calls::Op::comm_figures) {
     v1::CommFigures* cf = out->mutable_comm();
-    cf->set_bytes_sent(o.comm.bytes_sent);
-    cf->set_network_bytes_sent(o.comm.network_bytes_sent);
-    cf->set_collectives(o.comm.collectives);
+    cf->set_bytes_sent(o.bytes_sent);
+    cf->set_network_bytes_sent(o.network_bytes_sent);
+    cf->set_collectives(o.collectives);
   }
   out->set_loss_scale(o.loss_scale);
 }

@@ -82,15 +82,7 @@ void Session::answer_ring(const wire::RingRequest& req) {
       default: break;
     }
     const calls::Outcome o = run_call(*host, a, data);
-    rep.step = o.step;
-    rep.loss_scale = o.loss_scale;
-    rep.current = o.current;
-    rep.peak = o.peak;
-    rep.budget = o.budget;
-    rep.bytes_sent = o.comm.bytes_sent;
-    rep.network_bytes_sent = o.comm.network_bytes_sent;
-    rep.collectives = o.comm.collectives;
-    rep.applied_steps = o.applied_steps;
+    rep.figures = static_cast<const calls::Figures&>(o);
     if (is_begin(a.op)) rep.view_count = ring_views(*host, a.module, a.op == calls::Op::backward_begin, room);
     // New arenas (a finalize, a gather that grew the pool): their fds go on
     // the socket, before the reply that says so.

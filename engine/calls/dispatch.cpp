@@ -58,8 +58,10 @@ void run_memory(Model& m, int rank, const Args& a, void*, Outcome& o) {
   o.budget = l.budget(a.tier);
 }
 void run_comm_figures(Model& m, int rank, const Args& a, void*, Outcome& o) {
-  o.comm = m.comm().figures(asked_rank(m, rank, a, "figures"));
-  o.comm.struct_size = sizeof o.comm;
+  const zd_comm_figures f = m.comm().figures(asked_rank(m, rank, a, "figures"));
+  o.bytes_sent = f.bytes_sent;
+  o.network_bytes_sent = f.network_bytes_sent;
+  o.collectives = f.collectives;
 }
 
 std::string path_of(const Args& a, const void* data) { return std::string(static_cast<const char*>(data), a.bytes); }

@@ -16,13 +16,11 @@
 
 namespace zerod::calls {
 
-// What a call answers. The fields a call does not set keep their defaults.
-struct Outcome {
-  StepFigures step;           // step
-  double loss_scale = 1.0;    // every call: the rank's loss scale after it
-  uint64_t current = 0, peak = 0, budget = 0;  // memory
-  zd_comm_figures comm{};     // comm_figures
-  int64_t applied_steps = 0;  // optimizer_info
+// What a call answers: the fixed figures the ring's reply carries
+// (call_record.h), and what only travels in-process or as a socket frame.
+// The fields a call does not set keep their defaults (0, a loss scale of 1).
+struct Outcome : Figures {
+  Outcome() : Figures{} { loss_scale = 1.0; }
   // In-process only (not in the ring's fixed reply):
   ViewInfo view;                      // param_view, grad_view
   std::string optimizer;              // optimizer_info
