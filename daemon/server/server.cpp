@@ -285,14 +285,8 @@ std::vector<ServedJob> Server::jobs() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<ServedJob> out;
   auto copy = [&](const ServedJob& j) {
-    ServedJob c;
-    c.key = j.key;
-    c.label = j.label;
-    c.world_size = j.world_size;
-    c.first_rank = j.first_rank;
-    c.local_ranks = j.local_ranks;
-    c.any_rank_came = j.any_rank_came;
-    out.push_back(std::move(c));
+    out.push_back(j);
+    out.back().rank_owner.clear();  // sessions of the server's, not the caller's to touch
   };
   if (single_) copy(*single_);
   for (const auto& [key, j] : jobs_) copy(*j);
