@@ -25,6 +25,7 @@ struct ServedJob {
   // Under Server::mu_.
   std::map<int, Session*> rank_owner;
   bool any_rank_came = false;
+  int joining = 0;  // ranks between their hello's join() and claim_rank(): the job must stay
   std::vector<uint64_t> creates;  // per local rank: models it created so far
 };
 

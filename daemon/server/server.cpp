@@ -38,8 +38,26 @@ Server::Server(ServerOptions options)
 
 std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, int local_world_size, int rank,
                                         int pid) {
+  // The job's own rules, checked before the rank counts as joining.
+  auto check_rank = [&](const ServedJob& job) {
+    if (world_size != job.world_size)
+      fail(ZD_ERR_INVALID_ARGUMENT, "the client says the job has " + std::to_string(world_size) +
+                                        " ranks (ZEROD_WORLD_SIZE) but this daemon serves " +
+                                        std::to_string(job.world_size));
+    if (rank < 0 || rank >= job.world_size)
+      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is outside the job's " +
+                                        std::to_string(job.world_size) + " ranks (ZEROD_RANK)");
+    if (!job.serves(rank))
+      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is not served by this daemon, which "
+                                        "serves ranks " + std::to_string(job.first_rank) + ".." +
+                                        std::to_string(job.first_rank + job.local_ranks - 1) +
+                                        "; a rank connects to the daemon of its own node (ZEROD_ENDPOINT)");
+  };
   std::lock_guard<std::mutex> lock(mu_);
-  if (!options_.multi_job) return single_;
+  if (!options_.multi_job) {
+    check_rank(*single_);
+    return single_;
+  }
   if (world_size < 1) fail(ZD_ERR_INVALID_ARGUMENT, "a job needs at least one rank");
   if (local_world_size > 0 && local_world_size != world_size)
     fail(ZD_ERR_CONFIG, "the rank says " + std::to_string(local_world_size) + " of its job's " +
@@ -62,8 +80,13 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
       fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " says its job has " +
                                         std::to_string(world_size) + " ranks but " + it->second->label + " has " +
                                         std::to_string(it->second->world_size) + " (ZEROD_WORLD_SIZE)");
+    check_rank(*it->second);
+    ++it->second->joining;
     return it->second;
   }
+  if (rank < 0 || rank >= world_size)
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is outside the job's " +
+                                      std::to_string(world_size) + " ranks (ZEROD_RANK)");
   auto job = std::make_shared<ServedJob>();
   job->key = k;
   job->label = "job " + std::to_string(jobs_made_++) + " (" + k + ")";
@@ -71,6 +94,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
   job->first_rank = 0;
   job->local_ranks = world_size;
   job->creates.assign(static_cast<size_t>(world_size), 0);
+  job->joining = 1;
   jobs_[k] = job;
   // A long-running daemon's log says which jobs came and went.
   std::fprintf(stderr, "zerod serve: serving %s, %d rank%s\n", job->label.c_str(), world_size,
@@ -78,8 +102,8 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
   return job;
 }
 
-void Server::forget_job_if_done(const std::shared_ptr<ServedJob>& job) {
-  if (!options_.multi_job || !job->rank_owner.empty()) return;
+void Server::forget_job_if_done(std::shared_ptr<ServedJob> job) {
+  if (!options_.multi_job || !job->rank_owner.empty() || job->joining > 0) return;
   for (const auto& [id, m] : models_)
     if (m->job().get() == job.get()) return;
   if (jobs_.erase(job->key)) std::fprintf(stderr, "zerod serve: %s is done: its ranks and models are gone\n", job->label.c_str());
@@ -150,6 +174,7 @@ bool Server::claim_rank(ServedJob& job, int rank, Session* s, std::string* holde
   // same process, a restarted trainer) may arrive before its old session has
   // seen the EOF: give that session a moment to finish.
   std::unique_lock<std::mutex> lock(mu_);
+  if (job.joining > 0) --job.joining;  // from join(): it is claiming now, or refused
   const auto free = [&] {
     auto it = job.rank_owner.find(rank);
     return it == job.rank_owner.end() || it->second->finished();
@@ -185,7 +210,7 @@ void Server::release_rank(ServedJob& job, int rank, Session* s) {
     auto it = job.rank_owner.find(rank);
     if (it != job.rank_owner.end() && it->second == s) job.rank_owner.erase(it);
     if (options_.multi_job)
-      if (auto j = jobs_.find(job.key); j != jobs_.end()) forget_job_if_done(j->second);
+      if (auto j = jobs_.find(job.key); j != jobs_.end() && j->second.get() == &job) forget_job_if_done(j->second);
   }
   rank_freed_.notify_all();
 }
@@ -271,7 +296,7 @@ void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
   std::lock_guard<std::mutex> lock(mu_);
   models_.erase(m->id());
   if (options_.multi_job)
-    if (auto j = jobs_.find(m->job()->key); j != jobs_.end()) forget_job_if_done(j->second);
+    if (auto j = jobs_.find(m->job()->key); j != jobs_.end() && j->second == m->job()) forget_job_if_done(j->second);
 }
 
 std::vector<std::shared_ptr<ModelHost>> Server::models() {

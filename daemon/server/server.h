@@ -76,7 +76,9 @@ class Server {
   // --- for sessions ---------------------------------------------------------
   // The job a rank's hello joins: a single-job daemon's one job (key
   // ignored); with multi_job the job of that key, made by its first rank.
-  // Throws Error saying why the rank cannot join. pid: the client's.
+  // Throws Error saying why the rank cannot join (its world size, its rank
+  // out of range or not this node's). The rank must then claim_rank().
+  // pid: the client's.
   std::shared_ptr<ServedJob> join(const std::string& key, int world_size, int local_world_size, int rank, int pid);
   // Claims the rank for a connection; false if another connection has it.
   bool claim_rank(ServedJob& job, int rank, Session* s, std::string* holder);
@@ -106,7 +108,7 @@ class Server {
   std::atomic<bool> stopping_{false};
 
   // A multi-job daemon's job when its ranks and models are all gone.
-  void forget_job_if_done(const std::shared_ptr<ServedJob>& job);  // under mu_
+  void forget_job_if_done(std::shared_ptr<ServedJob> job);  // under mu_; by value: it erases the map entry it may come from
 
   std::mutex mu_;
   std::vector<std::shared_ptr<Session>> sessions_;

@@ -206,19 +206,8 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   if (h.role() == "observer") {
     observer_ = true;
   } else if (h.role() == "rank") {
+    // join() checks the rank against its job (world size, range, this node's ranks).
     auto job = server_.join(h.job_key(), h.world_size(), h.local_world_size(), h.rank(), pid_);
-    if (h.world_size() != job->world_size)
-      fail(ZD_ERR_INVALID_ARGUMENT, "the client says the job has " + std::to_string(h.world_size()) +
-                                        " ranks (ZEROD_WORLD_SIZE) but this daemon serves " +
-                                        std::to_string(job->world_size));
-    if (h.rank() < 0 || h.rank() >= job->world_size)
-      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is outside the job's " +
-                                        std::to_string(job->world_size) + " ranks (ZEROD_RANK)");
-    if (!job->serves(h.rank()))
-      fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(h.rank()) + " is not served by this daemon, which "
-                                        "serves ranks " + std::to_string(job->first_rank) + ".." +
-                                        std::to_string(job->first_rank + job->local_ranks - 1) +
-                                        "; a rank connects to the daemon of its own node (ZEROD_ENDPOINT)");
     std::string holder;
     if (!server_.claim_rank(*job, h.rank(), this, &holder))
       fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(h.rank()) + " is already connected (" + holder +
