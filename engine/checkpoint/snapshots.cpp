@@ -170,13 +170,7 @@ void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuff
   if (across_nodes()) settle(rank, res, /*wait=*/due(step));
   if (!due(step)) return;
   join_writer(rank);
-  std::shared_ptr<InFlight> s;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    begin(step, with_parts(describe_model(ctx_, step, scaler), false));
-    s = current_;
-    reading_[static_cast<size_t>(rank - first_local_)] = 1;
-  }
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler);
   const auto local = static_cast<size_t>(rank - first_local_);
   if (across_nodes()) pending_[local] = s;
   try {
@@ -391,6 +385,13 @@ void Snapshots::commit_across(InFlight& s) {
 // ---------------------------------------------------------------------------
 // The end
 
+std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  begin(step, with_parts(describe_model(ctx_, step, scaler), false));
+  reading_[static_cast<size_t>(rank - first_local_)] = 1;
+  return current_;
+}
+
 void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler) {
   if (!enabled() || across_nodes()) return;  // across nodes: at_leave
   // The last snapshot's writers are done, their commit too (the last one's).
@@ -414,13 +415,7 @@ void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res,
                                         clean ? 0.0 : 1.0);
   if (unclean != 0 || step == 0 || last_step_.load() == step) return;
   join_writer(rank);
-  std::shared_ptr<InFlight> s;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    begin(step, with_parts(describe_model(ctx_, step, scaler), false));
-    s = current_;
-    reading_[static_cast<size_t>(rank - first_local_)] = 1;
-  }
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler);
   pending_[static_cast<size_t>(rank - first_local_)] = s;
   write_shard(s, rank, res, buffers);
   settle(rank, res, /*wait=*/true);
