@@ -11,8 +11,8 @@ function(zerod_add_plugin kind name)
     C_VISIBILITY_PRESET hidden
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  # abi/include and the dependency-free kit only (ARCHITECTURE.md §13).
-  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/abi/include")
+  # include/ and the dependency-free kit only (ARCHITECTURE.md §13).
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/include")
   target_link_libraries(${target} PRIVATE zerod_kit)
   target_link_libraries(${target} PRIVATE ${P_LIBS})
   # Not in a fuzz build: clang links the sanitizer runtimes and libFuzzer

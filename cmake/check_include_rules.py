@@ -199,27 +199,27 @@ def check(rules_path, root):
 # rather than edited, so the mutations hold whatever the tree's files become.
 MUTATIONS = [
     ("engine/zz_mutation.cpp", '#include "error.h"\n#include "transport/frame.h"\n',
-     "engine/zz_mutation.cpp:2: includes daemon/transport/frame.h (engine -> transport)"),
+     "engine/zz_mutation.cpp:2: includes protocol/transport/frame.h (engine -> transport)"),
     ("engine/observe/zz_mutation.h", '#include "server.h"\n',
      "engine/observe/zz_mutation.h:1: includes daemon/server/server.h (engine -> server)"),
     ("engine/zz_mutation.cpp", '#include "job_script.h"\n',
      "engine/zz_mutation.cpp:1: includes scripting/job_script.h (engine -> scripting)"),
-    ("daemon/transport/zz_mutation.cpp", '#include "error.h"\n\n#include "model.h"\n',
-     "daemon/transport/zz_mutation.cpp:3: includes engine/model.h (transport -> engine)"),
-    ("daemon/launcher/zz_mutation.cpp", '#include "log.h"\n#include "registry.h"\n',
-     "daemon/launcher/zz_mutation.cpp:2: includes engine/registry.h (launcher -> engine)"),
-    ("daemon/proto/zz_mutation.cpp", '#include "registry.h"\n',
-     "daemon/proto/zz_mutation.cpp:1: includes engine/registry.h (proto -> engine)"),
+    ("protocol/transport/zz_mutation.cpp", '#include "error.h"\n\n#include "model/model.h"\n',
+     "protocol/transport/zz_mutation.cpp:3: includes engine/model/model.h (transport -> engine)"),
+    ("daemon/launcher/zz_mutation.cpp", '#include "log.h"\n#include "model/registry.h"\n',
+     "daemon/launcher/zz_mutation.cpp:2: includes engine/model/registry.h (launcher -> engine)"),
+    ("protocol/proto/zz_mutation.cpp", '#include "model/registry.h"\n',
+     "protocol/proto/zz_mutation.cpp:1: includes engine/model/registry.h (proto -> engine)"),
     ("plugins/optimizers/zz/zz_mutation.cpp", '#include <zerod/zerod_plugin.h>\n#include "error.h"\n',
      "plugins/optimizers/zz/zz_mutation.cpp:2: includes base/error.h (plugins -> base)"),
-    ("plugins/comm/common/zz_mutation.h", '#include "model.h"\n',
-     "plugins/comm/common/zz_mutation.h:1: includes engine/model.h (plugin_kit -> engine)"),
+    ("plugins/comm/common/zz_mutation.h", '#include "model/model.h"\n',
+     "plugins/comm/common/zz_mutation.h:1: includes engine/model/model.h (plugin_kit -> engine)"),
     ("kit/zz_mutation.h", '#include <zerod/zerod.h>\n',
-     "kit/zz_mutation.h:1: includes abi/include/zerod/zerod.h (kit -> abi)"),
-    ("examples/zz_mutation.c", '#include "model.h"\n',
-     "examples/zz_mutation.c:1: includes engine/model.h (examples -> engine)"),
-    ("base/zz_mutation.cpp", '#include "arena.h"\n',
-     "base/zz_mutation.cpp:1: includes engine/arena.h (base -> engine)"),
+     "kit/zz_mutation.h:1: includes include/zerod/zerod.h (kit -> abi)"),
+    ("examples/zz_mutation.c", '#include "model/model.h"\n',
+     "examples/zz_mutation.c:1: includes engine/model/model.h (examples -> engine)"),
+    ("base/zz_mutation.cpp", '#include "memory/arena.h"\n',
+     "base/zz_mutation.cpp:1: includes engine/memory/arena.h (base -> engine)"),
     ("engine/zz_mutation.cpp", '#include "onebit_reference.h"\n',
      "engine/zz_mutation.cpp:1: includes \"onebit_reference.h\", which no `search` folder"),
     ("zz_new_folder/zz_mutation.cpp", "int x;\n", "zz_new_folder/zz_mutation.cpp: in no area"),
@@ -272,16 +272,16 @@ def mutation_test(rules_path, root):
         # The bends are needed: without the one for the client's mirror
         # registry, its include fails.
         without = "\n".join(l for l in rules_text.splitlines()
-                            if not l.startswith("bend abi/src/remote* engine/registry.h"))
+                            if not l.startswith("bend libzerod/src/remote* engine/model/registry.h"))
         with open(scratch_rules, "w", encoding="utf-8") as f:
             f.write(without + "\n")
         problems = check(scratch_rules, scratch)[0]
         if without == rules_text.rstrip("\n") or not any(
-                p.startswith("abi/src/remote") and "engine/registry.h (libzerod_client -> engine)" in p
+                p.startswith("libzerod/src/remote") and "engine/model/registry.h (libzerod_client -> engine)" in p
                 for p in problems):
-            failures.append(f"deleting the remote* -> registry.h bend should fail abi/src/remote*; reported: {problems}")
+            failures.append(f"deleting the remote* -> registry.h bend should fail libzerod/src/remote*; reported: {problems}")
         else:
-            print("caught: deleting the remote* -> registry.h bend fails abi/src/remote*")
+            print("caught: deleting the remote* -> registry.h bend fails libzerod/src/remote*")
     for failure in failures:
         print(f"MISSED: {failure}")
     if failures:

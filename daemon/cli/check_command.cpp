@@ -7,7 +7,7 @@
 #include "error.h"
 #include "job_schema.h"
 #include "job_script.h"
-#include "plugin_host.h"
+#include "runtime/plugin_host.h"
 
 #include <zerod/zerod_plugin.h>
 

@@ -11,7 +11,7 @@
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
 #include "error.h"
-#include "ledger.h"
+#include "memory/ledger.h"
 #include "size.h"
 
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 #include "mpi_binding.h"
 
-#include "thread_pool.h"
+#include "runtime/thread_pool.h"
 
 #include <sched.h>
 #include <unistd.h>

@@ -8,10 +8,10 @@
 // model.lua returns a list of { name = "...", module = "...", shape = {..} }.
 #include "commands.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
 #include "job_script.h"
-#include "model.h"
+#include "model/model.h"
 #include "sandbox.h"
 
 #include <cstdio>

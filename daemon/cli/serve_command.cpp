@@ -7,7 +7,7 @@
 #include "daemon_options.h"
 
 #include "error.h"
-#include "ledger.h"
+#include "memory/ledger.h"
 #include "log.h"
 #include "metrics_text.h"
 #include "mpi_binding.h"
@@ -23,7 +23,7 @@ namespace zerod::cli {
 
 namespace {
 
-// A daemon the ranks of another launcher started (abi/src/node_daemon.h):
+// A daemon the ranks of another launcher started (libzerod/src/node_daemon.h):
 // it ends once every rank that came has left for a moment (a rank may
 // connect again, a new zd_connect in the same process), when no rank comes
 // at all, or on SIGINT / SIGTERM. Nobody else would stop it.

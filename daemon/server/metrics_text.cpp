@@ -3,7 +3,7 @@
 #include "model_host.h"
 #include "server.h"
 
-#include "ledger.h"
+#include "memory/ledger.h"
 #include "observe/clock.h"
 
 #include <cmath>

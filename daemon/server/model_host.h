@@ -5,7 +5,7 @@
 #pragma once
 
 #include "job_script.h"
-#include "model.h"
+#include "model/model.h"
 #include "node_memory.h"
 #include "served_job.h"
 

@@ -1,7 +1,7 @@
 #include "node_memory.h"
 
 #include "error.h"
-#include "ledger.h"
+#include "memory/ledger.h"
 
 #include <unistd.h>
 

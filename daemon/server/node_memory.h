@@ -10,7 +10,7 @@
 // store checks its disk).
 #pragma once
 
-#include "memory_admission.h"
+#include "memory/memory_admission.h"
 
 #include <cstdint>
 #include <map>

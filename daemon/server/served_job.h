@@ -1,6 +1,6 @@
 // One job's ranks on a daemon. A daemon of one job (`zerod run`, `zerod
 // serve --job`) has exactly one. `zerod serve --jobs` keeps one per job key
-// its ranks name in their hello (the launcher's ids, abi/src/launcher_env.h,
+// its ranks name in their hello (the launcher's ids, libzerod/src/launcher_env.h,
 // or ZEROD_JOB_KEY), so that two jobs' rank 0s are two ranks, and forgets it
 // once its ranks and models are gone.
 #pragma once

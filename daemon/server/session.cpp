@@ -7,7 +7,7 @@
 #include "sizes.h"
 #include "wire.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
 #include "log.h"
 #include "transport/errors.h"

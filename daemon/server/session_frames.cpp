@@ -1,4 +1,4 @@
-// Model calls as protobuf socket frames (daemon/proto/zerod_v1.proto), for a
+// Model calls as protobuf socket frames (protocol/proto/zerod_v1.proto), for a
 // client without the call ring: the ModelCall and ParamData requests in,
 // the views, step figures and the rest of a CallReply out (session.h).
 #include "session.h"

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "calls/dispatch.h"
-#include "model.h"
+#include "model/model.h"
 #include "ring_call.h"
 
 namespace zerod::server::session_detail {

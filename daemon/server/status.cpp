@@ -4,7 +4,7 @@
 #include "metrics_text.h"
 #include "server.h"
 
-#include "ledger.h"
+#include "memory/ledger.h"
 
 #include <unistd.h>
 

@@ -1,12 +1,12 @@
 // The dispatcher of the model calls (base/call_record.h): the checks of a
 // call's arguments and the call run on the engine's Model as a rank. It is
 // the engine's side of the call record, so it lives with the engine; the
-// protocol that carries the record (daemon/proto) includes none of this.
+// protocol that carries the record (protocol/proto) includes none of this.
 // libzerod's embedded backend and the daemon's session run every call here.
 #pragma once
 
 #include "call_record.h"
-#include "model.h"
+#include "model/model.h"
 
 #include <zerod/zerod.h>
 

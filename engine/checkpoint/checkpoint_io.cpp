@@ -1,6 +1,6 @@
 #include "checkpoint_io.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
 
 #include <algorithm>

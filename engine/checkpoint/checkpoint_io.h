@@ -4,13 +4,13 @@
 // any checkpoint — written at any world size and stage.
 #pragma once
 
-#include "loss_scaler.h"
+#include "optimizer/loss_scaler.h"
 #include "manifest.h"
-#include "model_context.h"
-#include "rank_resources.h"
+#include "model/model_context.h"
+#include "model/rank_resources.h"
 #include "shard_file.h"
 #include "source.h"
-#include "state_buffers.h"
+#include "memory/state_buffers.h"
 
 #include <optional>
 #include <string>

@@ -1,6 +1,6 @@
 // Model: checkpoints the trainer asks for (save/load, any world size and
 // stage on load) and the snapshots the engine takes by itself.
-#include "model_rank.h"
+#include "model/model_rank.h"
 
 #include "checkpoint_io.h"
 #include "error.h"

@@ -2,7 +2,7 @@
 
 #include "crc32c.h"
 #include "error.h"
-#include "ledger.h"
+#include "memory/ledger.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -33,12 +33,12 @@
 // not, the next older is tried, and each skipped one is logged with why.
 #pragma once
 
-#include "loss_scaler.h"
+#include "optimizer/loss_scaler.h"
 #include "manifest.h"
-#include "model_context.h"
-#include "rank_resources.h"
+#include "model/model_context.h"
+#include "model/rank_resources.h"
 #include "source.h"
-#include "state_buffers.h"
+#include "memory/state_buffers.h"
 
 #include <atomic>
 #include <condition_variable>

@@ -1,9 +1,9 @@
 #include "tools.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "ledger.h"
-#include "thread_pool.h"
+#include "memory/ledger.h"
+#include "runtime/thread_pool.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 #include "device_comm.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "peer_board.h"
 
 #include <algorithm>

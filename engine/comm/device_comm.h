@@ -10,9 +10,9 @@
 // plugins take device buffers (NCCL; DESIGN.md §9).
 #pragma once
 
-#include "memory.h"
-#include "model_context.h"
-#include "rank_resources.h"
+#include "memory/memory.h"
+#include "model/model_context.h"
+#include "model/rank_resources.h"
 
 namespace zerod {
 

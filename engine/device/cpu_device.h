@@ -6,7 +6,7 @@
 #pragma once
 
 #include "device.h"
-#include "workers.h"
+#include "runtime/workers.h"
 
 #include <memory>
 

@@ -16,13 +16,13 @@
 // zerod's later work wait for the trainer's), so reuse never races it.
 #include "cuda_device.h"
 
-#include "arena.h"
+#include "memory/arena.h"
 #include "cuda_shared.h"
 #include "cuda_kernels.h"
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
 #include "log.h"
-#include "plugin_host.h"
+#include "runtime/plugin_host.h"
 
 #include <cuda_runtime.h>
 

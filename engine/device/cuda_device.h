@@ -4,7 +4,7 @@
 
 #include "device.h"
 #include "select.h"
-#include "workers.h"
+#include "runtime/workers.h"
 
 #include <memory>
 #include <string>

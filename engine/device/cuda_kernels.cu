@@ -1,5 +1,5 @@
 // Built with --fmad=false: an add after a multiply rounds twice, as the CPU
-// loops in engine/grad_math.cpp do.
+// loops in engine/grad/grad_math.cpp do.
 #include "cuda_kernels.h"
 
 #include <zerod/kit/half.h>

@@ -1,7 +1,7 @@
 // The engine's own work on a CUDA device: gradient arithmetic and the
 // statistics of a step. Plain functions over plain arguments, launched on a
 // stream the caller passes (a cudaStream_t as void*), so that the host code
-// that calls them needs no CUDA headers. Each rounds as engine/grad_math.h
+// that calls them needs no CUDA headers. Each rounds as engine/grad/grad_math.h
 // does on the CPU: fp32 arithmetic, 16-bit results rounded to nearest even
 // (a NaN stays a NaN). Each returns 0, or the cudaError_t of the launch.
 #pragma once
@@ -16,7 +16,7 @@ int accumulate(const void* src, int32_t src_dt, void* dst, int32_t dst_dt, uint6
 // p[i] = factor * p[i].
 int scale(void* p, int32_t dt, uint64_t n, float factor, void* stream);
 // dst[i] = srcs[0][i] + srcs[1][i] + ... in that order, in fp32 for 16-bit
-// dtypes, rounded once (engine/grad_math.h sum_sources); at most
+// dtypes, rounded once (engine/grad/grad_math.h sum_sources); at most
 // kMaxSources sources, each readable from the stream's device.
 constexpr int kMaxSources = 16;
 int sum_sources(const void* const* srcs, int nsrc, void* dst, int32_t dt, uint64_t n, void* stream);

@@ -21,8 +21,8 @@
 // every call completes before it returns and both are no-ops.
 #pragma once
 
-#include "arena.h"
-#include "grad_math.h"
+#include "memory/arena.h"
+#include "grad/grad_math.h"
 
 #include <zerod/zerod.h>
 #include <zerod/zerod_plugin.h>

@@ -1,10 +1,10 @@
 #include "emulated_device.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "grad_math.h"
-#include "plugin_host.h"
-#include "workers.h"
+#include "grad/grad_math.h"
+#include "runtime/plugin_host.h"
+#include "runtime/workers.h"
 
 #include <sys/mman.h>
 

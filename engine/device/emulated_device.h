@@ -24,8 +24,8 @@
 // use it (its views would be the unreadable addresses).
 #pragma once
 
-#include "arena.h"
-#include "workers.h"
+#include "memory/arena.h"
+#include "runtime/workers.h"
 #include "device.h"
 
 #include <atomic>

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "device.h"
-#include "workers.h"
+#include "runtime/workers.h"
 
 #include <functional>
 #include <memory>

@@ -1,6 +1,6 @@
 #include "probe.h"
 
-#include "ledger.h"
+#include "memory/ledger.h"
 
 namespace zerod::observe {
 

@@ -2,7 +2,7 @@
 // binding took from it (daemon/cli/mpi_binding.h), and when it keeps a binding.
 #include "mpi_binding.h"
 
-#include "thread_pool.h"
+#include "runtime/thread_pool.h"
 
 #include <gtest/gtest.h>
 

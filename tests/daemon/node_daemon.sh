@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ranks of another launcher start their node's daemon on demand (issue 36
-# §1, abi/src/node_daemon.h), without Python, so that the sanitizer builds
+# §1, libzerod/src/node_daemon.h), without Python, so that the sanitizer builds
 # run it too: two C trainers with torchrun's variables and then with Open
 # MPI's end as under `zerod run --nproc 2` (the same final line), through
 # one daemon that is gone once they are; a third launch whose rank dies

@@ -180,7 +180,7 @@ TEST_F(Fixture, StatusShowsModelsAndRanks) {
   EXPECT_EQ(rpc(obs, create("return {}"), 3).error().status(), ZD_ERR_INVALID_STATE);
 }
 
-// The call ring's deferred zd_forward_end (abi/src/remote.cpp): the daemon
+// The call ring's deferred zd_forward_end (libzerod/src/remote.cpp): the daemon
 // runs it before the request's own call; its error is the reply's, says
 // whose it is, and the request's call does not run; a request may carry
 // nothing but a forward_end that way.

@@ -4,7 +4,7 @@
 // v2 table (the local plugin built twice: zd_comm_local offers v2 and v1,
 // tests/fake_plugins' zd_comm_local_v1 only v1). What v1 lacks is refused
 // with the messages the engine gave before the adapter.
-#include "plugin_host.h"
+#include "runtime/plugin_host.h"
 
 #include "error.h"
 

@@ -11,7 +11,7 @@
 #include "zero_fixture.h"
 
 #include "device/select.h"
-#include "dtype.h"
+#include "runtime/dtype.h"
 
 #include <cmath>
 #include <filesystem>

@@ -1,14 +1,14 @@
 // Every device does the engine's work on its memory as the scalar reference
-// does (engine/grad_math.h on host memory): copies, fills, gradient
+// does (engine/grad/grad_math.h on host memory): copies, fills, gradient
 // arithmetic in every dtype pair, the statistics of a step, the optimizer
 // update. The cpu device runs everywhere; the cuda device where this
 // process sees a GPU, and is reported skipped, with the reason, elsewhere.
 #include "device/select.h"
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "grad_math.h"
-#include "plugin_host.h"
-#include "workers.h"
+#include "grad/grad_math.h"
+#include "runtime/plugin_host.h"
+#include "runtime/workers.h"
 
 #include <gtest/gtest.h>
 

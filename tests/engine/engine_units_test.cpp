@@ -1,17 +1,17 @@
 // Unit tests of the engine's small parts: dtype conversion, the loss scaler,
 // the ledger, the arena heap, the thread pool, the shard layout.
-#include "arena.h"
+#include "memory/arena.h"
 #include "device/cpu_device.h"
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "grad_math.h"
-#include "host_staging.h"
-#include "rank_resources.h"
-#include "ledger.h"
-#include "loss_scaler.h"
-#include "registry.h"
-#include "sign_kernels.h"
-#include "thread_pool.h"
+#include "grad/grad_math.h"
+#include "memory/host_staging.h"
+#include "model/rank_resources.h"
+#include "memory/ledger.h"
+#include "optimizer/loss_scaler.h"
+#include "model/registry.h"
+#include "compression/sign_kernels.h"
+#include "runtime/thread_pool.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -4,7 +4,7 @@
 // is the real figure; bad disks are named.
 #include "zero_fixture.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 
 #include <hwloc.h>
 #include <sys/mount.h>

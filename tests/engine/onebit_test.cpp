@@ -12,7 +12,7 @@
 // does (1-bit LAMB's where its owners' masters do).
 #include "zero_fixture.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 
 #include "../comm/onebit_reference.h"
 

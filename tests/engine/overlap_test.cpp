@@ -1,4 +1,4 @@
-// The overlapped update (offload.overlap, engine/overlapped_update.h) gives
+// The overlapped update (offload.overlap, engine/optimizer/overlapped_update.h) gives
 // the bits of the synchronous one: the same working copies seen by every
 // forward, the same step figures, the same final parameters, at stages 0-3,
 // with the optimizer (and at stage 3 the parameters) in host memory, with
@@ -13,7 +13,7 @@
 #include "zero_fixture.h"
 
 #include "device/select.h"
-#include "dtype.h"
+#include "runtime/dtype.h"
 
 #include <cmath>
 #include <filesystem>

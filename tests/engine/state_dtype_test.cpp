@@ -8,8 +8,8 @@
 // bf16 state are refused by name, and an old-ABI plugin still trains.
 #include "zero_fixture.h"
 
-#include "align.h"
-#include "dtype.h"
+#include "memory/align.h"
+#include "runtime/dtype.h"
 
 #include <zerod/optim/kernels.h>
 

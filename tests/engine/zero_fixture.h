@@ -2,11 +2,11 @@
 // the daemon runs them. The plugins are the real ones from the build tree.
 #pragma once
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "model.h"
+#include "model/model.h"
 #include "opaque_device.h"
-#include "plugin_host.h"
+#include "runtime/plugin_host.h"
 
 #include <gtest/gtest.h>
 

@@ -22,7 +22,7 @@ against its own source of truth:
  5. values: each constant is a C `int` (the Julia side's Int32) with the
     compiler's value; each keyword constructor's defaults are the bytes of
     the struct's ZD_*_INIT macro;
- 6. symbols: every zd_* symbol the built libzerod exports (abi/libzerod.map
+ 6. symbols: every zd_* symbol the built libzerod exports (libzerod/libzerod.map
     exports zd_* and nothing else) has a wrapper, each wrapper a symbol, and
     bind!() binds each.
 
@@ -404,10 +404,10 @@ def main():
     ap.add_argument("--lib", required=True, help="the built libzerod.so")
     ap.add_argument("--cc", default=os.environ.get("CC") or "cc")
     ap.add_argument("--nm", default="nm")
-    ap.add_argument("--header", help="default: ROOT/abi/include/zerod/zerod.h")
+    ap.add_argument("--header", help="default: ROOT/include/zerod/zerod.h")
     ap.add_argument("--generated", help="default: ROOT/bindings/julia/src/generated.jl")
     args = ap.parse_args()
-    header = args.header or os.path.join(args.root, "abi", "include", "zerod", "zerod.h")
+    header = args.header or os.path.join(args.root, "include", "zerod", "zerod.h")
     generated = args.generated or os.path.join(args.root, "bindings", "julia", "src", "generated.jl")
     generator = os.path.join(args.root, "bindings", "julia", "gen", "generate.py")
     include_dir = os.path.dirname(os.path.dirname(header))
@@ -543,7 +543,7 @@ def main():
                 fail(f"{fname}: {e}")
 
     # 6. Every exported symbol has a wrapper, and each wrapper is bound.
-    mapfile = os.path.join(args.root, "abi", "libzerod.map")
+    mapfile = os.path.join(args.root, "libzerod", "libzerod.map")
     if os.path.exists(mapfile) and not re.search(r"global:\s*zd_\*;", open(mapfile).read()):
         fail(f"{mapfile} no longer exports exactly zd_*: this test's reading of exports needs a look")
     r = subprocess.run([args.nm, "-D", "--defined-only", args.lib], capture_output=True, text=True)
@@ -561,7 +561,7 @@ def main():
         for n in sorted(set(j["functions"]) - exported):
             fail(f"generated.jl wraps {n}, which libzerod does not export")
         for n in sorted(others):
-            fail(f"libzerod exports {n}, outside zd_* (abi/libzerod.map should keep it local)")
+            fail(f"libzerod exports {n}, outside zd_* (libzerod/libzerod.map should keep it local)")
     for n in sorted(j["functions"]):
         if j["bound"].get(n) != n:
             fail(f"bind!() does not look {n} up")

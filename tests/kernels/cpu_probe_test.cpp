@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "grad_math.h"  // engine
+#include "grad/grad_math.h"  // engine
 #include "kernels.h"    // plugins/comm/local
 
 namespace zerod {

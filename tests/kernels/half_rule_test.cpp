@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "dtype.h"      // engine
-#include "grad_math.h"  // engine
+#include "runtime/dtype.h"      // engine
+#include "grad/grad_math.h"  // engine
 #include "kernels.h"    // plugins/comm/local
 
 namespace zerod {

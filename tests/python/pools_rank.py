@@ -1,6 +1,6 @@
 """A rank that trains a few steps under `zerod run`, then prints which
 device-pool regions of the daemon this process has mapped: the names of
-the memfds in /proc/self/maps ("zerod-rank<R>-<N>", engine/arena.cpp).
+the memfds in /proc/self/maps ("zerod-rank<R>-<N>", engine/memory/arena.cpp).
 
     pools_rank.py <steps>
 """

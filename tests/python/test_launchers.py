@@ -1,6 +1,6 @@
 """Ranks started by another launcher than `zerod run` (issue 36 §1): each
 rank finds its node's daemon, or the first of them starts it on demand
-(abi/src/node_daemon.h), and it ends when the ranks are gone. Every
+(libzerod/src/node_daemon.h), and it ends when the ranks are gone. Every
 launcher that installs here trains the same GPT as `zerod run --nproc 2`,
 step for step, bit for bit: torchrun, mpirun (Open MPI), srun (its
 environment, as Slurm sets it: Slurm itself does not install here),

@@ -1,6 +1,6 @@
 // fds passed with frames: close-on-exec on arrival, the same open file as
 // the sender's, in order, many at once.
-#include "arena.h"
+#include "memory/arena.h"
 #include "test_support.h"
 #include "transport/connection.h"
 

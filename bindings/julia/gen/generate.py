@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes bindings/julia/src/generated.jl, the raw `ccall` layer of the Julia
-binding, from abi/include/zerod/zerod.h.
+binding, from include/zerod/zerod.h.
 
     python3 bindings/julia/gen/generate.py            # rewrites src/generated.jl
     python3 bindings/julia/gen/generate.py --stdout   # prints it instead
@@ -34,7 +34,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
-DEFAULT_HEADER = os.path.join(ROOT, "abi", "include", "zerod", "zerod.h")
+DEFAULT_HEADER = os.path.join(ROOT, "include", "zerod", "zerod.h")
 DEFAULT_OUT = os.path.normpath(os.path.join(HERE, "..", "src", "generated.jl"))
 
 # C scalar -> (Julia type, size, alignment), LP64.
@@ -655,7 +655,7 @@ def main(argv=None):
         h = parse_header(text, os.path.basename(args.header))
         # The same text whichever copy of the header was read (the test
         # reads mutated copies), so only the header's content shows.
-        jl = generate(h, "abi/include/zerod/zerod.h")
+        jl = generate(h, "include/zerod/zerod.h")
     except HeaderError as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 1

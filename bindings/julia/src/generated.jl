@@ -1,5 +1,5 @@
 # GENERATED FILE -- DO NOT EDIT.
-# Written by bindings/julia/gen/generate.py from abi/include/zerod/zerod.h; rerun it after
+# Written by bindings/julia/gen/generate.py from include/zerod/zerod.h; rerun it after
 # changing the header (ctest's julia.generated_matches_header fails until then).
 #
 # NEVER EXECUTED: no Julia runtime could be installed where zerod is developed.

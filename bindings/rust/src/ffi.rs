@@ -1,4 +1,4 @@
-//! The raw C ABI of `abi/include/zerod/zerod.h`, declared by hand.
+//! The raw C ABI of `include/zerod/zerod.h`, declared by hand.
 //!
 //! Names, types and layouts follow the header one for one (the C typedef
 //! names are kept, so `zd_status` here is `zd_status` there);

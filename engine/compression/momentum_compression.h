@@ -1,0 +1,199 @@
+// The planned steps of an optimizer that compresses what ranks exchange
+// (plugin ABI v3, zerod_plugin.h: 1-bit Adam, 0/1 Adam, 1-bit LAMB), on one
+// rank, at every ZeRO stage. The plan of a step is a list of ops:
+//   PREPARE   the plugin folds the rank's whole local gradient into an
+//             exchange buffer, tensor by tensor (1-bit Adam: its local
+//             momentum from the kept average of the last one);
+//   EXCHANGE  the comm plugin's 1-bit compressed average of that buffer,
+//             with error feedback kept here (each tensor on its own, or a
+//             parameter group packed as one buffer);
+//   PASS      the plugin's update over the rank's owned range (its ZeRO
+//             shard), with the exchanged values of the same elements;
+// and between ops the plugin's per-tensor step sees the per-tensor
+// statistics of the last pass (summed over the owners) and sets per-tensor
+// scalars (1-bit LAMB's trust ratios).
+//
+// The exchange is the same at every stage: whole tensors, cut into
+// world_size chunks as zd_comm_v2 specifies, so every stage computes what
+// stage 0 computes. Rank r serves chunk r of each tensor and keeps its
+// server error; at stage 3 that chunk is its shard (the layout asks for
+// shards of the chunk length), so the error feedback of a shard lives on its
+// owner. Every rank keeps a worker error for its whole local tensors, and,
+// when the plan asks, the average as it is — a sign bit per element and a
+// scale per chunk, 1/32 of an fp32 copy — for the next step's prepare: the
+// momentum stays partitioned. The first such step (or one after a
+// checkpoint load) gathers the plugin's average slot whole instead. At
+// stage 0 the exchange buffer is in the group's packed order and kept
+// between steps, so every segment (a fused group too) is prepared and
+// exchanged in it without copies, and it still holds the last average when
+// the next step prepares: nothing else is kept, and nothing is copied. The
+// buffers live in the tier of the group's gradients (the device, or host
+// memory beside an offloaded optimizer). The host reads and writes them:
+// the cpu device only (refused on others).
+#pragma once
+
+#include "grad/grad_reducer.h"
+#include "model/model_context.h"
+#include "optimizer/optimizer_runner.h"
+#include "model/rank_resources.h"
+#include "memory/state_buffers.h"
+#include "memory/tiered_buffer.h"
+
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+// The chunk length of zd_comm_v2::compressed_all_reduce (its header comment
+// is the specification): count / world rounded up to a multiple of 8.
+uint64_t compression_chunk(uint64_t count, int world);
+
+// Bytes a rank keeps for a compressing optimizer, per group, in the group's
+// gradient tier: from stage 2 a whole local gradient (grads), the exchange
+// buffer (buffers: over its owned range, or at stage 0 the group in packed
+// order, without the padding between tensors), and with several ranks the error
+// feedback and kept average (optimizer). For the plan and the ledger.
+struct CompressionBytes {
+  uint64_t grads = 0;
+  uint64_t params = 0;  // stage 3, compression.replay: the whole copy of the parameters
+  uint64_t buffers = 0;
+  std::vector<uint64_t> optimizer;  // one figure per buffer (each is allocated, and aligned, on its own)
+};
+CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
+
+// The state slots the optimizer's compressed steps replay
+// (zd_optimizer_plan.replay_slots of a late step), 0 where they cannot be
+// replayed or it never compresses.
+uint32_t replay_slots(const OptimizerInstance& opt);
+
+// Why compression.replay cannot run with this optimizer, partitions and
+// precision, or "" where it can (the job script checks it too).
+std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t partitions, zd_dtype precision);
+
+// Refuses an optimizer where it cannot run (ZD_ERR_CONFIG): the stages its
+// configuration refuses, a comm plugin without compression,
+// compression.replay where it cannot replay.
+void check_compression_support(const ModelContext& ctx);
+
+class MomentumCompression {
+ public:
+  MomentumCompression(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, OptimizerRunner& runner,
+                      GradReducer& grads)
+      : ctx_(ctx), res_(res), buffers_(buffers), runner_(runner), grads_(grads) {}
+  ~MomentumCompression() { release(); }
+  MomentumCompression(const MomentumCompression&) = delete;
+  MomentumCompression& operator=(const MomentumCompression&) = delete;
+
+  void allocate();
+  void release();
+  // The error feedback, the kept average and the per-tensor scalars restart
+  // at zero (a checkpoint load, a new step count).
+  void reset();
+  // A plain step (a warm-up between compressed ones, say) moves the
+  // optimizer's state on: the average kept before and the replicas are
+  // stale. run() sees to its own steps.
+  void forget_average();
+  // Runs a step that is not plain (OptimizerInstance::is_plain): the
+  // gradients are averaged already (ZD_GRADS_AVERAGED) or local. True when
+  // the step was replayed over the elements other ranks own
+  // (compression.replay): every rank's working copy is whole and current,
+  // and the all-gather of the working copies is not needed.
+  bool run(const zd_optimizer_plan& plan, double grad_scale, double lr, int64_t t);
+  // Stage 3 with compression.replay: the whole current fp32 value of p,
+  // which a replayed step kept on this rank, so that forward and backward
+  // copy it instead of all-gathering it; nullptr when there is none (before
+  // the first replayed step, after any step or write that was not
+  // replayed). Every rank answers alike, so all or none of them gather.
+  const float* whole_param(const ParamRecord& p) const;
+  // zd_param_write of p's whole value: the kept copy takes it too.
+  void write_whole_param(const ParamRecord& p, const float* whole);
+
+ private:
+  // Tensors exchanged together: one, or a whole group (fused), packed.
+  struct Segment {
+    std::vector<zd_param_id> params;
+    uint64_t dense = 0;      // first element in the group's packed order
+    uint64_t count = 0;
+    uint64_t server_at = 0;  // this rank's server error chunk
+    uint64_t scales_at = 0;  // world scales of the kept average
+    uint64_t tag = 0;
+  };
+  struct Group {
+    std::vector<uint64_t> dense;  // per parameter of the group: where it starts in the packed order
+    uint64_t dense_count = 0;
+    TieredBuffer worker_error;  // dense_count floats
+    TieredBuffer server_error;  // the chunks this rank serves
+    TieredBuffer signs;         // the kept average: a bit per element (packed order)
+    TieredBuffer scales;        // and world scales per tensor (or per group when fused)
+    bool have_average = false;
+    // Where the rank owns every element (stage 0): the packed exchange
+    // buffer still holds the average the last exchange left in it, which
+    // that step's pass read and made its average slot from. The next
+    // prepare starts from it as it is (ZD_EXCHANGE_IN_AVERAGE): no copy of
+    // the slot. So does the scratch buffer of a replayed step whose model
+    // is one fused segment (stages 1-2, compression.replay: 1-bit LAMB),
+    // in place of the kept bits. Anything that moves the optimizer's state
+    // clears it.
+    bool average_in_buffer = false;
+    // compression.replay: whole copies of the slots a replayed step reads
+    // (full-layout elements of the group), filled at the first such step.
+    TieredBuffer replica[ZD_OPTIMIZER_MAX_STATE];
+    // Stage 3, compression.replay: a whole copy of the group's fp32
+    // parameters (full layout), which replayed steps update.
+    TieredBuffer params;
+  };
+  struct StepState;
+
+  std::vector<Segment> segments(size_t group, bool fused) const;
+  bool owns_all() const;
+  // Whether a plan's keep_average keeps the average here (several ranks,
+  // the momentum partitioned); at stage 0 the slot holds it whole.
+  bool keeps() const;
+  void allocate_owned();
+  float* scratch(size_t group, uint64_t count);
+  void lay_out_groups();
+  zd_optimizer_update step_update(const StepState& st, const ParamGroup& g, zd_param_id pid, uint32_t pass);
+  void prepare(StepState& st, bool then_exchange);
+  void exchange_in_place(StepState& st);
+  void exchange(size_t group, const Segment& s, float* x, bool keep);
+  void fill_from_average(size_t group, const Segment& s, float* x) const;
+  float* owned_whole(StepState& st, size_t group, const Segment& s) const;
+  float* exchange_of(const StepState& st, size_t group, zd_param_id pid, uint64_t at) const;
+  static uint64_t in_segment(const Group& c, const Segment& s, size_t j);
+  std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> owned_parts(size_t group, const Segment& s) const;
+  void read_slot(size_t group, const Segment& s, int slot, float* x);
+  void scatter_owned(StepState& st, size_t group, const Segment& s, const float* x) const;
+  void gather_owned(StepState& st, size_t group, const Segment& s, float* x) const;
+  void pass(StepState& st, bool with_grad);
+  void combine_stats(StepState& st);
+  bool replays(const zd_optimizer_plan& plan) const;
+  void fill_replica(uint32_t slots);
+  void fill_params();
+  void copy_owned_params();
+  // Where p starts in its group's whole copy of the parameters (stage 3).
+  float* params_of(const ParamRecord& p) const;
+  void replay(StepState& st, size_t group, const Segment& s, const float* x, uint32_t pass);
+  void tensor_step(StepState& st, zd_plan_op op);
+
+  const ModelContext& ctx_;
+  RankResources& res_;
+  StateBuffers& buffers_;
+  OptimizerRunner& runner_;
+  GradReducer& grads_;
+  std::vector<Group> groups_;
+  std::vector<uint64_t> packed_at_;  // per parameter (registry order): where it starts in its group's packed order
+  // The exchange buffer over each group's owned range, allocated at the
+  // first step that exchanges and kept: a fresh one per step cost a page
+  // fault per 4 KiB of it every step.
+  std::vector<TieredBuffer> owned_;
+  // Where a segment is assembled when the owned buffer cannot hold it as
+  // one piece (a fused group, a tensor split between owners): grown to the
+  // largest segment and kept, for the same reason.
+  TieredBuffer scratch_;
+  std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
+  uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values
+  bool params_valid_ = false;   // Group::params holds every owner's current parameters
+  mutable bool replay_hinted_ = false;  // the log line saying compression.replay exists
+};
+
+}  // namespace zerod

@@ -1,0 +1,293 @@
+// MomentumCompression's EXCHANGE: the comm plugin's 1-bit compressed
+// average with the error feedback kept here, the kept average (a sign bit
+// per element and a scale per chunk) and the exchange buffers each segment
+// is assembled in (momentum_compression.h, momentum_compression_internal.h).
+#include "compression/momentum_compression_internal.h"
+
+#include "error.h"
+#include "observe/probe.h"
+#include "compression/sign_kernels.h"
+#include "checkpoint/state_io.h"
+#include "runtime/workers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+namespace zerod {
+
+using namespace compression_detail;
+
+namespace {
+
+// The address of [at, at + n) where it lies in one memory segment of b
+// (so one pointer covers it), else nullptr.
+float* in_one_segment(const TieredBuffer& b, uint64_t at, uint64_t n) {
+  if (!b.addressable(at, n)) return nullptr;
+  const auto& seg = b.segment_at(at);
+  if (at + n > seg.begin + seg.count) return nullptr;
+  return reinterpret_cast<float*>(b.addr(at));
+}
+
+struct CopySpan {
+  void* dst;
+  const void* src;
+  uint64_t bytes;
+};
+
+// Copies the spans on the rank's workers, a MiB at a time: a fused group's
+// copies to and from the exchange buffer are hundreds of megabytes a step,
+// which one thread moves at a fraction of the memory's rate (about 9% of
+// 1-bit LAMB's stage-0 step went to these copies on one thread).
+void copy_on_workers(Workers& workers, const std::vector<CopySpan>& spans) {
+  constexpr uint64_t kBytes = uint64_t{1} << 20;
+  std::vector<std::pair<size_t, uint64_t>> tasks;  // (span, first byte)
+  for (size_t i = 0; i < spans.size(); ++i)
+    for (uint64_t at = 0; at < spans[i].bytes; at += kBytes) tasks.emplace_back(i, at);
+  if (tasks.size() <= 1) {
+    for (const CopySpan& c : spans) std::memcpy(c.dst, c.src, c.bytes);
+    return;
+  }
+  workers.run(tasks.size(), [&](size_t t) {
+    const CopySpan& c = spans[tasks[t].first];
+    const uint64_t at = tasks[t].second;
+    std::memcpy(static_cast<std::byte*>(c.dst) + at, static_cast<const std::byte*>(c.src) + at,
+                std::min(kBytes, c.bytes - at));
+  });
+}
+
+}  // namespace
+
+void MomentumCompression::allocate_owned() {
+  const auto& groups = ctx_.registry.groups();
+  const TierSet tiers = res_.tiers();
+  try {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      owned_.emplace_back();
+      owned_.back().allocate(tiers, 4, {{exchange_count(ctx_, groups[gi]), buffers_.groups()[gi].grad_tier()}},
+                             ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
+    }
+  } catch (...) {
+    for (TieredBuffer& b : owned_) b.release(tiers);
+    owned_.clear();
+    throw;
+  }
+}
+
+float* MomentumCompression::scratch(size_t gi, uint64_t count) {
+  if (scratch_.empty() || scratch_.count() < count) {
+    const TierSet tiers = res_.tiers();
+    scratch_.release(tiers);
+    scratch_.allocate(tiers, 4, {{count, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_BUFFERS,
+                      "the packed exchange buffer of a compressed step");
+  }
+  return reinterpret_cast<float*>(scratch_.addr(0));
+}
+
+std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t gi, bool fused) const {
+  const ParamGroup& g = ctx_.registry.groups()[gi];
+  const Group& c = groups_[gi];
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  std::vector<Segment> out;
+  if (fused) {
+    Segment s;
+    s.params = g.params;
+    s.count = c.dense_count;
+    s.tag = uint64_t{1} << 40;
+    out.push_back(std::move(s));
+    return out;
+  }
+  uint64_t server_at = 0;
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const ParamRecord& p = ctx_.registry.param(g.params[k]);
+    Segment s;
+    s.params = {g.params[k]};
+    s.dense = c.dense[k];
+    s.count = static_cast<uint64_t>(p.numel);
+    s.server_at = server_at;
+    s.scales_at = k * world;
+    s.tag = (uint64_t{1} << 40) | static_cast<uint64_t>(g.params[k]);
+    server_at += compression_chunk(s.count, ctx_.world_size);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The kept average, exactly: chunk r of the segment is its scale times the signs.
+void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* x) const {
+  const Group& c = groups_[gi];
+  const auto* bits = reinterpret_cast<const uint8_t*>(c.signs.addr(0));
+  const auto* scales = reinterpret_cast<const float*>(c.scales.addr(0)) + s.scales_at;
+  const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
+  observe::Span span(res_.probe, "optimizer", "rebuild average");
+  // In tiles on the rank's workers, a chunk (one scale) at a time within each.
+  const uint64_t tiles = (s.count + kTile - 1) / kTile;
+  res_.workers.run(tiles, [&](size_t t) {
+    const uint64_t lo = t * kTile, hi = std::min(s.count, lo + kTile);
+    for (uint64_t a = lo; a < hi;) {
+      const uint64_t r = a / chunk, z = std::min(hi, (r + 1) * chunk);
+      unpack_signs(bits, s.dense + a, scales[r], x + a, z - a);
+      a = z;
+    }
+  });
+}
+
+void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool keep) {
+  Group& c = groups_[gi];
+  const int rank = res_.rank;
+  const std::string what = "step: compressed all-reduce of the exchange buffer";
+  float* we = reinterpret_cast<float*>(c.worker_error.addr(0)) + s.dense;
+  float* se = reinterpret_cast<float*>(c.server_error.addr(0)) + s.server_at;
+  ctx_.run(*res_.stream, [&] {
+    ctx_.comm().compressed_all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, s.tag), what), x, s.count,
+                                      we, se);
+  });
+  if (!keep) return;
+  // Keep the average as it is: a sign bit per element, a scale per chunk.
+  observe::Span span(res_.probe, "optimizer", "keep average");
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
+  auto* bits = reinterpret_cast<uint8_t*>(c.signs.addr(0));
+  auto* scales = reinterpret_cast<float*>(c.scales.addr(0)) + s.scales_at;
+  for (uint64_t r = 0; r < world; ++r) {
+    const uint64_t lo = r * chunk;
+    scales[r] = lo < s.count ? std::fabs(x[lo]) : 0.0f;
+  }
+  // In tiles on the rank's workers; every boundary between tiles falls on a
+  // whole byte of bits, so no two tiles write the same byte.
+  const uint64_t head = std::min(s.count, (8 - (s.dense & 7)) & 7);
+  const uint64_t tiles = 1 + (s.count - head + kTile - 1) / kTile;
+  res_.workers.run(tiles, [&](size_t t) {
+    const uint64_t lo = t == 0 ? 0 : head + (t - 1) * kTile;
+    const uint64_t hi = std::min(s.count, head + t * kTile);
+    if (lo < hi) pack_signs(x + lo, hi - lo, bits, s.dense + lo);
+  });
+}
+
+// The segment's values of the elements this rank owns into the owned
+// exchange buffer, and back.
+void MomentumCompression::scatter_owned(StepState& st, size_t gi, const Segment& s, const float* x) const {
+  std::vector<CopySpan> spans;
+  for (const auto& [from, at] : owned_parts(gi, s)) spans.push_back({(*st.owned)[gi].addr(at.at), x + from, at.count * 4});
+  copy_on_workers(res_.workers, spans);
+}
+
+void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& s, float* x) const {
+  std::vector<CopySpan> spans;
+  for (const auto& [from, at] : owned_parts(gi, s)) spans.push_back({x + from, (*st.owned)[gi].addr(at.at), at.count * 4});
+  copy_on_workers(res_.workers, spans);
+}
+
+// Where the segment's tensor j starts in it: a one-tensor segment is that
+// tensor; the fused segment is the group's tensors, in order.
+uint64_t MomentumCompression::in_segment(const Group& c, const Segment& s, size_t j) {
+  return s.params.size() == 1 ? 0 : c.dense[j] - s.dense;
+}
+
+// Where each of the segment's tensors has elements this rank owns: their
+// first element in the segment and their span in the owned buffer.
+std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> MomentumCompression::owned_parts(size_t gi,
+                                                                                        const Segment& s) const {
+  const Group& c = groups_[gi];
+  std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> out;
+  for (size_t j = 0; j < s.params.size(); ++j) {
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(s.params[j]), res_.rank);
+    if (sp.count == 0) continue;
+    out.emplace_back(in_segment(c, s, j) + sp.from, sp);
+  }
+  return out;
+}
+
+// Where a segment can be prepared and exchanged in place: the owned
+// exchange buffer, when the rank owns each of the segment's tensors whole
+// and they lie there in the segment's packed order, with nothing between
+// them, in one memory segment; else nullptr (a scratch copy, then
+// scatter_owned). Where the rank owns every element (stage 0) the buffer is
+// in packed order (exchange_count), so every segment is in place, a fused
+// group's too; at stages 1-3 a tensor held whole by one owner can be.
+float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
+  if (st.owned == nullptr || s.count == 0 || s.params.empty()) return nullptr;
+  const Group& c = groups_[gi];
+  if (owns_all()) {
+    float* const x = in_one_segment((*st.owned)[gi], s.dense, s.count);
+    if (x == nullptr) fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
+    return x;
+  }
+  uint64_t base = 0;
+  bool found = false;
+  for (size_t j = 0; j < s.params.size(); ++j) {
+    const ParamRecord& p = ctx_.registry.param(s.params[j]);
+    if (p.numel == 0) continue;  // nowhere in either layout
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
+    if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return nullptr;
+    const uint64_t off = in_segment(c, s, j);
+    if (sp.at < off) return nullptr;
+    if (!found) {
+      base = sp.at - off;
+      found = true;
+    } else if (sp.at - off != base) {
+      return nullptr;
+    }
+  }
+  return in_one_segment((*st.owned)[gi], base, s.count);
+}
+
+// The segment's whole values of a state slot into x: on the workers where
+// the rank holds every tensor whole in memory (stage 0), else tensor by
+// tensor from the owners (read_whole_into).
+void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float* x) {
+  const Group& c = groups_[gi];
+  std::vector<CopySpan> spans;
+  bool direct = owns_all();
+  for (size_t j = 0; j < s.params.size() && direct; ++j) {
+    const ParamRecord& p = ctx_.registry.param(s.params[j]);
+    const TieredBuffer& b = buffers_.of(p).state[static_cast<size_t>(slot)];
+    // Where the rank's state of p starts, in the layout of its stage (by
+    // full offset, or by flat offset and stride where parameters are
+    // partitioned and one rank owns them all).
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
+    const auto n = static_cast<uint64_t>(p.numel);
+    if (n == 0) continue;
+    const float* src = sp.from == 0 && sp.count == n ? in_one_segment(b, sp.at, n) : nullptr;
+    direct = src != nullptr;
+    if (direct) spans.push_back({x + in_segment(c, s, j), src, n * 4});
+  }
+  if (direct) {
+    copy_on_workers(res_.workers, spans);
+    return;
+  }
+  for (size_t j = 0; j < s.params.size(); ++j)
+    read_whole_into(ctx_, res_, buffers_, s.params[j], slot, "step", x + in_segment(c, s, j));
+}
+
+// The exchange buffer's values of tensor pid from element `at` of the
+// rank's owned range: at the same place in the owned layout, or, where the
+// buffer is in packed order (owns_all), at the tensor's packed offset.
+float* MomentumCompression::exchange_of(const StepState& st, size_t gi, zd_param_id pid, uint64_t at) const {
+  const TieredBuffer& b = (*st.owned)[gi];
+  if (!owns_all()) return reinterpret_cast<float*>(b.addr(at));
+  const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+  return reinterpret_cast<float*>(b.addr(packed_at_[static_cast<size_t>(pid)] + (at - sp.at)));
+}
+
+// An EXCHANGE of what a pass wrote: the rank owns every element (checked
+// by the caller), so the owned buffer is the whole of each tensor.
+void MomentumCompression::exchange_in_place(StepState& st) {
+  // The buffer takes what a pass wrote, not an average a prepare starts from.
+  for (Group& c : groups_) c.average_in_buffer = false;
+  if (ctx_.world_size == 1) return;
+  const auto& groups = ctx_.registry.groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (const Segment& s : segments(gi, st.plan.fused != 0)) {
+      float* const direct = owned_whole(st, gi, s);
+      float* const x = direct != nullptr ? direct : scratch(gi, s.count);
+      if (direct == nullptr) gather_owned(st, gi, s, x);
+      exchange(gi, s, x, st.plan.keep_average != 0 && keeps());
+      if (direct == nullptr) scatter_owned(st, gi, s, x);
+    }
+    if (st.plan.keep_average && keeps()) groups_[gi].have_average = true;
+  }
+}
+
+}  // namespace zerod

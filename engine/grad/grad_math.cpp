@@ -1,0 +1,177 @@
+#include "grad/grad_math.h"
+
+#include "runtime/dtype.h"
+
+#include <zerod/kit/cpu.h>
+
+#include <cmath>
+
+#if ZEROD_GRAD_MATH_X86
+#include <immintrin.h>
+#endif
+
+namespace zerod {
+
+namespace {
+
+inline void store_float(void* p, zd_dtype dt, uint64_t i, float v) {
+  switch (dt) {
+    case ZD_DTYPE_F32: static_cast<float*>(p)[i] = v; break;
+    case ZD_DTYPE_BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    default: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+  }
+}
+
+}  // namespace
+
+void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
+    const float* s = static_cast<const float*>(src);
+    float* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += s[i];
+    return;
+  }
+  if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
+    // 16-bit gradients into fp32 accumulators, the usual mixed-precision
+    // case (a GPU's bf16 gradients added on the host): the widening is a
+    // shift, so the loop vectorises, where the generic one below switches
+    // on both dtypes per element. The same sums, bit for bit.
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
+    float* __restrict d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += bf16_to_f32(s[i]);
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i)
+    store_float(dst, dst_dt, i, load_as_float(dst, dst_dt, i) + load_as_float(src, src_dt, i));
+}
+
+void assign_to_zero(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
+    const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
+    float* __restrict d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] = 0.0f + bf16_to_f32(s[i]);
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) store_float(dst, dst_dt, i, 0.0f + load_as_float(src, src_dt, i));
+}
+
+void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                       float factor) {
+  if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
+    const float* s = static_cast<const float*>(src);
+    float* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] += factor * s[i];
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i)
+    store_float(dst, dst_dt, i, load_as_float(dst, dst_dt, i) + factor * load_as_float(src, src_dt, i));
+}
+
+void scale_in_place(void* p, zd_dtype dt, uint64_t n, float factor) {
+  if (dt == ZD_DTYPE_F32) {
+    float* d = static_cast<float*>(p);
+    for (uint64_t i = 0; i < n; ++i) d[i] *= factor;
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) store_float(p, dt, i, factor * load_as_float(p, dt, i));
+}
+
+void sum_sources(const void* const* srcs, size_t nsrc, void* dst, zd_dtype dt, uint64_t n) {
+  if (nsrc == 0) return;
+  if (dt == ZD_DTYPE_F32) {
+    auto* d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) {
+      float acc = static_cast<const float*>(srcs[0])[i];
+      for (size_t k = 1; k < nsrc; ++k) acc += static_cast<const float*>(srcs[k])[i];
+      d[i] = acc;
+    }
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    float acc = load_as_float(srcs[0], dt, i);
+    for (size_t k = 1; k < nsrc; ++k) acc += load_as_float(srcs[k], dt, i);
+    store_float(dst, dt, i, acc);
+  }
+}
+
+namespace detail {
+
+// The fp32 sum of squares keeps kSumLanes partial sums in double, element i
+// in lane i % kSumLanes, and adds them up in one fixed tree: the AVX2 loop
+// holds the lanes in four registers, the baseline loop in an array, and
+// both give the same bits (a float squared is exact in double, so an FMA
+// and a multiply-then-add round alike). Sixteen lanes: four registers of
+// four doubles keep the AVX2 loop at memory speed, where the four-lane loop
+// before (four dependent double adds) ran at about half of it.
+static double reduce_lanes(const double* lanes) {
+  double q[4];
+  for (int l = 0; l < 4; ++l) q[l] = (lanes[l] + lanes[4 + l]) + (lanes[8 + l] + lanes[12 + l]);
+  return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+double sumsq_f32_baseline(const float* p, uint64_t n) {
+  double lanes[kSumLanes] = {};
+  uint64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes)
+    for (uint64_t l = 0; l < kSumLanes; ++l) lanes[l] += static_cast<double>(p[i + l]) * p[i + l];
+  for (uint64_t l = 0; i < n; ++i, ++l) lanes[l] += static_cast<double>(p[i]) * p[i];
+  return reduce_lanes(lanes);
+}
+
+#if ZEROD_GRAD_MATH_X86
+__attribute__((target("avx2,fma"))) double sumsq_f32_avx2(const float* p, uint64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  uint64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    const __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(p + i)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 4));
+    const __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 8)), x3 = _mm256_cvtps_pd(_mm_loadu_ps(p + i + 12));
+    a0 = _mm256_fmadd_pd(x0, x0, a0);
+    a1 = _mm256_fmadd_pd(x1, x1, a1);
+    a2 = _mm256_fmadd_pd(x2, x2, a2);
+    a3 = _mm256_fmadd_pd(x3, x3, a3);
+  }
+  double lanes[kSumLanes];
+  _mm256_storeu_pd(lanes, a0);
+  _mm256_storeu_pd(lanes + 4, a1);
+  _mm256_storeu_pd(lanes + 8, a2);
+  _mm256_storeu_pd(lanes + 12, a3);
+  // Baseline code runs next on this thread: leave no upper halves dirty
+  // (plugins/optimizers/kernels/zero_upper.h says what that costs on Intel).
+  _mm256_zeroupper();
+  for (uint64_t l = 0; i < n; ++i, ++l) lanes[l] += static_cast<double>(p[i]) * p[i];
+  return reduce_lanes(lanes);
+}
+
+bool cpu_has_avx2_fma() {
+  const cpu::Features& f = cpu::features();
+  return f.avx2 && f.fma;
+}
+#endif
+
+}  // namespace detail
+
+GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n) {
+  GradStats s;
+  if (dt == ZD_DTYPE_F32) {
+    const float* p = static_cast<const float*>(data);
+#if ZEROD_GRAD_MATH_X86
+    static const bool avx2 = detail::cpu_has_avx2_fma();
+    s.sumsq = avx2 ? detail::sumsq_f32_avx2(p, n) : detail::sumsq_f32_baseline(p, n);
+#else
+    s.sumsq = detail::sumsq_f32_baseline(p, n);
+#endif
+  } else {
+    // Four partial sums let the loop pipeline; their order is fixed, so the
+    // result is the same on every run.
+    double acc[4] = {0, 0, 0, 0};
+    for (uint64_t i = 0; i < n; ++i) {
+      const double v = load_as_float(data, dt, i);
+      acc[i & 3] += v * v;
+    }
+    s.sumsq = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  }
+  s.finite = std::isfinite(s.sumsq);
+  return s;
+}
+
+}  // namespace zerod

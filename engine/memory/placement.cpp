@@ -1,0 +1,319 @@
+#include "memory/placement.h"
+
+#include "memory/align.h"
+#include "memory/arena.h"
+#include "runtime/dtype.h"
+#include "error.h"
+#include "compression/momentum_compression.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace zerod {
+
+void Placement::decide() {
+  const OffloadConfig& off = ctx_.config.offload;
+  const Registry& reg = ctx_.registry;
+  const bool p3 = ctx_.params_partitioned();
+  entries_.assign(reg.params().size(), Entry{});
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < reg.params().size(); ++i) {
+    const ParamRecord& p = reg.params()[i];
+    Entry& e = entries_[i];
+    const auto numel = static_cast<uint64_t>(p.numel);
+    auto ask = [&](const char* kind, uint64_t bytes, zd_tier fallback, bool* chosen) {
+      zd_tier t = fallback;
+      if (policy_) {
+        TensorInfo ti{p.name, kind, reg.module(p.module).name, numel, bytes};
+        if (auto choice = policy_->placement(ti)) {
+          t = *choice;
+          if (chosen) *chosen = true;
+        }
+      }
+      return t;
+    };
+    e.params = ask("params", numel * dtype_size(p.dtype), p3 ? off.params : ZD_TIER_DEVICE, nullptr);
+    e.master = ask("master", numel * 4, off.optimizer, &e.master_explicit);
+    e.optimizer = ask("optimizer", numel * ctx_.state_size() * ctx_.optimizer().state_slots(), off.optimizer,
+                      &e.optimizer_explicit);
+    if (!p3 && e.params != ZD_TIER_DEVICE)
+      problems.push_back("parameter '" + p.name + "': its working copy can leave the device tier only at "
+                         "ZeRO stage 3 (trainers compute with it in place); it was placed on " +
+                         tier_name(e.params));
+    for (auto [kind, t] : {std::pair<const char*, zd_tier>{"shard", e.params}, {"master", e.master},
+                           {"optimizer state", e.optimizer}}) {
+      if (t == ZD_TIER_NVME && off.nvme_paths.empty())
+        problems.push_back("parameter '" + p.name + "': its " + kind +
+                           " is placed on nvme, but offload.nvme_path names no directory");
+    }
+  }
+  if (!problems.empty()) {
+    std::string msg = "the placement of the model state cannot be done (" + ctx_.config.source + "):";
+    for (const auto& m : problems) msg += "\n  " + m;
+    fail(ZD_ERR_CONFIG, msg);
+  }
+}
+
+void Placement::check_device(const Device& device, const Memory& pool, int rank) const {
+  // A piece whose operands are in the pool and in host memory is updated by
+  // the host's loops (OptimizerRunner::pieces), and the pool's own update
+  // writes a working shard in host memory: both need the host to write the
+  // pool in place.
+  if (pool.host_writes()) return;
+  const std::string where = " (" + ctx_.config.source + ")";
+  const std::string dev = std::string("the ") + device.name() + " device";
+  if (ctx_.config.offload.ratio < 1.0)
+    fail(ZD_ERR_CONFIG, "offload.ratio < 1 splits a group's optimizer between the device and the host, which " +
+                            dev + " does not support yet" + where + "; use ratio = 1");
+  bool state_on_device = false;
+  const Registry& reg = ctx_.registry;
+  for (size_t i = 0; i < reg.params().size(); ++i) {
+    const Entry& e = entries_[i];
+    const ParamRecord& p = reg.params()[i];
+    const bool master_dev = e.master == ZD_TIER_DEVICE;
+    if (ctx_.optimizer().state_slots() && master_dev != (e.optimizer == ZD_TIER_DEVICE))
+      fail(ZD_ERR_CONFIG, "parameter '" + p.name + "': its master copy is on " + tier_name(e.master) +
+                              " and its optimizer state on " + tier_name(e.optimizer) + "; on " + dev +
+                              " both must be on the device or both off it" + where);
+    if (master_dev && e.params != ZD_TIER_DEVICE)
+      fail(ZD_ERR_CONFIG, "parameter '" + p.name + "': its optimizer runs on the device but its stage-3 shard is on " +
+                              tier_name(e.params) + "; on " + dev +
+                              " offload the optimizer too (offload.optimizer) or keep the shard on the device" +
+                              where);
+    state_on_device = state_on_device || master_dev;
+  }
+  if (state_on_device && !device.runs(ctx_.optimizer()))
+    fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' has no kernels for " + dev +
+                            ", and its state is in the device tier; place the optimizer state on the host " +
+                            "(offload = { optimizer = \"host\" })" + where);
+  (void)rank;
+}
+
+void Placement::raise_nvme_alignment(uint64_t align) {
+  uint64_t seen = nvme_align_.load();
+  while (align > seen && !nvme_align_.compare_exchange_weak(seen, align)) {
+  }
+}
+
+std::vector<TierRun> Placement::tier_runs(size_t group, int rank, Holds what) const {
+  const ParamGroup& g = ctx_.registry.groups()[group];
+  const bool by_param = ctx_.registry.partitioning() == Partitioning::Param;
+  if (what == Holds::Params && !by_param) return {{g.full_numel, ZD_TIER_DEVICE}};
+  const uint64_t dom_lo = by_param ? 0 : ctx_.owned_begin(g, rank);
+  const uint64_t dom_n = ctx_.owned_count(g);
+  // Each parameter covers its elements and the alignment gap after them.
+  std::vector<TierRun> raw;
+  std::vector<bool> defaulted;  // the run's tier is the offload default
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const ParamRecord& p = ctx_.registry.param(g.params[k]);
+    const ParamRecord* next = k + 1 < g.params.size() ? &ctx_.registry.param(g.params[k + 1]) : nullptr;
+    const uint64_t lo = by_param ? p.flat_offset : p.full_offset;
+    const uint64_t hi = next ? (by_param ? next->flat_offset : next->full_offset)
+                             : (by_param ? g.flat_numel : g.full_numel);
+    const uint64_t a = std::max(lo, dom_lo), b = std::min(hi, dom_lo + dom_n);
+    if (a >= b) continue;
+    const Entry& e = entries_[static_cast<size_t>(g.params[k])];
+    zd_tier t = ZD_TIER_DEVICE;
+    bool dflt = false;
+    switch (what) {
+      case Holds::Params: t = e.params; break;
+      case Holds::Master: t = e.master; dflt = !e.master_explicit; break;
+      case Holds::Optimizer: t = e.optimizer; dflt = !e.optimizer_explicit; break;
+    }
+    raw.push_back({b - a, t});
+    defaulted.push_back(dflt && t != ZD_TIER_DEVICE);
+  }
+  // The offload ratio: only that share of the defaulted elements leaves the
+  // device, the first ones in order.
+  const double ratio = ctx_.config.offload.ratio;
+  if (what != Holds::Params && ratio < 1.0) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < raw.size(); ++i)
+      if (defaulted[i]) total += raw[i].count;
+    uint64_t left = static_cast<uint64_t>(std::ceil(ratio * static_cast<double>(total)));
+    std::vector<TierRun> cut;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (!defaulted[i]) {
+        cut.push_back(raw[i]);
+        continue;
+      }
+      const uint64_t off = std::min(left, raw[i].count);
+      left -= off;
+      if (off) cut.push_back({off, raw[i].tier});
+      if (raw[i].count > off) cut.push_back({raw[i].count - off, ZD_TIER_DEVICE});
+    }
+    raw.swap(cut);
+  }
+  // Boundaries between tiers move down to a granule; equal neighbours merge.
+  const uint64_t gran = tier_granule();
+  std::vector<std::pair<uint64_t, zd_tier>> starts;  // (first element, tier)
+  uint64_t at = 0;
+  for (const TierRun& r : raw) {
+    const uint64_t s = at == 0 ? 0 : at / gran * gran;
+    if (!starts.empty() && starts.back().first == s) starts.back().second = r.tier;
+    else if (starts.empty() || starts.back().second != r.tier) starts.emplace_back(s, r.tier);
+    at += r.count;
+  }
+  std::vector<TierRun> runs;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const uint64_t end = i + 1 < starts.size() ? starts[i + 1].first : dom_n;
+    if (end <= starts[i].first) continue;
+    if (!runs.empty() && runs.back().tier == starts[i].second)
+      runs.back().count += end - starts[i].first;
+    else
+      runs.push_back({end - starts[i].first, starts[i].second});
+  }
+  if (runs.empty()) runs.push_back({dom_n, ZD_TIER_DEVICE});
+  return runs;
+}
+
+zd_tier Placement::grad_tier(size_t group, int rank) const {
+  for (Holds h : {Holds::Master, Holds::Optimizer}) {
+    if (h == Holds::Optimizer && ctx_.optimizer().state_slots() == 0) continue;
+    for (const TierRun& r : tier_runs(group, rank, h))
+      if (r.tier != ZD_TIER_DEVICE) return ZD_TIER_HOST;
+  }
+  return ZD_TIER_DEVICE;
+}
+
+void Placement::decide_window(uint64_t device_budget, bool bytes_travel, int rank) {
+  using A = OffloadConfig::Accumulate;
+  const A choice = ctx_.config.offload.accumulate;
+  window_ = false;
+  if (!ctx_.partitioned(ZD_PARTITION_GRADS) || choice == A::Host) return;
+  if (choice == A::Device) {
+    window_ = true;
+    return;
+  }
+  if (ctx_.config.gradient_accumulation_steps < 2 || !bytes_travel) return;
+  uint64_t bytes = 0;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi)
+    if (grad_tier(gi, rank) != ZD_TIER_DEVICE)
+      bytes += ctx_.owned_count(ctx_.registry.groups()[gi]) * dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[gi]));
+  window_ = bytes > 0 && (device_budget == MemoryLedger::kNoBudget || bytes <= device_budget / 4);
+}
+
+bool Placement::uses(int rank, zd_tier tier) const {
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
+    if (grad_tier(gi, rank) == tier) return true;
+    for (Holds h : {Holds::Params, Holds::Master, Holds::Optimizer})
+      for (const TierRun& r : tier_runs(gi, rank, h))
+        if (r.tier == tier) return true;
+  }
+  return false;
+}
+
+NeedTable Placement::need_table(int rank) const {
+  NeedTable need(ZD_TIER_COUNT);
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const uint64_t nvme_align = nvme_alignment();
+  auto bytes_in = [&](zd_tier t, uint64_t b) {
+    switch (t) {
+      case ZD_TIER_DEVICE: return align_up(b, DevicePool::kAlign);
+      case ZD_TIER_HOST: return align_up(b, 64);
+      default: return align_up(b, nvme_align);
+    }
+  };
+  auto add_runs = [&](const std::vector<TierRun>& runs, size_t esz, zd_mem_kind kind, uint32_t copies) {
+    for (const TierRun& r : runs)
+      need[static_cast<size_t>(r.tier)][kind] += bytes_in(r.tier, r.count * esz) * copies;
+  };
+  const Registry& reg = ctx_.registry;
+  const bool p3 = ctx_.params_partitioned();
+  for (size_t gi = 0; gi < reg.groups().size(); ++gi) {
+    const ParamGroup& g = reg.groups()[gi];
+    const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
+    const zd_tier gt = grad_tier(gi, rank);
+    need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, grad_len * dtype_size(ctx_.grad_dtype(g)));
+    if (window_on_device(gi, rank))
+      need[ZD_TIER_DEVICE][ZD_MEM_GRADS] += bytes_in(ZD_TIER_DEVICE, grad_len * dtype_size(ctx_.grad_dtype(g)));
+    add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
+    add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
+    if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), ctx_.state_size(), ZD_MEM_OPTIMIZER, slots);
+    const CompressionBytes cb = compression_bytes(ctx_, gi);
+    if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
+    if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
+    if (cb.params) need[static_cast<size_t>(gt)][ZD_MEM_PARAMS] += bytes_in(gt, cb.params);
+    for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
+  }
+  if (p3)
+    for (const ParamRecord& p : reg.params())
+      if (p.persistent)
+        need[ZD_TIER_DEVICE][ZD_MEM_PARAMS] +=
+            bytes_in(ZD_TIER_DEVICE, p.stride * static_cast<uint64_t>(ctx_.world_size) * dtype_size(p.dtype));
+  for (uint64_t b : staging_layout(rank))
+    need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += b * static_cast<uint64_t>(ctx_.config.offload.buffer_count);
+  return need;
+}
+
+std::vector<uint64_t> Placement::staging_layout(int rank) const {
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  bool master = false, state = false, working = false;
+  size_t working_esz = 0;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
+    auto on_nvme = [&](Holds h) {
+      for (const TierRun& r : tier_runs(gi, rank, h))
+        if (r.tier == ZD_TIER_NVME) return true;
+      return false;
+    };
+    master = master || on_nvme(Holds::Master);
+    state = state || (slots && on_nvme(Holds::Optimizer));
+    if (on_nvme(Holds::Params)) {
+      working = true;
+      working_esz = std::max(working_esz, dtype_size(ctx_.registry.groups()[gi].dtype));
+    }
+  }
+  if (!master && !state && !working) return {};
+  const uint64_t tile = ctx_.config.offload.nvme_tile_elems, align = nvme_alignment();
+  std::vector<uint64_t> layout;
+  layout.push_back(master ? align_up(tile * 4, align) : 0);
+  for (uint32_t s = 0; s < slots; ++s) layout.push_back(state ? align_up(tile * ctx_.state_size(), align) : 0);
+  layout.push_back(working ? align_up(tile * working_esz, align) : 0);
+  return layout;
+}
+
+std::string Placement::table(const TierPlan& plan, bool* fits) const {
+  bool over = false;
+  std::ostringstream table;
+  table << "  tier     params      grads       master      optimizer   buffers     total       budget\n";
+  for (int t = 0; t < ZD_TIER_COUNT; ++t) {
+    const auto& n = plan.need[static_cast<size_t>(t)];
+    uint64_t total = 0;
+    for (uint64_t b : n) total += b;
+    const uint64_t budget = plan.budget[static_cast<size_t>(t)];
+    if (total == 0 && budget == MemoryLedger::kNoBudget) continue;
+    const bool tier_over = budget != MemoryLedger::kNoBudget && total > budget;
+    over = over || tier_over;
+    char line[256];
+    auto f = [](uint64_t b) { return format_bytes(b); };
+    std::snprintf(line, sizeof line, "  %-8s %-11s %-11s %-11s %-11s %-11s %-11s %-11s%s\n", tier_name(t),
+                  f(n[ZD_MEM_PARAMS]).c_str(), f(n[ZD_MEM_GRADS]).c_str(), f(n[ZD_MEM_MASTER]).c_str(),
+                  f(n[ZD_MEM_OPTIMIZER]).c_str(), f(n[ZD_MEM_BUFFERS]).c_str(), f(total).c_str(),
+                  budget == MemoryLedger::kNoBudget ? "none" : f(budget).c_str(),
+                  tier_over ? "  <- over budget" : "");
+    table << line;
+  }
+  if (fits) *fits = !over;
+  return table.str();
+}
+
+void Placement::check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const {
+  // The rank that needs the most in each cell (ranks differ only by padding).
+  TierPlan worst;
+  worst.need = need_table(0);
+  for (int r = 1; r < ctx_.world_size; ++r) {
+    const NeedTable n = need_table(r);
+    for (size_t t = 0; t < n.size(); ++t)
+      for (size_t k = 0; k < n[t].size(); ++k) worst.need[t][k] = std::max(worst.need[t][k], n[t][k]);
+  }
+  worst.budget = budgets;
+  bool fits = true;
+  const std::string text = table(worst, &fits);
+  if (!fits)
+    fail(ZD_ERR_BUDGET, "the model state does not fit its memory budgets (per rank):\n" + text +
+                            "raise the budget in " + ctx_.config.source + " or move state to another tier");
+}
+
+}  // namespace zerod

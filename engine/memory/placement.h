@@ -1,0 +1,106 @@
+// Where a model's state lives: the tier of each parameter's stage-3 shard,
+// master copy and optimizer state (the job's placement policy, else the
+// offload table's defaults and ratio), the tier runs of every rank's
+// buffers, where gradients accumulate, and what each tier must hold — the
+// figure finalize checks against the budgets before anything is allocated
+// and `zerod plan` prints.
+#pragma once
+
+#include "model/job_config.h"
+#include "memory/ledger.h"
+#include "model/model_context.h"
+#include "memory/tiered_buffer.h"
+
+#include <zerod/zerod.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace zerod {
+
+// What a rank's buffer holds, for its tier runs.
+enum class Holds { Params, Master, Optimizer };
+
+// Bytes per tier and kind that one rank needs: [tier][kind].
+using NeedTable = std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>>;
+
+struct TierPlan {
+  NeedTable need;
+  std::array<uint64_t, ZD_TIER_COUNT> budget{};
+};
+
+class Placement {
+ public:
+  // policy may be null; it is not owned.
+  Placement(const ModelContext& ctx, JobPolicy* policy) : ctx_(ctx), policy_(policy) {}
+
+  // Asks the policy once per parameter and kind (the registry is laid out).
+  // Called once, so every rank places alike. Throws ZD_ERR_CONFIG listing
+  // every tensor that cannot go where it was placed.
+  void decide();
+
+  // The tier runs of one of a rank's buffers of a group, in element order.
+  std::vector<TierRun> tier_runs(size_t group, int rank, Holds what) const;
+  // Where the rank's gradient accumulators of a group live: in the device
+  // tier while the group's optimizer runs there; otherwise they leave the
+  // device as they are produced and accumulate in host memory, next to the
+  // optimizer (NVMe-resident state reads its gradients from there too).
+  zd_tier grad_tier(size_t group, int rank) const;
+  // Whether any of the rank's state uses the tier.
+  bool uses(int rank, zd_tier tier) const;
+  // offload.accumulate, decided once (after decide(), with the device's
+  // budget and a rank of this process): whether stages 2-3 accumulate the micro-batches before a
+  // window's last in a device buffer of the owned gradients, for groups
+  // whose accumulators are off the device. auto: when the window has
+  // several micro-batches, gradients leaving the device travel
+  // (Transfers::bytes_travel: the device is not host memory anyway), and the
+  // buffers of every group take at most a quarter of the device budget
+  // (the rest is the live window's and the trainer's activations').
+  void decide_window(uint64_t device_budget, bool bytes_travel, int rank);
+  bool window_on_device(size_t group, int rank) const { return window_ && grad_tier(group, rank) != ZD_TIER_DEVICE; }
+
+  NeedTable need_table(int rank) const;
+  // Bytes of one NVMe staging buffer per optimizer operand (master, each
+  // state slot, the working shard; 0 = never on NVMe for this rank): the
+  // pipeline holds offload.buffer_count sets of them from finalize on.
+  std::vector<uint64_t> staging_layout(int rank) const;
+  // The table finalize refuses with and `zerod plan` prints; *fits tells
+  // whether every tier is within its budget.
+  std::string table(const TierPlan& plan, bool* fits) const;
+  // The worst rank's needs against the budgets; throws ZD_ERR_BUDGET with
+  // the table when a tier does not fit.
+  void check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const;
+
+  // Refuses (ZD_ERR_CONFIG, naming the tensor and what to do) a placement
+  // the rank's device cannot run: where the host's loops cannot write the
+  // device's pool (`pool`, the rank's PoolMemory), every piece of the
+  // optimizer's work must be wholly on the device or wholly off it.
+  void check_device(const Device& device, const Memory& pool, int rank) const;
+
+  // NVMe transfers are aligned to the largest alignment of the ranks' nvme
+  // tier instances (the same paths on every rank, so the same figure): each
+  // rank raises it when it opens its own, without touching another rank.
+  void raise_nvme_alignment(uint64_t align);
+  uint64_t nvme_alignment() const { return tier_granule() * 2; }
+
+ private:
+  struct Entry {
+    zd_tier params = ZD_TIER_DEVICE, master = ZD_TIER_DEVICE, optimizer = ZD_TIER_DEVICE;
+    // Whether the policy chose the master/optimizer tiers itself (the
+    // offload ratio applies only to the default ones).
+    bool master_explicit = false, optimizer_explicit = false;
+  };
+  // Tier boundaries fall on multiples of this many elements, so every NVMe
+  // transfer starts at an aligned offset whatever the element size.
+  uint64_t tier_granule() const { return nvme_align_.load() / 2; }  // the smallest element is 2 bytes
+
+  const ModelContext& ctx_;
+  JobPolicy* policy_;
+  std::vector<Entry> entries_;  // per parameter
+  std::atomic<uint64_t> nvme_align_{4096};
+  bool window_ = false;
+};
+
+}  // namespace zerod

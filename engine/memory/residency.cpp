@@ -1,0 +1,335 @@
+#include "memory/residency.h"
+
+#include "memory/memory.h"
+#include "runtime/dtype.h"
+#include "error.h"
+#include "log.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+namespace zerod {
+
+void Residency::reset() {
+  clear();
+  modules_.assign(ctx_.registry.modules().size(), ModuleEntry{});
+  params_.assign(ctx_.registry.params().size(), Block{});
+}
+
+void Residency::clear() {
+  for (Block& b : params_) {
+    if (b) res_.device->release(b, ZD_MEM_PARAMS);
+    b = Block{};
+  }
+  for (ModuleEntry& m : modules_) m = ModuleEntry{};
+  trace_ = Trace{};
+  live_elems_ = 0;
+  unsettled_ = Unsettled{};
+}
+
+// The rank's shard of p, where the all-gather reads it: in place when it is
+// in memory, else read from NVMe into a host buffer first.
+void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const TieredBuffer& w = buffers_.of(p).working;
+  std::vector<std::byte> staged;
+  const void* send;
+  const Memory* from = &res_.host_memory;
+  if (w.addressable(p.flat_offset, p.stride)) {
+    send = w.addr(p.flat_offset);
+    // In one tier, its memory sends it; across tiers the plugins read it in
+    // place, as host memory.
+    if (w.tier_of(p.flat_offset, p.stride) != ZD_TIER_COUNT) from = w.segment_at(p.flat_offset).memory;
+  } else {
+    staged.resize(p.stride * dtype_size(p.dtype));
+    w.read(res_.tiers(), p.flat_offset, p.stride, staged.data());
+    send = staged.data();
+  }
+  res_.pool_memory.all_gather(ctx_, ctx_.comm_call(res_.rank, comm_tag(op, group, static_cast<uint64_t>(pid)), what),
+                              *from, send, dst, p.stride, p.dtype);
+}
+
+bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a) {
+  if (!whole_copy_ || pids.empty()) return false;
+  std::vector<const float*> src;
+  for (zd_param_id pid : pids) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    const float* w = p.dtype == ZD_DTYPE_F32 ? whole_copy_(p) : nullptr;
+    if (w == nullptr) return false;
+    src.push_back(w);
+  }
+  observe::Span span(res_.probe, "residency", "copy whole", a);
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const ParamRecord& p = ctx_.registry.param(pids[i]);
+    auto* dst = static_cast<std::byte*>(params_[static_cast<size_t>(pids[i])].ptr);
+    const uint64_t n = static_cast<uint64_t>(p.numel), padded = gathered_elems(p);
+    res_.device->copy_to_device(dst, src[i], n * 4);
+    // The padding after the last shard, as the shards hold it: zeros.
+    if (padded > n) res_.device->zero(dst + n * 4, (padded - n) * 4);
+  }
+  return true;
+}
+
+// What the local plugin's all-gather of p writes into its gathered copy:
+// every rank's shard (padding included), in rank order.
+void Residency::copy_shards(const ShardBoard& board, zd_param_id pid) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const size_t bytes = p.stride * dtype_size(p.dtype);
+  auto* dst = static_cast<std::byte*>(params_[static_cast<size_t>(pid)].ptr);
+  for (int q = 0; q < ctx_.world_size; ++q)
+    std::memcpy(dst + static_cast<size_t>(q) * bytes, board.shard(q, pid), bytes);
+}
+
+void Residency::check_agreement(ShardBoard& board, zd_module_id m, uint64_t k) {
+  if (!board.all_arrived(k)) board.await_arrival(res_.rank, k, "gathering " + ctx_.module_label(m));
+  uint64_t other = 0;
+  const int q = board.disagreeing(res_.rank, k, static_cast<uint64_t>(m), &other);
+  if (q < 0) return;
+  // As the local plugin words a disagreement, the lower rank first.
+  const int r = res_.rank;
+  const std::string mine = "\"gathering " + ctx_.module_label(m) + "\"";
+  const std::string theirs = "\"gathering " + ctx_.module_label(static_cast<zd_module_id>(other)) + "\"";
+  fail(ZD_ERR_INVALID_STATE, "ranks disagree at gather #" + std::to_string(k + 1) + ": rank " +
+                                 std::to_string(std::min(r, q)) + " is in " + (r < q ? mine : theirs) + ", rank " +
+                                 std::to_string(std::max(r, q)) + " is in " + (r < q ? theirs : mine));
+}
+
+void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
+                            uint64_t epoch, bool defer) {
+  // The version read is what makes the copy right; the arrival only lets
+  // ranks that went different ways be told. Waiting for a peer's arrival
+  // at every begin cost several us of a 15-20 us call through the daemon
+  // (docs/daemon.md), so a begin leaves it to the rank's next call.
+  const bool compare_now = !defer || board.all_arrived(k);
+  if (!board.readable(epoch)) board.await_readable(res_.rank, epoch, "gathering " + ctx_.module_label(m));
+  if (compare_now) check_agreement(board, m, k);
+  for (zd_param_id pid : todo) copy_shards(board, pid);
+  if (!compare_now) unsettled_ = Unsettled{true, m, k};
+}
+
+void Residency::settle_gathers() {
+  if (!unsettled_.pending) return;
+  const Unsettled u = unsettled_;
+  unsettled_.pending = false;  // settled once, whatever the outcome
+  try {
+    check_agreement(*ctx_.shards, u.module, u.gather);
+  } catch (const Error& e) {
+    ctx_.broken_by(e);
+  }
+}
+
+// Gathers a module's non-persistent parameters into fresh buffers on the
+// rank's stream; the module counts as resident from now on.
+void Residency::gather(zd_module_id m, bool prefetch) {
+  const ModuleRecord& mod = ctx_.registry.module(m);
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  std::vector<zd_param_id> todo;
+  uint64_t elems = 0, bytes = 0;
+  for (zd_param_id pid : mod.params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    if (p.persistent || params_[static_cast<size_t>(pid)]) continue;
+    todo.push_back(pid);
+    elems += gathered_elems(p);
+    bytes += gathered_elems(p) * dtype_size(p.dtype);
+  }
+  // Allocate everything first, so a module that does not fit is refused
+  // whole, before any collective is issued.
+  std::vector<Block> blocks;
+  try {
+    for (zd_param_id pid : todo) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      blocks.push_back(res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
+                                             "gathering " + ctx_.module_label(m)));
+    }
+  } catch (const Error& e) {
+    for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
+    if (e.code() != ZD_ERR_BUDGET) throw;
+    fail(ZD_ERR_BUDGET, ctx_.module_label(m) + " needs " + format_bytes(bytes) +
+                            " of gathered parameters in the device tier, which holds " +
+                            format_bytes(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL)) + " of its " +
+                            format_bytes(res_.ledger.budget(ZD_TIER_DEVICE)) + " budget on rank " +
+                            std::to_string(res_.rank) + " (" + e.what() + ")");
+  }
+  for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];
+  live_elems_ += elems;
+  me.resident = true;
+  if (todo.empty()) return;
+  observe::EventArgs a;
+  a.module = m;
+  a.bytes = bytes;
+  a.flags = prefetch ? observe::kFlagPrefetched : 0;
+  if (prefetch) res_.probe.instant("residency", "prefetch", a);
+  // Stage 3 with compression.replay: this rank holds the current values.
+  if (copy_whole(todo, a)) return;
+  ShardBoard* board = ctx_.shards;
+  bool one_sided = board != nullptr;
+  for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
+  if (one_sided) {
+    // The peers' shards are in this process: copied here, no collective.
+    // The version this rank reads is fixed now, in its program order.
+    const uint64_t epoch = board->epoch(res_.rank);
+    const uint64_t k = board->arrive(res_.rank, static_cast<uint64_t>(m));
+    if (prefetch) {
+      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch] {
+        observe::Span span(res_.probe, "residency", "gather", a);
+        copy_module(*board, todo, m, k, epoch, false);
+      });
+      return;
+    }
+    // Needed now: the begin call copies it itself, without a hand-off to
+    // the stream's thread and back.
+    observe::Span span(res_.probe, "residency", "gather", a);
+    try {
+      copy_module(*board, todo, m, k, epoch, true);
+    } catch (const Error& e) {
+      ctx_.broken_by(e);
+    }
+    return;
+  }
+  auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
+  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a] {
+    observe::Span span(res_.probe, "residency", "gather", a);
+    for (zd_param_id pid : todo) {
+      all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
+    }
+  });
+}
+
+void Residency::release(zd_module_id m) {
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  if (!me.resident) return;
+  for (zd_param_id pid : ctx_.registry.module(m).params) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    Block& b = params_[static_cast<size_t>(pid)];
+    if (p.persistent || !b) continue;
+    res_.device->release(b, ZD_MEM_PARAMS);
+    b = Block{};
+    live_elems_ -= gathered_elems(p);
+  }
+  me.resident = false;
+  me.gather = CommStream::Ticket{};
+  observe::EventArgs a;
+  a.module = m;
+  res_.probe.instant("residency", "release", a);
+}
+
+void Residency::release_all() {
+  for (size_t m = 0; m < modules_.size(); ++m) release(static_cast<zd_module_id>(m));
+}
+
+void Residency::gather_persistent() {
+  std::vector<zd_param_id> persistent;
+  for (size_t i = 0; i < ctx_.registry.params().size(); ++i)
+    if (ctx_.registry.params()[i].persistent) persistent.push_back(static_cast<zd_param_id>(i));
+  if (persistent.empty()) return;
+  for (zd_param_id pid : persistent) {
+    Block& b = params_[static_cast<size_t>(pid)];
+    if (b) continue;
+    const ParamRecord& p = ctx_.registry.param(pid);
+    b = res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
+                              "persistent parameter '" + p.name + "'");
+  }
+  if (copy_whole(persistent, observe::EventArgs{})) return;
+  const std::string what = "gathering the persistent parameters: all-gather";
+  ctx_.run(*res_.stream, [&] {
+    for (zd_param_id pid : persistent) {
+      all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Persistent, 0, what);
+    }
+  });
+}
+
+void Residency::refresh_persistent() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Block& b = params_[i];
+    if (ctx_.registry.params()[i].persistent && b) {
+      res_.device->release(b, ZD_MEM_PARAMS);
+      b = Block{};
+    }
+  }
+  gather_persistent();
+}
+
+void Residency::restart() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Block& b = params_[i];
+    if (b && !ctx_.registry.params()[i].persistent) {
+      res_.device->release(b, ZD_MEM_PARAMS);
+      b = Block{};
+    }
+  }
+  for (ModuleEntry& m : modules_) m = ModuleEntry{};
+  trace_ = Trace{};
+  live_elems_ = 0;
+  unsettled_ = Unsettled{};
+}
+
+void Residency::start_micro_batch() {
+  trace_.complete = true;
+  trace_.valid = true;
+  trace_.pos = 0;
+}
+
+void Residency::make_resident(zd_module_id m, bool backward) {
+  ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  const bool ahead = me.resident;  // gathered, or on its way, since before this call
+  if (!me.resident) gather(m, false);
+  Trace& tr = trace_;
+  if (!tr.complete) {
+    tr.order.emplace_back(backward, m);
+  } else if (tr.valid) {
+    if (tr.pos < tr.order.size() && tr.order[tr.pos] == std::make_pair(backward, m)) {
+      ++tr.pos;
+      // Prefetch: what follows in the recorded order, while the budget lasts.
+      const uint64_t budget = ctx_.plugins.partitioner->prefetch_elements();
+      const uint64_t max_live = ctx_.plugins.partitioner->max_live_elements();
+      uint64_t fetched = 0;
+      for (size_t j = tr.pos; j < tr.order.size() && fetched < budget; ++j) {
+        const zd_module_id next = tr.order[j].second;
+        if (modules_[static_cast<size_t>(next)].resident) continue;
+        uint64_t elems = 0;
+        for (zd_param_id pid : ctx_.registry.module(next).params) {
+          const ParamRecord& p = ctx_.registry.param(pid);
+          if (!p.persistent) elems += gathered_elems(p);
+        }
+        if (live_elems_ + elems > max_live) break;
+        // Its shards may still be being updated (OverlappedUpdate): the
+        // begin call will wait for them and gather it.
+        if (ready_ && !ready_(next)) break;
+        try {
+          gather(next, true);
+        } catch (const Error& e) {
+          if (e.code() != ZD_ERR_BUDGET) throw;
+          break;  // prefetch is best effort; the begin call will gather it
+        }
+        fetched += elems;
+      }
+    } else {
+      // The module order changed: no more prefetch in this micro-batch.
+      tr.valid = false;
+      log_debug("rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) +
+                " begun out of the recorded order; prefetch off until the next micro-batch");
+    }
+  }
+  // The time the trainer waits here for its parameters is what prefetch
+  // exists to hide.
+  observe::RankCounters& c = res_.probe.counters();
+  observe::EventArgs a;
+  a.module = m;
+  a.flags = ahead ? observe::kFlagPrefetched : 0;
+  observe::Span wait(res_.probe, "residency", "gather wait", a, &c.gather_wait_ns);
+  ctx_.wait(me.gather);
+  observe::add_relaxed(ahead ? c.gathers_ready : c.gathers_waited, 1);
+}
+
+void Residency::overwrite(zd_param_id pid, const float* whole) {
+  const ParamRecord& p = ctx_.registry.param(pid);
+  const Block& b = params_[static_cast<size_t>(pid)];
+  if (!b) return;
+  const auto numel = static_cast<uint64_t>(p.numel);
+  std::vector<std::byte> w(numel * dtype_size(p.dtype));
+  convert(whole, ZD_DTYPE_F32, w.data(), p.dtype, numel);
+  res_.device->copy_to_device(b.ptr, w.data(), w.size());
+}
+
+}  // namespace zerod

@@ -1,0 +1,131 @@
+// Stage 3 residency for one rank: a module's parameters are gathered from
+// every rank's shard into whole working copies in the device tier at its
+// begin call and released at its end; small ("persistent") parameters stay
+// gathered. The modules the recorded order says come next are gathered
+// ahead on the rank's stream (prefetch), while the gathered elements stay
+// within the partitioner's live window (max_live_parameters) and the
+// prefetch budget (prefetch_bucket_size). With every rank in this process
+// on the local comm plugin, a gather copies the peers' shards directly
+// (ShardBoard); the begin call does that itself, prefetches go on the
+// stream. With compression.replay the rank holds every parameter's current
+// value after a replayed step (copy_from), and a gather copies from there.
+#pragma once
+
+#include "comm/comm_stream.h"
+#include "comm/shard_board.h"
+#include "model/model_context.h"
+#include "model/rank_resources.h"
+#include "memory/state_buffers.h"
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace zerod {
+
+class Residency {
+ public:
+  Residency(const ModelContext& ctx, RankResources& res, StateBuffers& buffers)
+      : ctx_(ctx), res_(res), buffers_(buffers) {}
+  ~Residency() { clear(); }
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  // Where a rank holds a parameter's whole current fp32 value without a
+  // gather (stage 3 with compression.replay: MomentumCompression's copy),
+  // or nullptr. Every rank must answer alike: a gather then copies from
+  // it on all of them, or all-gathers on all of them.
+  using WholeCopy = std::function<const float*(const ParamRecord&)>;
+  void copy_from(WholeCopy source) { whole_copy_ = std::move(source); }
+  // Whether a module's shards may be read now (and any device wait for
+  // them issued): prefetch stops at the first that may not.
+  using ShardsReady = std::function<bool(zd_module_id)>;
+  void prefetch_when(ShardsReady ready) { ready_ = std::move(ready); }
+
+  // Sized for the registry, nothing gathered (at finalize).
+  void reset();
+  // A begin call: the module's parameters are resident when this returns
+  // (the next modules may be on their way). Throws ZD_ERR_BUDGET, with
+  // nothing allocated for it, when the device tier cannot hold them.
+  void make_resident(zd_module_id m, bool backward);
+  // An end call: the module's gathered (non-persistent) copies go.
+  void release(zd_module_id m);
+  void release_all();
+  // Gathers the persistent parameters from the current shards (a
+  // collective): at finalize; refresh_persistent() again after every step
+  // and restart, when the shards have changed.
+  void gather_persistent();
+  void refresh_persistent();
+  // The recorded module order restarts from its beginning (every step);
+  // the first step's order is the record.
+  void start_micro_batch();
+  // After a failed step (a restart): the modules' gathered copies and the
+  // record go; the persistent copies stay until refresh_persistent().
+  void restart();
+  // Drops every gathered copy and the record.
+  void clear();
+
+  const Block& gathered(zd_param_id p) const { return params_[static_cast<size_t>(p)]; }
+  bool resident(zd_param_id p) const { return static_cast<bool>(gathered(p)); }
+  // Elements gathered now, persistent ones excluded.
+  uint64_t live_elements() const { return live_elems_; }
+  // zd_param_write of a parameter whose copy is gathered now.
+  void overwrite(zd_param_id pid, const float* whole);
+  // A begin call's one-sided gather copies as soon as its peers' shards are
+  // at its version, without waiting for them to arrive at the same gather;
+  // whether they gather the same module is settled here, at the start of
+  // the rank's next call (Model::Call), waiting for them then if need be.
+  // A disagreement breaks the job, as it would have at the begin.
+  void settle_gathers();
+
+ private:
+  struct ModuleEntry {
+    bool resident = false;      // gathered, or being gathered
+    CommStream::Ticket gather;  // the gather in flight
+  };
+  // The order modules were begun in the first micro-batch; later micro-
+  // batches that follow it get the next modules gathered ahead.
+  struct Trace {
+    std::vector<std::pair<bool, zd_module_id>> order;  // (backward?, module)
+    bool complete = false;
+    bool valid = true;  // this micro-batch still follows it
+    size_t pos = 0;
+  };
+
+  // prefetch: issued ahead of the module's begin call (the timeline says so).
+  void gather(zd_module_id m, bool prefetch);
+  uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
+  // Copies p's shards from every rank into its gathered copy (one-sided);
+  // copy_module those of module m's parameters todo at its gather #k, once
+  // every rank's shards are at version `epoch` and, unless `defer`, every
+  // rank has arrived there (with `defer` and a peer not there yet, the
+  // comparison is left to settle_gathers()).
+  void copy_shards(const ShardBoard& board, zd_param_id pid);
+  void copy_module(ShardBoard& board, const std::vector<zd_param_id>& todo, zd_module_id m, uint64_t k,
+                   uint64_t epoch, bool defer);
+  // Waits until every rank has arrived at gather #k and fails
+  // (ZD_ERR_INVALID_STATE) when one gathers another module there.
+  void check_agreement(ShardBoard& board, zd_module_id m, uint64_t k);
+  // Gathers p's shards from every rank into dst (on the rank's stream).
+  void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
+  // When every parameter of `pids` has a whole copy on this rank: copies
+  // them into their gathered buffers and says true (no collective).
+  bool copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a);
+
+  const ModelContext& ctx_;
+  RankResources& res_;
+  StateBuffers& buffers_;
+  WholeCopy whole_copy_;
+  ShardsReady ready_;
+  std::vector<ModuleEntry> modules_;
+  std::vector<Block> params_;  // the whole working copy while gathered
+  Trace trace_;
+  uint64_t live_elems_ = 0;
+  struct Unsettled {
+    bool pending = false;
+    zd_module_id module = -1;
+    uint64_t gather = 0;  // its number on the board
+  } unsettled_;
+};
+
+}  // namespace zerod

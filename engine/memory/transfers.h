@@ -1,0 +1,83 @@
+// How a rank's bytes cross between the device pool and host memory: the one
+// place that knows whether the host reads the pool through its pointers
+// (the cpu device) or the bytes must travel (a GPU, the emulated device).
+// It owns the page-locked staging buffers those crossings go through, and
+// the bounce of a collective the comm plugins cannot run on the pool itself.
+// The memories (memory.h) call it; engine parts call the memories.
+#pragma once
+
+#include "comm/comm_stream.h"
+#include "memory/host_staging.h"
+#include "runtime/workers.h"
+
+#include <zerod/zerod.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace zerod {
+
+struct RankResources;
+
+class Transfers {
+ public:
+  explicit Transfers(RankResources& res)
+      : res_(res), gradients_(res, uint64_t{32} << 20, "the gradients' staging buffer (gradients leaving the device)"),
+        working_(res, uint64_t{16} << 20, "the working copy's staging buffer (updates going to the device)") {}
+  Transfers(const Transfers&) = delete;
+  Transfers& operator=(const Transfers&) = delete;
+
+  // Whether bytes between the pool and host memory travel as the device's
+  // copies (a GPU, the emulated device), rather than the host reading and
+  // writing the pool in place (the cpu device, whose pool is host memory).
+  bool bytes_travel() const;
+
+  // Gradients leaving the pool for host accumulators pass through here.
+  HostStaging& gradient_staging() { return gradients_; }
+  // New working copies going from the host's updates to the pool.
+  HostStaging& working_staging() { return working_; }
+
+  // A stream for work that takes bytes off the pool into host memory: a
+  // thread of its own where that is a transfer, so neither the rank's
+  // collectives nor the trainer wait for the host's adds; inline where the
+  // host reads the pool itself.
+  std::unique_ptr<CommStream> leaving_stream(const char* role) const;
+
+  // dst (host memory) += src (the pool), for n elements: on the calling
+  // thread where the host reads the pool; else downloaded a chunk at a time
+  // through the gradients' staging buffer while the workers add the chunk
+  // before (Memory::add_from_pool says what first, norm and ready mean).
+  void add_to_host(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
+                   const NormTiles* norm, uint64_t ready);
+
+  // bytes from host memory into the pool, on the upload queue (so it never
+  // waits behind zerod's kernels or gradients leaving), ordered after
+  // zerod's work issued so far (dst may be a block that work used), and
+  // before zerod's later work. Whoever writes src next waits for it
+  // (RankResources::wait_shard_uploads).
+  void upload_to_pool(void* dst, const void* src, uint64_t bytes);
+
+  // Before the host's updates write working copies in host memory or in
+  // the pool: uploads into the pool are ordered after zerod's work issued
+  // so far (gathers and the trainer's reads may still read what they
+  // overwrite), and the gathers that upload straight from host shards are
+  // done. Nothing to order where the host reads the pool.
+  void before_host_writes();
+
+  // A host collective over bytes the comm plugins cannot reach: in_bytes at
+  // `in` (in memory `in_mem`) are copied into host memory, fn runs on that
+  // copy and a host buffer of out_bytes, which is then copied to `out` in
+  // the pool (none when out_bytes is 0: fn wrote where it belongs). In place
+  // (in == out, in_bytes == out_bytes) fn gets one buffer twice.
+  using HostCollective = std::function<void(const void* host_in, void* host_out)>;
+  void bounce(const class Memory& in_mem, const void* in, uint64_t in_bytes, void* out, uint64_t out_bytes,
+              const HostCollective& fn);
+
+ private:
+  RankResources& res_;
+  HostStaging gradients_;
+  HostStaging working_;
+};
+
+}  // namespace zerod

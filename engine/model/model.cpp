@@ -1,0 +1,448 @@
+// Model: construction, whole-parameter access, failure handling and
+// introspection. Registration and finalize are in model_setup.cpp, the
+// per-step calls in model_calls.cpp, the step and restarts in
+// model_step.cpp.
+#include "model/model_rank.h"
+
+#include "checkpoint/checkpoint_io.h"
+#include "device/select.h"
+#include "runtime/dtype.h"
+#include "error.h"
+#include "log.h"
+#include "checkpoint/state_io.h"
+#include "observe/traced_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace zerod {
+
+Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, bool of_step)
+    : m_(m), rank_(rank), name_(name), module_(module), t0_(0) {
+  RankState& rs = m.rank_state(rank);  // checks the rank
+  std::string mod;
+  if (module >= 0 && static_cast<size_t>(module) < m.registry_.modules().size())
+    mod = m.registry_.module(module).name;
+  m.require_healthy();  // a refused call is not recorded as the rank being in it
+  m.activity_.enter(rank, name, mod);
+  // Every call but a forward's or backward's reads or writes what the
+  // overlapped update writes: it waits for the whole update. (Those wait
+  // for their module themselves.)
+  if (!of_step || module < 0) {
+    try {
+      m.wait_update(rs, -1);
+    } catch (...) {
+      m.activity_.leave(rank, rs.applied, rs.micro_step);
+      throw;
+    }
+  }
+  if (m.shard_board_) {
+    // The last begin's gather is compared with the peers' now (a rank kept
+    // waiting here is in this call for the job's "where each rank was").
+    try {
+      rs.residency.settle_gathers();
+    } catch (...) {
+      m.activity_.leave(rank, rs.applied, rs.micro_step);
+      throw;
+    }
+  }
+  // The first call of a step opens it (and may start recording): its span
+  // begins when the step does, so the step's spans nest in it.
+  observe::RankProbe& probe = rs.res.probe;
+  const int64_t opened = of_step ? probe.call_entered() : 0;
+  if (probe.tracing()) t0_ = opened ? opened : observe::now_ns();
+}
+
+Model::Call::~Call() {
+  RankState& rs = m_.rank_state(rank_);
+  m_.activity_.leave(rank_, rs.applied, rs.micro_step);
+  observe::RankProbe& probe = rs.res.probe;
+  if (!t0_ && !rs.boundary_reached) return;  // not tracing: nothing to time
+  const int64_t t1 = observe::now_ns();
+  if (t0_ && probe.tracing()) {
+    observe::EventArgs a;
+    a.module = module_;
+    probe.span("call", name_, t0_, t1, a);
+    probe.memory(rs.res.ledger);
+  }
+  if (rs.boundary_reached) {
+    rs.boundary_reached = false;
+    probe.boundary(rs.applied, t1);
+  }
+}
+
+Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int world_size, int first_local_rank,
+             int local_ranks, DeviceFactory open)
+    : config_(std::move(config)),
+      plugins_(std::move(plugins)),
+      policy_(policy),
+      world_size_(world_size),
+      first_local_(first_local_rank),
+      registry_(world_size),
+      ctx_(config_, registry_, plugins_, world_size, *this),
+      placement_(ctx_, policy),
+      activity_(world_size < 1 ? 1 : world_size),
+      pool_(config_.threads) {
+  if (!plugins_.optimizer || !plugins_.partitioner || !plugins_.comm)
+    fail(ZD_ERR_INTERNAL, "a model needs an optimizer, a partitioner and a comm plugin");
+  if (world_size_ < 1) fail(ZD_ERR_INVALID_ARGUMENT, "world size must be at least 1");
+  if (local_ranks < 0) local_ranks = world_size_ - first_local_;
+  if (first_local_ < 0 || local_ranks < 1 || first_local_ + local_ranks > world_size_)
+    fail(ZD_ERR_INVALID_ARGUMENT, "local ranks " + std::to_string(first_local_) + ".." +
+                                      std::to_string(first_local_ + local_ranks - 1) + " are outside the job's " +
+                                      std::to_string(world_size_) + " ranks");
+  if (config_.gradient_accumulation_steps < 1)
+    fail(ZD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps must be at least 1");
+  ctx_.partitions = plugins_.partitioner->partitions();
+  // Stage 3 without stage 2 and 1 would gather into a state nobody reduces.
+  if ((ctx_.partitioned(ZD_PARTITION_PARAMS) && !ctx_.partitioned(ZD_PARTITION_GRADS)) ||
+      (ctx_.partitioned(ZD_PARTITION_GRADS) && !ctx_.partitioned(ZD_PARTITION_OPTIMIZER)))
+    fail(ZD_ERR_CONFIG, "partitioner '" + plugins_.partitioner->plugin().name() +
+                            "' partitions parameters or gradients without what comes before "
+                            "them (optimizer state, then gradients); zerod cannot run that");
+  if (local_ranks < world_size_) activity_.set_local(first_local_, local_ranks);
+  base_lr_ = plugins_.optimizer->value("lr", 0.0);
+  check_compression_support(ctx_);
+  if (const std::string why = plugins_.optimizer->state_dtype_refusal(config_.optimizer_state_dtype); !why.empty())
+    fail(ZD_ERR_CONFIG, std::string("optimizer.state_dtype = \"") + precision_name(config_.optimizer_state_dtype) +
+                            "\": " + why + " (" + config_.source + ")");
+  const std::string device = open ? config_.device : resolve_device(config_.device, config_.source);
+  if (!open) open = open_device;
+  for (int r = first_local_; r < first_local_ + local_ranks; ++r) {
+    auto rs = std::make_unique<RankState>(ctx_, placement_, r, pool_, pool_mu_);
+    RankResources& res = rs->res;
+    res.ledger.set_budget(ZD_TIER_DEVICE, config_.device_budget);
+    res.ledger.set_budget(ZD_TIER_HOST, config_.host_budget);
+    res.ledger.set_budget(ZD_TIER_NVME, config_.nvme_budget);
+    // A rank in this process (embedded) computes on the GPU its trainer has
+    // current; a daemon's ranks on the GPU of their local rank.
+    const int local_rank = world_size_ == 1 ? -1 : r - first_local_;
+    res.device = open(device, res.ledger, res.workers, local_rank, "zerod-rank" + std::to_string(r));
+    // Collectives and the device's copies overlap the trainer's calls on a
+    // thread of the rank's own; one rank on the cpu device (no collectives,
+    // no bytes travelling) has nothing to overlap with and runs them inline.
+    res.stream = std::make_unique<CommStream>(world_size_ > 1 || res.transfers.bytes_travel());
+    rs->scaler = LossScaler(config_.loss_scale);
+    ranks_.push_back(std::move(rs));
+  }
+  // Stage 3 with the whole job in this process on the local comm plugin
+  // (which copies between the ranks' buffers in this address space anyway):
+  // gathers copy the peers' shards one-sided, the host copying them into
+  // the pool (Residency::copy_shards). Elsewhere (mpi, several nodes, a pool
+  // the host cannot write) they stay collectives.
+  bool one_sided = ctx_.params_partitioned() && world_size_ > 1 && local_ranks == world_size_ &&
+                   plugins_.comm->plugin().name() == "local";
+  for (const auto& rs : ranks_) one_sided = one_sided && rs->res.pool_memory.host_writes();
+  if (one_sided) {
+    shard_board_ = std::make_unique<ShardBoard>(world_size_, config_.comm_timeout_s);
+    ctx_.shards = shard_board_.get();
+  }
+  // Every rank of the job in this process on devices whose pools the comm
+  // plugins cannot reach (a daemon's GPUs): collectives run between their
+  // pools on the devices themselves (device_comm.cpp), not through host
+  // memory.
+  bool peers = world_size_ > 1 && local_ranks == world_size_;
+  for (const auto& rs : ranks_) peers = peers && !rs->res.pool_memory.plugins_reach();
+  if (peers) {
+    peer_board_ = std::make_unique<PeerBoard>(world_size_, config_.comm_timeout_s);
+    ctx_.peers = peer_board_.get();
+  }
+  snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
+  set_up_observing(local_ranks);
+  // Momentum compression and per-tensor figures are the host's loops over
+  // the gradients, masters and whole copies, which may be in the pool: only
+  // where the host writes the pool in place.
+  const OptimizerInstance& opt = *plugins_.optimizer;
+  if (!ranks_.front()->res.pool_memory.host_writes() &&
+      (opt.compresses() || opt.tensor_scalars() > 0 || opt.tensor_stats() > 0))
+    fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() + "' (" + config_.source +
+                            ") compresses its exchange or keeps per-tensor figures on the host, which the " + device +
+                            " device does not support yet; use device = \"cpu\"");
+}
+
+Model::~Model() {
+  // An overlapped update writes the buffers until it is done.
+  for (auto& rs : ranks_) {
+    try {
+      rs->update.finish();
+    } catch (...) {
+    }
+  }
+  // Snapshot writers read the buffers until they are done.
+  if (snapshots_)
+    for (auto& rs : ranks_) snapshots_->fence(rs->res.rank);
+  // Streams first: a task still running may touch the buffers. A gather
+  // still waiting for a peer's shards gives up.
+  if (shard_board_) shard_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
+  if (peer_board_) peer_board_->abort(ZD_ERR_INVALID_STATE, "the model was destroyed");
+  for (auto& rs : ranks_) rs->res.stream.reset();
+  for (auto& rs : ranks_) release_rank(*rs);
+  if (admission_)
+    for (auto& rs : ranks_) admission_->release(rs->res.rank);
+}
+
+Model::RankState& Model::rank_state(int rank) {
+  if (rank < 0 || rank >= world_size_)
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is outside the job's " +
+                                      std::to_string(world_size_) + " ranks");
+  if (!is_local(rank))
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " is served by another node's daemon (this one "
+                                      "serves ranks " + std::to_string(first_local_) + ".." +
+                                      std::to_string(first_local_ + local_ranks() - 1) + ")");
+  return *ranks_[static_cast<size_t>(rank - first_local_)];
+}
+
+const Model::RankState& Model::rank_state(int rank) const { return const_cast<Model*>(this)->rank_state(rank); }
+
+const MemoryLedger& Model::ledger(int rank) const { return rank_state(rank).res.ledger; }
+const Device& Model::device(int rank) const { return *rank_state(rank).res.device; }
+StepFigures Model::last_step(int rank) const { return rank_state(rank).last; }
+double Model::loss_scale(int rank) const { return rank_state(rank).scaler.scale(); }
+
+void Model::require_finalized(const char* call) const {
+  if (!finalized_.load())
+    fail(ZD_ERR_INVALID_STATE, std::string(call) + " before zd_model_finalize: register the "
+                                                   "parameters, then finalize the model first");
+}
+
+void Model::require_healthy() const {
+  if (!is_broken_.load()) return;
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  fail(broken_code_, broken_);
+}
+
+std::string Model::broken_reason() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  return broken_;
+}
+
+// ---------------------------------------------------------------------------
+// Failures
+
+// The first failure breaks the job: it is kept, with where each rank was,
+// and logged once. Caller holds reg_mu_.
+void Model::mark_broken_locked(zd_status code, const std::string& message) {
+  if (broken_.empty()) {
+    broken_code_ = code;
+    broken_ = message + "\nwhere each rank was:\n" + activity_.describe() + "\nthe job cannot continue";
+    log_message(ZD_LOG_ERROR, broken_);
+  }
+  is_broken_.store(true);
+  // Wakes every rank waiting for another in a one-sided gather or a
+  // collective between devices.
+  if (shard_board_) shard_board_->abort(broken_code_, broken_);
+  if (peer_board_) peer_board_->abort(broken_code_, broken_);
+}
+
+void Model::broken_by(const Error& e) {
+  std::string message;
+  zd_status code;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    mark_broken_locked(e.code(), e.what());
+    message = broken_;
+    code = broken_code_;
+  }
+  fail(code, message);
+}
+
+void Model::rank_lost(int rank, const std::string& reason) {
+  if (!is_local(rank)) return;
+  activity_.mark_lost(rank, reason);
+  const std::string message = "rank " + std::to_string(rank) + " was lost: " + reason;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    mark_broken_locked(ZD_ERR_PEER_LOST, message);
+  }
+  // Wakes every rank waiting for the lost one in a collective.
+  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
+}
+
+void Model::rank_left(int rank, const std::string& reason) {
+  if (!is_local(rank)) return;
+  activity_.mark_lost(rank, reason);
+  const std::string message = "rank " + std::to_string(rank) + " left the job: " + reason;
+  if (shard_board_) shard_board_->rank_left(rank, message);
+  if (peer_board_) peer_board_->abort(ZD_ERR_PEER_LOST, message);
+  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
+}
+
+// ---------------------------------------------------------------------------
+// Whole parameters and optimizer state
+
+void check_whole_param(const char* call, const ParamRecord& p, zd_dtype dtype, const void* ptr,
+                       uint64_t bytes) {
+  if (!dtype_valid(dtype))
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + " of '" + p.name + "': invalid dtype " +
+                                      std::to_string(dtype));
+  const uint64_t want = static_cast<uint64_t>(p.numel) * dtype_size(dtype);
+  if (bytes != want)
+    fail(ZD_ERR_SHAPE_MISMATCH, std::string(call) + " of '" + p.name + "': it has " +
+                                    std::to_string(p.numel) + " elements (" + std::to_string(want) +
+                                    " bytes as " + dtype_name(dtype) + "), the buffer has " +
+                                    std::to_string(bytes) + " bytes");
+  if (!ptr) fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + " of '" + p.name + "': the buffer is NULL");
+}
+
+void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void* src, uint64_t bytes) {
+  Call call(*this, rank, "param_write");
+  require_finalized("zd_param_write");
+  RankState& rs = rank_state(rank);
+  snapshots_->fence(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_whole_param("zd_param_write", p, dtype, src, bytes);
+  if (rs.active_modules > 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_param_write of '" + p.name +
+                                   "' while modules are begun; write between steps");
+  // The value as fp32, once; the working copies derive from it so they
+  // agree with the master exactly.
+  std::vector<float> v(static_cast<size_t>(p.numel));
+  convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
+  {
+    const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
+    rs.buffers.write_value(p, v.data());
+  }
+  if (ctx_.params_partitioned()) {
+    rs.residency.overwrite(param, v.data());
+    rs.compression.write_whole_param(p, v.data());
+  }
+}
+
+void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {
+  Call call(*this, rank, "param_read");
+  require_finalized("zd_param_read");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_whole_param("zd_param_read", p, dtype, dst, bytes);
+  const std::vector<float> full = read_whole(ctx_, rs.res, rs.buffers, param, kMasterSlot, "param_read");
+  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(p.numel));
+}
+
+namespace {
+
+void check_slot(const char* call, const OptimizerInstance& opt, int slot) {
+  const auto slots = static_cast<int>(opt.state_slots());
+  if (slot < 0 || slot >= slots)
+    fail(ZD_ERR_INVALID_ARGUMENT,
+         std::string(call) + ": optimizer '" + opt.plugin().name() + "' has " + std::to_string(slots) +
+             " state slot" + (slots == 1 ? "" : "s") + (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") +
+             ", not " + std::to_string(slot));
+}
+
+}  // namespace
+
+void Model::read_state(int rank, zd_param_id param, int slot, zd_dtype dtype, void* dst, uint64_t bytes) {
+  Call call(*this, rank, "optimizer_state_read");
+  require_finalized("zd_optimizer_state_read");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_slot("zd_optimizer_state_read", *plugins_.optimizer, slot);
+  check_whole_param("zd_optimizer_state_read", p, dtype, dst, bytes);
+  const std::vector<float> full = read_whole(ctx_, rs.res, rs.buffers, param, slot, "optimizer_state_read");
+  convert(full.data(), ZD_DTYPE_F32, dst, dtype, static_cast<size_t>(p.numel));
+}
+
+void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, const void* src, uint64_t bytes) {
+  Call call(*this, rank, "optimizer_state_write");
+  require_finalized("zd_optimizer_state_write");
+  RankState& rs = rank_state(rank);
+  const ParamRecord& p = registry_.param(param);
+  check_slot("zd_optimizer_state_write", *plugins_.optimizer, slot);
+  check_whole_param("zd_optimizer_state_write", p, dtype, src, bytes);
+  if (rs.active_modules > 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_optimizer_state_write of '" + p.name +
+                                   "' while modules are begun; write between steps");
+  std::vector<float> v(static_cast<size_t>(p.numel));
+  convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
+  snapshots_->fence(rank);
+  write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
+  rs.compression.reset();
+}
+
+int64_t Model::applied_steps(int rank) const { return rank_state(rank).applied; }
+
+void Model::set_applied_steps(int rank, int64_t step) {
+  Call call(*this, rank, "set_step");
+  require_finalized("zd_model_set_step");
+  RankState& rs = rank_state(rank);
+  if (step < 0) fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_step: the step must be >= 0, got " + std::to_string(step));
+  if (rs.active_modules > 0 || rs.micro_step % config_.gradient_accumulation_steps != 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
+  rs.applied = step;
+  rs.compression.reset();
+  rs.plan_step = 0;
+  rs.grads.set_local(false);
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+
+std::vector<int> Model::optimizer_cpus(int rank) const { return rank_state(rank).res.workers.cpus(); }
+
+std::string Model::tier_description(int rank, zd_tier tier) const {
+  RankState& rs = const_cast<RankState&>(rank_state(rank));
+  if (tier < 0 || tier >= ZD_TIER_COUNT) return "";
+  return rs.res.memory(tier).describe();
+}
+
+std::vector<float> Model::shard_values(int rank, zd_param_id param, ShardBuffer which) const {
+  require_finalized("shard_values");
+  RankState& rs = const_cast<RankState&>(rank_state(rank));
+  const_cast<Model*>(this)->wait_update(rs, -1);
+  rs.grads.drain();
+  const ParamRecord& p = registry_.param(param);
+  const ParamGroup& g = registry_.groups()[static_cast<size_t>(p.group)];
+  GroupBuffers& b = rs.buffers.of(p);
+  const bool p3 = ctx_.params_partitioned();
+  // Stage 3: the shard with its padding; below: the owned part of the parameter.
+  uint64_t first = 0, count = 0;
+  const uint64_t ob = ctx_.owned_begin(g, rank);
+  if (p3) {
+    first = p.flat_offset;
+    count = p.stride;
+  } else {
+    uint64_t lo, hi;
+    ctx_.owned_part(p, rank, &lo, &hi);
+    first = lo - ob;
+    count = hi > lo ? hi - lo : 0;
+  }
+  std::vector<float> out(count);
+  const TierSet tiers = rs.res.tiers();
+  auto read_as_f32 = [&](const TieredBuffer& buf, uint64_t at, zd_dtype dt) {
+    std::vector<std::byte> raw(count * dtype_size(dt));
+    buf.read(tiers, at, count, raw.data());
+    convert(raw.data(), dt, out.data(), ZD_DTYPE_F32, count);
+  };
+  switch (which) {
+    case ShardBuffer::Master:
+      b.master.read(tiers, first, count, out.data());
+      break;
+    case ShardBuffer::Gradient:
+      read_as_f32(b.grad, p3 || ctx_.partitioned(ZD_PARTITION_GRADS) ? first : first + ob, ctx_.grad_dtype(g));
+      break;
+    case ShardBuffer::WorkingShard:
+      read_as_f32(b.working, p3 ? first : first + ob, p.dtype);
+      break;
+  }
+  return out;
+}
+
+void Model::sync(int rank) {
+  RankState& rs = rank_state(rank);
+  wait_update(rs, -1);
+  snapshots_->fence(rank);
+  ctx_.drain(*rs.res.stream);
+  rs.grads.drain();
+  rs.res.device->synchronize();
+}
+
+bool Model::resident(int rank, zd_param_id param) const {
+  if (!ctx_.params_partitioned()) return true;
+  return rank_state(rank).residency.resident(param);
+}
+
+uint64_t Model::live_elements(int rank) const { return rank_state(rank).residency.live_elements(); }
+
+}  // namespace zerod
+

@@ -1,0 +1,178 @@
+#include "optimizer/overlapped_update.h"
+
+#include "observe/probe.h"
+#include "observe/tracer.h"
+
+#include <algorithm>
+
+namespace zerod {
+
+OverlappedUpdate::~OverlappedUpdate() {
+  try {
+    finish();
+  } catch (...) {
+    // The model is going; the failure was reported to the calls before.
+  }
+}
+
+void OverlappedUpdate::reset() {
+  const size_t modules = ctx_.registry.modules().size();
+  pieces_.clear();
+  have_pieces_ = false;
+  order_.clear();
+  seen_.assign(modules, 0);
+  done_.assign(modules, 1);
+  ticket_.assign(modules, 0);
+  error_ = nullptr;
+}
+
+void OverlappedUpdate::note_forward(zd_module_id m) {
+  char& s = seen_[static_cast<size_t>(m)];
+  if (s) return;
+  s = 1;
+  order_.push_back(m);
+}
+
+void OverlappedUpdate::start(const OptimizerRunner::PassArgs& a, std::vector<zd_param_id> first) {
+  finish();
+  if (!have_pieces_) {
+    pieces_.assign(ctx_.registry.params().size(), {});
+    for (const OptimizerRunner::Piece& pc : runner_.host_pieces())
+      pieces_[static_cast<size_t>(pc.tensor)].push_back(pc);
+    have_pieces_ = true;
+  }
+  // The forward order just recorded, then the modules it did not begin.
+  std::vector<zd_module_id> order = std::move(order_);
+  order_.clear();
+  for (zd_module_id m : order) seen_[static_cast<size_t>(m)] = 0;
+  std::vector<char> listed(seen_.size(), 0);
+  for (zd_module_id m : order) listed[static_cast<size_t>(m)] = 1;
+  for (size_t m = 0; m < listed.size(); ++m)
+    if (!listed[m]) order.push_back(static_cast<zd_module_id>(m));
+
+  bool any = false;
+  for (size_t m = 0; m < done_.size(); ++m) {
+    bool host = false;
+    for (zd_param_id pid : ctx_.registry.module(static_cast<zd_module_id>(m)).params)
+      host = host || !pieces_[static_cast<size_t>(pid)].empty();
+    done_[m] = host ? 0 : 1;  // a module without host pieces has nothing to wait for
+    ticket_[m] = 0;
+    any = any || host;
+  }
+  if (!any) return;
+  first_done_ = first.empty();
+  first_ticket_ = 0;
+  error_ = nullptr;
+  // On the rank's thread: the uploads are ordered after the step's work.
+  runner_.begin_host_updates();
+  observe::add_relaxed(res_.probe.counters().overlapped_updates, 1);
+  worker_ = std::thread([this, a, order = std::move(order), first = std::move(first)] { run(a, order, first); });
+}
+
+void OverlappedUpdate::run(OptimizerRunner::PassArgs a, std::vector<zd_module_id> order,
+                           std::vector<zd_param_id> first) {
+  observe::set_thread_role("optimizer");
+  auto update_params = [&](const std::vector<zd_param_id>& params) {
+    uint64_t last = 0;
+    for (zd_param_id pid : params)
+      for (const OptimizerRunner::Piece& pc : pieces_[static_cast<size_t>(pid)]) {
+        const uint64_t t = runner_.update_host_piece(a, pc);
+        if (t) last = t;
+      }
+    return last;
+  };
+  try {
+    // Parameters wanted first (stage 3's persistent ones, gathered at the
+    // step's end) are taken out of their modules' turns.
+    std::vector<char> early(pieces_.size(), 0);
+    if (!first.empty()) {
+      for (zd_param_id pid : first) early[static_cast<size_t>(pid)] = 1;
+      const uint64_t t = update_params(first);
+      std::lock_guard<std::mutex> lock(mu_);
+      first_ticket_ = t;
+      first_done_ = true;
+      cv_.notify_all();
+    }
+    for (zd_module_id m : order) {
+      if (done_[static_cast<size_t>(m)]) continue;  // set before the thread started: read without the lock
+      std::vector<zd_param_id> params;
+      for (zd_param_id pid : ctx_.registry.module(m).params)
+        if (!early[static_cast<size_t>(pid)]) params.push_back(pid);
+      const uint64_t t = update_params(params);
+      std::lock_guard<std::mutex> lock(mu_);
+      ticket_[static_cast<size_t>(m)] = t;
+      done_[static_cast<size_t>(m)] = 1;
+      cv_.notify_all();
+    }
+    runner_.end_host_updates(/*stream_waits=*/false);
+  } catch (...) {
+    try {
+      runner_.end_host_updates(false);
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    first_done_ = true;
+    std::fill(done_.begin(), done_.end(), 1);
+    cv_.notify_all();
+  }
+}
+
+void OverlappedUpdate::wait_first() {
+  if (!running()) return;
+  uint64_t t;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return first_done_; });
+    if (error_) {
+      lock.unlock();
+      finish();
+    }
+    t = first_ticket_;
+  }
+  res_.device->stream_waits(t);
+}
+
+void OverlappedUpdate::wait_module(zd_module_id m) {
+  if (!running()) return;
+  uint64_t t;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!done_[static_cast<size_t>(m)]) {
+      observe::EventArgs a;
+      a.module = m;
+      observe::Span wait(res_.probe, "optimizer", "wait for update", a, &res_.probe.counters().update_wait_ns);
+      cv_.wait(lock, [&] { return done_[static_cast<size_t>(m)] != 0; });
+    }
+    if (error_) {
+      lock.unlock();
+      finish();
+    }
+    t = ticket_[static_cast<size_t>(m)];
+  }
+  res_.device->stream_waits(t);
+}
+
+bool OverlappedUpdate::module_ready(zd_module_id m) {
+  if (!running()) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_[static_cast<size_t>(m)]) return false;
+  }
+  wait_module(m);
+  return true;
+}
+
+void OverlappedUpdate::finish() {
+  if (!worker_.joinable()) return;
+  worker_.join();
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    e = error_;
+    error_ = nullptr;
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+}  // namespace zerod

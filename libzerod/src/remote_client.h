@@ -1,0 +1,162 @@
+// libzerod's daemon client (remote.cpp says what it does), in four files:
+//   remote.cpp               the connection: the hello, models, the entry point
+//   remote_transport.cpp     the carriers: socket frames, the call ring,
+//                            deferred ends, the staging memfd
+//   remote_model.cpp         a model's state on this side (views, arenas,
+//                            modules in forward) and the ring call path
+//   remote_socket_codec.cpp  the calls that travel as protobuf frames
+// Nothing outside these files includes this header.
+#pragma once
+
+#include "backend.h"
+
+#include "model/registry.h"
+#include "ring_call.h"
+#include "trainer_link.h"
+#include "transport/client.h"
+#include "transport/ring.h"
+#include "transport/shared_memory.h"
+#include "wire.h"
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zerod::abi::remote {
+
+class RemoteClient;
+
+class RemoteModel final : public ModelBackend {
+ public:
+  RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link)
+      : client_(c), id_(id), registry_(1), link_(device_type, device_id, link) {}
+  ~RemoteModel() override;
+
+  zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
+                             std::vector<int64_t> shape, const void* init, zd_dtype init_dtype) override;
+  const Registry& registry() const override { return registry_; }
+  calls::Outcome call(const calls::Args& a, void* data) override;
+
+ private:
+  // The answers this side holds: no round trip.
+  calls::Outcome view(const calls::Args& a);
+  calls::Outcome set_stream(void* stream);
+  // Through the daemon: the ring (or the socket, before a ring exists).
+  calls::Outcome remote(const calls::Args& a, void* data);
+  calls::Outcome optimizer_info();
+  // save, load: rare and long, so a socket frame, not the ring; the
+  // directory made absolute, as the daemon's working directory is not this
+  // process's.
+  calls::Outcome path_call(const calls::Args& a, void* data);
+  // A daemon without the ring (or ZEROD_NO_RING=1): one protobuf frame each.
+  calls::Outcome socket_call(const calls::Args& a);
+  void take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas, std::vector<transport::UniqueFd>& fds);
+  // A view record, as either carrier brings it (the socket form through wire::from_proto).
+  void take_view(const wire::RingView& v);
+  void forget_views(const calls::Args& a);
+  std::string module_label(zd_module_id m) const { return "module '" + registry_.module(m).name + "'"; }
+
+  RemoteClient& client_;
+  int id_;
+  Registry registry_;  // a mirror of what this rank registered: names, shapes, modules
+  TrainerLink link_;
+  std::map<int32_t, ImportedArena> arenas_;
+  std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
+  std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
+  double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
+  std::vector<wire::RingView> socket_views_;
+};
+
+class RemoteClient final : public ClientBackend {
+ public:
+  RemoteClient(const std::string& path, uint32_t timeout_ms, const RankIdentity* who);
+  ~RemoteClient() override = default;
+
+  zd_client_info info() const override;
+  std::unique_ptr<ModelBackend> create_model(const ScriptOptions& s) override;
+
+  // Sends a request as a socket frame and waits for its reply; throws the
+  // reply's error. With a ring, the ring announces the frame first (the
+  // daemon's thread waits on the ring, not on the socket).
+  v1::Reply rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds = nullptr,
+                std::span<const int> send_fds = {});
+
+  bool has_ring() const { return static_cast<bool>(ring_); }
+
+  // zd_forward_end through the ring, deferred: the client answers it at
+  // once and sends it with this rank's next call to the daemon, which runs
+  // it first. A begin/end pair then costs one round trip instead of two
+  // (the pair's end and the next begin share one). Only forward_end: no
+  // other rank waits for it (at stage 3 it releases the gathered module,
+  // which the next call, often the next begin's gather, then does first,
+  // and it compares the begin's gather with the peers', which waits for
+  // their begins, never their ends), so holding it back cannot keep a peer
+  // waiting; backward_end starts the reduction the other ranks wait for.
+  // The module's views end now, on this side, and only an end of a module
+  // this rank began in forward is deferred (any other goes at once and
+  // fails there as before); an error only the daemon can see (a lost peer,
+  // ranks in different modules) comes back from the next call, which then
+  // does not run. ZEROD_SYNC_END=1 turns it off (docs/daemon.md).
+  bool defers_end() const { return ring_ && defer_end_; }
+  void defer_end(int model, const calls::Args& a);
+  void flush_deferred();
+  // A reply to an end sent on its own may announce arenas an earlier call
+  // of the model grew (the daemon announces them with its next answer): the
+  // frame is read now, so that it is not taken for the next reply, and the
+  // model takes them at its next call (take_stray_arenas).
+  void keep_stray_arenas(int model, const wire::RingReply& r);
+  std::vector<transport::Frame> take_stray_arenas(int model);
+
+  // The error text that follows a ring reply's views in the reply slot.
+  std::string message_of(const wire::RingReply& r) const;
+
+  // A table call through the ring: the request record, a post, a wait, and
+  // the reply record (whose views and message follow it in the slot).
+  // A deferred zd_forward_end of the same model travels in the same record
+  // (the daemon runs it first); one of another model is sent on its own
+  // first.
+  const wire::RingReply& ring_call(int model, const calls::Args& a, uint64_t staging_offset);
+  std::span<const std::byte> reply_tail() const { return ring_.reply_slot().subspan(sizeof(wire::RingReply)); }
+
+  // The frame with new arena fds that a ring reply announced.
+  transport::Frame arena_frame();
+
+  // A staging area of at least `bytes`, shared with the daemon: a memfd
+  // sealed against resizing, which the daemon requires before it maps it.
+  std::byte* staging(uint64_t bytes);
+
+ private:
+  // 1 MiB: a record, then up to ~32k views of a module and the message.
+  // Pages the replies never reach are never allocated.
+  static constexpr uint64_t kRingBytes = uint64_t{1} << 20;
+
+  void set_up_ring();
+  bool socket_open() const;
+  void wait_ring();
+  transport::Frame receive();
+  [[noreturn]] static void throw_gone(const Error& e);
+
+  transport::Connection conn_;
+  uint32_t timeout_ms_;
+  uint32_t next_id_ = 1;
+  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  transport::SharedMapping staging_;
+  transport::Ring ring_;
+  transport::RingWait wait_;
+  wire::RingReply reply_{};
+  struct Deferred {
+    int model;
+    calls::Args args;
+  };
+  std::optional<Deferred> deferred_;
+  std::vector<std::pair<int, transport::Frame>> stray_arenas_;
+  bool defer_end_ = std::getenv("ZEROD_SYNC_END") == nullptr;
+};
+
+}  // namespace zerod::abi::remote
