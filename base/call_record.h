@@ -2,7 +2,7 @@
 // registration, as plain data. It is the vocabulary of the three floors a
 // call crosses, so it lives here, under all of them: libzerod's C functions
 // fill an Args; the protocol carries it byte for byte in a call ring record
-// (daemon/proto/ring_call.h), with the step's figures in the fixed reply;
+// (protocol/proto/ring_call.h), with the step's figures in the fixed reply;
 // and the engine's dispatcher (engine/calls/dispatch.h) checks it and runs
 // it on the Model. Nothing in these records points, and nothing here needs
 // the engine.
@@ -76,7 +76,7 @@ struct Args {
 };
 
 // The fixed part of a call's answer: what the call ring's reply record
-// carries as it is (daemon/proto/ring_call.h), and the base of the
+// carries as it is (protocol/proto/ring_call.h), and the base of the
 // dispatcher's Outcome. Value-initialized (Figures{}), every field is 0
 // but step's defaults; the fields a call does not set keep those.
 struct Figures {

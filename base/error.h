@@ -1,5 +1,5 @@
 // Errors inside zerod are C++ exceptions carrying a zd_status and a message
-// that names the culprit. They never cross the C ABI: abi/src catches them
+// that names the culprit. They never cross the C ABI: libzerod/src catches them
 // and turns them into a status plus zd_last_error().
 #pragma once
 

@@ -4,9 +4,9 @@
 #include "script_file.h"
 #include "size.h"
 
-#include "dtype.h"
+#include "runtime/dtype.h"
 #include "error.h"
-#include "momentum_compression.h"
+#include "compression/momentum_compression.h"
 #include "observe/listen_address.h"
 
 #include <algorithm>

@@ -6,9 +6,9 @@
 #include "config_reader.h"
 #include "sandbox.h"
 
-#include "job_config.h"
-#include "model.h"
-#include "plugin_host.h"
+#include "model/job_config.h"
+#include "model/model.h"
+#include "runtime/plugin_host.h"
 
 #include <memory>
 #include <mutex>

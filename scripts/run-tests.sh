@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: installs what is missing, builds everything, runs ctest: unit,
-# kernel, ABI (with the abidiff check against abi/baseline), plugin, script,
+# kernel, ABI (with the abidiff check against libzerod/baseline), plugin, script,
 # example and install tests. Exits non-zero if anything fails.
 #
 # The integration tests with the libraries users train with (DeepSpeed's

@@ -414,11 +414,11 @@ struct AdamState {
 };
 
 // One Adam step over the whole of `on` the way the engine runs it
-// (engine/workers.cpp, parallel_update with zero_grad): calls of kTile
+// (engine/runtime/workers.cpp, parallel_update with zero_grad): calls of kTile
 // elements, each thread taking the next tile as it finishes one, and each
 // tile's gradient zeroed right after its update. Returns params/s (median
 // step).
-constexpr size_t kTile = size_t{1} << 15;  // engine/workers.h
+constexpr size_t kTile = size_t{1} << 15;  // engine/runtime/workers.h
 
 double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamState& on, zd_isa isa,
                  bool bf16_work) {
@@ -488,7 +488,7 @@ void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st) {
     row(label.c_str(), cells[c]);
   }
   std::printf("\n(f) %zu-element calls, each thread taking the next tile as it finishes one, the tile's gradient "
-              "zeroed after its update (engine/workers.cpp parallel_update); %d rounds, interleaved\n",
+              "zeroed after its update (engine/runtime/workers.cpp parallel_update); %d rounds, interleaved\n",
               kTile, o.rounds);
 }
 
