@@ -1,9 +1,14 @@
 // Built with -O3 (the loops must vectorise), once per ISA level and picked at
 // run time, so the yardsticks use the same vector width as the kernel they
-// are compared with. Plain functions and __builtin_cpu_supports rather than
+// are compared with. The levels are the optimizer kernels' own (-mavx2 -mfma
+// -mf16c, and -mavx512f -mavx512bw -mavx512vl on top), and the CPU is asked
+// through the project's one probe (zerod/kit/cpu.h), so the bench runs a
+// level exactly where the kernels do. Plain functions rather than
 // target_clones: an ifunc resolver runs before the sanitizer runtimes start
 // and crashes instrumented builds.
 #include "traffic.h"
+
+#include "zerod/kit/cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -86,17 +91,13 @@ __attribute__((target("avx2,fma"))) void proxy_two_halves(float* p, const float*
   proxy_kernel_like<false>(p + done, g + done, m + done, v + done, k, n - done);
 }
 
-ZEROD_TRAFFIC_LOOPS(v3, __attribute__((target("arch=x86-64-v3"))))
-ZEROD_TRAFFIC_LOOPS(v4, __attribute__((target("arch=x86-64-v4"))))
+ZEROD_TRAFFIC_LOOPS(v3, __attribute__((target("avx2,fma,f16c"))))
+ZEROD_TRAFFIC_LOOPS(v4, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
 
+// 4: the AVX-512 kernel's level, 3: the AVX2 kernel's, 0: neither.
 int level() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512cd")) {
-    return 4;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2")) return 3;
+  if (cpu::has_avx512_f_bw_vl()) return 4;
+  if (cpu::has_avx2_fma_f16c()) return 3;
   return 0;
 }
 #else
