@@ -4,7 +4,8 @@
 // fds it sends once. Requests come as socket frames until the client sends
 // its call ring (RingSetup); from then on the thread waits on the ring, and
 // the socket carries only what the ring announces (set-up requests, fds).
-// Model calls from either path run through the engine's dispatcher
+// A model call is a call record (ring_call.h) on either carrier, the ring
+// or a wire::kCall frame, and runs through the engine's dispatcher
 // (engine/calls/dispatch.h).
 #pragma once
 
@@ -53,6 +54,10 @@ class Session {
   // the reply (owned by the arenas, not to be closed). end() leaves every
   // model and frees the rank, as when the connection drops.
   v1::Reply answer(transport::Frame& frame, std::vector<int>* fds);
+  // Likewise for a wire::kCall frame: the kCallReply body (valid until the
+  // next call), and in arenas/fds a v1::Reply announcing new arenas, to be
+  // sent before it when fds is not empty.
+  std::span<const std::byte> answer_call(const transport::Frame& frame, v1::Reply* arenas, std::vector<int>* fds);
   void end(const std::string& why);
 
  private:
@@ -62,6 +67,10 @@ class Session {
   // The ring loop, until the client goes (why says how).
   void serve_ring(std::string* why);
   void answer_ring(const wire::RingRequest& req);
+  // A call record answered into slot (the ring's reply slot, or call_reply_):
+  // returns the bytes written. New arenas are left in arenas/fds.
+  size_t answer_record(const wire::RingRequest& req, std::span<std::byte> slot, v1::Reply* arenas,
+                       std::vector<int>* fds);
   void run_deferred(ModelHost& host, const wire::RingRequest& req);
   void set_up_ring(int fd, uint64_t size);
   bool socket_open() const;
@@ -72,11 +81,12 @@ class Session {
   void register_param(const v1::RegisterParam& r, v1::Reply* reply);
   void hello(const v1::Hello& h, v1::Reply* reply);
   std::shared_ptr<ModelHost> model_of(int id);
-  void call(const v1::ModelCall& c, v1::Reply* reply);
-  void data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply);
-  void add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out);
-  // The views of a _begin call into the ring's reply slot after the record; returns how many.
-  uint32_t ring_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room);
+  // The views of a _begin call into a call's reply after the record; returns how many.
+  uint32_t record_views(ModelHost& m, int module, bool gradients, std::span<std::byte> room);
+  // The protobuf model calls of an older libzerod (session_v1_calls.cpp).
+  void v1_call(const v1::ModelCall& c, v1::Reply* reply);
+  void v1_data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply);
+  void v1_add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out);
   void add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds);
   void staging(int fd, uint64_t size);
   std::byte* staging_at(uint64_t offset, uint64_t bytes, const char* what) const;
@@ -96,6 +106,7 @@ class Session {
   std::map<int, size_t> arenas_sent_;                 // per model: arenas of our pool already sent
   transport::SharedMapping staging_;  // the client's sealed staging memfd, checked before it was mapped
   bool ended_ = false;
+  std::vector<std::byte> call_reply_;  // a kCallReply body, as big as a ring's reply slot (once used)
   transport::Ring ring_;         // the client's call ring, once set up (written under ring_mu_)
   bool ring_pending_ = false;    // set up by the last request; serve it from the next one
   std::mutex ring_mu_;           // ring_ against stop()

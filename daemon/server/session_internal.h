@@ -1,9 +1,10 @@
 // What the three files of Session share, and nothing else includes:
-//   session.cpp         the connection: its thread, the socket frames and the
-//                       ring it waits on, the hello, models and staging, and
-//                       the requests' dispatch (handle)
-//   session_ring.cpp    the call ring's records: a table call and its reply
-//   session_frames.cpp  model calls as protobuf socket frames (no ring)
+//   session.cpp           the connection: its thread, the socket frames and
+//                         the ring it waits on, the hello, models and
+//                         staging, and the requests' dispatch (handle)
+//   session_records.cpp   model calls: a call record, from the ring or a
+//                         socket frame, and its reply record
+//   session_v1_calls.cpp  the protobuf model calls of an older libzerod
 #pragma once
 
 #include "calls/dispatch.h"
@@ -17,11 +18,11 @@ namespace zerod::server::session_detail {
 constexpr int kSendTimeoutMs = 30000;
 constexpr int kDiscardTimeoutMs = 10000;
 
-// The views of a _begin call's module as the ring's view records, which
-// both carriers send (the socket form converts each with wire::to_proto):
+// The views of a _begin call's module as view records (the protobuf calls
+// of an older client convert each with wire::to_proto):
 // each parameter's, then, after a backward_begin, its gradient's. emit is
-// called once per record, so the ring path writes them into its reply slot
-// without allocating.
+// called once per record, so they are written into the reply without
+// allocating.
 template <class Emit>
 void for_each_view(Model& m, int rank, int module, bool gradients, Emit&& emit) {
   for (zd_param_id pid : m.registry().module(module).params) {

@@ -1,7 +1,8 @@
 // Daemon mode: the client side. At connect it sends the daemon a call ring
-// (transport/ring.h); each table call is then a record in the ring and its
-// reply, and set-up requests (models, registration, staging) are socket
-// frames the ring announces. Views point into the daemon's arenas, which
+// (transport/ring.h); each table call is then a call record in the ring and
+// its reply record (without a ring, ZEROD_NO_RING=1, the same records as
+// socket frames), and set-up requests (models, registration, staging) are
+// protobuf socket frames the ring announces. Views point into the daemon's arenas, which
 // this side maps once when their fds arrive on the socket (memfds on the
 // cpu device, CUDA allocations on a GPU: trainer_link.h, which also orders
 // the trainer's stream against the daemon's). Whole-parameter
@@ -80,6 +81,12 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_job_key(id.job_key);
   h->set_local_world_size(id.local_world);
   const v1::Reply r = rpc(req);
+  // Model calls are call records on either carrier; a daemon from before
+  // that could not take save, load or optimizer_info through its ring.
+  if (!r.hello().call_records())
+    fail(ZD_ERR_VERSION, "the zerod daemon at " + path + " (" + r.hello().version() +
+                             ") is older than this libzerod (" ZEROD_VERSION_STRING
+                             "): it does not take model calls as call records; run the daemon of the same release");
   if (r.hello().ring() && std::getenv("ZEROD_NO_RING") == nullptr) set_up_ring();
   // A daemon that does not say it runs a deferred end would drop it.
   defer_end_ = defer_end_ && r.hello().deferred_end();

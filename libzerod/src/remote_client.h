@@ -1,10 +1,10 @@
-// libzerod's daemon client (remote.cpp says what it does), in four files:
-//   remote.cpp               the connection: the hello, models, the entry point
-//   remote_transport.cpp     the carriers: socket frames, the call ring,
-//                            deferred ends, the staging memfd
-//   remote_model.cpp         a model's state on this side (views, arenas,
-//                            modules in forward) and the ring call path
-//   remote_socket_codec.cpp  the calls that travel as protobuf frames
+// libzerod's daemon client (remote.cpp says what it does), in three files:
+//   remote.cpp            the connection: the hello, models, the entry point
+//   remote_transport.cpp  the carriers: socket frames, call records through
+//                         the call ring or socket frames, deferred ends, the
+//                         staging memfd
+//   remote_model.cpp      a model's state on this side (registration,
+//                         views, arenas, modules in forward) and its calls
 // Nothing outside these files includes this header.
 #pragma once
 
@@ -47,18 +47,12 @@ class RemoteModel final : public ModelBackend {
   // The answers this side holds: no round trip.
   calls::Outcome view(const calls::Args& a);
   calls::Outcome set_stream(void* stream);
-  // Through the daemon: the ring (or the socket, before a ring exists).
+  // Through the daemon: a call record (the ring, or a socket frame).
   calls::Outcome remote(const calls::Args& a, void* data);
-  calls::Outcome optimizer_info();
-  // save, load: rare and long, so a socket frame, not the ring; the
-  // directory made absolute, as the daemon's working directory is not this
-  // process's.
-  calls::Outcome path_call(const calls::Args& a, void* data);
-  // A daemon without the ring (or ZEROD_NO_RING=1): one protobuf frame each.
-  calls::Outcome socket_call(const calls::Args& a);
   void take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas, std::vector<transport::UniqueFd>& fds);
-  // A view record, as either carrier brings it (the socket form through wire::from_proto).
   void take_view(const wire::RingView& v);
+  // optimizer_info's names from the reply's text (ring_call.h).
+  static void take_names(const std::string& text, calls::Outcome& o);
   void forget_views(const calls::Args& a);
   std::string module_label(zd_module_id m) const { return "module '" + registry_.module(m).name + "'"; }
 
@@ -70,7 +64,6 @@ class RemoteModel final : public ModelBackend {
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
   std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
   double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
-  std::vector<wire::RingView> socket_views_;
 };
 
 class RemoteClient final : public ClientBackend {
@@ -113,18 +106,21 @@ class RemoteClient final : public ClientBackend {
   void keep_stray_arenas(int model, const wire::RingReply& r);
   std::vector<transport::Frame> take_stray_arenas(int model);
 
-  // The error text that follows a ring reply's views in the reply slot.
+  // The text that follows a reply record's views (an error's message, or
+  // optimizer_info's names), its lengths checked against the reply.
   std::string message_of(const wire::RingReply& r) const;
 
-  // A table call through the ring: the request record, a post, a wait, and
-  // the reply record (whose views and message follow it in the slot).
-  // A deferred zd_forward_end of the same model travels in the same record
-  // (the daemon runs it first); one of another model is sent on its own
-  // first.
-  const wire::RingReply& ring_call(int model, const calls::Args& a, uint64_t staging_offset);
-  std::span<const std::byte> reply_tail() const { return ring_.reply_slot().subspan(sizeof(wire::RingReply)); }
+  // A table call as a call record: through the ring (the request record, a
+  // post, a wait, and the reply record, whose views and text follow it in
+  // the slot), or, without a ring, the same record as a wire::kCall frame
+  // answered by a kCallReply frame with the same bytes. A deferred
+  // zd_forward_end of the same model travels in the same record (the
+  // daemon runs it first); one of another model is sent on its own first.
+  const wire::RingReply& call_record(int model, const calls::Args& a, uint64_t staging_offset);
+  // What follows the last reply record: its views, then its text.
+  std::span<const std::byte> reply_tail() const;
 
-  // The frame with new arena fds that a ring reply announced.
+  // The frame with new arena fds that a reply record announced.
   transport::Frame arena_frame();
 
   // A staging area of at least `bytes`, shared with the daemon: a memfd
@@ -150,6 +146,11 @@ class RemoteClient final : public ClientBackend {
   transport::Ring ring_;
   transport::RingWait wait_;
   wire::RingReply reply_{};
+  // Without a ring: the last kCallReply body, and an arena announcement
+  // that came before it (the ring's carrier reads that from the socket
+  // after the reply).
+  std::vector<std::byte> socket_reply_;
+  std::optional<transport::Frame> socket_arenas_;
   struct Deferred {
     int model;
     calls::Args args;

@@ -1,17 +1,68 @@
-// A model on the daemon, as this side holds it (remote_client.h): the
-// calls answered here (views, the loss scale, the stream), the arenas and
-// views the daemon's replies announce, and the ring call path of every
-// other table call (a socket frame where there is no ring:
-// remote_socket_codec.cpp).
+// A model on the daemon, as this side holds it (remote_client.h): its
+// registration and end (protobuf requests), the calls answered here (views,
+// the loss scale, the stream), the arenas and views the daemon's replies
+// announce, and every other call as a call record (ring_call.h), through the
+// ring or a socket frame (RemoteClient::call_record).
 #include "remote_client.h"
 
 #include "error.h"
+#include "runtime/dtype.h"
+#include "sizes.h"
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 
 namespace zerod::abi::remote {
+
+RemoteModel::~RemoteModel() {
+  try {
+    client_.flush_deferred();  // on its own: its error must not keep the destroy from going out
+  } catch (...) {
+    // A broken job's end: the destroy below still detaches the model.
+  }
+  try {
+    v1::Request req;
+    req.mutable_destroy_model()->set_model(id_);
+    client_.rpc(req);
+  } catch (...) {
+    // The daemon may be gone already; nothing is left to free then.
+  }
+}
+
+zd_param_id RemoteModel::register_param(const std::string& name, const std::string& module,
+                                        zd_dtype dtype, std::vector<int64_t> shape, const void* init,
+                                        zd_dtype init_dtype) {
+  v1::Request req;
+  v1::RegisterParam* r = req.mutable_register_param();
+  r->set_model(id_);
+  r->set_name(name);
+  r->set_module(module);
+  r->set_dtype(dtype);
+  for (int64_t e : shape) r->add_shape(e);
+  r->set_init_dtype(init_dtype);
+  if (init) {
+    // The bytes to copy, from a checked shape and dtype (what the engine
+    // would refuse is refused here, in its words, before anything is read).
+    const std::string what = "parameter '" + name + "'";
+    const zd_dtype idt = init_dtype ? init_dtype : dtype;
+    if (!dtype_valid(idt))
+      fail(ZD_ERR_INVALID_ARGUMENT, what + " has an invalid init_dtype (" + std::to_string(idt) + ")");
+    const uint64_t bytes = checked_bytes(wire::checked_numel(shape, what), idt, what);
+    std::memcpy(client_.staging(bytes), init, bytes);
+    r->set_has_init(true);
+    r->set_staging_offset(0);
+  }
+  const v1::Reply reply = client_.rpc(req);
+  const zd_param_id id = registry_.add(name, module, dtype, std::move(shape));
+  if (id != reply.register_param().param())
+    fail(ZD_ERR_INTERNAL, "the daemon numbered parameter '" + name + "' " +
+                              std::to_string(reply.register_param().param()) + ", this client " +
+                              std::to_string(id));
+  return id;
+}
+
 
 calls::Outcome RemoteModel::call(const calls::Args& a, void* data) {
   switch (a.op) {
@@ -23,9 +74,18 @@ calls::Outcome RemoteModel::call(const calls::Args& a, void* data) {
       o.loss_scale = loss_scale_;
       return o;
     }
-    case calls::Op::optimizer_info: return optimizer_info();
     case calls::Op::save:
-    case calls::Op::load: return path_call(a, data);
+    case calls::Op::load: {
+      // The directory made absolute: the daemon's working directory is not
+      // this process's. Checked first, as the daemon checks it.
+      calls::check(registry_, client_.info().world_size, a, data);
+      std::string dir = std::filesystem::absolute(std::string(static_cast<const char*>(data), a.bytes))
+                            .lexically_normal()
+                            .string();
+      calls::Args abs = a;
+      abs.bytes = dir.size();
+      return remote(abs, dir.data());
+    }
     default: return remote(a, data);
   }
 }
@@ -86,6 +146,19 @@ void RemoteModel::take_view(const wire::RingView& v) {
   (v.gradient != 0 ? grad_views_ : param_views_)[v.param] = info;
 }
 
+void RemoteModel::take_names(const std::string& text, calls::Outcome& o) {
+  // The optimizer's name, then each state slot's, each ended by a NUL.
+  if (text.empty() || text.back() != '\0') fail(ZD_ERR_INTERNAL, "the daemon's optimizer names are not NUL-ended");
+  size_t at = 0;
+  for (size_t end = text.find('\0'); end != std::string::npos; at = end + 1, end = text.find('\0', at)) {
+    std::string name = text.substr(at, end - at);
+    if (at == 0)
+      o.optimizer = std::move(name);
+    else
+      o.slots.push_back(std::move(name));
+  }
+}
+
 void RemoteModel::forget_views(const calls::Args& a) {
   for (zd_param_id p : registry_.module(a.module).params) {
     param_views_.erase(p);
@@ -105,36 +178,34 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
     o.loss_scale = loss_scale_;
     return o;
   }
-  const bool writes = a.op == calls::Op::param_write || a.op == calls::Op::state_write;
+  // Data through the staging memfd: a whole parameter or state slot, a
+  // checkpoint directory's name.
+  const bool writes = a.op == calls::Op::param_write || a.op == calls::Op::state_write ||
+                      a.op == calls::Op::save || a.op == calls::Op::load;
   const bool reads = a.op == calls::Op::param_read || a.op == calls::Op::state_read;
   std::byte* st = (reads || writes) ? client_.staging(a.bytes) : nullptr;
   if (writes) std::memcpy(st, data, a.bytes);
   calls::Outcome o;
   std::vector<wire::RingView> views;
   link_.before_call();
-  if (client_.has_ring()) {
-    const wire::RingReply& r = client_.ring_call(id_, a, 0);
-    const std::span<const std::byte> tail = client_.reply_tail();
-    const std::string message = client_.message_of(r);  // checks the record's lengths against the slot
-    std::vector<transport::Frame> frames = client_.take_stray_arenas(id_);
-    if (r.arenas_follow) frames.push_back(client_.arena_frame());
-    for (transport::Frame& f : frames) {
-      v1::Reply ar;
-      wire::parse(f, &ar, "arena announcement");
-      take_arenas(ar.new_arenas(), f.fds);
-    }
-    if (r.status != ZD_OK) fail(r.status, message);
-    static_cast<calls::Figures&>(o) = r.figures;
-    for (uint32_t i = 0; i < r.view_count; ++i) {
-      wire::RingView v;
-      std::memcpy(&v, tail.data() + i * sizeof v, sizeof v);
-      views.push_back(v);
-    }
-  } else {
-    o = socket_call(a);  // a daemon without the ring
-    views = std::move(socket_views_);
-    socket_views_.clear();
+  const wire::RingReply& r = client_.call_record(id_, a, 0);
+  const std::span<const std::byte> tail = client_.reply_tail();
+  const std::string text = client_.message_of(r);  // checks the record's lengths against the reply
+  std::vector<transport::Frame> frames = client_.take_stray_arenas(id_);
+  if (r.arenas_follow) frames.push_back(client_.arena_frame());
+  for (transport::Frame& f : frames) {
+    v1::Reply ar;
+    wire::parse(f, &ar, "arena announcement");
+    take_arenas(ar.new_arenas(), f.fds);
   }
+  if (r.status != ZD_OK) fail(r.status, text);
+  static_cast<calls::Figures&>(o) = r.figures;
+  for (uint32_t i = 0; i < r.view_count; ++i) {
+    wire::RingView v;
+    std::memcpy(&v, tail.data() + i * sizeof v, sizeof v);
+    views.push_back(v);
+  }
+  if (a.op == calls::Op::optimizer_info) take_names(text, o);
   for (const wire::RingView& v : views) take_view(v);
   if (a.op == calls::Op::forward_begin || a.op == calls::Op::backward_begin) link_.after_begin();
   if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);

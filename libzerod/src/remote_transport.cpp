@@ -1,6 +1,7 @@
 // The daemon client's carriers (remote_client.h): requests as socket
-// frames, table calls through the call ring, the deferred zd_forward_end,
-// arena frames a ring reply announces, and the staging memfd.
+// frames, table calls as call records through the call ring or socket
+// frames, the deferred zd_forward_end, arena frames a reply record
+// announces, and the staging memfd.
 #include "remote_client.h"
 
 #include "error.h"
@@ -47,7 +48,7 @@ v1::Reply RemoteClient::rpc(const v1::Request& req, std::vector<transport::Uniqu
 void RemoteClient::defer_end(int model, const calls::Args& a) {
   if (deferred_) {
     // Two ends in a row (nested modules): the first travels with the second, which waits.
-    const wire::RingReply& r = ring_call(model, a, 0);
+    const wire::RingReply& r = call_record(model, a, 0);
     keep_stray_arenas(model, r);
     if (r.status != ZD_OK) fail(r.status, message_of(r));
     return;
@@ -59,7 +60,7 @@ void RemoteClient::flush_deferred() {
   if (!deferred_) return;
   const Deferred d = *deferred_;
   deferred_.reset();
-  const wire::RingReply& r = ring_call(d.model, d.args, 0);
+  const wire::RingReply& r = call_record(d.model, d.args, 0);
   keep_stray_arenas(d.model, r);
   if (r.status != ZD_OK)
     fail(r.status, message_of(r) + "\n(this is the error of zd_forward_end of module " +
@@ -89,11 +90,11 @@ std::string RemoteClient::message_of(const wire::RingReply& r) const {
   const std::span<const std::byte> tail = reply_tail();
   const uint64_t view_bytes = uint64_t{r.view_count} * sizeof(wire::RingView);
   if (view_bytes > tail.size() || r.message_bytes > tail.size() - view_bytes)
-    fail(ZD_ERR_INTERNAL, "the daemon's ring reply overruns its slot");
+    fail(ZD_ERR_INTERNAL, "the daemon's reply record overruns its reply");
   return std::string(reinterpret_cast<const char*>(tail.data() + view_bytes), r.message_bytes);
 }
 
-const wire::RingReply& RemoteClient::ring_call(int model, const calls::Args& a, uint64_t staging_offset) {
+const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a, uint64_t staging_offset) {
   if (deferred_ && deferred_->model != model) flush_deferred();
   wire::RingRequest req{};
   req.kind = wire::RingKind::call;
@@ -105,14 +106,49 @@ const wire::RingReply& RemoteClient::ring_call(int model, const calls::Args& a, 
     req.deferred = deferred_->args;
     deferred_.reset();
   }
-  std::memcpy(ring_.request_slot().data(), &req, sizeof req);
-  ring_.post_request();
-  wait_ring();
-  std::memcpy(&reply_, ring_.reply_slot().data(), sizeof reply_);
+  if (ring_) {
+    std::memcpy(ring_.request_slot().data(), &req, sizeof req);
+    ring_.post_request();
+    wait_ring();
+    std::memcpy(&reply_, ring_.reply_slot().data(), sizeof reply_);
+    return reply_;
+  }
+  // No ring: the same record as a socket frame. New arenas come first, in
+  // a frame of their own, as the ring's carrier sends them.
+  const uint32_t id = next_id_++;
+  transport::Frame f;
+  try {
+    wire::send_bytes(conn_, wire::kCall, id, std::as_bytes(std::span(&req, 1)));
+    f = receive();
+    if (f.header.type == wire::kReply && f.header.request_id == id) {
+      // New arenas, or the daemon's refusal of the frame itself.
+      v1::Reply r;
+      wire::parse(f, &r, "reply");
+      if (r.has_error()) fail(r.error().status(), r.error().message());
+      socket_arenas_ = std::move(f);
+      f = receive();
+    }
+  } catch (const Error& e) {
+    throw_gone(e);
+  }
+  if (f.header.type != wire::kCallReply || f.header.request_id != id || f.body.size() < sizeof reply_)
+    fail(ZD_ERR_INTERNAL, "the daemon answered call " + std::to_string(id) + " with " + transport::describe(f.header));
+  socket_reply_.assign(f.body.begin(), f.body.end());
+  std::memcpy(&reply_, socket_reply_.data(), sizeof reply_);
   return reply_;
 }
 
+std::span<const std::byte> RemoteClient::reply_tail() const {
+  if (ring_) return ring_.reply_slot().subspan(sizeof(wire::RingReply));
+  return std::span<const std::byte>(socket_reply_).subspan(sizeof(wire::RingReply));
+}
+
 transport::Frame RemoteClient::arena_frame() {
+  if (socket_arenas_) {
+    transport::Frame f = std::move(*socket_arenas_);
+    socket_arenas_.reset();
+    return f;
+  }
   try {
     return receive();
   } catch (const Error& e) {

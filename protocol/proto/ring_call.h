@@ -1,9 +1,20 @@
-// A model call as it crosses the call ring (transport/ring.h): fixed
-// records copied byte for byte, both ends built from the same source. The
-// call itself is base/call_record.h's Args, and the step's figures are its
+// A model call as it travels between libzerod and the daemon: fixed records
+// copied byte for byte, both ends built from the same source. They are the
+// only encoding of a model call, with two carriers: the call ring
+// (transport/ring.h: the request slot, the reply slot), or, without a ring,
+// socket frames (wire::kCall with a RingRequest as its body, answered by
+// wire::kCallReply with the bytes the reply slot would hold). The call
+// itself is base/call_record.h's Args, and the step's figures are its
 // StepFigures, the very types the engine's dispatcher takes and returns. The
 // daemon copies a request out of the shared slot before it reads any field,
 // and checks every field it uses.
+//
+// Data that does not fit a record goes through the client's staging memfd
+// at staging_offset: a whole parameter or state slot (args.bytes), and the
+// checkpoint directory of save and load (args.bytes characters, absolute).
+// Text that does not fit comes after the reply's views (message_bytes): an
+// error's message, or, for optimizer_info, the optimizer's name and then
+// each state slot's, each ended by a NUL.
 #pragma once
 
 #include "call_record.h"
@@ -16,7 +27,7 @@ namespace zerod::wire {
 
 enum class RingKind : uint32_t {
   call = 1,          // a table call: RingRequest::args
-  socket_frame = 2,  // the request is the next frame on the socket, and so is its reply
+  socket_frame = 2,  // (the ring only) the request is the next frame on the socket, and so is its reply
 };
 
 struct RingRequest {
@@ -44,9 +55,9 @@ struct RingView {
 
 struct RingReply {
   int32_t status;          // a zd_status
-  uint32_t message_bytes;  // the error message, after the views
+  uint32_t message_bytes;  // the text after the views: an error's message, or optimizer_info's names
   uint32_t view_count;     // RingViews after this record
-  uint32_t arenas_follow;  // 1: a socket frame with new arena fds was sent before this reply
+  uint32_t arenas_follow;  // 1: a socket frame with new arena fds (a v1::Reply) was sent before this reply
   calls::Figures figures;  // the answer's fixed part, as the dispatcher's Outcome holds it
 };
 
@@ -64,5 +75,9 @@ static_assert(offsetof(RingReply, figures) == 16 && offsetof(calls::Figures, los
 // The size the ring's request slot has, and the reply slot's least size.
 inline constexpr uint64_t kRingRequestBytes = 256;
 static_assert(sizeof(RingRequest) <= kRingRequestBytes);
+
+// The largest kCallReply body the daemon sends: the room of the reply slot
+// of libzerod's ring (1 MiB), so a call answers alike on both carriers.
+inline constexpr uint64_t kCallReplyBytes = (uint64_t{1} << 20) - kRingRequestBytes;
 
 }  // namespace zerod::wire

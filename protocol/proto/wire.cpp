@@ -10,11 +10,7 @@ void send(transport::Connection& c, FrameType type, uint32_t request_id,
           const google::protobuf::MessageLite& msg, std::span<const int> fds, int timeout_ms) {
   std::string body;
   if (!msg.SerializeToString(&body)) fail(ZD_ERR_INTERNAL, "cannot serialize a protocol message");
-  transport::FrameHeader h;
-  h.length = static_cast<uint32_t>(body.size());
-  h.request_id = request_id;
-  h.type = type;
-  c.send(h, std::as_bytes(std::span<const char>(body.data(), body.size())), fds, timeout_ms);
+  send_bytes(c, type, request_id, std::as_bytes(std::span<const char>(body.data(), body.size())), fds, timeout_ms);
 }
 
 void parse(const transport::Frame& f, google::protobuf::MessageLite* msg, const char* what) {
@@ -30,6 +26,15 @@ void set_error(v1::Reply* reply, zd_status status, const std::string& message) {
   reply->mutable_error()->set_message(message);
 }
 
+void send_bytes(transport::Connection& c, FrameType type, uint32_t request_id, std::span<const std::byte> body,
+                std::span<const int> fds, int timeout_ms) {
+  transport::FrameHeader h;
+  h.length = static_cast<uint32_t>(body.size());
+  h.request_id = request_id;
+  h.type = type;
+  c.send(h, body, fds, timeout_ms);
+}
+
 void to_proto(const StepFigures& f, v1::StepFigures* s) {
   s->set_boundary(f.boundary);
   s->set_applied(f.applied);
@@ -41,29 +46,12 @@ void to_proto(const StepFigures& f, v1::StepFigures* s) {
   s->set_grad_norm(f.grad_norm);
 }
 
-StepFigures from_proto(const v1::StepFigures& s) {
-  StepFigures f;
-  f.boundary = s.boundary();
-  f.applied = s.applied();
-  f.skipped = s.skipped();
-  f.step = s.step();
-  f.micro_step = s.micro_step();
-  f.lr = s.lr();
-  f.loss_scale = s.loss_scale();
-  f.grad_norm = s.grad_norm();
-  return f;
-}
-
 void to_proto(const RingView& v, v1::View* out) {
   out->set_param(v.param);
   out->set_gradient(v.gradient != 0);
   out->set_arena(v.arena);
   out->set_offset(v.offset);
   out->set_bytes(v.bytes);
-}
-
-RingView from_proto(const v1::View& v) {
-  return RingView{v.param(), v.gradient() ? 1 : 0, v.arena(), 0, v.offset(), v.bytes()};
 }
 
 }  // namespace zerod::wire

@@ -1,5 +1,7 @@
-// Protobuf messages over a transport::Connection: one Request or Reply per
-// frame (type 1 and 2), and the reply's error, for both sides.
+// What travels on a transport::Connection, for both sides: protobuf set-up
+// messages, one Request or Reply per frame (type 1 and 2), with the reply's
+// error; and model calls as the call ring's records (ring_call.h) in frames
+// of their own (type 3 and 4) when there is no ring.
 #pragma once
 
 #include "call_record.h"
@@ -14,7 +16,12 @@
 
 namespace zerod::wire {
 
-enum FrameType : uint16_t { kRequest = 1, kReply = 2 };
+enum FrameType : uint16_t {
+  kRequest = 1,  // a v1::Request
+  kReply = 2,    // a v1::Reply (also a call's arena announcement)
+  kCall = 3,     // a RingRequest of kind call, byte for byte: a model call without the ring
+  kCallReply = 4,  // its answer: the bytes the ring's reply slot would hold (RingReply, views, text)
+};
 
 // The largest body either side accepts. Bodies hold no tensor bytes, so
 // this is generous.
@@ -31,15 +38,14 @@ void parse(const transport::Frame& f, google::protobuf::MessageLite* msg, const 
 // Fills a reply's error from a status and message.
 void set_error(v1::Reply* reply, zd_status status, const std::string& message);
 
-// A step's figures in a protobuf reply (the socket form of a call, without
-// the ring) and back: one function each way. The ring's reply carries the
-// same StepFigures record as it is (ring_call.h).
+// A step's figures and a view in a protobuf CallReply: what the daemon
+// answers a libzerod that still sends calls as protobuf messages
+// (zerod_v1.proto's ModelCall; daemon/server/session_v1_calls.cpp).
 void to_proto(const StepFigures& f, v1::StepFigures* s);
-StepFigures from_proto(const v1::StepFigures& s);
-
-// A view of a _begin call in a protobuf reply and back: the socket form of
-// the ring's view record, so that both carriers hand the client one record.
 void to_proto(const RingView& v, v1::View* out);
-RingView from_proto(const v1::View& v);
+
+// Sends a call record's bytes (kCall, kCallReply) as one frame.
+void send_bytes(transport::Connection& c, FrameType type, uint32_t request_id, std::span<const std::byte> body,
+                std::span<const int> fds = {}, int timeout_ms = transport::kWaitForever);
 
 }  // namespace zerod::wire

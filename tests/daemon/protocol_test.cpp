@@ -14,8 +14,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace zerod;
 
@@ -260,6 +262,110 @@ TEST_F(Fixture, ADeferredForwardEndRunsFirstAndNothingElseMayBeDeferred) {
   EXPECT_EQ(a.status, ZD_OK) << a.message;
   a = call(Op::forward_end, 0, Op::forward_end);
   EXPECT_EQ(a.status, ZD_OK) << a.message;
+}
+
+// Without a ring, a model call is the ring's record in a type 3 frame,
+// answered by a type 4 frame holding what the reply slot would: the same
+// checks (a record of the wrong size, fds, an unknown op, a call before
+// hello or by an observer are each an error record, and the connection goes
+// on), views after a begin, and optimizer_info's names as NUL-ended text.
+TEST_F(Fixture, CallFramesCarryTheRingsRecords) {
+  struct Answer {
+    wire::RingReply rep;
+    std::vector<wire::RingView> views;
+    std::string text;
+  };
+  uint32_t id = 100;
+  auto send_call = [&](transport::Connection& c, const void* body, size_t n, std::span<const int> fds = {}) {
+    const uint32_t my = id++;
+    wire::send_bytes(c, wire::kCall, my, std::span(static_cast<const std::byte*>(body), n), fds);
+    transport::Frame f = c.receive(wire::kMaxBody, 5000);
+    if (f.header.type == wire::kReply) f = c.receive(wire::kMaxBody, 5000);  // new arenas first
+    EXPECT_EQ(f.header.type, wire::kCallReply);
+    EXPECT_EQ(f.header.request_id, my);
+    Answer a{};
+    EXPECT_GE(f.body.size(), sizeof a.rep);
+    std::memcpy(&a.rep, f.body.data(), sizeof a.rep);
+    const std::byte* tail = f.body.data() + sizeof a.rep;
+    EXPECT_EQ(f.body.size(), sizeof a.rep + a.rep.view_count * sizeof(wire::RingView) + a.rep.message_bytes);
+    a.views.resize(a.rep.view_count);
+    std::memcpy(a.views.data(), tail, a.views.size() * sizeof(wire::RingView));
+    a.text.assign(reinterpret_cast<const char*>(tail) + a.views.size() * sizeof(wire::RingView), a.rep.message_bytes);
+    return a;
+  };
+  auto record = [](int model, calls::Op op, int module = 0) {
+    wire::RingRequest q{};
+    q.kind = wire::RingKind::call;
+    q.model = model;
+    q.args.op = op;
+    q.args.module = module;
+    return q;
+  };
+
+  auto c = connect();
+  wire::RingRequest q = record(0, calls::Op::finalize);
+  Answer a = send_call(c, &q, sizeof q);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_STATE);
+  EXPECT_NE(a.text.find("a model call before hello"), std::string::npos) << a.text;
+
+  v1::Reply r = rpc(c, hello(), 1);
+  ASSERT_FALSE(r.has_error());
+  EXPECT_TRUE(r.hello().call_records());
+  r = rpc(c, create("return { optimizer = { type = 'sgd', momentum = 0.9 } }"), 2);
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  const int model = r.create_model().model();
+  v1::Request reg;
+  v1::RegisterParam* p = reg.mutable_register_param();
+  p->set_model(model);
+  p->set_name("w");
+  p->set_module("m");
+  p->set_dtype(ZD_DTYPE_F32);
+  p->add_shape(8);
+  ASSERT_FALSE(rpc(c, reg, 3).has_error());
+
+  a = send_call(c, &q, sizeof q - 1);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(a.text.find("one call record of " + std::to_string(sizeof q) + " bytes, not " +
+                        std::to_string(sizeof q - 1)),
+            std::string::npos)
+      << a.text;
+  const transport::UniqueFd memfd = transport::create_sealed_memfd("stray", 4096);
+  const int stray[1] = {memfd.get()};
+  q = record(model, calls::Op::finalize);
+  a = send_call(c, &q, sizeof q, stray);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(a.text.find("carries no fds"), std::string::npos) << a.text;
+  wire::RingRequest bad = record(model, static_cast<calls::Op>(1000));
+  a = send_call(c, &bad, sizeof bad);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(a.text.find("unknown model call 1000"), std::string::npos) << a.text;
+  bad = record(model, calls::Op::param_view);
+  a = send_call(c, &bad, sizeof bad);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(a.text.find("zd_param_view is answered by libzerod"), std::string::npos) << a.text;
+
+  a = send_call(c, &q, sizeof q);
+  ASSERT_EQ(a.rep.status, ZD_OK) << a.text;
+  q = record(model, calls::Op::forward_begin);
+  a = send_call(c, &q, sizeof q);
+  ASSERT_EQ(a.rep.status, ZD_OK) << a.text;
+  ASSERT_EQ(a.views.size(), 1u);
+  EXPECT_EQ(a.views[0].param, 0);
+  EXPECT_EQ(a.views[0].gradient, 0);
+  EXPECT_EQ(a.views[0].bytes, 8 * sizeof(float));
+  q = record(model, calls::Op::optimizer_info);
+  a = send_call(c, &q, sizeof q);
+  ASSERT_EQ(a.rep.status, ZD_OK) << a.text;
+  EXPECT_EQ(a.text, std::string("sgd\0momentum_buffer\0", 20));
+
+  // An observer may not make model calls; the rank's connection is still served.
+  auto obs = connect();
+  ASSERT_FALSE(rpc(obs, hello("observer"), 1).has_error());
+  a = send_call(obs, &q, sizeof q);
+  EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_STATE);
+  EXPECT_NE(a.text.find("from an observer connection"), std::string::npos) << a.text;
+  q = record(model, calls::Op::forward_end);
+  EXPECT_EQ(send_call(c, &q, sizeof q).rep.status, ZD_OK);
 }
 
 // `zerod serve --jobs` (server::ServerOptions::multi_job): a rank's hello

@@ -121,6 +121,17 @@ v1::Request status() {
   return r;
 }
 
+// A model call as today's libzerod sends it without a ring: the call
+// ring's record in a type 3 frame.
+std::string record(uint32_t id, calls::Op op, int32_t module = 0) {
+  wire::RingRequest q{};
+  q.kind = wire::RingKind::call;
+  q.model = 0;
+  q.args.op = op;
+  q.args.module = module;
+  return frame(std::string(reinterpret_cast<const char*>(&q), sizeof q), id, 0, wire::kCall);
+}
+
 // One training step over the modules 0..n-1.
 void step(Talk& t, int modules) {
   for (int m = 0; m < modules; ++m) t.add(call(v1::ModelCall::FORWARD_BEGIN, m)).add(call(v1::ModelCall::FORWARD_END, m));
@@ -214,6 +225,24 @@ int main(int argc, char** argv) {
     t.bytes += frame("\xff\xff\xff\xff", 2);
     t.bytes += frame(msg(status()), 3, 0, wire::kRequest, transport::kFrameMagic, 1000);
     write(rh, "12-not-requests", t.bytes);
+  }
+  {
+    Talk t;  // a step as call records in frames, then a short record and an unknown op
+    t.add(hello()).add(create(adamw)).add(reg("w1", "m1", {4, 8})).add(reg("w2", "m2", {8}));
+    t.bytes += record(t.id++, calls::Op::finalize);
+    for (int m = 0; m < 2; ++m) {
+      t.bytes += record(t.id++, calls::Op::forward_begin, m);
+      t.bytes += record(t.id++, calls::Op::forward_end, m);
+    }
+    for (int m = 1; m >= 0; --m) {
+      t.bytes += record(t.id++, calls::Op::backward_begin, m);
+      t.bytes += record(t.id++, calls::Op::backward_end, m);
+    }
+    t.bytes += record(t.id++, calls::Op::step);
+    t.bytes += record(t.id++, calls::Op::optimizer_info);
+    t.bytes += record(t.id++, calls::Op::memory);
+    t.bytes += record(t.id++, calls::Op::step).substr(0, 40);
+    write(rh, "13-call-records", t.bytes + record(t.id++, static_cast<calls::Op>(77)));
   }
 
   // --- frame_reader: byte 0 is the harness's control byte ----------------

@@ -1,6 +1,9 @@
-// Model calls as protobuf socket frames (protocol/proto/zerod_v1.proto), for a
-// client without the call ring: the ModelCall and ParamData requests in,
-// the views, step figures and the rest of a CallReply out (session.h).
+// The protobuf model calls (zerod_v1.proto's ModelCall, ParamData,
+// MemoryQuery) that libzerod sent on the socket before call records
+// travelled there too: translated to the call record's Args, run like any
+// call, and answered in the protobuf reply that client reads. Today's
+// libzerod never sends them; nothing new is added here (a new call exists
+// only as a record).
 #include "session.h"
 
 #include "model_host.h"
@@ -15,7 +18,7 @@ namespace zerod::server {
 
 using namespace session_detail;
 
-void Session::add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out) {
+void Session::v1_add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out) {
   for_each_view(m.model(), rank_, module, gradients,
                 [&](const wire::RingView& rv) { wire::to_proto(rv, out->add_views()); });
 }
@@ -45,7 +48,7 @@ calls::Op op_of(v1::ModelCall::Op op) {
 
 }  // namespace
 
-void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
+void Session::v1_call(const v1::ModelCall& c, v1::Reply* reply) {
   auto host = model_of(c.model());
   calls::Args a;
   a.op = op_of(c.op());
@@ -61,7 +64,7 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
   a.bytes = path.size();
   const calls::Outcome o = run_call(*host, a, path.empty() ? nullptr : path.data());
   v1::CallReply* out = reply->mutable_call();
-  if (is_begin(a.op)) add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
+  if (is_begin(a.op)) v1_add_views(*host, a.module, a.op == calls::Op::backward_begin, out);
   if (a.op == calls::Op::step) wire::to_proto(o.step, out->mutable_step());
   if (a.op == calls::Op::optimizer_info) {
     v1::OptimizerInfo* info = out->mutable_optimizer();
@@ -78,7 +81,7 @@ void Session::call(const v1::ModelCall& c, v1::Reply* reply) {
   out->set_loss_scale(o.loss_scale);
 }
 
-void Session::data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply) {
+void Session::v1_data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply) {
   auto host = model_of(p.model());
   calls::Args a;
   a.op = op;
