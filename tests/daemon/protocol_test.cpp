@@ -57,6 +57,23 @@ struct Fixture : ::testing::Test {
     r.mutable_create_model()->set_script_name("p.lua");
     return r;
   }
+  // A model of the script with one parameter, "w" (8 f32) in module "m",
+  // on a connection that said hello: its id (requests 2 and 3).
+  static int model_with_one_param(transport::Connection& c, const std::string& script) {
+    v1::Reply r = rpc(c, create(script), 2);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    const int model = r.create_model().model();
+    v1::Request reg;
+    v1::RegisterParam* p = reg.mutable_register_param();
+    p->set_model(model);
+    p->set_name("w");
+    p->set_module("m");
+    p->set_dtype(ZD_DTYPE_F32);
+    p->add_shape(8);
+    r = rpc(c, reg, 3);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    return model;
+  }
   // Sends raw bytes, then reads one reply.
   static v1::Reply raw(transport::Connection& c, const void* bytes, size_t n) {
     EXPECT_EQ(::write(c.fd(), bytes, n), static_cast<ssize_t>(n));
@@ -189,18 +206,9 @@ TEST_F(Fixture, StatusShowsModelsAndRanks) {
 TEST_F(Fixture, ADeferredForwardEndRunsFirstAndNothingElseMayBeDeferred) {
   auto c = connect();
   ASSERT_FALSE(rpc(c, hello()).has_error());
-  v1::Reply r = rpc(c, create("return { optimizer = { type = 'sgd' } }"), 2);
-  ASSERT_FALSE(r.has_error()) << r.error().message();
-  const int model = r.create_model().model();
-  v1::Request reg;
-  v1::RegisterParam* p = reg.mutable_register_param();
-  p->set_model(model);
-  p->set_name("w");
-  p->set_module("m");
-  p->set_dtype(ZD_DTYPE_F32);
-  p->add_shape(8);
-  r = rpc(c, reg, 3);
-  ASSERT_FALSE(r.has_error()) << r.error().message();
+  const int model = model_with_one_param(c, "return { optimizer = { type = 'sgd' } }");
+  ASSERT_FALSE(HasFailure());
+  v1::Reply r;
 
   constexpr uint64_t kBytes = uint64_t{1} << 20;
   transport::UniqueFd fd;
@@ -311,17 +319,8 @@ TEST_F(Fixture, CallFramesCarryTheRingsRecords) {
   v1::Reply r = rpc(c, hello(), 1);
   ASSERT_FALSE(r.has_error());
   EXPECT_TRUE(r.hello().call_records());
-  r = rpc(c, create("return { optimizer = { type = 'sgd', momentum = 0.9 } }"), 2);
-  ASSERT_FALSE(r.has_error()) << r.error().message();
-  const int model = r.create_model().model();
-  v1::Request reg;
-  v1::RegisterParam* p = reg.mutable_register_param();
-  p->set_model(model);
-  p->set_name("w");
-  p->set_module("m");
-  p->set_dtype(ZD_DTYPE_F32);
-  p->add_shape(8);
-  ASSERT_FALSE(rpc(c, reg, 3).has_error());
+  const int model = model_with_one_param(c, "return { optimizer = { type = 'sgd', momentum = 0.9 } }");
+  ASSERT_FALSE(HasFailure());
 
   a = send_call(c, &q, sizeof q - 1);
   EXPECT_EQ(a.rep.status, ZD_ERR_INVALID_ARGUMENT);
