@@ -11,6 +11,7 @@
 #include "runtime/workers.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -143,10 +144,12 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
     const bool one_segment = st.replay && then_exchange && plan.keep_average && plan.fused != 0 && groups.size() == 1;
     bool in_scratch = false;
     for (const Segment& s : segments(gi, plan.fused != 0)) {
-      // Every element is written below unless the plan starts from zero.
-      float* const direct = owned_whole(st, gi, s);
-      float* const xs = direct != nullptr ? direct : scratch(gi, s.count);
-      in_scratch = one_segment && direct == nullptr;
+      // Every element is written below (zeros where the plan starts from
+      // zero): only an average held in the buffer is read from it.
+      bool direct = false;
+      HostWindow xw = segment_window(st, gi, s, held ? HostWindow::kReadWrite : HostWindow::kWrite, &direct);
+      float* const xs = xw.f32();
+      in_scratch = one_segment && !direct;
       if (in == ZD_EXCHANGE_IN_ZERO) {
         std::memset(xs, 0, s.count * 4);
       } else if (held) {
@@ -156,18 +159,30 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
       } else if (in == ZD_EXCHANGE_IN_SLOT) {
         read_slot(gi, s, static_cast<int>(ctx_.optimizer().average_slot()), xs);
       }
+      // The segment's local gradients (the full layout: its tensors and
+      // any padding between them), read and zeroed by prepare().
+      uint64_t lo = UINT64_MAX, hi = 0;
+      for (zd_param_id pid : s.params) {
+        const ParamRecord& p = ctx_.registry.param(pid);
+        lo = std::min(lo, p.full_offset);
+        hi = std::max(hi, p.full_offset + static_cast<uint64_t>(p.numel));
+      }
+      if (lo > hi) lo = hi;
+      HostWindow grad(*local.memory, local.data + lo * gsz, (hi - lo) * gsz, HostWindow::kReadWrite);
       for (zd_param_id pid : s.params) {
         const ParamRecord& p = ctx_.registry.param(pid);
         zd_optimizer_update u = step_update(st, g, pid, 0);
         u.count = static_cast<uint64_t>(p.numel);
-        u.grad = local.data + p.full_offset * gsz;
+        u.grad = grad.data() + (p.full_offset - lo) * gsz;
         u.exchange = xs + (packed_at_[static_cast<size_t>(pid)] - s.dense);
         u.exchange_in = in;
         parallel_prepare(res_.workers, ctx_.optimizer(), u);
       }
+      grad.done();
       if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0 && keeps() && !in_scratch);
       if (then_exchange && st.replay) replay(st, gi, s, xs, 1);
-      if (direct == nullptr) scatter_owned(st, gi, s, xs);
+      if (!direct) scatter_owned(st, gi, s, xs);
+      xw.done();
     }
     // The kept bits are current unless the average stayed in the scratch.
     if (then_exchange && plan.keep_average && keeps()) c.have_average = !in_scratch;

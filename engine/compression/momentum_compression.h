@@ -28,8 +28,14 @@
 // exchanged in it without copies, and it still holds the last average when
 // the next step prepares: nothing else is kept, and nothing is copied. The
 // buffers live in the tier of the group's gradients (the device, or host
-// memory beside an offloaded optimizer). The host reads and writes them:
-// the cpu device only (refused on others).
+// memory beside an offloaded optimizer). The host's loops read and write
+// them, the gradients and the operands of a pass through host windows
+// (HostWindow, transfers.h): in place where the host writes their memory,
+// else (a GPU, the emulated device) as host copies whose new values go back
+// after the loop, so every device runs the same host code on the same
+// values and ends with the cpu device's bits. compression.replay alone
+// needs the host to write the pool in place (replays(): elsewhere the step
+// all-gathers the working copies instead, the same values).
 #pragma once
 
 #include "grad/grad_reducer.h"
@@ -38,6 +44,7 @@
 #include "model/rank_resources.h"
 #include "memory/state_buffers.h"
 #include "memory/tiered_buffer.h"
+#include "memory/transfers.h"
 
 #include <string>
 #include <vector>
@@ -150,15 +157,24 @@ class MomentumCompression {
   // the momentum partitioned); at stage 0 the slot holds it whole.
   bool keeps() const;
   void allocate_owned();
-  float* scratch(size_t group, uint64_t count);
+  // The scratch buffer, at least count floats (in the group's gradient tier).
+  TieredBuffer& scratch(size_t group, uint64_t count);
+  // A host window over the floats a segment is prepared and exchanged in:
+  // the owned exchange buffer where the segment lies there as one piece
+  // (*in_place set), else the scratch buffer.
+  HostWindow segment_window(StepState& st, size_t group, const Segment& s, HostWindow::Access access,
+                            bool* in_place);
   void lay_out_groups();
   zd_optimizer_update step_update(const StepState& st, const ParamGroup& g, zd_param_id pid, uint32_t pass);
   void prepare(StepState& st, bool then_exchange);
   void exchange_in_place(StepState& st);
   void exchange(size_t group, const Segment& s, float* x, bool keep);
   void fill_from_average(size_t group, const Segment& s, float* x) const;
-  float* owned_whole(StepState& st, size_t group, const Segment& s) const;
-  float* exchange_of(const StepState& st, size_t group, zd_param_id pid, uint64_t at) const;
+  // Where the segment lies in the owned exchange buffer as one piece: its
+  // first element there, or -1.
+  int64_t owned_whole(StepState& st, size_t group, const Segment& s) const;
+  OptimizerRunner::PassArgs::ExchangeAt exchange_of(const StepState& st, size_t group, zd_param_id pid,
+                                                    uint64_t at) const;
   static uint64_t in_segment(const Group& c, const Segment& s, size_t j);
   std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> owned_parts(size_t group, const Segment& s) const;
   void read_slot(size_t group, const Segment& s, int slot, float* x);

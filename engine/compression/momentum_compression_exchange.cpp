@@ -21,13 +21,20 @@ using namespace compression_detail;
 
 namespace {
 
-// The address of [at, at + n) where it lies in one memory segment of b
-// (so one pointer covers it), else nullptr.
-float* in_one_segment(const TieredBuffer& b, uint64_t at, uint64_t n) {
-  if (!b.addressable(at, n)) return nullptr;
+// Whether [at, at + n) lies in one memory segment of b (so one host
+// window covers it).
+bool in_one_segment(const TieredBuffer& b, uint64_t at, uint64_t n) {
+  if (!b.addressable(at, n)) return false;
   const auto& seg = b.segment_at(at);
-  if (at + n > seg.begin + seg.count) return nullptr;
-  return reinterpret_cast<float*>(b.addr(at));
+  return at + n <= seg.begin + seg.count;
+}
+
+// The bytes of the kept signs of elements [e0, e0 + n) of a group (a bit
+// each from bit e0), in a window: whole bytes, the ends shared with the
+// neighbouring segments' bits.
+HostWindow sign_bytes(const TieredBuffer& signs, uint64_t e0, uint64_t n, HostWindow::Access access) {
+  const uint64_t b0 = e0 / 8, b1 = (e0 + n + 7) / 8;
+  return HostWindow(signs, b0, b1 - b0, 1, access, "the kept signs");
 }
 
 struct CopySpan {
@@ -75,14 +82,23 @@ void MomentumCompression::allocate_owned() {
   }
 }
 
-float* MomentumCompression::scratch(size_t gi, uint64_t count) {
+TieredBuffer& MomentumCompression::scratch(size_t gi, uint64_t count) {
   if (scratch_.empty() || scratch_.count() < count) {
     const TierSet tiers = res_.tiers();
     scratch_.release(tiers);
     scratch_.allocate(tiers, 4, {{count, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_BUFFERS,
                       "the packed exchange buffer of a compressed step");
   }
-  return reinterpret_cast<float*>(scratch_.addr(0));
+  return scratch_;
+}
+
+HostWindow MomentumCompression::segment_window(StepState& st, size_t gi, const Segment& s, HostWindow::Access access,
+                                               bool* in_place) {
+  const int64_t at = owned_whole(st, gi, s);
+  *in_place = at >= 0;
+  if (at >= 0)
+    return HostWindow((*st.owned)[gi], static_cast<uint64_t>(at), s.count, 4, access, "the exchange buffer");
+  return HostWindow(scratch(gi, s.count), 0, s.count, 4, access, "the packed exchange buffer");
 }
 
 std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t gi, bool fused) const {
@@ -117,8 +133,13 @@ std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t g
 // The kept average, exactly: chunk r of the segment is its scale times the signs.
 void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* x) const {
   const Group& c = groups_[gi];
-  const auto* bits = reinterpret_cast<const uint8_t*>(c.signs.addr(0));
-  const auto* scales = reinterpret_cast<const float*>(c.scales.addr(0)) + s.scales_at;
+  // The segment's bits from bit e0 of the window's first byte.
+  const HostWindow bits_w = sign_bytes(c.signs, s.dense, s.count, HostWindow::kRead);
+  const HostWindow scales_w(c.scales, s.scales_at, static_cast<uint64_t>(ctx_.world_size), 4, HostWindow::kRead,
+                            "the kept average's scales");
+  const auto* bits = reinterpret_cast<const uint8_t*>(bits_w.data());
+  const uint64_t e0 = s.dense & 7;
+  const float* scales = scales_w.f32();
   const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
   observe::Span span(res_.probe, "optimizer", "rebuild average");
   // In tiles on the rank's workers, a chunk (one scale) at a time within each.
@@ -127,7 +148,7 @@ void MomentumCompression::fill_from_average(size_t gi, const Segment& s, float* 
     const uint64_t lo = t * kTile, hi = std::min(s.count, lo + kTile);
     for (uint64_t a = lo; a < hi;) {
       const uint64_t r = a / chunk, z = std::min(hi, (r + 1) * chunk);
-      unpack_signs(bits, s.dense + a, scales[r], x + a, z - a);
+      unpack_signs(bits, e0 + a, scales[r], x + a, z - a);
       a = z;
     }
   });
@@ -137,19 +158,28 @@ void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool k
   Group& c = groups_[gi];
   const int rank = res_.rank;
   const std::string what = "step: compressed all-reduce of the exchange buffer";
-  float* we = reinterpret_cast<float*>(c.worker_error.addr(0)) + s.dense;
-  float* se = reinterpret_cast<float*>(c.server_error.addr(0)) + s.server_at;
+  // The error feedback where the comm plugin reaches it (x is the host's).
+  HostWindow we(c.worker_error, s.dense, s.count, 4, HostWindow::kReadWrite, "the worker error feedback");
+  HostWindow se(c.server_error, s.server_at, compression_chunk(s.count, ctx_.world_size), 4, HostWindow::kReadWrite,
+                "the server error feedback");
   ctx_.run(*res_.stream, [&] {
     ctx_.comm().compressed_all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::StepReduce, gi, s.tag), what), x, s.count,
-                                      we, se);
+                                      we.f32(), se.f32());
   });
+  we.done();
+  se.done();
   if (!keep) return;
   // Keep the average as it is: a sign bit per element, a scale per chunk.
   observe::Span span(res_.probe, "optimizer", "keep average");
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   const uint64_t chunk = compression_chunk(s.count, ctx_.world_size);
-  auto* bits = reinterpret_cast<uint8_t*>(c.signs.addr(0));
-  auto* scales = reinterpret_cast<float*>(c.scales.addr(0)) + s.scales_at;
+  // The end bytes are shared with the neighbouring segments' bits, which
+  // keep their values: read as well as written.
+  HostWindow bits_w = sign_bytes(c.signs, s.dense, s.count, HostWindow::kReadWrite);
+  HostWindow scales_w(c.scales, s.scales_at, world, 4, HostWindow::kWrite, "the kept average's scales");
+  auto* bits = reinterpret_cast<uint8_t*>(bits_w.data());
+  const uint64_t e0 = s.dense & 7;
+  float* scales = scales_w.f32();
   for (uint64_t r = 0; r < world; ++r) {
     const uint64_t lo = r * chunk;
     scales[r] = lo < s.count ? std::fabs(x[lo]) : 0.0f;
@@ -161,21 +191,33 @@ void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool k
   res_.workers.run(tiles, [&](size_t t) {
     const uint64_t lo = t == 0 ? 0 : head + (t - 1) * kTile;
     const uint64_t hi = std::min(s.count, head + t * kTile);
-    if (lo < hi) pack_signs(x + lo, hi - lo, bits, s.dense + lo);
+    if (lo < hi) pack_signs(x + lo, hi - lo, bits, e0 + lo);
   });
+  bits_w.done();
+  scales_w.done();
 }
 
 // The segment's values of the elements this rank owns into the owned
-// exchange buffer, and back.
+// exchange buffer, and back, through host windows over the buffer's spans
+// (each a tensor's part, in its one memory segment).
 void MomentumCompression::scatter_owned(StepState& st, size_t gi, const Segment& s, const float* x) const {
   std::vector<CopySpan> spans;
-  for (const auto& [from, at] : owned_parts(gi, s)) spans.push_back({(*st.owned)[gi].addr(at.at), x + from, at.count * 4});
+  std::vector<HostWindow> to;
+  for (const auto& [from, at] : owned_parts(gi, s)) {
+    to.emplace_back((*st.owned)[gi], at.at, at.count, 4, HostWindow::kWrite, "the exchange buffer");
+    spans.push_back({to.back().data(), x + from, at.count * 4});
+  }
   copy_on_workers(res_.workers, spans);
+  for (HostWindow& w : to) w.done();
 }
 
 void MomentumCompression::gather_owned(StepState& st, size_t gi, const Segment& s, float* x) const {
   std::vector<CopySpan> spans;
-  for (const auto& [from, at] : owned_parts(gi, s)) spans.push_back({x + from, (*st.owned)[gi].addr(at.at), at.count * 4});
+  std::vector<HostWindow> from_w;
+  for (const auto& [from, at] : owned_parts(gi, s)) {
+    from_w.emplace_back((*st.owned)[gi], at.at, at.count, 4, HostWindow::kRead, "the exchange buffer");
+    spans.push_back({x + from, from_w.back().data(), at.count * 4});
+  }
   copy_on_workers(res_.workers, spans);
 }
 
@@ -206,13 +248,13 @@ std::vector<std::pair<uint64_t, ModelContext::OwnedSpan>> MomentumCompression::o
 // scatter_owned). Where the rank owns every element (stage 0) the buffer is
 // in packed order (exchange_count), so every segment is in place, a fused
 // group's too; at stages 1-3 a tensor held whole by one owner can be.
-float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
-  if (st.owned == nullptr || s.count == 0 || s.params.empty()) return nullptr;
+int64_t MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment& s) const {
+  if (st.owned == nullptr || s.count == 0 || s.params.empty()) return -1;
   const Group& c = groups_[gi];
   if (owns_all()) {
-    float* const x = in_one_segment((*st.owned)[gi], s.dense, s.count);
-    if (x == nullptr) fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
-    return x;
+    if (!in_one_segment((*st.owned)[gi], s.dense, s.count))
+      fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
+    return static_cast<int64_t>(s.dense);
   }
   uint64_t base = 0;
   bool found = false;
@@ -220,17 +262,17 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
     const ParamRecord& p = ctx_.registry.param(s.params[j]);
     if (p.numel == 0) continue;  // nowhere in either layout
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
-    if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return nullptr;
+    if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return -1;
     const uint64_t off = in_segment(c, s, j);
-    if (sp.at < off) return nullptr;
+    if (sp.at < off) return -1;
     if (!found) {
       base = sp.at - off;
       found = true;
     } else if (sp.at - off != base) {
-      return nullptr;
+      return -1;
     }
   }
-  return in_one_segment((*st.owned)[gi], base, s.count);
+  return in_one_segment((*st.owned)[gi], base, s.count) ? static_cast<int64_t>(base) : -1;
 }
 
 // The segment's whole values of a state slot into x: on the workers where
@@ -239,6 +281,7 @@ float* MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment&
 void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float* x) {
   const Group& c = groups_[gi];
   std::vector<CopySpan> spans;
+  std::vector<HostWindow> from_w;
   bool direct = owns_all();
   for (size_t j = 0; j < s.params.size() && direct; ++j) {
     const ParamRecord& p = ctx_.registry.param(s.params[j]);
@@ -249,9 +292,10 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     const auto n = static_cast<uint64_t>(p.numel);
     if (n == 0) continue;
-    const float* src = sp.from == 0 && sp.count == n ? in_one_segment(b, sp.at, n) : nullptr;
-    direct = src != nullptr;
-    if (direct) spans.push_back({x + in_segment(c, s, j), src, n * 4});
+    direct = sp.from == 0 && sp.count == n && in_one_segment(b, sp.at, n);
+    if (!direct) break;
+    from_w.emplace_back(b, sp.at, n, 4, HostWindow::kRead, "a state slot");
+    spans.push_back({x + in_segment(c, s, j), from_w.back().data(), n * 4});
   }
   if (direct) {
     copy_on_workers(res_.workers, spans);
@@ -264,11 +308,12 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
 // The exchange buffer's values of tensor pid from element `at` of the
 // rank's owned range: at the same place in the owned layout, or, where the
 // buffer is in packed order (owns_all), at the tensor's packed offset.
-float* MomentumCompression::exchange_of(const StepState& st, size_t gi, zd_param_id pid, uint64_t at) const {
+OptimizerRunner::PassArgs::ExchangeAt MomentumCompression::exchange_of(const StepState& st, size_t gi,
+                                                                       zd_param_id pid, uint64_t at) const {
   const TieredBuffer& b = (*st.owned)[gi];
-  if (!owns_all()) return reinterpret_cast<float*>(b.addr(at));
+  if (!owns_all()) return {&b, at};
   const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
-  return reinterpret_cast<float*>(b.addr(packed_at_[static_cast<size_t>(pid)] + (at - sp.at)));
+  return {&b, packed_at_[static_cast<size_t>(pid)] + (at - sp.at)};
 }
 
 // An EXCHANGE of what a pass wrote: the rank owns every element (checked
@@ -280,11 +325,15 @@ void MomentumCompression::exchange_in_place(StepState& st) {
   const auto& groups = ctx_.registry.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     for (const Segment& s : segments(gi, st.plan.fused != 0)) {
-      float* const direct = owned_whole(st, gi, s);
-      float* const x = direct != nullptr ? direct : scratch(gi, s.count);
-      if (direct == nullptr) gather_owned(st, gi, s, x);
+      // What a pass wrote is exchanged in place, or gathered into the
+      // scratch buffer and scattered back.
+      bool direct = false;
+      HostWindow xw = segment_window(st, gi, s, HostWindow::kReadWrite, &direct);
+      float* const x = xw.f32();
+      if (!direct) gather_owned(st, gi, s, x);
       exchange(gi, s, x, st.plan.keep_average != 0 && keeps());
-      if (direct == nullptr) scatter_owned(st, gi, s, x);
+      if (!direct) scatter_owned(st, gi, s, x);
+      xw.done();
     }
     if (st.plan.keep_average && keeps()) groups_[gi].have_average = true;
   }

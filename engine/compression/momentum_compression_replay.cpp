@@ -39,8 +39,11 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
     return false;
   }
   // The replay's loops write the whole copies and (stages 1-2) the working
-  // copy on the host, in place: where they may be in the pool, only if the
-  // host writes it (always, where compression runs: Model refuses the rest).
+  // copy on the host, in place, and forward and backward read the whole
+  // copy of the parameters by address: only where the host writes the pool
+  // they may be in. Elsewhere (a GPU, the emulated device) the step is not
+  // replayed and the working copies are all-gathered after it, which ends
+  // with the same values (the replay is bit for bit the owners' update).
   return res_.pool_memory.host_writes();
 }
 

@@ -1,10 +1,13 @@
 #include "memory/transfers.h"
 
 #include "runtime/dtype.h"
+#include "error.h"
 #include "memory/memory.h"
 #include "model/rank_resources.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace zerod {
@@ -81,6 +84,47 @@ void Transfers::bounce(const Memory& in_mem, const void* in, uint64_t in_bytes, 
   std::vector<std::byte> host_out(out_bytes);
   fn(host_in.data(), host_out.data());
   if (out_bytes) res_.pool_memory.copy_in(out, host_out.data(), out_bytes);
+}
+
+HostWindow::HostWindow(const Memory& m, void* at, uint64_t bytes, Access access)
+    : memory_(&m), at_(at), bytes_(bytes) {
+  if (m.host_writes() || bytes == 0) {
+    host_ = static_cast<std::byte*>(at);
+    return;
+  }
+  // Aligned as the pool's blocks are, so the host's vector loops take the
+  // same paths over the copy as over the bytes themselves.
+  copy_ = AlignedBuffer(bytes, 64);
+  host_ = copy_.data();
+  if (access & kRead) m.copy_out(host_, at, bytes);
+  write_back_ = (access & kWrite) != 0;
+}
+
+HostWindow::HostWindow(const TieredBuffer& b, uint64_t begin, uint64_t n, size_t esz, Access access,
+                       const char* what) {
+  if (n == 0) return;
+  if (!b.addressable(begin, n) || b.segment_at(begin).begin + b.segment_at(begin).count < begin + n)
+    fail(ZD_ERR_INTERNAL, std::string(what) + ": elements " + std::to_string(begin) + ".." +
+                              std::to_string(begin + n) + " are not in one memory segment");
+  *this = HostWindow(*b.segment_at(begin).memory, b.addr(begin), n * esz, access);
+}
+
+HostWindow& HostWindow::operator=(HostWindow&& o) noexcept {
+  if (this != &o) {
+    memory_ = o.memory_;
+    at_ = o.at_;
+    bytes_ = o.bytes_;
+    write_back_ = std::exchange(o.write_back_, false);
+    copy_ = std::move(o.copy_);
+    host_ = std::exchange(o.host_, nullptr);
+  }
+  return *this;
+}
+
+void HostWindow::done() {
+  if (!write_back_) return;
+  write_back_ = false;
+  memory_->copy_in(at_, host_, bytes_);
 }
 
 }  // namespace zerod

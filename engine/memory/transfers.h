@@ -3,11 +3,13 @@
 // (the cpu device) or the bytes must travel (a GPU, the emulated device).
 // It owns the page-locked staging buffers those crossings go through, and
 // the bounce of a collective the comm plugins cannot run on the pool itself.
-// The memories (memory.h) call it; engine parts call the memories.
+// The memories (memory.h) call it; engine parts call the memories. Host
+// loops over bytes that may be in the pool open a HostWindow (below).
 #pragma once
 
 #include "comm/comm_stream.h"
 #include "memory/host_staging.h"
+#include "memory/tiered_buffer.h"
 #include "runtime/workers.h"
 
 #include <zerod/zerod.h>
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 
 namespace zerod {
 
@@ -78,6 +81,57 @@ class Transfers {
   RankResources& res_;
   HostStaging gradients_;
   HostStaging working_;
+};
+
+// Host addresses for a loop the host runs over bytes of a memory: momentum
+// compression's loops (the plugin's prepare, the exchange with its error
+// feedback, the kept average's signs) and a planned optimizer pass, which
+// are host code by design (the plugins' CPU kernels, the comm plugins'
+// compressed all-reduce, per-tensor figures). Where the host writes the
+// memory in place (host memory, the cpu device's pool) the window is the
+// bytes themselves and costs nothing; else (a pool the host cannot
+// address: a GPU, the emulated device) it is a copy in host memory, filled
+// from the bytes when the loop reads them, and done() copies it back when
+// the loop writes them, each by the memory's own copies (Memory::copy_out,
+// copy_in, which return when the bytes are where they go). The loop runs
+// the same code on the same values either way, so the results are the
+// same bits as on the cpu device. A window dropped without done() (the
+// loop threw) leaves the memory as it was.
+//
+// Why copies rather than kernels of the device's own: these loops are the
+// plugins' host kernels and the comm plugins' host collectives; a device
+// version of each is the device's business (engine/device/), and until
+// there is one, the bytes go to where the code runs. Plain heap memory per
+// window: on the devices that need it a compressed step moves the exchange
+// buffer, the error feedback and the operands of a pass once each way.
+class HostWindow {
+ public:
+  enum Access { kRead = 1, kWrite = 2, kReadWrite = 3 };
+  HostWindow() = default;
+  // bytes at `at`, in memory m.
+  HostWindow(const Memory& m, void* at, uint64_t bytes, Access access);
+  // Elements [begin, begin + n) of b, of esz bytes each, which lie in one
+  // of its memory segments (refused otherwise, naming `what`).
+  HostWindow(const TieredBuffer& b, uint64_t begin, uint64_t n, size_t esz, Access access, const char* what);
+  // A window moved from owes nothing: done() on it does nothing.
+  HostWindow(HostWindow&& o) noexcept { *this = std::move(o); }
+  HostWindow& operator=(HostWindow&& o) noexcept;
+  HostWindow(const HostWindow&) = delete;
+  HostWindow& operator=(const HostWindow&) = delete;
+
+  std::byte* data() const { return host_; }
+  float* f32() const { return reinterpret_cast<float*>(host_); }
+  // What the loop wrote, back where it belongs (a copy opened for writing;
+  // nothing for the bytes themselves). Once: a second call does nothing.
+  void done();
+
+ private:
+  const Memory* memory_ = nullptr;
+  void* at_ = nullptr;
+  uint64_t bytes_ = 0;
+  bool write_back_ = false;
+  AlignedBuffer copy_;
+  std::byte* host_ = nullptr;
 };
 
 }  // namespace zerod

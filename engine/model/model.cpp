@@ -150,15 +150,9 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   }
   snapshots_ = std::make_unique<Snapshots>(ctx_, first_local_, local_ranks);
   set_up_observing(local_ranks);
-  // Momentum compression and per-tensor figures are the host's loops over
-  // the gradients, masters and whole copies, which may be in the pool: only
-  // where the host writes the pool in place.
-  const OptimizerInstance& opt = *plugins_.optimizer;
-  if (!ranks_.front()->res.pool_memory.host_writes() &&
-      (opt.compresses() || opt.tensor_scalars() > 0 || opt.tensor_stats() > 0))
-    fail(ZD_ERR_CONFIG, "optimizer '" + opt.plugin().name() + "' (" + config_.source +
-                            ") compresses its exchange or keeps per-tensor figures on the host, which the " + device +
-                            " device does not support yet; use device = \"cpu\"");
+  // Momentum compression and per-tensor figures are the host's loops; on a
+  // pool the host cannot write they reach their bytes through host windows
+  // (HostWindow, memory/transfers.h), so every device runs them.
 }
 
 Model::~Model() {

@@ -3,6 +3,7 @@
 #include "memory/align.h"
 #include "runtime/dtype.h"
 #include "error.h"
+#include "memory/transfers.h"
 #include "runtime/workers.h"
 #include "observe/probe.h"
 
@@ -152,8 +153,7 @@ zd_optimizer_update OptimizerRunner::base_update(const PassArgs& a, const Piece&
   if (a.planned) {
     u.kind = a.kind;
     u.pass = a.pass;
-    if (a.exchange && pc.tensor >= 0)
-      u.exchange = a.exchange(pc.group, static_cast<zd_param_id>(pc.tensor), pc.begin);
+    // u.exchange: opened where the pass runs (update_in_memory, update_staged).
     const uint32_t k = ctx_.optimizer().tensor_scalars();
     if (k && a.scalars && pc.tensor >= 0) u.tensor = a.scalars + static_cast<uint64_t>(pc.tensor) * k;
   }
@@ -263,11 +263,39 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
   u.work_dtype = g.dtype;
   for (uint32_t s = 0; s < slots; ++s) u.state[s] = reinterpret_cast<float*>(b.state[s].addr(pc.begin));
   if (a.planned) {
-    // The host runs planned passes (the model refuses a compressing or
-    // per-tensor optimizer on a device it cannot address).
+    // The host runs planned passes (the plugin's kernels with the exchange
+    // and per-tensor figures): each operand through a host window, which is
+    // the operand itself where the host writes its memory, else a host copy
+    // whose new values go back after the pass (HostWindow). The piece lies
+    // in one segment of each buffer (pieces() cuts at every change).
+    using W = HostWindow;
+    W master(b.master, pc.begin, pc.count, 4, W::kReadWrite, "a planned pass's master");
+    W state[ZD_OPTIMIZER_MAX_STATE];
+    for (uint32_t s = 0; s < slots; ++s)
+      state[s] = W(b.state[s], pc.begin, pc.count, ctx_.state_size(), W::kReadWrite, "a planned pass's state");
+    W work(b.working, wbase, pc.count, dtype_size(g.dtype), W::kWrite, "a planned pass's working copy");
+    // The gradient is read, and zeroed after the update (parallel_pass).
+    W grad_w = with_grad ? W(*grads_.owned(pc.group).memory, grad, pc.count * dtype_size(u.grad_dtype), W::kReadWrite)
+                         : W();
+    // Passes of a plan that keeps no average may write the exchange buffer.
+    W exchange;
+    if (a.exchange && pc.tensor >= 0) {
+      const PassArgs::ExchangeAt x = a.exchange(pc.group, static_cast<zd_param_id>(pc.tensor), pc.begin);
+      exchange = W(*x.buffer, x.at, pc.count, 4, W::kReadWrite, "a planned pass's exchange buffer");
+      u.exchange = exchange.f32();
+    }
+    u.master = master.f32();
+    for (uint32_t s = 0; s < slots; ++s) u.state[s] = state[s].f32();
+    u.work = work.data();
+    if (with_grad) u.grad = grad_w.data();
     std::vector<zd_stat_op> ops(ctx_.optimizer().tensor_stats());
     for (uint32_t i = 0; i < ops.size(); ++i) ops[i] = ctx_.optimizer().stat_op(i);
     parallel_pass(res_.workers, ctx_.optimizer(), u, with_grad, static_cast<uint32_t>(ops.size()), ops.data(), stats);
+    master.done();
+    for (uint32_t s = 0; s < slots; ++s) state[s].done();
+    work.done();
+    grad_w.done();
+    exchange.done();
     return 0;
   }
   // The piece's memory updates it, writing the working copy in place where
@@ -327,10 +355,16 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       const uint64_t lo = std::max(first, t.at), hi = std::min(first + u.count, t.at + t.count);
       if (lo >= hi) continue;
       zd_optimizer_update sub = update_slice(u, ctx_.optimizer().state_slots(), lo - first, hi - lo);
-      sub.exchange = a.exchange ? a.exchange(pc.group, static_cast<zd_param_id>(t.tensor), lo) : nullptr;
+      HostWindow exchange;
+      if (a.exchange) {
+        const PassArgs::ExchangeAt x = a.exchange(pc.group, static_cast<zd_param_id>(t.tensor), lo);
+        exchange = HostWindow(*x.buffer, x.at, hi - lo, 4, HostWindow::kReadWrite, "a staged pass's exchange buffer");
+      }
+      sub.exchange = exchange.f32();
       sub.tensor = nscalars && a.scalars ? a.scalars + static_cast<uint64_t>(t.tensor) * nscalars : nullptr;
       std::fill(sub_stats.begin(), sub_stats.end(), 0.0);
       parallel_pass(res_.workers, ctx_.optimizer(), sub, with_grad, nstats, stat_ops.data(), sub_stats.data());
+      exchange.done();
       if (nstats && a.stats)
         combine_stats(a.stats->data() + static_cast<uint64_t>(t.tensor) * nstats, sub_stats.data(), nstats,
                       stat_ops.data());

@@ -63,10 +63,16 @@ class OptimizerRunner {
     bool planned = false;
     uint32_t kind = 0;
     uint32_t pass = 1;
-    // The exchange buffer's values of tensor `tensor` from element `at` of
-    // the rank's owned range of group `group` (the caller's layout); empty
-    // when the plan has no exchange.
-    std::function<float*(size_t group, zd_param_id tensor, uint64_t at)> exchange;
+    // Where the exchange buffer's values of tensor `tensor` from element
+    // `at` of the rank's owned range of group `group` are (the caller's
+    // layout): a buffer and its element, which the pass reaches through a
+    // HostWindow (it may be in a pool the host cannot write); empty when the
+    // plan has no exchange.
+    struct ExchangeAt {
+      const TieredBuffer* buffer = nullptr;
+      uint64_t at = 0;
+    };
+    std::function<ExchangeAt(size_t group, zd_param_id tensor, uint64_t at)> exchange;
     const float* scalars = nullptr;        // per tensor (registry order), tensor_scalars() each
     std::vector<double>* stats = nullptr;  // per tensor, tensor_stats() each, combined here
   };

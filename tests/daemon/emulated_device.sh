@@ -3,8 +3,9 @@
 # device (device = "emulated": memory the engine cannot address, exported
 # to each trainer as a memfd it maps, transfers that land late) train as on
 # the cpu device, bit for bit, at stages 0-3 with 1 and 2 ranks, with the
-# parameters and optimizer in host memory too; and a job that keeps its
-# state keeps it on that device when its ranks die, and resumes there.
+# parameters and optimizer in host memory too, and with compressing
+# optimizers (1-bit Adam, 1-bit LAMB); and a job that keeps its state keeps
+# it on that device when its ranks die, and resumes there.
 #   emulated_device.sh ZEROD RANK_SCENARIO TESTS_DAEMON_DIR
 set -euo pipefail
 zerod=$1 trainer=$2 dir=$3
@@ -38,6 +39,35 @@ for stage in 0 1 2 3; do
   done
 done
 
+# Compressing optimizers (issue 34 §2): 1-bit Adam and 1-bit LAMB, whose
+# host loops (prepare, the exchange's error feedback, the kept average, the
+# planned passes and 1-bit LAMB's per-tensor figures) reach the device's
+# memory through host copies, end where the cpu device ends, bit for bit.
+compressed=0
+for opt in onebit_adam onebit_lamb; do
+  for stage in 0 1 2 3; do
+    for nproc in 1 2; do
+      label="$opt, stage $stage, $nproc rank(s)"
+      for dev in cpu emulated; do
+        out=$work/$opt-$stage-$nproc-$dev
+        mkdir -p "$out"
+        job "$dir/job_stage$stage.lua" "$dev" |
+          sed -e "s/type = \"adamw\", lr = 0.05/type = \"$opt\", lr = 0.05, freeze_step = 5/" >"$out.lua"
+        grep -q "\"$opt\"" "$out.lua" || { echo "$label: the job script does not name the optimizer"; exit 1; }
+        log=$(ZEROD_SCENARIO_DUMP="$out" "$zerod" run --nproc "$nproc" --job "$out.lua" -- "$trainer" normal 2>&1) ||
+          { echo "$label on $dev: zerod run failed:"; echo "$log"; exit 1; }
+      done
+      for ((r = 0; r < nproc; r++)); do
+        a=$work/$opt-$stage-$nproc-cpu/rank$r.f32 b=$work/$opt-$stage-$nproc-emulated/rank$r.f32
+        [ -s "$a" ] && [ -s "$b" ] || { echo "$label: rank $r wrote no parameters"; exit 1; }
+        cmp -s "$a" "$b" || { echo "$label: rank $r's parameters on the emulated device differ from the cpu device's"; exit 1; }
+      done
+      echo "emulated_device: $label: the same bits as on the cpu device"
+      compressed=$((compressed + 1))
+    done
+  done
+done
+
 # Kept state on the device: rank 1 is killed at step 5, the daemon keeps the
 # model in its emulated device's memory, the restarted ranks resume there.
 job "$dir/job_keep.lua" emulated >"$work/keep.lua"
@@ -62,4 +92,4 @@ for r in 0 1; do
 done
 grep -q "emulated" "$work/serve.log" || true
 echo "emulated_device: the kept model resumed on the emulated device at step 6"
-echo "emulated_device: all $runs jobs and the restart passed"
+echo "emulated_device: all $runs jobs, $compressed with compressing optimizers, and the restart passed"
