@@ -33,9 +33,9 @@
 // (HostWindow, transfers.h): in place where the host writes their memory,
 // else (a GPU, the emulated device) as host copies whose new values go back
 // after the loop, so every device runs the same host code on the same
-// values and ends with the cpu device's bits. compression.replay alone
-// needs the host to write the pool in place (replays(): elsewhere the step
-// all-gathers the working copies instead, the same values).
+// values and ends with the cpu device's bits. compression.replay at stage
+// 3 alone needs the host to write the pool in place (replays(): elsewhere
+// forward and backward all-gather the parameters instead, the same values).
 #pragma once
 
 #include "grad/grad_reducer.h"

@@ -38,13 +38,15 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
     replay_hinted_ = true;
     return false;
   }
-  // The replay's loops write the whole copies and (stages 1-2) the working
-  // copy on the host, in place, and forward and backward read the whole
-  // copy of the parameters by address: only where the host writes the pool
-  // they may be in. Elsewhere (a GPU, the emulated device) the step is not
-  // replayed and the working copies are all-gathered after it, which ends
-  // with the same values (the replay is bit for bit the owners' update).
-  return res_.pool_memory.host_writes();
+  // The replay's loops reach the whole copies and (stages 1-2) the working
+  // copy through host windows, on any device. At stage 3 forward and
+  // backward copy the whole copy of the parameters to the pool from its
+  // address (Residency::copy_whole), which must be the host's: there,
+  // where the host cannot write the pool that copy may be in, the step is
+  // not replayed and forward and backward all-gather the parameters, which
+  // ends with the same values (the replay is bit for bit the owners'
+  // update).
+  return !ctx_.params_partitioned() || res_.pool_memory.host_writes();
 }
 
 // Every rank copies the owners' values of the replayed slots, whole: a
@@ -70,10 +72,13 @@ void MomentumCompression::fill_replica(uint32_t slots) {
         r.allocate(tiers, 4, {{groups[gi].full_numel, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_OPTIMIZER,
                    "the whole copy of state slot '" + opt.state_name(k) + "' of group " + std::to_string(gi) +
                        " (compression.replay)");
-      auto* base = reinterpret_cast<float*>(r.addr(0));
-      for (zd_param_id pid : groups[gi].params)
-        read_whole_into(ctx_, res_, buffers_, pid, static_cast<int>(k), "step: compression.replay",
-                        base + ctx_.registry.param(pid).full_offset);
+      for (zd_param_id pid : groups[gi].params) {
+        const ParamRecord& p = ctx_.registry.param(pid);
+        HostWindow w(r, p.full_offset, static_cast<uint64_t>(p.numel), 4, HostWindow::kWrite,
+                     "a replayed slot's whole copy");
+        read_whole_into(ctx_, res_, buffers_, pid, static_cast<int>(k), "step: compression.replay", w.f32());
+        w.done();
+      }
     }
   }
 }
@@ -134,7 +139,6 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
   // Stages 1-2: the rank's whole working copy; stage 3: its whole copy of
   // the parameters (both fp32, in the full layout).
   const TieredBuffer& whole = ctx_.params_partitioned() ? c.params : buffers_.groups()[gi].working;
-  auto* working = reinterpret_cast<float*>(whole.addr(0));
   observe::Span span(res_.probe, "optimizer", "replay");
   for (zd_param_id pid : s.params) {
     const ParamRecord& p = ctx_.registry.param(pid);
@@ -145,12 +149,19 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
     const float* px = x != nullptr ? x + (packed_at_[static_cast<size_t>(pid)] - s.dense) : nullptr;
     for (const auto& [a, b] : {std::pair{begin, lo}, std::pair{hi, end}}) {
       if (a >= b) continue;
+      // The working copy (as the master) and the replayed slots' copies
+      // over [a, b), through host windows: read, updated, written back.
+      HostWindow master(whole, a, b - a, 4, HostWindow::kReadWrite, "the replayed working copy");
+      HostWindow replica[ZD_OPTIMIZER_MAX_STATE];
+      for (uint32_t k = 0; k < slots; ++k)
+        if (mask >> k & 1u)
+          replica[k] = HostWindow(c.replica[k], a, b - a, 4, HostWindow::kReadWrite, "a replayed slot's whole copy");
       zd_optimizer_update u = step_update(st, g, pid, pass);
       u.count = b - a;
-      u.master = working + a;
+      u.master = master.f32();
       u.exchange = px != nullptr ? const_cast<float*>(px + (a - begin)) : nullptr;
       for (uint32_t k = 0; k < slots; ++k)
-        if (mask >> k & 1u) u.state[k] = reinterpret_cast<float*>(c.replica[k].addr(0)) + a;
+        if (mask >> k & 1u) u.state[k] = replica[k].f32();
       const uint64_t tiles = (u.count + kTile - 1) / kTile;
       res_.workers.run(tiles, [&](size_t i) {
         const uint64_t off = i * kTile, n = std::min(kTile, u.count - off);
@@ -167,6 +178,8 @@ void MomentumCompression::replay(StepState& st, size_t gi, const Segment& s, con
         }
         opt.update(ZD_ISA_AUTO, tile);
       });
+      master.done();
+      for (HostWindow& w : replica) w.done();
     }
   }
 }

@@ -43,27 +43,32 @@ done
 # host loops (prepare, the exchange's error feedback, the kept average, the
 # planned passes and 1-bit LAMB's per-tensor figures) reach the device's
 # memory through host copies, end where the cpu device ends, bit for bit.
+# At stages 1-2 with 2 ranks also with compression.replay (each rank
+# replays the owners' update on its working copy in the device's memory).
 compressed=0
 for opt in onebit_adam onebit_lamb; do
   for stage in 0 1 2 3; do
     for nproc in 1 2; do
-      label="$opt, stage $stage, $nproc rank(s)"
-      for dev in cpu emulated; do
-        out=$work/$opt-$stage-$nproc-$dev
-        mkdir -p "$out"
-        job "$dir/job_stage$stage.lua" "$dev" |
-          sed -e "s/type = \"adamw\", lr = 0.05/type = \"$opt\", lr = 0.05, freeze_step = 5/" >"$out.lua"
-        grep -q "\"$opt\"" "$out.lua" || { echo "$label: the job script does not name the optimizer"; exit 1; }
-        log=$(ZEROD_SCENARIO_DUMP="$out" "$zerod" run --nproc "$nproc" --job "$out.lua" -- "$trainer" normal 2>&1) ||
-          { echo "$label on $dev: zerod run failed:"; echo "$log"; exit 1; }
+      for extra in "" 'compression = { replay = true }'; do
+        [ -n "$extra" ] && { [ "$nproc" != 2 ] || [ "$stage" = 0 ] || [ "$stage" = 3 ]; } && continue
+        label="$opt, stage $stage, $nproc rank(s)${extra:+, compression.replay}"
+        for dev in cpu emulated; do
+          out=$work/$opt-$stage-$nproc-${extra:+replay-}$dev
+          mkdir -p "$out"
+          job "$dir/job_stage$stage.lua" "$dev" "$extra" |
+            sed -e "s/type = \"adamw\", lr = 0.05/type = \"$opt\", lr = 0.05, freeze_step = 5/" >"$out.lua"
+          grep -q "\"$opt\"" "$out.lua" || { echo "$label: the job script does not name the optimizer"; exit 1; }
+          log=$(ZEROD_SCENARIO_DUMP="$out" "$zerod" run --nproc "$nproc" --job "$out.lua" -- "$trainer" normal 2>&1) ||
+            { echo "$label on $dev: zerod run failed:"; echo "$log"; exit 1; }
+        done
+        for ((r = 0; r < nproc; r++)); do
+          a=$work/$opt-$stage-$nproc-${extra:+replay-}cpu/rank$r.f32 b=$work/$opt-$stage-$nproc-${extra:+replay-}emulated/rank$r.f32
+          [ -s "$a" ] && [ -s "$b" ] || { echo "$label: rank $r wrote no parameters"; exit 1; }
+          cmp -s "$a" "$b" || { echo "$label: rank $r's parameters on the emulated device differ from the cpu device's"; exit 1; }
+        done
+        echo "emulated_device: $label: the same bits as on the cpu device"
+        compressed=$((compressed + 1))
       done
-      for ((r = 0; r < nproc; r++)); do
-        a=$work/$opt-$stage-$nproc-cpu/rank$r.f32 b=$work/$opt-$stage-$nproc-emulated/rank$r.f32
-        [ -s "$a" ] && [ -s "$b" ] || { echo "$label: rank $r wrote no parameters"; exit 1; }
-        cmp -s "$a" "$b" || { echo "$label: rank $r's parameters on the emulated device differ from the cpu device's"; exit 1; }
-      done
-      echo "emulated_device: $label: the same bits as on the cpu device"
-      compressed=$((compressed + 1))
     done
   done
 done

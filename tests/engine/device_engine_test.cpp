@@ -32,7 +32,8 @@ struct Case {
 // The trainer's side, on every rank: reads the working copy through the
 // device, writes a gradient that depends on it and on the rank.
 std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector<int64_t>& sizes, int steps,
-                                      uint64_t* device_peak, uint64_t* peer_ops = nullptr) {
+                                      uint64_t* device_peak, uint64_t* peer_ops = nullptr,
+                                      uint64_t* device_optimizer_peak = nullptr) {
   auto model = make_model(o, world);
   std::vector<std::vector<float>> out(sizes.size());
   run_ranks(world, [&](int rank) {
@@ -69,6 +70,7 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
     }
   });
   if (device_peak) *device_peak = model->ledger(0).peak(ZD_TIER_DEVICE, ZD_MEM_ALL);
+  if (device_optimizer_peak) *device_optimizer_peak = model->ledger(0).peak(ZD_TIER_DEVICE, ZD_MEM_OPTIMIZER);
   if (peer_ops)
     if (const auto* od = dynamic_cast<const OpaqueDevice*>(&model->device(0).unwrapped())) *peer_ops = od->peer_ops();
   return out;
@@ -193,10 +195,7 @@ TEST(OpaqueDeviceLimits, CompressingOptimizersAreNoLongerRefused) {
 // back. A copy not written back, or one not filled, ends elsewhere (and a
 // loop touching the pool itself crashes: the opaque device's memory is not
 // readable by the host).
-class CompressingOnDevice : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
-
-TEST_P(CompressingOnDevice, TrainsAsTheCpuDeviceDoes) {
-  const auto& [opt, stage, world] = GetParam();
+JobOptions compressing_job(const std::string& opt, int stage) {
   JobOptions o;
   o.stage = stage;
   o.optimizer = opt;
@@ -211,23 +210,63 @@ TEST_P(CompressingOnDevice, TrainsAsTheCpuDeviceDoes) {
   if (stage == 3)
     o.zero_hparams = {{"param_persistence_threshold", 0}, {"max_live_parameters", 1 << 17},
                       {"prefetch_bucket_size", 1 << 16}, {"reduce_bucket_size", 1 << 16}};
-  const std::vector<int64_t> sizes = {70000, 5000, 1 << 16, 333};
-  const int steps = 7;
-  const auto cpu = train(o, world, sizes, steps, nullptr);
-  o.device = "opaque";
-  const auto got = train(o, world, sizes, steps, nullptr);
-  ASSERT_EQ(cpu.size(), got.size());
+  return o;
+}
+
+const std::vector<int64_t> kCompressedSizes = {70000, 5000, 1 << 16, 333};
+constexpr int kCompressedSteps = 7;
+
+void expect_same_bits(const std::vector<std::vector<float>>& cpu, const std::vector<std::vector<float>>& got,
+                      const std::string& what) {
+  ASSERT_EQ(cpu.size(), got.size()) << what;
   for (size_t i = 0; i < cpu.size(); ++i) {
-    ASSERT_EQ(cpu[i].size(), got[i].size());
+    ASSERT_EQ(cpu[i].size(), got[i].size()) << what;
     size_t differ = 0, first = cpu[i].size();
     for (size_t j = 0; j < cpu[i].size(); ++j)
       if (std::memcmp(&cpu[i][j], &got[i][j], 4) != 0) {
         ++differ;
         first = std::min(first, j);
       }
-    EXPECT_EQ(differ, 0u) << opt << ", stage " << stage << ", " << world << " rank(s): parameter " << i << " differs in "
-                          << differ << " elements from the cpu device's, the first at " << first;
+    EXPECT_EQ(differ, 0u) << what << ": parameter " << i << " differs in " << differ
+                          << " elements from the cpu device's, the first at " << first;
   }
+}
+
+class CompressingOnDevice : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
+
+TEST_P(CompressingOnDevice, TrainsAsTheCpuDeviceDoes) {
+  const auto& [opt, stage, world] = GetParam();
+  JobOptions o = compressing_job(opt, stage);
+  const auto cpu = train(o, world, kCompressedSizes, kCompressedSteps, nullptr);
+  o.device = "opaque";
+  const auto got = train(o, world, kCompressedSizes, kCompressedSteps, nullptr);
+  expect_same_bits(cpu, got, opt + ", stage " + std::to_string(stage) + ", " + std::to_string(world) + " rank(s)");
+}
+
+// compression.replay at stages 1-2 on the opaque device: each rank replays
+// the owners' update of the elements it does not own on its working copy
+// in the pool and on whole copies of the replayed slots, through host
+// windows, instead of all-gathering the working copies: the cpu device's
+// bits. That the replay ran shows in the device's optimizer memory, which
+// holds the slots' whole copies (4 bytes a parameter each) only when it
+// does.
+TEST(CompressingOnDeviceReplay, ReplayedStepsEndAsOnTheCpuDevice) {
+  uint64_t params = 0;
+  for (int64_t n : kCompressedSizes) params += static_cast<uint64_t>(n);
+  for (const std::string opt : {"onebit_adam", "zero_one_adam", "onebit_lamb"})
+    for (int stage : {1, 2}) {
+      const std::string what = opt + ", stage " + std::to_string(stage) + ", 2 ranks, compression.replay";
+      JobOptions o = compressing_job(opt, stage);
+      o.compression_replay = true;
+      const auto cpu = train(o, 2, kCompressedSizes, kCompressedSteps, nullptr);
+      o.device = "opaque";
+      uint64_t replayed_peak = 0, plain_peak = 0;
+      const auto got = train(o, 2, kCompressedSizes, kCompressedSteps, nullptr, nullptr, &replayed_peak);
+      expect_same_bits(cpu, got, what);
+      o.compression_replay = false;
+      train(o, 2, kCompressedSizes, kCompressedSteps, nullptr, nullptr, &plain_peak);
+      EXPECT_GE(replayed_peak, plain_peak + 4 * params) << what << ": the replay kept no whole copy on the device";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingOnDevice,
