@@ -33,15 +33,14 @@
 // (HostWindow, transfers.h): in place where the host writes their memory,
 // else (a GPU, the emulated device) as host copies whose new values go back
 // after the loop, so every device runs the same host code on the same
-// values and ends with the cpu device's bits. compression.replay at stage
-// 3 alone needs the host to write the pool in place (replays(): elsewhere
-// forward and backward all-gather the parameters instead, the same values).
+// values and ends with the cpu device's bits (compression.replay too).
 #pragma once
 
 #include "grad/grad_reducer.h"
 #include "model/model_context.h"
 #include "optimizer/optimizer_runner.h"
 #include "model/rank_resources.h"
+#include "memory/residency.h"
 #include "memory/state_buffers.h"
 #include "memory/tiered_buffer.h"
 #include "memory/transfers.h"
@@ -110,8 +109,9 @@ class MomentumCompression {
   // which a replayed step kept on this rank, so that forward and backward
   // copy it instead of all-gathering it; nullptr when there is none (before
   // the first replayed step, after any step or write that was not
-  // replayed). Every rank answers alike, so all or none of them gather.
-  const float* whole_param(const ParamRecord& p) const;
+  // replayed); the memory that holds it comes with it. Every rank answers
+  // alike, so all or none of them gather.
+  Residency::WholeValue whole_param(const ParamRecord& p) const;
   // zd_param_write of p's whole value: the kept copy takes it too.
   void write_whole_param(const ParamRecord& p, const float* whole);
 

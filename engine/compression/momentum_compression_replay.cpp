@@ -38,15 +38,10 @@ bool MomentumCompression::replays(const zd_optimizer_plan& plan) const {
     replay_hinted_ = true;
     return false;
   }
-  // The replay's loops reach the whole copies and (stages 1-2) the working
-  // copy through host windows, on any device. At stage 3 forward and
-  // backward copy the whole copy of the parameters to the pool from its
-  // address (Residency::copy_whole), which must be the host's: there,
-  // where the host cannot write the pool that copy may be in, the step is
-  // not replayed and forward and backward all-gather the parameters, which
-  // ends with the same values (the replay is bit for bit the owners'
-  // update).
-  return !ctx_.params_partitioned() || res_.pool_memory.host_writes();
+  // The replay's loops reach the whole copies, (stages 1-2) the working
+  // copy and (stage 3) the whole copy of the parameters through host
+  // windows, on any device.
+  return true;
 }
 
 // Every rank copies the owners' values of the replayed slots, whole: a
@@ -95,10 +90,13 @@ void MomentumCompression::fill_params() {
     if (b.empty())
       b.allocate(tiers, 4, {{groups[gi].full_numel, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_PARAMS,
                  "the whole copy of the parameters of group " + std::to_string(gi) + " (compression.replay)");
-    auto* base = reinterpret_cast<float*>(b.addr(0));
-    for (zd_param_id pid : groups[gi].params)
-      read_whole_into(ctx_, res_, buffers_, pid, kMasterSlot, "step: compression.replay",
-                      base + ctx_.registry.param(pid).full_offset);
+    for (zd_param_id pid : groups[gi].params) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      HostWindow w(b, p.full_offset, static_cast<uint64_t>(p.numel), 4, HostWindow::kWrite,
+                   "the whole copy of the parameters");
+      read_whole_into(ctx_, res_, buffers_, pid, kMasterSlot, "step: compression.replay", w.f32());
+      w.done();
+    }
   }
 }
 
@@ -110,7 +108,10 @@ void MomentumCompression::copy_owned_params() {
   for (const ParamRecord& p : ctx_.registry.params()) {
     const ModelContext::OwnedSpan own = ctx_.owned_span(p, res_.rank);
     if (own.count == 0) continue;
-    buffers_.of(p).working.read(tiers, own.at, own.count, params_of(p) + own.from);
+    HostWindow w(groups_[static_cast<size_t>(p.group)].params, p.full_offset + own.from, own.count, 4,
+                 HostWindow::kWrite, "the whole copy of the parameters");
+    buffers_.of(p).working.read(tiers, own.at, own.count, w.f32());
+    w.done();
   }
 }
 
@@ -118,12 +119,18 @@ float* MomentumCompression::params_of(const ParamRecord& p) const {
   return reinterpret_cast<float*>(groups_[static_cast<size_t>(p.group)].params.addr(0)) + p.full_offset;
 }
 
-const float* MomentumCompression::whole_param(const ParamRecord& p) const {
-  return params_valid_ ? params_of(p) : nullptr;
+Residency::WholeValue MomentumCompression::whole_param(const ParamRecord& p) const {
+  if (!params_valid_) return {};
+  const TieredBuffer& b = groups_[static_cast<size_t>(p.group)].params;
+  return {params_of(p), b.segments().front().memory};  // one segment: allocated as one run
 }
 
 void MomentumCompression::write_whole_param(const ParamRecord& p, const float* whole) {
-  if (params_valid_) std::memcpy(params_of(p), whole, static_cast<size_t>(p.numel) * 4);
+  if (!params_valid_ || p.numel == 0) return;
+  HostWindow w(groups_[static_cast<size_t>(p.group)].params, p.full_offset, static_cast<uint64_t>(p.numel), 4,
+               HostWindow::kWrite, "the whole copy of the parameters");
+  std::memcpy(w.data(), whole, static_cast<size_t>(p.numel) * 4);
+  w.done();
 }
 
 // Pass `pass` of the step over the segment's elements that other ranks own,

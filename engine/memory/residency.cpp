@@ -1,6 +1,7 @@
 #include "memory/residency.h"
 
 #include "memory/memory.h"
+#include "memory/transfers.h"
 #include "runtime/dtype.h"
 #include "error.h"
 #include "log.h"
@@ -52,11 +53,11 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
 
 bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a) {
   if (!whole_copy_ || pids.empty()) return false;
-  std::vector<const float*> src;
+  std::vector<WholeValue> src;
   for (zd_param_id pid : pids) {
     const ParamRecord& p = ctx_.registry.param(pid);
-    const float* w = p.dtype == ZD_DTYPE_F32 ? whole_copy_(p) : nullptr;
-    if (w == nullptr) return false;
+    const WholeValue w = p.dtype == ZD_DTYPE_F32 ? whole_copy_(p) : WholeValue{};
+    if (w.at == nullptr) return false;
     src.push_back(w);
   }
   observe::Span span(res_.probe, "residency", "copy whole", a);
@@ -64,7 +65,9 @@ bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::
     const ParamRecord& p = ctx_.registry.param(pids[i]);
     auto* dst = static_cast<std::byte*>(params_[static_cast<size_t>(pids[i])].ptr);
     const uint64_t n = static_cast<uint64_t>(p.numel), padded = gathered_elems(p);
-    res_.device->copy_to_device(dst, src[i], n * 4);
+    // The whole value where the host reads it (itself, or a host copy).
+    const HostWindow whole(*src[i].memory, const_cast<float*>(src[i].at), n * 4, HostWindow::kRead);
+    res_.device->copy_to_device(dst, whole.data(), n * 4);
     // The padding after the last shard, as the shards hold it: zeros.
     if (padded > n) res_.device->zero(dst + n * 4, (padded - n) * 4);
   }

@@ -33,9 +33,15 @@ class Residency {
 
   // Where a rank holds a parameter's whole current fp32 value without a
   // gather (stage 3 with compression.replay: MomentumCompression's copy),
-  // or nullptr. Every rank must answer alike: a gather then copies from
-  // it on all of them, or all-gathers on all of them.
-  using WholeCopy = std::function<const float*(const ParamRecord&)>;
+  // and the memory that holds it (a gather reads it through a HostWindow:
+  // it may be in a pool the host cannot address), or {nullptr, nullptr}.
+  // Every rank must answer alike: a gather then copies from it on all of
+  // them, or all-gathers on all of them.
+  struct WholeValue {
+    const float* at = nullptr;
+    const Memory* memory = nullptr;
+  };
+  using WholeCopy = std::function<WholeValue(const ParamRecord&)>;
   void copy_from(WholeCopy source) { whole_copy_ = std::move(source); }
   // Whether a module's shards may be read now (and any device wait for
   // them issued): prefetch stops at the first that may not.

@@ -243,18 +243,19 @@ TEST_P(CompressingOnDevice, TrainsAsTheCpuDeviceDoes) {
   expect_same_bits(cpu, got, opt + ", stage " + std::to_string(stage) + ", " + std::to_string(world) + " rank(s)");
 }
 
-// compression.replay at stages 1-2 on the opaque device: each rank replays
+// compression.replay at stages 1-3 on the opaque device: each rank replays
 // the owners' update of the elements it does not own on its working copy
-// in the pool and on whole copies of the replayed slots, through host
-// windows, instead of all-gathering the working copies: the cpu device's
-// bits. That the replay ran shows in the device's optimizer memory, which
+// in the pool (stage 3: on its whole copy of the parameters, which forward
+// and backward copy from instead of all-gathering) and on whole copies of
+// the replayed slots, through host windows, instead of all-gathering the
+// working copies: the cpu device's bits. That the replay ran shows in the device's optimizer memory, which
 // holds the slots' whole copies (4 bytes a parameter each) only when it
 // does.
 TEST(CompressingOnDeviceReplay, ReplayedStepsEndAsOnTheCpuDevice) {
   uint64_t params = 0;
   for (int64_t n : kCompressedSizes) params += static_cast<uint64_t>(n);
   for (const std::string opt : {"onebit_adam", "zero_one_adam", "onebit_lamb"})
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const std::string what = opt + ", stage " + std::to_string(stage) + ", 2 ranks, compression.replay";
       JobOptions o = compressing_job(opt, stage);
       o.compression_replay = true;
