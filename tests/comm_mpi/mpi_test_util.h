@@ -8,6 +8,7 @@
 #ifndef ZEROD_TESTS_COMM_MPI_TEST_UTIL_H
 #define ZEROD_TESTS_COMM_MPI_TEST_UTIL_H
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -16,8 +17,8 @@
 
 namespace zerod::comm::test {
 
-// This process's node and the number of nodes, from the launcher's
-// environment (Open MPI, then PMI); 0 of 1 when started alone.
+// This process's node and the number of nodes, from ZEROD_MPI_JOIN or the
+// launcher's environment (Open MPI, then PMI); 0 of 1 when started alone.
 struct NodeEnv {
   int node = 0;
   int nodes = 1;
@@ -25,6 +26,10 @@ struct NodeEnv {
 
 inline NodeEnv node_env() {
   NodeEnv e;
+  // Daemons joined from mpiruns of their own (join.h): <name>,<node>,<nodes>[,...].
+  if (const char* join = std::getenv("ZEROD_MPI_JOIN")) {
+    if (std::sscanf(join, "%*[^,],%d,%d", &e.node, &e.nodes) == 2) return e;
+  }
   for (const auto& [rank, size] : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
                                    std::pair{"PMI_RANK", "PMI_SIZE"}}) {
     const char* r = std::getenv(rank);

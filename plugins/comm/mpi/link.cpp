@@ -54,12 +54,12 @@ zd_status Link::open(const Process& p, const Hello& mine, double timeout_s, doub
   int rc;
   {
     Lock l;
-    rc = MPI_Comm_idup(MPI_COMM_WORLD, &comm, &r);
+    rc = MPI_Comm_idup(p.world, &comm, &r);
   }
   if (rc != MPI_SUCCESS || !wait_one(&r, deadline, &rc)) {
     // A request still posted is left to MPI: it cannot be cancelled.
     if (rc != MPI_SUCCESS) {
-      std::snprintf(err, err_size, "MPI_Comm_idup of MPI_COMM_WORLD failed: %s", error_text(rc).c_str());
+      std::snprintf(err, err_size, "MPI_Comm_idup of the daemons' world failed: %s", error_text(rc).c_str());
       return ZD_ERR_PEER_LOST;
     }
     std::snprintf(err, err_size,

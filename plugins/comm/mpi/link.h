@@ -38,7 +38,7 @@ class Link {
     char host[64] = "";
   };
 
-  // Duplicates MPI_COMM_WORLD (MPI_Comm_idup) and gathers every daemon's
+  // Duplicates the daemons' world (Process::world, MPI_Comm_idup) and gathers every daemon's
   // Hello, each step waited for at most timeout_s (0: no limit): every
   // daemon opens its instances in the same order. spin_us: how long a wait
   // polls flat out after progress before it yields and then sleeps between

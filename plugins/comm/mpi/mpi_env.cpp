@@ -20,6 +20,8 @@
 // When the host process initialised MPI itself, it finalizes it.
 #include "mpi_env.h"
 
+#include "join.h"
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -118,8 +120,18 @@ zd_status first_init() {
   }
   g_serialized.store(level < MPI_THREAD_MULTIPLE);
   g_process.thread_level = level;
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_process.node);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_process.nodes);
+  JoinRequest join;
+  zd_status st = ZD_OK;
+  if (join_requested(&join, &st, g_init_error, sizeof g_init_error)) {
+    if (st != ZD_OK) return st;
+    st = join_world(join, &g_process.world, g_init_error, sizeof g_init_error);
+    if (st != ZD_OK) return st;
+    g_process.node = join.node;
+    g_process.nodes = join.nodes;
+  } else {
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_process.node);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_process.nodes);
+  }
   char name[MPI_MAX_PROCESSOR_NAME] = "";
   int len = 0;
   MPI_Get_processor_name(name, &len);

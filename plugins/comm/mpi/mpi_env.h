@@ -16,8 +16,11 @@
 
 namespace zerod::comm::mpi {
 
-// This process in MPI_COMM_WORLD: one daemon (node) of the job.
+// This process in the daemons' world: one daemon (node) of the job. The
+// world is MPI_COMM_WORLD, or, with ZEROD_MPI_JOIN, the daemons that each
+// came from an mpirun of their own (join.h).
 struct Process {
+  MPI_Comm world = MPI_COMM_WORLD;
   int node = 0;
   int nodes = 1;
   int thread_level = MPI_THREAD_SINGLE;  // what the library provides
