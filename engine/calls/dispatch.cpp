@@ -131,11 +131,8 @@ void check(const Registry& reg, int world_size, const Args& a, const void* data)
     case Op::param_write:
     case Op::state_read:
     case Op::state_write:
-      require(a.slot >= 0, ZD_ERR_INVALID_ARGUMENT, "state slot " + std::to_string(a.slot) + " is negative");
+      // The slot against the optimizer's slots: the Model's (it knows them).
       check_whole_param(name(a.op), reg.param(a.param), a.dtype, data, a.bytes);
-      return;
-    case Op::set_step:
-      require(a.step >= 0, ZD_ERR_INVALID_ARGUMENT, "the step must be >= 0, got " + std::to_string(a.step));
       return;
     case Op::memory:
       require(a.tier >= 0 && a.tier < ZD_TIER_COUNT, ZD_ERR_INVALID_ARGUMENT,
@@ -160,6 +157,7 @@ void check(const Registry& reg, int world_size, const Args& a, const void* data)
       require(a.has_loss == 0 || a.has_loss == 1, ZD_ERR_INVALID_ARGUMENT,
               "zd_model_report: has_loss must be 0 or 1, got " + std::to_string(a.has_loss));
       return;
+    case Op::set_step:  // a negative step: the Model's check, in its words
     case Op::finalize:
     case Op::step:
     case Op::loss_scale:
@@ -171,13 +169,6 @@ void check(const Registry& reg, int world_size, const Args& a, const void* data)
 
 Outcome dispatch(Model& m, int rank, const Args& a, void* data) {
   check(m.registry(), m.world_size(), a, data);
-  if (a.op == Op::state_read || a.op == Op::state_write) {
-    const auto slots = static_cast<int32_t>(m.optimizer().state_slots());
-    require(a.slot < slots, ZD_ERR_INVALID_ARGUMENT,
-            "optimizer '" + std::string(m.optimizer().plugin().name()) + "' has " + std::to_string(slots) +
-                " state slot" + (slots == 1 ? "" : "s") + (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") +
-                ", not " + std::to_string(a.slot));
-  }
   Outcome out;
   kTable[static_cast<uint32_t>(a.op)].run(m, rank, a, data, out);
   out.loss_scale = m.loss_scale(rank);

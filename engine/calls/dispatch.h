@@ -16,8 +16,9 @@
 
 namespace zerod::calls {
 
-// What a call answers: the fixed figures the ring's reply carries
-// (call_record.h), and what only travels in-process or as a socket frame.
+// What a call answers: the fixed figures the reply record carries
+// (call_record.h), the view (answered by libzerod itself in daemon mode),
+// and optimizer_info's names (the reply record's text in daemon mode).
 // The fields a call does not set keep their defaults (0, a loss scale of 1).
 struct Outcome : Figures {
   Outcome() : Figures{} { loss_scale = 1.0; }
@@ -31,7 +32,12 @@ struct Outcome : Figures {
 // dtypes, ranges, and the caller's buffer (data: the pointer the caller
 // passed; size in a.bytes). Both modes run this same function: libzerod
 // before it copies anything into shared memory, and dispatch() below
-// (which is what the daemon runs) before the engine sees the call.
+// (which is what the daemon runs: the trust boundary) before the engine
+// sees the call. What needs the model's state (an optimizer's state slots,
+// a step's sign against the step counter, the call order) the Model checks
+// itself, in its own words; nothing is checked both here and there except
+// check_whole_param, one function that the Model's public calls run too.
+
 void check(const Registry& reg, int world_size, const Args& a, const void* data);
 
 // check(), then the call on the model as `rank`. data: the buffer of a
