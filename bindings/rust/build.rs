@@ -20,7 +20,7 @@ fn main() {
         .unwrap_or_else(|| tree.join("build").join("lib"));
     let include_dir = from_env("ZEROD_INCLUDE_DIR")
         .or_else(|| pkg_config_variable("includedir"))
-        .unwrap_or_else(|| tree.join("abi").join("include"));
+        .unwrap_or_else(|| tree.join("include"));
     let lib_dir = lib_dir.canonicalize().unwrap_or(lib_dir);
     let include_dir = include_dir.canonicalize().unwrap_or(include_dir);
 

@@ -15,7 +15,7 @@ from zerod import _lib, _structs, constants, errors
 
 from conftest import ROOT
 
-HEADER = os.path.join(ROOT, "abi", "include", "zerod", "zerod.h")
+HEADER = os.path.join(ROOT, "include", "zerod", "zerod.h")
 
 
 @pytest.fixture(scope="module")
