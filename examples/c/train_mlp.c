@@ -59,13 +59,19 @@ static float bf16_to_f32(uint16_t h) {
 static uint16_t f32_to_bf16(float f) {
   uint32_t b;
   memcpy(&b, &f, 4);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40u);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* every NaN: PyTorch's quiet NaN, as zerod rounds */
   b += 0x7fffu + ((b >> 16) & 1u);
   return (uint16_t)(b >> 16);
 }
 static float f16_to_f32(uint16_t h) {
   uint32_t e = (h >> 10) & 31u, m = h & 0x3ffu;
-  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+  if (e == 31u && m) { /* NaN: quiet, with its sign and payload, as zerod widens */
+    const uint32_t b = ((uint32_t)(h & 0x8000u) << 16) | 0x7fc00000u | (m << 13);
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+  }
+  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY
                                                      : ldexpf((float)(m | 0x400u), (int)e - 25);
   return (h & 0x8000u) ? -v : v;
 }
@@ -74,7 +80,7 @@ static uint16_t f32_to_f16(float f) {
   memcpy(&b, &f, 4);
   const uint16_t sign = (uint16_t)((b >> 16) & 0x8000u);
   const uint32_t a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;         /* NaN */
+  if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* NaN: quiet, top payload */
   if (a >= 0x477ff000u) return sign | 0x7c00u;        /* rounds to inf */
   if (a < 0x38800000u) {                              /* subnormal half */
     float af;

@@ -142,7 +142,7 @@ Base.Float32(x::BFloat16) = reinterpret(Float32, UInt32(reinterpret(UInt16, x)) 
 Base.Float64(x::BFloat16) = Float64(Float32(x))
 function BFloat16(f::Float32)
     b = reinterpret(UInt32, f)
-    (b & 0x7fffffff) > 0x7f800000 && return reinterpret(BFloat16, UInt16((b >> 16) | 0x00000040))  # NaN stays NaN
+    (b & 0x7fffffff) > 0x7f800000 && return reinterpret(BFloat16, 0x7fc0)  # every NaN: PyTorch's quiet NaN, as zerod rounds
     b += 0x00007fff + ((b >> 16) & 0x00000001)
     return reinterpret(BFloat16, UInt16(b >> 16))
 end
