@@ -29,6 +29,7 @@ struct Launcher {
   const char* rank;
   const char* local_rank;
   const char* local_size;
+  const char* node;  // this node's index among the job's nodes, if the launcher says
   // What tells one launch from another on this node, joined.
   const char* keys[4];
 };
@@ -41,15 +42,15 @@ struct Launcher {
 // allocation's count but runs one process.
 constexpr Launcher kLaunchers[] = {
     {"zerod's rank variables", "ZEROD_WORLD_SIZE", "ZEROD_RANK", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
-     {"ZEROD_JOB_KEY", "MASTER_ADDR", "MASTER_PORT", nullptr}},
+     "ZEROD_NODE_RANK", {"ZEROD_JOB_KEY", "MASTER_ADDR", "MASTER_PORT", nullptr}},
     {"mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE", {"ZEROD_JOB_KEY", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", nullptr}},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, {"ZEROD_JOB_KEY", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", nullptr}},
     {"torchrun (or another torch.distributed launcher: Lightning's, accelerate launch)", "WORLD_SIZE", "RANK",
-     "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+     "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
      {"ZEROD_JOB_KEY", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"}},
-    {"srun (Slurm)", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", nullptr,
+    {"srun (Slurm)", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", nullptr, "SLURM_NODEID",
      {"ZEROD_JOB_KEY", "SLURM_JOB_ID", "SLURM_STEP_ID", nullptr}},
-    {"an MPI launcher (PMI)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    {"an MPI launcher (PMI)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr,
      {"ZEROD_JOB_KEY", "PMI_JOBID", nullptr, nullptr}},
 };
 
@@ -92,6 +93,8 @@ std::optional<LauncherRanks> launcher_ranks() {
     long local_world = l.local_size ? number(l.local_size) : slurm_local_tasks();
     r.local_rank = local >= 0 ? static_cast<int>(local) : r.rank;
     r.local_world = local_world > 0 ? static_cast<int>(local_world) : 0;
+    const long node = number("ZEROD_NODE_RANK") >= 0 ? number("ZEROD_NODE_RANK") : (l.node ? number(l.node) : -1);
+    r.node = node >= 0 ? static_cast<int>(node) : -1;
     r.where = std::string(l.rank) + "=" + value(l.rank) + ", " + l.size + "=" + std::to_string(n);
     if (local >= 0) r.where += std::string(", ") + l.local_rank + "=" + std::to_string(local);
     if (l.local_size && local_world > 0) r.where += std::string(", ") + l.local_size + "=" + std::to_string(local_world);

@@ -3,9 +3,10 @@
 // launch`), mpirun and srun tell each process its rank and the world size.
 // A process of several that connects to no daemon would train alone as
 // rank 0 of 1 while its siblings do the same: two trainings where the user
-// asked for one, silently. zd_connect never lets that happen: on one node
-// the ranks share a daemon they start on demand (node_daemon.h); across
-// nodes it refuses by name.
+// asked for one, silently. zd_connect never lets that happen: the ranks of
+// a node share a daemon they start on demand (node_daemon.h); across nodes
+// the daemons join through MPI when an ompi-server is named, else it
+// refuses by name.
 #pragma once
 
 #include <optional>
@@ -19,6 +20,10 @@ struct LauncherRanks {
   std::string where;     // the variables it was read from, e.g. "RANK=1, WORLD_SIZE=2"
   int rank = 0, world = 1;
   int local_rank = 0, local_world = 1;  // on this node; local_world 0: the launcher does not say
+  // This node's index among the job's nodes: ZEROD_NODE_RANK, else the
+  // launcher's (torchrun's GROUP_RANK, Slurm's SLURM_NODEID); -1 when
+  // nothing says (Open MPI and PMI do not).
+  int node = -1;
   // The same string in every process of one launch on this node and a
   // different one for the next launch (or a restart under torchrun): the
   // launcher's job id, rendezvous address, restart count ("" if it has none).

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -168,27 +169,93 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const std::string& lo
   return pid;
 }
 
+// The program that starts a node's daemon for a job of several nodes:
+// ZEROD_MPIRUN, else mpirun on PATH.
+std::string mpirun_program() {
+  if (const char* e = std::getenv("ZEROD_MPIRUN"); e && *e) {
+    if (!executable(e)) fail(ZD_ERR_CONFIG, std::string("ZEROD_MPIRUN=") + e + " is not an executable");
+    return e;
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty() && executable(d + "/mpirun")) return d + "/mpirun";
+  }
+  fail(ZD_ERR_CONFIG, "the ranks of this job are on several nodes, whose daemons join through MPI, but mpirun is "
+                      "not on PATH; install Open MPI or set ZEROD_MPIRUN=/path/to/mpirun");
+}
+
 }  // namespace
+
+NodePlace node_place(const LauncherRanks& r) {
+  NodePlace p;
+  const std::string who = r.launcher + " (" + r.where + ")";
+  if (r.local_world <= 0 || r.world % r.local_world != 0)
+    fail(ZD_ERR_CONFIG, who + ": the job's " + std::to_string(r.world) + " ranks are not whole nodes of " +
+                            std::to_string(r.local_world) + "; every node must run the same number of ranks");
+  p.nodes = r.world / r.local_world;
+  if (r.node < 0)
+    fail(ZD_ERR_CONFIG, who + " does not say which node this is; set ZEROD_NODE_RANK (0.." +
+                            std::to_string(p.nodes - 1) + ") in each node's ranks");
+  p.node = r.node;
+  if (p.node >= p.nodes || r.rank / r.local_world != p.node || r.rank % r.local_world != r.local_rank)
+    fail(ZD_ERR_CONFIG, who + ", node " + std::to_string(p.node) + " of " + std::to_string(p.nodes) +
+                            ": ranks must be numbered node by node (node k runs ranks k*" +
+                            std::to_string(r.local_world) + " .. k*" + std::to_string(r.local_world) + "+" +
+                            std::to_string(r.local_world - 1) + ", local rank = rank - k*" +
+                            std::to_string(r.local_world) + ")");
+  return p;
+}
 
 std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, int timeout_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 30000);
   const std::string dir = launch_directory();
+  const bool several = r.world != r.local_world;
+  const char* ompi_server = std::getenv("ZEROD_OMPI_SERVER");
+  if (several && (!ompi_server || !*ompi_server))
+    fail(ZD_ERR_CONFIG, r.launcher + " started this process as rank " + std::to_string(r.rank) + " of " +
+                            std::to_string(r.world) + " (" + r.where + "), with " + std::to_string(r.local_world) +
+                            " of them on this node: a daemon started on demand serves the ranks of one node, and "
+                            "the nodes' daemons join through MPI, which connects daemons that no single mpirun "
+                            "started only through an ompi-server. Start one (`ompi-server --report-uri "
+                            "/shared/uri`) and set ZEROD_OMPI_SERVER=file:/shared/uri in every rank, or run one "
+                            "`zerod run --nproc " + std::to_string(r.local_world) +
+                            " --job job.lua -- <command>` per node under mpirun or srun (docs/multinode.md)");
+  const NodePlace place = several ? node_place(r) : NodePlace{};
+  // Several nodes of one job may share a machine (tests do): one daemon each.
+  const std::string key = several ? r.job_key + "node=" + std::to_string(place.node) + ";" : r.job_key;
   char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(r.job_key)));
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(key)));
   const std::string base = dir + "/job-" + hash;
   const std::string sock = base + ".sock", log = base + ".log";
   // Whoever holds the lock starts the daemon; the others find it serving.
   const FileLock lock(base + ".lock", deadline);
   if (transport::detail::socket_is_live(sock)) return sock;
-  const std::vector<std::string> argv = {daemon_program(), "serve", "--until-done",
-                                         "--nproc", std::to_string(r.local_world),
-                                         "--nnodes", "1", "--node-rank", "0",
-                                         "--job", job, "--socket", sock};
+  std::vector<std::string> argv;
+  if (several) {
+    // The same name on every node of the launch (not this node's hash).
+    char job_hash[17];
+    std::snprintf(job_hash, sizeof job_hash, "%016llx", static_cast<unsigned long long>(fnv1a(r.job_key)));
+    ::setenv("ZEROD_MPI_JOIN",
+             ("zerod-" + std::string(job_hash) + "," + std::to_string(place.node) + "," +
+              std::to_string(place.nodes) + "," + std::to_string(std::max(1, timeout_ms / 1000)))
+                 .c_str(),
+             1);
+    argv = {mpirun_program(), "-np", "1", "--ompi-server", ompi_server};
+  }
+  for (const std::string& a : {daemon_program(), std::string("serve"), std::string("--until-done"),
+                               std::string("--nproc"), std::to_string(r.local_world), std::string("--nnodes"),
+                               std::to_string(place.nodes), std::string("--node-rank"), std::to_string(place.node),
+                               std::string("--job"), job, std::string("--socket"), sock})
+    argv.push_back(a);
   const pid_t pid = spawn_detached(argv, log);
+  if (several) ::unsetenv("ZEROD_MPI_JOIN");
   while (!transport::detail::socket_is_live(sock)) {
     if (::kill(pid, 0) == -1 && errno == ESRCH)
       fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
-                              " serve --job " + job + ") exited before it served:\n" + tail_of(log));
+                              (several ? " ... zerod" : "") + " serve --job " + job + ") exited before it served:\n" +
+                              tail_of(log));
     if (Clock::now() > deadline) {
       ::kill(pid, SIGTERM);
       fail(ZD_ERR_TIMEOUT, "the node's zerod daemon did not serve " + sock + " in time; its output (" + log +

@@ -9,6 +9,14 @@
 // and job-<hash>.log (its output). The hash is of the launch's key
 // (LauncherRanks::job_key), so two jobs of one user on a node get two
 // daemons, and all ranks of one launch find the same one.
+//
+// Several nodes (the launcher's world larger than this node's ranks): each
+// node's daemon is `zerod serve --nnodes N --node-rank K` under an `mpirun
+// -np 1` of its own, given the ompi-server that ZEROD_OMPI_SERVER names
+// (what `mpirun --ompi-server` takes: `file:PATH` or the server's URI), and
+// with ZEROD_MPI_JOIN set, so the mpi comm plugins of the nodes' daemons
+// find each other through it (plugins/comm/mpi/join.h). Open MPI cannot
+// connect daemons that no mpirun started, so the mpirun is not optional.
 #pragma once
 
 #include "launcher_env.h"
@@ -21,5 +29,13 @@ namespace zerod::abi {
 // yet. `job` is the job script's path (checked by the daemon before it
 // listens; its errors come back in the thrown Error). Throws Error.
 std::string node_daemon_socket(const LauncherRanks& ranks, const std::string& job, int timeout_ms);
+
+// Several nodes: this node's index and the node count, checked against the
+// ranks' numbering (node-major: node k has ranks k*L .. k*L+L-1, as `zerod
+// serve --nnodes` serves them). Throws ZD_ERR_CONFIG saying what is missing.
+struct NodePlace {
+  int node = 0, nodes = 1;
+};
+NodePlace node_place(const LauncherRanks& ranks);
 
 }  // namespace zerod::abi

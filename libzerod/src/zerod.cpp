@@ -154,12 +154,6 @@ std::unique_ptr<zerod::abi::ClientBackend> connect_launched_rank(const zerod::ab
     fail(ZD_ERR_CONFIG, who + ", but not how many of them run on this node, so no daemon can be started for "
                               "them; set ZEROD_LOCAL_WORLD_SIZE (and ZEROD_RANK, ZEROD_LOCAL_RANK, ZEROD_WORLD_SIZE), "
                               "or start the ranks with `zerod run --nproc N -- <command>`" + alone);
-  if (r.local_world != r.world)
-    fail(ZD_ERR_CONFIG, who + ", with " + std::to_string(r.local_world) + " of them on this node: a daemon started "
-                              "on demand serves the ranks of one node, and daemons of several nodes join through "
-                              "MPI, which this launcher did not start. Run one `zerod run --nproc " +
-                              std::to_string(r.local_world) + " --job job.lua -- <command>` per node under mpirun "
-                              "or srun (docs/multinode.md)" + alone);
   const char* job = std::getenv("ZEROD_JOB");
   if (!job || !*job)
     fail(ZD_ERR_CONFIG, who + ": the node's zerod daemon, which these ranks start on demand, needs the job script "

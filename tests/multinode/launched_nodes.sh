@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Ranks of another launcher on several nodes, without `zerod run` (issue 36
+# §1): each node's first rank starts that node's daemon on demand under an
+# `mpirun -np 1` of its own, given the ompi-server ZEROD_OMPI_SERVER names,
+# and the daemons join through the mpi comm plugin (ZEROD_MPI_JOIN). Two
+# "nodes" of two ranks on this machine, with torchrun's variables (GROUP_RANK
+# says the node): the C example trains to the final loss of `zerod run
+# --nproc 4` (within 1e-5: the mpi plugin reduces in another order), no
+# daemon, mpirun or server is left; without ZEROD_OMPI_SERVER, or without a
+# node index, the ranks are refused saying what to set.
+#   launched_nodes.sh ZEROD TRAIN_MLP JOB
+set -uo pipefail
+zerod=$1 trainer=$2 job=$3
+work=$(mktemp -d /tmp/zerod-launched-nodes-XXXXXX)
+server=""
+cleanup() {
+  pkill -f "zerod serve --until-done.*$work" 2>/dev/null
+  [ -n "$server" ] && kill "$server" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export XDG_RUNTIME_DIR=$work
+unset ZEROD_ENDPOINT ZEROD_RANK ZEROD_WORLD_SIZE ZEROD_LOCAL_RANK ZEROD_LOCAL_WORLD_SIZE ZEROD_NODE_RANK \
+  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ZEROD_OMPI_SERVER
+# The mpiruns the ranks start use the loopback only, like every MPI test here.
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+{ cat "$job"; } > "$work/local.lua"
+sed 's/^return {/return {\n  comm = { backend = "mpi", timeout = 60 },/' "$job" > "$work/mpi.lua"
+grep -q 'backend = "mpi"' "$work/mpi.lua" || { echo "launched_nodes: could not write the mpi job"; exit 1; }
+
+ref=$("$zerod" run --no-prefix --nproc 4 --job "$work/local.lua" -- "$trainer" --steps 30 2>&1 | grep "final loss") ||
+  { echo "launched_nodes: zerod run failed"; exit 1; }
+left() { pgrep -f "zerod serve --until-done.*$work" | wc -l; }
+
+ompi-server --no-daemonize --report-uri "$work/uri" --mca oob_tcp_if_include lo > "$work/server.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do [ -s "$work/uri" ] && break; sleep 0.1; done
+[ -s "$work/uri" ] || { echo "launched_nodes: ompi-server wrote no URI"; cat "$work/server.log"; exit 1; }
+
+# launch NAME VARS...: ranks 0..3, node = rank / 2, with torchrun's variables.
+launch() {
+  local name=$1 pids=()
+  shift
+  for r in 0 1 2 3; do
+    env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29671 \
+      TORCHELASTIC_RUN_ID="launched-$$-$name" ZEROD_JOB="$work/mpi.lua" "${@//\{node\}/$((r / 2))}" \
+      timeout 240 "$trainer" --steps 30 > "$work/$name.$r" 2>&1 &
+    pids+=($!)
+  done
+  failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done  # not the ompi-server, which runs on
+}
+
+launch two GROUP_RANK={node} ZEROD_OMPI_SERVER="file:$work/uri"
+if [ "$failed" != 0 ] || ! grep -q "final loss" "$work/two.0"; then
+  echo "launched_nodes: $failed of the 4 ranks failed, or rank 0 printed no final loss:"
+  for k in 0 1 2 3; do echo "--- rank $k:"; tail -n 20 "$work/two.$k"; done
+  for f in "$work"/zerod-launch/*.log; do echo "--- $f"; tail -20 "$f"; done
+  exit 1
+fi
+got=$(grep "final loss" "$work/two.0")
+python3 - "$ref" "$got" <<'PY' || exit 1
+import re, sys
+ref, got = (float(re.search(r"final loss ([-0-9.e+]+)", s).group(1)) for s in sys.argv[1:3])
+if abs(ref - got) > 1e-5 * max(1.0, abs(ref)):
+    print(f"launched_nodes: 2 nodes ended at {got}, zerod run --nproc 4 at {ref}")
+    sys.exit(1)
+PY
+n=$(grep -l "started this node's daemon" "$work"/two.* | wc -l)
+[ "$n" = 2 ] || { echo "launched_nodes: $n ranks said they started a daemon, not one per node"; exit 1; }
+for _ in $(seq 100); do [ "$(left)" = 0 ] && break; sleep 0.1; done
+[ "$(left)" = 0 ] || { echo "launched_nodes: a daemon outlived its ranks"; exit 1; }
+echo "launched_nodes: 2 nodes x 2 ranks through daemons started on demand: $got (zerod run --nproc 4: $ref); no daemon left"
+
+# Refused, saying what to set: no ompi-server named; no node index.
+launch noserver GROUP_RANK={node}
+[ "$failed" = 4 ] || { echo "launched_nodes: $((4 - failed)) ranks ran without an ompi-server"; exit 1; }
+grep -q "ZEROD_OMPI_SERVER" "$work/noserver.0" ||
+  { echo "launched_nodes: without ZEROD_OMPI_SERVER:"; cat "$work/noserver.0"; exit 1; }
+launch nonode ZEROD_OMPI_SERVER="file:$work/uri"
+[ "$failed" = 4 ] || { echo "launched_nodes: $((4 - failed)) ranks ran without a node index"; exit 1; }
+grep -q "does not say which node this is; set ZEROD_NODE_RANK" "$work/nonode.0" ||
+  { echo "launched_nodes: without a node index:"; cat "$work/nonode.0"; exit 1; }
+[ "$(left)" = 0 ] || { echo "launched_nodes: a refused launch left a daemon"; exit 1; }
+echo "launched_nodes: all checks passed"
