@@ -120,7 +120,16 @@ std::string tail_of(const std::string& path, size_t max_bytes = 4000) {
 // Starts `argv` as a daemon of its own session (no launcher's signal to the
 // ranks' process group reaches it; init reaps it), output into `log`.
 // Returns its pid once it runs the program.
-pid_t spawn_detached(const std::vector<std::string>& argv, const std::string& log) {
+pid_t spawn_detached(const std::vector<std::string>& argv, const std::string& log,
+                     const std::vector<std::string>& extra_env = {}) {
+  // The environment is built here, before the fork: after it only
+  // async-signal-safe calls are allowed, and setenv in the trainer would
+  // race its other threads.
+  std::vector<std::string> env_text(extra_env);
+  for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) == -1) fail(ZD_ERR_IO, "pipe for the node's daemon: " + errno_text(errno));
   std::vector<char*> args;
@@ -150,7 +159,7 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const std::string& lo
     // socket or file of the trainer kept open by the daemon would outlive it.
     for (int fd = 3; fd < 1024; ++fd)
       if (fd != pipefd[1]) ::close(fd);
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     const int err = -errno;
     (void)!::write(pipefd[1], &err, sizeof err);
     ::_exit(127);
@@ -232,16 +241,13 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
   // Whoever holds the lock starts the daemon; the others find it serving.
   const FileLock lock(base + ".lock", deadline);
   if (transport::detail::socket_is_live(sock)) return sock;
-  std::vector<std::string> argv;
+  std::vector<std::string> argv, extra_env;
   if (several) {
     // The same name on every node of the launch (not this node's hash).
     char job_hash[17];
     std::snprintf(job_hash, sizeof job_hash, "%016llx", static_cast<unsigned long long>(fnv1a(r.job_key)));
-    ::setenv("ZEROD_MPI_JOIN",
-             ("zerod-" + std::string(job_hash) + "," + std::to_string(place.node) + "," +
-              std::to_string(place.nodes) + "," + std::to_string(std::max(1, timeout_ms / 1000)))
-                 .c_str(),
-             1);
+    extra_env.push_back("ZEROD_MPI_JOIN=zerod-" + std::string(job_hash) + "," + std::to_string(place.node) + "," +
+                        std::to_string(place.nodes) + "," + std::to_string(std::max(1, timeout_ms / 1000)));
     argv = {mpirun_program(), "-np", "1", "--ompi-server", ompi_server};
   }
   for (const std::string& a : {daemon_program(), std::string("serve"), std::string("--until-done"),
@@ -249,8 +255,7 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
                                std::to_string(place.nodes), std::string("--node-rank"), std::to_string(place.node),
                                std::string("--job"), job, std::string("--socket"), sock})
     argv.push_back(a);
-  const pid_t pid = spawn_detached(argv, log);
-  if (several) ::unsetenv("ZEROD_MPI_JOIN");
+  const pid_t pid = spawn_detached(argv, log, extra_env);
   while (!transport::detail::socket_is_live(sock)) {
     if (::kill(pid, 0) == -1 && errno == ESRCH)
       fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
