@@ -297,7 +297,7 @@ TEST_F(Fixture, CallFramesCarryTheRingsRecords) {
     const std::byte* tail = f.body.data() + sizeof a.rep;
     EXPECT_EQ(f.body.size(), sizeof a.rep + a.rep.view_count * sizeof(wire::RingView) + a.rep.message_bytes);
     a.views.resize(a.rep.view_count);
-    std::memcpy(a.views.data(), tail, a.views.size() * sizeof(wire::RingView));
+    if (!a.views.empty()) std::memcpy(a.views.data(), tail, a.views.size() * sizeof(wire::RingView));
     a.text.assign(reinterpret_cast<const char*>(tail) + a.views.size() * sizeof(wire::RingView), a.rep.message_bytes);
     return a;
   };
