@@ -31,6 +31,16 @@ uint32_t put_text(std::span<std::byte> room, size_t after_views, const std::stri
   return n;
 }
 
+// A reply record that says only an error: its status and message, no views.
+// Returns the bytes written.
+size_t put_error(std::span<std::byte> slot, zd_status status, const std::string& message) {
+  wire::RingReply rep{};
+  rep.status = status;
+  rep.message_bytes = put_text(slot.subspan(sizeof rep), 0, message);
+  std::memcpy(slot.data(), &rep, sizeof rep);
+  return sizeof rep + rep.message_bytes;
+}
+
 // optimizer_info's names, each ended by a NUL (ring_call.h).
 std::string names_of(const calls::Outcome& o) {
   std::string s = o.optimizer + '\0';
@@ -147,11 +157,7 @@ std::span<const std::byte> Session::answer_call(const transport::Frame& frame, v
                                         " bytes, not " + std::to_string(frame.body.size()));
     if (!frame.fds.empty()) fail(ZD_ERR_INVALID_ARGUMENT, "a call frame carries no fds");
   } catch (const Error& e) {
-    wire::RingReply rep{};
-    rep.status = e.code();
-    rep.message_bytes = put_text(std::span(call_reply_).subspan(sizeof rep), 0, e.what());
-    std::memcpy(call_reply_.data(), &rep, sizeof rep);
-    return std::span(call_reply_).first(sizeof rep + rep.message_bytes);
+    return std::span(call_reply_).first(put_error(call_reply_, e.code(), e.what()));
   }
   std::memcpy(&req, frame.body.data(), sizeof req);
   return std::span(call_reply_).first(answer_record(req, call_reply_, arenas, fds));
@@ -168,10 +174,7 @@ void Session::answer_ring(const wire::RingRequest& req) {
   } catch (const std::exception& e) {
     // The client cannot be told of its arenas: the reply says why instead.
     const auto* err = dynamic_cast<const Error*>(&e);
-    wire::RingReply rep{};
-    rep.status = err ? err->code() : ZD_ERR_INTERNAL;
-    rep.message_bytes = put_text(slot.subspan(sizeof rep), 0, e.what());
-    std::memcpy(slot.data(), &rep, sizeof rep);
+    put_error(slot, err ? err->code() : ZD_ERR_INTERNAL, e.what());
   }
 }
 

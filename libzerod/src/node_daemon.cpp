@@ -58,6 +58,17 @@ std::string launch_directory() {
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 
+// `name` in a directory of PATH, or "" when none has it.
+std::string on_path(const std::string& name) {
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty() && executable(d + "/" + name)) return d + "/" + name;
+  }
+  return "";
+}
+
 // The zerod executable: ZEROD_DAEMON; else beside this libzerod (lib/../bin,
 // as installed and in the build tree); else on PATH.
 std::string daemon_program() {
@@ -72,12 +83,7 @@ std::string daemon_program() {
     for (const std::string& p : {dir + "/../bin/zerod", dir + "/zerod"})
       if (executable(p)) return p;
   }
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream ss(path);
-    std::string d;
-    while (std::getline(ss, d, ':'))
-      if (!d.empty() && executable(d + "/zerod")) return d + "/zerod";
-  }
+  if (std::string p = on_path("zerod"); !p.empty()) return p;
   fail(ZD_ERR_CONFIG, "cannot find the zerod executable to start this node's daemon: not beside libzerod, not on "
                       "PATH; set ZEROD_DAEMON=/path/to/zerod");
 }
@@ -185,12 +191,7 @@ std::string mpirun_program() {
     if (!executable(e)) fail(ZD_ERR_CONFIG, std::string("ZEROD_MPIRUN=") + e + " is not an executable");
     return e;
   }
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream ss(path);
-    std::string d;
-    while (std::getline(ss, d, ':'))
-      if (!d.empty() && executable(d + "/mpirun")) return d + "/mpirun";
-  }
+  if (std::string p = on_path("mpirun"); !p.empty()) return p;
   fail(ZD_ERR_CONFIG, "the ranks of this job are on several nodes, whose daemons join through MPI, but mpirun is "
                       "not on PATH; install Open MPI or set ZEROD_MPIRUN=/path/to/mpirun");
 }
