@@ -40,24 +40,14 @@ for ((k = nodes - 1; k >= 0; k--)); do
   pids+=($!)
   sleep 0.3
 done
-for p in "${pids[@]}"; do wait "$p"; done
-# Every node must pass every test. The one failure allowed is Open MPI's at
-# the very end: connected jobs finalize each on its own, and one may still
-# write to another's closed socket (SIGPIPE after the tests passed;
-# docs/multinode.md "Known limit"). It is counted and printed.
-pipes=0
-for ((k = 0; k < nodes; k++)); do
-  f="$tmp/all.node$k"
-  if ! grep -q "PASSED" "$f" || grep -q "FAILED" "$f" ||
-     { grep -q "exited\|terminated\|non-zero" "$f" && ! grep -q "exited on signal 13 (Broken pipe)" "$f"; }; then
-    for ((j = 0; j < nodes; j++)); do echo "--- node $j:"; tail -30 "$tmp/all.node$j"; done
-    echo "join_test: joined node $k failed"
-    exit 1
-  fi
-  grep -q "exited on signal 13 (Broken pipe)" "$f" && pipes=$((pipes + 1))
-done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+if [ "$failed" != 0 ]; then
+  for ((k = 0; k < nodes; k++)); do echo "--- node $k:"; tail -30 "$tmp/all.node$k"; done
+  echo "join_test: a joined node failed its tests"
+  exit 1
+fi
 grep -h "PASSED" "$tmp"/all.node* | sort | uniq -c
-echo "join_test: $pipes of $nodes mpiruns ended with Open MPI's SIGPIPE at finalize, after their tests passed"
 
 # 2. The last node never comes: the others end within the timeout (5 s)
 # with the plugin's message, not a hang.
