@@ -11,6 +11,8 @@ int translate_command(int argc, char** argv);
 int run_command(int argc, char** argv);
 // zerod serve --nproc N --job job.lua --socket PATH
 int serve_command(int argc, char** argv);
+// zerod join --node K --nnodes N --rendezvous HOST:PORT --name NAME --uri-file PATH -- <command…>
+int join_command(int argc, char** argv);
 int ckpt_command(int argc, char** argv);
 // zerod status [--socket PATH]
 int status_command(int argc, char** argv);

@@ -16,6 +16,7 @@ void usage(FILE* out) {
                "commands:\n"
                "  run --nproc N --job job.lua -- <trainer...>   start the daemon and N ranks\n"
                "  serve --nproc N --job job.lua --socket PATH   the daemon alone\n"
+               "  join --node K --nnodes N ... -- <command>     one node's daemon of launched ranks\n"
                "  status [--socket PATH]                        what a running daemon holds\n"
                "  top [--socket PATH]                           a live view of a running daemon\n"
                "  plot trace.json [--out DIR]                   PNGs of a trace: memory, step time, loss\n"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "run") return zerod::cli::run_command(argc - 2, argv + 2);
   if (cmd == "serve") return zerod::cli::serve_command(argc - 2, argv + 2);
+  if (cmd == "join") return zerod::cli::join_command(argc - 2, argv + 2);
   if (cmd == "status") return zerod::cli::status_command(argc - 2, argv + 2);
   if (cmd == "top") return zerod::cli::top_command(argc - 2, argv + 2);
   if (cmd == "plot") return zerod::cli::plot_command(argc - 2, argv + 2);

@@ -5,8 +5,8 @@
 // rank 0 of 1 while its siblings do the same: two trainings where the user
 // asked for one, silently. zd_connect never lets that happen: the ranks of
 // a node share a daemon they start on demand (node_daemon.h); across nodes
-// the daemons join through MPI when an ompi-server is named, else it
-// refuses by name.
+// the daemons join through MPI (an Open MPI name server the user names or
+// node 0 starts); what cannot be served is refused by name.
 #pragma once
 
 #include <optional>

@@ -196,6 +196,29 @@ std::string mpirun_program() {
                       "not on PATH; install Open MPI or set ZEROD_MPIRUN=/path/to/mpirun");
 }
 
+// Where node 0's `zerod join` serves the name server's URI to the other
+// nodes: ZEROD_RENDEZVOUS, else the launcher's MASTER_ADDR (node 0's host,
+// which every node of torchrun, accelerate launch and Lightning knows) at
+// MASTER_PORT + 1 (MASTER_PORT itself is the launcher's own store).
+std::string rendezvous_address(const LauncherRanks& r) {
+  if (const char* e = std::getenv("ZEROD_RENDEZVOUS"); e && *e) return e;
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  char* end = nullptr;
+  const long p = port ? std::strtol(port, &end, 10) : 0;
+  if (addr && *addr && port && *end == 0 && p > 0 && p < 65535)
+    return std::string(addr) + ":" + std::to_string(p + 1);
+  fail(ZD_ERR_CONFIG, r.launcher + " started this process as rank " + std::to_string(r.rank) + " of " +
+                          std::to_string(r.world) + " (" + r.where + "), with " + std::to_string(r.local_world) +
+                          " of them on this node: the nodes' daemons join through an Open MPI name server, which "
+                          "node 0 starts and hands to the others over TCP at MASTER_ADDR:MASTER_PORT+1, but "
+                          "MASTER_ADDR and MASTER_PORT are not both set. Set ZEROD_RENDEZVOUS=<node 0's "
+                          "host>:<a free port> in every rank, or ZEROD_OMPI_SERVER=file:/shared/uri naming an "
+                          "`ompi-server --report-uri /shared/uri` of your own, or run one `zerod run --nproc " +
+                          std::to_string(r.local_world) +
+                          " --job job.lua -- <command>` per node under mpirun or srun (docs/multinode.md)");
+}
+
 }  // namespace
 
 NodePlace node_place(const LauncherRanks& r) {
@@ -223,15 +246,8 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
   const std::string dir = launch_directory();
   const bool several = r.world != r.local_world;
   const char* ompi_server = std::getenv("ZEROD_OMPI_SERVER");
-  if (several && (!ompi_server || !*ompi_server))
-    fail(ZD_ERR_CONFIG, r.launcher + " started this process as rank " + std::to_string(r.rank) + " of " +
-                            std::to_string(r.world) + " (" + r.where + "), with " + std::to_string(r.local_world) +
-                            " of them on this node: a daemon started on demand serves the ranks of one node, and "
-                            "the nodes' daemons join through MPI, which connects daemons that no single mpirun "
-                            "started only through an ompi-server. Start one (`ompi-server --report-uri "
-                            "/shared/uri`) and set ZEROD_OMPI_SERVER=file:/shared/uri in every rank, or run one "
-                            "`zerod run --nproc " + std::to_string(r.local_world) +
-                            " --job job.lua -- <command>` per node under mpirun or srun (docs/multinode.md)");
+  const bool own_server = several && (!ompi_server || !*ompi_server);
+  const std::string rendezvous = own_server ? rendezvous_address(r) : std::string();
   const NodePlace place = several ? node_place(r) : NodePlace{};
   // Several nodes of one job may share a machine (tests do): one daemon each.
   const std::string key = several ? r.job_key + "node=" + std::to_string(place.node) + ";" : r.job_key;
@@ -247,9 +263,17 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     // The same name on every node of the launch (not this node's hash).
     char job_hash[17];
     std::snprintf(job_hash, sizeof job_hash, "%016llx", static_cast<unsigned long long>(fnv1a(r.job_key)));
+    const std::string timeout = std::to_string(std::max(1, timeout_ms / 1000));
     extra_env.push_back("ZEROD_MPI_JOIN=zerod-" + std::string(job_hash) + "," + std::to_string(place.node) + "," +
-                        std::to_string(place.nodes) + "," + std::to_string(std::max(1, timeout_ms / 1000)));
-    argv = {mpirun_program(), "-np", "1", "--ompi-server", ompi_server};
+                        std::to_string(place.nodes) + "," + timeout);
+    if (own_server)  // node 0's daemon starts one; the others fetch its URI (daemon/cli/join_command.cpp)
+      argv = {daemon_program(), "join", "--node", std::to_string(place.node), "--nnodes", std::to_string(place.nodes),
+              "--rendezvous", rendezvous, "--name", "zerod-" + std::string(job_hash), "--uri-file", base + ".uri",
+              "--timeout", timeout, "--"};
+    for (const std::string& a : {mpirun_program(), std::string("-np"), std::string("1"),
+                                 std::string("--ompi-server"),
+                                 own_server ? "file:" + base + ".uri" : std::string(ompi_server)})
+      argv.push_back(a);
   }
   for (const std::string& a : {daemon_program(), std::string("serve"), std::string("--until-done"),
                                std::string("--nproc"), std::to_string(r.local_world), std::string("--nnodes"),

@@ -12,10 +12,13 @@
 //
 // Several nodes (the launcher's world larger than this node's ranks): each
 // node's daemon is `zerod serve --nnodes N --node-rank K` under an `mpirun
-// -np 1` of its own, given the ompi-server that ZEROD_OMPI_SERVER names
-// (what `mpirun --ompi-server` takes: `file:PATH` or the server's URI), and
-// with ZEROD_MPI_JOIN set, so the mpi comm plugins of the nodes' daemons
-// find each other through it (plugins/comm/mpi/join.h). Open MPI cannot
+// -np 1` of its own, with ZEROD_MPI_JOIN set, so the mpi comm plugins of the
+// nodes' daemons find each other through an Open MPI name server
+// (plugins/comm/mpi/join.h): the one ZEROD_OMPI_SERVER names (what `mpirun
+// --ompi-server` takes: `file:PATH` or the server's URI), else one that
+// node 0 starts and hands to the other nodes over TCP (`zerod join` wraps
+// the mpirun: daemon/cli/join_command.cpp; the rendezvous is
+// ZEROD_RENDEZVOUS, else MASTER_ADDR:MASTER_PORT+1). Open MPI cannot
 // connect daemons that no mpirun started, so the mpirun is not optional.
 #pragma once
 

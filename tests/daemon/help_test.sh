@@ -38,7 +38,7 @@ expect_usage() {
 commands=$("$zerod" --help | sed -n '/^commands:/,/^[^ ]/s/^  \([a-z][a-z-]*\) .*/\1/p')
 ckpt_commands=$("$zerod" ckpt --help | sed -n 's/^  \([a-z][a-z-]*\) [A-Z_]*DIR .*/\1/p')
 # A list that failed to parse would check nothing: these must be there.
-for c in run serve status top plot check translate plan ckpt version; do
+for c in run serve join status top plot check translate plan ckpt version; do
   grep -qx "$c" <<<"$commands" || { echo "FAIL: '$c' is not among zerod --help's commands: $commands"; fails=$((fails + 1)); }
 done
 for c in info export reshard import; do

@@ -6,15 +6,18 @@
 # "nodes" of two ranks on this machine, with torchrun's variables (GROUP_RANK
 # says the node): the C example trains to the final loss of `zerod run
 # --nproc 4` (within 1e-5: the mpi plugin reduces in another order), no
-# daemon, mpirun or server is left; without ZEROD_OMPI_SERVER, or without a
-# node index, the ranks are refused saying what to set.
+# daemon, mpirun or server is left. Then the same without an ompi-server of
+# the user's: node 0's daemon starts one and hands it to node 1 over the
+# rendezvous at MASTER_ADDR:MASTER_PORT+1 (`zerod join`). Without a server
+# or a rendezvous address, or without a node index, the ranks are refused
+# saying what to set.
 #   launched_nodes.sh ZEROD TRAIN_MLP JOB
 set -uo pipefail
 zerod=$1 trainer=$2 job=$3
 work=$(mktemp -d /tmp/zerod-launched-nodes-XXXXXX)
 server=""
 cleanup() {
-  pkill -f "zerod serve --until-done.*$work" 2>/dev/null
+  pkill -f "zerod serve --until-done.*$work|ompi-server.*$work/zerod-launch" 2>/dev/null
   [ -n "$server" ] && kill "$server" 2>/dev/null
   rm -rf "$work"
 }
@@ -30,7 +33,17 @@ grep -q 'backend = "mpi"' "$work/mpi.lua" || { echo "launched_nodes: could not w
 
 ref=$("$zerod" run --no-prefix --nproc 4 --job "$work/local.lua" -- "$trainer" --steps 30 2>&1 | grep "final loss") ||
   { echo "launched_nodes: zerod run failed"; exit 1; }
-left() { pgrep -f "zerod serve --until-done.*$work" | wc -l; }
+# The daemons (and their `zerod join` wrappers), and the name servers node 0
+# starts (the user's, $server, is not one of these).
+left() { pgrep -f "zerod serve --until-done.*$work|ompi-server.*$work/zerod-launch" | wc -l; }
+# A port nothing listens on now, and the one above it (the rendezvous).
+master_port=$(python3 -c 'import socket
+for _ in range(100):
+    a, b = socket.socket(), socket.socket()
+    try:
+        a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]; b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError: pass
+    finally: a.close(); b.close()')
 
 ompi-server --no-daemonize --report-uri "$work/uri" --mca oob_tcp_if_include lo > "$work/server.log" 2>&1 &
 server=$!
@@ -42,7 +55,7 @@ launch() {
   local name=$1 pids=()
   shift
   for r in 0 1 2 3; do
-    env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29671 \
+    env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_port \
       TORCHELASTIC_RUN_ID="launched-$$-$name" ZEROD_JOB="$work/mpi.lua" "${@//\{node\}/$((r / 2))}" \
       timeout 240 "$trainer" --steps 30 > "$work/$name.$r" 2>&1 &
     pids+=($!)
@@ -51,32 +64,47 @@ launch() {
   for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done  # not the ompi-server, which runs on
 }
 
-launch two GROUP_RANK={node} ZEROD_OMPI_SERVER="file:$work/uri"
-if [ "$failed" != 0 ] || ! grep -q "final loss" "$work/two.0"; then
-  echo "launched_nodes: $failed of the 4 ranks failed, or rank 0 printed no final loss:"
-  for k in 0 1 2 3; do echo "--- rank $k:"; tail -n 20 "$work/two.$k"; done
-  for f in "$work"/zerod-launch/*.log; do echo "--- $f"; tail -20 "$f"; done
-  exit 1
-fi
-got=$(grep "final loss" "$work/two.0")
-python3 - "$ref" "$got" <<'PY' || exit 1
+# trains NAME: the 4 ranks launched with VARS end where `zerod run --nproc
+# 4` does, one daemon per node, none left.
+trains() {
+  local name=$1
+  launch "$@"
+  if [ "$failed" != 0 ] || ! grep -q "final loss" "$work/$name.0"; then
+    echo "launched_nodes ($name): $failed of the 4 ranks failed, or rank 0 printed no final loss:"
+    for k in 0 1 2 3; do echo "--- rank $k:"; tail -n 20 "$work/$name.$k"; done
+    for f in "$work"/zerod-launch/*.log; do echo "--- $f"; tail -20 "$f"; done
+    exit 1
+  fi
+  got=$(grep "final loss" "$work/$name.0")
+  python3 - "$ref" "$got" "$name" <<'PY' || exit 1
 import re, sys
 ref, got = (float(re.search(r"final loss ([-0-9.e+]+)", s).group(1)) for s in sys.argv[1:3])
 if abs(ref - got) > 1e-5 * max(1.0, abs(ref)):
-    print(f"launched_nodes: 2 nodes ended at {got}, zerod run --nproc 4 at {ref}")
+    print(f"launched_nodes ({sys.argv[3]}): 2 nodes ended at {got}, zerod run --nproc 4 at {ref}")
     sys.exit(1)
 PY
-n=$(grep -l "started this node's daemon" "$work"/two.* | wc -l)
-[ "$n" = 2 ] || { echo "launched_nodes: $n ranks said they started a daemon, not one per node"; exit 1; }
-for _ in $(seq 100); do [ "$(left)" = 0 ] && break; sleep 0.1; done
-[ "$(left)" = 0 ] || { echo "launched_nodes: a daemon outlived its ranks"; exit 1; }
-echo "launched_nodes: 2 nodes x 2 ranks through daemons started on demand: $got (zerod run --nproc 4: $ref); no daemon left"
+  n=$(grep -l "started this node's daemon" "$work"/$name.* | wc -l)
+  [ "$n" = 2 ] || { echo "launched_nodes ($name): $n ranks said they started a daemon, not one per node"; exit 1; }
+  for _ in $(seq 100); do [ "$(left)" = 0 ] && break; sleep 0.1; done
+  [ "$(left)" = 0 ] || { echo "launched_nodes ($name): a daemon or name server outlived its ranks:"; pgrep -af "$work"; exit 1; }
+  echo "launched_nodes ($name): 2 nodes x 2 ranks through daemons started on demand: $got (zerod run --nproc 4: $ref); nothing left"
+}
 
-# Refused, saying what to set: no ompi-server named; no node index.
-launch noserver GROUP_RANK={node}
-[ "$failed" = 4 ] || { echo "launched_nodes: $((4 - failed)) ranks ran without an ompi-server"; exit 1; }
-grep -q "ZEROD_OMPI_SERVER" "$work/noserver.0" ||
-  { echo "launched_nodes: without ZEROD_OMPI_SERVER:"; cat "$work/noserver.0"; exit 1; }
+trains two GROUP_RANK={node} ZEROD_OMPI_SERVER="file:$work/uri"
+# No server of the user's: node 0 starts one (the rendezvous on
+# MASTER_PORT+1); its daemon's log says so, node 1's names the server.
+trains own GROUP_RANK={node}
+grep -qh "zerod join: node 0 of 2: name server .* served on port $((master_port + 1))" "$work"/zerod-launch/*.log ||
+  { echo "launched_nodes (own): node 0's daemon did not say it served its name server"; cat "$work"/zerod-launch/*.log; exit 1; }
+grep -qh "zerod join: node 1 of 2: node 0's name server is " "$work"/zerod-launch/*.log ||
+  { echo "launched_nodes (own): node 1's daemon did not say it got node 0's name server"; exit 1; }
+
+# Refused, saying what to set: neither a server nor where node 0 is; no
+# node index.
+launch noserver GROUP_RANK={node} MASTER_ADDR=
+[ "$failed" = 4 ] || { echo "launched_nodes: $((4 - failed)) ranks ran without a server or a rendezvous"; exit 1; }
+grep -q "Set ZEROD_RENDEZVOUS=<node 0's host>:<a free port> in every rank, or ZEROD_OMPI_SERVER=" "$work/noserver.0" ||
+  { echo "launched_nodes: without ZEROD_OMPI_SERVER or MASTER_ADDR:"; cat "$work/noserver.0"; exit 1; }
 launch nonode ZEROD_OMPI_SERVER="file:$work/uri"
 [ "$failed" = 4 ] || { echo "launched_nodes: $((4 - failed)) ranks ran without a node index"; exit 1; }
 grep -q "does not say which node this is; set ZEROD_NODE_RANK" "$work/nonode.0" ||

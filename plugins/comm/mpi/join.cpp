@@ -93,6 +93,12 @@ bool join_requested(JoinRequest* out, zd_status* status, char* err, size_t err_s
   return true;
 }
 
+// The name daemon k looks up: node 0 publishes its port under one name per
+// joining node, in turn, so that only one daemon connects at a time. (Open
+// MPI 4.1 hung, about one join in five on a busy machine, when two daemons
+// connected to the same port at once.)
+static std::string turn_name(const JoinRequest& r, int node) { return r.name + "." + std::to_string(node); }
+
 zd_status join_world(const JoinRequest& r, MPI_Comm* world, char* err, size_t err_size) {
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -108,45 +114,52 @@ zd_status join_world(const JoinRequest& r, MPI_Comm* world, char* err, size_t er
   Watchdog watchdog(r, &joined);
   char port[MPI_MAX_PORT_NAME] = "";
   MPI_Comm group = MPI_COMM_SELF;
+  // The communicators the join makes on the way (freed below).
+  std::vector<MPI_Comm> steps;
   int rc;
   if (r.node == 0) {
     if ((rc = MPI_Open_port(MPI_INFO_NULL, port)) != MPI_SUCCESS) return fail(rc, "MPI_Open_port", err, err_size);
-    if ((rc = MPI_Publish_name(r.name.c_str(), MPI_INFO_NULL, port)) != MPI_SUCCESS) {
-      std::snprintf(err, err_size,
-                    "ZEROD_MPI_JOIN: publishing '%s' failed (%s): was mpirun given the job's ompi-server "
-                    "(mpirun --ompi-server file:URI)?",
-                    r.name.c_str(), error_text(rc).c_str());
-      return ZD_ERR_CONFIG;
-    }
   } else {
-    // Node 0 may not have published yet: look again until it has (the
-    // watchdog bounds the wait).
-    while (MPI_Lookup_name(r.name.c_str(), MPI_INFO_NULL, port) != MPI_SUCCESS)
+    // Node 0 may not have published this node's turn yet: look again until
+    // it has (the watchdog bounds the wait).
+    const std::string mine = turn_name(r, r.node);
+    while (MPI_Lookup_name(mine.c_str(), MPI_INFO_NULL, port) != MPI_SUCCESS)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     MPI_Comm inter = MPI_COMM_NULL;
     if ((rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
       return fail(rc, "MPI_Comm_connect", err, err_size);
+    steps.push_back(inter);
     if ((rc = MPI_Intercomm_merge(inter, 1, &group)) != MPI_SUCCESS)
       return fail(rc, "MPI_Intercomm_merge", err, err_size);
+    steps.push_back(group);
   }
-  // Whoever is in admits the next daemon, together, until all are.
+  // Whoever is in admits the next daemon, together, until all are; node 0
+  // publishes whose turn it is.
   int size = 1;
   MPI_Comm_size(group, &size);
   joined.store(size);
   while (size < r.nodes) {
+    const std::string next = turn_name(r, size);
+    if (r.node == 0 && (rc = MPI_Publish_name(next.c_str(), MPI_INFO_NULL, port)) != MPI_SUCCESS) {
+      std::snprintf(err, err_size,
+                    "ZEROD_MPI_JOIN: publishing '%s' failed (%s): was mpirun given the job's ompi-server "
+                    "(mpirun --ompi-server file:URI)?",
+                    next.c_str(), error_text(rc).c_str());
+      return ZD_ERR_CONFIG;
+    }
     MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
     if ((rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, group, &inter)) != MPI_SUCCESS)
       return fail(rc, "MPI_Comm_accept", err, err_size);
+    steps.push_back(inter);
+    if (r.node == 0) MPI_Unpublish_name(next.c_str(), MPI_INFO_NULL, port);
     if ((rc = MPI_Intercomm_merge(inter, 0, &merged)) != MPI_SUCCESS)
       return fail(rc, "MPI_Intercomm_merge", err, err_size);
+    steps.push_back(merged);
     group = merged;
     MPI_Comm_size(group, &size);
     joined.store(size);
   }
-  if (r.node == 0) {
-    MPI_Unpublish_name(r.name.c_str(), MPI_INFO_NULL, port);
-    MPI_Close_port(port);
-  }
+  if (r.node == 0) MPI_Close_port(port);
   if (size != r.nodes) {
     std::snprintf(err, err_size, "ZEROD_MPI_JOIN: %d daemons joined '%s', which this node expected to have %d", size,
                   r.name.c_str(), r.nodes);
@@ -155,6 +168,14 @@ zd_status join_world(const JoinRequest& r, MPI_Comm* world, char* err, size_t er
   // Ranks in node order, each node once.
   if ((rc = MPI_Comm_split(group, 0, r.node, world)) != MPI_SUCCESS) return fail(rc, "MPI_Comm_split", err, err_size);
   MPI_Comm_set_errhandler(*world, MPI_ERRORS_RETURN);
+  // Open MPI's MPI_Finalize says goodbye on every communicator that still
+  // spans jobs, and the join's steps differ between daemons (each made the
+  // ones from its own arrival on): with them left in, one daemon waited on
+  // a goodbye another never sent. Freed here, locally (MPI_Comm_disconnect
+  // fences across the mpiruns, which hung), so that only the world spans
+  // the daemons; the exit handler frees that (mpi_env.cpp).
+  for (MPI_Comm& c : steps)
+    if ((rc = MPI_Comm_free(&c)) != MPI_SUCCESS) return fail(rc, "MPI_Comm_free", err, err_size);
   std::vector<int> nodes(static_cast<size_t>(r.nodes));
   if ((rc = MPI_Allgather(&r.node, 1, MPI_INT, nodes.data(), 1, MPI_INT, *world)) != MPI_SUCCESS)
     return fail(rc, "MPI_Allgather", err, err_size);
@@ -165,6 +186,7 @@ zd_status join_world(const JoinRequest& r, MPI_Comm* world, char* err, size_t er
                     r.name.c_str(), r.nodes - 1, nodes[static_cast<size_t>(i)]);
       return ZD_ERR_CONFIG;
     }
+  spanning_communicator(*world);
   return ZD_OK;
 }
 

@@ -72,6 +72,7 @@ zd_status Link::open(const Process& p, const Hello& mine, double timeout_s, doub
     Lock l;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   }
+  if (p.world != MPI_COMM_WORLD) spanning_communicator(comm);
   all->assign(static_cast<size_t>(p.nodes), Hello{});
   {
     Lock l;

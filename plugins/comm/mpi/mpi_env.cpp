@@ -17,6 +17,19 @@
 // not hang on that: a watchdog ends the process (status 1, with a message)
 // if MPI_Finalize has not returned after 10 s.
 //
+// Daemons joined from mpiruns of their own (ZEROD_MPI_JOIN) are separate
+// MPI jobs, and each job's MPI_Finalize synchronises only itself. Left to
+// it, Open MPI says goodbye on every communicator that spans jobs, a
+// message each way, and a daemon that got its goodbyes exits while another
+// is still exchanging its own with it: in about one run in twelve on a
+// busy machine, the other's write was reset (or raised SIGPIPE) and it hung
+// in MPI_Finalize. So the exit handler does it in an order that cannot
+// race: a barrier on the joined world (every daemon is at its exit, no
+// instance alive, nothing more will be sent), then it frees the world and
+// every instance's duplicate, leaving Open MPI no goodbyes to say. A daemon
+// whose ranks finish first waits at that barrier for the others; a
+// watchdog bounds it (60 s).
+//
 // When the host process initialised MPI itself, it finalizes it.
 #include "mpi_env.h"
 
@@ -52,19 +65,32 @@ std::atomic<bool> g_failed{false};
 
 std::atomic<bool> g_finalized{false};
 
+std::mutex g_spanning_mu;
+std::vector<MPI_Comm>* g_spanning = nullptr;  // never freed: read by the exit handler
+
+// Ends the process if finalizing has not finished after `seconds`.
+void finalize_watchdog(int seconds, const char* why) {
+  std::thread([seconds, why] {
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    if (g_finalized.load()) return;
+    std::fprintf(stderr, "zd_comm_mpi: MPI_Finalize did not return within %d s %s; exiting without it\n", seconds,
+                 why);
+    _exit(1);
+  }).detach();
+}
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || g_alive.load() > 0) return;
+  const bool joined = g_process.world != MPI_COMM_WORLD;
   if (g_failed.load()) {
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::seconds(10));
-      if (g_finalized.load()) return;
-      std::fprintf(stderr,
-                   "zd_comm_mpi: MPI_Finalize did not return within 10 s after a failed collective (another "
-                   "daemon may be gone); exiting without it\n");
-      _exit(1);
-    }).detach();
+    finalize_watchdog(10, "after a failed collective (another daemon may be gone)");
+  } else if (joined) {
+    finalize_watchdog(60, "waiting for the other joined daemons to end (is one of them stuck?)");
+    std::lock_guard<std::mutex> lk(g_spanning_mu);
+    if (g_spanning != nullptr && MPI_Barrier(g_process.world) == MPI_SUCCESS)
+      for (auto c = g_spanning->rbegin(); c != g_spanning->rend(); ++c) MPI_Comm_free(&*c);
   }
   MPI_Finalize();
   g_finalized.store(true);
@@ -177,6 +203,16 @@ void keep_until_exit(std::shared_ptr<void> memory) noexcept {
   } catch (...) {
     // Out of memory: the memory goes with `memory` after all. MPI reads it
     // only if the peer that never received it comes back, which it does not.
+  }
+}
+
+void spanning_communicator(MPI_Comm comm) noexcept {
+  try {
+    std::lock_guard<std::mutex> lk(g_spanning_mu);
+    if (g_spanning == nullptr) g_spanning = new std::vector<MPI_Comm>;
+    g_spanning->push_back(comm);
+  } catch (...) {
+    // Out of memory: MPI_Finalize says its goodbyes on it, as without a join.
   }
 }
 

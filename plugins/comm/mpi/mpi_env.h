@@ -54,6 +54,11 @@ void instance_opened() noexcept;
 void instance_closed() noexcept;
 void instance_failed() noexcept;
 
+// A communicator that spans daemons of mpiruns of their own (ZEROD_MPI_JOIN):
+// the joined world and every instance's duplicate of it. The exit handler
+// frees them after a barrier (mpi_env.cpp says why).
+void spanning_communicator(MPI_Comm comm) noexcept;
+
 // Memory MPI may still read (the buffer of a send posted to a daemon that
 // never received it): kept, reachable, until the process exits.
 void keep_until_exit(std::shared_ptr<void> memory) noexcept;
