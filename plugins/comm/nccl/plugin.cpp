@@ -1,0 +1,113 @@
+// zd_comm_nccl.so: the "nccl" comm plugin, collectives across daemons (one
+// per node, or one per GPU) with NCCL, on GPUs. This file is the ABI glue:
+// the descriptor (plugin ABI v2 only: v1 cannot say which ranks a daemon
+// serves), the hyperparameters and create(); glue.h (the local plugin's)
+// turns each entry point's arguments into a Call for the Node (node.h).
+//
+// Compiled, never run on a GPU yet (docs/multinode.md).
+#include <zerod/kit/plugin_descriptor.h>
+#include <zerod/zerod_plugin.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+
+#include "glue.h"
+#include "node.h"
+#include "plugin_text.h"
+
+namespace {
+
+namespace nccl = zerod::comm::nccl;
+
+// The root's address is not a hyperparameter: hyperparameters are numbers
+// (zd_hparam_spec), so the host comes from the environment (ZEROD_NCCL_ROOT
+// or MASTER_ADDR, bootstrap.h) and only the port may come from the script.
+constexpr std::array<zd_hparam_spec, 4> kSpecs = {{
+    {"timeout", ZD_HPARAM_NUMBER, 1, {300.0, 0, 0, 0}, 0.0, 1e7, 0,
+     "seconds to wait for the other daemons where a call sets no limit of its own: create() waits this long for "
+     "every daemon to connect and for NCCL's communicator, and a collective whose calls pass timeout_ms = 0 fails "
+     "after this long; 0 = no limit. The same key as the job's comm.timeout, which the engine also passes with "
+     "every call"},
+    {"port", ZD_HPARAM_INTEGER, 1, {0.0, 0, 0, 0}, 0.0, 65535.0, 0,
+     "TCP port of the root daemon (node 0), where the others fetch NCCL's unique id; its host is MASTER_ADDR. 0 = "
+     "MASTER_PORT + 2. ZEROD_NCCL_ROOT=host:port in the environment overrides both"},
+    {"check", ZD_HPARAM_BOOL, 1, {1.0, 0, 0, 0}, 0.0, 1.0, 0,
+     "compare every call across ranks before it runs (a 256-byte all-gather each), so that ranks in different "
+     "collectives fail with a message naming them instead of hanging until the timeout; false saves that "
+     "latency per call"},
+    {"spin_us", ZD_HPARAM_NUMBER, 1, {0.0, 0, 0, 0}, 0.0, 1e6, 0,
+     "microseconds a rank polls its collective flat out before it sleeps 50 us between polls"},
+}};
+
+using zerod::comm::set_error;
+
+bool in_range(double v, const zd_hparam_spec& s) { return std::isfinite(v) && v >= s.min && v <= s.max; }
+
+zd_status create(const zd_host_services* host, const double* values, size_t value_count, const zd_comm_config* config,
+                 void** out_instance, char* err, size_t err_size) noexcept {
+  if (out_instance == nullptr) {
+    set_error(err, err_size, "out_instance is NULL");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  *out_instance = nullptr;
+  if (value_count != kSpecs.size() || values == nullptr) {
+    set_error(err, err_size, "expected %zu hyperparameter values, got %zu", kSpecs.size(),
+              values == nullptr ? size_t{0} : value_count);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  for (size_t i = 0; i < kSpecs.size(); ++i) {
+    const bool whole = kSpecs[i].type == ZD_HPARAM_NUMBER || values[i] == std::floor(values[i]);
+    if (!in_range(values[i], kSpecs[i]) || !whole) {
+      set_error(err, err_size, "%s = %g: must be %s in [%g, %g]", kSpecs[i].name, values[i],
+                kSpecs[i].type == ZD_HPARAM_NUMBER ? "a number" : "a whole number", kSpecs[i].min, kSpecs[i].max);
+      return ZD_ERR_CONFIG;
+    }
+  }
+  if (config == nullptr || config->struct_size < sizeof(zd_comm_config)) {
+    set_error(err, err_size, "config is %s", config == nullptr ? "NULL" : "shorter than zd_comm_config");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  const zd_comm_config& c = *config;
+  if (c.world_size < 1 || c.local_ranks < 1 || c.first_local_rank < 0 ||
+      c.first_local_rank > c.world_size - c.local_ranks) {
+    set_error(err, err_size, "world_size = %d, first_local_rank = %d, local_ranks = %d: not a block of ranks of the job",
+              c.world_size, c.first_local_rank, c.local_ranks);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  nccl::Settings s;
+  s.timeout_s = values[0];
+  s.port = static_cast<int>(values[1]);
+  s.check_calls = values[2] != 0;
+  s.spin_us = values[3];
+  std::unique_ptr<nccl::Node> node;
+  const zd_status st = nccl::Node::create(host, s, c, &node, err, err_size);
+  if (st != ZD_OK) return st;
+  *out_instance = node.release();
+  return ZD_OK;
+}
+
+using Glue = zerod::comm::Glue<nccl::Node>;
+
+const zd_comm_v2 kDescriptor = {
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 1, "nccl",
+                       "collectives across daemons with NCCL on GPUs (one NCCL rank per zerod rank; host buffers "
+                       "staged through the rank's GPU)",
+                       kSpecs.data(), kSpecs.size()),
+    .create = create,
+    .destroy = Glue::destroy,
+    .all_reduce = Glue::all_reduce,
+    .reduce_scatter = Glue::reduce_scatter,
+    .all_gather = Glue::all_gather,
+    .broadcast = Glue::broadcast,
+    .barrier = Glue::barrier,
+    .abort = Glue::abort,
+    .last_error = Glue::last_error,
+    .all_to_all = Glue::all_to_all,
+    .compressed_all_reduce = Glue::compressed_all_reduce,
+    .figures = Glue::figures,
+};
+
+}  // namespace
+
+ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)

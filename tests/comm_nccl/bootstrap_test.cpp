@@ -1,0 +1,365 @@
+// The nccl plugin's bootstrap (plugins/comm/nccl/bootstrap.h) on the CPU:
+// the root's address from the environment, the id exchange between
+// processes (the same id and peer table on every daemon), the timeouts of
+// a root nobody reaches and of nodes that never come, a port already
+// taken, daemons that disagree on the layout, input on the port that is
+// not a daemon's (dropped, the exchange still completes), and the failure
+// notices over the kept connections.
+#include <gmock/gmock.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap.h"
+
+namespace zerod::comm::nccl {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A port nobody listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+UniqueId random_id(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  UniqueId id;
+  for (auto& b : id) b = static_cast<uint8_t>(rng());
+  return id;
+}
+
+BootstrapRequest request(int node, int nodes, int port, double timeout_s = 20) {
+  BootstrapRequest r;
+  r.root = RootAddress{"127.0.0.1", port, "the test"};
+  r.node = node;
+  r.nodes = nodes;
+  r.local = 2;
+  r.world = 2 * nodes;
+  r.timeout_s = timeout_s;
+  r.host = "host" + std::to_string(node);
+  r.pid = 1000 + node;
+  return r;
+}
+
+struct Outcome {
+  zd_status status = ZD_ERR_INTERNAL;
+  std::string error;
+  BootstrapResult result;
+};
+
+Outcome run(const BootstrapRequest& r) {
+  Outcome o;
+  char err[1024] = "";
+  o.status = bootstrap(r, &o.result, err, sizeof err);
+  o.error = err;
+  return o;
+}
+
+std::function<const char*(const char*)> env(std::map<std::string, std::string> m) {
+  auto vars = std::make_shared<std::map<std::string, std::string>>(std::move(m));
+  return [vars](const char* k) -> const char* {
+    auto it = vars->find(k);
+    return it == vars->end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(ResolveRoot, TakesZerodNcclRootFirst) {
+  RootAddress a;
+  char err[512] = "";
+  ASSERT_EQ(resolve_root(7, env({{"ZEROD_NCCL_ROOT", "nodeA:1234"}, {"MASTER_ADDR", "b"}, {"MASTER_PORT", "9"}}), &a,
+                         err, sizeof err),
+            ZD_OK)
+      << err;
+  EXPECT_EQ(a.host, "nodeA");
+  EXPECT_EQ(a.port, 1234);
+  ASSERT_EQ(resolve_root(0, env({{"ZEROD_NCCL_ROOT", "[::1]:80"}}), &a, err, sizeof err), ZD_OK) << err;
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 80);
+}
+
+TEST(ResolveRoot, MasterAddrWithTheJobsPortOrMasterPortPlusTwo) {
+  RootAddress a;
+  char err[512] = "";
+  ASSERT_EQ(resolve_root(29510, env({{"MASTER_ADDR", "head"}, {"MASTER_PORT", "29500"}}), &a, err, sizeof err), ZD_OK);
+  EXPECT_EQ(a.host, "head");
+  EXPECT_EQ(a.port, 29510);
+  EXPECT_THAT(a.source, HasSubstr("comm.port=29510"));
+  ASSERT_EQ(resolve_root(0, env({{"MASTER_ADDR", "head"}, {"MASTER_PORT", "29500"}}), &a, err, sizeof err), ZD_OK);
+  EXPECT_EQ(a.port, 29502);
+  EXPECT_THAT(a.source, HasSubstr("MASTER_PORT=29500 + 2"));
+}
+
+TEST(ResolveRoot, NamesEveryKeyWhenNothingIsSet) {
+  RootAddress a;
+  char err[512] = "";
+  EXPECT_EQ(resolve_root(0, env({}), &a, err, sizeof err), ZD_ERR_CONFIG);
+  for (const char* key : {"ZEROD_NCCL_ROOT", "MASTER_ADDR", "port", "MASTER_PORT"})
+    EXPECT_THAT(std::string(err), HasSubstr(key));
+  EXPECT_EQ(resolve_root(0, env({{"MASTER_ADDR", "head"}}), &a, err, sizeof err), ZD_ERR_CONFIG);
+  EXPECT_THAT(std::string(err), HasSubstr("no port"));
+  EXPECT_EQ(resolve_root(0, env({{"ZEROD_NCCL_ROOT", "head"}}), &a, err, sizeof err), ZD_ERR_CONFIG);
+  EXPECT_THAT(std::string(err), HasSubstr("ZEROD_NCCL_ROOT=head is not host:port"));
+  EXPECT_EQ(resolve_root(0, env({{"ZEROD_NCCL_ROOT", "head:99999"}}), &a, err, sizeof err), ZD_ERR_CONFIG);
+  EXPECT_EQ(resolve_root(0, env({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "x1"}}), &a, err, sizeof err), ZD_ERR_CONFIG);
+  EXPECT_THAT(std::string(err), HasSubstr("MASTER_PORT=x1"));
+}
+
+// Nodes 1..3 in processes of their own (as daemons are): each writes the
+// id and peer table it got to a pipe; every one must equal the root's.
+TEST(Bootstrap, EveryProcessGetsTheRootsIdAndThePeers) {
+  const int nodes = 4, port = free_port();
+  const UniqueId id = random_id(42);
+  std::vector<pid_t> kids;
+  std::vector<int> pipes;
+  for (int n = 1; n < nodes; ++n) {
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(p[0]);
+      Outcome o = run(request(n, nodes, port));
+      std::string report = o.status == ZD_OK ? "ok " : "failed " + o.error;
+      if (o.status == ZD_OK) {
+        report.append(reinterpret_cast<const char*>(o.result.id.data()), kIdBytes);
+        for (const PeerInfo& peer : o.result.peers) report += " " + peer.host + "/" + std::to_string(peer.pid);
+      }
+      if (write(p[1], report.data(), report.size()) < 0) _exit(3);
+      _exit(0);
+    }
+    close(p[1]);
+    kids.push_back(pid);
+    pipes.push_back(p[0]);
+  }
+  BootstrapRequest root = request(0, nodes, port);
+  root.id = id;
+  Outcome o = run(root);
+  ASSERT_EQ(o.status, ZD_OK) << o.error;
+  ASSERT_EQ(o.result.peers.size(), 4u);
+  const std::string table = " host0/1000 host1/1001 host2/1002 host3/1003";
+  for (int n = 0; n < nodes; ++n)
+    EXPECT_EQ(o.result.peers[static_cast<size_t>(n)].host, "host" + std::to_string(n));
+  for (size_t k = 0; k < kids.size(); ++k) {
+    std::string got;
+    char buf[512];
+    ssize_t r;
+    while ((r = read(pipes[k], buf, sizeof buf)) > 0) got.append(buf, static_cast<size_t>(r));
+    close(pipes[k]);
+    int status = 0;
+    waitpid(kids[k], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_EQ(got.rfind("ok ", 0), 0u) << "node " << k + 1 << ": " << got;
+    EXPECT_EQ(got.substr(3, kIdBytes), std::string(reinterpret_cast<const char*>(id.data()), kIdBytes))
+        << "node " << k + 1 << " got another id";
+    EXPECT_EQ(got.substr(3 + kIdBytes), table);
+  }
+  close_fds(o.result.fds);
+}
+
+TEST(Bootstrap, ANodeWhoseRootNeverAnswersTimesOutNamingTheAddress) {
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run(request(1, 2, port, 1.0));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(o.status, ZD_ERR_TIMEOUT);
+  EXPECT_THAT(o.error, HasSubstr("the root daemon (node 0) at 127.0.0.1:" + std::to_string(port)));
+  EXPECT_THAT(o.error, HasSubstr("never answered within 1 s"));
+  EXPECT_THAT(o.error, HasSubstr("Connection refused"));
+  EXPECT_LT(s, 5.0);
+}
+
+TEST(Bootstrap, ARootWhoseNodesNeverComeTimesOutNamingThem) {
+  Outcome o = run(request(0, 3, free_port(), 1.0));
+  EXPECT_EQ(o.status, ZD_ERR_TIMEOUT);
+  EXPECT_THAT(o.error, HasSubstr("nodes 1, 2 of 3 never connected to node 0"));
+}
+
+TEST(Bootstrap, APortTakenIsAConfigErrorNamingIt) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  Outcome o = run(request(0, 2, port, 5));
+  EXPECT_EQ(o.status, ZD_ERR_CONFIG);
+  EXPECT_THAT(o.error, HasSubstr("cannot listen on port " + std::to_string(port)));
+  EXPECT_THAT(o.error, HasSubstr("taken"));
+  EXPECT_THAT(o.error, HasSubstr("comm = { port = ... }"));
+  close(fd);
+}
+
+TEST(Bootstrap, DaemonsThatDisagreeOnTheLayoutBothFail) {
+  const int port = free_port();
+  Outcome node;
+  std::thread t([&] {
+    BootstrapRequest r = request(1, 2, port);
+    r.world = 6;
+    r.local = 3;
+    node = run(r);
+  });
+  Outcome root = run(request(0, 2, port));
+  t.join();
+  EXPECT_EQ(root.status, ZD_ERR_CONFIG);
+  EXPECT_EQ(node.status, ZD_ERR_CONFIG);
+  EXPECT_THAT(root.error, HasSubstr("disagree"));
+  EXPECT_THAT(root.error, HasSubstr("--nproc"));
+  EXPECT_EQ(node.error, root.error) << "the node hears the root's verdict";
+}
+
+// Raw connections to the root's port, then the real node: the root drops
+// each and completes the exchange.
+TEST(Bootstrap, HostileInputOnThePortIsDroppedAndTheExchangeCompletes) {
+  const int port = free_port();
+  std::vector<std::string> logged;
+  std::mutex mu;
+  Outcome root;
+  std::thread t([&] {
+    BootstrapRequest r = request(0, 2, port);
+    r.id = random_id(7);
+    r.log = [&](const std::string& m) {
+      std::lock_guard<std::mutex> g(mu);
+      logged.push_back(m);
+    };
+    root = run(r);
+  });
+  auto connect_raw = [&] {
+    for (int tries = 0; tries < 200; ++tries) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+      close(fd);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  };
+  auto drain = [](int fd) {
+    // The root closes a dropped connection: read to the end, so that we
+    // know it has been handled before the next one.
+    char b[64];
+    while (read(fd, b, sizeof b) > 0) {
+    }
+    close(fd);
+  };
+  // Garbage as long as a hello.
+  int fd = connect_raw();
+  ASSERT_GE(fd, 0);
+  std::string junk(104, 'x');
+  ASSERT_EQ(write(fd, junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  drain(fd);
+  // A short hello, then the connection closed.
+  fd = connect_raw();
+  ASSERT_EQ(write(fd, "ZDN", 3), 3);
+  shutdown(fd, SHUT_WR);
+  drain(fd);
+  // An HTTP request.
+  fd = connect_raw();
+  const std::string http = "GET / HTTP/1.0\r\nHost: x\r\n\r\n" + std::string(100, ' ');
+  ASSERT_GT(write(fd, http.data(), http.size()), 0);
+  drain(fd);
+  // Silence: dropped after its 2 s.
+  fd = connect_raw();
+  drain(fd);
+  Outcome node = run(request(1, 2, port));
+  t.join();
+  ASSERT_EQ(root.status, ZD_OK) << root.error;
+  ASSERT_EQ(node.status, ZD_OK) << node.error;
+  EXPECT_EQ(node.result.id, random_id(7));
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(logged.size(), 4u);
+  EXPECT_THAT(logged[0], HasSubstr("wrong magic"));
+  EXPECT_THAT(logged[1], HasSubstr("closed before a complete hello"));
+  EXPECT_THAT(logged[2], HasSubstr("wrong magic"));
+  EXPECT_THAT(logged[3], HasSubstr("no complete hello within 2 s"));
+  close_fds(root.result.fds);
+  close_fds(node.result.fds);
+}
+
+// A node that is told the port holds something else fails at once.
+TEST(Bootstrap, ANodeAnsweredByAStrangerSaysItIsNotARoot) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread stranger([&] {
+    const int c = accept(lfd, nullptr, nullptr);
+    char hello[104];
+    if (read(c, hello, sizeof hello) > 0) {
+      const std::string reply(400, 'H');
+      if (write(c, reply.data(), reply.size()) < 0) {
+      }
+    }
+    close(c);
+  });
+  Outcome o = run(request(1, 2, ntohs(a.sin_port), 10));
+  stranger.join();
+  close(lfd);
+  EXPECT_EQ(o.status, ZD_ERR_CONFIG);
+  EXPECT_THAT(o.error, HasSubstr("is not a zerod nccl root"));
+}
+
+TEST(Notices, TravelOverTheKeptConnectionsAndACloseReadsAsGone) {
+  const int port = free_port();
+  Outcome node;
+  std::thread t([&] { node = run(request(1, 2, port)); });
+  Outcome root = run(request(0, 2, port));
+  t.join();
+  ASSERT_EQ(root.status, ZD_OK) << root.error;
+  ASSERT_EQ(node.status, ZD_OK) << node.error;
+  ASSERT_EQ(root.result.fds.size(), 2u);
+  EXPECT_EQ(root.result.fds[0], -1);
+  ASSERT_EQ(node.result.fds.size(), 1u);
+  Notice n;
+  n.kind = Notice::kAbort;
+  n.node = 1;
+  n.status = ZD_ERR_TIMEOUT;
+  n.reason = "node 1 (host host1, pid 1001): rank 3's all_reduce did not complete";
+  ASSERT_TRUE(send_notice(node.result.fds[0], n));
+  Notice got;
+  ASSERT_EQ(read_notice(root.result.fds[1], &got), 1);
+  EXPECT_EQ(got.kind, Notice::kAbort);
+  EXPECT_EQ(got.node, 1);
+  EXPECT_EQ(got.status, ZD_ERR_TIMEOUT);
+  EXPECT_EQ(got.reason, n.reason);
+  // Garbage on the connection reads as such, a close as gone.
+  const std::string junk(16 + 1024, 'j');  // a notice's size
+  ASSERT_EQ(write(node.result.fds[0], junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  EXPECT_EQ(read_notice(root.result.fds[1], &got), -1);
+  close_fds(node.result.fds);
+  EXPECT_EQ(read_notice(root.result.fds[1], &got), 0);
+  close_fds(root.result.fds);
+}
+
+}  // namespace
+}  // namespace zerod::comm::nccl
