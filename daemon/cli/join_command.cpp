@@ -5,7 +5,9 @@
 // other nodes:
 //
 //   node 0: starts `ompi-server --report-uri URI_FILE`, then serves its URI
-//           on the rendezvous port (rendezvous.h) for as long as COMMAND runs;
+//           on the rendezvous port (rendezvous.h) until every other node has
+//           it (the port is free again for the job's next attempt: a
+//           torchrun restart starts new daemons at once) or COMMAND ends;
 //   others: fetch the URI from node 0's rendezvous (waiting for it to come
 //           up, within the timeout) and write it to URI_FILE;
 //   all:    run COMMAND (libzerod's: `mpirun -np 1 --ompi-server
@@ -220,7 +222,7 @@ int join_command(int argc, char** argv) {
   std::atomic<bool> stop{false}, listening{false}, failed{false};
   std::string why;
   std::thread serving([&] {
-    if (!serve_rendezvous(o.rendezvous.port, o.name, uri, stop, &listening, &why)) failed.store(true);
+    if (!serve_rendezvous(o.rendezvous.port, o.name, uri, stop, &listening, &why, o.nodes - 1)) failed.store(true);
   });
   while (!listening.load() && !failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   int rc = 1;

@@ -68,24 +68,25 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
-void answer(int fd, const std::string& name, const std::string& value) {
+// true when the value was given.
+bool answer(int fd, const std::string& name, const std::string& value) {
   // Bounded both ways: a client that never reads cannot hold the server.
   timeval tv{kLineTimeoutMs / 1000, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string line;
-  if (!read_line(fd, &line, kLineTimeoutMs)) return;  // silent, closed or too long: dropped
+  if (!read_line(fd, &line, kLineTimeoutMs)) return false;  // silent, closed or too long: dropped
   const std::string prefix = "zerod-join ";
   if (line.compare(0, prefix.size(), prefix) != 0) {
     write_all(fd, "no this is a zerod rendezvous; expected 'zerod-join <name>'\n");
-    return;
+    return false;
   }
   const std::string asked = line.substr(prefix.size());
   if (asked != name) {
     write_all(fd, "no this rendezvous serves job '" + name + "', not '" + asked +
                       "' (two jobs on one MASTER_ADDR and port?)\n");
-    return;
+    return false;
   }
-  write_all(fd, "ok " + value + "\n");
+  return write_all(fd, "ok " + value + "\n");
 }
 
 std::string errno_text(int e) { return std::strerror(e); }
@@ -163,16 +164,17 @@ static int listen_on(int port, std::string* why) {
 }
 
 bool serve_rendezvous(int port, const std::string& name, const std::string& value, const std::atomic<bool>& stop,
-                      std::atomic<bool>* listening, std::string* why) {
+                      std::atomic<bool>* listening, std::string* why, int answers) {
   const Fd listener(listen_on(port, why));
   const int fd = listener.get();
   if (fd < 0) return false;
   if (listening != nullptr) listening->store(true);
-  while (!stop.load()) {
+  int given = 0;
+  while (!stop.load() && (answers == 0 || given < answers)) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
     Fd c(::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
-    if (c.get() >= 0) answer(c.get(), name, value);
+    if (c.get() >= 0 && answer(c.get(), name, value)) ++given;
   }
   return true;
 }

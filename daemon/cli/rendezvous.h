@@ -29,11 +29,11 @@ struct Endpoint {
 bool parse_endpoint(const std::string& text, Endpoint* out, std::string* why);
 
 // Serves `value` under `name` on `port` (every address of this host) until
-// `stop` is set; polls it every 100 ms. Returns false with the reason (the
-// port is taken, ...) when it cannot listen; `listening` is set once it
-// does.
+// `stop` is set (polled every 100 ms) or it has given the value `answers`
+// times (0: no limit). Returns false with the reason (the port is taken,
+// ...) when it cannot listen; `listening` is set once it does.
 bool serve_rendezvous(int port, const std::string& name, const std::string& value, const std::atomic<bool>& stop,
-                      std::atomic<bool>* listening, std::string* why);
+                      std::atomic<bool>* listening, std::string* why, int answers = 0);
 
 // Asks `at` for `name`'s value, connecting again every 200 ms until
 // `timeout_s` has passed (node 0 may start later). false with the reason

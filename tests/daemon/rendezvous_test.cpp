@@ -140,6 +140,27 @@ TEST(Rendezvous, ServerThatComesLaterIsWaitedFor) {
   late.join();
 }
 
+TEST(Rendezvous, EndsOnceEveryNodeHasTheValueFreeingThePort) {
+  const int port = free_port();
+  std::atomic<bool> stop{false}, listening{false};
+  std::string why_served;
+  bool served = false;
+  std::thread server([&] { served = serve_rendezvous(port, "job-a", "v", stop, &listening, &why_served, 2); });
+  std::string value, why;
+  EXPECT_FALSE(fetch_rendezvous(Endpoint{"127.0.0.1", port}, "job-b", 10, &value, &why));  // not counted
+  EXPECT_TRUE(fetch_rendezvous(Endpoint{"127.0.0.1", port}, "job-a", 10, &value, &why)) << why;
+  EXPECT_TRUE(fetch_rendezvous(Endpoint{"127.0.0.1", port}, "job-a", 10, &value, &why)) << why;
+  server.join();  // ends by itself after the second answer
+  EXPECT_TRUE(served) << why_served;
+  // The job's next attempt (a restart) can serve on the same port at once.
+  std::atomic<bool> again{false};
+  std::thread next([&] { serve_rendezvous(port, "job-a2", "w", stop, &again, &why_served); });
+  for (int i = 0; i < 500 && !again.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(again.load()) << why_served;
+  stop.store(true);
+  next.join();
+}
+
 TEST(Rendezvous, EndpointsParse) {
   Endpoint e;
   std::string why;
