@@ -21,8 +21,8 @@
 // MPI jobs, and each job's MPI_Finalize synchronises only itself. Left to
 // it, Open MPI says goodbye on every communicator that spans jobs, a
 // message each way, and a daemon that got its goodbyes exits while another
-// is still exchanging its own with it: in about one run in twelve on a
-// busy machine, the other's write was reset (or raised SIGPIPE) and it hung
+// is still exchanging its own with it: in about one run in ten on a busy
+// machine, the other's write was reset (or raised SIGPIPE) and it hung
 // in MPI_Finalize. So the exit handler does it in an order that cannot
 // race: a barrier on the joined world (every daemon is at its exit, no
 // instance alive, nothing more will be sent), then it frees the world and
