@@ -322,8 +322,14 @@ def test_what_cannot_be_served_is_refused_saying_why(tmp_path):
     env = launch_env(tmp_path)
     torchrun = dict(env, RANK="1", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1",
                     MASTER_PORT="29500", ZEROD_JOB=JOB)
+    # Several nodes: torchrun always says which node (GROUP_RANK); without it
+    # nothing does. Without MASTER_ADDR/MASTER_PORT (srun, mpirun) nothing
+    # says where node 0 hands out its name server.
     text = refused(torchrun)
-    assert "2 of them on this node" in text and "zerod run --nproc 2" in text, text
+    assert "does not say which node this is; set ZEROD_NODE_RANK (0..1)" in text, text
+    text = refused({k: v for k, v in torchrun.items() if k not in ("MASTER_ADDR", "MASTER_PORT")})
+    assert "2 of them on this node" in text and "ZEROD_RENDEZVOUS=" in text and "ZEROD_OMPI_SERVER=" in text \
+        and "zerod run --nproc 2" in text, text
     text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ZEROD_JOB=""))
     assert "needs the job script" in text and "ZEROD_JOB" in text, text
     text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ZEROD_NO_NODE_DAEMON="1"))
@@ -334,8 +340,8 @@ def test_what_cannot_be_served_is_refused_saying_why(tmp_path):
     os.chmod(os.path.join(open_dir, "zerod-launch"), 0o777)
     text = refused(dict(torchrun, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", XDG_RUNTIME_DIR=open_dir))
     assert "of this user's alone" in text, text
-    # Lightning's own launcher across 2 nodes: refused before any process
-    # group waits for the other node.
+    # Lightning's own launcher across 2 nodes with no MASTER_ADDR: refused
+    # before any process group waits for the other node.
     code = ("import torch, lightning.pytorch as pl, zerod.lightning\n"
             "from test_lightning import LitGPT, Windows\n"
             "t = pl.Trainer(strategy='zerod_stage_3_offload', accelerator='cpu', devices=1, num_nodes=2,\n"
@@ -343,7 +349,7 @@ def test_what_cannot_be_served_is_refused_saying_why(tmp_path):
             "t.fit(LitGPT(), torch.utils.data.DataLoader(Windows(), batch_size=4))\n")
     p = subprocess.run([sys.executable, "-c", code], env=dict(env, MASTER_PORT="29533"), capture_output=True,
                        text=True, timeout=120)
-    assert p.returncode != 0 and "serves the ranks of one node" in p.stderr, p.stderr[-3000:]
+    assert p.returncode != 0 and "MASTER_ADDR and MASTER_PORT are not both set" in p.stderr, p.stderr[-3000:]
     # A job script with an error: the daemon's own report comes back.
     bad = tmp_path / "bad.lua"
     bad.write_text("return { optimizer = { type = 'adamw', lr = 1e-3 }, zero = { stag = 1 } }\n")

@@ -222,7 +222,8 @@ class ZerodStrategy(ParallelStrategy):
             # Connected now, before the process group (which would wait for
             # ranks that never come where zerod refuses, e.g. several nodes).
             names = dict(ZEROD_RANK=str(self.global_rank), ZEROD_WORLD_SIZE=str(self.world_size),
-                         ZEROD_LOCAL_RANK=str(self.local_rank), ZEROD_LOCAL_WORLD_SIZE=str(processes))
+                         ZEROD_LOCAL_RANK=str(self.local_rank), ZEROD_LOCAL_WORLD_SIZE=str(processes),
+                         ZEROD_NODE_RANK=str(self.node_rank))
             before = {k: os.environ.get(k) for k in names}
             os.environ.update(names)
             try:
