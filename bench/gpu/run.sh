@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw]
+#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw] [nccl]
 #   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, PROFILE_MODES
 #   and PROFILE_SIZE pass options on)
 # Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
@@ -28,10 +28,14 @@ fi
 export ZEROD_LIB=$PWD/build-gpu/lib/libzerod.so
 export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 
-if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest)\  ]]; then
+if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest|nccl)\  ]]; then
   log "build (CUDA for this GPU)"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  # NCCL for the nccl comm plugin: the CUDA toolkit's, else the one PyTorch's
+  # nvidia-nccl wheel brings (its nvidia/nccl folder has include/ and lib/).
+  nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
+    ${nccl_root:+-DZEROD_NCCL_ROOT="$nccl_root"} \
     -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
     || { tail -30 "$OUT/configure.log"; exit 1; }
   SECONDS=0; cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
@@ -68,6 +72,19 @@ for w in "${what[@]}"; do
     largest)
       log "the largest GPT that trains, by mode"
       python3 bench/gpu/largest.py ${LARGEST_ARGS:-} 2>&1 | tee "$OUT/largest.txt" ;;
+    nccl)
+      # Two daemons on one GPU through the nccl comm plugin (each its own
+      # NCCL_HOSTID, joined over the loopback): the conformance suite with a
+      # timed 256 MiB all-reduce (busbw, bytes sent), then `zerod run`
+      # parity at stages 1-3 against one daemon. About a minute on an H100
+      # after the build (estimated: it has never run).
+      log "nccl: two daemons on one GPU (conformance, bytes sent, zerod run parity)"
+      grep -E "nccl comm plugin" "$OUT/configure.log" | tee -a "$OUT/run.log"
+      timeout 240 build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-gpu.log" \
+        | grep -E "nccl bench|nccl conformance|FAILED|Failure|SKIPPED"
+      timeout 240 tests/comm_nccl/run_parity.sh build-gpu/bin/zerod build-gpu/bin/rank_scenario \
+        build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-parity.log" \
+        | grep -E "agrees|bit-identical|differ|failed|passed|SKIPPED" ;;
     hostbw)
       log "host memory bandwidth (STREAM copy and triad, 3 arrays of 2 GiB)"
       { gcc -O3 -fopenmp -march=native bench/gpu/hostbw.c -o "$OUT/hostbw" \

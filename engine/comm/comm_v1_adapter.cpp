@@ -1,6 +1,6 @@
-// Comm ABI version 1 lifted to version 2: the collectives forward to the
-// plugin's own functions with its own instance; bytes_sent() becomes the
-// bytes_sent of figures().
+// Comm ABI version 1 lifted to the current table (version 3): the
+// collectives forward to the plugin's own functions with its own instance;
+// bytes_sent() becomes the bytes_sent of figures(); host memory only.
 #include "comm_adapters.h"
 
 #include "error.h"
@@ -34,8 +34,8 @@ void figures(const void* a, int32_t rank, zd_comm_figures* out) {
 
 }  // namespace
 
-zd_comm_v2 lift_comm_v1(const zd_comm_v1& d) {
-  zd_comm_v2 t{};
+zd_comm_v3 lift_comm_v1(const zd_comm_v1& d) {
+  zd_comm_v3 t{};
   t.header = d.header;
   t.hparams = d.hparams;
   t.hparam_count = d.hparam_count;
@@ -51,6 +51,7 @@ zd_comm_v2 lift_comm_v1(const zd_comm_v1& d) {
   t.all_to_all = nullptr;
   t.compressed_all_reduce = nullptr;
   t.figures = figures;
+  t.memory = comm_host_memory_only;
   return t;
 }
 

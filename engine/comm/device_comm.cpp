@@ -4,11 +4,22 @@
 #include "peer_board.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace zerod {
 
 namespace {
+
+// Whether the comm plugin takes this rank's pool as it is: memory of a CUDA
+// device, and a plugin that takes CUDA memory (nccl: comm ABI v3's
+// memory()). The emulated device calls itself CUDA to its views, but its
+// memory is nothing a plugin can read: it bounces.
+bool plugin_takes_pool(const ModelContext& ctx, const RankResources& res) {
+  const Device& d = res.device->unwrapped();
+  return d.dlpack_type() == ZD_DEVICE_CUDA && std::strcmp(d.name(), "cuda") == 0 &&
+         (ctx.comm().memory() & ZD_COMM_MEMORY_CUDA) != 0;
+}
 
 // One collective between the devices of one process. Each rank posts where
 // its buffers are and a mark after the work that wrote them; once everyone
@@ -72,6 +83,15 @@ void pool_all_gather(const ModelContext& ctx, RankResources& res, const zd_comm_
     pc.done();
     return;
   }
+  if (plugin_takes_pool(ctx, res)) {
+    // zerod's work that wrote the buffers (and the trainer's, which that
+    // work waits for) is done before the plugin reads them on its own
+    // stream; the call returns with the results in place. `send` may be
+    // host memory (a shard on the host): the plugin takes that too.
+    d.synchronize();
+    ctx.comm().all_gather(c, send, recv, count, comm_dtype(dt));
+    return;
+  }
   res.transfers.bounce(from, send, bytes, recv, bytes * static_cast<uint64_t>(ctx.world_size),
                        [&](const void* mine, void* all) {
                          ctx.comm().all_gather(c, mine, all, count, comm_dtype(dt));
@@ -95,6 +115,11 @@ void pool_reduce_scatter(const ModelContext& ctx, RankResources& res, const zd_c
       srcs.push_back({p.device, static_cast<const std::byte*>(p.send) + static_cast<uint64_t>(c.rank) * bytes});
     d.sum_peers(recv, dt, recv_count, srcs);
     pc.done();
+    return;
+  }
+  if (plugin_takes_pool(ctx, res)) {
+    d.synchronize();  // as in pool_all_gather
+    ctx.comm().reduce_scatter(c, send, recv, recv_count, comm_dtype(dt), ZD_REDUCE_SUM);
     return;
   }
   res.transfers.bounce(res.pool_memory, send, bytes * static_cast<uint64_t>(ctx.world_size), recv, bytes,
@@ -140,6 +165,11 @@ void pool_all_reduce(const ModelContext& ctx, RankResources& res, const zd_comm_
       throw;
     }
     d.release(scratch, ZD_MEM_BUFFERS);
+    return;
+  }
+  if (plugin_takes_pool(ctx, res)) {
+    d.synchronize();  // as in pool_all_gather
+    ctx.comm().all_reduce(c, buf, count, comm_dtype(dt), ZD_REDUCE_SUM);
     return;
   }
   const uint64_t bytes = count * dtype_size(dt);

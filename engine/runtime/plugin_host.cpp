@@ -181,7 +181,8 @@ size_t descriptor_size(zd_plugin_kind kind, uint32_t version) {
              : version == 3 ? sizeof(zd_optimizer_v3)
              : version == 2 ? sizeof(zd_optimizer_v2)
                             : sizeof(zd_optimizer_v1);
-    case ZD_PLUGIN_COMM: return version >= 2 ? sizeof(zd_comm_v2) : sizeof(zd_comm_v1);
+    case ZD_PLUGIN_COMM:
+      return version >= 3 ? sizeof(zd_comm_v3) : version == 2 ? sizeof(zd_comm_v2) : sizeof(zd_comm_v1);
     case ZD_PLUGIN_PARTITIONER: return sizeof(zd_partitioner_v1);
     case ZD_PLUGIN_TIER: return sizeof(zd_tier_v1);
     default: return sizeof(PluginPrefix);
@@ -221,9 +222,10 @@ bool complete(zd_plugin_kind kind, const PluginPrefix* p) {
     case ZD_PLUGIN_COMM: {
       if (version >= 2) {
         const auto* d = reinterpret_cast<const zd_comm_v2*>(p);
-        return d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
-               d->broadcast && d->barrier && d->abort && d->last_error && d->all_to_all &&
-               d->compressed_all_reduce && d->figures;
+        const bool v2 = d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
+                        d->broadcast && d->barrier && d->abort && d->last_error && d->all_to_all &&
+                        d->compressed_all_reduce && d->figures;
+        return version == 2 ? v2 : v2 && reinterpret_cast<const zd_comm_v3*>(p)->memory;
       }
       const auto* d = reinterpret_cast<const zd_comm_v1*>(p);
       return d->create && d->destroy && d->all_reduce && d->reduce_scatter && d->all_gather &&
@@ -395,11 +397,14 @@ std::unique_ptr<CommInstance> CommInstance::create(const std::shared_ptr<const P
   check_value_count(*plugin, values);
   if (local_ranks < 0) local_ranks = world_size;
   const zd_comm_config cfg{sizeof(zd_comm_config), world_size, first_local_rank, local_ranks};
-  // The one place that asks the version: a version-1 plugin is lifted to the
-  // v2 table here, once (comm_adapters.h); every call after uses table_.
-  const bool v1 = plugin->header().abi_version < 2;
-  const zd_comm_v2 table =
-      v1 ? lift_comm_v1(plugin->descriptor<zd_comm_v1>()) : plugin->descriptor<zd_comm_v2>();
+  // The one place that asks the version: a plugin of an older version is
+  // lifted to the current table here, once, by its version's adapter
+  // (comm_adapters.h); every call after uses table_.
+  const uint32_t version = plugin->header().abi_version;
+  const bool v1 = version < 2;
+  const zd_comm_v3 table = v1              ? lift_comm_v1(plugin->descriptor<zd_comm_v1>())
+                           : version == 2  ? lift_comm_v2(plugin->descriptor<zd_comm_v2>())
+                                           : plugin->descriptor<zd_comm_v3>();
   char err[512] = {0};
   void* inst = nullptr;
   const zd_status st =
@@ -486,6 +491,8 @@ void CommInstance::compressed_all_reduce(const zd_comm_call& c, float* buf, uint
 }
 
 bool CommInstance::has_compression() const { return table_.compressed_all_reduce != nullptr; }
+
+zd_comm_memory CommInstance::memory() const { return table_.memory(callee_) | ZD_COMM_MEMORY_HOST; }
 
 zd_comm_figures CommInstance::figures(int32_t rank) const {
   zd_comm_figures f = ZD_COMM_FIGURES_INIT;

@@ -219,8 +219,9 @@ class PartitionerInstance : public PluginInstance {
 };
 
 // Collectives through a comm plugin, through the current table
-// (zd_comm_v2): a version-1 plugin is lifted to it by comm_v1_adapter.cpp
-// when the instance is made. Each call throws zerod::Error with the plugin's
+// (zd_comm_v3): a plugin of version 1 or 2 is lifted to it by its version's
+// adapter (comm_v1_adapter.cpp, comm_v2_adapter.cpp) when the instance is
+// made. Each call throws zerod::Error with the plugin's
 // status and last_error() message when it fails.
 class CommInstance : public PluginInstance {
  public:
@@ -244,6 +245,9 @@ class CommInstance : public PluginInstance {
   zd_comm_figures figures(int32_t rank) const;
   // Plugin ABI v2 only (ZD_ERR_NOT_IMPLEMENTED otherwise).
   bool has_compression() const;
+  // ZD_COMM_MEMORY_* bits: where the collectives may find their buffers
+  // (device_comm.h hands the pool's to a plugin that takes its device's).
+  zd_comm_memory memory() const;
   void compressed_all_reduce(const zd_comm_call& c, float* buf, uint64_t count, float* worker_error,
                              float* server_error) const;
   // Every collective notes its arrival and completion there (who it waited
@@ -256,7 +260,7 @@ class CommInstance : public PluginInstance {
   template <typename Fn>
   void observed(const zd_comm_call& c, const char* op, uint64_t bytes, Fn&& fn) const;
   observe::CollectiveBoard* board_ = nullptr;
-  zd_comm_v2 table_{};             // the plugin's own, or comm_v1_adapter.cpp's lift of a v1 plugin
+  zd_comm_v3 table_{};             // the plugin's own, or an adapter's lift of an older one
   void* callee_ = nullptr;         // what table_'s functions get: the plugin's instance or the adapter's
   std::shared_ptr<void> adapted_;  // the adapter's instance, when there is one
   void check(zd_status st, const zd_comm_call& c) const;

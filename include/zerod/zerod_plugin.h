@@ -47,7 +47,7 @@ enum {
 /* The newest descriptor version this header defines, per kind. A plugin may
  * list older versions beside it; the host takes the newest it knows. */
 #define ZD_OPTIMIZER_ABI_VERSION 4
-#define ZD_COMM_ABI_VERSION 2
+#define ZD_COMM_ABI_VERSION 3
 #define ZD_PARTITIONER_ABI_VERSION 1
 #define ZD_TIER_ABI_VERSION 1
 
@@ -600,6 +600,52 @@ typedef struct zd_comm_v2 {
   /* Traffic of a served rank so far (zd_comm_figures, zerod.h). */
   void (*figures)(const void* instance, int32_t rank, zd_comm_figures* out);
 } zd_comm_v2;
+
+/* Version 3: v2, then the memory an instance's collectives take. The host
+ * hands a plugin that takes device memory the device pool's buffers as they
+ * are, after the work that wrote them is done; every other collective on a
+ * pool the host cannot address goes through host memory (a copy out, the
+ * collective, a copy in). Calls still block until the results are in place:
+ * a plugin that runs on a stream of its own waits for it before returning.
+ * The fields up to figures are v2's, in v2's order. */
+typedef uint32_t zd_comm_memory;
+enum {
+  ZD_COMM_MEMORY_HOST = 1u << 0, /* host memory: every plugin */
+  ZD_COMM_MEMORY_CUDA = 1u << 1  /* device pointers of the calling rank's CUDA device (its pool) */
+};
+
+typedef struct zd_comm_v3 {
+  zd_plugin_header header;  /* kind ZD_PLUGIN_COMM, abi_version 3 */
+  const zd_hparam_spec* hparams;
+  uint32_t hparam_count;
+  uint32_t reserved;
+
+  zd_status (*create)(const zd_host_services* host, const double* values, size_t value_count,
+                      const zd_comm_config* config, void** out_instance, char* err, size_t err_size);
+  void (*destroy)(void* instance);
+  zd_status (*all_reduce)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                          zd_comm_dtype dtype, zd_reduce_op op);
+  zd_status (*reduce_scatter)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                              uint64_t recv_count, zd_comm_dtype dtype, zd_reduce_op op);
+  zd_status (*all_gather)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                          uint64_t send_count, zd_comm_dtype dtype);
+  zd_status (*broadcast)(void* instance, const zd_comm_call* call, void* buf, uint64_t count,
+                         zd_comm_dtype dtype, int32_t root);
+  zd_status (*barrier)(void* instance, const zd_comm_call* call);
+  void (*abort)(void* instance, zd_status status, const char* reason);
+  const char* (*last_error)(const void* instance, int32_t rank);
+  zd_status (*all_to_all)(void* instance, const zd_comm_call* call, const void* send, void* recv,
+                          uint64_t count, zd_comm_dtype dtype);
+  zd_status (*compressed_all_reduce)(void* instance, const zd_comm_call* call, float* buf, uint64_t count,
+                                     float* worker_error, float* server_error);
+  void (*figures)(const void* instance, int32_t rank, zd_comm_figures* out);
+
+  /* ZD_COMM_MEMORY_* bits: where this instance's collectives may find their
+   * buffers (send, recv, buf; compressed_all_reduce's are host memory
+   * always). ZD_COMM_MEMORY_HOST is always set. A buffer of each call may be
+   * in any memory the bits name, each classified on its own. */
+  zd_comm_memory (*memory)(const void* instance);
+} zd_comm_v3;
 
 /* ------------------------------------------------------------------------ */
 /* Partitioner plugins (kind ZD_PLUGIN_PARTITIONER, version 1)               */

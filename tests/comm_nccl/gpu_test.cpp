@@ -48,9 +48,9 @@ int env_int(const char* k, int def) {
 int node() { return env_int("ZEROD_NCCL_TEST_NODE", 0); }
 int nodes() { return env_int("ZEROD_NCCL_TEST_NODES", 1); }
 
-const zd_comm_v2* nccl_plugin() {
+const zd_comm_v3* nccl_plugin() {
   static std::string why;
-  static const auto* d = reinterpret_cast<const zd_comm_v2*>(comm_descriptor("zd_comm_nccl.so", 2, &why));
+  static const auto* d = reinterpret_cast<const zd_comm_v3*>(comm_descriptor("zd_comm_nccl.so", 3, &why));
   if (d == nullptr) ADD_FAILURE() << why;
   return d;
 }
@@ -72,14 +72,14 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
   bool ok() const { return inst_ != nullptr; }
-  const zd_comm_v2& d() const { return *d_; }
+  const zd_comm_v3& d() const { return *d_; }
   void* inst() const { return inst_; }
   int rank() const { return node(); }
   int world() const { return nodes(); }
   std::string error() const { return d_->last_error(inst_, rank()); }
 
  private:
-  const zd_comm_v2* d_;
+  const zd_comm_v3* d_;
   void* inst_ = nullptr;
 };
 
@@ -464,8 +464,11 @@ bool run_pair(char* self, const std::string& filter) {
       setenv("ZEROD_NCCL_TEST_NODE", std::to_string(n).c_str(), 1);
       setenv("ZEROD_NCCL_TEST_NODES", "2", 1);
       setenv("ZEROD_NCCL_ROOT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
-      // Two hosts to NCCL, so that it puts two ranks on one GPU.
+      // Two hosts to NCCL, so that it puts two ranks on one GPU; joined
+      // over the loopback (no other interface is needed, or wanted).
       setenv("NCCL_HOSTID", ("zerod-nccl-test-node-" + std::to_string(n)).c_str(), 1);
+      setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      setenv("NCCL_IB_DISABLE", "1", 0);
       const std::string f = "--gtest_filter=" + filter;
       char* args[] = {self, const_cast<char*>(f.c_str()), nullptr};
       execv("/proc/self/exe", args);

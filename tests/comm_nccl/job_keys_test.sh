@@ -18,7 +18,7 @@ check() {  # check NAME COMM_TABLE: zerod check's output and status for a job wi
 check good '{ backend = "nccl", timeout = 60, port = 29510, check = false, spin_us = 5 }'
 [ "$status" -eq 0 ] || { echo "a good nccl table was refused:"; echo "$out"; exit 1; }
 for want in 'comm.backend += "nccl"' 'comm.port += 29510' 'comm.check += false' 'comm.spin_us += 5' \
-            'comm +nccl 0.1 \(plugin ABI 2\)'; do
+            'comm +nccl 0.1 \(plugin ABI 3\)'; do
   grep -qE "$want" <<<"$out" || { echo "zerod check did not show /$want/:"; echo "$out"; exit 1; }
 done
 echo "good table: accepted, every key resolved"

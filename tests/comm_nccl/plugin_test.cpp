@@ -1,5 +1,6 @@
 // The nccl plugin as the engine loads it, on a machine without a GPU (CI):
-// it loads, offers the v2 descriptor with its hyperparameters, refuses bad
+// it loads, offers the v3 descriptor (taking CUDA memory) and v2 with its
+// hyperparameters, refuses bad
 // arguments and values, and create() refuses with a clear error instead of
 // crashing where no CUDA device is visible. Where a GPU is visible the
 // no-device case is skipped (gpu_test.cpp covers that machine).
@@ -17,8 +18,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const zd_comm_v2* nccl_plugin(std::string* why) {
-  return reinterpret_cast<const zd_comm_v2*>(comm_descriptor("zd_comm_nccl.so", 2, why));
+const zd_comm_v3* nccl_plugin(std::string* why) {
+  return reinterpret_cast<const zd_comm_v3*>(comm_descriptor("zd_comm_nccl.so", 3, why));
 }
 
 bool gpu_visible() {
@@ -31,7 +32,7 @@ bool gpu_visible() {
 // timeout, port, check, spin_us.
 std::vector<double> defaults() { return {30, 0, 1, 0}; }
 
-zd_status create(const zd_comm_v2& d, const std::vector<double>& v, const zd_comm_config& cfg, void** inst,
+zd_status create(const zd_comm_v3& d, const std::vector<double>& v, const zd_comm_config& cfg, void** inst,
                  std::string* err) {
   char buf[1024] = "";
   const zd_status st = d.create(nullptr, v.data(), v.size(), &cfg, inst, buf, sizeof buf);
@@ -41,10 +42,19 @@ zd_status create(const zd_comm_v2& d, const std::vector<double>& v, const zd_com
 
 TEST(NcclPlugin, LoadsWithItsDescriptorAndHyperparameters) {
   std::string why;
-  const zd_comm_v2* d = nccl_plugin(&why);
+  const zd_comm_v3* d = nccl_plugin(&why);
   ASSERT_NE(d, nullptr) << why;
   EXPECT_STREQ(d->header.name, "nccl");
-  EXPECT_EQ(d->header.abi_version, 2u);
+  EXPECT_EQ(d->header.abi_version, 3u);
+  ASSERT_NE(d->memory, nullptr);
+  // It takes device memory: the engine hands it the pool as it is.
+  EXPECT_EQ(d->memory(nullptr), ZD_COMM_MEMORY_HOST | ZD_COMM_MEMORY_CUDA);
+  // v2 beside it, for hosts that know no v3.
+  std::string why2;
+  const auto* v2 = reinterpret_cast<const zd_comm_v2*>(comm_descriptor("zd_comm_nccl.so", 2, &why2));
+  ASSERT_NE(v2, nullptr) << why2;
+  EXPECT_STREQ(v2->header.name, "nccl");
+  EXPECT_EQ(v2->create, d->create);
   ASSERT_EQ(d->hparam_count, 4u);
   const char* names[] = {"timeout", "port", "check", "spin_us"};
   for (uint32_t i = 0; i < 4; ++i) EXPECT_STREQ(d->hparams[i].name, names[i]);
@@ -58,7 +68,7 @@ TEST(NcclPlugin, LoadsWithItsDescriptorAndHyperparameters) {
 
 TEST(NcclPlugin, RefusesBadValuesAndLayoutsNamingThem) {
   std::string why;
-  const zd_comm_v2* d = nccl_plugin(&why);
+  const zd_comm_v3* d = nccl_plugin(&why);
   ASSERT_NE(d, nullptr) << why;
   void* inst = reinterpret_cast<void*>(1);
   std::string err;
@@ -83,7 +93,7 @@ TEST(NcclPlugin, RefusesBadValuesAndLayoutsNamingThem) {
 TEST(NcclPlugin, CreateWithoutACudaDeviceRefusesClearly) {
   if (gpu_visible()) GTEST_SKIP() << "a CUDA device is visible here: gpu_test.cpp runs the plugin on it";
   std::string why;
-  const zd_comm_v2* d = nccl_plugin(&why);
+  const zd_comm_v3* d = nccl_plugin(&why);
   ASSERT_NE(d, nullptr) << why;
   void* inst = nullptr;
   std::string err;
@@ -99,7 +109,7 @@ TEST(NcclPlugin, CreateWithoutACudaDeviceRefusesClearly) {
 // contract, shared with local and mpi).
 TEST(NcclPlugin, EntryPointsRefuseANullInstance) {
   std::string why;
-  const zd_comm_v2* d = nccl_plugin(&why);
+  const zd_comm_v3* d = nccl_plugin(&why);
   ASSERT_NE(d, nullptr) << why;
   const zd_comm_call c = call_for(0);
   float x = 1;

@@ -1,17 +1,22 @@
 // A comm plugin of ABI version 1 through the engine: CommInstance lifts it to
-// the v2 table once (engine/comm/comm_v1_adapter.cpp) and runs the same
+// the current table once (engine/comm/comm_v1_adapter.cpp) and runs the same
 // collectives with the same results and traffic figures as the plugin's own
 // v2 table (the local plugin built twice: zd_comm_local offers v2 and v1,
 // tests/fake_plugins' zd_comm_local_v1 only v1). What v1 lacks is refused
-// with the messages the engine gave before the adapter.
+// with the messages the engine gave before the adapter. Version 2 is lifted
+// to version 3 (comm_v2_adapter.cpp) with its functions as they are and
+// host memory only, so that a device pool's collectives bounce for it; the
+// nccl plugin (v3) says it takes CUDA memory.
 #include "runtime/plugin_host.h"
 
+#include "comm/comm_adapters.h"
 #include "error.h"
 
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <string>
+#include <sys/stat.h>
 #include <thread>
 #include <vector>
 
@@ -110,6 +115,53 @@ TEST(CommV1Adapter, RefusesWhatVersion1Lacks) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Comm ABI v3's memory(): plugins of v1 and v2 take host memory only, so
+// the engine bounces a device pool's collectives through host memory for
+// them (device_comm.cpp hands the pool only to a plugin that takes it).
+TEST(CommV2Adapter, OlderPluginsTakeHostMemoryOnly) {
+  for (const char* name : {"local", "local_v1"}) {
+    auto plugin = load(name);
+    auto comm = CommInstance::create(plugin, plugin->default_values(), kWorld);
+    EXPECT_EQ(comm->memory(), static_cast<zd_comm_memory>(ZD_COMM_MEMORY_HOST)) << name;
+  }
+}
+
+TEST(CommV2Adapter, LiftsEveryFunctionAsItIs) {
+  auto plugin = load("local");
+  ASSERT_EQ(plugin->header().abi_version, 2u) << "local offers v2 as its newest: the adapter's case";
+  const zd_comm_v2& d = plugin->descriptor<zd_comm_v2>();
+  const zd_comm_v3 t = lift_comm_v2(d);
+  EXPECT_EQ(t.header.name, d.header.name);
+  EXPECT_EQ(t.hparams, d.hparams);
+  EXPECT_EQ(t.hparam_count, d.hparam_count);
+  EXPECT_EQ(t.create, d.create);
+  EXPECT_EQ(t.destroy, d.destroy);
+  EXPECT_EQ(t.all_reduce, d.all_reduce);
+  EXPECT_EQ(t.reduce_scatter, d.reduce_scatter);
+  EXPECT_EQ(t.all_gather, d.all_gather);
+  EXPECT_EQ(t.broadcast, d.broadcast);
+  EXPECT_EQ(t.barrier, d.barrier);
+  EXPECT_EQ(t.abort, d.abort);
+  EXPECT_EQ(t.last_error, d.last_error);
+  EXPECT_EQ(t.all_to_all, d.all_to_all);
+  EXPECT_EQ(t.compressed_all_reduce, d.compressed_all_reduce);
+  EXPECT_EQ(t.figures, d.figures);
+  ASSERT_NE(t.memory, nullptr);
+  EXPECT_EQ(t.memory(nullptr), static_cast<zd_comm_memory>(ZD_COMM_MEMORY_HOST));
+}
+
+// The loader takes the nccl plugin's v3 descriptor (where it is built: it
+// needs CUDA and NCCL); it cannot be instantiated without a GPU.
+TEST(CommV3, TheNcclPluginLoadsAsVersion3) {
+  struct stat st {};
+  if (stat((std::string(ZEROD_PLUGIN_DIR) + "/zd_comm_nccl.so").c_str(), &st) != 0)
+    GTEST_SKIP() << "the nccl plugin is not built here";
+  auto plugin = Plugin::load(ZD_PLUGIN_COMM, "nccl", {ZEROD_PLUGIN_DIR});
+  EXPECT_EQ(plugin->header().abi_version, 3u);
+  EXPECT_EQ(plugin->header().struct_size, sizeof(zd_comm_v3));
+  EXPECT_NE(plugin->descriptor<zd_comm_v3>().memory, nullptr);
 }
 
 }  // namespace

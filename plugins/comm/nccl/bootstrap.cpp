@@ -559,7 +559,11 @@ bool send_notice(int fd, const Notice& n) {
 
 int read_notice(int fd, Notice* out) {
   NoticeWire w{};
-  if (read_full(fd, &w, sizeof w, Clock::time_point::max()) != 1) return 0;
+  // Called when the connection is readable: a whole notice follows at once
+  // from a daemon; one that stops halfway is not a daemon's.
+  const int got = read_full(fd, &w, sizeof w, Clock::now() + std::chrono::seconds(5));
+  if (got < 0) return -1;
+  if (got == 0) return 0;
   if (w.magic != kNoticeMagic || (w.kind != Notice::kBye && w.kind != Notice::kAbort)) return -1;
   out->kind = static_cast<Notice::Kind>(w.kind);
   out->node = w.node;

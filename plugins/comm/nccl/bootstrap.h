@@ -101,7 +101,8 @@ struct Notice {
 
 // Writes a notice; false when the connection is gone.
 bool send_notice(int fd, const Notice& n);
-// Reads one notice: 1 read, 0 the connection closed (or failed), -1 garbage.
+// Reads one notice (the connection is readable): 1 read, 0 the connection
+// closed (or failed), -1 garbage or half a notice left there for 5 s.
 int read_notice(int fd, Notice* out);
 
 void close_fds(std::vector<int>& fds);

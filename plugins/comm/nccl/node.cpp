@@ -273,31 +273,39 @@ Node::~Node() {
   }
   for (int fd : wake_)
     if (fd >= 0) close(fd);
+  // Finalize flushes what is in flight, on every local communicator first
+  // (one may wait for another's), then each is destroyed once it settles;
+  // one that does not within 10 s, or any of a broken instance, is aborted.
   const bool broken = broken_.load();
-  for (auto& r : ranks_) {
-    cudaSetDevice(r->device);
-    if (r->comm != nullptr) {
-      if (broken) {
-        ncclCommAbort(r->comm);
-      } else {
-        // Finalize flushes what is in flight; destroy then frees locally.
-        // One that does not settle within the timeout is aborted.
-        ncclResult_t a = ncclCommFinalize(r->comm);
-        const auto limit = Clock::now() + std::chrono::seconds(settings_.timeout_s > 0 ? 10 : 60);
-        while (a == ncclSuccess || a == ncclInProgress) {
-          a = ncclInProgress;
-          ncclCommGetAsyncError(r->comm, &a);
-          if (a != ncclInProgress || Clock::now() > limit) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        if (a == ncclSuccess) ncclCommDestroy(r->comm);
-        else ncclCommAbort(r->comm);
+  std::vector<ncclResult_t> state(ranks_.size(), ncclSuccess);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankState& r = *ranks_[i];
+    if (r.comm == nullptr || broken) continue;
+    cudaSetDevice(r.device);
+    state[i] = ncclCommFinalize(r.comm);
+  }
+  const auto limit = Clock::now() + std::chrono::seconds(10);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankState& r = *ranks_[i];
+    cudaSetDevice(r.device);
+    if (r.comm != nullptr) {
+      ncclResult_t a = state[i];
+      while (!broken && (a == ncclSuccess || a == ncclInProgress)) {
+        a = ncclInProgress;
+        ncclCommGetAsyncError(r.comm, &a);
+        if (a != ncclInProgress || Clock::now() > limit) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      r->comm = nullptr;
+      if (!broken && a == ncclSuccess) ncclCommDestroy(r.comm);
+      else ncclCommAbort(r.comm);
+      r.comm = nullptr;
     }
-    if (r->stream != nullptr) cudaStreamSynchronize(r->stream), cudaStreamDestroy(r->stream);
-    if (r->scratch != nullptr) cudaFree(r->scratch);
-    if (r->desc_dev != nullptr) cudaFree(r->desc_dev);
+    if (r.stream != nullptr) {
+      cudaStreamSynchronize(r.stream);
+      cudaStreamDestroy(r.stream);
+    }
+    if (r.scratch != nullptr) cudaFree(r.scratch);
+    if (r.desc_dev != nullptr) cudaFree(r.desc_dev);
   }
   cudaGetLastError();
 }
@@ -374,6 +382,15 @@ zd_comm_figures Node::figures(int rank) const noexcept {
 // The daemons' connections: notices in, a lost daemon named. The root
 // forwards what it hears to every other node.
 void Node::monitor() noexcept {
+  try {
+    watch();
+  } catch (...) {
+    // Out of memory in a notice's text: the connections go unwatched; a
+    // lost daemon is then found by the collectives' timeouts.
+  }
+}
+
+void Node::watch() {
   std::vector<bool> open(fds_.size(), false), said_bye(fds_.size(), false);
   for (size_t i = 0; i < fds_.size(); ++i) open[i] = fds_[i] >= 0;
   auto peer = [&](size_t i) {

@@ -87,6 +87,7 @@ class Node {
   // An enqueue NCCL refused (an ncclResult_t): the instance fails.
   zd_status refused(int index, const zd_comm_call& call, const Call& c, int result) noexcept;
   void monitor() noexcept;
+  void watch();  // monitor()'s loop
 
   int world_ = 1, first_ = 0, local_ = 1, node_ = 0, nodes_ = 1;
   Settings settings_;

@@ -1,7 +1,8 @@
 // zd_comm_nccl.so: the "nccl" comm plugin, collectives across daemons (one
 // per node, or one per GPU) with NCCL, on GPUs. This file is the ABI glue:
-// the descriptor (plugin ABI v2 only: v1 cannot say which ranks a daemon
-// serves), the hyperparameters and create(); glue.h (the local plugin's)
+// the descriptors (plugin ABI v3, whose memory() says it takes CUDA
+// memory, and v2 for older hosts; not v1, which cannot say which ranks a
+// daemon serves), the hyperparameters and create(); glue.h (the local plugin's)
 // turns each entry point's arguments into a Call for the Node (node.h).
 //
 // Compiled, never run on a GPU yet (docs/multinode.md).
@@ -89,11 +90,35 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
 
 using Glue = zerod::comm::Glue<nccl::Node>;
 
-const zd_comm_v2 kDescriptor = {
-    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 1, "nccl",
-                       "collectives across daemons with NCCL on GPUs (one NCCL rank per zerod rank; host buffers "
-                       "staged through the rank's GPU)",
-                       kSpecs.data(), kSpecs.size()),
+// Device pointers of the rank's GPU go to NCCL as they are (node.h).
+zd_comm_memory memory(const void*) noexcept { return ZD_COMM_MEMORY_HOST | ZD_COMM_MEMORY_CUDA; }
+
+constexpr const char* kDescription =
+    "collectives across daemons with NCCL on GPUs (one NCCL rank per zerod rank; device buffers as they are, "
+    "host buffers staged through the rank's GPU)";
+
+// v3: the engine hands it the device pool's buffers.
+const zd_comm_v3 kV3 = {
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v3, 3, 0, 1, "nccl", kDescription, kSpecs.data(), kSpecs.size()),
+    .create = create,
+    .destroy = Glue::destroy,
+    .all_reduce = Glue::all_reduce,
+    .reduce_scatter = Glue::reduce_scatter,
+    .all_gather = Glue::all_gather,
+    .broadcast = Glue::broadcast,
+    .barrier = Glue::barrier,
+    .abort = Glue::abort,
+    .last_error = Glue::last_error,
+    .all_to_all = Glue::all_to_all,
+    .compressed_all_reduce = Glue::compressed_all_reduce,
+    .figures = Glue::figures,
+    .memory = memory,
+};
+
+// v2, for a host that knows no v3: it bounces device pools through host
+// memory, which the plugin stages through the GPU.
+const zd_comm_v2 kV2 = {
+    ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 1, "nccl", kDescription, kSpecs.data(), kSpecs.size()),
     .create = create,
     .destroy = Glue::destroy,
     .all_reduce = Glue::all_reduce,
@@ -110,4 +135,4 @@ const zd_comm_v2 kDescriptor = {
 
 }  // namespace
 
-ZD_PLUGIN_DESCRIPTORS(&kDescriptor.header)
+ZD_PLUGIN_DESCRIPTORS(&kV3.header, &kV2.header)
