@@ -155,8 +155,13 @@ TEST_P(NcclOps, AllReduceMatchesTheReference) {
   for (zd_comm_dtype dt : kDtypes) {
     for (size_t count : kCounts) {
       for (zd_reduce_op op : {ZD_REDUCE_SUM, ZD_REDUCE_MAX}) {
+        // NaN, infinities, signed zeros and subnormals in fp32 and fp64
+        // sums only: NCCL's max is fmax (a NaN loses, where the contract
+        // and the reference keep it: docs/nccl.md), and whether its 16-bit
+        // sums keep subnormals is not the contract's to say.
         ++salt;
-        const std::vector<Buffer> in = inputs(dt, count, salt, salt % 2 == 0);
+        const bool specials = op == ZD_REDUCE_SUM && (dt == ZD_COMM_F32 || dt == ZD_COMM_F64) && salt % 4 == 1;
+        const std::vector<Buffer> in = inputs(dt, count, salt, specials);
         std::vector<const Buffer*> all;
         for (const auto& b : in) all.push_back(&b);
         Buffer want(dt, count);

@@ -81,6 +81,27 @@ Call call_of(const Desc& d) {
   return c;
 }
 
+// The calling thread's current device, put back at scope end: the
+// plugin sets each rank's GPU around its work, and the engine's thread
+// (which may drive a GPU of its own) finds its device as it left it.
+class DeviceGuard {
+ public:
+  DeviceGuard() {
+    if (cudaGetDevice(&device_) != cudaSuccess) {
+      cudaGetLastError();
+      device_ = -1;
+    }
+  }
+  ~DeviceGuard() {
+    if (device_ >= 0) cudaSetDevice(device_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_ = -1;
+};
+
 std::string this_host() {
   char h[256] = "";
   if (gethostname(h, sizeof h - 1) != 0) return "?";
@@ -142,6 +163,7 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
                 version);
       return ZD_ERR_CONFIG;
     }
+    const DeviceGuard guard;
     std::unique_ptr<Node> n(new Node());
     n->settings_ = s;
     n->world_ = cfg.world_size;
@@ -255,6 +277,7 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
 }
 
 Node::~Node() {
+  const DeviceGuard guard;
   if (monitor_.joinable()) {
     const char b = 1;
     // The monitor wakes on this byte (an empty pipe of our own: it fits).
@@ -324,6 +347,7 @@ void Node::fail(zd_status status, const std::string& message, bool tell) noexcep
   }
   // Every local communicator aborted: a rank waiting in NCCL sees its
   // communicator gone at its next poll and fails with the message.
+  const DeviceGuard guard;
   for (auto& r : ranks_) {
     std::lock_guard<std::mutex> g(r->mu);
     if (r->comm == nullptr) continue;
@@ -548,11 +572,8 @@ zd_status Node::check_across(int index, const zd_comm_call& call, const Call& c,
     res = ncclAllGather(slot, r.desc_dev, sizeof(Desc), ncclUint8, r.comm, r.stream);
   }
   if (res != ncclSuccess && res != ncclInProgress) return refused(index, call, c, res);
-  Call barrier;
-  barrier.coll = Coll::all_gather;
-  barrier.dtype = ZD_COMM_U8;
-  barrier.count = sizeof(Desc);
-  zd_status st = wait(index, call, barrier);
+  // Waited for as the call itself: a timeout here names the rank's call.
+  zd_status st = wait(index, call, c);
   if (st != ZD_OK) return st;
   if (cudaMemcpyAsync(r.descs.data(), r.desc_dev, sizeof(Desc) * r.descs.size(), cudaMemcpyDeviceToHost, r.stream) !=
           cudaSuccess ||
@@ -711,6 +732,7 @@ zd_status Node::run(const zd_comm_call* call, Call c) noexcept {
   r.error.clear();
   if (broken_.load()) return failed(index);
   c.tag = call->tag;
+  const DeviceGuard guard;
   cudaSetDevice(r.device);
   char why[256];
   Text t(why, sizeof why);
