@@ -62,12 +62,18 @@ TEST(Connect, AnotherLaunchersSeveralRanksWithoutADaemonAreRefusedByName) {
     ASSERT_EQ(zd_connect(nullptr, nullptr, &c), ZD_OK) << last();
     zd_disconnect(c);
   }
-  // Several nodes: a daemon started on demand serves one node.
+  // Several nodes: the nodes' daemons join through a name server that node
+  // 0 hands out at MASTER_ADDR:MASTER_PORT+1; with neither that nor a
+  // server of the user's, refused saying what to set.
   {
     ScopedEnv size("WORLD_SIZE", "4"), rank("RANK", "3"), local("LOCAL_WORLD_SIZE", "2"), job("ZEROD_JOB", "j.lua");
+    ScopedEnv addr("MASTER_ADDR", nullptr), port("MASTER_PORT", nullptr), rdv("ZEROD_RENDEZVOUS", nullptr),
+        server("ZEROD_OMPI_SERVER", nullptr);
     zd_client* c = nullptr;
     EXPECT_EQ(zd_connect(nullptr, nullptr, &c), ZD_ERR_CONFIG);
-    EXPECT_NE(last().find("serves the ranks of one node"), std::string::npos) << last();
+    EXPECT_NE(last().find("MASTER_ADDR and MASTER_PORT are not both set"), std::string::npos) << last();
+    EXPECT_NE(last().find("ZEROD_RENDEZVOUS=<node 0's host>:<a free port>"), std::string::npos) << last();
+    EXPECT_NE(last().find("ZEROD_OMPI_SERVER=file:"), std::string::npos) << last();
     EXPECT_NE(last().find("zerod run --nproc 2"), std::string::npos) << last();
   }
   // A world of one is one process.
