@@ -185,7 +185,7 @@ def torchrun_on_both(h, tmp_path, job, out, extra_args=(), timeout=300, **env_ex
     return results
 
 
-def nothing_left(h, within=30.0):
+def nothing_left(h, within=60.0):
     deadline = time.time() + within
     pattern = "zerod (serve|join)|ompi-server"
     while h.processes(pattern) and time.time() < deadline:
@@ -258,8 +258,10 @@ def test_a_hang_on_host_1_is_diagnosed_on_host_0(hosts, tmp_path):
     out (the job's comm.timeout) naming the node, its ranks and host."""
     out = tmp_path / "out"
     out.mkdir()
-    job = job_file(tmp_path, 'comm = { backend = "mpi", timeout = 5 },')
-    results = torchrun_on_both(hosts, tmp_path, job, out, HANG_RANK=3, HANG_AT=2, timeout=240)
+    # Long enough that ranks starting seconds apart on a busy machine (torch
+    # imports) do not time out before the hang.
+    job = job_file(tmp_path, 'comm = { backend = "mpi", timeout = 20 },')
+    results = torchrun_on_both(hosts, tmp_path, job, out, HANG_RANK=3, HANG_AT=2, timeout=300)
     code0, text0 = results[0]
     assert code0 != 0, text0[-2000:]
     assert "ZD_ERR_TIMEOUT" in text0, text0[-3000:]
