@@ -86,6 +86,7 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
   }
   ConfigReader r(L, lua_gettop(L), &map, js->source_name_);
   js->config_.source = js->source_name_;
+  js->nodes_ = source.nodes;
   js->read_config(r, script_dir);
   r.finish();
   if (!json_line.empty()) r.remap_lines(json_line);
@@ -157,14 +158,21 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   // Collectives: the backend names a comm plugin.
   {
     const bool given = r.enter("comm");
-    std::string name = unquoted(job_key("comm.backend").def_text);
+    // Unnamed, the backend that spans what the job spans: a job's script
+    // need not change when its ranks move to several nodes.
+    std::string name = nodes_ > 1 ? "mpi" : unquoted(job_key("comm.backend").def_text);
+    bool named = false;
     if (given) {
-      if (auto b = r.string("backend", false)) name = *b;
+      if (auto b = r.string("backend", false)) name = *b, named = true;
       c.comm_timeout_s = r.number(job_key("comm.timeout"));
     } else {
-      r.note("comm.backend", job_key("comm.backend").default_text(), false);
       r.note("comm.timeout", job_key("comm.timeout").default_text(), false);
     }
+    if (!named)
+      r.note("comm.backend",
+             nodes_ > 1 ? "\"mpi\" (the job spans " + std::to_string(nodes_) + " daemons)"
+                        : job_key("comm.backend").default_text(),
+             false);
     comm_ = read_plugin(r, ZD_PLUGIN_COMM, "comm", "backend", given, name, &c.comm_values);
     c.comm = name;
     if (given) r.leave();

@@ -27,6 +27,10 @@ struct ScriptSource {
   // object) is translated first (ds_config.h); its batch sizes may need the
   // job's rank count, when known.
   int world_size = 0;
+  // The daemons (nodes) the job spans, when known: a job of several that
+  // names no comm.backend gets "mpi" (the one shipped backend that spans
+  // daemons) instead of "local".
+  int nodes = 1;
 };
 
 class JobScript final : public JobPolicy {
@@ -78,6 +82,7 @@ class JobScript final : public JobPolicy {
   std::string source_name_;
   JobConfig config_;
   std::shared_ptr<Plugin> optimizer_, partitioner_, comm_;
+  int nodes_ = 1;  // ScriptSource::nodes
   std::shared_ptr<Plugin> host_tier_, nvme_tier_;  // when the job may offload
   std::vector<ResolvedValue> resolved_;
   // The status of a failed plugin load, reported as the load's status when

@@ -208,10 +208,11 @@ std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const Daem
   return ms;
 }
 
-std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path) {
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes) {
   try {
     scripting::ScriptSource src;
     src.path = path;
+    src.nodes = nodes;
     auto job = scripting::JobScript::load(src);
     server::daemon_config(job->config(), path);  // a device the daemon cannot serve
     return job;

@@ -46,6 +46,8 @@ std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const Daem
 
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.
-std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path);
+// `nodes`: the daemons the job spans (a job naming no comm.backend then gets
+// "mpi", ScriptSource::nodes).
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes = 1);
 
 }  // namespace zerod::cli

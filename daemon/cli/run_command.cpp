@@ -28,10 +28,18 @@ int run_command(int argc, char** argv) {
   // Before any thread starts: each keeps the CPUs it started with.
   if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
     log_info("zerod run: " + widened);
-  auto job = check_job("run", args.job);
+  // Where this daemon stands first: a job of several nodes that names no
+  // comm backend spans them with "mpi".
+  NodeLayout node;
+  try {
+    node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));
+    return 1;
+  }
+  auto job = check_job("run", args.job, node.nodes);
   if (!job) return 1;
   try {
-    const NodeLayout node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
     if (const std::string why = layout_problem(node, job->config().comm, args.job); !why.empty()) {
       std::fprintf(stderr, "zerod run: %s\n", why.c_str());
       return 1;

@@ -264,6 +264,9 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
   src.text = text;
   src.name = name;
   src.allow_io = allow_io;
+  // A daemon serving part of the job's ranks is one of several nodes: a
+  // script naming no comm backend spans them with "mpi".
+  if (job->local_ranks > 0 && job->world_size > job->local_ranks) src.nodes = job->world_size / job->local_ranks;
   auto script = scripting::JobScript::load(src);
   lock.lock();
   for (auto& [id, m] : models_)

@@ -8,7 +8,8 @@
 # --nproc 4` (within 1e-5: the mpi plugin reduces in another order), no
 # daemon, mpirun or server is left. Then the same without an ompi-server of
 # the user's: node 0's daemon starts one and hands it to node 1 over the
-# rendezvous at MASTER_ADDR:MASTER_PORT+1 (`zerod join`). Without a server
+# rendezvous at MASTER_ADDR:MASTER_PORT+1 (`zerod join`), and with the
+# one-node job unchanged (no comm backend named: "mpi" across nodes). Without a server
 # or a rendezvous address, or without a node index, the ranks are refused
 # saying what to set.
 #   launched_nodes.sh ZEROD TRAIN_MLP JOB
@@ -87,13 +88,20 @@ PY
   [ "$n" = 2 ] || { echo "launched_nodes ($name): $n ranks said they started a daemon, not one per node"; exit 1; }
   for _ in $(seq 100); do [ "$(left)" = 0 ] && break; sleep 0.1; done
   [ "$(left)" = 0 ] || { echo "launched_nodes ($name): a daemon or name server outlived its ranks:"; pgrep -af "$work"; exit 1; }
+  # The joined daemons left cleanly: no mpirun saw one killed (SIGPIPE at
+  # MPI_Finalize, as before mpi_env.cpp's exit barrier) or end non-zero.
+  if grep -lE "exited on signal|non-zero status|did not return within" "$work"/zerod-launch/*.log; then
+    echo "launched_nodes ($name): a joined daemon did not leave cleanly:"; cat "$work"/zerod-launch/*.log; exit 1
+  fi
   echo "launched_nodes ($name): 2 nodes x 2 ranks through daemons started on demand: $got (zerod run --nproc 4: $ref); nothing left"
 }
 
 trains two GROUP_RANK={node} ZEROD_OMPI_SERVER="file:$work/uri"
 # No server of the user's: node 0 starts one (the rendezvous on
-# MASTER_PORT+1); its daemon's log says so, node 1's names the server.
-trains own GROUP_RANK={node}
+# MASTER_PORT+1); its daemon's log says so, node 1's names the server. And
+# the job as it is for one node, naming no comm backend: a daemon of
+# several nodes takes "mpi" by itself.
+trains own GROUP_RANK={node} ZEROD_JOB="$work/local.lua"
 grep -qh "zerod join: node 0 of 2: name server .* served on port $((master_port + 1))" "$work"/zerod-launch/*.log ||
   { echo "launched_nodes (own): node 0's daemon did not say it served its name server"; cat "$work"/zerod-launch/*.log; exit 1; }
 grep -qh "zerod join: node 1 of 2: node 0's name server is " "$work"/zerod-launch/*.log ||

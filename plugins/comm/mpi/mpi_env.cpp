@@ -27,8 +27,11 @@
 // race: a barrier on the joined world (every daemon is at its exit, no
 // instance alive, nothing more will be sent), then it frees the world and
 // every instance's duplicate, leaving Open MPI no goodbyes to say. A daemon
-// whose ranks finish first waits at that barrier for the others; a
-// watchdog bounds it (60 s).
+// whose ranks finish first waits at that barrier for the others, up to 50 s.
+// After a failure (which the end of a job served on demand also is: ranks
+// that leave abort their instances) it waits 10 s: all daemons at their
+// exit meet and leave cleanly; with one gone, MPI_Finalize runs under the
+// watchdog as above.
 //
 // When the host process initialised MPI itself, it finalizes it.
 #include "mpi_env.h"
@@ -79,17 +82,37 @@ void finalize_watchdog(int seconds, const char* why) {
   }).detach();
 }
 
+// A barrier on `comm` that gives up after `seconds` (a peer may be gone);
+// true when every member reached it.
+bool barrier_within(MPI_Comm comm, int seconds) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm, &r) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int done = 0;
+    if (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;  // the request stays with MPI: it cannot be cancelled
+}
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || g_alive.load() > 0) return;
   const bool joined = g_process.world != MPI_COMM_WORLD;
-  if (g_failed.load()) {
-    finalize_watchdog(10, "after a failed collective (another daemon may be gone)");
-  } else if (joined) {
+  // A failure here is often only the job's end: ranks that leave abort
+  // their instance (to wake anyone still waiting for them), which counts as
+  // a failure. Joined daemons still meet if they all can, briefly.
+  const bool failed = g_failed.load();
+  if (failed)
+    finalize_watchdog(joined ? 20 : 10, "after a failed collective (another daemon may be gone)");
+  else if (joined)
     finalize_watchdog(60, "waiting for the other joined daemons to end (is one of them stuck?)");
+  if (joined) {
     std::lock_guard<std::mutex> lk(g_spanning_mu);
-    if (g_spanning != nullptr && MPI_Barrier(g_process.world) == MPI_SUCCESS)
+    if (g_spanning != nullptr && barrier_within(g_process.world, failed ? 10 : 50))
       for (auto c = g_spanning->rbegin(); c != g_spanning->rend(); ++c) MPI_Comm_free(&*c);
   }
   MPI_Finalize();
