@@ -15,6 +15,7 @@
 
 #include "glue.h"
 #include "node.h"
+#include "create_checks.h"
 #include "plugin_text.h"
 
 namespace {
@@ -43,32 +44,12 @@ constexpr std::array<zd_hparam_spec, 4> kSpecs = {{
 
 using zerod::comm::set_error;
 
-bool in_range(double v, const zd_hparam_spec& s) { return std::isfinite(v) && v >= s.min && v <= s.max; }
-
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, const zd_comm_config* config,
                  void** out_instance, char* err, size_t err_size) noexcept {
-  if (out_instance == nullptr) {
-    set_error(err, err_size, "out_instance is NULL");
-    return ZD_ERR_INVALID_ARGUMENT;
-  }
-  *out_instance = nullptr;
-  if (value_count != kSpecs.size() || values == nullptr) {
-    set_error(err, err_size, "expected %zu hyperparameter values, got %zu", kSpecs.size(),
-              values == nullptr ? size_t{0} : value_count);
-    return ZD_ERR_INVALID_ARGUMENT;
-  }
-  for (size_t i = 0; i < kSpecs.size(); ++i) {
-    const bool whole = kSpecs[i].type == ZD_HPARAM_NUMBER || values[i] == std::floor(values[i]);
-    if (!in_range(values[i], kSpecs[i]) || !whole) {
-      set_error(err, err_size, "%s = %g: must be %s in [%g, %g]", kSpecs[i].name, values[i],
-                kSpecs[i].type == ZD_HPARAM_NUMBER ? "a number" : "a whole number", kSpecs[i].min, kSpecs[i].max);
-      return ZD_ERR_CONFIG;
-    }
-  }
-  if (config == nullptr || config->struct_size < sizeof(zd_comm_config)) {
-    set_error(err, err_size, "config is %s", config == nullptr ? "NULL" : "shorter than zd_comm_config");
-    return ZD_ERR_INVALID_ARGUMENT;
-  }
+  if (const zd_status st = zerod::comm::check_create_args(kSpecs.data(), kSpecs.size(), values, value_count, config,
+                                                          out_instance, err, err_size);
+      st != ZD_OK)
+    return st;
   const zd_comm_config& c = *config;
   if (c.world_size < 1 || c.local_ranks < 1 || c.first_local_rank < 0 ||
       c.first_local_rank > c.world_size - c.local_ranks) {
