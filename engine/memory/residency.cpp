@@ -51,7 +51,8 @@ void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group
                               *from, send, dst, p.stride, p.dtype);
 }
 
-bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a) {
+bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a,
+                           const std::function<void()>& first) {
   if (!whole_copy_ || pids.empty()) return false;
   std::vector<WholeValue> src;
   for (zd_param_id pid : pids) {
@@ -60,6 +61,7 @@ bool Residency::copy_whole(const std::vector<zd_param_id>& pids, const observe::
     if (w.at == nullptr) return false;
     src.push_back(w);
   }
+  if (first) first();
   observe::Span span(res_.probe, "residency", "copy whole", a);
   for (size_t i = 0; i < pids.size(); ++i) {
     const ParamRecord& p = ctx_.registry.param(pids[i]);
@@ -124,7 +126,7 @@ void Residency::settle_gathers() {
 
 // Gathers a module's non-persistent parameters into fresh buffers on the
 // rank's stream; the module counts as resident from now on.
-void Residency::gather(zd_module_id m, bool prefetch) {
+void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   const ModuleRecord& mod = ctx_.registry.module(m);
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   std::vector<zd_param_id> todo;
@@ -163,8 +165,13 @@ void Residency::gather(zd_module_id m, bool prefetch) {
   a.bytes = bytes;
   a.flags = prefetch ? observe::kFlagPrefetched : 0;
   if (prefetch) res_.probe.instant("residency", "prefetch", a);
+  // Whatever reads the shards first waits until they are written.
+  std::function<void()> shards_written;
+  if (await_shards) shards_written = [await = gate_.await, m] { await(m); };
   // Stage 3 with compression.replay: this rank holds the current values.
-  if (copy_whole(todo, a)) return;
+  // (A compressing optimizer's update never overlaps the forward, so that
+  // wait is not taken here in practice; it would be on the rank's thread.)
+  if (copy_whole(todo, a, shards_written)) return;
   ShardBoard* board = ctx_.shards;
   bool one_sided = board != nullptr;
   for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
@@ -174,7 +181,8 @@ void Residency::gather(zd_module_id m, bool prefetch) {
     const uint64_t epoch = board->epoch(res_.rank);
     const uint64_t k = board->arrive(res_.rank, static_cast<uint64_t>(m));
     if (prefetch) {
-      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch] {
+      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch, shards_written] {
+        if (shards_written) shards_written();
         observe::Span span(res_.probe, "residency", "gather", a);
         copy_module(*board, todo, m, k, epoch, false);
       });
@@ -191,7 +199,8 @@ void Residency::gather(zd_module_id m, bool prefetch) {
     return;
   }
   auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
-  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a] {
+  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a, shards_written] {
+    if (shards_written) shards_written();
     observe::Span span(res_.probe, "residency", "gather", a);
     for (zd_param_id pid : todo) {
       all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
@@ -233,7 +242,7 @@ void Residency::gather_persistent() {
     b = res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
                               "persistent parameter '" + p.name + "'");
   }
-  if (copy_whole(persistent, observe::EventArgs{})) return;
+  if (copy_whole(persistent, observe::EventArgs{}, nullptr)) return;
   const std::string what = "gathering the persistent parameters: all-gather";
   ctx_.run(*res_.stream, [&] {
     for (zd_param_id pid : persistent) {
@@ -296,11 +305,13 @@ void Residency::make_resident(zd_module_id m, bool backward) {
           if (!p.persistent) elems += gathered_elems(p);
         }
         if (live_elems_ + elems > max_live) break;
-        // Its shards may still be being updated (OverlappedUpdate): the
-        // begin call will wait for them and gather it.
-        if (ready_ && !ready_(next)) break;
+        // Its shards may still be being updated (OverlappedUpdate): then
+        // its gather waits for them on the stream. Stopping here instead
+        // made what is gathered ahead depend on the update's pace, which
+        // differs between ranks.
+        const bool await_shards = gate_.ready && !gate_.ready(next);
         try {
-          gather(next, true);
+          gather(next, true, await_shards);
         } catch (const Error& e) {
           if (e.code() != ZD_ERR_BUDGET) throw;
           break;  // prefetch is best effort; the begin call will gather it

@@ -43,10 +43,19 @@ class Residency {
   };
   using WholeCopy = std::function<WholeValue(const ParamRecord&)>;
   void copy_from(WholeCopy source) { whole_copy_ = std::move(source); }
-  // Whether a module's shards may be read now (and any device wait for
-  // them issued): prefetch stops at the first that may not.
-  using ShardsReady = std::function<bool(zd_module_id)>;
-  void prefetch_when(ShardsReady ready) { ready_ = std::move(ready); }
+  // When a module's shards may be read (OverlappedUpdate: once its update
+  // is written). `ready` from the rank's thread: whether they may be read
+  // now, with any device wait for them issued. `await` from zerod's stream:
+  // waits until they may be, then issues that device wait. A module not
+  // ready is still gathered ahead, its gather waiting on the stream: which
+  // modules a rank gathers ahead, and in which order, must not depend on
+  // how far its update has got, because the gathers are collectives that
+  // every rank issues alike (ranks at different paces once disagreed).
+  struct ShardsGate {
+    std::function<bool(zd_module_id)> ready;
+    std::function<void(zd_module_id)> await;
+  };
+  void prefetch_when(ShardsGate gate) { gate_ = std::move(gate); }
 
   // Sized for the registry, nothing gathered (at finalize).
   void reset();
@@ -98,8 +107,10 @@ class Residency {
     size_t pos = 0;
   };
 
-  // prefetch: issued ahead of the module's begin call (the timeline says so).
-  void gather(zd_module_id m, bool prefetch);
+  // prefetch: issued ahead of the module's begin call (the timeline says
+  // so); await_shards: its shards are still being written, the gather waits
+  // for them first (gate_.await).
+  void gather(zd_module_id m, bool prefetch, bool await_shards = false);
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
   // Copies p's shards from every rank into its gathered copy (one-sided);
   // copy_module those of module m's parameters todo at its gather #k, once
@@ -116,13 +127,15 @@ class Residency {
   void all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what);
   // When every parameter of `pids` has a whole copy on this rank: copies
   // them into their gathered buffers and says true (no collective).
-  bool copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a);
+  // `first` runs before anything is copied.
+  bool copy_whole(const std::vector<zd_param_id>& pids, const observe::EventArgs& a,
+                  const std::function<void()>& first);
 
   const ModelContext& ctx_;
   RankResources& res_;
   StateBuffers& buffers_;
   WholeCopy whole_copy_;
-  ShardsReady ready_;
+  ShardsGate gate_;
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;

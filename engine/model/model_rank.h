@@ -26,7 +26,8 @@ struct Model::RankState {
         compression(ctx, res, buffers, optimizer, grads),
         update(ctx, res, optimizer) {
     residency.copy_from([this](const ParamRecord& p) { return compression.whole_param(p); });
-    residency.prefetch_when([this](zd_module_id m) { return update.module_ready(m); });
+    residency.prefetch_when({[this](zd_module_id m) { return update.module_ready(m); },
+                             [this](zd_module_id m) { update.await_module(m); }});
   }
 
   // Declared in the order they are built; destroyed in reverse, so every

@@ -50,6 +50,8 @@ void OverlappedUpdate::start(const OptimizerRunner::PassArgs& a, std::vector<zd_
   for (size_t m = 0; m < listed.size(); ++m)
     if (!listed[m]) order.push_back(static_cast<zd_module_id>(m));
 
+  // Under the lock: a gather issued ahead may read them on zerod's stream.
+  std::unique_lock<std::mutex> lock(mu_);
   bool any = false;
   for (size_t m = 0; m < done_.size(); ++m) {
     bool host = false;
@@ -63,6 +65,7 @@ void OverlappedUpdate::start(const OptimizerRunner::PassArgs& a, std::vector<zd_
   first_done_ = first.empty();
   first_ticket_ = 0;
   error_ = nullptr;
+  lock.unlock();
   // On the rank's thread: the uploads are ordered after the step's work.
   runner_.begin_host_updates();
   observe::add_relaxed(res_.probe.counters().overlapped_updates, 1);
@@ -161,6 +164,22 @@ bool OverlappedUpdate::module_ready(zd_module_id m) {
   }
   wait_module(m);
   return true;
+}
+
+void OverlappedUpdate::await_module(zd_module_id m) {
+  uint64_t t;
+  std::exception_ptr failed;
+  {
+    // Not running() (the rank's thread may be joining the worker): the
+    // flags alone, which start() sets under the lock before the worker
+    // runs and the worker sets for every module before it ends.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[static_cast<size_t>(m)] != 0; });
+    failed = error_;
+    t = ticket_[static_cast<size_t>(m)];
+  }
+  if (failed) std::rethrow_exception(failed);
+  res_.device->stream_waits(t);
 }
 
 void OverlappedUpdate::finish() {

@@ -53,6 +53,11 @@ class OverlappedUpdate {
   // Like wait_module when m's update is done already; false (nothing
   // waited) when it is not.
   bool module_ready(zd_module_id m);
+  // From zerod's stream (a gather issued ahead, Residency): waits until m's
+  // update is written, then makes the stream wait for its uploads. A
+  // failed update throws its failure here too; the rank's next wait_module
+  // or finish() reports it to the trainer as before.
+  void await_module(zd_module_id m);
   // wait_module for the parameters start() was given first.
   void wait_first();
   // Waits for the whole update; rethrows its failure once.

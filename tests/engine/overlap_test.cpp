@@ -17,7 +17,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <chrono>
 #include <limits>
+#include <thread>
 
 using namespace zerod_test;
 
@@ -211,6 +213,100 @@ INSTANTIATE_TEST_SUITE_P(
             Case{"stage2_host_bf16_2ranks_window_on_device", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 2, 2,
                  0, 1.0, false, false, OffloadConfig::Accumulate::Device})),
     [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).name; });
+
+// What a rank gathers ahead does not depend on how far its update has got:
+// stage 3's prefetched gathers are collectives, so every rank must issue the
+// same ones in the same order, and ranks whose updates run at different
+// paces once disagreed ("ranks disagree at collective #16", CI). A trainer
+// that begins the next forward at once (its update still running) and one
+// that waits first (its update done) must gather the same modules ahead:
+// the same count of begins that found their module already gathered, and
+// the same bits as the synchronous update. On the emulated device, where
+// every gather goes through the comm plugin, with 1 rank (whose pace only
+// its trainer sets) and with 2.
+struct PaceRun {
+  std::vector<std::vector<float>> params;
+  uint64_t ready = 0, waited = 0, overlapped = 0;
+};
+
+PaceRun run_at_pace(int world, bool overlap, int pause_ms) {
+  // A small first module, then larger ones whose updates take a while; a
+  // window and a prefetch budget that reach past the forward into the
+  // backward's modules.
+  const std::vector<int64_t> sizes = {2000, 100000, 1000000, 1000000};
+  JobOptions o;
+  o.device = "opaque";
+  o.stage = 3;
+  o.precision = ZD_DTYPE_BF16;
+  o.threads = 1;
+  o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+  o.zero_hparams = {{"param_persistence_threshold", 0}, {"max_live_parameters", 1 << 23},
+                    {"prefetch_bucket_size", 1 << 22}, {"reduce_bucket_size", 1 << 20}};
+  o.offload.params = ZD_TIER_HOST;
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.offload.overlap = overlap;
+  auto model = make_model(o, world);
+  PaceRun out;
+  run_ranks(world, [&](int rank) {
+    Device& d = const_cast<Device&>(model->device(rank));
+    std::vector<zd_param_id> ids;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<float> init(static_cast<size_t>(sizes[i]));
+      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
+      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), o.precision,
+                                          {sizes[i]}, init.data(), ZD_DTYPE_F32));
+    }
+    model->finalize(rank);
+    for (int s = 0; s < 5; ++s) {
+      if (rank == 0 && pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      std::vector<std::vector<float>> w(ids.size());
+      for (size_t m = 0; m < ids.size(); ++m) {
+        model->forward_begin(rank, static_cast<zd_module_id>(m));
+        w[m] = read_view(d, model->param_view(rank, ids[m]));
+        model->forward_end(rank, static_cast<zd_module_id>(m));
+      }
+      for (size_t m = ids.size(); m-- > 0;) {
+        model->backward_begin(rank, static_cast<zd_module_id>(m));
+        std::vector<float> grad(w[m].size());
+        for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s + rank));
+        write_view(d, model->grad_view(rank, ids[m]), grad);
+        model->backward_end(rank, static_cast<zd_module_id>(m));
+      }
+      model->step(rank);
+    }
+    for (zd_param_id id : ids) {  // a collective: every rank reads
+      std::vector<float> v(static_cast<size_t>(model->registry().param(id).numel));
+      model->read_param(rank, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      if (rank == 0) out.params.push_back(std::move(v));
+    }
+  });
+  out.ready = model->counters(world - 1).gathers_ready.load();
+  out.waited = model->counters(world - 1).gathers_waited.load();
+  out.overlapped = model->counters(world - 1).overlapped_updates.load();
+  return out;
+}
+
+class OverlapPaces : public ::testing::TestWithParam<int> {};
+
+TEST_P(OverlapPaces, PrefetchDoesNotDependOnTheUpdatesProgress) {
+  const int world = GetParam();
+  const PaceRun sync = run_at_pace(world, false, 0);
+  const PaceRun eager = run_at_pace(world, true, 0);
+  const PaceRun patient = run_at_pace(world, true, 60);
+  EXPECT_EQ(eager.overlapped, 5u);
+  EXPECT_EQ(patient.overlapped, 5u);
+  // The last rank's begins (rank 1 of 2 never pauses): as many found their
+  // module gathered ahead whether or not its update was still running.
+  EXPECT_EQ(eager.ready, patient.ready) << "begins that found their module gathered ahead";
+  EXPECT_EQ(eager.waited, patient.waited);
+  EXPECT_EQ(sync.ready, patient.ready);
+  EXPECT_GT(patient.ready, 0u) << "the modules were gathered ahead";
+  EXPECT_TRUE(sync.params == eager.params) << "the overlapped update gives the synchronous bits";
+  EXPECT_TRUE(sync.params == patient.params);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, OverlapPaces, ::testing::Values(1, 2),
+                         [](const auto& p) { return std::to_string(p.param) + (p.param == 1 ? "rank" : "ranks"); });
 
 // A group's optimizer split between the device and the host (offload.ratio),
 // which only the cpu device runs: the device's part in zd_step, the host's
