@@ -82,13 +82,15 @@ class CudaDevice final : public Device {
     description_ = "cuda device " + std::to_string(device_) + ": " + prop.name + ", " + format_bytes(total) +
                    " (" + format_bytes(free_bytes) + " free), sm_" + std::to_string(prop.major) +
                    std::to_string(prop.minor);
+    gpu_description_ = description_;
     if (ledger_.budget(ZD_TIER_DEVICE) == MemoryLedger::kNoBudget) {
-      const auto budget = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
-      ledger_.set_budget(ZD_TIER_DEVICE, budget);
-      description_ += "; device budget " + format_bytes(budget) + " (" +
-                      std::to_string(static_cast<int>(kDefaultBudgetShare * 100)) +
-                      "% of its free memory; budgets.device sets it)";
+      default_budget_ = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
+      set_default_budget(1);
     }
+  }
+
+  void share_default_budget(int ranks) override {
+    if (default_budget_ != 0 && ranks > 1) set_default_budget(ranks);
   }
 
   ~CudaDevice() override {
@@ -483,11 +485,23 @@ class CudaDevice final : public Device {
   }
 
   MemoryLedger& ledger_;
+  // The budget chosen here, shared by `ranks` ranks on this GPU.
+  void set_default_budget(int ranks) {
+    const uint64_t budget = default_budget_ / static_cast<uint64_t>(ranks);
+    ledger_.set_budget(ZD_TIER_DEVICE, budget);
+    description_ = gpu_description_ + "; device budget " + format_bytes(budget) + " (" +
+                   std::to_string(static_cast<int>(kDefaultBudgetShare * 100)) + "% of its free memory" +
+                   (ranks > 1 ? ", shared by the " + std::to_string(ranks) + " ranks on this GPU" : std::string()) +
+                   "; budgets.device sets it)";
+  }
+
   int device_;
   std::string name_;
   bool shared_;
   SharedEvent zerod_done_, trainer_done_shared_;  // a shared device's StreamLink
   std::string description_;
+  std::string gpu_description_;  // description_ without the budget
+  uint64_t default_budget_ = 0;  // the budget chosen here (the job set none), for the whole GPU; 0: the job's
   cudaStream_t stream_ = nullptr;
   cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
   cudaEvent_t copies_done_ = nullptr;

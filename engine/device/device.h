@@ -75,6 +75,11 @@ class Device {
   // emulated device standing in for one. The cpu device does each call
   // before it returns and has no stream to change.
   virtual bool has_streams() const = 0;
+  // `ranks` ranks of this process have their pools on this device (a
+  // daemon's ranks sharing one GPU): a budget the device chose itself (the
+  // job set none) becomes this rank's share of it, not the whole of it for
+  // each. A budget the job set is left as it is.
+  virtual void share_default_budget(int ranks) { (void)ranks; }
 
   // --- the pool: zero-filled, aligned blocks, charged to the rank's ledger
   // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device

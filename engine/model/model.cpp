@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 namespace zerod {
 
@@ -126,6 +127,7 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
     rs->scaler = LossScaler(config_.loss_scale);
     ranks_.push_back(std::move(rs));
   }
+  share_gpus();
   // Stage 3 with the whole job in this process on the local comm plugin
   // (which copies between the ranks' buffers in this address space anyway):
   // gathers copy the peers' shards one-sided, the host copying them into
@@ -174,6 +176,20 @@ Model::~Model() {
   for (auto& rs : ranks_) release_rank(*rs);
   if (admission_)
     for (auto& rs : ranks_) admission_->release(rs->res.rank);
+}
+
+void Model::share_gpus() {
+  // A daemon with more ranks than GPUs puts several on one GPU (local rank
+  // modulo the GPUs): each rank's default budget is its part of that GPU's,
+  // or every rank would plan for nearly all of its memory.
+  std::map<int32_t, int> on_gpu;
+  for (const auto& rs : ranks_)
+    if (std::strcmp(rs->res.device->name(), "cuda") == 0) ++on_gpu[rs->res.device->ordinal()];
+  for (const auto& rs : ranks_)
+    if (std::strcmp(rs->res.device->name(), "cuda") == 0) {
+      rs->res.device->share_default_budget(on_gpu[rs->res.device->ordinal()]);
+      log_info("rank " + std::to_string(rs->res.rank) + ": " + rs->res.device->describe());
+    }
 }
 
 Model::RankState& Model::rank_state(int rank) {

@@ -208,6 +208,8 @@ class Model final : private FailureSink {
   void sync(int rank);
 
  private:
+  // Ranks of this process on one GPU share its default device budget.
+  void share_gpus();
   struct RankState;
   // Enters a call on a rank: records it in the activity table, refuses it if
   // the job is broken, and records its return.

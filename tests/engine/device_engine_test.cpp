@@ -283,6 +283,44 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingOnDevice,
 // cpu device, which has none; between steps both take it. Each tier's
 // description comes from what holds it (the device's own words for the
 // device tier, none for a tier the placement does not use).
+// A daemon's ranks that share one GPU (more ranks than GPUs: local rank
+// modulo the GPUs) split the device budget the cuda device chose when the
+// job set none: the model tells each rank's device how many of its ranks
+// are on that GPU. Here a stand-in for the cuda device (its name and GPU
+// number) records what it is told; the cuda device's own split runs only
+// on a GPU.
+class GpuStandIn final : public EmulatedDevice {
+ public:
+  GpuStandIn(MemoryLedger& ledger, Workers& workers, int gpu, std::vector<std::pair<int, int>>* told)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "gpu-stand-in"), gpu_(gpu), told_(told) {}
+  const char* name() const override { return "cuda"; }
+  int32_t ordinal() const override { return gpu_; }
+  void share_default_budget(int ranks) override { told_->emplace_back(gpu_, ranks); }
+
+ private:
+  int gpu_;
+  std::vector<std::pair<int, int>>* told_;
+};
+
+TEST(DeviceBudget, RanksOnOneGpuShareItsDefaultBudget) {
+  for (const int gpus : {1, 2, 3}) {
+    std::vector<std::pair<int, int>> told;
+    JobOptions o;
+    o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int local_rank,
+                           const std::string&) {
+      return std::unique_ptr<Device>(std::make_unique<GpuStandIn>(ledger, workers, local_rank % gpus, &told));
+    };
+    auto model = make_model(o, 3);
+    // Three ranks: on one GPU all three share it; on two, GPU 0 has ranks
+    // 0 and 2; on three, each rank has its own.
+    const std::vector<std::pair<int, int>> want =
+        gpus == 1 ? std::vector<std::pair<int, int>>{{0, 3}, {0, 3}, {0, 3}}
+        : gpus == 2 ? std::vector<std::pair<int, int>>{{0, 2}, {1, 1}, {0, 2}}
+                    : std::vector<std::pair<int, int>>{{0, 1}, {1, 1}, {2, 1}};
+    EXPECT_EQ(told, want) << gpus << " GPUs";
+  }
+}
+
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
   for (const char* device : {"cpu", "opaque"}) {
     JobOptions o;

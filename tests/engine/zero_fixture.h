@@ -46,6 +46,8 @@ struct JobOptions {
   // "cpu", "cuda", or "opaque": the emulated device the host cannot
   // address (opaque_device.h).
   std::string device = "cpu";
+  // Opens each rank's device instead (a test's stand-in); null: by `device`.
+  zerod::DeviceFactory device_factory;
   bool compression_replay = false;
   zd_dtype state_dtype = ZD_DTYPE_F32;  // optimizer.state_dtype
 };
@@ -95,8 +97,8 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   p.nvme_tier = Plugin::load(ZD_PLUGIN_TIER, "nvme", dirs);
   if (c.offload.host_values.empty()) c.offload.host_values = p.host_tier->default_values();
   if (c.offload.nvme_values.empty()) c.offload.nvme_values = p.nvme_tier->default_values();
-  DeviceFactory open;
-  if (o.device == "opaque")
+  DeviceFactory open = o.device_factory;
+  if (!open && o.device == "opaque")
     open = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
       return std::unique_ptr<Device>(std::make_unique<OpaqueDevice>(ledger, workers));
     };
