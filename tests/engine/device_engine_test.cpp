@@ -38,14 +38,7 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
   std::vector<std::vector<float>> out(sizes.size());
   run_ranks(world, [&](int rank) {
     Device& d = const_cast<Device&>(model->device(rank));
-    std::vector<zd_param_id> ids;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<float> init(static_cast<size_t>(sizes[i]));
-      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
-      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), o.precision,
-                                          {sizes[i]}, init.data(), ZD_DTYPE_F32));
-    }
-    model->finalize(rank);
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, sizes, o.precision);
     for (int s = 0; s < steps; ++s) {
       std::vector<std::vector<float>> w(ids.size());
       for (size_t m = 0; m < ids.size(); ++m) {

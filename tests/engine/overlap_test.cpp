@@ -84,14 +84,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
   std::mutex mu;
   run_ranks(c.world, [&](int rank) {
     Device& d = const_cast<Device&>(model->device(rank));
-    std::vector<zd_param_id> ids;
-    for (size_t i = 0; i < kSizes.size(); ++i) {
-      std::vector<float> init(static_cast<size_t>(kSizes[i]));
-      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
-      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), c.precision,
-                                          {kSizes[i]}, init.data(), ZD_DTYPE_F32));
-    }
-    model->finalize(rank);
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, kSizes, c.precision);
     for (int s = 0; s < kSteps; ++s) {
       if (s == 3) {
         // Between steps: a checkpoint out and back in changes nothing.
@@ -249,14 +242,7 @@ PaceRun run_at_pace(int world, bool overlap, int pause_ms) {
   PaceRun out;
   run_ranks(world, [&](int rank) {
     Device& d = const_cast<Device&>(model->device(rank));
-    std::vector<zd_param_id> ids;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<float> init(static_cast<size_t>(sizes[i]));
-      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
-      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), o.precision,
-                                          {sizes[i]}, init.data(), ZD_DTYPE_F32));
-    }
-    model->finalize(rank);
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, sizes, o.precision);
     for (int s = 0; s < 5; ++s) {
       if (rank == 0 && pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
       std::vector<std::vector<float>> w(ids.size());

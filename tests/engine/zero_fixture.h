@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -122,6 +123,21 @@ inline void run_ranks(int world, const std::function<void(int)>& fn) {
     });
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// One parameter per module ("w<i>" in module "m<i>", sizes[i] elements,
+// sin-initialised), registered on `rank`, which then finalizes: their ids.
+inline std::vector<zd_param_id> register_sine_modules(Model& model, int rank, const std::vector<int64_t>& sizes,
+                                                      zd_dtype precision) {
+  std::vector<zd_param_id> ids;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<float> init(static_cast<size_t>(sizes[i]));
+    for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 3 * i)) * 0.1f;
+    ids.push_back(model.register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), precision, {sizes[i]},
+                                       init.data(), ZD_DTYPE_F32));
+  }
+  model.finalize(rank);
+  return ids;
 }
 
 // The trainer's side on any device (one the host cannot address too): a
