@@ -40,12 +40,7 @@ std::vector<std::vector<float>> train(JobOptions o, int world, const std::vector
     Device& d = const_cast<Device&>(model->device(rank));
     const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, sizes, o.precision);
     for (int s = 0; s < steps; ++s) {
-      std::vector<std::vector<float>> w(ids.size());
-      for (size_t m = 0; m < ids.size(); ++m) {
-        model->forward_begin(rank, static_cast<zd_module_id>(m));
-        w[m] = read_view(d, model->param_view(rank, ids[m]));
-        model->forward_end(rank, static_cast<zd_module_id>(m));
-      }
+      std::vector<std::vector<float>> w = forward_reading(*model, d, rank, ids);
       for (size_t m = ids.size(); m-- > 0;) {
         model->backward_begin(rank, static_cast<zd_module_id>(m));
         const ViewInfo g = model->grad_view(rank, ids[m]);

@@ -92,12 +92,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
         model->load_checkpoint(rank, ckpt_dir);
       }
       for (int64_t micro = 0; micro < c.accumulation; ++micro) {
-        std::vector<std::vector<float>> w(ids.size());
-        for (size_t m = 0; m < ids.size(); ++m) {
-          model->forward_begin(rank, static_cast<zd_module_id>(m));
-          w[m] = read_view(d, model->param_view(rank, ids[m]));
-          model->forward_end(rank, static_cast<zd_module_id>(m));
-        }
+        std::vector<std::vector<float>> w = forward_reading(*model, d, rank, ids);
         for (size_t m = ids.size(); m-- > 0;) {
           model->backward_begin(rank, static_cast<zd_module_id>(m));
           const ViewInfo g = model->grad_view(rank, ids[m]);
@@ -245,12 +240,7 @@ PaceRun run_at_pace(int world, bool overlap, int pause_ms) {
     const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, sizes, o.precision);
     for (int s = 0; s < 5; ++s) {
       if (rank == 0 && pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-      std::vector<std::vector<float>> w(ids.size());
-      for (size_t m = 0; m < ids.size(); ++m) {
-        model->forward_begin(rank, static_cast<zd_module_id>(m));
-        w[m] = read_view(d, model->param_view(rank, ids[m]));
-        model->forward_end(rank, static_cast<zd_module_id>(m));
-      }
+      std::vector<std::vector<float>> w = forward_reading(*model, d, rank, ids);
       for (size_t m = ids.size(); m-- > 0;) {
         model->backward_begin(rank, static_cast<zd_module_id>(m));
         std::vector<float> grad(w[m].size());

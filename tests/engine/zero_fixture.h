@@ -157,6 +157,19 @@ inline void write_view(Device& d, const ViewInfo& v, const std::vector<float>& v
   d.copy_to_device(v.data, raw.data(), raw.size());
 }
 
+// A forward over those modules in order: what each module's parameter
+// holds, read through the device between its begin and end calls.
+inline std::vector<std::vector<float>> forward_reading(Model& model, Device& d, int rank,
+                                                       const std::vector<zd_param_id>& ids) {
+  std::vector<std::vector<float>> w(ids.size());
+  for (size_t m = 0; m < ids.size(); ++m) {
+    model.forward_begin(rank, static_cast<zd_module_id>(m));
+    w[m] = read_view(d, model.param_view(rank, ids[m]));
+    model.forward_end(rank, static_cast<zd_module_id>(m));
+  }
+  return w;
+}
+
 // The fp32 values a view holds.
 inline std::vector<float> view_values(const ViewInfo& v) {
   const size_t n = v.bytes / (v.dtype == ZD_DTYPE_F32 ? 4 : 2);
