@@ -18,5 +18,22 @@ if [ "${3:-}" = --update ]; then
   echo "docs_schema: $doc updated"
   exit 0
 fi
-diff -u <(sed -n "/$begin/,/$end/p" "$doc" | sed '1d;$d') <("$zerod" check --schema) &&
-  echo "docs.job_script_schema: the tables match zerod check --schema"
+# The optional plugins (mpi, nccl: built where Open MPI or NCCL is) have
+# rows in the docs; a build without one does not print them, so its rows
+# are left out of the comparison there.
+generated=$("$zerod" check --schema)
+absent=()
+for optional in mpi nccl; do
+  grep -q "^| \`$optional\` (" <<<"$generated" || absent+=("$optional")
+done
+drop_absent() {
+  local line name
+  while IFS= read -r line; do
+    for name in "${absent[@]}"; do
+      [[ $line == "| \`$name\` ("* ]] && continue 2
+    done
+    printf '%s\n' "$line"
+  done
+}
+diff -u <(sed -n "/$begin/,/$end/p" "$doc" | sed '1d;$d' | drop_absent) <(printf '%s\n' "$generated") &&
+  echo "docs.job_script_schema: the tables match zerod check --schema${absent[*]:+ (without ${absent[*]}: not in this build)}"
