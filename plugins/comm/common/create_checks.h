@@ -2,7 +2,8 @@
 // pointer, one value per hyperparameter spec, each value in its spec's range
 // (whole where the spec is not a plain number: the host checks the specs
 // too, but a plugin does not rely on it), and a config the plugin's header
-// knows. The mpi and nccl plugins share it; the local plugin checks its one
+// knows whose ranks are a block of the job's. The mpi and nccl plugins
+// share it; the local plugin checks its one
 // value between its own checks.
 #ifndef ZEROD_COMM_COMMON_CREATE_CHECKS_H
 #define ZEROD_COMM_COMMON_CREATE_CHECKS_H
@@ -39,6 +40,13 @@ inline zd_status check_create_args(const zd_hparam_spec* specs, size_t spec_coun
   }
   if (config == nullptr || config->struct_size < sizeof(zd_comm_config)) {
     set_error(err, err_size, "config is %s", config == nullptr ? "NULL" : "shorter than zd_comm_config");
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  const zd_comm_config& c = *config;
+  if (c.world_size < 1 || c.local_ranks < 1 || c.first_local_rank < 0 ||
+      c.first_local_rank > c.world_size - c.local_ranks) {
+    set_error(err, err_size, "world_size = %d, first_local_rank = %d, local_ranks = %d: not a block of ranks of the job",
+              c.world_size, c.first_local_rank, c.local_ranks);
     return ZD_ERR_INVALID_ARGUMENT;
   }
   return ZD_OK;

@@ -36,7 +36,6 @@ constexpr std::array<zd_hparam_spec, 3> kSpecs = {{
      "slowest link well within it"},
 }};
 
-using zerod::comm::set_error;
 
 zd_status create(const zd_host_services* host, const double* values, size_t value_count, const zd_comm_config* config,
                  void** out_instance, char* err, size_t err_size) noexcept {
@@ -45,12 +44,6 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
       st != ZD_OK)
     return st;
   const zd_comm_config& c = *config;
-  if (c.world_size < 1 || c.local_ranks < 1 || c.first_local_rank < 0 ||
-      c.first_local_rank > c.world_size - c.local_ranks) {
-    set_error(err, err_size, "world_size = %d, first_local_rank = %d, local_ranks = %d: not a block of ranks of the job",
-              c.world_size, c.first_local_rank, c.local_ranks);
-    return ZD_ERR_INVALID_ARGUMENT;
-  }
   mpi::Settings s;
   s.timeout_s = values[0];
   s.spin_us = values[1];
