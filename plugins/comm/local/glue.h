@@ -130,4 +130,13 @@ struct Glue {
 
 }  // namespace zerod::comm
 
+// The entries of a zd_comm_v2 table after create(), each the Glue's (a v3
+// table lists memory() after them): what the local, mpi and nccl plugins'
+// descriptors of version 2 or later share.
+#define ZD_COMM_GLUE_V2_FUNCTIONS(G)                                                                       \
+  .destroy = G::destroy, .all_reduce = G::all_reduce, .reduce_scatter = G::reduce_scatter,                 \
+  .all_gather = G::all_gather, .broadcast = G::broadcast, .barrier = G::barrier, .abort = G::abort,         \
+  .last_error = G::last_error, .all_to_all = G::all_to_all, .compressed_all_reduce = G::compressed_all_reduce, \
+  .figures = G::figures
+
 #endif  // ZEROD_COMM_LOCAL_GLUE_H

@@ -109,17 +109,7 @@ const zd_comm_v2 kDescriptorV2 = {
                        kDescription,
                        kSpecs.data(), kSpecs.size()),
     .create = create_v2,
-    .destroy = Glue::destroy,
-    .all_reduce = Glue::all_reduce,
-    .reduce_scatter = Glue::reduce_scatter,
-    .all_gather = Glue::all_gather,
-    .broadcast = Glue::broadcast,
-    .barrier = Glue::barrier,
-    .abort = Glue::abort,
-    .last_error = Glue::last_error,
-    .all_to_all = Glue::all_to_all,
-    .compressed_all_reduce = Glue::compressed_all_reduce,
-    .figures = Glue::figures,
+    ZD_COMM_GLUE_V2_FUNCTIONS(Glue),
 };
 
 // For hosts that know only version 1 (listed after v2: the host takes the

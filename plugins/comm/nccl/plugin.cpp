@@ -75,17 +75,7 @@ constexpr const char* kDescription =
 const zd_comm_v3 kV3 = {
     ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v3, 3, 0, 1, "nccl", kDescription, kSpecs.data(), kSpecs.size()),
     .create = create,
-    .destroy = Glue::destroy,
-    .all_reduce = Glue::all_reduce,
-    .reduce_scatter = Glue::reduce_scatter,
-    .all_gather = Glue::all_gather,
-    .broadcast = Glue::broadcast,
-    .barrier = Glue::barrier,
-    .abort = Glue::abort,
-    .last_error = Glue::last_error,
-    .all_to_all = Glue::all_to_all,
-    .compressed_all_reduce = Glue::compressed_all_reduce,
-    .figures = Glue::figures,
+    ZD_COMM_GLUE_V2_FUNCTIONS(Glue),
     .memory = memory,
 };
 
@@ -94,17 +84,7 @@ const zd_comm_v3 kV3 = {
 const zd_comm_v2 kV2 = {
     ZD_DESCRIPTOR_HEAD(ZD_PLUGIN_COMM, zd_comm_v2, 2, 0, 1, "nccl", kDescription, kSpecs.data(), kSpecs.size()),
     .create = create,
-    .destroy = Glue::destroy,
-    .all_reduce = Glue::all_reduce,
-    .reduce_scatter = Glue::reduce_scatter,
-    .all_gather = Glue::all_gather,
-    .broadcast = Glue::broadcast,
-    .barrier = Glue::barrier,
-    .abort = Glue::abort,
-    .last_error = Glue::last_error,
-    .all_to_all = Glue::all_to_all,
-    .compressed_all_reduce = Glue::compressed_all_reduce,
-    .figures = Glue::figures,
+    ZD_COMM_GLUE_V2_FUNCTIONS(Glue),
 };
 
 }  // namespace
