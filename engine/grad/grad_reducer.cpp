@@ -110,8 +110,8 @@ void GradReducer::open(const ModuleRecord& mod) {
       const bool direct = !reduce && !e.touched && ctx_.grad_dtype(g) == p.dtype &&
                           local_grad(static_cast<size_t>(p.group)).memory->trainer_views();
       if (!direct && !e.view) {
-        e.view = res_.device->allocate(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype), ZD_MEM_BUFFERS,
-                                       "the gradient view of parameter '" + p.name + "'");
+        e.view = allocate_transient(static_cast<uint64_t>(p.numel) * dtype_size(p.dtype),
+                                    "the gradient view of parameter '" + p.name + "'");
         given.push_back(pid);
       }
     }
@@ -241,6 +241,19 @@ void GradReducer::settle_window(zd_param_id pid, uint64_t ready, bool final) {
 
 void GradReducer::to_accumulators(std::function<void()> fn) { out_->enqueue(std::move(fn)); }
 
+Block GradReducer::allocate_transient(uint64_t bytes, const std::string& what) {
+  try {
+    return res_.device->allocate(bytes, ZD_MEM_BUFFERS, what);
+  } catch (const Error& e) {
+    if (e.code() != ZD_ERR_BUDGET) throw;
+  }
+  // The buckets sent before give their buffers back once reduced and
+  // handed to the accumulators: wait for that, then try again.
+  ctx_.drain(*res_.stream);
+  drain();
+  return res_.device->allocate(bytes, ZD_MEM_BUFFERS, what);
+}
+
 // Sends a group's pending gradients to their owners on the rank's stream:
 // each contribution is scaled by 1/world (ranks average; pre-dividing keeps
 // 16-bit sums in range) and packed; the owners add what they receive into
@@ -267,10 +280,10 @@ void GradReducer::send_bucket(size_t gi) {
     len += p3 ? p.stride : static_cast<uint64_t>(p.numel);
   }
   const uint64_t send_len = p3 ? len * world : len;
-  Block send = d.allocate(send_len * esz, ZD_MEM_BUFFERS, "a gradient bucket");
+  Block send = allocate_transient(send_len * esz, "a gradient bucket");
   Block recv;
   try {
-    if (p3) recv = d.allocate(len * esz, ZD_MEM_BUFFERS, "a gradient bucket");
+    if (p3) recv = allocate_transient(len * esz, "a gradient bucket");
   } catch (...) {
     d.release(send, ZD_MEM_BUFFERS);
     throw;

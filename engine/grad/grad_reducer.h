@@ -142,6 +142,10 @@ class GradReducer {
   // thread where leaving the pool is a transfer (Transfers::leaving_stream),
   // else at once.
   void to_accumulators(std::function<void()> fn);
+  // A gradient buffer in the device tier (a view, a bucket): when the
+  // budget refuses it while buckets sent before still hold theirs, it waits
+  // for them to give theirs back and tries again.
+  Block allocate_transient(uint64_t bytes, const std::string& what);
   void release_transient();  // views, buckets, reduced copies; not the whole local buffers
   void release_reduced();
 

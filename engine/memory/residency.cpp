@@ -124,9 +124,87 @@ void Residency::settle_gathers() {
   }
 }
 
+bool Residency::allocate_gathered(const std::vector<zd_param_id>& todo, const std::string& what,
+                                  std::vector<Block>* blocks, std::string* refusal) {
+  blocks->clear();
+  try {
+    for (zd_param_id pid : todo) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      blocks->push_back(res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS, what));
+    }
+  } catch (const Error& e) {
+    release_blocks(*blocks);
+    blocks->clear();
+    if (e.code() != ZD_ERR_BUDGET) throw;
+    *refusal = e.what();
+    return false;
+  }
+  return true;
+}
+
+void Residency::release_blocks(const std::vector<Block>& blocks) {
+  for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
+}
+
+uint64_t Residency::gathered_bytes() const {
+  const uint64_t now = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS);
+  return now > placed_params_ ? now - placed_params_ : 0;
+}
+
+// What gradients hold in the device tier at most while a bucket is sent:
+// the buffers of the contributions pending (up to a bucket and a module
+// more), the packed bucket and the rank's part of it.
+uint64_t Residency::bucket_reserve() const {
+  uint64_t total = 0, largest = 0;
+  size_t esz = 1;
+  for (const ModuleRecord& mod : ctx_.registry.modules()) {
+    uint64_t n = 0;
+    for (zd_param_id pid : mod.params) {
+      const ParamRecord& p = ctx_.registry.param(pid);
+      n += static_cast<uint64_t>(p.numel);
+      esz = std::max(esz, dtype_size(p.dtype));
+    }
+    total += n;
+    largest = std::max(largest, n);
+  }
+  const uint64_t bucket = ctx_.plugins.partitioner->bucket_elements();
+  const uint64_t pending = std::min(total, bucket > total ? total : bucket + largest);
+  const auto world = static_cast<uint64_t>(ctx_.world_size);
+  return pending * esz * 2 + (pending * esz + world - 1) / world;
+}
+
+void Residency::agree_prefetch_room() {
+  const uint64_t placed = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL);
+  placed_params_ = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS);
+  const uint64_t budget = res_.ledger.budget(ZD_TIER_DEVICE);
+  const uint64_t mine = budget == MemoryLedger::kNoBudget ? kNoRoomLimit
+                                                          : std::min(kNoRoomLimit, budget - std::min(budget, placed));
+  // The least room of any rank: the max of its negation (every plugin
+  // reduces f64 by max; bytes below 2^53 are exact).
+  double least = -static_cast<double>(mine);
+  if (ctx_.world_size > 1) {
+    const std::string what = "finalize: the device room every rank has for gathers ahead";
+    ctx_.run(*res_.stream, [&] {
+      ctx_.comm().all_reduce(ctx_.comm_call(res_.rank, comm_tag(CommOp::Finalize, 0, 3), what), &least, 1,
+                             ZD_COMM_F64, ZD_REDUCE_MAX);
+    });
+  }
+  const auto room = static_cast<uint64_t>(-least);
+  if (room >= kNoRoomLimit) {
+    room_ = kNoRoomLimit;
+    return;
+  }
+  // The gradients' buffers need their part of it whatever is gathered.
+  const uint64_t reserve = bucket_reserve();
+  room_ = room > reserve ? room - reserve : 0;
+  log_debug("rank " + std::to_string(res_.rank) + ": gathered copies stay within " + format_bytes(room_) +
+            " of the device tier for gathers ahead (the least room of any rank beside its placed state, " +
+            format_bytes(reserve) + " kept for gradient buckets)");
+}
+
 // Gathers a module's non-persistent parameters into fresh buffers on the
 // rank's stream; the module counts as resident from now on.
-void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
+bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   const ModuleRecord& mod = ctx_.registry.module(m);
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   std::vector<zd_param_id> todo;
@@ -139,27 +217,43 @@ void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     bytes += gathered_elems(p) * dtype_size(p.dtype);
   }
   // Allocate everything first, so a module that does not fit is refused
-  // whole, before any collective is issued.
+  // whole, before any collective is issued. A gather ahead is admitted
+  // while the gathered copies stay within the room the ranks agreed on:
+  // they are the same on every rank, so is the answer, and on the rank
+  // with the least room it is what its budget leaves beside the gradients'
+  // reserve. When an allocation is refused anyway (buffers beyond that
+  // reserve still out), the rank's queued work gives its buffers back and
+  // it is tried again.
+  const std::string label = "gathering " + ctx_.module_label(m);
   std::vector<Block> blocks;
-  try {
-    for (zd_param_id pid : todo) {
-      const ParamRecord& p = ctx_.registry.param(pid);
-      blocks.push_back(res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
-                                             "gathering " + ctx_.module_label(m)));
+  std::string refusal;
+  bool ok = allocate_gathered(todo, label, &blocks, &refusal);
+  if (!ok && settle_) {
+    settle_();
+    ok = allocate_gathered(todo, label, &blocks, &refusal);
+  }
+  if (ok && prefetch && gathered_bytes() > room_) {
+    release_blocks(blocks);
+    return false;
+  }
+  if (!ok) {
+    if (prefetch) {
+      // Rare (the gradients held more than their reserve): the ranks may
+      // now gather ahead differently, which they report as a disagreement.
+      log_warn("rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) +
+               " was not gathered ahead: " + refusal);
+      return false;
     }
-  } catch (const Error& e) {
-    for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
-    if (e.code() != ZD_ERR_BUDGET) throw;
     fail(ZD_ERR_BUDGET, ctx_.module_label(m) + " needs " + format_bytes(bytes) +
                             " of gathered parameters in the device tier, which holds " +
                             format_bytes(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL)) + " of its " +
                             format_bytes(res_.ledger.budget(ZD_TIER_DEVICE)) + " budget on rank " +
-                            std::to_string(res_.rank) + " (" + e.what() + ")");
+                            std::to_string(res_.rank) + " (" + refusal + ")");
   }
   for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];
   live_elems_ += elems;
   me.resident = true;
-  if (todo.empty()) return;
+  if (todo.empty()) return true;
   observe::EventArgs a;
   a.module = m;
   a.bytes = bytes;
@@ -171,7 +265,7 @@ void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   // Stage 3 with compression.replay: this rank holds the current values.
   // (A compressing optimizer's update never overlaps the forward, so that
   // wait is not taken here in practice; it would be on the rank's thread.)
-  if (copy_whole(todo, a, shards_written)) return;
+  if (copy_whole(todo, a, shards_written)) return true;
   ShardBoard* board = ctx_.shards;
   bool one_sided = board != nullptr;
   for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
@@ -186,7 +280,7 @@ void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
         observe::Span span(res_.probe, "residency", "gather", a);
         copy_module(*board, todo, m, k, epoch, false);
       });
-      return;
+      return true;
     }
     // Needed now: the begin call copies it itself, without a hand-off to
     // the stream's thread and back.
@@ -196,7 +290,7 @@ void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     } catch (const Error& e) {
       ctx_.broken_by(e);
     }
-    return;
+    return true;
   }
   auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
   me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a, shards_written] {
@@ -206,6 +300,7 @@ void Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
       all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
     }
   });
+  return true;
 }
 
 void Residency::release(zd_module_id m) {
@@ -310,12 +405,8 @@ void Residency::make_resident(zd_module_id m, bool backward) {
         // made what is gathered ahead depend on the update's pace, which
         // differs between ranks.
         const bool await_shards = gate_.ready && !gate_.ready(next);
-        try {
-          gather(next, true, await_shards);
-        } catch (const Error& e) {
-          if (e.code() != ZD_ERR_BUDGET) throw;
-          break;  // prefetch is best effort; the begin call will gather it
-        }
+        // Past the agreed room: the begin call will gather it.
+        if (!gather(next, true, await_shards)) break;
         fetched += elems;
       }
     } else {

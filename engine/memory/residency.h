@@ -9,6 +9,17 @@
 // (ShardBoard); the begin call does that itself, prefetches go on the
 // stream. With compression.replay the rank holds every parameter's current
 // value after a replayed step (copy_from), and a gather copies from there.
+//
+// Gathers are collectives (or one-sided copies checked for agreement), so
+// every rank must gather ahead the same modules in the same order. Under a
+// device budget, whether a module fits ahead cannot be each rank's own
+// allocation succeeding: ranks differ in room (GPUs with different free
+// memory, ranks sharing one) and in transient buffers still held (gradient
+// buckets their stream or accumulator thread has not given back yet). So
+// the ranks agree at finalize on the least room any of them has beside its
+// placed state, less what gradient buckets need (agree_prefetch_room), and
+// a module is gathered ahead only while the gathered copies stay within
+// that room: the same answer on every rank.
 #pragma once
 
 #include "comm/comm_stream.h"
@@ -56,6 +67,10 @@ class Residency {
     std::function<void(zd_module_id)> await;
   };
   void prefetch_when(ShardsGate gate) { gate_ = std::move(gate); }
+  // Waits until the rank's transient device buffers that queued work gives
+  // back (gradient buckets being reduced or leaving for the host) are back:
+  // asked for when a gather's allocation is refused while they are held.
+  void settle_transients_with(std::function<void()> settle) { settle_ = std::move(settle); }
 
   // Sized for the registry, nothing gathered (at finalize).
   void reset();
@@ -71,6 +86,14 @@ class Residency {
   // and restart, when the shards have changed.
   void gather_persistent();
   void refresh_persistent();
+  // At finalize, once the rank's state and persistent copies are placed (a
+  // collective, stage 3): the ranks agree on the device-tier room for what
+  // steps allocate, the least any rank has under its budget, less the
+  // gradients' reserve. Gathers ahead stay within it (above).
+  void agree_prefetch_room();
+  // That room in bytes (kNoRoomLimit: no rank has a device budget).
+  static constexpr uint64_t kNoRoomLimit = uint64_t{1} << 60;
+  uint64_t prefetch_room() const { return room_; }
   // The recorded module order restarts from its beginning (every step);
   // the first step's order is the record.
   void start_micro_batch();
@@ -109,8 +132,21 @@ class Residency {
 
   // prefetch: issued ahead of the module's begin call (the timeline says
   // so); await_shards: its shards are still being written, the gather waits
-  // for them first (gate_.await).
-  void gather(zd_module_id m, bool prefetch, bool await_shards = false);
+  // for them first (gate_.await). A prefetch that the agreed room does not
+  // admit gathers nothing and says false.
+  bool gather(zd_module_id m, bool prefetch, bool await_shards = false);
+  // The gathered copies of `todo` in the device tier, all or none: false
+  // when its budget refuses one (its words in *refusal; anything else
+  // throws).
+  bool allocate_gathered(const std::vector<zd_param_id>& todo, const std::string& what, std::vector<Block>* blocks,
+                         std::string* refusal);
+  void release_blocks(const std::vector<Block>& blocks);
+  // The gathered copies in the device tier now (the ledger's parameter
+  // bytes beyond the placed shards and persistent copies).
+  uint64_t gathered_bytes() const;
+  // The device bytes gradients need at most while a bucket is sent, kept
+  // out of the room for gathers ahead.
+  uint64_t bucket_reserve() const;
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
   // Copies p's shards from every rank into its gathered copy (one-sided);
   // copy_module those of module m's parameters todo at its gather #k, once
@@ -136,6 +172,9 @@ class Residency {
   StateBuffers& buffers_;
   WholeCopy whole_copy_;
   ShardsGate gate_;
+  std::function<void()> settle_;
+  uint64_t room_ = kNoRoomLimit;  // agreed at finalize
+  uint64_t placed_params_ = 0;    // the device tier's parameter bytes then
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;

@@ -28,6 +28,13 @@ struct Model::RankState {
     residency.copy_from([this](const ParamRecord& p) { return compression.whole_param(p); });
     residency.prefetch_when({[this](zd_module_id m) { return update.module_ready(m); },
                              [this](zd_module_id m) { update.await_module(m); }});
+    // A gather that does not fit while gradient buckets are still out
+    // waits for them first: the reductions queued on the stream, then
+    // their way to the accumulators.
+    residency.settle_transients_with([this, &ctx] {
+      ctx.drain(*res.stream);
+      grads.drain();
+    });
   }
 
   // Declared in the order they are built; destroyed in reverse, so every

@@ -328,7 +328,10 @@ void Model::finalize(int rank) {
   ctx_.run(*rs.res.stream, [&] {
     plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
   });
-  if (ctx_.params_partitioned()) rs.residency.gather_persistent();
+  if (ctx_.params_partitioned()) {
+    rs.residency.gather_persistent();
+    rs.residency.agree_prefetch_room();
+  }
   // A job that takes snapshots resumes from the newest one every rank can
   // read and verify (agreed between the ranks, across nodes too).
   if (const auto src = snapshots_->start(rank, rs.res, rs.buffers)) {

@@ -546,6 +546,103 @@ TEST(Prefetch, TheNextModulesAreGatheredAheadAlongTheRecordedOrder) {
   }
 }
 
+// Ranks with different room in the device tier (GPUs with different free
+// memory, ranks sharing one GPU, gradient buckets some rank has not given
+// back yet) must still gather ahead the same modules in the same order:
+// gathers are collectives, and a rank that gathered ahead where another
+// could not once made them disagree ("ranks disagree at gather #k") at the
+// turn from forward to backward. Rank 0 has no device budget; rank 1's
+// leaves room for a few modules gathered beside its placed state. On both
+// devices (the cpu one, whose gathers copy the peers' shards one-sided, and
+// the emulated GPU, whose gathers are the comm plugin's all-gathers) each
+// rank notes which modules are gathered at every begin call: the ranks
+// agree, rank 1's room limits them both, and the parameters are the bits
+// of the job without budgets.
+TEST(Prefetch, RanksWithLessDeviceRoomGatherAheadAsTheOthersDo) {
+  constexpr int kModules = 6;
+  constexpr int64_t kSize = 1000;
+  constexpr int kSteps = 3;
+  struct Run {
+    std::vector<std::string> seen[2];  // per rank: at each begin, the modules gathered
+    std::vector<std::vector<float>> params;
+    int ahead = 0;  // rank 1's modules found gathered before their begin
+  };
+  for (const std::string device : {"cpu", "opaque"}) {
+    // room < 0: no budget on either rank; else rank 1's budget is its
+    // placed state plus room bytes.
+    auto run = [&](int64_t room, uint64_t* placed) {
+      JobOptions o;
+      o.stage = 3;
+      o.device = device;
+      o.zero_hparams = {{"param_persistence_threshold", 0},
+                        {"prefetch_bucket_size", 1e9},
+                        {"max_live_parameters", 1e9},
+                        {"reduce_bucket_size", static_cast<double>(kSize)}};
+      const uint64_t budget = room < 0 ? MemoryLedger::kNoBudget : *placed + static_cast<uint64_t>(room);
+      o.device_factory = [&, budget](const std::string& kind, MemoryLedger& ledger, Workers& workers, int local_rank,
+                                     const std::string& name) {
+        if (local_rank == 1) ledger.set_budget(ZD_TIER_DEVICE, budget);
+        if (device == "opaque") return std::unique_ptr<Device>(std::make_unique<OpaqueDevice>(ledger, workers));
+        return open_device(kind, ledger, workers, local_rank, name);
+      };
+      auto model = make_model(o, 2);
+      Run r;
+      run_ranks(2, [&](int rank) {
+        std::vector<int64_t> sizes(kModules, kSize);
+        const auto ids = register_sine_modules(*model, rank, sizes, ZD_DTYPE_F32);
+        if (rank == 1 && room < 0) *placed = model->ledger(1).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
+        Device& d = const_cast<Device&>(model->device(rank));  // the trainer writes through it
+        auto note = [&](const char* call, zd_module_id mod) {
+          std::string s = call + std::to_string(mod) + ":";
+          for (int k = 0; k < kModules; ++k) {
+            const bool here = model->resident(rank, ids[static_cast<size_t>(k)]);
+            s += here ? '1' : '0';
+            if (rank == 1 && here && k != mod) ++r.ahead;
+          }
+          r.seen[rank].push_back(s);
+        };
+        for (int step = 0; step < kSteps; ++step) {
+          for (zd_module_id mod = 0; mod < kModules; ++mod) {
+            model->forward_begin(rank, mod);
+            note("f", mod);
+            model->forward_end(rank, mod);
+          }
+          for (zd_module_id mod = kModules - 1; mod >= 0; --mod) {
+            model->backward_begin(rank, mod);
+            note("b", mod);
+            const ViewInfo g = model->grad_view(rank, ids[static_cast<size_t>(mod)]);
+            std::vector<float> grad(static_cast<size_t>(kSize));
+            for (size_t j = 0; j < grad.size(); ++j)
+              grad[j] = 0.01f * static_cast<float>(rank + 1) * std::cos(static_cast<float>(j + 7 * mod + step));
+            write_view(d, g, grad);
+            model->backward_end(rank, mod);
+          }
+          model->step(rank);
+        }
+        auto w = forward_reading(*model, d, rank, ids);
+        if (rank == 0) r.params = std::move(w);
+      });
+      return r;
+    };
+    uint64_t placed = 0;
+    const Run free = run(-1, &placed);
+    ASSERT_GT(placed, 0u) << device;
+    // From less room than the gradients' buckets keep (nothing gathered
+    // ahead) to room for several modules (4000 B each) gathered ahead.
+    int limited = 0;
+    for (const int64_t kib : {16, 28, 36, 44}) {
+      SCOPED_TRACE(device + ", rank 1's room " + std::to_string(kib) + " KiB");
+      Run tight;
+      ASSERT_NO_THROW(tight = run(kib * 1024, &placed));
+      EXPECT_EQ(tight.seen[0], tight.seen[1]) << "the ranks gathered ahead differently";
+      EXPECT_LE(tight.ahead, free.ahead);
+      EXPECT_EQ(tight.params, free.params) << "prefetch changed the parameters";
+      if (tight.ahead > 0 && tight.ahead < free.ahead) ++limited;
+    }
+    EXPECT_GE(limited, 2) << device << ": the room should limit what is gathered ahead without stopping it";
+  }
+}
+
 TEST(Registration, RanksMustRegisterTheSameParameters) {
   JobOptions o;
   auto model = make_model(o, 2);
