@@ -240,8 +240,14 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     if (prefetch) {
       // Rare (the gradients held more than their reserve): the ranks may
       // now gather ahead differently, which they report as a disagreement.
-      log_warn("rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) +
-               " was not gathered ahead: " + refusal);
+      const std::string line =
+          "rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) + " was not gathered ahead: " + refusal;
+      if (warned_refusal_) {
+        log_debug(line);
+      } else {
+        log_warn(line + " (said once; the rest at debug level)");
+        warned_refusal_ = true;
+      }
       return false;
     }
     fail(ZD_ERR_BUDGET, ctx_.module_label(m) + " needs " + format_bytes(bytes) +

@@ -175,6 +175,7 @@ class Residency {
   std::function<void()> settle_;
   uint64_t room_ = kNoRoomLimit;  // agreed at finalize
   uint64_t placed_params_ = 0;    // the device tier's parameter bytes then
+  bool warned_refusal_ = false;   // a gather ahead refused past the room: said once
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;
