@@ -13,9 +13,12 @@
 #include "device/select.h"
 #include "runtime/dtype.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 using namespace zerod_test;
 
@@ -307,6 +310,75 @@ TEST(DeviceBudget, RanksOnOneGpuShareItsDefaultBudget) {
                     : std::vector<std::pair<int, int>>{{0, 1}, {1, 1}, {2, 1}};
     EXPECT_EQ(told, want) << gpus << " GPUs";
   }
+}
+
+// Gradient buffers in the device tier are transient: a bucket's go back
+// once its sum has left for the host, on a thread of the rank's own. A
+// buffer the budget refuses while earlier buckets still hold theirs waits
+// for them and is tried again, rather than failing the step (it did, with
+// ZD_ERR_BUDGET naming "a gradient bucket"). Here the emulated GPU's
+// downloads take 150 ms each, and the device budget holds the placed state
+// and two gradient buffers, not three: every backward_end's bucket is
+// allocated while the one before is still leaving. The parameters are the
+// bits of the job without a budget or a delay.
+class SlowDownloads final : public EmulatedDevice {
+ public:
+  SlowDownloads(MemoryLedger& ledger, Workers& workers, const std::atomic<int>* delay_ms)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "slow-downloads"), delay_ms_(delay_ms) {}
+  const char* name() const override { return "opaque"; }
+  uint64_t download(void* dst, const void* src, uint64_t n, uint64_t after) override {
+    if (const int ms = delay_ms_->load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return EmulatedDevice::download(dst, src, n, after);
+  }
+
+ private:
+  const std::atomic<int>* delay_ms_;
+};
+
+TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
+  constexpr int64_t kSize = 4000;  // elements per module; 16000 B of fp32 gradients
+  const std::vector<int64_t> sizes(4, kSize);
+  std::atomic<int> delay_ms{0};
+  auto run = [&](uint64_t budget, uint64_t* placed) {
+    JobOptions o;
+    o.stage = 2;
+    o.offload.optimizer = ZD_TIER_HOST;
+    o.zero_hparams = {{"reduce_bucket_size", static_cast<double>(kSize)}};
+    o.device_factory = [&, budget](const std::string&, MemoryLedger& ledger, Workers& workers, int,
+                                   const std::string&) {
+      ledger.set_budget(ZD_TIER_DEVICE, budget);
+      return std::unique_ptr<Device>(std::make_unique<SlowDownloads>(ledger, workers, &delay_ms));
+    };
+    auto model = make_model(o, 1);
+    Device& d = const_cast<Device&>(model->device(0));
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+    if (placed) *placed = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+      for (size_t m = ids.size(); m-- > 0;) {
+        model->backward_begin(0, static_cast<zd_module_id>(m));
+        std::vector<float> grad(w[m].size());
+        for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
+        write_view(d, model->grad_view(0, ids[m]), grad);
+        model->backward_end(0, static_cast<zd_module_id>(m));
+      }
+      model->step(0);
+    }
+    std::vector<std::vector<float>> out;
+    for (zd_param_id id : ids) {
+      std::vector<float> v(static_cast<size_t>(kSize));
+      model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      out.push_back(std::move(v));
+    }
+    return out;
+  };
+  uint64_t placed = 0;
+  const auto free = run(MemoryLedger::kNoBudget, &placed);
+  delay_ms = 150;
+  std::vector<std::vector<float>> tight;
+  // Two gradient buffers (16000 B each, rounded up) beside the state.
+  ASSERT_NO_THROW(tight = run(placed + 2 * 16384 + 1024, nullptr));
+  EXPECT_EQ(tight, free);
 }
 
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
