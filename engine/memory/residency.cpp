@@ -151,9 +151,10 @@ uint64_t Residency::gathered_bytes() const {
   return now > placed_params_ ? now - placed_params_ : 0;
 }
 
-// What gradients hold in the device tier at most while a bucket is sent:
-// the buffers of the contributions pending (up to a bucket and a module
-// more), the packed bucket and the rank's part of it.
+// What gradients hold in the device tier at most while buckets are sent:
+// the buffers of the contributions pending (up to a bucket per parameter
+// group, and a module more: a full bucket sends every group's), the packed
+// buckets and the rank's parts of them.
 uint64_t Residency::bucket_reserve() const {
   uint64_t total = 0, largest = 0;
   size_t esz = 1;
@@ -168,7 +169,8 @@ uint64_t Residency::bucket_reserve() const {
     largest = std::max(largest, n);
   }
   const uint64_t bucket = ctx_.plugins.partitioner->bucket_elements();
-  const uint64_t pending = std::min(total, bucket > total ? total : bucket + largest);
+  const auto groups = static_cast<uint64_t>(std::max<size_t>(1, ctx_.registry.groups().size()));
+  const uint64_t pending = bucket >= total ? total : std::min(total, groups * bucket + largest);
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   return pending * esz * 2 + (pending * esz + world - 1) / world;
 }
