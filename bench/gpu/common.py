@@ -13,6 +13,9 @@ NVME = "/tmp/zerod-bench-nvme"
 def run(mode, layers, embd, steps, timeout, extra=(), nvme=NVME):
     cmd = [sys.executable, os.path.join(HERE, "step.py"), "--mode", mode, "--layers", str(layers), "--embd",
            str(embd), "--steps", str(steps), "--nvme", nvme, *extra]
+    # The drivers' smoke test runs them on the CPU (tests/python/test_gpu_bench_on_cpu.py).
+    if os.environ.get("ZEROD_BENCH_DEVICE"):
+        cmd += ["--device", os.environ["ZEROD_BENCH_DEVICE"]]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = p.communicate(timeout=timeout)
