@@ -8,17 +8,24 @@ micro-batch and accumulation in every row of a size). Rows: plain PyTorch
 and with the parameters there too; each a fresh process.
 
 Targets (issue 33): <= 1.3x plain PyTorch at 64k tokens per step, <= 2.5x
-at 16k, <= 0.5x DeepSpeed's step everywhere.
+at 16k, <= 0.5x DeepSpeed's step everywhere. Under each zerod row, its
+timeline of steps 3-4 summed up (trace_summary.exposed: the time the
+trainer spent in zerod's calls, by call and by what they waited for inside);
+--no-trace leaves it out.
 
     python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
-                                 [--budget 480] [--timeout 240] [--no-deepspeed] [--zerod-args=--accumulate=host]
+                                 [--budget 480] [--timeout 240] [--no-deepspeed] [--no-trace]
+                                 [--zerod-args=--accumulate=host]
 """
 import argparse
 import json
+import os
 import shlex
+import tempfile
 import time
 
 from common import fmt_params, run
+from trace_summary import exposed
 
 MODES = ["torch", "zerod3_host", "zerod3_params", "ds3_host", "ds3_params"]
 PEER = {"zerod3_host": "ds3_host", "zerod3_host_bf16": "ds3_host", "zerod3_params": "ds3_params",
@@ -68,6 +75,8 @@ def table(size, gas, a, rows):
         print(f"{m:<17} {('yes' if r.get('ok') else 'NO'):<4} {ms or nan:>9.1f} {x_torch or nan:>8.2f} "
               f"{x_ds or nan:>12.2f} {r.get('tokens_per_s', 0):>8} {nan if dev is None else dev:>8.2f} "
               f"{host or nan:>13.1f}  {', '.join(met)}{'; ' if met and r.get('error') else ''}{r.get('error', '')}")
+        if r.get("exposed"):
+            print(f"    {r['exposed']}")
 
 
 def main():
@@ -81,6 +90,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps per row (the median of those after "
                                                          "the first 2 is the step time)")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--no-trace", action="store_true", help="no timeline summary under the zerod rows")
     ap.add_argument("--zerod-args", default="", help="more step.py options for the zerod rows, "
                                                     "e.g. '--accumulate host'")
     ap.add_argument("--timeout", type=int, default=240, help="seconds for one row")
@@ -104,9 +114,18 @@ def main():
                 skipped.append(f"{m} at {label(n)}")
                 continue
             extra = ["--seq", str(a.seq), "--micro", str(a.micro), "--gas", str(gas), "--ckpt"]
+            trace = None
             if m.startswith("zerod"):
                 extra += shlex.split(a.zerod_args)
+                if not a.no_trace and a.steps >= 4:  # step.py traces steps 3-4
+                    fd, trace = tempfile.mkstemp(prefix="zerod-offload-", suffix=".json")
+                    os.close(fd)
+                    extra += ["--trace", trace]
             r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra)
+            if trace:
+                if r.get("ok") and os.path.getsize(trace):
+                    r["exposed"] = exposed(trace)
+                os.remove(trace)
             r.setdefault("tokens_per_step", n)
             results[n][m] = r
             print(json.dumps(r), flush=True)

@@ -1,7 +1,7 @@
-"""The GPU benchmark drivers (bench/gpu/: offload.py, largest.py, step.py's
-trace and trace_summary.py) run end to end on the CPU with a tiny GPT, so
-that a session with a GPU spends its minutes measuring, not finding a
-driver's bug (their figures here mean nothing; bench/gpu/README.md has the
+"""The GPU benchmark drivers (bench/gpu/: offload.py with its trace line
+under each zerod row, largest.py, step.py's trace and trace_summary.py) run
+end to end on the CPU with a tiny GPT, so that a session with a GPU spends
+its minutes measuring, not finding a driver's bug (their figures here mean nothing; bench/gpu/README.md has the
 GPU's). step.py takes a hidden --device; ZEROD_BENCH_DEVICE passes it
 through common.run, and largest.py's hidden --ram-gib stands in for the
 GPU's memory, which would otherwise stop the search."""
@@ -25,7 +25,7 @@ def driver(script, *args, timeout=600):
 
 def test_offload_prints_a_table_per_size_with_every_row():
     rc, out = driver("offload.py", "--layers", 1, "--embd", 64, "--seq", 64, "--micro", 1, "--sizes", "64,128",
-                     "--modes", "torch,zerod3_host,zerod3_params", "--steps", 3, "--timeout", 200)
+                     "--modes", "torch,zerod3_host,zerod3_params", "--steps", 4, "--timeout", 200)
     assert rc == 0, out
     runs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(r["tokens_per_step"], r["mode"], r["ok"]) for r in runs] == [
@@ -39,6 +39,13 @@ def test_offload_prints_a_table_per_size_with_every_row():
         if mode == "zerod3_host":
             # Issue 33 section 3: under 16.5 host bytes a parameter with fp32 state.
             assert 10 < float(host) <= 16.5, out
+    # Under each zerod row, what its traced steps spent in zerod's calls.
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("zerod3_"):
+            assert re.match(r"    trace: step [\d.]+ ms, in zerod's calls [\d.]+ ms \(step [\d.]+, .*\); inside them: "
+                            r"\w", lines[i + 1]), out
+    assert sum(line.startswith("    trace: ") for line in lines) == 4, out
 
 
 def test_largest_searches_each_mode_and_states_the_limit():
