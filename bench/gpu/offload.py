@@ -10,8 +10,9 @@ and with the parameters there too; each a fresh process.
 Targets (issue 33): <= 1.3x plain PyTorch at 64k tokens per step, <= 2.5x
 at 16k, <= 0.5x DeepSpeed's step everywhere. Under each zerod row, its
 timeline of steps 3-4 summed up (trace_summary.exposed: the time the
-trainer spent in zerod's calls, by call and by what they waited for inside);
---no-trace leaves it out.
+trainer spent in zerod's calls, by call and by what they waited for inside,
+and the CPU update's rate in parameters and bytes a second, to set beside
+run.sh hostbw's STREAM figures); --no-trace leaves it out.
 
     python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
                                  [--budget 480] [--timeout 240] [--no-deepspeed] [--no-trace]
@@ -124,7 +125,9 @@ def main():
             r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra)
             if trace:
                 if r.get("ok") and os.path.getsize(trace):
-                    r["exposed"] = exposed(trace)
+                    # bf16 m and v: 2 bytes less each, each way.
+                    bf16 = "bf16" in m or "state-dtype" in a.zerod_args
+                    r["exposed"] = exposed(trace, update_bytes=26 if bf16 else 34)
                 os.remove(trace)
             r.setdefault("tokens_per_step", n)
             results[n][m] = r

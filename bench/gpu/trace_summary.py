@@ -31,11 +31,31 @@ def load(path):
     return steps, dict(spans)
 
 
-def exposed(path, top=4):
+def host_update(path):
+    """(elements, seconds) of the optimizer's pieces on the host tier."""
+    with open(path) as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    n = t = 0
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and a.get("op") == "optimizer piece" and a.get("tier") == "host":
+            n += int(a.get("value", 0))
+            t += e["dur"] / 1e6
+    return n, t
+
+
+def exposed(path, top=4, update_bytes=34):
     """One line: the time a traced step spent in zerod's calls (the
     trainer's thread waiting: what the overlap did not hide), the calls
-    that took it and the spans inside them, in ms a step."""
+    that took it and the spans inside them, in ms a step; then the CPU
+    update's rate, and its bytes a second at update_bytes a parameter (the
+    fp32 master, m and v read and written, the fp32 gradient read and
+    zeroed, the bf16 working copy written: 34)."""
     steps, spans = load(path)
+    n, secs = host_update(path)
+    rate = (f"; CPU update {n / secs / 1e6:.0f} M params/s, {n * update_bytes / secs / 1e9:.1f} GB/s at "
+            f"{update_bytes} B a parameter" if n and secs else "")
     k = max(1, len(steps))
     on_calls = sorted(((v[0] / k, key) for key, v in spans.items() if key[0] == "calls"), reverse=True)
     calls = [(ms, key[2]) for ms, key in on_calls if key[1] == "call"]
@@ -43,7 +63,7 @@ def exposed(path, top=4):
     step = f"step {sum(steps) / k:.1f} ms, " if steps else ""
     return (f"trace: {step}in zerod's calls {sum(ms for ms, _ in calls):.1f} ms ("
             + ", ".join(f"{name} {ms:.1f}" for ms, name in calls[:top]) + "); inside them: "
-            + ", ".join(f"{name} {ms:.1f}" for ms, name in inner[:top]))
+            + ", ".join(f"{name} {ms:.1f}" for ms, name in inner[:top]) + rate)
 
 
 def main():
