@@ -75,3 +75,23 @@ def test_a_traced_step_is_summarised(tmp_path):
     assert re.search(r"^steps \(ms\): [\d.]+, [\d.]+$", s.stdout, re.M), s.stdout
     for span in ("optimizer piece", "gather", "reduce bucket"):
         assert span in s.stdout, s.stdout
+
+
+def test_every_zerod_mode_of_step_py_trains(tmp_path):
+    """run.sh smoke's modes (DeepSpeed's aside: the venv's DeepSpeed would
+    build its CPU Adam first, minutes here): each trains a tiny GPT 3 steps,
+    the loss finite and falling, with its placement's host and NVMe bytes."""
+    env = rank_env()
+    for mode in ("torch", "zerod0", "zerod3", "zerod3_host", "zerod3_host_bf16", "zerod3_params", "zerod3_nvme_opt",
+                 "zerod3_nvme"):
+        p = subprocess.run([sys.executable, os.path.join(GPU, "step.py"), "--mode", mode, "--layers", "1", "--embd",
+                            "64", "--seq", "64", "--micro", "1", "--steps", "3", "--device", "cpu", "--nvme",
+                            str(tmp_path / mode)], env=env, capture_output=True, text=True, timeout=300)
+        runs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        assert p.returncode == 0 and len(runs) == 1 and runs[0]["ok"], (mode, p.stdout + p.stderr)
+        r = runs[0]
+        if mode.startswith("zerod3_"):
+            assert r["zerod_host_bytes_per_param"] > 0, (mode, r)
+        assert ("zerod_nvme_bytes_per_param" in r) == ("nvme" in mode), (mode, r)
+        if mode == "zerod3_host_bf16":
+            assert r["zerod_host_bytes_per_param"] < 12, r  # bf16 m and v: 4 bytes less than fp32's 14
