@@ -49,9 +49,10 @@ def test_offload_prints_a_table_per_size_with_every_row():
 
 
 def test_largest_searches_each_mode_and_states_the_limit():
-    # Each mode's share (50 s and more) leaves room for a second try after
-    # the first (a try is not started with under 30 s left).
-    rc, out = driver("largest.py", "--embd", 64, "--modes", "zerod3_host,torch", "--budget", 100, "--timeout", 25,
+    # Each mode's share (60 s and more) leaves room for a second try after
+    # the first (a try is not started with under 30 s left), even where the
+    # first takes several times the 5-8 s it takes on a quiet 2-core VM.
+    rc, out = driver("largest.py", "--embd", 64, "--modes", "zerod3_host,torch", "--budget", 120, "--timeout", 25,
                      "--ram-gib", 0.1)
     assert rc == 0, out
     for mode in ("zerod3_host", "torch"):
