@@ -280,12 +280,15 @@ void GradReducer::send_bucket(size_t gi) {
     len += p3 ? p.stride : static_cast<uint64_t>(p.numel);
   }
   const uint64_t send_len = p3 ? len * world : len;
-  Block send = allocate_transient(send_len * esz, "a gradient bucket");
-  Block recv;
+  Block send, recv;
   try {
+    send = allocate_transient(send_len * esz, "a gradient bucket");
     if (p3) recv = allocate_transient(len * esz, "a gradient bucket");
   } catch (...) {
-    d.release(send, ZD_MEM_BUFFERS);
+    // The step fails here; the views it took out of the bucket go back
+    // all the same (nothing else holds them now).
+    if (send) d.release(send, ZD_MEM_BUFFERS);
+    for (const Pending& pg : *pending) d.release(pg.view, ZD_MEM_BUFFERS);
     throw;
   }
   // Packing happens now, on the rank's thread: the views are done with.

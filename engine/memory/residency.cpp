@@ -26,6 +26,7 @@ void Residency::clear() {
   for (ModuleEntry& m : modules_) m = ModuleEntry{};
   trace_ = Trace{};
   live_elems_ = 0;
+  gathered_bytes_ = 0;
   unsettled_ = Unsettled{};
 }
 
@@ -127,6 +128,7 @@ void Residency::settle_gathers() {
 bool Residency::allocate_gathered(const std::vector<zd_param_id>& todo, const std::string& what,
                                   std::vector<Block>* blocks, std::string* refusal) {
   blocks->clear();
+  blocks->reserve(todo.size());
   try {
     for (zd_param_id pid : todo) {
       const ParamRecord& p = ctx_.registry.param(pid);
@@ -138,6 +140,10 @@ bool Residency::allocate_gathered(const std::vector<zd_param_id>& todo, const st
     if (e.code() != ZD_ERR_BUDGET) throw;
     *refusal = e.what();
     return false;
+  } catch (...) {
+    release_blocks(*blocks);
+    blocks->clear();
+    throw;
   }
   return true;
 }
@@ -146,24 +152,32 @@ void Residency::release_blocks(const std::vector<Block>& blocks) {
   for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
 }
 
-uint64_t Residency::gathered_bytes() const {
-  const uint64_t now = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS);
-  return now > placed_params_ ? now - placed_params_ : 0;
+uint64_t Residency::block_bytes(uint64_t bytes) { return (std::max<uint64_t>(bytes, 1) + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
+
+uint64_t Residency::module_bytes(const std::vector<zd_param_id>& todo) const {
+  uint64_t b = 0;
+  for (zd_param_id pid : todo) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    b += block_bytes(gathered_elems(p) * dtype_size(p.dtype));
+  }
+  return b;
 }
 
 // What gradients hold in the device tier at most while buckets are sent:
-// the buffers of the contributions pending (up to a bucket per parameter
+// the views of the contributions pending (up to a bucket per parameter
 // group, and a module more: a full bucket sends every group's), the packed
-// buckets and the rank's parts of them.
+// buckets (each parameter's padded shards from every rank) and the rank's
+// parts of them; each block rounded as a device rounds it.
 uint64_t Residency::bucket_reserve() const {
-  uint64_t total = 0, largest = 0;
+  uint64_t total = 0, largest = 0, params = 0;
   size_t esz = 1;
   for (const ModuleRecord& mod : ctx_.registry.modules()) {
     uint64_t n = 0;
     for (zd_param_id pid : mod.params) {
       const ParamRecord& p = ctx_.registry.param(pid);
-      n += static_cast<uint64_t>(p.numel);
+      n += gathered_elems(p);
       esz = std::max(esz, dtype_size(p.dtype));
+      ++params;
     }
     total += n;
     largest = std::max(largest, n);
@@ -172,12 +186,14 @@ uint64_t Residency::bucket_reserve() const {
   const auto groups = static_cast<uint64_t>(std::max<size_t>(1, ctx_.registry.groups().size()));
   const uint64_t pending = bucket >= total ? total : std::min(total, groups * bucket + largest);
   const auto world = static_cast<uint64_t>(ctx_.world_size);
-  return pending * esz * 2 + (pending * esz + world - 1) / world;
+  // Views, then per group a packed bucket and its part.
+  return pending * esz * 2 + (pending * esz + world - 1) / world + (params + 2 * groups) * kBlockAlign;
 }
 
-void Residency::agree_prefetch_room() {
-  const uint64_t placed = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL);
-  placed_params_ = res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS);
+void Residency::agree_prefetch_room(uint64_t planned) {
+  // What the placement plans for the device tier, where a part of it comes
+  // later (a compressing optimizer's buffers, at its first step).
+  const uint64_t placed = std::max(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL), planned);
   const uint64_t budget = res_.ledger.budget(ZD_TIER_DEVICE);
   const uint64_t mine = budget == MemoryLedger::kNoBudget ? kNoRoomLimit
                                                           : std::min(kNoRoomLimit, budget - std::min(budget, placed));
@@ -187,7 +203,7 @@ void Residency::agree_prefetch_room() {
   if (ctx_.world_size > 1) {
     const std::string what = "finalize: the device room every rank has for gathers ahead";
     ctx_.run(*res_.stream, [&] {
-      ctx_.comm().all_reduce(ctx_.comm_call(res_.rank, comm_tag(CommOp::Finalize, 0, 3), what), &least, 1,
+      ctx_.comm().all_reduce(ctx_.comm_call(res_.rank, comm_tag(CommOp::Finalize, 2, 0), what), &least, 1,
                              ZD_COMM_F64, ZD_REDUCE_MAX);
     });
   }
@@ -220,12 +236,14 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   }
   // Allocate everything first, so a module that does not fit is refused
   // whole, before any collective is issued. A gather ahead is admitted
-  // while the gathered copies stay within the room the ranks agreed on:
-  // they are the same on every rank, so is the answer, and on the rank
-  // with the least room it is what its budget leaves beside the gradients'
-  // reserve. When an allocation is refused anyway (buffers beyond that
-  // reserve still out), the rank's queued work gives its buffers back and
-  // it is tried again.
+  // while the gathered copies stay within the room the ranks agreed on,
+  // counted alike on every rank (each block rounded as any device rounds
+  // it): the answer is the same everywhere, and on the rank with the least
+  // room it fits beside the gradients' reserve. When an allocation is
+  // refused anyway (buffers beyond that reserve still out), the rank's
+  // queued work gives its buffers back and it is tried again.
+  const uint64_t need = module_bytes(todo);
+  if (prefetch && gathered_bytes_ + need > room_) return false;
   const std::string label = "gathering " + ctx_.module_label(m);
   std::vector<Block> blocks;
   std::string refusal;
@@ -234,16 +252,14 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     settle_();
     ok = allocate_gathered(todo, label, &blocks, &refusal);
   }
-  if (ok && prefetch && gathered_bytes() > room_) {
-    release_blocks(blocks);
-    return false;
-  }
   if (!ok) {
     if (prefetch) {
-      // Rare (the gradients held more than their reserve): the ranks may
-      // now gather ahead differently, which they report as a disagreement.
-      const std::string line =
-          "rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) + " was not gathered ahead: " + refusal;
+      // Within the room, so the gradients held more than their reserve
+      // (several modules' buffers open at once): this rank may now gather
+      // ahead other modules than the rest, which the next gathers would
+      // report as a disagreement.
+      const std::string line = "rank " + std::to_string(res_.rank) + ": " + ctx_.module_label(m) +
+                               " was not gathered ahead, within the room the ranks agreed on: " + refusal;
       if (warned_refusal_) {
         log_debug(line);
       } else {
@@ -258,6 +274,7 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
                             format_bytes(res_.ledger.budget(ZD_TIER_DEVICE)) + " budget on rank " +
                             std::to_string(res_.rank) + " (" + refusal + ")");
   }
+  gathered_bytes_ += need;
   for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];
   live_elems_ += elems;
   me.resident = true;
@@ -321,6 +338,7 @@ void Residency::release(zd_module_id m) {
     res_.device->release(b, ZD_MEM_PARAMS);
     b = Block{};
     live_elems_ -= gathered_elems(p);
+    gathered_bytes_ -= block_bytes(gathered_elems(p) * dtype_size(p.dtype));
   }
   me.resident = false;
   me.gather = CommStream::Ticket{};
@@ -376,6 +394,7 @@ void Residency::restart() {
   for (ModuleEntry& m : modules_) m = ModuleEntry{};
   trace_ = Trace{};
   live_elems_ = 0;
+  gathered_bytes_ = 0;
   unsettled_ = Unsettled{};
 }
 

@@ -18,8 +18,8 @@
 // buckets their stream or accumulator thread has not given back yet). So
 // the ranks agree at finalize on the least room any of them has beside its
 // placed state, less what gradient buckets need (agree_prefetch_room), and
-// a module is gathered ahead only while the gathered copies stay within
-// that room: the same answer on every rank.
+// a module is gathered ahead only while the gathered copies, counted alike
+// on every rank, stay within that room: the same answer on every rank.
 #pragma once
 
 #include "comm/comm_stream.h"
@@ -88,12 +88,11 @@ class Residency {
   void refresh_persistent();
   // At finalize, once the rank's state and persistent copies are placed (a
   // collective, stage 3): the ranks agree on the device-tier room for what
-  // steps allocate, the least any rank has under its budget, less the
-  // gradients' reserve. Gathers ahead stay within it (above).
-  void agree_prefetch_room();
-  // That room in bytes (kNoRoomLimit: no rank has a device budget).
-  static constexpr uint64_t kNoRoomLimit = uint64_t{1} << 60;
-  uint64_t prefetch_room() const { return room_; }
+  // steps allocate, the least any rank's budget leaves beside its state
+  // (what is placed, or `planned` by the placement where more: some comes
+  // at the first step), less the gradients' reserve. Gathers ahead stay
+  // within it (above).
+  void agree_prefetch_room(uint64_t planned);
   // The recorded module order restarts from its beginning (every step);
   // the first step's order is the record.
   void start_micro_batch();
@@ -133,7 +132,8 @@ class Residency {
   // prefetch: issued ahead of the module's begin call (the timeline says
   // so); await_shards: its shards are still being written, the gather waits
   // for them first (gate_.await). A prefetch that the agreed room does not
-  // admit gathers nothing and says false.
+  // admit, or whose allocation is refused even so, gathers nothing and says
+  // false.
   bool gather(zd_module_id m, bool prefetch, bool await_shards = false);
   // The gathered copies of `todo` in the device tier, all or none: false
   // when its budget refuses one (its words in *refusal; anything else
@@ -141,10 +141,13 @@ class Residency {
   bool allocate_gathered(const std::vector<zd_param_id>& todo, const std::string& what, std::vector<Block>* blocks,
                          std::string* refusal);
   void release_blocks(const std::vector<Block>& blocks);
-  // The gathered copies in the device tier now (the ledger's parameter
-  // bytes beyond the placed shards and persistent copies).
-  uint64_t gathered_bytes() const;
-  // The device bytes gradients need at most while a bucket is sent, kept
+  // A block of `bytes` as the room counts it: rounded up as the devices
+  // round theirs (at most kBlockAlign), the same on every rank.
+  static constexpr uint64_t kBlockAlign = 256;
+  static uint64_t block_bytes(uint64_t bytes);
+  // The gathered copies of `todo`, so counted.
+  uint64_t module_bytes(const std::vector<zd_param_id>& todo) const;
+  // The device bytes gradients need at most while buckets are sent, kept
   // out of the room for gathers ahead.
   uint64_t bucket_reserve() const;
   uint64_t gathered_elems(const ParamRecord& p) const { return p.stride * static_cast<uint64_t>(ctx_.world_size); }
@@ -173,9 +176,10 @@ class Residency {
   WholeCopy whole_copy_;
   ShardsGate gate_;
   std::function<void()> settle_;
+  static constexpr uint64_t kNoRoomLimit = uint64_t{1} << 60;  // no rank has a device budget
   uint64_t room_ = kNoRoomLimit;  // agreed at finalize
-  uint64_t placed_params_ = 0;    // the device tier's parameter bytes then
-  bool warned_refusal_ = false;   // a gather ahead refused past the room: said once
+  uint64_t gathered_bytes_ = 0;   // the modules' gathered copies now, counted by block_bytes
+  bool warned_refusal_ = false;   // a gather ahead refused within the room: said once
   std::vector<ModuleEntry> modules_;
   std::vector<Block> params_;  // the whole working copy while gathered
   Trace trace_;

@@ -330,7 +330,10 @@ void Model::finalize(int rank) {
   });
   if (ctx_.params_partitioned()) {
     rs.residency.gather_persistent();
-    rs.residency.agree_prefetch_room();
+    const auto table = placement_.need_table(rank);
+    uint64_t planned = 0;
+    for (const uint64_t bytes : table[ZD_TIER_DEVICE]) planned += bytes;
+    rs.residency.agree_prefetch_room(planned);
   }
   // A job that takes snapshots resumes from the newest one every rank can
   // read and verify (agreed between the ranks, across nodes too).

@@ -318,9 +318,10 @@ TEST(DeviceBudget, RanksOnOneGpuShareItsDefaultBudget) {
 // for them and is tried again, rather than failing the step (it did, with
 // ZD_ERR_BUDGET naming "a gradient bucket"). Here the emulated GPU's
 // downloads take 150 ms each, and the device budget holds the placed state
-// and two gradient buffers, not three: every backward_end's bucket is
-// allocated while the one before is still leaving. The parameters are the
-// bits of the job without a budget or a delay.
+// and two gradient buffers, not three (stage 2; stage 3: three, not four):
+// every backward_end's bucket is allocated while the one before is still
+// leaving. The parameters are the bits of the job without a budget or a
+// delay.
 class SlowDownloads final : public EmulatedDevice {
  public:
   SlowDownloads(MemoryLedger& ledger, Workers& workers, const std::atomic<int>* delay_ms)
@@ -339,46 +340,52 @@ TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
   constexpr int64_t kSize = 4000;  // elements per module; 16000 B of fp32 gradients
   const std::vector<int64_t> sizes(4, kSize);
   std::atomic<int> delay_ms{0};
-  auto run = [&](uint64_t budget, uint64_t* placed) {
-    JobOptions o;
-    o.stage = 2;
-    o.offload.optimizer = ZD_TIER_HOST;
-    o.zero_hparams = {{"reduce_bucket_size", static_cast<double>(kSize)}};
-    o.device_factory = [&, budget](const std::string&, MemoryLedger& ledger, Workers& workers, int,
-                                   const std::string&) {
-      ledger.set_budget(ZD_TIER_DEVICE, budget);
-      return std::unique_ptr<Device>(std::make_unique<SlowDownloads>(ledger, workers, &delay_ms));
-    };
-    auto model = make_model(o, 1);
-    Device& d = const_cast<Device&>(model->device(0));
-    const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
-    if (placed) *placed = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
-    for (int s = 0; s < 2; ++s) {
-      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
-      for (size_t m = ids.size(); m-- > 0;) {
-        model->backward_begin(0, static_cast<zd_module_id>(m));
-        std::vector<float> grad(w[m].size());
-        for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
-        write_view(d, model->grad_view(0, ids[m]), grad);
-        model->backward_end(0, static_cast<zd_module_id>(m));
+  // Stage 2: the placed state and room for two gradient buffers (16000 B,
+  // rounded up), not three; stage 3: three (a module gathered beside
+  // them), not four.
+  for (const auto& [stage, buffers] : {std::pair{2, 2}, std::pair{3, 3}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto run = [&, stage = stage](uint64_t budget, uint64_t* placed) {
+      JobOptions o;
+      o.stage = stage;
+      o.offload.optimizer = ZD_TIER_HOST;
+      o.zero_hparams = {{"reduce_bucket_size", static_cast<double>(kSize)}};
+      o.device_factory = [&, budget](const std::string&, MemoryLedger& ledger, Workers& workers, int,
+                                     const std::string&) {
+        ledger.set_budget(ZD_TIER_DEVICE, budget);
+        return std::unique_ptr<Device>(std::make_unique<SlowDownloads>(ledger, workers, &delay_ms));
+      };
+      auto model = make_model(o, 1);
+      Device& d = const_cast<Device&>(model->device(0));
+      const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+      if (placed) *placed = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
+      for (int s = 0; s < 2; ++s) {
+        std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+        for (size_t m = ids.size(); m-- > 0;) {
+          model->backward_begin(0, static_cast<zd_module_id>(m));
+          std::vector<float> grad(w[m].size());
+          for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
+          write_view(d, model->grad_view(0, ids[m]), grad);
+          model->backward_end(0, static_cast<zd_module_id>(m));
+        }
+        model->step(0);
       }
-      model->step(0);
-    }
-    std::vector<std::vector<float>> out;
-    for (zd_param_id id : ids) {
-      std::vector<float> v(static_cast<size_t>(kSize));
-      model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
-      out.push_back(std::move(v));
-    }
-    return out;
-  };
-  uint64_t placed = 0;
-  const auto free = run(MemoryLedger::kNoBudget, &placed);
-  delay_ms = 150;
-  std::vector<std::vector<float>> tight;
-  // Two gradient buffers (16000 B each, rounded up) beside the state.
-  ASSERT_NO_THROW(tight = run(placed + 2 * 16384 + 1024, nullptr));
-  EXPECT_EQ(tight, free);
+      std::vector<std::vector<float>> out;
+      for (zd_param_id id : ids) {
+        std::vector<float> v(static_cast<size_t>(kSize));
+        model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
+        out.push_back(std::move(v));
+      }
+      return out;
+    };
+    uint64_t placed = 0;
+    delay_ms = 0;
+    const auto free = run(MemoryLedger::kNoBudget, &placed);
+    delay_ms = 150;
+    std::vector<std::vector<float>> tight;
+    ASSERT_NO_THROW(tight = run(placed + static_cast<uint64_t>(buffers) * 16384 + 1024, nullptr));
+    EXPECT_EQ(tight, free);
+  }
 }
 
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
