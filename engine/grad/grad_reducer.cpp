@@ -247,11 +247,15 @@ Block GradReducer::allocate_transient(uint64_t bytes, const std::string& what) {
   } catch (const Error& e) {
     if (e.code() != ZD_ERR_BUDGET) throw;
   }
-  // The buckets sent before give their buffers back once reduced and
-  // handed to the accumulators: wait for that, then try again.
+  settle_transients();
+  return res_.device->allocate(bytes, ZD_MEM_BUFFERS, what);
+}
+
+void GradReducer::settle_transients() {
+  // The buckets sent before give their buffers back once reduced (on the
+  // rank's stream) and handed to the accumulators (out_).
   ctx_.drain(*res_.stream);
   drain();
-  return res_.device->allocate(bytes, ZD_MEM_BUFFERS, what);
 }
 
 // Sends a group's pending gradients to their owners on the rank's stream:

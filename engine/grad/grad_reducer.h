@@ -83,6 +83,10 @@ class GradReducer {
   // Waits until every contribution sent so far is in the accumulators (or,
   // before a window's last micro-batch, in the window on the device).
   void drain();
+  // Waits until the buckets sent so far have given their device buffers
+  // back: the rank's stream (their reductions), then drain(). A device
+  // allocation refused while they are out is tried again after it.
+  void settle_transients();
   // At an accumulation boundary, after drain(): what only the window on the
   // device holds (parameters the last micro-batch gave nothing) goes to the
   // accumulators too.

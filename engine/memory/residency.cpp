@@ -152,15 +152,8 @@ void Residency::release_blocks(const std::vector<Block>& blocks) {
   for (const Block& b : blocks) res_.device->release(b, ZD_MEM_PARAMS);
 }
 
-uint64_t Residency::block_bytes(uint64_t bytes) { return (std::max<uint64_t>(bytes, 1) + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
-
-uint64_t Residency::module_bytes(const std::vector<zd_param_id>& todo) const {
-  uint64_t b = 0;
-  for (zd_param_id pid : todo) {
-    const ParamRecord& p = ctx_.registry.param(pid);
-    b += block_bytes(gathered_elems(p) * dtype_size(p.dtype));
-  }
-  return b;
+uint64_t Residency::block_bytes(uint64_t bytes) {
+  return (std::max<uint64_t>(bytes, 1) + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
 }
 
 // What gradients hold in the device tier at most while buckets are sent:
@@ -226,13 +219,14 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   const ModuleRecord& mod = ctx_.registry.module(m);
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   std::vector<zd_param_id> todo;
-  uint64_t elems = 0, bytes = 0;
+  uint64_t elems = 0, bytes = 0, need = 0;  // need: the bytes as the room counts them
   for (zd_param_id pid : mod.params) {
     const ParamRecord& p = ctx_.registry.param(pid);
     if (p.persistent || params_[static_cast<size_t>(pid)]) continue;
     todo.push_back(pid);
     elems += gathered_elems(p);
     bytes += gathered_elems(p) * dtype_size(p.dtype);
+    need += block_bytes(gathered_elems(p) * dtype_size(p.dtype));
   }
   // Allocate everything first, so a module that does not fit is refused
   // whole, before any collective is issued. A gather ahead is admitted
@@ -242,7 +236,6 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   // room it fits beside the gradients' reserve. When an allocation is
   // refused anyway (buffers beyond that reserve still out), the rank's
   // queued work gives its buffers back and it is tried again.
-  const uint64_t need = module_bytes(todo);
   if (prefetch && gathered_bytes_ + need > room_) return false;
   const std::string label = "gathering " + ctx_.module_label(m);
   std::vector<Block> blocks;

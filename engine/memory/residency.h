@@ -145,8 +145,6 @@ class Residency {
   // round theirs (at most kBlockAlign), the same on every rank.
   static constexpr uint64_t kBlockAlign = 256;
   static uint64_t block_bytes(uint64_t bytes);
-  // The gathered copies of `todo`, so counted.
-  uint64_t module_bytes(const std::vector<zd_param_id>& todo) const;
   // The device bytes gradients need at most while buckets are sent, kept
   // out of the room for gathers ahead.
   uint64_t bucket_reserve() const;

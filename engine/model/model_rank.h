@@ -31,10 +31,7 @@ struct Model::RankState {
     // A gather that does not fit while gradient buckets are still out
     // waits for them first: the reductions queued on the stream, then
     // their way to the accumulators.
-    residency.settle_transients_with([this, &ctx] {
-      ctx.drain(*res.stream);
-      grads.drain();
-    });
+    residency.settle_transients_with([this] { grads.settle_transients(); });
   }
 
   // Declared in the order they are built; destroyed in reverse, so every
