@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>  // program_invocation_name (GNU)
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #ifndef ZEROD_INSTALL_PLUGIN_DIR
@@ -55,12 +57,21 @@ std::string dir_of(const std::string& path) {
 // The folder of the binary (libzerod.so, zerod, a test) this code is in.
 std::string own_binary_dir() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&own_binary_dir), &info) && info.dli_fname) {
-    char resolved[4096];
-    if (realpath(info.dli_fname, resolved)) return dir_of(resolved);
-    return dir_of(info.dli_fname);
+  if (!dladdr(reinterpret_cast<void*>(&own_binary_dir), &info) || !info.dli_fname) return ".";
+  char resolved[4096];
+  // Where this code is linked into the program itself (the zerod command),
+  // glibc names it by argv[0]: "zerod" when the shell found it on PATH,
+  // which realpath would take for a file in the working directory. The
+  // kernel knows the program's own file.
+  if (program_invocation_name && std::strcmp(info.dli_fname, program_invocation_name) == 0) {
+    const ssize_t n = readlink("/proc/self/exe", resolved, sizeof resolved - 1);
+    if (n > 0) {
+      resolved[n] = '\0';
+      return dir_of(resolved);
+    }
   }
-  return ".";
+  if (realpath(info.dli_fname, resolved)) return dir_of(resolved);
+  return dir_of(info.dli_fname);
 }
 
 void host_log(void*, zd_log_level level, const char* plugin, const char* message) {
