@@ -8,9 +8,13 @@
 // round trip per pair); stage 0 (views
 // only) and stage 3 (a gather per begin, a collective of all ranks), in one
 // run. Prints the median and 99th percentile in microseconds over every
-// rank's timed pairs.
+// rank's timed pairs. --device cuda puts the module on the GPU (the job's
+// device = "cuda"): embedded, its views are the engine's device memory;
+// under the daemon, the daemon's pools mapped into each rank, and every
+// begin orders the rank's stream after the daemon's through an
+// interprocess event (issue 32: the time of a begin + end pair on a GPU).
 //
-//   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--zerod PATH]
+//   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--device cpu|cuda] [--zerod PATH]
 #include <zerod/zerod.h>
 
 #include <fcntl.h>
@@ -162,31 +166,34 @@ void stop_daemon(pid_t daemon) {
 int main(int argc, char** argv) {
   int iters = 20000, ranks = 2;
   int64_t numel = 4096;
+  std::string device = "cpu";
   const char* zerod = ZEROD_EXE;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--numel") && i + 1 < argc) numel = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
     else if (!std::strcmp(argv[i], "--zerod") && i + 1 < argc) zerod = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--numel N] [--ranks N] [--zerod PATH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--numel N] [--ranks N] [--device cpu|cuda] [--zerod PATH]\n",
+                   argv[0]);
       return 2;
     }
   }
-  if (iters < 100 || ranks < 1 || numel < 1) return 2;
+  if (iters < 100 || ranks < 1 || numel < 1 || (device != "cpu" && device != "cuda")) return 2;
   char dir[] = "/tmp/zerod-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   const std::string sock = std::string(dir) + "/zerod.sock", job_file = std::string(dir) + "/job.lua";
   const std::string uri = "unix:" + sock;
 
-  std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32, %d timed pairs per "
-              "rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at once; "
-              "%ld CPUs online\n\n",
-              static_cast<long long>(numel), iters, ranks, sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32 on the %s device, %d "
+              "timed pairs per rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at "
+              "once; %ld CPUs online\n\n",
+              static_cast<long long>(numel), device.c_str(), iters, ranks, sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("%-6s %-32s %12s %12s\n", "stage", "mode", "median us", "p99 us");
   for (int stage : {0, 3}) {
-    const std::string j = "return { optimizer = { type = 'sgd' }, zero = { stage = " + std::to_string(stage) +
-                          (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
+    const std::string j = "return { device = '" + device + "', optimizer = { type = 'sgd' }, zero = { stage = " +
+                          std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
     FILE* f = std::fopen(job_file.c_str(), "w");
     std::fputs(j.c_str(), f);
     std::fclose(f);

@@ -67,9 +67,10 @@ def n_params(c):
     return 12 * c.n_layer * c.n_embd ** 2 + 13 * c.n_layer * c.n_embd + (c.vocab_size + c.block_size + 2) * c.n_embd
 
 
-def batch(c, batch_size, step, device):
+def batch(c, batch_size, step, device, rank=0):
     """Synthetic tokens (the same on every run): a benchmark of steps, not of
-    learning, though the loss must still be finite and fall."""
-    g = torch.Generator().manual_seed(step % 4)  # a few batches, seen again: the loss falls
+    learning, though the loss must still be finite and fall. Each data
+    parallel rank has batches of its own."""
+    g = torch.Generator().manual_seed(4 * rank + step % 4)  # a few batches, seen again: the loss falls
     idx = torch.randint(c.vocab_size, (batch_size, c.block_size + 1), generator=g)
     return idx[:, :-1].to(device), idx[:, 1:].to(device)

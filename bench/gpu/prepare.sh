@@ -4,7 +4,8 @@
 # GPU benchmarks beside DeepSpeed, into two folders git ignores:
 #   .devdeps/  zerod's Debian build dependencies as .deb files (~5 MB)
 #   .whl/      DeepSpeed 0.19.x and the pure-Python packages it needs that the
-#              GPU machine's image lacks, as wheels for its Python 3.12
+#              GPU machine's image lacks (and tqdm, which the main job's
+#              train_gpt.py shows progress with), as wheels for its Python 3.12
 # Then name both in the device tool's `carry` and run bench/gpu/run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +29,6 @@ plat+=(--platform manylinux2014_x86_64 --platform any)
 # wheel (its C++/CUDA ops build at first use there, with its nvcc and ninja).
 python3 -m pip wheel -q --no-deps "deepspeed==0.19.*" -w .whl
 python3 -m pip download -q "${py[@]}" "${plat[@]}" hjson pydantic pydantic-core annotated-types \
-  typing-inspection
+  typing-inspection tqdm
 echo "prepared: $(ls .devdeps/*.deb | wc -l) .deb files in .devdeps, $(ls .whl | wc -l) wheels in .whl"
 du -sh .devdeps .whl

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw] [nccl]
-#   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, PROFILE_MODES
-#   and PROFILE_SIZE pass options on)
+#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw] [nccl] [daemon]
+#   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, DAEMON_ARGS,
+#   PROFILE_MODES and PROFILE_SIZE pass options on)
 # Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
 # cuda device against the scalar reference and the cpu device, the optimizer
 # kernels, zerod.torch against PyTorch on the GPU), then the benchmarks;
@@ -28,7 +28,7 @@ fi
 export ZEROD_LIB=$PWD/build-gpu/lib/libzerod.so
 export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 
-if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest|nccl)\  ]]; then
+if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest|nccl|daemon)\  ]]; then
   log "build (CUDA for this GPU)"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   # NCCL for the nccl comm plugin: the CUDA toolkit's, else the one PyTorch's
@@ -85,6 +85,13 @@ for w in "${what[@]}"; do
       timeout 240 tests/comm_nccl/run_parity.sh build-gpu/bin/zerod build-gpu/bin/rank_scenario \
         build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-parity.log" \
         | grep -E "agrees|bit-identical|differ|failed|passed|SKIPPED" ;;
+    daemon)
+      # Issue 32 section 4: the daemon against embedded on the GPU (1 rank,
+      # and 2 ranks on the one GPU with their device bytes against DESIGN.md
+      # section 4), begin + end pairs, the C++ trainer against the PyTorch
+      # GPT. About 4 minutes after the build (estimated: it has never run).
+      log "the daemon on the GPU: against embedded, 2 ranks on one GPU, begin + end pairs, the C++ trainer"
+      python3 bench/gpu/daemon.py ${DAEMON_ARGS:-} 2>&1 | tee "$OUT/daemon.txt" ;;
     hostbw)
       log "host memory bandwidth (STREAM copy and triad, 3 arrays of 2 GiB)"
       { gcc -O3 -fopenmp -march=native bench/gpu/hostbw.c -o "$OUT/hostbw" \

@@ -106,7 +106,7 @@ def rss_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", required=True, choices=MODES)
     ap.add_argument("--layers", type=int, default=24)
@@ -124,7 +124,11 @@ def main():
     ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
     # Only for exercising this script's logic on a machine without a GPU.
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    return ap
+
+
+def main():
+    a = parser().parse_args()
     c = Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, block_size=a.seq)
     cuda = a.device == "cuda"
     dev = torch.device("cuda", 0) if cuda else torch.device(a.device)
@@ -135,8 +139,11 @@ def main():
     # take minutes, and its copy would count in the host's memory.
     on_device = dev if cuda else contextlib.nullcontext()
     torch.manual_seed(0)
+    # Under `zerod run` (bench/gpu/daemon.py) every rank is a process of
+    # its own on the same GPU, training on batches of its own.
+    rank, world = int(os.environ.get("ZEROD_RANK", 0)), int(os.environ.get("ZEROD_WORLD_SIZE", 1))
     tokens_per_step = a.micro * a.seq * a.gas
-    out = {"mode": a.mode, "layers": a.layers, "embd": a.embd, "params": n_params(c), "seq": a.seq,
+    out = {"mode": a.mode, "rank": rank, "world": world, "layers": a.layers, "embd": a.embd, "params": n_params(c), "seq": a.seq,
            "micro": a.micro, "gas": a.gas, "tokens_per_step": tokens_per_step, "ckpt": a.ckpt}
     out.update({k: v for k, v in (("accumulate", a.accumulate), ("state_dtype", a.state_dtype)) if v})
     t0 = time.time()
@@ -209,7 +216,7 @@ def main():
         # first step's last batch: "falling" compares the same tokens.
         cycle = min(4, max(1, (a.steps - 1) * a.gas))
         for s in range(a.steps):
-            micro_batches = [batch(c, a.micro, (s * a.gas + k) % cycle, dev) for k in range(a.gas)]
+            micro_batches = [batch(c, a.micro, (s * a.gas + k) % cycle, dev, rank) for k in range(a.gas)]
             sync()
             t = time.perf_counter()
             loss = step(micro_batches)
@@ -227,6 +234,10 @@ def main():
         if a.mode.startswith("zerod"):
             m = engine.memory()
             out["zerod_device_peak_gib"] = round(m["device"].peak / 2**30, 2)
+            # The model state this rank keeps on the device between steps
+            # (DESIGN.md section 4's per-rank bytes; the peak adds the
+            # gathered parameters and gradient buckets of a step).
+            out["zerod_device_bytes"] = m["device"].current
             out["zerod_host_gib"] = round(m["host"].current / 2**30, 2)
             out["zerod_host_bytes_per_param"] = round(m["host"].current / out["params"], 2)
             if m["nvme"].current:

@@ -96,3 +96,34 @@ def test_every_zerod_mode_of_step_py_trains(tmp_path):
         assert ("zerod_nvme_bytes_per_param" in r) == ("nvme" in mode), (mode, r)
         if mode == "zerod3_host_bf16":
             assert r["zerod_host_bytes_per_param"] < 12, r  # bf16 m and v: 4 bytes less than fp32's 14
+
+
+def test_daemon_measures_against_embedded_and_the_formula():
+    """run.sh daemon (issue 32 section 4) with a tiny GPT: the daemon's rows
+    beside embedded's, begin + end pairs, the C++ trainer beside the
+    PyTorch GPT. On the cpu device the daemon's one rank trains the same
+    bits as embedded, and zerod's device bytes per rank are DESIGN.md
+    section 4's (2 + 2 + 12) / N plus the few small tensors every rank
+    keeps whole."""
+    rc, out = driver("daemon.py", "--layers", 2, "--embd", 128, "--seq", 64, "--micro", 1, "--steps", 4,
+                     "--modes", "zerod3,zerod0", "--latency-iters", 300, "--cpp-layers", 2, "--cpp-heads", 2,
+                     "--cpp-embd", 64, "--cpp-block", 32, "--cpp-batch", 4, "--cpp-steps", 10, "--timeout", 200)
+    assert rc == 0, out
+    rows = re.findall(r"^(zerod[03]) +(embedded, 1 rank|daemon, 1 rank|daemon, 2 ranks, one GPU) +(yes|NO) +([\d.]+) "
+                      r"+([\d.]+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+)  ([\d.]+) -> ([\d.]+)", out, re.M)
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (m, w, "yes") for m in ("zerod3", "zerod0")
+        for w in ("embedded, 1 rank", "daemon, 1 rank", "daemon, 2 ranks, one GPU")], out
+    for mode, where, _, ms, x, tok, dev, want, ratio, first, last in rows:
+        assert float(ms) > 0 and int(tok) > 0, out
+        assert float(want) == (16.0 if mode == "zerod0" or "1 rank" in where else 8.0), out
+        assert 1.0 <= float(ratio) <= 1.05, out
+    by = {(r[0], r[1]): r for r in rows}
+    for mode in ("zerod3", "zerod0"):
+        assert by[(mode, "daemon, 1 rank")][9:] == by[(mode, "embedded, 1 rank")][9:], out
+    latency = re.findall(r"^([03]) +(embedded, 1 rank|daemon, socket, 2 ranks|ring, synchronous end, 2 ranks|"
+                         r"daemon, call ring, 2 ranks) +([\d.]+) +([\d.]+)$", out, re.M)
+    assert len(latency) == 8, out
+    cpp = re.findall(r"^(PyTorch|C\+\+) +(embedded, 1 rank|daemon, 2 ranks) +(\d+) +([\d.]+)  ([\d.]+)$", out, re.M)
+    assert [(r[0], r[1]) for r in cpp] == [(t, w) for w in ("embedded, 1 rank", "daemon, 2 ranks")
+                                           for t in ("PyTorch", "C++")], out
