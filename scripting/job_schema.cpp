@@ -83,7 +83,8 @@ std::vector<KeySpec> make_schema() {
        "step ([daemon.md](daemon.md#when-things-go-wrong))."},
       {"budgets", T::kTable, 0, "none", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
       {"budgets.device", T::kSize, 0, "none", {}, {},
-       "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool). A model that does "
+       "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool; ranks sharing a GPU "
+       "each have this much, and a warning says when together that is more than the GPU has). A model that does "
        "not fit is refused at finalize with a per-tier table."},
       {"budgets.host", T::kSize, 0, "none", {}, {},
        "Bytes of host RAM each rank may use for model state ([offload.md](offload.md#budgets-and-zerod-plan))."},

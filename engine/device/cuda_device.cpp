@@ -83,6 +83,7 @@ class CudaDevice final : public Device {
                    " (" + format_bytes(free_bytes) + " free), sm_" + std::to_string(prop.major) +
                    std::to_string(prop.minor);
     gpu_description_ = description_;
+    memory_total_ = total;
     if (ledger_.budget(ZD_TIER_DEVICE) == MemoryLedger::kNoBudget) {
       default_budget_ = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
       set_default_budget(1);
@@ -92,6 +93,7 @@ class CudaDevice final : public Device {
   void share_default_budget(int ranks) override {
     if (default_budget_ != 0 && ranks > 1) set_default_budget(ranks);
   }
+  uint64_t memory_total() const override { return memory_total_; }
 
   ~CudaDevice() override {
     cudaSetDevice(device_);
@@ -502,6 +504,7 @@ class CudaDevice final : public Device {
   std::string description_;
   std::string gpu_description_;  // description_ without the budget
   uint64_t default_budget_ = 0;  // the budget chosen here (the job set none), for the whole GPU; 0: the job's
+  uint64_t memory_total_ = 0;    // the GPU's memory in all
   cudaStream_t stream_ = nullptr;
   cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
   cudaEvent_t copies_done_ = nullptr;

@@ -80,6 +80,9 @@ class Device {
   // job set none) becomes this rank's share of it, not the whole of it for
   // each. A budget the job set is left as it is.
   virtual void share_default_budget(int ranks) { (void)ranks; }
+  // The memory of the one GPU this pool is on, in all; 0 where the pool is
+  // not one device's (the cpu device: host memory).
+  virtual uint64_t memory_total() const { return 0; }
 
   // --- the pool: zero-filled, aligned blocks, charged to the rank's ledger
   // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device

@@ -185,11 +185,35 @@ void Model::share_gpus() {
   std::map<int32_t, int> on_gpu;
   for (const auto& rs : ranks_)
     if (std::strcmp(rs->res.device->name(), "cuda") == 0) ++on_gpu[rs->res.device->ordinal()];
+  std::map<int32_t, uint64_t> budgets;  // the ranks' device budgets together, by GPU
   for (const auto& rs : ranks_)
     if (std::strcmp(rs->res.device->name(), "cuda") == 0) {
       rs->res.device->share_default_budget(on_gpu[rs->res.device->ordinal()]);
       log_info("rank " + std::to_string(rs->res.rank) + ": " + rs->res.device->describe());
+      const uint64_t b = rs->res.ledger.budget(ZD_TIER_DEVICE);
+      uint64_t& sum = budgets[rs->res.device->ordinal()];
+      sum = b == MemoryLedger::kNoBudget || sum == MemoryLedger::kNoBudget ? MemoryLedger::kNoBudget : sum + b;
     }
+  // budgets.device is each rank's. Where the job's, times the ranks on one
+  // GPU, is more than that GPU has, the budget no longer says when the
+  // ranks are full: CUDA does, by refusing a chunk mid-step. A budget is a
+  // ceiling, not a reservation (a job may need far less), so this is said
+  // once, not refused.
+  for (const auto& [gpu, sum] : budgets) {
+    const auto& rs = *std::find_if(ranks_.begin(), ranks_.end(), [gpu = gpu](const auto& r) {
+      return std::strcmp(r->res.device->name(), "cuda") == 0 && r->res.device->ordinal() == gpu;
+    });
+    const uint64_t total = rs->res.device->memory_total();
+    const int n = on_gpu[gpu];
+    if (n < 2 || total == 0 || sum == MemoryLedger::kNoBudget || sum <= total) continue;
+    log_warn("budgets.device lets each of the " + std::to_string(n) + " ranks on GPU " + std::to_string(gpu) +
+             " hold " + format_bytes(sum / static_cast<uint64_t>(n)) + ", " + format_bytes(sum) +
+             " together: more than its " + format_bytes(total) +
+             ", so CUDA, not the budget, would stop them mid-step (ZD_ERR_OUT_OF_MEMORY). budgets.device is per "
+             "rank: set it to at most " + format_bytes(total / static_cast<uint64_t>(n)) +
+             " (less what the trainers themselves use on that GPU), or leave it unset (each rank then gets its "
+             "share of 90% of the free memory)");
+  }
 }
 
 Model::RankState& Model::rank_state(int rank) {

@@ -21,6 +21,7 @@ class TracedDevice final : public Device {
   bool host_addressable() const override { return d_->host_addressable(); }
   bool has_streams() const override { return d_->has_streams(); }
   void share_default_budget(int ranks) override { d_->share_default_budget(ranks); }
+  uint64_t memory_total() const override { return d_->memory_total(); }
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     return d_->allocate(bytes, kind, what);
   }

@@ -282,15 +282,19 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingOnDevice,
 // on a GPU.
 class GpuStandIn final : public EmulatedDevice {
  public:
-  GpuStandIn(MemoryLedger& ledger, Workers& workers, int gpu, std::vector<std::pair<int, int>>* told)
-      : EmulatedDevice(ledger, workers, /*exported=*/false, "gpu-stand-in"), gpu_(gpu), told_(told) {}
+  GpuStandIn(MemoryLedger& ledger, Workers& workers, int gpu, std::vector<std::pair<int, int>>* told,
+             uint64_t memory_total = 0)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "gpu-stand-in"), gpu_(gpu), told_(told),
+        memory_total_(memory_total) {}
   const char* name() const override { return "cuda"; }
   int32_t ordinal() const override { return gpu_; }
   void share_default_budget(int ranks) override { told_->emplace_back(gpu_, ranks); }
+  uint64_t memory_total() const override { return memory_total_; }
 
  private:
   int gpu_;
   std::vector<std::pair<int, int>>* told_;
+  uint64_t memory_total_;
 };
 
 TEST(DeviceBudget, RanksOnOneGpuShareItsDefaultBudget) {
@@ -309,6 +313,38 @@ TEST(DeviceBudget, RanksOnOneGpuShareItsDefaultBudget) {
         : gpus == 2 ? std::vector<std::pair<int, int>>{{0, 2}, {1, 1}, {0, 2}}
                     : std::vector<std::pair<int, int>>{{0, 1}, {1, 1}, {2, 1}};
     EXPECT_EQ(told, want) << gpus << " GPUs";
+  }
+}
+
+// budgets.device is each rank's. Where the job's, times the ranks on one
+// GPU, is more than that GPU has, CUDA rather than the budget would stop
+// them mid-step: the job is told once per GPU, with the per-rank figure
+// that fits. Within the GPU's memory, or with a GPU each, nothing is said.
+TEST(DeviceBudget, RanksWhoseBudgetsTogetherExceedTheirGpuAreTold) {
+  struct SharedGpu {
+    int gpus;
+    uint64_t budget;
+    bool told;
+  };
+  for (const SharedGpu c :
+       {SharedGpu{1, 600 << 10, true}, SharedGpu{1, 400 << 10, false}, SharedGpu{2, 600 << 10, false}}) {
+    SCOPED_TRACE(std::to_string(c.gpus) + " GPUs, budget " + std::to_string(c.budget));
+    std::vector<std::pair<int, int>> shared;
+    JobOptions o;
+    o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int local_rank,
+                           const std::string&) {
+      ledger.set_budget(ZD_TIER_DEVICE, c.budget);
+      return std::unique_ptr<Device>(
+          std::make_unique<GpuStandIn>(ledger, workers, local_rank % c.gpus, &shared, uint64_t{1} << 20));
+    };
+    ::testing::internal::CaptureStderr();
+    auto model = make_model(o, 2);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    const bool told = err.find("budgets.device lets each of the 2 ranks on GPU 0 hold 600.00 KiB, 1.17 MiB together: "
+                               "more than its 1.00 MiB") != std::string::npos &&
+                      err.find("budgets.device is per rank: set it to at most 512.00 KiB") != std::string::npos;
+    EXPECT_EQ(told, c.told) << err;
+    EXPECT_LE(std::count(err.begin(), err.end(), '\n'), c.told ? 1 : 0) << err;
   }
 }
 
