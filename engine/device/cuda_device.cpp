@@ -183,6 +183,7 @@ class CudaDevice final : public Device {
 
   StreamLink stream_link() const override {
     if (!shared_) return {};
+    current();  // the handles are read on the daemon's session thread
     auto bytes = [](const SharedEvent& e) {
       const SharedEventHandle h = e.handle();
       return std::string(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);

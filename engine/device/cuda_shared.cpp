@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace zerod {
 
@@ -96,8 +98,8 @@ void use_device(int device) {
 }
 
 // Reserves an address range for `bytes`, maps `handle` there and makes it
-// readable and writable from `device`.
-CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, int device) {
+// readable and writable from `devices`.
+CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, const std::vector<int>& devices) {
   const Driver& d = driver();
   CUdeviceptr ptr = 0;
   check(d.reserve(&ptr, bytes, 0, 0, 0), "reserving " + std::to_string(bytes) + " bytes of address space");
@@ -105,16 +107,42 @@ CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, int de
     d.address_free(ptr, bytes);
     check(r, "mapping");
   }
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (CUresult r = d.set_access(ptr, bytes, &access, 1); r != CUDA_SUCCESS) {
+  std::vector<CUmemAccessDesc> access(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if (CUresult r = d.set_access(ptr, bytes, access.data(), access.size()); r != CUDA_SUCCESS) {
     d.unmap(ptr, bytes);
     d.address_free(ptr, bytes);
     check(r, "granting access");
   }
   return ptr;
+}
+
+// `device` and every GPU that can reach its memory. A daemon whose ranks
+// are on several GPUs maps all their pools in its one process, and its
+// collectives copy and add between them on the GPUs (Device::copy_peer,
+// sum_peers); memory of the virtual memory API is reachable only from the
+// devices its mapping grants, whatever peer access the runtime enabled.
+std::vector<int> with_peers(int device) {
+  std::vector<int> out{device};
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return out;
+  }
+  for (int other = 0; other < count; ++other) {
+    int can = 0;
+    if (other == device) continue;
+    if (cudaDeviceCanAccessPeer(&can, other, device) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    if (can) out.push_back(other);
+  }
+  return out;
 }
 
 }  // namespace
@@ -143,7 +171,7 @@ SharedDeviceChunk SharedDeviceChunk::allocate(int device, uint64_t bytes, const 
   c.handle_ = h;
   c.bytes_ = size;
   c.device_ = device;
-  c.ptr_ = map_here(h, size, device);  // on failure c's destructor releases h
+  c.ptr_ = map_here(h, size, with_peers(device));  // on failure c's destructor releases h
   return c;
 }
 
@@ -157,7 +185,7 @@ SharedDeviceChunk SharedDeviceChunk::import(int fd, uint64_t bytes, int device) 
   c.handle_ = h;
   c.bytes_ = bytes;
   c.device_ = device;
-  c.ptr_ = map_here(h, bytes, device);
+  c.ptr_ = map_here(h, bytes, {device});
   return c;
 }
 

@@ -22,6 +22,10 @@ RemoteModel::~RemoteModel() {
   } catch (...) {
     // A broken job's end: the destroy below still detaches the model.
   }
+  // The trainer's work on the views is done, and this side's mappings and
+  // events are gone, before the daemon frees what they refer to.
+  link_.quiesce();
+  arenas_.clear();
   try {
     v1::Request req;
     req.mutable_destroy_model()->set_model(id_);
@@ -171,6 +175,15 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   // Checked here too (the same function the daemon runs) before anything
   // is copied into the staging memfd.
   calls::check(registry_, client_.info().world_size, a, data);
+  // Everything the trainer's stream holds now happens before what this
+  // call makes the daemon do: recorded here, at the call, also for a
+  // zd_forward_end that travels later. That end may leave with a call that
+  // records nothing first (a nested module's end, a staging resize's
+  // request, another model's call, this model's destruction), and the
+  // daemon's stream, waiting on an older record, would release the
+  // module's gathered parameters while the trainer's kernels still read
+  // them.
+  link_.before_call();
   if (a.op == calls::Op::forward_end && client_.defers_end() && in_forward_.erase(a.module) != 0) {
     forget_views(a);
     client_.defer_end(id_, a);
@@ -187,7 +200,6 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   if (writes) std::memcpy(st, data, a.bytes);
   calls::Outcome o;
   std::vector<wire::RingView> views;
-  link_.before_call();
   const wire::RingReply& r = client_.call_record(id_, a, 0);
   const std::span<const std::byte> tail = client_.reply_tail();
   const std::string text = client_.message_of(r);  // checks the record's lengths against the reply

@@ -107,6 +107,21 @@ void TrainerLink::before_call() {
 #endif
 }
 
+void TrainerLink::quiesce() noexcept {
+#if defined(ZEROD_HAVE_CUDA)
+  if (!events_) return;
+  // The default stream (NULL) is the current GPU's: this rank's, then the
+  // trainer's own choice back.
+  int current = -1;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
+  if (cudaSetDevice(device_id_) != cudaSuccess ||
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
+    cudaGetLastError();
+  events_.reset();
+  if (restore && cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
+#endif
+}
+
 void TrainerLink::after_begin() {
 #if defined(ZEROD_HAVE_CUDA)
   if (events_) events_->zerod_done.wait_on(stream_);

@@ -57,6 +57,13 @@ class TrainerLink {
   // Around each call to the daemon.
   void before_call();
   void after_begin();
+  // At the model's end, before the daemon is told: waits until the
+  // trainer's stream has done what it holds (kernels reading views, the
+  // last record of trainer_done) and closes this side's events. Unmapping
+  // the pool is not ordered on any stream, and an event must not be used
+  // here once the daemon has destroyed it. Best effort: an error (a broken
+  // context) leaves the rest of the teardown to go on.
+  void quiesce() noexcept;
 
  private:
   int32_t device_type_;
