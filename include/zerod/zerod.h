@@ -384,9 +384,9 @@ ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);
  * wait for zerod's copies instead of blocking the host; backward_end makes
  * zerod's reduction wait for what the trainer issued on it. Between steps
  * (ZD_ERR_INVALID_STATE while a module is begun). On the cpu device only
- * NULL is accepted (ZD_ERR_INVALID_ARGUMENT otherwise). A daemon's ranks
- * compute on the cpu device until the daemon serves GPUs: a non-NULL
- * stream is ZD_ERR_NOT_IMPLEMENTED there. */
+ * NULL is accepted (ZD_ERR_INVALID_ARGUMENT otherwise). Under a daemon
+ * that serves the rank's GPU the same holds across the process boundary
+ * (interprocess events order this stream and the daemon's). */
 ZD_API zd_status zd_model_set_stream(zd_model* model, void* stream);
 
 /* Since 1.3. What the trainer processed since its last report, and its

@@ -62,7 +62,8 @@ class RemoteModel final : public ModelBackend {
   TrainerLink link_;
   std::map<int32_t, ImportedArena> arenas_;
   std::map<zd_param_id, ViewInfo> param_views_, grad_views_;
-  std::set<zd_module_id> in_forward_;  // this rank's modules between a forward begin and end
+  std::set<zd_module_id> in_forward_;   // this rank's modules between a forward begin and end
+  std::set<zd_module_id> in_backward_;  // and between a backward begin and end
   double loss_scale_ = 1.0;  // as of the last reply: only this rank's calls change it
 };
 

@@ -115,6 +115,10 @@ calls::Outcome RemoteModel::view(const calls::Args& a) {
 }
 
 calls::Outcome RemoteModel::set_stream(void* stream) {
+  // As embedded (Model::set_stream): work already ordered on the old
+  // stream would not be on the new one.
+  if (link_.device_type() == ZD_DEVICE_CUDA && (!in_forward_.empty() || !in_backward_.empty()))
+    fail(ZD_ERR_INVALID_STATE, "zd_model_set_stream while modules are begun; set the stream between steps");
   link_.set_stream(stream);
   return {};
 }
@@ -223,6 +227,8 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
   if (a.op == calls::Op::forward_begin) in_forward_.insert(a.module);
   if (a.op == calls::Op::forward_end) in_forward_.erase(a.module);
+  if (a.op == calls::Op::backward_begin) in_backward_.insert(a.module);
+  if (a.op == calls::Op::backward_end) in_backward_.erase(a.module);
   if (reads) std::memcpy(data, st, a.bytes);
   loss_scale_ = o.loss_scale;
   return o;
