@@ -14,18 +14,23 @@ AdamW on the whole global batch there (models.torch_reference):
   - 2 ranks on one GPU (each its own process) against plain PyTorch on the
     global batch, with test_parity.py's tolerances (fp32 1e-4; bf16 every
     step 5%, every 10-step mean 2%), at stage 3 with and without the
-    optimizer on the host, and the two ranks ending with the same weights.
+    optimizer on the host, and the two ranks ending with the same weights;
+  - a rank killed mid-step, whose job keeps its state in the daemon: the
+    ranks started again resume on the GPU and match the uninterrupted job.
 
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
 torch sees no GPU or libzerod has no cuda device.
 """
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from conftest import HERE, losses_match, rank_env, zerod_run
+from conftest import HERE, ZEROD, losses_match, rank_env, zerod_run
 from models import job, torch_reference
 
 STEPS = 30
@@ -76,3 +81,55 @@ def test_two_ranks_on_one_gpu_train_as_plain_pytorch(precision, offload, tmp_job
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     worst = losses_match(got, torch_reference("gpt", dtype, STEPS, device="cuda"), precision)
     print(f"{precision} 2 ranks on one GPU{' +host' if offload else ''}: vs plain PyTorch, worst {worst:.2e}")
+
+
+def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job, tmp_path):
+    """Issue 32 section 1: a trainer killed mid-step (between its forward and
+    its backward, kernels still queued on its stream) leaves the daemon's
+    GPU state intact; with daemon.keep_state the ranks that start again
+    resume there, at the step after the last one applied, and train on as
+    an uninterrupted job does (fp32, within 1e-5)."""
+    steps, die_at = 10, 5
+    path = tmp_job(cuda_job("fp32", 3).replace("return {", 'return {\n  daemon = { keep_state = true },\n'
+                                               '  comm = { timeout = 20 },', 1))
+    rc, ranks, out = zerod_run(2, path, f"{HERE}/cuda_rank.py", "gpt", "fp32", steps, timeout=300)
+    assert rc == 0, out
+    want = {int(line.split()[1]): float(line.split()[2]) for line in ranks[0] if line.startswith("loss ")}
+    sock = str(tmp_path / "zerod.sock")
+    serve = subprocess.Popen([ZEROD, "serve", "--nproc", "2", "--job", path, "--socket", sock],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        assert os.path.exists(sock), "zerod serve did not start"
+
+        def ranks_run(**extra):
+            procs = [subprocess.Popen([sys.executable, f"{HERE}/cuda_rank.py", "gpt", "fp32", str(steps)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r, ZEROD_WORLD_SIZE=2,
+                                                   ZEROD_JOB=path, **extra)) for r in (0, 1)]
+            outs = [p.communicate(timeout=180)[0] for p in procs]
+            return [(p.returncode, text) for p, text in zip(procs, outs)]
+
+        (rc0, out0), (rc1, _) = ranks_run(ZEROD_TEST_DIE_AT=die_at)
+        assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
+        assert rc0 != 0 and "PeerLostError" in out0, out0
+        resumed = ranks_run()
+        for r, (rc, text) in enumerate(resumed):
+            assert rc == 0, f"rank {r}: {text}"
+            assert f"resumed at step {die_at}" in text, f"rank {r}: {text}"
+        got = {int(line.split()[1]): float(line.split()[2]) for line in resumed[0][1].splitlines()
+               if line.startswith("loss ")}
+        assert sorted(got) == list(range(die_at, steps)), resumed[0][1]
+        worst = max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
+        print(f"resumed on the GPU at step {die_at}: against the uninterrupted job, worst {worst:.2e}")
+        assert worst <= 1e-5, f"{got} vs {want}"
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + serve.communicate()[0])
