@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include "gpu_identity.h"
 #include "model_host.h"
 #include "server.h"
 #include "session_internal.h"
@@ -331,12 +332,17 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     case v1::Request::kCreateModel: {
       const auto& c = req.create_model();
       auto m = server_.create_or_attach(job_, rank_, c.script_text(), c.script_name(), c.allow_io(), c.device());
+      const Device& d = m->model().device(rank_);
+      if (const std::string why = gpu_mismatch(rank_, c.gpu_uuid(), d.gpu_uuid(), d.ordinal()); !why.empty()) {
+        m->detach(rank_, false, "rank " + std::to_string(rank_) + " computes on another GPU");
+        server_.forget_if_unused(m);
+        fail(ZD_ERR_CONFIG, why);
+      }
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();
       r->set_model(m->id());
       // Where this rank computes, and (a GPU) how its stream is ordered
       // against the daemon's.
-      const Device& d = m->model().device(rank_);
       r->set_device_type(d.dlpack_type());
       r->set_device_id(d.ordinal());
       const StreamLink link = d.stream_link();

@@ -84,6 +84,7 @@ class CudaDevice final : public Device {
                    std::to_string(prop.minor);
     gpu_description_ = description_;
     memory_total_ = total;
+    gpu_uuid_.assign(prop.uuid.bytes, sizeof prop.uuid.bytes);
     if (ledger_.budget(ZD_TIER_DEVICE) == MemoryLedger::kNoBudget) {
       default_budget_ = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
       set_default_budget(1);
@@ -94,6 +95,7 @@ class CudaDevice final : public Device {
     if (default_budget_ != 0 && ranks > 1) set_default_budget(ranks);
   }
   uint64_t memory_total() const override { return memory_total_; }
+  std::string gpu_uuid() const override { return gpu_uuid_; }
 
   ~CudaDevice() override {
     cudaSetDevice(device_);
@@ -506,6 +508,7 @@ class CudaDevice final : public Device {
   std::string gpu_description_;  // description_ without the budget
   uint64_t default_budget_ = 0;  // the budget chosen here (the job set none), for the whole GPU; 0: the job's
   uint64_t memory_total_ = 0;    // the GPU's memory in all
+  std::string gpu_uuid_;         // its 16-byte UUID
   cudaStream_t stream_ = nullptr;
   cudaStream_t trainer_ = nullptr;  // the legacy default stream until the trainer names one
   cudaEvent_t copies_done_ = nullptr;

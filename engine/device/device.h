@@ -83,6 +83,9 @@ class Device {
   // The memory of the one GPU this pool is on, in all; 0 where the pool is
   // not one device's (the cpu device: host memory).
   virtual uint64_t memory_total() const { return 0; }
+  // The 16 bytes of that GPU's UUID (the same in every process, whatever
+  // its numbering of the GPUs); empty where the pool is not a GPU's.
+  virtual std::string gpu_uuid() const { return {}; }
 
   // --- the pool: zero-filled, aligned blocks, charged to the rank's ledger
   // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device

@@ -22,6 +22,7 @@ class TracedDevice final : public Device {
   bool has_streams() const override { return d_->has_streams(); }
   void share_default_budget(int ranks) override { d_->share_default_budget(ranks); }
   uint64_t memory_total() const override { return d_->memory_total(); }
+  std::string gpu_uuid() const override { return d_->gpu_uuid(); }
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     return d_->allocate(bytes, kind, what);
   }

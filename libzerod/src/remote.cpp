@@ -115,10 +115,18 @@ std::unique_ptr<ModelBackend> RemoteClient::create_model(const ScriptOptions& s)
   c->set_script_name(name);
   c->set_allow_io(s.allow_io);
   c->set_device(s.device);
+  // On a GPU, the one this trainer computes on, by the name every process
+  // shares; the daemon refuses to serve the rank on another. The device
+  // number this process uses for it is then its own, not the daemon's.
+  int gpu = -1;
+  std::string uuid;
+  const bool named = s.device == "cuda" && current_gpu(&gpu, &uuid);
+  if (named) c->set_gpu_uuid(uuid);
   const v1::Reply r = rpc(req);
   const v1::CreateModelReply& cm = r.create_model();
+  const int32_t device_id = named && cm.device_type() == ZD_DEVICE_CUDA ? gpu : cm.device_id();
   try {
-    return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), cm.device_id(),
+    return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), device_id,
                                          StreamLink{cm.zerod_done(), cm.trainer_done()});
   } catch (...) {
     // This side cannot reach the device: the daemon's model goes again.

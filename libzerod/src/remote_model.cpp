@@ -130,7 +130,10 @@ void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::Arena
                               std::to_string(fds.size()) + " fds");
   for (int i = 0; i < arenas.size(); ++i) {
     const v1::ArenaInfo& a = arenas.Get(i);
-    const PoolExport e{a.id(), a.size(), fds[static_cast<size_t>(i)].get(), a.device_type(), a.device_id()};
+    // A GPU's region is mapped on this rank's GPU by this process's number
+    // for it (the daemon's may differ: remote.cpp create_model).
+    const int32_t device_id = a.device_type() == ZD_DEVICE_CUDA ? link_.device_id() : a.device_id();
+    const PoolExport e{a.id(), a.size(), fds[static_cast<size_t>(i)].get(), a.device_type(), device_id};
     arenas_.insert_or_assign(a.id(), ImportedArena(e, "device-pool arena " + std::to_string(a.id()) + " from the daemon"));
   }
   fds.clear();  // the mappings keep the memory; the fds can go

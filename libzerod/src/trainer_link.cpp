@@ -40,6 +40,24 @@ struct ImportedArena::Gpu {};
 struct TrainerLink::Events {};
 #endif
 
+bool current_gpu(int* ordinal, std::string* uuid) {
+#if defined(ZEROD_HAVE_CUDA)
+  int device = -1;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *ordinal = device;
+  uuid->assign(prop.uuid.bytes, sizeof prop.uuid.bytes);
+  return true;
+#else
+  (void)ordinal;
+  (void)uuid;
+  return false;
+#endif
+}
+
 ImportedArena::ImportedArena(const PoolExport& e, const std::string& what) {
   if (e.device_type == ZD_DEVICE_CUDA) {
 #if defined(ZEROD_HAVE_CUDA)

@@ -18,6 +18,11 @@
 
 namespace zerod::abi {
 
+// The GPU this thread has current (CUDA's numbering in this process) and
+// its 16-byte UUID; false where this libzerod has no CUDA or no GPU is
+// usable. A trainer asking for device "cuda" names it to its daemon.
+bool current_gpu(int* ordinal, std::string* uuid);
+
 // One exported region, mapped in this process.
 class ImportedArena {
  public:
