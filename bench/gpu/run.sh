@@ -31,8 +31,10 @@ export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest|nccl|daemon)\  ]]; then
   log "build (CUDA for this GPU)"
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-  # NCCL for the nccl comm plugin: the CUDA toolkit's, else the one PyTorch's
-  # nvidia-nccl wheel brings (its nvidia/nccl folder has include/ and lib/).
+  # NCCL for the nccl comm plugin: the one PyTorch's nvidia-nccl wheel
+  # brings where it is installed (the NCCL torch itself runs; its
+  # nvidia/nccl folder has include/ and lib/, searched first), else the CUDA
+  # toolkit's. configure.log's "nccl comm plugin" line says which.
   nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
     ${nccl_root:+-DZEROD_NCCL_ROOT="$nccl_root"} \

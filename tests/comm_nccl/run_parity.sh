@@ -35,8 +35,11 @@ value() {  # value OUTPUT RANK KEY: what rank R printed after "rank R: KEY "
   sed -n "s/^\[rank $2\] rank $2: $3 //p" <<<"$1" | head -1
 }
 
-# NCCL between the two daemons over the loopback, whatever else the machine has.
-export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
+# NCCL between the two daemons over the loopback through its own sockets,
+# whatever else the machine has (a network plugin, a multi-node NVLink
+# fabric); its warnings shown.
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1} \
+  NCCL_NET=${NCCL_NET:-Socket} NCCL_MNNVL_ENABLE=${NCCL_MNNVL_ENABLE:-0} NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for stage in 1 2 3; do
   job "$work/local$stage.lua" "$stage" local

@@ -345,16 +345,8 @@ void Node::fail(zd_status status, const std::string& message, bool tell) noexcep
     }
     broken_.store(true);
   }
-  // Every local communicator aborted: a rank waiting in NCCL sees its
-  // communicator gone at its next poll and fails with the message.
-  const DeviceGuard guard;
-  for (auto& r : ranks_) {
-    std::lock_guard<std::mutex> g(r->mu);
-    if (r->comm == nullptr) continue;
-    cudaSetDevice(r->device);
-    ncclCommAbort(r->comm);
-    r->comm = nullptr;
-  }
+  // The other daemons first: an abort can take seconds (it joins NCCL's
+  // threads, which may be setting up connections to them).
   if (tell && nodes_ > 1) {
     Notice n;
     n.kind = Notice::kAbort;
@@ -366,6 +358,16 @@ void Node::fail(zd_status status, const std::string& message, bool tell) noexcep
     }
     std::lock_guard<std::mutex> g(send_mu_);
     for (int fd : fds_) send_notice(fd, n);
+  }
+  // Every local communicator aborted: a rank waiting in NCCL sees its
+  // communicator gone at its next poll and fails with the message.
+  const DeviceGuard guard;
+  for (auto& r : ranks_) {
+    std::lock_guard<std::mutex> g(r->mu);
+    if (r->comm == nullptr) continue;
+    cudaSetDevice(r->device);
+    ncclCommAbort(r->comm);
+    r->comm = nullptr;
   }
 }
 
