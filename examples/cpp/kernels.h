@@ -51,37 +51,36 @@ struct EmbedForward {
   }
 };
 
-// dwte[v, :] = the sum of dx over the positions whose token is v; i = v
-// over the vocabulary. Each thread owns its row: no atomics, and the sum
-// has one order on every run.
+// dwte[v, c] = the sum of dx[:, c] over the positions whose token is v;
+// e = v * C + c over the vocabulary's elements. One thread an element: no
+// atomics, each sum in one order (positions ascending) on every run and
+// backend, and on a GPU the threads of a warp share v (one branch) and read
+// neighbouring columns of dx.
 struct EmbedBackwardTokens {
   const int32_t* tokens;
   const float* dx;
   float* dwte;
   int N, C;  // N = rows*T
-  GPT_HD void operator()(int v) const {
-    float* o = dwte + static_cast<size_t>(v) * C;
-    for (int c = 0; c < C; ++c) o[c] = 0.0f;
-    for (int i = 0; i < N; ++i) {
-      if (tokens[i] != v) continue;
-      const float* d = dx + static_cast<size_t>(i) * C;
-      for (int c = 0; c < C; ++c) o[c] += d[c];
-    }
+  GPT_HD void operator()(int e) const {
+    const int v = e / C, c = e % C;
+    float sum = 0.0f;
+    for (int i = 0; i < N; ++i)
+      if (tokens[i] == v) sum += dx[static_cast<size_t>(i) * C + c];
+    dwte[e] = sum;
   }
 };
 
-// dwpe[t, :] = the sum over sequences of dx at position t; i = t.
+// dwpe[t, c] = the sum over sequences of dx at position t, column c;
+// e = t * C + c.
 struct EmbedBackwardPositions {
   const float* dx;
   float* dwpe;
   int rows, T, C;
-  GPT_HD void operator()(int t) const {
-    float* o = dwpe + static_cast<size_t>(t) * C;
-    for (int c = 0; c < C; ++c) o[c] = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const float* d = dx + (static_cast<size_t>(r) * T + t) * C;
-      for (int c = 0; c < C; ++c) o[c] += d[c];
-    }
+  GPT_HD void operator()(int e) const {
+    const int t = e / C, c = e % C;
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += dx[(static_cast<size_t>(r) * T + t) * C + c];
+    dwpe[e] = sum;
   }
 };
 

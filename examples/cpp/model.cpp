@@ -185,8 +185,8 @@ void Gpt::block_backward(int layer, const BlockWeights& w, const BlockGrads& d) 
 }
 
 void Gpt::embed_backward(float* dwte, float* dwpe) {
-  be_.run(EmbedBackwardTokens{inputs_, dres_, dwte, n_, cfg_.embd}, cfg_.vocab);
-  be_.run(EmbedBackwardPositions{dres_, dwpe, cfg_.rows, cfg_.block, cfg_.embd}, cfg_.block);
+  be_.run(EmbedBackwardTokens{inputs_, dres_, dwte, n_, cfg_.embd}, cfg_.vocab * cfg_.embd);
+  be_.run(EmbedBackwardPositions{dres_, dwpe, cfg_.rows, cfg_.block, cfg_.embd}, cfg_.block * cfg_.embd);
 }
 
 }  // namespace gpt
