@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,6 +43,32 @@ def zerod_run(nproc, job, script, *args, timeout=240, env=None):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
                        env=env or rank_env())
     return p.returncode, split_ranks(p.stdout), p.stdout
+
+
+def serve(nproc, job, sock):
+    """Starts `zerod serve --nproc N --job job --socket sock` and returns its
+    process once it listens; the caller stops it (SIGTERM)."""
+    daemon = subprocess.Popen([ZEROD, "serve", "--nproc", str(nproc), "--job", job, "--socket", sock],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(200):
+        if os.path.exists(sock):
+            return daemon
+        if daemon.poll() is not None:
+            break
+        time.sleep(0.05)
+    daemon.kill()
+    raise AssertionError("zerod serve did not start: " + daemon.communicate()[0])
+
+
+def served_ranks(sock, job, command, nproc=2, timeout=60, **env):
+    """Runs `command` as ranks 0..nproc-1 of the daemon at `sock` (each with
+    `env` added) and returns [(exit status, output)] by rank."""
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r, ZEROD_WORLD_SIZE=nproc,
+                                           ZEROD_JOB=job, **env))
+             for r in range(nproc)]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
 def split_ranks(output):

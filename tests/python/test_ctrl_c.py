@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, HERE, ZEROD, rank_env, split_ranks, zerod_run
+from conftest import EXAMPLES, HERE, ZEROD, rank_env, serve, served_ranks, split_ranks, zerod_run
 
 SCRIPT = os.path.join(HERE, "interrupt_rank.py")
 STAGE3 = ('return { optimizer = { type = "adamw", lr = 1e-3 }, '
@@ -86,21 +86,12 @@ def test_the_main_job_leaves_cleanly_on_ctrl_c(tmp_path):
 def test_serve_daemon_serves_the_next_job_after_an_interrupted_one(tmp_path, tmp_job):
     sock = str(tmp_path / "zerod.sock")
     job = tmp_job(STAGE3)
-    daemon = subprocess.Popen([ZEROD, "serve", "--nproc", "2", "--job", job, "--socket", sock],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = serve(2, job, sock)
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
 
         def ranks(interrupt, steps):
-            procs = [subprocess.Popen([sys.executable, SCRIPT, str(steps)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r, ZEROD_WORLD_SIZE=2,
-                                                   ZEROD_JOB=job, INTERRUPT=interrupt))
-                     for r in (0, 1)]
-            return [p.communicate(timeout=60)[0] for p in procs], [p.returncode for p in procs]
+            done = served_ranks(sock, job, [sys.executable, SCRIPT, str(steps)], INTERRUPT=interrupt)
+            return [out for _, out in done], [rc for rc, _ in done]
 
         (out0, out1), codes = ranks("1:backward", 1000)
         assert codes == [1, -signal.SIGINT], out0 + out1

@@ -21,16 +21,14 @@ AdamW on the whole global batch there (models.torch_reference):
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
 torch sees no GPU or libzerod has no cuda device.
 """
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from conftest import HERE, ZEROD, losses_match, rank_env, zerod_run
+from conftest import HERE, losses_match, rank_env, serve, served_ranks, zerod_run
 from models import job, torch_reference
 
 STEPS = 30
@@ -96,22 +94,11 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job,
     assert rc == 0, out
     want = {int(line.split()[1]): float(line.split()[2]) for line in ranks[0] if line.startswith("loss ")}
     sock = str(tmp_path / "zerod.sock")
-    serve = subprocess.Popen([ZEROD, "serve", "--nproc", "2", "--job", path, "--socket", sock],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = serve(2, path, sock)
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
-        assert os.path.exists(sock), "zerod serve did not start"
-
         def ranks_run(**extra):
-            procs = [subprocess.Popen([sys.executable, f"{HERE}/cuda_rank.py", "gpt", "fp32", str(steps)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r, ZEROD_WORLD_SIZE=2,
-                                                   ZEROD_JOB=path, **extra)) for r in (0, 1)]
-            outs = [p.communicate(timeout=180)[0] for p in procs]
-            return [(p.returncode, text) for p, text in zip(procs, outs)]
+            return served_ranks(sock, path, [sys.executable, f"{HERE}/cuda_rank.py", "gpt", "fp32", str(steps)],
+                                timeout=180, **extra)
 
         (rc0, out0), (rc1, _) = ranks_run(ZEROD_TEST_DIE_AT=die_at)
         assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
@@ -127,9 +114,9 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job,
         print(f"resumed on the GPU at step {die_at}: against the uninterrupted job, worst {worst:.2e}")
         assert worst <= 1e-5, f"{got} vs {want}"
     finally:
-        serve.terminate()
+        daemon.terminate()
         try:
-            serve.wait(timeout=30)
+            daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            serve.kill()
-            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + serve.communicate()[0])
+            daemon.kill()
+            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + daemon.communicate()[0])
