@@ -21,14 +21,14 @@ AdamW on the whole global batch there (models.torch_reference):
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
 torch sees no GPU or libzerod has no cuda device.
 """
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import HERE, losses_match, rank_env, serve, served_ranks, zerod_run
+from conftest import HERE, losses_match, rank_env, zerod_run
+from kept_state import DIE_AT, keeping, killed_rank_resumes
 from models import job, torch_reference
 
 STEPS = 30
@@ -86,37 +86,8 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job,
     its backward, kernels still queued on its stream) leaves the daemon's
     GPU state intact; with daemon.keep_state the ranks that start again
     resume there, at the step after the last one applied, and train on as
-    an uninterrupted job does (fp32, within 1e-5)."""
-    steps, die_at = 10, 5
-    path = tmp_job(cuda_job("fp32", 3).replace("return {", 'return {\n  daemon = { keep_state = true },\n'
-                                               '  comm = { timeout = 20 },', 1))
-    rc, ranks, out = zerod_run(2, path, f"{HERE}/cuda_rank.py", "gpt", "fp32", steps, timeout=300)
-    assert rc == 0, out
-    want = {int(line.split()[1]): float(line.split()[2]) for line in ranks[0] if line.startswith("loss ")}
-    sock = str(tmp_path / "zerod.sock")
-    daemon = serve(2, path, sock)
-    try:
-        def ranks_run(**extra):
-            return served_ranks(sock, path, [sys.executable, f"{HERE}/cuda_rank.py", "gpt", "fp32", str(steps)],
-                                timeout=180, **extra)
-
-        (rc0, out0), (rc1, _) = ranks_run(ZEROD_TEST_DIE_AT=die_at)
-        assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
-        assert rc0 != 0 and "PeerLostError" in out0, out0
-        resumed = ranks_run()
-        for r, (rc, text) in enumerate(resumed):
-            assert rc == 0, f"rank {r}: {text}"
-            assert f"resumed at step {die_at}" in text, f"rank {r}: {text}"
-        got = {int(line.split()[1]): float(line.split()[2]) for line in resumed[0][1].splitlines()
-               if line.startswith("loss ")}
-        assert sorted(got) == list(range(die_at, steps)), resumed[0][1]
-        worst = max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
-        print(f"resumed on the GPU at step {die_at}: against the uninterrupted job, worst {worst:.2e}")
-        assert worst <= 1e-5, f"{got} vs {want}"
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + daemon.communicate()[0])
+    an uninterrupted job does (fp32, within 1e-5). Also the first run of an
+    interprocess event whose recording process died."""
+    worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path)
+    print(f"resumed on the GPU at step {DIE_AT}: against the uninterrupted job, worst {worst:.2e}")
+    assert worst <= 1e-5

@@ -1,0 +1,53 @@
+"""A rank killed mid-step under a daemon whose job keeps its state
+(daemon.keep_state): the daemon keeps the model where it is (host memory,
+or the GPU's), and the ranks started again resume at the step after the
+last one applied and train on as the uninterrupted job does. Run on the
+cpu device by test_daemon_pools.py and on a GPU by test_cuda_daemon.py."""
+import signal
+import subprocess
+import sys
+
+from conftest import HERE, serve, served_ranks, zerod_run
+
+STEPS, DIE_AT = 10, 5
+
+
+def losses(lines):
+    return {int(line.split()[1]): float(line.split()[2]) for line in lines if line.startswith("loss ")}
+
+
+def keeping(job_text):
+    """The job, keeping its state in the daemon, and failing a lost rank's
+    peers within 20 s."""
+    return job_text.replace("return {", "return {\n  daemon = { keep_state = true },\n  comm = { timeout = 20 },", 1)
+
+
+def killed_rank_resumes(rank_script, job, tmp_path):
+    """rank_script (train_rank.py's arguments) under `zerod serve` with `job`
+    (a path; keeping its state): rank 1 dies in step DIE_AT, the ranks
+    started again resume there. Returns the resumed losses' worst relative
+    difference from the uninterrupted job's."""
+    command = [sys.executable, f"{HERE}/{rank_script}", "gpt", "fp32", str(STEPS)]
+    rc, ranks, out = zerod_run(2, job, *command[1:], timeout=300)
+    assert rc == 0, out
+    want = losses(ranks[0])
+    sock = str(tmp_path / "zerod.sock")
+    daemon = serve(2, job, sock)
+    try:
+        (rc0, out0), (rc1, _) = served_ranks(sock, job, command, timeout=180, ZEROD_TEST_DIE_AT=DIE_AT)
+        assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
+        assert rc0 != 0 and "PeerLostError" in out0, out0
+        resumed = served_ranks(sock, job, command, timeout=180)
+        for r, (rc, text) in enumerate(resumed):
+            assert rc == 0, f"rank {r}: {text}"
+            assert f"resumed at step {DIE_AT}" in text, f"rank {r}: {text}"
+        got = losses(resumed[0][1].splitlines())
+        assert sorted(got) == list(range(DIE_AT, STEPS)), resumed[0][1]
+        return max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + daemon.communicate()[0])
