@@ -28,7 +28,6 @@ build-gpu), or --zerod. On the CPU (ZEROD_BENCH_DEVICE=cpu, the drivers'
 smoke test) everything runs on the cpu device; its figures mean nothing.
 """
 import argparse
-import glob
 import json
 import os
 import re
@@ -43,6 +42,9 @@ from step import zerod_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
+from corpus import load_corpus  # noqa: E402
+
 DEVICE = os.environ.get("ZEROD_BENCH_DEVICE", "cuda")
 TARGET_X_EMBEDDED = 1.05
 TARGET_FORMULA = 0.05
@@ -146,21 +148,10 @@ def latency_table(a):
 
 
 def corpus_file(path):
-    """The PyTorch trainer's default corpus (this Python's standard library
-    sources), cleaned as it cleans it, so that both trainers read the same
-    characters and have the same vocabulary."""
-    stdlib = os.path.dirname(os.__file__)
-    parts, size = [], 0
-    for name in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
-        with open(name, encoding="utf-8", errors="replace") as f:
-            parts.append(f.read())
-        size += len(parts[-1])
-        if size >= 1_000_000:
-            break
-    keep = {chr(c) for c in range(32, 127)} | {"\n"}
-    text = "".join(c if c in keep else "?" for c in "".join(parts).replace("\t", "    "))
+    """The PyTorch trainer's default corpus, written where the C++ trainer
+    reads it: both read the same characters and have the same vocabulary."""
     with open(path, "w") as f:
-        f.write(text)
+        f.write(load_corpus(None, 1_000_000)[0])
 
 
 def cpp_table(a):

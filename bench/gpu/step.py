@@ -143,8 +143,8 @@ def main():
     # its own on the same GPU, training on batches of its own.
     rank, world = int(os.environ.get("ZEROD_RANK", 0)), int(os.environ.get("ZEROD_WORLD_SIZE", 1))
     tokens_per_step = a.micro * a.seq * a.gas
-    out = {"mode": a.mode, "rank": rank, "world": world, "layers": a.layers, "embd": a.embd, "params": n_params(c), "seq": a.seq,
-           "micro": a.micro, "gas": a.gas, "tokens_per_step": tokens_per_step, "ckpt": a.ckpt}
+    out = {"mode": a.mode, "rank": rank, "world": world, "layers": a.layers, "embd": a.embd, "params": n_params(c),
+           "seq": a.seq, "micro": a.micro, "gas": a.gas, "tokens_per_step": tokens_per_step, "ckpt": a.ckpt}
     out.update({k: v for k, v in (("accumulate", a.accumulate), ("state_dtype", a.state_dtype)) if v})
     t0 = time.time()
     try:

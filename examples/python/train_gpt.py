@@ -14,7 +14,6 @@ batch of batch * world_size sequences and trains on its own slice; rank 0
 shows progress and, at the end, samples text from the trained model.
 """
 import argparse
-import glob
 import os
 import sys
 import time
@@ -66,30 +65,8 @@ except ImportError:  # run from a checkout without installing the package
 import zerod.torch  # noqa: E402
 
 sys.path.insert(0, HERE)
+from corpus import load_corpus  # noqa: E402
 from gpt import GPT, Block, GPTConfig, generate  # noqa: E402
-
-# Characters outside printable ASCII become this one, keeping the vocabulary small.
-UNKNOWN = "?"
-
-
-def load_corpus(path, max_chars):
-    if path:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text, source = f.read(max_chars), path
-    else:
-        stdlib = os.path.dirname(os.__file__)
-        parts, size = [], 0
-        for name in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
-            with open(name, encoding="utf-8", errors="replace") as f:
-                parts.append(f.read())
-            size += len(parts[-1])
-            if size >= max_chars:
-                break
-        text, source = "".join(parts)[:max_chars], f"{stdlib}/*.py"
-    keep = {chr(c) for c in range(32, 127)} | {"\n"}
-    text = "".join(c if c in keep else UNKNOWN for c in text.replace("\t", "    "))
-    return text, source
-
 
 def human_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
