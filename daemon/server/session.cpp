@@ -6,6 +6,7 @@
 #include "session_internal.h"
 #include "status.h"
 #include "sizes.h"
+#include "trainer_exit.h"
 #include "wire.h"
 
 #include "runtime/dtype.h"
@@ -192,9 +193,25 @@ void Session::end(const std::string& why) {
   ended_ = true;
   // The peer sees end of stream now, not when this session is reaped.
   conn_.shutdown();
+  release_gpu_waits();
   leave_all(true, "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: " + why);
   if (rank_ >= 0) server_.release_rank(*job_, rank_, this);
   finished_.store(true);
+}
+
+void Session::release_gpu_waits() {
+  // Before the rank leaves its models: a model nobody keeps is freed then,
+  // and its device's teardown waits for its stream.
+  for (auto& [id, m] : models_) {
+    try {
+      const Device& d = m->model().device(rank_);
+      const std::string did = release_trainer_waits(
+          pid_, kTrainerExitMs, [&d] { return d.trainer_pending(); }, [&d] { d.release_trainer(); });
+      if (!did.empty()) log_warn("rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): " + did);
+    } catch (const std::exception& e) {
+      log_warn("rank " + std::to_string(rank_) + ": releasing its GPU stream's waits failed: " + e.what());
+    }
+  }
 }
 
 void Session::leave_all(bool lost, const std::string& reason) {

@@ -91,6 +91,9 @@ class Session {
   void staging(int fd, uint64_t size);
   std::byte* staging_at(uint64_t offset, uint64_t bytes, const char* what) const;
   void leave_all(bool lost, const std::string& reason);
+  // A trainer gone on a GPU: what zerod's streams still wait for from it
+  // (trainer_exit.h).
+  void release_gpu_waits();
   void require_rank(const char* what) const;
 
   Server& server_;

@@ -17,6 +17,10 @@ namespace zerod::server::session_detail {
 // not hold its session thread longer than this.
 constexpr int kSendTimeoutMs = 30000;
 constexpr int kDiscardTimeoutMs = 10000;
+// How long a rank's connection end waits for its trainer's process to exit
+// before the daemon stops waiting for its GPU stream (trainer_exit.h). A
+// killed process exits within milliseconds of its socket closing.
+constexpr int kTrainerExitMs = 10000;
 
 // The views of a _begin call's module as view records (the protobuf calls
 // of an older client convert each with wire::to_proto):

@@ -413,6 +413,23 @@ class CudaDevice final : public Device {
     check(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
   }
 
+  bool trainer_pending() const override {
+    if (!shared_) return false;
+    current();
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(trainer_done_shared_.get()));
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: clear it for the next call on this thread
+      return true;
+    }
+    return false;
+  }
+
+  void release_trainer() const override {
+    if (!shared_) return;
+    current();
+    trainer_done_shared_.record_now();
+  }
+
   void synchronize() override {
     current();
     check(cudaStreamSynchronize(stream_), "waiting for zerod's stream");

@@ -256,6 +256,14 @@ void SharedEvent::record(void* stream) const {
   check_rt(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)), "recording an event");
 }
 
+void SharedEvent::record_now() const {
+  cudaStream_t idle = nullptr;
+  check_rt(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), "creating a stream");
+  const cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event_), idle);
+  cudaStreamDestroy(idle);  // its resources go once the record has run
+  check_rt(e, "recording an event");
+}
+
 void SharedEvent::wait_on(void* stream) const {
   check_rt(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
            "waiting for an event");

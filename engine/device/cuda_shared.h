@@ -90,6 +90,13 @@ class SharedEvent {
   // latest record.
   void record(void* stream) const;
   void wait_on(void* stream) const;
+  // Records it on a new stream that holds nothing else, so the record runs
+  // at once. An event's waits are on its latest record *or a later one*:
+  // this releases every wait already queued on it, here or in another
+  // process. For a peer that died with a record still queued behind its
+  // work, which then never runs (call it only once that peer can no longer
+  // run work on the GPU).
+  void record_now() const;
   // The host waits for its latest record.
   void synchronize() const;
 

@@ -184,6 +184,14 @@ class Device {
   virtual void set_trainer_stream(void* stream) = 0;
   virtual void trainer_waits() = 0;
   virtual void wait_for_trainer() = 0;
+  // A daemon's rank whose trainer process is gone: whether the trainer's
+  // latest record of `trainer_done` has not run yet (a trainer killed with
+  // work still queued on its stream never runs it, so zerod's stream would
+  // wait for it forever), and the release of that wait. Call
+  // release_trainer() only once the trainer can no longer run work on the
+  // GPU (its process has exited). Without a StreamLink, neither applies.
+  virtual bool trainer_pending() const { return false; }
+  virtual void release_trainer() const {}
   // The host waits until zerod's work issued so far is done.
   virtual void synchronize() = 0;
 };

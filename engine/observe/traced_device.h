@@ -63,6 +63,8 @@ class TracedDevice final : public Device {
   void set_trainer_stream(void* stream) override { d_->set_trainer_stream(stream); }
   void trainer_waits() override { d_->trainer_waits(); }
   void wait_for_trainer() override { d_->wait_for_trainer(); }
+  bool trainer_pending() const override { return d_->trainer_pending(); }
+  void release_trainer() const override { d_->release_trainer(); }
   void synchronize() override { d_->synchronize(); }
 
   const Device& inner() const { return *d_; }

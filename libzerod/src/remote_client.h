@@ -14,6 +14,7 @@
 #include "ring_call.h"
 #include "trainer_link.h"
 #include "transport/client.h"
+#include "transport/hangup_watch.h"
 #include "transport/ring.h"
 #include "transport/shared_memory.h"
 #include "wire.h"
@@ -34,8 +35,7 @@ class RemoteClient;
 
 class RemoteModel final : public ModelBackend {
  public:
-  RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link)
-      : client_(c), id_(id), registry_(1), link_(device_type, device_id, link) {}
+  RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link);
   ~RemoteModel() override;
 
   zd_param_id register_param(const std::string& name, const std::string& module, zd_dtype dtype,
@@ -128,13 +128,19 @@ class RemoteClient final : public ClientBackend {
   // sealed against resizing, which the daemon requires before it maps it.
   std::byte* staging(uint64_t bytes);
 
+  // Whether the daemon's end of the socket is still open (it has not exited
+  // or closed this connection).
+  bool socket_open() const;
+  // Watches the daemon's socket for its hangup (started on first use: a
+  // model on a GPU, whose stream waits on the daemon's events).
+  transport::HangupWatch& hangup_watch();
+
  private:
   // 1 MiB: a record, then up to ~32k views of a module and the message.
   // Pages the replies never reach are never allocated.
   static constexpr uint64_t kRingBytes = uint64_t{1} << 20;
 
   void set_up_ring();
-  bool socket_open() const;
   void wait_ring();
   transport::Frame receive();
   [[noreturn]] static void throw_gone(const Error& e);
@@ -159,6 +165,7 @@ class RemoteClient final : public ClientBackend {
   std::optional<Deferred> deferred_;
   std::vector<std::pair<int, transport::Frame>> stray_arenas_;
   bool defer_end_ = std::getenv("ZEROD_SYNC_END") == nullptr;
+  std::unique_ptr<transport::HangupWatch> watch_;  // after conn_: stopped before its fd closes
 };
 
 }  // namespace zerod::abi::remote

@@ -190,6 +190,11 @@ bool RemoteClient::socket_open() const {
   return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
 }
 
+transport::HangupWatch& RemoteClient::hangup_watch() {
+  if (!watch_) watch_ = std::make_unique<transport::HangupWatch>(conn_.fd());
+  return *watch_;
+}
+
 void RemoteClient::wait_ring() {
   if (timeout_ms_)
     wait_.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);

@@ -82,7 +82,8 @@ ImportedArena::~ImportedArena() = default;
 ImportedArena::ImportedArena(ImportedArena&&) noexcept = default;
 ImportedArena& ImportedArena::operator=(ImportedArena&&) noexcept = default;
 
-TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link)
+TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link,
+                         transport::HangupWatch* watch)
     : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id) {
   if (device_type_ != ZD_DEVICE_CUDA) return;
 #if defined(ZEROD_HAVE_CUDA)
@@ -100,13 +101,31 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
   }
   events_ = std::make_unique<Events>(
       Events{SharedEvent::open(handle(link.zerod_done)), SharedEvent::open(handle(link.trainer_done))});
+  if (watch) {
+    // On the watch's thread, which has no GPU current.
+    watch_ = watch;
+    watch_id_ = watch->add([this] {
+      if (cudaSetDevice(device_id_) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+      }
+      events_->zerod_done.record_now();
+    });
+  }
 #else
   (void)link;
+  (void)watch;
   no_cuda("zd_model_create");
 #endif
 }
 
-TrainerLink::~TrainerLink() = default;
+TrainerLink::~TrainerLink() { unwatch(); }
+
+void TrainerLink::unwatch() noexcept {
+  if (!watch_) return;
+  watch_->remove(watch_id_);  // its callback uses the events
+  watch_ = nullptr;
+}
 
 void TrainerLink::set_stream(void* stream) {
   if (device_type_ != ZD_DEVICE_CUDA) {
@@ -125,16 +144,26 @@ void TrainerLink::before_call() {
 #endif
 }
 
-void TrainerLink::quiesce() noexcept {
+void TrainerLink::quiesce(bool daemon_gone) noexcept {
 #if defined(ZEROD_HAVE_CUDA)
   if (!events_) return;
+  unwatch();
   // The default stream (NULL) is the current GPU's: this rank's, then the
   // trainer's own choice back.
   int current = -1;
   const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
-  if (cudaSetDevice(device_id_) != cudaSuccess ||
-      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
+  if (cudaSetDevice(device_id_) != cudaSuccess) {
     cudaGetLastError();
+  } else {
+    if (daemon_gone) {
+      try {
+        events_->zerod_done.record_now();
+      } catch (...) {
+        cudaGetLastError();
+      }
+    }
+    if (cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess) cudaGetLastError();
+  }
   events_.reset();
   if (restore && cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
 #endif

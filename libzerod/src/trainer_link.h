@@ -10,6 +10,7 @@
 #pragma once
 
 #include "device/device.h"
+#include "transport/hangup_watch.h"
 #include "transport/shared_memory.h"
 
 #include <cstdint>
@@ -48,8 +49,11 @@ class TrainerLink {
  public:
   // From the daemon's answer to zd_model_create: the rank's device and,
   // on a GPU, the StreamLink handles. Throws a clear error where this
-  // libzerod cannot reach the device (built without CUDA).
-  TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link);
+  // libzerod cannot reach the device (built without CUDA). On a GPU,
+  // `watch` (the daemon's socket) releases the trainer's stream from its
+  // wait for zerod_done if the daemon dies (hangup_watch.h); it must
+  // outlive this.
+  TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link, transport::HangupWatch* watch);
   ~TrainerLink();
   TrainerLink(const TrainerLink&) = delete;
   TrainerLink& operator=(const TrainerLink&) = delete;
@@ -67,15 +71,22 @@ class TrainerLink {
   // last record of trainer_done) and closes this side's events. Unmapping
   // the pool is not ordered on any stream, and an event must not be used
   // here once the daemon has destroyed it. Best effort: an error (a broken
-  // context) leaves the rest of the teardown to go on.
-  void quiesce() noexcept;
+  // context) leaves the rest of the teardown to go on. `daemon_gone`: the
+  // daemon died, perhaps with its last record of zerod_done still queued
+  // behind its work, which then never runs; the trainer's stream would
+  // wait for it forever, so that wait is released first.
+  void quiesce(bool daemon_gone) noexcept;
 
  private:
+  void unwatch() noexcept;
+
   int32_t device_type_;
   int32_t device_id_;
   void* stream_ = nullptr;
   struct Events;
   std::unique_ptr<Events> events_;
+  transport::HangupWatch* watch_ = nullptr;
+  int watch_id_ = -1;
 };
 
 }  // namespace zerod::abi

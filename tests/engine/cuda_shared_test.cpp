@@ -7,9 +7,19 @@
 // child is SIGKILLed, and the parent's memory still holds them: a trainer
 // that dies loses nothing the daemon holds.
 //
+// The second test is what the daemon does for a trainer killed mid-step
+// (daemon/server/trainer_exit.h): the child records the parent's event
+// behind work that never finishes, and is SIGKILLed; the parent's stream
+// waits on that record, which never runs. A record of the same event on an
+// idle stream (SharedEvent::record_now) must release that wait. It also
+// says whether the wait was still held after the kill (what the release is
+// for), and checks that the parent's cudaEventQuery sees the child's record
+// pending (what Device::trainer_pending asks).
+//
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
-// executable, one test: the process forks before anything starts CUDA
-// (a CUDA context does not survive fork).
+// executable, each test forking before anything starts CUDA in its process
+// (a CUDA context does not survive fork): ctest runs each test in a process
+// of its own.
 #include "device/cuda_shared.h"
 #include "transport/connection.h"
 
@@ -19,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -78,6 +89,47 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
   _exit(0);
 }
 
+// The second test's child: records the parent's event behind a host
+// function that never returns, says so, and waits to be killed.
+[[noreturn]] void child_records_behind_endless_work(Connection& c) {
+  std::string answer;
+  try {
+    if (!gpu_missing().empty()) _exit(kNoGpu);
+    Frame f = c.receive(1024, 30000);
+    if (f.body.size() != sizeof(SharedEventHandle)) throw std::runtime_error("a malformed offer");
+    SharedEventHandle h;
+    std::memcpy(&h, f.body.data(), sizeof h);
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
+    auto endless = [](void*) {
+      for (;;) pause();
+    };
+    if (cudaLaunchHostFunc(s, endless, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
+    SharedEvent done = SharedEvent::open(h);
+    done.record(s);
+  } catch (const std::exception& e) {
+    answer = e.what();
+  }
+  FrameHeader h;
+  c.send(h, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
+  pause();
+  _exit(0);
+}
+
+// Whether `e` completes within `ms`.
+bool completes_within(cudaEvent_t e, int ms) {
+  for (int waited = 0;; waited += 10) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) {
+      ADD_FAILURE() << "cudaEventQuery: " << cudaGetErrorString(q);
+      return false;
+    }
+    if (waited >= ms) return false;
+    usleep(10000);
+  }
+}
+
 TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
   auto [parent_end, child_end] = connection_pair();
   const pid_t pid = fork();
@@ -115,6 +167,58 @@ TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the memory outlives the process that mapped it";
   ASSERT_EQ(cudaMemset(chunk.data(), 0x22, chunk.size()), cudaSuccess);
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x22));
+}
+
+TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
+  auto [parent_end, child_end] = connection_pair();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) child_records_behind_endless_work(child_end);
+
+  const std::string missing = gpu_missing();
+  if (!missing.empty()) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
+  }
+  SharedEvent trainer_done = SharedEvent::create();
+  const SharedEventHandle h = trainer_done.handle();
+  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&h, 1)), {}, 30000);
+  Frame answer = parent_end.receive(4096, 60000);
+  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
+  ASSERT_EQ(said, "") << "the child: " << said;
+
+  // The daemon's side: its stream waits for the trainer's latest record.
+  cudaStream_t daemon_stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&daemon_stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  trainer_done.wait_on(daemon_stream);
+  ASSERT_EQ(cudaEventRecord(after, daemon_stream), cudaSuccess);
+  EXPECT_FALSE(completes_within(after, 500)) << "the wait holds while the child's work runs";
+  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(trainer_done.get())), cudaErrorNotReady)
+      << "the creator sees the other process's record pending (Device::trainer_pending)";
+  cudaGetLastError();
+
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool held_after_kill = !completes_within(after, 2000);
+  std::printf("a record left queued by a SIGKILLed process: the wait on it was %s 2 s after the kill\n",
+              held_after_kill ? "still held (the release below is needed)" : "released by the driver itself");
+  RecordProperty("held_after_kill", held_after_kill ? "yes" : "no");
+
+  trainer_done.record_now();
+  if (!completes_within(after, 10000)) {
+    // A stream that waits forever would hang this process's teardown too.
+    std::fprintf(stderr, "FAILED: record_now did not release the wait on the killed process's record\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(1);
+  }
+  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(trainer_done.get())), cudaSuccess);
+  cudaEventDestroy(after);
+  cudaStreamDestroy(daemon_stream);
 }
 
 }  // namespace
