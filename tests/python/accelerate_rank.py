@@ -6,6 +6,7 @@ state after epoch 0 into argv[1], or with "resume" as argv[2] loads it and
 runs epoch 1 only. With a folder as argv[3] (test_launchers, under
 `accelerate launch`) it also writes them into <folder>/rank<r>.txt.
 """
+import os
 import sys
 
 import torch
@@ -18,7 +19,12 @@ from test_accelerate import objects, user_loop
 torch.set_num_threads(1)
 set_seed(0)
 accelerator = ZerodAccelerator(gradient_accumulation_steps=2, gradient_clipping=0.5, zero_stage=3, offload=True)
-assert accelerator.num_processes == 2
+# Under ZEROD_TEST_DEVICE=cuda (test_cuda_integrations) ZEROD_TEST_WORLD
+# ranks, as many as `zerod run` started, each on its GPU (Accelerate places
+# the model there).
+assert accelerator.num_processes == int(os.environ.get("ZEROD_TEST_WORLD") or 2)
+if os.environ.get("ZEROD_TEST_DEVICE") == "cuda":
+    assert accelerator.device.type == "cuda", accelerator.device
 prepared = accelerator.prepare(*objects())
 if sys.argv[2:] == ["resume"]:
     losses, lrs = user_loop(accelerator, *prepared, resume_from=sys.argv[1])

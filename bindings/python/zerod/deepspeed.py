@@ -124,6 +124,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise InvalidArgumentError(f"initialize: param_dtype={param_dtype} with this config's precision "
                                        f"({dtype or torch.float32}); parameters are registered in it or in float32")
         dtype = param_dtype
+    _place_as_deepspeed(model, client)
     text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
     engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
                             modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
@@ -132,6 +133,23 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if training_data is not None:
         loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _place_as_deepspeed(model, client):
+    """DeepSpeed's engine moves the model to its rank's GPU itself (a script
+    written for it never calls model.cuda()); so does this, where torch sees
+    a GPU and the model is all on the CPU: GPU local_rank modulo the GPUs,
+    the one the daemon serves the rank on (docs/devices.md), made current.
+    DS_ACCELERATOR=cpu keeps it on the CPU, as it keeps DeepSpeed there; a
+    model the script placed itself stays where it is."""
+    if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available():
+        return
+    tensors = list(model.parameters()) + list(model.buffers())
+    if not tensors or any(t.device.type != "cpu" for t in tensors):
+        return
+    device = torch.device("cuda", client.info.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    model.to(device)
 
 
 def _stand_in_optimizer(cfg):
