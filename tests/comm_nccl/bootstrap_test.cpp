@@ -361,5 +361,41 @@ TEST(Notices, TravelOverTheKeptConnectionsAndACloseReadsAsGone) {
   close_fds(root.result.fds);
 }
 
+// What a daemon waiting in NCCL's setup hears from the others before its
+// notice thread runs (setup_news): nothing, a peer's failure in its words,
+// a close named, garbage named.
+TEST(Notices, SetupNewsIsNothingAPeersWordsOrItsCloseNamed) {
+  const int port = free_port();
+  Outcome node;
+  std::thread t([&] { node = run(request(1, 2, port)); });
+  Outcome root = run(request(0, 2, port));
+  t.join();
+  ASSERT_EQ(root.status, ZD_OK) << root.error;
+  ASSERT_EQ(node.status, ZD_OK) << node.error;
+  const std::vector<PeerInfo>& peers = root.result.peers;
+  ASSERT_EQ(peers.size(), 2u);
+  EXPECT_EQ(setup_news(root.result.fds, peers, 0), "") << "nothing said yet";
+  EXPECT_EQ(setup_news(node.result.fds, node.result.peers, 1), "");
+
+  Notice n;
+  n.kind = Notice::kAbort;
+  n.node = 1;
+  n.status = ZD_ERR_IO;
+  n.reason = "node 1 (host host1): NCCL could not set up the communicator of ranks 2-3: unhandled system error";
+  ASSERT_TRUE(send_notice(node.result.fds[0], n));
+  EXPECT_EQ(setup_news(root.result.fds, peers, 0), n.reason);
+
+  const std::string junk(16 + 1024, 'j');
+  ASSERT_EQ(write(root.result.fds[1], junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  EXPECT_THAT(setup_news(node.result.fds, node.result.peers, 1), HasSubstr("node 0 (host " + peers[0].host));
+
+  close_fds(node.result.fds);
+  const std::string closed = setup_news(root.result.fds, peers, 0);
+  EXPECT_THAT(closed, HasSubstr("node 1 (host " + peers[1].host));
+  EXPECT_THAT(closed, HasSubstr("pid " + std::to_string(peers[1].pid)));
+  EXPECT_THAT(closed, HasSubstr("closed its connection during NCCL's setup"));
+  close_fds(root.result.fds);
+}
+
 }  // namespace
 }  // namespace zerod::comm::nccl

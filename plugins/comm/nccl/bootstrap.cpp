@@ -572,6 +572,26 @@ int read_notice(int fd, Notice* out) {
   return 1;
 }
 
+std::string setup_news(const std::vector<int>& fds, const std::vector<PeerInfo>& peers, int node) {
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i] < 0) continue;
+    pollfd p{fds[i], POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0 || p.revents == 0) continue;
+    const size_t who = node == 0 ? i : 0;
+    char name[256];
+    std::snprintf(name, sizeof name, "node %zu (host %s, pid %" PRId64 ")", who,
+                  who < peers.size() ? peers[who].host.c_str() : "?", who < peers.size() ? peers[who].pid : int64_t{0});
+    Notice n;
+    const int got = read_notice(fds[i], &n);
+    if (got == 1 && n.kind == Notice::kAbort) return n.reason;
+    if (got == 1) return std::string(name) + " left before NCCL's setup ended";
+    if (got == 0)
+      return std::string(name) + " closed its connection during NCCL's setup (its daemon died or gave up)";
+    return std::string(name) + " sent garbage on its connection (not a zerod nccl daemon's notice)";
+  }
+  return "";
+}
+
 void close_fds(std::vector<int>& fds) {
   for (int& fd : fds) {
     if (fd >= 0) close(fd);

@@ -105,6 +105,15 @@ bool send_notice(int fd, const Notice& n);
 // closed (or failed), -1 garbage or half a notice left there for 5 s.
 int read_notice(int fd, Notice* out);
 
+// While NCCL sets up the communicators, before the notice thread runs: what
+// a peer has already said, without waiting. "" when nothing is waiting on
+// any connection; else why this daemon's setup cannot finish: a peer's
+// abort notice in its own words (its setup failed, and it says why), or a
+// connection that closed (a daemon that died or left during the setup),
+// naming that daemon. `peers` and `node` say whom each fd reaches (the
+// root holds one per node, fd -1 for itself; a node one, to the root).
+std::string setup_news(const std::vector<int>& fds, const std::vector<PeerInfo>& peers, int node);
+
 void close_fds(std::vector<int>& fds);
 
 }  // namespace zerod::comm::nccl

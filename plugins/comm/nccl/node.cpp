@@ -235,23 +235,38 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
     for (int i = 0; i < n->local_ && (r == ncclSuccess || r == ncclInProgress); ++i) {
       RankState& rs = *n->ranks_[static_cast<size_t>(i)];
       ncclResult_t a = ncclInProgress;
+      int looks = 0;
       while (rs.comm != nullptr && (a = ncclInProgress, ncclCommGetAsyncError(rs.comm, &a), a == ncclInProgress)) {
         if (Clock::now() > deadline) {
           set_error(err, err_size,
-                    "NCCL's communicator for rank %d was not set up within %g s (comm.timeout): a daemon of the job "
-                    "did not take part, or its GPUs cannot reach this node's (NCCL_DEBUG=INFO says more)",
-                    n->first_ + i, s.timeout_s);
-          n->fail(ZD_ERR_TIMEOUT, err, false);
+                    "node %d (host %s): NCCL's communicator for rank %d was not set up within %g s (comm.timeout): a "
+                    "daemon of the job did not take part, or its GPUs cannot reach this node's (NCCL_DEBUG=INFO says "
+                    "more)",
+                    n->node_, req.host.c_str(), n->first_ + i, s.timeout_s);
+          n->fail(ZD_ERR_TIMEOUT, err, true);
           return ZD_ERR_TIMEOUT;
+        }
+        // A daemon whose setup failed says so (below) and goes: the others
+        // stop at once with its words instead of waiting out the timeout.
+        // The root passes it on to the nodes that only hear from it.
+        if (++looks % 10 == 0 && n->nodes_ > 1) {
+          const std::string news = setup_news(n->fds_, n->peers_, n->node_);
+          if (!news.empty()) {
+            set_error(err, err_size, "NCCL's setup of ranks %d-%d stopped: %s", n->first_,
+                      n->first_ + n->local_ - 1, news.c_str());
+            n->fail(ZD_ERR_PEER_LOST, err, n->node_ == 0);
+            return ZD_ERR_PEER_LOST;
+          }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       r = a;
     }
     if (r != ncclSuccess) {
-      set_error(err, err_size, "NCCL could not set up the communicator of ranks %d-%d: %s (%s)", n->first_,
-                n->first_ + n->local_ - 1, ncclGetErrorString(r), ncclGetLastError(nullptr));
-      n->fail(ZD_ERR_IO, err, false);
+      set_error(err, err_size, "node %d (host %s): NCCL could not set up the communicator of ranks %d-%d: %s (%s)",
+                n->node_, req.host.c_str(), n->first_, n->first_ + n->local_ - 1, ncclGetErrorString(r),
+                ncclGetLastError(nullptr));
+      n->fail(ZD_ERR_IO, err, true);  // the other daemons, waiting in their setup, stop with these words
       return ZD_ERR_IO;
     }
     if (n->nodes_ > 1) {
