@@ -6,13 +6,13 @@
 #include "session_internal.h"
 #include "status.h"
 #include "sizes.h"
-#include "trainer_exit.h"
 #include "wire.h"
 
 #include "runtime/dtype.h"
 #include "error.h"
 #include "log.h"
 #include "transport/errors.h"
+#include "transport/process_exit.h"
 
 #include <poll.h>
 
@@ -201,15 +201,20 @@ void Session::end(const std::string& why) {
 
 void Session::release_gpu_waits() {
   // Before the rank leaves its models: a model nobody keeps is freed then,
-  // and its device's teardown waits for its stream.
+  // and its device's teardown waits for its stream. A trainer still alive
+  // is waited for until it exits or its record runs (the teardown would
+  // wait as long); the daemon's shutdown stops the wait.
+  const std::string who = "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): ";
   for (auto& [id, m] : models_) {
     try {
       const Device& d = m->model().device(rank_);
-      const std::string did = release_trainer_waits(
-          pid_, kTrainerExitMs, [&d] { return d.trainer_pending(); }, [&d] { d.release_trainer(); });
-      if (!did.empty()) log_warn("rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): " + did);
+      const std::string did = transport::release_when_gone(
+          pid_, -1, kTrainerExitMs,
+          [this, &d] { return !stopping_.load(std::memory_order_acquire) && d.trainer_pending(); },
+          [&d] { d.release_trainer(); }, [&who](const std::string& s) { log_warn(who + s); });
+      if (!did.empty()) log_warn(who + did);
     } catch (const std::exception& e) {
-      log_warn("rank " + std::to_string(rank_) + ": releasing its GPU stream's waits failed: " + e.what());
+      log_warn(who + "releasing its GPU stream's waits failed: " + e.what());
     }
   }
 }

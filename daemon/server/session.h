@@ -92,7 +92,7 @@ class Session {
   std::byte* staging_at(uint64_t offset, uint64_t bytes, const char* what) const;
   void leave_all(bool lost, const std::string& reason);
   // A trainer gone on a GPU: what zerod's streams still wait for from it
-  // (trainer_exit.h).
+  // (transport/process_exit.h).
   void release_gpu_waits();
   void require_rank(const char* what) const;
 

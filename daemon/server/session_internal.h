@@ -17,9 +17,11 @@ namespace zerod::server::session_detail {
 // not hold its session thread longer than this.
 constexpr int kSendTimeoutMs = 30000;
 constexpr int kDiscardTimeoutMs = 10000;
-// How long a rank's connection end waits for its trainer's process to exit
-// before the daemon stops waiting for its GPU stream (trainer_exit.h). A
-// killed process exits within milliseconds of its socket closing.
+// When a rank's connection ends with its trainer's last GPU record not run
+// (transport/process_exit.h): after this long the log says the daemon is
+// still waiting for the process (a killed one exits within milliseconds of
+// its socket closing), and a trainer whose pid is not visible here is taken
+// for dead.
 constexpr int kTrainerExitMs = 10000;
 
 // The views of a _begin call's module as view records (the protobuf calls

@@ -91,11 +91,15 @@ class SharedEvent {
   void record(void* stream) const;
   void wait_on(void* stream) const;
   // Records it on a new stream that holds nothing else, so the record runs
-  // at once. An event's waits are on its latest record *or a later one*:
-  // this releases every wait already queued on it, here or in another
-  // process. For a peer that died with a record still queued behind its
+  // at once. For a peer that died with a record still queued behind its
   // work, which then never runs (call it only once that peer can no longer
-  // run work on the GPU).
+  // run work on the GPU): CUDA documents a wait as one for the record it
+  // was queued after, but a later record of the same event ends it too
+  // (an event counts its records; a wait is for the count to reach its
+  // record's), here or in another process. That is the driver's behaviour,
+  // not the API's promise, and for an importer whose exporter has died
+  // the API calls any use undefined: device.CudaShared.AWaitOnARecordAKilled*
+  // check both on the driver at hand.
   void record_now() const;
   // The host waits for its latest record.
   void synchronize() const;

@@ -128,12 +128,12 @@ class RemoteClient final : public ClientBackend {
   // sealed against resizing, which the daemon requires before it maps it.
   std::byte* staging(uint64_t bytes);
 
-  // Whether the daemon's end of the socket is still open (it has not exited
-  // or closed this connection).
-  bool socket_open() const;
   // Watches the daemon's socket for its hangup (started on first use: a
   // model on a GPU, whose stream waits on the daemon's events).
   transport::HangupWatch& hangup_watch();
+  // The daemon's pid as the kernel saw it at connect time; 0 where it is
+  // not visible from here (another pid namespace).
+  pid_t daemon_pid() const;
 
  private:
   // 1 MiB: a record, then up to ~32k views of a module and the message.
@@ -141,6 +141,7 @@ class RemoteClient final : public ClientBackend {
   static constexpr uint64_t kRingBytes = uint64_t{1} << 20;
 
   void set_up_ring();
+  bool socket_open() const;
   void wait_ring();
   transport::Frame receive();
   [[noreturn]] static void throw_gone(const Error& e);

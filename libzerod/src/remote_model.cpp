@@ -18,7 +18,8 @@ namespace zerod::abi::remote {
 
 RemoteModel::RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t device_id, const StreamLink& link)
     : client_(c), id_(id), registry_(1),
-      link_(device_type, device_id, link, device_type == ZD_DEVICE_CUDA ? &c.hangup_watch() : nullptr) {}
+      link_(device_type, device_id, link, device_type == ZD_DEVICE_CUDA ? &c.hangup_watch() : nullptr,
+            c.daemon_pid()) {}
 
 RemoteModel::~RemoteModel() {
   try {
@@ -27,9 +28,8 @@ RemoteModel::~RemoteModel() {
     // A broken job's end: the destroy below still detaches the model.
   }
   // The trainer's work on the views is done, and this side's mappings and
-  // events are gone, before the daemon frees what they refer to. A daemon
-  // that died left its last record of zerod_done unrun: released first.
-  link_.quiesce(!client_.socket_open());
+  // events are gone, before the daemon frees what they refer to.
+  link_.quiesce();
   arenas_.clear();
   try {
     v1::Request req;

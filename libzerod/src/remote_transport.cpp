@@ -195,6 +195,14 @@ transport::HangupWatch& RemoteClient::hangup_watch() {
   return *watch_;
 }
 
+pid_t RemoteClient::daemon_pid() const {
+  try {
+    return conn_.peer().pid;
+  } catch (...) {
+    return 0;
+  }
+}
+
 void RemoteClient::wait_ring() {
   if (timeout_ms_)
     wait_.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);

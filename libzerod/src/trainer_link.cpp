@@ -1,6 +1,8 @@
 #include "trainer_link.h"
 
 #include "error.h"
+#include "log.h"
+#include "transport/process_exit.h"
 
 #include <cstring>
 #include <limits>
@@ -19,6 +21,11 @@ namespace {
 // file can have is allowed, but it must be sealed that long, so a mapping
 // here can never fault.
 constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
+
+// How long the hangup watch waits for a daemon that closed this connection
+// to exit before it releases the trainer's stream (a killed daemon exits
+// within milliseconds; one in another pid namespace is taken for dead then).
+[[maybe_unused]] constexpr int kDaemonExitMs = 10000;
 
 [[noreturn, maybe_unused]] void no_cuda(const char* what) {
   fail(ZD_ERR_CONFIG, std::string(what) + ": the zerod daemon serves this rank on a GPU, but this libzerod was "
@@ -83,8 +90,8 @@ ImportedArena::ImportedArena(ImportedArena&&) noexcept = default;
 ImportedArena& ImportedArena::operator=(ImportedArena&&) noexcept = default;
 
 TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link,
-                         transport::HangupWatch* watch)
-    : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id) {
+                         transport::HangupWatch* watch, pid_t daemon_pid)
+    : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id), daemon_pid_(daemon_pid) {
   if (device_type_ != ZD_DEVICE_CUDA) return;
 #if defined(ZEROD_HAVE_CUDA)
   auto handle = [](const std::string& bytes) {
@@ -102,19 +109,32 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
   events_ = std::make_unique<Events>(
       Events{SharedEvent::open(handle(link.zerod_done)), SharedEvent::open(handle(link.trainer_done))});
   if (watch) {
-    // On the watch's thread, which has no GPU current.
+    // On the watch's thread, which has no GPU current. A daemon that only
+    // closed this connection runs its record still: released only once
+    // its process is gone (bounded: this holds the watch, which quiesce
+    // waits for).
     watch_ = watch;
     watch_id_ = watch->add([this] {
       if (cudaSetDevice(device_id_) != cudaSuccess) {
         cudaGetLastError();
         return;
       }
-      events_->zerod_done.record_now();
+      const SharedEvent& done = events_->zerod_done;
+      const std::string did = transport::release_when_gone(
+          daemon_pid_, kDaemonExitMs, kDaemonExitMs,
+          [&done] {
+            const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(done.get()));
+            cudaGetLastError();  // cudaErrorNotReady is no error: cleared for the next call on this thread
+            return e == cudaErrorNotReady;
+          },
+          [&done] { done.record_now(); });
+      if (!did.empty()) log_warn("the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: " + did);
     });
   }
 #else
   (void)link;
   (void)watch;
+  (void)daemon_pid_;
   no_cuda("zd_model_create");
 #endif
 }
@@ -144,26 +164,17 @@ void TrainerLink::before_call() {
 #endif
 }
 
-void TrainerLink::quiesce(bool daemon_gone) noexcept {
+void TrainerLink::quiesce() noexcept {
 #if defined(ZEROD_HAVE_CUDA)
   if (!events_) return;
-  unwatch();
   // The default stream (NULL) is the current GPU's: this rank's, then the
   // trainer's own choice back.
   int current = -1;
   const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
-  if (cudaSetDevice(device_id_) != cudaSuccess) {
+  if (cudaSetDevice(device_id_) != cudaSuccess ||
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
     cudaGetLastError();
-  } else {
-    if (daemon_gone) {
-      try {
-        events_->zerod_done.record_now();
-      } catch (...) {
-        cudaGetLastError();
-      }
-    }
-    if (cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess) cudaGetLastError();
-  }
+  unwatch();  // after the stream: its callback uses the events
   events_.reset();
   if (restore && cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
 #endif

@@ -50,10 +50,12 @@ class TrainerLink {
   // From the daemon's answer to zd_model_create: the rank's device and,
   // on a GPU, the StreamLink handles. Throws a clear error where this
   // libzerod cannot reach the device (built without CUDA). On a GPU,
-  // `watch` (the daemon's socket) releases the trainer's stream from its
-  // wait for zerod_done if the daemon dies (hangup_watch.h); it must
-  // outlive this.
-  TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link, transport::HangupWatch* watch);
+  // `watch` (the daemon's socket, which must outlive this) releases the
+  // trainer's stream from its wait for zerod_done if the daemon dies with
+  // that record unrun: once process `daemon_pid` has exited
+  // (transport/hangup_watch.h, process_exit.h).
+  TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link, transport::HangupWatch* watch,
+              pid_t daemon_pid);
   ~TrainerLink();
   TrainerLink(const TrainerLink&) = delete;
   TrainerLink& operator=(const TrainerLink&) = delete;
@@ -71,11 +73,10 @@ class TrainerLink {
   // last record of trainer_done) and closes this side's events. Unmapping
   // the pool is not ordered on any stream, and an event must not be used
   // here once the daemon has destroyed it. Best effort: an error (a broken
-  // context) leaves the rest of the teardown to go on. `daemon_gone`: the
-  // daemon died, perhaps with its last record of zerod_done still queued
-  // behind its work, which then never runs; the trainer's stream would
-  // wait for it forever, so that wait is released first.
-  void quiesce(bool daemon_gone) noexcept;
+  // context) leaves the rest of the teardown to go on. The hangup watch
+  // stays on until the stream is done: a daemon that dies meanwhile, its
+  // record of zerod_done unrun, does not leave this waiting forever.
+  void quiesce() noexcept;
 
  private:
   void unwatch() noexcept;
@@ -87,6 +88,7 @@ class TrainerLink {
   std::unique_ptr<Events> events_;
   transport::HangupWatch* watch_ = nullptr;
   int watch_id_ = -1;
+  pid_t daemon_pid_ = 0;
 };
 
 }  // namespace zerod::abi

@@ -7,10 +7,11 @@
 // record still queued behind its work never runs it, and the trainer's
 // stream would stop there for good, with the trainer's host thread stuck in
 // whatever next waits for its stream (`loss.item()`) and never reaching a
-// zerod call that would tell it the daemon is gone. On the hangup the
-// record is made again on an idle stream (SharedEvent::record_now), which
-// releases that wait, so the trainer's next zerod call fails with
-// ZD_ERR_PEER_LOST instead.
+// zerod call that would tell it the daemon is gone. On the hangup, once
+// the daemon's process has exited, the record is made again on an idle
+// stream (SharedEvent::record_now, process_exit.h), which releases that
+// wait, so the trainer's next zerod call fails with ZD_ERR_PEER_LOST
+// instead.
 #pragma once
 
 #include <functional>

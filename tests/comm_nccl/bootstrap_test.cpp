@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -364,6 +365,13 @@ TEST(Notices, TravelOverTheKeptConnectionsAndACloseReadsAsGone) {
 // What a daemon waiting in NCCL's setup hears from the others before its
 // notice thread runs (setup_news): nothing, a peer's failure in its words,
 // a close named, garbage named.
+// Waits (up to 5 s) until `fd` has something to read: loopback delivery
+// may lag on a busy machine, and setup_news only looks.
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 5000) == 1;
+}
+
 TEST(Notices, SetupNewsIsNothingAPeersWordsOrItsCloseNamed) {
   const int port = free_port();
   Outcome node;
@@ -383,13 +391,16 @@ TEST(Notices, SetupNewsIsNothingAPeersWordsOrItsCloseNamed) {
   n.status = ZD_ERR_IO;
   n.reason = "node 1 (host host1): NCCL could not set up the communicator of ranks 2-3: unhandled system error";
   ASSERT_TRUE(send_notice(node.result.fds[0], n));
+  ASSERT_TRUE(readable(root.result.fds[1]));
   EXPECT_EQ(setup_news(root.result.fds, peers, 0), n.reason);
 
   const std::string junk(16 + 1024, 'j');
   ASSERT_EQ(write(root.result.fds[1], junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  ASSERT_TRUE(readable(node.result.fds[0]));
   EXPECT_THAT(setup_news(node.result.fds, node.result.peers, 1), HasSubstr("node 0 (host " + peers[0].host));
 
   close_fds(node.result.fds);
+  ASSERT_TRUE(readable(root.result.fds[1]));
   const std::string closed = setup_news(root.result.fds, peers, 0);
   EXPECT_THAT(closed, HasSubstr("node 1 (host " + peers[1].host));
   EXPECT_THAT(closed, HasSubstr("pid " + std::to_string(peers[1].pid)));

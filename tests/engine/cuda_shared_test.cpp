@@ -7,14 +7,16 @@
 // child is SIGKILLed, and the parent's memory still holds them: a trainer
 // that dies loses nothing the daemon holds.
 //
-// The second test is what the daemon does for a trainer killed mid-step
-// (daemon/server/trainer_exit.h): the child records the parent's event
-// behind work that never finishes, and is SIGKILLed; the parent's stream
-// waits on that record, which never runs. A record of the same event on an
-// idle stream (SharedEvent::record_now) must release that wait. It also
-// says whether the wait was still held after the kill (what the release is
-// for), and checks that the parent's cudaEventQuery sees the child's record
-// pending (what Device::trainer_pending asks).
+// The second and third tests are what each side does when the other dies
+// mid-step (transport/process_exit.h): the child records an event behind
+// work that never finishes, and is SIGKILLed; the parent's stream waits on
+// that record, which never runs. A record of the same event on an idle
+// stream (SharedEvent::record_now) must release that wait: the daemon's
+// own event after its trainer died (the second), and the trainer's
+// imported event after the daemon that created it died (the third). Each
+// also says whether the wait was still held after the kill (what the
+// release is for), and checks that the parent's cudaEventQuery sees the
+// child's record pending (what Device::trainer_pending asks).
 //
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
 // executable, each test forking before anything starts CUDA in its process
@@ -89,8 +91,20 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
   _exit(0);
 }
 
-// The second test's child: records the parent's event behind a host
-// function that never returns, says so, and waits to be killed.
+// Records `e` on a new stream behind a host function that never returns:
+// a record that runs only if the process lives on, which it will not.
+void record_behind_endless_work(const SharedEvent& e) {
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
+  auto endless = [](void*) {
+    for (;;) pause();
+  };
+  if (cudaLaunchHostFunc(s, endless, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
+  e.record(s);
+}
+
+// The killed trainer (the second test's child): records the parent's event
+// behind endless work, says so, and waits to be killed.
 [[noreturn]] void child_records_behind_endless_work(Connection& c) {
   std::string answer;
   try {
@@ -99,19 +113,33 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
     if (f.body.size() != sizeof(SharedEventHandle)) throw std::runtime_error("a malformed offer");
     SharedEventHandle h;
     std::memcpy(&h, f.body.data(), sizeof h);
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
-    auto endless = [](void*) {
-      for (;;) pause();
-    };
-    if (cudaLaunchHostFunc(s, endless, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
     SharedEvent done = SharedEvent::open(h);
-    done.record(s);
+    record_behind_endless_work(done);
   } catch (const std::exception& e) {
     answer = e.what();
   }
   FrameHeader h;
   c.send(h, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
+  pause();
+  _exit(0);
+}
+
+// The killed daemon (the third test's child): creates the event, sends its
+// handle, records it behind endless work, says so, and waits to be killed.
+[[noreturn]] void child_creates_and_records_behind_endless_work(Connection& c) {
+  if (!gpu_missing().empty()) _exit(kNoGpu);
+  std::string answer;
+  SharedEventHandle h{};
+  try {
+    static SharedEvent done = SharedEvent::create();  // lives until the kill
+    h = done.handle();
+    c.send(FrameHeader{}, std::as_bytes(std::span(&h, 1)), {}, 30000);
+    Frame opened = c.receive(1024, 60000);  // the parent has opened it
+    record_behind_endless_work(done);
+  } catch (const std::exception& e) {
+    answer = e.what();
+  }
+  c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
   pause();
   _exit(0);
 }
@@ -169,6 +197,43 @@ TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x22));
 }
 
+// The common part of the last two tests: `event`'s latest record is the
+// child's, queued behind endless work. This process's stream waits on it;
+// the child is killed; record_now must release the wait.
+void expect_a_killed_record_released(const SharedEvent& event, pid_t child, const char* who) {
+  cudaStream_t waiting = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  event.wait_on(waiting);
+  ASSERT_EQ(cudaEventRecord(after, waiting), cudaSuccess);
+  EXPECT_FALSE(completes_within(after, 500)) << "the wait holds while the child's work runs";
+  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(event.get())), cudaErrorNotReady)
+      << "this process sees the other's record pending (Device::trainer_pending asks so)";
+  cudaGetLastError();
+
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  const bool held_after_kill = !completes_within(after, 2000);
+  std::printf("%s: a record left queued by a SIGKILLed process: the wait on it was %s 2 s after the kill\n", who,
+              held_after_kill ? "still held (the release is needed)" : "released by the driver itself");
+  ::testing::Test::RecordProperty("held_after_kill", held_after_kill ? "yes" : "no");
+
+  event.record_now();
+  if (!completes_within(after, 10000)) {
+    // A stream that waits forever would hang this process's teardown too.
+    std::fprintf(stderr, "FAILED (%s): record_now did not release the wait on the killed process's record\n", who);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(1);
+  }
+  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(event.get())), cudaSuccess);
+  cudaEventDestroy(after);
+  cudaStreamDestroy(waiting);
+}
+
+// The daemon's side: its own event, the killed trainer's record.
 TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
   const pid_t pid = fork();
@@ -187,38 +252,34 @@ TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
+  expect_a_killed_record_released(trainer_done, pid, "the daemon's side");
+}
 
-  // The daemon's side: its stream waits for the trainer's latest record.
-  cudaStream_t daemon_stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&daemon_stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaEvent_t after = nullptr;
-  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
-  trainer_done.wait_on(daemon_stream);
-  ASSERT_EQ(cudaEventRecord(after, daemon_stream), cudaSuccess);
-  EXPECT_FALSE(completes_within(after, 500)) << "the wait holds while the child's work runs";
-  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(trainer_done.get())), cudaErrorNotReady)
-      << "the creator sees the other process's record pending (Device::trainer_pending)";
-  cudaGetLastError();
+// The trainer's side: the killed daemon's event (imported here), the killed
+// daemon's record. CUDA leaves use of an imported event after its exporter
+// freed it undefined; this says what the driver does.
+TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
+  auto [parent_end, child_end] = connection_pair();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) child_creates_and_records_behind_endless_work(child_end);
 
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  const bool held_after_kill = !completes_within(after, 2000);
-  std::printf("a record left queued by a SIGKILLed process: the wait on it was %s 2 s after the kill\n",
-              held_after_kill ? "still held (the release below is needed)" : "released by the driver itself");
-  RecordProperty("held_after_kill", held_after_kill ? "yes" : "no");
-
-  trainer_done.record_now();
-  if (!completes_within(after, 10000)) {
-    // A stream that waits forever would hang this process's teardown too.
-    std::fprintf(stderr, "FAILED: record_now did not release the wait on the killed process's record\n");
-    std::fflush(stdout);
-    std::fflush(stderr);
-    _exit(1);
+  const std::string missing = gpu_missing();
+  if (!missing.empty()) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
   }
-  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(trainer_done.get())), cudaSuccess);
-  cudaEventDestroy(after);
-  cudaStreamDestroy(daemon_stream);
+  Frame offer = parent_end.receive(1024, 60000);
+  ASSERT_EQ(offer.body.size(), sizeof(SharedEventHandle));
+  SharedEventHandle h;
+  std::memcpy(&h, offer.body.data(), sizeof h);
+  SharedEvent zerod_done = SharedEvent::open(h);
+  parent_end.send(FrameHeader{}, {}, {}, 30000);
+  Frame answer = parent_end.receive(4096, 60000);
+  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
+  ASSERT_EQ(said, "") << "the child: " << said;
+  expect_a_killed_record_released(zerod_done, pid, "the trainer's side");
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ JOB = "return { zero = { stage = 3 } }\n"  # checked by zerod run; each integrat
 
 
 def env(**extra):
-    return rank_env(ZEROD_TEST_DEVICE="cuda", ZEROD_TEST_WORLD=WORLD, **extra)
+    return rank_env(**{"ZEROD_TEST_DEVICE": "cuda", "ZEROD_TEST_WORLD": WORLD, **extra})
 
 
 def ranks_of(script, *args, tmp_job):

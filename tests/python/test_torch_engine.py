@@ -303,3 +303,36 @@ def test_non_reentrant_checkpointing_trains_as_without(stage, modules):
     plain = losses(GPT)
     assert plain[-1] < plain[0]
     assert losses(CheckpointedGPT, reentrant=False) == pytest.approx(plain, rel=1e-6)
+
+
+def test_deepspeed_initialize_places_the_model_as_deepspeed_does(monkeypatch):
+    """zerod.deepspeed.initialize moves a model that is all on the CPU to
+    its rank's GPU (local_rank modulo the GPUs, made current) where torch
+    sees one, as DeepSpeed's engine does; DS_ACCELERATOR=cpu keeps it, and
+    an integration that placed it itself passes _placement=None. The GPUs
+    are played by the test: the move is recorded, not made."""
+    import zerod.deepspeed as zds
+
+    moved, current = [], []
+
+    class Model(torch.nn.Linear):
+        def to(self, *args, **kwargs):
+            moved.append(args[0])
+            return self
+
+    class Client:
+        class info:
+            local_rank = 3
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    zds._place_as_deepspeed(Model(2, 2), Client())
+    assert moved == [torch.device("cuda", 1)] and current == moved
+    moved.clear()
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    zds._place_as_deepspeed(Model(2, 2), Client())
+    assert moved == []
+    zds._place_on(Model(2, 2), torch.device("cpu"))
+    assert moved == [], "an integration's CPU device keeps it there"

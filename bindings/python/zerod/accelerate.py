@@ -140,7 +140,7 @@ class ZerodAccelerator(Accelerator):
         model.to(self.device)
         engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=scheds[0] if scheds else None,
                                  config=self._zerod_config(loaders), modules=self._zerod["modules"],
-                                 client=self._zerod["client"],
+                                 client=self._zerod["client"], _placement=None,
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
         wrapped = {id(model): _ZerodModel(model, engine, self),

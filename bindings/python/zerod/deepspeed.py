@@ -69,14 +69,19 @@ zero = _ZeroNamespace()
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, mesh_param=None, config_params=None, *, modules=None, client=None, param_dtype=None):
+               config=None, mesh_param=None, config_params=None, *, modules=None, client=None, param_dtype=None,
+               _placement="deepspeed"):
     """DeepSpeed's initialize(): returns (engine, optimizer, training_dataloader,
     lr_scheduler). zerod's own keywords: `modules` chooses the zerod modules,
     as in zerod.torch.initialize; `param_dtype` is the type the model's
     parameters are registered in (default: float16 with fp16 enabled,
     bfloat16 with bf16, else as they are). torch.float32 with fp16 enabled is
     autocast's mixed precision: fp32 parameters, zerod's loss scaling (what
-    Lightning's "16-mixed" and Accelerate's "fp16" run on)."""
+    Lightning's "16-mixed" and Accelerate's "fp16" run on). `_placement` is
+    the integrations' (zerod.lightning, zerod.accelerate,
+    zerod.transformers): None where they placed the model themselves, a
+    torch.device where it is to go; a script's call places it as DeepSpeed
+    does (_place_as_deepspeed)."""
     if model is None:
         raise InvalidArgumentError("initialize: model is required")
     if mpu is not None or mesh_param is not None:
@@ -124,7 +129,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise InvalidArgumentError(f"initialize: param_dtype={param_dtype} with this config's precision "
                                        f"({dtype or torch.float32}); parameters are registered in it or in float32")
         dtype = param_dtype
-    _place_as_deepspeed(model, client)
+    if _placement == "deepspeed":
+        _place_as_deepspeed(model, client)
+    elif _placement is not None:
+        _place_on(model, torch.device(_placement))
     text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
     engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
                             modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
@@ -144,10 +152,16 @@ def _place_as_deepspeed(model, client):
     model the script placed itself stays where it is."""
     if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available():
         return
+    _place_on(model, torch.device("cuda", client.info.local_rank % torch.cuda.device_count()))
+
+
+def _place_on(model, device):
+    """A model all on the CPU to `device` (a GPU made current); else as it is."""
     tensors = list(model.parameters()) + list(model.buffers())
-    if not tensors or any(t.device.type != "cpu" for t in tensors):
+    if device.type != "cuda" or not tensors or any(t.device.type != "cpu" for t in tensors):
         return
-    device = torch.device("cuda", client.info.local_rank % torch.cuda.device_count())
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     model.to(device)
 

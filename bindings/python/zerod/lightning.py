@@ -352,7 +352,7 @@ class ZerodStrategy(ParallelStrategy):
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
-                                      modules=self.modules, client=self._client,
+                                      modules=self.modules, client=self._client, _placement=None,
                                       param_dtype=torch.float32 if precision.endswith("-mixed") else None)[0]
         self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
 

@@ -160,7 +160,8 @@ class _ZerodDeepSpeedAccelerator(Accelerator):
             self._zerod_torch_optimizer = optimizer
         engine, opt, _, sched = _zds.initialize(
             model=model, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler,
-            config=config_params, modules=trainer._zerod["modules"], client=trainer._zerod["client"])
+            config=config_params, modules=trainer._zerod["modules"], client=trainer._zerod["client"],
+            _placement=trainer.args.device)  # where the Trainer puts the batches; DeepSpeed's engine places the model
         self.zerod_engine = engine
         return engine, opt, None, sched
 
