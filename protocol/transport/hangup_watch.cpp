@@ -14,13 +14,21 @@
 
 namespace zerod::transport {
 
-HangupWatch::HangupWatch(int socket_fd) : socket_fd_(socket_fd) {
+HangupWatch::HangupWatch(int socket_fd) : socket_fd_(socket_fd), owner_(::getpid()) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) fail(ZD_ERR_IO, std::string("watching the daemon's socket: eventfd: ") + std::strerror(errno));
   thread_ = std::thread([this] { run(); });
 }
 
 HangupWatch::~HangupWatch() {
+  if (::getpid() != owner_) {
+    // A forked child: the thread is the parent's (joining it here would
+    // wait on a thread this process does not have, and destroying it
+    // joinable would abort). Let go of it.
+    new std::thread(std::move(thread_));  // never destroyed, on purpose
+    ::close(wake_fd_);
+    return;
+  }
   const uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof one) < 0) {
     // An eventfd write fails only on overflow, which one write cannot cause.

@@ -14,6 +14,8 @@
 // instead.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,7 +28,10 @@ class HangupWatch {
   // Watches `socket_fd` (not owned: it must stay open until this is
   // destroyed). Starts its thread at once.
   explicit HangupWatch(int socket_fd);
-  ~HangupWatch();  // stops the thread; callbacks not yet run never run
+  // Stops the thread; callbacks not yet run never run. In a child forked
+  // after the thread started (a DataLoader worker that ends its
+  // interpreter), which has no such thread, it only lets go of it.
+  ~HangupWatch();
   HangupWatch(const HangupWatch&) = delete;
   HangupWatch& operator=(const HangupWatch&) = delete;
 
@@ -41,6 +46,7 @@ class HangupWatch {
   void run();
 
   int socket_fd_;
+  pid_t owner_;       // the process whose thread watches
   int wake_fd_ = -1;  // an eventfd: the destructor's word to the thread
   mutable std::mutex mu_;
   std::map<int, std::function<void()>> callbacks_;

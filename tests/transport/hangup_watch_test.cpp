@@ -85,5 +85,33 @@ TEST(HangupWatch, StopsWhenDestroyedWithThePeerStillThere) {
   EXPECT_EQ(ran.load(), 0) << "a destroyed watch runs nothing";
 }
 
+TEST(HangupWatch, AForkedChildDestroysItsCopyWithoutWaitingForTheParentsThread) {
+  auto [mine, theirs] = connection_pair();
+  auto* watch = new HangupWatch(mine.fd());
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    delete watch;  // the child has no watch thread: this must neither hang nor abort
+    _exit(0);
+  }
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 500 && !ended; ++i) {
+    ended = waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(10ms);
+  }
+  if (!ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ADD_FAILURE() << "the child hung destroying its copy";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  std::atomic<int> ran{0};
+  watch->add([&] { ran.fetch_add(1); });
+  theirs.shutdown();
+  EXPECT_TRUE(soon(ran, 1)) << "the parent's watch still works";
+  delete watch;
+}
+
 }  // namespace
 }  // namespace zerod::transport
