@@ -330,12 +330,18 @@ TEST(Bootstrap, ANodeAnsweredByAStrangerSaysItIsNotARoot) {
   EXPECT_THAT(o.error, HasSubstr("is not a zerod nccl root"));
 }
 
-TEST(Notices, TravelOverTheKeptConnectionsAndACloseReadsAsGone) {
+// A root and one node through the exchange: (root, node).
+std::pair<Outcome, Outcome> exchange_of_two() {
   const int port = free_port();
   Outcome node;
   std::thread t([&] { node = run(request(1, 2, port)); });
   Outcome root = run(request(0, 2, port));
   t.join();
+  return {std::move(root), std::move(node)};
+}
+
+TEST(Notices, TravelOverTheKeptConnectionsAndACloseReadsAsGone) {
+  auto [root, node] = exchange_of_two();
   ASSERT_EQ(root.status, ZD_OK) << root.error;
   ASSERT_EQ(node.status, ZD_OK) << node.error;
   ASSERT_EQ(root.result.fds.size(), 2u);
@@ -373,11 +379,7 @@ bool readable(int fd) {
 }
 
 TEST(Notices, SetupNewsIsNothingAPeersWordsOrItsCloseNamed) {
-  const int port = free_port();
-  Outcome node;
-  std::thread t([&] { node = run(request(1, 2, port)); });
-  Outcome root = run(request(0, 2, port));
-  t.join();
+  auto [root, node] = exchange_of_two();
   ASSERT_EQ(root.status, ZD_OK) << root.error;
   ASSERT_EQ(node.status, ZD_OK) << node.error;
   const std::vector<PeerInfo>& peers = root.result.peers;

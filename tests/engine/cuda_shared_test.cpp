@@ -158,18 +158,27 @@ bool completes_within(cudaEvent_t e, int ms) {
   }
 }
 
-TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
-  auto [parent_end, child_end] = connection_pair();
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child(child_end);
-
-  const std::string missing = gpu_missing();
+// Forks `body` as the child, before this process starts CUDA. "" where
+// this process sees a GPU; else why not, the child (which exits at once
+// then) reaped.
+std::string start_child(void (*body)(Connection&), Connection& child_end, pid_t* pid) {
+  *pid = fork();
+  if (*pid < 0) return "";  // the test's ASSERT_GT(pid, 0) fails
+  if (*pid == 0) body(child_end);
+  std::string missing = gpu_missing();
   if (!missing.empty()) {
     int status = 0;
-    waitpid(pid, &status, 0);
-    GTEST_SKIP() << "shared GPU memory cannot be tested here: " << missing;
+    waitpid(*pid, &status, 0);
   }
+  return missing;
+}
+
+TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
+  auto [parent_end, child_end] = connection_pair();
+  pid_t pid = 0;
+  if (const std::string missing = start_child(child, child_end, &pid); !missing.empty())
+    GTEST_SKIP() << "shared GPU memory cannot be tested here: " << missing;
+  ASSERT_GT(pid, 0);
   SharedDeviceChunk chunk = SharedDeviceChunk::allocate(0, kBytes, "the test's chunk");
   EXPECT_GE(chunk.size(), kBytes);
   EXPECT_EQ(chunk.size() % cuda_shared_granularity(0), 0u);
@@ -236,16 +245,10 @@ void expect_a_killed_record_released(const SharedEvent& event, pid_t child, cons
 // The daemon's side: its own event, the killed trainer's record.
 TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child_records_behind_endless_work(child_end);
-
-  const std::string missing = gpu_missing();
-  if (!missing.empty()) {
-    int status = 0;
-    waitpid(pid, &status, 0);
+  pid_t pid = 0;
+  if (const std::string missing = start_child(child_records_behind_endless_work, child_end, &pid); !missing.empty())
     GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
-  }
+  ASSERT_GT(pid, 0);
   SharedEvent trainer_done = SharedEvent::create();
   const SharedEventHandle h = trainer_done.handle();
   parent_end.send(FrameHeader{}, std::as_bytes(std::span(&h, 1)), {}, 30000);
@@ -260,16 +263,10 @@ TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
 // freed it undefined; this says what the driver does.
 TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) child_creates_and_records_behind_endless_work(child_end);
-
-  const std::string missing = gpu_missing();
-  if (!missing.empty()) {
-    int status = 0;
-    waitpid(pid, &status, 0);
+  pid_t pid = 0;
+  if (const std::string missing = start_child(child_creates_and_records_behind_endless_work, child_end, &pid); !missing.empty())
     GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
-  }
+  ASSERT_GT(pid, 0);
   Frame offer = parent_end.receive(1024, 60000);
   ASSERT_EQ(offer.body.size(), sizeof(SharedEventHandle));
   SharedEventHandle h;
