@@ -416,12 +416,7 @@ class CudaDevice final : public Device {
   bool trainer_pending() const override {
     if (!shared_) return false;
     current();
-    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(trainer_done_shared_.get()));
-    if (e == cudaErrorNotReady) {
-      cudaGetLastError();  // not an error: clear it for the next call on this thread
-      return true;
-    }
-    return false;
+    return trainer_done_shared_.pending();
   }
 
   void release_trainer() const override {

@@ -273,6 +273,12 @@ void SharedEvent::synchronize() const {
   check_rt(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "waiting for an event");
 }
 
+bool SharedEvent::pending() const {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  cudaGetLastError();  // cudaErrorNotReady is no error: cleared for the next call on this thread
+  return e == cudaErrorNotReady;
+}
+
 SharedEvent::~SharedEvent() {
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }

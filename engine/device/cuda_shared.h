@@ -103,6 +103,9 @@ class SharedEvent {
   void record_now() const;
   // The host waits for its latest record.
   void synchronize() const;
+  // Whether its latest record, made here or in another process, has not run
+  // yet (any other answer, an error included, is false).
+  bool pending() const;
 
  private:
   void* event_ = nullptr;

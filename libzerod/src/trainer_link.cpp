@@ -121,12 +121,7 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
       }
       const SharedEvent& done = events_->zerod_done;
       const std::string did = transport::release_when_gone(
-          daemon_pid_, kDaemonExitMs, kDaemonExitMs,
-          [&done] {
-            const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(done.get()));
-            cudaGetLastError();  // cudaErrorNotReady is no error: cleared for the next call on this thread
-            return e == cudaErrorNotReady;
-          },
+          daemon_pid_, kDaemonExitMs, kDaemonExitMs, [&done] { return done.pending(); },
           [&done] { done.record_now(); });
       if (!did.empty()) log_warn("the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: " + did);
     });
