@@ -368,8 +368,11 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       r->set_device_type(d.dlpack_type());
       r->set_device_id(d.ordinal());
       const StreamLink link = d.stream_link();
-      r->set_zerod_done(link.zerod_done);
-      r->set_trainer_done(link.trainer_done);
+      if (link.memory_fd >= 0) {
+        r->set_signal_bytes(link.memory_bytes);
+        fds->push_back(link.memory_fd);
+        fds->push_back(link.counts_fd);
+      }
       return;
     }
     case v1::Request::kDestroyModel: {

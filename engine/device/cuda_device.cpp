@@ -60,10 +60,7 @@ class CudaDevice final : public Device {
   CudaDevice(MemoryLedger& ledger, int device, std::string name, bool shared)
       : ledger_(ledger), device_(device), name_(std::move(name)), shared_(shared) {
     check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_));
-    if (shared_) {
-      zerod_done_ = SharedEvent::create();
-      trainer_done_shared_ = SharedEvent::create();
-    }
+    if (shared_) signals_ = SharedSignals::create(device_, name_ + "'s stream signals");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating zerod's stream");
     check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "creating an event");
     check(cudaEventCreateWithFlags(&trainer_done_, cudaEventDisableTiming), "creating an event");
@@ -185,12 +182,7 @@ class CudaDevice final : public Device {
 
   StreamLink stream_link() const override {
     if (!shared_) return {};
-    current();  // the handles are read on the daemon's session thread
-    auto bytes = [](const SharedEvent& e) {
-      const SharedEventHandle h = e.handle();
-      return std::string(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
-    };
-    return {bytes(zerod_done_), bytes(trainer_done_shared_)};
+    return {signals_.memory_fd(), signals_.memory_bytes(), signals_.counts_fd()};
   }
 
   void register_host(void* ptr, uint64_t bytes) override {
@@ -395,7 +387,7 @@ class CudaDevice final : public Device {
     current();
     std::lock_guard<std::mutex> lock(event_mu_);
     if (shared_) {
-      zerod_done_.record(stream_);
+      signals_.record(kZerodDone, stream_);
       return;
     }
     check(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
@@ -406,7 +398,7 @@ class CudaDevice final : public Device {
     current();
     std::lock_guard<std::mutex> lock(event_mu_);
     if (shared_) {
-      trainer_done_shared_.wait_on(stream_);
+      signals_.wait_on(kTrainerDone, stream_);
       return;
     }
     check(cudaEventRecord(trainer_done_, trainer_), "recording the trainer's work");
@@ -416,13 +408,13 @@ class CudaDevice final : public Device {
   bool trainer_pending() const override {
     if (!shared_) return false;
     current();
-    return trainer_done_shared_.pending();
+    return signals_.pending(kTrainerDone);
   }
 
   void release_trainer() const override {
     if (!shared_) return;
     current();
-    trainer_done_shared_.record_now();
+    signals_.release(kTrainerDone);
   }
 
   void synchronize() override {
@@ -515,7 +507,7 @@ class CudaDevice final : public Device {
   int device_;
   std::string name_;
   bool shared_;
-  SharedEvent zerod_done_, trainer_done_shared_;  // a shared device's StreamLink
+  SharedSignals signals_;  // a shared device's StreamLink
   std::string description_;
   std::string gpu_description_;  // description_ without the budget
   uint64_t default_budget_ = 0;  // the budget chosen here (the job set none), for the whole GPU; 0: the job's

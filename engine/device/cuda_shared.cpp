@@ -1,12 +1,18 @@
 #include "cuda_shared.h"
 
 #include "error.h"
+#include "memory/arena.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -29,6 +35,8 @@ struct Driver {
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemRelease) release = nullptr;
   decltype(&cuGetErrorString) error_string = nullptr;
+  decltype(&cuStreamWriteValue32) write_value = nullptr;
+  decltype(&cuStreamWaitValue32) wait_value = nullptr;
   std::string missing;  // why it could not be loaded
 };
 
@@ -61,6 +69,8 @@ const Driver& driver() {
     load(&d.set_access, "cuMemSetAccess", &d.missing);
     load(&d.release, "cuMemRelease", &d.missing);
     load(&d.error_string, "cuGetErrorString", &d.missing);
+    load(&d.write_value, "cuStreamWriteValue32", &d.missing);
+    load(&d.wait_value, "cuStreamWaitValue32", &d.missing);
   });
   if (!d.missing.empty()) fail(ZD_ERR_NOT_IMPLEMENTED, "shared GPU memory: " + d.missing);
   return d;
@@ -225,70 +235,124 @@ SharedDeviceChunk& SharedDeviceChunk::operator=(SharedDeviceChunk&& o) noexcept 
   return *this;
 }
 
-SharedEvent SharedEvent::create() {
-  SharedEvent e;
-  cudaEvent_t ev = nullptr;
-  check_rt(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming), "creating an event");
-  e.event_ = ev;
-  return e;
+namespace {
+
+CUdeviceptr address(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+
+SignalCounts* map_counts(int fd, const std::string& what) {
+  void* p = mmap(nullptr, kSignalPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) fail(ZD_ERR_OUT_OF_MEMORY, what + ": mapping its page: " + errno_text(errno));
+  return static_cast<SignalCounts*>(p);
 }
 
-SharedEvent SharedEvent::open(const SharedEventHandle& h) {
-  cudaIpcEventHandle_t ipc{};
-  static_assert(sizeof ipc == sizeof h.bytes, "an event handle is 64 bytes");
-  std::memcpy(&ipc, h.bytes, sizeof ipc);
-  SharedEvent e;
-  cudaEvent_t ev = nullptr;
-  check_rt(cudaIpcOpenEventHandle(&ev, ipc), "opening another process's event");
-  e.event_ = ev;
-  return e;
+// A stream that holds nothing else, for a write or read that must not wait
+// behind a stream that may never move again. Non-blocking: the legacy
+// default stream (a trainer's, perhaps the one that waits) does not order it.
+class IdleStream {
+ public:
+  IdleStream() { check_rt(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "creating a stream"); }
+  ~IdleStream() { cudaStreamDestroy(s_); }
+  IdleStream(const IdleStream&) = delete;
+  IdleStream& operator=(const IdleStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+}  // namespace
+
+SharedSignals SharedSignals::create(int device, const std::string& what) {
+  SharedSignals s;
+  s.memory_ = SharedDeviceChunk::allocate(device, kSignalCount * sizeof(uint32_t), what);
+  {
+    const IdleStream idle;
+    check_rt(cudaMemsetAsync(s.memory_.data(), 0, kSignalCount * sizeof(uint32_t), idle.get()), "zeroing " + what);
+    check_rt(cudaStreamSynchronize(idle.get()), "zeroing " + what);
+  }
+  s.memory_fd_ = s.memory_.export_fd();
+  s.page_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
+  s.counts_ = new (s.page_->base()) SignalCounts{};
+  s.counts_fd_ = s.page_->fd();
+  s.record_mu_ = std::make_unique<std::mutex>();
+  return s;
 }
 
-SharedEventHandle SharedEvent::handle() const {
-  cudaIpcEventHandle_t ipc{};
-  check_rt(cudaIpcGetEventHandle(&ipc, static_cast<cudaEvent_t>(event_)), "sharing an event");
-  SharedEventHandle h;
-  std::memcpy(h.bytes, &ipc, sizeof h.bytes);
-  return h;
+SharedSignals SharedSignals::import(int memory_fd, uint64_t memory_bytes, int counts_fd, int device) {
+  const std::string what = "the daemon's stream signals";
+  if (memory_bytes < kSignalCount * sizeof(uint32_t))
+    fail(ZD_ERR_INTERNAL, what + ": " + std::to_string(memory_bytes) + " bytes of GPU memory, too few");
+  SharedSignals s;
+  s.memory_ = SharedDeviceChunk::import(memory_fd, memory_bytes, device);
+  s.counts_ = map_counts(counts_fd, what);
+  s.record_mu_ = std::make_unique<std::mutex>();
+  return s;
 }
 
-void SharedEvent::record(void* stream) const {
-  check_rt(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)), "recording an event");
+void SharedSignals::record(SignalId id, void* stream) const {
+  std::lock_guard<std::mutex> lock(*record_mu_);
+  const uint64_t n = counts_->issued[id].load(std::memory_order_relaxed) + 1;
+  // The default flags put a memory barrier before the write: what the
+  // stream wrote before is visible to whoever the word releases.
+  check(driver().write_value(static_cast<CUstream>(stream), address(word(id)), static_cast<uint32_t>(n),
+                             CU_STREAM_WRITE_VALUE_DEFAULT),
+        "recording a stream signal");
+  // Published once queued: a number the other side reads is always on its way.
+  counts_->issued[id].store(n, std::memory_order_release);
 }
 
-void SharedEvent::record_now() const {
-  cudaStream_t idle = nullptr;
-  check_rt(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), "creating a stream");
-  const cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event_), idle);
-  cudaStreamDestroy(idle);  // its resources go once the record has run
-  check_rt(e, "recording an event");
+void SharedSignals::wait_on(SignalId id, void* stream) const {
+  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
+  if (n == 0) return;  // never recorded: nothing to wait for
+  check(driver().wait_value(static_cast<CUstream>(stream), address(word(id)), static_cast<uint32_t>(n),
+                            CU_STREAM_WAIT_VALUE_GEQ),
+        "waiting for a stream signal");
 }
 
-void SharedEvent::wait_on(void* stream) const {
-  check_rt(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
-           "waiting for an event");
+void SharedSignals::release(SignalId id) const {
+  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
+  const IdleStream idle;
+  check(driver().write_value(idle.get(), address(word(id)), static_cast<uint32_t>(n), CU_STREAM_WRITE_VALUE_DEFAULT),
+        "releasing a stream signal");
+  check_rt(cudaStreamSynchronize(idle.get()), "releasing a stream signal");
 }
 
-void SharedEvent::synchronize() const {
-  check_rt(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "waiting for an event");
+bool SharedSignals::pending(SignalId id) const {
+  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
+  if (n == 0) return false;
+  uint32_t seen = 0;
+  try {
+    const IdleStream idle;
+    if (cudaMemcpyAsync(&seen, word(id), sizeof seen, cudaMemcpyDeviceToHost, idle.get()) != cudaSuccess ||
+        cudaStreamSynchronize(idle.get()) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return signal_behind(seen, n);
 }
 
-bool SharedEvent::pending() const {
-  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
-  cudaGetLastError();  // cudaErrorNotReady is no error: cleared for the next call on this thread
-  return e == cudaErrorNotReady;
+SharedSignals::~SharedSignals() {
+  if (counts_ && !page_) munmap(counts_, kSignalPageBytes);  // an imported page; a created one is page_'s
+  if (memory_fd_ >= 0) ::close(memory_fd_);
 }
 
-SharedEvent::~SharedEvent() {
-  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-}
+SharedSignals::SharedSignals(SharedSignals&& o) noexcept
+    : memory_(std::move(o.memory_)), memory_fd_(std::exchange(o.memory_fd_, -1)),
+      page_(std::move(o.page_)), counts_(std::exchange(o.counts_, nullptr)),
+      counts_fd_(std::exchange(o.counts_fd_, -1)), record_mu_(std::move(o.record_mu_)) {}
 
-SharedEvent::SharedEvent(SharedEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
-
-SharedEvent& SharedEvent::operator=(SharedEvent&& o) noexcept {
+SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
   if (this != &o) {
-    if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-    event_ = std::exchange(o.event_, nullptr);
+    SharedSignals gone(std::move(*this));  // what this held goes at the end of the scope
+    memory_ = std::move(o.memory_);
+    memory_fd_ = std::exchange(o.memory_fd_, -1);
+    page_ = std::move(o.page_);
+    counts_ = std::exchange(o.counts_, nullptr);
+    counts_fd_ = std::exchange(o.counts_fd_, -1);
+    record_mu_ = std::move(o.record_mu_);
   }
   return *this;
 }

@@ -13,8 +13,7 @@
 // the memory. The memory lives until every process has unmapped it and
 // closed its handle, so a trainer that dies leaves the daemon's copy intact.
 //
-// Events: cudaEventInterprocess events; their 64-byte handle travels as
-// plain bytes.
+// Order between the two processes' streams: SharedSignals, below.
 //
 // The driver's entry points are looked up through the runtime
 // (cudaGetDriverEntryPointByVersion) rather than linked, so libzerod still
@@ -23,10 +22,16 @@
 // Built only with CUDA (ZEROD_HAVE_CUDA).
 #pragma once
 
+#include "signal_counts.h"
+
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace zerod {
+
+class SharedArena;  // memory/arena.h
 
 // The size allocations on `device` are rounded up to (the driver's
 // recommended granularity for shareable allocations).
@@ -66,49 +71,67 @@ class SharedDeviceChunk {
   int device_ = -1;
 };
 
-// An event one process records and another waits on.
-struct SharedEventHandle {
-  unsigned char bytes[64];
-};
-
-class SharedEvent {
+// Order between a stream in one process and a stream in another, that
+// either side can release when the other dies. Each signal (signal_counts.h)
+// is a 32-bit word in GPU memory both processes map (a SharedDeviceChunk)
+// and a count of its records in a host page both map. record() has the
+// stream write the record's number into the word when it gets there
+// (cuStreamWriteValue32, after a memory barrier, so everything the stream
+// did before is visible first) and then publishes the number; wait_on() has
+// a stream wait until the word reaches the latest number published
+// (cuStreamWaitValue32). A process killed with a record still queued never
+// writes it; release(), once that process has exited, writes the latest
+// number from a stream of its own and so ends every wait for it.
+//
+// Why not interprocess CUDA events: a wait on a cudaEventInterprocess record
+// that its process never ran holds for good, and a later record of the same
+// event does not end it (device.CudaShared.* on an H200, 2026-11-27: still
+// held 10 s after the later record).
+class SharedSignals {
  public:
-  SharedEvent() = default;
-  // A new interprocess event on the current GPU.
-  static SharedEvent create();
-  // Opens an event another process created.
-  static SharedEvent open(const SharedEventHandle& h);
-  ~SharedEvent();
-  SharedEvent(SharedEvent&& o) noexcept;
-  SharedEvent& operator=(SharedEvent&& o) noexcept;
-  SharedEvent(const SharedEvent&) = delete;
-  SharedEvent& operator=(const SharedEvent&) = delete;
+  SharedSignals() = default;
+  // The daemon's: the words on GPU `device`, zeroed, and the page of counts
+  // (a sealed memfd). `what` names them in errors.
+  static SharedSignals create(int device, const std::string& what);
+  // The trainer's: maps what another process created: `memory_fd` and
+  // `memory_bytes` its words (as SharedDeviceChunk::import), `counts_fd`
+  // its page, which the caller has checked is a memfd of kSignalPageBytes
+  // sealed against resizing (transport::check_sealed_memfd; the engine
+  // does not reach the transport). The fds are not closed here.
+  static SharedSignals import(int memory_fd, uint64_t memory_bytes, int counts_fd, int device);
+  ~SharedSignals();
+  SharedSignals(SharedSignals&& o) noexcept;
+  SharedSignals& operator=(SharedSignals&& o) noexcept;
+  SharedSignals(const SharedSignals&) = delete;
+  SharedSignals& operator=(const SharedSignals&) = delete;
 
-  SharedEventHandle handle() const;
-  void* get() const { return event_; }  // a cudaEvent_t
-  // Records it on `stream` (a cudaStream_t), and makes `stream` wait for its
-  // latest record.
-  void record(void* stream) const;
-  void wait_on(void* stream) const;
-  // Records it on a new stream that holds nothing else, so the record runs
-  // at once. For a peer that died with a record still queued behind its
-  // work, which then never runs (call it only once that peer can no longer
-  // run work on the GPU): CUDA documents a wait as one for the record it
-  // was queued after, but a later record of the same event ends it too
-  // (an event counts its records; a wait is for the count to reach its
-  // record's), here or in another process. That is the driver's behaviour,
-  // not the API's promise, and for an importer whose exporter has died
-  // the API calls any use undefined: device.CudaShared.AWaitOnARecordAKilled*
-  // check both on the driver at hand.
-  void record_now() const;
-  // The host waits for its latest record.
-  void synchronize() const;
-  // Whether its latest record, made here or in another process, has not run
-  // yet (any other answer, an error included, is false).
-  bool pending() const;
+  explicit operator bool() const { return counts_ != nullptr; }
+  // For sending: the words' fd and size (the fd made once, owned here) and
+  // the page's fd (owned here; -1 for an imported one).
+  int memory_fd() const { return memory_fd_; }
+  uint64_t memory_bytes() const { return memory_.size(); }
+  int counts_fd() const { return counts_fd_; }
+
+  // `stream` is a cudaStream_t (nullptr: the legacy default stream).
+  void record(SignalId s, void* stream) const;
+  void wait_on(SignalId s, void* stream) const;
+  // Writes the latest number of `s` now. Only once the process that records
+  // `s` can no longer run work on the GPU (it has exited): its queued
+  // records never run then, and nothing else would.
+  void release(SignalId s) const;
+  // Whether the latest record of `s` has not written its number yet (an
+  // error reading the word counts as not pending).
+  bool pending(SignalId s) const;
 
  private:
-  void* event_ = nullptr;
+  uint32_t* word(SignalId s) const { return static_cast<uint32_t*>(memory_.data()) + s; }
+
+  SharedDeviceChunk memory_;
+  int memory_fd_ = -1;
+  std::unique_ptr<SharedArena> page_;  // a created page (an imported one is only mapped)
+  SignalCounts* counts_ = nullptr;     // the page, mapped here
+  int counts_fd_ = -1;
+  std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued
 };
 
 }  // namespace zerod

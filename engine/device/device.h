@@ -49,15 +49,20 @@ struct PoolExport {
   int32_t device_id = 0;
 };
 
-// Daemon mode on a device with streams: the two interprocess events that
-// order a trainer's stream, in its own process, against zerod's stream
-// (64-byte handles; empty where there are none). zerod records `zerod_done`
-// where trainer_waits() would make a local trainer's stream wait, and the
+// Daemon mode on a device with streams: what orders a trainer's stream, in
+// its own process, against zerod's stream (device/cuda_shared.h,
+// SharedSignals): a few words of GPU memory, exported once as `memory_fd`
+// (`memory_bytes` long), and a sealed memfd page of record counts,
+// `counts_fd`. Both fds are owned by the device; whoever sends them passes
+// copies. -1 where there are none. zerod records kZerodDone where
+// trainer_waits() would make a local trainer's stream wait, and the
 // trainer's stream waits for it after each begin call; the trainer records
-// `trainer_done` on its stream before each call, and wait_for_trainer()
-// makes zerod's stream wait for it.
+// kTrainerDone on its stream before each call, and wait_for_trainer() makes
+// zerod's stream wait for it.
 struct StreamLink {
-  std::string zerod_done, trainer_done;
+  int memory_fd = -1;
+  uint64_t memory_bytes = 0;
+  int counts_fd = -1;
 };
 
 class Device {
@@ -185,7 +190,7 @@ class Device {
   virtual void trainer_waits() = 0;
   virtual void wait_for_trainer() = 0;
   // A daemon's rank whose trainer process is gone: whether the trainer's
-  // latest record of `trainer_done` has not run yet (a trainer killed with
+  // latest record of kTrainerDone has not run yet (a trainer killed with
   // work still queued on its stream never runs it, so zerod's stream would
   // wait for it forever), and the release of that wait. Call
   // release_trainer() only once the trainer can no longer run work on the

@@ -122,12 +122,20 @@ std::unique_ptr<ModelBackend> RemoteClient::create_model(const ScriptOptions& s)
   std::string uuid;
   const bool named = s.device == "cuda" && current_gpu(&gpu, &uuid);
   if (named) c->set_gpu_uuid(uuid);
-  const v1::Reply r = rpc(req);
+  std::vector<transport::UniqueFd> fds;
+  const v1::Reply r = rpc(req, &fds);
   const v1::CreateModelReply& cm = r.create_model();
   const int32_t device_id = named && cm.device_type() == ZD_DEVICE_CUDA ? gpu : cm.device_id();
   try {
-    return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), device_id,
-                                         StreamLink{cm.zerod_done(), cm.trainer_done()});
+    // A GPU's stream signals: their memory and their page of counts, mapped
+    // by the model's TrainerLink (the fds close here once it has).
+    StreamLink link;
+    if (cm.signal_bytes() > 0) {
+      if (fds.size() != 2)
+        fail(ZD_ERR_INTERNAL, "the daemon announced stream signals but sent " + std::to_string(fds.size()) + " fds");
+      link = StreamLink{fds[0].get(), cm.signal_bytes(), fds[1].get()};
+    }
+    return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), device_id, link);
   } catch (...) {
     // This side cannot reach the device: the daemon's model goes again.
     v1::Request d;

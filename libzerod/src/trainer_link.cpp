@@ -9,8 +9,15 @@
 
 #if defined(ZEROD_HAVE_CUDA)
 #include "device/cuda_shared.h"
+#include "transport/shared_memory.h"
 
 #include <cuda_runtime.h>
+#endif
+
+#if !defined(ZEROD_HAVE_CUDA)
+namespace zerod {
+class SharedSignals {};  // never made without CUDA
+}  // namespace zerod
 #endif
 
 namespace zerod::abi {
@@ -39,12 +46,8 @@ constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<of
 struct ImportedArena::Gpu {
   SharedDeviceChunk chunk;
 };
-struct TrainerLink::Events {
-  SharedEvent zerod_done, trainer_done;
-};
 #else
 struct ImportedArena::Gpu {};
-struct TrainerLink::Events {};
 #endif
 
 bool current_gpu(int* ordinal, std::string* uuid) {
@@ -94,20 +97,19 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
     : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id), daemon_pid_(daemon_pid) {
   if (device_type_ != ZD_DEVICE_CUDA) return;
 #if defined(ZEROD_HAVE_CUDA)
-  auto handle = [](const std::string& bytes) {
-    SharedEventHandle h{};
-    if (bytes.size() != sizeof h.bytes)
-      fail(ZD_ERR_INTERNAL, "the daemon sent a GPU event handle of " + std::to_string(bytes.size()) + " bytes");
-    std::memcpy(h.bytes, bytes.data(), sizeof h.bytes);
-    return h;
-  };
+  if (link.memory_fd < 0)
+    fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on a GPU but sent no stream signals: it is older than "
+                        "this libzerod (its GPU ranks used interprocess events until 2026-11-27); run a daemon and "
+                        "a libzerod of the same release");
   if (cudaSetDevice(device_id_) != cudaSuccess) {
     cudaGetLastError();
     fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on GPU " + std::to_string(device_id_) +
                             ", which this process cannot use (CUDA_VISIBLE_DEVICES?)");
   }
-  events_ = std::make_unique<Events>(
-      Events{SharedEvent::open(handle(link.zerod_done)), SharedEvent::open(handle(link.trainer_done))});
+  transport::check_sealed_memfd(link.counts_fd, kSignalPageBytes, kSignalPageBytes,
+                                "the daemon's page of stream-signal counts", ZD_ERR_INTERNAL);
+  signals_ = std::make_unique<SharedSignals>(
+      SharedSignals::import(link.memory_fd, link.memory_bytes, link.counts_fd, device_id_));
   if (watch) {
     // On the watch's thread, which has no GPU current. A daemon that only
     // closed this connection runs its record still: released only once
@@ -119,10 +121,10 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
         cudaGetLastError();
         return;
       }
-      const SharedEvent& done = events_->zerod_done;
+      const SharedSignals& s = *signals_;
       const std::string did = transport::release_when_gone(
-          daemon_pid_, kDaemonExitMs, kDaemonExitMs, [&done] { return done.pending(); },
-          [&done] { done.record_now(); });
+          daemon_pid_, kDaemonExitMs, kDaemonExitMs, [&s] { return s.pending(kZerodDone); },
+          [&s] { s.release(kZerodDone); });
       if (!did.empty()) log_warn("the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: " + did);
     });
   }
@@ -138,7 +140,7 @@ TrainerLink::~TrainerLink() { unwatch(); }
 
 void TrainerLink::unwatch() noexcept {
   if (!watch_) return;
-  watch_->remove(watch_id_);  // its callback uses the events
+  watch_->remove(watch_id_);  // its callback uses the signals
   watch_ = nullptr;
 }
 
@@ -155,13 +157,13 @@ void TrainerLink::set_stream(void* stream) {
 
 void TrainerLink::before_call() {
 #if defined(ZEROD_HAVE_CUDA)
-  if (events_) events_->trainer_done.record(stream_);
+  if (signals_) signals_->record(kTrainerDone, stream_);
 #endif
 }
 
 void TrainerLink::quiesce() noexcept {
 #if defined(ZEROD_HAVE_CUDA)
-  if (!events_) return;
+  if (!signals_) return;
   // The default stream (NULL) is the current GPU's: this rank's, then the
   // trainer's own choice back.
   int current = -1;
@@ -169,15 +171,15 @@ void TrainerLink::quiesce() noexcept {
   if (cudaSetDevice(device_id_) != cudaSuccess ||
       cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
     cudaGetLastError();
-  unwatch();  // after the stream: its callback uses the events
-  events_.reset();
+  unwatch();  // after the stream: its callback uses the signals
+  signals_.reset();
   if (restore && cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
 #endif
 }
 
 void TrainerLink::after_begin() {
 #if defined(ZEROD_HAVE_CUDA)
-  if (events_) events_->zerod_done.wait_on(stream_);
+  if (signals_) signals_->wait_on(kZerodDone, stream_);
 #endif
 }
 

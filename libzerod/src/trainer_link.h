@@ -1,12 +1,12 @@
 // Daemon mode, the trainer's side of its rank's device: the pool regions
 // the daemon exported (mapped here once, as their fds arrive), and, on a
 // GPU, the order between the trainer's stream and the daemon's
-// (engine/device/device.h StreamLink): before every call to the daemon the
-// trainer's stream records `trainer_done` (so whatever the trainer wrote is
-// ready when the daemon's reduction waits for it), and after a begin call
-// it waits for `zerod_done` (so it computes with parameters only once the
-// daemon's gathers and copies are done). No host round trip beyond the call
-// itself.
+// (engine/device/device.h StreamLink, device/cuda_shared.h SharedSignals):
+// before every call to the daemon the trainer's stream records kTrainerDone
+// (so whatever the trainer wrote is ready when the daemon's reduction waits
+// for it), and after a begin call it waits for kZerodDone (so it computes
+// with parameters only once the daemon's gathers and copies are done). No
+// host round trip beyond the call itself.
 #pragma once
 
 #include "device/device.h"
@@ -16,6 +16,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+namespace zerod {
+class SharedSignals;  // device/cuda_shared.h
+}  // namespace zerod
 
 namespace zerod::abi {
 
@@ -51,7 +55,7 @@ class TrainerLink {
   // on a GPU, the StreamLink handles. Throws a clear error where this
   // libzerod cannot reach the device (built without CUDA). On a GPU,
   // `watch` (the daemon's socket, which must outlive this) releases the
-  // trainer's stream from its wait for zerod_done if the daemon dies with
+  // trainer's stream from its wait for kZerodDone if the daemon dies with
   // that record unrun: once process `daemon_pid` has exited
   // (transport/hangup_watch.h, process_exit.h).
   TrainerLink(int32_t device_type, int32_t device_id, const StreamLink& link, transport::HangupWatch* watch,
@@ -70,12 +74,11 @@ class TrainerLink {
   void after_begin();
   // At the model's end, before the daemon is told: waits until the
   // trainer's stream has done what it holds (kernels reading views, the
-  // last record of trainer_done) and closes this side's events. Unmapping
-  // the pool is not ordered on any stream, and an event must not be used
-  // here once the daemon has destroyed it. Best effort: an error (a broken
-  // context) leaves the rest of the teardown to go on. The hangup watch
-  // stays on until the stream is done: a daemon that dies meanwhile, its
-  // record of zerod_done unrun, does not leave this waiting forever.
+  // last record of kTrainerDone) and unmaps this side's stream signals.
+  // Unmapping the pool is not ordered on any stream. Best effort: an error
+  // (a broken context) leaves the rest of the teardown to go on. The hangup
+  // watch stays on until the stream is done: a daemon that dies meanwhile,
+  // its record of kZerodDone unrun, does not leave this waiting forever.
   void quiesce() noexcept;
 
  private:
@@ -84,8 +87,7 @@ class TrainerLink {
   int32_t device_type_;
   int32_t device_id_;
   void* stream_ = nullptr;
-  struct Events;
-  std::unique_ptr<Events> events_;
+  std::unique_ptr<SharedSignals> signals_;  // on a GPU
   transport::HangupWatch* watch_ = nullptr;
   int watch_id_ = -1;
   pid_t daemon_pid_ = 0;

@@ -3,14 +3,14 @@
 // the socket then.
 //
 // libzerod uses it on a GPU: a trainer's stream waits for the daemon's
-// record of `zerod_done` after each begin call. A daemon killed with that
+// record of its kZerodDone signal after each begin call. A daemon killed with that
 // record still queued behind its work never runs it, and the trainer's
 // stream would stop there for good, with the trainer's host thread stuck in
 // whatever next waits for its stream (`loss.item()`) and never reaching a
 // zerod call that would tell it the daemon is gone. On the hangup, once
-// the daemon's process has exited, the record is made again on an idle
-// stream (SharedEvent::record_now, process_exit.h), which releases that
-// wait, so the trainer's next zerod call fails with ZD_ERR_PEER_LOST
+// the daemon's process has exited, the signal is released (its latest
+// number written from an idle stream: SharedSignals::release,
+// process_exit.h), which ends that wait, so the trainer's next zerod call fails with ZD_ERR_PEER_LOST
 // instead.
 #pragma once
 

@@ -1,15 +1,15 @@
 // The other end of a connection that went away while a GPU stream may wait
 // for it.
 //
-// On a GPU, each side of a daemon's rank records an interprocess event on
-// its stream that the other side's stream waits for (engine/device/device.h
-// StreamLink): the trainer `trainer_done` before each call, the daemon
-// `zerod_done` after a begin call's copies. A process killed with work still
+// On a GPU, each side of a daemon's rank records a signal on its stream
+// that the other side's stream waits for (engine/device/device.h
+// StreamLink, device/cuda_shared.h SharedSignals): the trainer kTrainerDone
+// before each call, the daemon kZerodDone after a begin call's copies. A process killed with work still
 // queued before its record never runs that record, and the other stream,
 // waiting for it, would stop there for good: every later copy, reduction,
 // snapshot and teardown on the daemon's side; the trainer's `loss.item()` on
-// the other. What releases it is a later record of the same event (on an
-// idle stream, SharedEvent::record_now), made only once the dead side can no
+// the other. What releases it is writing the signal's latest number from an
+// idle stream (SharedSignals::release), done only once the dead side can no
 // longer run work on the GPU: once its process has exited.
 #pragma once
 

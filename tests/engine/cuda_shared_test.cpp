@@ -1,22 +1,23 @@
-// GPU memory and an event cross a process boundary the way the daemon will
-// hand a rank its device pool (engine/device/cuda_shared.h): the parent
-// allocates a chunk, passes its fd over a unix socket with SCM_RIGHTS, the
-// child maps it, reads what the parent wrote, writes its own bytes on a
-// stream and records the parent's interprocess event after them; the parent
-// waits on the event on its side and reads the child's bytes. Then the
-// child is SIGKILLed, and the parent's memory still holds them: a trainer
-// that dies loses nothing the daemon holds.
+// GPU memory and stream signals cross a process boundary the way the daemon
+// hands a rank its device pool (engine/device/cuda_shared.h): the parent
+// allocates a chunk and the signals, passes their fds over a unix socket
+// with SCM_RIGHTS, the child maps them, reads what the parent wrote, writes
+// its own bytes on a stream and records kTrainerDone after them; the
+// parent's stream waits for the signal and the parent reads the child's
+// bytes. Then the child is SIGKILLed, and the parent's memory still holds
+// them: a trainer that dies loses nothing the daemon holds.
 //
 // The second and third tests are what each side does when the other dies
-// mid-step (transport/process_exit.h): the child records an event behind
-// work that never finishes, and is SIGKILLed; the parent's stream waits on
-// that record, which never runs. A record of the same event on an idle
-// stream (SharedEvent::record_now) must release that wait: the daemon's
-// own event after its trainer died (the second), and the trainer's
-// imported event after the daemon that created it died (the third). Each
-// also says whether the wait was still held after the kill (what the
-// release is for), and checks that the parent's cudaEventQuery sees the
-// child's record pending (what Device::trainer_pending asks).
+// mid-step (transport/process_exit.h): the child records a signal behind
+// work that never finishes, and is SIGKILLed; the parent's stream waits for
+// that record, which never runs. SharedSignals::release must end that wait:
+// the daemon's own signals after its trainer died (the second), and the
+// trainer's imported ones after the daemon that created them died (the
+// third). Each also says whether the wait was still held after the kill
+// (what the release is for), and checks that the parent sees the child's
+// record pending (what Device::trainer_pending asks). Interprocess CUDA
+// events failed the same tests on an H200 (2026-11-27): a later record
+// did not end the wait.
 //
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
 // executable, each test forking before anything starts CUDA in its process
@@ -45,9 +46,12 @@ constexpr uint64_t kBytes = uint64_t{3} << 20;  // not a multiple of the granula
 constexpr int kNoGpu = 77;
 
 struct Offer {
-  uint64_t bytes;
-  SharedEventHandle event;
+  uint64_t bytes;          // the chunk's (the first fd)
+  uint64_t signal_bytes;   // the signals' memory (the second fd; the third is their page)
 };
+
+// The fds of `s` as the daemon sends them.
+std::vector<int> signal_fds(const SharedSignals& s) { return {s.memory_fd(), s.counts_fd()}; }
 
 std::string gpu_missing() {
   int n = 0;
@@ -71,16 +75,16 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
   try {
     if (!gpu_missing().empty()) _exit(kNoGpu);
     Frame f = c.receive(1024, 30000);
-    if (f.fds.size() != 1 || f.body.size() != sizeof(Offer)) throw std::runtime_error("a malformed offer");
+    if (f.fds.size() != 3 || f.body.size() != sizeof(Offer)) throw std::runtime_error("a malformed offer");
     Offer o;
     std::memcpy(&o, f.body.data(), sizeof o);
     SharedDeviceChunk mine = SharedDeviceChunk::import(f.fds[0].get(), o.bytes, 0);
+    SharedSignals signals = SharedSignals::import(f.fds[1].get(), o.signal_bytes, f.fds[2].get(), 0);
     if (!all_bytes(mine.data(), mine.size(), 0x11)) throw std::runtime_error("the parent's bytes are not there");
     cudaStream_t s = nullptr;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
     if (cudaMemsetAsync(mine.data(), 0x5A, mine.size(), s) != cudaSuccess) throw std::runtime_error("memset failed");
-    SharedEvent done = SharedEvent::open(o.event);
-    done.record(s);
+    signals.record(kTrainerDone, s);
     if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("the stream failed");
   } catch (const std::exception& e) {
     answer = e.what();
@@ -91,30 +95,30 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
   _exit(0);
 }
 
-// Records `e` on a new stream behind a host function that never returns:
+// Records `id` on a new stream behind a host function that never returns:
 // a record that runs only if the process lives on, which it will not.
-void record_behind_endless_work(const SharedEvent& e) {
+void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
   cudaStream_t s = nullptr;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
   auto endless = [](void*) {
     for (;;) pause();
   };
   if (cudaLaunchHostFunc(s, endless, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
-  e.record(s);
+  signals.record(id, s);
 }
 
-// The killed trainer (the second test's child): records the parent's event
-// behind endless work, says so, and waits to be killed.
+// The killed trainer (the second test's child): records the parent's
+// kTrainerDone behind endless work, says so, and waits to be killed.
 [[noreturn]] void child_records_behind_endless_work(Connection& c) {
   std::string answer;
   try {
     if (!gpu_missing().empty()) _exit(kNoGpu);
     Frame f = c.receive(1024, 30000);
-    if (f.body.size() != sizeof(SharedEventHandle)) throw std::runtime_error("a malformed offer");
-    SharedEventHandle h;
-    std::memcpy(&h, f.body.data(), sizeof h);
-    SharedEvent done = SharedEvent::open(h);
-    record_behind_endless_work(done);
+    if (f.fds.size() != 2 || f.body.size() != sizeof(uint64_t)) throw std::runtime_error("a malformed offer");
+    uint64_t bytes = 0;
+    std::memcpy(&bytes, f.body.data(), sizeof bytes);
+    static SharedSignals signals = SharedSignals::import(f.fds[0].get(), bytes, f.fds[1].get(), 0);
+    record_behind_endless_work(signals, kTrainerDone);
   } catch (const std::exception& e) {
     answer = e.what();
   }
@@ -124,18 +128,19 @@ void record_behind_endless_work(const SharedEvent& e) {
   _exit(0);
 }
 
-// The killed daemon (the third test's child): creates the event, sends its
-// handle, records it behind endless work, says so, and waits to be killed.
+// The killed daemon (the third test's child): creates the signals, sends
+// them, records kZerodDone behind endless work, says so, and waits to be
+// killed.
 [[noreturn]] void child_creates_and_records_behind_endless_work(Connection& c) {
   if (!gpu_missing().empty()) _exit(kNoGpu);
   std::string answer;
-  SharedEventHandle h{};
   try {
-    static SharedEvent done = SharedEvent::create();  // lives until the kill
-    h = done.handle();
-    c.send(FrameHeader{}, std::as_bytes(std::span(&h, 1)), {}, 30000);
-    Frame opened = c.receive(1024, 60000);  // the parent has opened it
-    record_behind_endless_work(done);
+    static SharedSignals signals = SharedSignals::create(0, "the child's signals");  // lives until the kill
+    const uint64_t bytes = signals.memory_bytes();
+    const std::vector<int> fds = signal_fds(signals);
+    c.send(FrameHeader{}, std::as_bytes(std::span(&bytes, 1)), fds, 30000);
+    Frame opened = c.receive(1024, 60000);  // the parent has mapped them
+    record_behind_endless_work(signals, kZerodDone);
   } catch (const std::exception& e) {
     answer = e.what();
   }
@@ -173,7 +178,7 @@ std::string start_child(void (*body)(Connection&), Connection& child_end, pid_t*
   return missing;
 }
 
-TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
+TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
   auto [parent_end, child_end] = connection_pair();
   pid_t pid = 0;
   if (const std::string missing = start_child(child, child_end, &pid); !missing.empty())
@@ -184,17 +189,23 @@ TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
   EXPECT_EQ(chunk.size() % cuda_shared_granularity(0), 0u);
   ASSERT_EQ(cudaMemset(chunk.data(), 0x11, chunk.size()), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  SharedEvent done = SharedEvent::create();
-  const Offer o{chunk.size(), done.handle()};
+  SharedSignals signals = SharedSignals::create(0, "the test's signals");
+  const Offer o{chunk.size(), signals.memory_bytes()};
   const int fd = chunk.export_fd();
   ASSERT_GE(fd, 0);
-  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), std::span(&fd, 1), 30000);
+  const int fds[] = {fd, signals.memory_fd(), signals.counts_fd()};
+  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
   close(fd);
 
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  done.synchronize();  // the child's write, as its event says
+  EXPECT_FALSE(signals.pending(kTrainerDone)) << "the child's stream ran its record before it answered";
+  cudaStream_t waiting = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  signals.wait_on(kTrainerDone, waiting);  // the child's write, as its signal says
+  ASSERT_EQ(cudaStreamSynchronize(waiting), cudaSuccess);
+  cudaStreamDestroy(waiting);
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the child's bytes, seen by the parent";
 
   kill(pid, SIGKILL);
@@ -206,20 +217,18 @@ TEST(CudaShared, AChunkAndAnEventCrossAProcessAndOutliveIt) {
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x22));
 }
 
-// The common part of the last two tests: `event`'s latest record is the
-// child's, queued behind endless work. This process's stream waits on it;
-// the child is killed; record_now must release the wait.
-void expect_a_killed_record_released(const SharedEvent& event, pid_t child, const char* who) {
+// The common part of the last two tests: the latest record of `signals`'
+// `id` is the child's, queued behind endless work. This process's stream
+// waits for it; the child is killed; release must end the wait.
+void expect_a_killed_record_released(const SharedSignals& signals, SignalId id, pid_t child, const char* who) {
   cudaStream_t waiting = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
   cudaEvent_t after = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
-  event.wait_on(waiting);
+  signals.wait_on(id, waiting);
   ASSERT_EQ(cudaEventRecord(after, waiting), cudaSuccess);
   EXPECT_FALSE(completes_within(after, 500)) << "the wait holds while the child's work runs";
-  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(event.get())), cudaErrorNotReady)
-      << "this process sees the other's record pending (Device::trainer_pending asks so)";
-  cudaGetLastError();
+  EXPECT_TRUE(signals.pending(id)) << "this process sees the other's record pending (Device::trainer_pending asks so)";
 
   kill(child, SIGKILL);
   int status = 0;
@@ -229,54 +238,63 @@ void expect_a_killed_record_released(const SharedEvent& event, pid_t child, cons
               held_after_kill ? "still held (the release is needed)" : "released by the driver itself");
   ::testing::Test::RecordProperty("held_after_kill", held_after_kill ? "yes" : "no");
 
-  event.record_now();
+  signals.release(id);
   if (!completes_within(after, 10000)) {
     // A stream that waits forever would hang this process's teardown too.
-    std::fprintf(stderr, "FAILED (%s): record_now did not release the wait on the killed process's record\n", who);
+    std::fprintf(stderr, "FAILED (%s): release did not end the wait on the killed process's record\n", who);
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(1);
   }
-  EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(event.get())), cudaSuccess);
+  EXPECT_FALSE(signals.pending(id));
+  // The signal goes on: a record made after the release (a trainer that
+  // started again) is waited for as before.
+  cudaStream_t recording = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&recording, cudaStreamNonBlocking), cudaSuccess);
+  signals.record(id, recording);
+  signals.wait_on(id, waiting);
+  ASSERT_EQ(cudaStreamSynchronize(waiting), cudaSuccess);
+  EXPECT_FALSE(signals.pending(id));
+  cudaStreamDestroy(recording);
   cudaEventDestroy(after);
   cudaStreamDestroy(waiting);
 }
 
-// The daemon's side: its own event, the killed trainer's record.
+// The daemon's side: its own signals, the killed trainer's record.
 TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
   pid_t pid = 0;
   if (const std::string missing = start_child(child_records_behind_endless_work, child_end, &pid); !missing.empty())
-    GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
+    GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
   ASSERT_GT(pid, 0);
-  SharedEvent trainer_done = SharedEvent::create();
-  const SharedEventHandle h = trainer_done.handle();
-  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&h, 1)), {}, 30000);
+  SharedSignals signals = SharedSignals::create(0, "the test's signals");
+  const uint64_t bytes = signals.memory_bytes();
+  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&bytes, 1)), signal_fds(signals), 30000);
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  expect_a_killed_record_released(trainer_done, pid, "the daemon's side");
+  expect_a_killed_record_released(signals, kTrainerDone, pid, "the daemon's side");
 }
 
-// The trainer's side: the killed daemon's event (imported here), the killed
-// daemon's record. CUDA leaves use of an imported event after its exporter
-// freed it undefined; this says what the driver does.
+// The trainer's side: the killed daemon's signals (mapped here, which keeps
+// their memory), the killed daemon's record.
 TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
   pid_t pid = 0;
   if (const std::string missing = start_child(child_creates_and_records_behind_endless_work, child_end, &pid); !missing.empty())
-    GTEST_SKIP() << "interprocess events cannot be tested here: " << missing;
+    GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
   ASSERT_GT(pid, 0);
   Frame offer = parent_end.receive(1024, 60000);
-  ASSERT_EQ(offer.body.size(), sizeof(SharedEventHandle));
-  SharedEventHandle h;
-  std::memcpy(&h, offer.body.data(), sizeof h);
-  SharedEvent zerod_done = SharedEvent::open(h);
+  ASSERT_EQ(offer.body.size(), sizeof(uint64_t));
+  ASSERT_EQ(offer.fds.size(), 2u);
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, offer.body.data(), sizeof bytes);
+  SharedSignals signals = SharedSignals::import(offer.fds[0].get(), bytes, offer.fds[1].get(), 0);
   parent_end.send(FrameHeader{}, {}, {}, 30000);
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  expect_a_killed_record_released(zerod_done, pid, "the trainer's side");
+  expect_a_killed_record_released(signals, kZerodDone, pid, "the trainer's side");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // update. The cpu device runs everywhere; the cuda device where this
 // process sees a GPU, and is reported skipped, with the reason, elsewhere.
 #include "device/select.h"
+#include "device/signal_counts.h"
 #include "runtime/dtype.h"
 #include "error.h"
 #include "grad/grad_math.h"
@@ -265,3 +266,20 @@ TEST(DeviceChoice, CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu) {
 }
 
 }  // namespace
+
+// The GPU stream signals' comparison (device/signal_counts.h): a wait ends
+// once the word has reached the record's number, modulo 2^32 the way
+// cuStreamWaitValue32 compares, so a long job's wrap changes nothing.
+TEST(StreamSignals, AWaitEndsOnceTheWordReachesTheRecordEvenAcrossTheWrap) {
+  EXPECT_FALSE(signal_behind(0, 0)) << "nothing recorded: nothing to wait for";
+  EXPECT_TRUE(signal_behind(0, 1));
+  EXPECT_TRUE(signal_behind(4, 5));
+  EXPECT_FALSE(signal_behind(5, 5));
+  EXPECT_FALSE(signal_behind(6, 5)) << "a later record (or a release) has run";
+  const uint64_t wrap = uint64_t{1} << 32;
+  EXPECT_TRUE(signal_behind(0xFFFFFFFFu, wrap)) << "the record after 2^32 - 1 writes 0";
+  EXPECT_FALSE(signal_behind(0, wrap));
+  EXPECT_FALSE(signal_behind(3, wrap + 2));
+  EXPECT_TRUE(signal_behind(0xFFFFFFF0u, wrap + 2));
+  EXPECT_TRUE(signal_behind(7, 3 * wrap + 8));
+}
