@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 namespace zerod {
 
@@ -157,8 +158,9 @@ void GradReducer::close(const ModuleRecord& mod) {
       const Memory& mem = *local_grad(static_cast<size_t>(p.group)).memory;
       const bool fuse = fuse_norm(mem, final_);
       const NormTiles norm = norm_of(pid);
-      mem.add_from_pool(e.view.ptr, p.dtype, accumulator(p), ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel),
-                        !e.touched, fuse ? &norm : nullptr, mem.ready_mark());
+      const PoolAdd add{e.view.ptr, p.dtype, accumulator(p), ctx_.grad_dtype(g), static_cast<uint64_t>(p.numel),
+                        !e.touched, fuse ? norm : NormTiles{nullptr, 0}};
+      mem.add_from_pool(std::span(&add, 1), mem.ready_mark());
       norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       res_.device->release(e.view, ZD_MEM_BUFFERS);
     }
@@ -201,11 +203,17 @@ void GradReducer::drain() {
 }
 
 void GradReducer::settle_windows() {
+  std::vector<std::vector<zd_param_id>> by_group(ctx_.registry.groups().size());
+  for (size_t i = 0; i < in_window_.size(); ++i) {
+    if (!in_window_[i]) continue;
+    const auto pid = static_cast<zd_param_id>(i);
+    by_group[static_cast<size_t>(ctx_.registry.param(pid).group)].push_back(pid);
+  }
   uint64_t ready = 0;
-  for (size_t pid = 0; pid < in_window_.size(); ++pid) {
-    if (!in_window_[pid]) continue;
+  for (size_t gi = 0; gi < by_group.size(); ++gi) {
+    if (by_group[gi].empty()) continue;
     if (!ready) ready = res_.device->mark();
-    settle_window(static_cast<zd_param_id>(pid), ready, final_);
+    settle_window(gi, by_group[gi], ready, final_);
   }
 }
 
@@ -213,30 +221,43 @@ std::byte* GradReducer::window_at(size_t group, uint64_t at) const {
   return window_[group].addr(0) + at * dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[group]));
 }
 
-void GradReducer::settle_window(zd_param_id pid, uint64_t ready, bool final) {
-  const ParamRecord& p = ctx_.registry.param(pid);
-  const auto gi = static_cast<size_t>(p.group);
-  const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
-  // At stage 3 a shard's padding travels with it (zeros).
-  const uint64_t at = ctx_.params_partitioned() ? p.flat_offset : sp.at;
-  const uint64_t n = ctx_.params_partitioned() ? p.stride : sp.count;
-  in_window_[static_cast<size_t>(pid)] = 0;
-  if (n == 0) return;
+void GradReducer::settle_window(size_t gi, const std::vector<zd_param_id>& pids, uint64_t ready, bool final) {
   GroupBuffers& b = buffers_.groups()[gi];
   const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
+  const size_t esz = dtype_size(gdt);
   const bool fuse = fuse_norm(b.grad_memory(), final);
-  const NormTiles norm = norm_of(pid);
-  // The accumulators hold nothing of this window yet (written, not added
-  // to), unless a module's second backward in the last micro-batch sent
-  // more after the first sum left.
-  char& settled = settled_[static_cast<size_t>(pid)];
-  b.grad_memory().add_from_pool(window_at(gi, at), gdt, b.grad_data() + at * dtype_size(gdt), gdt, n,
-                                /*first=*/!settled, fuse ? &norm : nullptr, ready);
-  settled = 1;
-  norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
-  // Its downloads are done (add_from_pool waited): the range is
-  // free for the next window.
-  res_.device->zero(window_at(gi, at), n * dtype_size(gdt));
+  std::vector<PoolAdd> adds;
+  std::vector<std::pair<std::byte*, uint64_t>> ranges;  // the window's, cleared after
+  bool again = false;
+  for (const zd_param_id pid : pids) {
+    const ParamRecord& p = ctx_.registry.param(pid);
+    const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
+    // At stage 3 a shard's padding travels with it (zeros).
+    const uint64_t at = ctx_.params_partitioned() ? p.flat_offset : sp.at;
+    const uint64_t n = ctx_.params_partitioned() ? p.stride : sp.count;
+    in_window_[static_cast<size_t>(pid)] = 0;
+    if (n == 0) continue;
+    // The accumulators hold nothing of this window yet (written, not added
+    // to), unless a module's second backward in the last micro-batch sent
+    // more after the first sum left.
+    char& settled = settled_[static_cast<size_t>(pid)];
+    again = again || settled;
+    adds.push_back(PoolAdd{window_at(gi, at), gdt, b.grad_data() + at * esz, gdt, n, /*first=*/!settled,
+                           fuse ? norm_of(pid) : NormTiles{nullptr, 0}});
+    settled = 1;
+    norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
+    ranges.emplace_back(window_at(gi, at), n * esz);
+  }
+  // Settled before in this window: this thread zeroed the range after that
+  // download, on zerod's stream, after `ready`. On a GPU the zero is queued,
+  // not done, so this download waits for a mark taken after it (found on an
+  // H200, 2026-11-27: overlap's cuda_stage2_host_f32_window_on_device read
+  // a window's sum twice).
+  if (again) ready = res_.device->mark();
+  b.grad_memory().add_from_pool(adds, ready);
+  // Their downloads are done (add_from_pool waited): the ranges are free
+  // for the next window.
+  for (const auto& [at, bytes] : ranges) res_.device->zero(at, bytes);
 }
 
 void GradReducer::to_accumulators(std::function<void()> fn) { out_->enqueue(std::move(fn)); }
@@ -359,9 +380,17 @@ void GradReducer::send_bucket(size_t gi) {
       res_.device->release(recv, ZD_MEM_BUFFERS);
       if (!last) return;  // not the window's last micro-batch
       const uint64_t ready = res_.device->mark();
-      to_accumulators([this, pending, a, ready, last] {
+      to_accumulators([this, gi, pending, a, ready, last] {
         observe::Span add(res_.probe, "grads", "window to accumulators", a);
-        for (const Pending& pg : *pending) settle_window(pg.param, ready, last);
+        // A bucket that held every micro-batch of the window (no bucket
+        // filled before the boundary: stage 2's large buckets) lists a
+        // parameter once per micro-batch; the window held all of them at
+        // `ready`, so one settle takes them all.
+        std::vector<char> once(ctx_.registry.params().size(), 0);
+        std::vector<zd_param_id> pids;
+        for (const Pending& pg : *pending)
+          if (!std::exchange(once[static_cast<size_t>(pg.param)], 1)) pids.push_back(pg.param);
+        settle_window(gi, pids, ready, last);
       });
       return;
     }
@@ -370,16 +399,21 @@ void GradReducer::send_bucket(size_t gi) {
       observe::Span add(res_.probe, "grads", "bucket to accumulators", a);
       GroupBuffers& b = buffers_.groups()[gi];
       const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
+      // One call for the bucket: its downloads follow each other without a
+      // pause (Transfers::add_to_host). A parameter listed twice (two
+      // micro-batches in one bucket) adds in order, as before.
+      std::vector<PoolAdd> adds;
+      adds.reserve(pending->size());
       for (size_t i = 0; i < pending->size(); ++i) {
         const zd_param_id pid = (*pending)[i].param;
-        const NormTiles norm = norm_of(pid);
         uint64_t at, n;
         const std::byte* src = part(i, pid, &at, &n);
         if (n)
-          b.grad_memory().add_from_pool(src, dt, b.grad_data() + at * dtype_size(gdt), gdt, n, (*pending)[i].first,
-                                        fuse ? &norm : nullptr, ready);
+          adds.push_back(PoolAdd{src, dt, b.grad_data() + at * dtype_size(gdt), gdt, n, (*pending)[i].first,
+                                 fuse ? norm_of(pid) : NormTiles{nullptr, 0}});
         norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       }
+      b.grad_memory().add_from_pool(adds, ready);
       res_.device->release(send, ZD_MEM_BUFFERS);
       res_.device->release(recv, ZD_MEM_BUFFERS);
     });

@@ -158,10 +158,11 @@ class GradReducer {
   // the device tier), the last one's sum leaves for the accumulators.
   bool windowed(size_t group) const { return !window_.empty() && !window_[group].empty(); }
   std::byte* window_at(size_t group, uint64_t at) const;
-  // The parameter's owned range in its window goes to the accumulators (on
-  // the calling thread) and the window range is cleared; `ready` as above,
+  // The parameters' owned ranges in group gi's window go to the
+  // accumulators (on the calling thread, in one add_from_pool) and the
+  // window ranges are cleared; each parameter once; `ready` as above,
   // `final` as in fuse_norm.
-  void settle_window(zd_param_id p, uint64_t ready, bool final);
+  void settle_window(size_t gi, const std::vector<zd_param_id>& pids, uint64_t ready, bool final);
 
   const ModelContext& ctx_;
   const Placement& placement_;

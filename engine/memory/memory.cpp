@@ -34,11 +34,10 @@ void PoolMemory::scale(void* p, zd_dtype dt, uint64_t n, float factor) const { r
 
 GradStats PoolMemory::sumsq(const std::vector<GradSpan>& spans) const { return res_.device->grad_stats(spans); }
 
-void PoolMemory::add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool,
-                               const NormTiles*, uint64_t) const {
+void PoolMemory::add_from_pool(std::span<const PoolAdd> adds, uint64_t) const {
   // On zerod's stream after the work that wrote src; the device's add
   // leaves no norm partials (leaves_norms()), and adding into zeros is an add.
-  res_.device->accumulate(src, src_dt, dst, dst_dt, n);
+  for (const PoolAdd& a : adds) res_.device->accumulate(a.src, a.src_dt, a.dst, a.dst_dt, a.n);
 }
 
 bool PoolMemory::plugins_reach() const { return res_.device->host_addressable(); }
@@ -95,9 +94,8 @@ GradStats HostMemory::sumsq(const std::vector<GradSpan>& spans) const {
   return parallel_grad_stats(res_.workers, spans);
 }
 
-void HostMemory::add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
-                               const NormTiles* norm, uint64_t ready) const {
-  res_.transfers.add_to_host(src, src_dt, dst, dst_dt, n, first, norm, ready);
+void HostMemory::add_from_pool(std::span<const PoolAdd> adds, uint64_t ready) const {
+  res_.transfers.add_to_host(adds, ready);
 }
 
 void HostMemory::update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const {

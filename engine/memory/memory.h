@@ -22,6 +22,7 @@
 #include <zerod/zerod_plugin.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,20 @@ struct BufferSegment {
   uint64_t offset = 0;       // nvme: the extent in the rank's store
   uint64_t bytes = 0;        // charged to the ledger (nvme: rounded to the alignment)
   Memory* memory = nullptr;  // the memory that holds it and works on it
+};
+
+// One add of Memory::add_from_pool: dst[i] += src[i] for n elements.
+// `first`: the window's first contribution, so dst holds zeros (it may be
+// written rather than added to). `norm` (sums null: none): where the memory
+// leaves_norms(), each tile's squared-norm partials of what was written.
+struct PoolAdd {
+  const void* src;
+  zd_dtype src_dt;
+  void* dst;
+  zd_dtype dst_dt;
+  uint64_t n;
+  bool first;
+  NormTiles norm{nullptr, 0};
 };
 
 class Memory {
@@ -74,14 +89,12 @@ class Memory {
   virtual void scale(void* p, zd_dtype dt, uint64_t n, float factor) const = 0;
   // The sum of squares of the spans (in double) and whether it is finite.
   virtual GradStats sumsq(const std::vector<GradSpan>& spans) const = 0;
-  // dst[i] += src[i] for n elements, dst here, src in the device pool (a
-  // gradient view, a reduced bucket, the accumulation window). `first`: the
-  // window's first contribution, so dst holds zeros (it may be written
-  // rather than added to). `norm`: where leaves_norms(), each tile's
-  // squared-norm partials of what was written. `ready`: ready_mark() taken
-  // when zerod's work that wrote src was issued.
-  virtual void add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
-                             const NormTiles* norm, uint64_t ready) const = 0;
+  // For each add in order, dst[i] += src[i] for its n elements, dst here,
+  // src in the device pool (a gradient view, a reduced bucket, the
+  // accumulation window). Several at once keep the downloads of a memory
+  // the host cannot address flowing from one to the next. `ready`:
+  // ready_mark() taken when zerod's work that wrote every src was issued.
+  virtual void add_from_pool(std::span<const PoolAdd> adds, uint64_t ready) const = 0;
   // What add_from_pool's `ready` must be for src written by zerod's work
   // issued so far (0: this memory's adds are ordered on zerod's stream
   // anyway).
@@ -134,8 +147,7 @@ class PoolMemory final : public Memory {
   void zero(void* p, uint64_t bytes) const override;
   void scale(void* p, zd_dtype dt, uint64_t n, float factor) const override;
   GradStats sumsq(const std::vector<GradSpan>& spans) const override;
-  void add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
-                     const NormTiles* norm, uint64_t ready) const override;
+  void add_from_pool(std::span<const PoolAdd> adds, uint64_t ready) const override;
   uint64_t ready_mark() const override { return 0; }
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return true; }
@@ -167,8 +179,7 @@ class HostMemory final : public Memory {
   void zero(void* p, uint64_t bytes) const override;
   void scale(void* p, zd_dtype dt, uint64_t n, float factor) const override;
   GradStats sumsq(const std::vector<GradSpan>& spans) const override;
-  void add_from_pool(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
-                     const NormTiles* norm, uint64_t ready) const override;
+  void add_from_pool(std::span<const PoolAdd> adds, uint64_t ready) const override;
   uint64_t ready_mark() const override;
   bool leaves_norms() const override { return true; }
   bool trainer_views() const override { return false; }
@@ -204,10 +215,7 @@ class NvmeMemory final : public Memory {
   void zero(void*, uint64_t) const override { refuse("zero"); }
   void scale(void*, zd_dtype, uint64_t, float) const override { refuse("scale"); }
   GradStats sumsq(const std::vector<GradSpan>&) const override { refuse("sumsq"); }
-  void add_from_pool(const void*, zd_dtype, void*, zd_dtype, uint64_t, bool, const NormTiles*,
-                     uint64_t) const override {
-    refuse("add_from_pool");
-  }
+  void add_from_pool(std::span<const PoolAdd>, uint64_t) const override { refuse("add_from_pool"); }
   uint64_t ready_mark() const override { return 0; }
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return false; }

@@ -9,6 +9,7 @@
 
 #include "comm/comm_stream.h"
 #include "memory/host_staging.h"
+#include "memory/memory.h"
 #include "memory/tiered_buffer.h"
 #include "runtime/workers.h"
 
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 
 namespace zerod {
@@ -47,12 +49,12 @@ class Transfers {
   // host reads the pool itself.
   std::unique_ptr<CommStream> leaving_stream(const char* role) const;
 
-  // dst (host memory) += src (the pool), for n elements: on the calling
-  // thread where the host reads the pool; else downloaded a chunk at a time
-  // through the gradients' staging buffer while the workers add the chunk
-  // before (Memory::add_from_pool says what first, norm and ready mean).
-  void add_to_host(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n, bool first,
-                   const NormTiles* norm, uint64_t ready);
+  // Each add's dst (host memory) += its src (the pool), in order: on the
+  // calling thread where the host reads the pool; else downloaded a chunk
+  // at a time through the gradients' staging buffer while the workers add
+  // the chunk before, one add's chunks after another's without a pause
+  // (Memory::add_from_pool says what the fields and ready mean).
+  void add_to_host(std::span<const PoolAdd> adds, uint64_t ready);
 
   // bytes from host memory into the pool, on the upload queue (so it never
   // waits behind zerod's kernels or gradients leaving), ordered after

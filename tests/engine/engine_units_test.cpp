@@ -2,6 +2,7 @@
 // the ledger, the arena heap, the thread pool, the shard layout.
 #include "memory/arena.h"
 #include "device/cpu_device.h"
+#include "device/emulated_device.h"
 #include "runtime/dtype.h"
 #include "error.h"
 #include "grad/grad_math.h"
@@ -409,6 +410,57 @@ TEST(HostStaging, MadeOnceChargedOnceExclusiveAndReleased) {
   EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), uint64_t{1} << 20);
   staging.release();
   EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
+}
+
+// Gradients leaving a device the host cannot address (the emulated one,
+// whose copies land later on threads of their own, as a GPU's do): several
+// adds in one call, their chunks one sequence through the staging buffer,
+// give each dst what one add at a time on the host gives, written where
+// `first`, with each tile's norm partials; an add of more than one chunk,
+// one of a few elements and one of 0 among them.
+TEST(Transfers, SeveralAddsOffTheDeviceAreEachAsOnTheHost) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  RankResources res(0, pool, mu);
+  res.device = std::make_unique<EmulatedDevice>(res.ledger, res.workers, false, "test", uint64_t{256} << 20);
+  const uint64_t chunk = (uint64_t{32} << 20) / 2 / sizeof(uint16_t);  // the staging buffer's half, in bf16
+  struct Case {
+    uint64_t n;
+    bool first, norm;
+  };
+  const Case cases[] = {{chunk + 3 * kTile + 5, false, true}, {7, true, false}, {0, false, false},
+                        {2 * kTile + 1, true, true}};
+  std::vector<std::vector<uint16_t>> grads;
+  std::vector<std::vector<float>> dst, want;
+  std::vector<std::vector<double>> sums, want_sums;
+  std::vector<Block> blocks;
+  std::vector<PoolAdd> adds;
+  for (size_t c = 0; c < std::size(cases); ++c) {
+    const uint64_t n = cases[c].n;
+    grads.emplace_back(n);
+    for (uint64_t i = 0; i < n; ++i) grads[c][i] = f32_to_bf16(static_cast<float>((i * 7 + c) % 1000) / 64.0f - 7.0f);
+    dst.emplace_back(n, cases[c].first ? 0.0f : 1.5f);
+    want.push_back(dst[c]);
+    accumulate(grads[c].data(), ZD_DTYPE_BF16, want[c].data(), ZD_DTYPE_F32, n);
+    const uint64_t tiles = (n + kTile - 1) / kTile;
+    sums.emplace_back(tiles, -1.0);
+    want_sums.emplace_back(tiles, 0.0);
+    if (cases[c].norm) norm_tiles(want[c].data(), ZD_DTYPE_F32, n, NormTiles{want_sums[c].data(), n});
+    blocks.push_back(res.device->allocate(std::max<uint64_t>(n, 1) * 2, ZD_MEM_BUFFERS, "a gradient"));
+    if (n) res.device->copy_to_device(blocks[c].ptr, grads[c].data(), n * 2);
+    adds.push_back(PoolAdd{blocks[c].ptr, ZD_DTYPE_BF16, dst[c].data(), ZD_DTYPE_F32, n, cases[c].first,
+                           cases[c].norm ? NormTiles{sums[c].data(), n} : NormTiles{nullptr, 0}});
+  }
+  ASSERT_TRUE(res.transfers.bytes_travel());
+  res.transfers.add_to_host(adds, res.device->mark());
+  for (size_t c = 0; c < std::size(cases); ++c) {
+    EXPECT_EQ(std::memcmp(dst[c].data(), want[c].data(), cases[c].n * sizeof(float)), 0) << "add " << c;
+    if (cases[c].norm)
+      EXPECT_EQ(sums[c], want_sums[c]) << "add " << c << "'s norm partials";
+    else
+      for (double v : sums[c]) EXPECT_EQ(v, -1.0) << "add " << c << " was given no partials to write";
+  }
+  for (const Block& b : blocks) res.device->release(b, ZD_MEM_BUFFERS);
 }
 
 static LayoutPolicy policy(Partitioning p, uint64_t world) {
