@@ -162,6 +162,51 @@ def python(code, **env):
                           env=rank_env(**env))
 
 
+def test_dlpack_tensors_freed_at_the_interpreters_last_collection_are_fine(tmp_path):
+    """A view tensor that a reference cycle (a DeepSpeedEngine's) keeps until
+    the interpreter's last garbage collection is freed after the bindings'
+    module globals are gone: its DLPack deleter must not be Python (it was:
+    SIGSEGV at exit on a GPU, where views are DLPack tensors). The engine's
+    class lives in a module imported after zerod's, as DeepSpeed's does."""
+    (tmp_path / "engine_like.py").write_text(textwrap.dedent("""
+        import ctypes
+        import numpy as np
+        from zerod.views import dlpack_capsule
+
+        MEMORY = (ctypes.c_float * 4096)(*range(4096))
+
+        class View:
+            def __init__(self, at):
+                self.at = at
+
+            def __dlpack__(self, stream=None):
+                return dlpack_capsule(ctypes.addressof(MEMORY) + 4 * self.at, 1, (4, 16), 1, 0)
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        class Optimizer:
+            def __init__(self, engine):
+                self._engine = engine
+
+        class Engine:  # a cycle, as DeepSpeedEngine and its optimizer are
+            def __init__(self):
+                self.tensors = {i: np.from_dlpack(View(64 * i)) for i in range(32)}
+                self.optimizer = Optimizer(self)
+        """))
+    code = """
+        import sys
+        sys.path.insert(0, %r)
+        import engine_like
+        engine = engine_like.Engine()
+        assert engine.tensors[3].shape == (4, 16) and engine.tensors[3][1, 0] == 208.0
+        print("done", flush=True)
+        """ % str(tmp_path)
+    for _ in range(3):  # the crash depended on where the freed memory went
+        p = python(code)
+        assert p.returncode == 0 and p.stdout.strip() == "done", (p.returncode, p.stdout, p.stderr)
+
+
 def test_library_not_found_says_how_to_fix():
     p = python("import zerod", ZEROD_LIB="/nonexistent/libzerod.so")
     assert p.returncode != 0

@@ -85,32 +85,24 @@ _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_
 
 # kDLFloat = 2, kDLBfloat = 4; the bits of each zd dtype.
 _DL_DTYPE = {1: (2, 32), 2: (4, 16), 3: (2, 16)}
-# Managed tensors handed out and not yet deleted by their consumer, by address.
-_LIVE = {}
 
-
-@_DLDeleter
-def _dl_delete(managed):
-    _LIVE.pop(ctypes.addressof(managed.contents), None)
-
+# Each managed tensor and its shape are one block from the C library's
+# malloc, and its deleter is the C library's free: no Python runs when a
+# consumer lets a tensor go. A consumer may do that during the interpreter's
+# last garbage collection, after this module's globals are gone (a
+# DeepSpeedEngine cycle holding view tensors, collected at exit, freed them
+# through a Python deleter whose code was gone: SIGSEGV on a GPU,
+# 2026-11-27). A capsule never consumed leaks its block (about 100 bytes);
+# every capsule made here goes straight to a from_dlpack.
+_libc = ctypes.CDLL(None)
+_malloc = _libc.malloc
+_malloc.restype = ctypes.c_void_p
+_malloc.argtypes = [ctypes.c_size_t]
+_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-# The destructor below gets the dying capsule as a raw pointer: taking it as
-# a Python object would touch its reference count while it is freed.
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_gone(capsule):
-    # A consumer renames the capsule "used_dltensor" and owns the tensor;
-    # one never consumed still holds ours.
-    if _capsule_valid(capsule, b"dltensor"):
-        _LIVE.pop(_capsule_pointer(capsule, b"dltensor"), None)
 
 
 def dlpack_capsule(ptr, dtype, shape, device_type, device_id):
@@ -118,8 +110,13 @@ def dlpack_capsule(ptr, dtype, shape, device_type, device_id):
     row-major, on the device given (DLPack's device numbers are zd_view's)."""
     code, bits = _DL_DTYPE[int(dtype)]
     shape = tuple(int(e) for e in shape)
-    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-    managed = _DLManagedTensor()
+    rank = max(len(shape), 1)
+    block = _malloc(ctypes.sizeof(_DLManagedTensor) + ctypes.sizeof(ctypes.c_int64) * rank)
+    if not block:
+        raise MemoryError("no memory for a DLPack tensor's header")
+    managed = _DLManagedTensor.from_address(block)
+    dims = (ctypes.c_int64 * rank).from_address(block + ctypes.sizeof(_DLManagedTensor))
+    dims[:len(shape)] = shape
     managed.dl_tensor.data = ptr
     managed.dl_tensor.device = _DLDevice(int(device_type), int(device_id))
     managed.dl_tensor.ndim = len(shape)
@@ -127,10 +124,9 @@ def dlpack_capsule(ptr, dtype, shape, device_type, device_id):
     managed.dl_tensor.shape = dims
     managed.dl_tensor.strides = None  # compact row-major
     managed.dl_tensor.byte_offset = 0
-    managed.deleter = _dl_delete
-    address = ctypes.addressof(managed)
-    _LIVE[address] = (managed, dims)
-    return _PyCapsule_New(address, b"dltensor", ctypes.cast(_capsule_gone, ctypes.c_void_p))
+    managed.manager_ctx = None
+    ctypes.c_void_p.from_address(block + _DLManagedTensor.deleter.offset).value = _FREE
+    return _PyCapsule_New(block, b"dltensor", None)
 
 
 class View:
