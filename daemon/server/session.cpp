@@ -250,6 +250,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
     fail(ZD_ERR_INVALID_ARGUMENT, "unknown role '" + h.role() + "' in hello");
   }
   greeted_ = true;
+  stream_signals_ = h.stream_signals();
   v1::HelloReply* r = reply->mutable_hello();
   r->set_abi_version(ZD_ABI_VERSION);
   r->set_version(ZEROD_VERSION_STRING);
@@ -359,6 +360,14 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
         m->detach(rank_, false, "rank " + std::to_string(rank_) + " computes on another GPU");
         server_.forget_if_unused(m);
         fail(ZD_ERR_CONFIG, why);
+      }
+      if (d.stream_link().memory_fd >= 0 && !stream_signals_) {
+        m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s libzerod is too old for a GPU");
+        server_.forget_if_unused(m);
+        fail(ZD_ERR_VERSION, "rank " + std::to_string(rank_) + ": this daemon (" ZEROD_VERSION_STRING
+                                 ") serves the rank on a GPU, whose stream it orders against the trainer's "
+                                 "through stream signals, which this libzerod predates (it used interprocess "
+                                 "events until 2026-11-27); run the libzerod of the daemon's release");
       }
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();

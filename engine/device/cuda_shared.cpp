@@ -255,12 +255,36 @@ class IdleStream {
   IdleStream(const IdleStream&) = delete;
   IdleStream& operator=(const IdleStream&) = delete;
   cudaStream_t get() const { return s_; }
+  // Whether what it holds ran within `ms`. Bounded: a stream shares one of
+  // the GPU's hardware queues with others (CUDA_DEVICE_MAX_CONNECTIONS, 8
+  // by default), and one queued behind the very wait it is meant to end
+  // would never run.
+  bool finished_within(int ms) const {
+    for (int waited = 0;; ++waited) {
+      const cudaError_t e = cudaStreamQuery(s_);
+      if (e == cudaSuccess) return true;
+      if (e != cudaErrorNotReady) check_rt(e, "a stream of its own");
+      if (waited >= ms) return false;
+      usleep(1000);
+    }
+  }
 
  private:
   cudaStream_t s_ = nullptr;
 };
 
+constexpr int kIdleStreamMs = 10000;
+
 }  // namespace
+
+void SharedSignals::make_readback() {
+  // Page-locked, and made now: a copy into pageable memory returns only once
+  // done, and an allocation of page-locked memory later could wait for the
+  // very stream a release is for.
+  void* p = nullptr;
+  check_rt(cudaMallocHost(&p, sizeof(uint32_t)), "allocating a stream signal's read-back word");
+  readback_ = static_cast<uint32_t*>(p);
+}
 
 SharedSignals SharedSignals::create(int device, const std::string& what) {
   SharedSignals s;
@@ -271,6 +295,7 @@ SharedSignals SharedSignals::create(int device, const std::string& what) {
     check_rt(cudaStreamSynchronize(idle.get()), "zeroing " + what);
   }
   s.memory_fd_ = s.memory_.export_fd();
+  s.make_readback();
   s.page_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
   s.counts_ = new (s.page_->base()) SignalCounts{};
   s.counts_fd_ = s.page_->fd();
@@ -285,6 +310,7 @@ SharedSignals SharedSignals::import(int memory_fd, uint64_t memory_bytes, int co
   SharedSignals s;
   s.memory_ = SharedDeviceChunk::import(memory_fd, memory_bytes, device);
   s.counts_ = map_counts(counts_fd, what);
+  s.make_readback();
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
@@ -314,27 +340,39 @@ void SharedSignals::release(SignalId id) const {
   const IdleStream idle;
   check(driver().write_value(idle.get(), address(word(id)), static_cast<uint32_t>(n), CU_STREAM_WRITE_VALUE_DEFAULT),
         "releasing a stream signal");
-  check_rt(cudaStreamSynchronize(idle.get()), "releasing a stream signal");
+  if (!idle.finished_within(kIdleStreamMs))
+    fail(ZD_ERR_TIMEOUT, "releasing a stream signal: the write did not run within " +
+                             std::to_string(kIdleStreamMs / 1000) +
+                             " s; its stream may share a hardware queue with the stream that waits "
+                             "(CUDA_DEVICE_MAX_CONNECTIONS=32 in this process's environment makes that unlikely)");
 }
 
 bool SharedSignals::pending(SignalId id) const {
   const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
   if (n == 0) return false;
-  uint32_t seen = 0;
+  std::lock_guard<std::mutex> lock(*record_mu_);
+  if (readback_stuck_) return true;  // an earlier read never landed: as below
   try {
     const IdleStream idle;
-    if (cudaMemcpyAsync(&seen, word(id), sizeof seen, cudaMemcpyDeviceToHost, idle.get()) != cudaSuccess ||
-        cudaStreamSynchronize(idle.get()) != cudaSuccess) {
+    if (cudaMemcpyAsync(readback_, word(id), sizeof *readback_, cudaMemcpyDeviceToHost, idle.get()) != cudaSuccess) {
       cudaGetLastError();
       return false;
+    }
+    // Not read in time (its queue behind a wait, as in release): taken for
+    // pending, so the caller goes on to the release, which says why it
+    // cannot. The copy may still land: the buffer is left to it.
+    if (!idle.finished_within(kIdleStreamMs)) {
+      readback_stuck_ = true;
+      return true;
     }
   } catch (const std::exception&) {
     return false;
   }
-  return signal_behind(seen, n);
+  return signal_behind(*readback_, n);
 }
 
 SharedSignals::~SharedSignals() {
+  if (readback_ && !readback_stuck_) cudaFreeHost(readback_);
   if (counts_ && !page_) munmap(counts_, kSignalPageBytes);  // an imported page; a created one is page_'s
   if (memory_fd_ >= 0) ::close(memory_fd_);
 }
@@ -342,7 +380,8 @@ SharedSignals::~SharedSignals() {
 SharedSignals::SharedSignals(SharedSignals&& o) noexcept
     : memory_(std::move(o.memory_)), memory_fd_(std::exchange(o.memory_fd_, -1)),
       page_(std::move(o.page_)), counts_(std::exchange(o.counts_, nullptr)),
-      counts_fd_(std::exchange(o.counts_fd_, -1)), record_mu_(std::move(o.record_mu_)) {}
+      counts_fd_(std::exchange(o.counts_fd_, -1)), readback_(std::exchange(o.readback_, nullptr)),
+      readback_stuck_(o.readback_stuck_), record_mu_(std::move(o.record_mu_)) {}
 
 SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
   if (this != &o) {
@@ -352,6 +391,8 @@ SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
     page_ = std::move(o.page_);
     counts_ = std::exchange(o.counts_, nullptr);
     counts_fd_ = std::exchange(o.counts_fd_, -1);
+    readback_ = std::exchange(o.readback_, nullptr);
+    readback_stuck_ = o.readback_stuck_;
     record_mu_ = std::move(o.record_mu_);
   }
   return *this;

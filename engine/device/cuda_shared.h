@@ -1,4 +1,4 @@
-// GPU memory and events that cross processes, for the daemon on a GPU
+// GPU memory and stream signals that cross processes, for the daemon on a GPU
 // (DESIGN.md §9): the daemon allocates a rank's device pool and passes it to
 // the trainer once, as it passes memfd arenas on the CPU.
 //
@@ -117,20 +117,26 @@ class SharedSignals {
   void wait_on(SignalId s, void* stream) const;
   // Writes the latest number of `s` now. Only once the process that records
   // `s` can no longer run work on the GPU (it has exited): its queued
-  // records never run then, and nothing else would.
+  // records never run then, and nothing else would. ZD_ERR_TIMEOUT when the
+  // write has not run within 10 s (its stream in a hardware queue behind
+  // the wait).
   void release(SignalId s) const;
   // Whether the latest record of `s` has not written its number yet (an
-  // error reading the word counts as not pending).
+  // error reading the word counts as not pending; a read that does not
+  // finish within 10 s, as pending).
   bool pending(SignalId s) const;
 
  private:
   uint32_t* word(SignalId s) const { return static_cast<uint32_t*>(memory_.data()) + s; }
+  void make_readback();
 
   SharedDeviceChunk memory_;
   int memory_fd_ = -1;
   std::unique_ptr<SharedArena> page_;  // a created page (an imported one is only mapped)
   SignalCounts* counts_ = nullptr;     // the page, mapped here
   int counts_fd_ = -1;
+  uint32_t* readback_ = nullptr;         // page-locked: pending()'s copy of a word
+  mutable bool readback_stuck_ = false;  // a copy into it never finished (pending(), under record_mu_)
   std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued
 };
 

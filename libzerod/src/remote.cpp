@@ -80,6 +80,7 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_local_rank(local_rank_);
   h->set_job_key(id.job_key);
   h->set_local_world_size(id.local_world);
+  h->set_stream_signals(true);
   const v1::Reply r = rpc(req);
   // Model calls are call records on either carrier; a daemon from before
   // that could not take save, load or optimizer_info through its ring.

@@ -129,7 +129,7 @@ class RemoteClient final : public ClientBackend {
   std::byte* staging(uint64_t bytes);
 
   // Watches the daemon's socket for its hangup (started on first use: a
-  // model on a GPU, whose stream waits on the daemon's events).
+  // model on a GPU, whose stream waits on the daemon's stream signals).
   transport::HangupWatch& hangup_watch();
   // The daemon's pid as the kernel saw it at connect time; 0 where it is
   // not visible from here (another pid namespace).

@@ -28,7 +28,7 @@ RemoteModel::~RemoteModel() {
     // A broken job's end: the destroy below still detaches the model.
   }
   // The trainer's work on the views is done, and this side's mappings and
-  // events are gone, before the daemon frees what they refer to.
+  // stream signals are gone, before the daemon frees what they refer to.
   link_.quiesce();
   arenas_.clear();
   try {

@@ -122,10 +122,15 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
         return;
       }
       const SharedSignals& s = *signals_;
-      const std::string did = transport::release_when_gone(
-          daemon_pid_, kDaemonExitMs, kDaemonExitMs, [&s] { return s.pending(kZerodDone); },
-          [&s] { s.release(kZerodDone); });
-      if (!did.empty()) log_warn("the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: " + did);
+      const std::string who = "the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: ";
+      try {
+        const std::string did = transport::release_when_gone(
+            daemon_pid_, kDaemonExitMs, kDaemonExitMs, [&s] { return s.pending(kZerodDone); },
+            [&s] { s.release(kZerodDone); });
+        if (!did.empty()) log_warn(who + did);
+      } catch (const std::exception& e) {
+        log_warn(who + "releasing this process's GPU stream from its wait failed: " + e.what());
+      }
     });
   }
 #else
@@ -152,6 +157,28 @@ void TrainerLink::set_stream(void* stream) {
            "device = \"cuda\" in the job script to train on a GPU");
     return;
   }
+#if defined(ZEROD_HAVE_CUDA)
+  if (signals_ && stream != stream_) {
+    // A signal's word takes its records' numbers in the order they run:
+    // the new stream's records go after the old one's (else an older
+    // number could land last and hold a wait for the newer one), and
+    // quiesce, which waits for the new stream, covers both.
+    int current = -1;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
+    cudaEvent_t old_done = nullptr;
+    cudaError_t e = cudaSetDevice(device_id_);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&old_done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(old_done, static_cast<cudaStream_t>(stream_));
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), old_done, 0);
+    if (old_done) cudaEventDestroy(old_done);
+    if (restore) cudaSetDevice(current);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(ZD_ERR_INVALID_ARGUMENT, std::string("zd_model_set_stream: ordering the new stream after the old one: ") +
+                                        cudaGetErrorString(e));
+    }
+  }
+#endif
   stream_ = stream;
 }
 
