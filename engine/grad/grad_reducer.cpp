@@ -27,6 +27,7 @@ void GradReducer::reset() {
   norm_valid_.assign(ctx_.registry.params().size(), 0);
   in_window_.assign(ctx_.registry.params().size(), 0);
   settled_.assign(ctx_.registry.params().size(), 0);
+  handed_.assign(ctx_.registry.params().size(), 0);
   {
     const TierSet tiers = res_.tiers();
     const auto& groups = ctx_.registry.groups();
@@ -249,10 +250,11 @@ void GradReducer::settle_window(size_t gi, const std::vector<zd_param_id>& pids,
     ranges.emplace_back(window_at(gi, at), n * esz);
   }
   // Settled before in this window: this thread zeroed the range after that
-  // download, on zerod's stream, after `ready`. On a GPU the zero is queued,
-  // not done, so this download waits for a mark taken after it (found on an
-  // H200, 2026-11-27: overlap's cuda_stage2_host_f32_window_on_device read
-  // a window's sum twice).
+  // download, on zerod's stream, after `ready` (and the add since, which
+  // send_bucket issued after that zero). On a GPU the zero is queued, not
+  // done, so this download waits for a mark taken now (found on an H200,
+  // 2026-11-27: overlap's cuda_stage2_host_f32_window_on_device read a
+  // window's sum twice).
   if (again) ready = res_.device->mark();
   b.grad_memory().add_from_pool(adds, ready);
   // Their downloads are done (add_from_pool waited): the ranges are free
@@ -370,6 +372,15 @@ void GradReducer::send_bucket(size_t gi) {
       // The window on the device takes every micro-batch's contribution;
       // the last micro-batch's sum is what leaves (below).
       const zd_dtype gdt = ctx_.grad_dtype(grp);
+      // A parameter whose range a settle took already this window (a
+      // module's second backward in the last micro-batch): that settle
+      // zeroes the range on the accumulators' thread once its download is
+      // done. This add goes after that zero, or the zero would wipe it.
+      for (const Pending& pg : *pending)
+        if (handed_[static_cast<size_t>(pg.param)]) {
+          drain();
+          break;
+        }
       for (size_t i = 0; i < pending->size(); ++i) {
         uint64_t at, n;
         const std::byte* src = part(i, (*pending)[i].param, &at, &n);
@@ -379,6 +390,7 @@ void GradReducer::send_bucket(size_t gi) {
       res_.device->release(send, ZD_MEM_BUFFERS);
       res_.device->release(recv, ZD_MEM_BUFFERS);
       if (!last) return;  // not the window's last micro-batch
+      for (const Pending& pg : *pending) handed_[static_cast<size_t>(pg.param)] = 1;
       const uint64_t ready = res_.device->mark();
       to_accumulators([this, gi, pending, a, ready, last] {
         observe::Span add(res_.probe, "grads", "window to accumulators", a);
@@ -480,6 +492,7 @@ void GradReducer::end_step(bool applied) {
   for (ParamEntry& e : params_) e.touched = false;
   forget_norms();
   std::fill(settled_.begin(), settled_.end(), 0);
+  std::fill(handed_.begin(), handed_.end(), 0);
 }
 
 double GradReducer::host_sumsq(const std::vector<size_t>& groups) {
@@ -531,6 +544,7 @@ void GradReducer::zero() {
     if (!w.empty()) clear(w);
   std::fill(in_window_.begin(), in_window_.end(), 0);
   std::fill(settled_.begin(), settled_.end(), 0);
+  std::fill(handed_.begin(), handed_.end(), 0);
 }
 
 void GradReducer::restart() {

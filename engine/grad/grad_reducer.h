@@ -171,6 +171,7 @@ class GradReducer {
   std::vector<TieredBuffer> window_;  // per group; empty where not windowed
   std::vector<char> in_window_;       // per parameter: the window holds contributions not yet sent on
   std::vector<char> settled_;         // per parameter: its accumulators took a window's sum this window
+  std::vector<char> handed_;          // per parameter: a settle of it was queued this window (res_.stream's thread)
   std::vector<ParamEntry> params_;
   std::vector<std::vector<Pending>> buckets_;  // per group
   std::vector<uint64_t> bucket_elems_;         // per group
