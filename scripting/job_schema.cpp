@@ -72,8 +72,8 @@ std::vector<KeySpec> make_schema() {
       {"comm", T::kTable, 0, "local", {}, {}, "The comm plugin and its hyperparameters."},
       {"comm.backend", T::kString, 0, "\"local\"", {}, {},
        "The comm plugin: `local` serves the ranks of one daemon over shared memory; `mpi` spans daemons "
-       "([multinode.md](multinode.md)); `nccl` spans daemons on GPUs, never run on one yet ([nccl.md](nccl.md)). "
-       "Unnamed, it is `local` for a daemon alone and `mpi` for one of several nodes."},
+       "([multinode.md](multinode.md)); `nccl` spans daemons on GPUs, run with two daemons on one H200 so far "
+       "([nccl.md](nccl.md)). Unnamed, it is `local` for a daemon alone and `mpi` for one of several nodes."},
       {"comm.timeout", T::kNumber, 300, "", nums(0), {},
        "Seconds: a collective not started after this fails on every rank, naming where each rank was; 0 = wait "
        "forever."},

@@ -92,13 +92,17 @@ _DL_DTYPE = {1: (2, 32), 2: (4, 16), 3: (2, 16)}
 # last garbage collection, after this module's globals are gone (a
 # DeepSpeedEngine cycle holding view tensors, collected at exit, freed them
 # through a Python deleter whose code was gone: SIGSEGV on a GPU,
-# 2026-11-27). A capsule never consumed leaks its block (about 100 bytes);
-# every capsule made here goes straight to a from_dlpack.
+# 2026-11-27). A capsule never consumed leaks its block (about 100 bytes):
+# torch_at's go straight to a from_dlpack; a consumer that calls a View's
+# __dlpack__ and then fails leaks that much.
 _libc = ctypes.CDLL(None)
 _malloc = _libc.malloc
 _malloc.restype = ctypes.c_void_p
 _malloc.argtypes = [ctypes.c_size_t]
-_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
+_free = _libc.free
+_free.restype = None
+_free.argtypes = [ctypes.c_void_p]
+_FREE = ctypes.cast(_free, ctypes.c_void_p).value
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
@@ -114,19 +118,23 @@ def dlpack_capsule(ptr, dtype, shape, device_type, device_id):
     block = _malloc(ctypes.sizeof(_DLManagedTensor) + ctypes.sizeof(ctypes.c_int64) * rank)
     if not block:
         raise MemoryError("no memory for a DLPack tensor's header")
-    managed = _DLManagedTensor.from_address(block)
-    dims = (ctypes.c_int64 * rank).from_address(block + ctypes.sizeof(_DLManagedTensor))
-    dims[:len(shape)] = shape
-    managed.dl_tensor.data = ptr
-    managed.dl_tensor.device = _DLDevice(int(device_type), int(device_id))
-    managed.dl_tensor.ndim = len(shape)
-    managed.dl_tensor.dtype = _DLDataType(code, bits, 1)
-    managed.dl_tensor.shape = dims
-    managed.dl_tensor.strides = None  # compact row-major
-    managed.dl_tensor.byte_offset = 0
-    managed.manager_ctx = None
-    ctypes.c_void_p.from_address(block + _DLManagedTensor.deleter.offset).value = _FREE
-    return _PyCapsule_New(block, b"dltensor", None)
+    try:
+        managed = _DLManagedTensor.from_address(block)
+        dims = (ctypes.c_int64 * rank).from_address(block + ctypes.sizeof(_DLManagedTensor))
+        dims[:len(shape)] = shape
+        managed.dl_tensor.data = ptr
+        managed.dl_tensor.device = _DLDevice(int(device_type), int(device_id))
+        managed.dl_tensor.ndim = len(shape)
+        managed.dl_tensor.dtype = _DLDataType(code, bits, 1)
+        managed.dl_tensor.shape = dims
+        managed.dl_tensor.strides = None  # compact row-major
+        managed.dl_tensor.byte_offset = 0
+        managed.manager_ctx = None
+        ctypes.c_void_p.from_address(block + _DLManagedTensor.deleter.offset).value = _FREE
+        return _PyCapsule_New(block, b"dltensor", None)
+    except BaseException:
+        _free(block)
+        raise
 
 
 class View:
