@@ -38,6 +38,11 @@ struct Case {
   bool can_overlap = true;     // the engine overlaps this job's update (on the cpu device)
   // offload.accumulate of the overlapped run (the synchronous one: host).
   OffloadConfig::Accumulate accumulate = OffloadConfig::Accumulate::Auto;
+  // In each window's last micro-batch module 0's backward runs a second time
+  // (a module used twice): with the window on the device, its range was
+  // handed to the accumulators already, and the second sum must not be lost
+  // to that settle's zero of the range.
+  bool backward_twice = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -102,6 +107,14 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
           if (c.overflow && s == 4 && m == 2 && rank == 0) grad[7] = std::numeric_limits<float>::infinity();
           write_view(d, g, grad);
           model->backward_end(rank, static_cast<zd_module_id>(m));
+        }
+        if (c.backward_twice && micro == c.accumulation - 1) {
+          model->backward_begin(rank, 0);
+          const ViewInfo g = model->grad_view(rank, ids[0]);
+          std::vector<float> grad(w[0].size());
+          for (size_t j = 0; j < grad.size(); ++j) grad[j] = 0.5f * w[0][j] - std::sin(static_cast<float>(j + s));
+          write_view(d, g, grad);
+          model->backward_end(rank, 0);
         }
         const StepFigures f = model->step(rank);
         if (rank == 0) {
@@ -187,6 +200,8 @@ INSTANTIATE_TEST_SUITE_P(
                  false, true, OffloadConfig::Accumulate::Device},
             Case{"stage3_params_host_f16_window_overflow", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F16, 1, 2, 0,
                  1.0, true, true, OffloadConfig::Accumulate::Device},
+            Case{"stage3_host_f32_window_backward_twice", 3, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 1, 2, 0,
+                 1.0, false, true, OffloadConfig::Accumulate::Device, true},
             Case{"stage3_params_host_f32", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F32},
             Case{"stage3_params_host_f16_overflow", 3, ZD_TIER_HOST, ZD_TIER_HOST, ZD_DTYPE_F16, 1, 1, 0, 1.0, true},
             Case{"stage0_host_f32_2ranks", 0, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 2},
