@@ -361,7 +361,8 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
         server_.forget_if_unused(m);
         fail(ZD_ERR_CONFIG, why);
       }
-      if (d.stream_link().memory_fd >= 0 && !stream_signals_) {
+      const StreamLink link = d.stream_link();
+      if (link.memory_fd >= 0 && !stream_signals_) {
         m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s libzerod is too old for a GPU");
         server_.forget_if_unused(m);
         fail(ZD_ERR_VERSION, "rank " + std::to_string(rank_) + ": this daemon (" ZEROD_VERSION_STRING
@@ -376,7 +377,6 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       // against the daemon's.
       r->set_device_type(d.dlpack_type());
       r->set_device_id(d.ordinal());
-      const StreamLink link = d.stream_link();
       if (link.memory_fd >= 0) {
         r->set_signal_bytes(link.memory_bytes);
         fds->push_back(link.memory_fd);

@@ -298,7 +298,6 @@ SharedSignals SharedSignals::create(int device, const std::string& what) {
   s.make_readback();
   s.page_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
   s.counts_ = new (s.page_->base()) SignalCounts{};
-  s.counts_fd_ = s.page_->fd();
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
@@ -314,6 +313,8 @@ SharedSignals SharedSignals::import(int memory_fd, uint64_t memory_bytes, int co
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
+
+int SharedSignals::counts_fd() const { return page_ ? page_->fd() : -1; }
 
 void SharedSignals::record(SignalId id, void* stream) const {
   std::lock_guard<std::mutex> lock(*record_mu_);
@@ -380,7 +381,7 @@ SharedSignals::~SharedSignals() {
 SharedSignals::SharedSignals(SharedSignals&& o) noexcept
     : memory_(std::move(o.memory_)), memory_fd_(std::exchange(o.memory_fd_, -1)),
       page_(std::move(o.page_)), counts_(std::exchange(o.counts_, nullptr)),
-      counts_fd_(std::exchange(o.counts_fd_, -1)), readback_(std::exchange(o.readback_, nullptr)),
+      readback_(std::exchange(o.readback_, nullptr)),
       readback_stuck_(o.readback_stuck_), record_mu_(std::move(o.record_mu_)) {}
 
 SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
@@ -390,7 +391,6 @@ SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
     memory_fd_ = std::exchange(o.memory_fd_, -1);
     page_ = std::move(o.page_);
     counts_ = std::exchange(o.counts_, nullptr);
-    counts_fd_ = std::exchange(o.counts_fd_, -1);
     readback_ = std::exchange(o.readback_, nullptr);
     readback_stuck_ = o.readback_stuck_;
     record_mu_ = std::move(o.record_mu_);

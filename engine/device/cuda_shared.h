@@ -110,7 +110,7 @@ class SharedSignals {
   // the page's fd (owned here; -1 for an imported one).
   int memory_fd() const { return memory_fd_; }
   uint64_t memory_bytes() const { return memory_.size(); }
-  int counts_fd() const { return counts_fd_; }
+  int counts_fd() const;
 
   // `stream` is a cudaStream_t (nullptr: the legacy default stream).
   void record(SignalId s, void* stream) const;
@@ -134,7 +134,6 @@ class SharedSignals {
   int memory_fd_ = -1;
   std::unique_ptr<SharedArena> page_;  // a created page (an imported one is only mapped)
   SignalCounts* counts_ = nullptr;     // the page, mapped here
-  int counts_fd_ = -1;
   uint32_t* readback_ = nullptr;         // page-locked: pending()'s copy of a word
   mutable bool readback_stuck_ = false;  // a copy into it never finished (pending(), under record_mu_)
   std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued

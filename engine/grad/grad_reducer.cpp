@@ -398,10 +398,10 @@ void GradReducer::send_bucket(size_t gi) {
         // filled before the boundary: stage 2's large buckets) lists a
         // parameter once per micro-batch; the window held all of them at
         // `ready`, so one settle takes them all.
-        std::vector<char> once(ctx_.registry.params().size(), 0);
         std::vector<zd_param_id> pids;
-        for (const Pending& pg : *pending)
-          if (!std::exchange(once[static_cast<size_t>(pg.param)], 1)) pids.push_back(pg.param);
+        for (const Pending& pg : *pending) pids.push_back(pg.param);
+        std::sort(pids.begin(), pids.end());
+        pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
         settle_window(gi, pids, ready, last);
       });
       return;

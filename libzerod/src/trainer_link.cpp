@@ -46,6 +46,32 @@ constexpr uint64_t kMaxArenaBytes = static_cast<uint64_t>(std::numeric_limits<of
 struct ImportedArena::Gpu {
   SharedDeviceChunk chunk;
 };
+
+namespace {
+
+// Makes the rank's GPU current for its scope (the default stream, NULL, is
+// the current GPU's), then the trainer's own choice back. ok(): whether
+// the switch worked.
+class OnRankGpu {
+ public:
+  explicit OnRankGpu(int device) {
+    restore_ = cudaGetDevice(&before_) == cudaSuccess && before_ != device;
+    status_ = cudaSetDevice(device);
+  }
+  ~OnRankGpu() {
+    if (restore_ && cudaSetDevice(before_) != cudaSuccess) cudaGetLastError();
+  }
+  OnRankGpu(const OnRankGpu&) = delete;
+  OnRankGpu& operator=(const OnRankGpu&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int before_ = -1;
+  bool restore_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+}  // namespace
 #else
 struct ImportedArena::Gpu {};
 #endif
@@ -163,15 +189,13 @@ void TrainerLink::set_stream(void* stream) {
     // the new stream's records go after the old one's (else an older
     // number could land last and hold a wait for the newer one), and
     // quiesce, which waits for the new stream, covers both.
-    int current = -1;
-    const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
+    const OnRankGpu on(device_id_);
     cudaEvent_t old_done = nullptr;
-    cudaError_t e = cudaSetDevice(device_id_);
+    cudaError_t e = on.status();
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&old_done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(old_done, static_cast<cudaStream_t>(stream_));
     if (e == cudaSuccess) e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), old_done, 0);
     if (old_done) cudaEventDestroy(old_done);
-    if (restore) cudaSetDevice(current);
     if (e != cudaSuccess) {
       cudaGetLastError();
       fail(ZD_ERR_INVALID_ARGUMENT, std::string("zd_model_set_stream: ordering the new stream after the old one: ") +
@@ -191,16 +215,11 @@ void TrainerLink::before_call() {
 void TrainerLink::quiesce() noexcept {
 #if defined(ZEROD_HAVE_CUDA)
   if (!signals_) return;
-  // The default stream (NULL) is the current GPU's: this rank's, then the
-  // trainer's own choice back.
-  int current = -1;
-  const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_id_;
-  if (cudaSetDevice(device_id_) != cudaSuccess ||
-      cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
+  const OnRankGpu on(device_id_);
+  if (on.status() != cudaSuccess || cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
     cudaGetLastError();
   unwatch();  // after the stream: its callback uses the signals
   signals_.reset();
-  if (restore && cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
 #endif
 }
 
