@@ -250,7 +250,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
     fail(ZD_ERR_INVALID_ARGUMENT, "unknown role '" + h.role() + "' in hello");
   }
   greeted_ = true;
-  stream_signals_ = h.stream_signals();
+  stream_signals_ = h.stream_signal_page();
   v1::HelloReply* r = reply->mutable_hello();
   r->set_abi_version(ZD_ABI_VERSION);
   r->set_version(ZEROD_VERSION_STRING);
@@ -362,13 +362,14 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
         fail(ZD_ERR_CONFIG, why);
       }
       const StreamLink link = d.stream_link();
-      if (link.memory_fd >= 0 && !stream_signals_) {
+      if (link.page_fd >= 0 && !stream_signals_) {
         m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s libzerod is too old for a GPU");
         server_.forget_if_unused(m);
         fail(ZD_ERR_VERSION, "rank " + std::to_string(rank_) + ": this daemon (" ZEROD_VERSION_STRING
                                  ") serves the rank on a GPU, whose stream it orders against the trainer's "
-                                 "through stream signals, which this libzerod predates (it used interprocess "
-                                 "events until 2026-11-27); run the libzerod of the daemon's release");
+                                 "through a page of stream signals, which this libzerod predates (it used "
+                                 "interprocess events until 2026-11-27, and signals in GPU memory until "
+                                 "2026-11-28); run the libzerod of the daemon's release");
       }
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();
@@ -377,10 +378,9 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       // against the daemon's.
       r->set_device_type(d.dlpack_type());
       r->set_device_id(d.ordinal());
-      if (link.memory_fd >= 0) {
-        r->set_signal_bytes(link.memory_bytes);
-        fds->push_back(link.memory_fd);
-        fds->push_back(link.counts_fd);
+      if (link.page_fd >= 0) {
+        r->set_signal_page(true);
+        fds->push_back(link.page_fd);
       }
       return;
     }

@@ -102,7 +102,7 @@ class Session {
   std::atomic<bool> finished_{false};
   bool greeted_ = false;
   bool observer_ = false;
-  bool stream_signals_ = false;  // the client maps GPU stream signals (hello)
+  bool stream_signals_ = false;  // the client maps a page of GPU stream signals (hello)
   int rank_ = -1;
   std::shared_ptr<ServedJob> job_;  // the rank's job, from its hello
   int pid_ = 0;

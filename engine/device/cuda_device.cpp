@@ -7,8 +7,8 @@
 // until the model goes (cudaFree synchronises the whole device). A daemon's
 // device (shared) takes its chunks from CUDA virtual memory instead, each
 // exportable as a file descriptor its trainer maps (cuda_shared.h), and
-// orders the trainer's stream in the other process through two
-// interprocess events (StreamLink). A freed
+// orders the trainer's stream in the other process through stream signals
+// in a host page both map (StreamLink, SharedSignals). A freed
 // block may be reused by later work on zerod's stream at once: that work is
 // ordered after whatever used it. The trainer reads and writes pool memory
 // on its own stream only between a begin call (which makes the trainer's
@@ -182,7 +182,7 @@ class CudaDevice final : public Device {
 
   StreamLink stream_link() const override {
     if (!shared_) return {};
-    return {signals_.memory_fd(), signals_.memory_bytes(), signals_.counts_fd()};
+    return {signals_.page_fd()};
   }
 
   void register_host(void* ptr, uint64_t bytes) override {
@@ -379,7 +379,7 @@ class CudaDevice final : public Device {
 
   void set_trainer_stream(void* stream) override {
     // A shared device's trainer is in another process: its stream is
-    // ordered through the StreamLink events, which its libzerod handles.
+    // ordered through the StreamLink signals, which its libzerod handles.
     if (!shared_) trainer_ = static_cast<cudaStream_t>(stream);
   }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -237,162 +238,98 @@ SharedDeviceChunk& SharedDeviceChunk::operator=(SharedDeviceChunk&& o) noexcept 
 
 namespace {
 
-CUdeviceptr address(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
-
-SignalCounts* map_counts(int fd, const std::string& what) {
+SignalPage* map_page(int fd, const std::string& what) {
   void* p = mmap(nullptr, kSignalPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) fail(ZD_ERR_OUT_OF_MEMORY, what + ": mapping its page: " + errno_text(errno));
-  return static_cast<SignalCounts*>(p);
+  return static_cast<SignalPage*>(p);
 }
 
-// A stream that holds nothing else, for a write or read that must not wait
-// behind a stream that may never move again. Non-blocking: the legacy
-// default stream (a trainer's, perhaps the one that waits) does not order it.
-class IdleStream {
- public:
-  IdleStream() { check_rt(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "creating a stream"); }
-  ~IdleStream() { cudaStreamDestroy(s_); }
-  IdleStream(const IdleStream&) = delete;
-  IdleStream& operator=(const IdleStream&) = delete;
-  cudaStream_t get() const { return s_; }
-  // Whether what it holds ran within `ms`. Bounded: a stream shares one of
-  // the GPU's hardware queues with others (CUDA_DEVICE_MAX_CONNECTIONS, 8
-  // by default), and one queued behind the very wait it is meant to end
-  // would never run.
-  bool finished_within(int ms) const {
-    for (int waited = 0;; ++waited) {
-      const cudaError_t e = cudaStreamQuery(s_);
-      if (e == cudaSuccess) return true;
-      if (e != cudaErrorNotReady) check_rt(e, "a stream of its own");
-      if (waited >= ms) return false;
-      usleep(1000);
-    }
+// Registers the page with GPU `device` (page-locked, mapped into the GPU's
+// address space, for every context: portable) and returns its address
+// there. Registering memory another process mapped too is what NCCL's
+// shared-memory transport does with its own pages.
+unsigned long long register_page(SignalPage* page, int device, const std::string& what) {
+  use_device(device);
+  check_rt(cudaHostRegister(page, kSignalPageBytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+           "registering " + what + " with GPU " + std::to_string(device));
+  void* on_gpu = nullptr;
+  const cudaError_t e = cudaHostGetDevicePointer(&on_gpu, page, 0);
+  if (e != cudaSuccess) {
+    cudaHostUnregister(page);
+    check_rt(e, "finding " + what + " in GPU " + std::to_string(device) + "'s address space");
   }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-constexpr int kIdleStreamMs = 10000;
+  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(on_gpu));
+}
 
 }  // namespace
 
-void SharedSignals::make_readback() {
-  // Page-locked, and made now: a copy into pageable memory returns only once
-  // done, and an allocation of page-locked memory later could wait for the
-  // very stream a release is for.
-  void* p = nullptr;
-  check_rt(cudaMallocHost(&p, sizeof(uint32_t)), "allocating a stream signal's read-back word");
-  readback_ = static_cast<uint32_t*>(p);
-}
-
 SharedSignals SharedSignals::create(int device, const std::string& what) {
   SharedSignals s;
-  s.memory_ = SharedDeviceChunk::allocate(device, kSignalCount * sizeof(uint32_t), what);
-  {
-    const IdleStream idle;
-    check_rt(cudaMemsetAsync(s.memory_.data(), 0, kSignalCount * sizeof(uint32_t), idle.get()), "zeroing " + what);
-    check_rt(cudaStreamSynchronize(idle.get()), "zeroing " + what);
-  }
-  s.memory_fd_ = s.memory_.export_fd();
-  s.make_readback();
-  s.page_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
-  s.counts_ = new (s.page_->base()) SignalCounts{};
+  s.arena_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
+  s.page_ = new (s.arena_->base()) SignalPage{};
+  s.device_page_ = register_page(s.page_, device, what);
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
 
-SharedSignals SharedSignals::import(int memory_fd, uint64_t memory_bytes, int counts_fd, int device) {
+SharedSignals SharedSignals::import(int page_fd, int device) {
   const std::string what = "the daemon's stream signals";
-  if (memory_bytes < kSignalCount * sizeof(uint32_t))
-    fail(ZD_ERR_INTERNAL, what + ": " + std::to_string(memory_bytes) + " bytes of GPU memory, too few");
   SharedSignals s;
-  s.memory_ = SharedDeviceChunk::import(memory_fd, memory_bytes, device);
-  s.counts_ = map_counts(counts_fd, what);
-  s.make_readback();
+  s.page_ = map_page(page_fd, what);
+  s.device_page_ = register_page(s.page_, device, what);  // on failure s's destructor unmaps the page
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
 
-int SharedSignals::counts_fd() const { return page_ ? page_->fd() : -1; }
+int SharedSignals::page_fd() const { return arena_ ? arena_->fd() : -1; }
+
+unsigned long long SharedSignals::device_word(SignalId id) const {
+  return device_page_ + offsetof(SignalPage, word) + static_cast<unsigned>(id) * sizeof(uint32_t);
+}
 
 void SharedSignals::record(SignalId id, void* stream) const {
   std::lock_guard<std::mutex> lock(*record_mu_);
-  const uint64_t n = counts_->issued[id].load(std::memory_order_relaxed) + 1;
+  const uint64_t n = page_->issued[id].load(std::memory_order_relaxed) + 1;
   // The default flags put a memory barrier before the write: what the
   // stream wrote before is visible to whoever the word releases.
-  check(driver().write_value(static_cast<CUstream>(stream), address(word(id)), static_cast<uint32_t>(n),
+  check(driver().write_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
                              CU_STREAM_WRITE_VALUE_DEFAULT),
         "recording a stream signal");
   // Published once queued: a number the other side reads is always on its way.
-  counts_->issued[id].store(n, std::memory_order_release);
+  page_->issued[id].store(n, std::memory_order_release);
 }
 
 void SharedSignals::wait_on(SignalId id, void* stream) const {
-  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
+  const uint64_t n = page_->issued[id].load(std::memory_order_acquire);
   if (n == 0) return;  // never recorded: nothing to wait for
-  check(driver().wait_value(static_cast<CUstream>(stream), address(word(id)), static_cast<uint32_t>(n),
+  check(driver().wait_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
                             CU_STREAM_WAIT_VALUE_GEQ),
         "waiting for a stream signal");
 }
 
-void SharedSignals::release(SignalId id) const {
-  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
-  const IdleStream idle;
-  check(driver().write_value(idle.get(), address(word(id)), static_cast<uint32_t>(n), CU_STREAM_WRITE_VALUE_DEFAULT),
-        "releasing a stream signal");
-  if (!idle.finished_within(kIdleStreamMs))
-    fail(ZD_ERR_TIMEOUT, "releasing a stream signal: the write did not run within " +
-                             std::to_string(kIdleStreamMs / 1000) +
-                             " s; its stream may share a hardware queue with the stream that waits "
-                             "(CUDA_DEVICE_MAX_CONNECTIONS=32 in this process's environment makes that unlikely)");
-}
+void SharedSignals::release(SignalId id) const { signal_release(*page_, id); }
 
-bool SharedSignals::pending(SignalId id) const {
-  const uint64_t n = counts_->issued[id].load(std::memory_order_acquire);
-  if (n == 0) return false;
-  std::lock_guard<std::mutex> lock(*record_mu_);
-  if (readback_stuck_) return true;  // an earlier read never landed: as below
-  try {
-    const IdleStream idle;
-    if (cudaMemcpyAsync(readback_, word(id), sizeof *readback_, cudaMemcpyDeviceToHost, idle.get()) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    // Not read in time (its queue behind a wait, as in release): taken for
-    // pending, so the caller goes on to the release, which says why it
-    // cannot. The copy may still land: the buffer is left to it.
-    if (!idle.finished_within(kIdleStreamMs)) {
-      readback_stuck_ = true;
-      return true;
-    }
-  } catch (const std::exception&) {
-    return false;
-  }
-  return signal_behind(*readback_, n);
-}
+bool SharedSignals::pending(SignalId id) const { return signal_pending(*page_, id); }
 
 SharedSignals::~SharedSignals() {
-  if (readback_ && !readback_stuck_) cudaFreeHost(readback_);
-  if (counts_ && !page_) munmap(counts_, kSignalPageBytes);  // an imported page; a created one is page_'s
-  if (memory_fd_ >= 0) ::close(memory_fd_);
+  if (!page_) return;
+  // Nothing queued may use it any more: the trainer's side quiesces its
+  // stream first, the daemon's device synchronizes before it goes.
+  cudaHostUnregister(page_);
+  cudaGetLastError();
+  if (!arena_) munmap(page_, kSignalPageBytes);  // an imported page; a created one is arena_'s
 }
 
 SharedSignals::SharedSignals(SharedSignals&& o) noexcept
-    : memory_(std::move(o.memory_)), memory_fd_(std::exchange(o.memory_fd_, -1)),
-      page_(std::move(o.page_)), counts_(std::exchange(o.counts_, nullptr)),
-      readback_(std::exchange(o.readback_, nullptr)),
-      readback_stuck_(o.readback_stuck_), record_mu_(std::move(o.record_mu_)) {}
+    : arena_(std::move(o.arena_)), page_(std::exchange(o.page_, nullptr)),
+      device_page_(std::exchange(o.device_page_, 0)), record_mu_(std::move(o.record_mu_)) {}
 
 SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
   if (this != &o) {
     SharedSignals gone(std::move(*this));  // what this held goes at the end of the scope
-    memory_ = std::move(o.memory_);
-    memory_fd_ = std::exchange(o.memory_fd_, -1);
-    page_ = std::move(o.page_);
-    counts_ = std::exchange(o.counts_, nullptr);
-    readback_ = std::exchange(o.readback_, nullptr);
-    readback_stuck_ = o.readback_stuck_;
+    arena_ = std::move(o.arena_);
+    page_ = std::exchange(o.page_, nullptr);
+    device_page_ = std::exchange(o.device_page_, 0);
     record_mu_ = std::move(o.record_mu_);
   }
   return *this;

@@ -22,7 +22,7 @@
 // Built only with CUDA (ZEROD_HAVE_CUDA).
 #pragma once
 
-#include "signal_counts.h"
+#include "signal_page.h"
 
 #include <cstdint>
 #include <memory>
@@ -72,70 +72,63 @@ class SharedDeviceChunk {
 };
 
 // Order between a stream in one process and a stream in another, that
-// either side can release when the other dies. Each signal (signal_counts.h)
-// is a 32-bit word in GPU memory both processes map (a SharedDeviceChunk)
-// and a count of its records in a host page both map. record() has the
-// stream write the record's number into the word when it gets there
+// either side can release when the other dies. The signals live in one page
+// of host memory (signal_page.h) that both processes map and register with
+// their GPU: per signal, a count of its records and a 32-bit word. record()
+// has the stream write the record's number into the word when it gets there
 // (cuStreamWriteValue32, after a memory barrier, so everything the stream
 // did before is visible first) and then publishes the number; wait_on() has
 // a stream wait until the word reaches the latest number published
-// (cuStreamWaitValue32). A process killed with a record still queued never
-// writes it; release(), once that process has exited, writes the latest
-// number from a stream of its own and so ends every wait for it.
+// (cuStreamWaitValue32, which the GPU polls over the bus). A process killed
+// with a record still queued never writes it; release(), once that process
+// has exited, stores the latest number from the CPU and so ends every wait
+// for it, and pending() reads the word from the CPU: neither goes through a
+// stream, so neither can be held behind the wait it is about.
 //
 // Why not interprocess CUDA events: a wait on a cudaEventInterprocess record
 // that its process never ran holds for good, and a later record of the same
 // event does not end it (device.CudaShared.* on an H200, 2026-11-27: still
-// held 10 s after the later record).
+// held 10 s after the later record). Why not words in GPU memory (what
+// replaced the events first, never run on a GPU): only a stream could write
+// or read them, and that stream could share a hardware queue with the wait.
 class SharedSignals {
  public:
   SharedSignals() = default;
-  // The daemon's: the words on GPU `device`, zeroed, and the page of counts
-  // (a sealed memfd). `what` names them in errors.
+  // The daemon's: a zeroed page (a sealed memfd), registered with GPU
+  // `device`. `what` names it in errors.
   static SharedSignals create(int device, const std::string& what);
-  // The trainer's: maps what another process created: `memory_fd` and
-  // `memory_bytes` its words (as SharedDeviceChunk::import), `counts_fd`
-  // its page, which the caller has checked is a memfd of kSignalPageBytes
-  // sealed against resizing (transport::check_sealed_memfd; the engine
-  // does not reach the transport). The fds are not closed here.
-  static SharedSignals import(int memory_fd, uint64_t memory_bytes, int counts_fd, int device);
+  // The trainer's: maps and registers with GPU `device` the page another
+  // process created, `page_fd`, which the caller has checked is a memfd of
+  // kSignalPageBytes sealed against resizing (transport::check_sealed_memfd;
+  // the engine does not reach the transport). The fd is not closed here.
+  static SharedSignals import(int page_fd, int device);
   ~SharedSignals();
   SharedSignals(SharedSignals&& o) noexcept;
   SharedSignals& operator=(SharedSignals&& o) noexcept;
   SharedSignals(const SharedSignals&) = delete;
   SharedSignals& operator=(const SharedSignals&) = delete;
 
-  explicit operator bool() const { return counts_ != nullptr; }
-  // For sending: the words' fd and size (the fd made once, owned here) and
-  // the page's fd (owned here; -1 for an imported one).
-  int memory_fd() const { return memory_fd_; }
-  uint64_t memory_bytes() const { return memory_.size(); }
-  int counts_fd() const;
+  explicit operator bool() const { return page_ != nullptr; }
+  // For sending: the page's fd (owned here; -1 for an imported one).
+  int page_fd() const;
 
   // `stream` is a cudaStream_t (nullptr: the legacy default stream).
   void record(SignalId s, void* stream) const;
   void wait_on(SignalId s, void* stream) const;
-  // Writes the latest number of `s` now. Only once the process that records
-  // `s` can no longer run work on the GPU (it has exited): its queued
-  // records never run then, and nothing else would. ZD_ERR_TIMEOUT when the
-  // write has not run within 10 s (its stream in a hardware queue behind
-  // the wait).
+  // Stores the latest number of `s` now (signal_release). Only once the
+  // process that records `s` can no longer run work on the GPU (it has
+  // exited): its queued records never run then, and nothing else would.
   void release(SignalId s) const;
-  // Whether the latest record of `s` has not written its number yet (an
-  // error reading the word counts as not pending; a read that does not
-  // finish within 10 s, as pending).
+  // Whether the latest record of `s` has not written its number yet.
   bool pending(SignalId s) const;
 
  private:
-  uint32_t* word(SignalId s) const { return static_cast<uint32_t*>(memory_.data()) + s; }
-  void make_readback();
+  // The word's address on the GPU (the page's mapping there).
+  unsigned long long device_word(SignalId s) const;
 
-  SharedDeviceChunk memory_;
-  int memory_fd_ = -1;
-  std::unique_ptr<SharedArena> page_;  // a created page (an imported one is only mapped)
-  SignalCounts* counts_ = nullptr;     // the page, mapped here
-  uint32_t* readback_ = nullptr;         // page-locked: pending()'s copy of a word
-  mutable bool readback_stuck_ = false;  // a copy into it never finished (pending(), under record_mu_)
+  std::unique_ptr<SharedArena> arena_;  // a created page (an imported one is only mapped)
+  SignalPage* page_ = nullptr;          // the page, mapped here
+  unsigned long long device_page_ = 0;  // CUdeviceptr: the page as the GPU addresses it
   std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued
 };
 

@@ -51,18 +51,16 @@ struct PoolExport {
 
 // Daemon mode on a device with streams: what orders a trainer's stream, in
 // its own process, against zerod's stream (device/cuda_shared.h,
-// SharedSignals): a few words of GPU memory, exported once as `memory_fd`
-// (`memory_bytes` long), and a sealed memfd page of record counts,
-// `counts_fd`. Both fds are owned by the device; whoever sends them passes
-// copies. -1 where there are none. zerod records kZerodDone where
+// SharedSignals): a sealed memfd page of signals (device/signal_page.h),
+// `page_fd`, which both processes map and register with the GPU. The fd is
+// owned by the device; whoever sends it passes a copy. -1 where there is
+// none. zerod records kZerodDone where
 // trainer_waits() would make a local trainer's stream wait, and the
 // trainer's stream waits for it after each begin call; the trainer records
 // kTrainerDone on its stream before each call, and wait_for_trainer() makes
 // zerod's stream wait for it.
 struct StreamLink {
-  int memory_fd = -1;
-  uint64_t memory_bytes = 0;
-  int counts_fd = -1;
+  int page_fd = -1;
 };
 
 class Device {

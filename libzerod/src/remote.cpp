@@ -80,7 +80,7 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_local_rank(local_rank_);
   h->set_job_key(id.job_key);
   h->set_local_world_size(id.local_world);
-  h->set_stream_signals(true);
+  h->set_stream_signal_page(true);
   const v1::Reply r = rpc(req);
   // Model calls are call records on either carrier; a daemon from before
   // that could not take save, load or optimizer_info through its ring.
@@ -128,13 +128,14 @@ std::unique_ptr<ModelBackend> RemoteClient::create_model(const ScriptOptions& s)
   const v1::CreateModelReply& cm = r.create_model();
   const int32_t device_id = named && cm.device_type() == ZD_DEVICE_CUDA ? gpu : cm.device_id();
   try {
-    // A GPU's stream signals: their memory and their page of counts, mapped
-    // by the model's TrainerLink (the fds close here once it has).
+    // A GPU's page of stream signals, mapped by the model's TrainerLink
+    // (the fd closes here once it has).
     StreamLink link;
-    if (cm.signal_bytes() > 0) {
-      if (fds.size() != 2)
-        fail(ZD_ERR_INTERNAL, "the daemon announced stream signals but sent " + std::to_string(fds.size()) + " fds");
-      link = StreamLink{fds[0].get(), cm.signal_bytes(), fds[1].get()};
+    if (cm.signal_page()) {
+      if (fds.size() != 1)
+        fail(ZD_ERR_INTERNAL,
+             "the daemon announced a page of stream signals but sent " + std::to_string(fds.size()) + " fds");
+      link = StreamLink{fds[0].get()};
     }
     return std::make_unique<RemoteModel>(*this, cm.model(), cm.device_type(), device_id, link);
   } catch (...) {

@@ -123,19 +123,18 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
     : device_type_(device_type ? device_type : ZD_DEVICE_CPU), device_id_(device_id), daemon_pid_(daemon_pid) {
   if (device_type_ != ZD_DEVICE_CUDA) return;
 #if defined(ZEROD_HAVE_CUDA)
-  if (link.memory_fd < 0)
-    fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on a GPU but sent no stream signals: it is older than "
-                        "this libzerod (its GPU ranks used interprocess events until 2026-11-27); run a daemon and "
-                        "a libzerod of the same release");
+  if (link.page_fd < 0)
+    fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on a GPU but sent no page of stream signals: it is "
+                        "older than this libzerod (its GPU ranks used interprocess events until 2026-11-27, and "
+                        "signals in GPU memory until 2026-11-28); run a daemon and a libzerod of the same release");
   if (cudaSetDevice(device_id_) != cudaSuccess) {
     cudaGetLastError();
     fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on GPU " + std::to_string(device_id_) +
                             ", which this process cannot use (CUDA_VISIBLE_DEVICES?)");
   }
-  transport::check_sealed_memfd(link.counts_fd, kSignalPageBytes, kSignalPageBytes,
-                                "the daemon's page of stream-signal counts", ZD_ERR_INTERNAL);
-  signals_ = std::make_unique<SharedSignals>(
-      SharedSignals::import(link.memory_fd, link.memory_bytes, link.counts_fd, device_id_));
+  transport::check_sealed_memfd(link.page_fd, kSignalPageBytes, kSignalPageBytes,
+                                "the daemon's page of stream signals", ZD_ERR_INTERNAL);
+  signals_ = std::make_unique<SharedSignals>(SharedSignals::import(link.page_fd, device_id_));
   if (watch) {
     // On the watch's thread, which has no GPU current. A daemon that only
     // closed this connection runs its record still: released only once

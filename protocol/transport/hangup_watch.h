@@ -9,7 +9,7 @@
 // whatever next waits for its stream (`loss.item()`) and never reaching a
 // zerod call that would tell it the daemon is gone. On the hangup, once
 // the daemon's process has exited, the signal is released (its latest
-// number written from an idle stream: SharedSignals::release,
+// number stored from the CPU: SharedSignals::release,
 // process_exit.h), which ends that wait, so the trainer's next zerod call fails with ZD_ERR_PEER_LOST
 // instead.
 #pragma once

@@ -8,9 +8,9 @@
 // queued before its record never runs that record, and the other stream,
 // waiting for it, would stop there for good: every later copy, reduction,
 // snapshot and teardown on the daemon's side; the trainer's `loss.item()` on
-// the other. What releases it is writing the signal's latest number from an
-// idle stream (SharedSignals::release), done only once the dead side can no
-// longer run work on the GPU: once its process has exited.
+// the other. What releases it is storing the signal's latest number from the
+// CPU (SharedSignals::release), done only once the dead side can no longer
+// run work on the GPU: once its process has exited.
 #pragma once
 
 #include <sys/types.h>

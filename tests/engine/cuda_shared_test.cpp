@@ -17,7 +17,8 @@
 // (what the release is for), and checks that the parent sees the child's
 // record pending (what Device::trainer_pending asks). Interprocess CUDA
 // events failed the same tests on an H200 (2026-11-27): a later record
-// did not end the wait.
+// did not end the wait. The signals live in a page of host memory since
+// (signal_page.h), so the release is a store from the CPU.
 //
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
 // executable, each test forking before anything starts CUDA in its process
@@ -46,12 +47,11 @@ constexpr uint64_t kBytes = uint64_t{3} << 20;  // not a multiple of the granula
 constexpr int kNoGpu = 77;
 
 struct Offer {
-  uint64_t bytes;          // the chunk's (the first fd)
-  uint64_t signal_bytes;   // the signals' memory (the second fd; the third is their page)
+  uint64_t bytes;  // the chunk's (the first fd; the second is the signals' page)
 };
 
 // The fds of `s` as the daemon sends them.
-std::vector<int> signal_fds(const SharedSignals& s) { return {s.memory_fd(), s.counts_fd()}; }
+std::vector<int> signal_fds(const SharedSignals& s) { return {s.page_fd()}; }
 
 std::string gpu_missing() {
   int n = 0;
@@ -75,11 +75,11 @@ bool all_bytes(const void* dev, uint64_t n, unsigned char want) {
   try {
     if (!gpu_missing().empty()) _exit(kNoGpu);
     Frame f = c.receive(1024, 30000);
-    if (f.fds.size() != 3 || f.body.size() != sizeof(Offer)) throw std::runtime_error("a malformed offer");
+    if (f.fds.size() != 2 || f.body.size() != sizeof(Offer)) throw std::runtime_error("a malformed offer");
     Offer o;
     std::memcpy(&o, f.body.data(), sizeof o);
     SharedDeviceChunk mine = SharedDeviceChunk::import(f.fds[0].get(), o.bytes, 0);
-    SharedSignals signals = SharedSignals::import(f.fds[1].get(), o.signal_bytes, f.fds[2].get(), 0);
+    SharedSignals signals = SharedSignals::import(f.fds[1].get(), 0);
     if (!all_bytes(mine.data(), mine.size(), 0x11)) throw std::runtime_error("the parent's bytes are not there");
     cudaStream_t s = nullptr;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
@@ -114,10 +114,8 @@ void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
   try {
     if (!gpu_missing().empty()) _exit(kNoGpu);
     Frame f = c.receive(1024, 30000);
-    if (f.fds.size() != 2 || f.body.size() != sizeof(uint64_t)) throw std::runtime_error("a malformed offer");
-    uint64_t bytes = 0;
-    std::memcpy(&bytes, f.body.data(), sizeof bytes);
-    static SharedSignals signals = SharedSignals::import(f.fds[0].get(), bytes, f.fds[1].get(), 0);
+    if (f.fds.size() != 1) throw std::runtime_error("a malformed offer");
+    static SharedSignals signals = SharedSignals::import(f.fds[0].get(), 0);
     record_behind_endless_work(signals, kTrainerDone);
   } catch (const std::exception& e) {
     answer = e.what();
@@ -136,9 +134,8 @@ void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
   std::string answer;
   try {
     static SharedSignals signals = SharedSignals::create(0, "the child's signals");  // lives until the kill
-    const uint64_t bytes = signals.memory_bytes();
     const std::vector<int> fds = signal_fds(signals);
-    c.send(FrameHeader{}, std::as_bytes(std::span(&bytes, 1)), fds, 30000);
+    c.send(FrameHeader{}, {}, fds, 30000);
     Frame opened = c.receive(1024, 60000);  // the parent has mapped them
     record_behind_endless_work(signals, kZerodDone);
   } catch (const std::exception& e) {
@@ -190,10 +187,10 @@ TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
   ASSERT_EQ(cudaMemset(chunk.data(), 0x11, chunk.size()), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
-  const Offer o{chunk.size(), signals.memory_bytes()};
+  const Offer o{chunk.size()};
   const int fd = chunk.export_fd();
   ASSERT_GE(fd, 0);
-  const int fds[] = {fd, signals.memory_fd(), signals.counts_fd()};
+  const int fds[] = {fd, signals.page_fd()};
   parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
   close(fd);
 
@@ -268,8 +265,7 @@ TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
     GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
   ASSERT_GT(pid, 0);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
-  const uint64_t bytes = signals.memory_bytes();
-  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&bytes, 1)), signal_fds(signals), 30000);
+  parent_end.send(FrameHeader{}, {}, signal_fds(signals), 30000);
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
@@ -277,7 +273,7 @@ TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
 }
 
 // The trainer's side: the killed daemon's signals (mapped here, which keeps
-// their memory), the killed daemon's record.
+// the page), the killed daemon's record.
 TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
   pid_t pid = 0;
@@ -285,11 +281,8 @@ TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
     GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
   ASSERT_GT(pid, 0);
   Frame offer = parent_end.receive(1024, 60000);
-  ASSERT_EQ(offer.body.size(), sizeof(uint64_t));
-  ASSERT_EQ(offer.fds.size(), 2u);
-  uint64_t bytes = 0;
-  std::memcpy(&bytes, offer.body.data(), sizeof bytes);
-  SharedSignals signals = SharedSignals::import(offer.fds[0].get(), bytes, offer.fds[1].get(), 0);
+  ASSERT_EQ(offer.fds.size(), 1u);
+  SharedSignals signals = SharedSignals::import(offer.fds[0].get(), 0);
   parent_end.send(FrameHeader{}, {}, {}, 30000);
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());

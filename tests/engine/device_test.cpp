@@ -4,7 +4,8 @@
 // update. The cpu device runs everywhere; the cuda device where this
 // process sees a GPU, and is reported skipped, with the reason, elsewhere.
 #include "device/select.h"
-#include "device/signal_counts.h"
+#include "device/signal_page.h"
+#include "memory/arena.h"
 #include "runtime/dtype.h"
 #include "error.h"
 #include "grad/grad_math.h"
@@ -12,6 +13,9 @@
 #include "runtime/workers.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -267,7 +271,7 @@ TEST(DeviceChoice, CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu) {
 
 }  // namespace
 
-// The GPU stream signals' comparison (device/signal_counts.h): a wait ends
+// The GPU stream signals' comparison (device/signal_page.h): a wait ends
 // once the word has reached the record's number, modulo 2^32 the way
 // cuStreamWaitValue32 compares, so a long job's wrap changes nothing.
 TEST(StreamSignals, AWaitEndsOnceTheWordReachesTheRecordEvenAcrossTheWrap) {
@@ -282,4 +286,49 @@ TEST(StreamSignals, AWaitEndsOnceTheWordReachesTheRecordEvenAcrossTheWrap) {
   EXPECT_FALSE(signal_behind(3, wrap + 2));
   EXPECT_TRUE(signal_behind(0xFFFFFFF0u, wrap + 2));
   EXPECT_TRUE(signal_behind(7, 3 * wrap + 8));
+}
+
+// The host half of a GPU stream signal across a process boundary, as the
+// daemon and its trainer share it (device/signal_page.h; the GPU half is
+// device.CudaShared.*): another process maps the page, publishes two
+// records, of which its stream ran the first (the word holds 1), and dies
+// with the second queued. This side sees that record pending, and its
+// release (a store from the CPU, no stream) writes the number that ends
+// every wait for it. A release never moves a word back.
+TEST(StreamSignals, ARecordLeftByADeadProcessIsPendingUntilReleasedFromTheCpu) {
+  SharedArena arena(0, kSignalPageBytes, "zerod-test-signals");
+  auto* page = new (arena.base()) SignalPage{};
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    void* p = mmap(nullptr, kSignalPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena.fd(), 0);
+    if (p == MAP_FAILED) _exit(2);
+    auto* mine = static_cast<SignalPage*>(p);
+    mine->issued[kTrainerDone].store(1, std::memory_order_release);
+    mine->word[kTrainerDone].store(1, std::memory_order_release);  // what its stream wrote
+    mine->issued[kTrainerDone].store(2, std::memory_order_release);  // queued, never run
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(signal_pending(*page, kTrainerDone)) << "the dead process's second record never wrote its number";
+  EXPECT_FALSE(signal_pending(*page, kZerodDone)) << "never recorded: nothing pending";
+  signal_release(*page, kTrainerDone);
+  EXPECT_FALSE(signal_pending(*page, kTrainerDone));
+  EXPECT_EQ(page->word[kTrainerDone].load(), 2u);
+
+  // A word already past the latest number (a record that ran after the
+  // count was read) is left where it is.
+  page->issued[kZerodDone].store(3);
+  page->word[kZerodDone].store(5);
+  signal_release(*page, kZerodDone);
+  EXPECT_EQ(page->word[kZerodDone].load(), 5u);
+  // Across the wrap: the number after 2^32 - 1 is 0 in the word.
+  page->issued[kZerodDone].store((uint64_t{1} << 32) + 1);
+  page->word[kZerodDone].store(0xFFFFFFFFu);
+  EXPECT_TRUE(signal_pending(*page, kZerodDone));
+  signal_release(*page, kZerodDone);
+  EXPECT_EQ(page->word[kZerodDone].load(), 1u);
+  EXPECT_FALSE(signal_pending(*page, kZerodDone));
 }

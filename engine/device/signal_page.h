@@ -1,0 +1,75 @@
+// The page that orders a trainer's GPU stream against its daemon's
+// (cuda_shared.h, SharedSignals): one page of host memory both processes
+// map and register with their GPU. For each signal it holds how many times
+// the signal has been recorded, and a 32-bit word that the recording stream
+// writes each record's number into and that the waiting stream waits on.
+// Plain C++ (the GPU half is cuda_shared.cpp), so that CI tests the host
+// half without a GPU (device_test).
+//
+// Why host memory: a surviving process must be able to end a wait on a
+// record its dead peer never ran, whatever its own streams are doing. A
+// word in host memory is released with a plain store from the CPU; a word
+// in GPU memory had to be written by a stream of the survivor's, which
+// could sit in one of the GPU's hardware queues behind the very wait it was
+// to end (CUDA_DEVICE_MAX_CONNECTIONS), and whether the word was still
+// behind could only be read through another stream, which could be stuck
+// the same way.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace zerod {
+
+// Which signal: zerod's stream records kZerodDone where a local trainer's
+// stream would wait for it (after a begin call's copies); the trainer's
+// stream records kTrainerDone before each call (device.h, StreamLink).
+enum SignalId : int { kZerodDone = 0, kTrainerDone = 1, kSignalCount = 2 };
+
+// The page's layout. Each count and each word has one writer, the process
+// that records the signal (its CPU the count, its GPU stream the word); the
+// other process only reads them, and writes a word only to release a wait
+// once the recording process has exited.
+struct SignalPage {
+  std::atomic<uint64_t> issued[kSignalCount];
+  // A cache line of their own: the GPU writes them over the bus.
+  alignas(64) std::atomic<uint32_t> word[kSignalCount];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the page is shared between processes");
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "the GPU writes the words as plain 32-bit values");
+
+// The bytes of the page (a memfd of exactly this size, sealed against
+// resizing).
+constexpr uint64_t kSignalPageBytes = 4096;
+static_assert(sizeof(SignalPage) <= kSignalPageBytes);
+
+// A word holds a record's number modulo 2^32, and a wait is for the cyclic
+// comparison CUDA makes (cuStreamWaitValue32's default): (int32)(word -
+// number) >= 0. Whether a word that reads `word` is still behind record
+// `number`, by that comparison: true until the record (or a release) has
+// written it, whatever 2^32 wraps have passed.
+inline bool signal_behind(uint32_t word, uint64_t number) {
+  return static_cast<int32_t>(word - static_cast<uint32_t>(number)) < 0;
+}
+
+// Whether the latest record of `s` has not written its number yet.
+inline bool signal_pending(const SignalPage& p, SignalId s) {
+  const uint64_t n = p.issued[s].load(std::memory_order_acquire);
+  return n != 0 && signal_behind(p.word[s].load(std::memory_order_acquire), n);
+}
+
+// Writes the latest number of `s` into its word, which ends every wait for
+// it. Only once the recording process can no longer run work on its GPU
+// (it has exited): its queued records never run then, and nothing else
+// would write the word. A word already at or past the number is left.
+inline void signal_release(SignalPage& p, SignalId s) {
+  const uint64_t n = p.issued[s].load(std::memory_order_acquire);
+  uint32_t w = p.word[s].load(std::memory_order_acquire);
+  while (signal_behind(w, n) &&
+         !p.word[s].compare_exchange_weak(w, static_cast<uint32_t>(n), std::memory_order_release,
+                                          std::memory_order_acquire)) {
+  }
+}
+
+}  // namespace zerod
