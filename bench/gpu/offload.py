@@ -127,7 +127,7 @@ def main():
                 if r.get("ok") and os.path.getsize(trace):
                     # bf16 m and v: 2 bytes less each, each way.
                     bf16 = "bf16" in m or "state-dtype" in a.zerod_args
-                    r["exposed"] = exposed(trace, update_bytes=26 if bf16 else 34)
+                    r["exposed"] = exposed(trace, update_bytes=22 if bf16 else 30)
                 os.remove(trace)
             r.setdefault("tokens_per_step", n)
             results[n][m] = r
