@@ -1,6 +1,7 @@
 #include "daemon_options.h"
 
 #include "error.h"
+#include "launcher/own_environment.h"
 #include "metrics_text.h"
 #include "model_host.h"
 #include "observe/listen_address.h"
@@ -221,6 +222,14 @@ std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::stri
                  e.what(), cmd, path.c_str(), status_name(e.code()));
     return nullptr;
   }
+}
+
+void set_daemon_environment() {
+  // The most CUDA takes: each stream of the daemon's ranks on one GPU (the
+  // rank's own, its copy queues, the comm plugin's) gets a queue of its own
+  // as long as there are no more than this, so a stream waiting for a
+  // trainer holds no other.
+  launch::set_for_this_process_only("CUDA_DEVICE_MAX_CONNECTIONS", "32");
 }
 
 }  // namespace zerod::cli

@@ -50,4 +50,9 @@ std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const Daem
 // "mpi", ScriptSource::nodes).
 std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes = 1);
 
+// What a daemon's process sets for itself before any thread starts, and its
+// ranks do not inherit (launcher/own_environment.h): 32 hardware queues per
+// GPU for its streams (CUDA_DEVICE_MAX_CONNECTIONS) unless the user set it.
+void set_daemon_environment();
+
 }  // namespace zerod::cli

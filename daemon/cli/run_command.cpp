@@ -25,7 +25,9 @@ int run_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("run", argc, argv, true, &args, &code)) return code;
-  // Before any thread starts: each keeps the CPUs it started with.
+  // Before any thread starts: each keeps the CPUs it started with, and
+  // setenv is not safe beside another thread's getenv.
+  set_daemon_environment();
   if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
     log_info("zerod run: " + widened);
   // Where this daemon stands first: a job of several nodes that names no

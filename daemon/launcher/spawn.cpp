@@ -2,6 +2,7 @@
 
 #include "error.h"
 #include "launcher/detail/unique_fd.h"
+#include "launcher/own_environment.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -169,6 +170,7 @@ ExecPlan make_exec_plan(const std::vector<std::string>& argv,
     // emplace keeps the first of duplicates, as getenv() does.
     env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
   }
+  drop_own_variables(env);  // the daemon's, not the user's (own_environment.h)
   for (const auto& [name, value] : extra_env) env.insert_or_assign(name, value);
   for (const std::string& name : reserved) env.erase(name);
   plan.env.reserve(env.size());

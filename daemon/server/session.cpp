@@ -368,8 +368,8 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
         fail(ZD_ERR_VERSION, "rank " + std::to_string(rank_) + ": this daemon (" ZEROD_VERSION_STRING
                                  ") serves the rank on a GPU, whose stream it orders against the trainer's "
                                  "through a page of stream signals, which this libzerod predates (it used "
-                                 "interprocess events until 2026-11-27, and signals in GPU memory until "
-                                 "2026-11-28); run the libzerod of the daemon's release");
+                                 "interprocess events, then for a few hours of 2026-11-27 signals in GPU "
+                                 "memory); run the libzerod of the daemon's release");
       }
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();

@@ -405,16 +405,11 @@ class CudaDevice final : public Device {
     check(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
   }
 
-  bool trainer_pending() const override {
-    if (!shared_) return false;
-    current();
-    return signals_.pending(kTrainerDone);
-  }
+  // The CPU's read and store of the signals' page: no GPU call.
+  bool trainer_pending() const override { return shared_ && signals_.pending(kTrainerDone); }
 
   void release_trainer() const override {
-    if (!shared_) return;
-    current();
-    signals_.release(kTrainerDone);
+    if (shared_) signals_.release(kTrainerDone);
   }
 
   void synchronize() override {

@@ -314,9 +314,10 @@ bool SharedSignals::pending(SignalId id) const { return signal_pending(*page_, i
 SharedSignals::~SharedSignals() {
   if (!page_) return;
   // Nothing queued may use it any more: the trainer's side quiesces its
-  // stream first, the daemon's device synchronizes before it goes.
-  cudaHostUnregister(page_);
-  cudaGetLastError();
+  // stream first, the daemon's device synchronizes before it goes. An
+  // error is cleared only where this call made it: one the trainer's own
+  // code has yet to see stays for it.
+  if (device_page_ && cudaHostUnregister(page_) != cudaSuccess) cudaGetLastError();
   if (!arena_) munmap(page_, kSignalPageBytes);  // an imported page; a created one is arena_'s
 }
 

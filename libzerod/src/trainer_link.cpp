@@ -124,9 +124,9 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
   if (device_type_ != ZD_DEVICE_CUDA) return;
 #if defined(ZEROD_HAVE_CUDA)
   if (link.page_fd < 0)
-    fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on a GPU but sent no page of stream signals: it is "
-                        "older than this libzerod (its GPU ranks used interprocess events until 2026-11-27, and "
-                        "signals in GPU memory until 2026-11-28); run a daemon and a libzerod of the same release");
+    fail(ZD_ERR_VERSION, "the zerod daemon serves this rank on a GPU but sent no page of stream signals: it is "
+                         "older than this libzerod (its GPU ranks used interprocess events, then for a few hours "
+                         "of 2026-11-27 signals in GPU memory); run a daemon and a libzerod of the same release");
   if (cudaSetDevice(device_id_) != cudaSuccess) {
     cudaGetLastError();
     fail(ZD_ERR_CONFIG, "the zerod daemon serves this rank on GPU " + std::to_string(device_id_) +
@@ -136,16 +136,12 @@ TrainerLink::TrainerLink(int32_t device_type, int32_t device_id, const StreamLin
                                 "the daemon's page of stream signals", ZD_ERR_INTERNAL);
   signals_ = std::make_unique<SharedSignals>(SharedSignals::import(link.page_fd, device_id_));
   if (watch) {
-    // On the watch's thread, which has no GPU current. A daemon that only
-    // closed this connection runs its record still: released only once
-    // its process is gone (bounded: this holds the watch, which quiesce
-    // waits for).
+    // On the watch's thread; the release and the read are the CPU's (no
+    // GPU call). A daemon that only closed this connection runs its record
+    // still: released only once its process is gone (bounded: this holds
+    // the watch, which quiesce waits for).
     watch_ = watch;
     watch_id_ = watch->add([this] {
-      if (cudaSetDevice(device_id_) != cudaSuccess) {
-        cudaGetLastError();
-        return;
-      }
       const SharedSignals& s = *signals_;
       const std::string who = "the zerod daemon (pid " + std::to_string(daemon_pid_) + ") is gone: ";
       try {
@@ -215,9 +211,17 @@ void TrainerLink::quiesce() noexcept {
 #if defined(ZEROD_HAVE_CUDA)
   if (!signals_) return;
   const OnRankGpu on(device_id_);
-  if (on.status() != cudaSuccess || cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) != cudaSuccess)
-    cudaGetLastError();
+  const bool done =
+      on.status() == cudaSuccess && cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) == cudaSuccess;
+  if (!done) cudaGetLastError();
   unwatch();  // after the stream: its callback uses the signals
+  if (!done) {
+    // The stream may still hold a record or a wait on the page (the trainer
+    // destroyed it, or the GPU failed): unregistering the page under it
+    // would fault. Its 4 KiB stay registered and mapped for the process.
+    (void)signals_.release();
+    return;
+  }
   signals_.reset();
 #endif
 }

@@ -5,6 +5,7 @@
 // ours left, zombie or not.
 #include "error.h"
 #include "launcher/launcher.h"
+#include "launcher/own_environment.h"
 #include "launcher/signal_forwarder.h"
 
 #include <fcntl.h>
@@ -167,6 +168,27 @@ TEST_F(LauncherTest, RanksGetTheirVariablesOverZerodsEnvironment) {
     EXPECT_TRUE(r.exits[static_cast<size_t>(i)].ok());
   }
   EXPECT_EQ(err_.text(), "");
+}
+
+// What the daemon sets for its own process (launcher/own_environment.h:
+// CUDA_DEVICE_MAX_CONNECTIONS) does not reach the ranks; a variable the user
+// set is neither changed for the daemon nor taken from the ranks.
+TEST_F(LauncherTest, RanksDoNotInheritWhatZerodSetForItselfOnly) {
+  unsetenv("ZEROD_TEST_OWN");
+  setenv("ZEROD_TEST_USERS", "mine", 1);
+  EXPECT_TRUE(zerod::launch::set_for_this_process_only("ZEROD_TEST_OWN", "32"));
+  EXPECT_STREQ(std::getenv("ZEROD_TEST_OWN"), "32") << "set for this process";
+  EXPECT_FALSE(zerod::launch::set_for_this_process_only("ZEROD_TEST_USERS", "32")) << "the user's is kept";
+  EXPECT_STREQ(std::getenv("ZEROD_TEST_USERS"), "mine");
+  LaunchOptions o = options(2, "echo \"own=${ZEROD_TEST_OWN-unset} users=${ZEROD_TEST_USERS-unset}\"");
+  const LaunchResult r = run(std::move(o));
+  unsetenv("ZEROD_TEST_OWN");
+  unsetenv("ZEROD_TEST_USERS");
+  EXPECT_EQ(r.exit_code, 0);
+  for (int i = 0; i < 2; ++i) {
+    const std::string want = "[rank " + std::to_string(i) + "] own=unset users=mine\n";
+    EXPECT_TRUE(contains(out_.text(), want)) << "missing: " << want << "in:\n" << out_.text();
+  }
 }
 
 TEST_F(LauncherTest, OutputIsPrefixedOnItsOwnStream) {
