@@ -22,11 +22,12 @@ def keeping(job_text):
     return job_text.replace("return {", "return {\n  daemon = { keep_state = true },\n  comm = { timeout = 20 },", 1)
 
 
-def killed_rank_resumes(rank_script, job, tmp_path):
+def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180):
     """rank_script (train_rank.py's arguments) under `zerod serve` with `job`
     (a path; keeping its state): rank 1 dies in step DIE_AT, the ranks
-    started again resume there. Returns the resumed losses' worst relative
-    difference from the uninterrupted job's."""
+    started again resume there, within resume_timeout seconds. Returns the
+    resumed losses' worst relative difference from the uninterrupted
+    job's."""
     command = [sys.executable, f"{HERE}/{rank_script}", "gpt", "fp32", str(STEPS)]
     rc, ranks, out = zerod_run(2, job, *command[1:], timeout=300)
     assert rc == 0, out
@@ -37,7 +38,7 @@ def killed_rank_resumes(rank_script, job, tmp_path):
         (rc0, out0), (rc1, _) = served_ranks(sock, job, command, timeout=180, ZEROD_TEST_DIE_AT=DIE_AT)
         assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
         assert rc0 != 0 and "PeerLostError" in out0, out0
-        resumed = served_ranks(sock, job, command, timeout=180)
+        resumed = served_ranks(sock, job, command, timeout=resume_timeout)
         for r, (rc, text) in enumerate(resumed):
             assert rc == 0, f"rank {r}: {text}"
             assert f"resumed at step {DIE_AT}" in text, f"rank {r}: {text}"

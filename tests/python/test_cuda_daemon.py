@@ -88,6 +88,9 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job,
     resume there, at the step after the last one applied, and train on as
     an uninterrupted job does (fp32, within 1e-5). Also the first run of an
     interprocess event whose recording process died."""
-    worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path)
+    # 90 s: the resumed ranks take well under a minute on a GPU, and a
+    # hang (an H200 saw one, 2026-11-27) spends GPU time that is scarce.
+    worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path,
+                                resume_timeout=90)
     print(f"resumed on the GPU at step {DIE_AT}: against the uninterrupted job, worst {worst:.2e}")
     assert worst <= 1e-5
