@@ -11,8 +11,8 @@
 // rank's timed pairs. --device cuda puts the module on the GPU (the job's
 // device = "cuda"): embedded, its views are the engine's device memory;
 // under the daemon, the daemon's pools mapped into each rank, and every
-// begin orders the rank's stream after the daemon's through an
-// interprocess event (issue 32: the time of a begin + end pair on a GPU).
+// begin orders the rank's stream after the daemon's through a stream
+// signal (issue 32: the time of a begin + end pair on a GPU).
 //
 //   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--device cpu|cuda] [--zerod PATH]
 #include <zerod/zerod.h>

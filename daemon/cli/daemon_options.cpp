@@ -2,6 +2,7 @@
 
 #include "error.h"
 #include "launcher/own_environment.h"
+#include "log.h"
 #include "metrics_text.h"
 #include "model_host.h"
 #include "observe/listen_address.h"
@@ -224,12 +225,15 @@ std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::stri
   }
 }
 
-void set_daemon_environment() {
+void set_daemon_environment(const char* cmd) {
   // The most CUDA takes: each stream of the daemon's ranks on one GPU (the
   // rank's own, its copy queues, the comm plugin's) gets a queue of its own
   // as long as there are no more than this, so a stream waiting for a
   // trainer holds no other.
-  launch::set_for_this_process_only("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+  const std::string users = launch::set_for_this_process_only("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+  if (!users.empty() && users != "32")
+    log_info(std::string("zerod ") + cmd + ": CUDA_DEVICE_MAX_CONNECTIONS=" + users +
+             " reaches the ranks; the daemon's own process uses 32 (its streams wait on its trainers')");
 }
 
 }  // namespace zerod::cli

@@ -52,7 +52,8 @@ std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::stri
 
 // What a daemon's process sets for itself before any thread starts, and its
 // ranks do not inherit (launcher/own_environment.h): 32 hardware queues per
-// GPU for its streams (CUDA_DEVICE_MAX_CONNECTIONS) unless the user set it.
-void set_daemon_environment();
+// GPU for its streams (CUDA_DEVICE_MAX_CONNECTIONS), whatever the user set;
+// the ranks get the user's value. `cmd` names the command in the log.
+void set_daemon_environment(const char* cmd);
 
 }  // namespace zerod::cli

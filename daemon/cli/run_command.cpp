@@ -27,7 +27,7 @@ int run_command(int argc, char** argv) {
   if (!parse_daemon_args("run", argc, argv, true, &args, &code)) return code;
   // Before any thread starts: each keeps the CPUs it started with, and
   // setenv is not safe beside another thread's getenv.
-  set_daemon_environment();
+  set_daemon_environment("run");
   if (const std::string widened = release_mpi_binding(process_environment()); !widened.empty())
     log_info("zerod run: " + widened);
   // Where this daemon stands first: a job of several nodes that names no

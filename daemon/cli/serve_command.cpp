@@ -109,7 +109,7 @@ int serve_command(int argc, char** argv) {
   DaemonArgs args;
   int code = 0;
   if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
-  set_daemon_environment();  // before any thread starts
+  set_daemon_environment("serve");  // before any thread starts
   if (args.jobs) {
     const sigset_t stop = block_stop_signals();
     try {

@@ -2,31 +2,41 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <set>
+#include <optional>
 
 namespace zerod::launch {
 
 namespace {
 
 std::mutex mu;
-std::set<std::string>& own() {
-  static std::set<std::string> names;
-  return names;
+// name -> the user's value (none: unset).
+std::map<std::string, std::optional<std::string>>& users() {
+  static std::map<std::string, std::optional<std::string>> values;
+  return values;
 }
 
 }  // namespace
 
-bool set_for_this_process_only(const std::string& name, const std::string& value) {
-  if (std::getenv(name.c_str()) != nullptr) return false;  // the user's, kept
-  if (::setenv(name.c_str(), value.c_str(), 0) != 0) return false;
+std::string set_for_this_process_only(const std::string& name, const std::string& value) {
   std::lock_guard<std::mutex> lock(mu);
-  own().insert(name);
-  return true;
+  // The first call's reading is the user's: a second call finds ours.
+  auto [it, fresh] = users().try_emplace(name);
+  if (fresh) {
+    const char* was = std::getenv(name.c_str());
+    if (was) it->second = std::string(was);
+  }
+  ::setenv(name.c_str(), value.c_str(), 1);
+  return it->second.value_or("");
 }
 
-void drop_own_variables(std::map<std::string, std::string>& env) {
+void restore_user_values(std::map<std::string, std::string>& env) {
   std::lock_guard<std::mutex> lock(mu);
-  for (const std::string& name : own()) env.erase(name);
+  for (const auto& [name, was] : users()) {
+    if (was)
+      env.insert_or_assign(name, *was);
+    else
+      env.erase(name);
+  }
 }
 
 }  // namespace zerod::launch

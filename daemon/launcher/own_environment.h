@@ -6,8 +6,11 @@
 // scheduler cannot see; a stream that waits on one holds every stream that
 // shares its hardware queue, and CUDA maps a process's streams onto
 // CUDA_DEVICE_MAX_CONNECTIONS queues (8 unless set). The daemon asks for
-// more queues for itself; a trainer is the user's to tune (Megatron-LM sets
-// that variable to 1 on purpose), so it must not inherit ours.
+// the most queues for itself, whatever the user's environment says: a
+// trainer's value is the user's to tune (Megatron-LM sets it to 1 on
+// purpose, for its own overlap), and it reaches the trainers unchanged,
+// but a daemon started from that environment must not serialise every
+// rank's copies and collectives behind one waiting stream.
 #pragma once
 
 #include <map>
@@ -15,13 +18,16 @@
 
 namespace zerod::launch {
 
-// Sets name=value in this process's environment unless the user set the
-// variable; returns whether it did. Call on the main thread before any
-// other thread starts (setenv is not safe beside a getenv elsewhere).
-bool set_for_this_process_only(const std::string& name, const std::string& value);
+// Sets name=value in this process's environment, remembering the user's
+// value (or its absence) for the processes it launches. Returns the user's
+// value, "" when there was none. Call on the main thread before any other
+// thread starts (setenv is not safe beside a getenv elsewhere), and before
+// anything reads the variable (CUDA reads this one when a context is made).
+std::string set_for_this_process_only(const std::string& name, const std::string& value);
 
-// Takes out of `env` (this process's environment as read) every variable
-// set_for_this_process_only set, which the user had not.
-void drop_own_variables(std::map<std::string, std::string>& env);
+// Puts back into `env` (this process's environment as read) the user's
+// value of every variable set_for_this_process_only set, or takes it out
+// where the user had none.
+void restore_user_values(std::map<std::string, std::string>& env);
 
 }  // namespace zerod::launch

@@ -170,7 +170,7 @@ ExecPlan make_exec_plan(const std::vector<std::string>& argv,
     // emplace keeps the first of duplicates, as getenv() does.
     env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
   }
-  drop_own_variables(env);  // the daemon's, not the user's (own_environment.h)
+  restore_user_values(env);  // the user's, not what zerod set for itself (own_environment.h)
   for (const auto& [name, value] : extra_env) env.insert_or_assign(name, value);
   for (const std::string& name : reserved) env.erase(name);
   plan.env.reserve(env.size());

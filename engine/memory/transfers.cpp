@@ -63,17 +63,14 @@ void Transfers::add_to_host(std::span<const PoolAdd> adds, uint64_t ready) {
   for (size_t c = 0; c < chunks.size(); ++c, h ^= 1) {
     // The other half's add is done: it may take the next chunk.
     if (c + 1 < chunks.size()) download(c + 1, h ^ 1);
+    d.transfer_wait(ticket[h]);  // traced by the device ("wait for transfer")
     const PoolAdd& a = adds[chunks[c].add];
-    observe::EventArgs ev;
-    ev.bytes = chunks[c].n * dtype_size(a.src_dt);
-    {
-      // Traced apart from the add, so a trace says which of the two a
-      // gradient's way off the device waits for (its bytes a second).
-      observe::Span wait(res_.probe, "grads", "download wait", ev);
-      d.transfer_wait(ticket[h]);
-    }
     const uint64_t off = chunks[c].off;
     const NormTiles part{a.norm.sums ? a.norm.sums + off / kTile : nullptr, a.norm.real > off ? a.norm.real - off : 0};
+    // Traced with its bytes, so a trace gives the host's rate for the adds
+    // beside the waits for the chunks' downloads.
+    observe::EventArgs ev;
+    ev.bytes = chunks[c].n * dtype_size(a.src_dt);
     observe::Span add(res_.probe, "grads", "host add", ev);
     parallel_accumulate(res_.workers, stage.data() + h * half, a.src_dt,
                         static_cast<std::byte*>(a.dst) + off * dtype_size(a.dst_dt), a.dst_dt, chunks[c].n, a.first,

@@ -316,12 +316,7 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
     const uint64_t n = std::min(chunk, pc.count - off);
     const size_t k = uploads_.next;
     uploads_.next = (k + 1) % kUploadSlots;
-    {
-      observe::EventArgs ev;
-      ev.bytes = slot_bytes;
-      observe::Span wait(res_.probe, "optimizer", "upload wait", ev);
-      d.transfer_wait(uploads_.ticket[k]);  // the slot's last upload has read it
-    }
+    d.transfer_wait(uploads_.ticket[k]);  // the slot's last upload has read it
     std::byte* scratch = uploads_.lease->data() + k * slot_bytes;
     zd_optimizer_update c = update_slice(u, slots, off, n);
     void* on_device = c.work;

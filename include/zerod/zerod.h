@@ -386,7 +386,8 @@ ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);
  * (ZD_ERR_INVALID_STATE while a module is begun). On the cpu device only
  * NULL is accepted (ZD_ERR_INVALID_ARGUMENT otherwise). Under a daemon
  * that serves the rank's GPU the same holds across the process boundary
- * (interprocess events order this stream and the daemon's). */
+ * (stream signals in a host page both processes map order this stream and
+ * the daemon's). */
 ZD_API zd_status zd_model_set_stream(zd_model* model, void* stream);
 
 /* Since 1.3. What the trainer processed since its last report, and its

@@ -171,15 +171,17 @@ TEST_F(LauncherTest, RanksGetTheirVariablesOverZerodsEnvironment) {
 }
 
 // What the daemon sets for its own process (launcher/own_environment.h:
-// CUDA_DEVICE_MAX_CONNECTIONS) does not reach the ranks; a variable the user
-// set is neither changed for the daemon nor taken from the ranks.
+// CUDA_DEVICE_MAX_CONNECTIONS) does not reach the ranks: they get the
+// user's value, or none where the user set none.
 TEST_F(LauncherTest, RanksDoNotInheritWhatZerodSetForItselfOnly) {
   unsetenv("ZEROD_TEST_OWN");
   setenv("ZEROD_TEST_USERS", "mine", 1);
-  EXPECT_TRUE(zerod::launch::set_for_this_process_only("ZEROD_TEST_OWN", "32"));
+  EXPECT_EQ(zerod::launch::set_for_this_process_only("ZEROD_TEST_OWN", "32"), "") << "the user set none";
   EXPECT_STREQ(std::getenv("ZEROD_TEST_OWN"), "32") << "set for this process";
-  EXPECT_FALSE(zerod::launch::set_for_this_process_only("ZEROD_TEST_USERS", "32")) << "the user's is kept";
-  EXPECT_STREQ(std::getenv("ZEROD_TEST_USERS"), "mine");
+  EXPECT_EQ(zerod::launch::set_for_this_process_only("ZEROD_TEST_USERS", "32"), "mine");
+  EXPECT_STREQ(std::getenv("ZEROD_TEST_USERS"), "32") << "this process uses its own";
+  EXPECT_EQ(zerod::launch::set_for_this_process_only("ZEROD_TEST_USERS", "16"), "mine")
+      << "a second call still knows the user's";
   LaunchOptions o = options(2, "echo \"own=${ZEROD_TEST_OWN-unset} users=${ZEROD_TEST_USERS-unset}\"");
   const LaunchResult r = run(std::move(o));
   unsetenv("ZEROD_TEST_OWN");

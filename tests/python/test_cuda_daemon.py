@@ -3,7 +3,8 @@ GPU memory the daemon owns. Under `zerod run`, each rank's device pool is
 CUDA memory the daemon allocated and exported to the rank (a file
 descriptor over the socket), its views are device pointers in the rank's
 process, and the rank's stream and the daemon's are ordered through
-interprocess events; zerod.torch wraps the views with DLPack as it does
+stream signals in a host page both map (engine/device/cuda_shared.h);
+zerod.torch wraps the views with DLPack as it does
 embedded.
 
 The reference is the same job embedded on the same GPU, and plain PyTorch's
@@ -86,8 +87,9 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job,
     its backward, kernels still queued on its stream) leaves the daemon's
     GPU state intact; with daemon.keep_state the ranks that start again
     resume there, at the step after the last one applied, and train on as
-    an uninterrupted job does (fp32, within 1e-5). Also the first run of an
-    interprocess event whose recording process died."""
+    an uninterrupted job does (fp32, within 1e-5). Also the release of a
+    stream signal whose recording process died (interprocess events, which
+    did this before, hung here on an H200)."""
     # 90 s: the resumed ranks take well under a minute on a GPU, and a
     # hang (an H200 saw one, 2026-11-27) spends GPU time that is scarce.
     worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path,

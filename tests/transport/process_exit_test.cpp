@@ -1,7 +1,7 @@
 // What each side of a daemon's GPU rank does when the other is gone with a
 // record still queued on its stream (process_exit.h), with the device's two
 // questions played by the test: whether that record is pending, and the
-// release itself. The GPU's side (an interprocess event released after its
+// release itself. The GPU's side (a stream signal released after its
 // recorder was SIGKILLed, both ways round) is
 // device.CudaShared.AWaitOnARecordAKilled*, which needs a GPU.
 #include "transport/process_exit.h"

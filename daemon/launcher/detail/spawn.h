@@ -23,8 +23,9 @@ struct ExecPlan {
   std::vector<std::string> env;  // "NAME=value": zerod's environment plus the extra variables
 };
 
-// The plan for `argv` with zerod's environment (read now, less what zerod
-// set for itself: own_environment.h) overridden by `extra_env`, less the
+// The plan for `argv` with zerod's environment (read now, with the user's
+// values of what zerod set for itself: own_environment.h) overridden by
+// `extra_env`, less the
 // variables named in `reserved` (the caller adds its own per process);
 // argv[0] is searched in that environment's PATH as execvp does.
 ExecPlan make_exec_plan(const std::vector<std::string>& argv,
