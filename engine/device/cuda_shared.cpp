@@ -7,12 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <mutex>
 #include <string>
