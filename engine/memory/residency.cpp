@@ -261,11 +261,13 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
       }
       return false;
     }
+    const uint64_t budget = res_.ledger.budget(ZD_TIER_DEVICE);
     fail(ZD_ERR_BUDGET, ctx_.module_label(m) + " needs " + format_bytes(bytes) +
                             " of gathered parameters in the device tier, which holds " +
-                            format_bytes(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL)) + " of its " +
-                            format_bytes(res_.ledger.budget(ZD_TIER_DEVICE)) + " budget on rank " +
-                            std::to_string(res_.rank) + " (" + refusal + ")");
+                            format_bytes(res_.ledger.current(ZD_TIER_DEVICE, ZD_MEM_ALL)) +
+                            (budget == MemoryLedger::kNoBudget ? std::string(" (no budget set)")
+                                                               : " of its " + format_bytes(budget) + " budget") +
+                            " on rank " + std::to_string(res_.rank) + " (" + refusal + ")");
   }
   gathered_bytes_ += need;
   for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];

@@ -424,6 +424,107 @@ TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
   }
 }
 
+// Stage 3 gathers a module's parameters again at backward_begin. Where the
+// device tier refuses that gather (gradient buffers still out), Residency
+// lets the buckets sent before give their buffers back and tries once more;
+// where the second try is refused too, the call fails with ZD_ERR_BUDGET
+// naming the module and its bytes, before any collective, and the trainer
+// can make the call again. Here the device refuses the gathers of module
+// 'm1' a set number of times (the budget itself never runs out), so each
+// path is taken on purpose, and the parameters end as without a refusal.
+class RefusingGathers final : public EmulatedDevice {
+ public:
+  RefusingGathers(MemoryLedger& ledger, Workers& workers, std::atomic<int>* refusals, std::atomic<int>* refused)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "refusing-gathers"),
+        refusals_(refusals),
+        refused_(refused) {}
+  const char* name() const override { return "opaque"; }
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    if (kind == ZD_MEM_PARAMS && what.find("module 'm1'") != std::string::npos && refusals_->load() > 0) {
+      refusals_->fetch_sub(1);
+      refused_->fetch_add(1);
+      throw zerod::Error(ZD_ERR_BUDGET, what + ": refused by the test");
+    }
+    return EmulatedDevice::allocate(bytes, kind, what);
+  }
+
+ private:
+  std::atomic<int>* refusals_;
+  std::atomic<int>* refused_;
+};
+
+TEST(DeviceBudget, ARefusedGatherIsTriedAgainOnceThenReportedAndTheCallCanBeRepeated) {
+  constexpr int64_t kSize = 4000;
+  const std::vector<int64_t> sizes(3, kSize);
+  std::atomic<int> refusals{0}, refused{0};
+  // refuse: how many of m1's gathers the device refuses during the first
+  // step's backward; a call that fails is made again.
+  auto run = [&](int refuse, std::string* error) {
+    JobOptions o;
+    o.stage = 3;
+    o.offload.optimizer = ZD_TIER_HOST;
+    // Nothing persistent, one module's parameters live at a time and no
+    // gathers ahead, so m1 is gathered again at its backward_begin.
+    o.zero_hparams = {{"reduce_bucket_size", static_cast<double>(kSize)},
+                      {"param_persistence_threshold", 0.0},
+                      {"max_live_parameters", static_cast<double>(kSize)},
+                      {"prefetch_bucket_size", 0.0}};
+    o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+      return std::unique_ptr<Device>(std::make_unique<RefusingGathers>(ledger, workers, &refusals, &refused));
+    };
+    auto model = make_model(o, 1);
+    Device& d = const_cast<Device&>(model->device(0));
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+      refusals = s == 0 ? refuse : 0;
+      for (size_t m = ids.size(); m-- > 0;) {
+        const auto mid = static_cast<zd_module_id>(m);
+        try {
+          model->backward_begin(0, mid);
+        } catch (const zerod::Error& e) {
+          EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+          if (error) *error = e.what();
+          refusals = 0;
+          model->backward_begin(0, mid);  // the same call again: nothing was lost
+        }
+        std::vector<float> grad(w[m].size());
+        for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
+        write_view(d, model->grad_view(0, ids[m]), grad);
+        model->backward_end(0, mid);
+      }
+      refusals = 0;
+      model->step(0);
+    }
+    std::vector<std::vector<float>> out;
+    for (zd_param_id id : ids) {
+      std::vector<float> v(static_cast<size_t>(kSize));
+      model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      out.push_back(std::move(v));
+    }
+    return out;
+  };
+  const auto plain = run(0, nullptr);
+  ASSERT_EQ(refused.load(), 0);
+
+  // One refusal: the retry after the settle gathers it; nothing reported.
+  std::string error;
+  EXPECT_EQ(run(1, &error), plain);
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(error, "") << "a gather refused once is tried again, not reported";
+
+  // Two: reported, with the module, its bytes and the device's words, and
+  // the repeated call trains on.
+  refused = 0;
+  EXPECT_EQ(run(2, &error), plain);
+  EXPECT_EQ(refused.load(), 2);
+  EXPECT_NE(error.find("module 'm1' needs 15.62 KiB of gathered parameters in the device tier, which holds "),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find(" (no budget set) on rank 0 (gathering module 'm1': refused by the test)"), std::string::npos)
+      << error;
+}
+
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
   for (const char* device : {"cpu", "opaque"}) {
     JobOptions o;
