@@ -41,6 +41,10 @@ Daemon start_daemon(const DaemonArgs& args, const std::string& socket) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) self = "/proc/self/exe";
   std::vector<std::string> argv = {self, "serve", "--nproc", nproc, "--job", args.job, "--socket", socket};
+  // What `zerod run` was told for its daemon goes to the one it supervises
+  // (a restarted daemon writes the trace again and serves the same address).
+  if (!args.trace.empty()) argv.insert(argv.end(), {"--trace", args.trace});
+  if (!args.metrics.empty()) argv.insert(argv.end(), {"--metrics", args.metrics});
   const pid_t pid = ::fork();
   ZD_CHECK_SYS(pid, "zerod run: starting the daemon");
   if (pid == 0) {

@@ -4,6 +4,7 @@ there on prints the weights an uninterrupted run prints, bit for bit.
 
     daemon_restart.py <zerod> <resume_trainer>
 """
+import json
 import os
 import re
 import signal
@@ -49,10 +50,20 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
             f.write(job(f"{tmp}/{name}/snapshots"))
         paths[name] = f"{tmp}/{name}/job.lua"
     # The reference: the same job, never interrupted.
-    ref = subprocess.run([zerod, "run", "--nproc", "2", "--job", paths["plain"], "--", trainer, str(STEPS), "0"],
-                         capture_output=True, text=True, timeout=300)
+    # Its daemon runs supervised (the job takes snapshots): `--trace` must
+    # reach it.
+    trace = f"{tmp}/plain/trace.json"
+    ref = subprocess.run([zerod, "run", "--nproc", "2", "--trace", trace, "--job", paths["plain"], "--", trainer,
+                          str(STEPS), "0"], capture_output=True, text=True, timeout=300)
     if ref.returncode != 0:
         fail("the uninterrupted run failed", ref.stdout, ref.stderr)
+    try:
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"zerod run --trace {trace} wrote no trace for a job that takes snapshots: {e}", ref.stderr)
+    if not any(str(e.get("name", "")).startswith("step ") for e in events):
+        fail(f"the trace of the supervised run holds no step ({len(events)} events)", ref.stderr)
     want = [steps_of(ref.stdout, r) for r in (0, 1)]
     if len(want[0]) != STEPS or len(want[1]) != STEPS:
         fail("the uninterrupted run printed too few steps", ref.stdout)
