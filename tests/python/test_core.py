@@ -157,6 +157,23 @@ def test_closed_objects_refuse_calls():
     c.close()  # twice is fine
 
 
+@pytest.mark.parametrize("closing", ["model", "client"])
+def test_views_end_with_their_model_or_client(closing):
+    """Views point into the model's memory, which zd_model_destroy and
+    zd_disconnect free: closing either ends every open view, as an _end
+    call does, instead of leaving it to read freed memory."""
+    c = zerod.connect("embedded:")
+    m, fc, w, _ = one_layer(c)
+    m.forward_begin(fc)
+    v = m.param_view(w)
+    assert v.valid and v.numpy().shape == (2, 3)
+    (m if closing == "model" else c).close()
+    assert not v.valid
+    with pytest.raises(zerod.InvalidStateError, match="model or client was closed"):
+        v.numpy()
+    c.close()
+
+
 def python(code, **env):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=rank_env(**env))

@@ -95,6 +95,7 @@ class Client:
         if self._handle is None:
             return
         for m in self._models:
+            m._forget_views()  # their memory goes with the models
             m._handle = None  # zd_disconnect frees them
         self._models.clear()
         _lib.zd_disconnect(self._handle)
@@ -247,6 +248,13 @@ class Model:
         for v in self._open_views.pop(module, ()):
             v._invalidate()
 
+    def _forget_views(self):
+        """Every open view is invalid from now on (the model is going)."""
+        for views in self._open_views.values():
+            for v in views:
+                v._invalidate()
+        self._open_views.clear()
+
     def step(self):
         r = S.StepResult()
         check(_lib.zd_step(self._h(), byref(r)))
@@ -353,10 +361,7 @@ class Model:
     def close(self):
         if self._handle is None:
             return
-        for views in self._open_views.values():
-            for v in views:
-                v._invalidate()
-        self._open_views.clear()
+        self._forget_views()
         _lib.zd_model_destroy(self._handle)
         self._handle = None
         if self in self.client._models:

@@ -164,8 +164,8 @@ class View:
 
     def _require_valid(self):
         if not self._valid:
-            raise InvalidStateError("this view ended with its module's _end call; take a new one "
-                                    "after the next _begin")
+            raise InvalidStateError("this view ended with its module's _end call (or its model or client "
+                                    "was closed); take a new one after the next _begin")
 
     def numpy(self):
         """The view as a numpy array (read-only for parameters); host views only."""
