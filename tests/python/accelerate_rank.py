@@ -26,6 +26,10 @@ assert accelerator.num_processes == int(os.environ.get("ZEROD_TEST_WORLD") or 2)
 if os.environ.get("ZEROD_TEST_DEVICE") == "cuda":
     assert accelerator.device.type == "cuda", accelerator.device
 prepared = accelerator.prepare(*objects())
+# Each rank's micro-batch is its share of the sharded loader's (8), as
+# under Accelerate's DeepSpeed path; the global batch counts every rank.
+engine = accelerator.zerod_engine
+print(f"batch {engine.train_micro_batch_size_per_gpu()} {engine.train_batch_size()}", flush=True)
 if sys.argv[2:] == ["resume"]:
     losses, lrs = user_loop(accelerator, *prepared, resume_from=sys.argv[1])
 else:

@@ -231,6 +231,8 @@ def test_two_processes_under_zerod_run(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:]
     assert "lr_scheduler.step()" not in p.stdout  # torch's order warning (see test_same_losses_as_plain_accelerate)
     ranks = split_ranks(p.stdout)
+    for r in (0, 1):  # micro-batch 8 a rank; 8 x 2 accumulation steps x 2 ranks a step
+        assert [l for l in ranks[r] if l.startswith("batch ")] == ["batch 8 32"], ranks[r][:5]
     per_rank = [[l.split()[2:] for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
     ours = [(float(a[0]) + float(b[0])) / 2 for a, b in zip(*per_rank)]
     our_lrs = [float(a[1]) for a in per_rank[0]]

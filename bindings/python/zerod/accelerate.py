@@ -171,8 +171,13 @@ class ZerodAccelerator(Accelerator):
             cfg[key] = value
         if self._zerod_scaling is not None:
             _amp.fill_fp16(cfg, _amp.fp16_section("ZerodAccelerator", **self._zerod_scaling))
-        batch = getattr(loaders[0], "total_batch_size", None) if loaders else None
-        cfg.setdefault("train_micro_batch_size_per_gpu", batch or 1)
+        # Each rank's micro-batch, as Accelerate's DeepSpeed path takes it: a
+        # prepared loader's total_batch_size is the batch of all processes
+        # (batch_size x processes, or with split_batches the batch that is
+        # split), so one rank's share is that over the processes.
+        total = getattr(loaders[0], "total_batch_size", None) if loaders else None
+        if cfg.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+            cfg["train_micro_batch_size_per_gpu"] = max(1, total // self.num_processes) if total else 1
         return cfg
 
     # -- the loop -----------------------------------------------------------
