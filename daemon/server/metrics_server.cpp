@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace zerod::server {
@@ -91,14 +92,29 @@ int listen_tcp(const observe::ListenAddress& a, std::string* where) {
   return fd;
 }
 
-void send_all(int fd, const std::string& s) {
+using Clock = std::chrono::steady_clock;
+
+// Waits until fd is ready for `events`; false when the deadline passes
+// first, the server is stopping (stop_fd readable) or poll fails.
+bool ready(int fd, short events, int stop_fd, Clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    const int rc = ::poll(p, 2, static_cast<int>(left));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0 || p[1].revents) return false;
+    if (p[0].revents) return true;
+  }
+}
+
+void send_all(int fd, const std::string& s, int stop_fd, Clock::time_point deadline) {
   size_t off = 0;
   while (off < s.size()) {
-    const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return;  // the scraper went away
-    }
+    if (!ready(fd, POLLOUT, stop_fd, deadline)) return;  // a scraper that stopped reading
+    const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n <= 0) return;  // the scraper went away
     off += static_cast<size_t>(n);
   }
 }
@@ -161,26 +177,33 @@ void MetricsServer::loop() {
 }
 
 void MetricsServer::serve(int fd) {
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  // The whole request within 5 s of the accept, and the answer within 5 s
+  // more: a client that trickles bytes is dropped like a silent one, and
+  // the server's stop ends either wait (the daemon's exit joins this
+  // thread).
+  Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+  const int stop = stop_[0];
+  const auto answer = [&](const std::string& r) { send_all(fd, r, stop, deadline); };
   std::string req;
   char buf[2048];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (!ready(fd, POLLIN, stop, deadline)) return;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) return;
     req.append(buf, static_cast<size_t>(n));
     if (req.size() > 16384) {
-      send_all(fd, response(431, "Request Header Fields Too Large", "text/plain", "request too large\n", false));
+      answer(response(431, "Request Header Fields Too Large", "text/plain", "request too large\n", false));
       return;
     }
   }
+  deadline = Clock::now() + std::chrono::seconds(5);
   const auto eol = req.find_first_of("\r\n");
   const std::string line = req.substr(0, eol);
   const auto sp1 = line.find(' ');
   const auto sp2 = line.find(' ', sp1 == std::string::npos ? 0 : sp1 + 1);
   if (sp1 == std::string::npos || sp2 == std::string::npos) {
-    send_all(fd, response(400, "Bad Request", "text/plain", "bad request line\n", false));
+    answer(response(400, "Bad Request", "text/plain", "bad request line\n", false));
     return;
   }
   const std::string method = line.substr(0, sp1);
@@ -188,15 +211,15 @@ void MetricsServer::serve(int fd) {
   if (const auto q = target.find('?'); q != std::string::npos) target.resize(q);
   const bool head = method == "HEAD";
   if (method != "GET" && !head) {
-    send_all(fd, response(405, "Method Not Allowed", "text/plain", "only GET and HEAD\n", false));
+    answer(response(405, "Method Not Allowed", "text/plain", "only GET and HEAD\n", false));
     return;
   }
   if (target == "/metrics") {
-    send_all(fd, response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render_(), head));
+    answer(response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render_(), head));
   } else if (target == "/") {
-    send_all(fd, response(200, "OK", "text/plain; charset=utf-8", "zerod daemon: metrics at /metrics\n", head));
+    answer(response(200, "OK", "text/plain; charset=utf-8", "zerod daemon: metrics at /metrics\n", head));
   } else {
-    send_all(fd, response(404, "Not Found", "text/plain", "no such page: " + target + " (try /metrics)\n", head));
+    answer(response(404, "Not Found", "text/plain", "no such page: " + target + " (try /metrics)\n", head));
   }
 }
 

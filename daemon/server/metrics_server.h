@@ -1,8 +1,10 @@
 // Serves the daemon's metrics over HTTP on a TCP port or a unix socket,
 // for Prometheus (or curl): GET /metrics answers the Prometheus text, GET /
 // a line saying where they are. One request per connection, served in
-// turn on a thread of its own; a client that sends nothing for 5 seconds is
-// dropped, so one stuck scraper cannot hold the endpoint.
+// turn on a thread of its own; a client whose request has not arrived 5
+// seconds after it connected (silent, or trickling bytes), or that does not
+// read the answer within 5 more, is dropped, so one stuck scraper cannot
+// hold the endpoint or the daemon's exit.
 #pragma once
 
 #include "observe/listen_address.h"
