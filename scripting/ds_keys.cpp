@@ -19,6 +19,7 @@ std::vector<DsKey> make_keys() {
       // Batches and accumulation.
       {"train_batch_size", T, "", "checked: micro-batch × accumulation × ranks, as DeepSpeed checks it"},
       {"train_micro_batch_size_per_gpu", T, "", "checked with the others; the batch size of zerod.deepspeed's DataLoader"},
+      {"dataloader_drop_last", T, "", "the `drop_last` of zerod.deepspeed's DataLoader (`deepspeed_io`, `training_data`)"},
       {"gradient_accumulation_steps", T, "", "`gradient_accumulation_steps`"},
       {"gradient_clipping", T, "", "`gradient_clipping` (DeepSpeed 0.19's default, 1.0, is written out when absent)"},
       // Optimizer.

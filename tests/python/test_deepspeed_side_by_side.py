@@ -99,6 +99,12 @@ engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.
                                             config={"train_micro_batch_size_per_gpu": 4,
                                                     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
 out["loader"] = [b[0][:, 0].tolist() for b in loader]
+model = make()
+dataset = torch.utils.data.TensorDataset(torch.arange(44.0).view(22, 2))
+engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), training_data=dataset,
+                                            config={"train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": True,
+                                                    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+out["loader_drop_last"] = [len(loader)] + [b[0][:, 0].tolist() for b in loader]
 json.dump(out, open(sys.argv[1], "w"))
 '''
 
@@ -314,6 +320,19 @@ def test_training_data_loader_matches(deepspeed_losses):
         engine.close()
     assert ours == deepspeed_losses["loader"]
     assert len(ours) == 5 and all(len(b) == 4 for b in ours)
+
+    # 22 samples: DeepSpeed's dataloader_drop_last leaves out the short sixth batch.
+    dataset = torch.utils.data.TensorDataset(torch.arange(44.0).view(22, 2))
+    engine, _, loader, _ = deepspeed.initialize(
+        model=make(), training_data=dataset,
+        config={"train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": True,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    try:
+        ours = [len(loader)] + [b[0][:, 0].tolist() for b in loader]
+    finally:
+        engine.close()
+    assert ours == deepspeed_losses["loader_drop_last"]
+    assert ours[0] == 5 and len(ours) == 6
 
 
 def test_script_helpers():

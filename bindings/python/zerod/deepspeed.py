@@ -302,15 +302,21 @@ class DeepSpeedEngine(_zt.Engine):
     def destroy(self):
         self.close()
 
+    def dataloader_drop_last(self):
+        """DeepSpeed's: the config's dataloader_drop_last (default false)."""
+        return bool(self.config.get("dataloader_drop_last", False))
+
     def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
         """DeepSpeed's: a DataLoader of this rank's share (a DistributedSampler
-        over the ranks, shuffled as DeepSpeed's is)."""
+        over the ranks, shuffled as DeepSpeed's is), dropping a last short
+        batch where the config's dataloader_drop_last says so."""
         sampler = data_sampler or torch.utils.data.distributed.DistributedSampler(
             dataset, num_replicas=self.world_size, rank=self.rank)
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
                                            sampler=sampler, collate_fn=collate_fn,
-                                           num_workers=num_local_io_workers or 0)
+                                           num_workers=num_local_io_workers or 0,
+                                           drop_last=self.dataloader_drop_last())
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
