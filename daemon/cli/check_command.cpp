@@ -2,6 +2,7 @@
 // reports every problem (file:line), or prints every resolved setting with
 // where its value came from, and what the optimizer and schedule will do.
 #include "commands.h"
+#include "arg_errors.h"
 
 #include "config_reader.h"
 #include "error.h"
@@ -105,7 +106,7 @@ int check_command(int argc, char** argv) {
       usage(stdout);
       return 0;
     } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "zerod check: unknown option %s\n", a.c_str());
+      std::fprintf(stderr, "zerod check: %s\n", unexpected_argument(a, {"--lr-steps", "--world-size"}).c_str());
       usage();
       return 2;
     } else if (src.path.empty()) {

@@ -1,6 +1,7 @@
 // `zerod status`: asks a running daemon for its models, ranks, per-rank and
 // per-tier bytes and step figures, as an observer (not a rank).
 #include "commands.h"
+#include "arg_errors.h"
 
 #include "error.h"
 #include "observer.h"
@@ -22,7 +23,7 @@ int status_command(int argc, char** argv) {
                   "  PATH defaults to ZEROD_ENDPOINT's (unix:PATH), as `zerod run` sets it\n");
       return 0;
     } else {
-      std::fprintf(stderr, "zerod status: unexpected argument '%s'\n", a.c_str());
+      std::fprintf(stderr, "zerod status: %s\n", unexpected_argument(a, {"--socket"}).c_str());
       return 2;
     }
   }

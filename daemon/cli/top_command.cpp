@@ -4,6 +4,7 @@
 // escapes (home, clear to end of line and screen), so it works in any
 // terminal and over ssh; piped, it prints one frame per refresh.
 #include "commands.h"
+#include "arg_errors.h"
 
 #include "error.h"
 #include "observer.h"
@@ -132,7 +133,7 @@ int top_command(int argc, char** argv) {
                   "  --once      print two frames one interval apart (the second with rates) and exit\n");
       return 0;
     } else {
-      std::fprintf(stderr, "zerod top: unexpected argument '%s'\n", a.c_str());
+      std::fprintf(stderr, "zerod top: %s\n", unexpected_argument(a, {"--socket", "--interval"}).c_str());
       return 2;
     }
   }

@@ -2,6 +2,7 @@
 // config translates to (what `zerod check` and `zerod run --job` load for a
 // .json job), or every problem with it, naming the key and why.
 #include "commands.h"
+#include "arg_errors.h"
 
 #include "ds_config.h"
 #include "error.h"
@@ -48,7 +49,7 @@ int translate_command(int argc, char** argv) {
       usage(stdout);
       return 0;
     } else if ((!a.empty() && a[0] == '-') || !path.empty()) {
-      std::fprintf(stderr, "zerod translate: unexpected argument %s\n", a.c_str());
+      std::fprintf(stderr, "zerod translate: %s\n", unexpected_argument(a, {"--world-size"}).c_str());
       usage();
       return 2;
     } else {
