@@ -78,6 +78,11 @@ void Sandbox::count_hook(lua_State* L, lua_Debug*) {
   auto* self = static_cast<Sandbox*>(lua_touserdata(L, -1));
   lua_pop(L, 1);
   if (self->budget_left_ <= kHookEvery) {
+    // From now on at every instruction, on this thread and the coroutines
+    // it makes, until the next call: a pcall around the loop catches this
+    // error, but the first instruction after it raises the next one, so
+    // the outermost code cannot run on either.
+    lua_sethook(L, &Sandbox::count_hook, LUA_MASKCOUNT, 1);
     luaL_error(L, "the script ran more than %d million instructions in one call "
                   "(an endless loop?)",
                static_cast<int>(self->limits_.instructions / 1000000));
@@ -139,6 +144,7 @@ bool Sandbox::load(const std::string& text, const std::string& chunkname, std::s
 
 bool Sandbox::call(int nargs, int nresults, std::string* error) {
   budget_left_ = limits_.instructions;
+  lua_sethook(L_, &Sandbox::count_hook, LUA_MASKCOUNT, kHookEvery);
   const int base = lua_gettop(L_) - nargs;
   lua_pushcfunction(L_, [](lua_State* L) -> int {
     const char* msg = lua_tostring(L, 1);

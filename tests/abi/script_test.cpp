@@ -37,6 +37,14 @@ TEST_F(ScriptTest, IoIsThereWhenTheCallerAllowsIt) {
 
 TEST_F(ScriptTest, RunawayScriptsAreStopped) {
   EXPECT_NE(error_of("while true do end").find("instructions"), std::string::npos);
+  // A pcall catches the budget's error, but not the next one's: the loop
+  // around it is stopped too.
+  EXPECT_NE(error_of("while true do pcall(function() while true do end end) end").find("instructions"),
+            std::string::npos);
+  EXPECT_NE(error_of("local co = coroutine.wrap(function() while true do pcall(function() while true do end end) "
+                     "coroutine.yield() end end)\nwhile true do pcall(co) end")
+                .find("instructions"),
+            std::string::npos);
   EXPECT_NE(error_of("local t = {} for i = 1, 1e9 do t[i] = ('x'):rep(100) end").find("memory"),
             std::string::npos);
 }
