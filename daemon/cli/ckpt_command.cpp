@@ -242,7 +242,17 @@ int ckpt_command(int argc, char** argv) {
     else if (a == "--tag") tag = value();
     else if (a == "--dtype") dtype = value();
     else if (a == "--world") world = std::atoi(value().c_str());
-    else if (a == "--threads") threads = static_cast<unsigned>(std::atoi(value().c_str()));
+    else if (a == "--threads") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > 4096) {
+        std::fprintf(stderr, "zerod ckpt %s: --threads takes a count from 0 (one per core) to 4096, got '%s'\n",
+                     cmd.c_str(), v.c_str());
+        return 2;
+      }
+      threads = static_cast<unsigned>(n);
+    }
     else if (a == "--verify") verify = true;
     else if (a == "--max-shard-size") {
       const std::string v = value();
