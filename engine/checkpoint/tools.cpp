@@ -325,11 +325,15 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
 
 void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads) {
   if (world < 1) fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --world must be at least 1");
-  if (fs::absolute(out_dir) == fs::absolute(src.dir()))
-    fail(ZD_ERR_INVALID_ARGUMENT, "reshard: write into another directory than " + src.dir());
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail(ZD_ERR_IO, "reshard: " + out_dir + " cannot be created: " + ec.message());
+  // The same directory by any spelling ("ck/", "./ck", a symlink): writing
+  // there would truncate the shards being read and drop their manifest.
+  if (fs::equivalent(out_dir, src.dir(), ec) || ec)
+    fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --to " + out_dir + " is the checkpoint's own directory " + src.dir() +
+                                      (ec ? " or cannot be compared with it (" + ec.message() + ")" : "") +
+                                      ": write into another directory");
   fs::remove(out_dir + "/" + kManifestName, ec);
   Manifest m = src.manifest();
   const auto buffers = static_cast<uint32_t>(m.slots.size()) + 1;

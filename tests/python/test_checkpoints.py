@@ -108,6 +108,17 @@ def test_zerod_ckpt_info_export_and_reshard(tmp_path):
     b.zerod_model.load(tmp_path / "three")
     assert same({k: v for k, v in b.state_dict().items() if k in held}, held)
 
+    # Into its own directory by another spelling (a trailing slash, "./", a
+    # symlink): refused before anything is touched (it truncated the shards
+    # being read and removed their manifest).
+    (tmp_path / "link").symlink_to(ckpt)
+    for to in (f"{ckpt}/", f"{ckpt}/.", tmp_path / "link"):
+        rs = subprocess.run([ZEROD, "ckpt", "reshard", str(ckpt), "--world", "1", "--to", str(to)],
+                            capture_output=True, text=True)
+        assert rs.returncode != 0 and "is the checkpoint's own directory" in rs.stderr, (to, rs.stderr)
+    info = subprocess.run([ZEROD, "ckpt", "info", str(ckpt), "--verify"], capture_output=True, text=True)
+    assert info.returncode == 0 and "passes its checksum" in info.stdout, info.stderr
+
 
 def test_a_damaged_checkpoint_is_named(tmp_path):
     a = engine(0)
