@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -122,19 +123,27 @@ int run_supervised(const DaemonArgs& args, int restarts) {
     lo.env["ZEROD_ENDPOINT"] = "unix:" + socket;
     lo.env["ZEROD_JOB"] = args.job;
     launch::LaunchResult result;
+    // Set when the user stops the job (a signal to this process): whatever
+    // the daemon's end then looks like, it is not restarted.
+    std::atomic<bool> user_stop{false};
     {
       launch::Launcher launcher(lo);
-      launch::SignalForwarder forwarder(launcher, [&daemon](int received, int sent) {
+      launch::SignalForwarder forwarder(launcher, [&daemon, &user_stop](int received, int sent) {
         std::fprintf(stderr, "zerod run: got signal %d, sent %s to every rank\n", received,
                      launch::signal_description(sent).c_str());
-        if (!daemon.reaped) ::kill(daemon.pid, SIGTERM);  // the user stops the job: no restart
+        user_stop = true;
+        if (!daemon.reaped) ::kill(daemon.pid, SIGTERM);
       });
       launcher.start();
       result = launcher.wait();
     }
     // The daemon died under the ranks: restart both, from the snapshot.
     if (result.first_failure && reap(daemon, false)) {
-      const bool stopped_by_user = WIFSIGNALED(daemon.status) && WTERMSIG(daemon.status) == SIGTERM;
+      // `zerod serve` ends with status 0 only when it was told to stop
+      // (SIGINT or SIGTERM, which it takes itself; a terminal's Ctrl-C
+      // reaches it directly): a stop, not a death. A crash or SIGKILL is.
+      const bool stopped_by_user = user_stop || (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == 0) ||
+                                   (WIFSIGNALED(daemon.status) && WTERMSIG(daemon.status) == SIGTERM);
       std::fprintf(stderr, "zerod run: the daemon (pid %d) %s; the ranks lost it\n", static_cast<int>(daemon.pid),
                    how(daemon.status).c_str());
       if (!stopped_by_user && attempt < restarts) {
