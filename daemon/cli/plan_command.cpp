@@ -14,9 +14,11 @@
 #include "model/model.h"
 #include "sandbox.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,7 +36,7 @@ struct Tensor {
 void usage(FILE* out = stderr) {
   std::fprintf(out,
                "usage: zerod plan <job.lua> (--params N [--layers L] | --model model.lua) [--nproc R]\n"
-               "  --params N      a model of N parameters (e.g. 1.3e9), in L equal layers (default 24)\n"
+               "  --params N      a model of N parameters (1.3e9, 1.3B, 350M), in L equal layers (default 24)\n"
                "  --model FILE    a Lua file returning { { name=, module=, shape={...} }, ... }\n"
                "  --nproc R       ranks the job runs on (default 1)\n");
 }
@@ -75,6 +77,34 @@ std::vector<Tensor> read_model(const std::string& path) {
   return out;
 }
 
+// A count as people write parameter counts: "1300000000", "1.3e9", "1.3B",
+// "350M", "2.5k" (k/K, M, B/G, T). nullopt for anything else.
+std::optional<double> parse_count(const char* v) {
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  if (end == v) return std::nullopt;
+  switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': x *= 1e3; ++end; break;
+    case 'M': x *= 1e6; ++end; break;
+    case 'B': case 'G': x *= 1e9; ++end; break;
+    case 'T': x *= 1e12; ++end; break;
+    default: return std::nullopt;
+  }
+  if (*end != '\0' || !std::isfinite(x)) return std::nullopt;
+  return x;
+}
+
+// A whole number with nothing after it; nullopt otherwise.
+std::optional<long> parse_whole(const char* v) {
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return x;
+}
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
@@ -84,15 +114,26 @@ int plan_command(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const auto bad = [&](const char* v, const char* what) {
+      std::fprintf(stderr, "zerod plan: %s %s: %s\n", a.c_str(), v ? ("'" + std::string(v) + "'").c_str() : "needs a value",
+                   what);
+      return 2;
+    };
     if (a == "--params") {
       const char* v = next();
-      params = v ? std::strtod(v, nullptr) : 0;
+      const auto n = parse_count(v);
+      if (!n || *n < 1) return bad(v, "a parameter count such as 1300000000, 1.3e9, 1.3B or 350M");
+      params = *n;
     } else if (a == "--layers") {
       const char* v = next();
-      layers = v ? std::strtol(v, nullptr, 10) : 0;
+      const auto n = parse_whole(v);
+      if (!n || *n < 1) return bad(v, "a layer count >= 1");
+      layers = *n;
     } else if (a == "--nproc") {
       const char* v = next();
-      nproc = v ? std::strtol(v, nullptr, 10) : 0;
+      const auto n = parse_whole(v);
+      if (!n || *n < 1 || *n > 4096) return bad(v, "a rank count from 1 to 4096");
+      nproc = *n;
     } else if (a == "--model") {
       const char* v = next();
       model_file = v ? v : "";
@@ -116,6 +157,11 @@ int plan_command(int argc, char** argv) {
   if (!(params <= 1e18) || layers > 1000000) {
     std::fprintf(stderr, "zerod plan: --params %g --layers %ld is more than zerod plans (at most 1e18 parameters "
                          "in 1e6 layers)\n", params, layers);
+    return 2;
+  }
+  if (model_file.empty() && params < static_cast<double>(layers)) {
+    std::fprintf(stderr, "zerod plan: --params %g is fewer than one parameter for each of the %ld layers (a count "
+                         "such as 1.3B or 1.3e9 means billions)\n", params, layers);
     return 2;
   }
   try {
