@@ -207,8 +207,14 @@ static void make_spiral(float* x, int* y) {
     }
 }
 
+/* The job script beside this file, wherever the trainer is run from (the
+   build names the folder; a copy built elsewhere looks in examples/c). */
+#ifndef ZEROD_EXAMPLE_DIR
+#define ZEROD_EXAMPLE_DIR "examples/c"
+#endif
+
 int main(int argc, char** argv) {
-  const char* job = getenv("ZEROD_JOB") ? NULL : "examples/c/job.lua"; /* NULL: ZEROD_JOB */
+  const char* job = getenv("ZEROD_JOB") ? NULL : ZEROD_EXAMPLE_DIR "/job.lua"; /* NULL: ZEROD_JOB */
   int steps = 300, quiet = 0;
   zd_dtype dtype = ZD_DTYPE_F32;
   for (int i = 1; i < argc; ++i) {
@@ -217,7 +223,13 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--quiet")) quiet = 1;
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
       const char* d = argv[++i];
-      dtype = !strcmp(d, "bf16") ? ZD_DTYPE_BF16 : !strcmp(d, "f16") ? ZD_DTYPE_F16 : ZD_DTYPE_F32;
+      if (!strcmp(d, "f32") || !strcmp(d, "fp32")) dtype = ZD_DTYPE_F32;
+      else if (!strcmp(d, "bf16")) dtype = ZD_DTYPE_BF16;
+      else if (!strcmp(d, "f16") || !strcmp(d, "fp16")) dtype = ZD_DTYPE_F16;
+      else {
+        fprintf(stderr, "%s: --dtype %s: f32, bf16 or f16\n", argv[0], d);
+        return 2;
+      }
     } else {
       fprintf(stderr, "usage: %s [--job job.lua] [--steps N] [--dtype f32|bf16|f16] [--quiet]\n",
               argv[0]);
