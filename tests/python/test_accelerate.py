@@ -269,3 +269,38 @@ def test_save_model_writes_zerods_weights(tmp_path):
     assert all(torch.equal(saved[k], full[k]) and saved[k].numel() > 0 for k in saved)
     initial = objects()[0].state_dict()
     assert not torch.equal(saved["transformer.wte.weight"], initial["transformer.wte.weight"])  # trained
+
+
+def test_two_jobs_sharing_a_daemon_directory_meet_apart(tmp_path):
+    """The gloo group beside zerod (zerod/_gloo.py) of two 2-rank jobs whose
+    ranks share one daemon's socket directory (`zerod serve --jobs`, ranks
+    told apart by ZEROD_JOB_KEY): each job's ranks meet their own, not the
+    other job's (the store file had one name for every job)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, sys, torch
+        from zerod._gloo import init_gloo
+        init_gloo(int(sys.argv[1]), 2, "accelerate")
+        t = torch.tensor([float(sys.argv[2])])
+        torch.distributed.all_reduce(t)
+        print(int(t.item()))
+    """)
+    env = dict(os.environ, ZEROD_ENDPOINT=f"unix:{tmp_path}/zerod.sock", PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    procs = []
+    for job, value in (("a", 1), ("b", 10)):
+        for rank in (0, 1):
+            procs.append((job, subprocess.Popen([sys.executable, "-c", code, str(rank), str(value)],
+                                                env=dict(env, ZEROD_JOB_KEY=job), stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True)))
+    sums = {}
+    for job, p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out[-2000:]
+        sums.setdefault(job, []).append(int(out.split()[-1]))
+    assert sums == {"a": [2, 2], "b": [20, 20]}

@@ -51,6 +51,7 @@ import os
 import torch
 
 from . import _amp
+from ._gloo import init_gloo
 from . import deepspeed as _zds
 from .errors import InvalidArgumentError, InvalidStateError
 
@@ -256,11 +257,8 @@ def _join_zerod_ranks():
     rank = int(os.environ["ZEROD_RANK"])
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("ZEROD_LOCAL_RANK", "0"),
                       LOCAL_WORLD_SIZE=str(world))
+    init_gloo(rank, world, "accelerate")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    where = os.environ.get("ZEROD_ENDPOINT", "")
-    where = where[len("unix:"):] if where.startswith("unix:") else where
-    store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "accelerate-store"), world)
-    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
     return True
 
 

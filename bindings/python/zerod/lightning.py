@@ -48,6 +48,7 @@ import torch
 
 from . import default_client
 from . import _amp
+from ._gloo import init_gloo
 from . import deepspeed as _zds
 from . import torch as _zt
 from .errors import InvalidArgumentError
@@ -248,16 +249,10 @@ class ZerodStrategy(ParallelStrategy):
                 f"ZerodStrategy: Trainer(devices={devices}) but this process is rank {client.rank} of "
                 f"{client.world_size} zerod ranks; several processes are the ranks of `zerod run --nproc N -- "
                 "python train.py` or of Lightning's own launcher, with Trainer(devices=N)")
-        if self.world_size > 1 and not torch.distributed.is_initialized():
+        if self.world_size > 1:
             # Lightning's own collectives (logging with sync_dist, barriers,
-            # broadcasts) over gloo; the rendezvous is a file in the private
-            # directory of the daemon's socket, which only this job sees.
-            where = os.environ.get("ZEROD_ENDPOINT", "")
-            where = where[len("unix:"):] if where.startswith("unix:") else where
-            store = torch.distributed.FileStore(os.path.join(os.path.dirname(where) or ".", "lightning-store"),
-                                                self.world_size)
-            torch.distributed.init_process_group("gloo", store=store, rank=self.global_rank,
-                                                 world_size=self.world_size)
+            # broadcasts) over gloo (zerod/_gloo.py says where ranks meet).
+            init_gloo(self.global_rank, self.world_size, "lightning")
         super().setup_environment()
 
     # -- set-up -------------------------------------------------------------
