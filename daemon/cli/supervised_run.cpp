@@ -88,6 +88,17 @@ bool reap(Daemon& d, bool block) {
   return d.reaped;
 }
 
+// reap(d, false) for up to `ms`: a daemon whose ranks saw it go may still
+// be on its way out (a stop's shutdown, a crash's core dump).
+bool reap_within(Daemon& d, int ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!reap(d, false)) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 std::string how(int status) {
   if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
                                   strsignal(WTERMSIG(status)) + ")";
@@ -138,7 +149,7 @@ int run_supervised(const DaemonArgs& args, int restarts) {
       result = launcher.wait();
     }
     // The daemon died under the ranks: restart both, from the snapshot.
-    if (result.first_failure && reap(daemon, false)) {
+    if (result.first_failure && reap_within(daemon, 2000)) {
       // `zerod serve` ends with status 0 only when it was told to stop
       // (SIGINT or SIGTERM, which it takes itself; a terminal's Ctrl-C
       // reaches it directly): a stop, not a death. A crash or SIGKILL is.

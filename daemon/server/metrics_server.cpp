@@ -177,13 +177,16 @@ void MetricsServer::loop() {
 }
 
 void MetricsServer::serve(int fd) {
-  // The whole request within 5 s of the accept, and the answer within 5 s
-  // more: a client that trickles bytes is dropped like a silent one, and
-  // the server's stop ends either wait (the daemon's exit joins this
-  // thread).
-  Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+  // The whole request within 5 s of the accept: a client that trickles
+  // bytes is dropped like a silent one. The server's stop ends this wait
+  // and the answer's (the daemon's exit joins this thread).
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
   const int stop = stop_[0];
-  const auto answer = [&](const std::string& r) { send_all(fd, r, stop, deadline); };
+  // The answer's 5 s start once it is built (rendering the metrics of a
+  // busy daemon takes a while, and is not the client's time).
+  const auto answer = [&](const std::string& r) {
+    send_all(fd, r, stop, Clock::now() + std::chrono::seconds(5));
+  };
   std::string req;
   char buf[2048];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
@@ -197,7 +200,6 @@ void MetricsServer::serve(int fd) {
       return;
     }
   }
-  deadline = Clock::now() + std::chrono::seconds(5);
   const auto eol = req.find_first_of("\r\n");
   const std::string line = req.substr(0, eol);
   const auto sp1 = line.find(' ');

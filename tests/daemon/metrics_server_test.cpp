@@ -94,7 +94,9 @@ TEST(MetricsServer, StoppingDoesNotWaitForAClientThatHoldsIt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto t0 = Clock::now();
   server.reset();
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+  // Well under the 5 s a held request may take (a loaded CI machine has
+  // slack here).
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
   ::close(held);
 }
 

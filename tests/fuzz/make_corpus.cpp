@@ -10,7 +10,8 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <new>
+#include <cstddef>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -125,15 +126,23 @@ v1::Request status() {
 // A model call as today's libzerod sends it without a ring: the call
 // ring's record in a type 3 frame.
 std::string record(uint32_t id, calls::Op op, int32_t module = 0) {
-  // Built in zeroed storage, so its padding is zero too: the seed is the
-  // same bytes on every run (fuzz.seed_corpus_is_current compares them).
-  alignas(wire::RingRequest) unsigned char raw[sizeof(wire::RingRequest)] = {};
-  wire::RingRequest& q = *new (raw) wire::RingRequest{};
-  q.kind = wire::RingKind::call;
-  q.model = 0;
-  q.args.op = op;
-  q.args.module = module;
-  return frame(std::string(reinterpret_cast<const char*>(raw), sizeof raw), id, 0, wire::kCall);
+  // Its fields copied into zeroed bytes, so padding is zero too: the seed
+  // is the same bytes on every run (fuzz.seed_corpus_is_current compares
+  // them). The fields not written are zero; those whose defaults are not
+  // (calls::Args's op and rank) are written as a value-initialized record
+  // holds them.
+  std::string raw(sizeof(wire::RingRequest), '\0');
+  const auto put = [&raw](size_t at, const auto& v) { std::memcpy(raw.data() + at, &v, sizeof v); };
+  const calls::Args defaults{};
+  for (const size_t at : {offsetof(wire::RingRequest, args), offsetof(wire::RingRequest, deferred)}) {
+    put(at + offsetof(calls::Args, op), defaults.op);
+    put(at + offsetof(calls::Args, rank), defaults.rank);
+  }
+  const size_t args = offsetof(wire::RingRequest, args);
+  put(offsetof(wire::RingRequest, kind), wire::RingKind::call);
+  put(args + offsetof(calls::Args, op), op);
+  put(args + offsetof(calls::Args, module), module);
+  return frame(raw, id, 0, wire::kCall);
 }
 
 // One training step over the modules 0..n-1.

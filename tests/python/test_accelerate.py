@@ -272,10 +272,11 @@ def test_save_model_writes_zerods_weights(tmp_path):
 
 
 def test_two_jobs_sharing_a_daemon_directory_meet_apart(tmp_path):
-    """The gloo group beside zerod (zerod/_gloo.py) of two 2-rank jobs whose
-    ranks share one daemon's socket directory (`zerod serve --jobs`, ranks
-    told apart by ZEROD_JOB_KEY): each job's ranks meet their own, not the
-    other job's (the store file had one name for every job)."""
+    """The gloo group beside zerod (zerod/_gloo.py) of four 2-rank jobs whose
+    ranks share one daemon's socket directory (`zerod serve --jobs`, jobs
+    told apart by ZEROD_JOB_KEY or by their launcher's ids, here Slurm
+    steps): each job's ranks meet their own, not another job's (the store
+    file had one name for every job)."""
     import os
     import subprocess
     import sys
@@ -290,17 +291,28 @@ def test_two_jobs_sharing_a_daemon_directory_meet_apart(tmp_path):
         print(int(t.item()))
     """)
     env = dict(os.environ, ZEROD_ENDPOINT=f"unix:{tmp_path}/zerod.sock", PYTHONPATH=os.pathsep.join(sys.path))
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ZEROD_JOB_KEY", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        env.pop(k, None)
     procs = []
-    for job, value in (("a", 1), ("b", 10)):
+    # Told apart by ZEROD_JOB_KEY, and (as two torchrun-less launches with
+    # their own MASTER_PORT would be, ranks started by hand) by the launcher
+    # ids libzerod reads, with ZEROD_ENDPOINT set so the file is used.
+    for job, value, ids in (("a", 1, {"ZEROD_JOB_KEY": "a"}), ("b", 10, {"ZEROD_JOB_KEY": "b"}),
+                            ("c", 100, {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}),
+                            ("d", 1000, {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1"})):
         for rank in (0, 1):
             procs.append((job, subprocess.Popen([sys.executable, "-c", code, str(rank), str(value)],
-                                                env=dict(env, ZEROD_JOB_KEY=job), stdout=subprocess.PIPE,
+                                                env=dict(env, **ids), stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True)))
     sums = {}
-    for job, p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out[-2000:]
-        sums.setdefault(job, []).append(int(out.split()[-1]))
-    assert sums == {"a": [2, 2], "b": [20, 20]}
+    try:
+        for job, p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0, out[-2000:]
+            sums.setdefault(job, []).append(int(out.split()[-1]))
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sums == {"a": [2, 2], "b": [20, 20], "c": [200, 200], "d": [2000, 2000]}
