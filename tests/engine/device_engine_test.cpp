@@ -372,6 +372,25 @@ class SlowDownloads final : public EmulatedDevice {
   const std::atomic<int>* delay_ms_;
 };
 
+// The two DeviceBudget tests' backward of module m at step s (a gradient
+// from what the forward read) and their result (every parameter in fp32).
+void write_step_grad(Model& model, Device& d, const std::vector<zd_param_id>& ids,
+                     const std::vector<std::vector<float>>& w, size_t m, int s) {
+  std::vector<float> grad(w[m].size());
+  for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
+  write_view(d, model.grad_view(0, ids[m]), grad);
+}
+
+std::vector<std::vector<float>> read_params_f32(Model& model, const std::vector<zd_param_id>& ids, int64_t size) {
+  std::vector<std::vector<float>> out;
+  for (zd_param_id id : ids) {
+    std::vector<float> v(static_cast<size_t>(size));
+    model.read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
 TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
   constexpr int64_t kSize = 4000;  // elements per module; 16000 B of fp32 gradients
   const std::vector<int64_t> sizes(4, kSize);
@@ -399,20 +418,12 @@ TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
         std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
         for (size_t m = ids.size(); m-- > 0;) {
           model->backward_begin(0, static_cast<zd_module_id>(m));
-          std::vector<float> grad(w[m].size());
-          for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
-          write_view(d, model->grad_view(0, ids[m]), grad);
+          write_step_grad(*model, d, ids, w, m, s);
           model->backward_end(0, static_cast<zd_module_id>(m));
         }
         model->step(0);
       }
-      std::vector<std::vector<float>> out;
-      for (zd_param_id id : ids) {
-        std::vector<float> v(static_cast<size_t>(kSize));
-        model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
-        out.push_back(std::move(v));
-      }
-      return out;
+      return read_params_f32(*model, ids, kSize);
     };
     uint64_t placed = 0;
     delay_ms = 0;
@@ -488,21 +499,13 @@ TEST(DeviceBudget, ARefusedGatherIsTriedAgainOnceThenReportedAndTheCallCanBeRepe
           refusals = 0;
           model->backward_begin(0, mid);  // the same call again: nothing was lost
         }
-        std::vector<float> grad(w[m].size());
-        for (size_t j = 0; j < grad.size(); ++j) grad[j] = w[m][j] - std::cos(static_cast<float>(j + s));
-        write_view(d, model->grad_view(0, ids[m]), grad);
+        write_step_grad(*model, d, ids, w, m, s);
         model->backward_end(0, mid);
       }
       refusals = 0;
       model->step(0);
     }
-    std::vector<std::vector<float>> out;
-    for (zd_param_id id : ids) {
-      std::vector<float> v(static_cast<size_t>(kSize));
-      model->read_param(0, id, ZD_DTYPE_F32, v.data(), v.size() * 4);
-      out.push_back(std::move(v));
-    }
-    return out;
+    return read_params_f32(*model, ids, kSize);
   };
   const auto plain = run(0, nullptr);
   ASSERT_EQ(refused.load(), 0);
