@@ -242,7 +242,10 @@ NodePlace node_place(const LauncherRanks& r) {
 }
 
 std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 30000);
+  // 0: the default connect timeout, for the daemons' MPI join below too
+  // (taken as 0 there, it gave the other nodes 1 s to start their daemons).
+  if (timeout_ms <= 0) timeout_ms = 30000;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const std::string dir = launch_directory();
   const bool several = r.world != r.local_world;
   const char* ompi_server = std::getenv("ZEROD_OMPI_SERVER");
