@@ -2,7 +2,7 @@
 // reports every problem (file:line), or prints every resolved setting with
 // where its value came from, and what the optimizer and schedule will do.
 #include "commands.h"
-#include "arg_errors.h"
+#include "cli_args.h"
 
 #include "config_reader.h"
 #include "error.h"

@@ -7,6 +7,7 @@
 // (DeepSpeed's convention): the tag its `latest` file names is read, and
 // said; --tag TAG reads DIR/TAG instead.
 #include "commands.h"
+#include "cli_args.h"
 
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
@@ -244,14 +245,13 @@ int ckpt_command(int argc, char** argv) {
     else if (a == "--world") world = std::atoi(value().c_str());
     else if (a == "--threads") {
       const std::string v = value();
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0 || n > 4096) {
+      const auto n = parse_whole(v.c_str());
+      if (!n || *n < 0 || *n > 4096) {
         std::fprintf(stderr, "zerod ckpt %s: --threads takes a count from 0 (one per core) to 4096, got '%s'\n",
                      cmd.c_str(), v.c_str());
         return 2;
       }
-      threads = static_cast<unsigned>(n);
+      threads = static_cast<unsigned>(*n);
     }
     else if (a == "--verify") verify = true;
     else if (a == "--max-shard-size") {

@@ -7,6 +7,7 @@
 //   zerod plan job.lua --model model.lua [--nproc R]
 // model.lua returns a list of { name = "...", module = "...", shape = {..} }.
 #include "commands.h"
+#include "cli_args.h"
 
 #include "runtime/dtype.h"
 #include "error.h"
@@ -93,15 +94,6 @@ std::optional<double> parse_count(const char* v) {
     default: return std::nullopt;
   }
   if (*end != '\0' || !std::isfinite(x)) return std::nullopt;
-  return x;
-}
-
-// A whole number with nothing after it; nullopt otherwise.
-std::optional<long> parse_whole(const char* v) {
-  if (!v || !*v) return std::nullopt;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0') return std::nullopt;
   return x;
 }
 

@@ -1,7 +1,7 @@
 // `zerod status`: asks a running daemon for its models, ranks, per-rank and
 // per-tier bytes and step figures, as an observer (not a rank).
 #include "commands.h"
-#include "arg_errors.h"
+#include "cli_args.h"
 
 #include "error.h"
 #include "observer.h"

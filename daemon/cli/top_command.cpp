@@ -4,7 +4,7 @@
 // escapes (home, clear to end of line and screen), so it works in any
 // terminal and over ssh; piped, it prints one frame per refresh.
 #include "commands.h"
-#include "arg_errors.h"
+#include "cli_args.h"
 
 #include "error.h"
 #include "observer.h"

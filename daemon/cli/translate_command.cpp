@@ -2,7 +2,7 @@
 // config translates to (what `zerod check` and `zerod run --job` load for a
 // .json job), or every problem with it, naming the key and why.
 #include "commands.h"
-#include "arg_errors.h"
+#include "cli_args.h"
 
 #include "ds_config.h"
 #include "error.h"

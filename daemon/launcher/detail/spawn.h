@@ -25,9 +25,9 @@ struct ExecPlan {
 
 // The plan for `argv` with zerod's environment (read now, with the user's
 // values of what zerod set for itself: own_environment.h) overridden by
-// `extra_env`, less the
-// variables named in `reserved` (the caller adds its own per process);
-// argv[0] is searched in that environment's PATH as execvp does.
+// `extra_env`, less the variables named in `reserved` (the caller adds its
+// own per process); argv[0] is searched in that environment's PATH as
+// execvp does.
 ExecPlan make_exec_plan(const std::vector<std::string>& argv,
                         const std::map<std::string, std::string>& extra_env,
                         const std::vector<std::string>& reserved);

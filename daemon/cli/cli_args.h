@@ -1,7 +1,10 @@
-// What a subcommand says of an argument it did not take.
+// Reading a subcommand's arguments: a whole-number value, and what to say
+// of an argument it did not take.
 #pragma once
 
+#include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 namespace zerod::cli {
@@ -12,6 +15,15 @@ inline std::string unexpected_argument(const std::string& a, std::initializer_li
   for (const char* v : valued)
     if (a == v) return a + " needs a value";
   return "unexpected argument '" + a + "'";
+}
+
+// A whole number with nothing after it; nullopt otherwise (also for none).
+inline std::optional<long> parse_whole(const char* v) {
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return x;
 }
 
 }  // namespace zerod::cli
