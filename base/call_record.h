@@ -34,6 +34,10 @@ struct StepFigures {
   bool boundary = false;
   bool applied = false;
   bool skipped = false;
+  // Named, so no byte of a record is padding: records are copied as bytes
+  // between processes (ring_call.h), and padding would carry whatever the
+  // sender's memory held there.
+  uint8_t reserved[5] = {};
   int64_t step = 0;
   int64_t micro_step = 0;
   double lr = 0.0;
@@ -82,6 +86,7 @@ struct Args {
   uint64_t tokens = 0, samples = 0;  // report
   double loss = 0.0;                 // report, when has_loss
   int32_t has_loss = 0;              // report: 0 or 1
+  int32_t reserved = 0;              // named, not padding (StepFigures says why)
 };
 
 // The fixed part of a call's answer: what the call ring's reply record

@@ -72,6 +72,20 @@ static_assert(offsetof(RingReply, figures) == 16 && offsetof(calls::Figures, los
               offsetof(calls::Figures, bytes_sent) == 80 && offsetof(calls::Figures, applied_steps) == 104 &&
               sizeof(RingReply) == 128);
 
+// No record has padding: every byte is a named field, set by the sender
+// (Args and StepFigures name their would-be padding `reserved`), so none
+// carries the sender's stray memory to the other process.
+static_assert(sizeof(calls::Args) == offsetof(calls::Args, reserved) + sizeof(int32_t) &&
+              offsetof(calls::Args, reserved) == offsetof(calls::Args, has_loss) + sizeof(int32_t) &&
+              offsetof(calls::Args, has_loss) == offsetof(calls::Args, loss) + sizeof(double) &&
+              offsetof(calls::Args, step) == offsetof(calls::Args, kind) + sizeof(int32_t));
+static_assert(offsetof(StepFigures, reserved) == 3 * sizeof(bool) &&
+              offsetof(StepFigures, step) == offsetof(StepFigures, reserved) + sizeof(StepFigures::reserved));
+static_assert(offsetof(RingRequest, args) == 16 && offsetof(RingRequest, has_deferred) == 16 + sizeof(calls::Args) &&
+              offsetof(RingRequest, deferred) == offsetof(RingRequest, reserved) + sizeof(int32_t) &&
+              sizeof(RingRequest) == offsetof(RingRequest, deferred) + sizeof(calls::Args));
+static_assert(sizeof(RingView) == 4 * sizeof(int32_t) + 2 * sizeof(uint64_t));
+
 // The size the ring's request slot has, and the reply slot's least size.
 inline constexpr uint64_t kRingRequestBytes = 256;
 static_assert(sizeof(RingRequest) <= kRingRequestBytes);
