@@ -149,7 +149,9 @@ function usage()
 end
 
 function main(args)
-    job = haskey(ENV, "ZEROD_JOB") ? nothing : "examples/c/job.lua"  # nothing: ZEROD_JOB
+    # The C example's job script, found from this file wherever Julia runs
+    # (as the C example finds it); nothing: ZEROD_JOB names the job.
+    job = haskey(ENV, "ZEROD_JOB") ? nothing : normpath(joinpath(@__DIR__, "..", "..", "..", "examples", "c", "job.lua"))
     steps, quiet, dtype = 300, false, Float32
     i = 1
     while i <= length(args)
@@ -162,7 +164,16 @@ function main(args)
             quiet = true
         elseif a == "--dtype" && i < length(args)
             d = args[i += 1]
-            dtype = d == "bf16" ? BFloat16 : d == "f16" ? Float16 : Float32
+            if d in ("f32", "fp32")
+                dtype = Float32
+            elseif d == "bf16"
+                dtype = BFloat16
+            elseif d in ("f16", "fp16")
+                dtype = Float16
+            else  # an unknown name is refused, not taken as f32 (as in the C example)
+                println(stderr, "train_mlp.jl: --dtype $d: f32, bf16 or f16")
+                exit(2)
+            end
         else
             usage()
         end
