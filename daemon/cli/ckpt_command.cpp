@@ -194,8 +194,19 @@ int import_deepspeed(const std::vector<std::string>& args) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const ckpt::Manifest m = ckpt::import_raw(raw, to);
-    std::filesystem::copy_file(raw + "/torch_state.pt", to + "/torch_state.pt",
-                               std::filesystem::copy_options::overwrite_existing, ec);
+    // The buffers and client state beside the zerod state, when the source
+    // had any: a copy that fails is an import that fails, not one said done.
+    if (std::filesystem::exists(raw + "/torch_state.pt", ec)) {
+      const std::string tmp = to + "/torch_state.pt.tmp";
+      std::filesystem::copy_file(raw + "/torch_state.pt", tmp, std::filesystem::copy_options::overwrite_existing, ec);
+      if (!ec) std::filesystem::rename(tmp, to + "/torch_state.pt", ec);
+      if (ec) {
+        std::error_code ignored;
+        std::filesystem::remove(tmp, ignored);
+        fail(ZD_ERR_IO, "copying torch_state.pt (the buffers and client state) into " + to + ": " + ec.message() +
+                            "; the zerod state itself was imported");
+      }
+    }
     std::printf("imported %zu parameters of step %lld (DeepSpeed ZeRO stage %d, %s) into %s in %.1f s\n",
                 m.params.size(), static_cast<long long>(m.step), m.zero_stage, m.optimizer.c_str(), to.c_str(),
                 seconds_since(t0));

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 namespace {
@@ -30,7 +31,7 @@ void usage(FILE* out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int dispatch(int argc, char** argv) {
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -62,4 +63,16 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "zerod: unknown command '%s'\n", cmd.c_str());
   usage(stderr);
   return 2;
+}
+
+// A command's own errors are its to report; anything it let through (a
+// manifest asking for more memory than there is: std::bad_alloc) still
+// ends in one line and exit status 1, not std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zerod %s: %s\n", argc > 1 ? argv[1] : "", e.what());
+    return 1;
+  }
 }

@@ -9,6 +9,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -51,6 +53,8 @@ std::string unescape(const std::string& s, const std::string& where) {
   return out;
 }
 
+}  // namespace
+
 void write_file_synced(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -62,7 +66,7 @@ void write_file_synced(const std::string& path, const std::string& text) {
     if (n < 0) {
       const int err = errno;
       ::close(fd);
-      fail(err == ENOSPC ? ZD_ERR_IO : ZD_ERR_IO, "writing " + tmp + ": " + errno_text(err));
+      fail(ZD_ERR_IO, "writing " + tmp + ": " + errno_text(err));
     }
     done += static_cast<size_t>(n);
   }
@@ -75,14 +79,46 @@ void write_file_synced(const std::string& path, const std::string& text) {
   ZD_CHECK_SYS(::rename(tmp.c_str(), path.c_str()), "renaming " + tmp + " to " + path);
 }
 
-}  // namespace
-
 std::string unescape_name(const std::string& s, const std::string& where) { return unescape(s, where); }
 
-std::string shard_name(int rank, int world_size) {
+std::string shard_name(int rank, int world_size, int shard_set) {
   char b[64];
-  std::snprintf(b, sizeof b, "rank-%05d-of-%05d.zdshard", rank, world_size);
+  std::snprintf(b, sizeof b, "rank-%05d-of-%05d%s.zdshard", rank, world_size, shard_set == 1 ? "-b" : "");
   return b;
+}
+
+int shard_set_to_write(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir + "/" + kManifestName, ec)) return 0;
+  try {
+    return 1 - read_manifest(dir).shard_set;
+  } catch (const Error&) {
+    return 0;  // no whole checkpoint there to keep
+  }
+}
+
+void remove_other_shards(const std::string& dir, const Manifest& m) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int rank = 0, world = 0;
+    char tail[16] = {};
+    if (std::sscanf(name.c_str(), "rank-%5d-of-%5d%15s", &rank, &world, tail) != 3) continue;
+    if (std::strcmp(tail, ".zdshard") != 0 && std::strcmp(tail, "-b.zdshard") != 0) continue;
+    if (name != shard_name(rank, world, 1) && name != shard_name(rank, world, 0)) continue;  // not ours exactly
+    if (world == m.world_size && rank < world && name == shard_name(rank, world, m.shard_set)) continue;
+    stale.push_back(e.path().string());
+  }
+  for (const std::string& path : stale) std::filesystem::remove(path, ec);
+}
+
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
 }
 
 namespace {
@@ -90,8 +126,8 @@ std::string manifest_text(const Manifest& m) {
   std::ostringstream o;
   char scale[64];
   std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
-  // Format 1 readers read whatever has no parts.
-  o << "zerod-checkpoint " << (m.nodes > 0 ? 2 : 1) << "\n"
+  // The oldest format that holds it: older readers read what they can.
+  o << "zerod-checkpoint " << (m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1) << "\n"
     << "step " << m.step << "\n"
     << "world_size " << m.world_size << "\n"
     << "zero_stage " << m.zero_stage << "\n"
@@ -112,6 +148,7 @@ std::string manifest_text(const Manifest& m) {
     for (const NodePart& p : m.parts)
       o << "part " << p.node << " " << escape(p.host) << " " << p.first_rank << " " << p.ranks << "\n";
   }
+  if (m.shard_set != 0) o << "shard_set " << m.shard_set << "\n";
   o << "end\n";
   return o.str();
 }
@@ -204,6 +241,8 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
         bad("a bad part line");
       p.host = unescape(host, where());
       m.parts.push_back(std::move(p));
+    } else if (key == "shard_set") {
+      if (!(f >> m.shard_set) || m.shard_set < 0 || m.shard_set > 1) bad("a bad shard_set (0 or 1)");
     } else if (key == "end") {
       ended = true;
       break;

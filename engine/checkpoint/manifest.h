@@ -12,8 +12,9 @@
 namespace zerod::ckpt {
 
 // Format 2 adds where the parts of a snapshot across nodes live (`nodes`,
-// `part`); a manifest without them is written as format 1.
-constexpr int kFormatVersion = 2;
+// `part`); format 3 the second shard set (`shard_set 1`). A manifest is
+// written in the oldest format that holds it.
+constexpr int kFormatVersion = 3;
 constexpr const char* kManifestName = "zerod-checkpoint.txt";
 
 struct ParamEntry {
@@ -50,10 +51,27 @@ struct Manifest {
   int nodes = 0;  // 0: not a snapshot across nodes
   bool shared = true;
   std::vector<NodePart> parts;
+  // Which names the shards have (shard_name): a save over a whole
+  // checkpoint writes the set its manifest does not name, so the old one
+  // stays whole until the new manifest replaces it.
+  int shard_set = 0;
 };
 
-// The shard file of one rank: "rank-00001-of-00004.zdshard".
-std::string shard_name(int rank, int world_size);
+// The shard file of one rank: "rank-00001-of-00004.zdshard" in set 0,
+// "rank-00001-of-00004-b.zdshard" in set 1.
+std::string shard_name(int rank, int world_size, int shard_set = 0);
+// The shard set a new checkpoint in `dir` writes: the one a whole
+// checkpoint there does not use (0 where there is none, or its manifest
+// cannot be read).
+int shard_set_to_write(const std::string& dir);
+// After `m` was written to `dir`: removes the shard files there that `m`
+// does not name (an older checkpoint's, a failed save's). Best effort.
+void remove_other_shards(const std::string& dir, const Manifest& m);
+// Writes `text` to path + ".tmp", flushes it to disk and renames it to
+// `path`: a reader sees the old file or the new one, whole.
+void write_file_synced(const std::string& path, const std::string& text);
+// Makes the entries of `dir` (a rename into it) durable. Best effort.
+void sync_dir(const std::string& dir);
 
 void write_manifest(const std::string& dir, const Manifest& m);
 // The same text in a file of another name (a node's part file), flushed to disk.

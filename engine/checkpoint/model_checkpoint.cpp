@@ -10,7 +10,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <memory>
 
 namespace zerod {
 
@@ -21,6 +23,37 @@ namespace {
 void require_between_steps(const char* call, int active_modules, int64_t micro_step, int64_t gas) {
   if (active_modules > 0 || micro_step % gas != 0)
     fail(ZD_ERR_INVALID_STATE, std::string(call) + " inside an accumulation window; call it between steps");
+}
+
+// The ranks' verdict on a part of a save or load that any one rank may
+// fail alone (its shard, its reads): the lowest failing rank, or -1. The
+// others learn it here instead of waiting for that rank at the next
+// collective until the comm timeout.
+int first_failed_rank(const ModelContext& ctx, RankResources& res, int rank, uint64_t id, bool failed,
+                      const std::string& what) {
+  double v = failed ? 1.0 / (rank + 1) : 0.0;  // the max names the lowest failing rank
+  if (ctx.world_size > 1)
+    ctx.run(*res.stream, [&] {
+      ctx.comm().all_reduce(ctx.comm_call(rank, comm_tag(CommOp::Read, 250, id), what), &v, 1, ZD_COMM_F64,
+                            ZD_REDUCE_MAX);
+    });
+  return v > 0 ? static_cast<int>(std::lround(1.0 / v)) - 1 : -1;
+}
+
+// Runs `fn`, keeping its error for after the verdict.
+template <typename Fn>
+bool attempt(Fn&& fn, zd_status* code, std::string* why) {
+  try {
+    fn();
+    return true;
+  } catch (const Error& e) {
+    *code = e.code();
+    *why = e.what();
+  } catch (const std::exception& e) {
+    *code = ZD_ERR_IO;
+    *why = e.what();
+  }
+  return false;
 }
 
 }  // namespace
@@ -34,32 +67,61 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(ZD_ERR_IO, "zd_model_save: " + dir + " cannot be created: " + ec.message());
-  // An old manifest goes first: until the new one is written, the directory
-  // holds no whole checkpoint.
-  if (rank == 0) fs::remove(dir + "/" + ckpt::kManifestName, ec);
-  const std::string cleared = "zd_model_save: every rank is ready to write";
-  ctx_.run(*rs.res.stream, [&] { plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 1), cleared)); });
-  {
-    ckpt::ShardWriter out(dir + "/" + ckpt::shard_name(rank, world_size_), rank, world_size_);
-    write_rank_shard(ctx_, rs.res, rs.buffers, out);
-    out.finish();
+  // A whole checkpoint already there stays whole until the new one is: the
+  // new shards go to the other shard set's names, and the manifest, renamed
+  // over the old one last, is the commit. A save that fails or is killed
+  // halfway leaves the old checkpoint loadable (a reused directory is how
+  // Lightning's last.ckpt and Accelerate's save_state keep theirs). Every
+  // rank reads the old manifest before any rank can replace it (the
+  // agreement below comes first); the ranks take the highest set proposed,
+  // so one that could not read it does not write over the old shards.
+  double set = ckpt::shard_set_to_write(dir);
+  const std::string agreed = "zd_model_save: the shard set every rank writes";
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 1), agreed), &set, 1, ZD_COMM_F64,
+                              ZD_REDUCE_MAX);
+  });
+  const int shard_set = set > 0 ? 1 : 0;
+  const std::string kept = " (the checkpoint already in " + dir + ", if any, is kept)";
+  zd_status code = ZD_OK;
+  std::string why;
+  const bool wrote = attempt(
+      [&] {
+        ckpt::ShardWriter out(dir + "/" + ckpt::shard_name(rank, world_size_, shard_set), rank, world_size_);
+        write_rank_shard(ctx_, rs.res, rs.buffers, out);
+        out.finish();
+      },
+      &code, &why);
+  const int failed = first_failed_rank(ctx_, rs.res, rank, 2, !wrote, "zd_model_save: every rank wrote its shard");
+  if (!wrote) fail(code, why + kept);
+  if (failed >= 0)
+    fail(ZD_ERR_IO, "zd_model_save: rank " + std::to_string(failed) + " could not write its shard to " + dir +
+                        " (its error says why)" + kept);
+  const bool committed = rank != 0 || attempt(
+      [&] {
+        // Every shard whole before the manifest says so (with several
+        // nodes the directory must be one every node writes to).
+        for (int r = 0; r < world_size_; ++r) {
+          const std::string path = dir + "/" + ckpt::shard_name(r, world_size_, shard_set);
+          if (::access(path.c_str(), R_OK) != 0)
+            fail(ZD_ERR_IO, "zd_model_save: the shard of rank " + std::to_string(r) + " is not in " + dir +
+                                " (with several nodes the directory must be on a file system every node sees)");
+          ckpt::ShardReader check(path);
+        }
+        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler);
+        m.shard_set = shard_set;
+        ckpt::write_manifest(dir, m);
+        // The rename durable before the call returns; then the old
+        // checkpoint's shards (and those of a save that failed) go.
+        ckpt::sync_dir(dir);
+        ckpt::remove_other_shards(dir, m);
+      },
+      &code, &why);
+  if (first_failed_rank(ctx_, rs.res, rank, 3, !committed, "zd_model_save: the checkpoint is whole") >= 0) {
+    if (!committed) fail(code, why + kept);
+    fail(ZD_ERR_IO, "zd_model_save: rank 0 could not commit the checkpoint in " + dir + " (its error says why)" +
+                        kept);
   }
-  const std::string written = "zd_model_save: every rank wrote its shard";
-  ctx_.run(*rs.res.stream, [&] { plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 2), written)); });
-  if (rank == 0) {
-    // Every shard whole before the manifest says so (with several nodes the
-    // directory must be one every node writes to).
-    for (int r = 0; r < world_size_; ++r) {
-      const std::string path = dir + "/" + ckpt::shard_name(r, world_size_);
-      if (::access(path.c_str(), R_OK) != 0)
-        fail(ZD_ERR_IO, "zd_model_save: the shard of rank " + std::to_string(r) + " is not in " + dir +
-                            " (with several nodes the directory must be on a file system every node sees)");
-      ckpt::ShardReader check(path);
-    }
-    ckpt::write_manifest(dir, describe_model(ctx_, rs.applied, rs.scaler));
-  }
-  const std::string whole = "zd_model_save: the checkpoint is whole";
-  ctx_.run(*rs.res.stream, [&] { plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 3), whole)); });
 }
 
 void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) {
@@ -83,10 +145,27 @@ void Model::load_checkpoint(int rank, const std::string& dir) {
   require_finalized("zd_model_load");
   RankState& rs = rank_state(rank);
   require_between_steps("zd_model_load", rs.active_modules, rs.micro_step, config_.gradient_accumulation_steps);
-  const ckpt::Source src(dir);
-  check_checkpoint_fits(ctx_, src.manifest(), dir);
+  // Every rank checks all it will read, then the ranks agree before any
+  // changes its state: a checkpoint one rank cannot read (a damaged or
+  // missing shard only it reads) changes no rank, and no rank is left
+  // waiting in the gather below for one that gave up.
+  std::unique_ptr<const ckpt::Source> src;
+  zd_status code = ZD_OK;
+  std::string why;
+  const bool readable = attempt(
+      [&] {
+        src = std::make_unique<const ckpt::Source>(dir);
+        check_checkpoint_fits(ctx_, src->manifest(), dir);
+        verify_rank_state(ctx_, rs.res, rs.buffers, *src);
+      },
+      &code, &why);
+  const int failed = first_failed_rank(ctx_, rs.res, rank, 4, !readable, "zd_model_load: can every rank read " + dir);
+  if (!readable) fail(code, why + (world_size_ > 1 ? " (no rank loaded anything)" : ""));
+  if (failed >= 0)
+    fail(ZD_ERR_IO, "zd_model_load: rank " + std::to_string(failed) + " cannot read " + dir +
+                        " (its error, and its log, say why); no rank loaded anything");
   snapshots_->fence(rank);
-  restore_rank(rs, src);
+  restore_rank(rs, *src, /*verified=*/true);
 }
 
 void Model::final_snapshot(int rank) {

@@ -46,17 +46,33 @@ void pread_all(int fd, void* dst, size_t n, uint64_t at, const std::string& path
   }
 }
 
+// Closes a constructor's fd when the constructor throws (its destructor
+// does not run then): a daemon that meets many damaged shards, or a full
+// disk at every snapshot, keeps no fd of theirs.
+struct CloseOnThrow {
+  int& fd;
+  bool armed = true;
+  ~CloseOnThrow() {
+    if (armed && fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+};
+
 }  // namespace
 
 ShardWriter::ShardWriter(const std::string& path, int rank, int world_size) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZD_CHECK_SYS(fd_, "creating the checkpoint shard " + path);
+  CloseOnThrow guard{fd_};
   std::byte h[kHeader] = {};
   std::memcpy(h, kMagic, 8);
   put32(h + 8, kVersion);
   put32(h + 12, static_cast<uint32_t>(rank));
   put32(h + 16, static_cast<uint32_t>(world_size));
   write_all(h, sizeof h);
+  guard.armed = false;
 }
 
 ShardWriter::~ShardWriter() {
@@ -140,6 +156,7 @@ void ShardWriter::sync() {
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail(ZD_ERR_IO, "the checkpoint shard " + path + " cannot be opened: " + errno_text(errno));
+  CloseOnThrow guard{fd_};
   struct stat st {};
   ZD_CHECK_SYS(::fstat(fd_, &st), "reading the size of " + path);
   const auto size = static_cast<uint64_t>(st.st_size);
@@ -174,6 +191,7 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     if (r.count > (index_at - kHeader) / 4 || r.offset < kHeader || r.offset + r.count * 4 > index_at)
       fail(ZD_ERR_IO, path + ": record " + std::to_string(i) + " lies outside the file's data");
   }
+  guard.armed = false;
 }
 
 ShardReader::~ShardReader() {

@@ -48,14 +48,6 @@ std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& 
   return out;
 }
 
-void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 }  // namespace snapshot_detail
 
 using namespace snapshot_detail;
@@ -271,7 +263,7 @@ void Snapshots::commit(InFlight& s) {
       sync_dir(ctx_.config.snapshot.path);
       last_step_.store(s.step);
       log_info("snapshot of step " + std::to_string(s.step) + " written: " + s.final_dir);
-      prune();
+      prune(s.step);
       return;
     } catch (const std::exception& e) {
       s.why = e.what();
@@ -283,12 +275,27 @@ void Snapshots::commit(InFlight& s) {
                                 " are kept");
 }
 
-void Snapshots::prune() {
+void Snapshots::prune(int64_t written) {
   const bool own_part = across_nodes() && !shared_.load() && node_ != 0;
-  auto all = whole_snapshots(ctx_.config.snapshot.path, own_part ? part_name() : "");
+  const auto all = whole_snapshots(ctx_.config.snapshot.path, own_part ? part_name() : "");
+  // Snapshots of steps after the one just written are another run's (this
+  // one started over: snapshot.resume = false, or it resumed an older
+  // snapshot). Counted as the newest, they would have every snapshot this
+  // job writes removed at once; they stay, and are named once, since a
+  // resume takes the newest step there is.
+  std::vector<std::string> ours, later;
+  for (const auto& [step, dir] : all) (step <= written ? ours : later).push_back(dir);
+  if (!later.empty() && !warned_later_.exchange(true)) {
+    std::string list;
+    for (const std::string& d : later) list += "\n  " + d;
+    log_warn("snapshots: " + std::to_string(later.size()) + " snapshot(s) under " + ctx_.config.snapshot.path +
+             " are of later steps than this job's step " + std::to_string(written) +
+             ", from another run; they are kept, and not counted in snapshot.keep, but a resume (snapshot.resume, "
+             "a restart) would take the newest of them, not this job's: move them aside" + list);
+  }
   const auto keep = static_cast<size_t>(ctx_.config.snapshot.keep);
   std::error_code ec;
-  for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  for (size_t i = 0; i + keep < ours.size(); ++i) fs::remove_all(ours[i], ec);
 }
 
 // ---------------------------------------------------------------------------
@@ -373,7 +380,7 @@ void Snapshots::commit_across(InFlight& s) {
                        : node_ == 0 ? " (this node's part and the manifest)"
                                     : " (this node's part)";
     log_info("snapshot of step " + std::to_string(s.step) + " written: " + s.final_dir + what);
-    prune();
+    prune(s.step);
   } catch (const std::exception& e) {
     fs::remove_all(s.partial, ec);
     log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " could not be committed (" +

@@ -109,7 +109,9 @@ class Snapshots {
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
   void commit(InFlight& s);
-  void prune();
+  // Removes all but the newest `keep` snapshots up to step `written`, the
+  // one just written.
+  void prune(int64_t written);
   // Across nodes.
   void discover(int rank, RankResources& res);
   // The verdict on the rank's snapshot in flight: `wait` waits until this
@@ -141,6 +143,7 @@ class Snapshots {
   std::mutex clean_mu_;  // start: the first local rank cleans what a crash left, the others wait
   bool cleaned_ = false;
   // Across nodes.
+  std::atomic<bool> warned_later_{false};          // prune said once that later snapshots are another run's
   std::atomic<bool> shared_{true};                  // the path is one directory every node sees
   std::vector<std::string> hosts_;                  // per node, set at start
   std::vector<std::shared_ptr<InFlight>> pending_;  // per local rank: written, not yet agreed

@@ -4,6 +4,8 @@
 // which snapshot the job resumes from.
 #pragma once
 
+#include "manifest.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -19,7 +21,7 @@ std::string step_dir(int64_t step);
 // the manifest, or (a node's own part on a node-local disk) the part file.
 std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& path, const std::string& part = "");
 
-void sync_dir(const std::string& dir);
+using ckpt::sync_dir;  // manifest.h
 
 // The snapshots' collectives: CommOp::Read in groups of their own (the
 // whole-tensor reads of state_io use the low groups).

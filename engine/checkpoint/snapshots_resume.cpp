@@ -104,7 +104,7 @@ std::shared_ptr<const ckpt::Source> Snapshots::open_for(RankResources& res, Stat
       have_manifest ? ckpt::read_manifest(dir) : ckpt::read_manifest_file(dir + "/" + part_name(), dir);
   bool every_shard = true;
   for (int r = 0; r < m.world_size && every_shard; ++r)
-    every_shard = ::access((dir + "/" + ckpt::shard_name(r, m.world_size)).c_str(), F_OK) == 0;
+    every_shard = ::access((dir + "/" + ckpt::shard_name(r, m.world_size, m.shard_set)).c_str(), F_OK) == 0;
   std::shared_ptr<const ckpt::Source> src;
   if (have_manifest && (every_shard || m.nodes == 0 || m.shared)) {
     src = std::make_shared<ckpt::Source>(dir);  // any layout (a missing shard is named)

@@ -39,7 +39,7 @@ void Source::sort_index() {
 }
 
 void Source::open_shard(int r) {
-  const std::string path = dir_ + "/" + shard_name(r, manifest_.world_size);
+  const std::string path = dir_ + "/" + shard_name(r, manifest_.world_size, manifest_.shard_set);
   if (!manifest_.shared && ::access(path.c_str(), F_OK) != 0)
     for (const NodePart& p : manifest_.parts)
       if (r >= p.first_rank && r < p.first_rank + p.ranks)

@@ -173,14 +173,24 @@ std::vector<std::string> export_safetensors(const Source& src, const ExportOptio
     uint64_t offset;  // absolute, in its file
   };
   std::vector<Placed> placed(m.params.size());
+  // Written under temporary names and renamed when whole: an export that
+  // fails (a damaged record, a full disk, Ctrl-C) leaves no file that
+  // parses as safetensors with zeros where tensors were missing, and an
+  // earlier export at the same path stays as it was.
+  std::vector<std::string> temps;
+  for (const std::string& name : names) temps.push_back(name + ".zerod-partial");
   std::vector<int> fds(files.size(), -1);
-  struct Close {
+  struct Cleanup {
     std::vector<int>& fds;
-    ~Close() {
+    const std::vector<std::string>& temps;
+    bool committed = false;
+    ~Cleanup() {
       for (int fd : fds)
         if (fd >= 0) ::close(fd);
+      if (!committed)
+        for (const std::string& t : temps) ::unlink(t.c_str());
     }
-  } closer{fds};
+  } cleanup{fds, temps};
   for (size_t f = 0; f < files.size(); ++f) {
     std::ostringstream h;
     h << "{\"__metadata__\":{\"format\":\"pt\",\"zerod_step\":\"" << m.step << "\"}";
@@ -196,35 +206,50 @@ std::vector<std::string> export_safetensors(const Source& src, const ExportOptio
     std::string header = h.str();
     header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
     const uint64_t data_at = 8 + header.size();
-    fds[f] = ::open(names[f].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fds[f] < 0) fail(ZD_ERR_IO, "export: cannot create " + names[f] + ": " + errno_text(errno));
+    fds[f] = ::open(temps[f].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fds[f] < 0) fail(ZD_ERR_IO, "export: cannot create " + temps[f] + ": " + errno_text(errno));
     if (::ftruncate(fds[f], static_cast<off_t>(data_at + at)) != 0)
-      fail(ZD_ERR_IO, "export: cannot size " + names[f] + " to " + format_bytes(data_at + at) + ": " + errno_text(errno));
+      fail(ZD_ERR_IO, "export: cannot size " + temps[f] + " to " + format_bytes(data_at + at) + ": " + errno_text(errno));
     const uint64_t len = header.size();
-    pwrite_all(fds[f], &len, 8, 0, names[f]);
-    pwrite_all(fds[f], header.data(), header.size(), 8, names[f]);
+    pwrite_all(fds[f], &len, 8, 0, temps[f]);
+    pwrite_all(fds[f], header.data(), header.size(), 8, temps[f]);
     uint64_t off = data_at;
     for (size_t i : files[f]) {
       placed[i] = {f, off};
       off += m.params[i].numel * esz;
     }
   }
-  // One tensor per thread at a time: memory within threads x the largest.
+  // Chunks of 2^20 values, one tensor per thread at a time: memory within
+  // threads x a chunk, whatever the manifest says a tensor holds.
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
   parallel(m.params.size(), o.threads, [&](size_t i) {
     const uint64_t n = m.params[i].numel;
-    std::vector<float> v(n);
-    src.read(static_cast<uint32_t>(i), kMasterBuffer, 0, n, v.data());
-    if (dt == ZD_DTYPE_F32) {
-      pwrite_all(fds[placed[i].file], v.data(), n * 4, placed[i].offset, names[placed[i].file]);
-    } else {
-      std::vector<std::byte> w(n * esz);
-      convert(v.data(), ZD_DTYPE_F32, w.data(), dt, n);
-      pwrite_all(fds[placed[i].file], w.data(), w.size(), placed[i].offset, names[placed[i].file]);
+    const int fd = fds[placed[i].file];
+    const std::string& path = temps[placed[i].file];
+    std::vector<float> v;
+    std::vector<std::byte> w;
+    for (uint64_t at = 0; at < n; at += kChunk) {
+      const uint64_t k = std::min(kChunk, n - at);
+      v.resize(k);
+      src.read(static_cast<uint32_t>(i), kMasterBuffer, at, k, v.data());
+      if (dt == ZD_DTYPE_F32) {
+        pwrite_all(fd, v.data(), k * 4, placed[i].offset + at * 4, path);
+      } else {
+        w.resize(k * esz);
+        convert(v.data(), ZD_DTYPE_F32, w.data(), dt, k);
+        pwrite_all(fd, w.data(), w.size(), placed[i].offset + at * esz, path);
+      }
     }
   });
   for (size_t f = 0; f < files.size(); ++f)
-    if (::fsync(fds[f]) != 0) fail(ZD_ERR_IO, "export: flushing " + names[f] + ": " + errno_text(errno));
-  if (files.size() > 1) {
+    if (::fsync(fds[f]) != 0) fail(ZD_ERR_IO, "export: flushing " + temps[f] + ": " + errno_text(errno));
+  for (size_t f = 0; f < files.size(); ++f)
+    if (::rename(temps[f].c_str(), names[f].c_str()) != 0)
+      fail(ZD_ERR_IO, "export: renaming " + temps[f] + " to " + names[f] + ": " + errno_text(errno));
+  cleanup.committed = true;
+  const fs::path folder = fs::path(names.front()).parent_path();
+  sync_dir(folder.empty() ? "." : folder.string());
+  if (files.size() > 1) {  // the index last: where it is, the files it names are whole
     uint64_t total = 0;
     std::ostringstream idx;
     idx << "{\n  \"metadata\": {\"total_size\": ";
@@ -235,10 +260,7 @@ std::vector<std::string> export_safetensors(const Source& src, const ExportOptio
           << json_string(fs::path(names[placed[i].file]).filename().string());
     idx << "\n  }\n}\n";
     const std::string index = stem + ".safetensors.index.json";
-    FILE* fp = std::fopen(index.c_str(), "w");
-    if (!fp) fail(ZD_ERR_IO, "export: cannot create " + index + ": " + errno_text(errno));
-    std::fputs(idx.str().c_str(), fp);
-    std::fclose(fp);
+    write_file_synced(index, idx.str());  // checked; renamed into place when whole
     names.push_back(index);
   }
   return names;
@@ -258,17 +280,20 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
     std::string key;
     f >> key;
     if (key == "zerod-import" || key.empty()) continue;
-    if (key == "step") f >> m.step;
-    else if (key == "zero_stage") f >> m.zero_stage;
-    else if (key == "precision") f >> m.precision;
-    else if (key == "optimizer") {
+    if (key == "step") {
+      if (!(f >> m.step) || m.step < 0) bad("a bad step");
+    } else if (key == "zero_stage") {
+      if (!(f >> m.zero_stage) || m.zero_stage < 0 || m.zero_stage > 3) bad("a bad zero_stage");
+    } else if (key == "precision") {
+      f >> m.precision;
+    } else if (key == "optimizer") {
       size_t count = 0;
       std::string name;
-      f >> name >> count;
+      if (!(f >> name >> count) || count > 64) bad("a bad optimizer line");
       m.optimizer = unescape_name(name, desc);
       for (size_t i = 0; i < count; ++i) {
         std::string s;
-        f >> s;
+        if (!(f >> s)) bad("fewer state slot names than counted");
         m.slots.push_back(unescape_name(s, desc));
       }
     } else if (key == "param") {
@@ -276,11 +301,14 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
       size_t ndim = 0;
       std::string name;
       if (!(f >> p.numel >> ndim) || ndim < 1 || ndim > 8) bad("a bad param line");
+      uint64_t prod = 1;
       for (size_t i = 0; i < ndim; ++i) {
         int64_t d;
-        f >> d;
+        if (!(f >> d) || d <= 0) bad("a bad extent");
         p.shape.push_back(d);
+        prod *= static_cast<uint64_t>(d);
       }
+      if (prod != p.numel) bad("its extents do not multiply to its element count");
       if (!(f >> name)) bad("a param line without a name");
       p.name = unescape_name(name, desc);
       p.module = p.name;
@@ -295,8 +323,10 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail(ZD_ERR_IO, "import: " + out_dir + " cannot be created: " + ec.message());
-  fs::remove(out_dir + "/" + kManifestName, ec);
-  ShardWriter out(out_dir + "/" + shard_name(0, 1), 0, 1);
+  // A checkpoint already in out_dir stays whole until the new manifest
+  // replaces it (the other shard set; manifest.h).
+  m.shard_set = shard_set_to_write(out_dir);
+  ShardWriter out(out_dir + "/" + shard_name(0, 1, m.shard_set), 0, 1);
   std::vector<float> chunk;
   for (uint32_t i = 0; i < m.params.size(); ++i) {
     const uint64_t numel = m.params[i].numel;
@@ -311,7 +341,8 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
       for (uint64_t at = 0; at < numel; at += uint64_t{1} << 20) {
         const uint64_t k = std::min(uint64_t{1} << 20, numel - at);
         chunk.resize(k);
-        raw.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(k * 4));
+        if (!raw.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(k * 4)))
+          fail(ZD_ERR_IO, "import: reading " + path + ": " + errno_text(errno));
         out.append(chunk.data(), k);
       }
       out.end();
@@ -320,6 +351,8 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
   out.finish();
   m.world_size = 1;
   write_manifest(out_dir, m);
+  sync_dir(out_dir);
+  remove_other_shards(out_dir, m);
   return m;
 }
 
@@ -334,12 +367,12 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
     fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --to " + out_dir + " is the checkpoint's own directory " + src.dir() +
                                       (ec ? " or cannot be compared with it (" + ec.message() + ")" : "") +
                                       ": write into another directory");
-  fs::remove(out_dir + "/" + kManifestName, ec);
   Manifest m = src.manifest();
+  m.shard_set = shard_set_to_write(out_dir);  // a checkpoint already there stays whole until the manifest
   const auto buffers = static_cast<uint32_t>(m.slots.size()) + 1;
   const auto w = static_cast<uint64_t>(world);
   parallel(static_cast<size_t>(world), threads, [&](size_t r) {
-    ShardWriter out(out_dir + "/" + shard_name(static_cast<int>(r), world), static_cast<int>(r), world);
+    ShardWriter out(out_dir + "/" + shard_name(static_cast<int>(r), world, m.shard_set), static_cast<int>(r), world);
     std::vector<float> chunk;
     for (uint32_t p = 0; p < m.params.size(); ++p) {
       const uint64_t n = m.params[p].numel, per = (n + w - 1) / w;
@@ -363,6 +396,8 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
   m.nodes = 0;  // one directory of M shards, whoever wrote the source
   m.parts.clear();
   write_manifest(out_dir, m);
+  sync_dir(out_dir);
+  remove_other_shards(out_dir, m);
 }
 
 }  // namespace zerod::ckpt

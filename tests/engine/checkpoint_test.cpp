@@ -336,6 +336,121 @@ TEST(CheckpointDamage, IsNamedAndLosesNothing) {
   }
 }
 
+// The shard files in a directory, sorted.
+std::vector<std::string> shard_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".zdshard") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Saving over a whole checkpoint (Lightning's last.ckpt, Accelerate's
+// save_state: one directory, saved again and again) keeps it whole until
+// the new one is: a save that fails on one rank leaves the old one to load,
+// and every rank hears of the failure at once.
+TEST(CheckpointSave, ASaveOverAWholeCheckpointKeepsItUntilTheNewOneIsWhole) {
+  TempDir dir;
+  auto a = make_model(job(1), 2);
+  const std::vector<zd_param_id> all = {0, 1, 2};
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 2);
+    a->save_checkpoint(rank, dir.path);
+  });
+  EXPECT_EQ(shard_files(dir.path), (std::vector<std::string>{"rank-00000-of-00002.zdshard", "rank-00001-of-00002.zdshard"}));
+  run_ranks(2, [&](int rank) {
+    train(*a, rank, all, 2, 3);
+    a->save_checkpoint(rank, dir.path);
+  });
+  // The other set, and the old one's shards gone once the new one was whole.
+  EXPECT_EQ(shard_files(dir.path),
+            (std::vector<std::string>{"rank-00000-of-00002-b.zdshard", "rank-00001-of-00002-b.zdshard"}));
+  const Saved second = whole(*a, 2);
+  // Rank 1's shard cannot be written (a directory holds its name).
+  fs::create_directory(dir.path + "/rank-00001-of-00002.zdshard");
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int rank) {
+    train(*a, rank, all, 3, 4);
+    try {
+      a->save_checkpoint(rank, dir.path);
+      ADD_FAILURE() << "rank " << rank << " saved";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 could not write its shard"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank-00001-of-00002.zdshard"), std::string::npos) << errors[1];
+  for (const std::string& e : errors) EXPECT_NE(e.find("is kept"), std::string::npos) << e;
+  {
+    auto b = make_model(job(2), 1);
+    std::vector<zd_param_id> ids;
+    register_all(*b, 0, &ids);
+    b->load_checkpoint(0, dir.path);
+    const Saved got = whole(*b, 1);
+    EXPECT_EQ(got.step, 3);
+    EXPECT_EQ(got.params, second.params);
+    EXPECT_EQ(got.slots, second.slots);
+  }
+  // The model the failed save left trains and saves on.
+  fs::remove(dir.path + "/rank-00001-of-00002.zdshard");
+  run_ranks(2, [&](int rank) { a->save_checkpoint(rank, dir.path); });
+  EXPECT_EQ(shard_files(dir.path), (std::vector<std::string>{"rank-00000-of-00002.zdshard", "rank-00001-of-00002.zdshard"}));
+  auto c = make_model(job(0), 1);
+  std::vector<zd_param_id> ids;
+  register_all(*c, 0, &ids);
+  c->load_checkpoint(0, dir.path);
+  EXPECT_EQ(whole(*c, 1).params, whole(*a, 2).params);
+  EXPECT_EQ(whole(*c, 1).step, 4);
+}
+
+// A checkpoint that one rank cannot read (a damaged record only it reads)
+// changes no rank: each says why, and the model trains on as it was.
+TEST(CheckpointDamage, ARankThatCannotReadItsPartChangesNoRank) {
+  TempDir dir;
+  {
+    auto a = make_model(job(3), 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*a, rank, &ids);
+      train(*a, rank, ids, 0, 3);
+      a->save_checkpoint(rank, dir.path);
+    });
+  }
+  {
+    std::fstream f(dir.path + "/rank-00001-of-00002.zdshard", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  auto b = make_model(job(3), 2);
+  auto ref = make_model(job(3), 2);
+  train_both(*b, 0, 1);
+  train_both(*ref, 0, 1);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int rank) {
+    try {
+      b->load_checkpoint(rank, dir.path);
+      ADD_FAILURE() << "rank " << rank << " loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 cannot read"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("fails its checksum"), std::string::npos) << errors[1];
+  run_ranks(2, [&](int rank) {
+    const std::vector<zd_param_id> ids = {0, 1, 2};
+    train(*b, rank, ids, 1, 3);
+    train(*ref, rank, ids, 1, 3);
+  });
+  const Saved got = whole(*b, 2), want = whole(*ref, 2);
+  EXPECT_EQ(got.step, 3);
+  EXPECT_EQ(got.params, want.params);
+  EXPECT_EQ(got.slots, want.slots);
+}
+
 // The engine's own snapshots: every N steps, the newest K kept, written in
 // the background; a new job over the same path resumes at the newest, and
 // its next steps end where an uninterrupted run ends.
@@ -372,6 +487,35 @@ TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
   for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
   std::sort(dirs.begin(), dirs.end());
   EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000008", "step-000000000009"}));
+}
+
+// A job that starts over (snapshot.resume = false) in a path where an
+// earlier run left snapshots of later steps keeps its own newest K: the
+// later ones, counted as the newest, had each new snapshot removed as soon
+// as it was written. They stay, and are named.
+TEST(Snapshots, AJobThatStartsOverKeepsItsOwnNewest) {
+  TempDir snaps;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.snapshot.keep = 2;
+  {
+    auto a = make_model(o, 2);
+    train_both(*a, 0, 8);  // 2, 4, 6, 8: 6 and 8 kept
+  }
+  o.snapshot.resume = false;
+  ::testing::internal::CaptureStderr();
+  {
+    auto b = make_model(o, 2);
+    train_both(*b, 0, 7);  // 2, 4, 6 (over the old 6); the last one committed as b goes
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000004", "step-000000000006", "step-000000000008"}));
+  EXPECT_NE(err.find("are of later steps than this job's step 2"), std::string::npos) << err;
+  EXPECT_NE(err.find(snaps.path + "/step-000000000008"), std::string::npos) << err;
 }
 
 // A snapshot that cannot be written (a full disk) is removed, logged, and

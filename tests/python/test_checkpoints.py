@@ -1,6 +1,7 @@
 """Checkpoints from PyTorch: DeepSpeed's save_checkpoint / load_checkpoint on
 the engine resume exactly; `zerod ckpt` checks, exports (safetensors) and
 reshards what they wrote."""
+import contextlib
 import json
 import os
 import subprocess
@@ -52,6 +53,112 @@ def test_a_loaded_checkpoint_resumes_exactly(stage, tmp_path):
     train(b, 3, 6)
     assert same(b.state_dict(), want), "the resumed run ends where the uninterrupted one does"
 
+
+
+# fp32 parameters under zerod's fp16 loss scaling (autocast's mixed
+# precision): a scale of 2^4 that doubles after every 2 clean steps.
+JOB_FP16 = """return {
+  precision = "fp16",
+  fp16 = { initial_scale_power = 4, loss_scale_window = 2 },
+  optimizer = { type = "adamw", lr = 3e-3, weight_decay = 0.05 },
+  gradient_clipping = 1.0,
+}"""
+
+
+def test_a_loaded_checkpoint_resumes_with_its_loss_scale(tmp_path):
+    """The checkpoint holds the loss scale the run had grown to; the engine
+    that loads it multiplies its next loss by that scale (zerod divides the
+    gradients by it), so its next step is the uninterrupted run's."""
+    a = zerod.torch.initialize(make("gpt"), job_text=JOB_FP16)
+    train(a, 0, 4)
+    assert a.zerod_model.loss_scale() == 64.0, "the scale grew from 16 (else this test shows nothing)"
+    a.save_checkpoint(tmp_path)
+    train(a, 4, 5)
+    b = zerod.torch.initialize(make("gpt"), job_text=JOB_FP16)
+    b.load_checkpoint(tmp_path)
+    train(b, 4, 5)
+    assert (b.last_step.loss_scale, b.last_step.grad_norm) == (a.last_step.loss_scale, a.last_step.grad_norm)
+    assert same(b.state_dict(), a.state_dict())
+
+
+def test_a_save_that_fails_writing_torch_state_leaves_no_checkpoint(tmp_path, monkeypatch):
+    """torch_state.pt is written (to a temporary file, renamed) before
+    zerod's save, whose manifest commits the checkpoint: a save that dies
+    writing it leaves nothing that loads with the client state missing."""
+    a = engine(0)
+    train(a, 0, 2)
+
+    def dies(obj, f, *args, **kwargs):  # half the file, then the disk is full
+        with (open(f, "wb") if isinstance(f, (str, os.PathLike)) else contextlib.nullcontext(f)) as out:
+            out.write(b"PK\x03\x04 half a file")
+        raise OSError("No space left on device")
+    monkeypatch.setattr(torch, "save", dies)
+    with pytest.raises(OSError, match="No space left"):
+        a.save_checkpoint(tmp_path, client_state={"epoch": 1})
+    monkeypatch.undo()
+    ckpt = tmp_path / "global_step2"
+    assert not (tmp_path / "latest").exists()
+    assert not ckpt.exists() or not list(ckpt.iterdir()), f"left behind: {list(ckpt.iterdir())}"
+    with pytest.raises(zerod.ZerodError, match="no checkpoint"):
+        engine(0).load_checkpoint(tmp_path, tag="global_step2")
+
+
+def test_a_save_into_a_reused_directory_is_whole_or_the_old_one(tmp_path, monkeypatch):
+    """Lightning's last.ckpt and Accelerate's save_state save into one
+    directory again and again: a save that fails in zerod's part keeps the
+    old checkpoint with its own torch state; one killed after zerod's
+    manifest loads with the new torch state."""
+    a = engine(0)
+    train(a, 0, 2)
+    a.save_checkpoint(tmp_path, tag="last", client_state={"step": 2})
+    at2 = a.state_dict()
+    train(a, 2, 3)
+    with monkeypatch.context() as m:
+        m.setattr(a.zerod_model, "save", lambda path: (_ for _ in ()).throw(OSError("No space left on device")))
+        with pytest.raises(OSError):
+            a.save_checkpoint(tmp_path, tag="last", client_state={"step": 3})
+    b = engine(0)
+    assert b.load_checkpoint(tmp_path, tag="last")[1] == {"step": 2} and same(b.state_dict(), at2)
+
+    real = os.replace
+
+    def killed(src, dst):  # after zerod's save, before torch_state.pt is renamed into place
+        if os.path.basename(dst) == "torch_state.pt":
+            raise KeyboardInterrupt
+        real(src, dst)
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", killed)
+        with pytest.raises(KeyboardInterrupt):
+            a.save_checkpoint(tmp_path, tag="last", client_state={"step": 3})
+    c = engine(0)
+    assert c.load_checkpoint(tmp_path, tag="last")[1] == {"step": 3} and same(c.state_dict(), a.state_dict())
+
+
+def test_torch_state_of_another_save_is_refused(tmp_path):
+    a = engine(0)
+    train(a, 0, 2)
+    a.save_checkpoint(tmp_path, tag="two")
+    train(a, 2, 3)
+    a.save_checkpoint(tmp_path, tag="three")
+    (tmp_path / "three" / "torch_state.pt").write_bytes((tmp_path / "two" / "torch_state.pt").read_bytes())
+    with pytest.raises(zerod.InvalidStateError, match="state of step 3, but torch_state.pt is of step 2"):
+        engine(0).load_checkpoint(tmp_path, tag="three")
+
+
+def test_a_checkpoint_without_torch_state_loads_and_says_what_it_kept(tmp_path):
+    """zd_model_save alone (C, Rust, a snapshot) writes no torch_state.pt:
+    zerod's state loads, client_state is {}, and torch's own tensors keep
+    their values, which a warning says."""
+    a = engine(0)
+    train(a, 0, 2)
+    a.zerod_model.save(tmp_path / "c")
+    model = make("gpt")
+    model.register_buffer("seen", torch.full((1,), 7.0))
+    b = zerod.torch.initialize(model, job_text=JOB.format(stage=0, extra=""))
+    with pytest.warns(UserWarning, match="has no torch_state.pt .*'seen'"):
+        path, client = b.load_checkpoint(tmp_path, tag="c")
+    assert client == {} and b.global_steps == 2 and model.seen.item() == 7.0
+    assert same(b.state_dict(), {**a.state_dict(), "seen": model.seen})
 
 def read_safetensors(path):
     with open(path, "rb") as f:
@@ -139,6 +246,40 @@ def test_a_damaged_checkpoint_is_named(tmp_path):
 
 def ckpt(*args):
     return subprocess.run([ZEROD, "ckpt", *map(str, args)], capture_output=True, text=True)
+
+
+def test_a_failed_export_leaves_the_last_one_and_no_partial_file(tmp_path):
+    """An export is written under a temporary name and renamed when whole:
+    one that fails (a damaged record) left a valid-looking safetensors file
+    with zeros for the tensors it missed, over the last good export."""
+    a = engine(0)
+    train(a, 0, 2)
+    a.save_checkpoint(tmp_path, tag="t")
+    out = tmp_path / "m.safetensors"
+    assert ckpt("export", tmp_path / "t", "--to", out).returncode == 0
+    good = out.read_bytes()
+    shard = next((tmp_path / "t").glob("rank-*.zdshard"))
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x7f\x7f")
+    r = ckpt("export", tmp_path / "t", "--to", out)
+    assert r.returncode == 1 and "fails its checksum" in r.stderr, r.stderr
+    assert out.read_bytes() == good, "the last good export is untouched"
+    assert not list(tmp_path.glob("*.zerod-partial")), list(tmp_path.iterdir())
+
+    # A manifest that claims 2^40 elements for a tensor: an error, not an
+    # abort from std::bad_alloc (and no file left behind).
+    a.save_checkpoint(tmp_path, tag="u")
+    manifest = tmp_path / "u" / "zerod-checkpoint.txt"
+    lines = manifest.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("param "))
+    f = lines[at].split()
+    ndim = int(f[3])
+    lines[at] = " ".join(["param", str(1 << 40), f[2], "1", str(1 << 40), *f[4 + ndim:]])
+    manifest.write_text("\n".join(lines) + "\n")
+    r = ckpt("export", tmp_path / "u", "--to", tmp_path / "huge.safetensors")
+    assert r.returncode == 1 and "terminate" not in r.stderr, r.stderr
+    assert not (tmp_path / "huge.safetensors").exists() and not list(tmp_path.glob("*.zerod-partial"))
 
 
 def test_zerod_ckpt_follows_latest_and_tag_picks_another(tmp_path):
