@@ -74,9 +74,12 @@ std::vector<KeySpec> make_schema() {
        "The comm plugin: `local` serves the ranks of one daemon over shared memory; `mpi` spans daemons "
        "([multinode.md](multinode.md)); `nccl` spans daemons on GPUs, run with two daemons on one H200 so far "
        "([nccl.md](nccl.md)). Unnamed, it is `local` for a daemon alone and `mpi` for one of several nodes."},
-      {"comm.timeout", T::kNumber, 300, "", nums(0), {},
-       "Seconds: a collective not started after this fails on every rank, naming where each rank was; 0 = wait "
-       "forever."},
+      // At most 1e7 s, as the mpi and nccl plugins take: a deadline is a
+      // count of nanoseconds, and 1e10 s of them overflowed it into the past
+      // (every wait failed at once); 0 is how a job says forever.
+      {"comm.timeout", T::kNumber, 300, "", nums(0, 1e7), {},
+       "Seconds, at most 1e7 (about 4 months): a collective not started after this fails on every rank, naming "
+       "where each rank was; 0 = wait forever."},
       {"daemon", T::kTable, 0, "see below", {}, {}, "What the daemon does with the job."},
       {"daemon.keep_state", T::kBoolean, 0, "", {}, {},
        "Keep the model in the daemon when its ranks are gone, so restarted ranks resume from the last applied "

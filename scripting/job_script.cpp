@@ -57,7 +57,7 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
     text = source.text;
     js->source_name_ = source.name.empty() ? "job.lua" : source.name;
   }
-  const std::string script_dir = source.path.empty() ? "." : dir_of(source.path);
+  const std::string script_dir = !source.path.empty() ? dir_of(source.path) : !source.dir.empty() ? source.dir : ".";
   // A DeepSpeed config becomes the Lua job it describes; problems in it are
   // reported at the config's lines.
   std::vector<int> json_line;

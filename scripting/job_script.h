@@ -22,6 +22,10 @@ struct ScriptSource {
   std::string path;   // read from this file, or
   std::string text;   // use this text
   std::string name;   // the name errors use for text ("job.lua" if empty)
+  // For text: the folder its relative paths (snapshot.path, offload
+  // nvme_path, plugin_path) resolve against; "" = the working directory.
+  // A daemon sets the trainer's (CreateModel.script_dir).
+  std::string dir;
   bool allow_io = false;
   // A DeepSpeed JSON config (a path ending in .json, or text that is a JSON
   // object) is translated first (ds_config.h); its batch sizes may need the

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace zerod::cli {
 
@@ -96,9 +97,19 @@ int check_command(int argc, char** argv) {
     if (a == "--allow-io") {
       src.allow_io = true;
     } else if (a == "--lr-steps" && i + 1 < argc) {
-      lr_steps = std::strtol(argv[++i], nullptr, 10);
+      const auto v = parse_whole(argv[++i]);
+      if (!v || *v < 0 || *v > 1000000) {
+        std::fprintf(stderr, "zerod check: --lr-steps '%s': a step count from 0 to 1000000\n", argv[i]);
+        return 2;
+      }
+      lr_steps = *v;
     } else if (a == "--world-size" && i + 1 < argc) {
-      src.world_size = static_cast<int>(std::clamp(std::strtol(argv[++i], nullptr, 10), 0L, 1L << 20));
+      const auto v = parse_whole(argv[++i]);
+      if (!v || *v < 1 || *v > (1L << 20)) {
+        std::fprintf(stderr, "zerod check: --world-size '%s': a rank count from 1 to 1048576\n", argv[i]);
+        return 2;
+      }
+      src.world_size = static_cast<int>(*v);
     } else if (a == "--schema") {
       std::fputs(scripting::job_schema_markdown().c_str(), stdout);
       return print_plugin_schema();
@@ -130,6 +141,22 @@ int check_command(int argc, char** argv) {
     return 1;
   }
 
+  // The schedule runs before anything is printed: a script whose lr fails
+  // at some step is not "ok" (it was said ok, then failed).
+  std::vector<double> lrs;
+  const Plugin& plugin = job->optimizer_plugin();
+  try {
+    const int lr_at = plugin.value_index("lr");
+    for (long s = 0; s < lr_steps; ++s) {
+      auto lr = job->lr(s);
+      lrs.push_back(lr ? *lr : (lr_at >= 0 ? job->config().optimizer_values[lr_at] : 0.0));
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\nzerod check: %s is not a valid job script: its learning rate fails at step %zu (%s)\n",
+                 e.what(), src.path.c_str(), lrs.size(), status_name(e.code()));
+    return 1;
+  }
+
   std::printf("%s: ok\n\nresolved settings:\n", src.path.c_str());
   size_t width = 0;
   for (const auto& v : job->resolved()) width = std::max(width, v.key.size());
@@ -147,7 +174,6 @@ int check_command(int argc, char** argv) {
                 h.name, h.plugin_version >> 16, h.plugin_version & 0xffffu, h.abi_version,
                 p->path().c_str(), h.description ? h.description : "");
   }
-  const Plugin& plugin = job->optimizer_plugin();
   const auto& opt = plugin.descriptor<zd_optimizer_v1>();
   static const struct {
     zd_isa isa;
@@ -161,21 +187,11 @@ int check_command(int argc, char** argv) {
   }
   std::printf("  optimizer CUDA kernel: %s\n", opt.update_cuda ? "built" : "not built");
 
-  if (lr_steps > 0) {
+  if (!lrs.empty()) {
     std::printf("\nlearning rate (step: lr):\n");
-    try {
-      const int lr_at = plugin.value_index("lr");
-      for (long s = 0; s < lr_steps; ++s) {
-        auto lr = job->lr(s);
-        const double v = lr ? *lr : (lr_at >= 0 ? job->config().optimizer_values[lr_at] : 0.0);
-        // The shortest text that reads back as the same double: what a test
-        // compares with another schedule's values is the value itself.
-        std::printf("  %ld: %s\n", s, scripting::format_number(v).c_str());
-      }
-    } catch (const Error& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      return 1;
-    }
+    // The shortest text that reads back as the same double: what a test
+    // compares with another schedule's values is the value itself.
+    for (size_t s = 0; s < lrs.size(); ++s) std::printf("  %zu: %s\n", s, scripting::format_number(lrs[s]).c_str());
   }
   return 0;
 }

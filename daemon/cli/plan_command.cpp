@@ -42,6 +42,14 @@ void usage(FILE* out = stderr) {
                "  --nproc R       ranks the job runs on (default 1)\n");
 }
 
+// t[name] without metamethods: a raw read cannot raise a Lua error, which
+// here (outside any protected call) would abort the process.
+void raw_field(lua_State* L, int table, const char* name) {
+  table = lua_absindex(L, table);
+  lua_pushstring(L, name);
+  lua_rawget(L, table);
+}
+
 std::vector<Tensor> read_model(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail(ZD_ERR_IO, "cannot read the model description " + path);
@@ -56,19 +64,27 @@ std::vector<Tensor> read_model(const std::string& path) {
   const auto n = static_cast<int>(lua_rawlen(L, -1));
   for (int i = 1; i <= n; ++i) {
     lua_rawgeti(L, -1, i);
+    if (!lua_istable(L, -1))
+      fail(ZD_ERR_CONFIG, path + ": tensor #" + std::to_string(i) + " must be a table { name=, module=, shape={...} }, "
+                              "got a " + luaL_typename(L, -1));
     Tensor t;
-    lua_getfield(L, -1, "name");
-    lua_getfield(L, -2, "module");
+    raw_field(L, -1, "name");
+    raw_field(L, -2, "module");
     if (!lua_isstring(L, -2) || !lua_isstring(L, -1))
       fail(ZD_ERR_CONFIG, path + ": tensor #" + std::to_string(i) + " needs a name and a module");
     t.name = lua_tostring(L, -2);
     t.module = lua_tostring(L, -1);
     lua_pop(L, 2);
-    lua_getfield(L, -1, "shape");
+    raw_field(L, -1, "shape");
     const auto dims = lua_istable(L, -1) ? static_cast<int>(lua_rawlen(L, -1)) : 0;
     for (int d = 1; d <= dims; ++d) {
       lua_rawgeti(L, -1, d);
-      t.shape.push_back(static_cast<int64_t>(lua_tonumber(L, -1)));
+      int isnum = 0;
+      const lua_Integer extent = lua_tointegerx(L, -1, &isnum);
+      if (!isnum || extent < 1)
+        fail(ZD_ERR_CONFIG, path + ": tensor '" + t.name + "': shape[" + std::to_string(d) +
+                                "] must be a positive whole number");
+      t.shape.push_back(static_cast<int64_t>(extent));
       lua_pop(L, 1);
     }
     lua_pop(L, 2);

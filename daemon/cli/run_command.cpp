@@ -82,7 +82,9 @@ int run_command(int argc, char** argv) {
                std::to_string(first + args.nproc - 1) + " of " + std::to_string(world) + " on " +
                server.socket_path());
     else
-      log_info("zerod run: serving " + std::to_string(args.nproc) + " ranks on " + server.socket_path());
+      // Said at any log level, as the supervised run says it: `zerod status`
+      // and `zerod top` from outside the job need this socket (README).
+      std::fprintf(stderr, "zerod run: serving %d ranks on %s\n", args.nproc, server.socket_path().c_str());
 
     launch::LaunchOptions lo;
     lo.nproc = args.nproc;

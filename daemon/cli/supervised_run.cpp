@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +34,17 @@ struct Daemon {
   bool reaped = false;
 };
 
-Daemon start_daemon(const DaemonArgs& args, const std::string& socket) {
+// The trace file of the daemon of restart `attempt`: the first daemon's is
+// the one asked for; a restarted one writes "<stem>.restart-<k><ext>", so
+// the first's (the steps before the crash) is not replaced.
+std::string trace_of(const std::string& trace, int attempt) {
+  if (trace.empty() || attempt == 0) return trace;
+  const std::filesystem::path p(trace);
+  return (p.parent_path() / (p.stem().string() + ".restart-" + std::to_string(attempt) + p.extension().string()))
+      .string();
+}
+
+Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attempt) {
   int out[2];
   ZD_CHECK_SYS(::pipe2(out, O_CLOEXEC), "zerod run: a pipe to the daemon");
   const std::string nproc = std::to_string(args.nproc);
@@ -43,12 +54,19 @@ Daemon start_daemon(const DaemonArgs& args, const std::string& socket) {
   if (ec) self = "/proc/self/exe";
   std::vector<std::string> argv = {self, "serve", "--nproc", nproc, "--job", args.job, "--socket", socket};
   // What `zerod run` was told for its daemon goes to the one it supervises
-  // (a restarted daemon writes the trace again and serves the same address).
-  if (!args.trace.empty()) argv.insert(argv.end(), {"--trace", args.trace});
+  // (a restarted daemon serves the same address and writes a trace of its
+  // own beside the first: trace_of).
+  if (!args.trace.empty()) argv.insert(argv.end(), {"--trace", trace_of(args.trace, attempt)});
   if (!args.metrics.empty()) argv.insert(argv.end(), {"--metrics", args.metrics});
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   ZD_CHECK_SYS(pid, "zerod run: starting the daemon");
   if (pid == 0) {
+    // The daemon stops (SIGTERM: it writes what it must and exits) when
+    // `zerod run` dies, even by SIGKILL: no daemon, or ranks it serves,
+    // left training without a launcher (the ranks end as their daemon
+    // goes). Forked from the main thread, whose end is the process's.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 || ::getppid() != parent) ::_exit(1);
     ::dup2(out[1], STDOUT_FILENO);
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
@@ -117,7 +135,10 @@ int run_supervised(const DaemonArgs& args, int restarts) {
   const auto t0 = std::chrono::steady_clock::now();
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
-    Daemon daemon = start_daemon(args, socket);
+    Daemon daemon = start_daemon(args, socket, attempt);
+    if (attempt > 0 && !args.trace.empty())
+      std::fprintf(stderr, "zerod run: the restarted daemon writes its trace to %s (%s keeps the steps before)\n",
+                   trace_of(args.trace, attempt).c_str(), args.trace.c_str());
     if (daemon.reaped) {
       std::fprintf(stderr, "zerod run: the daemon did not start (it %s)\n", how(daemon.status).c_str());
       break;

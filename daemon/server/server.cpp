@@ -223,7 +223,8 @@ int Server::rank_pid(const ServedJob& job, int rank) {
 
 std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<ServedJob>& job, int rank,
                                                     const std::string& text, const std::string& name,
-                                                    bool allow_io, const std::string& device) {
+                                                    bool allow_io, const std::string& device,
+                                                    const std::string& script_dir) {
   // A model another rank made for another device is not this rank's.
   auto same_device = [&](const ModelHost& m) {
     if (m.device_request() != device)
@@ -263,6 +264,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
   scripting::ScriptSource src;
   src.text = text;
   src.name = name;
+  src.dir = script_dir;
   src.allow_io = allow_io;
   // A daemon serving part of the job's ranks is one of several nodes: a
   // script naming no comm backend spans them with "mpi".

@@ -86,9 +86,11 @@ class Server {
   // The model for rank's next zd_model_create (created by the first rank
   // to ask, attached by the others).
   // device: the trainer's zd_model_options.device ("" = the script's); every
-  // rank of a model must give the same.
+  // rank of a model must give the same. script_dir: where the script's
+  // relative paths resolve (the trainer's side: CreateModel.script_dir).
   std::shared_ptr<ModelHost> create_or_attach(const std::shared_ptr<ServedJob>& job, int rank, const std::string& text,
-                                              const std::string& name, bool allow_io, const std::string& device = "");
+                                              const std::string& name, bool allow_io, const std::string& device = "",
+                                              const std::string& script_dir = "");
   std::shared_ptr<ModelHost> model(int id);
   void forget_if_unused(const std::shared_ptr<ModelHost>& m);
   std::vector<std::shared_ptr<ModelHost>> models();

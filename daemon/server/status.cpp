@@ -81,7 +81,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
         tb->set_peak(l.peak(t, ZD_MEM_ALL));
         tb->set_budget(l.budget(t));
       }
-      if (r == 0) {
+      if (r == m.first_local_rank()) {  // this daemon's first rank: rank 0 only on node 0
         v1::StepFigures* f = ms->mutable_last_step();
         f->set_step(a.step);
         f->set_micro_step(a.micro_step);

@@ -16,6 +16,7 @@
 #include "script_file.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -115,6 +116,14 @@ std::unique_ptr<ModelBackend> RemoteClient::create_model(const ScriptOptions& s)
   c->set_script_text(text);
   c->set_script_name(name);
   c->set_allow_io(s.allow_io);
+  {
+    // The daemon resolves the script's relative paths where the trainer
+    // would: beside the script file, else in this process's directory.
+    std::error_code ec;
+    const std::filesystem::path base =
+        s.path.empty() ? std::filesystem::current_path(ec) : std::filesystem::absolute(s.path, ec).parent_path();
+    if (!ec) c->set_script_dir(base.string());
+  }
   c->set_device(s.device);
   // On a GPU, the one this trainer computes on, by the name every process
   // shares; the daemon refuses to serve the rank on another. The device

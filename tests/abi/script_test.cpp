@@ -93,3 +93,14 @@ TEST_F(ScriptTest, WrongTypesAreNamed) {
   EXPECT_NE(e.find("s.lua:5: zero: must be a table, got a number"), std::string::npos) << e;
   EXPECT_NE(e.find("unexpected list entry [1]"), std::string::npos) << e;
 }
+
+// A timeout too large for a deadline's nanoseconds is refused, not taken:
+// 1e12 s used to wrap each deadline into the past, so every wait failed at
+// once ("waited 0.0 s (the job's comm timeout)"). 0 is forever.
+TEST_F(ScriptTest, ACommTimeoutBeyondADeadlinesRangeIsRefused) {
+  const std::string e = error_of("return {\n  comm = { timeout = 1e12 },\n}");
+  EXPECT_NE(e.find("s.lua:2: comm.timeout"), std::string::npos) << e;
+  EXPECT_NE(e.find("must be <= 10000000"), std::string::npos) << e;
+  EXPECT_EQ(error_of("return { comm = { timeout = 0 } }"), "");
+  EXPECT_EQ(error_of("return { comm = { timeout = 1e7 } }"), "");
+}

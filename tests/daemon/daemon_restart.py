@@ -69,7 +69,11 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
         fail("the uninterrupted run printed too few steps", ref.stdout)
 
     # The run whose daemon dies.
-    p = subprocess.Popen([zerod, "run", "--nproc", "2", "--job", paths["killed"], "--", trainer, str(STEPS), "40"],
+    # With --trace: the restarted daemon writes its own trace beside the
+    # first (it used to write over the first's file).
+    killed_trace = f"{tmp}/killed/trace.json"
+    p = subprocess.Popen([zerod, "run", "--nproc", "2", "--trace", killed_trace, "--job", paths["killed"], "--",
+                          trainer, str(STEPS), "40"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err_lines, out_lines = [], []
     import threading
@@ -106,6 +110,14 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
         fail(f"zerod run exited with status {rc} after the daemon was killed", out, err)
     if "restart 1 of 3" not in err:
         fail("zerod run did not say it restarted the daemon", err)
+    restart_trace = f"{tmp}/killed/trace.restart-1.json"
+    if f"writes its trace to {restart_trace}" not in err:
+        fail("zerod run did not say where the restarted daemon's trace goes", err)
+    try:
+        with open(restart_trace) as f:
+            json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"the restarted daemon wrote no trace at {restart_trace}: {e}", err)
     resumed = [int(m) for m in re.findall(r"\[rank 0\] resumed at (\d+)", out)]
     if not resumed or resumed[-1] % EVERY or resumed[-1] > killed_at:
         fail(f"the ranks did not resume from a snapshot (resumed at {resumed}, killed at step {killed_at})", out, err)

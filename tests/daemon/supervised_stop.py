@@ -88,4 +88,27 @@ with tempfile.TemporaryDirectory(prefix="zerod-stop-") as tmp:
     rc, err, _ = run(f"{tmp}/kill", lambda run_pid, d: os.kill(d, signal.SIGKILL))
     if "restarting" not in err:
         fail("SIGKILL to the daemon: not restarted", err)
+
+    # `zerod run` killed outright (SIGKILL: nothing of it runs): its daemon
+    # stops too, and so its ranks. Both used to go on without a launcher.
+    def gone(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+    os.makedirs(f"{tmp}/runkill")
+    seen = {}
+
+    def kill_run(run_pid, d):
+        seen["daemon"] = d
+        os.kill(run_pid, signal.SIGKILL)
+    rc, err, _ = run(f"{tmp}/runkill", kill_run)
+    t0 = time.time()
+    while time.time() - t0 < 10 and not gone(seen["daemon"]):
+        time.sleep(0.1)
+    if not gone(seen["daemon"]):
+        os.kill(seen["daemon"], signal.SIGKILL)
+        fail("SIGKILL to zerod run: its daemon was still running 10 s later", err)
+    print("supervised_stop: SIGKILL to zerod run: its daemon stopped")
     print("supervised_stop: SIGKILL to the daemon: restarted; the stops were not")
