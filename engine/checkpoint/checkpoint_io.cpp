@@ -97,10 +97,20 @@ void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& 
                             write_from_f32(tiers, dst, stored, own.at + off, n, chunk.data());
                           }
                         });
+  // The optimizer's per-tensor scalars: the checkpoint's (of the count the
+  // optimizer keeps: check_checkpoint_fits), or zero from one that holds
+  // none, which it lets through only where the next update reads none.
+  std::vector<float>& scalars = buffers.tensor_scalars();
+  const ckpt::Manifest& m = src.manifest();
+  if (m.tensor_scalars != 0 && m.scalars.size() == scalars.size())
+    scalars = m.scalars;
+  else
+    std::fill(scalars.begin(), scalars.end(), 0.0f);
   buffers.working_from_master();
 }
 
-ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler) {
+ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler,
+                              const StateBuffers& buffers) {
   ckpt::Manifest m;
   m.step = step;
   m.world_size = ctx.world_size;
@@ -115,6 +125,12 @@ ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossS
   for (const ParamRecord& p : ctx.registry.params())
     m.params.push_back({p.name, ctx.registry.module(p.module).name, dtype_name(p.dtype), p.shape,
                         static_cast<uint64_t>(p.numel)});
+  m.tensor_scalars = ctx.optimizer().tensor_scalars();
+  m.scalars = buffers.tensor_scalars();
+  if (m.scalars.size() != m.params.size() * m.tensor_scalars)
+    fail(ZD_ERR_INTERNAL, "describe_model: " + std::to_string(m.scalars.size()) + " per-tensor scalars for " +
+                              std::to_string(m.params.size()) + " parameters of " +
+                              std::to_string(m.tensor_scalars) + " each");
   return m;
 }
 
@@ -138,6 +154,24 @@ void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, con
   if (m.optimizer != opt.plugin().name() || m.slots != slots)
     fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " was written by optimizer '" + m.optimizer + "', this job runs '" +
                             opt.plugin().name() + "' (" + ctx.config.source + "): their states do not carry over");
+  const uint32_t k = opt.tensor_scalars();
+  if (m.tensor_scalars != 0 && m.tensor_scalars != k)
+    fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " holds " + std::to_string(m.tensor_scalars) +
+                            " per-tensor scalars of optimizer '" + m.optimizer + "' per parameter, and this job's '" +
+                            opt.plugin().name() + "' keeps " + std::to_string(k) + " (another version of the "
+                            "plugin?): its state does not carry over");
+  // A checkpoint written before checkpoints held the scalars: they were
+  // zero when it was taken only if nothing had used them yet. The plugin
+  // says whether the next update reads what earlier ones left there.
+  if (m.tensor_scalars == 0 && k > 0 && m.step > 0 && opt.plan(m.step + 1, -1, -1).kept_scalars != 0)
+    fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " holds no per-tensor scalars of optimizer '" + m.optimizer +
+                            "' (it was written before checkpoints held them, in format " + std::to_string(m.version) +
+                            "), and its update " + std::to_string(m.step + 1) + " reads what the updates before it "
+                            "left in them (" + std::to_string(k) + " per parameter, such as 1-bit LAMB's frozen trust "
+                            "ratios or 0/1 Adam's sum of learning rates since its last sync). Resumed from it, the run "
+                            "would not go on as the one that wrote it did (1-bit LAMB would not move at all); load "
+                            "a checkpoint this zerod wrote, or one of a step where the optimizer did not use them "
+                            "yet (step 0, or 0/1 Adam's before its var_freeze_step)");
 }
 
 }  // namespace zerod

@@ -44,18 +44,25 @@ inline void write_rank_shard(const ModelContext& ctx, RankResources& res, StateB
 void verify_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src);
 
 // Reads what the rank holds now from a checkpoint into its masters and
-// state, and derives its working copies from the masters. The caller then
+// state, and the optimizer's per-tensor scalars (zero where the checkpoint
+// holds none), and derives its working copies from the masters. The caller then
 // hands the working copies around (a collective) and sets the counters.
 // Everything is verified first (verify_rank_state) unless `verified` says
 // the caller did that already.
 void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src,
                      bool verified = false);
 
-// The manifest of the model as it is now.
-ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler);
+// The manifest of the model as it is now: with the optimizer's per-tensor
+// scalars, which every rank holds alike, from `buffers` (any rank's).
+ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler,
+                              const StateBuffers& buffers);
 
 // Refuses (naming what differs) a checkpoint of other parameters or another
-// optimizer than the model's. Another world size or stage is fine.
+// optimizer than the model's. Another world size or stage is fine. So is a
+// checkpoint without the optimizer's per-tensor scalars (one written before
+// format 4), unless the update after its step reads what earlier updates
+// left in them (zd_optimizer_plan.kept_scalars): it would not resume the
+// run that wrote it (ZD_ERR_CONFIG).
 void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir);
 
 }  // namespace zerod

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -127,7 +128,7 @@ std::string manifest_text(const Manifest& m) {
   char scale[64];
   std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
   // The oldest format that holds it: older readers read what they can.
-  o << "zerod-checkpoint " << (m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1) << "\n"
+  o << "zerod-checkpoint " << (m.tensor_scalars > 0 ? 4 : m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1) << "\n"
     << "step " << m.step << "\n"
     << "world_size " << m.world_size << "\n"
     << "zero_stage " << m.zero_stage << "\n"
@@ -142,6 +143,19 @@ std::string manifest_text(const Manifest& m) {
     o << "param " << p.numel << " " << p.dtype << " " << p.shape.size();
     for (int64_t d : p.shape) o << " " << d;
     o << " " << escape(p.module) << " " << escape(p.name) << "\n";
+  }
+  if (m.tensor_scalars > 0) {
+    // A line per parameter: its index, then its scalars as exact hex floats.
+    o << "tensor_scalars " << m.tensor_scalars << "\n";
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      o << "scalars " << i;
+      for (uint32_t k = 0; k < m.tensor_scalars; ++k) {
+        char v[64];
+        std::snprintf(v, sizeof v, " %a", static_cast<double>(m.scalars.at(i * m.tensor_scalars + k)));
+        o << v;
+      }
+      o << "\n";
+    }
   }
   if (m.nodes > 0) {
     o << "nodes " << m.nodes << " " << (m.shared ? "shared" : "node-local") << "\n";
@@ -230,6 +244,20 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
       p.module = unescape(module, where());
       p.name = unescape(name, where());
       m.params.push_back(std::move(p));
+    } else if (key == "tensor_scalars") {
+      if (!(f >> m.tensor_scalars) || m.tensor_scalars < 1 || m.tensor_scalars > 64 || !m.scalars.empty())
+        bad("a bad tensor_scalars line");
+    } else if (key == "scalars") {
+      size_t i = 0;
+      if (m.tensor_scalars == 0 || !(f >> i) || i != m.scalars.size() / m.tensor_scalars)
+        bad("a scalars line out of place (after tensor_scalars, one per parameter in order)");
+      for (uint32_t k = 0; k < m.tensor_scalars; ++k) {
+        std::string v;
+        char* end = nullptr;
+        if (!(f >> v)) bad("fewer scalars than tensor_scalars says");
+        m.scalars.push_back(static_cast<float>(std::strtod(v.c_str(), &end)));
+        if (*end) bad("a bad scalar '" + v + "'");
+      }
     } else if (key == "nodes") {
       std::string how;
       if (!(f >> m.nodes >> how) || m.nodes < 1 || (how != "shared" && how != "node-local")) bad("a bad nodes line");
@@ -254,6 +282,10 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
   if (m.params.size() != params)
     fail(ZD_ERR_INVALID_ARGUMENT, path + ": counts " + std::to_string(params) + " parameters but lists " +
                                       std::to_string(m.params.size()));
+  if (m.scalars.size() != m.params.size() * m.tensor_scalars)
+    fail(ZD_ERR_INVALID_ARGUMENT, path + ": holds the per-tensor scalars of " +
+                                      std::to_string(m.scalars.size() / std::max<uint32_t>(1, m.tensor_scalars)) +
+                                      " parameters, not of all " + std::to_string(m.params.size()));
   return m;
 }
 

@@ -12,9 +12,10 @@
 namespace zerod::ckpt {
 
 // Format 2 adds where the parts of a snapshot across nodes live (`nodes`,
-// `part`); format 3 the second shard set (`shard_set 1`). A manifest is
-// written in the oldest format that holds it.
-constexpr int kFormatVersion = 3;
+// `part`); format 3 the second shard set (`shard_set 1`); format 4 the
+// optimizer's per-tensor scalars (`tensor_scalars`, `scalars`). A manifest
+// is written in the oldest format that holds it.
+constexpr int kFormatVersion = 4;
 constexpr const char* kManifestName = "zerod-checkpoint.txt";
 
 struct ParamEntry {
@@ -45,6 +46,12 @@ struct Manifest {
   int64_t scaler_last_overflow = -1;
   int scaler_hysteresis_left = 0;
   std::vector<ParamEntry> params;        // registration order
+  // The optimizer's per-tensor scalars (StateBuffers::tensor_scalars), the
+  // same on every rank: tensor_scalars per parameter, in registration
+  // order. 0 and none for an optimizer that keeps none, and in a manifest
+  // written before format 4.
+  uint32_t tensor_scalars = 0;
+  std::vector<float> scalars;
   // A snapshot across nodes: how many nodes wrote it, whether into one
   // directory every node sees (shared) or each into its own disk, and the
   // parts (every node's in the manifest; its own in a node's part file).

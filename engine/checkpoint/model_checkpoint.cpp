@@ -108,7 +108,7 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
                                 " (with several nodes the directory must be on a file system every node sees)");
           ckpt::ShardReader check(path);
         }
-        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler);
+        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler, rs.buffers);
         m.shard_set = shard_set;
         ckpt::write_manifest(dir, m);
         // The rename durable before the call returns; then the old

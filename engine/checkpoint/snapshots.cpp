@@ -162,7 +162,7 @@ void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuff
   if (across_nodes()) settle(rank, res, /*wait=*/due(step));
   if (!due(step)) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers);
   const auto local = static_cast<size_t>(rank - first_local_);
   if (across_nodes()) pending_[local] = s;
   try {
@@ -392,9 +392,10 @@ void Snapshots::commit_across(InFlight& s) {
 // ---------------------------------------------------------------------------
 // The end
 
-std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler) {
+std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler,
+                                                               const StateBuffers& buffers) {
   std::lock_guard<std::mutex> lock(mu_);
-  begin(step, with_parts(describe_model(ctx_, step, scaler), false));
+  begin(step, with_parts(describe_model(ctx_, step, scaler, buffers), false));
   reading_[static_cast<size_t>(rank - first_local_)] = 1;
   return current_;
 }
@@ -403,11 +404,11 @@ void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const L
   if (!enabled() || across_nodes()) return;  // across nodes: at_leave
   // The last snapshot's writers are done, their commit too (the last one's).
   for (int r = first_local_; r < first_local_ + local_ranks_; ++r) join_writer(r);
-  if (last_step_.load() == step || step == 0) return;
+  if (last_step_.load() == step || step == 0 || ranks.empty()) return;
   std::shared_ptr<InFlight> s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    begin(step, describe_model(ctx_, step, scaler));
+    begin(step, describe_model(ctx_, step, scaler, *ranks.front().buffers));
     s = current_;
     for (const RankView& v : ranks) reading_[static_cast<size_t>(v.res->rank - first_local_)] = 1;
   }
@@ -422,7 +423,7 @@ void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res,
                                         clean ? 0.0 : 1.0);
   if (unclean != 0 || step == 0 || last_step_.load() == step) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers);
   pending_[static_cast<size_t>(rank - first_local_)] = s;
   write_shard(s, rank, res, buffers);
   settle(rank, res, /*wait=*/true);

@@ -104,8 +104,10 @@ class Snapshots {
  private:
   struct InFlight;
   void begin(int64_t step, const ckpt::Manifest& manifest);
-  // begin() with the model's description, and the rank marked reading it; the snapshot begun.
-  std::shared_ptr<InFlight> begin_reading(int rank, int64_t step, const LossScaler& scaler);
+  // begin() with the model's description (the per-tensor scalars from
+  // `buffers`), and the rank marked reading it; the snapshot begun.
+  std::shared_ptr<InFlight> begin_reading(int rank, int64_t step, const LossScaler& scaler,
+                                          const StateBuffers& buffers);
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
   void commit(InFlight& s);

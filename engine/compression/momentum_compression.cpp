@@ -42,7 +42,6 @@ void MomentumCompression::lay_out_groups() {
       c.dense_count += static_cast<uint64_t>(ctx_.registry.param(pid).numel);
     }
   }
-  scalars_.assign(ctx_.registry.params().size() * ctx_.optimizer().tensor_scalars(), 0.0f);
 }
 
 void MomentumCompression::allocate() {
@@ -86,7 +85,6 @@ void MomentumCompression::release() {
   scratch_.release(tiers);
   groups_.clear();
   packed_at_.clear();
-  scalars_.clear();
 }
 
 void MomentumCompression::reset() {
@@ -96,7 +94,6 @@ void MomentumCompression::reset() {
   }
   replica_valid_ = 0;
   params_valid_ = false;
-  std::fill(scalars_.begin(), scalars_.end(), 0.0f);
 }
 
 // What every update call of this step says of tensor pid: the types, the
@@ -114,7 +111,7 @@ zd_optimizer_update MomentumCompression::step_update(const StepState& st, const 
   u.step = st.t;
   u.kind = st.plan.kind;
   u.pass = pass;
-  u.tensor = k ? scalars_.data() + static_cast<uint64_t>(pid) * k : nullptr;
+  u.tensor = k ? buffers_.tensor_scalars().data() + static_cast<uint64_t>(pid) * k : nullptr;
   return u;
 }
 
@@ -208,7 +205,8 @@ void MomentumCompression::tensor_step(StepState& st, zd_plan_op op) {
   s.tensors = params.size();
   s.numel = numel.data();
   s.stats = st.have_stats ? st.stats.data() : nullptr;
-  s.scalars = scalars_.empty() ? nullptr : scalars_.data();
+  std::vector<float>& scalars = buffers_.tensor_scalars();
+  s.scalars = scalars.empty() ? nullptr : scalars.data();
   opt.tensor_step(s);
 }
 
@@ -226,7 +224,8 @@ void MomentumCompression::pass(StepState& st, bool with_grad) {
   a.pass = st.pass;
   if (st.owned != nullptr)
     a.exchange = [this, &st](size_t gi, zd_param_id pid, uint64_t at) { return exchange_of(st, gi, pid, at); };
-  a.scalars = scalars_.empty() ? nullptr : scalars_.data();
+  const std::vector<float>& scalars = buffers_.tensor_scalars();
+  a.scalars = scalars.empty() ? nullptr : scalars.data();
   a.stats = nstats ? &st.stats : nullptr;
   runner_.pass(a);
   if (with_grad) st.consumed = true;

@@ -11,7 +11,8 @@
 //             shard), with the exchanged values of the same elements;
 // and between ops the plugin's per-tensor step sees the per-tensor
 // statistics of the last pass (summed over the owners) and sets per-tensor
-// scalars (1-bit LAMB's trust ratios).
+// scalars (1-bit LAMB's trust ratios), which StateBuffers keeps with the
+// rest of the optimizer's state (checkpoints hold them).
 //
 // The exchange is the same at every stage: whole tensors, cut into
 // world_size chunks as zd_comm_v2 specifies, so every stage computes what
@@ -92,8 +93,10 @@ class MomentumCompression {
 
   void allocate();
   void release();
-  // The error feedback, the kept average and the per-tensor scalars restart
-  // at zero (a checkpoint load, a new step count).
+  // The error feedback restarts at zero, and the kept average and the
+  // copies compression.replay keeps are stale (a checkpoint load, a state
+  // write, a new step count). The optimizer's per-tensor scalars are its
+  // state, in StateBuffers: a load sets them, nothing here clears them.
   void reset();
   // A plain step (a warm-up between compressed ones, say) moves the
   // optimizer's state on: the average kept before and the replicas are
@@ -206,7 +209,6 @@ class MomentumCompression {
   // one piece (a fused group, a tensor split between owners): grown to the
   // largest segment and kept, for the same reason.
   TieredBuffer scratch_;
-  std::vector<float> scalars_;  // per tensor (registry order), tensor_scalars() each
   uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values
   bool params_valid_ = false;   // Group::params holds every owner's current parameters
   mutable bool replay_hinted_ = false;  // the log line saying compression.replay exists

@@ -13,6 +13,7 @@ void StateBuffers::allocate(const Placement& placement) {
   const bool p3 = ctx_.params_partitioned();
   const TierSet tiers = res_.tiers();
   try {
+    tensor_scalars_.assign(ctx_.registry.params().size() * ctx_.optimizer().tensor_scalars(), 0.0f);
     groups_.resize(groups.size());
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
@@ -75,6 +76,7 @@ void StateBuffers::release() {
     for (TieredBuffer& s : b.state) s.release(tiers);
   }
   groups_.clear();
+  tensor_scalars_.clear();
 }
 
 void StateBuffers::write_value(const ParamRecord& p, const float* whole) {

@@ -57,6 +57,15 @@ class StateBuffers {
   const std::vector<GroupBuffers>& groups() const { return groups_; }
   GroupBuffers& of(const ParamRecord& p) { return groups_[static_cast<size_t>(p.group)]; }
 
+  // The optimizer's per-tensor scalars (zd_optimizer_v3::tensor_scalars()
+  // per parameter, registry order; zero at first): its state beside the
+  // slots, which its tensor_step() sets (1-bit LAMB's frozen trust ratios,
+  // 0/1 Adam's sum of learning rates since the last sync). Every rank's
+  // agree. Checkpoints hold them and a load restores them; nothing else
+  // clears them.
+  std::vector<float>& tensor_scalars() { return tensor_scalars_; }
+  const std::vector<float>& tensor_scalars() const { return tensor_scalars_; }
+
   // Writes a parameter's whole fp32 value into this rank's part of its
   // master and working copies (initial values, zd_param_write, restore).
   void write_value(const ParamRecord& p, const float* whole);
@@ -68,6 +77,7 @@ class StateBuffers {
   const ModelContext& ctx_;
   RankResources& res_;
   std::vector<GroupBuffers> groups_;
+  std::vector<float> tensor_scalars_;
 };
 
 }  // namespace zerod

@@ -391,6 +391,8 @@ void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, c
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
   snapshots_->fence(rank);
   write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
+  // The error feedback and the kept average restart; the per-tensor
+  // scalars are the optimizer's state beside the slot and stay.
   rs.compression.reset();
 }
 
@@ -404,9 +406,24 @@ void Model::set_applied_steps(int rank, int64_t step) {
   if (rs.active_modules > 0 || rs.micro_step % config_.gradient_accumulation_steps != 0)
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
   rs.applied = step;
+  // The error feedback restarts (as after a load: a new step count is how a
+  // trainer restores its own checkpoint, which holds none). The optimizer's
+  // per-tensor scalars are its state, as m and v are, and stay: zeroed
+  // here, a 1-bit LAMB past its freeze step never moved again. What the
+  // whole-tensor calls cannot do is restore them into a new model: say so
+  // where the next update reads them and they are all zero.
   rs.compression.reset();
   rs.plan_step = 0;
   rs.grads.set_local(false);
+  const std::vector<float>& scalars = rs.buffers.tensor_scalars();
+  if (rank == first_local_ && step > 0 && !scalars.empty() &&
+      std::all_of(scalars.begin(), scalars.end(), [](float v) { return v == 0.0f; }) &&
+      plan_for(step + 1).kept_scalars != 0)
+    log_warn("zd_model_set_step(" + std::to_string(step) + "): optimizer '" + plugins_.optimizer->plugin().name() +
+             "' keeps per-tensor scalars that update " + std::to_string(step + 1) +
+             " reads, and this model's are all zero. zd_optimizer_state_write and zd_model_set_step do not carry "
+             "them, so a run restored through them alone does not go on as the one it came from (1-bit LAMB "
+             "would not move the parameters); zd_model_save and zd_model_load carry them");
 }
 
 // ---------------------------------------------------------------------------

@@ -471,7 +471,11 @@ ZD_API zd_status zd_optimizer_state_write(zd_model* model, zd_param_id param, in
 ZD_API zd_status zd_model_save(zd_model* model, const char* dir);
 /* Since 1.2. Loads a checkpoint zd_model_save wrote, at any world size and
  * ZeRO stage: each rank reads what it holds now; the working copies follow
- * the masters; the step and the loss scale are restored. A collective,
+ * the masters; the step, the loss scale and the optimizer's per-tensor
+ * scalars (1-bit LAMB's frozen trust ratios, 0/1 Adam's sum of learning
+ * rates since its last sync) are restored. A checkpoint written before
+ * checkpoints held those scalars is ZD_ERR_CONFIG where the next update
+ * would read them (docs/checkpoints.md). A collective,
  * between steps, after finalize. Another model's checkpoint (other
  * parameter names or shapes) is ZD_ERR_SHAPE_MISMATCH naming the parameter,
  * another optimizer's ZD_ERR_CONFIG; a damaged file ZD_ERR_IO naming it. */
@@ -480,7 +484,9 @@ ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
 /* Sets the count of applied updates (restoring a checkpoint: bias
  * correction, the lr schedule and 1-bit Adam's phase follow it). Every rank
  * the same value, between steps. A compressing optimizer's error feedback
- * restarts at zero. */
+ * restarts at zero; the scalars it keeps per tensor stay as they are (the
+ * whole-tensor calls cannot restore them into a new model: zd_model_load
+ * does). */
 ZD_API zd_status zd_model_set_step(zd_model* model, int64_t step);
 
 /* ------------------------------------------------------------------------ */

@@ -316,14 +316,28 @@ typedef struct zd_optimizer_v2 {
  *          reserved field: a plugin built before writes 0. A host before 1.5
  *          refuses a replayed plan with more than one pass: read
  *          zd_host_services.abi_version.)
+ *   kept_scalars: 1 when this step's tensor_step() or passes read per-tensor
+ *          scalars that earlier steps left (1-bit LAMB's frozen trust
+ *          ratios; 0/1 Adam's sum of learning rates since the last sync),
+ *          so that resuming at this step needs them as they were. The host
+ *          reads it from plan(step, -1, -1) for the step after a checkpoint
+ *          that does not hold the scalars (one written before they were
+ *          saved), and refuses to resume from it when it is set: it must
+ *          not depend on warmup and sync, and may be 1 where the scalars
+ *          happen to be zero. (Added in place of a reserved field: a plugin
+ *          built before writes 0, and such a checkpoint loads with the
+ *          scalars at zero, as before.)
  *
  * Before every ZD_OP_PASS, ZD_OP_PASS_GRAD and ZD_OP_PREPARE, and once after
  * the last op, the host calls tensor_step() once for all tensors of the
  * model: it sees the statistics the last pass gathered (each combined over
  * ranges and ranks by stat_op) and may update the per-tensor scalars, which
- * the following calls read through u->tensor. The host keeps the scalars
- * (zero at first, after a checkpoint load and at set_applied_steps) — they
- * are not in checkpoints.
+ * the following calls read through u->tensor. The host keeps the scalars:
+ * zero at first, then as tensor_step() leaves them. They are the
+ * optimizer's state as the slots are: checkpoints and snapshots hold them
+ * and a load restores them, and a state write or a new step count
+ * (zd_optimizer_state_write, zd_model_set_step) leaves them as they are.
+ * Every rank's agree, so a checkpoint holds them once (its manifest).
  *
  * A plan whose ops write the exchange buffer in a pass (ZD_OP_EXCHANGE
  * after a pass) or use ZD_GRADS_LOCAL with a pass that reads the gradient
@@ -353,7 +367,8 @@ typedef struct zd_optimizer_plan {
   int32_t reset_errors;
   zd_plan_op ops[ZD_PLAN_MAX_OPS];
   uint32_t replay_slots;
-  uint32_t reserved[3];
+  uint32_t kept_scalars;
+  uint32_t reserved[2];
 } zd_optimizer_plan;
 
 /* What tensor_step() sees: every tensor of the model, in registration order. */

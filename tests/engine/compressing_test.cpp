@@ -5,15 +5,21 @@
 // schedules, and every stage against stage 0 (bit for bit where no
 // per-tensor sum is split across owners), with the optimizer state in the
 // device pool, in host memory and on NVMe, bf16 working copies, gradient
-// accumulation and clipping.
+// accumulation and clipping; and a run resumed from a checkpoint or a
+// snapshot against the uninterrupted one, bit for bit.
 #include "zero_fixture.h"
 
 #include "compressing_reference.h"
 
+#include "checkpoint/source.h"
+#include "checkpoint/tools.h"
+
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 
@@ -614,6 +620,298 @@ TEST(CompressingPlan, Stage3ReplayKeepsAWholeCopyOfTheParametersThePlanCounts) {
         }
       }
     }
+  }
+}
+
+
+// --- resuming: what the optimizer keeps per tensor --------------------------
+//
+// 1-bit LAMB's frozen trust ratios, last factors and momentum scales, and
+// 0/1 Adam's sum of the learning rates since the last sync, are per-tensor
+// scalars the host keeps for the plugin. A checkpoint and a snapshot hold
+// them, and zd_model_set_step and a state write leave them as they are, so
+// a run cut in two after any update continues bit for bit as the
+// uninterrupted one. At one rank that holds anywhere; at two ranks where
+// the error feedback, which checkpoints do not hold (docs/checkpoints.md),
+// is zero at the cut: at 1-bit LAMB's freeze step, before its first 1-bit
+// exchange, and between 0/1 Adam's restart of the error feedback at the
+// freeze and its first sync (where the ranks' own copies differ, below).
+
+// The problem's tensors (init_value), registered and finalized on `rank`.
+std::vector<zd_param_id> register_problem(Model& model, int rank) {
+  std::vector<zd_param_id> ids;
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    std::vector<float> init(kSizes[k]);
+    for (uint64_t i = 0; i < kSizes[k]; ++i) init[i] = init_value(k, i);
+    ids.push_back(model.register_param(rank, "w" + std::to_string(k), kModules[k], ZD_DTYPE_F32,
+                                       {static_cast<int64_t>(kSizes[k])}, init.data(), ZD_DTYPE_F32));
+  }
+  model.finalize(rank);
+  return ids;
+}
+
+// Updates from + 1 .. to, with the gradients train() gives them.
+void updates(Model& model, int rank, const std::vector<zd_param_id>& ids, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    for (zd_module_id m : {1, 0}) {
+      model.backward_begin(rank, m);
+      for (size_t k = 0; k < kSizes.size(); ++k) {
+        if (model.registry().param(ids[k]).module != m) continue;
+        auto* g = static_cast<float*>(model.grad_view(rank, ids[k]).data);
+        for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
+      }
+      model.backward_end(rank, m);
+    }
+    model.step(rank);
+  }
+}
+
+ref::Weights weights(Model& model, int rank, const std::vector<zd_param_id>& ids) {
+  ref::Weights out(kSizes.size());
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    out[k].resize(kSizes[k]);
+    model.read_param(rank, ids[k], ZD_DTYPE_F32, out[k].data(), kSizes[k] * 4);
+  }
+  return out;
+}
+
+// How a run is cut after update `at`: not at all; a checkpoint saved and
+// loaded into a new model; the snapshot taken there, which a new model over
+// the same path resumes at finalize; in the same model, the step set again
+// and every tensor's state slot 0 written back as it is; or in the same
+// model every rank given rank 0's parameters and state, which is what a
+// checkpoint at stage 0 holds (rank 0's copy).
+enum class Cut { None, Checkpoint, Snapshot, InPlace, AsRankZero };
+
+// Rank 0's parameters after `steps` updates on `world` ranks, cut after
+// `at`. `edit` sees the checkpoint's (or the snapshot's) directory before
+// the new model reads it.
+ref::Weights train_cut(JobOptions o, int world, int at, int steps, Cut how,
+                       const std::function<void(const std::string&)>& edit = {}) {
+  TempDir dir;
+  if (how == Cut::Snapshot) {
+    o.snapshot.path = dir.path;
+    o.snapshot.every = at;
+    o.snapshot.keep = 1;
+  }
+  std::vector<std::vector<zd_param_id>> ids(static_cast<size_t>(world));
+  auto model = make_model(o, world);
+  run_ranks(world, [&](int rank) {
+    auto& mine = ids[static_cast<size_t>(rank)];
+    mine = register_problem(*model, rank);
+    updates(*model, rank, mine, 0, at);
+    if (how == Cut::Checkpoint) model->save_checkpoint(rank, dir.path);
+    if (how == Cut::InPlace) {
+      model->set_applied_steps(rank, model->applied_steps(rank));
+      for (size_t k = 0; k < kSizes.size(); ++k) {
+        std::vector<float> v(kSizes[k]);
+        model->read_state(rank, mine[k], 0, ZD_DTYPE_F32, v.data(), v.size() * 4);
+        model->write_state(rank, mine[k], 0, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      }
+    }
+  });
+  if (how == Cut::AsRankZero) {
+    const uint32_t slots = model->optimizer().state_slots();
+    std::vector<ref::Weights> zero(slots + 1, ref::Weights(kSizes.size()));  // the master, then the slots
+    run_ranks(world, [&](int rank) {
+      if (rank != 0) return;  // stage 0: each rank reads its own copy, no collective
+      for (size_t k = 0; k < kSizes.size(); ++k)
+        for (uint32_t b = 0; b <= slots; ++b) {
+          zero[b][k].resize(kSizes[k]);
+          if (b == 0)
+            model->read_param(rank, ids[0][k], ZD_DTYPE_F32, zero[b][k].data(), kSizes[k] * 4);
+          else
+            model->read_state(rank, ids[0][k], static_cast<int>(b - 1), ZD_DTYPE_F32, zero[b][k].data(),
+                              kSizes[k] * 4);
+        }
+    });
+    run_ranks(world, [&](int rank) {
+      const auto& mine = ids[static_cast<size_t>(rank)];
+      for (size_t k = 0; k < kSizes.size(); ++k)
+        for (uint32_t b = 0; b <= slots; ++b) {
+          if (b == 0)
+            model->write_param(rank, mine[k], ZD_DTYPE_F32, zero[b][k].data(), kSizes[k] * 4);
+          else
+            model->write_state(rank, mine[k], static_cast<int>(b - 1), ZD_DTYPE_F32, zero[b][k].data(),
+                               kSizes[k] * 4);
+        }
+    });
+  }
+  if (how == Cut::Checkpoint || how == Cut::Snapshot) {
+    model.reset();  // the snapshot's writer and commit end with the model: the process is gone
+    if (edit) {
+      char step[32];
+      std::snprintf(step, sizeof step, "/step-%012d", at);  // snapshots.cpp's step_dir
+      edit(how == Cut::Snapshot ? dir.path + step : dir.path);
+    }
+    model = make_model(o, world);
+    run_ranks(world, [&](int rank) {
+      ids[static_cast<size_t>(rank)] = register_problem(*model, rank);  // a snapshot resumes at finalize
+      if (how == Cut::Checkpoint) model->load_checkpoint(rank, dir.path);
+      EXPECT_EQ(model->applied_steps(rank), at) << "rank " << rank;
+    });
+  }
+  ref::Weights out;
+  run_ranks(world, [&](int rank) {
+    const auto& mine = ids[static_cast<size_t>(rank)];
+    updates(*model, rank, mine, at, steps);
+    ref::Weights w = weights(*model, rank, mine);
+    if (rank == 0) out = std::move(w);
+  });
+  return out;
+}
+
+JobOptions lamb_job(int stage) { return options("onebit_lamb", stage, {{"freeze_step", 3}}); }
+
+TEST(CompressingResume, OnebitLambPastItsFreezeStepResumesBitForBit) {
+  // One rank: two compressed updates (4 and 5) before the cut. Without its
+  // frozen trust ratio the resumed run applied lr * 0 * update: it never
+  // moved again.
+  const ref::Weights whole = train_cut(lamb_job(0), 1, 5, 9, Cut::None);
+  const ref::Weights at5 = train_cut(lamb_job(0), 1, 5, 5, Cut::None);
+  EXPECT_GT(max_diff(whole, at5), 1e-4) << "updates 6-9 move the parameters";
+  EXPECT_EQ(train_cut(lamb_job(0), 1, 5, 9, Cut::Checkpoint), whole);
+  // Two ranks, every stage, cut at the freeze step: the trust ratios are
+  // frozen, and the compressed updates 4-8 run after the load.
+  for (int stage = 0; stage <= 3; ++stage)
+    EXPECT_EQ(train_cut(lamb_job(stage), 2, 3, 8, Cut::Checkpoint), train_cut(lamb_job(stage), 2, 3, 8, Cut::None))
+        << "2 ranks, stage " << stage;
+}
+
+// 0/1 Adam with local steps, one rank: DeepSpeed's policies (syncs at 5, 6,
+// 8 and 12, local steps between); the cut after update 10 falls between
+// two syncs, so the sum of learning rates holds updates 9 and 10 (before,
+// the sync at 12 divided by updates 11 and 12 alone).
+JobOptions zero_one_local_job() { return variant("zero_one_adam_local").job(0); }
+
+// Two ranks: the job's schedules, full-precision updates 1, 2 and 4, 1-bit
+// gradient updates 3 and 5, the variance frozen after 5 (the error feedback
+// restarts at 6), then local steps with syncs at 10 and 14 only. Between
+// syncs each rank's parameters, m and accumulator are its own, and a
+// checkpoint at stage 0 holds rank 0's (docs/onebit.md): a run cut there
+// goes on, bit for bit, as the uninterrupted one would with every rank
+// handed rank 0's state at the cut. (That reference keeps the scalars only
+// since they became state: before, its state writes zeroed them too.)
+Schedules& zero_one_late_sync() {
+  static Schedules s = [] {
+    Schedules x;
+    x.warm = [](int64_t t) { return t == 1 || t == 2 || t == 4; };
+    x.syncs = [](int64_t t) { return t == 10 || t == 14; };
+    return x;
+  }();
+  return s;
+}
+
+JobOptions zero_one_late_sync_job() {
+  JobOptions o = options("zero_one_adam", 0, {{"var_freeze_step", 5}});
+  o.policy = &zero_one_late_sync();
+  return o;
+}
+
+TEST(CompressingResume, ZeroOneAdamBetweenSyncsResumesBitForBit) {
+  const ref::Weights whole = train_cut(zero_one_local_job(), 1, 10, 14, Cut::None);
+  EXPECT_EQ(train_cut(zero_one_local_job(), 1, 10, 14, Cut::Checkpoint), whole);
+  EXPECT_EQ(train_cut(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint),
+            train_cut(zero_one_late_sync_job(), 2, 8, 12, Cut::AsRankZero));
+}
+
+// zerod ckpt reshard writes the manifest it read, scalars and all: the
+// resharded checkpoint resumes the run as the original does.
+TEST(CompressingResume, AReshardedCheckpointKeepsTheScalars) {
+  const auto reshard = [](const std::string& dir) {
+    ckpt::reshard(ckpt::Source(dir), dir + "-resharded", 3, 1);
+    fs::remove_all(dir);
+    fs::rename(dir + "-resharded", dir);
+  };
+  EXPECT_EQ(train_cut(lamb_job(0), 1, 5, 9, Cut::Checkpoint, reshard), train_cut(lamb_job(0), 1, 5, 9, Cut::None));
+}
+
+TEST(CompressingResume, ASnapshotResumesTheScalarsToo) {
+  EXPECT_EQ(train_cut(lamb_job(0), 1, 5, 9, Cut::Snapshot), train_cut(lamb_job(0), 1, 5, 9, Cut::None));
+  EXPECT_EQ(train_cut(lamb_job(2), 2, 3, 8, Cut::Snapshot), train_cut(lamb_job(2), 2, 3, 8, Cut::None));
+  EXPECT_EQ(train_cut(zero_one_local_job(), 1, 10, 14, Cut::Snapshot),
+            train_cut(zero_one_local_job(), 1, 10, 14, Cut::None));
+}
+
+// zd_model_set_step and zd_optimizer_state_write restart the error feedback
+// (and drop the kept average), not what the optimizer keeps per tensor: on
+// one rank, where there is no error feedback, nothing changes.
+TEST(CompressingResume, SetStepAndAStateWriteKeepTheScalars) {
+  EXPECT_EQ(train_cut(lamb_job(0), 1, 5, 9, Cut::InPlace), train_cut(lamb_job(0), 1, 5, 9, Cut::None));
+  EXPECT_EQ(train_cut(zero_one_local_job(), 1, 10, 14, Cut::InPlace),
+            train_cut(zero_one_local_job(), 1, 10, 14, Cut::None));
+}
+
+// A checkpoint written before checkpoints held the scalars: its manifest
+// without the lines that hold them.
+void drop_scalars(const std::string& dir) {
+  const std::string path = dir + "/zerod-checkpoint.txt";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::string text, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("tensor_scalars ", 0) == 0 || line.rfind("scalars ", 0) == 0) {
+      dropped = true;
+      continue;
+    }
+    text += line + "\n";
+  }
+  in.close();
+  EXPECT_TRUE(dropped) << path << " holds no per-tensor scalars";
+  // As such a checkpoint says: format 1, or 3 with a shard_set line.
+  text.replace(0, text.find('\n'), text.find("\nshard_set ") != std::string::npos ? "zerod-checkpoint 3"
+                                                                                  : "zerod-checkpoint 1");
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// Such a checkpoint loads where the scalars are still zero (0/1 Adam before
+// its variance freezes; without local steps it keeps none that matter), and
+// is refused, changing nothing, where the next update would read them.
+TEST(CompressingResume, AnOlderCheckpointWithoutTheScalarsLoadsOnlyWhereTheyAreNotYetInUse) {
+  EXPECT_EQ(train_cut(zero_one_local_job(), 1, 3, 8, Cut::Checkpoint, drop_scalars),
+            train_cut(zero_one_local_job(), 1, 3, 8, Cut::None));
+  JobOptions no_local = variant("zero_one_adam").job(0);
+  EXPECT_EQ(train_cut(no_local, 1, 8, 12, Cut::Checkpoint, drop_scalars), train_cut(no_local, 1, 8, 12, Cut::None));
+  struct Refused {
+    JobOptions o;
+    int at;
+  };
+  for (const auto& [o, at] : {Refused{lamb_job(0), 5}, Refused{lamb_job(0), 2}, Refused{zero_one_local_job(), 10}}) {
+    const std::string what = o.optimizer + " after update " + std::to_string(at);
+    TempDir dir;
+    auto a = make_model(o, 1);
+    run_ranks(1, [&](int rank) {
+      const auto ids = register_problem(*a, rank);
+      updates(*a, rank, ids, 0, at);
+      a->save_checkpoint(rank, dir.path);
+    });
+    drop_scalars(dir.path);
+    auto b = make_model(o, 1);
+    run_ranks(1, [&](int rank) {
+      const auto ids = register_problem(*b, rank);
+      const ref::Weights before = weights(*b, rank, ids);
+      try {
+        b->load_checkpoint(rank, dir.path);
+        ADD_FAILURE() << what << ": loaded";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ZD_ERR_CONFIG) << what;
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("per-tensor scalars"), std::string::npos) << what << ": " << msg;
+        EXPECT_NE(msg.find("update " + std::to_string(at + 1)), std::string::npos) << what << ": " << msg;
+      }
+      EXPECT_EQ(b->applied_steps(rank), 0) << what;
+      EXPECT_EQ(weights(*b, rank, ids), before) << what << ": the refused load changed the parameters";
+    });
+  }
+  // A job resuming over snapshots that lack them skips each, and refuses to
+  // start from scratch over them, naming why.
+  try {
+    train_cut(lamb_job(0), 1, 5, 9, Cut::Snapshot, drop_scalars);
+    ADD_FAILURE() << "resumed from a snapshot without the scalars";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_IO);
+    EXPECT_NE(std::string(e.what()).find("per-tensor scalars"), std::string::npos) << e.what();
   }
 }
 

@@ -21,7 +21,10 @@
 // The norms and the largest ratio of a tensor are the host's per-tensor
 // statistics (summed, or maxed, over the ranks that own its parts); the
 // frozen ratio, the last factor, the scale and this step's coefficient are
-// its per-tensor scalars. No bias correction, as in DeepSpeed.
+// its per-tensor scalars, which checkpoints hold (as DeepSpeed's state
+// holds lamb_coeff_freeze, last_factor and scaling_coeff): a run resumed
+// past freeze_step needs its frozen ratio. No bias correction, as in
+// DeepSpeed.
 //
 // A compressed step can be replayed (zd_optimizer_plan.replay_slots, from
 // zerod 1.5): given the exchanged average, the first pass makes an
@@ -141,6 +144,10 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t, zd_o
   if (instance == nullptr || out == nullptr || step < 1) return ZD_ERR_INVALID_ARGUMENT;
   *out = zd_optimizer_plan{};
   out->struct_size = sizeof *out;
+  // Every step after the first reads what the ones before left per tensor:
+  // the warm-up the running average of its trust ratios, a compressed step
+  // the frozen ratio, the last factor and the momentum's scale.
+  out->kept_scalars = step > 1 ? 1 : 0;
   const bool warm = warmup >= 0 ? warmup != 0 : step <= self(instance).freeze_step;
   if (warm) {
     out->kind = kWarmup;

@@ -14,7 +14,9 @@
 //     and at a sync step (DeepSpeed's interval policy, or compression.sync)
 //     the moves are undone, u d is averaged 1-bit compressed, and
 //       m = -avg / lrs;  p += avg / d;  u = 0
-//     where lrs sums the learning rates since the last sync.
+//     where lrs sums the learning rates since the last sync (a per-tensor
+//     scalar the host keeps, and checkpoints hold, beside the accumulator
+//     slot u: a run resumed between two syncs needs both).
 //   t > V without local steps (local_steps = false, every ZeRO stage): the
 //     sync interval is 1, and what is synced is the momentum: each rank's
 //     m_r = b1 m + (1 - b1) g_r is averaged 1-bit compressed (error feedback
@@ -149,6 +151,10 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync,
     }
     const bool syncs = sync >= 0 ? sync != 0
                                  : zo::sync_step(step, inst.var_freeze_step, inst.local_scaler, inst.local_clipper);
+    // lrs sums the learning rates of the local steps before this one since
+    // the last sync (none before the first local step); zero again right
+    // after a sync, which the plan of this step cannot tell.
+    out->kept_scalars = step > inst.var_freeze_step + 1 ? 1 : 0;
     out->ops[0] = ZD_OP_PASS_GRAD;
     if (syncs) {
       out->kind = kSync;
