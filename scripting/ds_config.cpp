@@ -59,6 +59,10 @@ std::string json_text(const Value& v) {
   }
 }
 
+// The lr DeepSpeed 0.19's optimizers take when the config gives none
+// (Translator::optimizer), and so what its schedulers start from.
+constexpr double kDeepSpeedDefaultLr = 1e-3;
+
 // DeepSpeed's optimizer types zerod translates, lower-cased (DeepSpeed
 // matches its own names in any case), and the plugin each becomes.
 const std::map<std::string, std::string>& optimizer_plugins() {
@@ -168,8 +172,9 @@ class Translator {
   std::vector<std::string> autos_;     // keys given as "auto", left at the default
   std::vector<std::string> comments_;  // said at the top of the script
   std::vector<Out> out_;
-  std::string opt_lr_ = "0.001";       // the optimizer's lr as Lua text (schedulers default to it)
-  double opt_lr_value_ = 1e-3;
+  // The optimizer's lr as Lua text and as a number (schedulers default to it).
+  std::string opt_lr_ = format_number(kDeepSpeedDefaultLr);
+  double opt_lr_value_ = kDeepSpeedDefaultLr;
   const Struct* zero_ = nullptr;       // the zero_optimization section, when given
   bool untranslated_optimizer_ = false; // optimizer.type is refused: its params are not checked one by one
   int stage_ = 0;                      // its stage (read first: precision depends on it)
@@ -520,6 +525,16 @@ void Translator::optimizer(const Struct& root) {
     // DeepSpeed's Adam, AdamW and 1-bit Adam default to weight_decay 0;
     // zerod's adamw to 0.01: write DeepSpeed's out.
     if (!v && k == "weight_decay" && name != "sgd") v = 0.0;
+    // Every optimizer DeepSpeed 0.19 builds for these types defaults to lr
+    // 1e-3 (FusedAdam, DeepSpeedCPUAdam, 1-bit Adam, and torch.optim.SGD,
+    // which DeepSpeed hands the params as they are); zerod's sgd plugin to
+    // 1e-2. Written out for every type, so the job never rests on a plugin's
+    // default (zerod/_dsconfig.py's lr_schedule reports the same).
+    if (!v && k == "lr") {
+      emit(2, "lr = " + format_number(kDeepSpeedDefaultLr) + ",  -- DeepSpeed 0.19's default, its optimizers' and "
+                                                              "torch.optim.SGD's");
+      continue;
+    }
     if (!v) continue;
     if (k == "lr") {
       opt_lr_ = format_number(*v);
@@ -646,12 +661,29 @@ void Translator::scheduler(const Struct& root) {
       issue(q + "cycle_momentum", "is true by default in DeepSpeed: its OneCycle then rewrites the optimizer's betas "
                                   "every step, which zerod does not do; set \"cycle_momentum\": false");
     const auto first = num("cycle_first_step_size", 2000.0);
+    // The staircase: cycle_second_stair_count defaults to the first's, as
+    // in DeepSpeed; 0 is its continuous ramp. A count is a number of stairs.
+    auto stairs = [&](const char* k, double def) {
+      const double v = num(k, def).value_or(def);
+      if (v < 0 || v != std::floor(v)) {
+        issue(q + k, "must be a whole number >= 0 (the stairs of that half of the cycle; 0 = no staircase), got " +
+                         format_number(v));
+        return def;
+      }
+      return v;
+    };
+    const double first_stairs = stairs("cycle_first_stair_count", 0);
+    const double second_stairs = stairs("cycle_second_stair_count", first_stairs);
     // zerod.one_cycle's step t is DeepSpeed's t - 1 already (its first
     // update runs at cycle_min_lr): no delay.
     lua = "zerod.one_cycle{ min_lr = " + text(num("cycle_min_lr", std::nullopt)) + ", max_lr = " +
           text(num("cycle_max_lr", std::nullopt)) + ", first_steps = " + text(first) + ", second_steps = " +
           text(num("cycle_second_step_size", first)) + ", decay_rate = " + text(num("decay_lr_rate", 0.0)) +
-          ", decay_steps = " + text(num("decay_step_size", 0.0)) + " }";
+          ", decay_steps = " + text(num("decay_step_size", 0.0)) +
+          (first_stairs > 0 || second_stairs > 0
+               ? ", first_stairs = " + format_number(first_stairs) + ", second_stairs = " + format_number(second_stairs)
+               : std::string()) +
+          " }";
   } else if (*type == "LRRangeTest") {
     // lr(t) = min_lr * (1 + rate * interval), interval = t / size (whole
     // intervals with the staircase): DeepSpeed's value after t steps, and

@@ -129,27 +129,45 @@ end
 
 -- One cycle (DeepSpeed's OneCycle): min_lr up to max_lr over first_steps,
 -- back down over second_steps, then min_lr decayed by decay_rate every
--- decay_steps.
+-- decay_steps. With first_stairs (second_stairs) > 0 the lr of that half
+-- climbs (falls) in that many equal stairs instead of every step; 0 is the
+-- continuous ramp, and second_stairs defaults to first_stairs, as in
+-- DeepSpeed. Each value is computed as DeepSpeed 0.19's _get_scale_factor
+-- and _get_decay_lr compute it (runtime/lr_schedules.py), operation for
+-- operation: a stair is picked by floor(), where a last bit differs a whole
+-- stair would.
 function zerod.one_cycle(args)
   local a = check("one_cycle", args, {min_lr = {"number"}, max_lr = {"number"},
     first_steps = {"count"}, second_steps = {"count", false}, decay_rate = {"number", 0.0},
-    decay_steps = {"count", 0}})
+    decay_steps = {"count", 0}, first_stairs = {"count", 0}, second_stairs = {"count", false}})
   local second = a.second_steps or a.first_steps
   if a.first_steps < 1 or second < 1 then
     error("zerod.one_cycle: first_steps and second_steps must be at least 1", 2)
   end
+  local second_stairs = a.second_stairs or a.first_stairs
   local total = a.first_steps + second
   local ratio = a.first_steps / total
   return remember("one_cycle", a, function(t)
     if t <= total then
-      local x = t / total
-      x = x - math.floor(x)  -- back to 0 (min_lr) when the cycle ends
-      local f = x <= ratio and x / ratio or (x - 1) / (ratio - 1)
+      local x = 1 + t / total - math.floor(1 + t / total)  -- back to 0 (min_lr) when the cycle ends
+      local f, stairs
+      if x <= ratio then
+        f, stairs = x / ratio, a.first_stairs
+      else
+        f, stairs = (x - 1) / (ratio - 1), second_stairs
+      end
+      if stairs > 0 then
+        -- From the step count, not from f: f at the top of an uneven cycle
+        -- can land a bit under 1 and floor() would drop a stair.
+        local c = t % total
+        local at = c <= a.first_steps and c * stairs / a.first_steps or (total - c) * stairs / second
+        f = math.floor(at) / stairs
+      end
       return a.min_lr + (a.max_lr - a.min_lr) * f
     end
     if a.decay_rate == 0 or a.decay_steps == 0 then return a.min_lr end
     local k = t - total
-    return a.min_lr / (1 + a.decay_rate * k / a.decay_steps)
+    return a.min_lr / (1 + a.decay_rate * (k / a.decay_steps))
   end)
 end
 

@@ -32,6 +32,7 @@ reports it Skipped, with the reason, without it. `pytest -s` prints the
 summary for docs/integrations.md.
 """
 import copy
+import inspect
 import json
 import math
 import os
@@ -527,6 +528,62 @@ def test_contradictory_adam_w_mode_is_said():
     assert "optimizer.params.adam_w_mode: false is ignored with type AdamW, as DeepSpeed ignores it" in r.stdout
     assert 'type = "adamw"' in r.stdout
 
+
+
+# OneCycle's staircase (cycle_first/second_stair_count > 0; 0 is the ramp):
+# even and uneven halves, the second count left to default to the first's,
+# one half stepped and the other not, and a decay after the cycle.
+ONE_CYCLES = [
+    {"cycle_first_step_size": 4, "cycle_first_stair_count": 2},
+    {"cycle_first_step_size": 3, "cycle_second_step_size": 7, "cycle_first_stair_count": 3,
+     "cycle_second_stair_count": 5},
+    {"cycle_first_step_size": 10, "cycle_second_step_size": 6, "cycle_first_stair_count": 0,
+     "cycle_second_stair_count": 4, "decay_lr_rate": 0.5, "decay_step_size": 3},
+    {"cycle_first_step_size": 7, "cycle_second_step_size": 5, "cycle_first_stair_count": 7},
+    {"cycle_first_step_size": 6, "cycle_first_stair_count": 0, "decay_lr_rate": 0.1, "decay_step_size": 4},
+]
+
+
+@pytest.mark.parametrize("i", range(len(ONE_CYCLES)))
+def test_one_cycle_stairs_are_deepspeeds(i, tmp_path):
+    """The lr of every update under DeepSpeed's own OneCycle class, under
+    the job `zerod check` runs, and from get_lr()'s twin (_dsconfig), equal
+    to the bit: a stair is a floor()."""
+    from deepspeed.runtime.lr_schedules import OneCycle
+    params = dict(ONE_CYCLES[i], cycle_min_lr=1e-3, cycle_max_lr=1e-2, cycle_momentum=False)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    sched = OneCycle(opt, **params)
+    theirs = [opt.param_groups[0]["lr"]]
+    for _ in range(LR_STEPS - 1):
+        sched.step()  # DeepSpeed's engine steps it after every update
+        theirs.append(opt.param_groups[0]["lr"])
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.5}},
+           "scheduler": {"type": "OneCycle", "params": params}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    zd = zerod_check(str(tmp_path / "c.json"))
+    assert zd["verdict"] == "accept", zd["error"]
+    assert zd["lr"] == theirs, f"zerod's job:\n{zd['lr']}\nDeepSpeed's OneCycle:\n{theirs}"
+    twin = _dsconfig.lr_schedule(cfg)
+    assert [twin(t) for t in range(LR_STEPS)] == theirs
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW"])
+def test_an_optimizer_without_lr_runs_at_deepspeeds_default(kind, tmp_path):
+    """DeepSpeed hands the section's params to the optimizer it builds
+    (torch.optim.SGD; FusedAdam or DeepSpeedCPUAdam): without an lr, theirs.
+    zerod's job runs it and get_lr()'s twin reports it."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    classes = [torch.optim.SGD] if kind == "SGD" else [FusedAdam, DeepSpeedCPUAdam]
+    want = {inspect.signature(c).parameters["lr"].default for c in classes}
+    assert len(want) == 1, want
+    want = want.pop()
+    params = {"momentum": 0.9} if kind == "SGD" else {"weight_decay": 0.01}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": kind, "params": params}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    zd = zerod_check(str(tmp_path / "c.json"), lr_steps=3)
+    assert zd["verdict"] == "accept", zd["error"]
+    assert _num(zd["settings"]["optimizer.lr"]) == want and zd["lr"] == [want] * 3
+    assert _dsconfig.lr_schedule(cfg)(5) == want
 
 def test_summary(results):
     """The counts docs/integrations.md gives (printed with pytest -s)."""

@@ -49,6 +49,9 @@ CONFIGS = {
                                                       "cycle_first_step_size": 4, "cycle_momentum": False,
                                                       "decay_lr_rate": 0.5, "decay_step_size": 2}},
         "zero_optimization": {"stage": 1}},
+    # SGD without an lr: DeepSpeed's torch.optim.SGD takes its default
+    "sgd_without_lr": {
+        "train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "SGD", "params": {"momentum": 0.9}}},
     # bf16 at stage 1
     "bf16_stage1": {
         "train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": True},
@@ -251,6 +254,33 @@ def test_load_checkpoint_without_latest_returns_none(tmp_path):
     finally:
         engine.close()
 
+
+
+def test_a_scheduler_without_a_length_is_traced_as_far_as_told():
+    """LambdaLR (ExponentialLR, ...) says nothing of how long it runs: zerod
+    traces its lr for DEFAULT_HORIZON updates and says so, naming how to give
+    the length; lr_steps= gives it, and the last value holds after."""
+    import warnings
+
+    import zerod.deepspeed as deepspeed
+    from zerod import _schedules
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match=r"LambdaLR has no length zerod can read .* for the first 50000 updates .* "
+                                         r"lr_steps=N"):
+        values = _schedules.trace(torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** min(t, 3)))
+    assert len(values) == _schedules.DEFAULT_HORIZON == 50000 and values[-1] == 0.1 * 0.5 ** 3
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_steps=6, config={"train_batch_size": 8},
+                                               lr_scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** t))
+    try:
+        assert not [w for w in said if "has no length" in str(w.message)], [str(w.message) for w in said]
+        assert engine._lr_values == [0.1 * 0.5 ** t for t in range(6)]
+        assert engine._lr_of(100) == 0.1 * 0.5 ** 5
+    finally:
+        engine.close()
 
 def test_refusals_name_what_is_unsupported():
     import zerod.deepspeed as deepspeed

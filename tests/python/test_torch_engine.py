@@ -336,3 +336,41 @@ def test_deepspeed_initialize_places_the_model_as_deepspeed_does(monkeypatch):
     assert moved == []
     zds._place_on(Model(2, 2), torch.device("cpu"))
     assert moved == [], "an integration's CPU device keeps it there"
+
+
+def test_deepspeed_parameter_groups_agree_on_every_key():
+    """model_parameters' groups go to the optimizer the config's section
+    makes (DeepSpeed hands them to it), where a key a group leaves out is the
+    section's value, or its type's default: the union of the keys is
+    compared. Megatron's usual groups (no weight decay on biases) are one set
+    of hyperparameters only where the optimizer's weight_decay is 0."""
+    import zerod.deepspeed as zds
+    from zerod import _dsconfig
+
+    def megatron_groups(model):
+        named = list(model.named_parameters())
+        return [{"params": [p for n, p in named if not n.endswith("bias")]},
+                {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}
+    with pytest.raises(zerod.InvalidArgumentError, match=r"model_parameters: parameter group 1 has "
+                       r"weight_decay=0\.0, group 0 leaves it to the optimizer's weight_decay=0\.01; zerod applies "
+                       r"one set"):
+        model = make("skip")
+        zds.initialize(model=model, model_parameters=megatron_groups(model), config=cfg)
+    del cfg["optimizer"]["params"]["weight_decay"]  # DeepSpeed's AdamW then decays by 0: the groups agree
+    model = make("skip")
+    zds.initialize(model=model, model_parameters=megatron_groups(model), config=cfg)[0].close()
+    # Where the optimizer's value is not known, a key one group sets and
+    # another leaves out is a difference, whichever group sets it.
+    with pytest.raises(zerod.InvalidArgumentError, match="group 1 has weight_decay=0.0, group 0 leaves it to the "
+                                                         "optimizer's default"):
+        _dsconfig.check_param_groups([{"params": [1]}, {"params": [2], "weight_decay": 0.0}], "groups")
+    with pytest.raises(zerod.InvalidArgumentError, match="group 2 leaves it to the optimizer's default, group 0 "
+                                                         "has lr=0.1"):
+        _dsconfig.check_param_groups([{"params": [1], "lr": 0.1}, {"params": [2], "lr": 0.1}, {"params": [3]}],
+                                     "groups")
+    # Values alike in another form (torch's betas tuple, the config's list) agree.
+    assert _dsconfig.check_param_groups([{"params": [1], "betas": (0.9, 0.95)}, {"params": [2]}], "groups",
+                                        {"betas": [0.9, 0.95]}) == {"betas": (0.9, 0.95)}
+

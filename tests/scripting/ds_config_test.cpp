@@ -94,6 +94,32 @@ TEST(DsConfig, DeepSpeed019DefaultsAreWrittenOut) {
       "pin_memory": false}}})"), "host = { pin = false }"));
 }
 
+TEST(DsConfig, AnOptimizerWithoutLrRunsAtDeepSpeedsDefault) {
+  // DeepSpeed builds torch.optim.SGD(params, momentum=0.9): lr 1e-3, where
+  // zerod's sgd plugin would take 1e-2. Adam and AdamW default to 1e-3 too.
+  const std::string sgd = lua("{" + kBatch + R"("optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})");
+  EXPECT_TRUE(has(sgd, "    lr = 0.001,  -- DeepSpeed 0.19's default")) << sgd;
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("optimizer": {"type": "AdamW"}})"), "    lr = 0.001,"));
+  const std::string given = lua("{" + kBatch + R"("optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
+  EXPECT_TRUE(has(given, "    lr = 0.1,")) << given;
+  EXPECT_FALSE(has(given, "lr = 0.001")) << given;
+}
+
+TEST(DsConfig, OneCycleStairsAsDeepSpeedCountsThem) {
+  const std::string base = "{" + kBatch + R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001,
+      "cycle_max_lr": 0.01, "cycle_first_step_size": 10, "cycle_momentum": false)";
+  // The second half's count defaults to the first's.
+  const std::string one = lua(base + R"(, "cycle_first_stair_count": 5}}})");
+  EXPECT_TRUE(has(one, "first_stairs = 5, second_stairs = 5 }")) << one;
+  const std::string two = lua(base + R"(, "cycle_first_stair_count": 0, "cycle_second_stair_count": 4}}})");
+  EXPECT_TRUE(has(two, "first_stairs = 0, second_stairs = 4 }")) << two;
+  // 0 (DeepSpeed's default) is the continuous ramp: nothing to write.
+  const std::string none = lua(base + R"(, "cycle_first_stair_count": 0}}})");
+  EXPECT_FALSE(has(none, "stairs")) << none;
+  EXPECT_TRUE(has(refusal(base + R"(, "cycle_first_stair_count": 2.5}}})"),
+                  "scheduler.params.cycle_first_stair_count: must be a whole number >= 0"));
+}
+
 TEST(DsConfig, Fp16HasNoHysteresisWithoutZeroAsInDeepSpeed) {
   const std::string fp16 = R"("fp16": {"enabled": true, "hysteresis": 3, "consecutive_hysteresis": true}, )";
   const std::string s0 = lua("{" + kBatch + fp16 + R"("zero_optimization": {"stage": 0}})");

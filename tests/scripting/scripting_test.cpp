@@ -128,6 +128,22 @@ TEST(Schedules, OneCycleGoesUpDownThenDecays) {
   EXPECT_DOUBLE_EQ(v[5], 0.05);  // min / (1 + 1 * 10 / 10)
 }
 
+TEST(Schedules, OneCycleStairsAsDeepSpeedMakesThem) {
+  // Two stairs up, four down (DeepSpeed's cycle_first/second_stair_count):
+  // the lr moves only where a stair begins.
+  const auto v = schedule(
+      "zerod.one_cycle{ min_lr = 0, max_lr = 1, first_steps = 4, first_stairs = 2, second_stairs = 4 }",
+      {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_EQ(v, (std::vector<double>{0, 0, 0.5, 0.5, 1, 0.75, 0.5, 0.25, 0}));
+  // second_stairs defaults to first_stairs, as in DeepSpeed.
+  EXPECT_EQ(schedule("zerod.one_cycle{ min_lr = 0, max_lr = 1, first_steps = 4, first_stairs = 2 }", {5, 6}),
+            (std::vector<double>{0.5, 0.5}));
+  // An uneven cycle: at its top the ramp's factor is 1 - 1e-16, and a
+  // floor() of it would drop a whole stair; the stair is from the step count.
+  EXPECT_EQ(schedule("zerod.one_cycle{ min_lr = 0, max_lr = 1, first_steps = 3, second_steps = 7,"
+                     " first_stairs = 3, second_stairs = 3 }", {3})[0], 1.0);
+}
+
 TEST(Schedules, BadArgumentsAreRefused) {
   Sandbox sb(SandboxLimits{});
   std::string err;

@@ -11,7 +11,8 @@ import os
 
 from .errors import InvalidArgumentError
 
-__all__ = ["load", "resolve", "optimizer_section", "check_param_groups", "job_text", "lr_schedule"]
+__all__ = ["load", "resolve", "optimizer_section", "optimizer_defaults", "check_param_groups", "job_text",
+           "lr_schedule"]
 
 
 def load(config):
@@ -151,22 +152,85 @@ _KERNEL_ONLY = ("foreach", "fused")  # which torch kernel runs: nothing for zero
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_lr", "base_momentum", "max_momentum", "name")
 
 
-def check_param_groups(groups, what):
+# What zerod's translation runs for an optimizer key a DeepSpeed config
+# leaves out, per type (lower case): DeepSpeed 0.19's own defaults (FusedAdam
+# and DeepSpeedCPUAdam for Adam and AdamW, 1-bit Adam, torch.optim.SGD),
+# which scripting/ds_config.cpp writes out where zerod's plugins differ.
+_DS_DEFAULTS = {
+    "adam": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "bias_correction": True},
+    "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False},
+}
+_DS_DEFAULTS["adamw"] = _DS_DEFAULTS["onebitadam"] = _DS_DEFAULTS["adam"]
+_UNSET = object()
+
+
+def optimizer_defaults(cfg):
+    """The value each optimizer key has where a parameter group leaves it
+    out, for a config's "optimizer" section: the section's, else the type's
+    default; {} without a section ("auto" values are not known yet)."""
+    opt = cfg.get("optimizer")
+    if not isinstance(opt, dict):
+        return {}
+    out = dict(_DS_DEFAULTS.get(str(opt.get("type", "")).lower(), {}))
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    for k, v in params.items():
+        if _is_auto(v):
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def _same(a, b):
+    """Equal hyperparameter values: a tuple and a list of the same numbers
+    (torch's betas, the config's), a one-element tensor and its number."""
+    def plain(v):
+        if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
+            return v.item()
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        return v
+    return plain(a) == plain(b)
+
+
+def check_param_groups(groups, what, defaults=None):
     """One set of hyperparameters for every trainable parameter (zerod's
-    optimizer plugins take one); otherwise an error naming the difference."""
+    optimizer plugins take one); otherwise an error naming the key and the
+    groups. A key a group leaves out has the optimizer's value there
+    (`defaults`, where known): Megatron's usual groups, [{"params": decay},
+    {"params": no_decay, "weight_decay": 0.0}], differ unless the optimizer's
+    weight_decay is 0. Returns group 0's values, with any others set alike."""
     groups = list(groups)
     if not groups:
         raise InvalidArgumentError(f"{what} has no parameters")
+    defaults = defaults or {}
     first = {k: v for k, v in groups[0].items() if k != "params" and k not in _SCHEDULER_KEYS}
-    for i, g in enumerate(groups[1:], 1):
-        for k, v in g.items():
-            if k == "params" or k in _SCHEDULER_KEYS or k in _KERNEL_ONLY:
-                continue
-            if k in first and first[k] != v:
-                raise InvalidArgumentError(
-                    f"{what}: parameter group {i} has {k}={v!r}, group 0 has {k}={first[k]!r}; zerod applies one "
-                    "set of optimizer hyperparameters to every parameter (use one group, e.g. weight decay on "
-                    "all parameters)")
+    keys = []
+    for g in groups:
+        keys += [k for k in g if k not in keys and k != "params" and k not in _SCHEDULER_KEYS
+                 and k not in _KERNEL_ONLY]
+    for k in keys:
+        values = [g.get(k, defaults.get(k, _UNSET)) for g in groups]
+        if all(v is not _UNSET for v in values) and all(_same(v, values[0]) for v in values[1:]):
+            if k not in first:
+                first[k] = values[0]
+            continue
+        # The first group unlike group 0; where group 0 leaves the key to a
+        # default not known here, the first that sets it.
+        if values[0] is _UNSET:
+            i = next(j for j, v in enumerate(values) if v is not _UNSET)
+        else:
+            i = next(j for j, v in enumerate(values) if v is _UNSET or not _same(v, values[0]))
+
+        def says(j):
+            if k in groups[j]:
+                return f"group {j} has {k}={groups[j][k]!r}"
+            if values[j] is not _UNSET:
+                return f"group {j} leaves it to the optimizer's {k}={values[j]!r}"
+            return f"group {j} leaves it to the optimizer's default"
+        raise InvalidArgumentError(
+            f"{what}: parameter {says(i)}, {says(0)}; zerod applies one set of optimizer hyperparameters to every "
+            f"parameter (use one group, or set {k} alike in every group, e.g. weight decay on all parameters)")
     return first
 
 
@@ -257,8 +321,9 @@ def lr_schedule(cfg):
     runtime/lr_schedules.py, and the side-by-side test holds both to
     DeepSpeed's get_lr(). Update 0 runs at the lr the scheduler set when it
     was made and update t at its value for iteration t - 1."""
-    opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
-    base = float(opt.get("params", {}).get("lr", 1e-3))
+    # The optimizer's lr, or its type's default as the translation writes it
+    # (zerod's default optimizer, adamw, has DeepSpeed's 1e-3 too).
+    base = float(optimizer_defaults(cfg).get("lr", 1e-3))
     sched = cfg.get("scheduler")
     if not isinstance(sched, dict):
         return lambda t: base
@@ -302,16 +367,23 @@ def lr_schedule(cfg):
         n1 = int(p.get("cycle_first_step_size", 2000))
         n2 = int(p.get("cycle_second_step_size", n1))
         rate, every = float(p.get("decay_lr_rate", 0.0)), int(p.get("decay_step_size", 0))
+        s1 = int(p.get("cycle_first_stair_count", 0))
+        s2 = int(p["cycle_second_stair_count"]) if p.get("cycle_second_stair_count") is not None else s1
         total, ratio = n1 + n2, n1 / (n1 + n2)
 
         def one_cycle(t):
+            # zerod.one_cycle's steps, DeepSpeed's _get_scale_factor's
+            # operations: a stair is a floor(), which one last bit can move.
             if t <= total:
-                x = t / total
-                x -= math.floor(x)
-                return lo + (hi - lo) * (x / ratio if x <= ratio else (x - 1) / (ratio - 1))
+                x = 1 + t / total - math.floor(1 + t / total)
+                f, stairs = (x / ratio, s1) if x <= ratio else ((x - 1) / (ratio - 1), s2)
+                if stairs > 0:
+                    c = t % total
+                    f = math.floor(c * stairs / n1 if c <= n1 else (total - c) * stairs / n2) / stairs
+                return lo + (hi - lo) * f
             if rate == 0 or every == 0:
                 return lo
-            return lo / (1 + rate * (t - total) / every)
+            return lo / (1 + rate * ((t - total) / every))
         return one_cycle  # not delayed: its step t is DeepSpeed's t - 1 already
     elif kind == "LRRangeTest":
         lo, size = float(p.get("lr_range_test_min_lr", 1e-3)), int(p.get("lr_range_test_step_size", 2000))

@@ -47,8 +47,9 @@ def trace(scheduler, steps=None, every=1):
     """The lr of updates 0..steps-1 under `scheduler` (a torch LRScheduler
     attached to the user's optimizer), which steps once every `every`
     updates (Lightning's interval "epoch": the updates of one epoch), or a
-    Stepped that says both. The user's scheduler and optimizer are not
-    touched."""
+    Stepped that says both. `steps` None is the scheduler's own length,
+    where it has one, else DEFAULT_HORIZON with a warning. The user's
+    scheduler and optimizer are not touched."""
     if isinstance(scheduler, Stepped):
         steps = scheduler.steps if scheduler.steps is not None else steps
         every = scheduler.every
@@ -63,6 +64,15 @@ def trace(scheduler, steps=None, every=1):
     if steps is None:
         own = _horizon_of(scheduler)
         steps = own * every if own else DEFAULT_HORIZON
+        if not own:
+            # LambdaLR, ExponentialLR, CosineAnnealingWarmRestarts, ...: the
+            # lr would stop following the scheduler where the table ends.
+            warnings.warn(
+                f"{type(scheduler).__name__} has no length zerod can read (total_steps, T_max, total_iters, "
+                f"milestones): zerod traces its lr for the first {DEFAULT_HORIZON} updates and keeps the last "
+                f"value after that. Say how many updates the run has: zerod.deepspeed.initialize(..., "
+                f"lr_steps=N) or ZerodAccelerator(..., lr_steps=N) (Lightning and Hugging Face's Trainer pass "
+                "their max_steps)", stacklevel=3)
     # A deep copy of optimizer and scheduler together, with the optimizer's
     # parameters swapped for one scalar while copying: the model is not
     # copied, and the copy's scheduler steps the copy's optimizer.

@@ -77,11 +77,14 @@ class ZerodAccelerator(Accelerator):
     config              a DeepSpeed config (dict or JSON path) instead;
                         the Accelerator's settings fill in what it leaves out.
     modules, client     as in zerod.torch.initialize.
+    lr_steps            the updates of the run, for an LR scheduler without a
+                        length of its own (LambdaLR, ExponentialLR, ...):
+                        zerod traces its lr that far (default 50,000).
     Every other argument is Accelerator's.
     """
 
     def __init__(self, *args, gradient_clipping=0.0, zero_stage=3, offload=False, config=None, modules=None,
-                 client=None, **kwargs):
+                 client=None, lr_steps=None, **kwargs):
         joined = _join_zerod_ranks()  # under zerod run
         launched = int(os.environ.get("WORLD_SIZE") or "1") > 1  # under accelerate launch / torchrun
         if (joined or launched) and not torch.cuda.is_available():
@@ -111,7 +114,7 @@ class ZerodAccelerator(Accelerator):
             self.scaler = None
             self.native_amp = True
         self._zerod = dict(clip=float(gradient_clipping or 0.0), stage=zero_stage, offload=offload, config=config,
-                           modules=modules, client=client)
+                           modules=modules, client=client, lr_steps=lr_steps)
         self.zerod_engine = None
         self._zerod_last = None
         self.register_save_state_pre_hook(self._save_zerod)
@@ -141,7 +144,7 @@ class ZerodAccelerator(Accelerator):
         model.to(self.device)
         engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=scheds[0] if scheds else None,
                                  config=self._zerod_config(loaders), modules=self._zerod["modules"],
-                                 client=self._zerod["client"], _placement=None,
+                                 client=self._zerod["client"], lr_steps=self._zerod["lr_steps"], _placement=None,
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
         wrapped = {id(model): _ZerodModel(model, engine, self),

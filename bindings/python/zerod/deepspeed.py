@@ -70,15 +70,18 @@ zero = _ZeroNamespace()
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, mesh_param=None, config_params=None, *, modules=None, client=None, param_dtype=None,
-               _placement="deepspeed"):
+               lr_steps=None, _placement="deepspeed"):
     """DeepSpeed's initialize(): returns (engine, optimizer, training_dataloader,
     lr_scheduler). zerod's own keywords: `modules` chooses the zerod modules,
     as in zerod.torch.initialize; `param_dtype` is the type the model's
     parameters are registered in (default: float16 with fp16 enabled,
     bfloat16 with bf16, else as they are). torch.float32 with fp16 enabled is
     autocast's mixed precision: fp32 parameters, zerod's loss scaling (what
-    Lightning's "16-mixed" and Accelerate's "fp16" run on). `_placement` is
-    the integrations' (zerod.lightning, zerod.accelerate,
+    Lightning's "16-mixed" and Accelerate's "fp16" run on). `lr_steps` is
+    how many updates the run has, for a torch lr_scheduler without a length
+    of its own (LambdaLR, ExponentialLR, ...): zerod traces its lr that far
+    (default 50,000, with a warning) and keeps the last value after.
+    `_placement` is the integrations' (zerod.lightning, zerod.accelerate,
     zerod.transformers): None where they placed the model themselves, a
     torch.device where it is to go; a script's call places it as DeepSpeed
     does (_place_as_deepspeed)."""
@@ -98,7 +101,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     trainable = [p for p in model.parameters() if p.requires_grad]
     if model_parameters is not None:
         model_parameters = list(model_parameters)
-        _check_model_parameters(model, trainable, model_parameters)
+        # With an optimizer given, its own groups are checked (a callable's
+        # are made from these); without, the config's section takes them.
+        _check_model_parameters(model, trainable, model_parameters,
+                                None if optimizer is not None else _dsconfig.optimizer_defaults(cfg))
 
     torch_opt = None
     if optimizer is not None:
@@ -117,7 +123,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             if torch_opt is None:
                 torch_opt = _stand_in_optimizer(cfg)
             lr_scheduler = lr_scheduler(torch_opt)
-        lr_values = _schedules.trace(lr_scheduler)
+        lr_values = _schedules.trace(lr_scheduler, steps=lr_steps)
 
     opt_params = cfg.get("optimizer", {}).get("params", {}) if isinstance(cfg.get("optimizer"), dict) else {}
     micro = getattr(training_data, "batch_size", None)
@@ -186,11 +192,14 @@ def _enabled(cfg, section):
     return isinstance(s, dict) and bool(s.get("enabled"))
 
 
-def _check_model_parameters(model, trainable, given):
+def _check_model_parameters(model, trainable, given, defaults):
     """zerod trains every parameter with requires_grad: model_parameters must
-    be exactly those (one group's worth of hyperparameters)."""
+    be exactly those, with one group's worth of hyperparameters where they
+    configure the optimizer (`defaults`: what a key a group leaves out is;
+    None where they do not)."""
     if given and isinstance(given[0], dict):
-        _dsconfig.check_param_groups(given, "model_parameters")
+        if defaults is not None:
+            _dsconfig.check_param_groups(given, "model_parameters", defaults)
         given = [p for g in given for p in g["params"]]
     names = {id(p): n for n, p in model.named_parameters()}
     want, got = {id(p) for p in trainable}, {id(p) for p in given}

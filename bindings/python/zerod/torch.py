@@ -35,6 +35,7 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
 """
 import ctypes
 import os
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -53,6 +54,10 @@ _ZD_DTYPE = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16, torch.float16
 # Tensors cached per parameter and address; more than this many distinct
 # addresses for one parameter means the pool is not reusing them: start over.
 _CACHE_LIMIT = 8
+# What torch holds outside zerod in a checkpoint (save_checkpoint), and the
+# name it has until zerod's part of the save is whole.
+_TORCH_STATE = "torch_state.pt"
+_TORCH_STATE_STAGED = "torch_state.next.pt"
 
 
 def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, client=None,
@@ -432,15 +437,27 @@ class Engine:
         "global_step<N>") and names it in save_dir/latest. zerod writes the
         masters and optimizer state (each rank its shard, docs/checkpoints.md);
         rank 0 adds what torch holds outside zerod (buffers, frozen
-        parameters) and client_state. Every rank calls it, between steps."""
+        parameters) and client_state in torch_state.pt. Every rank calls it,
+        between steps."""
         self._require_between_steps("save_checkpoint()")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         path = os.path.join(os.fspath(save_dir), tag)
-        self.zerod_model.save(path)
+        step = self.zerod_model.optimizer_info().step
         if self.rank == 0:
+            # Staged before zerod's save, whose manifest (renamed into place
+            # last) is the commit: a save that fails or is killed before it
+            # leaves no checkpoint, or in a reused directory (Lightning's
+            # last.ckpt, Accelerate's save_state) the old one whole, and the
+            # old torch_state.pt beside it. The step says which zerod state
+            # each file belongs to (load_checkpoint picks by it).
             extra = {k: v.detach().cpu() for k, v in self.module.state_dict(keep_vars=True).items()
                      if id(v) not in self._slot_of}
-            torch.save({"module_rest": extra, "client_state": client_state or {}}, os.path.join(path, "torch_state.pt"))
+            os.makedirs(path, exist_ok=True)
+            _write_atomically(os.path.join(path, _TORCH_STATE_STAGED),
+                              {"module_rest": extra, "client_state": client_state or {}, "step": step})
+        self.zerod_model.save(path)
+        if self.rank == 0:
+            os.replace(os.path.join(path, _TORCH_STATE_STAGED), os.path.join(path, _TORCH_STATE))
         if self.rank == 0 and save_latest:
             tmp = os.path.join(os.fspath(save_dir), "latest.tmp")
             with open(tmp, "w") as f:
@@ -452,26 +469,61 @@ class Engine:
         """DeepSpeed's: loads load_dir/<tag> (default: what load_dir/latest
         names) and returns (its path, the client_state saved with it). It
         loads at any world size and ZeRO stage. Every rank calls it, between
-        steps."""
+        steps. A checkpoint that zd_model_save wrote without zerod.torch (C,
+        Rust, a snapshot) has no torch_state.pt: the module's buffers and
+        frozen parameters then keep their values (with a warning, where the
+        module has any) and client_state is {}."""
         self._require_between_steps("load_checkpoint()")
         if tag is None:
             with open(os.path.join(os.fspath(load_dir), "latest")) as f:
                 tag = f.read().strip()
         path = os.path.join(os.fspath(load_dir), str(tag))
+        # Read and checked first: a refusal, like zd_model_load's, changes nothing.
+        step = _manifest_step(path)
+        extra = self._torch_state(path, step) if step is not None else None
         self.zerod_model.load(path)
-        extra_path = os.path.join(path, "torch_state.pt")
-        # Written by save_checkpoint on rank 0: tensors and the caller's client
-        # state (Lightning's holds loops and callbacks), so not weights-only.
-        extra = (torch.load(extra_path, weights_only=False) if os.path.exists(extra_path)
-                 else {"module_rest": {}, "client_state": {}})
+        # zd_model_load restored the loss scale with the step: backward()
+        # multiplies by it and zerod divides by its own, so they must agree.
+        self._loss_scale = self.zerod_model.loss_scale()
+        self.last_step = None
+        self._resumed_step = self.zerod_model.optimizer_info().step
         own = self.module.state_dict(keep_vars=True)
+        if extra is None:
+            rest = [k for k, v in own.items() if id(v) not in self._slot_of]
+            if rest:
+                warnings.warn(f"load_checkpoint: {path} has no {_TORCH_STATE} (zd_model_save wrote it without "
+                              f"zerod.torch): {len(rest)} tensor(s) zerod does not hold (buffers, frozen "
+                              f"parameters; '{rest[0]}' first) keep their current values, and client_state is {{}}")
+            extra = {"module_rest": {}, "client_state": {}}
         with torch.no_grad():
             for k, v in extra["module_rest"].items():
                 if k in own and id(own[k]) not in self._slot_of:
                     own[k].copy_(v)
-        self.last_step = None
-        self._resumed_step = self.zerod_model.optimizer_info().step
         return path, extra["client_state"]
+
+    def _torch_state(self, path, step):
+        """What save_checkpoint kept beside zerod's state of `step` in `path`,
+        or None where it kept nothing. A staged file is a save's whose
+        manifest may or may not have been written (killed in between): it is
+        this checkpoint's when its step is. A file without a step (zerod ckpt
+        import) belongs to the directory's one checkpoint."""
+        found = []
+        for name in (_TORCH_STATE_STAGED, _TORCH_STATE):
+            p = os.path.join(path, name)
+            if not os.path.exists(p):
+                continue
+            # Tensors and the caller's client state (Lightning's holds loops
+            # and callbacks), so not weights-only.
+            extra = torch.load(p, weights_only=False)
+            if extra.get("step", step) == step:
+                return extra
+            found.append(f"{name} is of step {extra['step']}")
+        if found:
+            raise InvalidStateError(
+                f"load_checkpoint: {path} holds zerod's state of step {step}, but " + " and ".join(found) +
+                f": the buffers and client_state saved with step {step} are not there (files of another save "
+                "copied in?); nothing was loaded")
+        return None
 
     def close(self):
         """Removes the hooks and frees zerod's model. The torch parameters
@@ -700,6 +752,36 @@ class Engine:
             raise error from None
         if runtime_error is not None and str(runtime_error).startswith("KeyboardInterrupt"):
             raise KeyboardInterrupt() from None
+
+
+def _manifest_step(path):
+    """The step the checkpoint in `path` holds, from its manifest (text, a
+    line "step N": docs/checkpoints.md), or None without one (zd_model_load
+    then says what is wrong)."""
+    try:
+        with open(os.path.join(path, "zerod-checkpoint.txt")) as f:
+            for line in f:
+                if line.startswith("step "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _write_atomically(path, obj):
+    """torch.save(obj) to `path` through a temporary file beside it, synced
+    and renamed over it: `path` is the old file or the whole new one."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _storage_base(t):
