@@ -3,6 +3,7 @@
 #include "device/select.h"
 #include "error.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace zerod::server {
@@ -45,6 +46,7 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   gone_.assign(n, false);
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
+  finalizing_.assign(n, false);
   JobConfig config = daemon_config(script_->config(), script_name_, trace_path, device);
   // A later model of the same daemon (an evaluation model, a second job of
   // `zerod serve`) must not overwrite the first one's trace.
@@ -153,32 +155,76 @@ zd_param_id ModelHost::verify_param(int rank, const std::string& name, const std
   return static_cast<zd_param_id>(index);
 }
 
-void ModelHost::finish_reattach(int rank) {
+void ModelHost::finish_reattach(int rank, const std::function<std::string()>& interrupted) {
+  using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mu_);
   const size_t r = at(rank);
   if (static_cast<size_t>(verified_[r]) != model_->registry().params().size())
     fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(rank) + " re-registered " +
                                    std::to_string(verified_[r]) + " of the kept model's " +
                                    std::to_string(model_->registry().params().size()) + " parameters");
+  if (finalizing_[r]) fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(rank) + " is already finalizing");
   // Every rank re-attaches before the model is recovered: nobody is inside
   // it then. The last to arrive recovers it.
   const uint64_t round = recoveries_;
-  ++finalizing_;
-  if (finalizing_ == model_->local_ranks()) {
-    model_->recover(
-        script_->make_comm(model_->world_size(), model_->first_local_rank(), model_->local_ranks()));
-    finalizing_ = 0;
+  finalizing_[r] = true;
+  if (std::count(finalizing_.begin(), finalizing_.end(), true) == model_->local_ranks()) {
+    // The round ends here whether the recovery works or not, so that no
+    // rank waits on for a round that cannot end and the next try counts
+    // from nobody (a failed make_comm would otherwise leave the others
+    // counted, and a later round would recover with a rank missing).
+    finalizing_.assign(finalizing_.size(), false);
     ++recoveries_;
+    recovery_failed_.reset();
+    try {
+      model_->recover(
+          script_->make_comm(model_->world_size(), model_->first_local_rank(), model_->local_ranks()));
+    } catch (const Error& e) {
+      recovery_failed_.emplace(e.code(), std::string("recovering the kept model failed: ") + e.what());
+    } catch (const std::exception& e) {
+      recovery_failed_.emplace(ZD_ERR_INTERNAL, std::string("recovering the kept model failed: ") + e.what());
+    }
     cv_.notify_all();
   } else {
-    const bool done = cv_.wait_for(lock, std::chrono::duration<double>(model_->config().comm_timeout_s),
-                                   [&] { return recoveries_ != round; });
-    if (!done) {
-      --finalizing_;
-      fail(ZD_ERR_TIMEOUT, "rank " + std::to_string(rank) + " re-attached to the kept model, but not "
-                                                            "every rank did within the comm timeout");
+    // Waited in slices, not on the notify alone: the last rank is not the
+    // only one with news. This rank's own connection may close (its session
+    // must end, or the rank stays counted and its next incarnation is
+    // refused as still connected) and the daemon may stop (Server::stop
+    // joins this thread); neither has a hand on this condition variable.
+    // comm.timeout = 0 waits for the others as long as it takes, as a
+    // collective does.
+    const double timeout_s = model_->config().comm_timeout_s;
+    const Clock::time_point deadline =
+        timeout_s > 0
+            ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))
+            : Clock::time_point::max();
+    std::string why;
+    zd_status code = ZD_ERR_TIMEOUT;
+    while (recoveries_ == round) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        std::string missing;
+        for (size_t i = 0; i < finalizing_.size(); ++i)
+          if (!finalizing_[i])
+            missing += (missing.empty() ? "" : ", ") + std::to_string(first_rank_ + static_cast<int>(i));
+        why = "not every rank did within the job's comm.timeout (still to finalize: rank " + missing + ")";
+        break;
+      }
+      cv_.wait_for(lock, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(kReattachSliceMs)));
+      if (recoveries_ != round) break;
+      why = interrupted();
+      if (!why.empty()) {
+        code = ZD_ERR_PEER_LOST;
+        break;
+      }
+    }
+    if (recoveries_ == round) {
+      finalizing_[r] = false;
+      fail(code, "rank " + std::to_string(rank) + " re-attached to the kept model and waited for the other ranks "
+                                                   "to, but " + why);
     }
   }
+  if (recovery_failed_) throw *recovery_failed_;
   reattaching_[r] = false;
   lock.unlock();
   model_->rebuild_working_copies(rank);

@@ -4,14 +4,17 @@
 // create "their" model share one.
 #pragma once
 
+#include "error.h"
 #include "job_script.h"
 #include "model/model.h"
 #include "node_memory.h"
 #include "served_job.h"
 
-#include <memory>
 #include <condition_variable>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,8 +66,15 @@ class ModelHost {
   zd_param_id verify_param(int rank, const std::string& name, const std::string& module,
                            zd_dtype dtype, const std::vector<int64_t>& shape);
   // A re-attaching rank's finalize: waits for every rank to re-attach and
-  // finalize, recovers the model once, rebuilds the working copies.
-  void finish_reattach(int rank);
+  // finalize, recovers the model once, rebuilds the working copies. The wait
+  // lasts at most the job's comm.timeout (0: no limit), and ends sooner
+  // when `interrupted` says why it must (the rank's connection closed, the
+  // daemon stops): it is asked every kReattachSliceMs, under this host's
+  // lock, so it must not block or call into this host. The last rank to
+  // arrive recovers the model for all; if that fails, every waiting rank
+  // fails with its message and the ranks may finalize again.
+  void finish_reattach(int rank, const std::function<std::string()>& interrupted);
+  static constexpr int kReattachSliceMs = 50;
 
  private:
   int id_;
@@ -83,8 +93,9 @@ class ModelHost {
   std::vector<bool> gone_;          // left or lost since it last attached
   std::vector<bool> reattaching_;
   std::vector<int> verified_;       // parameters re-registered, per rank
-  int finalizing_ = 0;
-  uint64_t recoveries_ = 0;
+  std::vector<bool> finalizing_;    // in finish_reattach, waiting for the others
+  uint64_t recoveries_ = 0;         // rounds of finish_reattach ended, by a recovery or its failure
+  std::optional<Error> recovery_failed_;  // how the last round failed; none if it recovered
 };
 
 }  // namespace zerod::server

@@ -41,8 +41,9 @@ void Session::start() {
 
 void Session::stop() {
   stopping_.store(true, std::memory_order_release);
+  // Under the lock: end() may be closing the socket and unmapping the ring.
+  std::lock_guard<std::mutex> lock(stop_mu_);
   conn_.shutdown();
-  std::lock_guard<std::mutex> lock(ring_mu_);
   ring_.wake_daemon();
 }
 
@@ -139,7 +140,7 @@ void Session::set_up_ring(int fd, uint64_t size) {
                                       " bytes is too small");
   if (r.request_slot().size() < sizeof(wire::RingRequest))
     fail(ZD_ERR_INVALID_ARGUMENT, "the call ring's request slot is too small");
-  std::lock_guard<std::mutex> lock(ring_mu_);
+  std::lock_guard<std::mutex> lock(stop_mu_);
   ring_ = std::move(r);
   ring_pending_ = true;
 }
@@ -195,6 +196,19 @@ void Session::end(const std::string& why) {
   conn_.shutdown();
   release_gpu_waits();
   leave_all(true, "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: " + why);
+  // What the client shared with this daemon goes now, not when the server
+  // reaps this session (at the next connection, which a long-running
+  // `zerod serve --jobs` may not see for hours): the staging memfd, as
+  // large as the client's largest tensor and counted by no budget, the call
+  // ring, the socket's fd. stop() may run meanwhile on another thread: it
+  // finds the socket closed and the ring gone under the same lock.
+  staging_ = transport::SharedMapping();
+  std::vector<std::byte>().swap(call_reply_);
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    ring_ = transport::Ring();
+    transport::Connection closed(std::move(conn_));  // closes the fd here; conn_ keeps "shut down"
+  }
   if (rank_ >= 0) server_.release_rank(*job_, rank_, this);
   finished_.store(true);
 }
@@ -321,7 +335,13 @@ void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
 
 calls::Outcome Session::run_call(ModelHost& host, const calls::Args& a, void* data) {
   if (a.op == calls::Op::finalize && host.reattaching(rank_)) {
-    host.finish_reattach(rank_);  // resumes the kept state
+    // Resumes the kept state once every rank has re-attached. The wait ends
+    // early if this rank's connection closes or the daemon stops.
+    host.finish_reattach(rank_, [this]() -> std::string {
+      if (stopping_.load(std::memory_order_acquire)) return "the daemon is stopping";
+      if (!socket_open()) return "rank " + std::to_string(rank_) + "'s connection closed while it waited";
+      return {};
+    });
     calls::Outcome o;
     o.loss_scale = host.model().loss_scale(rank_);
     return o;
@@ -354,7 +374,8 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     }
     case v1::Request::kCreateModel: {
       const auto& c = req.create_model();
-      auto m = server_.create_or_attach(job_, rank_, c.script_text(), c.script_name(), c.allow_io(), c.device());
+      auto m = server_.create_or_attach(job_, rank_, c.script_text(), c.script_name(), c.allow_io(), c.device(),
+                                          c.script_dir());
       const Device& d = m->model().device(rank_);
       if (const std::string why = gpu_mismatch(rank_, c.gpu_uuid(), d.gpu_uuid(), d.ordinal()); !why.empty()) {
         m->detach(rank_, false, "rank " + std::to_string(rank_) + " computes on another GPU");

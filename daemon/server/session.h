@@ -52,7 +52,8 @@ class Session {
   // parses and runs one request frame and returns its reply, an error reply
   // for anything the client got wrong; fds gets the arena fds to attach to
   // the reply (owned by the arenas, not to be closed). end() leaves every
-  // model and frees the rank, as when the connection drops.
+  // model and frees the rank, as when the connection drops, and lets go of
+  // the client's staging memfd and call ring and closes the socket.
   v1::Reply answer(transport::Frame& frame, std::vector<int>* fds);
   // Likewise for a wire::kCall frame: the kCallReply body (valid until the
   // next call), and in arenas/fds a v1::Reply announcing new arenas, to be
@@ -111,9 +112,9 @@ class Session {
   transport::SharedMapping staging_;  // the client's sealed staging memfd, checked before it was mapped
   bool ended_ = false;
   std::vector<std::byte> call_reply_;  // a kCallReply body, as big as a ring's reply slot (once used)
-  transport::Ring ring_;         // the client's call ring, once set up (written under ring_mu_)
+  transport::Ring ring_;         // the client's call ring, once set up (written under stop_mu_)
   bool ring_pending_ = false;    // set up by the last request; serve it from the next one
-  std::mutex ring_mu_;           // ring_ against stop()
+  std::mutex stop_mu_;           // ring_, and conn_'s fd closing in end(), against stop()
   std::atomic<bool> stopping_{false};
   std::chrono::microseconds spin_;
 };

@@ -144,7 +144,27 @@ class RemoteClient final : public ClientBackend {
   bool socket_open() const;
   void wait_ring();
   transport::Frame receive();
-  [[noreturn]] static void throw_gone(const Error& e);
+  [[noreturn]] void timed_out() const;
+
+  // A connection out of step. When a wait for the daemon's answer gives up
+  // (zd_connect_options.timeout_ms), or the carrier fails, after a request
+  // went out and before its whole answer was read, the daemon may still be
+  // running that call and will answer it later; that answer would be read
+  // as the next call's (on the ring, whose reply slot holds one answer at a
+  // time, or on the socket, with the arena frame it announces). Nor can the
+  // late answer be told apart and dropped: the call ran in the daemon (a
+  // model finalized, a module gathered, a step applied) and this side never
+  // took what it brought (arena fds, views, figures), so the two would
+  // disagree about the model from then on. So the connection is done: the
+  // call that broke it fails with its own error and a word on what to do,
+  // and every later exchange fails at once with the same status, naming
+  // that call (check_in_step). The trainer disconnects and connects again;
+  // the daemon treats the old connection's end as the rank's, as for any
+  // rank that goes (its state kept for a restart where the job says so).
+  void check_in_step() const;
+  [[noreturn]] void fall_out_of_step(const Error& e);
+  std::string in_flight_;                 // the exchange under way: "zd_model_finalize", "zd_model_create"
+  std::optional<Error> out_of_step_;      // what every exchange fails with, once set
 
   transport::Connection conn_;
   uint32_t timeout_ms_;

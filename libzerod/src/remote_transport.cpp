@@ -17,27 +17,46 @@
 
 namespace zerod::abi::remote {
 
+namespace {
+
+// What a set-up request is, in the words of the call that sent it.
+const char* request_name(const v1::Request& req) {
+  switch (req.body_case()) {
+    case v1::Request::kHello: return "zd_connect (its hello)";
+    case v1::Request::kRing: return "zd_connect (its call ring)";
+    case v1::Request::kCreateModel: return "zd_model_create";
+    case v1::Request::kRegisterParam: return "zd_model_register_param";
+    case v1::Request::kDestroyModel: return "zd_model_destroy";
+    case v1::Request::kStaging: return "the staging memfd's resize";
+    default: return "a request";
+  }
+}
+
+}  // namespace
+
 v1::Reply RemoteClient::rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds,
                             std::span<const int> send_fds) {
-  if (ring_) {
-    flush_deferred();
-    wire::RingRequest announce{};
-    announce.kind = wire::RingKind::socket_frame;
-    std::memcpy(ring_.request_slot().data(), &announce, sizeof announce);
-    ring_.post_request();
-    wait_ring();  // the daemon posts before it reads the frame
-  }
+  if (ring_) flush_deferred();
+  check_in_step();
+  in_flight_ = request_name(req);
   const uint32_t id = next_id_++;
   transport::Frame f;
   try {
+    if (ring_) {
+      wire::RingRequest announce{};
+      announce.kind = wire::RingKind::socket_frame;
+      std::memcpy(ring_.request_slot().data(), &announce, sizeof announce);
+      ring_.post_request();
+      wait_ring();  // the daemon posts before it reads the frame
+    }
     wire::send(conn_, wire::kRequest, id, req, send_fds);
     f = receive();
+    if (f.header.type != wire::kReply || f.header.request_id != id)
+      fail(ZD_ERR_INTERNAL, "the daemon answered request " + std::to_string(id) + " with " +
+                                transport::describe(f.header));
   } catch (const Error& e) {
-    throw_gone(e);
+    fall_out_of_step(e);
   }
-  if (f.header.type != wire::kReply || f.header.request_id != id)
-    fail(ZD_ERR_INTERNAL, "the daemon answered request " + std::to_string(id) + " with " +
-                              transport::describe(f.header));
   v1::Reply r;
   wire::parse(f, &r, "reply");
   if (r.has_error()) fail(r.error().status(), r.error().message());
@@ -45,7 +64,29 @@ v1::Reply RemoteClient::rpc(const v1::Request& req, std::vector<transport::Uniqu
   return r;
 }
 
+void RemoteClient::check_in_step() const {
+  if (out_of_step_) throw *out_of_step_;
+}
+
+void RemoteClient::fall_out_of_step(const Error& e) {
+  const std::string what = in_flight_.empty() ? std::string("a call") : in_flight_;
+  std::string cause = e.what();
+  if (e.code() == ZD_ERR_PEER_LOST && cause.rfind("the zerod daemon is gone", 0) != 0)
+    cause = "the zerod daemon is gone: " + cause;
+  // A status that says who is at fault, as the first failure said it: a
+  // trainer that handles ZD_ERR_TIMEOUT by restarting does so for each
+  // later call too, and none of them can succeed.
+  out_of_step_.emplace(e.code(), "this connection to the zerod daemon is out of step and takes no more calls: " + what +
+                                     " failed (" + cause + "), and the daemon may still be running it, so its "
+                                     "answer would be taken for a later call's; destroy the models, zd_disconnect "
+                                     "and connect again");
+  if (e.code() == ZD_ERR_PEER_LOST) fail(ZD_ERR_PEER_LOST, cause);
+  fail(e.code(), cause + "; the daemon may still be running " + what +
+                     ", so this connection takes no more calls: destroy the models, zd_disconnect and connect again");
+}
+
 void RemoteClient::defer_end(int model, const calls::Args& a) {
+  check_in_step();  // an end answered here must not say ZD_OK on a connection that takes no calls
   if (deferred_) {
     // Two ends in a row (nested modules): the first travels with the second, which waits.
     const wire::RingReply& r = call_record(model, a, 0);
@@ -96,6 +137,8 @@ std::string RemoteClient::message_of(const wire::RingReply& r) const {
 
 const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a, uint64_t staging_offset) {
   if (deferred_ && deferred_->model != model) flush_deferred();
+  check_in_step();
+  in_flight_ = calls::name(a.op);
   wire::RingRequest req{};
   req.kind = wire::RingKind::call;
   req.model = model;
@@ -109,7 +152,11 @@ const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a
   if (ring_) {
     std::memcpy(ring_.request_slot().data(), &req, sizeof req);
     ring_.post_request();
-    wait_ring();
+    try {
+      wait_ring();
+    } catch (const Error& e) {
+      fall_out_of_step(e);
+    }
     std::memcpy(&reply_, ring_.reply_slot().data(), sizeof reply_);
     return reply_;
   }
@@ -117,22 +164,29 @@ const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a
   // a frame of their own, as the ring's carrier sends them.
   const uint32_t id = next_id_++;
   transport::Frame f;
+  std::optional<Error> refused;
   try {
     wire::send_bytes(conn_, wire::kCall, id, std::as_bytes(std::span(&req, 1)));
     f = receive();
     if (f.header.type == wire::kReply && f.header.request_id == id) {
-      // New arenas, or the daemon's refusal of the frame itself.
+      // New arenas, or the daemon's refusal of the frame itself (its whole
+      // answer: nothing follows it).
       v1::Reply r;
       wire::parse(f, &r, "reply");
-      if (r.has_error()) fail(r.error().status(), r.error().message());
-      socket_arenas_ = std::move(f);
-      f = receive();
+      if (r.has_error()) {
+        refused.emplace(static_cast<zd_status>(r.error().status()), r.error().message());
+      } else {
+        socket_arenas_ = std::move(f);
+        f = receive();
+      }
     }
+    if (!refused && (f.header.type != wire::kCallReply || f.header.request_id != id || f.body.size() < sizeof reply_))
+      fail(ZD_ERR_INTERNAL,
+           "the daemon answered call " + std::to_string(id) + " with " + transport::describe(f.header));
   } catch (const Error& e) {
-    throw_gone(e);
+    fall_out_of_step(e);
   }
-  if (f.header.type != wire::kCallReply || f.header.request_id != id || f.body.size() < sizeof reply_)
-    fail(ZD_ERR_INTERNAL, "the daemon answered call " + std::to_string(id) + " with " + transport::describe(f.header));
+  if (refused) throw *refused;
   socket_reply_.assign(f.body.begin(), f.body.end());
   std::memcpy(&reply_, socket_reply_.data(), sizeof reply_);
   return reply_;
@@ -149,10 +203,12 @@ transport::Frame RemoteClient::arena_frame() {
     socket_arenas_.reset();
     return f;
   }
+  // The rest of the last call's answer: a failure here leaves it half read.
+  check_in_step();
   try {
     return receive();
   } catch (const Error& e) {
-    throw_gone(e);
+    fall_out_of_step(e);
   }
 }
 
@@ -208,9 +264,7 @@ void RemoteClient::wait_ring() {
     wait_.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
   switch (ring_.wait_reply(wait_)) {
     case transport::RingWaitEnd::ready: return;
-    case transport::RingWaitEnd::timeout:
-      fail(ZD_ERR_TIMEOUT, "no reply from the zerod daemon within " + std::to_string(timeout_ms_) +
-                               " ms (zd_connect_options.timeout_ms)");
+    case transport::RingWaitEnd::timeout: timed_out();
     default:
       fail(ZD_ERR_PEER_LOST, "the zerod daemon is gone: its socket hung up while this rank waited for a reply "
                              "on the call ring");
@@ -218,13 +272,19 @@ void RemoteClient::wait_ring() {
 }
 
 transport::Frame RemoteClient::receive() {
-  return conn_.receive(wire::kMaxBody, timeout_ms_ ? static_cast<int>(timeout_ms_) : transport::kWaitForever);
+  try {
+    return conn_.receive(wire::kMaxBody, timeout_ms_ ? static_cast<int>(timeout_ms_) : transport::kWaitForever);
+  } catch (const Error& e) {
+    // Nothing of an answer came: said as the ring's carrier says it. (A
+    // frame torn by the timeout keeps the transport's account of it.)
+    if (e.code() == ZD_ERR_TIMEOUT && !conn_.receive_out_of_step()) timed_out();
+    throw;
+  }
 }
 
-void RemoteClient::throw_gone(const Error& e) {
-  // The socket itself failed: the daemon went away (or never answered).
-  if (e.code() == ZD_ERR_PEER_LOST) fail(ZD_ERR_PEER_LOST, std::string("the zerod daemon is gone: ") + e.what());
-  throw;
+void RemoteClient::timed_out() const {
+  fail(ZD_ERR_TIMEOUT, "no reply from the zerod daemon within " + std::to_string(timeout_ms_) +
+                           " ms (zd_connect_options.timeout_ms)");
 }
 
 }  // namespace zerod::abi::remote

@@ -57,18 +57,20 @@ constexpr unsigned kYieldMask = 3;
 
 bool aborted(const RingWait& w) noexcept { return w.abort && w.abort->load(std::memory_order_acquire); }
 
-// Waits while `word` holds `old`. The sleeper raises `sleeps` before its
-// last look and the poster reads it after its store (both seq_cst), so
-// either the sleeper sees the new value or the poster sees the flag and
-// wakes it; FUTEX_WAIT itself rechecks the value in the kernel.
-RingWaitEnd wait_while(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeps, uint32_t old,
+// Waits until `done(word)`. The sleeper raises `sleeps` before its last
+// look and the poster reads it after its store (both seq_cst), so either
+// the sleeper sees the new value or the poster sees the flag and wakes it;
+// FUTEX_WAIT itself rechecks the value it last saw in the kernel.
+template <typename Done>
+RingWaitEnd wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeps, Done done,
                        const RingWait& w) noexcept {
   using Clock = std::chrono::steady_clock;
-  const auto moved = [&] { return word.load(std::memory_order_acquire) != old; };
-  if (moved()) return RingWaitEnd::ready;
+  uint32_t seen = word.load(std::memory_order_acquire);
+  const auto ready = [&] { return done(seen = word.load(std::memory_order_acquire)); };
+  if (ready()) return RingWaitEnd::ready;
   const Clock::time_point spin_end = Clock::now() + w.spin;
   for (unsigned polls = 1;; ++polls) {
-    if (moved()) return RingWaitEnd::ready;
+    if (ready()) return RingWaitEnd::ready;
     if ((polls & kYieldMask) == 0) {
       // A pause per poll keeps the spin gentle on a sibling hyperthread; a
       // yield every few polls lets a runnable peer (the very thread we wait
@@ -82,7 +84,7 @@ RingWaitEnd wait_while(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleep
   }
   for (;;) {
     sleeps.store(1, std::memory_order_seq_cst);
-    if (moved()) {
+    if (ready()) {
       sleeps.store(0, std::memory_order_relaxed);
       return RingWaitEnd::ready;
     }
@@ -91,15 +93,17 @@ RingWaitEnd wait_while(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleep
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(w.deadline - Clock::now()).count();
       if (left <= 0) {
         sleeps.store(0, std::memory_order_relaxed);
-        return moved() ? RingWaitEnd::ready : RingWaitEnd::timeout;
+        return ready() ? RingWaitEnd::ready : RingWaitEnd::timeout;
       }
       if (slice <= 0 || left < slice) slice = static_cast<int>(left);
     }
-    if (!aborted(w)) futex_wait(word, old, slice);
+    // Sleeps while the word still holds what ready() last saw: a move to
+    // another value that is not the one waited for wakes it to look again.
+    if (!aborted(w)) futex_wait(word, seen, slice);
     sleeps.store(0, std::memory_order_relaxed);
-    if (moved()) return RingWaitEnd::ready;
+    if (ready()) return RingWaitEnd::ready;
     if (aborted(w)) return RingWaitEnd::aborted;
-    if (w.alive && !w.alive()) return moved() ? RingWaitEnd::ready : RingWaitEnd::gone;
+    if (w.alive && !w.alive()) return ready() ? RingWaitEnd::ready : RingWaitEnd::gone;
   }
 }
 
@@ -158,11 +162,20 @@ void Ring::post_request() noexcept {
 }
 
 RingWaitEnd Ring::wait_reply(const RingWait& w) noexcept {
-  return wait_while(word(kReplySeq), word(kClientSleeps), sent_ - 1, w);
+  // The daemon's reply word is the number of the request it answered, so
+  // the wait is for that number to be the last request's, not for the word
+  // to move: after a wait that gave up, the word moves when the daemon
+  // answers that older request, or has not moved yet when the next request
+  // goes out, and either would end a wait "while the word is sent_ - 1" at
+  // once with the wrong reply in the slot.
+  const uint32_t want = sent_;
+  return wait_until(word(kReplySeq), word(kClientSleeps), [want](uint32_t v) { return v == want; }, w);
 }
 
 RingWaitEnd Ring::wait_request(const RingWait& w) noexcept {
-  const RingWaitEnd end = wait_while(word(kRequestSeq), word(kDaemonSleeps), sent_, w);
+  const uint32_t taken = sent_;
+  const RingWaitEnd end =
+      wait_until(word(kRequestSeq), word(kDaemonSleeps), [taken](uint32_t v) { return v != taken; }, w);
   // Any move counts as one request: a client that jumps its counter only
   // confuses itself.
   if (end == RingWaitEnd::ready) sent_ = word(kRequestSeq).load(std::memory_order_acquire);

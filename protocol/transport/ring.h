@@ -1,10 +1,13 @@
 // A rank's call ring: one request slot and one reply slot in a sealed memfd
 // that the client makes at connect and the daemon maps, so that a call and
 // its answer cross between the processes through shared memory instead of
-// the socket. Each side publishes by bumping a 32-bit sequence word and
-// waits for the other's word to move: it spins for a bounded time (most
-// calls are answered in microseconds), then sleeps in FUTEX_WAIT on the
-// word, which the other side wakes only when the sleeper said it sleeps.
+// the socket. The client publishes a request by bumping a 32-bit sequence
+// word, the daemon its reply by setting its own word to the number of the
+// request it answers; the daemon waits for the client's word to move, the
+// client for the daemon's to reach its last request's number. A wait spins
+// for a bounded time (most calls are answered in microseconds), then sleeps
+// in FUTEX_WAIT on the word, which the other side wakes only when the
+// sleeper said it sleeps.
 //
 // The ring has depth one: a rank has one call in flight (every zd_* call
 // returns its status), so a deeper ring would never fill.
@@ -96,7 +99,9 @@ class Ring {
   // Publishes the request written into request_slot() and wakes the daemon
   // if it sleeps.
   void post_request() noexcept;
-  // Waits until the daemon published the reply to the last request.
+  // Waits until the daemon published the reply to the last request (the
+  // reply word says which request a reply answers: a late reply to an
+  // earlier request, whose wait gave up, does not end this one).
   RingWaitEnd wait_reply(const RingWait& w) noexcept;
 
   // --- daemon ---

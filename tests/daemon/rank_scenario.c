@@ -10,6 +10,11 @@
  *   rank_scenario sleepy    (stage 3) rank 1 begins 1 s late; rank 0 prints
  *                           the wall and CPU time its forward_begin took
  *   rank_scenario pairs N   N forward_begin/_end pairs of m1; prints the time
+ *   rank_scenario timeout   rank 0 connects with timeout_ms = 1000, rank 1
+ *                           finalizes 3 s late: rank 0's finalize times out
+ *                           while the daemon still runs it; 3 s later rank 0
+ *                           calls forward_begin and zd_model_memory and
+ *                           prints what each returned and how long it took
  * At the end each rank prints its checksum (the sum of every parameter, to
  * compare across stages within a tolerance) and "rank R: parameters H1 H2
  * H3", the FNV-1a hash of each parameter's fp32 bytes, to compare ranks bit
@@ -48,10 +53,26 @@ static unsigned long long fnv1a(const void* data, size_t n) {
   return h;
 }
 
+static double seconds_since(const struct timespec* t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* Prints what a call returned, without exiting: "rank R: CALL: STATUS in S s: message". */
+static void report(const char* call, zd_status st, const struct timespec* t0) {
+  printf("rank %d: %s: %s in %.3f s: %s\n", rank, call, zd_status_str(st), seconds_since(t0),
+         st == ZD_OK ? "" : zd_last_error());
+  fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   const char* scenario = argc > 1 ? argv[1] : "normal";
   zd_client* c = NULL;
-  CHECK(zd_connect(NULL, NULL, &c));
+  zd_connect_options co = ZD_CONNECT_OPTIONS_INIT;
+  const char* env_rank = getenv("ZEROD_RANK");
+  if (!strcmp(scenario, "timeout") && env_rank && !strcmp(env_rank, "0")) co.timeout_ms = 1000;
+  CHECK(zd_connect(NULL, &co, &c));
   zd_client_info info = ZD_CLIENT_INFO_INIT;
   CHECK(zd_client_get_info(c, &info));
   rank = info.rank;
@@ -77,6 +98,30 @@ int main(int argc, char** argv) {
     d.init = init;
     d.init_dtype = ZD_DTYPE_F32;
     CHECK(zd_model_register_param(m, &d, &p[k]));
+  }
+  if (!strcmp(scenario, "timeout")) {
+    /* Rank 0 gives up on its finalize after 1 s; the daemon runs it on and
+       answers it once rank 1 arrives, 3 s in. Rank 0's next calls come
+       after that answer: each must fail, saying the connection is out of
+       step, and none may take the late answer for its own. */
+    struct timespec t0;
+    if (rank == 1) {
+      sleep(3);
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      report("zd_model_finalize", zd_model_finalize(m), &t0);
+    } else {
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      report("zd_model_finalize", zd_model_finalize(m), &t0);
+      sleep(3);
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      report("zd_forward_begin", zd_forward_begin(m, 0), &t0);
+      zd_memory_figures mem = ZD_MEMORY_FIGURES_INIT;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      report("zd_model_memory", zd_model_memory(m, -1, ZD_TIER_DEVICE, ZD_MEM_ALL, &mem), &t0);
+    }
+    zd_model_destroy(m);
+    zd_disconnect(c);
+    return 0;
   }
   CHECK(zd_model_finalize(m));
 

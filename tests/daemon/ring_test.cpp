@@ -119,10 +119,15 @@ class Ring : public ::testing::Test {
     std::system(("rm -rf '" + dir_ + "'").c_str());
   }
 
+  // daemon_args: how `zerod serve` serves the ranks (one job of two by default).
   void start(const std::string& job, const std::string& scenario, const std::string& arg = "",
-             const std::vector<std::string>& env = {}) {
-    daemon_ = Proc::start({ZEROD_CLI, "serve", "--nproc", "2", "--job", job, "--socket", socket_}, {},
-                          dir_ + "/daemon.log");
+             const std::vector<std::string>& env = {},
+             const std::vector<std::string>& daemon_args = {"--nproc", "2", "--job"}) {
+    std::vector<std::string> serve = {ZEROD_CLI, "serve"};
+    serve.insert(serve.end(), daemon_args.begin(), daemon_args.end());
+    if (daemon_args.back() == "--job") serve.push_back(job);
+    serve.insert(serve.end(), {"--socket", socket_});
+    daemon_ = Proc::start(serve, {}, dir_ + "/daemon.log");
     for (int i = 0; i < 500; ++i) {
       struct stat st{};
       if (stat(socket_.c_str(), &st) == 0) break;
@@ -261,6 +266,69 @@ TEST_F(Ring, TwoRanksAndTheDaemonOnTwoCpus) {
     ASSERT_TRUE(std::regex_search(out, m, std::regex("20000 pairs, wall ([0-9.]+) ms"))) << out;
     EXPECT_LT(std::stod(m[1]), 20000.0) << out;
   }
+}
+
+// A wait that timed out (zd_connect_options.timeout_ms) leaves the call
+// running in the daemon, whose answer comes later. Rank 0 gives up on its
+// finalize after 1 s; rank 1 arrives 3 s in and the daemon answers rank 0's
+// finalize then. Rank 0's later calls must each fail at once, naming the
+// call that timed out and saying to connect again, and none may take the
+// late answer for its own (on the ring it did: forward_begin returned ZD_OK
+// in no time, without reaching the daemon).
+void expect_out_of_step(const std::string& out) {
+  EXPECT_TRUE(std::regex_search(out, std::regex("rank 0: zd_model_finalize: ZD_ERR_TIMEOUT in [0-9.]+ s: "
+                                                "zd_model_finalize: no reply from the zerod daemon within 1000 ms")))
+      << out;
+  for (const char* call : {"zd_forward_begin", "zd_model_memory"}) {
+    std::smatch m;
+    const std::regex re(std::string("rank 0: ") + call + ": ([A-Z_]+) in ([0-9.]+) s: (.*)");
+    ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+    EXPECT_EQ(m[1].str(), "ZD_ERR_TIMEOUT") << out;
+    EXPECT_LT(std::stod(m[2].str()), 0.5) << call << " waited: " << out;
+    const std::string msg = m[3].str();
+    EXPECT_NE(msg.find(std::string(call) + ": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("zd_model_finalize"), std::string::npos) << "the message does not name the call: " << msg;
+    EXPECT_NE(msg.find("connect again"), std::string::npos) << "the message does not say what to do: " << msg;
+  }
+}
+
+TEST_F(Ring, ATimedOutCallLeavesTheConnectionRefusingLaterCalls) {
+  start(ZEROD_WAIT_JOB, "timeout");
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
+  expect_out_of_step(rank0_.output());
+}
+
+// The same with every model call as a socket frame (ZEROD_NO_RING=1): the
+// late answer would be read as the next call's, or its arena frame would.
+TEST_F(Ring, ATimedOutCallLeavesTheSocketCarrierRefusingLaterCalls) {
+  start(ZEROD_WAIT_JOB, "timeout", "", {"ZEROD_NO_RING=1"});
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
+  expect_out_of_step(rank0_.output());
+}
+
+// A rank's connection ends: the daemon lets go of the memory the rank
+// shared with it (the staging memfd, as large as its largest tensor, and the
+// call ring) at once, not when the next connection comes (a long-running
+// `zerod serve --jobs` may see none for hours).
+TEST_F(Ring, AFinishedRanksSharedMemoryIsReleasedAtOnce) {
+  start(ZEROD_WAIT_JOB, "resume", "", {"ZEROD_JOB_KEY=release-test"}, {"--jobs"});
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
+  ASSERT_NE(rank0_.output().find("rank 0: checksum"), std::string::npos) << rank0_.output();
+  const std::string maps = "/proc/" + std::to_string(daemon_.pid) + "/maps";
+  const auto held = [&] {
+    std::ifstream f(maps);
+    std::string line, out;
+    while (std::getline(f, line))
+      if (line.find("memfd:zerod-staging") != std::string::npos || line.find("memfd:zerod-ring") != std::string::npos)
+        out += line + "\n";
+    return out;
+  };
+  const auto end = Clock::now() + std::chrono::seconds(3);
+  while (!held().empty() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(held(), "") << "the daemon still maps the finished ranks' shared memory 3 s after they exited";
 }
 
 }  // namespace

@@ -106,6 +106,32 @@ TEST(Ring, AWaitTimesOutEndsWhenThePeerIsGoneAndWhenAborted) {
   stopper.join();
 }
 
+// A request whose wait timed out is still the daemon's to answer: the
+// client's next wait must be for the next request's reply, not end at once
+// because the reply word moved from where it was (the late reply of the
+// one before, or no reply at all yet, would be read as the answer).
+TEST(Ring, AWaitIsForTheReplyToTheLastRequestOnly) {
+  Pair p;
+  RingWait w = quick(0us);
+  std::memcpy(p.client.request_slot().data(), "1", 1);
+  p.client.post_request();
+  w.deadline = std::chrono::steady_clock::now() + 20ms;
+  ASSERT_EQ(p.client.wait_reply(w), RingWaitEnd::timeout);
+  // The daemon takes request 1 and is still running it when request 2 comes.
+  ASSERT_EQ(p.daemon.wait_request(quick()), RingWaitEnd::ready);
+  p.client.post_request();
+  w.deadline = std::chrono::steady_clock::now() + 20ms;
+  EXPECT_EQ(p.client.wait_reply(w), RingWaitEnd::timeout) << "no reply was posted, yet the wait ended";
+  // Request 1's late reply is not request 2's.
+  p.daemon.post_reply();
+  w.deadline = std::chrono::steady_clock::now() + 20ms;
+  EXPECT_EQ(p.client.wait_reply(w), RingWaitEnd::timeout) << "the reply to request 1 ended the wait for request 2";
+  ASSERT_EQ(p.daemon.wait_request(quick()), RingWaitEnd::ready);
+  p.daemon.post_reply();
+  w.deadline = std::chrono::steady_clock::now() + 1s;
+  EXPECT_EQ(p.client.wait_reply(w), RingWaitEnd::ready);
+}
+
 TEST(Ring, TheDaemonRefusesUnsealedShortAndLyingRings) {
   // Not sealed against resizing: the client could shrink it under the daemon.
   UniqueFd plain(memfd_create("plain", MFD_CLOEXEC | MFD_ALLOW_SEALING));

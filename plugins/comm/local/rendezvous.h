@@ -31,8 +31,9 @@
 // rendezvous is then broken: every later call on any rank (including a late
 // rank arriving at the failed collective) fails at once with the same
 // status; its message names the call and quotes the failure. An abort's
-// reason is given verbatim and replaces an earlier failure. There is no
-// recovery: the engine treats a failed collective as fatal for the job. A
+// reason is given verbatim; the first failure stays (a later abort or fail
+// is ignored), since it is the cause and the later ones are the other ranks
+// going down because of it. There is no recovery: the engine treats a failed collective as fatal for the job. A
 // started collective's outcome is the Body's.
 //
 // Thread-safety: run() for different ranks from different threads; one
@@ -119,7 +120,8 @@ class Rendezvous {
   // broken.
   void fail(zd_status status, const char* message) noexcept;
   // Makes every collective not yet started, and every later one, fail with
-  // status and reason (verbatim, replacing an earlier failure).
+  // status and reason (verbatim). A no-op when already broken: the first
+  // failure is kept as the cause.
   void abort(zd_status status, const char* reason) noexcept;
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   // The failure's status (ZD_OK when not failed) and its message.

@@ -118,15 +118,25 @@ Link::~Link() {
   keep_until_exit(notices_);
 }
 
+// A post MPI refuses (the communicator runs with MPI_ERRORS_RETURN) leaves
+// no request to wait for: its piece would never move, and a wait that
+// skipped it would report the transfer done, or run into its deadline as if
+// a peer were late. The first refusal is kept, the rest of that transfer is
+// not posted, and every later wait() fails with MPI's message.
 void Link::post_send(int node, const void* data, uint64_t bytes, int tag, bool cut) {
   const auto* p = static_cast<const char*>(data);
   const uint64_t piece = cut ? piece_ : bytes;
   for (uint64_t off = 0; off < bytes; off += piece) {
     const int n = static_cast<int>(std::min(piece, bytes - off));
     Posted x{MPI_REQUEST_NULL, node, false, next_id_++};
+    int rc;
     {
       Lock l;
-      MPI_Isend(p + off, n, MPI_BYTE, node, tag, comm_, &x.request);
+      rc = MPI_Isend(p + off, n, MPI_BYTE, node, tag, comm_, &x.request);
+    }
+    if (rc != MPI_SUCCESS) {
+      refused("MPI_Isend", node, rc);
+      return;
     }
     posted_.push_back(x);
   }
@@ -139,12 +149,22 @@ void Link::post_recv(int node, void* data, uint64_t bytes, int tag, bool cut) {
   for (uint64_t off = 0; off < bytes; off += piece) {
     const int n = static_cast<int>(std::min(piece, bytes - off));
     Posted x{MPI_REQUEST_NULL, node, true, next_id_++};
+    int rc;
     {
       Lock l;
-      MPI_Irecv(p + off, n, MPI_BYTE, node, tag, comm_, &x.request);
+      rc = MPI_Irecv(p + off, n, MPI_BYTE, node, tag, comm_, &x.request);
+    }
+    if (rc != MPI_SUCCESS) {
+      refused("MPI_Irecv", node, rc);
+      return;
     }
     posted_.push_back(x);
   }
+}
+
+void Link::refused(const char* call, int node, int rc) {
+  if (!post_error_.empty()) return;
+  post_error_ = "with node " + std::to_string(node) + ": " + call + " failed: " + error_text(rc);
 }
 
 // Polls flat out for spin_ after the last progress, then yields the core
@@ -165,6 +185,10 @@ void Link::relax(Clock::time_point last_progress) const {
 
 Link::Outcome Link::wait(Clock::time_point deadline, Clock::duration idle, Watch& watch, std::string* error,
                          uint64_t until) {
+  if (!post_error_.empty()) {
+    if (error != nullptr) *error = post_error_;
+    return Outcome::error;
+  }
   Clock::time_point last = Clock::now();
   std::vector<MPI_Status> statuses;
   // posted_ is in id order and only loses completed requests.

@@ -56,6 +56,8 @@ class Link {
   // (both sides cut alike); 0 bytes posts nothing. Whole (cut = false): one
   // message, and a receive may be larger than what is sent (headers, whose
   // eager payload varies).
+  // A post MPI refuses is not retried: every later wait() fails with its
+  // error (link.cpp says why).
   void post_send(int node, const void* data, uint64_t bytes, int tag, bool cut = true);
   void post_recv(int node, void* data, uint64_t bytes, int tag, bool cut = true);
 
@@ -76,7 +78,8 @@ class Link {
   // Waits until every request posted before `until` (a mark(); by default
   // all) has completed; later ones keep going. It expires at `deadline`
   // (time_point::max(): none) or when no request has completed for `idle`
-  // (zero: no limit). On error, *error names the node and MPI's message.
+  // (zero: no limit). On error, *error names the node and MPI's message;
+  // after a refused post, every wait is an error.
   Outcome wait(Clock::time_point deadline, Clock::duration idle, Watch& watch, std::string* error,
                uint64_t until = UINT64_MAX);
   // The nodes that still have requests posted (receives only, or all), in
@@ -112,6 +115,7 @@ class Link {
   };
 
   void relax(Clock::time_point last_progress) const;
+  void refused(const char* call, int node, int rc);
 
   MPI_Comm comm_;
   const int nodes_;
@@ -123,6 +127,7 @@ class Link {
   std::vector<int> indices_;
   std::atomic<uint64_t> bytes_{0};
   bool left_ = false;
+  std::string post_error_;  // the first post MPI refused, for every later wait
 
   // The notices' buffers: kept until the process exits (a notice may
   // arrive, or leave, after this Link is gone).
