@@ -338,6 +338,15 @@ void Translator::precision(const Struct& root) {
     for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "min_loss_scale"})
       if (auto v = number(*fp16, k, std::string("fp16.") + k))
         number_setting(2, k, *v, std::string("fp16.") + k, "fp16." + std::string(k));
+    // DeepSpeed doubles the scale an update later than torch's GradScaler
+    // (zerod's default). zerod's own key picks the GradScaler's rule, for
+    // configs zerod's integrations make from a GradScaler (zerod/_amp.py).
+    const auto rule = string(*fp16, "zerod_window_rule", "fp16.zerod_window_rule");
+    if (rule && *rule != "torch" && *rule != "deepspeed")
+      issue("fp16.zerod_window_rule", "\"" + *rule + "\" is neither \"torch\" nor \"deepspeed\"");
+    else if (!rule || *rule == "deepspeed")
+      emit(2, "window_rule = \"deepspeed\",  -- DeepSpeed's DynamicLossScaler doubles an update later than torch's",
+           "fp16.enabled");
     const auto hysteresis = number(*fp16, "hysteresis", "fp16.hysteresis");
     const auto consecutive = boolean(*fp16, "consecutive_hysteresis", "fp16.consecutive_hysteresis");
     if (stage_ == 0) {

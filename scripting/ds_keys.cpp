@@ -94,6 +94,8 @@ std::vector<DsKey> make_keys() {
        "scale at every overflow), so the translation writes 1"},
       {"fp16.consecutive_hysteresis", T, "", "`fp16.consecutive_hysteresis` (stages 1-3, as hysteresis)"},
       {"fp16.min_loss_scale", T, "", "`fp16.min_loss_scale`"},
+      {"fp16.zerod_window_rule", T, "",
+       "zerod's own key: `fp16.window_rule` (default \"deepspeed\"; \"torch\" for a GradScaler's schedule)"},
       {"fp16.auto_cast", D, "false", "zerod does not cast the model's inputs: cast them, or the model, in the trainer"},
       {"fp16.fp16_master_weights_and_grads", D, "false", "zerod always keeps an fp32 master copy"},
       {"bf16.enabled", T, "", "`precision = \"bf16\"`"},

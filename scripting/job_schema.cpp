@@ -56,7 +56,11 @@ std::vector<KeySpec> make_schema() {
        "0 = dynamic scaling; > 0 = this fixed scale."},
       {"fp16.initial_scale_power", T::kInteger, 16, "", ints(0, 64), {}, "The dynamic scale starts at 2^power."},
       {"fp16.loss_scale_window", T::kInteger, 1000, "", ints(1, 0x1p40), {},
-       "Clean steps since the last overflow before the scale doubles."},
+       "Clean steps since the last overflow before the scale doubles (`window_rule` says on which update)."},
+      {"fp16.window_rule", T::kChoice, 0, "torch", {}, {"torch", "deepspeed"},
+       "When the dynamic scale doubles: `torch` on the window-th clean update since the last overflow (torch's "
+       "GradScaler, `growth_interval`); `deepspeed` on the update after that, as DeepSpeed's DynamicLossScaler "
+       "counts (never on a job's first update). A DeepSpeed config gets `deepspeed`."},
       {"fp16.hysteresis", T::kInteger, 2, "", ints(1, 1 << 20), {},
        "Overflows tolerated before the scale halves."},
       {"fp16.consecutive_hysteresis", T::kBoolean, 0, "", {}, {},

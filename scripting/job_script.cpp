@@ -126,6 +126,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.loss_scale.static_scale = r.number(job_key("fp16.loss_scale"));
     c.loss_scale.initial_scale_power = static_cast<int>(r.integer(job_key("fp16.initial_scale_power")));
     c.loss_scale.window = r.integer(job_key("fp16.loss_scale_window"));
+    c.loss_scale.deepspeed_window = r.choice(job_key("fp16.window_rule")) == "deepspeed";
     c.loss_scale.hysteresis = static_cast<int>(r.integer(job_key("fp16.hysteresis")));
     c.loss_scale.consecutive_hysteresis = r.boolean(job_key("fp16.consecutive_hysteresis"));
     c.loss_scale.min_scale = r.number(job_key("fp16.min_loss_scale"));

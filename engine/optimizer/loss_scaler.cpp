@@ -24,7 +24,11 @@ void LossScaler::update(bool overflow) {
     last_overflow_iter_ = iter_;
   } else {
     if (cfg_.consecutive_hysteresis) hysteresis_left_ = cfg_.hysteresis;
-    if ((iter_ - last_overflow_iter_) % cfg_.window == 0) {
+    // Clean updates since the last overflow, this one included (>= 1);
+    // DeepSpeed counts one fewer, so it doubles an update later and never
+    // on a job's first update.
+    const int64_t clean = iter_ - last_overflow_iter_ - (cfg_.deepspeed_window ? 1 : 0);
+    if (clean > 0 && clean % cfg_.window == 0) {
       if (!cfg_.consecutive_hysteresis) hysteresis_left_ = cfg_.hysteresis;
       scale_ *= 2.0;
     }

@@ -13,6 +13,10 @@ struct LossScaleConfig {
   double static_scale = 0.0;       // > 0: a fixed scale (no dynamic updates)
   int initial_scale_power = 16;    // dynamic: starts at 2^power
   int64_t window = 1000;           // clean steps before the scale doubles
+  // false: on the window-th clean update since the last overflow (torch's
+  // GradScaler); true: on the update after it (DeepSpeed's
+  // DynamicLossScaler: its `stable_interval` leaves out the update itself).
+  bool deepspeed_window = false;
   int hysteresis = 2;              // overflows tolerated before the scale halves
   bool consecutive_hysteresis = false;  // refill hysteresis after every clean step
   double min_scale = 1.0;

@@ -88,6 +88,28 @@ TEST(LossScaler, NoOverflowDoublesEveryWindow) {
   EXPECT_EQ(seen, (std::vector<double>{256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096, 8192}));
 }
 
+// DeepSpeed's DynamicLossScaler (0.19, update_scale) counts the stable
+// interval without the update itself: it doubles an update later than
+// torch's GradScaler, and never on the first update. Its sequence for
+// window 2, scale 2^8, an overflow at the 5th update, hysteresis 1.
+TEST(LossScaler, TheDeepSpeedRuleDoublesAnUpdateLater) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 8;
+  c.window = 2;
+  c.hysteresis = 1;
+  c.deepspeed_window = true;
+  LossScaler s(c);
+  std::vector<double> seen;
+  for (int i = 0; i < 10; ++i) {
+    s.update(i == 4);
+    seen.push_back(s.scale());
+  }
+  // iter 0: stable 0; 1: 1; 2: 2 -> x2; 3: 3; 4: overflow -> /2; 5: 0; 6: 1;
+  // 7: 2 -> x2; 8: 3; 9: 4 -> x2.
+  EXPECT_EQ(seen, (std::vector<double>{256, 256, 512, 512, 256, 256, 256, 512, 512, 1024}));
+}
+
 TEST(LossScaler, EveryOverflowHalvesDownToTheMinimum) {
   LossScaleConfig c;
   c.enabled = true;

@@ -381,3 +381,31 @@ def test_script_helpers():
         assert engine.zero_optimization_stage() == 1
     finally:
         engine.close()
+
+
+def test_the_fp16_loss_scale_follows_deepspeeds_dynamic_loss_scaler():
+    """A DeepSpeed config's dynamic loss scale changes on the updates
+    DeepSpeed's own DynamicLossScaler changes it (0.19: its stable interval
+    leaves out the update itself, so it doubles an update later than torch's
+    GradScaler, which zerod followed for DeepSpeed configs too): the class
+    fed the same overflows gives the same scale after every step."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    import zerod.deepspeed
+    cfg = {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True, "initial_scale_power": 4,
+                                                          "loss_scale_window": 2, "hysteresis": 1},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}}
+    engine, _, _, _ = zerod.deepspeed.initialize(model=make(), config=cfg)
+    theirs = DynamicLossScaler(init_scale=16.0, scale_window=2, min_scale=1.0, delayed_shift=1,
+                               consecutive_hysteresis=False, raise_error_at_min_scale=False)
+    ours, want = [], []
+    for s in range(9):
+        x, y = batch(s)
+        skipped = engine.skipped_steps
+        loss = ((engine(x.half()).float() - y) ** 2).mean()
+        engine.backward(loss)
+        engine.step()
+        theirs.update_scale(engine.skipped_steps > skipped)
+        ours.append(float(engine.cur_scale))
+        want.append(float(theirs.cur_scale))
+    assert ours == want, (ours, want)
+    assert max(ours) > 16.0, "the scale grew (else this test shows nothing)"

@@ -10,7 +10,7 @@ follows the same scale sequence as the GradScaler would:
 
     GradScaler              zerod (DeepSpeed config "fp16")
     init_scale = 2^k        initial_scale_power = k
-    growth_interval = n     loss_scale_window = n
+    growth_interval = n     loss_scale_window = n, zerod_window_rule = "torch"
     backoff_factor = 0.5    hysteresis = 1 (halve on every overflow)
     growth_factor = 2.0     (zerod's factor is always 2)
 
@@ -56,8 +56,11 @@ def fp16_section(who, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.
                                    f"{backoff_factor:g}; zerod's scale doubles and halves (2.0 and 0.5)")
     if growth_interval < 1:
         raise InvalidArgumentError(f"{who}: GradScaler growth_interval={growth_interval} must be at least 1")
+    # zerod_window_rule: the GradScaler doubles on the growth_interval-th
+    # clean step; DeepSpeed's scaler, which the section otherwise means, an
+    # update later.
     return {"enabled": True, "initial_scale_power": int(power), "loss_scale_window": int(growth_interval),
-            "hysteresis": 1}
+            "hysteresis": 1, "zerod_window_rule": "torch"}
 
 
 def fill_fp16(cfg, section):
