@@ -48,7 +48,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 5
+#define ZD_ABI_VERSION_MINOR 6
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */
@@ -132,7 +132,10 @@ typedef struct zd_connect_options {
    * "same as the library". A newer major than the library's is refused. */
   uint32_t abi_version;
   /* Milliseconds any wait on another rank or the daemon may take before it
-   * fails with ZD_ERR_TIMEOUT; 0 = the job script's value. */
+   * fails with ZD_ERR_TIMEOUT; 0 = the job script's value. With a daemon,
+   * a call that times out may still be running there: that connection
+   * then takes no more calls (each fails with ZD_ERR_TIMEOUT naming it);
+   * destroy its models, zd_disconnect and connect again. */
   uint32_t timeout_ms;
   uint32_t reserved;
 } zd_connect_options;

@@ -22,8 +22,8 @@ using Libdl
 # ---- Constants (each is an `int` in C) ----
 
 const ZD_ABI_VERSION_MAJOR     = Int32(1)
-const ZD_ABI_VERSION_MINOR     = Int32(5)
-const ZD_ABI_VERSION           = Int32(65541)
+const ZD_ABI_VERSION_MINOR     = Int32(6)
+const ZD_ABI_VERSION           = Int32(65542)
 const ZD_MAX_DIMS              = Int32(8)
 const ZD_MAX_STATE_SLOTS       = Int32(4)
 const ZD_OK                    = Int32(0)

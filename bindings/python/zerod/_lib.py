@@ -14,7 +14,7 @@ from . import _structs as S
 
 # The ABI this package mirrors (zerod.h's ZD_ABI_VERSION_MAJOR / _MINOR).
 ABI_MAJOR = 1
-ABI_MINOR = 5
+ABI_MINOR = 6
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

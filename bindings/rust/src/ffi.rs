@@ -17,7 +17,7 @@ use std::ptr;
 // Versions ---------------------------------------------------------------
 
 pub const ZD_ABI_VERSION_MAJOR: u32 = 1;
-pub const ZD_ABI_VERSION_MINOR: u32 = 5;
+pub const ZD_ABI_VERSION_MINOR: u32 = 6;
 pub const ZD_ABI_VERSION: u32 = (ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR;
 
 // Status codes -----------------------------------------------------------
