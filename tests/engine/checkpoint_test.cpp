@@ -336,6 +336,22 @@ TEST(CheckpointDamage, IsNamedAndLosesNothing) {
   }
 }
 
+// What `call(rank)` threw on each of `world` ranks, each a ZD_ERR_IO (a
+// rank that did not throw fails the test).
+std::vector<std::string> io_errors_of_every_rank(int world, const std::function<void(int rank)>& call) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  run_ranks(world, [&](int rank) {
+    try {
+      call(rank);
+      ADD_FAILURE() << "rank " << rank << " did not fail";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  return errors;
+}
+
 // The shard files in a directory, sorted.
 std::vector<std::string> shard_files(const std::string& dir) {
   std::vector<std::string> names;
@@ -370,16 +386,9 @@ TEST(CheckpointSave, ASaveOverAWholeCheckpointKeepsItUntilTheNewOneIsWhole) {
   const Saved second = whole(*a, 2);
   // Rank 1's shard cannot be written (a directory holds its name).
   fs::create_directory(dir.path + "/rank-00001-of-00002.zdshard");
-  std::vector<std::string> errors(2);
-  run_ranks(2, [&](int rank) {
+  const std::vector<std::string> errors = io_errors_of_every_rank(2, [&](int rank) {
     train(*a, rank, all, 3, 4);
-    try {
-      a->save_checkpoint(rank, dir.path);
-      ADD_FAILURE() << "rank " << rank << " saved";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
-      errors[static_cast<size_t>(rank)] = e.what();
-    }
+    a->save_checkpoint(rank, dir.path);
   });
   EXPECT_NE(errors[0].find("rank 1 could not write its shard"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank-00001-of-00002.zdshard"), std::string::npos) << errors[1];
@@ -428,16 +437,8 @@ TEST(CheckpointDamage, ARankThatCannotReadItsPartChangesNoRank) {
   auto ref = make_model(job(3), 2);
   train_both(*b, 0, 1);
   train_both(*ref, 0, 1);
-  std::vector<std::string> errors(2);
-  run_ranks(2, [&](int rank) {
-    try {
-      b->load_checkpoint(rank, dir.path);
-      ADD_FAILURE() << "rank " << rank << " loaded";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
-      errors[static_cast<size_t>(rank)] = e.what();
-    }
-  });
+  const std::vector<std::string> errors =
+      io_errors_of_every_rank(2, [&](int rank) { b->load_checkpoint(rank, dir.path); });
   EXPECT_NE(errors[0].find("rank 1 cannot read"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("fails its checksum"), std::string::npos) << errors[1];
   run_ranks(2, [&](int rank) {

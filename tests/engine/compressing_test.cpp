@@ -515,9 +515,10 @@ std::vector<zd_param_id> register_tensors(Model& model, int rank) {
   return ids;
 }
 
-// `steps` steps of grad_value's gradients, module 1's backward before module 0's.
-void train_steps(Model& model, int rank, const std::vector<zd_param_id>& ids, int steps) {
-  for (int s = 0; s < steps; ++s) {
+// Updates from + 1 .. to of grad_value's gradients (step s's for update
+// s + 1), module 1's backward before module 0's.
+void updates(Model& model, int rank, const std::vector<zd_param_id>& ids, int from, int to) {
+  for (int s = from; s < to; ++s) {
     for (zd_module_id m : {1, 0}) {
       model.backward_begin(rank, m);
       for (size_t k = 0; k < kSizes.size(); ++k) {
@@ -529,6 +530,11 @@ void train_steps(Model& model, int rank, const std::vector<zd_param_id>& ids, in
     }
     model.step(rank);
   }
+}
+
+// The first `steps` updates.
+void train_steps(Model& model, int rank, const std::vector<zd_param_id>& ids, int steps) {
+  updates(model, rank, ids, 0, steps);
 }
 
 TEST(CompressingPlan, TheReplicasOfReplayAreWhatThePlanCounts) {
@@ -650,21 +656,6 @@ std::vector<zd_param_id> register_problem(Model& model, int rank) {
   return ids;
 }
 
-// Updates from + 1 .. to, with the gradients train() gives them.
-void updates(Model& model, int rank, const std::vector<zd_param_id>& ids, int from, int to) {
-  for (int s = from; s < to; ++s) {
-    for (zd_module_id m : {1, 0}) {
-      model.backward_begin(rank, m);
-      for (size_t k = 0; k < kSizes.size(); ++k) {
-        if (model.registry().param(ids[k]).module != m) continue;
-        auto* g = static_cast<float*>(model.grad_view(rank, ids[k]).data);
-        for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
-      }
-      model.backward_end(rank, m);
-    }
-    model.step(rank);
-  }
-}
 
 ref::Weights weights(Model& model, int rank, const std::vector<zd_param_id>& ids) {
   ref::Weights out(kSizes.size());
