@@ -161,7 +161,7 @@ def test_fp16_overflow_and_grad_scaler_kwargs_as_accelerate():
                                                                           **kwargs),
                                                  blow_up_at=9, scales=our_scales)
     assert acc.zerod_engine.config["fp16"] == {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2,
-                                               "hysteresis": 1}
+                                               "hysteresis": 1, "zerod_window_rule": "torch"}
     assert our_scales == theirs_scales
     assert our_scales[7] == 2 * our_scales[9] and max(our_scales) > 1024  # halved by the overflow, grown before
     assert our_lrs == their_lrs and our_lrs[7] == our_lrs[9]  # the skipped window did not step the schedule

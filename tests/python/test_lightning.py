@@ -209,7 +209,8 @@ def test_16_mixed_overflow_and_grad_scaler_settings_as_ddp(tmp_path):
     ours, trainer, _ = fit("zerod_stage_3_offload", tmp_path / "zerod", Overflowing(scheduler=None), None,
                            plugins=[plugin()], callbacks=[our_scales])
     assert trainer.strategy.engine_config["fp16"] == {"enabled": True, "initial_scale_power": 10,
-                                                      "loss_scale_window": 3, "hysteresis": 1}
+                                                      "loss_scale_window": 3, "hysteresis": 1,
+                                                      "zerod_window_rule": "torch"}
     assert our_scales.skipped == [i == 5 for i in range(len(ours))]
     assert our_scales.scales == theirs_scales.scales
     assert our_scales.scales[4] == 2 * our_scales.scales[5]  # halved by the overflow
