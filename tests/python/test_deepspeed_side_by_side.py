@@ -383,14 +383,16 @@ def test_script_helpers():
         engine.close()
 
 
-def test_the_fp16_loss_scale_follows_deepspeeds_dynamic_loss_scaler():
+def test_the_fp16_loss_scale_follows_deepspeeds_dynamic_loss_scaler(monkeypatch):
     """A DeepSpeed config's dynamic loss scale changes on the updates
     DeepSpeed's own DynamicLossScaler changes it (0.19: its stable interval
     leaves out the update itself, so it doubles an update later than torch's
     GradScaler, which zerod followed for DeepSpeed configs too): the class
     fed the same overflows gives the same scale after every step."""
+    from deepspeed.runtime.fp16 import loss_scaler
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
     import zerod.deepspeed
+    monkeypatch.setattr(loss_scaler.dist, "get_rank", lambda *a, **k: 0)  # its overflow message asks (no group here)
     cfg = {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True, "initial_scale_power": 4,
                                                           "loss_scale_window": 2, "hysteresis": 1},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}}
@@ -400,6 +402,8 @@ def test_the_fp16_loss_scale_follows_deepspeeds_dynamic_loss_scaler():
     ours, want = [], []
     for s in range(9):
         x, y = batch(s)
+        if s == 5:
+            x[0, 0] = float("inf")  # an overflow: the step is skipped and the scale halved
         skipped = engine.skipped_steps
         loss = ((engine(x.half()).float() - y) ** 2).mean()
         engine.backward(loss)
@@ -407,5 +411,26 @@ def test_the_fp16_loss_scale_follows_deepspeeds_dynamic_loss_scaler():
         theirs.update_scale(engine.skipped_steps > skipped)
         ours.append(float(engine.cur_scale))
         want.append(float(theirs.cur_scale))
+        # DeepSpeed counts a skipped step in global_steps and global_samples
+        # (not in the lr schedule's position).
+        assert (engine.global_steps, engine.global_samples) == (s + 1, 8 * (s + 1))
     assert ours == want, (ours, want)
+    assert engine.skipped_steps == 1 and engine.applied_steps == 8
     assert max(ours) > 16.0, "the scale grew (else this test shows nothing)"
+
+
+def test_backward_returns_the_loss_as_deepspeed_scales_it():
+    """DeepSpeed's backward returns the loss divided by the accumulation
+    steps (scale_wrt_gas=True), as it is scaled for the window; as given
+    with scale_wrt_gas=False."""
+    import zerod.deepspeed
+    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    engine, _, _, _ = zerod.deepspeed.initialize(model=make(), config=cfg)
+    x, y = batch(0)
+    loss = ((engine(x) - y) ** 2).mean()
+    assert torch.equal(engine.backward(loss), loss / 2)
+    engine.step()
+    loss = ((engine(x) - y) ** 2).mean()
+    assert torch.equal(engine.backward(loss, scale_wrt_gas=False), loss)
+    engine.step()

@@ -236,7 +236,8 @@ class DeepSpeedEngine(_zt.Engine):
         gradients: zerod's average of GAS times each loss is that sum."""
         gas = 1 if scale_wrt_gas else self.gradient_accumulation_steps()
         super().backward(loss * gas if gas != 1 else loss, retain_graph=retain_graph)
-        return loss
+        # DeepSpeed returns the loss as it scaled it for the window.
+        return loss / self.gradient_accumulation_steps() if scale_wrt_gas else loss
 
     def parameters(self, recurse=True):
         """The module's (DeepSpeed's engine is the module's nn.Module wrapper).
@@ -271,6 +272,18 @@ class DeepSpeedEngine(_zt.Engine):
         return int(z.get("stage", 0)) if isinstance(z, dict) else 0
 
     @property
+    def global_steps(self):
+        """DeepSpeed's: optimizer steps taken, an fp16 step skipped for an
+        overflow included (DeepSpeed counts it; the lr schedule and the
+        optimizer's own count do not: applied_steps)."""
+        return self.applied_steps + getattr(self, "skipped_steps", 0)  # (0 while the base class sets up)
+
+    @property
+    def applied_steps(self):
+        """Updates applied (what the lr schedule and bias correction follow)."""
+        return super().global_steps
+
+    @property
     def global_samples(self):
         return self.global_steps * self.train_batch_size()
 
@@ -293,7 +306,7 @@ class DeepSpeedEngine(_zt.Engine):
     def get_lr(self):
         """[lr]: the lr of the next update, as DeepSpeed's (its scheduler has
         stepped past the update just applied)."""
-        return [self._lr_of(self.global_steps)]
+        return [self._lr_of(self.applied_steps)]
 
     def get_global_grad_norm(self):
         return self.last_step.grad_norm if self.last_step else None
@@ -354,8 +367,8 @@ class DeepSpeedEngine(_zt.Engine):
             self.last_step = None
             self._resumed_step = keep["step"]
         own = state.pop("zerod_deepspeed", {}) if isinstance(state, dict) else {}
-        self._micro_steps = own.get("micro_steps", self.global_steps * self.gradient_accumulation_steps())
         self.skipped_steps = own.get("skipped_steps", 0)
+        self._micro_steps = own.get("micro_steps", self.global_steps * self.gradient_accumulation_steps())
         return path, state
 
 
@@ -412,7 +425,7 @@ class _Scheduler:
         return self._engine.get_lr()
 
     def state_dict(self):
-        return {"last_batch_iteration": self._engine.global_steps - 1}
+        return {"last_batch_iteration": self._engine.applied_steps - 1}
 
     def load_state_dict(self, sd):
         """The schedule's position is the optimizer's step (load_checkpoint)."""
