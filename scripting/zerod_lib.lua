@@ -98,14 +98,13 @@ end
 function zerod.warmup_decay(args)
   local a = check("warmup_decay", args, {warmup_steps = {"count"}, total_steps = {"count"},
     max_lr = {"number"}, min_lr = {"number", 0.0}, warmup_type = {warmup_types, "linear"}})
-  if a.total_steps <= a.warmup_steps then
-    error("zerod.warmup_decay: total_steps must be greater than warmup_steps", 2)
-  end
+  -- total_steps <= warmup_steps is allowed, as DeepSpeed's WarmupDecayLR
+  -- allows it (with a warning): after the warm-up the lr is min_lr.
   return remember("warmup_decay", a, function(t)
     if t < a.warmup_steps then
       return a.min_lr + (a.max_lr - a.min_lr) * warmup_gamma(t, a.warmup_steps, a.warmup_type)
     end
-    local left = math.max(0, a.total_steps - t) / (a.total_steps - a.warmup_steps)
+    local left = math.max(0, a.total_steps - t) / math.max(1, a.total_steps - a.warmup_steps)
     return a.min_lr + (a.max_lr - a.min_lr) * left
   end)
 end

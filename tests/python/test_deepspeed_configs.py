@@ -567,6 +567,31 @@ def test_one_cycle_stairs_are_deepspeeds(i, tmp_path):
     assert [twin(t) for t in range(LR_STEPS)] == theirs
 
 
+@pytest.mark.parametrize("warmup,total", [(1, 2), (5, 3), (4, 10)])
+def test_warmup_decay_with_a_short_total_is_deepspeeds(warmup, total, tmp_path):
+    """WarmupDecayLR with total_num_steps at or below the warm-up (which
+    DeepSpeed raises to at least 2): DeepSpeed warns and holds the minimum
+    after the warm-up; zerod refused the config. Every update's lr equal to
+    the bit, through `zerod check` and get_lr()'s twin."""
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+    params = {"warmup_min_lr": 1e-4, "warmup_max_lr": 1e-2, "warmup_num_steps": warmup,
+              "total_num_steps": total, "warmup_type": "linear"}
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    sched = WarmupDecayLR(opt, **params)
+    theirs = [opt.param_groups[0]["lr"]]
+    for _ in range(11):
+        sched.step()
+        theirs.append(opt.param_groups[0]["lr"])
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.5}},
+           "scheduler": {"type": "WarmupDecayLR", "params": params}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    zd = zerod_check(str(tmp_path / "c.json"), lr_steps=12)
+    assert zd["verdict"] == "accept", zd["error"]
+    assert zd["lr"] == theirs, f"zerod's job:\n{zd['lr']}\nDeepSpeed's WarmupDecayLR:\n{theirs}"
+    twin = _dsconfig.lr_schedule(cfg)
+    assert [twin(t) for t in range(12)] == theirs
+
+
 @pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW"])
 def test_an_optimizer_without_lr_runs_at_deepspeeds_default(kind, tmp_path):
     """DeepSpeed hands the section's params to the optimizer it builds

@@ -347,7 +347,7 @@ def lr_schedule(cfg):
         def f(t):
             if kind == "WarmupLR" or t < w:
                 return lo + (hi - lo) * gamma(t, w, wt)
-            return lo + (hi - lo) * (max(0, total - t) / (total - w))
+            return lo + (hi - lo) * (max(0, total - t) / max(1, total - w))  # DeepSpeed's max(1.0, ...)
         first = lo
     elif kind == "WarmupCosineLR":
         w, wt = max(2, int(p.get("warmup_num_steps", 1000))), p.get("warmup_type", "log")
