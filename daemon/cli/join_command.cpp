@@ -117,11 +117,22 @@ launch::detail::Spawned start(const std::vector<std::string>& argv) {
   return launch::detail::spawn_process(plan, plan.env, {0, 1, 2});
 }
 
+// A stop signal (of `stops`, which are blocked) that has arrived, taken; 0
+// if none. The waits before the command starts ask it between tries: they
+// used to ignore SIGTERM and Ctrl-C for up to their whole timeout.
+int take_stop(const sigset_t& stops) {
+  const timespec now{0, 0};
+  const int sig = ::sigtimedwait(&stops, nullptr, &now);
+  return sig > 0 ? sig : 0;
+}
+
 // The first line of `path` once something has written one, or "" when
-// `server` ended or `seconds` passed first.
-std::string wait_for_line(const std::string& path, pid_t server, double seconds) {
+// `server` ended, `seconds` passed or a stop signal came first (*stopped).
+std::string wait_for_line(const std::string& path, pid_t server, double seconds, const sigset_t& stops,
+                          int* stopped) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < deadline) {
+    if ((*stopped = take_stop(stops)) != 0) return "";
     std::ifstream in(path);
     std::string line;
     if (std::getline(in, line) && !line.empty() && in) return line;
@@ -189,9 +200,11 @@ int join_command(int argc, char** argv) {
 
   if (o.node != 0) {
     std::string uri, why;
-    if (!fetch_rendezvous(o.rendezvous, o.name, o.timeout_s, &uri, &why)) {
+    int stopped = 0;
+    if (!fetch_rendezvous(o.rendezvous, o.name, o.timeout_s, &uri, &why,
+                          [&] { return (stopped = take_stop(stops)) != 0; })) {
       std::fprintf(stderr, "zerod join: node %d of %d: %s\n", o.node, o.nodes, why.c_str());
-      return 1;
+      return stopped ? 128 + stopped : 1;
     }
     if (!write_file(o.uri_file, uri)) {
       std::fprintf(stderr, "zerod join: cannot write %s: %s\n", o.uri_file.c_str(), std::strerror(errno));
@@ -212,7 +225,13 @@ int join_command(int argc, char** argv) {
                  server.error.c_str());
     return 1;
   }
-  const std::string uri = wait_for_line(o.uri_file, server.pid, 30);
+  int stopped = 0;
+  const std::string uri = wait_for_line(o.uri_file, server.pid, 30, stops, &stopped);
+  if (stopped) {
+    std::fprintf(stderr, "zerod join: stopped (signal %d) while Open MPI's name server started\n", stopped);
+    stop_process(server.pid);
+    return 128 + stopped;
+  }
   if (uri.empty()) {
     std::fprintf(stderr, "zerod join: ompi-server (pid %d) wrote no URI to %s within 30 s\n",
                  static_cast<int>(server.pid), o.uri_file.c_str());

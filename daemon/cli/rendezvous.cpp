@@ -180,11 +180,15 @@ bool serve_rendezvous(int port, const std::string& name, const std::string& valu
 }
 
 bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeout_s, std::string* value,
-                      std::string* why) {
+                      std::string* why, const std::function<bool()>& cancelled) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 120));
   std::string last = "nothing listened there";
   while (Clock::now() < deadline) {
+    if (cancelled && cancelled()) {
+      *why = "stopped while waiting for node 0's rendezvous at " + at.host + ":" + std::to_string(at.port);
+      return false;
+    }
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 
 namespace zerod::cli {
@@ -37,8 +38,9 @@ bool serve_rendezvous(int port, const std::string& name, const std::string& valu
 
 // Asks `at` for `name`'s value, connecting again every 200 ms until
 // `timeout_s` has passed (node 0 may start later). false with the reason
-// in *why: refused by the server (its words), or no answer in time.
+// in *why: refused by the server (its words), or no answer in time, or
+// `cancelled` (asked between tries) said to stop.
 bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeout_s, std::string* value,
-                      std::string* why);
+                      std::string* why, const std::function<bool()>& cancelled = {});
 
 }  // namespace zerod::cli
