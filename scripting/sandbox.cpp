@@ -4,6 +4,8 @@
 
 #include "error.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -55,6 +57,56 @@ void keep_only(lua_State* L, const char* lib, std::initializer_list<const char*>
   }
   lua_setglobal(L, lib);
   lua_pop(L, 1);
+}
+
+// Lua's pattern matching runs inside C, where the instruction budget's hook
+// never fires: s:find(".-.-.-b") over 5000 bytes backtracks for hours. A
+// pattern with k repetitions (*, +, -, outside sets and escapes) over n
+// bytes takes at most about n^(k+1) steps; beyond kPatternSteps the call is
+// refused, naming both. Job scripts match names, far below it.
+constexpr double kPatternSteps = 1e9;
+
+int repetitions(const char* p, size_t len) {
+  int k = 0;
+  for (size_t i = 0; i < len; ++i) {
+    if (p[i] == '%') {
+      ++i;  // an escaped character, or a class: not a repetition
+    } else if (p[i] == '[') {
+      // A set: '-' there is a range. Its first ']' (or '^]') is a member.
+      ++i;
+      if (i < len && p[i] == '^') ++i;
+      if (i < len && p[i] == ']') ++i;
+      for (; i < len && p[i] != ']'; ++i)
+        if (p[i] == '%') ++i;
+    } else if (p[i] == '*' || p[i] == '+' || p[i] == '-') {
+      ++k;
+    }
+  }
+  return k;
+}
+
+// string.find/match/gmatch/gsub with the bound above; the original is the
+// closure's upvalue. find with `plain` searches without a pattern.
+int bounded_pattern_call(lua_State* L) {
+  size_t n = 0, plen = 0;
+  const char* name = lua_tostring(L, lua_upvalueindex(2));
+  if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) lua_tolstring(L, 1, &n);
+  const char* pattern = (lua_type(L, 2) == LUA_TSTRING || lua_type(L, 2) == LUA_TNUMBER)
+                            ? lua_tolstring(L, 2, &plen)
+                            : nullptr;
+  const bool plain = std::strcmp(name, "find") == 0 && lua_toboolean(L, 4);
+  if (pattern && !plain) {
+    const int k = repetitions(pattern, plen);
+    if (k > 0 && std::pow(static_cast<double>(n) + 1, k + 1) > kPatternSteps)
+      return luaL_error(L, "string.%s: a pattern with %d repetitions over a %d-byte string could run for hours "
+                           "inside Lua's matcher, where the script's instruction budget cannot stop it; use fewer "
+                           "repetitions (*, +, -) or a shorter string",
+                        name, k, static_cast<int>(std::min<size_t>(n, 0x7fffffff)));
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
 }
 
 }  // namespace
@@ -125,6 +177,13 @@ void Sandbox::open_libraries() {
   lua_getglobal(L_, LUA_STRLIBNAME);
   lua_pushnil(L_);
   lua_setfield(L_, -2, "dump");
+  // The string table is also strings' metatable's __index: s:find(...) too.
+  for (const char* fn : {"find", "match", "gmatch", "gsub"}) {
+    lua_getfield(L_, -1, fn);
+    lua_pushstring(L_, fn);
+    lua_pushcclosure(L_, bounded_pattern_call, 2);
+    lua_setfield(L_, -2, fn);
+  }
   lua_pop(L_, 1);
 
   open_zerod_library(L_);

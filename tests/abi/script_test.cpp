@@ -49,6 +49,23 @@ TEST_F(ScriptTest, RunawayScriptsAreStopped) {
             std::string::npos);
 }
 
+// Lua's pattern matcher runs in C, out of the instruction budget's reach:
+// a backtracking pattern over a long string ran for hours (zerod check and
+// a daemon's session hung). Such calls are refused; everyday ones run.
+TEST_F(ScriptTest, PatternsThatCouldRunForHoursAreRefused) {
+  const std::string e = error_of("local s = string.rep('a', 5000)\nlocal i = s:find('.-.-.-b')\nreturn {}");
+  EXPECT_NE(e.find("string.find: a pattern with 3 repetitions over a 5000-byte string"), std::string::npos) << e;
+  EXPECT_NE(error_of("local s = ('a'):rep(100000)\nfor w in s:gmatch('(a*)(a*)b') do end\nreturn {}")
+                .find("string.gmatch"),
+            std::string::npos);
+  EXPECT_EQ(error_of("local a, b = ('h.0.attn.weight'):match('^(.-)%.(.-)$')\n"
+                     "assert(a == 'h' and b == '0.attn.weight')\n"
+                     "assert(('x'):rep(100000):find('.-.-.-b', 1, true) == nil)\n"  // plain: no pattern
+                     "assert(select(2, ('a-b-c'):gsub('[a-c]', 'x')) == 3)\n"
+                     "return {}"),
+            "");
+}
+
 TEST_F(ScriptTest, TheScriptMustReturnATable) {
   const std::string e = error_of("local x = 1\nreturn 42");
   EXPECT_NE(e.find("s.lua:2: a job script must return a table"), std::string::npos) << e;
