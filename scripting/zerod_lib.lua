@@ -223,6 +223,10 @@ function zerod.table(args)
   local v, n = args.values, #args.values
   for i = 1, n do
     if type(v[i]) ~= "number" then error(("zerod.table: values[%d] must be a number"):format(i), 2) end
+    -- Here, at the caller's line: found at lr(i - 1) it was blamed on this file.
+    if v[i] ~= v[i] or v[i] < 0 or v[i] == math.huge then
+      error(("zerod.table: values[%d] is %s; a learning rate is a finite number >= 0"):format(i, tostring(v[i])), 2)
+    end
   end
   local g = function(t) return v[math.min(t + 1, n)] end
   described[g] = ("zerod.table{ %d values, %s ... %s }"):format(n, tostring(v[1]), tostring(v[n]))

@@ -49,6 +49,14 @@ TEST_F(ScriptTest, RunawayScriptsAreStopped) {
             std::string::npos);
 }
 
+// A table of learning rates with a NaN is refused at the caller's line
+// (it was found only when the step came, blamed on the library's line).
+TEST_F(ScriptTest, ATableScheduleWithANanIsRefusedAtTheCallersLine) {
+  const std::string e = error_of("local lr = zerod.table{ values = { 1e-3, 0/0 } }\nreturn { lr = lr }");
+  EXPECT_NE(e.find("s.lua:1: zerod.table: values[2] is"), std::string::npos) << e;
+  EXPECT_EQ(error_of("local lr = zerod.table{ values = { 1e-3, 0 } }\nreturn { lr = lr }"), "");
+}
+
 // Lua's pattern matcher runs in C, out of the instruction budget's reach:
 // a backtracking pattern over a long string ran for hours (zerod check and
 // a daemon's session hung). Such calls are refused; everyday ones run.
