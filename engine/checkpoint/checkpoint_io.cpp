@@ -174,4 +174,14 @@ void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, con
                             "yet (step 0, or 0/1 Adam's before its var_freeze_step)");
 }
 
+double all_reduce_max(const ModelContext& ctx, RankResources& res, int rank, uint64_t group, uint64_t id,
+                      const std::string& what, double value) {
+  if (ctx.world_size == 1) return value;
+  ctx.run(*res.stream, [&] {
+    ctx.comm().all_reduce(ctx.comm_call(rank, comm_tag(CommOp::Read, group, id), what), &value, 1, ZD_COMM_F64,
+                          ZD_REDUCE_MAX);
+  });
+  return value;
+}
+
 }  // namespace zerod

@@ -65,4 +65,10 @@ ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossS
 // run that wrote it (ZD_ERR_CONFIG).
 void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir);
 
+// The largest `value` any rank gives: one double over the comm plugin, a
+// CommOp::Read collective in `group` (its `id` there); `value` with one rank.
+// How the ranks of a checkpoint or snapshot agree before they act.
+double all_reduce_max(const ModelContext& ctx, RankResources& res, int rank, uint64_t group, uint64_t id,
+                      const std::string& what, double value);
+
 }  // namespace zerod

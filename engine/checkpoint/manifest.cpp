@@ -82,6 +82,17 @@ void write_file_synced(const std::string& path, const std::string& text) {
 
 std::string unescape_name(const std::string& s, const std::string& where) { return unescape(s, where); }
 
+std::string read_extents(std::istream& line, size_t ndim, ParamEntry* p) {
+  uint64_t prod = 1;
+  for (size_t i = 0; i < ndim; ++i) {
+    int64_t d;
+    if (!(line >> d) || d <= 0) return "a bad extent";
+    p->shape.push_back(d);
+    prod *= static_cast<uint64_t>(d);
+  }
+  return prod == p->numel ? "" : "its extents do not multiply to its element count";
+}
+
 std::string shard_name(int rank, int world_size, int shard_set) {
   char b[64];
   std::snprintf(b, sizeof b, "rank-%05d-of-%05d%s.zdshard", rank, world_size, shard_set == 1 ? "-b" : "");
@@ -232,14 +243,7 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
       size_t ndim = 0;
       std::string module, name;
       if (!(f >> p.numel >> p.dtype >> ndim) || ndim < 1 || ndim > 8) bad("a bad param line");
-      uint64_t prod = 1;
-      for (size_t i = 0; i < ndim; ++i) {
-        int64_t d;
-        if (!(f >> d) || d <= 0) bad("a bad extent");
-        p.shape.push_back(d);
-        prod *= static_cast<uint64_t>(d);
-      }
-      if (prod != p.numel) bad("its extents do not multiply to its element count");
+      if (const std::string why = read_extents(f, ndim, &p); !why.empty()) bad(why);
       if (!(f >> module >> name)) bad("a param line without module and name");
       p.module = unescape(module, where());
       p.name = unescape(name, where());

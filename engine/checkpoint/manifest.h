@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,10 @@ void sync_dir(const std::string& dir);
 void write_manifest(const std::string& dir, const Manifest& m);
 // The same text in a file of another name (a node's part file), flushed to disk.
 void write_manifest_file(const std::string& path, const Manifest& m);
+// Reads `ndim` extents of a param line (a manifest's, an import
+// description's) into p->shape: "" when each is positive and they multiply
+// to p->numel, else what is wrong.
+std::string read_extents(std::istream& line, size_t ndim, ParamEntry* p);
 // The %XX escaping names use in manifests (and import descriptions).
 std::string unescape_name(const std::string& s, const std::string& where);
 // Throws ZD_ERR_IO naming the file when it is missing, and ZD_ERR_INVALID_ARGUMENT

@@ -10,7 +10,6 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <filesystem>
 #include <memory>
 
@@ -25,19 +24,20 @@ void require_between_steps(const char* call, int active_modules, int64_t micro_s
     fail(ZD_ERR_INVALID_STATE, std::string(call) + " inside an accumulation window; call it between steps");
 }
 
+// The collectives of zd_model_save and zd_model_load: CommOp::Read in a
+// group of their own (the snapshots' are 251-254, snapshots_internal.h).
+constexpr uint64_t kSaveLoad = 250;
+
 // The ranks' verdict on a part of a save or load that any one rank may
 // fail alone (its shard, its reads): the lowest failing rank, or -1. The
 // others learn it here instead of waiting for that rank at the next
 // collective until the comm timeout.
 int first_failed_rank(const ModelContext& ctx, RankResources& res, int rank, uint64_t id, bool failed,
                       const std::string& what) {
-  double v = failed ? 1.0 / (rank + 1) : 0.0;  // the max names the lowest failing rank
-  if (ctx.world_size > 1)
-    ctx.run(*res.stream, [&] {
-      ctx.comm().all_reduce(ctx.comm_call(rank, comm_tag(CommOp::Read, 250, id), what), &v, 1, ZD_COMM_F64,
-                            ZD_REDUCE_MAX);
-    });
-  return v > 0 ? static_cast<int>(std::lround(1.0 / v)) - 1 : -1;
+  // world - rank from a failing rank: the max names the lowest (as a
+  // snapshot's resume verdict does).
+  const double v = all_reduce_max(ctx, res, rank, kSaveLoad, id, what, failed ? ctx.world_size - rank : 0);
+  return v > 0 ? ctx.world_size - static_cast<int>(v) : -1;
 }
 
 // Runs `fn`, keeping its error for after the verdict.
@@ -75,13 +75,9 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
   // rank reads the old manifest before any rank can replace it (the
   // agreement below comes first); the ranks take the highest set proposed,
   // so one that could not read it does not write over the old shards.
-  double set = ckpt::shard_set_to_write(dir);
-  const std::string agreed = "zd_model_save: the shard set every rank writes";
-  ctx_.run(*rs.res.stream, [&] {
-    plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::Read, 250, 1), agreed), &set, 1, ZD_COMM_F64,
-                              ZD_REDUCE_MAX);
-  });
-  const int shard_set = set > 0 ? 1 : 0;
+  const int shard_set = all_reduce_max(ctx_, rs.res, rank, kSaveLoad, 1,
+                                       "zd_model_save: the shard set every rank writes",
+                                       ckpt::shard_set_to_write(dir)) > 0 ? 1 : 0;
   const std::string kept = " (the checkpoint already in " + dir + ", if any, is kept)";
   zd_status code = ZD_OK;
   std::string why;

@@ -96,13 +96,7 @@ Snapshots::~Snapshots() {
 
 double Snapshots::all_reduce_max(int rank, RankResources& res, uint64_t group, uint64_t id, const std::string& what,
                                  double value) const {
-  if (ctx_.world_size == 1) return value;
-  double v = value;
-  ctx_.run(*res.stream, [&] {
-    ctx_.comm().all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::Read, group, id), what), &v, 1, ZD_COMM_F64,
-                           ZD_REDUCE_MAX);
-  });
-  return v;
+  return zerod::all_reduce_max(ctx_, res, rank, group, id, what, value);
 }
 
 std::string Snapshots::node_of(int rank) const {

@@ -301,14 +301,7 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
       size_t ndim = 0;
       std::string name;
       if (!(f >> p.numel >> ndim) || ndim < 1 || ndim > 8) bad("a bad param line");
-      uint64_t prod = 1;
-      for (size_t i = 0; i < ndim; ++i) {
-        int64_t d;
-        if (!(f >> d) || d <= 0) bad("a bad extent");
-        p.shape.push_back(d);
-        prod *= static_cast<uint64_t>(d);
-      }
-      if (prod != p.numel) bad("its extents do not multiply to its element count");
+      if (const std::string why = read_extents(f, ndim, &p); !why.empty()) bad(why);
       if (!(f >> name)) bad("a param line without a name");
       p.name = unescape_name(name, desc);
       p.module = p.name;

@@ -68,6 +68,16 @@ void train_both(Model& model, int from, int to) {
   });
 }
 
+// Both ranks register the model, train steps [0, steps) and save it in dir.
+void train_and_save(Model& model, int steps, const std::string& dir) {
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(model, rank, &ids);
+    train(model, rank, ids, 0, steps);
+    model.save_checkpoint(rank, dir);
+  });
+}
+
 Saved save(Model& model, int rank, const std::vector<zd_param_id>& ids) {
   Saved c;
   c.step = model.applied_steps(rank);
@@ -200,12 +210,7 @@ TEST_P(CheckpointFiles, LoadAtAnyWorldSizeAndStageBitIdentical) {
   const int stage = GetParam();
   TempDir dir;
   auto a = make_model(job(stage), 2);
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*a, rank, &ids);
-    train(*a, rank, ids, 0, 3);
-    a->save_checkpoint(rank, dir.path);
-  });
+  train_and_save(*a, 3, dir.path);
   const Saved want = whole(*a, 2);
   EXPECT_TRUE(fs::exists(dir.path + "/zerod-checkpoint.txt"));
   for (int world : {1, 3})
@@ -255,12 +260,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, CheckpointFiles, ::testing::Values(0, 1, 2, 3),
 TEST(CheckpointDamage, IsNamedAndLosesNothing) {
   TempDir dir;
   auto a = make_model(job(1), 2);
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*a, rank, &ids);
-    train(*a, rank, ids, 0, 2);
-    a->save_checkpoint(rank, dir.path);
-  });
+  train_and_save(*a, 2, dir.path);
   auto fresh = [&](JobOptions o) {
     auto m = make_model(o, 1);
     std::vector<zd_param_id> ids;
@@ -369,12 +369,7 @@ TEST(CheckpointSave, ASaveOverAWholeCheckpointKeepsItUntilTheNewOneIsWhole) {
   TempDir dir;
   auto a = make_model(job(1), 2);
   const std::vector<zd_param_id> all = {0, 1, 2};
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*a, rank, &ids);
-    train(*a, rank, ids, 0, 2);
-    a->save_checkpoint(rank, dir.path);
-  });
+  train_and_save(*a, 2, dir.path);
   EXPECT_EQ(shard_files(dir.path), (std::vector<std::string>{"rank-00000-of-00002.zdshard", "rank-00001-of-00002.zdshard"}));
   run_ranks(2, [&](int rank) {
     train(*a, rank, all, 2, 3);
@@ -421,12 +416,7 @@ TEST(CheckpointDamage, ARankThatCannotReadItsPartChangesNoRank) {
   TempDir dir;
   {
     auto a = make_model(job(3), 2);
-    run_ranks(2, [&](int rank) {
-      std::vector<zd_param_id> ids;
-      register_all(*a, rank, &ids);
-      train(*a, rank, ids, 0, 3);
-      a->save_checkpoint(rank, dir.path);
-    });
+    train_and_save(*a, 3, dir.path);
   }
   {
     std::fstream f(dir.path + "/rank-00001-of-00002.zdshard", std::ios::in | std::ios::out | std::ios::binary);
@@ -546,12 +536,7 @@ TEST(Snapshots, AFailedOneIsRemovedAndTrainingGoesOn) {
 TEST(SnapshotManifest, PartsRoundTripAndAMissingPartIsNamed) {
   TempDir dir;
   auto a = make_model(job(1), 2);
-  run_ranks(2, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    register_all(*a, rank, &ids);
-    train(*a, rank, ids, 0, 2);
-    a->save_checkpoint(rank, dir.path);
-  });
+  train_and_save(*a, 2, dir.path);
   const auto first_line = [&] {
     std::ifstream in(dir.path + "/zerod-checkpoint.txt");
     std::string l;

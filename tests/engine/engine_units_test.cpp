@@ -72,20 +72,27 @@ TEST(Dtype, ConvertBetweenEveryPair) {
   EXPECT_EQ(dtype_from_name("fp8"), 0);
 }
 
+// The scale after each of `n` updates, update i overflowing where overflow(i).
+template <typename Overflow>
+std::vector<double> scales(const LossScaleConfig& c, int n, Overflow overflow) {
+  LossScaler s(c);
+  std::vector<double> seen;
+  for (int i = 0; i < n; ++i) {
+    s.update(overflow(i));
+    seen.push_back(s.scale());
+  }
+  return seen;
+}
+
 // DeepSpeed's dynamic loss-scale tests, in our words.
 TEST(LossScaler, NoOverflowDoublesEveryWindow) {
   LossScaleConfig c;
   c.enabled = true;
   c.initial_scale_power = 8;
   c.window = 2;
-  LossScaler s(c);
-  std::vector<double> seen;
-  for (int i = 0; i < 10; ++i) {
-    s.update(false);
-    seen.push_back(s.scale());
-  }
   // iter 0 is (0 - -1) % 2 = 1: no doubling; iter 1 doubles; and so on.
-  EXPECT_EQ(seen, (std::vector<double>{256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096, 8192}));
+  EXPECT_EQ(scales(c, 10, [](int) { return false; }),
+            (std::vector<double>{256, 512, 512, 1024, 1024, 2048, 2048, 4096, 4096, 8192}));
 }
 
 // DeepSpeed's DynamicLossScaler (0.19, update_scale) counts the stable
@@ -99,15 +106,10 @@ TEST(LossScaler, TheDeepSpeedRuleDoublesAnUpdateLater) {
   c.window = 2;
   c.hysteresis = 1;
   c.deepspeed_window = true;
-  LossScaler s(c);
-  std::vector<double> seen;
-  for (int i = 0; i < 10; ++i) {
-    s.update(i == 4);
-    seen.push_back(s.scale());
-  }
   // iter 0: stable 0; 1: 1; 2: 2 -> x2; 3: 3; 4: overflow -> /2; 5: 0; 6: 1;
   // 7: 2 -> x2; 8: 3; 9: 4 -> x2.
-  EXPECT_EQ(seen, (std::vector<double>{256, 256, 512, 512, 256, 256, 256, 512, 512, 1024}));
+  EXPECT_EQ(scales(c, 10, [](int i) { return i == 4; }),
+            (std::vector<double>{256, 256, 512, 512, 256, 256, 256, 512, 512, 1024}));
 }
 
 TEST(LossScaler, EveryOverflowHalvesDownToTheMinimum) {
@@ -116,13 +118,7 @@ TEST(LossScaler, EveryOverflowHalvesDownToTheMinimum) {
   c.initial_scale_power = 4;
   c.hysteresis = 1;
   c.min_scale = 0.25;
-  LossScaler s(c);
-  std::vector<double> seen;
-  for (int i = 0; i < 8; ++i) {
-    s.update(true);
-    seen.push_back(s.scale());
-  }
-  EXPECT_EQ(seen, (std::vector<double>{8, 4, 2, 1, 0.5, 0.25, 0.25, 0.25}));
+  EXPECT_EQ(scales(c, 8, [](int) { return true; }), (std::vector<double>{8, 4, 2, 1, 0.5, 0.25, 0.25, 0.25}));
 }
 
 TEST(LossScaler, HysteresisToleratesOverflowsBeforeHalving) {
