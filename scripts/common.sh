@@ -38,8 +38,10 @@ command -v cargo >/dev/null 2>&1 || ZEROD_PACKAGES+=(cargo)
 zerod_log() { printf '\033[1m[zerod]\033[0m %s\n' "$*"; }
 
 # Installs the named packages that are not installed yet (apt-get, as root;
-# through sudo when not root).
+# through sudo when not root). ZEROD_SKIP_INSTALL=1: none (a machine with no
+# network, whose build finds its dependencies elsewhere: bench/gpu/run.sh main).
 zerod_install_packages() {
+  [ "${ZEROD_SKIP_INSTALL:-0}" = 1 ] && return 0
   local missing=()
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,9 @@
 #                                  daemon, one rank per GPU (examples/python/
 #                                  gpt_job_gpu.lua), after plain PyTorch on the
 #                                  same GPU, and their tokens/s side by side
+#                                  (on the device tool, with no network:
+#                                  bench/gpu/run.sh main)
+# ZEROD_SKIP_INSTALL=1 installs nothing; ZEROD_BUILD_DIR names the build.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 zerod_install_packages "${ZEROD_PACKAGES[@]}"

@@ -16,7 +16,10 @@ run.sh hostbw's STREAM figures); --no-trace leaves it out.
 
     python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
                                  [--budget 480] [--timeout 240] [--no-deepspeed] [--no-trace]
-                                 [--zerod-args=--accumulate=host]
+                                 [--zerod-args=--accumulate=host] [--rows-err FILE]
+
+Each row's stderr is appended to --rows-err (default: $OUT/rows.err where
+OUT is set, as on the device tool; else nowhere).
 """
 import argparse
 import json
@@ -97,6 +100,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=240, help="seconds for one row")
     ap.add_argument("--budget", type=int, help="seconds for the whole run: rows that would start later are "
                                                "skipped")
+    ap.add_argument("--rows-err", default=os.path.join(os.environ["OUT"], "rows.err") if os.environ.get("OUT")
+                    else None, help="a file each row's stderr is appended to")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if not (a.no_deepspeed and m.startswith("ds"))]
     sizes = []
@@ -122,19 +127,25 @@ def main():
                     fd, trace = tempfile.mkstemp(prefix="zerod-offload-", suffix=".json")
                     os.close(fd)
                     extra += ["--trace", trace]
-            r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra)
+            r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra, log=a.rows_err)
             if trace:
                 if r.get("ok") and os.path.getsize(trace):
                     # bf16 m and v: 2 bytes less each, each way.
                     bf16 = "bf16" in m or "state-dtype" in a.zerod_args
-                    r["exposed"] = exposed(trace, update_bytes=22 if bf16 else 30)
+                    try:
+                        r["exposed"] = exposed(trace, update_bytes=22 if bf16 else 30)
+                    except Exception as e:  # a malformed trace costs its line, not the rows after it
+                        r["exposed"] = f"trace: not summarised ({type(e).__name__}: {e})"
                 os.remove(trace)
             r.setdefault("tokens_per_step", n)
             results[n][m] = r
             print(json.dumps(r), flush=True)
     for n, gas in sizes:
         if results[n]:
-            table(n, gas, a, results[n])
+            try:
+                table(n, gas, a, results[n])
+            except Exception as e:  # one odd row costs its table, not the others (the JSON lines above hold it)
+                print(f"\n{label(n)} tokens per step: no table ({type(e).__name__}: {e})")
     peers = ", ".join(f"{z} over {d}" for z, d in PEER.items() if z in modes and d in modes)
     print(f"\nx DeepSpeed: over DeepSpeed's row with the same placement ({peers or 'none run'}). dev GiB: "
           "torch's allocator peak, plus zerod's own device peak on zerod rows. host B/param: zerod's host-tier "

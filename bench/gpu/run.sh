@@ -1,26 +1,178 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, with
 # .devdeps and .whl carried (bench/gpu/prepare.sh makes them):
-#   bench/gpu/run.sh [tests] [pycuda] [smoke] [profile] [offload] [largest] [hostbw] [nccl] [daemon]
-#   (default: tests offload largest; OFFLOAD_ARGS, LARGEST_ARGS, DAEMON_ARGS,
-#   PROFILE_MODES and PROFILE_SIZE pass options on)
-# Builds zerod with CUDA for the GPU it finds, runs every CUDA test (the
-# cuda device against the scalar reference and the cpu device, the optimizer
-# kernels, zerod.torch against PyTorch on the GPU), then the benchmarks;
-# hostbw alone (the host's memory bandwidth) needs no build.
-# Everything it prints also goes under $OUT (the device tool brings it back).
+#   bench/gpu/run.sh [--dry-run] PART...     (--help: the parts and the variables)
+# Builds zerod with CUDA for the GPU it finds (build-gpu/, before the first
+# part that needs it), then runs the parts in the order given; hostbw (the
+# host's memory bandwidth) needs no build and runs whatever the build did.
+# The whole run keeps to RUN_DEADLINE_S (from its start): each part is capped
+# by the time left, and one that would start with under MIN_PART_S left is
+# skipped (and said so).
+# Everything it prints also goes under $OUT (the device tool brings back at
+# most 8 files: run.log, configure.log, build.log and one or two a part).
+# The *_ARGS variables and PROFILE_SIZE are split at spaces on purpose:
+# shellcheck disable=SC2086
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
+
+PARTS=(tests pycuda smoke profile offload largest hostbw nccl daemon main)
+usage() {
+  cat <<'EOF'
+usage: bench/gpu/run.sh [--dry-run] [--help] [PART...]   (default: tests offload largest)
+
+parts, run in the order given:
+  tests    every CUDA test (ctest), stopped TESTS_S after they start; TESTS_R
+           (a ctest -R regex) runs those alone, with their whole output (-V)
+  pycuda   python.cuda alone, with the distances it measured
+  smoke    every step.py mode on a small GPT (4 x 1024), one line each
+  profile  traced steps of PROFILE_MODES at PROFILE_SIZE, summed by trace_summary.py
+  offload  offload.py (OFFLOAD_ARGS; its --budget, unless given, is the time left)
+  largest  largest.py (LARGEST_ARGS; likewise its --budget)
+  hostbw   the host's STREAM copy and triad (no build needed)
+  nccl     the nccl comm plugin: two daemons on one GPU
+  daemon   daemon.py (DAEMON_ARGS): the daemon against embedded on the GPU
+  main     the main job's GPU form (scripts/run-main.sh gpu MAIN_ARGS) on build-gpu
+
+options:
+  -n, --dry-run   print the plan (parts, budgets, time limits) and do nothing
+  -h, --help      this text
+
+variables: RUN_DEADLINE_S (450: seconds for the whole run), TESTS_S (220),
+  TESTS_R, MIN_PART_S (30), OUT (/tmp/zerod-gpu), OFFLOAD_ARGS, LARGEST_ARGS,
+  DAEMON_ARGS, PROFILE_MODES, PROFILE_SIZE, MAIN_ARGS
+EOF
+}
+
+# The arguments, all checked before anything runs.
+dry=0 bad=0 what=()
+for a in "$@"; do
+  case $a in
+    -h | --help) usage; exit 0 ;;
+    -n | --dry-run) dry=1 ;;
+    *)
+      if [[ " ${PARTS[*]} " == *" $a "* ]]; then
+        what+=("$a")
+      else
+        echo "bench/gpu/run.sh: unknown $([[ $a == -* ]] && echo option || echo part) '$a'" >&2
+        bad=1
+      fi ;;
+  esac
+done
+RUN_DEADLINE_S=${RUN_DEADLINE_S:-450} TESTS_S=${TESTS_S:-220} MIN_PART_S=${MIN_PART_S:-30}
+for v in RUN_DEADLINE_S TESTS_S MIN_PART_S; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench/gpu/run.sh: $v must be a number of seconds, not '${!v}'" >&2; bad=1; }
+done
+if [ "$bad" = 1 ]; then
+  usage >&2
+  exit 2
+fi
+[ ${#what[@]} -eq 0 ] && what=(tests offload largest)
+CUDA_TESTS='^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda|example\.cpp_gpt_cuda)'
+tests_r=${TESTS_R:-$CUDA_TESTS}
+tests_v=()
+[ -n "${TESTS_R:-}" ] && tests_v=(-V)
+
+# Time: everything against one deadline.
+t0=$(date +%s)
+deadline=$((t0 + RUN_DEADLINE_S))
+left() { echo $((deadline - $(date +%s))); }
+# The smaller of $1 and the time left (at least 1).
+cap() {
+  local l
+  l=$(left)
+  ((l < 1)) && l=1
+  echo $(($1 < l ? $1 : l))
+}
+
+# Whether an argument string ($1) holds option $2 (as `$2 V` or `$2=V`).
+has_opt() { [[ " $1 " == *" $2 "* || " $1 " == *" $2="* ]]; }
+# The value of option $2 in $1, else $3.
+opt_of() {
+  local prev="" x
+  for x in $1; do
+    [ "$prev" = "$2" ] && { echo "$x"; return; }
+    [[ $x == "$2="* ]] && { echo "${x#"$2="}"; return; }
+    prev=$x
+  done
+  echo "$3"
+}
+# Whether a part in the run starts DeepSpeed rows (whose CPU Adam compiles
+# at first use: built beforehand, in the background, while the tests run).
+runs_deepspeed() {
+  local w
+  for w in "${what[@]}"; do
+    case $w in
+      offload)
+        has_opt "${OFFLOAD_ARGS:-}" --no-deepspeed && continue
+        [[ ,$(opt_of "${OFFLOAD_ARGS:-}" --modes torch,zerod3_host,zerod3_params,ds3_host,ds3_params), == *,ds* ]] \
+          && return 0 ;;
+      largest) [[ ,$(opt_of "${LARGEST_ARGS:-}" --modes ds3_host), == *,ds* ]] && return 0 ;;
+      smoke) return 0 ;;
+    esac
+  done
+  return 1
+}
+# The files a part needs from the build.
+needs() {
+  case $1 in
+    tests) echo build-gpu/CTestTestfile.cmake ;;
+    pycuda) echo build-gpu/CTestTestfile.cmake build-gpu/lib/libzerod.so ;;
+    smoke | profile | offload | largest) echo build-gpu/lib/libzerod.so ;;
+    nccl) echo build-gpu/bin/test_comm_nccl_gpu build-gpu/bin/zerod build-gpu/bin/rank_scenario ;;
+    daemon | main) echo build-gpu/bin/zerod build-gpu/lib/libzerod.so ;;
+  esac
+}
+# The budget a driver gets when its arguments name none: the time left, less
+# a margin for its tables.
+budget_args() {
+  if has_opt "$1" --budget; then
+    echo "$1"
+  else
+    echo "$1 --budget $(($(left) - 15))"
+  fi
+}
+
+if [ "$dry" = 1 ]; then
+  echo "bench/gpu/run.sh ${what[*]}: the plan (dry run: nothing runs)"
+  echo "  deadline: ${RUN_DEADLINE_S} s from the start (RUN_DEADLINE_S); a part with under ${MIN_PART_S} s left is skipped"
+  for d in .devdeps/unpack.sh .whl; do
+    [ -e "$d" ] || echo "  WARNING: no $d here: carry .devdeps and .whl (bench/gpu/prepare.sh makes them)"
+  done
+  building=""
+  for w in "${what[@]}"; do [ -n "$(needs "$w")" ] && building=$w && break; done
+  [ -n "$building" ] && echo "  build: build-gpu/ with CUDA for the GPU found (ninja -k 0: a part whose binaries did not build is skipped), before $building"
+  runs_deepspeed && echo "  DeepSpeed's CPU Adam: built in the background after the build (into run.log), waited for before offload, largest and smoke"
+  i=0
+  for w in "${what[@]}"; do
+    i=$((i + 1))
+    case $w in
+      tests) d="ctest -R '$tests_r' ${tests_v[*]} -j4, --timeout 240 for tests without their own, --stop-time at min(TESTS_S=${TESTS_S}, the time left) s after they start; cuda-tests.log" ;;
+      pycuda) d="ctest -R '^python\.cuda\$' -V, --stop-time at min(240, the time left) s; python-cuda.log" ;;
+      smoke) d="9 step.py modes, each at most min(200, the time left) s; smoke.txt, smoke.err" ;;
+      profile) d="step.py --trace for ${PROFILE_MODES:-zerod3_host zerod3_params zerod3_nvme} at ${PROFILE_SIZE:---layers 4 --embd 1024}, each at most min(200, the time left) s; profile.txt, profile.err" ;;
+      offload) d="python3 bench/gpu/offload.py ${OFFLOAD_ARGS:-}$(has_opt "${OFFLOAD_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; offload.txt, rows.err (each row's stderr)" ;;
+      largest) d="python3 bench/gpu/largest.py ${LARGEST_ARGS:-}$(has_opt "${LARGEST_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; largest.txt" ;;
+      hostbw) d="gcc -O3 -fopenmp hostbw.c; STREAM on 1 thread and on every core, at most min(120, the time left) s; hostbw.txt" ;;
+      nccl) d="test_comm_nccl_gpu, then tests/comm_nccl/run_parity.sh, each at most min(240, the time left) s; nccl-gpu.log, nccl-parity.log" ;;
+      daemon) d="python3 bench/gpu/daemon.py ${DAEMON_ARGS:-}, at most the time left; daemon.txt" ;;
+      main) d="ZEROD_SKIP_INSTALL=1 ZEROD_BUILD_DIR=build-gpu scripts/run-main.sh gpu ${MAIN_ARGS:-}, at most min(300, the time left) s; main-gpu.txt" ;;
+    esac
+    echo "  $i. $w: $d"
+    for f in $(needs "$w"); do echo "       needs $f from the build"; done
+  done
+  exit 0
+fi
+
 OUT=${OUT:-/tmp/zerod-gpu}
 mkdir -p "$OUT"
-what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(tests offload largest)
 log() { printf '\n=== %s\n' "$*" | tee -a "$OUT/run.log"; }
+note() { echo "$*" | tee -a "$OUT/run.log"; }
 
-log "machine"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2; python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee -a "$OUT/run.log"
-
-eval "$(bash .devdeps/unpack.sh .devdeps)"
+if [ -f .devdeps/unpack.sh ]; then
+  eval "$(bash .devdeps/unpack.sh .devdeps)"
+else
+  note "no .devdeps/ here (carry it: bench/gpu/prepare.sh makes it); the build finds what the machine has"
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -28,63 +180,159 @@ fi
 export ZEROD_LIB=$PWD/build-gpu/lib/libzerod.so
 export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 
-if [[ " ${what[*]} " =~ \ (tests|pycuda|smoke|profile|offload|largest|nccl|daemon)\  ]]; then
+log "machine"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  nproc
+  free -g | head -2
+  python3 -c 'import torch; print("torch", torch.__version__)'
+  python3 -c 'import deepspeed, pydantic; print("deepspeed", deepspeed.__version__, "pydantic", pydantic.__version__)'
+  echo "run.sh ${what[*]}: deadline ${RUN_DEADLINE_S} s, tests ${TESTS_S} s"
+} 2>&1 | tee -a "$OUT/run.log"
+
+built="" ds_pid="" ds_start=0
+# Configures and builds build-gpu once, before the first part that needs it.
+# A compile error stops only what it breaks (ninja -k 0): the parts whose
+# binaries it left out of date are skipped.
+build() {
+  [ -n "$built" ] && return
+  built=1
   log "build (CUDA for this GPU)"
+  local arch nccl_root s
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   # NCCL for the nccl comm plugin: the one PyTorch's nvidia-nccl wheel
   # brings where it is installed (the NCCL torch itself runs; its
   # nvidia/nccl folder has include/ and lib/, searched first), else the CUDA
   # toolkit's. configure.log's "nccl comm plugin" line says which.
   nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
+  if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROD_CUDA=ON \
     ${nccl_root:+-DZEROD_NCCL_ROOT="$nccl_root"} \
-    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" > "$OUT/configure.log" 2>&1 \
-    || { tail -30 "$OUT/configure.log"; exit 1; }
-  SECONDS=0; cmake --build build-gpu -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
-  echo "built in ${SECONDS} s" | tee -a "$OUT/run.log"
-fi
+    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DZEROD_PYTHON="$(command -v python3)" >"$OUT/configure.log" 2>&1; then
+    tail -30 "$OUT/configure.log"
+    note "the configure failed: only the parts that need no build (hostbw) run"
+    return
+  fi
+  s=$(date +%s)
+  if timeout "$(cap 420)" cmake --build build-gpu -j"$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1; then
+    note "built in $(($(date +%s) - s)) s"
+  else
+    grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60
+    # What a failed compile left out of date (an earlier call's binary on a
+    # warm machine among them) must not run as if it were this code's.
+    local stale f
+    stale=$(ninja -C build-gpu -n 2>/dev/null |
+      sed -nE 's/.*Linking [A-Za-z]+ (executable|shared library|shared module|static library) //p')
+    for f in $stale; do rm -f "build-gpu/$f"; done
+    note "the build failed after $(($(date +%s) - s)) s (build.log); not built: $(grep -v '\.a$' <<<"$stale" | tr '\n' ' ')"
+  fi
+  if runs_deepspeed; then
+    # DeepSpeed compiles its CPU Adam at its first use (a minute and more):
+    # here, beside the tests, so that no timed row waits for it.
+    ds_clear_locks
+    note "DeepSpeed's CPU Adam: building in the background ([ds build] lines)"
+    ds_start=$(date +%s)
+    timeout "$(cap 400)" python3 -c 'from deepspeed.ops.op_builder import CPUAdamBuilder as B; B().load()' \
+      > >(sed -u 's/^/[ds build] /' >>"$OUT/run.log") 2>&1 &
+    ds_pid=$!
+  fi
+}
+# A build of a torch extension that was killed (a row past its time, a call
+# cut at its limit on a warm machine) leaves its FileBaton lock behind, and
+# the next load of it waits on that for good. A lock is stale when no
+# process works in its folder (torch runs ninja there). Only where torch
+# locks by the file's existence (FileBaton): a newer torch holds a flock on
+# it, which the kernel drops with its holder, and removing that file would
+# let two builds in at once.
+ds_clear_locks() {
+  local busy f
+  python3 -c 'import sys, torch.utils.cpp_extension as c; sys.exit(0 if hasattr(c, "FileBaton") else 1)' \
+    2>/dev/null || return 0
+  busy=$(for c in /proc/[0-9]*/cwd; do readlink "$c"; done 2>/dev/null | sort -u)
+  while IFS= read -r f; do
+    [ -n "$f" ] || continue
+    grep -qxF "$(dirname "$f")" <<<"$busy" && continue
+    rm -f "$f" && note "removed a stale torch extension lock: $f"
+  done < <(find "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" -maxdepth 3 -type f -name lock 2>/dev/null)
+}
+ds_wait() {
+  [ -n "$ds_pid" ] || return 0
+  note "waiting for DeepSpeed's CPU Adam build"
+  local rc=0
+  wait "$ds_pid" || rc=$?
+  ds_pid=""
+  note "[ds build] exit $rc after $(($(date +%s) - ds_start)) s"
+  ((rc == 0)) || ds_clear_locks
+}
+# Whether part $1 can run: its binaries there (after the build) and the time.
+ready() {
+  local f l
+  if [ -n "$(needs "$1")" ]; then
+    build
+    for f in $(needs "$1"); do
+      [ -e "$f" ] || { log "$1: skipped, $f was not built"; return 1; }
+    done
+  fi
+  l=$(left)
+  if ((l < MIN_PART_S)); then
+    log "$1: skipped, ${l} s left of the ${RUN_DEADLINE_S} s (RUN_DEADLINE_S)"
+    return 1
+  fi
+}
+stop_time() { date -d "@$(($(date +%s) + $1))" +%H:%M:%S; }
 
 for w in "${what[@]}"; do
+  ready "$w" || continue
   case $w in
     tests)
-      log "CUDA tests"
-      ctest --test-dir build-gpu -j4 -R '^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda|example\.cpp_gpt_cuda)' \
-        --output-on-failure --timeout 240 2>&1 | tee "$OUT/cuda-tests.log" | grep -E "tests passed|Failed|\*\*\*|Skipped" ;;
+      # --timeout covers only the tests without a TIMEOUT of their own
+      # (python.cuda_daemon's is 900 s); --stop-time ends them all.
+      t=$(cap "$TESTS_S")
+      log "CUDA tests $tests_r (stopped after ${t} s)"
+      ctest --test-dir build-gpu -j4 -R "$tests_r" "${tests_v[@]}" \
+        --output-on-failure --timeout 240 --stop-time "$(stop_time "$t")" 2>&1 | tee "$OUT/cuda-tests.log" \
+        | grep -E "tests passed|Failed|\*\*\*|Skipped|[Ss]top time" ;;
     pycuda)
       log "zerod.torch on the GPU against torch's AdamW, with the distances it measured"
-      ctest --test-dir build-gpu -R '^python\.cuda$' -V --timeout 240 2>&1 | tee "$OUT/python-cuda.log" \
-        | grep -E "(fp32|bf16) .*zerod vs torch|passed|failed" ;;
+      ctest --test-dir build-gpu -R '^python\.cuda$' -V --timeout 240 --stop-time "$(stop_time "$(cap 240)")" 2>&1 \
+        | tee "$OUT/python-cuda.log" | grep -E "(fp32|bf16) .*zerod vs torch|passed|failed" ;;
     smoke)
+      ds_wait
       log "every step.py mode on a small GPT (4 x 1024), 6 steps"
       for m in torch zerod0 zerod3 zerod3_host zerod3_host_bf16 zerod3_params zerod3_nvme_opt zerod3_nvme ds3_host; do
-        timeout 200 python3 bench/gpu/step.py --mode "$m" --layers 4 --embd 1024 --steps 6 2>>"$OUT/smoke.err" \
+        (($(left) < MIN_PART_S)) && { note "smoke: $m and after skipped, the deadline"; break; }
+        timeout "$(cap 200)" python3 bench/gpu/step.py --mode "$m" --layers 4 --embd 1024 --steps 6 2>>"$OUT/smoke.err" \
           | tee -a "$OUT/smoke.txt" || { echo "$m: exit $?"; tail -5 "$OUT/smoke.err"; }
       done ;;
     profile)
       log "where zerod's offloaded step goes: traced steps 3-4 (${PROFILE_SIZE:-4 x 1024})"
       for m in ${PROFILE_MODES:-zerod3_host zerod3_params zerod3_nvme}; do
-        timeout 200 python3 bench/gpu/step.py --mode "$m" ${PROFILE_SIZE:---layers 4 --embd 1024} --steps 6 --trace "$OUT/trace-$m.json" \
+        (($(left) < MIN_PART_S)) && { note "profile: $m and after skipped, the deadline"; break; }
+        timeout "$(cap 200)" python3 bench/gpu/step.py --mode "$m" ${PROFILE_SIZE:---layers 4 --embd 1024} --steps 6 --trace "$OUT/trace-$m.json" \
           2>>"$OUT/profile.err" | tee -a "$OUT/profile.txt"
         [ -f "$OUT/trace-$m.json" ] && python3 bench/gpu/trace_summary.py "$OUT/trace-$m.json" --top 25 | tee -a "$OUT/profile.txt"
         rm -f "$OUT/trace-$m.json"
       done ;;
     offload)
-      log "offload step time: zerod and DeepSpeed against plain PyTorch"
-      python3 bench/gpu/offload.py ${OFFLOAD_ARGS:-} 2>&1 | tee "$OUT/offload.txt" ;;
+      ds_wait
+      args=$(budget_args "${OFFLOAD_ARGS:-}")
+      log "offload step time: zerod and DeepSpeed against plain PyTorch (offload.py $args)"
+      # The rows' stderr: $OUT/rows.err (offload.py's default under $OUT).
+      timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/offload.py $args 2>&1 | tee "$OUT/offload.txt" ;;
     largest)
-      log "the largest GPT that trains, by mode"
-      python3 bench/gpu/largest.py ${LARGEST_ARGS:-} 2>&1 | tee "$OUT/largest.txt" ;;
+      ds_wait
+      args=$(budget_args "${LARGEST_ARGS:-}")
+      log "the largest GPT that trains, by mode (largest.py $args)"
+      timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/largest.py $args 2>&1 | tee "$OUT/largest.txt" ;;
     nccl)
       # Two daemons on one GPU through the nccl comm plugin (each its own
       # NCCL_HOSTID, joined over the loopback): the conformance suite with a
       # timed 256 MiB all-reduce (busbw, bytes sent), then `zerod run`
-      # parity at stages 1-3 against one daemon. About a minute on an H100
-      # after the build (estimated: it has never run).
+      # parity at stages 1-3 against one daemon.
       log "nccl: two daemons on one GPU (conformance, bytes sent, zerod run parity)"
       grep -E "nccl comm plugin" "$OUT/configure.log" | tee -a "$OUT/run.log"
-      timeout 240 build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-gpu.log" \
+      timeout "$(cap 240)" build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-gpu.log" \
         | grep -E "nccl bench|nccl conformance|FAILED|Failure|SKIPPED"
-      timeout 240 tests/comm_nccl/run_parity.sh build-gpu/bin/zerod build-gpu/bin/rank_scenario \
+      timeout "$(cap 240)" tests/comm_nccl/run_parity.sh build-gpu/bin/zerod build-gpu/bin/rank_scenario \
         build-gpu/bin/test_comm_nccl_gpu 2>&1 | tee "$OUT/nccl-parity.log" \
         | grep -E "agrees|bit-identical|differ|failed|passed|SKIPPED" ;;
     daemon)
@@ -93,11 +341,26 @@ for w in "${what[@]}"; do
       # section 4), begin + end pairs, the C++ trainer against the PyTorch
       # GPT. About 4 minutes after the build (estimated: it has never run).
       log "the daemon on the GPU: against embedded, 2 ranks on one GPU, begin + end pairs, the C++ trainer"
-      python3 bench/gpu/daemon.py ${DAEMON_ARGS:-} 2>&1 | tee "$OUT/daemon.txt" ;;
+      timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/daemon.py ${DAEMON_ARGS:-} 2>&1 | tee "$OUT/daemon.txt" ;;
+    main)
+      # The main job's GPU form on this build: no installs (the machine has
+      # no network; the build's dependencies are .devdeps'), build-gpu.
+      log "the main job on the GPU: plain PyTorch, then zerod through the daemon (scripts/run-main.sh gpu ${MAIN_ARGS:-})"
+      ZEROD_SKIP_INSTALL=1 ZEROD_BUILD_DIR=$PWD/build-gpu ZEROD_JOBS=$(nproc) \
+        timeout --kill-after=10 "$(cap 300)" scripts/run-main.sh gpu ${MAIN_ARGS:-} 2>&1 | tee "$OUT/main-gpu.txt" ;;
     hostbw)
       log "host memory bandwidth (STREAM copy and triad, 3 arrays of 2 GiB)"
       { gcc -O3 -fopenmp -march=native bench/gpu/hostbw.c -o "$OUT/hostbw" \
-          && for t in 1 "$(nproc)"; do OMP_NUM_THREADS=$t OMP_PROC_BIND=spread "$OUT/hostbw" 2; done
+          && for t in 1 "$(nproc)"; do OMP_NUM_THREADS=$t OMP_PROC_BIND=spread timeout "$(cap 60)" "$OUT/hostbw" 2; done
         rm -f "$OUT/hostbw"; } 2>&1 | tee "$OUT/hostbw.txt" ;;
   esac
 done
+if [ -n "$ds_pid" ]; then
+  # No part waited for it: stopped (timeout passes the signal on to the
+  # compile), its lock cleared for the next call on this machine.
+  kill "$ds_pid" 2>/dev/null
+  wait "$ds_pid" 2>/dev/null
+  ds_clear_locks
+  note "DeepSpeed's CPU Adam build: stopped, no part waited for it"
+fi
+note "run.sh ${what[*]}: done after $(($(date +%s) - t0)) s"

@@ -217,7 +217,9 @@ void Session::release_gpu_waits() {
   // Before the rank leaves its models: a model nobody keeps is freed then,
   // and its device's teardown waits for its stream. A trainer still alive
   // is waited for until it exits or its record runs (the teardown would
-  // wait as long); the daemon's shutdown stops the wait.
+  // wait as long); the daemon's shutdown stops the wait. A trainer that
+  // has exited is released even then: else the device's teardown
+  // (~CudaDevice's cudaStreamSynchronize) would wait on its record for good.
   const std::string who = "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): ";
   for (auto& [id, m] : models_) {
     try {
@@ -227,6 +229,12 @@ void Session::release_gpu_waits() {
           [this, &d] { return !stopping_.load(std::memory_order_acquire) && d.trainer_pending(); },
           [&d] { d.release_trainer(); }, [&who](const std::string& s) { log_warn(who + s); });
       if (!did.empty()) log_warn(who + did);
+      if (stopping_.load(std::memory_order_acquire) && d.trainer_pending() &&
+          transport::ProcessExit(pid_).wait(0)) {
+        d.release_trainer();
+        log_warn(who + "the daemon is stopping and its process has exited with its last record on its GPU stream "
+                       "not run; the stream that waited for it no longer does");
+      }
     } catch (const std::exception& e) {
       log_warn(who + "releasing its GPU stream's waits failed: " + e.what());
     }

@@ -118,6 +118,10 @@ class SharedSignals {
   // Stores the latest number of `s` now (signal_release). Only once the
   // process that records `s` can no longer run work on the GPU (it has
   // exited): its queued records never run then, and nothing else would.
+  // "Exited" (transport::release_when_gone: its pidfd readable, or a
+  // zombie) assumes the dead process's CUDA context went with it; a forked
+  // child still holding its /dev/nvidia* files could keep that context, and
+  // the queued record, alive, and this store would then race it.
   void release(SignalId s) const;
   // Whether the latest record of `s` has not written its number yet.
   bool pending(SignalId s) const;

@@ -62,13 +62,27 @@ def serve(nproc, job, sock):
 
 def served_ranks(sock, job, command, nproc=2, timeout=60, **env):
     """Runs `command` as ranks 0..nproc-1 of the daemon at `sock` (each with
-    `env` added) and returns [(exit status, output)] by rank."""
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r, ZEROD_WORLD_SIZE=nproc,
-                                           ZEROD_JOB=job, **env))
-             for r in range(nproc)]
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
+    `env` added) and returns [(exit status, output)] by rank. `timeout`
+    is for all of them together: past it, subprocess.TimeoutExpired, and
+    every rank still running is killed (never left behind)."""
+    deadline = time.monotonic() + timeout
+    procs = []
+    try:
+        for r in range(nproc):
+            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=rank_env(ZEROD_ENDPOINT=f"unix:{sock}", ZEROD_RANK=r,
+                                                       ZEROD_WORLD_SIZE=nproc, ZEROD_JOB=job, **env)))
+        outs = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for p in procs]
+        return [(p.returncode, out) for p, out in zip(procs, outs)]
+    finally:
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            p.kill()
+        for p in alive:
+            try:  # reaped, its pipe closed
+                p.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError, OSError):
+                pass
 
 
 def split_ranks(output):
