@@ -53,31 +53,141 @@ std::optional<OwnedRange> owned_range(const ModelContext& ctx, const ParamRecord
   }
 }
 
-void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, ckpt::ShardWriter& out,
-                      bool replicated_writer) {
-  // At stage 0 one rank's copy is all of it.
-  if (ctx.registry.partitioning() == Partitioning::Replicated && !replicated_writer) return;
+namespace {
+
+// The record of a part of the error feedback (shard_file.h).
+uint32_t error_record(ErrorPart part) {
+  switch (part) {
+    case ErrorPart::Worker: return ckpt::kWorkerError;
+    case ErrorPart::Server: return ckpt::kServerError;
+    default: return ckpt::kServerErrorFused;
+  }
+}
+
+bool replicated(const ModelContext& ctx) { return ctx.registry.partitioning() == Partitioning::Replicated; }
+
+// Whether the plan of a step exchanges (1-bit), and whether it passes over
+// each rank's own local gradient (local steps).
+bool plan_exchanges(const zd_optimizer_plan& p) {
+  for (size_t i = 0; i < ZD_PLAN_MAX_OPS && p.ops[i] != ZD_OP_END; ++i)
+    if (p.ops[i] == ZD_OP_PREPARE || p.ops[i] == ZD_OP_EXCHANGE) return true;
+  return false;
+}
+bool plan_steps_locally(const zd_optimizer_plan& p) {
+  for (size_t i = 0; i < ZD_PLAN_MAX_OPS && p.ops[i] != ZD_OP_END; ++i)
+    if (p.ops[i] == ZD_OP_PASS_GRAD && p.grads == ZD_GRADS_LOCAL) return true;
+  return false;
+}
+
+}  // namespace
+
+void write_rank_shard(const ModelContext& ctx, RankResources& res, StateBuffers& buffers,
+                      MomentumCompression& compression, ckpt::ShardWriter& out, bool replicated_writer) {
   const TierSet tiers = res.tiers();
   std::vector<float> chunk;
-  for_each_owned_buffer(ctx, res.rank, buffers,
-                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& src,
-                            zd_dtype stored) {
-                          out.begin(param, buffer, own.first, own.count);
-                          for (uint64_t off = 0; off < own.count; off += kChunk) {
-                            const uint64_t n = std::min(kChunk, own.count - off);
-                            chunk.resize(n);
-                            read_as_f32(tiers, src, stored, own.at + off, n, chunk.data());
-                            out.append(chunk.data(), n);
-                          }
-                          out.end();
-                        });
+  const auto stream = [&](uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, const TieredBuffer& src,
+                          zd_dtype stored, uint64_t at) {
+    out.begin(param, buffer, first, count);
+    for (uint64_t off = 0; off < count; off += kChunk) {
+      const uint64_t n = std::min(kChunk, count - off);
+      chunk.resize(n);
+      read_as_f32(tiers, src, stored, at + off, n, chunk.data());
+      out.append(chunk.data(), n);
+    }
+    out.end();
+  };
+  // At stage 0 one rank's copy is all of it; where local steps made each
+  // rank's its own, every other rank adds its own.
+  const bool own = replicated(ctx) && ctx.world_size > 1 && compression.own_copies() && res.rank != 0;
+  if (!replicated(ctx) || replicated_writer || own)
+    for_each_owned_buffer(
+        ctx, res.rank, buffers,
+        [&](uint32_t param, uint32_t buffer, const OwnedRange& range, TieredBuffer& src, zd_dtype stored) {
+          if (!replicated(ctx) || replicated_writer)
+            stream(param, buffer, range.first, range.count, src, stored, range.at);
+          if (own) stream(param, ckpt::kRankCopy + buffer, range.first, range.count, src, stored, range.at);
+        });
+  // The error feedback, where an exchange left it other than zero.
+  if (compression.errors_live())
+    for (const ErrorSpan& e : error_spans(ctx, res.rank, compression.errors_fused()))
+      if (const TieredBuffer* b = compression.error_buffer(e))
+        stream(static_cast<uint32_t>(e.param), error_record(e.part), e.first, e.count, *b, ZD_DTYPE_F32, e.at);
+}
+
+RankCarry rank_carry(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir) {
+  using Held = ckpt::Manifest::Held;
+  RankCarry c;
+  const auto& params = ctx.registry.params();
+  const int world = ctx.world_size;
+  // The same groups (by working dtype) of the same tensors: each tensor's
+  // chunk, and a fused group's, is where the checkpoint's ranks had it.
+  bool same_groups = m.params.size() == params.size() && m.error_fused.size() == ctx.registry.groups().size();
+  for (size_t i = 0; same_groups && i < params.size(); ++i)
+    same_groups = m.params[i].dtype == dtype_name(params[i].dtype);
+  const bool compresses = ctx.optimizer().compresses();
+  c.errors = m.error_feedback == Held::Yes && m.world_size == world && world > 1 && compresses && same_groups;
+  c.copies = m.rank_copies == Held::Yes && m.world_size == world && world > 1 && replicated(ctx);
+  const bool lose_errors = m.error_feedback == Held::Yes && !c.errors;
+  const bool lose_copies = m.rank_copies == Held::Yes && !c.copies;
+  const std::string copies =
+      "each rank's own parameters and optimizer state (0/1 Adam's local steps at ZeRO stage 0 made them differ)";
+  // What a load leaves, and what it does instead.
+  const auto instead = [](bool errors, bool own) {
+    return std::string(errors ? "the error feedback restarts at zero" : "") + (errors && own ? ", and " : "") +
+           (own ? "every rank takes rank 0's copy" : "") +
+           ", so the run goes on near, not bit for bit as, the one that wrote it";
+  };
+  const auto what = [&copies](bool errors, bool own) {
+    return std::string(errors ? "the error feedback of each rank's 1-bit exchanges" : "") +
+           (errors && own ? " and " : "") + (own ? copies : "");
+  };
+  if (lose_errors || lose_copies) {
+    std::string here = "ZeRO stage " + std::to_string(ctx.config.zero_stage);
+    if (m.world_size != world)
+      here = std::to_string(world) + (world == 1 ? " rank" : " ranks");
+    else if (lose_errors && !same_groups && world > 1)
+      here = "other working dtypes (other exchange groups)";
+    c.warning = "the checkpoint " + dir + " holds " + what(lose_errors, lose_copies) + ", which only a job of " +
+                std::to_string(m.world_size) + " ranks" + (lose_copies ? " at ZeRO stage 0" : "") +
+                " takes up; this one runs " + here + ": " + instead(lose_errors, lose_copies);
+  } else if (m.error_feedback == Held::Dropped || m.rank_copies == Held::Dropped) {
+    const bool errors = m.error_feedback == Held::Dropped, own = m.rank_copies == Held::Dropped;
+    c.warning = "the checkpoint " + dir + " was resharded (zerod ckpt reshard) from another world size, which left "
+                "out " + what(errors, own) + ": " + instead(errors, own);
+  } else if (m.error_feedback == Held::Unknown && m.world_size > 1 && compresses && m.step > 0 &&
+             m.params.size() == params.size()) {
+    // A checkpoint of a zerod before format 5 held neither: it loads as it
+    // did then (as DeepSpeed's do: error feedback at zero, one copy), said
+    // where the optimizer had used them by its step (its own schedule).
+    const OptimizerInstance& opt = ctx.optimizer();
+    bool errors = false, local = false, reset = false;
+    for (int64_t s = m.step; s >= 1 && !((errors || reset) && (local || m.zero_stage != 0)); --s) {
+      const zd_optimizer_plan p = opt.plan(s, -1, -1);
+      if (!reset && plan_exchanges(p)) errors = true;
+      if (p.reset_errors) reset = true;  // zero from step s on, but for what s itself exchanged
+      if (m.zero_stage == 0 && plan_steps_locally(p)) local = true;
+    }
+    if (errors || local)
+      c.warning = "the checkpoint " + dir + " was written before checkpoints held " + what(errors, local) +
+                  " (format " + std::to_string(m.version) + "): " + instead(errors, local);
+  }
+  return c;
 }
 
 void verify_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src) {
+  const RankCarry carry = rank_carry(ctx, src.manifest(), src.dir());
+  const bool own = carry.copies && res.rank != 0;
   for_each_owned_buffer(ctx, res.rank, buffers,
-                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer&, zd_dtype) {
-                          src.verify(param, buffer, own.first, own.count);
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& range, TieredBuffer&, zd_dtype) {
+                          if (own)
+                            src.read_rank(res.rank, param, ckpt::kRankCopy + buffer, range.first, range.count,
+                                          nullptr);
+                          else
+                            src.verify(param, buffer, range.first, range.count);
                         });
+  if (carry.errors)
+    for (const ErrorSpan& e : error_spans(ctx, res.rank, src.manifest().error_fused))
+      src.read_rank(res.rank, static_cast<uint32_t>(e.param), error_record(e.part), e.first, e.count, nullptr);
 }
 
 void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, const ckpt::Source& src,
@@ -86,15 +196,21 @@ void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& 
   // its state changes: a damaged checkpoint loses nothing.
   if (!verified) verify_rank_state(ctx, res, buffers, src);
   const TierSet tiers = res.tiers();
+  // At stage 0 after local steps: the rank's own copy (rank 0's is the plain records).
+  const bool own = rank_carry(ctx, src.manifest(), src.dir()).copies && res.rank != 0;
   std::vector<float> chunk;
   for_each_owned_buffer(ctx, res.rank, buffers,
-                        [&](uint32_t param, uint32_t buffer, const OwnedRange& own, TieredBuffer& dst,
+                        [&](uint32_t param, uint32_t buffer, const OwnedRange& range, TieredBuffer& dst,
                             zd_dtype stored) {
-                          for (uint64_t off = 0; off < own.count; off += kChunk) {
-                            const uint64_t n = std::min(kChunk, own.count - off);
+                          for (uint64_t off = 0; off < range.count; off += kChunk) {
+                            const uint64_t n = std::min(kChunk, range.count - off);
                             chunk.resize(n);
-                            src.read(param, buffer, own.first + off, n, chunk.data());
-                            write_from_f32(tiers, dst, stored, own.at + off, n, chunk.data());
+                            if (own)
+                              src.read_rank(res.rank, param, ckpt::kRankCopy + buffer, range.first + off, n,
+                                            chunk.data());
+                            else
+                              src.read(param, buffer, range.first + off, n, chunk.data());
+                            write_from_f32(tiers, dst, stored, range.at + off, n, chunk.data());
                           }
                         });
   // The optimizer's per-tensor scalars: the checkpoint's (of the count the
@@ -109,8 +225,29 @@ void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& 
   buffers.working_from_master();
 }
 
+void read_rank_errors(const ModelContext& ctx, RankResources& res, MomentumCompression& compression,
+                      const ckpt::Source& src) {
+  const ckpt::Manifest& m = src.manifest();
+  const RankCarry carry = rank_carry(ctx, m, src.dir());
+  compression.set_own_copies(carry.copies);
+  if (!carry.errors) return;
+  const TierSet tiers = res.tiers();
+  std::vector<float> chunk;
+  for (const ErrorSpan& e : error_spans(ctx, res.rank, m.error_fused)) {
+    TieredBuffer* b = compression.error_buffer(e);
+    if (b == nullptr) continue;
+    for (uint64_t off = 0; off < e.count; off += kChunk) {
+      const uint64_t n = std::min(kChunk, e.count - off);
+      chunk.resize(n);
+      src.read_rank(res.rank, static_cast<uint32_t>(e.param), error_record(e.part), e.first + off, n, chunk.data());
+      write_from_f32(tiers, *b, ZD_DTYPE_F32, e.at + off, n, chunk.data());
+    }
+  }
+  compression.errors_restored(m.error_fused);
+}
+
 ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler,
-                              const StateBuffers& buffers) {
+                              const StateBuffers& buffers, const MomentumCompression& compression) {
   ckpt::Manifest m;
   m.step = step;
   m.world_size = ctx.world_size;
@@ -131,6 +268,14 @@ ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossS
     fail(ZD_ERR_INTERNAL, "describe_model: " + std::to_string(m.scalars.size()) + " per-tensor scalars for " +
                               std::to_string(m.params.size()) + " parameters of " +
                               std::to_string(m.tensor_scalars) + " each");
+  // What each rank holds alone (every rank's compression says the same).
+  using Held = ckpt::Manifest::Held;
+  if (ctx.optimizer().compresses()) {
+    const bool live = ctx.world_size > 1 && compression.errors_live();
+    m.error_feedback = live ? Held::Yes : Held::No;
+    if (live) m.error_fused = compression.errors_fused();
+  }
+  m.rank_copies = ctx.world_size > 1 && replicated(ctx) && compression.own_copies() ? Held::Yes : Held::No;
   return m;
 }
 

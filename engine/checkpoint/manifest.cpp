@@ -139,7 +139,9 @@ std::string manifest_text(const Manifest& m) {
   char scale[64];
   std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
   // The oldest format that holds it: older readers read what they can.
-  o << "zerod-checkpoint " << (m.tensor_scalars > 0 ? 4 : m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1) << "\n"
+  int version = m.tensor_scalars > 0 ? 4 : m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1;
+  if (m.error_feedback != Manifest::Held::Unknown || m.rank_copies != Manifest::Held::No) version = 5;
+  o << "zerod-checkpoint " << version << "\n"
     << "step " << m.step << "\n"
     << "world_size " << m.world_size << "\n"
     << "zero_stage " << m.zero_stage << "\n"
@@ -168,6 +170,18 @@ std::string manifest_text(const Manifest& m) {
       o << "\n";
     }
   }
+  switch (m.error_feedback) {
+    case Manifest::Held::Unknown: break;
+    case Manifest::Held::No: o << "error_feedback none\n"; break;
+    case Manifest::Held::Dropped: o << "error_feedback dropped\n"; break;
+    case Manifest::Held::Yes:
+      o << "error_feedback " << m.error_fused.size();
+      for (char fused : m.error_fused) o << (fused ? " fused" : " tensors");
+      o << "\n";
+      break;
+  }
+  if (m.rank_copies == Manifest::Held::Yes) o << "rank_copies\n";
+  if (m.rank_copies == Manifest::Held::Dropped) o << "rank_copies dropped\n";
   if (m.nodes > 0) {
     o << "nodes " << m.nodes << " " << (m.shared ? "shared" : "node-local") << "\n";
     for (const NodePart& p : m.parts)
@@ -262,6 +276,29 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
         m.scalars.push_back(static_cast<float>(std::strtod(v.c_str(), &end)));
         if (*end) bad("a bad scalar '" + v + "'");
       }
+    } else if (key == "error_feedback") {
+      std::string how;
+      if (!(f >> how) || m.error_feedback != Manifest::Held::Unknown) bad("a bad error_feedback line");
+      if (how == "none") {
+        m.error_feedback = Manifest::Held::No;
+      } else if (how == "dropped") {
+        m.error_feedback = Manifest::Held::Dropped;
+      } else {
+        char* end = nullptr;
+        const unsigned long groups = std::strtoul(how.c_str(), &end, 10);
+        if (*end || groups < 1 || groups > 64) bad("a bad error_feedback line (none, dropped, or a group count)");
+        m.error_feedback = Manifest::Held::Yes;
+        for (unsigned long g = 0; g < groups; ++g) {
+          if (!(f >> how) || (how != "fused" && how != "tensors"))
+            bad("an error_feedback line without 'fused' or 'tensors' for each of its " + std::to_string(groups) +
+                " groups");
+          m.error_fused.push_back(how == "fused" ? 1 : 0);
+        }
+      }
+    } else if (key == "rank_copies") {
+      std::string how;
+      m.rank_copies = f >> how ? Manifest::Held::Dropped : Manifest::Held::Yes;
+      if (m.rank_copies == Manifest::Held::Dropped && how != "dropped") bad("a bad rank_copies line");
     } else if (key == "nodes") {
       std::string how;
       if (!(f >> m.nodes >> how) || m.nodes < 1 || (how != "shared" && how != "node-local")) bad("a bad nodes line");

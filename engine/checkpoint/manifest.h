@@ -14,9 +14,11 @@ namespace zerod::ckpt {
 
 // Format 2 adds where the parts of a snapshot across nodes live (`nodes`,
 // `part`); format 3 the second shard set (`shard_set 1`); format 4 the
-// optimizer's per-tensor scalars (`tensor_scalars`, `scalars`). A manifest
-// is written in the oldest format that holds it.
-constexpr int kFormatVersion = 4;
+// optimizer's per-tensor scalars (`tensor_scalars`, `scalars`); format 5
+// what each rank alone holds (`error_feedback`, `rank_copies`: records of
+// shard_file.h's kRankBuffers). A manifest is written in the oldest format
+// that holds it.
+constexpr int kFormatVersion = 5;
 constexpr const char* kManifestName = "zerod-checkpoint.txt";
 
 struct ParamEntry {
@@ -53,6 +55,23 @@ struct Manifest {
   // written before format 4.
   uint32_t tensor_scalars = 0;
   std::vector<float> scalars;
+  // Format 5: what each rank alone holds. error_feedback says, for a
+  // compressing optimizer, whether each rank's shard holds the rank's error
+  // feedback of its 1-bit exchanges (kWorkerError, kServerError*), which
+  // belongs to world_size ranks: Yes where an exchange since its last
+  // restart left it other than zero, No where no rank's is (one rank, or
+  // none since the restart), Dropped where `zerod ckpt reshard` to another
+  // world size left it out; Unknown in a manifest of another optimizer or
+  // before format 5. error_fused: with Yes, per parameter group (the
+  // working dtype's, in order of first registration), whether its server
+  // error is a fused group's chunk (1) or each tensor's (0). rank_copies:
+  // Yes where, at ZeRO stage 0, each rank's shard but rank 0's holds the
+  // rank's own master and state (kRankCopy), which 0/1 Adam's local steps
+  // made its own (rank 0's are the plain records); Dropped as above.
+  enum class Held : uint8_t { Unknown, No, Yes, Dropped };
+  Held error_feedback = Held::Unknown;
+  std::vector<char> error_fused;
+  Held rank_copies = Held::No;
   // A snapshot across nodes: how many nodes wrote it, whether into one
   // directory every node sees (shared) or each into its own disk, and the
   // parts (every node's in the manifest; its own in a node's part file).

@@ -84,7 +84,7 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
   const bool wrote = attempt(
       [&] {
         ckpt::ShardWriter out(dir + "/" + ckpt::shard_name(rank, world_size_, shard_set), rank, world_size_);
-        write_rank_shard(ctx_, rs.res, rs.buffers, out);
+        write_rank_shard(ctx_, rs.res, rs.buffers, rs.compression, out);
         out.finish();
       },
       &code, &why);
@@ -104,7 +104,7 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
                                 " (with several nodes the directory must be on a file system every node sees)");
           ckpt::ShardReader check(path);
         }
-        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler, rs.buffers);
+        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler, rs.buffers, rs.compression);
         m.shard_set = shard_set;
         ckpt::write_manifest(dir, m);
         // The rename durable before the call returns; then the old
@@ -122,13 +122,22 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
 
 void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) {
   const ckpt::Manifest& m = src.manifest();
+  // Training starts over from the checkpoint: gradients of a backward no
+  // zd_step applied go (the next update would apply them to the loaded
+  // parameters), and the next update's plan is asked again.
+  discard_gradients(rs, "zd_model_load");
   {
     const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
     read_rank_state(ctx_, rs.res, rs.buffers, src, verified);
   }
   // First: the copies compression.replay kept (the stage-3 parameters
-  // the refresh below would read among them) are stale now.
+  // the refresh below would read among them) are stale now, and the error
+  // feedback restarts from the checkpoint's (zero where it holds none for
+  // this job: rank_carry, whose warning one rank gives).
   rs.compression.reset();
+  read_rank_errors(ctx_, rs.res, rs.compression, src);
+  if (rs.res.rank == first_local_)
+    if (const std::string why = rank_carry(ctx_, m, src.dir()).warning; !why.empty()) log_warn(why);
   gather_working_copies(rs);
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;
@@ -178,7 +187,7 @@ void Model::final_snapshot(int rank) {
     clean = false;
   }
   try {
-    snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.scaler);
+    snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.compression, rs.scaler);
   } catch (const std::exception& e) {
     log_warn("rank " + std::to_string(rank) + ": no final snapshot: " + e.what());
   }
@@ -195,7 +204,7 @@ void Model::final_snapshot() {
       log_message(ZD_LOG_ERROR, std::string("no final snapshot: the last update failed: ") + e.what());
       return;
     }
-    views.push_back({&rs->res, &rs->buffers});
+    views.push_back({&rs->res, &rs->buffers, &rs->compression});
   }
   const RankState& first = *ranks_.front();
   try {

@@ -21,6 +21,24 @@ namespace zerod::ckpt {
 constexpr uint32_t kMasterBuffer = 0;
 inline uint32_t slot_buffer(int slot) { return static_cast<uint32_t>(slot) + 1; }
 
+// Records of what one rank alone holds (manifest format 5), from buffer
+// kRankBuffers on: only the shard of that rank holds them, and only that
+// rank reads them (Source keeps them apart from the records every rank's
+// part is assembled from). Their elements are the parameter's, as above.
+constexpr uint32_t kRankBuffers = 0x10000;
+// At ZeRO stage 0, where local steps (0/1 Adam's) made every rank's copy its
+// own: the rank's master (kRankCopy) and state slot k (kRankCopy + k + 1).
+// Rank 0's copy is the plain records.
+constexpr uint32_t kRankCopy = kRankBuffers;
+// A compressing optimizer's error feedback on the rank: the worker error of
+// each whole tensor; the server error of the chunk of each tensor the rank
+// serves (elements [r c, r c + n_r)), or, where a fused exchange packs a
+// group as one buffer, of the group's chunk cut at the tensors' bounds.
+constexpr uint32_t kWorkerError = 0x20000;
+constexpr uint32_t kServerError = 0x20001;
+constexpr uint32_t kServerErrorFused = 0x20002;
+inline bool rank_buffer(uint32_t buffer) { return buffer >= kRankBuffers; }
+
 struct Record {
   uint32_t param = 0;
   uint32_t buffer = 0;

@@ -150,19 +150,20 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
 }
 
 void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
-                           const LossScaler& scaler) {
+                           MomentumCompression& compression, const LossScaler& scaler) {
   if (!enabled()) return;
   // A snapshot due now first waits for the one before to be whole.
   if (across_nodes()) settle(rank, res, /*wait=*/due(step));
   if (!due(step)) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression);
   const auto local = static_cast<size_t>(rank - first_local_);
   if (across_nodes()) pending_[local] = s;
   try {
-    writers_[local] = std::thread([this, s, rank, &res, &buffers] { write_shard(s, rank, res, buffers); });
+    writers_[local] =
+        std::thread([this, s, rank, &res, &buffers, &compression] { write_shard(s, rank, res, buffers, compression); });
   } catch (const std::system_error&) {  // no thread: written here, as at the end
-    write_shard(s, rank, res, buffers);
+    write_shard(s, rank, res, buffers, compression);
   }
 }
 
@@ -176,7 +177,8 @@ void Snapshots::join_writer(int rank) {
   if (t.joinable()) t.join();
 }
 
-void Snapshots::write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers) {
+void Snapshots::write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers,
+                            MomentumCompression& compression) {
   bool ok = s->ok;
   std::string why;
   // The rank's buffers are free again: its next update may change them.
@@ -193,7 +195,7 @@ void Snapshots::write_shard(const std::shared_ptr<InFlight>& s, int rank, RankRe
       // rank's where every node keeps its own part.
       const bool replicated_writer = rank == 0 || (across_nodes() && !shared_.load() && rank == first_local_);
       ckpt::ShardWriter out(s->partial + "/" + ckpt::shard_name(rank, ctx_.world_size), rank, ctx_.world_size);
-      write_rank_shard(ctx_, res, buffers, out, replicated_writer);
+      write_rank_shard(ctx_, res, buffers, compression, out, replicated_writer);
       out.write_index();
       done_reading();
       out.sync();  // off the training's path: only the commit waits for it
@@ -387,9 +389,10 @@ void Snapshots::commit_across(InFlight& s) {
 // The end
 
 std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler,
-                                                               const StateBuffers& buffers) {
+                                                               const StateBuffers& buffers,
+                                                               const MomentumCompression& compression) {
   std::lock_guard<std::mutex> lock(mu_);
-  begin(step, with_parts(describe_model(ctx_, step, scaler, buffers), false));
+  begin(step, with_parts(describe_model(ctx_, step, scaler, buffers, compression), false));
   reading_[static_cast<size_t>(rank - first_local_)] = 1;
   return current_;
 }
@@ -402,24 +405,24 @@ void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const L
   std::shared_ptr<InFlight> s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    begin(step, describe_model(ctx_, step, scaler, *ranks.front().buffers));
+    begin(step, describe_model(ctx_, step, scaler, *ranks.front().buffers, *ranks.front().compression));
     s = current_;
     for (const RankView& v : ranks) reading_[static_cast<size_t>(v.res->rank - first_local_)] = 1;
   }
-  for (const RankView& v : ranks) write_shard(s, v.res->rank, *v.res, *v.buffers);
+  for (const RankView& v : ranks) write_shard(s, v.res->rank, *v.res, *v.buffers, *v.compression);
 }
 
 void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
-                         const LossScaler& scaler) {
+                         MomentumCompression& compression, const LossScaler& scaler) {
   if (!enabled() || !across_nodes()) return;
   settle(rank, res, /*wait=*/true);  // the snapshot written last, if not agreed yet
   const double unclean = all_reduce_max(rank, res, kLeave, 0, "the end: does every rank leave between steps",
                                         clean ? 0.0 : 1.0);
   if (unclean != 0 || step == 0 || last_step_.load() == step) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression);
   pending_[static_cast<size_t>(rank - first_local_)] = s;
-  write_shard(s, rank, res, buffers);
+  write_shard(s, rank, res, buffers, compression);
   settle(rank, res, /*wait=*/true);
   join_committer();  // on disk before the rank is told it left
 }

@@ -33,6 +33,7 @@
 // not, the next older is tried, and each skipped one is logged with why.
 #pragma once
 
+#include "compression/momentum_compression.h"
 #include "optimizer/loss_scaler.h"
 #include "manifest.h"
 #include "model/model_context.h"
@@ -79,7 +80,8 @@ class Snapshots {
   // the snapshot the rank wrote last (every node's part whole?), which then
   // commits it; then the rank's shard when a snapshot is due. The manifest
   // comes from the rank's figures.
-  void after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers, const LossScaler& scaler);
+  void after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
+                  MomentumCompression& compression, const LossScaler& scaler);
   // Waits until the rank's shard in flight (if any) has read everything it
   // writes (its flush to disk may go on).
   void fence(int rank);
@@ -89,6 +91,7 @@ class Snapshots {
   struct RankView {
     RankResources* res;
     StateBuffers* buffers;
+    MomentumCompression* compression;  // what the rank holds alone (its error feedback, its own copy)
   };
   void at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler);
   // Across nodes, when a rank leaves the job (zd_model_destroy), before its
@@ -96,7 +99,7 @@ class Snapshots {
   // (between steps) and steps were applied since the newest snapshot, the
   // last state is snapshotted, agreed and committed as during training.
   void at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
-                const LossScaler& scaler);
+                MomentumCompression& compression, const LossScaler& scaler);
   // The step of the newest snapshot this model wrote (or resumed from), -1 if none.
   int64_t last_step() const { return last_step_.load(); }
   void resumed_at(int64_t step) { last_step_.store(step); }
@@ -105,10 +108,12 @@ class Snapshots {
   struct InFlight;
   void begin(int64_t step, const ckpt::Manifest& manifest);
   // begin() with the model's description (the per-tensor scalars from
-  // `buffers`), and the rank marked reading it; the snapshot begun.
+  // `buffers`, what each rank holds alone from `compression`), and the rank
+  // marked reading it; the snapshot begun.
   std::shared_ptr<InFlight> begin_reading(int rank, int64_t step, const LossScaler& scaler,
-                                          const StateBuffers& buffers);
-  void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers);
+                                          const StateBuffers& buffers, const MomentumCompression& compression);
+  void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers,
+                   MomentumCompression& compression);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
   void commit(InFlight& s);
   // Removes all but the newest `keep` snapshots up to step `written`, the

@@ -47,12 +47,25 @@ class Source {
   // before it changes anything.
   void verify(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count) const;
 
+  // The records of what rank `rank` alone holds (shard_file.h: buffers
+  // kRankBuffers and up), in its own shard only: as read() above (with
+  // `out` null it checks them, as verify() does). Reading a rank whose
+  // shard is not open here fails.
+  void read_rank(int rank, uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
+  // Every such record of the rank read and checked; how many there are.
+  uint64_t verify_rank(int rank) const;
+  // Every such record of the rank (its param, buffer and elements), in
+  // order of param, buffer and first element.
+  std::vector<Record> rank_records(int rank) const;
+
  private:
   struct Where {
     size_t shard;
     const Record* record;
   };
-  void visit(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
+  using Index = std::map<std::pair<uint32_t, uint32_t>, std::vector<Where>>;  // by (param, buffer), sorted by first
+  void visit(const Index& index, uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
+  const Index& rank_index(int rank) const;
   // The values of a record, read and checked; the last one read on the
   // calling thread is kept, so that reading a record's range in chunks
   // reads the record once.
@@ -63,7 +76,8 @@ class Source {
   std::string dir_;
   Manifest manifest_;
   std::vector<std::unique_ptr<ShardReader>> shards_;
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<Where>> index_;  // sorted by first
+  Index index_;
+  std::map<int, Index> rank_index_;  // by rank: the records it alone holds
 };
 
 }  // namespace zerod::ckpt

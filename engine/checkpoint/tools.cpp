@@ -2,6 +2,7 @@
 
 #include "runtime/dtype.h"
 #include "error.h"
+#include "log.h"
 #include "memory/ledger.h"
 #include "runtime/thread_pool.h"
 
@@ -135,6 +136,9 @@ uint64_t verify_all(const Source& src, unsigned threads) {
     src.verify(p, b, 0, m.params[p].numel);  // every element of every buffer is there and whole
     records.fetch_add(1);
   });
+  // And what each rank holds alone (its error feedback, its own copy).
+  parallel(static_cast<size_t>(m.world_size), threads,
+           [&](size_t r) { records.fetch_add(src.verify_rank(static_cast<int>(r))); });
   return records.load();
 }
 
@@ -362,6 +366,30 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
                                       ": write into another directory");
   Manifest m = src.manifest();
   m.shard_set = shard_set_to_write(out_dir);  // a checkpoint already there stays whole until the manifest
+  // What each rank holds alone belongs to the checkpoint's world size: its
+  // records go to the same rank's shard, or, for another number of shards,
+  // nowhere (the error feedback of a rank's 1-bit exchanges, and at stage 0
+  // a rank's own copy, mean nothing to the ranks of another world size).
+  using Held = Manifest::Held;
+  const bool errors = m.error_feedback == Held::Yes, copies = m.rank_copies == Held::Yes;
+  const bool per_rank = errors || copies;
+  const bool keep_per_rank = world == m.world_size;
+  if (per_rank && !keep_per_rank) {
+    log_warn("reshard: " + src.dir() + " holds " +
+             (errors ? std::string("the error feedback of each rank's 1-bit exchanges") : "") +
+             (errors && copies ? " and " : "") +
+             (copies ? std::string("each rank's own parameters and optimizer state (0/1 Adam's local steps at "
+                                   "ZeRO stage 0)")
+                     : "") +
+             ", which belongs to its " + std::to_string(m.world_size) + " ranks; the " + std::to_string(world) +
+             " shards written leave it out: a job resumed from them goes on " +
+             (errors ? std::string("from zero error feedback") : "") + (errors && copies ? " and " : "") +
+             (copies ? std::string("with rank 0's copy on every rank") : "") +
+             ", near, not bit for bit as, the run that wrote it");
+    if (errors) m.error_feedback = Held::Dropped;
+    m.error_fused.clear();
+    if (copies) m.rank_copies = Held::Dropped;
+  }
   const auto buffers = static_cast<uint32_t>(m.slots.size()) + 1;
   const auto w = static_cast<uint64_t>(world);
   parallel(static_cast<size_t>(world), threads, [&](size_t r) {
@@ -383,6 +411,17 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
         out.end();
       }
     }
+    if (per_rank && keep_per_rank)
+      for (const Record& rec : src.rank_records(static_cast<int>(r))) {
+        out.begin(rec.param, rec.buffer, rec.first, rec.count);
+        for (uint64_t at = rec.first; at < rec.first + rec.count; at += uint64_t{1} << 20) {
+          const uint64_t k = std::min(uint64_t{1} << 20, rec.first + rec.count - at);
+          chunk.resize(k);
+          src.read_rank(static_cast<int>(r), rec.param, rec.buffer, at, k, chunk.data());
+          out.append(chunk.data(), k);
+        }
+        out.end();
+      }
     out.finish();
   });
   m.world_size = world;

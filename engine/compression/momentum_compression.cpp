@@ -92,8 +92,69 @@ void MomentumCompression::reset() {
     for (TieredBuffer* b : {&c.worker_error, &c.server_error}) b->zero();
     c.have_average = c.average_in_buffer = false;
   }
+  errors_live_ = false;
   replica_valid_ = 0;
   params_valid_ = false;
+}
+
+std::vector<ErrorSpan> error_spans(const ModelContext& ctx, int rank, const std::vector<char>& fused) {
+  std::vector<ErrorSpan> out;
+  const auto& groups = ctx.registry.groups();
+  const auto r = static_cast<uint64_t>(rank);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ParamGroup& g = groups[gi];
+    // The packed order (registration order, no gaps): the worker error's,
+    // and a fused exchange's.
+    std::vector<uint64_t> packed;
+    uint64_t total = 0;
+    for (zd_param_id pid : g.params) {
+      packed.push_back(total);
+      total += static_cast<uint64_t>(ctx.registry.param(pid).numel);
+    }
+    for (size_t j = 0; j < g.params.size(); ++j) {
+      const auto n = static_cast<uint64_t>(ctx.registry.param(g.params[j]).numel);
+      if (n > 0) out.push_back({ErrorPart::Worker, gi, g.params[j], 0, n, packed[j]});
+    }
+    if (gi < fused.size() && fused[gi] != 0) {
+      // Chunk `rank` of the packed group, [lo, hi), at the buffer's start.
+      const uint64_t chunk = compression_chunk(total, ctx.world_size);
+      const uint64_t lo = std::min(total, r * chunk), hi = std::min(total, lo + chunk);
+      for (size_t j = 0; j < g.params.size(); ++j) {
+        const uint64_t p0 = packed[j], p1 = p0 + static_cast<uint64_t>(ctx.registry.param(g.params[j]).numel);
+        const uint64_t a = std::max(lo, p0), b = std::min(hi, p1);
+        if (a < b) out.push_back({ErrorPart::ServerFused, gi, g.params[j], a - p0, b - a, a - lo});
+      }
+      continue;
+    }
+    // Chunk `rank` of each tensor, one tensor's chunk after another's.
+    uint64_t server_at = 0;
+    for (zd_param_id pid : g.params) {
+      const auto n = static_cast<uint64_t>(ctx.registry.param(pid).numel);
+      const uint64_t chunk = compression_chunk(n, ctx.world_size);
+      const uint64_t lo = std::min(n, r * chunk), hi = std::min(n, lo + chunk);
+      if (lo < hi) out.push_back({ErrorPart::Server, gi, pid, lo, hi - lo, server_at});
+      server_at += chunk;
+    }
+  }
+  return out;
+}
+
+std::vector<char> MomentumCompression::errors_fused() const {
+  std::vector<char> fused;
+  for (const Group& c : groups_) fused.push_back(c.errors_fused ? 1 : 0);
+  return fused;
+}
+
+TieredBuffer* MomentumCompression::error_buffer(const ErrorSpan& span) {
+  if (span.group >= groups_.size()) return nullptr;
+  Group& c = groups_[span.group];
+  TieredBuffer& b = span.part == ErrorPart::Worker ? c.worker_error : c.server_error;
+  return b.empty() ? nullptr : &b;
+}
+
+void MomentumCompression::errors_restored(const std::vector<char>& fused) {
+  for (size_t gi = 0; gi < groups_.size() && gi < fused.size(); ++gi) groups_[gi].errors_fused = fused[gi] != 0;
+  errors_live_ = true;
 }
 
 // What every update call of this step says of tensor pid: the types, the
@@ -291,9 +352,11 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
   const bool whole_params = st.replay && ctx_.params_partitioned();
   if (whole_params && !params_valid_) fill_params();
   params_valid_ = false;
-  if (plan.reset_errors)
+  if (plan.reset_errors) {
     for (Group& c : groups_)
       for (TieredBuffer* b : {&c.worker_error, &c.server_error}) b->zero();
+    errors_live_ = false;
+  }
   bool exchanges = false;
   for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
   if (exchanges) {
@@ -323,6 +386,9 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
           fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' planned update " +
                                   std::to_string(t) + " as a pass over each rank's own local gradient, which needs "
                                   "every rank to own every element (ZeRO stage 0)");
+        // A pass over each rank's own local gradient (stage 0, checked
+        // above): each rank's parameters and state are its own from now on.
+        if (op == ZD_OP_PASS_GRAD && plan.grads == ZD_GRADS_LOCAL && ctx_.world_size > 1) own_copies_ = true;
         ++st.pass;
         tensor_step(st, op);
         pass(st, op == ZD_OP_PASS_GRAD);

@@ -82,6 +82,23 @@ std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t pa
 // compression.replay where it cannot replay.
 void check_compression_support(const ModelContext& ctx);
 
+// Where a rank's error feedback lies, as runs of tensors' elements (what
+// checkpoints hold of it: checkpoint_io.h): the worker error of each whole
+// tensor, and the server error of the chunk of each tensor the rank serves
+// (elements [rank c, rank c + n_r)), or, in a group exchanged fused (packed
+// as one buffer: `fused`, per group), of the group's chunk, cut at the
+// tensors' bounds. `at` is where a span lies in the group's worker or
+// server error buffer (fp32 elements).
+enum class ErrorPart { Worker, Server, ServerFused };
+struct ErrorSpan {
+  ErrorPart part;
+  size_t group;
+  zd_param_id param;
+  uint64_t first, count;
+  uint64_t at;
+};
+std::vector<ErrorSpan> error_spans(const ModelContext& ctx, int rank, const std::vector<char>& fused);
+
 class MomentumCompression {
  public:
   MomentumCompression(const ModelContext& ctx, RankResources& res, StateBuffers& buffers, OptimizerRunner& runner,
@@ -118,6 +135,27 @@ class MomentumCompression {
   // zd_param_write of p's whole value: the kept copy takes it too.
   void write_whole_param(const ParamRecord& p, const float* whole);
 
+  // What checkpoints hold of this rank (checkpoint_io.h). The error
+  // feedback is zero but where an exchange ran since it last restarted
+  // (reset, a plan's reset_errors); the ranks run the same plans, so every
+  // rank's answer is the same.
+  bool errors_live() const { return errors_live_; }
+  // Per group, whether its server error holds the fused group's chunk (the
+  // layout of its last exchange): error_spans' `fused`.
+  std::vector<char> errors_fused() const;
+  // The buffer a span of error_spans lies in; nullptr where the rank keeps
+  // no error feedback (one rank, no compression).
+  TieredBuffer* error_buffer(const ErrorSpan& span);
+  // After a load (and reset()) wrote the spans of error_spans(fused) back.
+  void errors_restored(const std::vector<char>& fused);
+  // At ZeRO stage 0 on several ranks, a pass over each rank's own local
+  // gradient (0/1 Adam's local steps) makes the rank's parameters and state
+  // its own, and they stay so: a sync undoes each rank's moves in floating
+  // point, so the copies never agree to the bit again. Every rank's answer
+  // is the same; a load sets it (whether each rank read its own copy).
+  bool own_copies() const { return own_copies_; }
+  void set_own_copies(bool own) { own_copies_ = own; }
+
  private:
   // Tensors exchanged together: one, or a whole group (fused), packed.
   struct Segment {
@@ -127,12 +165,14 @@ class MomentumCompression {
     uint64_t server_at = 0;  // this rank's server error chunk
     uint64_t scales_at = 0;  // world scales of the kept average
     uint64_t tag = 0;
+    bool fused = false;      // the group's tensors packed as one buffer
   };
   struct Group {
     std::vector<uint64_t> dense;  // per parameter of the group: where it starts in the packed order
     uint64_t dense_count = 0;
     TieredBuffer worker_error;  // dense_count floats
     TieredBuffer server_error;  // the chunks this rank serves
+    bool errors_fused = false;  // the server error holds the fused group's chunk (the last exchange's layout)
     TieredBuffer signs;         // the kept average: a bit per element (packed order)
     TieredBuffer scales;        // and world scales per tensor (or per group when fused)
     bool have_average = false;
@@ -209,6 +249,8 @@ class MomentumCompression {
   // one piece (a fused group, a tensor split between owners): grown to the
   // largest segment and kept, for the same reason.
   TieredBuffer scratch_;
+  bool errors_live_ = false;    // an exchange ran since the error feedback last restarted
+  bool own_copies_ = false;     // stage 0: the ranks' parameters and state are their own
   uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values
   bool params_valid_ = false;   // Group::params holds every owner's current parameters
   mutable bool replay_hinted_ = false;  // the log line saying compression.replay exists

@@ -111,6 +111,7 @@ std::vector<MomentumCompression::Segment> MomentumCompression::segments(size_t g
     s.params = g.params;
     s.count = c.dense_count;
     s.tag = uint64_t{1} << 40;
+    s.fused = true;
     out.push_back(std::move(s));
     return out;
   }
@@ -168,6 +169,9 @@ void MomentumCompression::exchange(size_t gi, const Segment& s, float* x, bool k
   });
   we.done();
   se.done();
+  // What the error feedback holds now, for checkpoints (error_spans).
+  errors_live_ = true;
+  c.errors_fused = s.fused;
   if (!keep) return;
   // Keep the average as it is: a sign bit per element, a scale per chunk.
   observe::Span span(res_.probe, "optimizer", "keep average");

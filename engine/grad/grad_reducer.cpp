@@ -55,6 +55,27 @@ void GradReducer::reset() {
       throw;
     }
   }
+  if (stage1_reduces()) {
+    // Stage 1 on several ranks: each step reduce-scatters the whole
+    // gradients into the owned range of each group, here, beside the
+    // accumulators (Placement::need_table counts them, BUFFERS in the
+    // gradients' tier). Allocated once: a step never asks for them, so a
+    // budget the plan fits is not refused at the first step.
+    const TierSet tiers = res_.tiers();
+    const auto& groups = ctx_.registry.groups();
+    try {
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        const ParamGroup& g = groups[gi];
+        reduced_.emplace_back();
+        reduced_.back().allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{g.stride, buffers_.groups()[gi].grad_tier()}},
+                                 ZD_MEM_BUFFERS, "the reduced gradient range of group " + std::to_string(gi) +
+                                                     " (stage 1: the owned part of the averaged gradients)");
+      }
+    } catch (...) {
+      release_reduced();
+      throw;
+    }
+  }
 }
 
 void GradReducer::set_local(bool local) {
@@ -75,6 +96,7 @@ OwnedGrad GradReducer::local_grad(size_t gi) const {
 void GradReducer::release() {
   out_.reset();  // its tasks hold buckets and write the accumulators
   release_transient();
+  release_reduced();
   res_.transfers.gradient_staging().release();
   const TierSet tiers = res_.tiers();
   for (TieredBuffer& w : whole_) w.release(tiers);
@@ -93,7 +115,6 @@ void GradReducer::release_transient() {
     bucket.clear();
   }
   std::fill(bucket_elems_.begin(), bucket_elems_.end(), 0);
-  release_reduced();
 }
 
 std::byte* GradReducer::accumulator(const ParamRecord& p) const {
@@ -288,10 +309,6 @@ void GradReducer::settle_transients() {
 // all-reduces the bucket and each rank keeps what falls in its range.
 void GradReducer::send_bucket(size_t gi) {
   Device& d = *res_.device;
-  auto pending = std::make_shared<std::vector<Pending>>(std::move(buckets_[gi]));
-  buckets_[gi].clear();
-  bucket_elems_[gi] = 0;
-  const uint64_t seq = ++bucket_seq_;
   const ParamGroup& g = ctx_.registry.groups()[gi];
   const bool p3 = ctx_.params_partitioned();
   const auto world = static_cast<uint64_t>(ctx_.world_size);
@@ -301,23 +318,34 @@ void GradReducer::send_bucket(size_t gi) {
   // Where each contribution sits in the packed bucket.
   auto offsets = std::make_shared<std::vector<uint64_t>>();
   uint64_t len = 0;
-  for (const Pending& pg : *pending) {
+  for (const Pending& pg : buckets_[gi]) {
     const ParamRecord& p = ctx_.registry.param(pg.param);
     offsets->push_back(len);
     len += p3 ? p.stride : static_cast<uint64_t>(p.numel);
   }
   const uint64_t send_len = p3 ? len * world : len;
+  // The packed buffers first: a refusal (ZD_ERR_BUDGET) leaves the bucket,
+  // its count and the tags as they were, so the contributions stay pending
+  // and the next flush (the same zd_step made again) sends them. Taken out
+  // before, they were released with the refusal and a repeated zd_step
+  // applied an update without them.
   Block send, recv;
   try {
     send = allocate_transient(send_len * esz, "a gradient bucket");
     if (p3) recv = allocate_transient(len * esz, "a gradient bucket");
-  } catch (...) {
-    // The step fails here; the views it took out of the bucket go back
-    // all the same (nothing else holds them now).
+  } catch (const Error& e) {
     if (send) d.release(send, ZD_MEM_BUFFERS);
-    for (const Pending& pg : *pending) d.release(pg.view, ZD_MEM_BUFFERS);
+    if (e.code() != ZD_ERR_BUDGET) throw;
+    fail(e.code(), std::string(e.what()) + "; the bucket's gradients stay pending: the next zd_step sends them "
+                                           "(a refused zd_step can be made again)");
+  } catch (...) {
+    if (send) d.release(send, ZD_MEM_BUFFERS);
     throw;
   }
+  auto pending = std::make_shared<std::vector<Pending>>(std::move(buckets_[gi]));
+  buckets_[gi].clear();
+  bucket_elems_[gi] = 0;
+  const uint64_t seq = ++bucket_seq_;
   // Packing happens now, on the rank's thread: the views are done with.
   observe::EventArgs a;
   a.value = static_cast<int64_t>(seq);
@@ -441,17 +469,14 @@ void GradReducer::reduce_for_step() {
   const auto& groups = ctx_.registry.groups();
   const float inv = 1.0f / static_cast<float>(ctx_.world_size);
   const bool stage1 = ctx_.partitioned(ZD_PARTITION_OPTIMIZER);
-  const TierSet tiers = res_.tiers();
+  // Nothing is allocated here (the reduced ranges were at finalize): the
+  // only failure left is the collective's, which breaks the job.
+  if (stage1 && reduced_.size() != groups.size())
+    fail(ZD_ERR_INTERNAL, "stage 1 on several ranks, but the reduced gradient ranges were not allocated at finalize");
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ParamGroup& g = groups[gi];
-    const zd_dtype gdt = ctx_.grad_dtype(g);
     GroupBuffers& b = buffers_.groups()[gi];
-    b.grad_memory().scale(b.grad_data(), gdt, g.full_numel, inv);
-    if (stage1) {
-      reduced_.emplace_back();
-      reduced_.back().allocate(tiers, dtype_size(gdt), {{g.stride, b.grad_tier()}}, ZD_MEM_BUFFERS,
-                               "the reduced gradient range");
-    }
+    b.grad_memory().scale(b.grad_data(), ctx_.grad_dtype(g), g.full_numel, inv);
   }
   const std::string what = stage1 ? "step: reduce-scatter of the gradients" : "step: all-reduce of the gradients";
   observe::Span span(res_.probe, "grads", "reduce gradients", {}, &res_.probe.counters().reduce_wait_ns);
@@ -471,11 +496,12 @@ void GradReducer::reduce_for_step() {
         mem.all_reduce(ctx_, c, b.grad_data(), g.full_numel, dt);
     }
   });
+  reduced_ready_ = stage1;
 }
 
 OwnedGrad GradReducer::owned(size_t gi) const {
   const GroupBuffers& b = buffers_.groups()[gi];
-  if (!reduced_.empty()) return {reduced_[gi].addr(0), b.grad_tier(), &b.grad_memory()};
+  if (reduced_ready_) return {reduced_[gi].addr(0), b.grad_tier(), &b.grad_memory()};
   const ParamGroup& g = ctx_.registry.groups()[gi];
   std::byte* grad = b.grad_data();
   if (!ctx_.partitioned(ZD_PARTITION_GRADS))
@@ -487,8 +513,8 @@ void GradReducer::end_step(bool applied) {
   // A skipped step drops its gradients. An applied one zeroed the owned
   // range as it went, except at stage 1, where it read a reduced copy: the
   // whole unreduced gradients are stale.
-  if (!applied || !reduced_.empty()) zero();
-  release_reduced();
+  if (!applied || reduced_ready_) zero();
+  reduced_ready_ = false;
   for (ParamEntry& e : params_) e.touched = false;
   forget_norms();
   std::fill(settled_.begin(), settled_.end(), 0);
@@ -558,7 +584,26 @@ void GradReducer::restart() {
   }
   release_transient();
   local_ = false;
+  reduced_ready_ = false;
   bucket_seq_ = 0;  // tags restart with the new comm, equal on every rank
+  zero();
+}
+
+bool GradReducer::pending() const {
+  for (const ParamEntry& e : params_)
+    if (e.touched) return true;
+  return false;
+}
+
+void GradReducer::discard() {
+  // What was sent lands first (its reductions are collectives every rank
+  // made; a failure among them breaks the job, as at a step), then
+  // everything of the window goes. The bucket tags go on: the comm is the
+  // same, and every rank sent the same buckets.
+  settle_transients();
+  release_transient();
+  local_ = false;
+  reduced_ready_ = false;
   zero();
 }
 

@@ -51,7 +51,7 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   void reset();    // sized for the registry (at finalize)
-  void release();  // every transient buffer goes
+  void release();  // every buffer of its own goes
 
   // Whether the window being accumulated keeps its gradients local; set
   // before its first backward_begin (it changes nothing below stage 2).
@@ -110,6 +110,14 @@ class GradReducer {
   // A failed step's buffers and pending buckets go, the accumulators are
   // cleared and the bucket tags restart (as on every rank).
   void restart();
+  // Whether a contribution landed since the last step (a backward_end that
+  // no zd_step has applied or skipped yet).
+  bool pending() const;
+  // The window's gradients are dropped (a checkpoint load, zd_model_set_step:
+  // training starts over from the state they set): what was sent lands,
+  // then views, buckets, windows and accumulators are cleared. The comm
+  // goes on, so the bucket tags do too.
+  void discard();
 
  private:
   struct ParamEntry {
@@ -150,8 +158,14 @@ class GradReducer {
   // budget refuses it while buckets sent before still hold theirs, it waits
   // for them to give theirs back and tries again.
   Block allocate_transient(uint64_t bytes, const std::string& what);
-  void release_transient();  // views, buckets, reduced copies; not the whole local buffers
+  void release_transient();  // views and buckets; not the whole local buffers nor the reduced ranges
   void release_reduced();
+  // Stage 1 on several ranks: the step reduce-scatters the whole gradients
+  // into reduced_ (stage 0 all-reduces them in place; from stage 2 the
+  // buckets reduce them during backward).
+  bool stage1_reduces() const {
+    return ctx_.world_size > 1 && ctx_.partitioned(ZD_PARTITION_OPTIMIZER) && !ctx_.partitioned(ZD_PARTITION_GRADS);
+  }
 
   // Stages 2-3, offload.accumulate on the device: a group's micro-batches
   // before the window's last add into window_[group] (its owned range, in
@@ -176,7 +190,9 @@ class GradReducer {
   std::vector<std::vector<Pending>> buckets_;  // per group
   std::vector<uint64_t> bucket_elems_;         // per group
   uint64_t bucket_seq_ = 0;                    // tags the bucket collectives
-  std::vector<TieredBuffer> reduced_;          // stage 1: the owned range of each group's averaged gradients
+  std::vector<TieredBuffer> reduced_;          // stage 1, several ranks: the owned range of each group's averaged
+                                               // gradients (allocated at reset(), counted in the plan)
+  bool reduced_ready_ = false;                 // reduce_for_step filled reduced_ for this step: owned() is there
   std::vector<TieredBuffer> whole_;            // stages 2-3, compressing optimizer: the local whole gradients
   bool local_ = false;
   bool final_ = true;

@@ -20,6 +20,11 @@ std::byte* HostStaging::acquire() {
   return buf_.data();
 }
 
+void HostStaging::reserve() {
+  std::lock_guard<std::mutex> lock(mu_);
+  acquire();
+}
+
 void HostStaging::release() {
   std::lock_guard<std::mutex> lock(mu_);
   if (buf_.data() && res_.device) res_.device->unregister_host(buf_.data());

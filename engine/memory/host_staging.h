@@ -6,8 +6,11 @@
 // fresh std::vector per copy also pays a page fault per 4 KiB on every use.
 // On an H100 the gradients of a 100M-parameter GPT left the device through
 // such vectors at 0.5 GB/s, most of a 470 ms offloaded step. This buffer is
-// made once, on first use, page-locked through the device, charged to the
-// host tier, and reused; one user at a time (Lease holds its lock).
+// made once, page-locked through the device, charged to the host tier, and
+// reused; one user at a time (Lease holds its lock). Where the plan counts
+// it (Placement::host_staging) it is made at finalize (reserve()), so the
+// host budget refuses it there, with the table, never on the thread that
+// moves gradients mid-step; a lease makes it where nothing reserved it.
 #pragma once
 
 #include "memory/tiered_buffer.h"
@@ -19,6 +22,10 @@
 namespace zerod {
 
 struct RankResources;
+
+// The sizes of a rank's two staging buffers (Transfers).
+inline constexpr uint64_t kGradientStagingBytes = uint64_t{32} << 20;  // gradients leaving the device
+inline constexpr uint64_t kWorkingStagingBytes = uint64_t{16} << 20;   // the working copies' upload ring
 
 class HostStaging {
  public:
@@ -41,6 +48,9 @@ class HostStaging {
     uint64_t bytes_;
   };
 
+  // The buffer made now (charged; ZD_ERR_BUDGET where the host tier's
+  // budget refuses it), not at the first lease.
+  void reserve();
   // The buffer goes (unregistered, uncharged); the next lease makes it again.
   void release();
 

@@ -181,6 +181,7 @@ zd_tier Placement::grad_tier(size_t group, int rank) const {
 void Placement::decide_window(uint64_t device_budget, bool bytes_travel, int rank) {
   using A = OffloadConfig::Accumulate;
   const A choice = ctx_.config.offload.accumulate;
+  bytes_travel_ = bytes_travel;
   window_ = false;
   if (!ctx_.partitioned(ZD_PARTITION_GRADS) || choice == A::Host) return;
   if (choice == A::Device) {
@@ -237,6 +238,10 @@ NeedTable Placement::need_table(int rank) const {
     if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
     if (cb.params) need[static_cast<size_t>(gt)][ZD_MEM_PARAMS] += bytes_in(gt, cb.params);
     for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
+    // Stage 1 on several ranks: the owned range the step reduce-scatters
+    // the whole gradients into (GradReducer::reset).
+    if (ctx_.world_size > 1 && ctx_.partitioned(ZD_PARTITION_OPTIMIZER) && !ctx_.partitioned(ZD_PARTITION_GRADS))
+      need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, g.stride * dtype_size(ctx_.grad_dtype(g)));
   }
   if (p3)
     for (const ParamRecord& p : reg.params())
@@ -245,6 +250,24 @@ NeedTable Placement::need_table(int rank) const {
             bytes_in(ZD_TIER_DEVICE, p.stride * static_cast<uint64_t>(ctx_.world_size) * dtype_size(p.dtype));
   for (uint64_t b : staging_layout(rank))
     need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += b * static_cast<uint64_t>(ctx_.config.offload.buffer_count);
+  const HostStagingNeed hs = host_staging(rank);
+  need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += hs.gradients + hs.working;
+  return need;
+}
+
+Placement::HostStagingNeed Placement::host_staging(int rank) const {
+  HostStagingNeed need;
+  if (!bytes_travel_) return need;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
+    if (grad_tier(gi, rank) == ZD_TIER_DEVICE) continue;
+    // Gradients accumulate in host memory: they leave the device through
+    // the gradients' staging buffer (Transfers::add_to_host).
+    need.gradients = kGradientStagingBytes;
+    // The host updates state whose working copies are on the device: the
+    // new copies go up through the upload ring.
+    for (const TierRun& r : tier_runs(gi, rank, Holds::Params))
+      if (r.tier == ZD_TIER_DEVICE) need.working = kWorkingStagingBytes;
+  }
   return need;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "model/job_config.h"
+#include "memory/host_staging.h"
 #include "memory/ledger.h"
 #include "model/model_context.h"
 #include "memory/tiered_buffer.h"
@@ -58,6 +59,7 @@ class Placement {
   // (Transfers::bytes_travel: the device is not host memory anyway), and the
   // buffers of every group take at most a quarter of the device budget
   // (the rest is the live window's and the trainer's activations').
+  // It also records bytes_travel for host_staging().
   void decide_window(uint64_t device_budget, bool bytes_travel, int rank);
   bool window_on_device(size_t group, int rank) const { return window_ && grad_tier(group, rank) != ZD_TIER_DEVICE; }
 
@@ -66,6 +68,17 @@ class Placement {
   // state slot, the working shard; 0 = never on NVMe for this rank): the
   // pipeline holds offload.buffer_count sets of them from finalize on.
   std::vector<uint64_t> staging_layout(int rank) const;
+  // The page-locked host buffers through which bytes cross to and from a
+  // device the host cannot address (Transfers, host_staging.h): the
+  // gradients' staging buffer where gradients accumulate in host memory,
+  // the working copies' upload ring where the host updates state whose
+  // working copies are on the device; 0 where not needed, or where the
+  // host addresses the device's pool. Reserved at finalize
+  // (Transfers::reserve_staging), counted in the host row's buffers.
+  struct HostStagingNeed {
+    uint64_t gradients = 0, working = 0;
+  };
+  HostStagingNeed host_staging(int rank) const;
   // The table finalize refuses with and `zerod plan` prints; *fits tells
   // whether every tier is within its budget.
   std::string table(const TierPlan& plan, bool* fits) const;
@@ -101,6 +114,7 @@ class Placement {
   std::vector<Entry> entries_;  // per parameter
   std::atomic<uint64_t> nvme_align_{4096};
   bool window_ = false;
+  bool bytes_travel_ = false;  // as decide_window was told
 };
 
 }  // namespace zerod

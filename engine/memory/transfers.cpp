@@ -15,6 +15,16 @@ namespace zerod {
 
 bool Transfers::bytes_travel() const { return !res_.device->host_addressable(); }
 
+void Transfers::reserve_staging(bool gradients, bool working) {
+  try {
+    if (gradients) gradients_.reserve();
+    if (working) working_.reserve();
+  } catch (...) {
+    gradients_.release();
+    throw;
+  }
+}
+
 std::unique_ptr<CommStream> Transfers::leaving_stream(const char* role) const {
   return std::make_unique<CommStream>(bytes_travel(), role);
 }

@@ -28,8 +28,8 @@ struct RankResources;
 class Transfers {
  public:
   explicit Transfers(RankResources& res)
-      : res_(res), gradients_(res, uint64_t{32} << 20, "the gradients' staging buffer (gradients leaving the device)"),
-        working_(res, uint64_t{16} << 20, "the working copy's staging buffer (updates going to the device)") {}
+      : res_(res), gradients_(res, kGradientStagingBytes, "the gradients' staging buffer (gradients leaving the device)"),
+        working_(res, kWorkingStagingBytes, "the working copy's staging buffer (updates going to the device)") {}
   Transfers(const Transfers&) = delete;
   Transfers& operator=(const Transfers&) = delete;
 
@@ -42,6 +42,9 @@ class Transfers {
   HostStaging& gradient_staging() { return gradients_; }
   // New working copies going from the host's updates to the pool.
   HostStaging& working_staging() { return working_; }
+  // At finalize: the staging buffers the plan counts (Placement::host_staging)
+  // are made and charged now, all or none.
+  void reserve_staging(bool gradients, bool working);
 
   // A stream for work that takes bytes off the pool into host memory: a
   // thread of its own where that is a transfer, so neither the rank's

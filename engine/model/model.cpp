@@ -398,6 +398,15 @@ void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, c
 
 int64_t Model::applied_steps(int rank) const { return rank_state(rank).applied; }
 
+void Model::discard_gradients(RankState& rs, const char* call) {
+  const bool had = rs.grads.pending();
+  rs.grads.discard();  // also leaves the window's local choice (set_local) to the next plan
+  rs.plan_step = 0;    // the plan is asked again for the step the call set
+  if (had && rs.res.rank == first_local_)
+    log_warn(std::string(call) + " dropped the gradients of a backward that no zd_step applied: they were computed "
+                                 "from the parameters before it, so the next update starts from the state it set");
+}
+
 void Model::set_applied_steps(int rank, int64_t step) {
   Call call(*this, rank, "set_step");
   require_finalized("zd_model_set_step");
@@ -405,16 +414,20 @@ void Model::set_applied_steps(int rank, int64_t step) {
   if (step < 0) fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_step: the step must be >= 0, got " + std::to_string(step));
   if (rs.active_modules > 0 || rs.micro_step % config_.gradient_accumulation_steps != 0)
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
+  // Gradients of a backward no zd_step applied were computed from the
+  // parameters before the restore: the next update would apply them to the
+  // restored ones. They go, as on a load.
+  discard_gradients(rs, "zd_model_set_step");
   rs.applied = step;
   // The error feedback restarts (as after a load: a new step count is how a
   // trainer restores its own checkpoint, which holds none). The optimizer's
   // per-tensor scalars are its state, as m and v are, and stay: zeroed
   // here, a 1-bit LAMB past its freeze step never moved again. What the
   // whole-tensor calls cannot do is restore them into a new model: say so
-  // where the next update reads them and they are all zero.
+  // where the next update reads them and they are all zero. (A snapshot
+  // still writing the error feedback finishes reading it first.)
+  snapshots_->fence(rank);
   rs.compression.reset();
-  rs.plan_step = 0;
-  rs.grads.set_local(false);
   const std::vector<float>& scalars = rs.buffers.tensor_scalars();
   if (rank == first_local_ && step > 0 && !scalars.empty() &&
       std::all_of(scalars.begin(), scalars.end(), [](float v) { return v == 0.0f; }) &&

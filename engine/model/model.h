@@ -121,7 +121,8 @@ class Model final : private FailureSink {
   int64_t applied_steps(int rank) const;
   // Restores the count of applied updates (a checkpoint's); every rank the
   // same value, between steps. Error feedback of a compressing optimizer
-  // restarts at zero.
+  // restarts at zero; gradients of a backward no step applied are dropped,
+  // as a load drops them (a warning says so).
   void set_applied_steps(int rank, int64_t step);
 
   // --- checkpoints (docs/checkpoints.md) ---------------------------------------
@@ -133,6 +134,8 @@ class Model final : private FailureSink {
   // A collective, between steps: every rank reads what it holds now from a
   // checkpoint written at any world size and stage, the working copies
   // follow the masters, and the step and loss scale are restored.
+  // Gradients of a backward no step applied are dropped: the next update is
+  // the checkpoint's next one.
   void load_checkpoint(int rank, const std::string& dir);
   // At a clean end of the job (no rank inside the model): the last snapshot,
   // when the job takes snapshots and steps were applied since the newest.
@@ -253,6 +256,10 @@ class Model final : private FailureSink {
   // The rank's state from a checkpoint (a collective: the working copies
   // are handed around), as load_checkpoint and a resume at finalize do.
   void restore_rank(RankState& rs, const ckpt::Source& src, bool verified = false);
+  // Training starts over from state a call set (a load, zd_model_set_step):
+  // the gradients of backwards no step applied go, and the plan of the next
+  // update is asked again. `call` names it in the log when gradients went.
+  void discard_gradients(RankState& rs, const char* call);
 
   JobConfig config_;
   // Declared before the plugins and the ranks, so they go after both: the

@@ -116,8 +116,16 @@ void Model::backward_end(int rank, zd_module_id module) {
                                    "zd_backward_begin");
   a.backward = false;
   --rs.active_modules;
-  // close() makes zerod's later work wait for what the trainer wrote.
-  rs.grads.close(mod);
+  // close() makes zerod's later work wait for what the trainer wrote. A
+  // bucket it fills and cannot send (ZD_ERR_BUDGET) keeps its gradients for
+  // the next flush; the module's backward is over all the same, and its
+  // gathered parameters go back.
+  try {
+    rs.grads.close(mod);
+  } catch (...) {
+    if (ctx_.params_partitioned()) rs.residency.release(module);
+    throw;
+  }
   if (ctx_.params_partitioned()) rs.residency.release(module);
   module_done(rs.res.probe, module, a.since_ns, true);
 }

@@ -193,7 +193,7 @@ StepFigures Model::step(int rank) {
     rs.scaler.update(false);
     ++rs.applied;
     rs.grads.end_step(/*applied=*/true);
-    snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.scaler);
+    snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.compression, rs.scaler);
     rs.grads.set_local(false);  // the next window's plan decides, at its first backward
     if (!replayed) gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.

@@ -481,7 +481,9 @@ ZD_API zd_status zd_model_save(zd_model* model, const char* dir);
  * would read them (docs/checkpoints.md). A collective,
  * between steps, after finalize. Another model's checkpoint (other
  * parameter names or shapes) is ZD_ERR_SHAPE_MISMATCH naming the parameter,
- * another optimizer's ZD_ERR_CONFIG; a damaged file ZD_ERR_IO naming it. */
+ * another optimizer's ZD_ERR_CONFIG; a damaged file ZD_ERR_IO naming it.
+ * Gradients of a backward that no zd_step applied are dropped: training
+ * goes on from the checkpoint. */
 ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
 
 /* Sets the count of applied updates (restoring a checkpoint: bias
@@ -489,7 +491,8 @@ ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
  * the same value, between steps. A compressing optimizer's error feedback
  * restarts at zero; the scalars it keeps per tensor stay as they are (the
  * whole-tensor calls cannot restore them into a new model: zd_model_load
- * does). */
+ * does). Gradients of a backward that no zd_step applied are dropped, as
+ * on a load. */
 ZD_API zd_status zd_model_set_step(zd_model* model, int64_t step);
 
 /* ------------------------------------------------------------------------ */

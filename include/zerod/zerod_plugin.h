@@ -205,7 +205,8 @@ typedef struct zd_optimizer_v1 {
  *      local gradient (e.g. m = beta1 m + (1 - beta1) g).
  *   2. The host averages that slot across ranks with the comm plugin's
  *      compressed_all_reduce (zd_comm_v2), keeping the error feedback
- *      buffers itself (zero at start and after a checkpoint is loaded).
+ *      buffers itself (zero at start; a checkpoint loaded by as many ranks
+ *      as saved it brings them back, any other load starts them at zero).
  *   3. update() on every range; it must not fold the gradient in again (the
  *      grad pointer is then NULL).
  * Before that update, steps are v1 steps: averaged gradients, then update().

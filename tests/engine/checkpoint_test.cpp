@@ -252,6 +252,61 @@ TEST_P(CheckpointFiles, AResumedRunEndsBitIdentical) {
   EXPECT_EQ(whole(*b, 2).slots, whole(*a, 2).slots);
 }
 
+// A micro-batch the trainer throws away (its loss diverged, say): a
+// backward, then a load instead of a step. The load starts over from the
+// checkpoint: the gradients of that backward go, and the run ends as the
+// one that never took it. So does zd_model_set_step (the end of a restore
+// through the whole-tensor calls). They were kept, and the next update
+// applied them to the loaded parameters. Stage 2-3 buckets of one module:
+// some of the gradients are in flight when the load comes, some pending.
+void throw_away_backward(Model& model, int rank, const std::vector<zd_param_id>& ids) {
+  for (size_t m = ids.size(); m-- > 0;) {
+    const auto mid = static_cast<zd_module_id>(m);
+    model.backward_begin(rank, mid);
+    const ViewInfo g = model.grad_view(rank, ids[m]);
+    auto* gd = static_cast<float*>(g.data);
+    for (size_t j = 0; j < g.bytes / 4; ++j) gd[j] = 100.0f;
+    model.backward_end(rank, mid);
+  }
+}
+
+TEST_P(CheckpointFiles, ALoadOrASetStepDropsTheGradientsOfABackwardNoStepApplied) {
+  const int stage = GetParam();
+  TempDir dir;
+  JobOptions o = job(stage);
+  if (stage >= 2) o.zero_hparams.push_back({"reduce_bucket_size", 300});
+  auto straight = make_model(o, 2);
+  auto loaded = make_model(o, 2);
+  auto restored = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*straight, rank, &ids);
+    train(*straight, rank, ids, 0, 6);
+
+    std::vector<zd_param_id> ids_l;
+    register_all(*loaded, rank, &ids_l);
+    train(*loaded, rank, ids_l, 0, 3);
+    loaded->save_checkpoint(rank, dir.path);
+    throw_away_backward(*loaded, rank, ids_l);
+    loaded->load_checkpoint(rank, dir.path);
+    train(*loaded, rank, ids_l, 3, 6);
+
+    std::vector<zd_param_id> ids_r;
+    register_all(*restored, rank, &ids_r);
+    train(*restored, rank, ids_r, 0, 3);
+    const Saved at3 = save(*restored, rank, ids_r);
+    throw_away_backward(*restored, rank, ids_r);
+    load(*restored, rank, ids_r, at3);  // zd_param_write, zd_optimizer_state_write, zd_model_set_step
+    train(*restored, rank, ids_r, 3, 6);
+  });
+  const Saved want = whole(*straight, 2);
+  EXPECT_EQ(whole(*loaded, 2).params, want.params);
+  EXPECT_EQ(whole(*loaded, 2).slots, want.slots);
+  EXPECT_EQ(whole(*restored, 2).step, 6);
+  EXPECT_EQ(whole(*restored, 2).slots, want.slots);
+  EXPECT_EQ(whole(*restored, 2).params, want.params);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, CheckpointFiles, ::testing::Values(0, 1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 

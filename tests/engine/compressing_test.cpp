@@ -11,6 +11,7 @@
 
 #include "compressing_reference.h"
 
+#include "checkpoint/shard_file.h"
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
 
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -518,13 +520,15 @@ std::vector<zd_param_id> register_tensors(Model& model, int rank) {
 // Updates from + 1 .. to of grad_value's gradients (step s's for update
 // s + 1), module 1's backward before module 0's.
 void updates(Model& model, int rank, const std::vector<zd_param_id>& ids, int from, int to) {
+  Device& d = const_cast<Device&>(model.device(rank));  // the emulated device's views too
   for (int s = from; s < to; ++s) {
     for (zd_module_id m : {1, 0}) {
       model.backward_begin(rank, m);
       for (size_t k = 0; k < kSizes.size(); ++k) {
         if (model.registry().param(ids[k]).module != m) continue;
-        auto* g = static_cast<float*>(model.grad_view(rank, ids[k]).data);
+        std::vector<float> g(kSizes[k]);
         for (uint64_t i = 0; i < kSizes[k]; ++i) g[i] = grad_value(rank, s, k, i);
+        write_view(d, model.grad_view(rank, ids[k]), g);
       }
       model.backward_end(rank, m);
     }
@@ -637,11 +641,8 @@ TEST(CompressingPlan, Stage3ReplayKeepsAWholeCopyOfTheParametersThePlanCounts) {
 // scalars the host keeps for the plugin. A checkpoint and a snapshot hold
 // them, and zd_model_set_step and a state write leave them as they are, so
 // a run cut in two after any update continues bit for bit as the
-// uninterrupted one. At one rank that holds anywhere; at two ranks where
-// the error feedback, which checkpoints do not hold (docs/checkpoints.md),
-// is zero at the cut: at 1-bit LAMB's freeze step, before its first 1-bit
-// exchange, and between 0/1 Adam's restart of the error feedback at the
-// freeze and its first sync (where the ranks' own copies differ, below).
+// uninterrupted one: at one rank, and at two ranks with each rank's error
+// feedback and own copy (below).
 
 // The problem's tensors (init_value), registered and finalized on `rank`.
 std::vector<zd_param_id> register_problem(Model& model, int rank) {
@@ -666,19 +667,37 @@ ref::Weights weights(Model& model, int rank, const std::vector<zd_param_id>& ids
   return out;
 }
 
+// Every rank's parameters the same to the bit; else where they differ first,
+// and by how much at most (the values themselves are thousands of lines).
+testing::AssertionResult same_bits(const std::vector<ref::Weights>& got, const std::vector<ref::Weights>& want) {
+  if (got.size() != want.size())
+    return testing::AssertionFailure() << got.size() << " ranks against " << want.size();
+  for (size_t r = 0; r < got.size(); ++r)
+    for (size_t k = 0; k < got[r].size(); ++k)
+      for (size_t i = 0; i < got[r][k].size(); ++i)
+        if (std::memcmp(&got[r][k][i], &want[r][k][i], 4) != 0)
+          return testing::AssertionFailure() << "rank " << r << ", tensor " << k << ", element " << i << ": "
+                                             << got[r][k][i] << " against " << want[r][k][i] << " (at most "
+                                             << max_diff(got[r], want[r]) << " apart on that rank)";
+  return testing::AssertionSuccess();
+}
+
 // How a run is cut after update `at`: not at all; a checkpoint saved and
 // loaded into a new model; the snapshot taken there, which a new model over
 // the same path resumes at finalize; in the same model, the step set again
 // and every tensor's state slot 0 written back as it is; or in the same
 // model every rank given rank 0's parameters and state, which is what a
-// checkpoint at stage 0 holds (rank 0's copy).
+// checkpoint at stage 0 held before format 5 (rank 0's copy; the state
+// writes restart the error feedback too).
 enum class Cut { None, Checkpoint, Snapshot, InPlace, AsRankZero };
 
-// Rank 0's parameters after `steps` updates on `world` ranks, cut after
-// `at`. `edit` sees the checkpoint's (or the snapshot's) directory before
-// the new model reads it.
-ref::Weights train_cut(JobOptions o, int world, int at, int steps, Cut how,
-                       const std::function<void(const std::string&)>& edit = {}) {
+// Every rank's parameters after `steps` updates on `world` ranks, cut
+// after `at` (`load_world` ranks read the checkpoint, `world` when 0).
+// `edit` sees the checkpoint's (or the snapshot's) directory before the new
+// model reads it.
+std::vector<ref::Weights> train_cut_ranks(JobOptions o, int world, int at, int steps, Cut how,
+                                          const std::function<void(const std::string&)>& edit = {},
+                                          int load_world = 0) {
   TempDir dir;
   if (how == Cut::Snapshot) {
     o.snapshot.path = dir.path;
@@ -735,6 +754,8 @@ ref::Weights train_cut(JobOptions o, int world, int at, int steps, Cut how,
       std::snprintf(step, sizeof step, "/step-%012d", at);  // snapshots.cpp's step_dir
       edit(how == Cut::Snapshot ? dir.path + step : dir.path);
     }
+    if (load_world > 0) world = load_world;
+    ids.resize(static_cast<size_t>(world));
     model = make_model(o, world);
     run_ranks(world, [&](int rank) {
       ids[static_cast<size_t>(rank)] = register_problem(*model, rank);  // a snapshot resumes at finalize
@@ -742,14 +763,19 @@ ref::Weights train_cut(JobOptions o, int world, int at, int steps, Cut how,
       EXPECT_EQ(model->applied_steps(rank), at) << "rank " << rank;
     });
   }
-  ref::Weights out;
+  std::vector<ref::Weights> out(static_cast<size_t>(world));
   run_ranks(world, [&](int rank) {
     const auto& mine = ids[static_cast<size_t>(rank)];
     updates(*model, rank, mine, at, steps);
-    ref::Weights w = weights(*model, rank, mine);
-    if (rank == 0) out = std::move(w);
+    out[static_cast<size_t>(rank)] = weights(*model, rank, mine);
   });
   return out;
+}
+
+// Rank 0's parameters, as train_cut_ranks.
+ref::Weights train_cut(JobOptions o, int world, int at, int steps, Cut how,
+                       const std::function<void(const std::string&)>& edit = {}) {
+  return train_cut_ranks(std::move(o), world, at, steps, how, edit).front();
 }
 
 JobOptions lamb_job(int stage) { return options("onebit_lamb", stage, {{"freeze_step", 3}}); }
@@ -779,10 +805,11 @@ JobOptions zero_one_local_job() { return variant("zero_one_adam_local").job(0); 
 // gradient updates 3 and 5, the variance frozen after 5 (the error feedback
 // restarts at 6), then local steps with syncs at 10 and 14 only. Between
 // syncs each rank's parameters, m and accumulator are its own, and a
-// checkpoint at stage 0 holds rank 0's (docs/onebit.md): a run cut there
-// goes on, bit for bit, as the uninterrupted one would with every rank
-// handed rank 0's state at the cut. (That reference keeps the scalars only
-// since they became state: before, its state writes zeroed them too.)
+// checkpoint at stage 0 holds each rank's (docs/checkpoints.md): a run cut
+// there goes on, bit for bit, as the uninterrupted one. (Before format 5 it
+// held rank 0's, and the run went on as if every rank had been handed rank
+// 0's state at the cut, Cut::AsRankZero: as a checkpoint of format 4 still
+// does, AnOlderCheckpointLoadsWithTheErrorFeedbackAtZero below.)
 Schedules& zero_one_late_sync() {
   static Schedules s = [] {
     Schedules x;
@@ -802,8 +829,8 @@ JobOptions zero_one_late_sync_job() {
 TEST(CompressingResume, ZeroOneAdamBetweenSyncsResumesBitForBit) {
   const ref::Weights whole = train_cut(zero_one_local_job(), 1, 10, 14, Cut::None);
   EXPECT_EQ(train_cut(zero_one_local_job(), 1, 10, 14, Cut::Checkpoint), whole);
-  EXPECT_EQ(train_cut(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint),
-            train_cut(zero_one_late_sync_job(), 2, 8, 12, Cut::AsRankZero));
+  EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint),
+                        train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::None)));
 }
 
 // zerod ckpt reshard writes the manifest it read, scalars and all: the
@@ -904,6 +931,263 @@ TEST(CompressingResume, AnOlderCheckpointWithoutTheScalarsLoadsOnlyWhereTheyAreN
     EXPECT_EQ(e.code(), ZD_ERR_IO);
     EXPECT_NE(std::string(e.what()).find("per-tensor scalars"), std::string::npos) << e.what();
   }
+}
+
+// --- resuming: each rank's error feedback and own copy ----------------------
+//
+// A 1-bit exchange keeps an error feedback on each rank (the worker error of
+// its whole local tensors, the server error of the chunks it serves) that
+// every later exchange reads, and at stage 0 0/1 Adam's local steps make each
+// rank's parameters, m and accumulator its own (its sync undoes a rank's
+// moves in floating point, so the copies never agree to the bit again).
+// Checkpoints and snapshots hold both per rank (manifest format 5), so a run
+// cut after any update goes on, on every rank, bit for bit as the
+// uninterrupted one (before: the error feedback restarted at zero, and every
+// rank resumed with rank 0's copy).
+
+struct ErrorCase {
+  const char* name;
+  std::function<JobOptions(int stage)> job;
+  int at, steps;  // the cut falls after two or more 1-bit exchanges
+};
+
+std::vector<ErrorCase> error_cases() {
+  return {
+      {"onebit_adam", [](int stage) { return variant("onebit_adam").job(stage); }, 5, 9},
+      // 1-bit gradient updates 3 and 5, the momentum syncs from 7 (the error
+      // feedback restarts at 7): cut after 8.
+      {"zero_one_adam", [](int stage) { return variant("zero_one_adam").job(stage); }, 8, 12},
+      {"onebit_lamb", lamb_job, 5, 9},
+  };
+}
+
+TEST(CompressingResume, TheErrorFeedbackResumesBitForBitAtEveryStage) {
+  for (const ErrorCase& c : error_cases()) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const std::string what = std::string(c.name) + ", 2 ranks, stage " + std::to_string(stage);
+      const std::vector<ref::Weights> whole = train_cut_ranks(c.job(stage), 2, c.at, c.steps, Cut::None);
+      if (stage == 0) {  // the error feedback matters: restarted at zero, the run goes elsewhere
+        EXPECT_FALSE(same_bits(train_cut_ranks(c.job(stage), 2, c.at, c.steps, Cut::InPlace), whole)) << what;
+      }
+      EXPECT_TRUE(same_bits(train_cut_ranks(c.job(stage), 2, c.at, c.steps, Cut::Checkpoint), whole)) << what;
+    }
+  }
+}
+
+// The error feedback lives in the tier of the group's gradients: host memory
+// beside an offloaded optimizer, the device pool otherwise (here the
+// emulated device the host cannot address, as a GPU's): it is saved and
+// restored from there too.
+TEST(CompressingResume, TheErrorFeedbackResumesFromEveryTierAndDevice) {
+  const ErrorCase adam = error_cases()[0], lamb = error_cases()[2];
+  TempDir nvme;
+  for (zd_tier tier : {ZD_TIER_HOST, ZD_TIER_NVME}) {
+    JobOptions o = adam.job(2);
+    o.offload.optimizer = tier;
+    o.offload.nvme_paths = {nvme.path};
+    o.offload.nvme_tile_elems = 2048;
+    EXPECT_TRUE(same_bits(train_cut_ranks(o, 2, adam.at, adam.steps, Cut::Checkpoint),
+                          train_cut_ranks(o, 2, adam.at, adam.steps, Cut::None)))
+        << tier_name(tier);
+  }
+  for (const ErrorCase& c : {adam, lamb})
+    for (int stage : {0, 3}) {
+      JobOptions o = c.job(stage);
+      o.device = "opaque";
+      EXPECT_TRUE(same_bits(train_cut_ranks(o, 2, c.at, c.steps, Cut::Checkpoint),
+                            train_cut_ranks(o, 2, c.at, c.steps, Cut::None)))
+          << c.name << " on the emulated device, stage " << stage;
+    }
+}
+
+TEST(CompressingResume, ASnapshotResumesTheErrorFeedbackToo) {
+  const ErrorCase adam = error_cases()[0], lamb = error_cases()[2];
+  EXPECT_TRUE(same_bits(train_cut_ranks(adam.job(1), 2, adam.at, adam.steps, Cut::Snapshot),
+                        train_cut_ranks(adam.job(1), 2, adam.at, adam.steps, Cut::None)));
+  EXPECT_TRUE(same_bits(train_cut_ranks(lamb.job(3), 2, lamb.at, lamb.steps, Cut::Snapshot),
+                        train_cut_ranks(lamb.job(3), 2, lamb.at, lamb.steps, Cut::None)));
+  EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::Snapshot),
+                        train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::None)));
+}
+
+// 0/1 Adam's local steps at stage 0 on two ranks, cut between two syncs, at
+// a sync and after one: every rank goes on with its own copy.
+TEST(CompressingResume, ZeroOneAdamLocalStepsResumeEveryRanksOwnCopy) {
+  for (int at : {8, 10, 12}) {
+    const std::vector<ref::Weights> whole = train_cut_ranks(zero_one_late_sync_job(), 2, at, 16, Cut::None);
+    EXPECT_FALSE(same_bits({whole[0]}, {whole[1]})) << "the ranks' copies are their own";
+    EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_late_sync_job(), 2, at, 16, Cut::Checkpoint), whole))
+        << "cut after " << at;
+  }
+  // DeepSpeed's policies: syncs at 5, 6, 8 and 12, local steps between.
+  for (int at : {7, 8})
+    EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_local_job(), 2, at, 12, Cut::Checkpoint),
+                          train_cut_ranks(zero_one_local_job(), 2, at, 12, Cut::None)))
+        << "cut after " << at;
+}
+
+// What a checkpoint holds per rank belongs to its world size: zerod ckpt
+// reshard to the same size keeps it, to another drops it (saying so), and a
+// load at another world size leaves it (saying so): the error feedback
+// restarts at zero and every rank takes rank 0's copy, as a state write does.
+TEST(CompressingResume, WhatEachRankHoldsStaysWithItsWorldSize) {
+  const auto reshard_to = [](int world) {
+    return [world](const std::string& dir) {
+      testing::internal::CaptureStderr();
+      ckpt::reshard(ckpt::Source(dir), dir + "-resharded", world, 1);
+      const std::string log = testing::internal::GetCapturedStderr();
+      if (world == 2)
+        EXPECT_EQ(log.find("leave it out"), std::string::npos) << log;
+      else
+        EXPECT_NE(log.find("leave it out"), std::string::npos) << log;
+      fs::remove_all(dir);
+      fs::rename(dir + "-resharded", dir);
+    };
+  };
+  const ErrorCase adam = error_cases()[0];
+  for (int stage : {0, 2}) {
+    const JobOptions o = adam.job(stage);
+    const std::string what = "1-bit Adam, stage " + std::to_string(stage);
+    EXPECT_TRUE(same_bits(train_cut_ranks(o, 2, adam.at, adam.steps, Cut::Checkpoint, reshard_to(2)),
+                          train_cut_ranks(o, 2, adam.at, adam.steps, Cut::None)))
+        << what;
+    EXPECT_TRUE(same_bits(train_cut_ranks(o, 2, adam.at, adam.steps, Cut::Checkpoint, reshard_to(3)),
+                          train_cut_ranks(o, 2, adam.at, adam.steps, Cut::InPlace)))
+        << what;
+  }
+  EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint, reshard_to(2)),
+                        train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::None)));
+  EXPECT_TRUE(same_bits(train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint, reshard_to(3)),
+                        train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::AsRankZero)));
+  // Saved by 2 ranks after the sync at 10 (the error feedback in use),
+  // loaded by 4: it loads, and says what it dropped.
+  testing::internal::CaptureStderr();
+  train_cut_ranks(zero_one_late_sync_job(), 2, 12, 16, Cut::Checkpoint, {}, /*load_world=*/4);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("error feedback"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 0's"), std::string::npos) << log;
+}
+
+// The manifest says what each rank's shard holds alone (format 5), which
+// zerod ckpt info --verify checks with the rest; a damaged record of it
+// fails the load on every rank, and no rank changes.
+TEST(CompressingResume, TheManifestSaysWhatEachRankHoldsAndItIsVerified) {
+  struct Saved {
+    JobOptions o;
+    int at;
+    const char* errors;  // the error_feedback line
+    bool copies;
+  };
+  const std::vector<Saved> saved = {
+      {error_cases()[0].job(1), 2, "error_feedback none", false},  // the warm-up: no exchange yet
+      {error_cases()[0].job(1), 5, "error_feedback 1 tensors", false},
+      {lamb_job(0), 5, "error_feedback 1 fused", false},
+      {zero_one_late_sync_job(), 8, "error_feedback none", true},  // restarted at 6, no sync since
+      {zero_one_late_sync_job(), 12, "error_feedback 1 tensors", true},
+  };
+  for (const Saved& c : saved) {
+    const std::string what = c.o.optimizer + " after update " + std::to_string(c.at);
+    TempDir dir;
+    auto a = make_model(c.o, 2);
+    run_ranks(2, [&](int rank) {
+      const auto ids = register_problem(*a, rank);
+      updates(*a, rank, ids, 0, c.at);
+      a->save_checkpoint(rank, dir.path);
+    });
+    std::ifstream in(dir.path + "/zerod-checkpoint.txt");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.rfind("zerod-checkpoint 5\n", 0), 0u) << what << ":\n" << text;
+    EXPECT_NE(text.find("\n" + std::string(c.errors) + "\n"), std::string::npos) << what << ":\n" << text;
+    EXPECT_EQ(text.find("\nrank_copies\n") != std::string::npos, c.copies) << what << ":\n" << text;
+    const ckpt::Source src(dir.path);
+    const bool per_rank = c.copies || std::string(c.errors) != "error_feedback none";
+    EXPECT_EQ(src.rank_records(1).empty(), !per_rank) << what;
+    EXPECT_EQ(src.rank_records(0).empty(), std::string(c.errors) == "error_feedback none") << what;
+    const uint64_t plain = kSizes.size() * (src.manifest().slots.size() + 1);  // (parameter, buffer) pairs
+    EXPECT_EQ(ckpt::verify_all(src, 1) > plain, per_rank) << what;
+  }
+  // A flipped byte in rank 1's error feedback: refused on both ranks,
+  // naming it, and neither loaded anything.
+  TempDir dir;
+  const ErrorCase adam = error_cases()[0];
+  auto a = make_model(adam.job(2), 2);
+  run_ranks(2, [&](int rank) {
+    const auto ids = register_problem(*a, rank);
+    updates(*a, rank, ids, 0, adam.at);
+    a->save_checkpoint(rank, dir.path);
+  });
+  const std::string shard = dir.path + "/rank-00001-of-00002.zdshard";
+  uint64_t offset = 0;
+  {
+    const ckpt::Source src(dir.path);
+    for (const ckpt::Record& r : src.rank_records(1))
+      if (r.buffer == ckpt::kWorkerError) offset = r.offset;
+  }
+  ASSERT_GT(offset, 0u);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(offset));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(&byte, 1);
+  }
+  EXPECT_THROW(ckpt::verify_all(ckpt::Source(dir.path), 1), Error);
+  auto b = make_model(adam.job(2), 2);
+  run_ranks(2, [&](int rank) {
+    const auto ids = register_problem(*b, rank);
+    const ref::Weights before = weights(*b, rank, ids);
+    try {
+      b->load_checkpoint(rank, dir.path);
+      ADD_FAILURE() << "rank " << rank << " loaded a damaged checkpoint";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      if (rank == 1) {
+        EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(b->applied_steps(rank), 0);
+    EXPECT_EQ(weights(*b, rank, ids), before) << "rank " << rank;
+  });
+}
+
+// A checkpoint written before checkpoints held what each rank keeps: its
+// manifest in format 4, without the lines that announce it.
+void as_format_4(const std::string& dir) {
+  const std::string path = dir + "/zerod-checkpoint.txt";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::string text, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("error_feedback ", 0) == 0 || line == "rank_copies") {
+      dropped = true;
+      continue;
+    }
+    text += line + "\n";
+  }
+  in.close();
+  EXPECT_TRUE(dropped) << path << " holds nothing per rank";
+  text.replace(0, text.find('\n'), "zerod-checkpoint 4");
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// Such a checkpoint loads as it did: the error feedback restarts at zero
+// and every rank takes rank 0's copy (the run goes on as a state write at
+// the cut would have it), with one line saying so.
+TEST(CompressingResume, AnOlderCheckpointLoadsWithTheErrorFeedbackAtZero) {
+  const ErrorCase adam = error_cases()[0];
+  testing::internal::CaptureStderr();
+  const auto loaded = train_cut_ranks(adam.job(1), 2, adam.at, adam.steps, Cut::Checkpoint, as_format_4);
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(same_bits(loaded, train_cut_ranks(adam.job(1), 2, adam.at, adam.steps, Cut::InPlace)));
+  EXPECT_NE(log.find("error feedback"), std::string::npos) << log;
+  testing::internal::CaptureStderr();
+  const auto zero_one = train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::Checkpoint, as_format_4);
+  log = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(same_bits(zero_one, train_cut_ranks(zero_one_late_sync_job(), 2, 8, 12, Cut::AsRankZero)));
+  EXPECT_NE(log.find("rank 0's"), std::string::npos) << log;
 }
 
 }  // namespace

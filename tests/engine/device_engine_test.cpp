@@ -528,6 +528,179 @@ TEST(DeviceBudget, ARefusedGatherIsTriedAgainOnceThenReportedAndTheCallCanBeRepe
       << error;
 }
 
+// A gradient bucket the device tier refuses (ZD_ERR_BUDGET, after the
+// wait for the buckets still out) keeps its contributions: the bucket, its
+// count and the tags stay as they were, and the same call made again (the
+// step, or the next flush after a refused backward_end) sends them. It
+// used to take them out of the bucket first and release them with the
+// refusal: the repeated zd_step applied an update without them (a norm of
+// 0). Here the device refuses the first `refuse` allocations of "a
+// gradient bucket"; the parameters end as without a refusal. Stage 2 and
+// 3, with buckets sent at the step (a large bucket) and during the
+// backward (a bucket of one module).
+class RefusingBuckets final : public EmulatedDevice {
+ public:
+  RefusingBuckets(MemoryLedger& ledger, Workers& workers, std::atomic<int>* refusals)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "refusing-buckets"), refusals_(refusals) {}
+  const char* name() const override { return "opaque"; }
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    if (kind == ZD_MEM_BUFFERS && what == "a gradient bucket" && refusals_->load() > 0) {
+      refusals_->fetch_sub(1);
+      throw zerod::Error(ZD_ERR_BUDGET, what + ": refused by the test");
+    }
+    return EmulatedDevice::allocate(bytes, kind, what);
+  }
+
+ private:
+  std::atomic<int>* refusals_;
+};
+
+TEST(DeviceBudget, ARefusedGradientBucketKeepsItsGradientsForTheCallMadeAgain) {
+  constexpr int64_t kSize = 4000;
+  const std::vector<int64_t> sizes(3, kSize);
+  std::atomic<int> refusals{0};
+  for (const int stage : {2, 3})
+    for (const double bucket : {1e9, static_cast<double>(kSize)}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", bucket of " + std::to_string(bucket) + " elements");
+      // refuse: allocations of a bucket refused in the first step (two:
+      // the first try and the one after the wait). Returns the parameters
+      // and what the refused calls said.
+      auto run = [&](int refuse, std::vector<std::string>* errors) {
+        JobOptions o;
+        o.stage = stage;
+        o.optimizer = "sgd";
+        o.optimizer_hparams = {{"lr", 0.5}};
+        o.offload.optimizer = ZD_TIER_HOST;
+        o.zero_hparams = {{"reduce_bucket_size", bucket}};
+        if (stage == 3) o.zero_hparams.push_back({"param_persistence_threshold", 0.0});
+        o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+          return std::unique_ptr<Device>(std::make_unique<RefusingBuckets>(ledger, workers, &refusals));
+        };
+        auto model = make_model(o, 1);
+        Device& d = const_cast<Device&>(model->device(0));
+        const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+        std::vector<double> norms;
+        for (int s = 0; s < 2; ++s) {
+          std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+          refusals = s == 0 ? refuse : 0;
+          for (size_t m = ids.size(); m-- > 0;) {
+            model->backward_begin(0, static_cast<zd_module_id>(m));
+            write_step_grad(*model, d, ids, w, m, s);
+            try {
+              model->backward_end(0, static_cast<zd_module_id>(m));  // sends a full bucket
+            } catch (const zerod::Error& e) {
+              EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+              errors->push_back(e.what());
+            }
+          }
+          StepFigures f;
+          try {
+            f = model->step(0);
+          } catch (const zerod::Error& e) {
+            EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+            errors->push_back(e.what());
+            refusals = 0;
+            f = model->step(0);  // the same call again: nothing was lost
+          }
+          EXPECT_TRUE(f.applied);
+          norms.push_back(f.grad_norm);
+        }
+        EXPECT_EQ(refusals.load(), 0) << "every refusal was met";
+        return std::make_pair(read_params_f32(*model, ids, kSize), norms);
+      };
+      std::vector<std::string> errors;
+      const auto plain = run(0, &errors);
+      ASSERT_TRUE(errors.empty());
+      const auto refused = run(2, &errors);
+      ASSERT_EQ(errors.size(), 1u) << "one call was refused";
+      EXPECT_NE(errors[0].find("a gradient bucket: refused by the test; the bucket's gradients stay pending"),
+                std::string::npos)
+          << errors[0];
+      EXPECT_EQ(refused.second, plain.second) << "the step's norm counts every gradient";
+      EXPECT_GT(refused.second[0], 0.0);
+      EXPECT_EQ(refused.first, plain.first);
+    }
+}
+
+// On a device the host cannot address, the page-locked host buffers through
+// which gradients leave the device (32 MiB) and new working copies go up
+// (16 MiB) are in the plan (the host row's buffers) and made at finalize:
+// a host budget that cannot hold them is refused there, with the table.
+// They were made at their first use, outside the plan, and a refusal came
+// on the thread that moves gradients off the device, mid-step, and broke
+// the job. Only where they are used: gradients in host memory (the
+// optimizer off the device), the upload ring where the host updates state
+// whose working copies are on the device; never on the cpu device.
+TEST(HostStagingBudget, TheStagingBuffersArePlannedAndMadeAtFinalize) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  struct StagingCase {
+    const char* name;
+    std::string device;
+    int stage;
+    zd_tier params, optimizer;
+    uint64_t staging;
+  };
+  const std::vector<StagingCase> cases = {
+      {"opaque, optimizer on the host", "opaque", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, 48 * kMiB},
+      {"opaque, parameters and optimizer on the host", "opaque", 3, ZD_TIER_HOST, ZD_TIER_HOST, 32 * kMiB},
+      {"opaque, everything on the device", "opaque", 2, ZD_TIER_DEVICE, ZD_TIER_DEVICE, 0},
+      {"cpu, optimizer on the host", "cpu", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, 0},
+  };
+  const std::vector<int64_t> sizes = {5000, 3000};
+  for (const StagingCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto options = [&](uint64_t host_budget) {
+      JobOptions o;
+      o.device = c.device;
+      o.stage = c.stage;
+      o.offload.params = c.params;
+      o.offload.optimizer = c.optimizer;
+      o.host_budget = host_budget;
+      if (c.stage == 3) o.zero_hparams = {{"param_persistence_threshold", 0.0}};
+      return o;
+    };
+    auto model = make_model(options(MemoryLedger::kNoBudget), 1);
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+    // plan() after finalize: the same figures it gave before (the layout is
+    // decided once). The host row is the ledger's, cell by cell (the
+    // device row is not on a GPU-like device, which rounds its blocks up as
+    // a GPU does).
+    const TierPlan plan = model->plan(0);
+    EXPECT_EQ(plan.need[ZD_TIER_HOST][ZD_MEM_BUFFERS], c.staging);
+    for (int k = 0; k < ZD_MEM_KIND_COUNT; ++k)
+      EXPECT_EQ(plan.need[ZD_TIER_HOST][static_cast<size_t>(k)], model->ledger(0).current(ZD_TIER_HOST, k))
+          << "kind " << mem_kind_name(k);
+    uint64_t host = 0;
+    for (uint64_t b : plan.need[ZD_TIER_HOST]) host += b;
+    Device& d = const_cast<Device&>(model->device(0));
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+      for (size_t m = ids.size(); m-- > 0;) {
+        model->backward_begin(0, static_cast<zd_module_id>(m));
+        write_step_grad(*model, d, ids, w, m, s);
+        model->backward_end(0, static_cast<zd_module_id>(m));
+      }
+      model->step(0);
+    }
+    model->sync(0);
+    EXPECT_EQ(model->ledger(0).peak(ZD_TIER_HOST, ZD_MEM_ALL), host) << "steps run within the plan";
+    if (c.staging == 0) continue;
+    // A host budget a byte short of the plan: refused at finalize, naming
+    // the buffers, with nothing kept.
+    auto short_of = make_model(options(host - 1), 1);
+    try {
+      register_sine_modules(*short_of, 0, sizes, ZD_DTYPE_F32);
+      FAIL() << "the staging buffers do not fit the host budget";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("buffers"), std::string::npos) << what;
+      EXPECT_NE(what.find("<- over budget"), std::string::npos) << what;
+    }
+    EXPECT_EQ(short_of->ledger(0).current(ZD_TIER_HOST, ZD_MEM_ALL), 0u) << "nothing kept";
+  }
+}
+
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
   for (const char* device : {"cpu", "opaque"}) {
     JobOptions o;

@@ -521,6 +521,84 @@ TEST(Zero3Budget, AModuleThatCannotBeGatheredIsNamedAndOthersStillRun) {
   model->forward_end(0, 0);
 }
 
+// Stage 1 on several ranks reduce-scatters the whole gradients at the step
+// into the owned range of each group. Those ranges are in the plan
+// (buffers, in the gradients' tier) and allocated at finalize, so a budget
+// the plan fits trains. They were allocated at every step, outside the
+// plan: the first step under such a budget was refused after the
+// gradients had been scaled by 1/world, with a dead range left behind, and
+// every step after it failed too. With the optimizer on the device and on
+// the host; a budget a byte short is refused at finalize.
+TEST(Stage1Budget, TheReducedGradientRangesArePlannedAndAllocatedAtFinalize) {
+  const int world = 2;
+  for (const zd_tier optimizer : {ZD_TIER_DEVICE, ZD_TIER_HOST}) {
+    SCOPED_TRACE(std::string("optimizer on the ") + tier_name(optimizer));
+    const auto gt = static_cast<size_t>(optimizer);  // where the gradients accumulate
+    auto options = [&](int stage, uint64_t budget) {
+      JobOptions o;
+      o.stage = stage;
+      o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+      o.offload.optimizer = optimizer;
+      (optimizer == ZD_TIER_DEVICE ? o.device_budget : o.host_budget) = budget;
+      return o;
+    };
+    // The plan of each rank, and the budget that holds the larger.
+    std::vector<TierPlan> plans;
+    uint64_t budget = 0;
+    {
+      auto probe = make_model(options(1, MemoryLedger::kNoBudget), world);
+      register_all(*probe, 0);
+      for (int r = 0; r < world; ++r) {
+        plans.push_back(probe->plan(r));
+        uint64_t total = 0;
+        for (uint64_t b : plans.back().need[gt]) total += b;
+        budget = std::max(budget, total);
+        EXPECT_GT(plans.back().need[gt][ZD_MEM_BUFFERS], 0u) << "rank " << r << ": the reduced ranges are planned";
+      }
+    }
+    for (const int stage : {0, 2}) {  // no reduced ranges: stage 0 all-reduces in place, stage 2 in buckets
+      auto other = make_model(options(stage, MemoryLedger::kNoBudget), world);
+      register_all(*other, 0);
+      EXPECT_EQ(other->plan(0).need[gt][ZD_MEM_BUFFERS], 0u) << "stage " << stage;
+    }
+    auto run = [&](uint64_t b) {
+      auto model = make_model(options(1, b), world);
+      std::vector<std::vector<float>> out(kParams.size());
+      run_ranks(world, [&](int rank) {
+        const auto ids = register_all(*model, rank);
+        model->finalize(rank);
+        for (int t = 0; t < ZD_TIER_COUNT; ++t)
+          for (int k = 0; k < ZD_MEM_KIND_COUNT; ++k)
+            EXPECT_EQ(plans[static_cast<size_t>(rank)].need[static_cast<size_t>(t)][static_cast<size_t>(k)],
+                      model->ledger(rank).current(t, k))
+                << "rank " << rank << ", tier " << tier_name(t) << ", kind " << mem_kind_name(k);
+        for (int s = 0; s < 3; ++s) {
+          micro_batch(*model, rank, ids, s, 0, world, 1);
+          model->step(rank);
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+          std::vector<float> v(static_cast<size_t>(numel(kParams[i])));
+          model->read_param(rank, ids[i], ZD_DTYPE_F32, v.data(), v.size() * 4);
+          if (rank == 0) out[i] = v;
+        }
+        EXPECT_LE(model->ledger(rank).peak(static_cast<zd_tier>(gt), ZD_MEM_ALL), budget) << "rank " << rank;
+      });
+      return out;
+    };
+    const auto free = run(MemoryLedger::kNoBudget);
+    std::vector<std::vector<float>> tight;
+    ASSERT_NO_THROW(tight = run(budget)) << "a budget the plan fits trains";
+    EXPECT_EQ(tight, free);
+    try {
+      run(budget - 1);
+      FAIL() << "a budget a byte short of the plan";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+      EXPECT_NE(std::string(e.what()).find("<- over budget"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Prefetch, TheNextModulesAreGatheredAheadAlongTheRecordedOrder) {
   for (double budget : {0.0, 1e6}) {
     JobOptions o;
