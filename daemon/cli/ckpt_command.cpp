@@ -91,6 +91,7 @@ int info(const std::string& dir, bool verify, unsigned threads) {
               m.optimizer.c_str());
   for (size_t i = 0; i < m.slots.size(); ++i) std::printf("%s%s", i ? ", " : "", m.slots[i].c_str());
   std::printf("); loss scale %g\n  %s on disk\n", m.loss_scale, format_bytes(disk_bytes(dir)).c_str());
+  std::fputs(ckpt::held_beyond_slots(m).c_str(), stdout);
   if (m.nodes > 0) {
     std::printf("  a snapshot across %d nodes, %s:\n", m.nodes,
                 m.shared ? "in one directory every node saw" : "each node's part on its own disk");

@@ -100,6 +100,30 @@ std::string latest_tag(const std::string& dir) {
   return t;
 }
 
+std::string held_beyond_slots(const Manifest& m) {
+  std::ostringstream o;
+  if (m.tensor_scalars > 0)
+    o << "  the optimizer's per-tensor scalars: " << m.tensor_scalars << " per parameter\n";
+  const std::string ranks = std::to_string(m.world_size) + " rank" + (m.world_size == 1 ? "" : "s");
+  switch (m.error_feedback) {
+    case Manifest::Held::Unknown: break;
+    case Manifest::Held::No: o << "  error feedback: none (no 1-bit exchange since its last restart)\n"; break;
+    case Manifest::Held::Dropped:
+      o << "  error feedback: dropped (resharded to another world size); a load starts it at zero\n";
+      break;
+    case Manifest::Held::Yes:
+      o << "  error feedback: each rank's own, in its shard; a load by " << ranks
+        << " restores it, any other starts it at zero\n";
+      break;
+  }
+  if (m.rank_copies == Manifest::Held::Yes)
+    o << "  each rank's own master and state (0/1 Adam's local steps): a load by " << ranks
+      << " at stage 0 restores them, any other gives every rank rank 0's\n";
+  if (m.rank_copies == Manifest::Held::Dropped)
+    o << "  each rank's own master and state: dropped (resharded); every rank loads rank 0's\n";
+  return o.str();
+}
+
 CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag) {
   CheckpointDir out;
   if (!tag.empty()) {

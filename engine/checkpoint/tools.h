@@ -31,6 +31,14 @@ CheckpointDir find_checkpoint(const std::string& dir, const std::string& tag = "
 // Throws ZD_ERR_IO when it is there but names nothing.
 std::string latest_tag(const std::string& dir);
 
+// What `zerod ckpt info` says of the state a checkpoint holds beyond the
+// parameters and their slots: the optimizer's per-tensor scalars and, from
+// format 5, what each rank holds alone (a 1-bit exchange's error feedback,
+// 0/1 Adam's per-rank copies after local steps), and that such state does
+// not follow a load by another number of ranks. One line each, indented;
+// "" where there is none.
+std::string held_beyond_slots(const Manifest& m);
+
 // Reads every record of every shard and checks its checksum; returns the
 // number of records. Throws on the first damaged one, naming it.
 uint64_t verify_all(const Source& src, unsigned threads);

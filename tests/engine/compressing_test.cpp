@@ -1101,6 +1101,17 @@ TEST(CompressingResume, TheManifestSaysWhatEachRankHoldsAndItIsVerified) {
     EXPECT_EQ(text.find("\nrank_copies\n") != std::string::npos, c.copies) << what << ":\n" << text;
     const ckpt::Source src(dir.path);
     const bool per_rank = c.copies || std::string(c.errors) != "error_feedback none";
+    // zerod ckpt info says it, and that it belongs to 2 ranks.
+    const std::string info = ckpt::held_beyond_slots(src.manifest());
+    EXPECT_NE(info.find(per_rank && std::string(c.errors) != "error_feedback none"
+                            ? "error feedback: each rank's own, in its shard; a load by 2 ranks restores it"
+                            : "error feedback: none"),
+              std::string::npos)
+        << what << ":\n" << info;
+    EXPECT_EQ(info.find("each rank's own master and state (0/1 Adam's local steps): a load by 2 ranks") !=
+                  std::string::npos,
+              c.copies)
+        << what << ":\n" << info;
     EXPECT_EQ(src.rank_records(1).empty(), !per_rank) << what;
     EXPECT_EQ(src.rank_records(0).empty(), std::string(c.errors) == "error_feedback none") << what;
     const uint64_t plain = kSizes.size() * (src.manifest().slots.size() + 1);  // (parameter, buffer) pairs
