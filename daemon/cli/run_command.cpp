@@ -10,6 +10,7 @@
 #include "error.h"
 #include "launcher/launcher.h"
 #include "launcher/signal_forwarder.h"
+#include "launcher/watchdog.h"
 #include "log.h"
 #include "mpi_binding.h"
 #include "node_layout.h"
@@ -18,8 +19,43 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 
 namespace zerod::cli {
+
+namespace {
+
+std::unique_ptr<launch::Watchdog> start_watchdog() {
+  std::unique_ptr<launch::Watchdog> w;
+  try {
+    w = std::make_unique<launch::Watchdog>();
+  } catch (const Error& e) {
+    log_warn(std::string("zerod run: ") + e.what() +
+             "; if zerod dies, what its ranks started and its socket's directory are left behind");
+  }
+  return w;
+}
+
+// At the end of a normal run: the run's files in its socket's directory
+// (the gloo store of bindings/python/zerod/_gloo.py), and the private
+// directory itself with whatever the ranks left in it. Declared before the
+// server, so that it runs after the server has closed its socket.
+struct RunFiles {
+  std::string dir;
+  std::string prefix;
+  bool private_dir = false;
+  ~RunFiles() {
+    if (dir.empty()) return;
+    launch::remove_entries(dir, prefix);
+    if (private_dir) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+};
+
+}  // namespace
 
 int run_command(int argc, char** argv) {
   DaemonArgs args;
@@ -63,7 +99,12 @@ int run_command(int argc, char** argv) {
     // A job that takes snapshots survives its daemon: the daemon runs in a
     // process of its own, restarted when it dies. Across nodes the launcher
     // restarts the whole job instead (docs/multinode.md, "A node that dies").
-    if (snapshots && node.nodes == 1) return run_supervised(args, args.restarts < 0 ? 3 : args.restarts);
+    // From here zerod starts processes and makes files: what it would clean
+    // up on its way out, the watchdog cleans up if zerod dies (watchdog.h).
+    const std::unique_ptr<launch::Watchdog> watchdog = start_watchdog();
+    const std::string run_id = launch::new_run_id();
+    if (snapshots && node.nodes == 1)
+      return run_supervised(args, args.restarts < 0 ? 3 : args.restarts, watchdog.get(), run_id);
     const auto [world, first] = rank_span(node, args.nproc);
     server::ServerOptions so;
     so.socket_path = args.socket;
@@ -72,7 +113,17 @@ int run_command(int argc, char** argv) {
     so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
     so.trace_path = args.trace;
+    RunFiles run_files;
     server::Server server(so);
+    run_files.dir = std::filesystem::path(server.socket_path()).parent_path().string();
+    run_files.prefix = launch::run_file_prefix(run_id);
+    run_files.private_dir = args.socket.empty();
+    if (watchdog) {
+      if (run_files.private_dir)
+        watchdog->remove_directory_on_death(run_files.dir);
+      else
+        watchdog->remove_entries_on_death(run_files.dir, run_files.prefix);
+    }
     server.start();
     // Declared after the server: it stops serving before the server goes.
     const auto metrics = start_metrics("run", args, *job, server);
@@ -95,6 +146,10 @@ int run_command(int argc, char** argv) {
     lo.peer_exit_seconds = 2;  // survivors report the lost peer before they are stopped
     lo.env["ZEROD_ENDPOINT"] = "unix:" + server.socket_path();
     lo.env["ZEROD_JOB"] = args.job;
+    // Names the files the ranks keep for this run beside the socket (the
+    // gloo store), which zerod removes at the end, or its watchdog if zerod dies.
+    lo.env["ZEROD_RUN_ID"] = run_id;
+    lo.watchdog = watchdog.get();
     lo.on_exit = [&server](const launch::RankExit& e) {
       // A rank gone while still in the job: the others' collectives fail
       // with "peer lost" naming it, instead of waiting for it forever.

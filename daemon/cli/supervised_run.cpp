@@ -3,6 +3,7 @@
 #include "error.h"
 #include "launcher/launcher.h"
 #include "launcher/signal_forwarder.h"
+#include "launcher/watchdog.h"
 #include "log.h"
 
 #include <fcntl.h>
@@ -125,13 +126,26 @@ std::string how(int status) {
 
 }  // namespace
 
-int run_supervised(const DaemonArgs& args, int restarts) {
+int run_supervised(const DaemonArgs& args, int restarts, launch::Watchdog* watchdog, const std::string& run_id) {
   char tmpl[] = "/tmp/zerod-run-XXXXXX";
   const std::string socket =
       !args.socket.empty() ? args.socket
                            : (mkdtemp(tmpl) ? std::string(tmpl) + "/zerod.sock"
                                             : (std::fprintf(stderr, "zerod run: mkdtemp: %s\n", std::strerror(errno)), ""));
   if (socket.empty()) return 1;
+  // The directory of the socket: ours (made above) or the user's. The
+  // ranks' files of this run there (ZEROD_RUN_ID: the gloo store) go at the
+  // end, before a restart (a restarted rank must not meet its dead
+  // predecessor's store), and, with the directory we made, if we die.
+  std::error_code abs_ec;
+  const std::string dir = std::filesystem::absolute(socket, abs_ec).parent_path().string();
+  const std::string run_files = launch::run_file_prefix(run_id);
+  if (watchdog) {
+    if (args.socket.empty())
+      watchdog->remove_directory_on_death(dir);
+    else
+      watchdog->remove_entries_on_death(dir, run_files);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
@@ -154,6 +168,8 @@ int run_supervised(const DaemonArgs& args, int restarts) {
     lo.peer_exit_seconds = 2;
     lo.env["ZEROD_ENDPOINT"] = "unix:" + socket;
     lo.env["ZEROD_JOB"] = args.job;
+    lo.env["ZEROD_RUN_ID"] = run_id;
+    lo.watchdog = watchdog;
     launch::LaunchResult result;
     // Set when the user stops the job (a signal to this process): whatever
     // the daemon's end then looks like, it is not restarted.
@@ -169,6 +185,7 @@ int run_supervised(const DaemonArgs& args, int restarts) {
       launcher.start();
       result = launcher.wait();
     }
+    launch::remove_entries(dir, run_files);
     // The daemon died under the ranks: restart both, from the snapshot.
     if (result.first_failure && reap_within(daemon, 2000)) {
       // `zerod serve` ends with status 0 only when it was told to stop
@@ -199,7 +216,7 @@ int run_supervised(const DaemonArgs& args, int restarts) {
   }
   if (args.socket.empty()) {
     std::error_code ec;
-    std::filesystem::remove_all(std::filesystem::path(socket).parent_path(), ec);
+    std::filesystem::remove_all(dir, ec);
   }
   return exit_code;
 }

@@ -8,10 +8,19 @@
 
 #include "daemon_options.h"
 
+#include <string>
+
+namespace zerod::launch {
+class Watchdog;
+}
+
 namespace zerod::cli {
 
 // Runs the job with up to `restarts` restarts of a dead daemon; the exit
-// status is as `zerod run`'s.
-int run_supervised(const DaemonArgs& args, int restarts);
+// status is as `zerod run`'s. `watchdog` (may be null) is told of the ranks
+// and of the socket's directory, so that they go if this process dies
+// (launcher/watchdog.h); `run_id` names the ranks' files of this run there
+// (ZEROD_RUN_ID), removed at the end and before each restart.
+int run_supervised(const DaemonArgs& args, int restarts, launch::Watchdog* watchdog, const std::string& run_id);
 
 }  // namespace zerod::cli

@@ -4,6 +4,7 @@
 #include "launcher/detail/line_buffer.h"
 #include "launcher/detail/spawn.h"
 #include "launcher/detail/unique_fd.h"
+#include "launcher/watchdog.h"
 #include "log.h"
 
 #include <fcntl.h>
@@ -254,7 +255,8 @@ void Launcher::State::spawn_all() {
     env.push_back("ZEROD_LOCAL_WORLD_SIZE=" + std::to_string(opt.nproc));
 
     r.started = Clock::now();
-    detail::Spawned spawned = detail::spawn_process(plan, env, stdio);
+    detail::Spawned spawned =
+        detail::spawn_process(plan, env, stdio, opt.watchdog ? opt.watchdog->rank_fd() : -1);
     // The write ends are the child's now; while we hold them, no end of file.
     out_write.reset();
     err_write.reset();

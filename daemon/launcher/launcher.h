@@ -14,7 +14,8 @@
 // cannot share a terminal, and one in a background group reading it would
 // be stopped), SIGKILL when zerod dies (PR_SET_PDEATHSIG), every fd above 2
 // closed, zerod's environment plus LaunchOptions::env plus its rank's
-// variables.
+// variables. With LaunchOptions::watchdog, what a rank starts in its group
+// is killed too when zerod dies (watchdog.h).
 //
 // Process-wide rules while a Launcher runs (it reaps its children by pid):
 //   - nothing else in the process may reap with wait(), waitpid(-1, ...) or
@@ -36,6 +37,8 @@
 #include <vector>
 
 namespace zerod::launch {
+
+class Watchdog;
 
 // How one rank ended.
 struct RankExit {
@@ -92,6 +95,11 @@ struct LaunchOptions {
   // others are stopped; the first call with !exit.ok() is that failure. It
   // may call terminate(); it must not call wait(). What it throws is logged.
   std::function<void(const RankExit&)> on_exit;
+  // Not owned; must outlive the Launcher. Each rank registers its process
+  // group with it before exec, so that when zerod dies what the ranks
+  // started dies too (watchdog.h). nullptr: ranks die with zerod, what they
+  // started lives on.
+  Watchdog* watchdog = nullptr;
 };
 
 struct LaunchResult {

@@ -3,6 +3,7 @@
 #include "error.h"
 #include "launcher/detail/unique_fd.h"
 #include "launcher/own_environment.h"
+#include "launcher/watchdog.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -48,6 +49,7 @@ const char* stage_name(int stage) {
 struct ChildArgs {
   pid_t parent;
   int report_fd;
+  int watchdog_fd;  // -1: none
   int stdio[3];
   char* const* argv;
   char* const* envp;
@@ -93,6 +95,9 @@ bool reset_if_ignored(int sig) {
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) == -1) child_fail(a.report_fd, kStageDeathSignal, errno);
   // zerod may have died between fork() and prctl(), and then no signal comes.
   if (::getppid() != a.parent) ::_exit(127);
+  // The group is ours from here: the watchdog knows it before anything the
+  // rank runs can start a process in it.
+  register_rank_group(a.watchdog_fd);
 
   // Lift the three sources above 2 before any dup2 onto 0-2, so that none is
   // overwritten by another (stdout_fd == 2, or fd 0 closed in zerod...).
@@ -197,7 +202,7 @@ ExecPlan make_exec_plan(const std::vector<std::string>& argv,
 }
 
 Spawned spawn_process(const ExecPlan& plan, const std::vector<std::string>& env,
-                      const StdioFds& stdio) {
+                      const StdioFds& stdio, int watchdog_fd) {
   // Everything the child reads is allocated now, before the fork.
   std::vector<char*> argv = pointers(plan.argv);
   std::vector<char*> envp = pointers(env);
@@ -212,6 +217,7 @@ Spawned spawn_process(const ExecPlan& plan, const std::vector<std::string>& env,
   ChildArgs args{};
   args.parent = ::getpid();
   args.report_fd = report_write.get();
+  args.watchdog_fd = watchdog_fd;
   args.stdio[0] = stdio.in;
   args.stdio[1] = stdio.out;
   args.stdio[2] = stdio.err;

@@ -660,7 +660,8 @@ class DriverTest : public LauncherTest {
 
   // Starts the driver with its stdout and stderr in out_ and err_, and
   // D=<the test's directory> in the ranks' environment.
-  pid_t spawn_driver(const std::vector<std::string>& args) {
+  // own_group: the driver leads a process group of its own, as a shell's job does.
+  pid_t spawn_driver(const std::vector<std::string>& args, bool own_group = false) {
     std::vector<std::string> all = {ZEROD_LAUNCH_DRIVER, "--env", "D=" + dir_, "--die-with",
                                     std::to_string(getpid())};
     all.insert(all.end(), args.begin(), args.end());
@@ -671,8 +672,15 @@ class DriverTest : public LauncherTest {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out_.fd(), STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, err_.fd(), STDERR_FILENO);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    if (own_group) {
+      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+      posix_spawnattr_setpgroup(&attr, 0);
+    }
     pid_t pid = -1;
-    EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ), 0);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     driver_ = pid;
     return pid;
@@ -777,6 +785,101 @@ TEST_F(DriverTest, RanksDieWithZerod) {
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   }
   prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+// The pids the ranks wrote to $D/<name>.<rank>, once every rank has.
+std::vector<pid_t> read_pids(const std::string& dir, const std::string& name, int nproc) {
+  namespace fs = std::filesystem;
+  std::vector<pid_t> out;
+  const bool all = eventually([&] {
+    for (int r = 0; r < nproc; ++r)
+      if (!fs::exists(dir + "/" + name + "." + std::to_string(r))) return false;
+    return true;
+  });
+  if (!all) return out;
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream in(dir + "/" + name + "." + std::to_string(r));
+    pid_t pid = 0;
+    in >> pid;
+    out.push_back(pid);
+  }
+  return out;
+}
+
+// A rank's background process: announced through a file written whole.
+constexpr const char* kBackground =
+    "sleep 1000 & echo $! > \"$D/bg.tmp.$ZEROD_RANK\"; mv \"$D/bg.tmp.$ZEROD_RANK\" \"$D/bg.$ZEROD_RANK\"; ";
+
+TEST_F(DriverTest, WhatTheRanksStartedDiesWithZerodUnderAWatchdog) {
+  // Rank 0 runs on; rank 1 has ended, its background sleep left in its group.
+  namespace fs = std::filesystem;
+  const std::string priv = dir_ + "/private", user = dir_ + "/user";
+  fs::create_directories(priv + "/sub");
+  std::ofstream(priv + "/zerod.sock") << "x";
+  std::ofstream(priv + "/sub/file") << "x";
+  fs::create_directories(user + "/zerod-run-abc-dir/deeper");
+  std::ofstream(user + "/zerod-run-abc-dir/deeper/f") << "x";
+  std::ofstream(user + "/zerod-run-abc-gloo-store") << "x";
+  std::ofstream(user + "/zerod-run-abd-other-run") << "x";
+  std::ofstream(user + "/keep") << "x";
+  const pid_t pid = spawn_driver({"--nproc", "2", "--watchdog-dir", priv, "--watchdog-entries", user,
+                                  "zerod-run-abc-", "--", "sh", "-c",
+                                  std::string(kBackground) + "[ $ZEROD_RANK = 1 ] && exit 0; exec sleep 1000"});
+  const std::vector<pid_t> bg = read_pids(dir_, "bg", 2);
+  ASSERT_EQ(bg.size(), 2u) << err_.text();
+  // Rank 1 has exited (its exit is reported to nobody: it succeeded).
+  std::this_thread::sleep_for(200ms);
+  kill(pid, SIGKILL);
+  EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
+  for (pid_t p : bg) {
+    EXPECT_TRUE(eventually([&] { return process_ended(p); }, 3000ms))
+        << "pid " << p << ", started by a rank, outlived zerod";
+    if (!process_ended(p)) kill(p, SIGKILL);
+  }
+  // Its last word, once everything is done.
+  EXPECT_TRUE(eventually([&] { return contains(err_.text(), "ended without cleaning up"); }, 3000ms))
+      << err_.text();
+  EXPECT_TRUE(contains(err_.text(), "(2 process groups) and removed " + priv + ", " + user + "/zerod-run-abc-*"))
+      << err_.text();
+  EXPECT_FALSE(fs::exists(priv)) << "the watchdog left " << priv;
+  EXPECT_FALSE(fs::exists(user + "/zerod-run-abc-dir"));
+  EXPECT_FALSE(fs::exists(user + "/zerod-run-abc-gloo-store"));
+  EXPECT_TRUE(fs::exists(user + "/zerod-run-abd-other-run")) << "another run's file was removed";
+  EXPECT_TRUE(fs::exists(user + "/keep")) << "a file of the user's was removed";
+}
+
+TEST_F(DriverTest, TheWatchdogIsNotInZerodsProcessGroup) {
+  // `kill -KILL -- -PGID` or `timeout -s KILL` of zerod's group must leave
+  // the watchdog to clean up: the driver leads a group here, as under a shell.
+  const pid_t pid = spawn_driver({"--nproc", "1", "--watchdog", "--", "sh", "-c",
+                                  std::string(kBackground) + "exec sleep 1000"},
+                                 true);
+  ASSERT_EQ(getpgid(pid), pid);
+  const std::vector<pid_t> bg = read_pids(dir_, "bg", 1);
+  ASSERT_EQ(bg.size(), 1u) << err_.text();
+  kill(-pid, SIGKILL);
+  EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return process_ended(bg[0]); }, 3000ms))
+      << "pid " << bg[0] << ", started by a rank, outlived zerod's process group";
+  if (!process_ended(bg[0])) kill(bg[0], SIGKILL);
+}
+
+TEST_F(DriverTest, ANormalEndLeavesWhatTheRanksStartedAndTheFilesAlone) {
+  namespace fs = std::filesystem;
+  const std::string priv = dir_ + "/private";
+  fs::create_directories(priv);
+  const pid_t pid = spawn_driver({"--nproc", "2", "--watchdog-dir", priv, "--", "sh", "-c",
+                                  std::string(kBackground) + "exit 0"});
+  EXPECT_EQ(wait_exit(pid), 0);
+  const std::vector<pid_t> bg = read_pids(dir_, "bg", 2);
+  ASSERT_EQ(bg.size(), 2u);
+  std::this_thread::sleep_for(300ms);
+  for (pid_t p : bg) {
+    EXPECT_FALSE(process_ended(p)) << "zerod ended normally, yet " << p << " was killed";
+    kill(p, SIGKILL);
+  }
+  EXPECT_TRUE(fs::exists(priv));
+  EXPECT_FALSE(contains(err_.text(), "without cleaning up")) << err_.text();
 }
 
 }  // namespace

@@ -6,20 +6,35 @@ Where the ranks meet, first that applies:
 - under torchrun (or `accelerate launch`, which runs it): torch's env://
   rendezvous, through the agent's store, as DDP would;
 - `zerod run` / `zerod serve` gave them ZEROD_ENDPOINT: a file in the
-  directory of the daemon's socket, named for the job by the launcher ids
-  libzerod tells jobs apart by (ZEROD_JOB_KEY, Slurm's job and step, Open
-  MPI's or PMI's job, MASTER_ADDR:MASTER_PORT), so jobs that share one
-  daemon meet apart. `zerod run` makes a fresh private directory each run;
-  a daemon's own directory (`zerod serve --jobs`, `zerod run --socket`) can
-  keep the file of a run that crashed, which the same ids would meet again:
-  remove it, or give each run its own ZEROD_JOB_KEY;
+  directory of the daemon's socket. Under `zerod run` it is named for the
+  run (`zerod-run-<ZEROD_RUN_ID>-<what>-store`), and `zerod run` removes it
+  when the run ends, or its watchdog when `zerod run` is killed. Under
+  `zerod serve` it is named for the job by the launcher ids libzerod tells
+  jobs apart by (ZEROD_JOB_KEY, Slurm's job and step, Open MPI's or PMI's
+  job, MASTER_ADDR:MASTER_PORT), so jobs that share one daemon meet apart;
 - a launcher that sets MASTER_ADDR and MASTER_PORT (Lightning's own,
   mpirun or srun with zerod's convention, which leaves MASTER_PORT to
   torch): env:// there;
 - otherwise a file in the working directory, named for the job.
+
+A store file outlives a run that crashed (torch removes it only when every
+rank destroys its store, which a killed rank does not), and the next run of
+the same ids used to meet it: its ranks read the dead run's addresses and
+failed to connect (`Gloo connectFullMesh failed ... Connection refused`).
+Each rank now holds a shared flock on `<store>.lock` for as long as it
+lives; a rank that finds nobody holding it (an exclusive lock succeeds) knows
+that no rank of a live run uses the store and removes the file before it
+starts a new one. The last rank to leave removes both (at exit). Files are
+only ever removed under the exclusive lock and a store only used under the
+shared one, so a rank never removes a store in use. What this cannot tell
+apart: two runs of the same ids at once (a rank of the previous run still
+running), which meet each other as before.
 """
+import atexit
+import fcntl
 import hashlib
 import os
+import re
 
 import torch
 
@@ -44,6 +59,82 @@ def init_gloo(rank, world, what):
     if master and (os.environ.get("TORCHELASTIC_RUN_ID") or not where):
         torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
         return
-    path = os.path.join(os.path.dirname(where) or ".", f"{what}-store{_job_suffix()}")
+    path = _store_path(what, where)
+    _claim(path)
     store = torch.distributed.FileStore(path, world)
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
+def _store_path(what, where):
+    directory = os.path.dirname(where) or "."
+    run = os.environ.get("ZEROD_RUN_ID", "")
+    if where and re.fullmatch(r"[0-9A-Za-z]{1,64}", run):
+        # zerod run's (daemon/launcher/watchdog.h: run_file_prefix): it removes these.
+        return os.path.join(directory, f"zerod-run-{run}-{what}-store")
+    return os.path.join(directory, f"{what}-store{_job_suffix()}")
+
+
+# (pid, lock fd, store path, lock path) of the store this process uses.
+_held = None
+
+
+def _same_file(fd, path):
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _claim(path):
+    """Takes a shared lock on path + ".lock" for the life of this process;
+    first removes the store file when no live rank holds the lock (a dead
+    run's). Every lock taken is checked to be on the file that is at the
+    path now: the last rank of a run removes the lock file as it leaves."""
+    global _held
+    if _held is not None and _held[0] == os.getpid() and _held[2] == path:
+        return  # claimed already (an init that failed and is tried again)
+    lock = path + ".lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            alone = False
+        if alone and _same_file(fd, lock):
+            _unlink(path)  # nobody uses it: a run that died left it
+            # Not atomic: another rank may take the exclusive lock in
+            # between, and remove the store no one has started yet.
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        if _same_file(fd, lock):
+            break
+        os.close(fd)
+    _held = (os.getpid(), fd, path, lock)
+    atexit.register(_release)
+
+
+def _release():
+    """At exit: the last rank using the store removes it and its lock file
+    (a failed upgrade drops this rank's lock, so the last one always can)."""
+    held = _held
+    if held is None or held[0] != os.getpid():  # a forked child: the lock is its parent's
+        return
+    _, fd, path, lock = held
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # others still use it
+    else:
+        if _same_file(fd, lock):
+            _unlink(path)
+            _unlink(lock)
+    os.close(fd)

@@ -52,9 +52,11 @@ struct Spawned {
 // thread that lives as long as the child), takes `stdio` as 0-2, closes every
 // other fd at exec, resets the signal mask and the dispositions zerod may
 // have changed, and execs plan with `env` (plan.env with the rank's variables
-// added). Returns once the child has exec'd or failed to. Throws zerod::Error
-// when the child cannot be created.
+// added). With a watchdog_fd (Watchdog::rank_fd, watchdog.h) the child
+// registers its process group there before exec, so that nothing it starts
+// outlives a zerod that dies. Returns once the child has exec'd or failed
+// to. Throws zerod::Error when the child cannot be created.
 Spawned spawn_process(const ExecPlan& plan, const std::vector<std::string>& env,
-                      const StdioFds& stdio);
+                      const StdioFds& stdio, int watchdog_fd = -1);
 
 }  // namespace zerod::launch::detail
