@@ -14,6 +14,7 @@
  */
 #include <zerod/zerod.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,7 +220,18 @@ int main(int argc, char** argv) {
   zd_dtype dtype = ZD_DTYPE_F32;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--job") && i + 1 < argc) job = argv[++i];
-    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+      /* All of the argument a count from 1 (atoi read "abc" as 0). */
+      const char* text = argv[++i];
+      char* end = NULL;
+      errno = 0;
+      const long v = strtol(text, &end, 10);
+      if (errno != 0 || end == text || *end != '\0' || v < 1 || v > 100000000L) {
+        fprintf(stderr, "%s: --steps %s: a count from 1 to 100000000\n", argv[0], text);
+        return 2;
+      }
+      steps = (int)v;
+    }
     else if (!strcmp(argv[i], "--quiet")) quiet = 1;
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
       const char* d = argv[++i];

@@ -19,10 +19,12 @@
 // build without CUDA); 1: an error; 2: bad arguments.
 #include <zerod/zerod.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,7 +72,21 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    auto number = [&] { return has_value ? std::atoi(argv[++i]) : (usage(argv[0]), 0); };
+    // A whole number, all of the argument; anything else is a usage error
+    // (atoi read "abc" as 0 and "12x" as 12).
+    auto whole = [&](long long lo, long long hi) {
+      if (!has_value) usage(argv[0]);
+      const char* text = argv[++i];
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(text, &end, 10);
+      if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+        std::fprintf(stderr, "%s: %s %s: a whole number from %lld to %lld\n", argv[0], a.c_str(), text, lo, hi);
+        std::exit(2);
+      }
+      return v;
+    };
+    auto number = [&] { return static_cast<int>(whole(1, std::numeric_limits<int>::max())); };
     if (a == "--job" && has_value) o.job = argv[++i];
     else if (a == "--device" && has_value) o.device = argv[++i];
     else if (a == "--steps") o.steps = number();
@@ -80,7 +96,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--heads") o.cfg.heads = number();
     else if (a == "--embd") o.cfg.embd = number();
     else if (a == "--text" && has_value) o.text = argv[++i];
-    else if (a == "--seed" && has_value) o.seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(whole(0, std::numeric_limits<long long>::max()));
     else if (a == "--dump" && has_value) o.dump = argv[++i];
     else if (a == "--quiet") o.quiet = true;
     else usage(argv[0]);
@@ -145,6 +161,11 @@ int run(const Options& opt) {
   const gpt::Corpus corpus =
       opt.text.empty() ? gpt::synthetic_corpus(opt.seed) : gpt::text_corpus(opt.text, static_cast<size_t>(cfg.block) + 1);
   cfg.vocab = static_cast<int>(corpus.alphabet.size());
+  if (corpus.tokens.size() < static_cast<size_t>(cfg.block) + 1) {
+    std::fprintf(stderr, "--block %d needs a corpus of at least %d tokens; it has %zu\n", cfg.block, cfg.block + 1,
+                 corpus.tokens.size());
+    return 2;
+  }
 
   zd_client* client = nullptr;
   ZD_CHECK(zd_connect(nullptr, nullptr, &client));  // ZEROD_ENDPOINT, else embedded
@@ -219,7 +240,9 @@ int run(const Options& opt) {
 
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
+  int64_t micro_batches = 0;  // tokens/s counts every micro-batch, not only the steps' boundaries
   for (int64_t micro = 0;; ++micro) {
+    ++micro_batches;
     const std::vector<int32_t> batch = gpt::global_batch(corpus, micro, opt.global_rows, cfg.block, opt.seed);
     net.set_batch(batch.data() + static_cast<size_t>(rank) * cfg.rows * (cfg.block + 1));
     double loss_scale = 1.0;
@@ -291,7 +314,7 @@ int run(const Options& opt) {
     std::printf("final loss %.4f (mean of the last %zu steps", tail / static_cast<double>(last), last);
     if (corpus.entropy_floor >= 0) std::printf("; the corpus's floor is %.4f", corpus.entropy_floor);
     std::printf(")  %.0f tokens/s per rank\n",
-                static_cast<double>(losses.size()) * cfg.rows * cfg.block / seconds);
+                static_cast<double>(micro_batches) * cfg.rows * cfg.block / seconds);
     std::printf("model state per rank: device %llu bytes (peak %llu), host %llu, nvme %llu\n",
                 static_cast<unsigned long long>(mem[0].current), static_cast<unsigned long long>(mem[0].peak),
                 static_cast<unsigned long long>(mem[1].current), static_cast<unsigned long long>(mem[2].current));

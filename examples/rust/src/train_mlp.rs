@@ -344,6 +344,8 @@ fn train(args: &Args) -> zerod::Result<()> {
         layers[0].backward(&mut model, &xb, &dh1, None, BATCH)?;
 
         let sr = model.step()?;
+        // zerod's metrics and the trace's loss plot, as train_mlp.c reports.
+        model.report(0, BATCH as u64, Some(loss))?;
         if sr.boundary {
             if rank == 0 && (!args.quiet || sr.step == args.steps) {
                 println!(
