@@ -15,11 +15,24 @@ and `#anchors` are dropped. A path that does not exist on purpose (an
 example of a user's own file, an old layout named as history) can be
 allowed with the comment `<!-- doc-paths: ignore -->` on its line.
 
+The same goes for the GoogleTest names the docs cite as evidence
+(`checkpoint.CheckpointSave.ASaveOverAWholeCheckpointKeepsItUntilTheNewOneIsWhole`,
+`compressing_engine.CompressingResume.*`): a word that begins with a ctest
+prefix some `gtest_discover_tests(... TEST_PREFIX "p.")` registers, followed
+by `Suite.Name` (`Instance/Suite.Name/param` for a parameterized test; the
+suite begins with a capital letter) must name a `TEST`/`TEST_F`/`TEST_P`
+under tests/, read as a glob. It is checked against the sources, not a build
+tree, so a test a configuration leaves out (CUDA, MPI) still counts. Names
+that only continue an earlier one (`.ASnapshotResumesTheErrorFeedbackToo`)
+and tests registered with add_test (`python.checkpoints`, which read like
+job-script keys) are not checked.
+
 Usage: check_doc_paths.py --root <repository> [--self-test]
-Exit status 0 when every path exists, 1 otherwise (each one printed).
+Exit status 0 when every path and test exists, 1 otherwise (each one printed).
 """
 
 import argparse
+import fnmatch
 import glob
 import os
 import re
@@ -77,6 +90,52 @@ def candidates(line):
         yield path
 
 
+GTEST_MACRO_RE = re.compile(r"\b(?:TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+TEST_PREFIX_RE = re.compile(r'TEST_PREFIX\s+"(\w+)\."')
+
+
+def source_files(root, names):
+    """Files under root whose name matches one of names (globs), outside build trees and hidden folders."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and not d.startswith("build")
+                       and d != "third_party"]
+        for f in filenames:
+            if any(fnmatch.fnmatchcase(f, n) for n in names):
+                yield os.path.join(dirpath, f)
+
+
+def gtest_prefixes(root):
+    prefixes = set()
+    for path in source_files(root, ("CMakeLists.txt", "*.cmake")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            prefixes.update(TEST_PREFIX_RE.findall(f.read()))
+    return prefixes
+
+
+def gtest_tests(root):
+    tests = set()
+    for path in source_files(os.path.join(root, "tests"), ("*.cpp", "*.cc", "*.h")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            tests.update(GTEST_MACRO_RE.findall(f.read()))
+    return tests
+
+
+def test_name_re(prefixes):
+    if not prefixes:
+        return None
+    alts = "|".join(sorted((re.escape(p) for p in prefixes), key=len, reverse=True))
+    # prefix . [Instance/] Suite . Name [/param]; not part of a longer word.
+    return re.compile(r"(?<![\w.])(?:" + alts + r")\.(?:[\w*]+/)?([A-Z][\w*]*)\.([\w*]+)(?:/[\w*]+)?(?![\w(])")
+
+
+def test_exists(tests, suite, name):
+    # A glob in the name may reach into a parameter the sources do not spell
+    # (`Placements/OnDevice.*opaque_*`): then only the part before it counts.
+    if "*" in name:
+        name = name.split("*", 1)[0] + "*"
+    return any(fnmatch.fnmatchcase(s, suite) and fnmatch.fnmatchcase(n, name) for s, n in tests)
+
+
 def markdown_files(root):
     try:
         out = subprocess.run(["git", "-C", root, "ls-files", "*.md"], check=True, capture_output=True, text=True)
@@ -93,6 +152,8 @@ def markdown_files(root):
 
 def check(root):
     problems = []
+    name_re = test_name_re(gtest_prefixes(root))
+    tests = gtest_tests(root) if name_re else set()
     for rel in markdown_files(root):
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -101,6 +162,11 @@ def check(root):
                 for path in candidates(line):
                     if not exists(root, path):
                         problems.append(f"{rel}:{lineno}: names `{path}`, which is not in the tree")
+                if name_re:
+                    for m in name_re.finditer(line):
+                        if not test_exists(tests, m.group(1), m.group(2)):
+                            problems.append(f"{rel}:{lineno}: names the test `{m.group(0)}`, "
+                                            "which no TEST/TEST_F/TEST_P under tests/ defines")
     return problems
 
 
@@ -112,11 +178,21 @@ def self_test():
             open(os.path.join(tmp, "engine", "memory", name), "w").close()
         os.makedirs(os.path.join(tmp, "libzerod", "src"))
         open(os.path.join(tmp, "libzerod", "src", "remote_model.cpp"), "w").close()
+        os.makedirs(os.path.join(tmp, "tests"))
+        with open(os.path.join(tmp, "tests", "CMakeLists.txt"), "w") as f:
+            f.write('gtest_discover_tests(checkpoint_test TEST_PREFIX "checkpoint." DISCOVERY_TIMEOUT 60)\n')
+        with open(os.path.join(tmp, "tests", "checkpoint_test.cpp"), "w") as f:
+            f.write("TEST(CheckpointSave, KeepsTheOld) {}\nTEST_P(OnDevice, Works) {}\n")
         good = ("`engine/memory/arena.*`, engine/memory/, (engine/memory/arena.h).\n"
                 "engine/{memory}/ libzerod/src/remote*; /usr/include/zerod/x.h sub/include/zerod/k.h\n"
                 "see engine/.\n"
-                "abi/old.h <!-- doc-paths: ignore -->\n")
-        bad = "the arena is engine/arena.cpp and the library abi/src/, protocol/{proto,transport}/\n"
+                "abi/old.h <!-- doc-paths: ignore -->\n"
+                "(`checkpoint.CheckpointSave.KeepsTheOld`, `.KeepsTheOld`), checkpoint.CheckpointSave.*;\n"
+                "`checkpoint.Placements/OnDevice.Works/fp32`, `checkpoint.Placements/OnDevice.*fp32*`,\n"
+                "`checkpoint.save_state`, `zero.Stage.Key`, `python.checkpoints`, `checkpoint.Module(x)`.\n"
+                "`checkpoint.Old.Name` <!-- doc-paths: ignore -->\n")
+        bad = ("the arena is engine/arena.cpp and the library abi/src/, protocol/{proto,transport}/\n"
+               "`checkpoint.CheckpointSave.Gone`, checkpoint.Renamed.*, `checkpoint.Inst/OnDevice.Fails/x`\n")
         with open(os.path.join(tmp, "good.md"), "w") as f:
             f.write(good)
         if check(tmp):
@@ -125,12 +201,13 @@ def self_test():
         with open(os.path.join(tmp, "bad.md"), "w") as f:
             f.write(bad)
         found = check(tmp)
-        want = ["engine/arena.cpp", "abi/src/", "protocol/{proto,transport}/"]
+        want = ["engine/arena.cpp", "abi/src/", "protocol/{proto,transport}/", "checkpoint.CheckpointSave.Gone",
+                "checkpoint.Renamed.*", "checkpoint.Inst/OnDevice.Fails/x"]
         missing = [w for w in want if not any(f"`{w}`" in p for p in found)]
         if missing or len(found) != len(want):
             print("self-test: expected reports for", want, "got:", *found, sep="\n  ")
             return 1
-    print("self-test: stale paths caught, accepted forms pass")
+    print("self-test: stale paths caught, accepted forms pass (test names too)")
     return 0
 
 
@@ -145,10 +222,10 @@ def main():
     for p in problems:
         print(p)
     if problems:
-        print(f"{len(problems)} path(s) named in the Markdown files do not exist "
+        print(f"{len(problems)} path(s) or test(s) named in the Markdown files do not exist "
               "(fix the text, or mark a deliberate one with <!-- doc-paths: ignore -->)")
         return 1
-    print("every path named in the Markdown files exists")
+    print("every path named in the Markdown files exists, and every GoogleTest name they cite")
     return 0
 
 

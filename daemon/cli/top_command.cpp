@@ -130,7 +130,8 @@ int top_command(int argc, char** argv) {
                   "  a live view of a running daemon; q or Ctrl-C quits\n"
                   "  PATH defaults to ZEROD_ENDPOINT's (unix:PATH), as `zerod run` sets it\n"
                   "  --interval  seconds between refreshes (default 1)\n"
-                  "  --once      print two frames one interval apart (the second with rates) and exit\n");
+                  "  --once      sample twice, one interval apart; print one frame (with the rates\n"
+                  "              between the samples) and exit\n");
       return 0;
     } else {
       std::fprintf(stderr, "zerod top: %s\n", unexpected_argument(a, {"--socket", "--interval"}).c_str());
