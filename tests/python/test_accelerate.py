@@ -15,7 +15,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import GradScalerKwargs, set_seed
 
 from zerod.accelerate import ZerodAccelerator
-from zerod.errors import InvalidArgumentError
+from zerod.errors import InvalidArgumentError, InvalidStateError
 from gpt import GPT, GPTConfig
 from models import BLOCK, CHARS, TOKENS
 
@@ -207,12 +207,92 @@ def test_refusals():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(InvalidArgumentError, match="Adagrad has no zerod equivalent"):
         accelerator.prepare(model, torch.optim.Adagrad(model.parameters()))
+    # An optimizer of part of the model (the head), the rest not frozen:
+    # Accelerate would leave the rest as it is, zerod would train it.
+    AcceleratorState._reset_state(True)
+    accelerator = ZerodAccelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    with pytest.raises(InvalidArgumentError, match=r"the optimizer leaves out 2 parameter\(s\) that require grad "
+                                                   r"\('0.weight', '0.bias'\)"):
+        accelerator.prepare(model, torch.optim.SGD(model[1].parameters(), lr=0.1))
+
+
+def _one_micro_batch(accelerator, model, loader):
+    x, y = next(iter(loader))
+    logits, _ = model(x)
+    accelerator.backward(F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)))
+
+
+def test_a_window_without_optimizer_step_is_refused(tmp_path):
+    """zerod applies the update inside accelerator.backward(), where
+    Accelerate applies it at optimizer.step(): a loop that does not step
+    after a window (its own accumulation, `if (i + 1) % 4 == 0:
+    optimizer.step()`, or a skipped step) is refused at the next backward
+    or save_state, naming the way to accumulate."""
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader, sched = accelerator.prepare(*objects())
+    _one_micro_batch(accelerator, model, loader)
+    opt.step()
+    _one_micro_batch(accelerator, model, loader)  # stepped before: fine
+    with pytest.raises(InvalidStateError, match=r"save_state\(\) after a backward that ended an accumulation "
+                                                r"window without optimizer.step\(\)"):
+        accelerator.save_state(str(tmp_path / "state"))
+    with pytest.raises(InvalidStateError, match=r"gradient_accumulation_steps=N\) \(it is 1\) and `with "
+                                                r"accelerator.accumulate\(model\):`"):
+        _one_micro_batch(accelerator, model, loader)
+    opt.step()
+    _one_micro_batch(accelerator, model, loader)
+
+
+def test_clip_grad_value_is_refused_by_name():
+    """As Accelerate refuses it under DeepSpeed: zerod clips by the norm."""
+    accelerator = ZerodAccelerator(zero_stage=0)
+    model, opt, loader, sched = accelerator.prepare(*objects())
+    _one_micro_batch(accelerator, model, loader)
+    with pytest.raises(InvalidArgumentError, match="does not support clip_grad_value_"):
+        accelerator.clip_grad_value_(model.parameters(), 0.01)
+
+
+@pytest.mark.parametrize("mode", ["default", "split", "per_call"])
+def test_the_scheduler_steps_as_accelerate_steps_it_on_two_processes(mode, tmp_path):
+    """Accelerate steps the LR scheduler num_processes times at each update
+    (a process's batch counts as one of the one-process run's; not past a
+    OneCycleLR's total_steps), once with split_batches, and at every call
+    with step_scheduler_with_optimizer=False: the 2 ranks of `zerod run`
+    run the same loop under plain Accelerate (multi-CPU) and
+    ZerodAccelerator, with the same losses and learning rates, and zerod
+    applies the lr Accelerate's optimizer steps with."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ZEROD, rank_env, split_ranks
+
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 2 } }\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable,
+                        os.path.join(here, "accelerate_sched_rank.py"), mode],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=rank_env())
+    assert p.returncode == 0, p.stdout[-4000:]
+    for r, lines in split_ranks(p.stdout).items():
+        rows = {who: [line.split()[2:] for line in lines if line.startswith(who + " ")] for who in ("plain", "zerod")}
+        assert len(rows["plain"]) == len(rows["zerod"]) == 8, lines
+        for (loss, applied, after), (ploss, papplied, pafter) in zip(rows["zerod"], rows["plain"]):
+            assert abs(float(loss) - float(ploss)) <= 1e-5 * abs(float(ploss)), (r, rows)
+            assert (applied, after) == (papplied, pafter), (r, rows)
+        zerod_applied = [line.split()[2] for line in lines if line.startswith("applied ")]
+        assert zerod_applied == [row[1] for row in rows["plain"] if row[1] != "-"], (r, zerod_applied, rows)
+    lrs = [float(row[2]) for row in rows["plain"]]
+    if mode == "default":  # stepped twice an update, to OneCycleLR's end at step 6 and no further
+        assert lrs[1] != lrs[3] and lrs[5] == lrs[7], lrs
 
 
 def test_two_processes_under_zerod_run(tmp_path):
-    """The same loop as the 2 ranks of `zerod run`, Accelerate sharding the
-    dataloader (each rank its own batches of 8): the mean of the ranks'
-    losses is plain Accelerate's in one process with batches of 16;
+    """The same loop as the 2 ranks of `zerod run`, Accelerate splitting each
+    batch of 16 between them (split_batches, so that the LR scheduler steps
+    once an update, as in one process): the mean of the ranks' losses is
+    plain Accelerate's in one process with batches of 16;
     save_state writes both ranks' zerod shards and load_state resumes both
     bit for bit."""
     import os

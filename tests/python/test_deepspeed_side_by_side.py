@@ -85,7 +85,7 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import CONFIGS, CLIENT, make, train
+from test_deepspeed_side_by_side import CONFIGS, CLIENT, LOADS, make, train, load_run
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -108,13 +108,18 @@ engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.
                                             config={"train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": True,
                                                     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
 out["loader_drop_last"] = [len(loader)] + [b[0][:, 0].tolist() for b in loader]
+out["loads"] = {}
+for name in LOADS:
+    d = os.path.join(os.path.dirname(sys.argv[1]), "load_" + name)
+    out["loads"][name] = load_run(deepspeed.initialize, name, d)
 json.dump(out, open(sys.argv[1], "w"))
 '''
 
 
-def make():
+def make(extra_layer=False):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+    layers = [nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4)]
+    return nn.Sequential(*layers, *([nn.Tanh(), nn.Linear(4, 4)] if extra_layer else []))
 
 
 _TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(7)) / 4
@@ -140,6 +145,56 @@ def train(engine, cfg, steps=range(STEPS)):
         out["loss"].append(float(loss.detach()))
         out["lr"].append(float(engine.get_lr()[0]))
         out["global_steps"].append(int(engine.global_steps))
+    return out
+
+
+# load_checkpoint's flags, run the same way under DeepSpeed and zerod
+# (load_run): 6 micro-batches under the first config, save_checkpoint, then a
+# fresh engine of the second config (on a model whose weights are not the
+# checkpoint's) loads it with the flags and trains 6 more.
+ADAMW_STAGE1 = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}
+LOADS = {
+    # no lr schedule: the weights and DeepSpeed's counters, the optimizer fresh
+    "no_optimizer_states": (ADAMW_STAGE1, ADAMW_STAGE1, {"load_optimizer_states": False}),
+    # neither optimizer nor schedule: both start over, the counters go on
+    "no_optimizer_or_scheduler_states": ("adam_l2_stage2_warmupdecay", "adam_l2_stage2_warmupdecay",
+                                         {"load_optimizer_states": False, "load_lr_scheduler_states": False}),
+    # the weights alone, into another optimizer, ZeRO stage and schedule
+    "module_only_into_sgd": ("adamw_warmup_clip_gas2", "sgd_onecycle_stage1", {"load_module_only": True}),
+    # the weights the model and the checkpoint both have (the model has a layer more)
+    "module_only_not_strict": (ADAMW_STAGE1, ADAMW_STAGE1,
+                               {"load_module_only": True, "load_module_strict": False, "extra_layer": True}),
+}
+
+
+def _cfg(c):
+    return dict(CONFIGS[c] if isinstance(c, str) else c)
+
+
+def load_run(initialize, name, ckpt_dir):
+    """One LOADS case with DeepSpeed's initialize or zerod.deepspeed's: what
+    load_checkpoint returned, the engine's counters right after it, and
+    the 6 micro-batches after."""
+    save_cfg, load_cfg, flags = _cfg(LOADS[name][0]), _cfg(LOADS[name][1]), dict(LOADS[name][2])
+    extra_layer = flags.pop("extra_layer", False)
+    model = make()
+    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=save_cfg)
+    saved = train(engine, save_cfg, range(STEPS // 2))
+    engine.save_checkpoint(ckpt_dir, client_state={"epoch": 3, "note": "half"})
+    engine.destroy()
+    model = make(extra_layer)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # not the checkpoint's values: load_checkpoint must bring them
+    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=load_cfg)
+    path, client_state = engine.load_checkpoint(ckpt_dir, **flags)
+    out = {"path": os.path.relpath(path, ckpt_dir), "client_state": client_state, "saved": saved,
+           "after_load": [engine.global_steps, engine.global_samples, engine.skipped_steps]}
+    out.update(train(engine, load_cfg, range(STEPS // 2, STEPS)))
+    engine.destroy()
+    # What JSON keeps of DeepSpeed's client_state (its bookkeeping holds tensors).
+    out["client_state"] = {k: v for k, v in client_state.items() if isinstance(v, (int, str))}
     return out
 
 
@@ -241,6 +296,184 @@ def test_checkpoint_resume_is_exact(name, deepspeed_losses, tmp_path):
     theirs = deepspeed_losses[name]
     joined = {k: first[k] + resumed[k] for k in first}
     _compare(name + " (resumed)", joined, theirs, _tolerance(cfg))
+
+
+@pytest.mark.parametrize("name", list(LOADS))
+def test_load_checkpoint_flags_as_deepspeed(name, deepspeed_losses, tmp_path):
+    """load_checkpoint(load_optimizer_states=False / load_lr_scheduler_states=
+    False / load_module_only=True / load_module_strict=False) loads what
+    DeepSpeed's loads and leaves what it leaves: the counters right after
+    the load, then the losses, get_lr() and global_steps of the 6
+    micro-batches after, match DeepSpeed's; and both return the checkpoint
+    they loaded and the client_state saved with it."""
+    import zerod.deepspeed as deepspeed
+
+    ours = load_run(deepspeed.initialize, name, str(tmp_path))
+    theirs = deepspeed_losses["loads"][name]
+    # DeepSpeed names its model-states file in the checkpoint's folder, zerod the folder.
+    assert ours["path"] == os.path.dirname(theirs["path"]) == f"global_step{ours['saved']['global_steps'][-1]}"
+    # DeepSpeed's client_state adds its own bookkeeping (ds_config, param_shapes, ...) to what was saved.
+    assert ours["client_state"] == {"epoch": 3, "note": "half"}
+    assert {k: theirs["client_state"][k] for k in ours["client_state"]} == ours["client_state"]
+    assert ours["saved"]["global_steps"] == theirs["saved"]["global_steps"]
+    assert ours["after_load"] == theirs["after_load"], (ours["after_load"], theirs["after_load"])
+    assert ours["global_steps"] == theirs["global_steps"], (ours["global_steps"], theirs["global_steps"])
+    for s, (a, b) in enumerate(zip(ours["lr"], theirs["lr"])):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-12), f"{name} get_lr() {s}: zerod {ours['lr']}, " \
+                                                           f"DeepSpeed {theirs['lr']}"
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["loss"], theirs["loss"])]
+    print(f"\n{name}: max relative loss difference after the load {max(rel):.2e}")
+    assert len(rel) == STEPS // 2 and max(rel) <= 1e-4, (ours["loss"], theirs["loss"])
+
+
+def _trained_checkpoint(deepspeed, cfg, path, steps=STEPS // 2):
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    try:
+        train(engine, cfg, range(steps))
+        engine.save_checkpoint(str(path))
+        return engine.state_dict()
+    finally:
+        engine.close()
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_load_checkpoint_refuses_what_one_update_count_cannot_do(tmp_path):
+    """zerod's lr schedule and its optimizer follow one count of updates:
+    with a schedule configured, the optimizer state without the schedule
+    (or the schedule without it) from a checkpoint of another count is
+    refused, naming the flag and what to pass instead, and changes nothing;
+    both, neither, or a checkpoint of this engine's count load."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    cfg = CONFIGS["adam_l2_stage2_warmupdecay"]
+    _trained_checkpoint(deepspeed, cfg, tmp_path)
+    engine, _, _, _ = deepspeed.initialize(model=make(), config=dict(cfg))
+    try:
+        before = engine.state_dict()
+        with pytest.raises(InvalidArgumentError, match=r"load_optimizer_states=False\): .* Pass "
+                                                       r"load_lr_scheduler_states=False too"):
+            engine.load_checkpoint(str(tmp_path), load_optimizer_states=False)
+        with pytest.raises(InvalidArgumentError, match=r"load_lr_scheduler_states=False\): .* pass "
+                                                       r"load_optimizer_states=False as well"):
+            engine.load_checkpoint(str(tmp_path), load_lr_scheduler_states=False)
+        assert _same(engine.state_dict(), before) and engine.global_steps == 0
+        engine.load_checkpoint(str(tmp_path), load_optimizer_states=False, load_lr_scheduler_states=False)
+        assert engine.global_steps == STEPS // 2 and engine.applied_steps == 0
+        assert not _same(engine.state_dict(), before)
+        # At the checkpoint's own count the two agree: a flag alone loads.
+        train(engine, cfg, range(STEPS // 2))
+        engine.save_checkpoint(str(tmp_path / "again"))
+        assert engine.applied_steps == STEPS // 2
+        engine.load_checkpoint(str(tmp_path), load_lr_scheduler_states=False)
+        assert engine.applied_steps == STEPS // 2 and engine.global_steps == STEPS // 2
+    finally:
+        engine.close()
+
+
+def test_counters_carry_through_a_load_without_optimizer_state(tmp_path):
+    """After load_optimizer_states=False DeepSpeed's counters go on from the
+    checkpoint's while zerod's update count goes on from this engine's; a
+    checkpoint saved then holds both, and loads whole with them."""
+    import zerod.deepspeed as deepspeed
+
+    cfg = ADAMW_STAGE1
+    _trained_checkpoint(deepspeed, cfg, tmp_path / "a")
+    engine, _, _, _ = deepspeed.initialize(model=make(), config=dict(cfg))
+    try:
+        engine.load_checkpoint(str(tmp_path / "a"), load_optimizer_states=False)
+        train(engine, cfg, range(4))
+        assert (engine.global_steps, engine.applied_steps, engine.global_samples) == (10, 4, 80)
+        engine.save_checkpoint(str(tmp_path / "b"))
+        saved = engine.state_dict()
+    finally:
+        engine.close()
+    assert (tmp_path / "b" / "latest").read_text() == "global_step10"
+    engine, _, _, _ = deepspeed.initialize(model=make(), config=dict(cfg))
+    try:
+        engine.load_checkpoint(str(tmp_path / "b"))
+        assert (engine.global_steps, engine.applied_steps, engine.global_samples) == (10, 4, 80)
+        assert _same(engine.state_dict(), saved)
+    finally:
+        engine.close()
+
+
+def test_load_checkpoint_weights_alone_check_what_they_read(tmp_path):
+    """load_module_only=True reads the weights from zerod's files itself
+    (zd_model_load would bring the optimizer state, and refuses another
+    optimizer's): each record against its CRC-32C, the model's keys as
+    torch's load_state_dict checks them (load_module_strict) and its
+    shapes; a refusal changes nothing."""
+    import zerod.deepspeed as deepspeed
+    from zerod import _ckpt_masters
+    from zerod.errors import InvalidArgumentError, ShapeMismatchError, ZerodIOError
+
+    saved = _trained_checkpoint(deepspeed, CONFIGS["adamw_warmup_clip_gas2"], tmp_path)
+    sgd = CONFIGS["sgd_onecycle_stage1"]
+    engine, _, _, _ = deepspeed.initialize(model=make(extra_layer=True), config=dict(sgd))
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"missing keys \['6.weight', '6.bias'\].*"
+                                                       "load_module_strict=False"):
+            engine.load_checkpoint(str(tmp_path), load_module_only=True)
+        with pytest.raises(InvalidArgumentError, match="only here: \\['6.bias', '6.weight'\\].*"
+                                                       "load_optimizer_states=False"):
+            engine.load_checkpoint(str(tmp_path), load_module_strict=False)
+    finally:
+        engine.close()
+    model = make()
+    model[2] = nn.Linear(64, 32)
+    model[4] = nn.Linear(32, 4)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=dict(sgd))
+    try:
+        with pytest.raises(ShapeMismatchError, match=r"'2.weight': \(64, 64\) in the checkpoint, \(32, 64\)"):
+            engine.load_checkpoint(str(tmp_path), load_module_only=True, load_module_strict=False)
+    finally:
+        engine.close()
+
+    shard = next((tmp_path / f"global_step{STEPS // 4}").glob("*.zdshard"))
+    data = bytearray(shard.read_bytes())
+    data[32 + 17] ^= 0x10  # a bit of the first record
+    shard.write_bytes(bytes(data))
+    engine, _, _, _ = deepspeed.initialize(model=make(), config=dict(sgd))
+    try:
+        before = engine.state_dict()
+        with pytest.raises(ZerodIOError, match="fails its checksum: the file is damaged"):
+            engine.load_checkpoint(str(tmp_path), load_module_only=True)
+        assert _same(engine.state_dict(), before)
+        data[32 + 17] ^= 0x10
+        shard.write_bytes(bytes(data))
+        engine.load_checkpoint(str(tmp_path), load_module_only=True)
+        assert _same(engine.state_dict(), saved)
+    finally:
+        engine.close()
+
+    # A checkpoint zd_model_save wrote without zerod.torch has no torch_state.pt:
+    # it loads either way, and a buffer keeps its value, with a warning (as
+    # zerod.torch's load_checkpoint warns), load_module_strict or not.
+    (tmp_path / f"global_step{STEPS // 4}" / "torch_state.pt").unlink()
+    for flags in ({}, {"load_module_only": True}):
+        model = make()
+        model.register_buffer("seen", torch.full((2,), 7.0))
+        engine, _, _, _ = deepspeed.initialize(model=model, config=dict(CONFIGS["adamw_warmup_clip_gas2"]))
+        try:
+            with pytest.warns(UserWarning, match="has no torch_state.pt .* 'seen' first"):
+                assert engine.load_checkpoint(str(tmp_path), **flags)[1] == {}
+            got = engine.state_dict()
+            assert torch.equal(got.pop("seen"), torch.full((2,), 7.0)) and _same(got, saved)
+        finally:
+            engine.close()
+    assert _ckpt_masters.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value
+    blob = bytes(range(256)) * 40 + b"tail"  # long enough for the lanes, with runs left over
+    want = 0xFFFFFFFF
+    for b in blob:
+        want ^= b
+        for _ in range(8):
+            want = (want >> 1) ^ (0x82F63B78 if want & 1 else 0)
+    assert _ckpt_masters.crc32c(blob) == want ^ 0xFFFFFFFF
 
 
 def test_load_checkpoint_without_latest_returns_none(tmp_path):
@@ -434,3 +667,44 @@ def test_backward_returns_the_loss_as_deepspeed_scales_it():
     loss = ((engine(x) - y) ** 2).mean()
     assert torch.equal(engine.backward(loss, scale_wrt_gas=False), loss)
     engine.step()
+
+
+class _WithExtraState(nn.Linear):
+    """A module whose state_dict holds a dict (get_extra_state), not a tensor."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.version = 1
+
+    def get_extra_state(self):
+        return {"version": self.version}
+
+    def set_extra_state(self, state):
+        self.version = state["version"]
+
+
+def test_load_checkpoint_weights_alone_take_a_modules_extra_state(tmp_path):
+    """load_module_only=True with a module that has extra state: the dict
+    has no shape to compare; it goes to set_extra_state, as torch's
+    load_state_dict gives it."""
+    import zerod.deepspeed as deepspeed
+
+    cfg = CONFIGS["adamw_warmup_clip_gas2"]
+    model = nn.Sequential(nn.Linear(16, 8), _WithExtraState(8, 4))
+    engine, _, _, _ = deepspeed.initialize(model=model, config=dict(cfg))
+    try:
+        model[1].version = 4
+        engine.save_checkpoint(str(tmp_path))
+        saved = engine.state_dict()
+    finally:
+        engine.close()
+    fresh = nn.Sequential(nn.Linear(16, 8), _WithExtraState(8, 4))
+    engine, _, _, _ = deepspeed.initialize(model=fresh, config=dict(CONFIGS["sgd_onecycle_stage1"]))
+    try:
+        engine.load_checkpoint(str(tmp_path), load_module_only=True)
+        assert fresh[1].version == 4
+        got = engine.state_dict()
+        assert [k for k in got if torch.is_tensor(got[k])] == [k for k in saved if torch.is_tensor(saved[k])]
+        assert all(torch.equal(got[k], saved[k]) for k in got if torch.is_tensor(got[k]))
+    finally:
+        engine.close()

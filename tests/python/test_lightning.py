@@ -65,6 +65,8 @@ class LitGPT(pl.LightningModule):
             opt = torch.optim.SGD(self.parameters(), lr=0.3, momentum=0.9)
         elif self.optimizer == "adagrad":
             opt = torch.optim.Adagrad(self.parameters(), lr=0.1)
+        elif self.optimizer == "blocks_only":  # the rest of the model left as it is, yet not frozen
+            opt = torch.optim.SGD(self.gpt.transformer.h.parameters(), lr=0.3)
         if self.scheduler is None:
             return opt
         if self.scheduler == "onecycle":
@@ -255,6 +257,8 @@ def test_job_script(tmp_path):
 
 @pytest.mark.parametrize("case,match", [
     (dict(module=dict(optimizer="adagrad", scheduler=None)), "Adagrad has no zerod equivalent"),
+    (dict(module=dict(optimizer="blocks_only", scheduler=None)),
+     r"the optimizer leaves out \d+ parameter\(s\) that require grad \('gpt.transformer.wte.weight'"),
     (dict(module=dict(scheduler="plateau")), "ReduceLROnPlateau follows a metric"),
     (dict(precision="64-true"), "does not run precision='64-true'"),
     (dict(trainer=dict(gradient_clip_algorithm="value", gradient_clip_val=1.0)), "gradient_clip_algorithm='value'"),

@@ -374,3 +374,230 @@ def test_deepspeed_parameter_groups_agree_on_every_key():
     assert _dsconfig.check_param_groups([{"params": [1], "betas": (0.9, 0.95)}, {"params": [2]}], "groups",
                                         {"betas": [0.9, 0.95]}) == {"betas": (0.9, 0.95)}
 
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _mlp_batches(n=4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(n)]
+
+
+def _mlp_losses(engine, batches, between=None):
+    out = []
+    for x, y in batches:
+        loss = F.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        out.append(loss.item())
+        if between is not None:
+            between(x, y)
+    return out
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_an_evaluation_under_inference_mode_leaves_training_as_it_was(stage):
+    """zerod caches a tensor over each parameter's view by address: one
+    made under torch.inference_mode() would be an inference tensor, which
+    autograd refuses to save, and every later training step would fail.
+    They are made outside it: training after such an evaluation is
+    training without it."""
+    batches = _mlp_batches()
+    plain = _mlp_losses(zerod.torch.initialize(_mlp(), job_text=sgd_job(stage)), batches)
+    engine = zerod.torch.initialize(_mlp(), job_text=sgd_job(stage))
+    with torch.inference_mode():
+        first = engine(batches[0][0])  # before any training: the views are made here
+    assert first.is_inference()
+
+    def evaluate(x, y):
+        with torch.inference_mode():
+            engine(x)
+    assert _mlp_losses(engine, batches, evaluate) == plain
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_state_dict_and_checkpoints_between_steps_after_an_evaluation_with_gradients(stage, tmp_path):
+    """An evaluation forward with gradients enabled (no torch.no_grad())
+    between steps leaves a forward without its backward: state_dict(),
+    save_checkpoint() and the rest drop it (nothing of it is in zerod), and
+    training goes on as without it; a backward of the dropped forward's
+    graph is refused, naming what dropped it."""
+    batches = _mlp_batches()
+    plain = _mlp_losses(zerod.torch.initialize(_mlp(), job_text=sgd_job(stage)), batches)
+    engine = zerod.torch.initialize(_mlp(), job_text=sgd_job(stage))
+
+    def evaluate(x, y):
+        engine.eval()
+        F.mse_loss(engine(x), y)  # gradients enabled
+        engine.train()
+        engine.state_dict()
+        engine.save_checkpoint(str(tmp_path / "ck"))
+    assert _mlp_losses(engine, batches, evaluate) == plain
+    x, y = batches[0]
+    loss = F.mse_loss(engine(x), y)
+    engine.state_dict()
+    with pytest.raises(zerod.InvalidStateError, match=r"the forward that ran before state_dict\(\) was dropped"):
+        engine.backward(loss)
+
+
+class WithExtraState(nn.Linear):
+    """A module with torch's get_extra_state/set_extra_state (a dict, not a
+    tensor, in its state_dict)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.version = 1
+
+    def get_extra_state(self):
+        return {"version": self.version}
+
+    def set_extra_state(self, state):
+        self.version = state["version"]
+
+
+def test_state_dict_keeps_extra_state_and_load_state_dict_answers_as_torch(tmp_path):
+    """A module's extra state (get_extra_state(), any object) goes through
+    state_dict(), save_checkpoint() and load_checkpoint() as in torch, and
+    load_state_dict(strict=False) returns torch's missing and unexpected
+    keys."""
+    model = nn.Sequential(nn.Linear(4, 8), WithExtraState(8, 1))
+    engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"))
+    sd = engine.state_dict()
+    assert sd["1._extra_state"] == {"version": 1}
+    assert list(sd) == list(nn.Sequential(nn.Linear(4, 8), WithExtraState(8, 1)).state_dict())
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    model[1].version = 5
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    assert model[1].version == 1
+    got = engine.load_state_dict({**{k: v for k, v in sd.items() if k != "1.bias"}, "1._extra_state": {"version": 3},
+                                  "extra.weight": torch.zeros(1)}, strict=False)
+    assert got == torch.nn.modules.module._IncompatibleKeys(["1.bias"], ["extra.weight"])
+    assert got.missing_keys == ["1.bias"] and model[1].version == 3
+    assert engine.load_state_dict(sd) == torch.nn.modules.module._IncompatibleKeys([], [])
+    with pytest.raises(zerod.InvalidArgumentError, match="missing keys"):
+        engine.load_state_dict({k: v for k, v in sd.items() if k != "1.bias"})
+
+
+def test_dtype_converts_parameters_and_keeps_buffers():
+    """initialize(dtype=...) and a bf16 DeepSpeed config cast the floating
+    parameters only, as DeepSpeed 0.19 does: an fp32 buffer (a rotary
+    embedding's inv_freq) stays fp32, an integer one stays integer."""
+    import zerod.deepspeed as zds
+
+    class WithBuffers(nn.Linear):
+        def __init__(self):
+            super().__init__(4, 4)
+            self.register_buffer("inv_freq", torch.arange(4.0) / 3)
+            self.register_buffer("count", torch.tensor(7))
+
+        def forward(self, x):
+            return super().forward(x * self.inv_freq.to(x.dtype))
+
+    for make_engine in (lambda m: zerod.torch.initialize(m, job_text='return { precision = "bf16" }',
+                                                         dtype=torch.bfloat16),
+                        lambda m: zds.initialize(model=m, config={"train_batch_size": 2, "bf16": {"enabled": True},
+                                                                  "optimizer": {"type": "SGD",
+                                                                                "params": {"lr": 0.1}}})[0]):
+        model = WithBuffers()
+        engine = make_engine(model)
+        assert model.weight.dtype == model.bias.dtype == torch.bfloat16
+        assert model.inv_freq.dtype == torch.float32 and model.count.dtype == torch.int64
+        torch.testing.assert_close(model.inv_freq, torch.arange(4.0) / 3, rtol=0, atol=0)
+        loss = engine(torch.ones(2, 4, dtype=torch.bfloat16)).float().sum()
+        engine.backward(loss)
+        engine.step()
+        engine.close()
+
+
+def test_deepspeed_initialize_trains_the_parameters_the_optimizer_holds():
+    """A torch optimizer given without model_parameters (Accelerate's and
+    Lightning's way) that leaves out parameters requiring grad is refused,
+    naming them: torch and DeepSpeed would leave them as they are, and zerod
+    trains every parameter with requires_grad. Frozen, they stay as they
+    are; and model_parameters=model.parameters() with part of the model
+    frozen is accepted, as DeepSpeed accepts it."""
+    import zerod.deepspeed as zds
+
+    cfg = {"train_batch_size": 8}
+    model = _mlp()
+    with pytest.raises(zerod.InvalidArgumentError, match=r"the optimizer leaves out 2 parameter\(s\) that require "
+                                                         r"grad \('0.weight', '0.bias'\).*requires_grad_\(False\)"):
+        zds.initialize(model=model, optimizer=torch.optim.SGD(model[2].parameters(), lr=0.1), config=cfg)
+    model = _mlp()
+    model[0].requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = zds.initialize(model=model, optimizer=torch.optim.SGD(model[2].parameters(), lr=0.1), config=cfg)[0]
+    _mlp_losses(engine, _mlp_batches(2))
+    after = engine.state_dict()
+    assert torch.equal(after["0.weight"], before["0.weight"]) and not torch.equal(after["2.weight"],
+                                                                                   before["2.weight"])
+    engine.close()
+    # DeepSpeed's usual call with a frozen backbone: its optimizer leaves the
+    # frozen parameters out, so does zerod.
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+    model = _mlp()
+    model[0].requires_grad_(False)
+    engine = zds.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    assert [s.name for s in engine._slots] == ["2.weight", "2.bias"]
+    engine.close()
+    model = _mlp()
+    model[0].requires_grad_(False)
+    zds.initialize(model=model, model_parameters=[{"params": list(model.parameters())}], config=cfg)[0].close()
+    with pytest.raises(zerod.InvalidArgumentError, match="model_parameters leaves out '2.weight'"):
+        zds.initialize(model=model, model_parameters=list(model[0].parameters()), config=cfg)
+
+
+BROADCAST_RANK = r'''
+import sys
+import torch
+import torch.nn as nn
+import zerod, zerod.torch
+
+zerod.torch._BROADCAST_CHUNK = int(sys.argv[1])  # small: tensors split over several chunks
+r = zerod.rank()
+torch.manual_seed(100 + r)  # the ranks built the model without a common seed
+model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+model[0].requires_grad_(False)
+model[1].num_batches_tracked.fill_(5 + r)
+model.register_buffer("mask", torch.rand(7) > 0.5)
+model.register_buffer("odd", torch.randn(3, 5).to(torch.bfloat16))
+model.register_buffer("bits", torch.tensor([1, 2, 0x7f800001, -0x7fffffff], dtype=torch.int32))  # a NaN's bits
+
+
+def bytes_of(t):
+    t = t.detach().to(torch.uint8) if t.dtype == torch.bool else t.detach()
+    return f"{t.dtype} {t.contiguous().view(-1).view(torch.uint8).tolist()}"
+
+
+own = {k: bytes_of(v) for k, v in model.state_dict().items()}
+engine = zerod.torch.initialize(model, job_text='return { optimizer = { type = "sgd", lr = 0.1 }, zero = { stage = 0 } }')
+for k, v in engine.state_dict().items():
+    print("tensor", k, bytes_of(v), flush=True)
+    print("own", k, own[k], flush=True)
+x = torch.randn(4, 4)
+loss = engine(x).pow(2).mean()
+engine.backward(loss)
+engine.step()
+'''
+
+
+@pytest.mark.parametrize("chunk", [1 << 28, 6])
+def test_frozen_parameters_and_buffers_are_rank_0s(chunk, tmp_path, tmp_job):
+    """Frozen parameters and buffers stay in torch: rank 0's values go to
+    every rank at initialize (as DDP sends them), bit for bit whatever their
+    type, as zerod's own parameters do; ranks that built the model without a
+    common seed then train one model."""
+    from conftest import zerod_run
+
+    script = tmp_path / "rank.py"
+    script.write_text(BROADCAST_RANK)
+    rc, ranks, out = zerod_run(2, tmp_job("return { zero = { stage = 0 } }"), str(script), chunk)
+    assert rc == 0, out[-4000:]
+    got = [[line for line in ranks[r] if line.startswith("tensor ")] for r in (0, 1)]
+    own = [[line for line in ranks[r] if line.startswith("own ")] for r in (0, 1)]
+    assert len(got[0]) == 12 and got[0] == got[1]
+    assert [line[len("tensor "):] for line in got[0]] == [line[len("own "):] for line in own[0]]
+    assert own[0] != own[1], "the ranks' models differ before initialize"

@@ -37,10 +37,14 @@ class Stepped:
     """A torch scheduler that a trainer steps every `every` updates (e.g.
     Lightning's interval "epoch"), to be traced over `steps` updates (None:
     the scheduler's own length): what zerod.deepspeed.initialize takes as
-    lr_scheduler where one scheduler step is not one update."""
+    lr_scheduler where one scheduler step is not one update. Accelerate's
+    AcceleratedScheduler steps it `per` times at each update (once per
+    process); stepped after every micro-batch it has stepped `offset` times
+    more when an update reads its lr (the window's earlier micro-batches')."""
 
-    def __init__(self, scheduler, every=1, steps=None):
+    def __init__(self, scheduler, every=1, steps=None, per=1, offset=0):
         self.scheduler, self.every, self.steps = scheduler, int(every), steps
+        self.per, self.offset = int(per), int(offset)
 
 
 def trace(scheduler, steps=None, every=1):
@@ -50,9 +54,10 @@ def trace(scheduler, steps=None, every=1):
     Stepped that says both. `steps` None is the scheduler's own length,
     where it has one, else DEFAULT_HORIZON with a warning. The user's
     scheduler and optimizer are not touched."""
+    per, offset = 1, 0
     if isinstance(scheduler, Stepped):
         steps = scheduler.steps if scheduler.steps is not None else steps
-        every = scheduler.every
+        every, per, offset = scheduler.every, scheduler.per, scheduler.offset
         scheduler = scheduler.scheduler
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise InvalidArgumentError(
@@ -63,7 +68,11 @@ def trace(scheduler, steps=None, every=1):
     opt = scheduler.optimizer
     if steps is None:
         own = _horizon_of(scheduler)
-        steps = own * every if own else DEFAULT_HORIZON
+        if own and (per != 1 or offset):
+            # The update at which its last step has been taken, and that one.
+            steps = max(1, -(-(own - 1 - offset) * every // per) + 1)
+        else:
+            steps = own * every if own else DEFAULT_HORIZON
         if not own:
             # LambdaLR, ExponentialLR, CosineAnnealingWarmRestarts, ...: the
             # lr would stop following the scheduler where the table ends.
@@ -92,8 +101,18 @@ def trace(scheduler, steps=None, every=1):
     def momentum(o):
         return [(g.get("betas"), g.get("momentum")) for g in o.param_groups]
     start = momentum(opt2)
+    total = getattr(sched2, "total_steps", None)
+
+    def step():
+        # A OneCycleLR not past its total_steps (torch would raise there, and
+        # Accelerate's AcceleratedScheduler stops stepping it): the last
+        # value holds after, as after the table's end.
+        if not isinstance(total, int) or sched2._step_count <= total:
+            sched2.step()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+        for _ in range(offset):
+            step()
         for t in range(steps):
             lrs = {float(g["lr"]) for g in opt2.param_groups}
             if len(lrs) > 1:
@@ -107,7 +126,8 @@ def trace(scheduler, steps=None, every=1):
                     "OneCycleLR's cycle_momentum=True); zerod's schedule sets the lr only: pass "
                     "cycle_momentum=False")
             if (t + 1) % every == 0 and t + 1 < steps:
-                sched2.step()
+                for _ in range(per):
+                    step()
     return values
 
 

@@ -33,15 +33,22 @@ runs zerod's backward and step: zerod averages the window's micro-batches
 and applies the update, clipped, at the window's end (checked to be where
 Accelerate's accumulate() ends it). optimizer.step() then only records on
 the torch optimizer that it stepped (what its LR scheduler checks) and
-zero_grad() has nothing left to do; scheduler.step() steps the user's torch scheduler
-so get_last_lr() reports what zerod applies (zerod runs the same schedule,
-traced ahead of time). clip_grad_norm_ returns the norm zerod measured; its
-max_norm must be the gradient_clipping given to the constructor, since zerod
-clips inside its step. mixed_precision "no", "bf16" (autocast over zerod's
-fp32 parameters) and "fp16" (autocast float16 over fp32 parameters, zerod's
-loss scaler in the GradScaler's place with GradScalerKwargs' settings, see
-zerod._amp; on the CPU too, where Accelerate's own fp16 is fp32) are
-supported. A window skipped for an overflow does not step the scheduler
+zero_grad() has nothing left to do; a loop that does not call it after a
+window (accumulating by hand, skipping a step) is refused at its next
+backward or save_state, since Accelerate would apply the update there.
+scheduler.step() steps the user's torch scheduler as Accelerate's
+AcceleratedScheduler does (once per process at an update, once with
+split_batches, at every call with step_scheduler_with_optimizer=False), so
+get_last_lr() reports what zerod applies (zerod runs the same schedule,
+traced ahead of time stepped so). clip_grad_norm_ returns the norm zerod
+measured; its max_norm must be the gradient_clipping given to the
+constructor, since zerod clips inside its step; clip_grad_value_ is
+refused (as Accelerate refuses it under DeepSpeed). The optimizer must
+hold every parameter that requires grad (zerod.deepspeed.initialize).
+mixed_precision "no", "bf16" (autocast over zerod's fp32 parameters) and
+"fp16" (autocast float16 over fp32 parameters, zerod's loss scaler in the
+GradScaler's place with GradScalerKwargs' settings, see zerod._amp; on the
+CPU too, where Accelerate's own fp16 is fp32) are supported. A window skipped for an overflow does not step the scheduler
 (as Accelerate). One process, or the ranks
 of `zerod run --nproc N -- python train.py` (Accelerate's multi-CPU mode,
 its collectives over gloo; `accelerate launch` is not wired to a daemon).
@@ -57,6 +64,7 @@ from .errors import InvalidArgumentError, InvalidStateError
 
 try:
     from accelerate import Accelerator
+    from accelerate.scheduler import AcceleratedScheduler
     from accelerate.utils import convert_to_fp32
 except ImportError as e:  # pragma: no cover
     raise ImportError(f"zerod.accelerate needs Hugging Face Accelerate (pip install accelerate): {e}") from e
@@ -117,6 +125,9 @@ class ZerodAccelerator(Accelerator):
                            modules=modules, client=client, lr_steps=lr_steps)
         self.zerod_engine = None
         self._zerod_last = None
+        self._zerod_unstepped = False  # a backward ended a window, optimizer.step() has not come yet
+        self._zerod_scheduler = None
+        self._zerod_micro = 0  # accelerator.backward() calls
         self.register_save_state_pre_hook(self._save_zerod)
         self.register_load_state_pre_hook(self._load_zerod)
 
@@ -142,7 +153,7 @@ class ZerodAccelerator(Accelerator):
 
         model, opt = models[0], opts[0]
         model.to(self.device)
-        engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=scheds[0] if scheds else None,
+        engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=self._zerod_stepped(scheds),
                                  config=self._zerod_config(loaders), modules=self._zerod["modules"],
                                  client=self._zerod["client"], lr_steps=self._zerod["lr_steps"], _placement=None,
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
@@ -150,11 +161,30 @@ class ZerodAccelerator(Accelerator):
         wrapped = {id(model): _ZerodModel(model, engine, self),
                    id(opt): _ZerodOptimizer(opt, self)}
         if scheds:
-            wrapped[id(scheds[0])] = _ZerodScheduler(scheds[0], self)
-            self._schedulers.append(wrapped[id(scheds[0])])  # its state goes into save_state
+            sched = self._zerod_scheduler = _ZerodScheduler(scheds[0], wrapped[id(opt)], self)
+            wrapped[id(scheds[0])] = sched
+            self._schedulers.append(sched)  # its state goes into save_state
         it = iter(prepared)
         out = [wrapped[id(a)] if id(a) in wrapped else next(it) for a in args]
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _zerod_stepped(self, scheds):
+        """The user's scheduler as Accelerate steps it (AcceleratedScheduler),
+        for zerod to trace: with step_scheduler_with_optimizer (the default),
+        at every update num_processes times (each process's batch counts as
+        one of the one-process run's, so the schedule's length in batches
+        holds; OneCycleLR stops at its total_steps), or once with
+        split_batches; without it, at every scheduler.step() call, which
+        zerod takes to be after every micro-batch's backward (as Accelerate's
+        examples call it, and checked in backward())."""
+        if not scheds:
+            return None
+        if not self.step_scheduler_with_optimizer:
+            gas = self.gradient_accumulation_steps
+            return _zds._schedules.Stepped(scheds[0], per=gas, offset=gas - 1)
+        if self.split_batches:
+            return _zds._schedules.Stepped(scheds[0])
+        return _zds._schedules.Stepped(scheds[0], per=self.num_processes)
 
     def _zerod_config(self, loaders):
         z = self._zerod
@@ -193,8 +223,13 @@ class ZerodAccelerator(Accelerator):
             return super().backward(loss, **kwargs)
         if kwargs:
             raise InvalidArgumentError(f"ZerodAccelerator.backward: {sorted(kwargs)} are not supported")
+        self._zerod_require_stepped("accelerator.backward()")
+        if self._zerod_scheduler is not None:
+            self._zerod_scheduler._check_per_micro_batch()
         self.zerod_engine.backward(loss)
         r = self._zerod_last = self.zerod_engine.step()
+        self._zerod_micro += 1
+        self._zerod_unstepped = r.boundary
         if r.boundary != bool(self.sync_gradients):
             raise InvalidStateError(
                 f"zerod {'ended' if r.boundary else 'did not end'} an accumulation window where Accelerate "
@@ -202,6 +237,33 @@ class ZerodAccelerator(Accelerator):
                 f"{self.gradient_accumulation_steps}; a dataloader whose length is not a multiple of it ends a "
                 "window early, which zerod cannot): make the epoch a multiple, and run every micro-batch "
                 "inside accelerator.accumulate(model)")
+
+    def _zerod_require_stepped(self, what):
+        """zerod applies each window's update inside accelerator.backward();
+        the loop's optimizer.step() stands for it. A loop that did not call
+        it after a window's last backward (its own accumulation, `if (i + 1)
+        % N == 0: optimizer.step()`, or a skipped step) would train
+        otherwise under Accelerate: refused at the next backward or
+        save_state."""
+        if self._zerod_unstepped:
+            raise InvalidStateError(
+                f"{what} after a backward that ended an accumulation window without optimizer.step() in "
+                "between: zerod applied that window's update inside accelerator.backward() (where Accelerate "
+                "leaves it to optimizer.step()), so a loop that steps the optimizer less often than every "
+                "window, or skips a step, would train differently here. Accumulate with "
+                f"ZerodAccelerator(gradient_accumulation_steps=N) (it is {self.gradient_accumulation_steps}) "
+                "and `with accelerator.accumulate(model):` around each micro-batch, calling optimizer.step() "
+                "after every accelerator.backward()")
+
+    def clip_grad_value_(self, parameters, clip_value):
+        """Refused, as Accelerate refuses it under DeepSpeed: zerod holds the
+        gradients (torch's .grad is empty) and clips by the global norm
+        inside its step."""
+        if self.zerod_engine is None:
+            return super().clip_grad_value_(parameters, clip_value)
+        raise InvalidArgumentError(
+            "ZerodAccelerator does not support clip_grad_value_ (as Accelerate under DeepSpeed): zerod clips by "
+            "the global norm inside its step; use ZerodAccelerator(gradient_clipping=...) and clip_grad_norm_")
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
         """The global norm zerod measured (before clipping) at the update
@@ -233,6 +295,7 @@ class ZerodAccelerator(Accelerator):
 
     def _save_zerod(self, models, weights, output_dir):
         if self.zerod_engine is not None:
+            self._zerod_require_stepped("save_state()")
             self.zerod_engine.save_checkpoint(os.path.join(os.fspath(output_dir), _STATE_FOLDER), tag="checkpoint",
                                               client_state={"accelerate_step": self.step})
 
@@ -243,6 +306,9 @@ class ZerodAccelerator(Accelerator):
                 raise InvalidArgumentError(f"load_state: {input_dir} holds no zerod state ('{_STATE_FOLDER}' folder); "
                                            "it was not saved by a ZerodAccelerator")
             self.zerod_engine.load_checkpoint(path, tag="checkpoint")
+            self._zerod_unstepped = False
+            if self._zerod_scheduler is not None:
+                self._zerod_scheduler._base = None  # its state is loaded after this hook
 
 
 def _join_zerod_ranks():
@@ -313,6 +379,7 @@ class _ZerodOptimizer:
                                     "update in backward")
         if self._accelerator.sync_gradients:
             _mark_stepped(self.optimizer)
+            self._accelerator._zerod_unstepped = False
 
     def zero_grad(self, set_to_none=True):
         """zerod starts every window's gradients at zero itself."""
@@ -344,27 +411,37 @@ def _mark_stepped(optimizer):
         optimizer._step_count = getattr(optimizer, "_step_count", 0) + 1
 
 
-class _ZerodScheduler:
-    """What prepare() returns for the LR scheduler: zerod runs the schedule;
-    the user's torch scheduler is stepped alongside (once per update) so its
-    get_last_lr() is the lr zerod applies next."""
+class _ZerodScheduler(AcceleratedScheduler):
+    """What prepare() returns for the LR scheduler: zerod runs the schedule
+    (traced from this scheduler as Accelerate steps it: _zerod_stepped);
+    the user's torch scheduler is stepped alongside by Accelerate's own
+    wrapper, so its get_last_lr() is the lr zerod applies next: at an
+    update num_processes times (once with split_batches), not after a
+    window skipped for an overflow (the optimizer's step_was_skipped: zerod's
+    schedule did not advance either), and with step_scheduler_with_optimizer
+    False at every call."""
 
-    def __init__(self, scheduler, accelerator):
-        self.scheduler = scheduler
+    def __init__(self, scheduler, optimizer, accelerator):
+        super().__init__(scheduler, optimizer, step_with_optimizer=accelerator.step_scheduler_with_optimizer,
+                         split_batches=accelerator.split_batches)
         self._accelerator = accelerator
+        # (scheduler.last_epoch, micro-batches) where the count starts; None
+        # after load_state (taken at the next backward, the state loaded).
+        self._base = (scheduler.last_epoch, accelerator._zerod_micro)
 
-    def step(self, *args, **kwargs):
-        # Not after a window skipped for an overflow: zerod's schedule did
-        # not advance (Accelerate's own scheduler wrapper skips it too).
-        last = self._accelerator._zerod_last
-        if self._accelerator.sync_gradients and not (last is not None and last.skipped):
-            self.scheduler.step(*args, **kwargs)
-
-    def get_last_lr(self):
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self):
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict):
-        self.scheduler.load_state_dict(state_dict)
+    def _check_per_micro_batch(self):
+        """With step_scheduler_with_optimizer=False zerod traced one
+        scheduler.step() after every micro-batch's backward: before each
+        backward the scheduler has stepped once per micro-batch so far."""
+        if self.step_with_optimizer:
+            return
+        micro = self._accelerator._zerod_micro
+        if self._base is None:
+            self._base = (self.scheduler.last_epoch, micro)
+        stepped, micro = self.scheduler.last_epoch - self._base[0], micro - self._base[1]
+        if stepped != micro:
+            raise InvalidStateError(
+                f"ZerodAccelerator(step_scheduler_with_optimizer=False): the LR scheduler stepped {stepped} "
+                f"time(s) in {micro} micro-batch(es); zerod runs the schedule as a function of the update "
+                "count, traced with scheduler.step() called once after every accelerator.backward(). Call it so, "
+                "or leave step_scheduler_with_optimizer at True (Accelerate then steps it at each update)")

@@ -22,9 +22,9 @@ import warnings
 
 import torch
 
-from . import _dsconfig, _schedules, default_client
+from . import _ckpt_masters, _dsconfig, _schedules, default_client
 from . import torch as _zt
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, InvalidStateError, ShapeMismatchError
 
 __all__ = ["initialize", "DeepSpeedEngine", "init_distributed", "add_config_arguments", "zero"]
 
@@ -113,6 +113,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                        "give one")
         torch_opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else \
             optimizer(model_parameters if model_parameters is not None else trainable)
+        _check_optimizer_parameters(model, torch_opt)
         cfg["optimizer"] = _dsconfig.optimizer_section(torch_opt)
     lr_values = None
     if lr_scheduler is not None:
@@ -196,12 +197,24 @@ def _check_model_parameters(model, trainable, given, defaults):
     """zerod trains every parameter with requires_grad: model_parameters must
     be exactly those, with one group's worth of hyperparameters where they
     configure the optimizer (`defaults`: what a key a group leaves out is;
-    None where they do not)."""
+    None where they do not). The model's frozen parameters among them
+    (model.parameters() with part of the model frozen) are left out first,
+    as DeepSpeed's optimizer leaves them: they never have a gradient."""
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def trained(params):
+        return [p for p in params if getattr(p, "requires_grad", True) or id(p) not in names]
     if given and isinstance(given[0], dict):
-        if defaults is not None:
+        given = [dict(g, params=trained(g["params"] if isinstance(g["params"], (list, tuple)) else
+                                        [g["params"]] if isinstance(g["params"], torch.Tensor) else
+                                        list(g["params"])))
+                 for g in given]
+        given = [g for g in given if g["params"]]
+        if defaults is not None and given:
             _dsconfig.check_param_groups(given, "model_parameters", defaults)
         given = [p for g in given for p in g["params"]]
-    names = {id(p): n for n, p in model.named_parameters()}
+    else:
+        given = trained(given)
     want, got = {id(p) for p in trainable}, {id(p) for p in given}
     for pid in want - got:
         raise InvalidArgumentError(
@@ -212,6 +225,25 @@ def _check_model_parameters(model, trainable, given, defaults):
                                    "trainable parameter of the model")
 
 
+def _check_optimizer_parameters(model, optimizer):
+    """zerod trains every parameter with requires_grad=True. A torch
+    optimizer given without model_parameters (Accelerate's prepare,
+    Lightning's configure_optimizers, a script's initialize(optimizer=...))
+    that leaves some of them out would have them left as they are under
+    torch and DeepSpeed (its step never reaches them) and trained here:
+    refused, naming them. Freezing them is the same training with less work
+    (no gradient is computed for them)."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if left:
+        shown = ", ".join(f"'{n}'" for n in left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        raise InvalidArgumentError(
+            f"initialize: the optimizer leaves out {len(left)} parameter(s) that require grad ({shown}). torch "
+            "and DeepSpeed would never update them, but zerod trains every parameter with requires_grad=True: "
+            "freeze them with requires_grad_(False) (e.g. the module's .requires_grad_(False)) before this "
+            "call, or give them to the optimizer")
+
+
 class DeepSpeedEngine(_zt.Engine):
     """zerod.torch's Engine with DeepSpeed's DeepSpeedEngine methods."""
 
@@ -220,6 +252,12 @@ class DeepSpeedEngine(_zt.Engine):
         self._lr_values = lr_values
         self._micro_steps = 0
         self.skipped_steps = 0
+        # DeepSpeed's counters beyond zerod's own: a checkpoint loaded without
+        # its optimizer state brings its global_steps and global_samples but
+        # leaves zerod's update count (the optimizer's and the schedule's) as
+        # it was; and global_samples counts the batch size each step had.
+        self._steps_offset = 0
+        self._samples_offset = 0
         opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
         self._lr_of = ((lambda t: lr_values[min(t, len(lr_values) - 1)]) if lr_values
                        else _dsconfig.lr_schedule(cfg))
@@ -246,6 +284,32 @@ class DeepSpeedEngine(_zt.Engine):
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         return self.module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled=False):
+        """DeepSpeed's: compiles the module in place (torch's
+        nn.Module.compile, as DeepSpeed's engine does), which forward()
+        then calls; Accelerate calls it for TrainingArguments(torch_compile=
+        True) and a dynamo backend. zerod's hooks stay outside what the
+        compiler traces as they stand outside the module. `backend` None is
+        torch.compile's default; DeepCompile (a schedule, compiled autograd)
+        is refused."""
+        if schedule is not None or compiled_autograd_enabled:
+            raise InvalidArgumentError("DeepSpeedEngine.compile: DeepCompile (schedule=, compiled_autograd_enabled=) "
+                                       "is not supported by zerod; torch.compile of the module is")
+        if not hasattr(torch.nn.Module, "compile"):
+            raise RuntimeError("compile is not supported in your version of PyTorch.")
+        if self.is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        if backend is not None:
+            kwargs["backend"] = backend
+        self.module.compile(**kwargs)
+        self._is_compiled = True
+
+    @property
+    def is_compiled(self):
+        """DeepSpeed's: whether compile() ran."""
+        return getattr(self, "_is_compiled", False)
 
     def step(self, lr_kwargs=None):
         r = super().step()
@@ -276,7 +340,8 @@ class DeepSpeedEngine(_zt.Engine):
         """DeepSpeed's: optimizer steps taken, an fp16 step skipped for an
         overflow included (DeepSpeed counts it; the lr schedule and the
         optimizer's own count do not: applied_steps)."""
-        return self.applied_steps + getattr(self, "skipped_steps", 0)  # (0 while the base class sets up)
+        # (0 while the base class sets up)
+        return self.applied_steps + getattr(self, "skipped_steps", 0) + getattr(self, "_steps_offset", 0)
 
     @property
     def applied_steps(self):
@@ -285,7 +350,7 @@ class DeepSpeedEngine(_zt.Engine):
 
     @property
     def global_samples(self):
-        return self.global_steps * self.train_batch_size()
+        return self.global_steps * self.train_batch_size() + self._samples_offset
 
     @property
     def micro_steps(self):
@@ -346,30 +411,163 @@ class DeepSpeedEngine(_zt.Engine):
         docs/checkpoints.md); frozen parameters are always kept (they are
         rank 0's torch state)."""
         state = dict(client_state or {})
-        state["zerod_deepspeed"] = {"micro_steps": self._micro_steps, "skipped_steps": self.skipped_steps}
+        state["zerod_deepspeed"] = {"skipped_steps": self.skipped_steps, "global_steps": self.global_steps,
+                                    "global_samples": self.global_samples}
         return super().save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
-        """DeepSpeed's: returns (path, client_state), or (None, None) when
-        load_dir has no `latest` and no tag is given."""
+        """DeepSpeed's: loads load_dir/<tag> (default: what load_dir/latest
+        names) and returns (that directory, the client_state saved with it),
+        or (None, None) with a warning when no tag is given and load_dir has
+        no `latest`. Its flags as DeepSpeed 0.19's (docs/integrations.md):
+
+        load_module_only=True   the weights (and buffers) alone: the optimizer
+            state, the lr schedule and the step counters stay as they are
+            here, whatever optimizer or ZeRO stage saved the checkpoint.
+        load_optimizer_states=False   the weights, and DeepSpeed's counters
+            (global_steps, global_samples, skipped_steps) from the checkpoint;
+            the optimizer state stays as it is here.
+        load_lr_scheduler_states=False   the lr schedule stays as it is here.
+        load_module_strict=False   parameters and buffers the checkpoint or
+            the model lacks are left out instead of refused.
+
+        zerod's lr schedule and its optimizer (Adam's bias correction, 1-bit
+        Adam's phases) follow one count of updates, where DeepSpeed's
+        scheduler and optimizer keep a count each: loading the one without the
+        other, where a schedule is configured and the checkpoint's count is
+        not this engine's, is refused naming the flag and what to pass
+        instead. Every check is made before anything changes."""
         if custom_load_fn is not None:
-            raise InvalidArgumentError("load_checkpoint(custom_load_fn=...) is not supported by zerod")
-        if tag is None and not os.path.exists(os.path.join(os.fspath(load_dir), "latest")):
-            warnings.warn(f"load_checkpoint: {load_dir} has no 'latest' file and no tag was given: nothing loaded")
-            return None, None
-        keep = None
-        if load_module_only or not load_optimizer_states:
-            keep = self.optimizer_state_dict()  # the optimizer stays as it is: put it back after
-        path, state = super().load_checkpoint(load_dir, tag=tag)
-        if keep is not None:
-            self.load_optimizer_state_dict(keep)
-            self.last_step = None
-            self._resumed_step = keep["step"]
-        own = state.pop("zerod_deepspeed", {}) if isinstance(state, dict) else {}
-        self.skipped_steps = own.get("skipped_steps", 0)
-        self._micro_steps = own.get("micro_steps", self.global_steps * self.gradient_accumulation_steps())
-        return path, state
+            raise InvalidArgumentError(
+                "load_checkpoint(custom_load_fn=...) is not supported by zerod: zerod holds the module's "
+                "parameters (outside its forward they are empty tensors), so a function cannot copy the "
+                "checkpoint's state_dict into them; load with load_checkpoint(), or give the values to "
+                "engine.load_state_dict()")
+        self._require_between_steps("load_checkpoint()")
+        gas = self.gradient_accumulation_steps()
+        if self._micro_steps % gas:
+            raise InvalidStateError(f"load_checkpoint() after micro-batch {self._micro_steps % gas} of an "
+                                    f"accumulation window of {gas}: call it after the window's last step()")
+        if tag is None:
+            latest = os.path.join(os.fspath(load_dir), "latest")
+            if not os.path.isfile(latest):
+                warnings.warn(f"load_checkpoint: {load_dir} has no 'latest' file and no tag was given: "
+                              "nothing loaded")
+                return None, None
+            with open(latest) as f:
+                tag = f.read().strip()
+        path = os.path.join(os.fspath(load_dir), str(tag))
+        manifest = _ckpt_masters.read_manifest(path)
+        extra = self._torch_state(path, manifest.step)
+        client_state = dict(extra["client_state"]) if extra else {}
+        counters = client_state.pop("zerod_deepspeed", {})
+        rest = extra["module_rest"] if extra else None
+        sources = self._checkpoint_sources(path, manifest, rest, load_module_strict)
+        weights_only = load_module_only or not load_optimizer_states
+        if not load_module_only:
+            self._check_one_update_count(manifest.step, load_optimizer_states, load_lr_scheduler_states)
+        theirs, mine = {n for n, _ in manifest.params}, {s.name for s in self._slots}
+        if not weights_only and theirs != mine:
+            raise InvalidArgumentError(
+                f"load_checkpoint: {path} holds zerod's state of other parameters than this model's (only there: "
+                f"{sorted(theirs - mine)}, only here: {sorted(mine - theirs)}), and zerod loads optimizer state "
+                "only into the parameters it was saved from; load the weights alone with "
+                "load_optimizer_states=False (or load_module_only=True)")
+
+        if weights_only:
+            kept = [k for k, t in self.module.state_dict(keep_vars=True).items()
+                    if id(t) not in self._slot_of and k not in sources]
+            if extra is None and kept:
+                warnings.warn(f"load_checkpoint: {path} has no {_zt._TORCH_STATE} (zd_model_save wrote it "
+                              f"without zerod.torch): {len(kept)} tensor(s) zerod does not hold (buffers, frozen "
+                              f"parameters; '{kept[0]}' first) keep their current values, and client_state is {{}}")
+            masters = _ckpt_masters.read_masters(path, manifest, {n for kind, n in sources.values()
+                                                                  if kind == "master"})
+            self.load_state_dict({key: torch.from_numpy(masters[n]) if kind == "master" else rest[n]
+                                  for key, (kind, n) in sources.items()}, strict=False)
+        else:
+            super().load_checkpoint(load_dir, tag=tag)
+        if load_module_only:
+            return path, client_state
+        # DeepSpeed's counters come from the checkpoint (one saved without
+        # zerod.deepspeed: its update count, none skipped); its micro_steps
+        # do not (nor here: this engine's are at a window's end, as there).
+        self.skipped_steps = counters.get("skipped_steps", 0)
+        self._steps_offset = 0
+        self._steps_offset = counters.get("global_steps", manifest.step + self.skipped_steps) - self.global_steps
+        self._samples_offset = 0
+        self._samples_offset = counters.get("global_samples", self.global_samples) - self.global_samples
+        return path, client_state
+
+    def _checkpoint_sources(self, path, manifest, rest, strict):
+        """{state_dict key of the module: ("master", parameter name) or
+        ("rest", key of torch_state.pt's module_rest)}: where the checkpoint
+        in `path` holds each. Missing and unexpected keys are refused when
+        `strict` (as torch's load_state_dict refuses them), and a shape that
+        differs always, naming them; nothing has changed then. `rest` is
+        None for a checkpoint without torch_state.pt (zd_model_save's
+        without zerod.torch): the tensors zerod does not hold keep their
+        values then, as zerod.torch's load_checkpoint keeps them."""
+        shapes = dict(manifest.params)
+        sources, used, missing, wrong = {}, set(), [], []
+        for key, t in self.module.state_dict(keep_vars=True).items():
+            s = self._slot_of.get(id(t))
+            name = s.name if s is not None else key
+            if name in shapes:
+                source, shape = ("master", name), tuple(shapes[name])
+            elif rest is not None and key in rest:
+                source = ("rest", key)
+                if not (torch.is_tensor(rest[key]) and torch.is_tensor(t)):
+                    # A module's extra state (get_extra_state): no shape;
+                    # its set_extra_state takes it as torch's load does.
+                    used.add(source)
+                    sources[key] = source
+                    continue
+                shape = tuple(rest[key].shape)
+            else:
+                if s is not None or rest is not None:
+                    missing.append(key)
+                continue
+            used.add(source)
+            mine = tuple(t.shape) if s is None else s.shape
+            if (shape or (1,)) != (mine or (1,)):
+                wrong.append(f"'{key}': {shape} in the checkpoint, {mine} in the model")
+            sources[key] = source
+        unexpected = [n for n in shapes if ("master", n) not in used] + \
+            [k for k in rest or () if ("rest", k) not in used]
+        if wrong:
+            raise ShapeMismatchError(f"load_checkpoint: {path} does not fit the model: " + "; ".join(wrong))
+        if strict and (missing or unexpected):
+            raise InvalidArgumentError(
+                f"load_checkpoint: {path} does not hold this model's state_dict (missing keys {missing}, "
+                f"unexpected keys {unexpected}); with load_module_strict=False the keys both have are loaded "
+                "and the rest left out")
+        return sources
+
+    def _check_one_update_count(self, saved, load_optimizer_states, load_lr_scheduler_states):
+        """zerod's lr schedule and its optimizer step on one count of updates;
+        DeepSpeed's scheduler and optimizer can be loaded apart. Where a
+        schedule is configured and the checkpoint's count (`saved`) is not
+        this engine's, loading one without the other is what zerod cannot
+        do: refused, naming the flag and what to pass instead."""
+        here = self.applied_steps
+        if self.lr_scheduler is None or load_optimizer_states == load_lr_scheduler_states or saved == here:
+            return
+        name = self.zerod_model.optimizer_info().name
+        if not load_optimizer_states:
+            raise InvalidArgumentError(
+                f"load_checkpoint(load_optimizer_states=False): DeepSpeed would go on with this engine's optimizer "
+                f"state (at update {here}) under the checkpoint's lr schedule (at update {saved}), but zerod's lr "
+                f"schedule and its optimizer ({name}) follow one count of updates. Pass "
+                f"load_lr_scheduler_states=False too (the schedule then goes on from update {here} with the "
+                f"optimizer, as DeepSpeed's does), or load the optimizer state as well")
+        raise InvalidArgumentError(
+            f"load_checkpoint(load_lr_scheduler_states=False): DeepSpeed would keep this engine's lr schedule (at "
+            f"update {here}) with the checkpoint's optimizer state (at update {saved}), but zerod's lr schedule "
+            f"and its optimizer ({name}) follow one count of updates. Load the schedule too, or pass "
+            f"load_optimizer_states=False as well (the weights alone: the optimizer and the schedule go on from "
+            f"update {here})")
 
 
 class _Optimizer:

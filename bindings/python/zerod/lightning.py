@@ -526,7 +526,7 @@ class ZerodStrategy(ParallelStrategy):
             own = self.lightning_module.state_dict(keep_vars=True)
             with torch.no_grad():
                 for k, v in state.items():
-                    if k in own:
+                    if k in own and isinstance(v, torch.Tensor):  # not a module's get_extra_state()
                         own[k].copy_(v)
         super().teardown()
 

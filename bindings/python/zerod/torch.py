@@ -69,7 +69,9 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     modules   which submodules are zerod modules: None (every module that
               owns trainable parameters directly), or classes and/or
               fnmatch patterns of qualified names, e.g. [Block] or ["h.*"].
-    dtype     converts the model first (e.g. torch.bfloat16 for a bf16 job).
+    dtype     converts the model's floating-point parameters first (e.g.
+              torch.bfloat16 for a bf16 job); buffers keep their type, as
+              DeepSpeed 0.19 keeps them (a rotary embedding's fp32 inv_freq).
     client    a zerod.Client; by default the process's shared one, which
               connects where the environment says (the daemon under
               `zerod run`, else embedded).
@@ -77,10 +79,12 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     engine_class  the Engine subclass to make (the integrations' own).
 
     Every rank must call it with the same model structure; rank 0's initial
-    values are used.
+    values are used: of the trainable parameters, which zerod holds, and of
+    the frozen parameters and buffers, which stay in torch and which rank 0
+    sends to the others (as DDP does when it wraps a model).
     """
     if dtype is not None:
-        model.to(dtype)
+        _cast_parameters(model, dtype)
     device = _model_device(model)
     if device.type == "cuda":
         # An embedded engine opens the GPU current on this thread.
@@ -101,10 +105,106 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
                 zmodel.register_param(pname, group_name, tuple(p.shape) or (1,), _ZD_DTYPE[p.dtype],
                                       init=p.detach())
         zmodel.finalize()
+        _broadcast_rest(model, {id(p) for _, _, params in plan for _, p in params}, client)
         return (engine_class or Engine)(model, zmodel, plan, device)
     except BaseException:
         zmodel.close()
         raise
+
+
+def _cast_parameters(model, dtype):
+    """The model's floating-point parameters in `dtype`, its buffers as they
+    are: DeepSpeed 0.19's cast for fp16/bf16 (engine.py, "preserve fp32
+    buffers"), not model.to(dtype), which would round a rotary embedding's
+    inv_freq to bf16 and move every position's angle with it."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+
+
+# The bytes of frozen parameters and buffers that one zerod model carries
+# from rank 0 to the others (_broadcast_rest): bounds what it holds at once.
+_BROADCAST_CHUNK = 1 << 28
+
+
+def _broadcast_rest(model, trainable, client):
+    """Rank 0's values of what zerod does not hold (frozen parameters and
+    buffers) into every other rank's model, as DDP broadcasts the module's
+    state when it wraps it: ranks that built the model without a common seed
+    (or loaded different frozen weights) would otherwise each train with
+    their own. zerod's own collective carries them: a model of one fp32
+    parameter per chunk of bytes, registered with rank 0's bytes as its
+    initial value (the values every rank then reads are rank 0's, bit for
+    bit: an fp32 copy moves bytes, whatever their type). Nothing to do on
+    one rank."""
+    if client.world_size <= 1:
+        return
+    tensors, seen = [], set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in trainable and id(t) not in seen and t.numel():
+            seen.add(id(t))
+            tensors.append(t)
+    if not tensors:
+        return
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    send = client.rank == 0
+    # Each chunk: [(tensor index, byte offset, bytes)] of whole tensors or
+    # pieces of one, in order.
+    chunks, cur, room = [], [], _BROADCAST_CHUNK
+    for i, n in enumerate(sizes):
+        off = 0
+        while off < n:
+            take = min(n - off, room)
+            cur.append((i, off, take))
+            off += take
+            room -= take
+            if not room:
+                chunks.append(cur)
+                cur, room = [], _BROADCAST_CHUNK
+    if cur:
+        chunks.append(cur)
+    staged = {}  # tensor index -> its bytes (rank 0: the tensor's; others: received so far)
+
+    def bytes_of(i):
+        if i not in staged:
+            t = tensors[i].detach()
+            staged[i] = (t.cpu().contiguous().reshape(-1).view(torch.uint8) if send else
+                         torch.empty(sizes[i], dtype=torch.uint8))
+        return staged[i]
+
+    with torch.no_grad():
+        for k, chunk in enumerate(chunks):
+            total = sum(n for _, _, n in chunk)
+            buf = torch.zeros((total + 3) // 4 * 4, dtype=torch.uint8)
+            if send:
+                at = 0
+                for i, off, n in chunk:
+                    buf[at:at + n] = bytes_of(i)[off:off + n]
+                    at += n
+                    if off + n == sizes[i]:
+                        del staged[i]
+            side = client.create_model(script_text=_BROADCAST_JOB, script_name="zerod.torch broadcast",
+                                       device="cpu")
+            try:
+                pid = side.register_param(f"rest{k}", "rest", (buf.numel() // 4,), Dtype.F32,
+                                          init=buf.view(torch.float32).numpy() if send else None)
+                side.finalize()
+                got = torch.from_numpy(side.param_read(pid, Dtype.F32)).view(torch.uint8)
+            finally:
+                side.close()
+            if send:
+                continue
+            at = 0
+            for i, off, n in chunk:
+                bytes_of(i)[off:off + n] = got[at:at + n]
+                at += n
+                if off + n == sizes[i]:  # the tensor's last piece: into the model
+                    t = tensors[i]
+                    t.data.copy_(staged.pop(i).view(t.dtype).view(t.shape))
+
+
+_BROADCAST_JOB = 'return { optimizer = { type = "sgd", lr = 1 }, zero = { stage = 0 } }'
 
 
 def _model_device(model):
@@ -196,6 +296,7 @@ class Engine:
         self._in_backward = False
         self._hooks_active = 0
         self._phase = "idle"  # -> "forward" (trained forward ran) -> "backward" -> step -> "idle"
+        self._dropped_by = None  # the call that dropped a forward-only phase (_require_between_steps)
         self._broken = None
         self._hook_error = None  # what a hook raised inside autograd, to re-raise as itself
         self._loss_scale = zmodel.loss_scale()
@@ -254,6 +355,7 @@ class Engine:
             self._hooks_active -= 1
         if grad:
             self._phase = "forward"
+            self._dropped_by = None
         return out
 
     def backward(self, loss, retain_graph=False):
@@ -265,9 +367,11 @@ class Engine:
                 "backward() was already called for this micro-batch: call engine.step() after each "
                 "backward(), then run the next micro-batch's forward")
         if self._phase != "forward":
+            dropped = (f" (the forward that ran before {self._dropped_by} was dropped by it: a forward and "
+                       "its backward cannot have another call between them)" if self._dropped_by else "")
             raise InvalidStateError(
                 "backward() without a forward: run loss = engine(batch) with gradients enabled (not under "
-                "torch.no_grad()) in this micro-batch first")
+                f"torch.no_grad()) in this micro-batch first{dropped}")
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise InvalidArgumentError(
                 "backward(loss): loss must be a tensor computed from engine(...)'s output with gradients "
@@ -361,7 +465,8 @@ class Engine:
         for key, value in self.module.state_dict(keep_vars=True).items():
             s = self._slot_of.get(id(value))
             if s is None:
-                out[key] = value.detach()
+                # A module's get_extra_state() need not be a tensor: as torch's.
+                out[key] = value.detach() if isinstance(value, torch.Tensor) else value
                 continue
             if s.pid not in read:
                 read[s.pid] = torch.from_numpy(self.zerod_model.param_read(s.pid, Dtype.F32)).reshape(s.shape)
@@ -371,7 +476,8 @@ class Engine:
     def load_state_dict(self, state_dict, strict=True):
         """Loads values (as torch's load_state_dict): zerod's parameters get
         new master and working copies; optimizer state is kept. Every rank
-        loads the same values."""
+        loads the same values. Returns torch's NamedTuple of missing_keys and
+        unexpected_keys."""
         self._require_between_steps("load_state_dict()")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
@@ -380,19 +486,27 @@ class Engine:
             raise InvalidArgumentError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         written = set()
         for key, current in own.items():
-            if key not in state_dict:
-                continue
             s = self._slot_of.get(id(current))
+            if key not in state_dict or s is None or s.pid in written:
+                continue
             value = state_dict[key]
-            if s is None:
-                with torch.no_grad():
-                    current.copy_(value)
-            elif s.pid not in written:
-                if tuple(value.shape) != s.shape:
-                    raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {tuple(value.shape)}, "
-                                               f"the model's is {s.shape}")
-                self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
-                written.add(s.pid)
+            if tuple(value.shape) != s.shape:
+                raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {tuple(value.shape)}, "
+                                           f"the model's is {s.shape}")
+            self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
+            written.add(s.pid)
+        self._load_rest(state_dict, own)
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def _load_rest(self, state_dict, own=None):
+        """The entries of `state_dict` that torch holds (buffers, frozen
+        parameters, a module's extra state) into the module, through torch's
+        own load_state_dict (set_extra_state, its shape checks); zerod's
+        parameters are left out of what it is given."""
+        own = self.module.state_dict(keep_vars=True) if own is None else own
+        rest = {k: v for k, v in state_dict.items() if k in own and id(own[k]) not in self._slot_of}
+        if rest:
+            self.module.load_state_dict(rest, strict=False)
 
     def optimizer_state_dict(self):
         """The optimizer's state for a checkpoint: {"optimizer": name, "step":
@@ -450,8 +564,8 @@ class Engine:
             # last.ckpt, Accelerate's save_state) the old one whole, and the
             # old torch_state.pt beside it. The step says which zerod state
             # each file belongs to (load_checkpoint picks by it).
-            extra = {k: v.detach().cpu() for k, v in self.module.state_dict(keep_vars=True).items()
-                     if id(v) not in self._slot_of}
+            extra = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                     for k, v in self.module.state_dict(keep_vars=True).items() if id(v) not in self._slot_of}
             os.makedirs(path, exist_ok=True)
             _write_atomically(os.path.join(path, _TORCH_STATE_STAGED),
                               {"module_rest": extra, "client_state": client_state or {}, "step": step})
@@ -495,10 +609,7 @@ class Engine:
                               f"zerod.torch): {len(rest)} tensor(s) zerod does not hold (buffers, frozen "
                               f"parameters; '{rest[0]}' first) keep their current values, and client_state is {{}}")
             extra = {"module_rest": {}, "client_state": {}}
-        with torch.no_grad():
-            for k, v in extra["module_rest"].items():
-                if k in own and id(own[k]) not in self._slot_of:
-                    own[k].copy_(v)
+        self._load_rest(extra["module_rest"], own)
         return path, extra["client_state"]
 
     def _torch_state(self, path, step):
@@ -553,8 +664,20 @@ class Engine:
 
     def _require_between_steps(self, what):
         self._require_usable()
+        if self._phase == "forward":
+            # Only a forward ran (an evaluation with gradients enabled, or a
+            # training forward left without its backward): nothing of it is
+            # in zerod yet (its forwards are ended, no gradient arrived), so
+            # it is dropped, and a backward() of its graph is refused.
+            self._drop_forward(what)
         if self._phase != "idle":
             raise InvalidStateError(f"{what} in the middle of a micro-batch: call it after engine.step()")
+
+    def _drop_forward(self, why):
+        for g in self._groups:
+            g.ran = False
+        self._phase = "idle"
+        self._dropped_by = why
 
     def _check_devices(self, args, kwargs):
         for i, t in enumerate(_tensors(args, kwargs)):
@@ -580,8 +703,12 @@ class Engine:
         if t is None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
-            t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape, self._raw.device_type,
-                                      self._raw.device_id)
+            # Cached for every later forward and backward: never an
+            # inference tensor (one made under torch.inference_mode() cannot
+            # be saved for a backward, so every later training step would fail).
+            with torch.inference_mode(False):
+                t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape, self._raw.device_type,
+                                          self._raw.device_id)
         return t, ptr
 
     def _make_resident(self, g):
