@@ -46,6 +46,14 @@ void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, ui
 }
 
 void assign_to_zero(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) {
+  if (src_dt == ZD_DTYPE_F32 && dst_dt == ZD_DTYPE_F32) {
+    // fp32 gradients into fp32 accumulators: vectorised, where the generic
+    // loop below runs scalar, switching on both dtypes per element.
+    const float* __restrict s = static_cast<const float*>(src);
+    float* __restrict d = static_cast<float*>(dst);
+    for (uint64_t i = 0; i < n; ++i) d[i] = 0.0f + s[i];
+    return;
+  }
   if (src_dt == ZD_DTYPE_BF16 && dst_dt == ZD_DTYPE_F32) {
     const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
     float* __restrict d = static_cast<float*>(dst);

@@ -299,22 +299,32 @@ TEST(Workers, ParallelAccumulateMatchesTheSerialAddFromTwoThreads) {
 
 // A window's first contribution is written, not added: the same bits as
 // adding into zeros (a -0 gradient becomes +0 either way), whatever the
-// accumulator held, in the fast bf16 -> f32 loop and the generic one.
+// accumulator held, in the fast bf16 -> f32 and f32 -> f32 loops and the
+// generic one.
 TEST(GradMath, AssignToZeroIsAddingIntoZeros) {
   ThreadPool pool(2);
   std::mutex mu;
   Workers w(pool, mu);
   const uint64_t n = kTile * 8 + 5;
-  for (zd_dtype dst_dt : {ZD_DTYPE_F32, ZD_DTYPE_BF16}) {
-    const size_t dsz = dtype_size(dst_dt);
-    std::vector<uint16_t> src(n);
-    for (uint64_t i = 0; i < n; ++i)
-      src[i] = i % 7 == 0 ? uint16_t{0x8000} : f32_to_bf16(static_cast<float>(i % 501) * -0.11f + 20.0f);
-    std::vector<std::byte> want(n * dsz, std::byte{0}), got(n * dsz, std::byte{0x5a});
-    accumulate(src.data(), ZD_DTYPE_BF16, want.data(), dst_dt, n);
-    parallel_accumulate(w, src.data(), ZD_DTYPE_BF16, got.data(), dst_dt, n, /*dst_is_zero=*/true);
-    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size()), 0) << dtype_name(dst_dt);
-  }
+  for (zd_dtype src_dt : {ZD_DTYPE_BF16, ZD_DTYPE_F32})
+    for (zd_dtype dst_dt : {ZD_DTYPE_F32, ZD_DTYPE_BF16}) {
+      const size_t ssz = dtype_size(src_dt), dsz = dtype_size(dst_dt);
+      std::vector<std::byte> src(n * ssz);
+      for (uint64_t i = 0; i < n; ++i) {
+        const float v = i % 7 == 0 ? -0.0f : static_cast<float>(i % 501) * -0.11f + 20.0f;
+        if (src_dt == ZD_DTYPE_F32) {
+          std::memcpy(src.data() + i * 4, &v, 4);
+        } else {
+          const uint16_t b = f32_to_bf16(v);
+          std::memcpy(src.data() + i * 2, &b, 2);
+        }
+      }
+      std::vector<std::byte> want(n * dsz, std::byte{0}), got(n * dsz, std::byte{0x5a});
+      accumulate(src.data(), src_dt, want.data(), dst_dt, n);
+      parallel_accumulate(w, src.data(), src_dt, got.data(), dst_dt, n, /*dst_is_zero=*/true);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size()), 0) << dtype_name(src_dt) << " -> "
+                                                                       << dtype_name(dst_dt);
+    }
 }
 
 // The fp32 sum of squares (the gradient norm) by the AVX2 loop and by the
