@@ -29,6 +29,7 @@
 #include "model/rank_resources.h"
 #include "memory/state_buffers.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -192,7 +193,10 @@ class GradReducer {
   uint64_t bucket_seq_ = 0;                    // tags the bucket collectives
   std::vector<TieredBuffer> reduced_;          // stage 1, several ranks: the owned range of each group's averaged
                                                // gradients (allocated at reset(), counted in the plan)
-  bool reduced_ready_ = false;                 // reduce_for_step filled reduced_ for this step: owned() is there
+  // reduce_for_step filled reduced_ for this step: owned() is there. Atomic:
+  // the overlapped update's thread calls owned() while end_step() clears
+  // it (it is false then: stage 1 on several ranks never overlaps).
+  std::atomic<bool> reduced_ready_{false};
   std::vector<TieredBuffer> whole_;            // stages 2-3, compressing optimizer: the local whole gradients
   bool local_ = false;
   bool final_ = true;
