@@ -141,3 +141,18 @@ def torch_reference(kind, dtype, steps, device="cpu", with_master=False, foreach
         opt.step()
         losses.append(loss.item())
     return (losses, master) if with_master else losses
+
+
+class WithExtraState(nn.Linear):
+    """A module with torch's get_extra_state/set_extra_state (a dict, not a
+    tensor, in its state_dict)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.version = 1
+
+    def get_extra_state(self):
+        return {"version": self.version}
+
+    def set_extra_state(self, state):
+        self.version = state["version"]

@@ -669,28 +669,15 @@ def test_backward_returns_the_loss_as_deepspeed_scales_it():
     engine.step()
 
 
-class _WithExtraState(nn.Linear):
-    """A module whose state_dict holds a dict (get_extra_state), not a tensor."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.version = 1
-
-    def get_extra_state(self):
-        return {"version": self.version}
-
-    def set_extra_state(self, state):
-        self.version = state["version"]
-
-
 def test_load_checkpoint_weights_alone_take_a_modules_extra_state(tmp_path):
     """load_module_only=True with a module that has extra state: the dict
     has no shape to compare; it goes to set_extra_state, as torch's
     load_state_dict gives it."""
     import zerod.deepspeed as deepspeed
+    from models import WithExtraState
 
     cfg = CONFIGS["adamw_warmup_clip_gas2"]
-    model = nn.Sequential(nn.Linear(16, 8), _WithExtraState(8, 4))
+    model = nn.Sequential(nn.Linear(16, 8), WithExtraState(8, 4))
     engine, _, _, _ = deepspeed.initialize(model=model, config=dict(cfg))
     try:
         model[1].version = 4
@@ -698,7 +685,7 @@ def test_load_checkpoint_weights_alone_take_a_modules_extra_state(tmp_path):
         saved = engine.state_dict()
     finally:
         engine.close()
-    fresh = nn.Sequential(nn.Linear(16, 8), _WithExtraState(8, 4))
+    fresh = nn.Sequential(nn.Linear(16, 8), WithExtraState(8, 4))
     engine, _, _, _ = deepspeed.initialize(model=fresh, config=dict(CONFIGS["sgd_onecycle_stage1"]))
     try:
         engine.load_checkpoint(str(tmp_path), load_module_only=True)

@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 import zerod
 import zerod.torch
 from gpt import GPT, Block, GPTConfig
-from models import CHARS, batch, loss_of, make
+from models import CHARS, WithExtraState, batch, loss_of, make
 
 SGD1 = 'return {{ optimizer = {{ type = "sgd", lr = 1.0 }}, gradient_accumulation_steps = {gas}, zero = {{ {zero} }} }}'
 STAGES = {"stage0": "stage = 0", "stage3": "stage = 3, param_persistence_threshold = 0"}
@@ -441,21 +441,6 @@ def test_state_dict_and_checkpoints_between_steps_after_an_evaluation_with_gradi
     engine.state_dict()
     with pytest.raises(zerod.InvalidStateError, match=r"the forward that ran before state_dict\(\) was dropped"):
         engine.backward(loss)
-
-
-class WithExtraState(nn.Linear):
-    """A module with torch's get_extra_state/set_extra_state (a dict, not a
-    tensor, in its state_dict)."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.version = 1
-
-    def get_extra_state(self):
-        return {"version": self.version}
-
-    def set_extra_state(self, state):
-        self.version = state["version"]
 
 
 def test_state_dict_keeps_extra_state_and_load_state_dict_answers_as_torch(tmp_path):
