@@ -38,44 +38,36 @@ void GradReducer::reset() {
                              ZD_MEM_GRADS, "the gradient accumulation window of group " + std::to_string(gi) +
                                                " on the device (offload.accumulate)");
   }
-  if (ctx_.partitioned(ZD_PARTITION_GRADS) && ctx_.optimizer().compresses()) {
+  // One buffer a group in the group's gradient tier, of numel(group)
+  // elements of its gradient dtype; on a refusal, none (and the error).
+  auto per_group = [this](std::vector<TieredBuffer>& out, auto numel, zd_mem_kind kind, const std::string& name,
+                          const std::string& why) {
     const TierSet tiers = res_.tiers();
     const auto& groups = ctx_.registry.groups();
     try {
       for (size_t gi = 0; gi < groups.size(); ++gi) {
         const ParamGroup& g = groups[gi];
-        whole_.emplace_back();
-        whole_.back().allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{g.full_numel, buffers_.groups()[gi].grad_tier()}},
-                               ZD_MEM_GRADS, "the whole local gradients of group " + std::to_string(gi) +
-                                                 " (a compressing optimizer's local steps)");
+        out.emplace_back();
+        out.back().allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{numel(g), buffers_.groups()[gi].grad_tier()}},
+                            kind, "the " + name + " of group " + std::to_string(gi) + " (" + why + ")");
       }
     } catch (...) {
-      for (TieredBuffer& w : whole_) w.release(tiers);
-      whole_.clear();
+      for (TieredBuffer& b : out) b.release(tiers);
+      out.clear();
       throw;
     }
-  }
-  if (stage1_reduces()) {
-    // Stage 1 on several ranks: each step reduce-scatters the whole
-    // gradients into the owned range of each group, here, beside the
-    // accumulators (Placement::need_table counts them, BUFFERS in the
-    // gradients' tier). Allocated once: a step never asks for them, so a
-    // budget the plan fits is not refused at the first step.
-    const TierSet tiers = res_.tiers();
-    const auto& groups = ctx_.registry.groups();
-    try {
-      for (size_t gi = 0; gi < groups.size(); ++gi) {
-        const ParamGroup& g = groups[gi];
-        reduced_.emplace_back();
-        reduced_.back().allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{g.stride, buffers_.groups()[gi].grad_tier()}},
-                                 ZD_MEM_BUFFERS, "the reduced gradient range of group " + std::to_string(gi) +
-                                                     " (stage 1: the owned part of the averaged gradients)");
-      }
-    } catch (...) {
-      release_reduced();
-      throw;
-    }
-  }
+  };
+  if (ctx_.partitioned(ZD_PARTITION_GRADS) && ctx_.optimizer().compresses())
+    per_group(whole_, [](const ParamGroup& g) { return g.full_numel; }, ZD_MEM_GRADS,
+              "whole local gradients", "a compressing optimizer's local steps");
+  // Stage 1 on several ranks: each step reduce-scatters the whole gradients
+  // into the owned range of each group, here, beside the accumulators
+  // (Placement::need_table counts them, BUFFERS in the gradients' tier).
+  // Allocated once: a step never asks for them, so a budget the plan fits
+  // is not refused at the first step.
+  if (stage1_reduces())
+    per_group(reduced_, [](const ParamGroup& g) { return g.stride; }, ZD_MEM_BUFFERS,
+              "reduced gradient range", "stage 1: the owned part of the averaged gradients");
 }
 
 void GradReducer::set_local(bool local) {

@@ -860,27 +860,38 @@ TEST(CompressingResume, SetStepAndAStateWriteKeepTheScalars) {
             train_cut(zero_one_local_job(), 1, 10, 14, Cut::None));
 }
 
-// A checkpoint written before checkpoints held the scalars: its manifest
-// without the lines that hold them.
-void drop_scalars(const std::string& dir) {
+// The manifest in `dir` as an older zerod wrote it: without the lines
+// `drop` names (failing where there are none) and with `format` in its
+// first line.
+void as_older_manifest(const std::string& dir, const std::function<bool(const std::string&)>& drop,
+                       const std::function<std::string(const std::string&)>& format, const char* what) {
   const std::string path = dir + "/zerod-checkpoint.txt";
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
   std::string text, line;
   bool dropped = false;
   while (std::getline(in, line)) {
-    if (line.rfind("tensor_scalars ", 0) == 0 || line.rfind("scalars ", 0) == 0) {
+    if (drop(line)) {
       dropped = true;
       continue;
     }
     text += line + "\n";
   }
   in.close();
-  EXPECT_TRUE(dropped) << path << " holds no per-tensor scalars";
-  // As such a checkpoint says: format 1, or 3 with a shard_set line.
-  text.replace(0, text.find('\n'), text.find("\nshard_set ") != std::string::npos ? "zerod-checkpoint 3"
-                                                                                  : "zerod-checkpoint 1");
+  EXPECT_TRUE(dropped) << path << " holds no " << what;
+  text.replace(0, text.find('\n'), format(text));
   std::ofstream(path, std::ios::trunc) << text;
+}
+
+// A checkpoint written before checkpoints held the scalars: format 1, or 3
+// with a shard_set line, without the lines that hold them.
+void drop_scalars(const std::string& dir) {
+  as_older_manifest(
+      dir, [](const std::string& l) { return l.rfind("tensor_scalars ", 0) == 0 || l.rfind("scalars ", 0) == 0; },
+      [](const std::string& text) {
+        return text.find("\nshard_set ") != std::string::npos ? "zerod-checkpoint 3" : "zerod-checkpoint 1";
+      },
+      "per-tensor scalars");
 }
 
 // Such a checkpoint loads where the scalars are still zero (0/1 Adam before
@@ -1166,22 +1177,9 @@ TEST(CompressingResume, TheManifestSaysWhatEachRankHoldsAndItIsVerified) {
 // A checkpoint written before checkpoints held what each rank keeps: its
 // manifest in format 4, without the lines that announce it.
 void as_format_4(const std::string& dir) {
-  const std::string path = dir + "/zerod-checkpoint.txt";
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
-  std::string text, line;
-  bool dropped = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("error_feedback ", 0) == 0 || line == "rank_copies") {
-      dropped = true;
-      continue;
-    }
-    text += line + "\n";
-  }
-  in.close();
-  EXPECT_TRUE(dropped) << path << " holds nothing per rank";
-  text.replace(0, text.find('\n'), "zerod-checkpoint 4");
-  std::ofstream(path, std::ios::trunc) << text;
+  as_older_manifest(
+      dir, [](const std::string& l) { return l.rfind("error_feedback ", 0) == 0 || l == "rank_copies"; },
+      [](const std::string&) { return std::string("zerod-checkpoint 4"); }, "state per rank");
 }
 
 // Such a checkpoint loads as it did: the error feedback restarts at zero

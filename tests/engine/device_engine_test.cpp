@@ -391,6 +391,19 @@ std::vector<std::vector<float>> read_params_f32(Model& model, const std::vector<
   return out;
 }
 
+// Two plain steps of those tests: forward, the backward above, zd_step.
+void train_two_steps(Model& model, Device& d, const std::vector<zd_param_id>& ids) {
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::vector<float>> w = forward_reading(model, d, 0, ids);
+    for (size_t m = ids.size(); m-- > 0;) {
+      model.backward_begin(0, static_cast<zd_module_id>(m));
+      write_step_grad(model, d, ids, w, m, s);
+      model.backward_end(0, static_cast<zd_module_id>(m));
+    }
+    model.step(0);
+  }
+}
+
 TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
   constexpr int64_t kSize = 4000;  // elements per module; 16000 B of fp32 gradients
   const std::vector<int64_t> sizes(4, kSize);
@@ -414,15 +427,7 @@ TEST(DeviceBudget, AGradientBufferWaitsForTheBucketsStillLeaving) {
       Device& d = const_cast<Device&>(model->device(0));
       const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
       if (placed) *placed = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
-      for (int s = 0; s < 2; ++s) {
-        std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
-        for (size_t m = ids.size(); m-- > 0;) {
-          model->backward_begin(0, static_cast<zd_module_id>(m));
-          write_step_grad(*model, d, ids, w, m, s);
-          model->backward_end(0, static_cast<zd_module_id>(m));
-        }
-        model->step(0);
-      }
+      train_two_steps(*model, d, ids);
       return read_params_f32(*model, ids, kSize);
     };
     uint64_t placed = 0;
@@ -672,16 +677,7 @@ TEST(HostStagingBudget, TheStagingBuffersArePlannedAndMadeAtFinalize) {
           << "kind " << mem_kind_name(k);
     uint64_t host = 0;
     for (uint64_t b : plan.need[ZD_TIER_HOST]) host += b;
-    Device& d = const_cast<Device&>(model->device(0));
-    for (int s = 0; s < 2; ++s) {
-      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
-      for (size_t m = ids.size(); m-- > 0;) {
-        model->backward_begin(0, static_cast<zd_module_id>(m));
-        write_step_grad(*model, d, ids, w, m, s);
-        model->backward_end(0, static_cast<zd_module_id>(m));
-      }
-      model->step(0);
-    }
+    train_two_steps(*model, const_cast<Device&>(model->device(0)), ids);
     model->sync(0);
     EXPECT_EQ(model->ledger(0).peak(ZD_TIER_HOST, ZD_MEM_ALL), host) << "steps run within the plan";
     if (c.staging == 0) continue;
