@@ -33,8 +33,8 @@ struct GradStats {
 // any inf or NaN shows up as a non-finite sum.
 GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n);
 
-// The fp32 paths of grad_stats, for the test that holds them to the same
-// bits; grad_stats picks one once per process.
+// The vector and baseline paths of grad_stats and accumulate, for the test
+// that holds them to the same bits; each picks one once per process.
 #if defined(__x86_64__) || defined(__i386__)
 #define ZEROD_GRAD_MATH_X86 1
 #else
@@ -43,8 +43,13 @@ GradStats grad_stats(const void* data, zd_dtype dt, uint64_t n);
 namespace detail {
 constexpr uint64_t kSumLanes = 16;
 double sumsq_f32_baseline(const float* p, uint64_t n);
+// The bf16 paths of accumulate (bf16 into bf16) and grad_stats, likewise.
+void add_bf16_baseline(const uint16_t* s, uint16_t* d, uint64_t n);
+double sumsq_bf16_baseline(const uint16_t* p, uint64_t n);
 #if ZEROD_GRAD_MATH_X86
 double sumsq_f32_avx2(const float* p, uint64_t n);
+void add_bf16_avx2(const uint16_t* s, uint16_t* d, uint64_t n);
+double sumsq_bf16_avx2(const uint16_t* p, uint64_t n);
 bool cpu_has_avx2_fma();
 #endif
 }  // namespace detail

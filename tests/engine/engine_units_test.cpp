@@ -362,6 +362,76 @@ TEST(GradMath, SumOfSquaresIsTheSameOnEveryPath) {
 #endif
 }
 
+// bf16 gradients into bf16 accumulators (a GPU job's default) and their sum
+// of squares: the vector loops against the scalar rule (f32_to_bf16 of the
+// fp32 sum; the fp32 widening's norm), on every bf16 bit pattern against specials
+// and random partners (NaNs, infinities, -0, subnormals, sums that round
+// up or overflow), at every length around the vector width.
+TEST(GradMath, Bf16PathsAreTheScalarRule) {
+  std::vector<uint16_t> partners = {0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x3F80, 0xBF80, 0x3F81,
+                                    0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x4000, 0xC000};
+  uint32_t x = 777;
+  while (partners.size() < 64) {
+    x = x * 1664525u + 1013904223u;
+    partners.push_back(static_cast<uint16_t>(x >> 16));
+  }
+  const uint64_t n = 65536;
+  std::vector<uint16_t> all(n);
+  for (uint64_t i = 0; i < n; ++i) all[i] = static_cast<uint16_t>(i);
+  for (uint16_t b : partners) {
+    std::vector<uint16_t> src(n, b), got(all), want(n);
+    for (uint64_t i = 0; i < n; ++i) want[i] = f32_to_bf16(bf16_to_f32(all[i]) + bf16_to_f32(b));
+    accumulate(src.data(), ZD_DTYPE_BF16, got.data(), ZD_DTYPE_BF16, n);
+    ASSERT_EQ(std::memcmp(want.data(), got.data(), n * 2), 0) << "accumulate, partner " << std::hex << b;
+    std::vector<uint16_t> base(all);
+    detail::add_bf16_baseline(src.data(), base.data(), n);
+    ASSERT_EQ(std::memcmp(want.data(), base.data(), n * 2), 0) << "baseline add, partner " << std::hex << b;
+#if ZEROD_GRAD_MATH_X86
+    if (detail::cpu_has_avx2_fma()) {
+      // Every length's tail: the last 0..8 elements go through the scalar loop.
+      for (uint64_t len : {uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{9}, uint64_t{15}, uint64_t{17}}) {
+        std::vector<uint16_t> v(all.begin(), all.begin() + 32);
+        detail::add_bf16_avx2(src.data() + 100, v.data(), len);
+        for (uint64_t i = 0; i < 32; ++i)
+          ASSERT_EQ(v[i], i < len ? f32_to_bf16(bf16_to_f32(all[i]) + bf16_to_f32(b)) : all[i]) << len << " " << i;
+      }
+    }
+#endif
+  }
+  // The first write: 0 + x, on every pattern.
+  std::vector<uint16_t> zeros(n, 0), first(n, 0x5a5a);
+  accumulate(all.data(), ZD_DTYPE_BF16, zeros.data(), ZD_DTYPE_BF16, n);
+  assign_to_zero(all.data(), ZD_DTYPE_BF16, first.data(), ZD_DTYPE_BF16, n);
+  EXPECT_EQ(std::memcmp(zeros.data(), first.data(), n * 2), 0);
+  // The sum of squares: finite patterns only for the bits (a NaN's sum is a
+  // NaN, whose payload is no promise), then non-finite ones for the flag.
+  std::vector<uint16_t> finite;
+  for (uint16_t v : all)
+    if ((v & 0x7F80u) != 0x7F80u) finite.push_back(v);
+  for (uint64_t len : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{4}, uint64_t{7}, uint64_t{8}, uint64_t{9},
+                       uint64_t{31}, uint64_t{4099}, static_cast<uint64_t>(finite.size())}) {
+    const double base = detail::sumsq_bf16_baseline(finite.data(), len);
+    std::vector<float> widened(len);
+    for (uint64_t i = 0; i < len; ++i) widened[i] = bf16_to_f32(finite[i]);
+    EXPECT_EQ(base, detail::sumsq_f32_baseline(widened.data(), len)) << "not the fp32 widening's norm, n = " << len;
+    EXPECT_EQ(grad_stats(finite.data(), ZD_DTYPE_BF16, len).sumsq, base) << "grad_stats, n = " << len;
+#if ZEROD_GRAD_MATH_X86
+    if (detail::cpu_has_avx2_fma()) {
+      EXPECT_EQ(detail::sumsq_bf16_avx2(finite.data(), len), base) << len;
+    }
+#endif
+  }
+  for (uint16_t bad : {uint16_t{0x7F80}, uint16_t{0xFF80}, uint16_t{0x7FC0}, uint16_t{0xFFC1}})
+    for (uint64_t at : {uint64_t{2}, uint64_t{8}, uint64_t{4098}}) {
+      std::vector<uint16_t> w(finite.begin(), finite.begin() + 4099);
+      w[at] = bad;
+      EXPECT_FALSE(grad_stats(w.data(), ZD_DTYPE_BF16, w.size()).finite) << std::hex << bad << " at " << at;
+    }
+#if ZEROD_GRAD_MATH_X86
+  if (!detail::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2 here: only the baseline paths were checked";
+#endif
+}
+
 // The kept compressed average's sign bits: the vector path writes the same
 // bits and floats as the portable loop at every start bit and length around
 // a byte, keeps the neighbours' bits of a shared byte, reads -0.0 and NaN's
