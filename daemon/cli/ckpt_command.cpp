@@ -311,10 +311,15 @@ int ckpt_command(int argc, char** argv) {
       o.dtype = dtype;
       o.max_shard_bytes = max_shard;
       o.threads = threads;
-      const auto files = ckpt::export_safetensors(src, o);
+      const ckpt::ExportResult r = ckpt::export_safetensors(src, o);
       std::printf("exported %zu parameters of step %lld as %s in %.1f s:\n", src.manifest().params.size(),
                   static_cast<long long>(src.manifest().step), dtype.c_str(), seconds_since(t0));
-      for (const auto& f : files) std::printf("  %s\n", f.c_str());
+      for (const auto& f : r.written) std::printf("  %s\n", f.c_str());
+      if (!r.removed.empty()) {
+        std::printf("removed what an earlier export to %s left that a loader could take for this one:\n",
+                    to.c_str());
+        for (const auto& f : r.removed) std::printf("  %s\n", f.c_str());
+      }
       return 0;
     }
     if (cmd == "reshard") {

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 namespace zerod::ckpt {
 
@@ -166,7 +168,93 @@ uint64_t verify_all(const Source& src, unsigned threads) {
   return records.load();
 }
 
-std::vector<std::string> export_safetensors(const Source& src, const ExportOptions& o) {
+namespace {
+
+// The exact openings of what export_safetensors writes: the safetensors
+// header (after its 8-byte length) and the index. Another tool's file of
+// the same name does not begin so (Hugging Face's index is indented
+// json.dumps: "{\n  \"metadata\": {\n    ...").
+constexpr std::string_view kExportHeader = R"({"__metadata__":{"format":"pt","zerod_step":")";
+constexpr std::string_view kExportIndex = "{\n  \"metadata\": {\"total_size\": ";
+
+// Whether the regular file at path begins as zerod's export writes it.
+bool written_by_export(const std::string& path, bool index) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(path, ec))) return false;
+  std::ifstream in(path, std::ios::binary);
+  const std::string_view want = index ? kExportIndex : kExportHeader;
+  if (!index) {
+    uint64_t len = 0;
+    if (!in.read(reinterpret_cast<char*>(&len), 8) || len < want.size()) return false;
+  }
+  std::string got(want.size(), '\0');
+  return static_cast<bool>(in.read(got.data(), static_cast<std::streamsize>(got.size()))) && got == want;
+}
+
+// Whether a file name is <stem>-<n>-of-<count>.safetensors, each number of
+// five digits or more: a shard that an export to `stem` writes.
+bool shard_of(const std::string& file, const std::string& stem) {
+  const std::string ext = ".safetensors";
+  if (file.size() <= stem.size() + 1 + ext.size() || file.compare(0, stem.size(), stem) != 0 ||
+      file[stem.size()] != '-' || file.compare(file.size() - ext.size(), ext.size(), ext) != 0)
+    return false;
+  const std::string mid = file.substr(stem.size() + 1, file.size() - stem.size() - 1 - ext.size());
+  const size_t of = mid.find("-of-");
+  auto number = [](const std::string& d) {
+    return d.size() >= 5 && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return of != std::string::npos && number(mid.substr(0, of)) && number(mid.substr(of + 4));
+}
+
+// The files an export to `out` (stem `stem`) would find beside the ones it
+// writes (`names`, the index among them where sharded), which an earlier
+// export to the same output may have written: the one file where this one
+// writes shards; the index where it writes one file; shards of any count
+// but this one's. Refuses, before anything is written, where one of them
+// is not an export's: removing it could lose a user's file, and keeping it
+// leaves a loader two models to choose from.
+std::vector<std::string> stale_exports(const std::string& out, const std::string& stem,
+                                       const std::vector<std::string>& names) {
+  const bool sharded = names.size() > 1;
+  auto ours = [&](const std::string& p) { return std::find(names.begin(), names.end(), p) != names.end(); };
+  std::vector<std::pair<std::string, bool>> found;  // (path, is an index)
+  auto exists = [](const std::string& p) {
+    std::error_code ec;
+    return fs::exists(fs::symlink_status(p, ec));
+  };
+  if (sharded && exists(out) && !ours(out)) found.emplace_back(out, false);
+  const std::string index = stem + ".safetensors.index.json";
+  if (!sharded && exists(index)) found.emplace_back(index, true);
+  const fs::path folder = fs::path(stem).parent_path();
+  const std::string stem_name = fs::path(stem).filename().string();
+  // A folder that cannot be listed is taken to hold no earlier export (one
+  // that is not there: creating the files then fails, naming it).
+  std::error_code ec;
+  for (fs::directory_iterator it(folder.empty() ? fs::path(".") : folder, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string file = it->path().filename().string();
+    if (!shard_of(file, stem_name)) continue;
+    const std::string p = folder.empty() ? file : (folder / file).string();
+    if (!ours(p)) found.emplace_back(p, false);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> stale;
+  for (const auto& [p, is_index] : found) {
+    if (!written_by_export(p, is_index)) {
+      const std::string what = is_index ? "index" : "safetensors header";
+      fail(ZD_ERR_INVALID_ARGUMENT, "export: " + p + " lies beside " + out + " under a name an export to " + out +
+                                        " writes, and zerod's export did not write it (it does not open as "
+                                        "zerod's " + what + " does): a loader could read it instead of this "
+                                        "export. Nothing was written; move it away, or export to another name");
+    }
+    stale.push_back(p);
+  }
+  return stale;
+}
+
+}  // namespace
+
+ExportResult export_safetensors(const Source& src, const ExportOptions& o) {
   const Manifest& m = src.manifest();
   const zd_dtype dt = dtype_from_name(o.dtype);
   if (!dt) fail(ZD_ERR_INVALID_ARGUMENT, "export: --dtype " + o.dtype + " is not fp32, bf16 or fp16");
@@ -196,6 +284,11 @@ std::vector<std::string> export_safetensors(const Source& src, const ExportOptio
       names.push_back(stem + b);
     }
   }
+  // What an earlier export to this output left that this one does not
+  // overwrite, removed once this one is whole.
+  std::vector<std::string> outputs = names;
+  if (files.size() > 1) outputs.push_back(stem + ".safetensors.index.json");
+  const std::vector<std::string> stale = stale_exports(o.out, stem, outputs);
   struct Placed {
     size_t file;
     uint64_t offset;  // absolute, in its file
@@ -291,7 +384,17 @@ std::vector<std::string> export_safetensors(const Source& src, const ExportOptio
     write_file_synced(index, idx.str());  // checked; renamed into place when whole
     names.push_back(index);
   }
-  return names;
+  // Only now, with this export whole, the earlier one's leftovers go.
+  ExportResult result;
+  for (const std::string& p : stale) {
+    if (::unlink(p.c_str()) != 0 && errno != ENOENT)
+      fail(ZD_ERR_IO, "export: " + o.out + " is written, but the earlier export's " + p + " beside it cannot be " +
+                          "removed: " + errno_text(errno) + "; remove it, or a loader may read it");
+    result.removed.push_back(p);
+  }
+  if (!stale.empty()) sync_dir(folder.empty() ? "." : folder.string());
+  result.written = std::move(names);
+  return result;
 }
 
 Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {

@@ -50,11 +50,25 @@ struct ExportOptions {
   unsigned threads = 0;            // 0: the cores available
 };
 
+struct ExportResult {
+  std::vector<std::string> written;  // the files, the index last
+  // What an earlier export to the same output left that this one does not
+  // write over: the other form's files (one file against shards and their
+  // index) and shards of another count. A loader that found them beside
+  // this export could read them instead (Hugging Face's loaders take
+  // <stem>.safetensors before an index), so they are removed.
+  std::vector<std::string> removed;
+};
+
 // Writes every parameter's full master value as a safetensors tensor named
 // after the parameter, converted to the dtype. Memory stays within one tensor
 // per thread. With shards: <stem>-00001-of-0000N.safetensors and
-// <stem>.safetensors.index.json (Hugging Face's layout). Returns the files written.
-std::vector<std::string> export_safetensors(const Source& src, const ExportOptions& o);
+// <stem>.safetensors.index.json (Hugging Face's layout). An earlier export's
+// files of those names that this one does not write are removed once it is
+// whole (ExportResult::removed); where such a name holds a file that zerod's
+// export did not write (its opening says whose it is), nothing is written
+// and ZD_ERR_INVALID_ARGUMENT names it.
+ExportResult export_safetensors(const Source& src, const ExportOptions& o);
 
 // Writes the checkpoint again into out_dir as `world` shards, each parameter
 // cut into `world` even runs: the layout a job of `world` ranks reads with

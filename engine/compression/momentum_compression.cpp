@@ -46,11 +46,13 @@ void MomentumCompression::lay_out_groups() {
 
 void MomentumCompression::allocate() {
   lay_out_groups();
-  if (!ctx_.optimizer().compresses() || ctx_.world_size == 1) return;
+  if (!ctx_.optimizer().compresses()) return;
   const auto& groups = ctx_.registry.groups();
   const TierSet tiers = res_.tiers();
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   try {
+    allocate_exchange_buffers();
+    if (ctx_.world_size == 1) return;  // no exchange: no error feedback, no average to keep
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
       Group& c = groups_[gi];
@@ -82,7 +84,7 @@ void MomentumCompression::release() {
   params_valid_ = false;
   for (TieredBuffer& b : owned_) b.release(tiers);
   owned_.clear();
-  scratch_.release(tiers);
+  for (TieredBuffer& b : scratch_) b.release(tiers);
   groups_.clear();
   packed_at_.clear();
 }
@@ -360,7 +362,8 @@ bool MomentumCompression::run(const zd_optimizer_plan& plan, double grad_scale, 
   bool exchanges = false;
   for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
   if (exchanges) {
-    if (owned_.empty()) allocate_owned();
+    if (owned_.size() != ctx_.registry.groups().size())
+      fail(ZD_ERR_INTERNAL, "a compressed step ran before finalize allocated its exchange buffers");
     st.owned = &owned_;
   }
   for (size_t i = 0; i < ZD_PLAN_MAX_OPS && plan.ops[i] != ZD_OP_END; ++i) {

@@ -46,6 +46,7 @@
 #include "memory/tiered_buffer.h"
 #include "memory/transfers.h"
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -55,18 +56,26 @@ namespace zerod {
 // is the specification): count / world rounded up to a multiple of 8.
 uint64_t compression_chunk(uint64_t count, int world);
 
-// Bytes a rank keeps for a compressing optimizer, per group, in the group's
+// Bytes `rank` keeps for a compressing optimizer, per group, in the group's
 // gradient tier: from stage 2 a whole local gradient (grads), the exchange
 // buffer (buffers: over its owned range, or at stage 0 the group in packed
-// order, without the padding between tensors), and with several ranks the error
-// feedback and kept average (optimizer). For the plan and the ledger.
+// order, without the padding between tensors), the group's need of the
+// scratch buffer (scratch), and with several ranks the error feedback and
+// kept average (optimizer). For the plan and the ledger: finalize allocates
+// every one of them (MomentumCompression::allocate).
 struct CompressionBytes {
   uint64_t grads = 0;
   uint64_t params = 0;  // stage 3, compression.replay: the whole copy of the parameters
   uint64_t buffers = 0;
+  // The largest segment of the group that the rank assembles outside its
+  // exchange buffer (stages 1-3 on several ranks: a tensor split between
+  // owners, a fused group), 0 where every segment is in place. One scratch
+  // buffer per tier serves every group whose gradients are there, so the
+  // plan counts the largest figure of each tier, not their sum.
+  uint64_t scratch = 0;
   std::vector<uint64_t> optimizer;  // one figure per buffer (each is allocated, and aligned, on its own)
 };
-CompressionBytes compression_bytes(const ModelContext& ctx, size_t group);
+CompressionBytes compression_bytes(const ModelContext& ctx, size_t group, int rank);
 
 // The state slots the optimizer's compressed steps replay
 // (zd_optimizer_plan.replay_slots of a late step), 0 where they cannot be
@@ -199,8 +208,11 @@ class MomentumCompression {
   // Whether a plan's keep_average keeps the average here (several ranks,
   // the momentum partitioned); at stage 0 the slot holds it whole.
   bool keeps() const;
-  void allocate_owned();
-  // The scratch buffer, at least count floats (in the group's gradient tier).
+  // The exchange buffers and the scratch buffers, at the sizes the plan
+  // counts (compression_bytes), so that a budget that cannot hold them
+  // refuses at finalize, not at the first compressed step.
+  void allocate_exchange_buffers();
+  // The scratch buffer of the group's gradient tier, at least count floats.
   TieredBuffer& scratch(size_t group, uint64_t count);
   // A host window over the floats a segment is prepared and exchanged in:
   // the owned exchange buffer where the segment lies there as one piece
@@ -241,14 +253,16 @@ class MomentumCompression {
   GradReducer& grads_;
   std::vector<Group> groups_;
   std::vector<uint64_t> packed_at_;  // per parameter (registry order): where it starts in its group's packed order
-  // The exchange buffer over each group's owned range, allocated at the
-  // first step that exchanges and kept: a fresh one per step cost a page
-  // fault per 4 KiB of it every step.
+  // The exchange buffer over each group's owned range, allocated at
+  // finalize and kept: a fresh one per step cost a page fault per 4 KiB of
+  // it every step.
   std::vector<TieredBuffer> owned_;
   // Where a segment is assembled when the owned buffer cannot hold it as
-  // one piece (a fused group, a tensor split between owners): grown to the
-  // largest segment and kept, for the same reason.
-  TieredBuffer scratch_;
+  // one piece (a fused group, a tensor split between owners), one per tier
+  // of gradients (by zd_tier): allocated at finalize at the largest segment
+  // of the groups there that the optimizer's plans exchange in
+  // (CompressionBytes::scratch), and kept, for the same reason.
+  std::array<TieredBuffer, ZD_TIER_COUNT> scratch_;
   bool errors_live_ = false;    // an exchange ran since the error feedback last restarted
   bool own_copies_ = false;     // stage 0: the ranks' parameters and state are their own
   uint32_t replica_valid_ = 0;  // the slots whose replicas hold the owners' values

@@ -11,8 +11,10 @@
 #include "runtime/workers.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 
 namespace zerod {
@@ -66,30 +68,37 @@ void copy_on_workers(Workers& workers, const std::vector<CopySpan>& spans) {
 
 }  // namespace
 
-void MomentumCompression::allocate_owned() {
+void MomentumCompression::allocate_exchange_buffers() {
   const auto& groups = ctx_.registry.groups();
   const TierSet tiers = res_.tiers();
-  try {
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      owned_.emplace_back();
-      owned_.back().allocate(tiers, 4, {{exchange_count(ctx_, groups[gi]), buffers_.groups()[gi].grad_tier()}},
-                             ZD_MEM_BUFFERS, "the exchange buffer of a compressed step");
-    }
-  } catch (...) {
-    for (TieredBuffer& b : owned_) b.release(tiers);
-    owned_.clear();
-    throw;
+  std::array<uint64_t, ZD_TIER_COUNT> scratch{};
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const zd_tier tier = buffers_.groups()[gi].grad_tier();
+    owned_.emplace_back();
+    owned_.back().allocate(tiers, 4, {{exchange_count(ctx_, groups[gi]), tier}}, ZD_MEM_BUFFERS,
+                           "the exchange buffer of group " + std::to_string(gi) + " of rank " +
+                               std::to_string(res_.rank));
+    const auto t = static_cast<size_t>(tier);
+    scratch[t] = std::max(scratch[t], scratch_count(ctx_, gi, res_.rank));
   }
+  for (size_t t = 0; t < scratch.size(); ++t)
+    if (scratch[t] != 0)
+      scratch_[t].allocate(tiers, 4, {{scratch[t], static_cast<zd_tier>(t)}}, ZD_MEM_BUFFERS,
+                           "the packed exchange buffer of rank " + std::to_string(res_.rank));
 }
 
 TieredBuffer& MomentumCompression::scratch(size_t gi, uint64_t count) {
-  if (scratch_.empty() || scratch_.count() < count) {
+  const zd_tier tier = buffers_.groups()[gi].grad_tier();
+  TieredBuffer& b = scratch_[static_cast<size_t>(tier)];
+  if (b.count() < count) {
+    // Allocated at finalize for the layouts the optimizer's plans exchange
+    // in (scratch_count); a step whose plan uses another (a plugin whose
+    // plans differ from those the plan read) grows it past the plan.
     const TierSet tiers = res_.tiers();
-    scratch_.release(tiers);
-    scratch_.allocate(tiers, 4, {{count, buffers_.groups()[gi].grad_tier()}}, ZD_MEM_BUFFERS,
-                      "the packed exchange buffer of a compressed step");
+    b.release(tiers);
+    b.allocate(tiers, 4, {{count, tier}}, ZD_MEM_BUFFERS, "the packed exchange buffer of a compressed step");
   }
-  return scratch_;
+  return b;
 }
 
 HostWindow MomentumCompression::segment_window(StepState& st, size_t gi, const Segment& s, HostWindow::Access access,
@@ -260,23 +269,12 @@ int64_t MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment
       fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
     return static_cast<int64_t>(s.dense);
   }
-  uint64_t base = 0;
-  bool found = false;
-  for (size_t j = 0; j < s.params.size(); ++j) {
-    const ParamRecord& p = ctx_.registry.param(s.params[j]);
-    if (p.numel == 0) continue;  // nowhere in either layout
-    const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
-    if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return -1;
-    const uint64_t off = in_segment(c, s, j);
-    if (sp.at < off) return -1;
-    if (!found) {
-      base = sp.at - off;
-      found = true;
-    } else if (sp.at - off != base) {
-      return -1;
-    }
-  }
-  return in_one_segment((*st.owned)[gi], base, s.count) ? static_cast<int64_t>(base) : -1;
+  // The same answer as the plan's (scratch_count), which sized the scratch buffer.
+  std::vector<uint64_t> at;
+  at.reserve(s.params.size());
+  for (size_t j = 0; j < s.params.size(); ++j) at.push_back(in_segment(c, s, j));
+  const int64_t base = owned_piece(ctx_, res_.rank, ctx_.registry.groups()[gi], s.params, at, s.count);
+  return base >= 0 && in_one_segment((*st.owned)[gi], static_cast<uint64_t>(base), s.count) ? base : -1;
 }
 
 // The segment's whole values of a state slot into x: on the workers where

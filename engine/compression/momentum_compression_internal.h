@@ -34,6 +34,20 @@ bool owns_every_element(const ModelContext& ctx);
 uint64_t exchange_count(const ModelContext& ctx, const ParamGroup& g);
 // The server error's elements: each tensor's chunk, or the fused group's.
 uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world);
+// Where a segment of group g (its tensors `params`, tensor j at element
+// in_segment[j] of the segment, `count` elements in all) lies in `rank`'s
+// exchange buffer as one piece, in the segment's order: the segment's first
+// element there, or -1, and the segment is assembled in a scratch buffer.
+// Where the rank owns every element, every segment lies there at its
+// packed offset, which the caller knows: this answers for stages 1-3.
+int64_t owned_piece(const ModelContext& ctx, int rank, const ParamGroup& g, const std::vector<zd_param_id>& params,
+                    const std::vector<uint64_t>& in_segment, uint64_t count);
+// The floats of scratch buffer that `rank` needs for group g: its largest
+// segment that is not in place, in each layout (a tensor at a time, the
+// group fused) that the optimizer's plans exchange in (read from the plans
+// of the steps replay_slots() reads, as the plan cannot ask every step);
+// 0 where every segment is in place.
+uint64_t scratch_count(const ModelContext& ctx, size_t group, int rank);
 
 }  // namespace compression_detail
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <string>
+#include <vector>
 
 namespace zerod {
 
@@ -23,6 +24,25 @@ uint64_t packed_count(const Registry& reg, const ParamGroup& g) {
   uint64_t n = 0;
   for (zd_param_id pid : g.params) n += static_cast<uint64_t>(reg.param(pid).numel);
   return n;
+}
+
+// The steps whose plans stand for the run's (replay_slots, exchange_layouts):
+// one long after every warm-up, and a compressed step at the start (the
+// first step, told it is no warm-up step).
+constexpr int64_t kLateStep = int64_t{1} << 50;
+
+// The layouts the optimizer's plans exchange in, as bits.
+constexpr unsigned kTensorAtATime = 1, kFused = 2;
+unsigned exchange_layouts(const OptimizerInstance& opt) {
+  unsigned layouts = 0;
+  for (const zd_optimizer_plan& plan : {opt.plan(kLateStep, -1, -1), opt.plan(1, 0, -1)}) {
+    bool exchanges = false;
+    for (zd_plan_op op : plan.ops) exchanges = exchanges || op == ZD_OP_PREPARE || op == ZD_OP_EXCHANGE;
+    if (exchanges) layouts |= plan.fused ? kFused : kTensorAtATime;
+  }
+  // Neither plan exchanges: the smaller layout; a step that exchanges
+  // fused all the same grows the scratch buffer then (MomentumCompression::scratch).
+  return layouts ? layouts : kTensorAtATime;
 }
 
 }  // namespace
@@ -41,16 +61,57 @@ uint64_t server_elems(const Registry& reg, const ParamGroup& g, int world) {
   return std::max(n, compression_chunk(packed_count(reg, g), world));
 }
 
+int64_t owned_piece(const ModelContext& ctx, int rank, const ParamGroup& g, const std::vector<zd_param_id>& params,
+                    const std::vector<uint64_t>& in_segment, uint64_t count) {
+  if (count == 0 || params.empty()) return -1;
+  uint64_t base = 0;
+  bool found = false;
+  for (size_t j = 0; j < params.size(); ++j) {
+    const ParamRecord& p = ctx.registry.param(params[j]);
+    if (p.numel == 0) continue;  // nowhere in either layout
+    // The rank owns the tensor whole, at the same distance from the
+    // segment's start as the tensors before it.
+    const ModelContext::OwnedSpan sp = ctx.owned_span(p, rank);
+    if (sp.from != 0 || sp.count != static_cast<uint64_t>(p.numel)) return -1;
+    const uint64_t off = in_segment[j];
+    if (sp.at < off) return -1;
+    if (!found) {
+      base = sp.at - off;
+      found = true;
+    } else if (sp.at - off != base) {
+      return -1;
+    }
+  }
+  return base + count <= exchange_count(ctx, g) ? static_cast<int64_t>(base) : -1;
+}
+
+uint64_t scratch_count(const ModelContext& ctx, size_t group, int rank) {
+  if (owns_every_element(ctx)) return 0;
+  const ParamGroup& g = ctx.registry.groups()[group];
+  const unsigned layouts = exchange_layouts(ctx.optimizer());
+  uint64_t need = 0, total = 0;
+  std::vector<uint64_t> packed;  // each tensor's first element in the fused segment
+  for (zd_param_id pid : g.params) {
+    const auto n = static_cast<uint64_t>(ctx.registry.param(pid).numel);
+    if ((layouts & kTensorAtATime) != 0 && owned_piece(ctx, rank, g, {pid}, {0}, n) < 0) need = std::max(need, n);
+    packed.push_back(total);
+    total += n;
+  }
+  if ((layouts & kFused) != 0 && owned_piece(ctx, rank, g, g.params, packed, total) < 0) need = std::max(need, total);
+  return need;
+}
+
 }  // namespace compression_detail
 
 using namespace compression_detail;
 
-CompressionBytes compression_bytes(const ModelContext& ctx, size_t group) {
+CompressionBytes compression_bytes(const ModelContext& ctx, size_t group, int rank) {
   CompressionBytes b;
   if (!ctx.optimizer().compresses()) return b;
   const ParamGroup& g = ctx.registry.groups()[group];
   if (ctx.partitioned(ZD_PARTITION_GRADS)) b.grads = g.full_numel * dtype_size(ctx.grad_dtype(g));
   b.buffers = exchange_count(ctx, g) * 4;
+  b.scratch = scratch_count(ctx, group, rank) * 4;
   if (ctx.world_size > 1) {
     const uint64_t n = packed_count(ctx.registry, g);
     b.optimizer = {n * 4, server_elems(ctx.registry, g, ctx.world_size) * 4};
@@ -77,7 +138,6 @@ uint32_t replay_slots(const OptimizerInstance& opt) {
   // syncs after it only v. The replicas of both are allocated as the steps
   // come (m's given back once the syncs begin), so the plan's peak counts
   // both. A plugin that never replays answers 0 in both.
-  constexpr int64_t kLateStep = int64_t{1} << 50;
   if (!opt.compresses()) return 0;
   return opt.plan(kLateStep, -1, -1).replay_slots | opt.plan(1, 0, -1).replay_slots;
 }

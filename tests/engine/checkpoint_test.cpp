@@ -6,6 +6,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/source.h"
+#include "checkpoint/tools.h"
 
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -19,6 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iterator>
+#include <utility>
 
 namespace {
 
@@ -627,6 +630,86 @@ TEST(SnapshotManifest, PartsRoundTripAndAMissingPartIsNamed) {
   const ckpt::Source part(dir.path, back, {0});
   std::vector<float> v(10);
   EXPECT_NO_THROW(part.read(0, ckpt::kMasterBuffer, 0, 10, v.data()));
+}
+
+// `zerod ckpt export` to one output, as one file, then as shards, then as
+// shards of another count, then as one file again: each export leaves its
+// own files and nothing of the one before (which a loader could read
+// instead: Hugging Face's takes out.safetensors before an index), and says
+// what it removed. A file of such a name that zerod's export did not write
+// is never removed: the export refuses before writing anything.
+TEST(CheckpointExport, AnExportRemovesWhatAnEarlierOneToTheSameOutputLeft) {
+  TempDir ck, out_dir;
+  auto a = make_model(job(1), 2);
+  train_and_save(*a, 2, ck.path);
+  const ckpt::Source src(ck.path);
+  const std::string out = out_dir.path + "/out.safetensors";
+  auto file = [&](const std::string& name) { return out_dir.path + "/" + name; };
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(out_dir.path)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  using Names = std::vector<std::string>;
+  auto export_to = [&](uint64_t max_shard_bytes) {
+    ckpt::ExportOptions o;
+    o.out = out;
+    o.max_shard_bytes = max_shard_bytes;  // 1200, 4000 and 28 bytes of fp32: one file, 3 shards or 2
+    return ckpt::export_safetensors(src, o);
+  };
+
+  ckpt::ExportResult r = export_to(0);
+  EXPECT_EQ(r.written, Names{out});
+  EXPECT_TRUE(r.removed.empty());
+
+  r = export_to(2000);
+  EXPECT_EQ(listing(), (Names{"out-00001-of-00003.safetensors", "out-00002-of-00003.safetensors",
+                              "out-00003-of-00003.safetensors", "out.safetensors.index.json"}));
+  EXPECT_EQ(r.removed, Names{out}) << "the one file of the export before";
+
+  r = export_to(5000);
+  EXPECT_EQ(listing(), (Names{"out-00001-of-00002.safetensors", "out-00002-of-00002.safetensors",
+                              "out.safetensors.index.json"}));
+  EXPECT_EQ(r.removed, (Names{file("out-00001-of-00003.safetensors"), file("out-00002-of-00003.safetensors"),
+                              file("out-00003-of-00003.safetensors")}))
+      << "the shards of another count";
+
+  r = export_to(0);
+  EXPECT_EQ(listing(), Names{"out.safetensors"});
+  EXPECT_EQ(r.removed, (Names{file("out-00001-of-00002.safetensors"), file("out-00002-of-00002.safetensors"),
+                              file("out.safetensors.index.json")}));
+
+  // Another tool's index (Hugging Face's json.dumps), and a shard name
+  // holding something else: refused, naming the file, with nothing written
+  // or removed.
+  const std::string before = [&] {
+    std::ifstream in(out, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"out.safetensors.index.json",
+                                            "{\n  \"metadata\": {\n    \"total_size\": 5228\n  }\n}\n"},
+        {"out-00001-of-00009.safetensors", "not a tensor"}}) {
+    std::ofstream(file(name)) << text;
+    for (uint64_t max_shard_bytes : {uint64_t{0}, uint64_t{2000}}) {
+      if (name == "out.safetensors.index.json" && max_shard_bytes != 0) continue;  // a sharded export writes it
+      try {
+        export_to(max_shard_bytes);
+        ADD_FAILURE() << name << ": exported beside it";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ZD_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(e.what()).find(file(name) + " lies beside " + out), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("zerod's export did not write it"), std::string::npos) << e.what();
+      }
+      Names want{name, "out.safetensors"};
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(listing(), want) << name << ": nothing written or removed";
+    }
+    fs::remove(file(name));
+  }
+  std::ifstream in(out, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before) << "the last export stays as it was";
 }
 
 // A damaged newest snapshot is not the end: the job resumes from the newest

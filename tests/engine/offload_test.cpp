@@ -173,6 +173,54 @@ TEST(Placement, ThePolicyDecidesPerTensorAndThePlanIsTheRealFigure) {
           << "tier " << tier_name(t) << ", kind " << mem_kind_name(k);
 }
 
+// offload.ratio is the share of what offload.optimizer moves (DeepSpeed's
+// offload_optimizer.ratio): half of each rank's masters and optimizer state
+// leave the device, and offload.params moves every stage-3 parameter shard
+// whole. Where the optimizer stays on the device the ratio moves nothing,
+// and the job is told so, naming the shards it does not split.
+TEST(Placement, TheRatioSplitsTheOptimizerOffloadNotTheParameterShards) {
+  for (zd_tier optimizer : {ZD_TIER_HOST, ZD_TIER_DEVICE}) {
+    JobOptions o = adamw(3);
+    o.offload.params = ZD_TIER_HOST;
+    o.offload.optimizer = optimizer;
+    o.offload.ratio = 0.5;
+    auto model = make_model(o, 2);
+    std::vector<TierPlan> plans(2);
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](int rank) {
+      model->register_param(rank, "a", "m0", ZD_DTYPE_F32, {4096}, nullptr, 0);
+      model->register_param(rank, "b", "m1", ZD_DTYPE_F32, {65536}, nullptr, 0);
+      model->finalize(rank);
+      plans[static_cast<size_t>(rank)] = model->plan(rank);
+    });
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    const std::string what = std::string("optimizer on ") + tier_name(optimizer);
+    for (int rank = 0; rank < 2; ++rank) {
+      const NeedTable& need = plans[static_cast<size_t>(rank)].need;
+      EXPECT_EQ(need[ZD_TIER_DEVICE][ZD_MEM_PARAMS], 0u) << what << ": every shard on the host";
+      EXPECT_GE(need[ZD_TIER_HOST][ZD_MEM_PARAMS], (4096 + 65536) / 2 * 4u) << what << ": the whole shard";
+      for (int t = 0; t < ZD_TIER_COUNT; ++t)
+        for (int k = 0; k < ZD_MEM_KIND_COUNT; ++k)
+          EXPECT_EQ(need[static_cast<size_t>(t)][static_cast<size_t>(k)], held(*model, rank, t, k))
+              << what << ", rank " << rank << ", tier " << tier_name(t) << ", kind " << mem_kind_name(k);
+    }
+    const uint64_t master_device = plans[0].need[ZD_TIER_DEVICE][ZD_MEM_MASTER];
+    const uint64_t master_host = plans[0].need[ZD_TIER_HOST][ZD_MEM_MASTER];
+    if (optimizer == ZD_TIER_HOST) {
+      // About half each (the cut falls on a tier granule).
+      EXPECT_GT(master_device, 0u);
+      EXPECT_GT(master_host, 0u);
+      EXPECT_LT(master_host > master_device ? master_host - master_device : master_device - master_host,
+                (master_host + master_device) / 4);
+      EXPECT_EQ(log.find("offload.ratio"), std::string::npos) << log;
+    } else {
+      EXPECT_EQ(master_host, 0u);
+      EXPECT_NE(log.find("offload.ratio = 0.5 moves nothing"), std::string::npos) << log;
+      EXPECT_NE(log.find("offload.params = \"host\" moves every parameter shard whole"), std::string::npos) << log;
+    }
+  }
+}
+
 TEST(Budgets, APlacementOverTheHostBudgetIsRefusedWithTheTable) {
   JobOptions o = adamw(0);
   o.offload.optimizer = ZD_TIER_HOST;
