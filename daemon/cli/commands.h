@@ -20,7 +20,8 @@ int status_command(int argc, char** argv);
 int top_command(int argc, char** argv);
 // zerod plot trace.json [--out DIR]: python3 -m zerod.plot
 int plot_command(int argc, char** argv);
-// zerod plan <job.lua> (--params N [--layers L] | --model FILE) [--nproc R]
+// zerod plan <job.lua> (--params N [--layers L] | --model FILE) [--nproc R] [--device D] [--device-memory SIZE]
+// Exits 0 fits, 1 does not fit, 2 usage error, 3 cannot plan.
 int plan_command(int argc, char** argv);
 
 }  // namespace zerod::cli

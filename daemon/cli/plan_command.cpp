@@ -1,23 +1,26 @@
 // `zerod plan job.lua --params 1.3e9`: what finalize would place on each
-// tier for a model of that size, per rank, against the job's budgets —
+// tier for a model of that size, on every rank, against the job's budgets —
 // computed by the engine's own layout and placement code (the job's
-// placement() included) without allocating, so the plan is the real figure.
+// placement() included) without allocating, so the plan is the real figure
+// (job_plan.h).
 //
-//   zerod plan job.lua --params N [--layers L] [--nproc R]
-//   zerod plan job.lua --model model.lua [--nproc R]
+//   zerod plan job.lua --params N [--layers L] [--nproc R] [--device D [--device-memory SIZE]]
+//   zerod plan job.lua --model model.lua [--nproc R] [--device D [--device-memory SIZE]]
 // model.lua returns a list of { name = "...", module = "...", shape = {..} }.
 #include "commands.h"
 #include "cli_args.h"
+#include "job_plan.h"
 
 #include "runtime/dtype.h"
 #include "error.h"
 #include "job_script.h"
-#include "model/model.h"
 #include "sandbox.h"
+#include "size.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -28,18 +31,31 @@ namespace zerod::cli {
 
 namespace {
 
-struct Tensor {
-  std::string name, module;
-  std::vector<int64_t> shape;
-};
+// The exit statuses, as the help text says. Every other zerod command
+// exits 2 for a usage error and 1 for a job it refuses; here 1 is the
+// answer "does not fit", so a job or model that cannot be planned is 3.
+constexpr int kPlanFits = 0;
+constexpr int kPlanDoesNotFit = 1;
+constexpr int kPlanUsage = 2;
+constexpr int kPlanCannotPlan = 3;
 
 // On stdout when asked for (--help), else on stderr beside the error.
 void usage(FILE* out = stderr) {
   std::fprintf(out,
                "usage: zerod plan <job.lua> (--params N [--layers L] | --model model.lua) [--nproc R]\n"
-               "  --params N      a model of N parameters (1.3e9, 1.3B, 350M), in L equal layers (default 24)\n"
-               "  --model FILE    a Lua file returning { { name=, module=, shape={...} }, ... }\n"
-               "  --nproc R       ranks the job runs on (default 1)\n");
+               "                  [--device cpu|cuda|auto|emulated] [--device-memory SIZE]\n"
+               "  What finalize would place on each tier, on every rank (identical ranks together),\n"
+               "  against the job's budgets.\n"
+               "  --params N            a model of N parameters (1.3e9, 1.3B, 350M), in L equal layers (default 24)\n"
+               "  --model FILE          a Lua file returning { { name=, module=, shape={...} }, ... }\n"
+               "                        (instead of --params and --layers)\n"
+               "  --nproc R             ranks the job runs on (default 1)\n"
+               "  --device D            the device to plan for (default: the job's device); cuda plans for a\n"
+               "                        GPU on a machine without one too\n"
+               "  --device-memory SIZE  each rank's GPU's free memory (80GiB): the device budget a GPU takes\n"
+               "                        when the job sets none (90%% of it)\n"
+               "exit status: 0 fits the budgets, 1 does not fit, 2 usage error,\n"
+               "             3 the job or model cannot be read or planned\n");
 }
 
 // t[name] without metamethods: a raw read cannot raise a Lua error, which
@@ -50,7 +66,7 @@ void raw_field(lua_State* L, int table, const char* name) {
   lua_rawget(L, table);
 }
 
-std::vector<Tensor> read_model(const std::string& path) {
+std::vector<PlannedTensor> read_model(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail(ZD_ERR_IO, "cannot read the model description " + path);
   std::stringstream ss;
@@ -60,14 +76,14 @@ std::vector<Tensor> read_model(const std::string& path) {
   if (!sb.load(ss.str(), "@" + path, &err) || !sb.call(0, 1, &err)) fail(ZD_ERR_CONFIG, err);
   lua_State* L = sb.L();
   if (!lua_istable(L, -1)) fail(ZD_ERR_CONFIG, path + ": must return a list of tensors");
-  std::vector<Tensor> out;
+  std::vector<PlannedTensor> out;
   const auto n = static_cast<int>(lua_rawlen(L, -1));
   for (int i = 1; i <= n; ++i) {
     lua_rawgeti(L, -1, i);
     if (!lua_istable(L, -1))
       fail(ZD_ERR_CONFIG, path + ": tensor #" + std::to_string(i) + " must be a table { name=, module=, shape={...} }, "
                               "got a " + luaL_typename(L, -1));
-    Tensor t;
+    PlannedTensor t;
     raw_field(L, -1, "name");
     raw_field(L, -2, "module");
     if (!lua_isstring(L, -2) || !lua_isstring(L, -1))
@@ -119,32 +135,49 @@ int plan_command(int argc, char** argv) {
   std::string job, model_file;
   double params = 0;
   long layers = 24, nproc = 1;
+  bool params_given = false, layers_given = false;
+  PlanTarget target;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const auto bad = [&](const char* v, const char* what) {
       std::fprintf(stderr, "zerod plan: %s %s: %s\n", a.c_str(), v ? ("'" + std::string(v) + "'").c_str() : "needs a value",
                    what);
-      return 2;
+      return kPlanUsage;
     };
     if (a == "--params") {
       const char* v = next();
       const auto n = parse_count(v);
       if (!n || *n < 1) return bad(v, "a parameter count such as 1300000000, 1.3e9, 1.3B or 350M");
       params = *n;
+      params_given = true;
     } else if (a == "--layers") {
       const char* v = next();
       const auto n = parse_whole(v);
       if (!n || *n < 1) return bad(v, "a layer count >= 1");
       layers = *n;
+      layers_given = true;
     } else if (a == "--nproc") {
       const char* v = next();
       const auto n = parse_whole(v);
       if (!n || *n < 1 || *n > 4096) return bad(v, "a rank count from 1 to 4096");
       nproc = *n;
     } else if (a == "--model") {
+      // A flag in its place is the next argument, not a file name.
       const char* v = next();
-      model_file = v ? v : "";
+      if (!v || !*v || *v == '-') return bad(v, "a model description file (a Lua file)");
+      model_file = v;
+    } else if (a == "--device") {
+      const char* v = next();
+      const std::string d = v ? v : "";
+      if (d != "cpu" && d != "cuda" && d != "auto" && d != "emulated")
+        return bad(v, "the device to plan for: cpu, cuda, auto or emulated");
+      target.device = d;
+    } else if (a == "--device-memory") {
+      const char* v = next();
+      const auto n = v ? scripting::parse_size(v) : std::nullopt;
+      if (!n || *n == 0) return bad(v, "a GPU's free memory, such as 80GiB or 141GB");
+      target.device_memory = *n;
     } else if (a == "-h" || a == "--help") {
       usage(stdout);
       return 0;
@@ -153,32 +186,48 @@ int plan_command(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "zerod plan: unexpected argument '%s'\n", a.c_str());
       usage();
-      return 2;
+      return kPlanUsage;
     }
   }
-  if (job.empty() || (params < 1 && model_file.empty()) || layers < 1 || nproc < 1 || nproc > 4096) {
+  // --params and --layers describe a model of equal layers; a model
+  // description names its tensors: one or the other, never both (the
+  // count would be silently ignored).
+  if (!model_file.empty() && (params_given || layers_given)) {
+    std::fprintf(stderr, "zerod plan: --model %s describes the model tensor by tensor; %s%s%s describe%s another "
+                         "model: give --model or --params, not both\n",
+                 model_file.c_str(), params_given ? "--params" : "", params_given && layers_given ? " and " : "",
+                 layers_given ? "--layers" : "", params_given && layers_given ? "" : "s");
+    return kPlanUsage;
+  }
+  if (job.empty() || (!params_given && model_file.empty())) {
     usage();
-    return 2;
+    return kPlanUsage;
   }
   // Converted to int64 below, which a larger (or NaN) double would
   // overflow; every layer is a tensor held in memory.
   if (!(params <= 1e18) || layers > 1000000) {
     std::fprintf(stderr, "zerod plan: --params %g --layers %ld is more than zerod plans (at most 1e18 parameters "
                          "in 1e6 layers)\n", params, layers);
-    return 2;
+    return kPlanUsage;
   }
   if (model_file.empty() && params < static_cast<double>(layers)) {
     std::fprintf(stderr, "zerod plan: --params %g is fewer than one parameter for each of the %ld layers (a count "
                          "such as 1.3B or 1.3e9 means billions)\n", params, layers);
-    return 2;
+    return kPlanUsage;
   }
   try {
     scripting::ScriptSource src;
     src.path = job;
     auto script = scripting::JobScript::load(src);
+    const std::string device = target.device.empty() ? script->config().device : target.device;
+    if (target.device_memory != 0 && (device == "cpu" || device == "emulated")) {
+      std::fprintf(stderr, "zerod plan: --device-memory is a GPU's memory, but the plan is for the %s device%s; add "
+                           "--device cuda to plan for a GPU\n",
+                   device.c_str(), target.device.empty() ? (" (" + job + ")").c_str() : "");
+      return kPlanUsage;
+    }
     const int world = static_cast<int>(nproc);
-    Model model(script->config(), script->make_plugins(world), script.get(), world);
-    std::vector<Tensor> tensors;
+    std::vector<PlannedTensor> tensors;
     if (!model_file.empty()) {
       tensors = read_model(model_file);
     } else {
@@ -188,33 +237,34 @@ int plan_command(int argc, char** argv) {
         tensors.push_back({"layer" + std::to_string(l) + ".weight", "layer" + std::to_string(l), {n}});
       }
     }
-    uint64_t numel = 0;
-    for (const Tensor& t : tensors) {
-      model.register_param(0, t.name, t.module, script->config().precision, t.shape, nullptr, 0);
-      numel += model.registry().params().back().numel;
-    }
+    const JobPlan plan = plan_job(*script, world, tensors, target);
+    const JobConfig& config = script->config();
     // The optimizer's state dtype only where it is not the fp32 default.
-    const zd_dtype state = script->config().optimizer_state_dtype;
+    const zd_dtype state = config.optimizer_state_dtype;
     const std::string state_text =
         state == ZD_DTYPE_F32 ? "" : std::string(" (state ") + precision_name(state) + ")";
     std::printf("%s: %llu parameters in %zu tensors, %d rank%s, ZeRO stage %d, %s%s, precision %s\n",
-                job.c_str(), static_cast<unsigned long long>(numel), tensors.size(), world,
-                world == 1 ? "" : "s", script->config().zero_stage, script->config().optimizer.c_str(),
-                state_text.c_str(), precision_name(script->config().precision));
-    bool all_fit = true;
-    for (int r = 0; r < world; ++r) {
-      if (r > 0 && r < world - 1) continue;  // ranks between the first and last hold the same
-      bool fits = true;
-      const std::string table = model.plan_table(model.plan(r), &fits);
-      all_fit = all_fit && fits;
-      std::printf("\nrank %d%s:\n%s", r, world > 2 && r == 0 ? " (and every rank but the last)" : "",
-                  table.c_str());
+                job.c_str(), static_cast<unsigned long long>(plan.numel), tensors.size(), world,
+                world == 1 ? "" : "s", config.zero_stage, config.optimizer.c_str(), state_text.c_str(),
+                precision_name(config.precision));
+    std::printf("device: %s\n", plan.device.c_str());
+    for (const std::string& note : plan.device_notes) std::printf("  %s\n", note.c_str());
+    // Ranks that need the same are printed once: a table per distinct need.
+    for (const RankGroup& g : plan.groups) {
+      const std::string table = Placement::table(g.plan, nullptr);
+      std::printf("\n%s:\n%s", rank_list(g.ranks).c_str(), table.c_str());
     }
-    std::printf("\n%s\n", all_fit ? "fits the budgets" : "does NOT fit the budgets (see <- over budget)");
-    return all_fit ? 0 : 1;
+    if (!plan.worst_is_a_rank)
+      std::printf("\nthe most any rank needs in each cell, which every rank's budgets must hold:\n%s",
+                  Placement::table(plan.worst, nullptr).c_str());
+    std::printf("\n%s\n", plan.fits ? "fits the budgets" : "does NOT fit the budgets (see <- over budget)");
+    return plan.fits ? kPlanFits : kPlanDoesNotFit;
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod plan: %s (%s)\n", e.what(), status_name(e.code()));
-    return 1;
+    return kPlanCannotPlan;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zerod plan: %s\n", e.what());
+    return kPlanCannotPlan;
   }
 }
 

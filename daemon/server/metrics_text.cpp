@@ -90,8 +90,12 @@ std::string render_metrics(Server& server) {
   Family& gnorm = family("zerod_grad_norm", "gauge", "The global gradient norm of the rank's last step.");
   Family& comm = family("zerod_comm_sent_bytes_total", "counter",
                         "Bytes the rank's collectives sent to other ranks (as a ring puts them on links).");
+  // The comm plugins count what leaves the node for the node (the daemon),
+  // not per rank: one sample per model, without a rank label, so that a
+  // sum() over the samples is the node's traffic and not a multiple of it.
   Family& net = family("zerod_comm_network_sent_bytes_total", "counter",
-                       "Bytes the rank's node sent to other nodes for it (mpi comm plugin).");
+                       "Bytes this daemon (node) sent to other nodes for the model's ranks (mpi, nccl comm "
+                       "plugins); one sample per model, not per rank.");
   Family& colls = family("zerod_comm_collectives_total", "counter", "Collectives the rank has completed.");
   Family& nvme_r = family("zerod_nvme_read_bytes_total", "counter", "Bytes the rank read from its NVMe store.");
   Family& nvme_w = family("zerod_nvme_written_bytes_total", "counter", "Bytes the rank wrote to its NVMe store.");
@@ -110,6 +114,12 @@ std::string render_metrics(Server& server) {
   Family& rwait = family("zerod_reduce_wait_seconds_total", "counter",
                          "Time zd_step waited for gradient reductions and collectives in flight.");
   Family& opt = family("zerod_optimizer_seconds_total", "counter", "Time the optimizer ran, by the tier of its state.");
+  Family& overlapped = family("zerod_overlapped_updates_total", "counter",
+                              "Steps whose host update ran behind zd_step, overlapped with the next forward "
+                              "(offload.overlap).");
+  Family& uwait = family("zerod_update_wait_seconds_total", "counter",
+                         "Time the rank's begin calls waited for their module's overlapped host update: what the "
+                         "forward did not hide.");
 
   const int64_t now = observe::now_ns();
   for (const auto& host : server.models()) {
@@ -117,9 +127,10 @@ std::string render_metrics(Server& server) {
     const std::string model = "model=\"" + std::to_string(host->id()) + "\"";
     models.add(model + ",job=\"" + label_escape(host->script_name()) + "\",zero_stage=\"" +
                    std::to_string(m.config().zero_stage) + "\",optimizer=\"" + label_escape(m.config().optimizer) +
-                   "\",params=\"" + std::to_string(m.registry().total_numel()) + "\"",
+                   "\",params=\"" + std::to_string(m.registry_summary().numel) + "\"",
                1);
     const auto acts = m.activity().snapshot();
+    net.add(model, static_cast<double>(m.comm_figures(m.first_local_rank()).network_bytes_sent));
     for (int r = m.first_local_rank(); r < m.first_local_rank() + m.local_ranks(); ++r) {
       const std::string rl = model + ",rank=\"" + std::to_string(r) + "\"";
       const RankActivity& a = acts[static_cast<size_t>(r)];
@@ -153,9 +164,8 @@ std::string render_metrics(Server& server) {
         lr.add(rl, a.lr);
         gnorm.add(rl, a.grad_norm);
       }
-      const zd_comm_figures cf = m.comm().figures(r);
+      const zd_comm_figures cf = m.comm_figures(r);
       comm.add(rl, static_cast<double>(cf.bytes_sent));
-      net.add(rl, static_cast<double>(cf.network_bytes_sent));
       colls.add(rl, static_cast<double>(cf.collectives));
       nvme_r.add(rl, static_cast<double>(c.nvme_read_bytes.load(std::memory_order_relaxed)));
       nvme_w.add(rl, static_cast<double>(c.nvme_write_bytes.load(std::memory_order_relaxed)));
@@ -174,6 +184,8 @@ std::string render_metrics(Server& server) {
       for (int t = 0; t < ZD_TIER_COUNT; ++t)
         opt.add(rl + ",tier=\"" + tier_name(t) + "\"",
                 seconds(c.optimizer_ns[static_cast<size_t>(t)].load(std::memory_order_relaxed)));
+      overlapped.add(rl, static_cast<double>(c.overlapped_updates.load(std::memory_order_relaxed)));
+      uwait.add(rl, seconds(c.update_wait_ns.load(std::memory_order_relaxed)));
     }
   }
   std::string out;

@@ -44,6 +44,7 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   const auto n = static_cast<size_t>(local_ranks);
   attached_.assign(n, false);
   gone_.assign(n, false);
+  lost_.assign(n, "");
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
   finalizing_.assign(n, false);
@@ -84,6 +85,7 @@ ModelHost::~ModelHost() {
 void ModelHost::attach(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   attached_[at(rank)] = true;
+  lost_[at(rank)].clear();
 }
 
 void ModelHost::detach(int rank, bool lost, const std::string& reason) {
@@ -92,6 +94,11 @@ void ModelHost::detach(int rank, bool lost, const std::string& reason) {
     if (!attached_[at(rank)]) return;
     attached_[at(rank)] = false;
     gone_[at(rank)] = true;
+    // Kept as kept_because() says it: "rank 1 (pid 7) is gone: ..." from a
+    // session, "rank 1 exited with status 3" from the launcher's "exited ...".
+    lost_[at(rank)] = !lost ? ""
+                      : reason.rfind("rank ", 0) == 0 ? reason
+                                                      : "rank " + std::to_string(rank) + " " + reason;
   }
   if (model_->world_size() > 1) {
     if (lost)
@@ -113,6 +120,17 @@ bool ModelHost::anyone_attached() const {
   return false;
 }
 
+std::string ModelHost::kept_because(bool keep_state_anyway) const {
+  if (!keep_state_anyway && !model_->config().keep_state_on_disconnect) return "";
+  // Not finalized: nothing a restart could resume (can_reattach wants a
+  // finalized model), so keeping it would only hold its memory.
+  if (!model_->finalized()) return "";
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < lost_.size(); ++i)
+    if (!lost_[i].empty()) return lost_[i];
+  return "";  // every rank destroyed it
+}
+
 bool ModelHost::can_reattach(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t r = at(rank);
@@ -125,6 +143,7 @@ void ModelHost::reattach(int rank) {
   const size_t r = at(rank);
   attached_.at(r) = true;
   gone_[r] = false;
+  lost_[r].clear();
   reattaching_[r] = true;
   verified_[r] = 0;
 }

@@ -56,6 +56,15 @@ class ModelHost {
   bool anyone_attached() const;
 
   // --- restart (the job keeps its state) -----------------------------------
+  // Once no rank is attached: why the model is worth keeping for a restart
+  // (how a rank was lost: "rank 1 (pid 7) is gone: ..."), or "" when it
+  // should go. A model is kept when
+  // its job keeps state (daemon.keep_state, or keep_state_anyway: the
+  // daemon's own --job says so), it was finalized, and some rank was lost
+  // (its connection ended without zd_model_destroy) since it last attached.
+  // A model every rank destroyed is done: a new run of the same script
+  // must start from its own initial values, not from this run's end.
+  std::string kept_because(bool keep_state_anyway) const;
   // Whether rank may re-attach: the job keeps state and that rank left or
   // was lost.
   bool can_reattach(int rank) const;
@@ -91,6 +100,7 @@ class ModelHost {
   size_t at(int rank) const;
   std::vector<bool> attached_;
   std::vector<bool> gone_;          // left or lost since it last attached
+  std::vector<std::string> lost_;   // why it was lost since it last attached; "" if it was not
   std::vector<bool> reattaching_;
   std::vector<int> verified_;       // parameters re-registered, per rank
   std::vector<bool> finalizing_;    // in finish_reattach, waiting for the others

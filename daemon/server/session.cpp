@@ -17,6 +17,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -70,8 +71,15 @@ void Session::run() {
 
 bool Session::serve_frame(std::string* why) {
   transport::Frame frame;
+  // Before the hello, the connection has hello_timeout_ms in all to say it.
+  int timeout_ms = transport::kWaitForever;
+  if (!greeted_) {
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - accepted_).count();
+    timeout_ms = std::max<int>(1, server_.hello_timeout_ms() - static_cast<int>(waited));
+  }
   try {
-    frame = conn_.receive(wire::kMaxBody);
+    frame = conn_.receive(wire::kMaxBody, timeout_ms);
   } catch (const transport::ProtocolError& e) {
     // A frame we cannot take: answer it, then keep serving this client if
     // the stream is still in step, else close it. Other clients never notice.
@@ -93,6 +101,19 @@ bool Session::serve_frame(std::string* why) {
     // Only here does "peer lost" mean this client went away; from a
     // request it means another rank did, and is answered like any error.
     if (e.code() == ZD_ERR_PEER_LOST) return false;
+    if (e.code() == ZD_ERR_TIMEOUT && !greeted_) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", server_.hello_timeout_ms() / 1000.0);
+      *why = std::string("it sent no hello within ") + secs + " s of connecting";
+      log_warn("connection from pid " + std::to_string(pid_) + ": " + *why + "; closing it");
+      v1::Reply err;
+      wire::set_error(&err, ZD_ERR_TIMEOUT, "the daemon closes a connection that " + *why);
+      try {
+        wire::send(conn_, wire::kReply, 0, err, {}, 1000);  // a client that reads nothing keeps us no longer
+      } catch (...) {
+      }
+      return false;
+    }
     if (conn_.receive_out_of_step()) {  // a system error mid-frame: cannot go on
       *why = std::string("its connection failed (") + e.what() + ")";
       return false;

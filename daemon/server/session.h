@@ -44,6 +44,10 @@ class Session {
   void stop();  // wakes the thread (shutdown of the socket, and of the ring)
   void join();
   bool finished() const { return finished_.load(); }
+  // It said hello (as a rank or an observer).
+  bool greeted() const { return greeted_.load(); }
+  std::chrono::steady_clock::time_point accepted() const { return accepted_; }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   int rank() const { return rank_; }
   int pid() const { return pid_; }
 
@@ -101,7 +105,9 @@ class Session {
   transport::Connection conn_;
   std::thread thread_;
   std::atomic<bool> finished_{false};
-  bool greeted_ = false;
+  std::atomic<bool> greeted_{false};
+  // Until the hello: when the connection was accepted (ServerOptions::hello_timeout_ms).
+  std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
   bool observer_ = false;
   bool stream_signals_ = false;  // the client maps a page of GPU stream signals (hello)
   int rank_ = -1;

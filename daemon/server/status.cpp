@@ -57,9 +57,12 @@ void fill_status(Server& server, v1::StatusReply* out) {
     if (server.multi_job()) ms->set_served_job(host->job()->label);
     ms->set_zero_stage(m.config().zero_stage);
     ms->set_optimizer(m.config().optimizer);
-    ms->set_params(static_cast<int32_t>(m.registry().params().size()));
-    ms->set_modules(static_cast<int32_t>(m.registry().modules().size()));
-    ms->set_numel(static_cast<int64_t>(m.registry().total_numel()));
+    // Ranks may be registering on their threads: a summary read under the
+    // registry's lock, never the registry itself.
+    const Model::RegistrySummary reg = m.registry_summary();
+    ms->set_params(static_cast<int32_t>(reg.params));
+    ms->set_modules(static_cast<int32_t>(reg.modules));
+    ms->set_numel(static_cast<int64_t>(reg.numel));
     ms->set_finalized(m.finalized());
     ms->set_broken(m.broken_reason());
     const auto acts = m.activity().snapshot();
@@ -72,7 +75,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
       rs->set_state(rank_state(a, host->attached(r)));
       rs->set_step(a.step);
       rs->set_micro_step(a.micro_step);
-      rs->set_comm_bytes_sent(m.comm().bytes_sent(r));
+      rs->set_comm_bytes_sent(m.comm_figures(r).bytes_sent);  // not comm(): a restart may replace it meanwhile
       const MemoryLedger& l = m.ledger(r);
       for (int t = 0; t < ZD_TIER_COUNT; ++t) {
         v1::TierBytes* tb = rs->add_tiers();

@@ -180,8 +180,10 @@ std::string render_frame(const v1::StatusReply& st, const Snapshot& now, const S
           late.pop_back();
         }
       }
-      f.linef("  rank %-3d prefetch wait %4.1f%%  peers %4.1f%%%s  reduce %4.1f%%  nvme %4.1f%% | comm %s/s, nvme %s/s in, %s/s out",
-              r.rank(), share("zerod_prefetch_wait_seconds_total"), share("zerod_peer_wait_seconds_total"),
+      f.linef("  rank %-3d prefetch wait %4.1f%%  update wait %4.1f%%  peers %4.1f%%%s  reduce %4.1f%%  nvme %4.1f%% | "
+              "comm %s/s, nvme %s/s in, %s/s out",
+              r.rank(), share("zerod_prefetch_wait_seconds_total"), share("zerod_update_wait_seconds_total"),
+              share("zerod_peer_wait_seconds_total"),
               late.empty() ? "" : (" (rank " + late + " late)").c_str(), share("zerod_reduce_wait_seconds_total"),
               share("zerod_nvme_wait_seconds_total"), human_bytes(per_s("zerod_comm_sent_bytes_total")).c_str(),
               human_bytes(per_s("zerod_nvme_read_bytes_total")).c_str(),

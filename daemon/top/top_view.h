@@ -1,8 +1,9 @@
 // One frame of `zerod top`: the daemon's models and ranks, each rank's step
 // rate, step time, tokens per second and loss, its tiers filling, and where
-// its time went since the last frame (waiting on prefetch, on other ranks,
-// on reductions, on NVMe). Built from the status reply and the metrics text
-// it carries; the rates come from the difference to the previous frame.
+// its time went since the last frame (waiting on prefetch, on the
+// overlapped update, on other ranks, on reductions, on NVMe). Built from the
+// status reply and the metrics text it carries; the rates come from the
+// difference to the previous frame.
 #pragma once
 
 #include "prom_text.h"

@@ -58,7 +58,7 @@ void run_memory(Model& m, int rank, const Args& a, void*, Outcome& o) {
   o.budget = l.budget(a.tier);
 }
 void run_comm_figures(Model& m, int rank, const Args& a, void*, Outcome& o) {
-  const zd_comm_figures f = m.comm().figures(asked_rank(m, rank, a, "figures"));
+  const zd_comm_figures f = m.comm_figures(asked_rank(m, rank, a, "figures"));
   o.bytes_sent = f.bytes_sent;
   o.network_bytes_sent = f.network_bytes_sent;
   o.collectives = f.collectives;

@@ -21,6 +21,13 @@ bool plugin_takes_pool(const ModelContext& ctx, const RankResources& res) {
          (ctx.comm().memory() & ZD_COMM_MEMORY_CUDA) != 0;
 }
 
+// A peer collective never reaches the comm plugin, which counts the rank's
+// traffic: counted here as the plugin would have counted it.
+void count_peer_collective(RankResources& res, const ModelContext& ctx, observe::RingCollective kind,
+                           uint64_t bytes) {
+  res.probe.counters().count_direct(kind, bytes, ctx.world_size);
+}
+
 // One collective between the devices of one process. Each rank posts where
 // its buffers are and a mark after the work that wrote them; once everyone
 // has, its stream waits for every peer's mark and reads their buffers.
@@ -81,6 +88,7 @@ void pool_all_gather(const ModelContext& ctx, RankResources& res, const zd_comm_
       d.copy_peer(dst, *p.device, p.send, bytes);
     }
     pc.done();
+    count_peer_collective(res, ctx, observe::RingCollective::all_gather, bytes);
     return;
   }
   if (plugin_takes_pool(ctx, res)) {
@@ -115,6 +123,7 @@ void pool_reduce_scatter(const ModelContext& ctx, RankResources& res, const zd_c
       srcs.push_back({p.device, static_cast<const std::byte*>(p.send) + static_cast<uint64_t>(c.rank) * bytes});
     d.sum_peers(recv, dt, recv_count, srcs);
     pc.done();
+    count_peer_collective(res, ctx, observe::RingCollective::reduce_scatter, bytes);
     return;
   }
   if (plugin_takes_pool(ctx, res)) {
@@ -165,6 +174,7 @@ void pool_all_reduce(const ModelContext& ctx, RankResources& res, const zd_comm_
       throw;
     }
     d.release(scratch, ZD_MEM_BUFFERS);
+    count_peer_collective(res, ctx, observe::RingCollective::all_reduce, count * esz);
     return;
   }
   if (plugin_takes_pool(ctx, res)) {

@@ -26,6 +26,7 @@ class CpuDevice final : public Device {
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& block, zd_mem_kind kind) override;
+  uint64_t block_align() const override { return DevicePool::kAlign; }
   std::vector<PoolExport> exports() const override;
   void register_host(void*, uint64_t) override {}
   void unregister_host(void*) override {}

@@ -158,6 +158,7 @@ class CudaDevice final : public Device {
     }
   }
 
+  uint64_t block_align() const override { return kAlign; }
   void release(const Block& block, zd_mem_kind kind) override {
     if (!block) return;
     {

@@ -16,15 +16,10 @@ CudaAvailability cuda_probe();
 
 // Opens the GPU `local_rank` modulo the GPUs seen (-1: the calling thread's
 // current GPU, as an in-process trainer has it). Without a device budget in
-// the job, the budget becomes kDefaultBudgetShare of the GPU's free memory.
+// the job, the budget becomes kDefaultBudgetShare (select.h) of the GPU's free memory.
 // shared: a daemon's device, whose pool and stream order a trainer in
 // another process shares (exports(), stream_link()).
 std::unique_ptr<Device> make_cuda_device(MemoryLedger& ledger, Workers& workers, int local_rank,
                                          const std::string& name, bool shared = false);
-
-// The share of the GPU's free memory (when the model is created) that the
-// device tier may use when the job sets no budget: the rest is the
-// trainer's (activations, its own workspace) and CUDA's.
-constexpr double kDefaultBudgetShare = 0.9;
 
 }  // namespace zerod

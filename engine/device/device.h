@@ -95,6 +95,11 @@ class Device {
   // budget, ZD_ERR_OUT_OF_MEMORY when the device refuses. ---
   virtual Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) = 0;
   virtual void release(const Block& block, zd_mem_kind kind) = 0;
+  // Every block is rounded up to a multiple of this, and charged so: the
+  // plan (Placement::need_table) rounds the device row alike, so that it
+  // is the ledger's figure on every device (a GPU's 256 bytes, the cpu
+  // pool's 64).
+  virtual uint64_t block_align() const = 0;
   // The regions blocks live in that another process can map (the daemon
   // passes them to its trainers), in creation order; empty when the pool
   // cannot be shared.

@@ -46,12 +46,12 @@ std::string EmulatedDevice::describe() const {
 }
 
 Block EmulatedDevice::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
-  const uint64_t size = (std::max<uint64_t>(bytes, 1) + 255) / 256 * 256;
+  const uint64_t size = (std::max<uint64_t>(bytes, 1) + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
   ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
   uint64_t off = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!heap_.allocate(size, 256, &off)) {
+    if (!heap_.allocate(size, kBlockAlign, &off)) {
       ledger_.release(ZD_TIER_DEVICE, kind, size);
       fail(ZD_ERR_OUT_OF_MEMORY, "emulated device: out of its " + format_bytes(space_) + " for " + what);
     }

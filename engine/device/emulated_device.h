@@ -58,6 +58,9 @@ class EmulatedDevice : public Device {
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& b, zd_mem_kind kind) override;
+  // As a GPU rounds its blocks (cudaMalloc's alignment).
+  static constexpr uint64_t kBlockAlign = 256;
+  uint64_t block_align() const override { return kBlockAlign; }
   std::vector<PoolExport> exports() const override;
   void register_host(void* p, uint64_t) override { on_host(p, "register_host"); }
   void unregister_host(void* p) override { on_host(p, "unregister_host"); }

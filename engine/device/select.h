@@ -21,6 +21,12 @@ struct CudaAvailability {
 };
 CudaAvailability cuda_availability();
 
+// The share of a GPU's free memory (when the model is created) that the
+// device tier may use when the job sets no budget: the rest is the
+// trainer's (activations, its own workspace) and CUDA's. The cuda device
+// applies it; `zerod plan --device-memory` plans with it.
+constexpr double kDefaultBudgetShare = 0.9;
+
 // "cpu" or "cuda" for a job script's choice; "auto" becomes "cuda" where
 // this process sees a GPU, else "cpu". "emulated" (device memory the engine
 // cannot address, on the CPU: a daemon's ranks only, for tests of the GPU

@@ -4,6 +4,7 @@
 #include "memory/arena.h"
 #include "runtime/dtype.h"
 #include "error.h"
+#include "log.h"
 #include "compression/momentum_compression.h"
 
 #include <algorithm>
@@ -54,6 +55,32 @@ void Placement::decide() {
     for (const auto& m : problems) msg += "\n  " + m;
     fail(ZD_ERR_CONFIG, msg);
   }
+  warn_of_a_ratio_with_nothing_to_split();
+}
+
+// offload.ratio is the share of what offload.optimizer moves, the masters
+// and the optimizer state where placement() left them to it (DeepSpeed's
+// offload_optimizer.ratio, ZeRO-Offload++'s partial offload); the stage-3
+// parameter shards go where offload.params says, whole. A ratio with none
+// of the former off the device does nothing, which a job that set it
+// expecting its parameter shards split would not see without this line.
+void Placement::warn_of_a_ratio_with_nothing_to_split() const {
+  const OffloadConfig& off = ctx_.config.offload;
+  if (off.ratio >= 1.0) return;
+  for (const Entry& e : entries_)
+    if ((!e.master_explicit && e.master != ZD_TIER_DEVICE) || (!e.optimizer_explicit && e.optimizer != ZD_TIER_DEVICE))
+      return;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%g", off.ratio);
+  std::string why = off.optimizer == ZD_TIER_DEVICE
+                        ? "offload.optimizer is \"device\""
+                        : "the job's placement() placed every master and optimizer state itself";
+  if (ctx_.params_partitioned() && off.params != ZD_TIER_DEVICE)
+    why += std::string("; offload.params = \"") + tier_name(off.params) +
+           "\" moves every parameter shard whole, whatever the ratio";
+  log_warn("offload.ratio = " + std::string(ratio) + " moves nothing (" + ctx_.config.source +
+           "): it is the share of the fp32 master copies and optimizer state that offload.optimizer moves off the "
+           "device, and " + why);
 }
 
 void Placement::check_device(const Device& device, const Memory& pool, int rank) const {
@@ -104,14 +131,31 @@ std::vector<TierRun> Placement::tier_runs(size_t group, int rank, Holds what) co
   const uint64_t dom_lo = by_param ? 0 : ctx_.owned_begin(g, rank);
   const uint64_t dom_n = ctx_.owned_count(g);
   // Each parameter covers its elements and the alignment gap after them.
+  auto start_of = [&](size_t k) {
+    const ParamRecord& p = ctx_.registry.param(g.params[k]);
+    return by_param ? p.flat_offset : p.full_offset;
+  };
+  // The parameters are in element order: start at the last one that begins
+  // at or before the rank's range, stop at the first that begins past it.
+  // Each rank then reads only its own part of the group, not all of it
+  // (`zerod plan` and finalize's budget check lay out every rank: a group
+  // of 10^6 tensors on 4096 ranks took half an hour).
+  size_t first = 0;
+  for (size_t lo = 0, hi = g.params.size(); lo < hi;) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (start_of(mid) <= dom_lo) {
+      first = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
   std::vector<TierRun> raw;
   std::vector<bool> defaulted;  // the run's tier is the offload default
-  for (size_t k = 0; k < g.params.size(); ++k) {
-    const ParamRecord& p = ctx_.registry.param(g.params[k]);
-    const ParamRecord* next = k + 1 < g.params.size() ? &ctx_.registry.param(g.params[k + 1]) : nullptr;
-    const uint64_t lo = by_param ? p.flat_offset : p.full_offset;
-    const uint64_t hi = next ? (by_param ? next->flat_offset : next->full_offset)
-                             : (by_param ? g.flat_numel : g.full_numel);
+  for (size_t k = first; k < g.params.size(); ++k) {
+    const uint64_t lo = start_of(k);
+    if (lo >= dom_lo + dom_n) break;
+    const uint64_t hi = k + 1 < g.params.size() ? start_of(k + 1) : (by_param ? g.flat_numel : g.full_numel);
     const uint64_t a = std::max(lo, dom_lo), b = std::min(hi, dom_lo + dom_n);
     if (a >= b) continue;
     const Entry& e = entries_[static_cast<size_t>(g.params[k])];
@@ -212,7 +256,7 @@ NeedTable Placement::need_table(int rank) const {
   const uint64_t nvme_align = nvme_alignment();
   auto bytes_in = [&](zd_tier t, uint64_t b) {
     switch (t) {
-      case ZD_TIER_DEVICE: return align_up(b, DevicePool::kAlign);
+      case ZD_TIER_DEVICE: return align_up(b, device_align_);
       case ZD_TIER_HOST: return align_up(b, 64);
       default: return align_up(b, nvme_align);
     }
@@ -223,6 +267,7 @@ NeedTable Placement::need_table(int rank) const {
   };
   const Registry& reg = ctx_.registry;
   const bool p3 = ctx_.params_partitioned();
+  std::array<uint64_t, ZD_TIER_COUNT> scratch{};  // per tier, the largest of its groups' (CompressionBytes::scratch)
   for (size_t gi = 0; gi < reg.groups().size(); ++gi) {
     const ParamGroup& g = reg.groups()[gi];
     const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
@@ -233,9 +278,10 @@ NeedTable Placement::need_table(int rank) const {
     add_runs(tier_runs(gi, rank, Holds::Params), dtype_size(g.dtype), ZD_MEM_PARAMS, 1);
     add_runs(tier_runs(gi, rank, Holds::Master), 4, ZD_MEM_MASTER, 1);
     if (slots) add_runs(tier_runs(gi, rank, Holds::Optimizer), ctx_.state_size(), ZD_MEM_OPTIMIZER, slots);
-    const CompressionBytes cb = compression_bytes(ctx_, gi);
+    const CompressionBytes cb = compression_bytes(ctx_, gi, rank);
     if (cb.grads) need[static_cast<size_t>(gt)][ZD_MEM_GRADS] += bytes_in(gt, cb.grads);
     if (cb.buffers) need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, cb.buffers);
+    scratch[static_cast<size_t>(gt)] = std::max(scratch[static_cast<size_t>(gt)], cb.scratch);
     if (cb.params) need[static_cast<size_t>(gt)][ZD_MEM_PARAMS] += bytes_in(gt, cb.params);
     for (uint64_t b : cb.optimizer) need[static_cast<size_t>(gt)][ZD_MEM_OPTIMIZER] += bytes_in(gt, b);
     // Stage 1 on several ranks: the owned range the step reduce-scatters
@@ -243,6 +289,8 @@ NeedTable Placement::need_table(int rank) const {
     if (ctx_.world_size > 1 && ctx_.partitioned(ZD_PARTITION_OPTIMIZER) && !ctx_.partitioned(ZD_PARTITION_GRADS))
       need[static_cast<size_t>(gt)][ZD_MEM_BUFFERS] += bytes_in(gt, g.stride * dtype_size(ctx_.grad_dtype(g)));
   }
+  for (size_t t = 0; t < scratch.size(); ++t)
+    if (scratch[t]) need[t][ZD_MEM_BUFFERS] += bytes_in(static_cast<zd_tier>(t), scratch[t]);
   if (p3)
     for (const ParamRecord& p : reg.params())
       if (p.persistent)
@@ -297,7 +345,7 @@ std::vector<uint64_t> Placement::staging_layout(int rank) const {
   return layout;
 }
 
-std::string Placement::table(const TierPlan& plan, bool* fits) const {
+std::string Placement::table(const TierPlan& plan, bool* fits) {
   bool over = false;
   std::ostringstream table;
   table << "  tier     params      grads       master      optimizer   buffers     total       budget\n";
@@ -322,15 +370,19 @@ std::string Placement::table(const TierPlan& plan, bool* fits) const {
   return table.str();
 }
 
-void Placement::check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const {
-  // The rank that needs the most in each cell (ranks differ only by padding).
-  TierPlan worst;
-  worst.need = need_table(0);
-  for (int r = 1; r < ctx_.world_size; ++r) {
-    const NeedTable n = need_table(r);
+NeedTable worst_cells(const std::vector<NeedTable>& tables) {
+  NeedTable worst(ZD_TIER_COUNT);
+  for (const NeedTable& n : tables)
     for (size_t t = 0; t < n.size(); ++t)
-      for (size_t k = 0; k < n[t].size(); ++k) worst.need[t][k] = std::max(worst.need[t][k], n[t][k]);
-  }
+      for (size_t k = 0; k < n[t].size(); ++k) worst[t][k] = std::max(worst[t][k], n[t][k]);
+  return worst;
+}
+
+void Placement::check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const {
+  std::vector<NeedTable> ranks;
+  for (int r = 0; r < ctx_.world_size; ++r) ranks.push_back(need_table(r));
+  TierPlan worst;
+  worst.need = worst_cells(ranks);
   worst.budget = budgets;
   bool fits = true;
   const std::string text = table(worst, &fits);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "model/job_config.h"
+#include "memory/arena.h"
 #include "memory/host_staging.h"
 #include "memory/ledger.h"
 #include "model/model_context.h"
@@ -39,7 +40,9 @@ class Placement {
 
   // Asks the policy once per parameter and kind (the registry is laid out).
   // Called once, so every rank places alike. Throws ZD_ERR_CONFIG listing
-  // every tensor that cannot go where it was placed.
+  // every tensor that cannot go where it was placed; warns where
+  // offload.ratio < 1 splits nothing (it applies to offload.optimizer's
+  // masters and state, never to the stage-3 parameter shards).
   void decide();
 
   // The tier runs of one of a rank's buffers of a group, in element order.
@@ -62,6 +65,10 @@ class Placement {
   // It also records bytes_travel for host_staging().
   void decide_window(uint64_t device_budget, bool bytes_travel, int rank);
   bool window_on_device(size_t group, int rank) const { return window_ && grad_tier(group, rank) != ZD_TIER_DEVICE; }
+  // The ranks' device rounds its blocks up to this (Device::block_align),
+  // and need_table counts the device row so; set once, before the plan is
+  // asked for.
+  void set_device_block_align(uint64_t align) { device_align_ = align; }
 
   NeedTable need_table(int rank) const;
   // Bytes of one NVMe staging buffer per optimizer operand (master, each
@@ -80,10 +87,10 @@ class Placement {
   };
   HostStagingNeed host_staging(int rank) const;
   // The table finalize refuses with and `zerod plan` prints; *fits tells
-  // whether every tier is within its budget.
-  std::string table(const TierPlan& plan, bool* fits) const;
-  // The worst rank's needs against the budgets; throws ZD_ERR_BUDGET with
-  // the table when a tier does not fit.
+  // whether every tier is within its budget (fits may be null).
+  static std::string table(const TierPlan& plan, bool* fits);
+  // The worst rank's needs against the budgets (worst_cells over every
+  // rank); throws ZD_ERR_BUDGET with the table when a tier does not fit.
   void check_budgets(const std::array<uint64_t, ZD_TIER_COUNT>& budgets) const;
 
   // Refuses (ZD_ERR_CONFIG, naming the tensor and what to do) a placement
@@ -105,6 +112,8 @@ class Placement {
     // offload ratio applies only to the default ones).
     bool master_explicit = false, optimizer_explicit = false;
   };
+  // decide()'s warning where offload.ratio < 1 has nothing to split.
+  void warn_of_a_ratio_with_nothing_to_split() const;
   // Tier boundaries fall on multiples of this many elements, so every NVMe
   // transfer starts at an aligned offset whatever the element size.
   uint64_t tier_granule() const { return nvme_align_.load() / 2; }  // the smallest element is 2 bytes
@@ -115,6 +124,13 @@ class Placement {
   std::atomic<uint64_t> nvme_align_{4096};
   bool window_ = false;
   bool bytes_travel_ = false;  // as decide_window was told
+  uint64_t device_align_ = DevicePool::kAlign;
 };
+
+// The most any of the ranks' tables needs in each cell: what finalize holds
+// to the budgets (Placement::check_budgets) and `zerod plan` judges by.
+// Ranks differ by padding, and by which tensors their shards hold where a
+// placement policy or the ratio put some of them elsewhere.
+NeedTable worst_cells(const std::vector<NeedTable>& tables);
 
 }  // namespace zerod

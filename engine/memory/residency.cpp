@@ -110,7 +110,13 @@ void Residency::copy_module(ShardBoard& board, const std::vector<zd_param_id>& t
   const bool compare_now = !defer || board.all_arrived(k);
   if (!board.readable(epoch)) board.await_readable(res_.rank, epoch, "gathering " + ctx_.module_label(m));
   if (compare_now) check_agreement(board, m, k);
-  for (zd_param_id pid : todo) copy_shards(board, pid);
+  observe::RankCounters& counted = res_.probe.counters();
+  for (zd_param_id pid : todo) {
+    copy_shards(board, pid);
+    // Counted as the plugin's all-gather of the parameter it replaces.
+    const ParamRecord& p = ctx_.registry.param(pid);
+    counted.count_direct(observe::RingCollective::all_gather, p.stride * dtype_size(p.dtype), ctx_.world_size);
+  }
   if (!compare_now) unsettled_ = Unsettled{true, m, k};
 }
 

@@ -232,6 +232,19 @@ const Model::RankState& Model::rank_state(int rank) const { return const_cast<Mo
 const MemoryLedger& Model::ledger(int rank) const { return rank_state(rank).res.ledger; }
 const Device& Model::device(int rank) const { return *rank_state(rank).res.device; }
 StepFigures Model::last_step(int rank) const { return rank_state(rank).last; }
+
+zd_comm_figures Model::comm_figures(int rank) const {
+  zd_comm_figures f;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);  // status and metrics call this while recover() may swap it
+    f = plugins_.comm->figures(rank);
+  }
+  const observe::RankCounters& c = counters(rank);
+  f.bytes_sent += c.direct_bytes_sent.load(std::memory_order_relaxed);
+  f.collectives += c.direct_collectives.load(std::memory_order_relaxed);
+  return f;
+}
+
 double Model::loss_scale(int rank) const { return rank_state(rank).scaler.scale(); }
 
 void Model::require_finalized(const char* call) const {
@@ -289,7 +302,9 @@ void Model::rank_lost(int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     mark_broken_locked(ZD_ERR_PEER_LOST, message);
   }
-  // Wakes every rank waiting for the lost one in a collective.
+  // Wakes every rank waiting for the lost one in a collective. Called from
+  // threads that are not ranks (the launcher, the daemon's stop).
+  std::lock_guard<std::mutex> lock(comm_mu_);
   plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
 }
 
@@ -299,6 +314,7 @@ void Model::rank_left(int rank, const std::string& reason) {
   const std::string message = "rank " + std::to_string(rank) + " left the job: " + reason;
   if (shard_board_) shard_board_->rank_left(rank, message);
   if (peer_board_) peer_board_->abort(ZD_ERR_PEER_LOST, message);
+  std::lock_guard<std::mutex> lock(comm_mu_);
   plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
 }
 

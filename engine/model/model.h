@@ -87,7 +87,16 @@ class Model final : private FailureSink {
   // A collective: returns on every rank once all ranks have finalized.
   void finalize(int rank);
   bool finalized() const { return finalized_.load(); }
+  // The registry grows while ranks register, on their threads: read it
+  // from those threads, or after finalize. Other threads (status, metrics)
+  // take registry_summary(), read under the registration lock.
   const Registry& registry() const { return registry_; }
+  struct RegistrySummary {
+    size_t params = 0;
+    size_t modules = 0;
+    uint64_t numel = 0;  // elements of every parameter
+  };
+  RegistrySummary registry_summary() const;
 
   // --- one step, per rank ---------------------------------------------------
   void forward_begin(int rank, zd_module_id module);
@@ -177,6 +186,9 @@ class Model final : private FailureSink {
   // What finalize would place on each tier, per rank and kind, without
   // allocating anything: the same placement code, so the plan is the real
   // figure. Registration must be complete; the model is laid out by it.
+  // Against the rank's own budgets; a placement the rank's device cannot
+  // run is refused (ZD_ERR_CONFIG) as finalize refuses it. Every rank's
+  // table, not one: ranks differ (worst_cells, memory/placement.h).
   TierPlan plan(int rank);
   // The budget table text (as finalize refuses with), and whether it fits.
   std::string plan_table(const TierPlan& p, bool* fits) const { return placement_.table(p, fits); }
@@ -189,7 +201,15 @@ class Model final : private FailureSink {
   const JobConfig& config() const { return config_; }
   const OptimizerInstance& optimizer() const { return *plugins_.optimizer; }
   const PartitionerInstance& partitioner() const { return *plugins_.partitioner; }
+  // The comm plugin's instance, for the ranks' own threads: recover()
+  // replaces it while no rank is inside the model. Other threads read
+  // through comm_figures(), which holds comm_mu_ against the replacement.
   const CommInstance& comm() const { return *plugins_.comm; }
+  // The rank's traffic (zd_model_comm_figures, the metrics): the comm
+  // plugin's figures and the collectives the engine ran without it (stage
+  // 3's one-sided gathers, the peer collectives between a daemon's GPUs),
+  // counted alike. comm().figures() alone misses the latter.
+  zd_comm_figures comm_figures(int rank) const;
   uint32_t partitions() const { return ctx_.partitions; }
   const MemoryLedger& ledger(int rank) const;
   const Device& device(int rank) const;
@@ -285,8 +305,17 @@ class Model final : private FailureSink {
   double base_lr_ = 0.0;
 
   std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason
+  // plugins_.comm's replacement (recover) against the threads that are not
+  // the ranks': status and metrics (comm_figures), and rank_lost /
+  // rank_left from the launcher, a leaving rank or the daemon's stop.
+  mutable std::mutex comm_mu_;
   std::atomic<bool> finalized_{false};
   bool laid_out_ = false;
+  uint64_t registered_numel_ = 0;  // registry_summary()'s elements, summed as parameters are added
+  // plan() has checked the placement against the device (check_device
+  // reads every parameter and is the same for every rank: once, not per
+  // rank, or planning 4096 ranks reads them 4096 times).
+  std::once_flag plan_device_checked_;
   std::vector<std::pair<int64_t, double>> lr_cache_;  // (step, lr), a few recent ones
   std::vector<std::pair<int64_t, zd_optimizer_plan>> plan_cache_;  // (step, plan), a few recent ones
   std::string broken_;

@@ -63,6 +63,7 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
     id = static_cast<zd_param_id>(index);
   } else {
     id = registry_.add(name, module, dtype, std::move(shape));
+    registered_numel_ += static_cast<uint64_t>(registry_.params().back().numel);
   }
   // Rank 0's values win; a node without rank 0 stages its first rank's and
   // replaces them with rank 0's at finalize (share_initial_values).
@@ -72,6 +73,13 @@ zd_param_id Model::register_param(int rank, const std::string& name, const std::
   }
   ++rs.registered;
   return id;
+}
+
+Model::RegistrySummary Model::registry_summary() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  // Counted as they register, not summed here: an observer asking without
+  // a pause would hold the lock the registering ranks need for as long.
+  return RegistrySummary{registry_.params().size(), registry_.modules().size(), registered_numel_};
 }
 
 void Model::check_registrations() {
@@ -198,6 +206,7 @@ void Model::lay_out_once() {
   registry_.lay_out(policy);
   placement_.decide();
   const RankResources& first = ranks_.front()->res;
+  placement_.set_device_block_align(first.device->block_align());
   placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.transfers.bytes_travel(), first.rank);
   laid_out_ = true;
   if (tracer_) {
@@ -382,9 +391,15 @@ void Model::release_rank(RankState& rs) {
 
 TierPlan Model::plan(int rank) {
   lay_out_once();
+  // What finalize refuses before it counts (a placement the device cannot
+  // run) is refused here too: a plan that fits is one finalize takes.
+  // Every rank's device is of the job's one kind.
+  const RankState& rs = rank_state(rank);
+  std::call_once(plan_device_checked_,
+                 [&] { placement_.check_device(*rs.res.device, rs.res.pool_memory, rank); });
   TierPlan p;
   p.need = placement_.need_table(rank);
-  for (int t = 0; t < ZD_TIER_COUNT; ++t) p.budget[static_cast<size_t>(t)] = ranks_[0]->res.ledger.budget(t);
+  for (int t = 0; t < ZD_TIER_COUNT; ++t) p.budget[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
   return p;
 }
 

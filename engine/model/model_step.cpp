@@ -252,7 +252,12 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     }
     rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || rs->res.transfers.bytes_travel());
   }
-  plugins_.comm = std::move(comm);
+  {
+    // Status, metrics and rank_lost read the comm from other threads.
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    plugins_.comm.swap(comm);
+  }
+  comm.reset();  // the old one, outside the lock: its teardown may take a while
   board_->reset();  // the new comm numbers its collectives from the start
   if (shard_board_) shard_board_->reset();
   if (peer_board_) peer_board_->reset();
@@ -270,6 +275,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     rs.micro_step = rs.applied * gas;  // the interrupted window's gradients are gone
     rs.boundary_reached = false;
     rs.res.probe.restart(rs.applied);
+    rs.res.probe.counters().forget_direct();  // as the new comm's figures start from zero
   }
   activity_.clear_lost();
   std::lock_guard<std::mutex> lock(reg_mu_);

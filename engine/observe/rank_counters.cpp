@@ -65,6 +65,31 @@ RankCounters::RankCounters(int first, int n)
   for (auto& t : optimizer_ns) t.store(0);
 }
 
+uint64_t ring_bytes(RingCollective kind, uint64_t bytes, int world) {
+  if (world < 2) return 0;
+  const uint64_t n = static_cast<uint64_t>(world);
+  switch (kind) {
+    case RingCollective::all_reduce: {
+      // 128 bits, as the plugins: 2 (N-1) * bytes may pass 2^64.
+      const unsigned __int128 twice = static_cast<unsigned __int128>(2 * (n - 1)) * bytes;
+      return static_cast<uint64_t>(twice / n);
+    }
+    case RingCollective::reduce_scatter:
+    case RingCollective::all_gather: return (n - 1) * bytes;
+  }
+  return 0;
+}
+
+void RankCounters::count_direct(RingCollective kind, uint64_t bytes, int world) {
+  add_relaxed(direct_bytes_sent, ring_bytes(kind, bytes, world));
+  add_relaxed(direct_collectives, 1);
+}
+
+void RankCounters::forget_direct() {
+  direct_bytes_sent.store(0, std::memory_order_relaxed);
+  direct_collectives.store(0, std::memory_order_relaxed);
+}
+
 double RankCounters::loss() const {
   const uint64_t bits = loss_bits.load(std::memory_order_relaxed);
   double v;

@@ -44,6 +44,16 @@ class RateWindow {
   size_t next_ = 0, size_ = 0;
 };
 
+// The collectives the engine runs on its own, by what a ring sends for them.
+enum class RingCollective { all_reduce, reduce_scatter, all_gather };
+
+// What a comm plugin counts as sent (zd_comm_figures.bytes_sent, zerod.h)
+// for one collective on a ring of `world` ranks: all_reduce 2 (N-1)/N of
+// `bytes` (the buffer), reduce_scatter and all_gather (N-1) * `bytes` (the
+// chunk received, the chunk sent). The local plugin's ring_bytes (call.h),
+// which the mpi and nccl plugins count with too, in the engine's words.
+uint64_t ring_bytes(RingCollective kind, uint64_t bytes, int world);
+
 inline void add_relaxed(std::atomic<int64_t>& a, int64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 inline void add_relaxed(std::atomic<uint64_t>& a, uint64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 
@@ -85,6 +95,17 @@ struct RankCounters {
   // disk (the pipeline's waits; the whole of a synchronous transfer).
   std::atomic<uint64_t> nvme_read_bytes{0}, nvme_write_bytes{0};
   std::atomic<int64_t> nvme_wait_ns{0};
+
+  // Collectives the engine ran without the comm plugin: stage 3's one-sided
+  // gathers (Residency::copy_module) and the collectives between a daemon's
+  // GPUs (device_comm.cpp). The plugin never sees them, so they are counted
+  // here as a plugin counts its own (ring bytes, one per call) and
+  // Model::comm_figures adds them to the plugin's figures: a rank's comm
+  // figures do not depend on which way its collectives went.
+  std::atomic<uint64_t> direct_bytes_sent{0}, direct_collectives{0};
+  void count_direct(RingCollective kind, uint64_t bytes, int world);
+  // A new comm instance (a restart) counts from zero: so do these.
+  void forget_direct();
 
   double loss() const;
   void set_loss(double v);

@@ -27,6 +27,7 @@ class TracedDevice final : public Device {
     return d_->allocate(bytes, kind, what);
   }
   void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
+  uint64_t block_align() const override { return d_->block_align(); }
   std::vector<PoolExport> exports() const override { return d_->exports(); }
   StreamLink stream_link() const override { return d_->stream_link(); }
   void register_host(void* ptr, uint64_t bytes) override { d_->register_host(ptr, bytes); }

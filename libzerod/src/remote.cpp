@@ -14,6 +14,7 @@
 #include "error.h"
 #include "launcher_env.h"
 #include "script_file.h"
+#include "sizes.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -31,8 +32,10 @@ int env_int(const char* name, int fallback) {
   if (!v || !*v) return fallback;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (*end != 0 || x < 0 || x > 1 << 20)
-    fail(ZD_ERR_INVALID_ARGUMENT, std::string(name) + "='" + v + "' is not a valid number");
+  // The daemon refuses a world size above the same bound (wire::kMaxWorldSize).
+  if (*end != 0 || x < 0 || x > wire::kMaxWorldSize)
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(name) + "='" + v + "' is not a valid number (0 to " +
+                                      std::to_string(wire::kMaxWorldSize) + ")");
   return static_cast<int>(x);
 }
 

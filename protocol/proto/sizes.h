@@ -23,6 +23,11 @@ inline constexpr uint64_t kMaxStagingBytes = uint64_t{1} << 40;
 // arithmetic on the size.
 inline constexpr uint64_t kMaxNumel = uint64_t{1} << 47;
 
+// The most ranks a job may have: the world size a hello claims is refused
+// above it before the daemon makes anything for the job, and libzerod
+// refuses ZEROD_WORLD_SIZE, ZEROD_RANK and the like above it.
+inline constexpr int kMaxWorldSize = 1 << 20;
+
 // Elements of a tensor of this shape: 1..ZD_MAX_DIMS extents, each > 0,
 // their product at most kMaxNumel, computed without overflow. Throws
 // ZD_ERR_INVALID_ARGUMENT beginning with `what` ("parameter 'w1'").

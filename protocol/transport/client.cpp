@@ -3,9 +3,12 @@
 #include "error.h"
 #include "transport/detail/deadline.h"
 #include "transport/detail/unix_address.h"
+#include "transport/peer.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +27,32 @@ const char* hint(int err) {
     case ENOTSOCK: return " — the path is not a socket";
     default: return "";
   }
+}
+
+// "uid 1000 (alice)", or "uid 1000" when the name cannot be found.
+std::string name_uid(uid_t uid) {
+  passwd pw{};
+  passwd* found = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found)
+    return "uid " + std::to_string(uid) + " (" + found->pw_name + ")";
+  return "uid " + std::to_string(uid);
+}
+
+// The daemon checks its clients' uid (SO_PEERCRED); the client checks the
+// daemon's the same way before it sends anything: a client sends its job
+// script, which names plugins to load, and memfds of its tensors. A
+// socket where another user's process listens (a path in a shared
+// directory, a ZEROD_ENDPOINT that someone else set) is refused. Root's
+// daemon is trusted, as root can read the trainer's memory anyway.
+void check_daemon_uid(int fd, const std::string& purpose) {
+  const PeerCredentials daemon = peer_credentials(fd);
+  const uid_t me = ::geteuid();
+  if (daemon.uid == me || daemon.uid == 0) return;
+  fail(ZD_ERR_IO, purpose + ": the process listening there (pid " + std::to_string(daemon.pid) + ") runs as " +
+                      name_uid(daemon.uid) + ", but this process is " + name_uid(me) +
+                      ": a client sends its job script and tensors only to a daemon of its own uid or of root. "
+                      "Point ZEROD_ENDPOINT at a daemon of your own");
 }
 
 }  // namespace
@@ -53,6 +82,7 @@ Connection connect_unix(const std::string& path, int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(nap));
     backoff_ms = std::min(backoff_ms * 2, 50);
   }
+  check_daemon_uid(s.get(), purpose);
   // Back to blocking, like an accepted socket; Connection's I/O does not
   // depend on it, but a caller handing the fd on may.
   const int flags = ::fcntl(s.get(), F_GETFL);

@@ -16,6 +16,11 @@ namespace zerod::transport {
 //   nobody listening    ZD_ERR_IO "...: Connection refused — nothing accepts
 //                       on this socket (left by a zerod that exited?)"
 //   path too long       ZD_ERR_INVALID_ARGUMENT naming the sun_path limit
+//   another user's      ZD_ERR_IO "...: the process listening there (pid 7)
+//   daemon              runs as uid 1001 (bob), but this process is uid
+//                       1000 (alice): ...": the daemon's uid (SO_PEERCRED)
+//                       must be this process's effective uid or root's,
+//                       checked before anything is sent
 Connection connect_unix(const std::string& path, int timeout_ms);
 
 }  // namespace zerod::transport

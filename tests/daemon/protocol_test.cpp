@@ -3,6 +3,7 @@
 // socket's place and modes; status.
 #include "ring_call.h"
 #include "server.h"
+#include "sizes.h"
 #include "status.h"
 #include "transport/client.h"
 #include "transport/ring.h"
@@ -10,10 +11,12 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <sys/stat.h>
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <thread>
@@ -449,4 +452,93 @@ TEST_F(MultiJob, StatusSaysWhatTheJobsHold) {
   EXPECT_NE(server::format_status(r.status()).find("serving 0 jobs; their model state holds 0 B of the 1.00 MiB"),
             std::string::npos)
       << server::format_status(r.status());
+}
+
+// A hello claims its job's world size; the daemon keeps a table per job
+// from it, so the claim is bounded (wire::kMaxWorldSize, libzerod's bound
+// on ZEROD_WORLD_SIZE too) before anything is made. A claim of 50,000,000
+// ranks once took the daemon from 10 MB to 400 MB.
+TEST_F(MultiJob, AClaimedWorldSizeIsBoundedBeforeAnythingIsMade) {
+  auto c = connect();
+  for (const int world : {std::numeric_limits<int>::max(), static_cast<int>(wire::kMaxWorldSize) + 1}) {
+    const v1::Reply r = rpc(c, hello_of("huge;", 0, world));
+    EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(r.error().message().find("says its job has " + std::to_string(world) + " ranks; a job has at most " +
+                                       std::to_string(wire::kMaxWorldSize)),
+              std::string::npos)
+        << r.error().message();
+  }
+  EXPECT_TRUE(srv->jobs().empty());
+  EXPECT_FALSE(rpc(c, hello_of("huge;", 0, 2)).has_error()) << "the connection is still served";
+}
+
+// A connection that never says hello is closed after hello_timeout_ms
+// (30 s by default), with an error reply saying why; and no more than
+// max_waiting_for_hello wait at once: the next one closes the one that has
+// waited longest, once that one has waited hello_grace_ms (ranks starting
+// together are not closed for being many). Each waiting connection holds a
+// thread of the daemon's; 100 idle connections were 100 threads. A client
+// that says hello as it connects is served throughout.
+namespace {
+
+struct WaitingForHello : Fixture {
+  void SetUp() override {
+    server::ServerOptions o;
+    o.world_size = 1;
+    o.reclaim_wait_ms = 100;
+    o.hello_timeout_ms = 1500;
+    o.max_waiting_for_hello = 4;
+    o.hello_grace_ms = 300;
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  // Whether the daemon closed c: its error reply, if any, then end of stream.
+  static bool closed_by_daemon(transport::Connection& c, std::string* said) {
+    try {
+      for (;;) {
+        transport::Frame f = c.receive(wire::kMaxBody, 5000);
+        v1::Reply r;
+        wire::parse(f, &r, "reply");
+        *said += r.error().message();
+      }
+    } catch (const Error& e) {
+      return e.code() == ZD_ERR_PEER_LOST;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_F(WaitingForHello, AConnectionThatSaysNoHelloIsClosedSayingWhy) {
+  auto idle = connect();
+  auto prompt = connect();
+  ASSERT_FALSE(rpc(prompt, hello("observer")).has_error());
+  std::string said;
+  EXPECT_TRUE(closed_by_daemon(idle, &said)) << "the idle connection was not closed";
+  EXPECT_NE(said.find("the daemon closes a connection that it sent no hello within 1.5 s of connecting"),
+            std::string::npos)
+      << said;
+  // A connection that said hello has no deadline: it is served after it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  v1::Request q;
+  q.mutable_status();
+  EXPECT_FALSE(rpc(prompt, q, 2).has_error());
+}
+
+TEST_F(WaitingForHello, AtMostSoManyWaitAndTheOldestGoesOnceItHadTime) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<transport::Connection> idle;
+  const Clock::time_point first = Clock::now();
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(connect());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // accepted in this order
+  }
+  auto prompt = connect();  // the fifth waits: the first goes, once it has waited 300 ms
+  ASSERT_FALSE(rpc(prompt, hello()).has_error()) << "a client saying hello at once was refused";
+  EXPECT_GE(Clock::now() - first, std::chrono::milliseconds(300)) << "a connection younger than the grace was closed";
+  std::string said;
+  EXPECT_TRUE(closed_by_daemon(idle[0], &said)) << "the oldest waiting connection was not closed";
+  // The others are still open, until their own deadline.
+  pollfd p{idle[1].fd(), POLLIN | POLLRDHUP, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "the second connection was closed too early";
 }

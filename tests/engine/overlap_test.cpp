@@ -299,6 +299,43 @@ TEST_P(OverlapPaces, PrefetchDoesNotDependOnTheUpdatesProgress) {
 INSTANTIATE_TEST_SUITE_P(Ranks, OverlapPaces, ::testing::Values(1, 2),
                          [](const auto& p) { return std::to_string(p.param) + (p.param == 1 ? "rank" : "ranks"); });
 
+// What the overlapped update leaves exposed is counted (update_wait_ns, the
+// metrics' zerod_update_wait_seconds_total, `zerod top`'s "update wait"): a
+// trainer that begins each forward as soon as zd_step returns finds its
+// modules' updates still running (three modules of 2^20 fp32 elements, Adam
+// on one thread, take milliseconds; the begins come microseconds after the
+// step, over six steps), and the time it waits is added up. The synchronous
+// update never makes a begin wait.
+uint64_t update_wait_ns(bool overlap, uint64_t* overlapped) {
+  JobOptions o;
+  o.threads = 1;
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.offload.overlap = overlap;
+  auto model = make_model(o, 1);
+  const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, {1 << 20, 1 << 20, 1 << 20}, ZD_DTYPE_F32);
+  for (int s = 0; s < 6; ++s) {
+    for (zd_module_id m = 0; m < 3; ++m) {
+      model->forward_begin(0, m);
+      model->forward_end(0, m);
+    }
+    for (zd_module_id m = 3; m-- > 0;) {
+      model->backward_begin(0, m);
+      model->backward_end(0, m);
+    }
+    model->step(0);
+  }
+  *overlapped = model->counters(0).overlapped_updates.load();
+  return static_cast<uint64_t>(model->counters(0).update_wait_ns.load());
+}
+
+TEST(OverlapCounters, TheForwardsWaitForTheUpdateIsCounted) {
+  uint64_t overlapped = 0;
+  EXPECT_EQ(update_wait_ns(false, &overlapped), 0u) << "the synchronous update is inside zd_step";
+  EXPECT_EQ(overlapped, 0u);
+  EXPECT_GT(update_wait_ns(true, &overlapped), 0u) << "begins right after the step wait for their module";
+  EXPECT_EQ(overlapped, 6u) << "every step's update ran behind it";
+}
+
 // A group's optimizer split between the device and the host (offload.ratio),
 // which only the cpu device runs: the device's part in zd_step, the host's
 // behind it.

@@ -721,6 +721,56 @@ TEST(Prefetch, RanksWithLessDeviceRoomGatherAheadAsTheOthersDo) {
   }
 }
 
+// Stage 3's gathers are the rank's traffic whichever way they go: the comm
+// plugin's all-gathers, the one-sided copies of the peers' shards (every
+// rank in this process on the cpu device), or the peer copies between
+// devices the host cannot address (the emulated GPU). zd_model_comm_figures
+// counts each as the all-gather it is, (N-1) shards sent and one collective
+// per parameter, as the plugins count theirs; the one-sided copies were once
+// missing from it (a stage-3 run under `zerod run` showed a third of its
+// traffic). A forward and a backward add exactly the ring formula.
+TEST(CommFigures, Stage3GathersAndReduceScattersAddTheRingFormula) {
+  const std::vector<int64_t> sizes = {15, 1000, 257};  // padded shards
+  for (const char* device : {"cpu", "opaque"}) {
+    for (const int world : {2, 3}) {
+      JobOptions o = stage3_on_demand();
+      o.device = device;
+      o.optimizer = "sgd";
+      // A bucket per parameter: each is reduce-scattered at its backward_end
+      // (a larger bucket would wait for the step).
+      o.zero_hparams.push_back({"reduce_bucket_size", 1});  // a bucket (a reduce-scatter) per parameter
+      auto model = make_model(o, world);
+      uint64_t shards = 0;  // bytes of one rank's shards of every parameter
+      for (int64_t n : sizes) shards += static_cast<uint64_t>((n + world - 1) / world) * 4;
+      const uint64_t ring = static_cast<uint64_t>(world - 1) * shards;  // all of them gathered, or reduce-scattered
+      std::vector<zd_comm_figures> after_forward(static_cast<size_t>(world)), after_backward(after_forward);
+      std::vector<zd_comm_figures> before(after_forward);
+      run_ranks(world, [&](int rank) {
+        register_sine_modules(*model, rank, sizes, ZD_DTYPE_F32);
+        const auto r = static_cast<size_t>(rank);
+        before[r] = model->comm_figures(rank);
+        for (zd_module_id mod = 0; mod < 3; ++mod) {
+          model->forward_begin(rank, mod);
+          model->forward_end(rank, mod);
+        }
+        after_forward[r] = model->comm_figures(rank);
+        backward_all(*model, rank);
+        model->sync(rank);  // the buckets' reduce-scatters are done
+        after_backward[r] = model->comm_figures(rank);
+      });
+      for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
+        const std::string where = std::string(device) + ", " + std::to_string(world) + " ranks, rank " +
+                                  std::to_string(r);
+        EXPECT_EQ(after_forward[r].bytes_sent - before[r].bytes_sent, ring) << where << ": the forward's gathers";
+        EXPECT_EQ(after_forward[r].collectives - before[r].collectives, 3u) << where;
+        EXPECT_EQ(after_backward[r].bytes_sent - after_forward[r].bytes_sent, 2 * ring)
+            << where << ": the backward's gathers and reduce-scatters";
+        EXPECT_EQ(after_backward[r].collectives - after_forward[r].collectives, 6u) << where;
+      }
+    }
+  }
+}
+
 TEST(Registration, RanksMustRegisterTheSameParameters) {
   JobOptions o;
   auto model = make_model(o, 2);

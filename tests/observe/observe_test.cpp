@@ -332,6 +332,7 @@ TEST(TopView, RatesFromTwoFramesAndTheLateRank) {
       t += "zerod_memory_bytes" + l + ",tier=\"host\",kind=\"master\"} 1048576\n";
       t += "zerod_memory_budget_bytes" + l + ",tier=\"host\"} 4194304\n";
       t += "zerod_peer_wait_seconds_total" + l + "} " + std::to_string(wait) + "\n";
+      t += "zerod_update_wait_seconds_total" + l + "} " + std::to_string(wait / 5) + "\n";
       t += "zerod_peer_wait_by_rank_seconds_total" + l + ",late_rank=\"" + std::to_string(1 - r) + "\"} " +
            std::to_string(wait) + "\n";
     }
@@ -347,6 +348,7 @@ TEST(TopView, RatesFromTwoFramesAndTheLateRank) {
   EXPECT_NE(frame.find("2.25"), std::string::npos) << frame;
   EXPECT_NE(frame.find("[#####...............]"), std::string::npos) << "1 MiB of a 4 MiB budget: " << frame;
   EXPECT_NE(frame.find("peers 25.0% (rank 1 late)"), std::string::npos) << "0.5 s of 2 s: " << frame;
+  EXPECT_NE(frame.find("update wait  5.0%"), std::string::npos) << "0.1 s of 2 s behind the overlapped update: " << frame;
   for (size_t at = 0, nl; (nl = frame.find('\n', at)) != std::string::npos; at = nl + 1)
     EXPECT_LE(nl - at, 160u) << "a line wider than the terminal";
 }

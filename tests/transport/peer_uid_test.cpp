@@ -1,6 +1,7 @@
-// The peer check: a process of another uid that reaches the socket is
-// refused at accept, unless its uid is allowed. Needs root to make such a
-// process (fork, then setuid in the child).
+// The peer check, both ways: a process of another uid that reaches the
+// socket is refused at accept, unless its uid is allowed; and a client
+// refuses a daemon of another uid (not root) before it sends anything.
+// Needs root to make such a process (fork, then setuid in the child).
 #include "test_support.h"
 #include "transport/client.h"
 #include "transport/errors.h"
@@ -89,6 +90,61 @@ TEST_F(PeerUid, AnAllowedUidIsAccepted) {
   Frame f = c->receive(1024, 10000);
   c->send(f.header, test::bytes_of("welcome"));
   EXPECT_EQ(wait_exit(child), 0);
+}
+
+// The other way round: a socket where a client expects its own daemon, but
+// another user's process listens (a path in a shared directory, a
+// ZEROD_ENDPOINT someone else set). libzerod would send it the job script
+// and memfds of the trainer's tensors: connect_unix refuses it, naming the
+// uid that listens, and the listener receives nothing.
+TEST_F(PeerUid, AClientRefusesADaemonOfAnotherUid) {
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);  // uid 65534 makes its socket there
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The other user's "daemon": listens, lets root in, and says whether
+    // any byte came before the client closed. Exit status: 10 nothing came,
+    // 11 a frame came, others a failure along the way.
+    ::close(ready[0]);
+    if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(20);
+    try {
+      ListenerOptions options;
+      options.allow_uid.insert(0);
+      Listener l = Listener::create_private(path_, options);
+      (void)!::write(ready[1], "r", 1);
+      std::optional<Connection> c = l.accept(10000);
+      if (!c) ::_exit(21);
+      c->receive(1024, 10000);
+      ::_exit(11);
+    } catch (const Error& e) {
+      ::_exit(e.code() == ZD_ERR_PEER_LOST ? 10 : 22);
+    } catch (...) {
+      ::_exit(23);
+    }
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1) << "the uid 65534 listener did not start";
+  ::close(ready[0]);
+  std::optional<Error> refused;
+  try {
+    Connection c = connect_unix(path_, 5000);
+    c.send(FrameHeader{}, test::bytes_of("the job script"));  // what a client would send next
+  } catch (const Error& e) {
+    refused = e;
+  }
+  const int status = wait_exit(child);
+  ASSERT_TRUE(refused) << "the client connected to a daemon of uid 65534";
+  EXPECT_EQ(refused->code(), ZD_ERR_IO);
+  const std::string text = refused->what();
+  EXPECT_NE(text.find("cannot connect to zerod at " + path_ + ": the process listening there (pid "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("runs as uid 65534"), std::string::npos) << text;
+  EXPECT_NE(text.find("but this process is uid 0"), std::string::npos) << text;
+  EXPECT_EQ(status, 10) << "the other uid's listener should have seen the connection closed with nothing sent";
 }
 
 }  // namespace

@@ -1,0 +1,184 @@
+// Which models a daemon keeps for a restart (daemon.keep_state): a model
+// whose rank was lost (its connection ended without zd_model_destroy) after
+// finalize, so that the restarted ranks resume it; never one every rank
+// destroyed (a new run of the same script starts from its own initial
+// values, not from the last run's weights), never one that was not
+// finalized, and under `zerod serve --jobs` never one whose job key names a
+// single launch, which no restart can name again. What is not kept gives
+// its host memory back.
+#include "daemon_client.h"
+#include "server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace zerod;
+
+namespace {
+
+const char* const kKeepingJob = "return { optimizer = { type = 'sgd' }, daemon = { keep_state = true } }";
+const std::vector<float> kInitial{1, 2, 3, 4};
+const std::vector<float> kWritten{7, 7, 7, 7};
+
+bool eventually(const std::function<bool()>& what) {
+  for (int i = 0; i < 250; ++i) {
+    if (what()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return what();
+}
+
+struct KeptModels : ::testing::Test {
+  void start(bool multi_job) {
+    server::ServerOptions o;
+    o.world_size = 1;
+    o.multi_job = multi_job;
+    o.host_memory = uint64_t{1} << 30;
+    o.reclaim_wait_ms = 5000;  // a rank's next connection waits for its last one's end
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  void SetUp() override { start(false); }
+  void TearDown() override { srv->stop(); }
+
+  // One run of the job on a new connection: registers p0 with kInitial,
+  // finalizes, and returns p0's values then; writes kWritten when asked.
+  // `end` says how the run ends: "destroy", or "" (the connection closes
+  // with the model in it: the rank is lost).
+  std::vector<float> run(const std::string& end, bool write = true, const std::string& key = "") {
+    test::DaemonClient c(srv->socket_path());
+    v1::Reply r = c.hello("rank", 0, 1, key);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    const int model = c.create(kKeepingJob);
+    r = c.register_param(model, "p0", "m0", 4, &kInitial);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    r = c.finalize(model);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    std::vector<float> got = c.read(model, 0, 4);
+    if (write) {
+      r = c.write(model, 0, kWritten);
+      EXPECT_FALSE(r.has_error()) << r.error().message();
+    }
+    if (end == "destroy") {
+      r = c.destroy(model);
+      EXPECT_FALSE(r.has_error()) << r.error().message();
+    }
+    return got;
+  }
+  // Every rank's connection is seen closed.
+  bool nobody_attached() {
+    for (const auto& m : srv->models())
+      if (m->anyone_attached()) return false;
+    return true;
+  }
+
+  std::unique_ptr<server::Server> srv;
+};
+
+}  // namespace
+
+TEST_F(KeptModels, AModelEveryRankDestroyedIsForgottenAndTheNextRunStartsFromItsOwnValues) {
+  EXPECT_EQ(run("destroy"), kInitial);
+  EXPECT_TRUE(srv->models().empty()) << "a model its ranks destroyed was kept";
+  // Before, this run re-attached to the last one's model and read 7 7 7 7.
+  EXPECT_EQ(run("destroy"), kInitial);
+}
+
+TEST_F(KeptModels, ALostRankLeavesTheModelForARestartThatResumesIt) {
+  EXPECT_EQ(run(""), kInitial);
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u) << "the model of a lost rank was not kept";
+  // The restart re-attaches (its initial values are not applied) and ends
+  // by destroying the model: nothing is kept after that.
+  EXPECT_EQ(run("destroy", false), kWritten);
+  EXPECT_TRUE(srv->models().empty());
+  EXPECT_EQ(run("destroy"), kInitial);
+}
+
+TEST_F(KeptModels, AModelNeverFinalizedIsNotKept) {
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const int model = c.create(kKeepingJob);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+  }  // lost before finalize: nothing a restart could resume
+  EXPECT_TRUE(eventually([&] { return srv->models().empty(); })) << "a model never finalized was kept";
+}
+
+// The kept model's comm is replaced when the restarted ranks resume it
+// (Model::recover), while an observer's status reads its figures on
+// another thread: they must not read the comm being replaced.
+TEST_F(KeptModels, RestartsWhileAnObserverReadsTheStatus) {
+  std::atomic<bool> done{false};
+  std::string observer_error;
+  std::thread observer([&] {
+    try {
+      test::DaemonClient obs(srv->socket_path());
+      if (obs.hello("observer").has_error()) throw std::runtime_error("the observer's hello failed");
+      while (!done.load())
+        if (const v1::Reply r = obs.status(); r.has_error()) throw std::runtime_error(r.error().message());
+    } catch (const std::exception& e) {
+      observer_error = e.what();
+    }
+  });
+  EXPECT_EQ(run(""), kInitial);
+  for (int i = 0; i < 20 && !HasFailure(); ++i) {
+    ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+    EXPECT_EQ(run("", false), kWritten) << "restart " << i;
+  }
+  done.store(true);
+  observer.join();
+  EXPECT_EQ(observer_error, "");
+}
+
+namespace {
+
+struct KeptModelsOfSeveralJobs : KeptModels {
+  void SetUp() override { start(true); }
+  // The daemon serves no job and holds no memory.
+  bool nothing_held() { return srv->jobs().empty() && srv->node_memory()->held() == 0; }
+};
+
+}  // namespace
+
+TEST_F(KeptModelsOfSeveralJobs, ADestroyedModelGivesItsMemoryBack) {
+  EXPECT_EQ(run("destroy", true, "ZEROD_JOB_KEY=a;"), kInitial);
+  EXPECT_TRUE(eventually([&] { return nothing_held(); }))
+      << srv->jobs().size() << " jobs, " << srv->node_memory()->held() << " bytes held";
+  test::DaemonClient obs(srv->socket_path());
+  ASSERT_FALSE(obs.hello("observer").has_error());
+  const v1::Reply r = obs.status();
+  ASSERT_TRUE(r.has_status()) << r.error().message();
+  EXPECT_EQ(r.status().jobs(), 0);
+  EXPECT_EQ(r.status().host_memory_held(), 0u);
+  EXPECT_EQ(r.status().models_size(), 0);
+}
+
+TEST_F(KeptModelsOfSeveralJobs, AJobKeyThatCanRecurKeepsALostRanksModel) {
+  EXPECT_EQ(run("", true, "ZEROD_JOB_KEY=b;"), kInitial);
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u);
+  EXPECT_GT(srv->node_memory()->held(), 0u);
+  EXPECT_EQ(run("destroy", false, "ZEROD_JOB_KEY=b;"), kWritten);
+  EXPECT_TRUE(eventually([&] { return nothing_held(); }));
+}
+
+// A process alone that names no job is keyed by its connection, and a
+// torchrun rank's key carries torchrun's restart count: neither key comes
+// again, so a model kept under it would hold its memory until the daemon
+// stops.
+TEST_F(KeptModelsOfSeveralJobs, AJobKeyOfOneLaunchKeepsNothing) {
+  for (const std::string key : {"", "MASTER_ADDR=127.0.0.1;MASTER_PORT=29500;restart=0;world=1/1;"}) {
+    EXPECT_EQ(run("", true, key), kInitial);
+    EXPECT_TRUE(eventually([&] { return nothing_held(); }))
+        << "key '" << key << "': " << srv->jobs().size() << " jobs, " << srv->node_memory()->held()
+        << " bytes held";
+  }
+}
