@@ -86,8 +86,9 @@ std::vector<KeySpec> make_schema() {
        "where each rank was; 0 = wait forever."},
       {"daemon", T::kTable, 0, "see below", {}, {}, "What the daemon does with the job."},
       {"daemon.keep_state", T::kBoolean, 0, "", {}, {},
-       "Keep the model in the daemon when its ranks are gone, so restarted ranks resume from the last applied "
-       "step ([daemon.md](daemon.md#when-things-go-wrong))."},
+       "Keep the model in the daemon when a rank is lost after finalize (its connection gone without "
+       "zd_model_destroy), so restarted ranks resume from the last applied step; a model every rank destroyed "
+       "is forgotten ([daemon.md](daemon.md#when-things-go-wrong))."},
       {"budgets", T::kTable, 0, "none", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
       {"budgets.device", T::kSize, 0, "none", {}, {},
        "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool; ranks sharing a GPU "
