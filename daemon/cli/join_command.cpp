@@ -118,8 +118,10 @@ launch::detail::Spawned start(const std::vector<std::string>& argv) {
 }
 
 // A stop signal (of `stops`, which are blocked) that has arrived, taken; 0
-// if none. The waits before the command starts ask it between tries: they
-// used to ignore SIGTERM and Ctrl-C for up to their whole timeout.
+// if none. The waits before the command starts ask it at least every 100
+// ms, during a connect to node 0 too: they used to ignore SIGTERM and Ctrl-C
+// for up to their whole timeout (a connect to a host that drops packets,
+// about two minutes whatever --timeout said).
 int take_stop(const sigset_t& stops) {
   const timespec now{0, 0};
   const int sig = ::sigtimedwait(&stops, nullptr, &now);

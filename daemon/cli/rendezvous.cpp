@@ -1,5 +1,6 @@
 #include "rendezvous.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -7,8 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -32,19 +35,27 @@ class Fd {
   int fd_;
 };
 
-// One line (without its '\n') within the deadline; false on a timeout, a
-// closed peer or a line longer than kMaxRendezvousLine.
-bool read_line(int fd, std::string* line, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+// Waits for `events` on fd until `until`, asking `cancelled` (may be
+// empty) every 100 ms. 1: ready; 0: `until` passed; -1: cancelled.
+int wait_for(int fd, short events, Clock::time_point until, const std::function<bool()>& cancelled) {
+  for (;;) {
+    if (cancelled && cancelled()) return -1;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0) return 0;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 100)));
+    if (r < 0 && errno != EINTR) return 1;  // the call that follows says what is wrong
+    if (r > 0) return 1;
+  }
+}
+
+// One line (without its '\n') before `until`; false on a timeout, a closed
+// peer, a line longer than kMaxRendezvousLine or `cancelled`.
+bool read_line(int fd, std::string* line, Clock::time_point until, const std::function<bool()>& cancelled = {}) {
   line->clear();
   char buf[512];
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
+    if (wait_for(fd, POLLIN, until, cancelled) != 1) return false;
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
@@ -74,7 +85,8 @@ bool answer(int fd, const std::string& name, const std::string& value) {
   timeval tv{kLineTimeoutMs / 1000, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string line;
-  if (!read_line(fd, &line, kLineTimeoutMs)) return false;  // silent, closed or too long: dropped
+  if (!read_line(fd, &line, Clock::now() + std::chrono::milliseconds(kLineTimeoutMs)))
+    return false;  // silent, closed or too long: dropped
   const std::string prefix = "zerod-join ";
   if (line.compare(0, prefix.size(), prefix) != 0) {
     write_all(fd, "no this is a zerod rendezvous; expected 'zerod-join <name>'\n");
@@ -179,16 +191,53 @@ bool serve_rendezvous(int port, const std::string& name, const std::string& valu
   return true;
 }
 
+// A non-blocking connect given until `until` (a host that drops SYNs, or
+// a listener whose queue is full, would hold a blocking connect() for about
+// two minutes), asking `stop` meanwhile. The socket, blocking again, or -1
+// with the reason in *why.
+static int connect_until(const addrinfo* a, Clock::time_point until, const std::function<bool()>& stop,
+                         std::string* why) {
+  const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+  if (fd < 0) {
+    *why = "socket: " + errno_text(errno);
+    return -1;
+  }
+  if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      *why = "connect: " + errno_text(errno);
+      ::close(fd);
+      return -1;
+    }
+    const int ready = wait_for(fd, POLLOUT, until, stop);
+    int so = 0;
+    socklen_t len = sizeof so;
+    if (ready != 1 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) != 0 || so != 0) {
+      if (ready >= 0)
+        *why = ready == 0 ? "connect: timed out (the host drops packets, or the listener's queue is full)"
+                          : "connect: " + errno_text(so != 0 ? so : errno);
+      ::close(fd);
+      return -1;
+    }
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeout_s, std::string* value,
                       std::string* why, const std::function<bool()>& cancelled) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 120));
+  const double limit_s = timeout_s > 0 ? timeout_s : 120;
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s));
+  const std::string where = at.host + ":" + std::to_string(at.port);
+  // Once `cancelled` has said stop, it stays said (it may take the signal
+  // that said so).
+  bool stopped = false;
+  const std::function<bool()> stop = [&] {
+    if (!stopped && cancelled) stopped = cancelled();
+    return stopped;
+  };
   std::string last = "nothing listened there";
-  while (Clock::now() < deadline) {
-    if (cancelled && cancelled()) {
-      *why = "stopped while waiting for node 0's rendezvous at " + at.host + ":" + std::to_string(at.port);
-      return false;
-    }
+  while (!stop() && Clock::now() < deadline) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -197,14 +246,14 @@ bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeou
     if (const int g = ::getaddrinfo(at.host.c_str(), port.c_str(), &hints, &found); g != 0) {
       last = "cannot resolve '" + at.host + "': " + ::gai_strerror(g);
     } else {
-      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        Fd c(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-        if (c.get() < 0 || ::connect(c.get(), a->ai_addr, a->ai_addrlen) != 0) {
-          last = "connect: " + errno_text(errno);
-          continue;
-        }
+      for (addrinfo* a = found; a != nullptr && !stopped; a = a->ai_next) {
+        // At most a second per try: node 0 may come up meanwhile.
+        const auto try_until = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+        Fd c(connect_until(a, try_until, stop, &last));
+        if (c.get() < 0) continue;
         std::string line;
-        if (!write_all(c.get(), "zerod-join " + name + "\n") || !read_line(c.get(), &line, kLineTimeoutMs)) {
+        const auto answer_until = std::min(deadline, Clock::now() + std::chrono::milliseconds(kLineTimeoutMs));
+        if (!write_all(c.get(), "zerod-join " + name + "\n") || !read_line(c.get(), &line, answer_until, stop)) {
           last = "no answer from it";
           continue;
         }
@@ -213,16 +262,23 @@ bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeou
           *value = line.substr(3);
           return true;
         }
-        *why = "the rendezvous at " + at.host + ":" + port + " refused: " +
+        *why = "the rendezvous at " + where + " refused: " +
                (line.compare(0, 3, "no ") == 0 ? line.substr(3) : "'" + line + "'");
         return false;
       }
       ::freeaddrinfo(found);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // 200 ms between tries, a stop still heard.
+    const auto next = std::min(deadline, Clock::now() + std::chrono::milliseconds(200));
+    while (!stop() && Clock::now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  *why = "node 0's rendezvous at " + at.host + ":" + std::to_string(at.port) + " did not answer within " +
-         std::to_string(static_cast<int>(timeout_s)) + " s (" + last +
+  if (stopped) {
+    *why = "stopped while waiting for node 0's rendezvous at " + where;
+    return false;
+  }
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", limit_s);
+  *why = "node 0's rendezvous at " + where + " did not answer within " + limit + " s (" + last +
          "); is node 0's first rank started, and is that port open between the nodes?";
   return false;
 }

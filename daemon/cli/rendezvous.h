@@ -37,9 +37,11 @@ bool serve_rendezvous(int port, const std::string& name, const std::string& valu
                       std::atomic<bool>* listening, std::string* why, int answers = 0);
 
 // Asks `at` for `name`'s value, connecting again every 200 ms until
-// `timeout_s` has passed (node 0 may start later). false with the reason
-// in *why: refused by the server (its words), or no answer in time, or
-// `cancelled` (asked between tries) said to stop.
+// `timeout_s` (0: 120 s) has passed (node 0 may start later); a try's
+// connect gets at most a second, its answer at most 5 s, both within the
+// timeout. false with the reason in *why: refused by the server (its
+// words), or no answer in time, or `cancelled` said to stop (it is asked
+// at least every 100 ms, during a connect and a wait for the answer too).
 bool fetch_rendezvous(const Endpoint& at, const std::string& name, double timeout_s, std::string* value,
                       std::string* why, const std::function<bool()>& cancelled = {});
 

@@ -5,10 +5,11 @@
 // once its ranks and models are gone.
 #pragma once
 
+#include "error.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
-#include <vector>
 
 namespace zerod::server {
 
@@ -17,6 +18,10 @@ class Session;
 struct ServedJob {
   std::string key;    // "" for the one job of a single-job daemon
   std::string label;  // for messages: "job 2 (RANK=..., MASTER_PORT=...)"
+  // Why ranks started again can never name this job again, so that a model
+  // kept for their restart (daemon.keep_state) would only hold its memory;
+  // "" when they can. Set by Server::join.
+  std::string one_launch;
   int world_size = 1;
   int first_rank = 0;   // the ranks this daemon serves: [first_rank, first_rank + local_ranks)
   int local_ranks = 1;
@@ -26,7 +31,13 @@ struct ServedJob {
   std::map<int, Session*> rank_owner;
   bool any_rank_came = false;
   int joining = 0;  // ranks between their hello's join() and claim_rank(): the job must stay
-  std::vector<uint64_t> creates;  // per local rank: models it created so far
+  // Per rank that joined: models it created so far. A map, not a table of
+  // the claimed world size: a hello must not make the daemon allocate what
+  // it merely claims.
+  std::map<int, uint64_t> creates;
+  // By model key: the error its create failed with, which the job's other
+  // ranks then get at once (Server::create_or_attach says why).
+  std::map<uint64_t, Error> failed_creates;
 };
 
 }  // namespace zerod::server

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include "session.h"
+#include "sizes.h"
 
 #include "error.h"
 #include "log.h"
@@ -33,7 +34,6 @@ Server::Server(ServerOptions options)
   single_->world_size = options_.world_size;
   single_->first_rank = options_.first_rank;
   single_->local_ranks = options_.local_ranks;
-  single_->creates.assign(static_cast<size_t>(options_.local_ranks), 0);
 }
 
 std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, int local_world_size, int rank,
@@ -53,6 +53,11 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
                                         std::to_string(job.first_rank + job.local_ranks - 1) +
                                         "; a rank connects to the daemon of its own node (ZEROD_ENDPOINT)");
   };
+  // A claim, not yet a job: bounded before anything is made for it.
+  if (world_size > wire::kMaxWorldSize)
+    fail(ZD_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " says its job has " + std::to_string(world_size) +
+                                      " ranks; a job has at most " + std::to_string(wire::kMaxWorldSize) +
+                                      " (ZEROD_WORLD_SIZE)");
   std::lock_guard<std::mutex> lock(mu_);
   if (!options_.multi_job) {
     check_rank(*single_);
@@ -65,6 +70,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
                             "jobs whose ranks are all on its node; run one `zerod run` per node under mpirun or "
                             "srun for several (docs/multinode.md)");
   std::string k = key;
+  std::string one_launch;
   if (k.empty()) {
     // One rank alone is a job of its own; several must say which job they are.
     if (world_size > 1)
@@ -73,6 +79,13 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
                               "every rank of the job (ranks that torchrun, mpirun or srun started are told "
                               "apart by their launcher's ids)");
     k = "pid=" + std::to_string(pid) + ";connection=" + std::to_string(jobs_made_) + ";";
+    one_launch = "it names no job, so it is keyed by its connection, which no restart has again; give a process "
+                 "that is restarted by hand a ZEROD_JOB_KEY";
+  } else if (k.rfind("restart=", 0) == 0 || k.find(";restart=") != std::string::npos) {
+    // torchrun's restart count, in the key libzerod makes for its ranks
+    // (libzerod/src/launcher_env.cpp): torchrun's next restart is a new job.
+    one_launch = "its key carries torchrun's restart count, so torchrun's next restart is another job; under "
+                 "torchrun a job resumes from its snapshots (snapshot = { path = ..., every = N })";
   }
   auto it = jobs_.find(k);
   if (it != jobs_.end()) {
@@ -93,7 +106,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
   job->world_size = world_size;
   job->first_rank = 0;
   job->local_ranks = world_size;
-  job->creates.assign(static_cast<size_t>(world_size), 0);
+  job->one_launch = one_launch;
   job->joining = 1;
   jobs_[k] = job;
   // A long-running daemon's log says which jobs came and went.
@@ -129,6 +142,7 @@ void Server::accept_loop() {
       continue;
     }
     if (!c) break;  // shut down
+    if (!make_room_before_hello()) break;  // the daemon stops
     auto s = std::make_shared<Session>(*this, std::move(*c));
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -148,6 +162,34 @@ void Server::reap_finished() {
       ++it;
     }
   }
+}
+
+bool Server::make_room_before_hello() {
+  using Clock = std::chrono::steady_clock;
+  while (!stopping_.load()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int waiting = 0;
+      Session* oldest = nullptr;
+      for (const auto& s : sessions_)  // in the order they were accepted
+        if (!s->finished() && !s->greeted() && !s->stopping()) {
+          if (!oldest) oldest = s.get();
+          ++waiting;
+        }
+      if (waiting < options_.max_waiting_for_hello || !oldest) return true;
+      if (Clock::now() - oldest->accepted() >= std::chrono::milliseconds(options_.hello_grace_ms)) {
+        log_warn(std::to_string(waiting) + " connections are waiting for their hello: closing the one that has "
+                 "waited longest (pid " + std::to_string(oldest->pid()) + ")");
+        oldest->stop();  // its thread ends, and is reaped at a later accept
+        return true;
+      }
+    }
+    // All of them connected moments ago (ranks starting together): their
+    // hellos are on the way. The new connection waits, its client none the
+    // wiser, and so do those behind it in the listen queue.
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
 }
 
 void Server::stop() {
@@ -239,13 +281,19 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     if (m->job() != job) continue;
     if (m->script_text() == text && m->can_reattach(rank)) {
       same_device(*m);
+      const int64_t step = m->model().activity().snapshot()[static_cast<size_t>(rank)].step;
       m->reattach(rank);
-      log_info("rank " + std::to_string(rank) + " re-attached to model " + std::to_string(id) +
-               " (kept for a restart)");
+      // Said loudly: the new run's initial values are not used. A run that
+      // meant to start afresh after a crash needs a new daemon.
+      log_warn("rank " + std::to_string(rank) + " re-attached to model " + std::to_string(id) + " (" +
+               m->script_name() + (options_.multi_job ? ", " + job->label : std::string()) +
+               "), which daemon.keep_state kept when a rank of the last run was lost: it resumes that run's "
+               "state at step " + std::to_string(step) +
+               ", not this run's initial values (stop the daemon to start afresh)");
       return m;
     }
   }
-  const uint64_t key = job->creates.at(static_cast<size_t>(rank - job->first_rank))++;
+  const uint64_t key = job->creates[rank]++;
   for (auto& [id, m] : models_) {
     if (m->job() != job || m->key() != key) continue;
     if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
@@ -282,8 +330,18 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
       m->attach(rank);
       return m;
     }
-  auto m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script), job,
-                                       options_.trace_path, device, node_memory_);
+  // A create of this model that failed fails the other ranks' at once with
+  // its error: built again, each would be a new create of the comm instance
+  // across nodes (the other daemons would wait comm.timeout for each).
+  if (auto f = job->failed_creates.find(key); f != job->failed_creates.end()) throw f->second;
+  std::shared_ptr<ModelHost> m;
+  try {
+    m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script), job, options_.trace_path,
+                                    device, node_memory_);
+  } catch (const Error& e) {
+    job->failed_creates.emplace(key, e);
+    throw;
+  }
   m->attach(rank);
   models_[m->id()] = m;
   return m;
@@ -297,7 +355,17 @@ std::shared_ptr<ModelHost> Server::model(int id) {
 
 void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
   if (m->anyone_attached()) return;
-  if (options_.keep_state || m->model().config().keep_state_on_disconnect) return;
+  if (const std::string why = m->kept_because(options_.keep_state); !why.empty()) {
+    if (m->job()->one_launch.empty()) {
+      log_info("model " + std::to_string(m->id()) + " (" + m->script_name() + ") is kept for a restart " +
+               "(daemon.keep_state): " + why);
+      return;
+    }
+    // Kept, it would hold its memory (--host-memory) until the daemon stops.
+    log_warn("model " + std::to_string(m->id()) + " (" + m->script_name() + ") of " + m->job()->label +
+             " is not kept for a restart, although its job asks for it (daemon.keep_state) and a rank was lost (" +
+             why + "), because " + m->job()->one_launch);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   models_.erase(m->id());
   if (options_.multi_job)

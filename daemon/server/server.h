@@ -29,7 +29,9 @@ struct ServerOptions {
   int first_rank = 0;
   int local_ranks = -1;
   std::set<uid_t> allow_uid;
-  bool keep_state = false;  // keep models whose ranks all left (for a restart)
+  // Keep a model whose rank was lost, for a restart, as daemon.keep_state
+  // does (the daemon's own --job's; ModelHost::kept_because).
+  bool keep_state = false;
   // How long a rank's new connection waits for its previous one to be seen
   // closed before the rank counts as taken.
   int reclaim_wait_ms = 5000;
@@ -42,6 +44,17 @@ struct ServerOptions {
   // model state charged together against host_memory bytes (NodeMemory).
   bool multi_job = false;
   uint64_t host_memory = 0;
+  // A connection must say hello within hello_timeout_ms of being accepted,
+  // or it is closed. A trainer's libzerod and `zerod status` send it as
+  // they connect; 30 s leaves room for a machine under heavy load. And at
+  // most max_waiting_for_hello connections wait for their hello at once
+  // (each has a thread): the next one closes the one that has waited
+  // longest, which a client that meant to say hello would have said by
+  // now, but never one younger than hello_grace_ms (ranks that all start
+  // at once): the new one waits for room until then.
+  int hello_timeout_ms = 30000;
+  int max_waiting_for_hello = 64;
+  int hello_grace_ms = 1000;
 };
 
 class Session;
@@ -58,6 +71,7 @@ class Server {
   void stop();
   const std::string& socket_path() const { return listener_.path(); }
   bool multi_job() const { return options_.multi_job; }
+  int hello_timeout_ms() const { return options_.hello_timeout_ms; }
   // A single-job daemon's job (world size, ranks served).
   const ServedJob& job() const { return *single_; }
   int world_size() const { return single_->world_size; }
@@ -102,6 +116,11 @@ class Server {
  private:
   void accept_loop();
   void reap_finished();
+  // Before a new connection gets its session: when max_waiting_for_hello
+  // connections wait for their hello, closes the one that has waited
+  // longest, once it has waited hello_grace_ms (until then this waits).
+  // False: the daemon stops.
+  bool make_room_before_hello();
 
   ServerOptions options_;
   transport::Listener listener_;

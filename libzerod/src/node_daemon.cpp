@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -114,6 +115,27 @@ class FileLock {
  private:
   int fd_ = -1;
 };
+
+// Whether process `pid` has ended: gone, or a zombie its parent (init, for
+// a detached daemon) has not reaped yet.
+bool ended(pid_t pid) {
+  if (::kill(pid, 0) == -1 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;  // no /proc here, or it just went: kill() says so next time
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold one).
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+// Stops a daemon that did not serve in time, giving it a moment to end and
+// say why in its log (`zerod join` prints what it was waiting for when
+// stopped).
+void stop_and_wait(pid_t pid, std::chrono::milliseconds grace) {
+  ::kill(pid, SIGTERM);
+  const auto until = Clock::now() + grace;
+  while (!ended(pid) && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
 
 std::string tail_of(const std::string& path, size_t max_bytes = 4000) {
   std::ifstream in(path);
@@ -269,10 +291,14 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     const std::string timeout = std::to_string(std::max(1, timeout_ms / 1000));
     extra_env.push_back("ZEROD_MPI_JOIN=zerod-" + std::string(job_hash) + "," + std::to_string(place.node) + "," +
                         std::to_string(place.nodes) + "," + timeout);
+    // `zerod join` gives up on node 0's rendezvous before this rank gives up
+    // on the daemon, so that its reason (node 0 never answered, and where it
+    // looked) is in the log this rank's error quotes.
+    const std::string fetch_timeout = std::to_string(std::max<int64_t>(1, int64_t{timeout_ms} * 3 / 4000));
     if (own_server)  // node 0's daemon starts one; the others fetch its URI (daemon/cli/join_command.cpp)
       argv = {daemon_program(), "join", "--node", std::to_string(place.node), "--nnodes", std::to_string(place.nodes),
               "--rendezvous", rendezvous, "--name", "zerod-" + std::string(job_hash), "--uri-file", base + ".uri",
-              "--timeout", timeout, "--"};
+              "--timeout", fetch_timeout, "--"};
     for (const std::string& a : {mpirun_program(), std::string("-np"), std::string("1"),
                                  std::string("--ompi-server"),
                                  own_server ? "file:" + base + ".uri" : std::string(ompi_server)})
@@ -285,12 +311,12 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     argv.push_back(a);
   const pid_t pid = spawn_detached(argv, log, extra_env);
   while (!transport::detail::socket_is_live(sock)) {
-    if (::kill(pid, 0) == -1 && errno == ESRCH)
+    if (ended(pid))
       fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
                               (several ? " ... zerod" : "") + " serve --job " + job + ") exited before it served:\n" +
                               tail_of(log));
     if (Clock::now() > deadline) {
-      ::kill(pid, SIGTERM);
+      stop_and_wait(pid, std::chrono::seconds(3));
       fail(ZD_ERR_TIMEOUT, "the node's zerod daemon did not serve " + sock + " in time; its output (" + log +
                                "):\n" + tail_of(log));
     }

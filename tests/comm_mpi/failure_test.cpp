@@ -275,5 +275,33 @@ TEST(Create, DaemonsThatDisagreeAreRefusedOnEveryDaemon) {
                                          : "segment 65536; node " + std::to_string(e.node) + " (this one)"));
 }
 
+// A daemon whose layout is wrong still takes part in the exchange, so the
+// others fail at once with its words instead of waiting for it until their
+// timeout (without one, for ever); the daemons stay in step for the next
+// instance.
+TEST(Create, OneDaemonsRefusalFailsEveryDaemonAtOnceWithItsWords) {
+  NEED_NODES(2);
+  const NodeEnv e = node_env();
+  MpiValues v;
+  v.timeout_s = 30;
+  // Node 1 says it serves node 0's ranks (both were given --node-rank 0).
+  const zd_comm_config cfg = config_of(e.nodes * 2, e.node == 1 ? 0 : e.node * 2, 2);
+  std::string err;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(try_create(cfg, v, &err), ZD_ERR_CONFIG);
+  EXPECT_LT(ms_since(t0), 5000) << "waited for the refusing daemon";
+  const std::string words = "MPI process 1 of " + std::to_string(e.nodes) + " serves ranks 0-1 of " +
+                            std::to_string(e.nodes * 2) + ", but the mpi comm plugin expects one daemon per node";
+  EXPECT_THAT(err, HasSubstr(words));
+  if (e.node == 1) {
+    EXPECT_THAT(err, ::testing::Not(HasSubstr("refused the mpi comm instance"))) << "its own words, as they were";
+  } else {
+    EXPECT_THAT(err, HasSubstr("node 1 (host "));
+    EXPECT_THAT(err, HasSubstr("refused the mpi comm instance, so no daemon can open it: " + words));
+  }
+  MpiComm next(2, v);
+  EXPECT_TRUE(next.ok()) << "the daemons are out of step after the refusal";
+}
+
 }  // namespace
 }  // namespace zerod::comm::test

@@ -2,7 +2,8 @@
 // own (a singleton, no mpirun): a transfer MPI refuses to post (here, to a
 // node the communicator does not have) ends the wait with MPI's error
 // instead of leaving nothing to wait for, which the wait took for a
-// transfer still under way until its deadline (or for ever without one).
+// transfer still under way until its deadline (or for ever without one);
+// and open()'s checks of the daemons' hellos (versions, refusals).
 #include "link.h"
 #include "mpi_env.h"
 
@@ -31,7 +32,7 @@ std::unique_ptr<Link> open_link() {
   std::unique_ptr<Link> link;
   std::vector<Link::Hello> all;
   Link::Hello mine;
-  if (Link::open(p, mine, 10.0, 0.0, 1 << 20, &link, &all, err, sizeof err) != ZD_OK) ADD_FAILURE() << err;
+  if (Link::open(p, mine, nullptr, 10.0, 0.0, 1 << 20, &link, &all, err, sizeof err) != ZD_OK) ADD_FAILURE() << err;
   return link;
 }
 
@@ -62,6 +63,43 @@ TEST(Link, ARefusedPostEndsTheWaitWithMpisError) {
               Link::Outcome::error);
     EXPECT_EQ(again, error);
   }
+}
+
+// Link::open's own checks, seen from one process (its Hello is every
+// daemon's): a daemon of another Hello version is named, and a refusing
+// daemon gets its own words back after the exchange.
+zd_status open_with(const Link::Hello& mine, const char* refusal, std::string* error) {
+  Process p;
+  char err[1024] = "";
+  if (init(&p, err, sizeof err) != ZD_OK) {
+    *error = err;
+    return ZD_ERR_INTERNAL;
+  }
+  std::unique_ptr<Link> link;
+  std::vector<Link::Hello> all;
+  const zd_status st = Link::open(p, mine, refusal, 10.0, 0.0, 1 << 20, &link, &all, err, sizeof err);
+  *error = err;
+  return st;
+}
+
+TEST(Link, ADaemonOfAnotherHelloVersionIsNamed) {
+  Link::Hello mine;
+  mine.version = 0;  // what a build from before versions sends
+  std::string error;
+  EXPECT_EQ(open_with(mine, nullptr, &error), ZD_ERR_VERSION) << error;
+  EXPECT_NE(error.find("node 0 (host "), std::string::npos) << error;
+  EXPECT_NE(error.find("speaks the mpi plugin's hello v0 (a build from before versions were sent), this daemon v1: "
+                       "run the same zerod build on every node"),
+            std::string::npos)
+      << error;
+}
+
+TEST(Link, ARefusingDaemonTakesPartAndGetsItsOwnWords) {
+  Link::Hello mine;
+  mine.refused = ZD_ERR_CONFIG;
+  std::string error;
+  EXPECT_EQ(open_with(mine, "this daemon's layout is wrong", &error), ZD_ERR_CONFIG);
+  EXPECT_EQ(error, "this daemon's layout is wrong");
 }
 
 }  // namespace

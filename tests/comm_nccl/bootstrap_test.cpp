@@ -3,8 +3,10 @@
 // processes (the same id and peer table on every daemon), the timeouts of
 // a root nobody reaches and of nodes that never come, a port already
 // taken, daemons that disagree on the layout, input on the port that is
-// not a daemon's (dropped, the exchange still completes), and the failure
-// notices over the kept connections.
+// not a daemon's (dropped, the exchange still completes), a node whose
+// daemon restarted during the exchange, two daemons with one node index, a
+// daemon of another bootstrap version (refused in words, both ways), and
+// the failure notices over the kept connections.
 #include <gmock/gmock.h>
 
 #include <arpa/inet.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -328,6 +331,206 @@ TEST(Bootstrap, ANodeAnsweredByAStrangerSaysItIsNotARoot) {
   close(lfd);
   EXPECT_EQ(o.status, ZD_ERR_CONFIG);
   EXPECT_THAT(o.error, HasSubstr("is not a zerod nccl root"));
+}
+
+// The wire's hello and the welcome's head, as bootstrap.cpp sends them:
+// the tests below speak for daemons that are not this build's run_node
+// (one that died after its hello, one of another version).
+struct RawHello {
+  uint32_t magic = 0x5a444e31;  // "ZDN1"
+  uint32_t version = 1;
+  int32_t node = 0, nodes = 0, world = 0, local = 0;
+  uint64_t generation = 0;
+  int64_t pid = 0;
+  char host[kHostMax] = "";
+};
+static_assert(sizeof(RawHello) == 104, "the bootstrap's hello");
+struct RawWelcomeHead {
+  uint32_t magic;
+  int32_t status;
+  char message[1024];
+  uint8_t id[kIdBytes];
+};
+constexpr uint32_t kWelcomeMagic = 0x5a444e57;  // "ZDNW"
+
+// A connection to the root at `port` that has sent `h` (the root may still
+// be starting: tried for a few seconds); -1 if none.
+int send_raw_hello(int port, const RawHello& h) {
+  for (int tries = 0; tries < 200; ++tries) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      if (write(fd, &h, sizeof h) == static_cast<ssize_t>(sizeof h)) return fd;
+      close(fd);
+      return -1;
+    }
+    close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+RawHello hello_of(int node, int nodes, int64_t pid) {
+  RawHello h;
+  h.node = node;
+  h.nodes = nodes;
+  h.local = 2;
+  h.world = 2 * nodes;
+  h.pid = pid;
+  std::snprintf(h.host, sizeof h.host, "host%d", node);
+  return h;
+}
+
+// Node 1's daemon says hello and dies; its launcher starts it again, and
+// the new one says hello, before or after node 2 comes. The root waits for
+// it and takes the new connection (it used to take it for a second daemon
+// with node 1's --node-rank, or fail the welcome to the dead one, and fail
+// the job), and says so in its log.
+TEST(Bootstrap, ANodeRestartedDuringTheExchangeTakesItsPlace) {
+  const int port = free_port();
+  std::vector<std::string> logged;
+  std::mutex mu;
+  Outcome root;
+  std::thread t([&] {
+    BootstrapRequest r = request(0, 3, port);
+    r.id = random_id(9);
+    r.log = [&](const std::string& m) {
+      std::lock_guard<std::mutex> g(mu);
+      logged.push_back(m);
+    };
+    root = run(r);
+  });
+  const int first = send_raw_hello(port, hello_of(1, 3, 111));
+  ASSERT_GE(first, 0);
+  close(first);  // the daemon died
+  Outcome again, other;
+  std::thread restarted([&] { again = run(request(1, 3, port)); });
+  std::thread node2([&] { other = run(request(2, 3, port)); });
+  restarted.join();
+  node2.join();
+  t.join();
+  ASSERT_EQ(root.status, ZD_OK) << root.error;
+  ASSERT_EQ(again.status, ZD_OK) << again.error;
+  ASSERT_EQ(other.status, ZD_OK) << other.error;
+  EXPECT_EQ(again.result.id, random_id(9));
+  EXPECT_EQ(root.result.peers[1].pid, 1001) << "the restarted daemon is node 1";
+  EXPECT_EQ(again.result.peers[1].pid, 1001);
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(logged.size(), 1u);
+  // Which words depends on whether node 2 came first.
+  EXPECT_THAT(logged[0], HasSubstr("node 1 (host host1, pid 111) closed its connection before the exchange ended; "));
+  close_fds(root.result.fds);
+  close_fds(again.result.fds);
+  close_fds(other.result.fds);
+}
+
+// A node that said hello and died, and is not started again: when the
+// others have come, the root waits for it until its timeout, which names
+// it (it used to send the welcome to the dead connection and fail the job
+// at once, so that a restarted daemon could not take its place).
+TEST(Bootstrap, ANodeThatDiedAfterItsHelloIsWaitedForAndNamed) {
+  const int port = free_port();
+  Outcome root, node2;
+  std::thread t([&] { root = run(request(0, 3, port, 1.5)); });
+  const int first = send_raw_hello(port, hello_of(1, 3, 111));
+  ASSERT_GE(first, 0);
+  close(first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  node2 = run(request(2, 3, port, 20));
+  t.join();
+  EXPECT_EQ(root.status, ZD_ERR_TIMEOUT);
+  EXPECT_THAT(root.error, HasSubstr("node 1 of 3 never connected to node 0"));
+  EXPECT_THAT(root.error, HasSubstr("(closed after its hello and not back: node 1 (host host1, pid 111))"));
+  EXPECT_EQ(node2.status, ZD_ERR_TIMEOUT);
+  EXPECT_EQ(node2.error, root.error) << "node 2 hears the root's verdict";
+}
+
+// Two live daemons with one --node-rank: the job fails on both, naming them.
+TEST(Bootstrap, TwoLiveDaemonsThatSayTheyAreOneNodeFailTheJob) {
+  const int port = free_port();
+  Outcome root;
+  std::thread t([&] { root = run(request(0, 3, port)); });
+  const int first = send_raw_hello(port, hello_of(1, 3, 111));
+  ASSERT_GE(first, 0);
+  const Outcome second = run(request(1, 3, port));
+  t.join();
+  close(first);
+  EXPECT_EQ(root.status, ZD_ERR_CONFIG);
+  EXPECT_THAT(root.error, HasSubstr("two daemons say they are node 1: node 1 (host host1, pid 111) and host host1, "
+                                    "pid 1001; give each daemon its own --node-rank"));
+  EXPECT_EQ(second.status, ZD_ERR_CONFIG);
+  EXPECT_EQ(second.error, root.error);
+}
+
+// A daemon of another bootstrap version (another zerod build) is answered
+// with a refusal in the welcome's head, which every version reads, and the
+// root fails too: it used to drop the hello without a word, the daemon
+// retried until its timeout, and the root said the node never connected.
+TEST(Bootstrap, ADaemonOfAnotherVersionIsRefusedInWordsAndTheJobFails) {
+  const int port = free_port();
+  Outcome root;
+  std::thread t([&] { root = run(request(0, 2, port)); });
+  RawHello h = hello_of(1, 2, 222);
+  h.version = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = send_raw_hello(port, h);
+  ASSERT_GE(fd, 0);
+  RawWelcomeHead w{};
+  size_t got = 0;
+  while (got < sizeof w) {
+    const ssize_t n = read(fd, reinterpret_cast<char*>(&w) + got, sizeof w - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  t.join();
+  ASSERT_EQ(got, sizeof w) << "the root closed without a word";
+  EXPECT_EQ(w.magic, kWelcomeMagic);
+  EXPECT_EQ(w.status, ZD_ERR_VERSION);
+  const std::string told(w.message, strnlen(w.message, sizeof w.message));
+  EXPECT_THAT(told, HasSubstr("the root daemon (node 0, host host0, pid 1000) speaks bootstrap v1, the daemon at "));
+  EXPECT_THAT(told, HasSubstr("127.0.0.1:"));  // its address (IPv4-mapped where the root listens on IPv6)
+  EXPECT_THAT(told, HasSubstr(" sent v2; run the same zerod build on every node"));
+  EXPECT_EQ(root.status, ZD_ERR_VERSION);
+  EXPECT_EQ(root.error, told);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "the root waited for its timeout";
+}
+
+// A node told by its root that they speak other versions stops at once,
+// with the root's words (a root of a later version answers so).
+TEST(Bootstrap, ANodeRefusedForItsVersionStopsAtOnce) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread later_root([&] {
+    const int c = accept(lfd, nullptr, nullptr);
+    RawHello h;
+    if (read(c, &h, sizeof h) > 0) {
+      RawWelcomeHead w{};
+      w.magic = kWelcomeMagic;
+      w.status = ZD_ERR_VERSION;
+      std::snprintf(w.message, sizeof w.message, "nccl bootstrap: the root speaks bootstrap v2, the node sent v%u",
+                    h.version);
+      if (write(c, &w, sizeof w) < 0) {
+      }
+    }
+    close(c);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o = run(request(1, 2, ntohs(a.sin_port), 20));
+  later_root.join();
+  close(lfd);
+  EXPECT_EQ(o.status, ZD_ERR_VERSION);
+  EXPECT_EQ(o.error, "nccl bootstrap: the root speaks bootstrap v2, the node sent v1");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
 // A root and one node through the exchange: (root, node).

@@ -395,6 +395,32 @@ TEST(NcclFailures, ATimeoutIsToldToTheOtherDaemon) {
   EXPECT_LT(s, comm.rank() == 0 ? 10.0 : 1.0);
 }
 
+// Node 1's create fails before the exchange (no root address): the next
+// create on both daemons still meets as the same instance. (The failed one
+// used to count on node 1, whose next create then claimed a later instance
+// than node 0's, refused as a daemon restarted alone.)
+TEST(NcclCreate, AFailedCreateBeforeTheExchangeKeepsTheDaemonsInStep) {
+  if (node() == 1) {
+    const zd_comm_v3* d = nccl_plugin();
+    ASSERT_NE(d, nullptr);
+    const std::string root = std::getenv("ZEROD_NCCL_ROOT");
+    const char* master = std::getenv("MASTER_ADDR");
+    const std::string master_addr = master != nullptr ? master : "";
+    unsetenv("ZEROD_NCCL_ROOT");
+    unsetenv("MASTER_ADDR");
+    const double values[] = {60, 0, 1.0, 0};
+    const zd_comm_config cfg = config_of(nodes(), node(), 1);
+    char buf[1024] = "";
+    void* inst = nullptr;
+    EXPECT_EQ(d->create(nullptr, values, 4, &cfg, &inst, buf, sizeof buf), ZD_ERR_CONFIG);
+    EXPECT_THAT(buf, HasSubstr("needs the address of its root daemon"));
+    setenv("ZEROD_NCCL_ROOT", root.c_str(), 1);
+    if (master != nullptr) setenv("MASTER_ADDR", master_addr.c_str(), 1);
+  }
+  NcclComm comm;
+  EXPECT_TRUE(comm.ok()) << "the failed create put node 1 out of step";
+}
+
 // Last: node 1 leaves without a word (as a daemon that dies would, its
 // sockets closed by the kernel); node 0 is told which node went.
 TEST(NcclFailures, ALostDaemonIsNamed) {

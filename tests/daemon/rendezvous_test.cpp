@@ -2,7 +2,8 @@
 // (daemon/cli/rendezvous.h): the value reaches a client that asks by the
 // job's name, another job's name is refused in words, a hostile or silent
 // client does not stop it serving the next one, and a client with no
-// server ends within its timeout saying where it looked.
+// server, or one whose connect nobody answers, ends within its timeout
+// (or at once when told to stop) saying where it looked.
 #include "rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 namespace zerod::cli {
 namespace {
@@ -123,6 +125,57 @@ TEST(Rendezvous, NoServerEndsWithinTheTimeoutSayingWhere) {
   EXPECT_GE(took, std::chrono::milliseconds(900));
   EXPECT_LT(took, std::chrono::seconds(5));
   EXPECT_NE(why.find("127.0.0.1:" + std::to_string(port) + " did not answer within 1 s"), std::string::npos) << why;
+}
+
+// A listener that never accepts, its queue full: the host answers no SYN,
+// as a firewall that drops packets does, and a blocking connect() waited
+// about two minutes whatever the timeout.
+class FullQueue : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(listener_, 0), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    for (int i = 0; i < 4; ++i) {  // fill its queue
+      const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      (void)::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      fillers_.push_back(c);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  void TearDown() override {
+    for (const int c : fillers_) ::close(c);
+    ::close(listener_);
+  }
+  Endpoint here() const { return Endpoint{"127.0.0.1", port_}; }
+
+  int listener_ = -1, port_ = 0;
+  std::vector<int> fillers_;
+};
+
+TEST_F(FullQueue, AConnectNobodyAnswersEndsWithinTheTimeout) {
+  std::string value, why;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(fetch_rendezvous(here(), "job-a", 1.0, &value, &why));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "the connect ignored the timeout";
+  EXPECT_NE(why.find("did not answer within 1 s (connect: timed out"), std::string::npos) << why;
+}
+
+TEST_F(FullQueue, AStopDuringAConnectEndsItAtOnce) {
+  std::string value, why;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stop_after = [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300); };
+  EXPECT_FALSE(fetch_rendezvous(here(), "job-a", 30, &value, &why, stop_after));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "the stop waited for the connect";
+  EXPECT_NE(why.find("stopped while waiting for node 0's rendezvous at 127.0.0.1:" + std::to_string(port_)),
+            std::string::npos)
+      << why;
 }
 
 TEST(Rendezvous, ServerThatComesLaterIsWaitedFor) {

@@ -9,7 +9,9 @@
 # daemon, mpirun or server is left. Then the same without an ompi-server of
 # the user's: node 0's daemon starts one and hands it to node 1 over the
 # rendezvous at MASTER_ADDR:MASTER_PORT+1 (`zerod join`), and with the
-# one-node job unchanged (no comm backend named: "mpi" across nodes). Without a server
+# one-node job unchanged (no comm backend named: "mpi" across nodes). A node
+# 0 that never answers fails node 1's rank within its timeout, quoting
+# `zerod join`'s reason. Without a server
 # or a rendezvous address, or without a node index, the ranks are refused
 # saying what to set.
 #   launched_nodes.sh ZEROD TRAIN_MLP JOB
@@ -106,6 +108,47 @@ grep -qh "zerod join: node 0 of 2: name server .* served on port $((master_port 
   { echo "launched_nodes (own): node 0's daemon did not say it served its name server"; cat "$work"/zerod-launch/*.log; exit 1; }
 grep -qh "zerod join: node 1 of 2: node 0's name server is " "$work"/zerod-launch/*.log ||
   { echo "launched_nodes (own): node 1's daemon did not say it got node 0's name server"; exit 1; }
+
+# Node 0 never answers (its rendezvous port held by a listener whose queue
+# is full, which answers no SYN, as a host that drops packets does): node
+# 1's rank fails within its connect timeout (30 s), quoting its daemon's
+# `zerod join`, which gave up first and said where it looked (its log was
+# read while it was still stuck in connect(), empty).
+python3 - "$work/full_port" <<'PY' &
+import socket, sys, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(0)
+fillers = []
+for _ in range(4):
+    c = socket.socket()
+    c.setblocking(False)
+    try:
+        c.connect(l.getsockname())
+    except BlockingIOError:
+        pass
+    fillers.append(c)
+time.sleep(0.2)
+open(sys.argv[1], "w").write(str(l.getsockname()[1]))
+time.sleep(120)
+PY
+full=$!
+for _ in $(seq 100); do [ -s "$work/full_port" ] && break; sleep 0.1; done
+full_port=$(cat "$work/full_port")
+t0=$SECONDS
+env RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 ZEROD_RENDEZVOUS="127.0.0.1:$full_port" \
+  TORCHELASTIC_RUN_ID="launched-$$-silent" ZEROD_JOB="$work/mpi.lua" timeout 120 "$trainer" --steps 30 \
+  > "$work/silent.2" 2>&1
+rc=$?
+took=$((SECONDS - t0))
+kill "$full" 2>/dev/null
+[ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$took" -lt 40 ] ||
+  { echo "launched_nodes (silent node 0): rank 2 ended with $rc after $took s:"; cat "$work/silent.2"; exit 1; }
+grep -q "zerod join: node 1 of 2: node 0's rendezvous at 127.0.0.1:$full_port did not answer within 22 s (connect: timed out" \
+  "$work/silent.2" || { echo "launched_nodes (silent node 0): rank 2 did not quote zerod join's reason:"; cat "$work/silent.2"; exit 1; }
+for _ in $(seq 100); do [ "$(left)" = 0 ] && break; sleep 0.1; done
+[ "$(left)" = 0 ] || { echo "launched_nodes (silent node 0): its daemon outlived the rank:"; pgrep -af "$work"; exit 1; }
+echo "launched_nodes (silent node 0): rank 2 failed after $took s quoting zerod join's reason"
 
 # Refused, saying what to set: neither a server nor where node 0 is; no
 # node index.

@@ -32,6 +32,22 @@ bool wait_one(MPI_Request* r, Link::Clock::time_point deadline, int* rc) {
   }
 }
 
+// The words of a refusal, whole (a layout refusal runs to about 400 bytes).
+constexpr size_t kRefusalBytes = 1024;
+
+// A gather's buffers, which MPI writes for as long as the gather is posted:
+// one that did not finish (a daemon late or gone) keeps them until the
+// process exits, since the gather may still complete.
+template <typename T>
+struct GatherBuffers {
+  std::shared_ptr<T[]> in, out;
+  GatherBuffers(size_t each, size_t nodes) : in(new T[each]()), out(new T[each * nodes]()) {}
+  void keep() {
+    keep_until_exit(in);
+    keep_until_exit(out);
+  }
+};
+
 Link::Clock::time_point deadline_in(double seconds) {
   if (seconds <= 0) return Link::Clock::time_point::max();
   return Link::Clock::now() + std::chrono::duration_cast<Link::Clock::duration>(std::chrono::duration<double>(seconds));
@@ -46,17 +62,29 @@ Link::Link(MPI_Comm comm, int nodes, double spin_us, uint64_t piece)
       piece_(piece),
       notices_(new Notices) {}
 
-zd_status Link::open(const Process& p, const Hello& mine, double timeout_s, double spin_us, uint64_t piece,
-                     std::unique_ptr<Link>* out, std::vector<Hello>* all, char* err, size_t err_size) {
+zd_status Link::open(const Process& p, const Hello& mine, const char* refusal, double timeout_s, double spin_us,
+                     uint64_t piece, std::unique_ptr<Link>* out, std::vector<Hello>* all, char* err,
+                     size_t err_size) {
   const Clock::time_point deadline = deadline_in(timeout_s);
-  MPI_Comm comm = MPI_COMM_NULL;
+  const bool refusing = mine.refused != ZD_OK;
+  // A daemon that refused says so whatever else went wrong: its reason is
+  // what its ranks need to hear.
+  auto own_refusal = [&] {
+    std::snprintf(err, err_size, "%s", refusal != nullptr ? refusal : "");
+    return static_cast<zd_status>(mine.refused);
+  };
+  // MPI writes the new communicator when the duplicate completes, which a
+  // request left posted may still do: the handle is kept until exit then.
+  const std::shared_ptr<MPI_Comm> dup(new MPI_Comm(MPI_COMM_NULL));
   MPI_Request r = MPI_REQUEST_NULL;
   int rc;
   {
     Lock l;
-    rc = MPI_Comm_idup(p.world, &comm, &r);
+    rc = MPI_Comm_idup(p.world, dup.get(), &r);
   }
   if (rc != MPI_SUCCESS || !wait_one(&r, deadline, &rc)) {
+    keep_until_exit(dup);
+    if (refusing) return own_refusal();
     // A request still posted is left to MPI: it cannot be cancelled.
     if (rc != MPI_SUCCESS) {
       std::snprintf(err, err_size, "MPI_Comm_idup of the daemons' world failed: %s", error_text(rc).c_str());
@@ -68,23 +96,67 @@ zd_status Link::open(const Process& p, const Hello& mine, double timeout_s, doub
                   timeout_s, p.nodes - 1);
     return ZD_ERR_TIMEOUT;
   }
+  const MPI_Comm comm = *dup;
   {
     Lock l;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   }
   if (p.world != MPI_COMM_WORLD) spanning_communicator(comm);
-  all->assign(static_cast<size_t>(p.nodes), Hello{});
+  GatherBuffers<Hello> hellos(1, static_cast<size_t>(p.nodes));
+  hellos.in[0] = mine;
   {
     Lock l;
-    rc = MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all->data(), sizeof mine, MPI_BYTE, comm, &r);
+    rc = MPI_Iallgather(hellos.in.get(), sizeof mine, MPI_BYTE, hellos.out.get(), sizeof mine, MPI_BYTE, comm, &r);
   }
   if (rc != MPI_SUCCESS || !wait_one(&r, deadline, &rc)) {
+    hellos.keep();
+    if (refusing) return own_refusal();
     if (rc != MPI_SUCCESS) {
       std::snprintf(err, err_size, "exchanging the daemons' layouts failed: %s", error_text(rc).c_str());
       return ZD_ERR_PEER_LOST;
     }
     std::snprintf(err, err_size, "waited %g s for the other %d daemons to describe themselves", timeout_s, p.nodes - 1);
     return ZD_ERR_TIMEOUT;
+  }
+  all->assign(hellos.out.get(), hellos.out.get() + p.nodes);
+  // A daemon of another version may not take part in what follows.
+  for (size_t m = 0; m < all->size(); ++m) {
+    const Hello& h = (*all)[m];
+    if (h.version == kHelloVersion) continue;
+    if (refusing) return own_refusal();
+    std::snprintf(err, err_size,
+                  "node %zu (host %.64s, pid %lld) speaks the mpi plugin's hello v%u%s, this daemon v%u: run the "
+                  "same zerod build on every node",
+                  m, h.host, static_cast<long long>(h.pid), static_cast<unsigned>(h.version),
+                  h.version == 0 ? " (a build from before versions were sent)" : "", unsigned{kHelloVersion});
+    return ZD_ERR_VERSION;
+  }
+  size_t first_refusing = all->size();
+  for (size_t m = 0; m < all->size() && first_refusing == all->size(); ++m)
+    if ((*all)[m].refused != ZD_OK) first_refusing = m;
+  if (first_refusing < all->size()) {
+    // Every daemon saw the same Hellos, so every one gathers the reasons.
+    GatherBuffers<char> texts(kRefusalBytes, all->size());
+    if (refusing && refusal != nullptr) std::snprintf(texts.in.get(), kRefusalBytes, "%s", refusal);
+    {
+      Lock l;
+      rc = MPI_Iallgather(texts.in.get(), static_cast<int>(kRefusalBytes), MPI_BYTE, texts.out.get(),
+                          static_cast<int>(kRefusalBytes), MPI_BYTE, comm, &r);
+    }
+    const bool heard = rc == MPI_SUCCESS && wait_one(&r, deadline, &rc);
+    if (!heard) texts.keep();
+    if (refusing) return own_refusal();
+    const Hello& h = (*all)[first_refusing];
+    const char* text = "(its reason did not arrive; its own log has it)";
+    if (heard) {
+      char* words = texts.out.get() + first_refusing * kRefusalBytes;
+      words[kRefusalBytes - 1] = '\0';
+      text = words;
+    }
+    std::snprintf(err, err_size,
+                  "node %zu (host %.64s, pid %lld) refused the mpi comm instance, so no daemon can open it: %s",
+                  first_refusing, h.host, static_cast<long long>(h.pid), text);
+    return static_cast<zd_status>(h.refused);
   }
   std::unique_ptr<Link> link(new Link(comm, p.nodes, spin_us, piece));
   if (p.nodes > 1) {

@@ -27,24 +27,41 @@ class Link {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // The layout of Hello and of the exchange in open(). Builds before it
+  // sent 0 where `version` is.
+  static constexpr uint16_t kHelloVersion = 1;
+
   // What every daemon tells the others when it opens its instance.
   struct Hello {
     int32_t world = 0;
     int32_t first = 0;
     int32_t local = 0;
-    int32_t reserved = 0;
+    uint16_t version = kHelloVersion;  // the 32 reserved bits of older builds, which were 0
+    int16_t refused = ZD_OK;           // this daemon refused the instance with this status (open() says why)
     uint64_t piece = 0;
     int64_t pid = 0;
     char host[64] = "";
   };
+  // Its size is every version's: a daemon of another version is told apart
+  // by `version`, not by a gather of mismatched sizes.
+  static_assert(sizeof(Hello) == 96, "the Hello every version exchanges");
 
   // Duplicates the daemons' world (Process::world, MPI_Comm_idup) and gathers every daemon's
   // Hello, each step waited for at most timeout_s (0: no limit): every
   // daemon opens its instances in the same order. spin_us: how long a wait
   // polls flat out after progress before it yields and then sleeps between
   // polls. On failure, a message in err.
-  static zd_status open(const Process& p, const Hello& mine, double timeout_s, double spin_us, uint64_t piece,
-                        std::unique_ptr<Link>* out, std::vector<Hello>* all, char* err, size_t err_size);
+  //
+  // A daemon that refuses the instance (mine.refused, and `refusal` says
+  // why) takes part all the same, so that the others fail at once with its
+  // words instead of waiting for it until their timeout: when any daemon
+  // refused, every daemon gathers the refusals too and fails, the refusing
+  // one with its own words, the others naming the first refusing node and
+  // quoting it. A daemon of another Hello version fails every daemon of
+  // this one, naming it (ZD_ERR_VERSION).
+  static zd_status open(const Process& p, const Hello& mine, const char* refusal, double timeout_s, double spin_us,
+                        uint64_t piece, std::unique_ptr<Link>* out, std::vector<Hello>* all, char* err,
+                        size_t err_size);
   // Requests still posted are cancelled (receives) or left to MPI (sends);
   // requests_left() says whether their buffers must outlive this. The
   // communicator itself is never freed (see link.cpp).

@@ -11,8 +11,8 @@
 // handler (glibc would otherwise run it at dlclose, long before exit).
 //
 // Not when an instance is still alive: its network thread may be inside
-// MPI. After a failed collective, requests may be left with a daemon that
-// is gone; Open MPI's MPI_Finalize does not wait for them (tested with a
+// MPI. After a failed collective or create, requests may be left with a
+// daemon that is gone or never came; Open MPI's MPI_Finalize does not wait for them (tested with a
 // peer killed mid-collective), but a daemon that exits after a failure must
 // not hang on that: a watchdog ends the process (status 1, with a message)
 // if MPI_Finalize has not returned after 10 s.
@@ -107,7 +107,7 @@ void finalize_at_exit() {
   // a failure. Joined daemons still meet if they all can, briefly.
   const bool failed = g_failed.load();
   if (failed)
-    finalize_watchdog(joined ? 20 : 10, "after a failed collective (another daemon may be gone)");
+    finalize_watchdog(joined ? 20 : 10, "after a failed collective or create (another daemon may be gone)");
   else if (joined)
     finalize_watchdog(60, "waiting for the other joined daemons to end (is one of them stuck?)");
   if (joined) {

@@ -49,7 +49,9 @@ class Lock {
 
 // Instances tell the exit handler whether finalizing is safe: none alive
 // (no thread in MPI) and none ever failed (no request left with a peer
-// that may be gone).
+// that may be gone). A create that failed counts as failed: it may have
+// left its communicator's duplicate or gather posted with a daemon that
+// never came.
 void instance_opened() noexcept;
 void instance_closed() noexcept;
 void instance_failed() noexcept;

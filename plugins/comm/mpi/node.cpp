@@ -79,8 +79,24 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
   Process p;
   zd_status st = init(&p, err, err_size);
   if (st != ZD_OK) return st;
-  st = check_layout(p, cfg, err, err_size);
-  if (st != ZD_OK) return st;
+  st = open(host, p, s, cfg, out, err, err_size);
+  // A failed create may leave a request posted with a daemon that is gone
+  // or never came: MPI_Finalize must not wait on it without the watchdog.
+  if (st != ZD_OK) instance_failed();
+  return st;
+}
+
+zd_status Node::open(const zd_host_services* host, const Process& p, const Settings& s, const zd_comm_config& cfg,
+                     std::unique_ptr<Node>* out, char* err, size_t err_size) noexcept {
+  // Across nodes a daemon that refuses its layout still takes part in the
+  // exchange (Link::open), so that the others fail at once with its words;
+  // alone, it just refuses.
+  char refusal[1024] = "";
+  const zd_status layout = check_layout(p, cfg, refusal, sizeof refusal);
+  if (layout != ZD_OK && p.nodes == 1) {
+    set_error(err, err_size, "%s", refusal);
+    return layout;
+  }
   try {
     Topology topo;
     topo.world = cfg.world_size;
@@ -94,11 +110,12 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
       mine.world = cfg.world_size;
       mine.first = cfg.first_local_rank;
       mine.local = cfg.local_ranks;
+      mine.refused = static_cast<int16_t>(layout);
       mine.piece = s.segment;
       mine.pid = p.pid;
       copy_text(mine.host, sizeof mine.host, p.host.c_str());
       std::vector<Link::Hello> all;
-      st = Link::open(p, mine, s.timeout_s, s.spin_us, s.segment, &link, &all, err, err_size);
+      zd_status st = Link::open(p, mine, refusal, s.timeout_s, s.spin_us, s.segment, &link, &all, err, err_size);
       if (st != ZD_OK) return st;
       st = check_daemons(all, mine, p.node, err, err_size);
       if (st != ZD_OK) return st;

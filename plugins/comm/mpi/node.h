@@ -43,7 +43,9 @@ class Node final : public Runner, private Rendezvous::Body {
   // Initialises MPI (once per process), checks the rank layout against it
   // and against the other daemons', and opens the instance's communicator;
   // every daemon of the job creates its instances in the same order. A
-  // refusal says what was expected.
+  // refusal says what was expected; across nodes every daemon fails with
+  // it at once (a daemon whose layout is wrong still joins the exchange to
+  // say so), and a failed create arms MPI's finalize watchdog (mpi_env.cpp).
   static zd_status create(const zd_host_services* host, const Settings& s, const zd_comm_config& cfg,
                           std::unique_ptr<Node>* out, char* err, size_t err_size) noexcept;
   ~Node();
@@ -63,6 +65,9 @@ class Node final : public Runner, private Rendezvous::Body {
 
  private:
   Node(Topology topo, const Settings& s, std::unique_ptr<Link> link);
+  // create() once MPI is up.
+  static zd_status open(const zd_host_services* host, const Process& p, const Settings& s, const zd_comm_config& cfg,
+                        std::unique_ptr<Node>* out, char* err, size_t err_size) noexcept;
 
   zd_status started(const Rendezvous::Started& s) noexcept override;
   // Every rank calls it with the same size: the staging grows (index 0

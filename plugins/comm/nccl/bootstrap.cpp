@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,12 +47,16 @@ struct Hello {
   char host[kHostMax];
 };
 
+// The head of every version's welcome. A root answers a hello of another
+// version with a refusal in this layout (status ZD_ERR_VERSION), which a
+// node of any version reads: it must never change.
 struct WelcomeHead {
   uint32_t magic;
   int32_t status;
   char message[kReasonMax];
   uint8_t id[kIdBytes];
 };
+static_assert(sizeof(WelcomeHead) == 1160, "the welcome's head is every version's");
 
 struct WelcomePeer {
   int64_t pid;
@@ -129,6 +134,18 @@ std::string peer_name(const sockaddr_storage& a) {
     port = ntohs(s->sin6_port);
   }
   return std::string(host) + ":" + std::to_string(port);
+}
+
+// Whether a node's connection has been closed by its end (its daemon died
+// or was restarted): a node says nothing between its hello and the
+// welcome, so anything readable is the close (or a reset).
+bool closed(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0) return true;
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 void no_delay(int fd) {
@@ -251,19 +268,43 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
     set_error(err, err_size, "%s", msg.c_str());
     return s;
   };
-  while (missing > 0) {
+  // A node whose connection closed after its hello: its daemon died, or was
+  // restarted (its launcher started it again) and says hello anew. It is
+  // waited for again, not failed at the welcome nor taken for a second
+  // daemon with its --node-rank when the new one comes.
+  std::vector<std::string> gone(fds.size());  // per node not back: who closed (for the timeout's message)
+  auto forget_if_closed = [&](size_t n, const std::string& why) {
+    if (fds[n] < 0 || !closed(fds[n])) return;
+    const std::string who = describe(static_cast<int>(n), peers[n]);
+    if (req.log) req.log("nccl bootstrap: " + who + " closed its connection before the exchange ended; " + why);
+    gone[n] = who;
+    close(fds[n]);
+    fds[n] = -1;
+    ++missing;
+  };
+  for (;;) {
+    if (missing == 0) {
+      // Everyone came: one last look before the welcome.
+      for (size_t n = 1; n < fds.size(); ++n) forget_if_closed(n, "waiting for node " + std::to_string(n) + " again");
+      if (missing == 0) break;
+    }
     pollfd pfd{l.fd(), POLLIN, 0};
     const int pr = poll(&pfd, 1, ms_left(deadline));
     if (pr < 0 && errno == EINTR) continue;
     if (pr == 0) {
-      std::string list;
-      for (int n = 1; n < req.nodes; ++n)
-        if (fds[static_cast<size_t>(n)] < 0) list += (list.empty() ? "" : ", ") + std::to_string(n);
+      std::string list, not_back;
+      for (int n = 1; n < req.nodes; ++n) {
+        const auto k = static_cast<size_t>(n);
+        if (fds[k] >= 0) continue;
+        list += (list.empty() ? "" : ", ") + std::to_string(n);
+        if (!gone[k].empty()) not_back += (not_back.empty() ? "" : ", ") + gone[k];
+      }
       return refuse(ZD_ERR_TIMEOUT,
                     "nccl bootstrap: node" + std::string(missing == 1 ? " " : "s ") + list + " of " +
                         std::to_string(req.nodes) + " never connected to node 0 at " + root_text(req.root) +
                         " within " + std::to_string(static_cast<int>(req.timeout_s)) +
-                        " s (comm.timeout); are those daemons started, with the same root address?");
+                        " s (comm.timeout); are those daemons started, with the same root address?" +
+                        (not_back.empty() ? "" : " (closed after its hello and not back: " + not_back + ")"));
     }
     if (pr < 0) return refuse(ZD_ERR_IO, std::string("nccl bootstrap: poll: ") + std::strerror(errno));
     sockaddr_storage from{};
@@ -272,7 +313,12 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
     if (c < 0) continue;  // the client left already, or a transient error
     const std::string who = peer_name(from);
     Hello h{};
-    const int got = read_full(c, &h, sizeof h, std::min(deadline, Clock::now() + kHelloWait));
+    const auto hello_until = std::min(deadline, Clock::now() + kHelloWait);
+    // The magic and version first: the rest is this version's layout only.
+    int got = read_full(c, &h, offsetof(Hello, node), hello_until);
+    if (got == 1 && h.magic == kHelloMagic && h.version == kVersion)
+      got = read_full(c, reinterpret_cast<uint8_t*>(&h) + offsetof(Hello, node), sizeof h - offsetof(Hello, node),
+                      hello_until);
     if (got != 1) {
       drop(c, who, got < 0 ? "it sent no complete hello within 2 s" : "it closed before a complete hello");
       continue;
@@ -282,8 +328,18 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
       continue;
     }
     if (h.version != kVersion) {
-      drop(c, who, "a daemon of another bootstrap version");
-      continue;
+      // A daemon of this job from another zerod build: dropped in silence,
+      // it took that for a root not up yet and retried until its timeout,
+      // and this root timed out saying it never connected. Both fail now,
+      // saying why.
+      char msg[512];
+      std::snprintf(msg, sizeof msg,
+                    "nccl bootstrap: the root daemon (node 0, host %s, pid %" PRId64
+                    ") speaks bootstrap v%u, the daemon at %s sent v%u; run the same zerod build on every node",
+                    req.host.c_str(), req.pid, kVersion, who.c_str(), h.version);
+      send_welcome(c, ZD_ERR_VERSION, msg, req, peers);
+      close(c);
+      return refuse(ZD_ERR_VERSION, msg);
     }
     const PeerInfo p{terminated(h.host, sizeof h.host), h.pid};
     if (h.nodes != req.nodes || h.world != req.world || h.local != req.local || h.node < 1 || h.node >= req.nodes) {
@@ -300,6 +356,8 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
       return refuse(ZD_ERR_CONFIG, msg);
     }
     const auto n = static_cast<size_t>(h.node);
+    forget_if_closed(n, "took the new one from host " + p.host + ", pid " + std::to_string(p.pid) + " (" + who +
+                            ") as node " + std::to_string(h.node));
     if (fds[n] >= 0 || h.generation != req.generation) {
       char msg[512];
       if (fds[n] >= 0)
@@ -321,6 +379,7 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
     no_delay(c);
     fds[n] = c;
     peers[n] = p;
+    gone[n].clear();
     --missing;
   }
   for (int n = 1; n < req.nodes; ++n) {
@@ -436,7 +495,8 @@ zd_status run_node(const BootstrapRequest& req, BootstrapResult* out, char* err,
           // A root that is not up yet does not accept; one that accepted
           // and closed without a word dropped us (not a zerod root, or the
           // previous instance's listener closing): try again.
-          last = "the process there closed the connection without answering";
+          last = "the process there closed the connection without answering (a root of an older zerod build "
+                 "drops a hello of another bootstrap version so)";
           close(fd);
         } else if (w.magic != kWelcomeMagic) {
           close(fd);

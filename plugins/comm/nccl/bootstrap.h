@@ -17,7 +17,13 @@
 // Nothing here needs CUDA or NCCL: the id is an opaque blob (ncclUniqueId is
 // 128 bytes), so the tests run the exchange between processes on any CPU.
 // Input on the port that is not a daemon of this job (wrong magic, a short
-// or slow hello, garbage) is dropped without failing the root.
+// or slow hello, garbage) is dropped without failing the root. A daemon of
+// another bootstrap version (another zerod build) is answered with a
+// refusal that says so, in the welcome's head that every version reads, and
+// the root fails the job with it (ZD_ERR_VERSION). A second hello for a
+// node whose first connection has closed (its daemon restarted during the
+// exchange) takes that node's place; one while the first is open is two
+// daemons with one --node-rank, and fails the job.
 #ifndef ZEROD_COMM_NCCL_BOOTSTRAP_H
 #define ZEROD_COMM_NCCL_BOOTSTRAP_H
 
@@ -85,7 +91,9 @@ struct BootstrapResult {
 // Runs the exchange for this node. ZD_ERR_TIMEOUT when the root never
 // answers or a node never comes within the timeout (naming the address and
 // the nodes missing), ZD_ERR_CONFIG when the port is taken or a daemon's
-// layout differs (naming both), ZD_ERR_IO for other socket failures.
+// layout differs (naming both), ZD_ERR_VERSION when a daemon speaks another
+// bootstrap version (the root's refusal: on the root and on that node),
+// ZD_ERR_IO for other socket failures.
 zd_status bootstrap(const BootstrapRequest& req, BootstrapResult* out, char* err, size_t err_size);
 
 // Failure notices over the bootstrap connections, after the exchange.

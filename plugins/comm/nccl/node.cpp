@@ -44,8 +44,14 @@ struct Desc {
 };
 static_assert(sizeof(Desc) == 256, "Desc is gathered as 256 bytes per rank");
 
-// Nodes in the job's instance order: every daemon creates its instances in
-// the same order, so the count agrees across daemons (bootstrap.h).
+// The instances this process has bootstrapped: every daemon creates its
+// instances in the same order (one at a time: the daemon creates models
+// under one lock), so the count agrees across daemons (bootstrap.h). Only
+// an exchange that succeeded counts. One that failed failed on every daemon
+// that took part (the root tells them), and a create that failed before the
+// exchange (no root address, say) never reached the others: counted, it
+// made this daemon's next create claim a later instance than theirs, which
+// the root refuses as a daemon restarted alone.
 std::atomic<uint64_t> g_generation{0};
 
 ncclDataType_t nccl_dtype(zd_comm_dtype d) {
@@ -177,7 +183,7 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
     req.nodes = n->nodes_;
     req.world = n->world_;
     req.local = n->local_;
-    req.generation = g_generation.fetch_add(1);
+    req.generation = g_generation.load();
     req.timeout_s = s.timeout_s;
     req.host = this_host();
     req.pid = static_cast<int64_t>(getpid());
@@ -199,6 +205,7 @@ zd_status Node::create(const zd_host_services* host, const Settings& s, const zd
     BootstrapResult boot;
     zd_status st = bootstrap(req, &boot, err, err_size);
     if (st != ZD_OK) return st;
+    g_generation.fetch_add(1);
     n->peers_ = std::move(boot.peers);
     n->fds_ = std::move(boot.fds);
     ncclUniqueId id;
