@@ -176,6 +176,19 @@ double sumsq_bf16_baseline(const uint16_t* p, uint64_t n) {
 }
 
 #if ZEROD_GRAD_MATH_X86
+// The sixteen lanes of the vector sums of squares, four a register, into
+// memory for the scalar tail and the tree. Baseline code runs next on this
+// thread: no upper halves are left dirty (plugins/optimizers/kernels/
+// zero_upper.h says what that costs on Intel).
+__attribute__((target("avx2"))) static inline void store_lanes_avx2(__m256d a0, __m256d a1, __m256d a2, __m256d a3,
+                                                                     double* lanes) {
+  _mm256_storeu_pd(lanes, a0);
+  _mm256_storeu_pd(lanes + 4, a1);
+  _mm256_storeu_pd(lanes + 8, a2);
+  _mm256_storeu_pd(lanes + 12, a3);
+  _mm256_zeroupper();
+}
+
 __attribute__((target("avx2,fma"))) double sumsq_f32_avx2(const float* p, uint64_t n) {
   __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
   uint64_t i = 0;
@@ -188,13 +201,7 @@ __attribute__((target("avx2,fma"))) double sumsq_f32_avx2(const float* p, uint64
     a3 = _mm256_fmadd_pd(x3, x3, a3);
   }
   double lanes[kSumLanes];
-  _mm256_storeu_pd(lanes, a0);
-  _mm256_storeu_pd(lanes + 4, a1);
-  _mm256_storeu_pd(lanes + 8, a2);
-  _mm256_storeu_pd(lanes + 12, a3);
-  // Baseline code runs next on this thread: leave no upper halves dirty
-  // (plugins/optimizers/kernels/zero_upper.h says what that costs on Intel).
-  _mm256_zeroupper();
+  store_lanes_avx2(a0, a1, a2, a3, lanes);
   for (uint64_t l = 0; i < n; ++i, ++l) lanes[l] += static_cast<double>(p[i]) * p[i];
   return reduce_lanes(lanes);
 }
@@ -241,11 +248,7 @@ __attribute__((target("avx2,fma"))) double sumsq_bf16_avx2(const uint16_t* p, ui
     a3 = _mm256_fmadd_pd(x3, x3, a3);
   }
   double lanes[kSumLanes];
-  _mm256_storeu_pd(lanes, a0);
-  _mm256_storeu_pd(lanes + 4, a1);
-  _mm256_storeu_pd(lanes + 8, a2);
-  _mm256_storeu_pd(lanes + 12, a3);
-  _mm256_zeroupper();
+  store_lanes_avx2(a0, a1, a2, a3, lanes);
   for (uint64_t l = 0; i < n; ++i, ++l) {
     const double v = bf16_to_f32(p[i]);
     lanes[l] += v * v;

@@ -80,6 +80,16 @@ Outcome run(const BootstrapRequest& r) {
   return o;
 }
 
+// The root of a test that reads its log: every line goes to `logged`,
+// under `mu` (the test reads it while the root runs).
+Outcome run_logged(BootstrapRequest r, std::vector<std::string>* logged, std::mutex* mu) {
+  r.log = [logged, mu](const std::string& m) {
+    std::lock_guard<std::mutex> g(*mu);
+    logged->push_back(m);
+  };
+  return run(r);
+}
+
 std::function<const char*(const char*)> env(std::map<std::string, std::string> m) {
   auto vars = std::make_shared<std::map<std::string, std::string>>(std::move(m));
   return [vars](const char* k) -> const char* {
@@ -245,11 +255,7 @@ TEST(Bootstrap, HostileInputOnThePortIsDroppedAndTheExchangeCompletes) {
   std::thread t([&] {
     BootstrapRequest r = request(0, 2, port);
     r.id = random_id(7);
-    r.log = [&](const std::string& m) {
-      std::lock_guard<std::mutex> g(mu);
-      logged.push_back(m);
-    };
-    root = run(r);
+    root = run_logged(r, &logged, &mu);
   });
   auto connect_raw = [&] {
     for (int tries = 0; tries < 200; ++tries) {
@@ -397,11 +403,7 @@ TEST(Bootstrap, ANodeRestartedDuringTheExchangeTakesItsPlace) {
   std::thread t([&] {
     BootstrapRequest r = request(0, 3, port);
     r.id = random_id(9);
-    r.log = [&](const std::string& m) {
-      std::lock_guard<std::mutex> g(mu);
-      logged.push_back(m);
-    };
-    root = run(r);
+    root = run_logged(r, &logged, &mu);
   });
   const int first = send_raw_hello(port, hello_of(1, 3, 111));
   ASSERT_GE(first, 0);
