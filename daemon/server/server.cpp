@@ -172,7 +172,7 @@ bool Server::make_room_before_hello() {
       int waiting = 0;
       Session* oldest = nullptr;
       for (const auto& s : sessions_)  // in the order they were accepted
-        if (!s->finished() && !s->greeted() && !s->stopping()) {
+        if (!s->finished() && !s->hello_came() && !s->stopping()) {
           if (!oldest) oldest = s.get();
           ++waiting;
         }
@@ -341,6 +341,12 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
   } catch (const Error& e) {
     job->failed_creates.emplace(key, e);
     throw;
+  } catch (const std::exception& e) {
+    // A thread that would not start, memory refused: the others' creates
+    // would fail alike, each after its own comm.timeout across nodes.
+    Error as_error(ZD_ERR_INTERNAL, std::string("creating the model failed: ") + e.what());
+    job->failed_creates.emplace(key, as_error);
+    throw as_error;
   }
   m->attach(rank);
   models_[m->id()] = m;

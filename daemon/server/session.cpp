@@ -272,6 +272,7 @@ void Session::leave_all(bool lost, const std::string& reason) {
 
 void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   if (greeted_) fail(ZD_ERR_INVALID_STATE, "hello sent twice on one connection");
+  hello_came_ = true;
   const uint32_t major = h.abi_version() >> 16;
   if (major > ZD_ABI_VERSION_MAJOR)
     fail(ZD_ERR_VERSION, "the client speaks zerod ABI " + std::to_string(major) + ".x but this daemon " +

@@ -46,6 +46,9 @@ class Session {
   bool finished() const { return finished_.load(); }
   // It said hello (as a rank or an observer).
   bool greeted() const { return greeted_.load(); }
+  // Its hello came, answered or not: a rank waiting in claim_rank for its
+  // old connection to go has said it (Server::make_room_before_hello).
+  bool hello_came() const { return hello_came_.load(); }
   std::chrono::steady_clock::time_point accepted() const { return accepted_; }
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   int rank() const { return rank_; }
@@ -106,6 +109,7 @@ class Session {
   std::thread thread_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> greeted_{false};
+  std::atomic<bool> hello_came_{false};
   // Until the hello: when the connection was accepted (ServerOptions::hello_timeout_ms).
   std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
   bool observer_ = false;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 
@@ -44,15 +45,27 @@ std::string name_uid(uid_t uid) {
 // script, which names plugins to load, and memfds of its tensors. A
 // socket where another user's process listens (a path in a shared
 // directory, a ZEROD_ENDPOINT that someone else set) is refused. Root's
-// daemon is trusted, as root can read the trainer's memory anyway.
+// daemon is trusted, as root can read the trainer's memory anyway. A
+// daemon of another uid that lets this one in on purpose (a program
+// embedding the server with ServerOptions::allow_uid) is trusted where
+// ZEROD_TRUST_DAEMON_UID names its uid: the two sides' consents match.
 void check_daemon_uid(int fd, const std::string& purpose) {
   const PeerCredentials daemon = peer_credentials(fd);
   const uid_t me = ::geteuid();
   if (daemon.uid == me || daemon.uid == 0) return;
+  if (const char* trusted = std::getenv("ZEROD_TRUST_DAEMON_UID"); trusted && *trusted) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long uid = std::strtoul(trusted, &end, 10);
+    if (errno != 0 || *end != '\0' || trusted[0] == '-')
+      fail(ZD_ERR_INVALID_ARGUMENT, purpose + ": ZEROD_TRUST_DAEMON_UID='" + std::string(trusted) +
+                                        "' is not a uid (a number)");
+    if (uid == daemon.uid) return;
+  }
   fail(ZD_ERR_IO, purpose + ": the process listening there (pid " + std::to_string(daemon.pid) + ") runs as " +
                       name_uid(daemon.uid) + ", but this process is " + name_uid(me) +
-                      ": a client sends its job script and tensors only to a daemon of its own uid or of root. "
-                      "Point ZEROD_ENDPOINT at a daemon of your own");
+                      ": a client sends its job script and tensors only to a daemon of its own uid or of root "
+                      "(or of the uid ZEROD_TRUST_DAEMON_UID names). Point ZEROD_ENDPOINT at a daemon of your own");
 }
 
 }  // namespace

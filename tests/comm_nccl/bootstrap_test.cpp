@@ -436,7 +436,7 @@ TEST(Bootstrap, ANodeRestartedDuringTheExchangeTakesItsPlace) {
 TEST(Bootstrap, ANodeThatDiedAfterItsHelloIsWaitedForAndNamed) {
   const int port = free_port();
   Outcome root, node2;
-  std::thread t([&] { root = run(request(0, 3, port, 1.5)); });
+  std::thread t([&] { root = run(request(0, 3, port, 5)); });
   const int first = send_raw_hello(port, hello_of(1, 3, 111));
   ASSERT_GE(first, 0);
   close(first);

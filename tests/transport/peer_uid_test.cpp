@@ -92,27 +92,22 @@ TEST_F(PeerUid, AnAllowedUidIsAccepted) {
   EXPECT_EQ(wait_exit(child), 0);
 }
 
-// The other way round: a socket where a client expects its own daemon, but
-// another user's process listens (a path in a shared directory, a
-// ZEROD_ENDPOINT someone else set). libzerod would send it the job script
-// and memfds of the trainer's tensors: connect_unix refuses it, naming the
-// uid that listens, and the listener receives nothing.
-TEST_F(PeerUid, AClientRefusesADaemonOfAnotherUid) {
-  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);  // uid 65534 makes its socket there
+// Another user's "daemon" on path_, run as uid 65534 in a child: listens,
+// lets root in, and says whether any byte came before the client closed.
+// Exit status: 10 nothing came, 11 a frame came, others a failure along
+// the way. Returns once it listens.
+pid_t start_other_users_daemon(const std::string& path) {
   int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  if (::pipe(ready) != 0) return -1;
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
+  if (child < 0) return -1;
   if (child == 0) {
-    // The other user's "daemon": listens, lets root in, and says whether
-    // any byte came before the client closed. Exit status: 10 nothing came,
-    // 11 a frame came, others a failure along the way.
     ::close(ready[0]);
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) ::_exit(20);
     try {
       ListenerOptions options;
       options.allow_uid.insert(0);
-      Listener l = Listener::create_private(path_, options);
+      Listener l = Listener::create_private(path, options);
       (void)!::write(ready[1], "r", 1);
       std::optional<Connection> c = l.accept(10000);
       if (!c) ::_exit(21);
@@ -126,8 +121,20 @@ TEST_F(PeerUid, AClientRefusesADaemonOfAnotherUid) {
   }
   ::close(ready[1]);
   char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1) << "the uid 65534 listener did not start";
+  const bool listening = ::read(ready[0], &byte, 1) == 1;
   ::close(ready[0]);
+  return listening ? child : -1;
+}
+
+// The other way round: a socket where a client expects its own daemon, but
+// another user's process listens (a path in a shared directory, a
+// ZEROD_ENDPOINT someone else set). libzerod would send it the job script
+// and memfds of the trainer's tensors: connect_unix refuses it, naming the
+// uid that listens, and the listener receives nothing.
+TEST_F(PeerUid, AClientRefusesADaemonOfAnotherUid) {
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);  // uid 65534 makes its socket there
+  const pid_t child = start_other_users_daemon(path_);
+  ASSERT_GT(child, 0) << "the uid 65534 listener did not start";
   std::optional<Error> refused;
   try {
     Connection c = connect_unix(path_, 5000);
@@ -145,6 +152,37 @@ TEST_F(PeerUid, AClientRefusesADaemonOfAnotherUid) {
   EXPECT_NE(text.find("runs as uid 65534"), std::string::npos) << text;
   EXPECT_NE(text.find("but this process is uid 0"), std::string::npos) << text;
   EXPECT_EQ(status, 10) << "the other uid's listener should have seen the connection closed with nothing sent";
+}
+
+// A server that lets another uid in (ServerOptions::allow_uid) is reached
+// by a client told to trust the server's uid; a malformed value is an
+// error, not a silent refusal.
+TEST_F(PeerUid, AClientTrustsTheDaemonUidItIsTold) {
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);
+  const pid_t first = start_other_users_daemon(path_);
+  ASSERT_GT(first, 0) << "the uid 65534 listener did not start";
+  ::setenv("ZEROD_TRUST_DAEMON_UID", "65534x", 1);
+  try {
+    connect_unix(path_, 5000);
+    ADD_FAILURE() << "a malformed ZEROD_TRUST_DAEMON_UID was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_INVALID_ARGUMENT) << e.what();
+  }
+  EXPECT_EQ(wait_exit(first), 10) << "nothing goes to a daemon the client does not trust";
+  const pid_t child = start_other_users_daemon(path_);
+  ASSERT_GT(child, 0) << "the second uid 65534 listener did not start";
+  ::setenv("ZEROD_TRUST_DAEMON_UID", "65534", 1);
+  std::optional<Error> refused;
+  try {
+    Connection c = connect_unix(path_, 5000);
+    c.send(FrameHeader{}, test::bytes_of("the job script"));
+  } catch (const Error& e) {
+    refused = e;
+  }
+  ::unsetenv("ZEROD_TRUST_DAEMON_UID");
+  const int status = wait_exit(child);
+  EXPECT_FALSE(refused) << refused->what();
+  EXPECT_EQ(status, 11) << "the trusted daemon should have received the frame";
 }
 
 }  // namespace

@@ -338,6 +338,12 @@ zd_status run_root(const BootstrapRequest& req, BootstrapResult* out, char* err,
                     ") speaks bootstrap v%u, the daemon at %s sent v%u; run the same zerod build on every node",
                     req.host.c_str(), req.pid, kVersion, who.c_str(), h.version);
       send_welcome(c, ZD_ERR_VERSION, msg, req, peers);
+      // The rest of its hello is unread: a close now would be a reset,
+      // which can drop the refusal before the daemon reads it. Our side
+      // ends first, then what it sent is read off briefly.
+      shutdown(c, SHUT_WR);
+      uint8_t rest[sizeof(Hello)];
+      (void)read_full(c, rest, sizeof rest, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
       close(c);
       return refuse(ZD_ERR_VERSION, msg);
     }

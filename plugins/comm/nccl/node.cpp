@@ -45,8 +45,13 @@ struct Desc {
 static_assert(sizeof(Desc) == 256, "Desc is gathered as 256 bytes per rank");
 
 // The instances this process has bootstrapped: every daemon creates its
-// instances in the same order (one at a time: the daemon creates models
-// under one lock), so the count agrees across daemons (bootstrap.h). Only
+// instances in the same order (new models under the server's lock; a
+// kept model's recovery under its own, which keep_state across nodes,
+// refused, never reaches), so the count agrees across daemons
+// (bootstrap.h). A node that fails after the root sent every welcome (its
+// read of the welcome lost) leaves the root one count ahead: the next
+// create is refused as a restart alone, which is what restarting every
+// node fixes. Only
 // an exchange that succeeded counts. One that failed failed on every daemon
 // that took part (the root tells them), and a create that failed before the
 // exchange (no root address, say) never reached the others: counted, it
