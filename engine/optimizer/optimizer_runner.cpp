@@ -311,7 +311,13 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
   const size_t wsz = dtype_size(g.dtype);
   if (!uploads_.lease) uploads_.lease.emplace(work_staging_);
   const uint64_t slot_bytes = uploads_.lease->size() / kUploadSlots;
-  const uint64_t chunk = slot_bytes / wsz;
+  if (pc.count == 0) return uploads_.last;
+  // Equal chunks of at most a slot: a piece a little over a slot goes as
+  // two halves, not a slot and a sliver that leaves most workers idle
+  // (each chunk is one pass of the workers, ended by a barrier).
+  const uint64_t most = slot_bytes / wsz;
+  const uint64_t parts = (pc.count + most - 1) / most;
+  const uint64_t chunk = std::min(most, ((pc.count + parts - 1) / parts + 63) / 64 * 64);
   for (uint64_t off = 0; off < pc.count; off += chunk) {
     const uint64_t n = std::min(chunk, pc.count - off);
     const size_t k = uploads_.next;
