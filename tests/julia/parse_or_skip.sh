@@ -8,6 +8,14 @@
 #   parse_or_skip.sh VENV_DIR FILE...
 venv=$1
 shift
+# fatou's grammar is more lenient than Julia's: it takes `f() do end` on one
+# line, where Julia reads `end` as the block's argument and fails to load
+# the file (runtests.jl did so until 2026-11-28). Checked here by pattern,
+# as nothing else here can.
+if grep -nE '\bdo[[:space:]]+end\b' "$@"; then
+  echo "FAILED: \`do end\` on one line does not parse in Julia (write \`do; end\`)"
+  exit 1
+fi
 fatou=$(command -v fatou || true)
 [ -z "$fatou" ] && [ -x "$venv/bin/fatou" ] && fatou="$venv/bin/fatou"
 if [ -z "$fatou" ]; then

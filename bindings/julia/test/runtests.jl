@@ -24,7 +24,7 @@ end
 
 # One micro-batch whose gradient for w is given.
 function micro_step(model, layer, w, grad)
-    forward(model, layer) do end
+    forward(model, layer) do; end
     backward(model, layer) do
         grad_view(model, w) .= grad
     end
