@@ -80,7 +80,8 @@ echo "multi_job: two jobs at once through one daemon: '$got_a' and '$got_b', as 
 # 3. Room for three ranks' state: job A runs; job C (A's script, another launch) does not fit beside it.
 start_serve --host-memory "$((need * 3))B"
 launch long "$job_a" 29704 1000000; long_pids=("${pids[@]}")
-for _ in $(seq 300); do grep -q "step" "$work/long.0.out" 2>/dev/null && break; sleep 0.05; done
+# Up to 60 s: a sanitizer build on a loaded machine takes seconds to its first step.
+for _ in $(seq 1200); do grep -q "step" "$work/long.0.out" 2>/dev/null && break; sleep 0.05; done
 grep -q "step" "$work/long.0.out" || die "job A did not start training"
 "$zerod" status --socket "$sock" | grep -q "serving 1 job;" || die "status does not show the running job"
 launch refused "$job_a" 29705 30
