@@ -19,7 +19,10 @@
 // the same rounds (whether auto picked the fastest); (f) ours again as the
 // engine calls it in a training step: 32768-element tiles taken by whichever
 // thread is free, on each ISA (--no-tiles leaves it out); (d)
-// torch.optim.AdamW. Every figure is the median over rounds of each round's
+// torch.optim.AdamW, the fastest of its CPU implementations (foreach off and
+// on, and fused where torch >= 2.4 has it), run by the venv's python (torch
+// 2.x, as DeepSpeed's side) unless --python names another; its version is
+// printed beside it. Every figure is the median over rounds of each round's
 // median step. The VM's bandwidth drifts between runs, so compare within a
 // run; the last line says how busy other processes kept the CPUs meanwhile.
 #include <dlfcn.h>
@@ -54,7 +57,7 @@ struct Options {
   std::vector<int> threads = {1, 2};
   std::string plugin_dir = ZEROD_BENCH_PLUGIN_DIR;
   std::string torch_script = ZEROD_BENCH_TORCH_SCRIPT;
-  std::string python = "/usr/bin/python3";
+  std::string python;  // empty: the venv's (ds_python) when it is there, else /usr/bin/python3
   bool torch = true;
   std::string ds_python = ZEROD_BENCH_VENV_PYTHON;
   std::string ds_script = ZEROD_BENCH_DEEPSPEED_SCRIPT;
@@ -68,7 +71,8 @@ void usage(const char* argv0) {
       "usage: %s [--params N] [--steps S] [--warmup W] [--threads 1,2] [--plugin-dir DIR]\n"
       "          [--torch-script PATH] [--python PATH] [--no-torch] [--rounds R]\n"
       "          [--deepspeed-python PATH] [--no-deepspeed] [--no-tiles]\n"
-      "  DeepSpeed runs in the venv scripts/python-venv.sh makes (build/venv by default).\n"
+      "  DeepSpeed runs in the venv scripts/python-venv.sh makes (build/venv by default), and torch\n"
+      "  too unless --python names another (without the venv, /usr/bin/python3).\n"
       "  N may be written 1e8. Needs about 18*N bytes of memory (N = 100M: 1.8 GB).\n",
       argv0);
 }
@@ -216,26 +220,37 @@ zd_isa best_isa(const zd_optimizer_v1* d) {
   return ZD_ISA_SCALAR;
 }
 
-// torch.optim.AdamW's params/s (the faster foreach variant), or why not.
+// torch.optim.AdamW's params/s (its fastest CPU variant), or why not.
 struct TorchResult {
   double rate = 0.0;
   std::string variant;
   std::string version;
+  std::string python;
   std::string error;
 };
 
+// The python that runs torch: --python, else the venv's (torch 2.x, with a
+// fused CPU AdamW since 2.4, what a user installing today gets), else the
+// system's.
+std::string torch_python(const Options& o) {
+  if (!o.python.empty()) return o.python;
+  if (access(o.ds_python.c_str(), X_OK) == 0) return o.ds_python;
+  return "/usr/bin/python3";
+}
+
 TorchResult run_torch(const Options& o, int threads) {
   TorchResult r;
-  if (access(o.python.c_str(), X_OK) != 0) {
-    r.error = o.python + " not found";
+  r.python = torch_python(o);
+  if (access(r.python.c_str(), X_OK) != 0) {
+    r.error = r.python + " not found";
     return r;
   }
-  const std::string cmd = o.python + " '" + o.torch_script + "' --params " + std::to_string(o.params) +
+  const std::string cmd = "'" + r.python + "' '" + o.torch_script + "' --params " + std::to_string(o.params) +
                           " --threads " + std::to_string(threads) + " --steps " + std::to_string(o.steps) +
                           " --warmup " + std::to_string(o.warmup) + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) {
-    r.error = "cannot run " + o.python;
+    r.error = "cannot run " + r.python;
     return r;
   }
   char line[512];
@@ -639,7 +654,7 @@ void measure_torch(const Options& o, const std::vector<double>& ours) {
     return;
   }
   std::vector<std::string> rates, ratios;
-  std::string version, variants;
+  std::string version, variants, python;
   for (size_t k = 0; k < o.threads.size(); ++k) {
     const TorchResult r = run_torch(o, o.threads[k]);
     if (!r.error.empty()) {
@@ -647,13 +662,15 @@ void measure_torch(const Options& o, const std::vector<double>& ours) {
       return;
     }
     version = r.version;
+    python = r.python;
     variants += (variants.empty() ? "" : ", ") + r.variant;
     rates.push_back(fmt("%.0f M/s", r.rate / 1e6));
     ratios.push_back(fmt("%.2fx", ours[k] / r.rate));
   }
-  row("(d) torch.optim.AdamW, best of foreach", rates);
+  row("(d) torch.optim.AdamW, best of foreach/fused", rates);
   row("    ours (c, auto, fp32) / torch", ratios);
-  std::printf("\ntorch %s; faster variant per column: %s\n", version.c_str(), variants.c_str());
+  std::printf("\ntorch %s (%s); fastest variant per column: %s\n", version.c_str(), python.c_str(),
+              variants.c_str());
 }
 
 int run(const Options& o) {

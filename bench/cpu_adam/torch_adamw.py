@@ -1,8 +1,12 @@
 #!/usr/bin/python3
-"""torch.optim.AdamW on one fp32 tensor, for bench_cpu_adam to compare with.
+"""torch.optim.AdamW on one fp32 tensor, for bench_cpu_adam and
+bench_offload_step to compare with.
 
-Prints one line per variant, "foreach=<bool> <params/s>", then
-"best <params/s> foreach=<bool>". Exits 3, saying why on stderr, when torch
+Tries every implementation this torch has on the CPU: foreach=False (the
+per-tensor loop), foreach=True and, where torch has a fused CPU AdamW
+(torch >= 2.4), fused=True; a variant torch refuses is left out. Prints one
+line per variant, "<variant> <params/s>", then "torch <version> threads=<n>"
+and "best <params/s> <variant>". Exits 3, saying why on stderr, when torch
 cannot be imported.
 """
 import argparse
@@ -11,14 +15,11 @@ import sys
 import time
 
 
-def measure(torch, n, steps, warmup, foreach):
+def measure(torch, n, steps, warmup, kwargs):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
     p.grad = torch.randn(n, dtype=torch.float32)
-    kwargs = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    if foreach is not None:
-        kwargs["foreach"] = foreach
-    opt = torch.optim.AdamW([p], **kwargs)
+    opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kwargs)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -28,6 +29,23 @@ def measure(torch, n, steps, warmup, foreach):
             times.append(t1 - t0)
     del opt, p
     return n / statistics.median(times)
+
+
+def variants(torch):
+    """The AdamW implementations this torch takes on a CPU tensor: name and
+    keyword arguments. foreach= exists since torch 1.12, fused= on the CPU
+    since 2.4; an older torch takes neither and is measured as it comes."""
+    found = []
+    for name, kwargs in (("foreach=False", dict(foreach=False)), ("foreach=True", dict(foreach=True)),
+                         ("fused=True", dict(fused=True))):
+        try:
+            p = torch.nn.Parameter(torch.zeros(4))
+            p.grad = torch.zeros(4)
+            torch.optim.AdamW([p], **kwargs).step()  # fused refuses CPU tensors at the step before 2.4
+        except (TypeError, RuntimeError, ValueError):
+            continue
+        found.append((name, kwargs))
+    return found or [("default", {})]
 
 
 def main():
@@ -44,20 +62,14 @@ def main():
         return 3
     torch.set_num_threads(args.threads)
     n = int(args.params)
-    # foreach= exists on AdamW since torch 1.12; older versions take neither.
-    try:
-        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], foreach=False)
-        variants = [False, True]
-    except TypeError:
-        variants = [None]
     best = None
-    for fe in variants:
-        rate = measure(torch, n, args.steps, args.warmup, fe)
-        print(f"foreach={fe} {rate:.6g}")
+    for name, kwargs in variants(torch):
+        rate = measure(torch, n, args.steps, args.warmup, kwargs)
+        print(f"{name} {rate:.6g}")
         if best is None or rate > best[0]:
-            best = (rate, fe)
+            best = (rate, name)
     print(f"torch {torch.__version__} threads={torch.get_num_threads()}")
-    print(f"best {best[0]:.6g} foreach={best[1]}")
+    print(f"best {best[0]:.6g} {best[1]}")
     return 0
 
 

@@ -10,9 +10,11 @@ OMP_NUM_THREADS=1: DeepSpeed's CPU Adam and PyTorch's kernels) and trains
 up to three copies of the same model, one step each in turn, on the same
 batches: one through zerod, one with plain PyTorch (torch.optim.AdamW;
 DistributedDataParallel over gloo when there are 2 ranks) and one under
-DeepSpeed ZeRO-3 (gloo, DS_ACCELERATOR=cpu). zerod's optimizer runs on one
-thread per rank too (`threads = 1`). Taking turns step by step puts every
-side under the same load, so the ratios hold on a shared machine where
+DeepSpeed ZeRO-3 (gloo, DS_ACCELERATOR=cpu; each Block a leaf module, so
+DeepSpeed gathers per Block as zerod does, and overlap_comm at DeepSpeed's
+default). zerod's optimizer runs on one thread per rank too (`threads =
+1`). Taking turns step by step puts every side under the same load, so the
+ratios hold on a shared machine where
 absolute times move by tens of percent. The variants:
   - zerod stage 0, embedded, against plain PyTorch in one process
   - zerod stage 3 under the daemon, 2 ranks, against DDP and DeepSpeed ZeRO-3
@@ -88,7 +90,9 @@ def parse_args():
 # -- a worker: one process (or one rank) timing every side ---------------------
 
 def ds_config(args, offload, nvme_dir):
-    zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "overlap_comm": False}
+    # overlap_comm left to DeepSpeed's default (True at stage 3 in 0.19.x),
+    # as a user's config would leave it.
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
     if offload == "cpu":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     elif offload == "nvme":
@@ -132,7 +136,11 @@ def worker(args):
             os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                               LOCAL_WORLD_SIZE=str(world))
             cfg = json.loads(args.ds)
-            ds, _, _, _ = deepspeed.initialize(model=gpt(), config=cfg, dist_init_required=False)
+            # Gather per Block, as zerod does (modules=[Block] above): without
+            # leaf modules ZeRO-3 gathers each Block's submodules one by one.
+            ds_model = gpt()
+            deepspeed.utils.set_z3_leaf_modules(ds_model, [Block])
+            ds, _, _, _ = deepspeed.initialize(model=ds_model, config=cfg, dist_init_required=False)
 
     def torch_step(x, y):
         _, loss = model(x, y)
@@ -255,7 +263,8 @@ def main():
         print(f"DeepSpeed: not run: {why_no_ds}")
     else:
         import deepspeed
-        print(f"DeepSpeed {deepspeed.__version__}, ZeRO-3 over gloo, DS_ACCELERATOR=cpu; NVMe files under "
+        print(f"DeepSpeed {deepspeed.__version__}, ZeRO-3 over gloo, DS_ACCELERATOR=cpu, gathering per Block "
+              f"(set_z3_leaf_modules, as zerod's modules=[Block]), overlap_comm at its default; NVMe files under "
               f"{args.nvme_dir}")
     print(f"{'zerod':30} {'ranks':>5} {'zerod':>9} {'PyTorch':>13} {'DeepSpeed':>10} {'zerod/PyT':>9} "
           f"{'zerod/DS':>8}  loss first -> last (rank 0): zerod | PyTorch | DeepSpeed")

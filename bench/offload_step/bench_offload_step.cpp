@@ -5,7 +5,13 @@
 //     queue depth) reading and writing the same bytes in the same folder; the
 //     NVMe step cannot beat max(disk time, in-RAM step time);
 //   - the peer: torch.optim.AdamW stepping the same number of parameters in
-//     RAM (the in-memory step a PyTorch user would otherwise run).
+//     RAM (the in-memory step a PyTorch user would otherwise run), the
+//     fastest of its CPU variants (fused where torch >= 2.4 has it), run by
+//     build/venv's python (torch 2.x) when it is there, else the system's;
+//     the torch version is printed beside it. It is set against zd_step run
+//     with offload.overlap = false (the "overlap off" rows): with the
+//     overlap on, zd_step returns before the host's part of the update is
+//     done, while torch's opt.step() includes all of it.
 // The parameters every placement ends with are compared: they must be equal.
 //
 //   bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--dir /var/tmp]
@@ -140,21 +146,40 @@ Result run(const std::string& name, const std::string& offload, const Options& o
   return r;
 }
 
-// torch.optim.AdamW on the same number of parameters: steps per second from
-// bench/cpu_adam's script; < 0 when torch is not there.
-double torch_step_ms(const Options& o) {
+struct TorchFigure {
+  double ms = -1;       // one opt.step(), < 0 when torch is not there
+  std::string python;   // the interpreter that ran it
+  std::string version;  // "2.15.0+cu132 threads=2"
+  std::string variant;  // the fastest: "fused=True", "foreach=True", ...
+};
+
+// torch.optim.AdamW on the same number of parameters, from bench/cpu_adam's
+// script, in the venv's python (torch 2.x, as scripts/python-venv.sh makes
+// it) when there is one, else the system's.
+TorchFigure torch_step(const Options& o) {
+  TorchFigure f;
+  f.python = access(ZEROD_BENCH_VENV_PYTHON, X_OK) == 0 ? ZEROD_BENCH_VENV_PYTHON : "/usr/bin/python3";
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string cmd = std::string("/usr/bin/python3 ") + ZEROD_BENCH_TORCH_SCRIPT + " --params " +
+  const std::string cmd = "'" + f.python + "' '" + ZEROD_BENCH_TORCH_SCRIPT + "' --params " +
                           std::to_string(static_cast<long long>(o.params)) + " --threads " +
                           std::to_string(threads) + " --steps " + std::to_string(o.steps) + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
+  if (!p) return f;
   char line[256];
   double rate = -1;
-  while (std::fgets(line, sizeof line, p))
-    if (std::strncmp(line, "best ", 5) == 0) rate = std::atof(line + 5);
+  while (std::fgets(line, sizeof line, p)) {
+    line[std::strcspn(line, "\n")] = '\0';
+    if (std::strncmp(line, "best ", 5) == 0) {
+      char* end = nullptr;
+      rate = std::strtod(line + 5, &end);
+      f.variant = end && *end == ' ' ? end + 1 : "";
+    } else if (std::strncmp(line, "torch ", 6) == 0) {
+      f.version = line + 6;
+    }
+  }
   pclose(p);
-  return rate > 0 ? o.params / rate * 1e3 : -1;
+  if (rate > 0) f.ms = o.params / rate * 1e3;
+  return f;
 }
 
 std::string gib(uint64_t b) {
@@ -211,6 +236,9 @@ int main(int argc, char** argv) {
   results.push_back(run("host", "{ optimizer = 'host' }", o));
   results.push_back(run("nvme", "{ optimizer = 'nvme', nvme_path = '" + store + "' }", o));
   results.push_back(run("nvme, ratio 0.5", "{ optimizer = 'nvme', ratio = 0.5, nvme_path = '" + store + "' }", o));
+  // The whole update inside zd_step, for the comparison with torch's opt.step().
+  results.push_back(run("host, overlap off", "{ optimizer = 'host', overlap = false }", o));
+  results.push_back(run("nvme, overlap off", "{ optimizer = 'nvme', overlap = false, nvme_path = '" + store + "' }", o));
   rmdir(store.c_str());
 
   // The disk's limit: the optimizer state (master + 2 moments, 12 B/param)
@@ -227,7 +255,7 @@ int main(int argc, char** argv) {
     fio_read = fio_write > 0 ? fio.read() : -1;
     if (fio_read < 0) fio_note = fio.error();
   }
-  const double torch_ms = o.torch ? torch_step_ms(o) : -1;
+  const TorchFigure torch = o.torch ? torch_step(o) : TorchFigure{};
 
   const double base = results[0].step_ms;
   std::printf("%-17s %10s %12s %10s %10s %10s %10s\n", "optimizer state", "step ms", "zd_step ms", "vs device",
@@ -249,12 +277,14 @@ int main(int argc, char** argv) {
   } else {
     std::printf("  fio: not measured (%s)\n", fio_note.c_str());
   }
-  if (torch_ms > 0)
-    std::printf("  torch.optim.AdamW, same parameters in RAM: %.1f ms per step; zd_step time over torch's: "
-                "host %.2fx, nvme %.2fx\n",
-                torch_ms, results[1].optimizer_ms / torch_ms, results[2].optimizer_ms / torch_ms);
+  if (torch.ms > 0)
+    std::printf("  torch.optim.AdamW (%s; torch %s, %s), same parameters in RAM: %.1f ms per step\n"
+                "  zd_step with offload.overlap off (the whole update inside the call, as in opt.step()) over "
+                "torch's: host %.2fx, nvme %.2fx\n",
+                torch.variant.c_str(), torch.version.c_str(), torch.python.c_str(), torch.ms,
+                results[4].optimizer_ms / torch.ms, results[5].optimizer_ms / torch.ms);
   else if (o.torch)
-    std::printf("  torch.optim.AdamW: not measured (python3 with torch not found)\n");
+    std::printf("  torch.optim.AdamW: not measured (%s with torch not found)\n", torch.python.c_str());
 
   bool same = true;
   for (size_t k = 1; k < results.size(); ++k)

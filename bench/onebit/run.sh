@@ -13,8 +13,16 @@
 # iperf3 on the same link, then per stage and optimizer the median and mean
 # step time, the bytes each daemon put on the network per step, the time
 # those bytes take at iperf3's rate (the link's bound), how many times fewer
-# bytes than fp32 Adam's all-reduce (4 B per parameter at 2 ranks), and how
-# many times faster the mean step is than this run's Adam at the same stage. Needs root (namespaces, tc), mpirun and iperf3.
+# bytes than fp32 Adam's all-reduce (the constant 4 B per parameter at 2
+# ranks, whatever this run's Adam rows sent), and how many times faster the
+# mean step is than this run's fastest Adam row at any stage (the Adam a user
+# would pick) and, beside it, than Adam at the same stage (zerod's stage-2
+# Adam sends 1.5x the bytes of its stages 0, 1 and 3, so the same-stage ratio
+# flatters stage 2). The tables print after the last stage, since the fastest
+# Adam row is known only then. onebit_rank has no forward or backward pass: a
+# step exchanges made-up gradients and updates, so its times are the
+# optimizer's and the link's, not a model's. Needs root (namespaces, tc),
+# mpirun and iperf3.
 #
 #   bench/onebit/run.sh [--build DIR] [--rate 1gbit] [--local L] [--params 25e6] [--steps 12]
 #                       [--stages "0 1 2 3"] [--optimizers "adam onebit_adam onebit_adam_replay zero_one_adam zero_one_adam_replay onebit_lamb onebit_lamb_replay"]
@@ -130,8 +138,8 @@ run() {  # run JOB: onebit_rank's figures, "step_ms mean_step_ms network_bytes_p
 echo "bench/onebit: 2 hosts (network namespaces) x $local_ranks rank(s), $params $dtype parameters;" \
      "$(nproc) CPUs shared by both hosts; median and mean step of $((steps - 4)) after 4"
 echo "link: $rate per direction (tbf); iperf3 measured $(python3 -c "print(f'{$link_bits/1e9:.3f}')") Gbit/s"
+figures=()  # "STAGE OPTIMIZER step_ms mean_ms net_bytes checksum", every stage's rows
 for stage in $stages; do
-  figures=()
   for opt in $optimizers; do
     # Replay runs where it can: stages 1-3, fp32 working copies.
     if [ "${opt%_replay}" != "$opt" ] && { [ "$stage" = 0 ] || [ "$dtype" != fp32 ]; }; then
@@ -139,28 +147,10 @@ for stage in $stages; do
     fi
     write_job "$opt" "$stage" "$ZD_DIR/$opt.lua"
     f=$(run "$ZD_DIR/$opt.lua") || exit 1
-    figures+=("$opt" $f)
+    figures+=("$stage" "$opt" $f)
   done
-  echo
-  echo "ZeRO stage $stage"
-  python3 - "$link_bits" "$params" "${figures[@]}" <<'PY'
-import sys
-link = float(sys.argv[1]) / 8  # bytes/s
-params = float(sys.argv[2])
-rows = sys.argv[3:]
-res = [(rows[i], float(rows[i + 1]), float(rows[i + 2]), float(rows[i + 3])) for i in range(0, len(rows), 5)]
-# fp32 Adam's bytes: a ring all-reduce of fp32 gradients on 2 ranks sends
-# 2 (W-1)/W * 4 B = 4 B per parameter; its step time: the adam row of this run.
-fp32_adam = 4 * params
-adam = next((r for r in res if r[0] == "adam"), None)
-print(f"{'':<20} {'step ms':>8} {'mean ms':>8} {'net MB/step':>12} {'link ms':>8} {'x fewer B':>10} {'x faster':>9}")
-for name, ms, mean, net in res:
-    bound = net / link * 1e3
-    fewer = fp32_adam / net if net else float("inf")
-    faster = adam[2] / mean if adam and mean else 0
-    print(f"{name:<20} {ms:>8.1f} {mean:>8.1f} {net / 1e6:>12.2f} {bound:>8.1f} {fewer:>10.1f} {faster:>9.2f}")
-PY
 done
+python3 "$here/table.py" "$link_bits" "$params" "${figures[@]}"
 echo
 # mpirun binds each process to a core unless told otherwise; zerod run takes
 # every CPU back for its daemon and ranks (docs/multinode.md). The last run's
