@@ -312,16 +312,24 @@ TEST(Bootstrap, HostileInputOnThePortIsDroppedAndTheExchangeCompletes) {
   close_fds(node.result.fds);
 }
 
+// A listener on a free loopback port, standing in for a root: its fd, and
+// its address in *a; -1 on failure.
+int loopback_listener(sockaddr_in* a) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  *a = sockaddr_in{};
+  a->sin_family = AF_INET;
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(a), sizeof *a) != 0 || listen(lfd, 4) != 0) return -1;
+  socklen_t len = sizeof *a;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(a), &len);
+  return lfd;
+}
+
 // A node that is told the port holds something else fails at once.
 TEST(Bootstrap, ANodeAnsweredByAStrangerSaysItIsNotARoot) {
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(listen(lfd, 4), 0);
-  socklen_t len = sizeof a;
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int lfd = loopback_listener(&a);
+  ASSERT_GE(lfd, 0);
   std::thread stranger([&] {
     const int c = accept(lfd, nullptr, nullptr);
     char hello[104];
@@ -504,14 +512,9 @@ TEST(Bootstrap, ADaemonOfAnotherVersionIsRefusedInWordsAndTheJobFails) {
 // A node told by its root that they speak other versions stops at once,
 // with the root's words (a root of a later version answers so).
 TEST(Bootstrap, ANodeRefusedForItsVersionStopsAtOnce) {
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(listen(lfd, 4), 0);
-  socklen_t len = sizeof a;
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int lfd = loopback_listener(&a);
+  ASSERT_GE(lfd, 0);
   std::thread later_root([&] {
     const int c = accept(lfd, nullptr, nullptr);
     RawHello h;
