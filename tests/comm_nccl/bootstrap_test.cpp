@@ -80,15 +80,28 @@ Outcome run(const BootstrapRequest& r) {
   return o;
 }
 
-// The root of a test that reads its log: every line goes to `logged`,
-// under `mu` (the test reads it while the root runs).
-Outcome run_logged(BootstrapRequest r, std::vector<std::string>* logged, std::mutex* mu) {
-  r.log = [logged, mu](const std::string& m) {
-    std::lock_guard<std::mutex> g(*mu);
-    logged->push_back(m);
-  };
-  return run(r);
-}
+// A root of a test that reads its log, run on a thread of its own from
+// construction: every line goes to `logged`, under `mu` (the test reads it
+// once join() returned). The request's id is random_id(seed).
+struct LoggedRoot {
+  std::vector<std::string> logged;
+  std::mutex mu;
+  Outcome outcome;
+  std::thread thread;
+
+  LoggedRoot(BootstrapRequest r, int seed) {
+    r.id = random_id(seed);
+    r.log = [this](const std::string& m) {
+      std::lock_guard<std::mutex> g(mu);
+      logged.push_back(m);
+    };
+    thread = std::thread([this, r] { outcome = run(r); });
+  }
+  ~LoggedRoot() {
+    if (thread.joinable()) thread.join();
+  }
+  void join() { thread.join(); }
+};
 
 std::function<const char*(const char*)> env(std::map<std::string, std::string> m) {
   auto vars = std::make_shared<std::map<std::string, std::string>>(std::move(m));
@@ -249,14 +262,8 @@ TEST(Bootstrap, DaemonsThatDisagreeOnTheLayoutBothFail) {
 // each and completes the exchange.
 TEST(Bootstrap, HostileInputOnThePortIsDroppedAndTheExchangeCompletes) {
   const int port = free_port();
-  std::vector<std::string> logged;
-  std::mutex mu;
-  Outcome root;
-  std::thread t([&] {
-    BootstrapRequest r = request(0, 2, port);
-    r.id = random_id(7);
-    root = run_logged(r, &logged, &mu);
-  });
+  LoggedRoot lr(request(0, 2, port), 7);
+  Outcome& root = lr.outcome;
   auto connect_raw = [&] {
     for (int tries = 0; tries < 200; ++tries) {
       const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -298,16 +305,16 @@ TEST(Bootstrap, HostileInputOnThePortIsDroppedAndTheExchangeCompletes) {
   fd = connect_raw();
   drain(fd);
   Outcome node = run(request(1, 2, port));
-  t.join();
+  lr.join();
   ASSERT_EQ(root.status, ZD_OK) << root.error;
   ASSERT_EQ(node.status, ZD_OK) << node.error;
   EXPECT_EQ(node.result.id, random_id(7));
-  std::lock_guard<std::mutex> g(mu);
-  ASSERT_EQ(logged.size(), 4u);
-  EXPECT_THAT(logged[0], HasSubstr("wrong magic"));
-  EXPECT_THAT(logged[1], HasSubstr("closed before a complete hello"));
-  EXPECT_THAT(logged[2], HasSubstr("wrong magic"));
-  EXPECT_THAT(logged[3], HasSubstr("no complete hello within 2 s"));
+  std::lock_guard<std::mutex> g(lr.mu);
+  ASSERT_EQ(lr.logged.size(), 4u);
+  EXPECT_THAT(lr.logged[0], HasSubstr("wrong magic"));
+  EXPECT_THAT(lr.logged[1], HasSubstr("closed before a complete hello"));
+  EXPECT_THAT(lr.logged[2], HasSubstr("wrong magic"));
+  EXPECT_THAT(lr.logged[3], HasSubstr("no complete hello within 2 s"));
   close_fds(root.result.fds);
   close_fds(node.result.fds);
 }
@@ -405,14 +412,8 @@ RawHello hello_of(int node, int nodes, int64_t pid) {
 // the job), and says so in its log.
 TEST(Bootstrap, ANodeRestartedDuringTheExchangeTakesItsPlace) {
   const int port = free_port();
-  std::vector<std::string> logged;
-  std::mutex mu;
-  Outcome root;
-  std::thread t([&] {
-    BootstrapRequest r = request(0, 3, port);
-    r.id = random_id(9);
-    root = run_logged(r, &logged, &mu);
-  });
+  LoggedRoot lr(request(0, 3, port), 9);
+  Outcome& root = lr.outcome;
   const int first = send_raw_hello(port, hello_of(1, 3, 111));
   ASSERT_GE(first, 0);
   close(first);  // the daemon died
@@ -421,17 +422,17 @@ TEST(Bootstrap, ANodeRestartedDuringTheExchangeTakesItsPlace) {
   std::thread node2([&] { other = run(request(2, 3, port)); });
   restarted.join();
   node2.join();
-  t.join();
+  lr.join();
   ASSERT_EQ(root.status, ZD_OK) << root.error;
   ASSERT_EQ(again.status, ZD_OK) << again.error;
   ASSERT_EQ(other.status, ZD_OK) << other.error;
   EXPECT_EQ(again.result.id, random_id(9));
   EXPECT_EQ(root.result.peers[1].pid, 1001) << "the restarted daemon is node 1";
   EXPECT_EQ(again.result.peers[1].pid, 1001);
-  std::lock_guard<std::mutex> g(mu);
-  ASSERT_EQ(logged.size(), 1u);
+  std::lock_guard<std::mutex> g(lr.mu);
+  ASSERT_EQ(lr.logged.size(), 1u);
   // Which words depends on whether node 2 came first.
-  EXPECT_THAT(logged[0], HasSubstr("node 1 (host host1, pid 111) closed its connection before the exchange ended; "));
+  EXPECT_THAT(lr.logged[0], HasSubstr("node 1 (host host1, pid 111) closed its connection before the exchange ended; "));
   close_fds(root.result.fds);
   close_fds(again.result.fds);
   close_fds(other.result.fds);
