@@ -153,7 +153,7 @@ void pool_all_reduce(const ModelContext& ctx, RankResources& res, const zd_comm_
       return std::make_pair(lo, std::min(count, lo + per) - lo);
     };
     const auto [lo, n] = slice(static_cast<uint64_t>(c.rank));
-    Block scratch = d.allocate(std::max<uint64_t>(n, 1) * esz, ZD_MEM_BUFFERS, "an all-reduce's slice");
+    Block scratch = d.allocate_for_overwrite(std::max<uint64_t>(n, 1) * esz, ZD_MEM_BUFFERS, "an all-reduce's slice");
     try {
       PeerCollective sum(ctx, res, c);
       const auto& posts = sum.meet(buf, scratch.ptr, count);

@@ -15,6 +15,10 @@ Block CpuDevice::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& w
   return pool_.allocate(bytes, kind, what);
 }
 
+Block CpuDevice::allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
+  return pool_.allocate(bytes, kind, what, false);
+}
+
 void CpuDevice::release(const Block& block, zd_mem_kind kind) { pool_.release(block, kind); }
 
 std::vector<PoolExport> CpuDevice::exports() const {

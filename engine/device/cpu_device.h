@@ -25,6 +25,7 @@ class CpuDevice final : public Device {
   bool has_streams() const override { return false; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& block, zd_mem_kind kind) override;
   uint64_t block_align() const override { return DevicePool::kAlign; }
   std::vector<PoolExport> exports() const override;

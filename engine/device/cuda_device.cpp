@@ -127,6 +127,15 @@ class CudaDevice final : public Device {
   bool has_streams() const override { return true; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return take(bytes, kind, what, true);
+  }
+
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return take(bytes, kind, what, false);
+  }
+
+  // A block of the pool; zero_fill: zeroed on zerod's stream.
+  Block take(uint64_t bytes, zd_mem_kind kind, const std::string& what, bool zero_fill) {
     const uint64_t size = (std::max<uint64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
     ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
     try {
@@ -150,7 +159,7 @@ class CudaDevice final : public Device {
           arena = shared_ ? static_cast<int32_t>(chunks_.size() - 1) : -1;
         }
       }
-      check(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
+      if (zero_fill) check(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
       return Block{p, size, arena, shared_ ? off : 0};
     } catch (...) {
       ledger_.release(ZD_TIER_DEVICE, kind, size);
@@ -309,7 +318,7 @@ class CudaDevice final : public Device {
           from.push_back(s.data);
           continue;
         }
-        copies.push_back(allocate(bytes, ZD_MEM_BUFFERS, "a peer's gradients, copied for their sum"));
+        copies.push_back(allocate_for_overwrite(bytes, ZD_MEM_BUFFERS, "a peer's gradients, copied for their sum"));
         check(cudaMemcpyPeerAsync(copies.back().ptr, device_, s.data, p.device_, bytes, stream_),
               "copying from a peer's memory");
         from.push_back(copies.back().ptr);
@@ -393,6 +402,16 @@ class CudaDevice final : public Device {
     }
     check(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
     check(cudaStreamWaitEvent(trainer_, copies_done_, 0), "making the trainer's stream wait");
+  }
+
+  void trainer_waits_for(uint64_t mark) override {
+    // A shared device's trainer waits on the signals' page, which says
+    // only how far zerod's stream has got: all of it.
+    if (shared_) return trainer_waits();
+    if (mark == 0) return;
+    current();
+    std::lock_guard<std::mutex> lock(marks_.mu);
+    check(cudaStreamWaitEvent(trainer_, marks_.event_for(mark), 0), "making the trainer's stream wait");
   }
 
   void wait_for_trainer() override {

@@ -94,6 +94,16 @@ class Device {
   // in the device tier. Throws ZD_ERR_BUDGET (naming `what`) past the device
   // budget, ZD_ERR_OUT_OF_MEMORY when the device refuses. ---
   virtual Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) = 0;
+  // A block whose every byte the caller writes before anything reads it (a
+  // gathered copy of parameters, a sum's scratch): as allocate(), but not
+  // zero-filled where the device can skip the fill. On a GPU the fill is a
+  // memset on zerod's stream ahead of each gather, as many bytes again as
+  // the gather writes; on the cpu device a host memset under the pool's
+  // lock. The emulated device fills it with 0xFF bytes instead (NaN in
+  // every float dtype), so that a read before the write shows in results.
+  virtual Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
+    return allocate(bytes, kind, what);
+  }
   virtual void release(const Block& block, zd_mem_kind kind) = 0;
   // Every block is rounded up to a multiple of this, and charged so: the
   // plan (Placement::need_table) rounds the device row alike, so that it
@@ -191,6 +201,17 @@ class Device {
   // default stream). The cpu device accepts only nullptr.
   virtual void set_trainer_stream(void* stream) = 0;
   virtual void trainer_waits() = 0;
+  // As trainer_waits(), but only for zerod's work up to `mark` (a mark()
+  // taken right after the work whose results the trainer reads was issued;
+  // 0: nothing pending). A forward then waits for its own module's gather,
+  // not for the gathers of later modules issued after it (prefetch), which
+  // a wait at the end of zerod's stream also held it behind. Where the
+  // trainer's stream cannot wait for a point (a trainer in another
+  // process), it waits for all of zerod's work so far, as trainer_waits().
+  virtual void trainer_waits_for(uint64_t mark) {
+    (void)mark;
+    trainer_waits();
+  }
   virtual void wait_for_trainer() = 0;
   // A daemon's rank whose trainer process is gone: whether the trainer's
   // latest record of kTrainerDone has not run yet (a trainer killed with

@@ -46,6 +46,14 @@ std::string EmulatedDevice::describe() const {
 }
 
 Block EmulatedDevice::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
+  return take(bytes, kind, what, std::byte{0});
+}
+
+Block EmulatedDevice::allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
+  return take(bytes, kind, what, std::byte{0xFF});
+}
+
+Block EmulatedDevice::take(uint64_t bytes, zd_mem_kind kind, const std::string& what, std::byte fill) {
   const uint64_t size = (std::max<uint64_t>(bytes, 1) + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
   ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
   uint64_t off = 0;
@@ -56,7 +64,7 @@ Block EmulatedDevice::allocate(uint64_t bytes, zd_mem_kind kind, const std::stri
       fail(ZD_ERR_OUT_OF_MEMORY, "emulated device: out of its " + format_bytes(space_) + " for " + what);
     }
   }
-  std::memset(real_ + off, 0, size);
+  std::memset(real_ + off, std::to_integer<int>(fill), size);
   return Block{fake_ + off, size, arena_ ? arena_->id() : -1, arena_ ? off : 0};
 }
 

@@ -57,6 +57,9 @@ class EmulatedDevice : public Device {
   bool has_streams() const override { return true; }
 
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
+  // Filled with 0xFF bytes, not zeros: NaN in every float dtype, so a
+  // block read before the caller wrote all of it shows in the results.
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& b, zd_mem_kind kind) override;
   // As a GPU rounds its blocks (cudaMalloc's alignment).
   static constexpr uint64_t kBlockAlign = 256;
@@ -104,6 +107,8 @@ class EmulatedDevice : public Device {
 
  private:
   static const EmulatedDevice& of(const Device& d);
+  // A block of the pool, every byte set to `fill`.
+  Block take(uint64_t bytes, zd_mem_kind kind, const std::string& what, std::byte fill);
   template <typename T>
   T* on_host(T* p, const char* call) const {
     if (holds(p)) fail_host(call);

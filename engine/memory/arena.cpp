@@ -92,7 +92,7 @@ DevicePool::DevicePool(MemoryLedger& ledger, uint64_t chunk_bytes, std::string n
 
 DevicePool::~DevicePool() = default;
 
-Block DevicePool::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) {
+Block DevicePool::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what, bool zero_fill) {
   const uint64_t size = round_up(bytes == 0 ? 1 : bytes);
   ledger_.charge(ZD_TIER_DEVICE, kind, size, what);
   try {
@@ -101,7 +101,7 @@ Block DevicePool::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& 
       uint64_t off = 0;
       if (c.heap.allocate(size, kAlign, &off)) {
         std::byte* p = c.arena->base() + off;
-        std::memset(p, 0, size);
+        if (zero_fill) std::memset(p, 0, size);
         return Block{p, size, c.arena->id(), off};
       }
     }

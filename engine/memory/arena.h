@@ -73,9 +73,10 @@ class DevicePool {
   DevicePool(MemoryLedger& ledger, uint64_t chunk_bytes, std::string name);
   ~DevicePool();
 
-  // Zero-filled, kAlign-aligned. Throws ZD_ERR_BUDGET (naming `what`) past
-  // the device budget, ZD_ERR_OUT_OF_MEMORY if the system refuses.
-  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what);
+  // Zero-filled (unless !zero_fill: the caller overwrites every byte),
+  // kAlign-aligned. Throws ZD_ERR_BUDGET (naming `what`) past the device
+  // budget, ZD_ERR_OUT_OF_MEMORY if the system refuses.
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what, bool zero_fill = true);
   void release(const Block& block, zd_mem_kind kind);
 
   // Arenas in creation order (ids are indices). The daemon shares them.

@@ -138,7 +138,9 @@ bool Residency::allocate_gathered(const std::vector<zd_param_id>& todo, const st
   try {
     for (zd_param_id pid : todo) {
       const ParamRecord& p = ctx_.registry.param(pid);
-      blocks->push_back(res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS, what));
+      // Every byte is written by the gather (shards with their padding).
+      blocks->push_back(
+          res_.device->allocate_for_overwrite(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS, what));
     }
   } catch (const Error& e) {
     release_blocks(*blocks);
@@ -279,7 +281,15 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   for (size_t i = 0; i < todo.size(); ++i) params_[static_cast<size_t>(todo[i])] = blocks[i];
   live_elems_ += elems;
   me.resident = true;
+  me.written = false;
+  me.ready.reset();
   if (todo.empty()) return true;
+  // Where the gather's device work ends, for the trainer's wait: marked by
+  // the thread that issues that work, right after it.
+  auto ready = std::make_shared<uint64_t>(kWholeStream);
+  me.ready = ready;
+  Device* device = res_.device.get();
+  auto mark_ready = [device, ready] { *ready = device->mark(); };
   observe::EventArgs a;
   a.module = m;
   a.bytes = bytes;
@@ -291,7 +301,10 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
   // Stage 3 with compression.replay: this rank holds the current values.
   // (A compressing optimizer's update never overlaps the forward, so that
   // wait is not taken here in practice; it would be on the rank's thread.)
-  if (copy_whole(todo, a, shards_written)) return true;
+  if (copy_whole(todo, a, shards_written)) {
+    mark_ready();
+    return true;
+  }
   ShardBoard* board = ctx_.shards;
   bool one_sided = board != nullptr;
   for (size_t i = 0; i < todo.size() && one_sided; ++i) one_sided = board->one_sided(todo[i]);
@@ -301,10 +314,11 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     const uint64_t epoch = board->epoch(res_.rank);
     const uint64_t k = board->arrive(res_.rank, static_cast<uint64_t>(m));
     if (prefetch) {
-      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch, shards_written] {
+      me.gather = ctx_.issue(*res_.stream, [this, board, todo, m, a, k, epoch, shards_written, mark_ready] {
         if (shards_written) shards_written();
         observe::Span span(res_.probe, "residency", "gather", a);
         copy_module(*board, todo, m, k, epoch, false);
+        mark_ready();
       });
       return true;
     }
@@ -313,18 +327,20 @@ bool Residency::gather(zd_module_id m, bool prefetch, bool await_shards) {
     observe::Span span(res_.probe, "residency", "gather", a);
     try {
       copy_module(*board, todo, m, k, epoch, true);
+      mark_ready();
     } catch (const Error& e) {
       ctx_.broken_by(e);
     }
     return true;
   }
   auto what = std::make_shared<std::string>("gathering " + ctx_.module_label(m) + ": all-gather");
-  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a, shards_written] {
+  me.gather = ctx_.issue(*res_.stream, [this, todo, what, m, a, shards_written, mark_ready] {
     if (shards_written) shards_written();
     observe::Span span(res_.probe, "residency", "gather", a);
     for (zd_param_id pid : todo) {
       all_gather(pid, params_[static_cast<size_t>(pid)].ptr, CommOp::Gather, static_cast<uint64_t>(m), *what);
     }
+    mark_ready();
   });
   return true;
 }
@@ -342,7 +358,10 @@ void Residency::release(zd_module_id m) {
     gathered_bytes_ -= block_bytes(gathered_elems(p) * dtype_size(p.dtype));
   }
   me.resident = false;
+  me.ahead = false;
+  me.written = false;
   me.gather = CommStream::Ticket{};
+  me.ready.reset();
   observe::EventArgs a;
   a.module = m;
   res_.probe.instant("residency", "release", a);
@@ -361,7 +380,7 @@ void Residency::gather_persistent() {
     Block& b = params_[static_cast<size_t>(pid)];
     if (b) continue;
     const ParamRecord& p = ctx_.registry.param(pid);
-    b = res_.device->allocate(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
+    b = res_.device->allocate_for_overwrite(gathered_elems(p) * dtype_size(p.dtype), ZD_MEM_PARAMS,
                               "persistent parameter '" + p.name + "'");
   }
   if (copy_whole(persistent, observe::EventArgs{}, nullptr)) return;
@@ -408,6 +427,7 @@ void Residency::start_micro_batch() {
 void Residency::make_resident(zd_module_id m, bool backward) {
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   const bool ahead = me.resident;  // gathered, or on its way, since before this call
+  me.ahead = ahead;
   if (!me.resident) gather(m, false);
   Trace& tr = trace_;
   if (!tr.complete) {
@@ -455,6 +475,18 @@ void Residency::make_resident(zd_module_id m, bool backward) {
   observe::add_relaxed(ahead ? c.gathers_ready : c.gathers_waited, 1);
 }
 
+void Residency::trainer_waits(zd_module_id m, bool rank_work_since) {
+  const ModuleEntry& me = modules_[static_cast<size_t>(m)];
+  // Read after make_resident waited for the gather's ticket: its thread
+  // wrote the mark before the ticket completed.
+  const uint64_t mark = me.ready ? *me.ready : kWholeStream;
+  if (mark == kWholeStream || me.written || (rank_work_since && me.ahead)) {
+    res_.device->trainer_waits();
+    return;
+  }
+  res_.device->trainer_waits_for(mark);
+}
+
 void Residency::overwrite(zd_param_id pid, const float* whole) {
   const ParamRecord& p = ctx_.registry.param(pid);
   const Block& b = params_[static_cast<size_t>(pid)];
@@ -463,6 +495,8 @@ void Residency::overwrite(zd_param_id pid, const float* whole) {
   std::vector<std::byte> w(numel * dtype_size(p.dtype));
   convert(whole, ZD_DTYPE_F32, w.data(), p.dtype, numel);
   res_.device->copy_to_device(b.ptr, w.data(), w.size());
+  // The module's gather, if it was gathered ahead, ended before this copy.
+  if (p.module >= 0) modules_[static_cast<size_t>(p.module)].written = true;
 }
 
 }  // namespace zerod

@@ -41,10 +41,16 @@ void Model::forward_begin(int rank, zd_module_id module) {
   // The last step's update of this module (OverlappedUpdate) first.
   rs.update.note_forward(module);
   wait_update(rs, module);
-  if (ctx_.params_partitioned()) rs.residency.make_resident(module, false);
   // The trainer computes with the parameters zerod just made resident (or
-  // a step wrote) only after that work is done.
-  rs.res.device->trainer_waits();
+  // a step wrote) only after that work is done: with partitioned
+  // parameters, the module's gather (the gathers ahead of later modules,
+  // and the update's uploads they wait for, need not hold it up).
+  if (ctx_.params_partitioned()) {
+    rs.residency.make_resident(module, false);
+    rs.residency.trainer_waits(module, false);
+  } else {
+    rs.res.device->trainer_waits();
+  }
   a.forward = true;
   a.since_ns = call.entered_ns();
   ++rs.active_modules;
@@ -97,7 +103,13 @@ void Model::backward_begin(int rank, zd_module_id module) {
     rs.grads.cancel(mod);
     throw;
   }
-  rs.res.device->trainer_waits();
+  // The gradient views open() zeroed, and accumulators the last update
+  // zeroed, are zerod's work too: a gather issued ahead of them does not
+  // cover them (rank work since), one issued now does.
+  if (ctx_.params_partitioned())
+    rs.residency.trainer_waits(module, true);
+  else
+    rs.res.device->trainer_waits();
   rs.grads.activate(mod);
   a.backward = true;
   a.since_ns = call.entered_ns();

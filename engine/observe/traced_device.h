@@ -26,6 +26,9 @@ class TracedDevice final : public Device {
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     return d_->allocate(bytes, kind, what);
   }
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return d_->allocate_for_overwrite(bytes, kind, what);
+  }
   void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
   uint64_t block_align() const override { return d_->block_align(); }
   std::vector<PoolExport> exports() const override { return d_->exports(); }
@@ -63,6 +66,7 @@ class TracedDevice final : public Device {
   void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override;
   void set_trainer_stream(void* stream) override { d_->set_trainer_stream(stream); }
   void trainer_waits() override { d_->trainer_waits(); }
+  void trainer_waits_for(uint64_t mark) override { d_->trainer_waits_for(mark); }
   void wait_for_trainer() override { d_->wait_for_trainer(); }
   bool trainer_pending() const override { return d_->trainer_pending(); }
   void release_trainer() const override { d_->release_trainer(); }

@@ -455,13 +455,14 @@ class RefusingGathers final : public EmulatedDevice {
         refusals_(refusals),
         refused_(refused) {}
   const char* name() const override { return "opaque"; }
-  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+  // Gathered copies are blocks the gather overwrites whole.
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
     if (kind == ZD_MEM_PARAMS && what.find("module 'm1'") != std::string::npos && refusals_->load() > 0) {
       refusals_->fetch_sub(1);
       refused_->fetch_add(1);
       throw zerod::Error(ZD_ERR_BUDGET, what + ": refused by the test");
     }
-    return EmulatedDevice::allocate(bytes, kind, what);
+    return EmulatedDevice::allocate_for_overwrite(bytes, kind, what);
   }
 
  private:
@@ -696,6 +697,113 @@ TEST(HostStagingBudget, TheStagingBuffersArePlannedAndMadeAtFinalize) {
     }
     EXPECT_EQ(short_of->ledger(0).current(ZD_TIER_HOST, ZD_MEM_ALL), 0u) << "nothing kept";
   }
+}
+
+// Where the trainer's stream waits at a begin call (Residency::
+// trainer_waits). A device whose marks are numbers in issue order records
+// each wait: a forward waits for the mark right after its own module's
+// gather, so with the next modules gathered ahead its marks rise module by
+// module, where a wait at the end of zerod's stream (kTail) held every
+// module behind the gathers ahead of it too. A parameter written while its
+// module is gathered ahead is written after that mark: its forward waits
+// for everything. (That a mark orders the GPU's streams so is
+// device.CudaStream's.)
+class MarkingDevice final : public EmulatedDevice {
+ public:
+  static constexpr uint64_t kTail = ~uint64_t{0};
+  MarkingDevice(MemoryLedger& ledger, Workers& workers, std::vector<uint64_t>* waits)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "marking"), waits_(waits) {}
+  const char* name() const override { return "opaque"; }
+  uint64_t mark() override { return ++marks_; }
+  void trainer_waits() override { waits_->push_back(kTail); }
+  void trainer_waits_for(uint64_t mark) override { waits_->push_back(mark); }
+
+ private:
+  std::atomic<uint64_t> marks_{0};
+  std::vector<uint64_t>* waits_;
+};
+
+TEST(DeviceStreams, AForwardWaitsForItsOwnGatherNotTheGathersAheadOfIt) {
+  constexpr int64_t kSize = 1000;
+  const std::vector<int64_t> sizes(4, kSize);
+  std::vector<uint64_t> waits;
+  JobOptions o;
+  o.stage = 3;
+  // Nothing persistent; every later module gathered ahead.
+  o.zero_hparams = {{"param_persistence_threshold", 0.0},
+                    {"prefetch_bucket_size", static_cast<double>(8 * kSize)},
+                    {"max_live_parameters", static_cast<double>(8 * kSize)}};
+  o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+    return std::unique_ptr<Device>(std::make_unique<MarkingDevice>(ledger, workers, &waits));
+  };
+  auto model = make_model(o, 1);
+  Device& d = const_cast<Device&>(model->device(0));
+  const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+  auto backward = [&](int s) {
+    for (size_t m = ids.size(); m-- > 0;) {
+      model->backward_begin(0, static_cast<zd_module_id>(m));
+      const ViewInfo g = model->grad_view(0, ids[m]);
+      write_view(d, g, std::vector<float>(static_cast<size_t>(kSize), 0.01f * static_cast<float>(s + 1)));
+      model->backward_end(0, static_cast<zd_module_id>(m));
+    }
+    model->step(0);
+  };
+  // The first step records the module order: nothing is gathered ahead.
+  forward_reading(*model, d, 0, ids);
+  backward(0);
+
+  // The second gathers ahead: each forward's own gather's mark.
+  waits.clear();
+  forward_reading(*model, d, 0, ids);
+  ASSERT_EQ(waits.size(), ids.size());
+  for (size_t m = 0; m < ids.size(); ++m) {
+    EXPECT_NE(waits[m], MarkingDevice::kTail) << "module " << m << " waited for all of zerod's work";
+    if (m > 0) {
+      EXPECT_GT(waits[m], waits[m - 1]) << "module " << m << "'s gather is marked after module " << m - 1 << "'s";
+    }
+  }
+  // The first forward's own gather is marked before the next modules'.
+  EXPECT_LT(waits[0], waits.back());
+  backward(1);
+
+  // A parameter written while its module is gathered ahead (between m0's
+  // end and m1's begin): m1's forward waits for everything, and reads the
+  // written value.
+  waits.clear();
+  model->forward_begin(0, 0);
+  model->forward_end(0, 0);
+  const std::vector<float> written(static_cast<size_t>(kSize), 0.25f);
+  model->write_param(0, ids[1], ZD_DTYPE_F32, written.data(), written.size() * 4);
+  model->forward_begin(0, 1);
+  EXPECT_EQ(read_view(d, model->param_view(0, ids[1])), written);
+  model->forward_end(0, 1);
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_NE(waits[0], MarkingDevice::kTail);
+  EXPECT_EQ(waits[1], MarkingDevice::kTail) << "a gathered copy written after its gather's mark";
+}
+
+// Blocks the caller overwrites whole (gathered parameters) are not zeroed
+// on a GPU. The emulated device hands them out full of NaN instead, so
+// that every test on it (parity with the cpu device, above) fails where a
+// gather leaves a byte of its block unwritten.
+TEST(DeviceStreams, ABlockForOverwriteIsNaNOnTheEmulatedDeviceNotZero) {
+  MemoryLedger ledger;
+  ThreadPool pool{1};
+  std::mutex pool_mu;
+  Workers workers{pool, pool_mu};
+  EmulatedDevice d(ledger, workers, /*exported=*/false, "overwrite-test");
+  const Block zeroed = d.allocate(1000, ZD_MEM_PARAMS, "zeroed");
+  const Block poisoned = d.allocate_for_overwrite(1000, ZD_MEM_PARAMS, "poisoned");
+  std::vector<float> z(250), p(250);
+  d.copy_to_host(z.data(), zeroed.ptr, 1000);
+  d.copy_to_host(p.data(), poisoned.ptr, 1000);
+  for (size_t i = 0; i < z.size(); ++i) {
+    ASSERT_EQ(z[i], 0.0f) << i;
+    ASSERT_TRUE(std::isnan(p[i])) << i;
+  }
+  EXPECT_EQ(ledger.current(ZD_TIER_DEVICE, ZD_MEM_PARAMS), zeroed.bytes + poisoned.bytes) << "charged alike";
+  d.release(zeroed, ZD_MEM_PARAMS);
+  d.release(poisoned, ZD_MEM_PARAMS);
 }
 
 TEST(DeviceStreams, SetStreamInsideAStepOnlyWhereTheDeviceHasNone) {
