@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 namespace zerod::server {
@@ -38,6 +39,9 @@ struct ServedJob {
   // By model key: the error its create failed with, which the job's other
   // ranks then get at once (Server::create_or_attach says why).
   std::map<uint64_t, Error> failed_creates;
+  // Model keys a rank is building now, outside Server::mu_: the job's other
+  // ranks asking for that model wait for it, and the job is not forgotten.
+  std::set<uint64_t> building;
 };
 
 }  // namespace zerod::server

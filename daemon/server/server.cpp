@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
+#include <optional>
 
 namespace zerod::server {
 
@@ -64,6 +66,14 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
     return single_;
   }
   if (world_size < 1) fail(ZD_ERR_INVALID_ARGUMENT, "a job needs at least one rank");
+  // Every rank of the job is this node's, and its first model is built for
+  // all of them as soon as one rank asks: the claim is bounded by what a
+  // node runs before anything is built for it.
+  if (world_size > options_.max_job_ranks)
+    fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + " says its job has " + std::to_string(world_size) +
+                            " ranks; `zerod serve --jobs` serves jobs of at most " +
+                            std::to_string(options_.max_job_ranks) + " ranks, all on its node; run a larger job "
+                            "under `zerod run` (one per node under mpirun or srun, docs/multinode.md)");
   if (local_world_size > 0 && local_world_size != world_size)
     fail(ZD_ERR_CONFIG, "the rank says " + std::to_string(local_world_size) + " of its job's " +
                             std::to_string(world_size) + " ranks run on this node: `zerod serve --jobs` serves "
@@ -116,7 +126,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
 }
 
 void Server::forget_job_if_done(std::shared_ptr<ServedJob> job) {
-  if (!options_.multi_job || !job->rank_owner.empty() || job->joining > 0) return;
+  if (!options_.multi_job || !job->rank_owner.empty() || job->joining > 0 || !job->building.empty()) return;
   for (const auto& [id, m] : models_)
     if (m->job().get() == job.get()) return;
   if (jobs_.erase(job->key)) std::fprintf(stderr, "zerod serve: %s is done: its ranks and models are gone\n", job->label.c_str());
@@ -194,6 +204,12 @@ bool Server::make_room_before_hello() {
 
 void Server::stop() {
   if (stopping_.exchange(true)) return;
+  {
+    // Taken between the flag and the notify: a rank about to wait for
+    // another's build has either seen the flag or is waiting already.
+    std::lock_guard<std::mutex> lock(mu_);
+  }
+  model_built_.notify_all();
   listener_.shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
   std::vector<std::shared_ptr<Session>> sessions;
@@ -207,8 +223,12 @@ void Server::stop() {
       if (m->attached(r)) m->model().rank_lost(r, "the daemon is stopping");
   for (auto& s : sessions) s->stop();
   for (auto& s : sessions) s->join();
-  std::lock_guard<std::mutex> lock(mu_);
-  models_.clear();
+  std::map<int, std::shared_ptr<ModelHost>> models;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    models.swap(models_);
+  }
+  models.clear();  // their end-of-job snapshots write to disk: not under the lock a metrics scrape takes
 }
 
 bool Server::claim_rank(ServedJob& job, int rank, Session* s, std::string* holder) {
@@ -294,63 +314,83 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     }
   }
   const uint64_t key = job->creates[rank]++;
-  for (auto& [id, m] : models_) {
-    if (m->job() != job || m->key() != key) continue;
-    if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
-    if (m->script_text() != text)
-      fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + "'s job script " + name +
-                              " differs from the " + m->script_name() +
-                              " another rank created this model with; every rank must use the "
-                              "same job script");
-    same_device(*m);
-    m->attach(rank);
-    return m;
-  }
-  // The first rank to ask creates it. The script is loaded outside the lock
-  // (it runs Lua and loads plugins); a second rank asking meanwhile waits.
-  lock.unlock();
-  scripting::ScriptSource src;
-  src.text = text;
-  src.name = name;
-  src.dir = script_dir;
-  src.allow_io = allow_io;
-  // A daemon serving part of the job's ranks is one of several nodes: a
-  // script naming no comm backend spans them with "mpi".
-  if (job->local_ranks > 0 && job->world_size > job->local_ranks) src.nodes = job->world_size / job->local_ranks;
-  auto script = scripting::JobScript::load(src);
-  lock.lock();
-  for (auto& [id, m] : models_)
-    if (m->job() == job && m->key() == key && !m->attached(rank)) {  // created while we loaded ours
+  // Another rank's model of this key: attached to it (under mu_).
+  auto attach_made = [&]() -> std::shared_ptr<ModelHost> {
+    for (auto& [id, m] : models_) {
+      if (m->job() != job || m->key() != key) continue;
+      if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
       if (m->script_text() != text)
         fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + "'s job script " + name +
                                 " differs from the " + m->script_name() +
-                                " another rank created this model with; every rank must use "
-                                "the same job script");
+                                " another rank created this model with; every rank must use the "
+                                "same job script");
       same_device(*m);
       m->attach(rank);
       return m;
     }
-  // A create of this model that failed fails the other ranks' at once with
-  // its error: built again, each would be a new create of the comm instance
-  // across nodes (the other daemons would wait comm.timeout for each).
-  if (auto f = job->failed_creates.find(key); f != job->failed_creates.end()) throw f->second;
-  std::shared_ptr<ModelHost> m;
-  try {
-    m = std::make_shared<ModelHost>(next_model_id_++, key, text, name, std::move(script), job, options_.trace_path,
-                                    device, node_memory_);
-  } catch (const Error& e) {
-    job->failed_creates.emplace(key, e);
-    throw;
-  } catch (const std::exception& e) {
-    // A thread that would not start, memory refused: the others' creates
-    // would fail alike, each after its own comm.timeout across nodes.
-    Error as_error(ZD_ERR_INTERNAL, std::string("creating the model failed: ") + e.what());
-    job->failed_creates.emplace(key, as_error);
-    throw as_error;
+    return nullptr;
+  };
+  for (;;) {
+    if (auto m = attach_made()) return m;
+    // A create of this model that failed fails the other ranks' at once with
+    // its error: built again, each would be a new create of the comm instance
+    // across nodes (the other daemons would wait comm.timeout for each).
+    if (auto f = job->failed_creates.find(key); f != job->failed_creates.end()) throw f->second;
+    if (!job->building.count(key)) break;
+    // Another rank of the job is building it: this one attaches once it is
+    // built, or fails with its build's error.
+    if (stopping_.load()) fail(ZD_ERR_INVALID_STATE, "the daemon is stopping");
+    model_built_.wait(lock);
   }
-  m->attach(rank);
-  models_[m->id()] = m;
-  return m;
+  // The first rank to ask builds it, outside the lock: the script runs Lua
+  // and loads plugins; the model opens a device and a comm stream per rank
+  // and makes the comm instance, which across nodes waits for the other
+  // daemons (up to comm.timeout). Under the lock every other job's and
+  // client's requests (hello, status, another job's create) waited as long.
+  job->building.insert(key);
+  const int id = next_model_id_++;
+  lock.unlock();
+  std::shared_ptr<ModelHost> made;
+  std::exception_ptr failure;
+  std::optional<Error> failed_create;  // the model's build failed: the others' would fail alike
+  try {
+    scripting::ScriptSource src;
+    src.text = text;
+    src.name = name;
+    src.dir = script_dir;
+    src.allow_io = allow_io;
+    // A daemon serving part of the job's ranks is one of several nodes: a
+    // script naming no comm backend spans them with "mpi".
+    if (job->local_ranks > 0 && job->world_size > job->local_ranks) src.nodes = job->world_size / job->local_ranks;
+    // A script that does not load is this rank's own error: another rank
+    // waiting for this model then loads its own.
+    auto script = scripting::JobScript::load(src);
+    try {
+      made = std::make_shared<ModelHost>(id, key, text, name, std::move(script), job, options_.trace_path, device,
+                                         node_memory_);
+    } catch (const Error& e) {
+      failed_create.emplace(e);
+      throw;
+    } catch (const std::exception& e) {
+      // A thread that would not start, memory refused: the others' creates
+      // would fail alike, each after its own comm.timeout across nodes.
+      failed_create.emplace(ZD_ERR_INTERNAL, std::string("creating the model failed: ") + e.what());
+      throw *failed_create;
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lock.lock();
+  job->building.erase(key);
+  if (failed_create) job->failed_creates.emplace(key, *failed_create);
+  if (made) {
+    made->attach(rank);
+    models_[id] = made;
+  }
+  lock.unlock();
+  model_built_.notify_all();
+  if (failure) std::rethrow_exception(failure);
+  return made;
 }
 
 std::shared_ptr<ModelHost> Server::model(int id) {

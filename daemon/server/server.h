@@ -55,6 +55,12 @@ struct ServerOptions {
   int hello_timeout_ms = 30000;
   int max_waiting_for_hello = 64;
   int hello_grace_ms = 1000;
+  // multi_job: the most ranks a job may claim. All of them are this node's:
+  // its first zd_model_create builds a device and a comm stream for each
+  // (about 100 KiB and 0.15 ms a rank on the cpu device), so a hello's claim
+  // is bounded by what a node can run, not by wire::kMaxWorldSize. A job of
+  // more ranks runs under `zerod run` or `zerod serve --job`.
+  int max_job_ranks = 256;
 };
 
 class Session;
@@ -98,7 +104,11 @@ class Server {
   bool claim_rank(ServedJob& job, int rank, Session* s, std::string* holder);
   void release_rank(ServedJob& job, int rank, Session* s);
   // The model for rank's next zd_model_create (created by the first rank
-  // to ask, attached by the others).
+  // to ask, attached by the others). The first rank builds it without
+  // holding the server's lock (loading the script, the engine's model with a
+  // device per rank, the comm instance, which across nodes waits for the
+  // other daemons), so every other job and client is served meanwhile; the
+  // job's other ranks asking for the same model wait for that build.
   // device: the trainer's zd_model_options.device ("" = the script's); every
   // rank of a model must give the same. script_dir: where the script's
   // relative paths resolve (the trainer's side: CreateModel.script_dir).
@@ -140,6 +150,9 @@ class Server {
   std::condition_variable rank_freed_;
   std::map<int, std::shared_ptr<ModelHost>> models_;  // by id
   int next_model_id_ = 0;
+  // A model built (or its build failed): the job's ranks waiting for it in
+  // create_or_attach look again (ServedJob::building).
+  std::condition_variable model_built_;
   std::shared_ptr<NodeMemory> node_memory_;  // multi_job
 };
 

@@ -3,12 +3,17 @@
  * the host loads plugins: a good one, one from the future (ABI 99), one that
  * offers v1 and v3, one without the entry point, one whose descriptor has
  * another name, one whose create() refuses, one with a required function
- * missing. The update rule is plain SGD: p -= lr * scale * g.
+ * missing, one whose create() is slow (FAKE_CREATE_SLEEP_MS: a plugin that
+ * takes its time, for the daemon's tests of what waits for a model's build).
+ * The update rule is plain SGD: p -= lr * scale * g.
  */
 #include <zerod/zerod_plugin.h>
 
 #include <stdio.h>
 #include <string.h>
+#ifdef FAKE_CREATE_SLEEP_MS
+#include <time.h>
+#endif
 
 #ifndef FAKE_NAME
 #define FAKE_NAME "fake"
@@ -28,6 +33,13 @@ static zd_status create(const zd_host_services* host, const double* values, size
   (void)values;
   (void)count;
   if (host && host->log) host->log(host->host, ZD_LOG_DEBUG, FAKE_NAME, "created");
+#ifdef FAKE_CREATE_SLEEP_MS
+  {
+    struct timespec left = {FAKE_CREATE_SLEEP_MS / 1000, (FAKE_CREATE_SLEEP_MS % 1000) * 1000000L};
+    while (nanosleep(&left, &left) != 0) {
+    }
+  }
+#endif
 #ifdef FAKE_CREATE_FAILS
   (void)out;
   snprintf(err, err_size, "fake refuses: lr must be exactly 42");
