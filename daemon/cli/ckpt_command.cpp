@@ -1,5 +1,5 @@
 // `zerod ckpt`: checkpoints on disk (docs/checkpoints.md).
-//   zerod ckpt info DIR [--verify] [--tag TAG]
+//   zerod ckpt info DIR [--verify] [--tag TAG] [--threads N]
 //   zerod ckpt export DIR --to model.safetensors [--dtype fp32|bf16|fp16] [--max-shard-size 5GiB] [--threads N]
 //   zerod ckpt reshard DIR --world M --to OUT [--threads N]
 //   zerod ckpt import DEEPSPEED_DIR --to OUT   (a DeepSpeed ZeRO checkpoint; Python with torch and deepspeed)
@@ -13,12 +13,14 @@
 #include "checkpoint/tools.h"
 #include "error.h"
 #include "memory/ledger.h"
+#include "runtime/dtype.h"
 #include "size.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,19 +38,42 @@ namespace {
 struct CommandUsage {
   const char* name;
   const char* text;
+  const char* options;  // the options it takes: one given to another command is refused, not ignored
 };
 constexpr CommandUsage kCommands[] = {
-    {"info", "  info DIR [--verify] [--tag TAG]      what the checkpoint holds; --verify checks every record\n"},
+    {"info", "  info DIR [--verify] [--tag TAG]      what the checkpoint holds; --verify checks every record\n"
+             "      [--threads N]\n",
+     "--verify --tag --threads"},
     {"export",
      "  export DIR --to FILE.safetensors     the parameters, whole, as safetensors\n"
-     "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N] [--tag TAG]\n"},
+     "      [--dtype fp32|bf16|fp16] [--max-shard-size SIZE] [--threads N] [--tag TAG]\n",
+     "--to --dtype --max-shard-size --threads --tag"},
     {"reshard",
      "  reshard DIR --world M --to OUT       the checkpoint again as M shards (any checkpoint loads at any\n"
-     "      [--threads N] [--tag TAG]        world size as it is; this spreads its files for M ranks)\n"},
+     "      [--threads N] [--tag TAG]        world size as it is; this spreads its files for M ranks)\n",
+     "--world --to --threads --tag"},
     {"import",
      "  import DS_DIR --to OUT               a DeepSpeed ZeRO checkpoint (stages 1-3) as a zerod one\n"
-     "      [--tag TAG]                      (needs Python with torch and deepspeed)\n"},
+     "      [--tag TAG]                      (needs Python with torch and deepspeed)\n",
+     "--to --tag"},
 };
+
+// Whether `option` is one of `options` (a space-separated list).
+bool listed(const std::string& options, const std::string& option) {
+  for (size_t at = 0; at <= options.size();) {
+    const size_t end = std::min(options.find(' ', at), options.size());
+    if (options.compare(at, end - at, option) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+// Whether some ckpt command takes `option`.
+bool any_command_takes(const std::string& option) {
+  for (const auto& c : kCommands)
+    if (listed(c.options, option)) return true;
+  return false;
+}
 
 const CommandUsage* find_command(const std::string& name) {
   for (const auto& c : kCommands)
@@ -234,6 +259,8 @@ int ckpt_command(int argc, char** argv) {
   }
   std::vector<std::string> rest(argv + 1, argv + argc);
   if (cmd == "import") return import_deepspeed(rest);
+  // Every option is checked here, before the checkpoint is looked for or
+  // anything written: a usage error exits 2 whatever is on disk.
   std::string dir, to, tag, dtype = "fp32";
   int world = 0;
   unsigned threads = 0;
@@ -251,10 +278,29 @@ int ckpt_command(int argc, char** argv) {
     if (is_help(a)) {
       usage(stdout, command);
       return 0;
+    } else if (a.size() > 1 && a[0] == '-' && any_command_takes(a) && !listed(command->options, a)) {
+      std::fprintf(stderr, "zerod ckpt %s: %s is not an option of %s (it takes %s)\n", cmd.c_str(), a.c_str(),
+                   cmd.c_str(), command->options);
+      usage(stderr, command);
+      return 2;
     } else if (a == "--to") to = value();
     else if (a == "--tag") tag = value();
-    else if (a == "--dtype") dtype = value();
-    else if (a == "--world") world = std::atoi(value().c_str());
+    else if (a == "--dtype") {
+      dtype = value();
+      if (!dtype_from_name(dtype)) {
+        std::fprintf(stderr, "zerod ckpt export: --dtype takes fp32, bf16 or fp16, got '%s'\n", dtype.c_str());
+        return 2;
+      }
+    } else if (a == "--world") {
+      const std::string v = value();
+      const auto n = parse_whole(v.c_str());
+      if (!n || *n < 1 || *n > ckpt::kMaxShards) {
+        std::fprintf(stderr, "zerod ckpt reshard: --world takes a shard count from 1 to %d, got '%s'\n",
+                     ckpt::kMaxShards, v.c_str());
+        return 2;
+      }
+      world = static_cast<int>(*n);
+    }
     else if (a == "--threads") {
       const std::string v = value();
       const auto n = parse_whole(v.c_str());
@@ -289,6 +335,16 @@ int ckpt_command(int argc, char** argv) {
     std::fprintf(stderr, "zerod ckpt %s: name the checkpoint directory\n", cmd.c_str());
     return 2;
   }
+  if (cmd == "export" && to.empty()) {
+    std::fprintf(stderr, "zerod ckpt export: --to FILE.safetensors is required\n");
+    usage(stderr, command);
+    return 2;
+  }
+  if (cmd == "reshard" && (to.empty() || world < 1)) {
+    std::fprintf(stderr, "zerod ckpt reshard: --world M and --to OUT are required\n");
+    usage(stderr, command);
+    return 2;
+  }
   try {
     // A folder of tagged checkpoints: the one its latest names (or --tag's),
     // said before anything else is printed.
@@ -300,10 +356,6 @@ int ckpt_command(int argc, char** argv) {
     dir = found.path;
     if (cmd == "info") return info(dir, verify, threads);
     if (cmd == "export") {
-      if (to.empty()) {
-        std::fprintf(stderr, "zerod ckpt export: --to FILE.safetensors is required\n");
-        return 2;
-      }
       const auto t0 = std::chrono::steady_clock::now();
       const ckpt::Source src(dir);
       ckpt::ExportOptions o;
@@ -323,10 +375,6 @@ int ckpt_command(int argc, char** argv) {
       return 0;
     }
     if (cmd == "reshard") {
-      if (to.empty() || world < 1) {
-        std::fprintf(stderr, "zerod ckpt reshard: --world M (>= 1) and --to OUT are required\n");
-        return 2;
-      }
       const auto t0 = std::chrono::steady_clock::now();
       const ckpt::Source src(dir);
       ckpt::reshard(src, to, world, threads);

@@ -2,6 +2,7 @@
 // of an argument it did not take.
 #pragma once
 
+#include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
@@ -17,12 +18,15 @@ inline std::string unexpected_argument(const std::string& a, std::initializer_li
   return "unexpected argument '" + a + "'";
 }
 
-// A whole number with nothing after it; nullopt otherwise (also for none).
+// A whole number, digits with an optional '-', nothing before or after
+// them; nullopt otherwise (also for none, and for one beyond a long, which
+// strtol would clamp to LONG_MAX: the caller names the value as typed).
 inline std::optional<long> parse_whole(const char* v) {
-  if (!v || !*v) return std::nullopt;
+  if (!v || !(*v == '-' || (*v >= '0' && *v <= '9'))) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const long x = std::strtol(v, &end, 10);
-  if (*end != '\0') return std::nullopt;
+  if (end == v || *end != '\0' || errno == ERANGE) return std::nullopt;
   return x;
 }
 

@@ -252,6 +252,32 @@ std::vector<std::string> stale_exports(const std::string& out, const std::string
   return stale;
 }
 
+// Refuses, before anything is written, an export whose files would replace
+// what it must not: a file at one of its names (`names`, the index last
+// where sharded) that zerod's export did not write (a user's notes, another
+// tool's model), and anything in the source checkpoint's own directory (its
+// manifest or a shard, renamed over, would lose the checkpoint being read).
+void refuse_replacing(const Source& src, const std::string& out, const std::vector<std::string>& names) {
+  const fs::path folder = fs::path(out).parent_path();
+  std::error_code ec;
+  // Any spelling of the directory ("ck/", "./ck", a symlink); a folder that
+  // is not there is not the checkpoint's (creating the files fails, naming it).
+  if (fs::equivalent(folder.empty() ? fs::path(".") : folder, src.dir(), ec) && !ec)
+    fail(ZD_ERR_INVALID_ARGUMENT, "export: --to " + out + " is in the checkpoint's own directory " + src.dir() +
+                                      ", whose files it could replace. Nothing was written; export to another "
+                                      "directory");
+  const bool sharded = names.size() > 1;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& p = names[i];
+    const bool is_index = sharded && i + 1 == names.size();
+    if (!fs::exists(fs::symlink_status(p, ec)) || written_by_export(p, is_index)) continue;
+    fail(ZD_ERR_INVALID_ARGUMENT, "export: " + p + " is there already and zerod's export did not write it (it " +
+                                      "does not open as zerod's " + (is_index ? "index" : "safetensors header") +
+                                      " does): this export would replace it. Nothing was written; move it away, "
+                                      "or export to another name");
+  }
+}
+
 }  // namespace
 
 ExportResult export_safetensors(const Source& src, const ExportOptions& o) {
@@ -288,6 +314,7 @@ ExportResult export_safetensors(const Source& src, const ExportOptions& o) {
   // overwrite, removed once this one is whole.
   std::vector<std::string> outputs = names;
   if (files.size() > 1) outputs.push_back(stem + ".safetensors.index.json");
+  refuse_replacing(src, o.out, outputs);
   const std::vector<std::string> stale = stale_exports(o.out, stem, outputs);
   struct Placed {
     size_t file;
@@ -481,7 +508,9 @@ Manifest import_raw(const std::string& raw_dir, const std::string& out_dir) {
 }
 
 void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads) {
-  if (world < 1) fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --world must be at least 1");
+  if (world < 1 || world > kMaxShards)
+    fail(ZD_ERR_INVALID_ARGUMENT, "reshard: --world must be from 1 to " + std::to_string(kMaxShards) + ", got " +
+                                      std::to_string(world));
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail(ZD_ERR_IO, "reshard: " + out_dir + " cannot be created: " + ec.message());

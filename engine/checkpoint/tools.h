@@ -67,13 +67,17 @@ struct ExportResult {
 // files of those names that this one does not write are removed once it is
 // whole (ExportResult::removed); where such a name holds a file that zerod's
 // export did not write (its opening says whose it is), nothing is written
-// and ZD_ERR_INVALID_ARGUMENT names it.
+// and ZD_ERR_INVALID_ARGUMENT names it. So it does where a file this export
+// writes (out itself, a shard, the index) is there and zerod's export did
+// not write it, and where out is in the source checkpoint's own directory:
+// an export replaces only an earlier export.
 ExportResult export_safetensors(const Source& src, const ExportOptions& o);
 
 // Writes the checkpoint again into out_dir as `world` shards, each parameter
 // cut into `world` even runs: the layout a job of `world` ranks reads with
 // one shard each. (Any checkpoint loads at any world size as it is; this
-// spreads the files.)
+// spreads the files.) `world` from 1 to kMaxShards.
+constexpr int kMaxShards = 99999;  // shard names number the ranks in five digits
 void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads);
 
 // Writes a checkpoint into out_dir from a folder of raw fp32 files and their

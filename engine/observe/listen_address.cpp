@@ -1,6 +1,6 @@
 #include "listen_address.h"
 
-#include <cstdlib>
+#include <string>
 
 namespace zerod::observe {
 
@@ -34,11 +34,18 @@ std::optional<ListenAddress> parse_listen_address(const std::string& text, std::
     *why = "names no host; use \"127.0.0.1:PORT\" for this machine only, \"0.0.0.0:PORT\" for every interface";
     return std::nullopt;
   }
+  // Digits only: strtol alone took " 9401", "+9401" and "-0".
   const std::string port = text.substr(colon + 1);
-  char* end = nullptr;
-  const long p = std::strtol(port.c_str(), &end, 10);
-  if (*end || p < 0 || p > 65535) {
-    *why = "the port must be a number from 0 to 65535, got '" + port + "'";
+  long p = port.empty() ? -1 : 0;
+  for (char c : port) {
+    if (c < '0' || c > '9' || p > 65535) {
+      p = -1;
+      break;
+    }
+    p = p * 10 + (c - '0');
+  }
+  if (p < 0 || p > 65535) {
+    *why = "the port must be a number from 0 to 65535 (0: any free port), got '" + port + "'";
     return std::nullopt;
   }
   a.host = host;

@@ -693,7 +693,8 @@ TEST(CheckpointExport, AnExportRemovesWhatAnEarlierOneToTheSameOutputLeft) {
         {"out-00001-of-00009.safetensors", "not a tensor"}}) {
     std::ofstream(file(name)) << text;
     for (uint64_t max_shard_bytes : {uint64_t{0}, uint64_t{2000}}) {
-      if (name == "out.safetensors.index.json" && max_shard_bytes != 0) continue;  // a sharded export writes it
+      // A name a sharded export writes itself: AnExportReplacesOnlyAnEarlierExport.
+      if (name == "out.safetensors.index.json" && max_shard_bytes != 0) continue;
       try {
         export_to(max_shard_bytes);
         ADD_FAILURE() << name << ": exported beside it";
@@ -710,6 +711,79 @@ TEST(CheckpointExport, AnExportRemovesWhatAnEarlierOneToTheSameOutputLeft) {
   }
   std::ifstream in(out, std::ios::binary);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before) << "the last export stays as it was";
+}
+
+// An export replaces only an earlier export: a file at its output that
+// zerod's export did not write (a user's notes, the checkpoint's own
+// manifest or shard, another tool's index where shards go) refuses it with
+// nothing changed, and so does an output in the checkpoint's own directory
+// (the single-file --to was renamed over whatever was there).
+TEST(CheckpointExport, AnExportReplacesOnlyAnEarlierExport) {
+  TempDir ck, out_dir;
+  auto a = make_model(job(1), 2);
+  train_and_save(*a, 2, ck.path);
+  const ckpt::Source src(ck.path);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto export_to = [&](const std::string& out, uint64_t max_shard_bytes = 0) {
+    ckpt::ExportOptions o;
+    o.out = out;
+    o.max_shard_bytes = max_shard_bytes;
+    return ckpt::export_safetensors(src, o);
+  };
+  auto refused = [&](const std::string& out, uint64_t max_shard_bytes, const std::string& why) {
+    try {
+      export_to(out, max_shard_bytes);
+      ADD_FAILURE() << out << ": exported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_INVALID_ARGUMENT) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  std::vector<std::string> ck_files;
+  for (const auto& e : fs::directory_iterator(ck.path)) ck_files.push_back(e.path().string());
+  std::sort(ck_files.begin(), ck_files.end());
+  std::vector<std::string> ck_bytes;
+  for (const auto& f : ck_files) ck_bytes.push_back(read(f));
+
+  // The checkpoint's own files, by any spelling, and a new name beside them.
+  for (const std::string& out : {ck.path + "/" + ckpt::kManifestName, ck.path + "/./" + ckpt::shard_name(0, 1),
+                                 ck.path + "/model.safetensors"})
+    refused(out, 0, "is in the checkpoint's own directory");
+  std::vector<std::string> after;
+  for (const auto& e : fs::directory_iterator(ck.path)) after.push_back(e.path().string());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, ck_files) << "nothing written there";
+  for (size_t i = 0; i < ck_files.size(); ++i) EXPECT_EQ(read(ck_files[i]), ck_bytes[i]) << ck_files[i];
+  EXPECT_NO_THROW(ckpt::Source again(ck.path)) << "the checkpoint still reads";
+
+  // A user's file at the output, as one file and as a shard name; another
+  // tool's index where a sharded export writes its own.
+  const std::string notes = out_dir.path + "/notes.txt";
+  std::ofstream(notes) << "important\n";
+  refused(notes, 0, notes + " is there already and zerod's export did not write it");
+  EXPECT_EQ(read(notes), "important\n");
+  const std::string shard = out_dir.path + "/out-00001-of-00003.safetensors";
+  std::ofstream(shard) << "not a tensor";
+  refused(out_dir.path + "/out.safetensors", 2000, shard + " is there already");
+  EXPECT_EQ(read(shard), "not a tensor");
+  fs::remove(shard);
+  const std::string index = out_dir.path + "/out.safetensors.index.json";
+  std::ofstream(index) << "{\n  \"metadata\": {\n    \"total_size\": 5228\n  }\n}\n";
+  refused(out_dir.path + "/out.safetensors", 2000, index + " is there already");
+  fs::remove(index);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out_dir.path)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"notes.txt"}) << "nothing written";
+
+  // Over an earlier export, one file or shards: still done.
+  const std::string out = out_dir.path + "/model.safetensors";
+  EXPECT_NO_THROW(export_to(out));
+  EXPECT_NO_THROW(export_to(out));
+  EXPECT_NO_THROW(export_to(out, 2000));
+  EXPECT_NO_THROW(export_to(out, 2000));
 }
 
 // A damaged newest snapshot is not the end: the job resumes from the newest

@@ -287,6 +287,19 @@ TEST(ListenAddress, TcpUnixAndMistakes) {
   EXPECT_NE(why.find("0 to 65535"), std::string::npos);
   EXPECT_FALSE(parse_listen_address("::1:9400", &why));
   EXPECT_NE(why.find("brackets"), std::string::npos);
+  // Digits only: strtol took a space or a sign before them.
+  for (const char* text : {"127.0.0.1: 9401", "127.0.0.1:+9401", "127.0.0.1:-0", "127.0.0.1:9401 ", "127.0.0.1:0x10",
+                           "127.0.0.1:99999999999999999999"}) {
+    why.clear();
+    EXPECT_FALSE(parse_listen_address(text, &why)) << text;
+    EXPECT_NE(why.find("0 to 65535"), std::string::npos) << text << ": " << why;
+  }
+  a = parse_listen_address("127.0.0.1:65535", &why);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->port, 65535);
+  a = parse_listen_address("127.0.0.1:00080", &why);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->port, 80);
 }
 
 }  // namespace
