@@ -133,7 +133,7 @@ def main():
                     # bf16 m and v: 2 bytes less each, each way.
                     bf16 = "bf16" in m or "state-dtype" in a.zerod_args
                     try:
-                        r["exposed"] = exposed(trace, update_bytes=22 if bf16 else 30)
+                        r["exposed"] = exposed(trace, update_bytes=20 if bf16 else 28)
                     except Exception as e:  # a malformed trace costs its line, not the rows after it
                         r["exposed"] = f"trace: not summarised ({type(e).__name__}: {e})"
                 os.remove(trace)

@@ -45,14 +45,15 @@ def host_update(path):
     return n, t
 
 
-def exposed(path, top=4, update_bytes=30):
+def exposed(path, top=4, update_bytes=28):
     """One line: the time a traced step spent in zerod's calls (the
     trainer's thread waiting: what the overlap did not hide), the calls
     that took it and the spans inside them, in ms a step; then the CPU
     update's rate, and its bytes a second at update_bytes a parameter (the
-    fp32 master, m and v read and written, 24; the gradient read and
-    zeroed, in the working dtype as step.py's jobs keep it (bf16), 4; the
-    bf16 working copy written, 2: 30)."""
+    fp32 master, m and v read and written, 24; the gradient read, in the
+    working dtype as step.py's jobs keep it (bf16), 2, no longer zeroed
+    in host memory (GradReducer::update_zeroes); the bf16 working copy
+    written, 2: 28. Runs before 2026-11-28 zeroed it: 30)."""
     steps, spans = load(path)
     n, secs = host_update(path)
     rate = (f"; CPU update {n / secs / 1e6:.0f} M params/s, {n * update_bytes / secs / 1e9:.1f} GB/s at "

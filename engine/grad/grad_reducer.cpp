@@ -28,6 +28,7 @@ void GradReducer::reset() {
   in_window_.assign(ctx_.registry.params().size(), 0);
   settled_.assign(ctx_.registry.params().size(), 0);
   handed_.assign(ctx_.registry.params().size(), 0);
+  unzeroed_.assign(ctx_.registry.groups().size(), 0);
   {
     const TierSet tiers = res_.tiers();
     const auto& groups = ctx_.registry.groups();
@@ -501,11 +502,35 @@ OwnedGrad GradReducer::owned(size_t gi) const {
   return {grad, b.grad_tier(), &b.grad_memory()};
 }
 
+bool GradReducer::update_zeroes(size_t gi) const {
+  const Memory& mem = buffers_.groups()[gi].grad_memory();
+  return ctx_.optimizer().compresses() || mem.trainer_views() || !mem.host_writes();
+}
+
+void GradReducer::clear_untouched() {
+  for (size_t gi = 0; gi < unzeroed_.size(); ++gi) {
+    if (!unzeroed_[gi]) continue;
+    unzeroed_[gi] = 0;
+    const OwnedGrad og = owned(gi);
+    const size_t esz = dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[gi]));
+    for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
+      if (params_[static_cast<size_t>(pid)].touched) continue;
+      const ModelContext::OwnedSpan sp = ctx_.owned_span(ctx_.registry.param(pid), res_.rank);
+      if (sp.count) og.memory->zero(og.data + sp.at * esz, sp.count * esz);
+    }
+  }
+}
+
 void GradReducer::end_step(bool applied) {
   // A skipped step drops its gradients. An applied one zeroed the owned
-  // range as it went, except at stage 1, where it read a reduced copy: the
-  // whole unreduced gradients are stale.
-  if (!applied || reduced_ready_) zero();
+  // range as it went, or left it as read (update_zeroes), except at stage
+  // 1, where it read a reduced copy: the whole unreduced gradients are
+  // stale.
+  if (!applied || reduced_ready_) {
+    zero();
+  } else {
+    for (size_t gi = 0; gi < unzeroed_.size(); ++gi) unzeroed_[gi] = update_zeroes(gi) ? 0 : 1;
+  }
   reduced_ready_ = false;
   for (ParamEntry& e : params_) e.touched = false;
   forget_norms();
@@ -563,6 +588,7 @@ void GradReducer::zero() {
   std::fill(in_window_.begin(), in_window_.end(), 0);
   std::fill(settled_.begin(), settled_.end(), 0);
   std::fill(handed_.begin(), handed_.end(), 0);
+  std::fill(unzeroed_.begin(), unzeroed_.end(), 0);
 }
 
 void GradReducer::restart() {

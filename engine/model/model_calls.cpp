@@ -93,7 +93,8 @@ void Model::backward_begin(int rank, zd_module_id module) {
   // The window's first backward: its gradients are reduced as they come, or
   // (a compressing optimizer's local step) kept whole on the rank.
   if (!rs.grads.local() && next_plan(rs).grads == ZD_GRADS_LOCAL) rs.grads.set_local(true);
-  // Its gradients go where the last update read (and zeroed) them.
+  // Its gradients go where the last update read them (and zeroed them, or
+  // left them to be written over: GradReducer::update_zeroes).
   wait_update(rs, module);
   rs.grads.set_final_micro_batch((rs.micro_step + 1) % config_.gradient_accumulation_steps == 0);
   rs.grads.open(mod);

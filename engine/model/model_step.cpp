@@ -120,6 +120,7 @@ StepFigures Model::step(int rank) {
     ctx_.drain(*rs.res.stream);
     rs.grads.drain();
     rs.grads.settle_windows();
+    rs.grads.clear_untouched();
   }
   if (ctx_.params_partitioned()) rs.residency.release_all();
   // A compressing optimizer's step may keep the gradients local (it

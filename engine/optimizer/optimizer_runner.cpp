@@ -301,8 +301,10 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
   // The piece's memory updates it, writing the working copy in place where
   // the working copy is in that memory too or the host writes it.
   const Memory& work_mem = *b.working.segment_at(wbase).memory;
+  // Host accumulators stay as read (GradReducer::update_zeroes).
+  const bool zero_grad = with_grad && grads_.update_zeroes(pc.group);
   if (&work_mem == pc.memory || work_mem.host_writes()) {
-    pc.memory->update(ctx_.optimizer(), u, with_grad);
+    pc.memory->update(ctx_.optimizer(), u, zero_grad);
     return 0;
   }
   // The state is in host memory, the working copy on a device the host
@@ -327,7 +329,7 @@ uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, con
     zd_optimizer_update c = update_slice(u, slots, off, n);
     void* on_device = c.work;
     c.work = scratch;
-    parallel_update(res_.workers, ctx_.optimizer(), c, with_grad);
+    parallel_update(res_.workers, ctx_.optimizer(), c, zero_grad);
     uploads_.ticket[k] = uploads_.last = d.upload(on_device, scratch, n * wsz);
   }
   return uploads_.last;
@@ -496,7 +498,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       if (a.planned)
         planned_tile(u, first);
       else
-        parallel_update(res_.workers, ctx_.optimizer(), u, with_grad);
+        parallel_update(res_.workers, ctx_.optimizer(), u, with_grad && grads_.update_zeroes(pc.group));
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch, len * wop.esz);
       auto ios = ios_for(j, true);
       write_at[set] = observe::now_ns();

@@ -44,7 +44,7 @@ def test_offload_prints_a_table_per_size_with_every_row():
     for i, line in enumerate(lines):
         if line.startswith("zerod3_"):
             assert re.match(r"    trace: step [\d.]+ ms, in zerod's calls [\d.]+ ms \(step [\d.]+, .*\); inside them: "
-                            r"\w.*; CPU update \d+ M params/s, [\d.]+ GB/s at 30 B a parameter$", lines[i + 1]), out
+                            r"\w.*; CPU update \d+ M params/s, [\d.]+ GB/s at 28 B a parameter$", lines[i + 1]), out
     assert sum(line.startswith("    trace: ") for line in lines) == 4, out
 
 
