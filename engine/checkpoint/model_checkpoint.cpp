@@ -126,6 +126,9 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
   // zd_step applied go (the next update would apply them to the loaded
   // parameters), and the next update's plan is asked again.
   discard_gradients(rs, "zd_model_load");
+  // Modules a forward gathered ahead (zd_model_load after a forward_end)
+  // would keep their copies of the old parameters.
+  if (ctx_.params_partitioned()) rs.residency.forget_gathered();
   {
     const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
     read_rank_state(ctx_, rs.res, rs.buffers, src, verified);

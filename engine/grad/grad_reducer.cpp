@@ -503,6 +503,11 @@ OwnedGrad GradReducer::owned(size_t gi) const {
 }
 
 bool GradReducer::update_zeroes(size_t gi) const {
+  // Host memory (HostMemory) is the one that writes a window's first
+  // contribution over its range (PoolAdd::first); the pool's adds it, and
+  // trainers write into the pool's accumulators directly (open()). A
+  // planned pass (zd_optimizer_v3) still zeroes what it reads; the
+  // boundary then zeroes zeros for untouched parameters, which is harmless.
   const Memory& mem = buffers_.groups()[gi].grad_memory();
   return ctx_.optimizer().compresses() || mem.trainer_views() || !mem.host_writes();
 }

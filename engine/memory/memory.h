@@ -46,8 +46,10 @@ struct BufferSegment {
 };
 
 // One add of Memory::add_from_pool: dst[i] += src[i] for n elements.
-// `first`: the window's first contribution, so dst holds zeros (it may be
-// written rather than added to). `norm` (sums null: none): where the memory
+// `first`: the window's first contribution. Host memory writes it over dst
+// (which may still hold what the last update read: GradReducer::
+// update_zeroes counts on that); a pool's memory adds it, into the zeros
+// its updates leave. `norm` (sums null: none): where the memory
 // leaves_norms(), each tile's squared-norm partials of what was written.
 struct PoolAdd {
   const void* src;

@@ -371,6 +371,11 @@ void Residency::release_all() {
   for (size_t m = 0; m < modules_.size(); ++m) release(static_cast<zd_module_id>(m));
 }
 
+void Residency::forget_gathered() {
+  ctx_.drain(*res_.stream);
+  release_all();
+}
+
 void Residency::gather_persistent() {
   std::vector<zd_param_id> persistent;
   for (size_t i = 0; i < ctx_.registry.params().size(); ++i)

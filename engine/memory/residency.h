@@ -91,6 +91,12 @@ class Residency {
   // An end call: the module's gathered (non-persistent) copies go.
   void release(zd_module_id m);
   void release_all();
+  // Before the shards change between steps (a checkpoint load, the
+  // working copies rebuilt): gathers in flight, which read them, end first,
+  // and every gathered copy goes (one gathered ahead of its begin call
+  // would keep the old values; its gather's mark would not cover what
+  // refresh_persistent() writes after it).
+  void forget_gathered();
   // Gathers the persistent parameters from the current shards (a
   // collective): at finalize; refresh_persistent() again after every step
   // and restart, when the shards have changed.

@@ -222,6 +222,8 @@ class Model final : private FailureSink {
   std::string tier_description(int rank, zd_tier tier) const;
   // For tests: a rank's shard of a parameter as fp32, padding included, and
   // whether its working copy is gathered now (always true below stage 3).
+  // The Gradient shard after a step is what the update read, where it left
+  // host accumulators as read (GradReducer::update_zeroes), not zeros.
   std::vector<float> shard_values(int rank, zd_param_id param, ShardBuffer which) const;
   bool resident(int rank, zd_param_id param) const;
   // Stage 3: elements gathered on the rank now, persistent ones excluded.

@@ -290,6 +290,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
 void Model::rebuild_working_copies(int rank) {
   Call call(*this, rank, "rebuild");
   RankState& rs = rank_state(rank);
+  if (ctx_.params_partitioned()) rs.residency.forget_gathered();
   {
     const ShardWrite phase(ctx_, *rs.res.stream, rank, "the rebuild of the working copies");
     rs.buffers.working_from_master();

@@ -782,6 +782,52 @@ TEST(DeviceStreams, AForwardWaitsForItsOwnGatherNotTheGathersAheadOfIt) {
   EXPECT_EQ(waits[1], MarkingDevice::kTail) << "a gathered copy written after its gather's mark";
 }
 
+// zd_model_load between a module's forward_end and the next one's begin,
+// with the next modules gathered ahead: those copies held the parameters of
+// before the load, and the next forward computed with them. The load drops
+// them (Residency::forget_gathered); the forward reads the loaded values.
+TEST(DeviceStreams, ALoadAfterAForwardEndIsWhatTheNextForwardReads) {
+  constexpr int64_t kSize = 1000;
+  const std::vector<int64_t> sizes(4, kSize);
+  for (const char* device : {"cpu", "opaque"}) {
+    char tmpl[] = "/tmp/zerod-load-ahead-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    JobOptions o;
+    o.device = device;
+    o.stage = 3;
+    o.zero_hparams = {{"param_persistence_threshold", 0.0},
+                      {"prefetch_bucket_size", static_cast<double>(8 * kSize)},
+                      {"max_live_parameters", static_cast<double>(8 * kSize)}};
+    auto model = make_model(o, 1);
+    Device& d = const_cast<Device&>(model->device(0));
+    const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, sizes, ZD_DTYPE_F32);
+    auto train_step = [&](int s) {
+      std::vector<std::vector<float>> w = forward_reading(*model, d, 0, ids);
+      for (size_t m = ids.size(); m-- > 0;) {
+        model->backward_begin(0, static_cast<zd_module_id>(m));
+        write_step_grad(*model, d, ids, w, m, s);
+        model->backward_end(0, static_cast<zd_module_id>(m));
+      }
+      model->step(0);
+    };
+    train_step(0);  // records the module order
+    model->save_checkpoint(0, dir);
+    const auto saved = read_params_f32(*model, ids, kSize);
+    train_step(1);
+    ASSERT_NE(read_params_f32(*model, ids, kSize), saved) << device << ": the step moved the parameters";
+
+    model->forward_begin(0, 0);  // gathers modules 1-3 ahead
+    model->forward_end(0, 0);
+    model->load_checkpoint(0, dir);
+    for (size_t m = 1; m < ids.size(); ++m) {
+      model->forward_begin(0, static_cast<zd_module_id>(m));
+      EXPECT_EQ(read_view(d, model->param_view(0, ids[m])), saved[m]) << device << ", module " << m;
+      model->forward_end(0, static_cast<zd_module_id>(m));
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // Blocks the caller overwrites whole (gathered parameters) are not zeroed
 // on a GPU. The emulated device hands them out full of NaN instead, so
 // that every test on it (parity with the cpu device, above) fails where a
