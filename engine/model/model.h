@@ -306,7 +306,7 @@ class Model final : private FailureSink {
   std::shared_ptr<MemoryAdmission> admission_;  // may be null
   double base_lr_ = 0.0;
 
-  std::mutex reg_mu_;  // registration, layout, the lr cache, the broken reason
+  std::mutex reg_mu_;  // registration, layout, the broken reason
   // plugins_.comm's replacement (recover) against the threads that are not
   // the ranks': status and metrics (comm_figures), and rank_lost /
   // rank_left from the launcher, a leaving rank or the daemon's stop.
@@ -318,6 +318,10 @@ class Model final : private FailureSink {
   // reads every parameter and is the same for every rank: once, not per
   // rank, or planning 4096 ranks reads them 4096 times).
   std::once_flag plan_device_checked_;
+  // The script's schedule hooks (lr, warmup, sync) and their caches: not
+  // under reg_mu_, which status and metrics take, while a hook runs (a
+  // hook may take up to its instruction budget, about 0.4 s).
+  std::mutex schedule_mu_;
   std::vector<std::pair<int64_t, double>> lr_cache_;  // (step, lr), a few recent ones
   std::vector<std::pair<int64_t, zd_optimizer_plan>> plan_cache_;  // (step, plan), a few recent ones
   std::string broken_;

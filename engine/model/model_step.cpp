@@ -17,7 +17,7 @@ namespace zerod {
 double Model::learning_rate(int64_t step) {
   if (!policy_) return base_lr_;
   // Every rank asks for the same steps; the script runs once per step.
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  std::lock_guard<std::mutex> lock(schedule_mu_);
   for (const auto& [s, lr] : lr_cache_)
     if (s == step) return lr;
   double lr = base_lr_;
@@ -37,7 +37,7 @@ zd_optimizer_plan Model::plan_for(int64_t step) {
   if (!opt.compresses() && opt.tensor_scalars() == 0 && opt.tensor_stats() == 0 && !opt.takes_schedules())
     return OptimizerInstance::plain_plan();
   // Every rank asks for the same steps; the script runs once per step.
-  std::lock_guard<std::mutex> lock(reg_mu_);
+  std::lock_guard<std::mutex> lock(schedule_mu_);
   for (const auto& [s, p] : plan_cache_)
     if (s == step) return p;
   int warmup = -1, sync = -1;
@@ -279,10 +279,13 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     rs.res.probe.counters().forget_direct();  // as the new comm's figures start from zero
   }
   activity_.clear_lost();
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  broken_.clear();
-  broken_code_ = ZD_OK;
-  is_broken_.store(false);
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    broken_.clear();
+    broken_code_ = ZD_OK;
+    is_broken_.store(false);
+  }
+  std::lock_guard<std::mutex> lock(schedule_mu_);
   lr_cache_.clear();
   plan_cache_.clear();
 }

@@ -348,6 +348,38 @@ JobOptions stage3_on_demand() {
 
 }  // namespace
 
+// The job script's lr() runs without the registration lock that status
+// and metrics take (registry_summary): a hook that takes its time (up to
+// its instruction budget, about 0.4 s) no longer holds them up.
+struct SlowLr final : JobPolicy {
+  std::atomic<bool> running{false};
+  std::optional<double> lr(int64_t) override {
+    running = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    running = false;
+    return 1e-3;
+  }
+};
+
+TEST(Hang, StatusIsAnsweredWhileTheScriptsLrRuns) {
+  SlowLr policy;
+  JobOptions o;
+  o.policy = &policy;
+  auto model = make_model(o, 1);
+  three_modules(*model, 0);
+  backward_all(*model, 0);
+  std::thread stepping([&] { model->step(0); });
+  while (!policy.running) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Model::RegistrySummary s = model->registry_summary();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool still_running = policy.running;
+  stepping.join();
+  EXPECT_GT(s.params, 0u);
+  EXPECT_TRUE(still_running) << "the summary came after the hook, proving nothing";
+  EXPECT_LT(took, 0.4) << "registry_summary waited for lr()";
+}
+
 TEST(Hang, ARankThatStopsCallingIsNamedWithinTheTimeout) {
   JobOptions o;
   o.timeout_s = 0.3;
