@@ -15,6 +15,7 @@
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <utility>
 
 namespace {
 
@@ -733,6 +735,88 @@ testing::AssertionResult same_bits(const std::vector<ref::Weights>& got, const s
                                              << got[r][k][i] << " against " << want[r][k][i] << " (at most "
                                              << max_diff(got[r], want[r]) << " apart on that rank)";
   return testing::AssertionSuccess();
+}
+
+// --- 0/1 Adam with a learning rate of 0 ---------------------------------------
+//
+// A job's lr may be 0 (zerod.warmup_decay and zerod.cosine past total_steps
+// at min_lr = 0, zerod.warmup_linear's lr(0)): a sync after local steps whose
+// learning rates sum to 0 has nothing to sync (m = -avg / lrs has no limit),
+// and leaves p and m as they are (zero_one_adam.cpp). It was refused, after
+// the first pass had run: "update failed ... step is half applied", at every
+// restart again.
+
+// The learning rate of a schedule, as a job script's lr(step).
+struct LrSchedule final : JobPolicy {
+  LrSchedule(std::function<double(int64_t)> lr, std::function<bool(int64_t)> sync = {})
+      : at(std::move(lr)), syncs(std::move(sync)) {}
+  std::function<double(int64_t)> at;   // of the step (0 for the first update)
+  std::function<bool(int64_t)> syncs;  // of the update number t = step + 1; none: DeepSpeed's policy
+  std::optional<double> lr(int64_t step) override { return at(step); }
+  std::optional<bool> sync(int64_t step) override {
+    if (!syncs) return std::nullopt;
+    return syncs(step + 1);
+  }
+};
+
+// zerod.warmup_decay{warmup_steps = 1, total_steps = 3, max_lr = 1e-3}:
+// 0, 1e-3, 5e-4, then 0 from step 3 (update 4) on.
+double warmup_decay_lr(int64_t step) {
+  return step < 1 ? 0.0 : 1e-3 * static_cast<double>(std::max<int64_t>(0, 3 - step)) / 2.0;
+}
+// zerod.warmup_linear{warmup_steps = 2, max_lr = 1e-2}: 0, 5e-3, then 1e-2.
+double warmup_linear_lr(int64_t step) { return 1e-2 * static_cast<double>(std::min<int64_t>(step, 2)) / 2.0; }
+
+// Trains `steps` updates on 2 ranks one at a time: every update is applied,
+// every parameter stays finite, an update at lr 0 with no move to sync (not
+// `moves`: a sync at lr 0 after a local step at lr > 0 applies the average
+// of the ranks' moves) leaves every rank's parameters as they were (to the
+// bit), and an update at lr > 0 moves them.
+void expect_lr_zero_runs(JobOptions o, LrSchedule& schedule, int steps, const std::string& what,
+                         const std::function<bool(int64_t t)>& moves = {}) {
+  o.policy = &schedule;
+  auto model = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    const auto ids = register_problem(*model, rank);
+    ref::Weights before = weights(*model, rank, ids);
+    for (int s = 0; s < steps; ++s) {
+      const std::string at = what + ", rank " + std::to_string(rank) + ", update " + std::to_string(s + 1);
+      try {
+        updates(*model, rank, ids, s, s + 1);
+      } catch (const Error& e) {
+        ADD_FAILURE() << at << " failed: " << e.what();
+        return;
+      }
+      const ref::Weights after = weights(*model, rank, ids);
+      EXPECT_EQ(model->applied_steps(rank), s + 1) << at;
+      EXPECT_LT(max_diff(after, before), INFINITY) << at << ": a parameter is not finite";
+      if (schedule.at(s) > 0.0 || (moves && moves(s + 1)))
+        EXPECT_GT(max_diff(after, before), 0.0) << at << ": lr " << schedule.at(s) << " moved nothing";
+      else
+        EXPECT_EQ(after, before) << at << ": lr 0 moved the parameters";
+      before = after;
+    }
+  });
+}
+
+TEST(ZeroOneAdam, ASyncAfterLearningRatesOfZeroLeavesTheParameters) {
+  // The variance frozen after update 2, then a sync every update (DeepSpeed's
+  // policy at first): update 3 at lr 5e-4, updates 4-6 at lr 0.
+  LrSchedule every(warmup_decay_lr);
+  expect_lr_zero_runs(options("zero_one_adam", 0, {{"var_freeze_step", 2}}), every, 6, "syncs every update");
+  // A local step at lr 5e-4 then a sync at lr 0 (lrs 5e-4: the moves are
+  // synced, update 4 moves the parameters), then a local step and a sync at
+  // lr 0 (lrs 0).
+  LrSchedule second(warmup_decay_lr, [](int64_t t) { return t % 2 == 0; });
+  expect_lr_zero_runs(options("zero_one_adam", 0, {{"var_freeze_step", 2}}), second, 6,
+                      "syncs every second update", [](int64_t t) { return t == 4; });
+  // var_freeze_step = 0: the first update (lr 0, the error feedback just
+  // restarted) syncs nothing; the later ones move the parameters as usual.
+  LrSchedule linear(warmup_linear_lr);
+  expect_lr_zero_runs(options("zero_one_adam", 0, {{"var_freeze_step", 0}}), linear, 6, "var_freeze_step = 0");
+  // Without local steps (stages 1-3) the momentum syncs never divide by lrs.
+  expect_lr_zero_runs(options("zero_one_adam", 2, {{"var_freeze_step", 2}, {"local_steps", 0}}), every, 6,
+                      "stage 2 without local steps");
 }
 
 // How a run is cut after update `at`: not at all; a checkpoint saved and

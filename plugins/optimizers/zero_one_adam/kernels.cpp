@@ -21,6 +21,7 @@ void compressed_momentum(const Consts& c, const Arrays& a);
 void local_step(const Consts& c, const Arrays& a);
 void sync_local(const Consts& c, const Arrays& a);
 void sync_apply(const Consts& c, const Arrays& a, float lrs);
+void sync_without_moves(const Consts& c, const Arrays& a);
 }  // namespace avx2
 #endif
 
@@ -71,6 +72,9 @@ void compressed_momentum(Isa isa, const Consts& c, const Arrays& a) {
 void local_step(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, local_step(c, a)); }
 void sync_local(Isa isa, const Consts& c, const Arrays& a) { ZD_ZERO_ONE_PICK(isa, sync_local(c, a)); }
 void sync_apply(Isa isa, const Consts& c, const Arrays& a, float lrs) { ZD_ZERO_ONE_PICK(isa, sync_apply(c, a, lrs)); }
+void sync_without_moves(Isa isa, const Consts& c, const Arrays& a) {
+  ZD_ZERO_ONE_PICK(isa, sync_without_moves(c, a));
+}
 
 #undef ZD_ZERO_ONE_PICK
 

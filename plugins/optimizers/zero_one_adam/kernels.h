@@ -57,6 +57,11 @@ void sync_local(Isa isa, const Consts& c, const Arrays& a);
 // Its last pass, with the average of u d and lrs, the sum of the learning
 // rates since the last sync: m = -(avg / lrs), p = p + avg / d, u = 0.
 void sync_apply(Isa isa, const Consts& c, const Arrays& a, float lrs);
+// Its last pass instead when lrs = 0 (every learning rate since the last
+// sync was 0, so every u was 0 and the first pass moved nothing): the
+// average (only the error feedback's remainder) is not applied, p and m stay,
+// u = 0 (zero_one_adam.cpp says why).
+void sync_without_moves(Isa isa, const Consts& c, const Arrays& a);
 
 }  // namespace zerod::optim::zero_one
 

@@ -208,4 +208,22 @@ void sync_apply(const Consts& c, const Arrays& a, float lrs) {
   });
 }
 
+// A sync step's last pass when no learning rate was summed since the last
+// sync (lrs = 0): there were no moves, so the average is not read, p and m
+// stay as the first pass left them, u = 0, and the working copy takes p
+// (the first pass wrote the master alone).
+void sync_without_moves(const Consts& c, const Arrays& a) {
+  dispatch(c, a, false, [&]<Dtype, Dtype W, bool kWork, bool>() {
+    float* const __restrict u_ = a.u;
+    const float* const __restrict p_ = a.master;
+    void* const work = a.work;
+    const size_t n = a.count;
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) {
+      u_[i] = 0.0f;
+      if constexpr (kWork) store_work<W>(work, i, p_[i]);
+    }
+  });
+}
+
 }  // namespace ZD_ZERO_ONE_NS

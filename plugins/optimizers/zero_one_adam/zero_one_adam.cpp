@@ -17,6 +17,19 @@
 //     where lrs sums the learning rates since the last sync (a per-tensor
 //     scalar the host keeps, and checkpoints hold, beside the accumulator
 //     slot u: a run resumed between two syncs needs both).
+//     lrs = 0 (every lr since the last sync 0: a schedule's tail at min_lr
+//     = 0, or warmup_linear's lr(0) = 0 with var_freeze_step = 0): every
+//     move and every u was 0, so there is nothing to sync, and m = -avg /
+//     lrs has no limit (avg still carries the error feedback's remainder of
+//     earlier syncs, so avg / lrs grows without bound as lrs -> 0). The
+//     sync is then a local step at lr 0:
+//       p and m as the first pass left them;  u = 0
+//     p does not move (an lr of 0 moves nothing, as with every other
+//     optimizer; the remainder that avg carried is dropped, and what these
+//     syncs drop telescopes to at most the error feedback's own size), and
+//     m stays each rank's own, as between two syncs, until the next sync
+//     with lrs > 0 sets it from the moves again. No division by lrs, so
+//     nothing non-finite.
 //   t > V without local steps (local_steps = false, every ZeRO stage): the
 //     sync interval is 1, and what is synced is the momentum: each rank's
 //     m_r = b1 m + (1 - b1) g_r is averaged 1-bit compressed (error feedback
@@ -248,8 +261,13 @@ zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u)
         if (u->pass == 1) {
           zo::sync_local(k, c, a);
         } else {
-          if (u->tensor == nullptr || !(u->tensor[0] > 0.0f)) return ZD_ERR_INVALID_ARGUMENT;
-          zo::sync_apply(k, c, a, u->tensor[0]);
+          // lrs sums learning rates, which the host takes >= 0; lrs = 0 is
+          // a sync with nothing to sync (the header's "lrs = 0").
+          if (u->tensor == nullptr || !(u->tensor[0] >= 0.0f)) return ZD_ERR_INVALID_ARGUMENT;
+          if (u->tensor[0] == 0.0f)
+            zo::sync_without_moves(k, c, a);
+          else
+            zo::sync_apply(k, c, a, u->tensor[0]);
         }
     }
     return ZD_OK;
