@@ -3,7 +3,10 @@
 #include <zerod/kit/text.h>
 
 #include "job_schema.h"
+#include "lua_protect.h"
 #include "size.h"
+
+#include "error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -58,6 +61,11 @@ int ConfigReader::line(const std::string& key) const {
   return l ? l : map_->return_line();
 }
 
+std::string ConfigReader::place_of(const std::string& key) const {
+  const int l = line(key);
+  return source_ + (l ? ":" + std::to_string(l) : std::string()) + ": " + path(key);
+}
+
 void ConfigReader::issue(const std::string& key, const std::string& message) {
   const std::string p = path(key);
   issues_.push_back({line(key), (p.empty() ? "" : p + ": ") + message});
@@ -79,7 +87,22 @@ void ConfigReader::note(const std::string& key, const std::string& value, bool f
 
 int ConfigReader::get(const std::string& key) {
   scopes_.back().known.insert(key);
-  lua_getfield(L_, scopes_.back().index, key.c_str());
+  // Protected: the table's __index metamethod runs here, and the key's
+  // string is allocated in the capped state (lua_protect.h says why).
+  const int table = scopes_.back().index;
+  std::string err;
+  const int rc = protected_call(L_, table, 1, [&key](lua_State* L) {
+    lua_getfield(L, 1, key.c_str());
+    return 1;
+  }, &err);
+  if (rc != LUA_OK) {
+    const bool meta = lua_getmetatable(L_, table) != 0;
+    if (meta) lua_pop(L_, 1);
+    const std::string how = rc == LUA_ERRMEM ? "ran out of memory: " + err
+                            : meta ? "ran the table's __index metamethod, which failed: " + err
+                                   : "failed: " + err;
+    fail(ZD_ERR_CONFIG, place_of(key) + ": reading it " + how);
+  }
   return lua_type(L_, -1);
 }
 
@@ -369,16 +392,32 @@ int ConfigReader::function(const std::string& key, std::string* where, const cha
   lua_getinfo(L_, ">S", &ar);
   *where = std::string(ar.short_src) + ":" + std::to_string(ar.linedefined);
   std::string text = "function defined at " + *where;
+  std::string err;
   if (describer) {
-    lua_getglobal(L_, "zerod");
-    if (lua_istable(L_, -1) && lua_getfield(L_, -1, describer) == LUA_TFUNCTION) {
-      lua_pushvalue(L_, -3);
-      if (lua_pcall(L_, 1, 1, 0) == LUA_OK && lua_type(L_, -1) == LUA_TSTRING) text = lua_tostring(L_, -1);
-    }
-    lua_settop(L_, lua_gettop(L_) - 2);
+    // A description is a nicety: when the script has replaced the global
+    // `zerod` (zerod = 5), or looking it up or describing fails, the
+    // function is named by where it is defined. Protected: the lookups run
+    // the script's metamethods (lua_protect.h).
+    const int top = lua_gettop(L_);
+    const int rc = protected_call(L_, top, 1, [describer](lua_State* L) {
+      if (lua_getglobal(L, "zerod") != LUA_TTABLE || lua_getfield(L, -1, describer) != LUA_TFUNCTION) return 0;
+      lua_pushvalue(L, 1);
+      lua_call(L, 1, 1);
+      return 1;
+    }, &err);
+    if (rc == LUA_OK && lua_type(L_, -1) == LUA_TSTRING) text = lua_tostring(L_, -1);
+    lua_settop(L_, top);
   }
   record(key, text, true);
-  return luaL_ref(L_, LUA_REGISTRYINDEX);
+  // Protected: the registry's table may grow, in the capped state.
+  int ref = LUA_NOREF;
+  const int rc = protected_call(L_, -1, 0, [&ref](lua_State* L) {
+    ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+  }, &err);
+  lua_pop(L_, 1);
+  if (rc != LUA_OK) fail(ZD_ERR_CONFIG, place_of(key) + ": cannot keep the function: " + err);
+  return ref;
 }
 
 std::string ConfigReader::report() const {

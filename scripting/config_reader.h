@@ -2,7 +2,9 @@
 // C++. Every problem is collected — unknown keys (with a suggestion), wrong
 // types, values out of range — each named by its full key and the file:line
 // where the script wrote it; the caller refuses the load if there is any.
-// Each value read is also recorded, resolved, for `zerod check`.
+// Each value read is also recorded, resolved, for `zerod check`. Reading runs
+// the script's metamethods under a protected call (lua_protect.h); one that
+// fails ends the read with ZD_ERR_CONFIG naming the key.
 #pragma once
 
 #include "source_map.h"
@@ -106,8 +108,11 @@ class ConfigReader {
     int index;               // absolute stack index of the table
     std::set<std::string> known;
   };
-  // Pushes t[key]; returns its Lua type.
+  // Pushes t[key]; returns its Lua type. A Lua error while reading it (the
+  // table's __index metamethod, the memory cap) throws ZD_ERR_CONFIG.
   int get(const std::string& key);
+  // "file:line: full.key", for an error that ends the read.
+  std::string place_of(const std::string& key) const;
   void check_unknown(const Scope& s);
   void record(const std::string& key, const std::string& value, bool from_script);
 

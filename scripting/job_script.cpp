@@ -1,6 +1,7 @@
 #include "job_script.h"
 #include "ds_config.h"
 #include "job_schema.h"
+#include "lua_protect.h"
 #include "script_file.h"
 #include "size.h"
 
@@ -447,18 +448,26 @@ std::optional<zd_tier> JobScript::placement(const TensorInfo& t) {
   std::lock_guard<std::mutex> lock(lua_mu_);
   lua_State* L = sandbox_->L();
   lua_rawgeti(L, LUA_REGISTRYINDEX, placement_ref_);
-  lua_createtable(L, 0, 5);
-  lua_pushstring(L, t.name.c_str());
-  lua_setfield(L, -2, "name");
-  lua_pushstring(L, t.kind.c_str());
-  lua_setfield(L, -2, "kind");
-  lua_pushstring(L, t.module.c_str());
-  lua_setfield(L, -2, "module");
-  lua_pushinteger(L, static_cast<lua_Integer>(t.numel));
-  lua_setfield(L, -2, "numel");
-  lua_pushinteger(L, static_cast<lua_Integer>(t.bytes));
-  lua_setfield(L, -2, "bytes");
+  // The argument table is made in the script's capped state: protected, so
+  // a state at its memory cap is an error, not an abort (lua_protect.h).
   std::string err;
+  if (protected_call(L, 0, 1, [&t](lua_State* S) {
+        lua_createtable(S, 0, 5);
+        lua_pushstring(S, t.name.c_str());
+        lua_setfield(S, -2, "name");
+        lua_pushstring(S, t.kind.c_str());
+        lua_setfield(S, -2, "kind");
+        lua_pushstring(S, t.module.c_str());
+        lua_setfield(S, -2, "module");
+        lua_pushinteger(S, static_cast<lua_Integer>(t.numel));
+        lua_setfield(S, -2, "numel");
+        lua_pushinteger(S, static_cast<lua_Integer>(t.bytes));
+        lua_setfield(S, -2, "bytes");
+        return 1;
+      }, &err) != LUA_OK) {
+    lua_pop(L, 1);  // the function
+    fail(ZD_ERR_CONFIG, "the job's placement() failed for " + t.kind + " of '" + t.name + "': " + err);
+  }
   if (!sandbox_->call(1, 1, &err))
     fail(ZD_ERR_CONFIG, "the job's placement() failed for " + t.kind + " of '" + t.name + "': " + err);
   const int type = lua_type(L, -1);

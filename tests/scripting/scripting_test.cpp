@@ -1,6 +1,8 @@
 // The Lua host's parts: the source map, size literals, number formatting,
 // and the schedule library (golden values after DeepSpeed's scheduler tests).
 #include "config_reader.h"
+#include "error.h"
+#include "job_script.h"
 #include "sandbox.h"
 #include "size.h"
 #include "source_map.h"
@@ -8,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 using namespace zerod::scripting;
 
@@ -167,4 +170,149 @@ TEST(Schedules, BadArgumentsAreRefused) {
   ASSERT_TRUE(sb.load("return zerod.size('1MiB') + zerod.GiB", "=t", &err));
   ASSERT_TRUE(sb.call(0, 1, &err)) << err;
   EXPECT_EQ(lua_tointeger(sb.L(), -1), (1 << 20) + (1 << 30));
+}
+
+// A job script's own code runs while its returned settings are read (an
+// __index metamethod; the global `zerod`'s describe) and while a hook's
+// argument is made; an error there, unprotected, made Lua call abort() and
+// took down the process (the daemon, with every job in it). Each must be a
+// refusal naming the script: zerod::Error with ZD_ERR_CONFIG.
+namespace {
+
+std::unique_ptr<JobScript> load_text(const std::string& text) {
+  ScriptSource src;
+  src.text = text;
+  src.name = "job.lua";
+  return JobScript::load(src);
+}
+
+// The refusal's message; "" (a test failure) when the script loaded.
+std::string refusal(const std::string& text) {
+  try {
+    load_text(text);
+  } catch (const zerod::Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "the script loaded:\n" << text;
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Loads a script that must load; skips the test where this build's plugins
+// are not beside the test (a build of scripting_test alone).
+std::unique_ptr<JobScript> load_or_skip(const std::string& text, std::string* skip) {
+  try {
+    return load_text(text);
+  } catch (const zerod::Error& e) {
+    if (contains(e.what(), "plugins were found")) *skip = e.what();
+    else ADD_FAILURE() << e.what();
+  }
+  return nullptr;
+}
+
+// Fills the script's Lua state to within a few bytes of its memory cap,
+// keeping it all reachable from globals and leaving no garbage (a
+// collection at the cap frees nothing): long strings of halving sizes, then
+// distinct short ones of every length, into slots made beforehand. Few
+// objects, so each collection a refused allocation runs is quick.
+const char* kFillMemory = R"(
+keep, chars, n = {}, {}, 0
+for i = 1, 8000 do keep[i] = false end
+for i = 1, 26 do chars[i] = string.char(64 + i) end
+function fill_memory()
+  local size = 1 << 25
+  while size > 40 do
+    local ok, s = pcall(string.rep, "x", size)
+    if ok then n = n + 1; keep[n] = s else size = size // 2 end
+  end
+  for len = 40, 1, -1 do
+    for c = 1, 26 do
+      local ok, s = pcall(string.rep, chars[c], len)
+      if ok then n = n + 1; keep[n] = s end
+    end
+  end
+end
+)";
+
+}  // namespace
+
+TEST(JobScriptMetamethods, AFailingIndexOnTheSettingsIsARefusal) {
+  const std::string err = refusal("return setmetatable({}, {__index = function(t, k) error('x marks') end})\n");
+  EXPECT_TRUE(contains(err, "job.lua:1: plugin_path: reading it ran the table's __index metamethod, which failed"))
+      << err;
+  EXPECT_TRUE(contains(err, "x marks")) << err;
+}
+
+TEST(JobScriptMetamethods, AFailingIndexOnANestedTableIsARefusal) {
+  const std::string err = refusal(
+      "return {\n"
+      "  precision = 'fp16',\n"
+      "  fp16 = setmetatable({}, {__index = function(t, k) error('nested boom') end}),\n"
+      "}\n");
+  EXPECT_TRUE(contains(err, "job.lua:3: fp16.loss_scale: reading it ran the table's __index metamethod")) << err;
+  EXPECT_TRUE(contains(err, "nested boom")) << err;
+}
+
+TEST(JobScriptMetamethods, AnEndlessIndexMeetsTheInstructionBudget) {
+  const std::string err = refusal("return setmetatable({}, {__index = function(t, k) while true do end end})\n");
+  EXPECT_TRUE(contains(err, "plugin_path: reading it ran the table's __index metamethod")) << err;
+  EXPECT_TRUE(contains(err, "million instructions")) << err;
+}
+
+TEST(JobScriptMetamethods, ReadingAtTheMemoryCapIsARefusal) {
+  const std::string err = refusal(std::string(kFillMemory) +
+                                  // Filled while read: the chunk itself is garbage by then.
+                                  "full = false\n"
+                                  "return setmetatable({}, {__index = function(t, k)\n"
+                                  "  if not full then full = true fill_memory() end\n"
+                                  "end})\n");
+  EXPECT_TRUE(contains(err, "reading it ran out of memory")) << err;
+}
+
+TEST(JobScriptMetamethods, IndexTablesStillGiveDefaults) {
+  std::string skip;
+  auto js = load_or_skip("return setmetatable({}, {__index = { gradient_accumulation_steps = 3 }})\n", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->config().gradient_accumulation_steps, 3);
+}
+
+TEST(JobScriptMetamethods, AReplacedZerodGlobalLeavesTheScheduleAlone) {
+  for (const char* global : {"zerod = 5\n", "zerod = nil\n",
+                             "setmetatable(zerod, {__index = function() error('no') end})\n"}) {
+    SCOPED_TRACE(global);
+    std::string skip;
+    auto js = load_or_skip(std::string(global) + "return { lr = function(s) return 1e-3 end }\n", &skip);
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    ASSERT_TRUE(js);
+    ASSERT_TRUE(js->has_lr_schedule());
+    EXPECT_EQ(js->lr(0), 1e-3);
+  }
+}
+
+TEST(JobScriptMetamethods, APlacementArgumentAtTheMemoryCapIsARefusal) {
+  std::string skip;
+  auto js = load_or_skip(std::string(kFillMemory) +
+                             "return {\n"
+                             "  lr = function(s) fill_memory() return 1e-3 end,\n"
+                             "  placement = function(t) return 'device' end,\n"
+                             "}\n",
+                         &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->lr(0), 1e-3);  // fills the state
+  zerod::TensorInfo t;
+  t.name = "layer0.weight";
+  t.kind = "optimizer";
+  t.module = "layer0";
+  try {
+    js->placement(t);
+    ADD_FAILURE() << "placement() ran at the memory cap";
+  } catch (const zerod::Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
+    EXPECT_TRUE(contains(e.what(), "placement() failed for optimizer of 'layer0.weight': out of memory"))
+        << e.what();
+  }
 }
