@@ -46,11 +46,16 @@ struct TempDir {
   bool mounted = false;
 };
 
-// Trains `steps` steps of AdamW on one parameter per module and returns the
-// final parameters (rank 0's reads).
-std::vector<std::vector<float>> train(const JobOptions& o, int world, const std::vector<int64_t>& sizes,
-                                      int steps) {
+// What module 1 does in the backward of every odd step (the others always
+// train).
+enum class OddSteps { Train, Absent, ZeroGradient };
+
+// Trains `steps` steps of AdamW (o.accumulation micro-batches each) on one
+// parameter per module and returns the final parameters (rank 0's reads).
+std::vector<std::vector<float>> train(const JobOptions& o, int world, const std::vector<int64_t>& sizes, int steps,
+                                      OddSteps module1 = OddSteps::Train) {
   auto model = make_model(o, world);
+  const int gas = static_cast<int>(o.accumulation);
   std::vector<std::vector<float>> out(sizes.size());
   run_ranks(world, [&](int rank) {
     std::vector<zd_param_id> ids;
@@ -62,18 +67,22 @@ std::vector<std::vector<float>> train(const JobOptions& o, int world, const std:
     }
     model->finalize(rank);
     for (int s = 0; s < steps; ++s) {
-      for (size_t m = ids.size(); m-- > 0;) {
-        const auto mid = static_cast<zd_module_id>(m);
-        model->backward_begin(rank, mid);
-        const ViewInfo w = model->param_view(rank, ids[m]);
-        const ViewInfo g = model->grad_view(rank, ids[m]);
-        const auto* wd = static_cast<const float*>(w.data);
-        auto* gd = static_cast<float*>(g.data);
-        for (size_t j = 0; j < g.bytes / 4; ++j)
-          gd[j] = wd[j] - std::cos(static_cast<float>(j + s + rank));
-        model->backward_end(rank, mid);
+      for (int k = 0; k < gas; ++k) {
+        for (size_t m = ids.size(); m-- > 0;) {
+          const OddSteps does = m == 1 && s % 2 == 1 ? module1 : OddSteps::Train;
+          if (does == OddSteps::Absent) continue;
+          const auto mid = static_cast<zd_module_id>(m);
+          model->backward_begin(rank, mid);
+          const ViewInfo w = model->param_view(rank, ids[m]);
+          const ViewInfo g = model->grad_view(rank, ids[m]);
+          const auto* wd = static_cast<const float*>(w.data);
+          auto* gd = static_cast<float*>(g.data);
+          for (size_t j = 0; j < g.bytes / 4; ++j)
+            gd[j] = does == OddSteps::ZeroGradient ? 0.0f : wd[j] - std::cos(static_cast<float>(j + s + k + rank));
+          model->backward_end(rank, mid);
+        }
+        model->step(rank);
       }
-      model->step(rank);
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       std::vector<float> v(static_cast<size_t>(sizes[i]));
@@ -132,54 +141,6 @@ TEST_P(SameParameters, WhereverTheOptimizerStateLives) {
 INSTANTIATE_TEST_SUITE_P(Stages, SameParameters, ::testing::Values(0, 1, 2, 3),
                          [](const auto& p) { return "stage" + std::to_string(p.param); });
 
-namespace {
-
-// As train(), with gas micro-batches a step, where module 1 takes no part
-// in the backward of every odd step (`absent`), or takes part with a zero
-// gradient (!absent).
-std::vector<std::vector<float>> train_sometimes_without(const JobOptions& o, int world,
-                                                        const std::vector<int64_t>& sizes, int steps, bool absent) {
-  auto model = make_model(o, world);
-  const int gas = static_cast<int>(o.accumulation);
-  std::vector<std::vector<float>> out(sizes.size());
-  run_ranks(world, [&](int rank) {
-    std::vector<zd_param_id> ids;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<float> init(static_cast<size_t>(sizes[i]));
-      for (size_t j = 0; j < init.size(); ++j) init[j] = std::sin(static_cast<float>(j + 7 * i));
-      ids.push_back(model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i),
-                                          ZD_DTYPE_F32, {sizes[i]}, init.data(), ZD_DTYPE_F32));
-    }
-    model->finalize(rank);
-    for (int s = 0; s < steps; ++s) {
-      for (int k = 0; k < gas; ++k) {
-        for (size_t m = ids.size(); m-- > 0;) {
-          const bool out_of_it = m == 1 && s % 2 == 1;
-          if (out_of_it && absent) continue;
-          const auto mid = static_cast<zd_module_id>(m);
-          model->backward_begin(rank, mid);
-          const ViewInfo w = model->param_view(rank, ids[m]);
-          const ViewInfo g = model->grad_view(rank, ids[m]);
-          const auto* wd = static_cast<const float*>(w.data);
-          auto* gd = static_cast<float*>(g.data);
-          for (size_t j = 0; j < g.bytes / 4; ++j)
-            gd[j] = out_of_it ? 0.0f : wd[j] - std::cos(static_cast<float>(j + s + k + rank));
-          model->backward_end(rank, mid);
-        }
-        model->step(rank);
-      }
-    }
-    for (size_t i = 0; i < ids.size(); ++i) {
-      std::vector<float> v(static_cast<size_t>(sizes[i]));
-      model->read_param(rank, ids[i], ZD_DTYPE_F32, v.data(), v.size() * 4);
-      if (rank == 0) out[i] = v;
-    }
-  });
-  return out;
-}
-
-}  // namespace
-
 // An update of offloaded state leaves the host accumulators as it read
 // them (GradReducer::update_zeroes): the next window writes over each
 // parameter's range first. A parameter a window leaves out must then read
@@ -197,19 +158,19 @@ TEST_P(UntouchedParameters, StepAsWithAZeroGradientWhereverTheStateLives) {
     for (int64_t gas : {1, 2}) {
       JobOptions pool = adamw(stage);
       pool.accumulation = gas;
-      const auto ref = train_sometimes_without(pool, world, sizes, 4, false);
-      ASSERT_NE(ref[1], train_sometimes_without(pool, 1, sizes, 1, false)[1]) << "module 1 trains";
-      EXPECT_EQ(train_sometimes_without(pool, world, sizes, 4, true), ref)
+      const auto ref = train(pool, world, sizes, 4, OddSteps::ZeroGradient);
+      ASSERT_NE(ref[1], train(pool, 1, sizes, 1)[1]) << "module 1 trains";
+      EXPECT_EQ(train(pool, world, sizes, 4, OddSteps::Absent), ref)
           << "stage " << stage << ", " << world << " ranks, gas " << gas << ": device pool";
       for (zd_tier t : {ZD_TIER_HOST, ZD_TIER_NVME}) {
         JobOptions o = pool;
         o.offload.optimizer = t;
         o.offload.nvme_paths = {dir.path};
-        EXPECT_EQ(train_sometimes_without(o, world, sizes, 4, true), ref)
+        EXPECT_EQ(train(o, world, sizes, 4, OddSteps::Absent), ref)
             << "stage " << stage << ", " << world << " ranks, gas " << gas << ": optimizer on " << tier_name(t);
         if (stage == 3) {
           o.offload.params = t;
-          EXPECT_EQ(train_sometimes_without(o, world, sizes, 4, true), ref)
+          EXPECT_EQ(train(o, world, sizes, 4, OddSteps::Absent), ref)
               << world << " ranks, gas " << gas << ": parameters and optimizer on " << tier_name(t);
         }
       }
