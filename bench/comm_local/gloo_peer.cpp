@@ -1,22 +1,17 @@
 #include "gloo_peer.h"
 
+#include "../python_peer.h"
+
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <set>
 
 namespace zerod::bench {
 
-std::string gloo_python(const GlooOptions& o) {
-  if (!o.python.empty()) return o.python;
-  if (access(o.venv_python.c_str(), X_OK) == 0) return o.venv_python;
-  return "/usr/bin/python3";
-}
-
 GlooResult run_gloo(const GlooOptions& o, int ranks) {
   GlooResult r;
-  r.python = gloo_python(o);
+  r.python = peer_python(o.python, o.venv_python);
   if (access(r.python.c_str(), X_OK) != 0) {
     r.error = r.python + " not found (make the venv with scripts/python-venv.sh)";
     return r;
@@ -24,16 +19,9 @@ GlooResult run_gloo(const GlooOptions& o, int ranks) {
   const std::string cmd = "'" + r.python + "' '" + o.script + "' --ranks " + std::to_string(ranks) + " --mib " +
                           std::to_string(o.mib) + " --iters " + std::to_string(o.iters) + " --warmup " +
                           std::to_string(o.warmup) + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) {
-    r.error = "cannot run " + r.python;
-    return r;
-  }
-  char line[1024];
   std::string last;
   std::set<std::string> checked;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    line[std::strcspn(line, "\n")] = '\0';
+  const int status = run_peer_lines(cmd, [&](const char* line) {
     char op[32], version[64];
     int n = 0;
     double s = 0.0;
@@ -48,8 +36,11 @@ GlooResult run_gloo(const GlooOptions& o, int ranks) {
     } else if (line[0] != '\0') {
       last = line;
     }
+  });
+  if (status < 0) {
+    r.error = "cannot run " + r.python;
+    return r;
   }
-  const int status = pclose(f);
   if (status != 0) {
     r.error = last.empty() ? "exit status " + std::to_string(status) : last;
   } else {

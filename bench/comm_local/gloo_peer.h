@@ -27,10 +27,6 @@ struct GlooResult {
   std::string error;  // why there are no figures; empty when there are
 };
 
-// The python that runs torch: --python, else the venv's (torch 2.x, as
-// bench_cpu_adam's peers), else the system's.
-std::string gloo_python(const GlooOptions& o);
-
 // Runs torch_gloo.py on `ranks` processes; every collective of
 // bench_comm_local must come back checked and timed, or refused by gloo
 // with a reason, else error says why.

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "../python_peer.h"
 #include "host_memory.h"
 #include "team.h"
 #include "traffic.h"
@@ -229,18 +230,10 @@ struct TorchResult {
   std::string error;
 };
 
-// The python that runs torch: --python, else the venv's (torch 2.x, with a
-// fused CPU AdamW since 2.4, what a user installing today gets), else the
-// system's.
-std::string torch_python(const Options& o) {
-  if (!o.python.empty()) return o.python;
-  if (access(o.ds_python.c_str(), X_OK) == 0) return o.ds_python;
-  return "/usr/bin/python3";
-}
-
 TorchResult run_torch(const Options& o, int threads) {
   TorchResult r;
-  r.python = torch_python(o);
+  // The venv's python has a fused CPU AdamW (torch >= 2.4).
+  r.python = peer_python(o.python, o.ds_python);
   if (access(r.python.c_str(), X_OK) != 0) {
     r.error = r.python + " not found";
     return r;
@@ -248,15 +241,8 @@ TorchResult run_torch(const Options& o, int threads) {
   const std::string cmd = "'" + r.python + "' '" + o.torch_script + "' --params " + std::to_string(o.params) +
                           " --threads " + std::to_string(threads) + " --steps " + std::to_string(o.steps) +
                           " --warmup " + std::to_string(o.warmup) + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) {
-    r.error = "cannot run " + r.python;
-    return r;
-  }
-  char line[512];
   std::string last;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    line[std::strcspn(line, "\n")] = '\0';
+  const int status = run_peer_lines(cmd, [&](const char* line) {
     char variant[64];
     double rate;
     if (std::sscanf(line, "best %lf %63s", &rate, variant) == 2) {
@@ -266,9 +252,9 @@ TorchResult run_torch(const Options& o, int threads) {
       r.version = line + 6;
     }
     if (line[0] != '\0') last = line;
-  }
-  const int status = pclose(f);
-  if (status != 0 || r.rate <= 0.0) r.error = last.empty() ? "no result" : last;
+  });
+  if (status < 0) r.error = "cannot run " + r.python;
+  else if (status != 0 || r.rate <= 0.0) r.error = last.empty() ? "no result" : last;
   return r;
 }
 
@@ -292,21 +278,17 @@ DsResult run_deepspeed(const Options& o, int threads, bool bf16, bool thp = fals
                           "' --params " + std::to_string(o.params) + " --threads " + std::to_string(threads) +
                           " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
                           (bf16 ? " --bf16" : "") + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) {
-    r.error = "cannot run " + o.ds_python;
-    return r;
-  }
-  char line[1024];
   std::string last;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    line[std::strcspn(line, "\n")] = '\0';
+  const int status = run_peer_lines(cmd, [&](const char* line) {
     double rate;
     if (std::sscanf(line, "rate %lf", &rate) == 1) r.rate = rate;
     else if (std::strncmp(line, "deepspeed ", 10) == 0) r.version = line;
     if (line[0] != '\0' && std::strncmp(line, "rate ", 5) != 0) last = line;
+  });
+  if (status < 0) {
+    r.error = "cannot run " + o.ds_python;
+    return r;
   }
-  const int status = pclose(f);
   if (status != 0 || r.rate <= 0.0) r.error = last.empty() ? "no result" : last;
   return r;
 }

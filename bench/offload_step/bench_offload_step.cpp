@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../nvme/fio_run.h"
+#include "../python_peer.h"
 
 namespace {
 
@@ -158,17 +159,13 @@ struct TorchFigure {
 // it) when there is one, else the system's.
 TorchFigure torch_step(const Options& o) {
   TorchFigure f;
-  f.python = access(ZEROD_BENCH_VENV_PYTHON, X_OK) == 0 ? ZEROD_BENCH_VENV_PYTHON : "/usr/bin/python3";
+  f.python = zerod::bench::peer_python("", ZEROD_BENCH_VENV_PYTHON);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string cmd = "'" + f.python + "' '" + ZEROD_BENCH_TORCH_SCRIPT + "' --params " +
                           std::to_string(static_cast<long long>(o.params)) + " --threads " +
                           std::to_string(threads) + " --steps " + std::to_string(o.steps) + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return f;
-  char line[256];
   double rate = -1;
-  while (std::fgets(line, sizeof line, p)) {
-    line[std::strcspn(line, "\n")] = '\0';
+  zerod::bench::run_peer_lines(cmd, [&](const char* line) {
     if (std::strncmp(line, "best ", 5) == 0) {
       char* end = nullptr;
       rate = std::strtod(line + 5, &end);
@@ -176,8 +173,7 @@ TorchFigure torch_step(const Options& o) {
     } else if (std::strncmp(line, "torch ", 6) == 0) {
       f.version = line + 6;
     }
-  }
-  pclose(p);
+  });
   if (rate > 0) f.ms = o.params / rate * 1e3;
   return f;
 }

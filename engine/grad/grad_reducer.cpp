@@ -28,7 +28,7 @@ void GradReducer::reset() {
   in_window_.assign(ctx_.registry.params().size(), 0);
   settled_.assign(ctx_.registry.params().size(), 0);
   handed_.assign(ctx_.registry.params().size(), 0);
-  unzeroed_.assign(ctx_.registry.groups().size(), 0);
+  left_as_read_ = false;
   {
     const TierSet tiers = res_.tiers();
     const auto& groups = ctx_.registry.groups();
@@ -513,9 +513,10 @@ bool GradReducer::update_zeroes(size_t gi) const {
 }
 
 void GradReducer::clear_untouched() {
-  for (size_t gi = 0; gi < unzeroed_.size(); ++gi) {
-    if (!unzeroed_[gi]) continue;
-    unzeroed_[gi] = 0;
+  if (!left_as_read_) return;
+  left_as_read_ = false;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
+    if (update_zeroes(gi)) continue;
     const OwnedGrad og = owned(gi);
     const size_t esz = dtype_size(ctx_.grad_dtype(ctx_.registry.groups()[gi]));
     for (zd_param_id pid : ctx_.registry.groups()[gi].params) {
@@ -534,7 +535,7 @@ void GradReducer::end_step(bool applied) {
   if (!applied || reduced_ready_) {
     zero();
   } else {
-    for (size_t gi = 0; gi < unzeroed_.size(); ++gi) unzeroed_[gi] = update_zeroes(gi) ? 0 : 1;
+    left_as_read_ = true;
   }
   reduced_ready_ = false;
   for (ParamEntry& e : params_) e.touched = false;
@@ -593,7 +594,7 @@ void GradReducer::zero() {
   std::fill(in_window_.begin(), in_window_.end(), 0);
   std::fill(settled_.begin(), settled_.end(), 0);
   std::fill(handed_.begin(), handed_.end(), 0);
-  std::fill(unzeroed_.begin(), unzeroed_.end(), 0);
+  left_as_read_ = false;
 }
 
 void GradReducer::restart() {

@@ -202,7 +202,8 @@ class GradReducer {
   std::vector<char> in_window_;       // per parameter: the window holds contributions not yet sent on
   std::vector<char> settled_;         // per parameter: its accumulators took a window's sum this window
   std::vector<char> handed_;          // per parameter: a settle of it was queued this window (res_.stream's thread)
-  std::vector<char> unzeroed_;        // per group: the last applied update left its owned gradients as read
+  bool left_as_read_ = false;         // an update was applied since the accumulators were last cleared:
+                                      // groups it did not zero (update_zeroes) hold what it read
   std::vector<ParamEntry> params_;
   std::vector<std::vector<Pending>> buckets_;  // per group
   std::vector<uint64_t> bucket_elems_;         // per group

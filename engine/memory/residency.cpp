@@ -358,7 +358,6 @@ void Residency::release(zd_module_id m) {
     gathered_bytes_ -= block_bytes(gathered_elems(p) * dtype_size(p.dtype));
   }
   me.resident = false;
-  me.ahead = false;
   me.written = false;
   me.gather = CommStream::Ticket{};
   me.ready.reset();
@@ -432,7 +431,6 @@ void Residency::start_micro_batch() {
 void Residency::make_resident(zd_module_id m, bool backward) {
   ModuleEntry& me = modules_[static_cast<size_t>(m)];
   const bool ahead = me.resident;  // gathered, or on its way, since before this call
-  me.ahead = ahead;
   if (!me.resident) gather(m, false);
   Trace& tr = trace_;
   if (!tr.complete) {
@@ -478,14 +476,14 @@ void Residency::make_resident(zd_module_id m, bool backward) {
   observe::Span wait(res_.probe, "residency", "gather wait", a, &c.gather_wait_ns);
   ctx_.wait(me.gather);
   observe::add_relaxed(ahead ? c.gathers_ready : c.gathers_waited, 1);
+  trainer_waits(me, backward && ahead);
 }
 
-void Residency::trainer_waits(zd_module_id m, bool rank_work_since) {
-  const ModuleEntry& me = modules_[static_cast<size_t>(m)];
+void Residency::trainer_waits(const ModuleEntry& me, bool whole_stream) {
   // Read after make_resident waited for the gather's ticket: its thread
   // wrote the mark before the ticket completed.
   const uint64_t mark = me.ready ? *me.ready : kWholeStream;
-  if (mark == kWholeStream || me.written || (rank_work_since && me.ahead)) {
+  if (whole_stream || mark == kWholeStream || me.written) {
     res_.device->trainer_waits();
     return;
   }

@@ -78,16 +78,14 @@ class Residency {
   // A begin call: the module's parameters are resident when this returns
   // (the next modules may be on their way). Throws ZD_ERR_BUDGET, with
   // nothing allocated for it, when the device tier cannot hold them.
+  // Then the trainer's stream waits for what it reads of m: its gather (a
+  // mark right after the gather's device work), not the gathers of later
+  // modules queued behind it. A backward's gradient views, zeroed on
+  // zerod's stream by its begin call before this, come after a gather
+  // issued ahead; the trainer then waits for all of zerod's work so far,
+  // as it does where the gather's point is unknown or a parameter was
+  // written since.
   void make_resident(zd_module_id m, bool backward);
-  // After make_resident(m): the trainer's stream waits for what it reads
-  // of m, its gather (a mark right after the gather's device work), not
-  // for the gathers of later modules queued behind it. rank_work_since:
-  // the rank's thread issued device work the trainer depends on after
-  // make_resident's callers began (a backward's zeroed gradient views);
-  // a gather issued ahead of that does not cover it, and the trainer then
-  // waits for all of zerod's work so far, as it does where the gather's
-  // point is unknown or a parameter was written since.
-  void trainer_waits(zd_module_id m, bool rank_work_since);
   // An end call: the module's gathered (non-persistent) copies go.
   void release(zd_module_id m);
   void release_all();
@@ -134,7 +132,6 @@ class Residency {
  private:
   struct ModuleEntry {
     bool resident = false;      // gathered, or being gathered
-    bool ahead = false;         // gathered before its begin call (prefetch)
     bool written = false;       // a gathered copy overwritten since (zd_param_write)
     CommStream::Ticket gather;  // the gather in flight
     // The device mark() right after the gather's work, written by whoever
@@ -143,6 +140,9 @@ class Residency {
     std::shared_ptr<uint64_t> ready;
   };
   static constexpr uint64_t kWholeStream = ~uint64_t{0};
+  // The trainer's stream waits for me's gather's mark, or (whole_stream,
+  // or no mark, or a copy written since) for all of zerod's work so far.
+  void trainer_waits(const ModuleEntry& me, bool whole_stream);
   // The order modules were begun in the first micro-batch; later micro-
   // batches that follow it get the next modules gathered ahead.
   struct Trace {

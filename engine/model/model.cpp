@@ -349,11 +349,10 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
   // agree with the master exactly.
   std::vector<float> v(static_cast<size_t>(p.numel));
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
-  // A gather ahead still in flight (between one module's forward_end and
-  // the next begin) reads the shard written below and writes the gathered
-  // copy overwrite() updates: it ends first (TSan found the race).
-  if (ctx_.params_partitioned()) ctx_.drain(*rs.res.stream);
   {
+    // Gathers ahead still in flight end first: they read the shard written
+    // here and write the gathered copy overwrite() updates (TSan found the
+    // race).
     const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
     rs.buffers.write_value(p, v.data());
   }

@@ -43,14 +43,13 @@ void Model::forward_begin(int rank, zd_module_id module) {
   wait_update(rs, module);
   // The trainer computes with the parameters zerod just made resident (or
   // a step wrote) only after that work is done: with partitioned
-  // parameters, the module's gather (the gathers ahead of later modules,
-  // and the update's uploads they wait for, need not hold it up).
-  if (ctx_.params_partitioned()) {
+  // parameters, the module's gather (make_resident; the gathers ahead of
+  // later modules, and the update's uploads they wait for, need not hold
+  // it up).
+  if (ctx_.params_partitioned())
     rs.residency.make_resident(module, false);
-    rs.residency.trainer_waits(module, false);
-  } else {
+  else
     rs.res.device->trainer_waits();
-  }
   a.forward = true;
   a.since_ns = call.entered_ns();
   ++rs.active_modules;
@@ -98,19 +97,17 @@ void Model::backward_begin(int rank, zd_module_id module) {
   wait_update(rs, module);
   rs.grads.set_final_micro_batch((rs.micro_step + 1) % config_.gradient_accumulation_steps == 0);
   rs.grads.open(mod);
+  // The gradient views open() zeroed, and accumulators the last update
+  // zeroed, are zerod's work too: make_resident's wait covers them.
   try {
-    if (ctx_.params_partitioned()) rs.residency.make_resident(module, true);
+    if (ctx_.params_partitioned())
+      rs.residency.make_resident(module, true);
+    else
+      rs.res.device->trainer_waits();
   } catch (...) {
     rs.grads.cancel(mod);
     throw;
   }
-  // The gradient views open() zeroed, and accumulators the last update
-  // zeroed, are zerod's work too: a gather issued ahead of them does not
-  // cover them (rank work since), one issued now does.
-  if (ctx_.params_partitioned())
-    rs.residency.trainer_waits(module, true);
-  else
-    rs.res.device->trainer_waits();
   rs.grads.activate(mod);
   a.backward = true;
   a.since_ns = call.entered_ns();

@@ -65,15 +65,17 @@ struct Model::RankState {
 };
 
 // A write phase of a rank's working shards (shard_board.h) while gathers
-// are one-sided, from its begin to the end of the scope; nothing without a
-// board. The rank's own gathers in flight are done first; a wait that fails
-// (a rank lost, the comm timeout) breaks the job, as a collective's would.
+// are one-sided, from its begin to the end of the scope. The rank's own
+// gathers in flight, which read the shards, are done first wherever
+// parameters are gathered (stage 3: a gather ahead still running between
+// two modules' calls); the rest needs a board. A wait that fails (a rank
+// lost, the comm timeout) breaks the job, as a collective's would.
 class ShardWrite {
  public:
   ShardWrite(const ModelContext& ctx, CommStream& stream, int rank, const char* what)
       : board_(ctx.shards), rank_(rank) {
+    if (board_ || ctx.params_partitioned()) ctx.drain(stream);
     if (!board_) return;
-    ctx.drain(stream);
     try {
       board_->begin_write(rank_, what);
     } catch (const Error& e) {

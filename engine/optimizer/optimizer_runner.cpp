@@ -351,6 +351,7 @@ struct Operand {
 void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
                                     const PassArgs& a) {
   const bool with_grad = a.with_grad;
+  const bool zero_grad = with_grad && grads_.update_zeroes(pc.group);  // host accumulators stay as read
   const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
   std::vector<zd_stat_op> stat_ops(nstats);
   for (uint32_t i = 0; i < nstats; ++i) stat_ops[i] = ctx_.optimizer().stat_op(i);
@@ -498,7 +499,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       if (a.planned)
         planned_tile(u, first);
       else
-        parallel_update(res_.workers, ctx_.optimizer(), u, with_grad && grads_.update_zeroes(pc.group));
+        parallel_update(res_.workers, ctx_.optimizer(), u, zero_grad);
       if (work_via_host) d.copy_to_device(wop.buf->addr(wop.base + first), work_scratch, len * wop.esz);
       auto ios = ios_for(j, true);
       write_at[set] = observe::now_ns();
