@@ -6,6 +6,7 @@
 #include "metrics_text.h"
 #include "model_host.h"
 #include "observe/listen_address.h"
+#include "observe/tracer.h"
 #include "size.h"
 
 #include <unistd.h>
@@ -117,6 +118,11 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
         // The daemon writes it; relative to where the user ran this.
         char cwd[4096];
         if (getcwd(cwd, sizeof cwd)) out->trace = std::string(cwd) + "/" + out->trace;
+      }
+      // Found now, not after the run, when the trace would be lost.
+      if (const std::string why = observe::trace_path_problem(out->trace); !why.empty()) {
+        std::fprintf(stderr, "zerod %s: --trace %s: %s\n", cmd, out->trace.c_str(), why.c_str());
+        return false;
       }
     } else if (a == "--metrics") {
       const char* v = value("--metrics");

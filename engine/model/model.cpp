@@ -11,6 +11,7 @@
 #include "log.h"
 #include "checkpoint/state_io.h"
 #include "observe/traced_device.h"
+#include "observe/tracer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -108,6 +109,9 @@ Model::Model(JobConfig config, ModelPlugins plugins, JobPolicy* policy, int worl
   if (const std::string why = plugins_.optimizer->state_dtype_refusal(config_.optimizer_state_dtype); !why.empty())
     fail(ZD_ERR_CONFIG, std::string("optimizer.state_dtype = \"") + precision_name(config_.optimizer_state_dtype) +
                             "\": " + why + " (" + config_.source + ")");
+  if (!config_.trace.path.empty())
+    if (const std::string why = observe::trace_path_problem(config_.trace.path); !why.empty())
+      fail(ZD_ERR_CONFIG, "trace.path = \"" + config_.trace.path + "\": " + why + " (" + config_.source + ")");
   const std::string device = open ? config_.device : resolve_device(config_.device, config_.source);
   if (!open) open = open_device;
   for (int r = first_local_; r < first_local_ + local_ranks; ++r) {

@@ -5,6 +5,7 @@
 
 #include "log.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +41,19 @@ void make_parent(const std::string& path) {
 
 }  // namespace
 
+std::string trace_path_problem(const std::string& path) {
+  if (path.empty()) return "the path is empty";
+  make_parent(path);
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string probe = dir + "/.zerod-trace-probe." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot create a file in " + dir + ": " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return {};
+}
+
 void set_thread_role(const char* role) { tls_role = role; }
 const char* thread_role() { return tls_role ? tls_role : "calls"; }
 
@@ -55,12 +69,13 @@ Tracer::Tracer(TraceSettings settings, int first_rank, int ranks)
 }
 
 Tracer::~Tracer() {
-  bool any;
+  bool any, failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     any = anything_;
+    failed = write_failed_;
   }
-  if (any)
+  if (any && !failed)
     write();
   else
     log_warn("trace: no step in trace.steps {" + std::to_string(settings_.from) + ", " +
@@ -125,6 +140,10 @@ uint64_t Tracer::events_recorded() const {
 }
 
 bool Tracer::write() {
+  auto note_failed = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_failed_ = true;
+  };
   TraceFile f;
   TraceContext ctx;
   {
@@ -165,6 +184,7 @@ bool Tracer::write() {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {
       log_warn("trace: cannot write " + tmp + ": " + std::strerror(errno) + "; the trace is lost");
+      note_failed();
       return false;
     }
     write_chrome_trace(out, f);
@@ -172,12 +192,14 @@ bool Tracer::write() {
     if (!out) {
       log_warn("trace: writing " + tmp + " failed: " + std::strerror(errno) + "; the trace is lost");
       ::unlink(tmp.c_str());
+      note_failed();
       return false;
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    log_warn("trace: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+    log_warn("trace: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno) + "; the trace is lost");
     ::unlink(tmp.c_str());
+    note_failed();
     return false;
   }
   uint64_t events = 0, dropped = 0;

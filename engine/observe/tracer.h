@@ -65,6 +65,13 @@ struct Report {
 void set_thread_role(const char* role);
 const char* thread_role();
 
+// Why a trace could not be written to `path`, or "" if it can: its folder
+// is made as the writer makes it, and a file is created in that folder and
+// removed. Asked where the trace is asked for (`zerod run --trace`, a
+// model's creation), so that a path the process cannot write is an error
+// before training, not a warning after it that the trace is lost.
+std::string trace_path_problem(const std::string& path);
+
 class Tracer {
  public:
   // Serves ranks [first_rank, first_rank + ranks).
@@ -120,6 +127,7 @@ class Tracer {
   std::vector<bool> finished_;  // per rank: past the window
   bool window_written_ = false;
   bool anything_ = false;       // an event or report was recorded
+  bool write_failed_ = false;   // said once: the model's end does not try again
 };
 
 }  // namespace zerod::observe

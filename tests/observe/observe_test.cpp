@@ -98,6 +98,19 @@ TEST(Tracer, RecordsOnlyInsideTheStepWindowAndWritesWhenEveryRankIsPastIt) {
   EXPECT_NE(json.find("\"steps\":[2,3]"), std::string::npos);
 }
 
+// Where the trace is asked for, its path is tried: the folder is made, a
+// file is created in it and removed; a path that cannot be written says
+// why (here a folder that is a device file).
+TEST(Tracer, APathIsTriedBeforeTheRunAndLeavesNothingBehind) {
+  const std::string dir = temp_dir();
+  EXPECT_EQ(trace_path_problem(dir + "/made/trace.json"), "");
+  EXPECT_EQ(access((dir + "/made").c_str(), F_OK), 0) << "the folder is made";
+  EXPECT_EQ(rmdir((dir + "/made").c_str()), 0) << "and nothing is left in it";
+  const std::string why = trace_path_problem("/dev/null/trace.json");
+  EXPECT_NE(why.find("cannot create a file in /dev/null"), std::string::npos) << why;
+  EXPECT_NE(trace_path_problem(""), "");
+}
+
 TEST(Tracer, OneDaemonOfSeveralNamesItsRanksInTheFile) {
   const std::string dir = temp_dir();
   TraceSettings s;
