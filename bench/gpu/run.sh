@@ -316,6 +316,10 @@ for w in "${what[@]}"; do
       ds_wait
       args=$(budget_args "${OFFLOAD_ARGS:-}")
       log "offload step time: zerod and DeepSpeed against plain PyTorch (offload.py $args)"
+      # What else holds a core as the rows start (a process left by an
+      # earlier part would slow the host's update, which waits for its
+      # slowest worker at every chunk).
+      { echo "busiest processes before the rows:"; ps -eo pcpu,pid,etimes,comm --sort=-pcpu | head -6; } >"$OUT/offload-ps.txt" 2>&1
       # The rows' stderr: $OUT/rows.err (offload.py's default under $OUT).
       timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/offload.py $args 2>&1 | tee "$OUT/offload.txt" ;;
     largest)

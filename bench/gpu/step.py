@@ -81,6 +81,8 @@ def zerod_job(a):
     ]
     if offload:
         lines.append(f"offload = {lua(offload)},")
+    if a.threads is not None:
+        lines.append(f"threads = {a.threads},")
     if a.trace:
         lines.append(f"trace = {{ path = {lua(a.trace)}, steps = {{3, 4}} }},")
     return "return {\n  " + "\n  ".join(lines) + "\n}"
@@ -121,6 +123,8 @@ def parser():
     ap.add_argument("--accumulate", choices=["auto", "device", "host"],
                     help="zerod modes: the job's offload.accumulate (where micro-batch gradients add up)")
     ap.add_argument("--state-dtype", choices=["bf16"], help="zerod modes: the job's optimizer.state_dtype")
+    ap.add_argument("--threads", type=int, help="zerod modes: the job's threads (CPU threads of the host's "
+                                                "update; default every core)")
     ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
     # Only for exercising this script's logic on a machine without a GPU.
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
