@@ -77,7 +77,10 @@ Tracer::~Tracer() {
   }
   if (any && !failed)
     write();
-  else
+  else if (!any && stepped_.load(std::memory_order_relaxed))
+    // A model that never began a step (zerod.torch's broadcast of the
+    // initial values, one only saved or loaded) had nothing to record: a
+    // warning would read as a trace lost.
     log_warn("trace: no step in trace.steps {" + std::to_string(settings_.from) + ", " +
              std::to_string(settings_.to) + "} ran, and nothing was reported; " + settings_.path + " was not written");
 }
@@ -113,6 +116,7 @@ void Tracer::report(const Report& r) {
 void Tracer::step_started(int rank, int64_t step) {
   const int i = rank - first_;
   if (i < 0 || i >= ranks_) return;
+  stepped_.store(true, std::memory_order_relaxed);
   recording_[static_cast<size_t>(i)].store(step >= settings_.from && step <= settings_.to,
                                            std::memory_order_relaxed);
 }

@@ -111,6 +111,29 @@ TEST(Tracer, APathIsTriedBeforeTheRunAndLeavesNothingBehind) {
   EXPECT_NE(trace_path_problem(""), "");
 }
 
+// A model that never began a step (zerod.torch's broadcast of initial
+// values under `zerod run --trace`) warns of nothing; one that stepped
+// outside the window says its trace was not written.
+TEST(Tracer, OnlyAModelThatSteppedWarnsThatNoStepWasRecorded) {
+  const std::string dir = temp_dir();
+  TraceSettings s;
+  s.path = dir + "/trace.json";
+  s.from = 5;
+  s.to = 6;
+  testing::internal::CaptureStderr();
+  { Tracer never(s, 0, 1); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  testing::internal::CaptureStderr();
+  {
+    Tracer early(s, 0, 1);
+    early.step_started(0, 1);
+    early.step_finished(0, 1);
+  }
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("no step in trace.steps {5, 6} ran"), std::string::npos) << said;
+  EXPECT_NE(access(s.path.c_str(), F_OK), 0);
+}
+
 TEST(Tracer, OneDaemonOfSeveralNamesItsRanksInTheFile) {
   const std::string dir = temp_dir();
   TraceSettings s;
