@@ -18,17 +18,24 @@ void StateBuffers::allocate(const Placement& placement) {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const ParamGroup& g = groups[gi];
       GroupBuffers& b = groups_[gi];
-      const std::string what = std::string("group ") + dtype_name(g.dtype) + " of rank " + std::to_string(rank);
+      // The ledger and the device name the buffer with its rank; the nvme
+      // tier names the rank itself, so its reservations go without.
+      const std::string group = std::string("group ") + dtype_name(g.dtype);
+      const std::string of_rank = " of rank " + std::to_string(rank);
       const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
+      const std::string working = "the working copies of " + group;
       b.working.allocate(tiers, dtype_size(g.dtype), placement.tier_runs(gi, rank, Holds::Params), ZD_MEM_PARAMS,
-                         "the working copies of " + what);
+                         working + of_rank, working);
       b.grad.allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{grad_len, placement.grad_tier(gi, rank)}},
-                      ZD_MEM_GRADS, "the gradients of " + what);
-      b.master.allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER,
-                        "the master copies of " + what);
-      for (uint32_t s = 0; s < slots; ++s)
+                      ZD_MEM_GRADS, "the gradients of " + group + of_rank);
+      const std::string master = "the master copies of " + group;
+      b.master.allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER, master + of_rank,
+                        master);
+      for (uint32_t s = 0; s < slots; ++s) {
+        const std::string state = "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + group;
         b.state[s].allocate(tiers, ctx_.state_size(), placement.tier_runs(gi, rank, Holds::Optimizer),
-                            ZD_MEM_OPTIMIZER, "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + what);
+                            ZD_MEM_OPTIMIZER, state + of_rank, state);
+      }
     }
     // Each parameter widened to fp32 on its own: the scratch is one
     // parameter's, not the model's.

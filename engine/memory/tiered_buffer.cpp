@@ -37,7 +37,7 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 
 
 void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::vector<TierRun>& runs,
-                            zd_mem_kind kind, const std::string& what) {
+                            zd_mem_kind kind, const std::string& what, const std::string& nvme_what) {
   elem_size_ = elem_size;
   kind_ = kind;
   try {
@@ -74,7 +74,7 @@ void TieredBuffer::allocate(const TierSet& tiers, size_t elem_size, const std::v
           s.bytes = align_up(bytes, tiers.nvme->alignment());
           tiers.ledger->charge(ZD_TIER_NVME, kind, s.bytes, what);
           try {
-            s.offset = tiers.nvme->reserve(s.bytes, what);
+            s.offset = tiers.nvme->reserve(s.bytes, nvme_what.empty() ? what : nvme_what);
           } catch (...) {
             tiers.ledger->release(ZD_TIER_NVME, kind, s.bytes);
             throw;
@@ -100,7 +100,10 @@ void TieredBuffer::release(const TierSet& tiers) {
         tiers.ledger->release(ZD_TIER_HOST, kind_, s.bytes);
         break;
       default:
-        // The store's extents are freed with the store; the budget is given back.
+        // The budget is given back; the extents stay in the store, which
+        // only grows (a tier reserves and never releases), until the store
+        // is closed: with the model, or when a finalize fails
+        // (Model::finalize), so that a retry starts from an empty store.
         tiers.ledger->release(ZD_TIER_NVME, kind_, s.bytes);
         break;
     }

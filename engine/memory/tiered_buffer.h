@@ -51,9 +51,11 @@ class TieredBuffer {
   TieredBuffer& operator=(TieredBuffer&&) noexcept = default;
 
   // Allocates the runs in order, zero-filled. On failure releases what it
-  // took and throws naming `what` and the tier.
+  // took and throws naming `what` and the tier. An NVMe run's reservation
+  // is named `nvme_what` when given (the nvme tier names the rank itself,
+  // so a `what` that does would name it twice), else `what`.
   void allocate(const TierSet& tiers, size_t elem_size, const std::vector<TierRun>& runs,
-                zd_mem_kind kind, const std::string& what);
+                zd_mem_kind kind, const std::string& what, const std::string& nvme_what = {});
   void release(const TierSet& tiers);
 
   bool empty() const { return segments_.empty(); }

@@ -319,6 +319,12 @@ void Model::finalize(int rank) {
     allocate_rank(rs);
   } catch (...) {
     release_rank(rs);
+    // The NVMe store only grows: a tier reserves and never releases, so
+    // the extents this attempt reserved before it failed would stay in the
+    // store file, and a retry would reserve after them and need them twice.
+    // Closing the store frees them all; a retry opens a fresh one
+    // (set_up_tiers), and the disk's free space is what it has.
+    rs.res.nvme.reset();
     if (admission_) admission_->release(rank);
     throw;
   }

@@ -4,16 +4,19 @@
 // is the real figure; bad disks are named.
 #include "zero_fixture.h"
 
+#include "device/cpu_device.h"
 #include "runtime/dtype.h"
 
 #include <hwloc.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +47,49 @@ struct TempDir {
   }
   std::string path;
   bool mounted = false;
+};
+
+// The bytes of the files this process holds open under dir (the NVMe
+// stores: unlinked, so found through /proc/self/fd), and how many there are.
+uint64_t open_file_bytes(const std::string& dir, int* files) {
+  uint64_t bytes = 0;
+  *files = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = fs::read_symlink(e.path(), ec).string();
+    struct stat st{};
+    if (ec || target.rfind(dir + "/", 0) != 0 || fstat(std::stoi(e.path().filename().string()), &st) != 0) continue;
+    bytes += static_cast<uint64_t>(st.st_size);
+    ++*files;
+  }
+  return bytes;
+}
+
+// While it lives, no file of this process grows past `bytes`
+// (RLIMIT_FSIZE: fallocate fails with EFBIG, SIGXFSZ ignored): a disk with
+// that much room for a store, without mounting one.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(uint64_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    set(bytes);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+  void set(uint64_t bytes) {
+    rlimit r = saved_;
+    r.rlim_cur = static_cast<rlim_t>(bytes);
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &r), 0) << std::strerror(errno);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*handler_)(int) = SIG_DFL;
 };
 
 // What module 1 does in the backward of every odd step (the others always
@@ -438,6 +484,56 @@ TEST(Nvme, ADiskThatFillsAfterFinalizeDoesNotFailTraining) {
   std::vector<float> v(1 << 18);
   model->read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
   EXPECT_LT(v[0], 0.0f) << "the updates landed";
+}
+
+// A finalize that cannot reserve all of a rank's NVMe state keeps none of
+// it: the store is closed, so the disk has back what the failed attempt
+// took, and a retry on a disk with room for exactly the state fits.
+TEST(Nvme, AFailedFinalizeKeepsNoReservationsAndARetryFits) {
+  TempDir dir;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  // The device pool's memfd arenas are files too: sized to each request
+  // (1 MiB), not 64 MiB, they fit under the limit.
+  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
+    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
+  };
+  auto model = make_model(o, 1);
+  // The master, exp_avg and exp_avg_sq: 1 MiB each, reserved in that order.
+  const zd_param_id w = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 18}, nullptr, 0);
+  uint64_t need = 0;
+  for (const uint64_t bytes : model->plan(0).need[ZD_TIER_NVME]) need += bytes;
+  ASSERT_EQ(need, uint64_t{3} << 20);
+  {
+    FileSizeLimit limit(need - (uint64_t{512} << 10));  // room for two of the three
+    try {
+      model->finalize(0);
+      FAIL() << "3 MiB of state in 2.5 MiB";
+    } catch (const Error& e) {
+      const std::string s = e.what();
+      EXPECT_NE(s.find("nvme path " + dir.path + ": reserving 1 MiB for optimizer state 'exp_avg_sq' of group f32 "
+                       "on rank 0 failed: File too large ("), std::string::npos) << s;
+      EXPECT_NE(s.find(" free, besides 2 MiB held by this rank's earlier reservations)"), std::string::npos) << s;
+    }
+    int files = 0;
+    EXPECT_EQ(open_file_bytes(dir.path, &files), 0u) << "the failed finalize kept reservations";
+    EXPECT_EQ(files, 0) << "the failed finalize kept its store open";
+    EXPECT_EQ(model->ledger(0).current(ZD_TIER_NVME, ZD_MEM_MASTER), 0u);
+    EXPECT_EQ(model->ledger(0).current(ZD_TIER_NVME, ZD_MEM_OPTIMIZER), 0u);
+    // Room for exactly the state: it fits from an empty store only.
+    limit.set(need);
+    model->finalize(0);
+    EXPECT_EQ(open_file_bytes(dir.path, &files), need);
+    EXPECT_EQ(files, 1);
+  }
+  model->backward_begin(0, 0);
+  static_cast<float*>(model->grad_view(0, w).data)[0] = 1.0f;
+  model->backward_end(0, 0);
+  EXPECT_TRUE(model->step(0).applied);
+  std::vector<float> v(1 << 18);
+  model->read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
+  EXPECT_LT(v[0], 0.0f) << "the update landed";
 }
 
 TEST(Nvme, AShortReadIsNamedAndStopsTheJob) {

@@ -72,8 +72,9 @@ TEST_F(NvmeTier, AFileSystemWithoutDirectIoIsNamed) {
 }
 
 // A 4 MiB tmpfs: 8 MiB cannot be reserved, and the message says where and
-// how much is free; 2 MiB can, and stays writable when another file has
-// taken every other byte.
+// how much is free; 2 MiB can, after which 4 MiB cannot, and the message
+// counts the 2 MiB apart from the free space; the 2 MiB stay writable when
+// another file has taken every other byte.
 TEST_F(NvmeTier, AFullDiskFailsAtReserveNotAtWrite) {
   ZD_SCRATCH_MOUNT(small, "tmpfs", "size=4m");
   auto t = open({small.path()}, {64 * kKiB, 4, 64 * kKiB}, 3);
@@ -90,6 +91,12 @@ TEST_F(NvmeTier, AFullDiskFailsAtReserveNotAtWrite) {
   EXPECT_THAT(err, HasSubstr(" free)"));
 
   offset = reserve(*t, 2 * kMiB, "layer3.exp_avg_sq");
+  // The 2 MiB the store holds are not free, but closing it would free
+  // them: the message names both.
+  uint64_t unused = 0;
+  EXPECT_EQ(t->desc()->reserve(t->get(), 4 * kMiB, "layer4.exp_avg", &unused, err, sizeof err), ZD_ERR_IO);
+  EXPECT_THAT(err, HasSubstr("reserving 4 MiB for layer4.exp_avg on rank 3 failed: No space left on device ("));
+  EXPECT_THAT(err, HasSubstr(" free, besides 2 MiB held by this rank's earlier reservations)"));
   // Fill the rest of the file system.
   const std::string filler = small.path() + "/filler";
   const int fd = ::open(filler.c_str(), O_CREAT | O_WRONLY, 0600);
@@ -128,7 +135,7 @@ TEST_F(NvmeTier, AShortReadIsReportedWithPathAndOffset) {
 
   // Two pieces: the first whole, the second half there.
   const std::string error = transfer(*t, offset, buf.get(), 512 * kKiB, false);
-  EXPECT_EQ(error, "nvme path " + dir.path() + ": short read of 256 KiB at file offset 524288 (store offset 524288, in " +
+  EXPECT_EQ(error, "nvme path " + dir.path() + ": short read of 256 KiB at file offset 524288 (store offset 524288 on rank 0, in " +
                        "layer1.weight): expected 262144 bytes, got 131072");
 }
 
@@ -156,7 +163,7 @@ TEST_F(NvmeTier, AFailedSubmitDropsItsRestAndOthersGoOn) {
   ASSERT_EQ(t->desc()->submit(t->get(), &b, 1, &tb, err, sizeof err), ZD_OK) << err;
   EXPECT_EQ(t->desc()->wait(t->get(), tb, err, sizeof err), ZD_OK) << err;
   EXPECT_EQ(t->desc()->wait(t->get(), ta, err, sizeof err), ZD_ERR_IO);
-  EXPECT_THAT(err, HasSubstr("short read of 64 KiB at file offset 0 (store offset 0, in lost): expected 65536 bytes, got 0"));
+  EXPECT_THAT(err, HasSubstr("short read of 64 KiB at file offset 0 (store offset 0 on rank 0, in lost): expected 65536 bytes, got 0"));
   EXPECT_EQ(transfer(*t, kept, other.get(), kMiB, false), "");
   EXPECT_EQ(check_pattern(other.get(), kMiB, 9), kMiB);
 }

@@ -229,9 +229,9 @@ void AioQueue::top_up() {
 
 std::string AioQueue::where(const Slot& s) const {
   const std::string what = store_.what_at(s.store_offset);
-  return format("of %s at file offset %llu (store offset %llu%s%s)", format_bytes(s.bytes).c_str(),
+  return format("of %s at file offset %llu (store offset %llu on rank %d%s%s)", format_bytes(s.bytes).c_str(),
                 static_cast<unsigned long long>(s.file_offset), static_cast<unsigned long long>(s.store_offset),
-                what.empty() ? "" : ", in ", what.c_str());
+                store_.rank(), what.empty() ? "" : ", in ", what.c_str());
 }
 
 void AioQueue::fail(Slot* slot, const std::string& message) {

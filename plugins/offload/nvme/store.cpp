@@ -77,9 +77,17 @@ bool Store::reserve(uint64_t bytes, const char* what, uint64_t* offset, std::str
           files_.size() == 1 ? format_bytes(to - from)
                              : format("%s (its share of %s striped over %zu paths)", format_bytes(to - from).c_str(),
                                       format_bytes(rounded).c_str(), files_.size());
-      *error = format("nvme path %s: reserving %s for %s on rank %d failed: %s (%s free)", files_[p].dir.c_str(),
-                      share.c_str(), name.c_str(), rank_, std::strerror(e),
-                      format_bytes(free_bytes(files_[p].fd)).c_str());
+      // The free space leaves out what this store's earlier reservations
+      // hold on the path, which closing the store gives back (zerod closes
+      // it when a finalize fails): name it, or the disk shows more free
+      // after the failure than the message said.
+      const uint64_t held = file_bytes(p, begin);
+      const std::string space =
+          format_bytes(free_bytes(files_[p].fd)) +
+          (held == 0 ? std::string(" free")
+                     : " free, besides " + format_bytes(held) + " held by this rank's earlier reservations");
+      *error = format("nvme path %s: reserving %s for %s on rank %d failed: %s (%s)", files_[p].dir.c_str(),
+                      share.c_str(), name.c_str(), rank_, std::strerror(e), space.c_str());
       return false;
     }
   }

@@ -31,6 +31,7 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   uint64_t alignment() const { return alignment_; }
+  int32_t rank() const { return rank_; }
   uint64_t stripe() const { return stripe_; }
   uint32_t path_count() const { return static_cast<uint32_t>(files_.size()); }
   const StoreFile& file(uint32_t path) const { return files_[path]; }
@@ -46,8 +47,10 @@ class Store {
 
   // Appends bytes (rounded up to the alignment) for `what`; allocates them
   // on every path with fallocate. *report lists what each path got. On
-  // failure nothing is kept and *error names the path, the size, what, the
-  // rank, the cause and the free space.
+  // failure nothing of this reservation is kept and *error names the path,
+  // the size, what, the rank, the cause and the free space, and what the
+  // earlier reservations hold on the path. Those stay until the store is
+  // closed: it only grows.
   bool reserve(uint64_t bytes, const char* what, uint64_t* offset, std::string* report, std::string* error);
 
   uint64_t size() const;
