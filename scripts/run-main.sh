@@ -8,9 +8,10 @@
 #   scripts/run-main.sh c [args]   trains the C example (examples/c/train_mlp.c) instead
 #   scripts/run-main.sh gpu [args] on the GPU: a larger GPT in bf16 through the
 #                                  daemon, one rank per GPU (examples/python/
-#                                  gpt_job_gpu.lua), after plain PyTorch on the
-#                                  same GPU, and their tokens/s side by side
-#                                  (on the device tool, with no network:
+#                                  gpt_job_gpu.lua), after plain PyTorch on one
+#                                  GPU, and their tokens/s per GPU side by side
+#                                  (each rank trains the yardstick's batch; on
+#                                  the device tool, with no network:
 #                                  bench/gpu/run.sh main)
 # ZEROD_SKIP_INSTALL=1 installs nothing; ZEROD_BUILD_DIR names the build.
 set -euo pipefail
@@ -35,7 +36,15 @@ if [ "${1:-}" = gpu ]; then
   # else the machine's python3.
   py=python3
   [ -x "$ZEROD_BUILD_DIR/venv/bin/python" ] && py="$ZEROD_BUILD_DIR/venv/bin/python"
-  ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+  # A torch that does not import is said as such, not as "no GPU".
+  err=$(mktemp)
+  if ! ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>"$err"); then
+    echo "scripts/run-main.sh gpu: $py cannot import torch: $(grep -v '^ ' "$err" | tail -1)" \
+      "(scripts/python-venv.sh makes $ZEROD_BUILD_DIR/venv with a torch for CUDA)" >&2
+    rm -f "$err"
+    exit 1
+  fi
+  rm -f "$err"
   if [ "$ngpu" = 0 ]; then
     echo "scripts/run-main.sh gpu: $py's torch sees no GPU (make one visible, or scripts/python-venv.sh for torch with CUDA)" >&2
     exit 1
@@ -43,18 +52,29 @@ if [ "${1:-}" = gpu ]; then
   zerod_build zerod zerod_cli "${plugins[@]}"
   export PYTHONPATH="$ZEROD_ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
   export ZEROD_LIB="$ZEROD_BUILD_DIR/lib/libzerod.so"
+  # Whether this zerod can serve the GPU job (a build without CUDA, a driver
+  # too old for it), found before the yardstick's run instead of after: the
+  # job with a trainer that does nothing, which zerod refuses at once, saying
+  # why, where it cannot.
+  if ! "$ZEROD_BUILD_DIR/bin/zerod" run --nproc "$ngpu" --job examples/python/gpt_job_gpu.lua -- true >/dev/null; then
+    echo "scripts/run-main.sh gpu: $ZEROD_BUILD_DIR/bin/zerod cannot serve examples/python/gpt_job_gpu.lua on" \
+      "this machine (above: why); nothing was trained" >&2
+    exit 1
+  fi
   out="$ZEROD_BUILD_DIR/main-job-gpu"
   mkdir -p "$out"
   size=(--device cuda --bf16 --layers 8 --heads 8 --embd 512 --block 256 --batch 32)
-  zerod_log "plain PyTorch on the GPU (the yardstick): the same model, data and schedule"
+  zerod_log "plain PyTorch on one GPU (the yardstick): the same model, data, schedule and batch per GPU"
   "$py" examples/python/train_gpt.py "${size[@]}" --plain --sample-chars 0 "$@" 2>&1 | tee "$out/plain.txt"
-  zerod_log "zerod: $ngpu rank(s) through the daemon, ZeRO stage 3 on the GPU"
+  zerod_log "zerod: $ngpu rank(s) through the daemon, one per GPU, ZeRO stage 3 on the GPU"
   "$ZEROD_BUILD_DIR/bin/zerod" run --nproc "$ngpu" --job examples/python/gpt_job_gpu.lua -- \
     "$py" examples/python/train_gpt.py "${size[@]}" "$@" 2>&1 | tee "$out/zerod.txt"
   rate() { grep -o '[0-9,]* tokens/s' "$1" | head -1 | tr -d ', tokens/s'; }
   p=$(rate "$out/plain.txt") z=$(rate "$out/zerod.txt")
+  # zerod's figure is the whole job's, over its $ngpu GPUs; the yardstick ran
+  # on one. Compared per GPU: each rank trains the batch the yardstick does.
   [ -n "$p" ] && [ -n "$z" ] &&
-    zerod_log "tokens/s: zerod $z, plain PyTorch $p on $ngpu GPU(s): $(awk -v z="$z" -v p="$p" 'BEGIN{printf "%.2f", z/p}')x"
+    zerod_log "$(awk -v z="$z" -v p="$p" -v n="$ngpu" 'BEGIN{printf "tokens/s per GPU: zerod %.0f (%d over %d GPU%s), plain PyTorch %d on one GPU: %.2fx", z/n, z, n, n == 1 ? "" : "s", p, z/n/p}')"
   exit 0
 fi
 

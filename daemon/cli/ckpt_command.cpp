@@ -16,11 +16,13 @@
 #include "runtime/dtype.h"
 #include "size.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +106,34 @@ uint64_t disk_bytes(const std::string& dir) {
   return total;
 }
 
+// Makes `folder` and the folders above it that are not there, one at a time
+// as written (so "new/../x" makes "new" only), and unless keep() is called
+// removes, deepest first, those it made that are still empty. Throws Error.
+class MadeDirectories {
+ public:
+  explicit MadeDirectories(const std::filesystem::path& folder) {
+    std::filesystem::path at;
+    for (const auto& part : folder) {
+      at /= part;
+      std::error_code ec;
+      if (std::filesystem::exists(at, ec)) continue;
+      const bool created = std::filesystem::create_directory(at, ec);
+      if (ec) fail(ZD_ERR_IO, "cannot make the directory " + at.string() + ": " + ec.message());
+      if (created) made_.push_back(at);  // not one another process made meanwhile
+    }
+  }
+  MadeDirectories(const MadeDirectories&) = delete;
+  MadeDirectories& operator=(const MadeDirectories&) = delete;
+  ~MadeDirectories() {
+    std::error_code ec;
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) std::filesystem::remove(*it, ec);
+  }
+  void keep() { made_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> made_;
+};
+
 int info(const std::string& dir, bool verify, unsigned threads) {
   const ckpt::Source src(dir);
   const ckpt::Manifest& m = src.manifest();
@@ -133,6 +163,45 @@ int info(const std::string& dir, bool verify, unsigned threads) {
   return 0;
 }
 
+// Whether `python` finds torch and deepspeed (found, not imported: importing
+// deepspeed takes seconds). Quiet: a Python that is not there is a "no".
+bool finds_torch_and_deepspeed(const std::string& python) {
+  std::vector<std::string> argv = {python, "-c",
+                                   "import importlib.util as u, sys; "
+                                   "sys.exit(0 if u.find_spec('torch') and u.find_spec('deepspeed') else 1)"};
+  std::vector<char*> c;
+  for (auto& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+    }
+    execvp(c[0], c.data());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// The Python the import runs: ZEROD_PYTHON when set; else, as `zerod plot`
+// chooses, Debian's /usr/bin/python3 first, then python3 on PATH (a venv's,
+// where pip put deepspeed), the first that has torch and deepspeed. "" when
+// neither has them.
+std::string import_python() {
+  const char* py = std::getenv("ZEROD_PYTHON");
+  if (py && *py) return py;
+  struct stat st;
+  for (const char* candidate : {"/usr/bin/python3", "python3"})
+    if ((candidate[0] != '/' || ::stat(candidate, &st) == 0) && finds_torch_and_deepspeed(candidate)) return candidate;
+  return "";
+}
+
 // `import`: DeepSpeed's files are torch pickles, read in Python (zerod.ckpt
 // extract-deepspeed, through DeepSpeed's own converter) into raw fp32 files;
 // the checkpoint is written from those here.
@@ -155,30 +224,41 @@ int import_deepspeed(const std::vector<std::string>& args) {
     std::fprintf(stderr, "zerod ckpt import: DEEPSPEED_DIR and --to OUT are required\n");
     return 2;
   }
+  // A checkpoint that is not there is found before Python starts (torch
+  // takes seconds to import), and said as the other commands say it.
+  std::error_code ec;
+  if (!std::filesystem::is_directory(ds_dir, ec)) {
+    std::fprintf(stderr, "zerod ckpt import: no DeepSpeed checkpoint at %s: it is not a directory (ZD_ERR_IO)\n",
+                 ds_dir.c_str());
+    return 1;
+  }
   // DeepSpeed's folder convention, as for the other commands: the tag its
   // latest names, said here (the Python side reads the tag it is given).
   try {
-    std::error_code ec;
     bool files_here = false;
     for (const auto& e : std::filesystem::directory_iterator(ds_dir, ec))
       files_here = files_here || e.path().filename().string().ends_with("_model_states.pt");
-    if (!tag.empty()) {
-      std::printf("%s: --tag %s: reading %s/%s\n", ds_dir.c_str(), tag.c_str(), ds_dir.c_str(), tag.c_str());
-    } else if (!files_here) {
-      tag = ckpt::latest_tag(ds_dir);
-      if (!tag.empty())
-        std::printf("%s: its 'latest' file names %s: reading %s/%s\n", ds_dir.c_str(), tag.c_str(), ds_dir.c_str(),
-                    tag.c_str());
-    }
+    const bool from_latest = tag.empty() && !files_here;
+    if (from_latest) tag = ckpt::latest_tag(ds_dir);
+    if (!tag.empty() && !std::filesystem::is_directory(std::filesystem::path(ds_dir) / tag, ec))
+      fail(ZD_ERR_IO, "no DeepSpeed checkpoint at " + ds_dir + ": " +
+                          (from_latest ? "its 'latest' file names '" + tag + "', but " : std::string("--tag: ")) +
+                          ds_dir + "/" + tag + " is not a directory");
+    if (!tag.empty())
+      std::printf("%s: %s %s: reading %s/%s\n", ds_dir.c_str(), from_latest ? "its 'latest' file names" : "--tag",
+                  tag.c_str(), ds_dir.c_str(), tag.c_str());
     std::fflush(stdout);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod ckpt import: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;
   }
-  const char* py = std::getenv("ZEROD_PYTHON");
-  std::string python = py && *py ? py : "python3";
+  const std::string python = import_python();
+  if (python.empty()) {
+    std::fprintf(stderr, "zerod ckpt import: the import reads DeepSpeed's torch files and needs Python with torch and "
+                         "deepspeed; neither /usr/bin/python3 nor python3 on PATH has them: set ZEROD_PYTHON to one\n");
+    return 1;
+  }
   // The zerod package beside this binary (the build tree's bindings/python).
-  std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   std::string path = std::getenv("PYTHONPATH") ? std::getenv("PYTHONPATH") : "";
   const auto tree = self.parent_path().parent_path().parent_path() / "bindings" / "python";
@@ -214,7 +294,9 @@ int import_deepspeed(const std::vector<std::string>& args) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "zerod ckpt import: reading the DeepSpeed checkpoint failed (see above); nothing was written\n");
+    std::fprintf(stderr, "zerod ckpt import: reading the DeepSpeed checkpoint with %s failed (see above; where that "
+                         "Python lacks torch or deepspeed, set ZEROD_PYTHON to one that has them); nothing was "
+                         "written\n", python.c_str());
     return 1;
   }
   try {
@@ -363,7 +445,11 @@ int ckpt_command(int argc, char** argv) {
       o.dtype = dtype;
       o.max_shard_bytes = max_shard;
       o.threads = threads;
+      // The folder of --to is made as reshard makes its --to, and removed
+      // again when the export fails or refuses (nothing was written).
+      MadeDirectories made(std::filesystem::path(to).parent_path());
       const ckpt::ExportResult r = ckpt::export_safetensors(src, o);
+      made.keep();
       std::printf("exported %zu parameters of step %lld as %s in %.1f s:\n", src.manifest().params.size(),
                   static_cast<long long>(src.manifest().step), dtype.c_str(), seconds_since(t0));
       for (const auto& f : r.written) std::printf("  %s\n", f.c_str());

@@ -56,6 +56,7 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
 bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command, DaemonArgs* out,
                        int* exit_code) {
   *exit_code = 2;
+  bool nproc_given = false;  // --jobs refuses it: nproc keeps its default of 1 either way
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* name) -> const char* {
@@ -66,6 +67,13 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       return argv[++i];
     };
     if (a == "--") {
+      if (!want_command) {
+        // Dropped, the command left the daemon waiting forever for ranks nobody started.
+        std::fprintf(stderr, "zerod %s takes no trainer command (after --): zerod run starts trainers; zerod %s "
+                     "waits for ranks started another way (torchrun, mpirun, ...)\n", cmd, cmd);
+        usage(cmd, want_command);
+        return false;
+      }
       for (int j = i + 1; j < argc; ++j) out->command.push_back(argv[j]);
       break;
     } else if (a == "--nproc" || a == "-n") {
@@ -78,6 +86,7 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
         return false;
       }
       out->nproc = static_cast<int>(n);
+      nproc_given = true;
     } else if (a == "--nnodes" || a == "--node-rank") {
       const char* v = value(a.c_str());
       if (!v) return false;
@@ -160,7 +169,7 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
   }
   if (out->jobs) {
     // Each job's ranks bring its script; a daemon-wide one would be a job of its own.
-    const char* clash = !out->job.empty() ? "--job" : out->until_done ? "--until-done"
+    const char* clash = !out->job.empty() ? "--job" : nproc_given ? "--nproc" : out->until_done ? "--until-done"
                         : out->nnodes > 1 || out->node_rank > 0 ? "--nnodes/--node-rank" : nullptr;
     if (clash) {
       std::fprintf(stderr, "zerod %s: --jobs serves whatever jobs the ranks bring (each rank's ZEROD_JOB), on this "

@@ -200,6 +200,12 @@ int plan_command(int argc, char** argv) {
     return kPlanUsage;
   }
   if (job.empty() || (!params_given && model_file.empty())) {
+    // Why first: the usage alone left the user to find what was missing.
+    if (job.empty())
+      std::fprintf(stderr, "zerod plan: name the job script to plan\n");
+    else
+      std::fprintf(stderr, "zerod plan: which model? give --params N (a count such as 1.3B, in --layers equal "
+                           "layers) or --model model.lua\n");
     usage();
     return kPlanUsage;
   }
