@@ -120,7 +120,7 @@ bool ModelHost::anyone_attached() const {
   return false;
 }
 
-std::string ModelHost::kept_because(bool keep_state_anyway) const {
+std::string ModelHost::lost_since_attached(bool keep_state_anyway) const {
   if (!keep_state_anyway && !model_->config().keep_state_on_disconnect) return "";
   // Not finalized: nothing a restart could resume (can_reattach wants a
   // finalized model), so keeping it would only hold its memory.
@@ -131,7 +131,53 @@ std::string ModelHost::kept_because(bool keep_state_anyway) const {
   return "";  // every rank destroyed it
 }
 
+std::string ModelHost::kept_because(bool keep_state_anyway) const {
+  // A step half applied: a restart would apply part of it twice (or leave
+  // the ranks a step apart), so the state is worth nothing to it.
+  if (model_->half_applied_step()) return "";
+  return lost_since_attached(keep_state_anyway);
+}
+
+Error ModelHost::refusal(const std::string& lost, const Error& half) const {
+  return Error(half.code(),
+               "daemon.keep_state did not keep model " + std::to_string(id_) + " (" + script_name_ +
+                   ") for a restart: an optimizer step of its last run stopped part-way and left the model's state "
+                   "half applied, which no restart may resume\nthe step's error: " + half.what() +
+                   "\nthen the run ended: " + lost +
+                   "\nresume from a checkpoint (zd_model_load after zd_model_finalize) or, in a job that takes "
+                   "snapshots, from the newest snapshot (at zd_model_finalize); the next zd_model_create of this "
+                   "script makes a new model from the trainer's initial values");
+}
+
+std::optional<Error> ModelHost::refused_restart(bool keep_state_anyway) const {
+  const std::optional<Error> half = model_->half_applied_step();
+  if (!half) return std::nullopt;
+  const std::string lost = lost_since_attached(keep_state_anyway);
+  if (lost.empty()) return std::nullopt;
+  return refusal(lost, *half);
+}
+
+std::vector<int> ModelHost::lost_ranks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  for (size_t i = 0; i < lost_.size(); ++i)
+    if (!lost_[i].empty()) out.push_back(first_rank_ + static_cast<int>(i));
+  return out;
+}
+
+std::optional<Error> ModelHost::refuse_restart_of(int rank) {
+  const std::optional<Error> half = model_->half_applied_step();
+  if (!half || !model_->config().keep_state_on_disconnect || !model_->finalized()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t r = at(rank);
+  if (attached_[r] || lost_[r].empty()) return std::nullopt;
+  const Error e = refusal(lost_[r], *half);
+  lost_[r].clear();  // told: its next create makes a new model, and no later refusal names it
+  return e;
+}
+
 bool ModelHost::can_reattach(int rank) const {
+  if (model_->half_applied_step()) return false;  // kept_because() keeps no such model; never resumed
   std::lock_guard<std::mutex> lock(mu_);
   const size_t r = at(rank);
   return model_->config().keep_state_on_disconnect && model_->finalized() && !attached_.at(r) &&

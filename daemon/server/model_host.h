@@ -60,13 +60,28 @@ class ModelHost {
   // (how a rank was lost: "rank 1 (pid 7) is gone: ..."), or "" when it
   // should go. A model is kept when
   // its job keeps state (daemon.keep_state, or keep_state_anyway: the
-  // daemon's own --job says so), it was finalized, and some rank was lost
-  // (its connection ended without zd_model_destroy) since it last attached.
+  // daemon's own --job says so), it was finalized, some rank was lost
+  // (its connection ended without zd_model_destroy) since it last attached,
+  // and no optimizer step stopped part-way in it (Model::half_applied_step).
   // A model every rank destroyed is done: a new run of the same script
-  // must start from its own initial values, not from this run's end.
+  // must start from its own initial values, not from this run's end. A
+  // lost rank leaves every rank's state whole; a step that stopped part-way
+  // does not, and a restart must not resume it (refused_restart).
   std::string kept_because(bool keep_state_anyway) const;
-  // Whether rank may re-attach: the job keeps state and that rank left or
-  // was lost.
+  // Once no rank is attached: for a model kept_because() would keep but for
+  // a step that stopped part-way, what its lost ranks (lost_ranks()) are
+  // told at their restart's next zd_model_create of the script
+  // (Server::forget_if_unused): that step's error, and to resume from a
+  // checkpoint or a snapshot. None for any other model.
+  std::optional<Error> refused_restart(bool keep_state_anyway) const;
+  std::vector<int> lost_ranks() const;
+  // While the model is still there (other ranks are attached): the same for
+  // a lost rank of it that starts again and creates the model of the same
+  // script, once (that rank then counts as told, not lost). None when the
+  // rank was not lost or the model can be resumed.
+  std::optional<Error> refuse_restart_of(int rank);
+  // Whether rank may re-attach: the job keeps state, that rank left or was
+  // lost, and no step stopped part-way.
   bool can_reattach(int rank) const;
   void reattach(int rank);
   bool reattaching(int rank) const;
@@ -98,6 +113,10 @@ class ModelHost {
   std::condition_variable cv_;
   int first_rank_ = 0;  // the per-rank vectors below are indexed by rank - first_rank_
   size_t at(int rank) const;
+  // How the first lost rank was lost, when the job keeps state and the model
+  // was finalized; "" otherwise (kept_because without the step's check).
+  std::string lost_since_attached(bool keep_state_anyway) const;
+  Error refusal(const std::string& lost, const Error& half) const;
   std::vector<bool> attached_;
   std::vector<bool> gone_;          // left or lost since it last attached
   std::vector<std::string> lost_;   // why it was lost since it last attached; "" if it was not

@@ -42,6 +42,16 @@ struct ServedJob {
   // Model keys a rank is building now, outside Server::mu_: the job's other
   // ranks asking for that model wait for it, and the job is not forgotten.
   std::set<uint64_t> building;
+  // By job script text: a model that daemon.keep_state would have kept for
+  // the restart of its lost ranks but did not (an optimizer step stopped
+  // part-way in it: ModelHost::refused_restart), and those ranks not yet
+  // told. Each one's next zd_model_create of that script fails with the
+  // error, once; the job is not forgotten until all were told.
+  struct RefusedRestart {
+    Error error;
+    std::set<int> ranks;
+  };
+  std::map<std::string, RefusedRestart> refused_restarts;
 };
 
 }  // namespace zerod::server

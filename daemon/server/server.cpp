@@ -126,7 +126,9 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
 }
 
 void Server::forget_job_if_done(std::shared_ptr<ServedJob> job) {
-  if (!options_.multi_job || !job->rank_owner.empty() || job->joining > 0 || !job->building.empty()) return;
+  if (!options_.multi_job || !job->rank_owner.empty() || job->joining > 0 || !job->building.empty() ||
+      !job->refused_restarts.empty())
+    return;
   for (const auto& [id, m] : models_)
     if (m->job().get() == job.get()) return;
   if (jobs_.erase(job->key)) std::fprintf(stderr, "zerod serve: %s is done: its ranks and models are gone\n", job->label.c_str());
@@ -296,6 +298,17 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
                               "\"; every rank must pass the same zd_model_options.device");
   };
   std::unique_lock<std::mutex> lock(mu_);
+  // A restarted rank of a job that keeps its state whose model was not kept
+  // because a step stopped part-way in it: told why, once, instead of
+  // starting afresh unawares (the trainer expects to resume).
+  if (auto r = job->refused_restarts.find(text); r != job->refused_restarts.end() && r->second.ranks.erase(rank)) {
+    const Error e = r->second.error;
+    if (r->second.ranks.empty()) job->refused_restarts.erase(r);
+    throw e;
+  }
+  for (auto& [id, m] : models_)
+    if (m->job() == job && m->script_text() == text)
+      if (std::optional<Error> e = m->refuse_restart_of(rank)) throw *e;  // that model is still in use
   // A restarted rank of a job that keeps its state finds its old model.
   for (auto& [id, m] : models_) {
     if (m->job() != job) continue;
@@ -412,8 +425,25 @@ void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
              " is not kept for a restart, although its job asks for it (daemon.keep_state) and a rank was lost (" +
              why + "), because " + m->job()->one_launch);
   }
+  // Not kept because a step stopped part-way: the lost ranks' restarts, which
+  // expect to resume it, are told why.
+  const std::optional<Error> refused = m->refused_restart(options_.keep_state);
+  const std::vector<int> lost = refused ? m->lost_ranks() : std::vector<int>{};
   std::lock_guard<std::mutex> lock(mu_);
-  models_.erase(m->id());
+  const bool erased = models_.erase(m->id()) > 0;  // once, though each leaving rank's session may get here
+  if (erased && refused) {
+    const bool recurs = m->job()->one_launch.empty();
+    log_warn(std::string(refused->what()) +
+             (recurs ? "\n(the restarted ranks' next zd_model_create of the script fails with this, once)" : ""));
+    if (recurs) {
+      auto r = m->job()->refused_restarts.find(m->script_text());
+      if (r == m->job()->refused_restarts.end())
+        r = m->job()->refused_restarts.emplace(m->script_text(), ServedJob::RefusedRestart{*refused, {}}).first;
+      else
+        r->second.error = *refused;
+      r->second.ranks.insert(lost.begin(), lost.end());
+    }
+  }
   if (options_.multi_job)
     if (auto j = jobs_.find(m->job()->key); j != jobs_.end() && j->second == m->job()) forget_job_if_done(j->second);
 }

@@ -268,13 +268,24 @@ std::string Model::broken_reason() const {
   return broken_;
 }
 
+zd_status Model::broken_code() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  return broken_code_;
+}
+
+std::optional<Error> Model::half_applied_step() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+  return half_applied_;
+}
+
 // ---------------------------------------------------------------------------
 // Failures
 
 // The first failure breaks the job: it is kept, with where each rank was,
 // and logged once. Caller holds reg_mu_.
-void Model::mark_broken_locked(zd_status code, const std::string& message) {
-  if (broken_.empty()) {
+bool Model::mark_broken_locked(zd_status code, const std::string& message) {
+  const bool first = broken_.empty();
+  if (first) {
     broken_code_ = code;
     broken_ = message + "\nwhere each rank was:\n" + activity_.describe() + "\nthe job cannot continue";
     log_message(ZD_LOG_ERROR, broken_);
@@ -284,17 +295,33 @@ void Model::mark_broken_locked(zd_status code, const std::string& message) {
   // collective between devices.
   if (shard_board_) shard_board_->abort(broken_code_, broken_);
   if (peer_board_) peer_board_->abort(broken_code_, broken_);
+  return first;
 }
 
-void Model::broken_by(const Error& e) {
+void Model::abort_collectives(zd_status code, const std::string& message) {
+  // recover() swaps the comm under comm_mu_; never taken under reg_mu_.
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  plugins_.comm->abort(code, message);
+}
+
+void Model::broken_by(const Error& e) { break_job(e, false); }
+
+void Model::break_job(const Error& e, bool part_way) {
   std::string message;
   zd_status code;
+  bool first;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    mark_broken_locked(e.code(), e.what());
+    if (part_way && !half_applied_) half_applied_.emplace(e);
+    first = mark_broken_locked(e.code(), e.what());
     message = broken_;
     code = broken_code_;
   }
+  // The other ranks may wait in a collective this rank will never join now
+  // (a rank whose update failed does not reach the gather after it): they
+  // fail at once with this failure, as when a rank is lost, not after
+  // comm.timeout. Later failures are this one's echoes.
+  if (first) abort_collectives(code, message);
   fail(code, message);
 }
 
@@ -308,8 +335,7 @@ void Model::rank_lost(int rank, const std::string& reason) {
   }
   // Wakes every rank waiting for the lost one in a collective. Called from
   // threads that are not ranks (the launcher, the daemon's stop).
-  std::lock_guard<std::mutex> lock(comm_mu_);
-  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
+  abort_collectives(ZD_ERR_PEER_LOST, message);
 }
 
 void Model::rank_left(int rank, const std::string& reason) {
@@ -318,8 +344,7 @@ void Model::rank_left(int rank, const std::string& reason) {
   const std::string message = "rank " + std::to_string(rank) + " left the job: " + reason;
   if (shard_board_) shard_board_->rank_left(rank, message);
   if (peer_board_) peer_board_->abort(ZD_ERR_PEER_LOST, message);
-  std::lock_guard<std::mutex> lock(comm_mu_);
-  plugins_.comm->abort(ZD_ERR_PEER_LOST, message);
+  abort_collectives(ZD_ERR_PEER_LOST, message);
 }
 
 // ---------------------------------------------------------------------------

@@ -18,9 +18,10 @@
 //
 // A call either completes or throws zerod::Error. A call made out of order
 // changes nothing and the model stays usable. A failed collective (a rank
-// timed out, ranks disagree, a rank was lost) breaks the job: every later
-// call on every rank fails with the same message, which says which rank was
-// where.
+// timed out, ranks disagree, a rank was lost) or a step that stops part-way
+// (a tier failed in the update) breaks the job: the collectives the other
+// ranks wait in fail at once, and every later call on every rank fails with
+// the same message, which says which rank was where.
 #pragma once
 
 #include "runtime/activity.h"
@@ -49,6 +50,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -171,12 +173,26 @@ class Model final : private FailureSink {
   void rank_left(int rank, const std::string& reason);
   // "" while the job is healthy.
   std::string broken_reason() const;
+  // The first failure's code; ZD_OK while the job is healthy.
+  zd_status broken_code() const;
+  // The first update that stopped part-way on a rank (a tier, or a
+  // compressed update's own exchange, failed inside it: some of the rank's
+  // state was updated, the rest not), as that rank's error said it; none
+  // when no update did. A lost rank or a collective failed outside an
+  // update leaves every rank's state whole (an update applies on a rank or
+  // not at all); this does not, and no restart may resume it (recover
+  // refuses). Thread-safe.
+  std::optional<Error> half_applied_step() const;
 
   // --- restart (a job that keeps its state when ranks die) ------------------
   // Clears everything a failed step left (modules begun, gradients not yet
   // applied, gathers, the failure itself) and takes a fresh comm instance;
   // the masters, optimizer state and step counters stay. Only while no rank
   // is inside the model. Then every rank calls rebuild_working_copies.
+  // Refused, changing nothing, when an update stopped part-way
+  // (half_applied_step(), which an overlapped update that failed unseen
+  // also sets here): that state is half applied, and the job resumes from
+  // a checkpoint or a snapshot instead.
   void recover(std::unique_ptr<CommInstance> comm);
   // A collective: rebuilds the rank's working copies from its masters (the
   // source of truth) and hands them to the ranks that need them.
@@ -257,6 +273,17 @@ class Model final : private FailureSink {
   void release_rank(RankState& rs);
 
   [[noreturn]] void broken_by(const Error& e) override;
+  // The rank's update of step `step` stopped part-way with e: the job breaks
+  // with it, and half_applied_step() says so from then on.
+  [[noreturn]] void stopped_part_way(int rank, int64_t step, const Error& e);
+  static Error part_way_error(int rank, int64_t step, const Error& e);
+  // Breaks the job with e (the first failure is kept) and, when e is the
+  // first, aborts the collectives the other ranks wait in; part_way: e is an
+  // update that stopped part-way.
+  [[noreturn]] void break_job(const Error& e, bool part_way);
+  // The comm plugin's collectives fail at once on every rank, with this
+  // code and message. Not under reg_mu_ (it takes comm_mu_).
+  void abort_collectives(zd_status code, const std::string& message);
   // The rank's overlapped update: wait for module m (-1: all of it;
   // kPersistentFirst: the parameters it updates first); its failure breaks
   // the job.
@@ -266,7 +293,8 @@ class Model final : private FailureSink {
   // the overlapped update (offload.overlap, and nothing right after the
   // update reads them all).
   bool can_overlap(const RankState& rs, const zd_optimizer_plan& plan) const;
-  void mark_broken_locked(zd_status code, const std::string& message);
+  // True when this failure is the job's first.
+  bool mark_broken_locked(zd_status code, const std::string& message);
   double learning_rate(int64_t step);
   // The plan of the rank's next update (applied + 1), from the optimizer
   // and the job's compression schedules; the window's gradients follow it.
@@ -327,6 +355,7 @@ class Model final : private FailureSink {
   std::string broken_;
   zd_status broken_code_ = ZD_OK;
   std::atomic<bool> is_broken_{false};
+  std::optional<Error> half_applied_;  // under reg_mu_: half_applied_step()
 };
 
 }  // namespace zerod

@@ -2,7 +2,8 @@
 // owners, check for overflow, take the global norm, clip, and run the
 // optimizer on the owned range, writing the working copies in the same
 // pass; then hand the new working copies to every rank that needs them.
-// And the restart of a job whose ranks died.
+// And the restart of a job whose ranks died (never of one whose update
+// stopped part-way).
 #include "model/model_rank.h"
 
 #include "memory/memory.h"
@@ -11,6 +12,8 @@
 #include "log.h"
 
 #include <cmath>
+#include <exception>
+#include <optional>
 
 namespace zerod {
 
@@ -182,11 +185,9 @@ StepFigures Model::step(int rank) {
       } catch (const Error& e) {
         // A tier failed part-way (a disk error): the tiles before it were
         // updated, the rest not. Nothing wrong was written, but this step is
-        // half applied, so no further call may pretend otherwise.
-        broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rank) +
-                                      ": the optimizer step " + std::to_string(rs.applied + 1) +
-                                      " stopped part-way; what is on disk is intact, but the step is "
-                                      "half applied: restart from a checkpoint"));
+        // half applied, so no further call may pretend otherwise, nor may a
+        // restart resume it.
+        stopped_part_way(rank, rs.applied + 1, e);
       }
     }
     // The masters have moved: the counters move with them, before any
@@ -225,11 +226,19 @@ void Model::wait_update(RankState& rs, zd_module_id m) {
   } catch (const Error& e) {
     // As when the synchronous update fails part-way: modules before the
     // failure were updated, the rest not.
-    broken_by(Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rs.res.rank) +
-                                  ": the optimizer step " + std::to_string(rs.applied) +
-                                  " stopped part-way; what is on disk is intact, but the step is half applied: "
-                                  "restart from a checkpoint"));
+    stopped_part_way(rs.res.rank, rs.applied, e);
   }
+}
+
+Error Model::part_way_error(int rank, int64_t step, const Error& e) {
+  return Error(e.code(), std::string(e.what()) + "\nrank " + std::to_string(rank) + ": the optimizer step " +
+                             std::to_string(step) +
+                             " stopped part-way; what is on disk is intact, but the step is half applied: "
+                             "restart from a checkpoint");
+}
+
+void Model::stopped_part_way(int rank, int64_t step, const Error& e) {
+  break_job(part_way_error(rank, step, e), /*part_way=*/true);
 }
 
 bool Model::can_overlap(const RankState& rs, const zd_optimizer_plan& plan) const {
@@ -244,15 +253,38 @@ bool Model::can_overlap(const RankState& rs, const zd_optimizer_plan& plan) cons
 }
 
 void Model::recover(std::unique_ptr<CommInstance> comm) {
+  // An overlapped update still to be waited for: one whose failure a call
+  // reported has been waited for already (its step is half_applied_), so a
+  // failure here went unseen (its rank's trainer died before its next
+  // call), and its step is half applied as well.
+  for (auto& rs : ranks_) {
+    std::optional<Error> failed;
+    try {
+      rs->update.finish();
+    } catch (const Error& e) {
+      failed.emplace(e);
+    } catch (const std::exception& e) {
+      failed.emplace(ZD_ERR_INTERNAL, e.what());
+    } catch (...) {
+      failed.emplace(ZD_ERR_INTERNAL, "the overlapped update failed with an unknown exception");
+    }
+    if (failed) {
+      const Error part_way = part_way_error(rs->res.rank, rs->applied, *failed);
+      std::lock_guard<std::mutex> lock(reg_mu_);
+      if (!half_applied_) half_applied_.emplace(part_way);
+      mark_broken_locked(part_way.code(), part_way.what());
+    }
+  }
+  // Resuming a half-applied step would apply some of it twice (the tiles it
+  // reached get the retried update again) or leave the ranks a step apart.
+  if (const std::optional<Error> half = half_applied_step())
+    fail(half->code(), std::string("this model cannot be resumed: an optimizer step stopped part-way and left its "
+                                   "state half applied (resume from a checkpoint or a snapshot instead):\n") +
+                           half->what());
   // The old streams' tasks have all ended (their collectives failed); a new
   // stream per rank, then the new comm they will call.
-  for (auto& rs : ranks_) {
-    try {
-      rs->update.finish();  // the failed step's (its failure was reported)
-    } catch (...) {
-    }
+  for (auto& rs : ranks_)
     rs->res.stream = std::make_unique<CommStream>(world_size_ > 1 || rs->res.transfers.bytes_travel());
-  }
   {
     // Status, metrics and rank_lost read the comm from other threads.
     std::lock_guard<std::mutex> lock(comm_mu_);
@@ -268,8 +300,9 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
     RankState& rs = *rsp;
     rs.grads.restart();
     rs.residency.restart();
-    // A compressed step that failed after its exchange left an average the
-    // pass never applied: the next one starts from the optimizer's slot.
+    // The next compressed step starts from the optimizer's slot, not from an
+    // average kept before the failure. (One that failed between its exchange
+    // and its pass stopped part-way: such a model never gets here.)
     rs.compression.forget_average();
     for (RankState::ModuleCalls& m : rs.modules) m = RankState::ModuleCalls{};
     rs.active_modules = 0;

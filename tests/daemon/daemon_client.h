@@ -45,12 +45,25 @@ class DaemonClient {
 
   // A model of the script: its id, or -1 (a failure is the test's).
   int create(const std::string& script) {
+    const v1::Reply rep = create_reply(script);
+    EXPECT_FALSE(rep.has_error()) << rep.error().message();
+    return rep.has_error() ? -1 : rep.create_model().model();
+  }
+  // The same, the reply as it came (a refused create is the test's to check).
+  v1::Reply create_reply(const std::string& script) {
     v1::Request r;
     r.mutable_create_model()->set_script_text(script);
     r.mutable_create_model()->set_script_name("kept.lua");
-    const v1::Reply rep = rpc(r);
-    EXPECT_FALSE(rep.has_error()) << rep.error().message();
-    return rep.has_error() ? -1 : rep.create_model().model();
+    return rpc(r);
+  }
+
+  // A call of the model's that carries no data (backward_begin, step, ...).
+  v1::Reply call(int model, v1::ModelCall::Op op, int module = 0) {
+    v1::Request r;
+    r.mutable_call()->set_model(model);
+    r.mutable_call()->set_op(op);
+    r.mutable_call()->set_module(module);
+    return rpc(r);
   }
 
   // An f32 parameter of shape {n} in module `module`; with init, its initial

@@ -3,16 +3,20 @@
 // finalize, so that the restarted ranks resume it; never one every rank
 // destroyed (a new run of the same script starts from its own initial
 // values, not from the last run's weights), never one that was not
-// finalized, and under `zerod serve --jobs` never one whose job key names a
-// single launch, which no restart can name again. What is not kept gives
-// its host memory back.
+// finalized, never one whose optimizer step stopped part-way (its restart
+// is told why, once), and under `zerod serve --jobs` never one whose job
+// key names a single launch, which no restart can name again. What is not
+// kept gives its host memory back.
 #include "daemon_client.h"
 #include "server.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -136,6 +140,70 @@ TEST_F(KeptModels, RestartsWhileAnObserverReadsTheStatus) {
   done.store(true);
   observer.join();
   EXPECT_EQ(observer_error, "");
+}
+
+// A step whose NVMe read came back short stopped part-way: some of the
+// state has the update, the rest not. Its trainer dies of the error (lost),
+// but the model is not kept: a restart that resumed it would apply the
+// update twice to what it reached. The restarted rank is told so, with the
+// step's error, once; its next create starts afresh.
+TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy) {
+  struct Dir {
+    std::string path;
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } scratch;
+  char tmpl[] = "/tmp/zerod-kept-nvme-XXXXXX";
+  scratch.path = mkdtemp(tmpl);
+  const std::string& dir = scratch.path;
+  const std::string job = "return { optimizer = { type = 'adamw' }, offload = { optimizer = 'nvme', nvme_path = '" +
+                          dir + "' }, daemon = { keep_state = true } }";
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const int model = c.create(job);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 1 << 14, nullptr).has_error());
+    ASSERT_FALSE(c.finalize(model).has_error());
+    // The disk goes bad under the store (the daemon's, in this process):
+    // its reads come back short.
+    int stores = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      if (std::filesystem::read_symlink(e.path(), ec).string().rfind(dir + "/", 0) != 0 || ec) continue;
+      ASSERT_EQ(ftruncate(std::stoi(e.path().filename().string()), 0), 0);
+      ++stores;
+    }
+    ASSERT_GT(stores, 0) << "found no store under " << dir;
+    ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_BEGIN).has_error());
+    ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_END).has_error());
+    const v1::Reply r = c.call(model, v1::ModelCall::STEP);
+    ASSERT_TRUE(r.has_error()) << "the step read a store cut short";
+    EXPECT_NE(r.error().message().find("stopped part-way"), std::string::npos) << r.error().message();
+  }  // the trainer dies of it: the rank is lost
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  EXPECT_TRUE(eventually([&] { return srv->models().empty(); })) << "a model with a half-applied step was kept";
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const v1::Reply r = c.create_reply(job);
+    ASSERT_TRUE(r.has_error()) << "the restart was not told that the model it expects is gone";
+    const std::string& m = r.error().message();
+    EXPECT_EQ(r.error().status(), ZD_ERR_IO) << m;
+    EXPECT_NE(m.find("short read"), std::string::npos) << m;
+    EXPECT_NE(m.find("the optimizer step 1 stopped part-way"), std::string::npos) << m;
+    EXPECT_NE(m.find("resume from a checkpoint"), std::string::npos) << m;
+    EXPECT_NE(m.find("snapshot"), std::string::npos) << m;
+    // Told once: the next create of the script makes a new model, from the
+    // trainer's own values.
+    const int model = c.create(job);
+    ASSERT_GE(model, 0) << "the refusal was given twice";
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+    ASSERT_FALSE(c.finalize(model).has_error());
+    EXPECT_EQ(c.read(model, 0, 4), kInitial);
+    ASSERT_FALSE(c.destroy(model).has_error());
+  }
 }
 
 namespace {

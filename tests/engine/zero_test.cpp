@@ -4,8 +4,14 @@
 // reported instead of hanging.
 #include "zero_fixture.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
 
 using namespace zerod_test;
 
@@ -527,6 +533,139 @@ TEST(RankLost, WaitingRanksGetPeerLostAndStateIsUntouched) {
   EXPECT_EQ(code, ZD_ERR_PEER_LOST) << seen;
   EXPECT_NE(seen.find("rank 1 was lost: its process exited (signal 9)"), std::string::npos) << seen;
   EXPECT_EQ(before, after);
+}
+
+// --- an update that stops part-way ------------------------------------------
+//
+// A rank's NVMe store read short in its update: some of its state was
+// updated, the rest not. The other ranks must not sit in the collective
+// after the update (the working copies' all-gather) for comm.timeout, and
+// nothing may resume that half-applied state as if it were whole.
+
+namespace {
+
+struct ScratchDir {
+  ScratchDir() {
+    char tmpl[] = "/tmp/zerod-step-failure-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+// The NVMe stores under dir are unlinked files this process holds open:
+// empties the first `n` of them (found through /proc/self/fd), so that
+// their next read comes back short. Returns how many there are.
+int empty_stores(const std::string& dir, int n) {
+  int found = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || target.rfind(dir + "/", 0) != 0) continue;
+    if (found++ < n) {
+      EXPECT_EQ(ftruncate(std::stoi(e.path().filename().string()), 0), 0);
+    }
+  }
+  return found;
+}
+
+JobOptions nvme_state(const std::string& dir, int stage) {
+  JobOptions o;
+  o.stage = stage;
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir};
+  return o;
+}
+
+std::unique_ptr<CommInstance> local_comm(int world) {
+  auto plugin = Plugin::load(ZD_PLUGIN_COMM, "local", {ZEROD_PLUGIN_DIR});
+  return CommInstance::create(plugin, plugin->default_values(), world);
+}
+
+}  // namespace
+
+TEST(StepFailure, AnUpdateThatStopsPartWayOnOneRankFailsTheOthersAtOnce) {
+  ScratchDir dir;
+  JobOptions o = nvme_state(dir.path, 2);
+  o.timeout_s = 60;  // the other rank waited this long in the all-gather
+  auto model = make_model(o, 2);
+  run_ranks(2, [&](int rank) { three_modules(*model, rank, 1 << 15); });
+  ASSERT_GE(empty_stores(dir.path, 1), 2) << "a store per rank";
+  std::string seen[2];
+  zd_status code[2] = {ZD_OK, ZD_OK};
+  double took[2] = {0, 0};
+  run_ranks(2, [&](int rank) {
+    backward_all(*model, rank);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      model->step(rank);
+    } catch (const Error& e) {
+      code[rank] = e.code();
+      seen[rank] = e.what();
+    }
+    took[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(code[r], ZD_ERR_IO) << "rank " << r << ": " << seen[r];
+    EXPECT_LT(took[r], 10.0) << "rank " << r << " waited for the comm timeout: " << seen[r];
+    EXPECT_NE(seen[r].find("short read"), std::string::npos) << seen[r];
+    EXPECT_NE(seen[r].find("stopped part-way"), std::string::npos) << seen[r];
+  }
+  EXPECT_EQ(seen[0], seen[1]) << "every rank is told the first failure";
+  EXPECT_TRUE(model->half_applied_step().has_value());
+}
+
+TEST(StepFailure, AModelWhoseUpdateStoppedPartWayIsNotRecovered) {
+  ScratchDir dir;
+  auto model = make_model(nvme_state(dir.path, 0), 1);
+  three_modules(*model, 0, 1 << 14);
+  ASSERT_EQ(empty_stores(dir.path, 1), 1);
+  backward_all(*model, 0);
+  EXPECT_THROW(model->step(0), Error);
+  const std::optional<Error> half = model->half_applied_step();
+  ASSERT_TRUE(half.has_value());
+  EXPECT_EQ(half->code(), ZD_ERR_IO);
+  EXPECT_NE(std::string(half->what()).find("short read"), std::string::npos) << half->what();
+  EXPECT_NE(std::string(half->what()).find("the optimizer step 1 stopped part-way"), std::string::npos)
+      << half->what();
+  // A restart would resume the half-applied step: refused, changing nothing.
+  try {
+    model->recover(local_comm(1));
+    FAIL() << "a half-applied step was recovered";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_IO);
+    EXPECT_NE(std::string(e.what()).find("cannot be resumed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("short read"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(model->broken_code(), ZD_ERR_IO);
+  try {
+    model->forward_begin(0, 0);
+    FAIL() << "the model went on after its refused recovery";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped part-way"), std::string::npos) << e.what();
+  }
+}
+
+// What a kept daemon model resumes from: a lost rank leaves every rank's
+// state whole, and recover() still takes it.
+TEST(StepFailure, AModelBrokenByALostRankIsRecovered) {
+  JobOptions o;
+  o.stage = 1;
+  auto model = make_model(o, 2);
+  run_ranks(2, [&](int rank) { three_modules(*model, rank); });
+  model->rank_lost(1, "its process exited (signal 9)");
+  EXPECT_EQ(model->broken_code(), ZD_ERR_PEER_LOST);
+  EXPECT_FALSE(model->half_applied_step().has_value());
+  model->recover(local_comm(2));
+  run_ranks(2, [&](int rank) {
+    model->rebuild_working_copies(rank);
+    backward_all(*model, rank);
+    EXPECT_TRUE(model->step(rank).applied);
+  });
+  EXPECT_EQ(model->broken_reason(), "");
 }
 
 TEST(Zero3Budget, AModuleThatCannotBeGatheredIsNamedAndOthersStillRun) {
