@@ -88,7 +88,8 @@ std::vector<KeySpec> make_schema() {
       {"daemon.keep_state", T::kBoolean, 0, "", {}, {},
        "Keep the model in the daemon when a rank is lost after finalize (its connection gone without "
        "zd_model_destroy), so restarted ranks resume from the last applied step; a model every rank destroyed "
-       "is forgotten ([daemon.md](daemon.md#when-things-go-wrong))."},
+       "is forgotten, and one whose optimizer step stopped part-way (a disk error) is not kept: the restart is "
+       "told why and resumes from a checkpoint or snapshot ([daemon.md](daemon.md#when-things-go-wrong))."},
       {"budgets", T::kTable, 0, "none", {}, {}, "Bytes each rank may hold per tier, checked at finalize."},
       {"budgets.device", T::kSize, 0, "none", {}, {},
        "Bytes of the device tier each rank may hold (on a CPU rank: its shared-memory pool; ranks sharing a GPU "
