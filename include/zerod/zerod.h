@@ -17,6 +17,9 @@
  *    the library reads or writes only min(struct_size, its own size) bytes
  *    and uses defaults for fields the caller does not know. The *_INIT macros
  *    fill it, but nothing needs a macro: set struct_size = sizeof(the struct).
+ *    A struct_size below the library's must end on a field boundary (as an
+ *    older, shorter struct does); one that ends inside a field is
+ *    ZD_ERR_INVALID_ARGUMENT, naming the sizes taken.
  *  - Only plain C types and fixed-width integers; enums are passed as int32_t.
  *  - Exported signatures never change; a changed call gets a _v2 name.
  *
@@ -487,8 +490,9 @@ ZD_API zd_status zd_model_save(zd_model* model, const char* dir);
 ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
 
 /* Sets the count of applied updates (restoring a checkpoint: bias
- * correction, the lr schedule and 1-bit Adam's phase follow it). Every rank
- * the same value, between steps. A compressing optimizer's error feedback
+ * correction, the lr schedule and 1-bit Adam's phase follow it), 0..2^53-1
+ * (ZD_ERR_INVALID_ARGUMENT otherwise: update numbers reach the optimizer and
+ * the lr schedule as doubles). Every rank the same value, between steps. A compressing optimizer's error feedback
  * restarts at zero; the scalars it keeps per tensor stay as they are (the
  * whole-tensor calls cannot restore them into a new model: zd_model_load
  * does). Gradients of a backward that no zd_step applied are dropped, as

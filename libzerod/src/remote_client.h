@@ -77,9 +77,11 @@ class RemoteClient final : public ClientBackend {
 
   // Sends a request as a socket frame and waits for its reply; throws the
   // reply's error. With a ring, the ring announces the frame first (the
-  // daemon's thread waits on the ring, not on the socket).
+  // daemon's thread waits on the ring, not on the socket), after a deferred
+  // end unless flush is false (a model's destruction: the end of another
+  // model waits for that model's next call).
   v1::Reply rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds = nullptr,
-                std::span<const int> send_fds = {});
+                std::span<const int> send_fds = {}, bool flush = true);
 
   bool has_ring() const { return static_cast<bool>(ring_); }
 
@@ -100,6 +102,8 @@ class RemoteClient final : public ClientBackend {
   bool defers_end() const { return ring_ && defer_end_; }
   void defer_end(int model, const calls::Args& a);
   void flush_deferred();
+  // flush_deferred, if the deferred end is model's.
+  void flush_deferred_of(int model);
   // A reply to an end sent on its own may announce arenas an earlier call
   // of the model grew (the daemon announces them with its next answer): the
   // frame is read now, so that it is not taken for the next reply, and the

@@ -23,7 +23,11 @@ RemoteModel::RemoteModel(RemoteClient& c, int id, int32_t device_type, int32_t d
 
 RemoteModel::~RemoteModel() {
   try {
-    client_.flush_deferred();  // on its own: its error must not keep the destroy from going out
+    // This model's deferred end goes first, on its own: its error must not
+    // keep the destroy from going out. Another model's stays deferred: it
+    // travels with the next call as it would have, and its error, if any,
+    // is that call's (sent here, it would have been lost).
+    client_.flush_deferred_of(id_);
   } catch (...) {
     // A broken job's end: the destroy below still detaches the model.
   }
@@ -31,10 +35,11 @@ RemoteModel::~RemoteModel() {
   // stream signals are gone, before the daemon frees what they refer to.
   link_.quiesce();
   arenas_.clear();
+  client_.take_stray_arenas(id_);  // announced for this model, never to be mapped
   try {
     v1::Request req;
     req.mutable_destroy_model()->set_model(id_);
-    client_.rpc(req);
+    client_.rpc(req, nullptr, {}, /*flush=*/false);
   } catch (...) {
     // The daemon may be gone already; nothing is left to free then.
   }
@@ -213,6 +218,18 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   calls::Outcome o;
   std::vector<wire::RingView> views;
   const wire::RingReply& r = client_.call_record(id_, a, 0);
+  if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) {
+    // The module's views and its begun state end whatever the answer: the
+    // engine marks an end done before the work that can fail (a gradient
+    // bucket refused for budget, ZD_ERR_BUDGET, which the trainer may
+    // recover from), and releases what the views point into; an end it
+    // refuses before that (not begun, a broken job) leaves nothing to view
+    // either. Kept, they answered zd_param_view and zd_grad_view with
+    // released blocks where embedded says ZD_ERR_INVALID_STATE, and a
+    // stale in_backward_ refused zd_model_set_stream.
+    forget_views(a);
+    (a.op == calls::Op::forward_end ? in_forward_ : in_backward_).erase(a.module);
+  }
   const std::span<const std::byte> tail = client_.reply_tail();
   const std::string text = client_.message_of(r);  // checks the record's lengths against the reply
   std::vector<transport::Frame> frames = client_.take_stray_arenas(id_);
@@ -232,11 +249,8 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   if (a.op == calls::Op::optimizer_info) take_names(text, o);
   for (const wire::RingView& v : views) take_view(v);
   if (a.op == calls::Op::forward_begin || a.op == calls::Op::backward_begin) link_.after_begin();
-  if (a.op == calls::Op::forward_end || a.op == calls::Op::backward_end) forget_views(a);
   if (a.op == calls::Op::forward_begin) in_forward_.insert(a.module);
-  if (a.op == calls::Op::forward_end) in_forward_.erase(a.module);
   if (a.op == calls::Op::backward_begin) in_backward_.insert(a.module);
-  if (a.op == calls::Op::backward_end) in_backward_.erase(a.module);
   if (reads) std::memcpy(data, st, a.bytes);
   loss_scale_ = o.loss_scale;
   return o;

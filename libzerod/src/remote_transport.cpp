@@ -35,8 +35,8 @@ const char* request_name(const v1::Request& req) {
 }  // namespace
 
 v1::Reply RemoteClient::rpc(const v1::Request& req, std::vector<transport::UniqueFd>* fds,
-                            std::span<const int> send_fds) {
-  if (ring_) flush_deferred();
+                            std::span<const int> send_fds, bool flush) {
+  if (ring_ && flush) flush_deferred();
   check_in_step();
   in_flight_ = request_name(req);
   const uint32_t id = next_id_++;
@@ -108,6 +108,10 @@ void RemoteClient::flush_deferred() {
                        std::to_string(d.args.module) +
                        ", which the client sent before this rank's next call; that call did not run. "
                        "ZEROD_SYNC_END=1 makes zd_forward_end wait for the daemon.)");
+}
+
+void RemoteClient::flush_deferred_of(int model) {
+  if (deferred_ && deferred_->model == model) flush_deferred();
 }
 
 void RemoteClient::keep_stray_arenas(int model, const wire::RingReply& r) {

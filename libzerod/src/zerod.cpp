@@ -12,12 +12,16 @@
 
 #include <zerod/zerod.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifndef ZEROD_VERSION_STRING
@@ -50,6 +54,15 @@ void record_error(zd_model* model, const std::string& message) {
   if (model) model->last_error = message;
 }
 
+// "call: message", unless the message already begins with the call's name
+// (the engine's own checks name the call they refuse: "zd_param_read of
+// 'w': ...", "zd_model_set_stream while modules are begun").
+std::string prefixed(const char* call, const char* message) {
+  const size_t n = std::strlen(call);
+  if (std::strncmp(message, call, n) == 0 && (message[n] == ':' || message[n] == ' ')) return message;
+  return std::string(call) + ": " + message;
+}
+
 // Runs f, mapping exceptions to a status and recording the message on this
 // thread and on the model (if any).
 template <typename F>
@@ -59,7 +72,7 @@ zd_status guard(const char* call, const zd_model* model, F&& f) noexcept {
     f();
     return ZD_OK;
   } catch (const Error& e) {
-    record_error(m, std::string(call) + ": " + e.what());
+    record_error(m, prefixed(call, e.what()));
     return e.code();
   } catch (const std::bad_alloc&) {
     record_error(m, std::string(call) + ": out of memory");
@@ -77,14 +90,120 @@ void require(bool ok, const std::string& message) {
   if (!ok) fail(ZD_ERR_INVALID_ARGUMENT, message);
 }
 
+// Where each field of a size-prefixed struct lies. A caller's struct_size
+// must end on a field boundary: every released version of a struct ended
+// on one (1.0's zd_model_options ends where `device` begins), and a size
+// that ends inside a field would copy half a pointer from the caller and
+// half from the defaults (a struct_size of 20 made script_text such a
+// pointer, and zd_model_create crashed on it).
+struct Field {
+  size_t offset;
+  size_t size;
+  const char* name;
+};
+
+template <typename T>
+struct Layout;
+
+#define ZD_FIELD(T, f) Field{offsetof(T, f), sizeof(std::declval<T&>().f), #f}
+#define ZD_LAYOUT(T, ...)                                         \
+  template <>                                                     \
+  struct Layout<T> {                                              \
+    static constexpr const char* name = #T;                       \
+    static constexpr Field fields[] = {__VA_ARGS__};              \
+  };
+
+ZD_LAYOUT(zd_connect_options, ZD_FIELD(zd_connect_options, struct_size), ZD_FIELD(zd_connect_options, abi_version),
+          ZD_FIELD(zd_connect_options, timeout_ms), ZD_FIELD(zd_connect_options, reserved))
+ZD_LAYOUT(zd_client_info, ZD_FIELD(zd_client_info, struct_size), ZD_FIELD(zd_client_info, rank),
+          ZD_FIELD(zd_client_info, world_size), ZD_FIELD(zd_client_info, local_rank),
+          ZD_FIELD(zd_client_info, embedded))
+ZD_LAYOUT(zd_model_options, ZD_FIELD(zd_model_options, struct_size), ZD_FIELD(zd_model_options, flags),
+          ZD_FIELD(zd_model_options, script_path), ZD_FIELD(zd_model_options, script_text),
+          ZD_FIELD(zd_model_options, script_name), ZD_FIELD(zd_model_options, device))
+ZD_LAYOUT(zd_param_desc, ZD_FIELD(zd_param_desc, struct_size), ZD_FIELD(zd_param_desc, dtype),
+          ZD_FIELD(zd_param_desc, name), ZD_FIELD(zd_param_desc, module), ZD_FIELD(zd_param_desc, ndim),
+          ZD_FIELD(zd_param_desc, shape), ZD_FIELD(zd_param_desc, init), ZD_FIELD(zd_param_desc, init_dtype))
+ZD_LAYOUT(zd_param_info, ZD_FIELD(zd_param_info, struct_size), ZD_FIELD(zd_param_info, dtype),
+          ZD_FIELD(zd_param_info, name), ZD_FIELD(zd_param_info, module), ZD_FIELD(zd_param_info, ndim),
+          ZD_FIELD(zd_param_info, shape), ZD_FIELD(zd_param_info, numel))
+ZD_LAYOUT(zd_view, ZD_FIELD(zd_view, struct_size), ZD_FIELD(zd_view, flags), ZD_FIELD(zd_view, data),
+          ZD_FIELD(zd_view, nbytes), ZD_FIELD(zd_view, dtype), ZD_FIELD(zd_view, ndim), ZD_FIELD(zd_view, shape),
+          ZD_FIELD(zd_view, device_type), ZD_FIELD(zd_view, device_id), ZD_FIELD(zd_view, arena),
+          ZD_FIELD(zd_view, reserved), ZD_FIELD(zd_view, offset))
+ZD_LAYOUT(zd_step_result, ZD_FIELD(zd_step_result, struct_size), ZD_FIELD(zd_step_result, flags),
+          ZD_FIELD(zd_step_result, step), ZD_FIELD(zd_step_result, micro_step), ZD_FIELD(zd_step_result, lr),
+          ZD_FIELD(zd_step_result, loss_scale), ZD_FIELD(zd_step_result, grad_norm))
+ZD_LAYOUT(zd_progress, ZD_FIELD(zd_progress, struct_size), ZD_FIELD(zd_progress, flags),
+          ZD_FIELD(zd_progress, tokens), ZD_FIELD(zd_progress, samples), ZD_FIELD(zd_progress, loss),
+          ZD_FIELD(zd_progress, reserved))
+ZD_LAYOUT(zd_optimizer_info, ZD_FIELD(zd_optimizer_info, struct_size), ZD_FIELD(zd_optimizer_info, state_slots),
+          ZD_FIELD(zd_optimizer_info, step), ZD_FIELD(zd_optimizer_info, name),
+          ZD_FIELD(zd_optimizer_info, slot_names))
+ZD_LAYOUT(zd_memory_figures, ZD_FIELD(zd_memory_figures, struct_size), ZD_FIELD(zd_memory_figures, reserved),
+          ZD_FIELD(zd_memory_figures, current), ZD_FIELD(zd_memory_figures, peak),
+          ZD_FIELD(zd_memory_figures, budget))
+ZD_LAYOUT(zd_comm_figures, ZD_FIELD(zd_comm_figures, struct_size), ZD_FIELD(zd_comm_figures, reserved),
+          ZD_FIELD(zd_comm_figures, bytes_sent), ZD_FIELD(zd_comm_figures, network_bytes_sent),
+          ZD_FIELD(zd_comm_figures, collectives))
+
+#undef ZD_LAYOUT
+#undef ZD_FIELD
+
+// The sizes below sizeof(T) that end on a field boundary (where a field
+// ends or the next begins: an older struct ending at a 4-byte field is
+// padded to the next 8-byte one), from sizeof(struct_size) up.
+template <typename T>
+std::vector<size_t> boundary_sizes() {
+  std::vector<size_t> out;
+  for (const Field& f : Layout<T>::fields)
+    for (const size_t at : {f.offset, f.offset + f.size})
+      if (at >= sizeof(uint32_t) && at < sizeof(T)) out.push_back(at);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Refuses a struct_size that is too small to hold struct_size itself, or
+// that ends inside a field. Sizes of sizeof(T) and more are a caller built
+// against this version or a newer minor one (whose fields this library
+// does not know and leaves alone).
+// Whether Layout<T> reaches the end of T: a field added to zerod.h and not
+// to its layout here fails the build.
+template <typename T>
+constexpr bool covers_struct() {
+  const Field& last = Layout<T>::fields[std::size(Layout<T>::fields) - 1];
+  return (last.offset + last.size + alignof(T) - 1) / alignof(T) * alignof(T) == sizeof(T);
+}
+
+template <typename T>
+void check_struct_size(uint32_t size) {
+  static_assert(covers_struct<T>(), "Layout<T> must list every field of T, the last one too");
+  const std::string what = Layout<T>::name;
+  const std::string set = "sizeof(" + what + ") = " + std::to_string(sizeof(T)) + " (the _INIT macro sets that)";
+  require(size >= sizeof(uint32_t), what + ".struct_size is " + std::to_string(size) + "; set it to " + set);
+  if (size >= sizeof(T)) return;
+  const std::vector<size_t> sizes = boundary_sizes<T>();
+  if (std::find(sizes.begin(), sizes.end(), size) != sizes.end()) return;
+  std::string inside;
+  for (const Field& f : Layout<T>::fields)
+    if (f.offset < size && size < f.offset + f.size)
+      inside = ", which ends inside its field '" + std::string(f.name) + "' (bytes " + std::to_string(f.offset) +
+               ".." + std::to_string(f.offset + f.size - 1) + ")";
+  std::string accepted;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    accepted += (i == 0 ? "" : i + 1 == sizes.size() ? " or " : ", ") + std::to_string(sizes[i]);
+  fail(ZD_ERR_INVALID_ARGUMENT, what + ".struct_size is " + std::to_string(size) + inside +
+                                    "; it must end on a field boundary (" + accepted +
+                                    ": a caller that knows only the fields before it) or be at least " + set);
+}
+
 // Copies a caller's struct that begins with its own size: the fields the
 // caller knows, defaults for the rest.
 template <typename T>
-T read_struct(const T* in, T defaults, const char* what) {
+T read_struct(const T* in, T defaults) {
   if (!in) return defaults;
-  require(in->struct_size >= sizeof(uint32_t),
-          std::string(what) + ".struct_size is " + std::to_string(in->struct_size) +
-              "; set it to sizeof(" + what + ") (the _INIT macro does)");
+  check_struct_size<T>(in->struct_size);
   std::memcpy(&defaults, in, std::min<size_t>(in->struct_size, sizeof(T)));
   defaults.struct_size = sizeof(T);
   return defaults;
@@ -92,12 +211,10 @@ T read_struct(const T* in, T defaults, const char* what) {
 
 // Writes the fields of value that fit the caller's struct.
 template <typename T>
-void write_struct(T* out, T value, const char* what) {
-  require(out != nullptr, std::string(what) + " output is NULL");
+void write_struct(T* out, T value) {
+  require(out != nullptr, std::string(Layout<T>::name) + " output is NULL");
   const uint32_t caller_size = out->struct_size;
-  require(caller_size >= sizeof(uint32_t),
-          std::string(what) + ".struct_size is " + std::to_string(caller_size) +
-              "; set it to sizeof(" + what + ") (the _INIT macro does)");
+  check_struct_size<T>(caller_size);
   value.struct_size = caller_size;
   std::memcpy(out, &value, std::min<size_t>(caller_size, sizeof(T)));
 }
@@ -113,6 +230,17 @@ std::string str_or_empty(const char* s) { return s ? s : ""; }
 zerod::calls::Outcome run(zd_model* model, const zerod::calls::Args& a, void* data = nullptr) {
   return checked(model)->backend->call(a, data);
 }
+
+// Names the NULL argument of a lookup.
+void require_lookup(const zd_model* model, const char* name, const void* out_id) {
+  require(model != nullptr, "model is NULL");
+  require(name != nullptr, "name is NULL");
+  require(out_id != nullptr, "out_id is NULL");
+}
+
+// zd_model_set_step's bound: 2^53, the last update number a double holds
+// exactly.
+constexpr int64_t kMaxStep = int64_t{1} << 53;
 
 zerod::calls::Args args(zerod::calls::Op op) {
   zerod::calls::Args a;
@@ -133,7 +261,7 @@ void fill_view(zd_view* out, const zerod::ViewInfo& v) {
   view.device_id = v.device_id;
   view.arena = v.arena;
   view.offset = v.offset;
-  write_struct(out, view, "zd_view");
+  write_struct(out, view);
 }
 
 // A rank another launcher started (torchrun, accelerate launch, Lightning's
@@ -180,9 +308,8 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
   return guard("zd_connect", nullptr, [&] {
     require(out != nullptr, "out is NULL");
     *out = nullptr;
-    const zd_connect_options opts = read_struct(options, zd_connect_options{sizeof(zd_connect_options),
-                                                                            0, 0, 0},
-                                                "zd_connect_options");
+    const zd_connect_options opts =
+        read_struct(options, zd_connect_options{sizeof(zd_connect_options), 0, 0, 0});
     const uint32_t caller_major = opts.abi_version >> 16;
     if (opts.abi_version != 0 && caller_major > ZD_ABI_VERSION_MAJOR)
       fail(ZD_ERR_VERSION, "the caller was built against zerod ABI " + std::to_string(caller_major) +
@@ -191,9 +318,11 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
                                std::to_string(ZD_ABI_VERSION_MAJOR) + "." +
                                std::to_string(ZD_ABI_VERSION_MINOR) + "; install a newer libzerod");
     std::string target = str_or_empty(uri);
+    std::string from;  // where the endpoint came from, for the errors
     if (target.empty()) {
       const char* env = std::getenv("ZEROD_ENDPOINT");
       target = env && *env ? env : "";
+      if (!target.empty()) from = " (from ZEROD_ENDPOINT)";
     }
     std::unique_ptr<zerod::abi::ClientBackend> backend;
     if (target.empty()) {
@@ -211,11 +340,11 @@ zd_status zd_connect(const char* uri, const zd_connect_options* options, zd_clie
       backend = zerod::abi::make_embedded_client();
     } else if (target.rfind("unix:", 0) == 0) {
       const std::string path = target.substr(5);
-      require(!path.empty(), "'" + target + "': the unix: endpoint needs a socket path");
+      require(!path.empty(), "'" + target + "'" + from + ": the unix: endpoint needs a socket path");
       backend = zerod::abi::make_remote_client(path, opts.timeout_ms);
     } else {
-      fail(ZD_ERR_INVALID_ARGUMENT, "unknown endpoint '" + target +
-                                        "': expected \"embedded:\" or \"unix:/path/to.sock\"");
+      fail(ZD_ERR_INVALID_ARGUMENT, "unknown endpoint '" + target + "'" + from +
+                                        ": expected \"embedded:\" or \"unix:/path/to.sock\"");
     }
     auto* c = new zd_client();
     c->backend = std::move(backend);
@@ -232,7 +361,7 @@ void zd_disconnect(zd_client* client) {
 zd_status zd_client_get_info(const zd_client* client, zd_client_info* out) {
   return guard("zd_client_get_info", nullptr, [&] {
     require(client != nullptr, "client is NULL");
-    write_struct(out, client->backend->info(), "zd_client_info");
+    write_struct(out, client->backend->info());
   });
 }
 
@@ -242,16 +371,25 @@ zd_status zd_model_create(zd_client* client, const zd_model_options* options, zd
     *out = nullptr;
     require(client != nullptr, "client is NULL");
     require(options != nullptr, "options is NULL: pass a zd_model_options naming the job script");
-    zd_model_options o = read_struct(options, zd_model_options{sizeof(zd_model_options), 0,
-                                                                     nullptr, nullptr, nullptr, nullptr},
-                                           "zd_model_options");
+    zd_model_options o =
+        read_struct(options, zd_model_options{sizeof(zd_model_options), 0, nullptr, nullptr, nullptr, nullptr});
     require(!(o.script_path && o.script_text), "give one of script_path and script_text, not both");
     zerod::abi::ScriptOptions s;
     if (!o.script_path && !o.script_text) {
       // `zerod run --job job.lua` names the job for every rank.
       const char* job = std::getenv("ZEROD_JOB");
-      require(job && *job, "no job script: set script_path or script_text (or run under "
-                           "`zerod run --job job.lua`, which sets ZEROD_JOB)");
+      // Fields the caller's struct_size leaves out are NULL here: say so.
+      const uint32_t size = options->struct_size;
+      const std::string cut =
+          size <= offsetof(zd_model_options, script_path)   ? "script_path and script_text"
+          : size <= offsetof(zd_model_options, script_text) ? "script_text"
+                                                            : "";
+      require(job && *job, std::string("no job script: set script_path or script_text (or run under "
+                                       "`zerod run --job job.lua`, which sets ZEROD_JOB)") +
+                               (cut.empty() ? std::string()
+                                            : "; options.struct_size is " + std::to_string(size) +
+                                                  ", which ends before " + cut +
+                                                  ": set it to sizeof(zd_model_options)"));
       o.script_path = job;
     }
     s.path = str_or_empty(o.script_path);
@@ -285,8 +423,17 @@ zd_status zd_model_register_param(zd_model* model, const zd_param_desc* desc, zd
     checked(model);
     require(desc != nullptr, "desc is NULL");
     const zd_param_desc d = read_struct(desc, zd_param_desc{sizeof(zd_param_desc), ZD_DTYPE_F32,
-                                                            nullptr, nullptr, 0, nullptr, nullptr, 0},
-                                        "zd_param_desc");
+                                                            nullptr, nullptr, 0, nullptr, nullptr, 0});
+    // Fields every parameter needs: a struct_size that stops before one of
+    // them is the caller's mistake, not a NULL it passed.
+    for (const auto& [end, field] : {std::pair{offsetof(zd_param_desc, name), "name"},
+                                     std::pair{offsetof(zd_param_desc, module), "module"},
+                                     std::pair{offsetof(zd_param_desc, ndim), "ndim"},
+                                     std::pair{offsetof(zd_param_desc, shape), "shape"}})
+      require(desc->struct_size > end,
+              "zd_param_desc.struct_size is " + std::to_string(desc->struct_size) + ", which ends before desc." +
+                  field + ", a field every parameter needs (name, module, ndim, shape); set it to "
+                  "sizeof(zd_param_desc) = " + std::to_string(sizeof(zd_param_desc)) + " (ZD_PARAM_DESC_INIT does)");
     require(d.name != nullptr, "desc.name is NULL");
     const std::string name = d.name;
     require(d.module != nullptr, "parameter '" + name + "': desc.module is NULL");
@@ -307,7 +454,7 @@ zd_status zd_model_finalize(zd_model* model) {
 
 zd_status zd_model_find_module(const zd_model* model, const char* name, zd_module_id* out_id) {
   return guard("zd_model_find_module", model, [&] {
-    require(model && name && out_id, "model, name and out_id must not be NULL");
+    require_lookup(model, name, out_id);
     const zd_module_id id = model->backend->registry().find_module(name);
     if (id < 0) fail(ZD_ERR_NOT_FOUND, std::string("no module named '") + name + "'");
     *out_id = id;
@@ -316,7 +463,7 @@ zd_status zd_model_find_module(const zd_model* model, const char* name, zd_modul
 
 zd_status zd_model_find_param(const zd_model* model, const char* name, zd_param_id* out_id) {
   return guard("zd_model_find_param", model, [&] {
-    require(model && name && out_id, "model, name and out_id must not be NULL");
+    require_lookup(model, name, out_id);
     const zd_param_id id = model->backend->registry().find_param(name);
     if (id < 0) fail(ZD_ERR_NOT_FOUND, std::string("no parameter named '") + name + "'");
     *out_id = id;
@@ -325,14 +472,16 @@ zd_status zd_model_find_param(const zd_model* model, const char* name, zd_param_
 
 zd_status zd_model_param_count(const zd_model* model, int32_t* out_count) {
   return guard("zd_model_param_count", model, [&] {
-    require(model && out_count, "model and out_count must not be NULL");
+    require(model != nullptr, "model is NULL");
+    require(out_count != nullptr, "out_count is NULL");
     *out_count = static_cast<int32_t>(model->backend->registry().params().size());
   });
 }
 
 zd_status zd_model_module_count(const zd_model* model, int32_t* out_count) {
   return guard("zd_model_module_count", model, [&] {
-    require(model && out_count, "model and out_count must not be NULL");
+    require(model != nullptr, "model is NULL");
+    require(out_count != nullptr, "out_count is NULL");
     *out_count = static_cast<int32_t>(model->backend->registry().modules().size());
   });
 }
@@ -349,7 +498,7 @@ zd_status zd_model_param_info(const zd_model* model, zd_param_id id, zd_param_in
     info.ndim = static_cast<int32_t>(p.shape.size());
     for (size_t i = 0; i < p.shape.size(); ++i) info.shape[i] = p.shape[i];
     info.numel = p.numel;
-    write_struct(out, info, "zd_param_info");
+    write_struct(out, info);
   });
 }
 
@@ -425,9 +574,7 @@ zd_status zd_step(zd_model* model, zd_step_result* out) {
   return guard("zd_step", model, [&] {
     // The output struct is checked before the step runs, so a bad one
     // cannot leave a step applied but unreported.
-    if (out)
-      require(out->struct_size >= sizeof(uint32_t),
-              "zd_step_result.struct_size is not set (use ZD_STEP_RESULT_INIT)");
+    if (out) check_struct_size<zd_step_result>(out->struct_size);
     const zerod::StepFigures f = run(model, args(zerod::calls::Op::step)).step;
     if (!out) return;
     zd_step_result r{};
@@ -439,13 +586,14 @@ zd_status zd_step(zd_model* model, zd_step_result* out) {
     r.lr = f.lr;
     r.loss_scale = f.loss_scale;
     r.grad_norm = f.grad_norm;
-    write_struct(out, r, "zd_step_result");
+    write_struct(out, r);
   });
 }
 
 zd_status zd_model_loss_scale(const zd_model* model, double* out) {
   return guard("zd_model_loss_scale", model, [&] {
-    require(model && out, "model and out must not be NULL");
+    require(model != nullptr, "model is NULL");
+    require(out != nullptr, "out is NULL");
     *out = run(const_cast<zd_model*>(model), args(zerod::calls::Op::loss_scale)).loss_scale;
   });
 }
@@ -512,7 +660,7 @@ zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier, zd_
     m.current = f.current;
     m.peak = f.peak;
     m.budget = f.budget;
-    write_struct(out, m, "zd_memory_figures");
+    write_struct(out, m);
   });
 }
 
@@ -554,7 +702,7 @@ zd_status zd_model_comm_figures(const zd_model* model, int32_t rank, zd_comm_fig
     f.bytes_sent = o.bytes_sent;
     f.network_bytes_sent = o.network_bytes_sent;
     f.collectives = o.collectives;
-    write_struct(out, f, "zd_comm_figures");
+    write_struct(out, f);
   });
 }
 
@@ -570,7 +718,7 @@ zd_status zd_model_optimizer_info(const zd_model* model, zd_optimizer_info* out)
     i.name = m->optimizer_name.c_str();
     for (size_t s = 0; s < m->slot_names.size() && s < ZD_MAX_STATE_SLOTS; ++s)
       i.slot_names[s] = m->slot_names[s].c_str();
-    write_struct(out, i, "zd_optimizer_info");
+    write_struct(out, i);
   });
 }
 
@@ -589,7 +737,7 @@ zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
   return guard("zd_model_report", model, [&] {
     checked(model);
     require(progress != nullptr, "progress is NULL: pass a zd_progress (ZD_PROGRESS_INIT)");
-    const zd_progress p = read_struct(progress, zd_progress{sizeof(zd_progress), 0, 0, 0, 0.0, 0}, "zd_progress");
+    const zd_progress p = read_struct(progress, zd_progress{sizeof(zd_progress), 0, 0, 0, 0.0, 0});
     require((p.flags & ~static_cast<uint32_t>(ZD_PROGRESS_HAS_LOSS)) == 0,
             "progress.flags has unknown bits set: " + std::to_string(p.flags) + " (only ZD_PROGRESS_HAS_LOSS = 1)");
     require(p.reserved == 0, "progress.reserved must be 0");
@@ -604,6 +752,14 @@ zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
 
 zd_status zd_model_set_step(zd_model* model, int64_t step) {
   return guard("zd_model_set_step", model, [&] {
+    checked(model);
+    // The next update is step + 1, and the optimizers (Adam's bias
+    // correction) and the job's lr() see update numbers as doubles: up to
+    // 2^53 every one is exact and step + 1 cannot overflow. A step past
+    // that is no count of applied updates, only a wrapped or garbage value
+    // (INT64_MAX made every later step fail, its step + 1 overflowed).
+    require(step >= 0 && step < kMaxStep, "the step is " + std::to_string(step) + "; a count of applied updates is 0.." +
+                                              std::to_string(kMaxStep - 1) + " (2^53 - 1)");
     zerod::calls::Args a = args(zerod::calls::Op::set_step);
     a.step = step;
     run(model, a);

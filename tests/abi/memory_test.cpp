@@ -93,3 +93,31 @@ TEST_F(MemoryTest, TheBudgetAlsoBoundsTransientBuffers) {
   EXPECT_EQ(zd_backward_end(m, mod), ZD_ERR_INVALID_STATE);
   zd_model_destroy(m);
 }
+
+TEST_F(MemoryTest, ABackwardEndRefusedForBudgetStillEndsTheModule) {
+  // Stage 2 with a bucket of one element: the backward's end sends the
+  // bucket, whose 4 KiB the budget (state 12 KiB, the gradient view 4 KiB)
+  // refuses. The engine ends the module all the same (the gradients stay
+  // pending for the next zd_step), so its views are gone in both modes:
+  // through the daemon they used to be kept by the client and handed out
+  // over released blocks.
+  zd_model* m = model(
+      "return { optimizer = { type = 'sgd' }, zero = { stage = 2, reduce_bucket_size = 1 },"
+      " budgets = { device = 16384 + 600 } }");
+  const zd_param_id p = add(m, "w", "l", {1024});
+  ASSERT_EQ(zd_model_finalize(m), ZD_OK) << last();
+  const zd_module_id mod = module_id(m, "l");
+  ASSERT_EQ(zd_forward_begin(m, mod), ZD_OK) << last();
+  ASSERT_EQ(zd_forward_end(m, mod), ZD_OK) << last();
+  ASSERT_EQ(zd_backward_begin(m, mod), ZD_OK) << last();
+  zd_view v = ZD_VIEW_INIT;
+  ASSERT_EQ(zd_grad_view(m, p, &v), ZD_OK) << last();
+  EXPECT_EQ(zd_backward_end(m, mod), ZD_ERR_BUDGET);
+  EXPECT_NE(last().find("a gradient bucket needs 4.00 KiB"), std::string::npos) << last();
+  EXPECT_EQ(zd_grad_view(m, p, &v), ZD_ERR_INVALID_STATE) << "a view of an ended backward";
+  EXPECT_NE(last().find("has no gradient buffer now"), std::string::npos) << last();
+  EXPECT_EQ(zd_param_view(m, p, &v), ZD_ERR_INVALID_STATE) << "a view of an ended backward";
+  EXPECT_EQ(zd_model_set_stream(m, nullptr), ZD_OK) << last();
+  EXPECT_EQ(zd_backward_end(m, mod), ZD_ERR_INVALID_STATE);
+  zd_model_destroy(m);
+}

@@ -51,6 +51,30 @@ TEST_F(StepTest, SgdUpdateIsExact) {
   zd_model_destroy(m);
 }
 
+// zd_model_set_step takes a count of applied updates no later update
+// overflows: 0..2^53-1 (the optimizers and lr() see update numbers as
+// doubles, exact up to 2^53). INT64_MAX used to be taken, and every later
+// step then failed ("could not plan update -9223372036854775808").
+TEST_F(StepTest, SetStepTakesOnlyCountsTheNextUpdateCanFollow) {
+  zd_model* m = one_param(sgd_job("", 0.5));
+  const int64_t last_step = (int64_t{1} << 53) - 1;
+  for (const int64_t bad : {int64_t{-1}, last_step + 1, std::numeric_limits<int64_t>::max(),
+                            std::numeric_limits<int64_t>::min()}) {
+    EXPECT_EQ(zd_model_set_step(m, bad), ZD_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(last(), "zd_model_set_step: the step is " + std::to_string(bad) +
+                          "; a count of applied updates is 0..9007199254740991 (2^53 - 1)");
+  }
+  EXPECT_EQ(zd_model_set_step(nullptr, 3), ZD_ERR_INVALID_ARGUMENT);
+  // Refused, nothing changed: the next update is the first.
+  EXPECT_EQ(micro_step(m, mod_, p_, {0.5f, -1.0f, 2.0f}).step, 1);
+  ASSERT_EQ(zd_model_set_step(m, last_step), ZD_OK) << last();
+  const zd_step_result r = micro_step(m, mod_, p_, {0.5f, -1.0f, 2.0f});
+  EXPECT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(r.step, last_step + 1);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{0.5f, 3.0f, 1.0f}));
+  zd_model_destroy(m);
+}
+
 TEST_F(StepTest, GradientsAreAveragedOverAnAccumulationWindow) {
   zd_model* m = one_param(sgd_job("gradient_accumulation_steps = 2", 1.0));
   zd_step_result r = micro_step(m, mod_, p_, {1, 2, 3});

@@ -506,12 +506,32 @@ forward_end(m::Model, mod::Integer) = _call(h -> zd_forward_end(h, mod), m)
 backward_begin(m::Model, mod::Integer) = _call(h -> zd_backward_begin(h, mod), m)
 backward_end(m::Model, mod::Integer) = _call(h -> zd_backward_end(h, mod), m)
 
-function _bracket(f, m, mod, begin_, end_)
+# Zeroes the gradient views of a module in backward, as they were at
+# backward_begin, so that backward_end adds nothing of them. Views in device
+# memory (a job on the cuda device) cannot be written from here.
+function _zero_grads(m::Model, mod::Integer)
+    _, ids = module_info(m, mod)
+    for p in ids
+        v = raw_grad_view(m, p)
+        if v.device_type == ZD_DEVICE_CPU && v.data != C_NULL
+            ccall(:memset, Ptr{Cvoid}, (Ptr{Cvoid}, Cint, Csize_t), v.data, 0, v.nbytes)
+        end
+    end
+    return nothing
+end
+
+function _bracket(f, m, mod, begin_, end_; zero_on_error = false)
     begin_(m, mod)
     result = try
         f()
     catch
         # End the call if zerod still can; the error that matters is f's.
+        # A backward's gradients are half written: zeroed first, the end
+        # adds nothing of them.
+        try
+            zero_on_error && _zero_grads(m, mod)
+        catch
+        end
         try
             end_(m, mod)
         catch
@@ -535,8 +555,16 @@ end
 """
 forward(f, m::Model, mod::Integer) = _bracket(f, m, mod, forward_begin, forward_end)
 
-"""`backward_begin`, `f()`, `backward_end`; as `forward`."""
-backward(f, m::Model, mod::Integer) = _bracket(f, m, mod, backward_begin, backward_end)
+"""
+    backward(f, model, module)
+
+`backward_begin`, `f()`, `backward_end`; as `forward`. If `f` throws, the
+module's gradient views are zeroed before `backward_end` (on the cpu device),
+so nothing of this backward is added, and the exception is rethrown.
+`set_step!(model, optimizer_info(model).step)` drops every gradient of the
+accumulation window that no step has applied.
+"""
+backward(f, m::Model, mod::Integer) = _bracket(f, m, mod, backward_begin, backward_end; zero_on_error = true)
 
 """The raw `zd_view` of a parameter's working copy (its module begun)."""
 function raw_param_view(m::Model, p::Integer)

@@ -101,6 +101,26 @@ end
         close(c)
     end
 
+    @testset "an error in a backward adds none of its gradients" begin
+        c = Client("embedded:")
+        model, w, layer = one_param(c, sgd(0.5), Float32[1, 2, 3])
+        forward(model, layer) do; end
+        e = try
+            backward(model, layer) do
+                grad_view(model, w) .= Float32[4, 4, 4]
+                error("the trainer's backward fails half way")
+            end
+            nothing
+        catch err
+            err
+        end
+        @test e isa ErrorException  # f's error, rethrown after the end
+        r = step!(model)  # the module ended: no ZD_ERR_INVALID_STATE
+        @test isapplied(r) && r.grad_norm == 0
+        @test param_read(model, w) == Float32[1, 2, 3]  # its gradients were zeroed before the end
+        close(c)
+    end
+
     @testset "2-d parameters are viewed with their dims reversed" begin
         c = Client("embedded:")
         model = Model(c; script_text = sgd(1.0))

@@ -7,10 +7,19 @@
 //! recomputed forward inside a backward) borrows the outer guard mutably, so
 //! the outer guard's views end first. A leaked guard (`mem::forget`) only
 //! leaves its module begun: later calls then fail with `InvalidState`.
+//!
+//! `backward_end` adds whatever the gradient views hold, so a backward guard
+//! dropped while its thread panics zeroes its module's gradient views first
+//! (on the cpu device; device memory the host cannot write): a panic half
+//! way through the gradients adds nothing of this backward.
+//! `BackwardGuard::discard` does the same for an error returned early. A
+//! guard dropped otherwise (a `?` before `end()`) ends the backward with
+//! what was written. `Model::set_step(model.optimizer_info()?.step)` drops
+//! every gradient of the accumulation window that no step has applied.
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ptr::NonNull;
+use std::ptr::{self, NonNull};
 
 use crate::error::{check, Error, Result, Status};
 use crate::ffi;
@@ -28,6 +37,9 @@ struct Scope<'m> {
     module: ModuleId,
     end: Call,
     open: bool,
+    /// A backward: its gradient views are zeroed before an end made while
+    /// the thread panics.
+    backward: bool,
     _model: PhantomData<&'m mut ffi::zd_model>,
 }
 
@@ -37,6 +49,7 @@ impl<'m> Scope<'m> {
         module: ModuleId,
         begin: Call,
         end: Call,
+        backward: bool,
     ) -> Result<Scope<'m>> {
         // SAFETY: a live model, exclusively borrowed for 'm by the caller.
         let st = unsafe { begin(model.as_ptr(), module.0) };
@@ -47,8 +60,66 @@ impl<'m> Scope<'m> {
             module,
             end,
             open: true,
+            backward,
             _model: PhantomData,
         })
+    }
+
+    /// Zeroes the gradient views of this scope's module, so that its end
+    /// adds nothing: as they were at `backward_begin`. Views in device
+    /// memory (a cuda job) cannot be written from here: Err names them.
+    fn zero_grads(&self) -> Result<()> {
+        let model = self.model.as_ptr();
+        let mut count = 0;
+        // SAFETY: a live model; ids NULL asks for the count only.
+        let st = unsafe {
+            ffi::zd_model_module_info(
+                model,
+                self.module.0,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut count,
+            )
+        };
+        check(st, || unsafe { model_error(model) })?;
+        let mut ids = vec![0; count.max(0) as usize];
+        // SAFETY: ids has room for count; count says so.
+        let st = unsafe {
+            ffi::zd_model_module_info(
+                model,
+                self.module.0,
+                ptr::null_mut(),
+                ids.as_mut_ptr(),
+                &mut count,
+            )
+        };
+        check(st, || unsafe { model_error(model) })?;
+        ids.truncate(count.max(0) as usize);
+        let mut in_device_memory = 0;
+        for id in ids {
+            let v = self.grad(ParamId(id))?;
+            if v.device_type != ffi::ZD_DEVICE_CPU {
+                in_device_memory += 1;
+            } else if !v.data.is_null() {
+                // SAFETY: zerod.h: the buffer is nbytes of host memory, the
+                // module's, writable until backward_end; no GradView of this
+                // guard is alive (they borrow it), so nothing else refers
+                // to it here.
+                unsafe { ptr::write_bytes(v.data.cast::<u8>(), 0, v.nbytes as usize) };
+            }
+        }
+        if in_device_memory > 0 {
+            return Err(Error::new(
+                Status::NotImplemented,
+                format!(
+                    "zd_backward_end: {} gradient view(s) of module {} are in device memory, which this crate \
+                     cannot zero, so the backward's end added what they held; \
+                     Model::set_step(model.optimizer_info()?.step) drops the window's gradients",
+                    in_device_memory, self.module.0
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn end(&mut self) -> Result<()> {
@@ -86,13 +157,24 @@ impl<'m> Scope<'m> {
 
     /// A nested scope: it borrows this one mutably, so this one's views end
     /// before it begins.
-    fn nested(&mut self, module: ModuleId, begin: Call, end: Call) -> Result<Scope<'_>> {
-        Scope::begin(self.model, module, begin, end)
+    fn nested(
+        &mut self,
+        module: ModuleId,
+        begin: Call,
+        end: Call,
+        backward: bool,
+    ) -> Result<Scope<'_>> {
+        Scope::begin(self.model, module, begin, end, backward)
     }
 }
 
 impl Drop for Scope<'_> {
     fn drop(&mut self) {
+        // A panic between backward_begin and backward_end leaves gradients
+        // half written; the end would add them. Zeroed, it adds nothing.
+        if self.open && self.backward && std::thread::panicking() {
+            let _ = self.zero_grads();
+        }
         // A failure here has nowhere to go; `end()` is the way to see it.
         let _ = self.end();
     }
@@ -110,7 +192,13 @@ impl<'m> ForwardGuard<'m> {
         module: ModuleId,
     ) -> Result<ForwardGuard<'m>> {
         Ok(ForwardGuard {
-            scope: Scope::begin(model, module, ffi::zd_forward_begin, ffi::zd_forward_end)?,
+            scope: Scope::begin(
+                model,
+                module,
+                ffi::zd_forward_begin,
+                ffi::zd_forward_end,
+                false,
+            )?,
         })
     }
 
@@ -135,7 +223,7 @@ impl<'m> ForwardGuard<'m> {
         Ok(ForwardGuard {
             scope: self
                 .scope
-                .nested(module, ffi::zd_forward_begin, ffi::zd_forward_end)?,
+                .nested(module, ffi::zd_forward_begin, ffi::zd_forward_end, false)?,
         })
     }
 
@@ -147,6 +235,9 @@ impl<'m> ForwardGuard<'m> {
 
 /// A module between `backward_begin` and `backward_end` (`Model::backward`).
 /// Dropping it ends the backward; `end()` does too and reports a failure.
+/// Dropped while the thread panics, it first zeroes the module's gradient
+/// views, so the end adds nothing of this backward; `discard()` does that
+/// on purpose (an error half way through the gradients).
 pub struct BackwardGuard<'m> {
     scope: Scope<'m>,
 }
@@ -157,7 +248,13 @@ impl<'m> BackwardGuard<'m> {
         module: ModuleId,
     ) -> Result<BackwardGuard<'m>> {
         Ok(BackwardGuard {
-            scope: Scope::begin(model, module, ffi::zd_backward_begin, ffi::zd_backward_end)?,
+            scope: Scope::begin(
+                model,
+                module,
+                ffi::zd_backward_begin,
+                ffi::zd_backward_end,
+                true,
+            )?,
         })
     }
 
@@ -236,7 +333,7 @@ impl<'m> BackwardGuard<'m> {
         Ok(ForwardGuard {
             scope: self
                 .scope
-                .nested(module, ffi::zd_forward_begin, ffi::zd_forward_end)?,
+                .nested(module, ffi::zd_forward_begin, ffi::zd_forward_end, false)?,
         })
     }
 
@@ -245,13 +342,24 @@ impl<'m> BackwardGuard<'m> {
         Ok(BackwardGuard {
             scope: self
                 .scope
-                .nested(module, ffi::zd_backward_begin, ffi::zd_backward_end)?,
+                .nested(module, ffi::zd_backward_begin, ffi::zd_backward_end, true)?,
         })
     }
 
     /// `backward_end`, with its result.
     pub fn end(mut self) -> Result<()> {
         self.scope.end()
+    }
+
+    /// Ends the backward adding nothing: the module's gradient views are
+    /// zeroed first, as they were at `backward_begin` (contributions of
+    /// earlier backwards stay). For an error half way through the
+    /// gradients. On a cuda device the views cannot be zeroed from the
+    /// host: the backward ends with what they hold, and the error says so.
+    pub fn discard(mut self) -> Result<()> {
+        let zeroed = self.scope.zero_grads();
+        let ended = self.scope.end();
+        ended.and(zeroed)
     }
 }
 

@@ -181,6 +181,36 @@ fn dropping_a_guard_ends_its_module() {
 }
 
 #[test]
+fn a_panic_in_a_backward_adds_none_of_its_gradients() {
+    let c = client();
+    let (mut model, w, layer) = one_param(&c, &sgd(0.5, ""), &[1.0, 2.0, 3.0]);
+    model.forward(layer).unwrap().end().unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut bwd = model.backward(layer).unwrap();
+        bwd.grad_mut(w).unwrap().copy_from_f32(&[4.0, 4.0, 4.0]);
+        panic!("the trainer's backward fails half way");
+    }));
+    assert!(unwound.is_err());
+    let r = model.step().unwrap();
+    assert!(r.applied && r.grad_norm == 0.0, "{:?}", r);
+    assert_eq!(
+        model.param_read_vec::<f32>(w).unwrap(),
+        vec![1.0, 2.0, 3.0],
+        "the guard dropped in the panic zeroed what was written before its end"
+    );
+    // discard(): the same on purpose, for an error returned early.
+    model.forward(layer).unwrap().end().unwrap();
+    let mut bwd = model.backward(layer).unwrap();
+    bwd.grad_mut(w).unwrap().copy_from_f32(&[4.0, 4.0, 4.0]);
+    bwd.discard().unwrap();
+    model.step().unwrap();
+    assert_eq!(model.param_read_vec::<f32>(w).unwrap(), vec![1.0, 2.0, 3.0]);
+    // A backward ended as usual still adds its gradients.
+    micro_step(&mut model, layer, w, &[2.0, 2.0, 2.0]);
+    assert_eq!(model.param_read_vec::<f32>(w).unwrap(), vec![0.0, 1.0, 2.0]);
+}
+
+#[test]
 fn call_order_errors_name_the_module() {
     let c = client();
     let mut model = Model::from_script_text(&c, &sgd(0.1, "")).unwrap();
