@@ -405,10 +405,13 @@ namespace {
 
 void check_slot(const char* call, const OptimizerInstance& opt, int slot) {
   const auto slots = static_cast<int>(opt.state_slots());
+  if (slots == 0)
+    fail(ZD_ERR_INVALID_ARGUMENT, std::string(call) + ": optimizer '" + opt.plugin().name() +
+                                      "' keeps no state, so it has no state slot " + std::to_string(slot));
   if (slot < 0 || slot >= slots)
     fail(ZD_ERR_INVALID_ARGUMENT,
          std::string(call) + ": optimizer '" + opt.plugin().name() + "' has " + std::to_string(slots) +
-             " state slot" + (slots == 1 ? "" : "s") + (slots ? " (0.." + std::to_string(slots - 1) + ")" : "") +
+             " state slot" + (slots == 1 ? "" : "s") + " (0.." + std::to_string(slots - 1) + ")" +
              ", not " + std::to_string(slot));
 }
 
