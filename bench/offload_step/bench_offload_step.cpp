@@ -4,7 +4,9 @@
 //   - the disk's own limit: fio (libaio, O_DIRECT, the tier's block size and
 //     queue depth) reading and writing the same bytes in the same folder; the
 //     NVMe step cannot beat max(disk time, in-RAM step time);
-//   - the peer: torch.optim.AdamW stepping the same number of parameters in
+//   - the peers: DeepSpeedCPUAdam (what DeepSpeed's ZeRO-Offload steps on
+//     the host) and torch.optim.AdamW, each stepping the same number of
+//     parameters in
 //     RAM (the in-memory step a PyTorch user would otherwise run), the
 //     fastest of its CPU variants (fused where torch >= 2.4 has it), run by
 //     build/venv's python (torch 2.x) when it is there, else the system's;
@@ -15,7 +17,7 @@
 // The parameters every placement ends with are compared: they must be equal.
 //
 //   bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--dir /var/tmp]
-//                      [--threads 0] [--no-torch]
+//                      [--threads 0] [--no-torch] [--no-deepspeed]
 #include <zerod/zerod.h>
 
 #include <unistd.h>
@@ -42,6 +44,7 @@ struct Options {
   std::string dir = "/var/tmp";
   int threads = 0;
   bool torch = true;
+  bool deepspeed = true;
 };
 
 struct Result {
@@ -178,6 +181,35 @@ TorchFigure torch_step(const Options& o) {
   return f;
 }
 
+struct DeepSpeedFigure {
+  double ms = -1;       // one DeepSpeedCPUAdam step, < 0 when not measured
+  std::string version;  // "deepspeed 0.19.x torch 2.x threads=2 isa=..."
+  std::string error;    // why not measured
+};
+
+// DeepSpeedCPUAdam on the same number of fp32 parameters (bench/cpu_adam's
+// script: the op is built at its first use and cached), in the venv's
+// python, OMP_NUM_THREADS as the op takes its thread count from there.
+DeepSpeedFigure deepspeed_step(const Options& o) {
+  DeepSpeedFigure f;
+  const std::string python = zerod::bench::peer_python("", ZEROD_BENCH_VENV_PYTHON);
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " '" + python + "' '" +
+                          ZEROD_BENCH_DEEPSPEED_SCRIPT + "' --params " +
+                          std::to_string(static_cast<long long>(o.params)) + " --threads " +
+                          std::to_string(threads) + " --steps " + std::to_string(o.steps) + " 2>&1";
+  double rate = -1;
+  std::string last;
+  const int status = zerod::bench::run_peer_lines(cmd, [&](const char* line) {
+    if (std::sscanf(line, "rate %lf", &rate) == 1) return;
+    if (std::strncmp(line, "deepspeed ", 10) == 0) f.version = line + 10;
+    else if (line[0] != '\0') last = line;
+  });
+  if (status == 0 && rate > 0) f.ms = o.params / rate * 1e3;
+  else f.error = status < 0 ? "cannot run " + python : last.empty() ? python + ": no result" : last;
+  return f;
+}
+
 std::string gib(uint64_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1 << 30));
@@ -203,10 +235,11 @@ int main(int argc, char** argv) {
     else if (a == "--dir") o.dir = next();
     else if (a == "--threads") o.threads = std::atoi(next());
     else if (a == "--no-torch") o.torch = false;
+    else if (a == "--no-deepspeed") o.deepspeed = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--dir /var/tmp] "
-                   "[--threads 0] [--no-torch]\n");
+                   "[--threads 0] [--no-torch] [--no-deepspeed]\n");
       return 2;
     }
   }
@@ -252,6 +285,7 @@ int main(int argc, char** argv) {
     if (fio_read < 0) fio_note = fio.error();
   }
   const TorchFigure torch = o.torch ? torch_step(o) : TorchFigure{};
+  const DeepSpeedFigure ds = o.deepspeed ? deepspeed_step(o) : DeepSpeedFigure{};
 
   const double base = results[0].step_ms;
   std::printf("%-17s %10s %12s %10s %10s %10s %10s\n", "optimizer state", "step ms", "zd_step ms", "vs device",
@@ -281,6 +315,12 @@ int main(int argc, char** argv) {
                 results[4].optimizer_ms / torch.ms, results[5].optimizer_ms / torch.ms);
   else if (o.torch)
     std::printf("  torch.optim.AdamW: not measured (%s with torch not found)\n", torch.python.c_str());
+  if (ds.ms > 0)
+    std::printf("  DeepSpeedCPUAdam (%s), same parameters in RAM: %.1f ms per step\n"
+                "  zd_step with offload.overlap off over DeepSpeed's: host %.2fx, nvme %.2fx\n",
+                ds.version.c_str(), ds.ms, results[4].optimizer_ms / ds.ms, results[5].optimizer_ms / ds.ms);
+  else if (o.deepspeed)
+    std::printf("  DeepSpeedCPUAdam: not measured (%s)\n", ds.error.c_str());
 
   bool same = true;
   for (size_t k = 1; k < results.size(); ++k)
