@@ -297,8 +297,12 @@ void Translator::batch_sizes(const Struct& root) {
     } else {
       issue("train_batch_size",
             "with train_micro_batch_size_per_gpu and without gradient_accumulation_steps, the accumulation "
-            "steps depend on the number of ranks, which this config alone does not say: give "
-            "gradient_accumulation_steps too (or translate with --world-size N)");
+            "steps (train_batch_size / micro-batch / ranks) depend on the number of ranks, which this config "
+            "alone does not say: give gradient_accumulation_steps too" +
+                (!opt_.world_size_option.empty()
+                     ? ", or the rank count with " + opt_.world_size_option
+                     : std::string(" (zerod run and zerod serve know the rank count; zerod check and zerod "
+                                   "translate take it as --world-size N)")));
     }
   } else if (tbs && world > 0 && std::fmod(*tbs, gas.value_or(1) * world) != 0) {
     // train_batch_size alone means one micro-batch per step (DeepSpeed sets
@@ -310,8 +314,10 @@ void Translator::batch_sizes(const Struct& root) {
   if (!tbs && !mbs && !is_auto(get(root, "train_batch_size")) && !is_auto(get(root, "train_micro_batch_size_per_gpu")))
     issue("train_batch_size", "neither train_batch_size nor train_micro_batch_size_per_gpu is given: give one (DeepSpeed "
                               "refuses a config without both too)");
-  if (steps) number_setting(1, "gradient_accumulation_steps", *steps, "gradient_accumulation_steps",
-                            "gradient_accumulation_steps");
+  // Derived steps come from train_batch_size's line (zerod check names it).
+  if (steps)
+    number_setting(1, "gradient_accumulation_steps", *steps, gas ? "gradient_accumulation_steps" : "train_batch_size",
+                   "gradient_accumulation_steps");
   if (auto clip = number(root, "gradient_clipping", "gradient_clipping"))
     number_setting(1, "gradient_clipping", *clip, "gradient_clipping", "gradient_clipping");
   else if (!get(root, "gradient_clipping"))

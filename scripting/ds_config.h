@@ -16,6 +16,10 @@ struct DsOptions {
   // Ranks of the job, when known: DeepSpeed derives the accumulation steps
   // from train_batch_size and the micro-batch size per rank with it.
   int world_size = 0;
+  // How the caller's user gives the rank count ("--world-size N"), named in
+  // the advice when a config needs it and world_size is 0; "" names the
+  // zerod commands that take it.
+  std::string world_size_option;
 };
 
 struct DsTranslation {

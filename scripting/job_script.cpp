@@ -65,6 +65,7 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
   if (source.path.ends_with(".json") || looks_like_json(text)) {
     DsOptions opt;
     opt.world_size = source.world_size;
+    opt.world_size_option = source.world_size_option;
     DsTranslation t = translate_deepspeed(text, js->source_name_, opt);
     text = std::move(t.lua);
     json_line = std::move(t.json_line);
@@ -97,6 +98,14 @@ std::unique_ptr<JobScript> JobScript::load(const ScriptSource& source) {
     fail(only_plugin ? js->plugin_error_ : ZD_ERR_CONFIG, r.report());
   }
   js->resolved_ = r.resolved();
+  // A setting's line is the config's too (zerod check prints it); one the
+  // translation wrote from no key of the config (DeepSpeed's default
+  // gradient_clipping) is a default.
+  if (!json_line.empty())
+    for (ResolvedValue& v : js->resolved_)
+      v.line = v.line > 0 && static_cast<size_t>(v.line) < json_line.size()
+                   ? json_line[static_cast<size_t>(v.line)]
+                   : 0;
   return js;
 }
 

@@ -29,8 +29,10 @@ struct ScriptSource {
   bool allow_io = false;
   // A DeepSpeed JSON config (a path ending in .json, or text that is a JSON
   // object) is translated first (ds_config.h); its batch sizes may need the
-  // job's rank count, when known.
+  // job's rank count, when known; world_size_option says how the user
+  // gives it where it is not (DsOptions).
   int world_size = 0;
+  std::string world_size_option;
   // The daemons (nodes) the job spans, when known: a job of several that
   // names no comm.backend gets "mpi" (the one shipped backend that spans
   // daemons) instead of "local".

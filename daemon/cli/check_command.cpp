@@ -91,6 +91,7 @@ int print_plugin_schema() {
 
 int check_command(int argc, char** argv) {
   scripting::ScriptSource src;
+  src.world_size_option = "--world-size N";
   long lr_steps = 5;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];

@@ -225,11 +225,12 @@ std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const Daem
   return ms;
 }
 
-std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes) {
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes, int world_size) {
   try {
     scripting::ScriptSource src;
     src.path = path;
     src.nodes = nodes;
+    src.world_size = world_size;
     auto job = scripting::JobScript::load(src);
     server::daemon_config(job->config(), path);  // a device the daemon cannot serve
     return job;

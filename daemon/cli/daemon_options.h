@@ -47,8 +47,10 @@ std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const Daem
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.
 // `nodes`: the daemons the job spans (a job naming no comm.backend then gets
-// "mpi", ScriptSource::nodes).
-std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes = 1);
+// "mpi", ScriptSource::nodes); `world_size`: the job's ranks, which a
+// DeepSpeed config's batch sizes may need (0: unknown, ScriptSource::world_size).
+std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::string& path, int nodes = 1,
+                                                int world_size = 0);
 
 // What a daemon's process sets for itself before any thread starts, and its
 // ranks do not inherit (launcher/own_environment.h): 32 hardware queues per

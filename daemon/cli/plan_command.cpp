@@ -135,7 +135,7 @@ int plan_command(int argc, char** argv) {
   std::string job, model_file;
   double params = 0;
   long layers = 24, nproc = 1;
-  bool params_given = false, layers_given = false;
+  bool params_given = false, layers_given = false, nproc_given = false;
   PlanTarget target;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -162,6 +162,7 @@ int plan_command(int argc, char** argv) {
       const auto n = parse_whole(v);
       if (!n || *n < 1 || *n > 4096) return bad(v, "a rank count from 1 to 4096");
       nproc = *n;
+      nproc_given = true;
     } else if (a == "--model") {
       // A flag in its place is the next argument, not a file name.
       const char* v = next();
@@ -224,6 +225,10 @@ int plan_command(int argc, char** argv) {
   try {
     scripting::ScriptSource src;
     src.path = job;
+    // A DeepSpeed config's batch sizes may need the rank count; the default
+    // of one rank is not the job's, so only a count given is passed.
+    if (nproc_given) src.world_size = static_cast<int>(nproc);
+    src.world_size_option = "--nproc R";
     auto script = scripting::JobScript::load(src);
     const std::string device = target.device.empty() ? script->config().device : target.device;
     if (target.device_memory != 0 && (device == "cpu" || device == "emulated")) {

@@ -69,13 +69,18 @@ int run_command(int argc, char** argv) {
   // Where this daemon stands first: a job of several nodes that names no
   // comm backend spans them with "mpi".
   NodeLayout node;
+  RankSpan span;
   try {
     node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+    span = rank_span(node, args.nproc);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;
   }
-  auto job = check_job("run", args.job, node.nodes);
+  // With the job's rank count: a DeepSpeed config's accumulation steps may
+  // follow from it (train_batch_size / micro-batch / ranks, as DeepSpeed
+  // derives them), and one that does not fit it is refused here.
+  auto job = check_job("run", args.job, node.nodes, span.world);
   if (!job) return 1;
   try {
     if (const std::string why = layout_problem(node, job->config().comm, args.job); !why.empty()) {
@@ -105,7 +110,7 @@ int run_command(int argc, char** argv) {
     const std::string run_id = launch::new_run_id();
     if (snapshots && node.nodes == 1)
       return run_supervised(args, args.restarts < 0 ? 3 : args.restarts, watchdog.get(), run_id);
-    const auto [world, first] = rank_span(node, args.nproc);
+    const auto [world, first] = span;
     server::ServerOptions so;
     so.socket_path = args.socket;
     so.world_size = world;

@@ -125,13 +125,18 @@ int serve_command(int argc, char** argv) {
   // Where this daemon stands first: a job of several nodes that names no
   // comm backend spans them with "mpi".
   NodeLayout node;
+  RankSpan span;
   try {
     node = detect_node_layout(args.node_rank, args.nnodes, process_environment());
+    span = rank_span(node, args.nproc);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod serve: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;
   }
-  auto job = check_job("serve", args.job, node.nodes);
+  // With the job's rank count: a DeepSpeed config's accumulation steps may
+  // follow from it (train_batch_size / micro-batch / ranks, as DeepSpeed
+  // derives them), and one that does not fit it is refused here.
+  auto job = check_job("serve", args.job, node.nodes, span.world);
   if (!job) return 1;
   const sigset_t stop = block_stop_signals();
   try {
@@ -139,7 +144,7 @@ int serve_command(int argc, char** argv) {
       std::fprintf(stderr, "zerod serve: %s\n", why.c_str());
       return 1;
     }
-    const auto [world, first] = rank_span(node, args.nproc);
+    const auto [world, first] = span;
     server::ServerOptions so;
     so.socket_path = args.socket;
     so.world_size = world;

@@ -31,6 +31,7 @@ void usage(FILE* out = stderr) {
 int translate_command(int argc, char** argv) {
   std::string path;
   scripting::DsOptions opt;
+  opt.world_size_option = "--world-size N";
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--keys") {

@@ -375,6 +375,9 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     // A daemon serving part of the job's ranks is one of several nodes: a
     // script naming no comm backend spans them with "mpi".
     if (job->local_ranks > 0 && job->world_size > job->local_ranks) src.nodes = job->world_size / job->local_ranks;
+    // A DeepSpeed config's accumulation steps may follow from the job's rank
+    // count (train_batch_size / micro-batch / ranks), as `zerod run` checked.
+    src.world_size = job->world_size;
     // A script that does not load is this rank's own error: another rank
     // waiting for this model then loads its own.
     auto script = scripting::JobScript::load(src);

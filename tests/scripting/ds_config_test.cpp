@@ -6,6 +6,7 @@
 // DeepSpeed itself over a corpus of real configs where the venv is.
 #include "ds_config.h"
 #include "error.h"
+#include "job_script.h"
 
 #include <gtest/gtest.h>
 
@@ -176,6 +177,51 @@ TEST(DsConfig, BatchSizesAsDeepSpeedChecksThem) {
   // train_batch_size alone is one micro-batch per rank per step.
   EXPECT_TRUE(has(refusal(R"({"train_batch_size": 16})", 3), "16 is not a whole multiple"));
   EXPECT_EQ(refusal(R"({"train_batch_size": 16})", 4), "");
+}
+
+// train_batch_size and the micro-batch without the accumulation steps: the
+// steps are train_batch_size / (micro-batch × ranks), as DeepSpeed derives
+// them, when the rank count is known (zerod run and serve pass it); without
+// it the refusal names how to give it where it is read.
+TEST(DsConfig, AccumulationStepsFromTheRankCount) {
+  const std::string cfg = R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})";
+  EXPECT_TRUE(has(lua(cfg, 2), "gradient_accumulation_steps = 2,")) << lua(cfg, 2);
+  EXPECT_FALSE(has(lua(cfg, 4), "gradient_accumulation_steps")) << lua(cfg, 4);  // 1, the default
+  EXPECT_TRUE(has(refusal(R"({"train_batch_size": 18, "train_micro_batch_size_per_gpu": 4})", 2),
+                  "train_batch_size: 18 is not a whole multiple of train_micro_batch_size_per_gpu (4) × 2 ranks"));
+  EXPECT_TRUE(has(refusal(cfg, 8), "16 is not a whole multiple of train_micro_batch_size_per_gpu (4) × 8 ranks"));
+  const std::string unknown = refusal(cfg, 0);
+  EXPECT_TRUE(has(unknown, "give gradient_accumulation_steps too (zerod run and zerod serve know the rank count; "
+                           "zerod check and zerod translate take it as --world-size N)")) << unknown;
+  DsOptions o;
+  o.world_size_option = "--nproc R";
+  try {
+    translate_deepspeed(cfg, "c.json", o);
+    ADD_FAILURE() << "accepted without the rank count";
+  } catch (const zerod::Error& e) {
+    EXPECT_TRUE(has(e.what(), "give gradient_accumulation_steps too, or the rank count with --nproc R")) << e.what();
+  }
+}
+
+// A DeepSpeed config's resolved settings name the config's lines, not the
+// translated script's; the derived steps name train_batch_size's.
+TEST(DsConfig, ResolvedSettingsNameTheConfigsLines) {
+  ScriptSource src;
+  src.text = "{\n\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},\n\n"
+             "\"train_batch_size\": 16,\n\"train_micro_batch_size_per_gpu\": 4,\n\"zero_optimization\": {\"stage\": 2}\n}";
+  src.name = "c.json";
+  src.world_size = 2;
+  const auto job = JobScript::load(src);
+  EXPECT_EQ(job->config().gradient_accumulation_steps, 2);
+  int steps_line = -1, stage_line = -1, clip_line = -1;
+  for (const ResolvedValue& v : job->resolved()) {
+    if (v.key == "gradient_accumulation_steps") steps_line = v.line;
+    if (v.key == "zero.stage") stage_line = v.line;
+    if (v.key == "gradient_clipping") clip_line = v.line;
+  }
+  EXPECT_EQ(steps_line, 4);
+  EXPECT_EQ(stage_line, 6);
+  EXPECT_EQ(clip_line, 0);  // DeepSpeed's default, written from no key of the config
 }
 
 TEST(DsConfig, TheOlderBfloat16NameIsBf16) {
