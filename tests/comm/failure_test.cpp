@@ -250,6 +250,104 @@ TEST(Invalid, BadDtypeOpRootAndRank) {
   }
 }
 
+// send and recv that overlap other than in place: the other ranks read this
+// rank's send while it writes its recv, so they would have reduced or
+// gathered its results (rank 1's recv = send gave rank 0 301 for 3 in most
+// elements, with ZD_OK everywhere). Refused on every rank at once; the good
+// ranks' outputs are left as they were.
+TEST(Invalid, OverlapOtherThanInPlaceFailsEveryRank) {
+  constexpr size_t n = 256;  // elements per chunk
+  for (int world : {2, 3}) {
+    const int bad = world - 1;
+    const size_t in_place = static_cast<size_t>(bad) * n;
+    for (bool scatter : {true, false}) {
+      // Element offsets of the bad rank's smaller buffer from its larger one
+      // (0: recv = send, the reviewer's case; one element either side of the
+      // in-place chunk: a partial overlap).
+      for (size_t offset : {size_t{0}, in_place - 1, in_place + 1}) {
+        Comm comm(world);
+        // The bad rank's buffers, both inside one allocation: the larger
+        // one starts at element n.
+        std::vector<float> mine((static_cast<size_t>(world) + 2) * n, 1.0f);
+        std::vector<std::vector<float>> send(world), recv(world);
+        for (int r = 0; r < world; ++r) {
+          send[r].assign(scatter ? world * n : n, static_cast<float>(r + 1));
+          recv[r].assign(scatter ? n : world * n, -1.0f);
+        }
+        std::vector<zd_status> st(world, ZD_OK);
+        on_ranks(world, [&](int r) {
+          const zd_comm_call c = call_for(r, 1, r == bad ? "overlapping" : "good");
+          if (scatter) {
+            const float* from = r == bad ? mine.data() + n : send[r].data();
+            float* to = r == bad ? mine.data() + n + offset : recv[r].data();
+            st[r] = comm.d().reduce_scatter(comm.inst(), &c, from, to, n, ZD_COMM_F32, ZD_REDUCE_SUM);
+          } else {
+            float* to = r == bad ? mine.data() + n : recv[r].data();
+            const float* from = r == bad ? mine.data() + n + offset : send[r].data();
+            st[r] = comm.d().all_gather(comm.inst(), &c, from, to, n, ZD_COMM_F32);
+          }
+        });
+        const std::string why = scatter ? "send and recv overlap, not in place (recv = send + rank * recv_count)"
+                                        : "send and recv overlap, not in place (send = recv + rank * send_count)";
+        const std::string where =
+            "world " + std::to_string(world) + (scatter ? ", reduce_scatter" : ", all_gather") + ", offset " +
+            std::to_string(offset);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(st[r], r == bad ? ZD_ERR_INVALID_ARGUMENT : ZD_ERR_INVALID_STATE) << where << ", rank " << r;
+          EXPECT_THAT(comm.error(r), HasSubstr(why)) << where << ", rank " << r;
+          if (r != bad) {
+            EXPECT_EQ(recv[r], std::vector<float>(recv[r].size(), -1.0f)) << where << ", rank " << r;
+          }
+        }
+        EXPECT_THAT(comm.error(bad), HasSubstr("rank " + std::to_string(bad) + "'s call \"overlapping\""));
+      }
+    }
+  }
+}
+
+// The in-place chunk and buffers that touch without overlapping are
+// accepted, and give the reference's values.
+TEST(Invalid, InPlaceAndAdjacentBuffersAreAccepted) {
+  constexpr int world = 3;
+  constexpr size_t n = 64;
+  for (bool scatter : {true, false}) {
+    // Per rank: one allocation holding the larger buffer at element n and
+    // the smaller one where `at` says, relative to the larger one.
+    const long long ats[] = {-static_cast<long long>(n), 0, world * static_cast<long long>(n)};
+    for (long long at_choice : ats) {
+      Comm comm(world);
+      std::vector<std::vector<float>> mem(world, std::vector<float>((world + 2) * n, 0.0f));
+      std::vector<zd_status> st(world, ZD_ERR_INTERNAL);
+      std::vector<float*> big(world), small(world);
+      for (int r = 0; r < world; ++r) {
+        big[r] = mem[r].data() + n;
+        // 0 stands for the rank's in-place chunk.
+        small[r] = at_choice == 0 ? big[r] + static_cast<size_t>(r) * n : big[r] + at_choice;
+        if (scatter) {
+          for (size_t i = 0; i < world * n; ++i) big[r][i] = static_cast<float>((r + 1) * 100 + static_cast<int>(i / n));
+        } else {
+          for (size_t i = 0; i < n; ++i) small[r][i] = static_cast<float>(r + 1);
+        }
+      }
+      on_ranks(world, [&](int r) {
+        const zd_comm_call c = call_for(r, 1, "accepted");
+        st[r] = scatter ? comm.d().reduce_scatter(comm.inst(), &c, big[r], small[r], n, ZD_COMM_F32, ZD_REDUCE_SUM)
+                        : comm.d().all_gather(comm.inst(), &c, small[r], big[r], n, ZD_COMM_F32);
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(st[r], ZD_OK) << comm.error(r);
+        for (size_t i = 0; i < (scatter ? n : world * n); ++i) {
+          // reduce_scatter: chunk r summed over ranks 1..3 times 100, plus 3 r;
+          // all_gather: chunk k is rank k's value, k + 1.
+          const float want = scatter ? static_cast<float>(600 + 3 * r) : static_cast<float>(i / n + 1);
+          ASSERT_EQ(scatter ? small[r][i] : big[r][i], want) << (scatter ? "reduce_scatter" : "all_gather")
+                                                             << ", at " << at_choice << ", rank " << r << ", i " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(Invalid, RankOutsideTheWorldWakesWaiters) {
   Comm comm(2);
   zd_status waiter = ZD_OK;

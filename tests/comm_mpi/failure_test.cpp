@@ -1,12 +1,14 @@
 // How collectives fail across daemons: ranks of different daemons in
 // different collectives, a daemon that does not come (timeout), abort() and
 // local failures of one daemon reaching the others, rank layouts that do not
-// match MPI, daemons that disagree, and two instances at once. Every
+// match MPI, daemons that disagree, buffers that overlap other than in
+// place, and two instances at once. Every
 // process of the mpirun runs the same tests in the same order; the tests
 // need at least two nodes.
 #include <gmock/gmock.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "mpi_test_util.h"
@@ -134,6 +136,87 @@ TEST(AcrossNodes, ADaemonThatDoesNotComeTimesOutTheOthers) {
   } else {
     EXPECT_GE(took, 250);
     EXPECT_LT(took, 5000);
+  }
+}
+
+// The arrival across nodes waits until the earliest deadline of the ranks'
+// calls (rank 0's: 800 ms from its call), and says how long the ranks whose
+// deadline that is waited, not the earliest deadline less the smallest
+// timeout (rank 1's 500 ms, from a call 400 ms later), which read 500 ms.
+TEST(AcrossNodes, ATimeoutSaysHowLongTheRankWhoseDeadlinePassedWaited) {
+  NEED_NODES(2);
+  MpiComm comm(2);
+  ASSERT_TRUE(comm.ok());
+  const int absent = comm.nodes() - 1;
+  std::vector<zd_status> st(2, ZD_OK);
+  std::vector<std::string> msg(2);
+  comm.on_my_ranks([&](int r) {
+    const int i = r - comm.first();
+    if (comm.node() == absent) {
+      // Comes after the others gave up: refused at once.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      const zd_comm_call late = mpi_call(r, 2, "late barrier", 0);
+      st[i] = comm.d().barrier(comm.inst(), &late);
+    } else if (i == 0) {
+      const zd_comm_call c = mpi_call(r, 2, "barrier", 800);
+      st[i] = comm.d().barrier(comm.inst(), &c);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      const zd_comm_call c = mpi_call(r, 2, "barrier", 500);
+      st[i] = comm.d().barrier(comm.inst(), &c);
+    }
+    msg[i] = comm.error(r);
+  });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(st[i], ZD_ERR_TIMEOUT) << msg[i];
+    const std::string waited = "this daemon's ranks waited ";
+    const size_t at = msg[i].find(waited);
+    ASSERT_NE(at, std::string::npos) << msg[i];
+    const long long ms = std::atoll(msg[i].c_str() + at + waited.size());
+    EXPECT_GE(ms, 750) << msg[i];
+    EXPECT_LT(ms, 5000) << msg[i];
+  }
+}
+
+// send and recv that overlap other than in place are refused, on every
+// rank of every daemon at once (this plugin stages through its own buffer,
+// so it would compute them right, but the local and nccl plugins cannot:
+// one contract for all).
+TEST(AcrossNodes, OverlapOtherThanInPlaceIsRefusedOnEveryRank) {
+  NEED_NODES(2);
+  constexpr size_t n = 16;
+  for (bool scatter : {true, false}) {
+    MpiComm comm(2);
+    ASSERT_TRUE(comm.ok());
+    const size_t w = static_cast<size_t>(comm.world());
+    std::vector<zd_status> st(2, ZD_OK);
+    std::vector<std::string> msg(2);
+    comm.on_my_ranks([&](int r) {
+      const int i = r - comm.first();
+      std::vector<float> send(scatter ? w * n : n, 1.0f), recv(scatter ? n : w * n, 0.0f);
+      const zd_comm_call c = mpi_call(r, 6, r == 1 ? "overlapping" : "good");
+      if (scatter) {
+        // Rank 1's in-place recv is send + n; send itself overlaps chunk 0.
+        void* to = r == 1 ? static_cast<void*>(send.data()) : recv.data();
+        st[i] = comm.d().reduce_scatter(comm.inst(), &c, send.data(), to, n, ZD_COMM_F32, ZD_REDUCE_SUM);
+      } else {
+        const void* from = r == 1 ? static_cast<const void*>(recv.data()) : send.data();
+        st[i] = comm.d().all_gather(comm.inst(), &c, from, recv.data(), n, ZD_COMM_F32);
+      }
+      msg[i] = comm.error(r);
+    });
+    const std::string why = scatter ? "send and recv overlap, not in place (recv = send + rank * recv_count)"
+                                    : "send and recv overlap, not in place (send = recv + rank * send_count)";
+    for (int i = 0; i < 2; ++i) {
+      const int r = comm.first() + i;
+      if (r == 1) {
+        EXPECT_EQ(st[i], ZD_ERR_INVALID_ARGUMENT);
+      } else {
+        EXPECT_NE(st[i], ZD_OK) << "rank " << r;
+      }
+      EXPECT_THAT(msg[i], HasSubstr(why)) << "rank " << r;
+      EXPECT_THAT(msg[i], HasSubstr("rank 1's call \"overlapping\"")) << "rank " << r;
+    }
   }
 }
 

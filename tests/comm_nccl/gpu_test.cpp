@@ -395,6 +395,52 @@ TEST(NcclFailures, ATimeoutIsToldToTheOtherDaemon) {
   EXPECT_LT(s, comm.rank() == 0 ? 10.0 : 1.0);
 }
 
+// Node 1 calls with no zd_comm_call, then with a rank it does not serve:
+// node 0, waiting in the collective, fails at once with node 1's reason
+// instead of waiting out its 60 s (the plugin used to return without a
+// word to anyone).
+TEST(NcclFailures, ABadCallFailsTheOtherDaemonAtOnce) {
+  for (bool null_call : {true, false}) {
+    NcclComm comm(60);
+    ASSERT_TRUE(comm.ok());
+    DeviceBuffer dev(1024 * 4);
+    const std::string why = null_call ? "node 1: a collective was called with a NULL zd_comm_call"
+                                      : "node 1: a collective (\"stray\") was called with rank 5, outside 1..1 (the "
+                                        "ranks this daemon serves)";
+    const auto t0 = std::chrono::steady_clock::now();
+    if (comm.rank() == 1) {
+      const zd_comm_call stray = call_for(5, 24, "stray");
+      EXPECT_EQ(comm.d().all_reduce(comm.inst(), null_call ? nullptr : &stray, dev.get(), 1024, ZD_COMM_F32,
+                                    ZD_REDUCE_SUM),
+                ZD_ERR_INVALID_ARGUMENT);
+      const zd_comm_call after = call(25, "after");
+      EXPECT_EQ(comm.d().barrier(comm.inst(), &after), ZD_ERR_INVALID_ARGUMENT);
+    } else {
+      const zd_comm_call c = call(24, "waiting", 60000);
+      EXPECT_EQ(comm.d().all_reduce(comm.inst(), &c, dev.get(), 1024, ZD_COMM_F32, ZD_REDUCE_SUM),
+                ZD_ERR_INVALID_ARGUMENT);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_THAT(comm.error(), HasSubstr(why));
+    EXPECT_LT(s, 10.0);
+  }
+}
+
+// Node 1's reduce_scatter writes where its send is read (recv = send, not
+// send + 1 * recv_count): refused on both daemons before NCCL runs it.
+TEST(NcclFailures, AnOverlapOtherThanInPlaceFailsEveryRank) {
+  NcclComm comm;
+  ASSERT_TRUE(comm.ok());
+  constexpr size_t n = 256;
+  DeviceBuffer send(2 * n * 4), recv(n * 4);
+  const zd_comm_call c = call(26, comm.rank() == 1 ? "overlapping" : "good");
+  void* to = comm.rank() == 1 ? send.get() : recv.get();
+  EXPECT_EQ(comm.d().reduce_scatter(comm.inst(), &c, send.get(), to, n, ZD_COMM_F32, ZD_REDUCE_SUM),
+            ZD_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(comm.error(), HasSubstr("send and recv overlap, not in place (recv = send + rank * recv_count)"));
+  EXPECT_THAT(comm.error(), HasSubstr("\"overlapping\""));
+}
+
 // Node 1's create fails before the exchange (no root address): the next
 // create on both daemons still meets as the same instance. (The failed one
 // used to count on node 1, whose next create then claimed a later instance

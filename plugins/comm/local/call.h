@@ -41,10 +41,14 @@ struct Call {
 // Whether two ranks are in the same collective: everything but the buffers.
 bool same_collective(const Call& a, const Call& b);
 
-// Checks one rank's call for a job of `world` ranks; false with the reason
-// in `why` for a bad dtype (u8 in a reduction), op or root, a NULL buffer,
-// overlapping all_to_all buffers, or a size that overflows.
-bool check_call(const Call& c, int world, Text& why);
+// Checks rank `rank`'s call for a job of `world` ranks; false with the
+// reason in `why` for a bad dtype (u8 in a reduction), op or root, a NULL
+// buffer, a size that overflows, or send and recv that overlap other than
+// in place: all_to_all never; reduce_scatter only at recv = send + rank *
+// recv_count, all_gather only at send = recv + rank * send_count (other
+// ranks read this rank's send while it writes its recv, so any other overlap
+// hands them this rank's results as its inputs).
+bool check_call(const Call& c, int world, int rank, Text& why);
 
 // Bytes per element of a zd_comm_dtype (0 for an unknown one).
 uint64_t dtype_size(zd_comm_dtype dtype);

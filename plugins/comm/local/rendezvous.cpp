@@ -164,7 +164,10 @@ void Rendezvous::started_locked(Started* s) const noexcept {
   for (int j = 0; j < ranks_n_; ++j) {
     const Rank& r = ranks_[j];
     if (r.timeout_ms == 0) continue;
-    if (r.deadline < s->deadline) s->deadline = r.deadline;
+    if (r.deadline < s->deadline) {
+      s->deadline = r.deadline;
+      s->since = r.entered;
+    }
     if (s->timeout_ms == 0 || r.timeout_ms < s->timeout_ms) s->timeout_ms = r.timeout_ms;
   }
 }
@@ -174,7 +177,7 @@ zd_status Rendezvous::collective(Rank& me, int i, const zd_comm_call& call, cons
   const int r = first_ + i;
   char why_buf[256];
   Text why(why_buf, sizeof why_buf);
-  const bool valid = check_call(c, world_, why);
+  const bool valid = check_call(c, world_, r, why);
 
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t k = me.next++;
@@ -183,6 +186,7 @@ zd_status Rendezvous::collective(Rank& me, int i, const zd_comm_call& call, cons
   seen_[i].seq = k;
   copy_text(seen_[i].what, kWhatMax, call.what);
   me.timeout_ms = call.timeout_ms;
+  me.entered = entered;
   me.deadline = entered + std::chrono::milliseconds(call.timeout_ms);
 
   if (!valid || (arrived_ > 0 && !same_collective(calls_[first_in_], c))) {

@@ -72,8 +72,11 @@ class Rendezvous {
     const Seen* seen = nullptr;   // and its `what`
     // For the rank whose arrival started it (last) only: the earliest
     // deadline among the ranks' calls (time_point::max() when none has a
-    // timeout), and the smallest nonzero timeout_ms (0: none).
+    // timeout), when the rank whose deadline that is entered its call (for
+    // "waited N ms": the smallest timeout may be another rank's), and the
+    // smallest nonzero timeout_ms (0: none).
     Clock::time_point deadline{};
+    Clock::time_point since{};
     uint32_t timeout_ms = 0;
   };
 
@@ -157,6 +160,7 @@ class Rendezvous {
     uint64_t next = 0;   // the index of this rank's next collective; guarded by mu_
     uint64_t meets = 0;  // meet() calls so far; only this rank's thread
     Clock::time_point deadline{};  // of the call in the open collective; guarded by mu_
+    Clock::time_point entered{};   // likewise: when that call began
     uint32_t timeout_ms = 0;       // likewise
     char error[kMessageMax] = "";  // written under mu_
   };

@@ -177,8 +177,7 @@ zd_status Node::started(const Rendezvous::Started& s) noexcept {
     job.call.invalid = nullptr;
     copy_text(job.what, sizeof job.what, s.seen[0].what);
     job.deadline = s.deadline;
-    job.since = s.deadline == Net::Clock::time_point::max() ? Net::Clock::now()
-                                                            : s.deadline - std::chrono::milliseconds(s.timeout_ms);
+    job.since = s.deadline == Net::Clock::time_point::max() ? Net::Clock::now() : s.since;
     job.timeout_ms = s.timeout_ms;
     net_->post(job);
   }

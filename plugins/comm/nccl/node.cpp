@@ -754,8 +754,24 @@ zd_status Node::execute(int index, const zd_comm_call& call, const Call& c) noex
 }
 
 zd_status Node::run(const zd_comm_call* call, Call c) noexcept {
-  if (call == nullptr || call->struct_size < sizeof(zd_comm_call)) return ZD_ERR_INVALID_ARGUMENT;
-  if (call->rank < first_ || call->rank >= first_ + local_) return ZD_ERR_INVALID_ARGUMENT;
+  // The other ranks are waiting for a call that will never come: fail them
+  // all at once with the reason, as the local and mpi plugins do, rather
+  // than leave them to the timeout. No rank's last_error can hold it here.
+  if (call == nullptr || call->struct_size < sizeof(zd_comm_call)) {
+    fail(ZD_ERR_INVALID_ARGUMENT,
+         "node " + std::to_string(node_) + ": a collective was called with a " +
+             (call == nullptr ? "NULL" : "short") + " zd_comm_call",
+         true);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
+  if (call->rank < first_ || call->rank >= first_ + local_) {
+    char msg[kMessageMax];
+    std::snprintf(msg, sizeof msg, "node %d: a collective (\"%.*s\") was called with rank %d, outside %d..%d%s", node_,
+                  static_cast<int>(kWhatMax), call->what != nullptr ? call->what : "", call->rank, first_,
+                  first_ + local_ - 1, local_ < world_ ? " (the ranks this daemon serves)" : "");
+    fail(ZD_ERR_INVALID_ARGUMENT, msg, true);
+    return ZD_ERR_INVALID_ARGUMENT;
+  }
   const int index = call->rank - first_;
   RankState& r = *ranks_[static_cast<size_t>(index)];
   r.error.clear();
@@ -765,7 +781,7 @@ zd_status Node::run(const zd_comm_call* call, Call c) noexcept {
   cudaSetDevice(r.device);
   char why[256];
   Text t(why, sizeof why);
-  const bool valid = check_call(c, world_, t);
+  const bool valid = check_call(c, world_, call->rank, t);
   zd_status st;
   if (settings_.check_calls) {
     st = check_across(index, *call, c, valid, why);
