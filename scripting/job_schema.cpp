@@ -126,7 +126,8 @@ std::vector<KeySpec> make_schema() {
        "Snapshots the engine writes by itself; with them `zerod run` restarts a daemon that dies "
        "([checkpoints.md](checkpoints.md#snapshots))."},
       {"snapshot.path", T::kString, 0, "required", {}, {},
-       "The directory of the snapshots (relative to the script's folder)."},
+       "The directory of the snapshots (relative to the script's folder); one model's alone: a second model "
+       "over it waits up to comm.timeout for the first to go, then is refused."},
       {"snapshot.every", T::kInteger, 0, "0 (at exit)", ints(0, 0x1p40), {},
        "Steps between snapshots; 0 = only at a clean exit."},
       {"snapshot.keep", T::kInteger, 2, "", ints(1, 1000), {}, "The newest this many are kept."},

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,9 +37,14 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                want_command ? ", and passed to the ranks as ZEROD_JOB" : "",
                want_command ? "  --no-prefix     do not prefix the ranks' output lines with [rank N]\n"
                               "  --restarts N    restart a daemon that dies, and the ranks, up to N times (default 3\n"
-                              "                  when the job takes snapshots: they resume from the newest; else 0)\n"
+                              "                  when the job takes snapshots every N steps: they resume from this\n"
+                              "                  run's newest; else 0)\n"
                             : "  --until-done    end once every rank that came has left (or none came in 60 s):\n"
-                              "                  how ranks of another launcher start their node's daemon\n");
+                              "                  how ranks of another launcher start their node's daemon\n"
+                              "  --resume-snapshots STEPS\n"
+                              "                  resume only from these snapshot steps (5,10 or none), whatever\n"
+                              "                  the job's snapshot.resume says: how zerod run restarts a daemon\n"
+                              "                  that died\n");
   if (!want_command)
     std::fprintf(out,
                  "   or: zerod serve --jobs [--host-memory SIZE] [--socket PATH] [--metrics ADDR]\n"
@@ -146,6 +152,28 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
       out->prefix = false;
     } else if (a == "--until-done" && !want_command) {
       out->until_done = true;
+    } else if (a == "--resume-snapshots" && !want_command) {
+      const char* v = value("--resume-snapshots");
+      if (!v) return false;
+      std::vector<int64_t> steps;
+      bool ok = true;
+      if (std::strcmp(v, "none") != 0) {
+        for (const char* p = v; ok;) {
+          char* end = nullptr;
+          errno = 0;
+          const long long n = std::strtoll(p, &end, 10);
+          ok = end != p && errno == 0 && n >= 0 && (*end == ',' || *end == '\0');
+          if (ok) steps.push_back(n);
+          if (!ok || *end == '\0') break;
+          p = end + 1;
+        }
+      }
+      if (!ok) {
+        std::fprintf(stderr, "zerod %s: --resume-snapshots takes snapshot steps such as 5,10, or none; got '%s'\n",
+                     cmd, v);
+        return false;
+      }
+      out->resume_snapshots = std::move(steps);
     } else if (a == "--jobs" && !want_command) {
       out->jobs = true;
     } else if (a == "--host-memory" && !want_command) {
@@ -170,7 +198,8 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
   if (out->jobs) {
     // Each job's ranks bring its script; a daemon-wide one would be a job of its own.
     const char* clash = !out->job.empty() ? "--job" : nproc_given ? "--nproc" : out->until_done ? "--until-done"
-                        : out->nnodes > 1 || out->node_rank > 0 ? "--nnodes/--node-rank" : nullptr;
+                        : out->nnodes > 1 || out->node_rank > 0 ? "--nnodes/--node-rank"
+                        : out->resume_snapshots ? "--resume-snapshots" : nullptr;
     if (clash) {
       std::fprintf(stderr, "zerod %s: --jobs serves whatever jobs the ranks bring (each rank's ZEROD_JOB), on this "
                    "node; it takes no %s\n", cmd, clash);

@@ -7,7 +7,9 @@
 #include "metrics_server.h"
 #include "server.h"
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ struct DaemonArgs {
   bool until_done = false;           // serve: end when the ranks are gone (a daemon started on demand)
   bool jobs = false;                 // serve --jobs: several jobs, each brought by its ranks
   uint64_t host_memory = 0;          // serve --host-memory: what the jobs' state may hold together (0: default)
+  // serve --resume-snapshots STEPS: how `zerod run` restarts a daemon that
+  // died (supervised_run.cpp): the steps of the snapshots its run wrote,
+  // the only ones the job resumes from, whatever snapshot.resume says.
+  std::optional<std::vector<int64_t>> resume_snapshots;
 };
 
 // Parses argv; on a mistake prints it with the usage and returns false

@@ -87,13 +87,28 @@ int run_command(int argc, char** argv) {
       std::fprintf(stderr, "zerod run: %s\n", why.c_str());
       return 1;
     }
-    const bool snapshots = !job->config().snapshot.path.empty();
+    // A restart resumes from a snapshot the run took during training: with
+    // none (no `snapshot` table, or every = 0: only at a clean end) it
+    // would start the job over.
+    const SnapshotConfig& snapshot = job->config().snapshot;
+    const bool snapshots = !snapshot.path.empty() && snapshot.every > 0;
     if (args.restarts > 0 && !snapshots) {
-      std::fprintf(stderr, "zerod run: --restarts needs a job that takes snapshots (a `snapshot` table in %s): a "
-                           "restarted daemon would start the job from scratch\n",
-                   args.job.c_str());
+      if (snapshot.path.empty())
+        std::fprintf(stderr, "zerod run: --restarts needs a job that takes snapshots (a `snapshot` table in %s): a "
+                             "restarted daemon would start the job from scratch\n",
+                     args.job.c_str());
+      else
+        std::fprintf(stderr, "zerod run: --restarts needs a job that takes snapshots during training: %s has "
+                             "snapshot.every = 0 (a snapshot only at a clean end), so a restarted daemon would start "
+                             "the job from scratch; set snapshot.every = N\n",
+                     args.job.c_str());
       return 2;
     }
+    if (!snapshot.path.empty() && !snapshots && node.nodes == 1)
+      std::fprintf(stderr, "zerod run: %s takes a snapshot only at a clean end (snapshot.every = 0): the daemon "
+                           "runs in this process and is not restarted if it dies, since a restart could resume "
+                           "nothing of this run (snapshot.every = N makes it restartable)\n",
+                   args.job.c_str());
     if (args.restarts > 0 && node.nodes > 1) {
       std::fprintf(stderr, "zerod run: --restarts restarts the daemon of a job on one node; this is node %d of %d "
                            "(%s), and a daemon of a job across nodes cannot rejoin the others' MPI job: run the "
@@ -101,15 +116,16 @@ int run_command(int argc, char** argv) {
                    node.node, node.nodes, node.source.c_str());
       return 2;
     }
-    // A job that takes snapshots survives its daemon: the daemon runs in a
-    // process of its own, restarted when it dies. Across nodes the launcher
-    // restarts the whole job instead (docs/multinode.md, "A node that dies").
+    // A job that takes snapshots during training survives its daemon: the
+    // daemon runs in a process of its own, restarted when it dies. Across
+    // nodes the launcher restarts the whole job instead (docs/multinode.md,
+    // "A node that dies").
     // From here zerod starts processes and makes files: what it would clean
     // up on its way out, the watchdog cleans up if zerod dies (watchdog.h).
     const std::unique_ptr<launch::Watchdog> watchdog = start_watchdog();
     const std::string run_id = launch::new_run_id();
     if (snapshots && node.nodes == 1)
-      return run_supervised(args, args.restarts < 0 ? 3 : args.restarts, watchdog.get(), run_id);
+      return run_supervised(args, snapshot, args.restarts < 0 ? 3 : args.restarts, watchdog.get(), run_id);
     const auto [world, first] = span;
     server::ServerOptions so;
     so.socket_path = args.socket;

@@ -152,6 +152,18 @@ int serve_command(int argc, char** argv) {
     so.local_ranks = args.nproc;
     so.keep_state = job->config().keep_state_on_disconnect;
     so.trace_path = args.trace;
+    if (args.resume_snapshots) {
+      // What `zerod run` tells a daemon it restarts on one node; across
+      // nodes the launcher restarts the whole job (docs/multinode.md).
+      const std::string& path = job->config().snapshot.path;
+      if (path.empty() || node.nodes > 1) {
+        std::fprintf(stderr, "zerod serve: --resume-snapshots is for the restarted daemon of a job on one node that "
+                             "takes snapshots (a `snapshot` table in %s)\n",
+                     args.job.c_str());
+        return 2;
+      }
+      so.snapshot_restart = server::SnapshotRestart{path, *args.resume_snapshots};
+    }
     server::Server server(so);
     server.start();
     // Declared after the server: it stops serving before the server goes.

@@ -1,5 +1,6 @@
 #include "supervised_run.h"
 
+#include "checkpoint/manifest.h"
 #include "error.h"
 #include "launcher/launcher.h"
 #include "launcher/signal_forwarder.h"
@@ -9,16 +10,20 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,7 +50,43 @@ std::string trace_of(const std::string& trace, int attempt) {
       .string();
 }
 
-Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attempt) {
+// A whole snapshot under snapshot.path, told apart from another of the same
+// step: its manifest (written last, a new file for every snapshot, renamed
+// in with its directory) by device, inode and modification time.
+struct SnapshotId {
+  int64_t step = 0;
+  uint64_t dev = 0, ino = 0;
+  int64_t mtime_ns = 0;
+  auto operator<=>(const SnapshotId&) const = default;
+};
+
+// The whole snapshots under path now, as the engine finds them
+// (snapshot_detail::whole_snapshots: step-<N> with its manifest).
+std::set<SnapshotId> whole_snapshots(const std::string& path) {
+  std::set<SnapshotId> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    long long step = 0;
+    char rest = 0;
+    if (std::sscanf(name.c_str(), "step-%lld%c", &step, &rest) != 1) continue;  // .partial and others
+    struct stat st {};
+    if (::stat((e.path() / ckpt::kManifestName).c_str(), &st) != 0) continue;
+    out.insert({step, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+  }
+  return out;
+}
+
+// "5,10" (--resume-snapshots), "none" for no step.
+std::string step_list(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (const int64_t s : steps) out += (out.empty() ? "" : ",") + std::to_string(s);
+  return out.empty() ? "none" : out;
+}
+
+Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attempt,
+                    const std::optional<std::vector<int64_t>>& resume_steps) {
   int out[2];
   ZD_CHECK_SYS(::pipe2(out, O_CLOEXEC), "zerod run: a pipe to the daemon");
   const std::string nproc = std::to_string(args.nproc);
@@ -59,6 +100,7 @@ Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attem
   // own beside the first: trace_of).
   if (!args.trace.empty()) argv.insert(argv.end(), {"--trace", trace_of(args.trace, attempt)});
   if (!args.metrics.empty()) argv.insert(argv.end(), {"--metrics", args.metrics});
+  if (resume_steps) argv.insert(argv.end(), {"--resume-snapshots", step_list(*resume_steps)});
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   ZD_CHECK_SYS(pid, "zerod run: starting the daemon");
@@ -126,7 +168,8 @@ std::string how(int status) {
 
 }  // namespace
 
-int run_supervised(const DaemonArgs& args, int restarts, launch::Watchdog* watchdog, const std::string& run_id) {
+int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int restarts, launch::Watchdog* watchdog,
+                   const std::string& run_id) {
   char tmpl[] = "/tmp/zerod-run-XXXXXX";
   const std::string socket =
       !args.socket.empty() ? args.socket
@@ -146,10 +189,17 @@ int run_supervised(const DaemonArgs& args, int restarts, launch::Watchdog* watch
     else
       watchdog->remove_entries_on_death(dir, run_files);
   }
+  // snapshot.resume = false keeps the job off the snapshots an earlier run
+  // left, not off its own: a restarted daemon resumes from those this run
+  // wrote (passed as --resume-snapshots), told from the earlier ones by
+  // what was there before the first daemon started. With resume = true a
+  // restart resumes from the newest, as any new job over the path does.
+  const std::set<SnapshotId> before = snapshot.resume ? std::set<SnapshotId>{} : whole_snapshots(snapshot.path);
+  std::optional<std::vector<int64_t>> resume_steps;
   const auto t0 = std::chrono::steady_clock::now();
   int exit_code = 1;
   for (int attempt = 0;; ++attempt) {
-    Daemon daemon = start_daemon(args, socket, attempt);
+    Daemon daemon = start_daemon(args, socket, attempt, resume_steps);
     if (attempt > 0 && !args.trace.empty())
       std::fprintf(stderr, "zerod run: the restarted daemon writes its trace to %s (%s keeps the steps before)\n",
                    trace_of(args.trace, attempt).c_str(), args.trace.c_str());
@@ -196,7 +246,26 @@ int run_supervised(const DaemonArgs& args, int restarts, launch::Watchdog* watch
       std::fprintf(stderr, "zerod run: the daemon (pid %d) %s; the ranks lost it\n", static_cast<int>(daemon.pid),
                    how(daemon.status).c_str());
       if (!stopped_by_user && attempt < restarts) {
-        std::fprintf(stderr, "zerod run: restarting the daemon and the ranks; they resume from the newest snapshot\n");
+        if (snapshot.resume) {
+          std::fprintf(stderr,
+                       "zerod run: restarting the daemon and the ranks; they resume from the newest snapshot\n");
+          continue;
+        }
+        // The dead daemon wrote nothing more (reaped above): what is new
+        // since the start is this run's.
+        resume_steps.emplace();
+        for (const SnapshotId& id : whole_snapshots(snapshot.path))
+          if (!before.count(id)) resume_steps->push_back(id.step);
+        if (resume_steps->empty())
+          std::fprintf(stderr, "zerod run: restarting the daemon and the ranks; this run wrote no snapshot yet, so "
+                               "they start the job over (snapshot.resume = false: not from the snapshots under %s "
+                               "of an earlier run)\n",
+                       snapshot.path.c_str());
+        else
+          std::fprintf(stderr, "zerod run: restarting the daemon and the ranks; they resume from this run's newest "
+                               "snapshot (step %lld under %s; snapshot.resume = false keeps them off an earlier "
+                               "run's)\n",
+                       static_cast<long long>(resume_steps->back()), snapshot.path.c_str());
         continue;
       }
       if (!stopped_by_user)

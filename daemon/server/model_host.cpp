@@ -13,8 +13,12 @@ namespace zerod::server {
 // the trainers (memfd arenas on the cpu device, CUDA virtual memory on a
 // GPU: device/select.h open_shared_device).
 JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path,
-                        const std::string& device) {
+                        const std::string& device, const std::optional<SnapshotRestart>& restart) {
   if (!trace_path.empty()) config.trace.path = trace_path;
+  // Only the snapshots the restart was told of are this run's: another
+  // path's are another job's, which the restart does not concern.
+  if (restart && !config.snapshot.path.empty() && config.snapshot.path == restart->path)
+    config.snapshot.restart_steps = restart->steps;
   if (!device.empty()) config.device = device;  // the trainer knows where it computes
   config.device = resolve_device(config.device, script_name);
   return config;
@@ -23,7 +27,7 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name, const 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
                      std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
                      const std::string& trace_path, const std::string& device,
-                     const std::shared_ptr<NodeMemory>& node_memory)
+                     const std::shared_ptr<NodeMemory>& node_memory, const std::optional<SnapshotRestart>& restart)
     : id_(id),
       key_(key),
       job_(std::move(job)),
@@ -48,7 +52,7 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   reattaching_.assign(n, false);
   verified_.assign(n, 0);
   finalizing_.assign(n, false);
-  JobConfig config = daemon_config(script_->config(), script_name_, trace_path, device);
+  JobConfig config = daemon_config(script_->config(), script_name_, trace_path, device, restart);
   // A later model of the same daemon (an evaluation model, a second job of
   // `zerod serve`) must not overwrite the first one's trace.
   if (id_ > 0 && !config.trace.path.empty()) {

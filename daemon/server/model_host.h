@@ -20,12 +20,23 @@
 
 namespace zerod::server {
 
+// A daemon that `zerod run` restarted after its daemon died (`zerod serve
+// --resume-snapshots`): the job's snapshot.path and the steps of the
+// snapshots this run wrote there, the only ones it may resume from
+// (SnapshotConfig::restart_steps).
+struct SnapshotRestart {
+  std::string path;
+  std::vector<int64_t> steps;
+};
+
 // The job's configuration as a daemon runs it (the device it computes on).
 // trace_path, when given, overrides the script's trace.path.
 // device: the trainers' zd_model_options.device, overriding the script's
-// ("" = the script's).
+// ("" = the script's). restart: a model whose snapshot.path is restart's
+// resumes from those steps only, whatever its snapshot.resume says.
 JobConfig daemon_config(JobConfig config, const std::string& script_name, const std::string& trace_path = "",
-                        const std::string& device = "");
+                        const std::string& device = "",
+                        const std::optional<SnapshotRestart>& restart = std::nullopt);
 
 class ModelHost {
  public:
@@ -34,7 +45,8 @@ class ModelHost {
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
             std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
             const std::string& trace_path = "", const std::string& device = "",
-            const std::shared_ptr<NodeMemory>& node_memory = nullptr);
+            const std::shared_ptr<NodeMemory>& node_memory = nullptr,
+            const std::optional<SnapshotRestart>& restart = std::nullopt);
   ~ModelHost();
 
   int id() const { return id_; }

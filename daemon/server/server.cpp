@@ -383,7 +383,7 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     auto script = scripting::JobScript::load(src);
     try {
       made = std::make_shared<ModelHost>(id, key, text, name, std::move(script), job, options_.trace_path, device,
-                                         node_memory_);
+                                         node_memory_, options_.snapshot_restart);
     } catch (const Error& e) {
       failed_create.emplace(e);
       throw;

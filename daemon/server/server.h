@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,9 @@ struct ServerOptions {
   // `zerod run --trace FILE`: every model records a trace there (its job
   // script's trace.steps, or the default steps).
   std::string trace_path;
+  // `zerod serve --resume-snapshots` (a daemon `zerod run` restarted): the
+  // snapshots its run wrote, the only ones the job's model resumes from.
+  std::optional<SnapshotRestart> snapshot_restart;
   // `zerod serve --jobs`: several jobs at once, each known by the job key
   // its ranks send (world_size, first_rank and local_ranks above are then
   // unused: each job brings its own, all of its ranks on this node), their

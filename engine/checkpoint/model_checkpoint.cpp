@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 
@@ -145,7 +146,22 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;
   rs.micro_step = m.step * config_.gradient_accumulation_steps;
-  rs.scaler.restore(m.loss_scale, m.scaler_iteration, m.scaler_last_overflow, m.scaler_hysteresis_left);
+  // The job's own loss-scale setting wins over another setting's state in
+  // the checkpoint (LossScaler::restore); said once where they differ.
+  if (!rs.scaler.restore(m.loss_scale, m.scaler_iteration, m.scaler_last_overflow, m.scaler_hysteresis_left) &&
+      m.loss_scale != rs.scaler.scale() && rs.res.rank == first_local_) {
+    const auto number = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", v);
+      return std::string(b);
+    };
+    log_info("the loss scale " + number(m.loss_scale) + " of " + src.dir() + " is not taken: this job's is " +
+             number(rs.scaler.scale()) + " (" +
+             (rs.scaler.dynamic() ? "dynamic, from its start: the checkpoint's scaler made no dynamic update"
+              : config_.loss_scale.enabled ? "fp16 with a static fp16.loss_scale"
+                                           : "no loss scaling: the precision is not fp16") +
+             ")");
+  }
 }
 
 void Model::load_checkpoint(int rank, const std::string& dir) {

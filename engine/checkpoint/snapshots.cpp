@@ -8,17 +8,21 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
+#include <thread>
 
 namespace zerod {
 
@@ -48,9 +52,66 @@ std::vector<std::pair<int64_t, std::string>> whole_snapshots(const std::string& 
   return out;
 }
 
+void replace_dir(const std::string& from, const std::string& to) {
+  const std::string old = to + kOldSuffix;
+  std::error_code ec;
+  fs::remove_all(old, ec);
+  const bool had = fs::exists(to, ec);
+  if (had) fs::rename(to, old);
+  try {
+    fs::rename(from, to);
+  } catch (...) {
+    if (had) fs::rename(old, to, ec);
+    throw;
+  }
+  if (!had) return;
+  // Both renames on disk before the old copy goes: a crash before this
+  // leaves step-<N>.old, which repair_replaced puts back or removes.
+  sync_dir(fs::path(to).parent_path().string());
+  fs::remove_all(old, ec);
+}
+
+bool repair_replaced(const std::string& path) {
+  std::error_code ec;
+  std::vector<fs::path> olds;
+  const std::string suffix = kOldSuffix;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      olds.push_back(e.path());
+  }
+  for (const fs::path& old : olds) {
+    const fs::path whole = old.parent_path() / old.stem();
+    if (fs::exists(whole, ec))
+      fs::remove_all(old, ec);
+    else
+      fs::rename(old, whole, ec);
+  }
+  return !olds.empty();
+}
+
+std::string this_process() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  return "pid " + std::to_string(::getpid()) + " on host " + host;
+}
+
 }  // namespace snapshot_detail
 
 using namespace snapshot_detail;
+
+namespace {
+
+// The first line of a lock file: who holds it, as its holder wrote it.
+std::string holder_in(const std::string& file) {
+  std::ifstream in(file);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace
 
 struct Snapshots::InFlight {
   int64_t step;
@@ -86,12 +147,108 @@ Snapshots::Snapshots(const ModelContext& ctx, int first_local_rank, int local_ra
   if (::access(ctx.config.snapshot.path.c_str(), W_OK) != 0)
     fail(ZD_ERR_IO, ctx.config.source + ": snapshot.path " + ctx.config.snapshot.path + " is not writable: " +
                         errno_text(errno));
+  lock_path();
 }
 
 Snapshots::~Snapshots() {
   for (auto& t : writers_)
     if (t.joinable()) t.join();
   join_committer();
+  // The last commit is done: the next model over the path may start.
+  for (const int fd : lock_fds_) ::close(fd);
+}
+
+void Snapshots::lock_path() {
+  const std::string& path = ctx_.config.snapshot.path;
+  const std::string main_lock = path + "/.zerod.lock";
+  char node_name[48];
+  std::snprintf(node_name, sizeof node_name, "/.zerod-node-%05d.lock", node_);
+  const std::string node_lock = path + node_name;
+  const std::string me = this_process();
+  const double wait_s = ctx_.config.comm_timeout_s;  // 0: as long as it takes
+  char wait_text[32];
+  std::snprintf(wait_text, sizeof wait_text, "%g s", wait_s);
+  // Who holds `file` (whose lock this model did not get), in words.
+  const auto holder = [&](const std::string& file) {
+    std::string h = holder_in(file);
+    if (h.empty() && file == main_lock) {
+      // Held shared by the daemons of a job across nodes (each names itself
+      // in its node's file).
+      const std::string node0 = holder_in(path + "/.zerod-node-00000.lock");
+      return "a job across nodes" + (node0.empty() ? std::string() : " (node 0: " + node0 + ")");
+    }
+    if (h.empty()) return std::string("another process");
+    if (h.rfind(me + " ", 0) == 0) h = "another model of the same process, " + h;
+    return h;
+  };
+  // Takes the lock `how` on `file`, waiting for a holder that is ending
+  // (a daemon exiting, a model whose last snapshot is being flushed).
+  const auto take = [&](const std::string& file, int how) {
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+      fail(ZD_ERR_IO, ctx_.config.source + ": snapshot.path " + path + ": cannot create " + file + ": " +
+                          errno_text(errno));
+    lock_fds_.push_back(fd);
+    const auto start = std::chrono::steady_clock::now();
+    bool told = false;
+    for (;;) {
+      if (::flock(fd, how | LOCK_NB) == 0) break;
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err != EWOULDBLOCK) {
+        // A file system without locks (Lustre mounted without flock): the
+        // snapshots work, unguarded.
+        log_warn("snapshots: cannot lock " + file + " (" + errno_text(err) +
+                 "): nothing keeps another model from writing its snapshots into " + path +
+                 " at the same time; give each model its own snapshot.path");
+        return false;
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (wait_s > 0 && waited >= wait_s)
+        fail(ZD_ERR_CONFIG, ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file) +
+                                ", which holds " + file + ": two models writing snapshots into one path remove, "
+                                "replace and prune each other's snapshots, and a restart resumes a mix of them; "
+                                "give each model its own snapshot.path (waited " + wait_text +
+                                ", comm.timeout, for it to let go)");
+      if (!told) {
+        told = true;
+        const std::string how_long =
+            wait_s > 0 ? "up to " + std::string(wait_text) + " (comm.timeout) for it to let go, then this model is "
+                                                             "refused"
+                       : std::string("for it to let go as long as it takes (comm.timeout = 0)");
+        log_warn("snapshots: " + path + " is in use by " + holder(file) + "; waiting " + how_long +
+                 " (each model needs its own snapshot.path)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return true;
+  };
+  // The holder's name in the file it holds alone, for a refusal to give
+  // (where it cannot be written, the lock holds all the same).
+  const auto name_holder = [&](int fd, bool named) {
+    const std::string line = named ? me + " (" + ctx_.config.source + ", ranks " + std::to_string(first_local_) +
+                                         "-" + std::to_string(first_local_ + local_ranks_ - 1) + ")\n"
+                                   : "";
+    const bool written = ::ftruncate(fd, 0) == 0 &&
+                         ::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+    static_cast<void>(written);
+  };
+  try {
+    if (!across_nodes()) {
+      if (take(main_lock, LOCK_EX)) name_holder(lock_fds_.back(), true);
+      return;
+    }
+    // Shared by every daemon of the job (a one-daemon job over the path is
+    // refused), and this node's own file exclusively (another job's daemon
+    // of this node is refused there). The shared file names nobody: an
+    // earlier one-daemon job's name in it would be taken for a holder now.
+    if (take(main_lock, LOCK_SH)) name_holder(lock_fds_.back(), false);
+    if (take(node_lock, LOCK_EX)) name_holder(lock_fds_.back(), true);
+  } catch (...) {
+    for (const int fd : lock_fds_) ::close(fd);  // the destructor does not run
+    lock_fds_.clear();
+    throw;
+  }
 }
 
 double Snapshots::all_reduce_max(int rank, RankResources& res, uint64_t group, uint64_t id, const std::string& what,
@@ -254,12 +411,12 @@ void Snapshots::commit(InFlight& s) {
     try {
       ckpt::write_manifest(s.partial, s.manifest);
       sync_dir(s.partial);
-      fs::remove_all(s.final_dir, ec);
-      fs::rename(s.partial, s.final_dir);
+      supersede(s.step);
+      replace_dir(s.partial, s.final_dir);
       sync_dir(ctx_.config.snapshot.path);
       last_step_.store(s.step);
       log_info("snapshot of step " + std::to_string(s.step) + " written: " + s.final_dir);
-      prune(s.step);
+      prune();
       return;
     } catch (const std::exception& e) {
       s.why = e.what();
@@ -271,27 +428,68 @@ void Snapshots::commit(InFlight& s) {
                                 " are kept");
 }
 
-void Snapshots::prune(int64_t written) {
-  const bool own_part = across_nodes() && !shared_.load() && node_ != 0;
-  const auto all = whole_snapshots(ctx_.config.snapshot.path, own_part ? part_name() : "");
-  // Snapshots of steps after the one just written are another run's (this
-  // one started over: snapshot.resume = false, or it resumed an older
-  // snapshot). Counted as the newest, they would have every snapshot this
-  // job writes removed at once; they stay, and are named once, since a
-  // resume takes the newest step there is.
-  std::vector<std::string> ours, later;
-  for (const auto& [step, dir] : all) (step <= written ? ours : later).push_back(dir);
-  if (!later.empty() && !warned_later_.exchange(true)) {
-    std::string list;
-    for (const std::string& d : later) list += "\n  " + d;
-    log_warn("snapshots: " + std::to_string(later.size()) + " snapshot(s) under " + ctx_.config.snapshot.path +
-             " are of later steps than this job's step " + std::to_string(written) +
-             ", from another run; they are kept, and not counted in snapshot.keep, but a resume (snapshot.resume, "
-             "a restart) would take the newest of them, not this job's: move them aside" + list);
+namespace {
+
+// The superseded snapshots under path (Snapshots::supersede), ascending.
+std::vector<std::pair<int64_t, fs::path>> superseded_snapshots(const std::string& path) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    char rest[16] = {};
+    if (std::sscanf(name.c_str(), "step-%" SCNd64 "%15s", &step, rest) == 2 &&
+        std::strcmp(rest, kSupersededSuffix) == 0)
+      out.emplace_back(step, e.path());
   }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+void Snapshots::supersede(int64_t step) {
+  // Later steps than the one committed now are a timeline this job left: it
+  // went back to an earlier state (zd_model_load, zd_model_set_step, a
+  // start over with snapshot.resume = false, an older snapshot resumed
+  // because the newer one was damaged or not on every node). A resume takes
+  // the newest step there is, so left there they would be resumed instead
+  // of this job's. Moved aside before this snapshot is renamed in: a crash
+  // between the two resumes this job's newest before it, never them.
+  const std::string& path = ctx_.config.snapshot.path;
+  std::vector<std::string> later;
+  for (const auto& [s, dir] : candidates())
+    if (s > step) later.push_back(dir);
+  if (later.empty()) return;
+  std::error_code ec;
+  // Those of a timeline left before go: only the one left last is kept.
+  for (const auto& [s, dir] : superseded_snapshots(path)) fs::remove_all(dir, ec);
+  std::string moved;
+  for (const std::string& dir : later) {
+    const std::string aside = dir + kSupersededSuffix;
+    fs::rename(dir, aside, ec);
+    if (ec) {
+      fs::remove_all(dir, ec);  // never resumed, either way
+      moved += "\n  " + dir + " (removed: it could not be renamed)";
+    } else {
+      moved += "\n  " + aside;
+    }
+  }
+  sync_dir(path);
+  log_warn("snapshots: the job writes the snapshot of step " + std::to_string(step) + " where " + path +
+           " holds snapshots of later steps, of a run this job went back from (a load or zd_model_set_step of an "
+           "earlier step, a start over, an older snapshot resumed): they are moved aside, never to be resumed; "
+           "the newest " + std::to_string(ctx_.config.snapshot.keep) + " of them stay (snapshot.keep) until the "
+           "job goes back again:" + moved);
+}
+
+void Snapshots::prune() {
   const auto keep = static_cast<size_t>(ctx_.config.snapshot.keep);
   std::error_code ec;
-  for (size_t i = 0; i + keep < ours.size(); ++i) fs::remove_all(ours[i], ec);
+  const auto ours = candidates();  // supersede() left none after the one just written
+  for (size_t i = 0; i + keep < ours.size(); ++i) fs::remove_all(ours[i].second, ec);
+  const auto aside = superseded_snapshots(ctx_.config.snapshot.path);
+  for (size_t i = 0; i + keep < aside.size(); ++i) fs::remove_all(aside[i].second, ec);
 }
 
 // ---------------------------------------------------------------------------
@@ -369,14 +567,14 @@ void Snapshots::commit_across(InFlight& s) {
       ckpt::write_manifest(s.partial, with_parts(s.manifest, true));
     }
     sync_dir(s.partial);
-    fs::remove_all(s.final_dir, ec);
-    fs::rename(s.partial, s.final_dir);
+    supersede(s.step);
+    replace_dir(s.partial, s.final_dir);
     sync_dir(ctx_.config.snapshot.path);
     const char* what = shared ? " (every node's part)"
                        : node_ == 0 ? " (this node's part and the manifest)"
                                     : " (this node's part)";
     log_info("snapshot of step " + std::to_string(s.step) + " written: " + s.final_dir + what);
-    prune(s.step);
+    prune();
   } catch (const std::exception& e) {
     fs::remove_all(s.partial, ec);
     log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " could not be committed (" +

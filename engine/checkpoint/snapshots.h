@@ -31,6 +31,22 @@
 // snapshot, they take the newest every rank has, every rank verifies the
 // values it will read, and one more all-reduce says whether all could; if
 // not, the next older is tried, and each skipped one is logged with why.
+//
+// One model writes into a path at a time: from its creation to its end the
+// model holds a lock on <path>/.zerod.lock (flock; the kernel lets go of it
+// when the process dies), and a second model over the path (another job, a
+// second model of the same script) waits for it up to comm.timeout, then is
+// refused. Nothing else tells two writers apart: each would remove the
+// other's half-written snapshots, commit over them and prune them. Across
+// nodes every daemon of the job holds that lock shared (one directory every
+// node sees is locked by all of them) and <path>/.zerod-node-<K>.lock
+// exclusive, so another job's daemon of the same node is refused there.
+//
+// A snapshot of step N committed while the path holds snapshots of later
+// steps means the job went back (a load or zd_model_set_step of an earlier
+// step, or a start over): those are an abandoned timeline, moved aside to
+// step-<M>.superseded before the commit, so that a resume never takes them;
+// the newest `keep` of them stay, to be looked at.
 #pragma once
 
 #include "compression/momentum_compression.h"
@@ -116,9 +132,13 @@ class Snapshots {
                    MomentumCompression& compression);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
   void commit(InFlight& s);
-  // Removes all but the newest `keep` snapshots up to step `written`, the
-  // one just written.
-  void prune(int64_t written);
+  // Before the snapshot of `step` is renamed in: the snapshots of later
+  // steps (this node's, as candidates() sees them) go aside as superseded.
+  void supersede(int64_t step);
+  // Removes all but the newest `keep` snapshots, and of the superseded ones.
+  void prune();
+  // At construction: the path's lock (see above), or ZD_ERR_CONFIG.
+  void lock_path();
   // Across nodes.
   void discover(int rank, RankResources& res);
   // The verdict on the rank's snapshot in flight: `wait` waits until this
@@ -149,8 +169,8 @@ class Snapshots {
   std::atomic<int64_t> last_step_{-1};
   std::mutex clean_mu_;  // start: the first local rank cleans what a crash left, the others wait
   bool cleaned_ = false;
+  std::vector<int> lock_fds_;  // the path's lock files, held until the model goes
   // Across nodes.
-  std::atomic<bool> warned_later_{false};          // prune said once that later snapshots are another run's
   std::atomic<bool> shared_{true};                  // the path is one directory every node sees
   std::vector<std::string> hosts_;                  // per node, set at start
   std::vector<std::shared_ptr<InFlight>> pending_;  // per local rank: written, not yet agreed

@@ -146,6 +146,9 @@ std::shared_ptr<const ckpt::Source> Snapshots::start(int rank, RankResources& re
       // rename. It is renamed now; node 0's manifest and the agreement below
       // decide whether its snapshot is complete.
       const bool own_parts = across_nodes() && !shared_.load() && node_ != 0;
+      // A step being replaced by a new snapshot of the same step: its old
+      // copy back, or gone if the new one got in (replace_dir).
+      const bool repaired = repair_replaced(path);
       std::error_code ec;
       std::vector<fs::path> partials;
       for (const auto& e : fs::directory_iterator(path, ec)) {
@@ -155,21 +158,28 @@ std::shared_ptr<const ckpt::Source> Snapshots::start(int rank, RankResources& re
       }
       for (const fs::path& p : partials) {
         if (own_parts && fs::exists(p / part_name(), ec)) {
-          const fs::path final_dir = p.parent_path() / p.stem();
-          fs::remove_all(final_dir, ec);
-          fs::rename(p, final_dir, ec);
-          if (!ec) continue;
+          try {
+            replace_dir(p.string(), (p.parent_path() / p.stem()).string());
+            continue;
+          } catch (const std::exception&) {
+            // removed below, as any other leftover
+          }
         }
         fs::remove_all(p, ec);
       }
-      if (!partials.empty()) sync_dir(path);
+      if (repaired || !partials.empty()) sync_dir(path);
     }
     cleaned_ = true;
   }
-  if (!ctx_.config.snapshot.resume) return nullptr;
+  // A daemon `zerod run` restarted resumes whatever `resume` says, from its
+  // run's own snapshots only (SnapshotConfig::restart_steps).
+  const auto& only = ctx_.config.snapshot.restart_steps;
+  if (!ctx_.config.snapshot.resume && !only) return nullptr;
 
   const int world = ctx_.world_size;
-  const auto mine = candidates();
+  auto mine = candidates();
+  if (only)
+    std::erase_if(mine, [&](const auto& c) { return std::find(only->begin(), only->end(), c.first) == only->end(); });
   int64_t bound = INT64_MAX;
   std::vector<std::string> skipped;  // "dir (why)"
   bool any = false;

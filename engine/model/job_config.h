@@ -65,6 +65,13 @@ struct SnapshotConfig {
   int64_t every = 0;  // steps between snapshots; 0 = only at a clean exit
   int keep = 2;       // the newest this many are kept
   bool resume = true; // a new job over the path resumes from the newest
+  // Never from a script: set in a daemon that `zerod run` restarted after
+  // its daemon died (`zerod serve --resume-snapshots`), the steps of the
+  // snapshots under `path` that this run wrote. The job then resumes from
+  // the newest of them every rank can read, whatever `resume` says, and
+  // from no other (none: it starts over), so that `resume = false` still
+  // keeps it off an earlier run's snapshots.
+  std::optional<std::vector<int64_t>> restart_steps;
 };
 
 struct JobConfig {

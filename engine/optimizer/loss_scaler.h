@@ -37,12 +37,26 @@ class LossScaler {
   int64_t iteration() const { return iter_; }
   int64_t last_overflow_iteration() const { return last_overflow_iter_; }
   int hysteresis_left() const { return hysteresis_left_; }
-  // Puts back what a checkpoint saved.
-  void restore(double scale, int64_t iteration, int64_t last_overflow_iteration, int hysteresis_left) {
+  // Puts back what a checkpoint saved, where it is a dynamic scaler's state
+  // and this scaler is dynamic too: a static scale or scaling off (bf16,
+  // fp32) is the job's setting, which a checkpoint of another setting must
+  // not change (a dynamic fp16 run's 65536 would stay forever, and the
+  // gradients of a trainer that does not scale its loss would be divided by
+  // it). A checkpoint of no dynamic update (iteration 0: a static or
+  // disabled scaler's, whose counters never move, or a dynamic one's before
+  // its first update) holds nothing learned: this scaler starts over from
+  // its own configured start. Whether the checkpoint's state was taken.
+  bool restore(double scale, int64_t iteration, int64_t last_overflow_iteration, int hysteresis_left) {
+    if (!dynamic_) return false;
+    if (iteration <= 0) {
+      *this = LossScaler(cfg_);
+      return false;
+    }
     scale_ = scale;
     iter_ = iteration;
     last_overflow_iter_ = last_overflow_iteration;
     hysteresis_left_ = hysteresis_left;
+    return true;
   }
 
  private:

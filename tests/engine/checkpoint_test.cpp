@@ -8,8 +8,10 @@
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
 
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 #include <filesystem>
 #include <functional>
 #include <iterator>
+#include <limits>
+#include <thread>
 #include <utility>
 
 namespace {
@@ -205,6 +209,15 @@ Saved whole(Model& m, int world) {
     s[static_cast<size_t>(rank)] = save(m, rank, ids);
   });
   return s[0];
+}
+
+// What a snapshot path holds, sorted, but its lock files (dot files).
+std::vector<std::string> entries(const std::string& path) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.path().filename().string()[0] != '.') out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 class CheckpointFiles : public ::testing::TestWithParam<int> {};
@@ -517,10 +530,7 @@ TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
     train_both(*a, 0, 7);
     // The process dies here: no final snapshot.
   }
-  std::vector<std::string> dirs;
-  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
-  std::sort(dirs.begin(), dirs.end());
-  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000004", "step-000000000006"}));
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000004", "step-000000000006"}));
   auto b = make_model(o, 2);
   run_ranks(2, [&](int rank) {
     std::vector<zd_param_id> ids;
@@ -532,17 +542,15 @@ TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
   EXPECT_EQ(whole(*b, 2).slots, whole(*ref, 2).slots);
   // A clean end writes the last one (step 9; snapshot at 8 written already).
   b->final_snapshot();
-  dirs.clear();
-  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
-  std::sort(dirs.begin(), dirs.end());
-  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000008", "step-000000000009"}));
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000008", "step-000000000009"}));
 }
 
 // A job that starts over (snapshot.resume = false) in a path where an
-// earlier run left snapshots of later steps keeps its own newest K: the
-// later ones, counted as the newest, had each new snapshot removed as soon
-// as it was written. They stay, and are named.
-TEST(Snapshots, AJobThatStartsOverKeepsItsOwnNewest) {
+// earlier run left snapshots of later steps: those are a timeline the job
+// left. Its first snapshot moves them aside (step-<N>.superseded, named in
+// the log), so a restart resumes this job's newest, not the earlier run's
+// (before, they stayed as they were and the restart took the newest of them).
+TEST(Snapshots, AJobThatStartsOverMovesTheEarlierRunsLaterSnapshotsAside) {
   TempDir snaps;
   JobOptions o = job(1);
   o.snapshot.path = snaps.path;
@@ -556,15 +564,345 @@ TEST(Snapshots, AJobThatStartsOverKeepsItsOwnNewest) {
   ::testing::internal::CaptureStderr();
   {
     auto b = make_model(o, 2);
-    train_both(*b, 0, 7);  // 2, 4, 6 (over the old 6); the last one committed as b goes
+    train_both(*b, 0, 7);  // 2 (6 and 8 aside), 4, 6; the last one committed as b goes
   }
   const std::string err = ::testing::internal::GetCapturedStderr();
-  std::vector<std::string> dirs;
-  for (const auto& e : fs::directory_iterator(snaps.path)) dirs.push_back(e.path().filename().string());
-  std::sort(dirs.begin(), dirs.end());
-  EXPECT_EQ(dirs, (std::vector<std::string>{"step-000000000004", "step-000000000006", "step-000000000008"}));
-  EXPECT_NE(err.find("are of later steps than this job's step 2"), std::string::npos) << err;
-  EXPECT_NE(err.find(snaps.path + "/step-000000000008"), std::string::npos) << err;
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000004", "step-000000000006",
+                                                           "step-000000000006.superseded",
+                                                           "step-000000000008.superseded"}));
+  EXPECT_NE(err.find("the job writes the snapshot of step 2 where " + snaps.path + " holds snapshots of later steps"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(snaps.path + "/step-000000000008.superseded"), std::string::npos) << err;
+  o.snapshot.resume = true;
+  auto c = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*c, rank, &ids);
+  });
+  EXPECT_EQ(c->applied_steps(0), 6) << "the restart resumed the run the job had left";
+}
+
+// A job that goes back (zd_model_load of an earlier checkpoint, or
+// zd_model_set_step) and writes snapshots of earlier steps than those in
+// the path: a restart resumes where the job is, not the timeline it left,
+// and ends as a run that never went further does.
+TEST(Snapshots, ARollbackIsWhatARestartResumes) {
+  TempDir snaps, ck;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.snapshot.keep = 2;
+  {
+    auto a = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*a, rank, &ids);
+      train(*a, rank, ids, 0, 3);
+      a->save_checkpoint(rank, ck.path);
+      train(*a, rank, ids, 3, 8);  // snapshots 6 and 8 kept
+    });
+  }
+  // The reference: from the checkpoint of step 3 straight to 7.
+  auto ref = make_model(job(1), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*ref, rank, &ids);
+    ref->load_checkpoint(rank, ck.path);
+    train(*ref, rank, ids, 3, 7);
+  });
+  {
+    auto b = make_model(o, 2);
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*b, rank, &ids);  // resumes at 8
+      EXPECT_EQ(b->applied_steps(rank), 8);
+      b->load_checkpoint(rank, ck.path);  // back to 3
+      train(*b, rank, ids, 3, 5);         // the snapshot of 4: 6 and 8 aside
+    });
+    b->final_snapshot();  // a clean end at 5
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("the job writes the snapshot of step 4 where"), std::string::npos) << err;
+  }
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000004", "step-000000000005",
+                                                           "step-000000000006.superseded",
+                                                           "step-000000000008.superseded"}));
+  {
+    auto c = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*c, rank, &ids);
+      EXPECT_EQ(c->applied_steps(rank), 5) << "the restart resumed the timeline the job had left";
+      train(*c, rank, ids, 5, 7);
+    });
+    EXPECT_EQ(whole(*c, 2).params, whole(*ref, 2).params);
+    EXPECT_EQ(whole(*c, 2).slots, whole(*ref, 2).slots);
+  }
+  // c wrote the snapshot of 6. zd_model_set_step back to 1 (a restore
+  // through the whole-tensor calls): the snapshot of 2 moves 5 and 6 aside,
+  // and those of the timeline left before go.
+  {
+    auto d = make_model(o, 2);
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*d, rank, &ids);  // resumes at 6
+      EXPECT_EQ(d->applied_steps(rank), 6);
+      d->set_applied_steps(rank, 1);
+      train(*d, rank, ids, 1, 3);  // the snapshot of 2
+    });
+    ::testing::internal::GetCapturedStderr();
+  }
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000002", "step-000000000005.superseded",
+                                                           "step-000000000006.superseded"}));
+  auto e = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*e, rank, &ids);
+  });
+  EXPECT_EQ(e->applied_steps(0), 2);
+}
+
+// A snapshot of a step the path already holds replaces it through a rename
+// aside (step-<N>.old), the new one in, then the old one removed. A crash
+// between the two renames leaves the old copy under .old and the new one
+// .partial: the next start puts the old one back (before, the old one was
+// removed first, and such a crash lost both). One after them: .old goes.
+TEST(Snapshots, ACrashWhileAStepIsReplacedLosesNeitherCopy) {
+  TempDir snaps;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.snapshot.keep = 2;
+  {
+    auto a = make_model(o, 2);
+    train_both(*a, 0, 7);  // 4 and 6 kept
+  }
+  const std::string six = snaps.path + "/step-000000000006";
+  fs::rename(six, six + ".old");  // as a crash between the renames leaves it
+  fs::create_directory(six + ".partial");
+  {
+    auto b = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*b, rank, &ids);
+    });
+    EXPECT_EQ(b->applied_steps(0), 6) << "the snapshot of step 6 was lost";
+  }
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000004", "step-000000000006"}));
+  fs::copy(six, six + ".old", fs::copy_options::recursive);  // a crash after them
+  {
+    auto c = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(*c, rank, &ids);
+    });
+    EXPECT_EQ(c->applied_steps(0), 6);
+  }
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000004", "step-000000000006"}));
+}
+
+// Two models over one snapshot path (a GAN's two models of one script, two
+// runs of a job started at once) removed, replaced and pruned each other's
+// snapshots, and the restart of both failed. The first holds the path for
+// its life; a second waits comm.timeout for it to let go, then is refused,
+// naming the path and the holder. The daemons of one job across nodes share
+// it; a job on one daemon and another job's daemon of the same node do not.
+TEST(Snapshots, ASecondModelOverThePathIsRefusedNamingItsHolder) {
+  TempDir snaps;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.timeout_s = 0.2;
+  const std::string me = "pid " + std::to_string(::getpid()) + " on host ";
+  const auto refusal = [&](const std::function<std::unique_ptr<Model>()>& make) {
+    ::testing::internal::CaptureStderr();
+    std::string what;
+    try {
+      make();
+      ADD_FAILURE() << "a second model over " << snaps.path << " was made";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_CONFIG) << e.what();
+      what = e.what();
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("snapshots: " + snaps.path + " is in use by "), std::string::npos) << err;
+    EXPECT_NE(what.find("snapshot.path " + snaps.path + " is in use by "), std::string::npos) << what;
+    EXPECT_NE(what.find("give each model its own snapshot.path"), std::string::npos) << what;
+    return what;
+  };
+  {
+    auto a = make_model(o, 2);
+    const std::string what = refusal([&] { return make_model(o, 1); });
+    EXPECT_NE(what.find("another model of the same process, " + me), std::string::npos) << what;
+    // One daemon's part of a job across nodes is refused too.
+    refusal([&] { return make_model(o, 2, 1, 1); });
+    train_both(*a, 0, 4);  // a's snapshots, untouched
+  }
+  EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000002", "step-000000000004"}));
+  // Gone with its model: the next one takes the path.
+  {
+    auto b = make_model(o, 1);
+  }
+  // Both daemons of one job across nodes (one directory every node sees).
+  auto node0 = make_model(o, 2, 0, 1);
+  auto node1 = make_model(o, 2, 1, 1);
+  const std::string what = refusal([&] { return make_model(o, 1); });
+  EXPECT_NE(what.find("a job across nodes (node 0: " + me), std::string::npos) << what;
+  // Another job's daemon of node 1.
+  const std::string other = refusal([&] { return make_model(o, 2, 1, 1); });
+  EXPECT_NE(other.find(".zerod-node-00001.lock"), std::string::npos) << other;
+  EXPECT_NE(other.find("ranks 1-1"), std::string::npos) << other;
+}
+
+// Two runs of a job at once, in two processes: the second is refused,
+// naming the first's pid; once the first is gone (killed: the kernel lets go
+// of its lock), a model waiting for the path takes it.
+TEST(Snapshots, AnotherProcessHoldsThePathUntilItIsGone) {
+  TempDir snaps;
+  JobOptions o = job(0);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    ::close(hold[1]);
+    char c = 1;
+    try {
+      auto m = make_model(o, 1);
+      static_cast<void>(::write(ready[1], &c, 1));
+      static_cast<void>(::read(hold[0], &c, 1));  // held until killed
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  ::close(ready[1]);
+  ::close(hold[0]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the other process made no model";
+  o.timeout_s = 0.2;
+  ::testing::internal::CaptureStderr();
+  try {
+    make_model(o, 1);
+    ADD_FAILURE() << "a model over the path another process holds was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_CONFIG) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is in use by pid " + std::to_string(child) + " on host "),
+              std::string::npos)
+        << e.what();
+  }
+  ::testing::internal::GetCapturedStderr();
+  // A model that waits (up to 30 s) while the holder dies.
+  o.timeout_s = 30;
+  int err_pipe[2];
+  ASSERT_EQ(::pipe(err_pipe), 0);
+  const int saved = ::dup(2);
+  ::dup2(err_pipe[1], 2);
+  ::close(err_pipe[1]);
+  std::unique_ptr<Model> waited;
+  std::string failed;
+  std::thread maker([&] {
+    try {
+      waited = make_model(o, 1);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    std::fprintf(stderr, "maker done\n");  // the read below ends, waited or not
+  });
+  std::string log;
+  char buf[512];
+  while (log.find("is in use by pid") == std::string::npos && log.find("maker done") == std::string::npos) {
+    const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    log.append(buf, static_cast<size_t>(n));
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  maker.join();
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(err_pipe[0]);
+  ::close(ready[0]);
+  ::close(hold[1]);
+  EXPECT_NE(log.find("waiting up to 30 s (comm.timeout)"), std::string::npos) << log;
+  EXPECT_TRUE(waited) << failed;
+}
+
+// A loss scale from a checkpoint or snapshot of another setting: a dynamic
+// fp16 run's 65536 taken by a job of a static fp16.loss_scale stayed there
+// for good, and by a bf16 or fp32 job (which zerod.h says scales by 1) it
+// divided the gradients of a trainer that does not scale its loss. The
+// job's own setting wins; a dynamic scaler takes a dynamic one's state, and
+// starts from its own where the checkpoint's made no dynamic update.
+void train_scaled(Model& m, zd_param_id id, int steps, float grad) {
+  for (int s = 0; s < steps; ++s) {
+    m.backward_begin(0, 0);
+    const ViewInfo g = m.grad_view(0, id);
+    std::vector<float> v(g.bytes / dtype_size(g.dtype), grad * static_cast<float>(m.loss_scale(0)));
+    convert(v.data(), ZD_DTYPE_F32, g.data, g.dtype, v.size());
+    m.backward_end(0, 0);
+    m.step(0);
+  }
+}
+
+TEST(CheckpointLossScale, TheJobsOwnSettingWinsOverAnotherOnesState) {
+  TempDir ck, bf16_ck, snaps;
+  JobOptions dynamic = job(0);
+  dynamic.precision = ZD_DTYPE_F16;
+  dynamic.snapshot.path = snaps.path;
+  dynamic.snapshot.every = 2;
+  {
+    auto a = make_model(dynamic, 1);
+    const auto ids = register_sine_modules(*a, 0, {16}, ZD_DTYPE_F16);
+    train_scaled(*a, ids[0], 2, std::numeric_limits<float>::infinity());  // two overflows, skipped: halved
+    train_scaled(*a, ids[0], 2, 0.01f);                                   // steps 1, 2: the snapshot of 2
+    ASSERT_EQ(a->loss_scale(0), 32768.0);
+    a->save_checkpoint(0, ck.path);
+  }
+  // scale after a load of `dir`, and after a resume of the snapshots
+  const auto loaded = [&](JobOptions o, const std::string& dir) {
+    o.snapshot = {};
+    auto m = make_model(o, 1);
+    register_sine_modules(*m, 0, {16}, o.precision);
+    m->load_checkpoint(0, dir);
+    EXPECT_EQ(m->applied_steps(0), 2);
+    return m->loss_scale(0);
+  };
+  const auto resumed = [&](const JobOptions& o) {
+    auto m = make_model(o, 1);
+    register_sine_modules(*m, 0, {16}, o.precision);
+    EXPECT_EQ(m->applied_steps(0), 2);
+    return m->loss_scale(0);
+  };
+  JobOptions fixed = dynamic;
+  fixed.static_loss_scale = 128;
+  EXPECT_EQ(loaded(fixed, ck.path), 128.0);
+  EXPECT_EQ(resumed(fixed), 128.0);
+  JobOptions bf16 = dynamic;
+  bf16.precision = ZD_DTYPE_BF16;
+  EXPECT_EQ(loaded(bf16, ck.path), 1.0);
+  EXPECT_EQ(resumed(bf16), 1.0);
+  JobOptions fp32 = dynamic;
+  fp32.precision = ZD_DTYPE_F32;
+  EXPECT_EQ(loaded(fp32, ck.path), 1.0);
+  // A dynamic scaler takes a dynamic one's state...
+  EXPECT_EQ(loaded(dynamic, ck.path), 32768.0);
+  EXPECT_EQ(resumed(dynamic), 32768.0);
+  // ... and keeps its own start over a bf16 checkpoint's 1.
+  {
+    bf16.snapshot = {};
+    auto m = make_model(bf16, 1);
+    register_sine_modules(*m, 0, {16}, ZD_DTYPE_BF16);
+    m->load_checkpoint(0, ck.path);
+    m->save_checkpoint(0, bf16_ck.path);
+  }
+  EXPECT_EQ(loaded(dynamic, bf16_ck.path), 65536.0);
 }
 
 // A snapshot that cannot be written (a full disk) is removed, logged, and

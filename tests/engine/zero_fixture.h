@@ -51,6 +51,7 @@ struct JobOptions {
   zerod::DeviceFactory device_factory;
   bool compression_replay = false;
   zd_dtype state_dtype = ZD_DTYPE_F32;  // optimizer.state_dtype
+  double static_loss_scale = 0.0;       // fp16.loss_scale: > 0 a static scale, 0 dynamic
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -64,7 +65,9 @@ inline std::vector<double> values_with(const Plugin& p,
   return v;
 }
 
-inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
+// The whole job's model, or (local_ranks >= 0) one daemon's of several:
+// ranks [first_local, first_local + local_ranks).
+inline std::unique_ptr<Model> make_model(const JobOptions& o, int world, int first_local = 0, int local_ranks = -1) {
 #ifdef ZEROD_FAKE_PLUGIN_DIR
   const std::vector<std::string> dirs = {ZEROD_PLUGIN_DIR, ZEROD_FAKE_PLUGIN_DIR};  // test-only plugins too
 #else
@@ -80,6 +83,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
   c.gradient_accumulation_steps = o.accumulation;
   c.gradient_clipping = o.clipping;
   c.loss_scale.enabled = o.precision == ZD_DTYPE_F16;
+  c.loss_scale.static_scale = o.static_loss_scale;
   c.zero_stage = o.stage;
   c.threads = o.threads;
   c.device_budget = o.device_budget;
@@ -103,7 +107,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world) {
     open = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
       return std::unique_ptr<Device>(std::make_unique<OpaqueDevice>(ledger, workers));
     };
-  return std::make_unique<Model>(c, std::move(p), o.policy, world, 0, -1, open);
+  return std::make_unique<Model>(c, std::move(p), o.policy, world, first_local, local_ranks, open);
 }
 
 // Runs fn(rank) on `world` threads and waits for all; the first exception

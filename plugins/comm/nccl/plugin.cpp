@@ -36,8 +36,8 @@ constexpr std::array<zd_hparam_spec, 4> kSpecs = {{
      "MASTER_PORT + 2. ZEROD_NCCL_ROOT=host:port in the environment overrides both"},
     {"check", ZD_HPARAM_BOOL, 1, {1.0, 0, 0, 0}, 0.0, 1.0, 0,
      "compare every call across ranks before it runs (a 256-byte all-gather each), so that ranks in different "
-     "collectives fail with a message naming them instead of hanging until the timeout; false saves that "
-     "latency per call"},
+     "collectives fail with a message naming them instead of hanging until the timeout or, where the calls "
+     "have the same size, finishing with wrong results; false saves that latency per call"},
     {"spin_us", ZD_HPARAM_NUMBER, 1, {0.0, 0, 0, 0}, 0.0, 1e6, 0,
      "microseconds a rank polls its collective flat out before it sleeps 50 us between polls"},
 }};
