@@ -13,7 +13,10 @@ import sys
 import tempfile
 import time
 
+from restart_lib import failer, steps_of
+
 zerod, trainer = sys.argv[1], sys.argv[2]
+fail = failer("daemon_restart")
 STEPS, EVERY = 40, 5
 
 
@@ -25,21 +28,6 @@ def job(snapshots):
 }}
 """
 
-
-def steps_of(output, rank):
-    out = {}
-    for line in output.splitlines():
-        m = re.match(rf"\[rank {rank}\] step (\d+) (\S+)$", line)
-        if m:
-            out[int(m.group(1))] = m.group(2)
-    return out
-
-
-def fail(why, *outputs):
-    print("daemon_restart: FAILED:", why)
-    for o in outputs:
-        print(o)
-    sys.exit(1)
 
 
 with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:

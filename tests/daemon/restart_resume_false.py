@@ -21,7 +21,10 @@ import tempfile
 import threading
 import time
 
+from restart_lib import failer, steps_of
+
 zerod, trainer = sys.argv[1], sys.argv[2]
+fail = failer("restart_resume_false")
 STEPS, EVERY = 30, 5
 
 
@@ -33,21 +36,6 @@ def job(path, lr, resume):
 }}
 """
 
-
-def steps_of(output, rank):
-    out = {}
-    for line in output.splitlines():
-        m = re.match(rf"\[rank {rank}\] step (\d+) (\S+)$", line)
-        if m:
-            out[int(m.group(1))] = m.group(2)
-    return out
-
-
-def fail(why, *outputs):
-    print("restart_resume_false: FAILED:", why)
-    for o in outputs:
-        print(o)
-    sys.exit(1)
 
 
 def run(job_path, steps, ms=0):
