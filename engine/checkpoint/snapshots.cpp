@@ -155,7 +155,13 @@ Snapshots::~Snapshots() {
     if (t.joinable()) t.join();
   join_committer();
   // The last commit is done: the next model over the path may start.
-  for (const int fd : lock_fds_) ::close(fd);
+  // Unlocked first: a process forked while the model lived (DataLoader
+  // workers) shares the open file, and close() alone would leave the lock
+  // held until the last such child is gone.
+  for (const int fd : lock_fds_) {
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+  }
 }
 
 void Snapshots::lock_path() {
@@ -245,7 +251,10 @@ void Snapshots::lock_path() {
     if (take(main_lock, LOCK_SH)) name_holder(lock_fds_.back(), false);
     if (take(node_lock, LOCK_EX)) name_holder(lock_fds_.back(), true);
   } catch (...) {
-    for (const int fd : lock_fds_) ::close(fd);  // the destructor does not run
+    for (const int fd : lock_fds_) {  // the destructor does not run
+      ::flock(fd, LOCK_UN);
+      ::close(fd);
+    }
     lock_fds_.clear();
     throw;
   }

@@ -46,7 +46,10 @@ std::string trace_path_problem(const std::string& path) {
   make_parent(path);
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const std::string probe = dir + "/.zerod-trace-probe." + std::to_string(::getpid());
+  // Named per call too: two models created at once in one daemon try theirs.
+  static std::atomic<uint64_t> probes{0};
+  const std::string probe =
+      dir + "/.zerod-trace-probe." + std::to_string(::getpid()) + "." + std::to_string(probes.fetch_add(1));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return "cannot create a file in " + dir + ": " + std::strerror(errno);
   ::close(fd);
@@ -69,15 +72,16 @@ Tracer::Tracer(TraceSettings settings, int first_rank, int ranks)
 }
 
 Tracer::~Tracer() {
-  bool any, failed;
+  bool any;
   {
     std::lock_guard<std::mutex> lock(mu_);
     any = anything_;
-    failed = write_failed_;
   }
-  if (any && !failed)
+  // Written again at the end (with every loss reported since) even after a
+  // failed write: the disk may have room now.
+  if (any)
     write();
-  else if (!any && stepped_.load(std::memory_order_relaxed))
+  else if (stepped_.load(std::memory_order_relaxed))
     // A model that never began a step (zerod.torch's broadcast of the
     // initial values, one only saved or loaded) had nothing to record: a
     // warning would read as a trace lost.
@@ -144,10 +148,6 @@ uint64_t Tracer::events_recorded() const {
 }
 
 bool Tracer::write() {
-  auto note_failed = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    write_failed_ = true;
-  };
   TraceFile f;
   TraceContext ctx;
   {
@@ -188,7 +188,6 @@ bool Tracer::write() {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {
       log_warn("trace: cannot write " + tmp + ": " + std::strerror(errno) + "; the trace is lost");
-      note_failed();
       return false;
     }
     write_chrome_trace(out, f);
@@ -196,14 +195,12 @@ bool Tracer::write() {
     if (!out) {
       log_warn("trace: writing " + tmp + " failed: " + std::strerror(errno) + "; the trace is lost");
       ::unlink(tmp.c_str());
-      note_failed();
       return false;
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     log_warn("trace: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno) + "; the trace is lost");
     ::unlink(tmp.c_str());
-    note_failed();
     return false;
   }
   uint64_t events = 0, dropped = 0;

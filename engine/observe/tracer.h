@@ -127,7 +127,6 @@ class Tracer {
   std::vector<bool> finished_;  // per rank: past the window
   bool window_written_ = false;
   bool anything_ = false;       // an event or report was recorded
-  bool write_failed_ = false;   // said once: the model's end does not try again
   std::atomic<bool> stepped_{false};  // a rank began a step: a model that never trains warns of nothing
 };
 

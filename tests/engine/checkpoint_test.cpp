@@ -834,6 +834,42 @@ TEST(Snapshots, AnotherProcessHoldsThePathUntilItIsGone) {
   EXPECT_TRUE(waited) << failed;
 }
 
+// A process forked while a model lived (a DataLoader's workers) shares the
+// lock's open file: the model's end unlocks it, so the next model over the
+// path is made at once while the child still lives (close() alone left the
+// lock held until the last child was gone).
+TEST(Snapshots, AChildForkedWhileAModelLivedDoesNotHoldItsPathAfterIt) {
+  TempDir snaps;
+  JobOptions o = job(0);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  o.timeout_s = 0.2;
+  auto first = make_model(o, 1);
+  int hold[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(hold[1]);
+    char c;
+    static_cast<void>(::read(hold[0], &c, 1));  // lives until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(hold[0]);
+  first.reset();
+  std::unique_ptr<Model> second;
+  std::string failed;
+  try {
+    second = make_model(o, 1);
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  ::close(hold[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(second) << failed;
+}
+
 // A loss scale from a checkpoint or snapshot of another setting: a dynamic
 // fp16 run's 65536 taken by a job of a static fp16.loss_scale stayed there
 // for good, and by a bf16 or fp32 job (which zerod.h says scales by 1) it
