@@ -503,7 +503,8 @@ TEST(Nvme, AFailedFinalizeKeepsNoReservationsAndARetryFits) {
   // The master, exp_avg and exp_avg_sq: 1 MiB each, reserved in that order.
   const zd_param_id w = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 18}, nullptr, 0);
   uint64_t need = 0;
-  for (const uint64_t bytes : model->plan(0).need[ZD_TIER_NVME]) need += bytes;
+  const auto plan = model->plan(0);  // held: a range-for over a temporary's member outlives it (TSan)
+  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
   ASSERT_EQ(need, uint64_t{3} << 20);
   {
     FileSizeLimit limit(need - (uint64_t{512} << 10));  // room for two of the three
