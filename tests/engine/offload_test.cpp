@@ -435,6 +435,20 @@ TEST(Nvme, AFileSystemWithoutODirectIsNamed) {
   }
 }
 
+// `steps` steps of module 0 whose gradient is 1 in the first element of w
+// (a tensor of 2^18), each applied; that element has moved below zero.
+void expect_steps_land(Model& model, zd_param_id w, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    model.backward_begin(0, 0);
+    static_cast<float*>(model.grad_view(0, w).data)[0] = 1.0f;
+    model.backward_end(0, 0);
+    EXPECT_TRUE(model.step(0).applied);
+  }
+  std::vector<float> v(1 << 18);
+  model.read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
+  EXPECT_LT(v[0], 0.0f) << "the updates landed";
+}
+
 TEST(Nvme, ADiskTooSmallIsRefusedAtFinalizeNamingPathAndTensor) {
   TempDir dir;
   std::string why;
@@ -475,15 +489,7 @@ TEST(Nvme, ADiskThatFillsAfterFinalizeDoesNotFailTraining) {
   struct statvfs st{};
   ASSERT_EQ(statvfs(dir.path.c_str(), &st), 0);
   EXPECT_LT(st.f_bavail * st.f_frsize, 1u << 20) << "the disk is full";
-  for (int s = 0; s < 3; ++s) {
-    model->backward_begin(0, 0);
-    static_cast<float*>(model->grad_view(0, w).data)[0] = 1.0f;
-    model->backward_end(0, 0);
-    EXPECT_TRUE(model->step(0).applied);
-  }
-  std::vector<float> v(1 << 18);
-  model->read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
-  EXPECT_LT(v[0], 0.0f) << "the updates landed";
+  expect_steps_land(*model, w, 3);
 }
 
 // A finalize that cannot reserve all of a rank's NVMe state keeps none of
@@ -528,13 +534,7 @@ TEST(Nvme, AFailedFinalizeKeepsNoReservationsAndARetryFits) {
     EXPECT_EQ(open_file_bytes(dir.path, &files), need);
     EXPECT_EQ(files, 1);
   }
-  model->backward_begin(0, 0);
-  static_cast<float*>(model->grad_view(0, w).data)[0] = 1.0f;
-  model->backward_end(0, 0);
-  EXPECT_TRUE(model->step(0).applied);
-  std::vector<float> v(1 << 18);
-  model->read_param(0, w, ZD_DTYPE_F32, v.data(), v.size() * 4);
-  EXPECT_LT(v[0], 0.0f) << "the update landed";
+  expect_steps_land(*model, w, 1);
 }
 
 TEST(Nvme, AShortReadIsNamedAndStopsTheJob) {
