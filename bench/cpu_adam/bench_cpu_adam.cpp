@@ -18,7 +18,8 @@
 // by round (ours, DeepSpeed, ours, ...), with ours on each vector ISA in
 // the same rounds (whether auto picked the fastest); (f) ours again as the
 // engine calls it in a training step: 32768-element tiles taken by whichever
-// thread is free, on each ISA (--no-tiles leaves it out); (d)
+// thread is free, on each ISA, without a working copy, with a bf16 one and
+// with an fp32 one (--no-tiles leaves it out); (d)
 // torch.optim.AdamW, the fastest of its CPU implementations (foreach off and
 // on, and fused where torch >= 2.4 has it), run by the venv's python (torch
 // 2.x, as DeepSpeed's side) unless --python names another; its version is
@@ -417,8 +418,9 @@ struct AdamState {
 // step).
 constexpr size_t kTile = size_t{1} << 15;  // engine/runtime/workers.h
 
-double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamState& on, zd_isa isa,
-                 bool bf16_work) {
+// work: ZD_DTYPE_BF16 (on.work), ZD_DTYPE_F32 (work32), or 0 for none.
+double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamState& on, zd_isa isa, int work,
+                 float* work32) {
   on.reset(team);
   const size_t n = on.n, tiles = (n + kTile - 1) / kTile;
   std::atomic<zd_status> failed{ZD_OK};
@@ -435,8 +437,10 @@ double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamSt
         u.master = on.p.get() + lo;
         u.grad = on.g.get() + lo;
         u.grad_dtype = ZD_DTYPE_F32;
-        u.work = bf16_work ? on.work.get() + lo : nullptr;
-        u.work_dtype = ZD_DTYPE_BF16;
+        u.work = work == ZD_DTYPE_BF16  ? static_cast<void*>(on.work.get() + lo)
+                 : work == ZD_DTYPE_F32 ? static_cast<void*>(work32 + lo)
+                                        : nullptr;
+        u.work_dtype = work ? static_cast<zd_dtype>(work) : ZD_DTYPE_BF16;
         u.state[0] = on.m.get() + lo;
         u.state[1] = on.v.get() + lo;
         u.grad_scale = 1.0;
@@ -456,17 +460,20 @@ double run_tiles(const Options& o, Team& team, const AdamwPlugin& plugin, AdamSt
   return double(n) / median(times);
 }
 
-// (f): the engine's tiles, on each vector ISA and on auto, fp32 and with the
-// bf16 working copy, interleaved round by round.
-void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st) {
+// (f): the engine's tiles, on each vector ISA and on auto, fp32 without a
+// working copy, with a bf16 one and with an fp32 one (what the engine writes
+// for fp32 parameters: the master's copy in the device's memory),
+// interleaved round by round.
+void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st, HostMemory& memory) {
   struct Config {
     zd_isa isa;
-    bool bf16_work;
+    int work;  // run_tiles' work
   };
+  Array<float> work32(memory, st.n);
   std::vector<Config> configs;
-  for (const bool bf16 : {false, true}) {
+  for (const int work : {0, int{ZD_DTYPE_BF16}, int{ZD_DTYPE_F32}}) {
     for (const zd_isa isa : {ZD_ISA_AUTO, ZD_ISA_AVX2, ZD_ISA_AVX512}) {
-      if (plugin.desc->supports_isa(isa)) configs.push_back({isa, bf16});
+      if (plugin.desc->supports_isa(isa)) configs.push_back({isa, work});
     }
   }
   std::vector<std::vector<std::string>> cells(configs.size());
@@ -475,13 +482,15 @@ void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st) {
     std::vector<std::vector<double>> rates(configs.size());
     for (int round = 0; round < o.rounds; ++round) {
       for (size_t c = 0; c < configs.size(); ++c)
-        rates[c].push_back(run_tiles(o, team, plugin, st, configs[c].isa, configs[c].bf16_work));
+        rates[c].push_back(run_tiles(o, team, plugin, st, configs[c].isa, configs[c].work, work32.get()));
     }
     for (size_t c = 0; c < configs.size(); ++c) cells[c].push_back(fmt("%.0f M/s", median(rates[c]) / 1e6));
   }
   for (size_t c = 0; c < configs.size(); ++c) {
     const std::string label = std::string("(f) engine tiles, ours ") + isa_label(configs[c].isa) +
-                              (configs[c].bf16_work ? " + bf16 work copy" : " fp32");
+                              (configs[c].work == ZD_DTYPE_BF16  ? " + bf16 work copy"
+                               : configs[c].work == ZD_DTYPE_F32 ? " + fp32 work copy"
+                                                                 : " fp32");
     row(label.c_str(), cells[c]);
   }
   std::printf("\n(f) %zu-element calls, each thread taking the next tile as it finishes one, the tile's gradient "
@@ -625,7 +634,7 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
                 ds_version.c_str(), o.rounds);
   else
     std::printf("\n(e) DeepSpeedCPUAdam: not run: %s\n", ds_error.c_str());
-  if (o.tiles) measure_tiles(o, plugin, st);
+  if (o.tiles) measure_tiles(o, plugin, st, huge);
   return ours;
 }
 

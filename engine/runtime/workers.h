@@ -22,7 +22,9 @@
 namespace zerod {
 
 // Elements per optimizer or statistics task: small enough that the arrays of
-// a tile stay in L2 while the gradient is zeroed right after its update.
+// a tile stay in L2 while the gradient is zeroed right after its update, and
+// no smaller than the optimizer kernels' optim::kStreamWork, from which they
+// write the working copy by streaming stores (engine_units_test holds it).
 constexpr uint64_t kTile = uint64_t{1} << 15;
 
 class Workers {

@@ -13,6 +13,9 @@
 #include "model/registry.h"
 #include "compression/sign_kernels.h"
 #include "runtime/thread_pool.h"
+#include "runtime/workers.h"
+
+#include <zerod/optim/kernels.h>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -295,6 +298,17 @@ TEST(Workers, ParallelAccumulateMatchesTheSerialAddFromTwoThreads) {
   other.join();
   EXPECT_EQ(std::memcmp(want.data(), got_a.data(), n * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(want.data(), got_b.data(), n * sizeof(float)), 0);
+}
+
+// The optimizer kernels write a working copy by streaming stores only in
+// ranges of kStreamWork elements or more (plain stores read every line
+// first); the engine calls them one tile at a time, so a full tile must be
+// that large, or no update in the engine ever streams its working copy.
+// That was the case with the kernels' former 2^20-element threshold: the
+// update of 32M fp32 parameters with an fp32 working copy took 29 ms a step
+// on 2 threads instead of 19-20 (issue 33).
+TEST(Workers, AnUpdateTileIsLargeEnoughToStreamTheWorkingCopy) {
+  EXPECT_GE(kTile, optim::kStreamWork);
 }
 
 // A window's first contribution is written, not added: the same bits as

@@ -23,14 +23,16 @@ constexpr uint64_t kMaxUlp = 2;
 constexpr int kSteps = 3;
 // 1 and 7: tail only; 8, 17, 22: the one-vector body (AVX2) and masked tail
 // (AVX-512); 64, 65, 130: the 2x8 and 4x16 bodies; the large ones: all of
-// it, 2^20 + 103 through the walks of large ranges, where the working copy
-// goes by streaming stores from its first vector boundary. Buffer's data
+// it, kStreamWork + 103 (an engine tile and some) and 2^20 + 103 through
+// the walks where the working copy goes by streaming stores from its first
+// vector boundary (AVX2: the plain loop, then the two halves; AVX-512: its
+// one walk at both). Buffer's data
 // starts 3 elements into a 16-byte-aligned allocation, so there is always a
 // head before that boundary (the scalar loop in AVX2, a masked vector in
 // AVX-512) of 1, 5, 9 or 13 elements; then AVX2's two halves at once, or
 // AVX-512's one walk in 8-vector bodies, whose 103 - head left over always
 // leaves single vectors (5 or 6) and a masked tail.
-constexpr size_t kSizes[] = {1, 7, 8, 17, 22, 64, 65, 130, 4099, (size_t{1} << 20) + 103};
+constexpr size_t kSizes[] = {1, 7, 8, 17, 22, 64, 65, 130, 4099, kStreamWork + 103, (size_t{1} << 20) + 103};
 constexpr size_t kMaxSize = (size_t{1} << 20) + 103;
 
 enum class Algo { adam, adam_l2, adamw, adam_no_bias_correction, sgd, sgd_momentum, sgd_nesterov };

@@ -55,9 +55,10 @@ uint64_t xinuse() {
 // Only called where the CPU has AVX (every vector path needs it).
 __attribute__((target("avx"))) void zero_upper() { _mm256_zeroupper(); }
 
-// 7: the tail alone; 130: the unrolled bodies; 2^20 + 5: the AVX2 walk of
-// large ranges with streaming stores of the working copy.
-constexpr size_t kSizes[] = {7, 130, (size_t{1} << 20) + 5};
+// 7: the tail alone; 130: the unrolled bodies; kStreamWork + 5 and 2^20 + 5:
+// the AVX2 plain loop and walk of large ranges with streaming stores of the
+// working copy.
+constexpr size_t kSizes[] = {7, 130, kStreamWork + 5, (size_t{1} << 20) + 5};
 
 // The kernel's answer, and XINUSE just before and just after it.
 struct Outcome {

@@ -55,10 +55,9 @@ inline void adam_block(const AdamVec& k, const Range& r, const AdamState& s, siz
 }
 
 // Ranges from this many elements (4 MiB of each fp32 array) take
-// adam_run_large. Why a threshold: the two changes there pay only where the
-// arrays stream from DRAM, and a working copy small enough to stay in the
-// caches may be read again soon (copied to the device), which streaming
-// stores would send to DRAM first.
+// adam_run_large. Why a threshold: the two halves pay only where the arrays
+// stream from DRAM. Ranges from kStreamWork elements (kernels.h) with a
+// working copy stream it below this size too (adam_run_streaming).
 constexpr size_t kLargeRange = size_t{1} << 20;
 // Elements of one half taken before turning to the other: 4 lines a stream.
 constexpr size_t kTurn = 64;
@@ -101,6 +100,23 @@ void adam_run_large(const AdamVec& k, const detail::AdamConsts& c, const Range& 
   if constexpr (Nt) _mm_sfence();
 }
 
+// A range of kStreamWork to kLargeRange elements with a working copy: the
+// plain loop, the working copy by streaming stores from its first vector
+// boundary (an engine tile of a large update; kernels.h). The same
+// operations on each element as adam_run's plain loop: results identical.
+template <Dtype G, Work W, St SD>
+void adam_run_streaming(const AdamVec& k, const detail::AdamConsts& c, const Range& r, const AdamState& s,
+                        size_t head) {
+  Range first = r;
+  first.count = head;
+  detail::adam_loop<G, W, SD>(c, first, s, 0);
+  size_t i = head;
+  for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, SD, true>(k, r, s, i);
+  for (; i + kLanes <= r.count; i += kLanes) adam_block<1, G, W, SD, true>(k, r, s, i);
+  detail::adam_loop<G, W, SD>(c, r, s, i);
+  _mm_sfence();
+}
+
 template <Dtype G, Work W, St SD>
 void adam_run(const detail::AdamConsts& c, const Range& r, const AdamState& s) {
   const AdamVec k(c);
@@ -110,6 +126,12 @@ void adam_run(const detail::AdamConsts& c, const Range& r, const AdamState& s) {
       if (head != SIZE_MAX) return adam_run_large<G, W, SD, true>(k, c, r, s, head);
     }
     return adam_run_large<G, W, SD, false>(k, c, r, s, 0);
+  }
+  if constexpr (W != Work::none) {
+    if (r.count >= kStreamWork) {
+      const size_t head = work_head<W>(r.work);
+      if (head != SIZE_MAX) return adam_run_streaming<G, W, SD>(k, c, r, s, head);
+    }
   }
   size_t i = 0;
   for (; i + 2 * kLanes <= r.count; i += 2 * kLanes) adam_block<2, G, W, SD>(k, r, s, i);

@@ -58,13 +58,13 @@ inline void adam_block(const AdamVec& c, const Range& r, const AdamState& s, siz
   }
 }
 
-// Ranges from this many elements with a working copy take adam_run_large,
-// for the reason the AVX2 path has the same threshold (avx2.cpp): streaming
-// stores pay only where the arrays stream from DRAM.
-constexpr size_t kLargeRange = size_t{1} << 20;
+// Ranges from this many elements with a working copy take adam_run_large
+// (kStreamWork, kernels.h, says why this size).
+constexpr size_t kLargeRange = kStreamWork;
 
-// A range far larger than the caches, with a working copy: one walk from the
-// start in bodies of 8 vectors, the working copy by streaming stores from its
+// A range with a working copy, from kLargeRange elements (a range far larger
+// than the caches, or an engine tile of one): one walk from the start in
+// bodies of 8 vectors, the working copy by streaming stores from its
 // first vector boundary (no read-for-ownership of lines that are only
 // written: 30 bytes a parameter instead of 32 with a bf16 copy).
 // Why not the AVX2 path's walk of the two halves at once, which this path
