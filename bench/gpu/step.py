@@ -68,6 +68,8 @@ def zerod_job(a):
         offload["nvme_path"] = a.nvme
     if a.accumulate:
         offload["accumulate"] = a.accumulate
+    if a.ratio is not None:
+        offload["ratio"] = a.ratio
     # A live window of a few blocks and a bucket of about one block, as
     # DeepSpeed's defaults give for this width.
     zero = f"stage = {stage}" + (", max_live_parameters = 3e8, prefetch_bucket_size = 1e8, "
@@ -123,6 +125,8 @@ def parser():
     ap.add_argument("--accumulate", choices=["auto", "device", "host"],
                     help="zerod modes: the job's offload.accumulate (where micro-batch gradients add up)")
     ap.add_argument("--state-dtype", choices=["bf16"], help="zerod modes: the job's optimizer.state_dtype")
+    ap.add_argument("--ratio", type=float, help="zerod modes: the job's offload.ratio (the share of the optimizer "
+                                                "that leaves the GPU: whole tensors, the last layers first)")
     ap.add_argument("--threads", type=int, help="zerod modes: the job's threads (CPU threads of the host's "
                                                 "update; default every core)")
     ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
@@ -149,7 +153,8 @@ def main():
     tokens_per_step = a.micro * a.seq * a.gas
     out = {"mode": a.mode, "rank": rank, "world": world, "layers": a.layers, "embd": a.embd, "params": n_params(c),
            "seq": a.seq, "micro": a.micro, "gas": a.gas, "tokens_per_step": tokens_per_step, "ckpt": a.ckpt}
-    out.update({k: v for k, v in (("accumulate", a.accumulate), ("state_dtype", a.state_dtype)) if v})
+    out.update({k: v for k, v in (("accumulate", a.accumulate), ("state_dtype", a.state_dtype),
+                                  ("ratio", a.ratio)) if v is not None})
     t0 = time.time()
     try:
         rss0 = rss_gib()

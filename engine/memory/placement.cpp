@@ -14,7 +14,8 @@
 
 namespace zerod {
 
-void Placement::decide() {
+void Placement::decide(bool host_addressable) {
+  host_addressable_ = host_addressable;
   const OffloadConfig& off = ctx_.config.offload;
   const Registry& reg = ctx_.registry;
   const bool p3 = ctx_.params_partitioned();
@@ -56,6 +57,56 @@ void Placement::decide() {
     fail(ZD_ERR_CONFIG, msg);
   }
   warn_of_a_ratio_with_nothing_to_split();
+  ratio_by_tensor_ = !host_addressable && off.ratio < 1.0;
+  if (ratio_by_tensor_) apply_ratio_by_tensor();
+}
+
+// Where the host cannot address the device, a group's optimizer work is
+// wholly on the device or wholly off it (its gradients have one tier), so
+// the ratio cannot cut inside a tensor as it does on the cpu device: it
+// moves whole tensors, the last ones registered, until at least that share
+// of the elements it applies to is off the device (at least: the device
+// then holds no more than the ratio leaves it). The last ones, where the cpu
+// device moves the first elements: their gradients are the first a backward
+// produces, so they leave the device while the backward goes on, and the
+// overlapped update, which runs in forward order, reaches their state last,
+// behind the most of the next forward; the first layers' state stays on
+// the device and is updated there at once. The tensors kept on the device
+// form groups of their own (state_class). A tensor whose stage-3 shard is
+// off the device keeps its optimizer off it too (an update on the device
+// writes the shard in place): it counts as moved.
+void Placement::apply_ratio_by_tensor() {
+  const double ratio = ctx_.config.offload.ratio;
+  auto applies = [](const Entry& e) {
+    return !e.master_explicit && !e.optimizer_explicit && e.master != ZD_TIER_DEVICE;
+  };
+  const Registry& reg = ctx_.registry;
+  uint64_t total = 0, moved = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!applies(entries_[i])) continue;
+    total += static_cast<uint64_t>(reg.params()[i].numel);
+    if (entries_[i].params != ZD_TIER_DEVICE) moved += static_cast<uint64_t>(reg.params()[i].numel);
+  }
+  const auto target = static_cast<uint64_t>(std::ceil(ratio * static_cast<double>(total)));
+  bool kept = false;
+  for (size_t i = entries_.size(); i-- > 0;) {
+    Entry& e = entries_[i];
+    if (!applies(e) || e.params != ZD_TIER_DEVICE) continue;
+    if (moved < target) {
+      moved += static_cast<uint64_t>(reg.params()[i].numel);
+    } else {
+      e.master = ZD_TIER_DEVICE;
+      e.optimizer = ZD_TIER_DEVICE;
+      kept = true;
+    }
+  }
+  if (!kept && total > 0 && ctx_.params_partitioned() && ctx_.config.offload.params != ZD_TIER_DEVICE) {
+    char r[32];
+    std::snprintf(r, sizeof r, "%g", ratio);
+    log_warn("offload.ratio = " + std::string(r) + " keeps nothing on the device (" + ctx_.config.source +
+             "): on a device the host cannot address, a tensor's optimizer stays with its stage-3 shard, and "
+             "offload.params = \"" + tier_name(ctx_.config.offload.params) + "\" moves every shard off it");
+  }
 }
 
 // offload.ratio is the share of what offload.optimizer moves, the masters
@@ -91,9 +142,6 @@ void Placement::check_device(const Device& device, const Memory& pool, int rank)
   if (pool.host_writes()) return;
   const std::string where = " (" + ctx_.config.source + ")";
   const std::string dev = std::string("the ") + device.name() + " device";
-  if (ctx_.config.offload.ratio < 1.0)
-    fail(ZD_ERR_CONFIG, "offload.ratio < 1 splits a group's optimizer between the device and the host, which " +
-                            dev + " does not support yet" + where + "; use ratio = 1");
   bool state_on_device = false;
   const Registry& reg = ctx_.registry;
   for (size_t i = 0; i < reg.params().size(); ++i) {
@@ -114,8 +162,20 @@ void Placement::check_device(const Device& device, const Memory& pool, int rank)
   if (state_on_device && !device.runs(ctx_.optimizer()))
     fail(ZD_ERR_CONFIG, "optimizer '" + ctx_.optimizer().plugin().name() + "' has no kernels for " + dev +
                             ", and its state is in the device tier; place the optimizer state on the host " +
-                            "(offload = { optimizer = \"host\" })" + where);
-  (void)rank;
+                            "(offload = { optimizer = \"host\" }" +
+                            (ratio_by_tensor_ ? ", and offload.ratio = 1: a ratio below 1 keeps some of it on the device"
+                                              : "") +
+                            ")" + where);
+  // Each group's optimizer work wholly on the device or wholly off it: the
+  // layout keeps the two apart (state_class); a group that mixed them would
+  // update state in the pool from gradients in host memory.
+  for (size_t gi = 0; gi < reg.groups().size(); ++gi) {
+    bool on = false, off = false;
+    for (const TierRun& r : tier_runs(gi, rank, Holds::Master)) (r.tier == ZD_TIER_DEVICE ? on : off) = true;
+    if (on && off)
+      fail(ZD_ERR_INTERNAL, "the group of '" + reg.param(reg.groups()[gi].params.front()).name +
+                                "' holds masters both on and off " + dev + where);
+  }
 }
 
 void Placement::raise_nvme_alignment(uint64_t align) {
@@ -172,7 +232,7 @@ std::vector<TierRun> Placement::tier_runs(size_t group, int rank, Holds what) co
   // The offload ratio: only that share of the defaulted elements leaves the
   // device, the first ones in order.
   const double ratio = ctx_.config.offload.ratio;
-  if (what != Holds::Params && ratio < 1.0) {
+  if (what != Holds::Params && ratio < 1.0 && !ratio_by_tensor_) {
     uint64_t total = 0;
     for (size_t i = 0; i < raw.size(); ++i)
       if (defaulted[i]) total += raw[i].count;

@@ -38,12 +38,24 @@ class Placement {
   // policy may be null; it is not owned.
   Placement(const ModelContext& ctx, JobPolicy* policy) : ctx_(ctx), policy_(policy) {}
 
-  // Asks the policy once per parameter and kind (the registry is laid out).
-  // Called once, so every rank places alike. Throws ZD_ERR_CONFIG listing
-  // every tensor that cannot go where it was placed; warns where
-  // offload.ratio < 1 splits nothing (it applies to offload.optimizer's
-  // masters and state, never to the stage-3 parameter shards).
-  void decide();
+  // Asks the policy once per parameter and kind (the parameters are
+  // registered; the registry is laid out after, by state_class()). Called
+  // once, so every rank places alike. Throws ZD_ERR_CONFIG listing every
+  // tensor that cannot go where it was placed; warns where offload.ratio < 1
+  // splits nothing (it applies to offload.optimizer's masters and state,
+  // never to the stage-3 parameter shards). host_addressable: whether the
+  // ranks' device is memory the host writes (the cpu device); where it is
+  // not, the ratio moves whole tensors (apply_ratio_by_tensor).
+  void decide(bool host_addressable = true);
+  // The layout's group class of a parameter (LayoutPolicy::group_class):
+  // on a device the host cannot address, a group's gradients have one tier
+  // and its optimizer work is wholly on the device or wholly off it, so the
+  // parameters whose masters stay on the device (by the ratio or the job's
+  // placement()) form groups of their own: 1 for those, 0 for the rest;
+  // always 0 on a host-addressable device (one group per working dtype).
+  int state_class(size_t param) const {
+    return !host_addressable_ && entries_[param].master == ZD_TIER_DEVICE ? 1 : 0;
+  }
 
   // The tier runs of one of a rank's buffers of a group, in element order.
   std::vector<TierRun> tier_runs(size_t group, int rank, Holds what) const;
@@ -114,6 +126,8 @@ class Placement {
   };
   // decide()'s warning where offload.ratio < 1 has nothing to split.
   void warn_of_a_ratio_with_nothing_to_split() const;
+  // offload.ratio on a device the host cannot address, in decide().
+  void apply_ratio_by_tensor();
   // Tier boundaries fall on multiples of this many elements, so every NVMe
   // transfer starts at an aligned offset whatever the element size.
   uint64_t tier_granule() const { return nvme_align_.load() / 2; }  // the smallest element is 2 bytes
@@ -124,6 +138,8 @@ class Placement {
   std::atomic<uint64_t> nvme_align_{4096};
   bool window_ = false;
   bool bytes_travel_ = false;  // as decide_window was told
+  bool host_addressable_ = true;  // as decide was told
+  bool ratio_by_tensor_ = false;  // the ratio moved whole tensors (tier_runs cuts nothing)
   uint64_t device_align_ = DevicePool::kAlign;
 };
 

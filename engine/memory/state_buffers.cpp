@@ -20,7 +20,10 @@ void StateBuffers::allocate(const Placement& placement) {
       GroupBuffers& b = groups_[gi];
       // The ledger and the device name the buffer with its rank; the nvme
       // tier names the rank itself, so its reservations go without.
-      const std::string group = std::string("group ") + dtype_name(g.dtype);
+      // Two groups of one dtype where the ratio or placement() kept some
+      // masters on a device the host cannot address (state_class).
+      const std::string group =
+          std::string("group ") + dtype_name(g.dtype) + (g.state_class ? " (state on the device)" : "");
       const std::string of_rank = " of rank " + std::to_string(rank);
       const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
       const std::string working = "the working copies of " + group;

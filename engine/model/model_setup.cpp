@@ -203,9 +203,12 @@ void Model::lay_out_once() {
   policy.stride = [part](uint64_t numel, uint64_t align) { return part->shard_stride(numel, align); };
   policy.persistence_threshold = part->persistence_threshold();
   if (plugins_.optimizer->compresses()) policy.param_align = 8;
-  registry_.lay_out(policy);
-  placement_.decide();
   const RankResources& first = ranks_.front()->res;
+  // Placed first: on a device the host cannot address, where the masters
+  // are decides the groups (Placement::state_class).
+  placement_.decide(first.device->host_addressable());
+  policy.group_class = [this](size_t param) { return placement_.state_class(param); };
+  registry_.lay_out(policy);
   placement_.set_device_block_align(first.device->block_align());
   placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.transfers.bytes_travel(), first.rank);
   laid_out_ = true;

@@ -79,10 +79,11 @@ void Registry::lay_out(const LayoutPolicy& policy) {
   const auto world = static_cast<uint64_t>(world_size_);
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamRecord& p = params_[i];
+    const int cls = policy.group_class ? policy.group_class(i) : 0;
     auto g = std::find_if(groups_.begin(), groups_.end(),
-                          [&](const ParamGroup& pg) { return pg.dtype == p.dtype; });
+                          [&](const ParamGroup& pg) { return pg.dtype == p.dtype && pg.state_class == cls; });
     if (g == groups_.end()) {
-      groups_.push_back(ParamGroup{p.dtype, {}, 0, 0, 0});
+      groups_.push_back(ParamGroup{p.dtype, cls, {}, 0, 0, 0});
       g = groups_.end() - 1;
     }
     const auto n = static_cast<uint64_t>(p.numel);

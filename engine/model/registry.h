@@ -1,9 +1,10 @@
 // The parameters and modules a trainer registered, and where each one sits
 // in the per-group buffers.
 //
-// Parameters are grouped by working dtype: one buffer per group, so the
-// optimizer runs over long contiguous ranges and writes the working copy in
-// the same pass. In a group's full layout every parameter starts 64-byte
+// Parameters are grouped by working dtype (and, on a device the host cannot
+// address, by whether their optimizer state stays on it:
+// LayoutPolicy::group_class): one buffer per group, so the optimizer runs
+// over long contiguous ranges and writes the working copy in the same pass. In a group's full layout every parameter starts 64-byte
 // aligned (the gaps are zero and stay zero under every optimizer). How the
 // layout is split across ranks depends on the ZeRO stage:
 //  - replicated (stage 0): every rank holds the whole group;
@@ -70,6 +71,7 @@ struct ModuleRecord {
 
 struct ParamGroup {
   zd_dtype dtype = ZD_DTYPE_F32;  // working dtype
+  int state_class = 0;            // LayoutPolicy::group_class
   std::vector<zd_param_id> params;
   uint64_t full_numel = 0;  // the full layout's length (aligned; padded to world * stride when group-partitioned)
   uint64_t stride = 0;      // elements each rank owns of the full layout (replicated: full_numel)
@@ -88,6 +90,11 @@ struct LayoutPolicy {
   // compressing optimizer asks 8, so that a rank's shard of a tensor is
   // the chunk of it the rank serves in a 1-bit exchange).
   uint64_t param_align = 1;
+  // Parameters of one working dtype but another class (by index) go into
+  // groups of their own: Placement::state_class, where a device the host
+  // cannot address keeps some masters on the device and others off it.
+  // Unset: one group per working dtype.
+  std::function<int(size_t param)> group_class;
 };
 
 class Registry {

@@ -30,6 +30,7 @@ struct Case {
   zd_tier params, optimizer;
   zd_dtype precision;
   int world = 1;
+  double ratio = 1.0;  // offload.ratio: whole tensors, the last ones, off the device
 };
 
 // The trainer's side, on every rank: reads the working copy through the
@@ -86,6 +87,7 @@ TEST_P(OnDevice, TrainsAsTheCpuDeviceDoes) {
                       {"prefetch_bucket_size", 1 << 16}, {"reduce_bucket_size", 1 << 16}};
   o.offload.params = c.params;
   o.offload.optimizer = c.optimizer;
+  o.offload.ratio = c.ratio;
   o.offload.nvme_paths = {dir};
   o.offload.nvme_tile_elems = 1 << 16;
   const std::vector<int64_t> sizes = {70000, 5000, 1 << 16, 333};
@@ -134,27 +136,75 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stage1_optimizer_host_bf16_2ranks", 1, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 2},
                       Case{"stage2_device_f32_2ranks", 2, ZD_TIER_DEVICE, ZD_TIER_DEVICE, ZD_DTYPE_F32, 2},
                       Case{"stage3_params_host_optimizer_host_bf16_2ranks", 3, ZD_TIER_HOST, ZD_TIER_HOST,
-                           ZD_DTYPE_BF16, 2})),
+                           ZD_DTYPE_BF16, 2},
+                      // Part of the optimizer on the device, part on the host
+                      // (offload.ratio: whole tensors on these devices).
+                      Case{"stage0_optimizer_host_ratio_f32", 0, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_F32, 1, 0.5},
+                      Case{"stage3_optimizer_host_ratio_bf16", 3, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16, 1, 0.5},
+                      Case{"stage3_optimizer_nvme_ratio_f32", 3, ZD_TIER_DEVICE, ZD_TIER_NVME, ZD_DTYPE_F32, 1, 0.3},
+                      Case{"stage2_optimizer_host_ratio_bf16_2ranks", 2, ZD_TIER_DEVICE, ZD_TIER_HOST, ZD_DTYPE_BF16,
+                           2, 0.5})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& p) {
       return std::get<0>(p.param) + "_" + std::get<1>(p.param).name;
     });
 
-// What a device the host cannot address cannot run yet is refused at
-// finalize, naming it.
-TEST(OpaqueDeviceLimits, UnsupportedPlacementsAreRefusedWithWhatToDo) {
+// offload.ratio on a device the host cannot address moves whole tensors,
+// the last ones registered, until at least the ratio's share of the
+// elements is off the device (Placement::apply_ratio_by_tensor): here
+// 333 + 65536 + 5000 of 140869 elements reach half; the first tensor's
+// master and state stay on the device, in a group of their own. The cpu
+// device cuts inside the group instead (the first elements leave).
+TEST(OpaqueDeviceRatio, MovesWholeTensorsTheLastOnesFirst) {
+  for (const char* device : {"opaque", "cpu"}) {
+    SCOPED_TRACE(device);
+    JobOptions o;
+    o.device = device;
+    o.offload.optimizer = ZD_TIER_HOST;
+    o.offload.ratio = 0.5;
+    auto model = make_model(o, 1);
+    const std::vector<int64_t> sizes = {70000, 5000, 1 << 16, 333};
+    for (size_t i = 0; i < sizes.size(); ++i)
+      model->register_param(0, "w" + std::to_string(i), "m" + std::to_string(i), ZD_DTYPE_F32, {sizes[i]}, nullptr,
+                            0);
+    model->finalize(0);
+    const uint64_t device_master = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_MASTER);
+    const uint64_t host_master = model->ledger(0).current(ZD_TIER_HOST, ZD_MEM_MASTER);
+    if (std::string(device) == "opaque") {
+      // The first tensor's 70000 fp32 masters, rounded up to the device's
+      // block; the other three's on the host (each 64-byte aligned).
+      EXPECT_GE(device_master, 70000u * 4);
+      EXPECT_LT(device_master, 70000u * 4 + (1u << 16));
+      EXPECT_GE(host_master, (5000u + 65536u + 333u) * 4);
+      EXPECT_LT(host_master, (5000u + 65536u + 333u + 3 * 32) * 4 + 64);
+      EXPECT_EQ(model->registry().groups().size(), 2u) << "the masters kept on the device are a group of their own";
+    } else {
+      EXPECT_EQ(model->registry().groups().size(), 1u);
+      // Half the elements, the first ones, to a tier boundary's granule.
+      EXPECT_GE(host_master, (140869u / 2 - 4096) * 4);
+      EXPECT_LE(host_master, (140869u / 2 + 4096) * 4);
+    }
+  }
+}
+
+// A stage-3 shard off the device keeps its tensor's optimizer off it too
+// (the device's update writes the shard in place): with offload.params on
+// the host the ratio keeps nothing on the device, finalize says so, and
+// does not refuse the job.
+TEST(OpaqueDeviceRatio, ShardsOffTheDeviceTakeTheirOptimizerWithThem) {
   JobOptions o;
   o.device = "opaque";
+  o.stage = 3;
+  o.offload.params = ZD_TIER_HOST;
   o.offload.optimizer = ZD_TIER_HOST;
   o.offload.ratio = 0.5;
   auto model = make_model(o, 1);
-  model->register_param(0, "w", "m", ZD_DTYPE_F32, {1024}, nullptr, 0);
-  try {
-    model->finalize(0);
-    FAIL() << "a ratio below 1 is not supported on the cuda device yet";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
-    EXPECT_NE(std::string(e.what()).find("offload.ratio"), std::string::npos) << e.what();
-  }
+  model->register_param(0, "w0", "m0", ZD_DTYPE_F32, {4096}, nullptr, 0);
+  model->register_param(0, "w1", "m1", ZD_DTYPE_F32, {4096}, nullptr, 0);
+  ::testing::internal::CaptureStderr();
+  model->finalize(0);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_MASTER), 0u);
+  EXPECT_NE(log.find("offload.ratio = 0.5 keeps nothing on the device"), std::string::npos) << log;
 }
 
 // The one intended change of behaviour of issue 34 §2: 1-bit Adam (and the

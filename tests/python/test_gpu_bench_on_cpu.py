@@ -97,6 +97,21 @@ def test_every_zerod_mode_of_step_py_trains(tmp_path):
         assert ("zerod_nvme_bytes_per_param" in r) == ("nvme" in mode), (mode, r)
         if mode == "zerod3_host_bf16":
             assert r["zerod_host_bytes_per_param"] < 12, r  # bf16 m and v: 4 bytes less than fp32's 14
+    # --ratio: part of the optimizer stays on the device (offload.ratio),
+    # so the host holds less a parameter than with all of it there.
+    full = None
+    for ratio in (None, 0.5):
+        p = subprocess.run([sys.executable, os.path.join(GPU, "step.py"), "--mode", "zerod3_host", "--layers", "1",
+                            "--embd", "64", "--seq", "64", "--micro", "1", "--steps", "3", "--device", "cpu",
+                            *(["--ratio", str(ratio)] if ratio else [])], env=env, capture_output=True, text=True,
+                           timeout=300)
+        runs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        assert p.returncode == 0 and len(runs) == 1 and runs[0]["ok"], p.stdout + p.stderr
+        if ratio is None:
+            full = runs[0]["zerod_host_bytes_per_param"]
+        else:
+            assert runs[0]["ratio"] == 0.5, runs[0]
+            assert runs[0]["zerod_host_bytes_per_param"] < 0.75 * full, (full, runs[0])
 
 
 def test_daemon_measures_against_embedded_and_the_formula():
