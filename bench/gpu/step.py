@@ -93,7 +93,9 @@ def zerod_job(a):
 def ds_config(a):
     cpu = {"device": "cpu", "pin_memory": True}
     nvme = {"device": "nvme", "nvme_path": a.nvme, "pin_memory": True}
-    zero = {"stage": 3, "offload_optimizer": nvme if a.mode in ("ds3_nvme_opt", "ds3_nvme") else cpu}
+    zero = {"stage": 3, "offload_optimizer": dict(nvme if a.mode in ("ds3_nvme_opt", "ds3_nvme") else cpu)}
+    if a.ratio is not None:
+        zero["offload_optimizer"]["ratio"] = a.ratio  # ZeRO-3's partial offload (Twin-Flow)
     if a.mode != "ds3_host":
         zero["offload_param"] = nvme if a.mode == "ds3_nvme" else cpu
     return {
@@ -126,7 +128,8 @@ def parser():
                     help="zerod modes: the job's offload.accumulate (where micro-batch gradients add up)")
     ap.add_argument("--state-dtype", choices=["bf16"], help="zerod modes: the job's optimizer.state_dtype")
     ap.add_argument("--ratio", type=float, help="zerod modes: the job's offload.ratio (the share of the optimizer "
-                                                "that leaves the GPU: whole tensors, the last layers first)")
+                                                "that leaves the GPU: whole tensors, the last layers first); "
+                                                "DeepSpeed modes: offload_optimizer.ratio")
     ap.add_argument("--threads", type=int, help="zerod modes: the job's threads (CPU threads of the host's "
                                                 "update; default every core)")
     ap.add_argument("--trace", help="zerod modes: write a timeline of steps 3-4 here (trace_summary.py reads it)")
