@@ -39,6 +39,8 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                               "  --restarts N    restart a daemon that dies, and the ranks, up to N times (default 3\n"
                               "                  when the job takes snapshots every N steps: they resume from this\n"
                               "                  run's newest; else 0)\n"
+                              "exit status: 0; the first failed rank's; 74 when every rank finished but the job's\n"
+                              "  final snapshot failed (its end was NOT saved); 1 or 2 for zerod's own errors\n"
                             : "  --until-done    end once every rank that came has left (or none came in 60 s):\n"
                               "                  how ranks of another launcher start their node's daemon\n"
                               "  --resume-snapshots STEPS\n"
@@ -54,7 +56,9 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                  "  --host-memory SIZE\n"
                  "                  the host memory all jobs' model state may hold together, e.g. 48GiB\n"
                  "                  (default: 90%% of the node's RAM); a rank whose state would not fit is\n"
-                 "                  refused at zd_model_finalize, naming the jobs that hold it\n");
+                 "                  refused at zd_model_finalize, naming the jobs that hold it\n"
+                 "exit status: 0; with --job, 74 when the job's final snapshot failed (its end was NOT saved);\n"
+                 "  1 or 2 for zerod's own errors\n");
 }
 
 }  // namespace
@@ -243,6 +247,22 @@ int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, 
   else
     std::fprintf(stderr, "zerod run: all %d ranks finished in %.1f s\n", nproc, seconds);
   return 0;
+}
+
+int report_lost_ends(const char* cmd, const std::vector<std::string>& lost, int code) {
+  if (lost.empty()) return code;
+  std::string models;  // "model 0 (job.lua)": each is "model 0 (job.lua): <the engine's error>"
+  for (const std::string& what : lost) {
+    const size_t named = what.find("): ");
+    models += (models.empty() ? "" : ", ") + (named == std::string::npos ? what : what.substr(0, named + 1));
+  }
+  const std::string status = code == 0 ? "; exit status " + std::to_string(kEndNotSaved) : "";
+  // Last on stderr, where a user reading the end of the output looks: the
+  // engine's error above is one line among the ranks' output.
+  std::fprintf(stderr, "zerod %s: the job's final snapshot failed: the run's final state was NOT saved (%s; the "
+               "error above says why, which snapshot is the newest kept, and what to do)%s\n", cmd, models.c_str(),
+               status.c_str());
+  return code == 0 ? kEndNotSaved : code;
 }
 
 std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,

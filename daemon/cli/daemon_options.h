@@ -45,6 +45,15 @@ bool parse_daemon_args(const char* cmd, int argc, char** argv, bool want_command
 // names this node when there are several, -1 otherwise). Returns the exit
 // status for zerod run.
 int report_ranks(const launch::LaunchResult& result, int nproc, double seconds, int node = -1);
+// The exit status of `zerod run` and of a `zerod serve` of one job when a
+// model's final snapshot failed, so that the run's final state was not
+// saved, though every rank exited 0 (sysexits.h's EX_IOERR). A job of
+// snapshot.every = 0 has nothing else of its run on disk then.
+constexpr int kEndNotSaved = 74;
+// Once the server has stopped: when `lost` (Server::lost_ends) names any
+// model, says on stderr that the job's final state was NOT saved, and
+// returns kEndNotSaved in place of a `code` of 0; else returns `code`.
+int report_lost_ends(const char* cmd, const std::vector<std::string>& lost, int code);
 // Starts the metrics endpoint when the job (or --metrics) asks for one, and
 // says where it is on stderr; null when none is asked for. Throws Error.
 std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,

@@ -4,6 +4,8 @@
 // ZEROD_RANK, ZEROD_LOCAL_RANK, ZEROD_WORLD_SIZE and ZEROD_JOB set, and their
 // output comes back prefixed with their rank. The first rank to fail is
 // named with how it failed; the others are stopped and zerod exits non-zero.
+// When every rank finished but the job's final snapshot failed (its end
+// was not saved), zerod exits with kEndNotSaved (74), saying so.
 #include "commands.h"
 #include "daemon_options.h"
 
@@ -184,9 +186,12 @@ int run_command(int argc, char** argv) {
     });
     launcher.start();
     const launch::LaunchResult result = launcher.wait();
-    server.stop();
+    server.stop();  // the models still there end in it, with their final snapshots
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return report_ranks(result, args.nproc, secs, node.nodes > 1 ? node.node : -1);
+    // The daemon is in this process: a final snapshot that failed (the
+    // last rank's zd_model_destroy, or the stop) is in the job's record.
+    return report_lost_ends("run", server.lost_ends(),
+                            report_ranks(result, args.nproc, secs, node.nodes > 1 ? node.node : -1));
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod run: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;

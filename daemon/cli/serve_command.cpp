@@ -2,7 +2,8 @@
 // ranks started by other means (each sets ZEROD_ENDPOINT=unix:PATH,
 // ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT or SIGTERM; with
 // --until-done (how the ranks of torchrun, mpirun, srun... start it on
-// demand) also until its ranks are gone.
+// demand) also until its ranks are gone. Exits 0, or kEndNotSaved (74) when
+// the job's final snapshot failed; `--jobs` logs that per job and goes on.
 #include "commands.h"
 #include "daemon_options.h"
 
@@ -173,14 +174,17 @@ int serve_command(int argc, char** argv) {
                 server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first, first + args.nproc - 1, world,
                 args.job.c_str(), server.socket_path().c_str(), world);
     std::fflush(stdout);
+    // A job whose final snapshot failed ends with kEndNotSaved: how
+    // `zerod run` learns it of the daemon it supervises.
     if (!args.until_done) {
       int sig = 0;
       sigwait(&stop, &sig);
       std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
       server.stop();
-      return 0;
+      return report_lost_ends("serve", server.lost_ends(), 0);
     }
-    return serve_until_done(server, stop);
+    const int served = serve_until_done(server, stop);  // stops the server
+    return report_lost_ends("serve", server.lost_ends(), served);
   } catch (const Error& e) {
     std::fprintf(stderr, "zerod serve: %s (%s)\n", e.what(), status_name(e.code()));
     return 1;

@@ -238,11 +238,14 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
     launch::remove_entries(dir, run_files);
     // The daemon died under the ranks: restart both, from the snapshot.
     if (result.first_failure && reap_within(daemon, 2000)) {
-      // `zerod serve` ends with status 0 only when it was told to stop
+      // `zerod serve` ends with status 0 (or kEndNotSaved: a model's final
+      // snapshot failed as it stopped) only when it was told to stop
       // (SIGINT or SIGTERM, which it takes itself; a terminal's Ctrl-C
       // reaches it directly): a stop, not a death. A crash or SIGKILL is.
-      const bool stopped_by_user = user_stop || (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == 0) ||
-                                   (WIFSIGNALED(daemon.status) && WTERMSIG(daemon.status) == SIGTERM);
+      const bool exited_stopping =
+          WIFEXITED(daemon.status) && (WEXITSTATUS(daemon.status) == 0 || WEXITSTATUS(daemon.status) == kEndNotSaved);
+      const bool stopped_by_user =
+          user_stop || exited_stopping || (WIFSIGNALED(daemon.status) && WTERMSIG(daemon.status) == SIGTERM);
       std::fprintf(stderr, "zerod run: the daemon (pid %d) %s; the ranks lost it\n", static_cast<int>(daemon.pid),
                    how(daemon.status).c_str());
       if (!stopped_by_user && attempt < restarts) {
@@ -281,6 +284,13 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
     }
     exit_code = report_ranks(result, args.nproc,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    // The daemon's own word that the job's final snapshot failed (it said
+    // why on the stderr it shares with this process).
+    if (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == kEndNotSaved)
+      exit_code = report_lost_ends("run",
+                                   {"its daemon, pid " + std::to_string(daemon.pid) + ", exited with status " +
+                                    std::to_string(kEndNotSaved)},
+                                   exit_code);
     break;
   }
   if (args.socket.empty()) {

@@ -2,6 +2,7 @@
 
 #include "device/select.h"
 #include "error.h"
+#include "log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -27,7 +28,8 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name, const 
 ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
                      std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
                      const std::string& trace_path, const std::string& device,
-                     const std::shared_ptr<NodeMemory>& node_memory, const std::optional<SnapshotRestart>& restart)
+                     const std::shared_ptr<NodeMemory>& node_memory, const std::optional<SnapshotRestart>& restart,
+                     const LockWaitEnds& lock_wait_ends)
     : id_(id),
       key_(key),
       job_(std::move(job)),
@@ -53,6 +55,8 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   verified_.assign(n, 0);
   finalizing_.assign(n, false);
   JobConfig config = daemon_config(script_->config(), script_name_, trace_path, device, restart);
+  if (lock_wait_ends && !config.snapshot.path.empty())
+    config.snapshot.lock_wait_ends = [lock_wait_ends, path = config.snapshot.path] { return lock_wait_ends(path); };
   // A later model of the same daemon (an evaluation model, a second job of
   // `zerod serve`) must not overwrite the first one's trace.
   if (id_ > 0 && !config.trace.path.empty()) {
@@ -82,8 +86,23 @@ size_t ModelHost::at(int rank) const {
 }
 
 ModelHost::~ModelHost() {
-  model_->final_snapshot();  // the job ended cleanly (a lost rank breaks the model: then none)
-  model_.reset();            // before the script its policy points into
+  // The job ended cleanly (a lost rank breaks the model: then none). Its
+  // end not saved is the job's failure, though every trainer exited 0: the
+  // engine logged why; `zerod run` and `zerod serve` exit non-zero for it.
+  const std::string lost = model_->final_snapshot();
+  if (!lost.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(job_->lost_ends->mu);
+      job_->lost_ends->what.push_back("model " + std::to_string(id_) + " (" + script_name_ + "): " + lost);
+    }
+    // A daemon of several jobs goes on, and its log is all their ranks'
+    // users have: which job lost its end.
+    if (!job_->key.empty())
+      log_message(ZD_LOG_ERROR, "zerod serve: " + job_->label + ", model " + std::to_string(id_) + " (" +
+                                    script_name_ + "): the final snapshot failed, and the run's final state was NOT "
+                                    "saved (the error above says why)");
+  }
+  model_.reset();  // before the script its policy points into
 }
 
 void ModelHost::attach(int rank) {

@@ -40,13 +40,19 @@ JobConfig daemon_config(JobConfig config, const std::string& script_name, const 
 
 class ModelHost {
  public:
+  // What ends a model's wait for its snapshot.path's lock (another model
+  // holds it), asked with the path (SnapshotConfig::lock_wait_ends): only
+  // while the model is built, in this constructor.
+  using LockWaitEnds = std::function<std::optional<Error>(const std::string& snapshot_path)>;
   // node_memory: what the ranks' state is charged against with the other
   // jobs' (null: only the job's own budgets).
   ModelHost(int id, uint64_t key, std::string script_text, std::string script_name,
             std::unique_ptr<scripting::JobScript> script, std::shared_ptr<ServedJob> job,
             const std::string& trace_path = "", const std::string& device = "",
             const std::shared_ptr<NodeMemory>& node_memory = nullptr,
-            const std::optional<SnapshotRestart>& restart = std::nullopt);
+            const std::optional<SnapshotRestart>& restart = std::nullopt, const LockWaitEnds& lock_wait_ends = nullptr);
+  // The model's end: its final snapshot (a clean end), whose failure goes
+  // into the job's lost_ends for the daemon's exit status.
   ~ModelHost();
 
   int id() const { return id_; }

@@ -9,8 +9,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace zerod::server {
 
@@ -52,6 +55,18 @@ struct ServedJob {
     std::set<int> ranks;
   };
   std::map<std::string, RefusedRestart> refused_restarts;
+
+  // The job's models whose end was not saved: their final snapshot failed
+  // (Model::final_snapshot), each with what the log said. A model ends on
+  // whichever thread lets go of it last (a rank's session, Server::stop),
+  // so this has a lock of its own, not Server::mu_; shared by the copies
+  // Server::jobs() makes. `zerod run` and `zerod serve` read it once the
+  // server has stopped, for their exit status.
+  struct LostEnds {
+    std::mutex mu;
+    std::vector<std::string> what;
+  };
+  std::shared_ptr<LostEnds> lost_ends = std::make_shared<LostEnds>();
 };
 
 }  // namespace zerod::server

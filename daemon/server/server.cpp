@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <optional>
 
 namespace zerod::server {
@@ -382,8 +383,10 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     // waiting for this model then loads its own.
     auto script = scripting::JobScript::load(src);
     try {
-      made = std::make_shared<ModelHost>(id, key, text, name, std::move(script), job, options_.trace_path, device,
-                                         node_memory_, options_.snapshot_restart);
+      // The hook is asked only during this build, while this server is.
+      made = std::make_shared<ModelHost>(
+          id, key, text, name, std::move(script), job, options_.trace_path, device, node_memory_,
+          options_.snapshot_restart, [this, job](const std::string& path) { return lock_wait_ends(*job, path); });
     } catch (const Error& e) {
       failed_create.emplace(e);
       throw;
@@ -405,6 +408,10 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
   }
   lock.unlock();
   model_built_.notify_all();
+  if (failed_create && stopping_.load())
+    // Its reply may not reach the rank (the stop closes its connection):
+    // the log says why its model was not made.
+    log_warn("rank " + std::to_string(rank) + "'s zd_model_create: " + failed_create->what());
   if (failure) std::rethrow_exception(failure);
   return made;
 }
@@ -472,6 +479,44 @@ std::vector<ServedJob> Server::jobs() {
 
 double Server::uptime_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+}
+
+std::vector<std::string> Server::lost_ends() {
+  if (!single_) return {};
+  std::lock_guard<std::mutex> lock(single_->lost_ends->mu);
+  return single_->lost_ends->what;
+}
+
+std::optional<Error> Server::lock_wait_ends(const ServedJob& job, const std::string& path) {
+  // Server::stop joins the session building this model: before, it waited
+  // out the whole comm.timeout (300 s by default) here.
+  if (stopping_.load())
+    return Error(ZD_ERR_INVALID_STATE, "the daemon is stopping, so this model no longer waits for it and is not made");
+  const auto same_dir = [&](const std::string& other) {
+    std::error_code ec;
+    return other == path || std::filesystem::equivalent(other, path, ec);
+  };
+  for (const auto& m : models()) {
+    const std::string& held = m->model().config().snapshot.path;
+    if (held.empty() || m->anyone_attached() || !same_dir(held)) continue;
+    const std::string kept = m->kept_because(options_.keep_state);
+    if (kept.empty()) continue;  // ending: it lets go of the path as it goes
+    const std::vector<int> lost = m->lost_ranks();
+    const int rank = lost.empty() ? m->model().first_local_rank() : lost.front();
+    const int64_t step = m->model().activity().snapshot()[static_cast<size_t>(rank)].step;
+    const bool same_job = m->job().get() == &job;
+    return Error(
+        ZD_ERR_CONFIG,
+        "it is the path of model " + std::to_string(m->id()) + " (" + m->script_name() + ") of " + m->job()->label +
+            ", which daemon.keep_state keeps for a restart since " + kept + ", at step " + std::to_string(step) +
+            ". A kept model is re-attached only by a restart of the same job with its job script unchanged; " +
+            (same_job ? "this model's script differs (an edited script makes a new model)"
+                      : "this model is " + job.label + "'s") +
+            ", and the kept model holds the path until it ends, which no wait brings about. Restart the job with the "
+            "unchanged script to resume the kept model, or stop this daemon (SIGINT or SIGTERM to its zerod serve or "
+            "zerod run; zerod status lists its models) to drop the kept state and start afresh");
+  }
+  return std::nullopt;
 }
 
 void Server::rank_exited(int rank, const std::string& how) {

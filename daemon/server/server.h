@@ -92,6 +92,10 @@ class Server {
 
   // From the launcher: rank's process is gone (how = "exited with status 3").
   void rank_exited(int rank, const std::string& how);
+  // A single-job daemon's models whose end was not saved (their final
+  // snapshot failed: ServedJob::lost_ends), each with what the log said.
+  // Complete once stop() has returned (the last models end in it).
+  std::vector<std::string> lost_ends();
   // `zerod serve --until-done`: some rank came, and no rank holds a
   // connection now.
   bool ranks_came_and_left();
@@ -135,6 +139,12 @@ class Server {
   // longest, once it has waited hello_grace_ms (until then this waits).
   // False: the daemon stops.
   bool make_room_before_hello();
+  // A model of `job` being built waits for its snapshot.path's lock, which
+  // another model holds (ModelHost::LockWaitEnds): an error when the wait
+  // must end now: the daemon stops, or the holder is a model this daemon
+  // keeps for a restart (daemon.keep_state), which lets go of the path only
+  // when it ends, so that waiting for it would only delay the refusal.
+  std::optional<Error> lock_wait_ends(const ServedJob& job, const std::string& path);
 
   ServerOptions options_;
   transport::Listener listener_;

@@ -6,6 +6,7 @@
 #include "session_internal.h"
 #include "status.h"
 #include "sizes.h"
+#include "trainer_gone_watch.h"
 #include "wire.h"
 
 #include "runtime/dtype.h"
@@ -213,6 +214,11 @@ v1::Reply Session::answer(transport::Frame& frame, std::vector<int>* fds) {
 void Session::end(const std::string& why) {
   if (ended_) return;
   ended_ = true;
+  // The hangup watch goes first: a release of its in progress ends (stop()
+  // returns once its thread is gone), so the pass below is the only one
+  // left, and what the watch released is no longer pending there. It
+  // watches the socket, closed below, and the devices, freed in leave_all.
+  gone_watch_.reset();
   // The peer sees end of stream now, not when this session is reaped.
   conn_.shutdown();
   release_gpu_waits();
@@ -241,7 +247,7 @@ void Session::release_gpu_waits() {
   // wait as long); the daemon's shutdown stops the wait. A trainer that
   // has exited is released even then: else the device's teardown
   // (~CudaDevice's cudaStreamSynchronize) would wait on its record for good.
-  const std::string who = "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): ";
+  const std::string who = this->who();
   for (auto& [id, m] : models_) {
     try {
       const Device& d = m->model().device(rank_);
@@ -260,6 +266,10 @@ void Session::release_gpu_waits() {
       log_warn(who + "releasing its GPU stream's waits failed: " + e.what());
     }
   }
+}
+
+std::string Session::who() const {
+  return "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): ";
 }
 
 void Session::leave_all(bool lost, const std::string& reason) {
@@ -422,6 +432,18 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
                                  "interprocess events, then for a few hours of 2026-11-27 signals in GPU "
                                  "memory); run the libzerod of the daemon's release");
       }
+      if (link.page_fd >= 0) {
+        // Before the reply sends the page: a record the trainer makes on it
+        // is one the watch can release.
+        try {
+          if (!gone_watch_) gone_watch_ = std::make_unique<TrainerGoneWatch>(conn_.fd(), pid_, who(), kTrainerExitMs);
+          gone_watch_->watch(m->id(), d);
+        } catch (...) {
+          m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s connection could not be watched");
+          server_.forget_if_unused(m);
+          throw;
+        }
+      }
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();
       r->set_model(m->id());
@@ -438,8 +460,10 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     case v1::Request::kDestroyModel: {
       auto m = model_of(req.destroy_model().model());
       // Across nodes the end-of-job snapshot needs every rank's comm: it is
-      // taken as the ranks leave, before this one's goes (it logs its errors).
-      m->model().final_snapshot(rank_);
+      // taken as the ranks leave, before this one's goes (it logs its errors;
+      // the model's end, ~ModelHost, records a failure for the exit status).
+      static_cast<void>(m->model().final_snapshot(rank_));
+      if (gone_watch_) gone_watch_->unwatch(m->id());  // before its device may go with the model
       models_.erase(m->id());
       m->detach(rank_, false, "rank " + std::to_string(rank_) + " destroyed its model");
       server_.forget_if_unused(m);

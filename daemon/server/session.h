@@ -32,6 +32,7 @@ namespace zerod::server {
 class Server;
 class ModelHost;
 struct ServedJob;
+class TrainerGoneWatch;
 
 class Session {
  public:
@@ -102,6 +103,8 @@ class Session {
   // A trainer gone on a GPU: what zerod's streams still wait for from it
   // (transport/process_exit.h).
   void release_gpu_waits();
+  // "rank R (pid P): ", to start a log line.
+  std::string who() const;
   void require_rank(const char* what) const;
 
   Server& server_;
@@ -127,6 +130,11 @@ class Session {
   std::mutex stop_mu_;           // ring_, and conn_'s fd closing in end(), against stop()
   std::atomic<bool> stopping_{false};
   std::chrono::microseconds spin_;
+  // A rank on a GPU: its connection's hangup, watched on another thread,
+  // releases the waits of its models' devices while this thread may be
+  // stuck in a call behind them (trainer_gone_watch.h). Made at the first
+  // such model; stopped first thing in end().
+  std::unique_ptr<TrainerGoneWatch> gone_watch_;
 };
 
 }  // namespace zerod::server

@@ -192,36 +192,45 @@ void Model::load_checkpoint(int rank, const std::string& dir) {
   restore_rank(rs, *src, /*verified=*/true);
 }
 
-void Model::final_snapshot(int rank) {
-  if (!snapshots_ || !snapshots_->enabled() || !snapshots_->across_nodes() || !is_local(rank)) return;
+std::string Model::final_snapshot(int rank) {
+  if (!snapshots_ || !snapshots_->enabled() || !snapshots_->across_nodes() || !is_local(rank)) return "";
   RankState& rs = rank_state(rank);
   // A job that never ran, or failed (then the others' collectives below fail
   // too, at once, as this daemon's comm goes): no final snapshot, as on one node.
-  if (!rs.finalized || is_broken_.load()) return;
+  if (!rs.finalized || is_broken_.load()) return snapshots_->final_failure();
   bool clean = rs.active_modules == 0 && rs.micro_step % config_.gradient_accumulation_steps == 0;
   try {
     rs.update.finish();  // the masters the shard reads
   } catch (const std::exception& e) {
-    log_message(ZD_LOG_ERROR, std::string("no final snapshot: the last update failed: ") + e.what());
+    // The other ranks learn only that this one does not leave cleanly.
+    snapshots_->lose_end(rs.applied, "rank " + std::to_string(rank) + ": no final snapshot was taken: the last "
+                                     "optimizer update failed (" + std::string(e.what()) + ")");
     clean = false;
   }
   try {
     snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.compression, rs.scaler);
   } catch (const std::exception& e) {
-    log_warn("rank " + std::to_string(rank) + ": no final snapshot: " + e.what());
+    snapshots_->lose_end(rs.applied, "rank " + std::to_string(rank) + ": the final snapshot, of step " +
+                                         std::to_string(rs.applied) + ", failed: " + e.what());
   }
+  return snapshots_->final_failure();
 }
 
-void Model::final_snapshot() {
-  if (!snapshots_ || !snapshots_->enabled() || !finalized_.load() || is_broken_.load()) return;
+std::string Model::final_snapshot() {
+  if (!snapshots_) return "";
+  // Across nodes the end's snapshot was taken as the ranks left
+  // (final_snapshot(rank)): only its verdict is left to tell.
+  if (!snapshots_->enabled() || snapshots_->across_nodes() || !finalized_.load() || is_broken_.load())
+    return snapshots_->final_failure();
   std::vector<Snapshots::RankView> views;
   for (auto& rs : ranks_) {
-    if (!rs->finalized || rs->active_modules > 0) return;  // not a clean end
+    if (!rs->finalized || rs->active_modules > 0) return "";  // not a clean end: no final snapshot is due
     try {
       rs->update.finish();
     } catch (const std::exception& e) {
-      log_message(ZD_LOG_ERROR, std::string("no final snapshot: the last update failed: ") + e.what());
-      return;
+      snapshots_->lose_end(rs->applied, std::string("no final snapshot was taken: the last optimizer update failed (") +
+                                            e.what() + ")");
+      return snapshots_->final_failure();
     }
     views.push_back({&rs->res, &rs->buffers, &rs->compression});
   }
@@ -229,8 +238,10 @@ void Model::final_snapshot() {
   try {
     snapshots_->at_end(first.applied, views, first.scaler);
   } catch (const std::exception& e) {
-    log_message(ZD_LOG_ERROR, std::string("the final snapshot failed: ") + e.what());
+    snapshots_->lose_end(first.applied, "the final snapshot, of step " + std::to_string(first.applied) +
+                                            ", failed: " + e.what());
   }
+  return snapshots_->final_failure();
 }
 
 }  // namespace zerod

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -121,6 +122,7 @@ struct Snapshots::InFlight {
   bool ok = true;
   int failed_rank = -1;
   std::string why;      // the first failure
+  bool final = false;   // the end's (at_end, at_leave): its failure is lose_end's
   // Across nodes (under mu_): every local shard and the node's part file
   // are written; how many local ranks have the job's verdict.
   bool node_done = false;
@@ -209,6 +211,12 @@ void Snapshots::lock_path() {
                  " at the same time; give each model its own snapshot.path");
         return false;
       }
+      // What the daemon knows and the lock file does not: that it stops, or
+      // that the holder is a model it keeps, which no wait ends.
+      if (ctx_.config.snapshot.lock_wait_ends)
+        if (const std::optional<Error> end = ctx_.config.snapshot.lock_wait_ends())
+          fail(end->code(), ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file) +
+                                ", which holds " + file + ": " + end->what());
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (wait_s > 0 && waited >= wait_s)
         fail(ZD_ERR_CONFIG, ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file) +
@@ -432,9 +440,53 @@ void Snapshots::commit(InFlight& s) {
     }
   }
   fs::remove_all(s.partial, ec);
+  if (s.final) {
+    lose_end(s.step, "the final snapshot, of step " + std::to_string(s.step) + ", failed (" + s.why +
+                         ") and was removed");
+    return;
+  }
   log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " failed and was removed (" + s.why +
                                 "); training goes on, and the older snapshots under " + ctx_.config.snapshot.path +
                                 " are kept");
+}
+
+void Snapshots::lose_end(int64_t step, const std::string& failure) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!final_failure_.empty()) {
+      // Another local rank's word on the same end (at_leave): the first said it all.
+      log_warn(failure);
+      return;
+    }
+  }
+  // The end: training does not go on, and nothing after this saves the run.
+  // Said as it is, with what a new run would resume and what to do (before,
+  // the periodic snapshot's "training goes on" was said here too, and a job
+  // of snapshot.every = 0 lost the whole run without a word of it).
+  const std::string& path = ctx_.config.snapshot.path;
+  const auto kept = candidates();
+  std::string m = failure + ": the run's final state (step " + std::to_string(step) + ") was NOT saved; ";
+  if (!kept.empty())
+    m += "the newest snapshot kept is of step " + std::to_string(kept.back().first) + " (" + kept.back().second +
+         "), which a new run of the job over the path resumes" +
+         (ctx_.config.snapshot.resume ? "" : " with snapshot.resume = true");
+  else
+    m += "no snapshot is kept under " + path + ": nothing of this run is saved there";
+  if (ctx_.config.snapshot.every == 0)
+    m += " (snapshot.every = 0 snapshots only the end; snapshot.every = N keeps one every N steps)";
+  m += ". Free space on the disk of " + path + " (or give snapshot.path one with room) before the next run; a run "
+       "whose end must not depend on this snapshot saves a checkpoint (zd_model_save, which returns its error) "
+       "before zd_model_destroy";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (final_failure_.empty()) final_failure_ = m;
+  }
+  log_message(ZD_LOG_ERROR, m);
+}
+
+std::string Snapshots::final_failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return final_failure_;
 }
 
 namespace {
@@ -551,10 +603,14 @@ void Snapshots::conclude(const std::shared_ptr<InFlight>& s, int failed_rank) {
     fs::remove_all(s->partial, ec);
   }
   const bool here = failed_rank >= first_local_ && failed_rank < first_local_ + local_ranks_;
+  const std::string why = here ? s->why : "rank " + std::to_string(failed_rank) + ": that node's log says why";
+  if (s->final) {
+    lose_end(s->step, "the final snapshot, of step " + std::to_string(s->step) + ", failed on " + node_of(failed_rank) +
+                          " (" + why + ") and was removed");
+    return;
+  }
   log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s->step) + " failed on " + node_of(failed_rank) +
-                                " (" + (here ? s->why : "rank " + std::to_string(failed_rank) +
-                                                           ": that node's log says why") +
-                                ") and was removed; training goes on, and the older snapshots under " +
+                                " (" + why + ") and was removed; training goes on, and the older snapshots under " +
                                 ctx_.config.snapshot.path + " are kept");
 }
 
@@ -586,6 +642,13 @@ void Snapshots::commit_across(InFlight& s) {
     prune();
   } catch (const std::exception& e) {
     fs::remove_all(s.partial, ec);
+    // Only this node knows (its daemon, node 0 of one shared directory,
+    // commits alone after every node agreed).
+    if (s.final) {
+      lose_end(s.step, "the final snapshot, of step " + std::to_string(s.step) + ", could not be committed (" +
+                           e.what() + ") and was removed");
+      return;
+    }
     log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " could not be committed (" +
                                   e.what() + ") and was removed; training goes on, and the older snapshots under " +
                                   ctx_.config.snapshot.path + " are kept");
@@ -597,10 +660,11 @@ void Snapshots::commit_across(InFlight& s) {
 
 std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler,
                                                                const StateBuffers& buffers,
-                                                               const MomentumCompression& compression) {
+                                                               const MomentumCompression& compression, bool final) {
   std::lock_guard<std::mutex> lock(mu_);
   begin(step, with_parts(describe_model(ctx_, step, scaler, buffers, compression), false));
   reading_[static_cast<size_t>(rank - first_local_)] = 1;
+  if (final) current_->final = true;
   return current_;
 }
 
@@ -614,6 +678,7 @@ void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const L
     std::lock_guard<std::mutex> lock(mu_);
     begin(step, describe_model(ctx_, step, scaler, *ranks.front().buffers, *ranks.front().compression));
     s = current_;
+    s->final = true;
     for (const RankView& v : ranks) reading_[static_cast<size_t>(v.res->rank - first_local_)] = 1;
   }
   for (const RankView& v : ranks) write_shard(s, v.res->rank, *v.res, *v.buffers, *v.compression);
@@ -627,7 +692,7 @@ void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res,
                                         clean ? 0.0 : 1.0);
   if (unclean != 0 || step == 0 || last_step_.load() == step) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression, /*final=*/true);
   pending_[static_cast<size_t>(rank - first_local_)] = s;
   write_shard(s, rank, res, buffers, compression);
   settle(rank, res, /*wait=*/true);

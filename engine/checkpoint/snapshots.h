@@ -11,7 +11,12 @@
 // after that, off the training's path. Nothing is staged in memory beyond a
 // chunk at a time, NVMe-resident state included (the page cache holds what
 // is not on disk yet). A snapshot that fails (a full disk) is logged and
-// removed; training goes on, and the older snapshots stay.
+// removed; training goes on, and the older snapshots stay. The end's
+// snapshot (at_end, at_leave) is another matter: nothing comes after it, so
+// its failure is logged as the run's final state not saved, naming the
+// newest snapshot kept, and kept for final_failure(), which the daemon
+// turns into `zerod run`'s exit status (embedded, zd_model_destroy returns
+// nothing: the log is all there is).
 //
 // On one node the last of the daemon's ranks to finish its shard commits
 // the snapshot. Across nodes (several daemons) each node writes its ranks'
@@ -36,7 +41,9 @@
 // model holds a lock on <path>/.zerod.lock (flock; the kernel lets go of it
 // when the process dies), and a second model over the path (another job, a
 // second model of the same script) waits for it up to comm.timeout, then is
-// refused. Nothing else tells two writers apart: each would remove the
+// refused; sooner when snapshot.lock_wait_ends says why (a daemon: it
+// stops, or the holder is a model it keeps for a restart, which waiting
+// would not end). Nothing else tells two writers apart: each would remove the
 // other's half-written snapshots, commit over them and prune them. Across
 // nodes every daemon of the job holds that lock shared (one directory every
 // node sees is locked by all of them) and <path>/.zerod-node-<K>.lock
@@ -119,6 +126,14 @@ class Snapshots {
   // The step of the newest snapshot this model wrote (or resumed from), -1 if none.
   int64_t last_step() const { return last_step_.load(); }
   void resumed_at(int64_t step) { last_step_.store(step); }
+  // The end's snapshot of `step` was not written: `failure` says how ("the
+  // final snapshot of step 9 failed (...) and was removed"). Logged as an
+  // error saying that the run's final state was NOT saved, which snapshot
+  // under the path is the newest kept (what a new run resumes) or that
+  // there is none, and what to do; the first is kept for final_failure().
+  void lose_end(int64_t step, const std::string& failure);
+  // "" unless the end's snapshot failed; else what lose_end logged first.
+  std::string final_failure() const;
 
  private:
   struct InFlight;
@@ -126,8 +141,10 @@ class Snapshots {
   // begin() with the model's description (the per-tensor scalars from
   // `buffers`, what each rank holds alone from `compression`), and the rank
   // marked reading it; the snapshot begun.
+  // `final`: the end's snapshot (at_leave), whose failure is lose_end's.
   std::shared_ptr<InFlight> begin_reading(int rank, int64_t step, const LossScaler& scaler,
-                                          const StateBuffers& buffers, const MomentumCompression& compression);
+                                          const StateBuffers& buffers, const MomentumCompression& compression,
+                                          bool final = false);
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers,
                    MomentumCompression& compression);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
@@ -161,12 +178,13 @@ class Snapshots {
   int first_local_;
   int local_ranks_;
   int node_ = 0, nodes_ = 1;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;         // a node part is done; a writer stopped reading
   std::shared_ptr<InFlight> current_;  // the snapshot being written
   std::vector<std::thread> writers_;   // per local rank
   std::vector<char> reading_;          // per local rank, under mu_: its writer still reads its buffers
   std::atomic<int64_t> last_step_{-1};
+  std::string final_failure_;  // under mu_: lose_end's first message
   std::mutex clean_mu_;  // start: the first local rank cleans what a crash left, the others wait
   bool cleaned_ = false;
   std::vector<int> lock_fds_;  // the path's lock files, held until the model goes

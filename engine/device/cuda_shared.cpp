@@ -88,6 +88,10 @@ void check(CUresult r, const std::string& what) {
 
 void check_rt(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
+  // The error is this call's, reported here: cleared from the runtime's
+  // last error, which torch would otherwise raise later from an unrelated
+  // kernel launch.
+  cudaGetLastError();
   fail(ZD_ERR_INTERNAL, "shared GPU memory: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 

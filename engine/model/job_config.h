@@ -3,12 +3,14 @@
 // tests may fill it directly.
 #pragma once
 
+#include "error.h"
 #include "memory/ledger.h"
 #include "optimizer/loss_scaler.h"
 
 #include <zerod/zerod.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +74,15 @@ struct SnapshotConfig {
   // from no other (none: it starts over), so that `resume = false` still
   // keeps it off an earlier run's snapshots.
   std::optional<std::vector<int64_t>> restart_steps;
+  // Never from a script: set by a daemon (ModelHost). While the model waits
+  // for the path's lock another model holds (Snapshots), asked once before
+  // the first wait and then every 50 ms: an error ends the wait, and the
+  // model is refused with its code, its message after the path and the
+  // holder. The daemon's answers: it is stopping (its stop would otherwise
+  // wait comm.timeout for the model's build), or the holder is a model it
+  // keeps for a restart (daemon.keep_state), which waiting does not end.
+  // Null or none: the wait goes on, up to comm.timeout.
+  std::function<std::optional<Error>()> lock_wait_ends;
 };
 
 struct JobConfig {

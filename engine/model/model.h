@@ -150,10 +150,14 @@ class Model final : private FailureSink {
   void load_checkpoint(int rank, const std::string& dir);
   // At a clean end of the job (no rank inside the model): the last snapshot,
   // when the job takes snapshots and steps were applied since the newest.
-  void final_snapshot();
+  // Returns "" unless the end's snapshot failed (or its last update did, so
+  // none was taken): then what the error in the log said, that the run's
+  // final state was NOT saved (Snapshots::lose_end), for the daemon to turn
+  // into an exit status; across nodes, what final_snapshot(rank) found.
+  std::string final_snapshot();
   // Across nodes, as a rank leaves cleanly (zd_model_destroy, before its
   // comm goes): the same, agreed by every rank of the job (a collective).
-  void final_snapshot(int rank);
+  std::string final_snapshot(int rank);
   // --- observing (docs/observability.md) -------------------------------------
   // The trainer's report: tokens and samples it processed since its last
   // report (0 = not counted) and, with has_loss, its loss. From the rank's

@@ -11,6 +11,7 @@
 #include "device/cuda_shared.h"
 #include "transport/shared_memory.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -49,13 +50,37 @@ struct ImportedArena::Gpu {
 
 namespace {
 
-// Makes the rank's GPU current for its scope (the default stream, NULL, is
-// the current GPU's), then the trainer's own choice back. ok(): whether
-// the switch worked.
+// Whether this thread has a CUDA context current (the driver's
+// cuCtxGetCurrent, looked up through the runtime: libzerod links no
+// libcuda). True where that cannot be told.
+bool context_current() {
+  using GetCurrent = CUresult (*)(CUcontext*);
+  static const GetCurrent get = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return GetCurrent{nullptr};
+    }
+    return reinterpret_cast<GetCurrent>(p);
+  }();
+  CUcontext c = nullptr;
+  return !get || (get(&c) == CUDA_SUCCESS && c != nullptr);
+}
+
+// Makes the rank's GPU current for its scope, then the trainer's own
+// choice back. A record or wait on the default stream (NULL) is on the
+// current GPU's, and the driver's stream calls need a context current: a
+// zd_* call from a thread that never touched CUDA has none, and one with
+// another GPU current would record on that GPU. A thread that had no
+// context is left with the rank's GPU (restoring its nominal device 0
+// would start a context there, on a GPU this process may not use).
+// status(): whether the switch worked.
 class OnRankGpu {
  public:
   explicit OnRankGpu(int device) {
-    restore_ = cudaGetDevice(&before_) == cudaSuccess && before_ != device;
+    restore_ = cudaGetDevice(&before_) == cudaSuccess && before_ != device && context_current();
     status_ = cudaSetDevice(device);
   }
   ~OnRankGpu() {
@@ -64,6 +89,14 @@ class OnRankGpu {
   OnRankGpu(const OnRankGpu&) = delete;
   OnRankGpu& operator=(const OnRankGpu&) = delete;
   cudaError_t status() const { return status_; }
+  // Throws, naming `what`, where the switch failed.
+  void require(int device, const char* what) const {
+    if (status_ == cudaSuccess) return;
+    cudaGetLastError();  // not left for the trainer's next kernel to report
+    fail(ZD_ERR_INTERNAL, std::string(what) + ": making the rank's GPU " + std::to_string(device) +
+                              " current on this thread failed (" + cudaGetErrorName(status_) + ": " +
+                              cudaGetErrorString(status_) + ")");
+  }
 
  private:
   int before_ = -1;
@@ -203,7 +236,11 @@ void TrainerLink::set_stream(void* stream) {
 
 void TrainerLink::before_call() {
 #if defined(ZEROD_HAVE_CUDA)
-  if (signals_) signals_->record(kTrainerDone, stream_);
+  if (!signals_) return;
+  // On the rank's GPU whatever this thread had current (OnRankGpu).
+  const OnRankGpu on(device_id_);
+  on.require(device_id_, "recording the trainer's stream before a zerod call");
+  signals_->record(kTrainerDone, stream_);
 #endif
 }
 
@@ -228,7 +265,10 @@ void TrainerLink::quiesce() noexcept {
 
 void TrainerLink::after_begin() {
 #if defined(ZEROD_HAVE_CUDA)
-  if (signals_) signals_->wait_on(kZerodDone, stream_);
+  if (!signals_) return;
+  const OnRankGpu on(device_id_);
+  on.require(device_id_, "making the trainer's stream wait for the daemon's copies");
+  signals_->wait_on(kZerodDone, stream_);
 #endif
 }
 

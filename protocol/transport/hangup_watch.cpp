@@ -16,7 +16,7 @@ namespace zerod::transport {
 
 HangupWatch::HangupWatch(int socket_fd) : socket_fd_(socket_fd), owner_(::getpid()) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) fail(ZD_ERR_IO, std::string("watching the daemon's socket: eventfd: ") + std::strerror(errno));
+  if (wake_fd_ < 0) fail(ZD_ERR_IO, std::string("watching a socket for its hangup: eventfd: ") + std::strerror(errno));
   thread_ = std::thread([this] { run(); });
 }
 

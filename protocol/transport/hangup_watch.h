@@ -11,7 +11,9 @@
 // the daemon's process has exited, the signal is released (its latest
 // number stored from the CPU: SharedSignals::release,
 // process_exit.h), which ends that wait, so the trainer's next zerod call fails with ZD_ERR_PEER_LOST
-// instead.
+// instead. The daemon watches a GPU rank's trainer the same way
+// (daemon/server/trainer_gone_watch.h): its session's thread may be stuck
+// in a call behind the trainer's unrun record of kTrainerDone.
 #pragma once
 
 #include <sys/types.h>

@@ -10,7 +10,9 @@
 #include "daemon_client.h"
 #include "server.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -203,6 +205,147 @@ TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy)
     ASSERT_FALSE(c.finalize(model).has_error());
     EXPECT_EQ(c.read(model, 0, 4), kInitial);
     ASSERT_FALSE(c.destroy(model).has_error());
+  }
+}
+
+namespace {
+
+// A scratch directory under /tmp, removed with everything in it.
+struct ScratchDir {
+  ScratchDir() {
+    char tmpl[] = "/tmp/zerod-kept-snaps-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+// A keeping job that takes snapshots into `path` (only at its end); `lr`
+// tells an edited script from the first. comm.timeout bounds the wait for
+// the path's lock (the default is 300 s).
+std::string snapshot_job(const std::string& path, const char* lr) {
+  return std::string("return { optimizer = { type = 'sgd', lr = ") + lr +
+         " }, daemon = { keep_state = true }, comm = { timeout = 20 }, snapshot = { path = '" + path +
+         "', every = 0 } }";
+}
+
+// This process's descriptors open on `file` (the daemon is in it).
+int fds_on(const std::string& file) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() == file && !ec) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+// A kept model holds its snapshot path's lock for as long as it is kept. A
+// restart with an edited script does not re-attach: it makes a new model
+// over the same path, which waited comm.timeout for the lock and was then
+// refused, naming the daemon's own pid as the holder. It is refused at once
+// (no wait ends a kept model), saying which kept model holds the path, since
+// when, and what to do; and the kept state stays, for the unchanged script.
+TEST_F(KeptModels, AnEditedScriptOverAKeptModelsSnapshotPathIsRefusedAtOnceSayingWhy) {
+  ScratchDir snaps;
+  const std::string job = snapshot_job(snaps.path, "0.1"), edited = snapshot_job(snaps.path, "0.2");
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const int model = c.create(job);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+    ASSERT_FALSE(c.finalize(model).has_error());
+    ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_BEGIN).has_error());
+    ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_END).has_error());
+    ASSERT_FALSE(c.call(model, v1::ModelCall::STEP).has_error());
+    ASSERT_FALSE(c.write(model, 0, kWritten).has_error());
+  }  // the trainer crashes: the rank is lost, the model kept
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u);
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const auto t0 = std::chrono::steady_clock::now();
+    const v1::Reply r = c.create_reply(edited);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r.has_error()) << "a second model over the kept model's snapshot path was made";
+    const std::string& m = r.error().message();
+    EXPECT_EQ(r.error().status(), ZD_ERR_CONFIG) << m;
+    EXPECT_LT(waited, 5.0) << "refused after waiting for a lock a kept model never lets go of: " << m;
+    EXPECT_NE(m.find("snapshot.path " + snaps.path + " is in use by "), std::string::npos) << m;
+    EXPECT_NE(m.find("it is the path of model 0 (kept.lua) of the job, which daemon.keep_state keeps for a restart "
+                     "since rank 0 (pid "),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find(", at step 1. A kept model is re-attached only by a restart of the same job with its job "
+                     "script unchanged; this model's script differs"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("Restart the job with the unchanged script to resume the kept model, or stop this daemon"),
+              std::string::npos)
+        << m;
+  }
+  // Nothing of the kept state went: the unchanged script resumes it.
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u) << "the refusal dropped the kept model";
+  test::DaemonClient c(srv->socket_path());
+  ASSERT_FALSE(c.hello().has_error());
+  const int model = c.create(job);
+  ASSERT_GE(model, 0);
+  ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+  ASSERT_FALSE(c.finalize(model).has_error());
+  EXPECT_EQ(c.read(model, 0, 4), kWritten);
+  ASSERT_FALSE(c.destroy(model).has_error());
+}
+
+// A daemon stopped while a model waits for its snapshot path's lock (another
+// process holds it) waited on until comm.timeout: its stop joins the
+// session building the model. The wait ends at the stop, and the log says
+// why the model was not made (its reply may not reach the rank).
+TEST_F(KeptModels, AStopEndsAModelsWaitForItsSnapshotPathAtOnce) {
+  ScratchDir snaps;
+  const std::string lock_file = snaps.path + "/.zerod.lock";
+  // Another holder: a lock of another open file description, which the
+  // daemon's model (in this process too) does not get.
+  const int held = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242 on host elsewhere (other.lua, ranks 0-0)";  // as a holder names itself
+  ASSERT_EQ(::write(held, (holder + "\n").data(), holder.size() + 1), static_cast<ssize_t>(holder.size() + 1));
+  std::string reply;
+  std::thread rank([&] {
+    try {
+      test::DaemonClient c(srv->socket_path());
+      c.hello();
+      const v1::Reply r = c.create_reply(snapshot_job(snaps.path, "0.1"));
+      reply = r.has_error() ? r.error().message() : "made";
+    } catch (const std::exception& e) {
+      reply = std::string("the connection ended: ") + e.what();
+    }
+  });
+  ::testing::internal::CaptureStderr();
+  // The daemon's model has the lock file open: it waits for the lock.
+  const bool waiting = eventually([&] { return fds_on(lock_file) >= 2; });
+  const auto t0 = std::chrono::steady_clock::now();
+  srv->stop();
+  const double stopped_in = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rank.join();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ::close(held);
+  ASSERT_TRUE(waiting) << "the model never opened " << lock_file;
+  EXPECT_LT(stopped_in, 5.0) << "the stop waited for the model's wait (comm.timeout = 20 s)";
+  EXPECT_NE(err.find("rank 0's zd_model_create: kept.lua: snapshot.path " + snaps.path +
+                     " is in use by " + holder + ", which holds " + lock_file +
+                     ": the daemon is stopping, so this model no longer waits for it and is not made"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(reply, "made");
+  if (reply.rfind("the connection ended", 0) != 0) {
+    EXPECT_NE(reply.find("the daemon is stopping"), std::string::npos) << reply;
   }
 }
 

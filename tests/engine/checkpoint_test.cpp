@@ -8,6 +8,7 @@
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -24,6 +26,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -834,6 +837,39 @@ TEST(Snapshots, AnotherProcessHoldsThePathUntilItIsGone) {
   EXPECT_TRUE(waited) << failed;
 }
 
+// The wait for the path ends when snapshot.lock_wait_ends says why (a
+// daemon: it stops, or the holder is a model it keeps, which no wait
+// ends): at once, with that error's code, after the path and its holder.
+TEST(Snapshots, TheWaitForThePathEndsWhenTheDaemonSaysWhy) {
+  TempDir snaps;
+  JobOptions o = job(0);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  auto holder = make_model(o, 1);
+  o.timeout_s = 30;
+  int asked = 0;
+  o.snapshot.lock_wait_ends = [&]() -> std::optional<Error> {
+    if (++asked < 3) return std::nullopt;  // asked again while it waits
+    return Error(ZD_ERR_INVALID_STATE, "the daemon is stopping");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  ::testing::internal::CaptureStderr();
+  try {
+    make_model(o, 1);
+    ADD_FAILURE() << "a second model over the path was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE) << e.what();
+    EXPECT_NE(std::string(e.what()).find("snapshot.path " + snaps.path + " is in use by another model of the same "
+                                         "process, "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(".zerod.lock: the daemon is stopping"), std::string::npos) << e.what();
+  }
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(asked, 3);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
 // A process forked while a model lived (a DataLoader's workers) shares the
 // lock's open file: the model's end unlocks it, so the next model over the
 // path is made at once while the child still lives (close() alone left the
@@ -960,6 +996,71 @@ TEST(Snapshots, AFailedOneIsRemovedAndTrainingGoesOn) {
   a.reset();  // the last snapshot's flush and commit (or removal) run behind training until the model goes
   for (const auto& e : fs::directory_iterator(snaps.path))
     EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << "a partial snapshot was left";
+}
+
+// Fills the file system of dir to the last byte: a file grows until a write fails.
+void fill_disk(const std::string& dir) {
+  const int fd = ::open((dir + "/.filler").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const std::vector<char> block(4096, 'x');
+  while (::write(fd, block.data(), block.size()) > 0) {
+  }
+  ::close(fd);
+}
+
+// The end's snapshot is another matter: nothing comes after it. One that
+// failed (a full disk) was logged as "training goes on, and the older
+// snapshots are kept" and the job ended as if saved; a job of every = 0
+// lost the whole run without a word of it. The log now says that the run's
+// final state was NOT saved, which snapshot is the newest kept (or that none
+// is) and what to do, and final_snapshot() returns it (the daemon's exit
+// status; embedded, the log is all there is).
+TEST(Snapshots, AFailedFinalOneSaysTheRunsEndWasNotSaved) {
+  for (const int every : {0, 2}) {
+    SCOPED_TRACE("snapshot.every = " + std::to_string(every));
+    TempDir snaps;
+    if (::mount("tmpfs", snaps.path.c_str(), "tmpfs", 0, "size=1m") != 0)
+      GTEST_SKIP() << "mounting a small tmpfs needs CAP_SYS_ADMIN: " << std::strerror(errno);
+    snaps.mounted = true;
+    JobOptions o = job(0);
+    o.snapshot.path = snaps.path;
+    o.snapshot.every = every;
+    auto a = make_model(o, 1);
+    std::vector<zd_param_id> ids;
+    register_all(*a, 0, &ids);
+    train(*a, 0, ids, 0, 3);
+    a->sync(0);
+    if (every > 0) {  // the snapshot of step 2 is committed behind training
+      const std::vector<std::string> step2{"step-000000000002"};
+      for (int i = 0; i < 500 && entries(snaps.path) != step2; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ASSERT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000002"}));
+    }
+    fill_disk(snaps.path);
+    ::testing::internal::CaptureStderr();
+    const std::string lost = a->final_snapshot();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    for (const std::string& said : {lost, err}) {
+      EXPECT_NE(said.find("the final snapshot, of step 3, failed ("), std::string::npos) << said;
+      EXPECT_NE(said.find("the run's final state (step 3) was NOT saved"), std::string::npos) << said;
+      EXPECT_NE(said.find("Free space on the disk of " + snaps.path), std::string::npos) << said;
+      EXPECT_NE(said.find("zd_model_save"), std::string::npos) << said;
+      EXPECT_EQ(said.find("training goes on"), std::string::npos) << said;
+      if (every == 0) {
+        EXPECT_NE(said.find("no snapshot is kept under " + snaps.path), std::string::npos) << said;
+        EXPECT_NE(said.find("snapshot.every = 0 snapshots only the end"), std::string::npos) << said;
+      } else {
+        EXPECT_NE(said.find("the newest snapshot kept is of step 2 (" + snaps.path + "/step-000000000002)"),
+                  std::string::npos)
+            << said;
+      }
+    }
+    EXPECT_EQ(a->final_snapshot(), lost) << "the flag is kept";
+    a.reset();
+    EXPECT_EQ(entries(snaps.path),
+              every == 0 ? std::vector<std::string>{} : std::vector<std::string>{"step-000000000002"})
+        << "a partial snapshot was left, or the one kept went";
+  }
 }
 
 // A snapshot across nodes says where its parts are (format 2); everything

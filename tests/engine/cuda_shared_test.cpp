@@ -20,22 +20,39 @@
 // did not end the wait. The signals live in a page of host memory since
 // (signal_page.h), so the release is a store from the CPU.
 //
+// The fourth is the every-step path: a live child records kTrainerDone
+// behind 300 ms of work on its stream and answers at once; the parent's
+// wait holds while that work runs, then ends, with the child's bytes there.
+//
+// Bounded on every path, so that a failure on a GPU fails fast instead of
+// hanging: each wait on a stream is an event polled with a deadline; each
+// child dies with its parent (PR_SET_PDEATHSIG) and within 2 minutes
+// (alarm), and is killed and reaped on every exit of its test; the parent
+// closes its copy of the child's socket end, so a child that crashed reads
+// as end of stream at once; and a wait left on a stream when a test ends
+// early is released (the child killed first) and drained before
+// ~SharedSignals unregisters the page under it.
+//
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
 // executable, each test forking before anything starts CUDA in its process
 // (a CUDA context does not survive fork): ctest runs each test in a process
 // of its own.
 #include "device/cuda_shared.h"
+#include "memory/arena.h"  // SharedArena, complete for a default SharedSignals
 #include "transport/connection.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace zerod;
@@ -146,6 +163,35 @@ void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
   _exit(0);
 }
 
+// The live trainer (the fourth test's child): maps the chunk and the
+// signals, queues 300 ms of work on its stream, then its bytes, then its
+// record of kTrainerDone, and answers at once, before the stream gets
+// there. It lives on until killed; so do the mappings its stream uses.
+[[noreturn]] void child_records_behind_a_delay(Connection& c) {
+  if (!gpu_missing().empty()) _exit(kNoGpu);
+  std::string answer;
+  SharedDeviceChunk mine;
+  SharedSignals signals;
+  try {
+    Frame f = c.receive(1024, 30000);
+    if (f.fds.size() != 2 || f.body.size() != sizeof(Offer)) throw std::runtime_error("a malformed offer");
+    Offer o;
+    std::memcpy(&o, f.body.data(), sizeof o);
+    mine = SharedDeviceChunk::import(f.fds[0].get(), o.bytes, 0);
+    signals = SharedSignals::import(f.fds[1].get(), 0);
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
+    auto delay = [](void*) { usleep(300000); };
+    if (cudaLaunchHostFunc(s, delay, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
+    if (cudaMemsetAsync(mine.data(), 0x5A, mine.size(), s) != cudaSuccess) throw std::runtime_error("memset failed");
+    signals.record(kTrainerDone, s);
+  } catch (const std::exception& e) {
+    answer = e.what();
+  }
+  c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
+  for (;;) pause();  // until the parent kills it
+}
+
 // Whether `e` completes within `ms`.
 bool completes_within(cudaEvent_t e, int ms) {
   for (int waited = 0;; waited += 10) {
@@ -160,27 +206,107 @@ bool completes_within(cudaEvent_t e, int ms) {
   }
 }
 
+// Whether `s` gets through what is queued on it now within `ms` (an event
+// recorded there, polled: never an unbounded synchronize).
+bool stream_done_within(cudaStream_t s, int ms) {
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+    ADD_FAILURE() << "cudaEventCreateWithFlags failed";
+    return false;
+  }
+  const cudaError_t r = cudaEventRecord(e, s);
+  if (r != cudaSuccess) ADD_FAILURE() << "cudaEventRecord: " << cudaGetErrorString(r);
+  const bool done = r == cudaSuccess && completes_within(e, ms);
+  cudaEventDestroy(e);  // an event still pending is freed once it completes
+  return done;
+}
+
+// A forked child: killed and reaped on every exit of the test that forked
+// it (an ASSERT included), never left paused.
+struct Child {
+  Child() = default;
+  ~Child() { kill_and_reap(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Its wait status; 0 where there was none to reap.
+  int kill_and_reap() {
+    if (pid <= 0) return 0;
+    kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid = -1;
+    return status;
+  }
+  pid_t pid = -1;
+};
+
 // Forks `body` as the child, before this process starts CUDA. "" where
 // this process sees a GPU; else why not, the child (which exits at once
 // then) reaped.
-std::string start_child(void (*body)(Connection&), Connection& child_end, pid_t* pid) {
-  *pid = fork();
-  if (*pid < 0) return "";  // the test's ASSERT_GT(pid, 0) fails
-  if (*pid == 0) body(child_end);
+std::string start_child(void (*body)(Connection&), Connection& parent_end, Connection& child_end, Child* kid) {
+  const pid_t parent = getpid();
+  kid->pid = fork();
+  if (kid->pid < 0) return "";  // the test's ASSERT_GT(pid, 0) fails
+  if (kid->pid == 0) {
+    // Dies with the parent, whatever kills it, and in 2 minutes at most
+    // (SIGALRM), paused or stuck.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // the parent died before the prctl
+    alarm(120);
+    { Connection theirs(std::move(parent_end)); }  // closed in the child
+    body(child_end);
+  }
+  // The parent's copy of the child's end closed: a child that dies reads
+  // as end of stream at once, not as a receive's 60 s timeout.
+  { Connection theirs(std::move(child_end)); }
   std::string missing = gpu_missing();
   if (!missing.empty()) {
-    int status = 0;
-    waitpid(*pid, &status, 0);
+    while (waitpid(kid->pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    kid->pid = -1;
   }
   return missing;
 }
 
+// On every exit of a test whose stream `waiting` may still wait on
+// `signals`' `id`: where it is not through already, the child killed (a
+// release is only for a process that can no longer run its record), the
+// signal released, and the stream drained, so that ~SharedSignals never
+// unregisters the page under a live wait; then the stream destroyed. A
+// stream that still waits ends the process: its teardown would hang too.
+struct ReleaseOnExit {
+  ReleaseOnExit(const SharedSignals& s, SignalId i, Child& c, cudaStream_t& w)
+      : signals(s), id(i), child(c), waiting(w) {}
+  ~ReleaseOnExit() {
+    if (!waiting) return;
+    if (!stream_done_within(waiting, 0)) {
+      child.kill_and_reap();
+      signals.release(id);
+    }
+    if (!stream_done_within(waiting, 10000)) {
+      std::fprintf(stderr, "FAILED: a stream still waited 10 s after its signal's release; exiting\n");
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(1);
+    }
+    cudaStreamDestroy(waiting);
+    waiting = nullptr;
+  }
+  ReleaseOnExit(const ReleaseOnExit&) = delete;
+  ReleaseOnExit& operator=(const ReleaseOnExit&) = delete;
+  const SharedSignals& signals;
+  SignalId id;
+  Child& child;
+  cudaStream_t& waiting;
+};
+
 TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
   auto [parent_end, child_end] = connection_pair();
-  pid_t pid = 0;
-  if (const std::string missing = start_child(child, child_end, &pid); !missing.empty())
+  Child kid;
+  if (const std::string missing = start_child(child, parent_end, child_end, &kid); !missing.empty())
     GTEST_SKIP() << "shared GPU memory cannot be tested here: " << missing;
-  ASSERT_GT(pid, 0);
+  ASSERT_GT(kid.pid, 0);
   SharedDeviceChunk chunk = SharedDeviceChunk::allocate(0, kBytes, "the test's chunk");
   EXPECT_GE(chunk.size(), kBytes);
   EXPECT_EQ(chunk.size() % cuda_shared_granularity(0), 0u);
@@ -197,18 +323,19 @@ TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  EXPECT_FALSE(signals.pending(kTrainerDone)) << "the child's stream ran its record before it answered";
-  cudaStream_t waiting = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
-  signals.wait_on(kTrainerDone, waiting);  // the child's write, as its signal says
-  ASSERT_EQ(cudaStreamSynchronize(waiting), cudaSuccess);
-  cudaStreamDestroy(waiting);
+  // Else the wait below would hold: the child's record ran before it answered.
+  ASSERT_FALSE(signals.pending(kTrainerDone)) << "the child's stream ran its record before it answered";
+  {
+    cudaStream_t waiting = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+    const ReleaseOnExit release_on_exit(signals, kTrainerDone, kid, waiting);
+    signals.wait_on(kTrainerDone, waiting);  // the child's write, as its signal says
+    ASSERT_TRUE(stream_done_within(waiting, 10000)) << "the wait on the child's record, which had run, held 10 s";
+  }
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the child's bytes, seen by the parent";
 
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status));
+  const int status = kid.kill_and_reap();
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the child was still there to kill";
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the memory outlives the process that mapped it";
   ASSERT_EQ(cudaMemset(chunk.data(), 0x22, chunk.size()), cudaSuccess);
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x22));
@@ -217,9 +344,10 @@ TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
 // The common part of the last two tests: the latest record of `signals`'
 // `id` is the child's, queued behind endless work. This process's stream
 // waits for it; the child is killed; release must end the wait.
-void expect_a_killed_record_released(const SharedSignals& signals, SignalId id, pid_t child, const char* who) {
+void expect_a_killed_record_released(const SharedSignals& signals, SignalId id, Child& child, const char* who) {
   cudaStream_t waiting = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  const ReleaseOnExit release_on_exit(signals, id, child, waiting);
   cudaEvent_t after = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
   signals.wait_on(id, waiting);
@@ -227,9 +355,7 @@ void expect_a_killed_record_released(const SharedSignals& signals, SignalId id, 
   EXPECT_FALSE(completes_within(after, 500)) << "the wait holds while the child's work runs";
   EXPECT_TRUE(signals.pending(id)) << "this process sees the other's record pending (Device::trainer_pending asks so)";
 
-  kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
+  child.kill_and_reap();
   const bool held_after_kill = !completes_within(after, 2000);
   std::printf("%s: a record left queued by a SIGKILLed process: the wait on it was %s 2 s after the kill\n", who,
               held_after_kill ? "still held (the release is needed)" : "released by the driver itself");
@@ -246,40 +372,44 @@ void expect_a_killed_record_released(const SharedSignals& signals, SignalId id, 
   EXPECT_FALSE(signals.pending(id));
   // The signal goes on: a record made after the release (a trainer that
   // started again) is waited for as before.
+  cudaEventDestroy(after);
   cudaStream_t recording = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&recording, cudaStreamNonBlocking), cudaSuccess);
   signals.record(id, recording);
   signals.wait_on(id, waiting);
-  ASSERT_EQ(cudaStreamSynchronize(waiting), cudaSuccess);
-  EXPECT_FALSE(signals.pending(id));
+  const bool later_record_ends_wait = stream_done_within(waiting, 10000);
+  EXPECT_TRUE(stream_done_within(recording, 10000)) << "this process's own record did not run";
   cudaStreamDestroy(recording);
-  cudaEventDestroy(after);
-  cudaStreamDestroy(waiting);
+  ASSERT_TRUE(later_record_ends_wait) << "a wait on a record made after the release held 10 s";
+  EXPECT_FALSE(signals.pending(id));
 }
 
 // The daemon's side: its own signals, the killed trainer's record.
 TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
-  pid_t pid = 0;
-  if (const std::string missing = start_child(child_records_behind_endless_work, child_end, &pid); !missing.empty())
+  Child kid;
+  if (const std::string missing = start_child(child_records_behind_endless_work, parent_end, child_end, &kid);
+      !missing.empty())
     GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
-  ASSERT_GT(pid, 0);
+  ASSERT_GT(kid.pid, 0);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
   parent_end.send(FrameHeader{}, {}, signal_fds(signals), 30000);
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  expect_a_killed_record_released(signals, kTrainerDone, pid, "the daemon's side");
+  expect_a_killed_record_released(signals, kTrainerDone, kid, "the daemon's side");
 }
 
 // The trainer's side: the killed daemon's signals (mapped here, which keeps
 // the page), the killed daemon's record.
 TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   auto [parent_end, child_end] = connection_pair();
-  pid_t pid = 0;
-  if (const std::string missing = start_child(child_creates_and_records_behind_endless_work, child_end, &pid); !missing.empty())
+  Child kid;
+  if (const std::string missing =
+          start_child(child_creates_and_records_behind_endless_work, parent_end, child_end, &kid);
+      !missing.empty())
     GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
-  ASSERT_GT(pid, 0);
+  ASSERT_GT(kid.pid, 0);
   Frame offer = parent_end.receive(1024, 60000);
   ASSERT_EQ(offer.fds.size(), 1u);
   SharedSignals signals = SharedSignals::import(offer.fds[0].get(), 0);
@@ -287,7 +417,47 @@ TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   Frame answer = parent_end.receive(4096, 60000);
   const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
   ASSERT_EQ(said, "") << "the child: " << said;
-  expect_a_killed_record_released(signals, kZerodDone, pid, "the trainer's side");
+  expect_a_killed_record_released(signals, kZerodDone, kid, "the trainer's side");
+}
+
+// The every-step path, both sides alive: zerod's stream waits for the
+// trainer's record, which its stream reaches after 300 ms of work. The
+// wait holds meanwhile, then ends, and the bytes the trainer wrote before
+// its record are there.
+TEST(CudaShared, AWaitOnALiveRecordBehindWorkHoldsThenEnds) {
+  auto [parent_end, child_end] = connection_pair();
+  Child kid;
+  if (const std::string missing = start_child(child_records_behind_a_delay, parent_end, child_end, &kid);
+      !missing.empty())
+    GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
+  ASSERT_GT(kid.pid, 0);
+  SharedDeviceChunk chunk = SharedDeviceChunk::allocate(0, kBytes, "the test's chunk");
+  ASSERT_EQ(cudaMemset(chunk.data(), 0x11, chunk.size()), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  SharedSignals signals = SharedSignals::create(0, "the test's signals");
+  const Offer o{chunk.size()};
+  const int fd = chunk.export_fd();
+  ASSERT_GE(fd, 0);
+  const int fds[] = {fd, signals.page_fd()};
+  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
+  close(fd);
+  Frame answer = parent_end.receive(4096, 60000);
+  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
+  ASSERT_EQ(said, "") << "the child: " << said;
+
+  cudaStream_t waiting = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  const ReleaseOnExit release_on_exit(signals, kTrainerDone, kid, waiting);
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  signals.wait_on(kTrainerDone, waiting);
+  ASSERT_EQ(cudaEventRecord(after, waiting), cudaSuccess);
+  EXPECT_FALSE(completes_within(after, 100)) << "the wait ended while the child's 300 ms of work before its record ran";
+  const bool ended = completes_within(after, 5000);
+  cudaEventDestroy(after);
+  ASSERT_TRUE(ended) << "the wait on the live child's record did not end within 5 s";
+  EXPECT_FALSE(signals.pending(kTrainerDone));
+  EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the child's bytes, written before its record";
 }
 
 }  // namespace

@@ -64,6 +64,18 @@ TEST(CudaStream, TheTrainerWaitsForAMarkNotForZerodsLaterWork) {
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
   std::atomic<bool> open{false};
+  // On every exit, an ASSERT's return included: the hold opened and its
+  // stream through before `open`, which the host function polls, leaves
+  // the stack (else it would read a dead variable, for up to 30 s, while
+  // ~CudaDevice waited for zerod's stream behind it).
+  struct OpenOnExit {
+    std::atomic<bool>& flag;
+    cudaStream_t& stream;  // null once the test destroyed it
+    ~OpenOnExit() {
+      flag = true;
+      if (stream && cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
+    }
+  } open_on_exit{open, holder};
 
   // zerod's work up to the mark: a block zeroed.
   const Block b = device->allocate(1 << 20, ZD_MEM_BUFFERS, "a block before the mark");
@@ -95,6 +107,7 @@ TEST(CudaStream, TheTrainerWaitsForAMarkNotForZerodsLaterWork) {
   cudaEventDestroy(before);
   cudaEventDestroy(after);
   cudaStreamDestroy(holder);
+  holder = nullptr;
   cudaStreamDestroy(trainer);
 }
 

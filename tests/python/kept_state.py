@@ -22,28 +22,35 @@ def keeping(job_text):
     return job_text.replace("return {", "return {\n  daemon = { keep_state = true },\n  comm = { timeout = 20 },", 1)
 
 
-def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180):
+def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=False):
     """rank_script (train_rank.py's arguments) under `zerod serve` with `job`
-    (a path; keeping its state): rank 1 dies in step DIE_AT, the ranks
-    started again resume there, within resume_timeout seconds. Returns the
-    resumed losses' worst relative difference from the uninterrupted
-    job's."""
+    (a path; keeping its state): rank 1 dies in step DIE_AT, between its
+    forward and its backward, and the ranks started again resume there,
+    within resume_timeout seconds. in_step (a GPU only): rank 1 dies inside
+    that step's zd_step instead, its record of kTrainerDone queued behind
+    GPU work (ZEROD_TEST_DIE_IN_STEP); the daemon's side of the step, which
+    waits for that record, goes on once the daemon has seen the process
+    gone and released it, so the step is applied on both ranks and they
+    resume at the next one. Returns the resumed losses' worst relative
+    difference from the uninterrupted job's."""
     command = [sys.executable, f"{HERE}/{rank_script}", "gpt", "fp32", str(STEPS)]
+    die = {"ZEROD_TEST_DIE_IN_STEP": DIE_AT} if in_step else {"ZEROD_TEST_DIE_AT": DIE_AT}
+    resume_at = DIE_AT + 1 if in_step else DIE_AT
     rc, ranks, out = zerod_run(2, job, *command[1:], timeout=300)
     assert rc == 0, out
     want = losses(ranks[0])
     sock = str(tmp_path / "zerod.sock")
     daemon = serve(2, job, sock)
     try:
-        (rc0, out0), (rc1, _) = served_ranks(sock, job, command, timeout=180, ZEROD_TEST_DIE_AT=DIE_AT)
+        (rc0, out0), (rc1, _) = served_ranks(sock, job, command, timeout=180, **die)
         assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
         assert rc0 != 0 and "PeerLostError" in out0, out0
         resumed = served_ranks(sock, job, command, timeout=resume_timeout)
         for r, (rc, text) in enumerate(resumed):
             assert rc == 0, f"rank {r}: {text}"
-            assert f"resumed at step {DIE_AT}" in text, f"rank {r}: {text}"
+            assert f"resumed at step {resume_at}" in text, f"rank {r}: {text}"
         got = losses(resumed[0][1].splitlines())
-        assert sorted(got) == list(range(DIE_AT, STEPS)), resumed[0][1]
+        assert sorted(got) == list(range(resume_at, STEPS)), resumed[0][1]
         return max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
     finally:
         daemon.terminate()

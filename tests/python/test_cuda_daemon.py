@@ -17,7 +17,11 @@ AdamW on the whole global batch there (models.torch_reference):
     step 5%, every 10-step mean 2%), at stage 3 with and without the
     optimizer on the host, and the two ranks ending with the same weights;
   - a rank killed mid-step, whose job keeps its state in the daemon: the
-    ranks started again resume on the GPU and match the uninterrupted job.
+    ranks started again resume on the GPU and match the uninterrupted job;
+    killed between its forward and its backward, and inside zd_step with
+    its record queued behind GPU work (the daemon's side of the step
+    waiting for it);
+  - zd_step called from a thread that never touched CUDA.
 
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
 torch sees no GPU or libzerod has no cuda device.
@@ -82,17 +86,42 @@ def test_two_ranks_on_one_gpu_train_as_plain_pytorch(precision, offload, tmp_job
     print(f"{precision} 2 ranks on one GPU{' +host' if offload else ''}: vs plain PyTorch, worst {worst:.2e}")
 
 
-def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(tmp_job, tmp_path):
+@pytest.mark.parametrize("in_step", [False, True], ids=["between_forward_and_backward", "in_zd_step"])
+def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(in_step, tmp_job, tmp_path):
     """Issue 32 section 1: a trainer killed mid-step (between its forward and
     its backward, kernels still queued on its stream) leaves the daemon's
     GPU state intact; with daemon.keep_state the ranks that start again
     resume there, at the step after the last one applied, and train on as
     an uninterrupted job does (fp32, within 1e-5). Also the release of a
     stream signal whose recording process died (interprocess events, which
-    did this before, hung here on an H200)."""
+    did this before, hung here on an H200).
+
+    in_zd_step: the trainer is killed while its zd_step waits for the
+    daemon, its record of kTrainerDone queued behind 15 s of GPU work
+    (torch.cuda._sleep): the daemon's session thread is then inside that
+    step, blocked on the CPU behind its stream's wait for the record, and
+    only the connection's hangup watch (daemon/server/trainer_gone_watch.h)
+    can release it. Without it (as read from the code; not yet run on a
+    GPU) that thread never returns: rank 1 is never freed, so the resumed
+    rank 1 is refused as still connected, and zerod serve does not stop on
+    SIGTERM (Server::stop joins that thread)."""
     # 90 s: the resumed ranks take well under a minute on a GPU, and a
     # hang (an H200 saw one, 2026-11-27) spends GPU time that is scarce.
     worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path,
-                                resume_timeout=90)
-    print(f"resumed on the GPU at step {DIE_AT}: against the uninterrupted job, worst {worst:.2e}")
+                                resume_timeout=90, in_step=in_step)
+    print(f"killed {'in zd_step' if in_step else 'mid-step'} of step {DIE_AT}, resumed on the GPU: against the "
+          f"uninterrupted job, worst {worst:.2e}")
     assert worst <= 1e-5
+
+
+def test_zd_step_from_a_thread_that_never_touched_cuda(tmp_job):
+    """Each engine.step() on a new thread, with no CUDA context current
+    there: libzerod makes the rank's GPU current itself around its record
+    of kTrainerDone and its wait for kZerodDone (trainer_link.cpp,
+    OnRankGpu). Without that, as read from the code (not yet run on a
+    GPU), the driver refuses the record on the default stream (no current
+    context), or it goes to whichever GPU the thread has current."""
+    rc, ranks, out = zerod_run(1, tmp_job(cuda_job("fp32", 0)), f"{HERE}/cuda_rank.py", "gpt", "fp32", 5,
+                               timeout=300, env=rank_env(ZEROD_TEST_STEP_ON_A_THREAD=1))
+    assert rc == 0, out
+    assert len(losses_of(ranks[0])) == 5, out

@@ -9,16 +9,53 @@ A job that keeps its state in the daemon resumes where it stands (the
 steps before it are not run again: "resumed at step N"). With
 ZEROD_TEST_DIE_AT=K rank 1 kills itself (SIGKILL) in step K, between its
 forward and its backward (on a GPU with the forward's kernels queued on
-its stream). cuda_rank.py runs the same on the GPU.
+its stream). With ZEROD_TEST_DIE_IN_STEP=K (a GPU only) rank 1 is killed
+inside zd_step of step K instead, its record of kTrainerDone queued behind
+GPU work (die_in_zd_step). With ZEROD_TEST_STEP_ON_A_THREAD=1 each
+engine.step() runs on a new thread, which has never touched CUDA.
+cuda_rank.py runs the same on the GPU.
 """
 import os
 import signal
+import subprocess
 import sys
+import threading
 
 import torch
 
 import zerod.torch
 from models import batch, loss_of, make
+
+
+def die_in_zd_step(device):
+    """Queues about 15 s of GPU work on this rank's stream (torch.cuda._sleep,
+    3e10 cycles at 2 GHz at most), and has another process SIGKILL this one
+    1 s later: the step's record of kTrainerDone, made when the call starts,
+    sits behind that work and never runs, while the daemon's side of zd_step
+    waits for it (daemon/server/trainer_gone_watch.h). Another process, not
+    a thread: this one's threads wait for the call."""
+    assert device.type == "cuda", "ZEROD_TEST_DIE_IN_STEP needs a GPU"
+    torch.cuda._sleep(30_000_000_000)
+    subprocess.Popen(["sh", "-c", f"sleep 1; kill -KILL {os.getpid()}"])
+
+
+def on_a_new_thread(call):
+    """call() on a thread of its own, which has never touched CUDA (no
+    context current there): libzerod makes the rank's GPU current itself."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = call()
+        except BaseException as e:  # raised again on the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
 
 
 def main(device=torch.device("cpu")):
@@ -32,6 +69,8 @@ def main(device=torch.device("cpu")):
     if start:
         print(f"resumed at step {start}", flush=True)
     die_at = int(os.environ.get("ZEROD_TEST_DIE_AT", -1))
+    die_in_step = int(os.environ.get("ZEROD_TEST_DIE_IN_STEP", -1))
+    step_on_a_thread = os.environ.get("ZEROD_TEST_STEP_ON_A_THREAD") == "1"
     for step in range(start, steps):
         inputs, y = batch(kind, step, engine.rank, engine.world_size)
         inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
@@ -39,7 +78,12 @@ def main(device=torch.device("cpu")):
         if step == die_at and engine.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         engine.backward(loss)
-        engine.step()
+        if step == die_in_step and engine.rank == 1:
+            die_in_zd_step(device)
+        if step_on_a_thread:
+            on_a_new_thread(engine.step)
+        else:
+            engine.step()
         print(f"loss {step} {loss.item():.9g}", flush=True)
     state = engine.state_dict()
     print(f"state {sum(float(v.double().abs().sum()) for v in state.values()):.9g}")
