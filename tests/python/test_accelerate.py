@@ -244,6 +244,48 @@ def test_a_window_without_optimizer_step_is_refused(tmp_path):
     _one_micro_batch(accelerator, model, loader)
 
 
+def test_lr_written_into_param_groups_is_refused():
+    """zerod applies the lr of the schedule it traced at prepare() and never
+    reads the optimizer's param_groups: a hand-written schedule (`for g in
+    optimizer.param_groups: g["lr"] = ...`) and a scheduler not given to
+    prepare() would not be applied; the next backward refuses them, naming
+    the ways zerod takes a schedule. The prepared scheduler's own steps are
+    not refused."""
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, _, loader, _ = objects()
+    model, opt, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=3e-3), loader)
+    _one_micro_batch(accelerator, model, loader)
+    opt.step()
+    before = accelerator.get_state_dict(model)
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+    with pytest.raises(InvalidStateError, match=r"lr was written outside the LR scheduler given to prepare\(\) "
+                                                r"\(param_groups lr \[0.0\], prepare\(\) saw: \[0.003\]\).*"
+                                                r"Give the schedule to accelerator.prepare\(\) as a torch LR "):
+        _one_micro_batch(accelerator, model, loader)
+    after = accelerator.get_state_dict(model)
+    assert all(torch.equal(v, before[k]) for k, v in after.items())
+
+    AcceleratorState._reset_state(True)
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader, sched = objects()
+    model, opt, loader = accelerator.prepare(model, opt, loader)  # the scheduler stepped by hand, not prepared
+    sched.step()
+    with pytest.raises(InvalidStateError, match=r"or a scheduler not given to prepare\(\) together with the model"):
+        _one_micro_batch(accelerator, model, loader)
+
+    AcceleratorState._reset_state(True)
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader, sched = accelerator.prepare(*objects())
+    for _ in range(2):
+        _one_micro_batch(accelerator, model, loader)
+        opt.step()
+        sched.step()
+    opt.param_groups[0]["lr"] *= 2
+    with pytest.raises(InvalidStateError, match=r"the prepared LR scheduler last set"):
+        _one_micro_batch(accelerator, model, loader)
+
+
 def test_clip_grad_value_is_refused_by_name():
     """As Accelerate refuses it under DeepSpeed: zerod clips by the norm."""
     accelerator = ZerodAccelerator(zero_stage=0)

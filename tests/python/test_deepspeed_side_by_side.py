@@ -85,7 +85,7 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import CONFIGS, CLIENT, LOADS, make, train, load_run
+from test_deepspeed_side_by_side import CONFIGS, CLIENT, LOADS, make, train, load_run, save_model, saved_16bit
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -108,6 +108,11 @@ engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.
                                             config={"train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": True,
                                                     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
 out["loader_drop_last"] = [len(loader)] + [b[0][:, 0].tolist() for b in loader]
+model = save_model()
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=dict(CONFIGS["bf16_stage1"]))
+d = os.path.join(os.path.dirname(sys.argv[1]), "save_16bit")
+out["save_16bit"] = saved_16bit(engine, d)
 out["loads"] = {}
 for name in LOADS:
     d = os.path.join(os.path.dirname(sys.argv[1]), "load_" + name)
@@ -120,6 +125,29 @@ def make(extra_layer=False):
     torch.manual_seed(0)
     layers = [nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4)]
     return nn.Sequential(*layers, *([nn.Tanh(), nn.Linear(4, 4)] if extra_layer else []))
+
+
+def save_model():
+    """make()'s model with buffers and a frozen parameter (a BatchNorm whose
+    weight is frozen), for save_16bit_model."""
+    model = nn.Sequential(make(), nn.BatchNorm1d(4))
+    model[1].weight.requires_grad_(False)
+    with torch.no_grad():
+        model[1].running_mean.fill_(0.25)
+    return model
+
+
+def saved_16bit(engine, d):
+    """What save_16bit_model writes, the same calls under both: its return
+    values, the files, and each file's keys with their type and shape."""
+    out = {"returned": [engine.save_16bit_model(d), engine.save_16bit_model(d, "no_frozen.bin",
+                                                                           exclude_frozen_parameters=True),
+                        engine.save_fp16_model(d, "old_name.bin")],
+           "files": sorted(os.listdir(d))}
+    for name in out["files"]:
+        sd = torch.load(os.path.join(d, name), map_location="cpu", weights_only=True)
+        out[name] = {k: [str(v.dtype), list(v.shape)] for k, v in sd.items()}
+    return out
 
 
 _TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(7)) / 4
@@ -695,3 +723,160 @@ def test_load_checkpoint_weights_alone_take_a_modules_extra_state(tmp_path):
         assert all(torch.equal(got[k], saved[k]) for k in got if torch.is_tensor(got[k]))
     finally:
         engine.close()
+
+
+def test_save_16bit_model_writes_what_deepspeed_writes(deepspeed_losses, tmp_path):
+    """save_16bit_model (and save_fp16_model, its old name): the same files,
+    keys, types and shapes as DeepSpeed's (bf16 parameters, buffers as they
+    are, a frozen parameter left out with exclude_frozen_parameters), and
+    the values zerod holds, in the parameters' type (the module's own
+    parameters are empty placeholders under zerod)."""
+    import zerod.deepspeed as deepspeed
+
+    model = save_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=dict(CONFIGS["bf16_stage1"]))
+    try:
+        ours = saved_16bit(engine, str(tmp_path))
+        state = engine.state_dict()
+    finally:
+        engine.close()
+    theirs = deepspeed_losses["save_16bit"]
+    assert ours == theirs, (ours, theirs)
+    assert "1.weight" not in ours["no_frozen.bin"] and ours["pytorch_model.bin"]["0.0.weight"][0] == "torch.bfloat16"
+    written = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    for k, v in written.items():
+        assert torch.equal(v, state[k].to(v.dtype)), k
+    assert float(written["1.running_mean"][0]) == 0.25
+
+
+def test_engine_answers_deepspeeds_other_calls():
+    """DeepSpeedEngine's no_sync (refused: zerod reduces the window itself),
+    set_gradient_accumulation_boundary (accepted where it agrees with
+    zerod's count), and an attribute the engine lacks read from the module,
+    as DeepSpeed's __getattr__ does (none read before the engine is set
+    up, so no recursion)."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError, InvalidStateError
+
+    model = make()
+    model.note, model.config = "the module's", "the module's config"
+    model.double_it = lambda v: 2 * v
+    cfg = dict(CONFIGS["adamw_warmup_clip_gas2"])  # 2 micro-batches per window
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    try:
+        assert engine.note == "the module's" and engine.double_it(3) == 6 and engine.training
+        assert engine.config["gradient_accumulation_steps"] == 2  # the engine's own first, as DeepSpeed's
+        with pytest.raises(AttributeError, match="'DeepSpeedEngine' object has no attribute 'nothing_here'"):
+            engine.nothing_here
+        with pytest.raises(InvalidArgumentError, match=r"no_sync\(\) is not supported by zerod"):
+            with engine.no_sync():
+                pass
+        for s in range(4):
+            boundary = s % 2 == 1
+            with pytest.raises(InvalidStateError, match=r"zerod ends a window at the step\(\) of its last micro-batch "
+                                                        r"\(gradient_accumulation_steps=2\)"):
+                engine.set_gradient_accumulation_boundary(not boundary)
+            engine.set_gradient_accumulation_boundary(boundary)
+            assert engine.is_gradient_accumulation_boundary() == boundary
+            x, y = batch(s)
+            engine.backward(((engine(x) - y) ** 2).mean())
+            assert engine.step().boundary == boundary
+    finally:
+        engine.close()
+    bare = deepspeed.DeepSpeedEngine.__new__(deepspeed.DeepSpeedEngine)
+    with pytest.raises(AttributeError):
+        bare.module
+    assert not hasattr(bare, "note")
+
+
+def test_lr_written_into_param_groups_is_refused():
+    """A hand-written schedule (nanoGPT's `for g in optimizer.param_groups:
+    g["lr"] = lr`), which DeepSpeed applies, is refused at the next
+    backward() naming the ways zerod takes a schedule: zerod never reads
+    param_groups. Reading param_groups follows the schedule, and writing
+    the lr zerod applies anyway is accepted."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    cfg = dict(CONFIGS["adamw_warmup_clip_gas2"])
+    engine, opt, _, _ = deepspeed.initialize(model=make(), config=cfg)
+    try:
+        seen = []
+        for s in range(6):
+            seen.append(opt.param_groups[0]["lr"])
+            assert seen[-1] == engine.get_lr()[0]
+            for g in opt.param_groups:
+                g["lr"] = engine.get_lr()[0]  # what zerod applies: nothing changes
+            x, y = batch(s)
+            engine.backward(((engine(x) - y) ** 2).mean())
+            engine.step()
+        assert opt.param_groups[0]["lr"] == engine.get_lr()[0] > 0 and len(set(seen)) == 2, seen  # warming up
+        before = engine.state_dict()
+        for g in opt.param_groups:
+            g["lr"] = 0.0
+        x, y = batch(6)
+        loss = ((engine(x) - y) ** 2).mean()
+        with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['lr'\] was set to 0.0, but zerod applies "
+                                                       r".*lr_scheduler=.*\"scheduler\" section.*Lua lr\(step\)"):
+            engine.backward(loss)
+        assert all(torch.equal(v, before[k]) for k, v in engine.state_dict().items())
+        opt.param_groups[0]["lr"] = engine.get_lr()[0]
+        opt.param_groups[0]["weight_decay"] = 0.5
+        with pytest.raises(InvalidArgumentError, match=r"\['weight_decay'\] was changed from 0.05 to 0.5"):
+            engine.step()
+    finally:
+        engine.close()
+
+
+def test_optimizer_parameters_outside_the_model_are_refused():
+    """A parameter the optimizer holds that is not the model's (a learnable
+    loss temperature) would never be updated by zerod, which trains the
+    model's parameters: refused, naming how many and their shapes (torch and
+    DeepSpeed would train it)."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    model = make()
+    temperature = nn.Parameter(torch.ones(()))
+    opt = torch.optim.AdamW(list(model.parameters()) + [temperature], lr=0.1)
+    with pytest.raises(InvalidArgumentError, match=r"the optimizer holds 1 parameter\(s\) that are not the model's "
+                                                   r"\(shapes \(\)\).*make them part of the model"):
+        deepspeed.initialize(model=model, optimizer=opt, config={"train_batch_size": 8})
+    with pytest.raises(InvalidArgumentError, match=r"model_parameters holds a parameter of shape \(\) that is not "
+                                                   r"the model's"):
+        deepspeed.initialize(model=model, model_parameters=list(model.parameters()) + [temperature],
+                             config=dict(CONFIGS["adamw_warmup_clip_gas2"]))
+
+
+def test_tracing_shares_the_owner_of_a_bound_lr_lambda():
+    """LambdaLR(opt, owner.method) holds the owner (a LightningModule: the
+    whole model): tracing copies the scheduler, and must not copy it (an
+    owner whose copy fails, or costs the model's memory)."""
+    from zerod import _schedules
+
+    class Owner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.warm_steps = nn.Linear(4, 4), 4
+
+        def __deepcopy__(self, memo):
+            raise AssertionError("the lr_lambda's owner was copied")
+
+        def warm(self, step):
+            return min(1.0, (step + 1) / self.warm_steps)
+
+    owner = Owner()
+    opt = torch.optim.SGD(owner.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [owner.warm])
+    assert _schedules.trace(sched, steps=6) == [0.1 * min(1.0, (t + 1) / 4) for t in range(6)]
+    chained = torch.optim.lr_scheduler.SequentialLR(
+        opt, [torch.optim.lr_scheduler.LambdaLR(opt, owner.warm), torch.optim.lr_scheduler.ConstantLR(opt, 0.5)],
+        milestones=[3])
+    values = _schedules.trace(chained, steps=6)
+    want = []
+    for _ in range(6):  # the user's own scheduler, untouched by the trace
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        chained.step()
+    assert values == want and len(set(want)) > 2, (values, want)

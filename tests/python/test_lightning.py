@@ -357,3 +357,190 @@ def test_validation_and_validate_run_through_zerod(tmp_path):
     assert out["zerod_stage_3_offload"][0] == out["auto"][0]
     assert out["zerod_stage_3_offload"][1] == pytest.approx(out["auto"][1], rel=1e-5)
     assert out["auto"][1] < out["auto"][0]
+
+
+class Linear(pl.LightningModule):
+    """A linear model trained by SGD without momentum: each update is the lr
+    times the gradient, so the weights show the lr and the gradient scale
+    each update had. Optionally a StepLR ("step") or a LambdaLR whose
+    lr_lambda is the module's method ("lambda"), an lr written into the
+    optimizer by hand after every update, a backward that fails, AdamW."""
+
+    def __init__(self, scheduler=None, frequency=1, write_lr=False, boom_at=None, optimizer="sgd"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 1)
+        self.scheduler, self.frequency, self.write_lr, self.boom_at = scheduler, frequency, write_lr, boom_at
+        self.optimizer = optimizer
+        self.lrs = []  # the lr of every update (the torch optimizer's, or the one zerod applied)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.lin(x)
+        if batch_idx == self.boom_at:
+            out = _Boom.apply(out)
+        return F.mse_loss(out, y)
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", F.mse_loss(self.lin(x), y))
+
+    def warm(self, step):
+        return min(1.0, (step + 1) / 4)
+
+    def configure_optimizers(self):
+        opt = (torch.optim.AdamW if self.optimizer == "adamw" else torch.optim.SGD)(self.parameters(), lr=0.1)
+        if self.scheduler is None:
+            return opt
+        sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if self.scheduler == "step" else
+                 torch.optim.lr_scheduler.LambdaLR(opt, self.warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step",
+                                                   "frequency": self.frequency}}
+
+    def on_before_optimizer_step(self, optimizer):
+        strategy = self.trainer.strategy
+        self.lrs.append(strategy._last.lr if isinstance(strategy, ZerodStrategy) else optimizer.param_groups[0]["lr"])
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        optimizer.step(closure=optimizer_closure)
+        if self.write_lr:  # Lightning's documented warm-up, written into the optimizer by hand
+            for g in optimizer.param_groups:
+                g["lr"] = 0.1 * min(1.0, (self.trainer.global_step + 1) / 4)
+
+
+class _Boom(torch.autograd.Function):
+    """Fails in the backward (as a CUDA out-of-memory would)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise MemoryError("out of memory (simulated, in backward)")
+
+
+def _linear_fit(strategy, module, batches=8, tmp_path=None, callbacks=(), **trainer_args):
+    torch.manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(batches * 2, 4), torch.randn(batches * 2, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    args = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False)
+    args.update(trainer_args)
+    if callbacks:
+        args["enable_checkpointing"] = True
+    trainer = pl.Trainer(strategy=strategy, callbacks=list(callbacks), default_root_dir=str(tmp_path), **args)
+    trainer.fit(module, loader)
+    return trainer, loader
+
+
+def test_accumulation_averages_the_window_once(tmp_path):
+    """With accumulate_grad_batches=2 Lightning divides each micro-batch's
+    loss by 2 and zerod averages the window: the update must be the one of
+    "auto" (mean gradient of the window), not half of it."""
+    for batches in (4, 8):
+        ref, ours = Linear(), Linear()
+        _linear_fit("auto", ref, batches, tmp_path / "ref", accumulate_grad_batches=2)
+        _linear_fit("zerod_stage_1", ours, batches, tmp_path / "zerod", accumulate_grad_batches=2)
+        start = Linear().lin.weight.detach()
+        assert not torch.allclose(ref.lin.weight, start), "the reference did not move: the test shows nothing"
+        torch.testing.assert_close(ours.lin.weight.detach(), ref.lin.weight.detach(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(ours.lin.bias.detach(), ref.lin.bias.detach(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("accumulate,frequency,batches,epochs", [(2, 2, 8, 1), (1, 2, 5, 2), (2, 3, 8, 2),
+                                                                  (2, 4, 8, 2)])
+def test_scheduler_frequency_steps_as_lightning_steps_it(accumulate, frequency, batches, epochs, tmp_path):
+    """interval="step" with a frequency: Lightning steps the scheduler after
+    the updates whose last batch, counted within the epoch, is a multiple
+    of the frequency; zerod's traced schedule follows that rule: the same lr
+    at every update, and the same weights."""
+    ref, ours = Linear("step", frequency), Linear("step", frequency)
+    kw = dict(accumulate_grad_batches=accumulate, max_epochs=epochs)
+    _linear_fit("auto", ref, batches, tmp_path / "ref", **kw)
+    _linear_fit("zerod_stage_1", ours, batches, tmp_path / "zerod", **kw)
+    assert len(set(ref.lrs)) > 2 and len(ours.lrs) == len(ref.lrs), (ours.lrs, ref.lrs)
+    assert ours.lrs == pytest.approx(ref.lrs, rel=1e-12), (ours.lrs, ref.lrs)
+    torch.testing.assert_close(ours.lin.weight.detach(), ref.lin.weight.detach(), rtol=1e-6, atol=0)
+
+
+def test_scheduler_frequency_without_an_epoch_length_is_refused(tmp_path):
+    """Where Lightning's rule needs the epoch's length (a frequency that
+    does not divide accumulate_grad_batches) and the loader has none: refused
+    with the reason."""
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            g = torch.Generator().manual_seed(0)
+            for _ in range(8):
+                yield torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+    trainer = pl.Trainer(strategy="zerod_stage_1", accelerator="cpu", devices=1, max_steps=4, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(Exception, match=r"frequency=2 \(with accumulate_grad_batches=1\) steps where Lightning "
+                                        r"counts the batches of an epoch.*sized train dataloader"):
+        trainer.fit(Linear("step", 2), torch.utils.data.DataLoader(Stream(), batch_size=2))
+
+
+def test_a_bound_lr_lambda_does_not_copy_the_module(tmp_path, monkeypatch):
+    """LambdaLR(opt, self.warm) holds the LightningModule: zerod's trace of
+    the schedule must not deep-copy it (the whole model, or a module that
+    cannot be copied), and follows it as "auto" does."""
+    def no_copy(self, memo):
+        raise AssertionError("the LightningModule was deep-copied")
+
+    ref = Linear("lambda")
+    _linear_fit("auto", ref, tmp_path=tmp_path / "ref", max_steps=6)
+    monkeypatch.setattr(Linear, "__deepcopy__", no_copy, raising=False)
+    ours = Linear("lambda")
+    _linear_fit("zerod_stage_1", ours, tmp_path=tmp_path / "zerod", max_steps=6)
+    assert ours.lrs == pytest.approx(ref.lrs, rel=1e-12) and len(set(ref.lrs)) == 4, (ours.lrs, ref.lrs)
+
+
+def test_lr_written_into_the_optimizer_is_refused(tmp_path):
+    """Lightning's warm-up recipe writes the lr into the optimizer's
+    param_groups in optimizer_step; zerod never reads them and would train
+    at another lr: the next update refuses it, naming the scheduler way."""
+    with pytest.raises(Exception, match=r"the optimizer's lr was written outside its LR scheduler \(param_groups "
+                                        r"lr \[[0-9.]+\], configure_optimizers gave it: \[0.1\]\).*LambdaLR"):
+        _linear_fit("zerod_stage_1", Linear(write_lr=True), tmp_path=tmp_path)
+    ours = Linear("lambda")  # the same warm-up as a scheduler: no refusal (and the module's lrs are its)
+    _linear_fit("zerod_stage_1", ours, tmp_path=tmp_path / "sched", max_steps=4)
+    assert ours.lrs == pytest.approx([0.1 * min(1.0, (t + 1) / 4) for t in range(4)], rel=1e-12)
+
+
+def test_test_and_validate_from_a_zerod_checkpoint(tmp_path):
+    """trainer.test/validate(ckpt_path=...) on a checkpoint of an AdamW fit:
+    set up outside fit the engine has no optimizer of the user's, so the
+    weights alone are loaded (the test loss is the trained weights')."""
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=1)
+    trained = Linear(optimizer="adamw")
+    _, loader = _linear_fit("zerod_stage_1", trained, tmp_path=tmp_path, callbacks=[ckpt])
+    with torch.no_grad():
+        want = sum(F.mse_loss(trained.lin(x), y) for x, y in loader) / len(loader)
+        untrained = sum(F.mse_loss(Linear().lin(x), y) for x, y in loader) / len(loader)
+    assert abs(float(untrained) - float(want)) > 1e-3
+    kw = dict(strategy="zerod_stage_1", accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+              enable_model_summary=False, default_root_dir=str(tmp_path))
+    got = pl.Trainer(**kw).test(Linear(), loader, ckpt_path=ckpt.best_model_path, verbose=False)[0]["test_loss"]
+    assert got == pytest.approx(float(want), rel=1e-6)
+
+
+def test_a_failed_backward_keeps_the_users_exception(tmp_path):
+    """A backward that fails (an out-of-memory) leaves zerod's engine
+    unusable: Lightning's teardown must not replace the user's exception by
+    another from reading the weights back; it warns, and zerod's model is
+    freed."""
+    class Grab(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.engine = trainer.strategy.engine
+
+    grab = Grab()
+    trainer = pl.Trainer(strategy="zerod_stage_1", accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[grab], default_root_dir=str(tmp_path))
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    with pytest.warns(UserWarning, match=r"the trained weights could not be read back from zerod \(an earlier "
+                                         r"backward\(\) did not finish \(MemoryError"):
+        with pytest.raises(MemoryError, match="simulated, in backward"):
+            trainer.fit(Linear(boom_at=1), torch.utils.data.DataLoader(data, batch_size=2))
+    assert trainer.strategy.engine is None and grab.engine.zerod_model._handle is None

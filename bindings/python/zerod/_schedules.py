@@ -7,6 +7,8 @@ That is exact for any scheduler whose lr follows from the step count alone;
 ReduceLROnPlateau, which follows a metric, is refused.
 """
 import copy
+import functools
+import types
 import warnings
 
 import torch
@@ -37,14 +39,18 @@ class Stepped:
     """A torch scheduler that a trainer steps every `every` updates (e.g.
     Lightning's interval "epoch"), to be traced over `steps` updates (None:
     the scheduler's own length): what zerod.deepspeed.initialize takes as
-    lr_scheduler where one scheduler step is not one update. Accelerate's
-    AcceleratedScheduler steps it `per` times at each update (once per
-    process); stepped after every micro-batch it has stepped `offset` times
-    more when an update reads its lr (the window's earlier micro-batches')."""
+    lr_scheduler where one scheduler step is not one update. `when`, where
+    given, says it instead: when(t) is true where the trainer steps it after
+    update t (from 0; Lightning's frequency counts batches within an epoch).
+    Accelerate's AcceleratedScheduler steps it `per` times at each update
+    (once per process); stepped after every micro-batch it has stepped
+    `offset` times more when an update reads its lr (the window's earlier
+    micro-batches')."""
 
-    def __init__(self, scheduler, every=1, steps=None, per=1, offset=0):
+    def __init__(self, scheduler, every=1, steps=None, per=1, offset=0, when=None):
         self.scheduler, self.every, self.steps = scheduler, int(every), steps
         self.per, self.offset = int(per), int(offset)
+        self.when = when
 
 
 def trace(scheduler, steps=None, every=1):
@@ -54,10 +60,10 @@ def trace(scheduler, steps=None, every=1):
     Stepped that says both. `steps` None is the scheduler's own length,
     where it has one, else DEFAULT_HORIZON with a warning. The user's
     scheduler and optimizer are not touched."""
-    per, offset = 1, 0
+    per, offset, when = 1, 0, None
     if isinstance(scheduler, Stepped):
         steps = scheduler.steps if scheduler.steps is not None else steps
-        every, per, offset = scheduler.every, scheduler.per, scheduler.offset
+        every, per, offset, when = scheduler.every, scheduler.per, scheduler.offset, scheduler.when
         scheduler = scheduler.scheduler
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise InvalidArgumentError(
@@ -66,9 +72,17 @@ def trace(scheduler, steps=None, every=1):
     if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         raise InvalidArgumentError(f"{type(scheduler).__name__} is not a torch LR scheduler")
     opt = scheduler.optimizer
+    if when is None:
+        def when(t):
+            return (t + 1) % every == 0
+        custom = False
+    else:
+        custom = True
     if steps is None:
         own = _horizon_of(scheduler)
-        if own and (per != 1 or offset):
+        if own and custom:
+            steps = _updates_to_reach(when, own - 1, per, offset)
+        elif own and (per != 1 or offset):
             # The update at which its last step has been taken, and that one.
             steps = max(1, -(-(own - 1 - offset) * every // per) + 1)
         else:
@@ -84,14 +98,17 @@ def trace(scheduler, steps=None, every=1):
                 "their max_steps)", stacklevel=3)
     # A deep copy of optimizer and scheduler together, with the optimizer's
     # parameters swapped for one scalar while copying: the model is not
-    # copied, and the copy's scheduler steps the copy's optimizer.
+    # copied, and the copy's scheduler steps the copy's optimizer. The
+    # objects a bound lr_lambda belongs to (LambdaLR(opt, self.warmup) in a
+    # LightningModule: the whole model) are shared, not copied.
     saved = [g["params"] for g in opt.param_groups]
     saved_state = opt.state
     try:
         for g in opt.param_groups:
             g["params"] = [torch.zeros(1)]
         opt.state = type(saved_state)()
-        opt2, sched2 = copy.deepcopy((opt, scheduler))
+        memo = {id(o): o for o in _method_owners(scheduler, {id(opt), id(scheduler)})}
+        opt2, sched2 = copy.deepcopy((opt, scheduler), memo)
     finally:
         for g, p in zip(opt.param_groups, saved):
             g["params"] = p
@@ -125,10 +142,47 @@ def trace(scheduler, steps=None, every=1):
                     f"{type(scheduler).__name__} changes the optimizer's momentum/betas at update {t} (e.g. "
                     "OneCycleLR's cycle_momentum=True); zerod's schedule sets the lr only: pass "
                     "cycle_momentum=False")
-            if (t + 1) % every == 0 and t + 1 < steps:
+            if when(t) and t + 1 < steps:
                 for _ in range(per):
                     step()
     return values
+
+
+def _updates_to_reach(when, count, per, offset):
+    """The updates to trace for a scheduler that has its last value after
+    `count` steps, stepped per `when` (Stepped): up to the first update
+    that reads it (at most DEFAULT_HORIZON: a `when` that seldom holds)."""
+    taken, t = offset, 0
+    while taken < count and t < DEFAULT_HORIZON - 1:
+        if when(t):
+            taken += per
+        t += 1
+    return t + 1
+
+
+def _method_owners(obj, skip, seen=None):
+    """The objects the bound methods held in `obj`'s attributes (lists,
+    tuples, dicts, functools.partial and nested schedulers followed) belong
+    to, leaving out those in `skip` (ids: the optimizer and scheduler,
+    which are copied)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, types.MethodType):
+        owner = obj.__self__
+        return [] if id(owner) in skip or isinstance(owner, type) else [owner]
+    if isinstance(obj, (list, tuple)):
+        items = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, functools.partial):
+        items = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        items = vars(obj).values()
+    else:
+        return []
+    return [o for item in items for o in _method_owners(item, skip, seen)]
 
 
 def lua_table(values):

@@ -44,7 +44,10 @@ traced ahead of time stepped so). clip_grad_norm_ returns the norm zerod
 measured; its max_norm must be the gradient_clipping given to the
 constructor, since zerod clips inside its step; clip_grad_value_ is
 refused (as Accelerate refuses it under DeepSpeed). The optimizer must
-hold every parameter that requires grad (zerod.deepspeed.initialize).
+hold every parameter that requires grad, and only the model's
+(zerod.deepspeed.initialize). An lr written into the optimizer's
+param_groups other than by the prepared scheduler would not be applied
+(zerod runs the schedule it traced): the next backward refuses it.
 mixed_precision "no", "bf16" (autocast over zerod's fp32 parameters) and
 "fp16" (autocast float16 over fp32 parameters, zerod's loss scaler in the
 GradScaler's place with GradScalerKwargs' settings, see zerod._amp; on the
@@ -128,6 +131,7 @@ class ZerodAccelerator(Accelerator):
         self._zerod_unstepped = False  # a backward ended a window, optimizer.step() has not come yet
         self._zerod_scheduler = None
         self._zerod_micro = 0  # accelerator.backward() calls
+        self._zerod_lr = None  # (the torch optimizer, its lrs at prepare()): _zerod_check_lr
         self.register_save_state_pre_hook(self._save_zerod)
         self.register_load_state_pre_hook(self._load_zerod)
 
@@ -158,6 +162,7 @@ class ZerodAccelerator(Accelerator):
                                  client=self._zerod["client"], lr_steps=self._zerod["lr_steps"], _placement=None,
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
+        self._zerod_lr = (opt, [g["lr"] for g in opt.param_groups])
         wrapped = {id(model): _ZerodModel(model, engine, self),
                    id(opt): _ZerodOptimizer(opt, self)}
         if scheds:
@@ -224,6 +229,7 @@ class ZerodAccelerator(Accelerator):
         if kwargs:
             raise InvalidArgumentError(f"ZerodAccelerator.backward: {sorted(kwargs)} are not supported")
         self._zerod_require_stepped("accelerator.backward()")
+        self._zerod_check_lr()
         if self._zerod_scheduler is not None:
             self._zerod_scheduler._check_per_micro_batch()
         self.zerod_engine.backward(loss)
@@ -254,6 +260,30 @@ class ZerodAccelerator(Accelerator):
                 f"ZerodAccelerator(gradient_accumulation_steps=N) (it is {self.gradient_accumulation_steps}) "
                 "and `with accelerator.accumulate(model):` around each micro-batch, calling optimizer.step() "
                 "after every accelerator.backward()")
+
+    def _zerod_check_lr(self):
+        """zerod applies the lr of the schedule it traced at prepare() (from
+        the LR scheduler given to it, or the optimizer's lr) and never reads
+        the torch optimizer's param_groups: an lr written there (a
+        hand-written schedule, a scheduler not given to prepare()) would
+        not be applied. Refused at the next backward: the lr must be the one
+        the prepared scheduler last set (or, without one, the one prepare()
+        saw)."""
+        opt, base = self._zerod_lr
+        sched = self._zerod_scheduler
+        want = sched.scheduler.get_last_lr() if sched is not None else base
+        got = [g["lr"] for g in opt.param_groups]
+        if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
+            return
+        source = "the prepared LR scheduler last set" if sched is not None else "prepare() saw"
+        raise InvalidStateError(
+            f"the optimizer's lr was written outside the LR scheduler given to prepare() (param_groups lr {got}, "
+            f"{source}: {list(want)}): a hand-written schedule (`for g in optimizer.param_groups: g[\"lr\"] = "
+            "...`), or a scheduler not given to prepare() together with the model and optimizer. zerod applies "
+            "the lr of the schedule it traced at prepare() and never reads param_groups, so this lr would not be "
+            "applied. Give the schedule to accelerator.prepare() as a torch LR scheduler (e.g. "
+            "torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: ...)), which zerod traces exactly, or as a "
+            "\"scheduler\" section of ZerodAccelerator(config=...)")
 
     def clip_grad_value_(self, parameters, clip_value):
         """Refused, as Accelerate refuses it under DeepSpeed: zerod holds the
@@ -428,6 +458,14 @@ class _ZerodScheduler(AcceleratedScheduler):
         # (scheduler.last_epoch, micro-batches) where the count starts; None
         # after load_state (taken at the next backward, the state loaded).
         self._base = (scheduler.last_epoch, accelerator._zerod_micro)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # The torch optimizer's lr as its restored state would hold it
+        # (load_state restores the scheduler; zerod's checkpoint, not
+        # Accelerate, holds the optimizer state).
+        for g, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
+            g["lr"] = lr
 
     def _check_per_micro_batch(self):
         """With step_scheduler_with_optimizer=False zerod traced one

@@ -215,14 +215,16 @@ def _check_model_parameters(model, trainable, given, defaults):
         given = [p for g in given for p in g["params"]]
     else:
         given = trained(given)
-    want, got = {id(p) for p in trainable}, {id(p) for p in given}
-    for pid in want - got:
+    want, got = {id(p) for p in trainable}, {id(p): p for p in given}
+    for pid in want - set(got):
         raise InvalidArgumentError(
             f"initialize: model_parameters leaves out '{names[pid]}', which requires grad; zerod trains every "
             "parameter with requires_grad=True (freeze it with requires_grad_(False) instead)")
-    for pid in got - want:
-        raise InvalidArgumentError(f"initialize: model_parameters holds '{names.get(pid, '?')}', which is not a "
-                                   "trainable parameter of the model")
+    for pid in set(got) - want:
+        what = (f"'{names[pid]}'" if pid in names else
+                f"a parameter of shape {tuple(got[pid].shape)} that is not the model's")
+        raise InvalidArgumentError(f"initialize: model_parameters holds {what}, which is not a trainable parameter "
+                                   "of the model (zerod trains the model's own parameters only)")
 
 
 def _check_optimizer_parameters(model, optimizer):
@@ -232,8 +234,23 @@ def _check_optimizer_parameters(model, optimizer):
     that leaves some of them out would have them left as they are under
     torch and DeepSpeed (its step never reaches them) and trained here:
     refused, naming them. Freezing them is the same training with less work
-    (no gradient is computed for them)."""
-    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    (no gradient is computed for them). Parameters the optimizer holds that
+    are not the model's are refused too: nothing would ever update them."""
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    ours = {id(p) for p in model.parameters()}
+    extra = [p for p in {id(p): p for p in held}.values() if id(p) not in ours]
+    if extra:
+        # A learnable loss temperature, a second model's weights: zerod holds
+        # the model's parameters and applies the update itself, so these
+        # would keep their values (DeepSpeed would train them).
+        shapes = ", ".join(str(tuple(p.shape)) for p in extra[:4]) + \
+            (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+        raise InvalidArgumentError(
+            f"initialize: the optimizer holds {len(extra)} parameter(s) that are not the model's (shapes {shapes}). "
+            "zerod trains the parameters of the model it is given (it holds them and applies the update), so "
+            "these would never be updated: make them part of the model (an nn.Parameter attribute of it or of "
+            "one of its submodules, so that model.parameters() yields them), or leave them out of the optimizer")
+    held = {id(p) for p in held}
     left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if left:
         shown = ", ".join(f"'{n}'" for n in left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
@@ -272,6 +289,7 @@ class DeepSpeedEngine(_zt.Engine):
         scale_wrt_gas=False the caller has scaled the loss for the window
         already (Hugging Face's Trainer does) and DeepSpeed sums the window's
         gradients: zerod's average of GAS times each loss is that sum."""
+        self.optimizer.check_unwritten()
         gas = 1 if scale_wrt_gas else self.gradient_accumulation_steps()
         super().backward(loss * gas if gas != 1 else loss, retain_graph=retain_graph)
         # DeepSpeed returns the loss as it scaled it for the window.
@@ -309,9 +327,10 @@ class DeepSpeedEngine(_zt.Engine):
     @property
     def is_compiled(self):
         """DeepSpeed's: whether compile() ran."""
-        return getattr(self, "_is_compiled", False)
+        return self.__dict__.get("_is_compiled", False)
 
     def step(self, lr_kwargs=None):
+        self.optimizer.check_unwritten()
         r = super().step()
         self._micro_steps += 1
         if r.skipped:
@@ -321,6 +340,85 @@ class DeepSpeedEngine(_zt.Engine):
     def is_gradient_accumulation_boundary(self):
         """True when the next step() ends an accumulation window."""
         return (self._micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's override of where a window ends, accepted where it says
+        what zerod's count says: zerod ends a window at every
+        gradient_accumulation_steps-th step(), one step() per micro-batch,
+        so `is_boundary` must be is_gradient_accumulation_boundary().
+        DeepSpeed's other use of it (backward() on every micro-batch of a
+        window and one step() at its end) is refused: zerod's step() ends
+        each micro-batch."""
+        want = self.is_gradient_accumulation_boundary()
+        if bool(is_boundary) != want:
+            gas = self.gradient_accumulation_steps()
+            raise InvalidStateError(
+                f"set_gradient_accumulation_boundary({is_boundary!r}) before micro-batch "
+                f"{self._micro_steps % gas + 1} of an accumulation window of {gas}, whose step() "
+                f"{'ends' if want else 'does not end'} the window: zerod ends a window at the step() of its "
+                f"last micro-batch (gradient_accumulation_steps={gas}), and step() comes after every micro-batch's "
+                "backward(); a window of several backward() calls and one step() is not supported. Call backward() "
+                "and step() on every micro-batch and drop set_gradient_accumulation_boundary()")
+
+    def no_sync(self):
+        """DeepSpeed's context that skips the gradient all-reduce of the
+        backward() calls inside it (ZeRO 0-1, accumulating by hand): refused,
+        zerod accumulates a window's gradients and reduces them itself."""
+        raise InvalidArgumentError(
+            "engine.no_sync() is not supported by zerod: zerod accumulates the gradients of an accumulation "
+            "window's micro-batches itself and decides when they are reduced across ranks, so there is no "
+            "per-backward reduction to turn off. Accumulate with gradient_accumulation_steps in the config and call "
+            "backward() and step() on every micro-batch (zerod applies the update at the window's last step())")
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """DeepSpeed's: torch.save of the module's state_dict into
+        save_dir/save_filename, each parameter zerod holds in the type the
+        module's parameters have (16-bit with fp16 or bf16 enabled, as
+        DeepSpeed's module holds them; float32 otherwise), buffers as they
+        are, on the CPU; with exclude_frozen_parameters the frozen
+        parameters left out. At every ZeRO stage (DeepSpeed's stage 3 writes
+        it only with stage3_gather_16bit_weights_on_model_save and returns
+        False otherwise). Every rank calls it (the reads are collectives);
+        rank 0 writes. Returns True."""
+        state = self.state_dict()  # collective: before anything that may differ between ranks
+        own = self.module.state_dict(keep_vars=True)
+        frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad} \
+            if exclude_frozen_parameters else set()
+        out, cast = {}, {}
+        for key, value in state.items():
+            if key in frozen:
+                continue
+            s = self._slot_of.get(id(own.get(key)))
+            if s is not None:
+                # One tensor per zerod parameter: tied keys stay one tensor, as in DeepSpeed's file.
+                if s.pid not in cast:
+                    cast[s.pid] = value.to(s.param.dtype)
+                value = cast[s.pid]
+            elif isinstance(value, torch.Tensor):
+                value = value.detach().cpu()
+            out[key] = value
+        if self.rank == 0:
+            os.makedirs(os.fspath(save_dir), exist_ok=True)
+            torch.save(out, os.path.join(os.fspath(save_dir), save_filename))
+        return True
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """DeepSpeed's older name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
+
+    def __getattr__(self, name):
+        """DeepSpeed's: an attribute the engine does not have is the module's
+        (engine.generate, engine.gradient_checkpointing_enable(), ...). Only
+        called where ordinary lookup failed; the module is read from the
+        instance's own dict, so an engine not yet set up (or being copied)
+        answers AttributeError instead of recursing."""
+        module = self.__dict__.get("module") if not (name.startswith("__") and name.endswith("__")) else None
+        if module is not None:
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def gradient_accumulation_steps(self):
         return int(self.config["gradient_accumulation_steps"])
@@ -341,7 +439,7 @@ class DeepSpeedEngine(_zt.Engine):
         overflow included (DeepSpeed counts it; the lr schedule and the
         optimizer's own count do not: applied_steps)."""
         # (0 while the base class sets up)
-        return self.applied_steps + getattr(self, "skipped_steps", 0) + getattr(self, "_steps_offset", 0)
+        return self.applied_steps + self.__dict__.get("skipped_steps", 0) + self.__dict__.get("_steps_offset", 0)
 
     @property
     def applied_steps(self):
@@ -570,6 +668,20 @@ class DeepSpeedEngine(_zt.Engine):
             f"update {here})")
 
 
+_MISSING = object()
+
+
+def _same(a, b):
+    """Equal hyperparameter values (a list and a tuple of the same numbers
+    too; a one-element tensor lr against its number)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 class _Optimizer:
     """What initialize() returns as the optimizer: zerod runs the update
     inside engine.step(), so this only answers what scripts ask of it."""
@@ -578,13 +690,55 @@ class _Optimizer:
         self._engine = engine
         self.kind = kind
         self.defaults = dict(params)
+        self._groups = None  # the one group, the same dict every time
+        self._shown = None   # {key: what zerod last put there}
 
     @property
     def param_groups(self):
-        group = dict(self.defaults)
-        group["lr"] = self._engine.get_lr()[0]
-        group["params"] = [s.param for s in self._engine._slots]
-        return [group]
+        """[one group]: the optimizer's hyperparameters and the lr of the next
+        update (get_lr()). The same dict every time, so that a value a script
+        writes into it (nanoGPT's `for g in optimizer.param_groups: g["lr"] =
+        lr`) stays there to be checked: zerod applies the lr of its own
+        schedule, so the next backward() or step() refuses one that differs
+        (check_unwritten) where DeepSpeed would apply it."""
+        lr = self._engine.get_lr()[0]
+        if self._groups is None:
+            group = dict(self.defaults, lr=lr)
+            group["params"] = [s.param for s in self._engine._slots]
+            self._groups = [group]
+            self._shown = {k: v for k, v in group.items() if k != "params"}
+        elif _same(self._groups[0].get("lr", _MISSING), self._shown["lr"]):
+            self._groups[0]["lr"] = self._shown["lr"] = lr  # untouched: follows the schedule
+        return self._groups
+
+    def check_unwritten(self):
+        """Refuses a hyperparameter written into param_groups since zerod put
+        it there (an lr equal to the one zerod applies next is accepted): zerod
+        never reads them back, so it would train with other values than the
+        script asked for."""
+        if self._groups is None:
+            return
+        group, lr = self._groups[0], self._engine.get_lr()[0]
+        for key, shown in self._shown.items():
+            now = group.get(key, _MISSING)
+            if _same(now, shown):
+                continue
+            if key == "lr" and _same(now, lr):
+                self._shown["lr"] = lr
+                continue
+            if key == "lr":
+                raise InvalidArgumentError(
+                    f"optimizer.param_groups[0]['lr'] was set to {now!r}, but zerod applies the lr of its own "
+                    f"schedule ({lr!r} at the next update) and does not read param_groups: zerod runs the optimizer "
+                    "and its schedule itself, from the job it was given at initialize(). Give the schedule there: "
+                    "initialize(lr_scheduler=...) with a torch LR scheduler (e.g. torch.optim.lr_scheduler."
+                    "LambdaLR(optimizer, lambda step: ...) on a torch optimizer; zerod traces it exactly), a config "
+                    "\"scheduler\" section, or a Lua lr(step) in a job script")
+            raise InvalidArgumentError(
+                f"optimizer.param_groups[0][{key!r}] was changed from {shown!r} to "
+                f"{'(removed)' if now is _MISSING else repr(now)}, but zerod takes the optimizer's hyperparameters "
+                "once, at initialize(), and does not read param_groups: set them in the config's \"optimizer\" "
+                "section or on the torch optimizer given to initialize()")
 
     def state_dict(self):
         return self._engine.optimizer_state_dict()

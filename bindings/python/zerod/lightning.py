@@ -17,12 +17,16 @@ clipping and accumulation flags must stay unset.
 How it runs: every forward goes through the zerod engine (training,
 validation, test and predict steps), so stage 3's gather/release hooks run.
 Lightning keeps its own bookkeeping (global_step counts optimizer updates, as
-under "ddp"): each micro-batch's backward is engine.backward(loss) followed
-by engine.step(), which applies the update at the end of each accumulation
-window; the window zerod closes is checked to be the one Lightning closes.
-The user's torch optimizer is never stepped: zerod applies the update (its
-lr schedule is the user's scheduler, traced ahead of time; Lightning still
-steps the torch scheduler, so LearningRateMonitor shows the same values).
+under "ddp"): each micro-batch's backward is engine.backward(loss,
+scale_wrt_gas=False) (Lightning has divided the loss by the accumulation
+steps already) followed by engine.step(), which applies the update at the
+end of each accumulation window; the window zerod closes is checked to be
+the one Lightning closes. The user's torch optimizer is never stepped: zerod
+applies the update (its lr schedule is the user's scheduler, traced ahead of
+time as Lightning steps it, frequency included; Lightning still steps the
+torch scheduler, so LearningRateMonitor shows the same values). An lr
+written into the optimizer's param_groups by hand would not be applied: the
+next backward refuses it.
 
 Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
 Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
@@ -43,6 +47,7 @@ them (Trainer(devices=N) on one node) and they start their node's daemon
 (docs/daemon.md). Lightning's own collectives run over gloo.
 """
 import os
+import sys
 
 import torch
 
@@ -62,7 +67,7 @@ try:
     from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
     from lightning.pytorch.trainer import call
-    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException, _TunerExitException
     from lightning.pytorch.utilities.model_helpers import is_overridden
     from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
     from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
@@ -155,6 +160,9 @@ class ZerodStrategy(ParallelStrategy):
         self.engine_config = None
         self._last = None
         self._scaling = None  # the GradScaler's settings under "16-mixed"
+        self._evaluating = False  # set up for validate/test/predict (no optimizer of the user's)
+        self._lr_watch = None  # (torch optimizer, its scheduler or None, its lrs at set-up): _check_lr_unwritten
+        self._outer_exc = None  # an exception being handled where fit() was called: not this run's failure
 
     # -- where things run ---------------------------------------------------
 
@@ -290,6 +298,9 @@ class ZerodStrategy(ParallelStrategy):
             self.precision_plugin.scaler = None
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
+        self._evaluating = trainer.state.fn != "fit"
+        self._lr_watch = None
+        self._outer_exc = sys.exc_info()[1]
         if trainer.state.fn == "fit":
             self.optimizers, self.lr_scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
             self._init_engine(trainer, precision)
@@ -325,6 +336,8 @@ class ZerodStrategy(ParallelStrategy):
             if self.lr_scheduler_configs:
                 rank_zero_warn("ZerodStrategy(job=...): configure_optimizers' LR scheduler is not used; the job "
                                "script's lr schedule is")
+            elif len(self.optimizers) == 1:
+                self._watch_lr(self.optimizers[0], None)
             dtype = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
             self.engine = _zt.initialize(module, job=self.job, modules=self.modules, dtype=dtype,
                                          client=self._client)
@@ -344,6 +357,7 @@ class ZerodStrategy(ParallelStrategy):
             opt = self.optimizers[0]
             if self.lr_scheduler_configs:
                 sched = self._traced_scheduler(trainer, self.lr_scheduler_configs[0])
+            self._watch_lr(opt, self.lr_scheduler_configs[0].scheduler if self.lr_scheduler_configs else None)
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
@@ -406,27 +420,78 @@ class ZerodStrategy(ParallelStrategy):
 
     def _traced_scheduler(self, trainer, config):
         """The torch scheduler, stepping as Lightning will step it, for
-        zerod.deepspeed to trace: a wrapper whose every update steps it
-        every `frequency` updates (interval "step") or updates-per-epoch x
-        frequency (interval "epoch")."""
+        zerod.deepspeed to trace. Lightning's rule (its training epoch
+        loop's _update_learning_rates): interval "epoch" steps it at the end
+        of every `frequency`-th epoch; interval "step" after each update
+        whose last batch, counted from 1 within the epoch, is a multiple of
+        `frequency` (the batch, not the update: with accumulate_grad_batches
+        A, after the k-th update of an epoch when k*A is a multiple of the
+        frequency, the count starting again each epoch)."""
         if config.reduce_on_plateau:
             raise MisconfigurationException(
                 "ZerodStrategy: ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the "
                 "update count) cannot see; use a step-based scheduler")
-        every = max(1, int(config.frequency))
-        if config.interval == "epoch":
-            trainer.fit_loop.setup_data()
-            batches = trainer.num_training_batches
-            if batches == float("inf") or batches <= 0:
-                raise MisconfigurationException(
-                    "ZerodStrategy: an LR scheduler with interval=\"epoch\" needs the number of batches per "
-                    "epoch (a sized train dataloader), or use interval=\"step\"")
-            per_epoch = -(-int(batches) // trainer.accumulate_grad_batches)
-            every *= per_epoch
-        elif config.interval != "step":
-            raise MisconfigurationException(f"ZerodStrategy: LR scheduler interval {config.interval!r}")
+        freq, accumulate = max(1, int(config.frequency)), trainer.accumulate_grad_batches
         steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        return _zds._schedules.Stepped(config.scheduler, every, steps)
+        if config.interval not in ("step", "epoch"):
+            raise MisconfigurationException(f"ZerodStrategy: LR scheduler interval {config.interval!r}")
+        if config.interval == "step" and accumulate % freq == 0:
+            return _zds._schedules.Stepped(config.scheduler, 1, steps)  # every update's last batch is a multiple
+        trainer.fit_loop.setup_data()
+        batches = trainer.num_training_batches
+        if batches == float("inf") or batches <= 0:
+            raise MisconfigurationException(
+                f"ZerodStrategy: an LR scheduler with interval={config.interval!r} and frequency={freq} (with "
+                f"accumulate_grad_batches={accumulate}) steps where Lightning counts the batches of an epoch, so "
+                "zerod needs the number of batches per epoch: use a sized train dataloader"
+                + (", or interval=\"step\"" if config.interval == "epoch" else
+                   ", or a frequency that divides accumulate_grad_batches (1 steps it at every update)"))
+        batches = int(batches)
+        per_epoch = -(-batches // accumulate)
+        if config.interval == "epoch":
+            return _zds._schedules.Stepped(config.scheduler, per_epoch * freq, steps)
+
+        def when(t):  # after update t (from 0): the epoch's k-th update ends at batch min(k*A, batches)
+            return min((t % per_epoch + 1) * accumulate, batches) % freq == 0
+        return _zds._schedules.Stepped(config.scheduler, steps=steps, when=when)
+
+    def _watch_lr(self, optimizer, scheduler):
+        self._lr_watch = (optimizer, scheduler, [g["lr"] for g in optimizer.param_groups])
+
+    def on_train_start(self):
+        super().on_train_start()
+        if self._lr_watch is not None and self._lr_watch[1] is not None:
+            # The torch optimizer's lr as its restored state would hold it
+            # after fit(ckpt_path=...): Lightning restored the scheduler, and
+            # zerod's checkpoint (not Lightning) holds the optimizer state.
+            opt, sched, _ = self._lr_watch
+            for g, lr in zip(opt.param_groups, sched.get_last_lr()):
+                g["lr"] = lr
+
+    def _check_lr_unwritten(self):
+        """zerod applies the lr of the schedule it traced from
+        configure_optimizers' scheduler (or the job script's) and never reads
+        the torch optimizer's param_groups: an lr written there (a warm-up in
+        optimizer_step or training_step, as under "ddp") would not be
+        applied. Refused at the next backward: the lr must be the one the
+        scheduler last set (or, without one, the one it started with)."""
+        if self._lr_watch is None:
+            return
+        opt, sched, base = self._lr_watch
+        want = sched.get_last_lr() if sched is not None else base
+        got = [g["lr"] for g in opt.param_groups]
+        if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
+            return
+        source = "its LR scheduler last set" if sched is not None else "configure_optimizers gave it"
+        schedule = ("the job script's lr(step)" if self.job is not None else
+                    "a torch LR scheduler returned by configure_optimizers (e.g. {\"optimizer\": opt, "
+                    "\"lr_scheduler\": {\"scheduler\": LambdaLR(opt, lambda step: ...), \"interval\": \"step\"}}), "
+                    "which zerod traces exactly")
+        raise MisconfigurationException(
+            f"ZerodStrategy: the optimizer's lr was written outside its LR scheduler (param_groups lr {got}, "
+            f"{source}: {list(want)}), e.g. a warm-up in optimizer_step or training_step. zerod applies the lr "
+            f"of its own schedule and never reads param_groups, so this lr would not be applied; give the "
+            f"schedule as {schedule}")
 
     # -- one micro-batch ----------------------------------------------------
 
@@ -453,8 +518,18 @@ class ZerodStrategy(ParallelStrategy):
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         module = self.lightning_module
+        self._check_lr_unwritten()
         closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
-        self.engine.backward(closure_loss)
+        if isinstance(self.engine, _zds.DeepSpeedEngine):
+            # Lightning has divided the loss by accumulate_grad_batches (its
+            # closure's normalize), and zerod averages the window's
+            # micro-batches too: scale_wrt_gas=False, as for a loss scaled for
+            # the window, gives the mean over the window once.
+            self.engine.backward(closure_loss, scale_wrt_gas=False)
+        else:
+            # job=: the Trainer's accumulate_grad_batches is 1 (checked at
+            # set-up), so Lightning left the loss as it is.
+            self.engine.backward(closure_loss)
         self._last = self.engine.step()
         return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
 
@@ -503,7 +578,14 @@ class ZerodStrategy(ParallelStrategy):
             raise MisconfigurationException(
                 f"ZerodStrategy: {path} is not a zerod checkpoint directory (one ModelCheckpoint wrote under "
                 "this strategy holds a 'checkpoint' folder)")
-        _, client_state = self.engine.load_checkpoint(path, tag="checkpoint")
+        if self._evaluating and isinstance(self.engine, _zds.DeepSpeedEngine):
+            # validate/test/predict(ckpt_path=...): the weights alone. The
+            # engine's optimizer is a stand-in (set-up outside fit has none of
+            # the user's), into which the checkpoint's optimizer state would
+            # not load.
+            _, client_state = self.engine.load_checkpoint(path, tag="checkpoint", load_module_only=True)
+        else:
+            _, client_state = self.engine.load_checkpoint(path, tag="checkpoint")
         return client_state
 
     def load_model_state_dict(self, checkpoint, strict=True):
@@ -513,22 +595,59 @@ class ZerodStrategy(ParallelStrategy):
         pass  # and the optimizer state
 
     def teardown(self):
-        if self.engine is not None:
-            # The parameters go back into torch (as other strategies leave
-            # the trained model usable), then zerod's model is freed.
-            state = self.engine.state_dict()
-            slots = list(self.engine._slots)
-            self.engine.close()
-            self.engine = None
-            with torch.no_grad():
-                for s in slots:
-                    s.param.data = torch.empty(s.shape, dtype=s.param.dtype, device=s.param.device)
-            own = self.lightning_module.state_dict(keep_vars=True)
-            with torch.no_grad():
-                for k, v in state.items():
-                    if k in own and isinstance(v, torch.Tensor):  # not a module's get_extra_state()
-                        own[k].copy_(v)
-        super().teardown()
+        engine, self.engine = self.engine, None
+        self._lr_watch = None
+        try:
+            if engine is not None:
+                self._give_back_weights(engine)
+        finally:
+            super().teardown()
+
+    def _give_back_weights(self, engine):
+        """The parameters go back into torch (as other strategies leave the
+        trained model usable), then zerod's model is freed, whatever happens.
+        After a failure (Lightning tears down while its exception is in
+        flight) the engine may be unusable (a backward that did not finish)
+        or the other ranks elsewhere than in the collective reads: the
+        weights are then left behind with a warning, and the user's
+        exception goes on as it was."""
+        exc = sys.exc_info()[1]
+        failing = exc is not None and exc is not self._outer_exc and not isinstance(exc, _TunerExitException)
+        self._outer_exc = None
+        state, why = None, None
+        try:
+            if engine._broken:
+                why = engine._broken
+            elif failing and engine.world_size > 1:
+                why = "the run failed, and reading them back would wait for the other ranks"
+            else:
+                state = engine.state_dict()
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+            if not failing:
+                raise
+        finally:
+            slots = list(engine._slots)
+            try:
+                engine.close()
+            except Exception as e:
+                if not failing and state is not None:
+                    raise
+                rank_zero_warn(f"ZerodStrategy: closing zerod's model failed ({type(e).__name__}: {e})")
+        if state is None:
+            rank_zero_warn(
+                f"ZerodStrategy: the trained weights could not be read back from zerod ({why}); the "
+                f"LightningModule's {len(slots)} parameter(s) zerod held are left empty (0 elements): load them "
+                "from a checkpoint (ModelCheckpoint)")
+            return
+        with torch.no_grad():
+            for s in slots:
+                s.param.data = torch.empty(s.shape, dtype=s.param.dtype, device=s.param.device)
+        own = self.lightning_module.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for k, v in state.items():
+                if k in own and isinstance(v, torch.Tensor):  # not a module's get_extra_state()
+                    own[k].copy_(v)
 
     @classmethod
     def register_strategies(cls, registry):
