@@ -124,6 +124,17 @@ RankCarry rank_carry(const ModelContext& ctx, const ckpt::Manifest& m, const std
   bool same_groups = m.params.size() == params.size() && m.error_fused.size() == ctx.registry.groups().size();
   for (size_t i = 0; same_groups && i < params.size(); ++i)
     same_groups = m.params[i].dtype == dtype_name(params[i].dtype);
+  // On a device the host cannot address, offload.ratio or placement() may
+  // split a dtype's tensors into two groups (Placement::state_class), and
+  // the manifest does not say which tensors each of the writer's groups
+  // held: the same count and dtypes may still be other groups, whose fused
+  // chunks lie elsewhere. So the error feedback is not carried into a split
+  // layout (a run at another ratio read it in the wrong chunks and failed).
+  bool split = false;  // a dtype in two groups
+  const auto& groups = ctx.registry.groups();
+  for (size_t a = 0; a < groups.size(); ++a)
+    for (size_t b = a + 1; b < groups.size(); ++b) split = split || groups[a].dtype == groups[b].dtype;
+  same_groups = same_groups && !split;
   const bool compresses = ctx.optimizer().compresses();
   c.errors = m.error_feedback == Held::Yes && m.world_size == world && world > 1 && compresses && same_groups;
   c.copies = m.rank_copies == Held::Yes && m.world_size == world && world > 1 && replicated(ctx);
@@ -145,8 +156,12 @@ RankCarry rank_carry(const ModelContext& ctx, const ckpt::Manifest& m, const std
     std::string here = "ZeRO stage " + std::to_string(ctx.config.zero_stage);
     if (m.world_size != world)
       here = std::to_string(world) + (world == 1 ? " rank" : " ranks");
+    else if (lose_errors && split && world > 1)
+      here = "exchange groups split by offload.ratio or placement() (part of the optimizer on the device), which the "
+             "checkpoint does not record";
     else if (lose_errors && !same_groups && world > 1)
-      here = "other working dtypes (other exchange groups)";
+      here = "other exchange groups (other working dtypes, or offload.ratio or placement() keeping part of the "
+             "optimizer on a device the host cannot address)";
     c.warning = "the checkpoint " + dir + " holds " + what(lose_errors, lose_copies) + ", which only a job of " +
                 std::to_string(m.world_size) + " ranks" + (lose_copies ? " at ZeRO stage 0" : "") +
                 " takes up; this one runs " + here + ": " + instead(lose_errors, lose_copies);

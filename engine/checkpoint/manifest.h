@@ -63,7 +63,9 @@ struct Manifest {
   // none since the restart), Dropped where `zerod ckpt reshard` to another
   // world size left it out; Unknown in a manifest of another optimizer or
   // before format 5. error_fused: with Yes, per parameter group (the
-  // working dtype's, in order of first registration), whether its server
+  // working dtype's, in order of first registration; a layout split by
+  // Placement::state_class is not recorded, so such a job does not take
+  // the feedback up: rank_carry), whether its server
   // error is a fused group's chunk (1) or each tensor's (0). rank_copies:
   // Yes where, at ZeRO stage 0, each rank's shard but rank 0's holds the
   // rank's own master and state (kRankCopy), which 0/1 Adam's local steps

@@ -834,7 +834,8 @@ enum class Cut { None, Checkpoint, Snapshot, InPlace, AsRankZero };
 // model reads it.
 std::vector<ref::Weights> train_cut_ranks(JobOptions o, int world, int at, int steps, Cut how,
                                           const std::function<void(const std::string&)>& edit = {},
-                                          int load_world = 0) {
+                                          int load_world = 0,
+                                          const std::function<void(JobOptions&)>& reload = {}) {
   TempDir dir;
   if (how == Cut::Snapshot) {
     o.snapshot.path = dir.path;
@@ -892,6 +893,7 @@ std::vector<ref::Weights> train_cut_ranks(JobOptions o, int world, int at, int s
       edit(how == Cut::Snapshot ? dir.path + step : dir.path);
     }
     if (load_world > 0) world = load_world;
+    if (reload) reload(o);  // the job that resumes it, where it differs
     ids.resize(static_cast<size_t>(world));
     model = make_model(o, world);
     run_ranks(world, [&](int rank) {
@@ -1214,6 +1216,28 @@ TEST(CompressingResume, WhatEachRankHoldsStaysWithItsWorldSize) {
   const std::string log = testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("error feedback"), std::string::npos) << log;
   EXPECT_NE(log.find("rank 0's"), std::string::npos) << log;
+}
+
+// On a device the host cannot address, offload.ratio splits a dtype's
+// tensors into two exchange groups (Placement::state_class) and the
+// manifest does not say which tensors each held: 1-bit LAMB's fused error
+// feedback saved at one ratio (tensors 1 and 2 off the device) and loaded
+// at another (tensor 2 alone) has the same group count and dtypes, and
+// was read in the wrong chunks (the load failed: "holds no values of
+// parameter"). It is left (the feedback restarts at zero), saying why.
+TEST(CompressingResume, AnotherRatioOnAnOpaqueDeviceLeavesTheErrorFeedbackSayingWhy) {
+  JobOptions o = lamb_job(1);
+  o.device = "opaque";
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.offload.ratio = 0.22;  // of 1001 + 37 + 260 elements: the last two leave the device
+  testing::internal::CaptureStderr();
+  const std::vector<ref::Weights> got = train_cut_ranks(o, 2, 5, 7, Cut::Checkpoint, {}, 0, [](JobOptions& l) {
+    l.offload.ratio = 0.1;  // the last one alone
+  });
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(log.find("the error feedback restarts at zero"), std::string::npos) << log;
+  EXPECT_NE(log.find("offload.ratio"), std::string::npos) << log;
 }
 
 // The manifest says what each rank's shard holds alone (format 5), which

@@ -228,17 +228,20 @@ struct Child {
   ~Child() { kill_and_reap(); }
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
-  // Its wait status; 0 where there was none to reap.
+  // Its wait status (the one reaped before, where it was: a guard may have
+  // reaped it first); 0 where there was none to reap.
   int kill_and_reap() {
-    if (pid <= 0) return 0;
+    if (pid <= 0) return reaped;
     kill(pid, SIGKILL);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     pid = -1;
+    reaped = status;
     return status;
   }
   pid_t pid = -1;
+  int reaped = 0;
 };
 
 // Forks `body` as the child, before this process starts CUDA. "" where
@@ -280,7 +283,9 @@ struct ReleaseOnExit {
       : signals(s), id(i), child(c), waiting(w) {}
   ~ReleaseOnExit() {
     if (!waiting) return;
-    if (!stream_done_within(waiting, 0)) {
+    // A grace of a second: an event just recorded behind a wait that is
+    // through may still read as not ready at its first query.
+    if (!stream_done_within(waiting, 1000)) {
       child.kill_and_reap();
       signals.release(id);
     }
