@@ -544,3 +544,17 @@ def test_a_failed_backward_keeps_the_users_exception(tmp_path):
         with pytest.raises(MemoryError, match="simulated, in backward"):
             trainer.fit(Linear(boom_at=1), torch.utils.data.DataLoader(data, batch_size=2))
     assert trainer.strategy.engine is None and grab.engine.zerod_model._handle is None
+
+
+def test_no_scheduler_before_optimizer_warning(tmp_path):
+    """zerod applies the update in the closure, so the torch optimizer's
+    own step() never runs: it is marked stepped, as Accelerate's path does,
+    or torch's scheduler warns at its first step() that it came before
+    optimizer.step() (and that the schedule skips a value, which it does
+    not)."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _linear_fit("zerod_stage_1", Linear("step", 1), 4, tmp_path)
+    said = [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)]
+    assert not said, said

@@ -199,3 +199,19 @@ def lua_table(values):
         return ("zerod.table{ values = (function() local v = {} local function r(x, n) for _ = 1, n do "
                 f"v[#v + 1] = x end end {body} return v end)() }}")
     return "zerod.table{ values = { " + ", ".join(repr(v) for v in values) + " } }"
+
+
+def mark_stepped(optimizer):
+    """Records on the user's torch optimizer that it stepped, as its own
+    step() would have: zerod applied the update it stands for (in
+    Accelerate's backward(), in Lightning's closure), so its real step()
+    never runs. The torch
+    LR scheduler attached to it checks this record at its first step() and
+    would otherwise warn that lr_scheduler.step() came before
+    optimizer.step() and that the schedule skips its first value, which is
+    not so (zerod runs the schedule traced from this scheduler). torch >= 2.2
+    keeps the record in `_opt_called`; earlier 2.x counts the calls of its
+    wrapped step() (marked `_with_counter`) in `_step_count`."""
+    optimizer._opt_called = True
+    if getattr(optimizer.step, "_with_counter", False):
+        optimizer._step_count = getattr(optimizer, "_step_count", 0) + 1

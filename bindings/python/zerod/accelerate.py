@@ -61,6 +61,7 @@ import os
 import torch
 
 from . import _amp
+from ._schedules import mark_stepped
 from ._gloo import init_gloo
 from . import deepspeed as _zds
 from .errors import InvalidArgumentError, InvalidStateError
@@ -408,7 +409,7 @@ class _ZerodOptimizer:
             raise InvalidStateError("optimizer.step() before any accelerator.backward(loss): zerod applies the "
                                     "update in backward")
         if self._accelerator.sync_gradients:
-            _mark_stepped(self.optimizer)
+            mark_stepped(self.optimizer)
             self._accelerator._zerod_unstepped = False
 
     def zero_grad(self, set_to_none=True):
@@ -424,21 +425,6 @@ class _ZerodOptimizer:
     def step_was_skipped(self):
         r = self._accelerator._zerod_last
         return bool(r is not None and r.skipped)
-
-
-def _mark_stepped(optimizer):
-    """Records on the user's torch optimizer that it stepped, as its own
-    step() would have: zerod applied the update it stands for in
-    accelerator.backward(), so its real step() never runs. The torch
-    LR scheduler attached to it checks this record at its first step() and
-    would otherwise warn that lr_scheduler.step() came before
-    optimizer.step() and that the schedule skips its first value, which is
-    not so (zerod runs the schedule traced from this scheduler). torch >= 2.2
-    keeps the record in `_opt_called`; earlier 2.x counts the calls of its
-    wrapped step() (marked `_with_counter`) in `_step_count`."""
-    optimizer._opt_called = True
-    if getattr(optimizer.step, "_with_counter", False):
-        optimizer._step_count = getattr(optimizer, "_step_count", 0) + 1
 
 
 class _ZerodScheduler(AcceleratedScheduler):

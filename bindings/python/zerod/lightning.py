@@ -53,6 +53,7 @@ import torch
 
 from . import default_client
 from . import _amp
+from ._schedules import mark_stepped
 from ._gloo import init_gloo
 from . import deepspeed as _zds
 from . import torch as _zt
@@ -548,6 +549,9 @@ class ZerodStrategy(ParallelStrategy):
                 f"{trainer.num_training_batches} batches is not a multiple of accumulate_grad_batches="
                 f"{trainer.accumulate_grad_batches}, or the job script's accumulation differs); make the epoch "
                 "length a multiple")
+        # The update is applied: the torch optimizer's scheduler would warn
+        # at its step() that it came before optimizer.step().
+        mark_stepped(optimizer)
         # Called for the hooks' sake; the update is already applied (zerod
         # holds the gradients: torch's param.grad is empty here).
         call._call_callback_hooks(trainer, "on_before_optimizer_step", optimizer)
