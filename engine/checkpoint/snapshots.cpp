@@ -440,25 +440,20 @@ void Snapshots::commit(InFlight& s) {
     }
   }
   fs::remove_all(s.partial, ec);
+  report_lost(s, "failed (" + s.why + ") and was removed");
+}
+
+void Snapshots::report_lost(const InFlight& s, const std::string& how) {
   if (s.final) {
-    lose_end(s.step, "the final snapshot, of step " + std::to_string(s.step) + ", failed (" + s.why +
-                         ") and was removed");
+    lose_end(s.step, "the final snapshot, of step " + std::to_string(s.step) + ", " + how);
     return;
   }
-  log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " failed and was removed (" + s.why +
-                                "); training goes on, and the older snapshots under " + ctx_.config.snapshot.path +
+  log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " " + how +
+                                "; training goes on, and the older snapshots under " + ctx_.config.snapshot.path +
                                 " are kept");
 }
 
 void Snapshots::lose_end(int64_t step, const std::string& failure) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!final_failure_.empty()) {
-      // Another local rank's word on the same end (at_leave): the first said it all.
-      log_warn(failure);
-      return;
-    }
-  }
   // The end: training does not go on, and nothing after this saves the run.
   // Said as it is, with what a new run would resume and what to do (before,
   // the periodic snapshot's "training goes on" was said here too, and a job
@@ -479,7 +474,12 @@ void Snapshots::lose_end(int64_t step, const std::string& failure) {
        "before zd_model_destroy";
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (final_failure_.empty()) final_failure_ = m;
+    if (!final_failure_.empty()) {
+      // Another local rank's word on the same end (at_leave): the first said it all.
+      log_warn(failure);
+      return;
+    }
+    final_failure_ = m;
   }
   log_message(ZD_LOG_ERROR, m);
 }
@@ -604,14 +604,7 @@ void Snapshots::conclude(const std::shared_ptr<InFlight>& s, int failed_rank) {
   }
   const bool here = failed_rank >= first_local_ && failed_rank < first_local_ + local_ranks_;
   const std::string why = here ? s->why : "rank " + std::to_string(failed_rank) + ": that node's log says why";
-  if (s->final) {
-    lose_end(s->step, "the final snapshot, of step " + std::to_string(s->step) + ", failed on " + node_of(failed_rank) +
-                          " (" + why + ") and was removed");
-    return;
-  }
-  log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s->step) + " failed on " + node_of(failed_rank) +
-                                " (" + why + ") and was removed; training goes on, and the older snapshots under " +
-                                ctx_.config.snapshot.path + " are kept");
+  report_lost(*s, "failed on " + node_of(failed_rank) + " (" + why + ") and was removed");
 }
 
 void Snapshots::commit_across(InFlight& s) {
@@ -644,14 +637,7 @@ void Snapshots::commit_across(InFlight& s) {
     fs::remove_all(s.partial, ec);
     // Only this node knows (its daemon, node 0 of one shared directory,
     // commits alone after every node agreed).
-    if (s.final) {
-      lose_end(s.step, "the final snapshot, of step " + std::to_string(s.step) + ", could not be committed (" +
-                           e.what() + ") and was removed");
-      return;
-    }
-    log_message(ZD_LOG_ERROR, "the snapshot of step " + std::to_string(s.step) + " could not be committed (" +
-                                  e.what() + ") and was removed; training goes on, and the older snapshots under " +
-                                  ctx_.config.snapshot.path + " are kept");
+    report_lost(s, "could not be committed (" + std::string(e.what()) + ") and was removed");
   }
 }
 

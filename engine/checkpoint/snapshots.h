@@ -148,6 +148,10 @@ class Snapshots {
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers,
                    MomentumCompression& compression);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);
+  // A snapshot that was not written, `how` ("failed (why) and was
+  // removed"): the end's is lose_end's; another is logged as an error,
+  // training going on with the older snapshots kept.
+  void report_lost(const InFlight& s, const std::string& how);
   void commit(InFlight& s);
   // Before the snapshot of `step` is renamed in: the snapshots of later
   // steps (this node's, as candidates() sees them) go aside as superseded.

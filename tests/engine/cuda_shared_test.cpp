@@ -67,6 +67,23 @@ struct Offer {
   uint64_t bytes;  // the chunk's (the first fd; the second is the signals' page)
 };
 
+// What the child answered ("" where all went well there).
+std::string child_answer(Connection& parent_end) {
+  Frame answer = parent_end.receive(4096, 60000);
+  return std::string(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
+}
+
+// Offers `chunk` and `signals` to the child as the daemon offers a rank its
+// pool and signals: an Offer, with the chunk's fd and the signals' page.
+void offer_chunk_and_signals(Connection& parent_end, const SharedDeviceChunk& chunk, const SharedSignals& signals) {
+  const Offer o{chunk.size()};
+  const int fd = chunk.export_fd();
+  ASSERT_GE(fd, 0);
+  const int fds[] = {fd, signals.page_fd()};
+  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
+  close(fd);
+}
+
 // The fds of `s` as the daemon sends them.
 std::vector<int> signal_fds(const SharedSignals& s) { return {s.page_fd()}; }
 
@@ -318,16 +335,8 @@ TEST(CudaShared, AChunkAndSignalsCrossAProcessAndOutliveIt) {
   ASSERT_EQ(cudaMemset(chunk.data(), 0x11, chunk.size()), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
-  const Offer o{chunk.size()};
-  const int fd = chunk.export_fd();
-  ASSERT_GE(fd, 0);
-  const int fds[] = {fd, signals.page_fd()};
-  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
-  close(fd);
-
-  Frame answer = parent_end.receive(4096, 60000);
-  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
-  ASSERT_EQ(said, "") << "the child: " << said;
+  ASSERT_NO_FATAL_FAILURE(offer_chunk_and_signals(parent_end, chunk, signals));
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
   // Else the wait below would hold: the child's record ran before it answered.
   ASSERT_FALSE(signals.pending(kTrainerDone)) << "the child's stream ran its record before it answered";
   {
@@ -399,9 +408,7 @@ TEST(CudaShared, AWaitOnARecordAKilledProcessNeverRanIsReleased) {
   ASSERT_GT(kid.pid, 0);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
   parent_end.send(FrameHeader{}, {}, signal_fds(signals), 30000);
-  Frame answer = parent_end.receive(4096, 60000);
-  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
-  ASSERT_EQ(said, "") << "the child: " << said;
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
   expect_a_killed_record_released(signals, kTrainerDone, kid, "the daemon's side");
 }
 
@@ -419,9 +426,7 @@ TEST(CudaShared, AWaitOnARecordAKilledCreatorNeverRanIsReleased) {
   ASSERT_EQ(offer.fds.size(), 1u);
   SharedSignals signals = SharedSignals::import(offer.fds[0].get(), 0);
   parent_end.send(FrameHeader{}, {}, {}, 30000);
-  Frame answer = parent_end.receive(4096, 60000);
-  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
-  ASSERT_EQ(said, "") << "the child: " << said;
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
   expect_a_killed_record_released(signals, kZerodDone, kid, "the trainer's side");
 }
 
@@ -440,15 +445,8 @@ TEST(CudaShared, AWaitOnALiveRecordBehindWorkHoldsThenEnds) {
   ASSERT_EQ(cudaMemset(chunk.data(), 0x11, chunk.size()), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   SharedSignals signals = SharedSignals::create(0, "the test's signals");
-  const Offer o{chunk.size()};
-  const int fd = chunk.export_fd();
-  ASSERT_GE(fd, 0);
-  const int fds[] = {fd, signals.page_fd()};
-  parent_end.send(FrameHeader{}, std::as_bytes(std::span(&o, 1)), fds, 30000);
-  close(fd);
-  Frame answer = parent_end.receive(4096, 60000);
-  const std::string said(reinterpret_cast<const char*>(answer.body.data()), answer.body.size());
-  ASSERT_EQ(said, "") << "the child: " << said;
+  ASSERT_NO_FATAL_FAILURE(offer_chunk_and_signals(parent_end, chunk, signals));
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
 
   cudaStream_t waiting = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
