@@ -438,3 +438,36 @@ def test_two_jobs_sharing_a_daemon_directory_meet_apart(tmp_path):
                 p.kill()
                 p.wait()
     assert sums == {"a": [2, 2], "b": [20, 20], "c": [200, 200], "d": [2000, 2000]}
+
+
+def test_the_gloo_group_zerod_starts_is_ended_before_the_interpreter_exits(tmp_path):
+    """The gloo group init_gloo starts is destroyed at exit while Python is
+    whole: left to the interpreter's teardown, gloo's threads could abort a
+    rank that had finished ("terminate called without an active exception",
+    which failed this file's four-job test once in CI). A handler registered
+    before init_gloo runs after zerod's (atexit is last in, first out) and
+    sees the group gone and the store file removed."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import atexit, glob, os, torch
+        from zerod._gloo import init_gloo
+        def after():
+            print("initialized", torch.distributed.is_initialized())
+            print("stores", len(glob.glob(os.path.join(os.environ["DIR"], "accelerate-store*"))))
+        atexit.register(after)
+        init_gloo(0, 1, "accelerate")
+        t = torch.tensor([3.0])
+        torch.distributed.all_reduce(t)
+        print("sum", int(t.item()))
+    """)
+    env = dict(os.environ, ZEROD_ENDPOINT=f"unix:{tmp_path}/zerod.sock", ZEROD_JOB_KEY="exit", DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ZEROD_RUN_ID"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split("\n")[:3] == ["sum 3", "initialized False", "stores 0"], p.stdout + p.stderr

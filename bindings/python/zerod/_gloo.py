@@ -58,11 +58,23 @@ def init_gloo(rank, world, what):
     where = where[len("unix:"):] if where.startswith("unix:") else where
     if master and (os.environ.get("TORCHELASTIC_RUN_ID") or not where):
         torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-        return
-    path = _store_path(what, where)
-    _claim(path)
-    store = torch.distributed.FileStore(path, world)
-    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    else:
+        path = _store_path(what, where)
+        _claim(path)
+        store = torch.distributed.FileStore(path, world)
+        torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    # Registered after _claim's _release, so it runs before it (atexit is
+    # last in, first out): the store is closed before its file is removed.
+    atexit.register(_destroy, os.getpid())
+
+
+def _destroy(pid):
+    """At exit: ends the group this module started. torch does not, and a
+    gloo group left to the interpreter's teardown could abort the process
+    after the script had finished ("terminate called without an active
+    exception", torch issue 190489), failing a run that had succeeded."""
+    if os.getpid() == pid and torch.distributed.is_initialized():  # not a forked child's
+        torch.distributed.destroy_process_group()
 
 
 def _store_path(what, where):
