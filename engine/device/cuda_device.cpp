@@ -17,6 +17,7 @@
 #include "cuda_device.h"
 
 #include "memory/arena.h"
+#include "cuda_failure.h"
 #include "cuda_shared.h"
 #include "cuda_kernels.h"
 #include "runtime/dtype.h"
@@ -40,16 +41,17 @@ namespace {
 
 std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
-// Checks a CUDA runtime call; on failure throws with what was being done.
+// Checks a CUDA runtime call; on failure throws with what was being done
+// (describe_cuda_failure: an error an earlier kernel left is not zerod's).
 void check(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
-  fail(e == cudaErrorMemoryAllocation ? ZD_ERR_OUT_OF_MEMORY : ZD_ERR_INTERNAL,
-       "cuda device: " + what + ": " + cuda_text(e));
+  const CudaFailure f = describe_cuda_failure(e, cudaGetErrorName(e), cudaGetErrorString(e), "", what);
+  fail(f.status, "cuda device: " + f.message);
 }
 
+// Checks a launch of cuda_kernels.h (`code` is its cudaError_t).
 void check_launch(int code, const std::string& what) {
-  if (code != 0)
-    fail(ZD_ERR_INTERNAL, std::string("cuda device: ") + what + ": " + cuda_kernels::error_string(code));
+  if (code != 0) check(static_cast<cudaError_t>(code), what);
 }
 
 constexpr uint64_t kAlign = 256;                      // cudaMalloc's own alignment

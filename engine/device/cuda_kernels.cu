@@ -132,6 +132,4 @@ int sumsq_finish(const double* partials, double* out, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-const char* error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
-
 }  // namespace zerod::cuda_kernels

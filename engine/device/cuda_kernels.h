@@ -30,6 +30,4 @@ constexpr int kStatsBlocks = 1024;
 int sumsq_add(const void* data, int32_t dt, uint64_t n, double* partials, void* stream);
 int sumsq_finish(const double* partials, double* out, void* stream);
 
-const char* error_string(int code);
-
 }  // namespace zerod::cuda_kernels

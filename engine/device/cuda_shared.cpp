@@ -1,5 +1,6 @@
 #include "cuda_shared.h"
 
+#include "cuda_failure.h"
 #include "error.h"
 #include "memory/arena.h"
 
@@ -21,6 +22,28 @@ namespace zerod {
 
 namespace {
 
+// cuda_failure.h's codes, which CI tests without CUDA's headers, are the
+// driver's and the runtime's.
+constexpr bool same_code(int ours, CUresult driver, cudaError_t runtime) {
+  return ours == static_cast<int>(driver) && ours == static_cast<int>(runtime);
+}
+static_assert(same_code(cuda_code::kOutOfMemory, CUDA_ERROR_OUT_OF_MEMORY, cudaErrorMemoryAllocation));
+static_assert(same_code(cuda_code::kEccUncorrectable, CUDA_ERROR_ECC_UNCORRECTABLE, cudaErrorECCUncorrectable));
+static_assert(same_code(cuda_code::kIllegalAddress, CUDA_ERROR_ILLEGAL_ADDRESS, cudaErrorIllegalAddress));
+static_assert(same_code(cuda_code::kLaunchTimeout, CUDA_ERROR_LAUNCH_TIMEOUT, cudaErrorLaunchTimeout));
+static_assert(same_code(cuda_code::kAssert, CUDA_ERROR_ASSERT, cudaErrorAssert));
+static_assert(same_code(cuda_code::kHardwareStackError, CUDA_ERROR_HARDWARE_STACK_ERROR, cudaErrorHardwareStackError));
+static_assert(same_code(cuda_code::kIllegalInstruction, CUDA_ERROR_ILLEGAL_INSTRUCTION, cudaErrorIllegalInstruction));
+static_assert(same_code(cuda_code::kMisalignedAddress, CUDA_ERROR_MISALIGNED_ADDRESS, cudaErrorMisalignedAddress));
+static_assert(same_code(cuda_code::kInvalidAddressSpace, CUDA_ERROR_INVALID_ADDRESS_SPACE,
+                        cudaErrorInvalidAddressSpace));
+static_assert(same_code(cuda_code::kInvalidPc, CUDA_ERROR_INVALID_PC, cudaErrorInvalidPc));
+static_assert(same_code(cuda_code::kLaunchFailed, CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure));
+#if CUDA_VERSION >= 13000  // both in 13.0's headers; 12.0's lack them
+static_assert(same_code(cuda_code::kContained, CUDA_ERROR_CONTAINED, cudaErrorContained));
+static_assert(same_code(cuda_code::kTensorMemoryLeak, CUDA_ERROR_TENSOR_MEMORY_LEAK, cudaErrorTensorMemoryLeak));
+#endif
+
 // The driver calls this file makes, looked up once.
 struct Driver {
   decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
@@ -33,6 +56,7 @@ struct Driver {
   decltype(&cuMemUnmap) unmap = nullptr;
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuGetErrorName) error_name = nullptr;
   decltype(&cuGetErrorString) error_string = nullptr;
   decltype(&cuStreamWriteValue32) write_value = nullptr;
   decltype(&cuStreamWaitValue32) wait_value = nullptr;
@@ -67,6 +91,7 @@ const Driver& driver() {
     load(&d.unmap, "cuMemUnmap", &d.missing);
     load(&d.set_access, "cuMemSetAccess", &d.missing);
     load(&d.release, "cuMemRelease", &d.missing);
+    load(&d.error_name, "cuGetErrorName", &d.missing);
     load(&d.error_string, "cuGetErrorString", &d.missing);
     load(&d.write_value, "cuStreamWriteValue32", &d.missing);
     load(&d.wait_value, "cuStreamWaitValue32", &d.missing);
@@ -81,18 +106,29 @@ std::string text(CUresult r) {
   return s;
 }
 
-void check(CUresult r, const std::string& what) {
-  if (r == CUDA_SUCCESS) return;
-  fail(r == CUDA_ERROR_OUT_OF_MEMORY ? ZD_ERR_OUT_OF_MEMORY : ZD_ERR_INTERNAL, "shared GPU memory: " + what + ": " + text(r));
+std::string name(CUresult r) {
+  const char* s = nullptr;
+  if (driver().error_name(r, &s) != CUDA_SUCCESS || !s) return "";
+  return s;
 }
 
-void check_rt(cudaError_t e, const std::string& what) {
+// Checks driver call `call`, made while `doing` (which names the GPU).
+void check(CUresult r, const char* call, const std::string& doing) {
+  if (r == CUDA_SUCCESS) return;
+  const CudaFailure f = describe_cuda_failure(r, name(r), text(r), call, doing);
+  fail(f.status, "shared GPU memory: " + f.message);
+}
+
+// Checks runtime call `call`, made while `doing` (which names the GPU).
+void check_rt(cudaError_t e, const char* call, const std::string& doing) {
   if (e == cudaSuccess) return;
   // The error is this call's, reported here: cleared from the runtime's
   // last error, which torch would otherwise raise later from an unrelated
-  // kernel launch.
+  // kernel launch. (A context an earlier kernel broke keeps its error
+  // whatever is cleared: describe_cuda_failure says so.)
   cudaGetLastError();
-  fail(ZD_ERR_INTERNAL, "shared GPU memory: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  const CudaFailure f = describe_cuda_failure(e, cudaGetErrorName(e), cudaGetErrorString(e), call, doing);
+  fail(f.status, "shared GPU memory: " + f.message);
 }
 
 CUmemAllocationProp props(int device) {
@@ -106,19 +142,20 @@ CUmemAllocationProp props(int device) {
 
 // The runtime's context on the device is current (the driver calls need one).
 void use_device(int device) {
-  check_rt(cudaSetDevice(device), "selecting GPU " + std::to_string(device));
-  check_rt(cudaFree(nullptr), "starting CUDA on GPU " + std::to_string(device));
+  check_rt(cudaSetDevice(device), "cudaSetDevice", "selecting GPU " + std::to_string(device));
+  check_rt(cudaFree(nullptr), "cudaFree", "starting CUDA on GPU " + std::to_string(device));
 }
 
-// Reserves an address range for `bytes`, maps `handle` there and makes it
-// readable and writable from `devices`.
-CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, const std::vector<int>& devices) {
+// Reserves an address range for `bytes`, maps `handle` (memory of GPU
+// `device`) there and makes it readable and writable from `devices`.
+CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, int device, const std::vector<int>& devices) {
   const Driver& d = driver();
+  const std::string chunk = "a chunk of " + std::to_string(bytes) + " bytes of GPU " + std::to_string(device);
   CUdeviceptr ptr = 0;
-  check(d.reserve(&ptr, bytes, 0, 0, 0), "reserving " + std::to_string(bytes) + " bytes of address space");
+  check(d.reserve(&ptr, bytes, 0, 0, 0), "cuMemAddressReserve", "reserving address space for " + chunk);
   if (CUresult r = d.map(ptr, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
     d.address_free(ptr, bytes);
-    check(r, "mapping");
+    check(r, "cuMemMap", "mapping " + chunk);
   }
   std::vector<CUmemAccessDesc> access(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
@@ -129,7 +166,7 @@ CUdeviceptr map_here(CUmemGenericAllocationHandle handle, uint64_t bytes, const 
   if (CUresult r = d.set_access(ptr, bytes, access.data(), access.size()); r != CUDA_SUCCESS) {
     d.unmap(ptr, bytes);
     d.address_free(ptr, bytes);
-    check(r, "granting access");
+    check(r, "cuMemSetAccess", "granting access to " + chunk);
   }
   return ptr;
 }
@@ -164,7 +201,8 @@ uint64_t cuda_shared_granularity(int device) {
   use_device(device);
   const CUmemAllocationProp p = props(device);
   size_t g = 0;
-  check(driver().granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "reading the allocation granularity");
+  check(driver().granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity",
+        "reading GPU " + std::to_string(device) + "'s allocation granularity");
   return g;
 }
 
@@ -178,13 +216,13 @@ SharedDeviceChunk SharedDeviceChunk::allocate(int device, uint64_t bytes, const 
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
       fail(ZD_ERR_OUT_OF_MEMORY, what + ": GPU " + std::to_string(device) + " has no " + std::to_string(size) +
                                      " bytes left for shared memory (" + text(r) + ")");
-    check(r, what);
+    check(r, "cuMemCreate", "allocating " + what + " on GPU " + std::to_string(device));
   }
   SharedDeviceChunk c;
   c.handle_ = h;
   c.bytes_ = size;
   c.device_ = device;
-  c.ptr_ = map_here(h, size, with_peers(device));  // on failure c's destructor releases h
+  c.ptr_ = map_here(h, size, device, with_peers(device));  // on failure c's destructor releases h
   return c;
 }
 
@@ -193,18 +231,21 @@ SharedDeviceChunk SharedDeviceChunk::import(int fd, uint64_t bytes, int device) 
   const Driver& d = driver();
   CUmemGenericAllocationHandle h = 0;
   check(d.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        "importing a chunk of " + std::to_string(bytes) + " bytes");
+        "cuMemImportFromShareableHandle",
+        "importing a chunk of " + std::to_string(bytes) + " bytes for GPU " + std::to_string(device));
   SharedDeviceChunk c;
   c.handle_ = h;
   c.bytes_ = bytes;
   c.device_ = device;
-  c.ptr_ = map_here(h, bytes, {device});
+  c.ptr_ = map_here(h, bytes, device, {device});
   return c;
 }
 
 int SharedDeviceChunk::export_fd() const {
   int fd = -1;
-  check(driver().export_handle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "exporting a chunk");
+  check(driver().export_handle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "cuMemExportToShareableHandle",
+        "exporting a chunk of " + std::to_string(bytes_) + " bytes of GPU " + std::to_string(device_));
   return fd;
 }
 
@@ -253,14 +294,27 @@ SignalPage* map_page(int fd, const std::string& what) {
 unsigned long long register_page(SignalPage* page, int device, const std::string& what) {
   use_device(device);
   check_rt(cudaHostRegister(page, kSignalPageBytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-           "registering " + what + " with GPU " + std::to_string(device));
+           "cudaHostRegister", "registering " + what + " with GPU " + std::to_string(device));
   void* on_gpu = nullptr;
   const cudaError_t e = cudaHostGetDevicePointer(&on_gpu, page, 0);
   if (e != cudaSuccess) {
     cudaHostUnregister(page);
-    check_rt(e, "finding " + what + " in GPU " + std::to_string(device) + "'s address space");
+    check_rt(e, "cudaHostGetDevicePointer",
+             "finding " + what + " in GPU " + std::to_string(device) + "'s address space");
   }
   return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(on_gpu));
+}
+
+// For errors: which signal, as the reader of a message knows it.
+std::string signal_name(SignalId id) {
+  switch (id) {
+    case kZerodDone:
+      return "the signal that zerod's work is done (kZerodDone)";
+    case kTrainerDone:
+      return "the signal that the trainer's work is done (kTrainerDone)";
+    default:
+      return "stream signal " + std::to_string(static_cast<int>(id));
+  }
 }
 
 }  // namespace
@@ -270,6 +324,7 @@ SharedSignals SharedSignals::create(int device, const std::string& what) {
   s.arena_ = std::make_unique<SharedArena>(0, kSignalPageBytes, "zerod-stream-signals");  // zero-filled, sealed
   s.page_ = new (s.arena_->base()) SignalPage{};
   s.device_page_ = register_page(s.page_, device, what);
+  s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
@@ -279,6 +334,7 @@ SharedSignals SharedSignals::import(int page_fd, int device) {
   SharedSignals s;
   s.page_ = map_page(page_fd, what);
   s.device_page_ = register_page(s.page_, device, what);  // on failure s's destructor unmaps the page
+  s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
   return s;
 }
@@ -296,7 +352,7 @@ void SharedSignals::record(SignalId id, void* stream) const {
   // stream wrote before is visible to whoever the word releases.
   check(driver().write_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
                              CU_STREAM_WRITE_VALUE_DEFAULT),
-        "recording a stream signal");
+        "cuStreamWriteValue32", "recording " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
   // Published once queued: a number the other side reads is always on its way.
   page_->issued[id].store(n, std::memory_order_release);
 }
@@ -306,7 +362,8 @@ void SharedSignals::wait_on(SignalId id, void* stream) const {
   if (n == 0) return;  // never recorded: nothing to wait for
   check(driver().wait_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
                             CU_STREAM_WAIT_VALUE_GEQ),
-        "waiting for a stream signal");
+        "cuStreamWaitValue32",
+        "queuing a wait for " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
 }
 
 void SharedSignals::release(SignalId id) const { signal_release(*page_, id); }
@@ -325,7 +382,8 @@ SharedSignals::~SharedSignals() {
 
 SharedSignals::SharedSignals(SharedSignals&& o) noexcept
     : arena_(std::move(o.arena_)), page_(std::exchange(o.page_, nullptr)),
-      device_page_(std::exchange(o.device_page_, 0)), record_mu_(std::move(o.record_mu_)) {}
+      device_page_(std::exchange(o.device_page_, 0)), device_(std::exchange(o.device_, -1)),
+      record_mu_(std::move(o.record_mu_)) {}
 
 SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
   if (this != &o) {
@@ -333,6 +391,7 @@ SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
     arena_ = std::move(o.arena_);
     page_ = std::exchange(o.page_, nullptr);
     device_page_ = std::exchange(o.device_page_, 0);
+    device_ = std::exchange(o.device_, -1);
     record_mu_ = std::move(o.record_mu_);
   }
   return *this;

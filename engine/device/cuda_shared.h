@@ -133,6 +133,7 @@ class SharedSignals {
   std::unique_ptr<SharedArena> arena_;  // a created page (an imported one is only mapped)
   SignalPage* page_ = nullptr;          // the page, mapped here
   unsigned long long device_page_ = 0;  // CUdeviceptr: the page as the GPU addresses it
+  int device_ = -1;                     // the GPU it is registered with (for errors)
   std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued
 };
 

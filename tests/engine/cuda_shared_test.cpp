@@ -36,7 +36,9 @@
 // Needs a GPU: reported skipped, with the reason, elsewhere. Its own
 // executable, each test forking before anything starts CUDA in its process
 // (a CUDA context does not survive fork): ctest runs each test in a process
-// of its own.
+// of its own. Run by hand with several of its tests in one process, every
+// test after the first is reported skipped, saying so, rather than failing
+// in its child as if the code were wrong.
 #include "device/cuda_shared.h"
 #include "memory/arena.h"  // SharedArena, complete for a default SharedSignals
 #include "transport/connection.h"
@@ -51,6 +53,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -261,10 +264,19 @@ struct Child {
   int reaped = 0;
 };
 
+// What gpu_missing() said in this process, once a test's parent asked
+// (which starts CUDA here): a child forked after that would inherit a
+// context that does not survive fork, and fail.
+std::optional<std::string> parent_gpu_missing;
+
 // Forks `body` as the child, before this process starts CUDA. "" where
 // this process sees a GPU; else why not, the child (which exits at once
-// then) reaped.
+// then) reaped, or not forked where this process started CUDA before.
 std::string start_child(void (*body)(Connection&), Connection& parent_end, Connection& child_end, Child* kid) {
+  if (parent_gpu_missing)
+    return parent_gpu_missing->empty()
+               ? "CUDA already started in this process: run one CudaShared test per process (ctest does)"
+               : *parent_gpu_missing;
   const pid_t parent = getpid();
   kid->pid = fork();
   if (kid->pid < 0) return "";  // the test's ASSERT_GT(pid, 0) fails
@@ -281,6 +293,7 @@ std::string start_child(void (*body)(Connection&), Connection& parent_end, Conne
   // as end of stream at once, not as a receive's 60 s timeout.
   { Connection theirs(std::move(child_end)); }
   std::string missing = gpu_missing();
+  parent_gpu_missing = missing;
   if (!missing.empty()) {
     while (waitpid(kid->pid, nullptr, 0) < 0 && errno == EINTR) {
     }

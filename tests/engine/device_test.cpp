@@ -3,6 +3,7 @@
 // arithmetic in every dtype pair, the statistics of a step, the optimizer
 // update. The cpu device runs everywhere; the cuda device where this
 // process sees a GPU, and is reported skipped, with the reason, elsewhere.
+#include "device/cuda_failure.h"
 #include "device/select.h"
 #include "device/signal_page.h"
 #include "memory/arena.h"
@@ -331,4 +332,56 @@ TEST(StreamSignals, ARecordLeftByADeadProcessIsPendingUntilReleasedFromTheCpu) {
   signal_release(*page, kZerodDone);
   EXPECT_EQ(page->word[kZerodDone].load(), 1u);
   EXPECT_FALSE(signal_pending(*page, kZerodDone));
+}
+
+// A failed CUDA call's status and message (device/cuda_failure.h), what the
+// cuda device and the shared GPU memory report. A kernel that failed on the
+// GPU (a device-side assert: nn.Embedding given an index out of range)
+// leaves its error in the process's context, and zerod's next call returns
+// it: that is the model's error, not a bug in zerod (ZD_ERR_INTERNAL), and
+// the message names the call, the GPU and what happened before.
+TEST(CudaFailure, AnErrorAnEarlierKernelLeftIsNotCalledABugInZerod) {
+  const CudaFailure f =
+      describe_cuda_failure(cuda_code::kAssert, "CUDA_ERROR_ASSERT", "device-side assert triggered",
+                            "cuStreamWriteValue32", "recording the trainer's signal on a stream of GPU 1");
+  EXPECT_NE(f.status, ZD_ERR_INTERNAL);
+  EXPECT_EQ(f.status, ZD_ERR_IO) << "a device error";
+  for (const char* part : {"cuStreamWriteValue32 (recording the trainer's signal on a stream of GPU 1)",
+                           "CUDA_ERROR_ASSERT: device-side assert triggered",
+                           "GPU context had failed before this call", "an earlier kernel", "CUDA_LAUNCH_BLOCKING=1"})
+    EXPECT_NE(f.message.find(part), std::string::npos) << "no '" << part << "' in: " << f.message;
+}
+
+// Every error cuda.h says leaves the context unusable ("any further CUDA
+// work will return the same error") is reported so.
+TEST(CudaFailure, EveryErrorThatBreaksTheContextForGoodIsReportedSo) {
+  using namespace cuda_code;
+  for (int code : {kEccUncorrectable, kContained, kIllegalAddress, kLaunchTimeout, kAssert, kHardwareStackError,
+                   kIllegalInstruction, kMisalignedAddress, kInvalidAddressSpace, kInvalidPc, kLaunchFailed,
+                   kTensorMemoryLeak}) {
+    EXPECT_TRUE(cuda_context_failed_before(code)) << code;
+    const CudaFailure f = describe_cuda_failure(code, "CUDA_ERROR_X", "x", "cuMemMap", "mapping");
+    EXPECT_EQ(f.status, ZD_ERR_IO) << code;
+    EXPECT_NE(f.message.find("failed before this call"), std::string::npos) << f.message;
+  }
+}
+
+// The rest keep their status: memory is out of memory, and an error zerod's
+// own use of CUDA caused is a bug in zerod, said without blaming a kernel.
+// A call left unnamed leaves what was done first, as before.
+TEST(CudaFailure, OtherErrorsAreOutOfMemoryOrZerodsOwn) {
+  const CudaFailure oom =
+      describe_cuda_failure(cuda_code::kOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory", "cuMemCreate",
+                            "allocating the pool on GPU 0");
+  EXPECT_EQ(oom.status, ZD_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(oom.message, "cuMemCreate (allocating the pool on GPU 0): CUDA_ERROR_OUT_OF_MEMORY: out of memory");
+
+  constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE, cudaErrorInvalidValue
+  EXPECT_FALSE(cuda_context_failed_before(kInvalidValue));
+  const CudaFailure ours = describe_cuda_failure(kInvalidValue, "cudaErrorInvalidValue", "invalid argument", "",
+                                                 "copying to GPU 0");
+  EXPECT_EQ(ours.status, ZD_ERR_INTERNAL);
+  EXPECT_EQ(ours.message, "copying to GPU 0: cudaErrorInvalidValue: invalid argument");
+  EXPECT_EQ(describe_cuda_failure(999, "", "unknown error", "cuMemMap", "mapping").message,
+            "cuMemMap (mapping): CUDA error 999: unknown error");
 }
