@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,6 +92,49 @@ def _log_row(log, cmd, rc, secs, stdout, stderr):
         print(f"cannot append to {log}: {e}", file=sys.stderr)
 
 
+def _watch_sigterm():
+    # run.sh's `timeout` stops a driver with SIGTERM: the run in flight
+    # (its own process group) must go with it.
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        pass
+
+
+def stream(cmd, timeout, on_line=None, env=None):
+    """cmd in a fresh process (its own process group), its stdout and
+    stderr together, each line handed to on_line as it comes: a run that
+    is stopped (its time up, or the driver's) has still shown what it
+    printed. After `timeout` seconds it goes with everything it started.
+    Returns (its exit status, or None when its time ran out; its output)."""
+    global _row_group
+    _watch_sigterm()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         **_own_group())
+    _row_group = p.pid
+    lines = []
+
+    def read():
+        for line in p.stdout:
+            lines.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        _kill_group(p.pid)
+        _row_group = None
+    # Its group is gone, so the pipe closes (unless something it started
+    # left the group: then what it printed so far).
+    reader.join(10)
+    return rc, "".join(lines)
+
+
 def run(mode, layers, embd, steps, timeout, extra=(), nvme=NVME, log=None):
     """One row: step.py in a fresh process (its own process group) for at
     most `timeout` seconds. Its JSON line, or a failed row ({"ok": False,
@@ -101,10 +145,7 @@ def run(mode, layers, embd, steps, timeout, extra=(), nvme=NVME, log=None):
     # The drivers' smoke test runs them on the CPU (tests/python/test_gpu_bench_on_cpu.py).
     if os.environ.get("ZEROD_BENCH_DEVICE"):
         cmd += ["--device", os.environ["ZEROD_BENCH_DEVICE"]]
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread
-        pass
+    _watch_sigterm()
     start = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **_own_group())
     _row_group = p.pid

@@ -21,7 +21,12 @@ cpp      the C++ GPT of examples/cpp (cuBLAS GEMMs and CUDA kernels of its
 
     python3 bench/gpu/daemon.py [--parts steps,latency,cpp] [--modes zerod3]
                                 [--layers 24 --embd 2048 --seq 1024 --micro 4] [--steps 6]
-                                [--latency-iters 5000] [--cpp-steps 60] [--timeout 240]
+                                [--latency-iters 5000] [--cpp-steps 60] [--timeout 240] [--budget 420]
+
+Each row is printed as its run ends, bench_daemon_latency's lines as it
+prints them: a run.sh part cut at its time keeps every figure measured
+before. --budget (run.sh: the time left) caps each run at the time left of
+it; a run that would start with under MIN_RUN_S left is skipped, and named.
 
 zerod and the programs beside it come from ZEROD_LIB's build (run.sh's
 build-gpu), or --zerod. On the CPU (ZEROD_BENCH_DEVICE=cpu, the drivers'
@@ -32,11 +37,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
+import time
 
-from common import fmt_params, run
+from common import fmt_params, run, stream
 from step import parser as step_parser
 from step import zerod_job
 
@@ -49,6 +54,8 @@ DEVICE = os.environ.get("ZEROD_BENCH_DEVICE", "cuda")
 TARGET_X_EMBEDDED = 1.05
 TARGET_FORMULA = 0.05
 JSON_LINE = re.compile(r"^\[rank (\d+)\] (\{.*\})$", re.M)
+# Not worth starting a run with less left than this: setup alone takes longer.
+MIN_RUN_S = 30
 
 
 def default_zerod():
@@ -68,7 +75,20 @@ def formula_bytes_per_param(mode, world):
     return {"zerod0": 16.0, "zerod3": 16.0 / world}.get(mode)
 
 
-def under_daemon(a, mode, nproc, job_dir):
+def run_time(a):
+    """The seconds the next run may take: --timeout, or less where less of
+    the --budget is left; None when too little is left to start one."""
+    if a.deadline is None:
+        return a.timeout
+    left = a.deadline - time.time()
+    return min(a.timeout, left) if left >= MIN_RUN_S else None
+
+
+def skipped(what, a):
+    print(f"{what}: skipped, under {MIN_RUN_S} s left of the {a.budget:.0f} s budget", flush=True)
+
+
+def under_daemon(a, mode, nproc, job_dir, timeout):
     """step.py under `zerod run --nproc N` (every rank on the one GPU):
     each rank's JSON line, or a failed row."""
     args = ["--mode", mode, "--layers", str(a.layers), "--embd", str(a.embd), "--seq", str(a.seq), "--micro",
@@ -80,14 +100,13 @@ def under_daemon(a, mode, nproc, job_dir):
         f.write(zerod_job(step_parser().parse_args(args)))
     cmd = [a.zerod, "run", "--nproc", str(nproc), "--job", job, "--", sys.executable, os.path.join(HERE, "step.py"),
            *args]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return [{"mode": mode, "ok": False, "error": f"over {a.timeout:.0f} s"}]
-    ranks = {int(r): json.loads(j) for r, j in JSON_LINE.findall(p.stdout)}
-    if p.returncode != 0 or len(ranks) != nproc:
-        tail = " | ".join(p.stdout.strip().splitlines()[-3:])
-        return [{"mode": mode, "ok": False, "error": f"zerod run exit {p.returncode}: {tail}"}]
+    rc, out = stream(cmd, timeout)
+    if rc is None:
+        return [{"mode": mode, "ok": False, "error": f"over {timeout:.0f} s"}]
+    ranks = {int(r): json.loads(j) for r, j in JSON_LINE.findall(out)}
+    if rc != 0 or len(ranks) != nproc:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        return [{"mode": mode, "ok": False, "error": f"zerod run exit {rc}: {tail}"}]
     return [ranks[r] for r in sorted(ranks)]
 
 
@@ -97,54 +116,67 @@ def steps_table(a):
           f"device bytes per rank within {TARGET_FORMULA:.0%} of DESIGN.md section 4")
     print(f"{'mode':<8} {'where':<26} {'ok':<4} {'step ms':>9} {'x embedded':>11} {'tok/s':>9} {'dev B/param':>12} "
           f"{'formula':>8} {'x formula':>10}  loss first -> last / note")
-    nan = float("nan")
     with tempfile.TemporaryDirectory(prefix="zerod-bench-daemon-") as job_dir:
         for mode in a.modes.split(","):
-            rows = [("embedded, 1 rank", 1, [run(mode, a.layers, a.embd, a.steps, a.timeout,
-                                                 extra=["--seq", str(a.seq), "--micro", str(a.micro)])])]
-            for n in (1, 2):
-                rows.append((f"daemon, {n} rank{'s' if n > 1 else ''}" + (", one GPU" if n > 1 else ""), n,
-                             under_daemon(a, mode, n, job_dir)))
-            base = rows[0][2][0].get("step_ms")
-            for where, n, ranks in rows:
-                ok = all(r.get("ok") for r in ranks)
-                ms = max(r.get("step_ms") or nan for r in ranks)  # a step ends when the slowest rank's does
-                x = ms / base if ok and base else nan
-                tok = sum(r.get("tokens_per_s", 0) for r in ranks) if ok else 0
-                params = ranks[0].get("params")
-                dev = (sum(r.get("zerod_device_bytes", 0) for r in ranks) / len(ranks) / params
-                       if ok and params else nan)
-                want = formula_bytes_per_param(mode, n)
-                notes = []
-                if ok:
-                    notes.append(f"{ranks[0]['loss_first']:.3f} -> {ranks[0]['loss_last']:.3f}")
-                    if where.startswith("daemon, 1"):
-                        notes.append(f"x embedded {'met' if x <= TARGET_X_EMBEDDED else 'MISSED'}")
-                    if want:
-                        notes.append(f"formula {'met' if abs(dev / want - 1) <= TARGET_FORMULA else 'MISSED'}")
-                notes += [r["error"] for r in ranks if r.get("error")]
-                print(f"{mode:<8} {where:<26} {('yes' if ok else 'NO'):<4} {ms:>9.1f} {x:>11.2f} {tok:>9} "
-                      f"{dev:>12.2f} {want or nan:>8.2f} {dev / want if want else nan:>10.3f}  {'; '.join(notes)}",
-                      flush=True)
+            base = params = None
+            for where, n in (("embedded, 1 rank", 1), ("daemon, 1 rank", 1), ("daemon, 2 ranks, one GPU", 2)):
+                timeout = run_time(a)
+                if timeout is None:
+                    skipped(f"{mode} {where}", a)
+                    continue
+                if where.startswith("embedded"):
+                    ranks = [run(mode, a.layers, a.embd, a.steps, timeout,
+                                 extra=["--seq", str(a.seq), "--micro", str(a.micro)])]
+                    base = ranks[0].get("step_ms")
+                else:
+                    ranks = under_daemon(a, mode, n, job_dir, timeout)
+                params = params or ranks[0].get("params")
+                steps_row(mode, where, n, ranks, base)
             if params:
-                print(f"         ({fmt_params(params)} parameters)")
+                print(f"         ({fmt_params(params)} parameters)", flush=True)
+
+
+def steps_row(mode, where, n, ranks, base):
+    """One row of the steps table, printed as its run ends; base: the
+    embedded row's step (None when it did not run)."""
+    nan = float("nan")
+    ok = all(r.get("ok") for r in ranks)
+    ms = max(r.get("step_ms") or nan for r in ranks)  # a step ends when the slowest rank's does
+    x = ms / base if ok and base else nan
+    tok = sum(r.get("tokens_per_s", 0) for r in ranks) if ok else 0
+    params = ranks[0].get("params")
+    dev = sum(r.get("zerod_device_bytes", 0) for r in ranks) / len(ranks) / params if ok and params else nan
+    want = formula_bytes_per_param(mode, n)
+    notes = []
+    if ok:
+        notes.append(f"{ranks[0]['loss_first']:.3f} -> {ranks[0]['loss_last']:.3f}")
+        if where.startswith("daemon, 1") and base:
+            notes.append(f"x embedded {'met' if x <= TARGET_X_EMBEDDED else 'MISSED'}")
+        if want:
+            notes.append(f"formula {'met' if abs(dev / want - 1) <= TARGET_FORMULA else 'MISSED'}")
+    notes += [r["error"] for r in ranks if r.get("error")]
+    print(f"{mode:<8} {where:<26} {('yes' if ok else 'NO'):<4} {ms:>9.1f} {x:>11.2f} {tok:>9} "
+          f"{dev:>12.2f} {want or nan:>8.2f} {dev / want if want else nan:>10.3f}  {'; '.join(notes)}", flush=True)
 
 
 def latency_table(a):
     exe = os.path.join(os.path.dirname(a.zerod), "bench_daemon_latency")
     print(f"\nzd_forward_begin + zd_forward_end on the {DEVICE} device (bench_daemon_latency)", flush=True)
-    try:
-        p = subprocess.run([exe, "--device", DEVICE, "--iters", str(a.latency_iters), "--ranks", "2", "--zerod",
-                            a.zerod], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"bench_daemon_latency: over {a.timeout:.0f} s")
+    timeout = run_time(a)
+    if timeout is None:
+        skipped("bench_daemon_latency", a)
         return
-    for line in p.stdout.splitlines():
+
+    def show(line):
         if not line.startswith("zerod serve: stopping"):
-            print(line)
-    if p.returncode != 0:
-        print(f"bench_daemon_latency: exit {p.returncode}")
+            print(line, flush=True)
+
+    rc, _ = stream([exe, "--device", DEVICE, "--iters", str(a.latency_iters), "--ranks", "2", "--zerod", a.zerod],
+                   timeout, on_line=show)
+    if rc is None:
+        print(f"bench_daemon_latency: over {timeout:.0f} s", flush=True)
+    elif rc != 0:
+        print(f"bench_daemon_latency: exit {rc}", flush=True)
 
 
 def corpus_file(path):
@@ -174,22 +206,23 @@ def cpp_table(a):
             py = [*launch, sys.executable, os.path.join(ROOT, "examples", "python", "train_gpt.py"), "--job", job,
                   "--device", DEVICE, "--text", text, "--batch", str(a.cpp_batch), "--sample-chars", "0", *size]
             got = {}
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                x for x in (os.path.join(ROOT, "bindings", "python"), os.environ.get("PYTHONPATH")) if x))
             for name, cmd, pattern, per_rank in (
                     ("PyTorch", py, r"([\d,]+) tokens/s; loss [\d.]+ -> ([\d.]+)", False),
                     ("C++", cpp, r"final loss ([\d.]+) .*?([\d.]+) tokens/s per rank", True)):
-                try:
-                    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       timeout=a.timeout, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                           x for x in (os.path.join(ROOT, "bindings", "python"),
-                                                       os.environ.get("PYTHONPATH")) if x)))
-                    out = p.stdout
-                except subprocess.TimeoutExpired:
-                    print(f"{name:<9} {where:<22} {'-':>10} {'-':>10}  over {a.timeout:.0f} s", flush=True)
+                timeout = run_time(a)
+                if timeout is None:
+                    skipped(f"{name} {where}", a)
+                    continue
+                rc, out = stream(cmd, timeout, env=env)
+                if rc is None:
+                    print(f"{name:<9} {where:<22} {'-':>10} {'-':>10}  over {timeout:.0f} s", flush=True)
                     continue
                 m = re.search(pattern, out)
-                if p.returncode != 0 or not m:
+                if rc != 0 or not m:
                     tail = " | ".join(out.strip().splitlines()[-3:])
-                    print(f"{name:<9} {where:<22} {'-':>10} {'-':>10}  exit {p.returncode}: {tail}", flush=True)
+                    print(f"{name:<9} {where:<22} {'-':>10} {'-':>10}  exit {rc}: {tail}", flush=True)
                     continue
                 if per_rank:
                     loss, tok = float(m.group(1)), float(m.group(2)) * nproc
@@ -217,8 +250,11 @@ def main():
     ap.add_argument("--cpp-batch", type=int, default=16, help="sequences a rank a step")
     ap.add_argument("--cpp-steps", type=int, default=60)
     ap.add_argument("--timeout", type=float, default=240, help="seconds a run may take")
+    ap.add_argument("--budget", type=float, help="seconds for the whole run: each run is capped at what is left, "
+                                                 "and one that would start with too little left is skipped")
     ap.add_argument("--zerod", default=default_zerod())
     a = ap.parse_args()
+    a.deadline = time.time() + a.budget if a.budget is not None else None
     parts = a.parts.split(",")
     if "steps" in parts:
         steps_table(a)

@@ -16,6 +16,10 @@ host bytes per parameter; for NVMe rows also the disk's free space over its
 NVMe bytes per parameter, whichever is smaller) and the share of it reached.
 
     python3 bench/gpu/largest.py [--embd 4096] [--modes torch,zerod3_host,...] [--budget 1200] [--timeout 420]
+                                 [--rows-err FILE]
+
+Each try's stderr is appended to --rows-err (default: $OUT/rows.err where
+OUT is set, as under run.sh; else nowhere), as offload.py's rows' are.
 """
 import argparse
 import math
@@ -84,7 +88,7 @@ def search(mode, a, deadline, ram, disk):
         left = deadline - time.time()
         if left < MIN_TRY_S:
             return ok, bad, "its share of the budget spent"
-        r = run(mode, layers, a.embd, 3, min(a.timeout, left), STEP_ARGS)
+        r = run(mode, layers, a.embd, 3, min(a.timeout, left), STEP_ARGS, log=a.rows_err)
         cut = left < a.timeout and r.get("error", "").startswith("over ")
         print(f"  {mode}: {layers} layers ({fmt_params(params_of(layers, a.embd))}): "
               f"{'trains' if r.get('ok') else 'fails: ' + r.get('error', 'loss did not fall')}"
@@ -115,6 +119,8 @@ def main():
     ap.add_argument("--budget", type=int, default=1200, help="seconds for the whole search: each mode gets an "
                                                              "equal share of what is left when it starts")
     ap.add_argument("--timeout", type=int, default=420, help="seconds for one try")
+    ap.add_argument("--rows-err", default=os.path.join(os.environ["OUT"], "rows.err") if os.environ.get("OUT")
+                    else None, help="a file each try's stderr is appended to")
     # The host RAM to assume instead of MemTotal: the drivers' smoke test on
     # the CPU, where nothing but RAM would stop the search.
     ap.add_argument("--ram-gib", type=float, help=argparse.SUPPRESS)

@@ -12,7 +12,9 @@ at 16k, <= 0.5x DeepSpeed's step everywhere. Under each zerod row, its
 timeline of steps 3-4 summed up (trace_summary.exposed: the time the
 trainer spent in zerod's calls, by call and by what they waited for inside,
 and the CPU update's rate in parameters and bytes a second, to set beside
-run.sh hostbw's STREAM figures); --no-trace leaves it out.
+run.sh hostbw's STREAM figures); --no-trace leaves it out. A traced row's
+step time leaves out step 4, inside which zerod writes the trace (step.py's
+timed_steps: with --steps 4, step 3 alone).
 
     python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
                                  [--budget 480] [--timeout 240] [--no-deepspeed] [--no-trace]
@@ -92,7 +94,8 @@ def main():
     ap.add_argument("--sizes", default="8k,16k,64k", help="tokens per optimizer step, in the order run")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps per row (the median of those after "
-                                                         "the first 2 is the step time)")
+                                                         "the first 2 is the step time; a traced zerod row "
+                                                         "leaves out step 4, which writes the trace)")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--no-trace", action="store_true", help="no timeline summary under the zerod rows")
     ap.add_argument("--zerod-args", default="", help="more step.py options for the zerod rows, "

@@ -22,7 +22,8 @@ usage: bench/gpu/run.sh [--dry-run] [--help] [PART...]   (default: tests offload
 
 parts, run in the order given:
   tests    every CUDA test (ctest), stopped TESTS_S after they start; TESTS_R
-           (a ctest -R regex) runs those alone, with their whole output (-V)
+           (a ctest -R regex, e.g. '^NAME( |$)') runs those alone, with their
+           whole output (-V); a TESTS_R that matches no test stops the run
   pycuda   python.cuda alone, with the distances it measured
   smoke    every step.py mode on a small GPT (4 x 1024), one line each
   profile  traced steps of PROFILE_MODES at PROFILE_SIZE, summed by trace_summary.py
@@ -30,7 +31,7 @@ parts, run in the order given:
   largest  largest.py (LARGEST_ARGS; likewise its --budget)
   hostbw   the host's STREAM copy and triad (no build needed)
   nccl     the nccl comm plugin: two daemons on one GPU
-  daemon   daemon.py (DAEMON_ARGS): the daemon against embedded on the GPU
+  daemon   daemon.py (DAEMON_ARGS; likewise its --budget): the daemon against embedded on the GPU
   main     the main job's GPU form (scripts/run-main.sh gpu MAIN_ARGS) on build-gpu
 
 options:
@@ -67,10 +68,24 @@ if [ "$bad" = 1 ]; then
   exit 2
 fi
 [ ${#what[@]} -eq 0 ] && what=(tests offload largest)
-CUDA_TESTS='^(device\.|device_engine\.|overlap\..*cuda|kernels\..*Cuda|python\.cuda|example\.cpp_gpt_cuda)'
+# The tests that use the GPU: the cases named cuda of the suites that run on
+# every device (device.Devices/OnDevice.*/cuda, device_engine's and overlap's
+# cuda_*), device.CudaShared.*, device.CudaStream.*, kernels' CudaUpdate,
+# python.cuda*, the C++ GPT's; not their cpu and opaque cases, nor
+# device.CudaFailure.* (messages, on the CPU), which would start first.
+CUDA_TESTS='^((device|device_engine|overlap|kernels)\.[^ ]*[Cc]uda|python\.cuda|example\.cpp_gpt_cuda)'
+CUDA_TESTS_ON_CPU='^device\.CudaFailure\.'
 tests_r=${TESTS_R:-$CUDA_TESTS}
+tests_sel=(-R "$tests_r")
+tests_shown="-R '$tests_r'"
 tests_v=()
-[ -n "${TESTS_R:-}" ] && tests_v=(-V)
+if [ -n "${TESTS_R:-}" ]; then
+  tests_v=(-V)
+  tests_shown+=" -V"
+else
+  tests_sel+=(-E "$CUDA_TESTS_ON_CPU")
+  tests_shown+=" -E '$CUDA_TESTS_ON_CPU'"
+fi
 
 # Time: everything against one deadline.
 t0=$(date +%s)
@@ -122,6 +137,23 @@ needs() {
     daemon | main) echo build-gpu/bin/zerod build-gpu/lib/libzerod.so ;;
   esac
 }
+# How many tests of build folder $1 the tests part selects (ctest -N).
+tests_matched() {
+  ctest --test-dir "$1" -N "${tests_sel[@]}" 2>/dev/null | sed -n 's/^Total Tests: //p'
+}
+# Fails, saying so, where the tests part would select no test of build
+# folder $1 (the run then stops, exit 2): ctest itself says only "No tests
+# were found!!!" and exits 0. A value-parameterised test's name may go on
+# after a space (CMake's "  # GetParam() = ...", in a build from before
+# tests/CMakeLists.txt's NO_PRETTY_VALUES), so '^NAME$' can miss it.
+tests_match() {
+  local n
+  n=$(tests_matched "$1")
+  [ "${n:-0}" -gt 0 ] && return 0
+  echo "bench/gpu/run.sh: ctest -R '$tests_r' matches no test in $1/ (ctest -N): nothing would run;" \
+    "for one test write TESTS_R='^NAME( |\$)'" >&2
+  return 1
+}
 # The budget a driver gets when its arguments name none: the time left, less
 # a margin for its tables.
 budget_args() {
@@ -146,15 +178,24 @@ if [ "$dry" = 1 ]; then
   for w in "${what[@]}"; do
     i=$((i + 1))
     case $w in
-      tests) d="ctest -R '$tests_r' ${tests_v[*]} -j4, --timeout 240 for tests without their own, --stop-time at min(TESTS_S=${TESTS_S}, the time left) s after they start; cuda-tests.log" ;;
+      tests)
+        checked=""
+        for b in build-gpu build; do [ -f "$b/CTestTestfile.cmake" ] && checked=$b && break; done
+        if [ -n "$checked" ]; then
+          tests_match "$checked" || exit 2
+          m="tests in $checked/ now: $(tests_matched "$checked")"
+        else
+          m="not counted: no build here"
+        fi
+        d="ctest $tests_shown -j4 ($m), --timeout 240 for tests without their own, --stop-time at min(TESTS_S=${TESTS_S}, the time left) s after they start; cuda-tests.log" ;;
       pycuda) d="ctest -R '^python\.cuda\$' -V, --stop-time at min(240, the time left) s; python-cuda.log" ;;
       smoke) d="9 step.py modes, each at most min(200, the time left) s; smoke.txt, smoke.err" ;;
       profile) d="step.py --trace for ${PROFILE_MODES:-zerod3_host zerod3_params zerod3_nvme} at ${PROFILE_SIZE:---layers 4 --embd 1024}, each at most min(200, the time left) s; profile.txt, profile.err" ;;
       offload) d="python3 bench/gpu/offload.py ${OFFLOAD_ARGS:-}$(has_opt "${OFFLOAD_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; offload.txt, rows.err (each row's stderr)" ;;
-      largest) d="python3 bench/gpu/largest.py ${LARGEST_ARGS:-}$(has_opt "${LARGEST_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; largest.txt" ;;
+      largest) d="python3 bench/gpu/largest.py ${LARGEST_ARGS:-}$(has_opt "${LARGEST_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; largest.txt, rows.err (each try's stderr)" ;;
       hostbw) d="gcc -O3 -fopenmp hostbw.c; STREAM on 1 thread and on every core, at most min(120, the time left) s; hostbw.txt" ;;
       nccl) d="test_comm_nccl_gpu, then tests/comm_nccl/run_parity.sh, each at most min(240, the time left) s; nccl-gpu.log, nccl-parity.log" ;;
-      daemon) d="python3 bench/gpu/daemon.py ${DAEMON_ARGS:-}, at most the time left; daemon.txt" ;;
+      daemon) d="python3 bench/gpu/daemon.py ${DAEMON_ARGS:-}$(has_opt "${DAEMON_ARGS:-}" --budget || echo " --budget (the time left when it starts - 15)"), at most the time left; daemon.txt" ;;
       main) d="ZEROD_SKIP_INSTALL=1 ZEROD_BUILD_DIR=build-gpu scripts/run-main.sh gpu ${MAIN_ARGS:-}, at most min(300, the time left) s; main-gpu.txt" ;;
     esac
     echo "  $i. $w: $d"
@@ -163,7 +204,8 @@ if [ "$dry" = 1 ]; then
   exit 0
 fi
 
-OUT=${OUT:-/tmp/zerod-gpu}
+# Exported: offload.py and largest.py write each row's stderr to $OUT/rows.err.
+export OUT=${OUT:-/tmp/zerod-gpu}
 mkdir -p "$OUT"
 log() { printf '\n=== %s\n' "$*" | tee -a "$OUT/run.log"; }
 note() { echo "$*" | tee -a "$OUT/run.log"; }
@@ -190,7 +232,7 @@ log "machine"
   echo "run.sh ${what[*]}: deadline ${RUN_DEADLINE_S} s, tests ${TESTS_S} s"
 } 2>&1 | tee -a "$OUT/run.log"
 
-built="" ds_pid="" ds_start=0
+built="" ds_pid="" ds_start=0 stopped=0
 # Configures and builds build-gpu once, before the first part that needs it.
 # A compile error stops only what it breaks (ninja -k 0): the parts whose
 # binaries it left out of date are skipped.
@@ -287,10 +329,15 @@ for w in "${what[@]}"; do
       # --timeout covers only the tests without a TIMEOUT of their own
       # (python.cuda_daemon's is 900 s); --stop-time ends them all.
       t=$(cap "$TESTS_S")
-      log "CUDA tests $tests_r (stopped after ${t} s)"
-      ctest --test-dir build-gpu -j4 -R "$tests_r" "${tests_v[@]}" \
+      log "CUDA tests: ctest $tests_shown, $(tests_matched build-gpu) tests (stopped after ${t} s)"
+      if ! msg=$(tests_match build-gpu 2>&1); then
+        note "$msg"
+        stopped=2
+        break
+      fi
+      ctest --test-dir build-gpu -j4 "${tests_sel[@]}" "${tests_v[@]}" \
         --output-on-failure --timeout 240 --stop-time "$(stop_time "$t")" 2>&1 | tee "$OUT/cuda-tests.log" \
-        | grep -E "tests passed|Failed|\*\*\*|Skipped|[Ss]top time" ;;
+        | grep -E "tests passed|Failed|\*\*\*|Skipped|[Ss]top time|No tests were found" ;;
     pycuda)
       log "zerod.torch on the GPU against torch's AdamW, with the distances it measured"
       ctest --test-dir build-gpu -R '^python\.cuda$' -V --timeout 240 --stop-time "$(stop_time "$(cap 240)")" 2>&1 \
@@ -345,7 +392,8 @@ for w in "${what[@]}"; do
       # section 4), begin + end pairs, the C++ trainer against the PyTorch
       # GPT. About 4 minutes after the build (estimated: it has never run).
       log "the daemon on the GPU: against embedded, 2 ranks on one GPU, begin + end pairs, the C++ trainer"
-      timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/daemon.py ${DAEMON_ARGS:-} 2>&1 | tee "$OUT/daemon.txt" ;;
+      args=$(budget_args "${DAEMON_ARGS:-}")
+      timeout --kill-after=10 "$(cap 100000)" python3 bench/gpu/daemon.py $args 2>&1 | tee "$OUT/daemon.txt" ;;
     main)
       # The main job's GPU form on this build: no installs (the machine has
       # no network; the build's dependencies are .devdeps'), build-gpu.
@@ -366,5 +414,9 @@ if [ -n "$ds_pid" ]; then
   wait "$ds_pid" 2>/dev/null
   ds_clear_locks
   note "DeepSpeed's CPU Adam build: stopped, no part waited for it"
+fi
+if ((stopped)); then
+  note "run.sh ${what[*]}: stopped after $(($(date +%s) - t0)) s (exit $stopped)"
+  exit "$stopped"
 fi
 note "run.sh ${what[*]}: done after $(($(date +%s) - t0)) s"

@@ -419,6 +419,11 @@ struct TempDir {
 
 class CompressingJob : public ::testing::TestWithParam<std::string> {};
 
+// A case's name is its optimizer's: gtest would number it, and the ctest
+// name (registered without the parameter's value, tests/CMakeLists.txt)
+// would not say which optimizer failed.
+std::string optimizer_name(const ::testing::TestParamInfo<std::string>& p) { return p.param; }
+
 // bf16 working copies and gradients, two micro-batches, global-norm
 // clipping: every stage ends where stage 0 does; with the optimizer state
 // on host and on NVMe as well.
@@ -481,10 +486,11 @@ TEST_P(CompressingReplayJob, EveryStageAndTierEndsWhereStage0Does) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingJob,
-                         ::testing::Values("onebit_adam", "zero_one_adam", "zero_one_adam_local", "onebit_lamb"));
+                         ::testing::Values("onebit_adam", "zero_one_adam", "zero_one_adam_local", "onebit_lamb"),
+                         optimizer_name);
 // 0/1 Adam's local steps run at stage 0 only, where nothing is replayed.
 INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingReplayJob,
-                         ::testing::Values("onebit_adam", "zero_one_adam", "onebit_lamb"));
+                         ::testing::Values("onebit_adam", "zero_one_adam", "onebit_lamb"), optimizer_name);
 
 // The error feedback and the kept average are a rank's own, in the tier of
 // its gradients: the plan counts them exactly where finalize charges them.

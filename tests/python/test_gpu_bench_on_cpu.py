@@ -4,20 +4,26 @@ end to end on the CPU with a tiny GPT, so that a session with a GPU spends
 its minutes measuring, not finding a driver's bug (their figures here mean nothing; bench/gpu/README.md has the
 GPU's). step.py takes a hidden --device; ZEROD_BENCH_DEVICE passes it
 through common.run, and largest.py's hidden --ram-gib stands in for the
-GPU's memory, which would otherwise stop the search."""
+GPU's memory, which would otherwise stop the search. run.sh's tests part
+is checked through --dry-run against this build's ctest list."""
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from conftest import ROOT, rank_env
 
 GPU = os.path.join(ROOT, "bench", "gpu")
 
 
-def driver(script, *args, timeout=600):
-    env = rank_env(ZEROD_BENCH_DEVICE="cpu")
+def driver(script, *args, timeout=600, **env_extra):
+    env = rank_env(ZEROD_BENCH_DEVICE="cpu", **env_extra)
     p = subprocess.run([sys.executable, os.path.join(GPU, script), *map(str, args)], env=env,
                        capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
@@ -31,6 +37,10 @@ def test_offload_prints_a_table_per_size_with_every_row():
     runs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(r["tokens_per_step"], r["mode"], r["ok"]) for r in runs] == [
         (n, m, True) for n in (64, 128) for m in ("torch", "zerod3_host", "zerod3_params")], out
+    # A traced zerod row's step time leaves out step 4, inside which zerod
+    # writes the trace; torch's is the median of steps 3-4.
+    assert [(r["mode"], r["timed_steps"]) for r in runs[:3]] == [
+        ("torch", [3, 4]), ("zerod3_host", [3]), ("zerod3_params", [3])], out
     for n, gas in ((64, 1), (128, 2)):
         assert f"{n} tokens per step (1 x 64 x {gas} micro-batches)" in out, out
     rows = re.findall(r"^(torch|zerod3_host|zerod3_params) +yes +([\d.]+) +([\d.]+) .* ([\d.]+)  ", out, re.M)
@@ -49,16 +59,22 @@ def test_offload_prints_a_table_per_size_with_every_row():
     assert sum(line.startswith("    trace: ") for line in lines) == 4, out
 
 
-def test_largest_searches_each_mode_and_states_the_limit():
+def test_largest_searches_each_mode_and_states_the_limit(tmp_path):
     # Each mode's share (60 s and more) leaves room for a second try after
     # the first (a try is not started with under 30 s left), even where the
     # first takes several times the 5-8 s it takes on a quiet 2-core VM.
     rc, out = driver("largest.py", "--embd", 64, "--modes", "zerod3_host,torch", "--budget", 120, "--timeout", 25,
-                     "--ram-gib", 0.1)
+                     "--ram-gib", 0.1, OUT=tmp_path)
     assert rc == 0, out
     for mode in ("zerod3_host", "torch"):
         tries = re.findall(rf"^  {mode}: \d+ layers \([\d.]+[MB]\): (trains|fails)", out, re.M)
         assert len(tries) >= 2 and tries[0] == "trains", out
+    # Under run.sh (OUT set) every try's whole stderr lands in $OUT/rows.err,
+    # a failed one's beyond the 3 lines its row quotes.
+    err = (tmp_path / "rows.err").read_text()
+    tried = re.findall(r"^  (zerod3_host|torch): (\d+) layers", out, re.M)
+    logged = re.findall(r"^=== \S+ --mode (\w+) --layers (\d+) .*: (exit -?\d+|killed over \d+ s) after", err, re.M)
+    assert [(m, n) for m, n, _ in logged] == tried, (out, err)
     row = re.search(r"^zerod3_host +([\d.]+[MB]) .* ([\d.]+[MB]) \(host RAM\) +(\d+)%", out, re.M)
     assert row, out
     assert re.search(r"^torch +[\d.]+[MB] +1\.0 ", out, re.M), out
@@ -71,6 +87,8 @@ def test_a_traced_step_is_summarised(tmp_path):
                         "--embd", "64", "--seq", "64", "--micro", "1", "--steps", "5", "--ckpt", "--device", "cpu",
                         "--trace", str(trace)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and trace.exists(), p.stdout + p.stderr
+    # Step 4 writes the trace (the window's last): the step time is steps 3 and 5.
+    assert json.loads(p.stdout.splitlines()[-1])["timed_steps"] == [3, 5], p.stdout
     s = subprocess.run([sys.executable, os.path.join(GPU, "trace_summary.py"), str(trace), "--top", "40"],
                        capture_output=True, text=True, timeout=60)
     assert s.returncode == 0, s.stdout + s.stderr
@@ -143,3 +161,128 @@ def test_daemon_measures_against_embedded_and_the_formula():
     cpp = re.findall(r"^(PyTorch|C\+\+) +(embedded, 1 rank|daemon, 2 ranks) +(\d+) +([\d.]+)  ([\d.]+)$", out, re.M)
     assert [(r[0], r[1]) for r in cpp] == [(t, w) for w in ("embedded, 1 rank", "daemon, 2 ranks")
                                            for t in ("PyTorch", "C++")], out
+
+
+def test_daemon_prints_each_row_as_its_run_ends():
+    """run.sh stops daemon.py at the call's deadline (SIGTERM): the rows
+    measured by then are in its output already, each printed as its run
+    ended (the embedded row seconds before the daemon's: a run of `zerod
+    run` starts Python and torch), and the run in flight goes with it."""
+    p = subprocess.Popen([sys.executable, os.path.join(GPU, "daemon.py"), "--parts", "steps", "--modes", "zerod3",
+                          "--layers", "1", "--embd", "64", "--seq", "64", "--micro", "1", "--steps", "4",
+                          "--timeout", "200"], env=rank_env(ZEROD_BENCH_DEVICE="cpu"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen, at = [], {}
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            row = re.match(r"zerod3 +(embedded, 1 rank|daemon, 1 rank) ", line)
+            if row:
+                at[row.group(1)] = time.monotonic()
+            if "daemon, 1 rank" in at:
+                p.send_signal(signal.SIGTERM)  # the 2 ranks' run has just begun
+                break
+        rest = p.communicate(timeout=30)[0]
+    finally:
+        p.kill()
+    out = "".join(seen) + rest
+    assert re.search(r"^zerod3 +embedded, 1 rank +yes ", out, re.M), out
+    assert at["daemon, 1 rank"] - at["embedded, 1 rank"] > 1, out
+    assert "daemon, 2 ranks" not in out, out
+    assert p.returncode != 0, out
+
+
+def test_daemon_keeps_to_its_budget():
+    """--budget (run.sh gives the time left): each run is capped at what
+    is left, and one that would start with under 30 s left is skipped.
+    The steps rows take seconds here; the latency run after them, of
+    iterations enough for an hour, is cut at the budget (or skipped, where
+    the rows took more than 15 s), and the rows are printed either way."""
+    start = time.monotonic()
+    rc, out = driver("daemon.py", "--parts", "steps,latency", "--modes", "zerod3", "--layers", 1, "--embd", 64,
+                     "--seq", 64, "--micro", 1, "--steps", 4, "--latency-iters", 10**9, "--timeout", 200,
+                     "--budget", 45)
+    took = time.monotonic() - start
+    assert rc == 0, out
+    assert re.search(r"^zerod3 +embedded, 1 rank +yes ", out, re.M), out
+    assert re.search(r"^(bench_daemon_latency: over \d+ s|bench_daemon_latency: skipped, under 30 s left of the "
+                     r"45 s budget)$", out, re.M), out
+    assert took < 45 + 20, (took, out)
+
+
+def build_dir():
+    """This build's folder (ctest's ZEROD_LIB is its lib/libzerod.so)."""
+    lib = os.environ.get("ZEROD_LIB")
+    build = os.path.dirname(os.path.dirname(os.path.realpath(lib))) if lib else os.path.join(ROOT, "build")
+    if not os.path.exists(os.path.join(build, "CTestTestfile.cmake")):
+        pytest.skip(f"no ctest list in {build}")
+    return build
+
+
+def run_sh_dry(tmp_path, *parts, **env):
+    """run.sh --dry-run from a copy of bench/gpu whose build-gpu/ is this
+    build (the GPU machine's has the same test names)."""
+    gpu = tmp_path / "bench" / "gpu"
+    if not gpu.exists():
+        shutil.copytree(GPU, gpu)
+        (tmp_path / "build-gpu").symlink_to(build_dir())
+    p = subprocess.run(["bash", str(gpu / "run.sh"), "--dry-run", *parts], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def ctest_names(*selection):
+    p = subprocess.run(["ctest", "--test-dir", build_dir(), "-N", *selection], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return re.findall(r"^ *Test +#\d+: (.*)$", p.stdout, re.M)
+
+
+def test_run_sh_tests_stops_where_tests_r_matches_nothing(tmp_path):
+    """ctest says "No tests were found!!!" and exits 0: run.sh counts first
+    and stops (exit 2). A value-parameterised test is named by gtest's
+    name alone (NO_PRETTY_VALUES), so '^NAME$' finds it."""
+    rc, out = run_sh_dry(tmp_path, "tests", TESTS_R="^no_such_test$")
+    assert rc == 2, out
+    assert "matches no test in build-gpu/" in out and "TESTS_R='^NAME( |$)'" in out, out
+    for name in ("device_engine.Placements/OnDevice.TrainsAsTheCpuDeviceDoes/cuda_stage3_device_f32",
+                 "kernels.Plugins/CudaUpdate.MatchesScalarReference/adam_grad_f32_work_f32", "python.cuda_daemon"):
+        for regex in (f"^{re.escape(name)}$", f"^{re.escape(name)}( |$)"):
+            rc, out = run_sh_dry(tmp_path, "tests", TESTS_R=regex)
+            assert rc == 0 and "(tests in build-gpu/ now: 1)" in out, (regex, out)
+
+
+def test_run_sh_tests_runs_the_gpu_tests_alone(tmp_path):
+    """The tests part selects every test that uses the GPU and none of the
+    cpu, opaque or message cases beside them, which would start first and
+    take the part's minutes."""
+    rc, out = run_sh_dry(tmp_path, "tests")
+    assert rc == 0, out
+    m = re.search(r"1\. tests: ctest -R '([^']+)' -E '([^']+)' -j4 \(tests in build-gpu/ now: (\d+)\)", out)
+    assert m, out
+    chosen = set(ctest_names("-R", m.group(1), "-E", m.group(2)))
+    assert len(chosen) == int(m.group(3)), out
+    every = ctest_names()
+    gpu = {n for n in every if re.match(r"(device|device_engine|overlap)\.[^ ]*/cuda", n)
+           or re.match(r"(device\.Cuda(Shared|Stream)|kernels\.[^ ]*CudaUpdate)\.", n)
+           or re.match(r"(python\.cuda|example\.cpp_gpt_cuda)", n)}
+    cpu = {n for n in every if re.match(r"(device|device_engine|overlap)\.[^ ]*/(cpu|opaque)", n)
+           or re.match(r"device\.(CudaFailure|StreamSignals)\.|device_engine\.(DeviceBudget|DeviceStreams|Opaque"
+                       r"|HostStagingBudget|Optimizers/CompressingOnDevice|CompressingOnDeviceReplay)", n)}
+    assert {"python.cuda", "python.cuda_daemon", "python.cuda_integrations"} <= gpu, sorted(gpu)
+    assert gpu <= chosen, sorted(gpu - chosen)
+    assert not chosen & cpu, sorted(chosen & cpu)
+
+
+def test_the_long_gpu_tests_start_first():
+    """Registered last, they would start last on a fresh GPU machine (no
+    timings yet) and be stopped by run.sh's TESTS_S: a COST puts them
+    first in a parallel ctest."""
+    p = subprocess.run(["ctest", "--test-dir", build_dir(), "--show-only=json-v1", "-R",
+                        r"^(python\.cuda(_daemon|_integrations)?|example\.cpp_gpt_cuda_matches_pytorch)$"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    cost = {t["name"]: next((q["value"] for q in t.get("properties", []) if q["name"] == "COST"), None)
+            for t in json.loads(p.stdout)["tests"]}
+    assert {"python.cuda", "python.cuda_daemon", "python.cuda_integrations"} <= set(cost), cost
+    assert all(c is not None and c >= 1000 for c in cost.values()), cost
