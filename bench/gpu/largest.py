@@ -7,7 +7,8 @@ that activations do not decide it. Layers grow at a fixed width until a run
 fails, then bisection; each try is a fresh process. After the first size
 that trains, the next try jumps to 90% of what that run's bytes per
 parameter say the machine holds (GPU memory, host RAM, disk), then grows by
-a quarter.
+a quarter; no zerod try grows past what host RAM and disk hold at zerod's
+figures (host bytes at their peak, beside the trainer's own memory).
 
 Prints the largest that trained and the first that did not, with why, its
 ratio to plain PyTorch's and to DeepSpeed's, and beside each zerod row the
@@ -56,12 +57,55 @@ def limit(r, ram, disk):
     return min(found) if found else (None, None)
 
 
+# The share of host RAM a try may give zerod's state: the kernel and the
+# trainer's own memory (torch, CUDA's context: a few GiB, not per
+# parameter) hold the rest.
+RAM_SHARE = 0.95
+
+
+def host_capacity(r, ram):
+    """The parameters whose zerod host state fits in RAM at its highest, at
+    run r's figures; None for a row without them. At its highest: the
+    ledger's peak where the row has it, else its steady figure, which is
+    finalize's too (finalize drops the registered initial values before it
+    allocates the gradients and the optimizer state: docs/offload.md). Beside
+    it the trainer's own memory: RAM_SHARE leaves room for it, or the room r
+    measured it took (its peak RSS less zerod's host bytes), where larger."""
+    steady = r.get("zerod_host_bytes_per_param")
+    if not steady:
+        return None
+    peak = max(steady, r.get("zerod_host_peak_bytes_per_param") or 0)
+    other = ((r.get("host_peak_gib") or 0) - (r.get("zerod_host_gib") or 0)) * 2**30
+    if other + peak * r["params"] > ram:
+        other = 0  # a stand-in RAM (--ram-gib) smaller than what r held: not a measure of it
+    return min(RAM_SHARE * ram, ram - other) / peak
+
+
+def capacity(r, ram, disk):
+    """The parameters the machine holds at run r's zerod figures: host RAM
+    (host_capacity) and, for a row with state on NVMe, the disk; None for a
+    row without them."""
+    found = [host_capacity(r, ram)]
+    if r.get("zerod_nvme_bytes_per_param"):
+        found.append(disk / r["zerod_nvme_bytes_per_param"])
+    return min((g for g in found if g is not None), default=None)
+
+
+def ceiling(r, embd, ram, disk):
+    """The most layers a try may have after run r trained: no try is grown
+    past the machine's limit, where it would be killed for memory after
+    minutes (None: r has no zerod figures to say where that is)."""
+    most = capacity(r, ram, disk)
+    return None if most is None else layers_for(most, embd)
+
+
 def predicted(r, ram, disk):
     """The parameters that would fill the first of GPU memory, host RAM
     or disk at run r's bytes per parameter (an estimate: fixed costs count
-    as per-parameter ones, so small runs guess low)."""
+    as per-parameter ones, so small runs guess low; zerod's host RAM and
+    disk at their peak, beside the trainer's own: capacity)."""
     p = r["params"]
-    guesses = [limit(r, ram, disk)[0]]
+    guesses = [capacity(r, ram, disk)]
     dev = (r.get("device_peak_gib") or 0) + (r.get("zerod_device_peak_gib") or 0)
     if dev and r.get("device_total_gib"):
         guesses.append(p * r["device_total_gib"] / dev)
@@ -106,6 +150,11 @@ def search(mode, a, deadline, ram, disk):
             bad = r
         if bad is None:
             layers = max(layers + 1, math.ceil(layers * grow))
+            top = ceiling(ok, a.embd, ram, disk)
+            if top is not None and layers > top:
+                if ok["layers"] >= top:
+                    return ok, bad, "the next size is over the machine's limit"
+                layers = top
         elif ok and bad["layers"] - ok["layers"] > max(1, ok["layers"] // 8):
             layers = (ok["layers"] + bad["layers"]) // 2
         else:

@@ -3,42 +3,40 @@
 #include "runtime/dtype.h"
 
 #include <algorithm>
+#include <string>
 
 namespace zerod {
 
-void StateBuffers::allocate(const Placement& placement) {
+namespace {
+
+// How the ledger, the device and the nvme tier name a group's buffers.
+// Two groups of one dtype where the ratio or placement() kept some masters
+// on a device the host cannot address (state_class).
+std::string group_label(const ParamGroup& g) {
+  return std::string("group ") + dtype_name(g.dtype) + (g.state_class ? " (state on the device)" : "");
+}
+
+}  // namespace
+
+void StateBuffers::allocate_values(const Placement& placement) {
   const int rank = res_.rank;
-  const uint32_t slots = ctx_.optimizer().state_slots();
   const auto& groups = ctx_.registry.groups();
-  const bool p3 = ctx_.params_partitioned();
   const TierSet tiers = res_.tiers();
   try {
     tensor_scalars_.assign(ctx_.registry.params().size() * ctx_.optimizer().tensor_scalars(), 0.0f);
     groups_.resize(groups.size());
     for (size_t gi = 0; gi < groups.size(); ++gi) {
-      const ParamGroup& g = groups[gi];
       GroupBuffers& b = groups_[gi];
       // The ledger and the device name the buffer with its rank; the nvme
       // tier names the rank itself, so its reservations go without.
-      // Two groups of one dtype where the ratio or placement() kept some
-      // masters on a device the host cannot address (state_class).
-      const std::string group =
-          std::string("group ") + dtype_name(g.dtype) + (g.state_class ? " (state on the device)" : "");
+      const std::string group = group_label(groups[gi]);
       const std::string of_rank = " of rank " + std::to_string(rank);
-      const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
       const std::string working = "the working copies of " + group;
-      b.working.allocate(tiers, dtype_size(g.dtype), placement.tier_runs(gi, rank, Holds::Params), ZD_MEM_PARAMS,
-                         working + of_rank, working);
-      b.grad.allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{grad_len, placement.grad_tier(gi, rank)}},
-                      ZD_MEM_GRADS, "the gradients of " + group + of_rank);
+      b.working.allocate(tiers, dtype_size(groups[gi].dtype), placement.tier_runs(gi, rank, Holds::Params),
+                         ZD_MEM_PARAMS, working + of_rank, working);
       const std::string master = "the master copies of " + group;
       b.master.allocate(tiers, 4, placement.tier_runs(gi, rank, Holds::Master), ZD_MEM_MASTER, master + of_rank,
                         master);
-      for (uint32_t s = 0; s < slots; ++s) {
-        const std::string state = "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + group;
-        b.state[s].allocate(tiers, ctx_.state_size(), placement.tier_runs(gi, rank, Holds::Optimizer),
-                            ZD_MEM_OPTIMIZER, state + of_rank, state);
-      }
     }
     // Each parameter widened to fp32 on its own: the scratch is one
     // parameter's, not the model's.
@@ -52,6 +50,28 @@ void StateBuffers::allocate(const Placement& placement) {
   } catch (...) {
     release();
     throw;
+  }
+}
+
+void StateBuffers::allocate_state(const Placement& placement) {
+  const int rank = res_.rank;
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const auto& groups = ctx_.registry.groups();
+  const bool p3 = ctx_.params_partitioned();
+  const TierSet tiers = res_.tiers();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ParamGroup& g = groups[gi];
+    GroupBuffers& b = groups_[gi];
+    const std::string group = group_label(g);
+    const std::string of_rank = " of rank " + std::to_string(rank);
+    const uint64_t grad_len = p3 ? g.flat_numel : ctx_.partitioned(ZD_PARTITION_GRADS) ? g.stride : g.full_numel;
+    b.grad.allocate(tiers, dtype_size(ctx_.grad_dtype(g)), {{grad_len, placement.grad_tier(gi, rank)}},
+                    ZD_MEM_GRADS, "the gradients of " + group + of_rank);
+    for (uint32_t s = 0; s < slots; ++s) {
+      const std::string state = "optimizer state '" + ctx_.optimizer().state_name(s) + "' of " + group;
+      b.state[s].allocate(tiers, ctx_.state_size(), placement.tier_runs(gi, rank, Holds::Optimizer),
+                          ZD_MEM_OPTIMIZER, state + of_rank, state);
+    }
   }
 }
 
@@ -113,6 +133,21 @@ void StateBuffers::write_value(const ParamRecord& p, const float* whole) {
   ctx_.owned_part(p, rank, &lo, &hi);
   const uint64_t ob = ctx_.owned_begin(ctx_.registry.groups()[static_cast<size_t>(p.group)], rank);
   if (lo < hi) b.master.write(tiers, lo - ob, hi - lo, whole + (lo - p.full_offset));
+}
+
+void StateBuffers::read_value(const ParamRecord& p, float* whole) const {
+  const int rank = res_.rank;
+  const GroupBuffers& b = groups_[static_cast<size_t>(p.group)];
+  const TierSet tiers = res_.tiers();
+  if (ctx_.params_partitioned()) {
+    const uint64_t real = p.shard_real(rank);
+    if (real != 0) b.master.read(tiers, p.flat_offset, real, whole + static_cast<uint64_t>(rank) * p.stride);
+    return;
+  }
+  uint64_t lo, hi;
+  ctx_.owned_part(p, rank, &lo, &hi);
+  const uint64_t ob = ctx_.owned_begin(ctx_.registry.groups()[static_cast<size_t>(p.group)], rank);
+  if (lo < hi) b.master.read(tiers, lo - ob, hi - lo, whole + (lo - p.full_offset));
 }
 
 void StateBuffers::working_from_master() {

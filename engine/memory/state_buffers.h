@@ -47,10 +47,18 @@ class StateBuffers {
   StateBuffers(const StateBuffers&) = delete;
   StateBuffers& operator=(const StateBuffers&) = delete;
 
-  // Allocates every group's buffers where the placement puts them and
-  // writes the registered initial values (rank 0's) into this rank's part.
-  // On failure nothing stays allocated.
-  void allocate(const Placement& placement);
+  // Allocates every group's buffers where the placement puts them, in two
+  // parts, so that finalize can drop the registered initial values between
+  // them (Model::drop_initial_values): what finalize holds at its highest is
+  // then the state itself, not the state and the initial values beside it.
+  // First the working copies and masters, with the registered initial
+  // values (rank 0's) written into this rank's part; on failure nothing
+  // stays allocated.
+  void allocate_values(const Placement& placement);
+  // Then the gradients and the optimizer state. On failure what it took
+  // stays, with the working copies and masters, until release(): a failed
+  // finalize reads the initial values back from the masters first.
+  void allocate_state(const Placement& placement);
   void release();
 
   std::vector<GroupBuffers>& groups() { return groups_; }
@@ -69,6 +77,9 @@ class StateBuffers {
   // Writes a parameter's whole fp32 value into this rank's part of its
   // master and working copies (initial values, zd_param_write, restore).
   void write_value(const ParamRecord& p, const float* whole);
+  // write_value's inverse: this rank's part of a parameter's master, into
+  // its place in `whole` (every part, in a job of one rank).
+  void read_value(const ParamRecord& p, float* whole) const;
   // The working copies of the rank's owned range from its masters (the
   // source of truth), after a restart.
   void working_from_master();

@@ -52,6 +52,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zerod {
@@ -275,6 +276,16 @@ class Model final : private FailureSink {
   void check_device_support(const RankState& rs) const;
   void allocate_rank(RankState& rs);
   void release_rank(RankState& rs);
+  // The registered initial values, once every local rank has written them
+  // into its masters and working copies: dropped before any rank allocates
+  // its gradients and optimizer state (StateBuffers::allocate_values).
+  void drop_initial_values(RankState& rs);
+  // A finalize that fails after the rank took them: a job of one rank puts
+  // them back from its masters, exactly, so that a retry starts from them;
+  // a job of several cannot (no rank holds them whole), and its retry is
+  // refused rather than started from zeros.
+  void put_back_initial_values(RankState& rs) noexcept;
+  void restage_initial_values(RankState& rs);
 
   [[noreturn]] void broken_by(const Error& e) override;
   // The rank's update of step `step` stopped part-way with e: the job breaks
@@ -346,6 +357,12 @@ class Model final : private FailureSink {
   std::atomic<bool> finalized_{false};
   bool laid_out_ = false;
   uint64_t registered_numel_ = 0;  // registry_summary()'s elements, summed as parameters are added
+  // drop_initial_values, under reg_mu_: which local ranks have written the
+  // initial values, and the parameters whose values were dropped (with the
+  // dtype they were staged in), for put_back_initial_values.
+  std::vector<char> took_initial_values_;
+  std::vector<std::pair<size_t, zd_dtype>> dropped_initial_values_;
+  bool initial_values_lost_ = false;
   // plan() has checked the placement against the device (check_device
   // reads every parameter and is the same for every rank: once, not per
   // rank, or planning 4096 ranks reads them 4096 times).

@@ -294,6 +294,10 @@ void Model::finalize(int rank) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     if (rs.registered == 0)
       fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
+    if (initial_values_lost_)
+      fail(ZD_ERR_INVALID_STATE,
+           "an earlier zd_model_finalize failed after its ranks had dropped the registered initial values, "
+           "and a job of several ranks cannot put them back; destroy the model and create it again");
   }
   // Every rank has registered everything once all are here.
   const std::string what = "finalize: every rank registered";
@@ -321,6 +325,7 @@ void Model::finalize(int rank) {
     }
     allocate_rank(rs);
   } catch (...) {
+    put_back_initial_values(rs);  // from the masters: before they are released
     release_rank(rs);
     // The NVMe store only grows: a tier reserves and never releases, so
     // the extents this attempt reserved before it failed would stay in the
@@ -361,17 +366,13 @@ void Model::finalize(int rank) {
       log_info("resumed from the snapshot " + src->dir() + " at step " + std::to_string(src->manifest().step));
   }
   rs.finalized = true;
-  {
-    // The initial values are in place on every rank now.
-    std::lock_guard<std::mutex> lock(reg_mu_);
-    if (!finalized_.load())
-      for (ParamRecord& p : registry_.params()) p.staged_init.clear();
-    finalized_.store(true);
-  }
+  finalized_.store(true);
 }
 
 void Model::allocate_rank(RankState& rs) {
-  rs.buffers.allocate(placement_);
+  rs.buffers.allocate_values(placement_);
+  drop_initial_values(rs);
+  rs.buffers.allocate_state(placement_);
   rs.compression.allocate();
   rs.optimizer.reserve_staging();
   rs.modules.assign(registry_.modules().size(), RankState::ModuleCalls{});
@@ -384,6 +385,70 @@ void Model::allocate_rank(RankState& rs) {
   const Placement::HostStagingNeed staging = placement_.host_staging(rs.res.rank);
   rs.res.transfers.reserve_staging(staging.gradients != 0, staging.working != 0);
   rs.active_modules = 0;
+}
+
+// Held beside the state they would be 2 bytes a parameter of a bf16 model
+// over what training holds (4 of an fp32 one), at finalize, the job's
+// highest point: a model sized to the host's memory by what its training
+// holds was killed there. Dropped once every local rank has written them
+// (they are one copy for the node's ranks), before any rank allocates the
+// rest, they sit beside the working copies and masters only.
+void Model::drop_initial_values(RankState& rs) {
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    took_initial_values_.resize(static_cast<size_t>(local_ranks()));
+    took_initial_values_[static_cast<size_t>(rs.res.rank - first_local_)] = 1;
+    const bool every_rank_took =
+        std::all_of(took_initial_values_.begin(), took_initial_values_.end(), [](char took) { return took != 0; });
+    auto& params = registry_.params();
+    for (size_t i = 0; every_rank_took && i < params.size(); ++i) {
+      if (params[i].staged_init.empty()) continue;
+      dropped_initial_values_.emplace_back(i, params[i].staged_init.dtype);
+      params[i].staged_init.clear();
+    }
+  }
+  // No rank allocates the rest while this node still holds them. Every rank
+  // of every node waits here (a rule the same on each), not only a node's
+  // several.
+  if (world_size_ == 1) return;
+  const int rank = rs.res.rank;
+  const std::string what = "finalize: every rank wrote the initial values";
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 3, 0), what));
+  });
+}
+
+void Model::put_back_initial_values(RankState& rs) noexcept {
+  std::lock_guard<std::mutex> lock(reg_mu_);
+  const auto local = static_cast<size_t>(rs.res.rank - first_local_);
+  if (local >= took_initial_values_.size() || !took_initial_values_[local]) return;
+  took_initial_values_[local] = 0;
+  if (dropped_initial_values_.empty()) return;  // still staged (or none were registered)
+  if (world_size_ == 1) {
+    try {
+      restage_initial_values(rs);
+      dropped_initial_values_.clear();
+      return;
+    } catch (...) {
+      // Unreadable masters: the retry is refused below.
+    }
+  }
+  initial_values_lost_ = true;
+}
+
+// A master is its initial value widened to fp32, and narrowing it back to
+// the dtype the value was staged in gives that value again, bit for bit.
+void Model::restage_initial_values(RankState& rs) {
+  auto& params = registry_.params();
+  std::vector<float> whole;
+  for (const auto& [index, dtype] : dropped_initial_values_) {
+    ParamRecord& p = params[index];
+    const auto numel = static_cast<uint64_t>(p.numel);
+    whole.resize(numel);
+    rs.buffers.read_value(p, whole.data());
+    p.staged_init.resize(dtype, numel);
+    convert(whole.data(), ZD_DTYPE_F32, p.staged_init.bytes.data(), dtype, numel);
+  }
 }
 
 void Model::release_rank(RankState& rs) {

@@ -30,8 +30,10 @@ namespace zerod {
 // A parameter's initial values, held from registration until finalize in
 // the dtype they came in when that is 16-bit (they widen to fp32 exactly
 // when written), else as fp32: a bf16 model holds 2 bytes a parameter here,
-// not 4, which is what a model near the host's memory can spare at
-// finalize. Empty: zeros.
+// not 4. Finalize drops them once the node's ranks have written them into
+// their masters, before it allocates the gradients and optimizer state
+// (Model::drop_initial_values): never held beside the whole state. Empty:
+// zeros.
 struct StagedValues {
   zd_dtype dtype = ZD_DTYPE_F32;
   std::vector<std::byte> bytes;

@@ -5,6 +5,7 @@
 #include "zero_fixture.h"
 
 #include "device/cpu_device.h"
+#include "device/emulated_device.h"
 #include "runtime/dtype.h"
 
 #include <hwloc.h>
@@ -14,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -535,6 +537,186 @@ TEST(Nvme, AFailedFinalizeKeepsNoReservationsAndARetryFits) {
     EXPECT_EQ(files, 1);
   }
   expect_steps_land(*model, w, 1);
+}
+
+namespace {
+
+// bf16 values 1/8 apart from -8 up: exact in bf16, and none of them zero
+// but one, so a master left at zero shows.
+std::vector<uint16_t> bf16_ramp(size_t n, int offset) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i)
+    f[i] = static_cast<float>(static_cast<int>((i + static_cast<size_t>(offset)) % 128) - 64) / 8.0f;
+  std::vector<uint16_t> out(n);
+  convert(f.data(), ZD_DTYPE_F32, out.data(), ZD_DTYPE_BF16, n);
+  return out;
+}
+
+// The registered bf16 values widened to fp32: what the masters must hold.
+std::vector<float> widened(const std::vector<uint16_t>& bf16) {
+  std::vector<float> out(bf16.size());
+  convert(bf16.data(), ZD_DTYPE_BF16, out.data(), ZD_DTYPE_F32, out.size());
+  return out;
+}
+
+// A parameter's master on a job of one rank, without a stage-3 shard's
+// padding.
+std::vector<float> master_of(const Model& model, zd_param_id id) {
+  std::vector<float> m = model.shard_values(0, id, ShardBuffer::Master);
+  m.resize(static_cast<size_t>(model.registry().param(id).numel));
+  return m;
+}
+
+}  // namespace
+
+// A failed finalize of a job of one rank puts the initial values it had
+// dropped back from the masters: the retry starts from the registered
+// values, bit for bit, not from zeros.
+TEST(Nvme, ARetryAfterAFailedFinalizeStartsFromTheRegisteredValues) {
+  TempDir dir;
+  JobOptions o = adamw(0);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
+    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
+  };
+  auto model = make_model(o, 1);
+  constexpr int64_t kNumel = 1 << 18;
+  const std::vector<uint16_t> bf16 = bf16_ramp(kNumel, 0);
+  std::vector<float> f32(kNumel);
+  for (int64_t i = 0; i < kNumel; ++i) f32[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) / 3.0f;
+  // Staged as bf16 (2 bytes a value) and as fp32.
+  const zd_param_id a = model->register_param(0, "a", "m", ZD_DTYPE_F32, {kNumel}, bf16.data(), ZD_DTYPE_BF16);
+  const zd_param_id b = model->register_param(0, "b", "m", ZD_DTYPE_F32, {kNumel}, f32.data(), ZD_DTYPE_F32);
+  uint64_t need = 0;
+  const auto plan = model->plan(0);
+  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  {
+    FileSizeLimit limit(need / 2);
+    EXPECT_THROW(model->finalize(0), Error) << "the optimizer state does not fit the store";
+    for (const ParamRecord& p : model->registry().params())
+      EXPECT_FALSE(p.staged_init.empty()) << p.name << ": the failed finalize did not put its initial values back";
+    limit.set(need);
+    model->finalize(0);
+  }
+  EXPECT_EQ(master_of(*model, a), widened(bf16));
+  EXPECT_EQ(master_of(*model, b), f32);
+  expect_steps_land(*model, a, 1);
+}
+
+// A job of several ranks cannot put them back (no rank holds them whole):
+// its retry is refused, not started from zeros.
+TEST(Nvme, ARetryOfSeveralRanksWithoutTheInitialValuesIsRefused) {
+  TempDir dir;
+  JobOptions o = adamw(3);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
+    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
+  };
+  auto model = make_model(o, 2);
+  constexpr int64_t kNumel = 1 << 18;
+  const std::vector<uint16_t> bf16 = bf16_ramp(kNumel, 0);
+  run_ranks(2, [&](int rank) {
+    model->register_param(rank, "w", "m", ZD_DTYPE_F32, {kNumel}, bf16.data(), ZD_DTYPE_BF16);
+  });
+  uint64_t need = 0;
+  const auto plan = model->plan(0);
+  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  FileSizeLimit limit(need / 2);  // every rank's store: each rank's state fails alike
+  std::array<std::string, 2> failed;
+  run_ranks(2, [&](int rank) {
+    try {
+      model->finalize(rank);
+    } catch (const Error& e) {
+      failed[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  ASSERT_FALSE(failed[0].empty() || failed[1].empty()) << "every rank's state is over its store";
+  limit.set(need);
+  run_ranks(2, [&](int rank) {
+    try {
+      model->finalize(rank);
+      ADD_FAILURE() << "rank " << rank << " finalized without its initial values";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE);
+      EXPECT_NE(std::string(e.what()).find("cannot put them back"), std::string::npos) << e.what();
+    }
+  });
+}
+
+namespace {
+
+// The emulated device, noting after each allocation the most its ledger and
+// the model's staged initial values held together.
+class HighWaterDevice final : public EmulatedDevice {
+ public:
+  HighWaterDevice(MemoryLedger& ledger, Workers& workers, const Model* const& model)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "high-water"), ledger_(ledger), model_(model) {}
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    Block b = EmulatedDevice::allocate(bytes, kind, what);
+    note();
+    return b;
+  }
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    Block b = EmulatedDevice::allocate_for_overwrite(bytes, kind, what);
+    note();
+    return b;
+  }
+  uint64_t high_water() const { return high_water_; }
+
+ private:
+  // One rank: its finalize allocates on the thread that stages and drops.
+  void note() {
+    uint64_t staged = 0;
+    if (model_)
+      for (const ParamRecord& p : model_->registry().params()) staged += p.staged_init.bytes.size();
+    high_water_ = std::max(high_water_, ledger_.current(ZD_TIER_DEVICE, ZD_MEM_ALL) + staged);
+  }
+  MemoryLedger& ledger_;
+  const Model* const& model_;
+  uint64_t high_water_ = 0;
+};
+
+}  // namespace
+
+// Finalize holds at its highest no more than training does: the initial
+// values (2 bytes a parameter of a bf16 model) are dropped once written into
+// the masters, before the gradients and the optimizer state are allocated.
+// Held beside the whole state, a model sized to the host by the figure its
+// training holds was killed at finalize (bench/gpu/largest.py). Everything
+// on the device here, where the ledger sees each allocation as it happens;
+// the order of the allocations is the same in every tier.
+TEST(Finalize, HoldsAtItsHighestNoMoreThanTrainingDoes) {
+  for (const int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    JobOptions o = adamw(stage);
+    o.precision = ZD_DTYPE_BF16;
+    const Model* observed = nullptr;
+    HighWaterDevice* device = nullptr;
+    o.device_factory = [&](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+      auto d = std::make_unique<HighWaterDevice>(ledger, workers, observed);
+      device = d.get();
+      return std::unique_ptr<Device>(std::move(d));
+    };
+    auto model = make_model(o, 1);
+    observed = model.get();
+    const std::vector<int64_t> sizes = {1 << 16, 3 << 14, 4097};
+    std::vector<zd_param_id> ids;
+    std::vector<std::vector<uint16_t>> init;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      init.push_back(bf16_ramp(static_cast<size_t>(sizes[i]), static_cast<int>(i)));
+      ids.push_back(model->register_param(0, "w" + std::to_string(i), "m" + std::to_string(i), ZD_DTYPE_BF16,
+                                          {sizes[i]}, init.back().data(), ZD_DTYPE_BF16));
+    }
+    model->finalize(0);
+    const uint64_t steady = model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_ALL);
+    std::printf("stage %d: finalize held at most %s; after it, %s\n", stage, format_bytes(device->high_water()).c_str(),
+                format_bytes(steady).c_str());
+    EXPECT_LE(device->high_water(), steady) << "the initial values were held beside the whole state";
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(master_of(*model, ids[i]), widened(init[i])) << "parameter " << i;
+  }
 }
 
 TEST(Nvme, AShortReadIsNamedAndStopsTheJob) {

@@ -286,3 +286,39 @@ def test_the_long_gpu_tests_start_first():
             for t in json.loads(p.stdout)["tests"]}
     assert {"python.cuda", "python.cuda_daemon", "python.cuda_integrations"} <= set(cost), cost
     assert all(c is not None and c >= 1000 for c in cost.values()), cost
+
+
+def test_largest_never_tries_more_than_host_ram_holds(monkeypatch):
+    """Issue 33 point 4 on the H200 (125 GiB of RAM, zerod3_host at 14.04
+    host bytes a parameter): the jump after the first size that trains, and
+    every try grown from it, fits in RAM with the trainer's own memory
+    beside zerod's state; the search still ends at 90% of the machine's
+    limit or more. A try past it (the quarter grown after the jump, 52
+    layers: 150 GB) was killed for memory after minutes, and the budget ran
+    out bisecting back."""
+    monkeypatch.syspath_prepend(GPU)
+    import largest
+
+    ram, bpp, trainer = 125 * 2**30, 14.04, 4 * 2**30
+    tried = []
+
+    def fake_run(mode, layers, embd, steps, timeout, extra=(), log=None):
+        n = largest.params_of(layers, embd)
+        held = n * bpp + trainer
+        tried.append((layers, held))
+        if held > ram:
+            return {"mode": mode, "layers": layers, "ok": False, "error": "exit -9: killed for memory"}
+        return {"mode": mode, "layers": layers, "params": n, "ok": True, "zerod_host_bytes_per_param": bpp,
+                "zerod_host_gib": n * bpp / 2**30, "host_peak_gib": held / 2**30}
+
+    monkeypatch.setattr(largest, "run", fake_run)
+    first = fake_run("zerod3_host", 2, 4096, 3, 420)
+    jump = largest.layers_for(0.9 * largest.predicted(first, ram, 10**15), 4096)
+    assert largest.params_of(jump, 4096) * bpp < ram
+    tried.clear()
+    a = type("Args", (), {"embd": 4096, "timeout": 420, "rows_err": None})()
+    ok, bad, stopped = largest.search("zerod3_host", a, time.time() + 3600, ram, 10**15)
+    assert all(held <= ram for _, held in tried), tried
+    assert tried[1][0] == jump, tried
+    assert ok["params"] >= 0.9 * largest.limit(ok, ram, 10**15)[0], (tried, ok)
+    assert bad is None and stopped == "the next size is over the machine's limit", (tried, stopped)
