@@ -68,9 +68,10 @@ enum class Op : uint32_t {
   comm_figures = 18,
   save = 19,    // data: the checkpoint directory (a.bytes characters, absolute through a daemon)
   load = 20,    // likewise
-  report = 21,  // tokens, samples, has_loss, loss
+  report = 21,  // tokens, samples, has_loss, value (the loss)
+  set_lr = 22,  // value (the learning rate; ABI 1.7)
 };
-inline constexpr uint32_t kOpCount = 22;  // one past the last
+inline constexpr uint32_t kOpCount = 23;  // one past the last
 
 struct Args {
   Op op = Op::finalize;
@@ -84,7 +85,10 @@ struct Args {
   int64_t step = 0;    // set_step
   uint64_t bytes = 0;  // whole-parameter and state calls: the buffer's size; save, load: the path's length
   uint64_t tokens = 0, samples = 0;  // report
-  double loss = 0.0;                 // report, when has_loss
+  // report: the loss, when has_loss; set_lr: the learning rate. One field
+  // for both: the record's layout is pinned (ring_call.h) so that a client
+  // and a daemon built apart agree, and no call takes both.
+  double value = 0.0;
   int32_t has_loss = 0;              // report: 0 or 1
   int32_t reserved = 0;              // named, not padding (StepFigures says why)
 };
@@ -125,6 +129,7 @@ inline constexpr const char* kNames[] = {
     "zd_model_save",
     "zd_model_load",
     "zd_model_report",
+    "zd_model_set_lr",
 };
 static_assert(std::size(kNames) == kOpCount, "one name per Op");
 

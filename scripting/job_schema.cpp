@@ -184,7 +184,8 @@ std::vector<KeySpec> make_schema() {
        "optimizers whose steps cannot be replayed (a plugin built before plugin ABI v3)."},
       {"lr", T::kFunction, 0, "none", {}, {},
        "`lr(step)` → learning rate for the update after `step` applied updates (0 for the first). Without it the "
-       "optimizer's `lr` is used."},
+       "optimizer's `lr` is used. A trainer that computes its own schedule replaces either with `zd_model_set_lr` "
+       "from the next update on ([abi.md](abi.md#the-trainers-learning-rate-17))."},
   };
 }
 

@@ -274,6 +274,9 @@ def main():
             out["zerod_device_bytes"] = m["device"].current
             out["zerod_host_gib"] = round(m["host"].current / 2**30, 2)
             out["zerod_host_bytes_per_param"] = round(m["host"].current / out["params"], 2)
+            # The host tier at its highest (finalize's, or a step's staging):
+            # what largest.py sizes its next try by.
+            out["zerod_host_peak_bytes_per_param"] = round(m["host"].peak / out["params"], 2)
             if m["nvme"].current:
                 out["zerod_nvme_gib"] = round(m["nvme"].current / 2**30, 2)
                 out["zerod_nvme_bytes_per_param"] = round(m["nvme"].current / out["params"], 2)

@@ -145,7 +145,9 @@ int info(const std::string& dir, bool verify, unsigned threads) {
               m.zero_stage, m.precision.c_str(), m.params.size(), static_cast<unsigned long long>(numel),
               m.optimizer.c_str());
   for (size_t i = 0; i < m.slots.size(); ++i) std::printf("%s%s", i ? ", " : "", m.slots[i].c_str());
-  std::printf("); loss scale %g\n  %s on disk\n", m.loss_scale, format_bytes(disk_bytes(dir)).c_str());
+  std::printf("); loss scale %g", m.loss_scale);
+  if (m.lr) std::printf("; lr %.9g, which the trainer set (zd_model_set_lr)", *m.lr);
+  std::printf("\n  %s on disk\n", format_bytes(disk_bytes(dir)).c_str());
   std::fputs(ckpt::held_beyond_slots(m).c_str(), stdout);
   if (m.nodes > 0) {
     std::printf("  a snapshot across %d nodes, %s:\n", m.nodes,

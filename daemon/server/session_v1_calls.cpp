@@ -58,7 +58,7 @@ void Session::v1_call(const v1::ModelCall& c, v1::Reply* reply) {
   a.tokens = c.progress().tokens();
   a.samples = c.progress().samples();
   a.has_loss = c.progress().has_loss() ? 1 : 0;
-  a.loss = c.progress().loss();
+  a.value = c.progress().loss();
   // save, load: the directory (made absolute by libzerod).
   std::string path = c.path();
   a.bytes = path.size();

@@ -40,6 +40,7 @@ void run_state_write(Model& m, int rank, const Args& a, void* data, Outcome&) {
   m.write_state(rank, a.param, a.slot, a.dtype, data, a.bytes);
 }
 void run_set_step(Model& m, int rank, const Args& a, void*, Outcome&) { m.set_applied_steps(rank, a.step); }
+void run_set_lr(Model& m, int rank, const Args& a, void*, Outcome&) { m.set_lr(rank, a.value); }
 void run_optimizer_info(Model& m, int rank, const Args&, void*, Outcome& o) {
   o.optimizer = m.optimizer().plugin().name();
   for (uint32_t s = 0; s < m.optimizer().state_slots(); ++s) o.slots.emplace_back(m.optimizer().state_name(s));
@@ -68,7 +69,7 @@ std::string path_of(const Args& a, const void* data) { return std::string(static
 void run_save(Model& m, int rank, const Args& a, void* data, Outcome&) { m.save_checkpoint(rank, path_of(a, data)); }
 void run_load(Model& m, int rank, const Args& a, void* data, Outcome&) { m.load_checkpoint(rank, path_of(a, data)); }
 void run_report(Model& m, int rank, const Args& a, void*, Outcome&) {
-  m.report(rank, a.tokens, a.samples, a.has_loss != 0, a.loss);
+  m.report(rank, a.tokens, a.samples, a.has_loss != 0, a.value);
 }
 
 // Indexed by Op (the names are call_record.h's).
@@ -95,6 +96,7 @@ constexpr Entry kTable[] = {
     {Op::save, run_save},
     {Op::load, run_load},
     {Op::report, run_report},
+    {Op::set_lr, run_set_lr},
 };
 static_assert(std::size(kTable) == kOpCount, "one table entry per Op");
 
@@ -158,6 +160,7 @@ void check(const Registry& reg, int world_size, const Args& a, const void* data)
               "zd_model_report: has_loss must be 0 or 1, got " + std::to_string(a.has_loss));
       return;
     case Op::set_step:  // a negative step: the Model's check, in its words
+    case Op::set_lr:    // likewise a learning rate that is not finite or is negative
     case Op::finalize:
     case Op::step:
     case Op::loss_scale:

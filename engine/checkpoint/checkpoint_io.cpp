@@ -262,9 +262,11 @@ void read_rank_errors(const ModelContext& ctx, RankResources& res, MomentumCompr
 }
 
 ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler,
-                              const StateBuffers& buffers, const MomentumCompression& compression) {
+                              std::optional<double> trainer_lr, const StateBuffers& buffers,
+                              const MomentumCompression& compression) {
   ckpt::Manifest m;
   m.step = step;
+  m.lr = trainer_lr;
   m.world_size = ctx.world_size;
   m.zero_stage = ctx.config.zero_stage;
   m.precision = precision_name(ctx.config.precision);

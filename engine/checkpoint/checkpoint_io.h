@@ -82,10 +82,12 @@ void read_rank_errors(const ModelContext& ctx, RankResources& res, MomentumCompr
                       const ckpt::Source& src);
 
 // The manifest of the model as it is now: with the optimizer's per-tensor
-// scalars, which every rank holds alike, from `buffers` (any rank's), and
-// what each rank holds alone (compression: any rank's says).
+// scalars, which every rank holds alike, from `buffers` (any rank's), what
+// each rank holds alone (compression: any rank's says), and the lr the
+// trainer set (zd_model_set_lr; every rank's is the same), if any.
 ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossScaler& scaler,
-                              const StateBuffers& buffers, const MomentumCompression& compression);
+                              std::optional<double> trainer_lr, const StateBuffers& buffers,
+                              const MomentumCompression& compression);
 
 // Refuses (naming what differs) a checkpoint of other parameters or another
 // optimizer than the model's. Another world size or stage is fine. So is a

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -141,6 +142,7 @@ std::string manifest_text(const Manifest& m) {
   // The oldest format that holds it: older readers read what they can.
   int version = m.tensor_scalars > 0 ? 4 : m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1;
   if (m.error_feedback != Manifest::Held::Unknown || m.rank_copies != Manifest::Held::No) version = 5;
+  if (m.lr) version = 6;
   o << "zerod-checkpoint " << version << "\n"
     << "step " << m.step << "\n"
     << "world_size " << m.world_size << "\n"
@@ -150,8 +152,13 @@ std::string manifest_text(const Manifest& m) {
   for (const auto& s : m.slots) o << " " << escape(s);
   o << "\n"
     << "loss_scale " << scale << " " << m.scaler_iteration << " " << m.scaler_last_overflow << " "
-    << m.scaler_hysteresis_left << "\n"
-    << "params " << m.params.size() << "\n";
+    << m.scaler_hysteresis_left << "\n";
+  if (m.lr) {
+    char lr[64];
+    std::snprintf(lr, sizeof lr, "%a", *m.lr);  // exact, as the model holds it
+    o << "lr " << lr << "\n";
+  }
+  o << "params " << m.params.size() << "\n";
   for (const ParamEntry& p : m.params) {
     o << "param " << p.numel << " " << p.dtype << " " << p.shape.size();
     for (int64_t d : p.shape) o << " " << d;
@@ -249,6 +256,13 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
       if (!(f >> scale >> m.scaler_iteration >> m.scaler_last_overflow >> m.scaler_hysteresis_left))
         bad("a bad loss_scale line");
       m.loss_scale = std::strtod(scale.c_str(), nullptr);
+    } else if (key == "lr") {
+      std::string v;
+      char* end = nullptr;
+      if (!(f >> v) || m.lr) bad("a bad lr line");
+      const double lr = std::strtod(v.c_str(), &end);
+      if (*end || !std::isfinite(lr) || lr < 0) bad("a bad lr '" + v + "' (a finite learning rate >= 0)");
+      m.lr = lr;
     } else if (key == "params") {
       if (!(f >> params) || params > (size_t{1} << 26)) bad("a bad parameter count");
       m.params.reserve(params);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,10 @@ namespace zerod::ckpt {
 // `part`); format 3 the second shard set (`shard_set 1`); format 4 the
 // optimizer's per-tensor scalars (`tensor_scalars`, `scalars`); format 5
 // what each rank alone holds (`error_feedback`, `rank_copies`: records of
-// shard_file.h's kRankBuffers). A manifest is written in the oldest format
-// that holds it.
-constexpr int kFormatVersion = 5;
+// shard_file.h's kRankBuffers); format 6 the learning rate the trainer set
+// (`lr`, zd_model_set_lr). A manifest is written in the oldest format that
+// holds it.
+constexpr int kFormatVersion = 6;
 constexpr const char* kManifestName = "zerod-checkpoint.txt";
 
 struct ParamEntry {
@@ -48,6 +50,10 @@ struct Manifest {
   int64_t scaler_iteration = 0;
   int64_t scaler_last_overflow = -1;
   int scaler_hysteresis_left = 0;
+  // Format 6: the lr zd_model_set_lr set, in force in place of the job's
+  // schedule when the checkpoint was taken (the same on every rank); none:
+  // the schedule's.
+  std::optional<double> lr;
   std::vector<ParamEntry> params;        // registration order
   // The optimizer's per-tensor scalars (StateBuffers::tensor_scalars), the
   // same on every rank: tensor_scalars per parameter, in registration

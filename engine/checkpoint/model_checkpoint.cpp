@@ -105,7 +105,7 @@ void Model::save_checkpoint(int rank, const std::string& dir) {
                                 " (with several nodes the directory must be on a file system every node sees)");
           ckpt::ShardReader check(path);
         }
-        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler, rs.buffers, rs.compression);
+        ckpt::Manifest m = describe_model(ctx_, rs.applied, rs.scaler, rs.trainer_lr, rs.buffers, rs.compression);
         m.shard_set = shard_set;
         ckpt::write_manifest(dir, m);
         // The rename durable before the call returns; then the old
@@ -146,6 +146,10 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;
   rs.micro_step = m.step * config_.gradient_accumulation_steps;
+  // Where the run stood includes the lr the trainer had set (none: the
+  // job's schedule applies), so a resume goes on at it until the trainer
+  // sets another.
+  rs.trainer_lr = m.lr;
   // The job's own loss-scale setting wins over another setting's state in
   // the checkpoint (LossScaler::restore); said once where they differ.
   if (!rs.scaler.restore(m.loss_scale, m.scaler_iteration, m.scaler_last_overflow, m.scaler_hysteresis_left) &&
@@ -208,7 +212,7 @@ std::string Model::final_snapshot(int rank) {
     clean = false;
   }
   try {
-    snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.compression, rs.scaler);
+    snapshots_->at_leave(rank, rs.applied, clean, rs.res, rs.buffers, rs.compression, rs.scaler, rs.trainer_lr);
   } catch (const std::exception& e) {
     snapshots_->lose_end(rs.applied, "rank " + std::to_string(rank) + ": the final snapshot, of step " +
                                          std::to_string(rs.applied) + ", failed: " + e.what());
@@ -236,7 +240,7 @@ std::string Model::final_snapshot() {
   }
   const RankState& first = *ranks_.front();
   try {
-    snapshots_->at_end(first.applied, views, first.scaler);
+    snapshots_->at_end(first.applied, views, first.scaler, first.trainer_lr);
   } catch (const std::exception& e) {
     snapshots_->lose_end(first.applied, "the final snapshot, of step " + std::to_string(first.applied) +
                                             ", failed: " + e.what());

@@ -324,13 +324,14 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
 }
 
 void Snapshots::after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
-                           MomentumCompression& compression, const LossScaler& scaler) {
+                           MomentumCompression& compression, const LossScaler& scaler,
+                           std::optional<double> trainer_lr) {
   if (!enabled()) return;
   // A snapshot due now first waits for the one before to be whole.
   if (across_nodes()) settle(rank, res, /*wait=*/due(step));
   if (!due(step)) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression);
+  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, trainer_lr, buffers, compression);
   const auto local = static_cast<size_t>(rank - first_local_);
   if (across_nodes()) pending_[local] = s;
   try {
@@ -645,16 +646,18 @@ void Snapshots::commit_across(InFlight& s) {
 // The end
 
 std::shared_ptr<Snapshots::InFlight> Snapshots::begin_reading(int rank, int64_t step, const LossScaler& scaler,
+                                                               std::optional<double> trainer_lr,
                                                                const StateBuffers& buffers,
                                                                const MomentumCompression& compression, bool final) {
   std::lock_guard<std::mutex> lock(mu_);
-  begin(step, with_parts(describe_model(ctx_, step, scaler, buffers, compression), false));
+  begin(step, with_parts(describe_model(ctx_, step, scaler, trainer_lr, buffers, compression), false));
   reading_[static_cast<size_t>(rank - first_local_)] = 1;
   if (final) current_->final = true;
   return current_;
 }
 
-void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler) {
+void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler,
+                       std::optional<double> trainer_lr) {
   if (!enabled() || across_nodes()) return;  // across nodes: at_leave
   // The last snapshot's writers are done, their commit too (the last one's).
   for (int r = first_local_; r < first_local_ + local_ranks_; ++r) join_writer(r);
@@ -662,7 +665,8 @@ void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const L
   std::shared_ptr<InFlight> s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    begin(step, describe_model(ctx_, step, scaler, *ranks.front().buffers, *ranks.front().compression));
+    begin(step,
+          describe_model(ctx_, step, scaler, trainer_lr, *ranks.front().buffers, *ranks.front().compression));
     s = current_;
     s->final = true;
     for (const RankView& v : ranks) reading_[static_cast<size_t>(v.res->rank - first_local_)] = 1;
@@ -671,14 +675,16 @@ void Snapshots::at_end(int64_t step, const std::vector<RankView>& ranks, const L
 }
 
 void Snapshots::at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
-                         MomentumCompression& compression, const LossScaler& scaler) {
+                         MomentumCompression& compression, const LossScaler& scaler,
+                         std::optional<double> trainer_lr) {
   if (!enabled() || !across_nodes()) return;
   settle(rank, res, /*wait=*/true);  // the snapshot written last, if not agreed yet
   const double unclean = all_reduce_max(rank, res, kLeave, 0, "the end: does every rank leave between steps",
                                         clean ? 0.0 : 1.0);
   if (unclean != 0 || step == 0 || last_step_.load() == step) return;
   join_writer(rank);
-  const std::shared_ptr<InFlight> s = begin_reading(rank, step, scaler, buffers, compression, /*final=*/true);
+  const std::shared_ptr<InFlight> s =
+      begin_reading(rank, step, scaler, trainer_lr, buffers, compression, /*final=*/true);
   pending_[static_cast<size_t>(rank - first_local_)] = s;
   write_shard(s, rank, res, buffers, compression);
   settle(rank, res, /*wait=*/true);

@@ -69,6 +69,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,9 +103,10 @@ class Snapshots {
   // After an applied step on the rank: across nodes, first the verdict on
   // the snapshot the rank wrote last (every node's part whole?), which then
   // commits it; then the rank's shard when a snapshot is due. The manifest
-  // comes from the rank's figures.
+  // comes from the rank's figures (its step, loss scaler and the lr the
+  // trainer set, if any).
   void after_step(int rank, int64_t step, RankResources& res, StateBuffers& buffers,
-                  MomentumCompression& compression, const LossScaler& scaler);
+                  MomentumCompression& compression, const LossScaler& scaler, std::optional<double> trainer_lr);
   // Waits until the rank's shard in flight (if any) has read everything it
   // writes (its flush to disk may go on).
   void fence(int rank);
@@ -116,13 +118,14 @@ class Snapshots {
     StateBuffers* buffers;
     MomentumCompression* compression;  // what the rank holds alone (its error feedback, its own copy)
   };
-  void at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler);
+  void at_end(int64_t step, const std::vector<RankView>& ranks, const LossScaler& scaler,
+              std::optional<double> trainer_lr);
   // Across nodes, when a rank leaves the job (zd_model_destroy), before its
   // comm goes: a collective of every rank. When every rank leaves cleanly
   // (between steps) and steps were applied since the newest snapshot, the
   // last state is snapshotted, agreed and committed as during training.
   void at_leave(int rank, int64_t step, bool clean, RankResources& res, StateBuffers& buffers,
-                MomentumCompression& compression, const LossScaler& scaler);
+                MomentumCompression& compression, const LossScaler& scaler, std::optional<double> trainer_lr);
   // The step of the newest snapshot this model wrote (or resumed from), -1 if none.
   int64_t last_step() const { return last_step_.load(); }
   void resumed_at(int64_t step) { last_step_.store(step); }
@@ -143,8 +146,8 @@ class Snapshots {
   // marked reading it; the snapshot begun.
   // `final`: the end's snapshot (at_leave), whose failure is lose_end's.
   std::shared_ptr<InFlight> begin_reading(int rank, int64_t step, const LossScaler& scaler,
-                                          const StateBuffers& buffers, const MomentumCompression& compression,
-                                          bool final = false);
+                                          std::optional<double> trainer_lr, const StateBuffers& buffers,
+                                          const MomentumCompression& compression, bool final = false);
   void write_shard(const std::shared_ptr<InFlight>& s, int rank, RankResources& res, StateBuffers& buffers,
                    MomentumCompression& compression);
   void finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int rank, const std::string& why);

@@ -14,6 +14,7 @@
 #include "observe/tracer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -403,6 +404,14 @@ void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, u
 
 namespace {
 
+// A learning rate as the trainer would write it: the shortest text that
+// reads back as the same double (3e-4, not 0.00029999999999999997).
+std::string lr_text(double lr) {
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof b, lr);
+  return std::string(b, r.ptr);
+}
+
 void check_slot(const char* call, const OptimizerInstance& opt, int slot) {
   const auto slots = static_cast<int>(opt.state_slots());
   if (slots == 0)
@@ -488,6 +497,40 @@ void Model::set_applied_steps(int rank, int64_t step) {
              " reads, and this model's are all zero. zd_optimizer_state_write and zd_model_set_step do not carry "
              "them, so a run restored through them alone does not go on as the one it came from (1-bit LAMB "
              "would not move the parameters); zd_model_save and zd_model_load carry them");
+}
+
+void Model::set_lr(int rank, double lr) {
+  Call call(*this, rank, "set_lr");
+  if (!std::isfinite(lr) || lr < 0)
+    fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_lr: the learning rate is " + lr_text(lr) +
+                                      "; it must be finite and >= 0");
+  require_finalized("zd_model_set_lr");
+  RankState& rs = rank_state(rank);
+  // Inside an accumulation window is fine: the lr is read at the boundary.
+  if (rs.active_modules > 0)
+    fail(ZD_ERR_INVALID_STATE, "zd_model_set_lr while modules are begun; call it between modules (it sets the lr "
+                               "from the next accumulation boundary on)");
+  require_same_lr_on_every_rank(rs, lr);
+  rs.trainer_lr = lr;
+}
+
+// Compared by one all-reduce of (lr, -lr) with MAX: equal everywhere exactly
+// when max(lr) == -max(-lr). Every rank sees the same two numbers, so every
+// rank refuses alike and each keeps the lr it had: the ranks go on in step.
+void Model::require_same_lr_on_every_rank(RankState& rs, double lr) {
+  if (world_size_ == 1) return;
+  double v[2] = {lr, -lr};
+  const std::string what = "zd_model_set_lr: comparing the lr every rank set";
+  const int rank = rs.res.rank;
+  ctx_.run(*rs.res.stream, [&] {
+    plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::SetLr, 0, 0), what), v, 2, ZD_COMM_F64,
+                              ZD_REDUCE_MAX);
+  });
+  if (v[0] != -v[1])
+    fail(ZD_ERR_INVALID_ARGUMENT,
+         "zd_model_set_lr: the ranks set different learning rates (from " + lr_text(-v[1]) + " to " +
+             lr_text(v[0]) + "; rank " + std::to_string(rank) + " set " + lr_text(lr) +
+             "); every rank must set the same lr, and the lr in force stays");
 }
 
 // ---------------------------------------------------------------------------

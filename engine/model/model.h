@@ -136,6 +136,11 @@ class Model final : private FailureSink {
   // restarts at zero; gradients of a backward no step applied are dropped,
   // as a load drops them (a warning says so).
   void set_applied_steps(int rank, int64_t step);
+  // The lr of every update from the next boundary on, in place of the
+  // job's schedule, until set again (zd_model_set_lr): finite and >= 0,
+  // between modules. With several ranks a collective that refuses, on
+  // every rank, values that differ between them.
+  void set_lr(int rank, double lr);
 
   // --- checkpoints (docs/checkpoints.md) ---------------------------------------
   // A collective, between steps: every rank writes its shard of the masters
@@ -311,6 +316,9 @@ class Model final : private FailureSink {
   // True when this failure is the job's first.
   bool mark_broken_locked(zd_status code, const std::string& message);
   double learning_rate(int64_t step);
+  // set_lr's agreement: ZD_ERR_INVALID_ARGUMENT on every rank, naming the
+  // lowest and highest value, unless every rank gave `lr`.
+  void require_same_lr_on_every_rank(RankState& rs, double lr);
   // The plan of the rank's next update (applied + 1), from the optimizer
   // and the job's compression schedules; the window's gradients follow it.
   const zd_optimizer_plan& next_plan(RankState& rs);

@@ -48,12 +48,13 @@ enum class CommOp : uint64_t {
   GatherWorking = 6,
   Persistent = 7,
   Read = 8,
+  SetLr = 9,
 };
 
 // What each CommOp is for, by its number: the timeline's names.
 inline std::vector<std::string> comm_purposes() {
   return {"", "finalize", "gather", "bucket reduce", "step reduce", "gradient norm", "working copies",
-          "persistent parameters", "read"};
+          "persistent parameters", "read", "lr agreement"};
 }
 
 inline uint64_t comm_tag(CommOp op, uint64_t group, uint64_t id) {

@@ -12,6 +12,7 @@
 #include "memory/residency.h"
 #include "memory/state_buffers.h"
 
+#include <optional>
 #include <vector>
 
 namespace zerod {
@@ -57,6 +58,10 @@ struct Model::RankState {
   LossScaler scaler{LossScaleConfig{}};
   int64_t micro_step = 0;
   int64_t applied = 0;
+  // zd_model_set_lr's lr, applied at every boundary in place of the job's
+  // schedule; none until the trainer sets one (or a load or resume
+  // restores one). The same on every rank (set_lr agrees on it).
+  std::optional<double> trainer_lr;
   StepFigures last;
   bool boundary_reached = false;  // set by step(), consumed by its Call's end (the step's timeline closes there)
   // The optimizer's plan for update applied + 1 (plan_step), asked for once.

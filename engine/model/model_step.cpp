@@ -111,8 +111,10 @@ StepFigures Model::step(int rank) {
 
   // An accumulation boundary. The learning rate and the plan are resolved
   // first so a failing lr() leaves the gradients and counters untouched.
+  // The trainer's lr (zd_model_set_lr) stands in for the schedule's; every
+  // optimizer, plain or compressing, takes f.lr alike.
   f.boundary = true;
-  f.lr = learning_rate(rs.applied);
+  f.lr = rs.trainer_lr ? *rs.trainer_lr : learning_rate(rs.applied);
   const zd_optimizer_plan plan = next_plan(rs);
   // Gradients the trainer wrote straight into the accumulators are read now.
   rs.res.device->wait_for_trainer();
@@ -195,7 +197,7 @@ StepFigures Model::step(int rank) {
     rs.scaler.update(false);
     ++rs.applied;
     rs.grads.end_step(/*applied=*/true);
-    snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.compression, rs.scaler);
+    snapshots_->after_step(rank, rs.applied, rs.res, rs.buffers, rs.compression, rs.scaler, rs.trainer_lr);
     rs.grads.set_local(false);  // the next window's plan decides, at its first backward
     if (!replayed) gather_working_copies(rs);
     // Persistent parameters are refreshed from the new shards.

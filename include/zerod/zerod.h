@@ -51,7 +51,7 @@ extern "C" {
  * newer than its own (zd_connect returns ZD_ERR_VERSION). Minor versions only
  * add calls and struct fields. */
 #define ZD_ABI_VERSION_MAJOR 1
-#define ZD_ABI_VERSION_MINOR 6
+#define ZD_ABI_VERSION_MINOR 7
 #define ZD_ABI_VERSION ((ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR)
 
 /* The library's ABI version, (major << 16) | minor. Thread-safe. */
@@ -378,9 +378,28 @@ typedef struct zd_step_result {
 #define ZD_STEP_RESULT_INIT {sizeof(zd_step_result), 0, 0, 0, 0.0, 0.0, 0.0}
 
 /* Ends a micro-batch; at an accumulation boundary: overflow check, unscale,
- * global-norm clipping, the learning rate from the script, the optimizer.
- * out may be NULL. ZD_ERR_INVALID_STATE while any module is begun. */
+ * global-norm clipping, the learning rate (the script's schedule, or the
+ * trainer's: zd_model_set_lr), the optimizer. out may be NULL.
+ * ZD_ERR_INVALID_STATE while any module is begun. */
 ZD_API zd_status zd_step(zd_model* model, zd_step_result* out);
+
+/* Since 1.7. Sets the learning rate of every update from the next
+ * accumulation boundary on, in place of the job's schedule (the script's
+ * lr(step), or its optimizer's lr): for a schedule the trainer computes (a
+ * hand-written warm-up and decay, one that follows the loss). Every
+ * optimizer takes it as it takes the schedule's. It holds until set again;
+ * no call hands back to the script's schedule (a new model starts on it,
+ * and a zd_model_load of a checkpoint saved while none was set goes back
+ * to it). It is part of the model's state, as the step is: zd_model_save,
+ * snapshots and a model the daemon keeps for a restart hold it, and a load
+ * or a resume restores it. zd_step_result.lr says the lr an update used.
+ * Finite and >= 0 (ZD_ERR_INVALID_ARGUMENT otherwise). After finalize,
+ * anywhere between modules, inside an accumulation window too
+ * (ZD_ERR_INVALID_STATE while a module is begun). On several ranks it is a
+ * collective: every rank calls it with the same value; where they differ
+ * every rank gets ZD_ERR_INVALID_ARGUMENT naming the lowest and highest, and
+ * the lr in force stays. */
+ZD_API zd_status zd_model_set_lr(zd_model* model, double lr);
 
 /* The loss scale the trainer multiplies its loss by (1.0 unless fp16). */
 ZD_API zd_status zd_model_loss_scale(const zd_model* model, double* out);

@@ -86,6 +86,8 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_local_world_size(id.local_world);
   h->set_stream_signal_page(true);
   const v1::Reply r = rpc(req);
+  daemon_abi_ = r.hello().abi_version();
+  daemon_version_ = r.hello().version();
   // Model calls are call records on either carrier; a daemon from before
   // that could not take save, load or optimizer_info through its ring.
   if (!r.hello().call_records())
@@ -95,6 +97,14 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   if (r.hello().ring() && std::getenv("ZEROD_NO_RING") == nullptr) set_up_ring();
   // A daemon that does not say it runs a deferred end would drop it.
   defer_end_ = defer_end_ && r.hello().deferred_end();
+}
+
+void RemoteClient::require_daemon_abi(uint32_t minor, const char* call) const {
+  if ((daemon_abi_ >> 16) > ZD_ABI_VERSION_MAJOR || (daemon_abi_ & 0xffffu) >= minor) return;
+  fail(ZD_ERR_VERSION, std::string(call) + " needs a zerod daemon of ABI 1." + std::to_string(minor) +
+                           " or later; this one (" + daemon_version_ + ") provides " +
+                           std::to_string(daemon_abi_ >> 16) + "." + std::to_string(daemon_abi_ & 0xffffu) +
+                           ": run the daemon of this libzerod's release (" ZEROD_VERSION_STRING ")");
 }
 
 zd_client_info RemoteClient::info() const {

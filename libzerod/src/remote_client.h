@@ -85,6 +85,11 @@ class RemoteClient final : public ClientBackend {
 
   bool has_ring() const { return static_cast<bool>(ring_); }
 
+  // A call the daemon's ABI minor version does not have yet (zd_model_set_lr
+  // needs 1.7) is refused here with ZD_ERR_VERSION, naming both, instead of
+  // reaching an older daemon as an unknown call.
+  void require_daemon_abi(uint32_t minor, const char* call) const;
+
   // zd_forward_end through the ring, deferred: the client answers it at
   // once and sends it with this rank's next call to the daemon, which runs
   // it first. A begin/end pair then costs one round trip instead of two
@@ -174,6 +179,8 @@ class RemoteClient final : public ClientBackend {
   uint32_t timeout_ms_;
   uint32_t next_id_ = 1;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
+  uint32_t daemon_abi_ = 0;               // the hello's: (major << 16) | minor
+  std::string daemon_version_;            // the daemon's release
   transport::SharedMapping staging_;
   transport::Ring ring_;
   transport::RingWait wait_;

@@ -88,6 +88,9 @@ calls::Outcome RemoteModel::call(const calls::Args& a, void* data) {
       o.loss_scale = loss_scale_;
       return o;
     }
+    case calls::Op::set_lr:
+      client_.require_daemon_abi(7, calls::name(a.op));
+      return remote(a, data);
     case calls::Op::save:
     case calls::Op::load: {
       // The directory made absolute: the daemon's working directory is not

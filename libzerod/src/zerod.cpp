@@ -745,7 +745,7 @@ zd_status zd_model_report(zd_model* model, const zd_progress* progress) {
     a.tokens = p.tokens;
     a.samples = p.samples;
     a.has_loss = (p.flags & ZD_PROGRESS_HAS_LOSS) != 0 ? 1 : 0;
-    a.loss = p.loss;
+    a.value = p.loss;
     run(model, a);
   });
 }
@@ -762,6 +762,16 @@ zd_status zd_model_set_step(zd_model* model, int64_t step) {
                                               std::to_string(kMaxStep - 1) + " (2^53 - 1)");
     zerod::calls::Args a = args(zerod::calls::Op::set_step);
     a.step = step;
+    run(model, a);
+  });
+}
+
+zd_status zd_model_set_lr(zd_model* model, double lr) {
+  return guard("zd_model_set_lr", model, [&] {
+    // The value is the engine's to check (finite, >= 0), in its words,
+    // embedded or in the daemon alike.
+    zerod::calls::Args a = args(zerod::calls::Op::set_lr);
+    a.value = lr;
     run(model, a);
   });
 }

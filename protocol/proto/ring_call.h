@@ -77,8 +77,11 @@ static_assert(offsetof(RingReply, figures) == 16 && offsetof(calls::Figures, los
 // carries the sender's stray memory to the other process.
 static_assert(sizeof(calls::Args) == offsetof(calls::Args, reserved) + sizeof(int32_t) &&
               offsetof(calls::Args, reserved) == offsetof(calls::Args, has_loss) + sizeof(int32_t) &&
-              offsetof(calls::Args, has_loss) == offsetof(calls::Args, loss) + sizeof(double) &&
+              offsetof(calls::Args, has_loss) == offsetof(calls::Args, value) + sizeof(double) &&
               offsetof(calls::Args, step) == offsetof(calls::Args, kind) + sizeof(int32_t));
+// And the record's size and its last fields where they have always been:
+// a call added since (set_lr, ABI 1.7) took a field already there.
+static_assert(offsetof(calls::Args, value) == 64 && sizeof(calls::Args) == 80);
 static_assert(offsetof(StepFigures, reserved) == 3 * sizeof(bool) &&
               offsetof(StepFigures, step) == offsetof(StepFigures, reserved) + sizeof(StepFigures::reserved));
 static_assert(offsetof(RingRequest, args) == 16 && offsetof(RingRequest, has_deferred) == 16 + sizeof(calls::Args) &&

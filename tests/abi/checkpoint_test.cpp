@@ -182,4 +182,38 @@ TEST_F(CheckpointTest, ADirectoryCheckpointResumesExactly) {
   std::filesystem::remove_all(tmpl);
 }
 
+// The lr zd_model_set_lr set is part of where the run stands: a checkpoint
+// holds it with the step, and a model that loads it trains on at that lr
+// (the job's warm-up would give another), where the uninterrupted run
+// does. A checkpoint saved while none was set gives the job's schedule
+// back.
+TEST_F(CheckpointTest, ADirectoryCheckpointKeepsTheLrTheTrainerSet) {
+  char tmpl[] = "/tmp/zerod-abi-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string with_lr = std::string(tmpl) + "/with-lr", without = std::string(tmpl) + "/without";
+  zd_param_id p1, p2;
+  zd_module_id m1, m2;
+  zd_model* a = fresh(&p1, &m1);
+  train(a, m1, p1, 0, 2);
+  ASSERT_EQ(zd_model_save(a, without.c_str()), ZD_OK) << last();
+  ASSERT_EQ(zd_model_set_lr(a, 0.0007), ZD_OK) << last();
+  train(a, m1, p1, 2, 4);
+  ASSERT_EQ(zd_model_save(a, with_lr.c_str()), ZD_OK) << last();
+  train(a, m1, p1, 4, 7);
+  const std::vector<float> want = read(a, p1, kN);
+
+  zd_model* b = fresh(&p2, &m2);
+  ASSERT_EQ(zd_model_load(b, with_lr.c_str()), ZD_OK) << last();
+  EXPECT_EQ(micro_step(b, m2, p2, grad_at(4, kN)).lr, 0.0007);
+  train(b, m2, p2, 5, 7);
+  EXPECT_EQ(read(b, p2, kN), want);
+  // Back to a checkpoint saved before any set_lr: the warm-up's lr after
+  // 2 updates (lr(2) = 0.01 * 2 / 5), not the lr b had set.
+  ASSERT_EQ(zd_model_load(b, without.c_str()), ZD_OK) << last();
+  EXPECT_DOUBLE_EQ(micro_step(b, m2, p2, grad_at(2, kN)).lr, 0.004);
+  zd_model_destroy(a);
+  zd_model_destroy(b);
+  std::filesystem::remove_all(tmpl);
+}
+
 }  // namespace

@@ -217,6 +217,80 @@ TEST_F(StepTest, LearningRateComesFromTheScriptsSchedule) {
   zd_model_destroy(m);
 }
 
+// zd_model_set_lr (ABI 1.7): the trainer's lr in place of the job's
+// schedule. An update at a set lr is the update of a job whose lr that is,
+// bit for bit (AdamW: its weight decay is scaled by the lr too), whatever
+// the job's own schedule says, and zd_step_result.lr reports it.
+TEST_F(StepTest, AnUpdateAtASetLrIsTheJobsUpdateAtThatLr) {
+  zd_model* want = one_param("return { optimizer = { type = 'adamw', lr = 0.003, weight_decay = 0.1 } }");
+  zd_model* got = one_param(
+      "return { optimizer = { type = 'adamw', lr = 0.05, weight_decay = 0.1 },\n"
+      "  lr = function(step) return 0.05 / (step + 1) end }");
+  EXPECT_DOUBLE_EQ(micro_step(got, mod_, p_, {0, 0, 0}).lr, 0.05) << "the schedule, before any set_lr";
+  ASSERT_EQ(zd_model_set_step(got, 0), ZD_OK) << last();  // back to update 1, as `want`
+  std::vector<float> w(3);
+  ASSERT_EQ(zd_param_read(want, p_, ZD_DTYPE_F32, w.data(), 12), ZD_OK) << last();
+  ASSERT_EQ(zd_param_write(got, p_, ZD_DTYPE_F32, w.data(), 12), ZD_OK) << last();
+  ASSERT_EQ(zd_model_set_lr(got, 0.003), ZD_OK) << last();
+  for (int s = 0; s < 4; ++s) {
+    const std::vector<float> g = {0.5f - 0.25f * static_cast<float>(s), -1.0f, 2.0f};
+    const zd_step_result a = micro_step(want, mod_, p_, g);
+    const zd_step_result b = micro_step(got, mod_, p_, g);
+    EXPECT_EQ(b.lr, 0.003) << "update " << s + 1;
+    EXPECT_EQ(b.lr, a.lr);
+    EXPECT_EQ(b.step, a.step);
+    EXPECT_EQ(read(got, p_, 3), read(want, p_, 3)) << "update " << s + 1;
+  }
+  zd_model_destroy(want);
+  zd_model_destroy(got);
+}
+
+// It may be called inside an accumulation window, between modules: the lr
+// is read at the window's boundary. A set lr holds until the next one.
+TEST_F(StepTest, ASetLrAppliesFromTheNextBoundaryAndHolds) {
+  zd_model* m = one_param(sgd_job("gradient_accumulation_steps = 2", 1.0), {0, 0, 0});
+  EXPECT_FALSE(micro_step(m, mod_, p_, {1, 1, 1}).flags & ZD_STEP_BOUNDARY);
+  ASSERT_EQ(zd_model_set_lr(m, 0.5), ZD_OK) << last();
+  zd_step_result r = micro_step(m, mod_, p_, {1, 1, 1});
+  ASSERT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(r.lr, 0.5);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-0.5f, -0.5f, -0.5f}));
+  micro_step(m, mod_, p_, {2, 2, 2});
+  r = micro_step(m, mod_, p_, {2, 2, 2});
+  EXPECT_EQ(r.lr, 0.5) << "the lr set holds at later boundaries";
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-1.5f, -1.5f, -1.5f}));
+  ASSERT_EQ(zd_model_set_lr(m, 0.0), ZD_OK) << last();  // 0 is a learning rate: nothing moves
+  micro_step(m, mod_, p_, {2, 2, 2});
+  EXPECT_EQ(micro_step(m, mod_, p_, {2, 2, 2}).lr, 0.0);
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{-1.5f, -1.5f, -1.5f}));
+  zd_model_destroy(m);
+}
+
+// What set_lr refuses changes nothing: the lr in force stays.
+TEST_F(StepTest, SetLrRefusesWhatIsNoLearningRateAndCallsInsideAModule) {
+  zd_model* unfinalized = model(sgd_job());
+  add(unfinalized, "w", "layer", {3});
+  EXPECT_EQ(zd_model_set_lr(unfinalized, 0.1), ZD_ERR_INVALID_STATE) << last();
+  zd_model_destroy(unfinalized);
+  zd_model* m = one_param(sgd_job("", 0.5));
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [bad, text] : {std::pair{std::nan(""), "nan"}, std::pair{inf, "inf"}, std::pair{-inf, "-inf"},
+                                  std::pair{-0.5, "-0.5"}}) {
+    EXPECT_EQ(zd_model_set_lr(m, bad), ZD_ERR_INVALID_ARGUMENT) << text;
+    EXPECT_EQ(last(), std::string("zd_model_set_lr: the learning rate is ") + text + "; it must be finite and >= 0");
+  }
+  EXPECT_EQ(zd_model_set_lr(nullptr, 0.1), ZD_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(zd_forward_begin(m, mod_), ZD_OK) << last();
+  EXPECT_EQ(zd_model_set_lr(m, 0.1), ZD_ERR_INVALID_STATE);
+  EXPECT_EQ(last(), "zd_model_set_lr while modules are begun; call it between modules (it sets the lr from the next "
+                    "accumulation boundary on)");
+  ASSERT_EQ(zd_forward_end(m, mod_), ZD_OK) << last();
+  const zd_step_result r = micro_step(m, mod_, p_, {1, 1, 1});
+  EXPECT_EQ(r.lr, 0.5) << "the job's lr: nothing was set";
+  EXPECT_EQ(read(m, p_, 3), (std::vector<float>{0.5f, 1.5f, 2.5f}));
+  zd_model_destroy(m);
+}
+
 TEST_F(StepTest, AFailingScheduleIsAConfigErrorWithItsLineAndAppliesNothing) {
   zd_model* m = one_param(
       "return { optimizer = { type = 'sgd', lr = 1.0 },\n"

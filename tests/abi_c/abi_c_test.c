@@ -124,6 +124,9 @@ int main(void) {
   EXPECT(zd_optimizer_state_read(model, w, 2, ZD_DTYPE_F32, m2, sizeof m2) == ZD_ERR_INVALID_ARGUMENT);
   EXPECT(zd_model_set_step(model, 7) == ZD_OK);
   EXPECT(zd_model_optimizer_info(model, &oi) == ZD_OK && oi.step == 7);
+  /* The trainer's learning rate (ABI 1.7). */
+  EXPECT(zd_model_set_lr(model, 0.001) == ZD_OK);
+  EXPECT(zd_model_set_lr(model, -1.0) == ZD_ERR_INVALID_ARGUMENT);
 
   /* An error on this model is reported on it and on this thread. */
   EXPECT(zd_forward_end(model, m) == ZD_ERR_INVALID_STATE);

@@ -1,18 +1,22 @@
 // A client of a daemon in the test process (server::Server) that speaks the
 // protocol by hand: protobuf requests on the socket, and the protobuf model
 // calls an older libzerod sends (finalize, whole-parameter data through a
-// staging memfd), which the daemon still answers. Enough to register, train
-// nothing, write and read parameters and destroy a model without libzerod,
-// whose engine would be a second copy in this process.
+// staging memfd), which the daemon still answers, and the call records of
+// calls that have no protobuf form (zd_model_set_lr). Enough to register,
+// train nothing, write and read parameters and destroy a model without
+// libzerod, whose engine would be a second copy in this process.
 #pragma once
 
+#include "ring_call.h"
 #include "transport/client.h"
 #include "transport/shared_memory.h"
 #include "wire.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +87,24 @@ class DaemonClient {
       p->set_staging_offset(0);
     }
     return rpc(r);
+  }
+
+  // A call as today's libzerod sends it without a ring: its record in a
+  // kCall frame, answered by a kCallReply frame whose first bytes are the
+  // reply record (ring_call.h), returned (its status says how it went).
+  wire::RingReply call_record(int model, const calls::Args& a) {
+    wire::RingRequest req{};
+    req.kind = wire::RingKind::call;
+    req.model = model;
+    req.args = a;
+    const uint32_t id = next_id_++;
+    wire::send_bytes(c_, wire::kCall, id, std::as_bytes(std::span(&req, 1)));
+    transport::Frame f = c_.receive(wire::kMaxBody, 30000);
+    EXPECT_EQ(f.header.type, wire::kCallReply);
+    EXPECT_EQ(f.header.request_id, id);
+    wire::RingReply r{};
+    std::memcpy(&r, f.body.data(), std::min(sizeof r, f.body.size()));
+    return r;
   }
 
   v1::Reply finalize(int model) {

@@ -108,6 +108,36 @@ TEST_F(KeptModels, ALostRankLeavesTheModelForARestartThatResumesIt) {
   EXPECT_EQ(run("destroy"), kInitial);
 }
 
+// The lr the trainer set (zd_model_set_lr) is kept with the model, as the
+// step is: the restart that resumes it trains on at that lr, not the job's,
+// until it sets another.
+TEST_F(KeptModels, ARestartResumesTheLrTheTrainerSet) {
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const int model = c.create(kKeepingJob);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+    ASSERT_FALSE(c.finalize(model).has_error());
+    calls::Args a;
+    a.op = calls::Op::set_lr;
+    a.value = 0.25;
+    ASSERT_EQ(c.call_record(model, a).status, ZD_OK);
+  }  // the rank is lost: the model is kept
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u);
+  test::DaemonClient c(srv->socket_path());
+  ASSERT_FALSE(c.hello().has_error());
+  const int model = c.create(kKeepingJob);
+  ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+  ASSERT_FALSE(c.finalize(model).has_error());
+  ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_BEGIN).has_error());
+  ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_END).has_error());
+  const v1::Reply r = c.call(model, v1::ModelCall::STEP);
+  ASSERT_FALSE(r.has_error()) << r.error().message();
+  EXPECT_EQ(r.call().step().lr(), 0.25) << "the restart applied the job's lr";
+  ASSERT_FALSE(c.destroy(model).has_error());
+}
+
 TEST_F(KeptModels, AModelNeverFinalizedIsNotKept) {
   {
     test::DaemonClient c(srv->socket_path());

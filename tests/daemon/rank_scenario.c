@@ -10,6 +10,9 @@
  *                           the next begin, which must still return the
  *                           end's error
  *   rank_scenario resume    5 steps; prints the step number the first one got
+ *   rank_scenario set_lr    rank 0 sets lr 0.01, rank 1 0.02 (refused on both);
+ *                           then both 0.005, and 3 steps: each rank prints
+ *                           the refusal and the lr the steps used
  *   rank_scenario wait      (stage 3) rank 1 never calls; rank 0 waits in a
  *                           gather, on the call ring, until a process dies
  *   rank_scenario sleepy    (stage 3) rank 1 begins 1 s late; rank 0 prints
@@ -199,7 +202,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int resume = !strcmp(scenario, "resume");
-  for (int step = 0; step < (resume ? 5 : 20); ++step) {
+  const int set_lr = !strcmp(scenario, "set_lr");
+  char refused[1024] = "";
+  if (set_lr) {
+    /* zd_model_set_lr is a collective: values that differ are refused on
+       every rank, naming them, and the lr in force stays. */
+    const zd_status st = zd_model_set_lr(m, rank == 0 ? 0.01 : 0.02);
+    if (st == ZD_OK) {
+      printf("rank %d: set_lr took values that differ between the ranks\n", rank);
+      return 1;
+    }
+    snprintf(refused, sizeof refused, "%s: %s", zd_status_str(st), zd_last_error());
+    CHECK(zd_model_set_lr(m, 0.005));
+  }
+  double lr = 0;
+  for (int step = 0; step < (resume ? 5 : set_lr ? 3 : 20); ++step) {
     for (int k = 0; k < 3; ++k) {
       CHECK(zd_forward_begin(m, k));
       CHECK(zd_forward_end(m, k));
@@ -219,7 +236,10 @@ int main(int argc, char** argv) {
     zd_step_result r = ZD_STEP_RESULT_INIT;
     CHECK(zd_step(m, &r));
     if (resume && step == 0) printf("rank %d: resumed at step %lld\n", rank, (long long)r.step);
+    if (step > 0 && r.lr != lr) lr = -1; /* not one lr for every step */
+    else lr = r.lr;
   }
+  if (set_lr) printf("rank %d: set_lr refused: %s; 3 steps at lr %g\n", rank, refused, lr);
   double sum = 0;
   unsigned long long hash[3];
   static float all[3][N];

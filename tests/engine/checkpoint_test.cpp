@@ -548,6 +548,44 @@ TEST(Snapshots, EveryNStepsKeepKAndResumeBitIdentical) {
   EXPECT_EQ(entries(snaps.path), (std::vector<std::string>{"step-000000000008", "step-000000000009"}));
 }
 
+// The lr a trainer set (zd_model_set_lr) is where the run stood, as the
+// step is: a snapshot holds it, and a job resumed from it trains on at it
+// (not at the job's lr) and ends where the uninterrupted run ends.
+TEST(Snapshots, AResumeGoesOnAtTheLrTheTrainerSet) {
+  TempDir snaps;
+  JobOptions o = job(3);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  const double lr = 3e-3;
+  const auto train_setting_lr_at_3 = [&](Model& m, int to) {
+    run_ranks(2, [&](int rank) {
+      std::vector<zd_param_id> ids;
+      register_all(m, rank, &ids);
+      train(m, rank, ids, 0, 3);
+      m.set_lr(rank, lr);
+      train(m, rank, ids, 3, to);
+    });
+  };
+  JobOptions plain = job(3);
+  auto ref = make_model(plain, 2);
+  train_setting_lr_at_3(*ref, 7);
+  {
+    auto a = make_model(o, 2);
+    train_setting_lr_at_3(*a, 5);  // the snapshot of step 4 holds the lr; then the process dies
+  }
+  EXPECT_EQ(ckpt::read_manifest(snaps.path + "/step-000000000004").lr, lr);
+  EXPECT_EQ(ckpt::read_manifest(snaps.path + "/step-000000000002").lr, std::nullopt);
+  auto b = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*b, rank, &ids);  // finalize resumes at step 4
+    EXPECT_EQ(b->applied_steps(rank), 4);
+    train(*b, rank, ids, 4, 7);
+  });
+  EXPECT_EQ(whole(*b, 2).params, whole(*ref, 2).params);
+  EXPECT_EQ(whole(*b, 2).slots, whole(*ref, 2).slots);
+}
+
 // A job that starts over (snapshot.resume = false) in a path where an
 // earlier run left snapshots of later steps: those are a timeline the job
 // left. Its first snapshot moves them aside (step-<N>.superseded, named in

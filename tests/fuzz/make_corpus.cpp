@@ -125,7 +125,7 @@ v1::Request status() {
 
 // A model call as today's libzerod sends it without a ring: the call
 // ring's record in a type 3 frame.
-std::string record(uint32_t id, calls::Op op, int32_t module = 0) {
+std::string record(uint32_t id, calls::Op op, int32_t module = 0, double value = 0.0) {
   // Its fields copied into zeroed bytes, so padding is zero too: the seed
   // is the same bytes on every run (fuzz.seed_corpus_is_current compares
   // them). The fields not written are zero; those whose defaults are not
@@ -142,6 +142,7 @@ std::string record(uint32_t id, calls::Op op, int32_t module = 0) {
   put(offsetof(wire::RingRequest, kind), wire::RingKind::call);
   put(args + offsetof(calls::Args, op), op);
   put(args + offsetof(calls::Args, module), module);
+  put(args + offsetof(calls::Args, value), value);
   return frame(raw, id, 0, wire::kCall);
 }
 
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
     write(rh, "12-not-requests", t.bytes);
   }
   {
-    Talk t;  // a step as call records in frames, then a short record and an unknown op
+    Talk t;  // a step as call records in frames (and the lr set), then a short record and an unknown op
     t.add(hello()).add(create(adamw)).add(reg("w1", "m1", {4, 8})).add(reg("w2", "m2", {8}));
     t.bytes += record(t.id++, calls::Op::finalize);
     for (int m = 0; m < 2; ++m) {
@@ -253,6 +254,7 @@ int main(int argc, char** argv) {
     }
     t.bytes += record(t.id++, calls::Op::step);
     t.bytes += record(t.id++, calls::Op::optimizer_info);
+    t.bytes += record(t.id++, calls::Op::set_lr, 0, 0.001);
     t.bytes += record(t.id++, calls::Op::memory);
     t.bytes += record(t.id++, calls::Op::step).substr(0, 40);
     write(rh, "13-call-records", t.bytes + record(t.id++, static_cast<calls::Op>(77)));

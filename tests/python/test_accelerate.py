@@ -4,6 +4,7 @@ and under ZerodAccelerator(...) -- the import and the constructor the only
 lines changed -- with the same losses (fp32: 1e-4 relative, every batch;
 bf16 and fp16 autocast: 1e-3), and save_state/load_state resumes bit for bit.
 """
+import math
 import warnings
 
 import pytest
@@ -41,11 +42,12 @@ class Windows(torch.utils.data.Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def objects(batch_size=8):
+def objects(batch_size=8, one_cycle=True):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
+             if one_cycle else None)
     loader = torch.utils.data.DataLoader(Windows(), batch_size=batch_size, shuffle=False)
     return model, opt, loader, sched
 
@@ -244,46 +246,125 @@ def test_a_window_without_optimizer_step_is_refused(tmp_path):
     _one_micro_batch(accelerator, model, loader)
 
 
-def test_lr_written_into_param_groups_is_refused():
-    """zerod applies the lr of the schedule it traced at prepare() and never
-    reads the optimizer's param_groups: a hand-written schedule (`for g in
-    optimizer.param_groups: g["lr"] = ...`) and a scheduler not given to
-    prepare() would not be applied; the next backward refuses them, naming
-    the ways zerod takes a schedule. The prepared scheduler's own steps are
-    not refused."""
+def _nanogpt_lr(window, warmup=2, decay=6, max_lr=3e-3, min_lr=3e-4):
+    """nanoGPT's get_lr(it): a linear warm-up, a cosine down to min_lr."""
+    if window < warmup:
+        return max_lr * (window + 1) / (warmup + 1)
+    if window > decay:
+        return min_lr
+    ratio = (window - warmup) / (decay - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+
+
+# What ReduceLROnPlateau is fed after each window: a validation metric
+# that stalls, so that it lowers the lr (the same on both sides whatever the
+# losses' last bits).
+_METRIC = [3.0, 2.5, 2.5, 2.5, 2.0, 2.0, 2.0, 2.0, 2.0]
+
+
+def hand_objects(how):
+    """objects() with the schedule of `how`: "hand" none (the loop writes
+    the lr), "unprepared" a LambdaLR the loop steps itself, "plateau" a
+    ReduceLROnPlateau (given to prepare()), "over_a_scheduler" the prepared
+    OneCycleLR."""
+    model, opt, loader, sched = objects(one_cycle=how == "over_a_scheduler")
+    if how in ("hand", "unprepared"):
+        # A warm-up from 0: zerod's job takes the optimizer's lr (3e-3, kept
+        # as initial_lr), param_groups hold 0, which zerod must apply.
+        warm = (lambda t: min(1.0, t / 3) * 0.8 ** t)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warm) if how == "unprepared" else None
+        return (model, opt, loader), sched
+    if how == "plateau":
+        sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1)
+    return (model, opt, loader, sched), None
+
+
+def hand_loop(accelerator, model, optimizer, loader, scheduler=None, how="hand", by_hand=None, epochs=2):
+    """The loop of a schedule zerod does not trace: the lr each window's
+    update reads is written into param_groups before the window (nanoGPT's
+    `for g in optimizer.param_groups: g["lr"] = get_lr(it)`), set by a
+    scheduler prepare() was not given (`by_hand`, stepped here after each
+    window) or by ReduceLROnPlateau, or halved by hand for one window under
+    the prepared scheduler. Returns the losses, the lr param_groups held at
+    each window's update and (under zerod) the lr each update applied."""
+    losses, lrs, applied, window = [], [], [], 0
+    for _ in range(epochs):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                if how == "hand":
+                    for g in optimizer.param_groups:
+                        g["lr"] = _nanogpt_lr(window)
+                logits, _ = model(x)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 0.5)
+                    lrs.append(optimizer.param_groups[0]["lr"])
+                    last = getattr(accelerator, "_zerod_last", None)
+                    if last is not None:
+                        applied.append(last.lr)
+                optimizer.step()
+                if how == "over_a_scheduler":
+                    scheduler.step()
+                if accelerator.sync_gradients:
+                    window += 1
+                    if how == "unprepared":
+                        by_hand.step()
+                    elif how == "plateau":
+                        scheduler.step(_METRIC[window])
+                    elif how == "over_a_scheduler" and window == 3:
+                        for g in optimizer.param_groups:
+                            g["lr"] *= 0.5  # for one window: the scheduler's next step writes its own
+                optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+    return losses, lrs, applied
+
+
+@pytest.mark.parametrize("how", ["hand", "unprepared", "plateau", "over_a_scheduler"])
+def test_a_hand_written_schedule_trains_as_under_plain_accelerate(how):
+    """An lr the loop writes into the optimizer's param_groups (a
+    hand-written schedule, a scheduler not given to prepare(),
+    ReduceLROnPlateau, a one-window change under the prepared scheduler)
+    is applied by zerod as by Accelerate: zerod reads param_groups at each
+    window's last backward and takes a value that differs from its schedule
+    (engine.set_lr). The same losses as plain Accelerate, and every update
+    applied the lr param_groups held."""
+    def one(make):
+        set_seed(0)
+        AcceleratorState._reset_state(True)
+        accelerator = make()
+        objs, by_hand = hand_objects(how)
+        prepared = accelerator.prepare(*objs)
+        return hand_loop(accelerator, *prepared[:3], scheduler=prepared[3] if len(prepared) > 3 else None, how=how,
+                         by_hand=by_hand)
+    theirs, their_lrs, _ = one(lambda: plain_accelerator(gradient_accumulation_steps=2))
+    ours, our_lrs, applied = one(lambda: ZerodAccelerator(gradient_accumulation_steps=2, gradient_clipping=0.5,
+                                                          zero_stage=1))
+    assert our_lrs == their_lrs and len(set(their_lrs)) > 2, their_lrs  # the schedule moved
+    assert applied == our_lrs
+    _same(f"hand-written lr ({how})", ours, theirs, 1e-4)
+
+
+def test_parameter_groups_with_different_lrs_are_refused():
+    """zerod's optimizer has one lr: groups the loop gives different lrs are
+    refused at the window's backward, naming them, before anything is
+    applied."""
     accelerator = ZerodAccelerator(zero_stage=1)
     model, _, loader, _ = objects()
-    model, opt, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=3e-3), loader)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay}, {"params": rest}], lr=3e-3)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
     _one_micro_batch(accelerator, model, loader)
     opt.step()
     before = accelerator.get_state_dict(model)
-    for g in opt.param_groups:
-        g["lr"] = 0.0
-    with pytest.raises(InvalidStateError, match=r"lr was written outside the LR scheduler given to prepare\(\) "
-                                                r"\(param_groups lr \[0.0\], prepare\(\) saw: \[0.003\]\).*"
-                                                r"Give the schedule to accelerator.prepare\(\) as a torch LR "):
+    opt.param_groups[1]["lr"] = 1e-3
+    with pytest.raises(InvalidArgumentError, match=r"ZerodAccelerator: the optimizer's parameter groups hold "
+                                                   r"different learning rates \(\[0.003, 0.001\]\); zerod "
+                                                   r"applies one lr"):
         _one_micro_batch(accelerator, model, loader)
     after = accelerator.get_state_dict(model)
     assert all(torch.equal(v, before[k]) for k, v in after.items())
-
-    AcceleratorState._reset_state(True)
-    accelerator = ZerodAccelerator(zero_stage=1)
-    model, opt, loader, sched = objects()
-    model, opt, loader = accelerator.prepare(model, opt, loader)  # the scheduler stepped by hand, not prepared
-    sched.step()
-    with pytest.raises(InvalidStateError, match=r"or a scheduler not given to prepare\(\) together with the model"):
-        _one_micro_batch(accelerator, model, loader)
-
-    AcceleratorState._reset_state(True)
-    accelerator = ZerodAccelerator(zero_stage=1)
-    model, opt, loader, sched = accelerator.prepare(*objects())
-    for _ in range(2):
-        _one_micro_batch(accelerator, model, loader)
-        opt.step()
-        sched.step()
-    opt.param_groups[0]["lr"] *= 2
-    with pytest.raises(InvalidStateError, match=r"the prepared LR scheduler last set"):
-        _one_micro_batch(accelerator, model, loader)
 
 
 def test_clip_grad_value_is_refused_by_name():

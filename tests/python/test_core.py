@@ -74,6 +74,29 @@ def test_one_step_through_views(client):
     np.testing.assert_allclose(m.param_read(b), [-1.0, -1.0])
 
 
+def test_set_lr_replaces_the_schedule_from_the_next_boundary(client):
+    m, fc, w, b = one_layer(client)
+
+    def step(grad):
+        m.forward_begin(fc)
+        m.forward_end(fc)
+        m.backward_begin(fc)
+        m.grad_view(w).numpy()[:] = grad
+        m.backward_end(fc)
+        return m.step()
+    assert step(1.0).lr == 0.5  # the job's
+    m.set_lr(0.25)
+    assert step(1.0).lr == 0.25
+    np.testing.assert_allclose(m.param_read(w), np.arange(6).reshape(2, 3) - 0.75)
+    with pytest.raises(zerod.InvalidArgumentError, match="the learning rate is nan; it must be finite and >= 0"):
+        m.set_lr(float("nan"))
+    m.forward_begin(fc)
+    with pytest.raises(zerod.InvalidStateError, match="zd_model_set_lr while modules are begun"):
+        m.set_lr(0.1)
+    m.forward_end(fc)
+    assert step(0.0).lr == 0.25  # refused values changed nothing
+
+
 def test_bf16_views_and_whole_parameter_access(client):
     m, fc, w, _ = one_layer(client, Dtype.BF16, 'return { precision = "bf16" }')
     m.forward_begin(fc)

@@ -8,6 +8,7 @@ are paid once); zerod runs them here. Tolerances: fp32 every step within
 The measured differences are printed (pytest -s) for docs/integrations.md.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,6 +72,29 @@ def _torch_sgd_step(model):
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 
 
+def _nanogpt_lr(update, warmup=2, decay=6, max_lr=2e-2, min_lr=2e-3):
+    """nanoGPT's get_lr(it): a linear warm-up, a cosine down to min_lr."""
+    if update < warmup:
+        return max_lr * (update + 1) / (warmup + 1)
+    if update > decay:
+        return min_lr
+    ratio = (update - warmup) / (decay - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+
+
+# A schedule the training loop writes into optimizer.param_groups, which
+# DeepSpeed applies at its step: (config, the lr written before micro-batch
+# s, or None for none).
+HAND = {
+    # nanoGPT's loop: each update's lr written before its window's micro-batches
+    "hand_cosine_stage2_gas2": ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+                                 "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.05}},
+                                 "zero_optimization": {"stage": 2}},
+                                lambda s: _nanogpt_lr(s // 2)),
+    # one update's lr written under DeepSpeed's WarmupLR: its scheduler writes its own over it after the step
+    "hand_under_warmuplr": (CONFIGS["adamw_warmup_clip_gas2"], lambda s: 1e-3 if s in (6, 7) else None),
+}
+
 CLIENT = {
     "torch_adamw_lambdalr_gas2": ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
                                    "zero_optimization": {"stage": 2}}, _torch_adamw_lambda),
@@ -85,7 +109,7 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import CONFIGS, CLIENT, LOADS, make, train, load_run, save_model, saved_16bit
+from test_deepspeed_side_by_side import CONFIGS, CLIENT, HAND, LOADS, make, train, load_run, save_model, saved_16bit
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -96,6 +120,10 @@ for name, (cfg, build) in CLIENT.items():
     opt, sched = build(model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=dict(cfg))
     out[name] = train(engine, cfg)
+for name, (cfg, lr_at) in HAND.items():
+    model = make()
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    out[name] = train(engine, cfg, lr_at=lr_at, optimizer=opt)
 model = make()
 dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
 engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), training_data=dataset,
@@ -160,12 +188,18 @@ def batch(step, dtype=torch.float32):
     return x.to(dtype), torch.tanh(x @ _TEACHER)
 
 
-def train(engine, cfg, steps=range(STEPS)):
+def train(engine, cfg, steps=range(STEPS), lr_at=None, optimizer=None):
     """The DeepSpeed loop, written once for both: each micro-batch's loss,
-    and after its step() the engine's get_lr() and global_steps."""
+    and after its step() the engine's get_lr() and global_steps. With
+    lr_at, the lr lr_at(s) is written into the optimizer's param_groups
+    before micro-batch s (where it is not None), as a hand-written schedule
+    does."""
     dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
     out = {"loss": [], "lr": [], "global_steps": []}
     for s in steps:
+        if lr_at is not None and lr_at(s) is not None:
+            for g in optimizer.param_groups:
+                g["lr"] = lr_at(s)
         x, y = batch(s, dtype)
         loss = ((engine(x).float() - y) ** 2).mean()
         engine.backward(loss)
@@ -790,12 +824,61 @@ def test_engine_answers_deepspeeds_other_calls():
     assert not hasattr(bare, "note")
 
 
-def test_lr_written_into_param_groups_is_refused():
-    """A hand-written schedule (nanoGPT's `for g in optimizer.param_groups:
-    g["lr"] = lr`), which DeepSpeed applies, is refused at the next
-    backward() naming the ways zerod takes a schedule: zerod never reads
-    param_groups. Reading param_groups follows the schedule, and writing
-    the lr zerod applies anyway is accepted."""
+@pytest.mark.parametrize("name", list(HAND))
+def test_a_hand_written_lr_trains_as_under_deepspeed(name, deepspeed_losses):
+    """An lr the loop writes into optimizer.param_groups (nanoGPT's `for g in
+    optimizer.param_groups: g["lr"] = get_lr(it)`), which DeepSpeed applies
+    at its step, zerod applies too (engine.set_lr, zd_model_set_lr): the
+    same losses, and get_lr() after every step, as DeepSpeed's. Under
+    DeepSpeed's own scheduler a written lr holds for one update, as there."""
+    import zerod.deepspeed as deepspeed
+
+    cfg, lr_at = HAND[name]
+    model = make()
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
+    try:
+        ours = train(engine, cfg, lr_at=lr_at, optimizer=opt)
+    finally:
+        engine.close()
+    _compare(name, ours, deepspeed_losses[name], 1e-4)
+
+
+def test_a_written_lr_comes_back_with_load_checkpoint(tmp_path):
+    """The lr a loop wrote once (no schedule: it holds, as in DeepSpeed) is
+    in the checkpoint: a fresh engine that loads it reports it (get_lr())
+    and trains on at it, bit for bit with the unbroken run."""
+    import zerod.deepspeed as deepspeed
+
+    cfg = ADAMW_STAGE1
+    half = STEPS // 2
+    engine, opt, _, _ = deepspeed.initialize(model=make(), config=dict(cfg))
+    try:
+        first = train(engine, cfg, range(half), lr_at=lambda s: 3e-3 if s == 2 else None, optimizer=opt)
+        assert first["lr"][2:] == [3e-3] * (half - 2)
+        engine.save_checkpoint(str(tmp_path))
+        unbroken = train(engine, cfg, range(half, STEPS))
+    finally:
+        engine.close()
+    model = make()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    engine, opt, _, _ = deepspeed.initialize(model=model, config=dict(cfg))
+    try:
+        assert engine.get_lr() == [1e-2]
+        engine.load_checkpoint(str(tmp_path))
+        assert engine.get_lr() == [3e-3] and opt.param_groups[0]["lr"] == 3e-3
+        resumed = train(engine, cfg, range(half, STEPS))
+    finally:
+        engine.close()
+    assert resumed == unbroken
+
+
+def test_other_hyperparameters_written_into_param_groups_are_refused():
+    """Reading param_groups follows the schedule, and writing the lr zerod
+    applies anyway changes nothing; a hyperparameter other than the lr
+    written there is refused at the next step(), naming it: zerod takes
+    them once, at initialize()."""
     import zerod.deepspeed as deepspeed
     from zerod.errors import InvalidArgumentError
 
@@ -812,18 +895,14 @@ def test_lr_written_into_param_groups_is_refused():
             engine.backward(((engine(x) - y) ** 2).mean())
             engine.step()
         assert opt.param_groups[0]["lr"] == engine.get_lr()[0] > 0 and len(set(seen)) == 2, seen  # warming up
-        before = engine.state_dict()
-        for g in opt.param_groups:
-            g["lr"] = 0.0
-        x, y = batch(6)
-        loss = ((engine(x) - y) ** 2).mean()
-        with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['lr'\] was set to 0.0, but zerod applies "
-                                                       r".*lr_scheduler=.*\"scheduler\" section.*Lua lr\(step\)"):
-            engine.backward(loss)
-        assert all(torch.equal(v, before[k]) for k, v in engine.state_dict().items())
-        opt.param_groups[0]["lr"] = engine.get_lr()[0]
+        assert engine._trainer_lr is None, "the lr zerod applies anyway was not set"
         opt.param_groups[0]["weight_decay"] = 0.5
         with pytest.raises(InvalidArgumentError, match=r"\['weight_decay'\] was changed from 0.05 to 0.5"):
+            engine.step()
+        opt.param_groups[0]["weight_decay"] = 0.05
+        opt.param_groups[0]["lr"] = "fast"
+        with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['lr'\] was set to 'fast'; an lr is a "
+                                                       r"number"):
             engine.step()
     finally:
         engine.close()

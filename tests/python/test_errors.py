@@ -68,6 +68,29 @@ def test_tensor_on_the_wrong_device(engine):
     micro_batch(engine)  # nothing was begun: the engine is fine
 
 
+def test_integer_inputs_on_another_device_are_left_to_torch():
+    # torch wants some integer tensors on the CPU whatever the model's device
+    # (pack_padded_sequence's lengths): only floating-point inputs are checked.
+    class WithLengths(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x, lengths):
+            return self.fc(x[:, :lengths.shape[0]])
+    engine = zerod.torch.initialize(WithLengths(), job_text=ADAMW)
+    loss = engine(torch.randn(3, 4), torch.empty(4, dtype=torch.long, device="meta")).square().mean()
+    engine.backward(loss)
+    assert engine.step().applied
+
+
+def test_no_sync_is_refused_saying_how_zerod_accumulates(engine):
+    with pytest.raises(zerod.InvalidArgumentError, match=r"engine.no_sync\(\) is not supported by zerod.*"
+                                                         r"gradient_accumulation_steps in the job script"):
+        with engine.no_sync():
+            pass
+
+
 def test_model_on_the_wrong_device():
     with pytest.raises(zerod.InvalidArgumentError, match="the model is on meta; zerod trains models on the CPU or "
                                                          "on a CUDA GPU"):
@@ -106,9 +129,51 @@ def test_a_bf16_model_in_an_fp32_job():
 
 def test_loss_backward_instead_of_engine_backward(engine):
     loss = micro_batch(engine, backward=False)
-    # Raised inside autograd, which re-raises it as a RuntimeError with the text.
-    with pytest.raises(RuntimeError, match=r"call engine.backward\(loss\), not loss.backward\(\)"):
+    # Raised inside autograd: torch 1.13 re-raises it as a RuntimeError with
+    # the text, torch 2 as itself.
+    with pytest.raises((RuntimeError, zerod.InvalidStateError),
+                       match=r"call engine.backward\(loss\), not loss.backward\(\).*run the forward again"):
         loss.backward()
+    # That backward freed part of the graph: engine.backward(loss) now fails
+    # in torch before any gradient reaches zerod, so the engine stays usable.
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        engine.backward(loss)
+    engine.state_dict()
+    micro_batch(engine)
+    assert engine.step().applied
+
+
+def test_a_loss_of_several_elements_is_refused_and_the_engine_carries_on(engine):
+    out = engine(torch.randn(3, 4))
+    with pytest.raises(zerod.InvalidArgumentError, match=r"backward\(loss\): loss has 6 elements; it must be one "
+                                                         r"\(this rank's mean loss, e.g. loss.mean\(\)\)"):
+        engine.backward(out)
+    engine.backward(out.square().mean())  # the forward is still there
+    assert engine.step().applied
+
+
+def test_a_model_moved_or_cast_after_initialize_is_refused(engine):
+    before = engine.state_dict()
+    engine.module.to(torch.float64)  # as model.cuda() or .half() would: torch drops zerod's gradient hooks
+    with pytest.raises(zerod.InvalidStateError, match=r"parameter '0.weight' was moved or cast \(now torch.float64 "
+                                                      r"on cpu\) after zerod.torch.initialize\(\).*registered it "
+                                                      r"as torch.float32 on cpu.*before initialize\(\), e.g. "
+                                                      r"zerod.torch.initialize\(model.cuda\(\)"):
+        micro_batch(engine)
+    # Casting back does not bring the hooks back: still refused, nothing trained.
+    engine.module.float()
+    with pytest.raises(zerod.InvalidStateError, match="was moved or cast"):
+        micro_batch(engine)
+    after = engine.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_freezing_a_parameter_after_initialize_is_refused(engine):
+    engine.module[0].requires_grad_(False)
+    with pytest.raises(zerod.InvalidStateError, match=r"parameter '0.weight' was frozen \(requires_grad=False\) "
+                                                      r"after zerod.torch.initialize\(\).*freeze it before "
+                                                      r"initialize\(\)"):
+        micro_batch(engine)
 
 
 def test_model_called_directly_with_gradients(engine):

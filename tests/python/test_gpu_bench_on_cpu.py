@@ -112,6 +112,9 @@ def test_every_zerod_mode_of_step_py_trains(tmp_path):
         r = runs[0]
         if mode.startswith("zerod3_"):
             assert r["zerod_host_bytes_per_param"] > 0, (mode, r)
+            # The peak largest.py sizes its tries by is reported, and is no
+            # less than what the host holds between steps.
+            assert r["zerod_host_peak_bytes_per_param"] >= r["zerod_host_bytes_per_param"], (mode, r)
         assert ("zerod_nvme_bytes_per_param" in r) == ("nvme" in mode), (mode, r)
         if mode == "zerod3_host_bf16":
             assert r["zerod_host_bytes_per_param"] < 12, r  # bf16 m and v: 4 bytes less than fp32's 14

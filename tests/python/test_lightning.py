@@ -259,7 +259,6 @@ def test_job_script(tmp_path):
     (dict(module=dict(optimizer="adagrad", scheduler=None)), "Adagrad has no zerod equivalent"),
     (dict(module=dict(optimizer="blocks_only", scheduler=None)),
      r"the optimizer leaves out \d+ parameter\(s\) that require grad \('gpt.transformer.wte.weight'"),
-    (dict(module=dict(scheduler="plateau")), "ReduceLROnPlateau follows a metric"),
     (dict(precision="64-true"), "does not run precision='64-true'"),
     (dict(trainer=dict(gradient_clip_algorithm="value", gradient_clip_val=1.0)), "gradient_clip_algorithm='value'"),
     (dict(trainer=dict(accumulate_grad_batches=3)), "not a multiple of accumulate_grad_batches=3"),
@@ -362,9 +361,10 @@ def test_validation_and_validate_run_through_zerod(tmp_path):
 class Linear(pl.LightningModule):
     """A linear model trained by SGD without momentum: each update is the lr
     times the gradient, so the weights show the lr and the gradient scale
-    each update had. Optionally a StepLR ("step") or a LambdaLR whose
-    lr_lambda is the module's method ("lambda"), an lr written into the
-    optimizer by hand after every update, a backward that fails, AdamW."""
+    each update had. Optionally a StepLR ("step"), a LambdaLR whose
+    lr_lambda is the module's method ("lambda") or a ReduceLROnPlateau fed a
+    metric that stalls ("plateau"), an lr written into the optimizer by hand
+    after every update, a backward that fails, AdamW."""
 
     def __init__(self, scheduler=None, frequency=1, write_lr=False, boom_at=None, optimizer="sgd"):
         super().__init__()
@@ -376,9 +376,15 @@ class Linear(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        out = self.lin(x)
         if batch_idx == self.boom_at:
-            out = _Boom.apply(out)
+            # Below the layer, so the backward fails after the layer's
+            # gradients reached zerod (one failing before leaves it usable).
+            x = _Boom.apply(x.requires_grad_())
+        out = self.lin(x)
+        if self.scheduler == "plateau":
+            # What ReduceLROnPlateau watches: a metric that stalls after
+            # epoch 1, the same under every strategy whatever the losses' last bits.
+            self.log("stall", [3.0, 2.0, 2.0, 2.0, 1.0, 1.0][self.current_epoch], on_step=False, on_epoch=True)
         return F.mse_loss(out, y)
 
     def test_step(self, batch, batch_idx):
@@ -392,6 +398,9 @@ class Linear(pl.LightningModule):
         opt = (torch.optim.AdamW if self.optimizer == "adamw" else torch.optim.SGD)(self.parameters(), lr=0.1)
         if self.scheduler is None:
             return opt
+        if self.scheduler == "plateau":
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "stall", "interval": "epoch"}}
         sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if self.scheduler == "step" else
                  torch.optim.lr_scheduler.LambdaLR(opt, self.warm))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step",
@@ -496,16 +505,35 @@ def test_a_bound_lr_lambda_does_not_copy_the_module(tmp_path, monkeypatch):
     assert ours.lrs == pytest.approx(ref.lrs, rel=1e-12) and len(set(ref.lrs)) == 4, (ours.lrs, ref.lrs)
 
 
-def test_lr_written_into_the_optimizer_is_refused(tmp_path):
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_an_lr_written_into_the_optimizer_trains_as_under_auto(accumulate, tmp_path):
     """Lightning's warm-up recipe writes the lr into the optimizer's
-    param_groups in optimizer_step; zerod never reads them and would train
-    at another lr: the next update refuses it, naming the scheduler way."""
-    with pytest.raises(Exception, match=r"the optimizer's lr was written outside its LR scheduler \(param_groups "
-                                        r"lr \[[0-9.]+\], configure_optimizers gave it: \[0.1\]\).*LambdaLR"):
-        _linear_fit("zerod_stage_1", Linear(write_lr=True), tmp_path=tmp_path)
-    ours = Linear("lambda")  # the same warm-up as a scheduler: no refusal (and the module's lrs are its)
-    _linear_fit("zerod_stage_1", ours, tmp_path=tmp_path / "sched", max_steps=4)
-    assert ours.lrs == pytest.approx([0.1 * min(1.0, (t + 1) / 4) for t in range(4)], rel=1e-12)
+    param_groups in optimizer_step, which "auto" applies at the next update:
+    so does zerod (it reads param_groups at each backward and takes the lr
+    there, engine.set_lr). The same lr at every update and the same weights.
+    The same warm-up as a traced scheduler needs no set_lr."""
+    ref, ours = Linear(write_lr=True), Linear(write_lr=True)
+    _linear_fit("auto", ref, tmp_path=tmp_path / "ref", accumulate_grad_batches=accumulate)
+    _linear_fit("zerod_stage_1", ours, tmp_path=tmp_path / "zerod", accumulate_grad_batches=accumulate)
+    assert len(set(ref.lrs)) > 2 and ours.lrs == pytest.approx(ref.lrs, rel=1e-12), (ours.lrs, ref.lrs)
+    torch.testing.assert_close(ours.lin.weight.detach(), ref.lin.weight.detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.lin.bias.detach(), ref.lin.bias.detach(), rtol=1e-6, atol=0)
+    traced = Linear("lambda")
+    trainer, _ = _linear_fit("zerod_stage_1", traced, tmp_path=tmp_path / "sched", max_steps=4)
+    assert traced.lrs == pytest.approx([0.1 * min(1.0, (t + 1) / 4) for t in range(4)], rel=1e-12)
+    assert trainer.strategy.engine is None or trainer.strategy.engine._trainer_lr is None
+
+
+def test_reduce_lr_on_plateau_trains_as_under_auto(tmp_path):
+    """ReduceLROnPlateau follows a metric, which zerod's schedule cannot
+    trace: Lightning steps it at each epoch's end and it writes the lowered
+    lr into param_groups, which zerod takes at the next backward, as "auto"
+    applies it at the next update."""
+    ref, ours = Linear("plateau"), Linear("plateau")
+    _linear_fit("auto", ref, batches=4, tmp_path=tmp_path / "ref", max_epochs=5)
+    _linear_fit("zerod_stage_1", ours, batches=4, tmp_path=tmp_path / "zerod", max_epochs=5)
+    assert len(set(ref.lrs)) == 3 and ours.lrs == pytest.approx(ref.lrs, rel=1e-12), (ours.lrs, ref.lrs)
+    torch.testing.assert_close(ours.lin.weight.detach(), ref.lin.weight.detach(), rtol=1e-6, atol=0)
 
 
 def test_test_and_validate_from_a_zerod_checkpoint(tmp_path):
@@ -526,8 +554,8 @@ def test_test_and_validate_from_a_zerod_checkpoint(tmp_path):
 
 
 def test_a_failed_backward_keeps_the_users_exception(tmp_path):
-    """A backward that fails (an out-of-memory) leaves zerod's engine
-    unusable: Lightning's teardown must not replace the user's exception by
+    """A backward that fails (an out-of-memory) after gradients reached zerod
+    leaves zerod's engine unusable: Lightning's teardown must not replace the user's exception by
     another from reading the weights back; it warns, and zerod's model is
     freed."""
     class Grab(Callback):

@@ -130,6 +130,48 @@ def test_state_dict_is_torchs_with_full_fp32_values_and_loads_back():
     assert set(engine.memory()) == {"device", "host", "nvme"}
 
 
+def test_the_models_own_state_dict_and_load_state_dict_go_through_zerod(tmp_path, monkeypatch):
+    """nanoGPT and Hugging Face save torch.save(model.state_dict()) and load
+    with model.load_state_dict(): on the wrapped model these give and take
+    zerod's values, as engine.state_dict() and engine.load_state_dict() do
+    (they once gave empty tensors, the parameters' data between forwards)."""
+    model, ref = tiny_gpt(), tiny_gpt()
+    engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"))
+    (x,), y = batch("gpt", 0)
+    engine.backward(engine(x, y)[1])
+    engine.step()
+    trained = engine.state_dict()
+    sd = model.state_dict()
+    assert list(sd) == list(trained)
+    for k in trained:
+        torch.testing.assert_close(sd[k], trained[k], rtol=0, atol=0, msg=k)
+    nested = nn.ModuleDict({"gpt": model})  # the wrapped model inside another: keys with a prefix
+    torch.testing.assert_close(nested.state_dict()["gpt.lm_head.weight"], trained["lm_head.weight"], rtol=0, atol=0)
+    torch.save(sd, tmp_path / "model.pt")
+
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(0.5)
+    assert model.load_state_dict(ref.state_dict()) == torch.nn.modules.module._IncompatibleKeys([], [])
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(engine.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    model.load_state_dict(torch.load(tmp_path / "model.pt"))
+    for k, v in engine.state_dict().items():
+        torch.testing.assert_close(v, trained[k], rtol=0, atol=0, msg=k)
+    with pytest.raises(zerod.InvalidArgumentError, match=r"'lm_head.weight' has shape \(3, 4\)"):
+        model.load_state_dict({**trained, "lm_head.weight": torch.zeros(3, 4)})
+    with pytest.raises(zerod.InvalidArgumentError, match=r"assign=True"):
+        model.load_state_dict(trained, assign=True)
+    engine.backward(engine(x, y)[1])  # the engine trains on
+    assert engine.step().applied
+
+    # On several ranks the reads are collectives rank 0 alone cannot make.
+    monkeypatch.setattr(engine, "world_size", 2)
+    with pytest.raises(zerod.InvalidStateError, match=r"model.state_dict\(\) of a model zerod.torch.initialize\(\) "
+                                                      r"wrapped, on 2 ranks.*call engine.state_dict\(\) on every rank"):
+        model.state_dict()
+
+
 def test_optimizer_state_dict_resumes_training_exactly():
     job = ('return { optimizer = { type = "adamw", lr = 1e-2 }, '
            'zero = { stage = 3, param_persistence_threshold = 0 } }')
@@ -305,6 +347,50 @@ def test_non_reentrant_checkpointing_trains_as_without(stage, modules):
     assert losses(CheckpointedGPT, reentrant=False) == pytest.approx(plain, rel=1e-6)
 
 
+def _peak_modules_in_backward(monkeypatch):
+    """Records zd_backward_begin/_end until monkeypatch.undo(); returns a
+    list whose one element is the most zerod modules in backward at once."""
+    now, peak = set(), [0]
+
+    def begin(h, m, real=zerod._lib.lib.zd_backward_begin):
+        now.add(m)
+        peak[0] = max(peak[0], len(now))
+        return real(h, m)
+
+    def end(h, m, real=zerod._lib.lib.zd_backward_end):
+        now.discard(m)
+        return real(h, m)
+    monkeypatch.setattr(zerod._lib, "zd_backward_begin", begin)
+    monkeypatch.setattr(zerod._lib, "zd_backward_end", end)
+    return peak
+
+
+def test_reentrant_checkpointing_ends_each_module_as_without(monkeypatch):
+    # torch's reentrant checkpoint (Hugging Face's gradient_checkpointing_enable)
+    # runs the first forward under no_grad, so nothing counted the modules'
+    # parameters, and each recomputed module stayed in backward until
+    # engine.backward() ended (at stage 3, resident: 8 of 9 modules here).
+    def run(model_class, **kwargs):
+        torch.manual_seed(0)
+        model = model_class(GPTConfig(vocab_size=len(CHARS), block_size=16, n_layer=6, n_head=2, n_embd=16), **kwargs)
+        engine = zerod.torch.initialize(model, job_text=sgd_job("stage3"), modules=[Block])
+        peaks, losses = [], []
+        for step in range(3):
+            (x,), y = batch("gpt", step)
+            peak = _peak_modules_in_backward(monkeypatch)
+            loss = engine(x, y)[1]
+            engine.backward(loss)
+            monkeypatch.undo()
+            engine.step()
+            peaks.append(peak[0])
+            losses.append(loss.item())
+        return peaks, losses
+    plain_peaks, plain_losses = run(GPT)
+    peaks, losses = run(CheckpointedGPT, reentrant=True)
+    assert peaks == plain_peaks
+    assert losses == pytest.approx(plain_losses, rel=1e-6)
+
+
 def test_deepspeed_initialize_places_the_model_as_deepspeed_does(monkeypatch):
     """zerod.deepspeed.initialize moves a model that is all on the CPU to
     its rank's GPU (local_rank modulo the GPUs, made current) where torch
@@ -396,6 +482,31 @@ def _mlp_losses(engine, batches, between=None):
         if between is not None:
             between(x, y)
     return out
+
+
+def test_set_lr_replaces_the_jobs_lr_and_checkpoints_keep_it(tmp_path):
+    """engine.set_lr (zd_model_set_lr): the loop's own lr in place of the
+    job's from the next update on, as the step result says; save_checkpoint
+    keeps it, and load_checkpoint into a fresh engine restores it, so the
+    resumed run ends as the unbroken one."""
+    job = 'return { optimizer = { type = "sgd", lr = 0.1 }, zero = { stage = 3, param_persistence_threshold = 0 } }'
+    batches = _mlp_batches(6)
+    engine = zerod.torch.initialize(_mlp(), job_text=job)
+    _mlp_losses(engine, batches[:2])
+    assert engine.last_step.lr == 0.1
+    engine.set_lr(0.05)
+    _mlp_losses(engine, batches[2:3])
+    assert engine.last_step.lr == 0.05
+    engine.save_checkpoint(str(tmp_path))
+    unbroken = _mlp_losses(engine, batches[3:])
+    engine.close()
+    engine = zerod.torch.initialize(_mlp(), job_text=job)
+    engine.load_checkpoint(str(tmp_path))
+    assert engine._trainer_lr == 0.05
+    assert _mlp_losses(engine, batches[3:]) == unbroken and engine.last_step.lr == 0.05
+    with pytest.raises(zerod.InvalidArgumentError, match="the learning rate is -1; it must be finite and >= 0"):
+        engine.set_lr(-1)
+    engine.close()
 
 
 @pytest.mark.parametrize("stage", STAGES)

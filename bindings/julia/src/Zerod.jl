@@ -33,7 +33,7 @@ export ClientInfo, ParamInfo, StepResult, MemoryFigures, CommFigures, OptimizerI
 export abi_version, register_param!, finalize!, find_module, find_param, param_count, module_count,
     param_info, module_info, forward_begin, forward_end, backward_begin, backward_end, forward, backward,
     param_view, grad_view, raw_param_view, raw_grad_view, step!, isboundary, isapplied, isskipped,
-    loss_scale, set_stream!, report!, param_read, param_read!, param_write!, optimizer_info,
+    loss_scale, set_stream!, set_lr!, report!, param_read, param_read!, param_write!, optimizer_info,
     optimizer_state_read, optimizer_state_read!, optimizer_state_write!, save, load!, set_step!,
     memory, comm_figures
 
@@ -641,6 +641,13 @@ function step!(m::Model)
     s = r[]
     return StepResult(s.flags, s.step, s.micro_step, s.lr, s.loss_scale, s.grad_norm)
 end
+
+"""Sets the learning rate of every update from the next accumulation boundary
+on, in place of the job's schedule, until set again (`zd_model_set_lr`, ABI
+1.7): finite and >= 0, between modules. On several ranks every rank sets the
+same value (a collective; values that differ are refused on every rank).
+Checkpoints keep it with the step; `StepResult.lr` says what an update used."""
+set_lr!(m::Model, lr::Real) = _call(h -> zd_model_set_lr(h, Float64(lr)), m)
 
 """The loss scale to multiply the loss by (1.0 unless fp16)."""
 function loss_scale(m::Model)

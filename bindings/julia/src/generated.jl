@@ -22,8 +22,8 @@ using Libdl
 # ---- Constants (each is an `int` in C) ----
 
 const ZD_ABI_VERSION_MAJOR     = Int32(1)
-const ZD_ABI_VERSION_MINOR     = Int32(6)
-const ZD_ABI_VERSION           = Int32(65542)
+const ZD_ABI_VERSION_MINOR     = Int32(7)
+const ZD_ABI_VERSION           = Int32(65543)
 const ZD_MAX_DIMS              = Int32(8)
 const ZD_MAX_STATE_SLOTS       = Int32(4)
 const ZD_OK                    = Int32(0)
@@ -362,6 +362,7 @@ const _fp_zd_backward_end = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_param_view = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_grad_view = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_step = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_zd_model_set_lr = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_model_loss_scale = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_model_set_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_zd_model_report = Ref{Ptr{Cvoid}}(C_NULL)
@@ -403,6 +404,7 @@ const FUNCTIONS = (
     :zd_param_view,
     :zd_grad_view,
     :zd_step,
+    :zd_model_set_lr,
     :zd_model_loss_scale,
     :zd_model_set_stream,
     :zd_model_report,
@@ -451,6 +453,7 @@ function bind!(lib::Ptr{Cvoid})
     _fp_zd_param_view[] = _lookup(lib, :zd_param_view)
     _fp_zd_grad_view[] = _lookup(lib, :zd_grad_view)
     _fp_zd_step[] = _lookup(lib, :zd_step)
+    _fp_zd_model_set_lr[] = _lookup(lib, :zd_model_set_lr)
     _fp_zd_model_loss_scale[] = _lookup(lib, :zd_model_loss_scale)
     _fp_zd_model_set_stream[] = _lookup(lib, :zd_model_set_stream)
     _fp_zd_model_report[] = _lookup(lib, :zd_model_report)
@@ -647,6 +650,13 @@ function zd_step(model, out)
     ccall(fp, zd_status, (Ptr{zd_model}, Ptr{zd_step_result}), model, out)
 end
 
+# C: zd_status zd_model_set_lr(zd_model* model, double lr)
+function zd_model_set_lr(model, lr)
+    fp = _fp_zd_model_set_lr[]
+    fp == C_NULL && _unbound(:zd_model_set_lr)
+    ccall(fp, zd_status, (Ptr{zd_model}, Float64), model, lr)
+end
+
 # C: zd_status zd_model_loss_scale(const zd_model* model, double* out)
 function zd_model_loss_scale(model, out)
     fp = _fp_zd_model_loss_scale[]
@@ -825,6 +835,7 @@ export ZD_ABI_VERSION_MAJOR,
     zd_param_view,
     zd_grad_view,
     zd_step,
+    zd_model_set_lr,
     zd_model_loss_scale,
     zd_model_set_stream,
     zd_model_report,

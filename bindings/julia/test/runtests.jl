@@ -121,6 +121,26 @@ end
         close(c)
     end
 
+    @testset "set_lr! replaces the schedule from the next boundary" begin
+        c = Client("embedded:")
+        model, w, layer = one_param(c, sgd(0.5), Float32[1, 2])
+        @test micro_step(model, layer, w, Float32[1, 1]).lr == 0.5
+        set_lr!(model, 0.25)
+        @test micro_step(model, layer, w, Float32[1, 1]).lr == 0.25
+        @test param_read(model, w) == Float32[0.25, 1.25]
+        for bad in (NaN, Inf, -0.5)
+            e = try
+                set_lr!(model, bad)
+                nothing
+            catch err
+                err
+            end
+            @test e isa ZerodError && e.status == ZD_ERR_INVALID_ARGUMENT
+        end
+        @test micro_step(model, layer, w, Float32[0, 0]).lr == 0.25  # a refused value leaves the lr in force
+        close(c)
+    end
+
     @testset "2-d parameters are viewed with their dims reversed" begin
         c = Client("embedded:")
         model = Model(c; script_text = sgd(1.0))

@@ -19,16 +19,17 @@ import numpy as np
 from .errors import InvalidArgumentError, ZerodIOError
 
 MANIFEST = "zerod-checkpoint.txt"
-_FORMAT = 5                     # the newest manifest format this reads (engine/checkpoint/manifest.h)
+_FORMAT = 6                     # the newest manifest format this reads (engine/checkpoint/manifest.h)
 _SHARD_VERSION = 1
 _HEADER, _ENTRY, _FOOTER = 32, 40, 32
 
 
 class Manifest:
     """What a checkpoint's manifest says: step, world_size, zero_stage,
-    precision, optimizer, slots, loss_scale, params [(name, shape)],
-    shard_set, shared (False for a snapshot across nodes on node-local
-    disks), parts [(node, host, first rank, ranks)]."""
+    precision, optimizer, slots, loss_scale, lr (the lr zd_model_set_lr had
+    set, None where none was), params [(name, shape)], shard_set, shared
+    (False for a snapshot across nodes on node-local disks), parts [(node,
+    host, first rank, ranks)]."""
 
     def __init__(self):
         self.step = 0
@@ -38,6 +39,7 @@ class Manifest:
         self.optimizer = ""
         self.slots = ()
         self.loss_scale = None
+        self.lr = None
         self.params = []
         self.shard_set = 0
         self.shared = True
@@ -91,6 +93,8 @@ def read_manifest(path):
                 m.slots = tuple(_unescape(s) for s in f[3:3 + int(f[2])])
             elif f[0] == "loss_scale":
                 m.loss_scale = float.fromhex(f[1])
+            elif f[0] == "lr":
+                m.lr = float.fromhex(f[1])
             elif f[0] == "param":
                 numel, ndim = int(f[1]), int(f[3])
                 shape = tuple(int(d) for d in f[4:4 + ndim])

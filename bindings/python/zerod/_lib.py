@@ -14,7 +14,7 @@ from . import _structs as S
 
 # The ABI this package mirrors (zerod.h's ZD_ABI_VERSION_MAJOR / _MINOR).
 ABI_MAJOR = 1
-ABI_MINOR = 6
+ABI_MINOR = 7
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,6 +99,7 @@ _PROTOTYPES = {
     "zd_param_view": (c_int32, [_Model, c_int32, POINTER(S.View)]),
     "zd_grad_view": (c_int32, [_Model, c_int32, POINTER(S.View)]),
     "zd_step": (c_int32, [_Model, POINTER(S.StepResult)]),
+    "zd_model_set_lr": (c_int32, [_Model, c_double]),
     "zd_model_loss_scale": (c_int32, [_Model, POINTER(c_double)]),
     "zd_model_set_stream": (c_int32, [_Model, c_void_p]),
     "zd_model_save": (c_int32, [_Model, c_char_p]),

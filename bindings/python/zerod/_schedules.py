@@ -15,7 +15,7 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON"]
+__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON", "one_lr"]
 
 # Updates traced when nothing says how long training runs. The job's text
 # holds one number per update (about 22 bytes each; runs of one value are
@@ -199,6 +199,19 @@ def lua_table(values):
         return ("zerod.table{ values = (function() local v = {} local function r(x, n) for _ = 1, n do "
                 f"v[#v + 1] = x end end {body} return v end)() }}")
     return "zerod.table{ values = { " + ", ".join(repr(v) for v in values) + " } }"
+
+
+def one_lr(optimizer, who):
+    """The lr every parameter group of a torch optimizer holds, as a float:
+    zerod's optimizer has one set of hyperparameters, so groups whose lrs
+    differ are refused, naming them (`who`: the integration)."""
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    values = [float(lr) for lr in lrs]
+    if any(v != values[0] for v in values[1:]):
+        raise InvalidArgumentError(
+            f"{who}: the optimizer's parameter groups hold different learning rates ({values}); zerod applies one lr "
+            "to every parameter (one set of optimizer hyperparameters), so set the same lr in every group")
+    return values[0]
 
 
 def mark_stepped(optimizer):

@@ -28,7 +28,8 @@ inside the state directory).
 What happens: prepare() hands the model to zerod.deepspeed.initialize with
 a DeepSpeed-shaped config built from the Accelerator's settings (the torch
 optimizer and LR scheduler translated: AdamW/Adam/SGD, step-based
-schedulers; anything else refused naming it). accelerator.backward(loss)
+schedulers, which zerod traces and runs itself; anything else refused
+naming it). accelerator.backward(loss)
 runs zerod's backward and step: zerod averages the window's micro-batches
 and applies the update, clipped, at the window's end (checked to be where
 Accelerate's accumulate() ends it). optimizer.step() then only records on
@@ -46,8 +47,11 @@ constructor, since zerod clips inside its step; clip_grad_value_ is
 refused (as Accelerate refuses it under DeepSpeed). The optimizer must
 hold every parameter that requires grad, and only the model's
 (zerod.deepspeed.initialize). An lr written into the optimizer's
-param_groups other than by the prepared scheduler would not be applied
-(zerod runs the schedule it traced): the next backward refuses it.
+param_groups other than by the prepared scheduler (a hand-written
+schedule, a scheduler not given to prepare(), ReduceLROnPlateau, which
+follows a metric and is not traced) is applied as torch would apply it:
+zerod reads param_groups at each window's last backward and takes the lr
+there (engine.set_lr) from the first that differs from its schedule's on.
 mixed_precision "no", "bf16" (autocast over zerod's fp32 parameters) and
 "fp16" (autocast float16 over fp32 parameters, zerod's loss scaler in the
 GradScaler's place with GradScalerKwargs' settings, see zerod._amp; on the
@@ -61,7 +65,7 @@ import os
 import torch
 
 from . import _amp
-from ._schedules import mark_stepped
+from ._schedules import mark_stepped, one_lr
 from ._gloo import init_gloo
 from . import deepspeed as _zds
 from .errors import InvalidArgumentError, InvalidStateError
@@ -132,7 +136,8 @@ class ZerodAccelerator(Accelerator):
         self._zerod_unstepped = False  # a backward ended a window, optimizer.step() has not come yet
         self._zerod_scheduler = None
         self._zerod_micro = 0  # accelerator.backward() calls
-        self._zerod_lr = None  # (the torch optimizer, its lrs at prepare()): _zerod_check_lr
+        self._zerod_torch_opt = None  # the user's torch optimizer, whose param_groups _zerod_follow_lr reads
+        self._zerod_traced = False  # zerod runs the prepared scheduler's schedule (traced)
         self.register_save_state_pre_hook(self._save_zerod)
         self.register_load_state_pre_hook(self._load_zerod)
 
@@ -158,12 +163,16 @@ class ZerodAccelerator(Accelerator):
 
         model, opt = models[0], opts[0]
         model.to(self.device)
-        engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=self._zerod_stepped(scheds),
+        # ReduceLROnPlateau follows a metric: not traced, it writes its lr
+        # into param_groups, which _zerod_follow_lr hands to zerod.
+        traced = [s for s in scheds if not isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)]
+        self._zerod_traced = bool(traced)
+        engine = _zds.initialize(model=model, optimizer=opt, lr_scheduler=self._zerod_stepped(traced),
                                  config=self._zerod_config(loaders), modules=self._zerod["modules"],
                                  client=self._zerod["client"], lr_steps=self._zerod["lr_steps"], _placement=None,
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
-        self._zerod_lr = (opt, [g["lr"] for g in opt.param_groups])
+        self._zerod_torch_opt = opt
         wrapped = {id(model): _ZerodModel(model, engine, self),
                    id(opt): _ZerodOptimizer(opt, self)}
         if scheds:
@@ -230,7 +239,8 @@ class ZerodAccelerator(Accelerator):
         if kwargs:
             raise InvalidArgumentError(f"ZerodAccelerator.backward: {sorted(kwargs)} are not supported")
         self._zerod_require_stepped("accelerator.backward()")
-        self._zerod_check_lr()
+        if self.sync_gradients:
+            self._zerod_follow_lr()
         if self._zerod_scheduler is not None:
             self._zerod_scheduler._check_per_micro_batch()
         self.zerod_engine.backward(loss)
@@ -262,29 +272,25 @@ class ZerodAccelerator(Accelerator):
                 "and `with accelerator.accumulate(model):` around each micro-batch, calling optimizer.step() "
                 "after every accelerator.backward()")
 
-    def _zerod_check_lr(self):
-        """zerod applies the lr of the schedule it traced at prepare() (from
-        the LR scheduler given to it, or the optimizer's lr) and never reads
-        the torch optimizer's param_groups: an lr written there (a
-        hand-written schedule, a scheduler not given to prepare()) would
-        not be applied. Refused at the next backward: the lr must be the one
-        the prepared scheduler last set (or, without one, the one prepare()
-        saw)."""
-        opt, base = self._zerod_lr
-        sched = self._zerod_scheduler
-        want = sched.scheduler.get_last_lr() if sched is not None else base
-        got = [g["lr"] for g in opt.param_groups]
-        if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
-            return
-        source = "the prepared LR scheduler last set" if sched is not None else "prepare() saw"
-        raise InvalidStateError(
-            f"the optimizer's lr was written outside the LR scheduler given to prepare() (param_groups lr {got}, "
-            f"{source}: {list(want)}): a hand-written schedule (`for g in optimizer.param_groups: g[\"lr\"] = "
-            "...`), or a scheduler not given to prepare() together with the model and optimizer. zerod applies "
-            "the lr of the schedule it traced at prepare() and never reads param_groups, so this lr would not be "
-            "applied. Give the schedule to accelerator.prepare() as a torch LR scheduler (e.g. "
-            "torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: ...)), which zerod traces exactly, or as a "
-            "\"scheduler\" section of ZerodAccelerator(config=...)")
+    def _zerod_follow_lr(self):
+        """The lr of the window this backward ends, as torch's optimizer.step()
+        would read it: what the optimizer's param_groups hold now. While they
+        hold the prepared scheduler's lr (without one, the lr zerod's job
+        applies), zerod runs its own schedule; once the loop writes another
+        (a hand-written schedule, `for g in optimizer.param_groups: g["lr"] =
+        ...`; a scheduler not given to prepare(); ReduceLROnPlateau), zerod
+        takes the lr written there (engine.set_lr, from this update on) and
+        follows param_groups from then on. One lr for every group: zerod's
+        optimizer has one."""
+        opt, engine = self._zerod_torch_opt, self.zerod_engine
+        if engine._trainer_lr is None:
+            sched = self._zerod_scheduler
+            got = [g["lr"] for g in opt.param_groups]
+            want = (sched.scheduler.get_last_lr() if sched is not None and self._zerod_traced else
+                    engine.get_lr() * len(got))
+            if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
+                return
+        engine._follow_lr(one_lr(opt, "ZerodAccelerator"))
 
     def clip_grad_value_(self, parameters, clip_value):
         """Refused, as Accelerate refuses it under DeepSpeed: zerod holds the
@@ -429,7 +435,8 @@ class _ZerodOptimizer:
 
 class _ZerodScheduler(AcceleratedScheduler):
     """What prepare() returns for the LR scheduler: zerod runs the schedule
-    (traced from this scheduler as Accelerate steps it: _zerod_stepped);
+    (traced from this scheduler as Accelerate steps it: _zerod_stepped;
+    ReduceLROnPlateau is not traced, zerod takes the lr it writes);
     the user's torch scheduler is stepped alongside by Accelerate's own
     wrapper, so its get_last_lr() is the lr zerod applies next: at an
     update num_processes times (once with split_batches), not after a
@@ -456,8 +463,10 @@ class _ZerodScheduler(AcceleratedScheduler):
     def _check_per_micro_batch(self):
         """With step_scheduler_with_optimizer=False zerod traced one
         scheduler.step() after every micro-batch's backward: before each
-        backward the scheduler has stepped once per micro-batch so far."""
-        if self.step_with_optimizer:
+        backward the scheduler has stepped once per micro-batch so far. (A
+        scheduler zerod did not trace, ReduceLROnPlateau, steps as it will:
+        zerod takes the lr it writes.)"""
+        if self.step_with_optimizer or not self._accelerator._zerod_traced:
             return
         micro = self._accelerator._zerod_micro
         if self._base is None:

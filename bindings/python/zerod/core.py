@@ -260,6 +260,15 @@ class Model:
         check(_lib.zd_step(self._h(), byref(r)))
         return StepResult(r.flags, r.step, r.micro_step, r.lr, r.loss_scale, r.grad_norm)
 
+    def set_lr(self, lr):
+        """Sets the lr of every update from the next accumulation boundary on,
+        in place of the job's schedule, until set again (ABI 1.7,
+        zd_model_set_lr): finite and >= 0, between modules. On several ranks
+        every rank calls it with the same value (a collective; different
+        values are refused on every rank). Checkpoints keep it with the step;
+        StepResult.lr says what an update used."""
+        check(_lib.zd_model_set_lr(self._h(), float(lr)))
+
     def loss_scale(self):
         out = c_double()
         check(_lib.zd_model_loss_scale(self._h(), byref(out)))

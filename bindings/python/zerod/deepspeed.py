@@ -335,7 +335,24 @@ class DeepSpeedEngine(_zt.Engine):
         self._micro_steps += 1
         if r.skipped:
             self.skipped_steps += 1
+        if r.boundary:
+            self._after_boundary(r)
         return r
+
+    def _after_boundary(self, r):
+        """The lr of the next update, where a script wrote one."""
+        if self._trainer_lr is _zt._UNKNOWN_LR:
+            # A resumed model (a snapshot, a kept model) restored whatever lr
+            # had been set: the update says which, so get_lr() says it too.
+            scheduled = self._lr_of(r.step - 1 if r.applied else r.step)
+            self._trainer_lr = None if _same(r.lr, scheduled) else r.lr
+        elif r.applied and self.lr_scheduler is not None and self.optimizer.lr_written:
+            # Under a schedule DeepSpeed's scheduler steps after the update
+            # and writes its lr over the one the script wrote into
+            # param_groups, which so applied to that update only: the next
+            # takes the schedule's (set, as zerod holds a set lr until the
+            # next).
+            self.set_lr(self._lr_of(self.applied_steps))
 
     def is_gradient_accumulation_boundary(self):
         """True when the next step() ends an accumulation window."""
@@ -468,7 +485,10 @@ class DeepSpeedEngine(_zt.Engine):
 
     def get_lr(self):
         """[lr]: the lr of the next update, as DeepSpeed's (its scheduler has
-        stepped past the update just applied)."""
+        stepped past the update just applied): the schedule's, or the one
+        written into optimizer.param_groups (set_lr) once one was."""
+        if isinstance(self._trainer_lr, float):
+            return [self._trainer_lr]
         return [self._lr_of(self.applied_steps)]
 
     def get_global_grad_norm(self):
@@ -692,15 +712,16 @@ class _Optimizer:
         self.defaults = dict(params)
         self._groups = None  # the one group, the same dict every time
         self._shown = None   # {key: what zerod last put there}
+        self._lr_written = False
 
     @property
     def param_groups(self):
         """[one group]: the optimizer's hyperparameters and the lr of the next
         update (get_lr()). The same dict every time, so that a value a script
         writes into it (nanoGPT's `for g in optimizer.param_groups: g["lr"] =
-        lr`) stays there to be checked: zerod applies the lr of its own
-        schedule, so the next backward() or step() refuses one that differs
-        (check_unwritten) where DeepSpeed would apply it."""
+        lr`) stays there to be read: the next backward() or step() hands an
+        lr written there to zerod (check_unwritten), which applies it from
+        that window's update on, as DeepSpeed applies it."""
         lr = self._engine.get_lr()[0]
         if self._groups is None:
             group = dict(self.defaults, lr=lr)
@@ -712,10 +733,13 @@ class _Optimizer:
         return self._groups
 
     def check_unwritten(self):
-        """Refuses a hyperparameter written into param_groups since zerod put
-        it there (an lr equal to the one zerod applies next is accepted): zerod
-        never reads them back, so it would train with other values than the
-        script asked for."""
+        """Takes an lr written into param_groups since zerod put one there (a
+        hand-written schedule): zerod applies it from the next boundary on, in
+        place of its schedule, until one is written again (engine.set_lr,
+        zd_model_set_lr), as DeepSpeed applies what param_groups hold at its
+        step. Refuses any other hyperparameter written there: zerod takes
+        them once, at initialize(), so it would train with other values than
+        the script asked for."""
         if self._groups is None:
             return
         group, lr = self._groups[0], self._engine.get_lr()[0]
@@ -727,18 +751,30 @@ class _Optimizer:
                 self._shown["lr"] = lr
                 continue
             if key == "lr":
-                raise InvalidArgumentError(
-                    f"optimizer.param_groups[0]['lr'] was set to {now!r}, but zerod applies the lr of its own "
-                    f"schedule ({lr!r} at the next update) and does not read param_groups: zerod runs the optimizer "
-                    "and its schedule itself, from the job it was given at initialize(). Give the schedule there: "
-                    "initialize(lr_scheduler=...) with a torch LR scheduler (e.g. torch.optim.lr_scheduler."
-                    "LambdaLR(optimizer, lambda step: ...) on a torch optimizer; zerod traces it exactly), a config "
-                    "\"scheduler\" section, or a Lua lr(step) in a job script")
+                self._take_lr(now)
+                continue
             raise InvalidArgumentError(
                 f"optimizer.param_groups[0][{key!r}] was changed from {shown!r} to "
                 f"{'(removed)' if now is _MISSING else repr(now)}, but zerod takes the optimizer's hyperparameters "
                 "once, at initialize(), and does not read param_groups: set them in the config's \"optimizer\" "
                 "section or on the torch optimizer given to initialize()")
+
+    @property
+    def lr_written(self):
+        """Whether the script wrote an lr into param_groups (and zerod took it)."""
+        return self._lr_written
+
+    def _take_lr(self, lr):
+        """An lr the script wrote: a number zerod applies from the next
+        boundary on."""
+        try:
+            value = float(lr)
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidArgumentError(f"optimizer.param_groups[0]['lr'] was set to {lr!r}; an lr is a number "
+                                       "(or a one-element tensor)") from None
+        self._engine.set_lr(value)
+        self._shown["lr"] = value
+        self._lr_written = True
 
     def state_dict(self):
         return self._engine.optimizer_state_dict()

@@ -25,8 +25,11 @@ the one Lightning closes. The user's torch optimizer is never stepped: zerod
 applies the update (its lr schedule is the user's scheduler, traced ahead of
 time as Lightning steps it, frequency included; Lightning still steps the
 torch scheduler, so LearningRateMonitor shows the same values). An lr
-written into the optimizer's param_groups by hand would not be applied: the
-next backward refuses it.
+written into the optimizer's param_groups other than by that scheduler (a
+warm-up in optimizer_step, ReduceLROnPlateau, which follows a metric and is
+not traced) is applied as under "ddp": zerod reads param_groups at each
+backward and takes the lr there (engine.set_lr) from the first that differs
+from its schedule's on.
 
 Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
 Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
@@ -53,7 +56,7 @@ import torch
 
 from . import default_client
 from . import _amp
-from ._schedules import mark_stepped
+from ._schedules import mark_stepped, one_lr
 from ._gloo import init_gloo
 from . import deepspeed as _zds
 from . import torch as _zt
@@ -162,7 +165,9 @@ class ZerodStrategy(ParallelStrategy):
         self._last = None
         self._scaling = None  # the GradScaler's settings under "16-mixed"
         self._evaluating = False  # set up for validate/test/predict (no optimizer of the user's)
-        self._lr_watch = None  # (torch optimizer, its scheduler or None, its lrs at set-up): _check_lr_unwritten
+        # (torch optimizer, the scheduler zerod traced or None, its lrs at
+        # set-up, the scheduler whose lr a restore writes back or None): _follow_lr
+        self._lr_watch = None
         self._outer_exc = None  # an exception being handled where fit() was called: not this run's failure
 
     # -- where things run ---------------------------------------------------
@@ -338,7 +343,7 @@ class ZerodStrategy(ParallelStrategy):
                 rank_zero_warn("ZerodStrategy(job=...): configure_optimizers' LR scheduler is not used; the job "
                                "script's lr schedule is")
             elif len(self.optimizers) == 1:
-                self._watch_lr(self.optimizers[0], None)
+                self._watch_lr(self.optimizers[0], None, None)
             dtype = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
             self.engine = _zt.initialize(module, job=self.job, modules=self.modules, dtype=dtype,
                                          client=self._client)
@@ -356,9 +361,13 @@ class ZerodStrategy(ParallelStrategy):
                     f"{len(self.lr_scheduler_configs)} scheduler(s); zerod runs one optimizer and at most one "
                     "scheduler")
             opt = self.optimizers[0]
-            if self.lr_scheduler_configs:
-                sched = self._traced_scheduler(trainer, self.lr_scheduler_configs[0])
-            self._watch_lr(opt, self.lr_scheduler_configs[0].scheduler if self.lr_scheduler_configs else None)
+            config = self.lr_scheduler_configs[0] if self.lr_scheduler_configs else None
+            # ReduceLROnPlateau follows a metric: not traced, it writes its lr
+            # into param_groups, which _follow_lr hands to zerod.
+            if config is not None and not config.reduce_on_plateau:
+                sched = self._traced_scheduler(trainer, config)
+            self._watch_lr(opt, config.scheduler if sched is not None else None,
+                           config.scheduler if config is not None else None)
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
@@ -428,10 +437,6 @@ class ZerodStrategy(ParallelStrategy):
         `frequency` (the batch, not the update: with accumulate_grad_batches
         A, after the k-th update of an epoch when k*A is a multiple of the
         frequency, the count starting again each epoch)."""
-        if config.reduce_on_plateau:
-            raise MisconfigurationException(
-                "ZerodStrategy: ReduceLROnPlateau follows a metric, which zerod's schedule (a function of the "
-                "update count) cannot see; use a step-based scheduler")
         freq, accumulate = max(1, int(config.frequency)), trainer.accumulate_grad_batches
         steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         if config.interval not in ("step", "epoch"):
@@ -456,43 +461,41 @@ class ZerodStrategy(ParallelStrategy):
             return min((t % per_epoch + 1) * accumulate, batches) % freq == 0
         return _zds._schedules.Stepped(config.scheduler, steps=steps, when=when)
 
-    def _watch_lr(self, optimizer, scheduler):
-        self._lr_watch = (optimizer, scheduler, [g["lr"] for g in optimizer.param_groups])
+    def _watch_lr(self, optimizer, traced, scheduler):
+        self._lr_watch = (optimizer, traced, [g["lr"] for g in optimizer.param_groups], scheduler)
 
     def on_train_start(self):
         super().on_train_start()
-        if self._lr_watch is not None and self._lr_watch[1] is not None:
+        if self._lr_watch is not None and self._lr_watch[3] is not None:
             # The torch optimizer's lr as its restored state would hold it
             # after fit(ckpt_path=...): Lightning restored the scheduler, and
             # zerod's checkpoint (not Lightning) holds the optimizer state.
-            opt, sched, _ = self._lr_watch
+            opt, _, _, sched = self._lr_watch
             for g, lr in zip(opt.param_groups, sched.get_last_lr()):
                 g["lr"] = lr
 
-    def _check_lr_unwritten(self):
-        """zerod applies the lr of the schedule it traced from
-        configure_optimizers' scheduler (or the job script's) and never reads
-        the torch optimizer's param_groups: an lr written there (a warm-up in
-        optimizer_step or training_step, as under "ddp") would not be
-        applied. Refused at the next backward: the lr must be the one the
-        scheduler last set (or, without one, the one it started with)."""
+    def _follow_lr(self):
+        """The lr of the update this backward's window ends in, as torch's
+        optimizer.step() would read it under "ddp": what the torch
+        optimizer's param_groups hold now. While they hold the lr of zerod's
+        schedule (the one it traced from configure_optimizers' scheduler, or
+        the job script's), zerod runs that schedule; once the loop writes
+        another (a warm-up in optimizer_step or training_step,
+        ReduceLROnPlateau), zerod takes it (engine.set_lr, from this window's
+        update on) and follows param_groups from then on. One lr for every
+        group: zerod's optimizer has one."""
         if self._lr_watch is None:
             return
-        opt, sched, base = self._lr_watch
-        want = sched.get_last_lr() if sched is not None else base
-        got = [g["lr"] for g in opt.param_groups]
-        if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
-            return
-        source = "its LR scheduler last set" if sched is not None else "configure_optimizers gave it"
-        schedule = ("the job script's lr(step)" if self.job is not None else
-                    "a torch LR scheduler returned by configure_optimizers (e.g. {\"optimizer\": opt, "
-                    "\"lr_scheduler\": {\"scheduler\": LambdaLR(opt, lambda step: ...), \"interval\": \"step\"}}), "
-                    "which zerod traces exactly")
-        raise MisconfigurationException(
-            f"ZerodStrategy: the optimizer's lr was written outside its LR scheduler (param_groups lr {got}, "
-            f"{source}: {list(want)}), e.g. a warm-up in optimizer_step or training_step. zerod applies the lr "
-            f"of its own schedule and never reads param_groups, so this lr would not be applied; give the "
-            f"schedule as {schedule}")
+        opt, traced, base, _ = self._lr_watch
+        if self.engine._trainer_lr is None:
+            got = [g["lr"] for g in opt.param_groups]
+            # Without a traced scheduler: the lr zerod's job applies (a torch
+            # scheduler made on the optimizer leaves another in the groups).
+            want = (traced.get_last_lr() if traced is not None else
+                    self.engine.get_lr() * len(got) if isinstance(self.engine, _zds.DeepSpeedEngine) else base)
+            if len(got) == len(want) and all(_zds._same(a, b) for a, b in zip(got, want)):
+                return
+        self.engine._follow_lr(one_lr(opt, "ZerodStrategy"))
 
     # -- one micro-batch ----------------------------------------------------
 
@@ -519,7 +522,7 @@ class ZerodStrategy(ParallelStrategy):
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         module = self.lightning_module
-        self._check_lr_unwritten()
+        self._follow_lr()
         closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
         if isinstance(self.engine, _zds.DeepSpeedEngine):
             # Lightning has divided the loss by accumulate_grad_batches (its

@@ -31,7 +31,11 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
   gradient, and engine.backward() ends whatever is still begun.
 - Recomputation. A forward inside the backward (activation checkpointing)
   begins the module's backward instead of a forward, so what the
-  recomputation saves stays resident until the backward has used it.
+  recomputation saves stays resident until the backward has used it. After
+  a reentrant checkpoint's no_grad forward, the recomputation is what
+  counts the module's parameters, so the module still ends early.
+- The model's own state_dict() and load_state_dict() go through zerod
+  (hooks on the model), as engine.state_dict() and load_state_dict() do.
 """
 import ctypes
 import os
@@ -42,6 +46,7 @@ import numpy as np
 import torch
 
 from . import _lib, default_client, name_job_for_node_daemon
+from . import _ckpt_masters
 from . import _structs as S
 from ._modules import plan_modules
 from .constants import Dtype, MemKind, Tier
@@ -57,6 +62,8 @@ _CACHE_LIMIT = 8
 # What torch holds outside zerod in a checkpoint (save_checkpoint), and the
 # name it has until zerod's part of the save is whole.
 _TORCH_STATE = "torch_state.pt"
+# Engine._trainer_lr of a resumed model: zerod restored whatever lr was set.
+_UNKNOWN_LR = object()
 _TORCH_STATE_STAGED = "torch_state.next.pt"
 
 
@@ -287,6 +294,11 @@ class Engine:
         self.last_step = None
         # Where the job stands: a job that takes snapshots resumes at finalize.
         self._resumed_step = zmodel.optimizer_info().step
+        # The lr zerod applies in place of the job's schedule (set_lr): None
+        # while the schedule applies, as in a new model; _UNKNOWN_LR in a
+        # resumed one (a snapshot, a model the daemon kept), which restored
+        # whatever lr had been set.
+        self._trainer_lr = None if self._resumed_step == 0 else _UNKNOWN_LR
         self._h = zmodel._handle
         self._raw = S.View()
         self._raw_ref = ctypes.byref(self._raw)
@@ -299,6 +311,7 @@ class Engine:
         self._dropped_by = None  # the call that dropped a forward-only phase (_require_between_steps)
         self._broken = None
         self._hook_error = None  # what a hook raised inside autograd, to re-raise as itself
+        self._backward_began = False  # a module of this backward() reached zd_backward_begin
         self._loss_scale = zmodel.loss_scale()
         self._handles = []
         for name, units, params in plan:
@@ -322,6 +335,7 @@ class Engine:
                 self._handles.append(s.acc.register_hook(self._grad_arrived(s)))
                 p.grad = None
                 p.data = s.placeholder
+        self._handles += self._hook_the_models_state_dict()
 
     # -- DeepSpeed's surface -------------------------------------------------
 
@@ -332,8 +346,8 @@ class Engine:
         """Runs the model. With gradients enabled it starts a micro-batch that
         backward() and step() finish."""
         self._require_usable()
+        self._check_parameters()  # first: a model moved after initialize() is the parameters' fault
         self._check_devices(args, kwargs)
-        self._check_parameters()
         if self._phase == "idle":
             self._follow_stream()
         grad = torch.is_grad_enabled()
@@ -376,9 +390,15 @@ class Engine:
             raise InvalidArgumentError(
                 "backward(loss): loss must be a tensor computed from engine(...)'s output with gradients "
                 "enabled")
+        if loss.numel() != 1:
+            # Refused here, not by torch inside the backward: the forward's
+            # graph stays whole, so a backward of the mean can follow.
+            raise InvalidArgumentError(f"backward(loss): loss has {loss.numel()} elements; it must be one (this "
+                                       "rank's mean loss, e.g. loss.mean())")
         for g in self._groups:
             g.pending = len(g.slots) if g.ran else 0
         self._hook_error = None
+        self._backward_began = False
         self._in_backward = True
         self._hooks_active += 1
         try:
@@ -393,6 +413,13 @@ class Engine:
                 if g.in_backward:
                     self._backward_end(g)
         except BaseException as e:
+            if not self._backward_began:
+                # Failed before any gradient reached zerod (torch refused the
+                # graph, e.g. one a loss.backward() already ran through):
+                # nothing to undo, the engine stays usable.
+                for g in self._groups:
+                    g.pending = 0
+                raise
             why = type(e).__name__ + (f": {e}" if str(e) else "")
             self._broken = (f"an earlier backward() did not finish ({why}); the gradients of this accumulation "
                             "window are incomplete and zerod cannot drop them. Start again from a checkpoint "
@@ -421,6 +448,26 @@ class Engine:
         self.last_step = r
         return r
 
+    def set_lr(self, lr):
+        """Sets the lr of every update from the next accumulation boundary on,
+        in place of the job's schedule, until set again (zd_model_set_lr): a
+        schedule the training loop computes (nanoGPT's get_lr(it), one that
+        follows the loss). Finite and >= 0; any time between the engine's
+        calls, inside an accumulation window too (the window's update reads
+        it). Every rank calls it with the same value (a collective: values
+        that differ are refused on every rank). Checkpoints keep it, and
+        load_checkpoint restores it; StepResult.lr says what an update used."""
+        self._require_usable()
+        self.zerod_model.set_lr(lr)
+        self._trainer_lr = float(lr)
+
+    def _follow_lr(self, lr):
+        """For the integrations, which read the lr a training loop left in
+        its torch optimizer: zerod applies `lr` from the next boundary on
+        (set_lr), unless this engine knows it does already."""
+        if self._trainer_lr is _UNKNOWN_LR or self._trainer_lr != float(lr):
+            self.set_lr(lr)
+
     def report(self, tokens=0, samples=0, loss=None):
         """Tells zerod what this rank processed since its last report and its
         loss (a float or a one-element tensor): the daemon's metrics (tokens
@@ -429,6 +476,16 @@ class Engine:
         if loss is not None and hasattr(loss, "item"):
             loss = loss.item()
         self.zerod_model.report(tokens=tokens, samples=samples, loss=loss)
+
+    def no_sync(self):
+        """DDP's and DeepSpeed's context that skips the gradient reduction of
+        the backward() calls inside it (accumulating by hand): refused, as
+        zerod.deepspeed refuses it; zerod reduces a window's gradients itself."""
+        raise InvalidArgumentError(
+            "engine.no_sync() is not supported by zerod: zerod accumulates the gradients of an accumulation "
+            "window's micro-batches itself and decides when they are reduced across ranks, so there is no "
+            "per-backward reduction to turn off. Accumulate with gradient_accumulation_steps in the job script and "
+            "call backward() and step() on every micro-batch (zerod applies the update at the window's last step())")
 
     def train(self, mode=True):
         self.module.train(mode)
@@ -468,10 +525,15 @@ class Engine:
                 # A module's get_extra_state() need not be a tensor: as torch's.
                 out[key] = value.detach() if isinstance(value, torch.Tensor) else value
                 continue
-            if s.pid not in read:
-                read[s.pid] = torch.from_numpy(self.zerod_model.param_read(s.pid, Dtype.F32)).reshape(s.shape)
-            out[key] = read[s.pid]
+            out[key] = self._full_value(s, read)
         return out
+
+    def _full_value(self, s, read):
+        """The full fp32 master of slot `s` as a CPU tensor, read once per
+        parameter into `read` (tied keys share it)."""
+        if s.pid not in read:
+            read[s.pid] = torch.from_numpy(self.zerod_model.param_read(s.pid, Dtype.F32)).reshape(s.shape)
+        return read[s.pid]
 
     def load_state_dict(self, state_dict, strict=True):
         """Loads values (as torch's load_state_dict): zerod's parameters get
@@ -507,6 +569,69 @@ class Engine:
         rest = {k: v for k, v in state_dict.items() if k in own and id(own[k]) not in self._slot_of}
         if rest:
             self.module.load_state_dict(rest, strict=False)
+
+    # -- the model's own state_dict and load_state_dict ------------------------
+    # nanoGPT and Hugging Face save torch.save(model.state_dict()) and load
+    # with model.load_state_dict(); on the wrapped model the parameters are
+    # empty between forwards, so torch alone would save empty tensors and
+    # refuse every shape. Hooks on the model route both through zerod. They
+    # leave keep_vars=True alone (values that are the Parameters themselves):
+    # that is how the engine and the integrations map keys to parameters.
+
+    def _hook_the_models_state_dict(self):
+        m = self.module
+        post = getattr(m, "register_state_dict_post_hook", None) or m._register_state_dict_hook  # torch 1.13
+
+        def fill_in(*args):  # a function: torch 2 marks the hook with an attribute, which a method cannot take
+            self._fill_in_state_dict(*args)
+        return [post(fill_in),
+                m._register_load_state_dict_pre_hook(self._load_into_zerod, with_module=True)]
+
+    def _slot_keys(self, prefix):
+        """[(prefix + state_dict key, slot)] of zerod's parameters (tied ones
+        under each of their keys)."""
+        own = self.module.state_dict(keep_vars=True)  # these hooks leave it alone
+        return [(prefix + k, self._slot_of[id(v)]) for k, v in own.items() if id(v) in self._slot_of]
+
+    def _fill_in_state_dict(self, module, state_dict, prefix, local_metadata):
+        if any(id(v) in self._slot_of for k, v in state_dict.items() if k.startswith(prefix)):
+            return None  # keep_vars=True
+        if self.world_size > 1:
+            raise InvalidStateError(
+                f"model.state_dict() of a model zerod.torch.initialize() wrapped, on {self.world_size} ranks: "
+                "zerod holds its trainable parameters, and reading them is a collective where they are "
+                "partitioned (ZeRO stage >= 1), which one rank cannot make alone; call engine.state_dict() on "
+                "every rank (rank 0 can then save it)")
+        self._require_between_steps("model.state_dict()")
+        read = {}
+        for key, s in self._slot_keys(prefix):
+            if key in state_dict:
+                state_dict[key] = self._full_value(s, read)
+        return None
+
+    def _load_into_zerod(self, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                         error_msgs):
+        given = [(key, s) for key, s in self._slot_keys(prefix) if key in state_dict]
+        if not given:
+            return  # none of zerod's (the engine's own load of the rest)
+        if local_metadata.get("assign_to_params_buffers"):
+            raise InvalidArgumentError(
+                "model.load_state_dict(..., assign=True) on a model zerod.torch.initialize() wrapped would put "
+                "new Parameters in place of the ones zerod holds; load without assign=True (or call "
+                "engine.load_state_dict())")
+        self._require_between_steps("model.load_state_dict()")
+        for key, s in given:  # every shape first: a refusal changes nothing
+            value = state_dict[key]
+            if tuple(value.shape) != s.shape:
+                raise InvalidArgumentError(f"load_state_dict: '{key[len(prefix):]}' has shape "
+                                           f"{tuple(value.shape)}, the model's is {s.shape}")
+        written = set()
+        for key, s in given:
+            if s.pid not in written:
+                self.zerod_model.param_write(s.pid, state_dict[key].detach().to(torch.float32))
+                written.add(s.pid)
+            # What torch then copies into the (empty) parameter: nothing.
+            state_dict[key] = s.placeholder
 
     def optimizer_state_dict(self):
         """The optimizer's state for a checkpoint: {"optimizer": name, "step":
@@ -601,6 +726,8 @@ class Engine:
         self._loss_scale = self.zerod_model.loss_scale()
         self.last_step = None
         self._resumed_step = self.zerod_model.optimizer_info().step
+        # And the lr the trainer had set, if any (the manifest's lr line).
+        self._trainer_lr = _ckpt_masters.read_manifest(path).lr
         own = self.module.state_dict(keep_vars=True)
         if extra is None:
             rest = [k for k, v in own.items() if id(v) not in self._slot_of]
@@ -680,13 +807,20 @@ class Engine:
         self._dropped_by = why
 
     def _check_devices(self, args, kwargs):
+        # Floating-point inputs only: torch itself wants some integer
+        # tensors on the CPU whatever the model's device (the lengths of
+        # pack_padded_sequence), and says so for token ids on the wrong one.
         for i, t in enumerate(_tensors(args, kwargs)):
-            if t.device != self.device:
+            if t.is_floating_point() and t.device != self.device:
                 raise InvalidArgumentError(
                     f"input tensor {i} is on {t.device}, but the model's parameters live on {self.device} "
-                    f"(zerod's views): move the batch there first, e.g. batch.to('{self.device}')")
+                    f"(zerod's views): move the batch there first, e.g. batch.to('{self.device}'); or, to "
+                    f"train on {t.device}, move the model there before initialize(), e.g. "
+                    f"zerod.torch.initialize(model.to('{t.device}'), ...)")
 
     def _check_parameters(self):
+        for s in self._slots:
+            self._check_slot(s)
         for p in self.module.parameters():
             if id(p) not in self._slot_of and p.requires_grad:
                 name = next(n for n, q in self.module.named_parameters() if q is p)
@@ -694,6 +828,25 @@ class Engine:
                     f"parameter '{name}' was created (or unfrozen) after zerod.torch.initialize(): zerod "
                     "does not hold it, so it would never be trained. Build the whole model, then call "
                     "initialize()")
+
+    def _check_slot(self, s):
+        p = s.param
+        if not s.ptr and not p.is_set_to(s.placeholder):
+            # Module._apply (model.cuda(), .to(dtype), .half()) replaced the
+            # parameter's data; torch then drops the AccumulateGrad node the
+            # gradient hooks sit on (casting back does not restore it), so
+            # gradients would pile up in p.grad and zerod step with zeros.
+            raise InvalidStateError(
+                f"parameter '{s.name}' was moved or cast (now {p.dtype} on {p.device}) after "
+                f"zerod.torch.initialize(), which registered it as {s.placeholder.dtype} on "
+                f"{s.placeholder.device}: zerod holds it there, and torch dropped the gradient hooks the engine "
+                "set on it. Move or cast the model before initialize(), e.g. "
+                "zerod.torch.initialize(model.cuda(), ...) or initialize(model, dtype=torch.bfloat16, ...)")
+        if not p.requires_grad:
+            raise InvalidStateError(
+                f"parameter '{s.name}' was frozen (requires_grad=False) after zerod.torch.initialize(): zerod "
+                "holds it and its optimizer would keep updating it (weight decay, momentum). To train without "
+                "it, freeze it before initialize() (frozen parameters stay in torch)")
 
     # -- residency ------------------------------------------------------------
 
@@ -775,8 +928,10 @@ class Engine:
         if not self._in_backward:
             raise InvalidStateError(
                 f"a backward reached module '{g.name}' outside engine.backward(): call engine.backward(loss), "
-                "not loss.backward(), so zerod can collect the gradients")
+                "not loss.backward(), so zerod can collect the gradients. This backward has freed part of the "
+                "forward's graph (without retain_graph=True): run the forward again")
         check(_lib.zd_backward_begin(self._h, g.mid))
+        self._backward_began = True
         g.in_backward = True
         self._make_resident(g)
         for s in g.slots:
@@ -796,6 +951,14 @@ class Engine:
         try:
             if not g.in_backward:
                 self._backward_begin(g)
+            if not g.ran and torch.is_grad_enabled():
+                # The reentrant checkpoint (Hugging Face's default) ran the
+                # first forward under no_grad, so backward() counted none of
+                # the module's parameters; this recomputation's own backward
+                # delivers their gradients: count them now, so the module
+                # ends when they have arrived, not when backward() returns.
+                g.ran = True
+                g.pending = len(g.slots)
         except BaseException as e:
             self._hook_error = e
             raise

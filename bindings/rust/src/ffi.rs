@@ -17,7 +17,7 @@ use std::ptr;
 // Versions ---------------------------------------------------------------
 
 pub const ZD_ABI_VERSION_MAJOR: u32 = 1;
-pub const ZD_ABI_VERSION_MINOR: u32 = 6;
+pub const ZD_ABI_VERSION_MINOR: u32 = 7;
 pub const ZD_ABI_VERSION: u32 = (ZD_ABI_VERSION_MAJOR << 16) | ZD_ABI_VERSION_MINOR;
 
 // Status codes -----------------------------------------------------------
@@ -483,6 +483,7 @@ extern "C" {
         bytes: u64,
     ) -> zd_status;
     pub fn zd_model_set_step(model: *mut zd_model, step: i64) -> zd_status;
+    pub fn zd_model_set_lr(model: *mut zd_model, lr: f64) -> zd_status;
 
     pub fn zd_model_comm_figures(
         model: *const zd_model,

@@ -514,6 +514,18 @@ impl<'c> Model<'c> {
         self.check(st)
     }
 
+    /// Sets the learning rate of every update from the next accumulation
+    /// boundary on, in place of the job's schedule, until set again
+    /// (`zd_model_set_lr`, ABI 1.7): finite and >= 0, between modules. On
+    /// several ranks every rank sets the same value (a collective; values
+    /// that differ are refused on every rank). Checkpoints keep it with the
+    /// step; `StepResult::lr` says what an update used.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        // SAFETY: a live model.
+        let st = unsafe { ffi::zd_model_set_lr(self.raw.as_ptr(), lr) };
+        self.check(st)
+    }
+
     /// Reports what this rank processed since its last report (tokens,
     /// samples; 0 = not counted) and its loss (`zd_model_report`, ABI 1.3):
     /// the daemon's metrics and the trace's loss curve come from it.

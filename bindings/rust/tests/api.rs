@@ -157,6 +157,26 @@ fn gradients_average_over_a_window_and_contributions_add() {
     );
 }
 
+#[test]
+fn a_set_lr_replaces_the_schedule_from_the_next_boundary() {
+    let c = client();
+    let (mut model, w, layer) = one_param(&c, &sgd(0.5, ""), &[1.0, 2.0]);
+    let r = micro_step(&mut model, layer, w, &[1.0, 1.0]);
+    assert_eq!(r.lr, 0.5, "the job's lr");
+    model.set_lr(0.25).unwrap();
+    let r = micro_step(&mut model, layer, w, &[1.0, 1.0]);
+    assert_eq!(r.lr, 0.25, "the lr set");
+    // 1 - 0.5 - 0.25, 2 - 0.5 - 0.25
+    assert_eq!(model.param_read_vec::<f32>(w).unwrap(), vec![0.25, 1.25]);
+    for bad in [f64::NAN, f64::INFINITY, -0.5] {
+        let e = model.set_lr(bad).unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
+        assert!(e.message().contains("finite and >= 0"), "{}", e);
+    }
+    let r = micro_step(&mut model, layer, w, &[0.0, 0.0]);
+    assert_eq!(r.lr, 0.25, "a refused value leaves the lr in force");
+}
+
 trait ToVec {
     fn to_vec(&self) -> Vec<f32>;
 }
