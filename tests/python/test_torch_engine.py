@@ -2,6 +2,7 @@
 state_dict, embedded at stages 0 and 3 (one rank; the daemon's ranks are in
 test_parity.py)."""
 
+import inspect
 import pytest
 import torch
 import torch.nn as nn
@@ -160,8 +161,9 @@ def test_the_models_own_state_dict_and_load_state_dict_go_through_zerod(tmp_path
         torch.testing.assert_close(v, trained[k], rtol=0, atol=0, msg=k)
     with pytest.raises(zerod.InvalidArgumentError, match=r"'lm_head.weight' has shape \(3, 4\)"):
         model.load_state_dict({**trained, "lm_head.weight": torch.zeros(3, 4)})
-    with pytest.raises(zerod.InvalidArgumentError, match=r"assign=True"):
-        model.load_state_dict(trained, assign=True)
+    if "assign" in inspect.signature(nn.Module.load_state_dict).parameters:  # torch >= 2.1
+        with pytest.raises(zerod.InvalidArgumentError, match=r"assign=True"):
+            model.load_state_dict(trained, assign=True)
     engine.backward(engine(x, y)[1])  # the engine trains on
     assert engine.step().applied
 
