@@ -501,36 +501,50 @@ void Model::set_applied_steps(int rank, int64_t step) {
 
 void Model::set_lr(int rank, double lr) {
   Call call(*this, rank, "set_lr");
-  if (!std::isfinite(lr) || lr < 0)
-    fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_lr: the learning rate is " + lr_text(lr) +
-                                      "; it must be finite and >= 0");
   require_finalized("zd_model_set_lr");
   RankState& rs = rank_state(rank);
+  const bool usable = std::isfinite(lr) && lr >= 0;
   // Inside an accumulation window is fine: the lr is read at the boundary.
-  if (rs.active_modules > 0)
+  const bool between_modules = rs.active_modules == 0;
+  // Every rank joins the comparison before refusing anything, so a refusal
+  // on one rank is a refusal on all and no rank is left waiting in it.
+  const LrAgreement agreed = agree_on_lr(rs, usable ? lr : 0.0, !usable, !between_modules);
+  if (!usable)
+    fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_lr: the learning rate is " + lr_text(lr) +
+                                      "; it must be finite and >= 0");
+  if (agreed.some_unusable)
+    fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_lr: another rank set a learning rate that is not finite or < 0 "
+                                  "(this rank set " + lr_text(lr) + "); the lr in force stays");
+  if (!between_modules)
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_lr while modules are begun; call it between modules (it sets the lr "
                                "from the next accumulation boundary on)");
-  require_same_lr_on_every_rank(rs, lr);
+  if (agreed.some_in_module)
+    fail(ZD_ERR_INVALID_STATE, "zd_model_set_lr while another rank has modules begun; every rank calls it between "
+                               "modules, and the lr in force stays");
+  if (agreed.lowest != agreed.highest)
+    fail(ZD_ERR_INVALID_ARGUMENT,
+         "zd_model_set_lr: the ranks set different learning rates (from " + lr_text(agreed.lowest) + " to " +
+             lr_text(agreed.highest) + "; rank " + std::to_string(rank) + " set " + lr_text(lr) +
+             "); every rank must set the same lr, and the lr in force stays");
   rs.trainer_lr = lr;
 }
 
-// Compared by one all-reduce of (lr, -lr) with MAX: equal everywhere exactly
-// when max(lr) == -max(-lr). Every rank sees the same two numbers, so every
-// rank refuses alike and each keeps the lr it had: the ranks go on in step.
-void Model::require_same_lr_on_every_rank(RankState& rs, double lr) {
-  if (world_size_ == 1) return;
-  double v[2] = {lr, -lr};
-  const std::string what = "zd_model_set_lr: comparing the lr every rank set";
-  const int rank = rs.res.rank;
-  ctx_.run(*rs.res.stream, [&] {
-    plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::SetLr, 0, 0), what), v, 2, ZD_COMM_F64,
-                              ZD_REDUCE_MAX);
-  });
-  if (v[0] != -v[1])
-    fail(ZD_ERR_INVALID_ARGUMENT,
-         "zd_model_set_lr: the ranks set different learning rates (from " + lr_text(-v[1]) + " to " +
-             lr_text(v[0]) + "; rank " + std::to_string(rank) + " set " + lr_text(lr) +
-             "); every rank must set the same lr, and the lr in force stays");
+// One all-reduce of (lr, -lr, unusable, in a module) with MAX: the lrs are
+// equal everywhere exactly when max(lr) == -max(-lr), and either flag is set
+// when any rank set it. Every rank sees the same four numbers, so every rank
+// refuses alike and each keeps the lr it had: the ranks go on in step. An
+// unusable lr is compared as 0 (a NaN would make MAX depend on the order).
+Model::LrAgreement Model::agree_on_lr(RankState& rs, double lr, bool unusable, bool in_module) {
+  double v[4] = {lr, -lr, unusable ? 1.0 : 0.0, in_module ? 1.0 : 0.0};
+  if (world_size_ > 1) {
+    const std::string what = "zd_model_set_lr: comparing the lr every rank set";
+    const int rank = rs.res.rank;
+    ctx_.run(*rs.res.stream, [&] {
+      plugins_.comm->all_reduce(ctx_.comm_call(rank, comm_tag(CommOp::SetLr, 0, 0), what), v, 4, ZD_COMM_F64,
+                                ZD_REDUCE_MAX);
+    });
+  }
+  return LrAgreement{-v[1], v[0], v[2] != 0, v[3] != 0};
 }
 
 // ---------------------------------------------------------------------------

@@ -316,9 +316,13 @@ class Model final : private FailureSink {
   // True when this failure is the job's first.
   bool mark_broken_locked(zd_status code, const std::string& message);
   double learning_rate(int64_t step);
-  // set_lr's agreement: ZD_ERR_INVALID_ARGUMENT on every rank, naming the
-  // lowest and highest value, unless every rank gave `lr`.
-  void require_same_lr_on_every_rank(RankState& rs, double lr);
+  // What zd_model_set_lr's comparison found over all ranks (one collective
+  // every rank joins, whatever it passed).
+  struct LrAgreement {
+    double lowest = 0, highest = 0;
+    bool some_unusable = false, some_in_module = false;
+  };
+  LrAgreement agree_on_lr(RankState& rs, double lr, bool unusable, bool in_module);
   // The plan of the rank's next update (applied + 1), from the optimizer
   // and the job's compression schedules; the window's gradients follow it.
   const zd_optimizer_plan& next_plan(RankState& rs);
@@ -371,6 +375,7 @@ class Model final : private FailureSink {
   std::vector<char> took_initial_values_;
   std::vector<std::pair<size_t, zd_dtype>> dropped_initial_values_;
   bool initial_values_lost_ = false;
+  std::string unreadable_masters_;  // why a one-rank job could not put them back
   // plan() has checked the placement against the device (check_device
   // reads every parameter and is the same for every rank: once, not per
   // rank, or planning 4096 ranks reads them 4096 times).

@@ -14,6 +14,7 @@
 #include "observe/traced_device.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <cmath>
 #include <cstring>
 
@@ -296,8 +297,12 @@ void Model::finalize(int rank) {
       fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
     if (initial_values_lost_)
       fail(ZD_ERR_INVALID_STATE,
-           "an earlier zd_model_finalize failed after its ranks had dropped the registered initial values, "
-           "and a job of several ranks cannot put them back; destroy the model and create it again");
+           world_size_ == 1
+               ? "an earlier zd_model_finalize failed after it had dropped the registered initial values, and "
+                 "reading them back from the masters failed (" + unreadable_masters_ +
+                     "); destroy the model and create it again"
+               : "an earlier zd_model_finalize failed after its ranks had dropped the registered initial values, "
+                 "and a job of several ranks cannot put them back; destroy the model and create it again");
   }
   // Every rank has registered everything once all are here.
   const std::string what = "finalize: every rank registered";
@@ -429,8 +434,11 @@ void Model::put_back_initial_values(RankState& rs) noexcept {
       restage_initial_values(rs);
       dropped_initial_values_.clear();
       return;
+    } catch (const std::exception& e) {
+      // Unreadable masters: the retry is refused, saying which.
+      unreadable_masters_ = e.what();
     } catch (...) {
-      // Unreadable masters: the retry is refused below.
+      unreadable_masters_ = "an unknown error";
     }
   }
   initial_values_lost_ = true;
@@ -445,7 +453,11 @@ void Model::restage_initial_values(RankState& rs) {
     ParamRecord& p = params[index];
     const auto numel = static_cast<uint64_t>(p.numel);
     whole.resize(numel);
-    rs.buffers.read_value(p, whole.data());
+    try {
+      rs.buffers.read_value(p, whole.data());
+    } catch (const std::exception& e) {
+      throw std::runtime_error("the master of '" + p.name + "': " + e.what());
+    }
     p.staged_init.resize(dtype, numel);
     convert(whole.data(), ZD_DTYPE_F32, p.staged_init.bytes.data(), dtype, numel);
   }

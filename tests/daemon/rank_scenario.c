@@ -13,6 +13,11 @@
  *   rank_scenario set_lr    rank 0 sets lr 0.01, rank 1 0.02 (refused on both);
  *                           then both 0.005, and 3 steps: each rank prints
  *                           the refusal and the lr the steps used
+ *   rank_scenario set_lr_one_rank_invalid
+ *                           (stage 0-2) rank 0 sets lr NaN, rank 1 0.01; then
+ *                           both 0.01, rank 0 inside module m1's forward:
+ *                           each rank prints both refusals, then 3 steps and
+ *                           the lr they used (the job's)
  *   rank_scenario wait      (stage 3) rank 1 never calls; rank 0 waits in a
  *                           gather, on the call ring, until a process dies
  *   rank_scenario sleepy    (stage 3) rank 1 begins 1 s late; rank 0 prints
@@ -31,6 +36,7 @@
  */
 #include <zerod/zerod.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,9 +208,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int resume = !strcmp(scenario, "resume");
-  const int set_lr = !strcmp(scenario, "set_lr");
+  const int set_lr = !strcmp(scenario, "set_lr") || !strcmp(scenario, "set_lr_one_rank_invalid");
   char refused[1024] = "";
-  if (set_lr) {
+  if (!strcmp(scenario, "set_lr")) {
     /* zd_model_set_lr is a collective: values that differ are refused on
        every rank, naming them, and the lr in force stays. */
     const zd_status st = zd_model_set_lr(m, rank == 0 ? 0.01 : 0.02);
@@ -214,6 +220,22 @@ int main(int argc, char** argv) {
     }
     snprintf(refused, sizeof refused, "%s: %s", zd_status_str(st), zd_last_error());
     CHECK(zd_model_set_lr(m, 0.005));
+  }
+  if (!strcmp(scenario, "set_lr_one_rank_invalid")) {
+    /* What one rank refuses every rank refuses: none is left waiting in the
+       comparison, and the next calls meet on every rank. Module m1's forward
+       gathers nothing below stage 3, so rank 0 can be inside it alone. */
+    const zd_status invalid = zd_model_set_lr(m, rank == 0 ? NAN : 0.01);
+    char first[512];
+    snprintf(first, sizeof first, "%s: %s", zd_status_str(invalid), zd_last_error());
+    if (rank == 0) CHECK(zd_forward_begin(m, 0));
+    const zd_status in_module = zd_model_set_lr(m, 0.01);
+    if (rank == 0) CHECK(zd_forward_end(m, 0));
+    snprintf(refused, sizeof refused, "[%s] [%s: %s]", first, zd_status_str(in_module), zd_last_error());
+    if (invalid == ZD_OK || in_module == ZD_OK) {
+      printf("rank %d: set_lr took what another rank refused %s\n", rank, refused);
+      return 1;
+    }
   }
   double lr = 0;
   for (int step = 0; step < (resume ? 5 : set_lr ? 3 : 20); ++step) {

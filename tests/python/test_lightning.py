@@ -536,6 +536,23 @@ def test_reduce_lr_on_plateau_trains_as_under_auto(tmp_path):
     torch.testing.assert_close(ours.lin.weight.detach(), ref.lin.weight.detach(), rtol=1e-6, atol=0)
 
 
+def test_a_snapshot_resume_keeps_the_job_schedules_lr(tmp_path):
+    """A model resumed from a snapshot at finalize: zerod restored its lr
+    (the job's schedule here, no lr was ever set), and the fresh torch
+    optimizer's param_groups hold the constant lr they always held, which
+    is no lr the loop wrote: the updates after the resume go on at the
+    schedule's lr(2), lr(3), not at param_groups' 0.1."""
+    job, snaps = tmp_path / "job.lua", tmp_path / "snaps"
+    job.write_text('return { zero = { stage = 1 }, optimizer = { type = "sgd", lr = 0.1 },\n'
+                   '  lr = function(step) return 0.1 / (step + 1) end,\n'
+                   f'  snapshot = {{ path = "{snaps}", every = 1 }} }}\n')
+    first, resumed = Linear(), Linear()
+    _linear_fit(ZerodStrategy(job=str(job)), first, tmp_path=tmp_path / "a", max_steps=2)
+    _linear_fit(ZerodStrategy(job=str(job)), resumed, tmp_path=tmp_path / "b", max_steps=2)
+    assert first.lrs == pytest.approx([0.1, 0.05], rel=1e-12), first.lrs
+    assert resumed.lrs == pytest.approx([0.1 / 3, 0.1 / 4], rel=1e-12), resumed.lrs
+
+
 def test_test_and_validate_from_a_zerod_checkpoint(tmp_path):
     """trainer.test/validate(ckpt_path=...) on a checkpoint of an AdamW fit:
     set up outside fit the engine has no optimizer of the user's, so the

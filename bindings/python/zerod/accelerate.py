@@ -283,7 +283,7 @@ class ZerodAccelerator(Accelerator):
         follows param_groups from then on. One lr for every group: zerod's
         optimizer has one."""
         opt, engine = self._zerod_torch_opt, self.zerod_engine
-        if engine._trainer_lr is None:
+        if engine._runs_schedule():
             sched = self._zerod_scheduler
             got = [g["lr"] for g in opt.param_groups]
             want = (sched.scheduler.get_last_lr() if sched is not None and self._zerod_traced else

@@ -487,7 +487,7 @@ class ZerodStrategy(ParallelStrategy):
         if self._lr_watch is None:
             return
         opt, traced, base, _ = self._lr_watch
-        if self.engine._trainer_lr is None:
+        if self.engine._runs_schedule():
             got = [g["lr"] for g in opt.param_groups]
             # Without a traced scheduler: the lr zerod's job applies (a torch
             # scheduler made on the optimizer leaves another in the groups).

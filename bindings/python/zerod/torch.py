@@ -461,12 +461,20 @@ class Engine:
         self.zerod_model.set_lr(lr)
         self._trainer_lr = float(lr)
 
+    def _runs_schedule(self):
+        """True until a trainer lr is set through this engine: zerod runs the
+        job's schedule, or (a resumed model) whatever lr it restored, which
+        the integrations keep while the loop writes nothing else."""
+        return self._trainer_lr is None or self._trainer_lr is _UNKNOWN_LR
+
     def _follow_lr(self, lr):
         """For the integrations, which read the lr a training loop left in
         its torch optimizer: zerod applies `lr` from the next boundary on
-        (set_lr), unless this engine knows it does already."""
-        if self._trainer_lr is _UNKNOWN_LR or self._trainer_lr != float(lr):
-            self.set_lr(lr)
+        (set_lr). Set at every window once the loop writes its own, changed
+        or not: set_lr is a collective, and a rank whose lr changed alone (a
+        ReduceLROnPlateau on a metric each rank computes itself) meets the
+        others there, which refuse the difference with it."""
+        self.set_lr(lr)
 
     def report(self, tokens=0, samples=0, loss=None):
         """Tells zerod what this rank processed since its last report and its
