@@ -140,13 +140,26 @@ struct TrainerGoneWatchTest : ::testing::Test {
   Workers workers{pool, pool_mu};
 };
 
-TEST_F(TrainerGoneWatchTest, AKilledTrainersRecordIsReleasedWhileTheCallStillWaitsForIt) {
+// What every case starts from: a trainer behaving as `how`, with its record
+// queued on the shared page, and a watch over its connection and the device
+// that waits for that record. Destroyed in reverse (the watch first), as a
+// session would.
+struct WatchedTrainer {
+  WatchedTrainer(MemoryLedger& ledger, Workers& workers, Trainer how)
+      : trainer(shared, how), device(ledger, workers, *shared.page),
+        watch(trainer.daemon_end, trainer.pid, "test: ", 10000) {
+    if (trainer.pid > 0) watch.watch(0, device);
+  }
   SharedPage shared;
-  TrainerProcess trainer(shared, Trainer::lives);
-  ASSERT_GT(trainer.pid, 0);
-  SignalledDevice device(ledger, workers, *shared.page);
-  server::TrainerGoneWatch watch(trainer.daemon_end, trainer.pid, "test: ", 10000);
-  watch.watch(0, device);
+  TrainerProcess trainer;
+  SignalledDevice device;
+  server::TrainerGoneWatch watch;
+};
+
+TEST_F(TrainerGoneWatchTest, AKilledTrainersRecordIsReleasedWhileTheCallStillWaitsForIt) {
+  WatchedTrainer w(ledger, workers, Trainer::lives);
+  ASSERT_GT(w.trainer.pid, 0);
+  auto& [shared, trainer, device, watch] = w;
 
   // The session's thread in zd_step: back only once zerod's stream, which
   // waits for the record, can go on (bounded, so a failure ends the test).
@@ -177,12 +190,9 @@ TEST_F(TrainerGoneWatchTest, AKilledTrainersRecordIsReleasedWhileTheCallStillWai
 }
 
 TEST_F(TrainerGoneWatchTest, ATrainerThatOnlyClosedItsConnectionIsWaitedForUntilStop) {
-  SharedPage shared;
-  TrainerProcess trainer(shared, Trainer::closes_alive);
-  ASSERT_GT(trainer.pid, 0);
-  SignalledDevice device(ledger, workers, *shared.page);
-  server::TrainerGoneWatch watch(trainer.daemon_end, trainer.pid, "test: ", 10000);
-  watch.watch(0, device);
+  WatchedTrainer w(ledger, workers, Trainer::closes_alive);
+  ASSERT_GT(w.trainer.pid, 0);
+  auto& [shared, trainer, device, watch] = w;
 
   // Hung up, alive: a record it queued still runs, so the watch waits.
   std::this_thread::sleep_for(milliseconds(400));
@@ -202,12 +212,9 @@ TEST_F(TrainerGoneWatchTest, ATrainerThatOnlyClosedItsConnectionIsWaitedForUntil
 }
 
 TEST_F(TrainerGoneWatchTest, ARecordThatRunsEndsTheWaitWithoutARelease) {
-  SharedPage shared;
-  TrainerProcess trainer(shared, Trainer::closes_and_runs);
-  ASSERT_GT(trainer.pid, 0);
-  SignalledDevice device(ledger, workers, *shared.page);
-  server::TrainerGoneWatch watch(trainer.daemon_end, trainer.pid, "test: ", 10000);
-  watch.watch(0, device);
+  WatchedTrainer w(ledger, workers, Trainer::closes_and_runs);
+  ASSERT_GT(w.trainer.pid, 0);
+  auto& [shared, trainer, device, watch] = w;
 
   ASSERT_TRUE(within(milliseconds(5000), [&] { return !shared.pending(); })) << "the trainer's record did not run";
   trainer.kill_and_reap();
@@ -217,12 +224,9 @@ TEST_F(TrainerGoneWatchTest, ARecordThatRunsEndsTheWaitWithoutARelease) {
 }
 
 TEST_F(TrainerGoneWatchTest, UnwatchEndsAWaitInProgressWithoutARelease) {
-  SharedPage shared;
-  TrainerProcess trainer(shared, Trainer::closes_alive);
-  ASSERT_GT(trainer.pid, 0);
-  SignalledDevice device(ledger, workers, *shared.page);
-  server::TrainerGoneWatch watch(trainer.daemon_end, trainer.pid, "test: ", 10000);
-  watch.watch(0, device);
+  WatchedTrainer w(ledger, workers, Trainer::closes_alive);
+  ASSERT_GT(w.trainer.pid, 0);
+  auto& [shared, trainer, device, watch] = w;
   std::this_thread::sleep_for(milliseconds(300));  // hung up: the watch waits for the live trainer
 
   // zd_model_destroy of that model: the session's thread is not held until
@@ -237,12 +241,9 @@ TEST_F(TrainerGoneWatchTest, UnwatchEndsAWaitInProgressWithoutARelease) {
 }
 
 TEST_F(TrainerGoneWatchTest, AnUnwatchedDeviceIsLeftAlone) {
-  SharedPage shared;
-  TrainerProcess trainer(shared, Trainer::lives);
-  ASSERT_GT(trainer.pid, 0);
-  SignalledDevice device(ledger, workers, *shared.page);
-  server::TrainerGoneWatch watch(trainer.daemon_end, trainer.pid, "test: ", 10000);
-  watch.watch(0, device);
+  WatchedTrainer w(ledger, workers, Trainer::lives);
+  ASSERT_GT(w.trainer.pid, 0);
+  auto& [shared, trainer, device, watch] = w;
   watch.unwatch(0);  // zd_model_destroy: the model may be freed next
 
   trainer.kill_and_reap();

@@ -494,25 +494,41 @@ TEST(Nvme, ADiskThatFillsAfterFinalizeDoesNotFailTraining) {
   expect_steps_land(*model, w, 3);
 }
 
+namespace {
+
+// AdamW at `stage` with its masters and moments on NVMe under `path`, for
+// tests that limit the files' size: the device pool's memfd arenas are
+// files too, so they are sized to each request (1 MiB), not 64 MiB, and fit
+// under the limit.
+JobOptions adamw_on_nvme(int stage, const std::string& path) {
+  JobOptions o = adamw(stage);
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {path};
+  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
+    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
+  };
+  return o;
+}
+
+// The NVMe bytes the plan of rank 0 needs.
+uint64_t nvme_need(Model& model) {
+  const auto plan = model.plan(0);  // held: a range-for over a temporary's member outlives it (TSan)
+  uint64_t need = 0;
+  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  return need;
+}
+
+}  // namespace
+
 // A finalize that cannot reserve all of a rank's NVMe state keeps none of
 // it: the store is closed, so the disk has back what the failed attempt
 // took, and a retry on a disk with room for exactly the state fits.
 TEST(Nvme, AFailedFinalizeKeepsNoReservationsAndARetryFits) {
   TempDir dir;
-  JobOptions o = adamw(0);
-  o.offload.optimizer = ZD_TIER_NVME;
-  o.offload.nvme_paths = {dir.path};
-  // The device pool's memfd arenas are files too: sized to each request
-  // (1 MiB), not 64 MiB, they fit under the limit.
-  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
-    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
-  };
-  auto model = make_model(o, 1);
+  auto model = make_model(adamw_on_nvme(0, dir.path), 1);
   // The master, exp_avg and exp_avg_sq: 1 MiB each, reserved in that order.
   const zd_param_id w = model->register_param(0, "w", "m", ZD_DTYPE_F32, {1 << 18}, nullptr, 0);
-  uint64_t need = 0;
-  const auto plan = model->plan(0);  // held: a range-for over a temporary's member outlives it (TSan)
-  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  const uint64_t need = nvme_need(*model);
   ASSERT_EQ(need, uint64_t{3} << 20);
   {
     FileSizeLimit limit(need - (uint64_t{512} << 10));  // room for two of the three
@@ -574,13 +590,7 @@ std::vector<float> master_of(const Model& model, zd_param_id id) {
 // values, bit for bit, not from zeros.
 TEST(Nvme, ARetryAfterAFailedFinalizeStartsFromTheRegisteredValues) {
   TempDir dir;
-  JobOptions o = adamw(0);
-  o.offload.optimizer = ZD_TIER_NVME;
-  o.offload.nvme_paths = {dir.path};
-  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
-    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
-  };
-  auto model = make_model(o, 1);
+  auto model = make_model(adamw_on_nvme(0, dir.path), 1);
   constexpr int64_t kNumel = 1 << 18;
   const std::vector<uint16_t> bf16 = bf16_ramp(kNumel, 0);
   std::vector<float> f32(kNumel);
@@ -588,9 +598,7 @@ TEST(Nvme, ARetryAfterAFailedFinalizeStartsFromTheRegisteredValues) {
   // Staged as bf16 (2 bytes a value) and as fp32.
   const zd_param_id a = model->register_param(0, "a", "m", ZD_DTYPE_F32, {kNumel}, bf16.data(), ZD_DTYPE_BF16);
   const zd_param_id b = model->register_param(0, "b", "m", ZD_DTYPE_F32, {kNumel}, f32.data(), ZD_DTYPE_F32);
-  uint64_t need = 0;
-  const auto plan = model->plan(0);
-  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  const uint64_t need = nvme_need(*model);
   {
     FileSizeLimit limit(need / 2);
     EXPECT_THROW(model->finalize(0), Error) << "the optimizer state does not fit the store";
@@ -608,21 +616,13 @@ TEST(Nvme, ARetryAfterAFailedFinalizeStartsFromTheRegisteredValues) {
 // its retry is refused, not started from zeros.
 TEST(Nvme, ARetryOfSeveralRanksWithoutTheInitialValuesIsRefused) {
   TempDir dir;
-  JobOptions o = adamw(3);
-  o.offload.optimizer = ZD_TIER_NVME;
-  o.offload.nvme_paths = {dir.path};
-  o.device_factory = [](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string& name) {
-    return std::unique_ptr<Device>(std::make_unique<CpuDevice>(ledger, workers, 4096, name));
-  };
-  auto model = make_model(o, 2);
+  auto model = make_model(adamw_on_nvme(3, dir.path), 2);
   constexpr int64_t kNumel = 1 << 18;
   const std::vector<uint16_t> bf16 = bf16_ramp(kNumel, 0);
   run_ranks(2, [&](int rank) {
     model->register_param(rank, "w", "m", ZD_DTYPE_F32, {kNumel}, bf16.data(), ZD_DTYPE_BF16);
   });
-  uint64_t need = 0;
-  const auto plan = model->plan(0);
-  for (const uint64_t bytes : plan.need[ZD_TIER_NVME]) need += bytes;
+  const uint64_t need = nvme_need(*model);
   FileSizeLimit limit(need / 2);  // every rank's store: each rank's state fails alike
   std::array<std::string, 2> failed;
   run_ranks(2, [&](int rank) {
