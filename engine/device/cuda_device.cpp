@@ -45,6 +45,11 @@ std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) +
 // (describe_cuda_failure: an error an earlier kernel left is not zerod's).
 void check(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
+  // The runtime keeps a failed call's error as its "last error" until read;
+  // left there, torch would raise it from the trainer's next, unrelated
+  // kernel launch. One an earlier kernel left in the context stays anyway
+  // (describe_cuda_failure says so).
+  cudaGetLastError();
   const CudaFailure f = describe_cuda_failure(e, cudaGetErrorName(e), cudaGetErrorString(e), "", what);
   fail(f.status, "cuda device: " + f.message);
 }

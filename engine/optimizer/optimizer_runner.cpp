@@ -348,7 +348,9 @@ struct Operand {
 
 }  // namespace
 
-void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const zd_optimizer_update& base,
+// `grad` is the piece's own gradient (grad_of: it starts at pc.begin), so a
+// tile's is at its offset inside the piece, not at its place in the group.
+void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,
                                     const PassArgs& a) {
   const bool with_grad = a.with_grad;
   const bool zero_grad = with_grad && grads_.update_zeroes(pc.group);  // host accumulators stay as read
@@ -491,7 +493,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad_base, const
       zd_optimizer_update u = base;
       u.count = len;
       u.master = reinterpret_cast<float*>(ptr(0));
-      u.grad = with_grad ? grad_base + first * gsz : nullptr;
+      u.grad = with_grad ? grad + (first - pc.begin) * gsz : nullptr;
       u.grad_dtype = gdt;
       u.work = ptr(work_k);
       u.work_dtype = g.dtype;

@@ -244,6 +244,47 @@ uint64_t held(const Model& m, int rank, zd_tier t, zd_mem_kind k) { return m.led
 
 }  // namespace
 
+namespace {
+
+// A policy: the first parameter's master and optimizer state in host RAM,
+// the rest where the offload table says (NVMe below): the group's NVMe
+// piece then starts after the host run, not at the group's first element.
+struct FirstOnHost : JobPolicy {
+  std::optional<double> lr(int64_t) override { return std::nullopt; }
+  std::optional<zd_tier> placement(const TensorInfo& t) override {
+    if (t.name == "w0" && (t.kind == "master" || t.kind == "optimizer")) return ZD_TIER_HOST;
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+// An NVMe piece that does not start the group's range (the docs' "as much
+// in RAM as fits, the rest on disk" policy) steps each tile with its own
+// gradient: it read the gradient pc.begin elements too far along, past the
+// buffer's end in its last tiles.
+TEST(Nvme, APieceAfterAHostRunStepsWithItsOwnGradients) {
+  TempDir dir;
+  const std::vector<int64_t> sizes = {5000, 70000, 333};
+  const auto ref = train(adamw(0), 1, sizes, 3);
+  FirstOnHost policy;
+  JobOptions o = adamw(0);
+  o.policy = &policy;
+  o.offload.optimizer = ZD_TIER_NVME;
+  o.offload.nvme_paths = {dir.path};
+  auto model = make_model(o, 1);
+  run_ranks(1, [&](int rank) {
+    for (size_t i = 0; i < sizes.size(); ++i)
+      model->register_param(rank, "w" + std::to_string(i), "m" + std::to_string(i), ZD_DTYPE_F32, {sizes[i]},
+                            nullptr, 0);
+    model->finalize(rank);
+  });
+  // The case this test is about: both tiers hold optimizer state.
+  ASSERT_GT(held(*model, 0, ZD_TIER_HOST, ZD_MEM_OPTIMIZER), 0u);
+  ASSERT_GT(held(*model, 0, ZD_TIER_NVME, ZD_MEM_OPTIMIZER), 0u);
+  EXPECT_TRUE(train(o, 1, sizes, 3) == ref) << "parameters differ from the run with the state in the device pool";
+}
+
 TEST(Placement, ThePolicyDecidesPerTensorAndThePlanIsTheRealFigure) {
   TempDir dir;
   BigOnNvme policy;
