@@ -1,6 +1,7 @@
 // The benchmarks' Python peers (torch, DeepSpeed) run as subprocesses: which
 // python runs them, and the run itself, line by line. Shared by
-// bench_cpu_adam, bench_comm_local and bench_offload_step.
+// bench_cpu_adam, bench_comm_local, bench_comm_mpi, bench_daemon_latency and
+// bench_offload_step.
 #ifndef ZEROD_BENCH_PYTHON_PEER_H
 #define ZEROD_BENCH_PYTHON_PEER_H
 
@@ -33,6 +34,38 @@ inline int run_peer_lines(const std::string& cmd, const std::function<void(const
     on_line(line);
   }
   return pclose(f);
+}
+
+// Why `python` cannot run a peer script ("" when it can): the words the
+// benches' smoke tests skip on when the venv was never made.
+inline std::string peer_python_missing(const std::string& python) {
+  if (access(python.c_str(), X_OK) == 0) return "";
+  return python + " not found (make the venv with scripts/python-venv.sh)";
+}
+
+// How a peer script ended: error says why it failed ("" when it exited 0);
+// last is the last line the caller did not understand (a script's error
+// goes last, on stderr), to say why figures it should have printed are not
+// there even when it exited 0.
+struct PeerRun {
+  std::string error;
+  std::string last;
+};
+
+// Runs the peer command `cmd` of `python` ("2>&1" in it), handing each line
+// to on_line, which says whether it understood it.
+inline PeerRun run_peer_script(const std::string& cmd, const std::string& python,
+                               const std::function<bool(const char*)>& on_line) {
+  PeerRun r;
+  const int status = run_peer_lines(cmd, [&](const char* line) {
+    if (!on_line(line) && line[0] != '\0') r.last = line;
+  });
+  if (status < 0) {
+    r.error = "cannot run " + python;
+  } else if (status != 0) {
+    r.error = r.last.empty() ? "exit status " + std::to_string(status) : r.last;
+  }
+  return r;
 }
 
 }  // namespace zerod::bench

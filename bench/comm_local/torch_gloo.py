@@ -146,6 +146,24 @@ def rank_main(rank, world, store_path, count, iters, warmup, results):
         dist.destroy_process_group()
 
 
+def import_gloo():
+    """torch, after printing "torch <version> gloo"; or None, after saying
+    on stderr why torch or its gloo backend cannot be had (the benches print
+    that line as why gloo is not available). bench/comm_mpi's
+    torch_gloo_nodes.py uses it too."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # ImportError, or a broken install
+        print(f"cannot import torch: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if not dist.is_available() or not dist.is_gloo_available():
+        print(f"torch {torch.__version__} has no gloo backend", file=sys.stderr)
+        return None
+    print(f"torch {torch.__version__} gloo", flush=True)
+    return torch
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2)
@@ -153,17 +171,10 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
-    try:
-        import torch
-        import torch.distributed as dist
-        import torch.multiprocessing as mp
-    except Exception as e:  # ImportError, or a broken install
-        print(f"cannot import torch: {type(e).__name__}: {e}", file=sys.stderr)
+    torch = import_gloo()
+    if torch is None:
         return 3
-    if not dist.is_available() or not dist.is_gloo_available():
-        print(f"torch {torch.__version__} has no gloo backend", file=sys.stderr)
-        return 3
-    print(f"torch {torch.__version__} gloo", flush=True)
+    import torch.multiprocessing as mp
     count = (args.mib << 20) // 4
     folder = tempfile.mkdtemp(prefix="torch_gloo.")
     try:

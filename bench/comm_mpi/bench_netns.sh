@@ -1,11 +1,14 @@
 #!/bin/bash
 # The mpi plugin's all-reduce between two hosts made of network namespaces
-# (one daemon each), beside iperf3 on the same link in the same run: first
-# over a link limited to RATE per direction (tbf), then with no limit (veth
-# at memory speed). Needs root (namespaces and tc), iperf3 and mpirun.
+# (one daemon each), beside iperf3 and torch.distributed's gloo backend on
+# the same link in the same run: first over a link limited to RATE per
+# direction (tbf), then with no limit (veth at memory speed). Needs root
+# (namespaces and tc), iperf3 and mpirun; gloo needs the venv's torch
+# (scripts/python-venv.sh), and runs on the namespaces' link because
+# bench_comm_mpi puts it on the interface --mca btl_tcp_if_include names.
 #
 #   bench_netns.sh [--build DIR] [--rate 1gbit] [--local N] [--mib 1,4,16,64] [--iters N]
-#                  [--spin-us S] [--segment BYTES]
+#                  [--spin-us S] [--segment BYTES] [--no-gloo]
 # --spin-us is the plugin's spin_us for the run (default: the plugin's, 0):
 # both "hosts" share this machine's cores, so a daemon spinning while it
 # waits takes the core the other daemon needs.
@@ -19,6 +22,7 @@ mib="1,4,16,64"
 iters=5
 spin_us=""
 segment=""
+no_gloo=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -28,7 +32,8 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --spin-us) spin_us=$2; shift 2 ;;
     --segment) segment=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local N] [--mib 1,4,16,64] [--iters N] [--spin-us S] [--segment BYTES]" >&2
+    --no-gloo) no_gloo=--no-gloo; shift ;;
+    *) echo "usage: $0 [--build DIR] [--rate 1gbit] [--local N] [--mib 1,4,16,64] [--iters N] [--spin-us S] [--segment BYTES] [--no-gloo]" >&2
        exit 2 ;;
   esac
 done
@@ -67,7 +72,7 @@ run_bench() {
   zd_netns_run 0 "$mpirun" --host "${ZD_IP[0]}:1,${ZD_IP[1]}:1" -np 2 --map-by node --oversubscribe --bind-to none \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$ZD_SUBNET" --mca oob_tcp_if_include "$ZD_SUBNET" \
     "$bench" --local "$local_ranks" --mib "$mib" --iters "$iters" --link-bits "$link_bits" \
-    --iperf-bits "$iperf_bits" ${spin_us:+--spin-us "$spin_us"} ${segment:+--segment "$segment"} --label "$label"
+    --iperf-bits "$iperf_bits" ${spin_us:+--spin-us "$spin_us"} ${segment:+--segment "$segment"} $no_gloo --label "$label"
 }
 
 echo "bench_netns: hosts ${ZD_HOSTNAME[*]} (${ZD_IP[*]}), veth pairs on a bridge; $(nproc) CPUs"

@@ -14,7 +14,20 @@
 // begin orders the rank's stream after the daemon's through a stream
 // signal (issue 32: the time of a begin + end pair on a GPU).
 //
+// The peer, same run, after each stage's rows: DeepSpeed's counterpart of a
+// pair, the time ZeRO's forward hooks (the gather of the module's
+// parameters before its forward, their release after) add to the forward
+// of one module holding the same --numel fp32 parameters, world size 1,
+// median and p99 (deepspeed_hooks.py, in the build's venv python: torch 2.x
+// and DeepSpeed, as a user installing today gets them), then zerod's rows
+// over it. ZeRO stage 0 puts no hooks on a module: its row is noise, about
+// nothing, and gets no ratio. DeepSpeed's once-a-forward engine work is a
+// row of its own ("whole forward"), not in the ratio. Where DeepSpeed
+// cannot run, one line says why and the bench goes on; --no-deepspeed
+// leaves the peer out.
+//
 //   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--device cpu|cuda] [--zerod PATH]
+//                        [--no-deepspeed]
 #include <zerod/zerod.h>
 
 #include <fcntl.h>
@@ -32,8 +45,13 @@
 #include <string>
 #include <vector>
 
+#include "../python_peer.h"
+
 #ifndef ZEROD_EXE
 #error "the build passes ZEROD_EXE"
+#endif
+#if !defined(ZEROD_BENCH_DEEPSPEED_SCRIPT) || !defined(ZEROD_BENCH_VENV_PYTHON)
+#error "the build passes ZEROD_BENCH_DEEPSPEED_SCRIPT and ZEROD_BENCH_VENV_PYTHON"
 #endif
 
 extern char** environ;
@@ -161,53 +179,163 @@ void stop_daemon(pid_t daemon) {
   waitpid(daemon, nullptr, 0);
 }
 
-}  // namespace
+// One stage of the DeepSpeed peer (deepspeed_hooks.py), or why it has none.
+struct DeepSpeedRun {
+  std::string version;  // "0.19.8 torch 2.x device cpu backend gloo"
+  std::string error;    // why it measured nothing; empty when it did
+  Figures hooks;        // per module: the time ZeRO's forward hooks add to its forward
+  Figures whole;        // engine(x) over model(x): once a forward, besides the hooks
+};
 
-int main(int argc, char** argv) {
+// Figures from a line "<key> median_us X p99_us Y ...", when `line` is one.
+bool parse_figures(const char* line, const char* key, Figures& f) {
+  const size_t n = std::strlen(key);
+  return std::strncmp(line, key, n) == 0 &&
+         std::sscanf(line + n, " median_us %lf p99_us %lf", &f.median_us, &f.p99_us) == 2;
+}
+
+// deepspeed_hooks.py at `stage` on a module of `numel` fp32 on `device`,
+// in the venv's python (else the system's), one thread as a rank's pairs
+// run on one. Its stderr is folded in: its last line says why it failed.
+DeepSpeedRun deepspeed_peer(int stage, int iters, int64_t numel, const std::string& device) {
+  DeepSpeedRun r;
+  const std::string python = zerod::bench::peer_python("", ZEROD_BENCH_VENV_PYTHON);
+  const std::string cmd = "DS_ACCELERATOR=" + device + " OMP_NUM_THREADS=1 '" + python + "' '" +
+                          ZEROD_BENCH_DEEPSPEED_SCRIPT + "' --stages " + std::to_string(stage) + " --iters " +
+                          std::to_string(iters) + " --warmup 1000 --numel " + std::to_string(numel) +
+                          " --device " + device + " 2>&1";
+  const std::string hooks_key = "stage" + std::to_string(stage), whole_key = hooks_key + "_forward";
+  bool hooks = false, whole = false;
+  std::string last;
+  const int status = zerod::bench::run_peer_lines(cmd, [&](const char* line) {
+    if (parse_figures(line, (hooks_key + " ").c_str(), r.hooks)) hooks = true;
+    else if (parse_figures(line, (whole_key + " ").c_str(), r.whole)) whole = true;
+    else if (std::strncmp(line, "deepspeed ", 10) == 0) r.version = line + 10;
+    else if (line[0] != '\0') last = line;
+  });
+  if (status == 0 && hooks && whole) return r;
+  r.error = status < 0 ? "cannot run " + python : last.empty() ? python + ": no result" : last;
+  return r;
+}
+
+struct Row {
+  std::string mode;
+  Figures f;
+};
+
+void print_row(int stage, const std::string& mode, const Figures& f) {
+  std::printf("%-6d %-32s %12.2f %12.2f\n", stage, mode.c_str(), f.median_us, f.p99_us);
+}
+
+// "0.004x" or, where DeepSpeed's figure is no time at all, "n/a".
+std::string ratio(double zerod, double deepspeed) {
+  if (deepspeed <= 0) return "n/a";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3gx", zerod / deepspeed);
+  return s;
+}
+
+// DeepSpeed's rows under zerod's of the same stage, then zerod's over
+// DeepSpeed's hooks, row by row (stage 3; at stage 0 there is nothing to
+// divide by).
+void print_deepspeed(int stage, const DeepSpeedRun& ds, int64_t numel, const std::vector<Row>& zerod_rows) {
+  const std::string z = "DeepSpeed ZeRO-" + std::to_string(stage);
+  std::printf("       DeepSpeed %s, ZeRO stage %d, world size 1: its forward hooks on one module of %lld f32, "
+              "over the bare module's forward\n",
+              ds.version.c_str(), stage, static_cast<long long>(numel));
+  print_row(stage, z + " hooks, 1 rank", ds.hooks);
+  print_row(stage, z + ", whole forward", ds.whole);
+  if (stage == 0) {
+    std::printf("       no ratio: ZeRO stage 0 puts no hooks on a module and adds about nothing to its forward (the "
+                "hooks row is noise); the whole-forward row is the engine's work once a forward\n");
+    return;
+  }
+  std::string line = "       zerod / DeepSpeed's hooks, median and p99:";
+  for (size_t k = 0; k < zerod_rows.size(); ++k)
+    line += (k ? "; " : " ") + zerod_rows[k].mode + " " + ratio(zerod_rows[k].f.median_us, ds.hooks.median_us) +
+            " " + ratio(zerod_rows[k].f.p99_us, ds.hooks.p99_us);
+  std::printf("%s\n", line.c_str());
+}
+
+struct Options {
   int iters = 20000, ranks = 2;
   int64_t numel = 4096;
   std::string device = "cpu";
   const char* zerod = ZEROD_EXE;
+  bool deepspeed = true;
+};
+
+// The options, or false (with the usage said) when they are not ones.
+bool parse_options(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--numel") && i + 1 < argc) numel = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-    else if (!std::strcmp(argv[i], "--zerod") && i + 1 < argc) zerod = argv[++i];
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--numel") && i + 1 < argc) o.numel = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) o.ranks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) o.device = argv[++i];
+    else if (!std::strcmp(argv[i], "--zerod") && i + 1 < argc) o.zerod = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-deepspeed")) o.deepspeed = false;
     else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--numel N] [--ranks N] [--device cpu|cuda] [--zerod PATH]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--numel N] [--ranks N] [--device cpu|cuda] [--zerod PATH] "
+                   "[--no-deepspeed]\n",
                    argv[0]);
-      return 2;
+      return false;
     }
   }
-  if (iters < 100 || ranks < 1 || numel < 1 || (device != "cpu" && device != "cuda")) return 2;
+  return o.iters >= 100 && o.ranks >= 1 && o.numel >= 1 && (o.device == "cpu" || o.device == "cuda");
+}
+
+// zerod's rows of one stage, each printed as it is measured: embedded, then
+// a daemon for each path.
+std::vector<Row> zerod_stage(const Options& o, int stage, const std::string& job_file, const std::string& sock) {
+  const std::string j = "return { device = '" + o.device + "', optimizer = { type = 'sgd' }, zero = { stage = " +
+                        std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
+  FILE* f = std::fopen(job_file.c_str(), "w");
+  std::fputs(j.c_str(), f);
+  std::fclose(f);
+  std::vector<Row> rows;
+  rows.push_back({"embedded, 1 rank", run_ranks("embedded:", j, o.iters, o.numel, 1, Path::socket)});
+  print_row(stage, rows.back().mode, rows.back().f);
+  const std::string uri = "unix:" + sock;
+  for (Path path : {Path::socket, Path::ring_sync_end, Path::ring}) {
+    const pid_t daemon = start_daemon(o.zerod, job_file, sock, o.ranks);
+    const Figures d = run_ranks(uri.c_str(), j, o.iters, o.numel, o.ranks, path);
+    stop_daemon(daemon);
+    const char* how = path == Path::socket          ? "daemon, socket, "
+                      : path == Path::ring_sync_end ? "ring, synchronous end, "
+                                                    : "daemon, call ring, ";
+    rows.push_back({how + std::to_string(o.ranks) + (o.ranks == 1 ? " rank" : " ranks"), d});
+    print_row(stage, rows.back().mode, rows.back().f);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse_options(argc, argv, o)) return 2;
   char dir[] = "/tmp/zerod-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   const std::string sock = std::string(dir) + "/zerod.sock", job_file = std::string(dir) + "/job.lua";
-  const std::string uri = "unix:" + sock;
 
   std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32 on the %s device, %d "
               "timed pairs per rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at "
               "once; %ld CPUs online\n\n",
-              static_cast<long long>(numel), device.c_str(), iters, ranks, sysconf(_SC_NPROCESSORS_ONLN));
+              static_cast<long long>(o.numel), o.device.c_str(), o.iters, o.ranks, sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("%-6s %-32s %12s %12s\n", "stage", "mode", "median us", "p99 us");
+  std::fflush(stdout);
+  bool deepspeed = o.deepspeed;
   for (int stage : {0, 3}) {
-    const std::string j = "return { device = '" + device + "', optimizer = { type = 'sgd' }, zero = { stage = " +
-                          std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
-    FILE* f = std::fopen(job_file.c_str(), "w");
-    std::fputs(j.c_str(), f);
-    std::fclose(f);
-    const Figures e = run_ranks("embedded:", j, iters, numel, 1, Path::socket);
-    std::printf("%-6d %-32s %12.2f %12.2f\n", stage, "embedded, 1 rank", e.median_us, e.p99_us);
-    for (Path path : {Path::socket, Path::ring_sync_end, Path::ring}) {
-      const pid_t daemon = start_daemon(zerod, job_file, sock, ranks);
-      const Figures d = run_ranks(uri.c_str(), j, iters, numel, ranks, path);
-      stop_daemon(daemon);
-      const char* how = path == Path::socket          ? "daemon, socket, "
-                        : path == Path::ring_sync_end ? "ring, synchronous end, "
-                                                      : "daemon, call ring, ";
-      const std::string label = how + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
-      std::printf("%-6d %-32s %12.2f %12.2f\n", stage, label.c_str(), d.median_us, d.p99_us);
+    const std::vector<Row> rows = zerod_stage(o, stage, job_file, sock);
+    std::fflush(stdout);
+    if (!deepspeed) continue;
+    const DeepSpeedRun ds = deepspeed_peer(stage, o.iters, o.numel, o.device);
+    if (ds.error.empty()) {
+      print_deepspeed(stage, ds, o.numel, rows);
+    } else {
+      std::printf("DeepSpeed: not measured (%s)\n", ds.error.c_str());
+      deepspeed = false;  // it would fail again, the same way, at the next stage
     }
     std::fflush(stdout);
   }

@@ -12,7 +12,9 @@ steps    the GPT of model.py (default 1.3B, 24 x 2048, 4 x 1024 tokens a
          (2 + 2 + 12) / N (target: within 5% at stage 3).
 latency  bench_daemon_latency --device cuda: the time of a
          zd_forward_begin + zd_forward_end pair, median and p99, embedded and
-         through the daemon (socket, call ring), 2 ranks, stages 0 and 3.
+         through the daemon (socket, call ring), 2 ranks, stages 0 and 3,
+         beside the time DeepSpeed ZeRO's forward hooks add to the same
+         module (its deepspeed_hooks.py; one line says why where it cannot).
 cpp      the C++ GPT of examples/cpp (cuBLAS GEMMs and CUDA kernels of its
          own, through zerod.h) against the PyTorch GPT of examples/python
          (the same model, fp32) through zerod.torch: tokens/s of all ranks,
