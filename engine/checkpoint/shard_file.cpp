@@ -46,13 +46,14 @@ void pread_all(int fd, void* dst, size_t n, uint64_t at, const std::string& path
   }
 }
 
-// Closes a constructor's fd when the constructor throws (its destructor
-// does not run then): a daemon that meets many damaged shards, or a full
-// disk at every snapshot, keeps no fd of theirs.
-struct CloseOnThrow {
+// Closes a descriptor at the end of its scope unless disarmed: a
+// constructor's fd when the constructor throws (its destructor does not run
+// then), so a daemon that meets many damaged shards, or a full disk at every
+// snapshot, keeps no fd of theirs.
+struct ClosesFd {
   int& fd;
   bool armed = true;
-  ~CloseOnThrow() {
+  ~ClosesFd() {
     if (armed && fd >= 0) {
       ::close(fd);
       fd = -1;
@@ -60,12 +61,21 @@ struct CloseOnThrow {
   }
 };
 
+FileIdentity identity_of(const struct stat& st) {
+  FileIdentity id;
+  id.device = static_cast<uint64_t>(st.st_dev);
+  id.inode = static_cast<uint64_t>(st.st_ino);
+  id.size = static_cast<uint64_t>(st.st_size);
+  id.modified_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
 }  // namespace
 
 ShardWriter::ShardWriter(const std::string& path, int rank, int world_size) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZD_CHECK_SYS(fd_, "creating the checkpoint shard " + path);
-  CloseOnThrow guard{fd_};
+  ClosesFd guard{fd_};
   std::byte h[kHeader] = {};
   std::memcpy(h, kMagic, 8);
   put32(h + 8, kVersion);
@@ -154,29 +164,30 @@ void ShardWriter::sync() {
 }
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail(ZD_ERR_IO, "the checkpoint shard " + path + " cannot be opened: " + errno_text(errno));
-  CloseOnThrow guard{fd_};
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ZD_ERR_IO, "the checkpoint shard " + path + " cannot be opened: " + errno_text(errno));
+  ClosesFd closed_at_end{fd};  // the index is all that is kept: reads open the file again
   struct stat st {};
-  ZD_CHECK_SYS(::fstat(fd_, &st), "reading the size of " + path);
-  const auto size = static_cast<uint64_t>(st.st_size);
+  ZD_CHECK_SYS(::fstat(fd, &st), "reading the size of " + path);
+  identity_ = identity_of(st);
+  const uint64_t size = identity_.size;
   if (size < kHeader + kFooter) fail(ZD_ERR_IO, path + " is not a whole checkpoint shard (" + std::to_string(size) + " bytes)");
   std::byte h[kHeader];
-  pread_all(fd_, h, kHeader, 0, path);
+  pread_all(fd, h, kHeader, 0, path);
   if (std::memcmp(h, kMagic, 8) != 0) fail(ZD_ERR_IO, path + " is not a zerod checkpoint shard");
   if (get32(h + 8) > kVersion)
     fail(ZD_ERR_IO, path + " is of shard format " + std::to_string(get32(h + 8)) + ", newer than this zerod reads");
   rank_ = static_cast<int>(get32(h + 12));
   world_ = static_cast<int>(get32(h + 16));
   std::byte f[kFooter];
-  pread_all(fd_, f, kFooter, size - kFooter, path);
+  pread_all(fd, f, kFooter, size - kFooter, path);
   if (std::memcmp(f, kIndexMagic, 8) != 0)
     fail(ZD_ERR_IO, path + " has no index at its end: it was not written to the end");
   const uint64_t index_at = get64(f + 8), count = get64(f + 16);
   if (count > (size - kHeader - kFooter) / kEntry || index_at + count * kEntry != size - kFooter)
     fail(ZD_ERR_IO, path + ": its index does not fit the file");
   std::vector<std::byte> idx(count * kEntry);
-  pread_all(fd_, idx.data(), idx.size(), index_at, path);
+  pread_all(fd, idx.data(), idx.size(), index_at, path);
   if (crc32c(0, idx.data(), idx.size()) != get32(f + 24)) fail(ZD_ERR_IO, path + ": its index fails its checksum");
   index_.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
@@ -191,16 +202,31 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     if (r.count > (index_at - kHeader) / 4 || r.offset < kHeader || r.offset + r.count * 4 > index_at)
       fail(ZD_ERR_IO, path + ": record " + std::to_string(i) + " lies outside the file's data");
   }
+}
+
+int ShardReader::reopen() const {
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    fail(ZD_ERR_IO, "the checkpoint shard " + path_ + " cannot be opened again to read its records: " +
+                        errno_text(err) + (err == ENOENT ? " (it was removed after its index was read)" : ""));
+  }
+  ClosesFd guard{fd};
+  struct stat st {};
+  ZD_CHECK_SYS(::fstat(fd, &st), "reading the size of " + path_);
+  // Records are found by the offsets of the index read earlier: in another
+  // file they would be other bytes (which the checksums would call damage).
+  if (identity_of(st) != identity_)
+    fail(ZD_ERR_IO, "the checkpoint shard " + path_ +
+                        " changed after its index was read (it was written again or replaced): its records are "
+                        "not the ones the checkpoint was opened with");
   guard.armed = false;
+  return fd;
 }
 
-ShardReader::~ShardReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-std::vector<float> ShardReader::read(const Record& r) const {
+std::vector<float> ShardReader::read(const Record& r, int fd) const {
   std::vector<float> v(r.count);
-  pread_all(fd_, v.data(), r.count * 4, r.offset, path_);
+  pread_all(fd, v.data(), r.count * 4, r.offset, path_);
   if (crc32c(0, v.data(), r.count * 4) != r.crc)
     fail(ZD_ERR_IO, path_ + ": the record of parameter #" + std::to_string(r.param) + ", buffer " +
                         std::to_string(r.buffer) + ", elements " + std::to_string(r.first) + ".." +

@@ -78,24 +78,38 @@ class ShardWriter {
   bool open_ = false;
 };
 
+// What a file was when it was read: a later open of its path that finds
+// another file there (the shard written again, or replaced) tells them apart.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t modified_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
 class ShardReader {
  public:
-  // Opens and checks the file: magic, version, footer, index checksum.
+  // Reads and checks the file's header, footer and index (magic, version,
+  // index checksum), then closes it: a checkpoint may have more shards than
+  // a process may hold open, so readers open a shard again to read its
+  // records (Source keeps a few of those descriptors, ShardFiles).
   explicit ShardReader(const std::string& path);
-  ~ShardReader();
-  ShardReader(const ShardReader&) = delete;
-  ShardReader& operator=(const ShardReader&) = delete;
 
+  const std::string& path() const { return path_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const std::vector<Record>& records() const { return index_; }
-  // The record's values, checked against its checksum (ZD_ERR_IO naming the
-  // file and the record when they differ).
-  std::vector<float> read(const Record& r) const;
+  // A descriptor (the caller's to close) of the file whose index was read.
+  // ZD_ERR_IO naming the file when it is gone or another file is at its
+  // path: the index read no longer describes it.
+  int reopen() const;
+  // The record's values, read through `fd` (one reopen() gave) and checked
+  // against its checksum (ZD_ERR_IO naming the file and the record when
+  // they differ).
+  std::vector<float> read(const Record& r, int fd) const;
 
  private:
   std::string path_;
-  int fd_ = -1;
+  FileIdentity identity_;
   int rank_ = 0, world_ = 0;
   std::vector<Record> index_;
 };

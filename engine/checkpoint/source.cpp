@@ -2,11 +2,16 @@
 
 #include "error.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
 
 namespace zerod::ckpt {
 
@@ -19,6 +24,103 @@ struct LastRecord {
   std::vector<float> values;
 };
 thread_local LastRecord last_record;
+
+// A shard's descriptor, closed when the last holder lets it go: the cache
+// may drop it while a read through it is still going on.
+class OpenShard {
+ public:
+  explicit OpenShard(int fd) : fd_(fd) {}
+  ~OpenShard() { ::close(fd_); }
+  OpenShard(const OpenShard&) = delete;
+  OpenShard& operator=(const OpenShard&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  const int fd_;
+};
+
+// The shards' descriptors kept open between reads, for all the Sources of
+// the process together: at most kKeptOpen (fewer under a low limit on open
+// files), the least recently used closed first. A checkpoint may have more
+// shards than a process may open (ulimit -n: 1024 by default), and each
+// rank a daemon runs opens its own Source of it, so no Source holds all its
+// shards open; a read opens its shard again only when it is not among the
+// ones read lately.
+class ShardFiles {
+ public:
+  static constexpr size_t kKeptOpen = 64;
+
+  static ShardFiles& process() {
+    static auto* files = new ShardFiles;  // never destroyed: a static Source may go after it would
+    return *files;
+  }
+
+  // The descriptor of shard `shard` of Source `source`, opened (and checked
+  // to be the file whose index was read) unless it is kept.
+  std::shared_ptr<const OpenShard> open(uint64_t source, size_t shard, const ShardReader& reader) {
+    const Key key{source, shard};
+    if (auto kept = find(key)) return kept;
+    // Opened without the lock: on a network file system an open waits on
+    // the server, and other threads' reads of kept shards need not wait.
+    return keep(key, std::make_shared<const OpenShard>(reader.reopen()));
+  }
+
+  // Closes what a Source kept (the Source is going).
+  void forget(uint64_t source) {
+    std::vector<Kept> closing;  // closed once the lock is released
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = where_.lower_bound({source, 0}); it != where_.end() && it->first.first == source;) {
+      closing.push_back(std::move(it->second->second));
+      lru_.erase(it->second);
+      it = where_.erase(it);
+    }
+  }
+
+ private:
+  using Key = std::pair<uint64_t, size_t>;  // (Source, shard)
+  using Kept = std::shared_ptr<const OpenShard>;
+
+  Kept find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = where_.find(key);
+    if (it == where_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
+  // How many to keep: kKeptOpen, or a quarter of the process's limit on
+  // open files where that is less (ulimit -n 64), which leaves the rest of
+  // the process most of it. Read at each open: the limit can change.
+  static size_t kept_at_most() {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kKeptOpen;
+    return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur / 4), 1, kKeptOpen);
+  }
+
+  Kept keep(const Key& key, Kept opened) {
+    const size_t at_most = kept_at_most();
+    std::vector<Kept> dropped;  // closed once the lock is released
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const auto it = where_.find(key); it != where_.end()) {
+      // Another thread opened it meanwhile: theirs is kept, ours closes.
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+    lru_.emplace_front(key, opened);
+    where_[key] = lru_.begin();
+    while (lru_.size() > at_most) {
+      dropped.push_back(std::move(lru_.back().second));
+      where_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return opened;
+  }
+
+  std::mutex mu_;
+  std::list<std::pair<Key, Kept>> lru_;  // the most recently used first
+  std::map<Key, std::list<std::pair<Key, Kept>>::iterator> where_;
+};
+
 }  // namespace
 
 Source::Source(const std::string& dir)
@@ -89,17 +191,24 @@ const Source::Index& Source::rank_index(int rank) const {
 
 Source::~Source() {
   if (last_record.source == id_) last_record = LastRecord{};  // this thread's cached record goes with it
+  ShardFiles::process().forget(id_);
 }
 
 const std::vector<float>& Source::record_values(const Where& w) const {
   LastRecord& last = last_record;
   if (last.source != id_ || last.record != w.record) {
     last.source = 0;  // nothing valid while reading
-    last.values = shards_[w.shard]->read(*w.record);
+    last.values = read_record(w);
     last.source = id_;
     last.record = w.record;
   }
   return last.values;
+}
+
+std::vector<float> Source::read_record(const Where& w) const {
+  const ShardReader& shard = *shards_[w.shard];
+  const auto file = ShardFiles::process().open(id_, w.shard, shard);
+  return shard.read(*w.record, file->fd());
 }
 
 bool Source::has(uint32_t param, uint32_t buffer) const { return index_.count({param, buffer}) != 0; }

@@ -2,7 +2,10 @@
 // index, so any range of any buffer of any parameter can be read, wherever
 // (in whichever rank's shard, in how many records) it was written. That is
 // what lets a checkpoint written by N ranks at one stage load into M ranks
-// at another: each rank reads the ranges it owns now.
+// at another: each rank reads the ranges it owns now. The shards are not
+// held open (a checkpoint may have more of them than a process may open):
+// a read opens its shard again, unless the process keeps it open from a
+// recent read.
 #pragma once
 
 #include "manifest.h"
@@ -19,8 +22,8 @@ namespace zerod::ckpt {
 
 class Source {
  public:
-  // Opens and checks the manifest and every shard it names (ZD_ERR_IO or
-  // ZD_ERR_INVALID_ARGUMENT naming the file otherwise).
+  // Reads and checks the manifest and the index of every shard it names
+  // (ZD_ERR_IO or ZD_ERR_INVALID_ARGUMENT naming the file otherwise).
   explicit Source(const std::string& dir);
   // Only the shards of `ranks`, with a manifest read elsewhere: a node's
   // part of a snapshot across nodes on node-local disks (the other parts
@@ -35,7 +38,8 @@ class Source {
 
   // Values [first, first + count) of a buffer of a parameter, as fp32.
   // Throws ZD_ERR_INVALID_ARGUMENT when the checkpoint does not hold them
-  // all, ZD_ERR_IO when a record fails its checksum. Each record touched is
+  // all, ZD_ERR_IO when a record fails its checksum or its shard is gone or
+  // is another file than the one whose index was read. Each record touched is
   // read whole (and checked), so memory is bounded by the largest record.
   // Thread-safe.
   void read(uint32_t param, uint32_t buffer, uint64_t first, uint64_t count, float* out) const;
@@ -70,6 +74,9 @@ class Source {
   // calling thread is kept, so that reading a record's range in chunks
   // reads the record once.
   const std::vector<float>& record_values(const Where& w) const;
+  // A record's values from its shard (opened again unless the process
+  // keeps it open: source.cpp's ShardFiles), checked.
+  std::vector<float> read_record(const Where& w) const;
   void open_shard(int rank);
   void sort_index();
   uint64_t id_;  // tells this Source from one later made at the same address

@@ -326,6 +326,69 @@ TEST_P(CheckpointFiles, ALoadOrASetStepDropsTheGradientsOfABackwardNoStepApplied
   EXPECT_EQ(whole(*restored, 2).params, want.params);
 }
 
+// The process's limit on open files lowered while it lives, and put back.
+class OpenFileLimit {
+ public:
+  explicit OpenFileLimit(rlim_t soft) {
+    EXPECT_EQ(getrlimit(RLIMIT_NOFILE, &before_), 0);
+    rlimit lowered = before_;
+    lowered.rlim_cur = std::min(soft, before_.rlim_max);
+    EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0) << std::strerror(errno);
+  }
+  ~OpenFileLimit() { setrlimit(RLIMIT_NOFILE, &before_); }
+  OpenFileLimit(const OpenFileLimit&) = delete;
+  OpenFileLimit& operator=(const OpenFileLimit&) = delete;
+
+ private:
+  rlimit before_{};
+};
+
+size_t open_files() {
+  return static_cast<size_t>(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
+}
+
+// A checkpoint of more shards than the process may open (zerod ckpt
+// reshard to a thousand ranks, a job of hundreds of ranks, each rank of a
+// daemon reading all of them) is checked, read, exported and loaded: a
+// reader keeps no shard open but the few it read last.
+TEST_P(CheckpointFiles, ACheckpointOfMoreShardsThanOpenFilesLoads) {
+  const int stage = GetParam();
+  constexpr int kShards = 300;
+  constexpr rlim_t kLimit = 128;
+  TempDir dir, many, exported;
+  auto a = make_model(job(stage), 2);
+  train_and_save(*a, 3, dir.path);
+  const Saved want = whole(*a, 2);
+
+  auto b = make_model(job(stage), 2);
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*b, rank, &ids);
+  });
+  ASSERT_LT(open_files() + 32, kLimit) << "the test's own files leave no room to lower the limit";
+  const OpenFileLimit limit(kLimit);
+  ckpt::reshard(ckpt::Source(dir.path), many.path, kShards, 4);
+  {
+    const ckpt::Source src(many.path);
+    ASSERT_EQ(src.manifest().world_size, kShards);
+    EXPECT_GT(ckpt::verify_all(src, 4), 0u);
+    for (uint32_t p = 0; p < kSizes.size(); ++p) {
+      std::vector<float> master(static_cast<size_t>(kSizes[p]));
+      src.read(p, ckpt::kMasterBuffer, 0, master.size(), master.data());
+      EXPECT_EQ(master, want.params[p]) << "parameter " << p;
+    }
+    ckpt::ExportOptions o;
+    o.out = exported.path + "/model.safetensors";
+    o.threads = 4;
+    EXPECT_EQ(ckpt::export_safetensors(src, o).written.size(), 1u);
+  }
+  run_ranks(2, [&](int rank) { b->load_checkpoint(rank, many.path); });
+  const Saved got = whole(*b, 2);
+  EXPECT_EQ(got.step, 3);
+  EXPECT_EQ(got.params, want.params);
+  EXPECT_EQ(got.slots, want.slots);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, CheckpointFiles, ::testing::Values(0, 1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
@@ -407,6 +470,38 @@ TEST(CheckpointDamage, IsNamedAndLosesNothing) {
       EXPECT_EQ(e.code(), ZD_ERR_SHAPE_MISMATCH) << e.what();
       EXPECT_NE(std::string(e.what()).find("parameter 'w1' has another shape"), std::string::npos) << e.what();
     }
+  }
+}
+
+// A shard removed, or another file put at its name, after a Source read its
+// index (it keeps the shards closed between reads) fails the read, naming
+// the shard, as a damaged one does: its index no longer describes the file.
+TEST(CheckpointDamage, AShardRemovedOrReplacedAfterItsIndexWasReadIsNamed) {
+  TempDir dir;
+  auto a = make_model(job(1), 2);
+  train_and_save(*a, 2, dir.path);
+  const std::string shard = dir.path + "/rank-00001-of-00002.zdshard";
+  auto expect_read_fails = [&](const ckpt::Source& src, const std::string& why) {
+    try {
+      ckpt::verify_all(src, 1);
+      ADD_FAILURE() << "read a shard that " << why;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+      EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  {
+    const ckpt::Source src(dir.path);
+    fs::copy_file(shard, shard + ".copy");
+    fs::rename(shard + ".copy", shard);  // the same bytes, another file
+    expect_read_fails(src, "changed after its index was read");
+  }
+  EXPECT_GT(ckpt::verify_all(ckpt::Source(dir.path), 1), 0u);  // the copy is a whole shard
+  {
+    const ckpt::Source src(dir.path);
+    fs::remove(shard);
+    expect_read_fails(src, "removed after its index was read");
   }
 }
 
