@@ -91,6 +91,21 @@ std::string compression_replay_refusal(const OptimizerInstance& opt, uint32_t pa
 // compression.replay where it cannot replay.
 void check_compression_support(const ModelContext& ctx);
 
+// What finalize warns of, once the registry is laid out, where an
+// optimizer that compresses each parameter group as one fused buffer
+// (1-bit LAMB) exchanges between several ranks and one working dtype's
+// tensors are in two groups (Placement::state_class: on a device the host
+// cannot address, offload.ratio or placement() kept some of their optimizer
+// state on the device and the rest off it): the two groups are compressed
+// apart, each with its own scales, so the steps differ from the same job's
+// with the state in one place. "" where that is not so. Laying the fused
+// exchange out per dtype across the groups would touch every buffer kept
+// per group (error feedback, the kept average, the stage-0 exchange in
+// place, the replay) and the checkpoints' layout of the error feedback;
+// refusing would take partial offload away from 1-bit LAMB on GPUs, whose
+// steps are still 1-bit LAMB's. So the job is told, and docs/onebit.md says it.
+std::string split_fused_exchange_warning(const ModelContext& ctx);
+
 // Where a rank's error feedback lies, as runs of tensors' elements (what
 // checkpoints hold of it: checkpoint_io.h): the worker error of each whole
 // tensor, and the server error of the chunk of each tensor the rank serves

@@ -23,14 +23,6 @@ using namespace compression_detail;
 
 namespace {
 
-// Whether [at, at + n) lies in one memory segment of b (so one host
-// window covers it).
-bool in_one_segment(const TieredBuffer& b, uint64_t at, uint64_t n) {
-  if (!b.addressable(at, n)) return false;
-  const auto& seg = b.segment_at(at);
-  return at + n <= seg.begin + seg.count;
-}
-
 // The bytes of the kept signs of elements [e0, e0 + n) of a group (a bit
 // each from bit e0), in a window: whole bytes, the ends shared with the
 // neighbouring segments' bits.
@@ -265,7 +257,7 @@ int64_t MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment
   if (st.owned == nullptr || s.count == 0 || s.params.empty()) return -1;
   const Group& c = groups_[gi];
   if (owns_all()) {
-    if (!in_one_segment((*st.owned)[gi], s.dense, s.count))
+    if (!(*st.owned)[gi].in_one_segment(s.dense, s.count))
       fail(ZD_ERR_INTERNAL, "the packed exchange buffer is not one piece of memory");
     return static_cast<int64_t>(s.dense);
   }
@@ -274,7 +266,7 @@ int64_t MomentumCompression::owned_whole(StepState& st, size_t gi, const Segment
   at.reserve(s.params.size());
   for (size_t j = 0; j < s.params.size(); ++j) at.push_back(in_segment(c, s, j));
   const int64_t base = owned_piece(ctx_, res_.rank, ctx_.registry.groups()[gi], s.params, at, s.count);
-  return base >= 0 && in_one_segment((*st.owned)[gi], static_cast<uint64_t>(base), s.count) ? base : -1;
+  return base >= 0 && (*st.owned)[gi].in_one_segment(static_cast<uint64_t>(base), s.count) ? base : -1;
 }
 
 // The segment's whole values of a state slot into x: on the workers where
@@ -294,7 +286,7 @@ void MomentumCompression::read_slot(size_t gi, const Segment& s, int slot, float
     const ModelContext::OwnedSpan sp = ctx_.owned_span(p, res_.rank);
     const auto n = static_cast<uint64_t>(p.numel);
     if (n == 0) continue;
-    direct = sp.from == 0 && sp.count == n && in_one_segment(b, sp.at, n);
+    direct = sp.from == 0 && sp.count == n && b.in_one_segment(sp.at, n);
     if (!direct) break;
     from_w.emplace_back(b, sp.at, n, 4, HostWindow::kRead, "a state slot");
     spans.push_back({x + in_segment(c, s, j), from_w.back().data(), n * 4});

@@ -105,6 +105,39 @@ uint64_t scratch_count(const ModelContext& ctx, size_t group, int rank) {
 
 using namespace compression_detail;
 
+namespace {
+
+// "'w0'" or "'w0' and 3 more": the tensors of a group, for a message.
+std::string tensors_of(const ModelContext& ctx, const ParamGroup& g) {
+  std::string s = "'" + ctx.registry.param(g.params.front()).name + "'";
+  if (g.params.size() > 1) s += " and " + std::to_string(g.params.size() - 1) + " more";
+  return s;
+}
+
+}  // namespace
+
+std::string split_fused_exchange_warning(const ModelContext& ctx) {
+  const OptimizerInstance& opt = ctx.optimizer();
+  if (!opt.compresses() || ctx.world_size == 1 || (exchange_layouts(opt) & kFused) == 0) return "";
+  const auto& groups = ctx.registry.groups();
+  for (size_t a = 0; a < groups.size(); ++a)
+    for (size_t b = a + 1; b < groups.size(); ++b) {
+      if (groups[a].dtype != groups[b].dtype || groups[a].params.empty() || groups[b].params.empty()) continue;
+      const ParamGroup& on = groups[a].state_class != 0 ? groups[a] : groups[b];
+      const ParamGroup& off = groups[a].state_class != 0 ? groups[b] : groups[a];
+      const std::string dt = dtype_name(on.dtype);
+      return "optimizer '" + opt.plugin().name() + "' compresses each parameter group as one buffer, with a scale "
+             "per chunk of it, and offload.ratio or placement() keeps the optimizer state of some " + dt +
+             " tensors on the device (" + tensors_of(ctx, on) + ") and of the others off it (" +
+             tensors_of(ctx, off) + "), which on a device the host cannot address makes them two groups, "
+             "compressed apart (" + ctx.config.source + "): from the first compressed step every parameter "
+             "differs from the same job's with that state in one place (or on the cpu device). For those "
+             "results, keep the optimizer state of every " + dt + " tensor on the device, or of every one off it "
+             "(offload.ratio = 1, or a placement() that places them alike)";
+    }
+  return "";
+}
+
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group, int rank) {
   CompressionBytes b;
   if (!ctx.optimizer().compresses()) return b;

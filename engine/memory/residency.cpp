@@ -30,19 +30,19 @@ void Residency::clear() {
   unsettled_ = Unsettled{};
 }
 
-// The rank's shard of p, where the all-gather reads it: in place when it is
-// in memory, else read from NVMe into a host buffer first.
+// The rank's shard of p, where the all-gather reads it: in place, sent by
+// its segment's memory, when it lies in one memory segment; else (on NVMe,
+// or across segments: each is an allocation of its own) copied out into a
+// host buffer first.
 void Residency::all_gather(zd_param_id pid, void* dst, CommOp op, uint64_t group, const std::string& what) {
   const ParamRecord& p = ctx_.registry.param(pid);
   const TieredBuffer& w = buffers_.of(p).working;
   std::vector<std::byte> staged;
   const void* send;
   const Memory* from = &res_.host_memory;
-  if (w.addressable(p.flat_offset, p.stride)) {
+  if (w.in_one_segment(p.flat_offset, p.stride)) {
     send = w.addr(p.flat_offset);
-    // In one tier, its memory sends it; across tiers the plugins read it in
-    // place, as host memory.
-    if (w.tier_of(p.flat_offset, p.stride) != ZD_TIER_COUNT) from = w.segment_at(p.flat_offset).memory;
+    from = w.segment_at(p.flat_offset).memory;
   } else {
     staged.resize(p.stride * dtype_size(p.dtype));
     w.read(res_.tiers(), p.flat_offset, p.stride, staged.data());

@@ -136,14 +136,10 @@ bool TieredBuffer::addressable(uint64_t begin, uint64_t n) const {
   return true;
 }
 
-zd_tier TieredBuffer::tier_of(uint64_t begin, uint64_t n) const {
-  zd_tier t = segment_at(begin).tier;
-  for (uint64_t e = begin; e < begin + n;) {
-    const Segment& s = segment_at(e);
-    if (s.tier != t) return ZD_TIER_COUNT;
-    e = s.begin + s.count;
-  }
-  return t;
+bool TieredBuffer::in_one_segment(uint64_t begin, uint64_t n) const {
+  if (n == 0) return true;
+  const Segment& s = segment_at(begin);
+  return s.ptr != nullptr && begin + n <= s.begin + s.count;
 }
 
 void TieredBuffer::transfer(const TierSet&, uint64_t begin, uint64_t n, void* data, bool write) const {

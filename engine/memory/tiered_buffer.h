@@ -68,10 +68,14 @@ class TieredBuffer {
   // only where the device is host-addressable.
   std::byte* addr(uint64_t element) const;
   // Whether [begin, begin + n) lies in memory segments only (not on NVMe).
+  // Each segment is an allocation of its own: addr(begin) reaches the whole
+  // range only where it is also in_one_segment.
   bool addressable(uint64_t begin, uint64_t n) const;
-  // The tier of [begin, begin + n) when it lies in one tier (in one or more
-  // segments), else ZD_TIER_COUNT.
-  zd_tier tier_of(uint64_t begin, uint64_t n) const;
+  // Whether [begin, begin + n) lies in one memory segment, so that the n
+  // elements from addr(begin) are its own. A tier boundary falls on a
+  // granule of elements, not between tensors (Placement::tier_runs), so a
+  // tensor's range may end in the segment after the one it starts in.
+  bool in_one_segment(uint64_t begin, uint64_t n) const;
 
   // Copies elements out of and into the buffer, whatever their tiers: each
   // segment's memory copies its part (the device for the device tier;

@@ -141,7 +141,7 @@ HostWindow::HostWindow(const Memory& m, void* at, uint64_t bytes, Access access)
 HostWindow::HostWindow(const TieredBuffer& b, uint64_t begin, uint64_t n, size_t esz, Access access,
                        const char* what) {
   if (n == 0) return;
-  if (!b.addressable(begin, n) || b.segment_at(begin).begin + b.segment_at(begin).count < begin + n)
+  if (!b.in_one_segment(begin, n))
     fail(ZD_ERR_INTERNAL, std::string(what) + ": elements " + std::to_string(begin) + ".." +
                               std::to_string(begin + n) + " are not in one memory segment");
   *this = HostWindow(*b.segment_at(begin).memory, b.addr(begin), n * esz, access);

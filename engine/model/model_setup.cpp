@@ -210,6 +210,7 @@ void Model::lay_out_once() {
   placement_.decide(first.device->host_addressable());
   policy.group_class = [this](size_t param) { return placement_.state_class(param); };
   registry_.lay_out(policy);
+  if (const std::string split = split_fused_exchange_warning(ctx_); !split.empty()) log_warn(split);
   placement_.set_device_block_align(first.device->block_align());
   placement_.decide_window(first.ledger.budget(ZD_TIER_DEVICE), first.transfers.bytes_travel(), first.rank);
   laid_out_ = true;
@@ -343,12 +344,14 @@ void Model::finalize(int rank) {
   }
   if (shard_board_) {
     // Where the other ranks' gathers find this rank's shards (the barrier
-    // below publishes them).
+    // below publishes them): a shard whose elements are not all at one
+    // address (on NVMe, or across a tier boundary) is gathered by the
+    // collective, which copies it out first.
     std::vector<const std::byte*> shards(registry_.params().size(), nullptr);
     for (size_t i = 0; i < shards.size(); ++i) {
       const ParamRecord& p = registry_.params()[i];
       const TieredBuffer& w = rs.buffers.of(p).working;
-      if (!p.persistent && w.addressable(p.flat_offset, p.stride)) shards[i] = w.addr(p.flat_offset);
+      if (!p.persistent && w.in_one_segment(p.flat_offset, p.stride)) shards[i] = w.addr(p.flat_offset);
     }
     shard_board_->publish(rank, std::move(shards));
   }

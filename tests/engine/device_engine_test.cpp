@@ -311,6 +311,81 @@ TEST(CompressingOnDeviceReplay, ReplayedStepsEndAsOnTheCpuDevice) {
     }
 }
 
+// 1-bit LAMB compresses each parameter group as one fused buffer, with a
+// scale per chunk of it. On a device the host cannot address, an
+// offload.ratio (or placement()) that keeps part of a dtype's optimizer
+// state on the device puts its tensors in two groups (Placement::
+// state_class), compressed apart: with several ranks every parameter ends
+// elsewhere than on the cpu device, which has one group, from the first
+// compressed step. The job is told at finalize (laying the fused exchange
+// out across the groups would rebuild what the compression keeps per group
+// and its checkpoints: split_fused_exchange_warning says why). 1-bit Adam
+// and 0/1 Adam compress each tensor on its own, and one rank exchanges
+// nothing: there the split ends with the cpu device's bits, and nothing is
+// said.
+TEST(CompressingOnDeviceSplit, AFusedExchangeOverTwoGroupsOfADtypeIsSaidAtFinalize) {
+  const std::string said = "compresses each parameter group as one buffer";
+  auto run = [](const std::string& opt, int world, const char* device, std::vector<std::vector<float>>* out) {
+    JobOptions o = compressing_job(opt, 1);
+    o.offload.optimizer = ZD_TIER_HOST;
+    o.offload.ratio = 0.5;  // w0 (70000 of 140869 elements) stays on the opaque device
+    o.device = device;
+    ::testing::internal::CaptureStderr();
+    *out = train(o, world, kCompressedSizes, kCompressedSteps, nullptr);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  std::vector<std::vector<float>> cpu, got;
+  EXPECT_EQ(run("onebit_lamb", 2, "cpu", &cpu).find(said), std::string::npos) << "one group on the cpu device";
+  const std::string log = run("onebit_lamb", 2, "opaque", &got);
+  EXPECT_NE(log.find(said), std::string::npos) << log;
+  EXPECT_NE(log.find("on the device ('w0') and of the others off it ('w1' and 2 more)"), std::string::npos) << log;
+  EXPECT_NE(log.find("offload.ratio = 1"), std::string::npos) << log << ": the way to the cpu device's results";
+  EXPECT_NE(got, cpu) << "what the warning is about";
+  for (const std::string opt : {"onebit_adam", "zero_one_adam"}) {
+    run(opt, 2, "cpu", &cpu);
+    EXPECT_EQ(run(opt, 2, "opaque", &got).find(said), std::string::npos) << opt;
+    expect_same_bits(cpu, got, opt + ", 2 ranks, offload.ratio = 0.5");
+  }
+  run("onebit_lamb", 1, "cpu", &cpu);
+  EXPECT_EQ(run("onebit_lamb", 1, "opaque", &got).find(said), std::string::npos) << "one rank";
+  expect_same_bits(cpu, got, "onebit_lamb, 1 rank, offload.ratio = 0.5");
+}
+
+// A policy: the first parameter's stage-3 shard in host memory, the others'
+// on the device.
+struct W0ShardOnHost : JobPolicy {
+  std::optional<double> lr(int64_t) override { return std::nullopt; }
+  std::optional<zd_tier> placement(const TensorInfo& t) override {
+    if (t.kind == "params" && t.name == "w0") return ZD_TIER_HOST;
+    return std::nullopt;
+  }
+};
+
+// A stage-3 shard across the host and device tiers (tier boundaries fall
+// on a granule of 2048 elements, so w0's shard ends in the device segment
+// after its host run) is copied out whole before its all-gather, as one on
+// NVMe is: the gather sent the host segment's address for all of it, as
+// host memory, and the device refused the upload ("upload got device
+// memory where host memory belongs"). offload_test.cpp's
+// Placement.AShardAcrossTheDeviceAndHostGathersItsOwnValues is the same on
+// the cpu device.
+TEST(OpaqueDevicePlacement, AShardAcrossTheDeviceAndHostGathersItsOwnValues) {
+  W0ShardOnHost policy;
+  const std::vector<int64_t> sizes = {5000, 70000, 3333, 9000, 20000};
+  for (int world : {1, 2}) {
+    JobOptions o;
+    o.stage = 3;
+    o.optimizer_hparams = {{"lr", 1e-2}, {"weight_decay", 0.01}};
+    o.zero_hparams = {{"param_persistence_threshold", 0}};
+    o.offload.optimizer = ZD_TIER_HOST;
+    const auto cpu = train(o, world, sizes, 3, nullptr);
+    o.device = "opaque";
+    o.policy = &policy;
+    const auto got = train(o, world, sizes, 3, nullptr);
+    expect_same_bits(cpu, got, std::to_string(world) + " rank(s)");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, CompressingOnDevice,
                          ::testing::Combine(::testing::Values("onebit_adam", "zero_one_adam", "onebit_lamb"),
                                             ::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2)),

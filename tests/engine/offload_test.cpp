@@ -359,6 +359,43 @@ TEST(Placement, TheRatioSplitsTheOptimizerOffloadNotTheParameterShards) {
   }
 }
 
+namespace {
+
+// A policy: the first parameter's stage-3 shard in host RAM, the others'
+// on the device.
+struct W0ShardOnHost : JobPolicy {
+  std::optional<double> lr(int64_t) override { return std::nullopt; }
+  std::optional<zd_tier> placement(const TensorInfo& t) override {
+    if (t.kind == "params" && t.name == "w0") return ZD_TIER_HOST;
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+// Tier boundaries fall on a granule of 2048 elements, tensors in the shard
+// buffer on 32: w0's shard (5000 elements, or 2500 a rank) ends past the
+// granule its host run is cut at, so its tail lies in the device segment
+// after it. Its gather read the whole shard from the host segment's
+// address, past the end of that allocation (904 elements of garbage with
+// one rank); it gathers the shard's own values, whether the gather is a
+// collective (1 rank, persistent parameters) or a one-sided copy (2 ranks).
+TEST(Placement, AShardAcrossTheDeviceAndHostGathersItsOwnValues) {
+  const std::vector<int64_t> sizes = {5000, 70000, 333};
+  W0ShardOnHost policy;
+  JobOptions o = adamw(3);
+  o.policy = &policy;
+  o.offload.optimizer = ZD_TIER_HOST;
+  for (int world : {1, 2})
+    EXPECT_TRUE(train(o, world, sizes, 3) == train(adamw(3), world, sizes, 3)) << world << " rank(s)";
+  // The default persistence threshold: w0 and w2 are gathered once, at
+  // finalize, and after each step.
+  JobOptions persistent = o, ref = adamw(3);
+  persistent.zero_hparams.clear();
+  ref.zero_hparams.clear();
+  EXPECT_TRUE(train(persistent, 2, sizes, 3) == train(ref, 2, sizes, 3)) << "the default persistence threshold";
+}
+
 TEST(Budgets, APlacementOverTheHostBudgetIsRefusedWithTheTable) {
   JobOptions o = adamw(0);
   o.offload.optimizer = ZD_TIER_HOST;
