@@ -136,6 +136,21 @@ bool ModelHost::attached(int rank) const {
   return attached_[at(rank)];
 }
 
+void ModelHost::rank_gone(int rank, const std::string& why) {
+  if (model_->world_size() > 1) model_->rank_lost(rank, why);
+}
+
+bool ModelHost::lose_absent_rank(int rank, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t r = at(rank);
+    if (attached_[r] || gone_[r]) return false;
+  }
+  if (model_->world_size() == 1) return false;
+  rank_gone(rank, why);
+  return true;
+}
+
 bool ModelHost::anyone_attached() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (bool a : attached_)

@@ -1,7 +1,7 @@
 // A model the daemon hosts for the ranks of a job: the engine Model, the job
 // script whose hooks it calls, and which ranks are attached. Every rank's
-// k-th zd_model_create lands on the same model, so N processes that each
-// create "their" model share one.
+// k-th zd_model_create of a run lands on the same model, so N processes that
+// each create "their" model share one (ServedJob::creates).
 #pragma once
 
 #include "error.h"
@@ -72,6 +72,17 @@ class ModelHost {
   void detach(int rank, bool lost, const std::string& reason);
   bool attached(int rank) const;
   bool anyone_attached() const;
+  // The rank's trainer is gone though it is still attached: its connection
+  // hung up while its session's thread is inside a call, which may wait in a
+  // collective for the others as they wait for it. Marks the rank lost
+  // (Model::rank_lost, from any thread), which ends those waits; its session
+  // detaches it once the call returns. A model of one rank has no one to tell.
+  void rank_gone(int rank, const std::string& why);
+  // The same for a rank that never attached to this model (nor left it) and
+  // will not: its connection ended and none claimed its rank again
+  // (Server::lose_unless_reclaimed). A rank that came to the model is left
+  // to its own end's account. True when it marked the rank lost.
+  bool lose_absent_rank(int rank, const std::string& why);
 
   // --- restart (the job keeps its state) -----------------------------------
   // Once no rank is attached: why the model is worth keeping for a restart

@@ -35,13 +35,25 @@ struct ServedJob {
   std::map<int, Session*> rank_owner;
   bool any_rank_came = false;
   int joining = 0;  // ranks between their hello's join() and claim_rank(): the job must stay
-  // Per rank that joined: models it created so far. A map, not a table of
-  // the claimed world size: a hello must not make the daemon allocate what
-  // it merely claims.
+  // What follows up to `building` is the current run's: a run lasts while
+  // some rank of the job holds a connection, and its record starts afresh
+  // once none does (Server::release_rank), so that a daemon serving run
+  // after run (`zerod serve --job`) pairs each run's creates among its own
+  // ranks, whatever an earlier run left uneven.
+  //
+  // Per rank that joined: models it created so far in this run; its k-th
+  // create is model key k-1, which every rank's k-th create shares. A map,
+  // not a table of the claimed world size: a hello must not make the
+  // daemon allocate what it merely claims.
   std::map<int, uint64_t> creates;
   // By model key: the error its create failed with, which the job's other
   // ranks then get at once (Server::create_or_attach says why).
   std::map<uint64_t, Error> failed_creates;
+  // Ranks of this run whose connection ended and that no connection claimed
+  // again within ServerOptions::reclaim_wait_ms, each with how it went
+  // ("rank 1 (pid 7) is gone: ..."): the job's models it never attached to,
+  // and those made after, count it lost (Server::lose_unless_reclaimed).
+  std::map<int, std::string> departed;
   // Model keys a rank is building now, outside Server::mu_: the job's other
   // ranks asking for that model wait for it, and the job is not forgotten.
   std::set<uint64_t> building;

@@ -156,14 +156,33 @@ void Server::accept_loop() {
     }
     if (!c) break;  // shut down
     if (!make_room_before_hello()) break;  // the daemon stops
-    auto s = std::make_shared<Session>(*this, std::move(*c));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      reap_finished();
-      sessions_.push_back(s);
-    }
-    s->start();
+    start_session(std::move(*c));
   }
+}
+
+void Server::start_session(transport::Connection c) {
+  std::shared_ptr<Session> s;
+  try {
+    s = std::make_shared<Session>(*this, std::move(c));
+    s->start();
+  } catch (const std::exception& e) {
+    // A thread that would not start (the user's process limit, ulimit -u,
+    // counts threads), memory refused: this connection is turned away, and
+    // every other one, and every job, goes on. Uncaught, it ended the
+    // daemon and every job it served.
+    const std::string why = std::string("the daemon cannot serve another connection now: ") + e.what() +
+                            " (a thread per connection: see ulimit -u, or close idle `zerod status`/`zerod top` "
+                            "connections); connect again later";
+    log_warn("refused a connection: " + why);
+    if (s)
+      s->refuse(ZD_ERR_OUT_OF_MEMORY, why);
+    else
+      Session::refuse(c, ZD_ERR_OUT_OF_MEMORY, why);  // still ours if the session was never made
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reap_finished();
+  sessions_.push_back(std::move(s));
 }
 
 void Server::reap_finished() {
@@ -213,6 +232,7 @@ void Server::stop() {
     std::lock_guard<std::mutex> lock(mu_);
   }
   model_built_.notify_all();
+  rank_owners_changed_.notify_all();  // a session waiting for its rank's reclaim ends the wait
   listener_.shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
   std::vector<std::shared_ptr<Session>> sessions;
@@ -244,14 +264,16 @@ bool Server::claim_rank(ServedJob& job, int rank, Session* s, std::string* holde
     auto it = job.rank_owner.find(rank);
     return it == job.rank_owner.end() || it->second->finished();
   };
-  rank_freed_.wait_for(lock, std::chrono::milliseconds(options_.reclaim_wait_ms), free);
+  rank_owners_changed_.wait_for(lock, std::chrono::milliseconds(options_.reclaim_wait_ms), free);
   if (!free()) {
     *holder = "pid " + std::to_string(job.rank_owner[rank]->pid());
     return false;
   }
   job.rank_owner[rank] = s;
+  job.departed.erase(rank);  // back in the run
   job.any_rank_came = true;
   any_rank_came_ = true;
+  rank_owners_changed_.notify_all();  // the rank's old session no longer waits for this claim
   return true;
 }
 
@@ -274,10 +296,56 @@ void Server::release_rank(ServedJob& job, int rank, Session* s) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = job.rank_owner.find(rank);
     if (it != job.rank_owner.end() && it->second == s) job.rank_owner.erase(it);
+    if (job.rank_owner.empty()) end_run(job);
     if (options_.multi_job)
       if (auto j = jobs_.find(job.key); j != jobs_.end() && j->second.get() == &job) forget_job_if_done(j->second);
   }
-  rank_freed_.notify_all();
+  rank_owners_changed_.notify_all();
+}
+
+void Server::end_run(ServedJob& job) {
+  // No rank holds a connection: the next one to come starts a run of its
+  // own. Counted on, a rank 0 that created a model in a run whose rank 1
+  // died before its create (or a create that failed on one rank) paired
+  // every later run's k-th create on rank 0 with the (k-1)-th on rank 1,
+  // which then waited in their collectives until comm.timeout.
+  job.creates.clear();
+  job.failed_creates.clear();
+  job.departed.clear();
+}
+
+void Server::lose_unless_reclaimed(const std::shared_ptr<ServedJob>& job, int rank, int pid) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Settled: the rank is back (a new zd_connect, a restarted trainer), the
+  // run is over (nobody is left to wait for it), or the daemon stops.
+  const auto settled = [&] {
+    return stopping_.load() || job->rank_owner.empty() || job->rank_owner.count(rank) > 0;
+  };
+  if (rank_owners_changed_.wait_for(lock, std::chrono::milliseconds(options_.reclaim_wait_ms), settled)) return;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", options_.reclaim_wait_ms / 1000.0);
+  const std::string why = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
+                          ") is gone: its connection closed, and no connection claimed rank " +
+                          std::to_string(rank) + " again within " + secs + " s";
+  job->departed[rank] = why;  // and the job's models made from now on (create_or_attach)
+  std::vector<std::shared_ptr<ModelHost>> models;
+  for (const auto& [id, m] : models_)
+    if (m->job() == job) models.push_back(m);
+  lock.unlock();
+  for (const auto& m : models)
+    if (m->lose_absent_rank(rank, why)) log_warn("model " + std::to_string(m->id()) + " counts " + why);
+}
+
+bool Server::admit_observer() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (observers_ >= options_.max_observers) return false;
+  ++observers_;
+  return true;
+}
+
+void Server::observer_left() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --observers_;
 }
 
 int Server::rank_pid(const ServedJob& job, int rank) {
@@ -328,11 +396,22 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     }
   }
   const uint64_t key = job->creates[rank]++;
+  // A create that failed on this rank alone (its script did not load, or
+  // differs from the model's, or names another device) is not counted: the
+  // rank's next create is still its k-th, and meets the other ranks' k-th.
+  // One that failed for every rank (failed_creates) counts on every rank.
+  const auto uncount = [&] {
+    if (auto c = job->creates.find(rank); c != job->creates.end() && c->second == key + 1) c->second = key;
+  };
   // Another rank's model of this key: attached to it (under mu_).
   auto attach_made = [&]() -> std::shared_ptr<ModelHost> {
     for (auto& [id, m] : models_) {
       if (m->job() != job || m->key() != key) continue;
       if (m->attached(rank)) continue;  // an old model of this key whose rank is still there
+      // No rank on it: a model kept for a restart (re-attached above, never
+      // by its key: an earlier run's key k is not this run's), or one on
+      // its way out.
+      if (!m->anyone_attached()) continue;
       if (m->script_text() != text)
         fail(ZD_ERR_CONFIG, "rank " + std::to_string(rank) + "'s job script " + name +
                                 " differs from the " + m->script_name() +
@@ -345,7 +424,12 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
     return nullptr;
   };
   for (;;) {
-    if (auto m = attach_made()) return m;
+    try {
+      if (auto m = attach_made()) return m;
+    } catch (...) {
+      uncount();
+      throw;
+    }
     // A create of this model that failed fails the other ranks' at once with
     // its error: built again, each would be a new create of the comm instance
     // across nodes (the other daemons would wait comm.timeout for each).
@@ -402,12 +486,17 @@ std::shared_ptr<ModelHost> Server::create_or_attach(const std::shared_ptr<Served
   lock.lock();
   job->building.erase(key);
   if (failed_create) job->failed_creates.emplace(key, *failed_create);
+  if (failure && !failed_create) uncount();  // this rank's script did not load
+  std::map<int, std::string> departed;  // ranks of the run that are gone: this model waits for none of them
   if (made) {
     made->attach(rank);
     models_[id] = made;
+    departed = job->departed;
   }
   lock.unlock();
   model_built_.notify_all();
+  for (const auto& [r, why] : departed)
+    if (made->lose_absent_rank(r, why)) log_warn("model " + std::to_string(id) + " counts " + why);
   if (failed_create && stopping_.load())
     // Its reply may not reach the rank (the stop closes its connection):
     // the log says why its model was not made.

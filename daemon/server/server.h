@@ -34,7 +34,9 @@ struct ServerOptions {
   // does (the daemon's own --job's; ModelHost::kept_because).
   bool keep_state = false;
   // How long a rank's new connection waits for its previous one to be seen
-  // closed before the rank counts as taken.
+  // closed before the rank counts as taken; and how long a rank whose
+  // connection ended may take to connect again before the models of its
+  // run it never came to count it lost (Server::lose_unless_reclaimed).
   int reclaim_wait_ms = 5000;
   // `zerod run --trace FILE`: every model records a trace there (its job
   // script's trace.steps, or the default steps).
@@ -59,6 +61,11 @@ struct ServerOptions {
   int hello_timeout_ms = 30000;
   int max_waiting_for_hello = 64;
   int hello_grace_ms = 1000;
+  // At most this many observer connections (`zerod status`, `zerod top`)
+  // at once, each with a thread and no deadline once it said hello: the
+  // next one is refused with ZD_ERR_INVALID_STATE saying so, and closed, so
+  // that idle observers piling up cannot take the threads the ranks need.
+  int max_observers = 64;
   // multi_job: the most ranks a job may claim. All of them are this node's:
   // its first zd_model_create builds a device and a comm stream for each
   // (about 100 KiB and 0.15 ms a rank on the cpu device), so a hello's claim
@@ -110,7 +117,23 @@ class Server {
   std::shared_ptr<ServedJob> join(const std::string& key, int world_size, int local_world_size, int rank, int pid);
   // Claims the rank for a connection; false if another connection has it.
   bool claim_rank(ServedJob& job, int rank, Session* s, std::string* holder);
+  // Once no rank of the job holds a connection, its run is over
+  // (ServedJob::creates).
   void release_rank(ServedJob& job, int rank, Session* s);
+  // After a rank's connection ended and release_rank freed it, on that
+  // session's thread: waits up to reclaim_wait_ms for a connection to claim
+  // the rank again. If none did while other ranks of the job are connected,
+  // the rank is gone from the run (ServedJob::departed): the job's models
+  // it never attached to count it lost (ModelHost::lose_absent_rank), and
+  // so does each model made after, so that the ranks waiting for it there
+  // fail with ZD_ERR_PEER_LOST naming it instead of waiting comm.timeout.
+  // pid: its client's, for the message.
+  void lose_unless_reclaimed(const std::shared_ptr<ServedJob>& job, int rank, int pid);
+  // An observer's hello: false when max_observers are connected already.
+  // Each admitted one calls observer_left() as its connection ends.
+  bool admit_observer();
+  void observer_left();
+  int max_observers() const { return options_.max_observers; }
   // The model for rank's next zd_model_create (created by the first rank
   // to ask, attached by the others). The first rank builds it without
   // holding the server's lock (loading the script, the engine's model with a
@@ -133,7 +156,12 @@ class Server {
 
  private:
   void accept_loop();
+  // The new connection's session and its thread; a connection whose
+  // session cannot start is refused with an error reply and closed.
+  void start_session(transport::Connection c);
   void reap_finished();
+  // Under mu_: no rank of the job holds a connection; its run's record goes.
+  static void end_run(ServedJob& job);
   // Before a new connection gets its session: when max_waiting_for_hello
   // connections wait for their hello, closes the one that has waited
   // longest, once it has waited hello_grace_ms (until then this waits).
@@ -161,7 +189,9 @@ class Server {
   std::map<std::string, std::shared_ptr<ServedJob>> jobs_;      // multi_job: by key
   int jobs_made_ = 0;
   bool any_rank_came_ = false;  // under mu_
-  std::condition_variable rank_freed_;
+  int observers_ = 0;           // under mu_: admitted observers still connected
+  // A rank's connection released or claimed (a rank_owner changed).
+  std::condition_variable rank_owners_changed_;
   std::map<int, std::shared_ptr<ModelHost>> models_;  // by id
   int next_model_id_ = 0;
   // A model built (or its build failed): the job's ranks waiting for it in

@@ -26,6 +26,27 @@ namespace zerod::server {
 
 using namespace session_detail;
 
+namespace {
+
+// A call of the rank's, from its start to its return, as the hangup watch
+// knows it (none yet: the rank has no model).
+class CallInProgress {
+ public:
+  CallInProgress(TrainerGoneWatch* watch, const char* call) : watch_(watch) {
+    if (watch_) watch_->begin_call(call);
+  }
+  ~CallInProgress() {
+    if (watch_) watch_->end_call();
+  }
+  CallInProgress(const CallInProgress&) = delete;
+  CallInProgress& operator=(const CallInProgress&) = delete;
+
+ private:
+  TrainerGoneWatch* watch_;
+};
+
+}  // namespace
+
 Session::Session(Server& server, transport::Connection connection)
     : server_(server), conn_(std::move(connection)), spin_(transport::ring_spin_from_env()) {
   try {
@@ -51,6 +72,29 @@ void Session::stop() {
 
 void Session::join() {
   if (thread_.joinable()) thread_.join();
+}
+
+void Session::refuse(transport::Connection& c, zd_status code, const std::string& why) {
+  v1::Reply err;
+  wire::set_error(&err, code, why);
+  try {
+    // Before the client's hello is read, so not its reply's id: the
+    // client's read of its hello's reply gets this error, or the end of
+    // the stream. A fresh socket's buffer takes it without waiting.
+    wire::send(c, wire::kReply, 0, err, {}, 100);
+  } catch (...) {
+  }
+  c.shutdown();
+}
+
+void Session::refuse(zd_status code, const std::string& why) {
+  refuse(conn_, code, why);
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    transport::Connection closed(std::move(conn_));
+  }
+  ended_ = true;
+  finished_.store(true);
 }
 
 void Session::require_rank(const char* what) const {
@@ -144,6 +188,10 @@ bool Session::serve_frame(std::string* why) {
     *why = std::string("its reply could not be sent (") + e.what() + ")";
     return false;
   }
+  if (close_after_reply_) {
+    *why = "its hello was refused";
+    return false;
+  }
   return true;
 }
 
@@ -222,7 +270,7 @@ void Session::end(const std::string& why) {
   // The peer sees end of stream now, not when this session is reaped.
   conn_.shutdown();
   release_gpu_waits();
-  leave_all(true, "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: " + why);
+  leave_all(true, gone() + why);
   // What the client shared with this daemon goes now, not when the server
   // reaps this session (at the next connection, which a long-running
   // `zerod serve --jobs` may not see for hours): the staging memfd, as
@@ -236,7 +284,13 @@ void Session::end(const std::string& why) {
     ring_ = transport::Ring();
     transport::Connection closed(std::move(conn_));  // closes the fd here; conn_ keeps "shut down"
   }
-  if (rank_ >= 0) server_.release_rank(*job_, rank_, this);
+  if (observer_) server_.observer_left();
+  if (rank_ >= 0) {
+    server_.release_rank(*job_, rank_, this);
+    // Not finished until then: the accept thread reaps (joins) finished
+    // sessions, and must not wait out this one's wait.
+    server_.lose_unless_reclaimed(job_, rank_, pid_);
+  }
   finished_.store(true);
 }
 
@@ -272,6 +326,10 @@ std::string Session::who() const {
   return "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + "): ";
 }
 
+std::string Session::gone() const {
+  return "rank " + std::to_string(rank_) + " (pid " + std::to_string(pid_) + ") is gone: ";
+}
+
 void Session::leave_all(bool lost, const std::string& reason) {
   for (auto& [id, m] : models_) {
     m->detach(rank_, lost, reason);
@@ -289,6 +347,12 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
                              ZEROD_VERSION_STRING + " provides " + std::to_string(ZD_ABI_VERSION_MAJOR) +
                              "." + std::to_string(ZD_ABI_VERSION_MINOR) + "; upgrade the daemon");
   if (h.role() == "observer") {
+    if (!server_.admit_observer()) {
+      close_after_reply_ = true;
+      fail(ZD_ERR_INVALID_STATE, "this daemon serves at most " + std::to_string(server_.max_observers()) +
+                                     " observer connections (zerod status, zerod top) at once, and that many are "
+                                     "open; close one, or try again later");
+    }
     observer_ = true;
   } else if (h.role() == "rank") {
     // join() checks the rank against its job (world size, range, this node's ranks).
@@ -373,7 +437,30 @@ void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
   reply->mutable_register_param()->set_param(id);
 }
 
+void Session::watch_for_hangup(const std::shared_ptr<ModelHost>& m, const Device& d, bool gpu) {
+  // Before the reply: a call on the model is watched from the first, and
+  // on a GPU a record the trainer makes on the signals' page the reply
+  // sends is one the watch can release.
+  try {
+    if (!gone_watch_)
+      gone_watch_ = std::make_unique<TrainerGoneWatch>(conn_.fd(), pid_, who(), kTrainerExitMs, [this] {
+        return stopping_.load(std::memory_order_acquire);  // Session::stop shut the socket: the daemon stops
+      });
+    // The host outlives its watch: this session holds it until after unwatch() or the watch's end.
+    gone_watch_->watch_model(m->id(), [host = m.get(), rank = rank_, prefix = gone()](const std::string& call) {
+      host->rank_gone(rank, prefix + "its connection closed during " + call);
+    });
+    if (gpu) gone_watch_->watch(m->id(), d);
+  } catch (...) {
+    if (gone_watch_) gone_watch_->unwatch(m->id());
+    m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s connection could not be watched");
+    server_.forget_if_unused(m);
+    throw;
+  }
+}
+
 calls::Outcome Session::run_call(ModelHost& host, const calls::Args& a, void* data) {
+  const CallInProgress watched(gone_watch_.get(), calls::name(a.op));
   if (a.op == calls::Op::finalize && host.reattaching(rank_)) {
     // Resumes the kept state once every rank has re-attached. The wait ends
     // early if this rank's connection closes or the daemon stops.
@@ -432,18 +519,7 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
                                  "interprocess events, then for a few hours of 2026-11-27 signals in GPU "
                                  "memory); run the libzerod of the daemon's release");
       }
-      if (link.page_fd >= 0) {
-        // Before the reply sends the page: a record the trainer makes on it
-        // is one the watch can release.
-        try {
-          if (!gone_watch_) gone_watch_ = std::make_unique<TrainerGoneWatch>(conn_.fd(), pid_, who(), kTrainerExitMs);
-          gone_watch_->watch(m->id(), d);
-        } catch (...) {
-          m->detach(rank_, false, "rank " + std::to_string(rank_) + "'s connection could not be watched");
-          server_.forget_if_unused(m);
-          throw;
-        }
-      }
+      watch_for_hangup(m, d, link.page_fd >= 0);
       models_[m->id()] = m;
       v1::CreateModelReply* r = reply->mutable_create_model();
       r->set_model(m->id());
@@ -462,7 +538,10 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
       // Across nodes the end-of-job snapshot needs every rank's comm: it is
       // taken as the ranks leave, before this one's goes (it logs its errors;
       // the model's end, ~ModelHost, records a failure for the exit status).
-      static_cast<void>(m->model().final_snapshot(rank_));
+      {
+        const CallInProgress watched(gone_watch_.get(), "zd_model_destroy");
+        static_cast<void>(m->model().final_snapshot(rank_));
+      }
       if (gone_watch_) gone_watch_->unwatch(m->id());  // before its device may go with the model
       models_.erase(m->id());
       m->detach(rank_, false, "rank " + std::to_string(rank_) + " destroyed its model");

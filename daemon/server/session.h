@@ -44,6 +44,12 @@ class Session {
   void start();
   void stop();  // wakes the thread (shutdown of the socket, and of the ring)
   void join();
+  // A session whose thread could not start (Server::start_session): tells
+  // the client why as best it can (an error reply) and closes the
+  // connection. The static one is for a connection that never got its
+  // session.
+  void refuse(zd_status code, const std::string& why);
+  static void refuse(transport::Connection& c, zd_status code, const std::string& why);
   bool finished() const { return finished_.load(); }
   // It said hello (as a rank or an observer).
   bool greeted() const { return greeted_.load(); }
@@ -61,7 +67,9 @@ class Session {
   // for anything the client got wrong; fds gets the arena fds to attach to
   // the reply (owned by the arenas, not to be closed). end() leaves every
   // model and frees the rank, as when the connection drops, and lets go of
-  // the client's staging memfd and call ring and closes the socket.
+  // the client's staging memfd and call ring and closes the socket; then,
+  // for a rank whose run goes on, it waits up to the reclaim wait for the
+  // rank to come back (Server::lose_unless_reclaimed).
   v1::Reply answer(transport::Frame& frame, std::vector<int>* fds);
   // Likewise for a wire::kCall frame: the kCallReply body (valid until the
   // next call), and in arenas/fds a v1::Reply announcing new arenas, to be
@@ -105,6 +113,11 @@ class Session {
   void release_gpu_waits();
   // "rank R (pid P): ", to start a log line.
   std::string who() const;
+  // "rank R (pid P) is gone: ", to start why the rank was lost.
+  std::string gone() const;
+  // Watches the connection for the trainer's hangup during the model's
+  // calls (trainer_gone_watch.h); on a GPU (link) also its device's waits.
+  void watch_for_hangup(const std::shared_ptr<ModelHost>& m, const Device& d, bool gpu);
   void require_rank(const char* what) const;
 
   Server& server_;
@@ -115,7 +128,8 @@ class Session {
   std::atomic<bool> hello_came_{false};
   // Until the hello: when the connection was accepted (ServerOptions::hello_timeout_ms).
   std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
-  bool observer_ = false;
+  bool observer_ = false;       // an admitted observer (Server::admit_observer)
+  bool close_after_reply_ = false;  // the hello was refused for good: the connection ends with its reply
   bool stream_signals_ = false;  // the client maps a page of GPU stream signals (hello)
   int rank_ = -1;
   std::shared_ptr<ServedJob> job_;  // the rank's job, from its hello
@@ -130,10 +144,11 @@ class Session {
   std::mutex stop_mu_;           // ring_, and conn_'s fd closing in end(), against stop()
   std::atomic<bool> stopping_{false};
   std::chrono::microseconds spin_;
-  // A rank on a GPU: its connection's hangup, watched on another thread,
-  // releases the waits of its models' devices while this thread may be
-  // stuck in a call behind them (trainer_gone_watch.h). Made at the first
-  // such model; stopped first thing in end().
+  // A rank's connection's hangup, watched on another thread while this
+  // thread may be stuck in a call: marks the rank lost on its models, which
+  // ends the collectives it waits in, and on a GPU releases the waits of
+  // their devices (trainer_gone_watch.h). Made at the rank's first model;
+  // stopped first thing in end().
   std::unique_ptr<TrainerGoneWatch> gone_watch_;
 };
 

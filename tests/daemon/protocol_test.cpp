@@ -1,6 +1,7 @@
 // The daemon's protocol against a server in this process: malformed frames
 // get an error reply and nobody else notices; hello and rank rules; the
-// socket's place and modes; status.
+// socket's place and modes; status; runs of a daemon that serves one job
+// after another; the bounds on connections (observers, threads).
 #include "ring_call.h"
 #include "server.h"
 #include "sizes.h"
@@ -12,13 +13,23 @@
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -548,4 +559,321 @@ TEST_F(WaitingForHelloCap, AtMostSoManyWaitAndTheOldestGoesOnceItHadTime) {
   // The others are still open, until their own deadline.
   pollfd p{idle[1].fd(), POLLIN | POLLRDHUP, 0};
   EXPECT_EQ(::poll(&p, 1, 0), 0) << "the second connection was closed too early";
+}
+
+// A daemon of two ranks serving run after run (`zerod serve --nproc 2
+// --job`): each run's k-th zd_model_create lands on one model on every
+// rank, whatever an earlier run left uneven. The count of creates once ran
+// on from run to run per rank: after a run whose rank 0 created a model and
+// whose rank 1 died before its create (or a create that failed on one
+// rank), rank 0's k-th create met rank 1's (k-1)-th, a model of its own,
+// and both waited in their collectives until comm.timeout, told that the
+// other had "not arrived".
+namespace {
+
+struct TwoRanks : Fixture {
+  void SetUp() override {
+    server::ServerOptions o;
+    o.world_size = 2;
+    o.reclaim_wait_ms = 5000;  // a rank's new connection waits for its old one's end
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  static constexpr const char* kScript = "return { optimizer = { type = 'sgd' } }";
+  // A connection that said hello as `rank` of 2.
+  transport::Connection rank_of_two(int rank) {
+    transport::Connection c = connect();
+    const v1::Reply r = rpc(c, hello("rank", rank, 2));
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    return c;
+  }
+  // The model the connection's create of kScript got, or -1.
+  static int create_model(transport::Connection& c, uint32_t id) {
+    const v1::Reply r = rpc(c, create(kScript), id);
+    EXPECT_FALSE(r.has_error()) << r.error().message();
+    return r.has_error() ? -1 : r.create_model().model();
+  }
+};
+
+}  // namespace
+
+TEST_F(TwoRanks, ARunsCreatesMeetThoughTheLastRunsRank1NeverCreated) {
+  {
+    transport::Connection a = rank_of_two(0);
+    ASSERT_GE(create_model(a, 2), 0);
+  }  // rank 0 goes; rank 1 never came: the run is over
+  transport::Connection b = rank_of_two(0);  // once a's session has ended
+  transport::Connection c = rank_of_two(1);
+  const int mb = create_model(b, 2);
+  const int mc = create_model(c, 2);
+  EXPECT_GE(mb, 0);
+  EXPECT_EQ(mb, mc) << "the new run's first creates landed on two models";
+}
+
+TEST_F(TwoRanks, ARunsCreatesAreNotFailedByTheLastRunsFailedCreate) {
+  {
+    // The script loads and the model's build fails (the device its create
+    // names is none): every rank's create of it gets that error, and counts it.
+    transport::Connection a = rank_of_two(0);
+    v1::Request req = create(kScript);
+    req.mutable_create_model()->set_device("no_such_device");
+    const v1::Reply r = rpc(a, req, 2);
+    ASSERT_TRUE(r.has_error());
+    EXPECT_NE(r.error().message().find("no_such_device"), std::string::npos) << r.error().message();
+  }
+  transport::Connection b = rank_of_two(0);
+  transport::Connection c = rank_of_two(1);
+  const int mb = create_model(b, 2);
+  const int mc = create_model(c, 2);
+  EXPECT_GE(mb, 0);
+  EXPECT_EQ(mb, mc);
+}
+
+TEST_F(TwoRanks, ACreateWhoseScriptDoesNotLoadOnOneRankIsNotCounted) {
+  transport::Connection b = rank_of_two(0);
+  transport::Connection c = rank_of_two(1);
+  const v1::Reply r = rpc(b, create("return {"), 2);  // rank 0's own error: its script does not parse
+  ASSERT_TRUE(r.has_error());
+  EXPECT_NE(r.error().message().find("p.lua"), std::string::npos) << r.error().message();
+  const int mb = create_model(b, 3);  // still rank 0's first model
+  const int mc = create_model(c, 2);
+  EXPECT_GE(mb, 0);
+  EXPECT_EQ(mb, mc);
+}
+
+// Observers (`zerod status`, `zerod top`) have no deadline once they said
+// hello, and each holds a thread: at most max_observers are served at once,
+// the next is refused saying so and closed, and ranks are served all along.
+namespace {
+
+struct ObserverCap : Fixture {
+  void SetUp() override {
+    server::ServerOptions o;
+    o.world_size = 1;
+    o.reclaim_wait_ms = 100;
+    o.max_observers = 2;
+    srv = std::make_unique<server::Server>(o);
+    srv->start();
+  }
+  // The daemon closed c (nothing more comes but the end of the stream).
+  static bool closed(transport::Connection& c) {
+    try {
+      c.receive(wire::kMaxBody, 5000);
+      return false;
+    } catch (const Error& e) {
+      return e.code() == ZD_ERR_PEER_LOST;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_F(ObserverCap, ObserversPastTheCapAreRefusedAndRanksAreStillServed) {
+  std::optional<transport::Connection> first = connect();
+  transport::Connection second = connect();
+  ASSERT_FALSE(rpc(*first, hello("observer")).has_error());
+  ASSERT_FALSE(rpc(second, hello("observer")).has_error());
+  transport::Connection third = connect();
+  const v1::Reply r = rpc(third, hello("observer"));
+  EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_STATE);
+  EXPECT_NE(r.error().message().find("serves at most 2 observer connections"), std::string::npos)
+      << r.error().message();
+  EXPECT_TRUE(closed(third)) << "the refused observer's connection was left open";
+
+  transport::Connection rank = connect();
+  ASSERT_FALSE(rpc(rank, hello()).has_error()) << "a rank was refused with the observers at their cap";
+  EXPECT_FALSE(rpc(rank, create("return { optimizer = { type = 'sgd' } }"), 2).has_error());
+
+  // An observer that leaves makes room for another (its session ends on its own thread).
+  first.reset();
+  bool admitted = false;
+  for (int i = 0; i < 200 && !admitted; ++i) {
+    transport::Connection again = connect();
+    admitted = !rpc(again, hello("observer")).has_error();
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(admitted) << "no observer was admitted after one of the two left";
+}
+
+// The daemon cannot start a connection's thread (the user's process limit,
+// RLIMIT_NPROC, which counts threads): that connection is refused saying
+// why, and the daemon serves on. The thread's std::system_error once
+// escaped the accept loop and ended the daemon with every job it served.
+// The limit binds only a process without CAP_SYS_RESOURCE, so the daemon
+// runs in a child that becomes uid 65534, with room for a few threads more
+// than it has: needs root (skipped otherwise).
+namespace {
+
+constexpr uid_t kNobody = 65534;
+constexpr int kChildSkips = 77;
+
+// How many more threads this process may start now (each waits until all
+// were counted), up to `most`.
+int threads_that_start(int most) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<std::thread> started;
+  for (int i = 0; i < most; ++i) {
+    try {
+      started.emplace_back([&] {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return done; });
+      });
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  for (auto& t : started) t.join();
+  return static_cast<int>(started.size());
+}
+
+// Leaves room for exactly `room` more threads under RLIMIT_NPROC; false
+// when the limit does not bind here.
+bool leave_room_for(int room, std::string* why) {
+  for (rlim_t limit = 64; limit <= 8192; limit *= 2) {
+    const rlimit lim{limit, limit};
+    if (setrlimit(RLIMIT_NPROC, &lim) != 0) {
+      *why = std::string("setrlimit(RLIMIT_NPROC): ") + std::strerror(errno);
+      return false;
+    }
+    const int startable = threads_that_start(256);
+    if (startable == 256) {
+      *why = "RLIMIT_NPROC does not bind threads here";
+      return false;
+    }
+    if (startable == 0) continue;  // uid 65534 has this many tasks already
+    const rlim_t tight = limit - static_cast<rlim_t>(startable) + static_cast<rlim_t>(room);
+    const rlimit t{tight, tight};
+    if (setrlimit(RLIMIT_NPROC, &t) != 0) {
+      *why = std::string("setrlimit(RLIMIT_NPROC): ") + std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+  *why = "uid 65534 runs thousands of tasks already";
+  return false;
+}
+
+// The child: a daemon with room for its accept thread and two sessions,
+// and clients of its own. Returns 0 when it held, else says what failed.
+int daemon_under_a_thread_limit(const std::string& dir, std::string* said) {
+  if (setgid(kNobody) != 0 || setuid(kNobody) != 0) {
+    *said = std::string("setuid(65534): ") + std::strerror(errno);
+    return kChildSkips;
+  }
+  if (!leave_room_for(3, said)) return kChildSkips;
+  server::ServerOptions o;
+  o.socket_path = dir + "/zerod.sock";
+  o.world_size = 1;
+  o.reclaim_wait_ms = 100;
+  server::Server srv(o);
+  srv.start();
+  // An observer's hello: "" if it was served, else what came back (an error, or nothing).
+  const auto observe = [&](std::vector<transport::Connection>* held) -> std::string {
+    transport::Connection c = transport::connect_unix(srv.socket_path(), 2000);
+    try {
+      wire::send(c, wire::kRequest, 1, Fixture::hello("observer"));
+    } catch (const std::exception&) {
+      // The daemon may have closed it already: its reply is still there to read.
+    }
+    try {
+      transport::Frame f = c.receive(wire::kMaxBody, 5000);
+      v1::Reply r;
+      wire::parse(f, &r, "reply");
+      if (!r.has_error()) {
+        held->push_back(std::move(c));
+        return "";
+      }
+      return r.error().message();
+    } catch (const std::exception& e) {
+      return std::string("no reply: ") + e.what();
+    }
+  };
+  std::vector<transport::Connection> held;
+  std::string refused;
+  for (int i = 0; i < 6; ++i) {
+    const std::string got = observe(&held);
+    if (!got.empty()) refused = got;
+  }
+  int failed = 0;
+  if (refused.find("the daemon cannot serve another connection now") == std::string::npos) {
+    *said += "no connection was refused for want of a thread (" + std::to_string(held.size()) +
+             " observers served; the last answer: " + refused + ")\n";
+    ++failed;
+  }
+  held.clear();  // their sessions end, and their threads with them
+  std::string got = "not tried";
+  for (int i = 0; i < 200 && !got.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    got = observe(&held);
+  }
+  if (!got.empty()) {
+    *said += "the daemon served no observer once the others left: " + got + "\n";
+    ++failed;
+  }
+  held.clear();
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    try {
+      transport::Connection rank = transport::connect_unix(srv.socket_path(), 2000);
+      wire::send(rank, wire::kRequest, 1, Fixture::hello());
+      v1::Reply r;
+      wire::parse(rank.receive(wire::kMaxBody, 5000), &r, "reply");
+      got = r.has_error() ? r.error().message() : "";
+    } catch (const std::exception& e) {
+      got = e.what();
+    }
+    if (got.empty()) break;
+  }
+  if (!got.empty()) {
+    *said += "the daemon served no rank afterwards: " + got + "\n";
+    ++failed;
+  }
+  srv.stop();
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+TEST(ThreadLimit, AConnectionWhoseThreadCannotStartIsRefusedAndTheDaemonServesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid 65534 under RLIMIT_NPROC";
+  char tmpl[] = "/tmp/zerod-thread-limit-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);  // uid 65534 makes its socket there
+  const std::string log = dir + "/child.log";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string said;
+    int code = 1;
+    try {
+      code = daemon_under_a_thread_limit(dir, &said);
+    } catch (const std::exception& e) {
+      said += std::string("the child failed: ") + e.what() + "\n";
+    }
+    if (FILE* f = std::fopen(log.c_str(), "w")) {
+      std::fputs(said.c_str(), f);
+      std::fclose(f);
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  std::string said;
+  if (FILE* f = std::fopen(log.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) said.append(buf, n);
+    std::fclose(f);
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "the child (the daemon) died: status " << status << "\n" << said;
+  if (WEXITSTATUS(status) == kChildSkips) GTEST_SKIP() << said;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << said;
 }

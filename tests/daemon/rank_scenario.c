@@ -28,6 +28,18 @@
  *                           while the daemon still runs it; 3 s later rank 0
  *                           calls forward_begin and zd_model_memory and
  *                           prints what each returned and how long it took
+ *   rank_scenario finalize_alone
+ *                           rank 1 registers and idles; rank 0 finalizes,
+ *                           waiting for rank 1, and prints what it got
+ *   rank_scenario reconnect rank 1 as in finalize_alone; rank 0, with
+ *                           timeout_ms = 1000, gives up on its finalize,
+ *                           disconnects and connects again, and prints how
+ *                           long that took and what it returned
+ *   rank_scenario leave_early [S]
+ *                           rank 1 connects and, 2 s later, disconnects and
+ *                           exits before its zd_model_create; rank 0 waits
+ *                           S seconds (default 0), then creates, registers
+ *                           and finalizes, and prints what it got
  * At the end each rank prints its checksum (the sum of every parameter, to
  * compare across stages within a tolerance) and "rank R: parameters H1 H2
  * H3", the FNV-1a hash of each parameter's fp32 bytes, to compare ranks bit
@@ -85,11 +97,24 @@ int main(int argc, char** argv) {
   zd_client* c = NULL;
   zd_connect_options co = ZD_CONNECT_OPTIONS_INIT;
   const char* env_rank = getenv("ZEROD_RANK");
-  if (!strcmp(scenario, "timeout") && env_rank && !strcmp(env_rank, "0")) co.timeout_ms = 1000;
+  if ((!strcmp(scenario, "timeout") || !strcmp(scenario, "reconnect")) && env_rank && !strcmp(env_rank, "0"))
+    co.timeout_ms = 1000;
   CHECK(zd_connect(NULL, &co, &c));
   zd_client_info info = ZD_CLIENT_INFO_INIT;
   CHECK(zd_client_get_info(c, &info));
   rank = info.rank;
+  if (!strcmp(scenario, "leave_early")) {
+    /* Rank 1 goes before its first create, once rank 0 is surely connected;
+       rank 0's model, made before or after that, must not wait for it. */
+    if (rank == 1) {
+      printf("rank 1: leaves before its create\n");
+      fflush(stdout);
+      sleep(2);
+      zd_disconnect(c);
+      return 0;
+    }
+    sleep((unsigned)(argc > 2 ? atoi(argv[2]) : 0));
+  }
   zd_model_options o = ZD_MODEL_OPTIONS_INIT; /* the job from ZEROD_JOB */
   zd_model* m = NULL;
   CHECK(zd_model_create(c, &o, &m));
@@ -112,6 +137,29 @@ int main(int argc, char** argv) {
     d.init = init;
     d.init_dtype = ZD_DTYPE_F32;
     CHECK(zd_model_register_param(m, &d, &p[k]));
+  }
+  if (!strcmp(scenario, "finalize_alone") || !strcmp(scenario, "reconnect") || !strcmp(scenario, "leave_early")) {
+    struct timespec t0;
+    if (rank == 1) {
+      printf("rank 1: idle\n");
+      fflush(stdout);
+      sleep(120);
+      return 0;
+    }
+    printf("rank 0: finalizing\n");
+    fflush(stdout);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    report("zd_model_finalize", zd_model_finalize(m), &t0);
+    if (!strcmp(scenario, "reconnect")) {
+      /* As the timeout's message says: destroy, disconnect, connect again. */
+      zd_model_destroy(m);
+      zd_disconnect(c);
+      c = NULL;
+      co.timeout_ms = 0;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      report("zd_connect", zd_connect(NULL, &co, &c), &t0);
+    }
+    return 0;
   }
   if (!strcmp(scenario, "timeout")) {
     /* Rank 0 gives up on its finalize after 1 s; the daemon runs it on and

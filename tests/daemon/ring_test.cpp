@@ -3,6 +3,10 @@
 // within a bound (the daemon, and a trainer); a waiting rank sleeps rather
 // than spins; two ranks and the daemon squeezed onto one or two CPUs still
 // make progress at microsecond pace (bounded spin, then yield and futex).
+// And ranks that go while the others wait for them: one whose connection
+// closes inside a collective is lost at once (its connection's hangup
+// watch), one that goes before its first create once its rank is not
+// claimed again within the daemon's reclaim wait.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -306,6 +310,87 @@ TEST_F(Ring, ATimedOutCallLeavesTheSocketCarrierRefusingLaterCalls) {
   ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(60))) << rank0_.output();
   ASSERT_TRUE(rank1_.wait_exit(std::chrono::seconds(60))) << rank1_.output();
   expect_out_of_step(rank0_.output());
+}
+
+// A rank whose call waits in a collective for a rank that never comes (its
+// finalize, rank 1 idle) and whose trainer gives up on it (timeout_ms) and
+// connects again, as the timeout's message says: the daemon sees the old
+// connection hang up during the call and ends it, so the new one gets the
+// rank at once. Before, the old session held the rank until the collective
+// ended (comm.timeout, here 60 s; 0: never): the reconnect was refused
+// after the 5 s reclaim wait with "rank 0 is already connected".
+TEST_F(Ring, ARankThatGaveUpOnACallConnectsAgainAtOnce) {
+  start(ZEROD_WAIT_JOB, "reconnect");
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(30))) << rank0_.output();
+  const std::string out = rank0_.output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("rank 0: zd_model_finalize: ZD_ERR_TIMEOUT in [0-9.]+ s"))) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 0: zd_connect: ([A-Z_]+) in ([0-9.]+) s"))) << out;
+  EXPECT_EQ(m[1].str(), "ZD_OK") << out;
+  EXPECT_LT(std::stod(m[2].str()), 5.0) << out;
+}
+
+// A rank killed while its finalize waits for rank 1: `zerod status` shows
+// it lost, naming the call, at once, not its dead pid still in finalize
+// until comm.timeout (60 s here).
+TEST_F(Ring, ARankKilledInACollectiveIsShownLostAtOnce) {
+  start(ZEROD_WAIT_JOB, "finalize_alone");
+  ASSERT_TRUE(rank0_.wait_for_output("rank 0: finalizing", std::chrono::seconds(20))) << rank0_.output();
+  ASSERT_TRUE(rank1_.wait_for_output("rank 1: idle", std::chrono::seconds(20))) << rank1_.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // in the finalize's barrier by now
+  const auto killed = Clock::now();
+  rank0_.kill_now();
+  const std::regex lost("\n  0 +[0-9]+ +[0-9]+ +lost: rank 0 \\(pid [0-9]+\\) is gone: its connection closed");
+  std::string status;
+  for (int i = 0; Clock::now() - killed < std::chrono::seconds(10); ++i) {
+    Proc st = Proc::start({ZEROD_CLI, "status", "--socket", socket_}, {}, dir_ + "/status" + std::to_string(i) + ".log");
+    ASSERT_TRUE(st.wait_exit(std::chrono::seconds(10)));
+    status = st.output();
+    if (std::regex_search(status, lost)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
+  ASSERT_TRUE(std::regex_search(status, lost)) << status;
+  // The model's first word on it names the call.
+  EXPECT_NE(status.find("BROKEN: rank 0 was lost: rank 0 (pid " + std::to_string(rank0_.pid) +
+                        ") is gone: its connection closed during zd_model_finalize"),
+            std::string::npos)
+      << status;
+  // About a second even under a sanitizer; comm.timeout is 60 s.
+  EXPECT_LT(seen_ms, 3000) << "zerod status showed rank 0 lost only after " << seen_ms << " ms:\n" << status;
+}
+
+// A rank that connects and exits before its zd_model_create, its rank not
+// claimed again within the daemon's reclaim wait (5 s): the model rank 0
+// made before it left, and one rank 0 makes after, count it lost, naming it
+// and its pid, so rank 0's finalize fails with ZD_ERR_PEER_LOST within
+// seconds of it, not after comm.timeout (60 s) saying "not arrived: rank 1
+// (no collective yet)".
+void expect_lost_early(const std::string& out, double at_most_s) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 0: (zd_[a-z_]+: ZD_ERR_PEER_LOST in ([0-9.]+) s: |"
+                                                   "ZD_ERR_PEER_LOST: )zd_[a-z_]+: rank 1 was lost: rank 1 \\(pid "
+                                                   "[0-9]+\\) is gone: its connection closed, and no connection "
+                                                   "claimed rank 1 again within 5 s")))
+      << out;
+  if (m[2].matched) {
+    EXPECT_LT(std::stod(m[2].str()), at_most_s) << out;
+  }
+}
+
+TEST_F(Ring, ARankThatLeftBeforeItsCreateIsLostToAModelMadeBefore) {
+  const auto t0 = Clock::now();
+  start(ZEROD_WAIT_JOB, "leave_early");
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(30))) << rank0_.output();
+  const auto s = std::chrono::duration<double>(Clock::now() - t0).count();
+  expect_lost_early(rank0_.output(), 12.0);
+  EXPECT_LT(s, 15.0) << rank0_.output();  // rank 1 leaves at 2 s, and is lost 5 s later
+}
+
+TEST_F(Ring, ARankThatLeftBeforeItsCreateIsLostToAModelMadeAfter) {
+  start(ZEROD_WAIT_JOB, "leave_early", "9");  // rank 1 was lost at 7 s
+  ASSERT_TRUE(rank0_.wait_exit(std::chrono::seconds(30))) << rank0_.output();
+  expect_lost_early(rank0_.output(), 3.0);
 }
 
 // A rank's connection ends: the daemon lets go of the memory the rank

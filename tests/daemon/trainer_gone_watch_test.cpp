@@ -14,6 +14,10 @@
 // On a GPU the same path is python.cuda_daemon's kill in zd_step
 // (tests/python/test_cuda_daemon.py): the record behind torch.cuda._sleep,
 // the daemon's stream and session thread really stuck behind it.
+//
+// And on every rank (TrainerGoneWatchCalls.*): a hangup during a call marks
+// the rank lost on its models, naming the call; end to end that is
+// daemon.Ring.ARankKilledInACollectiveIsShownLostAtOnce (ring_test.cpp).
 #include "trainer_gone_watch.h"
 
 #include "device/emulated_device.h"
@@ -34,9 +38,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -250,6 +257,85 @@ TEST_F(TrainerGoneWatchTest, AnUnwatchedDeviceIsLeftAlone) {
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_EQ(watch.released(), 0);
   EXPECT_EQ(device.releases.load(), 0) << "the watch released a device it no longer watched";
+}
+
+// Every rank, GPU or not: the hangup during a call marks the rank lost on
+// the models the watch has (ModelHost::rank_gone in a session), which ends
+// the collective the call waits in; a hangup between calls waits for the
+// next call (the session's own reader sees it first), and a socket that is
+// only quiet (a client waiting on its call ring) or that the daemon itself
+// shut (its stop) is no hangup. A connection and the models' losses, told
+// as the calls they came in.
+struct WatchedCalls {
+  WatchedCalls() {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) std::abort();
+    watch = std::make_unique<server::TrainerGoneWatch>(sv[0], getpid(), "test: ", 10000,
+                                                       [this] { return closed_here.load(); });
+    watch->watch_model(1, [this](const std::string& call) { told(call); });
+  }
+  ~WatchedCalls() {
+    watch.reset();
+    close(sv[0]);
+    if (sv[1] >= 0) close(sv[1]);
+  }
+  WatchedCalls(const WatchedCalls&) = delete;
+  WatchedCalls& operator=(const WatchedCalls&) = delete;
+  void hang_up() {
+    close(sv[1]);
+    sv[1] = -1;
+  }
+  void told(const std::string& call) {
+    std::lock_guard<std::mutex> lock(mu);
+    losses.push_back(call);
+  }
+  std::vector<std::string> lost() {
+    std::lock_guard<std::mutex> lock(mu);
+    return losses;
+  }
+  int sv[2] = {-1, -1};
+  std::atomic<bool> closed_here{false};
+  std::mutex mu;
+  std::vector<std::string> losses;
+  std::unique_ptr<server::TrainerGoneWatch> watch;
+};
+
+TEST(TrainerGoneWatchCalls, AHangupDuringACallMarksTheRankLostOnceNamingTheCall) {
+  WatchedCalls w;
+  w.watch->begin_call("zd_model_finalize");
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_TRUE(w.lost().empty()) << "a quiet connection was taken for a hangup";
+  w.hang_up();
+  EXPECT_TRUE(within(milliseconds(5000), [&] { return !w.lost().empty(); })) << "no loss 5 s after the hangup";
+  w.watch->end_call();
+  w.watch->begin_call("zd_step");
+  w.watch->end_call();
+  EXPECT_EQ(w.lost(), std::vector<std::string>{"zd_model_finalize"});
+}
+
+TEST(TrainerGoneWatchCalls, AHangupBetweenCallsMarksTheRankLostAtTheNextCall) {
+  WatchedCalls w;
+  w.hang_up();
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_TRUE(w.lost().empty()) << "lost between calls, where the session's own reader sees the hangup";
+  w.watch->begin_call("zd_step");  // a request the trainer wrote as it died
+  EXPECT_EQ(w.lost(), std::vector<std::string>{"zd_step"}) << "not lost at once at the call's start";
+  w.watch->end_call();
+}
+
+TEST(TrainerGoneWatchCalls, NeitherTheDaemonsOwnCloseNorAnUnwatchedModelIsTold) {
+  WatchedCalls w;
+  w.watch->watch_model(2, [&](const std::string& call) { w.told("model 2: " + call); });
+  w.watch->unwatch(1);  // zd_model_destroy: that model may go next
+  w.watch->begin_call("zd_step");
+  w.closed_here = true;  // Session::stop: the daemon stops and shuts the socket itself
+  shutdown(w.sv[0], SHUT_RDWR);
+  std::this_thread::sleep_for(milliseconds(300));
+  w.watch->end_call();
+  EXPECT_TRUE(w.lost().empty()) << w.lost().front();
+  w.closed_here = false;
+  w.watch->begin_call("zd_step");
+  w.watch->end_call();
+  EXPECT_TRUE(w.lost().empty()) << "the daemon's own close counted as a hangup: " << w.lost().front();
 }
 
 }  // namespace
