@@ -116,6 +116,21 @@ class HostileClient : public ::testing::Test {
     for (int i = 0; i < 500 && stat(socket_.c_str(), &st) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ASSERT_EQ(stat(socket_.c_str(), &st), 0) << "the daemon did not start:\n" << read_file(daemon_log_);
+    // The file appears at bind(), a moment before listen(): until then a
+    // connect is refused, which a test would take for the daemon's answer.
+    std::string refused;
+    for (int i = 0; i < 500; ++i) {
+      try {
+        transport::connect_unix(socket_, 1000);
+        refused.clear();
+        break;
+      } catch (const Error& e) {
+        refused = e.what();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    ASSERT_TRUE(refused.empty()) << "the daemon does not accept connections: " << refused << "\n"
+                                 << read_file(daemon_log_);
   }
 
   void TearDown() override {
