@@ -21,6 +21,15 @@ std::string type_word(lua_State* L, int index) {
   return lua_typename(L, lua_type(L, index));
 }
 
+// A table key as a script writes it: 'name', [2] or "a boolean key".
+std::string key_text(lua_State* L, int index) {
+  switch (lua_type(L, index)) {
+    case LUA_TSTRING: return "'" + std::string(lua_tostring(L, index)) + "'";
+    case LUA_TNUMBER: return "[" + format_number(lua_tonumber(L, index)) + "]";
+    default: return "a " + type_word(L, index) + " key";
+  }
+}
+
 }  // namespace
 
 std::string format_number(double v) {
@@ -132,9 +141,7 @@ void ConfigReader::check_unknown(const Scope& s) {
   while (lua_next(L_, s.index) != 0) {
     lua_pop(L_, 1);  // the value
     if (lua_type(L_, -1) != LUA_TSTRING) {
-      const std::string k = lua_type(L_, -1) == LUA_TNUMBER
-                                ? "[" + format_number(lua_tonumber(L_, -1)) + "]"
-                                : "a " + type_word(L_, -1) + " key";
+      const std::string k = key_text(L_, -1);
       issues_.push_back({s.path.empty() ? map_->return_line() : map_->line_of(s.path),
                          (s.path.empty() ? std::string("the job table") : s.path) +
                              ": unexpected list entry " + k + "; settings are named keys"});
@@ -175,6 +182,23 @@ void ConfigReader::accept_all() {
     lua_pop(L_, 1);
     if (lua_type(L_, -1) == LUA_TSTRING) s.known.insert(lua_tostring(L_, -1));
   }
+}
+
+bool ConfigReader::is_list(const std::string& key) {
+  // Raw: no metamethod runs, and lua_next allocates nothing.
+  const auto n = static_cast<lua_Integer>(lua_rawlen(L_, -1));
+  lua_pushnil(L_);
+  while (lua_next(L_, -2) != 0) {
+    lua_pop(L_, 1);  // the value
+    if (!lua_isinteger(L_, -1) || lua_tointeger(L_, -1) < 1 || lua_tointeger(L_, -1) > n) {
+      // The unknown-key rule holds inside a list too: betas = {0.9, 0.99, x = 1} is a mistake.
+      issue(key, "unexpected entry " + key_text(L_, -1) + " in a list; it takes elements 1 to " +
+                     std::to_string(n) + " only");
+      lua_pop(L_, 1);  // the key
+      return false;
+    }
+  }
+  return true;
 }
 
 double ConfigReader::number(const std::string& key, double def, const NumberRange& range) {
@@ -267,6 +291,8 @@ std::vector<double> ConfigReader::numbers(const std::string& key, int count,
   } else if (t != LUA_TTABLE) {
     issue(key, "must be a list of " + std::to_string(count) + " numbers, got a " + type_word(L_, -1));
     ok = false;
+  } else if (!is_list(key)) {
+    ok = false;
   } else {
     const auto n = static_cast<int>(lua_rawlen(L_, -1));
     if (n != count) {
@@ -356,7 +382,7 @@ std::vector<std::string> ConfigReader::strings(const std::string& key) {
   std::vector<std::string> out;
   if (t == LUA_TSTRING) {
     out.push_back(lua_tostring(L_, -1));
-  } else if (t == LUA_TTABLE) {
+  } else if (t == LUA_TTABLE && is_list(key)) {
     const auto n = static_cast<int>(lua_rawlen(L_, -1));
     for (int i = 1; i <= n; ++i) {
       lua_rawgeti(L_, -1, i);
@@ -366,7 +392,7 @@ std::vector<std::string> ConfigReader::strings(const std::string& key) {
         issue(key, "element " + std::to_string(i) + " must be a string, got a " + type_word(L_, -1));
       lua_pop(L_, 1);
     }
-  } else if (t != LUA_TNIL) {
+  } else if (t != LUA_TNIL && t != LUA_TTABLE) {
     issue(key, "must be a string or a list of strings, got a " + type_word(L_, -1));
   }
   lua_pop(L_, 1);

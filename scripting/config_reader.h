@@ -114,6 +114,9 @@ class ConfigReader {
   // "file:line: full.key", for an error that ends the read.
   std::string place_of(const std::string& key) const;
   void check_unknown(const Scope& s);
+  // Whether the table at the top of the stack is a list (keys 1..#t only);
+  // if not, an issue names the first other entry.
+  bool is_list(const std::string& key);
   void record(const std::string& key, const std::string& value, bool from_script);
 
   lua_State* L_;

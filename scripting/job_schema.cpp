@@ -72,7 +72,8 @@ std::vector<KeySpec> make_schema() {
        "The ZeRO stage: which state is split across ranks ([daemon.md](daemon.md#zero-stages)). It names the "
        "partitioner plugin `stage<N>`."},
       {"zero.partitioner", T::kString, 0, "none", {}, {},
-       "Another partitioner plugin, by name (instead of `stage`)."},
+       "Another partitioner plugin, by name (instead of `stage`). The job's ZeRO stage (offload.params, "
+       "checkpoint manifests, `zerod status`) is the one whose state it splits."},
       {"comm", T::kTable, 0, "local", {}, {}, "The comm plugin and its hyperparameters."},
       {"comm.backend", T::kString, 0, "\"local\"", {}, {},
        "The comm plugin: `local` serves the ranks of one daemon over shared memory; `mpi` spans daemons "
@@ -126,8 +127,8 @@ std::vector<KeySpec> make_schema() {
        "Snapshots the engine writes by itself; with them `zerod run` restarts a daemon that dies "
        "([checkpoints.md](checkpoints.md#snapshots))."},
       {"snapshot.path", T::kString, 0, "required", {}, {},
-       "The directory of the snapshots (relative to the script's folder); one model's alone: a second model "
-       "over it waits up to comm.timeout for the first to go, then is refused."},
+       "The directory of the snapshots (relative to the script's folder; not empty); one model's alone: a "
+       "second model over it waits up to comm.timeout for the first to go, then is refused."},
       {"snapshot.every", T::kInteger, 0, "0 (at exit)", ints(0, 0x1p40), {},
        "Steps between snapshots; 0 = only at a clean exit."},
       {"snapshot.keep", T::kInteger, 2, "", ints(1, 1000), {}, "The newest this many are kept."},
@@ -163,7 +164,8 @@ std::vector<KeySpec> make_schema() {
        "Extra folders searched for plugins, relative to the script's folder."},
       {"compression", T::kTable, 0, "none", {}, {},
        "Schedules of a compressing optimizer (plugin ABI v3: `onebit_adam`, `zero_one_adam`, `onebit_lamb`) "
-       "([onebit.md](onebit.md)); an optimizer of an older plugin ABI refuses them."},
+       "([onebit.md](onebit.md)); an optimizer that never compresses (`adam`, `adamw`, `sgd`) or of an older "
+       "plugin ABI refuses them."},
       {"compression.warmup", T::kFunction, 0, "the optimizer's own rule", {}, {},
        "`warmup(step)` → `true` when the update after `step` applied updates is a full-precision warm-up step "
        "(1-bit Adam / 1-bit LAMB: plain Adam / LAMB; 0/1 Adam: a variance step). Replaces the plugin's own rule "

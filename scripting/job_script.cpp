@@ -148,21 +148,24 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
   {
     const bool given = r.enter("zero");
     std::string name = "stage0";
+    bool named = false;
     if (given) {
       const bool stage_given = r.present("stage");
-      c.zero_stage = static_cast<int>(r.integer(job_key("zero.stage")));
-      name = "stage" + std::to_string(c.zero_stage);
-      if (auto custom = r.string("partitioner", false)) {
-        if (stage_given)
-          r.issue("partitioner", "give zero.stage or zero.partitioner, not both");
-        name = *custom;
+      const auto custom = r.string("partitioner", false);
+      named = custom && !stage_given;
+      if (custom && stage_given) r.issue("partitioner", "give zero.stage or zero.partitioner, not both");
+      if (!named) {
+        c.zero_stage = static_cast<int>(r.integer(job_key("zero.stage")));
+        name = "stage" + std::to_string(c.zero_stage);
       }
+      if (custom) name = *custom;
     } else {
       r.note("zero.stage", job_key("zero.stage").default_text(), false);
     }
     partitioner_ = read_plugin(r, ZD_PLUGIN_PARTITIONER, "zero", given ? "stage" : "", given, name,
                                &c.partitioner_values);
     c.partitioner = name;
+    if (named) read_partitioner_stage(r);
     if (given) r.leave();
   }
 
@@ -211,7 +214,8 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     const bool given = r.enter("optimizer");
     std::string name = unquoted(job_key("optimizer.type").def_text);
     if (given) {
-      if (auto t = r.string("type", true)) name = *t;
+      if (auto t = r.string("type", false)) name = *t;
+      else r.note("type", job_key("optimizer.type").default_text(), false);
       // An engine key beside `type`; the rest of the table is the plugin's.
       c.optimizer_state_dtype = dtype_from_name(r.choice(job_key("optimizer.state_dtype")));
     } else {
@@ -252,6 +256,12 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
       const std::string why = compression_replay_refusal(*opt, part->partitions(), c.precision);
       if (!why.empty()) r.issue("compression.replay", why);
     }
+    // A plugin of ABI v3 or later takes schedules, but one that never
+    // compresses has nothing to schedule: they would do nothing, silently.
+    if (!opt->compresses() && opt->takes_schedules())
+      for (auto [key, ref] : {std::pair{"compression.warmup", warmup_ref_}, std::pair{"compression.sync", sync_ref_}})
+        if (ref != LUA_NOREF)
+          r.issue(key, "optimizer '" + c.optimizer + "' never compresses; nothing to schedule");
     if (const std::string why = opt->state_dtype_refusal(c.optimizer_state_dtype); !why.empty())
       r.issue("optimizer.state_dtype", why);
   }
@@ -338,6 +348,43 @@ std::shared_ptr<Plugin> JobScript::read_plugin(ConfigReader& r, zd_plugin_kind k
 
 namespace {
 
+// The ZeRO stage whose ZD_PARTITION_* bits these are; nullopt for bits no
+// stage has.
+std::optional<int> stage_of(uint32_t partitions) {
+  constexpr uint32_t kStageBits[] = {0, ZD_PARTITION_OPTIMIZER, ZD_PARTITION_OPTIMIZER | ZD_PARTITION_GRADS,
+                                     ZD_PARTITION_OPTIMIZER | ZD_PARTITION_GRADS | ZD_PARTITION_PARAMS};
+  for (int stage = 0; stage <= 3; ++stage)
+    if (partitions == kStageBits[stage]) return stage;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// zero = { partitioner = "stage3" } is stage 3 to everything that reads the
+// stage (offload.params, checkpoint manifests, status, zerod plan): it is
+// what the partitioner partitions.
+void JobScript::read_partitioner_stage(ConfigReader& r) {
+  if (!partitioner_) return;  // read_plugin said why
+  uint32_t partitions = 0;
+  try {
+    partitions = PartitionerInstance::create(partitioner_, config_.partitioner_values, 1)->partitions();
+  } catch (const Error&) {
+    return;  // refused values: read_plugin reported them, or another issue fails the load
+  }
+  const std::optional<int> stage = stage_of(partitions);
+  if (!stage) {
+    // The engine refuses it when it makes the model (Model's constructor); said here with the line.
+    r.issue("partitioner", "partitioner '" + config_.partitioner +
+                               "' partitions parameters or gradients without what comes before them (optimizer "
+                               "state, then gradients); zerod cannot run that");
+    return;
+  }
+  config_.zero_stage = *stage;
+  r.note("stage", std::to_string(*stage), true);
+}
+
+namespace {
+
 zd_tier tier_from(const std::string& name) {
   return name == "host" ? ZD_TIER_HOST : name == "nvme" ? ZD_TIER_NVME : ZD_TIER_DEVICE;
 }
@@ -393,6 +440,8 @@ void JobScript::read_snapshot(ConfigReader& r, const std::string& script_dir) {
     return;
   }
   if (auto p = r.string("path", true)) {
+    // Empty, it would turn the snapshots off (SnapshotConfig::enabled).
+    if (p->empty()) r.issue("path", "is empty; name the directory the snapshots are kept in");
     s.path = *p;
     if (!s.path.empty() && s.path[0] != '/') s.path = script_dir + "/" + s.path;
   }

@@ -72,6 +72,8 @@ class JobScript final : public JobPolicy {
  private:
   JobScript() = default;
   void read_config(ConfigReader& r, const std::string& script_dir);
+  // zero.stage from what a partitioner named by zero.partitioner partitions.
+  void read_partitioner_stage(ConfigReader& r);
   void read_offload(ConfigReader& r, const std::string& script_dir);
   void read_snapshot(ConfigReader& r, const std::string& script_dir);
   void read_observing(ConfigReader& r);

@@ -8,6 +8,7 @@
 #include <sys/statvfs.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,14 +21,27 @@ extern const char* const kZerodLibSource;
 
 namespace {
 
+// A number given to zerod.size as a byte count: an integer >= 0. A float
+// must be a whole number an integer holds (a cast of inf, nan or 2^63 is
+// undefined; 1.9 was cut to 1 without a word).
+int size_of_number(lua_State* L) {
+  lua_Integer bytes = 0;
+  if (lua_isinteger(L, 1)) {
+    bytes = lua_tointeger(L, 1);
+  } else {
+    const lua_Number v = lua_tonumber(L, 1);
+    // Whole (nan is not), and in [-2^63, 2^63) (inf is not), which lua_numbertointeger checks.
+    if (!(v == std::floor(v)) || !lua_numbertointeger(v, &bytes))
+      return luaL_error(L, "zerod.size: a size is a whole number of bytes below 2^63, got %f", v);
+  }
+  if (bytes < 0) return luaL_error(L, "zerod.size: a size cannot be negative (%I)", bytes);
+  lua_pushinteger(L, bytes);
+  return 1;
+}
+
 // zerod.size("512MiB") -> 536870912; numbers pass through.
 int l_size(lua_State* L) {
-  if (lua_type(L, 1) == LUA_TNUMBER) {
-    const lua_Number v = lua_tonumber(L, 1);
-    if (v < 0) return luaL_error(L, "zerod.size: a size cannot be negative (%f)", v);
-    lua_pushinteger(L, static_cast<lua_Integer>(v));
-    return 1;
-  }
+  if (lua_type(L, 1) == LUA_TNUMBER) return size_of_number(L);
   const char* text = luaL_checkstring(L, 1);
   const auto bytes = parse_size(text);
   if (!bytes)

@@ -54,8 +54,11 @@ local function check(fname, args, spec)
       if not ok then
         fail(("zerod.%s: %s must be one of %s, got %s"):format(fname, name, table.concat(kind, ", "), tostring(v)))
       end
-    elseif type(v) ~= "number" or v ~= v then
+    elseif type(v) ~= "number" then
       fail(("zerod.%s: %s must be a number, got %s"):format(fname, name, type(v)))
+    elseif v ~= v or v == math.huge or v == -math.huge then
+      -- Taken, inf or nan fails later, mid-run, as an lr of nan.
+      fail(("zerod.%s: %s must be a finite number, got %s"):format(fname, name, tostring(v)))
     elseif kind == "count" and (v < 0 or math.floor(v) ~= v) then
       fail(("zerod.%s: %s must be a whole number >= 0, got %s"):format(fname, name, tostring(v)))
     elseif kind == "number" and v < 0 then
@@ -205,7 +208,9 @@ function zerod.delayed(args)
   end
   local f, first = args.schedule, args.first_lr
   if type(f) ~= "function" then error("zerod.delayed: schedule must be a function, e.g. a zerod schedule", 2) end
-  if type(first) ~= "number" then error("zerod.delayed: first_lr must be a number", 2) end
+  if type(first) ~= "number" or first ~= first or first == math.huge or first == -math.huge then
+    error("zerod.delayed: first_lr must be a finite number", 2)
+  end
   local g = function(t)
     if t == 0 then return first end
     return f(t - 1)

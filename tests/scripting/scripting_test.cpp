@@ -9,6 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <functional>
 
@@ -315,4 +321,257 @@ TEST(JobScriptMetamethods, APlacementArgumentAtTheMemoryCapIsARefusal) {
     EXPECT_TRUE(contains(e.what(), "placement() failed for optimizer of 'layer0.weight': out of memory"))
         << e.what();
   }
+}
+
+// Lua's library functions that loop inside C, where the instruction budget's
+// hook never fires: each hung the trainer (or the daemon) for hours or
+// centuries, also from an lr(step) mid-run, holding zd_step's locks. Each
+// script runs in a child process with a deadline, so without the library
+// budget the test fails instead of hanging the suite.
+namespace {
+
+// What body() returns, run in a child process; "timed out" when it has not
+// finished after `seconds` (the child is killed).
+std::string in_child(const std::function<std::string()>& body, int seconds = 20) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    close(fds[0]);
+    std::string out;
+    try {
+      out = body();
+    } catch (const std::exception& e) {
+      out = std::string("exception: ") + e.what();
+    }
+    for (size_t at = 0; at < out.size();) {
+      const ssize_t n = write(fds[1], out.data() + at, out.size() - at);
+      if (n <= 0) break;
+      at += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  bool timed_out = false;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fds[0], POLLIN, 0};
+    if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) == 0) {
+      timed_out = true;
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;  // the child is done
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return timed_out ? "timed out after " + std::to_string(seconds) + " s" : out;
+}
+
+// The error of running `script` in a fresh sandbox, in a child; "ok" when
+// it ran, with what it returned when that is a string.
+std::string sandbox_outcome(const std::string& script) {
+  return in_child([&script] {
+    Sandbox sb(SandboxLimits{});
+    std::string err;
+    if (!sb.load(script, "=t", &err) || !sb.call(0, 1, &err)) return err;
+    return lua_type(sb.L(), -1) == LUA_TSTRING ? "ok: " + std::string(lua_tostring(sb.L(), -1)) : "ok";
+  });
+}
+
+}  // namespace
+
+TEST(SandboxLibrary, StringRepIsStopped) {
+  const std::string empty = sandbox_outcome("return string.rep('', math.maxinteger)");
+  EXPECT_TRUE(contains(empty, "string.rep: 9223372036854775807 copies: stopped: ")) << empty;
+  EXPECT_TRUE(contains(empty, "inside C, where the instruction budget cannot stop it")) << empty;
+  // A result past the memory cap is refused by name, not as "not enough memory".
+  const std::string big = sandbox_outcome("return ('x'):rep(100 << 20)");
+  EXPECT_TRUE(contains(big, "string.rep: 104857600 copies of 1 bytes: stopped: the result would be more than the "
+                            "script's 64 MiB"))
+      << big;
+  EXPECT_EQ(sandbox_outcome("return string.rep('ab', 3, ',')"), "ok: ab,ab,ab");
+  // Bad arguments are named for the call the script made.
+  EXPECT_TRUE(contains(sandbox_outcome("return string.rep()"), "bad argument #1 to 'rep'"));
+}
+
+TEST(SandboxLibrary, TableMoveInsertAndRemoveAreStopped) {
+  const std::string move = sandbox_outcome("table.move({}, 1, 1 << 62, 1, {}) return 'moved'");
+  EXPECT_TRUE(contains(move, "table.move: moving 4611686018427387904 elements: stopped: ")) << move;
+  // #t is what __len says; the shift loops inside C over all of it.
+  const std::string huge = "local t = setmetatable({}, {__len = function() return 1 << 62 end})\n";
+  const std::string insert = sandbox_outcome(huge + "table.insert(t, 1, 0) return 'inserted'");
+  EXPECT_TRUE(contains(insert, "table.insert: shifting 4611686018427387904 elements: stopped: ")) << insert;
+  const std::string remove = sandbox_outcome(huge + "table.remove(t, 1) return 'removed'");
+  EXPECT_TRUE(contains(remove, "table.remove: shifting 4611686018427387904 elements: stopped: ")) << remove;
+  // Lua's own behaviour otherwise, errors included.
+  EXPECT_EQ(sandbox_outcome("local t = {1, 2, 3} table.insert(t, 1, 0) table.insert(t, 5)\n"
+                            "local first, last = table.remove(t, 1), table.remove(t)\n"
+                            "return table.concat(t, ',') .. '|' .. first .. '|' .. last .. '|' .. "
+                            "table.concat(table.move({1, 2, 3}, 2, 3, 1), ',')"),
+            "ok: 1,2,3|0|5|2,3,3");
+  EXPECT_TRUE(contains(sandbox_outcome("table.insert({}, 5, 1)"), "position out of bounds"));
+  EXPECT_TRUE(contains(sandbox_outcome("table.insert({}, 1, 2, 3)"), "wrong number of arguments to 'insert'"));
+}
+
+TEST(SandboxLibrary, PatternsThatBacktrackAreStopped) {
+  // '?' doubles the attempts as '*' multiplies them: 2^40 here.
+  const std::string optional =
+      sandbox_outcome("local s = ('a'):rep(40)\n"
+                      "return tostring(s:find('^' .. ('a?'):rep(40) .. ('a'):rep(40) .. '$'))");
+  EXPECT_TRUE(contains(optional, "string.find: a pattern with 40 repetitions over a 40-byte string: stopped: "))
+      << optional;
+  // %b scans to its closing delimiter from every start; a back-reference
+  // compares as many bytes as its capture holds.
+  const std::string balanced = sandbox_outcome("return tostring(('('):rep(1 << 20):find('%b()'))");
+  EXPECT_TRUE(contains(balanced, "string.find: a pattern with 1 repetition over a 1048576-byte string: stopped: "))
+      << balanced;
+  const std::string backref = sandbox_outcome("return tostring(('a'):rep(20000):find('(.*)%1b'))");
+  EXPECT_TRUE(contains(backref, "string.find: a pattern with 2 repetitions over a 20000-byte string: stopped: "))
+      << backref;
+  // A plain find of an m-byte needle in an n-byte string compares n * m bytes.
+  const std::string plain = sandbox_outcome("local m = 1 << 20\n"
+                                            "return tostring(('a'):rep(2 * m):find(('a'):rep(m - 1) .. 'b', 1, true))");
+  EXPECT_TRUE(contains(plain, "string.find: looking for a 1048576-byte string in a 2097152-byte string: stopped: "))
+      << plain;
+  EXPECT_EQ(sandbox_outcome("return ('layers.12.attn'):match('^layers%.(%d+)%.')"), "ok: 12");
+}
+
+TEST(SandboxLibrary, ALoopOfCallsEachUnderTheBudgetIsStopped) {
+  // 4e8 steps each: the third passes the 1e9 of one call into the script.
+  const std::string loop = sandbox_outcome("for i = 1, 100 do string.rep('', 400000000) end return 'looped'");
+  EXPECT_TRUE(contains(loop, "string.rep: 400000000 copies: stopped: ")) << loop;
+  EXPECT_TRUE(contains(loop, "(2e+08 left)")) << loop;
+}
+
+TEST(SandboxLibrary, AScheduleIsStoppedMidRun) {
+  const std::string err = in_child([] {
+    std::string skip;
+    auto js = load_or_skip("return { lr = function(step)\n"
+                           "  if step >= 2 then string.rep('', math.maxinteger) end\n"
+                           "  return 0.1\n"
+                           "end }\n",
+                           &skip);
+    if (!js) return "skip: " + skip;
+    if (js->lr(1) != 0.1) return std::string("lr(1) is not 0.1");
+    try {
+      js->lr(2);
+    } catch (const zerod::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("lr(2) returned");
+  });
+  if (err.starts_with("skip: ")) GTEST_SKIP() << err;
+  EXPECT_TRUE(contains(err, "the job's lr(2) failed: job.lua:2: string.rep: 9223372036854775807 copies: stopped: "))
+      << err;
+}
+
+TEST(ZerodLibrary, SizeTakesWholeByteCountsOnly) {
+  for (const char* bad : {"math.huge", "0/0", "2^63", "1.9", "-1", "-math.huge"}) {
+    SCOPED_TRACE(bad);
+    const std::string err = sandbox_outcome(std::string("return tostring(zerod.size(") + bad + "))");
+    EXPECT_TRUE(contains(err, "zerod.size: a size")) << err;
+  }
+  EXPECT_EQ(sandbox_outcome("return tostring(zerod.size(4096.0))"), "ok: 4096");
+  EXPECT_EQ(sandbox_outcome("return tostring(zerod.size(2^53))"), "ok: 9007199254740992");
+}
+
+TEST(Schedules, NonFiniteArgumentsAreRefused) {
+  const std::string rate = sandbox_outcome(
+      "local s = zerod.one_cycle{ min_lr = 0.1, max_lr = 1, first_steps = 10, decay_rate = math.huge,"
+      " decay_steps = 10 } return 'made'");
+  EXPECT_TRUE(contains(rate, "zerod.one_cycle: decay_rate must be a finite number, got inf")) << rate;
+  const std::string steps =
+      sandbox_outcome("local s = zerod.cosine{ total_steps = math.huge, max_lr = 1 } return 'made'");
+  EXPECT_TRUE(contains(steps, "zerod.cosine: total_steps must be a finite number")) << steps;
+  const std::string first = sandbox_outcome(
+      "local s = zerod.delayed{ first_lr = 0/0, schedule = zerod.constant{ lr = 1 } } return 'made'");
+  EXPECT_TRUE(contains(first, "zerod.delayed: first_lr must be a finite number")) << first;
+}
+
+// The settings a job script is refused or read with, against the shipped
+// plugins; skipped where they are not beside the test.
+namespace {
+
+bool plugins_found(std::string* skip) { return load_or_skip("return {}", skip) != nullptr; }
+
+}  // namespace
+
+TEST(JobScriptSettings, CompressionSchedulesNeedACompressingOptimizer) {
+  std::string skip;
+  if (!plugins_found(&skip)) GTEST_SKIP() << skip;
+  for (const char* opt : {"adamw", "adam"}) {
+    SCOPED_TRACE(opt);
+    const std::string err = refusal(std::string("return { optimizer = { type = '") + opt + "' },\n" +
+                                    "  compression = { warmup = function(s) return true end,\n"
+                                    "    sync = function(s) return true end } }\n");
+    EXPECT_TRUE(contains(err, "job.lua:2: compression.warmup: optimizer '" + std::string(opt) +
+                                  "' never compresses; nothing to schedule"))
+        << err;
+    EXPECT_TRUE(contains(err, "job.lua:3: compression.sync: optimizer '" + std::string(opt) + "' never compresses"))
+        << err;
+  }
+  EXPECT_TRUE(load_or_skip("return { optimizer = { type = 'onebit_adam' },\n"
+                           "  compression = { warmup = function(s) return s < 2 end } }\n",
+                           &skip));
+}
+
+TEST(JobScriptSettings, AnEmptySnapshotPathIsRefused) {
+  const std::string err = refusal("return {\n  snapshot = { path = '' } }\n");
+  EXPECT_TRUE(contains(err, "job.lua:2: snapshot.path: is empty; name the directory the snapshots are kept in"))
+      << err;
+}
+
+TEST(JobScriptSettings, ANamedPartitionerSetsTheStage) {
+  std::string skip;
+  auto js = load_or_skip("return { zero = { partitioner = 'stage3' },\n"
+                         "  offload = { params = 'host', optimizer = 'host' } }\n",
+                         &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->config().zero_stage, 3);
+  EXPECT_EQ(js->config().partitioner, "stage3");
+  bool recorded = false;
+  for (const ResolvedValue& v : js->resolved())
+    if (v.key == "zero.stage") recorded = v.value == "3";
+  EXPECT_TRUE(recorded) << "zerod check prints zero.stage = 3";
+  auto one = load_or_skip("return { zero = { partitioner = 'stage1' } }", &skip);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->config().zero_stage, 1);
+}
+
+TEST(JobScriptSettings, TheOptimizerTypeDefaultsToAdamw) {
+  std::string skip;
+  auto js = load_or_skip("return { optimizer = { lr = 0.002 } }", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->config().optimizer, "adamw");
+  int found = 0;
+  for (const ResolvedValue& v : js->resolved())
+    if (v.key == "optimizer.type") {
+      ++found;
+      EXPECT_EQ(v.value, "\"adamw\"");
+      EXPECT_EQ(v.line, 0) << "a default";
+    }
+  EXPECT_EQ(found, 1);
+}
+
+TEST(JobScriptSettings, AListWithANamedEntryIsRefused) {
+  std::string skip;
+  if (!plugins_found(&skip)) GTEST_SKIP() << skip;
+  const std::string betas = refusal("return { optimizer = { type = 'adamw',\n  betas = {0.9, 0.99, x = 1} } }\n");
+  EXPECT_TRUE(contains(betas, "job.lua:2: optimizer.betas: unexpected entry 'x' in a list; it takes elements 1 to 2 "
+                              "only"))
+      << betas;
+  const std::string path = refusal("return {\n  plugin_path = {'a', y = 'b'} }\n");
+  EXPECT_TRUE(contains(path, "job.lua:2: plugin_path: unexpected entry 'y' in a list")) << path;
+  const std::string steps = refusal("return {\n  trace = { path = 't.json', steps = {2, 6, [4] = 9} } }\n");
+  EXPECT_TRUE(contains(steps, "job.lua:2: trace.steps: unexpected entry [4] in a list")) << steps;
 }
