@@ -5,6 +5,7 @@
 #include "log.h"
 #include "memory/ledger.h"
 #include "runtime/thread_pool.h"
+#include "torch_state.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,7 +16,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <utility>
@@ -191,14 +194,16 @@ bool written_by_export(const std::string& path, bool index) {
   return static_cast<bool>(in.read(got.data(), static_cast<std::streamsize>(got.size()))) && got == want;
 }
 
-// Whether a file name is <stem>-<n>-of-<count>.safetensors, each number of
-// five digits or more: a shard that an export to `stem` writes.
+// Whether a file name is <stem>-<n>-of-<count>.safetensors or, of the
+// second set (shard_names), <stem>-<n>-of-<count>-b.safetensors, each
+// number of five digits or more: a shard that an export to `stem` writes.
 bool shard_of(const std::string& file, const std::string& stem) {
   const std::string ext = ".safetensors";
   if (file.size() <= stem.size() + 1 + ext.size() || file.compare(0, stem.size(), stem) != 0 ||
       file[stem.size()] != '-' || file.compare(file.size() - ext.size(), ext.size(), ext) != 0)
     return false;
-  const std::string mid = file.substr(stem.size() + 1, file.size() - stem.size() - 1 - ext.size());
+  std::string mid = file.substr(stem.size() + 1, file.size() - stem.size() - 1 - ext.size());
+  if (mid.ends_with("-b")) mid.resize(mid.size() - 2);
   const size_t of = mid.find("-of-");
   auto number = [](const std::string& d) {
     return d.size() >= 5 && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -278,6 +283,198 @@ void refuse_replacing(const Source& src, const std::string& out, const std::vect
   }
 }
 
+// One tensor of an export: a zerod parameter's master (param >= 0),
+// converted to the export's dtype, or a tensor torch holds outside zerod
+// (torch_state.safetensors: a buffer, a frozen parameter), copied in its
+// own dtype as the model held it.
+struct ExportItem {
+  std::string name;
+  std::string dtype;  // safetensors' name
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+  int64_t param = -1;
+  const TorchTensor* torch = nullptr;
+};
+
+std::vector<ExportItem> export_items(const Manifest& m, const std::optional<TorchTensors>& torch, const char* dtype,
+                                     size_t esz) {
+  std::vector<ExportItem> items;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamEntry& p = m.params[i];
+    ExportItem it{p.name, dtype, p.shape, p.numel * esz, static_cast<int64_t>(i), nullptr};
+    // zerod registers a 0-dim parameter as (1,) (zd_param_desc's ndim is
+    // 1..ZD_MAX_DIMS); zerod.torch names the ones torch holds as 0-dim, and
+    // a loader wants their own shape (from_pretrained refuses [1] for a
+    // CLIP logit_scale).
+    if (torch && p.shape == std::vector<int64_t>{1} &&
+        std::find(torch->scalar_params.begin(), torch->scalar_params.end(), p.name) != torch->scalar_params.end())
+      it.shape.clear();
+    items.push_back(std::move(it));
+    names.push_back(p.name);
+  }
+  if (torch)
+    for (const TorchTensor& t : torch->tensors) {
+      items.push_back({t.name, t.dtype, t.shape, t.bytes, -1, &t});
+      names.push_back(t.name);
+    }
+  std::sort(names.begin(), names.end());
+  if (const auto twice = std::adjacent_find(names.begin(), names.end()); twice != names.end())
+    fail(ZD_ERR_INVALID_ARGUMENT, "export: '" + *twice + "' is both a parameter zerod holds and a tensor of " +
+                                      (torch ? torch->path : std::string("torch_state")) + "; nothing was written");
+  return items;
+}
+
+// Says what a checkpoint holds that its export leaves out: tensors torch
+// held outside zerod that only a pickle (torch_state.pt) has, which only
+// torch reads.
+void warn_what_export_leaves_out(const Source& src, const std::optional<TorchTensors>& torch) {
+  if (torch) {
+    if (torch->pickled_only)
+      log_warn("export: " + std::to_string(torch->pickled_only) + " tensor(s) torch held outside zerod are of a "
+               "dtype safetensors has no name for, so only " + src.dir() + "/" + kTorchStatePickle +
+               " holds them: this export leaves them out");
+    return;
+  }
+  for (const char* name : {kTorchStateTensors, kTorchStateTensorsStaged}) {
+    const std::string other = src.dir() + "/" + name;
+    std::error_code ec;
+    if (!fs::is_regular_file(other, ec)) continue;
+    log_warn("export: " + other + " is of step " + std::to_string(read_torch_tensors(other).step) + ", not the " +
+             "checkpoint's " + std::to_string(src.manifest().step) + " (a file of another save copied in?): this "
+             "export leaves out the tensors torch held outside zerod");
+    return;
+  }
+  for (const char* name : {kTorchStatePickle, kTorchStatePickleStaged}) {
+    const std::string pickle = src.dir() + "/" + name;
+    const uint64_t n = pickled_tensor_count(pickle);
+    if (!n) continue;
+    log_warn("export: " + pickle + " holds " + std::to_string(n) + " tensor(s) (buffers, frozen parameters, any of "
+             "its client_state) that this export leaves out: it has no " + kTorchStateTensors + " of step " +
+             std::to_string(src.manifest().step) + " (a zerod.torch from before it, or `zerod ckpt import`, "
+             "wrote the checkpoint), and only torch reads a pickle. Load the checkpoint with zerod.torch and "
+             "save it again to export them");
+    return;
+  }
+}
+
+// Items into files of at most max_shard_bytes (0: one file), in order; a
+// bigger item makes a file alone.
+std::vector<std::vector<size_t>> split_into_files(const std::vector<ExportItem>& items, uint64_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> files(1);
+  uint64_t in_file = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (max_shard_bytes && !files.back().empty() && in_file + items[i].bytes > max_shard_bytes) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back(i);
+    in_file += items[i].bytes;
+  }
+  return files;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The files of an export to `out` in `count` files: out itself, or shards
+// <stem>-00001-of-0000N.safetensors. A sharded export over an earlier one
+// of the same count takes the other set of names (-b before the extension,
+// and back), as a checkpoint saved over another takes the other shard set:
+// the earlier export's shards stay as they were until the index naming the
+// new ones replaces its own (written last), so an export that fails or is
+// killed part way mixes no step with another.
+std::vector<std::string> export_names(const std::string& out, const std::string& stem, size_t count) {
+  if (count == 1) return {out};
+  const std::string index = stem + ".safetensors.index.json";
+  const std::string earlier = written_by_export(index, true) ? read_text(index) : "";
+  auto names = [&](bool second_set) {
+    std::vector<std::string> v;
+    for (size_t f = 0; f < count; ++f) {
+      char b[64];
+      std::snprintf(b, sizeof b, "-%05zu-of-%05zu%s.safetensors", f + 1, count, second_set ? "-b" : "");
+      v.push_back(stem + b);
+    }
+    return v;
+  };
+  for (const std::string& name : names(false))
+    if (earlier.find(json_string(fs::path(name).filename().string())) != std::string::npos) return names(true);
+  return names(false);
+}
+
+std::string file_header(int64_t step, const std::vector<ExportItem>& items, const std::vector<size_t>& in_file) {
+  std::ostringstream h;
+  h << "{\"__metadata__\":{\"format\":\"pt\",\"zerod_step\":\"" << step << "\"}";
+  uint64_t at = 0;
+  for (size_t i : in_file) {
+    const ExportItem& it = items[i];
+    h << "," << json_string(it.name) << ":{\"dtype\":\"" << it.dtype << "\",\"shape\":[";
+    for (size_t d = 0; d < it.shape.size(); ++d) h << (d ? "," : "") << it.shape[d];
+    h << "],\"data_offsets\":[" << at << "," << at + it.bytes << "]}";
+    at += it.bytes;
+  }
+  h << "}";
+  std::string header = h.str();
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  return header;
+}
+
+std::string index_text(const std::vector<ExportItem>& items, const std::vector<std::vector<size_t>>& files,
+                       const std::vector<std::string>& names) {
+  uint64_t total = 0;
+  for (const ExportItem& it : items) total += it.bytes;
+  std::ostringstream idx;
+  idx << "{\n  \"metadata\": {\"total_size\": " << total << "},\n  \"weight_map\": {";
+  bool first = true;
+  for (size_t f = 0; f < files.size(); ++f)
+    for (size_t i : files[f]) {
+      idx << (first ? "" : ",") << "\n    " << json_string(items[i].name) << ": "
+          << json_string(fs::path(names[f]).filename().string());
+      first = false;
+    }
+  idx << "\n  }\n}\n";
+  return idx.str();
+}
+
+// Chunks of 2^20 values, one tensor per thread at a time: memory within
+// threads x a chunk, whatever the manifest says a tensor holds.
+constexpr uint64_t kChunk = uint64_t{1} << 20;
+
+void write_master(const Source& src, uint32_t param, zd_dtype dt, int fd, uint64_t at, const std::string& path) {
+  const uint64_t n = src.manifest().params[param].numel;
+  const size_t esz = dtype_size(dt);
+  std::vector<float> v;
+  std::vector<std::byte> w;
+  for (uint64_t from = 0; from < n; from += kChunk) {
+    const uint64_t k = std::min(kChunk, n - from);
+    v.resize(k);
+    src.read(param, kMasterBuffer, from, k, v.data());
+    if (dt == ZD_DTYPE_F32) {
+      pwrite_all(fd, v.data(), k * 4, at + from * 4, path);
+    } else {
+      w.resize(k * esz);
+      convert(v.data(), ZD_DTYPE_F32, w.data(), dt, k);
+      pwrite_all(fd, w.data(), w.size(), at + from * esz, path);
+    }
+  }
+}
+
+void copy_bytes(int from_fd, const TorchTensor& t, const std::string& from, int fd, uint64_t at,
+                const std::string& path) {
+  std::vector<std::byte> b;
+  for (uint64_t done = 0; done < t.bytes;) {
+    b.resize(std::min<uint64_t>(kChunk * 4, t.bytes - done));
+    const ssize_t r = ::pread(from_fd, b.data(), b.size(), static_cast<off_t>(t.offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      fail(ZD_ERR_IO, "export: reading '" + t.name + "' from " + from + ": " + (r ? errno_text(errno) : "cut off"));
+    pwrite_all(fd, b.data(), static_cast<size_t>(r), at + done, path);
+    done += static_cast<uint64_t>(r);
+  }
+}
+
 }  // namespace
 
 ExportResult export_safetensors(const Source& src, const ExportOptions& o) {
@@ -285,132 +482,83 @@ ExportResult export_safetensors(const Source& src, const ExportOptions& o) {
   const zd_dtype dt = dtype_from_name(o.dtype);
   if (!dt) fail(ZD_ERR_INVALID_ARGUMENT, "export: --dtype " + o.dtype + " is not fp32, bf16 or fp16");
   const char* st_name = dt == ZD_DTYPE_F32 ? "F32" : dt == ZD_DTYPE_BF16 ? "BF16" : "F16";
-  const size_t esz = dtype_size(dt);
-  // Tensors into files, in order.
-  std::vector<std::vector<size_t>> files(1);
-  uint64_t in_file = 0;
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    const uint64_t bytes = m.params[i].numel * esz;
-    if (o.max_shard_bytes && !files.back().empty() && in_file + bytes > o.max_shard_bytes) {
-      files.emplace_back();
-      in_file = 0;
-    }
-    files.back().push_back(i);
-    in_file += bytes;
-  }
+  const std::optional<TorchTensors> torch = torch_tensors_of(src.dir(), m.step);
+  const std::vector<ExportItem> items = export_items(m, torch, st_name, dtype_size(dt));
+  const std::vector<std::vector<size_t>> files = split_into_files(items, o.max_shard_bytes);
   std::string stem = o.out;
   if (stem.size() > 12 && stem.substr(stem.size() - 12) == ".safetensors") stem.resize(stem.size() - 12);
-  std::vector<std::string> names;
-  for (size_t f = 0; f < files.size(); ++f) {
-    if (files.size() == 1) {
-      names.push_back(o.out);
-    } else {
-      char b[64];
-      std::snprintf(b, sizeof b, "-%05zu-of-%05zu.safetensors", f + 1, files.size());
-      names.push_back(stem + b);
-    }
-  }
+  std::vector<std::string> names = export_names(o.out, stem, files.size());
   // What an earlier export to this output left that this one does not
   // overwrite, removed once this one is whole.
   std::vector<std::string> outputs = names;
   if (files.size() > 1) outputs.push_back(stem + ".safetensors.index.json");
   refuse_replacing(src, o.out, outputs);
   const std::vector<std::string> stale = stale_exports(o.out, stem, outputs);
-  struct Placed {
-    size_t file;
-    uint64_t offset;  // absolute, in its file
-  };
-  std::vector<Placed> placed(m.params.size());
+  warn_what_export_leaves_out(src, torch);
+  std::vector<std::pair<size_t, uint64_t>> placed(items.size());  // (file, absolute offset in it)
   // Written under temporary names and renamed when whole: an export that
   // fails (a damaged record, a full disk, Ctrl-C) leaves no file that
   // parses as safetensors with zeros where tensors were missing, and an
-  // earlier export at the same path stays as it was.
-  std::vector<std::string> temps;
+  // earlier export at the same path stays as it was. Shards renamed into
+  // place go again where the index naming them is not written.
+  std::vector<std::string> temps, renamed;
   for (const std::string& name : names) temps.push_back(name + ".zerod-partial");
   std::vector<int> fds(files.size(), -1);
+  int torch_fd = -1;
   struct Cleanup {
     std::vector<int>& fds;
+    int& torch_fd;
     const std::vector<std::string>& temps;
+    const std::vector<std::string>& renamed;
     bool committed = false;
     ~Cleanup() {
       for (int fd : fds)
         if (fd >= 0) ::close(fd);
-      if (!committed)
-        for (const std::string& t : temps) ::unlink(t.c_str());
+      if (torch_fd >= 0) ::close(torch_fd);
+      if (committed) return;
+      for (const std::string& t : temps) ::unlink(t.c_str());
+      for (const std::string& r : renamed) ::unlink(r.c_str());
     }
-  } cleanup{fds, temps};
+  } cleanup{fds, torch_fd, temps, renamed};
   for (size_t f = 0; f < files.size(); ++f) {
-    std::ostringstream h;
-    h << "{\"__metadata__\":{\"format\":\"pt\",\"zerod_step\":\"" << m.step << "\"}";
-    uint64_t at = 0;
+    const std::string header = file_header(m.step, items, files[f]);
+    uint64_t off = 8 + header.size();
     for (size_t i : files[f]) {
-      const ParamEntry& p = m.params[i];
-      h << "," << json_string(p.name) << ":{\"dtype\":\"" << st_name << "\",\"shape\":[";
-      for (size_t d = 0; d < p.shape.size(); ++d) h << (d ? "," : "") << p.shape[d];
-      h << "],\"data_offsets\":[" << at << "," << at + p.numel * esz << "]}";
-      at += p.numel * esz;
+      placed[i] = {f, off};
+      off += items[i].bytes;
     }
-    h << "}";
-    std::string header = h.str();
-    header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    const uint64_t data_at = 8 + header.size();
     fds[f] = ::open(temps[f].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fds[f] < 0) fail(ZD_ERR_IO, "export: cannot create " + temps[f] + ": " + errno_text(errno));
-    if (::ftruncate(fds[f], static_cast<off_t>(data_at + at)) != 0)
-      fail(ZD_ERR_IO, "export: cannot size " + temps[f] + " to " + format_bytes(data_at + at) + ": " + errno_text(errno));
+    if (::ftruncate(fds[f], static_cast<off_t>(off)) != 0)
+      fail(ZD_ERR_IO, "export: cannot size " + temps[f] + " to " + format_bytes(off) + ": " + errno_text(errno));
     const uint64_t len = header.size();
     pwrite_all(fds[f], &len, 8, 0, temps[f]);
     pwrite_all(fds[f], header.data(), header.size(), 8, temps[f]);
-    uint64_t off = data_at;
-    for (size_t i : files[f]) {
-      placed[i] = {f, off};
-      off += m.params[i].numel * esz;
-    }
   }
-  // Chunks of 2^20 values, one tensor per thread at a time: memory within
-  // threads x a chunk, whatever the manifest says a tensor holds.
-  constexpr uint64_t kChunk = uint64_t{1} << 20;
-  parallel(m.params.size(), o.threads, [&](size_t i) {
-    const uint64_t n = m.params[i].numel;
-    const int fd = fds[placed[i].file];
-    const std::string& path = temps[placed[i].file];
-    std::vector<float> v;
-    std::vector<std::byte> w;
-    for (uint64_t at = 0; at < n; at += kChunk) {
-      const uint64_t k = std::min(kChunk, n - at);
-      v.resize(k);
-      src.read(static_cast<uint32_t>(i), kMasterBuffer, at, k, v.data());
-      if (dt == ZD_DTYPE_F32) {
-        pwrite_all(fd, v.data(), k * 4, placed[i].offset + at * 4, path);
-      } else {
-        w.resize(k * esz);
-        convert(v.data(), ZD_DTYPE_F32, w.data(), dt, k);
-        pwrite_all(fd, w.data(), w.size(), placed[i].offset + at * esz, path);
-      }
-    }
+  if (torch && !torch->tensors.empty()) {
+    torch_fd = ::open(torch->path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (torch_fd < 0) fail(ZD_ERR_IO, "export: cannot read " + torch->path + ": " + errno_text(errno));
+  }
+  parallel(items.size(), o.threads, [&](size_t i) {
+    const auto [f, at] = placed[i];
+    if (items[i].torch) copy_bytes(torch_fd, *items[i].torch, torch->path, fds[f], at, temps[f]);
+    else write_master(src, static_cast<uint32_t>(items[i].param), dt, fds[f], at, temps[f]);
   });
   for (size_t f = 0; f < files.size(); ++f)
     if (::fsync(fds[f]) != 0) fail(ZD_ERR_IO, "export: flushing " + temps[f] + ": " + errno_text(errno));
-  for (size_t f = 0; f < files.size(); ++f)
+  for (size_t f = 0; f < files.size(); ++f) {
     if (::rename(temps[f].c_str(), names[f].c_str()) != 0)
       fail(ZD_ERR_IO, "export: renaming " + temps[f] + " to " + names[f] + ": " + errno_text(errno));
-  cleanup.committed = true;
+    renamed.push_back(names[f]);
+  }
   const fs::path folder = fs::path(names.front()).parent_path();
   sync_dir(folder.empty() ? "." : folder.string());
   if (files.size() > 1) {  // the index last: where it is, the files it names are whole
-    uint64_t total = 0;
-    std::ostringstream idx;
-    idx << "{\n  \"metadata\": {\"total_size\": ";
-    for (const ParamEntry& p : m.params) total += p.numel * esz;
-    idx << total << "},\n  \"weight_map\": {";
-    for (size_t i = 0; i < m.params.size(); ++i)
-      idx << (i ? "," : "") << "\n    " << json_string(m.params[i].name) << ": "
-          << json_string(fs::path(names[placed[i].file]).filename().string());
-    idx << "\n  }\n}\n";
     const std::string index = stem + ".safetensors.index.json";
-    write_file_synced(index, idx.str());  // checked; renamed into place when whole
+    write_file_synced(index, index_text(items, files, names));  // checked; renamed into place when whole
     names.push_back(index);
   }
+  cleanup.committed = true;
   // Only now, with this export whole, the earlier one's leftovers go.
   ExportResult result;
   for (const std::string& p : stale) {
@@ -583,8 +731,14 @@ void reshard(const Source& src, const std::string& out_dir, int world, unsigned 
   m.world_size = world;
   m.nodes = 0;  // one directory of M shards, whoever wrote the source
   m.parts.clear();
+  // zerod.torch's files (client_state, buffers, frozen parameters) go with
+  // the shards, committed as save_checkpoint commits them: without them a
+  // resharded checkpoint loaded with client_state {} and the model's
+  // buffers as they were.
+  const StagedTorchState torch = stage_torch_state(src.dir(), m.step, out_dir);
   write_manifest(out_dir, m);
   sync_dir(out_dir);
+  commit_torch_state(out_dir, torch);
   remove_other_shards(out_dir, m);
 }
 

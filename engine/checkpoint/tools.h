@@ -61,9 +61,15 @@ struct ExportResult {
 };
 
 // Writes every parameter's full master value as a safetensors tensor named
-// after the parameter, converted to the dtype. Memory stays within one tensor
-// per thread. With shards: <stem>-00001-of-0000N.safetensors and
-// <stem>.safetensors.index.json (Hugging Face's layout). An earlier export's
+// after the parameter, converted to the dtype, then the tensors torch held
+// outside zerod (torch_state.safetensors of the checkpoint's step:
+// torch_state.h) in their own dtypes; a 0-dim parameter it names gets shape
+// []. Warns (log_warn) where such tensors are there only pickled. Memory
+// stays within one chunk per thread. With shards:
+// <stem>-00001-of-0000N.safetensors and <stem>.safetensors.index.json
+// (Hugging Face's layout); over an earlier export whose index names shards
+// of those names, the other set (<stem>-00001-of-0000N-b.safetensors), so
+// the earlier one stays whole until the new index replaces it. An earlier export's
 // files of those names that this one does not write are removed once it is
 // whole (ExportResult::removed); where such a name holds a file that zerod's
 // export did not write (its opening says whose it is), nothing is written
@@ -75,8 +81,9 @@ ExportResult export_safetensors(const Source& src, const ExportOptions& o);
 
 // Writes the checkpoint again into out_dir as `world` shards, each parameter
 // cut into `world` even runs: the layout a job of `world` ranks reads with
-// one shard each. (Any checkpoint loads at any world size as it is; this
-// spreads the files.) `world` from 1 to kMaxShards.
+// one shard each, with zerod.torch's files of its step (torch_state.h).
+// (Any checkpoint loads at any world size as it is; this spreads the
+// files.) `world` from 1 to kMaxShards.
 constexpr int kMaxShards = 99999;  // shard names number the ranks in five digits
 void reshard(const Source& src, const std::string& out_dir, int world, unsigned threads);
 

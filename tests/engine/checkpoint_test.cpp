@@ -7,6 +7,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
+#include "checkpoint/torch_state.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -1319,6 +1321,119 @@ TEST(CheckpointExport, AnExportRemovesWhatAnEarlierOneToTheSameOutputLeft) {
   }
   std::ifstream in(out, std::ios::binary);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before) << "the last export stays as it was";
+}
+
+// A sharded export over an earlier one of the same count renamed its shards
+// over the earlier one's one by one, then wrote the index: one that failed
+// part way (here the index cannot be written) left the earlier index naming
+// shards of the new step beside shards of the old. It writes the other set
+// of names (-b before the extension) and removes them again where it fails,
+// so the earlier export stays as it was until the new index replaces it.
+TEST(CheckpointExport, AFailedExportOverAnEarlierOneLeavesItAsItWas) {
+  TempDir at2, at3, out_dir;
+  auto a = make_model(job(1), 2);
+  train_and_save(*a, 2, at2.path);
+  auto b = make_model(job(1), 2);
+  train_and_save(*b, 3, at3.path);
+  const std::string out = out_dir.path + "/out.safetensors";
+  auto export_of = [&](const std::string& ck) {
+    ckpt::ExportOptions o;
+    o.out = out;
+    o.max_shard_bytes = 2000;  // 3 shards
+    return ckpt::export_safetensors(ckpt::Source(ck), o);
+  };
+  auto files = [&] {
+    std::map<std::string, std::string> bytes;
+    for (const auto& e : fs::directory_iterator(out_dir.path)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      bytes[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return bytes;
+  };
+  export_of(at2.path);
+  const auto earlier = files();
+  ASSERT_EQ(earlier.size(), 4u) << "3 shards and their index";
+
+  const std::string index_tmp = out_dir.path + "/out.safetensors.index.json.tmp";
+  fs::create_directory(index_tmp);  // the index cannot be written
+  EXPECT_THROW(export_of(at3.path), Error);
+  fs::remove(index_tmp);
+  EXPECT_EQ(files(), earlier) << "the earlier export as it was, and nothing of the failed one";
+
+  const ckpt::ExportResult r = export_of(at3.path);
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : files()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"out-00001-of-00003-b.safetensors", "out-00002-of-00003-b.safetensors",
+                                             "out-00003-of-00003-b.safetensors", "out.safetensors.index.json"}));
+  EXPECT_EQ(r.removed.size(), 3u) << "the earlier shards, once the new index names the new ones";
+}
+
+// `zerod ckpt reshard` carries zerod.torch's files along (without them a
+// resharded checkpoint loaded with client_state {} and fresh buffers): the
+// pickle and tensors of the manifest's step, whichever names a save killed
+// part way left them under, committed as save_checkpoint commits them; an
+// earlier checkpoint's in the output directory do not stay beside it.
+TEST(CheckpointTorchState, ReshardCarriesThePairOfTheManifestsStep) {
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  auto tensors_of_step = [&](const std::string& path, int step) {
+    std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"zerod_step\":\"" + std::to_string(step) + "\"}}";
+    header.append((8 - header.size() % 8) % 8, ' ');
+    const uint64_t len = header.size();
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(&len), 8) << header;
+  };
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto listing = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> both{ckpt::kTorchStatePickle, ckpt::kTorchStateTensors};
+  struct Case {
+    const char* what;
+    int step;  // the manifest's
+    std::vector<std::pair<const char*, int>> files;  // name, the step it is of (the pickle's text says it)
+    const char* pickle;                              // what the output's torch_state.pt holds
+  };
+  const Case cases[] = {
+      {"a save that failed before its manifest", 3,
+       {{ckpt::kTorchStatePickle, 3}, {ckpt::kTorchStateTensors, 3}, {ckpt::kTorchStatePickleStaged, 4},
+        {ckpt::kTorchStateTensorsStaged, 4}},
+       "pickle 3"},
+      {"killed after the manifest, before the renames", 4,
+       {{ckpt::kTorchStatePickle, 3}, {ckpt::kTorchStateTensors, 3}, {ckpt::kTorchStatePickleStaged, 4},
+        {ckpt::kTorchStateTensorsStaged, 4}},
+       "pickle 4"},
+      {"killed between the renames", 4,
+       {{ckpt::kTorchStatePickle, 4}, {ckpt::kTorchStateTensors, 3}, {ckpt::kTorchStateTensorsStaged, 4}},
+       "pickle 4"},
+  };
+  for (const Case& c : cases) {
+    TempDir from, out;
+    for (const auto& [name, step] : c.files) {
+      if (std::string(name).ends_with(".pt")) write(from.path + "/" + name, "pickle " + std::to_string(step));
+      else tensors_of_step(from.path + "/" + name, step);
+    }
+    write(out.path + "/" + ckpt::kTorchStatePickleStaged, "an earlier save's");
+    ckpt::commit_torch_state(out.path, ckpt::stage_torch_state(from.path, c.step, out.path));
+    EXPECT_EQ(listing(out.path), both) << c.what;
+    EXPECT_EQ(read(out.path + "/" + ckpt::kTorchStatePickle), c.pickle) << c.what;
+    EXPECT_EQ(ckpt::read_torch_tensors(out.path + "/" + ckpt::kTorchStateTensors).step, c.step) << c.what;
+  }
+  // Before torch_state.safetensors (or `zerod ckpt import`'s): the pickle
+  // alone; an earlier checkpoint's tensors file in the output goes.
+  TempDir old_style, out;
+  write(old_style.path + "/" + ckpt::kTorchStatePickle, "pickle 2");
+  tensors_of_step(out.path + "/" + ckpt::kTorchStateTensors, 9);
+  ckpt::commit_torch_state(out.path, ckpt::stage_torch_state(old_style.path, 2, out.path));
+  EXPECT_EQ(listing(out.path), std::vector<std::string>{ckpt::kTorchStatePickle});
+  // None (zd_model_save without zerod.torch): none left in the output.
+  TempDir none;
+  ckpt::commit_torch_state(out.path, ckpt::stage_torch_state(none.path, 2, out.path));
+  EXPECT_TRUE(listing(out.path).empty());
 }
 
 // An export replaces only an earlier export: a file at its output that
