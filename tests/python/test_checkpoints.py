@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 
@@ -163,6 +162,10 @@ def test_a_checkpoint_without_torch_state_loads_and_says_what_it_kept(tmp_path):
     assert client == {} and b.global_steps == 2 and model.seen.item() == 7.0
     assert same(b.state_dict(), {**a.state_dict(), "seen": model.seen})
 
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+             "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -173,16 +176,25 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         b, e = t["data_offsets"]
-        raw = np.frombuffer(data[b:e], dtype={"F32": np.float32, "BF16": np.int16, "F16": np.float16}[t["dtype"]])
-        tensor = torch.from_numpy(raw.copy()).reshape(t["shape"])
-        out[name] = tensor.view(torch.bfloat16) if t["dtype"] == "BF16" else tensor
+        dtype = ST_DTYPES[t["dtype"]]
+        raw = torch.frombuffer(bytearray(data[b:e]), dtype=dtype) if e > b else torch.empty(0, dtype=dtype)
+        out[name] = raw.reshape(t["shape"])
     return header, out
 
 
+def with_buffer(stage):
+    """engine(stage) of a model with a buffer, "seen" (zeros), beside zerod's parameters."""
+    model = make("gpt")
+    model.register_buffer("seen", torch.zeros(3))
+    extra = ", param_persistence_threshold = 0" if stage == 3 else ""
+    return zerod.torch.initialize(model, job_text=JOB.format(stage=stage, extra=extra))
+
+
 def test_zerod_ckpt_info_export_and_reshard(tmp_path):
-    a = engine(3)
+    a = with_buffer(3)
     train(a, 0, 4)
-    a.save_checkpoint(tmp_path / "ckpt", tag="t")
+    a.module.seen.fill_(7.0)
+    a.save_checkpoint(tmp_path / "ckpt", tag="t", client_state={"epoch": 4})
     state = a.state_dict()
     ckpt = tmp_path / "ckpt" / "t"
     info = subprocess.run([ZEROD, "ckpt", "info", str(ckpt), "--verify"], capture_output=True, text=True)
@@ -194,8 +206,10 @@ def test_zerod_ckpt_info_export_and_reshard(tmp_path):
     assert ex.returncode == 0, ex.stderr
     header, tensors = read_safetensors(tmp_path / "model.safetensors")
     assert header["__metadata__"]["zerod_step"] == "4"
-    held = {k: v for k, v in state.items() if k in tensors}
-    assert len(held) == len(tensors) and all(torch.equal(tensors[k], held[k]) for k in held), "fp32: exact"
+    exported = {k: v for k, v in state.items() if k in tensors}  # all but a tied alias (lm_head.weight)
+    assert len(exported) == len(tensors) and "seen" in tensors, "the buffer too"
+    assert all(torch.equal(tensors[k], exported[k]) for k in exported), "fp32: exact"
+    held = {k: v for k, v in exported.items() if k != "seen"}  # zerod's parameters
 
     # bf16, sharded into files of at most 16 KiB.
     ex = subprocess.run([ZEROD, "ckpt", "export", str(ckpt), "--to", str(tmp_path / "bf16.safetensors"), "--dtype",
@@ -208,6 +222,7 @@ def test_zerod_ckpt_info_export_and_reshard(tmp_path):
     for f in files:
         got.update(read_safetensors(tmp_path / f)[1])
     assert all(torch.equal(got[k], held[k].to(torch.bfloat16)) for k in held), "bf16: torch's rounding of the masters"
+    assert torch.equal(got["seen"], state["seen"]), "a buffer in the dtype the model holds it"
 
     # Three shards; a job of any size loads them.
     rs = subprocess.run([ZEROD, "ckpt", "reshard", str(ckpt), "--world", "3", "--to", str(tmp_path / "three")],
@@ -216,7 +231,14 @@ def test_zerod_ckpt_info_export_and_reshard(tmp_path):
     assert len(list((tmp_path / "three").glob("rank-*-of-00003.zdshard"))) == 3
     b = engine(0)
     b.zerod_model.load(tmp_path / "three")
-    assert same({k: v for k, v in b.state_dict().items() if k in held}, held)
+    assert all(torch.equal(b.state_dict()[k], v) for k, v in held.items())
+    # And zerod.torch's own files go with the shards: load_checkpoint takes
+    # the directory (no `latest` there) with its client_state and buffers
+    # (resharded, they were left behind: {} and the new model's zeros).
+    c = with_buffer(0)
+    path, client = c.load_checkpoint(tmp_path / "three")
+    assert path == str(tmp_path / "three") and client == {"epoch": 4}
+    assert same(c.state_dict(), state)
 
     # Into its own directory by another spelling (a trailing slash, "./", a
     # symlink): refused before anything is touched (it truncated the shards
@@ -358,3 +380,163 @@ def test_zerod_ckpt_says_what_is_missing(tmp_path):
     r = ckpt("info", ds)
     assert r.returncode == 1 and "DeepSpeed's own checkpoint files" in r.stderr and "zerod ckpt import" in r.stderr, \
         r.stderr
+
+
+class FrozenNet(torch.nn.Module):
+    """What torch holds outside zerod beside zerod's parameters: a frozen
+    embedding tied to a frozen output layer (one tensor under two keys), a
+    BatchNorm's buffers (num_batches_tracked is int64), and a 0-dim
+    parameter (a CLIP logit scale's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.embed.requires_grad_(False)
+        self.unembed = torch.nn.Linear(8, 10, bias=False)
+        self.unembed.weight = self.embed.weight
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.scale = torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, idx):
+        return self.unembed(self.mix(self.bn(self.embed(idx)))) * self.scale
+
+
+def frozen_net_trained(tmp_path):
+    torch.manual_seed(0)
+    e = zerod.torch.initialize(FrozenNet(), job_text=JOB.format(stage=0, extra=""))
+    for step in range(3):
+        idx = torch.randint(10, (16,), generator=torch.Generator().manual_seed(step))
+        e.backward(e(idx).pow(2).mean())
+        e.step()
+    e.save_checkpoint(tmp_path / "ck", client_state={"epoch": 3})
+    return e
+
+
+def test_export_holds_frozen_parameters_and_buffers(tmp_path):
+    """`zerod ckpt export` wrote only the tensors zerod holds: a model
+    loaded from it (from_pretrained) got random frozen weights and fresh
+    BatchNorm statistics. save_checkpoint keeps those in
+    torch_state.safetensors, which the export appends in their own dtypes;
+    a 0-dim parameter, which zerod holds as (1,), is exported 0-dim."""
+    e = frozen_net_trained(tmp_path)
+    want = e.state_dict()
+    assert want["bn.num_batches_tracked"].item() == 3
+    r = ckpt("export", tmp_path / "ck", "--to", tmp_path / "m.safetensors")
+    assert r.returncode == 0 and "warn" not in r.stderr, r.stderr
+    _, got = read_safetensors(tmp_path / "m.safetensors")
+    assert sorted(got) == sorted(k for k in want if k != "unembed.weight"), "every key but the tied alias"
+    for k, v in got.items():
+        assert v.dtype == want[k].dtype and v.shape == want[k].shape and torch.equal(v, want[k]), k
+    assert got["scale"].shape == () and got["bn.num_batches_tracked"].dtype == torch.int64
+
+    # A checkpoint of a zerod.torch from before torch_state.safetensors
+    # holds them pickled only: export says how many it leaves out, and the
+    # checkpoint still loads them.
+    tag = tmp_path / "ck" / "global_step3"
+    (tag / "torch_state.safetensors").unlink()
+    rest = {k: v for k, v in e.module.state_dict(keep_vars=True).items() if id(v) not in e._slot_of}
+    torch.save({"module_rest": {k: v.detach() for k, v in rest.items()}, "client_state": {"epoch": 3}, "step": 3},
+               tag / "torch_state.pt")
+    r = ckpt("export", tmp_path / "ck", "--to", tmp_path / "old.safetensors")
+    assert r.returncode == 0 and "holds 4 tensor(s)" in r.stderr and "leaves out" in r.stderr, r.stderr
+    assert "bn.running_mean" not in read_safetensors(tmp_path / "old.safetensors")[1]
+    torch.manual_seed(1)
+    b = zerod.torch.initialize(FrozenNet(), job_text=JOB.format(stage=0, extra=""))
+    assert b.load_checkpoint(tmp_path / "ck")[1] == {"epoch": 3} and same(b.state_dict(), want)
+
+
+def test_a_0_dim_parameter_loads_weights_only(tmp_path):
+    """zerod holds a 0-dim parameter as (1,): the weights-only loads
+    (zerod.deepspeed's load_optimizer_states=False and load_module_only,
+    Lightning's validate(ckpt_path=...)) were refused ("has shape (1,), the
+    model's is ()") after the parameters before it had been overwritten.
+    They restore it bit for bit; a refusal changes nothing."""
+    import zerod.deepspeed as zds
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, h):
+            return h * self.scale
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 2)
+            self.head = Head()
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    torch.manual_seed(0)
+    a, *_ = zds.initialize(model=Net(), config=cfg)
+    x = torch.randn(4, 4)
+    for _ in range(2):
+        a.backward(a(x).pow(2).mean())
+        a.step()
+    a.save_checkpoint(tmp_path)
+    want = a.state_dict()
+    for flags in ({"load_optimizer_states": False}, {"load_module_only": True}):
+        torch.manual_seed(1)
+        b, *_ = zds.initialize(model=Net(), config=cfg)
+        b.load_checkpoint(tmp_path, **flags)
+        got = b.state_dict()
+        assert same(got, want) and got["head.scale"].shape == (), flags
+
+    # A value of another shape after the ones that fit: nothing is written.
+    torch.manual_seed(1)
+    c = zerod.torch.initialize(Net(), job_text=JOB.format(stage=0, extra=""))
+    before = c.state_dict()
+    with pytest.raises(zerod.InvalidArgumentError, match="'head.scale' has shape \\(2,\\), the model's is \\(\\)"):
+        c.load_state_dict({**want, "head.scale": torch.ones(2)})
+    assert same(c.state_dict(), before)
+
+
+SAVE_FAILS_ON_RANK_0 = '''
+import torch, zerod.torch
+torch.manual_seed(0)
+e = zerod.torch.initialize(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+x = torch.randn(4, 8)
+def train():
+    e.backward(e(x).pow(2).mean())
+    e.step()
+train()
+real = torch.save
+if e.rank == 0:
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    torch.save = full
+try:
+    e.save_checkpoint(__import__("sys").argv[1])
+    print("saved", flush=True)
+except Exception as ex:
+    print("refused", type(ex).__name__, ex, flush=True)
+torch.save = real
+train()
+print("trained on to step", e.global_steps, flush=True)
+'''
+
+
+def test_a_save_rank_0_cannot_stage_fails_on_every_rank(tmp_path, tmp_job):
+    """Rank 0 writes torch_state before zerod's save, a collective: where it
+    failed (a full disk, a client_state that does not pickle), rank 0
+    raised and rank 1 waited in zd_model_save until the job broke ("ranks
+    disagree at collective"). Every rank now learns it first, raises the
+    same error, and trains on."""
+    from conftest import zerod_run
+
+    script = tmp_path / "rank.py"
+    script.write_text(SAVE_FAILS_ON_RANK_0)
+    rc, ranks, out = zerod_run(2, tmp_job("return { zero = { stage = 2 }, comm = { timeout = 30 } }"), str(script),
+                               tmp_path / "ck", timeout=120)
+    assert rc == 0, out[-4000:]
+    for r in (0, 1):
+        said = [line for line in ranks[r] if line.startswith(("refused", "saved", "trained"))]
+        assert said[0].startswith("refused ZerodIOError") and "rank 0 could not write torch_state" in said[0] \
+            and "No space left on device" in said[0], ranks[r]
+        assert said[1] == "trained on to step 2", ranks[r]
+    assert not (tmp_path / "ck" / "latest").exists()

@@ -29,15 +29,23 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
   full-model gradient ever exists in torch. A module leaves backward
   (backward_end) when every parameter it used in the forward has its
   gradient, and engine.backward() ends whatever is still begun.
-- Recomputation. A forward inside the backward (activation checkpointing)
-  begins the module's backward instead of a forward, so what the
-  recomputation saves stays resident until the backward has used it. After
-  a reentrant checkpoint's no_grad forward, the recomputation is what
+- Recomputation (activation checkpointing). Where torch shows zerod which
+  saved-tensor hooks stand on top (torch 2.15 does, 1.13 does not), a
+  forward inside the backward is a forward pair like any other: what
+  torch's checkpoint keeps passes through zerod's hooks (a delegate put
+  over the checkpoint's own), which keep views of parameters as where they
+  sit, so nothing holds zerod's memory after the pair ends. The module that
+  ends each checkpointed region (learnt in the same micro-batch's forward)
+  begins its backward instead, which comes next. On torch 1.13 every
+  recomputed module begins its backward and stays resident until then.
+  After a reentrant checkpoint's no_grad forward, the recomputation is what
   counts the module's parameters, so the module still ends early.
 - The model's own state_dict() and load_state_dict() go through zerod
   (hooks on the model), as engine.state_dict() and load_state_dict() do.
 """
 import ctypes
+import inspect
+import json
 import os
 import warnings
 from collections import OrderedDict
@@ -50,21 +58,59 @@ from . import _ckpt_masters
 from . import _structs as S
 from ._modules import plan_modules
 from .constants import Dtype, MemKind, Tier
-from .errors import InvalidArgumentError, InvalidStateError, check
+from .errors import InvalidArgumentError, InvalidStateError, ZerodIOError, check
 from .views import torch_at
 
 __all__ = ["initialize", "Engine"]
+
+
+def _saved_tensors_hooks_reader():
+    """The function that returns the saved-tensor hooks a tensor saved now
+    would go through (a (pack, unpack) pair, or None), where torch can say
+    and can run a forward hook when the forward raises (torch 2.15 can);
+    None where it cannot (torch 1.13). Recomputation runs as forward pairs
+    only with both (Engine._begin_recomputed): zerod must see when
+    torch.utils.checkpoint's hooks stand above its own, and its forward hook
+    must end the pair when the checkpoint stops a recomputation part way by
+    raising."""
+    read = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    always_call = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
+    if read is None or not always_call or not hasattr(torch._C._autograd, "_saved_tensors_hooks_is_enabled"):
+        return None
+    try:
+        read(False)  # False: the hooks as a tensor saved now sees them, tracing or not
+    except TypeError:  # a binding of another shape: stay on the torch 1.13 path
+        return None
+    return lambda: read(False)
+
+
+_top_saved_tensors_hooks = _saved_tensors_hooks_reader()
+_RECOMPUTE_IN_PAIRS = _top_saved_tensors_hooks is not None
 
 _ZD_DTYPE = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16, torch.float16: Dtype.F16}
 # Tensors cached per parameter and address; more than this many distinct
 # addresses for one parameter means the pool is not reusing them: start over.
 _CACHE_LIMIT = 8
-# What torch holds outside zerod in a checkpoint (save_checkpoint), and the
-# name it has until zerod's part of the save is whole.
-_TORCH_STATE = "torch_state.pt"
 # Engine._trainer_lr of a resumed model: zerod restored whatever lr was set.
 _UNKNOWN_LR = object()
+# What torch holds outside zerod in a checkpoint (save_checkpoint), and the
+# names they have until zerod's part of the save is whole: its tensors
+# (buffers, frozen parameters) in safetensors, which `zerod ckpt export`
+# reads, and the rest (client_state, a module's extra state) pickled.
+_TORCH_STATE = "torch_state.pt"
 _TORCH_STATE_STAGED = "torch_state.next.pt"
+_TORCH_TENSORS = "torch_state.safetensors"
+_TORCH_TENSORS_STAGED = "torch_state.next.safetensors"
+# torch's dtypes as safetensors names them; a tensor of another dtype (a
+# complex buffer) stays in the pickle, which export does not read.
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):  # torch 2.1 and later
+    if hasattr(torch, _name):
+        _ST_DTYPES[getattr(torch, _name)] = _st
+del _name, _st
+_ST_TORCH = {v: k for k, v in _ST_DTYPES.items()}
 
 
 def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, client=None,
@@ -109,6 +155,15 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
                     raise InvalidArgumentError(
                         f"parameter '{pname}' is {p.dtype}; zerod holds float32, bfloat16 and float16 "
                         "parameters (convert the model, e.g. model.float())")
+                # A 0-dim parameter (CLIP's logit_scale) is registered as
+                # (1,): zd_param_desc's ndim is 1..ZD_MAX_DIMS, and the views,
+                # zd_param_info and every checkpoint's manifest follow it.
+                # Letting ndim be 0 there would change the ABI and the
+                # manifest format (and what an older checkpoint's (1,) must
+                # match) for one element; the torch side keeps the shape
+                # instead: loads reshape (_fit_shape) and save_checkpoint
+                # names such parameters for `zerod ckpt export`, which writes
+                # them as shape [].
                 zmodel.register_param(pname, group_name, tuple(p.shape) or (1,), _ZD_DTYPE[p.dtype],
                                       init=p.detach())
         zmodel.finalize()
@@ -191,15 +246,7 @@ def _broadcast_rest(model, trainable, client):
                     at += n
                     if off + n == sizes[i]:
                         del staged[i]
-            side = client.create_model(script_text=_BROADCAST_JOB, script_name="zerod.torch broadcast",
-                                       device="cpu")
-            try:
-                pid = side.register_param(f"rest{k}", "rest", (buf.numel() // 4,), Dtype.F32,
-                                          init=buf.view(torch.float32).numpy() if send else None)
-                side.finalize()
-                got = torch.from_numpy(side.param_read(pid, Dtype.F32)).view(torch.uint8)
-            finally:
-                side.close()
+            got = _rank0_bytes(client, buf if send else None, buf.numel(), f"rest{k}")
             if send:
                 continue
             at = 0
@@ -212,6 +259,33 @@ def _broadcast_rest(model, trainable, client):
 
 
 _BROADCAST_JOB = 'return { optimizer = { type = "sgd", lr = 1 }, zero = { stage = 0 } }'
+
+
+def _rank0_bytes(client, data, nbytes, name):
+    """Rank 0's `nbytes` bytes (`data`: bytes or a uint8 tensor, zeros
+    after it; None on the other ranks) on every rank, as a uint8 tensor.
+    zerod's own collective carries them: a model of one fp32 parameter,
+    registered with rank 0's bytes as its initial value, which every rank
+    then reads (rank 0's, bit for bit: an fp32 copy moves bytes, whatever
+    their type). Every rank calls it."""
+    padded = (nbytes + 3) // 4 * 4
+    init = None
+    if client.rank == 0:
+        if isinstance(data, torch.Tensor) and data.numel() == padded:
+            buf = data
+        else:
+            buf = torch.zeros(padded, dtype=torch.uint8)
+            if len(data):
+                buf[:len(data)] = data if isinstance(data, torch.Tensor) else \
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        init = buf.view(torch.float32).numpy()
+    side = client.create_model(script_text=_BROADCAST_JOB, script_name="zerod.torch broadcast", device="cpu")
+    try:
+        pid = side.register_param(name, "rest", (padded // 4,), Dtype.F32, init=init)
+        side.finalize()
+        return torch.from_numpy(side.param_read(pid, Dtype.F32)).view(torch.uint8)[:nbytes]
+    finally:
+        side.close()
 
 
 def _model_device(model):
@@ -255,7 +329,8 @@ class _Slot:
 class _Group:
     """One zerod module: one or more torch modules and their parameters."""
 
-    __slots__ = ("name", "mid", "units", "slots", "depth", "in_backward", "ran", "pending")
+    __slots__ = ("name", "mid", "units", "slots", "depth", "in_backward", "ran", "pending", "ended",
+                 "ends_region")
 
     def __init__(self, name, mid, units):
         self.name, self.mid, self.units = name, mid, units
@@ -264,6 +339,8 @@ class _Group:
         self.in_backward = False
         self.ran = False          # ran a forward with gradients in this micro-batch
         self.pending = 0          # parameters whose gradient has not arrived yet
+        self.ended = False        # its backward ended in this backward()
+        self.ends_region = False  # ran last in a checkpointed region of this micro-batch's forward
 
 
 class _Saved:
@@ -273,6 +350,64 @@ class _Saved:
 
     def __init__(self, slot, t):
         self.slot, self.size, self.stride, self.offset = slot, t.size(), t.stride(), t.storage_offset()
+
+
+class _Packed:
+    """A saved tensor taken while a zerod module's forward ran (_RECOMPUTE_IN_PAIRS):
+    `kept` is the tensor, or what the hooks below a _Delegate made of it;
+    for a view of a parameter, `view` says where it sits. Unpacking one
+    means the backward has reached `group`, or a checkpoint inside it is
+    recomputing with its parameters."""
+
+    __slots__ = ("kept", "group", "view")
+
+    def __init__(self, kept, group, view=None):
+        self.kept, self.group, self.view = kept, group, view
+
+
+class _Call:
+    """A forward of a zerod module's torch module now running
+    (_RECOMPUTE_IN_PAIRS): what its forward hook undoes."""
+
+    __slots__ = ("module", "group", "delegate", "counted", "saved_own")
+
+    def __init__(self, module, group, delegate, counted):
+        self.module, self.group = module, group
+        self.delegate = delegate    # the _Delegate its pre-hook pushed, or None
+        self.counted = counted      # counted in group.depth: a forward pair, not a backward
+        self.saved_own = False      # saved a tensor through zerod's own hooks
+
+
+class _Delegate:
+    """zerod's saved-tensor hooks put over another pair while a zerod module
+    runs: torch.utils.checkpoint's, which stand above zerod's inside a
+    checkpointed region and its recomputation. Every tensor goes on to the
+    pair below, in order, since the checkpoint counts them and matches the
+    recomputation's to the forward's by position, shape, dtype and device.
+    A view of a resident parameter goes as a stand-in of that shape that
+    has no memory, so what the checkpoint keeps does not hold zerod's memory
+    (its recomputation would otherwise keep raw views of it); the backward
+    gets the view rebuilt from the parameter, as zerod's own hooks do."""
+
+    __slots__ = ("engine", "group", "below")
+
+    def __init__(self, engine, group, below):
+        self.engine, self.group, self.below = engine, group, below
+
+    def pack(self, t):
+        # No try block: what the pair below raises (the checkpoint's early
+        # stop, _StopRecomputationError) must reach the checkpoint as itself.
+        engine = self.engine
+        s = engine._resident_slot(t)
+        if s is None:
+            return _Packed(self.below[0](t), self.group)
+        if t.dtype != s.param.dtype:  # a view of another dtype cannot be rebuilt from the parameter
+            return _Packed(self.below[0](t.clone()), self.group)
+        return _Packed(self.below[0](engine._stand_in(t)), self.group, _Saved(s, t))
+
+    def unpack(self, x):
+        got = self.below[1](x.kept)  # may run the recomputation
+        return self.engine._unpacked(x, got)
 
 
 class Engine:
@@ -314,6 +449,13 @@ class Engine:
         self._backward_began = False  # a module of this backward() reached zd_backward_begin
         self._loss_scale = zmodel.loss_scale()
         self._handles = []
+        # Recomputation as forward pairs (_RECOMPUTE_IN_PAIRS): the module
+        # forwards now running, and what this micro-batch's forward showed
+        # of its checkpointed regions (_saved_by_zerod).
+        self._calls = []
+        self._learning_regions = False  # a forward with gradients is running
+        self._region_end = None  # the last module that ran without saving through zerod's own hooks
+        self._stand_ins = {}  # (dtype, device) -> one element the _Delegate's stand-ins expand
         for name, units, params in plan:
             g = _Group(name, zmodel.find_module(name), units)
             self._groups.append(g)
@@ -324,7 +466,10 @@ class Engine:
                 self._slot_of[id(p)] = s
             for u in units:
                 self._handles.append(u.register_forward_pre_hook(self._pre_hook(g)))
-                self._handles.append(u.register_forward_hook(self._post_hook(g)))
+                # always_call: the forward hook also ends a forward that
+                # raised, as a checkpoint's recomputation does to stop early.
+                self._handles.append(u.register_forward_hook(
+                    self._post_hook(g), **({"always_call": True} if _RECOMPUTE_IN_PAIRS else {})))
         with torch.enable_grad():
             for s in self._slots:
                 p = s.param
@@ -355,18 +500,26 @@ class Engine:
             raise InvalidStateError(
                 "forward with gradients after backward() but before step(): call engine.step() after "
                 "every micro-batch's backward (zerod counts micro-batches at step() and averages them)")
+        if grad and self._phase == "idle":
+            self._forget_regions()
         self._hooks_active += 1
         self._hook_error = None
+        entry = self._saved_tensors_hooks_on_top()
+        self._learning_regions = grad and _RECOMPUTE_IN_PAIRS
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 out = self.module(*args, **kwargs)
         except BaseException as e:
+            self._drop_calls(entry)
             self._abort_forward()
             if isinstance(e, RuntimeError):
                 self._raise_hook_error(e)
             raise
         finally:
             self._hooks_active -= 1
+            if self._learning_regions:
+                self._close_region()  # the forward may end inside a checkpointed region
+            self._learning_regions = False
         if grad:
             self._phase = "forward"
             self._dropped_by = None
@@ -397,10 +550,12 @@ class Engine:
                                        "rank's mean loss, e.g. loss.mean())")
         for g in self._groups:
             g.pending = len(g.slots) if g.ran else 0
+            g.ended = False
         self._hook_error = None
         self._backward_began = False
         self._in_backward = True
         self._hooks_active += 1
+        entry = self._saved_tensors_hooks_on_top()
         try:
             try:
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -413,6 +568,8 @@ class Engine:
                 if g.in_backward:
                     self._backward_end(g)
         except BaseException as e:
+            self._drop_calls(entry)
+            self._abort_forward()  # recomputations an interrupt left begun
             if not self._backward_began:
                 # Failed before any gradient reached zerod (torch refused the
                 # graph, e.g. one a loss.backward() already ran through):
@@ -547,24 +704,25 @@ class Engine:
         """Loads values (as torch's load_state_dict): zerod's parameters get
         new master and working copies; optimizer state is kept. Every rank
         loads the same values. Returns torch's NamedTuple of missing_keys and
-        unexpected_keys."""
+        unexpected_keys. Every shape is checked before anything changes: a
+        refusal leaves the model as it was."""
         self._require_between_steps("load_state_dict()")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
             raise InvalidArgumentError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        written = set()
+        values = {}  # pid -> its value, in the parameter's shape
         for key, current in own.items():
-            s = self._slot_of.get(id(current))
-            if key not in state_dict or s is None or s.pid in written:
+            if key not in state_dict:
                 continue
-            value = state_dict[key]
-            if tuple(value.shape) != s.shape:
-                raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {tuple(value.shape)}, "
-                                           f"the model's is {s.shape}")
-            self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
-            written.add(s.pid)
+            s = self._slot_of.get(id(current))
+            if s is None:
+                _check_rest_shape(key, state_dict[key], current)
+            elif s.pid not in values:
+                values[s.pid] = _fit_shape(key, state_dict[key], s.shape)
+        for pid, value in values.items():
+            self.zerod_model.param_write(pid, value.detach().to(torch.float32))
         self._load_rest(state_dict, own)
         return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
 
@@ -628,15 +786,12 @@ class Engine:
                 "new Parameters in place of the ones zerod holds; load without assign=True (or call "
                 "engine.load_state_dict())")
         self._require_between_steps("model.load_state_dict()")
-        for key, s in given:  # every shape first: a refusal changes nothing
-            value = state_dict[key]
-            if tuple(value.shape) != s.shape:
-                raise InvalidArgumentError(f"load_state_dict: '{key[len(prefix):]}' has shape "
-                                           f"{tuple(value.shape)}, the model's is {s.shape}")
+        # Every shape first: a refusal changes nothing.
+        values = [_fit_shape(key[len(prefix):], state_dict[key], s.shape) for key, s in given]
         written = set()
-        for key, s in given:
+        for (key, s), value in zip(given, values):
             if s.pid not in written:
-                self.zerod_model.param_write(s.pid, state_dict[key].detach().to(torch.float32))
+                self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
                 written.add(s.pid)
             # What torch then copies into the (empty) parameter: nothing.
             state_dict[key] = s.placeholder
@@ -683,28 +838,34 @@ class Engine:
         """DeepSpeed's: writes a checkpoint into save_dir/<tag> (default
         "global_step<N>") and names it in save_dir/latest. zerod writes the
         masters and optimizer state (each rank its shard, docs/checkpoints.md);
-        rank 0 adds what torch holds outside zerod (buffers, frozen
-        parameters) and client_state in torch_state.pt. Every rank calls it,
-        between steps."""
+        rank 0 adds what torch holds outside zerod: its tensors (buffers,
+        frozen parameters) in torch_state.safetensors, client_state and the
+        rest in torch_state.pt. Every rank calls it, between steps; where
+        rank 0 cannot write its files, every rank raises and nothing is saved."""
         self._require_between_steps("save_checkpoint()")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         path = os.path.join(os.fspath(save_dir), tag)
         step = self.zerod_model.optimizer_info().step
+        # Staged before zerod's save, whose manifest (renamed into place
+        # last) is the commit: a save that fails or is killed before it
+        # leaves no checkpoint, or in a reused directory (Lightning's
+        # last.ckpt, Accelerate's save_state) the old one whole, and the old
+        # torch state beside it. The step says which zerod state each file
+        # belongs to (load_checkpoint picks by it).
+        failed = None
         if self.rank == 0:
-            # Staged before zerod's save, whose manifest (renamed into place
-            # last) is the commit: a save that fails or is killed before it
-            # leaves no checkpoint, or in a reused directory (Lightning's
-            # last.ckpt, Accelerate's save_state) the old one whole, and the
-            # old torch_state.pt beside it. The step says which zerod state
-            # each file belongs to (load_checkpoint picks by it).
-            extra = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                     for k, v in self.module.state_dict(keep_vars=True).items() if id(v) not in self._slot_of}
-            os.makedirs(path, exist_ok=True)
-            _write_atomically(os.path.join(path, _TORCH_STATE_STAGED),
-                              {"module_rest": extra, "client_state": client_state or {}, "step": step})
+            try:
+                self._stage_torch_state(path, step, client_state)
+            except Exception as e:  # every rank is told, then it is raised (_raise_if_rank0_failed)
+                failed = e
+        self._raise_if_rank0_failed(failed, path)
         self.zerod_model.save(path)
         if self.rank == 0:
-            os.replace(os.path.join(path, _TORCH_STATE_STAGED), os.path.join(path, _TORCH_STATE))
+            # The pickle first: `zerod ckpt reshard` tells which pickle goes
+            # with the tensors file of the manifest's step by this order
+            # (engine/checkpoint/torch_state.h).
+            for staged, final in ((_TORCH_STATE_STAGED, _TORCH_STATE), (_TORCH_TENSORS_STAGED, _TORCH_TENSORS)):
+                os.replace(os.path.join(path, staged), os.path.join(path, final))
         if self.rank == 0 and save_latest:
             tmp = os.path.join(os.fspath(save_dir), "latest.tmp")
             with open(tmp, "w") as f:
@@ -712,22 +873,79 @@ class Engine:
             os.replace(tmp, os.path.join(os.fspath(save_dir), "latest"))
         return True
 
+    def _stage_torch_state(self, path, step, client_state):
+        """Rank 0's part of save_checkpoint before zerod's: what torch holds
+        outside zerod, under the staged names. Its tensors go to safetensors,
+        which `zerod ckpt export` reads without torch (a tensor shared under
+        several keys, once: the others are named aliases); the pickle keeps
+        the rest and says where the tensors are."""
+        rest = OrderedDict((k, v) for k, v in self.module.state_dict(keep_vars=True).items()
+                           if id(v) not in self._slot_of)
+        tensors, pickled, aliases, first_key = OrderedDict(), OrderedDict(), {}, {}
+        for key, value in rest.items():
+            if not isinstance(value, torch.Tensor):
+                pickled[key] = value  # a module's extra state
+            elif id(value) in first_key:
+                aliases[key] = first_key[id(value)]
+            elif value.dtype in _ST_DTYPES and value.layout == torch.strided:
+                first_key[id(value)] = key
+                tensors[key] = value.detach().cpu().contiguous()
+            else:
+                pickled[key] = value.detach().cpu()
+        metadata = {"format": "pt", "zerod_step": str(step)}
+        scalars = [s.name for s in self._slots if s.shape == ()]
+        if scalars:
+            metadata["zerod_scalar_parameters"] = json.dumps(scalars)
+        if aliases:
+            metadata["zerod_aliases"] = json.dumps(aliases)
+        pickled_only = sum(isinstance(v, torch.Tensor) for v in pickled.values())
+        if pickled_only:
+            metadata["zerod_pickled_only"] = str(pickled_only)
+        os.makedirs(path, exist_ok=True)
+        staged_tensors = os.path.join(path, _TORCH_TENSORS_STAGED)
+        _write_safetensors_atomically(staged_tensors, tensors, metadata)
+        try:
+            _write_atomically(os.path.join(path, _TORCH_STATE_STAGED),
+                              {"module_rest": pickled, "client_state": client_state or {}, "step": step,
+                               "tensors_in": _TORCH_TENSORS})
+        except BaseException:
+            os.remove(staged_tensors)  # a failed save leaves nothing of its own
+            raise
+
+    def _raise_if_rank0_failed(self, failed, path):
+        """Raises, on every rank, what rank 0 met staging its files: the
+        other ranks would otherwise wait for it in zd_model_save, a
+        collective, until the job broke. Every rank learns it through
+        zerod's own collective (_rank0_bytes); nothing was saved and every
+        rank can go on. The same error on one rank as on several."""
+        why = f"{type(failed).__name__}: {failed}" if failed is not None else ""
+        if self.world_size > 1:
+            got = _rank0_bytes(self.zerod_model.client, why.encode()[:_REASON_BYTES] if self.rank == 0 else None,
+                               _REASON_BYTES, "save_checkpoint staged")
+            why = bytes(got.numpy()).rstrip(b"\0").decode(errors="replace")
+        if why:
+            raise ZerodIOError(f"save_checkpoint: rank 0 could not write torch_state (what torch holds outside "
+                               f"zerod, and client_state) into {path}: {why}; no rank saved anything") from failed
+
     def load_checkpoint(self, load_dir, tag=None):
         """DeepSpeed's: loads load_dir/<tag> (default: what load_dir/latest
-        names) and returns (its path, the client_state saved with it). It
-        loads at any world size and ZeRO stage. Every rank calls it, between
-        steps. A checkpoint that zd_model_save wrote without zerod.torch (C,
-        Rust, a snapshot) has no torch_state.pt: the module's buffers and
-        frozen parameters then keep their values (with a warning, where the
-        module has any) and client_state is {}."""
+        names, or load_dir itself where it is a checkpoint without `latest`:
+        what `zerod ckpt reshard` writes) and returns (its path, the
+        client_state saved with it). It loads at any world size and ZeRO
+        stage. Every rank calls it, between steps. A checkpoint that
+        zd_model_save wrote without zerod.torch (C, Rust, a snapshot) has no
+        torch_state.pt: the module's buffers and frozen parameters then keep
+        their values (with a warning, where the module has any) and
+        client_state is {}."""
         self._require_between_steps("load_checkpoint()")
-        if tag is None:
-            with open(os.path.join(os.fspath(load_dir), "latest")) as f:
-                tag = f.read().strip()
-        path = os.path.join(os.fspath(load_dir), str(tag))
+        path = _checkpoint_path(os.fspath(load_dir), tag)
         # Read and checked first: a refusal, like zd_model_load's, changes nothing.
         step = _manifest_step(path)
         extra = self._torch_state(path, step) if step is not None else None
+        own = self.module.state_dict(keep_vars=True)
+        for key, value in (extra["module_rest"] if extra else {}).items():
+            if key in own and id(own[key]) not in self._slot_of:
+                _check_rest_shape(key, value, own[key])
         self.zerod_model.load(path)
         # zd_model_load restored the loss scale with the step: backward()
         # multiplies by it and zerod divides by its own, so they must agree.
@@ -736,7 +954,6 @@ class Engine:
         self._resumed_step = self.zerod_model.optimizer_info().step
         # And the lr the trainer had set, if any (the manifest's lr line).
         self._trainer_lr = _ckpt_masters.read_manifest(path).lr
-        own = self.module.state_dict(keep_vars=True)
         if extra is None:
             rest = [k for k, v in own.items() if id(v) not in self._slot_of]
             if rest:
@@ -752,7 +969,9 @@ class Engine:
         or None where it kept nothing. A staged file is a save's whose
         manifest may or may not have been written (killed in between): it is
         this checkpoint's when its step is. A file without a step (zerod ckpt
-        import) belongs to the directory's one checkpoint."""
+        import) belongs to the directory's one checkpoint. Its module_rest
+        holds the tensors of torch_state.safetensors too, where the pickle
+        says they are there (a checkpoint from before keeps them in it)."""
         found = []
         for name in (_TORCH_STATE_STAGED, _TORCH_STATE):
             p = os.path.join(path, name)
@@ -762,6 +981,8 @@ class Engine:
             # and callbacks), so not weights-only.
             extra = torch.load(p, weights_only=False)
             if extra.get("step", step) == step:
+                if "tensors_in" in extra:
+                    extra["module_rest"] = {**_saved_tensors(path, step), **extra["module_rest"]}
                 return extra
             found.append(f"{name} is of step {extra['step']}")
         if found:
@@ -887,39 +1108,205 @@ class Engine:
             s.param.data = s.placeholder
 
     def _pre_hook(self, g):
+        """Routes what the module saves through zerod's hooks, begins its
+        forward pair (a recomputation: _begin_recomputed) and leaves the call
+        for the forward hook to undo."""
+        if not _RECOMPUTE_IN_PAIRS:
+            return self._pre_hook_torch1(g)
+
+        def hook(module, inputs):
+            routed, delegate = self._route_saved_tensors(g)
+            try:
+                counted = self._begin_recomputed(g, routed) if self._in_backward else self._begin_forward(g)
+            except BaseException as e:
+                self._pop_delegate(delegate)
+                if self._in_backward:
+                    self._hook_error = e
+                raise
+            self._calls.append(_Call(module, g, delegate, counted))
+        return hook
+
+    def _post_hook(self, g):
+        """Undoes the pre-hook's call: also when the forward raised
+        (always_call), as a checkpoint's recomputation does to stop early."""
+        if not _RECOMPUTE_IN_PAIRS:
+            return self._post_hook_torch1(g)
+
+        def hook(module, inputs, output):
+            call = self._calls[-1] if self._calls else None
+            if call is None or call.module is not module:
+                return None  # its pre-hook did not run: an earlier pre-hook raised
+            self._calls.pop()
+            self._pop_delegate(call.delegate)
+            if self._learning_regions and not call.saved_own:
+                self._region_end = g  # inside a checkpointed region: it saved nothing through zerod's own hooks
+            try:
+                return self._end_forward(g, output) if call.counted else None
+            except BaseException as e:
+                if self._in_backward:
+                    self._hook_error = e
+                raise
+        return hook
+
+    def _pre_hook_torch1(self, g):
         def hook(module, inputs):
             if self._in_backward:
                 self._recompute_begin(g)
                 return
-            if g.depth == 0:
-                grad = torch.is_grad_enabled()
-                if grad and not self._hooks_active:
-                    raise InvalidStateError(
-                        f"module '{g.name}' ran outside the engine with gradients enabled: call engine(batch), "
-                        "not the model (or evaluate under torch.no_grad())")
-                check(_lib.zd_forward_begin(self._h, g.mid))
-                self._make_resident(g)
-                g.ran = g.ran or grad
-            g.depth += 1
+            self._begin_forward(g)
         return hook
 
-    def _post_hook(self, g):
+    def _post_hook_torch1(self, g):
         def hook(module, inputs, output):
             if self._in_backward:  # a recomputation: the module stays begun until its backward ends
                 return None
-            g.depth -= 1
-            if g.depth:
-                return None
-            # An output that is a view of a parameter would outlive the
-            # parameter's residency: hand out a copy instead.
-            out = _map_tensors(output, self._copy_if_parameter)
-            check(_lib.zd_forward_end(self._h, g.mid))
-            self._release(g)
-            return out if out is not output else None
+            return self._end_forward(g, output)
         return hook
+
+    def _begin_forward(self, g):
+        """A forward pre-hook outside the backward: the module's outermost call
+        begins its forward pair. Returns True: the call counts in g.depth."""
+        if g.depth == 0:
+            grad = torch.is_grad_enabled()
+            if grad and not self._hooks_active:
+                raise InvalidStateError(
+                    f"module '{g.name}' ran outside the engine with gradients enabled: call engine(batch), "
+                    "not the model (or evaluate under torch.no_grad())")
+            check(_lib.zd_forward_begin(self._h, g.mid))
+            self._make_resident(g)
+            g.ran = g.ran or grad
+        g.depth += 1
+        return True
+
+    def _begin_recomputed(self, g, routed):
+        """A forward inside the backward: activation checkpointing recomputes
+        the module (_RECOMPUTE_IN_PAIRS). Returns whether the call counts in
+        g.depth.
+
+        Everything the recomputation saves goes through zerod's hooks
+        (`routed`), which keep views of parameters as where they sit, so it
+        runs as a forward pair like the first forward: resident while it
+        runs, released after (with the default leaf modules, one module of
+        the region at a time, where staying begun until the backward held
+        the whole region). The module that ended its checkpointed region in
+        the forward has its backward next: it begins that backward now, one
+        gather instead of a forward pair's and then a backward's (so a block
+        checkpointed whole, modules=[Block], is gathered once, as before).
+        Deciding from this micro-batch's forward keeps the calls the same in
+        every micro-batch, which stage 3's prefetch follows (the first
+        micro-batch's order is its record). Without routing (saved-tensor
+        hooks off, as under torch.func) the module stays begun until its
+        backward, as on torch 1.13."""
+        if g.in_backward:
+            return False  # its backward has begun: resident until it ends
+        if g.depth == 0 and (g.ends_region or not routed):
+            self._recompute_begin(g)
+            return False
+        if g.depth == 0:
+            check(_lib.zd_forward_begin(self._h, g.mid))
+            self._make_resident(g)
+        g.depth += 1
+        self._count_recomputed(g)
+        return True
+
+    def _end_forward(self, g, output):
+        """A forward hook of a counted call: the outermost one ends the pair."""
+        g.depth -= 1
+        if g.depth:
+            return None
+        # An output that is a view of a parameter would outlive the
+        # parameter's residency: hand out a copy instead.
+        out = _map_tensors(output, self._copy_if_parameter)
+        check(_lib.zd_forward_end(self._h, g.mid))
+        self._release(g)
+        return out if out is not output else None
 
     def _copy_if_parameter(self, t):
         return t.clone() if _storage_base(t) in self._resident else t
+
+    # -- saved-tensor hooks for recomputation in forward pairs -------------------
+
+    def _saved_tensors_hooks_on_top(self):
+        """The saved-tensor hooks on top of torch's stack, None when there are
+        none or torch 1.13 cannot say."""
+        if not _RECOMPUTE_IN_PAIRS or not torch._C._autograd._saved_tensors_hooks_is_enabled():
+            return None
+        return _top_saved_tensors_hooks()
+
+    def _route_saved_tensors(self, g):
+        """Makes what module g is about to save go through zerod's hooks.
+        Returns (routed, the _Delegate pushed or None): zerod's own hooks on
+        top route it as they are; other hooks (a checkpoint's) get a delegate
+        over them. Nothing routes it where no hooks stand or torch has them
+        off (torch.func's transforms refuse a push)."""
+        top = self._saved_tensors_hooks_on_top()
+        if top is None:
+            return False, None
+        if top[0] == self._pack:
+            return True, None
+        below = top
+        mine = getattr(top[0], "__self__", None)
+        if type(mine) is _Delegate and mine.engine is self:
+            below = mine.below  # a module inside another's forward: one delegate, its own module
+        delegate = _Delegate(self, g, below)
+        torch._C._autograd._push_saved_tensors_default_hooks(delegate.pack, delegate.unpack)
+        return True, delegate
+
+    def _pop_delegate(self, delegate):
+        if delegate is None:
+            return
+        top = _top_saved_tensors_hooks()
+        # Only its own pair: one a forward left above it is no module's to drop.
+        if top is not None and getattr(top[0], "__self__", None) is delegate:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _drop_calls(self, entry):
+        """After an exception that skipped forward hooks (a KeyboardInterrupt:
+        torch runs always_call hooks for an Exception only): forgets the
+        module calls left open and pops the saved-tensor hooks left above
+        `entry`, the pair on top when forward() or backward() began (a
+        delegate, or zerod's own once the checkpoint's with-block popped the
+        delegate in its place)."""
+        self._calls.clear()
+        if not _RECOMPUTE_IN_PAIRS:
+            return
+        while True:
+            top = self._saved_tensors_hooks_on_top()
+            if top is None or (entry is not None and top[0] is entry[0]):
+                return
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _stand_in(self, t):
+        """A tensor of t's shape, dtype and device without t's memory: one
+        element, expanded."""
+        key = (t.dtype, t.device)
+        one = self._stand_ins.get(key)
+        if one is None:
+            with torch.inference_mode(False):
+                one = self._stand_ins[key] = torch.empty((), dtype=t.dtype, device=t.device)
+        return one.expand(t.shape)
+
+    # -- checkpointed regions, from the forward ------------------------------
+
+    def _forget_regions(self):
+        for g in self._groups:
+            g.ends_region = False
+        self._region_end = None
+
+    def _saved_by_zerod(self):
+        """zerod's own hooks take a tensor in a forward with gradients, so no
+        checkpointed region is running here (inside one, the checkpoint's
+        hooks take what is saved, through a delegate, or nothing is saved:
+        the reentrant checkpoint's forward runs under no_grad). The module
+        that ran last without saving through zerod's hooks ended a region."""
+        if self._calls:
+            self._calls[-1].saved_own = True
+        self._close_region()
+
+    def _close_region(self):
+        if self._region_end is not None:
+            self._region_end.ends_region = True
+            self._region_end = None
 
     def _abort_forward(self):
         """After an exception in a forward: ends the modules it had begun
@@ -948,31 +1335,36 @@ class Engine:
 
     def _recompute_begin(self, g):
         # A forward inside the backward is activation checkpointing running
-        # the module again. torch's non-reentrant checkpoint keeps what the
-        # recomputation saves (views of the parameters included) in its own
-        # saved-tensor hooks, which stand before ours: they must stay valid
-        # until the module's backward has used them, so the module is
-        # resident from here through its backward (one backward pair, not a
-        # forward pair of its own). The recomputation may also stop part way
-        # (torch's early stop raises out of the module), leaving no forward
-        # to end.
+        # the module again; here it begins the module's backward, which
+        # keeps it resident through its backward (one backward pair, not a
+        # forward pair of its own). On torch 1.13, and where zerod's hooks
+        # cannot take what the recomputation saves, the checkpoint keeps
+        # that (views of the parameters included) in its own saved-tensor
+        # hooks, which stand before ours: it must stay valid until the
+        # module's backward has used it. The recomputation may also stop
+        # part way (torch's early stop raises out of the module), leaving no
+        # forward to end.
         try:
             if not g.in_backward:
                 self._backward_begin(g)
-            if not g.ran and torch.is_grad_enabled():
-                # The reentrant checkpoint (Hugging Face's default) ran the
-                # first forward under no_grad, so backward() counted none of
-                # the module's parameters; this recomputation's own backward
-                # delivers their gradients: count them now, so the module
-                # ends when they have arrived, not when backward() returns.
-                g.ran = True
-                g.pending = len(g.slots)
+            self._count_recomputed(g)
         except BaseException as e:
             self._hook_error = e
             raise
 
+    def _count_recomputed(self, g):
+        if not g.ran and torch.is_grad_enabled():
+            # The reentrant checkpoint (Hugging Face's default) ran the
+            # first forward under no_grad, so backward() counted none of
+            # the module's parameters; this recomputation's own backward
+            # delivers their gradients: count them now, so the module
+            # ends when they have arrived, not when backward() returns.
+            g.ran = True
+            g.pending = len(g.slots)
+
     def _backward_end(self, g):
         g.in_backward = False
+        g.ended = True
         for s in g.slots:
             s.grad = None
         self._release(g)
@@ -1018,11 +1410,14 @@ class Engine:
 
     def _pack(self, t):
         try:
-            if self._resident:
-                s = self._resident.get(_storage_base(t))
-                if s is not None:
-                    # A view of another dtype cannot be rebuilt from the parameter.
-                    return _Saved(s, t) if t.dtype == s.param.dtype else t.clone()
+            if self._learning_regions:
+                self._saved_by_zerod()
+            s = self._resident_slot(t)
+            if s is not None:
+                # A view of another dtype cannot be rebuilt from the parameter.
+                return _Saved(s, t) if t.dtype == s.param.dtype else t.clone()
+            if self._calls:  # a checkpoint inside this module saves its inputs here, among others
+                return _Packed(t, self._calls[-1].group)
             return t
         except BaseException as e:
             self._hook_error = e
@@ -1030,15 +1425,48 @@ class Engine:
 
     def _unpack(self, x):
         try:
-            if type(x) is not _Saved:
-                return x
-            s = x.slot
-            if not s.ptr:
-                self._backward_begin(s.group)
-            return s.param.data.as_strided(x.size, x.stride, x.offset)
+            kind = type(x)
+            if kind is _Saved:
+                return self._rebuild(x)
+            if kind is _Packed:
+                self._module_reached(x.group)
+                return x.kept
+            return x
         except BaseException as e:
             self._hook_error = e
             raise
+
+    def _unpacked(self, x, got):
+        """What a _Delegate's unpack returns, once the hooks below it gave
+        `got` for x.kept."""
+        try:
+            if x.view is not None:
+                return self._rebuild(x.view)
+            self._module_reached(x.group)
+            return got
+        except BaseException as e:
+            self._hook_error = e
+            raise
+
+    def _resident_slot(self, t):
+        """The parameter whose resident view t is a view of, or None."""
+        return self._resident.get(_storage_base(t)) if self._resident else None
+
+    def _rebuild(self, saved):
+        s = saved.slot
+        if not s.ptr:
+            self._backward_begin(s.group)
+        return s.param.data.as_strided(saved.size, saved.stride, saved.offset)
+
+    def _module_reached(self, g):
+        # A tensor that module g saved is unpacked: the backward has reached
+        # g. Most of g's backward needs its parameters, and a checkpoint
+        # inside g's forward (Block.forward calling checkpoint(self.mlp, x))
+        # recomputes with them, touching no hook of zerod's but this one
+        # (its inputs were saved here). Not when g is resident in a forward
+        # pair, nor again once its gradients have all arrived.
+        if self._in_backward and not g.in_backward and not g.ended and not g.depth:
+            self._backward_begin(g)
 
     def _raise_hook_error(self, runtime_error=None):
         """Raises what a hook kept, if anything (called on a RuntimeError).
@@ -1064,6 +1492,125 @@ def _manifest_step(path):
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _fit_shape(key, value, shape):
+    """`value` in the shape of a parameter zerod holds: as it is, or, for a
+    0-dim parameter, from shape (1,), which its masters in zerod's
+    checkpoints have (zerod registers it as (1,): initialize()) and which
+    torch's own load_state_dict takes for a 0-dim parameter too. Refuses
+    any other shape, naming the key."""
+    got = tuple(value.shape)
+    if got == shape:
+        return value
+    if shape == () and got == (1,):
+        return value.reshape(())
+    raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {got}, the model's is {shape}")
+
+
+def _check_rest_shape(key, value, current):
+    """Refuses, before anything is loaded, a value for a tensor torch holds
+    (a buffer, a frozen parameter) that torch's load_state_dict would refuse
+    after zerod's parameters were written: another shape (a 0-dim one takes
+    shape (1,), as torch takes it)."""
+    if not (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)) or \
+            torch.nn.parameter.is_lazy(current):
+        return
+    got, want = tuple(value.shape), tuple(current.shape)
+    if got != want and not (want == () and got == (1,)):
+        raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {got}, the model's is {want}")
+
+
+def _checkpoint_path(load_dir, tag):
+    """The checkpoint load_checkpoint reads: load_dir/<tag>; without a tag,
+    the tag load_dir/latest names (save_checkpoint writes it), or load_dir
+    itself where it is a checkpoint (a manifest, no latest: `zerod ckpt
+    reshard --to` and zd_model_save write such a directory)."""
+    if tag is not None:
+        return os.path.join(load_dir, str(tag))
+    latest = os.path.join(load_dir, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            return os.path.join(load_dir, f.read().strip())
+    if os.path.isfile(os.path.join(load_dir, _ckpt_masters.MANIFEST)):
+        return load_dir
+    raise ZerodIOError(f"load_checkpoint: no checkpoint at {load_dir}: it has no 'latest' file naming a tag "
+                       f"(save_checkpoint writes one) and no {_ckpt_masters.MANIFEST} of its own; pass tag=, or "
+                       "the checkpoint's own directory")
+
+
+# What one rank tells the others of a failed save (_raise_if_rank0_failed).
+_REASON_BYTES = 1024
+
+
+def _write_safetensors_atomically(path, tensors, metadata):
+    """{name: CPU tensor} as a safetensors file (its format written here:
+    zerod.torch does not need the safetensors package), through a temporary
+    file synced and renamed over `path`. Widest elements first, so each
+    tensor's bytes start at a multiple of its element size (the format
+    leaves no gaps between them)."""
+    order = sorted(tensors, key=lambda k: -tensors[k].element_size())
+    header, at = {"__metadata__": metadata}, 0
+    for k in order:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for k in order:
+                t = tensors[k]
+                if t.numel():
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _safetensors_header(path):
+    """(header dict, the offset its data starts at) of a safetensors file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n)), 8 + n
+
+
+def _saved_tensors(path, step):
+    """{state_dict key: tensor} of the torch_state.safetensors in `path`
+    (committed or staged) saved with zerod's state of `step`, aliases
+    included; refuses, before anything is loaded, where neither is."""
+    for name in (_TORCH_TENSORS_STAGED, _TORCH_TENSORS):
+        p = os.path.join(path, name)
+        if not os.path.exists(p):
+            continue
+        header, data_at = _safetensors_header(p)
+        meta = header.pop("__metadata__", {})
+        if meta.get("zerod_step") != str(step):
+            continue
+        out = {}
+        with open(p, "rb") as f:
+            for key, t in header.items():
+                begin, end = t["data_offsets"]
+                dtype = _ST_TORCH[t["dtype"]]
+                f.seek(data_at + begin)
+                raw = bytearray(f.read(end - begin))
+                out[key] = (torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)) \
+                    .reshape(t["shape"])
+        for alias, key in json.loads(meta.get("zerod_aliases", "{}")).items():
+            out[alias] = out[key]
+        return out
+    raise InvalidStateError(
+        f"load_checkpoint: {path} holds zerod's state of step {step} and its {_TORCH_STATE}, but no "
+        f"{_TORCH_TENSORS} of that step: the buffers and frozen parameters saved with it are not there (files "
+        "of another save copied in?); nothing was loaded")
 
 
 def _write_atomically(path, obj):
