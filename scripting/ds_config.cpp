@@ -318,10 +318,19 @@ void Translator::batch_sizes(const Struct& root) {
   if (steps)
     number_setting(1, "gradient_accumulation_steps", *steps, gas ? "gradient_accumulation_steps" : "train_batch_size",
                    "gradient_accumulation_steps");
+  // An "auto" no trainer filled in is DeepSpeed's default too, not zerod's
+  // (no clipping): DeepSpeed itself has no value for it (its first step
+  // compares the text with 0.0 and raises a TypeError), and this
+  // translation cannot tell a config a trainer fills in later (zerod check,
+  // the integrations, which resolve every "auto" first) from one run as it
+  // is (zerod run --job), so it leaves this "auto", as every other, at
+  // DeepSpeed's default: 1.0, also what Hugging Face fills in from its own
+  // default max_grad_norm.
   if (auto clip = number(root, "gradient_clipping", "gradient_clipping"))
     number_setting(1, "gradient_clipping", *clip, "gradient_clipping", "gradient_clipping");
-  else if (!get(root, "gradient_clipping"))
-    emit(1, "gradient_clipping = 1,  -- DeepSpeed 0.19's default: it clips at 1.0 unless told otherwise");
+  else if (const Value* given = get(root, "gradient_clipping"); !given || is_auto(given))
+    emit(1, "gradient_clipping = 1,  -- DeepSpeed 0.19's default: it clips at 1.0 unless told otherwise",
+         given ? "gradient_clipping" : "");
 }
 
 void Translator::precision(const Struct& root) {
@@ -514,6 +523,9 @@ void Translator::optimizer(const Struct& root) {
   if (!params) params = &empty;
   const std::string q = "optimizer.params.";
   std::string name = it->second;
+  // Whether DeepSpeed builds torch.optim.AdamW for the section (torch_adam;
+  // engine.py, get_optimizer_configuration).
+  bool torch_adamw = false;
   // adam_w_mode (DeepSpeed's engine, _configure_basic_optimizer): with Adam
   // it picks the weight decay; with AdamW the type decides, AdamW, and the
   // key is redundant (true) or overridden (false); any other optimizer's
@@ -524,6 +536,9 @@ void Translator::optimizer(const Struct& root) {
     if (lower == "adamw" && w && !*w)
       comments_.push_back(q + "adam_w_mode: false is ignored with type " + *type + ", as DeepSpeed ignores it: "
                           "AdamW always decouples weight decay");
+    // torch_adam: torch's optimizer in place of DeepSpeed's kernels,
+    // torch.optim.AdamW where the update is AdamW, else torch.optim.Adam.
+    torch_adamw = boolean(*params, "torch_adam", q + "torch_adam").value_or(false) && name == "adamw";
   } else {
     for (const char* k : {"adam_w_mode", "torch_adam"})
       if (get(*params, k))
@@ -538,7 +553,13 @@ void Translator::optimizer(const Struct& root) {
   for (const std::string& k : keys) {
     auto v = number(*params, k, q + k);
     // DeepSpeed's Adam, AdamW and 1-bit Adam default to weight_decay 0;
-    // zerod's adamw to 0.01: write DeepSpeed's out.
+    // zerod's adamw to 0.01: write DeepSpeed's out. With torch_adam it is
+    // torch.optim.AdamW's default, 0.01 (torch.optim.Adam's is 0).
+    if (!v && k == "weight_decay" && torch_adamw) {
+      emit(2, "weight_decay = 0.01,  -- torch.optim.AdamW's default, which DeepSpeed builds for torch_adam",
+           q + "torch_adam");
+      continue;
+    }
     if (!v && k == "weight_decay" && name != "sgd") v = 0.0;
     // Every optimizer DeepSpeed 0.19 builds for these types defaults to lr
     // 1e-3 (FusedAdam, DeepSpeedCPUAdam, 1-bit Adam, and torch.optim.SGD,

@@ -21,7 +21,9 @@ std::vector<DsKey> make_keys() {
       {"train_micro_batch_size_per_gpu", T, "", "checked with the others; the batch size of zerod.deepspeed's DataLoader"},
       {"dataloader_drop_last", T, "", "the `drop_last` of zerod.deepspeed's DataLoader (`deepspeed_io`, `training_data`)"},
       {"gradient_accumulation_steps", T, "", "`gradient_accumulation_steps`"},
-      {"gradient_clipping", T, "", "`gradient_clipping` (DeepSpeed 0.19's default, 1.0, is written out when absent)"},
+      {"gradient_clipping", T, "",
+       "`gradient_clipping` (DeepSpeed 0.19's default, 1.0, is written out when absent, and for an \"auto\" no "
+       "trainer filled in)"},
       // Optimizer.
       {"optimizer.type", T, "",
        "`optimizer.type`: Adam → `adamw` (`adam` with adam_w_mode false), AdamW → `adamw`, OneBitAdam → "
@@ -30,7 +32,9 @@ std::vector<DsKey> make_keys() {
        "`optimizer.lr` (DeepSpeed's default 0.001, its optimizers' and torch.optim.SGD's, is written out)"},
       {"optimizer.params.betas", T, "", "`optimizer.betas`"},
       {"optimizer.params.eps", T, "", "`optimizer.eps`"},
-      {"optimizer.params.weight_decay", T, "", "`optimizer.weight_decay` (DeepSpeed's default 0 is written out)"},
+      {"optimizer.params.weight_decay", T, "",
+       "`optimizer.weight_decay` (DeepSpeed's default is written out: 0, or with `torch_adam` torch.optim.AdamW's "
+       "0.01)"},
       {"optimizer.params.bias_correction", T, "", "`optimizer.bias_correction`"},
       {"optimizer.params.adam_w_mode", T, "",
        "Adam: true (the default) → `adamw`, false → `adam`; AdamW: true says it again, false is ignored as "
@@ -42,7 +46,10 @@ std::vector<DsKey> make_keys() {
       {"optimizer.params.amsgrad", D, "false", "zerod's Adam has no AMSGrad variant"},
       {"optimizer.params.max_grad_norm", R, "",
        "DeepSpeed refuses it in the optimizer's parameters: clipping is the top-level `gradient_clipping`"},
-      {"optimizer.params.torch_adam", I, "", "Adam/AdamW: which DeepSpeed kernel runs the update (torch's); zerod's plugin runs it"},
+      {"optimizer.params.torch_adam", T, "",
+       "Adam/AdamW: DeepSpeed builds torch.optim.AdamW, whose default weight decay of 0.01 is written out where "
+       "`weight_decay` is not given (torch.optim.Adam, default 0, for Adam with adam_w_mode false); zerod's plugin "
+       "runs the update"},
       {"optimizer.params.fused", I, "", kOptimizerKernel},
       {"optimizer.params.foreach", I, "", kOptimizerKernel},
       {"optimizer.params.cuda_aware", I, "", kOptimizerKernel},

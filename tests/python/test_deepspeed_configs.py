@@ -182,6 +182,8 @@ CASES = {
     "contradictory_adamw_mode_false.json": Case("AdamW with adam_w_mode false: DeepSpeed runs AdamW (the type "
                                                 "decides), and so does zerod, saying so"),
     "adam_l2_torch_adam.json": Case("Adam with adam_w_mode false and torch_adam: torch's Adam, L2 weight decay"),
+    "torch_adamw_default_weight_decay.json": Case("AdamW with torch_adam and no weight_decay: DeepSpeed's "
+                                                  "torch.optim.AdamW decays by its default, 0.01"),
     "warmuplr_leftover_total_steps.json": Case("WarmupLR with total_num_steps left over from WarmupDecayLR",
                                                "refuse", key="scheduler.params.total_num_steps"),
     "typo_gradient_clipping.json": Case("a misspelt gradient_clipping", "deliberate", key="gradient_cliping",
@@ -339,6 +341,20 @@ def test_every_difference_is_documented():
         assert reason in text, f"docs/integrations.md does not give the reason for '{why}': {reason}"
     used = {c.why for c in CASES.values() if c.why}
     assert used == set(DELIBERATE) | set(BEYOND), "a listed difference no config in the corpus shows, or the reverse"
+
+
+def test_the_keys_whose_auto_is_unresolved_are_the_translated_ones():
+    """zerod/_dsconfig.resolve refuses an "auto" left in a key the
+    translation reads: its list is the translated table of
+    docs/integrations.md (docs.deepspeed_keys holds that table to
+    scripting/ds_keys.cpp)."""
+    text = open(DOCS).read()
+    table = text[text.index("| DeepSpeed key | zerod |"):text.index("| accepted and ignored | why |")]
+    translated = set(re.findall(r"^\| `([^`]+)` \|", table, re.M))
+    assert len(translated) > 50, translated
+    assert _dsconfig._TRANSLATED_KEYS == translated, \
+        f"only in _dsconfig: {sorted(_dsconfig._TRANSLATED_KEYS - translated)}, only in the docs' table: " \
+        f"{sorted(translated - _dsconfig._TRANSLATED_KEYS)}"
 
 
 def _deepspeed_accepts(ds, case, name):

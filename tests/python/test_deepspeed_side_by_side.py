@@ -95,6 +95,25 @@ HAND = {
     "hand_under_warmuplr": (CONFIGS["adamw_warmup_clip_gas2"], lambda s: 1e-3 if s in (6, 7) else None),
 }
 
+# model_parameters as parameter groups that set hyperparameters: DeepSpeed
+# hands them to the optimizer the config's section makes, where they override
+# the section's (and WarmupLR rises to the group's lr). (config, the groups
+# of a model)
+GROUPS = {
+    "group_lr_under_warmuplr": ({"train_micro_batch_size_per_gpu": 8,
+                                 "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.0}},
+                                 "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4,
+                                                                              "warmup_type": "linear"}}},
+                                lambda model: [{"params": list(model.parameters()), "lr": 1e-5}]),
+    "no_decay_groups_under_decay": ({"train_micro_batch_size_per_gpu": 8,
+                                     "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.1}}},
+                                    lambda model: [
+                                        {"params": [p for n, p in model.named_parameters() if n.endswith("weight")],
+                                         "weight_decay": 0.0},
+                                        {"params": [p for n, p in model.named_parameters() if n.endswith("bias")],
+                                         "weight_decay": 0.0}]),
+}
+
 CLIENT = {
     "torch_adamw_lambdalr_gas2": ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
                                    "zero_optimization": {"stage": 2}}, _torch_adamw_lambda),
@@ -109,7 +128,8 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import CONFIGS, CLIENT, HAND, LOADS, make, train, load_run, save_model, saved_16bit
+from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, LOADS, make, train, train_applied, load_run,
+                                        save_model, saved_16bit)
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -120,6 +140,10 @@ for name, (cfg, build) in CLIENT.items():
     opt, sched = build(model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=dict(cfg))
     out[name] = train(engine, cfg)
+for name, (cfg, groups) in GROUPS.items():
+    model = make()
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=groups(model), config=dict(cfg))
+    out[name] = train_applied(engine, opt, cfg)
 for name, (cfg, lr_at) in HAND.items():
     model = make()
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
@@ -207,6 +231,21 @@ def train(engine, cfg, steps=range(STEPS), lr_at=None, optimizer=None):
         out["loss"].append(float(loss.detach()))
         out["lr"].append(float(engine.get_lr()[0]))
         out["global_steps"].append(int(engine.global_steps))
+    return out
+
+
+def train_applied(engine, optimizer, cfg):
+    """train()'s loop, with what the optimizer's param_groups hold before each
+    micro-batch's step: the lr that update applies, and the weight decay."""
+    out = {"loss": [], "lr": [], "weight_decay": []}
+    for s in range(STEPS):
+        out["lr"].append(float(optimizer.param_groups[0]["lr"]))
+        out["weight_decay"].append(float(optimizer.param_groups[0]["weight_decay"]))
+        x, y = batch(s)
+        loss = ((engine(x) - y) ** 2).mean()
+        engine.backward(loss)
+        engine.step()
+        out["loss"].append(float(loss.detach()))
     return out
 
 
@@ -320,6 +359,28 @@ def test_torch_optimizer_and_scheduler_same_losses(name, deepspeed_losses):
     finally:
         engine.close()
     _compare(name, ours, deepspeed_losses[name], 1e-4)
+
+
+@pytest.mark.parametrize("name", list(GROUPS))
+def test_parameter_groups_set_what_the_update_applies(name, deepspeed_losses):
+    """model_parameters' groups set the lr (one group's 1e-5 where the config
+    says 2e-2, under WarmupLR) or the weight decay (every group 0.0 where
+    the config says 0.1): each update applies what DeepSpeed's applies, as
+    param_groups say before it, and the losses are DeepSpeed's."""
+    import zerod.deepspeed as deepspeed
+
+    cfg, groups = GROUPS[name]
+    model = make()
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=groups(model), config=dict(cfg))
+    try:
+        ours = train_applied(engine, opt, cfg)
+    finally:
+        engine.close()
+    theirs = deepspeed_losses[name]
+    assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-9, abs=1e-15), (ours["lr"], theirs["lr"])
+    assert ours["weight_decay"] == theirs["weight_decay"]
+    for s, (a, b) in enumerate(zip(ours["loss"], theirs["loss"])):
+        assert abs(a - b) <= 1e-4 * abs(b), f"{name} step {s}: zerod {a}, DeepSpeed {b}"
 
 
 @pytest.mark.parametrize("name", ["adamw_warmup_clip_gas2", "stage3_offload_cosine"])

@@ -653,6 +653,137 @@ def test_deepspeed_parameter_groups_agree_on_every_key():
                                         {"betas": [0.9, 0.95]}) == {"betas": (0.9, 0.95)}
 
 
+def test_deepspeed_parameter_groups_set_the_optimizers_hyperparameters():
+    """DeepSpeed hands model_parameters' groups to the optimizer the config's
+    section makes: what they set overrides the section's. Every group at
+    weight_decay 0.0 under a config's 0.01 trains as a config of 0.0 does,
+    bit for bit; one group's lr is the lr of every update (and the
+    schedule's base). A key the optimizer type does not take is refused."""
+    import zerod.deepspeed as zds
+
+    def run(cfg, groups=None):
+        model = _mlp()
+        engine, opt, _, _ = zds.initialize(model=model, config=cfg, model_parameters=groups(model) if groups else
+                                           model.parameters())
+        try:
+            return opt.param_groups[0]["weight_decay"], _mlp_losses(engine, _mlp_batches()), engine.state_dict()
+        finally:
+            engine.close()
+
+    def adamw(**params):
+        return {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": dict(lr=1e-2, **params)}}
+
+    def no_decay(model):
+        named = list(model.named_parameters())
+        return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.0},
+                {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+    decay, losses, weights = run(adamw(weight_decay=0.01), no_decay)
+    want_decay, want_losses, want_weights = run(adamw(weight_decay=0.0))
+    assert decay == want_decay == 0.0
+    assert losses == want_losses
+    for k in want_weights:
+        assert torch.equal(weights[k], want_weights[k]), k
+
+    cfg = dict(adamw(), scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 2, "warmup_type": "linear"}})
+    model = _mlp()
+    engine = zds.initialize(model=model, model_parameters=[{"params": list(model.parameters()), "lr": 1e-5}],
+                            config=cfg)[0]
+    try:
+        applied = []
+        for x, y in _mlp_batches():
+            engine.backward(F.mse_loss(engine(x), y))
+            applied.append(engine.step().lr)
+        assert applied == pytest.approx([0.0, 0.0, 5e-6, 1e-5], rel=1e-12, abs=0)  # WarmupLR up to the group's
+        assert engine.get_lr() == pytest.approx([1e-5], rel=1e-12)
+    finally:
+        engine.close()
+
+    model = _mlp()
+    with pytest.raises(zerod.InvalidArgumentError, match=r"model_parameters: the parameter groups set momentum=0\.9, "
+                                                         r"which the AdamW optimizer does not take"):
+        zds.initialize(model=model, model_parameters=[{"params": list(model.parameters()), "momentum": 0.9}],
+                       config=adamw())
+    model(torch.ones(1, 4))  # refused before the engine took the parameters
+
+
+def test_deepspeed_groups_under_torch_adam_leave_weight_decay_to_torchs_default():
+    """With "torch_adam" DeepSpeed builds torch.optim.AdamW, whose weight decay
+    defaults to 0.01 (torch.optim.Adam's, for Adam with adam_w_mode false,
+    to 0): a group that leaves weight_decay out has that, so groups that
+    say 0.01 agree with it, and groups of 0 do not."""
+    import zerod.deepspeed as zds
+    from zerod import _dsconfig
+
+    def cfg(kind="AdamW", **params):
+        return {"train_batch_size": 8, "optimizer": {"type": kind, "params": {"lr": 1e-3, "torch_adam": True,
+                                                                              **params}}}
+
+    def groups(model, decay):
+        named = list(model.named_parameters())
+        return [{"params": [p for n, p in named if not n.endswith("bias")]},
+                {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": decay}]
+    assert _dsconfig.optimizer_defaults(cfg())["weight_decay"] == 0.01
+    assert _dsconfig.optimizer_defaults(cfg("Adam"))["weight_decay"] == 0.01  # adam_w_mode defaults to true
+    assert _dsconfig.optimizer_defaults(cfg("Adam", adam_w_mode=False))["weight_decay"] == 0.0
+    assert _dsconfig.optimizer_defaults(cfg(torch_adam=False))["weight_decay"] == 0.0  # DeepSpeed's own kernels
+    model = _mlp()
+    engine, opt, _, _ = zds.initialize(model=model, model_parameters=groups(model, 0.01), config=cfg())
+    assert opt.param_groups[0]["weight_decay"] == 0.01
+    engine.close()
+    with pytest.raises(zerod.InvalidArgumentError, match=r"group 1 has weight_decay=0\.0, group 0 leaves it to the "
+                                                         r"optimizer's weight_decay=0\.01"):
+        zds.initialize(model=model, model_parameters=groups(model, 0.0), config=cfg())
+
+
+@pytest.mark.parametrize("key,sched", [
+    ("warmup_type", {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "auto"}}),
+    ("cos_min_ratio", {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10,
+                                                            "cos_min_ratio": "auto"}}),
+    ("cycle_max_lr", {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": "auto",
+                                                     "cycle_momentum": False}}),
+])
+def test_deepspeed_an_auto_nothing_answers_is_refused_naming_it(key, sched):
+    """An "auto" no trainer value fills (zerod.deepspeed has none for a
+    scheduler's shape) is refused naming the key, before the engine takes
+    the model's parameters: the model still runs and initializes again."""
+    import zerod.deepspeed as zds
+
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "scheduler": sched}
+    model = _mlp()
+    x = torch.ones(2, 4)
+    want = model(x)
+    with pytest.raises(zerod.InvalidArgumentError, match=r'"auto" cannot be resolved for scheduler\.params\.' + key):
+        zds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    assert torch.equal(model(x), want)
+    del cfg["scheduler"]
+    zds.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0].close()
+
+
+def test_deepspeed_initialize_failing_after_the_engine_gives_the_model_back():
+    """A failure once the engine holds the parameters (here the training_data
+    DeepSpeed's DataLoader cannot take: an IterableDataset without a length)
+    closes the engine and gives the parameters their tensors back: the model
+    runs as before, and initializes again."""
+    import zerod.deepspeed as zds
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.zeros(4, 4))
+
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    model = _mlp()
+    x = torch.ones(2, 4)
+    want = model(x)
+    with pytest.raises(TypeError):
+        zds.initialize(model=model, model_parameters=model.parameters(), config=cfg, training_data=Stream())
+    assert torch.equal(model(x), want)
+    engine = zds.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    try:
+        assert torch.equal(engine(x), want)
+    finally:
+        engine.close()
+
+
 
 def _mlp():
     torch.manual_seed(0)

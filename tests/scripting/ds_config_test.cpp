@@ -84,15 +84,46 @@ TEST(DsConfig, AnotherOptimizersParametersAreNotReportedOneByOne) {
 }
 
 TEST(DsConfig, DeepSpeed019DefaultsAreWrittenOut) {
-  // Clipping at 1.0 unless told; "auto" is the trainer's to fill.
+  // Clipping at 1.0 unless told.
   EXPECT_TRUE(has(lua("{" + kBatch + "}"), "gradient_clipping = 1,"));
-  EXPECT_FALSE(has(lua("{" + kBatch + R"("gradient_clipping": "auto"})"), "gradient_clipping ="));
   EXPECT_FALSE(has(lua("{" + kBatch + R"("gradient_clipping": 0})"), "gradient_clipping ="));
   // Offloaded memory is pinned unless pin_memory is false.
   EXPECT_TRUE(has(lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})"),
                   "host = { pin = true }"));
   EXPECT_TRUE(has(lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
       "pin_memory": false}}})"), "host = { pin = false }"));
+}
+
+// An "auto" gradient_clipping run as written (zerod run --job with Hugging
+// Face's config): DeepSpeed's default for the key, 1.0, not zerod's (no
+// clipping). zerod check still takes the config, as the trainer fills it in.
+TEST(DsConfig, AnUnfilledAutoClippingIsDeepSpeedsDefault) {
+  const std::string job = lua("{" + kBatch + R"("gradient_clipping": "auto"})");
+  EXPECT_TRUE(has(job, "\n  gradient_clipping = 1,  -- DeepSpeed 0.19's default")) << job;
+  EXPECT_TRUE(has(job, R"(-- gradient_clipping: "auto", left at the default here)")) << job;
+}
+
+// "torch_adam": DeepSpeed builds torch.optim.AdamW (type AdamW, or Adam with
+// adam_w_mode true, its default), whose weight decay defaults to 0.01, or
+// torch.optim.Adam (Adam with adam_w_mode false), whose default is 0.
+TEST(DsConfig, TorchAdamDecaysAsTorchsOptimizerDoes) {
+  auto job = [](const std::string& type, const std::string& more) {
+    return lua("{" + kBatch + R"("optimizer": {"type": ")" + type + R"(", "params": {"lr": 1e-4, "torch_adam": true)" +
+               more + "}}}");
+  };
+  for (const std::string& adamw : {job("AdamW", ""), job("Adam", ""), job("Adam", R"(, "adam_w_mode": true)"),
+                                   job("AdamW", R"(, "adam_w_mode": false)")}) {
+    EXPECT_TRUE(has(adamw, R"(type = "adamw")")) << adamw;
+    EXPECT_TRUE(has(adamw, "weight_decay = 0.01,  -- torch.optim.AdamW's default")) << adamw;
+  }
+  const std::string adam = job("Adam", R"(, "adam_w_mode": false)");
+  EXPECT_TRUE(has(adam, R"(type = "adam")")) << adam;
+  EXPECT_TRUE(has(adam, "weight_decay = 0,")) << adam;
+  // A weight_decay given is the one, and DeepSpeed's own kernels default to 0.
+  EXPECT_TRUE(has(job("AdamW", R"(, "weight_decay": 0.1)"), "weight_decay = 0.1,"));
+  EXPECT_FALSE(has(job("AdamW", R"(, "weight_decay": 0.1)"), "0.01"));
+  EXPECT_TRUE(has(lua("{" + kBatch + R"("optimizer": {"type": "AdamW", "params": {"torch_adam": false}}})"),
+                  "weight_decay = 0,"));
 }
 
 TEST(DsConfig, AnOptimizerWithoutLrRunsAtDeepSpeedsDefault) {

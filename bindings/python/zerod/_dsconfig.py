@@ -98,12 +98,53 @@ def resolve(cfg, *, world_size, model=None, micro_batch=None, grad_accum=None, g
                        ("stage3_prefetch_bucket_size", lambda h: int(0.9 * h * h)),
                        ("stage3_param_persistence_threshold", lambda h: 10 * h)):
             fill(zero, key, f(hidden) if hidden else None, f"zero_optimization.{key}")
+    # What no trainer value answers (a scheduler's warmup_type, cos_min_ratio,
+    # OneCycle's bounds): the translation would run its default, or no
+    # schedule at all, where DeepSpeed fails on the text "auto".
+    unresolved += [path for path in _autos(cfg) if path in _TRANSLATED_KEYS and path not in unresolved]
     if unresolved:
         raise InvalidArgumentError(
             "DeepSpeed config: \"auto\" cannot be resolved for " + ", ".join(unresolved) +
             " (nothing the trainer gave says what it should be; write a value)")
     _batch_rule(cfg, world_size)
     return cfg
+
+
+# Every key zerod's translation reads: scripting/ds_keys.cpp's translated
+# rows, the first table of docs/integrations.md (test_deepspeed_configs.py
+# holds the two equal). An "auto" left in one of these after resolve() is
+# unresolved; one in a key the translation ignores
+# (stage3_gather_16bit_weights_on_model_save in Accelerate's templates)
+# changes nothing zerod runs.
+_TRANSLATED_KEYS = frozenset(
+    ["train_batch_size", "train_micro_batch_size_per_gpu", "dataloader_drop_last", "gradient_accumulation_steps",
+     "gradient_clipping", "optimizer.type", "scheduler.type", "data_types.grad_accum_dtype"] +
+    ["optimizer.params." + k for k in ("lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode",
+                                       "torch_adam", "momentum", "dampening", "nesterov", "freeze_step")] +
+    ["scheduler.params." + k for k in (
+        "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps", "warmup_min_ratio",
+        "cos_min_ratio", "cycle_min_lr", "cycle_max_lr", "cycle_first_step_size", "cycle_second_step_size",
+        "cycle_first_stair_count", "cycle_second_stair_count", "decay_lr_rate", "decay_step_size",
+        "lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate", "lr_range_test_staircase")] +
+    ["fp16." + k for k in ("enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                           "consecutive_hysteresis", "min_loss_scale", "zerod_window_rule")] +
+    ["bf16.enabled", "bfloat16.enabled"] +
+    ["zero_optimization." + k for k in (
+        "stage", "reduce_bucket_size", "stage3_param_persistence_threshold", "param_persistence_threshold",
+        "stage3_max_live_parameters", "max_live_parameters", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+        "offload_optimizer.device", "offload_optimizer.nvme_path", "offload_optimizer.pin_memory",
+        "offload_optimizer.ratio", "offload_optimizer.buffer_count", "offload_param.device",
+        "offload_param.nvme_path", "offload_param.pin_memory", "cpu_offload", "cpu_offload_param")])
+
+
+def _autos(cfg, path=""):
+    """The dotted path of every "auto" value in cfg."""
+    for k, v in cfg.items():
+        key = f"{path}.{k}" if path else str(k)
+        if isinstance(v, dict):
+            yield from _autos(v, key)
+        elif _is_auto(v):
+            yield key
 
 
 def _batch_rule(cfg, world):
@@ -161,7 +202,21 @@ _DS_DEFAULTS = {
     "sgd": {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False},
 }
 _DS_DEFAULTS["adamw"] = _DS_DEFAULTS["onebitadam"] = _DS_DEFAULTS["adam"]
+# torch.optim.AdamW's default weight decay. With "torch_adam": true DeepSpeed
+# builds torch.optim.AdamW where the update decouples weight decay (type
+# AdamW, or Adam without adam_w_mode false), which decays by this where the
+# config gives no weight_decay; torch.optim.Adam (adam_w_mode false) by 0.
+_TORCH_ADAMW_WEIGHT_DECAY = 0.01
 _UNSET = object()
+
+
+def _builds_torch_adamw(kind, params):
+    """Whether DeepSpeed 0.19 builds torch.optim.AdamW for an optimizer section
+    of type `kind` (lower case) with `params` (engine.py,
+    get_optimizer_configuration: torch_adam, and AdamW unless the type is
+    Adam with adam_w_mode false)."""
+    return kind in ("adam", "adamw") and params.get("torch_adam") is True and \
+        (kind == "adamw" or bool(params.get("adam_w_mode", True)))
 
 
 def optimizer_defaults(cfg):
@@ -171,8 +226,11 @@ def optimizer_defaults(cfg):
     opt = cfg.get("optimizer")
     if not isinstance(opt, dict):
         return {}
-    out = dict(_DS_DEFAULTS.get(str(opt.get("type", "")).lower(), {}))
+    kind = str(opt.get("type", "")).lower()
+    out = dict(_DS_DEFAULTS.get(kind, {}))
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    if _builds_torch_adamw(kind, params):
+        out["weight_decay"] = _TORCH_ADAMW_WEIGHT_DECAY
     for k, v in params.items():
         if _is_auto(v):
             out.pop(k, None)
@@ -232,6 +290,58 @@ def check_param_groups(groups, what, defaults=None):
             f"{what}: parameter {says(i)}, {says(0)}; zerod applies one set of optimizer hyperparameters to every "
             f"parameter (use one group, or set {k} alike in every group, e.g. weight decay on all parameters)")
     return first
+
+
+# The hyperparameters a parameter group of model_parameters may set, per
+# optimizer type (lower case): what the optimizer DeepSpeed builds reads
+# from its groups and zerod's plugin for the type takes.
+_GROUP_KEYS = {
+    "adam": ("lr", "betas", "eps", "weight_decay", "bias_correction"),
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+}
+_GROUP_KEYS["adamw"] = _GROUP_KEYS["onebitadam"] = _GROUP_KEYS["adam"]
+
+
+def _plain(v):
+    """A group's value as the JSON config holds it: a one-element tensor as
+    its number, torch's betas tuple as a list."""
+    if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
+        return v.item()
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def take_param_groups(cfg, agreed, what):
+    """Writes the hyperparameters that parameter groups set (`agreed`: what
+    check_param_groups returned for them) into the config's "optimizer"
+    section, before resolve() and the translation read it: DeepSpeed hands
+    the groups to the optimizer it builds, where a group's value wins over
+    the section's, and its scheduler starts from the groups' lr. A key the
+    optimizer type does not take is an error naming it (zerod would train
+    without it); torch's switches (amsgrad, ...) are accepted off, its kernel
+    choice (foreach, fused) ignored. Without a section, or of a type the
+    translation refuses, nothing is written."""
+    opt = cfg.get("optimizer")
+    if not isinstance(opt, dict):
+        return
+    kind = str(opt.get("type", ""))
+    keys = _GROUP_KEYS.get(kind.lower())
+    if keys is None:
+        return
+    taken = {}
+    for k, v in agreed.items():
+        if k in keys:
+            taken[k] = _plain(v)
+        elif k in _KERNEL_ONLY or (k in _MUST_BE and _same(v, _MUST_BE[k])):
+            continue
+        else:
+            raise InvalidArgumentError(
+                f"{what}: the parameter groups set {k}={v!r}, which the {kind} optimizer does not take (its "
+                f"groups' hyperparameters are {', '.join(keys)}); zerod would train without it: leave it out")
+    if taken:
+        params = opt.get("params")
+        opt["params"] = dict(params if isinstance(params, dict) else {}, **taken)
 
 
 def optimizer_section(optimizer):

@@ -102,9 +102,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if model_parameters is not None:
         model_parameters = list(model_parameters)
         # With an optimizer given, its own groups are checked (a callable's
-        # are made from these); without, the config's section takes them.
-        _check_model_parameters(model, trainable, model_parameters,
-                                None if optimizer is not None else _dsconfig.optimizer_defaults(cfg))
+        # are made from these); without, the config's section takes them,
+        # and what they set overrides the section's, as in DeepSpeed.
+        agreed = _check_model_parameters(model, trainable, model_parameters,
+                                         None if optimizer is not None else _dsconfig.optimizer_defaults(cfg))
+        if agreed:
+            _dsconfig.take_param_groups(cfg, agreed, "model_parameters")
 
     torch_opt = None
     if optimizer is not None:
@@ -141,13 +144,30 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     elif _placement is not None:
         _place_on(model, torch.device(_placement))
     text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
+    data_before = {id(p): p.data for p in model.parameters()}
     engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
                             modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
-    engine._configure(cfg, lr_values)
-    loader = None
-    if training_data is not None:
-        loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
+    try:
+        engine._configure(cfg, lr_values)
+        loader = None
+        if training_data is not None:
+            loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
+    except BaseException:
+        _close_and_give_back(engine, data_before)
+        raise
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _close_and_give_back(engine, data_before):
+    """An engine initialize() cannot return: closed, and the model's
+    parameters given back the tensors they held before it (`data_before`,
+    by id), which the engine had swapped for empty ones. The model is then
+    as initialize() found it, to use or to initialize again."""
+    try:
+        engine.close()
+    finally:
+        for s in engine._slots:
+            s.param.data = data_before[id(s.param)]
 
 
 def _place_as_deepspeed(model, client):
@@ -199,8 +219,11 @@ def _check_model_parameters(model, trainable, given, defaults):
     configure the optimizer (`defaults`: what a key a group leaves out is;
     None where they do not). The model's frozen parameters among them
     (model.parameters() with part of the model frozen) are left out first,
-    as DeepSpeed's optimizer leaves them: they never have a gradient."""
+    as DeepSpeed's optimizer leaves them: they never have a gradient.
+    Returns the hyperparameters the groups agree on where they configure
+    the optimizer (check_param_groups'), else None."""
     names = {id(p): n for n, p in model.named_parameters()}
+    agreed = None
 
     def trained(params):
         return [p for p in params if getattr(p, "requires_grad", True) or id(p) not in names]
@@ -211,7 +234,7 @@ def _check_model_parameters(model, trainable, given, defaults):
                  for g in given]
         given = [g for g in given if g["params"]]
         if defaults is not None and given:
-            _dsconfig.check_param_groups(given, "model_parameters", defaults)
+            agreed = _dsconfig.check_param_groups(given, "model_parameters", defaults)
         given = [p for g in given for p in g["params"]]
     else:
         given = trained(given)
@@ -225,6 +248,7 @@ def _check_model_parameters(model, trainable, given, defaults):
                 f"a parameter of shape {tuple(got[pid].shape)} that is not the model's")
         raise InvalidArgumentError(f"initialize: model_parameters holds {what}, which is not a trainable parameter "
                                    "of the model (zerod trains the model's own parameters only)")
+    return agreed
 
 
 def _check_optimizer_parameters(model, optimizer):
