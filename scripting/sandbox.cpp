@@ -144,6 +144,18 @@ int call_wrapped(lua_State* L) {
   return lua_gettop(L);
 }
 
+// The bytes a search starting at argument 3 (`init`, as lstrlib.c reads
+// it: negative from the end, clamped to the string) may look at. gsub
+// has no `init`: the whole string.
+size_t searched_bytes(lua_State* L, const char* name, size_t n) {
+  if (std::strcmp(name, "gsub") == 0) return n;
+  const lua_Integer init = luaL_optinteger(L, 3, 1);
+  const auto len = static_cast<lua_Integer>(n);
+  lua_Integer first = init > 0 ? init : init == 0 || init < -len ? 1 : len + init + 1;
+  if (first > len + 1) return 0;  // past the end: nothing is searched
+  return static_cast<size_t>(len - first + 1);
+}
+
 // string.find/match/gmatch/gsub; upvalue 2 is the name. find with `plain`
 // searches without a pattern, but compares as much. gmatch is charged
 // once: its iterations together try each start position once.
@@ -152,10 +164,12 @@ int bounded_pattern_call(lua_State* L) {
   luaL_checklstring(L, 1, &n);
   const char* pattern = luaL_checklstring(L, 2, &m);
   const char* name = lua_tostring(L, lua_upvalueindex(2));
-  const bool plain = std::strcmp(name, "find") == 0 && lua_toboolean(L, 4);
+  const bool find = std::strcmp(name, "find") == 0;
+  const bool plain = find && lua_toboolean(L, 4);
   const int k = plain ? 0 : repetitions(pattern, m);
   // gmatch takes a leading '^' as a character (it would stop the iteration).
   const bool anchored = !plain && m > 0 && pattern[0] == '^' && std::strcmp(name, "gmatch") != 0;
+  const size_t searched = searched_bytes(L, name, n);
   char call[32], what[160];
   std::snprintf(call, sizeof call, "string.%s", name);
   if (k > 0)
@@ -163,9 +177,23 @@ int bounded_pattern_call(lua_State* L) {
   else
     std::snprintf(what, sizeof what, "looking for a %zu-byte %s in a %zu-byte string", m,
                   plain ? "string" : "pattern", n);
-  charge(L, call, search_steps(n, m, k, anchored), what,
-         k > 0 ? "; use fewer repetitions (*, +, -, ?, %b, %1-%9) or a shorter string" : "");
-  return call_wrapped(L);
+  const double worst = search_steps(searched, m, k, anchored);
+  const char* hint = k > 0 ? "; use fewer repetitions (*, +, -, ?, %b, %1-%9) or a shorter string" : "";
+  if (!find || k > 0 || worst > sandbox_of(L)->library_steps_left()) {
+    charge(L, call, worst, what, hint);  // refused here when the worst case does not fit
+    return call_wrapped(L);
+  }
+  // A find without repetitions stops at its match: a loop splitting a long
+  // string from `init` on (text:find("\n", pos, true)) does about the
+  // string's length in all, so it is charged what it scanned, not the rest
+  // of the string at every call. The worst case fitting is checked above.
+  const lua_Integer init = static_cast<lua_Integer>(n - searched) + 1;
+  const int results = call_wrapped(L);
+  const bool found = results > 0 && lua_isinteger(L, -results);
+  const double starts = found ? static_cast<double>(lua_tointeger(L, -results) - init + 1)
+                              : static_cast<double>(searched) + 1;
+  charge(L, call, starts * static_cast<double>(std::max<size_t>(1, std::min(m, searched))), what, hint);
+  return results;
 }
 
 // string.rep(s, n [, sep]): its loop runs n times even for an empty

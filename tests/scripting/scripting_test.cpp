@@ -444,6 +444,22 @@ TEST(SandboxLibrary, PatternsThatBacktrackAreStopped) {
   EXPECT_EQ(sandbox_outcome("return ('layers.12.attn'):match('^layers%.(%d+)%.')"), "ok: 12");
 }
 
+// A loop splitting a long string from a moving `init` (a schedule read
+// from a file) does about the string's length in all: it is charged what
+// each find scanned, not the rest of the string at every call (a
+// 120000-byte string of 20000 lines was refused so).
+TEST(SandboxLibrary, APlainFindLoopOverALongStringIsNotStopped) {
+  const std::string lines = sandbox_outcome("local text = string.rep('0.001\\n', 20000)\n"
+                                            "local pos, count = 1, 0\n"
+                                            "while true do\n"
+                                            "  local nl = text:find('\\n', pos, true)\n"
+                                            "  if not nl then break end\n"
+                                            "  count, pos = count + 1, nl + 1\n"
+                                            "end\n"
+                                            "return count .. ',' .. tostring(text:find('x', 1, true))");
+  EXPECT_EQ(lines, "ok: 20000,nil");
+}
+
 TEST(SandboxLibrary, ALoopOfCallsEachUnderTheBudgetIsStopped) {
   // 4e8 steps each: the third passes the 1e9 of one call into the script.
   const std::string loop = sandbox_outcome("for i = 1, 100 do string.rep('', 400000000) end return 'looped'");
