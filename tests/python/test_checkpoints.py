@@ -446,6 +446,36 @@ def test_export_holds_frozen_parameters_and_buffers(tmp_path):
     assert b.load_checkpoint(tmp_path / "ck")[1] == {"epoch": 3} and same(b.state_dict(), want)
 
 
+def test_deepspeed_loads_a_reshard_output_without_latest(tmp_path):
+    """`zerod ckpt reshard --to OUT` writes a checkpoint's own directory, no
+    `latest` beside it: zerod.deepspeed's load_checkpoint(OUT) loads it, as
+    zerod.torch's does (it warned 'nothing loaded' and trained on from the
+    initial weights). A directory that is neither still warns, as
+    DeepSpeed's does."""
+    import zerod.deepspeed as zds
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    torch.manual_seed(0)
+    a, *_ = zds.initialize(model=torch.nn.Linear(4, 2), config=cfg)
+    x = torch.randn(4, 4)
+    for _ in range(2):
+        a.backward(a(x).pow(2).mean())
+        a.step()
+    a.save_checkpoint(tmp_path / "ck", tag="t", client_state={"epoch": 2})
+    want = a.state_dict()
+    rs = subprocess.run([ZEROD, "ckpt", "reshard", str(tmp_path / "ck" / "t"), "--world", "1", "--to",
+                         str(tmp_path / "out")], capture_output=True, text=True)
+    assert rs.returncode == 0, rs.stderr
+    torch.manual_seed(1)
+    b, *_ = zds.initialize(model=torch.nn.Linear(4, 2), config=cfg)
+    path, client = b.load_checkpoint(tmp_path / "out")
+    assert path is not None and client == {"epoch": 2}
+    assert same(b.state_dict(), want)
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(UserWarning, match="nothing loaded"):
+        assert b.load_checkpoint(tmp_path / "empty") == (None, None)
+
+
 def test_a_0_dim_parameter_loads_weights_only(tmp_path):
     """zerod holds a 0-dim parameter as (1,): the weights-only loads
     (zerod.deepspeed's load_optimizer_states=False and load_module_only,

@@ -591,15 +591,23 @@ class DeepSpeedEngine(_zt.Engine):
         if self._micro_steps % gas:
             raise InvalidStateError(f"load_checkpoint() after micro-batch {self._micro_steps % gas} of an "
                                     f"accumulation window of {gas}: call it after the window's last step()")
+        path = None
         if tag is None:
             latest = os.path.join(os.fspath(load_dir), "latest")
-            if not os.path.isfile(latest):
+            if os.path.isfile(latest):
+                with open(latest) as f:
+                    tag = f.read().strip()
+            elif os.path.isfile(os.path.join(os.fspath(load_dir), _ckpt_masters.MANIFEST)):
+                # A checkpoint's own directory (`zerod ckpt reshard --to`
+                # writes one without a 'latest' beside it), as zerod.torch
+                # loads it.
+                path = os.fspath(load_dir)
+            else:
                 warnings.warn(f"load_checkpoint: {load_dir} has no 'latest' file and no tag was given: "
                               "nothing loaded")
                 return None, None
-            with open(latest) as f:
-                tag = f.read().strip()
-        path = os.path.join(os.fspath(load_dir), str(tag))
+        if path is None:
+            path = os.path.join(os.fspath(load_dir), str(tag))
         manifest = _ckpt_masters.read_manifest(path)
         extra = self._torch_state(path, manifest.step)
         client_state = dict(extra["client_state"]) if extra else {}
