@@ -1558,22 +1558,16 @@ def _write_safetensors_atomically(path, tensors, metadata):
         at += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(len(text).to_bytes(8, "little"))
-            f.write(text)
-            for k in order:
-                t = tensors[k]
-                if t.numel():
-                    f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    def write(f):
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for k in order:
+            t = tensors[k]
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    _replace_atomically(path, write)
 
 
 def _safetensors_header(path):
@@ -1613,13 +1607,13 @@ def _saved_tensors(path, step):
         "of another save copied in?); nothing was loaded")
 
 
-def _write_atomically(path, obj):
-    """torch.save(obj) to `path` through a temporary file beside it, synced
-    and renamed over it: `path` is the old file or the whole new one."""
+def _replace_atomically(path, write):
+    """write(f) into a temporary file beside `path`, synced and renamed over
+    it: `path` is the old file or the whole new one."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -1627,6 +1621,11 @@ def _write_atomically(path, obj):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def _write_atomically(path, obj):
+    """torch.save(obj) to `path`, atomically (_replace_atomically)."""
+    _replace_atomically(path, lambda f: torch.save(obj, f))
 
 
 def _storage_base(t):
