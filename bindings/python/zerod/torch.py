@@ -87,6 +87,22 @@ def _saved_tensors_hooks_reader():
 _top_saved_tensors_hooks = _saved_tensors_hooks_reader()
 _RECOMPUTE_IN_PAIRS = _top_saved_tensors_hooks is not None
 
+
+def _outside_dispatch_modes():
+    """A context in which zerod's own tensor bookkeeping (a view over its
+    memory, the copy of an output that is a parameter) runs under no torch
+    dispatch mode. Those ops are not the model's: selective activation
+    checkpointing (checkpoint(context_fn=...)) counts every op its modes see
+    and wants the same count in the recomputation, where a view zerod made
+    in the forward may come from its cache (and a gather at another address
+    makes one it did not). torch 1.13 has no such modes to leave."""
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext()
+    return _disable_current_modes()
+
 _ZD_DTYPE = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16, torch.float16: Dtype.F16}
 # Tensors cached per parameter and address; more than this many distinct
 # addresses for one parameter means the pool is not reusing them: start over.
@@ -408,6 +424,33 @@ class _Delegate:
     def unpack(self, x):
         got = self.below[1](x.kept)  # may run the recomputation
         return self.engine._unpacked(x, got)
+
+
+class _DelegatePack:
+    """A _Delegate's pack hook as torch's stack holds it. It says it is part
+    of the checkpoint's machinery, as the checkpoint's own hook does, so that
+    selective checkpointing with respect_saved_tensors_hooks=True sends what
+    it caches to the hooks the checkpoint found when it began (zerod's own,
+    which keep a parameter's view as where it sits), not through the
+    checkpoint's hook, which counts it as a saved tensor of the forward and
+    then finds the recomputation's counts off."""
+
+    __slots__ = ("delegate",)
+    _checkpoint_internal = True
+
+    def __init__(self, delegate):
+        self.delegate = delegate
+
+    @property
+    def _user_hooks(self):
+        return self.delegate.below  # torch walks on while those are a checkpoint's too
+
+    @property
+    def __self__(self):
+        return self.delegate  # as the bound method it stands for (_route_saved_tensors, _pop_delegate)
+
+    def __call__(self, t):
+        return self.delegate.pack(t)
 
 
 class Engine:
@@ -1088,7 +1131,7 @@ class Engine:
             # Cached for every later forward and backward: never an
             # inference tensor (one made under torch.inference_mode() cannot
             # be saved for a backward, so every later training step would fail).
-            with torch.inference_mode(False):
+            with torch.inference_mode(False), _outside_dispatch_modes():
                 t = cache[ptr] = torch_at(ptr, s.nbytes, s.zd_dtype, s.shape, self._raw.device_type,
                                           self._raw.device_id)
         return t, ptr
@@ -1222,7 +1265,10 @@ class Engine:
         return out if out is not output else None
 
     def _copy_if_parameter(self, t):
-        return t.clone() if _storage_base(t) in self._resident else t
+        if _storage_base(t) not in self._resident:
+            return t
+        with _outside_dispatch_modes():
+            return t.clone()
 
     # -- saved-tensor hooks for recomputation in forward pairs -------------------
 
@@ -1249,7 +1295,7 @@ class Engine:
         if type(mine) is _Delegate and mine.engine is self:
             below = mine.below  # a module inside another's forward: one delegate, its own module
         delegate = _Delegate(self, g, below)
-        torch._C._autograd._push_saved_tensors_default_hooks(delegate.pack, delegate.unpack)
+        torch._C._autograd._push_saved_tensors_default_hooks(_DelegatePack(delegate), delegate.unpack)
         return True, delegate
 
     def _pop_delegate(self, delegate):
@@ -1284,7 +1330,8 @@ class Engine:
         if one is None:
             with torch.inference_mode(False):
                 one = self._stand_ins[key] = torch.empty((), dtype=t.dtype, device=t.device)
-        return one.expand(t.shape)
+        with _outside_dispatch_modes():
+            return one.expand(t.shape)
 
     # -- checkpointed regions, from the forward ------------------------------
 
@@ -1456,7 +1503,8 @@ class Engine:
         s = saved.slot
         if not s.ptr:
             self._backward_begin(s.group)
-        return s.param.data.as_strided(saved.size, saved.stride, saved.offset)
+        with _outside_dispatch_modes():
+            return s.param.data.as_strided(saved.size, saved.stride, saved.offset)
 
     def _module_reached(self, g):
         # A tensor that module g saved is unpacked: the backward has reached
