@@ -552,3 +552,89 @@ def test_the_gloo_group_zerod_starts_is_ended_before_the_interpreter_exits(tmp_p
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.split("\n")[:3] == ["sum 3", "initialized False", "stores 0"], p.stdout + p.stderr
+
+
+def _node_env(tmp_path, node, **extra):
+    """Rank `node` of 2, alone on its node, as `mpirun -np 2 ... zerod run
+    --nproc 1` starts it: its own daemon directory and run id, as every
+    node's `zerod run` has."""
+    import os
+    import sys
+
+    directory = tmp_path / f"node{node}"
+    directory.mkdir(exist_ok=True)
+    env = dict(os.environ, ZEROD_ENDPOINT=f"unix:{directory}/zerod.sock", ZEROD_RUN_ID=f"run{node}",
+               ZEROD_RANK=str(node), ZEROD_LOCAL_RANK="0", ZEROD_WORLD_SIZE="2", ZEROD_LOCAL_WORLD_SIZE="1",
+               PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ZEROD_JOB_KEY", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
+    """Two nodes of one rank each (zerod/_gloo.py): ZerodAccelerator's gloo
+    group meets at MASTER_ADDR:MASTER_PORT, not in a store file beside each
+    node's daemon (each node's ranks waited in their own until torch's 30
+    minute timeout), and LOCAL_WORLD_SIZE is the node's 1 rank, not the
+    world's 2. Both nodes are processes on this machine."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, torch
+        from zerod.accelerate import _join_zerod_ranks
+        _join_zerod_ranks()
+        t = torch.tensor([float(os.environ["ZEROD_RANK"]) + 1])
+        torch.distributed.all_reduce(t)
+        print("local_world_size", os.environ["LOCAL_WORLD_SIZE"], "sum", int(t.item()))
+    """)
+    master = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=_node_env(tmp_path, node, **master),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    lines = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)  # the bug waited 30 minutes here
+            assert p.returncode == 0, out[-2000:]
+            lines.append(out.strip().split("\n")[-1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert lines == ["local_world_size 1 sum 3"] * 2
+    for node in (0, 1):
+        assert not [n for n in os.listdir(tmp_path / f"node{node}") if "store" in n]
+
+
+@pytest.mark.parametrize("entry, extra, missing", [
+    ("from zerod.accelerate import _join_zerod_ranks; _join_zerod_ranks()", {}, "MASTER_ADDR and MASTER_PORT are"),
+    # The Lightning strategy's path under zerod run (ZerodStrategy.setup_environment).
+    ("from zerod._gloo import init_gloo; init_gloo(1, 2, 'lightning')", {"MASTER_ADDR": "nodeA"}, "MASTER_PORT is"),
+], ids=["accelerate", "lightning"])
+def test_ranks_on_two_nodes_without_master_addr_fail_at_once(tmp_path, entry, extra, missing):
+    """Two nodes and no MASTER_ADDR/MASTER_PORT: the rank fails at once
+    saying what to set (it used to wait in its node's store file for 30
+    minutes, for a rank of another node that never comes there)."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", entry], env=_node_env(tmp_path, 1, **extra), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0
+    err = p.stderr
+    assert "ConfigError" in err and "rank 1 of 2 runs on several nodes" in err, err[-2000:]
+    assert f"{missing} not set" in err and "mpirun -x MASTER_ADDR=" in err, err[-2000:]
+    assert not [n for n in os.listdir(tmp_path / "node1") if "store" in n]

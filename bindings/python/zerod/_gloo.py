@@ -17,6 +17,14 @@ Where the ranks meet, first that applies:
   torch): env:// there;
 - otherwise a file in the working directory, named for the job.
 
+Ranks on several nodes (a world larger than this node's ranks,
+ZEROD_WORLD_SIZE > ZEROD_LOCAL_WORLD_SIZE, as under `mpirun ... zerod run
+--nproc L`) never use a file: each node's `zerod run` has its own private
+directory and run id, so each node's ranks would wait in a store of their
+own until torch's timeout (30 minutes). They meet at MASTER_ADDR:MASTER_PORT
+(env://, rank 0 serving torch's TCPStore), and without both set the rank
+fails at once saying what to set.
+
 A store file outlives a run that crashed (torch removes it only when every
 rank destroys its store, which a killed rank does not), and the next run of
 the same ids used to meet it: its ranks read the dead run's addresses and
@@ -38,6 +46,8 @@ import re
 
 import torch
 
+from .errors import ConfigError
+
 # The variables that name a job, in libzerod's order (launcher_env.cpp).
 _JOB_IDS = ("ZEROD_JOB_KEY", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE",
             "OMPI_MCA_ess_base_jobid", "PMI_JOBID", "MASTER_ADDR", "MASTER_PORT")
@@ -53,10 +63,9 @@ def init_gloo(rank, world, what):
     running; `what` names the store file ("lightning", "accelerate")."""
     if torch.distributed.is_initialized():
         return
-    master = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
     where = os.environ.get("ZEROD_ENDPOINT", "")
     where = where[len("unix:"):] if where.startswith("unix:") else where
-    if master and (os.environ.get("TORCHELASTIC_RUN_ID") or not where):
+    if _meets_at_master(rank, world, what, where):
         torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     else:
         path = _store_path(what, where)
@@ -66,6 +75,48 @@ def init_gloo(rank, world, what):
     # Registered after _claim's _release, so it runs before it (atexit is
     # last in, first out): the store is closed before its file is removed.
     atexit.register(_destroy, os.getpid())
+
+
+def _meets_at_master(rank, world, what, where):
+    """Whether the ranks meet at MASTER_ADDR:MASTER_PORT (env://) rather
+    than in a store file; on several nodes they must, so there a missing
+    address is refused now instead of waited on in a file no other node sees."""
+    master = bool(os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
+    local, named = _ranks_on_this_node(world)
+    if local < world:
+        if not master:
+            raise ConfigError(_no_master_message(rank, world, what, local, named))
+        return True
+    return master and bool(os.environ.get("TORCHELASTIC_RUN_ID") or not where)
+
+
+def _ranks_on_this_node(world):
+    """(how many of the `world` ranks run on this node, the variable that
+    says so); all of them when no launcher says."""
+    for name in ("ZEROD_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value), name
+    return world, None
+
+
+_FRAMEWORKS = {"accelerate": "Accelerate", "lightning": "Lightning"}
+
+
+def _no_master_message(rank, world, what, local, named):
+    framework = _FRAMEWORKS.get(what, what)
+    return (f"rank {rank} of {world} runs on several nodes ({named}={local}: {local} of the {world} ranks on this "
+            f"node), so the gloo process group of {framework}'s own collectives cannot meet in a file beside this "
+            "node's daemon (every node's `zerod run` has its own); it meets at MASTER_ADDR:MASTER_PORT instead, "
+            f"and {_missing_master()} not set. Set both in every rank's environment: MASTER_ADDR the host name or "
+            "address of node 0 (where rank 0 runs), reachable from every node, and MASTER_PORT a free TCP port "
+            "there, e.g. `mpirun -x MASTER_ADDR=nodeA -x MASTER_PORT=29500 ... zerod run --nproc N ...`, or "
+            "export them before srun")
+
+
+def _missing_master():
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    return " and ".join(missing) + (" are" if len(missing) > 1 else " is")
 
 
 def _destroy(pid):

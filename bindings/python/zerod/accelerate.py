@@ -353,8 +353,11 @@ def _join_zerod_ranks():
     for a multi-CPU run (RANK, WORLD_SIZE, LOCAL_RANK, ...) from zerod's, and
     the gloo process group Accelerate's own collectives (gather, the
     dataloader's sharding, wait_for_everyone) use, its rendezvous a file
-    beside the daemon's private socket. zerod's gradients never go through
-    it: the daemon reduces them."""
+    beside the daemon's private socket, or MASTER_ADDR:MASTER_PORT on
+    several nodes (zerod/_gloo.py). zerod's gradients never go through
+    it: the daemon reduces them. LOCAL_WORLD_SIZE is this node's ranks
+    (ZEROD_LOCAL_WORLD_SIZE), as torchrun sets it: less than WORLD_SIZE on
+    several nodes."""
     world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
     if world <= 1:
         return False
@@ -362,7 +365,7 @@ def _join_zerod_ranks():
         return True
     rank = int(os.environ["ZEROD_RANK"])
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("ZEROD_LOCAL_RANK", "0"),
-                      LOCAL_WORLD_SIZE=str(world))
+                      LOCAL_WORLD_SIZE=os.environ.get("ZEROD_LOCAL_WORLD_SIZE", str(world)))
     init_gloo(rank, world, "accelerate")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     return True
