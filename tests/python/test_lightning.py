@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import (Callback, GradientAccumulationScheduler, ModelCheckpoint,
+                                         StochasticWeightAveraging, WeightAveraging)
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import zerod.lightning  # noqa: F401  (registers the strategies)
 from zerod.lightning import ZerodStrategy
@@ -603,3 +605,205 @@ def test_no_scheduler_before_optimizer_warning(tmp_path):
         _linear_fit("zerod_stage_1", Linear("step", 1), 4, tmp_path)
     said = [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)]
     assert not said, said
+
+
+class Validated(Linear):
+    """Linear with a validation loss (ModelCheckpoint monitors it)."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.lin(x), y))
+
+
+def _small_loader(batches):
+    torch.manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(batches * 2, 4), torch.randn(batches * 2, 1))
+    return torch.utils.data.DataLoader(data, batch_size=2)
+
+
+def _trainer(strategy, tmp_path, **kw):
+    args = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                default_root_dir=str(tmp_path))
+    args.update(kw)
+    return pl.Trainer(strategy=strategy, **args)
+
+
+@pytest.mark.parametrize("callback", [GradientAccumulationScheduler({1: 4}),
+                                      StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1),
+                                      WeightAveraging()], ids=lambda c: type(c).__name__)
+def test_callbacks_zerod_cannot_run_are_refused_by_name(callback, tmp_path):
+    """A GradientAccumulationScheduler changes accumulate_grad_batches between
+    epochs, which zerod fixed at set-up (it applied an update every
+    micro-batch); the weight averaging callbacks read the parameters zerod
+    holds (empty in torch: they crashed mid-training). Refused at set-up,
+    naming the callback."""
+    with pytest.raises(MisconfigurationException, match=f"does not support the {type(callback).__name__} callback"):
+        _linear_fit("zerod_stage_1", Linear(), tmp_path=tmp_path, callbacks=[callback], max_epochs=2)
+
+
+def test_accumulation_changed_during_fit_is_refused(tmp_path):
+    """accumulate_grad_batches changed by a callback after set-up: zerod
+    would end a window (apply an update) where Lightning accumulates; the
+    first such micro-batch is refused, not trained on silently."""
+    class Accumulate(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                trainer.accumulate_grad_batches = 2
+
+    said = r"zerod ended an accumulation window \(and applied an update\) where Lightning accumulates " \
+           r"\(accumulate_grad_batches is now 2"
+    with pytest.raises(MisconfigurationException, match=said):
+        _linear_fit("zerod_stage_1", Linear(), tmp_path=tmp_path, callbacks=[Accumulate()], max_epochs=2)
+
+
+def test_a_scheduler_without_a_length_is_traced_over_max_epochs(tmp_path):
+    """LambdaLR has no length of its own: under max_epochs (no max_steps)
+    zerod traces it over the run's updates (estimated_stepping_batches), not
+    a default horizon after which the lr would stop following it."""
+    import warnings
+
+    class Peek(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.traced = len(trainer.strategy.engine._lr_values)
+            self.updates = trainer.estimated_stepping_batches
+
+    peek = Peek()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _linear_fit("zerod_stage_1", Linear("lambda"), batches=8, tmp_path=tmp_path, callbacks=[peek], max_epochs=3,
+                    accumulate_grad_batches=2)
+    said = [str(w.message) for w in caught if "has no length" in str(w.message)]
+    assert not said, said
+    assert peek.updates == 12 and peek.traced >= peek.updates, (peek.traced, peek.updates)
+
+
+def test_an_estimated_run_longer_than_the_trace_limit_is_traced_to_the_limit(tmp_path, monkeypatch):
+    """Lightning's default max_epochs (1000) over a large dataset estimates
+    millions of updates: zerod traces up to ESTIMATE_LIMIT (the job text
+    stays under the daemon's message limit) and says so."""
+    import warnings
+    import zerod._schedules
+
+    class Peek(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.traced = len(trainer.strategy.engine._lr_values)
+
+    monkeypatch.setattr(zerod._schedules, "ESTIMATE_LIMIT", 5)
+    peek = Peek()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _linear_fit("zerod_stage_1", Linear("lambda"), batches=8, tmp_path=tmp_path, callbacks=[peek], max_epochs=3,
+                    accumulate_grad_batches=2)
+    said = [str(w.message) for w in caught if "zerod traces the LR scheduler's first 5" in str(w.message)]
+    assert said and "max_steps" in said[0], [str(w.message) for w in caught]
+    assert peek.traced == 5
+
+
+def test_validation_inside_a_window_with_a_checkpoint_callback_is_refused(tmp_path):
+    """Validation every 3 batches with accumulate_grad_batches=2 ends inside
+    a window, where ModelCheckpoint's save cannot take zerod's state: refused
+    at the start naming both settings (it crashed at the first save and left
+    a half-written directory)."""
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), monitor="val_loss")
+    trainer = _trainer("zerod_stage_1", tmp_path, accumulate_grad_batches=2, val_check_interval=3,
+                       callbacks=[ckpt], enable_checkpointing=True)
+    with pytest.raises(MisconfigurationException, match=r"val_check_interval=3\) validates every 3 batches, inside "
+                                                        r"an accumulation window of accumulate_grad_batches=2"):
+        trainer.fit(Validated(), _small_loader(8), _small_loader(2))
+    assert not (tmp_path / "ckpt").exists()
+    # A multiple of the window is fine.
+    trainer = _trainer("zerod_stage_1", tmp_path, accumulate_grad_batches=2, val_check_interval=4,
+                       callbacks=[ModelCheckpoint(dirpath=str(tmp_path / "ok"), monitor="val_loss")],
+                       enable_checkpointing=True)
+    trainer.fit(Validated(), _small_loader(8), _small_loader(2))
+    assert os.listdir(tmp_path / "ok")
+
+
+def test_a_save_inside_a_window_writes_nothing(tmp_path):
+    """trainer.save_checkpoint inside an accumulation window: refused before
+    any file is staged (zd_model_save refused it after rank 0 had written
+    its files, leaving a directory that is no checkpoint)."""
+    from zerod.errors import InvalidStateError
+
+    class SaveMidWindow(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 0:
+                trainer.save_checkpoint(str(tmp_path / "mid.ckpt"))
+
+    with pytest.raises(InvalidStateError, match="save_checkpoint\\(\\) inside an accumulation window"):
+        _linear_fit("zerod_stage_1", Linear(), tmp_path=tmp_path, callbacks=[SaveMidWindow()],
+                    accumulate_grad_batches=2)
+    assert not (tmp_path / "mid.ckpt").exists()
+
+
+def test_save_checkpoint_after_fit_writes_lightnings_file(tmp_path):
+    """After fit the weights are back in torch (zerod's model is freed):
+    trainer.save_checkpoint writes Lightning's ordinary file, from which
+    load_from_checkpoint gives the trained weights."""
+    trained = Linear()
+    trainer, _ = _linear_fit("zerod_stage_1", trained, tmp_path=tmp_path)
+    path = tmp_path / "final.ckpt"
+    trainer.save_checkpoint(str(path))
+    loaded = Linear.load_from_checkpoint(str(path))
+    assert not torch.equal(loaded.lin.weight, Linear().lin.weight)  # trained, not the initial weights
+    torch.testing.assert_close(loaded.lin.weight, trained.lin.weight, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.lin.bias, trained.lin.bias, rtol=0, atol=0)
+
+
+def test_16_mixed_keeps_the_users_grad_scaler(tmp_path):
+    """The user's GradScaler is set aside while zerod scales the loss, not
+    dropped: a fit after validate on the same Trainer takes its settings
+    (init 2^10, growth every 3 steps), and it is back on the plugin after."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+    trainer = _trainer("zerod_stage_1", tmp_path, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.validate(Validated(), _small_loader(2), verbose=False)
+    assert trainer.precision_plugin.scaler is scaler
+    trainer.fit(Validated(), _small_loader(4))
+    fp16 = trainer.strategy.engine_config["fp16"]
+    assert (fp16["initial_scale_power"], fp16["loss_scale_window"]) == (10, 3), fp16
+    assert trainer.precision_plugin.scaler is scaler
+
+
+def test_manual_optimization_is_refused(tmp_path):
+    class Manual(Linear):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.mse_loss(self.lin(x), y)
+            self.manual_backward(loss)
+            self.optimizers().step()
+            return loss
+
+    with pytest.raises(MisconfigurationException, match=r"manual optimization \(automatic_optimization=False\)"):
+        _linear_fit("zerod_stage_1", Manual(), tmp_path=tmp_path)
+
+
+def test_a_config_optimizer_when_configure_optimizers_returns_none(tmp_path):
+    """configure_optimizers returning None (Lightning's _MockOptimizer) takes
+    the DeepSpeed config's optimizer and scheduler, as Lightning's DeepSpeed
+    strategy does; an optimizer in both places, or in neither, is refused
+    naming configure_optimizers and the config section."""
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+              "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-2,
+                                                           "warmup_num_steps": 4}},
+              "zero_optimization": {"stage": 1}}
+
+    class NoOptimizer(Linear):
+        def configure_optimizers(self):
+            return None
+
+    module = NoOptimizer()
+    before = module.lin.weight.detach().clone()
+    trainer, _ = _linear_fit(ZerodStrategy(config=dict(config)), module, tmp_path=tmp_path)
+    assert trainer.strategy.engine_config["optimizer"]["type"] == "AdamW" and trainer.global_step == 8
+    assert not torch.equal(module.lin.weight.detach(), before)
+    with pytest.raises(MisconfigurationException, match=r"configure_optimizers returned an optimizer \(SGD\) and the "
+                                                        r"DeepSpeed config has an \"optimizer\" section"):
+        _linear_fit(ZerodStrategy(config=dict(config)), Linear(), tmp_path=tmp_path)
+    with pytest.raises(MisconfigurationException, match=r"configure_optimizers returned no optimizer and there is no "
+                                                        r"DeepSpeed config \"optimizer\" section"):
+        _linear_fit("zerod_stage_1", NoOptimizer(), tmp_path=tmp_path)

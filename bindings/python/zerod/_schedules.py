@@ -15,12 +15,18 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON", "one_lr"]
+__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON", "ESTIMATE_LIMIT", "one_lr"]
 
 # Updates traced when nothing says how long training runs. The job's text
 # holds one number per update (about 22 bytes each; runs of one value are
 # written once), under the daemon's 4 MiB message limit.
 DEFAULT_HORIZON = 50_000
+# The most updates traced from an estimate of the run's length (Lightning's
+# max_epochs times its batches: 1000 epochs by default where the user set
+# neither max_epochs nor max_steps): about 3.3 MiB of job text, and a few
+# seconds of tracing. A length the user gave (max_steps, lr_steps) is traced
+# whole.
+ESTIMATE_LIMIT = 150_000
 
 
 def _horizon_of(scheduler):
@@ -94,8 +100,8 @@ def trace(scheduler, steps=None, every=1):
                 f"{type(scheduler).__name__} has no length zerod can read (total_steps, T_max, total_iters, "
                 f"milestones): zerod traces its lr for the first {DEFAULT_HORIZON} updates and keeps the last "
                 f"value after that. Say how many updates the run has: zerod.deepspeed.initialize(..., "
-                f"lr_steps=N) or ZerodAccelerator(..., lr_steps=N) (Lightning and Hugging Face's Trainer pass "
-                "their max_steps)", stacklevel=3)
+                f"lr_steps=N) or ZerodAccelerator(..., lr_steps=N) (Lightning passes its max_steps, else the "
+                "updates of max_epochs over a sized dataloader; Hugging Face's Trainer its max_steps)", stacklevel=3)
     # A deep copy of optimizer and scheduler together, with the optimizer's
     # parameters swapped for one scalar while copying: the model is not
     # copied, and the copy's scheduler steps the copy's optimizer. The

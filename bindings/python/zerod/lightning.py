@@ -34,6 +34,10 @@ from its schedule's on.
 Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
 Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
 strategy writes them; ModelCheckpoint and Trainer.fit(ckpt_path=...) use them.
+After fit/validate (zerod's model freed, the weights back in torch)
+trainer.save_checkpoint writes Lightning's ordinary file instead. Callbacks
+that need what zerod holds (GradientAccumulationScheduler, the weight
+averaging ones) and manual optimization are refused by name.
 
 Precision: "32-true"; "bf16-mixed" (autocast over zerod's fp32 parameters,
 as Lightning's own bf16-mixed); "16-mixed" (autocast float16 over fp32
@@ -69,7 +73,8 @@ try:
     from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
     from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
     from lightning.pytorch.plugins.precision import Precision, MixedPrecision, HalfPrecision
-    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers, _MockOptimizer
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
     from lightning.pytorch.trainer import call
     from lightning.pytorch.utilities.exceptions import MisconfigurationException, _TunerExitException
     from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -78,7 +83,25 @@ try:
 except ImportError as e:  # pragma: no cover - said plainly where it happens
     raise ImportError(f"zerod.lightning needs PyTorch Lightning 2.x (pip install lightning): {e}") from e
 
+try:  # Lightning 2.5 and later
+    from lightning.pytorch.callbacks import WeightAveraging
+except ImportError:  # pragma: no cover
+    WeightAveraging = None
+
 __all__ = ["ZerodStrategy"]
+
+_HELD_BY_ZEROD = ("it reads and writes the LightningModule's parameters between steps, and while zerod holds them "
+                  "they are empty tensors in torch")
+# Callbacks that cannot work while zerod holds the training state: refused by
+# name when fit() sets up, before anything runs.
+_REFUSED_CALLBACKS = tuple((cls, why) for cls, why in (
+    (GradientAccumulationScheduler,
+     "zerod's accumulation window is fixed when fit() sets the engine up (from Trainer(accumulate_grad_batches=...)), "
+     "so a schedule that changes it between epochs would have zerod apply updates where Lightning accumulates (as "
+     "Lightning refuses it for its DeepSpeed strategy); set Trainer(accumulate_grad_batches=...) instead"),
+    (StochasticWeightAveraging, _HELD_BY_ZEROD),
+    (WeightAveraging, _HELD_BY_ZEROD),
+) if cls is not None)
 
 
 class _ZerodEnvironment(ClusterEnvironment):
@@ -164,6 +187,8 @@ class ZerodStrategy(ParallelStrategy):
         self.engine_config = None
         self._last = None
         self._scaling = None  # the GradScaler's settings under "16-mixed"
+        self._user_scaler = None  # the precision plugin's GradScaler, set aside while zerod scales the loss
+        self._weights_left_empty = False  # teardown could not read the trained weights back
         self._evaluating = False  # set up for validate/test/predict (no optimizer of the user's)
         # (torch optimizer, the scheduler zerod traced or None, its lrs at
         # set-up, the scheduler whose lr a restore writes back or None): _follow_lr
@@ -287,6 +312,8 @@ class ZerodStrategy(ParallelStrategy):
 
     def setup(self, trainer):
         self.accelerator.setup(trainer)
+        if trainer.state.fn == "fit":
+            self._refuse_callbacks(trainer)
         precision = getattr(self.precision_plugin, "precision", "32-true")
         plugin = type(self.precision_plugin)
         ok = ((plugin is Precision and precision == "32-true") or
@@ -300,7 +327,12 @@ class ZerodStrategy(ParallelStrategy):
         if precision == "16-mixed":
             # zerod's loss scaler takes the GradScaler's place, with its
             # settings (zerod._amp); Lightning's must not scale the loss too.
-            self._scaling = _amp.grad_scaler_settings(self.precision_plugin.scaler)
+            # The user's GradScaler is set aside, not dropped: every set-up
+            # (a fit after validate, a second fit) takes its settings, and
+            # teardown puts it back.
+            if self.precision_plugin.scaler is not None:
+                self._user_scaler = self.precision_plugin.scaler
+            self._scaling = _amp.grad_scaler_settings(self._user_scaler)
             self.precision_plugin.scaler = None
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
@@ -315,6 +347,14 @@ class ZerodStrategy(ParallelStrategy):
             self._init_engine(trainer, precision, evaluating=True)
         self.setup_precision_plugin()
 
+    @staticmethod
+    def _refuse_callbacks(trainer):
+        for callback in trainer.callbacks:
+            for cls, why in _REFUSED_CALLBACKS:
+                if isinstance(callback, cls):
+                    raise MisconfigurationException(
+                        f"ZerodStrategy does not support the {type(callback).__name__} callback: {why}")
+
     def setup_precision_plugin(self):
         # Lightning's plugins wrap nothing here: the autocast context of
         # bf16-mixed is all they bring (train_step_context).
@@ -322,6 +362,14 @@ class ZerodStrategy(ParallelStrategy):
 
     def _init_engine(self, trainer, precision, evaluating=False):
         module = self.lightning_module
+        if not evaluating and not module.automatic_optimization:
+            # Otherwise the first manual_backward fails far from the cause
+            # ("backward() without a forward"): zerod's update runs inside
+            # Lightning's optimizer closure (optimizer_step below).
+            raise MisconfigurationException(
+                "ZerodStrategy does not support manual optimization (automatic_optimization=False): zerod applies "
+                "the update inside Lightning's automatic optimization (the optimizer closure's backward and step); "
+                "return the loss from training_step and leave automatic_optimization=True")
         if is_overridden("backward", module, pl.LightningModule):
             rank_zero_warn("ZerodStrategy: LightningModule.backward is overridden but not called; zerod runs "
                            "the backward (engine.backward)")
@@ -360,20 +408,44 @@ class ZerodStrategy(ParallelStrategy):
                     f"ZerodStrategy: configure_optimizers gave {len(self.optimizers)} optimizer(s) and "
                     f"{len(self.lr_scheduler_configs)} scheduler(s); zerod runs one optimizer and at most one "
                     "scheduler")
-            opt = self.optimizers[0]
+            opt = self._optimizer_for_zerod(cfg)
             config = self.lr_scheduler_configs[0] if self.lr_scheduler_configs else None
+            if config is not None and "scheduler" in cfg:
+                raise MisconfigurationException(
+                    "ZerodStrategy: configure_optimizers returned an LR scheduler and the DeepSpeed config has a "
+                    "\"scheduler\" section; give the schedule in one place")
             # ReduceLROnPlateau follows a metric: not traced, it writes its lr
             # into param_groups, which _follow_lr hands to zerod.
             if config is not None and not config.reduce_on_plateau:
                 sched = self._traced_scheduler(trainer, config)
-            self._watch_lr(opt, config.scheduler if sched is not None else None,
-                           config.scheduler if config is not None else None)
+            if opt is not None:
+                self._watch_lr(opt, config.scheduler if sched is not None else None,
+                               config.scheduler if config is not None else None)
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
                                       modules=self.modules, client=self._client, _placement=None,
                                       param_dtype=torch.float32 if precision.endswith("-mixed") else None)[0]
         self.engine_config = self.engine.config  # the DeepSpeed config zerod ran, "auto" resolved
+
+    def _optimizer_for_zerod(self, cfg):
+        """configure_optimizers' optimizer for zerod.deepspeed, or None
+        where it returned none (Lightning's _MockOptimizer stands in) and the
+        config's "optimizer" section says it, as Lightning's DeepSpeed
+        strategy takes the config's optimizer."""
+        opt = self.optimizers[0]
+        if isinstance(opt, _MockOptimizer):
+            if "optimizer" not in cfg:
+                raise MisconfigurationException(
+                    "ZerodStrategy: configure_optimizers returned no optimizer and there is no DeepSpeed config "
+                    "\"optimizer\" section; zerod needs one of them to train")
+            return None
+        if "optimizer" in cfg:
+            raise MisconfigurationException(
+                f"ZerodStrategy: configure_optimizers returned an optimizer ({type(opt).__name__}) and the DeepSpeed "
+                "config has an \"optimizer\" section; give it in one place (configure_optimizers returning None "
+                "takes the config's)")
+        return opt
 
     def _ds_config(self, trainer, precision):
         if self._config is not None:
@@ -438,7 +510,7 @@ class ZerodStrategy(ParallelStrategy):
         A, after the k-th update of an epoch when k*A is a multiple of the
         frequency, the count starting again each epoch)."""
         freq, accumulate = max(1, int(config.frequency)), trainer.accumulate_grad_batches
-        steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        steps = self._updates_of_the_run(trainer)
         if config.interval not in ("step", "epoch"):
             raise MisconfigurationException(f"ZerodStrategy: LR scheduler interval {config.interval!r}")
         if config.interval == "step" and accumulate % freq == 0:
@@ -461,11 +533,35 @@ class ZerodStrategy(ParallelStrategy):
             return min((t % per_epoch + 1) * accumulate, batches) % freq == 0
         return _zds._schedules.Stepped(config.scheduler, steps=steps, when=when)
 
+    @staticmethod
+    def _updates_of_the_run(trainer):
+        """How far to trace a scheduler without a length of its own
+        (LambdaLR, ExponentialLR, transformers' warm-up schedules): max_steps,
+        else the updates max_epochs makes (estimated_stepping_batches, one
+        more as Hugging Face's integration counts); None where neither is
+        finite (an iterable dataset, max_epochs=-1), and zerod.deepspeed
+        then traces its default horizon and says so."""
+        if trainer.max_steps and trainer.max_steps > 0:
+            return trainer.max_steps
+        estimated = trainer.estimated_stepping_batches
+        if isinstance(estimated, int) and estimated > 0:
+            limit = _zds._schedules.ESTIMATE_LIMIT
+            if estimated + 1 > limit:
+                rank_zero_warn(
+                    f"ZerodStrategy: the run makes {estimated} updates (max_epochs={trainer.max_epochs} over "
+                    f"{trainer.num_training_batches} batches, accumulate_grad_batches="
+                    f"{trainer.accumulate_grad_batches}); zerod traces the LR scheduler's first {limit} and keeps "
+                    "the last value after that. Set Trainer(max_steps=N) to trace the run's real length")
+                return limit
+            return estimated + 1
+        return None
+
     def _watch_lr(self, optimizer, traced, scheduler):
         self._lr_watch = (optimizer, traced, [g["lr"] for g in optimizer.param_groups], scheduler)
 
     def on_train_start(self):
         super().on_train_start()
+        self._refuse_checkpoints_inside_a_window(self.lightning_module.trainer)
         if self._lr_watch is not None and self._lr_watch[3] is not None:
             # The torch optimizer's lr as its restored state would hold it
             # after fit(ckpt_path=...): Lightning restored the scheduler, and
@@ -473,6 +569,25 @@ class ZerodStrategy(ParallelStrategy):
             opt, _, _, sched = self._lr_watch
             for g, lr in zip(opt.param_groups, sched.get_last_lr()):
                 g["lr"] = lr
+
+    @staticmethod
+    def _refuse_checkpoints_inside_a_window(trainer):
+        """Validation every val_check_batch batches where that is not a
+        multiple of accumulate_grad_batches ends inside a window, and a
+        checkpoint callback saving there (ModelCheckpoint at validation end)
+        would meet zerod holding half a window's gradients, which its
+        checkpoint cannot: refused before the first batch."""
+        every, accumulate = trainer.val_check_batch, trainer.accumulate_grad_batches
+        if (not trainer.checkpoint_callbacks or not trainer.enable_validation or not isinstance(every, int)
+                or every % accumulate == 0):
+            return
+        if trainer.check_val_every_n_epoch is not None and every > trainer.num_training_batches:
+            return  # counted within the epoch: never reached, validation runs at the epoch's end only
+        raise MisconfigurationException(
+            f"ZerodStrategy: Trainer(val_check_interval={trainer.val_check_interval!r}) validates every {every} "
+            f"batches, inside an accumulation window of accumulate_grad_batches={accumulate}, and "
+            f"{type(trainer.checkpoint_callbacks[0]).__name__} saves there, which zerod cannot (the window's "
+            "gradients are half accumulated in zerod); make val_check_interval a multiple of accumulate_grad_batches")
 
     def _follow_lr(self):
         """The lr of the update this backward's window ends in, as torch's
@@ -535,7 +650,21 @@ class ZerodStrategy(ParallelStrategy):
             # set-up), so Lightning left the loss as it is.
             self.engine.backward(closure_loss)
         self._last = self.engine.step()
+        self._refuse_an_update_lightning_does_not_make(module.trainer)
         return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
+
+    def _refuse_an_update_lightning_does_not_make(self, trainer):
+        """zerod's window is fixed at set-up; Lightning's follows
+        trainer.accumulate_grad_batches, which something may change during
+        fit. zerod ending a window (applying an update) where Lightning
+        accumulates would go on silently otherwise, an update every few
+        micro-batches; optimizer_step checks the other way round."""
+        if self._last.boundary and trainer.fit_loop._should_accumulate():
+            raise MisconfigurationException(
+                "ZerodStrategy: zerod ended an accumulation window (and applied an update) where Lightning "
+                f"accumulates (accumulate_grad_batches is now {trainer.accumulate_grad_batches}): zerod's window "
+                "is fixed when fit() sets it up, so accumulate_grad_batches must not change during fit (a "
+                "callback setting trainer.accumulate_grad_batches)")
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         """Lightning's update: the closure runs the micro-batch, whose
@@ -564,14 +693,33 @@ class ZerodStrategy(ParallelStrategy):
     # -- checkpoints --------------------------------------------------------
 
     def lightning_module_state_dict(self):
+        if self.engine is None:
+            # After fit/validate: teardown put the weights back in torch.
+            self._require_weights_in_torch()
+            return super().lightning_module_state_dict()
         # zerod holds the weights: they go into the checkpoint directory in
         # zerod's format, not into Lightning's dictionary.
         return {}
+
+    def _require_weights_in_torch(self):
+        if self._weights_left_empty:
+            raise MisconfigurationException(
+                "ZerodStrategy: the trained weights could not be read back from zerod when fit ended (see its "
+                "warning), so there is nothing to save; save with ModelCheckpoint during fit")
 
     def optimizer_state(self, optimizer):
         return {}
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        if self.engine is None:
+            # After fit/validate (teardown freed zerod's model and put the
+            # weights back in torch): Lightning's ordinary checkpoint file, as
+            # the base strategy writes it. It holds no optimizer state (zerod's
+            # went with its model).
+            self._require_weights_in_torch()
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            return
         if storage_options is not None:
             raise TypeError("ZerodStrategy.save_checkpoint: storage_options is not supported (zerod writes the "
                             "checkpoint directory itself)")
@@ -604,6 +752,8 @@ class ZerodStrategy(ParallelStrategy):
     def teardown(self):
         engine, self.engine = self.engine, None
         self._lr_watch = None
+        if self._user_scaler is not None:
+            self.precision_plugin.scaler = self._user_scaler  # as the user gave it ("16-mixed" set it aside)
         try:
             if engine is not None:
                 self._give_back_weights(engine)
@@ -642,11 +792,13 @@ class ZerodStrategy(ParallelStrategy):
                     raise
                 rank_zero_warn(f"ZerodStrategy: closing zerod's model failed ({type(e).__name__}: {e})")
         if state is None:
+            self._weights_left_empty = True
             rank_zero_warn(
                 f"ZerodStrategy: the trained weights could not be read back from zerod ({why}); the "
                 f"LightningModule's {len(slots)} parameter(s) zerod held are left empty (0 elements): load them "
                 "from a checkpoint (ModelCheckpoint)")
             return
+        self._weights_left_empty = False
         with torch.no_grad():
             for s in slots:
                 s.param.data = torch.empty(s.shape, dtype=s.param.dtype, device=s.param.device)

@@ -886,6 +886,10 @@ class Engine:
         rest in torch_state.pt. Every rank calls it, between steps; where
         rank 0 cannot write its files, every rank raises and nothing is saved."""
         self._require_between_steps("save_checkpoint()")
+        if self.last_step is not None and not self.last_step.boundary:
+            # zd_model_save refuses it too, but after rank 0 staged its files.
+            raise InvalidStateError("save_checkpoint() inside an accumulation window: call it after the window's "
+                                    "last step(); nothing was written")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         path = os.path.join(os.fspath(save_dir), tag)
         step = self.zerod_model.optimizer_info().step
