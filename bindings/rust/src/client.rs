@@ -48,7 +48,14 @@ pub struct ClientInfo {
 impl Client {
     /// Connects (`zd_connect`): `Some("embedded:")` runs the engine in this
     /// process; `Some("unix:/path.sock")` talks to a daemon; `None` uses
-    /// `ZEROD_ENDPOINT` (set by `zerod run`), else embedded.
+    /// `ZEROD_ENDPOINT` (set by `zerod run`). Without it, a process another
+    /// launcher started as one of several ranks (torchrun, mpirun, srun,
+    /// PMI) starts or joins its node's daemon rather than training alone:
+    /// that needs `ZEROD_JOB` (the job script) and the count of ranks on the
+    /// node (the launcher's, or `ZEROD_LOCAL_WORLD_SIZE` beside zerod's other
+    /// rank variables), and fails with `Status::Config` naming what is
+    /// missing (docs/daemon.md, "Ranks that another launcher started").
+    /// Any other process runs embedded.
     pub fn connect(uri: Option<&str>) -> Result<Client> {
         Client::connect_with(uri, &ConnectOptions::default())
     }

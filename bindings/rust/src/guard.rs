@@ -14,8 +14,11 @@
 //! way through the gradients adds nothing of this backward.
 //! `BackwardGuard::discard` does the same for an error returned early. A
 //! guard dropped otherwise (a `?` before `end()`) ends the backward with
-//! what was written. `Model::set_step(model.optimizer_info()?.step)` drops
-//! every gradient of the accumulation window that no step has applied.
+//! what was written. Device memory (a cuda job) the trainer zeroes itself
+//! before `end()` (`cudaMemsetAsync` on `grad_raw(p).data`): once added,
+//! gradients go only through `Model::set_step(model.optimizer_info()?.step)`,
+//! which zerod allows between steps alone (at a window's first micro-batch,
+//! before its `step()`) and refuses inside the window with `InvalidState`.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -113,8 +116,10 @@ impl<'m> Scope<'m> {
                 Status::NotImplemented,
                 format!(
                     "zd_backward_end: {} gradient view(s) of module {} are in device memory, which this crate \
-                     cannot zero, so the backward's end added what they held; \
-                     Model::set_step(model.optimizer_info()?.step) drops the window's gradients",
+                     cannot zero, so the backward's end added what they held; zero them yourself before end() \
+                     (cudaMemsetAsync on grad_raw(p).data). At a window's first micro-batch (no step() yet in \
+                     the window) Model::set_step(model.optimizer_info()?.step) drops them; later in the window \
+                     zerod refuses it",
                     in_device_memory, self.module.0
                 ),
             ));
@@ -265,6 +270,13 @@ impl<'m> BackwardGuard<'m> {
     /// The working copy of a parameter of this module, read-only.
     pub fn param(&self, param: ParamId) -> Result<ParamView<'_>> {
         self.scope.param(param)
+    }
+
+    /// The C view of a parameter, unchecked (see `ForwardGuard::param_raw`):
+    /// a backward on a CUDA device reads W through it, as `param` refuses
+    /// device memory. Its pointer is valid while this guard lives.
+    pub fn param_raw(&self, param: ParamId) -> Result<ffi::zd_view> {
+        self.scope.view(param, ffi::zd_param_view)
     }
 
     /// The gradient buffer of a parameter of this module.

@@ -6,7 +6,9 @@
 //! use zerod::{Client, Model, ParamDesc};
 //!
 //! fn main() -> zerod::Result<()> {
-//!     let client = Client::connect(None)?; // ZEROD_ENDPOINT (zerod run), else embedded
+//!     // ZEROD_ENDPOINT (zerod run); one of several ranks of torchrun, mpirun
+//!     // or srun: the node's daemon (Client::connect); else embedded
+//!     let client = Client::connect(None)?;
 //!     let mut model = Model::from_script_path(&client, "job.lua")?;
 //!     let w = model.register_param(&ParamDesc::new("fc.weight", "fc", &[3, 2]).init(&[0.5f32; 6]))?;
 //!     model.finalize()?;

@@ -507,7 +507,9 @@ impl<'c> Model<'c> {
     }
 
     /// Restores the count of applied updates from a checkpoint
-    /// (`zd_model_set_step`).
+    /// (`zd_model_set_step`), dropping the gradients no `step()` applied.
+    /// Only between steps: inside an accumulation window (after a `step()`
+    /// that ended no window) zerod refuses it with `InvalidState`.
     pub fn set_step(&mut self, step: i64) -> Result<()> {
         // SAFETY: a live model.
         let st = unsafe { ffi::zd_model_set_step(self.raw.as_ptr(), step) };

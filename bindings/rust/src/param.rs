@@ -6,6 +6,7 @@ use std::os::raw::c_void;
 use std::ptr;
 
 use crate::dtype::{Dtype, Element};
+use crate::ffi;
 
 /// A parameter: dense, 0-based, in registration order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,8 +85,12 @@ impl<'a> ParamDesc<'a> {
     }
 
     /// The element count of the shape, or None when the shape is one zerod
-    /// will refuse (a non-positive extent, an overflow).
+    /// will refuse (no dimension or more than `ZD_MAX_DIMS`, a non-positive
+    /// extent, an overflow), so that zerod's own error names the fault.
     pub(crate) fn numel(&self) -> Option<usize> {
+        if self.shape.is_empty() || self.shape.len() > ffi::ZD_MAX_DIMS {
+            return None;
+        }
         self.shape.iter().try_fold(1usize, |n, &e| {
             if e > 0 {
                 n.checked_mul(usize::try_from(e).ok()?)

@@ -186,6 +186,36 @@ impl ToVec for zerod::GradView<'_> {
     }
 }
 
+/// zerod's rule behind the advice for gradients a cuda backward could not
+/// zero (docs/rust.md): set_step drops added gradients between steps only.
+#[test]
+fn set_step_inside_a_window_is_refused() {
+    let c = client();
+    let (mut model, w, layer) =
+        one_param(&c, &sgd(1.0, "gradient_accumulation_steps = 2"), &[0.0; 2]);
+    let step = model.optimizer_info().unwrap().step;
+    // At a window's first micro-batch, before its step(), it drops them.
+    model.forward(layer).unwrap().end().unwrap();
+    let mut bwd = model.backward(layer).unwrap();
+    bwd.grad_mut(w).unwrap().copy_from_f32(&[8.0, 8.0]);
+    bwd.end().unwrap();
+    model.set_step(step).unwrap();
+    // After a step() that ended no window, it is refused.
+    let r = micro_step(&mut model, layer, w, &[1.0, 1.0]);
+    assert!(!r.boundary, "{:?}", r);
+    let e = model.set_step(step).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidState, "{}", e);
+    assert!(
+        e.message().contains("inside an accumulation window"),
+        "{}",
+        e
+    );
+    let r = micro_step(&mut model, layer, w, &[3.0, 3.0]);
+    assert!(r.applied, "{:?}", r);
+    // mean of {1, 1} and {3, 3}: the dropped 8s are not in it
+    assert_eq!(model.param_read_vec::<f32>(w).unwrap(), vec![-2.0, -2.0]);
+}
+
 #[test]
 fn dropping_a_guard_ends_its_module() {
     let c = client();
@@ -471,6 +501,12 @@ fn several_views_at_once() {
     model.finalize().unwrap();
     let fc = model.find_module("fc").unwrap();
     let mut bwd = model.backward(fc).unwrap();
+    // The raw view of W, which a CUDA backward reads (param refuses device
+    // memory), is the one param wraps.
+    let raw = bwd.param_raw(w).unwrap();
+    let wrapped = *bwd.param(w).unwrap().raw();
+    assert_eq!(raw, wrapped);
+    assert!(!raw.data.is_null() && raw.nbytes == 16, "{:?}", raw);
     {
         let ([wv], [mut gw, mut gb]) = bwd.views([w], [w, b]).unwrap();
         // dW = W, db = first row of W: reads and writes side by side.
@@ -545,6 +581,20 @@ fn init_must_match_the_shape() {
         .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("extents must be positive"), "{}", e);
+    // So is a shape of no dimension or of more than ZD_MAX_DIMS: no element
+    // count is checked against init (here 2, which neither would need).
+    for (shape, ndim) in [(&[][..], 0), (&[2i64; 9][..], 9)] {
+        let e = model
+            .register_param(&ParamDesc::new("w", "m", shape).init(&[1.0f32, 2.0]))
+            .unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
+        assert!(
+            e.message()
+                .contains(&format!("ndim is {}; 1..8 are allowed", ndim)),
+            "{}",
+            e
+        );
+    }
     let e = model
         .register_param(&ParamDesc::new("w\0", "m", &[1]))
         .unwrap_err();

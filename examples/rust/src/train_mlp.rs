@@ -260,7 +260,9 @@ fn train(args: &Args) -> zerod::Result<()> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (xs, ys) = make_spiral(&mut rng);
 
-    let client = Client::connect(None)?; // ZEROD_ENDPOINT, else embedded
+    // ZEROD_ENDPOINT (zerod run); one of several ranks of another launcher:
+    // the node's daemon (docs/daemon.md); else embedded
+    let client = Client::connect(None)?;
     let info = client.info()?;
     let (rank, world) = (info.rank as usize, info.world_size as usize);
     if world > POINTS / BATCH {
