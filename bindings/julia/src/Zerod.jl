@@ -561,8 +561,9 @@ forward(f, m::Model, mod::Integer) = _bracket(f, m, mod, forward_begin, forward_
 `backward_begin`, `f()`, `backward_end`; as `forward`. If `f` throws, the
 module's gradient views are zeroed before `backward_end` (on the cpu device),
 so nothing of this backward is added, and the exception is rethrown.
-`set_step!(model, optimizer_info(model).step)` drops every gradient of the
-accumulation window that no step has applied.
+`set_step!(model, optimizer_info(model).step)` drops the gradients added so
+far only in a window's first micro-batch (before its `step`); later in the
+window zerod refuses it.
 """
 backward(f, m::Model, mod::Integer) = _bracket(f, m, mod, backward_begin, backward_end; zero_on_error = true)
 
