@@ -6,8 +6,11 @@
 #include "launcher/signal_forwarder.h"
 #include "launcher/watchdog.h"
 #include "log.h"
+#include "transport/detail/socket_path.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -19,25 +22,125 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace zerod::cli {
 
 namespace {
 
-// The daemon child: `zerod serve` on the socket, its banner line (read from
-// its stdout) telling when it listens.
+// The daemon's stdout after its banner, copied to ours line by line (so as
+// not to split a rank's line) until the daemon ends. Its stdout used to be
+// closed after the banner, and a daemon that printed later (a job's Lua
+// `print`, in an lr function) died of SIGPIPE: restarted until no restart
+// was left. A pipe rather than our stdout itself, so that the banner, which
+// tells when the daemon listens, can be read off it.
+class StdoutRelay {
+ public:
+  // Takes `fd`, the pipe's read end; `pending`: what was read past the banner.
+  StdoutRelay(int fd, std::string pending) : fd_(fd), pending_(std::move(pending)), thread_([this] { run(); }) {}
+  // After the daemon is reaped: copies what it left in the pipe, then stops
+  // (a process the daemon started may still hold the pipe open).
+  ~StdoutRelay() {
+    daemon_gone_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  StdoutRelay(const StdoutRelay&) = delete;
+  StdoutRelay& operator=(const StdoutRelay&) = delete;
+
+ private:
+  void run();
+  void write_lines(bool all);
+
+  const int fd_;
+  std::string pending_;
+  bool stdout_broken_ = false;
+  std::atomic<bool> daemon_gone_{false};
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+void StdoutRelay::run() {
+  // Signals go to the other threads (the forwarder's handler), and a closed
+  // stdout of ours is EPIPE here, not SIGPIPE for the whole of `zerod run`.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  write_lines(false);
+  char buf[4096];
+  for (;;) {
+    // Once the daemon is gone (read before the poll) the pipe holds all it
+    // wrote: read that without waiting.
+    const bool gone = daemon_gone_;
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, gone ? 0 : 100);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0 && gone) break;
+    if (ready <= 0) continue;
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending_.append(buf, static_cast<size_t>(n));
+    write_lines(false);
+  }
+  write_lines(true);
+}
+
+// Writes pending_'s whole lines (all of it with `all`, or when a line grows
+// past 64 KiB). Once our stdout is broken it drops them: the daemon's
+// output must not stop the daemon.
+void StdoutRelay::write_lines(bool all) {
+  const size_t last_newline = pending_.rfind('\n');
+  const size_t end = all || pending_.size() > 65536 ? pending_.size()
+                     : last_newline == std::string::npos ? 0
+                                                         : last_newline + 1;
+  size_t done = 0;
+  while (!stdout_broken_ && done < end) {
+    const ssize_t n = ::write(STDOUT_FILENO, pending_.data() + done, end - done);
+    if (n >= 0) {
+      done += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      stdout_broken_ = true;
+      if (errno == EPIPE) {  // SIGPIPE is blocked here and now pending on this thread: take it
+        sigset_t pipe_only;
+        sigemptyset(&pipe_only);
+        sigaddset(&pipe_only, SIGPIPE);
+        const timespec now{0, 0};
+        ::sigtimedwait(&pipe_only, nullptr, &now);
+      }
+    }
+  }
+  pending_.erase(0, end);
+}
+
+// Where the daemon's start ends in what it wrote on its stdout (0: not
+// yet): its banner, the line saying it listens and the next (how ranks
+// connect), which `zerod serve` prints together. Before it the daemon only
+// checked the job, as this process did already (and printed what its
+// script prints).
+size_t banner_end(const std::string& seen) {
+  const size_t listening = seen.find("listening on");
+  if (listening == std::string::npos) return 0;
+  const size_t first = seen.find('\n', listening);
+  if (first == std::string::npos) return 0;
+  const size_t second = seen.find('\n', first + 1);
+  return second == std::string::npos ? 0 : second + 1;
+}
+
+// The daemon child: `zerod serve` on the socket, its banner (read from its
+// stdout) telling when it listens, and its stdout after that on ours.
 struct Daemon {
   pid_t pid = -1;
   int status = 0;
   bool reaped = false;
+  std::unique_ptr<StdoutRelay> relay;  // its stdout after the banner; goes with the Daemon, once reaped
 };
 
 // The trace file of the daemon of restart `attempt`: the first daemon's is
@@ -110,6 +213,15 @@ Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attem
     // left training without a launcher (the ranks end as their daemon
     // goes). Forked from the main thread, whose end is the process's.
     if (::prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 || ::getppid() != parent) ::_exit(1);
+    // A process group of its own, as each rank has: a terminal's Ctrl-C
+    // reaches `zerod run` alone, which passes it to the ranks once; the
+    // daemon serves them until they end (a trainer saving a checkpoint on
+    // KeyboardInterrupt) and is stopped then. In `zerod run`'s group it
+    // stopped at once, and the ranks lost it mid-save. SIGTTOU ignored: as
+    // a background group it still writes its log to the terminal under
+    // `stty tostop`, instead of being stopped.
+    ::setpgid(0, 0);
+    ::signal(SIGTTOU, SIG_IGN);
     ::dup2(out[1], STDOUT_FILENO);
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
@@ -118,24 +230,28 @@ Daemon start_daemon(const DaemonArgs& args, const std::string& socket, int attem
     std::fprintf(stderr, "zerod run: cannot run the daemon (%s): %s\n", cargv[0], std::strerror(errno));
     ::_exit(127);
   }
+  ::setpgid(pid, pid);  // also here, so that it holds before a Ctrl-C right after the fork (EACCES once it runs)
   ::close(out[1]);
   // Ready when it says it listens; a daemon that exits first has said why on stderr.
   std::string seen;
-  char buf[512];
-  for (;;) {
+  char buf[4096];
+  size_t banner = 0;
+  while (banner == 0) {
     const ssize_t n = ::read(out[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     seen.append(buf, static_cast<size_t>(n));
-    if (seen.find("listening on") != std::string::npos) break;
+    banner = banner_end(seen);
   }
-  ::close(out[0]);  // the daemon's later stdout lines go nowhere; its log is on stderr
   Daemon d;
   d.pid = pid;
-  if (seen.find("listening on") == std::string::npos) {
+  if (banner == 0) {
+    ::close(out[0]);
     ::waitpid(pid, &d.status, 0);
     d.reaped = true;
+    return d;
   }
+  d.relay = std::make_unique<StdoutRelay>(out[0], seen.substr(banner));
   return d;
 }
 
@@ -166,22 +282,40 @@ std::string how(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
+// The socket the daemon serves, by an absolute path (a rank that changes
+// its working directory still finds it, as with the daemon in `zerod run`'s
+// own process): the user's, or one in a private directory made as the
+// daemon's own Listener makes it (under $XDG_RUNTIME_DIR when usable, else
+// /tmp). "" when neither can be had, said why.
+std::string socket_to_serve(const std::string& asked) {
+  if (asked.empty()) {
+    try {
+      return transport::detail::make_private_directory() + "/" + transport::detail::kPrivateSocketName;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "zerod run: %s\n", e.what());
+      return "";
+    }
+  }
+  std::error_code ec;  // absolute() needs the working directory, which can be gone
+  const std::filesystem::path full = std::filesystem::absolute(asked, ec);
+  if (ec) {
+    std::fprintf(stderr, "zerod run: cannot create the zerod socket %s: %s\n", asked.c_str(), ec.message().c_str());
+    return "";
+  }
+  return full.lexically_normal().string();
+}
+
 }  // namespace
 
 int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int restarts, launch::Watchdog* watchdog,
                    const std::string& run_id) {
-  char tmpl[] = "/tmp/zerod-run-XXXXXX";
-  const std::string socket =
-      !args.socket.empty() ? args.socket
-                           : (mkdtemp(tmpl) ? std::string(tmpl) + "/zerod.sock"
-                                            : (std::fprintf(stderr, "zerod run: mkdtemp: %s\n", std::strerror(errno)), ""));
+  const std::string socket = socket_to_serve(args.socket);
   if (socket.empty()) return 1;
   // The directory of the socket: ours (made above) or the user's. The
   // ranks' files of this run there (ZEROD_RUN_ID: the gloo store) go at the
   // end, before a restart (a restarted rank must not meet its dead
   // predecessor's store), and, with the directory we made, if we die.
-  std::error_code abs_ec;
-  const std::string dir = std::filesystem::absolute(socket, abs_ec).parent_path().string();
+  const std::string dir = std::filesystem::path(socket).parent_path().string();
   const std::string run_files = launch::run_file_prefix(run_id);
   if (watchdog) {
     if (args.socket.empty())
@@ -222,26 +356,29 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
     lo.watchdog = watchdog;
     launch::LaunchResult result;
     // Set when the user stops the job (a signal to this process): whatever
-    // the daemon's end then looks like, it is not restarted.
+    // the daemon's end then looks like, it is not restarted. The signal
+    // goes to the ranks alone, as without snapshots: the daemon serves them
+    // until they end (what they do on the way out, a checkpoint, needs it)
+    // and is stopped below.
     std::atomic<bool> user_stop{false};
     {
       launch::Launcher launcher(lo);
-      launch::SignalForwarder forwarder(launcher, [&daemon, &user_stop](int received, int sent) {
+      launch::SignalForwarder forwarder(launcher, [&user_stop](int received, int sent) {
         std::fprintf(stderr, "zerod run: got signal %d, sent %s to every rank\n", received,
                      launch::signal_description(sent).c_str());
         user_stop = true;
-        if (!daemon.reaped) ::kill(daemon.pid, SIGTERM);
       });
       launcher.start();
       result = launcher.wait();
     }
     launch::remove_entries(dir, run_files);
-    // The daemon died under the ranks: restart both, from the snapshot.
-    if (result.first_failure && reap_within(daemon, 2000)) {
+    // The daemon died under the ranks: restart both, from the snapshot. One
+    // still alive after a stop is not waited for: it is stopped below.
+    if (result.first_failure && reap_within(daemon, user_stop ? 0 : 2000)) {
       // `zerod serve` ends with status 0 (or kEndNotSaved: a model's final
       // snapshot failed as it stopped) only when it was told to stop
-      // (SIGINT or SIGTERM, which it takes itself; a terminal's Ctrl-C
-      // reaches it directly): a stop, not a death. A crash or SIGKILL is.
+      // (SIGINT or SIGTERM, which it takes itself, sent to it by hand): a
+      // stop, not a death. A crash or SIGKILL is.
       const bool exited_stopping =
           WIFEXITED(daemon.status) && (WEXITSTATUS(daemon.status) == 0 || WEXITSTATUS(daemon.status) == kEndNotSaved);
       const bool stopped_by_user =

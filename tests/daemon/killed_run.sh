@@ -73,6 +73,9 @@ killed() {  # killed <name> <job> [--socket PATH]
     within '! ls "$dir"/zerod-run-* > /dev/null 2>&1' 5 || fail "$name: the run's files were left in $dir: $(ls "$dir")"
     [ -S "$sock" ] || [ ! -e "$sock" ] || fail "$name: what is $sock?"
   else
+    # Under $XDG_RUNTIME_DIR, as docs/daemon.md says: the supervised run
+    # made its private directory under /tmp regardless.
+    [ "$(dirname "$dir")" = "$tmp/xdg" ] || fail "$name: its private directory $dir is not under \$XDG_RUNTIME_DIR"
     within '[ ! -e "$dir" ]' 5 || fail "$name: its directory $dir was left behind: $(ls -A "$dir")"
   fi
   echo "killed_run: $name: nothing left"

@@ -3,6 +3,9 @@
 that rank sends itself SIGINT (what Ctrl-C does) at step 3, in the middle of
 a forward, a backward, or between steps; the KeyboardInterrupt is left to
 Python's default handling, as in a trainer that does nothing about it.
+With SAVE_ON_CTRL_C=<dir> it is a trainer that does: Ctrl-C ends the loop
+after the step under way, which saves a checkpoint in <dir> and prints
+"rank R saved at step N".
 """
 import os
 import signal
@@ -34,6 +37,11 @@ if where == "forward":
 elif where == "backward":
     model[2].weight.register_hook(lambda g: ctrl_c())
 
+save_dir = os.environ.get("SAVE_ON_CTRL_C")
+stopped = []
+if save_dir:
+    signal.signal(signal.SIGINT, lambda *a: stopped.append(True))
+
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 10**9
 for step in range(steps):
     step_now[0] = step
@@ -44,4 +52,8 @@ for step in range(steps):
     if where == "step":
         ctrl_c()
     print(f"step {step}", flush=True)
+    if stopped:
+        engine.save_checkpoint(save_dir)
+        print(f"rank {rank} saved at step {step}", flush=True)
+        break
 print(f"rank {rank} done", flush=True)

@@ -66,6 +66,28 @@ def test_ctrl_c_to_zerod_run_stops_every_rank(tmp_job):
     assert all(gone(p) for p in pids(ranks))
 
 
+def test_ctrl_c_at_the_terminal_lets_a_supervised_job_save(tmp_path, tmp_job):
+    """A job that takes snapshots runs its daemon supervised. A terminal's
+    Ctrl-C (SIGINT to zerod run's whole process group) reaches the rank once,
+    through zerod run, as without snapshots, and the daemon serves it until
+    it ends: its checkpoint on Ctrl-C is saved. The daemon used to be in
+    zerod run's group, and zerod run also stopped it at the first signal:
+    it stopped at once, and the save failed with PeerLostError."""
+    job = tmp_job(f'return {{ optimizer = {{ type = "adamw", lr = 1e-3 }}, '
+                  f'snapshot = {{ path = "{tmp_path}/snaps", every = 1000 }} }}')
+    proc = subprocess.Popen([ZEROD, "run", "--nproc", "1", "--job", job, "--", sys.executable, SCRIPT],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=rank_env(SAVE_ON_CTRL_C=tmp_path / "ckpt"))
+    seen = wait_for(None, lambda s: any("] step 2" in line for line in s), proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal's Ctrl-C sends
+    rest, _ = proc.communicate(timeout=60)
+    out = "".join(seen) + rest
+    assert "daemon pid" in out, "the daemon was not supervised: " + out
+    assert "rank 0 saved at step" in out and "PeerLostError" not in out, out
+    assert proc.returncode == 0, out
+    assert (tmp_path / "ckpt" / "latest").exists(), out
+
+
 def test_the_main_job_leaves_cleanly_on_ctrl_c(tmp_path):
     job = os.path.join(EXAMPLES, "gpt_job.lua")
     proc = subprocess.Popen([ZEROD, "run", "--nproc", "2", "--job", job, "--", sys.executable,
