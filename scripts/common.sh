@@ -11,6 +11,10 @@ ZEROD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liblua5.4-dev libhwloc-dev libaio-dev libprotobuf-dev protobuf-compiler
   libgtest-dev abigail-tools
+  # the definitions localedef compiles de_DE.UTF-8 from: the tests that
+  # write a trace and a checkpoint under a comma-decimal locale (skipped
+  # without it; tests/harness/comma_locale.h)
+  locales
   # the Python bindings, their tests and the PyTorch examples (Debian's
   # torch does its matrix math through the system BLAS: OpenBLAS, or every
   # GEMM runs on the reference BLAS, about 25x slower)

@@ -72,7 +72,9 @@ std::string render_metrics(Server& server) {
   Family& models = family("zerod_model_info", "gauge",
                           "One per model the daemon hosts: its job script, ZeRO stage, optimizer and parameter count.");
   Family& connected = family("zerod_rank_connected", "gauge", "1 while the rank's trainer is attached.");
-  Family& steps = family("zerod_steps_total", "counter", "Optimizer steps the rank has applied.");
+  Family& steps = family("zerod_steps_total", "counter",
+                         "Optimizer steps the rank has applied in this daemon (a load or resume does not move it).");
+  Family& step = family("zerod_step", "gauge", "The rank's step: updates applied, counted from its checkpoint's.");
   Family& micro = family("zerod_micro_steps_total", "counter", "Micro-batches the rank has ended with zd_step.");
   Family& step_hist = family("zerod_step_seconds", "histogram",
                              "Time between consecutive accumulation boundaries of the rank (a whole step).");
@@ -136,7 +138,8 @@ std::string render_metrics(Server& server) {
       const RankActivity& a = acts[static_cast<size_t>(r)];
       const observe::RankCounters& c = m.counters(r);
       connected.add(rl, host->attached(r) ? 1 : 0);
-      steps.add(rl, static_cast<double>(a.step));
+      steps.add(rl, static_cast<double>(c.steps_applied.load(std::memory_order_relaxed)));
+      step.add(rl, static_cast<double>(a.step));
       micro.add(rl, static_cast<double>(a.micro_step));
       const auto h = c.step_seconds.snapshot();
       for (size_t i = 0; i < h.cumulative.size(); ++i) {

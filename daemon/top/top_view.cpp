@@ -103,7 +103,7 @@ std::string render_frame(const v1::StatusReply& st, const Snapshot& now, const S
   }
   for (const auto& m : st.models()) {
     f.line("");
-    f.linef("model %d: %s, ZeRO stage %d, %s, %lld parameters%s", m.model(), m.job().c_str(), m.zero_stage(),
+    f.linef("model %d: %s, ZeRO stage %d, %s, %lld elements%s", m.model(), m.job().c_str(), m.zero_stage(),
             m.optimizer().c_str(), static_cast<long long>(m.numel()), m.finalized() ? "" : " (not finalized)");
     if (!m.broken().empty()) f.line("  BROKEN: " + m.broken().substr(0, m.broken().find('\n')));
     f.line("  rank   step  steps/s  step ms   tokens/s   loss      state");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <locale>
 #include <sstream>
 
 namespace zerod::ckpt {
@@ -53,6 +55,40 @@ std::string unescape(const std::string& s, const std::string& where) {
     i += 2;
   }
   return out;
+}
+
+// The manifest's numbers never go through the process's locale: a trainer
+// that set a comma-decimal one (setlocale, std::locale::global) would write
+// "0x1,8p+1" or "1.000" for 1000, which no reader takes back, and would not
+// read the checkpoints other processes wrote.
+
+// An exact hex float as %a writes it ("0x1.8p+1"), which older readers take.
+std::string hex_float(double v) {
+  char b[64];
+  char* at = b;
+  if (std::signbit(v)) *at++ = '-';
+  if (std::isfinite(v)) {
+    *at++ = '0';
+    *at++ = 'x';
+  }
+  const auto r = std::to_chars(at, b + sizeof b, std::fabs(v), std::chars_format::hex);
+  return std::string(b, r.ptr);
+}
+
+// The whole of `text` as a number: a hex float with its 0x (as written), or
+// a decimal one (a hand-written manifest).
+bool parse_float(const std::string& text, double* v) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const char* at = text.data() + (negative ? 1 : 0);
+  const char* const end = text.data() + text.size();
+  const bool hex = end - at > 2 && at[0] == '0' && (at[1] == 'x' || at[1] == 'X');
+  if (hex) at += 2;
+  // from_chars takes a '-' of its own: a second one is not a number.
+  if (at == end || *at == '-' || *at == '+') return false;
+  const auto r = std::from_chars(at, end, *v, hex ? std::chars_format::hex : std::chars_format::general);
+  if (r.ec != std::errc() || r.ptr != end) return false;
+  if (negative) *v = -*v;
+  return true;
 }
 
 }  // namespace
@@ -137,8 +173,8 @@ void sync_dir(const std::string& dir) {
 namespace {
 std::string manifest_text(const Manifest& m) {
   std::ostringstream o;
-  char scale[64];
-  std::snprintf(scale, sizeof scale, "%a", m.loss_scale);  // exact, as the scaler holds it
+  o.imbue(std::locale::classic());
+  const std::string scale = hex_float(m.loss_scale);  // exact, as the scaler holds it
   // The oldest format that holds it: older readers read what they can.
   int version = m.tensor_scalars > 0 ? 4 : m.shard_set != 0 ? 3 : m.nodes > 0 ? 2 : 1;
   if (m.error_feedback != Manifest::Held::Unknown || m.rank_copies != Manifest::Held::No) version = 5;
@@ -153,11 +189,7 @@ std::string manifest_text(const Manifest& m) {
   o << "\n"
     << "loss_scale " << scale << " " << m.scaler_iteration << " " << m.scaler_last_overflow << " "
     << m.scaler_hysteresis_left << "\n";
-  if (m.lr) {
-    char lr[64];
-    std::snprintf(lr, sizeof lr, "%a", *m.lr);  // exact, as the model holds it
-    o << "lr " << lr << "\n";
-  }
+  if (m.lr) o << "lr " << hex_float(*m.lr) << "\n";  // exact, as the model holds it
   o << "params " << m.params.size() << "\n";
   for (const ParamEntry& p : m.params) {
     o << "param " << p.numel << " " << p.dtype << " " << p.shape.size();
@@ -169,11 +201,8 @@ std::string manifest_text(const Manifest& m) {
     o << "tensor_scalars " << m.tensor_scalars << "\n";
     for (size_t i = 0; i < m.params.size(); ++i) {
       o << "scalars " << i;
-      for (uint32_t k = 0; k < m.tensor_scalars; ++k) {
-        char v[64];
-        std::snprintf(v, sizeof v, " %a", static_cast<double>(m.scalars.at(i * m.tensor_scalars + k)));
-        o << v;
-      }
+      for (uint32_t k = 0; k < m.tensor_scalars; ++k)
+        o << " " << hex_float(static_cast<double>(m.scalars.at(i * m.tensor_scalars + k)));
       o << "\n";
     }
   }
@@ -223,6 +252,7 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
   while (std::getline(in, line)) {
     ++n;
     std::istringstream f(line);
+    f.imbue(std::locale::classic());
     std::string key;
     f >> key;
     if (n == 1) {
@@ -255,13 +285,12 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
       std::string scale;
       if (!(f >> scale >> m.scaler_iteration >> m.scaler_last_overflow >> m.scaler_hysteresis_left))
         bad("a bad loss_scale line");
-      m.loss_scale = std::strtod(scale.c_str(), nullptr);
+      if (!parse_float(scale, &m.loss_scale)) bad("a bad loss scale '" + scale + "'");
     } else if (key == "lr") {
       std::string v;
-      char* end = nullptr;
+      double lr = 0;
       if (!(f >> v) || m.lr) bad("a bad lr line");
-      const double lr = std::strtod(v.c_str(), &end);
-      if (*end || !std::isfinite(lr) || lr < 0) bad("a bad lr '" + v + "' (a finite learning rate >= 0)");
+      if (!parse_float(v, &lr) || !std::isfinite(lr) || lr < 0) bad("a bad lr '" + v + "' (a finite learning rate >= 0)");
       m.lr = lr;
     } else if (key == "params") {
       if (!(f >> params) || params > (size_t{1} << 26)) bad("a bad parameter count");
@@ -285,10 +314,10 @@ Manifest read_manifest_file(const std::string& path, const std::string& dir) {
         bad("a scalars line out of place (after tensor_scalars, one per parameter in order)");
       for (uint32_t k = 0; k < m.tensor_scalars; ++k) {
         std::string v;
-        char* end = nullptr;
+        double scalar = 0;
         if (!(f >> v)) bad("fewer scalars than tensor_scalars says");
-        m.scalars.push_back(static_cast<float>(std::strtod(v.c_str(), &end)));
-        if (*end) bad("a bad scalar '" + v + "'");
+        if (!parse_float(v, &scalar)) bad("a bad scalar '" + v + "'");
+        m.scalars.push_back(static_cast<float>(scalar));
       }
     } else if (key == "error_feedback") {
       std::string how;

@@ -146,6 +146,9 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
   if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
   rs.applied = m.step;
   rs.micro_step = m.step * config_.gradient_accumulation_steps;
+  // The trace's steps and the step-time histogram go on from here: the next
+  // step is m.step + 1, as zd_step_result numbers it.
+  rs.res.probe.restart(m.step);
   // Where the run stood includes the lr the trainer had set (none: the
   // job's schedule applies), so a resume goes on at it until the trainer
   // sets another.

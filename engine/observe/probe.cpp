@@ -57,13 +57,18 @@ int64_t RankProbe::call_entered() {
 
 void RankProbe::boundary(int64_t applied, int64_t t_end) {
   const int64_t step = this->step();
-  if (step_open_) span("step", "step", step_open_ns_, t_end);
   RankCounters& c = *counters_;
   const int64_t last = c.last_boundary_ns.exchange(t_end, std::memory_order_relaxed);
   // The first step's time runs from its first call (finalize and the
   // trainer's setup are not a step).
   const int64_t from = last ? last : (step_open_ ? step_open_ns_ : t_end);
   c.step_seconds.observe(static_cast<double>(t_end - from) / 1e9);
+  // A skipped update (fp16 overflow) applied nothing: the step goes on to
+  // the boundary that applies it, one span "step N" (several would read as
+  // one step recorded twice: `zerod plot --check` refuses that).
+  if (applied < step) return;
+  c.steps_applied.fetch_add(1, std::memory_order_relaxed);
+  if (step_open_) span("step", "step", step_open_ns_, t_end);
   step_open_ = false;
   if (tracer_) tracer_->step_finished(rank_, step);
   step_.store(applied + 1, std::memory_order_relaxed);

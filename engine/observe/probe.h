@@ -46,8 +46,8 @@ class RankProbe {
   // first one after a boundary opens the step and returns when (else 0).
   // The clock is read once per step here; the rest only when tracing.
   int64_t call_entered();
-  // An accumulation boundary was reached: `applied` updates are now applied
-  // (the step closes whether it applied or was skipped).
+  // An accumulation boundary was reached: `applied` updates are now applied.
+  // The step closes if it applied; a skipped one (fp16 overflow) stays open.
   void boundary(int64_t applied, int64_t t_end);
   // After a restart from kept state: the next step is applied + 1.
   void restart(int64_t applied);

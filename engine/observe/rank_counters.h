@@ -63,6 +63,9 @@ struct RankCounters {
 
   Histogram step_seconds;         // between consecutive accumulation boundaries
   std::atomic<int64_t> last_boundary_ns{0};
+  // Updates applied in this process: a Prometheus counter, which never goes
+  // back or jumps (a load or a resume moves the step, not this).
+  std::atomic<uint64_t> steps_applied{0};
 
   // Reported by the trainer (zd_model_report).
   std::atomic<uint64_t> tokens{0}, samples{0}, reports{0};

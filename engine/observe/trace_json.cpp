@@ -3,8 +3,11 @@
 #include <zerod/zerod.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
+#include <locale>
 
 namespace zerod::observe {
 
@@ -43,6 +46,9 @@ class Writer {
   Writer(std::ostream& out, const TraceFile& f) : out_(out), f_(f), ctx_(*f.context) {}
 
   void run() {
+    // The integers too: a global C++ locale (std::locale::global) would
+    // group their thousands.
+    const std::locale before = out_.imbue(std::locale::classic());
     out_ << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
     metadata();
     for (const TrackEvents& t : f_.tracks)
@@ -51,6 +57,7 @@ class Writer {
     header();
     reports();
     out_ << "}\n";
+    out_.imbue(before);
   }
 
  private:
@@ -70,10 +77,17 @@ class Writer {
     return "collective";
   }
 
+  // Numbers through to_chars, which ignores the locale: a trainer that set
+  // a comma-decimal one (setlocale) would otherwise write "1,500", which is
+  // not JSON.
+  static void write_number(std::ostream& o, double v, std::chars_format fmt, int precision) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v, fmt, precision);
+    o.write(buf, r.ptr - buf);
+  }
+
   static void ts(std::ostream& o, int64_t ns) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns) / 1000.0);
-    o << buf;
+    write_number(o, static_cast<double>(ns) / 1000.0, std::chars_format::fixed, 3);
   }
 
   void metadata() {
@@ -208,10 +222,12 @@ class Writer {
       ts(out_, r.ts_ns - f_.epoch_ns);
       out_ << ",\"tokens\":" << r.tokens << ",\"samples\":" << r.samples;
       if (r.has_loss) {
-        char buf[40];
-        std::snprintf(buf, sizeof buf, "%.9g", r.loss);
+        out_ << ",\"loss\":";
         // JSON has no NaN or infinity: a diverged loss is written as null.
-        out_ << ",\"loss\":" << (r.loss == r.loss && r.loss - r.loss == 0 ? buf : "null");
+        if (std::isfinite(r.loss))
+          write_number(out_, r.loss, std::chars_format::general, 9);
+        else
+          out_ << "null";
       }
       out_ << "}";
     }

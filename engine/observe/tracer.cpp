@@ -72,21 +72,24 @@ Tracer::Tracer(TraceSettings settings, int first_rank, int ranks)
 }
 
 Tracer::~Tracer() {
-  bool any;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    any = anything_;
-  }
   // Written again at the end (with every loss reported since) even after a
   // failed write: the disk may have room now.
-  if (any)
+  if (traced())
     write();
   else if (stepped_.load(std::memory_order_relaxed))
     // A model that never began a step (zerod.torch's broadcast of the
     // initial values, one only saved or loaded) had nothing to record: a
     // warning would read as a trace lost.
     log_warn("trace: no step in trace.steps {" + std::to_string(settings_.from) + ", " +
-             std::to_string(settings_.to) + "} ran, and nothing was reported; " + settings_.path + " was not written");
+             std::to_string(settings_.to) + "} ran; " + settings_.path +
+             " was not written (a trace an earlier run wrote there is kept)");
+}
+
+bool Tracer::traced() const {
+  // A ring is made by the first event a thread records, and events are
+  // recorded only inside the window.
+  std::lock_guard<std::mutex> lock(mu_);
+  return !rings_.empty();
 }
 
 void Tracer::set_context(TraceContext ctx) {
@@ -100,7 +103,6 @@ TraceRing& Tracer::ring_of_this_thread() {
   auto& slot = rings_[std::this_thread::get_id()];
   if (!slot) slot = std::make_shared<TraceRing>(settings_.events_per_thread, static_cast<int>(rings_.size()),
                                                 thread_role());
-  anything_ = true;
   tls_ring = {id_, slot.get()};
   return *slot;
 }
@@ -109,7 +111,6 @@ void Tracer::record(const TraceEvent& e) { ring_of_this_thread().push(e); }
 
 void Tracer::report(const Report& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  anything_ = true;
   if (reports_.size() >= kMaxReports) {
     ++reports_dropped_;
     return;
@@ -136,6 +137,9 @@ void Tracer::step_finished(int rank, int64_t step) {
     finished_[static_cast<size_t>(i)] = true;
     if (window_written_ || std::count(finished_.begin(), finished_.end(), false) > 0) return;
     window_written_ = true;
+    // A window no step of which ran here (a run resumed past it) has nothing
+    // to write: an empty file would replace the trace the earlier run wrote.
+    if (rings_.empty()) return;
   }
   write();
 }

@@ -76,7 +76,7 @@ class Tracer {
  public:
   // Serves ranks [first_rank, first_rank + ranks).
   Tracer(TraceSettings settings, int first_rank, int ranks);
-  ~Tracer();  // writes the file if anything was recorded
+  ~Tracer();  // writes the file if a step of the window was recorded
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
@@ -100,8 +100,9 @@ class Tracer {
   // The rank begins work on `step` (its first call after the last boundary):
   // recording starts if the step is in the window.
   void step_started(int rank, int64_t step);
-  // The rank's step `step` is applied (or skipped): recording stops after
-  // `to`, and the file is written once every rank is past it.
+  // The rank's step `step` is applied: recording stops after `to`, and the
+  // file is written once every rank is past it (if a step of the window
+  // was recorded: a run resumed past it leaves an earlier run's file).
   void step_finished(int rank, int64_t step);
 
   // Writes the file now (atomically: a temporary file renamed over it).
@@ -111,6 +112,7 @@ class Tracer {
 
  private:
   TraceRing& ring_of_this_thread();
+  bool traced() const;  // an event of the window was recorded
 
   const TraceSettings settings_;
   const int first_;
@@ -126,7 +128,6 @@ class Tracer {
   uint64_t reports_dropped_ = 0;
   std::vector<bool> finished_;  // per rank: past the window
   bool window_written_ = false;
-  bool anything_ = false;       // an event or report was recorded
   std::atomic<bool> stepped_{false};  // a rank began a step: a model that never trains warns of nothing
 };
 

@@ -101,15 +101,25 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
     restart_trace = f"{tmp}/killed/trace.restart-1.json"
     if f"writes its trace to {restart_trace}" not in err:
         fail("zerod run did not say where the restarted daemon's trace goes", err)
-    try:
-        with open(restart_trace) as f:
-            json.load(f)["traceEvents"]
-    except (OSError, ValueError, KeyError) as e:
-        fail(f"the restarted daemon wrote no trace at {restart_trace}: {e}", err)
     resumed = [int(m) for m in re.findall(r"\[rank 0\] resumed at (\d+)", out)]
     if not resumed or resumed[-1] % EVERY or resumed[-1] > killed_at:
         fail(f"the ranks did not resume from a snapshot (resumed at {resumed}, killed at step {killed_at})", out, err)
     start = resumed[-1]
+    # The first daemon wrote the window (steps 2-6, --trace's default) before
+    # it was killed. The restarted one resumed past it (its steps are
+    # numbered from the snapshot's, not from 1): it records no step and
+    # writes no file, rather than an empty one.
+    try:
+        with open(killed_trace) as f:
+            first = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"the first daemon's trace {killed_trace} is not there whole: {e}", err)
+    traced = sorted({e["args"]["step"] for e in first if e.get("cat") == "step"})
+    if traced != [2, 3, 4, 5, 6]:
+        fail(f"the first daemon's trace holds steps {traced}, not 2-6", err)
+    if start >= 6 and os.path.exists(restart_trace):
+        with open(restart_trace) as f:
+            fail(f"the daemon restarted past the traced steps wrote {restart_trace}", f.read()[:2000], err)
     got = [steps_of(out.split(f"resumed at {start}", 1)[1], r) for r in (0, 1)]
     for r in (0, 1):
         for s in range(start, STEPS):

@@ -9,6 +9,8 @@
 #include "checkpoint/tools.h"
 #include "checkpoint/torch_state.h"
 
+#include "../harness/comma_locale.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -1201,6 +1203,49 @@ TEST(Snapshots, AFailedFinalOneSaysTheRunsEndWasNotSaved) {
 // A snapshot across nodes says where its parts are (format 2); everything
 // else stays format 1, which older readers read. On a node-local disk a
 // missing shard is named with the node and host that keep it.
+// A trainer that set a comma-decimal locale (setlocale, std::locale::global)
+// saves: the manifest is the one the "C" locale writes (lr 0x1.0624dd2f1a9fcp-10,
+// not 0x1,0624dd2f1a9fcp-10, which no reader took: the checkpoint was lost),
+// and it reads back exactly under either locale.
+TEST(SnapshotManifest, TheProcesssLocaleChangesNoNumber) {
+  ckpt::Manifest m;
+  m.step = 1234;  // no thousands grouping ("1.234")
+  m.precision = "fp16";
+  m.optimizer = "onebit_lamb";
+  m.slots = {"exp_avg"};
+  m.loss_scale = 1536.0 * 0.75;
+  m.scaler_iteration = 1200;
+  m.lr = 0.001;
+  m.params = {{"w", "m", "f16", {1000, 300}, 300000}};
+  m.tensor_scalars = 2;
+  m.scalars = {0.1f, -2.5f};
+  TempDir c_dir, comma_dir;
+  ckpt::write_manifest(c_dir.path, m);
+  const auto text = [](const std::string& dir) {
+    std::ifstream in(dir + "/" + ckpt::kManifestName);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_NE(text(c_dir.path).find("\nlr 0x1.0624dd2f1a9fcp-10\n"), std::string::npos) << text(c_dir.path);
+  const auto expect_same = [&](const ckpt::Manifest& back) {
+    EXPECT_EQ(back.step, m.step);
+    EXPECT_EQ(back.loss_scale, m.loss_scale);
+    EXPECT_EQ(back.scaler_iteration, m.scaler_iteration);
+    ASSERT_TRUE(back.lr.has_value());
+    EXPECT_EQ(*back.lr, *m.lr);
+    EXPECT_EQ(back.scalars, m.scalars);
+    ASSERT_EQ(back.params.size(), 1u);
+    EXPECT_EQ(back.params[0].numel, m.params[0].numel);
+  };
+  {
+    const zerod_test::CommaLocale comma;
+    if (!comma.available()) GTEST_SKIP() << comma.why_not();
+    ckpt::write_manifest(comma_dir.path, m);
+    EXPECT_EQ(text(comma_dir.path), text(c_dir.path));
+    expect_same(ckpt::read_manifest(c_dir.path));
+  }
+  expect_same(ckpt::read_manifest(comma_dir.path));
+}
+
 TEST(SnapshotManifest, PartsRoundTripAndAMissingPartIsNamed) {
   TempDir dir;
   auto a = make_model(job(1), 2);

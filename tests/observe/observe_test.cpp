@@ -15,6 +15,8 @@
 #include "top/prom_text.h"
 #include "top/top_view.h"
 
+#include "../harness/comma_locale.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -134,6 +136,38 @@ TEST(Tracer, OnlyAModelThatSteppedWarnsThatNoStepWasRecorded) {
   EXPECT_NE(access(s.path.c_str(), F_OK), 0);
 }
 
+// A run resumed past its window (a snapshot resume, a load) records no step
+// of it: the trace an earlier run wrote at that path stays, neither
+// replaced at the window's end nor when the model goes, reports or not.
+TEST(Tracer, ARunResumedPastTheWindowKeepsTheEarlierRunsTrace) {
+  const std::string dir = temp_dir();
+  TraceSettings s;
+  s.path = dir + "/trace.json";
+  s.from = 2;
+  s.to = 3;
+  {
+    std::ofstream earlier(s.path);
+    earlier << "the earlier run's trace";
+  }
+  testing::internal::CaptureStderr();
+  {
+    Tracer resumed(s, 0, 1);
+    for (int64_t step = 11; step <= 12; ++step) {
+      resumed.step_started(0, step);
+      EXPECT_FALSE(resumed.recording(0));
+      Report r;
+      r.step = step;
+      r.has_loss = true;
+      resumed.report(r);
+      resumed.step_finished(0, step);
+      EXPECT_EQ(read_file(s.path), "the earlier run's trace") << "after step " << step;
+    }
+  }
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(read_file(s.path), "the earlier run's trace");
+  EXPECT_NE(said.find("a trace an earlier run wrote there is kept"), std::string::npos) << said;
+}
+
 TEST(Tracer, OneDaemonOfSeveralNamesItsRanksInTheFile) {
   const std::string dir = temp_dir();
   TraceSettings s;
@@ -181,6 +215,39 @@ TEST(Tracer, RingsOfManyThreadsWhileTheFileIsWritten) {
   EXPECT_NE(json.find("\"dropped_events\":" + std::to_string(4 * (5000 - 1024))), std::string::npos);
 }
 
+// fp16's loss scaler skips an update (an overflow): the step goes on to the
+// boundary that applies it, one "step 1" span (several failed `zerod plot
+// --check`), and only applied updates count in zerod_steps_total. A load or
+// resume (restart) moves the step the trace names, not that counter.
+TEST(RankProbe, ASkippedUpdateKeepsTheStepOpenAndALoadMovesTheStep) {
+  const std::string dir = temp_dir();
+  TraceSettings s;
+  s.path = dir + "/trace.json";
+  s.from = 1;
+  s.to = 12;
+  {
+    Tracer t(s, 0, 1);
+    RankProbe p(0);
+    p.attach(&t, 0, 1);
+    EXPECT_NE(p.call_entered(), 0) << "the first call opens step 1";
+    p.boundary(0, now_ns());  // skipped: nothing applied
+    EXPECT_EQ(p.step(), 1);
+    EXPECT_EQ(p.call_entered(), 0) << "step 1 is still open";
+    p.boundary(1, now_ns());
+    EXPECT_EQ(p.step(), 2);
+    EXPECT_EQ(p.counters().steps_applied.load(), 1u);
+    p.restart(10);  // zd_model_load of step 10
+    EXPECT_EQ(p.step(), 11);
+    EXPECT_NE(p.call_entered(), 0);
+    p.boundary(11, now_ns());
+    EXPECT_EQ(p.counters().steps_applied.load(), 2u) << "a counter: the load added nothing";
+  }
+  const std::string json = read_file(s.path);
+  EXPECT_EQ(count(json, "\"name\":\"step 1\""), 1u) << json;
+  EXPECT_EQ(count(json, "\"name\":\"step 11\""), 1u) << json;
+  EXPECT_EQ(count(json, "\"cat\":\"step\""), 2u) << json;
+}
+
 TEST(TraceJson, EscapesNamesAndWritesAsyncSpansAsPairs) {
   EXPECT_EQ(json_escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
   TraceSettings s;
@@ -210,6 +277,43 @@ TEST(TraceJson, EscapesNamesAndWritesAsyncSpansAsPairs) {
   EXPECT_NE(json.find("{\"ph\":\"e\",\"name\":\"forward blk\\\"0\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"ts\":6.000"), std::string::npos) << "the end is 5 us after the begin: " << json;
   EXPECT_NE(json.find("\"loss\":null"), std::string::npos) << "JSON has no NaN: " << json;
+}
+
+// A trainer that set a comma-decimal locale (setlocale, std::locale::global)
+// before its model wrote the trace: the file is the one the "C" locale
+// gives, valid JSON ("ts":1.500, not 1,500; step 1234, not 1.234).
+TEST(TraceJson, TheProcesssLocaleChangesNoNumber) {
+  TraceSettings s;
+  TraceContext ctx;
+  TraceFile f;
+  f.settings = &s;
+  f.context = &ctx;
+  TrackEvents tr;
+  tr.track = 1;
+  tr.name = "calls";
+  TraceEvent e = span(1500, "forward_begin");
+  e.step = 1234;
+  e.dur_ns = 2250;
+  tr.events.push_back(e);
+  f.tracks.push_back(tr);
+  Report rep;
+  rep.step = 1234;
+  rep.ts_ns = 1500;
+  rep.tokens = 123456;
+  rep.loss = 0.25;
+  rep.has_loss = true;
+  f.reports.push_back(rep);
+  const auto written = [&] {
+    std::ostringstream out;
+    write_chrome_trace(out, f);
+    return out.str();
+  };
+  const std::string in_c = written();
+  EXPECT_NE(in_c.find("\"ts\":1.500,\"dur\":2.250"), std::string::npos) << in_c;
+  EXPECT_NE(in_c.find("\"loss\":0.25}"), std::string::npos) << in_c;
+  const zerod_test::CommaLocale comma;
+  if (!comma.available()) GTEST_SKIP() << comma.why_not();
+  EXPECT_EQ(written(), in_c);
 }
 
 TEST(Histogram, CountsIntoCumulativeBuckets) {
@@ -364,6 +468,7 @@ TEST(TopView, RatesFromTwoFramesAndTheLateRank) {
   auto* m = st.add_models();
   m->set_job("job.lua");
   m->set_zero_stage(3);
+  m->set_numel(4547);
   m->set_finalized(true);
   for (int r = 0; r < 2; ++r) {
     auto* rs = m->add_ranks();
@@ -392,6 +497,7 @@ TEST(TopView, RatesFromTwoFramesAndTheLateRank) {
   st.set_metrics(metrics(30, 0.5));
   const Snapshot b = snapshot(st, 102.0);
   const std::string frame = render_frame(st, b, &a, 160);
+  EXPECT_NE(frame.find(", 4547 elements\n"), std::string::npos) << "an element count, not a tensor count: " << frame;
   EXPECT_NE(frame.find("10.0"), std::string::npos) << "20 steps in 2 s: " << frame;
   EXPECT_NE(frame.find("2.5k"), std::string::npos) << frame;
   EXPECT_NE(frame.find("2.25"), std::string::npos) << frame;

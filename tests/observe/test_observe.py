@@ -88,6 +88,7 @@ def check_figures(ms):
     for rank in (0, 1):
         r = {"model": 0, "rank": rank}
         assert value(ms, "zerod_steps_total", **r) == PAUSE
+        assert value(ms, "zerod_step", **r) == PAUSE
         assert value(ms, "zerod_step_seconds_count", **r) == PAUSE
         assert value(ms, "zerod_step_seconds_bucket", le="+Inf", **r) == PAUSE
         assert value(ms, "zerod_step_seconds_sum", **r) > 0
@@ -243,3 +244,84 @@ def test_trace_and_plots_of_a_reporting_trainer(tmp_path):
         colors = {tuple(c) for c in flat[::37]}
         assert len(colors) > 20, f"{p}: {len(colors)} colours"
         assert (flat.sum(axis=1) < 600).mean() > 0.02, f"{p} is nearly blank"
+
+
+# --- the trace of an embedded model (one rank, in this process) -------------
+
+def embedded_model(tmp_path, trace_steps, extra=""):
+    """A one-parameter embedded model whose trace covers trace_steps."""
+    zerod = pytest.importorskip("zerod")
+    np = pytest.importorskip("numpy")
+    client = zerod.Client("embedded:")
+    job = (f'return {{ optimizer = {{ type = "adamw", lr = 1e-2 }}, {extra} '
+           f'trace = {{ path = "{tmp_path}/trace.json", steps = {{{trace_steps[0]}, {trace_steps[1]}}} }} }}')
+    model = client.create_model(script_text=job, script_name="job.lua")
+    param = model.register_param("w", "m", (64,), init=np.ones(64, np.float32))
+    model.finalize()
+    return client, model, param
+
+
+def train_step(model, param, grad=0.1):
+    model.forward_begin(0)
+    model.forward_end(0)
+    model.backward_begin(0)
+    model.grad_view(param).numpy()[:] = grad
+    model.backward_end(0)
+    return model.step()
+
+
+def traced_steps(tmp_path):
+    from zerod import trace as ztrace
+    tr = ztrace.load(str(tmp_path / "trace.json"))
+    assert ztrace.check(tr) == []
+    return sorted(e["name"] for e in tr.events if e.get("cat") == "step")
+
+
+def test_a_loaded_or_set_step_numbers_the_traced_steps_from_there(tmp_path):
+    client, model, param = embedded_model(tmp_path / "first", (2, 3))
+    for _ in range(10):
+        train_step(model, param)
+    model.save(str(tmp_path / "ckpt"))
+    model.close()
+    client.close()
+    # A model that loads step 10 traces its steps 11 and 12, not 1 and 2.
+    client, model, param = embedded_model(tmp_path, (11, 12))
+    model.load(str(tmp_path / "ckpt"))
+    assert [train_step(model, param).step for _ in range(3)] == [11, 12, 13]
+    model.close()
+    client.close()
+    assert traced_steps(tmp_path) == ["step 11", "step 12"]
+    # So does one set to step 20 by the trainer's own checkpoint.
+    os.remove(tmp_path / "trace.json")
+    client, model, param = embedded_model(tmp_path, (21, 21))
+    model.set_step(20)
+    assert train_step(model, param).step == 21
+    model.close()
+    client.close()
+    assert traced_steps(tmp_path) == ["step 21"]
+
+
+def test_a_skipped_fp16_step_is_one_step_in_the_trace(tmp_path):
+    client, model, param = embedded_model(tmp_path, (1, 2), extra='precision = "fp16",')
+    skipped = train_step(model, param, grad=float("inf"))
+    assert skipped.skipped and skipped.step == 0, skipped
+    assert train_step(model, param).applied
+    assert train_step(model, param).applied
+    model.close()
+    client.close()
+    # The overflowed window and the one that applied are one step 1.
+    assert traced_steps(tmp_path) == ["step 1", "step 2"]
+
+
+def test_the_breakdown_counts_a_compressed_step_as_the_optimizer():
+    from zerod import trace as ztrace
+
+    def span(cat, op, ts, dur, step=1):
+        return {"ph": "X", "pid": 0, "tid": 1, "cat": cat, "name": op, "ts": ts, "dur": dur,
+                "args": {"step": step, "op": op}}
+    # What a 1-bit optimizer's zd_step records (engine/model/model_step.cpp).
+    tr = ztrace.Trace({"traceEvents": [span("step", "step", 0.0, 100.0), span("call", "step", 50.0, 40.0),
+                                       span("optimizer", "compressed step", 55.0, 30.0)]})
+    (row,) = ztrace.breakdown(tr, 0)
+    assert row["optimizer"] == pytest.approx(0.030)
+    assert row["other zerod"] == pytest.approx(0.010)

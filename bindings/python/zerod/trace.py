@@ -147,7 +147,7 @@ def breakdown(trace, rank):
         reduction = total("grads", ("wait for collectives", "reduce gradients", "pack bucket")) + \
             total("optimizer", "gradient norm")
         nvme = total("nvme", ("wait for nvme read", "wait for nvme write", "nvme read", "nvme write"))
-        optimizer = max(0.0, total("optimizer", ("optimizer", "compressed momentum step"))
+        optimizer = max(0.0, total("optimizer", ("optimizer", "compressed step"))
                         - total("nvme", ("wait for nvme read", "wait for nvme write")))
         other = max(0.0, in_zerod - gather - reduction - nvme - optimizer)
         peer = sum(e["dur"] for e in trace.spans(rank, "comm", "wait for rank")
