@@ -335,7 +335,9 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
   for (int attempt = 0;; ++attempt) {
     Daemon daemon = start_daemon(args, socket, attempt, resume_steps);
     if (attempt > 0 && !args.trace.empty())
-      std::fprintf(stderr, "zerod run: the restarted daemon writes its trace to %s (%s keeps the steps before)\n",
+      std::fprintf(stderr,
+                   "zerod run: the restarted daemon writes its trace, if it runs a step of the traced window, to %s "
+                   "(%s keeps the steps before)\n",
                    trace_of(args.trace, attempt).c_str(), args.trace.c_str());
     if (daemon.reaped) {
       std::fprintf(stderr, "zerod run: the daemon did not start (it %s)\n", how(daemon.status).c_str());
