@@ -233,10 +233,13 @@ void read_rank_state(const ModelContext& ctx, RankResources& res, StateBuffers& 
   // none, which it lets through only where the next update reads none.
   std::vector<float>& scalars = buffers.tensor_scalars();
   const ckpt::Manifest& m = src.manifest();
-  if (m.tensor_scalars != 0 && m.scalars.size() == scalars.size())
+  if (m.tensor_scalars != 0 && m.scalars.size() == scalars.size()) {
     scalars = m.scalars;
-  else
+    buffers.note_tensor_scalars_set();
+  } else {
     std::fill(scalars.begin(), scalars.end(), 0.0f);
+    buffers.note_tensor_scalars_cleared();
+  }
   buffers.working_from_master();
 }
 
@@ -296,6 +299,25 @@ ckpt::Manifest describe_model(const ModelContext& ctx, int64_t step, const LossS
   return m;
 }
 
+namespace {
+
+std::string slot_list(const std::vector<std::string>& slots) {
+  std::string out;
+  for (const std::string& s : slots) out += (out.empty() ? "" : ", ") + s;
+  return "(" + out + ")";
+}
+
+// The setting that changes an optimizer's slots, where one of ours does:
+// the same plugin with other slots is otherwise a mystery to its user.
+std::string settings_behind_slots(const std::string& optimizer) {
+  if (optimizer == "zero_one_adam")
+    return " in optimizer.local_steps (true, the default, keeps the momentum_accumulator of the local steps at ZeRO "
+           "stage 0; false, which stages 1-3 need, does not)";
+  return "";
+}
+
+}  // namespace
+
 void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, const std::string& dir) {
   const auto& params = ctx.registry.params();
   if (m.params.size() != params.size())
@@ -313,9 +335,14 @@ void check_checkpoint_fits(const ModelContext& ctx, const ckpt::Manifest& m, con
   const OptimizerInstance& opt = ctx.optimizer();
   std::vector<std::string> slots;
   for (uint32_t s = 0; s < opt.state_slots(); ++s) slots.push_back(opt.state_name(s));
-  if (m.optimizer != opt.plugin().name() || m.slots != slots)
+  if (m.optimizer != opt.plugin().name())
     fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " was written by optimizer '" + m.optimizer + "', this job runs '" +
                             opt.plugin().name() + "' (" + ctx.config.source + "): their states do not carry over");
+  if (m.slots != slots)
+    fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " holds the state slots " + slot_list(m.slots) + " of optimizer '" +
+                            m.optimizer + "', and this job's (" + ctx.config.source + ") keeps " + slot_list(slots) +
+                            ": its settings differ" + settings_behind_slots(m.optimizer) +
+                            ", and the states do not carry over; load it with the settings that wrote it");
   const uint32_t k = opt.tensor_scalars();
   if (m.tensor_scalars != 0 && m.tensor_scalars != k)
     fail(ZD_ERR_CONFIG, "the checkpoint " + dir + " holds " + std::to_string(m.tensor_scalars) +

@@ -271,6 +271,7 @@ void MomentumCompression::tensor_step(StepState& st, zd_plan_op op) {
   std::vector<float>& scalars = buffers_.tensor_scalars();
   s.scalars = scalars.empty() ? nullptr : scalars.data();
   opt.tensor_step(s);
+  buffers_.note_tensor_scalars_set();
 }
 
 void MomentumCompression::pass(StepState& st, bool with_grad) {

@@ -24,6 +24,7 @@ void StateBuffers::allocate_values(const Placement& placement) {
   const TierSet tiers = res_.tiers();
   try {
     tensor_scalars_.assign(ctx_.registry.params().size() * ctx_.optimizer().tensor_scalars(), 0.0f);
+    tensor_scalars_set_ = false;
     groups_.resize(groups.size());
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       GroupBuffers& b = groups_[gi];

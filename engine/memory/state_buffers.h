@@ -73,6 +73,13 @@ class StateBuffers {
   // clears them.
   std::vector<float>& tensor_scalars() { return tensor_scalars_; }
   const std::vector<float>& tensor_scalars() const { return tensor_scalars_; }
+  // Whether they hold a run's values: an update's tensor_step ran, or a
+  // checkpoint that holds them was loaded. Until then they are the zeros
+  // allocate_values left, which no restore through zd_model_set_step can
+  // go on from where the next update reads them.
+  bool tensor_scalars_set() const { return tensor_scalars_set_; }
+  void note_tensor_scalars_set() { tensor_scalars_set_ = true; }
+  void note_tensor_scalars_cleared() { tensor_scalars_set_ = false; }
 
   // Writes a parameter's whole fp32 value into this rank's part of its
   // master and working copies (initial values, zd_param_write, restore).
@@ -89,6 +96,7 @@ class StateBuffers {
   RankResources& res_;
   std::vector<GroupBuffers> groups_;
   std::vector<float> tensor_scalars_;
+  bool tensor_scalars_set_ = false;
 };
 
 }  // namespace zerod

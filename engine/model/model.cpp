@@ -474,29 +474,40 @@ void Model::set_applied_steps(int rank, int64_t step) {
   if (step < 0) fail(ZD_ERR_INVALID_ARGUMENT, "zd_model_set_step: the step must be >= 0, got " + std::to_string(step));
   if (rs.active_modules > 0 || rs.micro_step % config_.gradient_accumulation_steps != 0)
     fail(ZD_ERR_INVALID_STATE, "zd_model_set_step inside an accumulation window; call it between steps");
+  require_scalars_for_restore(rs, step);
   // Gradients of a backward no zd_step applied were computed from the
   // parameters before the restore: the next update would apply them to the
   // restored ones. They go, as on a load.
   discard_gradients(rs, "zd_model_set_step");
   rs.applied = step;
+  rs.res.probe.restart(step);  // the trace's next step is step + 1, as zd_step_result's
   // The error feedback restarts (as after a load: a new step count is how a
   // trainer restores its own checkpoint, which holds none). The optimizer's
   // per-tensor scalars are its state, as m and v are, and stay: zeroed
-  // here, a 1-bit LAMB past its freeze step never moved again. What the
-  // whole-tensor calls cannot do is restore them into a new model: say so
-  // where the next update reads them and they are all zero. (A snapshot
+  // here, a 1-bit LAMB past its freeze step never moved again. (A snapshot
   // still writing the error feedback finishes reading it first.)
   snapshots_->fence(rank);
   rs.compression.reset();
-  const std::vector<float>& scalars = rs.buffers.tensor_scalars();
-  if (rank == first_local_ && step > 0 && !scalars.empty() &&
-      std::all_of(scalars.begin(), scalars.end(), [](float v) { return v == 0.0f; }) &&
-      plan_for(step + 1).kept_scalars != 0)
-    log_warn("zd_model_set_step(" + std::to_string(step) + "): optimizer '" + plugins_.optimizer->plugin().name() +
-             "' keeps per-tensor scalars that update " + std::to_string(step + 1) +
-             " reads, and this model's are all zero. zd_optimizer_state_write and zd_model_set_step do not carry "
-             "them, so a run restored through them alone does not go on as the one it came from (1-bit LAMB "
-             "would not move the parameters); zd_model_save and zd_model_load carry them");
+}
+
+void Model::require_scalars_for_restore(const RankState& rs, int64_t step) {
+  // The whole-tensor calls cannot restore the optimizer's per-tensor
+  // scalars. A model that never held a run's (no update ran in it, no
+  // checkpoint that holds them was loaded) and is set to a step whose next
+  // update reads them would not go on as the run it came from: 1-bit LAMB
+  // would apply lr * 0 and never move again. Refused before anything
+  // changes, and alike on every rank (every rank's scalars agree).
+  const OptimizerInstance& opt = *plugins_.optimizer;
+  if (step == 0 || opt.tensor_scalars() == 0 || rs.buffers.tensor_scalars_set() ||
+      plan_for(step + 1).kept_scalars == 0)
+    return;
+  fail(ZD_ERR_CONFIG,
+       "step " + std::to_string(step) + ": optimizer '" + opt.plugin().name() +
+           "' keeps per-tensor scalars (1-bit LAMB's frozen trust ratios, 0/1 Adam's sum of learning rates since "
+           "its last sync) that update " + std::to_string(step + 1) + " reads, and this model holds none: "
+           "zd_optimizer_state_write and zd_model_set_step do not carry them, so the run would not go on as the one "
+           "it came from (1-bit LAMB would not move the parameters). Restore it with zd_model_save and "
+           "zd_model_load (zerod.torch: save_checkpoint and load_checkpoint), which carry them");
 }
 
 void Model::set_lr(int rank, double lr) {

@@ -309,6 +309,9 @@ class Model final : private FailureSink {
   // the job.
   static constexpr zd_module_id kPersistentFirst = -2;
   void wait_update(RankState& rs, zd_module_id m);
+  // A boundary whose gradients hold inf or NaN: no update, the window's
+  // gradients dropped, the loss scale told (and its overflow logged).
+  OverflowOutcome skip_step(RankState& rs, StepFigures& f);
   // Whether the step about to update the rank can leave its host pieces to
   // the overlapped update (offload.overlap, and nothing right after the
   // update reads them all).
@@ -327,6 +330,9 @@ class Model final : private FailureSink {
   // and the job's compression schedules; the window's gradients follow it.
   const zd_optimizer_plan& next_plan(RankState& rs);
   zd_optimizer_plan plan_for(int64_t step);
+  // Refuses a restore to `step` that the optimizer's per-tensor scalars,
+  // which this model does not hold, would not let go on (set_applied_steps).
+  void require_scalars_for_restore(const RankState& rs, int64_t step);
   // Stages 1-2: each rank updated the working copies of its range; every
   // rank needs them all.
   void gather_working_copies(RankState& rs);

@@ -514,8 +514,11 @@ ZD_API zd_status zd_model_load(zd_model* model, const char* dir);
  * the lr schedule as doubles). Every rank the same value, between steps. A compressing optimizer's error feedback
  * restarts at zero; the scalars it keeps per tensor stay as they are (the
  * whole-tensor calls cannot restore them into a new model: zd_model_load
- * does). Gradients of a backward that no zd_step applied are dropped, as
- * on a load. */
+ * does). Where the next update reads them and the model holds none (no
+ * update ran in it, no checkpoint holding them was loaded) it is
+ * ZD_ERR_CONFIG and changes nothing: 1-bit LAMB would not move again.
+ * Gradients of a backward that no zd_step applied are dropped, as on a
+ * load. */
 ZD_API zd_status zd_model_set_step(zd_model* model, int64_t step);
 
 /* ------------------------------------------------------------------------ */

@@ -176,15 +176,17 @@ def test_the_models_own_state_dict_and_load_state_dict_go_through_zerod(tmp_path
         model.state_dict()
 
 
+def train_gpt(engine, steps):
+    for s in steps:
+        (x,), y = batch("gpt", s)
+        engine.backward(loss_of("gpt", engine, (x,), y, torch.float32))
+        engine.step()
+
+
 def test_optimizer_state_dict_resumes_training_exactly():
     job = ('return { optimizer = { type = "adamw", lr = 1e-2 }, '
            'zero = { stage = 3, param_persistence_threshold = 0 } }')
-
-    def run(engine, steps):
-        for s in steps:
-            (x,), y = batch("gpt", s)
-            engine.backward(loss_of("gpt", engine, (x,), y, torch.float32))
-            engine.step()
+    run = train_gpt
 
     a = zerod.torch.initialize(tiny_gpt(), job_text=job)
     run(a, range(3))
@@ -205,6 +207,45 @@ def test_optimizer_state_dict_resumes_training_exactly():
     assert b.optimizer_state_dict()["step"] == 5
     with pytest.raises(zerod.InvalidArgumentError, match="optimizer 'sgd'"):
         b.load_optimizer_state_dict(dict(osd, optimizer="sgd"))
+
+
+# 1-bit Adam keeps no per-tensor scalars: the dict carries all it needs,
+# and a run resumed from it (on one rank, no error feedback to restart)
+# ends as the uninterrupted one.
+def test_optimizer_state_dict_resumes_onebit_adam_exactly():
+    job = 'return { optimizer = { type = "onebit_adam", lr = 1e-2, freeze_step = 2 } }'
+    a = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    train_gpt(a, range(4))
+    sd, osd = a.state_dict(), a.optimizer_state_dict()
+    train_gpt(a, range(4, 7))
+    b = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    b.load_state_dict(sd)
+    b.load_optimizer_state_dict(osd)
+    train_gpt(b, range(4, 7))
+    want, got = a.state_dict(), b.state_dict()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
+
+
+# 1-bit LAMB's frozen trust ratios (per-tensor scalars) are not in the
+# dict; restored from it, a fresh engine would apply lr * 0 from then on.
+# The load refuses, pointing to the checkpoints that carry them, and
+# changes nothing.
+def test_optimizer_state_dict_of_onebit_lamb_is_refused_where_it_would_not_resume():
+    job = 'return { optimizer = { type = "onebit_lamb", lr = 1e-2, freeze_step = 3 } }'
+    a = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    train_gpt(a, range(5))
+    sd, osd = a.state_dict(), a.optimizer_state_dict()
+    assert osd["step"] == 5
+    b = zerod.torch.initialize(tiny_gpt(), job_text=job)
+    b.load_state_dict(sd)
+    with pytest.raises(zerod.ConfigError, match=r"load_optimizer_state_dict: zd_model_set_step: step 5: optimizer "
+                                                r"'onebit_lamb' keeps per-tensor scalars.*that update 6 reads.*"
+                                                r"save_checkpoint and load_checkpoint"):
+        b.load_optimizer_state_dict(osd)
+    left = b.optimizer_state_dict()
+    assert left["step"] == 0
+    assert all(not v.any() for slots in left["state"].values() for v in slots.values())
 
 
 def test_bf16_model():

@@ -58,7 +58,7 @@ from . import _ckpt_masters
 from . import _structs as S
 from ._modules import plan_modules
 from .constants import Dtype, MemKind, Tier
-from .errors import InvalidArgumentError, InvalidStateError, ZerodIOError, check
+from .errors import ConfigError, InvalidArgumentError, InvalidStateError, ZerodIOError, check
 from .views import torch_at
 
 __all__ = ["initialize", "Engine"]
@@ -860,13 +860,18 @@ class Engine:
     def load_optimizer_state_dict(self, state_dict):
         """Loads what optimizer_state_dict() returned (every rank the same):
         each parameter's state slots and the step. Error feedback of 1-bit
-        Adam restarts at zero."""
+        Adam restarts at zero. The dict holds no per-tensor scalars (1-bit
+        LAMB's frozen trust ratios, 0/1 Adam's sum of learning rates): where
+        the next update reads them and this engine holds none, it raises
+        ConfigError (save_checkpoint()/load_checkpoint() carry them). A
+        refusal changes nothing."""
         self._require_between_steps("load_optimizer_state_dict()")
         info = self.zerod_model.optimizer_info()
         if state_dict.get("optimizer") != info.name:
             raise InvalidArgumentError(f"load_optimizer_state_dict: the checkpoint is of optimizer "
                                        f"'{state_dict.get('optimizer')}', this model runs '{info.name}'")
         own = self.module.state_dict(keep_vars=True)
+        writes = []
         for key, slots in state_dict["state"].items():
             s = self._slot_of.get(id(own.get(key)))
             if s is None:
@@ -874,8 +879,16 @@ class Engine:
             for i, name in enumerate(info.slot_names):
                 if name not in slots:
                     raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' has no '{name}'")
-                self.zerod_model.optimizer_state_write(s.pid, i, slots[name].detach().to(torch.float32))
-        self.zerod_model.set_step(int(state_dict["step"]))
+                writes.append((s.pid, i, slots[name]))
+        # The step first: zd_model_set_step refuses a step whose next update
+        # reads per-tensor scalars the dict cannot carry, before any slot is
+        # written.
+        try:
+            self.zerod_model.set_step(int(state_dict["step"]))
+        except ConfigError as e:
+            raise ConfigError(f"load_optimizer_state_dict: {e.message}") from None
+        for pid, i, value in writes:
+            self.zerod_model.optimizer_state_write(pid, i, value.detach().to(torch.float32))
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
         """DeepSpeed's: writes a checkpoint into save_dir/<tag> (default

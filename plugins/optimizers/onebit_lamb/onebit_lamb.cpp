@@ -122,8 +122,18 @@ zd_status create(const zd_host_services* host, const double* values, size_t valu
         inst.factor_min = v[10];
         inst.threshold = v[11];
       });
-  if (st == ZD_OK && host != nullptr && host->abi_version >= kHostReplaysPasses)
-    static_cast<Instance*>(*out_instance)->host_replays_passes = true;
+  if (st != ZD_OK) return st;
+  Instance& inst = *static_cast<Instance*>(*out_instance);
+  if (host != nullptr && host->abi_version >= kHostReplaysPasses) inst.host_replays_passes = true;
+  // The frozen ratio is the running average of the warm-up's trust ratios:
+  // without a warm-up it stays 0, and every compressed update is lr * 0.
+  // (A job's compression.warmup schedule, which the plugin cannot see here,
+  // may still give it warm-up steps.)
+  if (inst.freeze_step == 0)
+    glue::log(glue::copy_host(host), ZD_LOG_WARN, kName,
+              "freeze_step = 0: no warm-up sets the frozen trust ratio (unless the job's compression.warmup "
+              "schedules one), which stays 0, so every update is lr * 0 and the parameters never move; set "
+              "freeze_step to the number of LAMB warm-up updates");
   return st;
 }
 
