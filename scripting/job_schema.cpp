@@ -38,9 +38,10 @@ std::vector<KeySpec> make_schema() {
        "The 16-bit type parameters may be registered as (a parameter may always be `f32`). `fp16` turns on loss "
        "scaling. The fp32 master copy exists in every precision."},
       {"grad_accum_dtype", T::kChoice, 0, "working", {}, {"working", "fp32"},
-       "Type of the gradient accumulation buffers. `working` keeps the parameter's own type (DeepSpeed's fp16 "
-       "behaviour; the memory figures of DESIGN.md §4 assume it); `fp32` accumulates exactly at 2 extra bytes per "
-       "16-bit parameter."},
+       "Type of the gradient accumulation buffers, and the type every ZeRO stage averages the gradients over "
+       "ranks in. `working` keeps the parameter's own type (DeepSpeed's fp16 behaviour; the memory figures of "
+       "DESIGN.md §4 assume it): 16-bit gradients stay 16-bit on the wire. `fp32` accumulates exactly at 2 extra "
+       "bytes per 16-bit parameter, and reduces in fp32: a 16-bit parameter's gradients send twice the bytes."},
       {"gradient_accumulation_steps", T::kInteger, 1, "", ints(1, 1 << 30), {},
        "Micro-batches per optimizer step. `zd_step()` is called after every micro-batch and applies the optimizer "
        "at each boundary."},

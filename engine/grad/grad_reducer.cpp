@@ -306,8 +306,13 @@ void GradReducer::send_bucket(size_t gi) {
   const bool p3 = ctx_.params_partitioned();
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   const float inv = 1.0f / static_cast<float>(ctx_.world_size);
-  const zd_dtype dt = g.dtype;
-  const size_t esz = dtype_size(dt);
+  // The bucket is packed, reduced and added in the accumulators' type, as
+  // stages 0-1 reduce: with grad_accum_dtype = "fp32" a 16-bit contribution
+  // is widened before it is divided and summed over ranks (twice the bytes
+  // on the wire). Reduced in its own 16-bit type, each micro-batch's mean
+  // was rounded before it reached the exact accumulators.
+  const zd_dtype gdt = ctx_.grad_dtype(g);
+  const size_t esz = dtype_size(gdt);
   // Where each contribution sits in the packed bucket.
   auto offsets = std::make_shared<std::vector<uint64_t>>();
   uint64_t len = 0;
@@ -348,15 +353,18 @@ void GradReducer::send_bucket(size_t gi) {
     const Pending& pg = (*pending)[i];
     const ParamRecord& p = ctx_.registry.param(pg.param);
     const auto numel = static_cast<uint64_t>(p.numel);
+    // The view holds the parameter's own type (grad_view).
+    const size_t vsz = dtype_size(p.dtype);
     if (p3) {
       for (uint64_t k = 0; k < world; ++k) {
         const uint64_t lo = k * p.stride;
         if (lo >= numel) break;
         const uint64_t n = std::min(p.stride, numel - lo);
-        d.accumulate_scaled(pg.view.ptr + lo * esz, dt, send.ptr + (k * len + (*offsets)[i]) * esz, dt, n, inv);
+        d.accumulate_scaled(pg.view.ptr + lo * vsz, p.dtype, send.ptr + (k * len + (*offsets)[i]) * esz, gdt, n,
+                            inv);
       }
     } else {
-      d.accumulate_scaled(pg.view.ptr, dt, send.ptr + (*offsets)[i] * esz, dt, numel, inv);
+      d.accumulate_scaled(pg.view.ptr, p.dtype, send.ptr + (*offsets)[i] * esz, gdt, numel, inv);
     }
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
@@ -365,13 +373,13 @@ void GradReducer::send_bucket(size_t gi) {
   const bool last = final_;
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
-  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, dt, esz, a, fuse, last] {
+  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, gdt, esz, a, fuse, last] {
     observe::Span span(res_.probe, "grads", "reduce bucket", a);
     const zd_comm_call c = ctx_.comm_call(res_.rank, comm_tag(CommOp::Reduce, gi, seq), *what);
     if (p3)
-      res_.pool_memory.reduce_scatter(ctx_, c, send.ptr, recv.ptr, len, dt);
+      res_.pool_memory.reduce_scatter(ctx_, c, send.ptr, recv.ptr, len, gdt);
     else
-      res_.pool_memory.all_reduce(ctx_, c, send.ptr, len, dt);
+      res_.pool_memory.all_reduce(ctx_, c, send.ptr, len, gdt);
     // Where each contribution's owned part is now, and where it goes in
     // the owned range.
     const ParamGroup& grp = ctx_.registry.groups()[gi];
@@ -392,7 +400,6 @@ void GradReducer::send_bucket(size_t gi) {
     if (windowed(gi)) {
       // The window on the device takes every micro-batch's contribution;
       // the last micro-batch's sum is what leaves (below).
-      const zd_dtype gdt = ctx_.grad_dtype(grp);
       // A parameter whose range a settle took already this window (a
       // module's second backward in the last micro-batch): that settle
       // zeroes the range on the accumulators' thread once its download is
@@ -405,7 +412,7 @@ void GradReducer::send_bucket(size_t gi) {
       for (size_t i = 0; i < pending->size(); ++i) {
         uint64_t at, n;
         const std::byte* src = part(i, (*pending)[i].param, &at, &n);
-        if (n) res_.device->accumulate(src, dt, window_at(gi, at), gdt, n);
+        if (n) res_.device->accumulate(src, gdt, window_at(gi, at), gdt, n);
         in_window_[static_cast<size_t>((*pending)[i].param)] = 1;
       }
       res_.device->release(send, ZD_MEM_BUFFERS);
@@ -428,10 +435,9 @@ void GradReducer::send_bucket(size_t gi) {
       return;
     }
     const uint64_t ready = res_.device->mark();
-    to_accumulators([this, gi, pending, part, dt, a, fuse, send, recv, ready] {
+    to_accumulators([this, gi, pending, part, gdt, esz, a, fuse, send, recv, ready] {
       observe::Span add(res_.probe, "grads", "bucket to accumulators", a);
       GroupBuffers& b = buffers_.groups()[gi];
-      const zd_dtype gdt = ctx_.grad_dtype(ctx_.registry.groups()[gi]);
       // One call for the bucket: its downloads follow each other without a
       // pause (Transfers::add_to_host). A parameter listed twice (two
       // micro-batches in one bucket) adds in order, as before.
@@ -442,7 +448,7 @@ void GradReducer::send_bucket(size_t gi) {
         uint64_t at, n;
         const std::byte* src = part(i, pid, &at, &n);
         if (n)
-          adds.push_back(PoolAdd{src, dt, b.grad_data() + at * dtype_size(gdt), gdt, n, (*pending)[i].first,
+          adds.push_back(PoolAdd{src, gdt, b.grad_data() + at * esz, gdt, n, (*pending)[i].first,
                                  fuse ? norm_of(pid) : NormTiles{nullptr, 0}});
         norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       }

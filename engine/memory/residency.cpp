@@ -168,16 +168,20 @@ uint64_t Residency::block_bytes(uint64_t bytes) {
 // the views of the contributions pending (up to a bucket per parameter
 // group, and a module more: a full bucket sends every group's), the packed
 // buckets (each parameter's padded shards from every rank) and the rank's
-// parts of them; each block rounded as a device rounds it.
+// parts of them; each block rounded as a device rounds it. The views hold
+// the parameters' types, the buckets the gradients' accumulation type
+// (GradReducer::send_bucket): fp32 accumulation of bf16 doubles them.
 uint64_t Residency::bucket_reserve() const {
   uint64_t total = 0, largest = 0, params = 0;
-  size_t esz = 1;
+  size_t view_esz = 1, bucket_esz = 1;
   for (const ModuleRecord& mod : ctx_.registry.modules()) {
     uint64_t n = 0;
     for (zd_param_id pid : mod.params) {
       const ParamRecord& p = ctx_.registry.param(pid);
       n += gathered_elems(p);
-      esz = std::max(esz, dtype_size(p.dtype));
+      view_esz = std::max(view_esz, dtype_size(p.dtype));
+      const ParamGroup& g = ctx_.registry.groups()[static_cast<size_t>(p.group)];
+      bucket_esz = std::max(bucket_esz, dtype_size(ctx_.grad_dtype(g)));
       ++params;
     }
     total += n;
@@ -188,7 +192,8 @@ uint64_t Residency::bucket_reserve() const {
   const uint64_t pending = bucket >= total ? total : std::min(total, groups * bucket + largest);
   const auto world = static_cast<uint64_t>(ctx_.world_size);
   // Views, then per group a packed bucket and its part.
-  return pending * esz * 2 + (pending * esz + world - 1) / world + (params + 2 * groups) * kBlockAlign;
+  return pending * view_esz + pending * bucket_esz + (pending * bucket_esz + world - 1) / world +
+         (params + 2 * groups) * kBlockAlign;
 }
 
 void Residency::agree_prefetch_room(uint64_t planned) {

@@ -52,6 +52,7 @@ struct JobOptions {
   bool compression_replay = false;
   zd_dtype state_dtype = ZD_DTYPE_F32;  // optimizer.state_dtype
   double static_loss_scale = 0.0;       // fp16.loss_scale: > 0 a static scale, 0 dynamic
+  zd_dtype grad_accum_dtype = 0;        // grad_accum_dtype: 0 the working type, ZD_DTYPE_F32 fp32
 };
 
 inline std::vector<double> values_with(const Plugin& p,
@@ -94,6 +95,7 @@ inline std::unique_ptr<Model> make_model(const JobOptions& o, int world, int fir
   c.snapshot = o.snapshot;
   c.compression_replay = o.compression_replay;
   c.optimizer_state_dtype = o.state_dtype;
+  c.grad_accum_dtype = o.grad_accum_dtype;
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(opt, values_with(*opt, o.optimizer_hparams));
   p.partitioner = PartitionerInstance::create(part, values_with(*part, o.zero_hparams), world);

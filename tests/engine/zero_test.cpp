@@ -275,6 +275,61 @@ TEST(Zero3Exact, GatherPaddingReduceScatterAccumulationRelease) {
   });
 }
 
+namespace {
+
+// One SGD step (lr 1, from zeros) of a bf16 parameter on three ranks with
+// grad_accum_dtype = "fp32": the master rank 0 reads afterwards, -mean of
+// the ranks' gradients as the stage averaged them. Rank k's gradient is
+// exact in bf16; the means are not (a third of 3 + 1/128 needs fp32).
+std::vector<float> fp32_accumulated_sgd_step(int stage) {
+  constexpr int kWorld = 3;
+  JobOptions o;
+  o.stage = stage;
+  o.precision = ZD_DTYPE_BF16;
+  o.grad_accum_dtype = ZD_DTYPE_F32;
+  o.optimizer = "sgd";
+  o.optimizer_hparams = {{"lr", 1.0}};
+  auto model = make_model(o, kWorld);
+  std::vector<float> out;
+  run_ranks(kWorld, [&](int rank) {
+    const std::vector<float> zeros(4, 0.0f);
+    const zd_param_id w = model->register_param(rank, "w", "m", ZD_DTYPE_BF16, {4}, zeros.data(), ZD_DTYPE_F32);
+    model->finalize(rank);
+    const float k = static_cast<float>(rank);
+    const std::vector<float> grad = {rank == 2 ? 1.0f + 1.0f / 128 : 1.0f, rank == 0 ? 3.0f : 1.0f,
+                                     1.0f + k / 64, rank == 1 ? 0.5f + 1.0f / 64 : 0.5f};
+    model->forward_begin(rank, 0);
+    model->forward_end(rank, 0);
+    model->backward_begin(rank, 0);
+    write_view(const_cast<Device&>(model->device(rank)), model->grad_view(rank, w), grad);
+    model->backward_end(rank, 0);
+    EXPECT_TRUE(model->step(rank).applied);
+    std::vector<float> master(4);
+    model->read_param(rank, w, ZD_DTYPE_F32, master.data(), master.size() * 4);
+    if (rank == 0) out = master;
+  });
+  return out;
+}
+
+}  // namespace
+
+// grad_accum_dtype = "fp32" with bf16 parameters: every stage averages the
+// ranks' gradients in fp32. Stages 2-3 once packed and reduce-scattered each
+// micro-batch's bucket in bf16 before adding it to the fp32 accumulators
+// (off by 5e-3 here, where stages 0-1 were exact).
+TEST(ZeroStages, Fp32AccumulationAveragesInFp32AtEveryStage) {
+  const std::vector<float> stage0 = fp32_accumulated_sgd_step(0);
+  ASSERT_EQ(stage0.size(), 4u);
+  const std::vector<double> mean = {(3 + 1.0 / 128) / 3, 5.0 / 3, (3 + 3.0 / 64) / 3, (1.5 + 1.0 / 64) / 3};
+  for (size_t i = 0; i < mean.size(); ++i) EXPECT_NEAR(stage0[i], -mean[i], 1e-6) << "stage 0, element " << i;
+  for (const int stage : {1, 2, 3}) {
+    const std::vector<float> got = fp32_accumulated_sgd_step(stage);
+    ASSERT_EQ(got.size(), stage0.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i], stage0[i]) << "stage " << stage << ", element " << i << " (stage 0: -" << mean[i] << ")";
+  }
+}
+
 // Per-rank model-state bytes against DESIGN.md section 4 (bf16 working
 // copies, Adam): within 5% plus 16 KiB of fixed overhead (64-byte
 // alignment of each parameter in each buffer, and the padding of the last
