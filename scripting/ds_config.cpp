@@ -4,9 +4,10 @@
 // DeepSpeed's default), so a key this file does not handle is refused.
 // Values keep DeepSpeed 0.19's semantics: its defaults where zerod's differ
 // (weight_decay 0, Adam = AdamW, pinned offload memory), its fp16 scaler
-// (no hysteresis without ZeRO), its batch-size rule, its schedulers'
-// defaults and one-step lag (the first update runs at the lr the scheduler
-// set when it was made), and what it accepts and ignores: a redundant or
+// (no hysteresis, nor a stop at the minimum scale, without ZeRO), its
+// batch-size rule, its schedulers' defaults and one-step lag (the first
+// update runs at the lr the scheduler set when it was made), and what it
+// accepts and ignores: a redundant or
 // overridden key (adam_w_mode with AdamW, offload_param below stage 3) is
 // accepted as DeepSpeed accepts it, and said in a comment of the job.
 // tests/python/test_deepspeed_configs.py holds the translation to DeepSpeed's
@@ -369,6 +370,10 @@ void Translator::precision(const Struct& root) {
       // unfused twin, _update_scale) halve the scale at every overflow:
       // their scaler has no hysteresis, whatever the config says.
       emit(2, "hysteresis = 1,  -- DeepSpeed's fp16 optimizer without ZeRO has no hysteresis", "fp16.enabled");
+      // Nor does it stop at the minimum scale (its ZeRO optimizers'
+      // DynamicLossScaler raises there, as zerod does by default).
+      emit(2, "raise_error_at_min_scale = false,  -- DeepSpeed's fp16 optimizer without ZeRO keeps skipping there",
+           "fp16.enabled");
       if (hysteresis || consecutive)
         comments_.push_back("fp16.hysteresis, fp16.consecutive_hysteresis: not used at ZeRO stage 0, as DeepSpeed's "
                             "fp16 optimizer without ZeRO does not use them (it halves the scale at every overflow)");

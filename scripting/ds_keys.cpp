@@ -100,7 +100,10 @@ std::vector<DsKey> make_keys() {
        "`fp16.hysteresis` at ZeRO stages 1-3; at stage 0 DeepSpeed's fp16 optimizer has none (it halves the "
        "scale at every overflow), so the translation writes 1"},
       {"fp16.consecutive_hysteresis", T, "", "`fp16.consecutive_hysteresis` (stages 1-3, as hysteresis)"},
-      {"fp16.min_loss_scale", T, "", "`fp16.min_loss_scale`"},
+      {"fp16.min_loss_scale", T, "",
+       "`fp16.min_loss_scale`. An overflow at it fails the step at ZeRO stages 1-3, as DeepSpeed's scaler raises "
+       "there (`fp16.raise_error_at_min_scale`); at stage 0 DeepSpeed's fp16 optimizer keeps skipping, so the "
+       "translation writes `raise_error_at_min_scale = false`"},
       {"fp16.zerod_window_rule", T, "",
        "zerod's own key: `fp16.window_rule` (default \"deepspeed\"; \"torch\" for a GradScaler's schedule)"},
       {"fp16.auto_cast", D, "false", "zerod does not cast the model's inputs: cast them, or the model, in the trainer"},

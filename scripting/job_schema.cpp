@@ -63,10 +63,19 @@ std::vector<KeySpec> make_schema() {
        "GradScaler, `growth_interval`); `deepspeed` on the update after that, as DeepSpeed's DynamicLossScaler "
        "counts (never on a job's first update). A DeepSpeed config gets `deepspeed`."},
       {"fp16.hysteresis", T::kInteger, 2, "", ints(1, 1 << 20), {},
-       "Overflows tolerated before the scale halves."},
+       "The overflow that halves the scale: with 2 the first overflow only skips its step and the second (not "
+       "necessarily the next step) halves it; 1 halves at every overflow. The count is refilled only when "
+       "`loss_scale_window` clean steps double the scale (after every clean step with `consecutive_hysteresis`), "
+       "so after a halving every overflow halves it at once until then."},
       {"fp16.consecutive_hysteresis", T::kBoolean, 0, "", {}, {},
        "Refill the hysteresis after every clean step."},
       {"fp16.min_loss_scale", T::kNumber, 1, "", nums(0, kHuge, true), {}, "The scale never goes below this."},
+      {"fp16.raise_error_at_min_scale", T::kBoolean, 1, "", {}, {},
+       "An overflow with the dynamic scale at `min_loss_scale` and no hysteresis left fails `zd_step` "
+       "(`ZD_ERR_CONFIG`; the window is skipped, nothing updated), as DeepSpeed's ZeRO optimizers stop there: "
+       "no lower scale is left to try, so every later step would be skipped too. `false` skips such steps and "
+       "goes on, as DeepSpeed's fp16 optimizer without ZeRO does. Overflows are logged either way (the first 5, "
+       "then every 100th)."},
       {"zero", T::kTable, 0, "stage 0", {}, {},
        "The partitioner plugin and its hyperparameters (the shipped ones are listed below)."},
       {"zero.stage", T::kInteger, 0, "", ints(0, 3), {},

@@ -140,6 +140,7 @@ void JobScript::read_config(ConfigReader& r, const std::string& script_dir) {
     c.loss_scale.hysteresis = static_cast<int>(r.integer(job_key("fp16.hysteresis")));
     c.loss_scale.consecutive_hysteresis = r.boolean(job_key("fp16.consecutive_hysteresis"));
     c.loss_scale.min_scale = r.number(job_key("fp16.min_loss_scale"));
+    c.loss_scale.raise_error_at_min_scale = r.boolean(job_key("fp16.raise_error_at_min_scale"));
     r.leave();
   }
 

@@ -56,6 +56,7 @@ struct Model::RankState {
   bool finalized = false;
 
   LossScaler scaler{LossScaleConfig{}};
+  int64_t overflows = 0;  // windows the dynamic scaler skipped, for the log's rate (not checkpointed)
   int64_t micro_step = 0;
   int64_t applied = 0;
   // zd_model_set_lr's lr, applied at every boundary in place of the job's

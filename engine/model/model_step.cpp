@@ -11,11 +11,67 @@
 #include "error.h"
 #include "log.h"
 
+#include <charconv>
 #include <cmath>
 #include <exception>
 #include <optional>
 
 namespace zerod {
+
+namespace {
+
+// Overflows of a dynamic scale are logged: the first kOverflowsLogged, then
+// every kOverflowLogInterval-th. A run's first steps halve a high initial
+// scale a few times, which is normal; a run that keeps overflowing says so
+// now and then without flooding the log.
+constexpr int64_t kOverflowsLogged = 5;
+constexpr int64_t kOverflowLogInterval = 100;
+
+// A loss scale as written in a job script (65536, 0.25), whatever the
+// process's locale.
+std::string scale_text(double scale) {
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof b, scale);
+  return std::string(b, r.ptr);
+}
+
+bool overflow_logged(int64_t overflow) {
+  return overflow <= kOverflowsLogged || overflow % kOverflowLogInterval == 0;
+}
+
+// What the dynamic scaler did about the `overflow`-th overflow (1-based),
+// at the update that would have been `step`.
+std::string overflow_message(int64_t step, int64_t overflow, OverflowOutcome outcome, double before, double after) {
+  std::string m = "step " + std::to_string(step) + " skipped (overflow " + std::to_string(overflow) +
+                  "): the gradients hold inf or NaN; loss scale ";
+  switch (outcome) {
+    case OverflowOutcome::kTolerated:
+      m += scale_text(before) + " kept (fp16.hysteresis: a later overflow halves it)";
+      break;
+    case OverflowOutcome::kAtMinimum:
+      m += scale_text(before) + " is fp16.min_loss_scale already and cannot go lower";
+      break;
+    default:
+      m += scale_text(before) + " -> " + scale_text(after);
+  }
+  if (overflow == kOverflowsLogged)
+    m += "; further overflows are logged every " + std::to_string(kOverflowLogInterval) + "th";
+  return m;
+}
+
+// Why zd_step fails where a dynamic scale overflows at its minimum.
+std::string at_minimum_message(const JobConfig& config, int64_t step) {
+  return config.source + ": step " + std::to_string(step) +
+         ": the gradients hold inf or NaN with the loss scale already at fp16.min_loss_scale (" +
+         scale_text(config.loss_scale.min_scale) +
+         ") and no hysteresis left: no lower scale can make them finite, so every further step would be "
+         "skipped. This window was skipped; nothing was updated. Look for the inf or NaN in the loss, the data "
+         "or the model, or lower the learning rate; where the gradients really exceed fp16's range at this "
+         "scale, lower fp16.min_loss_scale or train in bf16. fp16.raise_error_at_min_scale = false skips such "
+         "steps instead of failing";
+}
+
+}  // namespace
 
 double Model::learning_rate(int64_t step) {
   if (!policy_) return base_lr_;
@@ -143,14 +199,13 @@ StepFigures Model::step(int rank) {
   // micro-batches at the loss scale.
   const double denom = scale * static_cast<double>(gas);
   rs.micro_step = f.micro_step;
+  // An overflow at the minimum scale skips its window whole, as any other,
+  // and then fails the call: the model stays consistent for a trainer that
+  // catches it (and loads a checkpoint, say).
+  bool stuck_at_minimum = false;
   if (!stats.finite) {
-    rs.scaler.update(true);
-    rs.grads.end_step(/*applied=*/false);
-    f.skipped = true;
-    f.grad_norm = std::nan("");
-    f.loss_scale = rs.scaler.scale();
-    if (!rs.scaler.dynamic() && rank == 0)
-      log_warn("step " + std::to_string(rs.applied + 1) + " skipped: the gradients hold inf or NaN");
+    const OverflowOutcome outcome = skip_step(rs, f);
+    stuck_at_minimum = outcome == OverflowOutcome::kAtMinimum && config_.loss_scale.raise_error_at_min_scale;
   } else {
     const double norm = std::sqrt(sumsq) / denom;
     double clip = 1.0;
@@ -214,7 +269,26 @@ StepFigures Model::step(int rank) {
   rs.last = f;
   rs.boundary_reached = true;  // the step's timeline closes as this call returns
   activity_.record_step(rank, f.lr, f.loss_scale, f.grad_norm, f.skipped);
+  if (stuck_at_minimum) fail(ZD_ERR_CONFIG, at_minimum_message(config_, rs.applied + 1));
   return f;
+}
+
+OverflowOutcome Model::skip_step(RankState& rs, StepFigures& f) {
+  const double before = rs.scaler.scale();
+  const OverflowOutcome outcome = rs.scaler.update(true);
+  rs.grads.end_step(/*applied=*/false);
+  f.skipped = true;
+  f.grad_norm = std::nan("");
+  f.loss_scale = rs.scaler.scale();
+  const int rank = rs.res.rank;
+  if (!rs.scaler.dynamic()) {
+    if (rank == 0) log_warn("step " + std::to_string(rs.applied + 1) + " skipped: the gradients hold inf or NaN");
+    return outcome;
+  }
+  ++rs.overflows;
+  if (rank == first_local_ && overflow_logged(rs.overflows))
+    log_warn(overflow_message(rs.applied + 1, rs.overflows, outcome, before, f.loss_scale));
+  return outcome;
 }
 
 void Model::wait_update(RankState& rs, zd_module_id m) {

@@ -13,13 +13,19 @@ LossScaler::LossScaler(const LossScaleConfig& cfg)
                                       : std::ldexp(1.0, cfg.initial_scale_power)),
       hysteresis_left_(cfg.hysteresis) {}
 
-void LossScaler::update(bool overflow) {
-  if (!dynamic_) return;
+OverflowOutcome LossScaler::update(bool overflow) {
+  if (!dynamic_) return OverflowOutcome::kNone;
+  OverflowOutcome outcome = OverflowOutcome::kNone;
   if (overflow) {
     if (cfg_.hysteresis <= 1 || hysteresis_left_ <= 1) {
+      // DeepSpeed's test (update_scale): exactly at the minimum, where
+      // halving changes nothing. A scale below it (2^initial_scale_power
+      // under min_scale) is lifted to it instead.
+      outcome = scale_ == cfg_.min_scale ? OverflowOutcome::kAtMinimum : OverflowOutcome::kHalved;
       scale_ = std::max(scale_ / 2.0, cfg_.min_scale);
     } else {
       --hysteresis_left_;
+      outcome = OverflowOutcome::kTolerated;
     }
     last_overflow_iter_ = iter_;
   } else {
@@ -34,6 +40,7 @@ void LossScaler::update(bool overflow) {
     }
   }
   ++iter_;
+  return outcome;
 }
 
 }  // namespace zerod

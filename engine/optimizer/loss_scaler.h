@@ -1,7 +1,8 @@
 // fp16 loss scaling. With a static scale the scale never changes; with the
-// dynamic scaler (DeepSpeed's rules) an overflow lowers the scale — after
-// `hysteresis` overflows in a row unless the scale is already at its minimum —
-// and `window` clean steps since the last overflow double it.
+// dynamic scaler (DeepSpeed's rules) an overflow halves the scale once the
+// hysteresis is used up (with `hysteresis` 2 the first overflow only skips
+// its step), never below `min_scale`, and `window` clean steps since the
+// last overflow double it and refill the hysteresis.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,24 @@ struct LossScaleConfig {
   // GradScaler); true: on the update after it (DeepSpeed's
   // DynamicLossScaler: its `stable_interval` leaves out the update itself).
   bool deepspeed_window = false;
-  int hysteresis = 2;              // overflows tolerated before the scale halves
+  // The first hysteresis - 1 overflows are tolerated (their steps skipped,
+  // the scale kept); then each overflow halves the scale until a doubling
+  // (or, consecutive_hysteresis, any clean step) refills the count.
+  int hysteresis = 2;
   bool consecutive_hysteresis = false;  // refill hysteresis after every clean step
   double min_scale = 1.0;
+  // An overflow at min_scale with no hysteresis left fails zd_step
+  // (DeepSpeed's DynamicLossScaler raises there): the run would otherwise
+  // skip every step from then on. The scaler only reports it; the Model fails.
+  bool raise_error_at_min_scale = true;
+};
+
+// What an update did about an overflow.
+enum class OverflowOutcome {
+  kNone,       // no overflow, or a scale that is not dynamic
+  kTolerated,  // hysteresis used up by one: the scale holds
+  kHalved,     // the scale halved (no lower than min_scale)
+  kAtMinimum,  // the scale was min_scale already with no hysteresis left: no lower scale to try
 };
 
 class LossScaler {
@@ -31,7 +47,7 @@ class LossScaler {
 
   // Called once per accumulation boundary with whether the gradients held an
   // inf or NaN.
-  void update(bool overflow);
+  OverflowOutcome update(bool overflow);
 
   // State, for checkpoints and tests.
   int64_t iteration() const { return iter_; }

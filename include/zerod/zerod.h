@@ -362,7 +362,7 @@ ZD_API zd_status zd_grad_view(zd_model* model, zd_param_id param, zd_view* out);
 enum {
   ZD_STEP_BOUNDARY = 1u << 0, /* this call ended a gradient-accumulation window */
   ZD_STEP_APPLIED = 1u << 1,  /* the optimizer updated the parameters */
-  ZD_STEP_SKIPPED = 1u << 2   /* inf/nan gradients: no update, loss scale lowered */
+  ZD_STEP_SKIPPED = 1u << 2   /* inf/nan gradients: no update (the loss scale may be lowered) */
 };
 
 typedef struct zd_step_result {

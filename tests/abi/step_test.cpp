@@ -411,6 +411,92 @@ TEST_F(StepTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   zd_model_destroy(m);
 }
 
+namespace {
+constexpr uint16_t kHalfNan = 0x7e00;
+
+// One window of the fp16 parameter p whose gradients are all `half`;
+// zd_step's status, its result in *r.
+zd_status fp16_window(zd_model* m, zd_module_id mod, zd_param_id p, uint16_t half, zd_step_result* r) {
+  EXPECT_EQ(zd_backward_begin(m, mod), ZD_OK) << last();
+  zd_view g = ZD_VIEW_INIT;
+  EXPECT_EQ(zd_grad_view(m, p, &g), ZD_OK) << last();
+  EXPECT_EQ(g.dtype, ZD_DTYPE_F16);
+  uint16_t* gh = static_cast<uint16_t*>(g.data);
+  for (int i = 0; i < 3; ++i) gh[i] = half;
+  EXPECT_EQ(zd_backward_end(m, mod), ZD_OK) << last();
+  return zd_step(m, r);
+}
+}  // namespace
+
+// A run whose gradients stay NaN used to skip every step at the minimum
+// scale forever, saying nothing. As DeepSpeed's ZeRO scaler, zd_step now
+// fails there, the window skipped whole, and the model trains on if the
+// trainer goes on; each overflow before it is logged.
+TEST_F(StepTest, Fp16NanWindowsFailAtTheMinimumScale) {
+  zd_model* m = model("return { precision = 'fp16', optimizer = { type = 'sgd', lr = 1.0 },\n"
+                      "  fp16 = { initial_scale_power = 2 } }");  // hysteresis 2, min_loss_scale 1
+  const zd_param_id p = add(m, "w", "layer", {3}, {1, 2, 3}, ZD_DTYPE_F16);
+  ASSERT_EQ(zd_model_finalize(m), ZD_OK) << last();
+  const zd_module_id mod = module_id(m, "layer");
+  testing::internal::CaptureStderr();
+  // 4 tolerated, 4 -> 2, 2 -> 1: skipped; then at the minimum: the error.
+  for (const double scale : {4.0, 2.0, 1.0}) {
+    zd_step_result r = ZD_STEP_RESULT_INIT;
+    ASSERT_EQ(fp16_window(m, mod, p, kHalfNan, &r), ZD_OK) << last();
+    EXPECT_TRUE(r.flags & ZD_STEP_SKIPPED);
+    EXPECT_EQ(r.loss_scale, scale);
+  }
+  zd_step_result r = ZD_STEP_RESULT_INIT;
+  EXPECT_EQ(fp16_window(m, mod, p, kHalfNan, &r), ZD_ERR_CONFIG);
+  const std::string error = last();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(error.find("step 1: the gradients hold inf or NaN with the loss scale already at "
+                       "fp16.min_loss_scale (1)"),
+            std::string::npos) << error;
+  EXPECT_NE(error.find("lower the learning rate"), std::string::npos) << error;
+  EXPECT_NE(error.find("fp16.raise_error_at_min_scale = false"), std::string::npos) << error;
+  EXPECT_NE(log.find("step 1 skipped (overflow 1): the gradients hold inf or NaN; loss scale 4 kept"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("(overflow 2): the gradients hold inf or NaN; loss scale 4 -> 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("(overflow 3): the gradients hold inf or NaN; loss scale 2 -> 1"), std::string::npos) << log;
+  EXPECT_EQ(read(m, p, 3), (std::vector<float>{1, 2, 3}));
+  // Nothing of the failed window is left: a clean one applies.
+  EXPECT_EQ(fp16_window(m, mod, p, 0x3c00 /* 1.0 */, &r), ZD_OK) << last();
+  EXPECT_TRUE(r.flags & ZD_STEP_APPLIED);
+  EXPECT_EQ(r.step, 1);
+  EXPECT_EQ(read(m, p, 3), (std::vector<float>{0, 1, 2}));
+  zd_model_destroy(m);
+}
+
+// fp16.raise_error_at_min_scale = false: NaN windows skip at the minimum
+// scale and go on, logged (the first 5, then every 100th).
+TEST_F(StepTest, Fp16NanWindowsSkipAndLogWithoutRaiseErrorAtMinScale) {
+  zd_model* m = model("return { precision = 'fp16', optimizer = { type = 'sgd', lr = 1.0 },\n"
+                      "  fp16 = { initial_scale_power = 0, hysteresis = 1, raise_error_at_min_scale = false } }");
+  const zd_param_id p = add(m, "w", "layer", {3}, {1, 2, 3}, ZD_DTYPE_F16);
+  ASSERT_EQ(zd_model_finalize(m), ZD_OK) << last();
+  const zd_module_id mod = module_id(m, "layer");
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 100; ++i) {
+    zd_step_result r = ZD_STEP_RESULT_INIT;
+    ASSERT_EQ(fp16_window(m, mod, p, kHalfNan, &r), ZD_OK) << last();
+    EXPECT_TRUE(r.flags & ZD_STEP_SKIPPED);
+    EXPECT_EQ(r.loss_scale, 1.0);
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("zerod[warn] step 1 skipped (overflow 1): the gradients hold inf or NaN; loss scale 1 is "
+                     "fp16.min_loss_scale already and cannot go lower"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("(overflow 5): the gradients hold inf or NaN; loss scale 1 is fp16.min_loss_scale already "
+                     "and cannot go lower; further overflows are logged every 100th"),
+            std::string::npos) << log;
+  EXPECT_EQ(log.find("(overflow 6)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(overflow 99)"), std::string::npos) << log;
+  EXPECT_NE(log.find("(overflow 100)"), std::string::npos) << log;
+  EXPECT_EQ(read(m, p, 3), (std::vector<float>{1, 2, 3}));
+  zd_model_destroy(m);
+}
+
 TEST_F(StepTest, Bf16WorkingCopyOverAnFp32Master) {
   zd_model* m = model("return { precision = 'bf16', optimizer = { type = 'sgd', lr = 1e-3 } }");
   const std::vector<float> init = {1, 1, 1};

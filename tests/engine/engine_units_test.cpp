@@ -115,6 +115,55 @@ TEST(LossScaler, TheDeepSpeedRuleDoublesAnUpdateLater) {
             (std::vector<double>{256, 256, 512, 512, 256, 256, 256, 512, 512, 1024}));
 }
 
+// DeepSpeed's update_scale raises (raise_error_at_min_scale) where an
+// overflow finds the scale at min_scale and no hysteresis left; the scaler
+// reports it and the Model fails the step.
+TEST(LossScaler, AnOverflowAtTheMinimumScaleIsReported) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 1;
+  c.hysteresis = 2;
+  c.min_scale = 1.0;
+  LossScaler s(c);
+  EXPECT_EQ(s.update(true), OverflowOutcome::kTolerated);
+  EXPECT_EQ(s.scale(), 2.0);
+  EXPECT_EQ(s.update(true), OverflowOutcome::kHalved);
+  EXPECT_EQ(s.scale(), 1.0);
+  EXPECT_EQ(s.update(true), OverflowOutcome::kAtMinimum);
+  EXPECT_EQ(s.scale(), 1.0);
+  EXPECT_EQ(s.update(false), OverflowOutcome::kNone);
+  // Hysteresis left at the minimum is used first (DeepSpeed tests the
+  // minimum only where it would halve).
+  c.initial_scale_power = 0;
+  LossScaler at_min(c);
+  EXPECT_EQ(at_min.update(true), OverflowOutcome::kTolerated);
+  EXPECT_EQ(at_min.update(true), OverflowOutcome::kAtMinimum);
+  // A scale under the minimum is lifted to it, as DeepSpeed's max() does.
+  c.min_scale = 4.0;
+  c.hysteresis = 1;
+  LossScaler below(c);
+  EXPECT_EQ(below.update(true), OverflowOutcome::kHalved);
+  EXPECT_EQ(below.scale(), 4.0);
+  EXPECT_EQ(below.update(true), OverflowOutcome::kAtMinimum);
+  // A static scale has no minimum to reach.
+  c.static_scale = 1.0;
+  EXPECT_EQ(LossScaler(c).update(true), OverflowOutcome::kNone);
+}
+
+// fp16.hysteresis = 2: the first overflow is tolerated, the second halves;
+// the count is not refilled until a doubling, so later overflows halve at
+// once; after the doubling the next overflow is tolerated again.
+TEST(LossScaler, HysteresisTwoHalvesOnTheSecondOverflow) {
+  LossScaleConfig c;
+  c.enabled = true;
+  c.initial_scale_power = 10;
+  c.hysteresis = 2;
+  c.window = 2;
+  const std::vector<bool> overflow = {true, true, true, false, false, false, true, true};
+  EXPECT_EQ(scales(c, static_cast<int>(overflow.size()), [&](int i) { return overflow[static_cast<size_t>(i)]; }),
+            (std::vector<double>{1024, 512, 256, 256, 512, 512, 512, 256}));
+}
+
 TEST(LossScaler, EveryOverflowHalvesDownToTheMinimum) {
   LossScaleConfig c;
   c.enabled = true;

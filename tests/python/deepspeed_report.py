@@ -169,12 +169,13 @@ def offload_report(opt, stage):
 
 
 def loss_scale_report(opt, stage):
-    """The scaler's settings, and how many overflows in a row it takes to
-    halve the scale, found by feeding it overflows (its hysteresis)."""
-    if stage == 0:  # FP16_Optimizer or its unfused twin: a LossScaleConfig
+    """The scaler's settings, how many overflows in a row it takes to halve
+    the scale, found by feeding it overflows (its hysteresis), and whether
+    an overflow at the minimum scale raises."""
+    if stage == 0:  # FP16_Optimizer or its unfused twin: a LossScaleConfig, which never raises
         c = opt.loss_scale_config
         out = {"dynamic": c.dynamic_loss_scale, "scale": c.cur_scale, "window": c.scale_window,
-               "min": c.min_loss_scale, "consecutive_hysteresis": False}
+               "min": c.min_loss_scale, "consecutive_hysteresis": False, "raises_at_min": False}
 
         def overflow():
             opt._update_scale(True)
@@ -183,7 +184,8 @@ def loss_scale_report(opt, stage):
         s = opt.loss_scaler
         out = {"dynamic": s.dynamic, "scale": s.cur_scale, "window": getattr(s, "scale_window", None),
                "min": getattr(s, "min_scale", None),
-               "consecutive_hysteresis": getattr(s, "consecutive_hysteresis", False)}
+               "consecutive_hysteresis": getattr(s, "consecutive_hysteresis", False),
+               "raises_at_min": getattr(s, "raise_error_at_min_scale", False)}
 
         def overflow():
             s.update_scale(True)

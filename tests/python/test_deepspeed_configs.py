@@ -466,6 +466,8 @@ def compare(ds, zd):
             want("overflows that halve the scale (hysteresis)", int(s["fp16.hysteresis"]), ls["overflows_to_halve"])
             want("fp16.consecutive_hysteresis", s["fp16.consecutive_hysteresis"] == "true",
                  bool(ls["consecutive_hysteresis"]))
+            want("fp16.raise_error_at_min_scale", s["fp16.raise_error_at_min_scale"] == "true",
+                 bool(ls["raises_at_min"]))
         else:
             want("static loss scale", _num(s["fp16.loss_scale"]), float(ls["scale"]))
     return out

@@ -166,6 +166,17 @@ TEST(DsConfig, Fp16HasNoHysteresisWithoutZeroAsInDeepSpeed) {
                    "initial_scale_power"));
 }
 
+// DeepSpeed's ZeRO optimizers (DynamicLossScaler) raise at an overflow at
+// the minimum scale; its fp16 optimizer without ZeRO (_update_scale) keeps
+// skipping. No config key sets it.
+TEST(DsConfig, Fp16StopsAtTheMinimumScaleOnlyWithZeroAsInDeepSpeed) {
+  const std::string fp16 = R"("fp16": {"enabled": true}, )";
+  const std::string s0 = lua("{" + kBatch + fp16 + R"("zero_optimization": {"stage": 0}})");
+  EXPECT_TRUE(has(s0, "raise_error_at_min_scale = false,")) << s0;
+  const std::string s2 = lua("{" + kBatch + fp16 + R"("zero_optimization": {"stage": 2}})");
+  EXPECT_FALSE(has(s2, "raise_error_at_min_scale")) << s2;
+}
+
 TEST(DsConfig, OffloadBelowItsStageIsIgnoredAsInDeepSpeed) {
   // DeepSpeed-Chat writes offload_param at every stage; DeepSpeed reads it at 3.
   const std::string s2 = lua("{" + kBatch + R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"},

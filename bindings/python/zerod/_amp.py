@@ -16,8 +16,10 @@ follows the same scale sequence as the GradScaler would:
 
 A GradScaler setting with no such counterpart (a scale that is not a power
 of two, other growth or backoff factors) is refused naming it. zerod's
-scale never goes below min_loss_scale (1 unless the config says otherwise);
-torch's has no floor, which only matters after 16 overflows in a row.
+scale never goes below min_loss_scale (1 unless the config says otherwise),
+and an overflow there fails the step (as DeepSpeed's ZeRO scaler does;
+fp16.raise_error_at_min_scale in a job script); torch's has no floor and
+skips on. Either only matters after 16 overflows in a row.
 """
 import math
 
