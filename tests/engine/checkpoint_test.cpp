@@ -1437,13 +1437,13 @@ TEST(CheckpointTorchState, ReshardCarriesThePairOfTheManifestsStep) {
     return names;
   };
   const std::vector<std::string> both{ckpt::kTorchStatePickle, ckpt::kTorchStateTensors};
-  struct Case {
+  struct ReshardCase {
     const char* what;
     int step;  // the manifest's
     std::vector<std::pair<const char*, int>> files;  // name, the step it is of (the pickle's text says it)
     const char* pickle;                              // what the output's torch_state.pt holds
   };
-  const Case cases[] = {
+  const ReshardCase cases[] = {
       {"a save that failed before its manifest", 3,
        {{ckpt::kTorchStatePickle, 3}, {ckpt::kTorchStateTensors, 3}, {ckpt::kTorchStatePickleStaged, 4},
         {ckpt::kTorchStateTensorsStaged, 4}},
@@ -1456,7 +1456,7 @@ TEST(CheckpointTorchState, ReshardCarriesThePairOfTheManifestsStep) {
        {{ckpt::kTorchStatePickle, 4}, {ckpt::kTorchStateTensors, 3}, {ckpt::kTorchStateTensorsStaged, 4}},
        "pickle 4"},
   };
-  for (const Case& c : cases) {
+  for (const ReshardCase& c : cases) {
     TempDir from, out;
     for (const auto& [name, step] : c.files) {
       if (std::string(name).ends_with(".pt")) write(from.path + "/" + name, "pickle " + std::to_string(step));
