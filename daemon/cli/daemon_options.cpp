@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
 namespace zerod::cli {
 
@@ -300,13 +299,6 @@ void set_daemon_environment(const char* cmd) {
   if (!users.empty() && users != "32")
     log_info(std::string("zerod ") + cmd + ": CUDA_DEVICE_MAX_CONNECTIONS=" + users +
              " reaches the ranks; the daemon's own process uses 32 (its streams wait on its trainers')");
-}
-
-std::string job_path_for_ranks(const std::string& job) {
-  if (job.empty()) return job;
-  std::error_code ec;
-  const std::filesystem::path full = std::filesystem::absolute(job, ec);
-  return ec ? job : full.lexically_normal().string();
 }
 
 }  // namespace zerod::cli

@@ -59,11 +59,6 @@ int report_lost_ends(const char* cmd, const std::vector<std::string>& lost, int 
 std::unique_ptr<server::MetricsServer> start_metrics(const char* cmd, const DaemonArgs& args,
                                                      const scripting::JobScript& job, server::Server& server);
 
-// The job script's path as the ranks get it (ZEROD_JOB): absolute, so a
-// rank that changes its working directory (Hydra's trainers do) still finds
-// it; as typed where the working directory cannot be read.
-std::string job_path_for_ranks(const std::string& job);
-
 // Loads and checks the job script the way the ranks will, so a bad script is
 // reported (file:line) before any rank starts; nullptr after printing why.
 // `nodes`: the daemons the job spans (a job naming no comm.backend then gets

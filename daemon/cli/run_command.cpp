@@ -168,7 +168,7 @@ int run_command(int argc, char** argv) {
     lo.prefix_output = args.prefix;
     lo.peer_exit_seconds = 2;  // survivors report the lost peer before they are stopped
     lo.env["ZEROD_ENDPOINT"] = "unix:" + server.socket_path();
-    lo.env["ZEROD_JOB"] = job_path_for_ranks(args.job);
+    lo.env["ZEROD_JOB"] = args.job;
     // Names the files the ranks keep for this run beside the socket (the
     // gloo store), which zerod removes at the end, or its watchdog if zerod dies.
     lo.env["ZEROD_RUN_ID"] = run_id;

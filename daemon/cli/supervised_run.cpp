@@ -353,7 +353,7 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
     lo.prefix_output = args.prefix;
     lo.peer_exit_seconds = 2;
     lo.env["ZEROD_ENDPOINT"] = "unix:" + socket;
-    lo.env["ZEROD_JOB"] = job_path_for_ranks(args.job);
+    lo.env["ZEROD_JOB"] = args.job;
     lo.env["ZEROD_RUN_ID"] = run_id;
     lo.watchdog = watchdog;
     launch::LaunchResult result;

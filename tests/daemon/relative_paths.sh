@@ -4,8 +4,7 @@
 # gets the script's text, and used to resolve them against its own working
 # directory (snapshots written where `zerod run` was started, and not found
 # by the next run started elsewhere). Also a script given as text: the
-# trainer's working directory, not the daemon's. And a relative --socket and
-# --job (below).
+# trainer's working directory, not the daemon's. And a relative --socket (below).
 set -uo pipefail
 zerod=$1 trainer=$2
 tmp=$(mktemp -d /tmp/zerod-relpaths-XXXXXX)
@@ -37,17 +36,4 @@ rc=$?
 [ $rc -eq 0 ] || { echo "relative_paths: FAILED: --socket rel.sock: zerod run exited $rc"; cat "$tmp/run.log"; exit 1; }
 grep -q "endpoint=unix:$tmp/elsewhere/rel.sock$" "$tmp/run.log" || {
   echo "relative_paths: FAILED: --socket rel.sock is not absolute in ZEROD_ENDPOINT:"; cat "$tmp/run.log"; exit 1; }
-# A relative --job reaches the ranks (ZEROD_JOB) by its absolute path too,
-# with and without snapshots (the supervised daemon and the plain one): a
-# rank that changed its working directory could not read the script.
-grep -v snapshot "$tmp/jobs/job.lua" > "$tmp/jobs/plain.lua"
-sed 's/"snaps"/"snaps-job"/' "$tmp/jobs/job.lua" > "$tmp/jobs/snapjob.lua"
-for job in plain snapjob; do
-  "$zerod" run --nproc 1 --job "../jobs/$job.lua" -- \
-    sh -c 'echo "job=$ZEROD_JOB"; cd / && exec "$0" --steps 6 --quiet' "$trainer" > "$tmp/run.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || { echo "relative_paths: FAILED: --job ../jobs/$job.lua: zerod run exited $rc"; cat "$tmp/run.log"; exit 1; }
-  grep -q "job=$tmp/jobs/$job.lua$" "$tmp/run.log" || {
-    echo "relative_paths: FAILED: --job ../jobs/$job.lua is not absolute in ZEROD_JOB:"; cat "$tmp/run.log"; exit 1; }
-done
 echo "relative_paths: snapshot.path resolved beside the script under the daemon"
