@@ -141,16 +141,18 @@ void ModelHost::rank_gone(int rank, const std::string& why) {
 }
 
 bool ModelHost::lose_absent_rank(int rank, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t r = at(rank);
+    if (attached_[r] || gone_[r]) return false;
+  }
   if (model_->world_size() == 1) return false;
-  // Checked and marked under mu_: a connection that claims the rank again
-  // just after the reclaim wait ran out attaches (attach() takes mu_)
-  // either before, and is not counted lost, or after, to a model that
-  // already says why it broke. Between the two, a rank that had come back
-  // was counted lost on the model it was training. Model::rank_lost only
-  // marks and wakes; it never waits, nor calls back into this host.
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t r = at(rank);
-  if (attached_[r] || gone_[r]) return false;
+  // Not under mu_: Model::rank_lost aborts the comm's collectives, which
+  // across nodes (nccl's abort) can take seconds, and every create, attach
+  // and status call asks attached() meanwhile. A rank that claims its place
+  // just as the reclaim wait ran out may attach between the check and this
+  // call: the model then breaks with it attached, as it would had the loss
+  // come first, and the rank is told why at its next call.
   rank_gone(rank, why);
   return true;
 }

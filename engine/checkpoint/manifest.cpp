@@ -76,8 +76,14 @@ std::string hex_float(double v) {
 }
 
 // The whole of `text` as a number: a hex float with its 0x (as written), or
-// a decimal one (a hand-written manifest).
-bool parse_float(const std::string& text, double* v) {
+// a decimal one (a hand-written manifest). A comma as the radix point is
+// read as one: zerod before 2026-11-29 wrote %a under the trainer's locale,
+// and a comma-decimal trainer's checkpoints (0x1,8p-7) loaded then.
+bool parse_float(const std::string& raw, double* v) {
+  std::string text = raw;
+  if (const auto comma = text.find(','); comma != std::string::npos && text.find('.') == std::string::npos &&
+                                         text.find(',', comma + 1) == std::string::npos)
+    text[comma] = '.';
   const bool negative = !text.empty() && text[0] == '-';
   const char* at = text.data() + (negative ? 1 : 0);
   const char* const end = text.data() + text.size();

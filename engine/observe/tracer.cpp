@@ -74,7 +74,7 @@ Tracer::Tracer(TraceSettings settings, int first_rank, int ranks)
 Tracer::~Tracer() {
   // Written again at the end (with every loss reported since) even after a
   // failed write: the disk may have room now.
-  if (traced())
+  if (worth_writing())
     write();
   else if (stepped_.load(std::memory_order_relaxed))
     // A model that never began a step (zerod.torch's broadcast of the
@@ -90,6 +90,11 @@ bool Tracer::traced() const {
   // recorded only inside the window.
   std::lock_guard<std::mutex> lock(mu_);
   return !rings_.empty();
+}
+
+bool Tracer::worth_writing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !rings_.empty() || (began_before_window_.load(std::memory_order_relaxed) && !reports_.empty());
 }
 
 void Tracer::set_context(TraceContext ctx) {
@@ -122,6 +127,7 @@ void Tracer::step_started(int rank, int64_t step) {
   const int i = rank - first_;
   if (i < 0 || i >= ranks_) return;
   stepped_.store(true, std::memory_order_relaxed);
+  if (step < settings_.from) began_before_window_.store(true, std::memory_order_relaxed);
   recording_[static_cast<size_t>(i)].store(step >= settings_.from && step <= settings_.to,
                                            std::memory_order_relaxed);
 }

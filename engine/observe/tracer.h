@@ -113,6 +113,11 @@ class Tracer {
  private:
   TraceRing& ring_of_this_thread();
   bool traced() const;  // an event of the window was recorded
+  // Worth writing at the end: an event of the window, or reports of a run
+  // that began before the window (stopped short of it: its losses are what
+  // `zerod plot` draws). Not a run resumed past the window, whose file would
+  // replace the one an earlier run wrote.
+  bool worth_writing() const;
 
   const TraceSettings settings_;
   const int first_;
@@ -129,6 +134,7 @@ class Tracer {
   std::vector<bool> finished_;  // per rank: past the window
   bool window_written_ = false;
   std::atomic<bool> stepped_{false};  // a rank began a step: a model that never trains warns of nothing
+  std::atomic<bool> began_before_window_{false};  // a rank began a step before trace.steps' first
 };
 
 }  // namespace zerod::observe

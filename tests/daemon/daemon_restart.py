@@ -99,7 +99,7 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
     if "restart 1 of 3" not in err:
         fail("zerod run did not say it restarted the daemon", err)
     restart_trace = f"{tmp}/killed/trace.restart-1.json"
-    if f"writes its trace to {restart_trace}" not in err:
+    if f"to {restart_trace} (" not in err:
         fail("zerod run did not say where the restarted daemon's trace goes", err)
     resumed = [int(m) for m in re.findall(r"\[rank 0\] resumed at (\d+)", out)]
     if not resumed or resumed[-1] % EVERY or resumed[-1] > killed_at:
@@ -120,6 +120,16 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
     if start >= 6 and os.path.exists(restart_trace):
         with open(restart_trace) as f:
             fail(f"the daemon restarted past the traced steps wrote {restart_trace}", f.read()[:2000], err)
+    if start < 6:
+        # Resumed inside the window: the restarted daemon traces the rest of it.
+        try:
+            with open(restart_trace) as f:
+                second = json.load(f)["traceEvents"]
+        except (OSError, ValueError, KeyError) as e:
+            fail(f"the daemon restarted inside the traced steps wrote no whole {restart_trace}: {e}", err)
+        again = sorted({e["args"]["step"] for e in second if e.get("cat") == "step"})
+        if again != list(range(max(start + 1, 2), 7)):
+            fail(f"the restarted daemon's trace holds steps {again}, not {max(start + 1, 2)}-6", err)
     got = [steps_of(out.split(f"resumed at {start}", 1)[1], r) for r in (0, 1)]
     for r in (0, 1):
         for s in range(start, STEPS):

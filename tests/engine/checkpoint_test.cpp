@@ -1246,6 +1246,45 @@ TEST(SnapshotManifest, TheProcesssLocaleChangesNoNumber) {
   expect_same(ckpt::read_manifest(comma_dir.path));
 }
 
+// What zerod wrote before under a comma-decimal locale (lr 0x1,06...p-10,
+// the scalars alike) still loads, as it did then.
+TEST(SnapshotManifest, ACommaRadixAnEarlierZerodWroteStillReads) {
+  ckpt::Manifest m;
+  m.step = 7;
+  m.precision = "fp32";
+  m.optimizer = "onebit_lamb";
+  m.slots = {"exp_avg"};
+  m.lr = 0.001;
+  m.params = {{"w", "m", "f32", {4}, 4}};
+  m.tensor_scalars = 2;
+  m.scalars = {0.1f, -2.5f};
+  TempDir dir;
+  ckpt::write_manifest(dir.path, m);
+  const std::string path = dir.path + "/" + ckpt::kManifestName;
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  int commas = 0;
+  for (size_t at = text.find("0x"); at != std::string::npos; at = text.find("0x", at + 2)) {
+    const size_t dot = text.find('.', at);
+    if (dot != std::string::npos && dot < text.find_first_of(" \n", at)) {
+      text[dot] = ',';
+      ++commas;
+    }
+  }
+  ASSERT_GE(commas, 2) << text;  // the lr and a scalar at least
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << text;
+  }
+  const ckpt::Manifest back = ckpt::read_manifest(dir.path);
+  ASSERT_TRUE(back.lr.has_value());
+  EXPECT_EQ(*back.lr, *m.lr);
+  EXPECT_EQ(back.scalars, m.scalars);
+}
+
 TEST(SnapshotManifest, PartsRoundTripAndAMissingPartIsNamed) {
   TempDir dir;
   auto a = make_model(job(1), 2);

@@ -1032,7 +1032,7 @@ TEST(CompressingResume, SetStepAndAStateWriteKeepTheScalars) {
 // any: zd_model_set_step to a step whose next update reads them is refused
 // (1-bit LAMB would apply lr * 0 from then on), changing nothing; to one
 // whose next update reads none (0/1 Adam before its variance freezes) it
-// goes through.
+// goes through, as to one right after a sync, where the sums are zero.
 TEST(CompressingResume, SetStepRefusesANewModelTheScalarsItLacks) {
   struct Restore {
     JobOptions o;
@@ -1041,7 +1041,9 @@ TEST(CompressingResume, SetStepRefusesANewModelTheScalarsItLacks) {
   };
   for (const auto& [o, at, refused] : {Restore{lamb_job(0), 5, true}, Restore{lamb_job(0), 1, true},
                                         Restore{zero_one_local_job(), 10, true},
-                                        Restore{zero_one_local_job(), 3, false}}) {
+                                        Restore{zero_one_local_job(), 3, false},
+                                        // right after a sync (update 8): every sum is zero
+                                        Restore{zero_one_local_job(), 8, false}}) {
     const std::string what = o.optimizer + " at " + std::to_string(at);
     auto model = make_model(o, 1);
     run_ranks(1, [&](int rank) {

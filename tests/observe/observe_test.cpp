@@ -168,6 +168,29 @@ TEST(Tracer, ARunResumedPastTheWindowKeepsTheEarlierRunsTrace) {
   EXPECT_NE(said.find("a trace an earlier run wrote there is kept"), std::string::npos) << said;
 }
 
+// A run stopped before its window (trace.steps {1000, 1010}, stopped at
+// step 2) still writes its losses at the end: `zerod plot` draws them.
+TEST(Tracer, ARunStoppedBeforeTheWindowWritesItsReports) {
+  const std::string dir = temp_dir();
+  TraceSettings s;
+  s.path = dir + "/trace.json";
+  s.from = 5;
+  s.to = 6;
+  {
+    Tracer t(s, 0, 1);
+    for (int64_t step = 1; step <= 2; ++step) {
+      t.step_started(0, step);
+      Report r;
+      r.step = step;
+      r.has_loss = true;
+      t.report(r);
+      t.step_finished(0, step);
+    }
+    EXPECT_EQ(access(s.path.c_str(), F_OK), -1) << "written before the end";
+  }
+  EXPECT_NE(read_file(s.path).find("zerodReports"), std::string::npos) << read_file(s.path);
+}
+
 TEST(Tracer, OneDaemonOfSeveralNamesItsRanksInTheFile) {
   const std::string dir = temp_dir();
   TraceSettings s;

@@ -718,6 +718,14 @@ def test_validation_inside_a_window_with_a_checkpoint_callback_is_refused(tmp_pa
                        enable_checkpointing=True)
     trainer.fit(Validated(), _small_loader(8), _small_loader(2))
     assert os.listdir(tmp_path / "ok")
+    # Validation at the epoch's end only (the default val_check_interval)
+    # over 5 batches in windows of 2, stopped by max_steps before the end:
+    # nothing saves inside a window, and it trains as it did before.
+    trainer = _trainer("zerod_stage_1", tmp_path, accumulate_grad_batches=2, max_steps=2, limit_train_batches=5,
+                       callbacks=[ModelCheckpoint(dirpath=str(tmp_path / "end"), monitor="val_loss")],
+                       enable_checkpointing=True)
+    trainer.fit(Validated(), _small_loader(8), _small_loader(2))
+    assert trainer.global_step == 2
 
 
 def test_a_save_inside_a_window_writes_nothing(tmp_path):

@@ -581,8 +581,12 @@ class ZerodStrategy(ParallelStrategy):
         if (not trainer.checkpoint_callbacks or not trainer.enable_validation or not isinstance(every, int)
                 or every % accumulate == 0):
             return
-        if trainer.check_val_every_n_epoch is not None and every > trainer.num_training_batches:
-            return  # counted within the epoch: never reached, validation runs at the epoch's end only
+        if trainer.check_val_every_n_epoch is not None and every >= trainer.num_training_batches:
+            # Validation at the epoch's end only (val_check_interval=1.0, the
+            # default, makes every == the epoch's batches): an epoch that ends
+            # inside a window is refused where it ends (optimizer_step), and a
+            # run that stops first (max_steps) never gets there.
+            return
         raise MisconfigurationException(
             f"ZerodStrategy: Trainer(val_check_interval={trainer.val_check_interval!r}) validates every {every} "
             f"batches, inside an accumulation window of accumulate_grad_batches={accumulate}, and "

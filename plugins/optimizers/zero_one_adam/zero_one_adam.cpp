@@ -166,8 +166,13 @@ zd_status plan(const void* instance, int64_t step, int32_t warmup, int32_t sync,
                                  : zo::sync_step(step, inst.var_freeze_step, inst.local_scaler, inst.local_clipper);
     // lrs sums the learning rates of the local steps before this one since
     // the last sync (none before the first local step); zero again right
-    // after a sync, which the plan of this step cannot tell.
-    out->kept_scalars = step > inst.var_freeze_step + 1 ? 1 : 0;
+    // after a sync on the schedule (a step resumed there needs none: a new
+    // model set to it is not refused). One the engine forced is not seen
+    // here, and may be 1 where the sums are zero.
+    out->kept_scalars = step > inst.var_freeze_step + 1 &&
+                                !zo::sync_step(step - 1, inst.var_freeze_step, inst.local_scaler, inst.local_clipper)
+                            ? 1
+                            : 0;
     out->ops[0] = ZD_OP_PASS_GRAD;
     if (syncs) {
       out->kind = kSync;
