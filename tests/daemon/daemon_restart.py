@@ -109,12 +109,16 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
     # it was killed. The restarted one resumed past it (its steps are
     # numbered from the snapshot's, not from 1): it records no step and
     # writes no file, rather than an empty one.
-    try:
-        with open(killed_trace) as f:
-            first = json.load(f)["traceEvents"]
-    except (OSError, ValueError, KeyError) as e:
-        fail(f"the first daemon's trace {killed_trace} is not there whole: {e}", err)
-    traced = sorted({e["args"]["step"] for e in first if e.get("cat") == "step"})
+    def traced_steps(path, whose):
+        """The steps a trace file holds, failing where it is not whole."""
+        try:
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+        except (OSError, ValueError, KeyError) as e:
+            fail(f"{whose} trace {path} is not there whole: {e}", err)
+        return sorted({e["args"]["step"] for e in events if e.get("cat") == "step"})
+
+    traced = traced_steps(killed_trace, "the first daemon's")
     if traced != [2, 3, 4, 5, 6]:
         fail(f"the first daemon's trace holds steps {traced}, not 2-6", err)
     if start >= 6 and os.path.exists(restart_trace):
@@ -122,12 +126,7 @@ with tempfile.TemporaryDirectory(prefix="zerod-restart-") as tmp:
             fail(f"the daemon restarted past the traced steps wrote {restart_trace}", f.read()[:2000], err)
     if start < 6:
         # Resumed inside the window: the restarted daemon traces the rest of it.
-        try:
-            with open(restart_trace) as f:
-                second = json.load(f)["traceEvents"]
-        except (OSError, ValueError, KeyError) as e:
-            fail(f"the daemon restarted inside the traced steps wrote no whole {restart_trace}: {e}", err)
-        again = sorted({e["args"]["step"] for e in second if e.get("cat") == "step"})
+        again = traced_steps(restart_trace, "the restarted daemon's")
         if again != list(range(max(start + 1, 2), 7)):
             fail(f"the restarted daemon's trace holds steps {again}, not {max(start + 1, 2)}-6", err)
     got = [steps_of(out.split(f"resumed at {start}", 1)[1], r) for r in (0, 1)]
