@@ -68,7 +68,7 @@ class CommaLocale {
  private:
   // The C locale and the C++ global one, as a trainer would set them.
   bool set_all() {
-    const LocaleAllocations glibc_own;
+    [[maybe_unused]] const LocaleAllocations glibc_own;
     if (!std::setlocale(LC_ALL, kName)) return false;
     try {
       std::locale::global(std::locale(kName));
@@ -102,7 +102,7 @@ class CommaLocale {
 
   void restore() {
     if (!available_) return;
-    const LocaleAllocations glibc_own;
+    [[maybe_unused]] const LocaleAllocations glibc_own;
     std::locale::global(std::locale::classic());
     std::setlocale(LC_ALL, "C");
     available_ = false;
