@@ -5,45 +5,29 @@
 // and that each call does what the kernels do. Through v3: the plans (the
 // job's warm-up schedule, else freeze_step) and prepare() and the passes
 // doing what the same kernels do.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <zerod/zerod_plugin.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "plugin_under_test.h"
 #include "test_util.h"
-
-#ifndef ZEROD_TEST_PLUGIN_DIR
-#error "ZEROD_TEST_PLUGIN_DIR must name the folder holding zd_optimizer_*.so"
-#endif
 
 namespace zerod::optim::test {
 namespace {
 
-// What the plugin logged through the host services.
-struct Log {
-  std::vector<std::pair<zd_log_level, std::string>> lines;
-  static void sink(void* host, zd_log_level level, const char*, const char* message) {
-    static_cast<Log*>(host)->lines.emplace_back(level, message);
-  }
-};
+using Log = PluginLog;
 
 class OnebitPlugin : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = std::string(ZEROD_TEST_PLUGIN_DIR) + "/zd_optimizer_onebit_adam.so";
-    handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    handle_ = open_plugin("zd_optimizer_onebit_adam.so");
     ASSERT_NE(handle_, nullptr) << dlerror();
-    auto entry = reinterpret_cast<zd_plugin_entry_fn>(dlsym(handle_, ZD_PLUGIN_ENTRY_SYMBOL));
-    ASSERT_NE(entry, nullptr);
-    for (const zd_plugin_header* const* h = entry(); *h != nullptr; ++h) {
-      versions_.push_back((*h)->abi_version);
-      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 2)
-        d_ = reinterpret_cast<const zd_optimizer_v2*>(*h);
-      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 3)
-        d3_ = reinterpret_cast<const zd_optimizer_v3*>(*h);
+    for (const zd_plugin_header* h : plugin_headers(handle_)) {
+      versions_.push_back(h->abi_version);
+      if (h->kind == ZD_PLUGIN_OPTIMIZER && h->abi_version == 2) d_ = reinterpret_cast<const zd_optimizer_v2*>(h);
+      if (h->kind == ZD_PLUGIN_OPTIMIZER && h->abi_version == 3) d3_ = reinterpret_cast<const zd_optimizer_v3*>(h);
     }
     ASSERT_NE(d3_, nullptr) << "no optimizer v3 descriptor";
     ASSERT_NE(d_, nullptr) << "no optimizer v2 descriptor";

@@ -1,38 +1,24 @@
 // zd_optimizer_onebit_lamb.so as the engine sees it: dlopen'ed, reached
 // only through its v3 descriptor. What it tells the host at create.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <zerod/zerod_plugin.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
-#ifndef ZEROD_TEST_PLUGIN_DIR
-#error "ZEROD_TEST_PLUGIN_DIR must name the folder holding zd_optimizer_*.so"
-#endif
+#include "plugin_under_test.h"
 
 namespace zerod::optim::test {
 namespace {
 
-// What the plugin logged through the host services.
-struct Log {
-  std::vector<std::pair<zd_log_level, std::string>> lines;
-  static void sink(void* host, zd_log_level level, const char*, const char* message) {
-    static_cast<Log*>(host)->lines.emplace_back(level, message);
-  }
-};
+using Log = PluginLog;
 
 class OnebitLambPlugin : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = std::string(ZEROD_TEST_PLUGIN_DIR) + "/zd_optimizer_onebit_lamb.so";
-    handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    handle_ = open_plugin("zd_optimizer_onebit_lamb.so");
     ASSERT_NE(handle_, nullptr) << dlerror();
-    auto entry = reinterpret_cast<zd_plugin_entry_fn>(dlsym(handle_, ZD_PLUGIN_ENTRY_SYMBOL));
-    ASSERT_NE(entry, nullptr);
-    for (const zd_plugin_header* const* h = entry(); *h != nullptr; ++h)
-      if ((*h)->kind == ZD_PLUGIN_OPTIMIZER && (*h)->abi_version == 3) d_ = reinterpret_cast<const zd_optimizer_v3*>(*h);
+    for (const zd_plugin_header* h : plugin_headers(handle_))
+      if (h->kind == ZD_PLUGIN_OPTIMIZER && h->abi_version == 3) d_ = reinterpret_cast<const zd_optimizer_v3*>(h);
     ASSERT_NE(d_, nullptr) << "no optimizer v3 descriptor";
     services_ = {sizeof(zd_host_services), ZD_ABI_VERSION, &log_, Log::sink};
   }
