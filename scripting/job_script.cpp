@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 namespace zerod::scripting {
 
@@ -488,11 +489,12 @@ void JobScript::read_observing(ConfigReader& r) {
   }
 }
 
-ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int local_ranks) const {
+ModelPlugins JobScript::make_plugins(int world_size, int first_local_rank, int local_ranks,
+                                     std::unique_ptr<CommInstance> comm) const {
   ModelPlugins p;
   p.optimizer = OptimizerInstance::create(optimizer_, config_.optimizer_values);
   p.partitioner = PartitionerInstance::create(partitioner_, config_.partitioner_values, world_size);
-  p.comm = make_comm(world_size, first_local_rank, local_ranks);
+  p.comm = comm ? std::move(comm) : make_comm(world_size, first_local_rank, local_ranks);
   p.host_tier = host_tier_;
   p.nvme_tier = nvme_tier_;
   return p;

@@ -54,8 +54,11 @@ class JobScript final : public JobPolicy {
   const Plugin& comm_plugin() const { return *comm_; }
   // The job's plugins, configured for a job of world_size ranks.
   // This daemon serves ranks [first_local_rank, first_local_rank +
-  // local_ranks) of world_size (-1: all).
-  ModelPlugins make_plugins(int world_size, int first_local_rank = 0, int local_ranks = -1) const;
+  // local_ranks) of world_size (-1: all). comm, when given, stands in for
+  // the job's comm plugin, which is then not created: `zerod plan` runs no
+  // collectives and must not need what the job's backend needs (nccl: a GPU).
+  ModelPlugins make_plugins(int world_size, int first_local_rank = 0, int local_ranks = -1,
+                            std::unique_ptr<CommInstance> comm = nullptr) const;
   // A fresh comm instance alone (a restart replaces only the comm).
   std::unique_ptr<CommInstance> make_comm(int world_size, int first_local_rank = 0, int local_ranks = -1) const;
   // Every setting with its resolved value and where it came from.

@@ -114,6 +114,26 @@ std::string budget_text(const Model& model, const Choice& c, const PlanTarget& t
   return "";  // a GPU here: its description says its budget
 }
 
+// A plan lays the model out and nothing more. What the job writes or
+// serves while it runs is off: a snapshot.path is created and locked when
+// the Model is built (so a plan beside the running job waited comm.timeout
+// for its lock, then failed), a trace.path's folder is made and probed, and
+// metrics.listen is a socket. None of them changes the layout.
+JobConfig without_outputs(JobConfig config) {
+  config.snapshot = SnapshotConfig{};
+  config.trace = TraceConfig{};
+  config.metrics = MetricsConfig{};
+  return config;
+}
+
+// A plan runs no collectives, and the layout does not depend on the comm
+// plugin: the local one stands in for the job's, whose creation may need
+// what this machine lacks (nccl: a GPU) or other processes (mpi's nodes).
+std::unique_ptr<CommInstance> plan_comm(const JobConfig& config, int world) {
+  const auto local = Plugin::load(ZD_PLUGIN_COMM, "local", plugin_search_path(config.plugin_path));
+  return CommInstance::create(local, local->default_values(), world);
+}
+
 }  // namespace
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -131,11 +151,12 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 JobPlan plan_job(scripting::JobScript& script, int world, const std::vector<PlannedTensor>& tensors,
                  const PlanTarget& target) {
-  JobConfig config = script.config();
+  JobConfig config = without_outputs(script.config());
   const std::string request = target.device.empty() ? config.device : target.device;
   const Choice choice = choose(request, target, config.source);
   config.device = choice.kind;
-  Model model(config, script.make_plugins(world), &script, world, 0, -1, opener(choice, target));
+  Model model(config, script.make_plugins(world, 0, -1, plan_comm(config, world)), &script, world, 0, -1,
+              opener(choice, target));
   JobPlan plan;
   for (const PlannedTensor& t : tensors) {
     model.register_param(0, t.name, t.module, config.precision, t.shape, nullptr, 0);

@@ -2,7 +2,9 @@
 // its report: the device the plan is for, the model laid out on it by the
 // engine's own code (the job's placement() included, nothing allocated),
 // every rank's needs with identical ranks together, and whether finalize
-// would take them.
+// would take them. Nothing of what the job writes or serves is opened
+// (snapshots, trace, metrics), and the local comm plugin stands in for the
+// job's: a plan runs no collectives.
 //
 // Planning for a GPU without one. The layout depends on three things of the
 // device, none of which needs the device itself: whether the host can

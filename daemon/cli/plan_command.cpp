@@ -66,6 +66,31 @@ void raw_field(lua_State* L, int table, const char* name) {
   lua_rawget(L, table);
 }
 
+// A key of a model row, in words: 'dtype', [4], or its type.
+std::string key_text(lua_State* L, int key) {
+  if (lua_type(L, key) == LUA_TSTRING) return "'" + std::string(lua_tostring(L, key)) + "'";
+  if (lua_isinteger(L, key)) return "[" + std::to_string(lua_tointeger(L, key)) + "]";
+  return std::string("a ") + luaL_typename(L, key) + " key";
+}
+
+// Refuses a key of row #i (the table on top) other than name, module and
+// shape: a misspelt or unsupported one (dtype = "f32") was silently
+// ignored, and the plan was not of the model the user described.
+void check_row_keys(lua_State* L, const std::string& path, int i) {
+  const int row = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, row) != 0) {
+    lua_pop(L, 1);  // the value; the key stays for lua_next
+    const std::string key = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+    if (key != "name" && key != "module" && key != "shape") {
+      raw_field(L, row, "name");
+      const std::string which = lua_isstring(L, -1) ? " ('" + std::string(lua_tostring(L, -1)) + "')" : "";
+      fail(ZD_ERR_CONFIG, path + ": tensor #" + std::to_string(i) + which + ": unknown key " + key_text(L, -2) +
+                              "; a tensor has name, module and shape only");
+    }
+  }
+}
+
 std::vector<PlannedTensor> read_model(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail(ZD_ERR_IO, "cannot read the model description " + path);
@@ -78,11 +103,16 @@ std::vector<PlannedTensor> read_model(const std::string& path) {
   if (!lua_istable(L, -1)) fail(ZD_ERR_CONFIG, path + ": must return a list of tensors");
   std::vector<PlannedTensor> out;
   const auto n = static_cast<int>(lua_rawlen(L, -1));
+  // Finalize refuses a model without parameters; "0 parameters ... fits"
+  // said otherwise.
+  if (n == 0)
+    fail(ZD_ERR_CONFIG, path + ": lists no tensors; it must return { { name=, module=, shape={...} }, ... }");
   for (int i = 1; i <= n; ++i) {
     lua_rawgeti(L, -1, i);
     if (!lua_istable(L, -1))
       fail(ZD_ERR_CONFIG, path + ": tensor #" + std::to_string(i) + " must be a table { name=, module=, shape={...} }, "
                               "got a " + luaL_typename(L, -1));
+    check_row_keys(L, path, i);
     PlannedTensor t;
     raw_field(L, -1, "name");
     raw_field(L, -2, "module");

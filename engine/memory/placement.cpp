@@ -412,7 +412,7 @@ std::string Placement::table(const TierPlan& plan, bool* fits) {
   for (int t = 0; t < ZD_TIER_COUNT; ++t) {
     const auto& n = plan.need[static_cast<size_t>(t)];
     uint64_t total = 0;
-    for (uint64_t b : n) total += b;
+    for (uint64_t b : n) total = saturating_add(total, b);
     const uint64_t budget = plan.budget[static_cast<size_t>(t)];
     if (total == 0 && budget == MemoryLedger::kNoBudget) continue;
     const bool tier_over = budget != MemoryLedger::kNoBudget && total > budget;
@@ -421,7 +421,8 @@ std::string Placement::table(const TierPlan& plan, bool* fits) {
     auto f = [](uint64_t b) { return format_bytes(b); };
     std::snprintf(line, sizeof line, "  %-8s %-11s %-11s %-11s %-11s %-11s %-11s %-11s%s\n", tier_name(t),
                   f(n[ZD_MEM_PARAMS]).c_str(), f(n[ZD_MEM_GRADS]).c_str(), f(n[ZD_MEM_MASTER]).c_str(),
-                  f(n[ZD_MEM_OPTIMIZER]).c_str(), f(n[ZD_MEM_BUFFERS]).c_str(), f(total).c_str(),
+                  f(n[ZD_MEM_OPTIMIZER]).c_str(), f(n[ZD_MEM_BUFFERS]).c_str(),
+                  total == kSaturatedBytes ? "over 2^64 B" : f(total).c_str(),
                   budget == MemoryLedger::kNoBudget ? "none" : f(budget).c_str(),
                   tier_over ? "  <- over budget" : "");
     table << line;

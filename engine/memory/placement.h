@@ -10,6 +10,7 @@
 #include "memory/arena.h"
 #include "memory/host_staging.h"
 #include "memory/ledger.h"
+#include "memory/saturating.h"
 #include "model/model_context.h"
 #include "memory/tiered_buffer.h"
 
@@ -25,7 +26,9 @@ namespace zerod {
 // What a rank's buffer holds, for its tier runs.
 enum class Holds { Params, Master, Optimizer };
 
-// Bytes per tier and kind that one rank needs: [tier][kind].
+// Bytes per tier and kind that one rank needs: [tier][kind]. A tier's
+// total adds its kinds with saturating_add: a plan's cells can each fit in
+// 64 bits where their sum does not.
 using NeedTable = std::vector<std::array<uint64_t, ZD_MEM_KIND_COUNT>>;
 
 struct TierPlan {

@@ -16,7 +16,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -214,6 +221,67 @@ TEST(JobPlan, ADeviceMemoryIsForAGpuOnly) {
     EXPECT_EQ(e.code(), ZD_ERR_CONFIG);
     EXPECT_NE(std::string(e.what()).find("--device-memory is a GPU's memory"), std::string::npos) << e.what();
   }
+}
+
+// A job's snapshot.path is created and locked when its Model is built: a
+// plan made while the job runs (which holds the lock) waited comm.timeout,
+// then failed with "snapshot.path ... is in use", and a plan of a job not
+// yet started made its folder. The trace's folder likewise. A plan writes
+// nothing.
+TEST(JobPlan, AJobWithSnapshotsIsPlannedWithoutTouchingItsPath) {
+  std::string scratch = ::testing::TempDir() + "job_plan_XXXXXX";
+  ASSERT_NE(::mkdtemp(scratch.data()), nullptr);
+  const std::string held = scratch + "/held", fresh = scratch + "/fresh", traces = scratch + "/traces";
+  // The running job's lock on its path.
+  std::filesystem::create_directories(held);
+  const int lock = ::open((held + "/.zerod.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto running = job("return { snapshot = { path = '" + held + "', every = 5 }, comm = { timeout = 5 } }");
+  EXPECT_NO_THROW(plan_job(*running, 2, odd_model(), PlanTarget{"cpu", 0}));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0)
+      << "the plan waited for the running job's lock";
+  auto unstarted = job("return { snapshot = { path = '" + fresh + "' }, trace = { path = '" + traces +
+                       "/plan.json' }, metrics = { listen = '127.0.0.1:9400' } }");
+  EXPECT_NO_THROW(plan_job(*unstarted, 2, odd_model(), PlanTarget{"cpu", 0}));
+  EXPECT_FALSE(std::filesystem::exists(fresh)) << "the plan made the snapshot folder";
+  EXPECT_FALSE(std::filesystem::exists(traces)) << "the plan made the trace's folder";
+  ::close(lock);
+  std::filesystem::remove_all(scratch);
+}
+
+// The plan runs no collectives: a job on the nccl backend is planned on a
+// machine without a GPU (docs/offload.md), where creating its comm plugin
+// refused ("the nccl backend runs collectives on GPUs, but this daemon sees
+// none"). Skipped in a build without the nccl plugin.
+TEST(JobPlan, ANcclJobIsPlannedWithoutAGpu) {
+  std::unique_ptr<scripting::JobScript> script;
+  try {
+    script = job("return { device = 'cuda', zero = { stage = 2 }, comm = { backend = 'nccl' } }");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no nccl comm plugin in this build: " << e.what();
+  }
+  const JobPlan plan = plan_job(*script, 2, odd_model(), PlanTarget{"", 8192 * kMiB});
+  EXPECT_EQ(plan.device, "cuda");
+  EXPECT_TRUE(plan.fits);
+}
+
+// Each cell of 922337203685480000 fp32 parameters with Adam's state fits in
+// 64 bits; the device row's total (20 bytes a parameter) did not, wrapped
+// to 5.58 MiB, and the plan said it fits 80 GiB.
+TEST(JobPlan, ATotalPast64BitsDoesNotFit) {
+  auto script = job("return { precision = 'fp32', optimizer = { type = 'adamw' }, budgets = { device = '80GiB' } }");
+  const int64_t total = 922337203685480000;
+  const int64_t layers = 10000;
+  std::vector<PlannedTensor> tensors;
+  for (int64_t l = 0; l < layers; ++l)
+    tensors.push_back({"layer" + std::to_string(l) + ".weight", "layer" + std::to_string(l), {total / layers}});
+  const JobPlan plan = plan_job(*script, 1, tensors, PlanTarget{"cpu", 0});
+  EXPECT_FALSE(plan.fits);
+  const std::string table = Placement::table(plan.worst, nullptr);
+  EXPECT_NE(table.find("over 2^64 B"), std::string::npos) << table;
+  EXPECT_NE(table.find("<- over budget"), std::string::npos) << table;
 }
 
 TEST(JobPlan, RankListsAreRanges) {
