@@ -55,8 +55,9 @@ void usage(const char* cmd, bool want_command, FILE* out = stderr) {
                  "                  SIGINT or SIGTERM\n"
                  "  --host-memory SIZE\n"
                  "                  the host memory all jobs' model state may hold together, e.g. 48GiB\n"
-                 "                  (default: 90%% of the node's RAM); a rank whose state would not fit is\n"
-                 "                  refused at zd_model_finalize, naming the jobs that hold it\n"
+                 "                  (default: 90%% of the node's RAM); a model is admitted whole: one whose\n"
+                 "                  ranks' state would not fit together is refused on every rank at\n"
+                 "                  zd_model_finalize, naming the jobs that hold it\n"
                  "exit status: 0; with --job, 74 when the job's final snapshot failed (its end was NOT saved);\n"
                  "  1 or 2 for zerod's own errors\n");
 }

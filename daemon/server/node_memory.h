@@ -1,13 +1,14 @@
 // The node's host memory as one budget for every job a `zerod serve --jobs`
-// serves: each rank's planned model state is charged here at finalize
-// (before anything is allocated) and given back when its model goes, so
-// that jobs started one after another cannot together take more than the
-// node has. A job's own budgets (`budgets = { host = ... }`) still bound each of its
-// ranks; this bounds all of them together. What counts is what lives in
-// host RAM: the host tier, and the device tier when the device is host
-// memory (the cpu and emulated devices). GPU memory and NVMe are not
-// charged here (each rank's device pool is bounded by its GPU, and the NVMe
-// store checks its disk).
+// serves: each model's planned state is charged here at finalize (before
+// anything is allocated), all of its ranks on the node at once or none, and
+// given back when its model goes, so that jobs cannot together take more
+// than the node has, and two jobs started at once cannot each get part of
+// their ranks in and hold that memory while both fail. A job's own budgets
+// (`budgets = { host = ... }`) still bound each of its ranks; this bounds
+// all of them together. What counts is what lives in host RAM: the host
+// tier, and the device tier when the device is host memory (the cpu and
+// emulated devices). GPU memory and NVMe are not charged here (each rank's
+// device pool is bounded by its GPU, and the NVMe store checks its disk).
 #pragma once
 
 #include "memory/memory_admission.h"
@@ -28,17 +29,21 @@ class NodeMemory : public std::enable_shared_from_this<NodeMemory> {
 
   uint64_t capacity() const { return capacity_; }
   uint64_t held() const;
-  // One line a model holding memory: "job ... model 3: ranks 0-1, 40.0 MiB".
+  // One line a model holding memory: "job ..., model 3: ranks 0-3, 40.0 MiB".
   std::string holders() const;
 
-  // The gate one model's ranks pass (Model::set_memory_admission).
+  // The gate one model's ranks pass (Model::set_memory_admission): the
+  // first of them to arrive charges them all; the others share its answer.
   // device_is_host_memory: its device tier is host RAM too.
   std::shared_ptr<MemoryAdmission> for_model(const std::string& job_label, int model_id,
                                              bool device_is_host_memory);
 
   // --- for the gate ---
-  void charge(const std::string& job_label, int model_id, int rank, uint64_t bytes);
-  void give_back(int model_id, int rank) noexcept;
+  // Every rank of the model on this node (bytes by rank), in one decision:
+  // all are charged, or none and ZD_ERR_BUDGET is thrown.
+  void charge_model(const std::string& job_label, int model_id, const std::map<int, uint64_t>& bytes_by_rank);
+  // Everything charge_model charged for the model.
+  void give_back_model(int model_id) noexcept;
 
  private:
   struct Charge {
@@ -47,10 +52,12 @@ class NodeMemory : public std::enable_shared_from_this<NodeMemory> {
   };
   uint64_t held_locked() const;
   std::string holders_locked() const;
+  [[noreturn]] void refuse_locked(const std::string& job_label, const std::map<int, uint64_t>& bytes_by_rank,
+                                  uint64_t bytes, uint64_t held) const;
 
   const uint64_t capacity_;
   mutable std::mutex mu_;
-  std::map<std::pair<int, int>, Charge> charges_;  // by (model, rank)
+  std::map<std::pair<int, int>, Charge> charges_;  // by (model, rank): a model's ranks come and go together
 };
 
 // The default capacity of `zerod serve --jobs`: 90% of the node's RAM

@@ -48,6 +48,7 @@
 #include <zerod/zerod.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -113,8 +114,9 @@ class Model final : private FailureSink {
   // The trainer's stream for the rank's device (a cudaStream_t; nullptr =
   // the default stream). Between steps.
   void set_stream(int rank, void* stream);
-  // Before any rank finalizes: what each rank's planned state is charged
-  // against beyond the job's own budgets (a daemon serving several jobs).
+  // Before any rank finalizes: what the model's planned state is charged
+  // against beyond the job's own budgets (a daemon serving several jobs),
+  // every local rank's at once.
   void set_memory_admission(std::shared_ptr<MemoryAdmission> admission) { admission_ = std::move(admission); }
 
   // --- whole parameters -----------------------------------------------------
@@ -278,6 +280,8 @@ class Model final : private FailureSink {
   void lay_out_once();
   void set_up_observing(int local_ranks);
   void set_up_tiers(RankState& rs);
+  // What each of this process's ranks plans to hold per tier, by rank.
+  std::map<int, TierBytes> local_needs() const;
   void check_device_support(const RankState& rs) const;
   void allocate_rank(RankState& rs);
   void release_rank(RankState& rs);

@@ -287,6 +287,19 @@ void Model::set_up_tiers(RankState& rs) {
   }
 }
 
+// Every local rank's, not only the calling one's: a model is admitted to
+// the node's memory whole or not at all (MemoryAdmission).
+std::map<int, TierBytes> Model::local_needs() const {
+  std::map<int, TierBytes> needs;
+  for (int rank = first_local_; rank < first_local_ + local_ranks(); ++rank) {
+    TierBytes& need = needs[rank];
+    const auto table = placement_.need_table(rank);
+    for (size_t t = 0; t < need.size(); ++t)
+      for (const uint64_t bytes : table[t]) need[t] = saturating_add(need[t], bytes);
+  }
+  return needs;
+}
+
 void Model::finalize(int rank) {
   Call call(*this, rank, "finalize");
   RankState& rs = rank_state(rank);
@@ -322,13 +335,7 @@ void Model::finalize(int rank) {
     std::array<uint64_t, ZD_TIER_COUNT> budgets{};
     for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
     placement_.check_budgets(budgets);
-    if (admission_) {
-      std::array<uint64_t, ZD_TIER_COUNT> need{};
-      const auto table = placement_.need_table(rank);
-      for (size_t t = 0; t < need.size(); ++t)
-        for (const uint64_t bytes : table[t]) need[t] += bytes;
-      admission_->admit(rank, need);
-    }
+    if (admission_) admission_->admit(rank, local_needs());
     allocate_rank(rs);
   } catch (...) {
     put_back_initial_values(rs);  // from the masters: before they are released

@@ -3,9 +3,12 @@
 # 36 §1): two 2-rank jobs with their own job scripts, started at the same
 # time with torchrun's variables (so both have a rank 0 and a rank 1), each
 # end exactly as under `zerod run`; their model state is charged together
-# against the node's host memory (--host-memory), so a job that would not
-# fit beside a running one is refused at finalize naming the job that holds
-# it, and runs once that job is gone; ranks started by hand are one job;
+# against the node's host memory (--host-memory), a model whole or not at
+# all, so a job that would not fit beside a running one is refused at
+# finalize naming the job that holds it, and runs once that job is gone, and
+# of two started at once beside room for one, one trains and the other is
+# refused (charged rank by rank, each could get a rank in and both failed);
+# ranks started by hand are one job;
 # a process alone is a job of its own; the daemon serves on until SIGTERM.
 #   multi_job.sh ZEROD TRAIN_MLP JOB_A JOB_B
 set -uo pipefail
@@ -47,15 +50,17 @@ launch() {
   done
 }
 
-# 1. What one rank of job A needs: a daemon that may hold 1 KiB refuses it, saying how much.
+# 1. What job A's two ranks need together: a daemon that may hold 1 KiB refuses it, saying how much.
 start_serve --host-memory 1KiB
 launch probe "$job_a" 29701 30
 wait "${pids[@]}"
 need=$(grep -ho "needs [^(]*(\([0-9]*\) bytes)" "$work"/probe.*.out | head -1 | sed 's/.*(\([0-9]*\) bytes)/\1/')
 [ -n "$need" ] || die "a job that cannot fit in 1 KiB was not refused with its need"
 grep -q "ZD_ERR_BUDGET" "$work/probe.0.out" || die "the refusal is not ZD_ERR_BUDGET"
+grep -q "ranks 0,1 on this node needs [^(]*($need bytes)" "$work"/probe.*.out ||
+  die "the refusal does not name the model's two ranks"
 stop_serve
-echo "multi_job: a rank of job A needs $need bytes of host memory (refused with 1 KiB)"
+echo "multi_job: job A's two ranks need $need bytes of host memory together (refused with 1 KiB)"
 
 # 2. Two jobs at once, each with its own script, the same rank numbers: each ends as under zerod run.
 start_serve
@@ -77,8 +82,9 @@ echo "$status" | grep -q "serving 0 jobs; their model state holds 0 B" || die "a
 stop_serve
 echo "multi_job: two jobs at once through one daemon: '$got_a' and '$got_b', as under zerod run"
 
-# 3. Room for three ranks' state: job A runs; job C (A's script, another launch) does not fit beside it.
-start_serve --host-memory "$((need * 3))B"
+# 3. Room for one and a half jobs: job A runs; job C (A's script, another launch) does not fit beside it.
+room=$((need * 3 / 2))
+start_serve --host-memory "${room}B"
 launch long "$job_a" 29704 1000000; long_pids=("${pids[@]}")
 # Up to 60 s: a sanitizer build on a loaded machine takes seconds to its first step.
 for _ in $(seq 1200); do grep -q "step" "$work/long.0.out" 2>/dev/null && break; sleep 0.05; done
@@ -98,8 +104,31 @@ wait "${pids[0]}" && wait "${pids[1]}" || die "job C failed once job A was gone"
 got=$(grep "final loss" "$work/after.0.out")
 [ "$got" = "$ref_a" ] || die "job C after job A: '$got', zerod run: '$ref_a'"
 echo "multi_job: a job that did not fit beside a running one was refused naming it, and ran once it was gone"
+stop_serve
 
-# 4. Ranks started by hand (zerod's variables, no launcher ids) are one job: the parent they share.
+# 4. Room for one job, two started at once: one trains, the other is refused whole.
+start_serve --host-memory "${need}B"
+launch x "$job_a" 29706 30; x_pids=("${pids[@]}")
+launch y "$job_a" 29707 30; y_pids=("${pids[@]}")
+trained=() refused=()
+for name in x y; do
+  [ $name = x ] && p=("${x_pids[@]}") || p=("${y_pids[@]}")
+  ok=1
+  for pid in "${p[@]}"; do wait "$pid" || ok=0; done
+  [ $ok = 1 ] && trained+=("$name") || refused+=("$name")
+done
+[ ${#trained[@]} = 1 ] && [ ${#refused[@]} = 1 ] ||
+  die "two jobs beside room for one: ${#trained[@]} trained (${trained[*]}), ${#refused[@]} failed (${refused[*]})"
+got=$(grep "final loss" "$work/${trained[0]}.0.out")
+[ "$got" = "$ref_a" ] || die "the job that got the room: '$got', zerod run: '$ref_a'"
+! grep -q "ZD_ERR" "$work/${trained[0]}".*.out || die "the job that trained saw an error"
+grep -q "ZD_ERR_BUDGET" "$work/${refused[0]}".*.out && grep -q "a model is admitted whole or not at all" \
+  "$work/${refused[0]}".*.out || die "the job that did not fit was not refused with ZD_ERR_BUDGET, saying why"
+for _ in $(seq 100); do "$zerod" status --socket "$sock" | grep -q "holds 0 B" && break; sleep 0.1; done
+"$zerod" status --socket "$sock" | grep -q "holds 0 B" || die "memory is still held after both jobs"
+echo "multi_job: of two jobs started at once beside room for one, one trained and the other was refused"
+
+# 5. Ranks started by hand (zerod's variables, no launcher ids) are one job: the parent they share.
 for r in 0 1; do
   ZEROD_ENDPOINT=unix:$sock ZEROD_JOB=$job_a ZEROD_RANK=$r ZEROD_WORLD_SIZE=2 "$trainer" --steps 30 >"$work/hand.$r.out" 2>&1 &
   pids[$r]=$!
