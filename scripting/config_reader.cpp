@@ -365,10 +365,9 @@ std::optional<uint64_t> ConfigReader::size(const std::string& key) {
       v = static_cast<uint64_t>(x);
   } else if (t == LUA_TSTRING) {
     const std::string s = lua_tostring(L_, -1);
-    v = parse_size(s);
-    if (!v)
-      issue(key, "bad size \"" + s + "\": expected a number and a unit such as \"512MiB\", "
-                 "\"1.5GiB\" or \"4GB\"");
+    const SizeReading size = read_size(s);
+    v = size.bytes;
+    if (!v) issue(key, "bad size \"" + s + "\": " + size.why_not);
   } else if (t != LUA_TNIL) {
     issue(key, "must be a size (bytes, or a string such as \"4GiB\"), got a " + type_word(L_, -1));
   }

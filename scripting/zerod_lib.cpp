@@ -43,11 +43,9 @@ int size_of_number(lua_State* L) {
 int l_size(lua_State* L) {
   if (lua_type(L, 1) == LUA_TNUMBER) return size_of_number(L);
   const char* text = luaL_checkstring(L, 1);
-  const auto bytes = parse_size(text);
-  if (!bytes)
-    return luaL_error(L, "zerod.size: bad size '%s': expected a number and a unit such as "
-                         "\"512MiB\", \"1.5GiB\" or \"4GB\"", text);
-  lua_pushinteger(L, static_cast<lua_Integer>(*bytes));
+  const SizeReading size = read_size(text);
+  if (!size.bytes) return luaL_error(L, "zerod.size: bad size '%s': %s", text, size.why_not);
+  lua_pushinteger(L, static_cast<lua_Integer>(*size.bytes));
   return 1;
 }
 

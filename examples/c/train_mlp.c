@@ -8,8 +8,10 @@
  *   zerod run --nproc 2 --job job.lua -- train_mlp        (data parallel)
  *
  * It connects where the environment says (embedded when run alone, the
- * daemon under `zerod run`). Every rank walks the same shuffled order and
- * takes its own slice of each global batch of BATCH * world_size points.
+ * daemon under `zerod run`, the node's daemon it starts on demand under
+ * another launcher: torchrun, mpirun, srun). Every rank walks the same
+ * shuffled order and takes its own slice of each global batch of
+ * BATCH * world_size points.
  * Rank 0 prints the loss at every step.
  */
 #include <zerod/zerod.h>
@@ -253,8 +255,17 @@ int main(int argc, char** argv) {
   static int Y[POINTS];
   make_spiral(X, Y);
 
+  /* Under another launcher (torchrun, mpirun, srun) with no ZEROD_ENDPOINT,
+     zd_connect joins this node's daemon or starts it, and that daemon needs
+     the job script before any rank connects: ZEROD_JOB, which a caller's
+     own value keeps (setenv's 0). */
+  if (job && setenv("ZEROD_JOB", job, 0) != 0) {
+    perror("setenv ZEROD_JOB");
+    return 1;
+  }
   zd_client* client = NULL;
-  CHECK(zd_connect(NULL, NULL, &client)); /* ZEROD_ENDPOINT, else embedded */
+  /* ZEROD_ENDPOINT; else, under a launcher, the node's daemon; else embedded */
+  CHECK(zd_connect(NULL, NULL, &client));
   zd_client_info ci = ZD_CLIENT_INFO_INIT;
   CHECK(zd_client_get_info(client, &ci));
   const int rank = ci.rank, world = ci.world_size;

@@ -64,6 +64,30 @@ TEST(Size, Literals) {
   EXPECT_FALSE(parse_size("lots"));
 }
 
+TEST(Size, AFractionOfAUnitRoundsToTheNearestByte) {
+  EXPECT_EQ(parse_size("1.3GiB"), 1395864371u);     // 1395864371.2
+  EXPECT_EQ(parse_size("0.1GiB"), 107374182u);      // 107374182.4
+  EXPECT_EQ(parse_size("1.2MiB"), 1258291u);        // 1258291.2
+  EXPECT_EQ(parse_size("1.3TiB"), 1429365116109u);  // 1429365116108.8, up
+  EXPECT_EQ(parse_size("1.0009KiB"), 1025u);        // 1024.9216, up
+  EXPECT_EQ(parse_size("70.5GiB"), 75698798592u);   // whole already
+  EXPECT_EQ(parse_size("1.3GB"), 1300000000u);
+}
+
+TEST(Size, ARefusalSaysWhy) {
+  for (const char* fraction_of_a_byte : {"1.5B", "1.5", "0.25 B"}) {
+    SCOPED_TRACE(fraction_of_a_byte);
+    const SizeReading r = read_size(fraction_of_a_byte);
+    EXPECT_FALSE(r.bytes);
+    EXPECT_TRUE(std::string(r.why_not).starts_with("not a whole number of bytes")) << r.why_not;
+  }
+  EXPECT_STREQ(read_size("-1MiB").why_not, "a size cannot be negative");
+  EXPECT_STREQ(read_size("8388608TiB").why_not, "a size must be below 2^63 bytes");  // 2^63
+  const std::string ambiguous = read_size("4G").why_not;
+  EXPECT_TRUE(ambiguous.starts_with("expected a number and a unit")) << ambiguous;
+  EXPECT_STREQ(read_size("512MiB").why_not, "");
+}
+
 TEST(FormatNumber, ShortestRoundTrip) {
   EXPECT_EQ(format_number(0.001), "0.001");
   EXPECT_EQ(format_number(3e-4), "0.0003");
@@ -499,6 +523,12 @@ TEST(ZerodLibrary, SizeTakesWholeByteCountsOnly) {
   EXPECT_EQ(sandbox_outcome("return tostring(zerod.size(2^53))"), "ok: 9007199254740992");
 }
 
+TEST(ZerodLibrary, SizeRoundsAFractionOfAUnitAndSaysWhyItRefuses) {
+  EXPECT_EQ(sandbox_outcome("return tostring(zerod.size('1.3GiB'))"), "ok: 1395864371");
+  const std::string err = sandbox_outcome("return tostring(zerod.size('1.5B'))");
+  EXPECT_TRUE(contains(err, "zerod.size: bad size '1.5B': not a whole number of bytes")) << err;
+}
+
 TEST(Schedules, NonFiniteArgumentsAreRefused) {
   const std::string rate = sandbox_outcome(
       "local s = zerod.one_cycle{ min_lr = 0.1, max_lr = 1, first_steps = 10, decay_rate = math.huge,"
@@ -537,6 +567,16 @@ TEST(JobScriptSettings, CompressionSchedulesNeedACompressingOptimizer) {
   EXPECT_TRUE(load_or_skip("return { optimizer = { type = 'onebit_adam' },\n"
                            "  compression = { warmup = function(s) return s < 2 end } }\n",
                            &skip));
+}
+
+TEST(JobScriptSettings, ABudgetWithAFractionOfAUnitIsRounded) {
+  std::string skip;
+  auto js = load_or_skip("return { budgets = { host = '1.3GiB' } }", &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->config().host_budget, 1395864371u);
+  const std::string err = refusal("return {\n  budgets = { host = '1.5B' } }\n");
+  EXPECT_TRUE(contains(err, "job.lua:2: budgets.host: bad size \"1.5B\": not a whole number of bytes")) << err;
 }
 
 TEST(JobScriptSettings, AnEmptySnapshotPathIsRefused) {

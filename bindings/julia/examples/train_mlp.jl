@@ -16,7 +16,8 @@
 #         julia --project=bindings/julia bindings/julia/examples/train_mlp.jl   (data parallel)
 #
 # It connects where the environment says (embedded when run alone, the
-# daemon under `zerod run`). Every rank walks the same shuffled order and
+# daemon under `zerod run`, the node's daemon it starts on demand under
+# another launcher: torchrun, mpirun, srun). Every rank walks the same shuffled order and
 # takes its own slice of each global batch of BATCH * world_size points.
 # Rank 0 prints the loss at every step.
 #
@@ -184,7 +185,12 @@ function main(args)
     Y = Vector{Int}(undef, POINTS)
     make_spiral!(X, Y)
 
-    client = Client()  # ZEROD_ENDPOINT, else embedded
+    # Under another launcher (torchrun, mpirun, srun) with no ZEROD_ENDPOINT,
+    # Client() joins this node's daemon or starts it, and that daemon needs
+    # the job script before any rank connects: ZEROD_JOB, unless the caller
+    # set it (as the C example does).
+    job === nothing || haskey(ENV, "ZEROD_JOB") || (ENV["ZEROD_JOB"] = job)
+    client = Client()  # ZEROD_ENDPOINT; else, under a launcher, the node's daemon; else embedded
     rank, world = client.info.rank, client.info.world_size
     if world > POINTS ÷ BATCH
         println(stderr, "at most $(POINTS ÷ BATCH) ranks: a global batch must fit the data")

@@ -133,8 +133,9 @@ _closed(what) = throw(ZerodError(ZD_ERR_INVALID_ARGUMENT, "this zerod $what is c
 
 The bits of a bfloat16, the element type of bf16 views. `Float32(x)` reads
 one; `BFloat16(x)` (or storing a number into a bf16 array) rounds to nearest
-even, as zerod does. No arithmetic: convert, or `reinterpret` the array to
-`BFloat16s.BFloat16` where that package is at hand.
+even, as zerod does: once, from a Float64 or anything narrower (a wider type,
+such as BigFloat, is first rounded to Float64). No arithmetic: convert, or
+`reinterpret` the array to `BFloat16s.BFloat16` where that package is at hand.
 """
 primitive type BFloat16 16 end
 
@@ -146,7 +147,30 @@ function BFloat16(f::Float32)
     b += 0x00007fff + ((b >> 16) & 0x00000001)
     return reinterpret(BFloat16, UInt16(b >> 16))
 end
-BFloat16(x::Real) = BFloat16(Float32(x))
+# Rounding x to Float32 first, to nearest, could make a tie that x is not
+# (1 + 2^-8 + 2^-40 became 1 + 2^-8, then 1.0 by ties to even; 1.0078125 is
+# nearest). Rounded to odd instead (toward zero, then the last bit set when
+# inexact), the Float32 keeps which side of every bfloat16 tie x is on: it
+# has 16 bits more than bfloat16, and two more are enough (Boldo and
+# Melquiond, "Emulation of FMA and correctly rounded sums: proved
+# algorithms using rounding to odd", 2008). Overflow (the Float32 is Inf)
+# comes back as floatmax(Float32) with its last bit set, which rounds to Inf
+# as x does; below Float32's subnormals x becomes its smallest, which rounds
+# to a signed zero.
+function BFloat16(x::Float64)
+    isnan(x) && return reinterpret(BFloat16, 0x7fc0)  # every NaN: PyTorch's quiet NaN, as zerod rounds
+    f = Float32(x)
+    b = reinterpret(UInt32, f)
+    if Float64(f) != x
+        # Toward zero: one less in magnitude (the bits are sign and magnitude;
+        # f is not zero here, as |f| > |x|).
+        abs(Float64(f)) > abs(x) && (b -= 0x00000001)
+        b |= 0x00000001
+    end
+    return BFloat16(reinterpret(Float32, b))
+end
+# Float64(x) is exact for Float16, Int32, integers up to 2^53 and the like.
+BFloat16(x::Real) = BFloat16(Float64(x))
 Base.convert(::Type{BFloat16}, x::Real) = BFloat16(x)
 Base.zero(::Type{BFloat16}) = reinterpret(BFloat16, 0x0000)
 Base.show(io::IO, x::BFloat16) = print(io, "BFloat16(", Float32(x), ")")
@@ -196,8 +220,11 @@ end
 
 A connection to an engine: `"embedded:"` runs it in this process, one rank;
 `"unix:/path.sock"` talks to a zerod daemon; `nothing` uses ZEROD_ENDPOINT
-(as `zerod run` sets it), else embedded. `timeout_ms` bounds waits on other
-ranks (0: the job script's value).
+(as `zerod run` sets it); else, in a process that torchrun, mpirun, srun or
+another launcher started as one of several ranks, the node's daemon for that
+launch, which the first rank starts and which needs ZEROD_JOB (the job
+script) set before any rank connects; else embedded. `timeout_ms` bounds
+waits on other ranks (0: the job script's value).
 
 `close(client)` disconnects and frees every model still open on it; the
 finalizer does the same when the client is collected. A client and its

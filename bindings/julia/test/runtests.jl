@@ -171,6 +171,24 @@ end
         @test Float32(BFloat16(1.0f0 + 2.0f0^-8)) == 1.0f0                # a tie: to even
         @test Float32(BFloat16(1.0f0 + 3 * 2.0f0^-8)) == 1.0f0 + 2.0f0^-6  # a tie: to even
         @test isnan(Float32(BFloat16(NaN32)))
+        # From a Float64, rounded once: through Float32 (to nearest) these
+        # first became a tie and then went to even, the wrong way.
+        bf16_bits(x) = reinterpret(UInt16, BFloat16(x))
+        @test bf16_bits(1.0 + 2.0^-8 + 2.0^-40) == 0x3f81                     # 1.0078125, not 1.0
+        @test Float32(BFloat16(1.0 + 2.0^-8 + 2.0^-40)) == 1.0078125f0
+        @test bf16_bits(-(1.0 + 2.0^-8 + 2.0^-40)) == 0xbf81
+        @test bf16_bits(1.0 + 2.0^-8) == 0x3f80                               # a true tie: to even
+        @test bf16_bits(1.0 + 2.0^-8 - 2.0^-40) == 0x3f80
+        @test bf16_bits(2.5078126012719) == 0x4021                            # 2.515625
+        @test bf16_bits(2.0^-134 * (1 + 2.0^-40)) == 0x0001                   # just over half the least subnormal
+        @test bf16_bits(2.0^-134) == 0x0000                                   # half of it: to even, zero
+        @test bf16_bits(-5.0e-324) == 0x8000                                  # a signed zero
+        overflow = 2.0^127 * (2 - 2.0^-8)                                     # floatmax's bits 0x7f7f plus half an ulp
+        @test bf16_bits(prevfloat(overflow)) == 0x7f7f && bf16_bits(overflow) == 0x7f80
+        @test bf16_bits(1.0e300) == 0x7f80 && bf16_bits(-Inf) == 0xff80
+        @test bf16_bits(NaN) == 0x7fc0
+        @test bf16_bits(257) == 0x4380                                        # an Int through Float64: a tie, to 256
+        @test reinterpret(UInt16, convert(BFloat16, 1.0 + 2.0^-8 + 2.0^-40)) == 0x3f81
         close(c)
     end
 
