@@ -1,7 +1,7 @@
 """zerod for Python: DeepSpeed's ZeRO through libzerod's C ABI.
 
     import zerod
-    client = zerod.connect()            # embedded, or the daemon under `zerod run`
+    client = zerod.connect()            # embedded, the daemon under `zerod run`, or the node's under torchrun
     model = client.create_model("job.lua")
 
 `zerod.torch.initialize(model, job=...)` wraps a torch.nn.Module the way
@@ -41,7 +41,9 @@ def abi_version():
 
 def connect(uri=None, timeout_ms=0):
     """A new Client: "embedded:", "unix:/path.sock", or None for ZEROD_ENDPOINT
-    (set by `zerod run`), else embedded."""
+    (set by `zerod run`); else, under another launcher (torchrun, mpirun,
+    srun), the node's daemon, which needs ZEROD_JOB set first
+    (zerod.name_job_for_node_daemon); else embedded."""
     return Client(uri, timeout_ms)
 
 

@@ -52,7 +52,11 @@ class Client:
     """A connection to an engine.
 
     uri "embedded:" runs the engine in this process; "unix:/path.sock" talks
-    to a daemon; None uses ZEROD_ENDPOINT (set by `zerod run`), else embedded.
+    to a daemon; None uses ZEROD_ENDPOINT (set by `zerod run`); else, in a
+    process that another launcher (torchrun, mpirun, srun) started as one of
+    several ranks, the node's daemon, joined or started on demand, which
+    needs ZEROD_JOB set first (zerod.torch.initialize and the integrations
+    set it; see zerod.name_job_for_node_daemon); else embedded.
     """
 
     def __init__(self, uri=None, timeout_ms=0):

@@ -8,8 +8,10 @@
 //!   zerod run --nproc 2 --job job.lua -- train_mlp_rs      (data parallel)
 //!
 //! It connects where the environment says (embedded when run alone, the
-//! daemon under `zerod run`). Every rank walks the same shuffled order and
-//! takes its own slice of each global batch of BATCH * world_size points.
+//! daemon under `zerod run`, the node's daemon it starts on demand under
+//! another launcher: torchrun, mpirun, srun). Every rank walks the same
+//! shuffled order and takes its own slice of each global batch of
+//! BATCH * world_size points.
 //! Rank 0 prints the loss at every step. The generator, the initialisation
 //! and the order of every floating-point operation are the C trainer's, so
 //! both print the same numbers.
@@ -260,6 +262,7 @@ fn train(args: &Args) -> zerod::Result<()> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (xs, ys) = make_spiral(&mut rng);
 
+    name_job_for_node_daemon(args.job.as_deref());
     // ZEROD_ENDPOINT (zerod run); one of several ranks of another launcher:
     // the node's daemon (docs/daemon.md); else embedded
     let client = Client::connect(None)?;
@@ -395,6 +398,19 @@ fn train(args: &Args) -> zerod::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Under another launcher (torchrun, mpirun, srun) with no ZEROD_ENDPOINT,
+/// `Client::connect` joins this node's daemon or starts it, and that daemon
+/// needs the job script before any rank connects: ZEROD_JOB, which a
+/// caller's own value keeps. Called before any thread starts, as set_var
+/// must be.
+fn name_job_for_node_daemon(job: Option<&str>) {
+    if let Some(path) = job {
+        if std::env::var_os("ZEROD_JOB").is_none() {
+            std::env::set_var("ZEROD_JOB", path);
+        }
+    }
 }
 
 fn relu_backward(h: &[f32], dh: &mut [f32]) {
