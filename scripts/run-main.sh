@@ -105,6 +105,12 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
 fi
 "$ZEROD_BUILD_DIR/bin/zerod" run --nproc 2 --trace "$out/trace.json" --job examples/python/gpt_job.lua -- \
   /usr/bin/python3 examples/python/train_gpt.py "$@"
+# No trace when the ranks trained no step (train_gpt.py --help): nothing to
+# plot, and `zerod plot` would fail the script on the missing file.
+if [ ! -f "$out/trace.json" ]; then
+  zerod_log "no trace was recorded in $out/trace.json (the ranks trained no step): nothing to plot"
+  exit 0
+fi
 zerod_log "plotting the trace"
 plots=$("$ZEROD_BUILD_DIR/bin/zerod" plot "$out/trace.json" --out "$out")
 zerod_log "the timeline of steps 2-6 of both ranks: $out/trace.json (open it in ui.perfetto.dev or chrome://tracing)"

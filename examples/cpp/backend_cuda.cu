@@ -100,14 +100,28 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
 };
 
+// Why cudaGetDeviceCount found no GPU, in libzerod's words
+// (engine/device/cuda_device.cpp, cuda_probe): CUDA's own text for a
+// machine with no driver, "CUDA driver version is insufficient for CUDA
+// runtime version", reads as if a driver needed upgrading.
+std::string why_no_gpu(cudaError_t e) {
+  if (e == cudaErrorNoDevice) return "this machine has no CUDA device";
+  if (e == cudaErrorInsufficientDriver) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    return "no NVIDIA driver for CUDA " + std::to_string(runtime / 1000) + "." +
+           std::to_string(runtime % 1000 / 10) + " is loaded (no GPU here, or an older driver)";
+  }
+  return std::string("no CUDA device is usable by this process (") + cudaGetErrorString(e) + ")";
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* why_not) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    *why_not = e != cudaSuccess ? std::string("no CUDA GPU: ") + cudaGetErrorString(e)
-                                : std::string("no CUDA GPU is visible");
+    *why_not = e != cudaSuccess ? why_no_gpu(e) : std::string("this machine has no CUDA device");
     return nullptr;
   }
   return std::make_unique<CudaBackend>(local_rank % count);

@@ -1,7 +1,10 @@
 #include "data.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -81,9 +84,19 @@ namespace {
 
 void write_file(const std::string& path, const void* data, size_t bytes) {
   FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw std::runtime_error("cannot create '" + path + "'");
+  if (!f) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
   const bool ok = std::fwrite(data, 1, bytes, f) == bytes;
-  if ((std::fclose(f) != 0) || !ok) throw std::runtime_error("cannot write '" + path + "'");
+  const int write_error = errno;
+  if (std::fclose(f) != 0 || !ok)
+    throw std::runtime_error("cannot write '" + path + "': " + std::strerror(ok ? errno : write_error));
+}
+
+// --dump DIR is made with its parents, as `mkdir -p` would (a new folder
+// failed with only "cannot create 'DIR/manifest.txt'").
+void make_folder(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create the folder '" + dir + "': " + ec.message());
 }
 
 }  // namespace
@@ -106,6 +119,7 @@ void write_reference_inputs(const std::string& dir, const ReferenceSizes& sizes,
     const std::vector<int32_t> b = global_batch(corpus, s, sizes.global_rows, sizes.block, seed);
     batches.insert(batches.end(), b.begin(), b.end());
   }
+  make_folder(dir);
   write_file(dir + "/manifest.txt", manifest.data(), manifest.size());
   write_file(dir + "/params.f32", values.data(), values.size() * sizeof(float));
   write_file(dir + "/batches.i32", batches.data(), batches.size() * sizeof(int32_t));

@@ -11,8 +11,10 @@
 //   zerod run --nproc 2 --job gpt_job.lua -- train_gpt      (data parallel)
 //
 // It connects where the environment says: embedded when run alone, the
-// daemon under `zerod run`. Every rank draws the same global batch of
-// --batch sequences and trains on its own slice; rank 0 prints its loss.
+// daemon under `zerod run`, the node's daemon it starts on demand under
+// another launcher (torchrun, mpirun, srun). Every rank draws the same
+// global batch of --batch sequences and trains on its own slice; rank 0
+// prints its loss.
 // --dump DIR writes the initial weights and the batches for reference.py,
 // which trains examples/python/gpt.py on them with torch.optim.AdamW.
 // Exit status 77: the device asked for cannot be used here (no GPU, or a
@@ -156,6 +158,17 @@ float* grad(zd_model* model, zd_param_id p, const gpt::Backend& be) {
   return static_cast<float*>(checked(v, be, "a gradient view"));
 }
 
+// Under another launcher (torchrun, mpirun, srun) with no ZEROD_ENDPOINT,
+// zd_connect joins this node's daemon or starts it, and that daemon needs
+// the job script before any rank connects: ZEROD_JOB, which a caller's own
+// value keeps (setenv's 0).
+void name_job_for_node_daemon(const char* job) {
+  if (job && setenv("ZEROD_JOB", job, 0) != 0) {
+    std::perror("setenv ZEROD_JOB");
+    std::exit(1);
+  }
+}
+
 int run(const Options& opt) {
   gpt::Config cfg = opt.cfg;
   const gpt::Corpus corpus =
@@ -167,8 +180,10 @@ int run(const Options& opt) {
     return 2;
   }
 
+  name_job_for_node_daemon(opt.job);
   zd_client* client = nullptr;
-  ZD_CHECK(zd_connect(nullptr, nullptr, &client));  // ZEROD_ENDPOINT, else embedded
+  // ZEROD_ENDPOINT; else, under a launcher, the node's daemon; else embedded
+  ZD_CHECK(zd_connect(nullptr, nullptr, &client));
   zd_client_info ci = ZD_CLIENT_INFO_INIT;
   ZD_CHECK(zd_client_get_info(client, &ci));
   const int rank = ci.rank, world = ci.world_size;

@@ -10,6 +10,7 @@ it is the same script under DeepSpeed.
 """
 import contextlib
 import io
+import json
 import os
 import sys
 
@@ -39,20 +40,35 @@ class Windows(torch.utils.data.Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def main(config, epochs=1):
+def scheduled_steps(config):
+    """The scheduler's total_num_steps, where training stops: an epoch is 80
+    steps on one rank and 40 on two (the ranks share the 640 windows), and
+    the schedule is 40 long whichever it is (one rank trained 40 steps past
+    its end)."""
+    if not isinstance(config, dict):
+        with open(config) as f:
+            config = json.load(f)
+    return config["scheduler"]["params"]["total_num_steps"]
+
+
+def main(config):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=64))
     engine, optimizer, loader, scheduler = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config, training_data=Windows())
-    for epoch in range(epochs):
+    steps = scheduled_steps(config)
+    while engine.global_steps < steps:  # epochs, as many as the schedule takes
         for i, (x, y) in enumerate(loader):
             logits, _ = engine(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
             engine.backward(loss)
             engine.step()
-            if i % 20 == 19 and engine.global_rank == 0:
+            done = engine.global_steps == steps
+            if (i % 20 == 19 or done) and engine.global_rank == 0:
                 print(f"step {engine.global_steps} loss {loss.item():.4f} lr {engine.get_lr()[0]:.2e}", flush=True)
+            if done:
+                break
     engine.save_checkpoint("/tmp/zerod-ds-example")
     if engine.global_rank == 0:
         print(f"saved /tmp/zerod-ds-example/{open('/tmp/zerod-ds-example/latest').read()}")

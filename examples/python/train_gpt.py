@@ -31,7 +31,7 @@ def parse_args():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--embd", type=int, default=128)
-    p.add_argument("--sample-chars", type=int, default=400)
+    p.add_argument("--sample-chars", type=int, default=400, help="characters sampled after training (0: none)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--job", default=os.path.join(HERE, "gpt_job.lua"),
                    help="job script when not under `zerod run --job` (which sets ZEROD_JOB)")
@@ -65,8 +65,27 @@ except ImportError:  # run from a checkout without installing the package
 import zerod.torch  # noqa: E402
 
 sys.path.insert(0, HERE)
-from corpus import load_corpus  # noqa: E402
+from corpus import UNKNOWN, printable, read_corpus  # noqa: E402
 from gpt import GPT, Block, GPTConfig, generate  # noqa: E402
+
+
+def check_corpus(text, source, block):
+    """Exits, naming --text and --block, when the corpus's last tenth (the
+    validation text) cannot hold one sequence of block + 1 characters: the
+    evaluation after training would fail (it did, after the whole run)."""
+    n_val = len(text) // 10
+    if n_val <= block + 1:
+        sys.exit(f"{source}: {len(text):,} characters; its last tenth, the validation text, is {n_val}, and "
+                 f"--block {block} needs more than {block + 1} there: give --text a longer file (at least "
+                 f"{10 * (block + 2):,} characters) or a smaller --block")
+
+
+def sample_prompt(text, stoi):
+    """The sample's prompt: "def " where the corpus has those characters
+    (Python sources), else its own first 4, since a prompt must be in the
+    vocabulary (a DNA or digits file has no "d")."""
+    return "def " if all(c in stoi for c in "def ") else text[:4]
+
 
 def human_bytes(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -158,7 +177,9 @@ def main():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    text, source = load_corpus(args.text, args.max_chars)
+    raw, source = read_corpus(args.text, args.max_chars)
+    text, replaced = printable(raw)
+    check_corpus(text, source, args.block)
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
@@ -179,7 +200,8 @@ def main():
                                         dtype=torch.bfloat16 if args.bf16 else None)
     rank, world = engine.rank, engine.world_size
     if rank == 0:
-        print(f"corpus: {len(text):,} characters of {source}, vocabulary {len(chars)}")
+        print(f"corpus: {len(text):,} characters of {source}, vocabulary {len(chars)}"
+              + (f"; {replaced:,} outside printable ASCII became '{UNKNOWN}'" if replaced else ""))
         print(f"model: {engine.num_parameters / 1e6:.2f}M parameters in {len(engine.zerod_modules)} zerod modules; "
               f"{world} rank(s) x {args.batch} sequences of {args.block} characters per step")
 
@@ -248,11 +270,12 @@ def main():
             comm = engine.zerod_model.comm_figures()
             print(f"collectives: rank 0 sent {human_bytes(comm.bytes_sent)} in {comm.collectives:,} collectives "
                   f"({comm.bytes_sent // max(1, args.steps):,} bytes per step, evaluation included)")
-    prompt = torch.tensor([[stoi[c] for c in "def "]], dtype=torch.long, device=device)
-    out = generate(engine, prompt, args.sample_chars, args.block, temperature=0.8, top_k=20,
-                   generator=torch.Generator(device=device).manual_seed(args.seed + 3))
-    if rank == 0:
-        print("sample:\n" + "".join(chars[i] for i in out[0].tolist()))
+    if args.sample_chars > 0:  # on every rank, or on none: at stage 3 each forward gathers from all
+        prompt = torch.tensor([[stoi[c] for c in sample_prompt(text, stoi)]], dtype=torch.long, device=device)
+        out = generate(engine, prompt, args.sample_chars, args.block, temperature=0.8, top_k=20,
+                       generator=torch.Generator(device=device).manual_seed(args.seed + 3))
+        if rank == 0:
+            print("sample:\n" + "".join(chars[i] for i in out[0].tolist()))
 
 
 if __name__ == "__main__":

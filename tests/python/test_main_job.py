@@ -1,11 +1,16 @@
 """The main job (examples/python/train_gpt.py) end to end, shortened: 2
 ranks under `zerod run` with its own job script (ZeRO stage 3), a smaller
 model and corpus; the loss falls, rank 0 shows progress and memory, and
-prints a sample."""
+prints a sample. A --text file the Python prompt is not in, one too short
+for the block, and --sample-chars 0. And README.md's DeepSpeed example
+(examples/python/train_deepspeed.py) on one rank."""
+import json
 import os
 import re
+import subprocess
+import sys
 
-from conftest import EXAMPLES, zerod_run
+from conftest import EXAMPLES, rank_env, zerod_run
 
 
 def test_gpt_example_learns_on_two_ranks():
@@ -20,3 +25,55 @@ def test_gpt_example_learns_on_two_ranks():
     assert m and float(m.group(2)) < float(m.group(1)) - 1.0, text
     assert "sample:\ndef " in text
     assert not [line for line in ranks.get(1, []) if line.strip()], "rank 1 should stay quiet"
+
+
+def train_gpt(text_file, *args):
+    """train_gpt.py alone (one rank, embedded) on text_file, a tiny model:
+    (exit status, output)."""
+    cmd = [sys.executable, os.path.join(EXAMPLES, "train_gpt.py"), "--text", str(text_file), "--layers", 1,
+           "--heads", 2, "--embd", 16, "--batch", 4, *args]
+    p = subprocess.run(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120, env=rank_env())
+    return p.returncode, p.stdout
+
+
+def test_a_corpus_without_the_python_prompt_samples_from_its_own_start(tmp_path):
+    # DNA with a few letters outside ASCII: no "d", "e", "f" or " " for the
+    # "def " prompt (it raised KeyError: 'd' after the whole run).
+    dna = tmp_path / "dna.txt"
+    dna.write_text(("GATTACACGT" * 40 + "ÅÖ\n") * 8)
+    rc, out = train_gpt(dna, "--steps", 2, "--block", 16, "--sample-chars", 8)
+    assert rc == 0, out
+    assert "; 16 outside printable ASCII became '?'" in out, out
+    assert re.search(r"sample:\nGATT[ACGT?\n]{8}", out), out
+
+
+def test_no_sample_is_drawn_when_none_is_asked_for(tmp_path):
+    digits = tmp_path / "digits.txt"
+    digits.write_text("0123456789\n" * 100)
+    rc, out = train_gpt(digits, "--steps", 2, "--block", 16, "--sample-chars", 0, "--plain")
+    assert rc == 0, out
+    assert "trained 2 steps" in out and "sample:" not in out, out
+
+
+def test_a_corpus_too_short_for_the_block_is_refused_before_training(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text(("def f(x): return x\n" * 40)[:640])  # a validation tenth of 64, --block 64
+    rc, out = train_gpt(short, "--steps", 2)
+    assert rc != 0, out
+    assert "--block 64 needs more than 65" in out and "--text" in out, out
+    assert "trained" not in out and "train:" not in out, out
+
+
+def test_the_deepspeed_example_stops_where_its_schedule_ends():
+    # README.md's single-process command: one rank's epoch is 80 steps, twice
+    # the schedule's 40 (it trained all 80, the last 40 at the floor lr).
+    config = os.path.join(EXAMPLES, "ds_config.json")
+    with open(config) as f:
+        total = json.load(f)["scheduler"]["params"]["total_num_steps"]
+    p = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_deepspeed.py")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120, env=rank_env())
+    assert p.returncode == 0, p.stdout
+    steps = [int(s) for s in re.findall(r"^step (\d+) loss", p.stdout, re.M)]
+    assert steps and steps[-1] == total, p.stdout
+    assert f"global_step{total}" in p.stdout, p.stdout
