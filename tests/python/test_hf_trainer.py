@@ -305,6 +305,13 @@ def test_refusals(tmp_path, monkeypatch):
     trainer = ZerodTrainer(model=make_model("gpt2"), args=_args(tmp_path, ZERO2_OFFLOAD), train_dataset=Windows(20))
     with pytest.raises(InvalidStateError, match="gradient_accumulation_steps=2"):
         trainer.train()
+    # A model DeepSpeed partitioned (built inside deepspeed.zero.Init, its
+    # parameters marked with ds_id) is refused by name, not registered empty.
+    model = make_model("gpt2")
+    model.transformer.wte.weight.ds_id = 0
+    trainer = ZerodTrainer(model=model, args=_args(tmp_path, ZERO3_OFFLOAD), train_dataset=Windows())
+    with pytest.raises(InvalidArgumentError, match=r"'transformer\.wte\.weight'.*deepspeed\.zero\.Init"):
+        trainer.train()
 
 
 def test_torch_compile(tmp_path):
@@ -334,3 +341,57 @@ def test_torch_compile(tmp_path):
         assert (trainer.zerod_engine.module._compiled_call_impl is not None) == compiled
         losses[compiled] = [x["loss"] for x in logs.logs]
     assert len(losses[True]) == 3 and losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_from_pretrained_after_training_arguments_zero3(tmp_path):
+    """Hugging Face's ZeRO-3 docs (and run_clm.py) make TrainingArguments
+    before the model, so that from_pretrained and from_config build it
+    inside deepspeed.zero.Init, partitioned by DeepSpeed. zerod partitions
+    the model itself: with ZerodTrainer imported, transformers sees no
+    ZeRO-3 of its own, and models loaded in that order -- before training,
+    after it in the same process, and in model_init -- are whole torch
+    modules that train as one built before the arguments."""
+    from transformers import AutoModelForCausalLM
+
+    from zerod.transformers import ZerodTrainer
+
+    saved = tmp_path / "gpt2"
+    make_model("gpt2").save_pretrained(saved)
+
+    def whole(model):
+        assert not [n for n, p in model.named_parameters() if hasattr(p, "ds_id")], "partitioned by DeepSpeed"
+        return model
+
+    def losses(args, **model_or_init):
+        logs = Logs()
+        ZerodTrainer(args=args, train_dataset=Windows(), callbacks=[logs], **model_or_init).train()
+        return [x["loss"] for x in logs.logs]
+
+    expected = losses(_args(tmp_path, ZERO3_OFFLOAD, logging_steps=1), model=make_model("gpt2"))
+    assert len(expected) == 3
+
+    args = _args(tmp_path, ZERO3_OFFLOAD, logging_steps=1)
+    loaded = whole(GPT2LMHeadModel.from_pretrained(saved))
+    torch.manual_seed(0)  # make_model's initialisation
+    built = whole(AutoModelForCausalLM.from_config(loaded.config))
+    assert losses(args, model=loaded) == expected
+    # A Trainer per TrainingArguments (Accelerate's state is made once).
+    assert losses(_args(tmp_path, ZERO3_OFFLOAD, logging_steps=1), model=built) == expected
+    # After a run, in the same process (Accelerate's DeepSpeed plugin is
+    # the selected one now), and in model_init, which the Trainer calls with
+    # its Accelerator made.
+    whole(GPT2LMHeadModel.from_pretrained(saved))
+    assert losses(_args(tmp_path, ZERO3_OFFLOAD, logging_steps=1),
+                  model_init=lambda: whole(GPT2LMHeadModel.from_pretrained(saved))) == expected
+
+
+def test_resume_from_deepspeed_checkpoint_names_ckpt_import(deepspeed_runs, tmp_path):
+    """resume_from_checkpoint on a checkpoint DeepSpeed's engine wrote (not
+    zerod's) is refused with the command that converts it."""
+    from zerod.errors import ZerodError
+    from zerod.transformers import ZerodTrainer
+
+    name = "zero3_offload_llama"
+    theirs = os.path.join(deepspeed_runs["_dir"], name, f"checkpoint-{SAVE_AT}")
+    with pytest.raises(ZerodError, match="ckpt import"):
+        train(name, str(tmp_path / "out"), ZerodTrainer, resume=theirs)

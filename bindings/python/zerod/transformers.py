@@ -40,7 +40,12 @@ given this module's subclass of it):
 
 Needs DeepSpeed installed: TrainingArguments(deepspeed=...) and the
 Trainer's DeepSpeed path import it (for its config class and logger); none
-of its engine, ops or process groups is used. One process: several
+of its engine, zero.Init, ops or process groups is used. Importing this
+module keeps transformers from registering the DeepSpeed config as its own
+(is_deepspeed_zero3_enabled() is false in this process), so a model made
+after a ZeRO-3 TrainingArguments (from_pretrained, from_config, model_init)
+is not built inside deepspeed.zero.Init for DeepSpeed to partition: zerod
+partitions it. One process: several
 (torchrun, accelerate launch, `zerod run --nproc N`) are refused by name.
 An accumulation window must end where the Trainer ends it: an epoch whose
 micro-batch count is not a multiple of gradient_accumulation_steps (the
@@ -62,6 +67,31 @@ except ImportError as e:  # pragma: no cover
                       f"(pip install transformers accelerate): {e}") from e
 
 __all__ = ["ZerodTrainer"]
+
+
+def _zerod_holds_the_deepspeed_config(hf_deepspeed_config):
+    """Stands for transformers.integrations.deepspeed.set_hf_deepspeed_config,
+    which every HfDeepSpeedConfig (TrainingArguments', Accelerate's plugin's)
+    calls to make itself the config transformers' is_deepspeed_zero3_enabled()
+    and deepspeed_config() read: it registers nothing. zerod reads the config
+    from the Trainer's Accelerator; transformers registering a ZeRO-3 one
+    would build every later model (from_pretrained, from_config, model_init)
+    inside DeepSpeed's zero.Init, partitioned by DeepSpeed instead."""
+
+
+def _keep_deepspeed_zero3_from_transformers():
+    # Rebinding is_deepspeed_zero3_enabled would not reach the modules that
+    # imported it by name (modeling_utils, integrations.accelerate, many
+    # models, imported lazily later); all of them read the one weak reference
+    # set_hf_deepspeed_config sets. A config registered before this import
+    # (TrainingArguments made first) is dropped.
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    hf_deepspeed.set_hf_deepspeed_config = _zerod_holds_the_deepspeed_config
+    hf_deepspeed.unset_hf_deepspeed_config()
+
+
+_keep_deepspeed_zero3_from_transformers()
 
 
 class ZerodTrainer(Trainer):
@@ -145,6 +175,7 @@ class _ZerodDeepSpeedAccelerator(Accelerator):
                                        "does not take (model parallelism or sequence parallelism)")
         if self.zerod_engine is not None:
             raise InvalidStateError("ZerodTrainer: the model is on zerod already (one train() per ZerodTrainer)")
+        _refuse_deepspeed_partitioned(model)
         trainer = self._zerod_trainer
         # Traced one past the last update: the lr the Trainer logs after it.
         steps = trainer.state.max_steps + 1 if trainer.state.max_steps else None
@@ -201,3 +232,15 @@ class _ZerodDeepSpeedAccelerator(Accelerator):
             return engine.state_dict()
         return super().get_state_dict(model, unwrap)
 
+
+def _refuse_deepspeed_partitioned(model):
+    """A model built inside deepspeed.zero.Init has DeepSpeed's partitions
+    for parameters (empty tensors with ds_id, ds_numel), which zerod cannot
+    register."""
+    for name, p in model.named_parameters():
+        if hasattr(p, "ds_id") or hasattr(p, "ds_numel"):
+            raise InvalidArgumentError(
+                f"ZerodTrainer: parameter '{name}' was partitioned by DeepSpeed (it has ds_id/ds_numel): the model "
+                "was built inside deepspeed.zero.Init, as from_pretrained and from_config do after a ZeRO-3 "
+                "TrainingArguments made before zerod.transformers was imported; import zerod.transformers first "
+                "(transformers then leaves the model whole for zerod to partition)")
