@@ -50,6 +50,7 @@ inline std::string peer_python_missing(const std::string& python) {
 struct PeerRun {
   std::string error;
   std::string last;
+  int status = 0;  // pclose's wait status; -1 when the command could not be started
 };
 
 // Runs the peer command `cmd` of `python` ("2>&1" in it), handing each line
@@ -57,13 +58,13 @@ struct PeerRun {
 inline PeerRun run_peer_script(const std::string& cmd, const std::string& python,
                                const std::function<bool(const char*)>& on_line) {
   PeerRun r;
-  const int status = run_peer_lines(cmd, [&](const char* line) {
+  r.status = run_peer_lines(cmd, [&](const char* line) {
     if (!on_line(line) && line[0] != '\0') r.last = line;
   });
-  if (status < 0) {
+  if (r.status < 0) {
     r.error = "cannot run " + python;
-  } else if (status != 0) {
-    r.error = r.last.empty() ? "exit status " + std::to_string(status) : r.last;
+  } else if (r.status != 0) {
+    r.error = r.last.empty() ? "exit status " + std::to_string(r.status) : r.last;
   }
   return r;
 }

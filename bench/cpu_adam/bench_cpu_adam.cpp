@@ -75,7 +75,9 @@ void usage(const char* argv0) {
       "          [--deepspeed-python PATH] [--no-deepspeed] [--no-tiles]\n"
       "  DeepSpeed runs in the venv scripts/python-venv.sh makes (build/venv by default), and torch\n"
       "  too unless --python names another (without the venv, /usr/bin/python3).\n"
-      "  N may be written 1e8. Needs about 18*N bytes of memory (N = 100M: 1.8 GB).\n",
+      "  N may be written 1e8. Needs about 36*N bytes of memory (N = 100M: 3.6 GB): two Adam states of\n"
+      "  18 bytes a parameter, one in each kind of host memory. DeepSpeed's subprocess holds 18*N more\n"
+      "  beside them, and about 0.7 GB of its own (54*N + 0.7 GB in all; --no-deepspeed leaves it out).\n",
       argv0);
 }
 
@@ -504,7 +506,10 @@ void measure_tiles(const Options& o, const AdamwPlugin& plugin, AdamState& st, H
 std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd_isa best, HostMemory& huge,
                                  HostMemory& small) {
   const size_t n = o.params;
-  AdamState st(huge, n), st4k(small, n);
+  // st4k only for the rows that compare page sizes: freed before (f), whose
+  // fp32 working copy would otherwise add to both states at the peak.
+  AdamState st(huge, n);
+  std::optional<AdamState> st4k(std::in_place, small, n);
 
   std::vector<double> reference(o.threads.size());
   std::vector<std::string> cells;
@@ -513,7 +518,7 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
   std::vector<std::vector<std::string>> variant_cells(kProxyVariants);
   for (size_t k = 0; k < o.threads.size(); ++k) {
     Team team(o.threads[k]);
-    if (k == 0) st.fill(team), st4k.fill(team);
+    if (k == 0) st.fill(team), st4k->fill(team);
     for (int var = 0; var < kProxyVariants; ++var) {
       bool ran = true;
       const double s = time_steps(team, n, o, [&](size_t lo, size_t hi, int64_t) {
@@ -583,7 +588,7 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
     std::vector<double> rates[kSeries];
     for (int round = 0; round < o.rounds; ++round) {
       rates[kOurs].push_back(run_ours(team, st, {ZD_ISA_AUTO, false}));
-      rates[kOurs4k].push_back(run_ours(team, st4k, {ZD_ISA_AUTO, false}));
+      rates[kOurs4k].push_back(run_ours(team, *st4k, {ZD_ISA_AUTO, false}));
       deepspeed(o.threads[k], false, false, &rates[kDs]);
       deepspeed(o.threads[k], false, true, &rates[kDsThp]);
       rates[kOursBf16].push_back(run_ours(team, st, {ZD_ISA_AUTO, true}));
@@ -634,6 +639,7 @@ std::vector<double> measure_adam(const Options& o, const AdamwPlugin& plugin, zd
                 ds_version.c_str(), o.rounds);
   else
     std::printf("\n(e) DeepSpeedCPUAdam: not run: %s\n", ds_error.c_str());
+  st4k.reset();
   if (o.tiles) measure_tiles(o, plugin, st, huge);
   return ours;
 }

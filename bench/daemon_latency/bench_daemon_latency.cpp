@@ -26,11 +26,16 @@
 // cannot run, one line says why and the bench goes on; --no-deepspeed
 // leaves the peer out.
 //
+// A daemon it started does not outlive it: a rank that fails, a daemon
+// that does not come up, SIGTERM or SIGINT stop it and remove its folder
+// (/tmp/zerod-bench-*) before the bench exits 1 (or 128 + the signal).
+//
 //   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--device cpu|cuda] [--zerod PATH]
 //                        [--no-deepspeed]
 #include <zerod/zerod.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -38,10 +43,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +69,53 @@ namespace {
 struct Figures {
   double median_us = 0, p99_us = 0;
 };
+
+// The `zerod serve` running now (0: none) and the folder holding its socket
+// and job file. Plain values, set before the SIGTERM/SIGINT handler can
+// read them, so that it too can take the daemon down and remove the folder.
+volatile std::sig_atomic_t g_daemon = 0;
+static_assert(sizeof(pid_t) <= sizeof(std::sig_atomic_t));
+char g_dir[] = "/tmp/zerod-bench-XXXXXX";
+char g_sock[sizeof g_dir + 16], g_job[sizeof g_dir + 16];
+
+// Stops the daemon and waits for it. kill and waitpid are async-signal-safe:
+// the signal handler calls this too.
+void stop_daemon() {
+  const pid_t daemon = static_cast<pid_t>(g_daemon);
+  if (daemon <= 0) return;
+  kill(daemon, SIGTERM);
+  waitpid(daemon, nullptr, 0);
+  g_daemon = 0;
+}
+
+// unlink and rmdir are async-signal-safe too.
+void remove_folder() {
+  unlink(g_sock);
+  unlink(g_job);
+  rmdir(g_dir);
+}
+
+void on_stop_signal(int sig) {
+  stop_daemon();
+  remove_folder();
+  _exit(128 + sig);
+}
+
+// The folder (g_dir, g_sock, g_job), then the handler that cleans it up.
+bool make_folder() {
+  if (!mkdtemp(g_dir)) {
+    std::fprintf(stderr, "bench_daemon_latency: cannot make %s: %s\n", g_dir, std::strerror(errno));
+    return false;
+  }
+  std::snprintf(g_sock, sizeof g_sock, "%s/zerod.sock", g_dir);
+  std::snprintf(g_job, sizeof g_job, "%s/job.lua", g_dir);
+  struct sigaction sa{};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  return true;
+}
 
 [[noreturn]] void die(const char* what) {
   std::fprintf(stderr, "%s failed: %s\n", what, zd_last_error());
@@ -96,87 +151,150 @@ std::vector<double> rank_loop(const char* uri, const std::string& job, int iters
 
 enum class Path { socket, ring_sync_end, ring };
 
-// Runs `ranks` processes of rank_loop (forked before this process touches
-// libzerod) and pools their samples.
-Figures run_ranks(const char* uri, const std::string& job, int iters, int64_t numel, int ranks, Path path) {
+// Rank r's process (forked before this process touches libzerod): its
+// timed pairs go down `out`, and it exits 0, or 1 when a call failed.
+[[noreturn]] void rank_process(int r, int ranks, Path path, int out, const char* uri, const std::string& job,
+                               int iters, int64_t numel) {
+  // A rank dies of a stop signal; the daemon and folder are the bench's.
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  setenv("ZEROD_RANK", std::to_string(r).c_str(), 1);
+  setenv("ZEROD_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+  if (path == Path::socket) setenv("ZEROD_NO_RING", "1", 1);
+  else unsetenv("ZEROD_NO_RING");
+  if (path == Path::ring_sync_end) setenv("ZEROD_SYNC_END", "1", 1);
+  else unsetenv("ZEROD_SYNC_END");
+  const std::vector<double> us = rank_loop(uri, job, iters, numel);
+  const size_t bytes = us.size() * sizeof(double);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = write(out, reinterpret_cast<const char*>(us.data()) + done, bytes - done);
+    if (n <= 0) std::_Exit(1);
+    done += static_cast<size_t>(n);
+  }
+  std::_Exit(0);
+}
+
+// Every rank's `iters` samples from its pipe, read as they come: a rank
+// blocked on a full pipe must not wait for another's to be read, and a
+// rank that dies must be seen at once, not after the ones before it (which
+// may wait on it in a collective for good). False when a pipe closes short.
+bool collect(const std::vector<int>& pipes, int iters, std::vector<double>& all) {
+  const size_t bytes = static_cast<size_t>(iters) * sizeof(double);
+  std::vector<std::vector<double>> us(pipes.size(), std::vector<double>(static_cast<size_t>(iters)));
+  std::vector<size_t> done(pipes.size(), 0);
+  std::vector<pollfd> fds;
+  for (int fd : pipes) fds.push_back({fd, POLLIN, 0});
+  for (size_t open = fds.size(); open > 0;) {
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].fd < 0 || fds[k].revents == 0) continue;
+      const ssize_t n = read(fds[k].fd, reinterpret_cast<char*>(us[k].data()) + done[k], bytes - done[k]);
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) done[k] += static_cast<size_t>(n);
+      if (n > 0 && done[k] < bytes) continue;
+      if (done[k] != bytes) return false;  // closed short: the rank died
+      fds[k].fd = -1;
+      --open;
+    }
+  }
+  for (const auto& u : us) all.insert(all.end(), u.begin(), u.end());
+  return true;
+}
+
+// Waits for every rank (killing them first where one failed, as the others
+// may wait on it for good); whether all exited 0.
+bool reap(const std::vector<pid_t>& kids, bool kill_first) {
+  bool ok = true;
+  for (pid_t k : kids) {
+    if (kill_first) kill(k, SIGKILL);
+    int st = 0;
+    waitpid(k, &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  return ok;
+}
+
+// Runs `ranks` rank processes and pools their samples; nothing, said on
+// stderr, when one failed.
+std::optional<Figures> run_ranks(const char* uri, const std::string& job, int iters, int64_t numel, int ranks,
+                                 Path path) {
   std::vector<pid_t> kids;
   std::vector<int> pipes;
-  for (int r = 0; r < ranks; ++r) {
+  bool started = true;
+  for (int r = 0; r < ranks && started; ++r) {
     int fd[2];
-    if (pipe(fd) != 0) std::exit(1);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fd[0]);
-      setenv("ZEROD_RANK", std::to_string(r).c_str(), 1);
-      setenv("ZEROD_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-      if (path == Path::socket) setenv("ZEROD_NO_RING", "1", 1);
-      else unsetenv("ZEROD_NO_RING");
-      if (path == Path::ring_sync_end) setenv("ZEROD_SYNC_END", "1", 1);
-      else unsetenv("ZEROD_SYNC_END");
-      const std::vector<double> us = rank_loop(uri, job, iters, numel);
-      const size_t bytes = us.size() * sizeof(double);
-      for (size_t done = 0; done < bytes;) {
-        const ssize_t n = write(fd[1], reinterpret_cast<const char*>(us.data()) + done, bytes - done);
-        if (n <= 0) std::_Exit(1);
-        done += static_cast<size_t>(n);
+    pid_t pid = -1;
+    int error = 0;
+    if (pipe(fd) == 0) {
+      pid = fork();
+      error = errno;
+      if (pid == 0) {
+        close(fd[0]);
+        rank_process(r, ranks, path, fd[1], uri, job, iters, numel);
       }
-      std::_Exit(0);
+      close(fd[1]);
+      if (pid < 0) close(fd[0]);
+    } else {
+      error = errno;
     }
-    close(fd[1]);
+    started = pid > 0;
+    if (!started) {
+      std::fprintf(stderr, "cannot start rank %d: %s\n", r, std::strerror(error));
+      continue;
+    }
     kids.push_back(pid);
     pipes.push_back(fd[0]);
   }
   std::vector<double> all;
-  for (int fd : pipes) {
-    std::vector<double> us(static_cast<size_t>(iters));
-    size_t done = 0;
-    const size_t bytes = us.size() * sizeof(double);
-    while (done < bytes) {
-      const ssize_t n = read(fd, reinterpret_cast<char*>(us.data()) + done, bytes - done);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    close(fd);
-    if (done != bytes) {
-      std::fprintf(stderr, "a rank died before reporting\n");
-      std::exit(1);
-    }
-    all.insert(all.end(), us.begin(), us.end());
-  }
-  for (pid_t k : kids) {
-    int st = 0;
-    waitpid(k, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) std::exit(1);
-  }
+  const bool reported = started && collect(pipes, iters, all);
+  for (int fd : pipes) close(fd);
+  if (started && !reported) std::fprintf(stderr, "a rank died before reporting\n");
+  if (!reap(kids, !reported) || !reported) return std::nullopt;
   std::sort(all.begin(), all.end());
-  return {all[all.size() / 2], all[static_cast<size_t>(static_cast<double>(all.size()) * 0.99)]};
+  return Figures{all[all.size() / 2], all[static_cast<size_t>(static_cast<double>(all.size()) * 0.99)]};
 }
 
-// A `zerod serve` for `ranks` ranks at `sock`.
-pid_t start_daemon(const char* zerod, const std::string& job_file, const std::string& sock, int ranks) {
-  unlink(sock.c_str());
+// A `zerod serve` for `ranks` ranks at g_sock (g_daemon), its socket there;
+// false, said on stderr, when it did not come up (and is not running).
+bool start_daemon(const char* zerod, int ranks) {
+  unlink(g_sock);
   const std::string n = std::to_string(ranks);
-  const char* args[] = {zerod, "serve", "--nproc", n.c_str(), "--job", job_file.c_str(), "--socket", sock.c_str(),
-                        nullptr};
-  pid_t daemon = 0;
+  const char* args[] = {zerod, "serve", "--nproc", n.c_str(), "--job", g_job, "--socket", g_sock, nullptr};
   posix_spawn_file_actions_t quiet;  // its banner would break the table
   posix_spawn_file_actions_init(&quiet);
   posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
-  const int failed = posix_spawn(&daemon, zerod, &quiet, nullptr, const_cast<char**>(args), environ);
+  // The stop signals wait until g_daemon holds the pid (a signal in between
+  // would leave the daemon behind); the daemon starts with the mask as it was.
+  sigset_t stop, before;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigprocmask(SIG_BLOCK, &stop, &before);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setsigmask(&attr, &before);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t daemon = 0;
+  const int failed = posix_spawn(&daemon, zerod, &quiet, &attr, const_cast<char**>(args), environ);
+  if (!failed) g_daemon = daemon;
+  sigprocmask(SIG_SETMASK, &before, nullptr);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&quiet);
-  if (failed) std::exit(1);
+  if (failed) {
+    std::fprintf(stderr, "cannot start %s: %s\n", zerod, std::strerror(failed));
+    return false;
+  }
   for (int i = 0; i < 500; ++i) {
     struct stat st{};
-    if (stat(sock.c_str(), &st) == 0) return daemon;
+    if (stat(g_sock, &st) == 0) return true;
     usleep(10000);
   }
-  std::fprintf(stderr, "zerod serve did not create %s\n", sock.c_str());
-  std::exit(1);
-}
-
-void stop_daemon(pid_t daemon) {
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  std::fprintf(stderr, "zerod serve did not create %s\n", g_sock);
+  stop_daemon();
+  return false;
 }
 
 // One stage of the DeepSpeed peer (deepspeed_hooks.py), or why it has none.
@@ -265,46 +383,89 @@ struct Options {
   bool deepspeed = true;
 };
 
-// The options, or false (with the usage said) when they are not ones.
+// Fewer timed pairs would make the 99th percentile one of the few slowest.
+constexpr int kMinIters = 100;
+
+void usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--iters N >= %d] [--numel N >= 1] [--ranks N >= 1] [--device cpu|cuda] [--zerod PATH] "
+               "[--no-deepspeed]\n",
+               argv0, kMinIters);
+}
+
+// Why the options are not ones ("" when they are).
+std::string refusal(const Options& o) {
+  if (o.iters < kMinIters)
+    return "--iters must be at least " + std::to_string(kMinIters) + " (the p99 of fewer pairs is one of the few "
+           "slowest), not " + std::to_string(o.iters);
+  if (o.numel < 1) return "--numel must be at least 1, not " + std::to_string(o.numel);
+  if (o.ranks < 1) return "--ranks must be at least 1, not " + std::to_string(o.ranks);
+  if (o.device != "cpu" && o.device != "cuda") return "--device must be cpu or cuda, not " + o.device;
+  return "";
+}
+
+// The options, or false with the reason and the usage said.
 bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--numel") && i + 1 < argc) o.numel = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--ranks") && i + 1 < argc) o.ranks = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) o.device = argv[++i];
-    else if (!std::strcmp(argv[i], "--zerod") && i + 1 < argc) o.zerod = argv[++i];
-    else if (!std::strcmp(argv[i], "--no-deepspeed")) o.deepspeed = false;
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--iters N] [--numel N] [--ranks N] [--device cpu|cuda] [--zerod PATH] "
-                   "[--no-deepspeed]\n",
-                   argv[0]);
-      return false;
+  std::string why;
+  for (int i = 1; i < argc && why.empty(); ++i) {
+    const std::string a = argv[i];
+    const bool valued = a == "--iters" || a == "--numel" || a == "--ranks" || a == "--device" || a == "--zerod";
+    if (a == "--no-deepspeed") {
+      o.deepspeed = false;
+      continue;
     }
+    if (!valued || i + 1 >= argc) {
+      why = a + (valued ? " needs a value" : ": no such option");
+      continue;
+    }
+    const char* v = argv[++i];
+    if (a == "--iters") o.iters = std::atoi(v);
+    else if (a == "--numel") o.numel = std::atoll(v);
+    else if (a == "--ranks") o.ranks = std::atoi(v);
+    else if (a == "--device") o.device = v;
+    else o.zerod = v;
   }
-  return o.iters >= 100 && o.ranks >= 1 && o.numel >= 1 && (o.device == "cpu" || o.device == "cuda");
+  if (why.empty()) why = refusal(o);
+  if (why.empty()) return true;
+  std::fprintf(stderr, "bench_daemon_latency: %s\n", why.c_str());
+  usage(argv[0]);
+  return false;
+}
+
+// The job of a stage: written to g_job for the daemons, the text for the
+// embedded rank.
+std::optional<std::string> write_job(const Options& o, int stage) {
+  const std::string j = "return { device = '" + o.device + "', optimizer = { type = 'sgd' }, zero = { stage = " +
+                        std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
+  FILE* f = std::fopen(g_job, "w");
+  const bool written = f != nullptr && std::fputs(j.c_str(), f) >= 0;
+  if (f == nullptr || std::fclose(f) != 0 || !written) {
+    std::fprintf(stderr, "bench_daemon_latency: cannot write %s\n", g_job);
+    return std::nullopt;
+  }
+  return j;
 }
 
 // zerod's rows of one stage, each printed as it is measured: embedded, then
-// a daemon for each path.
-std::vector<Row> zerod_stage(const Options& o, int stage, const std::string& job_file, const std::string& sock) {
-  const std::string j = "return { device = '" + o.device + "', optimizer = { type = 'sgd' }, zero = { stage = " +
-                        std::to_string(stage) + (stage == 3 ? ", param_persistence_threshold = 0" : "") + " } }\n";
-  FILE* f = std::fopen(job_file.c_str(), "w");
-  std::fputs(j.c_str(), f);
-  std::fclose(f);
+// a daemon for each path; nothing when a run failed (its daemon stopped).
+std::optional<std::vector<Row>> zerod_stage(const Options& o, int stage) {
+  const std::optional<std::string> j = write_job(o, stage);
+  if (!j) return std::nullopt;
   std::vector<Row> rows;
-  rows.push_back({"embedded, 1 rank", run_ranks("embedded:", j, o.iters, o.numel, 1, Path::socket)});
+  const std::optional<Figures> embedded = run_ranks("embedded:", *j, o.iters, o.numel, 1, Path::socket);
+  if (!embedded) return std::nullopt;
+  rows.push_back({"embedded, 1 rank", *embedded});
   print_row(stage, rows.back().mode, rows.back().f);
-  const std::string uri = "unix:" + sock;
+  const std::string uri = std::string("unix:") + g_sock;
   for (Path path : {Path::socket, Path::ring_sync_end, Path::ring}) {
-    const pid_t daemon = start_daemon(o.zerod, job_file, sock, o.ranks);
-    const Figures d = run_ranks(uri.c_str(), j, o.iters, o.numel, o.ranks, path);
-    stop_daemon(daemon);
+    if (!start_daemon(o.zerod, o.ranks)) return std::nullopt;
+    const std::optional<Figures> d = run_ranks(uri.c_str(), *j, o.iters, o.numel, o.ranks, path);
+    stop_daemon();
+    if (!d) return std::nullopt;
     const char* how = path == Path::socket          ? "daemon, socket, "
                       : path == Path::ring_sync_end ? "ring, synchronous end, "
                                                     : "daemon, call ring, ";
-    rows.push_back({how + std::to_string(o.ranks) + (o.ranks == 1 ? " rank" : " ranks"), d});
+    rows.push_back({how + std::to_string(o.ranks) + (o.ranks == 1 ? " rank" : " ranks"), *d});
     print_row(stage, rows.back().mode, rows.back().f);
   }
   return rows;
@@ -315,9 +476,7 @@ std::vector<Row> zerod_stage(const Options& o, int stage, const std::string& job
 int main(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 2;
-  char dir[] = "/tmp/zerod-bench-XXXXXX";
-  if (!mkdtemp(dir)) return 1;
-  const std::string sock = std::string(dir) + "/zerod.sock", job_file = std::string(dir) + "/job.lua";
+  if (!make_folder()) return 1;
 
   std::printf("bench_daemon_latency: zd_forward_begin + zd_forward_end, one module of %lld f32 on the %s device, %d "
               "timed pairs per rank after 1000 warm-up; daemon rows: %d ranks, each its own process, calling at "
@@ -327,19 +486,23 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   bool deepspeed = o.deepspeed;
   for (int stage : {0, 3}) {
-    const std::vector<Row> rows = zerod_stage(o, stage, job_file, sock);
+    const std::optional<std::vector<Row>> rows = zerod_stage(o, stage);
     std::fflush(stdout);
+    if (!rows) {
+      stop_daemon();
+      remove_folder();
+      return 1;
+    }
     if (!deepspeed) continue;
     const DeepSpeedRun ds = deepspeed_peer(stage, o.iters, o.numel, o.device);
     if (ds.error.empty()) {
-      print_deepspeed(stage, ds, o.numel, rows);
+      print_deepspeed(stage, ds, o.numel, *rows);
     } else {
       std::printf("DeepSpeed: not measured (%s)\n", ds.error.c_str());
       deepspeed = false;  // it would fail again, the same way, at the next stage
     }
     std::fflush(stdout);
   }
-  unlink(job_file.c_str());
-  rmdir(dir);
+  remove_folder();
   return 0;
 }

@@ -8,7 +8,10 @@ micro-batch and accumulation in every row of a size). Rows: plain PyTorch
 and with the parameters there too; each a fresh process.
 
 Targets (issue 33): <= 1.3x plain PyTorch at 64k tokens per step, <= 2.5x
-at 16k, <= 0.5x DeepSpeed's step everywhere. Under each zerod row, its
+at 16k, <= 0.5x DeepSpeed's step everywhere. A ratio sets two rows whose
+loss stayed finite and fell (step.py's ok) against each other; where either
+is not ok the row says "not ok: no ratio" and no target is met or missed.
+Under each zerod row, its
 timeline of steps 3-4 summed up (trace_summary.exposed: the time the
 trainer spent in zerod's calls, by call and by what they waited for inside,
 and the CPU update's rate in parameters and bytes a second, to set beside
@@ -51,8 +54,19 @@ def label(n):
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def ratio(row, peer):
+    """row's step time over peer's: None where either has none, False where
+    either is not ok (its loss NaN or not falling, step.py's ok): a broken
+    run's time is no figure to set a target against."""
+    ms, peer_ms = row.get("step_ms"), (peer or {}).get("step_ms")
+    if not (ms and peer_ms):
+        return None
+    if not (row.get("ok") and peer.get("ok")):
+        return False
+    return ms / peer_ms
+
+
 def table(size, gas, a, rows):
-    torch_ms = rows.get("torch", {}).get("step_ms")
     target_t = TARGET_X_TORCH.get(size)
     params = next((r["params"] for r in rows.values() if "params" in r), None)
     print(f"\n{label(size)} tokens per step ({a.micro} x {a.seq} x {gas} micro-batches), "
@@ -64,9 +78,7 @@ def table(size, gas, a, rows):
     nan = float("nan")
     for m, r in rows.items():
         ms = r.get("step_ms")
-        x_torch = ms / torch_ms if ms and torch_ms else None
-        peer = rows.get(PEER.get(m), {}).get("step_ms")
-        x_ds = ms / peer if ms and peer else None
+        x_torch, x_ds = ratio(r, rows.get("torch")), ratio(r, rows.get(PEER.get(m)))
         host = r.get("zerod_host_bytes_per_param") or (
             r["host_gib_over_start"] * 2**30 / r["params"] if r.get("host_gib_over_start") is not None else None)
         dev = r.get("device_peak_gib")
@@ -78,6 +90,8 @@ def table(size, gas, a, rows):
                 met.append(f"x torch {'met' if x_torch <= target_t else 'MISSED'}")
             if x_ds:
                 met.append(f"x DeepSpeed {'met' if x_ds <= TARGET_X_DS else 'MISSED'}")
+        if x_torch is False or x_ds is False:
+            met.append("not ok: no ratio")
         print(f"{m:<17} {('yes' if r.get('ok') else 'NO'):<4} {ms or nan:>9.1f} {x_torch or nan:>8.2f} "
               f"{x_ds or nan:>12.2f} {r.get('tokens_per_s', 0):>8} {nan if dev is None else dev:>8.2f} "
               f"{host or nan:>13.1f}  {', '.join(met)}{'; ' if met and r.get('error') else ''}{r.get('error', '')}")

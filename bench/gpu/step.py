@@ -127,6 +127,21 @@ def timed_steps(a, n):
     return timed
 
 
+def batch_cycle(steps, gas):
+    """How many batches a run cycles through: at most 4, and a divisor of
+    the micro-batches from step 1's last to the last step's last ((steps -
+    1) * gas), so that both are the same batch and "falling" (ok, and the
+    losses first and last) compares the same tokens. min(4, that span) is
+    one only where the span is 4 or less or a multiple of 4."""
+    span = (steps - 1) * gas
+    return max(d for d in range(1, 5) if span % d == 0) if span > 0 else 1
+
+
+def batch_index(step, micro, gas, cycle):
+    """The batch of micro-batch `micro` of step `step` (both from 0)."""
+    return (step * gas + micro) % cycle
+
+
 def rss_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
@@ -244,11 +259,9 @@ def main():
                 return loss
         out["setup_s"] = round(time.time() - t0, 1)
         times, losses = [], []
-        # At most 4 batches, repeating so that the last step ends on the
-        # first step's last batch: "falling" compares the same tokens.
-        cycle = min(4, max(1, (a.steps - 1) * a.gas))
+        cycle = batch_cycle(a.steps, a.gas)
         for s in range(a.steps):
-            micro_batches = [batch(c, a.micro, (s * a.gas + k) % cycle, dev, rank) for k in range(a.gas)]
+            micro_batches = [batch(c, a.micro, batch_index(s, k, a.gas, cycle), dev, rank) for k in range(a.gas)]
             sync()
             t = time.perf_counter()
             loss = step(micro_batches)

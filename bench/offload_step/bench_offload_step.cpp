@@ -14,12 +14,16 @@
 //     with offload.overlap = false (the "overlap off" rows): with the
 //     overlap on, zd_step returns before the host's part of the update is
 //     done, while torch's opt.step() includes all of it.
-// The parameters every placement ends with are compared: they must be equal.
+// The parameters every placement ends with are compared: they must be equal,
+// and no longer their initial values (an update that did nothing would be
+// equal everywhere too; --lr 1e-30, whose steps round away in fp32, shows
+// that the check catches one).
 //
-//   bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--dir /var/tmp]
+//   bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--lr 1e-3] [--dir /var/tmp]
 //                      [--threads 0] [--no-torch] [--no-deepspeed]
 #include <zerod/zerod.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +45,7 @@ struct Options {
   double params = 32e6;
   int layers = 8;
   int steps = 5;
+  double lr = 1e-3;
   std::string dir = "/var/tmp";
   int threads = 0;
   bool torch = true;
@@ -66,12 +71,31 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Every tensor's initial values: fixed pseudo-random ones, the same in each
+// placement.
+std::vector<float> initial_values(size_t n) {
+  std::vector<float> init(n);
+  uint32_t seed = 12345;
+  for (float& x : init) {
+    seed = seed * 1664525u + 1013904223u;
+    x = static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+  }
+  return init;
+}
+
+// --lr as a Lua number (round-trips a double).
+std::string lua_number(double v) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.17g", v);
+  return s;
+}
+
 Result run(const std::string& name, const std::string& offload, const Options& o) {
   Result r;
   r.name = name;
   zd_client* c = nullptr;
   if (zd_connect("embedded:", nullptr, &c)) die("zd_connect");
-  const std::string job = "return { optimizer = { type = 'adamw', lr = 1e-3 }, threads = " +
+  const std::string job = "return { optimizer = { type = 'adamw', lr = " + lua_number(o.lr) + " }, threads = " +
                           std::to_string(o.threads) + (offload.empty() ? "" : ", offload = " + offload) +
                           " }";
   zd_model_options mo = ZD_MODEL_OPTIONS_INIT;
@@ -80,12 +104,7 @@ Result run(const std::string& name, const std::string& offload, const Options& o
   zd_model* m = nullptr;
   if (zd_model_create(c, &mo, &m)) die("zd_model_create (" + name + ")");
   const auto per_layer = static_cast<int64_t>(o.params / o.layers);
-  std::vector<float> init(static_cast<size_t>(per_layer));
-  uint32_t seed = 12345;
-  for (float& x : init) {
-    seed = seed * 1664525u + 1013904223u;
-    x = static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
-  }
+  const std::vector<float> init = initial_values(static_cast<size_t>(per_layer));
   std::vector<zd_module_id> modules;
   std::vector<zd_param_id> ids;
   for (int l = 0; l < o.layers; ++l) {
@@ -151,33 +170,51 @@ Result run(const std::string& name, const std::string& offload, const Options& o
 }
 
 struct TorchFigure {
-  double ms = -1;       // one opt.step(), < 0 when torch is not there
+  double ms = -1;       // one opt.step(), < 0 when not measured
   std::string python;   // the interpreter that ran it
   std::string version;  // "2.15.0+cu132 threads=2"
   std::string variant;  // the fastest: "fused=True", "foreach=True", ...
+  std::string error;    // why not measured
 };
+
+// Why a peer script gave no figure: how it ended, and its last line (a
+// Python error's own words, on stderr).
+std::string peer_failure(const zerod::bench::PeerRun& run, const std::string& python) {
+  if (run.status < 0) return "cannot run " + python;
+  const std::string ended = run.status == 0           ? "exit status 0, no result"
+                            : WIFEXITED(run.status)   ? "exit status " + std::to_string(WEXITSTATUS(run.status))
+                            : WIFSIGNALED(run.status) ? "killed by signal " + std::to_string(WTERMSIG(run.status))
+                                                      : "wait status " + std::to_string(run.status);
+  return run.last.empty() ? ended : ended + ": " + run.last;
+}
 
 // torch.optim.AdamW on the same number of parameters, from bench/cpu_adam's
 // script, in the venv's python (torch 2.x, as scripts/python-venv.sh makes
-// it) when there is one, else the system's.
+// it) when there is one, else the system's. Its stderr is folded in, so
+// that a failure says why rather than passing for a missing torch.
 TorchFigure torch_step(const Options& o) {
   TorchFigure f;
   f.python = zerod::bench::peer_python("", ZEROD_BENCH_VENV_PYTHON);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string cmd = "'" + f.python + "' '" + ZEROD_BENCH_TORCH_SCRIPT + "' --params " +
                           std::to_string(static_cast<long long>(o.params)) + " --threads " +
-                          std::to_string(threads) + " --steps " + std::to_string(o.steps) + " 2>/dev/null";
+                          std::to_string(threads) + " --steps " + std::to_string(o.steps) + " 2>&1";
   double rate = -1;
-  zerod::bench::run_peer_lines(cmd, [&](const char* line) {
+  const zerod::bench::PeerRun run = zerod::bench::run_peer_script(cmd, f.python, [&](const char* line) {
     if (std::strncmp(line, "best ", 5) == 0) {
       char* end = nullptr;
       rate = std::strtod(line + 5, &end);
       f.variant = end && *end == ' ' ? end + 1 : "";
-    } else if (std::strncmp(line, "torch ", 6) == 0) {
-      f.version = line + 6;
+      return true;
     }
+    if (std::strncmp(line, "torch ", 6) == 0) {
+      f.version = line + 6;
+      return true;
+    }
+    return false;
   });
-  if (rate > 0) f.ms = o.params / rate * 1e3;
+  if (run.status == 0 && rate > 0) f.ms = o.params / rate * 1e3;
+  else f.error = peer_failure(run, f.python);
   return f;
 }
 
@@ -210,6 +247,22 @@ DeepSpeedFigure deepspeed_step(const Options& o) {
   return f;
 }
 
+// Whether every placement ended with the same parameters as the first.
+bool identical_everywhere(const std::vector<Result>& results) {
+  for (size_t k = 1; k < results.size(); ++k)
+    if (results[k].final_params != results[0].final_params) return false;
+  return true;
+}
+
+// Whether every tensor of every placement differs from its initial values:
+// placements that all did nothing would be identical too.
+bool all_moved(const std::vector<Result>& results, const std::vector<float>& init) {
+  for (const Result& r : results)
+    for (const std::vector<float>& tensor : r.final_params)
+      if (tensor == init) return false;
+  return true;
+}
+
 std::string gib(uint64_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1 << 30));
@@ -232,19 +285,24 @@ int main(int argc, char** argv) {
     if (a == "--params") o.params = std::atof(next());
     else if (a == "--layers") o.layers = std::atoi(next());
     else if (a == "--steps") o.steps = std::atoi(next());
+    else if (a == "--lr") o.lr = std::atof(next());
     else if (a == "--dir") o.dir = next();
     else if (a == "--threads") o.threads = std::atoi(next());
     else if (a == "--no-torch") o.torch = false;
     else if (a == "--no-deepspeed") o.deepspeed = false;
     else {
       std::fprintf(stderr,
-                   "usage: bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--dir /var/tmp] "
-                   "[--threads 0] [--no-torch] [--no-deepspeed]\n");
+                   "usage: bench_offload_step [--params 32e6] [--layers 8] [--steps 5] [--lr 1e-3] "
+                   "[--dir /var/tmp] [--threads 0] [--no-torch] [--no-deepspeed]\n");
       return 2;
     }
   }
   if (o.layers < 1 || o.steps < 1 || o.params < o.layers) {
     std::fprintf(stderr, "bench_offload_step: --params, --layers and --steps must be positive\n");
+    return 2;
+  }
+  if (!(o.lr > 0.0 && std::isfinite(o.lr))) {  // the job refuses lr 0
+    std::fprintf(stderr, "bench_offload_step: --lr must be a finite number above 0\n");
     return 2;
   }
   char tmpl[4096];
@@ -256,9 +314,9 @@ int main(int argc, char** argv) {
   }
   const std::string store = tmpl;
   const auto n = static_cast<uint64_t>(o.params) / static_cast<uint64_t>(o.layers) * static_cast<uint64_t>(o.layers);
-  std::printf("bench_offload_step: %llu fp32 parameters in %d tensors, AdamW, stage 0, one rank; "
+  std::printf("bench_offload_step: %llu fp32 parameters in %d tensors, AdamW (lr %g), stage 0, one rank; "
               "median of %d steps after one warm-up\nNVMe store: %s\n\n",
-              static_cast<unsigned long long>(n), o.layers, o.steps, store.c_str());
+              static_cast<unsigned long long>(n), o.layers, o.lr, o.steps, store.c_str());
 
   std::vector<Result> results;
   results.push_back(run("device pool", "", o));
@@ -314,7 +372,7 @@ int main(int argc, char** argv) {
                 torch.variant.c_str(), torch.version.c_str(), torch.python.c_str(), torch.ms,
                 results[4].optimizer_ms / torch.ms, results[5].optimizer_ms / torch.ms);
   else if (o.torch)
-    std::printf("  torch.optim.AdamW: not measured (%s with torch not found)\n", torch.python.c_str());
+    std::printf("  torch.optim.AdamW: not measured (%s: %s)\n", torch.python.c_str(), torch.error.c_str());
   if (ds.ms > 0)
     std::printf("  DeepSpeedCPUAdam (%s), same parameters in RAM: %.1f ms per step\n"
                 "  zd_step with offload.overlap off over DeepSpeed's: host %.2fx, nvme %.2fx\n",
@@ -322,10 +380,9 @@ int main(int argc, char** argv) {
   else if (o.deepspeed)
     std::printf("  DeepSpeedCPUAdam: not measured (%s)\n", ds.error.c_str());
 
-  bool same = true;
-  for (size_t k = 1; k < results.size(); ++k)
-    for (size_t l = 0; l < results[0].final_params.size(); ++l)
-      same = same && results[k].final_params[l] == results[0].final_params[l];
+  const bool same = identical_everywhere(results);
+  const bool moved = all_moved(results, initial_values(static_cast<size_t>(n) / static_cast<size_t>(o.layers)));
   std::printf("\nparameters after %d steps identical in every placement: %s\n", o.steps + 1, same ? "yes" : "NO");
-  return same ? 0 : 1;
+  std::printf("parameters after %d steps moved from their initial values: %s\n", o.steps + 1, moved ? "yes" : "NO");
+  return same && moved ? 0 : 1;
 }

@@ -3,11 +3,14 @@ tiny runs whose figures mean nothing, checked for what each prints its
 ratios against. Runs under the venv (torch 2.x, DeepSpeed 0.19.x), the
 peers' versions a user would install."""
 import importlib.util
+import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,3 +163,158 @@ def test_bench_offload_step_sets_torch_against_the_whole_update():
         return lo - 0.005 <= float(ratio) <= hi + 0.005
     assert from_rounded("host, overlap off", m.group(3)), out
     assert from_rounded("nvme, overlap off", m.group(4)), out
+
+
+# Runs a command under a Python of its own, whose RUSAGE_CHILDREN then holds
+# that command's peak resident memory alone: [exit status, output, bytes].
+PEAK_RSS = """import json, resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(json.dumps([p.returncode, p.stdout + p.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]))
+"""
+# What a bench process holds besides its buffers: libraries, thread stacks.
+BASELINE_BYTES = 32 << 20
+
+
+def peak_rss(*cmd):
+    p = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)
+
+
+def help_text(exe):
+    p = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return " ".join(p.stdout.split())  # the figures may wrap
+
+
+@pytest.mark.parametrize("bench", ["bench_cpu_adam", "bench_comm_local"])
+def test_bench_needs_no_more_memory_than_its_usage_says(bench):
+    """--help says how much memory a run needs, to size a run by; the run
+    (peers left out: their processes come after ours, or beside them with
+    their own figure) stays within 1.2 times that plus the process's own."""
+    exe = os.path.join(BIN, bench)
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} is not built")
+    text = help_text(exe)
+    if bench == "bench_cpu_adam":
+        per_param = re.search(r"Needs about (\d+)\*N bytes", text)
+        assert per_param, text
+        params = 10**7
+        figure = int(per_param.group(1)) * params
+        cmd = [exe, "--params", str(params), "--steps", "1", "--warmup", "0", "--threads", "1", "--rounds", "1",
+               "--no-torch", "--no-deepspeed"]
+    else:
+        per_rank = re.search(r"Needs about (\d+) \* N \* MiB of memory for N ranks", text)
+        assert per_rank, text
+        mib, ranks = 32, 4
+        figure = int(per_rank.group(1)) * ranks * (mib << 20)
+        cmd = [exe, "--mib", str(mib), "--ranks", str(ranks), "--iters", "1", "--warmup", "0", "--no-peer"]
+    rc, out, peak = peak_rss(*cmd)
+    assert rc == 0, out
+    assert peak <= 1.2 * figure + BASELINE_BYTES, (peak / 2**20, figure / 2**20, out)
+
+
+def processes_naming(text):
+    """The command lines of the processes running now that hold `text`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def zerod_wrapper(tmp_path, nproc=None):
+    """A --zerod for bench_daemon_latency that writes the daemon's arguments
+    to serve.args and runs this build's zerod; with nproc, serving that many
+    ranks whatever the bench asked for."""
+    args = tmp_path / "serve.args"
+    wrapper = tmp_path / "zerod"
+    serve = f'shift 3\nexec "{ZEROD}" serve --nproc {nproc} "$@"' if nproc else f'exec "{ZEROD}" "$@"'
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> "{args}"\n{serve}\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return str(wrapper), args
+
+
+def socket_of(args):
+    words = args.read_text().split()
+    return words[words.index("--socket") + 1]
+
+
+def assert_daemon_gone(sock, out):
+    # The daemon is reaped before the bench exits: none may hold the socket.
+    assert not processes_naming(sock), (processes_naming(sock), out)
+    assert not os.path.exists(os.path.dirname(sock)), (sock, out)
+
+
+def test_bench_daemon_latency_takes_its_daemon_down_when_a_rank_fails(tmp_path):
+    """A daemon serving 1 rank where the bench runs 2: both ranks' zd_connect
+    fails. The bench says so and exits 1, its daemon and folder gone."""
+    exe = os.path.join(BIN, "bench_daemon_latency")
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} is not built")
+    wrapper, args = zerod_wrapper(tmp_path, nproc=1)
+    p = subprocess.run([exe, "--iters", "100", "--ranks", "2", "--no-deepspeed", "--zerod", wrapper],
+                       capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "a rank died before reporting" in out, out
+    assert_daemon_gone(socket_of(args), out)
+
+
+def test_bench_daemon_latency_stopped_takes_its_daemon_down(tmp_path):
+    """SIGTERM while the daemon's rows run (iterations enough for minutes):
+    the bench stops its daemon, removes its folder and exits 128 + 15, and
+    its rank processes end with it."""
+    exe = os.path.join(BIN, "bench_daemon_latency")
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} is not built")
+    wrapper, args = zerod_wrapper(tmp_path)
+    p = subprocess.Popen([exe, "--iters", "2000000", "--ranks", "1", "--no-deepspeed", "--zerod", wrapper],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not args.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert args.exists(), p.poll()
+        sock = socket_of(args)
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the rank connected and calling
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=60)[0]
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, out
+    assert_daemon_gone(sock, out)
+    deadline = time.monotonic() + 10
+    while processes_naming(wrapper) and time.monotonic() < deadline:  # a rank's command line is the bench's
+        time.sleep(0.1)
+    assert not processes_naming(wrapper), processes_naming(wrapper)
+
+
+def test_bench_offload_step_says_why_torch_failed(tmp_path):
+    """torch that imports but fails (here: a torch package ahead of the
+    venv's on PYTHONPATH, whose first call raises) is not "torch not found":
+    the row says how the script ended and its error's own words."""
+    exe = os.path.join(BIN, "bench_offload_step")
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} is not built")
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        '__version__ = "9.9"\n'
+        "def set_num_threads(n):\n"
+        '    raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 400000000 bytes")\n')
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    p = subprocess.run([exe, "--params", "1e5", "--layers", "1", "--steps", "1", "--no-deepspeed", "--dir",
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert re.search(r"torch\.optim\.AdamW: not measured \(\S+: exit status 1: RuntimeError: DefaultCPUAllocator: "
+                     r"not enough memory: you tried to allocate 400000000 bytes\)", out), out
+    assert "torch not found" not in out, out

@@ -325,3 +325,55 @@ def test_largest_never_tries_more_than_host_ram_holds(monkeypatch):
     assert tried[1][0] == jump, tried
     assert ok["params"] >= 0.9 * largest.limit(ok, ram, 10**15)[0], (tried, ok)
     assert bad is None and stopped == "the next size is over the machine's limit", (tried, stopped)
+
+
+def test_offload_table_sets_no_ratio_against_a_row_that_is_not_ok(monkeypatch, capsys):
+    """step.py says ok false where the loss went NaN or did not fall: such a
+    row's step time is no figure to meet or miss a target with, whether it
+    is the zerod row or the torch or DeepSpeed row it is set against."""
+    monkeypatch.syspath_prepend(GPU)
+    import offload
+
+    a = type("Args", (), {"micro": 4, "seq": 2048, "layers": 24, "embd": 2048, "steps": 4})()
+    row = dict(params=10**9, tokens_per_s=1)
+    rows = {"torch": dict(row, mode="torch", ok=True, step_ms=100.0),
+            "zerod3_host": dict(row, mode="zerod3_host", ok=False, step_ms=110.0, loss_first=10.0,
+                                loss_last=float("nan")),
+            "zerod3_params": dict(row, mode="zerod3_params", ok=True, step_ms=120.0),
+            "ds3_host": dict(row, mode="ds3_host", ok=True, step_ms=300.0),
+            "ds3_params": dict(row, mode="ds3_params", ok=False, step_ms=400.0)}
+    offload.table(64 * 1024, 8, a, rows)
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()[:1] and
+             line.split()[0] in rows}
+    assert re.match(r"zerod3_host +NO +110\.0 +nan +nan .* not ok: no ratio$", lines["zerod3_host"]), lines
+    # Its torch ratio stands; the DeepSpeed row it would be set against is not ok.
+    assert re.match(r"zerod3_params +yes +120\.0 +1\.20 +nan .*  x torch met, not ok: no ratio$",
+                    lines["zerod3_params"]), lines
+    assert "met" not in lines["zerod3_host"] and "MISSED" not in lines["zerod3_host"], lines
+    assert "MISSED" not in lines["zerod3_params"] and "x DeepSpeed" not in lines["zerod3_params"], lines
+    # And where torch's own row is not ok, no zerod row has an x torch.
+    rows["torch"]["ok"] = False
+    offload.table(64 * 1024, 8, a, rows)
+    out = capsys.readouterr().out
+    assert re.search(r"^zerod3_params +yes +120\.0 +nan ", out, re.M), out
+    assert not re.search(r"x torch (met|MISSED)", out), out
+
+
+def test_step_py_ends_the_last_step_on_step_1s_last_batch(monkeypatch):
+    """ok (the loss fell) and the losses first and last compare the last
+    micro-batch of step 1 with the last step's: the same batch, whatever
+    the steps and the accumulation (min(4, (steps - 1) * gas) batches were
+    another where that span is neither 4 or less nor a multiple of 4: 6,
+    7, 9, 10, ...)."""
+    monkeypatch.syspath_prepend(GPU)
+    import step
+
+    for steps in range(4, 11):
+        for gas in (1, 2, 8):
+            cycle = step.batch_cycle(steps, gas)
+            assert 1 <= cycle <= 4, (steps, gas, cycle)
+            first = step.batch_index(0, gas - 1, gas, cycle)
+            last = step.batch_index(steps - 1, gas - 1, gas, cycle)
+            assert first == last, (steps, gas, cycle, first, last)
+    # As many batches as that allows: 4 where the span is a multiple of 4.
+    assert [step.batch_cycle(s, 1) for s in (2, 3, 4, 5, 7, 8, 12, 13)] == [1, 2, 3, 4, 3, 1, 1, 4]
