@@ -161,6 +161,7 @@ class Translator {
   void number_setting(int depth, const std::string& key, double v, const std::string& from, std::string_view zkey = "");
 
   void batch_sizes(const Struct& root);
+  void gradient_reduction(const Struct& root);
   void precision(const Struct& root);
   void zero(const Struct& root);
   void optimizer(const Struct& root);
@@ -394,6 +395,22 @@ void Translator::precision(const Struct& root) {
                   "): zerod accumulates in the parameter's type or in fp32");
     }
   }
+}
+
+// DeepSpeed 0.19's gradient_allreduce_op: "mean" (its default), the ranks'
+// average zerod always takes, or "sum", the update that average times the
+// rank count, which zerod does not do. Case as DeepSpeed reads it (lowered).
+void Translator::gradient_reduction(const Struct& root) {
+  const auto op = string(root, "gradient_allreduce_op", "gradient_allreduce_op");
+  if (!op) return;
+  const std::string lower = lower_case(*op);
+  if (lower == "mean") return;
+  if (lower == "sum")
+    issue("gradient_allreduce_op",
+          "\"sum\" is refused: zerod averages the ranks' gradients (DeepSpeed's \"mean\"); for a sum, scale the "
+          "loss by the rank count");
+  else
+    issue("gradient_allreduce_op", "must be \"mean\" or \"sum\", as DeepSpeed requires, got \"" + *op + "\"");
 }
 
 void Translator::zero(const Struct&) {
@@ -753,6 +770,7 @@ DsTranslation Translator::run(const Struct& root) {
   if (zero_)
     if (auto s = number(*zero_, "stage", "zero_optimization.stage")) stage_ = static_cast<int>(*s);
   batch_sizes(root);
+  gradient_reduction(root);
   precision(root);
   zero(root);
   optimizer(root);

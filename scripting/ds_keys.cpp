@@ -21,6 +21,9 @@ std::vector<DsKey> make_keys() {
       {"train_micro_batch_size_per_gpu", T, "", "checked with the others; the batch size of zerod.deepspeed's DataLoader"},
       {"dataloader_drop_last", T, "", "the `drop_last` of zerod.deepspeed's DataLoader (`deepspeed_io`, `training_data`)"},
       {"gradient_accumulation_steps", T, "", "`gradient_accumulation_steps`"},
+      {"managed_gradient_accumulation", D, "true",
+       "zerod ends an accumulation window at every gradient_accumulation_steps-th step() itself (DeepSpeed's false "
+       "leaves the boundary to the trainer, every step() an update)"},
       {"gradient_clipping", T, "",
        "`gradient_clipping` (DeepSpeed 0.19's default, 1.0, is written out when absent, and for an \"auto\" no "
        "trainer filled in)"},
@@ -119,11 +122,18 @@ std::vector<DsKey> make_keys() {
       {"bfloat16.immediate_grad_update", I, "", "DeepSpeed's bf16 optimizer internals"},
       {"bfloat16.check_grad_overflow", I, "", "DeepSpeed's bf16 optimizer internals; zerod skips a non-finite step always"},
       {"amp", R, "", "DeepSpeed 0.19 removed its apex AMP integration and refuses the block: use fp16 or bf16"},
+      {"torch_autocast.enabled", D, "false",
+       "zerod does not wrap the forward in torch.autocast: run it under torch.autocast in the training loop, or use "
+       "fp16 or bf16"},
+      {"torch_autocast.*", I, "", "torch_autocast's dtype and modules, read only with torch_autocast.enabled"},
       {"data_types.grad_accum_dtype", T, "", "`grad_accum_dtype`: \"fp32\" → `\"fp32\"`, the precision's own type → `\"working\"`"},
       {"communication_data_type", I, "",
        "the type DeepSpeed reduces gradients in; zerod reduces in the accumulation type (`grad_accum_dtype`)"},
       {"prescale_gradients", I, "", "where DeepSpeed divides by the rank count; zerod averages once, the same mean"},
       {"gradient_predivide_factor", I, "", "where DeepSpeed divides by the rank count; zerod averages once, the same mean"},
+      {"gradient_allreduce_op", T, "",
+       "\"mean\" (DeepSpeed's default, in any case) is zerod's average of the ranks' gradients; \"sum\" is refused"},
+      {"disable_allgather", I, "", "DeepSpeed 0.19 reads it and uses it nowhere"},
       // ZeRO.
       {"zero_optimization.stage", T, "", "`zero.stage`"},
       {"zero_optimization.reduce_bucket_size", T, "", "`zero.reduce_bucket_size` (stages 2-3; ignored below, as DeepSpeed's stage 0)"},
@@ -202,6 +212,8 @@ std::vector<DsKey> make_keys() {
       {"data_efficiency.enabled", D, "false", "DeepSpeed's data pipeline is not part of zerod"},
       {"hybrid_engine.enabled", D, "false", "DeepSpeed-Chat's inference engine is not part of zerod"},
       {"hybrid_engine.*", I, "", "DeepSpeed-Chat's inference engine settings, read only with hybrid_engine.enabled"},
+      {"use_data_before_expert_parallelism", I, "",
+       "the order of DeepSpeed's expert-parallel process groups; zerod has no expert parallelism"},
       // What DeepSpeed 0.19 itself refuses, with any value.
       {"elasticity", R, "", "DeepSpeed 0.19 removed elastic training and refuses the block"},
       {"curriculum_learning", R, "",

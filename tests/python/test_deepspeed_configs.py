@@ -71,6 +71,9 @@ DELIBERATE = {
               "not built",
     "unknown_key": "a key DeepSpeed does not read, such as a misspelling: DeepSpeed ignores it, zerod refuses "
                    "it and names the key it resembles",
+    "other_modes": "`gradient_allreduce_op` \"sum\", `managed_gradient_accumulation` false, `torch_autocast` "
+                   "enabled: zerod averages the ranks' gradients, ends each accumulation window itself and does not "
+                   "autocast the forward",
 }
 # zerod accepts what DeepSpeed 0.19 refuses.
 BEYOND = {
@@ -167,6 +170,12 @@ CASES = {
     "deepspeed_zeropp_tutorial.json": Case("DeepSpeed ZeRO++ tutorial", "deliberate",
                                            key="zero_optimization.zero_quantized_weights", why="zeropp",
                                            cpu="ZeRO++'s quantizer"),
+    "deepspeed_0_19_8_keys_at_defaults.json": Case("DeepSpeed 0.19.8's newer top-level keys spelt out at their "
+                                                   "defaults (torch_autocast off, managed accumulation, a mean "
+                                                   "all-reduce, disable_allgather, expert-parallel group order)"),
+    "deepspeed_0_19_8_other_modes.json": Case("DeepSpeed 0.19.8's other modes: a summed all-reduce, accumulation "
+                                              "the trainer manages, torch_autocast on", "deliberate",
+                                              key="gradient_allreduce_op", why="other_modes"),
     "hello_deepspeed_bert_stage1_offload.json": Case("DeepSpeedExamples HelloDeepSpeed: fp16, ZeRO-1 offload"),
     # Fine-tuning tools.
     "llama_factory_ds_z0.json": Case("LLaMA-Factory examples/deepspeed ds_z0_config", trainer={"precision": "fp16"}),
@@ -534,6 +543,65 @@ def test_batch_rule_for_several_ranks(i, results, tmp_path):
         assert int(zd["settings"]["gradient_accumulation_steps"]) == ds["gas"], (cfg, world, ds)
     else:
         assert "train_batch_size" in zd["error"], zd["error"]
+
+
+@pytest.mark.parametrize("given", [{"train_micro_batch_size_per_gpu": 4},
+                                   {"train_batch_size": 8},
+                                   {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4}])
+@pytest.mark.parametrize("gas", [0, -2, 1.5, True])
+def test_accumulation_steps_below_one_or_not_whole_are_refused(given, gas, tmp_path):
+    """gradient_accumulation_steps 0 is refused, as DeepSpeed asserts and
+    `zerod check` says, not run as 1 (what "not given" means); so are a
+    negative, a fraction and a boolean (DeepSpeed takes True as 1 and runs
+    1.5 into a train_batch_size of 6.0; zerod check refuses both)."""
+    import zerod.deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from zerod.errors import InvalidArgumentError
+
+    cfg = dict(given, gradient_accumulation_steps=gas, optimizer={"type": "AdamW", "params": {"lr": 1e-3}})
+    if gas == 0 and "train_batch_size" not in given:
+        with pytest.raises(AssertionError, match="has to be greater than 0"):
+            DeepSpeedConfig(cfg)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    zd = zerod_check(str(tmp_path / "c.json"), lr_steps=0)
+    assert zd["verdict"] == "refuse" and "gradient_accumulation_steps" in zd["error"], zd
+    with pytest.raises(InvalidArgumentError, match=r"gradient_accumulation_steps must be a whole number >= 1, got "
+                                                   + re.escape(repr(gas))):
+        zerod.deepspeed.initialize(model=torch.nn.Linear(4, 2), config=copy.deepcopy(cfg))
+
+
+@pytest.mark.parametrize("scheduler", [False, True])
+def test_a_config_files_errors_name_its_lines(scheduler, tmp_path):
+    """zerod.deepspeed translates the config it resolved (sorted, "auto"
+    filled in), which the user never sees: each problem is placed at the
+    line of the user's file where the key is, as `zerod check` places it;
+    a dict's by its key alone. With a torch scheduler the config is inside
+    a Lua job, whose own line is not the user's either."""
+    import zerod.deepspeed
+    from zerod.errors import ConfigError
+
+    path = tmp_path / "my.json"
+    path.write_text('{\n  "train_batch_size": 4,\n\n  "gradient_cliping": 1.0,\n'
+                    '  "zero_optimization": {"stage": 1, "bogus": 2}\n}\n')
+    wrong = [f"{path}:4: gradient_cliping: is not a DeepSpeed key zerod knows",
+             f"{path}:5: zero_optimization.bogus: is not a DeepSpeed key zerod knows"]
+    check = zerod_check(str(path), lr_steps=0)
+    assert all(w in check["error"] for w in wrong), check["error"]
+
+    def refusal(config):
+        model = torch.nn.Linear(4, 2)
+        kw = {}
+        if scheduler:
+            kw["optimizer"] = opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            kw["lr_scheduler"] = torch.optim.lr_scheduler.StepLR(opt, 2)
+        with pytest.raises(ConfigError) as e:
+            zerod.deepspeed.initialize(model=model, config=config, lr_steps=4, **kw)
+        return e.value.message
+    said = refusal(str(path))
+    assert all(w in said for w in wrong) and ".lua:" not in said, said
+    said = refusal(json.loads(path.read_text()))
+    assert "the DeepSpeed config: gradient_cliping: is not" in said and \
+        "the DeepSpeed config: zero_optimization.bogus: is not" in said and not re.search(r":\d+: ", said), said
 
 
 def test_contradictory_adam_w_mode_is_said():

@@ -2,13 +2,15 @@
 CPU) trains a model at ZeRO stages 1, 2 and 3 and saves a checkpoint;
 `zerod ckpt import` turns it into a zerod checkpoint; zerod.torch loads it,
 and every parameter's fp32 master and AdamW moments are DeepSpeed's, bit for
-bit, at the step DeepSpeed reached.
+bit, at the step DeepSpeed reached. zerod.deepspeed's load_checkpoint given
+DeepSpeed's own files refuses them naming that import.
 
 Runs under the Python of build/venv (torch 2.x and DeepSpeed 0.19, which
 scripts/python-venv.sh installs); ctest reports it Skipped, with the reason,
 where that environment cannot be made.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -90,3 +92,42 @@ def test_a_deepspeed_checkpoint_loads_into_zerod(stage, tmp_path):
     # The moments moved and came along (a zero moment would mean they did not).
     state = engine.optimizer_state_dict()["state"]
     assert all(float(s["exp_avg_sq"].abs().sum()) > 0 for s in state.values())
+
+
+def test_load_checkpoint_of_deepspeeds_own_files_names_the_import(tmp_path):
+    """zerod.deepspeed's load_checkpoint on the folder DeepSpeed's
+    save_checkpoint filled (latest, global_step5/*_model_states.pt) refuses
+    it naming `zerod ckpt import` and the directory to give it, not a
+    missing zerod file; what the import writes then loads."""
+    import zerod.deepspeed
+    from zerod.errors import ZerodIOError
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "train_ds.py"
+    script.write_text(TRAIN)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    ds = tmp_path / "ds"
+    r = subprocess.run([sys.executable, str(script), "2", str(ds), "29610"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2,
+                                                                                         "weight_decay": 0.05}}}
+    engine, _, _, _ = zerod.deepspeed.initialize(model=make(), config=cfg)
+    try:
+        tag = ds / "global_step5"
+        with pytest.raises(ZerodIOError, match=re.escape(
+                f"{tag}: it holds DeepSpeed's own checkpoint files (mp_rank_00_model_states.pt), not zerod's: "
+                f"convert them with `zerod ckpt import {tag} --to OUT` and load OUT")):
+            engine.load_checkpoint(str(ds))
+        out = tmp_path / "zerod"
+        r = subprocess.run([ZEROD, "ckpt", "import", str(tag), "--to", str(out)], capture_output=True, text=True,
+                           env=dict(env, ZEROD_PYTHON=sys.executable), timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert engine.load_checkpoint(str(out))[0] == str(out)
+        want = torch.load(tag / "fp32_reference.pt", weights_only=False) if (tag / "fp32_reference.pt").exists() \
+            else torch.load(ds / "fp32_reference.pt", weights_only=False)
+        got = engine.state_dict()
+        assert all(torch.equal(got[n], w.float()) for n, w in want.items())
+        assert engine.global_steps == 5
+    finally:
+        engine.destroy()

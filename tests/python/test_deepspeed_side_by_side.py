@@ -72,6 +72,13 @@ def _torch_sgd_step(model):
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 
 
+def _torch_adamw_cosine(model):
+    """CosineAnnealingLR over 12 updates with T_max=3: T_max is half a period,
+    after which torch's cosine rises again (DeepSpeed steps it on)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.0)
+    return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3, eta_min=1e-3)
+
+
 def _nanogpt_lr(update, warmup=2, decay=6, max_lr=2e-2, min_lr=2e-3):
     """nanoGPT's get_lr(it): a linear warm-up, a cosine down to min_lr."""
     if update < warmup:
@@ -119,6 +126,8 @@ CLIENT = {
                                    "zero_optimization": {"stage": 2}}, _torch_adamw_lambda),
     "torch_sgd_nesterov_steplr": ({"train_batch_size": 8, "zero_allow_untested_optimizer": True,
                                    "zero_optimization": {"stage": 1}}, _torch_sgd_step),
+    "torch_adamw_cosine_past_t_max": ({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1}},
+                                      _torch_adamw_cosine),
 }
 
 DEEPSPEED = r'''
@@ -129,7 +138,7 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
 from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, LOADS, make, train, train_applied, load_run,
-                                        save_model, saved_16bit)
+                                        save_model, saved_16bit, loaders_by_route)
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -160,6 +169,7 @@ engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.
                                             config={"train_micro_batch_size_per_gpu": 4, "dataloader_drop_last": True,
                                                     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
 out["loader_drop_last"] = [len(loader)] + [b[0][:, 0].tolist() for b in loader]
+out["loader_routes"] = loaders_by_route(deepspeed.initialize)
 model = save_model()
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                        config=dict(CONFIGS["bf16_stage1"]))
@@ -171,6 +181,29 @@ for name in LOADS:
     out["loads"][name] = load_run(deepspeed.initialize, name, d)
 json.dump(out, open(sys.argv[1], "w"))
 '''
+
+
+def first_column_negated(samples):
+    """A collate_fn of its own (a list, not default_collate's tensors), so
+    that a loader shows which collate_fn it batched with."""
+    return [-float(s[0][0]) for s in samples]
+
+
+def loaders_by_route(initialize):
+    """What the loaders batch, the same calls under both: initialize()'s
+    training loader with its collate_fn, and deepspeed_io() for routes
+    "eval" (initialize()'s collate_fn) and "predict" (one given to it),
+    which DeepSpeed reads in order where "train" shuffles."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
+    engine, _, loader, _ = initialize(model=make(), training_data=dataset, collate_fn=first_column_negated,
+                                      config={"train_micro_batch_size_per_gpu": 4,
+                                              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    try:
+        return {"train": list(loader), "eval": list(engine.deepspeed_io(dataset, route="eval")),
+                "predict": [b[0][:, 0].tolist() for b in engine.deepspeed_io(
+                    dataset, route="predict", collate_fn=torch.utils.data.default_collate)]}
+    finally:
+        engine.destroy()
 
 
 def make(extra_layer=False):
@@ -611,6 +644,60 @@ def test_load_checkpoint_without_latest_returns_none(tmp_path):
         engine.close()
 
 
+@pytest.mark.parametrize("name", ["sgd_onecycle_stage1", "bf16_stage1"])
+def test_destroy_leaves_the_trained_model(name):
+    """engine.destroy() leaves the model the trained weights, as DeepSpeed's
+    (its module holds them all along), in the type its parameters had:
+    model.state_dict() saves them, model(x) runs, and the model can be
+    initialized again (zerod's parameters were empty placeholders)."""
+    import zerod.deepspeed as deepspeed
+
+    cfg = dict(CONFIGS[name])
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    train(engine, cfg, range(3))
+    trained = engine.state_dict()
+    engine.destroy()
+    engine.destroy()  # a second call does nothing
+    dtype = torch.bfloat16 if name.startswith("bf16") else torch.float32
+    after = model.state_dict()
+    assert list(after) == list(trained)
+    for k, v in after.items():
+        assert v.dtype == dtype and torch.equal(v, trained[k].to(dtype)), k
+    x, _ = batch(0, dtype)
+    assert model(x).shape == (8, 4)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    try:
+        again = engine.state_dict()
+        assert all(torch.equal(again[k].to(dtype), after[k]) for k in after)
+    finally:
+        engine.destroy()
+
+
+def test_a_model_a_live_engine_holds_is_refused():
+    """A second initialize() of a model whose engine is live (its parameters
+    are empty placeholders) is refused naming the parameter and destroy()."""
+    import zerod.deepspeed as deepspeed
+    import zerod.torch as zt
+    from zerod.errors import InvalidArgumentError
+
+    cfg = dict(CONFIGS["sgd_onecycle_stage1"])
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"parameter '0.weight' is held by a live zerod engine .* "
+                                                       r"call its destroy\(\) first"):
+            deepspeed.initialize(model=model, config=cfg)
+    finally:
+        engine.destroy()
+    engine = zt.initialize(model, job_text='return { optimizer = { type = "sgd", lr = 0.1 } }')
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"parameter '0.weight' is held by a live zerod engine .* "
+                                                       r"close\(\) it first"):
+            deepspeed.initialize(model=model, config=cfg)
+    finally:
+        engine.close()
+
 
 def test_a_scheduler_without_a_length_is_traced_as_far_as_told():
     """LambdaLR (ExponentialLR, ...) says nothing of how long it runs: zerod
@@ -692,7 +779,9 @@ def test_two_ranks_under_zerod_run(name, deepspeed_losses, tmp_path):
 
 def test_training_data_loader_matches(deepspeed_losses):
     """initialize(training_data=...) returns a loader of the micro-batch
-    size in DeepSpeed's order (its DistributedSampler, shuffled, seed 0)."""
+    size in DeepSpeed's order (its DistributedSampler, shuffled, seed 0),
+    batched with initialize()'s collate_fn; deepspeed_io() for evaluation
+    and prediction reads in order, as DeepSpeed's."""
     import zerod.deepspeed as deepspeed
 
     model = make()
@@ -719,6 +808,14 @@ def test_training_data_loader_matches(deepspeed_losses):
         engine.close()
     assert ours == deepspeed_losses["loader_drop_last"]
     assert ours[0] == 5 and len(ours) == 6
+
+    # initialize()'s collate_fn batches every loader given none; "eval" and
+    # "predict" read the dataset in order.
+    ours, theirs = loaders_by_route(deepspeed.initialize), deepspeed_losses["loader_routes"]
+    assert ours == theirs, (ours, theirs)
+    assert ours["eval"] == [[-2.0 * i for i in range(b, b + 4)] for b in range(0, 20, 4)]
+    assert ours["train"] != ours["eval"] and sorted(sum(ours["train"], [])) == sorted(sum(ours["eval"], []))
+    assert ours["predict"] == [[2.0 * i for i in range(b, b + 4)] for b in range(0, 20, 4)]
 
 
 def test_script_helpers():
@@ -848,7 +945,7 @@ def test_save_16bit_model_writes_what_deepspeed_writes(deepspeed_losses, tmp_pat
 def test_engine_answers_deepspeeds_other_calls():
     """DeepSpeedEngine's no_sync (refused: zerod reduces the window itself),
     set_gradient_accumulation_boundary (accepted where it agrees with
-    zerod's count), and an attribute the engine lacks read from the module,
+    zerod's count), get_global_grad_norm (the last window's), and an attribute the engine lacks read from the module,
     as DeepSpeed's __getattr__ does (none read before the engine is set
     up, so no recursion)."""
     import zerod.deepspeed as deepspeed
@@ -867,6 +964,7 @@ def test_engine_answers_deepspeeds_other_calls():
         with pytest.raises(InvalidArgumentError, match=r"no_sync\(\) is not supported by zerod"):
             with engine.no_sync():
                 pass
+        norms = []
         for s in range(4):
             boundary = s % 2 == 1
             with pytest.raises(InvalidStateError, match=r"zerod ends a window at the step\(\) of its last micro-batch "
@@ -876,7 +974,15 @@ def test_engine_answers_deepspeeds_other_calls():
             assert engine.is_gradient_accumulation_boundary() == boundary
             x, y = batch(s)
             engine.backward(((engine(x) - y) ** 2).mean())
-            assert engine.step().boundary == boundary
+            r = engine.step()
+            assert r.boundary == boundary
+            # The last window's norm, None before the first (DeepSpeed's at ZeRO 1-2).
+            if boundary:
+                assert r.grad_norm > 0 and engine.get_global_grad_norm() == r.grad_norm
+                norms.append(r.grad_norm)
+            else:
+                assert engine.get_global_grad_norm() == (norms[-1] if norms else None)
+        assert len(norms) == 2 and norms[0] != norms[1]
     finally:
         engine.close()
     bare = deepspeed.DeepSpeedEngine.__new__(deepspeed.DeepSpeedEngine)

@@ -77,6 +77,27 @@ TEST(DsConfig, WhatDeepSpeed019RefusesIsRefusedNamingTheKey) {
                   "scheduler.params.total_num_steps: is not a parameter of DeepSpeed's WarmupLR"));
 }
 
+// Keys DeepSpeed 0.19.8 reads that a config may spell out at their defaults:
+// accepted at what zerod does, refused otherwise with the reason.
+TEST(DsConfig, DeepSpeed0198KeysAtWhatZerodDoesAreAccepted) {
+  const std::string ok = lua("{" + kBatch + R"("torch_autocast": {"enabled": false, "dtype": "bfloat16"},
+      "managed_gradient_accumulation": true, "gradient_allreduce_op": "MEAN", "disable_allgather": true,
+      "use_data_before_expert_parallelism": true})");
+  for (const char* ignored : {"torch_autocast.dtype: accepted and ignored", "disable_allgather: accepted and ignored",
+                              "use_data_before_expert_parallelism: accepted and ignored"})
+    EXPECT_TRUE(has(ok, ignored)) << ok;
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("torch_autocast": {"enabled": true}})"),
+                  "c.json:1: torch_autocast.enabled: is true, which zerod does not support: zerod does not wrap the "
+                  "forward in torch.autocast"));
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("managed_gradient_accumulation": false})"),
+                  "managed_gradient_accumulation: is false, which zerod does not support: zerod ends an "
+                  "accumulation window"));
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("gradient_allreduce_op": "sum"})"),
+                  R"(gradient_allreduce_op: "sum" is refused: zerod averages the ranks' gradients)"));
+  EXPECT_TRUE(has(refusal("{" + kBatch + R"("gradient_allreduce_op": "max"})"),
+                  R"(gradient_allreduce_op: must be "mean" or "sum", as DeepSpeed requires, got "max")"));
+}
+
 TEST(DsConfig, AnotherOptimizersParametersAreNotReportedOneByOne) {
   const std::string why = refusal("{" + kBatch + R"("optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3}}})");
   EXPECT_TRUE(has(why, R"(optimizer.type: "Lamb" has no zerod optimizer plugin)")) << why;

@@ -60,6 +60,17 @@ def _unescape(s):
     return out.decode()
 
 
+def _deepspeed_file_in(path):
+    """The first of DeepSpeed's own checkpoint files in directory `path`
+    (what `zerod ckpt import` converts; engine/checkpoint/tools.cpp knows
+    them by the same names), or None."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    return next((n for n in names if n.endswith(("_model_states.pt", "_optim_states.pt"))), None)
+
+
 def read_manifest(path):
     """The manifest of the checkpoint in directory `path`."""
     name = os.path.join(path, MANIFEST)
@@ -67,6 +78,11 @@ def read_manifest(path):
         with open(name) as f:
             lines = f.read().splitlines()
     except OSError as e:
+        theirs = _deepspeed_file_in(path)
+        if theirs:
+            raise ZerodIOError(f"no zerod checkpoint at {path}: it holds DeepSpeed's own checkpoint files ({theirs}), "
+                               f"not zerod's: convert them with `zerod ckpt import {path} --to OUT` and load OUT") \
+                from None
         raise ZerodIOError(f"no checkpoint at {path}: {name} cannot be read ({e.strerror}); a directory without "
                            "it holds no whole checkpoint") from None
     m, ended = Manifest(), False

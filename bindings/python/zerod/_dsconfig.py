@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import os
+import re
 
 from .errors import InvalidArgumentError
 
@@ -29,6 +30,48 @@ def load(config):
         with open(text) as f:
             return json.load(f)
     raise InvalidArgumentError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
+
+
+def source_of(config):
+    """(name, text) of the config as the user wrote it, for the translation's
+    errors (located): a file's path and its text; JSON text with that text;
+    a dict without (it has no lines)."""
+    if isinstance(config, (str, os.PathLike)):
+        text = os.fspath(config)
+        if text.lstrip().startswith("{"):
+            return "the DeepSpeed config", text
+        with open(text) as f:
+            return text, f.read()
+    return "the DeepSpeed config", None
+
+
+def line_of(text, path):
+    """The line (from 1) of the dotted key `path` in the config's JSON text,
+    found as `zerod check` finds it (each component after its parent's
+    name); None where a component is not in the text (a key the trainer's
+    values or a torch optimizer added)."""
+    pos = 0
+    for name in path.split("."):
+        at = text.find(f'"{name}"', pos)
+        if at < 0:
+            return None
+        pos = at
+    return 1 + text.count("\n", 0, pos)
+
+
+def located(message, names, source, text):
+    """The translation's `message` about the resolved config it was given
+    (each problem "NAME:LINE: key: why", NAME one of `names`, in a Lua job
+    prefixed by the job's own line), with each problem placed where the
+    user wrote the key: `source`:its line in `text`, or `source` and the
+    key alone where the text does not have it (a dict, a key zerod added).
+    The resolved text's lines are nowhere the user can see."""
+    issue = re.compile(r"(?:\S+\.lua:\d+: )?(?:" + "|".join(map(re.escape, names)) + r"):\d+: ([^\s:]+): ")
+
+    def place(m):
+        line = line_of(text, m.group(1)) if text is not None else None
+        return f"{source}{'' if line is None else f':{line}'}: {m.group(1)}: "
+    return issue.sub(place, message)
 
 
 def _is_auto(v):
@@ -69,7 +112,8 @@ def resolve(cfg, *, world_size, model=None, micro_batch=None, grad_accum=None, g
     fill(cfg, "gradient_clipping", grad_clip, "gradient_clipping")
     if _is_auto(cfg.get("train_batch_size")):
         mbs, gas = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("gradient_accumulation_steps")
-        cfg["train_batch_size"] = mbs * (gas or 1) * world_size if isinstance(mbs, int) else None
+        cfg["train_batch_size"] = mbs * (gas if gas is not None else 1) * world_size if isinstance(mbs, int) \
+            else None
         if cfg["train_batch_size"] is None:
             unresolved.append("train_batch_size")
     for sec, flag in (("fp16", "16"), ("bf16", "bf16")):
@@ -118,7 +162,8 @@ def resolve(cfg, *, world_size, model=None, micro_batch=None, grad_accum=None, g
 # changes nothing zerod runs.
 _TRANSLATED_KEYS = frozenset(
     ["train_batch_size", "train_micro_batch_size_per_gpu", "dataloader_drop_last", "gradient_accumulation_steps",
-     "gradient_clipping", "optimizer.type", "scheduler.type", "data_types.grad_accum_dtype"] +
+     "gradient_clipping", "optimizer.type", "scheduler.type", "data_types.grad_accum_dtype",
+     "gradient_allreduce_op"] +
     ["optimizer.params." + k for k in ("lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode",
                                        "torch_adam", "momentum", "dampening", "nesterov", "freeze_step")] +
     ["scheduler.params." + k for k in (
@@ -151,6 +196,7 @@ def _batch_rule(cfg, world):
     """DeepSpeed's runtime/config.py rule: two of train_batch_size,
     train_micro_batch_size_per_gpu and gradient_accumulation_steps give the
     third; all three must agree with the rank count."""
+    _check_batch_numbers(cfg)
     tbs, mbs = cfg.get("train_batch_size"), cfg.get("train_micro_batch_size_per_gpu")
     gas = cfg.get("gradient_accumulation_steps")
     if tbs is not None and mbs is not None and gas is not None:
@@ -165,18 +211,31 @@ def _batch_rule(cfg, world):
                                        f"train_micro_batch_size_per_gpu {mbs} x {world} rank(s)")
         cfg["gradient_accumulation_steps"] = gas
     elif tbs is not None:
-        gas = gas or 1
+        gas = gas if gas is not None else 1
         mbs, rest = divmod(tbs, gas * world)
         if rest or mbs < 1:
             raise InvalidArgumentError(f"DeepSpeed config: train_batch_size {tbs} is not a multiple of "
                                        f"gradient_accumulation_steps {gas} x {world} rank(s)")
         cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"] = mbs, gas
     elif mbs is not None:
-        cfg["gradient_accumulation_steps"] = gas = gas or 1
+        cfg["gradient_accumulation_steps"] = gas = gas if gas is not None else 1
         cfg["train_batch_size"] = mbs * gas * world
     else:
         raise InvalidArgumentError("DeepSpeed config: give train_batch_size or train_micro_batch_size_per_gpu "
                                    "(DeepSpeed requires one of them)")
+
+
+def _check_batch_numbers(cfg):
+    """Each batch key given is a whole number >= 1, as DeepSpeed asserts
+    (and `zerod check` says): a 0 taken for "not given" would run another
+    batch than the config's. The accumulation steps first: a train_batch_size
+    filled in from them follows their mistake."""
+    for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu", "train_batch_size"):
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 or v != int(v):
+            raise InvalidArgumentError(f"DeepSpeed config: {key} must be a whole number >= 1, got {v!r}")
 
 
 # torch.optim hyperparameters zerod's plugins take, per class name, with

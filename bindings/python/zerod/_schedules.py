@@ -30,8 +30,10 @@ ESTIMATE_LIMIT = 150_000
 
 
 def _horizon_of(scheduler):
-    """The scheduler's own length, where it has one."""
-    for attr in ("total_steps", "T_max", "total_iters"):
+    """The scheduler's own length, where it has one: the step after which
+    its lr stays as it is. Not CosineAnnealingLR's T_max: that is half a
+    period, after which torch's cosine rises again, and DeepSpeed steps it on."""
+    for attr in ("total_steps", "total_iters"):
         v = getattr(scheduler, attr, None)
         if isinstance(v, int) and v > 0:
             return v + 1
@@ -94,10 +96,11 @@ def trace(scheduler, steps=None, every=1):
         else:
             steps = own * every if own else DEFAULT_HORIZON
         if not own:
-            # LambdaLR, ExponentialLR, CosineAnnealingWarmRestarts, ...: the
-            # lr would stop following the scheduler where the table ends.
+            # LambdaLR, ExponentialLR, CosineAnnealingLR,
+            # CosineAnnealingWarmRestarts, ...: the lr would stop following
+            # the scheduler where the table ends.
             warnings.warn(
-                f"{type(scheduler).__name__} has no length zerod can read (total_steps, T_max, total_iters, "
+                f"{type(scheduler).__name__} has no length zerod can read (total_steps, total_iters, "
                 f"milestones): zerod traces its lr for the first {DEFAULT_HORIZON} updates and keeps the last "
                 f"value after that. Say how many updates the run has: zerod.deepspeed.initialize(..., "
                 f"lr_steps=N) or ZerodAccelerator(..., lr_steps=N) (Lightning passes its max_steps, else the "

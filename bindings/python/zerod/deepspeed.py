@@ -24,9 +24,14 @@ import torch
 
 from . import _ckpt_masters, _dsconfig, _schedules, default_client
 from . import torch as _zt
-from .errors import InvalidArgumentError, InvalidStateError, ShapeMismatchError
+from .errors import ConfigError, InvalidArgumentError, InvalidStateError, ShapeMismatchError
 
 __all__ = ["initialize", "DeepSpeedEngine", "init_distributed", "add_config_arguments", "zero"]
+
+# The names the translation's errors give the resolved config: the job's
+# name where the job is the JSON, and zerod.deepspeed()'s own (zerod_lib.cpp)
+# inside the Lua job that adds a traced lr schedule.
+_JSON_JOB, _LUA_JOB, _CONFIG_IN_LUA = "ds_config.json", "ds_job.lua", "the DeepSpeed config"
 
 
 def init_distributed(*args, **kwargs):
@@ -145,29 +150,38 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         _place_on(model, torch.device(_placement))
     text = _dsconfig.job_text(cfg, _schedules.lua_table(lr_values) if lr_values else None)
     data_before = {id(p): p.data for p in model.parameters()}
-    engine = _zt.initialize(model, job_text=text, job_name="ds_config.json" if lr_values is None else "ds_job.lua",
-                            modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
     try:
-        engine._configure(cfg, lr_values)
+        engine = _zt.initialize(model, job_text=text, job_name=_JSON_JOB if lr_values is None else _LUA_JOB,
+                                modules=modules, dtype=dtype, client=client, engine_class=DeepSpeedEngine)
+    except ConfigError as e:
+        # The translation read the resolved config zerod wrote; its lines
+        # are moved to where the user wrote each key, as `zerod check` says.
+        where = _dsconfig.located(e.message, (_JSON_JOB, _CONFIG_IN_LUA), *_dsconfig.source_of(config))
+        if where == e.message:
+            raise
+        raise ConfigError(where) from None
+    try:
+        engine._configure(cfg, lr_values, collate_fn)
         loader = None
         if training_data is not None:
-            loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
+            loader = engine.deepspeed_io(training_data)
     except BaseException:
         _close_and_give_back(engine, data_before)
         raise
     return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
-def _close_and_give_back(engine, data_before):
-    """An engine initialize() cannot return: closed, and the model's
-    parameters given back the tensors they held before it (`data_before`,
-    by id), which the engine had swapped for empty ones. The model is then
-    as initialize() found it, to use or to initialize again."""
+def _close_and_give_back(engine, data):
+    """The engine closed, and the model's parameters given the tensors in
+    `data` (by id), where the engine had swapped them for empty ones: the
+    ones they held before (an engine initialize() cannot return: the model
+    is as initialize() found it), or the trained values (destroy()). The
+    model is then whole, to use or to initialize again."""
     try:
         engine.close()
     finally:
         for s in engine._slots:
-            s.param.data = data_before[id(s.param)]
+            s.param.data = data[id(s.param)]
 
 
 def _place_as_deepspeed(model, client):
@@ -288,11 +302,15 @@ def _check_optimizer_parameters(model, optimizer):
 class DeepSpeedEngine(_zt.Engine):
     """zerod.torch's Engine with DeepSpeed's DeepSpeedEngine methods."""
 
-    def _configure(self, cfg, lr_values):
+    def _configure(self, cfg, lr_values, collate_fn=None):
         self.config = cfg
+        # DeepSpeed's: initialize()'s collate_fn, what deepspeed_io() batches
+        # with where it is given none.
+        self.collate_fn = collate_fn
         self._lr_values = lr_values
         self._micro_steps = 0
         self.skipped_steps = 0
+        self._grad_norm = None  # the last window's (get_global_grad_norm)
         # DeepSpeed's counters beyond zerod's own: a checkpoint loaded without
         # its optimizer state brings its global_steps and global_samples but
         # leaves zerod's update count (the optimizer's and the schedule's) as
@@ -360,6 +378,7 @@ class DeepSpeedEngine(_zt.Engine):
         if r.skipped:
             self.skipped_steps += 1
         if r.boundary:
+            self._grad_norm = r.grad_norm
             self._after_boundary(r)
         return r
 
@@ -516,7 +535,10 @@ class DeepSpeedEngine(_zt.Engine):
         return [self._lr_of(self.applied_steps)]
 
     def get_global_grad_norm(self):
-        return self.last_step.grad_norm if self.last_step else None
+        """DeepSpeed's: the gradient norm of the last window's update (None
+        before the first), unchanged by the micro-batches of the next
+        window until its last."""
+        return self._grad_norm
 
     def was_step_applied(self):
         return bool(self.last_step and self.last_step.applied)
@@ -529,21 +551,36 @@ class DeepSpeedEngine(_zt.Engine):
         """DeepSpeed's: zerod starts every window's gradients at zero itself."""
 
     def destroy(self):
-        self.close()
+        """DeepSpeed's: ends the engine, and the model keeps the trained
+        weights (DeepSpeed's module holds them all along), in the type and on
+        the device its parameters had: to save with model.state_dict(), to
+        run, or to initialize again. Every rank calls it (the reads are
+        collectives). A second call does nothing."""
+        if self.zerod_model._handle is None:
+            return
+        self._require_between_steps("destroy()")
+        read = {}
+        trained = {id(s.param): self._full_value(s, read).to(s.placeholder.dtype).to(s.placeholder.device)
+                   for s in self._slots}
+        _close_and_give_back(self, trained)
 
     def dataloader_drop_last(self):
         """DeepSpeed's: the config's dataloader_drop_last (default false)."""
         return bool(self.config.get("dataloader_drop_last", False))
 
-    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
         """DeepSpeed's: a DataLoader of this rank's share (a DistributedSampler
-        over the ranks, shuffled as DeepSpeed's is), dropping a last short
-        batch where the config's dataloader_drop_last says so."""
-        sampler = data_sampler or torch.utils.data.distributed.DistributedSampler(
-            dataset, num_replicas=self.world_size, rank=self.rank)
+        over the ranks, shuffled as DeepSpeed's is for route "train", in
+        order for "eval" and "predict"), batched with `collate_fn`, else
+        initialize()'s, and dropping a last short batch where the config's
+        dataloader_drop_last says so."""
+        if data_sampler is None:
+            data_sampler = torch.utils.data.distributed.DistributedSampler(
+                dataset, num_replicas=self.world_size, rank=self.rank, shuffle=route not in ("eval", "predict"))
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
-                                           sampler=sampler, collate_fn=collate_fn,
+                                           sampler=data_sampler,
+                                           collate_fn=collate_fn if collate_fn is not None else self.collate_fn,
                                            num_workers=num_local_io_workers or 0,
                                            drop_last=self.dataloader_drop_last())
 

@@ -48,6 +48,7 @@ import inspect
 import json
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -109,6 +110,9 @@ _ZD_DTYPE = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16, torch.float16
 _CACHE_LIMIT = 8
 # Engine._trainer_lr of a resumed model: zerod restored whatever lr was set.
 _UNKNOWN_LR = object()
+# The engines not yet closed: their parameters are empty placeholders, which
+# a second initialize() of the same model must refuse by name (_refuse_held).
+_LIVE_ENGINES = weakref.WeakSet()
 # What torch holds outside zerod in a checkpoint (save_checkpoint), and the
 # names they have until zerod's part of the save is whole: its tensors
 # (buffers, frozen parameters) in safetensors, which `zerod ckpt export`
@@ -152,6 +156,7 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     the frozen parameters and buffers, which stay in torch and which rank 0
     sends to the others (as DDP does when it wraps a model).
     """
+    _refuse_held(model)
     if dtype is not None:
         _cast_parameters(model, dtype)
     device = _model_device(model)
@@ -188,6 +193,23 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
     except BaseException:
         zmodel.close()
         raise
+
+
+def _refuse_held(model):
+    """A parameter a live engine holds is an empty placeholder: registering
+    it again would fail on its extent 0 (or, cast first, break the engine's
+    gradient hooks). Refused naming it and what gives the weights back."""
+    held = {id(s.param): e for e in list(_LIVE_ENGINES) for s in e._slots}
+    for name, p in model.named_parameters():
+        engine = held.get(id(p))
+        if engine is None:
+            continue
+        how = ("call its destroy() first, which gives the model the trained weights back"
+               if hasattr(engine, "destroy") else
+               "take its state_dict() and close() it first, then give the parameters their values back "
+               "(close() leaves them empty)")
+        raise InvalidArgumentError(f"parameter '{name}' is held by a live zerod engine (an empty placeholder while "
+                                   f"it is): {how}")
 
 
 def _cast_parameters(model, dtype):
@@ -524,6 +546,7 @@ class Engine:
                 p.grad = None
                 p.data = s.placeholder
         self._handles += self._hook_the_models_state_dict()
+        _LIVE_ENGINES.add(self)
 
     # -- DeepSpeed's surface -------------------------------------------------
 
@@ -1055,6 +1078,7 @@ class Engine:
     def close(self):
         """Removes the hooks and frees zerod's model. The torch parameters
         stay empty: take state_dict() first to keep the weights."""
+        _LIVE_ENGINES.discard(self)
         for h in self._handles:
             h.remove()
         self._handles.clear()
