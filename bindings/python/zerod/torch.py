@@ -146,8 +146,10 @@ def initialize(model, job=None, *, job_text=None, modules=None, dtype=None, clie
               torch.bfloat16 for a bf16 job); buffers keep their type, as
               DeepSpeed 0.19 keeps them (a rotary embedding's fp32 inv_freq).
     client    a zerod.Client; by default the process's shared one, which
-              connects where the environment says (the daemon under
-              `zerod run`, else embedded).
+              connects where the environment says: ZEROD_ENDPOINT (the
+              daemon under `zerod run`); else, under torchrun, mpirun or
+              srun, the node's daemon, given `job` or `job_text`; else
+              embedded.
     job_name  the name errors give `job_text` (e.g. "ds_config.json").
     engine_class  the Engine subclass to make (the integrations' own).
 
