@@ -34,6 +34,9 @@ ZEROD_PACKAGES=(
   # the fuzz build (cmake --preset fuzz, bench/fuzz/run.sh): clang and its
   # libFuzzer and sanitizer runtimes
   clang-14 libclang-rt-14-dev
+  # the aarch64 C and C++ headers clang syntax-checks the kernels and
+  # plugins against (house.portable_sources: x86-only code must be guarded)
+  libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross
 )
 # The Rust crate needs cargo; a rustup install on PATH is used when there is
 # one, else Debian's.

@@ -175,4 +175,16 @@ int32_t supports_isa(zd_isa isa) noexcept {
   return resolve_isa(isa, &k) == ZD_OK ? 1 : 0;
 }
 
+zd_status resolve_isa_up_to_avx2(zd_isa isa, Isa* out) {
+  if (isa == ZD_ISA_AVX512) return ZD_ERR_NOT_IMPLEMENTED;
+  if (const zd_status st = resolve_isa(isa, out); st != ZD_OK) return st;
+  if (*out == Isa::avx512) *out = Isa::avx2;
+  return ZD_OK;
+}
+
+int32_t supports_isa_up_to_avx2(zd_isa isa) noexcept {
+  Isa k;
+  return resolve_isa_up_to_avx2(isa, &k) == ZD_OK ? 1 : 0;
+}
+
 }  // namespace zerod::optim::glue

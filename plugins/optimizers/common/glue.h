@@ -82,6 +82,14 @@ zd_status resolve_isa(zd_isa isa, Isa* out);
 // zd_optimizer_v1::supports_isa for every optimizer built on the kernels.
 int32_t supports_isa(zd_isa isa) noexcept;
 
+// The same two for the optimizers whose own vector loops stop at AVX2 (0/1
+// Adam, 1-bit LAMB: bound by memory and by sqrt/divide, not by vector
+// width). They have no AVX-512 kernel, so ZD_ISA_AVX512 is
+// ZD_ERR_NOT_IMPLEMENTED as any missing kernel is, and `zerod check` names
+// the AVX2 loops that run; ZD_ISA_AUTO on an AVX-512 host becomes AVX2.
+zd_status resolve_isa_up_to_avx2(zd_isa isa, Isa* out);
+int32_t supports_isa_up_to_avx2(zd_isa isa) noexcept;
+
 // The state dtype an update's arrays hold (zd_optimizer_update.state_dtype,
 // optimizer ABI v4): 0 or ZD_DTYPE_F32 is f32, ZD_DTYPE_BF16 bf16; anything
 // else is ZD_ERR_INVALID_ARGUMENT. A plugin's functions of an older

@@ -192,7 +192,7 @@ zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u
         u->exchange == nullptr || u->kind != kCompressed || u->tensor == nullptr)
       return ZD_ERR_INVALID_ARGUMENT;
     optim::Isa k;
-    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    if (const zd_status st = glue::resolve_isa_up_to_avx2(isa, &k); st != ZD_OK) return st;
     optim::Range r;
     if (const zd_status st = glue::read_update(u, 0, &r, {.master = false, .grad = true}); st != ZD_OK) return st;
     lamb::Arrays a;
@@ -211,7 +211,7 @@ zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u)
         (u->pass != 1 && u->pass != 2) || u->kind > kCompressed)
       return ZD_ERR_INVALID_ARGUMENT;
     optim::Isa k;
-    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    if (const zd_status st = glue::resolve_isa_up_to_avx2(isa, &k); st != ZD_OK) return st;
     const bool with_grad = u->kind == kWarmup && u->pass == 1;
     const bool moments = u->pass == 1;
     if (with_grad != (u->grad != nullptr) || (moments && u->stats == nullptr) ||
@@ -316,7 +316,7 @@ const zd_optimizer_v3 kDescriptor = {
     .destroy = destroy,
     .state_slots = state_slots,
     .state_name = state_name,
-    .supports_isa = glue::supports_isa,
+    .supports_isa = glue::supports_isa_up_to_avx2,
     .update = update,
     .update_cuda = nullptr,
     .plan = plan,

@@ -212,7 +212,7 @@ zd_status prepare(const void* instance, zd_isa isa, const zd_optimizer_update* u
         u->exchange == nullptr || (u->kind != kGradient && u->kind != kMomentum))
       return ZD_ERR_INVALID_ARGUMENT;
     optim::Isa k;
-    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    if (const zd_status st = glue::resolve_isa_up_to_avx2(isa, &k); st != ZD_OK) return st;
     optim::Range r;
     if (const zd_status st = glue::read_update(u, 0, &r, {.master = false, .grad = true}); st != ZD_OK) return st;
     zo::Arrays a;
@@ -234,7 +234,7 @@ zd_status update(const void* instance, zd_isa isa, const zd_optimizer_update* u)
       return ZD_ERR_INVALID_ARGUMENT;
     const Instance& inst = self(instance);
     optim::Isa k;
-    if (const zd_status st = glue::resolve_isa(isa, &k); st != ZD_OK) return st;
+    if (const zd_status st = glue::resolve_isa_up_to_avx2(isa, &k); st != ZD_OK) return st;
     const uint32_t kind = u->kind;
     const bool with_grad = kind == kVariance || kind == kLocal || (kind == kSync && u->pass == 1);
     const bool needs_u = kind == kLocal || kind == kSync;
@@ -322,7 +322,7 @@ const zd_optimizer_v3 kDescriptor = {
     .destroy = destroy,
     .state_slots = state_slots,
     .state_name = state_name,
-    .supports_isa = glue::supports_isa,
+    .supports_isa = glue::supports_isa_up_to_avx2,
     .update = update,
     .update_cuda = nullptr,
     .plan = plan,
