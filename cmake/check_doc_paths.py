@@ -19,13 +19,20 @@ The same goes for the GoogleTest names the docs cite as evidence
 (`checkpoint.CheckpointSave.ASaveOverAWholeCheckpointKeepsItUntilTheNewOneIsWhole`,
 `compressing_engine.CompressingResume.*`): a word that begins with a ctest
 prefix some `gtest_discover_tests(... TEST_PREFIX "p.")` registers, followed
-by `Suite.Name` (`Instance/Suite.Name/param` for a parameterized test; the
-suite begins with a capital letter) must name a `TEST`/`TEST_F`/`TEST_P`
-under tests/, read as a glob. It is checked against the sources, not a build
+by `Suite.Name` (the suite begins with a capital letter) must name a
+`TEST`/`TEST_F`/`TEST_P` under tests/, read as a glob. A parameterized test
+(`TEST_P`) runs only as `Instance/Suite.Name/param`, the instance being an
+`INSTANTIATE_TEST_SUITE_P(Instance, Suite, ...)`'s first argument, so it must
+be cited with that instance (`device_engine.Placements/OnDevice.*ratio*`):
+without it (`device_engine.OnDevice.*ratio*`) the name selects nothing in
+ctest or --gtest_filter, and a plain test is never cited with one. It is
+checked against the sources, not a build
 tree, so a test a configuration leaves out (CUDA, MPI) still counts. Names
 that only continue an earlier one (`.ASnapshotResumesTheErrorFeedbackToo`)
-and tests registered with add_test (`python.checkpoints`, which read like
-job-script keys) are not checked.
+and tests registered with add_test (`python.checkpoints`, `kernels.cuda`)
+are not checked: they read like job-script keys (`daemon.keep_state` is one,
+beside the `daemon.*` tests) and file names (`daemon.md`), and many are
+named from CMake variables (`python.${name}`) that only a configure resolves.
 
 Usage: check_doc_paths.py --root <repository> [--self-test]
 Exit status 0 when every path and test exists, 1 otherwise (each one printed).
@@ -90,7 +97,10 @@ def candidates(line):
         yield path
 
 
-GTEST_MACRO_RE = re.compile(r"\b(?:TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+GTEST_MACRO_RE = re.compile(r"\b(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# The instance may be empty (`INSTANTIATE_TEST_SUITE_P(, Suite, ...)`): then
+# the names have no instance part.
+INSTANTIATE_RE = re.compile(r"\bINSTANTIATE_TEST_SUITE_P\(\s*(\w*)\s*,\s*(\w+)\s*,")
 TEST_PREFIX_RE = re.compile(r'TEST_PREFIX\s+"(\w+)\."')
 
 
@@ -113,10 +123,23 @@ def gtest_prefixes(root):
 
 
 def gtest_tests(root):
-    tests = set()
+    """(instance, suite, name) of every test the sources define, as ctest names it.
+
+    A plain test's instance is None; a TEST_P test is one entry per
+    instantiation of its suite (none if it has none: then it never runs).
+    """
+    defined = set()
+    instances = {}
     for path in source_files(os.path.join(root, "tests"), ("*.cpp", "*.cc", "*.h")):
         with open(path, encoding="utf-8", errors="replace") as f:
-            tests.update(GTEST_MACRO_RE.findall(f.read()))
+            text = f.read()
+        defined.update(GTEST_MACRO_RE.findall(text))
+        for instance, suite in INSTANTIATE_RE.findall(text):
+            instances.setdefault(suite, set()).add(instance or None)
+    tests = set()
+    for macro, suite, name in defined:
+        for instance in instances.get(suite, ()) if macro == "TEST_P" else (None,):
+            tests.add((instance, suite, name))
     return tests
 
 
@@ -125,15 +148,30 @@ def test_name_re(prefixes):
         return None
     alts = "|".join(sorted((re.escape(p) for p in prefixes), key=len, reverse=True))
     # prefix . [Instance/] Suite . Name [/param]; not part of a longer word.
-    return re.compile(r"(?<![\w.])(?:" + alts + r")\.(?:[\w*]+/)?([A-Z][\w*]*)\.([\w*]+)(?:/[\w*]+)?(?![\w(])")
+    return re.compile(r"(?<![\w.])(?:" + alts + r")\.(?:([\w*]+)/)?([A-Z][\w*]*)\.([\w*]+)(?:/[\w*]+)?(?![\w(])")
 
 
-def test_exists(tests, suite, name):
+def test_exists(tests, instance, suite, name):
     # A glob in the name may reach into a parameter the sources do not spell
     # (`Placements/OnDevice.*opaque_*`): then only the part before it counts.
     if "*" in name:
         name = name.split("*", 1)[0] + "*"
-    return any(fnmatch.fnmatchcase(s, suite) and fnmatch.fnmatchcase(n, name) for s, n in tests)
+    return any(fnmatch.fnmatchcase(s, suite) and fnmatch.fnmatchcase(n, name) and
+               (i is None if instance is None else i is not None and fnmatch.fnmatchcase(i, instance))
+               for i, s, n in tests)
+
+
+def test_problem(tests, instance, suite, name):
+    """Why a cited test selects nothing, or None when it names one."""
+    if test_exists(tests, instance, suite, name):
+        return None
+    if instance is None:
+        named = sorted({i for i, s, _ in tests if i is not None and fnmatch.fnmatchcase(s, suite)})
+        if named:
+            # The sources do not say which binary a prefix runs, so every instance of the suite is offered.
+            return ("a parameterized (TEST_P) test, which runs only as Instance/Suite.Name: cite it with its "
+                    "instance (" + " or ".join(f"{i}/{suite}" for i in named) + ")")
+    return "which no TEST/TEST_F/TEST_P (and INSTANTIATE_TEST_SUITE_P) under tests/ defines"
 
 
 def markdown_files(root):
@@ -164,9 +202,9 @@ def check(root):
                         problems.append(f"{rel}:{lineno}: names `{path}`, which is not in the tree")
                 if name_re:
                     for m in name_re.finditer(line):
-                        if not test_exists(tests, m.group(1), m.group(2)):
-                            problems.append(f"{rel}:{lineno}: names the test `{m.group(0)}`, "
-                                            "which no TEST/TEST_F/TEST_P under tests/ defines")
+                        why = test_problem(tests, *m.groups())
+                        if why:
+                            problems.append(f"{rel}:{lineno}: names the test `{m.group(0)}`, {why}")
     return problems
 
 
@@ -182,7 +220,9 @@ def self_test():
         with open(os.path.join(tmp, "tests", "CMakeLists.txt"), "w") as f:
             f.write('gtest_discover_tests(checkpoint_test TEST_PREFIX "checkpoint." DISCOVERY_TIMEOUT 60)\n')
         with open(os.path.join(tmp, "tests", "checkpoint_test.cpp"), "w") as f:
-            f.write("TEST(CheckpointSave, KeepsTheOld) {}\nTEST_P(OnDevice, Works) {}\n")
+            f.write("TEST(CheckpointSave, KeepsTheOld) {}\nTEST_P(OnDevice, Works) {}\n"
+                    "INSTANTIATE_TEST_SUITE_P(\n    Placements, OnDevice, ::testing::Values(1));\n"
+                    "TEST_P(Unplaced, NeverRuns) {}\n")
         good = ("`engine/memory/arena.*`, engine/memory/, (engine/memory/arena.h).\n"
                 "engine/{memory}/ libzerod/src/remote*; /usr/include/zerod/x.h sub/include/zerod/k.h\n"
                 "see engine/.\n"
@@ -191,8 +231,12 @@ def self_test():
                 "`checkpoint.Placements/OnDevice.Works/fp32`, `checkpoint.Placements/OnDevice.*fp32*`,\n"
                 "`checkpoint.save_state`, `zero.Stage.Key`, `python.checkpoints`, `checkpoint.Module(x)`.\n"
                 "`checkpoint.Old.Name` <!-- doc-paths: ignore -->\n")
+        # A TEST_P test without its instance selects nothing; a plain test
+        # with one, or a suite never instantiated, neither.
         bad = ("the arena is engine/arena.cpp and the library abi/src/, protocol/{proto,transport}/\n"
-               "`checkpoint.CheckpointSave.Gone`, checkpoint.Renamed.*, `checkpoint.Inst/OnDevice.Fails/x`\n")
+               "`checkpoint.CheckpointSave.Gone`, checkpoint.Renamed.*, `checkpoint.Inst/OnDevice.Fails/x`\n"
+               "`checkpoint.OnDevice.*fp32*`, `checkpoint.OnDevice.Works`, `checkpoint.Other/OnDevice.Works`,\n"
+               "`checkpoint.Placements/CheckpointSave.KeepsTheOld`, `checkpoint.Unplaced.NeverRuns`\n")
         with open(os.path.join(tmp, "good.md"), "w") as f:
             f.write(good)
         if check(tmp):
@@ -202,12 +246,18 @@ def self_test():
             f.write(bad)
         found = check(tmp)
         want = ["engine/arena.cpp", "abi/src/", "protocol/{proto,transport}/", "checkpoint.CheckpointSave.Gone",
-                "checkpoint.Renamed.*", "checkpoint.Inst/OnDevice.Fails/x"]
+                "checkpoint.Renamed.*", "checkpoint.Inst/OnDevice.Fails/x", "checkpoint.OnDevice.*fp32*",
+                "checkpoint.OnDevice.Works", "checkpoint.Other/OnDevice.Works",
+                "checkpoint.Placements/CheckpointSave.KeepsTheOld", "checkpoint.Unplaced.NeverRuns"]
         missing = [w for w in want if not any(f"`{w}`" in p for p in found)]
         if missing or len(found) != len(want):
             print("self-test: expected reports for", want, "got:", *found, sep="\n  ")
             return 1
-    print("self-test: stale paths caught, accepted forms pass (test names too)")
+        if not any("`checkpoint.OnDevice.Works`" in p and "Placements/OnDevice" in p for p in found):
+            print("self-test: a TEST_P test cited without its instance is not told which to use:", *found,
+                  sep="\n  ")
+            return 1
+    print("self-test: stale paths caught, accepted forms pass (test names too, TEST_P with their instance)")
     return 0
 
 

@@ -136,6 +136,17 @@ bool ConfigReader::enter(const std::string& key, bool required) {
   return false;
 }
 
+void ConfigReader::enter_absent(const std::string& key) {
+  // The new table is allocated in the script's capped state: protected, as get() is.
+  std::string err;
+  const int rc = protected_call(L_, 0, 1, [](lua_State* L) {
+    lua_newtable(L);
+    return 1;
+  }, &err);
+  if (rc != LUA_OK) fail(ZD_ERR_CONFIG, place_of(key) + ": reading its defaults failed: " + err);
+  scopes_.push_back(Scope{path(key), lua_gettop(L_), {}});
+}
+
 void ConfigReader::check_unknown(const Scope& s) {
   lua_pushnil(L_);
   while (lua_next(L_, s.index) != 0) {
@@ -354,7 +365,7 @@ std::optional<std::string> ConfigReader::string(const std::string& key, bool req
   return v;
 }
 
-std::optional<uint64_t> ConfigReader::size(const std::string& key) {
+std::optional<uint64_t> ConfigReader::size(const std::string& key, const std::string& absent_text) {
   const int t = get(key);
   std::optional<uint64_t> v;
   if (t == LUA_TNUMBER) {
@@ -372,7 +383,7 @@ std::optional<uint64_t> ConfigReader::size(const std::string& key) {
     issue(key, "must be a size (bytes, or a string such as \"4GiB\"), got a " + type_word(L_, -1));
   }
   lua_pop(L_, 1);
-  record(key, v ? std::to_string(*v) : "none", v.has_value());
+  record(key, v ? std::to_string(*v) : absent_text, v.has_value());
   return v;
 }
 

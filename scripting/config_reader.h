@@ -51,6 +51,10 @@ class ConfigReader {
   // Opens the sub-table at key. False when it is absent (and not required)
   // or is not a table (an issue is recorded); then there is nothing to leave.
   bool enter(const std::string& key, bool required = false);
+  // Opens an empty table in place of the absent one at key, so that the
+  // reads that follow record its keys' defaults as `key = {}` would (zerod
+  // check lists a table the script leaves out); leave() closes it.
+  void enter_absent(const std::string& key);
   // Closes the innermost table, reporting its unknown keys.
   void leave();
   // Reports the root table's unknown keys. Call once at the end.
@@ -73,8 +77,9 @@ class ConfigReader {
   int64_t integer(const KeySpec& k);
   bool boolean(const KeySpec& k);
   std::string choice(const KeySpec& k);
-  // A byte count: a number or a size literal ("512MiB"). nullopt when absent.
-  std::optional<uint64_t> size(const std::string& key);
+  // A byte count: a number or a size literal ("512MiB"). nullopt when absent,
+  // recorded as absent_text (a key with a default gives it here).
+  std::optional<uint64_t> size(const std::string& key, const std::string& absent_text = "none");
   // A string or a list of strings.
   std::vector<std::string> strings(const std::string& key);
   // A function, kept in the registry: its ref, or LUA_NOREF when absent.

@@ -399,40 +399,42 @@ zd_tier tier_from(const std::string& name) {
 void JobScript::read_offload(ConfigReader& r, const std::string& script_dir) {
   OffloadConfig& o = config_.offload;
   const bool given = r.enter("offload");
-  if (given) {
-    o.optimizer = tier_from(r.choice(job_key("offload.optimizer")));
-    o.params = tier_from(r.choice(job_key("offload.params")));
-    o.ratio = r.number(job_key("offload.ratio"));
-    for (std::string d : r.strings("nvme_path")) {
-      if (d.empty() || d[0] != '/') d = script_dir + "/" + d;
-      o.nvme_paths.push_back(d);
-    }
-    o.buffer_count = static_cast<int>(r.integer(job_key("offload.buffer_count")));
-    o.overlap = r.boolean(job_key("offload.overlap"));
-    const std::string acc = r.choice(job_key("offload.accumulate"));
-    o.accumulate = acc == "device" ? OffloadConfig::Accumulate::Device
-                   : acc == "host" ? OffloadConfig::Accumulate::Host
-                                   : OffloadConfig::Accumulate::Auto;
-    const auto tile = r.size("tile_size");
-    const uint64_t tile_bytes = tile ? *tile : parse_size(std::string(job_key("offload.tile_size").def_text)).value();
-    // Whole granules of 2048 elements (8 KiB of fp32), so transfers stay aligned.
-    o.nvme_tile_elems = std::max<uint64_t>(2048, tile_bytes / 4 / 2048 * 2048);
-    if (o.params != ZD_TIER_DEVICE && config_.zero_stage != 3)
-      r.issue("params", "parameters can leave the device tier only at ZeRO stage 3 (zero = { stage = 3 }); "
-                        "trainers compute with the working copies in place below it");
-    if ((o.optimizer == ZD_TIER_NVME || o.params == ZD_TIER_NVME) && o.nvme_paths.empty())
-      r.issue("nvme_path", "is required when state is placed on nvme: the directories to keep it in");
-  }
   // The tier plugins are loaded when the job may use them: checked now,
-  // instantiated per rank at finalize.
+  // instantiated per rank at finalize. `placement` is a key of the job table.
   const bool may_offload = given || r.present("placement");
+  // With no table its keys are read from an empty one, so that zerod check
+  // lists their defaults as it lists the budgets' (docs/offload.md).
+  if (!given) r.enter_absent("offload");
+  o.optimizer = tier_from(r.choice(job_key("offload.optimizer")));
+  o.params = tier_from(r.choice(job_key("offload.params")));
+  o.ratio = r.number(job_key("offload.ratio"));
+  for (std::string d : r.strings("nvme_path")) {
+    if (d.empty() || d[0] != '/') d = script_dir + "/" + d;
+    o.nvme_paths.push_back(d);
+  }
+  o.buffer_count = static_cast<int>(r.integer(job_key("offload.buffer_count")));
+  o.overlap = r.boolean(job_key("offload.overlap"));
+  const std::string acc = r.choice(job_key("offload.accumulate"));
+  o.accumulate = acc == "device" ? OffloadConfig::Accumulate::Device
+                 : acc == "host" ? OffloadConfig::Accumulate::Host
+                                 : OffloadConfig::Accumulate::Auto;
+  const uint64_t default_tile_bytes = parse_size(std::string(job_key("offload.tile_size").def_text)).value();
+  const auto tile = r.size("tile_size", std::to_string(default_tile_bytes));
+  const uint64_t tile_bytes = tile ? *tile : default_tile_bytes;
+  // Whole granules of 2048 elements (8 KiB of fp32), so transfers stay aligned.
+  o.nvme_tile_elems = std::max<uint64_t>(2048, tile_bytes / 4 / 2048 * 2048);
+  if (o.params != ZD_TIER_DEVICE && config_.zero_stage != 3)
+    r.issue("params", "parameters can leave the device tier only at ZeRO stage 3 (zero = { stage = 3 }); "
+                      "trainers compute with the working copies in place below it");
+  if ((o.optimizer == ZD_TIER_NVME || o.params == ZD_TIER_NVME) && o.nvme_paths.empty())
+    r.issue("nvme_path", "is required when state is placed on nvme: the directories to keep it in");
   for (auto [name, target, values] : {std::tuple{"host", &host_tier_, &o.host_values},
                                       std::tuple{"nvme", &nvme_tier_, &o.nvme_values}}) {
     const bool table = given && r.enter(name);
     if (may_offload) *target = read_plugin(r, ZD_PLUGIN_TIER, name, "", table, name, values);
     if (table) r.leave();
   }
-  if (given) r.leave();
+  r.leave();
 }
 
 void JobScript::read_snapshot(ConfigReader& r, const std::string& script_dir) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -167,20 +168,47 @@ void write(const std::string& dir, const std::string& name, const std::string& b
   }
 }
 
+// A target's folder under the corpus root, made if it is not there: the
+// writer is run into a fresh folder too (a scratch copy to compare).
+std::string target_dir(const std::string& root, const char* target) {
+  const std::string dir = root + "/" + target;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "cannot make the folder %s: %s\n", dir.c_str(), ec.message().c_str());
+    std::exit(1);
+  }
+  return dir;
+}
+
+void usage(FILE* out, const char* program) {
+  std::fprintf(out,
+               "usage: %s <corpus dir>\n"
+               "  Writes the seed corpora of the binary fuzz targets, <corpus dir>/frame_reader/ and\n"
+               "  <corpus dir>/request_handler/, making the folders; the committed ones are tests/fuzz/corpus.\n",
+               program);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <corpus dir> (tests/fuzz/corpus)\n", argv[0]);
+  const std::string arg = argc == 2 ? argv[1] : "";
+  if (arg == "-h" || arg == "--help") {
+    usage(stdout, argv[0]);
+    return 0;
+  }
+  // An option is never a folder here (a folder named so is written ./-x).
+  if (argc != 2 || arg.empty() || arg[0] == '-') {
+    usage(stderr, argv[0]);
     return 2;
   }
-  const std::string root = argv[1];
+  const std::string& root = arg;
   const std::string adamw = "return { optimizer = { type = 'adamw', lr = 0.01 }, zero = { stage = 0 } }";
   const std::string stage3 =
       "return { optimizer = { type = 'adam', lr = 0.01 }, zero = { stage = 3, param_persistence_threshold = 0 } }";
 
   // --- request_handler: conversations ------------------------------------
-  const std::string rh = root + "/request_handler";
+  const std::string rh = target_dir(root, "request_handler");
   write(rh, "01-hello", Talk().add(hello()).bytes);
   write(rh, "02-observer-status", Talk().add(hello("observer")).add(status()).bytes);
   {
@@ -261,7 +289,7 @@ int main(int argc, char** argv) {
   }
 
   // --- frame_reader: byte 0 is the harness's control byte ----------------
-  const std::string fr = root + "/frame_reader";
+  const std::string fr = target_dir(root, "frame_reader");
   const std::string c0(1, '\0');
   write(fr, "01-one-frame", c0 + frame(msg(hello()), 1));
   write(fr, "02-three-frames", c0 + frame(msg(hello()), 1) + frame(msg(status()), 2) + frame(msg(create(adamw)), 3));
