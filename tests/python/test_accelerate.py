@@ -572,12 +572,19 @@ def _node_env(tmp_path, node, **extra):
     return env
 
 
-def _free_port():
+def _reserved_port():
+    """A socket bound to a free port of 127.0.0.1, to keep open while the
+    ranks run. A port only looked up and closed (bind, close) could be
+    handed to another process's socket before rank 0's TCPStore binds it
+    seconds later (a busy machine, other tests' gloo connections); held
+    with SO_REUSEADDR and never listening, it is given to no other socket,
+    and the TCPStore (SO_REUSEADDR too) still binds and listens on it."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
@@ -599,7 +606,8 @@ def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
         torch.distributed.all_reduce(t)
         print("local_world_size", os.environ["LOCAL_WORLD_SIZE"], "sum", int(t.item()))
     """)
-    master = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    port = _reserved_port()
+    master = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port.getsockname()[1]))
     procs = [subprocess.Popen([sys.executable, "-c", code], env=_node_env(tmp_path, node, **master),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
     lines = []
@@ -613,6 +621,7 @@ def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        port.close()
     assert lines == ["local_world_size 1 sum 3"] * 2
     for node in (0, 1):
         assert not [n for n in os.listdir(tmp_path / f"node{node}") if "store" in n]
