@@ -53,6 +53,9 @@ SizeReading read_size(const std::string& text) {
   if (unit->factor == 1 && exact != std::floor(exact))
     return refused("not a whole number of bytes (only KiB, KB and larger units take a fraction)");
   const double bytes = std::round(exact);
+  // "0.0001KiB" is 0.1 bytes: rounding it to 0 would turn a size the user
+  // meant to be something into "nothing" without a word.
+  if (bytes == 0 && exact != 0) return refused("a nonzero size below half a byte rounds to 0 bytes");
   if (bytes >= 0x1p63) return refused("a size must be below 2^63 bytes");
   return {static_cast<uint64_t>(bytes), ""};
 }

@@ -674,6 +674,57 @@ def test_destroy_leaves_the_trained_model(name):
         engine.destroy()
 
 
+def test_destroy_after_a_backward_without_its_step_closes_and_warns():
+    """destroy() in the middle of a micro-batch (a backward() without its
+    step(), as `finally: engine.destroy()` meets it when the step raised)
+    cannot read the weights: it warns instead of raising, so the exception
+    in flight is not hidden, and the engine is closed all the same (no live
+    engine left to refuse the next initialize()); the parameters are left
+    empty."""
+    import zerod.deepspeed as deepspeed
+    import zerod.torch as zt
+
+    cfg = dict(CONFIGS["sgd_onecycle_stage1"])
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    x, y = batch(0)
+    engine.backward(((engine(x) - y) ** 2).mean())
+    with pytest.warns(RuntimeWarning, match=r"destroy\(\): the trained weights could not be read back .* "
+                                            r"a backward\(\) without its step\(\)"):
+        engine.destroy()
+    assert engine.zerod_model._handle is None
+    assert not zt._LIVE_ENGINES
+    assert all(p.numel() == 0 for p in model.parameters())
+    engine.destroy()  # closed: nothing to do, nothing to warn
+
+
+def test_destroy_reads_one_parameter_at_a_time(monkeypatch):
+    """destroy() converts each full fp32 master into the parameter's own
+    type as it reads it, then lets it go: at stage 3 a model that only fits
+    partitioned must not need all its fp32 masters at once."""
+    import weakref
+
+    import zerod.deepspeed as deepspeed
+
+    cfg = dict(CONFIGS["bf16_stage1"], zero_optimization={"stage": 3})
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+    train(engine, cfg, range(2))
+    expected = engine.state_dict()
+    masters, read = [], engine.zerod_model.param_read
+
+    def read_and_check_the_earlier_ones_are_gone(pid, dtype):
+        assert all(m() is None for m in masters), "an earlier parameter's fp32 master is still held"
+        value = read(pid, dtype)
+        masters.append(weakref.ref(value))
+        return value
+    monkeypatch.setattr(engine.zerod_model, "param_read", read_and_check_the_earlier_ones_are_gone)
+    engine.destroy()
+    assert len(masters) == len(list(model.parameters()))
+    for k, v in model.state_dict().items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, expected[k].to(torch.bfloat16)), k
+
+
 def test_a_model_a_live_engine_holds_is_refused():
     """A second initialize() of a model whose engine is live (its parameters
     are empty placeholders) is refused naming the parameter and destroy()."""
@@ -724,6 +775,32 @@ def test_a_scheduler_without_a_length_is_traced_as_far_as_told():
         assert engine._lr_of(100) == 0.1 * 0.5 ** 5
     finally:
         engine.close()
+
+def test_a_cosine_without_a_length_is_traced_past_its_t_max(monkeypatch):
+    """CosineAnnealingLR has no length zerod can read, but a horizon shorter
+    than its T_max would freeze its lr mid-descent: it is traced to T_max at
+    least (DEFAULT_HORIZON made 10 here, T_max 20), equal to torch's at
+    every update, and no further than ESTIMATE_LIMIT, saying so."""
+    from zerod import _schedules
+
+    monkeypatch.setattr(_schedules, "DEFAULT_HORIZON", 10)
+
+    def cosine():
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20, eta_min=1e-3)
+    opt, sched = cosine()
+    with pytest.warns(UserWarning, match=r"CosineAnnealingLR has no length .* for the first 21 updates"):
+        values = _schedules.trace(sched)
+    expected = []
+    for _ in range(21):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert values == pytest.approx(expected, rel=1e-12, abs=0)
+    monkeypatch.setattr(_schedules, "ESTIMATE_LIMIT", 15)
+    with pytest.warns(UserWarning, match=r"for the first 15 updates"):
+        assert len(_schedules.trace(cosine()[1])) == 15
+
 
 def test_refusals_name_what_is_unsupported():
     import zerod.deepspeed as deepspeed

@@ -82,6 +82,9 @@ TEST(Size, ARefusalSaysWhy) {
     EXPECT_TRUE(std::string(r.why_not).starts_with("not a whole number of bytes")) << r.why_not;
   }
   EXPECT_STREQ(read_size("-1MiB").why_not, "a size cannot be negative");
+  EXPECT_STREQ(read_size("0.0001KiB").why_not, "a nonzero size below half a byte rounds to 0 bytes");  // 0.1024
+  EXPECT_EQ(parse_size("0KiB"), 0u);
+  EXPECT_EQ(parse_size("0.0005KiB"), 1u);  // 0.512, up
   EXPECT_STREQ(read_size("8388608TiB").why_not, "a size must be below 2^63 bytes");  // 2^63
   const std::string ambiguous = read_size("4G").why_not;
   EXPECT_TRUE(ambiguous.starts_with("expected a number and a unit")) << ambiguous;

@@ -43,6 +43,19 @@ def _horizon_of(scheduler):
     return None
 
 
+def _untold_horizon(scheduler, every):
+    """Updates traced for a scheduler without a length of its own:
+    DEFAULT_HORIZON, or for CosineAnnealingLR at least its first half period
+    (T_max: a run of that length is the usual intent, and a table cut short
+    would freeze its lr mid-descent), up to ESTIMATE_LIMIT (the job text's
+    room); the caller warns of what lies past it."""
+    t_max = getattr(scheduler, "T_max", None) if isinstance(
+        scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) else None
+    if not isinstance(t_max, int) or t_max <= 0:
+        return DEFAULT_HORIZON
+    return min(max(DEFAULT_HORIZON, (t_max + 1) * every), ESTIMATE_LIMIT)
+
+
 class Stepped:
     """A torch scheduler that a trainer steps every `every` updates (e.g.
     Lightning's interval "epoch"), to be traced over `steps` updates (None:
@@ -94,14 +107,14 @@ def trace(scheduler, steps=None, every=1):
             # The update at which its last step has been taken, and that one.
             steps = max(1, -(-(own - 1 - offset) * every // per) + 1)
         else:
-            steps = own * every if own else DEFAULT_HORIZON
+            steps = own * every if own else _untold_horizon(scheduler, every)
         if not own:
             # LambdaLR, ExponentialLR, CosineAnnealingLR,
             # CosineAnnealingWarmRestarts, ...: the lr would stop following
             # the scheduler where the table ends.
             warnings.warn(
                 f"{type(scheduler).__name__} has no length zerod can read (total_steps, total_iters, "
-                f"milestones): zerod traces its lr for the first {DEFAULT_HORIZON} updates and keeps the last "
+                f"milestones): zerod traces its lr for the first {steps} updates and keeps the last "
                 f"value after that. Say how many updates the run has: zerod.deepspeed.initialize(..., "
                 f"lr_steps=N) or ZerodAccelerator(..., lr_steps=N) (Lightning passes its max_steps, else the "
                 "updates of max_epochs over a sized dataloader; Hugging Face's Trainer its max_steps)", stacklevel=3)

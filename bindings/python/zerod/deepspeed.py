@@ -18,6 +18,7 @@ lacks. Under `zerod run` each rank is a DeepSpeed rank: the same script runs
 unchanged on several ranks.
 """
 import os
+import sys
 import warnings
 
 import torch
@@ -176,12 +177,14 @@ def _close_and_give_back(engine, data):
     `data` (by id), where the engine had swapped them for empty ones: the
     ones they held before (an engine initialize() cannot return: the model
     is as initialize() found it), or the trained values (destroy()). The
-    model is then whole, to use or to initialize again."""
+    model is then whole, to use or to initialize again; a parameter `data`
+    lacks stays empty (destroy() that could not read the weights)."""
     try:
         engine.close()
     finally:
         for s in engine._slots:
-            s.param.data = data[id(s.param)]
+            if id(s.param) in data:
+                s.param.data = data[id(s.param)]
 
 
 def _place_as_deepspeed(model, client):
@@ -555,14 +558,54 @@ class DeepSpeedEngine(_zt.Engine):
         weights (DeepSpeed's module holds them all along), in the type and on
         the device its parameters had: to save with model.state_dict(), to
         run, or to initialize again. Every rank calls it (the reads are
-        collectives). A second call does nothing."""
+        collectives). They are read one parameter at a time: beyond the model
+        itself, one full fp32 master is held at once (at stage 3 each rank
+        then holds the whole model, where DeepSpeed's destroy leaves the
+        parameters partitioned: docs/integrations.md).
+
+        The engine is closed whatever happens. Where the weights cannot be
+        read (in the middle of a micro-batch, a broken engine, a failed read,
+        or an exception in flight on several ranks, whose peers may never
+        join the reads) the parameters are left empty with a warning instead
+        of raising: `finally: engine.destroy()` must not hide the exception
+        that brought it there. A second call does nothing."""
         if self.zerod_model._handle is None:
             return
-        self._require_between_steps("destroy()")
-        read = {}
-        trained = {id(s.param): self._full_value(s, read).to(s.placeholder.dtype).to(s.placeholder.device)
-                   for s in self._slots}
-        _close_and_give_back(self, trained)
+        trained, why = {}, self._why_the_weights_stay_behind()
+        try:
+            if why is None:
+                trained = self._trained_weights()
+        except Exception as e:
+            why = f"reading them failed ({type(e).__name__}: {e})"
+        finally:
+            _close_and_give_back(self, trained)
+        if why is not None:
+            warnings.warn(f"destroy(): the trained weights could not be read back from zerod ({why}); the model's "
+                          f"{len(self._slots)} parameter(s) zerod held are left empty (0 elements): load them from "
+                          "a checkpoint", RuntimeWarning, stacklevel=2)
+
+    def _why_the_weights_stay_behind(self):
+        """Why destroy() cannot read the trained weights, or None when it can."""
+        if self._broken:
+            return self._broken
+        if self._phase == "forward":
+            self._drop_forward("destroy()")  # nothing of a lone forward is in zerod yet
+        if self._phase != "idle":
+            return "destroy() came in the middle of a micro-batch: a backward() without its step()"
+        if sys.exc_info()[1] is not None and self.world_size > 1:
+            return "an exception is in flight, and reading them would wait for the other ranks"
+        return None
+
+    def _trained_weights(self):
+        """{id(parameter): its trained value in the parameter's own type and
+        device}, converted as each is read, so that no more than one full
+        fp32 master is held at once (tied parameters share one value)."""
+        by_pid, out = {}, {}
+        for s in self._slots:
+            if s.pid not in by_pid:
+                by_pid[s.pid] = self._full_value(s, {}).to(device=s.placeholder.device, dtype=s.placeholder.dtype)
+            out[id(s.param)] = by_pid[s.pid]
+        return out
 
     def dataloader_drop_last(self):
         """DeepSpeed's: the config's dataloader_drop_last (default false)."""

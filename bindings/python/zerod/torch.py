@@ -206,7 +206,8 @@ def _refuse_held(model):
         engine = held.get(id(p))
         if engine is None:
             continue
-        how = ("call its destroy() first, which gives the model the trained weights back"
+        how = ("call its destroy() first, which gives the model the trained weights back (or its close(), which "
+               "frees it and leaves the parameters empty)"
                if hasattr(engine, "destroy") else
                "take its state_dict() and close() it first, then give the parameters their values back "
                "(close() leaves them empty)")
