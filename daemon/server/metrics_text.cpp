@@ -81,6 +81,9 @@ std::string render_metrics(Server& server) {
   Family& mem = family("zerod_memory_bytes", "gauge", "Bytes of model state the rank holds now, per tier and kind.");
   Family& peak = family("zerod_memory_peak_bytes", "gauge", "The most bytes the rank held at once in a tier.");
   Family& budget = family("zerod_memory_budget_bytes", "gauge", "The tier's budget for the rank (budgets.*).");
+  Family& pool = family("zerod_device_pool_resident_bytes", "gauge",
+                        "Host RAM the rank's device pool holds on the cpu device: its blocks' pages and the free "
+                        "ones its steps use again.");
   Family& tokens = family("zerod_tokens_total", "counter", "Tokens the trainer reported (zd_model_report).");
   Family& samples = family("zerod_samples_total", "counter", "Samples the trainer reported (zd_model_report).");
   Family& tok_rate = family("zerod_tokens_per_second", "gauge",
@@ -120,8 +123,8 @@ std::string render_metrics(Server& server) {
                               "Steps whose host update ran behind zd_step, overlapped with the next forward "
                               "(offload.overlap).");
   Family& uwait = family("zerod_update_wait_seconds_total", "counter",
-                         "Time the rank's begin calls waited for their module's overlapped host update: what the "
-                         "forward did not hide.");
+                         "Time the rank's calls waited for the overlapped host update (a begin call for its "
+                         "module's, another call for all of it): what the forward did not hide.");
 
   const int64_t now = observe::now_ns();
   for (const auto& host : server.models()) {
@@ -158,6 +161,7 @@ std::string render_metrics(Server& server) {
         peak.add(tl, static_cast<double>(l.peak(t, ZD_MEM_ALL)));
         if (l.budget(t) != MemoryLedger::kNoBudget) budget.add(tl, static_cast<double>(l.budget(t)));
       }
+      if (const uint64_t held = m.device(r).pool_resident_bytes()) pool.add(rl, static_cast<double>(held));
       tokens.add(rl, static_cast<double>(c.tokens.load(std::memory_order_relaxed)));
       samples.add(rl, static_cast<double>(c.samples.load(std::memory_order_relaxed)));
       tok_rate.add(rl, c.tokens_rate.rate(now));

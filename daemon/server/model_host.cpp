@@ -72,11 +72,13 @@ ModelHost::ModelHost(int id, uint64_t key, std::string script_text, std::string 
   model_ = std::make_unique<Model>(std::move(config),
                                    script_->make_plugins(world_size, first_rank, local_ranks), script_.get(),
                                    world_size, first_rank, local_ranks, open_shared_device);
-  if (node_memory) {
-    // The cpu and emulated devices keep their "device" tier in host RAM.
-    const std::string& dev = model_->config().device;
-    model_->set_memory_admission(node_memory->for_model(job_->label, id_, dev == "cpu" || dev == "emulated"));
-  }
+  if (node_memory) model_->set_memory_admission(node_memory->for_model(job_->label, id_, device_in_host_ram()));
+}
+
+bool ModelHost::device_in_host_ram() const {
+  // The cpu and emulated devices keep their "device" tier in host RAM.
+  const std::string& dev = model_->config().device;
+  return dev == "cpu" || dev == "emulated";
 }
 
 size_t ModelHost::at(int rank) const {

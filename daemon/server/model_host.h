@@ -65,6 +65,9 @@ class ModelHost {
   const scripting::JobScript& script() const { return *script_; }
   // The device its creator asked for ("" = the script's).
   const std::string& device_request() const { return device_request_; }
+  // Its device tier is host RAM (the cpu and emulated devices): node-wide
+  // host memory counts it (NodeMemory).
+  bool device_in_host_ram() const;
 
   // Attaching and leaving. A rank that leaves without destroying the model
   // (its connection dropped) is lost: the other ranks' collectives fail.

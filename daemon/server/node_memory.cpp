@@ -116,7 +116,7 @@ uint64_t NodeMemory::held() const {
   return held_locked();
 }
 
-std::string NodeMemory::holders_locked() const {
+std::string NodeMemory::holders_locked(const std::map<int, uint64_t>* peak_by_model) const {
   std::string out;
   // One line a model: its job, its ranks, what they hold together.
   std::map<int, std::pair<std::string, std::set<int>>> by_model;
@@ -126,15 +126,27 @@ std::string NodeMemory::holders_locked() const {
     by_model[at.first].second.insert(at.second);
     bytes[at.first] += c.bytes;
   }
-  for (const auto& [model, who] : by_model)
+  for (const auto& [model, who] : by_model) {
     out += "  " + who.first + ", model " + std::to_string(model) + ": rank" + (who.second.size() == 1 ? " " : "s ") +
-           rank_list(who.second) + ", " + format_bytes(bytes[model]) + "\n";
+           rank_list(who.second) + ", " + format_bytes(bytes[model]);
+    if (peak_by_model) {
+      const auto peak = peak_by_model->find(model);
+      out += " planned";
+      if (peak != peak_by_model->end()) out += ", peak " + format_bytes(peak->second);
+    }
+    out += "\n";
+  }
   return out;
 }
 
 std::string NodeMemory::holders() const {
   std::lock_guard<std::mutex> lock(mu_);
   return holders_locked();
+}
+
+std::string NodeMemory::holders(const std::map<int, uint64_t>& peak_by_model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return holders_locked(&peak_by_model);
 }
 
 void NodeMemory::charge_model(const std::string& job_label, int model_id,

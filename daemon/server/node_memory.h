@@ -31,6 +31,11 @@ class NodeMemory : public std::enable_shared_from_this<NodeMemory> {
   uint64_t held() const;
   // One line a model holding memory: "job ..., model 3: ranks 0-3, 40.0 MiB".
   std::string holders() const;
+  // The same with what each model's ranks have held in host RAM at their
+  // peaks, by model id (`zerod status`): "job ..., model 3: ranks 0-3,
+  // 40.0 MiB planned, peak 56.0 MiB". The planned state is what is charged;
+  // the peak adds the short-lived buffers that are not.
+  std::string holders(const std::map<int, uint64_t>& peak_by_model) const;
 
   // The gate one model's ranks pass (Model::set_memory_admission): the
   // first of them to arrive charges them all; the others share its answer.
@@ -51,7 +56,7 @@ class NodeMemory : public std::enable_shared_from_this<NodeMemory> {
     uint64_t bytes = 0;
   };
   uint64_t held_locked() const;
-  std::string holders_locked() const;
+  std::string holders_locked(const std::map<int, uint64_t>* peak_by_model = nullptr) const;
   [[noreturn]] void refuse_locked(const std::string& job_label, const std::map<int, uint64_t>& bytes_by_rank,
                                   uint64_t bytes, uint64_t held) const;
 

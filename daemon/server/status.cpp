@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 
 namespace zerod::server {
 
@@ -31,6 +32,25 @@ std::string rank_state(const RankActivity& a, bool connected) {
   return buf;
 }
 
+// What each model's ranks on this node have held in host RAM at their
+// peaks, by model id: the host tier's peak, and the device tier's where it
+// is host RAM. Each rank's tiers peak on their own: their sum bounds what
+// was held at once. It counts the short-lived buffers (a step's reduce
+// buffers, gathers) that the node's memory is not charged for.
+std::map<int, uint64_t> host_ram_peaks(Server& server) {
+  std::map<int, uint64_t> peaks;
+  for (const auto& host : server.models()) {
+    const Model& m = host->model();
+    uint64_t bytes = 0;
+    for (int r = m.first_local_rank(); r < m.first_local_rank() + m.local_ranks(); ++r) {
+      const MemoryLedger& l = m.ledger(r);
+      bytes += l.peak(ZD_TIER_HOST, ZD_MEM_ALL) + (host->device_in_host_ram() ? l.peak(ZD_TIER_DEVICE, ZD_MEM_ALL) : 0);
+    }
+    peaks[host->id()] = bytes;
+  }
+  return peaks;
+}
+
 }  // namespace
 
 void fill_status(Server& server, v1::StatusReply* out) {
@@ -46,7 +66,7 @@ void fill_status(Server& server, v1::StatusReply* out) {
     out->set_jobs(static_cast<int32_t>(jobs.size()));
     out->set_host_memory(nm->capacity());
     out->set_host_memory_held(nm->held());
-    out->set_host_memory_holders(nm->holders());
+    out->set_host_memory_holders(nm->holders(host_ram_peaks(server)));
   }
   out->set_metrics(render_metrics(server));  // what `zerod top` shows
   for (const auto& host : server.models()) {
@@ -105,8 +125,9 @@ std::string format_status(const v1::StatusReply& s) {
                 s.uptime_s(), s.socket().c_str());
   out += line;
   if (s.host_memory() > 0) {
-    std::snprintf(line, sizeof line, "serving %d job%s; their model state holds %s of the %s of host memory they may "
-                  "hold together\n", s.jobs(), s.jobs() == 1 ? "" : "s", format_bytes(s.host_memory_held()).c_str(),
+    std::snprintf(line, sizeof line, "serving %d job%s; their planned model state holds %s of the %s of host memory "
+                  "they may hold together (short-lived buffers are not charged: each model's peak shows them)\n",
+                  s.jobs(), s.jobs() == 1 ? "" : "s", format_bytes(s.host_memory_held()).c_str(),
                   format_bytes(s.host_memory()).c_str());
     out += line + s.host_memory_holders();
   }

@@ -228,17 +228,23 @@ void MomentumCompression::prepare(StepState& st, bool then_exchange) {
         hi = std::max(hi, p.full_offset + static_cast<uint64_t>(p.numel));
       }
       if (lo > hi) lo = hi;
-      HostWindow grad(*local.memory, local.data + lo * gsz, (hi - lo) * gsz, HostWindow::kReadWrite);
-      for (zd_param_id pid : s.params) {
-        const ParamRecord& p = ctx_.registry.param(pid);
-        zd_optimizer_update u = step_update(st, g, pid, 0);
-        u.count = static_cast<uint64_t>(p.numel);
-        u.grad = grad.data() + (p.full_offset - lo) * gsz;
-        u.exchange = xs + (packed_at_[static_cast<size_t>(pid)] - s.dense);
-        u.exchange_in = in;
-        parallel_prepare(res_.workers, ctx_.optimizer(), u);
+      {
+        // Gone before the exchange's windows open: the host scratch holds
+        // the segment's window beside one of them at a time
+        // (compression_window_bytes).
+        HostWindow grad(*local.memory, local.data + lo * gsz, (hi - lo) * gsz, HostWindow::kReadWrite,
+                        "the host copy of a segment's local gradients");
+        for (zd_param_id pid : s.params) {
+          const ParamRecord& p = ctx_.registry.param(pid);
+          zd_optimizer_update u = step_update(st, g, pid, 0);
+          u.count = static_cast<uint64_t>(p.numel);
+          u.grad = grad.data() + (p.full_offset - lo) * gsz;
+          u.exchange = xs + (packed_at_[static_cast<size_t>(pid)] - s.dense);
+          u.exchange_in = in;
+          parallel_prepare(res_.workers, ctx_.optimizer(), u);
+        }
+        grad.done();
       }
-      grad.done();
       if (then_exchange && several) exchange(gi, s, xs, plan.keep_average != 0 && keeps() && !in_scratch);
       if (then_exchange && st.replay) replay(st, gi, s, xs, 1);
       if (!direct) scatter_owned(st, gi, s, xs);

@@ -77,6 +77,29 @@ struct CompressionBytes {
 };
 CompressionBytes compression_bytes(const ModelContext& ctx, size_t group, int rank);
 
+// Which of a group's bytes are in memory the host does not write in place
+// (the pool of a device the host cannot address), for the windows below.
+struct PoolResident {
+  bool buffers = false;  // the gradients' tier: gradients, exchange buffers, error feedback, kept average, replay's copies
+  bool master = false;
+  bool state = false;
+  bool working = false;
+};
+// The most bytes of host windows (HostWindow, transfers.h: host copies of
+// pool bytes, each rounded to HostScratch::kAlign) that `rank`'s compressed
+// steps hold at once over group `group`, whose bytes lie as `pool` says:
+// one segment's prepare and exchange (its exchange buffer beside the
+// largest of its gradients, the error feedback and kept average of the
+// exchange, the replay of its tensors, the scatter to the owned buffer),
+// or one piece of a planned pass (the rank's part of a tensor: master,
+// state, working copy, gradient and exchange), or one tensor's whole copy
+// (the replay's copies, stage 3's kept parameters). The groups' steps run
+// one after another, so the rank's figure is the largest group's; 0 where
+// the optimizer never compresses. An upper bound built from the code's
+// windows (momentum_compression*.cpp, OptimizerRunner::update_in_memory),
+// for the host scratch finalize reserves.
+uint64_t compression_window_bytes(const ModelContext& ctx, size_t group, int rank, const PoolResident& pool);
+
 // The state slots the optimizer's compressed steps replay
 // (zd_optimizer_plan.replay_slots of a late step), 0 where they cannot be
 // replayed or it never compresses.

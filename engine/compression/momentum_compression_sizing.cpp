@@ -4,6 +4,8 @@
 
 #include "runtime/dtype.h"
 #include "error.h"
+#include "memory/align.h"
+#include "memory/host_scratch.h"
 
 #include <algorithm>
 #include <bit>
@@ -161,6 +163,95 @@ CompressionBytes compression_bytes(const ModelContext& ctx, size_t group, int ra
     }
   }
   return b;
+}
+
+namespace {
+
+// The host windows of one group's compressed steps on one rank, window by
+// window as the code opens them (compression_window_bytes).
+struct WindowSizer {
+  const ModelContext& ctx;
+  const ParamGroup& g;
+  int rank;
+  const PoolResident& pool;
+  uint64_t replayed;  // the slots a replay keeps whole copies of; 0 where no step replays
+
+  uint64_t win(bool in_pool, uint64_t bytes) const {
+    return in_pool && bytes != 0 ? align_up(bytes, HostScratch::kAlign) : 0;
+  }
+  bool keeps() const { return ctx.world_size > 1 && !owns_every_element(ctx); }
+  // The whole copy a replay updates: stages 1-2 the working copy, stage 3
+  // the kept parameters (in the gradients' tier).
+  bool whole_in_pool() const { return ctx.params_partitioned() ? pool.buffers : pool.working; }
+  uint64_t numel(size_t k) const { return static_cast<uint64_t>(ctx.registry.param(g.params[k]).numel); }
+  uint64_t owned(size_t k) const { return ctx.owned_span(ctx.registry.param(g.params[k]), rank).count; }
+
+  // A replay over a tensor's elements others own, or one tensor's whole
+  // copy filled or read (fill_replica, fill_params, the kept parameters).
+  uint64_t replay(size_t k) const {
+    if (replayed == 0) return 0;
+    return win(whole_in_pool(), 4 * numel(k)) + replayed * win(pool.buffers, 4 * numel(k));
+  }
+  // One piece of a planned pass: the rank's part of a tensor, each operand.
+  uint64_t piece(size_t k) const {
+    const uint64_t n = owned(k);
+    const OptimizerInstance& opt = ctx.optimizer();
+    return win(pool.master, 4 * n) + opt.state_slots() * win(pool.state, ctx.state_size() * n) +
+           win(pool.working, dtype_size(g.dtype) * n) + win(pool.buffers, dtype_size(ctx.grad_dtype(g)) * n) +
+           win(pool.buffers, 4 * n);  // the last two: the gradient and the exchange buffer
+  }
+  // The kept average's bits of `count` elements (whole bytes from any bit)
+  // and its scales.
+  uint64_t kept_average(uint64_t count) const {
+    return win(pool.buffers, count / 8 + 2) + win(pool.buffers, 4 * static_cast<uint64_t>(ctx.world_size));
+  }
+  // What one segment's prepare and exchange hold at once (prepare(),
+  // exchange(), replay(), scatter_owned()): its exchange buffer's window the
+  // whole time, beside the largest of what comes and goes while it is open.
+  // `ks`: the segment's tensors (indices into the group's params).
+  uint64_t segment(const std::vector<size_t>& ks) const {
+    uint64_t count = 0, lo = UINT64_MAX, hi = 0, slot = 0, scatter = 0, replays = 0;
+    for (size_t k : ks) {
+      const ParamRecord& p = ctx.registry.param(g.params[k]);
+      count += numel(k);
+      lo = std::min(lo, p.full_offset);
+      hi = std::max(hi, p.full_offset + numel(k));
+      slot += win(pool.state, 4 * numel(k));    // read_slot, where the rank owns every element
+      scatter += win(pool.buffers, 4 * owned(k));  // scatter_owned, where it does not
+      replays = std::max(replays, replay(k));
+    }
+    if (count == 0) return 0;
+    const bool several = ctx.world_size > 1;
+    uint64_t during = std::max<uint64_t>(keeps() ? kept_average(count) : 0, owns_every_element(ctx) ? slot : 0);
+    during = std::max(during, win(pool.buffers, dtype_size(ctx.grad_dtype(g)) * (hi - lo)));
+    if (several)
+      during = std::max(during, win(pool.buffers, 4 * count) +
+                                    win(pool.buffers, 4 * compression_chunk(count, ctx.world_size)) +
+                                    (keeps() ? kept_average(count) : 0));
+    during = std::max(during, replays);
+    if (!owns_every_element(ctx)) during = std::max(during, scatter);
+    return win(pool.buffers, 4 * count) + during;
+  }
+};
+
+}  // namespace
+
+uint64_t compression_window_bytes(const ModelContext& ctx, size_t group, int rank, const PoolResident& pool) {
+  const OptimizerInstance& opt = ctx.optimizer();
+  if (!opt.compresses()) return 0;
+  const ParamGroup& g = ctx.registry.groups()[group];
+  const bool replays = ctx.config.compression_replay && ctx.world_size > 1 && !owns_every_element(ctx);
+  const WindowSizer z{ctx, g, rank, pool, replays ? static_cast<uint64_t>(std::popcount(replay_slots(opt))) : 0};
+  const unsigned layouts = exchange_layouts(opt);
+  uint64_t most = 0;
+  std::vector<size_t> all;
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    all.push_back(k);
+    most = std::max({most, z.piece(k), z.replay(k)});
+    if ((layouts & kTensorAtATime) != 0) most = std::max(most, z.segment({k}));
+  }
+  if ((layouts & kFused) != 0) most = std::max(most, z.segment(all));
+  return most;
 }
 
 uint32_t replay_slots(const OptimizerInstance& opt) {

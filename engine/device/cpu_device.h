@@ -27,6 +27,8 @@ class CpuDevice final : public Device {
   Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override;
   void release(const Block& block, zd_mem_kind kind) override;
+  void step_ended() override { pool_.end_step(); }
+  uint64_t pool_resident_bytes() const override { return pool_.resident_bytes(); }
   uint64_t block_align() const override { return DevicePool::kAlign; }
   std::vector<PoolExport> exports() const override;
   void register_host(void*, uint64_t) override {}

@@ -105,6 +105,14 @@ class Device {
     return allocate(bytes, kind, what);
   }
   virtual void release(const Block& block, zd_mem_kind kind) = 0;
+  // The rank's step ended (zd_step at an accumulation boundary): a pool
+  // may give back to the system memory its free blocks hold that the step
+  // did not use (the cpu device does; a GPU pool keeps its chunks).
+  virtual void step_ended() {}
+  // The host RAM the pool holds now, where its memory is the host's (the
+  // cpu device: the pages of its live blocks and those its steps reuse,
+  // which the ledger's bytes do not count); 0 where it does not say.
+  virtual uint64_t pool_resident_bytes() const { return 0; }
   // Every block is rounded up to a multiple of this, and charged so: the
   // plan (Placement::need_table) rounds the device row alike, so that it
   // is the ledger's figure on every device (a GPU's 256 bytes, the cpu

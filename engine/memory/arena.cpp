@@ -87,6 +87,39 @@ void RangeHeap::release(uint64_t offset, uint64_t bytes) {
 
 bool RangeHeap::empty() const { return free_.size() == 1 && free_.begin()->second == size_; }
 
+uint64_t PageUse::mark(uint64_t first, uint64_t end) {
+  uint64_t fresh = 0;
+  for (uint64_t p = first; p < end; ++p) {
+    const uint64_t bit = uint64_t{1} << (p % 64);
+    fresh += (resident_[p / 64] & bit) ? 0 : 1;
+    resident_[p / 64] |= bit;
+    this_step_[p / 64] |= bit;
+  }
+  return fresh;
+}
+
+uint64_t PageUse::give_back_unused(uint64_t first, uint64_t end,
+                                   const std::function<bool(uint64_t, uint64_t)>& give_back) {
+  uint64_t given = 0;
+  uint64_t p = first;
+  while (p < end) {
+    if (p % 64 == 0 && !unused_word(p / 64)) {  // 64 pages at once: most of a free range
+      p += 64;
+      continue;
+    }
+    if (!unused(p)) {
+      ++p;
+      continue;
+    }
+    const uint64_t run = p;
+    while (p < end && unused(p)) ++p;
+    if (!give_back(run, p)) continue;
+    for (uint64_t q = run; q < p; ++q) resident_[q / 64] &= ~(uint64_t{1} << (q % 64));
+    given += p - run;
+  }
+  return given;
+}
+
 DevicePool::DevicePool(MemoryLedger& ledger, uint64_t chunk_bytes, std::string name)
     : ledger_(ledger), chunk_bytes_(chunk_bytes), name_(std::move(name)) {}
 
@@ -100,6 +133,7 @@ Block DevicePool::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& 
     for (auto& c : chunks_) {
       uint64_t off = 0;
       if (c.heap.allocate(size, kAlign, &off)) {
+        handed_out(c, off, size);
         std::byte* p = c.arena->base() + off;
         if (zero_fill) std::memset(p, 0, size);
         return Block{p, size, c.arena->id(), off};
@@ -110,13 +144,14 @@ Block DevicePool::allocate(uint64_t bytes, zd_mem_kind kind, const std::string& 
     const uint64_t arena_bytes = size > chunk_bytes_ ? size : chunk_bytes_;
     auto arena = std::make_unique<SharedArena>(id, arena_bytes,
                                                name_ + "-" + std::to_string(id));
-    Chunk chunk{std::move(arena), RangeHeap(arena_bytes)};
+    const uint64_t pages = arena->size() / kPage;
+    chunks_.push_back(Chunk{std::move(arena), RangeHeap(arena_bytes), PageUse(pages)});
+    Chunk& chunk = chunks_.back();
     uint64_t off = 0;
     chunk.heap.allocate(size, kAlign, &off);
+    handed_out(chunk, off, size);
     // Fresh memfd pages read as zero: no memset needed.
-    Block b{chunk.arena->base() + off, size, id, off};
-    chunks_.push_back(std::move(chunk));
-    return b;
+    return Block{chunk.arena->base() + off, size, id, off};
   } catch (...) {
     ledger_.release(ZD_TIER_DEVICE, kind, size);
     throw;
@@ -130,6 +165,40 @@ void DevicePool::release(const Block& block, zd_mem_kind kind) {
     chunks_.at(static_cast<size_t>(block.arena)).heap.release(block.offset, block.bytes);
   }
   ledger_.release(ZD_TIER_DEVICE, kind, block.bytes);
+}
+
+void DevicePool::handed_out(Chunk& chunk, uint64_t offset, uint64_t size) {
+  resident_pages_ += chunk.pages.mark(offset / kPage, (offset + size + kPage - 1) / kPage);
+}
+
+void DevicePool::end_step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Chunk& c : chunks_) {
+    for (const auto& [offset, length] : c.heap.free_ranges()) {
+      // Whole pages only: a page a live block shares keeps its bytes.
+      const uint64_t first = (offset + kPage - 1) / kPage;
+      const uint64_t end = (offset + length) / kPage;
+      if (first < end && can_punch_)
+        resident_pages_ -= c.pages.give_back_unused(first, end, [&](uint64_t a, uint64_t b) { return punch(c, a, b); });
+    }
+    c.pages.new_step();
+  }
+}
+
+bool DevicePool::punch(const Chunk& chunk, uint64_t first, uint64_t end) {
+  if (!can_punch_) return false;
+  // The memfd's pages go for every process that maps it (the daemon's
+  // trainers too); a free range is no block's, so nobody reads them.
+  if (fallocate(chunk.arena->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first * kPage),
+                static_cast<off_t>((end - first) * kPage)) == 0)
+    return true;
+  can_punch_ = false;  // a kernel without hole punching in shmem: keep the pages
+  return false;
+}
+
+uint64_t DevicePool::resident_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return resident_pages_ * kPage;
 }
 
 std::vector<const SharedArena*> DevicePool::arenas() const {

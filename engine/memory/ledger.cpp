@@ -51,6 +51,7 @@ void MemoryLedger::charge(zd_tier tier, zd_mem_kind kind, uint64_t bytes, const 
   peak_[t][k] = std::max(peak_[t][k], current_[t][k]);
   tier_current_[t] += bytes;
   tier_peak_[t] = std::max(tier_peak_[t], tier_current_[t]);
+  tier_peak_since_last_[t] = std::max(tier_peak_since_last_[t], tier_current_[t]);
 }
 
 void MemoryLedger::release(zd_tier tier, zd_mem_kind kind, uint64_t bytes) {
@@ -71,6 +72,13 @@ uint64_t MemoryLedger::peak(zd_tier tier, zd_mem_kind kind) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto t = static_cast<size_t>(tier);
   return kind == ZD_MEM_ALL ? tier_peak_.at(t) : peak_.at(t).at(static_cast<size_t>(kind));
+}
+
+std::array<uint64_t, ZD_TIER_COUNT> MemoryLedger::take_peaks_since_last() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::array<uint64_t, ZD_TIER_COUNT> peaks = tier_peak_since_last_;
+  tier_peak_since_last_ = tier_current_;
+  return peaks;
 }
 
 }  // namespace zerod

@@ -33,12 +33,19 @@ class MemoryLedger {
   uint64_t current(zd_tier tier, zd_mem_kind kind) const;  // kind may be ZD_MEM_ALL
   uint64_t peak(zd_tier tier, zd_mem_kind kind) const;     // kind may be ZD_MEM_ALL
 
+  // The most each tier held since the previous call (since the ledger was
+  // made, the first time); the count then starts again from what each holds
+  // now. The trace's memory counter takes it at every sample, so a buffer
+  // allocated and freed between two samples still shows.
+  std::array<uint64_t, ZD_TIER_COUNT> take_peaks_since_last();
+
  private:
   mutable std::mutex mu_;
   std::array<std::array<uint64_t, ZD_MEM_KIND_COUNT>, ZD_TIER_COUNT> current_{};
   std::array<std::array<uint64_t, ZD_MEM_KIND_COUNT>, ZD_TIER_COUNT> peak_{};
   std::array<uint64_t, ZD_TIER_COUNT> tier_current_{};
   std::array<uint64_t, ZD_TIER_COUNT> tier_peak_{};
+  std::array<uint64_t, ZD_TIER_COUNT> tier_peak_since_last_{};
   std::array<uint64_t, ZD_TIER_COUNT> budget_{kNoBudget, kNoBudget, kNoBudget};
 };
 

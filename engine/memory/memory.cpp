@@ -44,6 +44,8 @@ bool PoolMemory::plugins_reach() const { return res_.device->host_addressable();
 
 bool PoolMemory::host_writes() const { return res_.device->host_addressable(); }
 
+HostScratch& PoolMemory::host_scratch() const { return res_.transfers.host_scratch(); }
+
 void PoolMemory::update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const {
   res_.device->optimizer_update(opt, u, zero_grad);
 }
@@ -97,6 +99,8 @@ GradStats HostMemory::sumsq(const std::vector<GradSpan>& spans) const {
 void HostMemory::add_from_pool(std::span<const PoolAdd> adds, uint64_t ready) const {
   res_.transfers.add_to_host(adds, ready);
 }
+
+HostScratch& HostMemory::host_scratch() const { return res_.transfers.host_scratch(); }
 
 void HostMemory::update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const {
   parallel_update(res_.workers, opt, u, zero_grad);
@@ -168,6 +172,8 @@ void NvmeMemory::read(const BufferSegment& s, uint64_t at, void* dst, uint64_t l
 void NvmeMemory::write(const BufferSegment& s, uint64_t at, const void* src, uint64_t len) const {
   nvme_range(res_, s, at, static_cast<std::byte*>(const_cast<void*>(src)), len, true);
 }
+
+HostScratch& NvmeMemory::host_scratch() const { return res_.transfers.host_scratch(); }
 
 void NvmeMemory::refuse(const char* op) {
   fail(ZD_ERR_INTERNAL, std::string("NVMe memory has no addresses: ") + op +

@@ -28,6 +28,7 @@
 
 namespace zerod {
 
+class HostScratch;
 class Memory;
 class ModelContext;
 class OptimizerInstance;
@@ -111,6 +112,10 @@ class Memory {
   // memory, the pool of a host-addressable device); else what the host
   // makes for them goes through Transfers (an upload).
   virtual bool host_writes() const = 0;
+  // Where the host's copies of these bytes live while a loop works on them
+  // (HostWindow, where the host does not write them in place): the rank's
+  // host scratch (host_scratch.h), counted in the host tier.
+  virtual HostScratch& host_scratch() const = 0;
   // The optimizer's update where master and state are in this memory, by
   // the processor that works on it (the device's kernels, or the plugin's
   // CPU kernels in tiles on the rank's workers); with zero_grad each
@@ -154,6 +159,7 @@ class PoolMemory final : public Memory {
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return true; }
   bool host_writes() const override;
+  HostScratch& host_scratch() const override;
   void update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const override;
   void all_reduce(const ModelContext& ctx, const zd_comm_call& c, void* buf, uint64_t count,
                   zd_dtype dt) const override;
@@ -186,6 +192,7 @@ class HostMemory final : public Memory {
   bool leaves_norms() const override { return true; }
   bool trainer_views() const override { return false; }
   bool host_writes() const override { return true; }
+  HostScratch& host_scratch() const override;
   void update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) const override;
   void all_reduce(const ModelContext& ctx, const zd_comm_call& c, void* buf, uint64_t count,
                   zd_dtype dt) const override;
@@ -222,6 +229,7 @@ class NvmeMemory final : public Memory {
   bool leaves_norms() const override { return false; }
   bool trainer_views() const override { return false; }
   bool host_writes() const override { return false; }
+  HostScratch& host_scratch() const override;
   void update(const OptimizerInstance&, const zd_optimizer_update&, bool) const override { refuse("update"); }
   void all_reduce(const ModelContext&, const zd_comm_call&, void*, uint64_t, zd_dtype) const override {
     refuse("all_reduce");

@@ -6,6 +6,7 @@
 #include "error.h"
 #include "log.h"
 #include "compression/momentum_compression.h"
+#include "memory/host_scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -359,8 +360,35 @@ NeedTable Placement::need_table(int rank) const {
   for (uint64_t b : staging_layout(rank))
     need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += b * static_cast<uint64_t>(ctx_.config.offload.buffer_count);
   const HostStagingNeed hs = host_staging(rank);
-  need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += hs.gradients + hs.working;
+  need[ZD_TIER_HOST][ZD_MEM_BUFFERS] += hs.gradients + hs.working + host_windows(rank);
   return need;
+}
+
+uint64_t Placement::host_windows(int rank) const {
+  if (host_addressable_) return 0;
+  const uint32_t slots = ctx_.optimizer().state_slots();
+  const uint64_t tile = ctx_.config.offload.nvme_tile_elems;
+  uint64_t most = 0;
+  for (size_t gi = 0; gi < ctx_.registry.groups().size(); ++gi) {
+    auto in = [&](Holds h, zd_tier t) {
+      for (const TierRun& r : tier_runs(gi, rank, h))
+        if (r.tier == t) return true;
+      return false;
+    };
+    PoolResident pool;
+    pool.buffers = grad_tier(gi, rank) == ZD_TIER_DEVICE;
+    pool.master = in(Holds::Master, ZD_TIER_DEVICE);
+    pool.state = slots != 0 && in(Holds::Optimizer, ZD_TIER_DEVICE);
+    pool.working = in(Holds::Params, ZD_TIER_DEVICE);
+    most = std::max(most, compression_window_bytes(ctx_, gi, rank, pool));
+    // A working copy on the device updated from NVMe tiles goes up a tile at
+    // a time, through the host scratch where the upload ring cannot hold it.
+    const uint64_t work_tile = tile * dtype_size(ctx_.registry.groups()[gi].dtype);
+    const bool staged = in(Holds::Master, ZD_TIER_NVME) || (slots != 0 && in(Holds::Optimizer, ZD_TIER_NVME));
+    if (pool.working && staged && work_tile > kWorkingStagingBytes)
+      most = std::max(most, align_up(work_tile, HostScratch::kAlign));
+  }
+  return most;
 }
 
 Placement::HostStagingNeed Placement::host_staging(int rank) const {

@@ -101,6 +101,14 @@ class Placement {
     uint64_t gradients = 0, working = 0;
   };
   HostStagingNeed host_staging(int rank) const;
+  // The host scratch (host_scratch.h) through which the host's loops reach
+  // bytes in a pool the host cannot address: the most a compressed step's
+  // host windows hold at once (compression_window_bytes, its largest
+  // group's), or an NVMe tile of a working copy that is bigger than the
+  // upload ring (OptimizerRunner::update_staged), whichever is more; 0 where
+  // the host addresses the pool. Reserved at finalize
+  // (Transfers::reserve_staging), counted in the host row's buffers.
+  uint64_t host_windows(int rank) const;
   // The table finalize refuses with and `zerod plan` prints; *fits tells
   // whether every tier is within its budget (fits may be null).
   static std::string table(const TierPlan& plan, bool* fits);

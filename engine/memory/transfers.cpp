@@ -13,14 +13,21 @@
 
 namespace zerod {
 
+Transfers::Transfers(RankResources& res)
+    : res_(res), gradients_(res, kGradientStagingBytes, "the gradients' staging buffer (gradients leaving the device)"),
+      working_(res, kWorkingStagingBytes, "the working copy's staging buffer (updates going to the device)"),
+      scratch_(res.ledger) {}
+
 bool Transfers::bytes_travel() const { return !res_.device->host_addressable(); }
 
-void Transfers::reserve_staging(bool gradients, bool working) {
+void Transfers::reserve_staging(bool gradients, bool working, uint64_t scratch_bytes) {
   try {
     if (gradients) gradients_.reserve();
     if (working) working_.reserve();
+    scratch_.reserve(scratch_bytes);
   } catch (...) {
     gradients_.release();
+    working_.release();
     throw;
   }
 }
@@ -109,30 +116,29 @@ void Transfers::before_host_writes() {
 
 void Transfers::bounce(const Memory& in_mem, const void* in, uint64_t in_bytes, void* out, uint64_t out_bytes,
                        const HostCollective& fn) {
-  // Plain heap memory, made per collective: these collectives (ranks of a
-  // device the host cannot address, in several processes) wait for the
-  // network, not for this copy, until the comm plugins take device buffers.
-  std::vector<std::byte> host_in(in_bytes);
+  // Pageable memory of the host scratch, not the staging buffers: these
+  // collectives (ranks of a device the host cannot address, in several
+  // processes) wait for the network, not for this copy, until the comm
+  // plugins take device buffers.
+  HostScratch::Lease host_in = scratch_.take(in_bytes, "the host copy of a collective's input (a bounce)");
   in_mem.copy_out(host_in.data(), in, in_bytes);
   if (in == out && in_bytes == out_bytes) {
     fn(host_in.data(), host_in.data());
     res_.pool_memory.copy_in(out, host_in.data(), out_bytes);
     return;
   }
-  std::vector<std::byte> host_out(out_bytes);
+  HostScratch::Lease host_out = scratch_.take(out_bytes, "the host copy of a collective's output (a bounce)");
   fn(host_in.data(), host_out.data());
   if (out_bytes) res_.pool_memory.copy_in(out, host_out.data(), out_bytes);
 }
 
-HostWindow::HostWindow(const Memory& m, void* at, uint64_t bytes, Access access)
+HostWindow::HostWindow(const Memory& m, void* at, uint64_t bytes, Access access, const char* what)
     : memory_(&m), at_(at), bytes_(bytes) {
   if (m.host_writes() || bytes == 0) {
     host_ = static_cast<std::byte*>(at);
     return;
   }
-  // Aligned as the pool's blocks are, so the host's vector loops take the
-  // same paths over the copy as over the bytes themselves.
-  copy_ = AlignedBuffer(bytes, 64);
+  copy_ = m.host_scratch().take(bytes, what);
   host_ = copy_.data();
   if (access & kRead) m.copy_out(host_, at, bytes);
   write_back_ = (access & kWrite) != 0;
@@ -144,7 +150,7 @@ HostWindow::HostWindow(const TieredBuffer& b, uint64_t begin, uint64_t n, size_t
   if (!b.in_one_segment(begin, n))
     fail(ZD_ERR_INTERNAL, std::string(what) + ": elements " + std::to_string(begin) + ".." +
                               std::to_string(begin + n) + " are not in one memory segment");
-  *this = HostWindow(*b.segment_at(begin).memory, b.addr(begin), n * esz, access);
+  *this = HostWindow(*b.segment_at(begin).memory, b.addr(begin), n * esz, access, what);
 }
 
 HostWindow& HostWindow::operator=(HostWindow&& o) noexcept {

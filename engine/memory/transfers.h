@@ -1,13 +1,15 @@
 // How a rank's bytes cross between the device pool and host memory: the one
 // place that knows whether the host reads the pool through its pointers
 // (the cpu device) or the bytes must travel (a GPU, the emulated device).
-// It owns the page-locked staging buffers those crossings go through, and
+// It owns the page-locked staging buffers those crossings go through, the
+// host scratch the host's copies of pool bytes take their memory from, and
 // the bounce of a collective the comm plugins cannot run on the pool itself.
 // The memories (memory.h) call it; engine parts call the memories. Host
 // loops over bytes that may be in the pool open a HostWindow (below).
 #pragma once
 
 #include "comm/comm_stream.h"
+#include "memory/host_scratch.h"
 #include "memory/host_staging.h"
 #include "memory/memory.h"
 #include "memory/tiered_buffer.h"
@@ -27,9 +29,7 @@ struct RankResources;
 
 class Transfers {
  public:
-  explicit Transfers(RankResources& res)
-      : res_(res), gradients_(res, kGradientStagingBytes, "the gradients' staging buffer (gradients leaving the device)"),
-        working_(res, kWorkingStagingBytes, "the working copy's staging buffer (updates going to the device)") {}
+  explicit Transfers(RankResources& res);
   Transfers(const Transfers&) = delete;
   Transfers& operator=(const Transfers&) = delete;
 
@@ -42,9 +42,12 @@ class Transfers {
   HostStaging& gradient_staging() { return gradients_; }
   // New working copies going from the host's updates to the pool.
   HostStaging& working_staging() { return working_; }
+  // The host copies of pool bytes (HostWindow, bounce) take their memory here.
+  HostScratch& host_scratch() { return scratch_; }
   // At finalize: the staging buffers the plan counts (Placement::host_staging)
-  // are made and charged now, all or none.
-  void reserve_staging(bool gradients, bool working);
+  // and the host scratch at its size (Placement::host_windows) are made and
+  // charged now, all or none.
+  void reserve_staging(bool gradients, bool working, uint64_t scratch_bytes);
 
   // A stream for work that takes bytes off the pool into host memory: a
   // thread of its own where that is a transfer, so neither the rank's
@@ -77,7 +80,10 @@ class Transfers {
   // `in` (in memory `in_mem`) are copied into host memory, fn runs on that
   // copy and a host buffer of out_bytes, which is then copied to `out` in
   // the pool (none when out_bytes is 0: fn wrote where it belongs). In place
-  // (in == out, in_bytes == out_bytes) fn gets one buffer twice.
+  // (in == out, in_bytes == out_bytes) fn gets one buffer twice. The host
+  // buffers are the host scratch's, charged while the collective runs (the
+  // plan does not size them: a host budget that cannot hold them refuses
+  // the collective, naming it).
   using HostCollective = std::function<void(const void* host_in, void* host_out)>;
   void bounce(const class Memory& in_mem, const void* in, uint64_t in_bytes, void* out, uint64_t out_bytes,
               const HostCollective& fn);
@@ -86,6 +92,7 @@ class Transfers {
   RankResources& res_;
   HostStaging gradients_;
   HostStaging working_;
+  HostScratch scratch_;
 };
 
 // Host addresses for a loop the host runs over bytes of a memory: momentum
@@ -106,15 +113,21 @@ class Transfers {
 // Why copies rather than kernels of the device's own: these loops are the
 // plugins' host kernels and the comm plugins' host collectives; a device
 // version of each is the device's business (engine/device/), and until
-// there is one, the bytes go to where the code runs. Plain heap memory per
-// window: on the devices that need it a compressed step moves the exchange
-// buffer, the error feedback and the operands of a pass once each way.
+// there is one, the bytes go to where the code runs. A copy is a run of the
+// rank's host scratch (Memory::host_scratch, host_scratch.h), which finalize
+// reserved at the most that a compressed step's windows hold at once
+// (Placement::host_windows): counted in the host tier's buffers, refused by
+// its budget at finalize, and reused every step; on the devices that need
+// it a compressed step moves the exchange buffer, the error feedback and
+// the operands of a pass once each way.
 class HostWindow {
  public:
   enum Access { kRead = 1, kWrite = 2, kReadWrite = 3 };
   HostWindow() = default;
-  // bytes at `at`, in memory m.
-  HostWindow(const Memory& m, void* at, uint64_t bytes, Access access);
+  // bytes at `at`, in memory m; `what` names the copy where the host
+  // budget refuses it (a copy beyond the reserved scratch).
+  HostWindow(const Memory& m, void* at, uint64_t bytes, Access access,
+             const char* what = "a host loop's copy of bytes in the device pool");
   // Elements [begin, begin + n) of b, of esz bytes each, which lie in one
   // of its memory segments (refused otherwise, naming `what`).
   HostWindow(const TieredBuffer& b, uint64_t begin, uint64_t n, size_t esz, Access access, const char* what);
@@ -135,7 +148,7 @@ class HostWindow {
   void* at_ = nullptr;
   uint64_t bytes_ = 0;
   bool write_back_ = false;
-  AlignedBuffer copy_;
+  HostScratch::Lease copy_;
   std::byte* host_ = nullptr;
 };
 

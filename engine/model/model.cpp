@@ -21,7 +21,7 @@
 
 namespace zerod {
 
-Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, bool of_step)
+Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, bool of_step, Update update)
     : m_(m), rank_(rank), name_(name), module_(module), t0_(0) {
   RankState& rs = m.rank_state(rank);  // checks the rank
   std::string mod;
@@ -29,10 +29,10 @@ Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, boo
     mod = m.registry_.module(module).name;
   m.require_healthy();  // a refused call is not recorded as the rank being in it
   m.activity_.enter(rank, name, mod);
-  // Every call but a forward's or backward's reads or writes what the
-  // overlapped update writes: it waits for the whole update. (Those wait
-  // for their module themselves.)
-  if (!of_step || module < 0) {
+  // Every call but a forward's or backward's, and those that say they
+  // touch none of it, reads or writes what the overlapped update writes: it
+  // waits for the whole update. (Those wait for their module themselves.)
+  if ((!of_step || module < 0) && update == Update::Touches) {
     try {
       m.wait_update(rs, -1);
     } catch (...) {
@@ -55,6 +55,7 @@ Model::Call::Call(Model& m, int rank, const char* name, zd_module_id module, boo
   observe::RankProbe& probe = rs.res.probe;
   const int64_t opened = of_step ? probe.call_entered() : 0;
   if (probe.tracing()) t0_ = opened ? opened : observe::now_ns();
+  probe.open_memory_interval(rs.res.ledger, t0_);
 }
 
 Model::Call::~Call() {
@@ -511,7 +512,11 @@ void Model::require_scalars_for_restore(const RankState& rs, int64_t step) {
 }
 
 void Model::set_lr(int rank, double lr) {
-  Call call(*this, rank, "set_lr");
+  // The update running behind the last zd_step took its lr at that
+  // boundary (PassArgs) and this one is the next boundary's: no wait for
+  // that update here, which would expose it whole to a trainer that sets
+  // its lr right after each step.
+  Call call(*this, rank, "set_lr", -1, false, Call::Update::Untouched);
   require_finalized("zd_model_set_lr");
   RankState& rs = rank_state(rank);
   const bool usable = std::isfinite(lr) && lr >= 0;

@@ -299,7 +299,7 @@ class Model final : private FailureSink {
   [[noreturn]] void broken_by(const Error& e) override;
   // The rank's update of step `step` stopped part-way with e: the job breaks
   // with it, and half_applied_step() says so from then on.
-  [[noreturn]] void stopped_part_way(int rank, int64_t step, const Error& e);
+  [[noreturn]] void stopped_part_way(int rank, int64_t step, const Error& e) override;
   static Error part_way_error(int rank, int64_t step, const Error& e);
   // Breaks the job with e (the first failure is kept) and, when e is the
   // first, aborts the collectives the other ranks wait in; part_way: e is an

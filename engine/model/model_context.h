@@ -36,6 +36,9 @@ class FailureSink {
  public:
   virtual ~FailureSink() = default;
   [[noreturn]] virtual void broken_by(const Error& e) = 0;
+  // Likewise for rank `rank`'s update of step `step`, which stopped
+  // part-way with e: the step is half applied from then on.
+  [[noreturn]] virtual void stopped_part_way(int rank, int64_t step, const Error& e) = 0;
 };
 
 // Tags of collectives: what the engine is doing, equal on every rank.
@@ -137,6 +140,10 @@ class ModelContext {
   [[noreturn]] void broken_by(const Error& e) const {
     failures_.broken_by(e);
     __builtin_unreachable();  // the virtual is [[noreturn]]; GCC does not carry that through the call
+  }
+  [[noreturn]] void stopped_part_way(int rank, int64_t step, const Error& e) const {
+    failures_.stopped_part_way(rank, step, e);
+    __builtin_unreachable();
   }
 
  private:

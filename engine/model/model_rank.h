@@ -101,9 +101,14 @@ class ShardWrite {
 
 class Model::Call {
  public:
+  // What the call does to what the overlapped update (OverlappedUpdate)
+  // writes: Touches waits for the whole update first; Untouched (the
+  // trainer's lr, which the update took at its boundary) goes on beside it.
+  enum class Update { Touches, Untouched };
   // of_step: a call of a training step (forward/backward begin and end,
   // step), whose first after a boundary opens the step.
-  Call(Model& m, int rank, const char* name, zd_module_id module = -1, bool of_step = false);
+  Call(Model& m, int rank, const char* name, zd_module_id module = -1, bool of_step = false,
+       Update update = Update::Touches);
   ~Call();
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;

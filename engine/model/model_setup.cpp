@@ -394,11 +394,13 @@ void Model::allocate_rank(RankState& rs) {
   rs.residency.reset();
   rs.grads.reset();
   rs.update.reset();
-  // The page-locked staging buffers the plan counts, now: a host budget
-  // that cannot hold them refuses here, not on the thread that moves the
-  // first gradients off the device (which broke the job).
+  // The page-locked staging buffers and the host scratch the plan counts,
+  // now: a host budget that cannot hold them refuses here, not on the
+  // thread that moves the first gradients off the device (which broke the
+  // job), nor at the first compressed step.
   const Placement::HostStagingNeed staging = placement_.host_staging(rs.res.rank);
-  rs.res.transfers.reserve_staging(staging.gradients != 0, staging.working != 0);
+  rs.res.transfers.reserve_staging(staging.gradients != 0, staging.working != 0,
+                                   placement_.host_windows(rs.res.rank));
   rs.active_modules = 0;
 }
 

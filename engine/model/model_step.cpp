@@ -267,6 +267,7 @@ StepFigures Model::step(int rank) {
   }
   f.step = rs.applied;
   rs.last = f;
+  rs.res.device->step_ended();
   rs.boundary_reached = true;  // the step's timeline closes as this call returns
   activity_.record_step(rank, f.lr, f.loss_scale, f.grad_norm, f.skipped);
   if (stuck_at_minimum) fail(ZD_ERR_CONFIG, at_minimum_message(config_, rs.applied + 1));
@@ -296,7 +297,7 @@ void Model::wait_update(RankState& rs, zd_module_id m) {
     if (m == kPersistentFirst)
       rs.update.wait_first();
     else if (m < 0)
-      rs.update.finish();
+      rs.update.wait_all();
     else
       rs.update.wait_module(m);
   } catch (const Error& e) {

@@ -37,14 +37,26 @@ void RankProbe::instant(const char* cat, const char* name, const EventArgs& a) c
   record(EventKind::Instant, cat, name, t, t, a);
 }
 
-void RankProbe::memory(const MemoryLedger& l) const {
-  if (!tracing()) return;
+void RankProbe::open_memory_interval(MemoryLedger& l, int64_t t) {
+  if (!t || !tracing()) {
+    memory_from_ns_ = 0;
+    return;
+  }
+  if (memory_from_ns_) return;  // the interval runs on from the last sample
+  l.take_peaks_since_last();
+  memory_from_ns_ = t;
+}
+
+void RankProbe::memory(MemoryLedger& l) {
+  if (!tracing() || !memory_from_ns_) return;
+  const std::array<uint64_t, ZD_TIER_COUNT> peaks = l.take_peaks_since_last();
   EventArgs a;
-  a.value = static_cast<int64_t>(l.current(ZD_TIER_DEVICE, ZD_MEM_ALL));
-  a.value2 = static_cast<int64_t>(l.current(ZD_TIER_HOST, ZD_MEM_ALL));
-  a.value3 = static_cast<int64_t>(l.current(ZD_TIER_NVME, ZD_MEM_ALL));
+  a.value = static_cast<int64_t>(peaks[ZD_TIER_DEVICE]);
+  a.value2 = static_cast<int64_t>(peaks[ZD_TIER_HOST]);
+  a.value3 = static_cast<int64_t>(peaks[ZD_TIER_NVME]);
   const int64_t t = now_ns();
-  record(EventKind::Counter, "memory", "memory", t, t, a);
+  record(EventKind::Counter, "memory", "memory", memory_from_ns_, memory_from_ns_, a);
+  memory_from_ns_ = t;
 }
 
 int64_t RankProbe::call_entered() {
@@ -76,6 +88,7 @@ void RankProbe::boundary(int64_t applied, int64_t t_end) {
 
 void RankProbe::restart(int64_t applied) {
   step_open_ = false;
+  memory_from_ns_ = 0;
   step_.store(applied + 1, std::memory_order_relaxed);
   counters_->last_boundary_ns.store(0, std::memory_order_relaxed);
 }

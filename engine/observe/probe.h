@@ -38,8 +38,17 @@ class RankProbe {
   void span(const char* cat, const char* name, int64_t t0, int64_t t1, const EventArgs& a = {}) const;
   void async_span(const char* cat, const char* name, int64_t t0, int64_t t1, const EventArgs& a = {}) const;
   void instant(const char* cat, const char* name, const EventArgs& a = {}) const;
-  // Bytes per tier now (a counter track per rank).
-  void memory(const MemoryLedger& ledger) const;
+  // --- the memory counter (a track per rank), from the calling thread ---
+  // At every call's entry, t the call's start when tracing, else 0: the
+  // first traced call starts the counter's first interval (what the ledger
+  // held at its peak before the window is not in the window).
+  void open_memory_interval(MemoryLedger& ledger, int64_t t);
+  // At a traced call's return: the most each tier held since the previous
+  // sample, stamped where that interval began, so the counter reads as the
+  // most held from its time to the next sample's. A buffer allocated and
+  // freed inside a call (zd_step's reduce buffers), or between calls by
+  // the rank's other threads, still shows.
+  void memory(MemoryLedger& ledger);
 
   // --- from the rank's calling thread -------------------------------------
   // A call of a step begins (forward/backward begin or end, zd_step): the
@@ -63,6 +72,7 @@ class RankProbe {
   std::atomic<int64_t> step_{1};
   bool step_open_ = false;  // calling thread only
   int64_t step_open_ns_ = 0;
+  int64_t memory_from_ns_ = 0;  // calling thread only; 0 outside the window
 };
 
 // A span on the calling thread, recorded at its end when the rank is

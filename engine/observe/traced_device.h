@@ -32,6 +32,8 @@ class TracedDevice final : public Device {
   void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
   uint64_t block_align() const override { return d_->block_align(); }
   std::vector<PoolExport> exports() const override { return d_->exports(); }
+  void step_ended() override { d_->step_ended(); }
+  uint64_t pool_resident_bytes() const override { return d_->pool_resident_bytes(); }
   StreamLink stream_link() const override { return d_->stream_link(); }
   void register_host(void* ptr, uint64_t bytes) override { d_->register_host(ptr, bytes); }
   void unregister_host(void* ptr) override { d_->unregister_host(ptr); }

@@ -412,9 +412,10 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad, const zd_o
     if (ops[k].staged && sets[0][k].size() < align_up(T * ops[k].esz, align))
       fail(ZD_ERR_INTERNAL, "an NVMe staging buffer is smaller than a tile");
   // The working copy's tile through the page-locked staging buffer where it
-  // fits (it does at the default tile size), else through pageable memory.
+  // fits (it does at the default tile size), else through the host scratch
+  // (pageable; the plan counts a tile of it: Placement::host_windows).
   std::optional<HostStaging::Lease> work_lease;
-  std::vector<std::byte> work_pageable;
+  HostScratch::Lease work_pageable;
   std::byte* work_scratch = nullptr;
   if (work_via_host) {
     release_upload_ring();  // the same page-locked buffer
@@ -423,7 +424,7 @@ void OptimizerRunner::update_staged(const Piece& pc, std::byte* grad, const zd_o
       work_scratch = work_lease->data();
     } else {
       work_lease.reset();
-      work_pageable.resize(T * wop.esz);
+      work_pageable = res_.transfers.host_scratch().take(T * wop.esz, "an NVMe tile of the working copy");
       work_scratch = work_pageable.data();
     }
   }

@@ -64,6 +64,8 @@ void OverlappedUpdate::start(const OptimizerRunner::PassArgs& a, std::vector<zd_
   if (!any) return;
   first_done_ = first.empty();
   first_ticket_ = 0;
+  ended_ = false;
+  step_ = a.t;
   error_ = nullptr;
   lock.unlock();
   // On the rank's thread: the uploads are ordered after the step's work.
@@ -108,6 +110,8 @@ void OverlappedUpdate::run(OptimizerRunner::PassArgs a, std::vector<zd_module_id
       cv_.notify_all();
     }
     runner_.end_host_updates(/*stream_waits=*/false);
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
   } catch (...) {
     try {
       runner_.end_host_updates(false);
@@ -116,6 +120,7 @@ void OverlappedUpdate::run(OptimizerRunner::PassArgs a, std::vector<zd_module_id
     std::lock_guard<std::mutex> lock(mu_);
     error_ = std::current_exception();
     first_done_ = true;
+    ended_ = true;
     std::fill(done_.begin(), done_.end(), 1);
     cv_.notify_all();
   }
@@ -160,7 +165,12 @@ bool OverlappedUpdate::module_ready(zd_module_id m) {
   if (!running()) return true;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!done_[static_cast<size_t>(m)]) return false;
+    // A failure is left to the rank's own waits, which report it as the
+    // half-applied step it is (Model::wait_update): finish() here would
+    // clear it and throw it bare from the begin call asking, the job not
+    // broken, so a trainer that caught it went on and a final snapshot
+    // saved the half-applied state.
+    if (!done_[static_cast<size_t>(m)] || error_) return false;
   }
   wait_module(m);
   return true;
@@ -169,6 +179,7 @@ bool OverlappedUpdate::module_ready(zd_module_id m) {
 void OverlappedUpdate::await_module(zd_module_id m) {
   uint64_t t;
   std::exception_ptr failed;
+  int64_t step;
   {
     // Not running() (the rank's thread may be joining the worker): the
     // flags alone, which start() sets under the lock before the worker
@@ -177,9 +188,32 @@ void OverlappedUpdate::await_module(zd_module_id m) {
     cv_.wait(lock, [&] { return done_[static_cast<size_t>(m)] != 0; });
     failed = error_;
     t = ticket_[static_cast<size_t>(m)];
+    step = step_;
   }
-  if (failed) std::rethrow_exception(failed);
+  if (failed) {
+    // Broken here, not left to the gather's waiter: a drain of the stream
+    // (a gather ahead short of room settles the buckets) may come to this
+    // failure before the rank's own wait_module does, and would report it
+    // as a failed collective, not as the half-applied step it is.
+    try {
+      std::rethrow_exception(failed);
+    } catch (const Error& e) {
+      ctx_.stopped_part_way(res_.rank, step, e);
+    }
+  }
   res_.device->stream_waits(t);
+}
+
+bool OverlappedUpdate::ended() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ended_;
+}
+
+void OverlappedUpdate::wait_all() {
+  if (!running()) return;
+  if (ended()) return finish();  // nothing left to wait for: no span
+  observe::Span wait(res_.probe, "optimizer", "wait for update", {}, &res_.probe.counters().update_wait_ns);
+  finish();
 }
 
 void OverlappedUpdate::finish() {

@@ -11,9 +11,9 @@
 // Exact: each element gets the arithmetic of the synchronous pass (the
 // update is elementwise; only the order of elements changes), and nothing
 // reads a module's state, master or working copy before its update is done
-// (the model finishes the update before any call other than a forward's or
-// a backward's). tests/engine/overlap_test.cpp compares the two paths bit
-// for bit.
+// (the model finishes the update before any call other than a forward's, a
+// backward's or zd_model_set_lr, whose lr is the next boundary's).
+// tests/engine/overlap_test.cpp compares the two paths bit for bit.
 #pragma once
 
 #include "model/model_context.h"
@@ -51,20 +51,31 @@ class OverlappedUpdate {
   // failure. From the rank's thread.
   void wait_module(zd_module_id m);
   // Like wait_module when m's update is done already; false (nothing
-  // waited) when it is not.
+  // waited) when it is not, or when the update failed: the failure stays
+  // for the rank's next wait_module or wait_all, whose caller reports it as
+  // a step that stopped part-way (Model::wait_update). Never throws, so the
+  // prefetch that asks (Residency) cannot hand the trainer a bare failure.
   bool module_ready(zd_module_id m);
   // From zerod's stream (a gather issued ahead, Residency): waits until m's
-  // update is written, then makes the stream wait for its uploads. A
-  // failed update throws its failure here too; the rank's next wait_module
-  // or finish() reports it to the trainer as before.
+  // update is written, then makes the stream wait for its uploads. Never
+  // blocks past the update's end: a failed update marks every module
+  // written. Its failure breaks the job here as a step that stopped
+  // part-way (ModelContext::stopped_part_way), whichever of the rank's
+  // waits comes to the gather first.
   void await_module(zd_module_id m);
   // wait_module for the parameters start() was given first.
   void wait_first();
   // Waits for the whole update; rethrows its failure once.
   void finish();
+  // finish() for a call the trainer waits in: the time the update was
+  // still running is the trainer's (update_wait_ns, a "wait for update"
+  // span), as a begin call's wait for its module is.
+  void wait_all();
 
  private:
   void run(OptimizerRunner::PassArgs a, std::vector<zd_module_id> order, std::vector<zd_param_id> first);
+  // The worker has written everything it will (a failure included).
+  bool ended();
 
   const ModelContext& ctx_;
   RankResources& res_;
@@ -83,6 +94,8 @@ class OverlappedUpdate {
   std::vector<uint64_t> ticket_;  // per module: its last upload, under mu_
   bool first_done_ = true;        // under mu_
   uint64_t first_ticket_ = 0;     // under mu_
+  bool ended_ = true;             // the worker's last write done (its uploads too), under mu_
+  int64_t step_ = 0;              // the step being applied, for a failure's report; under mu_
   std::exception_ptr error_;      // under mu_
 };
 

@@ -537,7 +537,8 @@ typedef struct zd_memory_figures {
 
 /* Bytes of one kind (or ZD_MEM_ALL) in one tier, for one rank (-1 = the
  * caller's rank). Exact: every allocation zerod makes for model state is
- * counted. */
+ * counted, and so are the host copies it works on where the host cannot
+ * address the device (host buffers; docs/abi.md "Memory figures"). */
 ZD_API zd_status zd_model_memory(const zd_model* model, int32_t rank, zd_tier tier,
                                  zd_mem_kind kind, zd_memory_figures* out);
 

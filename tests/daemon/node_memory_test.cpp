@@ -165,3 +165,20 @@ TEST(NodeMemory, RacingRanksOfTwoModelsNeverSplitEither) {
     ASSERT_EQ(node->held(), 0u);
   }
 }
+
+// `zerod status` writes each model's charge as what it is, the planned
+// state, and beside it the most its ranks held (short-lived buffers
+// included), which the daemon reads from their ledgers.
+TEST(NodeMemory, StatusLinesSayThePlanAndThePeak) {
+  auto node = std::make_shared<server::NodeMemory>(4 * kRankBytes);
+  auto a = node->for_model("job A", 0, false);
+  ASSERT_EQ(admit(*a, 0, needs_of(1)), "");
+  EXPECT_EQ(node->holders({{0, 3 * kRankBytes}}),
+            "  job A, model 0: rank 0, " + format_bytes(kRankBytes) + " planned, peak " + format_bytes(3 * kRankBytes) +
+                "\n");
+  EXPECT_EQ(node->holders(std::map<int, uint64_t>{}),
+            "  job A, model 0: rank 0, " + format_bytes(kRankBytes) + " planned\n")
+      << "a model whose ledgers the daemon cannot read";
+  EXPECT_EQ(node->holders(), "  job A, model 0: rank 0, " + format_bytes(kRankBytes) + "\n") << "as a refusal names it";
+  a->release(0);
+}

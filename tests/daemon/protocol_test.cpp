@@ -460,8 +460,9 @@ TEST_F(MultiJob, StatusSaysWhatTheJobsHold) {
   ASSERT_TRUE(r.has_status()) << r.error().message();
   EXPECT_EQ(r.status().host_memory(), 1u << 20);
   EXPECT_EQ(r.status().host_memory_held(), 0u);
-  EXPECT_NE(server::format_status(r.status()).find("serving 0 jobs; their model state holds 0 B of the 1.00 MiB"),
-            std::string::npos)
+  EXPECT_NE(
+      server::format_status(r.status()).find("serving 0 jobs; their planned model state holds 0 B of the 1.00 MiB"),
+      std::string::npos)
       << server::format_status(r.status());
 }
 

@@ -715,6 +715,110 @@ TEST(CompressingPlan, Stage3ReplayKeepsAWholeCopyOfTheParametersThePlanCounts) {
 }
 
 
+// --- host copies on a device the host cannot address -----------------------
+//
+// On the opaque device (the emulated device, private memory: a GPU's
+// branch) a compressed step's host loops run on host copies of the pool's
+// bytes (HostWindow): the exchange buffer, the error feedback, the kept
+// average and every operand of a planned pass. They are runs of one host
+// scratch per rank, which finalize reserves at the plan's figure
+// (Placement::host_windows, the host row's buffers). They were plain heap
+// memory per copy, which neither the figures nor the host budget saw.
+
+// 1-bit Adam, 0/1 Adam (1-bit gradient steps from update 3) and 1-bit LAMB,
+// compressed from update 3, on the opaque device.
+JobOptions opaque_job(const std::string& opt, int stage) {
+  JobOptions o = opt == "zero_one_adam"
+                     ? options(opt, stage, {{"var_freeze_step", 3}, {"var_update_scaler", 1}, {"local_steps", 0}})
+                     : options(opt, stage, {{"freeze_step", 2}});
+  o.device = "opaque";
+  return o;
+}
+
+// The ledger's host buffers are the plan's from finalize on; after
+// compressed steps their peak is no more (no copy went beyond the scratch)
+// and they are the plan's again (every copy gave its run back). With the
+// optimizer state in the pool the peak holds at least one segment's
+// exchange of the largest tensor (its exchange buffer and worker error
+// feedback, 8 bytes an element); with it in host memory at least the copy
+// of a working copy in the pool that a planned pass writes.
+TEST(CompressingPlan, TheHostCopiesOfAnOpaqueDeviceAreWhatThePlanCounts) {
+  const uint64_t largest = *std::max_element(kSizes.begin(), kSizes.end());
+  for (const std::string opt : {"onebit_adam", "zero_one_adam", "onebit_lamb"})
+    for (int stage : {0, 1, 2, 3})
+      for (zd_tier tier : {ZD_TIER_DEVICE, ZD_TIER_HOST})
+        for (bool replay : {false, true}) {
+          if (replay && stage == 0) continue;  // nothing to replay at stage 0
+          JobOptions o = opaque_job(opt, stage);
+          o.offload.optimizer = tier;
+          o.compression_replay = replay;
+          auto model = make_model(o, 2);
+          std::vector<TierPlan> plans(2);
+          std::vector<uint64_t> at_finalize(2), after(2), peak(2);
+          run_ranks(2, [&](int rank) {
+            const std::vector<zd_param_id> ids = register_tensors(*model, rank);
+            plans[static_cast<size_t>(rank)] = model->plan(rank);
+            model->finalize(rank);
+            at_finalize[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_HOST, ZD_MEM_BUFFERS);
+            train_steps(*model, rank, ids, 4);
+            after[static_cast<size_t>(rank)] = model->ledger(rank).current(ZD_TIER_HOST, ZD_MEM_BUFFERS);
+            peak[static_cast<size_t>(rank)] = model->ledger(rank).peak(ZD_TIER_HOST, ZD_MEM_BUFFERS);
+          });
+          for (size_t rank = 0; rank < 2; ++rank) {
+            const std::string what = opt + ", stage " + std::to_string(stage) + ", optimizer on " +
+                                     tier_name(tier) + (replay ? ", replay" : "") + ", rank " + std::to_string(rank);
+            const uint64_t want = plans[rank].need[ZD_TIER_HOST][ZD_MEM_BUFFERS];
+            EXPECT_EQ(at_finalize[rank], want) << what << ", at finalize";
+            EXPECT_EQ(after[rank], want) << what << ", after compressed steps";
+            EXPECT_EQ(peak[rank], want) << what << ": a host copy went beyond the reserved scratch";
+            if (tier == ZD_TIER_DEVICE)
+              EXPECT_GE(peak[rank], 8 * largest) << what;
+            else
+              EXPECT_GE(peak[rank], 4 * largest / 2) << what;
+          }
+        }
+}
+
+// A host budget below the plan's host copies (the most any rank needs) is
+// refused at finalize, with the plan's table; one that holds them trains,
+// nothing refused at a step, each rank's peak its own plan's.
+TEST(CompressingPlan, AHostBudgetBelowTheHostCopiesIsRefusedAtFinalize) {
+  std::vector<uint64_t> planned(2);
+  {
+    auto model = make_model(opaque_job("onebit_adam", 1), 2);
+    run_ranks(2, [&](int rank) {
+      register_tensors(*model, rank);
+      planned[static_cast<size_t>(rank)] = model->plan(rank).need[ZD_TIER_HOST][ZD_MEM_BUFFERS];
+      model->finalize(rank);
+    });
+  }
+  const uint64_t need = *std::max_element(planned.begin(), planned.end());
+  ASSERT_GT(need, 0u);
+  for (const uint64_t budget : {need - 1, need}) {
+    JobOptions o = opaque_job("onebit_adam", 1);
+    o.host_budget = budget;
+    auto model = make_model(o, 2);
+    run_ranks(2, [&](int rank) {
+      const std::vector<zd_param_id> ids = register_tensors(*model, rank);
+      if (budget < need) {
+        try {
+          model->finalize(rank);
+          ADD_FAILURE() << "rank " << rank << ": a host budget of " << budget << " B finalized, the plan needs "
+                        << need << " B";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ZD_ERR_BUDGET) << e.what();
+          EXPECT_NE(std::string(e.what()).find("<- over budget"), std::string::npos) << e.what();
+        }
+        return;
+      }
+      model->finalize(rank);
+      EXPECT_NO_THROW(train_steps(*model, rank, ids, 4)) << "rank " << rank;
+      EXPECT_EQ(model->ledger(rank).peak(ZD_TIER_HOST, ZD_MEM_ALL), planned[static_cast<size_t>(rank)])
+          << "rank " << rank;
+    });
+  }
+}
+
 // --- resuming: what the optimizer keeps per tensor --------------------------
 //
 // 1-bit LAMB's frozen trust ratios, last factors and momentum scales, and

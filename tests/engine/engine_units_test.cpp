@@ -6,6 +6,7 @@
 #include "runtime/dtype.h"
 #include "error.h"
 #include "grad/grad_math.h"
+#include "memory/host_scratch.h"
 #include "memory/host_staging.h"
 #include "model/rank_resources.h"
 #include "memory/ledger.h"
@@ -18,6 +19,7 @@
 #include <zerod/optim/kernels.h>
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -309,6 +311,55 @@ TEST(DevicePool, BlocksAreZeroedSharedAndAccounted) {
   EXPECT_EQ(l.current(ZD_TIER_DEVICE, ZD_MEM_ALL), 0u);
 }
 
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// A block whose every page is written (resident), as a trainer's would be.
+Block written_block(DevicePool& pool, uint64_t mib) {
+  Block b = pool.allocate(mib * kMiB, ZD_MEM_BUFFERS, "x", false);
+  std::memset(b.ptr, 0x5a, b.bytes);
+  return b;
+}
+
+// The MiB of [from, to) MiB of arena 0 the kernel holds.
+uint64_t resident_mib(const DevicePool& pool, uint64_t from, uint64_t to) {
+  std::vector<unsigned char> in((to - from) * kMiB / 4096);
+  if (mincore(pool.arenas()[0]->base() + from * kMiB, (to - from) * kMiB, in.data()) != 0) return ~uint64_t{0};
+  uint64_t pages = 0;
+  for (unsigned char c : in) pages += c & 1;
+  return pages * 4096 / kMiB;
+}
+
+}  // namespace
+
+// The pool keeps the pages of freed blocks while steps use them (a block
+// freed and handed out again each step is not faulted in again) and gives
+// back, at a step's end, the free pages no block used in that step; live
+// blocks keep theirs.
+TEST(DevicePool, AStepsEndGivesBackTheFreePagesTheStepDidNotUse) {
+  MemoryLedger l;
+  DevicePool pool(l, 64 * kMiB, "test");
+  pool.release(written_block(pool, 14), ZD_MEM_BUFFERS);  // step 1: 14 MiB, as finalize might
+  pool.end_step();
+  EXPECT_EQ(resident_mib(pool, 0, 14), 14u) << "the step used them: they stay";
+  EXPECT_EQ(pool.resident_bytes(), 14 * kMiB);
+  Block live = written_block(pool, 1);  // step 2: a block that outlives it, and a short-lived one
+  pool.release(written_block(pool, 2), ZD_MEM_BUFFERS);
+  pool.end_step();
+  EXPECT_EQ(resident_mib(pool, 0, 3), 3u) << "used in step 2";
+  EXPECT_EQ(resident_mib(pool, 3, 14), 0u) << "not used in step 2: given back";
+  EXPECT_EQ(pool.resident_bytes(), 3 * kMiB);
+  pool.end_step();  // step 3 uses nothing: only the live block keeps its pages
+  EXPECT_EQ(resident_mib(pool, 0, 14), 1u);
+  EXPECT_EQ(live.ptr[kMiB - 1], std::byte{0x5a}) << "a live block's bytes stay";
+  Block again = pool.allocate(13 * kMiB, ZD_MEM_BUFFERS, "x", false);
+  ASSERT_EQ(again.offset, kMiB);
+  for (uint64_t i = 0; i < again.bytes; i += 4096) ASSERT_EQ(again.ptr[i], std::byte{0}) << "given back: zero";
+  pool.release(again, ZD_MEM_BUFFERS);
+  pool.release(live, ZD_MEM_BUFFERS);
+}
+
 TEST(ThreadPool, RunsEveryIndexOnceAndPropagatesErrors) {
   ThreadPool pool(3);
   EXPECT_EQ(pool.size(), 3u);
@@ -571,6 +622,70 @@ TEST(HostStaging, MadeOnceChargedOnceExclusiveAndReleased) {
   EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), uint64_t{1} << 20);
   staging.release();
   EXPECT_EQ(res.ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
+}
+
+// Whether the page holding p is mapped in this process (mincore answers
+// ENOMEM for an address with no mapping).
+bool mapped(const std::byte* p) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  unsigned char resident = 0;
+  return mincore(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) / page * page), 1, &resident) == 0;
+}
+
+// The host scratch is reserved and charged at once, lends 64-byte-aligned
+// runs of itself that never overlap while they live and are reused once
+// they go; a copy it cannot hold gets mapped memory of its own, charged
+// while it lives (the host budget refusing it names it); released, the
+// buffer is unmapped and uncharged, after the last live run where runs are
+// still out.
+TEST(HostScratch, ChargedLentWithoutOverlapOverflowsChargedAndUnmapped) {
+  MemoryLedger ledger;
+  HostScratch scratch(ledger);
+  scratch.reserve(1000);
+  EXPECT_EQ(scratch.reserved(), 1024u);
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u);
+  HostScratch::Lease a = scratch.take(100, "a");
+  HostScratch::Lease b = scratch.take(500, "b");
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % HostScratch::kAlign, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % HostScratch::kAlign, 0u);
+  EXPECT_GE(b.data(), a.data() + 100);
+  std::byte* const first = a.data();
+  a = HostScratch::Lease();  // gone: its run is free again, before b's
+  HostScratch::Lease c = scratch.take(64, "c");
+  EXPECT_EQ(c.data(), first);
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u) << "runs of the buffer are charged with it";
+  // 576 B of 1024 are out: 600 more go beyond it, charged while they live.
+  {
+    HostScratch::Lease over = scratch.take(600, "the test's big copy");
+    ASSERT_NE(over.data(), nullptr);
+    std::memset(over.data(), 1, 600);
+    EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u + 640u);
+  }
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u);
+  ledger.set_budget(ZD_TIER_HOST, 1500);
+  try {
+    scratch.take(600, "the test's big copy");
+    ADD_FAILURE() << "a copy past the host budget was lent";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_BUDGET);
+    EXPECT_NE(std::string(e.what()).find("the test's big copy"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u);
+  // Released while b and c are out: it goes once they do.
+  std::byte* const buffer = c.data();
+  scratch.release();
+  EXPECT_TRUE(mapped(buffer));
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 1024u);
+  b = HostScratch::Lease();
+  c = HostScratch::Lease();
+  EXPECT_FALSE(mapped(buffer)) << "the buffer's memory went back to the system";
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
+  EXPECT_EQ(scratch.reserved(), 0u);
+  // A reserve the budget refuses holds nothing.
+  EXPECT_THROW(scratch.reserve(2000), Error);
+  EXPECT_EQ(ledger.current(ZD_TIER_HOST, ZD_MEM_BUFFERS), 0u);
+  EXPECT_EQ(scratch.reserved(), 0u);
 }
 
 // Gradients leaving a device the host cannot address (the emulated one,

@@ -15,10 +15,20 @@
 #include "device/select.h"
 #include "runtime/dtype.h"
 
-#include <cmath>
-#include <filesystem>
+#include "observe/tracer.h"
+
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 using namespace zerod_test;
@@ -43,6 +53,9 @@ struct Case {
   // handed to the accumulators already, and the second sum must not be lost
   // to that settle's zero of the range.
   bool backward_twice = false;
+  // The trainer sets each step's lr (zd_model_set_lr) right after the step
+  // before returns, the next update still running (docs/abi.md's pattern).
+  bool set_lr = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -57,6 +70,7 @@ bool overlaps(const Case& c, const std::string& device) {
 struct Result {
   std::vector<std::vector<float>> seen;  // every working copy every forward saw, in order
   std::vector<double> norms;             // the step figures
+  std::vector<double> lrs;
   std::vector<int> skipped;
   std::vector<std::vector<float>> params;
   uint64_t overlapped = 0;
@@ -91,6 +105,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
     Device& d = const_cast<Device&>(model->device(rank));
     const std::vector<zd_param_id> ids = register_sine_modules(*model, rank, kSizes, c.precision);
     for (int s = 0; s < kSteps; ++s) {
+      if (c.set_lr) model->set_lr(rank, 1e-2 / (1 + s));
       if (s == 3) {
         // Between steps: a checkpoint out and back in changes nothing.
         model->save_checkpoint(rank, ckpt_dir);
@@ -122,6 +137,7 @@ Result train(const Case& c, const std::string& device, bool overlap, OffloadConf
           for (auto& x : w) out.seen.push_back(std::move(x));
           if (f.boundary) {
             out.norms.push_back(f.grad_norm);
+            out.lrs.push_back(f.lr);
             out.skipped.push_back(f.skipped ? 1 : 0);
           }
         }
@@ -174,6 +190,10 @@ TEST_P(Overlap, GivesTheBitsOfTheSynchronousUpdate) {
   for (size_t i = 0; i < sync.seen.size(); ++i)
     ASSERT_TRUE(sync.seen[i] == over.seen[i]) << c.name << ": forward " << i << " saw other values";
   EXPECT_TRUE(same_bits(sync.norms, over.norms)) << c.name;
+  EXPECT_TRUE(same_bits(sync.lrs, over.lrs)) << c.name;
+  if (c.set_lr) {
+    EXPECT_EQ(over.lrs.back(), 1e-2 / kSteps) << c.name << ": the updates took the lr the trainer set";
+  }
   EXPECT_EQ(sync.skipped, over.skipped) << c.name;
   if (c.overflow) {
     EXPECT_EQ(over.skipped[4], 1) << c.name << ": the overflow skipped step 5";
@@ -334,6 +354,279 @@ TEST(OverlapCounters, TheForwardsWaitForTheUpdateIsCounted) {
   EXPECT_EQ(overlapped, 0u);
   EXPECT_GT(update_wait_ns(true, &overlapped), 0u) << "begins right after the step wait for their module";
   EXPECT_EQ(overlapped, 6u) << "every step's update ran behind it";
+}
+
+// A trainer that sets each step's lr right after the step before returns
+// (its own schedule): the update still running took its lr at its boundary,
+// and the next takes the one set. On one rank and on two (where the call is
+// a collective), at stages 0 and 3, with accumulation.
+INSTANTIATE_TEST_SUITE_P(
+    SetLr, Overlap,
+    ::testing::Combine(
+        ::testing::Values("cpu", "opaque"),
+        ::testing::Values(
+            Case{.name = "stage0_host_f32_set_lr", .stage = 0, .params = ZD_TIER_DEVICE, .optimizer = ZD_TIER_HOST,
+                 .precision = ZD_DTYPE_F32, .set_lr = true},
+            Case{.name = "stage3_params_host_bf16_accumulation_set_lr", .stage = 3, .params = ZD_TIER_HOST,
+                 .optimizer = ZD_TIER_HOST, .precision = ZD_DTYPE_BF16, .accumulation = 2, .set_lr = true},
+            Case{.name = "stage0_host_f32_2ranks_set_lr", .stage = 0, .params = ZD_TIER_DEVICE,
+                 .optimizer = ZD_TIER_HOST, .precision = ZD_DTYPE_F32, .world = 2, .set_lr = true},
+            Case{.name = "stage3_host_f32_2ranks_set_lr", .stage = 3, .params = ZD_TIER_DEVICE,
+                 .optimizer = ZD_TIER_HOST, .precision = ZD_DTYPE_F32, .world = 2, .can_overlap = false,
+                 .set_lr = true})),
+    [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).name; });
+
+// A call right after zd_step, while the update runs behind it:
+// zd_model_set_lr (a trainer's own schedule, set before each step's first
+// micro-batch) or a parameter read, which waits for the whole update. The
+// update is long (three modules of 2^21 fp32 elements, Adam on one thread);
+// what the calls took, what the update took (optimizer_ns), and what the
+// trainer was counted as waiting for it.
+struct AfterStep {
+  double calls_ns = 0;
+  double update_ns = 0;
+  double wait_ns = 0;
+};
+
+AfterStep call_after_each_step(bool set_lr) {
+  JobOptions o;
+  o.threads = 1;
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.offload.overlap = true;
+  auto model = make_model(o, 1);
+  const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, {1 << 21, 1 << 21, 1 << 21}, ZD_DTYPE_F32);
+  std::vector<float> read(1 << 21);
+  AfterStep out;
+  for (int s = 0; s < 5; ++s) {
+    for (zd_module_id m = 0; m < 3; ++m) {
+      model->forward_begin(0, m);
+      model->forward_end(0, m);
+    }
+    for (zd_module_id m = 3; m-- > 0;) {
+      model->backward_begin(0, m);
+      model->backward_end(0, m);
+    }
+    model->step(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (set_lr)
+      model->set_lr(0, 1e-3 / (1 + s));
+    else
+      model->read_param(0, ids[2], ZD_DTYPE_F32, read.data(), read.size() * 4);
+    out.calls_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const observe::RankCounters& c = model->counters(0);
+  EXPECT_EQ(c.overlapped_updates.load(), 5u);
+  out.update_ns = static_cast<double>(c.optimizer_ns[ZD_TIER_HOST].load());
+  out.wait_ns = static_cast<double>(c.update_wait_ns.load());
+  return out;
+}
+
+// The update behind the step took its lr at the boundary; set_lr sets the
+// next one's, so it does not wait for that update (it waited for all of
+// it, and the overlap was lost for every trainer that sets its own lr).
+TEST(OverlapCounters, SetLrRightAfterTheStepDoesNotWaitForTheUpdate) {
+  const AfterStep r = call_after_each_step(true);
+  EXPECT_LT(r.calls_ns, 0.25 * r.update_ns) << "set_lr waited for the update behind the step";
+  // Whatever it waited is counted.
+  EXPECT_GE(r.wait_ns + 1e6, r.calls_ns);
+}
+
+// A call that reads what the update writes waits for all of it, and that
+// wait is the trainer's as a begin call's is: counted, and a "wait for
+// update" span on the timeline (docs/offload.md).
+TEST(OverlapCounters, AWaitForTheWholeUpdateIsCounted) {
+  const AfterStep r = call_after_each_step(false);
+  EXPECT_GT(r.calls_ns, 0.5 * r.update_ns) << "the reads came while the updates ran";
+  EXPECT_GT(r.wait_ns, 0.5 * r.update_ns) << "the reads' waits for the update were not counted";
+  EXPECT_LE(r.wait_ns, r.calls_ns);
+}
+
+// An overlapped update that fails is a step that stopped part-way, as a
+// synchronous one is, whichever of the rank's waits comes to the failure
+// first: the job breaks, half_applied_step() says which step, every later
+// call fails saying so, and no final snapshot saves the half-applied state.
+// On the emulated device, whose upload of module 1's new working copy
+// fails in the third update (stage 3, the optimizer on the host).
+struct Faults {
+  std::atomic<bool> armed{false};
+  std::atomic<int> uploads{0};  // the update thread's, since armed
+  static constexpr int kFailAt = 2;  // module 0's goes, module 1's fails
+  // The failing upload waits until the trainer releases it; the trainer's
+  // next gather, when held, waits until the failed update has ended.
+  bool wait_for_release = false;
+  std::atomic<bool> hold_gather{false};
+  bool held = false;  // the held gather saw the update end
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  bool update_ended = false;
+
+  void set(bool Faults::*flag) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      this->*flag = true;
+    }
+    cv.notify_all();
+  }
+  bool wait(bool Faults::*flag) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return this->*flag; });
+  }
+};
+
+// Runs `at_exit` as the thread ends: on the update's thread, once its
+// failure is recorded (OverlappedUpdate::run returned).
+struct AtThreadExit {
+  std::function<void()> at_exit;
+  ~AtThreadExit() {
+    if (at_exit) at_exit();
+  }
+};
+thread_local AtThreadExit this_thread_exit;
+
+class FailingUpload final : public EmulatedDevice {
+ public:
+  FailingUpload(MemoryLedger& ledger, Workers& workers, Faults& f)
+      : EmulatedDevice(ledger, workers, /*exported=*/false, "opaque"), f_(f) {}
+  const char* name() const override { return "opaque"; }
+
+  uint64_t upload(void* dst, const void* src, uint64_t n) override {
+    if (f_.armed && std::strcmp(observe::thread_role(), "optimizer") == 0 && ++f_.uploads == Faults::kFailAt) {
+      if (f_.wait_for_release) f_.wait(&Faults::released);
+      this_thread_exit.at_exit = [&f = f_] { f.set(&Faults::update_ended); };
+      fail(ZD_ERR_IO, "injected: the upload of module 1's new working copy failed");
+    }
+    return EmulatedDevice::upload(dst, src, n);
+  }
+  // A begin call's gather of its own module, on the trainer's thread: after
+  // the begin waited for its module's update, before it asks whether the
+  // next one's is done (Residency::make_resident's prefetch).
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    if (std::strcmp(observe::thread_role(), "calls") == 0 && f_.hold_gather.exchange(false))
+      f_.held = f_.wait(&Faults::update_ended);
+    return EmulatedDevice::allocate_for_overwrite(bytes, kind, what);
+  }
+
+ private:
+  Faults& f_;
+};
+
+class OverlapFailure : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    snapshots_ = std::filesystem::temp_directory_path() /
+                 ("zerod-overlap-failure-" + std::to_string(getpid()) + "-" +
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(snapshots_);
+    JobOptions o;
+    o.stage = 3;
+    o.offload.optimizer = ZD_TIER_HOST;
+    o.offload.overlap = true;
+    o.zero_hparams = {{"param_persistence_threshold", 0}};
+    o.snapshot.path = snapshots_.string();
+    o.snapshot.every = 0;  // only at the end: no step keeps its update inside zd_step for a snapshot
+    o.device_factory = [this](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+      return std::unique_ptr<Device>(std::make_unique<FailingUpload>(ledger, workers, faults_));
+    };
+    model_ = make_model(o, 1);
+    register_sine_modules(*model_, 0, {4000, 4000, 4000}, ZD_DTYPE_F32);
+  }
+  void TearDown() override {
+    model_.reset();
+    std::filesystem::remove_all(snapshots_);
+  }
+
+  // Two steps, then a third whose update fails behind it; the forward that
+  // follows has its modules gathered ahead (the recorded order).
+  void fail_the_third_update() {
+    for (int s = 0; s < 3; ++s) {
+      window();
+      if (s == 2) faults_.armed = true;  // the update before is over: the window's begins waited for it
+      model_->step(0);
+    }
+  }
+  void window() {
+    for (zd_module_id m = 0; m < 3; ++m) {
+      model_->forward_begin(0, m);
+      model_->forward_end(0, m);
+    }
+    for (zd_module_id m = 3; m-- > 0;) {
+      model_->backward_begin(0, m);
+      model_->backward_end(0, m);
+    }
+  }
+  // A trainer that catches each failure and goes on: what each call threw.
+  std::vector<std::string> go_on_regardless() {
+    std::vector<std::string> thrown;
+    auto attempt = [&](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        thrown.emplace_back(e.what());
+      }
+    };
+    for (zd_module_id m = 0; m < 3; ++m) {
+      attempt([&] { model_->forward_begin(0, m); });
+      attempt([&] { model_->forward_end(0, m); });
+    }
+    attempt([&] { model_->step(0); });
+    return thrown;
+  }
+  void expect_stopped_part_way(const std::vector<std::string>& thrown) {
+    const std::optional<Error> half = model_->half_applied_step();
+    ASSERT_TRUE(half.has_value()) << "the failed update did not mark its step half applied";
+    EXPECT_EQ(half->code(), ZD_ERR_IO);
+    EXPECT_NE(std::string(half->what()).find("injected"), std::string::npos) << half->what();
+    EXPECT_NE(std::string(half->what()).find("the optimizer step 3 stopped part-way"), std::string::npos)
+        << half->what();
+    EXPECT_FALSE(model_->broken_reason().empty());
+    ASSERT_FALSE(thrown.empty());
+    for (const std::string& e : thrown) EXPECT_NE(e.find("stopped part-way"), std::string::npos) << e;
+    model_->final_snapshot();
+    if (!std::filesystem::exists(snapshots_)) return;
+    for (const auto& e : std::filesystem::directory_iterator(snapshots_)) {
+      EXPECT_NE(e.path().filename().string().rfind("step-", 0), 0u) << "a snapshot was saved: " << e.path();
+    }
+  }
+
+  std::filesystem::path snapshots_;
+  Faults faults_;  // outlives the model, whose device holds it
+  std::unique_ptr<Model> model_;
+};
+
+// The failure lands while forward_begin(0) gathers module 0, after it
+// waited for module 0's update: its prefetch finds module 1's update done,
+// and failed. (It threw the failure bare and cleared it: the job went on,
+// and the final snapshot saved the half-applied step.)
+TEST_F(OverlapFailure, AFailureTheBeginsPrefetchFindsIsAStepThatStoppedPartWay) {
+  fail_the_third_update();
+  faults_.hold_gather = true;
+  const std::vector<std::string> thrown = go_on_regardless();
+  EXPECT_TRUE(faults_.held) << "the update did not fail while the begin gathered";
+  expect_stopped_part_way(thrown);
+}
+
+// The failure lands after the prefetch issued module 1's gather, which
+// waits for the update on zerod's stream: the job breaks from there, before
+// the trainer's next call (a wait for the stream, a drain, may come to the
+// failure before the rank's own wait for module 1 does).
+TEST_F(OverlapFailure, AFailureAGatherAheadWaitsForBreaksTheJobAtOnce) {
+  faults_.wait_for_release = true;
+  fail_the_third_update();
+  model_->forward_begin(0, 0);  // module 0's update is done; module 1's gather waits for its update
+  faults_.set(&Faults::released);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!model_->half_applied_step() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(model_->half_applied_step().has_value()) << "the gather's wait left the failure unreported";
+  std::vector<std::string> thrown;
+  try {
+    model_->forward_end(0, 0);
+  } catch (const Error& e) {
+    thrown.emplace_back(e.what());
+  }
+  expect_stopped_part_way(thrown);
 }
 
 // A group's optimizer split between the device and the host (offload.ratio),

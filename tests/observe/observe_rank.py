@@ -3,7 +3,8 @@ torch): a chain of four linear modules fitted to a fixed target, each step
 reported to zerod (tokens, samples, loss). With OBSERVE_PAUSE_AT=k and
 OBSERVE_GO=path it stops after step k until that file exists, so a test
 can scrape the daemon's metrics and watch `zerod top` while the job is
-alive and between steps.
+alive and between steps. At the end it prints its device and host tiers'
+peaks.
 
     observe_rank.py STEPS
 """
@@ -14,7 +15,7 @@ import time
 import numpy as np
 
 import zerod
-from zerod import Dtype
+from zerod import Dtype, Tier
 
 steps = int(sys.argv[1])
 pause_at = int(os.environ.get("OBSERVE_PAUSE_AT", "0"))
@@ -52,3 +53,5 @@ for step in range(1, steps + 1):
         while not os.path.exists(go) and time.time() < deadline:
             time.sleep(0.05)
 print(f"done {steps} steps, loss {loss:.6f}", flush=True)
+print(f"rank {client.rank} device peak {model.memory(Tier.DEVICE).peak} host peak {model.memory(Tier.HOST).peak}",
+      flush=True)

@@ -102,6 +102,12 @@ def check_figures(ms):
         assert value(ms, "zerod_memory_bytes", tier="host", kind="optimizer", **r) == 2 * 4 * 64 * 64 * 4 / 2
         assert value(ms, "zerod_memory_peak_bytes", tier="device", **r) > 0
         assert value(ms, "zerod_memory_budget_bytes", tier="host", **r) == 64 << 20
+        # The cpu device's pool in pages: at least its live blocks, at most its peak and the
+        # pages the blocks share with free space (a few KiB blocks, 4 KiB pages).
+        device_now = sum(value(ms, "zerod_memory_bytes", tier="device", kind=k, **r)
+                         for k in ("params", "grads", "master", "optimizer", "buffers"))
+        resident = value(ms, "zerod_device_pool_resident_bytes", **r)
+        assert device_now <= resident <= value(ms, "zerod_memory_peak_bytes", tier="device", **r) + (64 << 10)
         # Every rank in this daemon on the local plugin and the cpu device: stage 3's gathers copy
         # the peers' shards one-sided, without the plugin, and still count as the all-gathers they
         # replace. A gather sends this rank's shard of a module (64x64 f32 / 2 ranks) to the other
@@ -244,6 +250,88 @@ def test_trace_and_plots_of_a_reporting_trainer(tmp_path):
         colors = {tuple(c) for c in flat[::37]}
         assert len(colors) > 20, f"{p}: {len(colors)} colours"
         assert (flat.sum(axis=1) < 600).mean() > 0.02, f"{p} is nearly blank"
+
+
+def test_the_traced_memory_reaches_the_ledgers_peak(tmp_path):
+    """Stage 2 allocates its reduce buffers inside zd_step and frees them
+    before it returns: the trace's memory counter still reaches each rank's
+    ledger peak (it holds the most held between two calls' returns)."""
+    trace = str(tmp_path / "trace.json")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (BINDINGS, os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1")
+    out = subprocess.run([ZEROD, "run", "--nproc", "2", "--trace", trace, "--job",
+                          os.path.join(HERE, "jobs", "stage2_every_step.lua"), "--", sys.executable,
+                          os.path.join(HERE, "observe_rank.py"), "3"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    peaks = {int(r): int(b) for r, b in re.findall(r"rank (\d) device peak (\d+)", out.stdout)}
+    assert sorted(peaks) == [0, 1], out.stdout
+    from zerod import trace as ztrace
+    tr = ztrace.load(trace)
+    assert ztrace.check(tr) == []
+    for rank, peak in peaks.items():
+        traced = max(point["device"] for _, point in tr.memory(rank))
+        assert traced == peak, f"rank {rank}: the trace's device curve peaks at {traced} B, the ledger at {peak} B"
+
+
+def format_bytes(b):
+    """zerod's way of writing bytes (kit/include/zerod/kit/text.h), two decimals."""
+    if b < 1024:
+        return f"{b} B"
+    v, unit = b / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if v < 1024:
+            break
+        v, unit = v / 1024, bigger
+    return f"{v:.2f} {unit}"
+
+
+def test_status_shows_a_jobs_plan_and_its_peak(tmp_path):
+    """`zerod serve --jobs` charges a model's planned state against
+    --host-memory; at stage 2 with two micro-batches a step the steps also
+    allocate short-lived buffers in the device tier, host RAM on the cpu
+    device, which the plan does not hold. `zerod status` says the charge is
+    the plan and shows beside it the peak the ranks reached."""
+    sock = str(tmp_path / "serve.sock")
+    go = str(tmp_path / "go")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (BINDINGS, os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1")
+    for v in ("ZEROD_ENDPOINT", "ZEROD_RANK", "ZEROD_WORLD_SIZE", "ZEROD_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(v, None)
+    serve = subprocess.Popen([ZEROD, "serve", "--jobs", "--socket", sock], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    rank = None
+    try:
+        deadline = time.time() + 10
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(sock), "zerod serve --jobs did not listen"
+        rank_env = dict(env, ZEROD_ENDPOINT="unix:" + sock, OBSERVE_PAUSE_AT="4", OBSERVE_GO=go,
+                        ZEROD_JOB=os.path.join(HERE, "jobs", "stage2_accumulating.lua"))
+        rank = subprocess.Popen([sys.executable, os.path.join(HERE, "observe_rank.py"), "6"], env=rank_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = rank.stdout.readline()
+        assert "paused at step 4" in line, line + rank.stdout.read()
+        status = subprocess.run([ZEROD, "status", "--socket", sock], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        open(go, "w").close()
+        out = rank.stdout.read()
+        assert rank.wait(timeout=60) == 0, out
+    finally:
+        if rank and rank.poll() is None:
+            rank.kill()
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)
+    assert "serving 1 job; their planned model state holds" in status.stdout, status.stdout
+    m = re.search(r"model 0: rank 0, (\d+\.\d\d \w+) planned, peak (\d+\.\d\d \w+)\n", status.stdout)
+    assert m, status.stdout
+    device, host = map(int, re.search(r"device peak (\d+) host peak (\d+)", out).groups())
+    assert m.group(2) == format_bytes(device + host), f"the ledger's peaks: {device} + {host} B\n{status.stdout}"
+    planned = re.search(r"holds (\d+\.\d\d \w+) of", status.stdout).group(1)
+    assert m.group(1) == planned
+    to_bytes = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    number = lambda text: float(text.split()[0]) * to_bytes[text.split()[1]]
+    assert number(m.group(2)) > number(m.group(1)), "the steps' buffers come beside the plan:\n" + status.stdout
 
 
 # --- the trace of an embedded model (one rank, in this process) -------------

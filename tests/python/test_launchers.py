@@ -172,7 +172,7 @@ def test_two_launches_share_one_serve_jobs(reference, tmp_path):
         assert not daemons(env), "the ranks started a daemon of their own beside the one they were pointed at"
         status = subprocess.run([ZEROD, "status", "--socket", sock], env=env, capture_output=True, text=True)
         assert status.returncode == 0, status.stderr
-        assert "serving 0 jobs; their model state holds 0 B" in status.stdout, status.stdout
+        assert "serving 0 jobs; their planned model state holds 0 B" in status.stdout, status.stdout
     finally:
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=30)

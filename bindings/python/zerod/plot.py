@@ -1,6 +1,7 @@
 """Draws a zerod trace (docs/observability.md) as PNGs:
 
-  <name>-memory.png  bytes per tier over the recorded steps, per rank
+  <name>-memory.png  bytes per tier over the recorded steps (the most held
+                     between two calls' returns), per rank
   <name>-steps.png   each step's time by what the rank did: its own compute,
                      waiting for gathers, reductions, the optimizer, NVMe
   <name>-loss.png    the loss the trainer reported (zd_model_report), per step

@@ -45,7 +45,10 @@ class Trace:
             yield e
 
     def memory(self, rank):
-        """[(ts_us, {"device": bytes, "host": bytes, "nvme": bytes})] in time order."""
+        """[(ts_us, {"device": bytes, "host": bytes, "nvme": bytes})] in time order: the most
+        each tier held from ts_us until the rank's next point (a buffer that
+        came and went inside a call counts), so a step plot drawn "post" is
+        the curve."""
         pts = [(e["ts"], e["args"]) for e in self.events
                if e.get("ph") == "C" and e.get("name") == "memory" and e["pid"] == rank]
         return sorted(pts, key=lambda p: p[0])
