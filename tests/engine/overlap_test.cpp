@@ -456,11 +456,16 @@ struct Faults {
   bool wait_for_release = false;
   std::atomic<bool> hold_gather{false};
   bool held = false;  // the held gather saw the update end
+  // The failing upload waits until the held gather has begun, so the
+  // failure lands inside it whatever the machine's load (without this, a
+  // loaded machine's update could fail before the begin reached its gather).
+  bool fail_while_gathering = false;
 
   std::mutex mu;
   std::condition_variable cv;
   bool released = false;
   bool update_ended = false;
+  bool gather_reached = false;
 
   void set(bool Faults::*flag) {
     {
@@ -494,6 +499,7 @@ class FailingUpload final : public EmulatedDevice {
   uint64_t upload(void* dst, const void* src, uint64_t n) override {
     if (f_.armed && std::strcmp(observe::thread_role(), "optimizer") == 0 && ++f_.uploads == Faults::kFailAt) {
       if (f_.wait_for_release) f_.wait(&Faults::released);
+      if (f_.fail_while_gathering) f_.wait(&Faults::gather_reached);
       this_thread_exit.at_exit = [&f = f_] { f.set(&Faults::update_ended); };
       fail(ZD_ERR_IO, "injected: the upload of module 1's new working copy failed");
     }
@@ -503,8 +509,10 @@ class FailingUpload final : public EmulatedDevice {
   // the begin waited for its module's update, before it asks whether the
   // next one's is done (Residency::make_resident's prefetch).
   Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
-    if (std::strcmp(observe::thread_role(), "calls") == 0 && f_.hold_gather.exchange(false))
+    if (std::strcmp(observe::thread_role(), "calls") == 0 && f_.hold_gather.exchange(false)) {
+      f_.set(&Faults::gather_reached);
       f_.held = f_.wait(&Faults::update_ended);
+    }
     return EmulatedDevice::allocate_for_overwrite(bytes, kind, what);
   }
 
@@ -600,6 +608,7 @@ class OverlapFailure : public ::testing::Test {
 // and failed. (It threw the failure bare and cleared it: the job went on,
 // and the final snapshot saved the half-applied step.)
 TEST_F(OverlapFailure, AFailureTheBeginsPrefetchFindsIsAStepThatStoppedPartWay) {
+  faults_.fail_while_gathering = true;
   fail_the_third_update();
   faults_.hold_gather = true;
   const std::vector<std::string> thrown = go_on_regardless();
