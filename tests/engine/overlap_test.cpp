@@ -319,6 +319,19 @@ TEST_P(OverlapPaces, PrefetchDoesNotDependOnTheUpdatesProgress) {
 INSTANTIATE_TEST_SUITE_P(Ranks, OverlapPaces, ::testing::Values(1, 2),
                          [](const auto& p) { return std::to_string(p.param) + (p.param == 1 ? "rank" : "ranks"); });
 
+// One micro-batch of rank 0 over modules 0..count-1: each forward in
+// order, then each backward in reverse.
+void forward_and_backward(Model& model, zd_module_id count) {
+  for (zd_module_id m = 0; m < count; ++m) {
+    model.forward_begin(0, m);
+    model.forward_end(0, m);
+  }
+  for (zd_module_id m = count; m-- > 0;) {
+    model.backward_begin(0, m);
+    model.backward_end(0, m);
+  }
+}
+
 // What the overlapped update leaves exposed is counted (update_wait_ns, the
 // metrics' zerod_update_wait_seconds_total, `zerod top`'s "update wait"): a
 // trainer that begins each forward as soon as zd_step returns finds its
@@ -334,14 +347,7 @@ uint64_t update_wait_ns(bool overlap, uint64_t* overlapped) {
   auto model = make_model(o, 1);
   const std::vector<zd_param_id> ids = register_sine_modules(*model, 0, {1 << 20, 1 << 20, 1 << 20}, ZD_DTYPE_F32);
   for (int s = 0; s < 6; ++s) {
-    for (zd_module_id m = 0; m < 3; ++m) {
-      model->forward_begin(0, m);
-      model->forward_end(0, m);
-    }
-    for (zd_module_id m = 3; m-- > 0;) {
-      model->backward_begin(0, m);
-      model->backward_end(0, m);
-    }
+    forward_and_backward(*model, 3);
     model->step(0);
   }
   *overlapped = model->counters(0).overlapped_updates.load();
@@ -398,14 +404,7 @@ AfterStep call_after_each_step(bool set_lr) {
   std::vector<float> read(1 << 21);
   AfterStep out;
   for (int s = 0; s < 5; ++s) {
-    for (zd_module_id m = 0; m < 3; ++m) {
-      model->forward_begin(0, m);
-      model->forward_end(0, m);
-    }
-    for (zd_module_id m = 3; m-- > 0;) {
-      model->backward_begin(0, m);
-      model->backward_end(0, m);
-    }
+    forward_and_backward(*model, 3);
     model->step(0);
     const auto t0 = std::chrono::steady_clock::now();
     if (set_lr)
@@ -554,16 +553,7 @@ class OverlapFailure : public ::testing::Test {
       model_->step(0);
     }
   }
-  void window() {
-    for (zd_module_id m = 0; m < 3; ++m) {
-      model_->forward_begin(0, m);
-      model_->forward_end(0, m);
-    }
-    for (zd_module_id m = 3; m-- > 0;) {
-      model_->backward_begin(0, m);
-      model_->backward_end(0, m);
-    }
-  }
+  void window() { forward_and_backward(*model_, 3); }
   // A trainer that catches each failure and goes on: what each call threw.
   std::vector<std::string> go_on_regardless() {
     std::vector<std::string> thrown;
