@@ -5,6 +5,10 @@ gpt.py on the Zen of Python, configured by a DeepSpeed JSON config.
     build/bin/zerod run --nproc 2 --job examples/python/ds_config.json -- \
         python3 examples/python/train_deepspeed.py examples/python/ds_config.json
 
+The checkpoint at the end goes into the directory given after the config,
+else into a new one of the run's own in the temporary directory (TMPDIR,
+else /tmp), which it prints.
+
 With `import deepspeed` instead (and `deepspeed examples/python/train_deepspeed.py ...`)
 it is the same script under DeepSpeed.
 """
@@ -13,6 +17,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -51,12 +56,33 @@ def scheduled_steps(config):
     return config["scheduler"]["params"]["total_num_steps"]
 
 
-def main(config):
+def checkpoint_dir(engine, given=None):
+    """Where the checkpoint goes, the same directory on every rank: `given`,
+    else one of this run's own. A fixed path (it was /tmp/zerod-ds-example)
+    is another run's at the same time, or one left there by another user
+    that this one cannot write. One rank makes a new one; the ranks of
+    `zerod run` name theirs for the run (ZEROD_RUN_ID: random, and the same
+    on every rank, so that no rank has to tell the others the name)."""
+    if given:
+        return given
+    if engine.dp_world_size == 1:
+        return tempfile.mkdtemp(prefix="zerod-ds-example-")
+    run = os.environ.get("ZEROD_RUN_ID")
+    if not run:
+        sys.exit(f"{engine.dp_world_size} ranks outside `zerod run`: give the checkpoint's directory, the same for "
+                 "every rank, after the config")
+    path = os.path.join(tempfile.gettempdir(), f"zerod-ds-example-{run}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def main(config, save_dir=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=BLOCK, n_layer=2, n_head=2, n_embd=64))
     engine, optimizer, loader, scheduler = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config, training_data=Windows())
+    save_dir = checkpoint_dir(engine, save_dir)  # before training: it may refuse
     steps = scheduled_steps(config)
     while engine.global_steps < steps:  # epochs, as many as the schedule takes
         for i, (x, y) in enumerate(loader):
@@ -69,10 +95,12 @@ def main(config):
                 print(f"step {engine.global_steps} loss {loss.item():.4f} lr {engine.get_lr()[0]:.2e}", flush=True)
             if done:
                 break
-    engine.save_checkpoint("/tmp/zerod-ds-example")
+    engine.save_checkpoint(save_dir)
     if engine.global_rank == 0:
-        print(f"saved /tmp/zerod-ds-example/{open('/tmp/zerod-ds-example/latest').read()}")
+        with open(os.path.join(save_dir, "latest")) as f:
+            print(f"saved {os.path.join(save_dir, f.read())}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "ds_config.json"))
+    main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "ds_config.json"),
+         sys.argv[2] if len(sys.argv) > 2 else None)

@@ -3,8 +3,10 @@ that need ranks. Run from the repository root with
     PYTHONPATH=bindings/python /usr/bin/python3 -m pytest -q tests/python
 (ctest sets PYTHONPATH, ZEROD_LIB and PATH itself).
 """
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +45,27 @@ def zerod_run(nproc, job, script, *args, timeout=240, env=None):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
                        env=env or rank_env())
     return p.returncode, split_ranks(p.stdout), p.stdout
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A free TCP port, kept from other processes' sockets while the block
+    runs, for a child process to listen on (MASTER_PORT): `with
+    reserved_port() as port:` around the child's whole run.
+
+    A port only looked up (bind to port 0, close) is anyone's again at once:
+    on a loaded machine (a parallel ctest run, other tests' gloo
+    connections) the kernel can hand it to another socket before the child
+    binds it, seconds later, and the child fails with "address already in
+    use". Held bound on every address with SO_REUSEADDR and never listening,
+    the port is skipped when the kernel picks one for a bind to port 0 or a
+    connect, and a bind of it without SO_REUSEADDR fails; the child's
+    listener (torch's TCPStore, zerod's rendezvous: SO_REUSEADDR both) still
+    binds and listens on it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", 0))
+        yield s.getsockname()[1]
 
 
 def serve(nproc, job, sock):

@@ -572,21 +572,6 @@ def _node_env(tmp_path, node, **extra):
     return env
 
 
-def _reserved_port():
-    """A socket bound to a free port of 127.0.0.1, to keep open while the
-    ranks run. A port only looked up and closed (bind, close) could be
-    handed to another process's socket before rank 0's TCPStore binds it
-    seconds later (a busy machine, other tests' gloo connections); held
-    with SO_REUSEADDR and never listening, it is given to no other socket,
-    and the TCPStore (SO_REUSEADDR too) still binds and listens on it."""
-    import socket
-
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
-    return s
-
-
 def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
     """Two nodes of one rank each (zerod/_gloo.py): ZerodAccelerator's gloo
     group meets at MASTER_ADDR:MASTER_PORT, not in a store file beside each
@@ -598,6 +583,8 @@ def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
     import sys
     import textwrap
 
+    from conftest import reserved_port
+
     code = textwrap.dedent("""
         import os, torch
         from zerod.accelerate import _join_zerod_ranks
@@ -606,22 +593,21 @@ def test_ranks_on_two_nodes_meet_at_master_addr_and_port(tmp_path):
         torch.distributed.all_reduce(t)
         print("local_world_size", os.environ["LOCAL_WORLD_SIZE"], "sum", int(t.item()))
     """)
-    port = _reserved_port()
-    master = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port.getsockname()[1]))
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=_node_env(tmp_path, node, **master),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
     lines = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=120)  # the bug waited 30 minutes here
-            assert p.returncode == 0, out[-2000:]
-            lines.append(out.strip().split("\n")[-1])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        port.close()
+    with reserved_port() as port:
+        master = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs = [subprocess.Popen([sys.executable, "-c", code], env=_node_env(tmp_path, node, **master),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+        try:
+            for p in procs:
+                out, _ = p.communicate(timeout=120)  # the bug waited 30 minutes here
+                assert p.returncode == 0, out[-2000:]
+                lines.append(out.strip().split("\n")[-1])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     assert lines == ["local_world_size 1 sum 3"] * 2
     for node in (0, 1):
         assert not [n for n in os.listdir(tmp_path / f"node{node}") if "store" in n]

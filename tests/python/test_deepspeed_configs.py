@@ -44,7 +44,7 @@ import types
 import pytest
 import torch
 
-from conftest import HERE, ROOT, ZEROD
+from conftest import HERE, ROOT, ZEROD, reserved_port
 from zerod import _dsconfig
 
 CORPUS = os.path.join(HERE, "deepspeed_configs")
@@ -325,8 +325,9 @@ def results(tmp_path_factory):
         work["batch_rules"][str(i)] = {"config": cfg, "world": world}
     (d / "in.json").write_text(json.dumps(work))
     env = dict(os.environ, DS_ACCELERATOR="cpu")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_report.py"), str(d / "in.json"),
-                        str(d / "out.json"), "29637"], env=env, capture_output=True, text=True, timeout=1500)
+    with reserved_port() as port:
+        r = subprocess.run([sys.executable, os.path.join(HERE, "deepspeed_report.py"), str(d / "in.json"),
+                            str(d / "out.json"), str(port)], env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     theirs = json.loads((d / "out.json").read_text())
     return {"ds": theirs["cases"], "zerod": ours, "batch": theirs["batch_rules"], "dir": d}

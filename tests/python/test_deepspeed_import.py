@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ZEROD
+from conftest import ZEROD, reserved_port
 
 TRAIN = r'''
 import os, sys, torch, torch.nn as nn
@@ -65,8 +65,9 @@ def test_a_deepspeed_checkpoint_loads_into_zerod(stage, tmp_path):
     script.write_text(TRAIN)
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ds = tmp_path / "ds"
-    r = subprocess.run([sys.executable, str(script), str(stage), str(ds), str(29600 + stage)], env=env,
-                       capture_output=True, text=True, timeout=600)
+    with reserved_port() as port:
+        r = subprocess.run([sys.executable, str(script), str(stage), str(ds), str(port)], env=env,
+                           capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "zerod"
     r = subprocess.run([ZEROD, "ckpt", "import", str(ds), "--to", str(out)], capture_output=True, text=True,
@@ -107,8 +108,9 @@ def test_load_checkpoint_of_deepspeeds_own_files_names_the_import(tmp_path):
     script.write_text(TRAIN)
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ds = tmp_path / "ds"
-    r = subprocess.run([sys.executable, str(script), "2", str(ds), "29610"], env=env, capture_output=True, text=True,
-                       timeout=600)
+    with reserved_port() as port:
+        r = subprocess.run([sys.executable, str(script), "2", str(ds), str(port)], env=env, capture_output=True,
+                           text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2,
                                                                                          "weight_decay": 0.05}}}

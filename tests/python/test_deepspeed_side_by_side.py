@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import reserved_port
+
 STEPS = 12  # micro-batches
 
 CONFIGS = {
@@ -339,8 +341,9 @@ def deepspeed_losses(tmp_path_factory):
     script.write_text(DEEPSPEED)
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, str(script), str(d / "losses.json"), "29631"], env=env,
-                       capture_output=True, text=True, timeout=900)
+    with reserved_port() as port:
+        r = subprocess.run([sys.executable, str(script), str(d / "losses.json"), str(port)], env=env,
+                           capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return json.loads((d / "losses.json").read_text())
 

@@ -21,7 +21,6 @@ import paid once); zerod runs them here.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -33,6 +32,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded: models are built fr
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,  # noqa: E402
                           TrainerCallback, TrainingArguments)
 
+from conftest import reserved_port  # noqa: E402
 from models import CHARS, TOKENS  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -183,20 +183,15 @@ def train(name, out_dir, trainer_class, resume=None, **trainer_kwargs):
             "eval_loss": trainer.evaluate()["eval_loss"]}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def deepspeed_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("deepspeed")
     script = d / "run_ds.py"
     script.write_text(DEEPSPEED)
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, str(script), str(d / "logs.json"), str(_free_port()), str(d)], env=env,
-                       capture_output=True, text=True, timeout=1200)
+    with reserved_port() as port:
+        r = subprocess.run([sys.executable, str(script), str(d / "logs.json"), str(port), str(d)], env=env,
+                           capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-6000:]
     runs = json.loads((d / "logs.json").read_text())
     runs["_dir"] = str(d)

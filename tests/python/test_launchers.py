@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import ZEROD, rank_env
+from conftest import ZEROD, rank_env, reserved_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "jobs", "gpt_adam_job.lua")
@@ -91,6 +91,29 @@ def check_same(got, reference):
         assert got[r] == reference[r], f"rank {r}:\n{got[r]}\nzerod run:\n{reference[r]}"
 
 
+def test_a_reserved_port_is_kept_from_others_but_not_from_the_launchers_store():
+    """conftest.reserved_port, where the launches of the Python tests take
+    their MASTER_PORT: while the test holds it, a socket that binds it as
+    most programs do (no SO_REUSEADDR) is refused; the port looked up and
+    closed that it replaces was free for anyone. torch's TCPStore, what a
+    launcher listens with there, still binds it and serves."""
+    import errno
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed
+
+    with reserved_port() as port:
+        with socket.socket() as other:
+            with pytest.raises(OSError) as taken:
+                other.bind(("", port))
+            assert taken.value.errno == errno.EADDRINUSE
+        store = torch.distributed.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=30))
+        store.set("k", "v")
+        assert store.get("k") == b"v" and store.port == port
+        del store
+
+
 def test_torchrun(reference, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -108,15 +131,17 @@ def test_torchrun(reference, tmp_path):
 def test_torchrun_twice_in_a_row(reference, tmp_path):
     """torchrun's default rendezvous repeats between launches: a second
     launch right after the first still trains (its own daemon, or the first
-    one's while it lingers)."""
+    one's while it lingers). Both launch on one port, as torchrun's default
+    would repeat: a reserved one (a fixed port may be another run's)."""
     env = launch_env(tmp_path)
-    for i in range(2):
-        out = tmp_path / f"out{i}"
-        out.mkdir()
-        code, text = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", "29517", RANK, JOB, str(out), str(STEPS)], env)
-        assert code == 0, text
-        check_same(ranks_of(out), reference)
+    with reserved_port() as port:
+        for i in range(2):
+            out = tmp_path / f"out{i}"
+            out.mkdir()
+            code, text = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                              "--master_port", str(port), RANK, JOB, str(out), str(STEPS)], env)
+            assert code == 0, text
+            check_same(ranks_of(out), reference)
     no_daemon_left(env)
 
 
@@ -215,10 +240,12 @@ def test_accelerate_launch(tmp_path):
     assert code == 0, text
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     # --multi_gpu is accelerate launch's torchrun launcher; without a GPU
-    # the ranks run Accelerate's multi-CPU mode.
-    code, text = run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                      "--mixed_precision", "no", "--dynamo_backend", "no", script, str(tmp_path / "s2"), "save",
-                      str(out)], env)
+    # the ranks run Accelerate's multi-CPU mode. Its port is given: its
+    # default is a fixed 29500.
+    with reserved_port() as port:
+        code, text = run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                          "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
+                          script, str(tmp_path / "s2"), "save", str(out)], env)
     assert code == 0, text
     for r in (0, 1):
         want = (ref_out / f"rank{r}.txt").read_text()
@@ -243,7 +270,12 @@ def test_lightnings_own_launcher(tmp_path):
         cmd = [sys.executable, script, "zerod_stage_3_offload", str(tmp_path / f"ckpt_{how}")]
         if how == "zerod_run":
             cmd = [ZEROD, "run", "--nproc", "2", "--job", str(job), "--"] + cmd
-        code, text = run(cmd, e)
+            code, text = run(cmd, e)
+        else:
+            # Lightning's launcher takes MASTER_PORT where it is set; else it
+            # looks a port up and closes it, for rank 0 to bind seconds later.
+            with reserved_port() as port:
+                code, text = run(cmd, dict(e, MASTER_PORT=str(port)))
         assert code == 0, text
         outs[how] = [(out / f"rank{r}.txt").read_text() for r in (0, 1)]
     assert outs["zerod_run"][0].count("loss") >= 4

@@ -18,10 +18,10 @@ was not interrupted.
 Needs root (network namespaces); skipped saying so without it.
 """
 import glob
+import itertools
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -118,21 +118,25 @@ def hosts():
     h.close()
 
 
-def free_port_pair():
-    """A port P with P+1 free too (torchrun's store, zerod's rendezvous)."""
-    for _ in range(100):
-        a, b = socket.socket(), socket.socket()
-        try:
-            a.bind(("0.0.0.0", 0))
-            p = a.getsockname()[1]
-            b.bind(("0.0.0.0", p + 1))
-            return p
-        except OSError:
-            pass
-        finally:
-            a.close()
-            b.close()
-    raise RuntimeError("no free port pair")
+# The first of the ports a launch takes in host 0's namespace (MASTER_PORT
+# and MASTER_PORT + 1), two more for each launch: a daemon or name server of
+# the launch before may still be leaving.
+_MASTER_PORTS = itertools.count(20000, 2)
+
+
+def master_port(h):
+    """A port P of host 0 with P+1 free too (torchrun's store, zerod's
+    rendezvous). The hosts are network namespaces of this test's own:
+    nothing else on the machine binds there, and this test's own processes
+    take the ports the kernel picks (the namespace's ephemeral range: gloo,
+    Open MPI's daemons) or, Open MPI's TCP transport, the first free ones
+    from 1024 up, a few per host. Between the two, a port is free there for
+    certain. One looked up in this process's namespace (bind to port 0,
+    close), as it was, said nothing about theirs and lay in that range."""
+    port = next(_MASTER_PORTS)
+    low = int(sh("ip", "netns", "exec", h.ns[0], "cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout.split()[0])
+    assert port + 1 < low, f"port {port} is inside host 0's ephemeral range (from {low}): pick lower ones"
+    return port
 
 
 def host_env(h, i, **extra):
@@ -162,7 +166,7 @@ def job_file(tmp_path, extra):
 
 def torchrun_on_both(h, tmp_path, job, out, extra_args=(), timeout=300, **env_extra):
     """Starts torchrun on both hosts at once; returns [(status, output)] per host."""
-    port = free_port_pair()
+    port = master_port(h)
     procs = []
     for i in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),

@@ -65,15 +65,67 @@ def test_a_corpus_too_short_for_the_block_is_refused_before_training(tmp_path):
     assert "trained" not in out and "train:" not in out, out
 
 
-def test_the_deepspeed_example_stops_where_its_schedule_ends():
+DS_CONFIG = os.path.join(EXAMPLES, "ds_config.json")
+DS_EXAMPLE = os.path.join(EXAMPLES, "train_deepspeed.py")
+
+
+def scheduled_steps():
+    with open(DS_CONFIG) as f:
+        return json.load(f)["scheduler"]["params"]["total_num_steps"]
+
+
+def saved_checkpoint(output):
+    """(the directory, the tag) of the checkpoint the DeepSpeed example says
+    it saved, with what its `latest` names checked to be that tag."""
+    m = re.search(r"^(?:\[rank 0\] )?saved (.+)/(global_step\d+)$", output, re.M)
+    assert m, output
+    with open(os.path.join(m.group(1), "latest")) as f:
+        assert f.read() == m.group(2)
+    return m.group(1), m.group(2)
+
+
+def test_the_deepspeed_example_stops_where_its_schedule_ends(tmp_path):
     # README.md's single-process command: one rank's epoch is 80 steps, twice
     # the schedule's 40 (it trained all 80, the last 40 at the floor lr).
-    config = os.path.join(EXAMPLES, "ds_config.json")
-    with open(config) as f:
-        total = json.load(f)["scheduler"]["params"]["total_num_steps"]
-    p = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_deepspeed.py")], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=120, env=rank_env())
+    total = scheduled_steps()
+    p = subprocess.run([sys.executable, DS_EXAMPLE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120, env=rank_env(TMPDIR=tmp_path))
     assert p.returncode == 0, p.stdout
     steps = [int(s) for s in re.findall(r"^step (\d+) loss", p.stdout, re.M)]
     assert steps and steps[-1] == total, p.stdout
-    assert f"global_step{total}" in p.stdout, p.stdout
+    assert saved_checkpoint(p.stdout)[1] == f"global_step{total}", p.stdout
+
+
+def test_deepspeed_example_runs_at_once_save_apart(tmp_path):
+    """Three runs of the DeepSpeed example at the same time, one rank each:
+    two save into a new directory each under TMPDIR, the third into the one
+    given after the config. A fixed /tmp/zerod-ds-example was all runs' at
+    once, and where another user had left it, no run of this one's could
+    save there."""
+    given = tmp_path / "given"
+    runs = [[], [], [DS_CONFIG, given]]
+    procs = [subprocess.Popen([sys.executable, DS_EXAMPLE, *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=rank_env(TMPDIR=tmp_path)) for args in runs]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    saved = [saved_checkpoint(out)[0] for out in outs]
+    assert saved[2] == str(given), outs[2]
+    assert saved[0] != saved[1], outs
+    for d in saved[:2]:
+        assert os.path.dirname(d) == str(tmp_path) and os.path.basename(d).startswith("zerod-ds-example-"), d
+
+
+def test_the_deepspeed_example_on_two_ranks_saves_one_checkpoint(tmp_path):
+    """README.md's `zerod run --nproc 2` command: rank 0 shows the schedule's
+    last step, and both ranks save into one directory named for the run,
+    each its shard."""
+    total = scheduled_steps()
+    rc, ranks, out = zerod_run(2, DS_CONFIG, DS_EXAMPLE, DS_CONFIG, env=rank_env(TMPDIR=tmp_path))
+    assert rc == 0, out
+    steps = [int(s) for s in re.findall(r"^\[rank 0\] step (\d+) loss", out, re.M)]
+    assert steps and steps[-1] == total, out
+    directory, tag = saved_checkpoint(out)
+    assert tag == f"global_step{total}", out
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/zerod-ds-example-[0-9a-f]{16}", directory), out
+    shards = sorted(n for n in os.listdir(os.path.join(directory, tag)) if n.endswith(".zdshard"))
+    assert shards == ["rank-00000-of-00002.zdshard", "rank-00001-of-00002.zdshard"], shards
