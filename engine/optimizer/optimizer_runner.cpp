@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <optional>
+#include <utility>
 
 namespace zerod {
 
@@ -165,12 +167,30 @@ std::byte* OptimizerRunner::grad_of(const Piece& pc) const {
   return grads_.owned(pc.group).data + pc.begin * dtype_size(ctx_.grad_dtype(g));
 }
 
+class OptimizerRunner::HostUpdates {
+ public:
+  explicit HostUpdates(OptimizerRunner& runner) : runner_(runner) { runner_.begin_host_updates(); }
+  ~HostUpdates() {
+    if (!ended_) runner_.abandon_host_updates();
+  }
+  HostUpdates(const HostUpdates&) = delete;
+  HostUpdates& operator=(const HostUpdates&) = delete;
+  void end() {
+    ended_ = true;  // end_host_updates gives the ring back even when it throws
+    runner_.end_host_updates(/*stream_waits=*/true);
+  }
+
+ private:
+  OptimizerRunner& runner_;
+  bool ended_ = false;
+};
+
 void OptimizerRunner::pass(const PassArgs& a) {
   const uint32_t nstats = a.planned ? ctx_.optimizer().tensor_stats() : 0;
   std::vector<double> piece_stats(nstats);
   std::vector<zd_stat_op> ops(nstats);
   for (uint32_t i = 0; i < nstats; ++i) ops[i] = ctx_.optimizer().stat_op(i);
-  begin_host_updates();
+  HostUpdates updates(*this);
   for (const Piece& pc : pieces(a.planned)) {
     std::byte* grad = grad_of(pc);
     observe::EventArgs ev;
@@ -189,7 +209,7 @@ void OptimizerRunner::pass(const PassArgs& a) {
       combine_stats(a.stats->data() + static_cast<uint64_t>(pc.tensor) * nstats, piece_stats.data(), nstats,
                     ops.data());
   }
-  end_host_updates(/*stream_waits=*/true);
+  updates.end();
 }
 
 std::vector<OptimizerRunner::Piece> OptimizerRunner::host_pieces() const {
@@ -200,7 +220,7 @@ std::vector<OptimizerRunner::Piece> OptimizerRunner::host_pieces() const {
 }
 
 void OptimizerRunner::pass_off_host(const PassArgs& a) {
-  begin_host_updates();
+  HostUpdates updates(*this);
   for (const Piece& pc : pieces(/*per_tensor=*/false)) {
     if (pc.tier == ZD_TIER_HOST) continue;
     observe::EventArgs ev;
@@ -213,11 +233,11 @@ void OptimizerRunner::pass_off_host(const PassArgs& a) {
     else
       update_in_memory(pc, grad_of(pc), base_update(a, pc), a, nullptr);
   }
-  end_host_updates(/*stream_waits=*/true);
+  updates.end();
 }
 
 void OptimizerRunner::begin_host_updates() {
-  release_upload_ring();  // a failed pass may have left it held
+  release_upload_ring();  // a no-op after any pass, failed or not (HostUpdates): kept so begin stands alone
   uploads_.next = 0;
   uploads_.last = 0;
   std::fill(std::begin(uploads_.ticket), std::end(uploads_.ticket), 0);
@@ -238,12 +258,28 @@ void OptimizerRunner::end_host_updates(bool stream_waits) {
   if (stream_waits) res_.device->stream_waits(uploads_.last);
 }
 
+void OptimizerRunner::abandon_host_updates() noexcept {
+  try {
+    release_upload_ring();
+  } catch (...) {
+    // An upload of the failed pass failed too (a device's failure is often
+    // reported at every wait after it): the pass's own failure is already
+    // on its way to the caller, and the ring is given back regardless.
+  }
+}
+
 void OptimizerRunner::release_upload_ring() {
+  std::exception_ptr failed;
   for (uint64_t& t : uploads_.ticket) {
-    res_.device->transfer_wait(t);
-    t = 0;
+    try {
+      res_.device->transfer_wait(std::exchange(t, 0));
+    } catch (...) {
+      // The other slots' uploads still read the buffer: wait for them too.
+      if (!failed) failed = std::current_exception();
+    }
   }
   uploads_.lease.reset();
+  if (failed) std::rethrow_exception(failed);
 }
 
 uint64_t OptimizerRunner::update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base,

@@ -113,6 +113,10 @@ class OptimizerRunner {
   void begin_host_updates();
   uint64_t update_host_piece(const PassArgs& a, const Piece& pc);
   void end_host_updates(bool stream_waits);
+  // end_host_updates for updates that failed part-way: waits for the
+  // uploads issued and gives the ring back, and never throws (the failure
+  // that ended them is the one to report).
+  void abandon_host_updates() noexcept;
 
  private:
   // The owned range of a group cut where any operand changes tier; with
@@ -129,8 +133,13 @@ class OptimizerRunner {
   uint64_t update_in_memory(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a,
                             double* stats);
   std::byte* grad_of(const Piece& pc) const;
-  // Waits for the ring's uploads and gives its buffer back.
+  // Waits for every upload of the ring and gives its buffer back, even when
+  // a wait fails (that failure is rethrown after): a lease left held makes
+  // the next one, and the model's release of the buffer, wait forever.
   void release_upload_ring();
+  // begin_host_updates .. end_host_updates of one pass, ended by
+  // abandon_host_updates when the pass throws.
+  class HostUpdates;
   void update_staged(const Piece& pc, std::byte* grad, const zd_optimizer_update& base, const PassArgs& a);
 
   const ModelContext& ctx_;

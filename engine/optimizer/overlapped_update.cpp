@@ -113,10 +113,7 @@ void OverlappedUpdate::run(OptimizerRunner::PassArgs a, std::vector<zd_module_id
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
   } catch (...) {
-    try {
-      runner_.end_host_updates(false);
-    } catch (...) {
-    }
+    runner_.abandon_host_updates();
     std::lock_guard<std::mutex> lock(mu_);
     error_ = std::current_exception();
     first_done_ = true;

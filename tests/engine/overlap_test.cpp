@@ -26,7 +26,9 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -448,8 +450,15 @@ TEST(OverlapCounters, AWaitForTheWholeUpdateIsCounted) {
 // fails in the third update (stage 3, the optimizer on the host).
 struct Faults {
   std::atomic<bool> armed{false};
-  std::atomic<int> uploads{0};  // the update thread's, since armed
-  static constexpr int kFailAt = 2;  // module 0's goes, module 1's fails
+  std::atomic<int> uploads{0};  // the failing thread's, since armed
+  // The thread whose uploads fail: the overlapped update's, or the rank's
+  // own ("calls"), where a synchronous pass runs.
+  const char* failing_role = "optimizer";
+  int fail_at = 2;  // the overlapped update's: module 0's goes, module 1's fails
+  // The failing upload is issued and every wait for it fails (a copy
+  // engine's error, which CUDA reports at the waits), not the call.
+  bool fail_at_wait = false;
+  std::atomic<uint64_t> failed_ticket{0};
   // The failing upload waits until the trainer releases it; the trainer's
   // next gather, when held, waits until the failed update has ended.
   bool wait_for_release = false;
@@ -496,13 +505,21 @@ class FailingUpload final : public EmulatedDevice {
   const char* name() const override { return "opaque"; }
 
   uint64_t upload(void* dst, const void* src, uint64_t n) override {
-    if (f_.armed && std::strcmp(observe::thread_role(), "optimizer") == 0 && ++f_.uploads == Faults::kFailAt) {
+    if (f_.armed && std::strcmp(observe::thread_role(), f_.failing_role) == 0 && ++f_.uploads == f_.fail_at) {
+      if (f_.fail_at_wait) return f_.failed_ticket = EmulatedDevice::upload(dst, src, n);
       if (f_.wait_for_release) f_.wait(&Faults::released);
       if (f_.fail_while_gathering) f_.wait(&Faults::gather_reached);
-      this_thread_exit.at_exit = [&f = f_] { f.set(&Faults::update_ended); };
+      // The update's thread ends once its failure is recorded; the rank's
+      // is the test's own, which outlives these Faults.
+      if (std::strcmp(f_.failing_role, "optimizer") == 0)
+        this_thread_exit.at_exit = [&f = f_] { f.set(&Faults::update_ended); };
       fail(ZD_ERR_IO, "injected: the upload of module 1's new working copy failed");
     }
     return EmulatedDevice::upload(dst, src, n);
+  }
+  void transfer_wait(uint64_t t) override {
+    EmulatedDevice::transfer_wait(t);
+    if (t && t == f_.failed_ticket) fail(ZD_ERR_IO, "injected: the upload of a new working copy failed");
   }
   // A begin call's gather of its own module, on the trainer's thread: after
   // the begin waited for its module's update, before it asks whether the
@@ -627,6 +644,78 @@ TEST_F(OverlapFailure, AFailureAGatherAheadWaitsForBreaksTheJobAtOnce) {
   }
   expect_stopped_part_way(thrown);
 }
+
+// An update whose upload of a new working copy fails, at the call or at
+// the waits for it, is a step that stopped part-way, and the model can
+// still be destroyed: the update gives the upload ring back however it
+// ends. (A failed synchronous pass kept the ring's lease, as did an
+// overlapped update whose wait for an upload failed, and the model's
+// release of the ring's buffer, HostStaging::release, waited for that
+// lease forever.) The optimizer on the host, the parameters on the
+// emulated device the host cannot write: each new working copy is uploaded
+// through the ring.
+struct RingCase {
+  const char* name;
+  int stage;
+  bool overlap;
+  bool fail_at_wait;
+};
+
+class UploadRingFailure : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(UploadRingFailure, AFailedUploadStopsTheStepAndTheModelCanStillBeDestroyed) {
+  const RingCase& c = GetParam();
+  // Shared with the destroying thread, which outlives this test if the
+  // destroy hangs.
+  auto faults = std::make_shared<Faults>();
+  faults->failing_role = c.overlap ? "optimizer" : "calls";  // the update's thread, or the rank's
+  faults->fail_at = 1;
+  faults->fail_at_wait = c.fail_at_wait;
+  JobOptions o;
+  o.stage = c.stage;
+  o.offload.optimizer = ZD_TIER_HOST;
+  o.offload.overlap = c.overlap;
+  o.device_factory = [faults](const std::string&, MemoryLedger& ledger, Workers& workers, int, const std::string&) {
+    return std::unique_ptr<Device>(std::make_unique<FailingUpload>(ledger, workers, *faults));
+  };
+  auto model = make_model(o, 1);
+  register_sine_modules(*model, 0, {4000, 4000, 4000}, ZD_DTYPE_F32);
+  std::vector<std::string> thrown;
+  try {
+    for (int s = 0; s < 3; ++s) {
+      forward_and_backward(*model, 3);
+      if (s == 2) faults->armed = true;  // the rank's next upload is the third update's
+      model->step(0);
+    }
+    forward_and_backward(*model, 3);  // an overlapped update's failure comes to its first begin
+  } catch (const Error& e) {
+    thrown.emplace_back(e.what());
+  }
+  ASSERT_EQ(thrown.size(), 1u) << "the failed upload was not reported";
+  EXPECT_NE(thrown[0].find("the optimizer step 3 stopped part-way"), std::string::npos) << thrown[0];
+  const std::optional<Error> half = model->half_applied_step();
+  ASSERT_TRUE(half.has_value()) << "the failed update did not mark its step half applied";
+  EXPECT_EQ(half->code(), ZD_ERR_IO);
+  EXPECT_NE(std::string(half->what()).find("injected"), std::string::npos) << half->what();
+
+  // On a thread of its own, detached: a destroy that hangs fails the test
+  // instead of hanging it (std::async's future would wait for it).
+  auto destroyed = std::make_shared<std::promise<void>>();
+  std::future<void> done = destroyed->get_future();
+  std::thread([model = std::move(model), destroyed, faults]() mutable {
+    model.reset();
+    destroyed->set_value();
+  }).detach();
+  EXPECT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "destroying the model whose update failed did not return";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Upload, UploadRingFailure,
+    ::testing::Values(RingCase{"synchronous_stage3_the_call_fails", 3, false, false},
+                      RingCase{"synchronous_stage3_its_wait_fails", 3, false, true},
+                      RingCase{"overlapped_stage2_its_wait_fails", 2, true, true}),
+    [](const auto& p) { return std::string(p.param.name); });
 
 // A group's optimizer split between the device and the host (offload.ratio),
 // which only the cpu device runs: the device's part in zd_step, the host's
