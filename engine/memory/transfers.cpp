@@ -7,6 +7,7 @@
 #include "observe/probe.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,22 @@ void Transfers::add_to_host(std::span<const PoolAdd> adds, uint64_t ready) {
     ticket[h] = d.download(stage.data() + h * half, static_cast<const std::byte*>(a.src) + chunks[c].off * ssz,
                            chunks[c].n * ssz, ready);
   };
+  // A failure part-way (a wait or an add that throws) must not give the
+  // buffer back while the other half's download may still be writing into
+  // it: the next lease (the next step's, after a failed one) would take
+  // memory the copy engine is still filling.
+  struct DrainOnFailure {
+    Device& d;
+    const uint64_t (&ticket)[2];
+    const int entered = std::uncaught_exceptions();
+    ~DrainOnFailure() {
+      if (std::uncaught_exceptions() == entered) return;  // every chunk waited for on the way
+      for (uint64_t t : ticket) try {
+          d.transfer_wait(t);
+        } catch (...) {  // the error already on its way says what failed
+        }
+    }
+  } drain{d, ticket};
   if (!chunks.empty()) download(0, 0);
   int h = 0;
   for (size_t c = 0; c < chunks.size(); ++c, h ^= 1) {

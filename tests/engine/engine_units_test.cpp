@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -737,6 +738,47 @@ TEST(Transfers, SeveralAddsOffTheDeviceAreEachAsOnTheHost) {
       for (double v : sums[c]) EXPECT_EQ(v, -1.0) << "add " << c << " was given no partials to write";
   }
   for (const Block& b : blocks) res.device->release(b, ZD_MEM_BUFFERS);
+}
+
+// A wait that fails part-way through the chunks (a copy error, as CUDA
+// reports it at the wait) leaves the other half's download in flight; the
+// staging buffer goes back only once it has landed, or the next lease would
+// hand out memory the copy engine is still writing.
+class FirstDownloadWaitFails final : public EmulatedDevice {
+ public:
+  FirstDownloadWaitFails(MemoryLedger& ledger, Workers& workers)
+      : EmulatedDevice(ledger, workers, false, "test", uint64_t{256} << 20) {}
+  uint64_t download(void* dst, const void* src, uint64_t n, uint64_t after) override {
+    const uint64_t t = EmulatedDevice::download(dst, src, n, after);
+    issued.push_back(t);
+    return t;
+  }
+  void transfer_wait(uint64_t t) override {
+    EmulatedDevice::transfer_wait(t);
+    waited.push_back(t);
+    if (!issued.empty() && t == issued.front()) fail(ZD_ERR_IO, "injected: the first chunk's download failed");
+  }
+  std::vector<uint64_t> issued, waited;
+};
+
+TEST(Transfers, AFailedChunkGivesTheStagingBufferBackOnlyOnceTheOtherHalfHasLanded) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  RankResources res(0, pool, mu);
+  auto owned = std::make_unique<FirstDownloadWaitFails>(res.ledger, res.workers);
+  FirstDownloadWaitFails& dev = *owned;
+  res.device = std::move(owned);
+  const uint64_t chunk = (uint64_t{32} << 20) / 2 / sizeof(uint16_t);  // the staging buffer's half, in bf16
+  const uint64_t n = chunk + 3 * kTile;                                // two chunks: both halves in use
+  std::vector<float> dst(n, 0.0f);
+  Block grad = res.device->allocate(n * 2, ZD_MEM_BUFFERS, "a gradient");
+  const PoolAdd add{grad.ptr, ZD_DTYPE_BF16, dst.data(), ZD_DTYPE_F32, n, true, NormTiles{nullptr, 0}};
+  EXPECT_THROW(res.transfers.add_to_host({&add, 1}, res.device->mark()), Error);
+  ASSERT_EQ(dev.issued.size(), 2u) << "the second chunk's download was issued before the first was waited for";
+  for (uint64_t t : dev.issued)
+    EXPECT_NE(std::find(dev.waited.begin(), dev.waited.end(), t), dev.waited.end())
+        << "download " << t << " was still in flight when the staging buffer went back";
+  res.device->release(grad, ZD_MEM_BUFFERS);
 }
 
 static LayoutPolicy policy(Partitioning p, uint64_t world) {
