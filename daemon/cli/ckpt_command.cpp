@@ -8,6 +8,7 @@
 // said; --tag TAG reads DIR/TAG instead.
 #include "commands.h"
 #include "cli_args.h"
+#include "zerod_python.h"
 
 #include "checkpoint/source.h"
 #include "checkpoint/tools.h"
@@ -280,6 +281,8 @@ int import_deepspeed(const std::vector<std::string>& args) {
   } remove{raw};
   std::vector<std::string> argv = {python, "-m", "zerod.ckpt", "extract-deepspeed", ds_dir, "--to", raw};
   if (!tag.empty()) argv.insert(argv.end(), {"--tag", tag});
+  // `import zerod` in that Python loads the libzerod beside this zerod.
+  point_zerod_lib_at_this_install();
   const pid_t pid = fork();
   if (pid == 0) {
     if (!path.empty()) setenv("PYTHONPATH", path.c_str(), 1);

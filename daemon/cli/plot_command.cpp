@@ -3,6 +3,7 @@
 // zerod.plot Python module with matplotlib. This command finds that module
 // (this checkout's bindings, else the installed package) and runs it.
 #include "commands.h"
+#include "zerod_python.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,19 +24,9 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-std::string exe_dir() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = 0;
-  std::string p(buf);
-  return p.substr(0, p.rfind('/'));
-}
-
 }  // namespace
 
 int plot_command(int argc, char** argv) {
-  const std::string here = exe_dir();
 #ifdef ZEROD_SOURCE_PYTHON_DIR
   const std::string source = ZEROD_SOURCE_PYTHON_DIR;
   if (exists(source + "/zerod/plot.py")) {
@@ -45,10 +36,7 @@ int plot_command(int argc, char** argv) {
   }
 #endif
   // `import zerod` loads libzerod: the one beside this zerod.
-  if (!std::getenv("ZEROD_LIB") && !here.empty() && exists(here + "/../lib/libzerod.so")) {
-    const std::string lib = here + "/../lib/libzerod.so";
-    ::setenv("ZEROD_LIB", lib.c_str(), 1);
-  }
+  point_zerod_lib_at_this_install();
   // Debian's Python is the one scripts/common.sh gives numpy and matplotlib;
   // ZEROD_PYTHON chooses another.
   const char* py = std::getenv("ZEROD_PYTHON");

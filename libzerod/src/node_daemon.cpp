@@ -22,6 +22,10 @@
 #include <thread>
 #include <vector>
 
+#ifndef ZEROD_LIBDIR_TO_BINDIR
+#error "ZEROD_LIBDIR_TO_BINDIR comes from cmake/InstallLayout.cmake (libzerod/CMakeLists.txt)"
+#endif
+
 namespace zerod::abi {
 
 namespace {
@@ -57,7 +61,14 @@ std::string launch_directory() {
   return dir;
 }
 
-bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
+// A file this user may run. A folder is searchable with X_OK too: beside
+// libzerod, <libdir>/zerod is the plugins' folder, which was taken for the
+// program ("could not start the node's daemon .../lib/zerod: Permission
+// denied") instead of going on to PATH.
+bool executable(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
 
 // `name` in a directory of PATH, or "" when none has it.
 std::string on_path(const std::string& name) {
@@ -70,8 +81,9 @@ std::string on_path(const std::string& name) {
   return "";
 }
 
-// The zerod executable: ZEROD_DAEMON; else beside this libzerod (lib/../bin,
-// as installed and in the build tree); else on PATH.
+// The zerod executable: ZEROD_DAEMON; else beside this libzerod (<libdir>/
+// ZEROD_LIBDIR_TO_BINDIR, as installed and in the build tree: ../bin from
+// lib or lib64, ../../bin from lib/<multiarch>); else on PATH.
 std::string daemon_program() {
   if (const char* e = std::getenv("ZEROD_DAEMON"); e && *e) {
     if (!executable(e)) fail(ZD_ERR_CONFIG, std::string("ZEROD_DAEMON=") + e + " is not an executable");
@@ -81,7 +93,7 @@ std::string daemon_program() {
   if (::dladdr(reinterpret_cast<void*>(&node_daemon_socket), &info) && info.dli_fname) {
     std::string lib = info.dli_fname;
     const std::string dir = lib.find('/') == std::string::npos ? "." : lib.substr(0, lib.rfind('/'));
-    for (const std::string& p : {dir + "/../bin/zerod", dir + "/zerod"})
+    for (const std::string& p : {dir + "/" ZEROD_LIBDIR_TO_BINDIR "/zerod", dir + "/zerod"})
       if (executable(p)) return p;
   }
   if (std::string p = on_path("zerod"); !p.empty()) return p;

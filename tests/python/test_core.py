@@ -1,7 +1,10 @@
 """The zd_* calls from Python: clients, models, views, errors, library lookup."""
+import os
+import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 import numpy as np
@@ -251,6 +254,67 @@ def test_library_not_found_says_how_to_fix():
     p = python("import zerod", ZEROD_LIB="/nonexistent/libzerod.so")
     assert p.returncode != 0
     assert "cannot load libzerod" in p.stderr and "ZEROD_LIB" in p.stderr and "/nonexistent" in p.stderr
+
+
+def installed_elsewhere(tmp_path):
+    """A copy of the package outside the checkout, as pip installs it, and a
+    runner of `import zerod` there from / with only the given PATH: no
+    ZEROD_LIB, no LD_LIBRARY_PATH, nothing of this build."""
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(BINDINGS, "zerod"), site / "zerod", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def run(code, path):
+        env = {"PATH": path, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                              env=env, cwd="/")
+    return run
+
+
+def fake_install(prefix, libdir, library):
+    """<prefix>/bin/zerod (a stand-in: only its place matters) and
+    <prefix>/<libdir>/libzerod.so.1 -> library."""
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "zerod").write_text("#!/bin/sh\nexit 1\n")
+    (prefix / "bin" / "zerod").chmod(0o755)
+    (prefix / libdir).mkdir(parents=True)
+    (prefix / libdir / "libzerod.so.1").symlink_to(library)
+
+
+# CMAKE_INSTALL_LIBDIR's usual values: the default, Fedora's, Debian's for /usr.
+MULTIARCH = sysconfig.get_config_var("MULTIARCH") or f"{platform.machine()}-linux-gnu"
+
+
+@pytest.mark.parametrize("libdir", ["lib", "lib64", f"lib/{MULTIARCH}"])
+def test_an_installed_package_finds_the_libzerod_beside_zerod_on_path(tmp_path, libdir):
+    # `cmake --install` without ldconfig: the dynamic linker does not look in
+    # <prefix>/lib, but the install's bin is on PATH. It failed, naming a
+    # build tree that an installed package does not have.
+    run = installed_elsewhere(tmp_path)
+    prefix = tmp_path / "prefix"
+    fake_install(prefix, libdir, os.path.realpath(zerod._lib.lib._name))
+    p = run("import zerod; print(zerod._lib.lib._name)", f"{prefix}/bin:/usr/bin:/bin")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"{prefix}/{libdir}/libzerod.so.1"
+
+
+def test_library_not_found_lists_what_was_tried_with_the_loaders_reasons(tmp_path):
+    run = installed_elsewhere(tmp_path)
+    prefix = tmp_path / "prefix"
+    not_a_library = tmp_path / "not_a_library"
+    not_a_library.write_text("not an ELF file\n" * 16)  # longer than an ELF header, or "file too short"
+    fake_install(prefix, "lib", not_a_library)
+    p = run("import zerod; print(zerod._lib.lib._name)", f"{prefix}/bin:/usr/bin:/bin")
+    if p.returncode == 0:
+        pytest.skip(f"this machine has a libzerod of its own the package finds: {p.stdout.strip()}")
+    err = p.stderr
+    assert "cannot load libzerod. Tried, in order:" in err and "ZEROD_LIB: not set" in err, err
+    assert "build tree" not in err, err  # an installed package has none
+    assert f"beside the zerod on PATH ({prefix}/bin/zerod): {prefix}/lib/libzerod.so.1: " in err, err
+    assert "invalid ELF header" in err, err  # the loader's own reason
+    assert "the dynamic linker's search path" in err and "cannot open shared object file" in err, err
+    assert "run `sudo ldconfig`" in err and "set ZEROD_LIB=<prefix>/lib/libzerod.so" in err, err
+    p = run("import zerod", "/nonexistent")
+    assert "beside the zerod on PATH: no zerod on PATH" in p.stderr, p.stderr
 
 
 def test_torchrun_ranks_without_a_daemon_are_refused_by_name():

@@ -63,17 +63,22 @@ end
 
 function __init__()
     paths, where = _candidates()
+    reasons = String[]
     for path in paths
-        handle = Libdl.dlopen(path, Libdl.RTLD_LAZY | Libdl.RTLD_LOCAL; throw_error = false)
-        if handle !== nothing
-            _lib[] = handle
+        try
+            _lib[] = Libdl.dlopen(path, Libdl.RTLD_LAZY | Libdl.RTLD_LOCAL)
             _lib_path[] = path
             break
+        catch e
+            # The loader's own reason (no such file, wrong ELF class, a
+            # dependency it cannot find): throw_error = false dropped it.
+            push!(reasons, sprint(showerror, e))
         end
     end
-    _lib[] == C_NULL && error("Zerod: cannot load libzerod; looked at $where. Build it " *
-                              "(`cmake --preset default && ninja -C build zerod`), or set ZEROD_LIB " *
-                              "to the path of libzerod.so.")
+    _lib[] == C_NULL && error("Zerod: cannot load libzerod; looked at $where:\n  " * join(reasons, "\n  ") *
+                              "\nAfter `cmake --install`, run `sudo ldconfig` (so that the dynamic linker " *
+                              "finds <prefix>/lib), or set ZEROD_LIB=<prefix>/lib/libzerod.so; from a checkout, " *
+                              "build it (`cmake --preset default && ninja -C build zerod`).")
     # The struct mirrors must have C's layout in this Julia (LP64).
     LibZerod.check_layout()
     LibZerod.bind!(_lib[])

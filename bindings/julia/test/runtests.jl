@@ -41,6 +41,17 @@ end
         @test zd_connect_options().abi_version == ZD_ABI_VERSION
     end
 
+    @testset "a library that does not load is refused with the loader's reason" begin
+        # This file is no ELF object: dlopen's own text must reach the
+        # message, not only the path that was tried.
+        cmd = `$(Base.julia_cmd()) --project=$(dirname(@__DIR__)) -e "using Zerod"`
+        out = IOBuffer()
+        loaded = success(pipeline(addenv(cmd, "ZEROD_LIB" => @__FILE__); stdout = out, stderr = out))
+        text = String(take!(out))
+        @test !loaded
+        @test occursin("cannot load libzerod", text) && occursin("invalid ELF header", text)
+    end
+
     @testset "an embedded client is rank 0 of 1" begin
         Client("embedded:") do c
             @test (c.info.rank, c.info.world_size, c.info.local_rank, c.info.embedded) == (0, 1, 0, true)

@@ -1,13 +1,25 @@
 """Finds and loads libzerod and declares the prototype of every zd_* call.
 
-Lookup order: $ZEROD_LIB (the path of libzerod.so), the build tree of the
-checkout this package sits in (build/lib/libzerod.so), then the system's
-library path (ctypes.util.find_library). The library's ABI major must be the
-one this package was written against.
+Lookup order (the first that loads wins; docs/python.md says why):
+  1. $ZEROD_LIB, the path of libzerod.so; nothing else is tried when it is set.
+  2. When this package sits in a source checkout: that checkout's build tree
+     (build/lib/libzerod.so), the library this very source was built into.
+  3. Beside the `zerod` executable on PATH: <bin>/../lib/libzerod.so.1, and
+     lib64 and lib/<multiarch>, where an install with another
+     CMAKE_INSTALL_LIBDIR puts it. `cmake --install` (default /usr/local)
+     puts bin/zerod on PATH but, until ldconfig runs, its lib/ is not on the
+     dynamic linker's search path.
+  4. This Python's prefix (sys.prefix/lib...), for a zerod installed beside
+     the Python (a venv's or a conda prefix).
+  5. The dynamic linker's own search: LD_LIBRARY_PATH and ldconfig's cache.
+The library's ABI major must be the one this package was written against.
 """
 import ctypes
-import ctypes.util
 import os
+import platform
+import shutil
+import sys
+import sysconfig
 from ctypes import POINTER, c_char_p, c_double, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
 from . import _structs as S
@@ -18,38 +30,95 @@ ABI_MINOR = 7
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_BUILD_TREE_LIB = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build", "lib", "libzerod.so"))
+# The soname of the major this package speaks first; the unversioned name is
+# a development symlink that a runtime-only install may lack.
+_LIB_NAMES = (f"libzerod.so.{ABI_MAJOR}", "libzerod.so")
 
 
 class LibraryNotFound(ImportError):
     pass
 
 
-def _candidates():
-    env = os.environ.get("ZEROD_LIB")
-    if env:
-        # An explicit choice is the only one tried: silently falling back to
-        # another build would hide a wrong path.
-        return [env], f"ZEROD_LIB={env}"
-    found = ctypes.util.find_library("zerod")
-    tried = [_BUILD_TREE_LIB] + ([found] if found else [])
-    return tried, f"{_BUILD_TREE_LIB} (the build tree) and the system library path"
+def _lib_subdirs():
+    """Where an install puts libzerod below its prefix: CMAKE_INSTALL_LIBDIR
+    is lib by default, lib64 on some distributions, lib/<multiarch> on Debian
+    when the prefix is /usr."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{platform.machine()}-linux-gnu"
+    return ("lib", "lib64", os.path.join("lib", multiarch))
+
+
+def _checkout_root():
+    """The source checkout this package sits in (bindings/python/zerod of it),
+    or None for an installed package."""
+    root = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
+    marker = os.path.join(root, "include", "zerod", "zerod.h")
+    return root if os.path.isfile(marker) else None
+
+
+def _locations():
+    """(what, [file to try]) in lookup order, or (what, reason) where a
+    location has nothing to try; what says where and why it was looked at."""
+    def under(prefix):
+        return [os.path.join(prefix, d, n) for d in _lib_subdirs() for n in _LIB_NAMES]
+
+    root = _checkout_root()
+    if root:
+        yield "the build tree of the checkout this package sits in", under(os.path.join(root, "build"))
+    exe = shutil.which("zerod")
+    if exe:
+        exe = os.path.realpath(exe)
+        yield f"beside the zerod on PATH ({exe})", under(os.path.dirname(os.path.dirname(exe)))
+    else:
+        yield "beside the zerod on PATH", "no zerod on PATH"
+    yield f"this Python's prefix (sys.prefix={sys.prefix})", under(sys.prefix)
+    # A bare soname: dlopen searches LD_LIBRARY_PATH and ldconfig's cache.
+    yield "the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig's cache)", [_LIB_NAMES[0]]
+
+
+def _try(path):
+    """The loaded library, or why not: the loader's own text (wrong
+    architecture, a missing dependency, ...)."""
+    try:
+        return ctypes.CDLL(path), None
+    except OSError as e:
+        return None, str(e)
+
+
+def _load_chosen(path):
+    """ZEROD_LIB: an explicit choice is the only one tried; silently falling
+    back to another build would hide a wrong path."""
+    lib, why = _try(path) if os.path.exists(path) else (None, "no such file")
+    if lib:
+        return lib
+    raise LibraryNotFound(f"zerod: cannot load libzerod from ZEROD_LIB={path}: {why}\n"
+                          "Set ZEROD_LIB to the path of a libzerod.so (<prefix>/lib/libzerod.so), or unset it "
+                          "to let the package look for one.")
 
 
 def _load():
-    paths, where = _candidates()
-    errors = []
-    for path in paths:
-        if os.path.sep in path and not os.path.exists(path):
-            errors.append(f"{path}: no such file")
+    if os.environ.get("ZEROD_LIB"):
+        return _load_chosen(os.environ["ZEROD_LIB"])
+    tried = ["ZEROD_LIB: not set"]
+    for what, files in _locations():
+        if isinstance(files, str):
+            tried.append(f"{what}: {files}")
             continue
-        try:
-            return ctypes.CDLL(path)
-        except OSError as e:
-            errors.append(str(e))
+        present = [f for f in files if os.path.sep not in f or os.path.exists(f)]
+        if not present:
+            dirs = dict.fromkeys(os.path.dirname(f) for f in files)  # in order, once each
+            tried.append(f"{what}: no {' or '.join(_LIB_NAMES)} in {', '.join(dirs)}")
+            continue
+        lib, why = _try(present[0])
+        if lib:
+            return lib
+        # glibc's dlerror() text names the file already.
+        tried.append(f"{what}: {why}" if present[0] in why else f"{what}: {present[0]}: {why}")
+    build_hint = ("; or, from this checkout, build it (`cmake --preset default && ninja -C build zerod`)"
+                  if _checkout_root() else "")
     raise LibraryNotFound(
-        "zerod: cannot load libzerod; looked at " + where + ("\n  " + "\n  ".join(errors) if errors else "") +
-        "\nBuild it (`cmake --preset default && ninja -C build zerod`), or set ZEROD_LIB to the path of libzerod.so.")
+        "zerod: cannot load libzerod. Tried, in order:\n  " + "\n  ".join(tried) +
+        "\nAfter `cmake --install`, run `sudo ldconfig` (so that the dynamic linker finds <prefix>/lib), or set "
+        "ZEROD_LIB=<prefix>/lib/libzerod.so" + build_hint + ".")
 
 
 lib = _load()
