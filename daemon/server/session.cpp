@@ -178,7 +178,7 @@ bool Session::serve_frame(std::string* why) {
       // A model call without the ring: its record, answered as the ring would.
       v1::Reply arenas;
       const std::span<const std::byte> body = answer_call(frame, &arenas, &fds);
-      if (!fds.empty()) wire::send(conn_, wire::kReply, frame.header.request_id, arenas, fds, kSendTimeoutMs);
+      if (!fds.empty()) wire::send_arenas(conn_, frame.header.request_id, arenas, fds, kSendTimeoutMs);
       wire::send_bytes(conn_, wire::kCallReply, frame.header.request_id, body, {}, kSendTimeoutMs);
       return true;
     }
@@ -369,6 +369,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
   }
   greeted_ = true;
   stream_signals_ = h.stream_signal_page();
+  arena_batches_ = h.arena_batches();
   v1::HelloReply* r = reply->mutable_hello();
   r->set_abi_version(ZD_ABI_VERSION);
   r->set_version(ZEROD_VERSION_STRING);
@@ -402,9 +403,10 @@ std::byte* Session::staging_at(uint64_t offset, uint64_t bytes, const char* what
   return staging_.data() + offset;
 }
 
-void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds) {
+void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds, bool one_frame) {
   size_t& sent = arenas_sent_[m.id()];
   const std::vector<PoolExport> arenas = m.model().device(rank_).exports();
+  if (one_frame && arenas.size() > sent + transport::kMaxFdsPerFrame) refuse_arenas(arenas.size() - sent);
   for (size_t i = sent; i < arenas.size(); ++i) {
     v1::ArenaInfo* a = reply->add_new_arenas();
     a->set_id(arenas[i].id);
@@ -414,6 +416,18 @@ void Session::add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* f
     fds->push_back(arenas[i].fd);
   }
   sent = arenas.size();
+}
+
+void Session::refuse_arenas(size_t fresh) const {
+  // Sending some now and the rest later would not do: this call's views may
+  // point into any of them. `sent` stays, so each later call says so again
+  // rather than answer with views the client cannot map.
+  fail(ZD_ERR_VERSION, "the rank's device pool has " + std::to_string(fresh) +
+                           " arenas this client has not mapped yet, more than the " +
+                           std::to_string(transport::kMaxFdsPerFrame) +
+                           " fds one socket frame carries, and this client takes them in one frame only (a "
+                           "libzerod older than the daemon's " ZEROD_VERSION_STRING
+                           "); use the daemon's own libzerod, which takes them in several");
 }
 
 void Session::register_param(const v1::RegisterParam& r, v1::Reply* reply) {
@@ -563,7 +577,8 @@ void Session::handle(const v1::Request& req, transport::Frame& frame, v1::Reply*
     case v1::Request::kCall: {
       auto m = model_of(req.call().model());
       v1_call(req.call(), reply);
-      add_new_arenas(*m, reply, fds);
+      // Its reply is one frame, the fds attached to it.
+      add_new_arenas(*m, reply, fds, /*one_frame=*/true);
       return;
     }
     case v1::Request::kParamRead: v1_data_call(calls::Op::param_read, req.param_read(), reply); return;

@@ -104,7 +104,12 @@ class Session {
   void v1_call(const v1::ModelCall& c, v1::Reply* reply);
   void v1_data_call(calls::Op op, const v1::ParamData& p, v1::Reply* reply);
   void v1_add_views(ModelHost& m, int module, bool gradients, v1::CallReply* out);
-  void add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds);
+  // The arenas of the rank's pool the client has not been sent, into reply
+  // and fds. one_frame: the answer has room for kMaxFdsPerFrame of them at
+  // most (a client without arena_batches, a protobuf model call), and more
+  // are refused (refuse_arenas) instead of breaking the connection.
+  void add_new_arenas(ModelHost& m, v1::Reply* reply, std::vector<int>* fds, bool one_frame);
+  [[noreturn]] void refuse_arenas(size_t fresh) const;
   void staging(int fd, uint64_t size);
   std::byte* staging_at(uint64_t offset, uint64_t bytes, const char* what) const;
   void leave_all(bool lost, const std::string& reason);
@@ -131,6 +136,7 @@ class Session {
   bool observer_ = false;       // an admitted observer (Server::admit_observer)
   bool close_after_reply_ = false;  // the hello was refused for good: the connection ends with its reply
   bool stream_signals_ = false;  // the client maps a page of GPU stream signals (hello)
+  bool arena_batches_ = false;   // the client takes a call's new arenas in several frames (hello)
   int rank_ = -1;
   std::shared_ptr<ServedJob> job_;  // the rank's job, from its hello
   int pid_ = 0;

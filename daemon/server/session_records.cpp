@@ -3,7 +3,8 @@
 // socket frame, and is answered with the same bytes on either carrier: the
 // reply record, the views of a _begin call and any text, in the ring's
 // reply slot or in a wire::kCallReply frame. New arena fds go on the
-// socket first, in a v1::Reply the record says follows.
+// socket first, in the v1::Reply frames the record says follow
+// (wire::send_arenas).
 #include "session.h"
 
 #include "model_host.h"
@@ -121,12 +122,9 @@ size_t Session::answer_record(const wire::RingRequest& req, std::span<std::byte>
                                   " bytes)");
     }
     // New arenas (a finalize, a gather that grew the pool): their fds go on
-    // the socket, before the reply that says so.
-    add_new_arenas(*host, arenas, fds);
-    if (!fds->empty()) {
-      arenas->mutable_ok();
-      rep.arenas_follow = 1;
-    }
+    // the socket, before the reply that says how many frames they take.
+    add_new_arenas(*host, arenas, fds, /*one_frame=*/!arena_batches_);
+    rep.arenas_follow = wire::arena_frames(fds->size());
   } catch (const Error& e) {
     rep = wire::RingReply{};
     rep.status = e.code();
@@ -170,7 +168,7 @@ void Session::answer_ring(const wire::RingRequest& req) {
   answer_record(req, slot, &arenas, &fds);
   if (fds.empty()) return;
   try {
-    wire::send(conn_, wire::kReply, 0, arenas, fds, kSendTimeoutMs);
+    wire::send_arenas(conn_, 0, arenas, fds, kSendTimeoutMs);
   } catch (const std::exception& e) {
     // The client cannot be told of its arenas: the reply says why instead.
     const auto* err = dynamic_cast<const Error*>(&e);

@@ -85,6 +85,7 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_job_key(id.job_key);
   h->set_local_world_size(id.local_world);
   h->set_stream_signal_page(true);
+  h->set_arena_batches(true);  // a call that grows the pool by more than one frame's fds still answers
   const v1::Reply r = rpc(req);
   daemon_abi_ = r.hello().abi_version();
   daemon_version_ = r.hello().version();

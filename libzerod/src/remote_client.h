@@ -20,6 +20,7 @@
 #include "wire.h"
 
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,7 +50,10 @@ class RemoteModel final : public ModelBackend {
   calls::Outcome set_stream(void* stream);
   // Through the daemon: a call record (the ring, or a socket frame).
   calls::Outcome remote(const calls::Args& a, void* data);
-  void take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas, std::vector<transport::UniqueFd>& fds);
+  // Maps the arenas one frame announces (a v1::Reply's new_arenas, their fds attached).
+  void take_arenas(transport::Frame f);
+  // The `frames` arena frames a reply record announced (arenas_follow).
+  void take_announced_arenas(uint32_t frames);
   void take_view(const wire::RingView& v);
   // optimizer_info's names from the reply's text (ring_call.h).
   static void take_names(const std::string& text, calls::Outcome& o);
@@ -111,8 +115,8 @@ class RemoteClient final : public ClientBackend {
   void flush_deferred_of(int model);
   // A reply to an end sent on its own may announce arenas an earlier call
   // of the model grew (the daemon announces them with its next answer): the
-  // frame is read now, so that it is not taken for the next reply, and the
-  // model takes them at its next call (take_stray_arenas).
+  // frames are read now, so that they are not taken for the next reply, and
+  // the model takes them at its next call (take_stray_arenas).
   void keep_stray_arenas(int model, const wire::RingReply& r);
   std::vector<transport::Frame> take_stray_arenas(int model);
 
@@ -130,7 +134,8 @@ class RemoteClient final : public ClientBackend {
   // What follows the last reply record: its views, then its text.
   std::span<const std::byte> reply_tail() const;
 
-  // The frame with new arena fds that a reply record announced.
+  // The next of the frames with new arena fds that a reply record announced
+  // (RingReply::arenas_follow of them, kMaxFdsPerFrame fds at most each).
   transport::Frame arena_frame();
 
   // A staging area of at least `bytes`, shared with the daemon: a memfd
@@ -185,11 +190,11 @@ class RemoteClient final : public ClientBackend {
   transport::Ring ring_;
   transport::RingWait wait_;
   wire::RingReply reply_{};
-  // Without a ring: the last kCallReply body, and an arena announcement
-  // that came before it (the ring's carrier reads that from the socket
+  // Without a ring: the last kCallReply body, and the arena announcements
+  // that came before it (the ring's carrier reads those from the socket
   // after the reply).
   std::vector<std::byte> socket_reply_;
-  std::optional<transport::Frame> socket_arenas_;
+  std::deque<transport::Frame> socket_arenas_;
   struct Deferred {
     int model;
     calls::Args args;

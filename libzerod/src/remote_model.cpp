@@ -136,8 +136,11 @@ calls::Outcome RemoteModel::set_stream(void* stream) {
   return {};
 }
 
-void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::ArenaInfo>& arenas,
-                              std::vector<transport::UniqueFd>& fds) {
+void RemoteModel::take_arenas(transport::Frame f) {
+  v1::Reply announcement;
+  wire::parse(f, &announcement, "arena announcement");
+  const auto& arenas = announcement.new_arenas();
+  std::vector<transport::UniqueFd>& fds = f.fds;
   if (static_cast<size_t>(arenas.size()) != fds.size())
     fail(ZD_ERR_INTERNAL, "the daemon announced " + std::to_string(arenas.size()) + " arenas but sent " +
                               std::to_string(fds.size()) + " fds");
@@ -149,7 +152,22 @@ void RemoteModel::take_arenas(const google::protobuf::RepeatedPtrField<v1::Arena
     const PoolExport e{a.id(), a.size(), fds[static_cast<size_t>(i)].get(), a.device_type(), device_id};
     arenas_.insert_or_assign(a.id(), ImportedArena(e, "device-pool arena " + std::to_string(a.id()) + " from the daemon"));
   }
-  fds.clear();  // the mappings keep the memory; the fds can go
+}  // the fds close here: the mappings keep the memory
+
+void RemoteModel::take_announced_arenas(uint32_t frames) {
+  // Each frame is mapped as it is read, so that at most one frame's fds
+  // (kMaxFdsPerFrame) are open here at once, whatever the pool grew by.
+  for (uint32_t i = 0; i < frames; ++i) {
+    transport::Frame f = client_.arena_frame();
+    try {
+      take_arenas(std::move(f));
+    } catch (...) {
+      // The rest are read all the same: left on the socket, they would be
+      // taken for the answer of a later call.
+      while (++i < frames) static_cast<void>(client_.arena_frame());
+      throw;
+    }
+  }
 }
 
 void RemoteModel::take_view(const wire::RingView& v) {
@@ -235,13 +253,8 @@ calls::Outcome RemoteModel::remote(const calls::Args& a, void* data) {
   }
   const std::span<const std::byte> tail = client_.reply_tail();
   const std::string text = client_.message_of(r);  // checks the record's lengths against the reply
-  std::vector<transport::Frame> frames = client_.take_stray_arenas(id_);
-  if (r.arenas_follow) frames.push_back(client_.arena_frame());
-  for (transport::Frame& f : frames) {
-    v1::Reply ar;
-    wire::parse(f, &ar, "arena announcement");
-    take_arenas(ar.new_arenas(), f.fds);
-  }
+  take_announced_arenas(r.arenas_follow);  // first: what is still on the socket
+  for (transport::Frame& f : client_.take_stray_arenas(id_)) take_arenas(std::move(f));
   if (r.status != ZD_OK) fail(r.status, text);
   static_cast<calls::Figures&>(o) = r.figures;
   for (uint32_t i = 0; i < r.view_count; ++i) {

@@ -115,7 +115,7 @@ void RemoteClient::flush_deferred_of(int model) {
 }
 
 void RemoteClient::keep_stray_arenas(int model, const wire::RingReply& r) {
-  if (r.arenas_follow) stray_arenas_.emplace_back(model, arena_frame());
+  for (uint32_t i = 0; i < r.arenas_follow; ++i) stray_arenas_.emplace_back(model, arena_frame());
 }
 
 std::vector<transport::Frame> RemoteClient::take_stray_arenas(int model) {
@@ -165,14 +165,14 @@ const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a
     return reply_;
   }
   // No ring: the same record as a socket frame. New arenas come first, in
-  // a frame of their own, as the ring's carrier sends them.
+  // frames of their own, as the ring's carrier sends them.
   const uint32_t id = next_id_++;
   transport::Frame f;
   std::optional<Error> refused;
   try {
     wire::send_bytes(conn_, wire::kCall, id, std::as_bytes(std::span(&req, 1)));
     f = receive();
-    if (f.header.type == wire::kReply && f.header.request_id == id) {
+    while (!refused && f.header.type == wire::kReply && f.header.request_id == id) {
       // New arenas, or the daemon's refusal of the frame itself (its whole
       // answer: nothing follows it).
       v1::Reply r;
@@ -180,19 +180,24 @@ const wire::RingReply& RemoteClient::call_record(int model, const calls::Args& a
       if (r.has_error()) {
         refused.emplace(static_cast<zd_status>(r.error().status()), r.error().message());
       } else {
-        socket_arenas_ = std::move(f);
+        socket_arenas_.push_back(std::move(f));
         f = receive();
       }
     }
     if (!refused && (f.header.type != wire::kCallReply || f.header.request_id != id || f.body.size() < sizeof reply_))
       fail(ZD_ERR_INTERNAL,
            "the daemon answered call " + std::to_string(id) + " with " + transport::describe(f.header));
+    if (!refused) std::memcpy(&reply_, f.body.data(), sizeof reply_);
+    if (!refused && reply_.arenas_follow != socket_arenas_.size())
+      fail(ZD_ERR_INTERNAL, "the daemon's answer to call " + std::to_string(id) + " says " +
+                                std::to_string(reply_.arenas_follow) + " arena frames came before it, not " +
+                                std::to_string(socket_arenas_.size()));
   } catch (const Error& e) {
+    socket_arenas_.clear();
     fall_out_of_step(e);
   }
   if (refused) throw *refused;
   socket_reply_.assign(f.body.begin(), f.body.end());
-  std::memcpy(&reply_, socket_reply_.data(), sizeof reply_);
   return reply_;
 }
 
@@ -202,9 +207,9 @@ std::span<const std::byte> RemoteClient::reply_tail() const {
 }
 
 transport::Frame RemoteClient::arena_frame() {
-  if (socket_arenas_) {
-    transport::Frame f = std::move(*socket_arenas_);
-    socket_arenas_.reset();
+  if (!socket_arenas_.empty()) {
+    transport::Frame f = std::move(socket_arenas_.front());
+    socket_arenas_.pop_front();
     return f;
   }
   // The rest of the last call's answer: a failure here leaves it half read.

@@ -57,7 +57,10 @@ struct RingReply {
   int32_t status;          // a zd_status
   uint32_t message_bytes;  // the text after the views: an error's message, or optimizer_info's names
   uint32_t view_count;     // RingViews after this record
-  uint32_t arenas_follow;  // 1: a socket frame with new arena fds (a v1::Reply) was sent before this reply
+  // How many socket frames with new arena fds (each a v1::Reply, at most
+  // transport::kMaxFdsPerFrame fds) were sent before this reply: 0, 1, or
+  // more for a client whose hello said arena_batches (wire::send_arenas).
+  uint32_t arenas_follow;
   calls::Figures figures;  // the answer's fixed part, as the dispatcher's Outcome holds it
 };
 

@@ -2,6 +2,7 @@
 
 #include "error.h"
 
+#include <algorithm>
 #include <string>
 
 namespace zerod::wire {
@@ -33,6 +34,24 @@ void send_bytes(transport::Connection& c, FrameType type, uint32_t request_id, s
   h.request_id = request_id;
   h.type = type;
   c.send(h, body, fds, timeout_ms);
+}
+
+uint32_t arena_frames(size_t arenas) {
+  return static_cast<uint32_t>((arenas + transport::kMaxFdsPerFrame - 1) / transport::kMaxFdsPerFrame);
+}
+
+void send_arenas(transport::Connection& c, uint32_t request_id, const v1::Reply& all, std::span<const int> fds,
+                 int timeout_ms) {
+  if (static_cast<size_t>(all.new_arenas_size()) != fds.size())
+    fail(ZD_ERR_INTERNAL, "announcing " + std::to_string(all.new_arenas_size()) + " new arenas with " +
+                              std::to_string(fds.size()) + " fds");
+  for (size_t first = 0; first < fds.size(); first += transport::kMaxFdsPerFrame) {
+    const size_t n = std::min(transport::kMaxFdsPerFrame, fds.size() - first);
+    v1::Reply batch;
+    batch.mutable_ok();
+    for (size_t i = first; i < first + n; ++i) *batch.add_new_arenas() = all.new_arenas(static_cast<int>(i));
+    send(c, kReply, request_id, batch, fds.subspan(first, n), timeout_ms);
+  }
 }
 
 void to_proto(const StepFigures& f, v1::StepFigures* s) {

@@ -11,6 +11,7 @@
 
 #include <zerod/zerod.h>
 
+#include <cstddef>
 #include <span>
 #include <vector>
 
@@ -43,6 +44,17 @@ void set_error(v1::Reply* reply, zd_status status, const std::string& message);
 // (zerod_v1.proto's ModelCall; daemon/server/session_v1_calls.cpp).
 void to_proto(const StepFigures& f, v1::StepFigures* s);
 void to_proto(const RingView& v, v1::View* out);
+
+// A call record's new arenas (all.new_arenas(), their fds in that order)
+// as kReply frames of request_id, each a v1::Reply with ok and the next
+// transport::kMaxFdsPerFrame arenas at most: one sendmsg cannot pass more
+// fds, and a pool that grew by more in one call (a GPU's 256 MiB chunks
+// past 63 GiB, a kept model's whole pool on its re-attach) would otherwise
+// not reach its client at all. arena_frames says how many frames that is,
+// for the reply record's arenas_follow.
+uint32_t arena_frames(size_t arenas);
+void send_arenas(transport::Connection& c, uint32_t request_id, const v1::Reply& all, std::span<const int> fds,
+                 int timeout_ms = transport::kWaitForever);
 
 // Sends a call record's bytes (kCall, kCallReply) as one frame.
 void send_bytes(transport::Connection& c, FrameType type, uint32_t request_id, std::span<const std::byte> body,
