@@ -16,6 +16,41 @@
 
 namespace zerod::server {
 
+namespace {
+
+// The key holds `name=` as one of its fields.
+bool carries(const std::string& key, const std::string& name) {
+  const std::string field = name + "=";
+  return key.rfind(field, 0) == 0 || key.find(";" + field) != std::string::npos;
+}
+
+// Why no later launch can name this job key again, so that a model kept
+// under it (daemon.keep_state) would hold its memory until the daemon stops;
+// "" when one can. The keys are those libzerod makes for a launcher's ranks
+// (libzerod/src/launcher_env.cpp).
+std::string one_launch_because(const std::string& key) {
+  if (carries(key, "restart"))
+    return "its key carries torchrun's restart count, so torchrun's next restart is another job; under torchrun a "
+           "job resumes from its snapshots (snapshot = { path = ..., every = N })";
+  // Ids each launch is given anew: a relaunch under mpirun or srun (a Slurm
+  // requeue's steps count from 0 again, but it may run on other nodes) is
+  // another job unless its ranks name it with ZEROD_JOB_KEY.
+  for (const char* id : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_STEP_ID", "PMI_JOBID"})
+    if (carries(key, id))
+      return std::string("its key carries ") + id + ", which its launcher gives every launch anew, so a relaunch " +
+             (carries(key, "ZEROD_JOB_KEY") ? "is another job (the rank's libzerod is older than this daemon; a "
+                                              "libzerod as new sends ZEROD_JOB_KEY without the launcher's ids)"
+                                            : "is another job; set ZEROD_JOB_KEY to the same value in every launch "
+                                              "of the job to resume its kept state");
+  if (carries(key, "ZEROD_JOB_KEY")) return "";
+  if (carries(key, "parent"))
+    return "its ranks name no job and are keyed by their parent process, which a relaunch does not have again; set "
+           "ZEROD_JOB_KEY to the same value in every launch of the job to resume its kept state";
+  return "";
+}
+
+}  // namespace
+
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
       listener_(transport::Listener::create_private(
@@ -92,11 +127,8 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
     k = "pid=" + std::to_string(pid) + ";connection=" + std::to_string(jobs_made_) + ";";
     one_launch = "it names no job, so it is keyed by its connection, which no restart has again; give a process "
                  "that is restarted by hand a ZEROD_JOB_KEY";
-  } else if (k.rfind("restart=", 0) == 0 || k.find(";restart=") != std::string::npos) {
-    // torchrun's restart count, in the key libzerod makes for its ranks
-    // (libzerod/src/launcher_env.cpp): torchrun's next restart is a new job.
-    one_launch = "its key carries torchrun's restart count, so torchrun's next restart is another job; under "
-                 "torchrun a job resumes from its snapshots (snapshot = { path = ..., every = N })";
+  } else {
+    one_launch = one_launch_because(k);
   }
   auto it = jobs_.find(k);
   if (it != jobs_.end()) {
@@ -513,6 +545,7 @@ std::shared_ptr<ModelHost> Server::model(int id) {
 
 void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
   if (m->anyone_attached()) return;
+  std::string not_kept;
   if (const std::string why = m->kept_because(options_.keep_state); !why.empty()) {
     if (m->job()->one_launch.empty()) {
       log_info("model " + std::to_string(m->id()) + " (" + m->script_name() + ") is kept for a restart " +
@@ -520,9 +553,9 @@ void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
       return;
     }
     // Kept, it would hold its memory (--host-memory) until the daemon stops.
-    log_warn("model " + std::to_string(m->id()) + " (" + m->script_name() + ") of " + m->job()->label +
-             " is not kept for a restart, although its job asks for it (daemon.keep_state) and a rank was lost (" +
-             why + "), because " + m->job()->one_launch);
+    not_kept = "model " + std::to_string(m->id()) + " (" + m->script_name() + ") of " + m->job()->label +
+               " is not kept for a restart, although its job asks for it (daemon.keep_state) and a rank was lost (" +
+               why + "), because " + m->job()->one_launch;
   }
   // Not kept because a step stopped part-way: the lost ranks' restarts, which
   // expect to resume it, are told why.
@@ -530,6 +563,7 @@ void Server::forget_if_unused(const std::shared_ptr<ModelHost>& m) {
   const std::vector<int> lost = refused ? m->lost_ranks() : std::vector<int>{};
   std::lock_guard<std::mutex> lock(mu_);
   const bool erased = models_.erase(m->id()) > 0;  // once, though each leaving rank's session may get here
+  if (erased && !not_kept.empty()) log_warn(not_kept);
   if (erased && refused) {
     const bool recurs = m->job()->one_launch.empty();
     log_warn(std::string(refused->what()) +

@@ -131,6 +131,15 @@ std::shared_ptr<const ckpt::Source> Snapshots::open_for(RankResources& res, Stat
 
 std::shared_ptr<const ckpt::Source> Snapshots::start(int rank, RankResources& res, StateBuffers& buffers) {
   if (!enabled()) return nullptr;
+  {
+    // A retried finalize (its snapshots moved aside or mended) asks
+    // afresh: an earlier attempt's reasons are not this one's, and a
+    // rank's own stale one would stand (the lowest rank's is kept). Every
+    // local rank clears before its first collective below, so before any
+    // rank records a reason after it.
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_.clear();
+  }
   const std::string& path = ctx_.config.snapshot.path;
   if (across_nodes()) discover(rank, res);
   // What a crash left half written goes before any rank can start a

@@ -283,6 +283,16 @@ class Model final : private FailureSink {
   // What each of this process's ranks plans to hold per tier, by rank.
   std::map<int, TierBytes> local_needs() const;
   void check_device_support(const RankState& rs) const;
+  // finalize's steps: the rank's state checked, admitted and allocated;
+  // its shards published and the barrier every rank passes once placed
+  // (at stage 3, the persistent parameters gathered); the resume from the
+  // newest snapshot, *resuming set once it overwrites the state.
+  void place_rank(RankState& rs);
+  void share_placement(RankState& rs);
+  void resume_from_snapshot(RankState& rs, bool* resuming);
+  // A finalize that failed gives back all it took (its state, NVMe
+  // extents, the node's memory) and the initial values it dropped.
+  void undo_finalize(RankState& rs, bool resuming);
   void allocate_rank(RankState& rs);
   void release_rank(RankState& rs);
   // The registered initial values, once every local rank has written them
@@ -291,9 +301,10 @@ class Model final : private FailureSink {
   void drop_initial_values(RankState& rs);
   // A finalize that fails after the rank took them: a job of one rank puts
   // them back from its masters, exactly, so that a retry starts from them;
-  // a job of several cannot (no rank holds them whole), and its retry is
-  // refused rather than started from zeros.
-  void put_back_initial_values(RankState& rs) noexcept;
+  // a job of several cannot (no rank holds them whole), nor can one whose
+  // resume from a snapshot had begun to overwrite the masters, and its
+  // retry is refused rather than started from zeros or a snapshot's part.
+  void put_back_initial_values(RankState& rs, bool masters_overwritten) noexcept;
   void restage_initial_values(RankState& rs);
 
   [[noreturn]] void broken_by(const Error& e) override;
@@ -384,8 +395,8 @@ class Model final : private FailureSink {
   // dtype they were staged in), for put_back_initial_values.
   std::vector<char> took_initial_values_;
   std::vector<std::pair<size_t, zd_dtype>> dropped_initial_values_;
-  bool initial_values_lost_ = false;
-  std::string unreadable_masters_;  // why a one-rank job could not put them back
+  // Not empty once they cannot be put back: why a retried finalize is refused.
+  std::string initial_values_lost_;
   // plan() has checked the placement against the device (check_device
   // reads every parameter and is the same for every rank: once, not per
   // rank, or planning 4096 ranks reads them 4096 times).

@@ -309,14 +309,7 @@ void Model::finalize(int rank) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     if (rs.registered == 0)
       fail(ZD_ERR_INVALID_STATE, "zd_model_finalize with no parameters registered");
-    if (initial_values_lost_)
-      fail(ZD_ERR_INVALID_STATE,
-           world_size_ == 1
-               ? "an earlier zd_model_finalize failed after it had dropped the registered initial values, and "
-                 "reading them back from the masters failed (" + unreadable_masters_ +
-                     "); destroy the model and create it again"
-               : "an earlier zd_model_finalize failed after its ranks had dropped the registered initial values, "
-                 "and a job of several ranks cannot put them back; destroy the model and create it again");
+    if (!initial_values_lost_.empty()) fail(ZD_ERR_INVALID_STATE, initial_values_lost_);
   }
   // Every rank has registered everything once all are here.
   const std::string what = "finalize: every rank registered";
@@ -329,26 +322,37 @@ void Model::finalize(int rank) {
     share_initial_values(rs);
   }
   lay_out_once();
+  // Everything after the admission is undone when it fails (a snapshot that
+  // cannot be resumed from, the node's memory refused), so that a retried
+  // finalize allocates the state once: TieredBuffer::allocate appends, and
+  // a retry over what a failed attempt kept held it all twice (the ledger
+  // and the node's charge doubled, the NVMe extents reserved again).
+  bool resuming = false;
   try {
-    placement_.check_device(*rs.res.device, rs.res.pool_memory, rank);
-    set_up_tiers(rs);
-    std::array<uint64_t, ZD_TIER_COUNT> budgets{};
-    for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
-    placement_.check_budgets(budgets);
-    if (admission_) admission_->admit(rank, local_needs());
-    allocate_rank(rs);
+    place_rank(rs);
+    share_placement(rs);
+    resume_from_snapshot(rs, &resuming);
   } catch (...) {
-    put_back_initial_values(rs);  // from the masters: before they are released
-    release_rank(rs);
-    // The NVMe store only grows: a tier reserves and never releases, so
-    // the extents this attempt reserved before it failed would stay in the
-    // store file, and a retry would reserve after them and need them twice.
-    // Closing the store frees them all; a retry opens a fresh one
-    // (set_up_tiers), and the disk's free space is what it has.
-    rs.res.nvme.reset();
-    if (admission_) admission_->release(rank);
+    undo_finalize(rs, resuming);
     throw;
   }
+  rs.finalized = true;
+  finalized_.store(true);
+}
+
+void Model::place_rank(RankState& rs) {
+  const int rank = rs.res.rank;
+  placement_.check_device(*rs.res.device, rs.res.pool_memory, rank);
+  set_up_tiers(rs);
+  std::array<uint64_t, ZD_TIER_COUNT> budgets{};
+  for (int t = 0; t < ZD_TIER_COUNT; ++t) budgets[static_cast<size_t>(t)] = rs.res.ledger.budget(t);
+  placement_.check_budgets(budgets);
+  if (admission_) admission_->admit(rank, local_needs());
+  allocate_rank(rs);
+}
+
+void Model::share_placement(RankState& rs) {
+  const int rank = rs.res.rank;
   if (shard_board_) {
     // Where the other ranks' gathers find this rank's shards (the barrier
     // below publishes them): a shard whose elements are not all at one
@@ -362,9 +366,9 @@ void Model::finalize(int rank) {
     }
     shard_board_->publish(rank, std::move(shards));
   }
-  const std::string what2 = "finalize: every rank placed its state";
+  const std::string what = "finalize: every rank placed its state";
   ctx_.run(*rs.res.stream, [&] {
-    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what2));
+    plugins_.comm->barrier(ctx_.comm_call(rank, comm_tag(CommOp::Finalize, 0, 2), what));
   });
   if (ctx_.params_partitioned()) {
     rs.residency.gather_persistent();
@@ -373,15 +377,34 @@ void Model::finalize(int rank) {
     for (const uint64_t bytes : table[ZD_TIER_DEVICE]) planned += bytes;
     rs.residency.agree_prefetch_room(planned);
   }
-  // A job that takes snapshots resumes from the newest one every rank can
-  // read and verify (agreed between the ranks, across nodes too).
-  if (const auto src = snapshots_->start(rank, rs.res, rs.buffers)) {
-    restore_rank(rs, *src, /*verified=*/true);
-    if (rank == first_local_)
-      log_info("resumed from the snapshot " + src->dir() + " at step " + std::to_string(src->manifest().step));
-  }
-  rs.finalized = true;
-  finalized_.store(true);
+}
+
+void Model::resume_from_snapshot(RankState& rs, bool* resuming) {
+  // The newest snapshot every rank can read and verify (agreed between the
+  // ranks, across nodes too), if the job takes snapshots.
+  const auto src = snapshots_->start(rs.res.rank, rs.res, rs.buffers);
+  if (!src) return;
+  *resuming = true;
+  restore_rank(rs, *src, /*verified=*/true);
+  if (rs.res.rank == first_local_)
+    log_info("resumed from the snapshot " + src->dir() + " at step " + std::to_string(src->manifest().step));
+}
+
+// The ranks that passed the barrier before this one failed are left as
+// they were: they meet its absence at their next collective (comm.timeout,
+// or its connection's end). None reads the shards it published and now
+// releases: a one-sided gather waits until every rank has arrived, and this
+// one, unfinalized, never does.
+void Model::undo_finalize(RankState& rs, bool resuming) {
+  put_back_initial_values(rs, resuming);  // from the masters: before they are released
+  release_rank(rs);
+  // The NVMe store only grows: a tier reserves and never releases, so
+  // the extents this attempt reserved before it failed would stay in the
+  // store file, and a retry would reserve after them and need them twice.
+  // Closing the store frees them all; a retry opens a fresh one
+  // (set_up_tiers), and the disk's free space is what it has.
+  rs.res.nvme.reset();
+  if (admission_) admission_->release(rs.res.rank);
 }
 
 void Model::allocate_rank(RankState& rs) {
@@ -435,25 +458,36 @@ void Model::drop_initial_values(RankState& rs) {
   });
 }
 
-void Model::put_back_initial_values(RankState& rs) noexcept {
+void Model::put_back_initial_values(RankState& rs, bool masters_overwritten) noexcept {
   std::lock_guard<std::mutex> lock(reg_mu_);
   const auto local = static_cast<size_t>(rs.res.rank - first_local_);
   if (local >= took_initial_values_.size() || !took_initial_values_[local]) return;
   took_initial_values_[local] = 0;
   if (dropped_initial_values_.empty()) return;  // still staged (or none were registered)
-  if (world_size_ == 1) {
-    try {
-      restage_initial_values(rs);
-      dropped_initial_values_.clear();
-      return;
-    } catch (const std::exception& e) {
-      // Unreadable masters: the retry is refused, saying which.
-      unreadable_masters_ = e.what();
-    } catch (...) {
-      unreadable_masters_ = "an unknown error";
-    }
+  const std::string again = "; destroy the model and create it again";
+  if (world_size_ > 1) {
+    initial_values_lost_ = "an earlier zd_model_finalize failed after its ranks had dropped the registered initial "
+                           "values, and a job of several ranks cannot put them back" + again;
+    return;
   }
-  initial_values_lost_ = true;
+  if (masters_overwritten) {
+    initial_values_lost_ = "an earlier zd_model_finalize failed while it resumed from a snapshot, which had begun "
+                           "to overwrite the masters that hold the registered initial values" + again;
+    return;
+  }
+  std::string unreadable;
+  try {
+    restage_initial_values(rs);
+    dropped_initial_values_.clear();
+    return;
+  } catch (const std::exception& e) {
+    unreadable = e.what();
+  } catch (...) {
+    unreadable = "an unknown error";
+  }
+  // Unreadable masters: the retry is refused, saying which.
+  initial_values_lost_ = "an earlier zd_model_finalize failed after it had dropped the registered initial values, "
+                         "and reading them back from the masters failed (" + unreadable + ")" + again;
 }
 
 // A master is its initial value widened to fp32, and narrowing it back to

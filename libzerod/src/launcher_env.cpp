@@ -79,6 +79,40 @@ long slurm_local_tasks() {
   return 0;
 }
 
+// torchrun restarts its workers with a new count: a new daemon each time,
+// and under `zerod serve --jobs` another job (Server::join).
+std::string torchrun_restart() {
+  return std::getenv("TORCHELASTIC_RESTART_COUNT") ? "restart=" + value("TORCHELASTIC_RESTART_COUNT") + ";" : "";
+}
+
+// Ranks of another size are another job.
+std::string world_of(const LauncherRanks& r) {
+  return "world=" + std::to_string(r.world) + "/" + std::to_string(r.local_world) + ";";
+}
+
+std::string launch_key(const Launcher& l, const LauncherRanks& r) {
+  std::string ids;
+  for (const char* k : l.keys)
+    if (k && std::getenv(k)) ids += std::string(k) + "=" + value(k) + ";";
+  std::string key = ids + torchrun_restart() + world_of(r);
+  // No launcher id at all: the processes of one launch usually share a
+  // parent (torchrun's agent, mpirun's, slurmstepd), though not when
+  // each rank runs through a wrapper script of its own.
+  if (ids.empty()) key += "parent=" + std::to_string(::getppid()) + ";";
+  return key;
+}
+
+// ZEROD_JOB_KEY alone, without the launcher's ids: those change at every
+// launch (Open MPI's PMIx namespace, Slurm's step, PMI's job id, the
+// parent process), so with them a relaunch under mpirun or srun was another
+// job to `zerod serve --jobs` and never got back what daemon.keep_state kept
+// for it. torchrun's restart count stays: its restart is another job.
+std::string hello_job_key(const Launcher& l, const LauncherRanks& r) {
+  const char* named = std::getenv("ZEROD_JOB_KEY");
+  if (!named) return launch_key(l, r);
+  return "ZEROD_JOB_KEY=" + std::string(named) + ";" + torchrun_restart() + world_of(r);
+}
+
 }  // namespace
 
 std::optional<LauncherRanks> launcher_ranks() {
@@ -98,21 +132,8 @@ std::optional<LauncherRanks> launcher_ranks() {
     r.where = std::string(l.rank) + "=" + value(l.rank) + ", " + l.size + "=" + std::to_string(n);
     if (local >= 0) r.where += std::string(", ") + l.local_rank + "=" + std::to_string(local);
     if (l.local_size && local_world > 0) r.where += std::string(", ") + l.local_size + "=" + std::to_string(local_world);
-    bool has_id = false;
-    for (const char* k : l.keys)
-      if (k && std::getenv(k)) {
-        r.job_key += std::string(k) + "=" + value(k) + ";";
-        has_id = true;
-      }
-    // torchrun restarts its workers with a new count: a new daemon each time.
-    if (std::getenv("TORCHELASTIC_RESTART_COUNT"))
-      r.job_key += "restart=" + value("TORCHELASTIC_RESTART_COUNT") + ";";
-    // Ranks of another size are another job.
-    r.job_key += "world=" + std::to_string(r.world) + "/" + std::to_string(r.local_world) + ";";
-    // No launcher id at all: the processes of one launch usually share a
-    // parent (torchrun's agent, mpirun's, slurmstepd), though not when
-    // each rank runs through a wrapper script of its own.
-    if (!has_id) r.job_key += "parent=" + std::to_string(::getppid()) + ";";
+    r.job_key = launch_key(l, r);
+    r.hello_job_key = hello_job_key(l, r);
     return r;
   }
   return std::nullopt;

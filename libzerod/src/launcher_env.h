@@ -27,7 +27,14 @@ struct LauncherRanks {
   // The same string in every process of one launch on this node and a
   // different one for the next launch (or a restart under torchrun): the
   // launcher's job id, rendezvous address, restart count ("" if it has none).
+  // It names the launch's own daemon (node_daemon.h).
   std::string job_key;
+  // The job this rank names in its hello to a daemon serving several jobs
+  // (`zerod serve --jobs`, Server::join): job_key, or with ZEROD_JOB_KEY set
+  // that alone (torchrun's restart count and the world size beside it), so
+  // that a relaunch under mpirun or srun names the job its last launch did
+  // and resumes what daemon.keep_state kept for it.
+  std::string hello_job_key;
 };
 
 // nullopt when the environment says one process (or says nothing). The

@@ -62,7 +62,7 @@ RankIdentity identity_from_environment() {
   id.world = launched->world;
   id.local_rank = launched->local_rank;
   id.local_world = launched->local_world;
-  id.job_key = launched->job_key;
+  id.job_key = launched->hello_job_key;
   return id;
 }
 

@@ -411,15 +411,34 @@ TEST_F(KeptModelsOfSeveralJobs, AJobKeyThatCanRecurKeepsALostRanksModel) {
   EXPECT_TRUE(eventually([&] { return nothing_held(); }));
 }
 
-// A process alone that names no job is keyed by its connection, and a
-// torchrun rank's key carries torchrun's restart count: neither key comes
-// again, so a model kept under it would hold its memory until the daemon
-// stops.
+// A process alone that names no job is keyed by its connection, a
+// torchrun rank's key carries torchrun's restart count, the ranks of mpirun,
+// srun or a PMI launcher carry the ids their launcher gives every launch
+// anew, and ranks started by hand without an id their parent process: none
+// of those keys comes again, so a model kept under it would hold its memory
+// (and its snapshot path) until the daemon stops. The log says why it is
+// not kept.
 TEST_F(KeptModelsOfSeveralJobs, AJobKeyOfOneLaunchKeepsNothing) {
-  for (const std::string key : {"", "MASTER_ADDR=127.0.0.1;MASTER_PORT=29500;restart=0;world=1/1;"}) {
-    EXPECT_EQ(run("", true, key), kInitial);
+  struct Case {
+    std::string key, why;
+  };
+  for (const Case& c : {Case{"", "it names no job"},
+                        Case{"MASTER_ADDR=127.0.0.1;MASTER_PORT=29500;restart=0;world=1/1;", "restart count"},
+                        Case{"PMIX_NAMESPACE=prterun-x@1;world=1/1;", "carries PMIX_NAMESPACE"},
+                        // An older libzerod sent the launcher's ids beside ZEROD_JOB_KEY.
+                        Case{"ZEROD_JOB_KEY=b;PMIX_NAMESPACE=prterun-x@1;world=1/1;", "older than this daemon"},
+                        Case{"OMPI_MCA_ess_base_jobid=4242;world=1/1;", "carries OMPI_MCA_ess_base_jobid"},
+                        Case{"SLURM_JOB_ID=7;SLURM_STEP_ID=0;world=1/1;", "carries SLURM_STEP_ID"},
+                        Case{"PMI_JOBID=99;world=1/1;", "carries PMI_JOBID"},
+                        Case{"world=1/1;parent=123;", "keyed by their parent process"}}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(run("", true, c.key), kInitial);
     EXPECT_TRUE(eventually([&] { return nothing_held(); }))
-        << "key '" << key << "': " << srv->jobs().size() << " jobs, " << srv->node_memory()->held()
+        << "key '" << c.key << "': " << srv->jobs().size() << " jobs, " << srv->node_memory()->held()
         << " bytes held";
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("is not kept for a restart"), std::string::npos) << c.key << ": " << err;
+    EXPECT_NE(err.find(c.why), std::string::npos) << c.key << ": " << err;
   }
 }
+

@@ -1593,6 +1593,15 @@ TEST(CheckpointExport, AnExportReplacesOnlyAnEarlierExport) {
   EXPECT_NO_THROW(export_to(out, 2000));
 }
 
+// One byte of a shard's records flipped: its checksum fails.
+void flip(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(40);
+  const char c = static_cast<char>(f.get());
+  f.seekp(40);
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
 // A damaged newest snapshot is not the end: the job resumes from the newest
 // one every rank can read and verify, says which it skipped and why, and
 // ends where an uninterrupted run ends. Only when none verifies does
@@ -1609,13 +1618,6 @@ TEST(Snapshots, ADamagedNewestFallsBackToTheNewestThatVerifies) {
     auto a = make_model(o, 2);
     train_both(*a, 0, 7);  // snapshots of steps 2, 4, 6; the process dies at 7
   }
-  const auto flip = [](const std::string& file) {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(40);
-    const char c = static_cast<char>(f.get());
-    f.seekp(40);
-    f.put(static_cast<char>(c ^ 0x5a));
-  };
   struct Damage {
     const char* what;
     std::function<void(const std::string& dir)> apply;
@@ -1683,6 +1685,116 @@ TEST(Snapshots, ADamagedNewestFallsBackToTheNewestThatVerifies) {
       EXPECT_NE(e.find(snaps.path + "/step-00000000000" + step + " (rank 1: "), std::string::npos) << e;
     EXPECT_NE(e.find("fails its checksum"), std::string::npos) << e;
   }
+}
+
+// What a rank's ledger holds, by tier and kind.
+std::vector<uint64_t> held(const Model& m, int rank) {
+  std::vector<uint64_t> bytes;
+  for (int t = 0; t < ZD_TIER_COUNT; ++t)
+    for (int kind = 0; kind < ZD_MEM_KIND_COUNT; ++kind)
+      bytes.push_back(m.ledger(rank).current(static_cast<zd_tier>(t), static_cast<zd_mem_kind>(kind)));
+  return bytes;
+}
+
+// finalize's error (its code ZD_ERR_IO), or "finalized".
+std::string finalize_error(const std::function<void()>& finalize) {
+  try {
+    finalize();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+    return e.what();
+  }
+  return "finalized";
+}
+
+// A job of one rank whose snapshots cannot be resumed from: its finalize
+// fails after the rank's state was placed, and gives back all it took, so
+// the trainer may move them aside and finalize the same model again. The
+// retry holds the state once (before, it allocated all of it again beside
+// what the failed attempt kept: twice the ledger, and the node's memory
+// charged twice), starts from the registered values and trains as a model
+// that never failed. A retry refused again names its own reasons, not the
+// earlier attempt's.
+TEST(Snapshots, AFinalizeThatCannotResumeIsRetriedHoldingTheStateOnce) {
+  TempDir snaps;
+  JobOptions o = job(3);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  {
+    auto a = make_model(o, 1);
+    std::vector<zd_param_id> ids;
+    register_all(*a, 0, &ids);
+    train(*a, 0, ids, 0, 5);  // snapshots of steps 2 and 4; the process dies at 5
+  }
+  const std::vector<std::string> steps = {snaps.path + "/step-000000000002", snaps.path + "/step-000000000004"};
+  for (const std::string& d : steps) flip(d + "/rank-00000-of-00001.zdshard");
+  auto ref = make_model(job(3), 1);
+  const std::vector<uint64_t> nothing = held(*ref, 0);
+  std::vector<zd_param_id> ref_ids;
+  register_all(*ref, 0, &ref_ids);
+  const Saved initial = whole(*ref, 1);
+
+  auto b = make_model(o, 1);
+  std::vector<zd_param_id> ids;
+  ::testing::internal::CaptureStderr();
+  const std::string damaged = finalize_error([&] { register_all(*b, 0, &ids); });
+  EXPECT_NE(damaged.find("no snapshot under " + snaps.path + " can be resumed from"), std::string::npos) << damaged;
+  EXPECT_NE(damaged.find("fails its checksum"), std::string::npos) << damaged;
+  EXPECT_EQ(held(*b, 0), nothing) << "the failed finalize kept what it allocated";
+  for (const std::string& d : steps) std::ofstream(d + "/zerod-checkpoint.txt") << "zerod-checkpoint 1\nstep x\n";
+  const std::string garbled = finalize_error([&] { b->finalize(0); });
+  EXPECT_NE(garbled.find("zerod-checkpoint.txt:2"), std::string::npos) << garbled;
+  EXPECT_EQ(garbled.find("fails its checksum"), std::string::npos) << "the earlier attempt's reason: " << garbled;
+  EXPECT_EQ(held(*b, 0), nothing);
+  ::testing::internal::GetCapturedStderr();
+
+  for (const std::string& d : steps) fs::remove_all(d);
+  ASSERT_EQ(finalize_error([&] { b->finalize(0); }), "finalized");
+  EXPECT_EQ(b->applied_steps(0), 0);
+  EXPECT_EQ(held(*b, 0), held(*ref, 0)) << "the retry holds the state twice";
+  EXPECT_EQ(whole(*b, 1).params, initial.params);
+  train(*b, 0, ids, 0, 3);
+  train(*ref, 0, ref_ids, 0, 3);
+  EXPECT_EQ(whole(*b, 1).params, whole(*ref, 1).params);
+  EXPECT_EQ(whole(*b, 1).slots, whole(*ref, 1).slots);
+}
+
+// Every rank of a job of several fails the resume together (the ranks
+// agree on it), and each gives back what it took; their retry is refused,
+// as no rank holds the dropped initial values whole.
+TEST(Snapshots, AFinalizeThatCannotResumeGivesBackWhatEveryRankTook) {
+  TempDir snaps;
+  JobOptions o = job(1);
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  {
+    auto a = make_model(o, 2);
+    train_both(*a, 0, 3);  // the snapshot of step 2; the process dies at 3
+  }
+  flip(snaps.path + "/step-000000000002/rank-00001-of-00002.zdshard");
+  auto b = make_model(o, 2);
+  const std::vector<std::vector<uint64_t>> nothing = {held(*b, 0), held(*b, 1)};
+  std::vector<std::string> errors(2);
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    errors[static_cast<size_t>(rank)] = finalize_error([&] { register_all(*b, rank, &ids); });
+  });
+  ::testing::internal::GetCapturedStderr();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(errors[static_cast<size_t>(rank)].find("can be resumed from"), std::string::npos)
+        << errors[static_cast<size_t>(rank)];
+    EXPECT_EQ(held(*b, rank), nothing[static_cast<size_t>(rank)]) << "rank " << rank << " kept what it allocated";
+  }
+  run_ranks(2, [&](int rank) {
+    try {
+      b->finalize(rank);
+      ADD_FAILURE() << "rank " << rank << " finalized without its initial values";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ZD_ERR_INVALID_STATE) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cannot put them back"), std::string::npos) << e.what();
+    }
+  });
 }
 
 }  // namespace
