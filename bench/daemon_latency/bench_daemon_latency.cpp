@@ -18,8 +18,9 @@
 // pair, the time ZeRO's forward hooks (the gather of the module's
 // parameters before its forward, their release after) add to the forward
 // of one module holding the same --numel fp32 parameters, world size 1,
-// median and p99 (deepspeed_hooks.py, in the build's venv python: torch 2.x
-// and DeepSpeed, as a user installing today gets them), then zerod's rows
+// median and p99 (deepspeed_hooks.py, in --python, else the build's venv
+// python: torch 2.x and DeepSpeed, as a user installing today gets them,
+// else the system's), then zerod's rows
 // over it. ZeRO stage 0 puts no hooks on a module: its row is noise, about
 // nothing, and gets no ratio. DeepSpeed's once-a-forward engine work is a
 // row of its own ("whole forward"), not in the ratio. Where DeepSpeed
@@ -31,7 +32,9 @@
 // (/tmp/zerod-bench-*) before the bench exits 1 (or 128 + the signal).
 //
 //   bench_daemon_latency [--iters 20000] [--numel 4096] [--ranks 2] [--device cpu|cuda] [--zerod PATH]
-//                        [--no-deepspeed]
+//                        [--python PATH] [--no-deepspeed]
+// --python: a machine without the build's venv (a GPU image whose torch is
+// in an environment of its own: bench/gpu/daemon.py passes its own Python)
 #include <zerod/zerod.h>
 
 #include <fcntl.h>
@@ -313,11 +316,13 @@ bool parse_figures(const char* line, const char* key, Figures& f) {
 }
 
 // deepspeed_hooks.py at `stage` on a module of `numel` fp32 on `device`,
-// in the venv's python (else the system's), one thread as a rank's pairs
-// run on one. Its stderr is folded in: its last line says why it failed.
-DeepSpeedRun deepspeed_peer(int stage, int iters, int64_t numel, const std::string& device) {
+// in `given` (--python; else the venv's python, else the system's), one
+// thread as a rank's pairs run on one. Its stderr is folded in: its last
+// line says why it failed.
+DeepSpeedRun deepspeed_peer(int stage, int iters, int64_t numel, const std::string& device,
+                            const std::string& given) {
   DeepSpeedRun r;
-  const std::string python = zerod::bench::peer_python("", ZEROD_BENCH_VENV_PYTHON);
+  const std::string python = zerod::bench::peer_python(given, ZEROD_BENCH_VENV_PYTHON);
   const std::string cmd = "DS_ACCELERATOR=" + device + " OMP_NUM_THREADS=1 '" + python + "' '" +
                           ZEROD_BENCH_DEEPSPEED_SCRIPT + "' --stages " + std::to_string(stage) + " --iters " +
                           std::to_string(iters) + " --warmup 1000 --numel " + std::to_string(numel) +
@@ -380,6 +385,7 @@ struct Options {
   int64_t numel = 4096;
   std::string device = "cpu";
   const char* zerod = ZEROD_EXE;
+  std::string python;  // the DeepSpeed peer's; empty: peer_python's choice
   bool deepspeed = true;
 };
 
@@ -389,7 +395,7 @@ constexpr int kMinIters = 100;
 void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--iters N >= %d] [--numel N >= 1] [--ranks N >= 1] [--device cpu|cuda] [--zerod PATH] "
-               "[--no-deepspeed]\n",
+               "[--python PATH] [--no-deepspeed]\n",
                argv0, kMinIters);
 }
 
@@ -409,7 +415,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   std::string why;
   for (int i = 1; i < argc && why.empty(); ++i) {
     const std::string a = argv[i];
-    const bool valued = a == "--iters" || a == "--numel" || a == "--ranks" || a == "--device" || a == "--zerod";
+    const bool valued =
+        a == "--iters" || a == "--numel" || a == "--ranks" || a == "--device" || a == "--zerod" || a == "--python";
     if (a == "--no-deepspeed") {
       o.deepspeed = false;
       continue;
@@ -423,6 +430,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     else if (a == "--numel") o.numel = std::atoll(v);
     else if (a == "--ranks") o.ranks = std::atoi(v);
     else if (a == "--device") o.device = v;
+    else if (a == "--python") o.python = v;
     else o.zerod = v;
   }
   if (why.empty()) why = refusal(o);
@@ -494,7 +502,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (!deepspeed) continue;
-    const DeepSpeedRun ds = deepspeed_peer(stage, o.iters, o.numel, o.device);
+    const DeepSpeedRun ds = deepspeed_peer(stage, o.iters, o.numel, o.device, o.python);
     if (ds.error.empty()) {
       print_deepspeed(stage, ds, o.numel, *rows);
     } else {

@@ -14,7 +14,8 @@ latency  bench_daemon_latency --device cuda: the time of a
          zd_forward_begin + zd_forward_end pair, median and p99, embedded and
          through the daemon (socket, call ring), 2 ranks, stages 0 and 3,
          beside the time DeepSpeed ZeRO's forward hooks add to the same
-         module (its deepspeed_hooks.py; one line says why where it cannot).
+         module (its deepspeed_hooks.py, in this Python; one line says why
+         where it cannot).
 cpp      the C++ GPT of examples/cpp (cuBLAS GEMMs and CUDA kernels of its
          own, through zerod.h) against the PyTorch GPT of examples/python
          (the same model, fp32) through zerod.torch: tokens/s of all ranks,
@@ -173,8 +174,11 @@ def latency_table(a):
         if not line.startswith("zerod serve: stopping"):
             print(line, flush=True)
 
-    rc, _ = stream([exe, "--device", DEVICE, "--iters", str(a.latency_iters), "--ranks", "2", "--zerod", a.zerod],
-                   timeout, on_line=show)
+    # DeepSpeed's peer in this Python: the bench's own choice (the build's
+    # venv, else /usr/bin/python3) has no torch on the GPU image, whose
+    # torch and DeepSpeed are in the environment run.sh's python3 is.
+    rc, _ = stream([exe, "--device", DEVICE, "--iters", str(a.latency_iters), "--ranks", "2", "--zerod", a.zerod,
+                    "--python", sys.executable], timeout, on_line=show)
     if rc is None:
         print(f"bench_daemon_latency: over {timeout:.0f} s", flush=True)
     elif rc != 0:

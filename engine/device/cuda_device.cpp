@@ -54,11 +54,6 @@ void check(cudaError_t e, const std::string& what) {
   fail(f.status, "cuda device: " + f.message);
 }
 
-// Checks a launch of cuda_kernels.h (`code` is its cudaError_t).
-void check_launch(int code, const std::string& what) {
-  if (code != 0) check(static_cast<cudaError_t>(code), what);
-}
-
 constexpr uint64_t kAlign = 256;                      // cudaMalloc's own alignment
 constexpr uint64_t kChunk = uint64_t{256} << 20;      // the pool grows by this much at least
 
@@ -103,7 +98,10 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
+    // Where the context failed, the sync returns at once, and a trainer
+    // still waiting for zerod's last record is released.
+    const cudaError_t synced = cudaStreamSynchronize(stream_);
+    if (shared_) signals_.release_if_context_failed(synced);
     for (Queue& q : queues_) {
       cudaStreamSynchronize(q.stream);
       for (cudaEvent_t e : q.done) cudaEventDestroy(e);
@@ -166,7 +164,7 @@ class CudaDevice final : public Device {
           arena = shared_ ? static_cast<int32_t>(chunks_.size() - 1) : -1;
         }
       }
-      if (zero_fill) check(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
+      if (zero_fill) checked(cudaMemsetAsync(p, 0, size, stream_), "zeroing " + what);
       return Block{p, size, arena, shared_ ? off : 0};
     } catch (...) {
       ledger_.release(ZD_TIER_DEVICE, kind, size);
@@ -230,24 +228,24 @@ class CudaDevice final : public Device {
 
   void copy_to_device(void* dst, const void* src, uint64_t bytes) override {
     current();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
+    checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
     // From pageable memory the call returns once the source is staged; from
     // page-locked memory it returns at once, and the caller may reuse src.
-    if (page_locked(src)) check(cudaStreamSynchronize(stream_), "copying to the device");
+    if (page_locked(src)) checked(cudaStreamSynchronize(stream_), "copying to the device");
   }
 
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override {
     current();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copying to the host");
-    check(cudaStreamSynchronize(stream_), "copying to the host");
+    checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copying to the host");
+    checked(cudaStreamSynchronize(stream_), "copying to the host");
   }
 
   uint64_t upload(void* dst, const void* src, uint64_t bytes) override {
     current();
     Queue& q = queues_[kUp - 1];
     std::lock_guard<std::mutex> lock(q.mu);
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, q.stream), "uploading to the device");
-    return q.record(kUp);
+    checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, q.stream), "uploading to the device");
+    return record(q, kUp);
   }
 
   uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t after) override {
@@ -256,16 +254,16 @@ class CudaDevice final : public Device {
     std::lock_guard<std::mutex> lock(q.mu);
     if (after) {
       std::lock_guard<std::mutex> marks(marks_.mu);
-      check(cudaStreamWaitEvent(q.stream, marks_.event_for(after), 0), "ordering a download after zerod's work");
+      checked(cudaStreamWaitEvent(q.stream, marks_.event_for(after), 0), "ordering a download after zerod's work");
     }
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q.stream), "downloading from the device");
-    return q.record(kDown);
+    checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, q.stream), "downloading from the device");
+    return record(q, kDown);
   }
 
   uint64_t mark() override {
     current();
     std::lock_guard<std::mutex> lock(marks_.mu);
-    return marks_.record(kMark);
+    return record(marks_, kMark);
   }
 
   void upload_after_stream() override {
@@ -273,8 +271,8 @@ class CudaDevice final : public Device {
     Queue& q = queues_[kUp - 1];
     std::lock_guard<std::mutex> lock(q.mu);
     std::lock_guard<std::mutex> mark(event_mu_);
-    check(cudaEventRecord(stream_mark_, stream_), "marking zerod's work");
-    check(cudaStreamWaitEvent(q.stream, stream_mark_, 0), "ordering uploads after zerod's work");
+    checked(cudaEventRecord(stream_mark_, stream_), "marking zerod's work");
+    checked(cudaStreamWaitEvent(q.stream, stream_mark_, 0), "ordering uploads after zerod's work");
   }
 
   void transfer_wait(uint64_t ticket) override {
@@ -286,7 +284,7 @@ class CudaDevice final : public Device {
       std::lock_guard<std::mutex> lock(q.mu);
       e = q.event_for(ticket);
     }
-    check(cudaEventSynchronize(e), "waiting for a transfer");
+    checked(cudaEventSynchronize(e), "waiting for a transfer");
   }
 
   void stream_waits(uint64_t ticket) override {
@@ -294,7 +292,7 @@ class CudaDevice final : public Device {
     current();
     Queue& q = queues_[(ticket >> kDirShift) - 1];
     std::lock_guard<std::mutex> lock(q.mu);
-    check(cudaStreamWaitEvent(stream_, q.event_for(ticket), 0), "making zerod's stream wait for a transfer");
+    checked(cudaStreamWaitEvent(stream_, q.event_for(ticket), 0), "making zerod's stream wait for a transfer");
   }
 
   void wait_peer_mark(const Device& peer, uint64_t mark) override {
@@ -302,12 +300,12 @@ class CudaDevice final : public Device {
     current();
     const CudaDevice& p = of(peer);
     std::lock_guard<std::mutex> lock(p.marks_.mu);
-    check(cudaStreamWaitEvent(stream_, p.marks_.event_for(mark), 0), "waiting for a peer's work");
+    checked(cudaStreamWaitEvent(stream_, p.marks_.event_for(mark), 0), "waiting for a peer's work");
   }
 
   void copy_peer(void* dst, const Device& peer, const void* src, uint64_t bytes) override {
     current();
-    check(cudaMemcpyPeerAsync(dst, device_, src, of(peer).device_, bytes, stream_), "copying from a peer's memory");
+    checked(cudaMemcpyPeerAsync(dst, device_, src, of(peer).device_, bytes, stream_), "copying from a peer's memory");
   }
 
   void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override {
@@ -326,14 +324,14 @@ class CudaDevice final : public Device {
           continue;
         }
         copies.push_back(allocate_for_overwrite(bytes, ZD_MEM_BUFFERS, "a peer's gradients, copied for their sum"));
-        check(cudaMemcpyPeerAsync(copies.back().ptr, device_, s.data, p.device_, bytes, stream_),
+        checked(cudaMemcpyPeerAsync(copies.back().ptr, device_, s.data, p.device_, bytes, stream_),
               "copying from a peer's memory");
         from.push_back(copies.back().ptr);
       }
       if (from.size() > static_cast<size_t>(cuda_kernels::kMaxSources))
         fail(ZD_ERR_INTERNAL, "cuda device: a sum over " + std::to_string(from.size()) + " ranks; at most " +
                                   std::to_string(cuda_kernels::kMaxSources) + " in one process");
-      check_launch(cuda_kernels::sum_sources(from.data(), static_cast<int>(from.size()), dst, dt, n, stream_),
+      checked_launch(cuda_kernels::sum_sources(from.data(), static_cast<int>(from.size()), dst, dt, n, stream_),
                    "summing the ranks' gradients");
     } catch (...) {
       for (const Block& b : copies) release(b, ZD_MEM_BUFFERS);
@@ -345,41 +343,41 @@ class CudaDevice final : public Device {
 
   void copy_within(void* dst, const void* src, uint64_t bytes) override {
     current();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copying on the device");
+    checked(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copying on the device");
   }
 
   void zero(void* dst, uint64_t bytes) override {
     current();
-    check(cudaMemsetAsync(dst, 0, bytes, stream_), "zeroing device memory");
+    checked(cudaMemsetAsync(dst, 0, bytes, stream_), "zeroing device memory");
   }
 
   void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
     current();
-    check_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, 1.0f, stream_), "adding gradients");
+    checked_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, 1.0f, stream_), "adding gradients");
   }
 
   void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
                          float factor) override {
     current();
-    check_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, factor, stream_), "adding gradients");
+    checked_launch(cuda_kernels::accumulate(src, src_dt, dst, dst_dt, n, factor, stream_), "adding gradients");
   }
 
   void scale(void* p, zd_dtype dt, uint64_t n, float factor) override {
     current();
-    check_launch(cuda_kernels::scale(p, dt, n, factor, stream_), "scaling gradients");
+    checked_launch(cuda_kernels::scale(p, dt, n, factor, stream_), "scaling gradients");
   }
 
   GradStats grad_stats(const std::vector<GradSpan>& spans) override {
     current();
     std::lock_guard<std::mutex> lock(stats_mu_);
-    check(cudaMemsetAsync(stats_, 0, cuda_kernels::kStatsBlocks * sizeof(double), stream_), "clearing statistics");
+    checked(cudaMemsetAsync(stats_, 0, cuda_kernels::kStatsBlocks * sizeof(double), stream_), "clearing statistics");
     for (const GradSpan& s : spans)
-      check_launch(cuda_kernels::sumsq_add(s.data, s.dtype, s.count, stats_, stream_), "the gradient norm");
+      checked_launch(cuda_kernels::sumsq_add(s.data, s.dtype, s.count, stats_, stream_), "the gradient norm");
     double* out = stats_ + cuda_kernels::kStatsBlocks;
-    check_launch(cuda_kernels::sumsq_finish(stats_, out, stream_), "the gradient norm");
+    checked_launch(cuda_kernels::sumsq_finish(stats_, out, stream_), "the gradient norm");
     GradStats g;
-    check(cudaMemcpyAsync(&g.sumsq, out, sizeof(double), cudaMemcpyDeviceToHost, stream_), "reading the norm");
-    check(cudaStreamSynchronize(stream_), "reading the norm");
+    checked(cudaMemcpyAsync(&g.sumsq, out, sizeof(double), cudaMemcpyDeviceToHost, stream_), "reading the norm");
+    checked(cudaStreamSynchronize(stream_), "reading the norm");
     g.finite = std::isfinite(g.sumsq);
     return g;
   }
@@ -390,7 +388,7 @@ class CudaDevice final : public Device {
     current();
     opt.update_cuda(u, stream_);
     if (zero_grad && u.grad)
-      check(cudaMemsetAsync(const_cast<void*>(u.grad), 0, u.count * dtype_size(u.grad_dtype), stream_),
+      checked(cudaMemsetAsync(const_cast<void*>(u.grad), 0, u.count * dtype_size(u.grad_dtype), stream_),
             "zeroing gradients");
   }
 
@@ -407,8 +405,8 @@ class CudaDevice final : public Device {
       signals_.record(kZerodDone, stream_);
       return;
     }
-    check(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
-    check(cudaStreamWaitEvent(trainer_, copies_done_, 0), "making the trainer's stream wait");
+    checked(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
+    checked(cudaStreamWaitEvent(trainer_, copies_done_, 0), "making the trainer's stream wait");
   }
 
   void trainer_waits_for(uint64_t mark) override {
@@ -418,7 +416,7 @@ class CudaDevice final : public Device {
     if (mark == 0) return;
     current();
     std::lock_guard<std::mutex> lock(marks_.mu);
-    check(cudaStreamWaitEvent(trainer_, marks_.event_for(mark), 0), "making the trainer's stream wait");
+    checked(cudaStreamWaitEvent(trainer_, marks_.event_for(mark), 0), "making the trainer's stream wait");
   }
 
   void wait_for_trainer() override {
@@ -428,8 +426,8 @@ class CudaDevice final : public Device {
       signals_.wait_on(kTrainerDone, stream_);
       return;
     }
-    check(cudaEventRecord(trainer_done_, trainer_), "recording the trainer's work");
-    check(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
+    checked(cudaEventRecord(trainer_done_, trainer_), "recording the trainer's work");
+    checked(cudaStreamWaitEvent(stream_, trainer_done_, 0), "waiting for the trainer's stream");
   }
 
   // The CPU's read and store of the signals' page: no GPU call.
@@ -441,7 +439,7 @@ class CudaDevice final : public Device {
 
   void synchronize() override {
     current();
-    check(cudaStreamSynchronize(stream_), "waiting for zerod's stream");
+    checked(cudaStreamSynchronize(stream_), "waiting for zerod's stream");
   }
 
  private:
@@ -488,17 +486,37 @@ class CudaDevice final : public Device {
     uint64_t seq = 0;
     std::mutex mu;  // the stream's issue order, seq and the ring
 
-    uint64_t record(int dir) {
-      ++seq;
-      check(cudaEventRecord(done[seq % kRing], stream), "recording a transfer");
-      return (static_cast<uint64_t>(dir) << kDirShift) | seq;
-    }
     cudaEvent_t event_for(uint64_t ticket) const {
       return done[(ticket & ((uint64_t{1} << kDirShift) - 1)) % kRing];
     }
   };
 
-  void current() const { check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
+  // The next transfer's ticket on `q` (its lock held): an event recorded
+  // after what `q` holds now.
+  uint64_t record(Queue& q, int dir) const {
+    ++q.seq;
+    checked(cudaEventRecord(q.done[q.seq % kRing], q.stream), "recording a transfer");
+    return (static_cast<uint64_t>(dir) << kDirShift) | q.seq;
+  }
+
+  // check() for a call of this device's. First, on a shared device, an
+  // error that says this process's context on the GPU has failed releases
+  // kZerodDone (SharedSignals::release_if_context_failed): zerod's records
+  // of it queued behind the failed kernel never run, and the trainer's
+  // stream, waiting for one, would hold for good, and the trainer with it
+  // (at its next synchronize, or its quiesce before zd_model_destroy),
+  // though this daemon is alive.
+  void checked(cudaError_t e, const std::string& what) const {
+    if (e != cudaSuccess && shared_) signals_.release_if_context_failed(e);
+    check(e, what);
+  }
+
+  // Checks a launch of cuda_kernels.h (`code` is its cudaError_t).
+  void checked_launch(int code, const std::string& what) const {
+    if (code != 0) checked(static_cast<cudaError_t>(code), what);
+  }
+
+  void current() const { checked(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
 
   static const CudaDevice& of(const Device& d) {
     const auto* c = dynamic_cast<const CudaDevice*>(&d.unwrapped());

@@ -317,6 +317,43 @@ std::string signal_name(SignalId id) {
   }
 }
 
+// The signal pages this process has mapped, by GPU: a context that failed
+// is the process's on that GPU, so none of the records it queued there, on
+// any page, will run. Pages, not SharedSignals, which move: a page stays
+// where it is mapped until ~SharedSignals. Never destroyed (a device freed
+// during static destruction still leaves it).
+class LivePages {
+ public:
+  void add(SignalPage* page, int gpu, SignalId mine) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pages_.push_back({page, gpu, mine});
+  }
+  void remove(const SignalPage* page) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(pages_, [page](const Entry& e) { return e.page == page; });
+  }
+  // Every page on `gpu` releases the signal this process records there.
+  void release_on(int gpu, int cuda_error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : pages_)
+      if (e.gpu == gpu) signal_release_if_context_failed(*e.page, e.mine, cuda_error);
+  }
+
+ private:
+  struct Entry {
+    SignalPage* page;
+    int gpu;
+    SignalId mine;  // the signal this process records on it
+  };
+  std::mutex mu_;
+  std::vector<Entry> pages_;
+};
+
+LivePages& live_pages() {
+  static LivePages* pages = new LivePages;
+  return *pages;
+}
+
 }  // namespace
 
 SharedSignals SharedSignals::create(int device, const std::string& what) {
@@ -326,6 +363,7 @@ SharedSignals SharedSignals::create(int device, const std::string& what) {
   s.device_page_ = register_page(s.page_, device, what);
   s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
+  live_pages().add(s.page_, device, kZerodDone);  // the daemon's page: its stream records kZerodDone
   return s;
 }
 
@@ -336,6 +374,7 @@ SharedSignals SharedSignals::import(int page_fd, int device) {
   s.device_page_ = register_page(s.page_, device, what);  // on failure s's destructor unmaps the page
   s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
+  live_pages().add(s.page_, device, kTrainerDone);  // the trainer's: its stream records kTrainerDone
   return s;
 }
 
@@ -350,9 +389,12 @@ void SharedSignals::record(SignalId id, void* stream) const {
   const uint64_t n = page_->issued[id].load(std::memory_order_relaxed) + 1;
   // The default flags put a memory barrier before the write: what the
   // stream wrote before is visible to whoever the word releases.
-  check(driver().write_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
-                             CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue32", "recording " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
+  const CUresult r = driver().write_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
+                                          CU_STREAM_WRITE_VALUE_DEFAULT);
+  // Not published: the failed record is not waited for, but the last one
+  // was, and may sit behind the kernel that failed the context.
+  release_if_context_failed(r);
+  check(r, "cuStreamWriteValue32", "recording " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
   // Published once queued: a number the other side reads is always on its way.
   page_->issued[id].store(n, std::memory_order_release);
 }
@@ -360,9 +402,10 @@ void SharedSignals::record(SignalId id, void* stream) const {
 void SharedSignals::wait_on(SignalId id, void* stream) const {
   const uint64_t n = page_->issued[id].load(std::memory_order_acquire);
   if (n == 0) return;  // never recorded: nothing to wait for
-  check(driver().wait_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
-                            CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue32",
+  const CUresult r = driver().wait_value(static_cast<CUstream>(stream), device_word(id), static_cast<uint32_t>(n),
+                                         CU_STREAM_WAIT_VALUE_GEQ);
+  release_if_context_failed(r);
+  check(r, "cuStreamWaitValue32",
         "queuing a wait for " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
 }
 
@@ -370,8 +413,15 @@ void SharedSignals::release(SignalId id) const { signal_release(*page_, id); }
 
 bool SharedSignals::pending(SignalId id) const { return signal_pending(*page_, id); }
 
+bool SharedSignals::release_if_context_failed(int cuda_error) const {
+  if (!page_ || !cuda_context_failed_before(cuda_error)) return false;
+  live_pages().release_on(device_, cuda_error);
+  return true;
+}
+
 SharedSignals::~SharedSignals() {
   if (!page_) return;
+  live_pages().remove(page_);  // before the page goes: a release on another thread may be writing it
   // Nothing queued may use it any more: the trainer's side quiesces its
   // stream first, the daemon's device synchronizes before it goes. An
   // error is cleared only where this call made it: one the trainer's own

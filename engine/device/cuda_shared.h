@@ -85,6 +85,18 @@ class SharedDeviceChunk {
 // for it, and pending() reads the word from the CPU: neither goes through a
 // stream, so neither can be held behind the wait it is about.
 //
+// A process alive whose GPU context has failed (a kernel of its faulted: a
+// device-side assert, an illegal address) never runs its queued records
+// either, and the other side's release waits for an exit that may never
+// come (a trainer that catches the error and carries on, a daemon serving
+// other jobs). So each process releases the signals it records itself,
+// from the CPU, as soon as one of its CUDA calls says its context has
+// failed: record() and wait_on() do, and release_if_context_failed() is
+// for its other calls. The context is the process's on that GPU, not one
+// page's: every page of the process on it is released, so that a rank
+// whose own calls stopped (its model broken by another's error) does not
+// keep its trainer waiting.
+//
 // Why not interprocess CUDA events: a wait on a cudaEventInterprocess record
 // that its process never ran holds for good, and a later record of the same
 // event does not end it (device.CudaShared.* on an H200, 2026-11-27: still
@@ -112,12 +124,15 @@ class SharedSignals {
   // For sending: the page's fd (owned here; -1 for an imported one).
   int page_fd() const;
 
-  // `stream` is a cudaStream_t (nullptr: the legacy default stream).
+  // `stream` is a cudaStream_t (nullptr: the legacy default stream). A
+  // failure that says this process's GPU context has failed releases first
+  // (release_if_context_failed).
   void record(SignalId s, void* stream) const;
   void wait_on(SignalId s, void* stream) const;
   // Stores the latest number of `s` now (signal_release). Only once the
   // process that records `s` can no longer run work on the GPU (it has
-  // exited): its queued records never run then, and nothing else would.
+  // exited, or its context has failed: release_if_context_failed):
+  // its queued records never run then, and nothing else would.
   // "Exited" (transport::release_when_gone: its pidfd readable, or a
   // zombie) assumes the dead process's CUDA context went with it; a forked
   // child still holding its /dev/nvidia* files could keep that context, and
@@ -125,6 +140,17 @@ class SharedSignals {
   void release(SignalId s) const;
   // Whether the latest record of `s` has not written its number yet.
   bool pending(SignalId s) const;
+  // Where `cuda_error`, which a CUDA call of this process on this page's GPU
+  // returned, says the process's context there has failed
+  // (cuda_context_failed_before): releases, on every page this process has
+  // on that GPU, the signal it records there (kZerodDone on a page it
+  // created, the daemon's; kTrainerDone on one it imported, the
+  // trainer's), ending the other processes' waits for records that will
+  // never run (signal_release_if_context_failed), and returns true. Any
+  // other error (cudaSuccess included): nothing, false. Safe from any
+  // thread and more than once: a store from the CPU that never moves a
+  // word back.
+  bool release_if_context_failed(int cuda_error) const;
 
  private:
   // The word's address on the GPU (the page's mapping there).

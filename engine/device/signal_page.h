@@ -16,6 +16,8 @@
 // the same way.
 #pragma once
 
+#include "cuda_failure.h"
+
 #include <atomic>
 #include <cstdint>
 
@@ -29,7 +31,8 @@ enum SignalId : int { kZerodDone = 0, kTrainerDone = 1, kSignalCount = 2 };
 // The page's layout. Each count and each word has one writer, the process
 // that records the signal (its CPU the count, its GPU stream the word); the
 // other process only reads them, and writes a word only to release a wait
-// once the recording process has exited.
+// once the recording process has exited. The recording process's CPU writes
+// its word only once its GPU context has failed, when its stream never will.
 struct SignalPage {
   std::atomic<uint64_t> issued[kSignalCount];
   // A cache line of their own: the GPU writes them over the bus.
@@ -61,8 +64,10 @@ inline bool signal_pending(const SignalPage& p, SignalId s) {
 
 // Writes the latest number of `s` into its word, which ends every wait for
 // it. Only once the recording process can no longer run work on its GPU
-// (it has exited): its queued records never run then, and nothing else
-// would write the word. A word already at or past the number is left.
+// (it has exited, or its GPU context has failed): its queued records never
+// run then, and nothing else would write the word. A word already at or
+// past the number is left, so a second release, from either process, does
+// nothing.
 inline void signal_release(SignalPage& p, SignalId s) {
   const uint64_t n = p.issued[s].load(std::memory_order_acquire);
   uint32_t w = p.word[s].load(std::memory_order_acquire);
@@ -70,6 +75,19 @@ inline void signal_release(SignalPage& p, SignalId s) {
          !p.word[s].compare_exchange_weak(w, static_cast<uint32_t>(n), std::memory_order_release,
                                           std::memory_order_acquire)) {
   }
+}
+
+// The recording process's own release, alive, of `s` once a CUDA call of
+// its returned `cuda_error` (cuda_failure.h): where that error says its GPU
+// context has failed (a kernel of its faulted: a device-side assert, an
+// illegal address), none of its queued records will ever run, and the
+// other process's stream, waiting for one, would hold for good (the other
+// side's hangup watch releases only once this process has exited). Returns
+// whether it released; any other error leaves the signal as it is.
+inline bool signal_release_if_context_failed(SignalPage& p, SignalId s, int cuda_error) {
+  if (!cuda_context_failed_before(cuda_error)) return false;
+  signal_release(p, s);
+  return true;
 }
 
 }  // namespace zerod

@@ -239,6 +239,15 @@ void TrainerLink::before_call() {
   if (!signals_) return;
   // On the rank's GPU whatever this thread had current (OnRankGpu).
   const OnRankGpu on(device_id_);
+  // A context that failed (a kernel of the trainer's faulted) may show here
+  // first, or in the record below (which then releases itself): the
+  // daemon's stream, which waits for this stream's records, is released
+  // before the error reaches the trainer. Else it would wait for good for a
+  // record behind the failed kernel (this process lives: the daemon's
+  // hangup watch never releases it), and so would the daemon's next
+  // synchronize (at zd_model_destroy the latest), and this process for its
+  // reply.
+  signals_->release_if_context_failed(on.status());
   on.require(device_id_, "recording the trainer's stream before a zerod call");
   signals_->record(kTrainerDone, stream_);
 #endif
@@ -248,9 +257,14 @@ void TrainerLink::quiesce() noexcept {
 #if defined(ZEROD_HAVE_CUDA)
   if (!signals_) return;
   const OnRankGpu on(device_id_);
-  const bool done =
-      on.status() == cudaSuccess && cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)) == cudaSuccess;
+  const cudaError_t synced =
+      on.status() != cudaSuccess ? on.status() : cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  const bool done = synced == cudaSuccess;
   if (!done) cudaGetLastError();
+  // Before zd_model_destroy goes to the daemon: its end synchronizes its
+  // stream, which may wait for a record of this one behind the failed
+  // kernel (before_call says why that would hold for good).
+  signals_->release_if_context_failed(synced);
   unwatch();  // after the stream: its callback uses the signals
   if (!done) {
     // The stream may still hold a record or a wait on the page (the trainer
@@ -267,6 +281,7 @@ void TrainerLink::after_begin() {
 #if defined(ZEROD_HAVE_CUDA)
   if (!signals_) return;
   const OnRankGpu on(device_id_);
+  signals_->release_if_context_failed(on.status());  // as in before_call
   on.require(device_id_, "making the trainer's stream wait for the daemon's copies");
   signals_->wait_on(kZerodDone, stream_);
 #endif

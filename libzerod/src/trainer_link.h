@@ -69,16 +69,24 @@ class TrainerLink {
   // zd_model_set_stream: the trainer's stream (a cudaStream_t; NULL: the
   // default stream). On the cpu device only NULL.
   void set_stream(void* stream);
-  // Around each call to the daemon.
+  // Around each call to the daemon. Where a CUDA call here says this
+  // process's GPU context has failed, kTrainerDone is released from the CPU
+  // first (SharedSignals::release_if_context_failed), before the error
+  // goes to the trainer: the daemon's stream never waits for a record of
+  // this stream's that will not run.
   void before_call();
   void after_begin();
   // At the model's end, before the daemon is told: waits until the
   // trainer's stream has done what it holds (kernels reading views, the
   // last record of kTrainerDone) and unmaps this side's stream signals.
   // Unmapping the pool is not ordered on any stream. Best effort: an error
-  // (a broken context) leaves the rest of the teardown to go on. The hangup
-  // watch stays on until the stream is done: a daemon that dies meanwhile,
-  // its record of kZerodDone unrun, does not leave this waiting forever.
+  // (a broken context) leaves the rest of the teardown to go on; a failed
+  // context first releases kTrainerDone, so that the daemon's end of the
+  // model, which synchronizes its stream, does not wait for a record of
+  // this stream's behind the failed kernel, and this process for it. The
+  // hangup watch stays on until the stream is done: a daemon that dies
+  // meanwhile, its record of kZerodDone unrun, does not leave this waiting
+  // forever.
   void quiesce() noexcept;
 
  private:

@@ -24,6 +24,18 @@
 // behind 300 ms of work on its stream and answers at once; the parent's
 // wait holds while that work runs, then ends, with the child's bytes there.
 //
+// The fifth and sixth are a side whose GPU context fails (a kernel of its
+// faulted: an illegal address) while it lives on: the record it queued
+// behind that kernel never runs, and the other side's hangup watch only
+// releases for a process that has exited, so the failing side must release
+// its own signal as soon as a CUDA call of its says its context failed
+// (SharedSignals::release_if_context_failed). The fifth's child is a
+// trainer, through libzerod's TrainerLink (its record before a call, its
+// quiesce at the model's end); the sixth's a daemon, through a shared cuda
+// device (trainer_waits(), synchronize()). Each parent checks that its
+// wait holds once the child's kernel has failed (what the release is for),
+// then that the child's next call ends it within 10 s, the child alive.
+//
 // Bounded on every path, so that a failure on a GPU fails fast instead of
 // hanging: each wait on a stream is an event polled with a deadline; each
 // child dies with its parent (PR_SET_PDEATHSIG) and within 2 minutes
@@ -39,8 +51,13 @@
 // of its own. Run by hand with several of its tests in one process, every
 // test after the first is reported skipped, saying so, rather than failing
 // in its child as if the code were wrong.
+#include "device/cuda_kernels.h"
 #include "device/cuda_shared.h"
+#include "device/select.h"
 #include "memory/arena.h"  // SharedArena, complete for a default SharedSignals
+#include "memory/ledger.h"
+#include "runtime/workers.h"
+#include "trainer_link.h"  // libzerod's side (libzerod/src)
 #include "transport/connection.h"
 
 #include <cuda_runtime.h>
@@ -53,6 +70,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -210,6 +229,92 @@ void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
   }
   c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
   for (;;) pause();  // until the parent kills it
+}
+
+// What the child says after its call that found its context failed: the
+// error its stream reports now ("" where it has none).
+void say_the_streams_error(Connection& c, cudaStream_t s) {
+  const cudaError_t e = s ? cudaStreamQuery(s) : cudaDeviceSynchronize();
+  const std::string said = e == cudaSuccess || e == cudaErrorNotReady ? "" : cudaGetErrorName(e);
+  c.send(FrameHeader{}, std::as_bytes(std::span(said.data(), said.size())), {}, 30000);
+}
+
+// An illegal address: a kernel that writes there fails this process's
+// context.
+void* const kUnmapped = reinterpret_cast<void*>(0x10);
+
+// The live trainer whose kernel fails (the fifth test's child), through
+// libzerod's TrainerLink as a rank under the daemon: maps the signals,
+// queues 300 ms of work on its stream, then a kernel that faults, then a
+// zerod call's record of kTrainerDone (before_call), and answers. At the
+// parent's word it ends its model as a trainer that caught the error does
+// (quiesce: its synchronize finds the context failed), says what its
+// stream reports, and lives on until killed.
+[[noreturn]] void child_records_behind_a_failing_kernel(Connection& c) {
+  if (!gpu_missing().empty()) _exit(kNoGpu);
+  std::string answer;
+  std::unique_ptr<zerod::abi::TrainerLink> link;
+  cudaStream_t s = nullptr;
+  try {
+    Frame f = c.receive(1024, 30000);
+    if (f.fds.size() != 1) throw std::runtime_error("a malformed offer");
+    link = std::make_unique<zerod::abi::TrainerLink>(ZD_DEVICE_CUDA, 0, StreamLink{f.fds[0].get()},
+                                                     /*watch=*/nullptr, getppid());
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("no stream");
+    link->set_stream(s);
+    auto delay = [](void*) { usleep(300000); };
+    if (cudaLaunchHostFunc(s, delay, nullptr) != cudaSuccess) throw std::runtime_error("no host function");
+    if (cuda_kernels::scale(kUnmapped, ZD_DTYPE_F32, 1 << 20, 2.0f, s) != 0)
+      throw std::runtime_error("the faulting kernel was refused at its launch");
+    link->before_call();
+  } catch (const std::exception& e) {
+    answer = e.what();
+  }
+  c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
+  if (answer.empty()) {
+    Frame go = c.receive(1024, 60000);
+    link->quiesce();
+    say_the_streams_error(c, s);
+  }
+  for (;;) pause();  // until the parent kills it
+}
+
+// The live daemon whose kernel fails (the sixth test's child), through a
+// shared cuda device: sends its signals, and once the parent has mapped
+// them queues about 100 ms of work on zerod's stream, then a kernel that
+// faults, then the record a begin call makes (trainer_waits), and answers.
+// At the parent's word it synchronizes (as its next call would), which
+// fails, says what its stream reports, and lives on until killed.
+[[noreturn]] void child_device_records_behind_a_failing_kernel(Connection& c) {
+  if (!gpu_missing().empty()) _exit(kNoGpu);
+  std::string answer;
+  MemoryLedger ledger;
+  ThreadPool pool{1};
+  std::mutex pool_mu;
+  Workers workers{pool, pool_mu};
+  std::unique_ptr<Device> device;
+  try {
+    device = open_shared_device("cuda", ledger, workers, 0, "the child's device");
+    c.send(FrameHeader{}, {}, std::vector<int>{device->stream_link().page_fd}, 30000);
+    Frame mapped = c.receive(1024, 60000);
+    constexpr uint64_t kFloats = uint64_t{1} << 28;  // 1 GiB: about 1 ms a pass on an H200
+    const Block work = device->allocate(kFloats * sizeof(float), ZD_MEM_BUFFERS, "the child's work");
+    for (int i = 0; i < 100; ++i) device->scale(work.ptr, ZD_DTYPE_F32, kFloats, 1.0f);
+    device->scale(kUnmapped, ZD_DTYPE_F32, 1 << 20, 2.0f);
+    device->trainer_waits();
+  } catch (const std::exception& e) {
+    answer = e.what();
+  }
+  c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
+  if (answer.empty()) {
+    Frame go = c.receive(1024, 60000);
+    try {
+      device->synchronize();
+    } catch (const std::exception&) {  // the failed context, as expected: what the stream says goes next
+    }
+    say_the_streams_error(c, nullptr);
+  }
+  for (;;) pause();  // until the parent kills it; its device's teardown would wait on nothing here
 }
 
 // Whether `e` completes within `ms`.
@@ -474,6 +579,75 @@ TEST(CudaShared, AWaitOnALiveRecordBehindWorkHoldsThenEnds) {
   ASSERT_TRUE(ended) << "the wait on the live child's record did not end within 5 s";
   EXPECT_FALSE(signals.pending(kTrainerDone));
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the child's bytes, written before its record";
+}
+
+// The common part of the last two tests: `signals`' `id` was last recorded
+// by the live child behind a kernel of its that faults. This process's
+// stream waits for it: the wait holds once the kernel has failed, and the
+// child's next CUDA call, at `go`, must end it, the child still alive.
+void expect_the_failed_sides_record_released(const SharedSignals& signals, SignalId id, Connection& parent_end,
+                                             Child& child) {
+  ASSERT_TRUE(signals.pending(id)) << "the child's record was queued behind its work (its answer came first)";
+  cudaStream_t waiting = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  const ReleaseOnExit release_on_exit(signals, id, child, waiting);
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  signals.wait_on(id, waiting);
+  ASSERT_EQ(cudaEventRecord(after, waiting), cudaSuccess);
+  // Past the child's work: its kernel has failed, and the record behind it
+  // never ran (a wait that ends here ran it: the kernel did not fault).
+  EXPECT_FALSE(completes_within(after, 2000)) << "the child's record ran: its kernel did not fail its context";
+  parent_end.send(FrameHeader{}, {}, {}, 30000);  // go: the child's next call
+  const std::string said = child_answer(parent_end);
+  std::printf("the child's stream after its call: %s\n", said.empty() ? "no error" : said.c_str());
+  EXPECT_NE(said, "") << "the child's context did not fail";
+  const bool released = completes_within(after, 10000);
+  int status = 0;
+  const bool alive = waitpid(child.pid, &status, WNOHANG) == 0;
+  cudaEventDestroy(after);
+  ASSERT_TRUE(alive) << "the child died: only its own release, alive, is what this tests";
+  if (!released) {
+    // A stream that waits forever would hang this process's teardown too.
+    std::fprintf(stderr, "FAILED: the child's failed context did not release the wait on its record within 10 s\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(1);
+  }
+  EXPECT_FALSE(signals.pending(id));
+}
+
+// The daemon's side: its own signals; the live trainer's kernel failed.
+TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveTrainer) {
+  auto [parent_end, child_end] = connection_pair();
+  Child kid;
+  if (const std::string missing = start_child(child_records_behind_a_failing_kernel, parent_end, child_end, &kid);
+      !missing.empty())
+    GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
+  ASSERT_GT(kid.pid, 0);
+  SharedSignals signals = SharedSignals::create(0, "the test's signals");
+  parent_end.send(FrameHeader{}, {}, signal_fds(signals), 30000);
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
+  expect_the_failed_sides_record_released(signals, kTrainerDone, parent_end, kid);
+}
+
+// The trainer's side: the live daemon's signals, mapped here; its device's
+// kernel failed.
+TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveDaemon) {
+  auto [parent_end, child_end] = connection_pair();
+  Child kid;
+  if (const std::string missing =
+          start_child(child_device_records_behind_a_failing_kernel, parent_end, child_end, &kid);
+      !missing.empty())
+    GTEST_SKIP() << "stream signals cannot be tested here: " << missing;
+  ASSERT_GT(kid.pid, 0);
+  Frame offer = parent_end.receive(1024, 60000);
+  ASSERT_EQ(offer.fds.size(), 1u) << "from the child: "
+                                 << std::string(reinterpret_cast<const char*>(offer.body.data()), offer.body.size());
+  SharedSignals signals = SharedSignals::import(offer.fds[0].get(), 0);
+  parent_end.send(FrameHeader{}, {}, {}, 30000);
+  ASSERT_EQ(child_answer(parent_end), "") << "from the child";
+  expect_the_failed_sides_record_released(signals, kZerodDone, parent_end, kid);
 }
 
 }  // namespace

@@ -334,6 +334,36 @@ TEST(StreamSignals, ARecordLeftByADeadProcessIsPendingUntilReleasedFromTheCpu) {
   EXPECT_FALSE(signal_pending(*page, kZerodDone));
 }
 
+// The recording process's own release, alive, once its GPU context has
+// failed (signal_release_if_context_failed; the GPU half is
+// device.CudaShared.AWaitBehindAFailedKernelIsReleasedByTheLiveTrainer):
+// its second record sits behind the kernel that failed, and would hold the
+// other side's wait for good. Only an error that says the context failed
+// releases it (one that left the context usable, or success, leaves the
+// record to run); a second release, from either side, changes nothing,
+// and a word already past the number is never moved back.
+TEST(StreamSignals, ARecordBehindAFailedContextIsReleasedByItsOwnProcessAndOnlyThen) {
+  SignalPage page{};
+  page.issued[kTrainerDone].store(1);
+  page.word[kTrainerDone].store(1);  // its first record ran
+  page.issued[kTrainerDone].store(2);  // queued behind the failed kernel
+  for (const int usable : {0, cuda_code::kOutOfMemory, 1 /* cudaErrorInvalidValue */}) {
+    EXPECT_FALSE(signal_release_if_context_failed(page, kTrainerDone, usable)) << usable;
+    EXPECT_TRUE(signal_pending(page, kTrainerDone)) << "released after error " << usable;
+  }
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kIllegalAddress));
+  EXPECT_FALSE(signal_pending(page, kTrainerDone));
+  EXPECT_EQ(page.word[kTrainerDone].load(), 2u);
+  EXPECT_FALSE(signal_pending(page, kZerodDone)) << "the other signal is not this process's to release";
+  // The daemon's hangup watch releasing it too, once the process has exited.
+  signal_release(page, kTrainerDone);
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kAssert));
+  EXPECT_EQ(page.word[kTrainerDone].load(), 2u);
+  page.word[kTrainerDone].store(7);  // past the latest number published
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kLaunchFailed));
+  EXPECT_EQ(page.word[kTrainerDone].load(), 7u);
+}
+
 // A failed CUDA call's status and message (device/cuda_failure.h), what the
 // cuda device and the shared GPU memory report. A kernel that failed on the
 // GPU (a device-side assert: nn.Embedding given an index out of range)

@@ -2,7 +2,7 @@
 (daemon.keep_state): the daemon keeps the model where it is (host memory,
 or the GPU's), and the ranks started again resume at the step after the
 last one applied and train on as the uninterrupted job does. Run on the
-cpu device by test_daemon_pools.py and on a GPU by test_cuda_daemon.py."""
+cpu device by test_kept_state.py and on a GPU by test_cuda_daemon.py."""
 import signal
 import subprocess
 import sys
@@ -22,20 +22,25 @@ def keeping(job_text):
     return job_text.replace("return {", "return {\n  daemon = { keep_state = true },\n  comm = { timeout = 20 },", 1)
 
 
-def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=False):
+def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=False, gpu=False):
     """rank_script (train_rank.py's arguments) under `zerod serve` with `job`
     (a path; keeping its state): rank 1 dies in step DIE_AT, between its
     forward and its backward, and the ranks started again resume there,
-    within resume_timeout seconds. in_step (a GPU only): rank 1 dies inside
-    that step's zd_step instead, its record of kTrainerDone queued behind
-    GPU work (ZEROD_TEST_DIE_IN_STEP); the daemon's side of the step, which
-    waits for that record, goes on once the daemon has seen the process
-    gone and released it, so the step is applied on both ranks and they
-    resume at the next one. Returns the resumed losses' worst relative
+    within resume_timeout seconds. in_step: rank 1 dies inside that step's
+    zd_step instead (ZEROD_TEST_DIE_IN_STEP), the daemon's side of the step
+    waiting in its first collective for rank 0, which holds its own step
+    back until then (the cpu device), or, on a GPU, behind its stream's
+    wait for the record of kTrainerDone that rank 1 queued behind GPU work.
+    The hangup during zd_step marks rank 1 lost at once
+    (daemon/server/trainer_gone_watch.h), which breaks the model before
+    that step applies: the collectives before the update fail, on both
+    ranks, and they resume at DIE_AT as well. The daemon's log names the
+    call, and on a GPU says that the dead rank's record never ran and its
+    wait was released. Returns the resumed losses' worst relative
     difference from the uninterrupted job's."""
     command = [sys.executable, f"{HERE}/{rank_script}", "gpt", "fp32", str(STEPS)]
-    die = {"ZEROD_TEST_DIE_IN_STEP": DIE_AT} if in_step else {"ZEROD_TEST_DIE_AT": DIE_AT}
-    resume_at = DIE_AT + 1 if in_step else DIE_AT
+    die = {"ZEROD_TEST_DIE_IN_STEP": DIE_AT, "ZEROD_TEST_KILLED_MARK": tmp_path / "rank1-killed"} if in_step \
+        else {"ZEROD_TEST_DIE_AT": DIE_AT}
     rc, ranks, out = zerod_run(2, job, *command[1:], timeout=300)
     assert rc == 0, out
     want = losses(ranks[0])
@@ -48,14 +53,24 @@ def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=
         resumed = served_ranks(sock, job, command, timeout=resume_timeout)
         for r, (rc, text) in enumerate(resumed):
             assert rc == 0, f"rank {r}: {text}"
-            assert f"resumed at step {resume_at}" in text, f"rank {r}: {text}"
+            assert f"resumed at step {DIE_AT}" in text, f"rank {r}: {text}"
         got = losses(resumed[0][1].splitlines())
-        assert sorted(got) == list(range(resume_at, STEPS)), resumed[0][1]
-        return max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
+        assert sorted(got) == list(range(DIE_AT, STEPS)), resumed[0][1]
+        worst = max(abs(got[s] - want[s]) / max(1.0, abs(want[s])) for s in got)
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + daemon.communicate()[0])
+        log = stopped(daemon)
+    if in_step:
+        assert "its connection closed during zd_step" in log, log
+        if gpu:
+            assert "its last record on its GPU stream never ran" in log, log
+    return worst
+
+
+def stopped(daemon):
+    """Stops `zerod serve` (SIGTERM) and returns its log."""
+    daemon.terminate()
+    try:
+        return daemon.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        raise AssertionError("zerod serve did not stop within 30 s of SIGTERM: " + daemon.communicate()[0])

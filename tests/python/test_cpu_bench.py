@@ -297,6 +297,26 @@ def test_bench_daemon_latency_stopped_takes_its_daemon_down(tmp_path):
     assert not processes_naming(wrapper), processes_naming(wrapper)
 
 
+def test_bench_daemon_latency_runs_deepspeeds_peer_in_the_python_it_is_given(tmp_path):
+    """--python names the Python of DeepSpeed's peer, where the build's venv
+    and /usr/bin/python3 have no torch (the GPU image: bench/gpu/daemon.py
+    passes its own). A stand-in that says what it was asked to run and
+    fails: the DeepSpeed line quotes it, and zerod's rows are all there."""
+    exe = os.path.join(BIN, "bench_daemon_latency")
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} is not built")
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "stand-in python ran $(basename "$1")"\nexit 3\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    p = subprocess.run([exe, "--iters", "100", "--ranks", "1", "--python", str(python)], capture_output=True,
+                       text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert re.findall(r"^DeepSpeed: .*$", out, re.M) == ["DeepSpeed: not measured (stand-in python ran "
+                                                         "deepspeed_hooks.py)"], out  # tried once, at stage 0
+    assert len(re.findall(r"^[03] +(embedded|daemon|ring), ", out, re.M)) == 8, out
+
+
 def test_bench_offload_step_says_why_torch_failed(tmp_path):
     """torch that imports but fails (here: a torch package ahead of the
     venv's on PYTHONPATH, whose first call raises) is not "torch not found":

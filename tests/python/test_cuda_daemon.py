@@ -104,11 +104,15 @@ def test_a_killed_rank_leaves_the_state_on_the_gpu_and_the_ranks_resume(in_step,
     can release it. Without it (as read from the code; not yet run on a
     GPU) that thread never returns: rank 1 is never freed, so the resumed
     rank 1 is refused as still connected, and zerod serve does not stop on
-    SIGTERM (Server::stop joins that thread)."""
+    SIGTERM (Server::stop joins that thread). The hangup during zd_step
+    also marks rank 1 lost at once, which breaks the model before the step
+    applies (its collectives fail), so the ranks resume at that step, as
+    python.kept_state's in-step case does on the cpu device; the daemon's
+    log says the record never ran."""
     # 90 s: the resumed ranks take well under a minute on a GPU, and a
     # hang (an H200 saw one, 2026-11-27) spends GPU time that is scarce.
     worst = killed_rank_resumes("cuda_rank.py", tmp_job(keeping(cuda_job("fp32", 3))), tmp_path,
-                                resume_timeout=90, in_step=in_step)
+                                resume_timeout=90, in_step=in_step, gpu=True)
     print(f"killed {'in zd_step' if in_step else 'mid-step'} of step {DIE_AT}, resumed on the GPU: against the "
           f"uninterrupted job, worst {worst:.2e}")
     assert worst <= 1e-5

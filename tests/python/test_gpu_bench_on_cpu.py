@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -211,6 +212,27 @@ def test_daemon_keeps_to_its_budget():
     assert re.search(r"^(bench_daemon_latency: over \d+ s|bench_daemon_latency: skipped, under 30 s left of the "
                      r"45 s budget)$", out, re.M), out
     assert took < 45 + 20, (took, out)
+
+
+def test_daemon_runs_deepspeeds_latency_peer_in_its_own_python(tmp_path):
+    """run.sh daemon's latency part on the GPU image: bench_daemon_latency's
+    own choice for DeepSpeed's peer (build-gpu/venv, which run.sh never
+    makes, else /usr/bin/python3) has no torch there, so the DeepSpeed line
+    would only ever say "No module named 'torch'". daemon.py hands it its
+    own Python (--python), run.sh's python3, whose environment has torch and
+    DeepSpeed. A stand-in bench beside a stand-in zerod says what it was
+    given; the bench's --python itself: python.cpu_bench."""
+    for name, body in (("bench_daemon_latency", 'echo "bench_daemon_latency given: $*"'), ("zerod", "exit 1")):
+        exe = tmp_path / name
+        exe.write_text(f"#!/bin/sh\n{body}\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    rc, out = driver("daemon.py", "--parts", "latency", "--latency-iters", 100, "--timeout", 60, "--zerod",
+                     tmp_path / "zerod")
+    assert rc == 0, out
+    given = re.search(r"^bench_daemon_latency given: (.*)$", out, re.M)
+    assert given, out
+    words = given.group(1).split()
+    assert "--python" in words and words[words.index("--python") + 1] == sys.executable, out
 
 
 def build_dir():

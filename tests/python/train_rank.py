@@ -9,9 +9,11 @@ A job that keeps its state in the daemon resumes where it stands (the
 steps before it are not run again: "resumed at step N"). With
 ZEROD_TEST_DIE_AT=K rank 1 kills itself (SIGKILL) in step K, between its
 forward and its backward (on a GPU with the forward's kernels queued on
-its stream). With ZEROD_TEST_DIE_IN_STEP=K (a GPU only) rank 1 is killed
-inside zd_step of step K instead, its record of kTrainerDone queued behind
-GPU work (die_in_zd_step). With ZEROD_TEST_STEP_ON_A_THREAD=1 each
+its stream). With ZEROD_TEST_DIE_IN_STEP=K rank 1 is killed inside zd_step
+of step K instead (die_in_zd_step; on a GPU its record of kTrainerDone
+queued behind GPU work), and the killer then creates the file
+ZEROD_TEST_KILLED_MARK, which rank 0 on the cpu device waits for before
+its own zd_step of step K. With ZEROD_TEST_STEP_ON_A_THREAD=1 each
 engine.step() runs on a new thread, which has never touched CUDA.
 cuda_rank.py runs the same on the GPU.
 """
@@ -20,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import torch
 
@@ -27,16 +30,31 @@ import zerod.torch
 from models import batch, loss_of, make
 
 
-def die_in_zd_step(device):
-    """Queues about 15 s of GPU work on this rank's stream (torch.cuda._sleep,
-    3e10 cycles at 2 GHz at most), and has another process SIGKILL this one
-    1 s later: the step's record of kTrainerDone, made when the call starts,
-    sits behind that work and never runs, while the daemon's side of zd_step
-    waits for it (daemon/server/trainer_gone_watch.h). Another process, not
-    a thread: this one's threads wait for the call."""
-    assert device.type == "cuda", "ZEROD_TEST_DIE_IN_STEP needs a GPU"
-    torch.cuda._sleep(30_000_000_000)
-    subprocess.Popen(["sh", "-c", f"sleep 1; kill -KILL {os.getpid()}"])
+def die_in_zd_step(device, killed_mark):
+    """Has another process SIGKILL this one 1 s from now, inside the zd_step
+    called next, and then create `killed_mark`. Another process, not a
+    thread: this one's threads wait for the call. On a GPU, first queues
+    about 15 s of GPU work on this rank's stream (torch.cuda._sleep, 3e10
+    cycles at 2 GHz at most): the step's record of kTrainerDone, made when
+    the call starts, sits behind that work and never runs, while the
+    daemon's side of zd_step waits for it (daemon/server/trainer_gone_watch.h).
+    On the cpu device that side waits in the step's first collective for
+    rank 0, which waits for `killed_mark` (hold_until_rank_1_killed)."""
+    if device.type == "cuda":
+        torch.cuda._sleep(30_000_000_000)
+    subprocess.Popen(["sh", "-c", f'sleep 1; kill -KILL {os.getpid()}; touch "{killed_mark}"'])
+
+
+def hold_until_rank_1_killed(killed_mark):
+    """Rank 0 on the cpu device, before its zd_step of the step in which rank
+    1 dies: nothing else holds rank 1's side of that step in the daemon, so
+    were rank 0 there, the two would apply it before the kill. Then 1 s
+    more, for the daemon to see rank 1's connection close."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(killed_mark):
+        assert time.monotonic() < deadline, f"rank 1 was not killed within 60 s ({killed_mark} is not there)"
+        time.sleep(0.05)
+    time.sleep(1)
 
 
 def on_a_new_thread(call):
@@ -70,6 +88,7 @@ def main(device=torch.device("cpu")):
         print(f"resumed at step {start}", flush=True)
     die_at = int(os.environ.get("ZEROD_TEST_DIE_AT", -1))
     die_in_step = int(os.environ.get("ZEROD_TEST_DIE_IN_STEP", -1))
+    killed_mark = os.environ.get("ZEROD_TEST_KILLED_MARK", "")
     step_on_a_thread = os.environ.get("ZEROD_TEST_STEP_ON_A_THREAD") == "1"
     for step in range(start, steps):
         inputs, y = batch(kind, step, engine.rank, engine.world_size)
@@ -79,7 +98,9 @@ def main(device=torch.device("cpu")):
             os.kill(os.getpid(), signal.SIGKILL)
         engine.backward(loss)
         if step == die_in_step and engine.rank == 1:
-            die_in_zd_step(device)
+            die_in_zd_step(device, killed_mark)
+        if step == die_in_step and engine.rank == 0 and device.type == "cpu":
+            hold_until_rank_1_killed(killed_mark)
         if step_on_a_thread:
             on_a_new_thread(engine.step)
         else:
