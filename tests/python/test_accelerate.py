@@ -367,6 +367,97 @@ def test_parameter_groups_with_different_lrs_are_refused():
     assert all(torch.equal(v, before[k]) for k, v in after.items())
 
 
+def test_other_hyperparameters_written_into_param_groups_are_refused():
+    """zerod takes the optimizer's hyperparameters other than the lr once,
+    at prepare(), and has no call that changes them: a loop writing one into
+    param_groups (DINO's weight-decay schedule, betas changed mid-run),
+    which Accelerate would apply, is refused at the next backward, naming
+    the key, before anything is applied; the value taken, written back, goes
+    on."""
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader, _ = accelerator.prepare(*objects(one_cycle=False))
+    _one_micro_batch(accelerator, model, loader)
+    opt.step()
+    before = accelerator.get_state_dict(model)
+    for key, value, said in (("weight_decay", 0.0, r"\['weight_decay'\] was changed from 0.05 to 0.0"),
+                             ("betas", (0.9, 0.999), r"\['betas'\] was changed from \(0.9, 0.95\) to \(0.9, 0.999\)")):
+        taken = opt.param_groups[0][key]
+        for g in opt.param_groups:
+            g[key] = value
+        with pytest.raises(InvalidArgumentError, match=r"ZerodAccelerator: optimizer.param_groups\[0\]" + said +
+                           r", but zerod takes the optimizer's hyperparameters other than the lr once, at prepare\(\)"):
+            _one_micro_batch(accelerator, model, loader)
+        after = accelerator.get_state_dict(model)
+        assert all(torch.equal(v, before[k]) for k, v in after.items())
+        for g in opt.param_groups:
+            g[key] = taken
+    _one_micro_batch(accelerator, model, loader)
+    opt.step()
+
+
+def test_an_optimizer_of_named_parameters_trains_as_one_of_parameters():
+    """torch >= 2.6's optimizer made from model.named_parameters() keeps the
+    names in its groups (param_names): the same optimizer to zerod, and to
+    Accelerate; the same losses as the optimizer made from parameters()."""
+    def losses(named):
+        set_seed(0)
+        AcceleratorState._reset_state(True)
+        accelerator = ZerodAccelerator(zero_stage=1)
+        model, _, loader, _ = objects(one_cycle=False)
+        params = model.named_parameters() if named else model.parameters()
+        opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+        if named and "param_names" not in opt.param_groups[0]:
+            pytest.skip(f"torch {torch.__version__} keeps no param_names in its groups")
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        out = []
+        for x, y in list(loader)[:4]:
+            logits, _ = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            accelerator.backward(loss)
+            opt.step()
+            out.append(float(loss.detach()))
+        return out
+    assert losses(named=True) == losses(named=False)
+
+
+def test_optimizer_state_dict_round_trip_resumes_exactly(tmp_path):
+    """A checkpoint the loop writes itself, torch.save({"model":
+    model.state_dict(), "optimizer": optimizer.state_dict()}), holds zerod's
+    optimizer state (Adam's moments, the update count): a fresh run that
+    loads both goes on bit for bit with the unbroken one. A torch
+    optimizer's state_dict is refused naming both formats."""
+    def prepared():
+        set_seed(0)
+        AcceleratorState._reset_state(True)
+        accelerator = ZerodAccelerator(gradient_accumulation_steps=2, zero_stage=3)
+        return (accelerator, *accelerator.prepare(*objects(one_cycle=False)[:3]))
+
+    def train(accelerator, model, opt, batches):
+        for x, y in batches:
+            with accelerator.accumulate(model):
+                logits, _ = model(x)
+                accelerator.backward(F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)))
+                opt.step()
+                opt.zero_grad()
+        return accelerator.get_state_dict(model)
+
+    accelerator, model, opt, loader = prepared()
+    batches = list(loader)
+    train(accelerator, model, opt, batches[:4])
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ckpt.pt")
+    unbroken = train(accelerator, model, opt, batches[4:])
+
+    accelerator, model, opt, _ = prepared()
+    with pytest.raises(InvalidArgumentError, match=r"this is a torch optimizer's state_dict"):
+        opt.load_state_dict(torch.optim.AdamW([torch.zeros(1)]).state_dict())
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert saved["optimizer"]["step"] == 2 and saved["optimizer"]["state"]
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    resumed = train(accelerator, model, opt, batches[4:])
+    assert all(torch.equal(resumed[k], v) for k, v in unbroken.items())
+
+
 def test_clip_grad_value_is_refused_by_name():
     """As Accelerate refuses it under DeepSpeed: zerod clips by the norm."""
     accelerator = ZerodAccelerator(zero_stage=0)

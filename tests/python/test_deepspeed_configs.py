@@ -708,3 +708,40 @@ def test_summary(results):
         print(f"  {v}: {len(names)}: {', '.join(names)}")
     assert ds_ok == len(by["agree"]) + len(by["deliberate"])
     assert zd_ok == len(by["agree"]) + len(by["beyond"])
+
+
+def test_parameter_names_in_groups_are_bookkeeping():
+    """torch >= 2.6 puts the parameters' names into each group of an
+    optimizer made from model.named_parameters() (param_names), different
+    in every group by nature, and DeepSpeed takes such an optimizer: zerod
+    takes it as the same optimizer made from model.parameters(), one group or
+    several alike, and model_parameters groups that carry names too."""
+    import zerod.deepspeed as zds
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+
+    def named_groups(m):
+        named = list(m.named_parameters())
+        return [{"params": [p for n, p in named if n.endswith(end)], "param_names": [n for n, _ in named
+                                                                                     if n.endswith(end)]}
+                for end in ("weight", "bias")]
+
+    plain = _dsconfig.optimizer_section(torch.optim.AdamW(model().parameters(), lr=1e-2))
+    named = torch.optim.AdamW(model().named_parameters(), lr=1e-2)
+    if "param_names" not in named.param_groups[0]:
+        pytest.skip(f"torch {torch.__version__} keeps no param_names in its groups")
+    assert _dsconfig.optimizer_section(named) == plain
+    assert _dsconfig.optimizer_section(torch.optim.AdamW(named_groups(model()), lr=1e-2)) == plain
+    m = model()
+    engine = zds.initialize(model=m, optimizer=torch.optim.AdamW(named_groups(m), lr=1e-2),
+                            config={"train_batch_size": 2})[0]
+    try:
+        assert engine.config["optimizer"] == plain
+    finally:
+        engine.close()
+    cfg = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+    m = model()
+    engine = zds.initialize(model=m, model_parameters=named_groups(m), config=cfg)[0]
+    engine.close()

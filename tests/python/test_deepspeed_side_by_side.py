@@ -104,6 +104,36 @@ HAND = {
     "hand_under_warmuplr": (CONFIGS["adamw_warmup_clip_gas2"], lambda s: 1e-3 if s in (6, 7) else None),
 }
 
+
+
+def _adamw_left_at_a_quarter(model):
+    """A torch AdamW whose LambdaLR the script made and never gives
+    initialize() nor steps: its groups hold a quarter of the lr (the lr
+    DeepSpeed's update reads), the optimizer's own kept as initial_lr."""
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.05)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.25)
+    return opt
+
+
+# The same written into the param_groups of the torch optimizer the script
+# gave initialize(), which DeepSpeed's optimizer steps with: (config, the
+# optimizer of a model, the lr written before micro-batch s or None).
+HAND_ON_OPTIMIZER = {
+    "hand_cosine_on_torch_adamw_stage2_gas2": (
+        {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}},
+        lambda model: torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.05),
+        lambda s: _nanogpt_lr(s // 2)),
+    "hand_on_torch_adamw_under_warmuplr": (
+        {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_max_lr": 2e-2}}},
+        lambda model: torch.optim.AdamW(model.parameters(), lr=2e-2, betas=(0.9, 0.95), weight_decay=0.05),
+        lambda s: 1e-3 if s in (6, 7) else None),
+    # the lr an unstepped scheduler left in the groups, then one written
+    "lr_left_by_a_scheduler_then_written_stage1": (
+        {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1}},
+        _adamw_left_at_a_quarter, lambda s: 3e-3 if s == 7 else None),
+}
+
 # model_parameters as parameter groups that set hyperparameters: DeepSpeed
 # hands them to the optimizer the config's section makes, where they override
 # the section's (and WarmupLR rises to the group's lr). (config, the groups
@@ -139,8 +169,8 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, LOADS, make, train, train_applied, load_run,
-                                        save_model, saved_16bit, loaders_by_route)
+from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, HAND_ON_OPTIMIZER, LOADS, make, train,
+                                        train_applied, load_run, save_model, saved_16bit, loaders_by_route)
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -159,6 +189,11 @@ for name, (cfg, lr_at) in HAND.items():
     model = make()
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
     out[name] = train(engine, cfg, lr_at=lr_at, optimizer=opt)
+for name, (cfg, build, lr_at) in HAND_ON_OPTIMIZER.items():
+    model = make()
+    opt = build(model)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=dict(cfg))
+    out[name] = train(engine, cfg, lr_at=lr_at, optimizer=opt, group_lr=True)
 model = make()
 dataset = torch.utils.data.TensorDataset(torch.arange(40.0).view(20, 2))
 engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), training_data=dataset,
@@ -247,14 +282,17 @@ def batch(step, dtype=torch.float32):
     return x.to(dtype), torch.tanh(x @ _TEACHER)
 
 
-def train(engine, cfg, steps=range(STEPS), lr_at=None, optimizer=None):
+def train(engine, cfg, steps=range(STEPS), lr_at=None, optimizer=None, group_lr=False):
     """The DeepSpeed loop, written once for both: each micro-batch's loss,
     and after its step() the engine's get_lr() and global_steps. With
     lr_at, the lr lr_at(s) is written into the optimizer's param_groups
     before micro-batch s (where it is not None), as a hand-written schedule
-    does."""
+    does; with group_lr, what its param_groups[0]["lr"] holds after each
+    step() is kept too."""
     dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
     out = {"loss": [], "lr": [], "global_steps": []}
+    if group_lr:
+        out["group_lr"] = []
     for s in steps:
         if lr_at is not None and lr_at(s) is not None:
             for g in optimizer.param_groups:
@@ -266,6 +304,8 @@ def train(engine, cfg, steps=range(STEPS), lr_at=None, optimizer=None):
         out["loss"].append(float(loss.detach()))
         out["lr"].append(float(engine.get_lr()[0]))
         out["global_steps"].append(int(engine.global_steps))
+        if group_lr:
+            out["group_lr"].append(float(optimizer.param_groups[0]["lr"]))
     return out
 
 
@@ -1090,6 +1130,30 @@ def test_a_hand_written_lr_trains_as_under_deepspeed(name, deepspeed_losses):
     _compare(name, ours, deepspeed_losses[name], 1e-4)
 
 
+@pytest.mark.parametrize("name", list(HAND_ON_OPTIMIZER))
+def test_an_lr_written_into_the_scripts_torch_optimizer_trains_as_under_deepspeed(name, deepspeed_losses):
+    """initialize(optimizer=torch_opt): DeepSpeed's optimizer steps with
+    torch_opt's own param_groups, so an lr the script writes there (or an lr
+    a scheduler it never gave initialize() left there) applies, and under
+    DeepSpeed's scheduler it holds for one update. zerod follows those
+    groups too: the same losses and get_lr() after every step, and the
+    groups hold the lr DeepSpeed's hold after each step (its scheduler
+    writes its own there)."""
+    import zerod.deepspeed as deepspeed
+
+    cfg, build, lr_at = HAND_ON_OPTIMIZER[name]
+    model = make()
+    opt = build(model)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=dict(cfg))
+    try:
+        ours = train(engine, cfg, lr_at=lr_at, optimizer=opt, group_lr=True)
+    finally:
+        engine.close()
+    theirs = deepspeed_losses[name]
+    _compare(name, ours, theirs, 1e-4)
+    assert ours["group_lr"] == pytest.approx(theirs["group_lr"], rel=1e-6, abs=1e-12), (ours, theirs)
+
+
 def test_a_written_lr_comes_back_with_load_checkpoint(tmp_path):
     """The lr a loop wrote once (no schedule: it holds, as in DeepSpeed) is
     in the checkpoint: a fresh engine that loads it reports it (get_lr())
@@ -1151,6 +1215,82 @@ def test_other_hyperparameters_written_into_param_groups_are_refused():
         with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['lr'\] was set to 'fast'; an lr is a "
                                                        r"number"):
             engine.step()
+    finally:
+        engine.close()
+
+
+def test_param_groups_hold_every_hyperparameter_in_force_and_refuse_writes():
+    """A config section that gives the lr alone: param_groups hold every
+    hyperparameter the update runs with (the type's DeepSpeed defaults, as
+    DeepSpeed's optimizer's groups hold them), so a weight_decay or betas
+    written there changes a value and is refused at the next step(), and so
+    is a hyperparameter added to a group; a key no optimizer reads (a loop's
+    own bookkeeping) is the loop's. In the torch optimizer the script gave
+    initialize(), whose groups DeepSpeed's optimizer steps with, a
+    hyperparameter other than the lr written is refused as well."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    def one_step(engine, s=0):
+        x, y = batch(s)
+        engine.backward(((engine(x) - y) ** 2).mean())
+        engine.step()
+
+    cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    engine, opt, _, _ = deepspeed.initialize(model=make(), config=dict(cfg))
+    try:
+        group = opt.param_groups[0]
+        assert {k: v for k, v in group.items() if k != "params"} == {
+            "lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "bias_correction": True}
+        group["weight_decay"] = 0.0  # the value in force: nothing changes
+        group["lr_scale"] = 0.5      # the loop's own key
+        one_step(engine)
+        group["weight_decay"] = 0.1
+        with pytest.raises(InvalidArgumentError, match=r"param_groups\[0\]\['weight_decay'\] was changed from 0.0 "
+                                                       r"to 0.1, but zerod takes the optimizer's hyperparameters once"):
+            engine.step()  # refused before anything runs
+        group["weight_decay"] = 0.0
+        group["betas"] = (0.5, 0.5)
+        with pytest.raises(InvalidArgumentError, match=r"\['betas'\] was changed from \[0.9, 0.999\] to \(0.5, 0.5\)"):
+            engine.step()  # refused before anything runs
+        group["betas"] = (0.9, 0.999)
+        group["amsgrad"] = True
+        with pytest.raises(InvalidArgumentError, match=r"\['amsgrad'\] was set to True"):
+            engine.step()  # refused before anything runs
+    finally:
+        engine.close()
+
+    model = make()
+    torch_opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch_opt, config={"train_batch_size": 8})
+    try:
+        one_step(engine)
+        for g in torch_opt.param_groups:
+            g["weight_decay"] = 0.0
+        said = (r"zerod.deepspeed: optimizer.param_groups\[0\]\['weight_decay'\] was changed from 0.05 to 0.0, but "
+                r"zerod takes the optimizer's hyperparameters other than the lr once, at initialize\(\)")
+        with pytest.raises(InvalidArgumentError, match=said):
+            engine.step()  # refused before anything runs
+    finally:
+        engine.close()
+
+
+def test_load_state_dict_of_a_torch_optimizers_state_is_refused_naming_both_formats():
+    """optimizer.load_state_dict() takes what optimizer.state_dict() returned
+    (zerod's format); a torch optimizer's state_dict is refused saying so,
+    not taken for an optimizer of another name."""
+    import zerod.deepspeed as deepspeed
+    from zerod.errors import InvalidArgumentError
+
+    model = make()
+    torch_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    theirs = torch_opt.state_dict()
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=torch_opt, config={"train_batch_size": 8})
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"optimizer.load_state_dict: this is a torch optimizer's "
+                                                       r"state_dict .*Pass what optimizer.state_dict\(\)"):
+            opt.load_state_dict(theirs)
+        opt.load_state_dict(opt.state_dict())
     finally:
         engine.close()
 

@@ -526,6 +526,29 @@ def test_an_lr_written_into_the_optimizer_trains_as_under_auto(accumulate, tmp_p
     assert trainer.strategy.engine is None or trainer.strategy.engine._trainer_lr is None
 
 
+def test_another_hyperparameter_written_into_the_optimizer_is_refused(tmp_path):
+    """DINO's recipe writes a weight-decay schedule into param_groups, which
+    "auto" applies at every update. zerod takes the optimizer's
+    hyperparameters other than the lr once, when fit() sets up, and has no
+    call that changes them: the write is refused at the next backward,
+    naming the key and both values, instead of training on with the old
+    weight decay."""
+    from zerod.errors import InvalidArgumentError
+
+    class WeightDecaySchedule(Linear):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            optimizer.step(closure=optimizer_closure)
+            for g in optimizer.param_groups:
+                g["weight_decay"] = 0.01 * (batch_idx + 2)  # AdamW's default, 0.01, until this first write
+
+    module = WeightDecaySchedule(optimizer="adamw")
+    with pytest.raises(InvalidArgumentError, match=r"ZerodStrategy: optimizer.param_groups\[0\]\['weight_decay'\] was "
+                                                   r"changed from 0.01 to 0.02, but zerod takes the optimizer's "
+                                                   r"hyperparameters other than the lr once, at the start of fit\(\)"):
+        _linear_fit("zerod_stage_1", module, tmp_path=tmp_path)
+    assert len(module.lrs) == 1  # refused at the second update's backward, before it was applied
+
+
 def test_reduce_lr_on_plateau_trains_as_under_auto(tmp_path):
     """ReduceLROnPlateau follows a metric, which zerod's schedule cannot
     trace: Lightning steps it at each epoch's end and it writes the lowered

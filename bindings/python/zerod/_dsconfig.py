@@ -250,6 +250,16 @@ _KERNEL_ONLY = ("foreach", "fused")  # which torch kernel runs: nothing for zero
 # Written into the groups by torch LR schedulers (their own bookkeeping; the
 # schedule itself is traced by zerod._schedules).
 _SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_lr", "base_momentum", "max_momentum", "name")
+# The hyperparameters an optimizer zerod runs reads from its groups (the
+# translated ones, torch's switches): one written into a group that did not
+# hold it is meant to change the update, where another key (a training
+# loop's own, timm's lr_scale) is the loop's bookkeeping.
+OPTIMIZER_KEYS = frozenset([k.split(".", 2)[2] for k in _TRANSLATED_KEYS if k.startswith("optimizer.params.")] +
+                           list(_MUST_BE) + ["decoupled_weight_decay"])
+# A group's bookkeeping, which no optimizer's update reads: the schedulers'
+# keys, and the names torch >= 2.6 writes into each group of an optimizer
+# made from model.named_parameters() (different in every group by nature).
+GROUP_BOOKKEEPING = ("params", "param_names") + _SCHEDULER_KEYS
 
 
 # What zerod's translation runs for an optimizer key a DeepSpeed config
@@ -321,11 +331,10 @@ def check_param_groups(groups, what, defaults=None):
     if not groups:
         raise InvalidArgumentError(f"{what} has no parameters")
     defaults = defaults or {}
-    first = {k: v for k, v in groups[0].items() if k != "params" and k not in _SCHEDULER_KEYS}
+    first = {k: v for k, v in groups[0].items() if k not in GROUP_BOOKKEEPING}
     keys = []
     for g in groups:
-        keys += [k for k in g if k not in keys and k != "params" and k not in _SCHEDULER_KEYS
-                 and k not in _KERNEL_ONLY]
+        keys += [k for k in g if k not in keys and k not in GROUP_BOOKKEEPING and k not in _KERNEL_ONLY]
     for k in keys:
         values = [g.get(k, defaults.get(k, _UNSET)) for g in groups]
         if all(v is not _UNSET for v in values) and all(_same(v, values[0]) for v in values[1:]):

@@ -52,6 +52,11 @@ schedule, a scheduler not given to prepare(), ReduceLROnPlateau, which
 follows a metric and is not traced) is applied as torch would apply it:
 zerod reads param_groups at each window's last backward and takes the lr
 there (engine.set_lr) from the first that differs from its schedule's on.
+Any other hyperparameter written there (weight_decay, betas: a weight-decay
+schedule) is refused at the next backward, naming it: zerod takes them once,
+at prepare(). optimizer.state_dict() and load_state_dict() are zerod's
+optimizer state (engine.optimizer_state_dict()), for a checkpoint the loop
+writes itself.
 mixed_precision "no", "bf16" (autocast over zerod's fp32 parameters) and
 "fp16" (autocast float16 over fp32 parameters, zerod's loss scaler in the
 GradScaler's place with GradScalerKwargs' settings, see zerod._amp; on the
@@ -137,6 +142,7 @@ class ZerodAccelerator(Accelerator):
         self._zerod_scheduler = None
         self._zerod_micro = 0  # accelerator.backward() calls
         self._zerod_torch_opt = None  # the user's torch optimizer, whose param_groups _zerod_follow_lr reads
+        self._zerod_hyperparameters = None  # its other hyperparameters as prepare() took them
         self._zerod_traced = False  # zerod runs the prepared scheduler's schedule (traced)
         self.register_save_state_pre_hook(self._save_zerod)
         self.register_load_state_pre_hook(self._load_zerod)
@@ -173,6 +179,7 @@ class ZerodAccelerator(Accelerator):
                                  param_dtype=torch.float32 if self.mixed_precision == "fp16" else None)[0]
         self.zerod_engine = engine
         self._zerod_torch_opt = opt
+        self._zerod_hyperparameters = _zds.TorchHyperparameters(opt, "ZerodAccelerator", "prepare()")
         wrapped = {id(model): _ZerodModel(model, engine, self),
                    id(opt): _ZerodOptimizer(opt, self)}
         if scheds:
@@ -239,6 +246,7 @@ class ZerodAccelerator(Accelerator):
         if kwargs:
             raise InvalidArgumentError(f"ZerodAccelerator.backward: {sorted(kwargs)} are not supported")
         self._zerod_require_stepped("accelerator.backward()")
+        self._zerod_hyperparameters.check()
         if self.sync_gradients:
             self._zerod_follow_lr()
         if self._zerod_scheduler is not None:
@@ -425,10 +433,19 @@ class _ZerodOptimizer:
         """zerod starts every window's gradients at zero itself."""
 
     def state_dict(self):
-        return {}  # zerod's checkpoint (save_state) holds the optimizer state
+        """zerod's optimizer state (engine.optimizer_state_dict(): full fp32
+        values, the update count), for a checkpoint the loop writes itself
+        (torch.save({"optimizer": optimizer.state_dict(), ...})); every
+        rank calls it where the state is partitioned. save_state() never
+        calls it (this wrapper is not among Accelerate's optimizers): zerod's
+        checkpoint, written by its pre-hook, holds the state there."""
+        return self._accelerator.zerod_engine.optimizer_state_dict()
 
     def load_state_dict(self, state_dict):
-        pass
+        """What state_dict() returned, into zerod's optimizer (a torch
+        optimizer's state_dict is refused: zerod never stepped one)."""
+        _zds._refuse_torch_format(state_dict, "optimizer.load_state_dict")
+        self._accelerator.zerod_engine.load_optimizer_state_dict(state_dict)
 
     @property
     def step_was_skipped(self):

@@ -24,6 +24,7 @@ import warnings
 import torch
 
 from . import _ckpt_masters, _dsconfig, _schedules, default_client
+from ._schedules import one_lr
 from . import torch as _zt
 from .errors import ConfigError, InvalidArgumentError, InvalidStateError, ShapeMismatchError
 
@@ -124,6 +125,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             optimizer(model_parameters if model_parameters is not None else trainable)
         _check_optimizer_parameters(model, torch_opt)
         cfg["optimizer"] = _dsconfig.optimizer_section(torch_opt)
+    # A script's own call hands its torch optimizer to DeepSpeed, whose
+    # optimizer then steps with that object's param_groups: zerod follows what
+    # the script writes there (_Optimizer). The integrations (_placement
+    # theirs) read their torch optimizer's groups themselves.
+    scripts_optimizer = torch_opt if optimizer is not None and _placement == "deepspeed" else None
     lr_values = None
     if lr_scheduler is not None:
         if "scheduler" in cfg:
@@ -162,7 +168,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise
         raise ConfigError(where) from None
     try:
-        engine._configure(cfg, lr_values, collate_fn)
+        engine._configure(cfg, lr_values, collate_fn, scripts_optimizer)
         loader = None
         if training_data is not None:
             loader = engine.deepspeed_io(training_data)
@@ -305,7 +311,7 @@ def _check_optimizer_parameters(model, optimizer):
 class DeepSpeedEngine(_zt.Engine):
     """zerod.torch's Engine with DeepSpeed's DeepSpeedEngine methods."""
 
-    def _configure(self, cfg, lr_values, collate_fn=None):
+    def _configure(self, cfg, lr_values, collate_fn=None, scripts_optimizer=None):
         self.config = cfg
         # DeepSpeed's: initialize()'s collate_fn, what deepspeed_io() batches
         # with where it is given none.
@@ -323,8 +329,9 @@ class DeepSpeedEngine(_zt.Engine):
         opt = cfg.get("optimizer") if isinstance(cfg.get("optimizer"), dict) else {}
         self._lr_of = ((lambda t: lr_values[min(t, len(lr_values) - 1)]) if lr_values
                        else _dsconfig.lr_schedule(cfg))
-        self.optimizer = _Optimizer(self, opt.get("type", "AdamW"), opt.get("params", {}))
         self.lr_scheduler = _Scheduler(self) if (lr_values or cfg.get("scheduler")) else None
+        self.optimizer = _Optimizer(self, opt.get("type", "AdamW"), _dsconfig.optimizer_defaults(cfg),
+                                    scripts_optimizer)
 
     # -- DeepSpeed's calls ------------------------------------------------------
 
@@ -383,6 +390,7 @@ class DeepSpeedEngine(_zt.Engine):
         if r.boundary:
             self._grad_norm = r.grad_norm
             self._after_boundary(r)
+            self.optimizer.show_next_lr()
         return r
 
     def _after_boundary(self, r):
@@ -728,6 +736,7 @@ class DeepSpeedEngine(_zt.Engine):
         self._steps_offset = counters.get("global_steps", manifest.step + self.skipped_steps) - self.global_steps
         self._samples_offset = 0
         self._samples_offset = counters.get("global_samples", self.global_samples) - self.global_samples
+        self.optimizer.show_next_lr()  # DeepSpeed's load restores its groups' lr too
         return path, client_state
 
     def _checkpoint_sources(self, path, manifest, rest, strict):
@@ -814,17 +823,88 @@ def _same(a, b):
         return False
 
 
+class TorchHyperparameters:
+    """The hyperparameters other than the lr that a torch optimizer's step
+    reads from its param_groups (the keys of its defaults, the kernel choice
+    aside), as zerod took them (`when`: initialize(), prepare(), fit()'s
+    start). zerod's optimizer takes them once and has no call that changes
+    them during training (only the lr: engine.set_lr), where torch and
+    DeepSpeed read them at every step: a loop that writes one there (DINO's
+    weight-decay schedule, betas changed mid-run) would train on with the
+    old value. check() refuses that, naming the group, the key and both
+    values (`who`: the integration)."""
+
+    def __init__(self, optimizer, who, when):
+        self._optimizer, self._who, self._when = optimizer, who, when
+        self._keys = [k for k in optimizer.defaults if k != "lr" and k not in _dsconfig._KERNEL_ONLY]
+        self._taken = self._held()
+
+    def _held(self):
+        """[{key: (its value as a plain number or list, as written)}] per
+        group: compared plain (a tensor or tuple written in place of its
+        number or list is the same value), said as written."""
+        return [{k: (_dsconfig._plain(g[k]), repr(g[k])) if k in g else (_MISSING, "(removed)")
+                 for k in self._keys} for g in self._optimizer.param_groups]
+
+    def check(self):
+        held = self._held()
+        if len(held) != len(self._taken):
+            raise InvalidArgumentError(
+                f"{self._who}: the optimizer had {len(self._taken)} parameter group(s) at {self._when} and has "
+                f"{len(held)} now; zerod trains the parameters and hyperparameters it took at {self._when}")
+        for i, (taken, now) in enumerate(zip(self._taken, held)):
+            for key in self._keys:
+                if not _same(now[key][0], taken[key][0]):
+                    raise InvalidArgumentError(
+                        f"{self._who}: optimizer.param_groups[{i}][{key!r}] was changed from {taken[key][1]} to "
+                        f"{now[key][1]}, but zerod takes the optimizer's hyperparameters other than the lr once, at "
+                        f"{self._when}, and has no call that changes them during training (the lr alone follows "
+                        f"param_groups): a schedule of {key} (DINO's weight-decay schedule, say) is not supported; "
+                        f"keep {key} at the value it had at {self._when}")
+
+
+def _refuse_torch_format(state_dict, what):
+    """A torch optimizer's state_dict ("state" by parameter index,
+    "param_groups") given where zerod's is expected: refused naming both
+    formats (its Adam moments are a torch optimizer's, which zerod never
+    stepped)."""
+    if isinstance(state_dict, dict) and "param_groups" in state_dict and "optimizer" not in state_dict:
+        raise InvalidArgumentError(
+            f"{what}: this is a torch optimizer's state_dict (\"state\" by parameter index and \"param_groups\"), "
+            "and zerod's optimizer state is its own: {\"optimizer\": name, \"step\": updates applied, \"state\": "
+            "{parameter name: {slot: tensor}}}. Pass what optimizer.state_dict() (engine.optimizer_state_dict()) "
+            "returned here, or save and load with the checkpoint calls")
+
+
 class _Optimizer:
     """What initialize() returns as the optimizer: zerod runs the update
-    inside engine.step(), so this only answers what scripts ask of it."""
+    inside engine.step(), so this only answers what scripts ask of it.
 
-    def __init__(self, engine, kind, params):
+    `defaults` are the hyperparameters zerod's optimizer runs (the config
+    section's, else the type's DeepSpeed defaults), which param_groups show
+    as DeepSpeed's optimizer's groups hold them. `client` is the torch
+    optimizer a script gave initialize() (DeepSpeed's client optimizer),
+    whose param_groups DeepSpeed's optimizer steps with (the same dicts): an
+    lr written there applies as one written here, its lr follows the
+    schedule, and any other hyperparameter written there is refused
+    (TorchHyperparameters)."""
+
+    def __init__(self, engine, kind, defaults, client=None):
         self._engine = engine
         self.kind = kind
-        self.defaults = dict(params)
+        self.defaults = dict(defaults)
         self._groups = None  # the one group, the same dict every time
         self._shown = None   # {key: what zerod last put there}
         self._lr_written = False
+        self._client = client
+        if client is not None:
+            self._client_hyperparameters = TorchHyperparameters(client, "zerod.deepspeed", "initialize()")
+            # What the script's groups hold is compared with the lr zerod
+            # applies first: a torch scheduler made on the optimizer but not
+            # given to initialize() has set another there, which applies.
+            self._client_lr = engine.get_lr()[0]
+            if engine.lr_scheduler is not None:
+                self.show_next_lr()  # DeepSpeed's scheduler writes its first lr there when made
 
     @property
     def param_groups(self):
@@ -840,23 +920,32 @@ class _Optimizer:
             group["params"] = [s.param for s in self._engine._slots]
             self._groups = [group]
             self._shown = {k: v for k, v in group.items() if k != "params"}
-        elif _same(self._groups[0].get("lr", _MISSING), self._shown["lr"]):
+        elif self._untouched_lr():
             self._groups[0]["lr"] = self._shown["lr"] = lr  # untouched: follows the schedule
         return self._groups
 
+    def _untouched_lr(self):
+        return _same(self._groups[0].get("lr", _MISSING), self._shown["lr"])
+
     def check_unwritten(self):
         """Takes an lr written into param_groups since zerod put one there (a
-        hand-written schedule): zerod applies it from the next boundary on, in
-        place of its schedule, until one is written again (engine.set_lr,
-        zd_model_set_lr), as DeepSpeed applies what param_groups hold at its
-        step. Refuses any other hyperparameter written there: zerod takes
+        hand-written schedule), here or in the script's torch optimizer:
+        zerod applies it from the next boundary on, in place of its schedule,
+        until one is written again (engine.set_lr, zd_model_set_lr), as
+        DeepSpeed applies what param_groups hold at its step. Refuses any
+        other hyperparameter written there, changed or added: zerod takes
         them once, at initialize(), so it would train with other values than
-        the script asked for."""
+        the script asked for. A key no optimizer reads (a loop's own
+        bookkeeping) is the script's."""
+        if self._client is not None:
+            self._client_hyperparameters.check()
+            self._check_client_lr()
         if self._groups is None:
             return
         group, lr = self._groups[0], self._engine.get_lr()[0]
-        for key, shown in self._shown.items():
-            now = group.get(key, _MISSING)
+        added = [k for k in group if k not in self._shown and k in _dsconfig.OPTIMIZER_KEYS]
+        for key in list(self._shown) + added:
+            shown, now = self._shown.get(key, _MISSING), group.get(key, _MISSING)
             if _same(now, shown):
                 continue
             if key == "lr" and _same(now, lr):
@@ -865,11 +954,24 @@ class _Optimizer:
             if key == "lr":
                 self._take_lr(now)
                 continue
+            was = "was set to" if shown is _MISSING else f"was changed from {shown!r} to"
             raise InvalidArgumentError(
-                f"optimizer.param_groups[0][{key!r}] was changed from {shown!r} to "
-                f"{'(removed)' if now is _MISSING else repr(now)}, but zerod takes the optimizer's hyperparameters "
-                "once, at initialize(), and does not read param_groups: set them in the config's \"optimizer\" "
-                "section or on the torch optimizer given to initialize()")
+                f"optimizer.param_groups[0][{key!r}] {was} {'(removed)' if now is _MISSING else repr(now)}, but "
+                "zerod takes the optimizer's hyperparameters once, at initialize(), and does not read param_groups: "
+                "set them in the config's \"optimizer\" section or on the torch optimizer given to initialize()")
+
+    def _check_client_lr(self):
+        """An lr the script wrote into its torch optimizer's groups (one for
+        every group: zerod's optimizer has one) since zerod showed one there."""
+        if all(_same(g["lr"], self._client_lr) for g in self._client.param_groups):
+            return
+        value = one_lr(self._client, "zerod.deepspeed")
+        self._client_lr = value
+        if _same(value, self._engine.get_lr()[0]):
+            return  # the lr zerod applies anyway
+        self._set_written_lr(value)
+        if self._groups is not None and self._untouched_lr():
+            self._groups[0]["lr"] = self._shown["lr"] = value
 
     @property
     def lr_written(self):
@@ -877,21 +979,44 @@ class _Optimizer:
         return self._lr_written
 
     def _take_lr(self, lr):
-        """An lr the script wrote: a number zerod applies from the next
-        boundary on."""
+        """An lr the script wrote here: a number zerod applies from the next
+        boundary on, shown in the torch optimizer's groups too (DeepSpeed's
+        optimizer's groups are that optimizer's)."""
         try:
             value = float(lr)
         except (TypeError, ValueError, RuntimeError):
             raise InvalidArgumentError(f"optimizer.param_groups[0]['lr'] was set to {lr!r}; an lr is a number "
                                        "(or a one-element tensor)") from None
-        self._engine.set_lr(value)
+        self._set_written_lr(value)
         self._shown["lr"] = value
+        self._show_client_lr(value)
+
+    def _set_written_lr(self, value):
+        self._engine.set_lr(value)
         self._lr_written = True
+
+    def show_next_lr(self):
+        """The lr of the next update into the script's torch optimizer's
+        groups, where DeepSpeed's scheduler (after an update, when made) and
+        its load_checkpoint write it; nothing without one."""
+        if self._client is not None:
+            self._show_client_lr(self._engine.get_lr()[0])
+
+    def _show_client_lr(self, value):
+        if self._client is None:
+            return
+        for g in self._client.param_groups:
+            if torch.is_tensor(g["lr"]):
+                g["lr"].fill_(value)  # a tensor lr stays one, as torch's schedulers keep it
+            else:
+                g["lr"] = value
+        self._client_lr = value
 
     def state_dict(self):
         return self._engine.optimizer_state_dict()
 
     def load_state_dict(self, sd):
+        _refuse_torch_format(sd, "optimizer.load_state_dict")
         self._engine.load_optimizer_state_dict(sd)
 
     def zero_grad(self, set_to_none=True):

@@ -29,7 +29,9 @@ written into the optimizer's param_groups other than by that scheduler (a
 warm-up in optimizer_step, ReduceLROnPlateau, which follows a metric and is
 not traced) is applied as under "ddp": zerod reads param_groups at each
 backward and takes the lr there (engine.set_lr) from the first that differs
-from its schedule's on.
+from its schedule's on. Any other hyperparameter written there (a
+weight-decay schedule) is refused at the next backward, naming it: zerod
+takes them once, when fit() sets up.
 
 Checkpoints are directories in zerod's format (docs/checkpoints.md) holding
 Lightning's loops and callbacks as the client state, as Lightning's DeepSpeed
@@ -193,6 +195,9 @@ class ZerodStrategy(ParallelStrategy):
         # (torch optimizer, the scheduler zerod traced or None, its lrs at
         # set-up, the scheduler whose lr a restore writes back or None): _follow_lr
         self._lr_watch = None
+        # The torch optimizer's other hyperparameters as zerod took them: a
+        # change is refused at the next backward (_zds.TorchHyperparameters).
+        self._hyperparameters = None
         self._outer_exc = None  # an exception being handled where fit() was called: not this run's failure
 
     # -- where things run ---------------------------------------------------
@@ -558,6 +563,7 @@ class ZerodStrategy(ParallelStrategy):
 
     def _watch_lr(self, optimizer, traced, scheduler):
         self._lr_watch = (optimizer, traced, [g["lr"] for g in optimizer.param_groups], scheduler)
+        self._hyperparameters = _zds.TorchHyperparameters(optimizer, "ZerodStrategy", "the start of fit()")
 
     def on_train_start(self):
         super().on_train_start()
@@ -602,9 +608,12 @@ class ZerodStrategy(ParallelStrategy):
         another (a warm-up in optimizer_step or training_step,
         ReduceLROnPlateau), zerod takes it (engine.set_lr, from this window's
         update on) and follows param_groups from then on. One lr for every
-        group: zerod's optimizer has one."""
+        group: zerod's optimizer has one. Another hyperparameter written
+        there (weight_decay, betas) is refused: zerod has no call that
+        changes it during training."""
         if self._lr_watch is None:
             return
+        self._hyperparameters.check()
         opt, traced, base, _ = self._lr_watch
         if self.engine._runs_schedule():
             got = [g["lr"] for g in opt.param_groups]
