@@ -35,6 +35,10 @@ struct ServedJob {
   std::map<int, Session*> rank_owner;
   bool any_rank_came = false;
   int joining = 0;  // ranks between their hello's join() and claim_rank(): the job must stay
+  // The launch its live ranks are of (Hello.launch_id; "" not known), so
+  // that ranks of another launch running at once under the same key are
+  // refused (Server::join). Taken by the next launch once none is live.
+  std::string launch_id;
   // What follows up to `building` is the current run's: a run lasts while
   // some rank of the job holds a connection, and its record starts afresh
   // once none does (Server::release_rank), so that a daemon serving run

@@ -49,6 +49,44 @@ std::string one_launch_because(const std::string& key) {
   return "";
 }
 
+// Under Server::mu_: the job's ranks that a process still holds ("rank 0
+// (pid 12), rank 1 (pid 13)"), "" when none. A rank whose connection its
+// client closed is not one, though its session may still be ending (a
+// relaunch's first rank often comes before the daemon has seen the last
+// launch's hangups). Ranks between their join and their claim are.
+std::string live_ranks(const ServedJob& job) {
+  std::string live;
+  for (const auto& [rank, s] : job.rank_owner)
+    if (!s->finished() && !s->hung_up())
+      live += (live.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) + " (pid " +
+              std::to_string(s->pid()) + ")";
+  if (job.joining > 0) live += (live.empty() ? "" : ", and ") + std::to_string(job.joining) + " connecting now";
+  return live;
+}
+
+// Under Server::mu_: a rank of another launch than the job's live ranks'
+// is refused, as two launches running at once under one ZEROD_JOB_KEY
+// would be one job (claimed ranks refusing the other's, or interleaved
+// ranks reducing gradients across two experiments). Once none is live the
+// launch is a relaunch, whose ranks take the job (and what daemon.keep_state
+// kept for it). A rank that says no launch (an older libzerod, ranks that
+// no launcher id tells apart) is let in as before.
+void admit_launch(ServedJob& job, const std::string& launch_id, int rank) {
+  if (launch_id == job.launch_id) return;
+  const std::string live = live_ranks(job);
+  if (live.empty() || job.launch_id.empty()) {
+    job.launch_id = launch_id;
+    return;
+  }
+  if (launch_id.empty()) return;
+  fail(ZD_ERR_INVALID_STATE,
+       "rank " + std::to_string(rank) + " (launch " + launch_id + ") cannot join " + job.label +
+           ": ranks of another launch of it (" + job.launch_id + ") are still connected: " + live +
+           ". Jobs running at the same time need different ZEROD_JOB_KEYs (two srun steps at once: "
+           "ZEROD_JOB_KEY=$SLURM_JOB_ID.a and $SLURM_JOB_ID.b, say); if this is the job's relaunch, its last "
+           "launch's ranks have not all exited yet: connect again once they have");
+}
+
 }  // namespace
 
 Server::Server(ServerOptions options)
@@ -74,8 +112,8 @@ Server::Server(ServerOptions options)
   single_->local_ranks = options_.local_ranks;
 }
 
-std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, int local_world_size, int rank,
-                                        int pid) {
+std::shared_ptr<ServedJob> Server::join(const std::string& key, const std::string& launch_id, int world_size,
+                                        int local_world_size, int rank, int pid) {
   // The job's own rules, checked before the rank counts as joining.
   auto check_rank = [&](const ServedJob& job) {
     if (world_size != job.world_size)
@@ -137,6 +175,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
                                         std::to_string(world_size) + " ranks but " + it->second->label + " has " +
                                         std::to_string(it->second->world_size) + " (ZEROD_WORLD_SIZE)");
     check_rank(*it->second);
+    admit_launch(*it->second, launch_id, rank);
     ++it->second->joining;
     return it->second;
   }
@@ -150,6 +189,7 @@ std::shared_ptr<ServedJob> Server::join(const std::string& key, int world_size, 
   job->first_rank = 0;
   job->local_ranks = world_size;
   job->one_launch = one_launch;
+  job->launch_id = launch_id;
   job->joining = 1;
   jobs_[k] = job;
   // A long-running daemon's log says which jobs came and went.

@@ -113,8 +113,11 @@ class Server {
   // ignored); with multi_job the job of that key, made by its first rank.
   // Throws Error saying why the rank cannot join (its world size, its rank
   // out of range or not this node's). The rank must then claim_rank().
-  // pid: the client's.
-  std::shared_ptr<ServedJob> join(const std::string& key, int world_size, int local_world_size, int rank, int pid);
+  // launch_id: which launch of the job the rank is of (Hello.launch_id; ""
+  // not known); one of another launch is refused while the job has a live
+  // rank. pid: the client's.
+  std::shared_ptr<ServedJob> join(const std::string& key, const std::string& launch_id, int world_size,
+                                  int local_world_size, int rank, int pid);
   // Claims the rank for a connection; false if another connection has it.
   bool claim_rank(ServedJob& job, int rank, Session* s, std::string* holder);
   // Once no rank of the job holds a connection, its run is over

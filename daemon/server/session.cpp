@@ -202,6 +202,12 @@ bool Session::socket_open() const {
   return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
 }
 
+bool Session::hung_up() {
+  // Under the lock: end() closes the socket's fd under it.
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  return !socket_open();
+}
+
 void Session::set_up_ring(int fd, uint64_t size) {
   if (ring_) fail(ZD_ERR_INVALID_STATE, "a call ring was already set up on this connection");
   transport::Ring r = transport::Ring::attach(fd, size);
@@ -356,7 +362,7 @@ void Session::hello(const v1::Hello& h, v1::Reply* reply) {
     observer_ = true;
   } else if (h.role() == "rank") {
     // join() checks the rank against its job (world size, range, this node's ranks).
-    auto job = server_.join(h.job_key(), h.world_size(), h.local_world_size(), h.rank(), pid_);
+    auto job = server_.join(h.job_key(), h.launch_id(), h.world_size(), h.local_world_size(), h.rank(), pid_);
     std::string holder;
     if (!server_.claim_rank(*job, h.rank(), this, &holder))
       fail(ZD_ERR_INVALID_STATE, "rank " + std::to_string(h.rank()) + " is already connected (" + holder +

@@ -60,6 +60,10 @@ class Session {
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   int rank() const { return rank_; }
   int pid() const { return pid_; }
+  // Its client closed the connection, or the daemon did: its rank no longer
+  // counts as live in its job (Server::join), though its thread may still
+  // be ending. From any thread.
+  bool hung_up();
 
   // What the session's thread does with each frame it receives, without the
   // socket (the fuzz target drives a session through these): answer()

@@ -55,6 +55,7 @@ struct RankIdentity {
   int rank = 0, world = 1, local_rank = 0;
   int local_world = 0;  // the job's ranks on this node (0: not known)
   std::string job_key;  // which job, for a daemon serving several ("" = none named)
+  std::string launch_id;  // which launch of it (LauncherRanks::launch_id; "" = not known)
 };
 // A zerod daemon at a unix socket; rank and world size from `who` (another
 // launcher's, node_daemon.h), else from the launcher's environment as

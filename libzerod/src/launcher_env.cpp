@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace zerod::abi {
 
@@ -22,6 +23,11 @@ std::string value(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
 }
+
+// An id set to "" names nothing: `ZEROD_JOB_KEY=` (a script's
+// `export ZEROD_JOB_KEY=$UNSET_VAR`) was a job key that every such launch
+// on the node shared.
+bool named(const char* name) { return !value(name).empty(); }
 
 struct Launcher {
   const char* who;
@@ -90,10 +96,17 @@ std::string world_of(const LauncherRanks& r) {
   return "world=" + std::to_string(r.world) + "/" + std::to_string(r.local_world) + ";";
 }
 
-std::string launch_key(const Launcher& l, const LauncherRanks& r) {
+// The launcher's ids, "NAME=value;" each, ZEROD_JOB_KEY among them or not.
+std::string ids_of(const Launcher& l, bool with_job_key) {
   std::string ids;
   for (const char* k : l.keys)
-    if (k && std::getenv(k)) ids += std::string(k) + "=" + value(k) + ";";
+    if (k && named(k) && (with_job_key || std::string_view(k) != "ZEROD_JOB_KEY"))
+      ids += std::string(k) + "=" + value(k) + ";";
+  return ids;
+}
+
+std::string launch_key(const Launcher& l, const LauncherRanks& r) {
+  const std::string ids = ids_of(l, true);
   std::string key = ids + torchrun_restart() + world_of(r);
   // No launcher id at all: the processes of one launch usually share a
   // parent (torchrun's agent, mpirun's, slurmstepd), though not when
@@ -108,10 +121,16 @@ std::string launch_key(const Launcher& l, const LauncherRanks& r) {
 // job to `zerod serve --jobs` and never got back what daemon.keep_state kept
 // for it. torchrun's restart count stays: its restart is another job.
 std::string hello_job_key(const Launcher& l, const LauncherRanks& r) {
-  const char* named = std::getenv("ZEROD_JOB_KEY");
-  if (!named) return launch_key(l, r);
-  return "ZEROD_JOB_KEY=" + std::string(named) + ";" + torchrun_restart() + world_of(r);
+  if (!named("ZEROD_JOB_KEY")) return launch_key(l, r);
+  return "ZEROD_JOB_KEY=" + value("ZEROD_JOB_KEY") + ";" + torchrun_restart() + world_of(r);
 }
+
+// What the hello key leaves out: the launcher's ids alone, so that the
+// daemon tells two launches running at once under one ZEROD_JOB_KEY apart
+// (Server::join). Not the parent process: ranks of one launch that each
+// run through a wrapper script have different parents, and would be
+// refused as another launch.
+std::string launch_id(const Launcher& l) { return ids_of(l, false); }
 
 }  // namespace
 
@@ -134,6 +153,7 @@ std::optional<LauncherRanks> launcher_ranks() {
     if (l.local_size && local_world > 0) r.where += std::string(", ") + l.local_size + "=" + std::to_string(local_world);
     r.job_key = launch_key(l, r);
     r.hello_job_key = hello_job_key(l, r);
+    r.launch_id = launch_id(l);
     return r;
   }
   return std::nullopt;

@@ -35,6 +35,11 @@ struct LauncherRanks {
   // that a relaunch under mpirun or srun names the job its last launch did
   // and resumes what daemon.keep_state kept for it.
   std::string hello_job_key;
+  // The launcher's ids for this launch, without ZEROD_JOB_KEY ("" when it
+  // gives none): sent beside hello_job_key so that a daemon serving several
+  // jobs refuses a second launch running at once under the same
+  // ZEROD_JOB_KEY instead of making one job of the two (Server::join).
+  std::string launch_id;
 };
 
 // nullopt when the environment says one process (or says nothing). The

@@ -16,6 +16,8 @@
 #include "script_file.h"
 #include "sizes.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -55,7 +57,13 @@ RankIdentity identity_from_environment() {
     id.world = env_int("ZEROD_WORLD_SIZE", 1);
     id.local_rank = env_int("ZEROD_LOCAL_RANK", id.rank);
     id.local_world = env_int("ZEROD_LOCAL_WORLD_SIZE", 0);
-    if (const char* key = std::getenv("ZEROD_JOB_KEY")) id.job_key = std::string("ZEROD_JOB_KEY=") + key + ";";
+    const char* key = std::getenv("ZEROD_JOB_KEY");
+    if (key && *key) {  // "" names no job (launcher_env.cpp)
+      id.job_key = std::string("ZEROD_JOB_KEY=") + key + ";";
+      // This process is its job's only rank: another process naming the job
+      // while this one is connected is another launch (Server::join).
+      id.launch_id = "pid=" + std::to_string(::getpid()) + ";";
+    }
     return id;
   }
   id.rank = launched->rank;
@@ -63,6 +71,7 @@ RankIdentity identity_from_environment() {
   id.local_rank = launched->local_rank;
   id.local_world = launched->local_world;
   id.job_key = launched->hello_job_key;
+  id.launch_id = launched->launch_id;
   return id;
 }
 
@@ -83,6 +92,7 @@ RemoteClient::RemoteClient(const std::string& path, uint32_t timeout_ms, const R
   h->set_world_size(world_);
   h->set_local_rank(local_rank_);
   h->set_job_key(id.job_key);
+  h->set_launch_id(id.launch_id);
   h->set_local_world_size(id.local_world);
   h->set_stream_signal_page(true);
   h->set_arena_batches(true);  // a call that grows the pool by more than one frame's fds still answers

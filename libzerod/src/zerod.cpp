@@ -288,7 +288,7 @@ std::unique_ptr<zerod::abi::ClientBackend> connect_launched_rank(const zerod::ab
                               "before any rank connects; set ZEROD_JOB=job.lua (zerod.torch.initialize(job=...) and "
                               "the Python integrations set it from their argument)" + alone);
   const std::string socket = zerod::abi::node_daemon_socket(r, job, static_cast<int>(timeout_ms));
-  const zerod::abi::RankIdentity id{r.rank, r.world, r.local_rank, r.local_world, r.hello_job_key};
+  const zerod::abi::RankIdentity id{r.rank, r.world, r.local_rank, r.local_world, r.hello_job_key, r.launch_id};
   return zerod::abi::make_remote_client(socket, timeout_ms, &id);
 }
 

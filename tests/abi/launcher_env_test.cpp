@@ -99,3 +99,32 @@ TEST_F(LauncherEnv, RanksStartedByHandWithoutAnIdAreKeyedByTheirParent) {
   set("ZEROD_JOB_KEY", "by-hand");
   EXPECT_EQ(ranks().hello_job_key, "ZEROD_JOB_KEY=by-hand;world=2/2;");
 }
+
+// ZEROD_JOB_KEY set to "" (a script's `export ZEROD_JOB_KEY=$UNSET`) names
+// no job: the ranks are keyed by their launch, as without it. Before, every
+// such launch on the node was one job "ZEROD_JOB_KEY=;world=2/2;".
+TEST_F(LauncherEnv, AnEmptyJobKeyIsUnset) {
+  set(kMpirun);
+  set("ZEROD_JOB_KEY", "");
+  const zerod::abi::LauncherRanks r = ranks();
+  EXPECT_EQ(r.hello_job_key, "PMIX_NAMESPACE=prterun-a@1;OMPI_MCA_ess_base_jobid=42;world=2/2;");
+  EXPECT_EQ(r.job_key, r.hello_job_key);
+}
+
+// Beside ZEROD_JOB_KEY the hello says which launch the rank is of (the
+// launcher's ids), so that the daemon refuses a second launch running at
+// once under the same key (Server::join); a launcher that gives no id
+// says none (ranks of one launch with wrapper scripts of their own have
+// different parents).
+TEST_F(LauncherEnv, TheHelloSaysWhichLaunchWithoutTheJobKey) {
+  set(kMpirun);
+  set("ZEROD_JOB_KEY", "trainer");
+  EXPECT_EQ(ranks().launch_id, "PMIX_NAMESPACE=prterun-a@1;OMPI_MCA_ess_base_jobid=42;");
+  set({{"PMIX_NAMESPACE", "prterun-b@1"}, {"OMPI_MCA_ess_base_jobid", "43"}});
+  EXPECT_EQ(ranks().launch_id, "PMIX_NAMESPACE=prterun-b@1;OMPI_MCA_ess_base_jobid=43;");
+}
+
+TEST_F(LauncherEnv, RanksStartedByHandWithoutAnIdSayNoLaunch) {
+  set({{"ZEROD_WORLD_SIZE", "2"}, {"ZEROD_RANK", "1"}, {"ZEROD_LOCAL_WORLD_SIZE", "2"}, {"ZEROD_JOB_KEY", "k"}});
+  EXPECT_EQ(ranks().launch_id, "");
+}

@@ -37,13 +37,17 @@ class DaemonClient {
     return r;
   }
 
-  v1::Reply hello(const char* role = "rank", int rank = 0, int world = 1, const std::string& key = "") {
+  // launch_id: which launch of the job this rank is of ("" as an older
+  // libzerod sends: not checked).
+  v1::Reply hello(const char* role = "rank", int rank = 0, int world = 1, const std::string& key = "",
+                  const std::string& launch_id = "") {
     v1::Request r;
     r.mutable_hello()->set_abi_version(ZD_ABI_VERSION);
     r.mutable_hello()->set_role(role);
     r.mutable_hello()->set_rank(rank);
     r.mutable_hello()->set_world_size(world);
     r.mutable_hello()->set_job_key(key);
+    r.mutable_hello()->set_launch_id(launch_id);
     return rpc(r);
   }
 

@@ -58,9 +58,10 @@ struct KeptModels : ::testing::Test {
   // finalizes, and returns p0's values then; writes kWritten when asked.
   // `end` says how the run ends: "destroy", or "" (the connection closes
   // with the model in it: the rank is lost).
-  std::vector<float> run(const std::string& end, bool write = true, const std::string& key = "") {
+  std::vector<float> run(const std::string& end, bool write = true, const std::string& key = "",
+                         const std::string& launch_id = "") {
     test::DaemonClient c(srv->socket_path());
-    v1::Reply r = c.hello("rank", 0, 1, key);
+    v1::Reply r = c.hello("rank", 0, 1, key, launch_id);
     EXPECT_FALSE(r.has_error()) << r.error().message();
     const int model = c.create(kKeepingJob);
     r = c.register_param(model, "p0", "m0", 4, &kInitial);
@@ -409,6 +410,62 @@ TEST_F(KeptModelsOfSeveralJobs, AJobKeyThatCanRecurKeepsALostRanksModel) {
   EXPECT_GT(srv->node_memory()->held(), 0u);
   EXPECT_EQ(run("destroy", false, "ZEROD_JOB_KEY=b;"), kWritten);
   EXPECT_TRUE(eventually([&] { return nothing_held(); }));
+}
+
+// A relaunch under mpirun or srun names the job as its last launch did
+// (ZEROD_JOB_KEY) but comes with the launcher's new ids: once the last
+// launch's ranks are gone it takes the job, and resumes its kept model.
+TEST_F(KeptModelsOfSeveralJobs, ARelaunchOfAnotherLaunchIdResumesTheKeptModel) {
+  const std::string key = "ZEROD_JOB_KEY=b;world=1/1;";
+  EXPECT_EQ(run("", true, key, "PMIX_NAMESPACE=prterun-a@1;"), kInitial);
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  ASSERT_EQ(srv->models().size(), 1u);
+  EXPECT_EQ(run("destroy", false, key, "PMIX_NAMESPACE=prterun-b@1;"), kWritten);
+  EXPECT_TRUE(eventually([&] { return nothing_held(); }));
+}
+
+// Two launches running at once under one ZEROD_JOB_KEY (two srun steps of
+// one allocation given ZEROD_JOB_KEY=$SLURM_JOB_ID, a key exported in the
+// shell of a sweep): the second's ranks are refused, saying why, while the
+// first's are connected. Before, a claimed rank refused the other's as
+// "already connected", and interleaved ranks (rank 0 of one, rank 1 of the
+// other) made one job, reducing gradients across two experiments.
+TEST_F(KeptModelsOfSeveralJobs, ASecondLaunchAtOnceUnderTheSameJobKeyIsRefusedSayingWhy) {
+  const std::string key = "ZEROD_JOB_KEY=7;world=2/2;";
+  const std::string step0 = "SLURM_JOB_ID=7;SLURM_STEP_ID=0;", step1 = "SLURM_JOB_ID=7;SLURM_STEP_ID=1;";
+  test::DaemonClient a0(srv->socket_path());
+  ASSERT_FALSE(a0.hello("rank", 0, 2, key, step0).has_error());
+  for (int rank : {1, 0}) {
+    test::DaemonClient b(srv->socket_path());
+    const v1::Reply r = b.hello("rank", rank, 2, key, step1);
+    ASSERT_TRUE(r.has_error()) << "rank " << rank << " of the second launch joined the first's job";
+    const std::string& m = r.error().message();
+    EXPECT_EQ(r.error().status(), ZD_ERR_INVALID_STATE);
+    EXPECT_NE(m.find("need different ZEROD_JOB_KEYs"), std::string::npos) << m;
+    EXPECT_NE(m.find("(launch " + step1 + ")"), std::string::npos) << m;
+    EXPECT_NE(m.find("another launch of it (" + step0 + ")"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 (pid " + std::to_string(::getpid()) + ")"), std::string::npos) << m;
+  }
+  // A rank that says no launch (an older libzerod) joins, as before.
+  test::DaemonClient older(srv->socket_path());
+  const v1::Reply r = older.hello("rank", 1, 2, key);
+  EXPECT_FALSE(r.has_error()) << r.error().message();
+}
+
+// A relaunch's ranks often come before the daemon has seen the last
+// launch's hangups: a rank whose client closed its connection is no longer
+// live, so the relaunch is not refused in that window.
+TEST_F(KeptModelsOfSeveralJobs, ARelaunchRightAfterTheLastLaunchHungUpJoins) {
+  const std::string key = "ZEROD_JOB_KEY=r;world=2/2;";
+  std::vector<std::unique_ptr<test::DaemonClient>> ranks;
+  for (int launch = 0; launch < 30; ++launch) {
+    ranks.clear();  // the last launch's ranks exit
+    for (int rank : {0, 1}) {
+      ranks.push_back(std::make_unique<test::DaemonClient>(srv->socket_path()));
+      const v1::Reply r = ranks.back()->hello("rank", rank, 2, key, "launch=" + std::to_string(launch) + ";");
+      ASSERT_FALSE(r.has_error()) << "launch " << launch << ", rank " << rank << ": " << r.error().message();
+    }
+  }
 }
 
 // A process alone that names no job is keyed by its connection, a
