@@ -291,8 +291,14 @@ class Model final : private FailureSink {
   void share_placement(RankState& rs);
   void resume_from_snapshot(RankState& rs, bool* resuming);
   // A finalize that failed gives back all it took (its state, NVMe
-  // extents, the node's memory) and the initial values it dropped.
+  // extents, the node's memory) and the initial values it dropped; one
+  // whose resume failed in a job of several breaks the job first, and keeps
+  // its state where the shard board points the other ranks at it. Called
+  // inside the catch block.
   void undo_finalize(RankState& rs, bool resuming);
+  // Breaks the job with the failure being handled, naming the rank's
+  // finalize; the first failure aborts the collectives and the boards.
+  void break_for_failed_resume(int rank);
   void allocate_rank(RankState& rs);
   void release_rank(RankState& rs);
   // The registered initial values, once every local rank has written them

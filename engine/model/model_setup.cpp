@@ -20,6 +20,23 @@
 
 namespace zerod {
 
+namespace {
+
+// The exception the caller's catch block is handling, as an Error.
+Error failure_being_handled() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return Error(ZD_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return Error(ZD_ERR_INTERNAL, "an unknown exception");
+  }
+}
+
+}  // namespace
+
 zd_param_id Model::register_param(int rank, const std::string& name, const std::string& module,
                                   zd_dtype dtype, std::vector<int64_t> shape, const void* init,
                                   zd_dtype init_dtype) {
@@ -326,7 +343,9 @@ void Model::finalize(int rank) {
   // cannot be resumed from, the node's memory refused), so that a retried
   // finalize allocates the state once: TieredBuffer::allocate appends, and
   // a retry over what a failed attempt kept held it all twice (the ledger
-  // and the node's charge doubled, the NVMe extents reserved again).
+  // and the node's charge doubled, the NVMe extents reserved again). A
+  // resume that fails in a job of several breaks the job first
+  // (undo_finalize).
   bool resuming = false;
   try {
     place_rank(rs);
@@ -390,13 +409,26 @@ void Model::resume_from_snapshot(RankState& rs, bool* resuming) {
     log_info("resumed from the snapshot " + src->dir() + " at step " + std::to_string(src->manifest().step));
 }
 
-// The ranks that passed the barrier before this one failed are left as
-// they were: they meet its absence at their next collective (comm.timeout,
-// or its connection's end). None reads the shards it published and now
-// releases: a one-sided gather waits until every rank has arrived, and this
-// one, unfinalized, never does.
+// A rank that fails before its resume begins is one no other rank can
+// finish its finalize without: each later step is a collective it joins
+// (the snapshot agreement's refusal fails every rank at once), so the others
+// meet its absence there (comm.timeout, or its connection's end) and none
+// reads the shards it published. Its resume has no collective after its
+// write phase, though, and the shard board hands a rank's shards out once
+// that phase ended, failed or not (a begin call copies at once, having
+// checked only ShardBoard::readable): the others may finish theirs and
+// gather this rank's shards. So a resume that fails in a job of several
+// breaks the job before anything goes: the other ranks' next calls and
+// waits fail, naming this finalize. A gather past that check may still be
+// copying, and nothing says when it is done: on a shard board the rank
+// keeps its state until the model is destroyed (which aborts the board and
+// ends the streams first). Such a job cannot retry anyway.
 void Model::undo_finalize(RankState& rs, bool resuming) {
   put_back_initial_values(rs, resuming);  // from the masters: before they are released
+  if (resuming && world_size_ > 1) {
+    break_for_failed_resume(rs.res.rank);
+    if (shard_board_) return;
+  }
   release_rank(rs);
   // The NVMe store only grows: a tier reserves and never releases, so
   // the extents this attempt reserved before it failed would stay in the
@@ -405,6 +437,25 @@ void Model::undo_finalize(RankState& rs, bool resuming) {
   // (set_up_tiers), and the disk's free space is what it has.
   rs.res.nvme.reset();
   if (admission_) admission_->release(rs.res.rank);
+}
+
+void Model::break_for_failed_resume(int rank) {
+  const Error cause = failure_being_handled();
+  const std::string message = "rank " + std::to_string(rank) +
+                              "'s zd_model_finalize failed part-way through its resume from a snapshot, which the "
+                              "other ranks may have finished: " + cause.what();
+  std::string broken;
+  zd_status code;
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    first = mark_broken_locked(cause.code(), message);  // aborts the shard board too
+    broken = broken_;
+    code = broken_code_;
+  }
+  // Not under reg_mu_ (abort_collectives takes comm_mu_). Later failures
+  // are this one's echoes, as in break_job.
+  if (first) abort_collectives(code, broken);
 }
 
 void Model::allocate_rank(RankState& rs) {

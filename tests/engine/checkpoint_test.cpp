@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -1795,6 +1796,157 @@ TEST(Snapshots, AFinalizeThatCannotResumeGivesBackWhatEveryRankTook) {
       EXPECT_NE(std::string(e.what()).find("cannot put them back"), std::string::npos) << e.what();
     }
   });
+}
+
+// The cpu device of one rank whose copies into its pool fail from the
+// `fail_at`-th on (0: none fails), as a write to a device that broke would;
+// it counts them, so that a test finds the copy it fails.
+class FailingCopiesIn final : public Device {
+ public:
+  FailingCopiesIn(std::unique_ptr<Device> inner, uint64_t fail_at, std::atomic<uint64_t>* copies)
+      : d_(std::move(inner)), fail_at_(fail_at), copies_(copies) {}
+
+  void copy_to_device(void* dst, const void* src, uint64_t bytes) override {
+    const uint64_t n = ++*copies_;
+    if (fail_at_ != 0 && n >= fail_at_)
+      throw Error(ZD_ERR_IO, "the injected failure of copy #" + std::to_string(n) + " into the pool");
+    d_->copy_to_device(dst, src, bytes);
+  }
+  uint64_t upload(void* dst, const void* src, uint64_t bytes) override {
+    copy_to_device(dst, src, bytes);
+    return 0;
+  }
+
+  const char* name() const override { return d_->name(); }
+  int32_t dlpack_type() const override { return d_->dlpack_type(); }
+  int32_t ordinal() const override { return d_->ordinal(); }
+  std::string describe() const override { return d_->describe(); }
+  bool host_addressable() const override { return d_->host_addressable(); }
+  bool has_streams() const override { return d_->has_streams(); }
+  Block allocate(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return d_->allocate(bytes, kind, what);
+  }
+  Block allocate_for_overwrite(uint64_t bytes, zd_mem_kind kind, const std::string& what) override {
+    return d_->allocate_for_overwrite(bytes, kind, what);
+  }
+  void release(const Block& block, zd_mem_kind kind) override { d_->release(block, kind); }
+  void step_ended() override { d_->step_ended(); }
+  uint64_t pool_resident_bytes() const override { return d_->pool_resident_bytes(); }
+  uint64_t block_align() const override { return d_->block_align(); }
+  std::vector<PoolExport> exports() const override { return d_->exports(); }
+  void register_host(void* ptr, uint64_t bytes) override { d_->register_host(ptr, bytes); }
+  void unregister_host(void* ptr) override { d_->unregister_host(ptr); }
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override { d_->copy_to_host(dst, src, bytes); }
+  void copy_within(void* dst, const void* src, uint64_t bytes) override { d_->copy_within(dst, src, bytes); }
+  void zero(void* dst, uint64_t bytes) override { d_->zero(dst, bytes); }
+  void accumulate(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n) override {
+    d_->accumulate(src, src_dt, dst, dst_dt, n);
+  }
+  void accumulate_scaled(const void* src, zd_dtype src_dt, void* dst, zd_dtype dst_dt, uint64_t n,
+                         float factor) override {
+    d_->accumulate_scaled(src, src_dt, dst, dst_dt, n, factor);
+  }
+  void scale(void* p, zd_dtype dt, uint64_t n, float factor) override { d_->scale(p, dt, n, factor); }
+  GradStats grad_stats(const std::vector<GradSpan>& spans) override { return d_->grad_stats(spans); }
+  bool runs(const OptimizerInstance& opt) const override { return d_->runs(opt); }
+  void optimizer_update(const OptimizerInstance& opt, const zd_optimizer_update& u, bool zero_grad) override {
+    d_->optimizer_update(opt, u, zero_grad);
+  }
+  uint64_t download(void* dst, const void* src, uint64_t bytes, uint64_t after) override {
+    return d_->download(dst, src, bytes, after);
+  }
+  uint64_t mark() override { return d_->mark(); }
+  void upload_after_stream() override { d_->upload_after_stream(); }
+  void transfer_wait(uint64_t ticket) override { d_->transfer_wait(ticket); }
+  void stream_waits(uint64_t ticket) override { d_->stream_waits(ticket); }
+  void wait_peer_mark(const Device& peer, uint64_t mark) override { d_->wait_peer_mark(peer, mark); }
+  void copy_peer(void* dst, const Device& peer, const void* src, uint64_t bytes) override {
+    d_->copy_peer(dst, peer, src, bytes);
+  }
+  void sum_peers(void* dst, zd_dtype dt, uint64_t n, const std::vector<PeerSpan>& srcs) override {
+    d_->sum_peers(dst, dt, n, srcs);
+  }
+  const Device& unwrapped() const override { return d_->unwrapped(); }
+  void set_trainer_stream(void* stream) override { d_->set_trainer_stream(stream); }
+  void trainer_waits() override { d_->trainer_waits(); }
+  void wait_for_trainer() override { d_->wait_for_trainer(); }
+  void synchronize() override { d_->synchronize(); }
+
+ private:
+  std::unique_ptr<Device> d_;
+  const uint64_t fail_at_;
+  std::atomic<uint64_t>* copies_;
+};
+
+// Rank 1 on a FailingCopiesIn (failing from its fail_at-th copy in) that
+// counts in *copies; rank 0 on the plain cpu device.
+JobOptions with_rank_1_failing_copies(JobOptions o, uint64_t fail_at, std::atomic<uint64_t>* copies) {
+  o.device_factory = [fail_at, copies](const std::string& kind, MemoryLedger& ledger, Workers& workers,
+                                       int local_rank, const std::string& name) {
+    std::unique_ptr<Device> d = open_device(kind, ledger, workers, local_rank, name);
+    if (local_rank != 1) return d;
+    return std::unique_ptr<Device>(std::make_unique<FailingCopiesIn>(std::move(d), fail_at, copies));
+  };
+  return o;
+}
+
+// Stage 3 with both ranks in this process on the local comm plugin: a
+// rank's gathers copy the other's shards themselves (the shard board). Rank
+// 1's resume fails after the ranks agreed on the snapshot, while it writes
+// it into its state; rank 0's resume ends well, and nothing collective is
+// left in its finalize to tell it. Rank 1 released its state when it gave
+// up, so rank 0's next gather copied rank 1's shards out of freed memory.
+// Now rank 1 breaks the job first and keeps its state (which the other
+// ranks' gathers still point at) until the model goes: rank 0's next call
+// fails, naming rank 1's finalize and why.
+TEST(Snapshots, ARankWhoseResumeFailsAloneBreaksTheJobBeforeItsShardsGo) {
+  TempDir snaps, none;
+  JobOptions o = job(3);
+  ASSERT_EQ(o.zero_hparams, (std::vector<std::pair<std::string, double>>{{"param_persistence_threshold", 0}}));
+  o.snapshot.path = snaps.path;
+  o.snapshot.every = 2;
+  {
+    auto a = make_model(o, 2);
+    train_both(*a, 0, 3);  // the snapshot of step 2; the process dies at 3
+  }
+  // The copies into rank 1's pool a finalize makes before any resume (a
+  // path with no snapshot): the next one is the resume's first write.
+  std::atomic<uint64_t> before_resume{0};
+  {
+    JobOptions fresh = o;
+    fresh.snapshot.path = none.path;
+    auto counted = make_model(with_rank_1_failing_copies(fresh, 0, &before_resume), 2);
+    train_both(*counted, 0, 0);
+  }
+  std::atomic<uint64_t> copies{0};
+  auto b = make_model(with_rank_1_failing_copies(o, before_resume.load() + 1, &copies), 2);
+  const std::vector<uint64_t> nothing = held(*b, 1);
+  std::atomic<bool> rank_1_returned{false};
+  std::vector<std::string> errors(2, "no error");
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    std::string& error = errors[static_cast<size_t>(rank)];
+    std::vector<zd_param_id> ids;
+    try {
+      register_all(*b, rank, &ids);
+      if (rank == 0) {
+        // Once rank 1's finalize has returned: all it gave back is gone.
+        while (!rank_1_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        b->forward_begin(rank, 0);
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (rank == 1) rank_1_returned.store(true);
+  });
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(errors[1].find("the injected failure of copy #" + std::to_string(before_resume.load() + 1)),
+            std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[0].find("rank 1's zd_model_finalize failed"), std::string::npos)
+      << "rank 0 went on over the shards rank 1 released: " << errors[0];
+  EXPECT_NE(errors[0].find("the injected failure"), std::string::npos) << errors[0];
+  EXPECT_NE(held(*b, 1), nothing) << "rank 1 gave back the state rank 0's gathers are pointed at";
 }
 
 }  // namespace
