@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <new>
 #include <mutex>
 #include <string>
@@ -324,19 +325,26 @@ std::string signal_name(SignalId id) {
 // during static destruction still leaves it).
 class LivePages {
  public:
-  void add(SignalPage* page, int gpu, SignalId mine) {
+  // Returns the word that the context on `gpu` has failed, which record()
+  // reads after each publish (signal_publish): it lives as long as this.
+  const std::atomic<bool>& add(SignalPage* page, int gpu, SignalId mine) {
     std::lock_guard<std::mutex> lock(mu_);
     pages_.push_back({page, gpu, mine});
+    return context_failed_locked(gpu);
   }
   void remove(const SignalPage* page) {
     std::lock_guard<std::mutex> lock(mu_);
     std::erase_if(pages_, [page](const Entry& e) { return e.page == page; });
   }
-  // Every page on `gpu` releases the signal this process records there.
+  // Every page on `gpu` releases the signal this process records there,
+  // after marking the context failed: a record another thread has queued
+  // but not yet published is left to that thread. Not under any page's
+  // record lock, which record() holds when it calls this.
   void release_on(int gpu, int cuda_error) {
     std::lock_guard<std::mutex> lock(mu_);
+    std::atomic<bool>& failed = context_failed_locked(gpu);
     for (const Entry& e : pages_)
-      if (e.gpu == gpu) signal_release_if_context_failed(*e.page, e.mine, cuda_error);
+      if (e.gpu == gpu) signal_release_if_context_failed(*e.page, e.mine, cuda_error, failed);
   }
 
  private:
@@ -345,8 +353,14 @@ class LivePages {
     int gpu;
     SignalId mine;  // the signal this process records on it
   };
+
+  std::atomic<bool>& context_failed_locked(int gpu) { return context_failed_.try_emplace(gpu, false).first->second; }
+
   std::mutex mu_;
   std::vector<Entry> pages_;
+  // By GPU, set once for good (a failed context stays failed). A map's
+  // entries never move: record() holds their addresses without mu_.
+  std::map<int, std::atomic<bool>> context_failed_;
 };
 
 LivePages& live_pages() {
@@ -363,7 +377,7 @@ SharedSignals SharedSignals::create(int device, const std::string& what) {
   s.device_page_ = register_page(s.page_, device, what);
   s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
-  live_pages().add(s.page_, device, kZerodDone);  // the daemon's page: its stream records kZerodDone
+  s.context_failed_ = &live_pages().add(s.page_, device, kZerodDone);  // the daemon's page: it records kZerodDone
   return s;
 }
 
@@ -374,7 +388,7 @@ SharedSignals SharedSignals::import(int page_fd, int device) {
   s.device_page_ = register_page(s.page_, device, what);  // on failure s's destructor unmaps the page
   s.device_ = device;
   s.record_mu_ = std::make_unique<std::mutex>();
-  live_pages().add(s.page_, device, kTrainerDone);  // the trainer's: its stream records kTrainerDone
+  s.context_failed_ = &live_pages().add(s.page_, device, kTrainerDone);  // the trainer's: it records kTrainerDone
   return s;
 }
 
@@ -395,8 +409,10 @@ void SharedSignals::record(SignalId id, void* stream) const {
   // was, and may sit behind the kernel that failed the context.
   release_if_context_failed(r);
   check(r, "cuStreamWriteValue32", "recording " + signal_name(id) + " on a stream of GPU " + std::to_string(device_));
-  // Published once queued: a number the other side reads is always on its way.
-  page_->issued[id].store(n, std::memory_order_release);
+  // Published once queued: a number the other side reads is always on its
+  // way, or released here if another thread saw the context fail since the
+  // write was queued (its release stopped at n - 1).
+  signal_publish(*page_, id, n, *context_failed_);
 }
 
 void SharedSignals::wait_on(SignalId id, void* stream) const {
@@ -433,7 +449,7 @@ SharedSignals::~SharedSignals() {
 SharedSignals::SharedSignals(SharedSignals&& o) noexcept
     : arena_(std::move(o.arena_)), page_(std::exchange(o.page_, nullptr)),
       device_page_(std::exchange(o.device_page_, 0)), device_(std::exchange(o.device_, -1)),
-      record_mu_(std::move(o.record_mu_)) {}
+      record_mu_(std::move(o.record_mu_)), context_failed_(std::exchange(o.context_failed_, nullptr)) {}
 
 SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
   if (this != &o) {
@@ -443,6 +459,7 @@ SharedSignals& SharedSignals::operator=(SharedSignals&& o) noexcept {
     device_page_ = std::exchange(o.device_page_, 0);
     device_ = std::exchange(o.device_, -1);
     record_mu_ = std::move(o.record_mu_);
+    context_failed_ = std::exchange(o.context_failed_, nullptr);
   }
   return *this;
 }

@@ -24,6 +24,7 @@
 
 #include "signal_page.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -95,7 +96,11 @@ class SharedDeviceChunk {
 // for its other calls. The context is the process's on that GPU, not one
 // page's: every page of the process on it is released, so that a rank
 // whose own calls stopped (its model broken by another's error) does not
-// keep its trainer waiting.
+// keep its trainer waiting. A record another thread of the process has
+// queued when the release comes, and publishes only after it, would be
+// missed by it (the release stops at the number published before): so the
+// release first marks the context failed, and record() looks at that mark
+// after it publishes and then releases its own number (signal_publish).
 //
 // Why not interprocess CUDA events: a wait on a cudaEventInterprocess record
 // that its process never ran holds for good, and a later record of the same
@@ -161,6 +166,10 @@ class SharedSignals {
   unsigned long long device_page_ = 0;  // CUdeviceptr: the page as the GPU addresses it
   int device_ = -1;                     // the GPU it is registered with (for errors)
   std::unique_ptr<std::mutex> record_mu_;  // a number is published in the order its writes are queued
+  // That this process's context on the GPU has failed (any thread's
+  // release_if_context_failed sets it): record() looks at it after each
+  // publish. Owned by the process's list of pages, which outlives this.
+  const std::atomic<bool>* context_failed_ = nullptr;
 };
 
 }  // namespace zerod

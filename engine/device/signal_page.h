@@ -67,9 +67,12 @@ inline bool signal_pending(const SignalPage& p, SignalId s) {
 // (it has exited, or its GPU context has failed): its queued records never
 // run then, and nothing else would write the word. A word already at or
 // past the number is left, so a second release, from either process, does
-// nothing.
+// nothing. The count is read seq_cst: a release for a failed context pairs
+// with a record's publish (signal_publish), each side storing before it
+// reads, and only seq_cst on both sides rules out each missing the other's
+// store.
 inline void signal_release(SignalPage& p, SignalId s) {
-  const uint64_t n = p.issued[s].load(std::memory_order_acquire);
+  const uint64_t n = p.issued[s].load(std::memory_order_seq_cst);
   uint32_t w = p.word[s].load(std::memory_order_acquire);
   while (signal_behind(w, n) &&
          !p.word[s].compare_exchange_weak(w, static_cast<uint32_t>(n), std::memory_order_release,
@@ -84,10 +87,32 @@ inline void signal_release(SignalPage& p, SignalId s) {
 // other process's stream, waiting for one, would hold for good (the other
 // side's hangup watch releases only once this process has exited). Returns
 // whether it released; any other error leaves the signal as it is.
-inline bool signal_release_if_context_failed(SignalPage& p, SignalId s, int cuda_error) {
+//
+// `context_failed` is this process's word that its context on the page's
+// GPU has failed, which it sets first, for good (a failed context never
+// recovers): a record another thread of the process has queued but not yet
+// published is then released by that thread (signal_publish), since this
+// release, reading the count before the publish, stops at the number
+// before it.
+inline bool signal_release_if_context_failed(SignalPage& p, SignalId s, int cuda_error,
+                                             std::atomic<bool>& context_failed) {
   if (!cuda_context_failed_before(cuda_error)) return false;
+  context_failed.store(true, std::memory_order_seq_cst);
   signal_release(p, s);
   return true;
+}
+
+// The recording process publishes record `n` of `s`, its write of the word
+// queued on its stream, and then looks again at `context_failed` (set by
+// signal_release_if_context_failed, on any thread): a context that failed
+// between the queuing and the publish never runs the record, and the
+// release made meanwhile stopped at n - 1, so the publishing thread
+// releases n itself; else the other side would wait for it for good. The
+// store and the load are seq_cst, as are the release's: of the two
+// threads, at least one sees the other's store.
+inline void signal_publish(SignalPage& p, SignalId s, uint64_t n, const std::atomic<bool>& context_failed) {
+  p.issued[s].store(n, std::memory_order_seq_cst);
+  if (context_failed.load(std::memory_order_seq_cst)) signal_release(p, s);
 }
 
 }  // namespace zerod

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -340,28 +341,66 @@ TEST(StreamSignals, ARecordLeftByADeadProcessIsPendingUntilReleasedFromTheCpu) {
 // its second record sits behind the kernel that failed, and would hold the
 // other side's wait for good. Only an error that says the context failed
 // releases it (one that left the context usable, or success, leaves the
-// record to run); a second release, from either side, changes nothing,
-// and a word already past the number is never moved back.
+// record to run, and the context unmarked); a second release, from either
+// side, changes nothing, and a word already past the number is never moved
+// back.
 TEST(StreamSignals, ARecordBehindAFailedContextIsReleasedByItsOwnProcessAndOnlyThen) {
   SignalPage page{};
+  std::atomic<bool> context_failed{false};
   page.issued[kTrainerDone].store(1);
   page.word[kTrainerDone].store(1);  // its first record ran
   page.issued[kTrainerDone].store(2);  // queued behind the failed kernel
   for (const int usable : {0, cuda_code::kOutOfMemory, 1 /* cudaErrorInvalidValue */}) {
-    EXPECT_FALSE(signal_release_if_context_failed(page, kTrainerDone, usable)) << usable;
+    EXPECT_FALSE(signal_release_if_context_failed(page, kTrainerDone, usable, context_failed)) << usable;
     EXPECT_TRUE(signal_pending(page, kTrainerDone)) << "released after error " << usable;
+    EXPECT_FALSE(context_failed.load()) << "marked failed after error " << usable;
   }
-  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kIllegalAddress));
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kIllegalAddress, context_failed));
+  EXPECT_TRUE(context_failed.load());
   EXPECT_FALSE(signal_pending(page, kTrainerDone));
   EXPECT_EQ(page.word[kTrainerDone].load(), 2u);
   EXPECT_FALSE(signal_pending(page, kZerodDone)) << "the other signal is not this process's to release";
   // The daemon's hangup watch releasing it too, once the process has exited.
   signal_release(page, kTrainerDone);
-  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kAssert));
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kAssert, context_failed));
   EXPECT_EQ(page.word[kTrainerDone].load(), 2u);
   page.word[kTrainerDone].store(7);  // past the latest number published
-  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kLaunchFailed));
+  EXPECT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kLaunchFailed, context_failed));
   EXPECT_EQ(page.word[kTrainerDone].load(), 7u);
+}
+
+// Two threads of the process that records a signal (SharedSignals on a GPU,
+// whose record() is these steps with a stream): one records, queuing the
+// write of record 2's number and then publishing it; another's CUDA call
+// says the context failed, and its release (LivePages::release_on) lands
+// between the two: it reads the count before the publish and stops at 1,
+// and the queued write never runs on the failed context. The recording
+// thread, seeing after its publish the mark the release set
+// (signal_publish), releases 2 itself; else the other side would wait for
+// it for good (a trainer held in zd_model_destroy's quiesce). Records
+// published later, on the context still failed, are released as they are
+// published; on a context that has not failed, a publish leaves the record
+// to its stream.
+TEST(StreamSignals, AReleaseBetweenARecordsWriteAndItsPublishStillEndsTheWaitForIt) {
+  SignalPage page{};
+  std::atomic<bool> context_failed{false};
+  page.issued[kTrainerDone].store(1);
+  page.word[kTrainerDone].store(1);  // record 1 ran
+  const uint64_t n = page.issued[kTrainerDone].load() + 1;  // record 2: its write queued
+  ASSERT_TRUE(signal_release_if_context_failed(page, kTrainerDone, cuda_code::kAssert, context_failed));
+  EXPECT_EQ(page.word[kTrainerDone].load(), 1u) << "the release ran before record 2 was published";
+  signal_publish(page, kTrainerDone, n, context_failed);
+  EXPECT_FALSE(signal_pending(page, kTrainerDone)) << "record 2 never runs, and nothing else releases it";
+  EXPECT_EQ(page.word[kTrainerDone].load(), 2u);
+
+  signal_publish(page, kTrainerDone, 3, context_failed);
+  EXPECT_EQ(page.word[kTrainerDone].load(), 3u);
+
+  SignalPage working{};
+  const std::atomic<bool> not_failed{false};
+  signal_publish(working, kZerodDone, 1, not_failed);
+  EXPECT_TRUE(signal_pending(working, kZerodDone)) << "released before its stream ran it";
+  EXPECT_EQ(working.word[kZerodDone].load(), 0u);
 }
 
 // A failed CUDA call's status and message (device/cuda_failure.h), what the

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import HERE, serve, served_ranks, zerod_run
+from conftest import HERE, ZEROD, serve, served_ranks, zerod_run
 
 STEPS, DIE_AT = 10, 5
 
@@ -27,10 +27,12 @@ def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=
     (a path; keeping its state): rank 1 dies in step DIE_AT, between its
     forward and its backward, and the ranks started again resume there,
     within resume_timeout seconds. in_step: rank 1 dies inside that step's
-    zd_step instead (ZEROD_TEST_DIE_IN_STEP), the daemon's side of the step
-    waiting in its first collective for rank 0, which holds its own step
-    back until then (the cpu device), or, on a GPU, behind its stream's
-    wait for the record of kTrainerDone that rank 1 queued behind GPU work.
+    zd_step instead (ZEROD_TEST_DIE_IN_STEP), killed once `zerod status`
+    shows it there, the daemon's side of the step waiting in its first
+    collective for rank 0, which holds its own step back until `zerod
+    status` shows rank 1 lost (the cpu device), or, on a GPU, behind its
+    stream's wait for the record of kTrainerDone that rank 1 queued behind
+    GPU work.
     The hangup during zd_step marks rank 1 lost at once
     (daemon/server/trainer_gone_watch.h), which breaks the model before
     that step applies: the collectives before the update fail, on both
@@ -39,16 +41,15 @@ def killed_rank_resumes(rank_script, job, tmp_path, resume_timeout=180, in_step=
     wait was released. Returns the resumed losses' worst relative
     difference from the uninterrupted job's."""
     command = [sys.executable, f"{HERE}/{rank_script}", "gpt", "fp32", str(STEPS)]
-    die = {"ZEROD_TEST_DIE_IN_STEP": DIE_AT, "ZEROD_TEST_KILLED_MARK": tmp_path / "rank1-killed"} if in_step \
-        else {"ZEROD_TEST_DIE_AT": DIE_AT}
+    die = {"ZEROD_TEST_DIE_IN_STEP": DIE_AT, "ZEROD_TEST_ZEROD": ZEROD} if in_step else {"ZEROD_TEST_DIE_AT": DIE_AT}
     rc, ranks, out = zerod_run(2, job, *command[1:], timeout=300)
     assert rc == 0, out
     want = losses(ranks[0])
     sock = str(tmp_path / "zerod.sock")
     daemon = serve(2, job, sock)
     try:
-        (rc0, out0), (rc1, _) = served_ranks(sock, job, command, timeout=180, **die)
-        assert rc1 == -signal.SIGKILL, "rank 1 did not die as the test asked"
+        (rc0, out0), (rc1, out1) = served_ranks(sock, job, command, timeout=180, **die)
+        assert rc1 == -signal.SIGKILL, f"rank 1 did not die as the test asked (exit status {rc1}): {out1}"
         assert rc0 != 0 and "PeerLostError" in out0, out0
         resumed = served_ranks(sock, job, command, timeout=resume_timeout)
         for r, (rc, text) in enumerate(resumed):

@@ -11,11 +11,12 @@ ZEROD_TEST_DIE_AT=K rank 1 kills itself (SIGKILL) in step K, between its
 forward and its backward (on a GPU with the forward's kernels queued on
 its stream). With ZEROD_TEST_DIE_IN_STEP=K rank 1 is killed inside zd_step
 of step K instead (die_in_zd_step; on a GPU its record of kTrainerDone
-queued behind GPU work), and the killer then creates the file
-ZEROD_TEST_KILLED_MARK, which rank 0 on the cpu device waits for before
-its own zd_step of step K. With ZEROD_TEST_STEP_ON_A_THREAD=1 each
-engine.step() runs on a new thread, which has never touched CUDA.
-cuda_rank.py runs the same on the GPU.
+queued behind GPU work), and rank 0 on the cpu device holds its own
+zd_step of step K back until the daemon has marked rank 1 lost
+(hold_until_the_daemon_lost_rank_1); both watch the daemon through
+`zerod status`, ZEROD_TEST_ZEROD being the binary. With
+ZEROD_TEST_STEP_ON_A_THREAD=1 each engine.step() runs on a new thread,
+which has never touched CUDA. cuda_rank.py runs the same on the GPU.
 """
 import os
 import signal
@@ -30,31 +31,61 @@ import zerod.torch
 from models import batch, loss_of, make
 
 
-def die_in_zd_step(device, killed_mark):
-    """Has another process SIGKILL this one 1 s from now, inside the zd_step
-    called next, and then create `killed_mark`. Another process, not a
-    thread: this one's threads wait for the call. On a GPU, first queues
-    about 15 s of GPU work on this rank's stream (torch.cuda._sleep, 3e10
-    cycles at 2 GHz at most): the step's record of kTrainerDone, made when
-    the call starts, sits behind that work and never runs, while the
-    daemon's side of zd_step waits for it (daemon/server/trainer_gone_watch.h).
-    On the cpu device that side waits in the step's first collective for
-    rank 0, which waits for `killed_mark` (hold_until_rank_1_killed)."""
+# The killer of rank 1 ($1: its pid; $2: the zerod binary): SIGKILLs it once
+# `zerod status` shows it inside the daemon's side of its step (its row:
+# rank, pid, step, "in step for ... s"), where it stays until the kill,
+# held by rank 0 (the cpu device) or by its record behind GPU work. Not
+# seen there within 60 s: says so on rank 1's output and leaves it alive,
+# which the test reports ("rank 1 did not die as the test asked").
+KILL_INSIDE_ZD_STEP = r"""
+deadline=$(($(date +%s) + 60))
+until "$2" status 2>/dev/null | grep -Eq "^  1 +$1 +[-0-9]+ +in step "; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "train_rank.py: rank 1 (pid $1) was not seen inside zd_step within 60 s; not killed" >&2
+    exit 1
+  fi
+  sleep 0.05
+done
+kill -KILL "$1"
+"""
+
+
+def die_in_zd_step(device, zerod):
+    """Has another process SIGKILL this one inside the zd_step called next,
+    once the daemon shows it there (KILL_INSIDE_ZD_STEP; `zerod` the
+    binary). Another process, not a thread: this one's threads wait for the
+    call. On a GPU, first queues about 15 s of GPU work on this rank's
+    stream (torch.cuda._sleep, 3e10 cycles at 2 GHz at most): the step's
+    record of kTrainerDone, made when the call starts, sits behind that
+    work and never runs, while the daemon's side of zd_step waits for it
+    (daemon/server/trainer_gone_watch.h). On the cpu device that side waits
+    in the step's first collective for rank 0, which holds back
+    (hold_until_the_daemon_lost_rank_1)."""
     if device.type == "cuda":
         torch.cuda._sleep(30_000_000_000)
-    subprocess.Popen(["sh", "-c", f'sleep 1; kill -KILL {os.getpid()}; touch "{killed_mark}"'])
+    subprocess.Popen(["sh", "-c", KILL_INSIDE_ZD_STEP, "kill-inside-zd-step", str(os.getpid()), zerod])
 
 
-def hold_until_rank_1_killed(killed_mark):
+def hold_until_the_daemon_lost_rank_1(zerod):
     """Rank 0 on the cpu device, before its zd_step of the step in which rank
     1 dies: nothing else holds rank 1's side of that step in the daemon, so
-    were rank 0 there, the two would apply it before the kill. Then 1 s
-    more, for the daemon to see rank 1's connection close."""
+    were rank 0 there, the two would apply it before the kill. Held until
+    `zerod status` (`zerod` the binary) shows the model broken by rank 1's
+    loss: the daemon marks the model broken in the same critical section
+    in which it keeps the reason that status reads, and refuses every call
+    after it, so rank 0's zd_step fails at its start. Not the kill, nor
+    the daemon's log line that the connection closed: each comes before
+    the daemon has marked the model broken, and the time between is the
+    daemon's own (its hangup thread's), longer on a loaded machine."""
     deadline = time.monotonic() + 60
-    while not os.path.exists(killed_mark):
-        assert time.monotonic() < deadline, f"rank 1 was not killed within 60 s ({killed_mark} is not there)"
+    while True:
+        status = subprocess.run([zerod, "status"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True).stdout
+        if "BROKEN: rank 1 was lost" in status:
+            return
+        assert time.monotonic() < deadline, \
+            f"the daemon did not mark rank 1 lost within 60 s; `zerod status` says:\n{status}"
         time.sleep(0.05)
-    time.sleep(1)
 
 
 def on_a_new_thread(call):
@@ -88,7 +119,7 @@ def main(device=torch.device("cpu")):
         print(f"resumed at step {start}", flush=True)
     die_at = int(os.environ.get("ZEROD_TEST_DIE_AT", -1))
     die_in_step = int(os.environ.get("ZEROD_TEST_DIE_IN_STEP", -1))
-    killed_mark = os.environ.get("ZEROD_TEST_KILLED_MARK", "")
+    zerod_binary = os.environ.get("ZEROD_TEST_ZEROD", "zerod")
     step_on_a_thread = os.environ.get("ZEROD_TEST_STEP_ON_A_THREAD") == "1"
     for step in range(start, steps):
         inputs, y = batch(kind, step, engine.rank, engine.world_size)
@@ -98,9 +129,9 @@ def main(device=torch.device("cpu")):
             os.kill(os.getpid(), signal.SIGKILL)
         engine.backward(loss)
         if step == die_in_step and engine.rank == 1:
-            die_in_zd_step(device, killed_mark)
+            die_in_zd_step(device, zerod_binary)
         if step == die_in_step and engine.rank == 0 and device.type == "cpu":
-            hold_until_rank_1_killed(killed_mark)
+            hold_until_the_daemon_lost_rank_1(zerod_binary)
         if step_on_a_thread:
             on_a_new_thread(engine.step)
         else:
