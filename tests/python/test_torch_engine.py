@@ -4,6 +4,7 @@ test_parity.py)."""
 
 import inspect
 import warnings
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -248,6 +249,52 @@ def test_optimizer_state_dict_of_onebit_lamb_is_refused_where_it_would_not_resum
     assert all(not v.any() for slots in left["state"].values() for v in slots.values())
 
 
+ADAMW_ONE_WINDOW = ('return { optimizer = { type = "adamw", lr = 1e-2 }, '
+                    'zero = { stage = 3, param_persistence_threshold = 0 } }')
+
+
+def _same_optimizer_state(a, b):
+    assert a["step"] == b["step"] and list(a["state"]) == list(b["state"])
+    for key, slots in a["state"].items():
+        for name, value in slots.items():
+            torch.testing.assert_close(b["state"][key][name], value, rtol=0, atol=0, msg=f"{key} {name}")
+
+
+# A refused dict must leave the engine as it was. The load used to set the
+# step (0 -> 3) and write every slot but the faulty last one before refusing
+# it, and to take a dict of 2 of the parameters, leaving the others' moments
+# at zero under step 3 (Adam's next updates several times too large there).
+def test_a_refused_optimizer_state_dict_changes_nothing():
+    a = zerod.torch.initialize(tiny_gpt(), job_text=ADAMW_ONE_WINDOW)
+    train_gpt(a, range(3))
+    osd = a.optimizer_state_dict()
+    b = zerod.torch.initialize(tiny_gpt(), job_text=ADAMW_ONE_WINDOW)
+    train_gpt(b, range(5, 6))
+    before = b.optimizer_state_dict()
+
+    state = OrderedDict(osd["state"])
+    last = list(state)[-1]
+    state[last] = {name: torch.zeros(99) for name in state[last]}
+    with pytest.raises(zerod.InvalidArgumentError, match=rf"slot 'exp_avg': '{last}' has shape \(99,\)"):
+        b.load_optimizer_state_dict(dict(osd, state=state))
+    _same_optimizer_state(before, b.optimizer_state_dict())
+
+    part = OrderedDict(list(osd["state"].items())[:2])
+    with pytest.raises(zerod.InvalidArgumentError, match=r"the state of 2 of the \d+ parameters zerod holds; "
+                                                         r"missing 'transformer.h.0.ln_1.weight'"):
+        b.load_optimizer_state_dict(dict(osd, state=part))
+    _same_optimizer_state(before, b.optimizer_state_dict())
+
+    twice = OrderedDict(osd["state"], **{"lm_head.weight": osd["state"]["transformer.wte.weight"]})
+    with pytest.raises(zerod.InvalidArgumentError, match=r"'transformer.wte.weight' and 'lm_head.weight' are one "
+                                                         r"parameter \(tied\)"):
+        b.load_optimizer_state_dict(dict(osd, state=twice))
+    _same_optimizer_state(before, b.optimizer_state_dict())
+
+    b.load_optimizer_state_dict(osd)  # the whole dict loads
+    _same_optimizer_state(osd, b.optimizer_state_dict())
+
+
 def test_bf16_model():
     model = tiny_gpt()
     engine = zerod.torch.initialize(model, job_text='return { precision = "bf16" }', dtype=torch.bfloat16)
@@ -327,6 +374,135 @@ def test_a_module_called_twice_and_tied_weights_get_one_residency_each_call(monk
     ref_loss.backward()
     for name, p in ref.named_parameters():
         torch.testing.assert_close(p.detach() - engine.state_dict()[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+ADAMW = 'return {{ optimizer = {{ type = "adamw", lr = 1e-2 }}, zero = {{ {zero} }} }}'
+
+
+def _train_beside_torch(engine, ref, steps=3):
+    """AdamW steps of the engine and of `ref` under torch.optim.AdamW (the
+    job's defaults: betas, eps, weight_decay 0.01) on the same batches;
+    asserts the weights agree after them."""
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+        opt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        opt.step()
+    got = engine.state_dict()
+    assert list(got) == list(ref.state_dict())
+    for name, p in ref.named_parameters():
+        assert got[name].shape == p.shape, name
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+class ScaledByContainers(nn.Module):
+    """Parameters in an nn.ParameterList, an nn.ParameterDict and a
+    ParameterList inside an nn.ModuleDict: containers without a forward of
+    their own, which the parent's forward reads."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.scales = nn.ParameterList([nn.Parameter(torch.rand(4) + 0.5) for _ in range(2)])
+        self.shifts = nn.ParameterDict({"a": nn.Parameter(torch.randn(4))})
+        self.extra = nn.ModuleDict({"gates": nn.ParameterList([nn.Parameter(torch.randn(4))])})
+
+    def forward(self, x):
+        h = self.lin(x)
+        for s in self.scales:
+            h = torch.tanh(h * s)
+        return h * torch.sigmoid(self.extra["gates"][0]) + self.shifts["a"]
+
+
+# They were zerod modules of their own, whose hooks never ran: the
+# parameters stayed empty, an evaluation returned zeros and training failed
+# on torch's "invalid gradient".
+@pytest.mark.parametrize("stage", STAGES)
+def test_parameters_of_containers_go_to_the_module_whose_forward_uses_them(stage):
+    model, ref = ScaledByContainers(), ScaledByContainers()
+    engine = zerod.torch.initialize(model, job_text=ADAMW.format(zero=STAGES[stage]))
+    assert engine.zerod_modules == {"<root>": [model], "lin": [model.lin]}
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x), ref(x))
+    _train_beside_torch(engine, ref)
+
+
+def test_a_modules_match_without_a_forward_is_refused():
+    with pytest.raises(zerod.InvalidArgumentError, match=r"modules=\['scales'\] matched no submodule of "
+                                                         r"ScaledByContainers \(only 'scales', which has no "
+                                                         r"forward of its own"):
+        zerod.torch.initialize(ScaledByContainers(), job_text=sgd_job(), modules=["scales"])
+
+
+class LowRank(nn.Module):
+    """A LoRA-like adapter of rank 0: down.weight (0, 4) and up.weight
+    (4, 0) have no elements; up.bias has."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.base = nn.Linear(4, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: "Initializing zero-element tensors is a no-op"
+            self.down = nn.Linear(4, 0, bias=False)
+            self.up = nn.Linear(0, 4)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+# zerod's registry takes positive extents only: initialize() refused them.
+# They stay in torch (nothing to partition or update) with no optimizer
+# state, and the model trains as under torch.
+@pytest.mark.parametrize("stage", STAGES)
+def test_parameters_without_elements_stay_in_torch(stage, tmp_path):
+    model, ref = LowRank(), LowRank()
+    job = ADAMW.format(zero=STAGES[stage])
+    engine = zerod.torch.initialize(model, job_text=job)
+    assert engine.zerod_modules == {"base": [model.base], "up": [model.up]}
+    assert engine.num_parameters == 4 * 4 + 4 + 4
+    _train_beside_torch(engine, ref)
+    osd = engine.optimizer_state_dict()
+    assert list(osd["state"]) == ["base.weight", "base.bias", "up.bias"]
+    engine.save_checkpoint(tmp_path)
+
+    again = zerod.torch.initialize(LowRank(), job_text=job)
+    again.load_state_dict(engine.state_dict())
+    again.load_optimizer_state_dict(osd)
+    _same_optimizer_state(osd, again.optimizer_state_dict())
+    from_checkpoint = zerod.torch.initialize(LowRank(), job_text=job)
+    from_checkpoint.load_checkpoint(tmp_path)
+    for other in (again, from_checkpoint):
+        got = other.state_dict()
+        for k, v in engine.state_dict().items():
+            assert got[k].shape == v.shape, k
+            torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
+
+
+# Of tied keys with different values, zerod kept the first; torch copies
+# every key in the model's order, so the last one wins there, whatever the
+# dict's order.
+def test_tied_keys_with_different_values_load_as_in_torch():
+    sd = make("tied").state_dict()
+    sd = OrderedDict([("head.weight", torch.ones_like(sd["head.weight"]))] +
+                     [(k, torch.zeros_like(v) if k == "embed.weight" else v) for k, v in sd.items()
+                      if k != "head.weight"])
+    ref = make("tied")
+    ref.load_state_dict(sd)
+    assert ref.embed.weight.detach().eq(1).all()  # head comes after embed in the model
+    model = make("tied")
+    engine = zerod.torch.initialize(model, job_text=sgd_job())
+    engine.load_state_dict(sd)
+    torch.testing.assert_close(engine.state_dict()["embed.weight"], ref.embed.weight.detach(), rtol=0, atol=0)
+    engine.load_state_dict(make("tied").state_dict())
+    model.load_state_dict(sd)  # the model's own load, through zerod's hook
+    torch.testing.assert_close(engine.state_dict()["embed.weight"], ref.embed.weight.detach(), rtol=0, atol=0)
 
 
 class CheckpointedGPT(GPT):

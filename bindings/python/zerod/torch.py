@@ -12,9 +12,11 @@ state; torch keeps doing the math. How it works (docs/python.md has more):
 - Modules. Submodules become zerod modules (the unit of residency) by a rule:
   by default every module that directly owns trainable parameters (for most
   models, the leaf layers); `modules=[Block]` or `modules=["blocks.*"]` makes
-  each match one unit for its whole subtree. Units that share a Parameter
-  (weight tying) are merged into one zerod module, resident whenever either
-  runs.
+  each match one unit for its whole subtree. A container without a forward
+  (nn.ParameterList) never runs: its parameters go to the nearest enclosing
+  module with one. Parameters without elements stay in torch. Units that
+  share a Parameter (weight tying) are merged into one zerod module,
+  resident whenever either runs.
 - Forward. A unit's forward pre-hook calls forward_begin and points each
   parameter's .data at zerod's view (no copy); its forward hook calls
   forward_end and empties .data again, as DeepSpeed's ZeRO-3 does.
@@ -774,7 +776,8 @@ class Engine:
         new master and working copies; optimizer state is kept. Every rank
         loads the same values. Returns torch's NamedTuple of missing_keys and
         unexpected_keys. Every shape is checked before anything changes: a
-        refusal leaves the model as it was."""
+        refusal leaves the model as it was. Tied keys with different values
+        load as in torch: the last key in the model's order wins."""
         self._require_between_steps("load_state_dict()")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
@@ -788,7 +791,7 @@ class Engine:
             s = self._slot_of.get(id(current))
             if s is None:
                 _check_rest_shape(key, state_dict[key], current)
-            elif s.pid not in values:
+            else:  # a later tied key replaces an earlier one's value, as torch's copies in order do
                 values[s.pid] = _fit_shape(key, state_dict[key], s.shape)
         for pid, value in values.items():
             self.zerod_model.param_write(pid, value.detach().to(torch.float32))
@@ -855,21 +858,22 @@ class Engine:
                 "new Parameters in place of the ones zerod holds; load without assign=True (or call "
                 "engine.load_state_dict())")
         self._require_between_steps("model.load_state_dict()")
-        # Every shape first: a refusal changes nothing.
-        values = [_fit_shape(key[len(prefix):], state_dict[key], s.shape) for key, s in given]
-        written = set()
-        for (key, s), value in zip(given, values):
-            if s.pid not in written:
-                self.zerod_model.param_write(s.pid, value.detach().to(torch.float32))
-                written.add(s.pid)
+        # Every shape first: a refusal changes nothing. Tied keys: the last
+        # one in the model's order wins, as torch's copies in order do.
+        values = {s.pid: _fit_shape(key[len(prefix):], state_dict[key], s.shape) for key, s in given}
+        for pid, value in values.items():
+            self.zerod_model.param_write(pid, value.detach().to(torch.float32))
+        for key, s in given:
             # What torch then copies into the (empty) parameter: nothing.
             state_dict[key] = s.placeholder
 
     def optimizer_state_dict(self):
         """The optimizer's state for a checkpoint: {"optimizer": name, "step":
         updates applied, "state": {parameter key: {slot name: tensor}}}, full
-        fp32 values. Like state_dict(), every rank must call it when the state
-        is partitioned (ZeRO stage >= 1 on several ranks)."""
+        fp32 values: every parameter zerod holds, once (tied ones under their
+        first key); a parameter without elements stays in torch and has no
+        optimizer state. Like state_dict(), every rank must call it when the
+        state is partitioned (ZeRO stage >= 1 on several ranks)."""
         self._require_between_steps("optimizer_state_dict()")
         info = self.zerod_model.optimizer_info()
         state, seen = OrderedDict(), set()
@@ -889,23 +893,17 @@ class Engine:
         Adam restarts at zero. The dict holds no per-tensor scalars (1-bit
         LAMB's frozen trust ratios, 0/1 Adam's sum of learning rates): where
         the next update reads them and this engine holds none, it raises
-        ConfigError (save_checkpoint()/load_checkpoint() carry them). A
-        refusal changes nothing."""
+        ConfigError (save_checkpoint()/load_checkpoint() carry them). The
+        dict must hold every parameter zerod holds, once, with every slot in
+        the parameter's shape (as torch's optimizer refuses a dict of another
+        size): all of that is checked before the step or any slot is
+        written, so a refusal changes nothing."""
         self._require_between_steps("load_optimizer_state_dict()")
         info = self.zerod_model.optimizer_info()
         if state_dict.get("optimizer") != info.name:
             raise InvalidArgumentError(f"load_optimizer_state_dict: the checkpoint is of optimizer "
                                        f"'{state_dict.get('optimizer')}', this model runs '{info.name}'")
-        own = self.module.state_dict(keep_vars=True)
-        writes = []
-        for key, slots in state_dict["state"].items():
-            s = self._slot_of.get(id(own.get(key)))
-            if s is None:
-                raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' is not a parameter zerod holds")
-            for i, name in enumerate(info.slot_names):
-                if name not in slots:
-                    raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' has no '{name}'")
-                writes.append((s.pid, i, slots[name]))
+        writes = self._optimizer_state_writes(state_dict["state"], info.slot_names)
         # The step first: zd_model_set_step refuses a step whose next update
         # reads per-tensor scalars the dict cannot carry, before any slot is
         # written.
@@ -915,6 +913,48 @@ class Engine:
             raise ConfigError(f"load_optimizer_state_dict: {e.message}") from None
         for pid, i, value in writes:
             self.zerod_model.optimizer_state_write(pid, i, value.detach().to(torch.float32))
+
+    def _optimizer_state_writes(self, state, slot_names):
+        """[(pid, slot index, value)] of an optimizer_state_dict()'s "state",
+        every key and shape checked: a parameter missing (its moments would
+        stay zero under a restored step, and Adam's bias correction would
+        then make its next updates several times too large), given twice
+        (tied keys), not held by zerod or with a slot of another shape is
+        refused, naming it."""
+        own = self.module.state_dict(keep_vars=True)
+        writes, given = [], {}  # given: pid -> its key in the dict
+        for key, slots in state.items():
+            s = self._slot_of.get(id(own.get(key)))
+            if s is None:
+                raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' is not a parameter zerod holds")
+            if s.pid in given:
+                raise InvalidArgumentError(f"load_optimizer_state_dict: '{given[s.pid]}' and '{key}' are one "
+                                           "parameter (tied): give its state once")
+            given[s.pid] = key
+            for i, name in enumerate(slot_names):
+                if name not in slots:
+                    raise InvalidArgumentError(f"load_optimizer_state_dict: '{key}' has no '{name}'")
+                writes.append((s.pid, i, _fit_shape(key, slots[name], s.shape,
+                                                    f"load_optimizer_state_dict, slot '{name}'")))
+        self._refuse_missing_state(own, given)
+        return writes
+
+    def _refuse_missing_state(self, own, given):
+        """Refuses a dict that leaves out parameters zerod holds (`given`:
+        pid -> key of those it holds), naming them by their first key."""
+        first_key = {}  # pid -> the parameter's first key in the model's order
+        for key, value in own.items():
+            s = self._slot_of.get(id(value))
+            if s is not None:
+                first_key.setdefault(s.pid, key)
+        missing = [k for pid, k in first_key.items() if pid not in given]
+        if not missing:
+            return
+        shown = ", ".join(f"'{k}'" for k in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise InvalidArgumentError(
+            f"load_optimizer_state_dict: the dict holds the state of {len(given)} of the {len(first_key)} "
+            f"parameters zerod holds; missing {shown}. Give the whole optimizer_state_dict() (every "
+            "parameter's state is restored with the step, or none is)")
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
         """DeepSpeed's: writes a checkpoint into save_dir/<tag> (default
@@ -1138,7 +1178,8 @@ class Engine:
         for s in self._slots:
             self._check_slot(s)
         for p in self.module.parameters():
-            if id(p) not in self._slot_of and p.requires_grad:
+            # A parameter without elements stays in torch (plan_modules).
+            if id(p) not in self._slot_of and p.requires_grad and p.numel():
                 name = next(n for n, q in self.module.named_parameters() if q is p)
                 raise InvalidStateError(
                     f"parameter '{name}' was created (or unfrozen) after zerod.torch.initialize(): zerod "
@@ -1586,18 +1627,21 @@ def _manifest_step(path):
     return None
 
 
-def _fit_shape(key, value, shape):
+def _fit_shape(key, value, shape, what="load_state_dict"):
     """`value` in the shape of a parameter zerod holds: as it is, or, for a
     0-dim parameter, from shape (1,), which its masters in zerod's
     checkpoints have (zerod registers it as (1,): initialize()) and which
     torch's own load_state_dict takes for a 0-dim parameter too. Refuses
-    any other shape, naming the key."""
+    anything else (another shape, not a tensor), naming the key and `what`
+    refuses it."""
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgumentError(f"{what}: '{key}' is a {type(value).__name__}, not a tensor")
     got = tuple(value.shape)
     if got == shape:
         return value
     if shape == () and got == (1,):
         return value.reshape(())
-    raise InvalidArgumentError(f"load_state_dict: '{key}' has shape {got}, the model's is {shape}")
+    raise InvalidArgumentError(f"{what}: '{key}' has shape {got}, the model's is {shape}")
 
 
 def _check_rest_shape(key, value, current):
