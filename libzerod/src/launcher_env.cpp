@@ -38,6 +38,9 @@ struct Launcher {
   const char* node;  // this node's index among the job's nodes, if the launcher says
   // What tells one launch from another on this node, joined.
   const char* keys[4];
+  // A variable that only this launcher sets, for one that shares another's
+  // size variable (nullptr: the size variable says it).
+  const char* only_with = nullptr;
 };
 
 // In the order they are believed: zerod's own names first (Python's
@@ -45,12 +48,18 @@ struct Launcher {
 // torchrun's RANK/WORLD_SIZE may also be set under mpirun by a user's
 // script, so Open MPI's come before the generic PMI ones. srun's step task
 // count, not SLURM_NTASKS: an sbatch script's own environment has the whole
-// allocation's count but runs one process.
+// allocation's count but runs one process. DeepSpeed's own launcher
+// (`deepspeed train.py`, deepspeed.launcher.launch) sets torchrun's RANK,
+// WORLD_SIZE and LOCAL_RANK but says the node's ranks in LOCAL_SIZE and the
+// node in CROSS_RANK, which torchrun never sets: read as torchrun's, its
+// ranks were refused for not saying how many run on the node.
 constexpr Launcher kLaunchers[] = {
     {"zerod's rank variables", "ZEROD_WORLD_SIZE", "ZEROD_RANK", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
      "ZEROD_NODE_RANK", {"ZEROD_JOB_KEY", "MASTER_ADDR", "MASTER_PORT", nullptr}},
     {"mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, {"ZEROD_JOB_KEY", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", nullptr}},
+    {"DeepSpeed's launcher (deepspeed)", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+     {"ZEROD_JOB_KEY", "MASTER_ADDR", "MASTER_PORT", nullptr}, "CROSS_RANK"},
     {"torchrun (or another torch.distributed launcher: Lightning's, accelerate launch)", "WORLD_SIZE", "RANK",
      "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
      {"ZEROD_JOB_KEY", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"}},
@@ -137,7 +146,7 @@ std::string launch_id(const Launcher& l) { return ids_of(l, false); }
 std::optional<LauncherRanks> launcher_ranks() {
   for (const Launcher& l : kLaunchers) {
     const long n = number(l.size);
-    if (n <= 1) continue;
+    if (n <= 1 || (l.only_with && !named(l.only_with))) continue;
     LauncherRanks r;
     r.launcher = l.who;
     r.world = static_cast<int>(n);

@@ -128,3 +128,31 @@ TEST_F(LauncherEnv, RanksStartedByHandWithoutAnIdSayNoLaunch) {
   set({{"ZEROD_WORLD_SIZE", "2"}, {"ZEROD_RANK", "1"}, {"ZEROD_LOCAL_WORLD_SIZE", "2"}, {"ZEROD_JOB_KEY", "k"}});
   EXPECT_EQ(ranks().launch_id, "");
 }
+
+// DeepSpeed's own launcher (`deepspeed train.py`, deepspeed.launcher.launch)
+// sets torchrun's RANK, WORLD_SIZE and LOCAL_RANK, the node's ranks as
+// LOCAL_SIZE and the node as CROSS_RANK, never LOCAL_WORLD_SIZE or
+// GROUP_RANK: read as torchrun's, its ranks were refused for not saying how
+// many run on the node.
+TEST_F(LauncherEnv, DeepSpeedsLauncherSaysTheNodesRanksInLocalSize) {
+  set({{"WORLD_SIZE", "4"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"LOCAL_SIZE", "2"}, {"CROSS_RANK", "1"},
+       {"CROSS_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+  const zerod::abi::LauncherRanks r = ranks();
+  EXPECT_EQ(r.launcher, "DeepSpeed's launcher (deepspeed)");
+  EXPECT_EQ(r.world, 4);
+  EXPECT_EQ(r.rank, 3);
+  EXPECT_EQ(r.local_rank, 1);
+  EXPECT_EQ(r.local_world, 2);
+  EXPECT_EQ(r.node, 1);
+  EXPECT_EQ(r.where, "RANK=3, WORLD_SIZE=4, LOCAL_RANK=1, LOCAL_SIZE=2");
+}
+
+// torchrun's ranks (no CROSS_RANK) are still torchrun's, LOCAL_SIZE or not.
+TEST_F(LauncherEnv, TorchrunsRanksAreNotTakenForDeepSpeeds) {
+  set({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"},
+       {"LOCAL_SIZE", "2"}, {"CROSS_RANK", nullptr}, {"CROSS_SIZE", nullptr}});
+  const zerod::abi::LauncherRanks r = ranks();
+  EXPECT_EQ(r.launcher.rfind("torchrun", 0), 0u) << r.launcher;
+  EXPECT_EQ(r.local_world, 2);
+  EXPECT_EQ(r.node, 0);
+}

@@ -309,6 +309,38 @@ def test_refusals(tmp_path, monkeypatch):
         trainer.train()
 
 
+SRUN_TASK = r'''
+import sys
+from pathlib import Path
+from test_hf_trainer import ZERO2_OFFLOAD, Windows, _args, make_model
+from zerod.transformers import ZerodTrainer
+ZerodTrainer(model=make_model("gpt2"), args=_args(Path(sys.argv[1]), ZERO2_OFFLOAD), train_dataset=Windows())
+print("ZerodTrainer made")
+'''
+
+
+def test_srun_tasks_are_refused_naming_srun(tmp_path):
+    """Task 0 of a 2-task srun step (srun's variables, as Slurm sets them:
+    Slurm does not install here). Accelerate reads none of them and saw one
+    process while zerod joined the tasks as its 2 ranks: each Trainer
+    trained on the whole dataset, both writing checkpoint-N into one
+    folder. Refused when the Trainer is made, naming srun."""
+    script = tmp_path / "srun_task.py"
+    script.write_text(SRUN_TASK)
+    env = {k: v for k, v in os.environ.items()  # nothing of an enclosing launcher or zerod run
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_")) and k not in (
+               "ZEROD_ENDPOINT", "ZEROD_RANK", "ZEROD_WORLD_SIZE", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
+               "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), SLURM_JOB_ID="4244",
+               SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+               SLURM_STEP_TASKS_PER_NODE="2")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "ZerodTrainer made" not in r.stdout, r.stdout + r.stderr[-4000:]
+    assert "ZerodTrainer runs in one process (this is one of 2, started by srun (Slurm))" in r.stderr, \
+        r.stderr[-4000:]
+
+
 def test_torch_compile(tmp_path):
     """TrainingArguments(torch_compile=True): Accelerate calls the engine's
     compile() (DeepSpeed's DeepSpeedEngine.compile), which compiles the

@@ -4,10 +4,16 @@ rank finds its node's daemon, or the first of them starts it on demand
 launcher that installs here trains the same GPT as `zerod run --nproc 2`,
 step for step, bit for bit: torchrun, mpirun (Open MPI), srun (its
 environment, as Slurm sets it: Slurm itself does not install here),
-`accelerate launch` and Lightning's own launcher (Trainer(devices=2)). A rank that dies is named with its pid and no daemon
+`accelerate launch` and Lightning's own launcher (Trainer(devices=2)).
+ZerodAccelerator's loop trains as under `zerod run` under accelerate launch,
+mpirun and srun's environment, and a zerod.deepspeed loop under DeepSpeed's
+own launcher (deepspeed.launcher.launch). A rank that dies is named with its pid and no daemon
 is left behind; what cannot be served is refused, saying why.
 """
+import base64
 import glob
+import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -18,12 +24,13 @@ import time
 
 import pytest
 
-from conftest import ZEROD, rank_env, reserved_port
+from conftest import ZEROD, rank_env, reserved_port, zerod_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "jobs", "gpt_adam_job.lua")
 RANK = os.path.join(HERE, "launcher_rank.py")
 STEPS = 6
+DS_CONFIG = "adam_l2_stage2_warmupdecay"  # test_deepspeed_side_by_side's: stage 2, Adam, a warm-up then decay
 
 
 def launch_env(tmp_path):
@@ -225,19 +232,41 @@ def test_srun_environment(reference, tmp_path):
     no_daemon_left(env)
 
 
-def test_accelerate_launch(tmp_path):
+ACCELERATE_RANK = os.path.join(HERE, "accelerate_rank.py")
+
+
+@pytest.fixture(scope="module")
+def accelerate_reference(tmp_path_factory):
+    """ZerodAccelerator's loop as the ranks of `zerod run --nproc 2`: each
+    rank's losses and learning rates, which every other launcher must
+    reproduce bit for bit."""
+    tmp = tmp_path_factory.mktemp("accelerate_zerod_run")
+    out = tmp / "out"
+    out.mkdir()
+    job = tmp / "job.lua"
+    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the accelerator brings its own
+    code, text = run([ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable, ACCELERATE_RANK,
+                      str(tmp / "state"), "save", str(out)], launch_env(tmp))
+    assert code == 0, text
+    got = {r: (out / f"rank{r}.txt").read_text() for r in (0, 1)}
+    assert got[0].count("loss") >= 4 and got[0] != got[1]  # each rank its own half of every batch
+    return got
+
+
+def check_accelerate_ranks(out, reference, state):
+    for r in (0, 1):
+        assert (out / f"rank{r}.txt").read_text() == reference[r], f"rank {r}"
+    # Accelerate's own state of each process: one rank each, not two rank 0s.
+    states = sorted(f for f in os.listdir(state) if f.startswith("random_states"))
+    assert states == ["random_states_0.pkl", "random_states_1.pkl"], sorted(os.listdir(state))
+
+
+def test_accelerate_launch(accelerate_reference, tmp_path):
     """`accelerate launch` (torchrun inside) with ZerodAccelerator: the
     losses of the same loop under `zerod run`, bit for bit."""
     env = launch_env(tmp_path)
-    script = os.path.join(HERE, "accelerate_rank.py")
-    ref_out, out = tmp_path / "ref", tmp_path / "out"
-    ref_out.mkdir()
+    out = tmp_path / "out"
     out.mkdir()
-    job = tmp_path / "job.lua"
-    job.write_text("return { zero = { stage = 3 } }\n")  # checked by zerod run; the accelerator brings its own
-    code, text = run([ZEROD, "run", "--nproc", "2", "--job", str(job), "--", sys.executable, script,
-                      str(tmp_path / "s1"), "save", str(ref_out)], env)
-    assert code == 0, text
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     # --multi_gpu is accelerate launch's torchrun launcher; without a GPU
     # the ranks run Accelerate's multi-CPU mode. Its port is given: its
@@ -245,12 +274,103 @@ def test_accelerate_launch(tmp_path):
     with reserved_port() as port:
         code, text = run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                           "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-                          script, str(tmp_path / "s2"), "save", str(out)], env)
+                          ACCELERATE_RANK, str(tmp_path / "state"), "save", str(out)], env)
+    assert code == 0, text
+    check_accelerate_ranks(out, accelerate_reference, tmp_path / "state")
+    no_daemon_left(env)
+
+
+def test_accelerate_under_mpirun(accelerate_reference, tmp_path):
+    """ZerodAccelerator's ranks started by mpirun: Accelerate sees 2
+    processes (it read 1 and trained each rank on the whole dataset while
+    zerod joined them as 2 ranks) and the losses are `zerod run`'s."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun (Debian: openmpi-bin)")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    code, text = run([mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x",
+                      "XDG_RUNTIME_DIR", "-x", "OMP_NUM_THREADS", "--wdir", str(tmp_path), sys.executable,
+                      ACCELERATE_RANK, str(tmp_path / "state"), "save", str(out)], env)
+    assert code == 0, text
+    check_accelerate_ranks(out, accelerate_reference, tmp_path / "state")
+    no_daemon_left(env)
+
+
+def test_accelerate_under_srun_environment(accelerate_reference, tmp_path):
+    """ZerodAccelerator's ranks with what srun sets for a 2-task step on one
+    node: Accelerate, which reads none of Slurm's variables, sees 2
+    processes, and the losses are `zerod run`'s."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path)
+    procs = []
+    for r in range(2):
+        e = dict(env, SLURM_JOB_ID="4243", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID=str(r),
+                 SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="2")
+        procs.append(subprocess.Popen([sys.executable, ACCELERATE_RANK, str(tmp_path / "state"), "save", str(out)],
+                                      env=e, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    texts = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], texts
+    check_accelerate_ranks(out, accelerate_reference, tmp_path / "state")
+    no_daemon_left(env)
+
+
+def test_accelerate_refuses_a_process_count_other_than_zerods(tmp_path):
+    """prepare() where zerod joined this process as one of 2 ranks but
+    Accelerate sees 1 process (a launcher whose variables neither reads
+    alike): refused naming both counts, not trained on the whole dataset as
+    half of a job."""
+    script = """if True:
+        import torch
+        from zerod.accelerate import ZerodAccelerator
+
+        class JoinedAsOneOfTwo:  # what zerod's client says
+            rank, world_size = 0, 2
+
+        accelerator = ZerodAccelerator(client=JoinedAsOneOfTwo(), cpu=True)
+        model = torch.nn.Linear(2, 2)
+        accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    """
+    code, text = run([sys.executable, "-c", script], launch_env(tmp_path))
+    assert code != 0 and "InvalidArgumentError" in text and "ZerodAccelerator.prepare: zerod joined this process " \
+        "as rank 0 of 2, but Accelerate sees 1 process(es)" in text, text
+
+
+DS_RANK = os.path.join(HERE, "ds_rank.py")
+
+
+def test_deepspeeds_own_launcher(tmp_path):
+    """`deepspeed train.py` runs deepspeed.launcher.launch on each node,
+    which sets torchrun's RANK/WORLD_SIZE/LOCAL_RANK but the node's ranks as
+    LOCAL_SIZE (no LOCAL_WORLD_SIZE): a zerod.deepspeed script under it
+    trains as the ranks of `zerod run` do, step for step, where its ranks
+    were refused, read as torchrun's that do not say how many run on the
+    node."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("no DeepSpeed in this environment")
+    env = launch_env(tmp_path)
+    job = tmp_path / "job.lua"
+    job.write_text("return { zero = { stage = 2 } }\n")  # checked by zerod run; initialize brings its config
+    code, want, text = zerod_run(2, str(job), DS_RANK, DS_CONFIG, env=env)
+    assert code == 0, text
+    logs = tmp_path / "logs"
+    # What the `deepspeed` command runs on one node of two processes (its
+    # hostfile's slots, base64 JSON); --no_local_rank: ds_rank.py takes no
+    # --local_rank argument; each rank's output into a file of its own.
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1]}).encode()).decode()
+    with reserved_port() as port:
+        code, text = run([sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+                          "--master_port", str(port), "--no_local_rank", "--enable_each_rank_log", str(logs),
+                          DS_RANK, DS_CONFIG], env)
     assert code == 0, text
     for r in (0, 1):
-        want = (ref_out / f"rank{r}.txt").read_text()
-        assert want.count("loss") >= 4
-        assert (out / f"rank{r}.txt").read_text() == want, f"rank {r}"
+        (log,) = glob.glob(str(logs / f"*_rank{r}.log"))
+        got = [line for line in open(log).read().splitlines() if line.startswith("loss ")]
+        assert len(got) == 12 and got == [line for line in want[r] if line.startswith("loss ")], f"rank {r}"
     no_daemon_left(env)
 
 

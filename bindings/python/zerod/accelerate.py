@@ -61,15 +61,16 @@ mixed_precision "no", "bf16" (autocast over zerod's fp32 parameters) and
 "fp16" (autocast float16 over fp32 parameters, zerod's loss scaler in the
 GradScaler's place with GradScalerKwargs' settings, see zerod._amp; on the
 CPU too, where Accelerate's own fp16 is fp32) are supported. A window skipped for an overflow does not step the scheduler
-(as Accelerate). One process, or the ranks
-of `zerod run --nproc N -- python train.py` (Accelerate's multi-CPU mode,
-its collectives over gloo; `accelerate launch` is not wired to a daemon).
+(as Accelerate). One process, or the ranks of `zerod run --nproc N --
+python train.py`, `accelerate launch`, mpirun or srun (without a GPU
+Accelerate's multi-CPU mode, its collectives over gloo); Accelerate's
+process count must be zerod's, or prepare() refuses.
 """
 import os
 
 import torch
 
-from . import _amp
+from . import _amp, default_client
 from ._schedules import mark_stepped, one_lr
 from ._gloo import init_gloo
 from . import deepspeed as _zds
@@ -106,17 +107,19 @@ class ZerodAccelerator(Accelerator):
 
     def __init__(self, *args, gradient_clipping=0.0, zero_stage=3, offload=False, config=None, modules=None,
                  client=None, lr_steps=None, **kwargs):
-        joined = _join_zerod_ranks()  # under zerod run
+        joined = _join_zerod_ranks() or _join_launcher_ranks(client)  # under zerod run, mpirun, srun
         launched = int(os.environ.get("WORLD_SIZE") or "1") > 1  # under accelerate launch / torchrun
         if (joined or launched) and not torch.cuda.is_available():
             kwargs.setdefault("cpu", True)  # Accelerate's multi-CPU mode
         super().__init__(*args, **kwargs)
         # The ranks of `zerod run`, or of `accelerate launch` (torchrun's
         # variables: the ranks start their node's daemon at prepare()).
-        world = int(os.environ.get("ZEROD_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1")
-        if self.num_processes != world:
+        # mpirun's and srun's count is zerod's, told to Accelerate above
+        # (1 with ZEROD_ENDPOINT=embedded:); prepare() checks it.
+        who, world = _launcher()
+        if who.startswith(("zerod run", "torchrun")) and self.num_processes != world:
             raise InvalidArgumentError(
-                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), the launcher {world}; "
+                f"ZerodAccelerator: Accelerate sees {self.num_processes} process(es), {who} started {world}; "
                 "start the ranks with `accelerate launch --num_processes N` or `zerod run --nproc N -- python "
                 "train.py`")
         if self.mixed_precision not in ("no", "bf16", "fp16"):
@@ -168,6 +171,7 @@ class ZerodAccelerator(Accelerator):
         loaders = [p for p in prepared if isinstance(p, torch.utils.data.DataLoader)]
 
         model, opt = models[0], opts[0]
+        self._zerod_require_one_process_each()
         model.to(self.device)
         # ReduceLROnPlateau follows a metric: not traced, it writes its lr
         # into param_groups, which _zerod_follow_lr hands to zerod.
@@ -189,6 +193,20 @@ class ZerodAccelerator(Accelerator):
         it = iter(prepared)
         out = [wrapped[id(a)] if id(a) in wrapped else next(it) for a in args]
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _zerod_require_one_process_each(self):
+        """zerod's ranks are Accelerate's processes, one each: otherwise each
+        of Accelerate's processes would train on the whole dataset while
+        zerod averaged their gradients as the ranks of one job (a launcher
+        whose variables neither reads alike)."""
+        client = self._zerod["client"] or default_client()
+        if client.world_size != self.num_processes:
+            raise InvalidArgumentError(
+                f"ZerodAccelerator.prepare: zerod joined this process as rank {client.rank} of "
+                f"{client.world_size}, but Accelerate sees {self.num_processes} process(es) (process "
+                f"{self.process_index}); start the ranks with `zerod run --nproc N -- python train.py`, "
+                "`accelerate launch --num_processes N`, mpirun or srun, or say how many run with ZEROD_RANK, "
+                "ZEROD_WORLD_SIZE, ZEROD_LOCAL_RANK and ZEROD_LOCAL_WORLD_SIZE")
 
     def _zerod_stepped(self, scheds):
         """The user's scheduler as Accelerate steps it (AcceleratedScheduler),
@@ -377,6 +395,77 @@ def _join_zerod_ranks():
     init_gloo(rank, world, "accelerate")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     return True
+
+
+# The launchers that start a script's processes, each by the variable that
+# says how many, in the order libzerod believes them
+# (libzerod/src/launcher_env.cpp): the first that says more than one.
+_LAUNCHERS = (("zerod run", "ZEROD_WORLD_SIZE"), ("mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE"),
+              ("torchrun (or accelerate launch, DeepSpeed's launcher)", "WORLD_SIZE"),
+              ("srun (Slurm)", "SLURM_STEP_NUM_TASKS"), ("an MPI launcher (PMI)", "PMI_SIZE"))
+
+
+def _launcher():
+    """(who, how many processes) of the launcher that started this process
+    as one of several; ("one process", 1) when none did."""
+    for who, size in _LAUNCHERS:
+        n = os.environ.get(size, "")
+        if n.isdigit() and int(n) > 1:
+            return who, int(n)
+    return "one process", 1
+
+
+def _join_launcher_ranks(client):
+    """Under mpirun, srun or a PMI launcher (not torchrun, whose variables
+    Accelerate reads itself, nor `zerod run`: _join_zerod_ranks): the
+    environment Accelerate reads for a multi-CPU run (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE), which Accelerate does not take from srun
+    and under mpirun only with cpu=True, and the gloo process group of its
+    own collectives (zerod/_gloo.py says where the ranks meet). Without them
+    Accelerate saw one process and trained each rank on the whole dataset.
+    zerod connects first, reading the launcher's variables as libzerod does
+    (launcher_env.cpp, srun's job and step included): torchrun's names set
+    before would be read as torchrun's launch."""
+    who, world = _launcher()
+    if world <= 1 or who.startswith(("zerod run", "torchrun")):
+        return False
+    if torch.distributed.is_initialized():
+        return True
+    client = client or default_client()
+    if client.world_size <= 1:
+        return False  # ZEROD_ENDPOINT=embedded: each process on its own, on purpose
+    local_world = _launcher_ranks_on_this_node(who) or client.world_size
+    os.environ.update(RANK=str(client.rank), WORLD_SIZE=str(client.world_size),
+                      LOCAL_RANK=str(client.info.local_rank), LOCAL_WORLD_SIZE=str(local_world))
+    init_gloo(client.rank, client.world_size, "accelerate")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    return True
+
+
+def _launcher_ranks_on_this_node(who):
+    """How many of the launcher's ranks run on this node, as libzerod reads
+    it; 0 when the launcher does not say."""
+    if who.startswith("srun"):
+        return _slurm_tasks_on_this_node()
+    n = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE" if who.startswith("mpirun") else "MPI_LOCALNRANKS", "")
+    return int(n) if n.isdigit() else 0
+
+
+def _slurm_tasks_on_this_node():
+    """SLURM_STEP_TASKS_PER_NODE ("2(x3),1": the step's nodes in order) at
+    this node's index, SLURM_NODEID."""
+    node = os.environ.get("SLURM_NODEID", "")
+    if not node.isdigit():
+        return 0
+    at = 0
+    for part in os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        tasks, _, times = part.partition("(x")
+        if not tasks.isdigit():
+            return 0
+        at += int(times.rstrip(")")) if times.rstrip(")").isdigit() else 1
+        if int(node) < at:
+            return int(tasks)
+    return 0
 
 
 class _ZerodModel(torch.nn.Module):

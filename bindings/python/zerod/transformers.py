@@ -46,7 +46,8 @@ module keeps transformers from registering the DeepSpeed config as its own
 after a ZeRO-3 TrainingArguments (from_pretrained, from_config, model_init)
 is not built inside deepspeed.zero.Init for DeepSpeed to partition: zerod
 partitions it. One process: several
-(torchrun, accelerate launch, `zerod run --nproc N`) are refused by name.
+(torchrun, accelerate launch, mpirun, srun, `zerod run --nproc N`) are
+refused by name.
 An accumulation window must end where the Trainer ends it: an epoch whose
 micro-batch count is not a multiple of gradient_accumulation_steps (the
 Trainer ends a short window there) is refused when it happens.
@@ -55,8 +56,9 @@ import os
 
 import torch
 
-from . import _schedules
+from . import _schedules, default_client
 from . import deepspeed as _zds
+from .accelerate import _launcher
 from .errors import InvalidArgumentError, InvalidStateError
 
 try:
@@ -113,12 +115,16 @@ class ZerodTrainer(Trainer):
             raise InvalidArgumentError(
                 "ZerodTrainer trains with a DeepSpeed config: give TrainingArguments(deepspeed=\"ds_config.json\") "
                 "(or a dict), as for the Trainer's DeepSpeed integration")
-        world = int(os.environ.get("ZEROD_WORLD_SIZE", "1"))
+        # The launcher's variables, not only Accelerate's count: Accelerate
+        # reads none of srun's and, without cpu=True, none of mpirun's, so it
+        # saw one process while zerod joined the launcher's ranks, and each
+        # Trainer trained on the whole dataset into the same checkpoint-N.
+        who, world = _launcher()
+        if os.environ.get("ZEROD_ENDPOINT") in ("embedded:", "embedded"):
+            world = 1  # each process trains on its own, on purpose
         if self.accelerator.num_processes != 1 or world != 1:
-            raise InvalidArgumentError(
-                f"ZerodTrainer runs in one process (this is one of {max(self.accelerator.num_processes, world)}, "
-                f"from {'zerod run' if world != 1 else 'the launcher'}): torchrun, accelerate launch and "
-                "`zerod run --nproc N` are not supported with Hugging Face's Trainer yet")
+            _refuse_several_processes(max(self.accelerator.num_processes, world),
+                                      who if world != 1 else "the launcher")
         if not torch.distributed.is_initialized():
             # The Trainer's DeepSpeed path gathers what it logs over the process
             # group deepspeed.initialize would have made: one rank's here, over
@@ -177,6 +183,9 @@ class _ZerodDeepSpeedAccelerator(Accelerator):
             raise InvalidStateError("ZerodTrainer: the model is on zerod already (one train() per ZerodTrainer)")
         _refuse_deepspeed_partitioned(model)
         trainer = self._zerod_trainer
+        client = trainer._zerod["client"] or default_client()
+        if client.world_size != 1:  # a launcher whose variables the Trainer's check did not read
+            _refuse_several_processes(client.world_size, "the launcher zerod joined them from")
         # Traced one past the last update: the lr the Trainer logs after it.
         steps = trainer.state.max_steps + 1 if trainer.state.max_steps else None
         if lr_scheduler is not None and not isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
@@ -231,6 +240,13 @@ class _ZerodDeepSpeedAccelerator(Accelerator):
         if engine is not None and (model is engine or model is engine.module):
             return engine.state_dict()
         return super().get_state_dict(model, unwrap)
+
+
+def _refuse_several_processes(processes, who):
+    raise InvalidArgumentError(
+        f"ZerodTrainer runs in one process (this is one of {processes}, started by {who}): torchrun, accelerate "
+        "launch, mpirun, srun and `zerod run --nproc N` are not supported with Hugging Face's Trainer yet "
+        "(each process would train the Trainer on the whole dataset, all writing the same checkpoints)")
 
 
 def _refuse_deepspeed_partitioned(model):
