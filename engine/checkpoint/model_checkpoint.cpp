@@ -57,6 +57,19 @@ bool attempt(Fn&& fn, zd_status* code, std::string* why) {
   return false;
 }
 
+// The exception being handled, as an Error (inside a catch block).
+Error failure_in_flight() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return Error(ZD_ERR_IO, e.what());
+  } catch (...) {
+    return Error(ZD_ERR_INTERNAL, "an unknown exception");
+  }
+}
+
 }  // namespace
 
 void Model::save_checkpoint(int rank, const std::string& dir) {
@@ -132,14 +145,37 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
   if (ctx_.params_partitioned()) rs.residency.forget_gathered();
   {
     const ShardWrite phase(ctx_, *rs.res.stream, rs.res.rank, "a checkpoint load");
-    read_rank_state(ctx_, rs.res, rs.buffers, src, verified);
+    try {
+      read_rank_state(ctx_, rs.res, rs.buffers, src, verified);
+      // The copies compression.replay kept (the stage-3 parameters the
+      // refresh below would read among them) are stale now, and the error
+      // feedback restarts from the checkpoint's (zero where it holds none
+      // for this job: rank_carry, whose warning one rank gives).
+      rs.compression.reset();
+      read_rank_errors(ctx_, rs.res, rs.compression, src);
+    } catch (...) {
+      // The phase ends when this scope does, failed or not, and the other
+      // ranks' gathers then copy this rank's shards, part the checkpoint's
+      // and part the old state: the job breaks first, which fails those
+      // gathers and every wait and collective, rather than letting any rank
+      // train on the mix.
+      //
+      // A resume at finalize: undo_finalize gives up the rank's state (and
+      // breaks a job of several ranks, which happens here first).
+      if (!rs.finalized) {
+        if (world_size_ > 1) break_for_failed_resume(rs.res.rank);
+        throw;
+      }
+      const Error cause = failure_in_flight();
+      // A load: the rank's state is a mix for good, on one rank too; no
+      // restart may resume it either (part-way: Model::recover refuses).
+      break_job(Error(cause.code(), "rank " + std::to_string(rs.res.rank) +
+                                        "'s zd_model_load failed part-way through reading its part of " + src.dir() +
+                                        ", which the other ranks may have finished: its parameters and optimizer "
+                                        "state are part the checkpoint's, part what they were: " + cause.what()),
+                /*part_way=*/true);
+    }
   }
-  // First: the copies compression.replay kept (the stage-3 parameters
-  // the refresh below would read among them) are stale now, and the error
-  // feedback restarts from the checkpoint's (zero where it holds none for
-  // this job: rank_carry, whose warning one rank gives).
-  rs.compression.reset();
-  read_rank_errors(ctx_, rs.res, rs.compression, src);
   if (rs.res.rank == first_local_)
     if (const std::string why = rank_carry(ctx_, m, src.dir()).warning; !why.empty()) log_warn(why);
   gather_working_copies(rs);
@@ -197,6 +233,11 @@ void Model::load_checkpoint(int rank, const std::string& dir) {
                         " (its error, and its log, say why); no rank loaded anything");
   snapshots_->fence(rank);
   restore_rank(rs, *src, /*verified=*/true);
+  // A rank whose load failed part-way broke the job (restore_rank); the
+  // others may have nothing collective left in theirs (stage 3 on a shard
+  // board), so they meet here, and fail with its reason, instead of
+  // returning as if the load had succeeded.
+  all_reduce_max(ctx_, rs.res, rank, kSaveLoad, 5, "zd_model_load: every rank loaded its part of " + dir, 0);
 }
 
 std::string Model::final_snapshot(int rank) {

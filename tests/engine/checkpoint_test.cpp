@@ -1984,3 +1984,64 @@ TEST(CheckpointMemory, NvmeStateIsNotStagedInRam) {
 }
 
 }  // namespace
+
+namespace {
+
+// Stage 3 with both ranks in this process on the local comm plugin: a
+// rank's gathers copy the other's shards themselves (the shard board). Rank
+// 1's zd_model_load fails part-way, after the ranks agreed that every rank
+// can read the checkpoint, while it writes it into its state (a copy into
+// its pool fails); rank 0's load ends well. Rank 1's write phase ended all
+// the same and nothing collective was left in rank 0's load: rank 0's load
+// succeeded and its next forward gathered rank 1's shards, part the
+// checkpoint's and part the trained step's, with the job healthy. Now rank
+// 1 breaks the job before its write phase ends, and every rank's load fails
+// with rank 1's reason.
+TEST(CheckpointDamage, ALoadThatFailsPartWayOnOneRankFailsOnEveryRank) {
+  TempDir dir;
+  JobOptions o = job(3);
+  ASSERT_EQ(o.zero_hparams, (std::vector<std::pair<std::string, double>>{{"param_persistence_threshold", 0}}));
+  // No copy fails until rank 1's counter is moved up to it, just before its load.
+  constexpr uint64_t kArmed = uint64_t{1} << 40;
+  std::atomic<uint64_t> copies{0};
+  auto a = make_model(with_rank_1_failing_copies(o, kArmed, &copies), 2);
+  std::vector<std::string> load_errors(2, "no error");
+  std::string forward_error = "no error";
+  std::atomic<int> loads_returned{0};
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 2);
+    a->save_checkpoint(rank, dir.path);
+    train(*a, rank, ids, 2, 3);
+    if (rank == 1) copies.store(kArmed - 1);  // the load's first copy into rank 1's pool fails
+    try {
+      a->load_checkpoint(rank, dir.path);
+    } catch (const Error& e) {
+      load_errors[static_cast<size_t>(rank)] = e.what();
+    }
+    loads_returned.fetch_add(1);
+    if (rank != 0) return;
+    // Once rank 1's load has returned (its write phase over, one way or
+    // the other): a forward's begin copies rank 1's shards at once.
+    while (loads_returned.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    try {
+      a->forward_begin(rank, 0);
+    } catch (const Error& e) {
+      forward_error = e.what();
+    }
+  });
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(load_errors[1].find("the injected failure"), std::string::npos) << load_errors[1];
+  EXPECT_NE(load_errors[1].find("rank 1's zd_model_load failed part-way"), std::string::npos) << load_errors[1];
+  EXPECT_NE(load_errors[0].find("rank 1's zd_model_load failed part-way"), std::string::npos)
+      << "rank 0's load succeeded while rank 1's failed: " << load_errors[0];
+  EXPECT_NE(load_errors[0].find("the injected failure"), std::string::npos) << load_errors[0];
+  EXPECT_NE(forward_error.find("rank 1's zd_model_load failed part-way"), std::string::npos)
+      << "rank 0 ran a forward on rank 1's half-loaded shards: " << forward_error;
+  // No restart may resume the mix either (Model::recover refuses it).
+  EXPECT_TRUE(a->half_applied_step().has_value());
+}
+
+}  // namespace
