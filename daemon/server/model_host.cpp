@@ -187,8 +187,8 @@ std::string ModelHost::kept_because(bool keep_state_anyway) const {
 Error ModelHost::refusal(const std::string& lost, const Error& half) const {
   return Error(half.code(),
                "daemon.keep_state did not keep model " + std::to_string(id_) + " (" + script_name_ +
-                   ") for a restart: an optimizer step of its last run stopped part-way and left the model's state "
-                   "half applied, which no restart may resume\nthe step's error: " + half.what() +
+                   ") for a restart: an optimizer step or a checkpoint load of its last run stopped part-way and "
+                   "left the model's state half applied, which no restart may resume\nits error: " + half.what() +
                    "\nthen the run ended: " + lost +
                    "\nresume from a checkpoint (zd_model_load after zd_model_finalize) or, in a job that takes "
                    "snapshots, from the newest snapshot (at zd_model_finalize); the next zd_model_create of this "

@@ -355,7 +355,7 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
   // Resuming a half-applied step would apply some of it twice (the tiles it
   // reached get the retried update again) or leave the ranks a step apart.
   if (const std::optional<Error> half = half_applied_step())
-    fail(half->code(), std::string("this model cannot be resumed: an optimizer step stopped part-way and left its "
+    fail(half->code(), std::string("this model cannot be resumed: an optimizer step or a checkpoint load stopped part-way and left its "
                                    "state half applied (resume from a checkpoint or a snapshot instead):\n") +
                            half->what());
   // The old streams' tasks have all ended (their collectives failed); a new
