@@ -1,10 +1,23 @@
 #include "error.h"
 
 #include <cstring>
+#include <exception>
 
 namespace zerod {
 
 void fail(zd_status code, const std::string& message) { throw Error(code, message); }
+
+Error error_being_handled(zd_status other) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return Error(other, e.what());
+  } catch (...) {
+    return Error(ZD_ERR_INTERNAL, "an unknown exception");
+  }
+}
 
 const char* status_name(zd_status code) {
   switch (code) {

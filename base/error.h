@@ -21,6 +21,11 @@ class Error : public std::runtime_error {
 
 [[noreturn]] void fail(zd_status code, const std::string& message);
 
+// Inside a catch block: the exception being handled, as an Error (one that
+// is not an Error gets `other` as its code), for a failure path that must
+// act on it (break the job with its reason) before rethrowing.
+Error error_being_handled(zd_status other = ZD_ERR_INTERNAL);
+
 // "ZD_ERR_CONFIG" etc.; "ZD_ERR_UNKNOWN" for a value this build does not know.
 const char* status_name(zd_status code);
 

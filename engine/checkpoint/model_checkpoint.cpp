@@ -57,19 +57,6 @@ bool attempt(Fn&& fn, zd_status* code, std::string* why) {
   return false;
 }
 
-// The exception being handled, as an Error (inside a catch block).
-Error failure_in_flight() {
-  try {
-    throw;
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::exception& e) {
-    return Error(ZD_ERR_IO, e.what());
-  } catch (...) {
-    return Error(ZD_ERR_INTERNAL, "an unknown exception");
-  }
-}
-
 }  // namespace
 
 void Model::save_checkpoint(int rank, const std::string& dir) {
@@ -166,7 +153,7 @@ void Model::restore_rank(RankState& rs, const ckpt::Source& src, bool verified) 
         if (world_size_ > 1) break_for_failed_resume(rs.res.rank);
         throw;
       }
-      const Error cause = failure_in_flight();
+      const Error cause = error_being_handled(ZD_ERR_IO);
       // A load: the rank's state is a mix for good, on one rank too; no
       // restart may resume it either (part-way: Model::recover refuses).
       break_job(Error(cause.code(), "rank " + std::to_string(rs.res.rank) +

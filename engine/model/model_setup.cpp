@@ -20,23 +20,6 @@
 
 namespace zerod {
 
-namespace {
-
-// The exception the caller's catch block is handling, as an Error.
-Error failure_being_handled() {
-  try {
-    throw;
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::exception& e) {
-    return Error(ZD_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return Error(ZD_ERR_INTERNAL, "an unknown exception");
-  }
-}
-
-}  // namespace
-
 zd_param_id Model::register_param(int rank, const std::string& name, const std::string& module,
                                   zd_dtype dtype, std::vector<int64_t> shape, const void* init,
                                   zd_dtype init_dtype) {
@@ -440,7 +423,7 @@ void Model::undo_finalize(RankState& rs, bool resuming) {
 }
 
 void Model::break_for_failed_resume(int rank) {
-  const Error cause = failure_being_handled();
+  const Error cause = error_being_handled();
   const std::string message = "rank " + std::to_string(rank) +
                               "'s zd_model_finalize failed part-way through its resume from a snapshot, which the "
                               "other ranks may have finished: " + cause.what();
