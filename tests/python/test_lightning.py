@@ -267,7 +267,8 @@ def test_job_script(tmp_path):
     # devices=2 outside zerod run: Lightning's own launcher (test_launchers,
     # which also has several nodes refused in a fresh process). Here the
     # process is already connected as one rank, so 2 nodes are refused so.
-    (dict(trainer=dict(num_nodes=2)), r"this process is rank 0 of 1 zerod ranks"),
+    (dict(trainer=dict(num_nodes=2)), r"this process is rank 0 of 2 as Lightning's launcher started it, but its "
+                                      r"zerod client is rank 0 of 1"),
     (dict(precision=None, trainer=dict(plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
         "cpu", init_scale=1000.0))])), "init_scale=1000 is not a power of two"),
     (dict(precision=None, trainer=dict(plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler(
@@ -838,3 +839,126 @@ def test_a_config_optimizer_when_configure_optimizers_returns_none(tmp_path):
     with pytest.raises(MisconfigurationException, match=r"configure_optimizers returned no optimizer and there is no "
                                                         r"DeepSpeed config \"optimizer\" section"):
         _linear_fit("zerod_stage_1", NoOptimizer(), tmp_path=tmp_path)
+
+
+# -- where a rank is: its launcher's word, on one node or several -----------
+
+_LAUNCHER_PREFIXES = ("ZEROD_", "SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "PMIX_")
+_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+                   "MASTER_PORT")
+
+
+class _Launched:
+    """This process as one rank of a launch (launch(**variables)), none of the
+    test process's own launcher variables left. Nothing connects: zerod's
+    client is a stub that records what the strategy told libzerod (the
+    ZEROD_* variables at the connect) and is the rank they say, and
+    Lightning's process group and zerod's gloo group are not started, only
+    recorded. Lightning's rank_zero_only rank is put back afterwards."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch, self.told, self.groups = monkeypatch, None, []
+        for k in list(os.environ):
+            if k.startswith(_LAUNCHER_PREFIXES) or k in _LAUNCHER_NAMES:
+                monkeypatch.delenv(k)
+        from lightning_utilities.core.rank_zero import rank_zero_only
+        monkeypatch.setattr(rank_zero_only, "rank", getattr(rank_zero_only, "rank", 0))
+        monkeypatch.setattr(zerod.lightning, "default_client", self._connect)
+        # As in a fresh rank (a "ddp" fit earlier in this process started one).
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+        monkeypatch.setattr(zerod.lightning, "_init_dist_connection",
+                            lambda env, backend: self.groups.append(("init_process_group", type(env).__name__)))
+        monkeypatch.setattr(zerod.lightning, "init_gloo",
+                            lambda rank, world, what: self.groups.append(("init_gloo", rank, world)))
+
+    def launch(self, **variables):
+        for k, v in variables.items():
+            self.monkeypatch.setenv(k, str(v))
+
+    def _connect(self):
+        self.told = {k: v for k, v in os.environ.items() if k.startswith("ZEROD_")}
+        return type("StubClient", (), dict(rank=int(os.environ.get("ZEROD_RANK", "0")),
+                                           world_size=int(os.environ.get("ZEROD_WORLD_SIZE", "1"))))()
+
+    @staticmethod
+    def trainer(devices, num_nodes=1):
+        return pl.Trainer(strategy="zerod_stage_2", accelerator="cpu", devices=devices, num_nodes=num_nodes,
+                          logger=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    return _Launched(monkeypatch)
+
+
+def test_under_srun_the_rank_and_node_are_slurms(launched):
+    """`srun --nodes 2 --ntasks-per-node 1 python train.py` with
+    Trainer(devices=1, num_nodes=2), the task of node 1: Lightning's Slurm
+    environment says where it is (the strategy forced Lightning's own, and
+    both nodes were global rank 0, told libzerod node 0 and read the same
+    data), libzerod is told the same, and the sampler splits the data among
+    both nodes' ranks."""
+    launched.launch(SLURM_NTASKS=2, SLURM_NTASKS_PER_NODE=1, SLURM_NNODES=2, SLURM_STEP_NUM_TASKS=2,
+                    SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_PROCID=1, SLURM_LOCALID=0, SLURM_NODEID=1,
+                    SLURM_JOB_ID=4242, SLURM_JOB_NAME="train", SLURM_NODELIST="node[0-1]", MASTER_ADDR="node0",
+                    MASTER_PORT=29500)
+    trainer = launched.trainer(devices=1, num_nodes=2)
+    strategy = trainer.strategy
+    assert type(strategy.cluster_environment).__name__ == "SLURMEnvironment"
+    assert (trainer.global_rank, trainer.world_size, trainer.node_rank, trainer.local_rank) == (1, 2, 1, 0)
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
+    strategy.setup_environment()
+    assert launched.told == dict(ZEROD_RANK="1", ZEROD_WORLD_SIZE="2", ZEROD_LOCAL_RANK="0",
+                                 ZEROD_LOCAL_WORLD_SIZE="1", ZEROD_NODE_RANK="1")
+    assert launched.groups[0] == ("init_process_group", "SLURMEnvironment")
+
+
+def test_under_torchrun_on_two_nodes_devices_is_the_nodes_ranks(launched):
+    """`torchrun --nnodes 2 --nproc_per_node 1`, node 1's rank: Trainer(
+    devices=1, num_nodes=2) is torchrun's rank 1 on node 1 (it was refused,
+    asking for devices=2); Trainer(devices=2) is refused on every rank from
+    the environment alone, before connecting or meeting another rank (node
+    1 made itself rank 2 of 2, which libzerod refused, and node 0 waited in
+    gloo for 30 minutes), naming the Trainer flags to use."""
+    launched.launch(TORCHELASTIC_RUN_ID="job", RANK=1, WORLD_SIZE=2, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=1,
+                    MASTER_ADDR="node0", MASTER_PORT=29500)
+    trainer = launched.trainer(devices=1, num_nodes=2)
+    assert type(trainer.strategy.cluster_environment).__name__ == "TorchElasticEnvironment"
+    assert (trainer.global_rank, trainer.world_size, trainer.node_rank) == (1, 2, 1)
+    assert trainer.strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 1}
+    trainer.strategy.setup_environment()
+    assert launched.told["ZEROD_NODE_RANK"] == "1" and launched.told["ZEROD_RANK"] == "1"
+    assert launched.told["ZEROD_LOCAL_WORLD_SIZE"] == "1"
+
+    launched.told, launched.groups = None, []
+    for devices, nodes in ((2, 1), (1, 1), (1, 4)):
+        with pytest.raises(MisconfigurationException, match=rf"Trainer\(devices={devices}, num_nodes={nodes}\) .* "
+                                                             r"torchrun started 2 ranks, 1 on this node .* use "
+                                                             r"Trainer\(devices=1, num_nodes=2\)"):
+            launched.trainer(devices=devices, num_nodes=nodes).strategy.setup_environment()
+        assert launched.told is None and launched.groups == []
+
+
+def test_zerod_run_on_two_nodes_node_rank_and_sampler(launched):
+    """Rank 3 of `mpirun ... zerod run --nproc 2` on two nodes: node 1 (it
+    was node 0 on every node, so prepare_data ran on each); Trainer(devices=
+    2, num_nodes=2), a GPU node's form, splits the data among the 4 ranks
+    (ParallelStrategy's default counted 2); Trainer(devices=4), the job's
+    rank count, is still taken; another count is refused before connecting."""
+    launched.launch(ZEROD_RANK=3, ZEROD_WORLD_SIZE=4, ZEROD_LOCAL_RANK=1, ZEROD_LOCAL_WORLD_SIZE=2)
+    assert zerod.lightning._ZerodEnvironment().node_rank() == 1
+    for devices, nodes in ((2, 2), (4, 1)):
+        launched.groups = []
+        trainer = launched.trainer(devices=devices, num_nodes=nodes)
+        assert (trainer.global_rank, trainer.world_size, trainer.node_rank, trainer.local_rank) == (3, 4, 1, 1)
+        assert trainer.strategy.distributed_sampler_kwargs == {"num_replicas": 4, "rank": 3}
+        trainer.strategy.setup_environment()
+        assert launched.groups == [("init_gloo", 3, 4)]
+    launched.told, launched.groups = None, []
+    with pytest.raises(MisconfigurationException, match=r"Trainer\(devices=2, num_nodes=1\) .* `zerod run` started 4 "
+                                                         r"ranks, 2 on this node .* use Trainer\(devices=2, "
+                                                         r"num_nodes=2\), or Trainer\(devices=4\) with num_nodes=1"):
+        launched.trainer(devices=2).strategy.setup_environment()
+    assert launched.told is None and launched.groups == []
+    launched.launch(ZEROD_NODE_RANK=5)  # said outright
+    assert zerod.lightning._ZerodEnvironment().node_rank() == 5

@@ -48,12 +48,18 @@ settings, see zerod._amp); "bf16-true" and "16-true" (16-bit parameters,
 fp32 masters in zerod; "16-true" with loss scaling). The others are refused.
 A step skipped for an overflow does not advance zerod's lr schedule (as
 DeepSpeed and Accelerate); Lightning still steps the torch scheduler, so
-after an overflow LearningRateMonitor runs one step ahead. One process
-(devices=1), or the ranks of `zerod run --nproc N -- python train.py` with
-Trainer(devices=N): zerod starts the processes and connects them (Lightning
-launches none); or, without `zerod run`, Lightning's own launcher starts
-them (Trainer(devices=N) on one node) and they start their node's daemon
-(docs/daemon.md). Lightning's own collectives run over gloo.
+after an overflow LearningRateMonitor runs one step ahead.
+
+Ranks: one process (devices=1); the ranks of `zerod run --nproc N -- python
+train.py`, on one node or on each of several (zerod starts and connects
+them; Lightning launches none); or, without `zerod run`, ranks another
+launcher started, each where Lightning's own cluster environment says, in
+its order (torchrun, Slurm, LSF, MPI, else Lightning's own launcher
+starting Trainer(devices=N)), which start their node's daemon
+(docs/daemon.md). Trainer(devices=D, num_nodes=K) is D ranks on each node,
+D*K in the job; under `zerod run` devices may also be the job's rank count
+with num_nodes=1. Another layout is refused on every rank before it
+connects. Lightning's own collectives run over gloo.
 """
 import os
 import sys
@@ -70,7 +76,7 @@ from .errors import InvalidArgumentError
 
 try:
     import lightning.pytorch as pl
-    from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
+    from lightning.fabric.plugins.environments import ClusterEnvironment, MPIEnvironment, SLURMEnvironment
     from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
     from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
     from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
@@ -143,7 +149,56 @@ class _ZerodEnvironment(ClusterEnvironment):
         return int(os.environ.get("ZEROD_LOCAL_RANK", "0"))
 
     def node_rank(self):
-        return 0
+        # Each node's `zerod run` is another node (0 on every one ran
+        # prepare_data_per_node=False's prepare_data on each): its ranks are
+        # numbered node by node, the same count on each
+        # (ZEROD_LOCAL_WORLD_SIZE), unless ZEROD_NODE_RANK says.
+        if os.environ.get("ZEROD_NODE_RANK", "").isdigit():
+            return int(os.environ["ZEROD_NODE_RANK"])
+        return self.global_rank() // (_ranks_on_this_node(self) or self.world_size())
+
+
+def _ranks_on_this_node(env):
+    """How many ranks the launcher says it started on this node; None where
+    it says nothing (Lightning's own launcher starts Trainer(devices=N))."""
+    if not env.creates_processes_externally:
+        return None
+    if isinstance(env, _ZerodEnvironment):
+        names = ("ZEROD_LOCAL_WORLD_SIZE",)
+    elif isinstance(env, SLURMEnvironment):
+        return _slurm_tasks_on_this_node()
+    elif isinstance(env, MPIEnvironment):
+        names = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+    else:  # torchrun's (TorchElastic), or ranks started by hand with LOCAL_RANK
+        names = ("LOCAL_WORLD_SIZE",)
+    for name in names:
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    return None
+
+
+def _slurm_tasks_on_this_node():
+    """srun's tasks on this node: SLURM_STEP_TASKS_PER_NODE reads "2(x3),1"
+    for the step's nodes in order, SLURM_NODEID picks this node's (as
+    libzerod reads it); else --ntasks-per-node."""
+    spec, node = os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""), os.environ.get("SLURM_NODEID", "")
+    if spec and node.isdigit():
+        at = 0
+        for part in spec.split(","):
+            count, _, times = part.partition("(x")
+            at += int(times.rstrip(")") or 1)
+            if int(node) < at:
+                return int(count)
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else None
+
+
+def _launcher_name(env):
+    if isinstance(env, _ZerodEnvironment):
+        return "`zerod run`"
+    return {"TorchElasticEnvironment": "torchrun", "SLURMEnvironment": "srun (Slurm)", "MPIEnvironment": "MPI",
+            "LSFEnvironment": "LSF", "LightningEnvironment": "Lightning's launcher"}.get(
+                type(env).__name__, type(env).__name__)
 
 
 class ZerodStrategy(ParallelStrategy):
@@ -166,9 +221,13 @@ class ZerodStrategy(ParallelStrategy):
     def __init__(self, job=None, config=None, stage=3, offload_optimizer=False, offload_parameters=False,
                  modules=None, client=None, accelerator=None, checkpoint_io=None, precision_plugin=None,
                  parallel_devices=None):
-        # Under `zerod run` zerod started the ranks; else Lightning's own
-        # launcher starts them (Trainer(devices=N)), as it does for "ddp".
-        env = _ZerodEnvironment() if _ZerodEnvironment.detect() else LightningEnvironment()
+        # Under `zerod run` zerod started the ranks. Else None: Lightning
+        # picks the environment as for "ddp", in its own order (torchrun,
+        # Slurm, LSF, MPI, else its own launcher starting Trainer(devices=N)),
+        # so that every rank's place is the one its launcher gave it (a
+        # LightningEnvironment forced here made both nodes of an srun job
+        # global rank 0).
+        env = _ZerodEnvironment() if _ZerodEnvironment.detect() else None
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=env, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
@@ -243,59 +302,101 @@ class ZerodStrategy(ParallelStrategy):
     def num_nodes(self, num_nodes):
         self._num_nodes = num_nodes
 
-    def _lightning_launched(self):
+    @property
+    def distributed_sampler_kwargs(self):
+        # Every rank of the job, as "ddp" splits the data (ParallelStrategy's
+        # default counts this node's devices alone: across nodes every node
+        # would read the same samples).
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def _outside_zerod_run(self):
         return not isinstance(self.cluster_environment, _ZerodEnvironment)
 
     def _configure_launcher(self):
-        if self._lightning_launched() and not self.cluster_environment.creates_processes_externally \
+        if self._outside_zerod_run() and not self.cluster_environment.creates_processes_externally \
                 and len(self.parallel_devices or [None]) > 1:
             self._launcher = _SubprocessScriptLauncher(self.cluster_environment, len(self.parallel_devices),
                                                        self.num_nodes)
 
-    def _join_lightning_ranks(self):
-        """Ranks Lightning's launcher started: their place in the job, as
-        "ddp" sets it, told to libzerod (ZEROD_RANK, ...), which starts the
-        node's daemon for them; and the gloo group for Lightning's own
-        collectives, over the launcher's MASTER_ADDR/MASTER_PORT."""
-        processes = len(self.parallel_devices or [None])
-        if processes * self.num_nodes <= 1:
+    def set_world_ranks(self):
+        """This process's place, as "ddp" sets it: Lightning's own launcher
+        numbers its processes node by node; the other environments (zerod
+        run, torchrun, Slurm, ...) say it themselves and ignore this."""
+        if self.cluster_environment is None:
             return
+        processes = len(self.parallel_devices or [None])
         self.cluster_environment.set_global_rank(self.node_rank * processes + self.local_rank)
         self.cluster_environment.set_world_size(self.num_nodes * processes)
         rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
-        if self._client is None and not os.environ.get("ZEROD_ENDPOINT"):
-            # Connected now, before the process group (which would wait for
-            # ranks that never come where zerod refuses, e.g. several nodes).
-            names = dict(ZEROD_RANK=str(self.global_rank), ZEROD_WORLD_SIZE=str(self.world_size),
-                         ZEROD_LOCAL_RANK=str(self.local_rank), ZEROD_LOCAL_WORLD_SIZE=str(processes),
-                         ZEROD_NODE_RANK=str(self.node_rank))
-            before = {k: os.environ.get(k) for k in names}
-            os.environ.update(names)
-            try:
-                self._client = default_client()
-            finally:  # the process's environment as it was (this process may make another Trainer)
-                for k, v in before.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        if not torch.distributed.is_initialized():
-            _init_dist_connection(self.cluster_environment, "gloo")
+
+    def _refuse_a_layout_the_launch_does_not_have(self):
+        """Trainer(devices=D, num_nodes=K) against the ranks the launcher
+        started, from the environment alone, before this rank connects or
+        meets another: every rank of a launch sees the same numbers, so every
+        one refuses (where one went on it would wait for the others in a
+        collective until torch's 30-minute timeout). D is the ranks on each
+        node and D*K the job's (Lightning refuses a D above a GPU node's
+        GPUs); under `zerod run`, D may be the job's rank count with K 1."""
+        devices, nodes, world = len(self.parallel_devices or [None]), self.num_nodes, self.world_size
+        here = _ranks_on_this_node(self.cluster_environment)
+        if devices * nodes == world and here in (None, devices):
+            return
+        if not self._outside_zerod_run() and devices == world and nodes == 1:
+            return
+        per_node = here or max(1, world // max(1, nodes))
+        counted = f"{world} ranks" + (f", {here} on this node" if here is not None else "")
+        under_zerod_run_on_several_nodes = not self._outside_zerod_run() and per_node != world
+        also = f", or Trainer(devices={world}) with num_nodes=1" if under_zerod_run_on_several_nodes else ""
+        raise MisconfigurationException(
+            f"ZerodStrategy: Trainer(devices={devices}, num_nodes={nodes}) makes {devices * nodes} rank(s), "
+            f"{devices} on each node, but {_launcher_name(self.cluster_environment)} started {counted} (this is "
+            f"rank {self.global_rank}); devices is the ranks on each node and num_nodes the nodes: use "
+            f"Trainer(devices={per_node}, num_nodes={max(1, world // per_node)}){also}")
+
+    def _connect_as_the_launchers_rank(self):
+        """Ranks that another launcher started (Lightning's own, torchrun,
+        srun, ...): their place in the job, as the cluster environment says
+        it, told to libzerod (ZEROD_RANK, ..., ZEROD_NODE_RANK), which starts
+        the node's daemon for them."""
+        if self.world_size <= 1 or self._client is not None or os.environ.get("ZEROD_ENDPOINT"):
+            return
+        here = _ranks_on_this_node(self.cluster_environment) or len(self.parallel_devices or [None])
+        names = dict(ZEROD_RANK=str(self.global_rank), ZEROD_WORLD_SIZE=str(self.world_size),
+                     ZEROD_LOCAL_RANK=str(self.local_rank), ZEROD_LOCAL_WORLD_SIZE=str(here),
+                     ZEROD_NODE_RANK=str(self.node_rank))
+        before = {k: os.environ.get(k) for k in names}
+        os.environ.update(names)
+        try:
+            self._client = default_client()
+        finally:  # the process's environment as it was (this process may make another Trainer)
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def setup_environment(self):
-        if self._lightning_launched():
-            self._join_lightning_ranks()
+        # Everything that can refuse this rank comes before the first
+        # collective (the process group below), which would wait for ranks
+        # that never come until torch's 30-minute timeout.
+        self.set_world_ranks()
+        self._refuse_a_layout_the_launch_does_not_have()
+        if self._outside_zerod_run():
+            self._connect_as_the_launchers_rank()
         client = self._client or default_client()
         self._client = client
-        devices = len(self.parallel_devices or [None])
-        if (client.rank, client.world_size) != (self.global_rank, self.world_size) or devices != self.world_size:
+        if (client.rank, client.world_size) != (self.global_rank, self.world_size):
             raise MisconfigurationException(
-                f"ZerodStrategy: Trainer(devices={devices}) but this process is rank {client.rank} of "
-                f"{client.world_size} zerod ranks; several processes are the ranks of `zerod run --nproc N -- "
-                "python train.py` or of Lightning's own launcher, with Trainer(devices=N)")
+                f"ZerodStrategy: this process is rank {self.global_rank} of {self.world_size} as "
+                f"{_launcher_name(self.cluster_environment)} started it, but its zerod client is rank {client.rank} "
+                f"of {client.world_size}; the client must be this rank of the same job (client=, ZEROD_ENDPOINT)")
         if self.world_size > 1:
             # Lightning's own collectives (logging with sync_dist, barriers,
-            # broadcasts) over gloo (zerod/_gloo.py says where ranks meet).
+            # broadcasts) over gloo: outside `zerod run` at the launcher's
+            # MASTER_ADDR/MASTER_PORT, as "ddp" meets; else where
+            # zerod/_gloo.py says (init_gloo does nothing once one runs).
+            if self._outside_zerod_run() and not torch.distributed.is_initialized():
+                _init_dist_connection(self.cluster_environment, "gloo")
             init_gloo(self.global_rank, self.world_size, "lightning")
         super().setup_environment()
 
