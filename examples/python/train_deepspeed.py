@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -56,23 +57,48 @@ def scheduled_steps(config):
     return config["scheduler"]["params"]["total_num_steps"]
 
 
+def shared_run_id(environ=os.environ):
+    """An id every rank of this launch holds alike, and no other launch at
+    the same time, from what the launcher put in the environment: `zerod
+    run`'s ZEROD_RUN_ID (random); torchrun's TORCHELASTIC_RUN_ID (its
+    --rdzv-id; "none" is its default, every launch's); srun's job and step;
+    else the rendezvous address and port torchrun and DeepSpeed's
+    `deepspeed` hand their ranks, which no two launches use at once. None
+    where there is none of them."""
+    candidates = [environ.get("ZEROD_RUN_ID"),
+                  environ.get("TORCHELASTIC_RUN_ID") if environ.get("TORCHELASTIC_RUN_ID") != "none" else None,
+                  _joined(environ, "SLURM_JOB_ID", "SLURM_STEP_ID"),
+                  _joined(environ, "MASTER_ADDR", "MASTER_PORT")]
+    run = next((c for c in candidates if c), None)
+    # Part of a file name: an IPv6 address's colons and the like become "_".
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run) if run else None
+
+
+def _joined(environ, *names):
+    values = [environ.get(n) for n in names]
+    return "-".join(values) if all(values) else None
+
+
 def checkpoint_dir(engine, given=None):
     """Where the checkpoint goes, the same directory on every rank: `given`,
     else one of this run's own. A fixed path (it was /tmp/zerod-ds-example)
     is another run's at the same time, or one left there by another user
-    that this one cannot write. One rank makes a new one; the ranks of
-    `zerod run` name theirs for the run (ZEROD_RUN_ID: random, and the same
-    on every rank, so that no rank has to tell the others the name)."""
+    that this one cannot write. One rank makes a new one; several name
+    theirs for the launch (shared_run_id), so that no rank has to tell the
+    others the name."""
     if given:
         return given
     if engine.dp_world_size == 1:
         return tempfile.mkdtemp(prefix="zerod-ds-example-")
-    run = os.environ.get("ZEROD_RUN_ID")
+    run = shared_run_id()
     if not run:
-        sys.exit(f"{engine.dp_world_size} ranks outside `zerod run`: give the checkpoint's directory, the same for "
-                 "every rank, after the config")
+        sys.exit(f"{engine.dp_world_size} ranks, and no id of their launch in the environment (ZEROD_RUN_ID, "
+                 "TORCHELASTIC_RUN_ID, SLURM_JOB_ID, MASTER_ADDR and MASTER_PORT): give the checkpoint's "
+                 "directory, the same for every rank, after the config")
     path = os.path.join(tempfile.gettempdir(), f"zerod-ds-example-{run}")
     os.makedirs(path, mode=0o700, exist_ok=True)
+    if not os.access(path, os.W_OK | os.X_OK):  # an earlier launch's, another user's
+        sys.exit(f"{path} is not this user's to write: give the checkpoint's directory after the config")
     return path
 
 

@@ -395,6 +395,31 @@ def test_other_hyperparameters_written_into_param_groups_are_refused():
     opt.step()
 
 
+def test_a_momentum_cycling_scheduler_not_prepared_is_refused_at_prepare():
+    """A OneCycleLR made on the optimizer with cycle_momentum=True (its
+    default) but not given to prepare() cycles the betas at every step, which
+    zerod takes once: refused at prepare(), saying cycle_momentum=False,
+    not at the second backward as a changed betas; with
+    cycle_momentum=False it trains."""
+    model, opt, loader, _ = objects(one_cycle=False)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40)
+    with pytest.raises(InvalidArgumentError, match=r"ZerodAccelerator: optimizer.param_groups\[0\] holds "
+                                                   r"max_momentum/base_momentum: a OneCycleLR or CyclicLR .* at "
+                                                   r"prepare\(\); .*pass cycle_momentum=False"):
+        ZerodAccelerator(zero_stage=1).prepare(model, opt, loader)
+
+    AcceleratorState._reset_state(True)
+    model, opt, loader, _ = objects(one_cycle=False)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=40, cycle_momentum=False)
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    for _ in range(3):
+        _one_micro_batch(accelerator, model, loader)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
 def test_an_optimizer_of_named_parameters_trains_as_one_of_parameters():
     """torch >= 2.6's optimizer made from model.named_parameters() keeps the
     names in its groups (param_names): the same optimizer to zerod, and to

@@ -4,6 +4,7 @@ model and corpus; the loss falls, rank 0 shows progress and memory, and
 prints a sample. A --text file the Python prompt is not in, one too short
 for the block, and --sample-chars 0. And README.md's DeepSpeed example
 (examples/python/train_deepspeed.py) on one rank."""
+import importlib.util
 import json
 import os
 import re
@@ -129,3 +130,25 @@ def test_the_deepspeed_example_on_two_ranks_saves_one_checkpoint(tmp_path):
     assert re.fullmatch(re.escape(str(tmp_path)) + r"/zerod-ds-example-[0-9a-f]{16}", directory), out
     shards = sorted(n for n in os.listdir(os.path.join(directory, tag)) if n.endswith(".zdshard"))
     assert shards == ["rank-00000-of-00002.zdshard", "rank-00001-of-00002.zdshard"], shards
+
+
+def test_the_deepspeed_examples_ranks_name_one_directory_for_their_launch():
+    """Without a directory given, several ranks save into one named for
+    their launch: an id every rank's environment holds alike. Under real
+    DeepSpeed (`deepspeed --num_gpus 2 train_deepspeed.py ds_config.json`)
+    there is no ZEROD_RUN_ID, but the MASTER_ADDR and MASTER_PORT its
+    launcher (as torchrun) gives every rank; with no id at all the example
+    asks for the directory."""
+    spec = importlib.util.spec_from_file_location("train_deepspeed", DS_EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rendezvous = {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
+    assert example.shared_run_id({"ZEROD_RUN_ID": "0123456789abcdef", **rendezvous}) == "0123456789abcdef"
+    assert example.shared_run_id({"TORCHELASTIC_RUN_ID": "job7", **rendezvous}) == "job7"
+    # torchrun's default --rdzv-id, every launch's alike
+    assert example.shared_run_id({"TORCHELASTIC_RUN_ID": "none", **rendezvous}) == "10.0.0.7-29500"
+    assert example.shared_run_id({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3", **rendezvous}) == "42-3"
+    assert example.shared_run_id(rendezvous) == "10.0.0.7-29500"
+    assert example.shared_run_id({"MASTER_ADDR": "fe80::1", "MASTER_PORT": "29500"}) == "fe80__1-29500"
+    assert example.shared_run_id({"MASTER_ADDR": "10.0.0.7"}) is None
+    assert example.shared_run_id({}) is None

@@ -172,6 +172,7 @@ class ZerodAccelerator(Accelerator):
 
         model, opt = models[0], opts[0]
         self._zerod_require_one_process_each()
+        _zds.refuse_cycled_momentum(opt, "ZerodAccelerator", "prepare()")
         model.to(self.device)
         # ReduceLROnPlateau follows a metric: not traced, it writes its lr
         # into param_groups, which _zerod_follow_lr hands to zerod.

@@ -17,6 +17,7 @@ torch optimizer or LR scheduler given to initialize() is translated too
 lacks. Under `zerod run` each rank is a DeepSpeed rank: the same script runs
 unchanged on several ranks.
 """
+import operator
 import os
 import sys
 import warnings
@@ -130,6 +131,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # the script writes there (_Optimizer). The integrations (_placement
     # theirs) read their torch optimizer's groups themselves.
     scripts_optimizer = torch_opt if optimizer is not None and _placement == "deepspeed" else None
+    if scripts_optimizer is not None:
+        refuse_cycled_momentum(scripts_optimizer, "zerod.deepspeed", "initialize()")
     lr_values = None
     if lr_scheduler is not None:
         if "scheduler" in cfg:
@@ -837,30 +840,89 @@ class TorchHyperparameters:
     def __init__(self, optimizer, who, when):
         self._optimizer, self._who, self._when = optimizer, who, when
         self._keys = [k for k in optimizer.defaults if k != "lr" and k not in _dsconfig._KERNEL_ONLY]
-        self._taken = self._held()
+        # check() runs at every backward: a group whose values are the very
+        # objects taken, each immutable (a float, a tuple of floats), is
+        # unchanged at the cost of an identity test per key; any other is
+        # compared by plain value, and said as written (repr) only when
+        # refused. A repr per key per group cost milliseconds a backward with
+        # hundreds of groups.
+        self._taken_objects = [self._objects(g) for g in optimizer.param_groups]
+        self._immutable = [all(map(_immutable, objects)) for objects in self._taken_objects]
+        self._taken = [self._plain_values(g) for g in optimizer.param_groups]
+        self._taken_said = [{k: _said(g, k) for k in self._keys} for g in optimizer.param_groups]
 
-    def _held(self):
-        """[{key: (its value as a plain number or list, as written)}] per
-        group: compared plain (a tensor or tuple written in place of its
-        number or list is the same value), said as written."""
-        return [{k: (_dsconfig._plain(g[k]), repr(g[k])) if k in g else (_MISSING, "(removed)")
-                 for k in self._keys} for g in self._optimizer.param_groups]
+    def _objects(self, group):
+        return [group.get(k, _MISSING) for k in self._keys]
+
+    def _plain_values(self, group):
+        """{key: its value as a plain number or list}: a tensor or tuple
+        written in place of its number or list is the same value."""
+        return {k: _dsconfig._plain(group[k]) if k in group else _MISSING for k in self._keys}
 
     def check(self):
-        held = self._held()
-        if len(held) != len(self._taken):
+        groups = self._optimizer.param_groups
+        if len(groups) != len(self._taken):
             raise InvalidArgumentError(
                 f"{self._who}: the optimizer had {len(self._taken)} parameter group(s) at {self._when} and has "
-                f"{len(held)} now; zerod trains the parameters and hyperparameters it took at {self._when}")
-        for i, (taken, now) in enumerate(zip(self._taken, held)):
+                f"{len(groups)} now; zerod trains the parameters and hyperparameters it took at {self._when}")
+        for i, group in enumerate(groups):
+            if self._immutable[i] and all(map(operator.is_, self._objects(group), self._taken_objects[i])):
+                continue
+            now, taken = self._plain_values(group), self._taken[i]
             for key in self._keys:
-                if not _same(now[key][0], taken[key][0]):
-                    raise InvalidArgumentError(
-                        f"{self._who}: optimizer.param_groups[{i}][{key!r}] was changed from {taken[key][1]} to "
-                        f"{now[key][1]}, but zerod takes the optimizer's hyperparameters other than the lr once, at "
-                        f"{self._when}, and has no call that changes them during training (the lr alone follows "
-                        f"param_groups): a schedule of {key} (DINO's weight-decay schedule, say) is not supported; "
-                        f"keep {key} at the value it had at {self._when}")
+                if not _same(now[key], taken[key]):
+                    self._refuse_change(i, key, self._taken_said[i][key], _said(group, key))
+
+    def _refuse_change(self, i, key, was, now):
+        if key in _CYCLED_KEYS:
+            # The schedule that writes these is torch's cyclic one, made on
+            # the optimizer but not given to zerod: say its switch.
+            why = f"a schedule of {key} (OneCycleLR's or CyclicLR's cycle_momentum=True, their default) is not " \
+                  f"supported; keep {key} at the value it had at {self._when} ({_CYCLED_MOMENTUM_FIX})"
+        else:
+            why = f"a schedule of {key} (DINO's weight-decay schedule, say) is not supported; keep {key} at the " \
+                  f"value it had at {self._when}"
+        raise InvalidArgumentError(
+            f"{self._who}: optimizer.param_groups[{i}][{key!r}] was changed from {was} to {now}, but zerod takes "
+            f"the optimizer's hyperparameters other than the lr once, at {self._when}, and has no call that "
+            f"changes them during training (the lr alone follows param_groups): {why}")
+
+
+_IMMUTABLE_SCALARS = (float, int, bool, str, type(None))
+
+
+def _immutable(value):
+    """A value that cannot change while the group holds the same object."""
+    if type(value) is tuple:
+        return all(map(_immutable, value))
+    return value is _MISSING or type(value) in _IMMUTABLE_SCALARS
+
+
+def _said(group, key):
+    return repr(group[key]) if key in group else "(removed)"
+
+
+# The hyperparameters torch's cyclic schedulers (OneCycleLR, CyclicLR) step
+# with cycle_momentum=True, their default, and the keys they keep in the
+# groups to do so; zerod's traced schedule refuses them in the same words
+# (zerod._schedules.trace).
+_CYCLED_KEYS = ("betas", "momentum")
+_CYCLED_MARKS = ("max_momentum", "base_momentum")
+_CYCLED_MOMENTUM_FIX = "zerod's schedule sets the lr only: pass cycle_momentum=False"
+
+
+def refuse_cycled_momentum(optimizer, who, when):
+    """A OneCycleLR or CyclicLR with cycle_momentum=True made on the
+    optimizer (its max_momentum/base_momentum in the groups) changes the
+    momentum/betas at every step, which zerod takes once: refused at `when`,
+    naming the switch, not at the second backward as a changed value."""
+    for i, group in enumerate(optimizer.param_groups):
+        marks = [k for k in _CYCLED_MARKS if k in group]
+        if marks:
+            raise InvalidArgumentError(
+                f"{who}: optimizer.param_groups[{i}] holds {'/'.join(marks)}: a OneCycleLR or CyclicLR made on this "
+                f"optimizer with cycle_momentum=True (their default) changes its momentum/betas at every step, but "
+                f"zerod takes them once, at {when}; {_CYCLED_MOMENTUM_FIX}")
 
 
 def _refuse_torch_format(state_dict, what):
