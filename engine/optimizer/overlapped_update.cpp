@@ -4,6 +4,8 @@
 #include "observe/tracer.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 namespace zerod {
 
@@ -175,7 +177,8 @@ bool OverlappedUpdate::module_ready(zd_module_id m) {
 
 void OverlappedUpdate::await_module(zd_module_id m) {
   uint64_t t;
-  std::exception_ptr failed;
+  std::optional<Error> failed;
+  std::exception_ptr other;
   int64_t step;
   {
     // Not running() (the rank's thread may be joining the worker): the
@@ -183,21 +186,29 @@ void OverlappedUpdate::await_module(zd_module_id m) {
     // runs and the worker sets for every module before it ends.
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_[static_cast<size_t>(m)] != 0; });
-    failed = error_;
+    if (error_) {
+      // A copy of its own, message and all, made while error_ keeps the
+      // exception alive: this runs on the stream's thread, and the rank's
+      // thread may free the exception once it has taken it (finish()); the
+      // count they would share lives in the C++ runtime, where ThreadSanitizer
+      // cannot see it order the two.
+      try {
+        std::rethrow_exception(error_);
+      } catch (const Error& e) {
+        failed.emplace(e.code(), std::string(e.what()));
+      } catch (...) {
+        other = error_;
+      }
+    }
     t = ticket_[static_cast<size_t>(m)];
     step = step_;
   }
-  if (failed) {
-    // Broken here, not left to the gather's waiter: a drain of the stream
-    // (a gather ahead short of room settles the buckets) may come to this
-    // failure before the rank's own wait_module does, and would report it
-    // as a failed collective, not as the half-applied step it is.
-    try {
-      std::rethrow_exception(failed);
-    } catch (const Error& e) {
-      ctx_.stopped_part_way(res_.rank, step, e);
-    }
-  }
+  if (other) std::rethrow_exception(other);
+  // Broken here, not left to the gather's waiter: a drain of the stream
+  // (a gather ahead short of room settles the buckets) may come to this
+  // failure before the rank's own wait_module does, and would report it
+  // as a failed collective, not as the half-applied step it is.
+  if (failed) ctx_.stopped_part_way(res_.rank, step, *failed);
   res_.device->stream_waits(t);
 }
 
