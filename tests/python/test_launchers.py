@@ -152,16 +152,26 @@ def test_torchrun_twice_in_a_row(reference, tmp_path):
     no_daemon_left(env)
 
 
-def test_mpirun(reference, tmp_path):
+def mpirun_two(env, *exported):
+    """The start of an `mpirun -np 2` command line as these tests run it
+    (skipped without Open MPI): as root, oversubscribed on a small machine
+    (set in `env`), passing ZEROD_LIB, PYTHONPATH, XDG_RUNTIME_DIR and
+    `exported` on to the ranks."""
     mpirun = shutil.which("mpirun")
     if not mpirun:
         pytest.skip("no mpirun (Debian: openmpi-bin)")
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = [mpirun, "-np", "2", "--bind-to", "none"]
+    for name in ("ZEROD_LIB", "PYTHONPATH", "XDG_RUNTIME_DIR", *exported):
+        cmd += ["-x", name]
+    return cmd
+
+
+def test_mpirun(reference, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = launch_env(tmp_path)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    code, text = run([mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x",
-                      "XDG_RUNTIME_DIR", sys.executable, RANK, JOB, str(out), str(STEPS)], env)
+    code, text = run(mpirun_two(env) + [sys.executable, RANK, JOB, str(out), str(STEPS)], env)
     assert code == 0, text
     check_same(ranks_of(out), reference)
     no_daemon_left(env)
@@ -172,11 +182,8 @@ def test_two_launches_share_one_serve_jobs(reference, tmp_path):
     mpirun launch at the same time, both pointed at it with ZEROD_ENDPOINT,
     are two jobs (each has a rank 0 and a rank 1) and each trains as `zerod
     run --nproc 2` does; the daemon serves on after them until SIGTERM."""
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        pytest.skip("no mpirun (Debian: openmpi-bin)")
     env = launch_env(tmp_path)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    mpirun = mpirun_two(env, "ZEROD_ENDPOINT")
     sock = os.path.join(env["XDG_RUNTIME_DIR"], "serve.sock")
     log = open(tmp_path / "serve.log", "w")
     serve = subprocess.Popen([ZEROD, "serve", "--jobs", "--socket", sock], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -191,8 +198,7 @@ def test_two_launches_share_one_serve_jobs(reference, tmp_path):
             o.mkdir()
         cmds = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", RANK, JOB,
                  str(outs[0]), str(STEPS)],
-                [mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x", "ZEROD_ENDPOINT",
-                 "-x", "XDG_RUNTIME_DIR", sys.executable, RANK, JOB, str(outs[1]), str(STEPS)]]
+                mpirun + [sys.executable, RANK, JOB, str(outs[1]), str(STEPS)]]
         procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for c in cmds]
         texts = [p.communicate(timeout=300)[0] for p in procs]
@@ -284,16 +290,11 @@ def test_accelerate_under_mpirun(accelerate_reference, tmp_path):
     """ZerodAccelerator's ranks started by mpirun: Accelerate sees 2
     processes (it read 1 and trained each rank on the whole dataset while
     zerod joined them as 2 ranks) and the losses are `zerod run`'s."""
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        pytest.skip("no mpirun (Debian: openmpi-bin)")
     out = tmp_path / "out"
     out.mkdir()
     env = launch_env(tmp_path)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    code, text = run([mpirun, "-np", "2", "--bind-to", "none", "-x", "ZEROD_LIB", "-x", "PYTHONPATH", "-x",
-                      "XDG_RUNTIME_DIR", "-x", "OMP_NUM_THREADS", "--wdir", str(tmp_path), sys.executable,
-                      ACCELERATE_RANK, str(tmp_path / "state"), "save", str(out)], env)
+    code, text = run(mpirun_two(env, "OMP_NUM_THREADS") + ["--wdir", str(tmp_path), sys.executable, ACCELERATE_RANK,
+                                                          str(tmp_path / "state"), "save", str(out)], env)
     assert code == 0, text
     check_accelerate_ranks(out, accelerate_reference, tmp_path / "state")
     no_daemon_left(env)
