@@ -17,6 +17,7 @@
 #include "cuda_device.h"
 
 #include "memory/arena.h"
+#include "context_failure_watch.h"
 #include "cuda_failure.h"
 #include "cuda_shared.h"
 #include "cuda_kernels.h"
@@ -61,6 +62,9 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(MemoryLedger& ledger, int device, std::string name, bool shared)
       : ledger_(ledger), device_(device), name_(std::move(name)), shared_(shared) {
+    // Only a daemon shares its device with a trainer in another process,
+    // which reads this process's errors as its calls' (cuda_failure.h).
+    if (shared_) name_cuda_failures_as_the_daemons(static_cast<int>(getpid()));
     check(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_));
     if (shared_) signals_ = SharedSignals::create(device_, name_ + "'s stream signals");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating zerod's stream");
@@ -88,6 +92,7 @@ class CudaDevice final : public Device {
       default_budget_ = static_cast<uint64_t>(kDefaultBudgetShare * static_cast<double>(free_bytes));
       set_default_budget(1);
     }
+    if (shared_) context_watch_ = watch_context();  // last: its thread uses the stream and the signals
   }
 
   void share_default_budget(int ranks) override {
@@ -97,6 +102,7 @@ class CudaDevice final : public Device {
   std::string gpu_uuid() const override { return gpu_uuid_; }
 
   ~CudaDevice() override {
+    context_watch_.reset();  // first: its thread queries the stream destroyed below
     cudaSetDevice(device_);
     // Where the context failed, the sync returns at once, and a trainer
     // still waiting for zerod's last record is released.
@@ -403,6 +409,7 @@ class CudaDevice final : public Device {
     std::lock_guard<std::mutex> lock(event_mu_);
     if (shared_) {
       signals_.record(kZerodDone, stream_);
+      context_watch_->recorded();  // after the publish: ContextFailureWatch::recorded
       return;
     }
     checked(cudaEventRecord(copies_done_, stream_), "recording zerod's work");
@@ -518,6 +525,41 @@ class CudaDevice final : public Device {
 
   void current() const { checked(cudaSetDevice(device_), "selecting GPU " + std::to_string(device_)); }
 
+  // A shared device's watch of its own context while its trainer's stream
+  // may wait for zerod's latest record of kZerodDone: checked() releases
+  // that record when a call of this device finds the context failed, but
+  // a kernel that fails after the device's last call, with the trainer then
+  // waiting on the GPU before its next zerod call, would hold the trainer
+  // for good (docs/devices.md, "A process whose GPU context fails, alive").
+  std::unique_ptr<ContextFailureWatch> watch_context() {
+    return std::make_unique<ContextFailureWatch>(ContextFailureWatch::Hooks{
+        [this] { return signals_.pending(kZerodDone); }, [this] { return query_context(); },
+        [this](int code) { release_failed_context(code); }});
+  }
+
+  // On the watch's thread: zerod's stream's state, which never blocks, and
+  // is the context's error once it has failed.
+  int query_context() const {
+    cudaError_t e = cudaSetDevice(device_);  // the runtime's current GPU is per thread
+    if (e == cudaSuccess) e = cudaStreamQuery(stream_);
+    if (e != cudaSuccess) cudaGetLastError();  // this thread's, and read here
+    return static_cast<int>(e);
+  }
+
+  // On the watch's thread, once: what checked() does for a failed call,
+  // said in the log, since no call of the trainer's is in progress to
+  // carry it.
+  void release_failed_context(int code) const {
+    signals_.release_if_context_failed(code);
+    log_warn("cuda device " + name_ + ": the zerod daemon's GPU context on GPU " + std::to_string(device_) +
+             " failed (" + cuda_text(static_cast<cudaError_t>(code)) +
+             ") with zerod's work for its trainer queued behind the failure, which will never run: the trainer's "
+             "stream, which waits for it (kZerodDone), is released, and the trainer's next zerod call fails "
+             "naming this error. CUDA_LAUNCH_BLOCKING=1 in the daemon's environment reports it at the kernel "
+             "that failed; the daemon must be restarted to use GPU " +
+             std::to_string(device_) + " again");
+  }
+
   static const CudaDevice& of(const Device& d) {
     const auto* c = dynamic_cast<const CudaDevice*>(&d.unwrapped());
     if (!c) fail(ZD_ERR_INTERNAL, "cuda device: a peer that is not a cuda device");
@@ -566,6 +608,7 @@ class CudaDevice final : public Device {
   std::mutex stats_mu_;
   std::vector<Chunk> chunks_;
   std::map<void*, uint64_t> registered_;
+  std::unique_ptr<ContextFailureWatch> context_watch_;  // a shared device's; last: its thread uses the members above
 };
 
 }  // namespace

@@ -33,6 +33,7 @@ constexpr int kInvalidAddressSpace = 717;   // CUDA_ERROR_INVALID_ADDRESS_SPACE
 constexpr int kInvalidPc = 718;             // CUDA_ERROR_INVALID_PC
 constexpr int kLaunchFailed = 719;          // CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure
 constexpr int kTensorMemoryLeak = 721;      // CUDA_ERROR_TENSOR_MEMORY_LEAK (newer than CUDA 12.0)
+constexpr int kNotReady = 600;              // CUDA_ERROR_NOT_READY: a query's "not yet", no error
 }  // namespace cuda_code
 
 // Whether `code` is one of the errors a failed kernel leaves in its
@@ -45,14 +46,25 @@ struct CudaFailure {
   std::string message;
 };
 
+// Marks this process as the zerod daemon (its pid) whose GPU errors go to
+// trainers in other processes: the cuda device calls it when it opens a
+// shared device, which only a daemon does. From then on a failed context is
+// named as the daemon's: "this process's", read in a trainer, would send
+// its user looking for a fault of the trainer's and restarting the wrong
+// process.
+void name_cuda_failures_as_the_daemons(int pid);
+// That pid; 0 in a process that never opened a shared device.
+int cuda_failures_daemon_pid();
+
 // `code`, `name` and `text` are the error's (cuGetErrorName and
 // cuGetErrorString, or the runtime's); `call` the CUDA function that
 // returned it ("" where the caller does not name it); `doing` what zerod
 // was doing, naming the GPU. The status: ZD_ERR_OUT_OF_MEMORY for memory,
 // ZD_ERR_IO (a device error) for a context an earlier kernel broke, whose
-// message says so; ZD_ERR_INTERNAL for the rest, which zerod's own use of
-// CUDA would have caused.
+// message says so, naming the zerod daemon's context where `daemon_pid`
+// is not 0 (name_cuda_failures_as_the_daemons); ZD_ERR_INTERNAL for the
+// rest, which zerod's own use of CUDA would have caused.
 CudaFailure describe_cuda_failure(int code, const std::string& name, const std::string& text, const std::string& call,
-                                  const std::string& doing);
+                                  const std::string& doing, int daemon_pid = cuda_failures_daemon_pid());
 
 }  // namespace zerod

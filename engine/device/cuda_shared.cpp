@@ -40,6 +40,7 @@ static_assert(same_code(cuda_code::kInvalidAddressSpace, CUDA_ERROR_INVALID_ADDR
                         cudaErrorInvalidAddressSpace));
 static_assert(same_code(cuda_code::kInvalidPc, CUDA_ERROR_INVALID_PC, cudaErrorInvalidPc));
 static_assert(same_code(cuda_code::kLaunchFailed, CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure));
+static_assert(same_code(cuda_code::kNotReady, CUDA_ERROR_NOT_READY, cudaErrorNotReady));
 #if CUDA_VERSION >= 13000  // both in 13.0's headers; 12.0's lack them
 static_assert(same_code(cuda_code::kContained, CUDA_ERROR_CONTAINED, cudaErrorContained));
 static_assert(same_code(cuda_code::kTensorMemoryLeak, CUDA_ERROR_TENSOR_MEMORY_LEAK, cudaErrorTensorMemoryLeak));

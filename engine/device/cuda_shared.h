@@ -93,14 +93,17 @@ class SharedDeviceChunk {
 // other jobs). So each process releases the signals it records itself,
 // from the CPU, as soon as one of its CUDA calls says its context has
 // failed: record() and wait_on() do, and release_if_context_failed() is
-// for its other calls. The context is the process's on that GPU, not one
-// page's: every page of the process on it is released, so that a rank
-// whose own calls stopped (its model broken by another's error) does not
-// keep its trainer waiting. A record another thread of the process has
-// queued when the release comes, and publishes only after it, would be
-// missed by it (the release stops at the number published before): so the
-// release first marks the context failed, and record() looks at that mark
-// after it publishes and then releases its own number (signal_publish).
+// for its other calls, and for the daemon's watch of its context while
+// its record is pending, which finds a failure no call of the daemon's
+// would (context_failure_watch.h). The context is the process's on that
+// GPU, not one page's: every page of the process on it is released, so
+// that a rank whose own calls stopped (its model broken by another's
+// error) does not keep its trainer waiting. A record another thread of
+// the process has queued when the release comes, and publishes only after
+// it, would be missed by it (the release stops at the number published
+// before): so the release first marks the context failed, and record()
+// looks at that mark after it publishes and then releases its own number
+// (signal_publish).
 //
 // Why not interprocess CUDA events: a wait on a cudaEventInterprocess record
 // that its process never ran holds for good, and a later record of the same

@@ -31,10 +31,14 @@
 // its own signal as soon as a CUDA call of its says its context failed
 // (SharedSignals::release_if_context_failed). The fifth's child is a
 // trainer, through libzerod's TrainerLink (its record before a call, its
-// quiesce at the model's end); the sixth's a daemon, through a shared cuda
-// device (trainer_waits(), synchronize()). Each parent checks that its
-// wait holds once the child's kernel has failed (what the release is for),
-// then that the child's next call ends it within 10 s, the child alive.
+// quiesce at the model's end): the parent checks that its wait holds once
+// the child's kernel has failed (what the release is for), then that the
+// child's next call ends it within 10 s, the child alive. The sixth's is a
+// daemon, through a shared cuda device (trainer_waits()), which makes no
+// call after its kernel failed: its device's own watch of the context
+// (ContextFailureWatch) must end the parent's wait within 10 s all the
+// same, and the child's next call (synchronize()) must fail naming the
+// daemon's context.
 //
 // Bounded on every path, so that a failure on a GPU fails fast instead of
 // hanging: each wait on a stream is an event polled with a deadline; each
@@ -68,6 +72,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -234,7 +239,7 @@ void record_behind_endless_work(const SharedSignals& signals, SignalId id) {
 // What the child says after its call that found its context failed: the
 // error its stream reports now ("" where it has none).
 void say_the_streams_error(Connection& c, cudaStream_t s) {
-  const cudaError_t e = s ? cudaStreamQuery(s) : cudaDeviceSynchronize();
+  const cudaError_t e = cudaStreamQuery(s);
   const std::string said = e == cudaSuccess || e == cudaErrorNotReady ? "" : cudaGetErrorName(e);
   c.send(FrameHeader{}, std::as_bytes(std::span(said.data(), said.size())), {}, 30000);
 }
@@ -281,10 +286,11 @@ void* const kUnmapped = reinterpret_cast<void*>(0x10);
 
 // The live daemon whose kernel fails (the sixth test's child), through a
 // shared cuda device: sends its signals, and once the parent has mapped
-// them queues about 100 ms of work on zerod's stream, then a kernel that
-// faults, then the record a begin call makes (trainer_waits), and answers.
-// At the parent's word it synchronizes (as its next call would), which
-// fails, says what its stream reports, and lives on until killed.
+// them queues about half a second of work on zerod's stream, then a kernel
+// that faults, then the record a begin call makes (trainer_waits), and
+// answers. It makes no other call until the parent's word: then it
+// synchronizes (as its next call would), which fails, sends that error's
+// message, and lives on until killed.
 [[noreturn]] void child_device_records_behind_a_failing_kernel(Connection& c) {
   if (!gpu_missing().empty()) _exit(kNoGpu);
   std::string answer;
@@ -299,7 +305,9 @@ void* const kUnmapped = reinterpret_cast<void*>(0x10);
     Frame mapped = c.receive(1024, 60000);
     constexpr uint64_t kFloats = uint64_t{1} << 28;  // 1 GiB: about 1 ms a pass on an H200
     const Block work = device->allocate(kFloats * sizeof(float), ZD_MEM_BUFFERS, "the child's work");
-    for (int i = 0; i < 100; ++i) device->scale(work.ptr, ZD_DTYPE_F32, kFloats, 1.0f);
+    // Long enough that the parent sees the record pending before the
+    // kernel behind this work fails.
+    for (int i = 0; i < 500; ++i) device->scale(work.ptr, ZD_DTYPE_F32, kFloats, 1.0f);
     device->scale(kUnmapped, ZD_DTYPE_F32, 1 << 20, 2.0f);
     device->trainer_waits();
   } catch (const std::exception& e) {
@@ -308,11 +316,13 @@ void* const kUnmapped = reinterpret_cast<void*>(0x10);
   c.send(FrameHeader{}, std::as_bytes(std::span(answer.data(), answer.size())), {}, 30000);
   if (answer.empty()) {
     Frame go = c.receive(1024, 60000);
+    std::string said = "no error";
     try {
       device->synchronize();
-    } catch (const std::exception&) {  // the failed context, as expected: what the stream says goes next
+    } catch (const std::exception& e) {  // the failed context, as expected
+      said = e.what();
     }
-    say_the_streams_error(c, nullptr);
+    c.send(FrameHeader{}, std::as_bytes(std::span(said.data(), said.size())), {}, 30000);
   }
   for (;;) pause();  // until the parent kills it; its device's teardown would wait on nothing here
 }
@@ -581,10 +591,11 @@ TEST(CudaShared, AWaitOnALiveRecordBehindWorkHoldsThenEnds) {
   EXPECT_TRUE(all_bytes(chunk.data(), chunk.size(), 0x5A)) << "the child's bytes, written before its record";
 }
 
-// The common part of the last two tests: `signals`' `id` was last recorded
-// by the live child behind a kernel of its that faults. This process's
-// stream waits for it: the wait holds once the kernel has failed, and the
-// child's next CUDA call, at `go`, must end it, the child still alive.
+// The live trainer's test: `signals`' `id` was last recorded by the live
+// child behind a kernel of its that faults. This process's stream waits
+// for it: the wait holds once the kernel has failed, and the child's next
+// CUDA call, at `go`, must end it, the child still alive. (A daemon's
+// device ends it before its next call: its own test, below.)
 void expect_the_failed_sides_record_released(const SharedSignals& signals, SignalId id, Connection& parent_end,
                                              Child& child) {
   ASSERT_TRUE(signals.pending(id)) << "the child's record was queued behind its work (its answer came first)";
@@ -632,8 +643,13 @@ TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveTrainer) {
 }
 
 // The trainer's side: the live daemon's signals, mapped here; its device's
-// kernel failed.
-TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveDaemon) {
+// kernel failed after the device's last call, and the daemon makes no
+// other (the gap the device's ContextFailureWatch closes: a trainer waiting
+// on the GPU for the record, a loss.item(), would wait for good). The wait
+// ends within 10 s with no word to the child; the child's next call then
+// fails naming the daemon's context, as the trainer's next zerod call
+// would.
+TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveDaemonBeforeItsNextCall) {
   auto [parent_end, child_end] = connection_pair();
   Child kid;
   if (const std::string missing =
@@ -647,7 +663,39 @@ TEST(CudaShared, AWaitBehindAFailedKernelIsReleasedByTheLiveDaemon) {
   SharedSignals signals = SharedSignals::import(offer.fds[0].get(), 0);
   parent_end.send(FrameHeader{}, {}, {}, 30000);
   ASSERT_EQ(child_answer(parent_end), "") << "from the child";
-  expect_the_failed_sides_record_released(signals, kZerodDone, parent_end, kid);
+  ASSERT_TRUE(signals.pending(kZerodDone)) << "the child's record was queued behind its work (its answer came first)";
+
+  cudaStream_t waiting = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking), cudaSuccess);
+  const ReleaseOnExit release_on_exit(signals, kZerodDone, kid, waiting);
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  signals.wait_on(kZerodDone, waiting);
+  ASSERT_EQ(cudaEventRecord(after, waiting), cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  const bool released = completes_within(after, 10000);  // the child makes no call meanwhile
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  int status = 0;
+  const bool alive = waitpid(kid.pid, &status, WNOHANG) == 0;
+  cudaEventDestroy(after);
+  ASSERT_TRUE(alive) << "the child died: only its own release, alive, is what this tests";
+  if (!released) {
+    // A stream that waits forever would hang this process's teardown too.
+    std::fprintf(stderr, "FAILED: the live daemon's failed context did not release the wait on its record within "
+                         "10 s without another call\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(1);
+  }
+  std::printf("the wait ended %lld ms after it was queued (the child's work takes about 500 ms)\n",
+              static_cast<long long>(took.count()));
+  EXPECT_FALSE(signals.pending(kZerodDone));
+
+  parent_end.send(FrameHeader{}, {}, {}, 30000);  // go: the child's next call
+  const std::string said = child_answer(parent_end);
+  std::printf("the child's next call: %s\n", said.c_str());
+  EXPECT_NE(said.find("The zerod daemon's GPU context had failed before this call"), std::string::npos)
+      << "the child's context did not fail, or its error does not name the daemon's: " << said;
 }
 
 }  // namespace

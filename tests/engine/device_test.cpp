@@ -3,6 +3,7 @@
 // arithmetic in every dtype pair, the statistics of a step, the optimizer
 // update. The cpu device runs everywhere; the cuda device where this
 // process sees a GPU, and is reported skipped, with the reason, elsewhere.
+#include "device/context_failure_watch.h"
 #include "device/cuda_failure.h"
 #include "device/select.h"
 #include "device/signal_page.h"
@@ -20,10 +21,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #ifndef ZEROD_PLUGIN_DIR
@@ -403,6 +407,211 @@ TEST(StreamSignals, AReleaseBetweenARecordsWriteAndItsPublishStillEndsTheWaitFor
   EXPECT_EQ(working.word[kZerodDone].load(), 0u);
 }
 
+// The daemon's watch of its own GPU context while zerod's latest record of
+// kZerodDone is pending (device/context_failure_watch.h; the cuda device
+// gives it the signals' page and cudaStreamQuery on zerod's stream, and
+// device.CudaShared.AWaitBehindAFailedKernelIsReleasedByTheLiveDaemonBeforeItsNextCall
+// tests that on a GPU). Here the page is real and the GPU a fake: its query
+// answers what the test sets, and its record runs when the test writes the
+// word.
+struct FakeGpu {
+  SignalPage page{};
+  std::atomic<bool> context_failed{false};
+  std::atomic<int> answer{cuda_code::kNotReady};  // what the next query returns
+  std::atomic<int> query_delay_ms{0};
+  std::atomic<int> pending_reads{0};
+  std::atomic<int> queries{0};
+  std::atomic<int> failures{0};
+  std::atomic<int> failed_with{0};
+
+  // What the cuda device gives its watch, on this page and this fake.
+  ContextFailureWatch::Hooks hooks() {
+    return {[this] {
+              ++pending_reads;
+              return signal_pending(page, kZerodDone);
+            },
+            [this] {
+              std::this_thread::sleep_for(std::chrono::milliseconds(query_delay_ms.load()));
+              ++queries;
+              return answer.load();
+            },
+            [this](int code) {
+              ++failures;
+              failed_with = code;
+              signal_release_if_context_failed(page, kZerodDone, code, context_failed);
+            }};
+  }
+  // zerod's stream has the next record's write queued, and it is published.
+  void record() { signal_publish(page, kZerodDone, page.issued[kZerodDone].load() + 1, context_failed); }
+  // The stream gets there.
+  void run_record() { page.word[kZerodDone].store(static_cast<uint32_t>(page.issued[kZerodDone].load())); }
+  int hook_calls() const { return pending_reads.load() + queries.load() + failures.load(); }
+};
+
+constexpr std::chrono::milliseconds kWatchPeriod{10};
+
+// Whether `done` holds within `ms`, looked at every millisecond.
+template <typename F>
+bool holds_within(int ms, F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+void wait_periods(int n) { std::this_thread::sleep_for(n * kWatchPeriod); }
+
+// The gap it closes: the daemon's kernel fails after its last call, and no
+// call of the daemon's finds it; a trainer waiting on the GPU for the
+// record (a loss.item()) would wait for good. The watch queries while the
+// record is pending, and once the query says the context failed it
+// releases the record from the CPU, so the trainer's wait ends, within a
+// few periods and with no call of the daemon's. It says so once: records
+// published after the failure release themselves (signal_publish), and the
+// watch queries no more.
+TEST(StreamSignals, APendingRecordWhoseContextFailedIsReleasedWithoutAnotherCall) {
+  FakeGpu gpu;
+  ContextFailureWatch watch(gpu.hooks(), kWatchPeriod);
+  gpu.record();
+  watch.recorded();
+  ASSERT_TRUE(holds_within(2000, [&] { return gpu.queries.load() >= 3; })) << "the watch never queried";
+  EXPECT_TRUE(signal_pending(gpu.page, kZerodDone)) << "released while the stream was only busy";
+  EXPECT_EQ(gpu.failures.load(), 0);
+
+  gpu.answer = cuda_code::kIllegalAddress;  // a kernel before the record faulted
+  const auto failed_at = std::chrono::steady_clock::now();
+  const bool released = holds_within(2000, [&] { return !signal_pending(gpu.page, kZerodDone); });
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - failed_at);
+  ASSERT_TRUE(released) << "the trainer's wait on the record behind the failed kernel was not released in 2 s";
+  std::printf("released %lld ms after the context failed (period %lld ms)\n", static_cast<long long>(took.count()),
+              static_cast<long long>(kWatchPeriod.count()));
+  EXPECT_EQ(gpu.page.word[kZerodDone].load(), 1u);
+  EXPECT_EQ(gpu.failures.load(), 1);
+  EXPECT_EQ(gpu.failed_with.load(), cuda_code::kIllegalAddress);
+  EXPECT_TRUE(watch.fired());
+  EXPECT_TRUE(gpu.context_failed.load()) << "later records of the process release themselves";
+
+  const int queried = gpu.queries.load();
+  gpu.record();
+  watch.recorded();
+  EXPECT_FALSE(signal_pending(gpu.page, kZerodDone)) << "a record published on the failed context";
+  wait_periods(10);
+  EXPECT_EQ(gpu.queries.load(), queried) << "queried after the failure it reported";
+  EXPECT_EQ(gpu.failures.load(), 1) << "said twice";
+}
+
+// A context that has not failed: a query that says "not ready" (the
+// stream busy, or waiting for the trainer), success, or an error that
+// leaves the context usable never releases the record, which the stream
+// will still run; once it has (its word written), the watch goes back to
+// sleep and queries no more. Meanwhile it queries once a period, not in a
+// busy loop.
+TEST(StreamSignals, APendingRecordOnAWorkingContextIsLeftToItsStream) {
+  FakeGpu gpu;
+  ContextFailureWatch watch(gpu.hooks(), kWatchPeriod);
+  gpu.record();
+  const auto recorded_at = std::chrono::steady_clock::now();
+  watch.recorded();
+  wait_periods(20);
+  const int64_t periods = (std::chrono::steady_clock::now() - recorded_at) / kWatchPeriod;
+  EXPECT_GE(gpu.queries.load(), 1);
+  EXPECT_LE(gpu.queries.load(), periods + 1) << "queried more often than once a period";
+  for (const int answer : {cuda_code::kNotReady, 0 /* success */, cuda_code::kOutOfMemory, 1 /* invalid value */}) {
+    gpu.answer = answer;
+    const int before = gpu.queries.load();
+    ASSERT_TRUE(holds_within(2000, [&] { return gpu.queries.load() >= before + 3; })) << answer;
+    EXPECT_TRUE(signal_pending(gpu.page, kZerodDone)) << "released after " << answer;
+  }
+  EXPECT_EQ(gpu.failures.load(), 0);
+  EXPECT_FALSE(watch.fired());
+  EXPECT_FALSE(gpu.context_failed.load());
+
+  gpu.answer = cuda_code::kNotReady;
+  gpu.run_record();
+  const int at_run = gpu.queries.load();
+  wait_periods(10);
+  EXPECT_LE(gpu.queries.load(), at_run + 1) << "queried on after the record ran (one look may have been under way)";
+  EXPECT_EQ(gpu.failures.load(), 0);
+}
+
+// Nothing pending, nothing asked: a watch with no record sleeps without
+// looking, and a record that runs before the watch's first look (a step's
+// records mostly do, within the period) costs that one look at the page
+// from the CPU and no query of the GPU; then the watch sleeps again.
+TEST(StreamSignals, TheWatchQueriesNothingWhileNoRecordIsPending) {
+  FakeGpu gpu;
+  ContextFailureWatch watch(gpu.hooks(), kWatchPeriod);
+  wait_periods(10);
+  EXPECT_EQ(gpu.pending_reads.load(), 0) << "looked with nothing recorded";
+  EXPECT_EQ(gpu.queries.load(), 0);
+
+  gpu.record();
+  watch.recorded();
+  gpu.run_record();
+  ASSERT_TRUE(holds_within(2000, [&] { return gpu.pending_reads.load() >= 1; }));
+  wait_periods(10);
+  EXPECT_EQ(gpu.pending_reads.load(), 1) << "looked again after the record ran";
+  EXPECT_EQ(gpu.queries.load(), 0) << "queried the GPU for a record that had run";
+}
+
+// A record published while the watch looks, after its read of the page
+// (which saw the one before run), is still watched: the look does not put
+// the watch back to sleep, and the failure behind the new record is found.
+TEST(StreamSignals, ARecordPublishedDuringALookIsStillWatched) {
+  FakeGpu gpu;
+  gpu.answer = cuda_code::kAssert;
+  std::atomic<ContextFailureWatch*> the_watch{nullptr};
+  std::atomic<bool> published_during_look{false};
+  ContextFailureWatch::Hooks hooks = gpu.hooks();
+  hooks.pending = [&, read = hooks.pending] {
+    const bool pending = read();
+    if (!published_during_look.exchange(true)) {
+      gpu.record();
+      the_watch.load()->recorded();
+    }
+    return pending;
+  };
+  ContextFailureWatch watch(hooks, kWatchPeriod);
+  the_watch = &watch;
+  watch.recorded();  // a record that had run: its word is 0 and so is its count
+  ASSERT_TRUE(holds_within(2000, [&] { return gpu.failures.load() == 1; }))
+      << "the record published during the watch's look was never watched";
+  EXPECT_FALSE(signal_pending(gpu.page, kZerodDone));
+}
+
+// The device's teardown stops the watch while it queries (a record pending
+// behind a busy stream): the stop waits for the query in progress, and
+// once it returns no hook runs, so the stream and the page the hooks use
+// may go (here the fake they use is freed at once: AddressSanitizer and
+// ThreadSanitizer builds see a late hook). A watch that never saw a record
+// stops as well.
+TEST(StreamSignals, TheWatchStopsWhileItQueriesAndCallsNoHookAfter) {
+  {
+    FakeGpu idle;
+    ContextFailureWatch never_recorded(idle.hooks(), kWatchPeriod);
+  }
+
+  auto gpu = std::make_unique<FakeGpu>();
+  gpu->query_delay_ms = 30;
+  auto watch = std::make_unique<ContextFailureWatch>(gpu->hooks(), kWatchPeriod);
+  gpu->record();
+  watch->recorded();
+  ASSERT_TRUE(holds_within(2000, [&] { return gpu->queries.load() >= 2; }));
+  const auto stopping = std::chrono::steady_clock::now();
+  watch.reset();
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  EXPECT_LT(took, std::chrono::seconds(1)) << "the stop waited past the query in progress";
+  const int calls = gpu->hook_calls();
+  wait_periods(5);
+  EXPECT_EQ(gpu->hook_calls(), calls) << "a hook ran after the stop returned";
+  EXPECT_TRUE(signal_pending(gpu->page, kZerodDone));
+  EXPECT_EQ(gpu->failures.load(), 0);
+  gpu.reset();
+  wait_periods(5);
+}
+
 // A failed CUDA call's status and message (device/cuda_failure.h), what the
 // cuda device and the shared GPU memory report. A kernel that failed on the
 // GPU (a device-side assert: nn.Embedding given an index out of range)
@@ -419,6 +628,34 @@ TEST(CudaFailure, AnErrorAnEarlierKernelLeftIsNotCalledABugInZerod) {
                            "CUDA_ERROR_ASSERT: device-side assert triggered",
                            "GPU context had failed before this call", "an earlier kernel", "CUDA_LAUNCH_BLOCKING=1"})
     EXPECT_NE(f.message.find(part), std::string::npos) << "no '" << part << "' in: " << f.message;
+}
+
+// The same error in the zerod daemon's process (which has opened a shared
+// device: name_cuda_failures_as_the_daemons) goes to a trainer in another
+// process as its call's error: it names the daemon's context and pid, and
+// says the daemon is what must be restarted, never "this process's", which
+// the trainer would take for its own.
+TEST(CudaFailure, ADaemonsFailedContextIsNamedAsTheDaemons) {
+  const CudaFailure f = describe_cuda_failure(
+      cuda_code::kIllegalAddress, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered",
+      "cuStreamWaitValue32", "queuing a wait for the trainer's signal on a stream of GPU 0", /*daemon_pid=*/4242);
+  EXPECT_EQ(f.status, ZD_ERR_IO);
+  for (const char* part : {"CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered",
+                           "The zerod daemon's GPU context had failed before this call", "pid 4242",
+                           "not the trainer's", "in the daemon's environment", "the daemon must be restarted"})
+    EXPECT_NE(f.message.find(part), std::string::npos) << "no '" << part << "' in: " << f.message;
+  EXPECT_EQ(f.message.find("This process's"), std::string::npos) << f.message;
+  EXPECT_EQ(describe_cuda_failure(cuda_code::kOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory", "cuMemCreate",
+                                  "allocating the pool on GPU 0", 4242)
+                .message,
+            "cuMemCreate (allocating the pool on GPU 0): CUDA_ERROR_OUT_OF_MEMORY: out of memory")
+      << "only a failed context is the daemon's to name";
+
+  ASSERT_EQ(cuda_failures_daemon_pid(), 0) << "this process opened no shared device";
+  name_cuda_failures_as_the_daemons(4242);
+  const std::string marked = describe_cuda_failure(cuda_code::kAssert, "CUDA_ERROR_ASSERT", "x", "", "y").message;
+  name_cuda_failures_as_the_daemons(0);
+  EXPECT_NE(marked.find("The zerod daemon's GPU context"), std::string::npos) << marked;
 }
 
 // Every error cuda.h says leaves the context unusable ("any further CUDA
