@@ -99,9 +99,9 @@ bool parse_float(const std::string& raw, double* v) {
 
 }  // namespace
 
-void write_file_synced(const std::string& path, const std::string& text) {
+void write_file_synced(const std::string& path, const std::string& text, FileAccess access) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = open_to_write(tmp, O_WRONLY | O_TRUNC, access);
   ZD_CHECK_SYS(fd, "creating " + tmp);
   size_t done = 0;
   while (done < text.size()) {
@@ -235,11 +235,13 @@ std::string manifest_text(const Manifest& m) {
 }
 }  // namespace
 
-void write_manifest(const std::string& dir, const Manifest& m) {
-  write_file_synced(dir + "/" + kManifestName, manifest_text(m));
+void write_manifest(const std::string& dir, const Manifest& m, FileAccess access) {
+  write_file_synced(dir + "/" + kManifestName, manifest_text(m), access);
 }
 
-void write_manifest_file(const std::string& path, const Manifest& m) { write_file_synced(path, manifest_text(m)); }
+void write_manifest_file(const std::string& path, const Manifest& m, FileAccess access) {
+  write_file_synced(path, manifest_text(m), access);
+}
 
 Manifest read_manifest(const std::string& dir) { return read_manifest_file(dir + "/" + kManifestName, dir); }
 

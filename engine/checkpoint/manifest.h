@@ -5,6 +5,8 @@
 // the format).
 #pragma once
 
+#include "file_access.h"
+
 #include <cstdint>
 #include <istream>
 #include <optional>
@@ -104,13 +106,13 @@ int shard_set_to_write(const std::string& dir);
 void remove_other_shards(const std::string& dir, const Manifest& m);
 // Writes `text` to path + ".tmp", flushes it to disk and renames it to
 // `path`: a reader sees the old file or the new one, whole.
-void write_file_synced(const std::string& path, const std::string& text);
+void write_file_synced(const std::string& path, const std::string& text, FileAccess access = FileAccess::Umask);
 // Makes the entries of `dir` (a rename into it) durable. Best effort.
 void sync_dir(const std::string& dir);
 
-void write_manifest(const std::string& dir, const Manifest& m);
+void write_manifest(const std::string& dir, const Manifest& m, FileAccess access = FileAccess::Umask);
 // The same text in a file of another name (a node's part file), flushed to disk.
-void write_manifest_file(const std::string& path, const Manifest& m);
+void write_manifest_file(const std::string& path, const Manifest& m, FileAccess access = FileAccess::Umask);
 // Reads `ndim` extents of a param line (a manifest's, an import
 // description's) into p->shape: "" when each is positive and they multiply
 // to p->numel, else what is wrong.

@@ -72,8 +72,8 @@ FileIdentity identity_of(const struct stat& st) {
 
 }  // namespace
 
-ShardWriter::ShardWriter(const std::string& path, int rank, int world_size) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+ShardWriter::ShardWriter(const std::string& path, int rank, int world_size, FileAccess access) : path_(path) {
+  fd_ = open_to_write(path, O_WRONLY | O_TRUNC, access);
   ZD_CHECK_SYS(fd_, "creating the checkpoint shard " + path);
   ClosesFd guard{fd_};
   std::byte h[kHeader] = {};

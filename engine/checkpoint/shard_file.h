@@ -11,6 +11,8 @@
 //   footer  "ZDSHIDX\0", u64 index offset, u64 records, u32 crc32c of the index, u32 0   (32 bytes)
 #pragma once
 
+#include "file_access.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,8 +52,8 @@ struct Record {
 
 class ShardWriter {
  public:
-  // Creates (truncates) the file.
-  ShardWriter(const std::string& path, int rank, int world_size);
+  // Creates (truncates) the file: OwnerOnly in a snapshot.
+  ShardWriter(const std::string& path, int rank, int world_size, FileAccess access = FileAccess::Umask);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;

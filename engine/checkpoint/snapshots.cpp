@@ -8,8 +8,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -92,11 +95,13 @@ bool repair_replaced(const std::string& path) {
   return !olds.empty();
 }
 
-std::string this_process() {
+std::string this_host() {
   char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
-  return "pid " + std::to_string(::getpid()) + " on host " + host;
+  if (::gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
 }
+
+std::string this_process() { return "pid " + std::to_string(::getpid()) + " on host " + this_host(); }
 
 }  // namespace snapshot_detail
 
@@ -110,6 +115,100 @@ std::string holder_in(const std::string& file) {
   std::string line;
   std::getline(in, line);
   return line;
+}
+
+// The processes that hold a lock on the file `fd` is open on, as
+// /proc/locks lists them (by device and inode). Not known where the kernel
+// does not list it: no /proc, a lock another host holds on a network file
+// system.
+struct LockHolders {
+  bool known = false;
+  bool exclusive = false;  // one of them holds it LOCK_EX
+  std::vector<long> pids;
+};
+
+LockHolders lock_holders(int fd) {
+  LockHolders h;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return h;
+  char want[64];  // as the kernel writes it: "%02x:%02x:%lu"
+  std::snprintf(want, sizeof want, "%02x:%02x:%lu", major(st.st_dev), minor(st.st_dev),
+                static_cast<unsigned long>(st.st_ino));
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    std::istringstream in(line);
+    std::string id, kind, advisory, mode, device;
+    long pid = 0;
+    if (!(in >> id >> kind) || kind == "->") continue;  // one waiting for the lock, not holding it
+    if (!(in >> advisory >> mode >> pid >> device) || device != want) continue;
+    h.known = true;
+    h.exclusive = h.exclusive || mode == "WRITE";
+    h.pids.push_back(pid);
+  }
+  return h;
+}
+
+// Whether `named` (a lock file's first line, "pid N on host H (...)")
+// names a process that does not hold the lock now: one of this host that
+// the kernel does not list among its holders, or (where it lists none) that
+// has exited. Its holder wrote it and exited without a word (a crash), and
+// another process holds the file now. A process of another host is taken
+// at its word.
+bool names_a_gone_holder(const std::string& named, const LockHolders& now) {
+  long pid = 0;
+  char host[256] = {};
+  if (std::sscanf(named.c_str(), "pid %ld on host %255s", &pid, host) != 2) return false;
+  if (this_host() != host) return false;
+  if (now.known) return std::find(now.pids.begin(), now.pids.end(), pid) == now.pids.end();
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+// ", uid U": whose process `pid` is, its effective uid (nothing where /proc
+// does not say). From its status: /proc/<pid> itself belongs to root once a
+// process changed its uid.
+std::string uid_of_process(long pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    unsigned long real = 0, effective = 0;
+    if (std::sscanf(line.c_str(), "Uid: %lu %lu", &real, &effective) == 2) return ", uid " + std::to_string(effective);
+  }
+  return "";
+}
+
+// A holder of `file` (open on `fd`) that did not name itself there, or
+// whose name there is of a process gone (`stale`): who it is, as far as
+// the kernel says; else whose the file is (where its mode is 0600, the
+// owner's processes and root's are all that open it).
+std::string unnamed_holder(int fd, const std::string& stale, const LockHolders& now) {
+  std::string who;
+  for (const long pid : now.pids) who += (who.empty() ? "pid " : "; pid ") + std::to_string(pid) + uid_of_process(pid);
+  if (!who.empty()) {
+    who += ", as /proc/locks lists it";
+  } else {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0) who = "the lock file belongs to uid " + std::to_string(st.st_uid);
+  }
+  long pid = 0;
+  if (std::sscanf(stale.c_str(), "pid %ld", &pid) == 1)
+    who += (who.empty() ? "the" : "; the") + std::string(" lock file still names pid ") + std::to_string(pid) +
+           ", which no longer holds it";
+  return "another process that did not name itself" + (who.empty() ? std::string() : " (" + who + ")");
+}
+
+// Why the lock file `file` cannot be opened (`err` the open's errno).
+std::string why_no_lock_file(const std::string& file, int err) {
+  struct stat st {};
+  const bool there = ::lstat(file.c_str(), &st) == 0;
+  if (err == ELOOP && there && S_ISLNK(st.st_mode))
+    return file + " is a symbolic link, which zerod does not follow: one planted there would have this model "
+                  "truncate and write the file it points to. Remove it (zerod makes the lock file itself)";
+  std::string why = "cannot create " + file + ": " + errno_text(err);
+  if (err == EACCES && there && st.st_uid != ::geteuid())
+    why += " (it belongs to uid " + std::to_string(st.st_uid) + ", and this process runs as uid " +
+           std::to_string(::geteuid()) + ")";
+  return why;
 }
 
 }  // namespace
@@ -142,7 +241,7 @@ Snapshots::Snapshots(const ModelContext& ctx, int first_local_rank, int local_ra
   }
   if (!enabled()) return;
   std::error_code ec;
-  fs::create_directories(ctx.config.snapshot.path, ec);
+  ckpt::create_dirs(ctx.config.snapshot.path, ckpt::FileAccess::OwnerOnly, ec);
   if (ec)
     fail(ZD_ERR_IO, ctx.config.source + ": snapshot.path " + ctx.config.snapshot.path + " cannot be created: " +
                         ec.message());
@@ -159,8 +258,11 @@ Snapshots::~Snapshots() {
   // The last commit is done: the next model over the path may start.
   // Unlocked first: a process forked while the model lived (DataLoader
   // workers) shares the open file, and close() alone would leave the lock
-  // held until the last such child is gone.
+  // held until the last such child is gone. The name goes first: left
+  // there, a process that takes the file later without naming itself would
+  // be taken for this one.
   for (const int fd : lock_fds_) {
+    static_cast<void>(::ftruncate(fd, 0));  // best effort: the lock is let go of all the same
     ::flock(fd, LOCK_UN);
     ::close(fd);
   }
@@ -176,26 +278,26 @@ void Snapshots::lock_path() {
   const double wait_s = ctx_.config.comm_timeout_s;  // 0: as long as it takes
   char wait_text[32];
   std::snprintf(wait_text, sizeof wait_text, "%g s", wait_s);
-  // Who holds `file` (whose lock this model did not get), in words.
-  const auto holder = [&](const std::string& file) {
+  // Who holds `file` (open on `fd`, whose lock this model did not get), in words.
+  const auto holder = [&](const std::string& file, int fd) {
+    const LockHolders now = lock_holders(fd);
     std::string h = holder_in(file);
-    if (h.empty() && file == main_lock) {
+    if (h.empty() && file == main_lock && !(now.known && now.exclusive)) {
       // Held shared by the daemons of a job across nodes (each names itself
       // in its node's file).
       const std::string node0 = holder_in(path + "/.zerod-node-00000.lock");
       return "a job across nodes" + (node0.empty() ? std::string() : " (node 0: " + node0 + ")");
     }
-    if (h.empty()) return std::string("another process");
+    if (h.empty() || names_a_gone_holder(h, now)) return unnamed_holder(fd, h, now);
     if (h.rfind(me + " ", 0) == 0) h = "another model of the same process, " + h;
     return h;
   };
   // Takes the lock `how` on `file`, waiting for a holder that is ending
   // (a daemon exiting, a model whose last snapshot is being flushed).
   const auto take = [&](const std::string& file, int how) {
-    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-      fail(ZD_ERR_IO, ctx_.config.source + ": snapshot.path " + path + ": cannot create " + file + ": " +
-                          errno_text(errno));
+    // Never through a link: the file is truncated and written (its holder's name).
+    const int fd = ckpt::open_to_write(file, O_RDWR | O_NOFOLLOW, ckpt::FileAccess::OwnerOnly);
+    if (fd < 0) fail(ZD_ERR_IO, ctx_.config.source + ": snapshot.path " + path + ": " + why_no_lock_file(file, errno));
     lock_fds_.push_back(fd);
     const auto start = std::chrono::steady_clock::now();
     bool told = false;
@@ -215,11 +317,11 @@ void Snapshots::lock_path() {
       // that the holder is a model it keeps, which no wait ends.
       if (ctx_.config.snapshot.lock_wait_ends)
         if (const std::optional<Error> end = ctx_.config.snapshot.lock_wait_ends())
-          fail(end->code(), ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file) +
+          fail(end->code(), ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file, fd) +
                                 ", which holds " + file + ": " + end->what());
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (wait_s > 0 && waited >= wait_s)
-        fail(ZD_ERR_CONFIG, ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file) +
+        fail(ZD_ERR_CONFIG, ctx_.config.source + ": snapshot.path " + path + " is in use by " + holder(file, fd) +
                                 ", which holds " + file + ": two models writing snapshots into one path remove, "
                                 "replace and prune each other's snapshots, and a restart resumes a mix of them; "
                                 "give each model its own snapshot.path (waited " + wait_text +
@@ -230,7 +332,7 @@ void Snapshots::lock_path() {
             wait_s > 0 ? "up to " + std::string(wait_text) + " (comm.timeout) for it to let go, then this model is "
                                                              "refused"
                        : std::string("for it to let go as long as it takes (comm.timeout = 0)");
-        log_warn("snapshots: " + path + " is in use by " + holder(file) + "; waiting " + how_long +
+        log_warn("snapshots: " + path + " is in use by " + holder(file, fd) + "; waiting " + how_long +
                  " (each model needs its own snapshot.path)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -314,7 +416,7 @@ void Snapshots::begin(int64_t step, const ckpt::Manifest& manifest) {
   // A leftover of a crash; in one directory of several nodes that was
   // cleared at start (another node may be writing into it now).
   if (!across_nodes() || !shared_.load()) fs::remove_all(s->partial, ec);
-  fs::create_directories(s->partial, ec);
+  ckpt::create_dirs(s->partial, ckpt::FileAccess::OwnerOnly, ec);
   if (ec) {
     s->ok = false;
     s->failed_rank = first_local_;
@@ -369,7 +471,8 @@ void Snapshots::write_shard(const std::shared_ptr<InFlight>& s, int rank, RankRe
       // At stage 0 one copy is all of it: rank 0's, or each node's first
       // rank's where every node keeps its own part.
       const bool replicated_writer = rank == 0 || (across_nodes() && !shared_.load() && rank == first_local_);
-      ckpt::ShardWriter out(s->partial + "/" + ckpt::shard_name(rank, ctx_.world_size), rank, ctx_.world_size);
+      ckpt::ShardWriter out(s->partial + "/" + ckpt::shard_name(rank, ctx_.world_size), rank, ctx_.world_size,
+                           ckpt::FileAccess::OwnerOnly);
       write_rank_shard(ctx_, res, buffers, compression, out, replicated_writer);
       out.write_index();
       done_reading();
@@ -405,7 +508,7 @@ void Snapshots::finish_shard(const std::shared_ptr<InFlight>& s, bool ok, int ra
   if (s->ok) {
     try {
       sync_dir(s->partial);
-      ckpt::write_manifest_file(s->partial + "/" + part_name(), s->manifest);
+      ckpt::write_manifest_file(s->partial + "/" + part_name(), s->manifest, ckpt::FileAccess::OwnerOnly);
       sync_dir(s->partial);
     } catch (const std::exception& e) {
       part_why = e.what();
@@ -427,7 +530,7 @@ void Snapshots::commit(InFlight& s) {
   std::error_code ec;
   if (s.ok) {
     try {
-      ckpt::write_manifest(s.partial, s.manifest);
+      ckpt::write_manifest(s.partial, s.manifest, ckpt::FileAccess::OwnerOnly);
       sync_dir(s.partial);
       supersede(s.step);
       replace_dir(s.partial, s.final_dir);
@@ -623,7 +726,7 @@ void Snapshots::commit_across(InFlight& s) {
                                 part + " is not there");
         }
       // Written last, after every node reported: the snapshot is whole.
-      ckpt::write_manifest(s.partial, with_parts(s.manifest, true));
+      ckpt::write_manifest(s.partial, with_parts(s.manifest, true), ckpt::FileAccess::OwnerOnly);
     }
     sync_dir(s.partial);
     supersede(s.step);

@@ -41,6 +41,8 @@ void replace_dir(const std::string& from, const std::string& to);
 // is removed where step-<N> is there (after them). Whether any was found.
 bool repair_replaced(const std::string& path);
 
+// This host's name, as gethostname says it ("?" where it does not).
+std::string this_host();
 // "pid 4242 on host a": this process, as a lock file names its holder.
 std::string this_process();
 
