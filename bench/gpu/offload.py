@@ -21,10 +21,16 @@ timed_steps: with --steps 4, step 3 alone).
 
     python3 bench/gpu/offload.py [--sizes 8k,16k,64k] [--modes torch,zerod3_host,...] [--steps 5]
                                  [--budget 480] [--timeout 240] [--no-deepspeed] [--no-trace]
-                                 [--zerod-args=--accumulate=host] [--rows-err FILE]
+                                 [--zerod-args=--accumulate=host] [--rows-err FILE] [--ds-ready FILE]
 
 Each row's stderr is appended to --rows-err (default: $OUT/rows.err where
-OUT is set, as on the device tool; else nowhere).
+OUT is set, as on the device tool; else nowhere). A row is not started with
+less of the budget left than it needs (min_row_s: 30 s, 45 s at 1B
+parameters and up), and named as skipped. --ds-ready: a file run.sh's
+background build of DeepSpeed's CPU Adam writes as it ends ("EXIT
+SECONDS"); the first DeepSpeed row waits for it (the rows before it do not,
+and a row that ran while it compiled says so in its note: the two shared
+the CPU), at most until the budget would leave it too little.
 """
 import argparse
 import json
@@ -41,8 +47,34 @@ PEER = {"zerod3_host": "ds3_host", "zerod3_host_bf16": "ds3_host", "zerod3_param
         "zerod3_nvme_opt": "ds3_nvme_opt", "zerod3_nvme": "ds3_nvme"}
 TARGET_X_TORCH = {64 * 1024: 1.3, 16 * 1024: 2.5}
 TARGET_X_DS = 0.5
-# Not worth starting a row with less left than this: setup alone takes longer.
+# Not worth starting a row with less left than this: its setup (a fresh
+# process, torch, the model built and placed) alone takes about 30 s, and a
+# 1.3B row (24 x 2048) took 40-90 s in all on the H100 and H200: one begun
+# with 31 s left is killed before its timed steps and measures nothing.
 MIN_ROW_S = 30
+MIN_ROW_S_1B = 45
+VOCAB = 50304  # model.Config's (not imported: model.py imports torch)
+
+
+def min_row_s(layers, embd):
+    """The least time left worth starting a row of this GPT in (model.py's
+    params ~= 12 * n_layer * n_embd^2 + vocab * n_embd)."""
+    return MIN_ROW_S_1B if 12 * layers * embd ** 2 + VOCAB * embd >= 1e9 else MIN_ROW_S
+
+
+def wait_for_ds_build(ready, until):
+    """Waits for run.sh's DeepSpeed build to end (its file `ready`), at most
+    until time `until`; says how it ended and how long this waited."""
+    start = time.time()
+    while not os.path.exists(ready) and time.time() < until:
+        time.sleep(0.5)
+    waited = time.time() - start
+    try:
+        with open(ready) as f:
+            rc, secs = f.read().split()[:2]
+    except (OSError, ValueError):
+        return f"DeepSpeed's CPU Adam build: not ended (offload waited {waited:.0f} s for it)"
+    return f"DeepSpeed's CPU Adam build: exit {rc} after {secs} s (offload waited {waited:.0f} s for it)"
 
 
 def tokens(size):
@@ -92,9 +124,10 @@ def table(size, gas, a, rows):
                 met.append(f"x DeepSpeed {'met' if x_ds <= TARGET_X_DS else 'MISSED'}")
         if x_torch is False or x_ds is False:
             met.append("not ok: no ratio")
+        said = "; ".join(r[k] for k in ("error", "note") if r.get(k))
         print(f"{m:<17} {('yes' if r.get('ok') else 'NO'):<4} {ms or nan:>9.1f} {x_torch or nan:>8.2f} "
               f"{x_ds or nan:>12.2f} {r.get('tokens_per_s', 0):>8} {nan if dev is None else dev:>8.2f} "
-              f"{host or nan:>13.1f}  {', '.join(met)}{'; ' if met and r.get('error') else ''}{r.get('error', '')}")
+              f"{host or nan:>13.1f}  {', '.join(met)}{'; ' if met and said else ''}{said}")
         if r.get("exposed"):
             print(f"    {r['exposed']}")
 
@@ -119,6 +152,8 @@ def main():
                                                "skipped")
     ap.add_argument("--rows-err", default=os.path.join(os.environ["OUT"], "rows.err") if os.environ.get("OUT")
                     else None, help="a file each row's stderr is appended to")
+    ap.add_argument("--ds-ready", help="a file written as DeepSpeed's CPU Adam build ends (run.sh's, in the "
+                                       "background): the first DeepSpeed row waits for it")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if not (a.no_deepspeed and m.startswith("ds"))]
     sizes = []
@@ -128,12 +163,21 @@ def main():
             ap.error(f"--sizes {s}: {n} tokens is not a whole number of micro-batches of {a.micro} x {a.seq}")
         sizes.append((n, n // per_micro))
     start = time.time()
+    min_row = min_row_s(a.layers, a.embd)
+    # Where there is no budget, a row has its --timeout and the wait for
+    # DeepSpeed's build as long.
+    end = start + a.budget if a.budget is not None else None
+    ds_waited = not a.ds_ready
     results, skipped = {}, []
     for n, gas in sizes:
         results[n] = {}
         for m in modes:  # each row as it comes, so a run cut short still says what it measured
-            left = a.budget - (time.time() - start) if a.budget else a.timeout
-            if left < MIN_ROW_S:
+            if m.startswith("ds") and not ds_waited:
+                until = end if end is not None else time.time() + a.timeout
+                print(wait_for_ds_build(a.ds_ready, until - min_row), flush=True)
+                ds_waited = True
+            left = end - time.time() if end is not None else a.timeout
+            if left < min_row:
                 skipped.append(f"{m} at {label(n)}")
                 continue
             extra = ["--seq", str(a.seq), "--micro", str(a.micro), "--gas", str(gas), "--ckpt"]
@@ -144,7 +188,12 @@ def main():
                     fd, trace = tempfile.mkstemp(prefix="zerod-offload-", suffix=".json")
                     os.close(fd)
                     extra += ["--trace", trace]
+            # DeepSpeed's build compiles on while the rows before its own
+            # run: such a row shares the CPU (its host update) with it.
+            beside_build = bool(a.ds_ready) and not os.path.exists(a.ds_ready)
             r = run(m, a.layers, a.embd, a.steps, min(a.timeout, left), extra, log=a.rows_err)
+            if beside_build:
+                r["note"] = "ran beside DeepSpeed's CPU Adam build"
             if trace:
                 if r.get("ok") and os.path.getsize(trace):
                     # bf16 m and v: 2 bytes less each, each way.
@@ -168,7 +217,8 @@ def main():
           "torch's allocator peak, plus zerod's own device peak on zerod rows. host B/param: zerod's host-tier "
           "ledger (state it holds), else the process's peak RSS growth over its start, over the parameters")
     if skipped:
-        print(f"skipped, the {a.budget} s budget spent: {', '.join(skipped)}")
+        of = f"the {a.budget} s budget" if a.budget is not None else f"the row's --timeout of {a.timeout} s"
+        print(f"skipped, under {min_row} s left of {of}: {', '.join(skipped)}")
 
 
 if __name__ == "__main__":

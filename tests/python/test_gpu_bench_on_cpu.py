@@ -5,7 +5,10 @@ its minutes measuring, not finding a driver's bug (their figures here mean nothi
 GPU's). step.py takes a hidden --device; ZEROD_BENCH_DEVICE passes it
 through common.run, and largest.py's hidden --ram-gib stands in for the
 GPU's memory, which would otherwise stop the search. run.sh's tests part
-is checked through --dry-run against this build's ctest list."""
+is checked through --dry-run against this build's ctest list, and run.sh
+itself runs from a copy with stand-ins for the GPU machine's tools on PATH
+(nvidia-smi, cmake, ninja, gcc, pkg-config, python3's builds and drivers),
+so that a call of the device tool does not find its bugs either."""
 import json
 import os
 import re
@@ -14,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -265,8 +269,8 @@ def ctest_names(*selection):
 
 def test_run_sh_tests_stops_where_tests_r_matches_nothing(tmp_path):
     """ctest says "No tests were found!!!" and exits 0: run.sh counts first
-    and stops (exit 2). A value-parameterised test is named by gtest's
-    name alone (NO_PRETTY_VALUES), so '^NAME$' finds it."""
+    and its dry run stops (exit 2). A value-parameterised test is named by
+    gtest's name alone (NO_PRETTY_VALUES), so '^NAME$' finds it."""
     rc, out = run_sh_dry(tmp_path, "tests", TESTS_R="^no_such_test$")
     assert rc == 2, out
     assert "matches no test in build-gpu/" in out and "TESTS_R='^NAME( |$)'" in out, out
@@ -288,9 +292,14 @@ def test_run_sh_tests_runs_the_gpu_tests_alone(tmp_path):
     chosen = set(ctest_names("-R", m.group(1), "-E", m.group(2)))
     assert len(chosen) == int(m.group(3)), out
     every = ctest_names()
+    # With their own branch where there is a GPU.
+    gpu_branch = {"abi.DeviceTest.AutoIsTheGpuWhereThereIsOne",
+                  "offload.HostTier.ThisMachineIsBoundAndNotPageLockedWithoutAGpu", "cli.plan_honours_a_cuda_job",
+                  "python.errors", "device.DeviceChoice.CudaWithoutAGpuIsAClearErrorAndAutoFallsBackToTheCpu"}
     gpu = {n for n in every if re.match(r"(device|device_engine|overlap)\.[^ ]*/cuda", n)
            or re.match(r"(device\.Cuda(Shared|Stream)|kernels\.[^ ]*CudaUpdate)\.", n)
-           or re.match(r"(python\.cuda|example\.cpp_gpt_cuda)", n)}
+           or re.match(r"(python\.cuda|example\.cpp_gpt_cuda)", n) or n in gpu_branch}
+    assert gpu_branch <= set(every), sorted(gpu_branch - set(every))
     cpu = {n for n in every if re.match(r"(device|device_engine|overlap)\.[^ ]*/(cpu|opaque)", n)
            or re.match(r"device\.(CudaFailure|StreamSignals)\.|device_engine\.(DeviceBudget|DeviceStreams|Opaque"
                        r"|HostStagingBudget|Optimizers/CompressingOnDevice|CompressingOnDeviceReplay)", n)}
@@ -399,3 +408,240 @@ def test_step_py_ends_the_last_step_on_step_1s_last_batch(monkeypatch):
             assert first == last, (steps, gas, cycle, first, last)
     # As many batches as that allows: 4 where the span is a multiple of 4.
     assert [step.batch_cycle(s, 1) for s in (2, 3, 4, 5, 7, 8, 12, 13)] == [1, 2, 3, 4, 3, 1, 1, 4]
+
+
+# Stand-ins for the GPU machine's tools, for run.sh in a copy (fake_run_sh):
+# each says it was called in calls.log. FAKE_* variables steer them.
+FAKES = {
+    "nvidia-smi": """case "$*" in
+  *compute_cap*) echo 9.0 ;;
+  *) echo "name, memory.total [MiB]"; echo "NVIDIA H200, 143771 MiB" ;;
+esac""",
+    # The configure leaves build-gpu/ as it was where it fails (an earlier
+    # call's binaries there on a warm machine).
+    "cmake": """case " $* " in
+  *" -S "*) [ "${FAKE_CONF_RC:-0}" = 0 ] || { echo "CMake Error: lua5.4 not found"; exit 1; }
+            mkdir -p build-gpu; [ -f build-gpu/CTestTestfile.cmake ] || : >build-gpu/CTestTestfile.cmake ;;
+  *" --build "*) mkdir -p build-gpu/lib build-gpu/bin && touch build-gpu/lib/libzerod.so build-gpu/bin/zerod ;;
+esac""",
+    "ninja": ":",
+    "pkg-config": """exit "${FAKE_LUA_RC:-0}\"""",
+    "gcc": """o=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && o=$a; prev=$a; done
+printf '#!/bin/sh\\necho "$OMP_NUM_THREADS threads: copy 60.0 GB/s, triad 70.0 GB/s"\\n' >"$o"; chmod +x "$o\"""",
+    # python3: DeepSpeed's build takes FAKE_DS_S; offload.py and largest.py
+    # say what they were given (offload.py: whether DeepSpeed's build had
+    # ended as it started, then what the build wrote); the rest is Python.
+    "python3": """case "$1 $2" in
+  "-c "*CPUAdamBuilder*) sleep "${FAKE_DS_S:-0}"; echo built; exit 0 ;;
+  "-c "*"import torch;"*) echo "torch (stand-in)"; exit 0 ;;
+  "-c "*) exit 1 ;;
+  "-m pip") exit 0 ;;
+  *bench/gpu/largest.py*) echo "largest.py given: ${*:2}"; exit 0 ;;
+  *bench/gpu/offload.py*)
+    echo "offload.py given: ${*:2}"
+    ready=""; prev=""; for a in "$@"; do [ "$prev" = --ds-ready ] && ready=$a; prev=$a; done
+    [ -n "$ready" ] || exit 0
+    [ -f "$ready" ] && echo "ds build ended as offload started: yes" || echo "ds build ended as offload started: no"
+    for _ in $(seq 200); do [ -f "$ready" ] && break; sleep 0.1; done
+    echo "ds-ready says: $(cat "$ready")"; exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@\"""",
+}
+
+
+def fake_run_sh(tmp_path, *parts, fakes=(), **env):
+    """bench/gpu/run.sh PARTS from a copy of bench/gpu in tmp_path (the
+    repository root there), the stand-ins of FAKES (and `fakes`, name ->
+    script) first on PATH, $OUT in tmp_path/out. Returns (exit status, its
+    output, what the stand-ins were called with)."""
+    gpu = tmp_path / "bench" / "gpu"
+    if not gpu.exists():
+        shutil.copytree(GPU, gpu, ignore=shutil.ignore_patterns("__pycache__"))
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.log"
+    for name, body in {**FAKES, **dict(fakes)}.items():
+        exe = bin_dir / name
+        exe.write_text(f'#!/bin/bash\necho "{name} $*" >>"{calls}"\n{body}\n')
+        exe.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "TESTS_", "OFFLOAD_", "LARGEST_"))}
+    p = subprocess.run(["bash", str(gpu / "run.sh"), *parts], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=dict(base, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+                                         REAL_PYTHON=sys.executable, **env))
+    return p.returncode, p.stdout + p.stderr, calls.read_text() if calls.exists() else ""
+
+
+def test_run_sh_stops_at_once_without_the_build_dependencies(tmp_path):
+    """Without .devdeps (bench/gpu/prepare.sh, carried) nor lua5.4 on the
+    machine, a part that needs the build would have been skipped minutes
+    in, after the configure failed: run.sh stops before anything runs, its
+    dry run too, and says how to make and carry them."""
+    for args in (("hostbw", "tests"), ("--dry-run", "hostbw", "tests")):
+        start = time.monotonic()
+        rc, out, calls = fake_run_sh(tmp_path, *args, FAKE_LUA_RC="1")
+        assert rc == 2, (args, out)
+        assert "run bench/gpu/prepare.sh" in out and 'carry=[".devdeps", ".whl"]' in out, (args, out)
+        assert not re.search(r"^(cmake|gcc|nvidia-smi) ", calls, re.M), (args, calls)
+        assert time.monotonic() - start < 20, (args, out)
+    # hostbw alone needs no build; a machine with lua5.4 builds without .devdeps.
+    assert fake_run_sh(tmp_path, "--dry-run", "hostbw", FAKE_LUA_RC="1")[0] == 0
+    assert fake_run_sh(tmp_path, "--dry-run", "tests", FAKE_LUA_RC="0")[0] == 0
+    # A carried .devdeps whose unpacking fails stops it as well, before the
+    # configure (its eval of nothing let the build find no dependencies).
+    (tmp_path / ".devdeps").mkdir()
+    (tmp_path / ".devdeps" / "unpack.sh").write_text("echo 'dpkg-deb: error: not a Debian archive' >&2\nexit 2\n")
+    (tmp_path / "calls.log").unlink()
+    rc, out, calls = fake_run_sh(tmp_path, "tests", "hostbw", FAKE_LUA_RC="1")
+    assert rc == 2 and "unpack.sh failed: dpkg-deb: error" in out, out
+    assert not re.search(r"^(cmake|gcc) ", calls, re.M), calls
+
+
+def test_run_sh_goes_on_where_ctest_cannot_read_the_test_list(tmp_path):
+    """A test list ctest cannot read is not a regex that matches nothing:
+    ctest's own error is printed, and the parts after tests still run (the
+    call exits 2 at the end)."""
+    ctest = """if [[ " $* " == *" -N "* ]]; then
+  echo "Test project build-gpu"
+  printf 'CMake Error at build-gpu/sub/CTestTestfile.cmake:2:\\n  Parse error.  Function missing ending ")".\\n' >&2
+  exit 8
+fi"""
+    rc, out, calls = fake_run_sh(tmp_path, "tests", "hostbw", fakes={"ctest": ctest}, RUN_DEADLINE_S="100")
+    assert rc == 2, out
+    assert re.search(r"ctest -N cannot read build-gpu \(exit 8\): CMake Error at .* Parse error", out), out
+    assert "matches no test" not in out, out
+    assert "copy 60.0 GB/s" in out and (tmp_path / "out" / "hostbw.txt").exists(), out
+    assert not re.search(r"^ctest (?!.*-N)", calls, re.M), calls  # no run of the tests
+    rc, out, _ = fake_run_sh(tmp_path, "--dry-run", "tests", fakes={"ctest": ctest})
+    assert rc == 2 and "ctest -N cannot read build-gpu (exit 8)" in out, out
+
+
+def test_run_sh_runs_no_earlier_build_where_the_configure_failed(tmp_path):
+    """On a warm machine build-gpu/ holds the last call's test list and
+    library: a configure that fails now must not leave them to run as this
+    code's."""
+    (tmp_path / "build-gpu" / "lib").mkdir(parents=True)
+    (tmp_path / "build-gpu" / "CTestTestfile.cmake").write_text('add_test(python.cuda "true")\n')
+    (tmp_path / "build-gpu" / "lib" / "libzerod.so").write_text("")
+    rc, out, calls = fake_run_sh(tmp_path, "tests", "offload", "hostbw", FAKE_CONF_RC="1",
+                                 OFFLOAD_ARGS="--no-deepspeed", RUN_DEADLINE_S="100")
+    assert "the configure failed" in out, out
+    for part in ("tests", "offload"):
+        assert f"{part}: skipped, the configure failed (configure.log)" in out, out
+    assert not re.search(r"^ctest |^cmake --build|offload\.py", calls, re.M), calls
+    assert "copy 60.0 GB/s" in out, out
+
+
+def test_run_sh_names_the_tests_the_stop_time_kept_from_starting(tmp_path):
+    """ctest's summary counts only the tests it started: run.sh names the
+    selected ones its --stop-time kept from starting. device.CudaShared.*
+    and device.CudaStream.*, which the next GPU session reads first, start
+    before the long tests (COST 1000), whose minutes would otherwise keep
+    them out. Real ctest, over a test list of stand-ins."""
+    build = tmp_path / "build-gpu"
+    build.mkdir()
+    tests = [(n, "sleep 30", 1000) for n in ("python.cuda", "python.cuda_daemon", "python.cuda_integrations",
+                                              "example.cpp_gpt_cuda_matches_pytorch")]
+    tests += [(n, "true", None) for n in ("device.CudaShared.A", "device.CudaShared.B", "device.CudaStream.C",
+                                           "device.Devices/OnDevice.X/cuda", "overlap.Jobs/Overlap.Y/cuda",
+                                           "device.Devices/OnDevice.X/cpu")]
+    (build / "CTestTestfile.cmake").write_text("".join(
+        f'add_test({n} "sh" "-c" "{cmd}")\n' + (f"set_tests_properties({n} PROPERTIES COST {c})\n" if c else "")
+        for n, cmd, c in tests))
+    rc, out, _ = fake_run_sh(tmp_path, "tests", TESTS_S="5", RUN_DEADLINE_S="100")
+    assert rc == 0, out
+    log = (tmp_path / "out" / "cuda-tests.log").read_text()
+    started = re.findall(r"^ *Start +\d+: (\S+)", log, re.M)
+    assert {"device.CudaShared.A", "device.CudaShared.B", "device.CudaStream.C"} <= set(started), log
+    assert "not started before the stop time (2): device.Devices/OnDevice.X/cuda overlap.Jobs/Overlap.Y/cuda" \
+        in out, (out, log)
+    run_log = (tmp_path / "out" / "run.log").read_text()
+    assert "not started before the stop time (2)" in run_log, run_log
+
+
+def test_run_sh_starts_offload_before_deepspeeds_build_ends(tmp_path):
+    """offload's zerod and torch rows need no DeepSpeed: run.sh hands it
+    the file the background build writes as it ends (outside $OUT, which
+    comes back 8 files at most), and offload.py's first DeepSpeed row waits
+    for that. run.log has the build's own time."""
+    rc, out, _ = fake_run_sh(tmp_path, "offload", FAKE_DS_S="5", RUN_DEADLINE_S="100",
+                             OFFLOAD_ARGS="--modes zerod3_host,torch,ds3_host")
+    assert rc == 0, out
+    given = re.search(r"^offload\.py given: (.*)$", out, re.M)
+    assert given, out
+    words = given.group(1).split()
+    assert "--budget" in words and "--ds-ready" in words, out
+    ready = words[words.index("--ds-ready") + 1]
+    assert not ready.startswith(str(tmp_path / "out")), out
+    assert "ds build ended as offload started: no" in out, out
+    assert re.search(r"^ds-ready says: 0 [5-9]$", out, re.M), out
+    run_log = (tmp_path / "out" / "run.log").read_text()
+    assert "waiting for DeepSpeed" not in run_log, run_log
+    assert re.search(r"^\[ds build\] exit 0 after [5-9] s$", run_log, re.M), run_log
+    assert not os.path.exists(ready), ready  # run.sh's scratch folder goes with it
+    assert sorted(os.listdir(tmp_path / "out")) == ["build.log", "configure.log", "offload-ps.txt",
+                                                   "offload.txt", "run.log"]
+
+
+def test_run_sh_checks_the_time_left_after_waiting_for_deepspeed(tmp_path):
+    """largest waits for DeepSpeed's build before its first try: the time
+    left is what is left after that wait, or the part would start with
+    less than MIN_PART_S."""
+    rc, out, calls = fake_run_sh(tmp_path, "largest", FAKE_DS_S="5", RUN_DEADLINE_S="8", MIN_PART_S="5")
+    assert rc == 0, out
+    assert re.search(r"\[ds build\] exit 0 after [5-9] s \(waited [1-9] s\)", out), out
+    skipped = re.search(r"largest: skipped, (-?\d+) s left of the 8 s", out)
+    assert skipped and int(skipped.group(1)) < 5, out
+    assert "largest.py" not in calls, calls
+
+
+def offload_main(monkeypatch, capsys, *args):
+    """offload.py's main with its rows stood in for: the rows it started
+    (mode, and whether the --ds-ready file was there then), its output."""
+    monkeypatch.syspath_prepend(GPU)
+    import offload
+
+    ready = None if "--ds-ready" not in args else args[args.index("--ds-ready") + 1]
+    started = []
+
+    def fake_run(mode, layers, embd, steps, timeout, extra=(), log=None):
+        started.append((mode, bool(ready) and os.path.exists(ready)))
+        return {"mode": mode, "ok": True, "step_ms": 1.0, "params": 10**6, "tokens_per_s": 1}
+
+    monkeypatch.setattr(offload, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["offload.py", "--no-trace", *map(str, args)])
+    offload.main()
+    return started, capsys.readouterr().out
+
+
+def test_offload_waits_for_deepspeeds_build_at_its_first_deepspeed_row(tmp_path, monkeypatch, capsys):
+    ready = tmp_path / "ds-ready"
+    timer = threading.Timer(1.5, lambda: ready.write_text("0 42\n"))
+    timer.start()
+    try:
+        started, out = offload_main(monkeypatch, capsys, "--layers", 1, "--embd", 64, "--seq", 64, "--micro", 1,
+                                    "--sizes", "64,128", "--modes", "torch,zerod3_host,ds3_host,ds3_params",
+                                    "--budget", 100, "--ds-ready", ready)
+    finally:
+        timer.cancel()
+    # The rows before the first DeepSpeed row start without waiting.
+    assert started == [("torch", False), ("zerod3_host", False), ("ds3_host", True), ("ds3_params", True),
+                       ("torch", True), ("zerod3_host", True), ("ds3_host", True), ("ds3_params", True)], started
+    assert len(re.findall(r"^DeepSpeed's CPU Adam build: exit 0 after 42 s \(offload waited \d s for it\)$", out,
+                          re.M)) == 1, out
+    # The rows that ran while it compiled shared the CPU with it, and say so.
+    beside = re.findall(r"^(\w+) +yes .*[ ;] ran beside DeepSpeed's CPU Adam build$", out, re.M)
+    assert beside == ["torch", "zerod3_host"], out
+
+
+def test_offload_keeps_to_its_budget_by_the_size_of_a_row(monkeypatch, capsys):
+    """--budget 0 is a budget (it ran every row as if none were given), and
+    a 1.3B row, 40-90 s with its setup, is not started with under 45 s
+    left, where a small GPT's is with 30."""
+    started, out = offload_main(monkeypatch, capsys, "--layers", 1, "--embd", 64, "--seq", 64, "--micro", 1,
+                                "--sizes", "64", "--modes", "torch", "--budget", 0)
+    assert started == [] and "skipped, under 30 s left of the 0 s budget: torch at 64" in out, out
+    started, out = offload_main(monkeypatch, capsys, "--layers", 1, "--embd", 64, "--seq", 64, "--micro", 1,
+                                "--sizes", "64", "--modes", "torch", "--budget", 40)
+    assert started == [("torch", False)], out
+    started, out = offload_main(monkeypatch, capsys, "--sizes", "8k", "--modes", "torch", "--budget", 40)
+    assert started == [] and "skipped, under 45 s left of the 40 s budget: torch at 8k" in out, out
