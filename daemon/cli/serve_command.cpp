@@ -1,6 +1,6 @@
 // `zerod serve --nproc N --job job.lua --socket PATH`: the daemon alone, for
 // ranks started by other means (each sets ZEROD_ENDPOINT=unix:PATH,
-// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT or SIGTERM; with
+// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT, SIGTERM or SIGHUP; with
 // --until-done (how the ranks of torchrun, mpirun, srun... start it on
 // demand) also until its ranks are gone. Exits 0, or kEndNotSaved (74) when
 // the job's final snapshot failed; `--jobs` logs that per job and goes on.
@@ -27,7 +27,7 @@ namespace {
 // A daemon the ranks of another launcher started (libzerod/src/node_daemon.h):
 // it ends once every rank that came has left for a moment (a rank may
 // connect again, a new zd_connect in the same process), when no rank comes
-// at all, or on SIGINT / SIGTERM. Nobody else would stop it.
+// at all, or on SIGINT, SIGTERM or SIGHUP. Nobody else would stop it.
 int serve_until_done(server::Server& server, const sigset_t& stop) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kFirstRankWithin = std::chrono::seconds(60);
@@ -40,7 +40,8 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
     const int sig = sigtimedwait(&stop, nullptr, &tick);
     if (sig > 0) {
       std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
-      break;
+      server.stop(sig);
+      return 0;
     }
     const auto now = Clock::now();
     if (!server.any_rank_came() && now - started > kFirstRankWithin) {
@@ -64,12 +65,16 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
 }
 
 // The stop signals are taken by sigwait; blocked before the server starts
-// its threads, so that none of them receives them.
+// its threads, so that none of them receives them. SIGHUP is one: a closed
+// terminal, or `zerod join` passing on its own (join_command.cpp), stops the
+// daemon as SIGTERM does; by its default action it died with 129, leaving
+// its socket and cutting off a snapshot's commit.
 sigset_t block_stop_signals() {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   return stop;
 }
@@ -100,7 +105,7 @@ int serve_jobs(const DaemonArgs& args, const sigset_t& stop) {
   sigwait(&stop, &sig);
   std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
   metrics.reset();
-  server.stop();
+  server.stop(sig);
   return 0;
 }
 
@@ -180,7 +185,7 @@ int serve_command(int argc, char** argv) {
       int sig = 0;
       sigwait(&stop, &sig);
       std::fprintf(stderr, "zerod serve: stopping (signal %d)\n", sig);
-      server.stop();
+      server.stop(sig);
       return report_lost_ends("serve", server.lost_ends(), 0);
     }
     const int served = serve_until_done(server, stop);  // stops the server

@@ -282,6 +282,37 @@ std::string how(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
+// "the newest whole snapshot under P is of step 5" (or that there is none).
+std::string newest_snapshot(const std::string& path) {
+  const std::set<SnapshotId> kept = whole_snapshots(path);
+  if (kept.empty()) return "no whole snapshot is under " + path;
+  return "the newest whole snapshot under " + path + " is of step " + std::to_string(kept.rbegin()->step);
+}
+
+// How the daemon ended once the ranks had, said on stderr when it was not
+// a clean stop; returns the run's exit status (`code`: the ranks'). A
+// `zerod serve` told to stop exits 0, or kEndNotSaved with its own word
+// that the job's final snapshot failed (it said why on the stderr it
+// shares with this process). Anything else (killed, a crash, an exit of 1)
+// is a daemon that may have died before the job's end was saved, with no
+// word of it: kEndNotSaved too, rather than the 0 of ranks whose
+// zd_model_destroy could not tell them. `died_before_stop`: it was dead
+// before this process told it to stop.
+int report_daemon_end(const Daemon& daemon, bool died_before_stop, const std::string& snapshot_path, int code) {
+  if (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == 0) return code;
+  const std::string pid = std::to_string(daemon.pid);
+  if (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == kEndNotSaved)
+    return report_lost_ends("run", {"its daemon, pid " + pid + ", exited with status " + std::to_string(kEndNotSaved)},
+                            code);
+  const std::string status = code == 0 ? "; exit status " + std::to_string(kEndNotSaved) : "";
+  std::fprintf(stderr,
+               "zerod run: the daemon (pid %s) %s %s, so the job's end may NOT have been saved (its final snapshot "
+               "is written as the ranks destroy their models; %s)%s\n",
+               pid.c_str(), how(daemon.status).c_str(), died_before_stop ? "before it was told to stop" : "as it stopped",
+               newest_snapshot(snapshot_path).c_str(), status.c_str());
+  return code == 0 ? kEndNotSaved : code;
+}
+
 // The socket the daemon serves, by an absolute path (a rank that changes
 // its working directory still finds it, as with the daemon in `zerod run`'s
 // own process): the user's, or one in a private directory made as the
@@ -379,8 +410,8 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
     if (result.first_failure && reap_within(daemon, user_stop ? 0 : 2000)) {
       // `zerod serve` ends with status 0 (or kEndNotSaved: a model's final
       // snapshot failed as it stopped) only when it was told to stop
-      // (SIGINT or SIGTERM, which it takes itself, sent to it by hand): a
-      // stop, not a death. A crash or SIGKILL is.
+      // (SIGINT, SIGTERM or SIGHUP, which it takes itself, sent to it by
+      // hand): a stop, not a death. A crash or SIGKILL is.
       const bool exited_stopping =
           WIFEXITED(daemon.status) && (WEXITSTATUS(daemon.status) == 0 || WEXITSTATUS(daemon.status) == kEndNotSaved);
       const bool stopped_by_user =
@@ -415,21 +446,19 @@ int run_supervised(const DaemonArgs& args, const SnapshotConfig& snapshot, int r
       exit_code = result.exit_code ? result.exit_code : 1;
       break;
     }
-    // The ranks ended (well or not) with the daemon alive: stop it, which
-    // writes nothing more (the models ended with their ranks).
+    // The ranks ended (well or not): stop the daemon, which writes nothing
+    // more (the models ended with their ranks). One already dead is looked
+    // at first: it died as the ranks ended, in zd_model_destroy, which
+    // writes the job's final snapshot and returns nothing a trainer could
+    // fail on, so every rank exited 0 (the run exited 0, its end lost).
+    const bool died_before_stop = reap(daemon, false);
     if (!daemon.reaped) {
       ::kill(daemon.pid, SIGTERM);
       reap(daemon, true);
     }
     exit_code = report_ranks(result, args.nproc,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    // The daemon's own word that the job's final snapshot failed (it said
-    // why on the stderr it shares with this process).
-    if (WIFEXITED(daemon.status) && WEXITSTATUS(daemon.status) == kEndNotSaved)
-      exit_code = report_lost_ends("run",
-                                   {"its daemon, pid " + std::to_string(daemon.pid) + ", exited with status " +
-                                    std::to_string(kEndNotSaved)},
-                                   exit_code);
+    exit_code = report_daemon_end(daemon, died_before_stop, snapshot.path, exit_code);
     break;
   }
   if (args.socket.empty()) {

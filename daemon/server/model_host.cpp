@@ -108,9 +108,12 @@ ModelHost::~ModelHost() {
 }
 
 void ModelHost::attach(int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  attached_[at(rank)] = true;
-  lost_[at(rank)].clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    attached_[at(rank)] = true;
+    lost_[at(rank)].clear();
+  }
+  model_->rank_joined(rank);
 }
 
 void ModelHost::detach(int rank, bool lost, const std::string& reason) {

@@ -296,7 +296,7 @@ bool Server::make_room_before_hello() {
   return false;
 }
 
-void Server::stop() {
+void Server::stop(int signal) {
   if (stopping_.exchange(true)) return;
   {
     // Taken between the flag and the notify: a rank about to wait for
@@ -313,9 +313,12 @@ void Server::stop() {
     sessions.swap(sessions_);
   }
   // A session blocked in a collective is woken by its model's comm abort.
+  // The job fails as a whole, blaming no rank: marking each rank lost here
+  // named the first as the cause of a stop that was asked for.
+  const std::string reason =
+      "the daemon is stopping" + (signal ? " (signal " + std::to_string(signal) + ")" : std::string());
   for (auto& m : models())
-    for (int r = m->job()->first_rank; r < m->job()->first_rank + m->job()->local_ranks; ++r)
-      if (m->attached(r)) m->model().rank_lost(r, "the daemon is stopping");
+    if (m->anyone_attached()) m->model().stop_job(reason);
   for (auto& s : sessions) s->stop();
   for (auto& s : sessions) s->join();
   std::map<int, std::shared_ptr<ModelHost>> models;

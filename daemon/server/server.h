@@ -84,8 +84,11 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   void start();  // the accept thread
-  // Stops accepting, closes every connection and joins the threads.
-  void stop();
+  // Stops accepting, closes every connection and joins the threads. A
+  // model some rank is attached to fails on every rank with "the daemon is
+  // stopping" (and "(signal N)" when a signal asked for the stop), blaming
+  // no rank.
+  void stop(int signal = 0);
   const std::string& socket_path() const { return listener_.path(); }
   bool multi_job() const { return options_.multi_job; }
   int hello_timeout_ms() const { return options_.hello_timeout_ms; }

@@ -285,12 +285,12 @@ std::optional<Error> Model::half_applied_step() const {
 
 // The first failure breaks the job: it is kept, with where each rank was,
 // and logged once. Caller holds reg_mu_.
-bool Model::mark_broken_locked(zd_status code, const std::string& message) {
+bool Model::mark_broken_locked(zd_status code, const std::string& message, zd_log_level level) {
   const bool first = broken_.empty();
   if (first) {
     broken_code_ = code;
     broken_ = message + "\nwhere each rank was:\n" + activity_.describe() + "\nthe job cannot continue";
-    log_message(ZD_LOG_ERROR, broken_);
+    log_message(level, broken_);
   }
   is_broken_.store(true);
   // Wakes every rank waiting for another in a one-sided gather or a
@@ -338,6 +338,18 @@ void Model::rank_lost(int rank, const std::string& reason) {
   // Wakes every rank waiting for the lost one in a collective. Called from
   // threads that are not ranks (the launcher, the daemon's stop).
   abort_collectives(ZD_ERR_PEER_LOST, message);
+}
+
+void Model::stop_job(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    mark_broken_locked(ZD_ERR_PEER_LOST, reason, ZD_LOG_INFO);
+  }
+  abort_collectives(ZD_ERR_PEER_LOST, reason);
+}
+
+void Model::rank_joined(int rank) {
+  if (is_local(rank)) activity_.mark_joined(rank);
 }
 
 void Model::rank_left(int rank, const std::string& reason) {

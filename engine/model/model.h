@@ -183,6 +183,13 @@ class Model final : private FailureSink {
   // The rank left the job cleanly (destroyed its model): calls that need no
   // other rank go on; collectives fail with ZD_ERR_PEER_LOST naming it.
   void rank_left(int rank, const std::string& reason);
+  // The host stops (the daemon's SIGTERM): the job fails on every rank
+  // with `reason` (ZD_ERR_PEER_LOST), blaming no rank, as rank_lost would
+  // one. Logged as info: a stop is asked for, not a failure. Thread-safe.
+  void stop_job(const std::string& reason);
+  // The rank's trainer created the model or attached to it: the job's
+  // "where each rank was" tells a rank that never did as never connected.
+  void rank_joined(int rank);
   // "" while the job is healthy.
   std::string broken_reason() const;
   // The first failure's code; ZD_OK while the job is healthy.
@@ -337,8 +344,8 @@ class Model final : private FailureSink {
   // the overlapped update (offload.overlap, and nothing right after the
   // update reads them all).
   bool can_overlap(const RankState& rs, const zd_optimizer_plan& plan) const;
-  // True when this failure is the job's first.
-  bool mark_broken_locked(zd_status code, const std::string& message);
+  // True when this failure is the job's first, which is logged at `level`.
+  bool mark_broken_locked(zd_status code, const std::string& message, zd_log_level level = ZD_LOG_ERROR);
   double learning_rate(int64_t step);
   // What zd_model_set_lr's comparison found over all ranks (one collective
   // every rank joins, whatever it passed).

@@ -16,6 +16,7 @@ void ActivityTable::enter(int rank, const char* call, const std::string& module)
   a.module = module;
   a.since = std::chrono::steady_clock::now();
   a.in_call = true;
+  a.called = true;
 }
 
 void ActivityTable::leave(int rank, int64_t step, int64_t micro_step) {
@@ -32,6 +33,14 @@ void ActivityTable::mark_lost(int rank, const std::string& reason) {
   RankActivity& a = ranks_.at(static_cast<size_t>(rank));
   a.lost = true;
   a.lost_reason = reason;
+}
+
+void ActivityTable::mark_joined(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RankActivity& a = ranks_.at(static_cast<size_t>(rank));
+  a.joined = true;
+  if (!a.called) a.since = std::chrono::steady_clock::now();
+  joins_known_ = true;
 }
 
 void ActivityTable::clear_lost() {
@@ -69,9 +78,11 @@ std::string ActivityTable::describe() const {
   const std::vector<RankActivity> all = snapshot();
   std::string out;
   int first = 0, count = static_cast<int>(all.size());
+  bool joins_known = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (local_count_ >= 0) first = first_local_, count = local_count_;
+    joins_known = joins_known_;
   }
   auto remote = [&](size_t lo, size_t hi) {  // [lo, hi)
     if (lo >= hi) return;
@@ -88,6 +99,16 @@ std::string ActivityTable::describe() const {
     if (a.lost) {
       std::snprintf(line, sizeof line, "  rank %zu: lost (%s); last call %s", r,
                     a.lost_reason.c_str(), target.c_str());
+    } else if (!a.called) {
+      // Not "returned from (none yet)": a rank that never came is not one
+      // that stopped calling.
+      if (joins_known && !a.joined)
+        std::snprintf(line, sizeof line, "  rank %zu: never connected (no zd_model_create of this model)", r);
+      else if (a.joined)
+        std::snprintf(line, sizeof line, "  rank %zu: joined the model %.1f s ago and has made no call since", r,
+                      secs);
+      else
+        std::snprintf(line, sizeof line, "  rank %zu: has made no call yet", r);
     } else if (a.in_call) {
       std::snprintf(line, sizeof line, "  rank %zu: in %s for %.1f s (step %lld, micro-step %lld)", r,
                     target.c_str(), secs, static_cast<long long>(a.step),

@@ -18,6 +18,8 @@ struct RankActivity {
   std::string module;               // "" when the call names none
   std::chrono::steady_clock::time_point since{};
   bool in_call = false;             // inside the call now (else returned from it)
+  bool called = false;              // has made a call (call names it)
+  bool joined = false;              // its trainer created the model or attached to it (mark_joined)
   int64_t step = 0;                 // applied steps
   int64_t micro_step = 0;
   bool lost = false;                // the rank's trainer went away
@@ -34,6 +36,10 @@ class ActivityTable {
   void enter(int rank, const char* call, const std::string& module);
   void leave(int rank, int64_t step, int64_t micro_step);
   void mark_lost(int rank, const std::string& reason);
+  // The rank's trainer created the model or attached to it (the daemon
+  // says so). Once any rank has, describe() tells one that never did, and
+  // made no call, as never connected; before, as having made no call.
+  void mark_joined(int rank);
   void clear_lost();
   void record_step(int rank, double lr, double loss_scale, double grad_norm, bool skipped);
 
@@ -50,6 +56,7 @@ class ActivityTable {
   std::vector<RankActivity> ranks_;
   int first_local_ = 0;
   int local_count_ = -1;  // -1: all
+  bool joins_known_ = false;  // mark_joined was called
 };
 
 }  // namespace zerod

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -640,6 +641,55 @@ TEST_F(TwoRanks, ACreateWhoseScriptDoesNotLoadOnOneRankIsNotCounted) {
   const int mc = create_model(c, 2);
   EXPECT_GE(mb, 0);
   EXPECT_EQ(mb, mc);
+}
+
+// A daemon stopped (`zerod serve`'s SIGTERM) with rank 0 in zd_model_finalize
+// and rank 1 never come: the job fails on rank 0 with "the daemon is
+// stopping (signal 15)", logged as info. It was "rank 0 was lost: the daemon
+// is stopping", logged as an error, blaming the rank for a stop that was
+// asked for, and rank 1, which never came, "returned from (none yet) 2.0 s
+// ago and has not called since".
+TEST_F(TwoRanks, AStopFailsTheJobBlamingNoRankAndSaysWhichNeverConnected) {
+  transport::Connection a = rank_of_two(0);
+  const int model = model_with_one_param(a, kScript);
+  ASSERT_GE(model, 0);
+  std::string replied;  // the finalize's error, when its reply beat the stop's close of the connection
+  std::thread finalize([&] {
+    v1::Request req;
+    req.mutable_call()->set_model(model);
+    req.mutable_call()->set_op(v1::ModelCall::FINALIZE);
+    try {
+      const v1::Reply r = rpc(a, req, 4);
+      replied = r.has_error() ? r.error().message() : "(no error)";
+    } catch (const Error&) {
+    }
+  });
+  // Held past the stop, which lets the daemon's models go: where the job's failure is kept.
+  const std::vector<std::shared_ptr<server::ModelHost>> models = srv->models();
+  ASSERT_EQ(models.size(), 1u);
+  const Model& m = models[0]->model();
+  const auto in_finalize = [&] {
+    const RankActivity r0 = m.activity().snapshot()[0];
+    return r0.in_call && r0.call == "finalize";
+  };
+  for (int i = 0; i < 500 && !in_finalize(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(in_finalize()) << "rank 0 did not wait in its finalize for rank 1";
+
+  testing::internal::CaptureStderr();
+  srv->stop(SIGTERM);
+  const std::string log = testing::internal::GetCapturedStderr();
+  finalize.join();
+
+  const std::string broken = m.broken_reason();
+  EXPECT_EQ(broken.rfind("the daemon is stopping (signal 15)\nwhere each rank was:\n", 0), 0u) << broken;
+  EXPECT_EQ(broken.find("was lost"), std::string::npos) << broken;
+  EXPECT_NE(broken.find("  rank 0: in finalize for "), std::string::npos) << broken;
+  EXPECT_NE(broken.find("  rank 1: never connected (no zd_model_create of this model)"), std::string::npos) << broken;
+  EXPECT_EQ(m.broken_code(), ZD_ERR_PEER_LOST);
+  if (!replied.empty()) {
+    EXPECT_NE(replied.find(broken), std::string::npos) << replied;
+  }
+  EXPECT_EQ(log.find("zerod[error]"), std::string::npos) << "a stop asked for was logged as an error:\n" << log;
 }
 
 // Observers (`zerod status`, `zerod top`) have no deadline once they said
