@@ -182,7 +182,8 @@ std::string ModelHost::lost_since_attached(bool keep_state_anyway) const {
 
 std::string ModelHost::kept_because(bool keep_state_anyway) const {
   // A step half applied: a restart would apply part of it twice (or leave
-  // the ranks a step apart), so the state is worth nothing to it.
+  // the ranks a step apart), so the state is worth nothing to it. So is a
+  // state that any other write left part written (Model::half_applied_step).
   if (model_->half_applied_step()) return "";
   return lost_since_attached(keep_state_anyway);
 }
@@ -190,8 +191,9 @@ std::string ModelHost::kept_because(bool keep_state_anyway) const {
 Error ModelHost::refusal(const std::string& lost, const Error& half) const {
   return Error(half.code(),
                "daemon.keep_state did not keep model " + std::to_string(id_) + " (" + script_name_ +
-                   ") for a restart: an optimizer step or a checkpoint load of its last run stopped part-way and "
-                   "left the model's state half applied, which no restart may resume\nits error: " + half.what() +
+                   ") for a restart: a write of its state in its last run (an optimizer step, a checkpoint load or "
+                   "snapshot resume, a zd_param_write or zd_optimizer_state_write) stopped part-way and left the "
+                   "model's state half applied, which no restart may resume\nits error: " + half.what() +
                    "\nthen the run ended: " + lost +
                    "\nresume from a checkpoint (zd_model_load after zd_model_finalize) or, in a job that takes "
                    "snapshots, from the newest snapshot (at zd_model_finalize); the next zd_model_create of this "

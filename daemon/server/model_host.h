@@ -94,7 +94,9 @@ class ModelHost {
   // its job keeps state (daemon.keep_state, or keep_state_anyway: the
   // daemon's own --job says so), it was finalized, some rank was lost
   // (its connection ended without zd_model_destroy) since it last attached,
-  // and no optimizer step stopped part-way in it (Model::half_applied_step).
+  // and no optimizer step (nor any other write of its state: a load, a
+  // resume at finalize, zd_param_write) stopped part-way in it
+  // (Model::half_applied_step).
   // A model every rank destroyed is done: a new run of the same script
   // must start from its own initial values, not from this run's end. A
   // lost rank leaves every rank's state whole; a step that stopped part-way

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <new>
 
 namespace zerod {
 
@@ -276,8 +277,26 @@ zd_status Model::broken_code() const {
 }
 
 std::optional<Error> Model::half_applied_step() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
-  return half_applied_;
+  {
+    std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(reg_mu_));
+    if (half_applied_) return half_applied_;
+  }
+  return writes_apart();
+}
+
+std::optional<Error> Model::writes_apart() const {
+  const RankState& first = *ranks_.front();
+  const int64_t made = first.whole_writes.load();
+  for (const auto& rs : ranks_) {
+    const int64_t other = rs->whole_writes.load();
+    if (other == made) continue;
+    return Error(ZD_ERR_PEER_LOST,
+                 "rank " + std::to_string(first.res.rank) + " made " + std::to_string(made) +
+                     " zd_param_write or zd_optimizer_state_write calls, rank " + std::to_string(rs->res.rank) +
+                     " made " + std::to_string(other) +
+                     ": a rank was lost between the ranks' writes of the same value, which left it part written");
+  }
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------
@@ -325,6 +344,44 @@ void Model::break_job(const Error& e, bool part_way) {
   // comm.timeout. Later failures are this one's echoes.
   if (first) abort_collectives(code, message);
   fail(code, message);
+}
+
+namespace {
+
+// The exception being handled, as the error a failed write of the state
+// reports: a tier's own, or running out of memory for a scratch buffer.
+Error write_failure() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return Error(ZD_ERR_OUT_OF_MEMORY, "out of memory (std::bad_alloc)");
+  } catch (...) {
+    return error_being_handled(ZD_ERR_IO);
+  }
+}
+
+}  // namespace
+
+void Model::write_stopped_part_way(int rank, const std::string& what) {
+  const Error cause = write_failure();
+  const std::string others = world_size_ > 1 ? ", which the other ranks may have finished" : "";
+  break_job(Error(cause.code(), "rank " + std::to_string(rank) + "'s " + what + " stopped part-way" + others +
+                                    ": this rank's copies of it are part the new value, part the old one, so no rank "
+                                    "may train on, nor any restart resume, that mix (start again from a checkpoint "
+                                    "or a snapshot): " + cause.what()),
+            /*part_way=*/true);
+}
+
+void Model::rebuild_failed(int rank) {
+  // A failure that broke the job first (a collective of the rebuild the
+  // other ranks aborted, a wait on the board) is thrown as it was.
+  const Error cause = write_failure();
+  break_job(Error(cause.code(), "rank " + std::to_string(rank) +
+                                    "'s rebuild of its working copies from its masters (a restart's "
+                                    "zd_model_finalize) failed, which leaves them part rebuilt; its masters and "
+                                    "optimizer state were only read, so a later restart may resume them: " +
+                                    cause.what()),
+            /*part_way=*/false);
 }
 
 void Model::rank_lost(int rank, const std::string& reason) {
@@ -392,17 +449,22 @@ void Model::write_param(int rank, zd_param_id param, zd_dtype dtype, const void*
   // agree with the master exactly.
   std::vector<float> v(static_cast<size_t>(p.numel));
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
-  {
-    // Gathers ahead still in flight end first: they read the shard written
-    // here and write the gathered copy overwrite() updates (TSan found the
-    // race).
-    const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
+  // Gathers ahead still in flight end first: they read the shard written
+  // here and write the gathered copy overwrite() updates (TSan found the
+  // race).
+  const ShardWrite phase(ctx_, *rs.res.stream, rank, "zd_param_write");
+  try {
     rs.buffers.write_value(p, v.data());
+    if (ctx_.params_partitioned()) {
+      rs.residency.overwrite(param, v.data());
+      rs.compression.write_whole_param(p, v.data());
+    }
+  } catch (...) {
+    // Before the phase ends: the other ranks' gathers would copy the shard
+    // as complete.
+    write_stopped_part_way(rank, "zd_param_write of '" + p.name + "'");
   }
-  if (ctx_.params_partitioned()) {
-    rs.residency.overwrite(param, v.data());
-    rs.compression.write_whole_param(p, v.data());
-  }
+  rs.whole_writes.fetch_add(1);
 }
 
 void Model::read_param(int rank, zd_param_id param, zd_dtype dtype, void* dst, uint64_t bytes) {
@@ -463,10 +525,16 @@ void Model::write_state(int rank, zd_param_id param, int slot, zd_dtype dtype, c
   std::vector<float> v(static_cast<size_t>(p.numel));
   convert(src, dtype, v.data(), ZD_DTYPE_F32, v.size());
   snapshots_->fence(rank);
-  write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
+  try {
+    write_own_part(ctx_, rs.res, rs.buffers, param, slot, v.data());
+  } catch (...) {
+    write_stopped_part_way(rank, "zd_optimizer_state_write of '" + p.name + "' (slot '" +
+                                     plugins_.optimizer->state_name(static_cast<uint32_t>(slot)) + "')");
+  }
   // The error feedback and the kept average restart; the per-tensor
   // scalars are the optimizer's state beside the slot and stay.
   rs.compression.reset();
+  rs.whole_writes.fetch_add(1);
 }
 
 int64_t Model::applied_steps(int rank) const { return rank_state(rank).applied; }

@@ -197,10 +197,13 @@ class Model final : private FailureSink {
   // The first update that stopped part-way on a rank (a tier, or a
   // compressed update's own exchange, failed inside it: some of the rank's
   // state was updated, the rest not), as that rank's error said it; none
-  // when no update did. A lost rank or a collective failed outside an
-  // update leaves every rank's state whole (an update applies on a rank or
-  // not at all); this does not, and no restart may resume it (recover
-  // refuses). Thread-safe.
+  // when no update did. Likewise any other write of the state that stopped
+  // part-way: a checkpoint load, a resume from a snapshot at finalize,
+  // zd_param_write, zd_optimizer_state_write; and ranks lost between the
+  // ranks' writes of one value (writes_apart). A lost rank or a collective
+  // failed outside an update leaves every rank's state whole (an update
+  // applies on a rank or not at all); this does not, and no restart may
+  // resume it (recover refuses). Thread-safe.
   std::optional<Error> half_applied_step() const;
 
   // --- restart (a job that keeps its state when ranks die) ------------------
@@ -329,6 +332,18 @@ class Model final : private FailureSink {
   // first, aborts the collectives the other ranks wait in; part_way: e is an
   // update that stopped part-way.
   [[noreturn]] void break_job(const Error& e, bool part_way);
+  // A write of the rank's state (`what`: "zd_param_write of 'w'") failed
+  // with the exception being handled, after it may have changed part of
+  // it: the job breaks, half applied, as for an update that stopped
+  // part-way. Called inside the catch block, inside the write phase.
+  [[noreturn]] void write_stopped_part_way(int rank, const std::string& what);
+  // The rank's rebuild of its working copies (a restart's) failed with the
+  // exception being handled: the job breaks, but not half applied, as the
+  // masters were only read. Called inside the catch block.
+  [[noreturn]] void rebuild_failed(int rank);
+  // The local ranks made different numbers of whole-value writes
+  // (RankState::whole_writes): which, as an error; none when they agree.
+  std::optional<Error> writes_apart() const;
   // The comm plugin's collectives fail at once on every rank, with this
   // code and message. Not under reg_mu_ (it takes comm_mu_).
   void abort_collectives(zd_status code, const std::string& message);

@@ -12,6 +12,7 @@
 #include "memory/residency.h"
 #include "memory/state_buffers.h"
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -54,6 +55,11 @@ struct Model::RankState {
   int active_modules = 0;
   int registered = 0;  // parameters this rank registered
   bool finalized = false;
+  // zd_param_write and zd_optimizer_state_write calls the rank completed.
+  // Every rank makes the same ones, and at stages 1-2 none waits for the
+  // others: counts that differ say a rank was lost between the ranks'
+  // writes of one value (Model::writes_apart). Read from other threads.
+  std::atomic<int64_t> whole_writes{0};
 
   LossScaler scaler{LossScaleConfig{}};
   int64_t overflows = 0;  // windows the dynamic scaler skipped, for the log's rate (not checkpointed)
@@ -75,7 +81,10 @@ struct Model::RankState {
 // gathers in flight, which read the shards, are done first wherever
 // parameters are gathered (stage 3: a gather ahead still running between
 // two modules' calls); the rest needs a board. A wait that fails (a rank
-// lost, the comm timeout) breaks the job, as a collective's would.
+// lost, the comm timeout) breaks the job, as a collective's would. The
+// phase ends with its scope, failed or not, and the other ranks then copy
+// the shards as complete: a write that fails inside it breaks the job
+// before the scope ends (a catch inside it), which fails their gathers.
 class ShardWrite {
  public:
   ShardWrite(const ModelContext& ctx, CommStream& stream, int rank, const char* what)

@@ -432,6 +432,11 @@ void Model::break_for_failed_resume(int rank) {
   bool first;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
+    // The rank's masters are part the snapshot's, part its initial values
+    // (or given back), while the other ranks' finalize may have ended well:
+    // half applied, as a load that stopped part-way, so that no restart
+    // (daemon.keep_state) rebuilds working copies from them.
+    if (!half_applied_) half_applied_.emplace(cause.code(), message);
     first = mark_broken_locked(cause.code(), message);  // aborts the shard board too
     broken = broken_;
     code = broken_code_;

@@ -355,9 +355,11 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
   // Resuming a half-applied step would apply some of it twice (the tiles it
   // reached get the retried update again) or leave the ranks a step apart.
   if (const std::optional<Error> half = half_applied_step())
-    fail(half->code(), std::string("this model cannot be resumed: an optimizer step or a checkpoint load stopped part-way and left its "
-                                   "state half applied (resume from a checkpoint or a snapshot instead):\n") +
-                           half->what());
+    fail(half->code(),
+         std::string("this model cannot be resumed: a write of its state (an optimizer step, a checkpoint load or "
+                     "snapshot resume, a zd_param_write or zd_optimizer_state_write) stopped part-way and left it "
+                     "half applied (resume from a checkpoint or a snapshot instead):\n") +
+             half->what());
   // The old streams' tasks have all ended (their collectives failed); a new
   // stream per rank, then the new comm they will call.
   for (auto& rs : ranks_)
@@ -403,13 +405,25 @@ void Model::recover(std::unique_ptr<CommInstance> comm) {
 void Model::rebuild_working_copies(int rank) {
   Call call(*this, rank, "rebuild");
   RankState& rs = rank_state(rank);
-  if (ctx_.params_partitioned()) rs.residency.forget_gathered();
-  {
-    const ShardWrite phase(ctx_, *rs.res.stream, rank, "the rebuild of the working copies");
-    rs.buffers.working_from_master();
+  // A rank whose rebuild failed cannot finish it (its finalize is not
+  // retried), and the others would wait for it in the gathers after it, or
+  // copy its shards half rebuilt: any failure breaks the job, a write's
+  // before its phase ends.
+  try {
+    if (ctx_.params_partitioned()) rs.residency.forget_gathered();
+    {
+      const ShardWrite phase(ctx_, *rs.res.stream, rank, "the rebuild of the working copies");
+      try {
+        rs.buffers.working_from_master();
+      } catch (...) {
+        rebuild_failed(rank);
+      }
+    }
+    gather_working_copies(rs);
+    if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
+  } catch (...) {
+    rebuild_failed(rank);
   }
-  gather_working_copies(rs);
-  if (ctx_.params_partitioned()) rs.residency.refresh_persistent();
 }
 
 }  // namespace zerod

@@ -180,27 +180,25 @@ TEST_F(KeptModels, RestartsWhileAnObserverReadsTheStatus) {
 // but the model is not kept: a restart that resumed it would apply the
 // update twice to what it reached. The restarted rank is told so, with the
 // step's error, once; its next create starts afresh.
-TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy) {
-  struct Dir {
-    std::string path;
-    ~Dir() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } scratch;
-  char tmpl[] = "/tmp/zerod-kept-nvme-XXXXXX";
-  scratch.path = mkdtemp(tmpl);
-  const std::string& dir = scratch.path;
-  const std::string job = "return { optimizer = { type = 'adamw' }, offload = { optimizer = 'nvme', nvme_path = '" +
-                          dir + "' }, daemon = { keep_state = true } }";
-  {
-    test::DaemonClient c(srv->socket_path());
-    ASSERT_FALSE(c.hello().has_error());
-    const int model = c.create(job);
-    ASSERT_FALSE(c.register_param(model, "p0", "m0", 1 << 14, nullptr).has_error());
-    ASSERT_FALSE(c.finalize(model).has_error());
-    // The disk goes bad under the store (the daemon's, in this process):
-    // its reads come back short.
+namespace {
+
+// A keeping job with its masters and optimizer state on NVMe, in a scratch
+// directory removed with everything in it.
+struct NvmeJob {
+  NvmeJob() {
+    char tmpl[] = "/tmp/zerod-kept-nvme-XXXXXX";
+    dir = mkdtemp(tmpl);
+    script = "return { optimizer = { type = 'adamw' }, offload = { optimizer = 'nvme', nvme_path = '" + dir +
+             "' }, daemon = { keep_state = true } }";
+  }
+  ~NvmeJob() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  // The disk goes bad under the store (the daemon's, in this process): its
+  // reads come back short, and so does every write, which reads its aligned
+  // blocks first.
+  void cut_the_stores_short() const {
     int stores = 0;
     for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
       std::error_code ec;
@@ -209,6 +207,47 @@ TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy)
       ++stores;
     }
     ASSERT_GT(stores, 0) << "found no store under " << dir;
+  }
+  std::string dir;
+  std::string script;
+};
+
+// A model of `job` whose state stopped part-way (the run's last call
+// failed so) was not kept: the restart's create (on the daemon at `socket`) fails, once, saying why
+// (`what` stopped part-way, the disk's short read, how to resume), and the
+// create after it makes a new model from the trainer's own values.
+void expect_the_restart_told_why(const std::string& socket, const std::string& job, const std::string& what) {
+  test::DaemonClient c(socket);
+  ASSERT_FALSE(c.hello().has_error());
+  const v1::Reply r = c.create_reply(job);
+  ASSERT_TRUE(r.has_error()) << "the restart was not told that the model it expects is gone";
+  const std::string& m = r.error().message();
+  EXPECT_EQ(r.error().status(), ZD_ERR_IO) << m;
+  EXPECT_NE(m.find("short read"), std::string::npos) << m;
+  EXPECT_NE(m.find(what + " stopped part-way"), std::string::npos) << m;
+  EXPECT_NE(m.find("resume from a checkpoint"), std::string::npos) << m;
+  EXPECT_NE(m.find("snapshot"), std::string::npos) << m;
+  // Told once: the next create of the script makes a new model, from the
+  // trainer's own values.
+  const int model = c.create(job);
+  ASSERT_GE(model, 0) << "the refusal was given twice";
+  ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+  ASSERT_FALSE(c.finalize(model).has_error());
+  EXPECT_EQ(c.read(model, 0, 4), kInitial);
+  ASSERT_FALSE(c.destroy(model).has_error());
+}
+
+}  // namespace
+
+TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy) {
+  const NvmeJob job;
+  {
+    test::DaemonClient c(srv->socket_path());
+    ASSERT_FALSE(c.hello().has_error());
+    const int model = c.create(job.script);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 1 << 14, nullptr).has_error());
+    ASSERT_FALSE(c.finalize(model).has_error());
+    job.cut_the_stores_short();
     ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_BEGIN).has_error());
     ASSERT_FALSE(c.call(model, v1::ModelCall::BACKWARD_END).has_error());
     const v1::Reply r = c.call(model, v1::ModelCall::STEP);
@@ -217,26 +256,31 @@ TEST_F(KeptModels, AModelWhoseStepStoppedPartWayIsNotKeptAndTheRestartIsToldWhy)
   }  // the trainer dies of it: the rank is lost
   ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
   EXPECT_TRUE(eventually([&] { return srv->models().empty(); })) << "a model with a half-applied step was kept";
+  expect_the_restart_told_why(srv->socket_path(), job.script, "the optimizer step 1");
+}
+
+// A zd_param_write whose disk failed part-way left the parameter part the
+// value written, part what it was; the call failed, the model stayed
+// healthy, and a lost rank left it for a restart, which re-attached to
+// the mix. Now the write stops like a step: the model is not kept.
+TEST_F(KeptModels, AModelWhoseParamWriteStoppedPartWayIsNotKeptAndTheRestartIsToldWhy) {
+  const NvmeJob job;
   {
     test::DaemonClient c(srv->socket_path());
     ASSERT_FALSE(c.hello().has_error());
-    const v1::Reply r = c.create_reply(job);
-    ASSERT_TRUE(r.has_error()) << "the restart was not told that the model it expects is gone";
-    const std::string& m = r.error().message();
-    EXPECT_EQ(r.error().status(), ZD_ERR_IO) << m;
-    EXPECT_NE(m.find("short read"), std::string::npos) << m;
-    EXPECT_NE(m.find("the optimizer step 1 stopped part-way"), std::string::npos) << m;
-    EXPECT_NE(m.find("resume from a checkpoint"), std::string::npos) << m;
-    EXPECT_NE(m.find("snapshot"), std::string::npos) << m;
-    // Told once: the next create of the script makes a new model, from the
-    // trainer's own values.
-    const int model = c.create(job);
-    ASSERT_GE(model, 0) << "the refusal was given twice";
-    ASSERT_FALSE(c.register_param(model, "p0", "m0", 4, &kInitial).has_error());
+    const int model = c.create(job.script);
+    ASSERT_FALSE(c.register_param(model, "p0", "m0", 1 << 14, nullptr).has_error());
     ASSERT_FALSE(c.finalize(model).has_error());
-    EXPECT_EQ(c.read(model, 0, 4), kInitial);
-    ASSERT_FALSE(c.destroy(model).has_error());
-  }
+    job.cut_the_stores_short();
+    const v1::Reply r = c.write(model, 0, std::vector<float>(1 << 14, 0.5f));
+    ASSERT_TRUE(r.has_error()) << "the write read a store cut short";
+    EXPECT_EQ(r.error().status(), ZD_ERR_IO) << r.error().message();
+    EXPECT_NE(r.error().message().find("rank 0's zd_param_write of 'p0' stopped part-way"), std::string::npos)
+        << r.error().message();
+  }  // the trainer dies of it: the rank is lost
+  ASSERT_TRUE(eventually([&] { return nobody_attached(); }));
+  EXPECT_TRUE(eventually([&] { return srv->models().empty(); })) << "a model with a half-written parameter was kept";
+  expect_the_restart_told_why(srv->socket_path(), job.script, "rank 0's zd_param_write of 'p0'");
 }
 
 namespace {

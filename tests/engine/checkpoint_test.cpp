@@ -1890,6 +1890,28 @@ JobOptions with_rank_1_failing_copies(JobOptions o, uint64_t fail_at, std::atomi
   return o;
 }
 
+// A stage-3 job taking snapshots into `snaps` every 2 steps, whose process
+// died at step 3 (its snapshot of step 2 is there).
+JobOptions died_after_a_snapshot(const std::string& snaps) {
+  JobOptions o = job(3);
+  o.snapshot.path = snaps;
+  o.snapshot.every = 2;
+  auto a = make_model(o, 2);
+  train_both(*a, 0, 3);
+  return o;
+}
+
+// The copies into rank 1's pool a finalize of job o makes before any resume
+// (over `none`, a path with no snapshot): the next one is the resume's
+// first write.
+uint64_t copies_before_resume(JobOptions o, const std::string& none) {
+  std::atomic<uint64_t> copies{0};
+  o.snapshot.path = none;
+  auto counted = make_model(with_rank_1_failing_copies(o, 0, &copies), 2);
+  train_both(*counted, 0, 0);
+  return copies.load();
+}
+
 // Stage 3 with both ranks in this process on the local comm plugin: a
 // rank's gathers copy the other's shards themselves (the shard board). Rank
 // 1's resume fails after the ranks agreed on the snapshot, while it writes
@@ -1901,25 +1923,11 @@ JobOptions with_rank_1_failing_copies(JobOptions o, uint64_t fail_at, std::atomi
 // fails, naming rank 1's finalize and why.
 TEST(Snapshots, ARankWhoseResumeFailsAloneBreaksTheJobBeforeItsShardsGo) {
   TempDir snaps, none;
-  JobOptions o = job(3);
+  const JobOptions o = died_after_a_snapshot(snaps.path);
   ASSERT_EQ(o.zero_hparams, (std::vector<std::pair<std::string, double>>{{"param_persistence_threshold", 0}}));
-  o.snapshot.path = snaps.path;
-  o.snapshot.every = 2;
-  {
-    auto a = make_model(o, 2);
-    train_both(*a, 0, 3);  // the snapshot of step 2; the process dies at 3
-  }
-  // The copies into rank 1's pool a finalize makes before any resume (a
-  // path with no snapshot): the next one is the resume's first write.
-  std::atomic<uint64_t> before_resume{0};
-  {
-    JobOptions fresh = o;
-    fresh.snapshot.path = none.path;
-    auto counted = make_model(with_rank_1_failing_copies(fresh, 0, &before_resume), 2);
-    train_both(*counted, 0, 0);
-  }
+  const uint64_t before_resume = copies_before_resume(o, none.path);
   std::atomic<uint64_t> copies{0};
-  auto b = make_model(with_rank_1_failing_copies(o, before_resume.load() + 1, &copies), 2);
+  auto b = make_model(with_rank_1_failing_copies(o, before_resume + 1, &copies), 2);
   const std::vector<uint64_t> nothing = held(*b, 1);
   std::atomic<bool> rank_1_returned{false};
   std::vector<std::string> errors(2, "no error");
@@ -1940,13 +1948,55 @@ TEST(Snapshots, ARankWhoseResumeFailsAloneBreaksTheJobBeforeItsShardsGo) {
     if (rank == 1) rank_1_returned.store(true);
   });
   ::testing::internal::GetCapturedStderr();
-  ASSERT_NE(errors[1].find("the injected failure of copy #" + std::to_string(before_resume.load() + 1)),
+  ASSERT_NE(errors[1].find("the injected failure of copy #" + std::to_string(before_resume + 1)),
             std::string::npos)
       << errors[1];
   EXPECT_NE(errors[0].find("rank 1's zd_model_finalize failed"), std::string::npos)
       << "rank 0 went on over the shards rank 1 released: " << errors[0];
   EXPECT_NE(errors[0].find("the injected failure"), std::string::npos) << errors[0];
   EXPECT_NE(held(*b, 1), nothing) << "rank 1 gave back the state rank 0's gathers are pointed at";
+}
+
+std::unique_ptr<CommInstance> local_comm(int world) {
+  auto plugin = Plugin::load(ZD_PLUGIN_COMM, "local", {ZEROD_PLUGIN_DIR});
+  return CommInstance::create(plugin, plugin->default_values(), world);
+}
+
+// What daemon.keep_state resumed after such a finalize: rank 0's ended
+// well, so the model was finalized, and a lost rank left it for a restart,
+// which rebuilt the working copies from rank 1's masters, part the
+// snapshot's and part its initial values, and trained on. (Where nothing
+// points other ranks at its state it had given it back, and the rebuild
+// read released buffers.) The resume stopped part-way like a load: no
+// restart resumes it, and the daemon keeps no such model.
+TEST(Snapshots, AResumeThatFailedPartWayOnOneRankIsNotResumedByARestart) {
+  TempDir snaps, none;
+  const JobOptions o = died_after_a_snapshot(snaps.path);
+  const uint64_t before_resume = copies_before_resume(o, none.path);
+  std::atomic<uint64_t> copies{0};
+  auto b = make_model(with_rank_1_failing_copies(o, before_resume + 1, &copies), 2);
+  std::vector<std::string> errors(2, "no error");
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    try {
+      register_all(*b, rank, &ids);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(errors[1].find("the injected failure"), std::string::npos) << errors[1];
+  const std::optional<Error> half = b->half_applied_step();
+  ASSERT_TRUE(half.has_value()) << "a restart may resume rank 1's half-resumed state";
+  EXPECT_NE(std::string(half->what()).find("rank 1's zd_model_finalize failed part-way"), std::string::npos)
+      << half->what();
+  try {
+    b->recover(local_comm(2));
+    FAIL() << "the half-resumed model was recovered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be resumed"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
@@ -2042,6 +2092,108 @@ TEST(CheckpointDamage, ALoadThatFailsPartWayOnOneRankFailsOnEveryRank) {
       << "rank 0 ran a forward on rank 1's half-loaded shards: " << forward_error;
   // No restart may resume the mix either (Model::recover refuses it).
   EXPECT_TRUE(a->half_applied_step().has_value());
+}
+
+// Stage 3 on the shard board, as above: rank 1's zd_param_write fails
+// part-way (a copy into its pool), rank 0's ends well, and nothing
+// collective follows a write. Rank 1's write phase ended all the same, so
+// rank 0's next forward gathered rank 1's shard of the old value beside
+// its own of the new one, with the job healthy. Now rank 1 breaks the job
+// before its phase ends: rank 0's next call fails with rank 1's reason,
+// and no restart resumes the mix.
+TEST(CheckpointDamage, AParamWriteThatFailsPartWayOnOneRankFailsTheOthersNextCall) {
+  constexpr uint64_t kArmed = uint64_t{1} << 40;
+  std::atomic<uint64_t> copies{0};
+  auto a = make_model(with_rank_1_failing_copies(job(3), kArmed, &copies), 2);
+  std::vector<std::string> write_errors(2, "no error");
+  std::string forward_error = "no error";
+  std::atomic<int> writes_returned{0};
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](int rank) {
+    std::vector<zd_param_id> ids;
+    register_all(*a, rank, &ids);
+    train(*a, rank, ids, 0, 1);
+    const std::vector<float> value(static_cast<size_t>(kSizes[0]), 0.25f);
+    if (rank == 1) copies.store(kArmed - 1);  // the write's first copy into rank 1's pool fails
+    try {
+      a->write_param(rank, ids[0], ZD_DTYPE_F32, value.data(), value.size() * 4);
+    } catch (const Error& e) {
+      write_errors[static_cast<size_t>(rank)] = e.what();
+    }
+    writes_returned.fetch_add(1);
+    if (rank != 0) return;
+    // Once rank 1's write has returned: a forward's begin copies its shard at once.
+    while (writes_returned.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    try {
+      a->forward_begin(rank, 0);
+    } catch (const Error& e) {
+      forward_error = e.what();
+    }
+  });
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(write_errors[1].find("the injected failure"), std::string::npos) << write_errors[1];
+  EXPECT_NE(write_errors[1].find("rank 1's zd_param_write of 'w0' stopped part-way"), std::string::npos)
+      << write_errors[1];
+  EXPECT_NE(forward_error.find("rank 1's zd_param_write of 'w0' stopped part-way"), std::string::npos)
+      << "rank 0 gathered rank 1's shard of a write that failed: " << forward_error;
+  EXPECT_NE(forward_error.find("the injected failure"), std::string::npos) << forward_error;
+  EXPECT_TRUE(a->half_applied_step().has_value());
+}
+
+// A restart's rebuild of the working copies from the masters (what the
+// re-attached ranks' zd_model_finalize does in a daemon that kept the
+// model) fails on rank 1 (a copy into its pool). At stage 1 rank 0 waited
+// for it in the all-gather after the rebuild until comm.timeout; at stage
+// 3 on the shard board nothing collective follows, and rank 0's next
+// forward gathered rank 1's half-rebuilt shards with the job healthy. Now
+// rank 1 breaks the job before its write phase ends, and rank 0 fails at
+// once with its reason. The masters were only read: the model is not half
+// applied, and the next restart rebuilds it and trains on.
+TEST(CheckpointDamage, ARebuildThatFailsOnOneRankFailsTheOthersAtOnceAndTheNextRestartRebuilds) {
+  for (const int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    JobOptions o = job(stage);
+    o.timeout_s = 20;
+    constexpr uint64_t kArmed = uint64_t{1} << 40;
+    std::atomic<uint64_t> copies{0};
+    auto a = make_model(with_rank_1_failing_copies(o, kArmed, &copies), 2);
+    std::vector<std::vector<zd_param_id>> ids(2);
+    run_ranks(2, [&](int rank) {
+      register_all(*a, rank, &ids[static_cast<size_t>(rank)]);
+      train(*a, rank, ids[static_cast<size_t>(rank)], 0, 2);
+    });
+    const Saved trained = whole(*a, 2);
+    a->rank_lost(1, "its process exited (signal 9)");
+    a->recover(local_comm(2));
+    copies.store(kArmed - 1);  // the rebuild's first copy into rank 1's pool fails
+    std::vector<std::string> errors(2, "no error");
+    std::vector<double> took(2, 0.0);
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](int rank) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        a->rebuild_working_copies(rank);
+        a->forward_begin(rank, 0);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+      took[static_cast<size_t>(rank)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    ::testing::internal::GetCapturedStderr();
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find("rank 1's rebuild of its working copies"), std::string::npos)
+          << "rank " << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("the injected failure"), std::string::npos) << "rank " << r << ": " << errors[r];
+      EXPECT_LT(took[r], 10.0) << "rank " << r << " waited for the comm timeout: " << errors[r];
+    }
+    EXPECT_FALSE(a->half_applied_step().has_value());
+    copies.store(0);  // rank 1's device works again
+    a->recover(local_comm(2));
+    run_ranks(2, [&](int rank) { a->rebuild_working_copies(rank); });
+    EXPECT_EQ(whole(*a, 2).params, trained.params) << "the masters changed";
+    run_ranks(2, [&](int rank) { train(*a, rank, ids[static_cast<size_t>(rank)], 2, 3); });
+    EXPECT_EQ(a->broken_reason(), "");
+  }
 }
 
 }  // namespace

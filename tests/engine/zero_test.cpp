@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -708,6 +709,92 @@ TEST(StepFailure, AModelWhoseUpdateStoppedPartWayIsNotRecovered) {
     FAIL() << "the model went on after its refused recovery";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("stopped part-way"), std::string::npos) << e.what();
+  }
+}
+
+// A whole value written into a rank's state whose tier fails part-way (the
+// masters and optimizer state on a disk whose reads come back short: every
+// NVMe write reads its aligned blocks first). The call failed with the
+// tier's error and the job went on over a parameter (or a state slot) part
+// the value written and part what it was. Now it stops like an update that
+// stopped part-way: the job breaks, every later call says why, and no
+// restart resumes the mix.
+namespace {
+
+void expect_write_stopped_part_way(const std::function<void(Model&, zd_param_id)>& write, const std::string& what) {
+  ScratchDir dir;
+  auto model = make_model(nvme_state(dir.path, 0), 1);
+  const auto ids = three_modules(*model, 0, 1 << 14);
+  ASSERT_EQ(empty_stores(dir.path, 1), 1);
+  try {
+    write(*model, ids[1]);
+    FAIL() << "the write read a store cut short";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ZD_ERR_IO) << e.what();
+    EXPECT_NE(std::string(e.what()).find("short read"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0's " + what + " stopped part-way"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(model->broken_code(), ZD_ERR_IO);
+  try {
+    model->forward_begin(0, 0);
+    FAIL() << "the model trained on after a write that stopped part-way";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what + " stopped part-way"), std::string::npos) << e.what();
+  }
+  ASSERT_TRUE(model->half_applied_step().has_value());
+  EXPECT_THROW(model->recover(local_comm(1)), Error);
+}
+
+}  // namespace
+
+TEST(StepFailure, AParamWriteThatStopsPartWayBreaksTheJobAndNoRestartResumesIt) {
+  expect_write_stopped_part_way(
+      [](Model& m, zd_param_id p) {
+        const std::vector<float> v(1 << 14, 0.5f);
+        m.write_param(0, p, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      },
+      "zd_param_write of 'w2'");
+}
+
+TEST(StepFailure, AStateWriteThatStopsPartWayBreaksTheJobAndNoRestartResumesIt) {
+  expect_write_stopped_part_way(
+      [](Model& m, zd_param_id p) {
+        const std::vector<float> v(1 << 14, 0.5f);
+        m.write_state(0, p, 1, ZD_DTYPE_F32, v.data(), v.size() * 4);
+      },
+      "zd_optimizer_state_write of 'w2' (slot 'exp_avg_sq')");
+}
+
+// Every rank writes the same values, one call each, and at stages 1-2 a
+// rank's write waits for no other. Rank 1 was lost after the ranks wrote
+// w1 and before it wrote w2, which rank 0 wrote: w2 is rank 0's part new,
+// rank 1's part old. recover() took that model, and a daemon's restart
+// trained on the mix. It is half applied now.
+TEST(StepFailure, ARankLostBetweenTheRanksWritesOfAValueLeavesAModelNoRestartResumes) {
+  JobOptions o;
+  o.stage = 1;
+  auto model = make_model(o, 2);
+  const std::vector<float> v(64, 0.5f);
+  std::vector<zd_param_id> ids;
+  run_ranks(2, [&](int rank) {
+    const auto mine = three_modules(*model, rank);
+    model->write_param(rank, mine[0], ZD_DTYPE_F32, v.data(), v.size() * 4);
+    if (rank == 0) ids = mine;
+  });
+  EXPECT_FALSE(model->half_applied_step().has_value()) << "the ranks wrote w1 alike";
+  model->write_param(0, ids[1], ZD_DTYPE_F32, v.data(), v.size() * 4);
+  model->rank_lost(1, "its process exited (signal 9)");
+  const std::optional<Error> half = model->half_applied_step();
+  ASSERT_TRUE(half.has_value()) << "a restart may resume w2 half written";
+  EXPECT_NE(std::string(half->what()).find("rank 0 made 2 zd_param_write or zd_optimizer_state_write calls, "
+                                           "rank 1 made 1"),
+            std::string::npos)
+      << half->what();
+  try {
+    model->recover(local_comm(2));
+    FAIL() << "a model whose ranks wrote different values was recovered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be resumed"), std::string::npos) << e.what();
   }
 }
 
