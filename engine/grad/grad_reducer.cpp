@@ -9,6 +9,37 @@
 
 namespace zerod {
 
+namespace {
+
+// A bucket's packed buffers, shared by the tasks that use them (its
+// reduction on the rank's stream, its add on the accumulators' thread) and
+// given back to the device when the last of those goes: ran to the end,
+// threw (the collective failed: a peer lost, a timeout), or was dropped
+// unrun. Released only on success, a failed bucket's buffers stayed
+// charged to the rank's device buffers, and a kept model grew by a bucket
+// at every lost rank until its restart was refused for the budget. The
+// last owner may be the stream's thread, the accumulators' or the rank's
+// own (a stream torn down with tasks left); Device::release takes the
+// pool's lock, as the releases those threads made before did.
+class BucketBlocks {
+ public:
+  explicit BucketBlocks(Device& device) : device_(device) {}
+  ~BucketBlocks() {
+    if (send) device_.release(send, ZD_MEM_BUFFERS);
+    if (recv) device_.release(recv, ZD_MEM_BUFFERS);
+  }
+  BucketBlocks(const BucketBlocks&) = delete;
+  BucketBlocks& operator=(const BucketBlocks&) = delete;
+
+  Block send;  // the packed contributions (reduced in place at stage 2)
+  Block recv;  // stage 3: this rank's reduced shard
+
+ private:
+  Device& device_;
+};
+
+}  // namespace
+
 void GradReducer::reset() {
   release();
   out_ = res_.transfers.leaving_stream("gradients out");
@@ -326,20 +357,19 @@ void GradReducer::send_bucket(size_t gi) {
   // its count and the tags as they were, so the contributions stay pending
   // and the next flush (the same zd_step made again) sends them. Taken out
   // before, they were released with the refusal and a repeated zd_step
-  // applied an update without them.
-  Block send, recv;
+  // applied an update without them. A send taken before a refused recv
+  // goes back with `blocks`.
+  auto blocks = std::make_shared<BucketBlocks>(d);
   try {
-    send = allocate_transient(send_len * esz, "a gradient bucket");
-    if (p3) recv = allocate_transient(len * esz, "a gradient bucket");
+    blocks->send = allocate_transient(send_len * esz, "a gradient bucket");
+    if (p3) blocks->recv = allocate_transient(len * esz, "a gradient bucket");
   } catch (const Error& e) {
-    if (send) d.release(send, ZD_MEM_BUFFERS);
     if (e.code() != ZD_ERR_BUDGET) throw;
     fail(e.code(), std::string(e.what()) + "; the bucket's gradients stay pending: the next zd_step sends them "
                                            "(a refused zd_step can be made again)");
-  } catch (...) {
-    if (send) d.release(send, ZD_MEM_BUFFERS);
-    throw;
   }
+  std::byte* const send = blocks->send.ptr;
+  std::byte* const recv = blocks->recv.ptr;
   auto pending = std::make_shared<std::vector<Pending>>(std::move(buckets_[gi]));
   buckets_[gi].clear();
   bucket_elems_[gi] = 0;
@@ -360,11 +390,10 @@ void GradReducer::send_bucket(size_t gi) {
         const uint64_t lo = k * p.stride;
         if (lo >= numel) break;
         const uint64_t n = std::min(p.stride, numel - lo);
-        d.accumulate_scaled(pg.view.ptr + lo * vsz, p.dtype, send.ptr + (k * len + (*offsets)[i]) * esz, gdt, n,
-                            inv);
+        d.accumulate_scaled(pg.view.ptr + lo * vsz, p.dtype, send + (k * len + (*offsets)[i]) * esz, gdt, n, inv);
       }
     } else {
-      d.accumulate_scaled(pg.view.ptr, p.dtype, send.ptr + (*offsets)[i] * esz, gdt, numel, inv);
+      d.accumulate_scaled(pg.view.ptr, p.dtype, send + (*offsets)[i] * esz, gdt, numel, inv);
     }
     d.release(pg.view, ZD_MEM_BUFFERS);
   }
@@ -373,29 +402,32 @@ void GradReducer::send_bucket(size_t gi) {
   const bool last = final_;
   auto what = std::make_shared<std::string>(std::string("reducing gradients (bucket ") + std::to_string(seq) +
                                             "): " + (p3 ? "reduce-scatter" : "all-reduce"));
-  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, send, recv, what, seq, p3, gdt, esz, a, fuse, last] {
+  // Both tasks below hold the packed buffers (blocks): the last of them to
+  // go gives them back, whether it ran to the end or not.
+  ctx_.issue(*res_.stream, [this, gi, pending, offsets, len, blocks, send, recv, what, seq, p3, gdt, esz, a, fuse,
+                            last] {
     observe::Span span(res_.probe, "grads", "reduce bucket", a);
     const zd_comm_call c = ctx_.comm_call(res_.rank, comm_tag(CommOp::Reduce, gi, seq), *what);
     if (p3)
-      res_.pool_memory.reduce_scatter(ctx_, c, send.ptr, recv.ptr, len, gdt);
+      res_.pool_memory.reduce_scatter(ctx_, c, send, recv, len, gdt);
     else
-      res_.pool_memory.all_reduce(ctx_, c, send.ptr, len, gdt);
+      res_.pool_memory.all_reduce(ctx_, c, send, len, gdt);
     // Where each contribution's owned part is now, and where it goes in
     // the owned range.
     const ParamGroup& grp = ctx_.registry.groups()[gi];
-    auto part = [this, &grp, offsets, send, recv, p3, esz](size_t i, zd_param_id pid, uint64_t* at,
-                                                        uint64_t* n) -> const std::byte* {
+    auto part = [this, &grp, offsets, blocks, send, recv, p3, esz](size_t i, zd_param_id pid, uint64_t* at,
+                                                                uint64_t* n) -> const std::byte* {
       const ParamRecord& p = ctx_.registry.param(pid);
       if (p3) {
         *at = p.flat_offset;
         *n = p.stride;
-        return recv.ptr + (*offsets)[i] * esz;
+        return recv + (*offsets)[i] * esz;
       }
       uint64_t lo, hi;
       ctx_.owned_part(p, res_.rank, &lo, &hi);
       *at = lo - ctx_.owned_begin(grp, res_.rank);
       *n = hi > lo ? hi - lo : 0;
-      return send.ptr + ((*offsets)[i] + lo - p.full_offset) * esz;
+      return send + ((*offsets)[i] + lo - p.full_offset) * esz;
     };
     if (windowed(gi)) {
       // The window on the device takes every micro-batch's contribution;
@@ -415,8 +447,6 @@ void GradReducer::send_bucket(size_t gi) {
         if (n) res_.device->accumulate(src, gdt, window_at(gi, at), gdt, n);
         in_window_[static_cast<size_t>((*pending)[i].param)] = 1;
       }
-      res_.device->release(send, ZD_MEM_BUFFERS);
-      res_.device->release(recv, ZD_MEM_BUFFERS);
       if (!last) return;  // not the window's last micro-batch
       for (const Pending& pg : *pending) handed_[static_cast<size_t>(pg.param)] = 1;
       const uint64_t ready = res_.device->mark();
@@ -435,7 +465,7 @@ void GradReducer::send_bucket(size_t gi) {
       return;
     }
     const uint64_t ready = res_.device->mark();
-    to_accumulators([this, gi, pending, part, gdt, esz, a, fuse, send, recv, ready] {
+    to_accumulators([this, gi, pending, part, gdt, esz, a, fuse, ready] {
       observe::Span add(res_.probe, "grads", "bucket to accumulators", a);
       GroupBuffers& b = buffers_.groups()[gi];
       // One call for the bucket: its downloads follow each other without a
@@ -453,8 +483,6 @@ void GradReducer::send_bucket(size_t gi) {
         norm_valid_[static_cast<size_t>(pid)] = fuse ? 1 : 0;
       }
       b.grad_memory().add_from_pool(adds, ready);
-      res_.device->release(send, ZD_MEM_BUFFERS);
-      res_.device->release(recv, ZD_MEM_BUFFERS);
     });
   });
 }
@@ -612,6 +640,9 @@ void GradReducer::restart() {
     } catch (...) {
     }
   }
+  // The buckets sent before gave their buffers back with their tasks
+  // (BucketBlocks), which the failed collectives ended; what was never
+  // sent goes here.
   release_transient();
   local_ = false;
   reduced_ready_ = false;

@@ -3,6 +3,7 @@
 #include "error.h"
 #include "transport/detail/socket_path.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,7 +18,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -101,12 +104,41 @@ std::string daemon_program() {
                       "PATH; set ZEROD_DAEMON=/path/to/zerod");
 }
 
-// An exclusive flock on `path`, given up after the deadline.
+// Whether the open file `fd` is the one at `path` now (not one unlinked
+// since it was opened).
+bool is_file_at(int fd, const std::string& path) {
+  struct stat held {}, named {};
+  return ::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+         held.st_ino == named.st_ino;
+}
+
+// An exclusive flock on `path`, given up after the deadline. The file it
+// holds is the one at `path`: a launch's lock that another launch's rank
+// removed (prune_ended_launches) while this one waited for it is opened
+// again, so that no two ranks of a launch each hold a lock of their own.
 class FileLock {
  public:
   FileLock(const std::string& path, Clock::time_point deadline) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd_ == -1) fail(ZD_ERR_IO, "opening " + path + ": " + errno_text(errno));
+    do {
+      if (fd_ != -1) ::close(fd_);
+      fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (fd_ == -1) fail(ZD_ERR_IO, "opening " + path + ": " + errno_text(errno));
+      wait_for(path, deadline);
+    } while (!is_file_at(fd_, path));
+  }
+  ~FileLock() { ::close(fd_); }  // unlocks
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  // The daemon this lock's holder started, for a later launch to tell
+  // whether it still runs (daemon_runs).
+  void record_daemon(pid_t pid) const {
+    const std::string text = std::to_string(pid) + "\n";
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+  }
+
+ private:
+  void wait_for(const std::string& path, Clock::time_point deadline) {
     while (::flock(fd_, LOCK_EX | LOCK_NB) == -1) {
       if (errno != EWOULDBLOCK && errno != EINTR) {
         const int err = errno;
@@ -120,11 +152,7 @@ class FileLock {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  ~FileLock() { ::close(fd_); }  // unlocks
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
 
- private:
   int fd_ = -1;
 };
 
@@ -155,6 +183,104 @@ std::string tail_of(const std::string& path, size_t max_bytes = 4000) {
   if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
+}
+
+// --- the files of launches that ended -----------------------------------------
+//
+// Every launch has a key of its own (torchrun's run id and port, a PMIx
+// namespace...), so each leaves a job-<hash>.lock and .log behind (its
+// daemon removes only its socket). The rank that starts the next daemon
+// removes those of launches whose daemon has ended, each under its lock, and
+// keeps a log that says more than that the daemon started and stopped (a
+// rank gone, a warning, an error) for a week, for the user to read.
+
+constexpr auto kKeepTelling = std::chrono::hours(24 * 7);
+
+// "job-<hash>" when `name` is a launch's lock or log, as node_daemon_socket
+// names them (a log outlives its lock when it is kept); "" otherwise.
+std::string launch_of(const std::string& name) {
+  constexpr size_t kStem = 4 + 16;  // "job-" and 16 hex digits
+  const std::string suffix = name.size() > kStem ? name.substr(kStem) : "";
+  if (name.rfind("job-", 0) != 0 || (suffix != ".lock" && suffix != ".log")) return "";
+  const bool hex = std::all_of(name.begin() + 4, name.begin() + kStem,
+                               [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return hex ? name.substr(0, kStem) : "";
+}
+
+// The pid the launch's starter recorded in its lock (FileLock::record_daemon);
+// 0 when none was.
+pid_t recorded_daemon(int lock_fd) {
+  char text[32] = {};
+  const ssize_t n = ::pread(lock_fd, text, sizeof text - 1, 0);
+  if (n <= 0) return 0;
+  return static_cast<pid_t>(std::strtol(text, nullptr, 10));
+}
+
+// Whether the launch's daemon still runs: its pid has not ended and is still
+// the program started for that socket (every command line node_daemon_socket
+// starts names it), not another that took the pid since.
+bool daemon_runs(pid_t pid, const std::string& sock) {
+  if (pid <= 0 || ended(pid)) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  if (!in) return true;  // cannot tell: as if it ran
+  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return cmdline.find(sock) != std::string::npos;
+}
+
+bool socket_serves(const std::string& sock) {
+  try {
+    return transport::detail::socket_is_live(sock);
+  } catch (const Error&) {
+    return true;  // cannot tell: as if it served
+  }
+}
+
+// Whether a daemon's log holds only what one that ended well writes: its
+// start lines and its stop line.
+bool log_says_nothing_more(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const bool quiet = line.rfind("zerod serve: listening on ", 0) == 0 ||
+                       line.rfind("  ranks connect with ", 0) == 0 ||
+                       line == "zerod serve: every rank has left; stopping";
+    if (!quiet) return false;
+  }
+  return true;
+}
+
+bool older_than(const std::string& path, std::chrono::seconds age) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && std::time(nullptr) - st.st_mtime > age.count();
+}
+
+// base: ".../job-<hash>". Under its lock, taken only if free (a rank of that
+// launch starting its daemon holds it); made for a log kept alone.
+void prune_if_ended(const std::string& base) {
+  const std::string lock = base + ".lock", sock = base + ".sock", log = base + ".log";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd == -1) return;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && is_file_at(fd, lock);
+  if (held && !daemon_runs(recorded_daemon(fd), sock) && !socket_serves(sock)) {
+    if (log_says_nothing_more(log) || older_than(log, kKeepTelling)) ::unlink(log.c_str());
+    ::unlink(sock.c_str());             // a daemon that died without removing it
+    ::unlink((base + ".uri").c_str());  // `zerod join`'s, likewise
+    ::unlink(lock.c_str());             // last, while held (FileLock opens it again)
+  }
+  ::close(fd);
+}
+
+// Every other launch's files in `dir` whose daemon has ended. Best effort:
+// what cannot be read or removed stays, and the launch goes on.
+void prune_ended_launches(const std::string& dir, const std::string& own_base) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::set<std::string> bases;
+  while (const dirent* e = ::readdir(d))
+    if (const std::string launch = launch_of(e->d_name); !launch.empty()) bases.insert(dir + "/" + launch);
+  ::closedir(d);
+  bases.erase(own_base);
+  for (const std::string& base : bases) prune_if_ended(base);
 }
 
 // Starts `argv` as a daemon of its own session (no launcher's signal to the
@@ -322,6 +448,7 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
                                std::string("--job"), job, std::string("--socket"), sock})
     argv.push_back(a);
   const pid_t pid = spawn_detached(argv, log, extra_env);
+  lock.record_daemon(pid);
   while (!transport::detail::socket_is_live(sock)) {
     if (ended(pid))
       fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
@@ -334,6 +461,7 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  prune_ended_launches(dir, base);
   // Its warnings (a snapshot skipped, a rank gone) go to its log, not to a
   // terminal: say where, once, from the rank that started it.
   std::fprintf(stderr, "zerod: rank %d started this node's daemon (pid %d) for %d ranks; its log: %s\n", r.rank,

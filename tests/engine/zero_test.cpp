@@ -817,6 +817,79 @@ TEST(StepFailure, AModelBrokenByALostRankIsRecovered) {
   EXPECT_EQ(model->broken_reason(), "");
 }
 
+// A rank lost while the others reduce its gradient buckets (stages 2-3: a
+// kept daemon model whose rank 1 was killed in its backward). The failed
+// bucket collective left its packed buffers charged to rank 0's device
+// buffers, and recover() kept them: a kept model grew by a bucket at every
+// lost rank, and under a budget its restart's first step was refused.
+namespace {
+
+constexpr int64_t kBucketParam = 1 << 14;  // elements; below stage 3's persistence threshold
+
+// The device budget one step of a fresh model needs at its peak, on its
+// fullest rank.
+uint64_t fresh_step_peak(int stage) {
+  JobOptions o;
+  o.stage = stage;
+  auto model = make_model(o, 2);
+  run_ranks(2, [&](int rank) {
+    three_modules(*model, rank, kBucketParam);
+    backward_all(*model, rank);
+    model->step(rank);
+  });
+  return std::max(model->ledger(0).peak(ZD_TIER_DEVICE, ZD_MEM_ALL),
+                  model->ledger(1).peak(ZD_TIER_DEVICE, ZD_MEM_ALL));
+}
+
+// Rank 0 steps after its backward; rank 1 is lost while rank 0 waits for
+// it in the step's bucket collective.
+void lose_rank_1_in_rank_0s_step(Model& m) {
+  zd_status code = ZD_OK;
+  std::string seen;
+  std::thread rank0([&] {
+    backward_all(m, 0);
+    try {
+      m.step(0);
+    } catch (const Error& e) {
+      code = e.code();
+      seen = e.what();
+    }
+  });
+  auto stepping = [&] {
+    const RankActivity a = m.activity().snapshot()[0];
+    return a.in_call && a.call == "step";
+  };
+  while (!stepping()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // into its bucket's collective
+  m.rank_lost(1, "its process exited (signal 9)");
+  rank0.join();
+  EXPECT_EQ(code, ZD_ERR_PEER_LOST) << seen;
+}
+
+void expect_buckets_given_back_after_a_lost_rank(int stage) {
+  JobOptions o;
+  o.stage = stage;
+  o.device_budget = fresh_step_peak(stage);
+  o.timeout_s = 5;  // a rank refused its bucket leaves the other waiting in the collective
+  auto model = make_model(o, 2);
+  run_ranks(2, [&](int rank) { three_modules(*model, rank, kBucketParam); });
+  lose_rank_1_in_rank_0s_step(*model);
+  model->recover(local_comm(2));
+  EXPECT_EQ(model->ledger(0).current(ZD_TIER_DEVICE, ZD_MEM_BUFFERS), 0u);
+  run_ranks(2, [&](int rank) {
+    model->rebuild_working_copies(rank);
+    backward_all(*model, rank);
+    EXPECT_TRUE(model->step(rank).applied) << "rank " << rank;
+  });
+  EXPECT_EQ(model->broken_reason(), "");
+}
+
+}  // namespace
+
+TEST(StepFailure, Stage2BucketsOfAStepThatLostARankAreGivenBack) { expect_buckets_given_back_after_a_lost_rank(2); }
+
+TEST(StepFailure, Stage3BucketsOfAStepThatLostARankAreGivenBack) { expect_buckets_given_back_after_a_lost_rank(3); }
+
 TEST(Zero3Budget, AModuleThatCannotBeGatheredIsNamedAndOthersStillRun) {
   JobOptions o = stage3_on_demand();
   o.optimizer = "sgd";

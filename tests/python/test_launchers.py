@@ -8,7 +8,8 @@ environment, as Slurm sets it: Slurm itself does not install here),
 ZerodAccelerator's loop trains as under `zerod run` under accelerate launch,
 mpirun and srun's environment, and a zerod.deepspeed loop under DeepSpeed's
 own launcher (deepspeed.launcher.launch). A rank that dies is named with its pid and no daemon
-is left behind; what cannot be served is refused, saying why.
+is left behind, and the next launch removes the files of one that ended; what cannot be served
+is refused, saying why.
 """
 import base64
 import glob
@@ -416,6 +417,73 @@ def test_a_dead_rank_is_named_and_no_daemon_is_left(tmp_path):
     no_daemon_left(env)
     log = open(logs[0]).read()
     assert "rank 1 (pid " in log and "is gone" in log, log
+
+
+def launch_files(env):
+    """The on-demand daemons' files under this test's directory, by name."""
+    return set(os.listdir(os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch")))
+
+
+def test_a_launch_removes_the_files_of_launches_that_ended(tmp_path):
+    """Every launch has a key of its own (torchrun's run id), and each left
+    its job-<hash>.lock and .log behind for good. The rank that starts a
+    daemon removes those of launches whose daemon has ended, under each
+    one's lock; a log that says more than the daemon's start and stop (a
+    rank gone) stays a week, for the user to read. Nothing of a daemon that
+    still runs, or of a launch whose rank holds its lock, is touched."""
+    import fcntl
+
+    env = launch_env(tmp_path)
+    where = os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch")
+    os.mkdir(where, 0o700)
+    quiet = ("zerod serve: listening on /x.sock for ranks 0..1 of 2 (job job.lua)\n"
+             "  ranks connect with ZEROD_ENDPOINT=unix:/x.sock ZEROD_RANK=<r> ZEROD_WORLD_SIZE=2\n"
+             "zerod serve: every rank has left; stopping\n")
+    told = quiet.replace("zerod serve: every", "zerod[warn] rank 1 (pid 4711) is gone\nzerod serve: every")
+
+    def fake(hash16, log, lock="", days_old=0):
+        base = os.path.join(where, "job-" + hash16)
+        with open(base + ".lock", "w") as f:
+            f.write(lock)
+        with open(base + ".log", "w") as f:
+            f.write(log)
+        if days_old:
+            then = time.time() - days_old * 86400
+            os.utime(base + ".log", (then, then))
+        return base
+
+    fake("00000000000000a1", quiet)                # ended well
+    fake("00000000000000a2", told)                 # a rank was gone
+    fake("00000000000000a3", told, days_old=8)     # ... over a week ago
+    running = fake("00000000000000a4", quiet)      # its daemon still runs
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", running + ".sock"])
+    with open(running + ".lock", "w") as f:
+        f.write(f"{alive.pid}\n")
+    starting = fake("00000000000000a5", quiet)     # a rank of it holds its lock
+    held = open(starting + ".lock")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    fakes = launch_files(env)
+    try:
+        launches = []
+        for i in range(2):
+            out = tmp_path / f"out{i}"
+            out.mkdir()
+            code, text = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              RANK, JOB, str(out), "2"], env)
+            assert code == 0, text
+            no_daemon_left(env)
+            launches.append({n for n in launch_files(env) - fakes if n.endswith(".lock")})
+    finally:
+        alive.kill()
+        alive.wait()
+        held.close()
+    first, second = launches
+    assert len(first) == 1 and len(second) == 1 and first != second, launches
+    own = {n[:-5] + ext for n in second for ext in (".lock", ".log")}
+    assert launch_files(env) == own | {"job-00000000000000a2.log", "job-00000000000000a4.lock",
+                                       "job-00000000000000a4.log", "job-00000000000000a5.lock",
+                                       "job-00000000000000a5.log"}, "the first launch's files, a1 and a3 went"
+    assert "every rank has left; stopping" in open(os.path.join(where, next(iter(second))[:-5] + ".log")).read()
 
 
 def test_a_torchrun_restart_resumes_from_the_snapshot(reference, tmp_path):
