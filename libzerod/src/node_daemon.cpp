@@ -20,8 +20,11 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -130,11 +133,11 @@ class FileLock {
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
 
-  // The daemon this lock's holder started, for a later launch to tell
-  // whether it still runs (daemon_runs).
-  void record_daemon(pid_t pid) const {
-    const std::string text = std::to_string(pid) + "\n";
-    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+  // The daemon this lock's holder started and where its pid means
+  // something, for a later launch to tell whether it still runs
+  // (prune_launch).
+  void record_daemon(const std::string& record) const {
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, record.data(), record.size(), 0);
   }
 
  private:
@@ -191,29 +194,101 @@ std::string tail_of(const std::string& path, size_t max_bytes = 4000) {
 // namespace...), so each leaves a job-<hash>.lock and .log behind (its
 // daemon removes only its socket). The rank that starts the next daemon
 // removes those of launches whose daemon has ended, each under its lock, and
-// keeps a log that says more than that the daemon started and stopped (a
-// rank gone, a warning, an error) for a week, for the user to read.
+// keeps a log that does not say its daemon started and stopped and nothing
+// more (a rank gone, a warning, an error, a daemon killed before its stop
+// line) for a week, for the user to read. Launches that share a key (a fixed
+// MASTER_PORT, ZEROD_JOB_KEY) share a log name too: such a log is set aside
+// as job-<hash>.<when>.log before the next daemon starts on it.
+//
+// A pid tells whether a daemon runs only in the pid namespace of the kernel
+// that started it; the launch directory may be shared with another host
+// (XDG_RUNTIME_DIR on NFS, a /tmp bind-mounted into containers on two hosts),
+// whose live daemons this host cannot see. So the lock records the kernel's
+// boot id and the pid namespace with the pid, and only a launch of this boot
+// and namespace is pruned; of any other, at most a log older than a week.
 
 constexpr auto kKeepTelling = std::chrono::hours(24 * 7);
+constexpr size_t kStem = 4 + 16;  // "job-" and 16 hex digits
+
+// Where a pid means something: this boot of this kernel, this pid namespace.
+struct PidPlace {
+  std::string boot_id;
+  uint64_t pid_ns = 0;
+  bool known() const { return !boot_id.empty() && pid_ns != 0; }
+  bool operator==(const PidPlace&) const = default;
+};
+
+bool looks_like_boot_id(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-';
+  });
+}
+
+PidPlace this_pid_place() {
+  PidPlace here;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  if (std::getline(in, here.boot_id) && !looks_like_boot_id(here.boot_id)) here.boot_id.clear();
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) == 0) here.pid_ns = ns.st_ino;
+  return here;
+}
+
+// What FileLock::record_daemon writes: "<pid> <boot id> <pid namespace>".
+// A starter that cannot tell where it runs records its pid alone, which no
+// pruner takes for its own.
+std::string daemon_record(pid_t pid, const PidPlace& here) {
+  std::string text = std::to_string(pid);
+  if (here.known()) text += " " + here.boot_id + " " + std::to_string(here.pid_ns);
+  return text + "\n";
+}
+
+struct DaemonRecord {
+  pid_t pid = 0;
+  PidPlace place;
+};
+
+// The lock's record; nullopt when it holds none that parses (empty: its
+// starter failed before its daemon ran, or is starting it now).
+std::optional<DaemonRecord> recorded_daemon(int lock_fd) {
+  char text[128] = {};
+  const ssize_t n = ::pread(lock_fd, text, sizeof text - 1, 0);
+  if (n <= 0) return std::nullopt;
+  std::istringstream in(std::string(text, static_cast<size_t>(n)));
+  long long pid = 0;
+  DaemonRecord r;
+  std::string more;
+  if (!(in >> pid >> r.place.boot_id >> r.place.pid_ns) || (in >> more) || pid <= 0 ||
+      pid > std::numeric_limits<pid_t>::max() || !r.place.known() || !looks_like_boot_id(r.place.boot_id))
+    return std::nullopt;
+  r.pid = static_cast<pid_t>(pid);
+  return r;
+}
+
+// Whether `name` has 16 lowercase hex digits (a launch's hash) at `from`.
+bool is_hex16(const std::string& name, size_t from) {
+  if (name.size() < from + 16) return false;
+  const std::string_view digits = std::string_view(name).substr(from, 16);
+  return std::all_of(digits.begin(), digits.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
 
 // "job-<hash>" when `name` is a launch's lock or log, as node_daemon_socket
 // names them (a log outlives its lock when it is kept); "" otherwise.
 std::string launch_of(const std::string& name) {
-  constexpr size_t kStem = 4 + 16;  // "job-" and 16 hex digits
   const std::string suffix = name.size() > kStem ? name.substr(kStem) : "";
-  if (name.rfind("job-", 0) != 0 || (suffix != ".lock" && suffix != ".log")) return "";
-  const bool hex = std::all_of(name.begin() + 4, name.begin() + kStem,
-                               [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-  return hex ? name.substr(0, kStem) : "";
+  if (name.rfind("job-", 0) != 0 || (suffix != ".lock" && suffix != ".log") || !is_hex16(name, 4)) return "";
+  return name.substr(0, kStem);
 }
 
-// The pid the launch's starter recorded in its lock (FileLock::record_daemon);
-// 0 when none was.
-pid_t recorded_daemon(int lock_fd) {
-  char text[32] = {};
-  const ssize_t n = ::pread(lock_fd, text, sizeof text - 1, 0);
-  if (n <= 0) return 0;
-  return static_cast<pid_t>(std::strtol(text, nullptr, 10));
+// Whether `name` is a log set aside by set_aside_last_log:
+// "job-<hash>.<when>.log", <when> of digits and dashes.
+bool is_set_aside_log(const std::string& name) {
+  constexpr std::string_view kLog = ".log";
+  if (name.rfind("job-", 0) != 0 || !is_hex16(name, 4) || name.size() <= kStem + 1 + kLog.size() ||
+      name[kStem] != '.' || !name.ends_with(kLog))
+    return false;
+  const std::string when = name.substr(kStem + 1, name.size() - kStem - 1 - kLog.size());
+  return std::all_of(when.begin(), when.end(), [](char c) { return (c >= '0' && c <= '9') || c == '-'; });
 }
 
 // Whether the launch's daemon still runs: its pid has not ended and is still
@@ -235,18 +310,21 @@ bool socket_serves(const std::string& sock) {
   }
 }
 
-// Whether a daemon's log holds only what one that ended well writes: its
-// start lines and its stop line.
-bool log_says_nothing_more(const std::string& path) {
+// Whether a daemon's log says that it started and stopped and nothing more:
+// its start lines, then its stop line (daemon/cli/serve_command.cpp) last. A
+// daemon killed (the OOM killer, kill -9, a crash) writes no stop line, and
+// an empty log says nothing of how its daemon ended: neither is clean.
+bool log_tells_a_clean_end(const std::string& path) {
+  static constexpr std::string_view kStopped = "zerod serve: every rank has left; stopping";
   std::ifstream in(path);
-  std::string line;
+  std::string line, last;
   while (std::getline(in, line)) {
-    const bool quiet = line.rfind("zerod serve: listening on ", 0) == 0 ||
-                       line.rfind("  ranks connect with ", 0) == 0 ||
-                       line == "zerod serve: every rank has left; stopping";
-    if (!quiet) return false;
+    if (line.empty()) continue;
+    const bool started = line.starts_with("zerod serve: listening on ") || line.starts_with("  ranks connect with ");
+    if (!started && line != kStopped) return false;
+    last = line;
   }
-  return true;
+  return last == kStopped;
 }
 
 bool older_than(const std::string& path, std::chrono::seconds age) {
@@ -254,33 +332,121 @@ bool older_than(const std::string& path, std::chrono::seconds age) {
   return ::stat(path.c_str(), &st) == 0 && std::time(nullptr) - st.st_mtime > age.count();
 }
 
+void unlink_if_older_than_a_week(const std::string& path) {
+  if (older_than(path, kKeepTelling)) ::unlink(path.c_str());
+}
+
+// A launch's files, from base ".../job-<hash>".
+struct LaunchFiles {
+  explicit LaunchFiles(const std::string& base)
+      : lock(base + ".lock"), sock(base + ".sock"), log(base + ".log"), uri(base + ".uri") {}
+  std::string lock, sock, log, uri;
+};
+
+// A launch of this boot and pid namespace: all of it once its daemon has
+// ended, but a log that says more, which stays a week.
+void prune_if_ended_here(const LaunchFiles& f, pid_t pid) {
+  if (daemon_runs(pid, f.sock) || socket_serves(f.sock)) return;
+  if (log_tells_a_clean_end(f.log) || older_than(f.log, kKeepTelling)) ::unlink(f.log.c_str());
+  ::unlink(f.sock.c_str());  // a daemon that died without removing it
+  ::unlink(f.uri.c_str());   // `zerod join`'s, likewise
+  ::unlink(f.lock.c_str());  // last, while held (FileLock opens it again)
+}
+
+// A lock that has recorded no daemon for a week: its start failed (no
+// daemon ran), or what wrote it was not this code.
+void forget_a_week_old_unknown(const LaunchFiles& f) {
+  unlink_if_older_than_a_week(f.log);
+  if (!socket_serves(f.sock)) {
+    ::unlink(f.sock.c_str());
+    ::unlink(f.uri.c_str());
+  }
+  ::unlink(f.lock.c_str());
+}
+
+// The launch's lock, opened to be held while its files are judged. One that
+// is not there is made (`made` says so): a log kept alone then, whose lock
+// went when its launch was pruned; made, so that no rank of a launch
+// starting on that key at once finds its new log removed.
+int open_lock_to_prune(const std::string& lock, bool& made) {
+  int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  made = fd == -1 && errno == ENOENT;
+  if (made) fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  return fd;
+}
+
 // base: ".../job-<hash>". Under its lock, taken only if free (a rank of that
-// launch starting its daemon holds it); made for a log kept alone.
-void prune_if_ended(const std::string& base) {
-  const std::string lock = base + ".lock", sock = base + ".sock", log = base + ".log";
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+// launch starting its daemon holds it).
+void prune_launch(const std::string& base, const PidPlace& here) {
+  const LaunchFiles f(base);
+  bool made = false;
+  const int fd = open_lock_to_prune(f.lock, made);
   if (fd == -1) return;
-  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && is_file_at(fd, lock);
-  if (held && !daemon_runs(recorded_daemon(fd), sock) && !socket_serves(sock)) {
-    if (log_says_nothing_more(log) || older_than(log, kKeepTelling)) ::unlink(log.c_str());
-    ::unlink(sock.c_str());             // a daemon that died without removing it
-    ::unlink((base + ".uri").c_str());  // `zerod join`'s, likewise
-    ::unlink(lock.c_str());             // last, while held (FileLock opens it again)
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && is_file_at(fd, f.lock)) {
+    const std::optional<DaemonRecord> record = made ? std::nullopt : recorded_daemon(fd);
+    if (made) {
+      unlink_if_older_than_a_week(f.log);
+      ::unlink(f.lock.c_str());
+    } else if (record && here.known() && record->place == here) {
+      prune_if_ended_here(f, record->pid);
+    } else if (!record && older_than(f.lock, kKeepTelling)) {
+      forget_a_week_old_unknown(f);
+    } else {  // another host's, or another pid namespace's: its daemon may run
+      unlink_if_older_than_a_week(f.log);
+    }
   }
   ::close(fd);
 }
 
-// Every other launch's files in `dir` whose daemon has ended. Best effort:
-// what cannot be read or removed stays, and the launch goes on.
-void prune_ended_launches(const std::string& dir, const std::string& own_base) {
+// Every other launch's files in `dir` whose daemon has ended, and the logs
+// set aside a week ago. Best effort: what cannot be read or removed stays,
+// and the launch goes on.
+void prune_ended_launches(const std::string& dir, const std::string& own_base, const PidPlace& here) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) return;
   std::set<std::string> bases;
-  while (const dirent* e = ::readdir(d))
-    if (const std::string launch = launch_of(e->d_name); !launch.empty()) bases.insert(dir + "/" + launch);
+  std::vector<std::string> set_aside;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (const std::string launch = launch_of(name); !launch.empty()) bases.insert(dir + "/" + launch);
+    if (is_set_aside_log(name)) set_aside.push_back(dir + "/" + name);
+  }
   ::closedir(d);
   bases.erase(own_base);
-  for (const std::string& base : bases) prune_if_ended(base);
+  for (const std::string& base : bases) prune_launch(base, here);
+  // Written no more once set aside (only the holder of its launch's lock
+  // renames one), so no lock is needed to remove it.
+  for (const std::string& log : set_aside) unlink_if_older_than_a_week(log);
+}
+
+// "20261129-115802": when, in UTC, for the name of a log set aside.
+std::string utc_stamp(time_t when) {
+  std::tm t{};
+  char text[32] = {};
+  if (!::gmtime_r(&when, &t) || std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &t) == 0) return "0";
+  return text;
+}
+
+// A launch that reuses the key of one before (torchrun's static rendezvous
+// on a fixed --master-port, DeepSpeed's launcher on MASTER_PORT 29500, a
+// fixed ZEROD_JOB_KEY) starts its daemon on the same log, which spawn_detached
+// truncates: what the one before said (a rank gone) would be lost at once,
+// not kept a week. Under the launch's lock, such a log is renamed
+// job-<hash>.<when its daemon last wrote>.log first; prune_ended_launches
+// removes it a week after. An empty log says nothing to keep.
+void set_aside_last_log(const std::string& base) {
+  const std::string log = base + ".log";
+  struct stat st {};
+  if (::lstat(log.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0 || log_tells_a_clean_end(log))
+    return;
+  const std::string stamp = utc_stamp(st.st_mtime);
+  for (int n = 1; n <= 100; ++n) {
+    const std::string kept = base + "." + stamp + (n == 1 ? "" : "-" + std::to_string(n)) + ".log";
+    struct stat taken {};
+    if (::lstat(kept.c_str(), &taken) == 0) continue;  // two daemons' last words in one second
+    ::rename(log.c_str(), kept.c_str());
+    return;
+  }
 }
 
 // Starts `argv` as a daemon of its own session (no launcher's signal to the
@@ -447,8 +613,10 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
                                std::to_string(place.nodes), std::string("--node-rank"), std::to_string(place.node),
                                std::string("--job"), job, std::string("--socket"), sock})
     argv.push_back(a);
+  set_aside_last_log(base);
   const pid_t pid = spawn_detached(argv, log, extra_env);
-  lock.record_daemon(pid);
+  const PidPlace here = this_pid_place();
+  lock.record_daemon(daemon_record(pid, here));
   while (!transport::detail::socket_is_live(sock)) {
     if (ended(pid))
       fail(ZD_ERR_CONFIG, "the node's zerod daemon (started by rank " + std::to_string(r.rank) + ": " + argv[0] +
@@ -461,7 +629,7 @@ std::string node_daemon_socket(const LauncherRanks& r, const std::string& job, i
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  prune_ended_launches(dir, base);
+  prune_ended_launches(dir, base, here);
   // Its warnings (a snapshot skipped, a rank gone) go to its log, not to a
   // terminal: say where, once, from the rank that started it.
   std::fprintf(stderr, "zerod: rank %d started this node's daemon (pid %d) for %d ranks; its log: %s\n", r.rank,

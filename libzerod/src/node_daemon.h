@@ -6,12 +6,16 @@
 // Where: $XDG_RUNTIME_DIR/zerod-launch (else /tmp/zerod-launch-<uid>), a
 // directory of this user's only (mode 0700, checked), holding per launch
 // job-<hash>.lock (who starts it), job-<hash>.sock (the daemon's socket)
-// and job-<hash>.log (its output; the starter records the daemon's pid in
-// the lock). The hash is of the launch's key (LauncherRanks::job_key), so
-// two jobs of one user on a node get two daemons, and all ranks of one
-// launch find the same one. Every launch has a key of its own, so the rank
-// that starts a daemon removes the files of launches whose daemon has
-// ended, keeping for a week a log that says more than its start and stop.
+// and job-<hash>.log (its output; the starter records in the lock the
+// daemon's pid, the kernel's boot id and the pid namespace). The hash is of
+// the launch's key (LauncherRanks::job_key), so two jobs of one user on a
+// node get two daemons, and all ranks of one launch find the same one.
+// Most launches have a key of their own, so the rank that starts a daemon
+// removes the files of launches of its boot and pid namespace whose daemon
+// has ended, keeping for a week a log that says more than its start and
+// stop (of another host's or container's launch, only a log older than a
+// week goes); a log of the launch before on the same key (a fixed
+// MASTER_PORT) is set aside as job-<hash>.<when>.log, kept a week too.
 //
 // Several nodes (the launcher's world larger than this node's ranks): each
 // node's daemon is `zerod serve --nnodes N --node-rank K` under an `mpirun

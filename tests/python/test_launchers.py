@@ -8,7 +8,8 @@ environment, as Slurm sets it: Slurm itself does not install here),
 ZerodAccelerator's loop trains as under `zerod run` under accelerate launch,
 mpirun and srun's environment, and a zerod.deepspeed loop under DeepSpeed's
 own launcher (deepspeed.launcher.launch). A rank that dies is named with its pid and no daemon
-is left behind, and the next launch removes the files of one that ended; what cannot be served
+is left behind, and the next launch removes the files of one that ended (keeping a week a log
+that says more, also one a launch on the same key would have started over); what cannot be served
 is refused, saying why.
 """
 import base64
@@ -424,25 +425,43 @@ def launch_files(env):
     return set(os.listdir(os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch")))
 
 
+def where_pids_mean_something(boot_id=None, pid_ns=None):
+    """What a launch's starter records in its lock with its daemon's pid:
+    this boot's id and this pid namespace, or those given."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        here = f.read().strip()
+    return f"{boot_id or here} {pid_ns or os.stat('/proc/self/ns/pid').st_ino}"
+
+
 def test_a_launch_removes_the_files_of_launches_that_ended(tmp_path):
     """Every launch has a key of its own (torchrun's run id), and each left
     its job-<hash>.lock and .log behind for good. The rank that starts a
     daemon removes those of launches whose daemon has ended, under each
-    one's lock; a log that says more than the daemon's start and stop (a
-    rank gone) stays a week, for the user to read. Nothing of a daemon that
-    still runs, or of a launch whose rank holds its lock, is touched."""
+    one's lock; a log that says more than the daemon's start and its stop
+    (a rank gone; no stop line: a daemon killed; nothing at all) stays a
+    week, for the user to read, as does a log set aside by a launch on the
+    same key. Nothing of a daemon that still runs, or of a launch whose
+    rank holds its lock, is touched; nor of a launch of another host or pid
+    namespace sharing the directory (its pid says nothing here: another
+    boot id, another pid namespace), nor of a lock that records no daemon
+    (for a week), but a log older than a week."""
     import fcntl
+    import socket
 
     env = launch_env(tmp_path)
     where = os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch")
     os.mkdir(where, 0o700)
-    quiet = ("zerod serve: listening on /x.sock for ranks 0..1 of 2 (job job.lua)\n"
-             "  ranks connect with ZEROD_ENDPOINT=unix:/x.sock ZEROD_RANK=<r> ZEROD_WORLD_SIZE=2\n"
-             "zerod serve: every rank has left; stopping\n")
+    started = ("zerod serve: listening on /x.sock for ranks 0..1 of 2 (job job.lua)\n"
+               "  ranks connect with ZEROD_ENDPOINT=unix:/x.sock ZEROD_RANK=<r> ZEROD_WORLD_SIZE=2\n")
+    quiet = started + "zerod serve: every rank has left; stopping\n"
     told = quiet.replace("zerod serve: every", "zerod[warn] rank 1 (pid 4711) is gone\nzerod serve: every")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ended = f"{gone.pid} {where_pids_mean_something()}\n"
+    week_ago = time.time() - 8 * 86400
 
-    def fake(hash16, log, lock="", days_old=0):
-        base = os.path.join(where, "job-" + hash16)
+    def fake(name, log, lock=ended, days_old=0):
+        base = os.path.join(where, "job-" + name)
         with open(base + ".lock", "w") as f:
             f.write(lock)
         with open(base + ".log", "w") as f:
@@ -458,10 +477,26 @@ def test_a_launch_removes_the_files_of_launches_that_ended(tmp_path):
     running = fake("00000000000000a4", quiet)      # its daemon still runs
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", running + ".sock"])
     with open(running + ".lock", "w") as f:
-        f.write(f"{alive.pid}\n")
+        f.write(f"{alive.pid} {where_pids_mean_something()}\n")
     starting = fake("00000000000000a5", quiet)     # a rank of it holds its lock
     held = open(starting + ".lock")
     fcntl.flock(held, fcntl.LOCK_EX)
+    fake("00000000000000a6", started)              # killed: no stop line
+    fake("00000000000000a7", "")                   # nothing said
+    another_boot = "00000000-1111-2222-3333-444444444444"
+    for name, there in (("00000000000000a8", where_pids_mean_something(boot_id=another_boot)),
+                        ("00000000000000a9", where_pids_mean_something(pid_ns=1))):
+        elsewhere = fake(name, quiet, lock=f"{gone.pid} {there}\n")  # another host's or container's
+        with socket.socket(socket.AF_UNIX) as stale:  # as its daemon left it, to this host's eyes
+            stale.bind(elsewhere + ".sock")
+    fake("00000000000000b1", quiet, lock="what\n")  # no daemon recorded ...
+    old_unknown = fake("00000000000000b2", told, lock="", days_old=8)  # ... for over a week
+    os.utime(old_unknown + ".lock", (week_ago, week_ago))
+    for name, when in (("00000000000000a2.20261101-101010.log", 0), ("00000000000000a2.20261001-101010.log", week_ago)):
+        with open(os.path.join(where, "job-" + name), "w") as f:  # set aside by a launch on a's key
+            f.write(told)
+        if when:
+            os.utime(os.path.join(where, "job-" + name), (when, when))
     fakes = launch_files(env)
     try:
         launches = []
@@ -480,10 +515,36 @@ def test_a_launch_removes_the_files_of_launches_that_ended(tmp_path):
     first, second = launches
     assert len(first) == 1 and len(second) == 1 and first != second, launches
     own = {n[:-5] + ext for n in second for ext in (".lock", ".log")}
-    assert launch_files(env) == own | {"job-00000000000000a2.log", "job-00000000000000a4.lock",
-                                       "job-00000000000000a4.log", "job-00000000000000a5.lock",
-                                       "job-00000000000000a5.log"}, "the first launch's files, a1 and a3 went"
+    kept = {"job-00000000000000a2.log", "job-00000000000000a4.lock", "job-00000000000000a4.log",
+            "job-00000000000000a5.lock", "job-00000000000000a5.log", "job-00000000000000a6.log",
+            "job-00000000000000a7.log", "job-00000000000000b1.lock", "job-00000000000000b1.log",
+            "job-00000000000000a2.20261101-101010.log"}
+    kept |= {f"job-00000000000000{n}{ext}" for n in ("a8", "a9") for ext in (".lock", ".log", ".sock")}
+    assert launch_files(env) == own | kept, "the first launch's files, a1, a3, b2 and the old set-aside log went"
     assert "every rank has left; stopping" in open(os.path.join(where, next(iter(second))[:-5] + ".log")).read()
+
+
+def test_a_launch_on_the_key_of_the_one_before_keeps_what_its_log_said(tmp_path):
+    """torchrun on a fixed --master-port (its static rendezvous: run id
+    "none"), like DeepSpeed's launcher on MASTER_PORT 29500 or a fixed
+    ZEROD_JOB_KEY, gives every launch the same key, so the same
+    job-<hash>.log, which the next daemon started on afresh: a rank gone in
+    the first launch was lost at the second, not kept a week. The starter
+    sets such a log aside as job-<hash>.<when>.log first."""
+    env = launch_env(tmp_path)
+    with reserved_port() as port:
+        for i, (steps, die) in enumerate(((str(STEPS), ["2"]), ("2", []))):
+            out = tmp_path / f"out{i}"
+            out.mkdir()
+            code, text = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                              "--master_port", str(port), RANK, JOB, str(out), steps] + die, env)
+            assert (code == 0) == (not die), text
+            no_daemon_left(env)
+    where = os.path.join(env["XDG_RUNTIME_DIR"], "zerod-launch")
+    assert len(glob.glob(os.path.join(where, "job-*.lock"))) == 1, "both launches on one key"
+    logs = {os.path.basename(p): open(p).read() for p in glob.glob(os.path.join(where, "job-*.log"))}
+    assert len(logs) == 2, logs
+    assert any("rank 1 (pid " in text and "is gone" in text for text in logs.values()), logs
 
 
 def test_a_torchrun_restart_resumes_from_the_snapshot(reference, tmp_path):
