@@ -420,6 +420,35 @@ def test_a_momentum_cycling_scheduler_not_prepared_is_refused_at_prepare():
         opt.zero_grad()
 
 
+def test_free_memory_destroys_the_engine_and_prepare_runs_again():
+    """free_memory(), which Accelerate says to call between two trainings,
+    destroys DeepSpeed's engine; zerod's is destroyed alike: the model keeps
+    the trained weights, the engine is no longer live (it stayed so for the
+    process's life, holding zerod's model and the model's parameters as
+    empty placeholders), and the same accelerator prepares the model again."""
+    import zerod.torch as zt
+
+    accelerator = ZerodAccelerator(zero_stage=1)
+    model, opt, loader, _ = objects(one_cycle=False)
+    prepared_model, prepared_opt, prepared_loader = accelerator.prepare(model, opt, loader)
+    _one_micro_batch(accelerator, prepared_model, prepared_loader)
+    prepared_opt.step()
+    trained, engine = accelerator.get_state_dict(prepared_model), accelerator.zerod_engine
+    accelerator.free_memory()
+    assert accelerator.zerod_engine is None and engine not in zt._LIVE_ENGINES
+    after = model.state_dict()
+    assert trained and all(torch.equal(after[k], v) for k, v in trained.items())
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    prepared_model, prepared_opt, prepared_loader = accelerator.prepare(model, opt, loader)
+    try:
+        _one_micro_batch(accelerator, prepared_model, prepared_loader)
+        prepared_opt.step()
+        assert accelerator.zerod_engine.global_steps == 1
+    finally:
+        accelerator.free_memory()
+
+
 def test_an_optimizer_of_named_parameters_trains_as_one_of_parameters():
     """torch >= 2.6's optimizer made from model.named_parameters() keeps the
     names in its groups (param_names): the same optimizer to zerod, and to

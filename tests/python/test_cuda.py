@@ -23,13 +23,17 @@ Modes: stage 0 with everything in HBM; stage 3 in HBM; stage 3 with the
 optimizer on the host; stage 3 with parameters and optimizer on NVMe.
 
 ctest runs this through gpu_or_skip.py, which reports the suite SKIPPED,
-with the reason, where torch sees no GPU or libzerod has no cuda device.
+with the reason, where torch sees no GPU or libzerod has no cuda device; a
+plain pytest run skips it with the same reason.
 """
 import pytest
 import torch
 
 import zerod.torch
+from gpu_or_skip import skip_module_without_gpu
 from models import BETAS, CLIP, EPS, LR, WEIGHT_DECAY, batch, loss_of, make, torch_reference
+
+skip_module_without_gpu()
 
 STEPS = 20
 MODES = ["stage0", "stage3", "stage3+host", "stage3+nvme"]

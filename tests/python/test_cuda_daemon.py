@@ -24,7 +24,8 @@ AdamW on the whole global batch there (models.torch_reference):
   - zd_step called from a thread that never touched CUDA.
 
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
-torch sees no GPU or libzerod has no cuda device.
+torch sees no GPU or libzerod has no cuda device; a plain pytest run skips
+it with the same reason.
 """
 import subprocess
 import sys
@@ -33,8 +34,11 @@ import pytest
 import torch
 
 from conftest import HERE, losses_match, rank_env, zerod_run
+from gpu_or_skip import skip_module_without_gpu
 from kept_state import DIE_AT, keeping, killed_rank_resumes
 from models import job, torch_reference
+
+skip_module_without_gpu()
 
 STEPS = 30
 

@@ -19,9 +19,9 @@ on one GPU), so a machine with one GPU runs one rank under the daemon. Two
 ranks on one GPU are python.cuda_daemon's, with zerod.torch.
 
 ctest runs this through gpu_or_skip.py: SKIPPED, with the reason, where
-torch sees no GPU or libzerod has no cuda device.
+torch sees no GPU or libzerod has no cuda device, or this Python lacks
+Lightning or Accelerate; a plain pytest run skips it with the same reason.
 """
-import os
 import subprocess
 import sys
 
@@ -29,6 +29,9 @@ import pytest
 import torch
 
 from conftest import HERE, rank_env, zerod_run
+from gpu_or_skip import skip_module_without_gpu
+
+skip_module_without_gpu("lightning", "accelerate")
 
 WORLD = min(2, torch.cuda.device_count())
 JOB = "return { zero = { stage = 3 } }\n"  # checked by zerod run; each integration brings its own

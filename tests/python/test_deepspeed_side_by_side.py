@@ -162,6 +162,16 @@ CLIENT = {
                                       _torch_adamw_cosine),
 }
 
+# model_parameters as model.named_parameters() yields them, (name, parameter)
+# pairs, flat or in a group: DeepSpeed hands them to its optimizer, which
+# torch >= 2.6 takes. (config of CONFIGS, the model_parameters of a model)
+NAMED = {
+    "named_parameters_stage1": ("sgd_onecycle_stage1", lambda model: model.named_parameters()),
+    "named_parameters_stage3_offload": ("stage3_offload_cosine", lambda model: model.named_parameters()),
+    "named_parameters_in_a_group": ("adamw_warmup_clip_gas2",
+                                    lambda model: [{"params": list(model.named_parameters()), "weight_decay": 0.05}]),
+}
+
 DEEPSPEED = r'''
 import json, os, sys, torch
 for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0", "WORLD_SIZE": "1",
@@ -169,8 +179,8 @@ for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": sys.argv[2], "RANK": "0"
     os.environ.setdefault(k, v)
 import deepspeed
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
-from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, HAND_ON_OPTIMIZER, LOADS, make, train,
-                                        train_applied, load_run, save_model, saved_16bit, loaders_by_route)
+from test_deepspeed_side_by_side import (CONFIGS, CLIENT, GROUPS, HAND, HAND_ON_OPTIMIZER, LOADS, NAMED, make,
+                                        train, train_applied, load_run, save_model, saved_16bit, loaders_by_route)
 out = {}
 for name, cfg in CONFIGS.items():
     model = make()
@@ -185,6 +195,10 @@ for name, (cfg, groups) in GROUPS.items():
     model = make()
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=groups(model), config=dict(cfg))
     out[name] = train_applied(engine, opt, cfg)
+for name, (cfg_name, params) in NAMED.items():
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params(model), config=dict(CONFIGS[cfg_name]))
+    out[name] = train(engine, CONFIGS[cfg_name])
 for name, (cfg, lr_at) in HAND.items():
     model = make()
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(cfg))
@@ -417,6 +431,25 @@ def test_same_config_same_losses(name, deepspeed_losses):
         ours = train(engine, cfg)
     finally:
         engine.close()
+    _compare(name, ours, deepspeed_losses[name], _tolerance(cfg))
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_parameters_train_as_under_deepspeed(name, deepspeed_losses):
+    """model_parameters=model.named_parameters(): (name, parameter) pairs,
+    flat or as a group's "params", which DeepSpeed hands to its optimizer
+    (torch >= 2.6 takes them). zerod takes them alike: the same losses and
+    get_lr() as DeepSpeed's."""
+    import zerod.deepspeed as deepspeed
+
+    cfg_name, params = NAMED[name]
+    cfg = CONFIGS[cfg_name]
+    model = make()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params(model), config=dict(cfg))
+    try:
+        ours = train(engine, cfg)
+    finally:
+        engine.destroy()
     _compare(name, ours, deepspeed_losses[name], _tolerance(cfg))
 
 
@@ -736,7 +769,10 @@ def test_destroy_after_a_backward_without_its_step_closes_and_warns():
                                             r"a backward\(\) without its step\(\)"):
         engine.destroy()
     assert engine.zerod_model._handle is None
-    assert not zt._LIVE_ENGINES
+    # This engine, not the whole set: an engine another test of the process
+    # left open stays live (its parameters' autograd hooks hold it, as they
+    # hold DeepSpeed's ZeRO engines): close() or destroy() releases one.
+    assert engine not in zt._LIVE_ENGINES
     assert all(p.numel() == 0 for p in model.parameters())
     engine.destroy()  # closed: nothing to do, nothing to warn
 

@@ -309,12 +309,16 @@ def test_refusals(tmp_path, monkeypatch):
         trainer.train()
 
 
-SRUN_TASK = r'''
-import sys
+# One rank of a launcher's, each in a folder of its own (its ds_config.json).
+LAUNCHED_TASK = r'''
+import os, sys
 from pathlib import Path
 from test_hf_trainer import ZERO2_OFFLOAD, Windows, _args, make_model
 from zerod.transformers import ZerodTrainer
-ZerodTrainer(model=make_model("gpt2"), args=_args(Path(sys.argv[1]), ZERO2_OFFLOAD), train_dataset=Windows())
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or "0"
+folder = Path(sys.argv[1]) / f"rank{rank}"
+folder.mkdir()
+ZerodTrainer(model=make_model("gpt2"), args=_args(folder, ZERO2_OFFLOAD), train_dataset=Windows())
 print("ZerodTrainer made")
 '''
 
@@ -326,7 +330,7 @@ def test_srun_tasks_are_refused_naming_srun(tmp_path):
     trained on the whole dataset, both writing checkpoint-N into one
     folder. Refused when the Trainer is made, naming srun."""
     script = tmp_path / "srun_task.py"
-    script.write_text(SRUN_TASK)
+    script.write_text(LAUNCHED_TASK)
     env = {k: v for k, v in os.environ.items()  # nothing of an enclosing launcher or zerod run
            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_")) and k not in (
                "ZEROD_ENDPOINT", "ZEROD_RANK", "ZEROD_WORLD_SIZE", "ZEROD_LOCAL_RANK", "ZEROD_LOCAL_WORLD_SIZE",
@@ -339,6 +343,47 @@ def test_srun_tasks_are_refused_naming_srun(tmp_path):
     assert r.returncode != 0 and "ZerodTrainer made" not in r.stdout, r.stdout + r.stderr[-4000:]
     assert "ZerodTrainer runs in one process (this is one of 2, started by srun (Slurm))" in r.stderr, \
         r.stderr[-4000:]
+
+
+def test_mpirun_ranks_are_refused_naming_mpirun(tmp_path):
+    """The 2 ranks of `mpirun -np 2` (Open MPI): with use_cpu=True Accelerate
+    reads mpirun's variables and joins them over gloo, and zerod would join
+    them as its 2 ranks, so each Trainer would train on the whole dataset
+    into the same checkpoint-N. Refused when the Trainer is made, naming
+    mpirun."""
+    from test_launchers import launch_env, mpirun_two
+
+    script = tmp_path / "mpirun_rank.py"
+    script.write_text(LAUNCHED_TASK)
+    env = launch_env(tmp_path)
+    with reserved_port() as port:  # Accelerate's gloo rendezvous: its default port is a fixed 29500
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        r = subprocess.run(mpirun_two(env, "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS") +
+                           [sys.executable, str(script), str(tmp_path)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "ZerodTrainer made" not in out, out[-4000:]
+    # mpirun stops the other rank once one has failed: it may not get to say so too.
+    assert "ZerodTrainer runs in one process (this is one of 2, started by mpirun (Open MPI))" in out, out[-4000:]
+
+
+def test_train_refuses_a_client_joined_as_one_of_several_ranks(tmp_path):
+    """train()'s own check, where the Trainer was made in a process no
+    launcher's variables (nor Accelerate) call one of several, but the
+    zerod client it is given joined this process as rank 0 of 2: refused
+    when train() would hand the model to zerod, naming the count."""
+    from zerod.errors import InvalidArgumentError
+    from zerod.transformers import ZerodTrainer
+
+    class JoinedAsOneOfTwo:  # what zerod's client says
+        rank, world_size = 0, 2
+
+    trainer = ZerodTrainer(model=make_model("gpt2"), args=_args(tmp_path, ZERO2_OFFLOAD), train_dataset=Windows(),
+                           client=JoinedAsOneOfTwo())
+    with pytest.raises(InvalidArgumentError, match=r"ZerodTrainer runs in one process \(this is one of 2, started "
+                                                   r"by the launcher zerod joined them from\)"):
+        trainer.train()
+    assert trainer.zerod_engine is None
 
 
 def test_torch_compile(tmp_path):

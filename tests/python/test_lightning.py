@@ -8,7 +8,6 @@ reaches the same loss curve. Tolerances (relative, every batch): fp32 1e-4
 sides, a GradScaler against zerod's loss scaler for 16-mixed; measured 3e-5
 and 4e-6). The measured differences are printed (pytest -s).
 """
-import math
 import os
 
 import pytest
@@ -302,7 +301,7 @@ def test_two_processes_under_zerod_run(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:]
     ranks = split_ranks(p.stdout)
     per_rank = [[float(l.split()[2]) for l in ranks[r] if l.startswith("loss ")] for r in (0, 1)]
-    assert all(f"global_step 8" in ranks[r] for r in (0, 1)), p.stdout[-3000:]
+    assert all("global_step 8" in ranks[r] for r in (0, 1)), p.stdout[-3000:]
     ours = [(a + b) / 2 for a, b in zip(*per_rank)]
     # The reference: "ddp" in one process with Lightning's DistributedSampler
     # (shuffled, seed 0), whose every batch of 8 the two ranks split.
@@ -548,6 +547,45 @@ def test_another_hyperparameter_written_into_the_optimizer_is_refused(tmp_path):
                                                    r"hyperparameters other than the lr once, at the start of fit\(\)"):
         _linear_fit("zerod_stage_1", module, tmp_path=tmp_path)
     assert len(module.lrs) == 1  # refused at the second update's backward, before it was applied
+
+
+class CycledMomentum(Linear):
+    """AdamW with a OneCycleLR at its default cycle_momentum=True, which
+    rewrites the betas at every step: returned by configure_optimizers, or
+    made there and stepped by the module itself."""
+
+    def __init__(self, returned):
+        super().__init__(optimizer="adamw")
+        self.returned = returned
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.1)
+        self.one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=8)
+        if self.returned:
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": self.one_cycle, "interval": "step"}}
+        return opt
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        optimizer.step(closure=optimizer_closure)
+        if not self.returned:
+            self.one_cycle.step()
+
+
+@pytest.mark.parametrize("returned", [True, False], ids=["returned", "stepped_by_the_module"])
+def test_a_momentum_cycling_scheduler_is_refused_at_the_start_of_fit(returned, tmp_path):
+    """zerod takes the optimizer's betas once, when fit() sets up: a
+    OneCycleLR or CyclicLR cycling them (cycle_momentum=True, their
+    default) is refused there, before any update, saying cycle_momentum=False
+    in the words zerod.deepspeed's initialize() and ZerodAccelerator's
+    prepare() use; not at the second backward as a changed betas."""
+    from zerod.errors import InvalidArgumentError
+
+    module = CycledMomentum(returned)
+    with pytest.raises(InvalidArgumentError, match=r"ZerodStrategy: optimizer.param_groups\[0\] holds "
+                                                   r"max_momentum/base_momentum: a OneCycleLR or CyclicLR .* at "
+                                                   r"the start of fit\(\); .*pass cycle_momentum=False"):
+        _linear_fit("zerod_stage_1", module, tmp_path=tmp_path)
+    assert module.lrs == []
 
 
 def test_reduce_lr_on_plateau_trains_as_under_auto(tmp_path):

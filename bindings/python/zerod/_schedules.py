@@ -15,7 +15,7 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON", "ESTIMATE_LIMIT", "one_lr"]
+__all__ = ["trace", "lua_table", "Stepped", "DEFAULT_HORIZON", "ESTIMATE_LIMIT", "one_lr", "CYCLED_MOMENTUM_FIX"]
 
 # Updates traced when nothing says how long training runs. The job's text
 # holds one number per update (about 22 bytes each; runs of one value are
@@ -27,6 +27,10 @@ DEFAULT_HORIZON = 50_000
 # seconds of tracing. A length the user gave (max_steps, lr_steps) is traced
 # whole.
 ESTIMATE_LIMIT = 150_000
+# What every refusal of a momentum-cycling OneCycleLR/CyclicLR says to do:
+# the trace here, and zerod.deepspeed's at initialize() (which Accelerate's
+# prepare() and Lightning's fit() use too) and at a changed betas/momentum.
+CYCLED_MOMENTUM_FIX = "zerod's schedule sets the lr only: pass cycle_momentum=False"
 
 
 def _horizon_of(scheduler):
@@ -162,8 +166,7 @@ def trace(scheduler, steps=None, every=1):
             if momentum(opt2) != start:
                 raise InvalidArgumentError(
                     f"{type(scheduler).__name__} changes the optimizer's momentum/betas at update {t} (e.g. "
-                    "OneCycleLR's cycle_momentum=True); zerod's schedule sets the lr only: pass "
-                    "cycle_momentum=False")
+                    f"OneCycleLR's cycle_momentum=True); {CYCLED_MOMENTUM_FIX}")
             if when(t) and t + 1 < steps:
                 for _ in range(per):
                     step()

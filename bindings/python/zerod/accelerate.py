@@ -139,6 +139,12 @@ class ZerodAccelerator(Accelerator):
             self.native_amp = True
         self._zerod = dict(clip=float(gradient_clipping or 0.0), stage=zero_stage, offload=offload, config=config,
                            modules=modules, client=client, lr_steps=lr_steps)
+        self._zerod_forget_prepared()
+        self.register_save_state_pre_hook(self._save_zerod)
+        self.register_load_state_pre_hook(self._load_zerod)
+
+    def _zerod_forget_prepared(self):
+        """What prepare() sets, as before it: at construction and after free_memory()."""
         self.zerod_engine = None
         self._zerod_last = None
         self._zerod_unstepped = False  # a backward ended a window, optimizer.step() has not come yet
@@ -147,8 +153,20 @@ class ZerodAccelerator(Accelerator):
         self._zerod_torch_opt = None  # the user's torch optimizer, whose param_groups _zerod_follow_lr reads
         self._zerod_hyperparameters = None  # its other hyperparameters as prepare() took them
         self._zerod_traced = False  # zerod runs the prepared scheduler's schedule (traced)
-        self.register_save_state_pre_hook(self._save_zerod)
-        self.register_load_state_pre_hook(self._load_zerod)
+
+    def free_memory(self, *objects):
+        """Accelerate's (clear() calls it too), which destroys DeepSpeed's
+        engine before it lets the prepared objects go: zerod's engine is
+        destroyed alike, the trained weights back in the model and zerod's
+        model freed, and prepare() may run again. Dropping the prepared
+        objects alone would not free it: the model's parameters hold the
+        engine through their autograd hooks, and the client its zerod model.
+        Every rank calls it (destroy() reads the weights collectively)."""
+        engine = self.zerod_engine
+        self._zerod_forget_prepared()
+        if engine is not None:
+            engine.destroy()
+        return super().free_memory(*objects)
 
     # -- prepare ------------------------------------------------------------
 

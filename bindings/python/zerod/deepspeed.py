@@ -252,7 +252,7 @@ def _check_model_parameters(model, trainable, given, defaults):
     agreed = None
 
     def trained(params):
-        return [p for p in params if getattr(p, "requires_grad", True) or id(p) not in names]
+        return [p for p in _tensors_of(params) if getattr(p, "requires_grad", True) or id(p) not in names]
     if given and isinstance(given[0], dict):
         given = [dict(g, params=trained(g["params"] if isinstance(g["params"], (list, tuple)) else
                                         [g["params"]] if isinstance(g["params"], torch.Tensor) else
@@ -275,6 +275,18 @@ def _check_model_parameters(model, trainable, given, defaults):
         raise InvalidArgumentError(f"initialize: model_parameters holds {what}, which is not a trainable parameter "
                                    "of the model (zerod trains the model's own parameters only)")
     return agreed
+
+
+def _tensors_of(params):
+    """The parameters of a list model_parameters gives, flat or as a group's
+    "params": tensors, or (name, tensor) pairs as model.named_parameters()
+    yields them, which DeepSpeed 0.19 hands to its torch optimizer and
+    torch >= 2.6 takes (keeping the names as the group's param_names)."""
+    return [p[1] if _is_named(p) else p for p in params]
+
+
+def _is_named(entry):
+    return isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
 
 
 def _check_optimizer_parameters(model, optimizer):
@@ -878,7 +890,7 @@ class TorchHyperparameters:
             # The schedule that writes these is torch's cyclic one, made on
             # the optimizer but not given to zerod: say its switch.
             why = f"a schedule of {key} (OneCycleLR's or CyclicLR's cycle_momentum=True, their default) is not " \
-                  f"supported; keep {key} at the value it had at {self._when} ({_CYCLED_MOMENTUM_FIX})"
+                  f"supported; keep {key} at the value it had at {self._when} ({_schedules.CYCLED_MOMENTUM_FIX})"
         else:
             why = f"a schedule of {key} (DINO's weight-decay schedule, say) is not supported; keep {key} at the " \
                   f"value it had at {self._when}"
@@ -908,7 +920,6 @@ def _said(group, key):
 # (zerod._schedules.trace).
 _CYCLED_KEYS = ("betas", "momentum")
 _CYCLED_MARKS = ("max_momentum", "base_momentum")
-_CYCLED_MOMENTUM_FIX = "zerod's schedule sets the lr only: pass cycle_momentum=False"
 
 
 def refuse_cycled_momentum(optimizer, who, when):
@@ -922,7 +933,7 @@ def refuse_cycled_momentum(optimizer, who, when):
             raise InvalidArgumentError(
                 f"{who}: optimizer.param_groups[{i}] holds {'/'.join(marks)}: a OneCycleLR or CyclicLR made on this "
                 f"optimizer with cycle_momentum=True (their default) changes its momentum/betas at every step, but "
-                f"zerod takes them once, at {when}; {_CYCLED_MOMENTUM_FIX}")
+                f"zerod takes them once, at {when}; {_schedules.CYCLED_MOMENTUM_FIX}")
 
 
 def _refuse_torch_format(state_dict, what):

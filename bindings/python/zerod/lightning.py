@@ -522,11 +522,14 @@ class ZerodStrategy(ParallelStrategy):
                     "\"scheduler\" section; give the schedule in one place")
             # ReduceLROnPlateau follows a metric: not traced, it writes its lr
             # into param_groups, which _follow_lr hands to zerod.
-            if config is not None and not config.reduce_on_plateau:
-                sched = self._traced_scheduler(trainer, config)
+            traced = config is not None and not config.reduce_on_plateau
             if opt is not None:
-                self._watch_lr(opt, config.scheduler if sched is not None else None,
+                # Before the trace: a momentum-cycling scheduler is refused
+                # in the words zerod.deepspeed and Accelerate use.
+                self._watch_lr(opt, config.scheduler if traced else None,
                                config.scheduler if config is not None else None)
+            if traced:
+                sched = self._traced_scheduler(trainer, config)
         elif "optimizer" not in cfg:
             cfg["optimizer"] = {"type": "SGD", "params": {"lr": 1e-3}}  # evaluation only: never applied
         self.engine = _zds.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=cfg,
@@ -663,6 +666,11 @@ class ZerodStrategy(ParallelStrategy):
         return None
 
     def _watch_lr(self, optimizer, traced, scheduler):
+        # zerod takes the optimizer's hyperparameters other than the lr once,
+        # here: a OneCycleLR/CyclicLR cycling its momentum (returned by
+        # configure_optimizers or stepped by the module) is refused now,
+        # saying cycle_momentum=False, not at a later backward as a changed betas.
+        _zds.refuse_cycled_momentum(optimizer, "ZerodStrategy", "the start of fit()")
         self._lr_watch = (optimizer, traced, [g["lr"] for g in optimizer.param_groups], scheduler)
         self._hyperparameters = _zds.TorchHyperparameters(optimizer, "ZerodStrategy", "the start of fit()")
 
