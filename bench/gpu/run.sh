@@ -5,6 +5,9 @@
 # Builds zerod with CUDA for the GPU it finds (build-gpu/, before the first
 # part that needs it), then runs the parts in the order given; hostbw (the
 # host's memory bandwidth) needs no build and runs whatever the build did.
+# A part whose build failed (the configure, or its binaries) is skipped and
+# the others run on; the run then exits 2, as where the tests part has no
+# test list to run.
 # Where a part needs the build and neither .devdeps nor the machine has
 # zerod's build dependencies, it stops at once (exit 2), before any part.
 # The whole run keeps to RUN_DEADLINE_S (from its start): each part is capped
@@ -36,6 +39,9 @@ parts, run in the order given:
   nccl     the nccl comm plugin: two daemons on one GPU
   daemon   daemon.py (DAEMON_ARGS; likewise its --budget): the daemon against embedded on the GPU
   main     the main job's GPU form (scripts/run-main.sh gpu MAIN_ARGS) on build-gpu
+
+a part that needs the build is skipped where the configure failed or its
+binaries did not build; the other parts run on, and the run then exits 2
 
 options:
   -n, --dry-run   print the plan (parts, budgets, time limits) and do nothing;
@@ -234,7 +240,7 @@ if [ "$dry" = 1 ]; then
     [ -e "$d" ] || echo "  WARNING: no $d here: carry .devdeps and .whl (bench/gpu/prepare.sh makes them)"
   done
   building=$(building_part)
-  [ -n "$building" ] && echo "  build: build-gpu/ with CUDA for the GPU found (ninja -k 0: a part whose binaries did not build is skipped; a failed configure skips every part that needs the build), before $building"
+  [ -n "$building" ] && echo "  build: build-gpu/ with CUDA for the GPU found (ninja -k 0: a part whose binaries did not build is skipped; a failed configure skips every part that needs the build; the run then exits 2), before $building"
   runs_deepspeed && echo "  DeepSpeed's CPU Adam: built in the background after the build (into run.log); offload's first ds row waits for it, largest and smoke wait before they start"
   i=0
   for w in "${what[@]}"; do
@@ -312,9 +318,10 @@ log "machine"
   echo "run.sh ${what[*]}: deadline ${RUN_DEADLINE_S} s, tests ${TESTS_S} s"
 } 2>&1 | tee -a "$OUT/run.log"
 
-# stopped: the exit status where the tests part could not run (the other
-# parts run on).
-built="" build_failed="" ds_pid="" stopped=0
+# not_run: the parts that could not run for want of their build or test
+# list, and why; the other parts run on, and the call then exits 2, so that
+# a run that could not test this code does not read as one that did.
+built="" build_failed="" ds_pid="" not_run=()
 # Written by the DeepSpeed build as it ends ("EXIT SECONDS"): offload.py's
 # --ds-ready, which its first ds row waits for.
 ds_ready=$tmp/ds-ready
@@ -442,10 +449,15 @@ ready() {
     build
     if [ -n "$build_failed" ]; then
       log "$1: skipped, the configure failed (configure.log)"
+      not_run+=("$1 (the configure failed)")
       return 1
     fi
     for f in $(needs "$1"); do
-      [ -e "$f" ] || { log "$1: skipped, $f was not built"; return 1; }
+      [ -e "$f" ] || {
+        log "$1: skipped, $f was not built"
+        not_run+=("$1 ($f was not built)")
+        return 1
+      }
     done
   fi
   case $1 in smoke | largest) ds_wait ;; esac
@@ -469,7 +481,7 @@ for w in "${what[@]}"; do
         # says it failed with its exit status.
         log "CUDA tests: skipped"
         note "$tests_problem"
-        stopped=2
+        not_run+=("tests (ctest -N: nothing to run)")
         continue
       fi
       put_first build-gpu
@@ -549,8 +561,8 @@ for w in "${what[@]}"; do
   esac
 done
 ds_finish
-if ((stopped)); then
-  note "run.sh ${what[*]}: done after $(($(date +%s) - t0)) s, exit $stopped: the tests part could not run (above)"
-  exit "$stopped"
+if ((${#not_run[@]})); then
+  note "run.sh ${what[*]}: done after $(($(date +%s) - t0)) s, exit 2: not run: $(printf '%s, ' "${not_run[@]}" | sed 's/, $//') (above)"
+  exit 2
 fi
 note "run.sh ${what[*]}: done after $(($(date +%s) - t0)) s"

@@ -20,6 +20,13 @@ namespace zerod::cli {
 
 namespace {
 
+// Linux queues a blocked signal even when its disposition is SIG_IGN, and
+// sigwait then returns it: an ignored signal must be left out of the set.
+bool ignored_now(int sig) {
+  struct sigaction now {};
+  return ::sigaction(sig, nullptr, &now) == 0 && !(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN;
+}
+
 // On stdout when asked for (--help), else on stderr beside the error.
 void usage(const char* cmd, bool want_command, FILE* out = stderr) {
   std::fprintf(out,
@@ -301,6 +308,16 @@ void set_daemon_environment(const char* cmd) {
   if (!users.empty() && users != "32")
     log_info(std::string("zerod ") + cmd + ": CUDA_DEVICE_MAX_CONNECTIONS=" + users +
              " reaches the ranks; the daemon's own process uses 32 (its streams wait on its trainers')");
+}
+
+sigset_t block_stop_signals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  for (const int sig : {SIGINT, SIGHUP})
+    if (!ignored_now(sig)) sigaddset(&stop, sig);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
 }
 
 }  // namespace zerod::cli

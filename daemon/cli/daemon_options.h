@@ -7,6 +7,8 @@
 #include "metrics_server.h"
 #include "server.h"
 
+#include <signal.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -72,5 +74,12 @@ std::unique_ptr<scripting::JobScript> check_job(const char* cmd, const std::stri
 // GPU for its streams (CUDA_DEVICE_MAX_CONNECTIONS), whatever the user set;
 // the ranks get the user's value. `cmd` names the command in the log.
 void set_daemon_environment(const char* cmd);
+
+// The signals that stop `zerod serve` and `zerod join`, blocked in the
+// calling thread (call it before any thread starts, so that all inherit the
+// mask) for sigwait: SIGTERM always; SIGINT and SIGHUP unless they are
+// ignored now. Those stay ignored: nohup's SIGHUP, and the SIGINT of a job
+// that a non-interactive shell put in the background (POSIX).
+sigset_t block_stop_signals();
 
 }  // namespace zerod::cli

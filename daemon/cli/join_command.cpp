@@ -12,12 +12,14 @@
 //           up, within the timeout) and write it to URI_FILE;
 //   all:    run COMMAND (libzerod's: `mpirun -np 1 --ompi-server
 //           file:URI_FILE zerod serve ...`), pass SIGTERM, SIGINT and SIGHUP
-//           on to it, and end with its status; node 0 then stops its server.
+//           (those not ignored at its start) on to it, and end with its
+//           status; node 0 then stops its server.
 //
 // libzerod starts it (node_daemon.cpp) when a rank of several nodes finds no
 // ZEROD_OMPI_SERVER: the rendezvous is ZEROD_RENDEZVOUS, else the launcher's
 // MASTER_ADDR at MASTER_PORT + 1.
 #include "commands.h"
+#include "daemon_options.h"
 #include "launcher/detail/spawn.h"
 #include "rendezvous.h"
 
@@ -194,11 +196,11 @@ int join_command(int argc, char** argv) {
     return rc;
   }
   // The stop signals wait for sigtimedwait (threads started below inherit
-  // the mask; the children get theirs reset by spawn_process).
-  sigset_t stops;
-  sigemptyset(&stops);
-  for (const int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stops, s);
-  pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+  // the mask; the children get theirs reset by spawn_process). An ignored
+  // SIGHUP or SIGINT is left out, as `zerod serve` leaves it
+  // (block_stop_signals): under nohup a hangup neither stops this command
+  // nor reaches its daemon.
+  const sigset_t stops = block_stop_signals();
 
   if (o.node != 0) {
     std::string uri, why;

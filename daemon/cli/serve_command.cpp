@@ -1,8 +1,9 @@
 // `zerod serve --nproc N --job job.lua --socket PATH`: the daemon alone, for
 // ranks started by other means (each sets ZEROD_ENDPOINT=unix:PATH,
-// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT, SIGTERM or SIGHUP; with
-// --until-done (how the ranks of torchrun, mpirun, srun... start it on
-// demand) also until its ranks are gone. Exits 0, or kEndNotSaved (74) when
+// ZEROD_RANK and ZEROD_WORLD_SIZE). Runs until SIGINT, SIGTERM or SIGHUP (one
+// ignored at its start stays ignored: `nohup zerod serve` outlives its
+// terminal); with --until-done (how the ranks of torchrun, mpirun, srun...
+// start it on demand) also until its ranks are gone. Exits 0, or kEndNotSaved (74) when
 // the job's final snapshot failed; `--jobs` logs that per job and goes on.
 #include "commands.h"
 #include "daemon_options.h"
@@ -64,21 +65,6 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
   return 0;
 }
 
-// The stop signals are taken by sigwait; blocked before the server starts
-// its threads, so that none of them receives them. SIGHUP is one: a closed
-// terminal, or `zerod join` passing on its own (join_command.cpp), stops the
-// daemon as SIGTERM does; by its default action it died with 129, leaving
-// its socket and cutting off a snapshot's commit.
-sigset_t block_stop_signals() {
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  return stop;
-}
-
 // `zerod serve --jobs`: a long-running daemon (a user's, or a systemd
 // service's) for whatever jobs its user's ranks bring, each with its own
 // script, their state charged together against the node's host memory.
@@ -116,6 +102,12 @@ int serve_command(int argc, char** argv) {
   int code = 0;
   if (!parse_daemon_args("serve", argc, argv, false, &args, &code)) return code;
   set_daemon_environment("serve");  // before any thread starts
+  // The stop signals are taken by sigwait: blocked (block_stop_signals)
+  // before the server starts its threads, so that none of them receives
+  // them. SIGHUP is one: a closed terminal, or `zerod join` passing on its
+  // own (join_command.cpp), stops the daemon as SIGTERM does; by its default
+  // action it died with 129, leaving its socket and cutting off a
+  // snapshot's commit.
   if (args.jobs) {
     const sigset_t stop = block_stop_signals();
     try {

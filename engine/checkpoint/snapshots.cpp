@@ -8,7 +8,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -149,19 +148,38 @@ LockHolders lock_holders(int fd) {
   return h;
 }
 
+// Whether the process /proc/locks lists as `holder` is the one a lock file
+// names as pid `named`: the same pid, or the one it has in a PID namespace
+// below this one's (/proc/<pid>/status, NSpid), which is the pid a holder
+// in a container wrote.
+bool holder_is_named_pid(long holder, long named) {
+  if (holder == named) return true;
+  std::ifstream status("/proc/" + std::to_string(holder) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream pids(line.substr(6));
+    for (long pid = 0; pids >> pid;)
+      if (pid == named) return true;
+    return false;
+  }
+  return false;
+}
+
 // Whether `named` (a lock file's first line, "pid N on host H (...)")
 // names a process that does not hold the lock now: one of this host that
-// the kernel does not list among its holders, or (where it lists none) that
-// has exited. Its holder wrote it and exited without a word (a crash), and
-// another process holds the file now. A process of another host is taken
-// at its word.
+// is not among the holders the kernel lists. Its holder wrote it and exited
+// without a word (a crash), and another process holds the file now. Where
+// the kernel lists no holder the name is taken at its word, as one of
+// another host is: /proc/locks leaves out the locks of processes that this
+// /proc's PID namespace does not see (a daemon in another container), and
+// kill() finds no such pid there either, though the process lives.
 bool names_a_gone_holder(const std::string& named, const LockHolders& now) {
   long pid = 0;
   char host[256] = {};
   if (std::sscanf(named.c_str(), "pid %ld on host %255s", &pid, host) != 2) return false;
-  if (this_host() != host) return false;
-  if (now.known) return std::find(now.pids.begin(), now.pids.end(), pid) == now.pids.end();
-  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+  if (this_host() != host || !now.known) return false;
+  return std::none_of(now.pids.begin(), now.pids.end(), [pid](long holder) { return holder_is_named_pid(holder, pid); });
 }
 
 // ", uid U": whose process `pid` is, its effective uid (nothing where /proc
@@ -290,6 +308,7 @@ void Snapshots::lock_path() {
     }
     if (h.empty() || names_a_gone_holder(h, now)) return unnamed_holder(fd, h, now);
     if (h.rfind(me + " ", 0) == 0) h = "another model of the same process, " + h;
+    if (!now.known) h += ", as the lock file says";  // the kernel named no holder to check it against
     return h;
   };
   // Takes the lock `how` on `file`, waiting for a holder that is ending

@@ -188,7 +188,8 @@ class Model final : private FailureSink {
   // one. Logged as info: a stop is asked for, not a failure. Thread-safe.
   void stop_job(const std::string& reason);
   // The rank's trainer created the model or attached to it: the job's
-  // "where each rank was" tells a rank that never did as never connected.
+  // "where each rank was" tells a rank that never did as one that has not
+  // created this model.
   void rank_joined(int rank);
   // "" while the job is healthy.
   std::string broken_reason() const;

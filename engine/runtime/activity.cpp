@@ -101,9 +101,12 @@ std::string ActivityTable::describe() const {
                     a.lost_reason.c_str(), target.c_str());
     } else if (!a.called) {
       // Not "returned from (none yet)": a rank that never came is not one
-      // that stopped calling.
+      // that stopped calling. Nor "never connected": the model does not
+      // know whether the rank is connected to the daemon, maybe still at
+      // another model of its trainer's, which it creates first.
       if (joins_known && !a.joined)
-        std::snprintf(line, sizeof line, "  rank %zu: never connected (no zd_model_create of this model)", r);
+        std::snprintf(line, sizeof line, "  rank %zu: has not created this model (no zd_model_create of it yet)",
+                      r);
       else if (a.joined)
         std::snprintf(line, sizeof line, "  rank %zu: joined the model %.1f s ago and has made no call since", r,
                       secs);

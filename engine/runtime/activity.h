@@ -38,7 +38,8 @@ class ActivityTable {
   void mark_lost(int rank, const std::string& reason);
   // The rank's trainer created the model or attached to it (the daemon
   // says so). Once any rank has, describe() tells one that never did, and
-  // made no call, as never connected; before, as having made no call.
+  // made no call, as not having created the model; before, as having made
+  // no call.
   void mark_joined(int rank);
   void clear_lost();
   void record_step(int rank, double lr, double loss_scale, double grad_norm, bool skipped);

@@ -4,14 +4,25 @@
 # 128 + the signal (it was ignored until the timeout ran out, and then the
 # exit status said "did not answer"). Both hold while a connect is under
 # way to a host that answers no SYN (a blocking connect held it for about
-# two minutes).
+# two minutes). A SIGHUP ignored at its start (nohup) stays ignored.
 set -uo pipefail
 zerod=$1
 tmp=$(mktemp -d /tmp/zerod-joinstop-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A command this script puts in the background starts with SIGINT ignored
+# (POSIX), and `zerod join` leaves an ignored SIGINT ignored: started so,
+# with SIGINT and SIGHUP at their defaults as at a terminal (also under
+# nohup), it gets the Ctrl-C this tests.
+if env --default-signal=INT --default-signal=HUP true 2> /dev/null; then
+  at_default=(env --default-signal=INT --default-signal=HUP)
+else
+  at_default=(python3 -c 'import os, signal, sys
+for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ): signal.signal(s, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])')
+fi
 for sig in TERM INT; do
-  "$zerod" join --node 1 --nnodes 2 --rendezvous "127.0.0.1:$port" --name joinstop --uri-file "$tmp/uri" \
+  "${at_default[@]}" "$zerod" join --node 1 --nnodes 2 --rendezvous "127.0.0.1:$port" --name joinstop --uri-file "$tmp/uri" \
     --timeout 30 -- true 2> "$tmp/err" &
   pid=$!
   sleep 1
@@ -28,6 +39,25 @@ for sig in TERM INT; do
   grep -q "stopped while waiting for node 0's rendezvous" "$tmp/err" || {
     echo "join_stop: FAILED: SIG$sig: no word of the stop"; cat "$tmp/err"; exit 1; }
 done
+# A SIGHUP ignored at the start (nohup) stays ignored: blocked for
+# sigtimedwait it was queued all the same, and join stopped on it.
+(
+  trap '' HUP
+  exec "$zerod" join --node 1 --nnodes 2 --rendezvous "127.0.0.1:$port" --name joinstop --uri-file "$tmp/uri" \
+    --timeout 30 -- true
+) 2> "$tmp/err" &
+pid=$!
+sleep 1
+kill -HUP "$pid"
+sleep 1
+if ! kill -0 "$pid" 2> /dev/null || grep -q "stopped" "$tmp/err"; then
+  echo "join_stop: FAILED: SIGHUP, ignored when it started, stopped zerod join"; cat "$tmp/err"; exit 1
+fi
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -eq 143 ] || { echo "join_stop: FAILED: SIGTERM after an ignored SIGHUP: exit $rc, not 143"; cat "$tmp/err"; exit 1; }
+echo "join_stop: an ignored SIGHUP (nohup) stays ignored"
 # Node 0's port held by a listener whose queue is full: the host answers no
 # SYN, as one that drops packets does, and a blocking connect() held `zerod
 # join` for about two minutes, deaf to --timeout and to SIGTERM.

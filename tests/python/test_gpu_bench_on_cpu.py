@@ -518,17 +518,34 @@ fi"""
 def test_run_sh_runs_no_earlier_build_where_the_configure_failed(tmp_path):
     """On a warm machine build-gpu/ holds the last call's test list and
     library: a configure that fails now must not leave them to run as this
-    code's."""
+    code's. hostbw still runs, and the call exits 2 naming the parts not
+    run (it exited 0, as if this code had been built and tested)."""
     (tmp_path / "build-gpu" / "lib").mkdir(parents=True)
     (tmp_path / "build-gpu" / "CTestTestfile.cmake").write_text('add_test(python.cuda "true")\n')
     (tmp_path / "build-gpu" / "lib" / "libzerod.so").write_text("")
     rc, out, calls = fake_run_sh(tmp_path, "tests", "offload", "hostbw", FAKE_CONF_RC="1",
                                  OFFLOAD_ARGS="--no-deepspeed", RUN_DEADLINE_S="100")
+    assert rc == 2, out
     assert "the configure failed" in out, out
     for part in ("tests", "offload"):
         assert f"{part}: skipped, the configure failed (configure.log)" in out, out
     assert not re.search(r"^ctest |^cmake --build|offload\.py", calls, re.M), calls
     assert "copy 60.0 GB/s" in out, out
+    assert re.search(r"exit 2: not run: tests \(the configure failed\), offload \(the configure failed\)", out), out
+
+
+def test_run_sh_exits_2_where_a_part_was_not_built(tmp_path):
+    """A compile error skips only the parts whose binaries it left out (the
+    others run on), and the call exits 2 naming them; it exited 0."""
+    cmake = """case " $* " in
+  *" -S "*) mkdir -p build-gpu; : >build-gpu/CTestTestfile.cmake ;;
+  *" --build "*) mkdir -p build-gpu/lib && touch build-gpu/lib/libzerod.so; exit 1 ;;
+esac"""
+    rc, out, calls = fake_run_sh(tmp_path, "nccl", "hostbw", fakes={"cmake": cmake}, RUN_DEADLINE_S="100")
+    assert rc == 2, out
+    assert "nccl: skipped, build-gpu/bin/test_comm_nccl_gpu was not built" in out, out
+    assert "copy 60.0 GB/s" in out, out
+    assert "exit 2: not run: nccl (build-gpu/bin/test_comm_nccl_gpu was not built)" in out, out
 
 
 def test_run_sh_names_the_tests_the_stop_time_kept_from_starting(tmp_path):
