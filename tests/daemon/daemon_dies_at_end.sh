@@ -22,15 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "daemon_dies_at_end: FAILED: $*"; sed 's/^/  | /' "$tmp/err" "$tmp/out" 2> /dev/null; exit 1; }
-# Waits up to $2 seconds for "$1" (a command) to succeed.
-within() {
-  local i=0
-  while ! eval "$1"; do
-    i=$((i + 1))
-    [ "$i" -gt $(($2 * 20)) ] && return 1
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/within.sh"  # within CMD SECONDS
 
 mkdir -m 700 "$tmp/xdg"
 export XDG_RUNTIME_DIR=$tmp/xdg

@@ -31,15 +31,7 @@ printf 'return { optimizer = { type = "sgd", lr = 0.1 }, snapshot = { path = "%s
 
 # Gone, or a zombie that is not ours to reap.
 ended() { [ ! -e "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
-# Waits up to $2 seconds for "$1" (a command) to succeed.
-within() {
-  local i=0
-  while ! eval "$1"; do
-    i=$((i + 1))
-    [ "$i" -gt $(($2 * 20)) ] && return 1
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/within.sh"  # within CMD SECONDS
 
 # Each rank starts a background sleep, writes its pid to $T/bg.<rank> and a
 # file of the run beside the socket; rank 1 then ends, rank 0 runs on.

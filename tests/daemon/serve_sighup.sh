@@ -17,15 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "serve_sighup: FAILED: $*"; sed 's/^/  | /' "$tmp/err" 2> /dev/null; exit 1; }
-# Waits up to $2 seconds for "$1" (a command) to succeed.
-within() {
-  local i=0
-  while ! eval "$1"; do
-    i=$((i + 1))
-    [ "$i" -gt $(($2 * 20)) ] && return 1
-    sleep 0.05
-  done
-}
+. "$(dirname "$0")/within.sh"  # within CMD SECONDS
 
 # The private socket directories are made here, where we can see them.
 mkdir -m 700 "$tmp/xdg"

@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -157,6 +158,46 @@ void enter_a_new_pid_namespace(bool own_proc) {
     ::_exit(kNoNamespace);
 }
 
+// A forked child runs `take` (which takes the path's lock, and returns
+// false where it could not) and keeps what it took while this process
+// makes a model over the path (timeout 0.2 s): the child's pid, whether it
+// took it, the model's refusal meanwhile ("" where it did not), and the
+// child's exit status.
+struct HeldElsewhere {
+  pid_t pid = -1;
+  bool held = false;
+  std::string refusal;
+  int status = -1;
+};
+HeldElsewhere refusal_while_a_child_holds(const std::string& path, const std::function<bool()>& take) {
+  int ready[2], hold[2];
+  if (::pipe(ready) != 0 || ::pipe(hold) != 0) return {};
+  const pid_t child = ::fork();
+  if (child < 0) return {};
+  if (child == 0) {
+    ::close(ready[0]);
+    ::close(hold[1]);
+    if (!take()) ::_exit(1);
+    char c = 1;
+    static_cast<void>(::write(ready[1], &c, 1));
+    static_cast<void>(::read(hold[0], &c, 1));  // held until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(hold[0]);
+  HeldElsewhere r;
+  r.pid = child;
+  char c = 0;
+  r.held = ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+  JobOptions o = snapshot_job(path);
+  o.timeout_s = 0.2;
+  if (r.held) r.refusal = refusal(o);
+  ::close(hold[1]);
+  r.status = exit_status(child);
+  return r;
+}
+
 // Locks `file` exclusively and names the holder in its first line, as a
 // model does ("pid N on host H (job, ranks 0-0)"). Returns the open file,
 // which holds the lock until it is closed; -1 where it could not.
@@ -279,33 +320,15 @@ TEST(Snapshots, AHolderThatDidNotNameItselfIsNotTakenForTheDeadPidTheFileNames) 
   const std::string stale = "pid " + std::to_string(dead) + " on host " + host;
   std::ofstream(lock) << stale << " (old.lua, ranks 0-0)\n";
   const bool as_nobody = ::geteuid() == 0;
-  int ready[2], hold[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(hold), 0);
-  const pid_t holder = ::fork();
-  ASSERT_GE(holder, 0);
-  if (holder == 0) {
-    ::close(ready[0]);
-    ::close(hold[1]);
+  const HeldElsewhere held = refusal_while_a_child_holds(path, [&] {
     const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);  // a read handle is all flock needs
-    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) return false;
     if (as_nobody) become_nobody();
-    char c = 1;
-    static_cast<void>(::write(ready[1], &c, 1));
-    static_cast<void>(::read(hold[0], &c, 1));  // held until the parent closes its end
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  ::close(hold[0]);
-  char c = 0;
-  const bool holds = ::read(ready[0], &c, 1) == 1;
-  ::close(ready[0]);
-  JobOptions o = snapshot_job(path);
-  o.timeout_s = 0.2;
-  const std::string what = holds ? refusal(o) : "";
-  ::close(hold[1]);
-  EXPECT_EQ(exit_status(holder), 0);
-  ASSERT_TRUE(holds) << "the other process did not take the lock";
+    return true;
+  });
+  EXPECT_EQ(held.status, 0);
+  ASSERT_TRUE(held.held) << "the other process did not take the lock";
+  const std::string& what = held.refusal;
   // Where the kernel lists no holder, nothing says the name is stale: it is
   // taken at its word (AHolderInAPidNamespaceThisOneCannotSeeIsNotCalledGone).
   if (what.find(stale + " (old.lua, ranks 0-0), as the lock file says") != std::string::npos)
@@ -315,7 +338,7 @@ TEST(Snapshots, AHolderThatDidNotNameItselfIsNotTakenForTheDeadPidTheFileNames) 
             std::string::npos)
       << what;
   const std::string uid = std::to_string(as_nobody ? kNobody : ::geteuid());
-  EXPECT_NE(what.find("pid " + std::to_string(holder) + ", uid " + uid + ", as /proc/locks lists it"), std::string::npos)
+  EXPECT_NE(what.find("pid " + std::to_string(held.pid) + ", uid " + uid + ", as /proc/locks lists it"), std::string::npos)
       << what;
   EXPECT_NE(what.find("the lock file still names pid " + std::to_string(dead) + ", which no longer holds it), which "
                       "holds " + lock),
@@ -333,35 +356,15 @@ TEST(Snapshots, AHolderInAPidNamespaceOfItsOwnIsKnownByTheNameItGaveItself) {
   TempDir tmp;
   const std::string path = tmp.path + "/snaps", lock = path + "/.zerod.lock";
   { auto m = make_model(snapshot_job(path), 1); }
-  int ready[2], hold[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(hold), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(ready[0]);
-    ::close(hold[1]);
+  const HeldElsewhere held = refusal_while_a_child_holds(path, [&] {
     enter_a_new_pid_namespace(false);
-    if (hold_named(lock, "contained.lua") < 0) ::_exit(1);
-    char c = 1;
-    static_cast<void>(::write(ready[1], &c, 1));
-    static_cast<void>(::read(hold[0], &c, 1));  // held until the parent closes its end
-    ::_exit(0);
-  }
-  ::close(ready[1]);
-  ::close(hold[0]);
-  char c = 0;
-  const bool holds = ::read(ready[0], &c, 1) == 1;
-  ::close(ready[0]);
-  JobOptions o = snapshot_job(path);
-  o.timeout_s = 0.2;
-  const std::string what = holds ? refusal(o) : "";
-  ::close(hold[1]);
-  const int status = exit_status(child);
-  if (status == kNoNamespace) GTEST_SKIP() << "this process may not make a PID namespace (unshare: needs root, or "
-                                              "unprivileged user namespaces)";
-  EXPECT_EQ(status, 0);
-  ASSERT_TRUE(holds) << "the process in its own PID namespace did not take the lock";
+    return hold_named(lock, "contained.lua") >= 0;
+  });
+  if (held.status == kNoNamespace) GTEST_SKIP() << "this process may not make a PID namespace (unshare: needs root, "
+                                                   "or unprivileged user namespaces)";
+  EXPECT_EQ(held.status, 0);
+  ASSERT_TRUE(held.held) << "the process in its own PID namespace did not take the lock";
+  const std::string& what = held.refusal;
   char host[256] = {};
   ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
   EXPECT_NE(what.find("snapshot.path " + path + " is in use by pid 1 on host " + host +
