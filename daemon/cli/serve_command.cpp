@@ -15,6 +15,7 @@
 #include "mpi_binding.h"
 #include "node_layout.h"
 #include "server.h"
+#include "transport/detail/serve_log_lines.h"
 
 #include <signal.h>
 
@@ -57,7 +58,7 @@ int serve_until_done(server::Server& server, const sigset_t& stop) {
       empty = true;
       empty_since = now;
     } else if (now - empty_since > kGone) {
-      std::fprintf(stderr, "zerod serve: every rank has left; stopping\n");
+      std::fprintf(stderr, "%s\n", serve_log::kStopping);
       break;
     }
   }
@@ -81,11 +82,11 @@ int serve_jobs(const DaemonArgs& args, const sigset_t& stop) {
     metrics = std::make_unique<server::MetricsServer>(args.metrics, [&server] { return server::render_metrics(server); });
     std::fprintf(stderr, "zerod serve: metrics at %s\n", metrics->where().c_str());
   }
-  std::printf("zerod serve: listening on %s for several jobs; their model state may hold %s of host memory "
-              "together\n"
-              "  ranks connect with ZEROD_ENDPOINT=unix:%s and ZEROD_JOB=job.lua, started by torchrun, mpirun, srun\n"
+  std::printf("%s%s for several jobs; their model state may hold %s of host memory together\n"
+              "%sZEROD_ENDPOINT=unix:%s and ZEROD_JOB=job.lua, started by torchrun, mpirun, srun\n"
               "  (told apart by their launcher's ids) or by hand (ZEROD_RANK, ZEROD_WORLD_SIZE, ZEROD_JOB_KEY)\n",
-              server.socket_path().c_str(), format_bytes(so.host_memory).c_str(), server.socket_path().c_str());
+              serve_log::kListening, server.socket_path().c_str(), format_bytes(so.host_memory).c_str(),
+              serve_log::kRanksConnect, server.socket_path().c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
@@ -166,10 +167,11 @@ int serve_command(int argc, char** argv) {
     server.start();
     // Declared after the server: it stops serving before the server goes.
     const auto metrics = start_metrics("serve", args, *job, server);
-    std::printf("zerod serve: listening on %s for rank%s %d..%d of %d (job %s)\n"
-                "  ranks connect with ZEROD_ENDPOINT=unix:%s ZEROD_RANK=<r> ZEROD_WORLD_SIZE=%d\n",
-                server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first, first + args.nproc - 1, world,
-                args.job.c_str(), server.socket_path().c_str(), world);
+    std::printf("%s%s for rank%s %d..%d of %d (job %s)\n"
+                "%sZEROD_ENDPOINT=unix:%s ZEROD_RANK=<r> ZEROD_WORLD_SIZE=%d\n",
+                serve_log::kListening, server.socket_path().c_str(), args.nproc == 1 ? "" : "s", first,
+                first + args.nproc - 1, world, args.job.c_str(), serve_log::kRanksConnect,
+                server.socket_path().c_str(), world);
     std::fflush(stdout);
     // A job whose final snapshot failed ends with kEndNotSaved: how
     // `zerod run` learns it of the daemon it supervises.

@@ -5,6 +5,7 @@
 
 #include "checkpoint_io.h"
 #include "error.h"
+#include "file_access.h"
 #include "log.h"
 #include "shard_file.h"
 #include "snapshots_internal.h"
@@ -60,8 +61,7 @@ void Snapshots::discover(int rank, RankResources& res) {
     const uint64_t t = (((static_cast<uint64_t>(rd()) << 21) ^ rd()) & ((uint64_t{1} << 52) - 1)) | 1;
     char name[64];
     std::snprintf(name, sizeof name, "/.zerod-probe-%013" PRIx64, t);
-    // 0600: what zerod makes under a snapshot path is its owner's alone (file_access.h).
-    const int fd = ::open((path + name).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const int fd = ckpt::open_to_write(path + name, O_WRONLY | O_EXCL, ckpt::FileAccess::OwnerOnly);
     if (fd >= 0) {
       ::close(fd);
       token = static_cast<double>(t);

@@ -1,6 +1,7 @@
 #include "node_daemon.h"
 
 #include "error.h"
+#include "transport/detail/serve_log_lines.h"
 #include "transport/detail/socket_path.h"
 
 #include <dirent.h>
@@ -311,20 +312,19 @@ bool socket_serves(const std::string& sock) {
 }
 
 // Whether a daemon's log says that it started and stopped and nothing more:
-// its start lines, then its stop line (daemon/cli/serve_command.cpp) last. A
+// its start lines, then its stop line (transport/detail/serve_log_lines.h) last. A
 // daemon killed (the OOM killer, kill -9, a crash) writes no stop line, and
 // an empty log says nothing of how its daemon ended: neither is clean.
 bool log_tells_a_clean_end(const std::string& path) {
-  static constexpr std::string_view kStopped = "zerod serve: every rank has left; stopping";
   std::ifstream in(path);
   std::string line, last;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    const bool started = line.starts_with("zerod serve: listening on ") || line.starts_with("  ranks connect with ");
-    if (!started && line != kStopped) return false;
+    const bool started = line.starts_with(serve_log::kListening) || line.starts_with(serve_log::kRanksConnect);
+    if (!started && line != serve_log::kStopping) return false;
     last = line;
   }
-  return last == kStopped;
+  return last == serve_log::kStopping;
 }
 
 bool older_than(const std::string& path, std::chrono::seconds age) {
@@ -383,11 +383,11 @@ void prune_launch(const std::string& base, const PidPlace& here) {
   const int fd = open_lock_to_prune(f.lock, made);
   if (fd == -1) return;
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && is_file_at(fd, f.lock)) {
-    const std::optional<DaemonRecord> record = made ? std::nullopt : recorded_daemon(fd);
     if (made) {
       unlink_if_older_than_a_week(f.log);
       ::unlink(f.lock.c_str());
-    } else if (record && here.known() && record->place == here) {
+    } else if (const std::optional<DaemonRecord> record = recorded_daemon(fd);
+               record && here.known() && record->place == here) {
       prune_if_ended_here(f, record->pid);
     } else if (!record && older_than(f.lock, kKeepTelling)) {
       forget_a_week_old_unknown(f);
